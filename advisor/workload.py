@@ -1,0 +1,19 @@
+"""What `advisor profile/optimize TARGET` runs: a model and the inputs of one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Workload:
+    """A runnable model step. TARGET functions return one (or a `(model, inputs)` pair)."""
+
+    model: Any
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    device: str | None = None
+    dtype: Any = None
+    seed: int = 0
+    steps: int = 5
