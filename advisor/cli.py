@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"advisor: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # `advisor scan ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return EXIT_CLEAN
     except KeyboardInterrupt:
         print("advisor: interrupted", file=sys.stderr)
         return EXIT_ERROR

@@ -1,0 +1,903 @@
+"""Hand-written attention as roles, proved one by one.
+
+Anchor: every softmax in a function. Backwards from its input, peel the score chain (casts, scale factors,
+masks) down to the Q·K^T product; forwards from its output, follow the weights through casts and dropout to
+the weights·V product. Each role is then proved: K transposed on the last two dims (or re-transposed
+explicitly), scale a Python number, mask polarity and fill, softmax over the key axis, dropout flag, every
+intermediate read only inside the block. Anything unproved becomes a refusal with a one-sentence reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from advisor.patterns import einsum as es
+from advisor.patterns.ops import Op, OpReader, int_value, number_value
+from advisor.patterns.values import ValueProver
+from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow, loaded_names
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+CORE_OPS = {"matmul", "bmm", "baddbmm", "einsum"}
+MAX_CHAIN = 40
+
+
+class Refusal(Exception):
+    """A role could not be proved; the message is the one-sentence reason shown to the user."""
+
+
+@dataclass
+class MaskTerm:
+    kind: str  # "keep" (bool, True = attend), "float" (additive), "causal", "finite" (masked bool + fill)
+    code: str  # keep / float / causal-keep expression, or the masked (True = masked) expression for "finite"
+    fill: str | None = None
+    guard: cst.If | None = None
+    scaled_after: bool = False
+    nodes: list[cst.CSTNode] = field(default_factory=list)
+
+
+@dataclass
+class AttentionMatch:
+    """Everything the SDPA rewrite needs, or the reason there is none."""
+
+    function: str
+    line: int
+    end_line: int
+    output_node: cst.CSTNode | None = None
+    query: str = ""
+    key: str = ""
+    value: str = ""
+    scale: str | None = None  # None: SDPA's default 1/sqrt(E) is provably the original's
+    masks: list[MaskTerm] = field(default_factory=list)
+    guards: dict[cst.If, str] = field(default_factory=dict)
+    dropout_p: str | None = None
+    attn_mask: str | None = None
+    is_causal: bool = False
+    output_suffix: str = ""
+    removed: list[cst.CSTNode] = field(default_factory=list)
+    escapes: list[cst.Name] = field(default_factory=list)
+    reason: str | None = None
+    unsafe_reason: str | None = None  # why even the unsafe fix is unavailable
+
+
+def find_attention(parsed: ParsedModule) -> list[AttentionMatch]:
+    matches: list[AttentionMatch] = []
+    for function, owner, name in parsed.functions:
+        matcher = _FunctionMatcher(parsed, function, owner, name)
+        matches.extend(matcher.run())
+    return matches
+
+
+class _SoftmaxCollector(cst.CSTVisitor):
+    """Softmax ops of one function body; nested functions are matched on their own."""
+
+    def __init__(self, reader: OpReader, root: cst.FunctionDef) -> None:
+        self.reader, self.root, self.found = reader, root, []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.root
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        op = self.reader.read(node)
+        if op is not None and (op.name == "softmax" or (op.name == "sequential" and op.params["stages"]
+                                                         and op.params["stages"][0].name == "softmax")):
+            self.found.append(op)
+
+
+@dataclass
+class _Chain:
+    """What the backward walk collected: ops outermost first, definitions consumed, reads followed."""
+
+    ops: list[tuple[Op, cst.If | None]] = field(default_factory=list)
+    definitions: list[Definition] = field(default_factory=list)
+    reads: set[cst.Name] = field(default_factory=set)
+
+
+class _FunctionMatcher:
+    def __init__(self, parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None, name: str):
+        self.parsed, self.function, self.owner, self.name = parsed, function, owner, name
+        self.flow: FunctionFlow = parsed.flow(function)
+        self.reader = OpReader(parsed, owner)
+        self.values = ValueProver(parsed, self.flow, owner)
+
+    def run(self) -> list[AttentionMatch]:
+        collector = _SoftmaxCollector(self.reader, self.function)
+        self.function.visit(collector)
+        results = []
+        for softmax in collector.found:
+            match = self._match(softmax)
+            if match is not None:
+                results.append(match)
+        return results
+
+    # -- one candidate -----------------------------------------------------------------------------
+    def _match(self, softmax: Op) -> AttentionMatch | None:
+        if not self._looks_like_attention(softmax):
+            return None
+        statement = self._statement(softmax.node)
+        match = AttentionMatch(self.name, self.parsed.line(statement), self.parsed.end_line(statement))
+        try:
+            self._prove(softmax, match)
+        except Refusal as refusal:
+            match.reason = str(refusal)
+            match.output_node = None
+        return match
+
+    def _looks_like_attention(self, softmax: Op) -> bool:
+        """Cheap screen: a matrix product feeds the softmax and its output reaches another one."""
+        return self._reaches(softmax.operands[0], CORE_OPS, depth=0) and self._feeds_product(softmax.node)
+
+    def _reaches(self, node: cst.CSTNode, names: set[str], depth: int) -> bool:
+        if depth > MAX_CHAIN:
+            return False
+        op = self.reader.read(node)
+        if op is not None and op.name in names:
+            return True
+        if isinstance(node, cst.Name):
+            return any(d.value is not None and self._reaches(d.value, names, depth + 1)
+                       or any(self._reaches_defs(p, names, depth + 1) for p in d.previous)
+                       for d in self.flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
+        return any(self._reaches(child, names, depth + 1) for child in node.children
+                   if isinstance(child, (cst.BaseExpression, cst.Arg)))
+
+    def _reaches_defs(self, def_id: int, names: set[str], depth: int) -> bool:
+        if def_id == UNDEFINED:
+            return False
+        definition = self.flow.definitions[def_id]
+        return definition.value is not None and self._reaches(definition.value, names, depth)
+
+    def _feeds_product(self, node: cst.CSTNode) -> bool:
+        frontier, seen = [node], 0
+        while frontier and seen < MAX_CHAIN:
+            seen += 1
+            current = frontier.pop()
+            for consumer, op in self._consumers(current):
+                if op is not None and op.name in ("matmul", "bmm", "einsum"):
+                    return True
+                if consumer is not None:
+                    frontier.append(consumer)
+        return False
+
+    def _consumers(self, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None, Op | None]]:
+        """Where a value goes: (the expression that consumes it, that expression's Op if it is one)."""
+        parent = self.parsed.parents.get(node)
+        if isinstance(parent, cst.Arg):
+            call = self.parsed.parents.get(parent)
+            return [(call, self.reader.read(call))]
+        if isinstance(parent, cst.Attribute) and parent.value is node:
+            call = self.parsed.parents.get(parent)
+            if isinstance(call, cst.Call) and call.func is parent:
+                return [(call, self.reader.read(call))]
+            return [(parent, self.reader.read(parent))]
+        if isinstance(parent, cst.BinaryOperation):
+            return [(parent, self.reader.read(parent))]
+        definition = self._definition_of_value(node)
+        if definition is not None:
+            return [(read, None) for read in self.flow.reads_of(definition)]
+        return [(None, None)]
+
+    def _definition_of_value(self, node: cst.CSTNode) -> Definition | None:
+        parent = self.parsed.parents.get(node)
+        if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
+            found = [d for d in self.flow.definitions.values() if d.statement is parent and d.index is None]
+            return found[0] if len(found) == 1 else None
+        return None
+
+    def _statement(self, node: cst.CSTNode) -> cst.CSTNode:
+        while not isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            node = self.parsed.parents[node]
+        return node
+
+    # -- the proof -----------------------------------------------------------------------------------
+    def _prove(self, softmax: Op, match: AttentionMatch) -> None:
+        chain = _Chain()
+        self._chain = chain
+        self._absorbed: set[cst.Name] = set()  # reads that vanish with the rewrite (cast targets, fill dtypes)
+        core = self._peel_scores(softmax.operands[0], chain)
+        ndim = self._core_roles(core, chain, match)
+        self._check_softmax_dim(softmax, ndim)
+        stages = softmax.params.get("stages", [])[1:] if softmax.name == "sequential" else []
+        dropouts = [stage for stage in stages if stage.name == "dropout"]
+        if len(dropouts) != len(stages):
+            raise Refusal("the softmax module is followed by a module that is not dropout")
+        output, value_node, weight_defs, escapes, more_dropouts = self._follow_weights(softmax.node)
+        dropouts += more_dropouts
+        match.escapes = escapes
+        self._value_roles(core, output, value_node, ndim, match)
+        self._dropout_role(dropouts, match)
+        self._scale_and_mask_roles(chain, core, match)
+        consumed = chain.definitions + weight_defs
+        self._check_reads(consumed, chain.reads | self._weight_reads | self._absorbed, match)
+        self._assemble_mask(match)
+        output_statement = self._statement(output.node)
+        match.output_node = output.node
+        match.removed = _unique([d.statement for d in consumed if d.statement is not output_statement])
+        lines = [self.parsed.line(s) for s in match.removed] + [self.parsed.line(output_statement)]
+        match.line, match.end_line = min(lines), self.parsed.end_line(output_statement)
+        self._check_bindings(match, output_statement)
+        self._check_escapes(match)
+
+    # backward: softmax input -> Q·K^T ---------------------------------------------------------------
+    def _peel_scores(self, node: cst.BaseExpression, chain: _Chain) -> Op:
+        """Walk from the softmax input down to the Q·K^T product, recording every op on the way."""
+        guard: cst.If | None = None
+        expected: frozenset[int] | None = None
+        cursor: cst.BaseExpression | Op | frozenset[int] = node
+        for _ in range(MAX_CHAIN):
+            if isinstance(cursor, cst.Name):
+                chain.reads.add(cursor)
+                ids = frozenset(self.flow.reaching.get(cursor, ()))
+                if expected is not None and ids != expected:
+                    raise Refusal("a conditional update of the scores does not update the same value")
+                expected, cursor = None, ids
+            if isinstance(cursor, frozenset):
+                cursor, guard, expected = self._step_definitions(cursor, chain)
+                continue
+            op = cursor if isinstance(cursor, Op) else self.reader.read(cursor)
+            if op is None:
+                raise Refusal(f"the scores come from `{self._short(cursor)}`, which is not a recognised operation")
+            if op.name in CORE_OPS:
+                if guard is not None or expected is not None:
+                    raise Refusal("the Q·K^T product itself is computed conditionally")
+                return op
+            cursor = self._peel_one(op, chain, guard)
+            if op.name not in ("cast", "identity"):
+                guard = None
+        raise Refusal("the score computation is too long to follow")
+
+    def _step_definitions(self, ids: frozenset[int], chain: _Chain):
+        """Follow a read to what it reads: one definition, or a guarded update (`if m: s = s + m`).
+        Returns (what the definition computes, the guard of the next op, the definitions its input must see)."""
+        definitions = [self.flow.definitions[i] for i in sorted(ids) if i != UNDEFINED]
+        if UNDEFINED in ids or not definitions:
+            raise Refusal("the scores are not defined on every path")
+        if len(definitions) == 2:
+            inner, outer = sorted(definitions, key=lambda d: len(d.guards), reverse=True)
+            if (len(inner.guards) == len(outer.guards) + 1 and inner.guards[:-1] == outer.guards
+                    and inner.kind in ("assign", "aug", "inplace") and inner.index is None):
+                chain.definitions.append(inner)
+                return self._definition_input(inner, chain), inner.guards[-1], frozenset({outer.id})
+        if len(definitions) != 1:
+            raise Refusal("the scores are assigned on several paths")
+        definition = definitions[0]
+        if definition.kind not in ("assign", "aug", "inplace") or definition.index is not None:
+            raise Refusal(f"the scores come from `{definition.name}`, which is not computed in this function")
+        chain.definitions.append(definition)
+        return self._definition_input(definition, chain), None, None
+
+    def _definition_input(self, definition: Definition, chain: _Chain) -> cst.BaseExpression | Op:
+        """The expression a definition computes; augmented and in-place updates become ops on the old value."""
+        if definition.kind == "assign":
+            return definition.value
+        statement = definition.statement
+        if definition.kind == "aug":
+            op_names = {cst.MultiplyAssign: "mul", cst.DivideAssign: "div", cst.AddAssign: "add"}
+            name = op_names.get(type(statement.operator))
+            if name is None:
+                raise Refusal(f"the scores are updated by `{self._short(statement)}`")
+            return Op(name, statement, [statement.target, statement.value], inplace=True)
+        op = self.reader.read(definition.value)
+        if op is None or op.name not in ("masked_fill", "mul", "div", "add"):
+            raise Refusal(f"the scores are updated in place by `{self._short(definition.value)}`")
+        return op
+
+    def _peel_one(self, op: Op, chain: _Chain, guard: cst.If | None) -> cst.BaseExpression:
+        """Record one op of the score chain and return the operand that carries the scores."""
+        if op.name in ("cast", "identity"):
+            self._absorb(op)
+            return op.operands[0]
+        if op.name in ("mul", "div"):
+            tensor, factor = op.operands
+            if op.name == "mul" and self.values.is_scalar(tensor) and not self.values.is_scalar(factor):
+                tensor, factor = factor, tensor
+            if not self.values.is_scalar(factor):
+                raise Refusal(f"the scores are scaled by `{self._short(factor)}`, which is not provably a Python "
+                              f"number (SDPA's scale must be one)")
+            if guard is not None:
+                raise Refusal("the scale is applied conditionally")
+            op.params["factor"] = factor
+            chain.ops.append((op, None))
+            return tensor
+        if op.name == "masked_fill":
+            chain.ops.append((op, guard))
+            return op.operands[0]
+        if op.name in ("add", "where"):
+            left, right = op.operands
+            scores = left if self._reaches(left, CORE_OPS, 0) else right
+            op.params["chain_operand"] = scores
+            chain.ops.append((op, guard))
+            return scores
+        if op.name == "sub":
+            raise Refusal("the scores have a tensor subtracted from them")
+        raise Refusal(f"the scores pass through `{self._short(op.node)}` before softmax, which SDPA cannot express")
+
+    # Q·K^T roles --------------------------------------------------------------------------------
+    def _core_roles(self, core: Op, chain: _Chain, match: AttentionMatch) -> int | None:
+        if core.name == "einsum":
+            return self._einsum_roles(core, match)
+        left, right = core.operands
+        q_leaf, q_factors = self._strip_factors(left)
+        k_leaf, k_factors = self._strip_factors(right)
+        self._factors = q_factors + k_factors
+        ndim = 3 if core.name in ("bmm", "baddbmm") else (self._ndim(q_leaf) or self._ndim(k_leaf))
+        match.query = self._render(q_leaf)
+        match.key = self._key_from_transposed(k_leaf, ndim)
+        self._leaf_nodes = [q_leaf, k_leaf]
+        if core.name == "baddbmm":
+            self._baddbmm_terms(core, match)
+        return ndim
+
+    def _baddbmm_terms(self, core: Op, match: AttentionMatch) -> None:
+        alpha, beta = core.params["alpha"], core.params["beta"]
+        if alpha is not None:
+            if not self.values.is_scalar(alpha):
+                raise Refusal("baddbmm's alpha is not provably a Python number")
+            self._factors.append(("mul", alpha))
+        if beta is not None and number_value(beta) == 0:
+            return
+        if beta is not None and number_value(beta) != 1:
+            raise Refusal("baddbmm's beta is neither 0 nor 1")
+        bias = core.params["input"]
+        match.masks.append(MaskTerm("float", self._render(bias), nodes=[bias]))
+
+    def _absorb(self, op: Op) -> None:
+        """A cast's arguments (`.type_as(scores)`, `.to(q.dtype)`) disappear with the block."""
+        if isinstance(op.node, cst.Call):
+            for arg in op.node.args:
+                self._absorbed.update(loaded_names(arg.value))
+
+    def _strip_factors(self, node: cst.BaseExpression):
+        factors = []
+        while True:
+            op = self.reader.read(node)
+            if op is None or op.name not in ("mul", "div") or op.inplace:
+                return node, factors
+            tensor, factor = op.operands
+            if op.name == "mul" and self.values.is_scalar(tensor) and not self.values.is_scalar(factor):
+                tensor, factor = factor, tensor
+            if not self.values.is_scalar(factor):
+                return node, factors
+            factors.append((op.name, factor))
+            node = tensor
+
+    def _key_from_transposed(self, node: cst.BaseExpression, ndim: int | None) -> str:
+        """SDPA wants K as (..., S, E); the product used K^T. Undo a provable last-two-dims transpose,
+        else transpose back explicitly (a view, always exact)."""
+        op = self.reader.read(node)
+        if op is not None and op.name == "mT":
+            return self._render(op.operands[0])
+        if op is not None and op.name == "transpose":
+            dims = [int_value(d) for d in op.params["dims"]]
+            if None not in dims and _last_two(dims, ndim):
+                return self._render(op.operands[0])
+        if op is not None and op.name == "permute":
+            dims = [int_value(d) for d in op.params["dims"]]
+            if None not in dims and len(dims) >= 2 and sorted(dims) == list(range(len(dims))):
+                order = dims[:-2] + [dims[-1], dims[-2]]
+                suffix = es.permutation_suffix(order, False)
+                return self._render(op.operands[0], suffix)
+        return self._render(node, ".transpose(-2, -1)")
+
+    def _ndim(self, node: cst.BaseExpression, depth: int = 0) -> int | None:
+        """Rank of a tensor when the source states it (view/reshape/permute/rearrange); else None."""
+        if depth > 10:
+            return None
+        if isinstance(node, cst.Name):
+            found = {self._ndim_of_definition(d, depth) for d in self.flow.definitions_of(node)}
+            return found.pop() if len(found) == 1 else None
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            method, args = node.func.attr.value, node.args
+            if method in ("view", "reshape") and args and not any(a.star for a in args):
+                if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
+                    return len(args[0].value.elements)
+                return len(args)
+            if method == "permute" and args:
+                return len(args) if len(args) > 1 else None
+            if method in ("transpose", "contiguous", "float", "half", "to", "type_as", "clone", "mul", "div"):
+                return self._ndim(node.func.value, depth + 1)
+        if isinstance(node, cst.Call):
+            dotted = self.parsed.imported_name(node.func) or ""
+            if dotted.endswith("rearrange") and len(node.args) >= 2 and \
+                    isinstance(node.args[1].value, cst.SimpleString):
+                return _einops_rank(node.args[1].value.evaluated_value)
+        return None
+
+    def _ndim_of_definition(self, definition: Definition, depth: int) -> int | None:
+        if definition.kind != "assign":
+            return None
+        value = definition.value
+        if definition.index is None:
+            return self._ndim(value, depth + 1)
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+                value.func.attr.value in ("chunk", "split", "unbind"):
+            base = self._ndim(value.func.value, depth + 1)
+            return base - 1 if base and value.func.attr.value == "unbind" else base
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "map" \
+                and value.args and isinstance(value.args[0].value, cst.Lambda):
+            return self._ndim(value.args[0].value.body, depth + 1)
+        return None
+
+    def _einsum_roles(self, core: Op, match: AttentionMatch) -> int:
+        try:
+            (q_axes, k_axes), out_axes = self._spec(core)
+            layout = es.score_layout(q_axes, k_axes, out_axes)
+        except es.EinsumMismatch as exc:
+            raise Refusal(f"the Q·K^T einsum is not plain attention: {exc}") from None
+        self._layout = layout
+        self._has_ellipsis = es.ELLIPSIS in out_axes
+        q_leaf, q_factors = self._strip_factors(core.operands[0])
+        k_leaf, k_factors = self._strip_factors(core.operands[1])
+        self._factors = q_factors + k_factors
+        q_suffix = es.permutation_suffix(layout.q_order, self._has_ellipsis)
+        k_suffix = es.permutation_suffix(layout.k_order, self._has_ellipsis)
+        if q_suffix is None or k_suffix is None:
+            raise Refusal("the einsum moves an ellipsis axis")
+        match.query, match.key = self._render(q_leaf, q_suffix), self._render(k_leaf, k_suffix)
+        self._leaf_nodes = [q_leaf, k_leaf]
+        return None if self._has_ellipsis else layout.ndim
+
+    def _spec(self, op: Op):
+        inputs, output = es.parse_spec(op.params["spec"], op.params["einops"])
+        if len(inputs) != 2:
+            raise es.EinsumMismatch("the einsum does not take two operands")
+        return inputs, output
+
+    def _check_softmax_dim(self, softmax: Op, ndim: int | None) -> None:
+        if softmax.name == "sequential":
+            softmax = softmax.params["stages"][0]
+        dim = int_value(softmax.params.get("dim"))
+        if softmax.params.get("dim") is None:
+            raise Refusal("softmax has no explicit dim, so the key dimension cannot be proved")
+        if dim is None:
+            raise Refusal(f"softmax's dim `{self._short(softmax.params['dim'])}` is not a literal")
+        if dim != -1 and not (ndim is not None and dim == ndim - 1):
+            raise Refusal(f"softmax runs over dim {dim}, which is not provably the key dimension")
+
+    # forward: weights -> weights·V -----------------------------------------------------------------
+    def _follow_weights(self, start: cst.CSTNode):
+        node, dropouts, definitions, escapes = start, [], [], []
+        self._weight_reads: set[cst.Name] = set()
+        for _ in range(MAX_CHAIN):
+            parent = self.parsed.parents.get(node)
+            definition = self._definition_of_value(node)
+            if definition is not None:
+                definitions.append(definition)
+                node = self._next_weight_read(definition, escapes)
+                self._weight_reads.add(node)
+                continue
+            consumers = self._consumers(node)
+            consumer, op = consumers[0]
+            if op is None:
+                if isinstance(parent, (cst.Element, cst.Return)) or consumer is None:
+                    raise Refusal("the attention weights are returned before any value product")
+                raise Refusal(f"the attention weights flow into `{self._short(consumer)}`")
+            if op.name in ("cast", "identity"):
+                self._absorb(op)
+                node = op.node
+            elif op.name == "dropout":
+                dropouts.append(op)
+                node = op.node
+            elif op.name in ("matmul", "bmm") and op.operands[0] is node:
+                return op, op.operands[1], definitions, escapes, dropouts
+            elif op.name == "einsum" and node in op.operands:
+                other = op.operands[1] if op.operands[0] is node else op.operands[0]
+                return op, other, definitions, escapes, dropouts
+            elif op.name == "mul":
+                raise Refusal(f"the attention weights are multiplied by "
+                              f"`{self._short(op.operands[1] if op.operands[0] is node else op.operands[0])}` "
+                              f"(a head mask or reweighting) before the value product")
+            else:
+                raise Refusal(f"the attention weights pass through `{self._short(op.node)}` before the value "
+                              f"product (heads or positions are mixed)")
+        raise Refusal("the weights are followed too far without reaching a value product")
+
+    def _next_weight_read(self, definition: Definition, escapes: list[cst.Name]) -> cst.Name:
+        """Of the reads of a weights variable, the one that continues the block; the others escape it."""
+        continuing, others = [], []
+        for read in self.flow.reads_of(definition):
+            if self.flow.reaching.get(read) != frozenset({definition.id}):
+                raise Refusal("the attention weights are modified conditionally before the value product")
+            consumer, op = self._consumers(read)[0]
+            if op is not None and (op.name in ("cast", "identity", "dropout") or
+                                   (op.name in ("matmul", "bmm") and op.operands[0] is read) or
+                                   (op.name == "einsum" and read in op.operands)):
+                continuing.append(read)
+            elif op is not None and op.name in ("mul", "add", "sub", "div", "einsum", "matmul", "bmm",
+                                                "softmax", "masked_fill", "where"):
+                raise Refusal(f"the attention weights are transformed by `{self._short(op.node)}` "
+                              f"before the value product")
+            else:
+                others.append(read)
+        if len(continuing) != 1:
+            raise Refusal("the attention weights are used by more than one operation" if continuing
+                          else "the attention weights never reach a value product")
+        escapes.extend(others)
+        return continuing[0]
+
+    def _value_roles(self, core: Op, output: Op, value_node, ndim, match: AttentionMatch) -> None:
+        match.value = self._render(value_node)
+        self._leaf_nodes.append(value_node)
+        if output.name == "einsum":
+            if core.name != "einsum":
+                raise Refusal("the value product is an einsum but the score product is not")
+            try:
+                (first, second), out_axes = self._spec(output)
+                p_axes, v_axes = (first, second) if output.operands[1] is value_node else (second, first)
+                layout = es.value_layout(self._layout, p_axes, v_axes, out_axes)
+            except es.EinsumMismatch as exc:
+                raise Refusal(f"the weights·V einsum is not plain attention: {exc}") from None
+            v_suffix = es.permutation_suffix(layout.v_order, self._has_ellipsis)
+            out_suffix = es.permutation_suffix(layout.out_order, self._has_ellipsis)
+            if v_suffix is None or out_suffix is None:
+                raise Refusal("the einsum moves an ellipsis axis")
+            match.value = self._render(value_node, v_suffix)
+            match.output_suffix = out_suffix
+        elif core.name == "einsum" and self._layout.ndim != (self._ndim(value_node) or self._layout.ndim):
+            raise Refusal("V's rank differs from the scores' rank")
+
+    def _dropout_role(self, dropouts: list[Op], match: AttentionMatch) -> None:
+        if len(dropouts) > 1:
+            raise Refusal("dropout is applied twice to the attention weights")
+        if not dropouts:
+            return
+        op = dropouts[0]
+        p = op.params.get("p")
+        if p is None:
+            p_code = "0.5"
+        else:
+            p_code = self._render(p)
+            self._leaf_nodes.append(p)
+        if number_value(p) == 0:
+            return
+        training = op.params.get("training")
+        if training is None and not op.params.get("default_training", False):
+            raise Refusal("dropout's training flag is not given")
+        if training is None:
+            match.dropout_p = p_code
+            return
+        if isinstance(training, cst.Name) and training.value in ("True", "False"):
+            match.dropout_p = p_code if training.value == "True" else None
+            return
+        if not op.params.get("module"):
+            self._leaf_nodes.append(training)
+        match.dropout_p = f"{_atom(p_code)} if {self._render(training)} else 0.0"
+
+    # scale and masks ----------------------------------------------------------------------------------
+    def _scale_and_mask_roles(self, chain: _Chain, core: Op, match: AttentionMatch) -> None:
+        applied = list(reversed(chain.ops))  # in the order the original applies them
+        scale_positions = [i for i, (op, _) in enumerate(applied) if op.name in ("mul", "div")]
+        for position, (op, guard) in enumerate(applied):
+            if op.name in ("mul", "div"):
+                self._factors.append((op.name, op.params["factor"]))
+                continue
+            term = self._mask_term(op, guard)
+            term.scaled_after = any(p > position for p in scale_positions)
+            match.masks.append(term)
+        match.scale = self._scale_code(match)
+        for factor in self._factors:
+            self._leaf_nodes.append(factor[1])
+        for term in match.masks:
+            if term.scaled_after and term.kind != "keep" and term.kind != "causal":
+                raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
+            if term.guard is not None:
+                match.guards[term.guard] = self.parsed.code(term.guard.test)
+
+    def _mask_term(self, op: Op, guard: cst.If | None) -> MaskTerm:
+        if op.name == "add":
+            mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
+            return MaskTerm("float", self._render(mask), guard=guard, nodes=[mask])
+        if op.name == "masked_fill":
+            masked, fill = op.params["mask"], op.params["fill"]
+            keep_given = False
+        else:  # where(condition, scores, fill) keeps where True; where(condition, fill, scores) masks
+            condition = op.params["condition"]
+            chain_first = op.params["chain_operand"] is op.operands[0]
+            fill = op.operands[1] if chain_first else op.operands[0]
+            masked, keep_given = condition, chain_first
+        kind = self.values.fill_kind(fill)
+        if kind is None:
+            raise Refusal(f"the mask fill value `{self._short(fill)}` is not provably -inf or a large negative "
+                          f"number")
+        keep = self._render(masked) if keep_given else _negate(self.parsed, masked)
+        nodes = [masked, fill]
+        if self._is_causal_keep(keep, masked, keep_given):
+            return MaskTerm("causal", keep, guard=guard, nodes=nodes)
+        if kind == "neginf":
+            return MaskTerm("keep", keep, guard=guard, nodes=nodes)
+        masked_code = _negate(self.parsed, masked) if keep_given else self._render(masked)
+        return MaskTerm("finite", masked_code, fill=self._render_fill(fill), guard=guard, nodes=[masked])
+
+    def _render_fill(self, fill: cst.BaseExpression) -> str:
+        """`torch.finfo(scores.dtype).min` reads an intermediate that the rewrite removes: read the query."""
+        chain_ids = {d.id for d in self._chain.definitions}
+        replaced = {}
+        for name in loaded_names(fill):
+            if self.flow.reaching.get(name, frozenset()) <= chain_ids and self.flow.reaching.get(name):
+                replaced[name] = self._leaf_nodes[0]
+                self._absorbed.add(name)
+        if replaced and not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
+            raise Refusal("the mask fill reads the scores' dtype and the query is not a plain name")
+        return self.parsed.code(fill.visit(_Replace(replaced))) if replaced else self.parsed.code(fill)
+
+    def _is_causal_keep(self, keep: str, masked: cst.BaseExpression, keep_given: bool) -> bool:
+        """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
+        base = masked
+        while True:
+            op = self.reader.read(base)
+            if isinstance(base, cst.Comparison) and len(base.comparisons) == 1 and \
+                    number_value(base.comparisons[0].comparator) in (0, 1):
+                base = base.left
+            elif isinstance(base, cst.UnaryOperation) and isinstance(base.operator, cst.BitInvert):
+                base = base.expression
+            elif op is not None and op.name in ("cast", "identity"):
+                base = op.operands[0]
+            else:
+                break
+        if isinstance(base, cst.Name):
+            definitions = self.flow.definitions_of(base)
+            if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+                return False
+            return _is_tril_square(self.parsed, definitions[0].value, None) is not None and \
+                self._polarity_is_lower(masked, keep_given)
+        if isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) \
+                and isinstance(base.value.value, cst.Name) and base.value.value.value == "self" and self.owner:
+            built = self.owner.only_value(base.value.attr.value)
+            slices = base.slice
+            if built is None or len(slices) < 2:
+                return False
+            leading, last_two = slices[:-2], slices[-2:]
+            if not all(_is_full_slice(s) for s in leading):
+                return False
+            bounds = [_upper_bound(self.parsed, s) for s in last_two]
+            if None in bounds or bounds[0] != bounds[1]:
+                return False
+            return _is_tril_square(self.parsed, built, None, buffer=True) is not None and \
+                self._polarity_is_lower(masked, keep_given)
+        return False
+
+    def _polarity_is_lower(self, masked: cst.BaseExpression, keep_given: bool) -> bool:
+        """tril(ones) holds 1 where attended: the original must mask where it is 0 (or keep where it is 1)."""
+        text = self.parsed.code(masked).replace(" ", "")
+        attended_when_true = (text.endswith("!=0") or text.endswith("==1") or text.endswith(".bool()")
+                              or text.endswith(">0"))
+        masked_when_true = text.endswith("==0") or text.startswith("~") or text.endswith("<1")
+        return (keep_given and attended_when_true) or (not keep_given and masked_when_true)
+
+    def _assemble_mask(self, match: AttentionMatch) -> None:
+        """One `attn_mask` (or `is_causal`) equal to the original's masks in SDPA's polarity."""
+        terms = match.masks
+        if not terms:
+            return
+        if len(terms) == 1:
+            term = terms[0]
+            if term.kind == "causal" and term.guard is None:
+                match.is_causal = True
+                return
+            code = self._term_code(term)
+            if term.guard is None:
+                match.attn_mask = code
+            elif self.parsed.code(term.guard.test).replace(" ", "") == f"{code}isnotNone".replace(" ", "") \
+                    or self.parsed.code(term.guard.test).replace(" ", "") == f"{term.code}isnotNone".replace(" ", ""):
+                match.attn_mask = code  # SDPA takes attn_mask=None as "no mask"
+            else:
+                match.attn_mask = f"{_atom(code)} if {self.parsed.code(term.guard.test)} else None"
+            return
+        if any(term.guard is not None for term in terms):
+            raise Refusal("several masks are applied and at least one only conditionally")
+        kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}
+        if kinds == {"keep"}:
+            match.attn_mask = " & ".join(_atom(term.code) for term in terms)
+        elif kinds == {"float"}:
+            match.attn_mask = " + ".join(_atom(term.code) for term in terms)
+        else:
+            raise Refusal("boolean and additive masks are combined, which needs a hand-written merge")
+
+    def _term_code(self, term: MaskTerm) -> str:
+        if term.kind != "finite":
+            return term.code
+        torch_name = self.parsed.module_aliases.get("torch")
+        if torch_name is None or not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
+            raise Refusal("a finite mask fill needs a float mask built from the query's dtype, and the query "
+                          "is not a plain name")
+        query = self.parsed.code(self._leaf_nodes[0])
+        return f"{torch_name}.zeros_like({term.code}, dtype={query}.dtype).masked_fill({term.code}, {term.fill})"
+
+    def _scale_code(self, match: AttentionMatch) -> str | None:
+        if not self._factors:
+            return "1.0"
+        if len(self._factors) == 1 and self._is_default_scale(match, *self._factors[0]):
+            return None
+        parts, divisors = [], []
+        for kind, factor in self._factors:
+            (parts if kind == "mul" else divisors).append(_atom(self._render(factor)))
+        numerator = " * ".join(parts) if parts else "1.0"
+        return numerator + "".join(f" / {d}" for d in divisors)
+
+    def _is_default_scale(self, match: AttentionMatch, kind: str, factor: cst.BaseExpression) -> bool:
+        """`/ math.sqrt(q.size(-1))`, `* k.size(-1) ** -0.5`, ...: exactly SDPA's default 1/sqrt(E), where
+        E is the last dim of the query (and key) SDPA receives."""
+        text = self.parsed.code(factor.with_changes(lpar=[], rpar=[])).replace(" ", "")
+        leaves = "|".join(re.escape(code.replace(" ", "")) for code in (match.query, match.key))
+        size = rf"\(?(?:{leaves})\.(?:size\(-1\)|shape\[-1\])\)?"
+        root = rf"(?:math\.sqrt\({size}\)|{size}\*\*0\.5)"
+        if kind == "div":
+            return bool(re.fullmatch(root, text))
+        return bool(re.fullmatch(rf"(?:1|1\.0?)/\(?{root}\)?|{size}\*\*\(?-0\.5\)?", text))
+
+    # checks over the whole block --------------------------------------------------------------------
+    def _check_reads(self, consumed: list[Definition], chain_reads: set[cst.Name], match) -> None:
+        for definition in consumed:
+            for read in self.flow.reads_of(definition):
+                if read not in chain_reads and read not in match.escapes:
+                    raise Refusal(f"the intermediate `{definition.name}` is also used at line "
+                                  f"{self.parsed.line(read)}")
+
+    def _check_bindings(self, match: AttentionMatch, output_statement: cst.CSTNode) -> None:
+        """Every name the SDPA call reads must mean at the value product what it meant where it was read."""
+        env = self.flow.env_before.get(output_statement, {})
+        nodes = list(self._leaf_nodes)
+        guard_of_node = {}
+        for term in match.masks:
+            nodes.extend(term.nodes)
+            for node in term.nodes:
+                guard_of_node[node] = term.guard
+        for guard in match.guards:
+            nodes.append(guard.test)
+        for node in nodes:
+            for name in loaded_names(node):
+                seen = self.flow.reaching.get(name)
+                if seen is None:
+                    continue
+                now = env.get(name.value, frozenset({UNDEFINED}))
+                if now == seen:
+                    continue
+                if now - seen == {UNDEFINED} and guard_of_node.get(node) is not None:
+                    continue  # bound inside the same `if` that guards the mask term
+                raise Refusal(f"`{name.value}` is reassigned between the scores and the value product")
+
+    def _check_escapes(self, match: AttentionMatch) -> None:
+        if not match.escapes:
+            return
+        where = ", ".join(sorted({str(self.parsed.line(read)) for read in match.escapes}))
+        match.reason = (f"the attention weights are used outside the block (line {where}), and SDPA does not "
+                        f"return them")
+        for read in match.escapes:
+            parent = self.parsed.parents.get(read)
+            if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
+                match.unsafe_reason = (f"the weights are passed to `{self._short(parent)}`, which cannot take None")
+                return
+
+    # rendering ------------------------------------------------------------------------------------------
+    def _render(self, node: cst.BaseExpression, suffix: str = "") -> str:
+        code = self.parsed.code(node)
+        return (_atom(code) if suffix else code) + suffix
+
+    def _short(self, node: cst.CSTNode) -> str:
+        text = " ".join(self.parsed.code(node).split())
+        return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Replace(cst.CSTTransformer):
+    """Replace given Name nodes (by identity) with other expressions."""
+
+    def __init__(self, replacements: dict[cst.Name, cst.BaseExpression]) -> None:
+        self.replacements = replacements
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.replacements.get(original_node, updated_node)
+
+
+def _unique(items: list) -> list:
+    seen, out = set(), []
+    for item in items:
+        if id(item) not in seen:
+            seen.add(id(item))
+            out.append(item)
+    return out
+
+
+def _last_two(dims: list[int], ndim: int | None) -> bool:
+    if sorted(dims) == [-2, -1]:
+        return True
+    if ndim is None:
+        return False
+    return sorted(d % ndim for d in dims) == [ndim - 2, ndim - 1]
+
+
+def _atom(code: str) -> str:
+    """Parenthesise code unless it is a name, attribute, call, subscript or literal."""
+    try:
+        node = cst.parse_expression(code)
+    except cst.ParserSyntaxError:
+        return f"({code})"
+    if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or node.lpar:
+        return code
+    return f"({code})"
+
+
+def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:
+    """The complement of a boolean mask, written as simply as its form allows."""
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
+        target = node.comparisons[0]
+        flipped = {cst.Equal: "!=", cst.NotEqual: "==", cst.LessThan: ">=", cst.GreaterThanEqual: "<",
+                   cst.GreaterThan: "<=", cst.LessThanEqual: ">"}.get(type(target.operator))
+        if flipped is not None:
+            return f"{parsed.code(node.left)} {flipped} {parsed.code(target.comparator)}"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+        return parsed.code(node.expression)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "logical_not" \
+            and not node.args:
+        return parsed.code(node.func.value)
+    return f"~{_atom(parsed.code(node))}"
+
+
+def _is_full_slice(element: cst.SubscriptElement) -> bool:
+    s = element.slice
+    return isinstance(s, cst.Slice) and s.lower is None and s.upper is None and s.step is None
+
+
+def _upper_bound(parsed: ParsedModule, element: cst.SubscriptElement) -> str | None:
+    s = element.slice
+    if isinstance(s, cst.Slice) and s.lower is None and s.step is None and s.upper is not None:
+        return parsed.code(s.upper).replace(" ", "")
+    return None
+
+
+def _is_tril_square(parsed: ParsedModule, node: cst.BaseExpression, size: str | None, buffer: bool = False):
+    """`torch.tril(torch.ones(n, n))` (then views/casts/bool): return the size code, else None."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in ("view", "reshape", "bool", "to", "unsqueeze", "float", "byte", "int", "expand") \
+            and isinstance(node.func.value, (cst.Call, cst.Subscript)):
+        node = node.func.value
+    while isinstance(node, cst.Subscript) and all(
+            isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
+            or _is_full_slice(e) for e in node.slice):
+        node = node.value
+    if not isinstance(node, cst.Call):
+        return None
+    dotted = parsed.imported_name(node.func)
+    if dotted == "torch.tril" and node.args:
+        inner, diagonal = node.args[0].value, (node.args[1].value if len(node.args) > 1 else None)
+    elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "tril" and dotted is None:
+        inner, diagonal = node.func.value, (node.args[0].value if node.args else None)
+    else:
+        return None
+    if diagonal is not None and number_value(diagonal) != 0:
+        return None
+    if not (isinstance(inner, cst.Call) and parsed.imported_name(inner.func) == "torch.ones"):
+        return None
+    sizes = [a for a in inner.args if a.keyword is None]
+    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
+        sizes = sizes[0].value.elements
+    codes = [parsed.code(a.value).replace(" ", "") for a in sizes]
+    if len(codes) != 2 or codes[0] != codes[1]:
+        return None
+    return codes[0]
+
+
+def _einops_rank(pattern: str) -> int | None:
+    if "->" not in pattern:
+        return None
+    right = pattern.split("->")[1]
+    depth, count, token = 0, 0, False
+    for char in right:
+        if char == "(":
+            depth += 1
+            if depth == 1:
+                count += 1
+        elif char == ")":
+            depth -= 1
+        elif depth == 0:
+            if char.isspace():
+                token = False
+            elif not token:
+                token = True
+                count += 1
+        if char in "()":
+            token = False
+    return count

@@ -1,0 +1,141 @@
+"""What a value is, proved from the source: a Python scalar (a valid SDPA `scale`), a mask fill value."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from advisor.patterns.ops import number_value
+from advisor.static.dataflow import FunctionFlow
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+# Names that real code gives to Python-number scale factors; used only where nothing better is known
+# (an unannotated parameter, an attribute set outside this class).
+SCALAR_NAME = re.compile(r"(^|_)(scale|scaling|scale_factor|softmax_scale|norm_factor|inv_norm_factor|"
+                         r"head_dim|dim_head|d_k|d_head|dk|head_size|sqrt\w*|temperature_scalar)$", re.I)
+SCALAR_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "numpy.sqrt", "float", "int", "len", "max",
+                    "min", "pow", "abs", "round"}
+SIZE_METHODS = {"size", "dim", "numel", "ndimension", "__len__"}
+MASK_FILL_FLOOR = -1e3  # a literal fill at or below this is a "large negative" mask value
+
+
+class ValueProver:
+    """Answers questions about expressions inside one function."""
+
+    def __init__(self, parsed: ParsedModule, flow: FunctionFlow, owner: ClassInfo | None) -> None:
+        self.parsed = parsed
+        self.flow = flow
+        self.owner = owner
+
+    # -- Python scalars ----------------------------------------------------------------------------
+    def is_scalar(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """True when `node` is provably a Python number (never a tensor)."""
+        if depth > 12:
+            return False
+        if number_value(node) is not None:
+            return True
+        if isinstance(node, cst.UnaryOperation):
+            return self.is_scalar(node.expression, depth + 1)
+        if isinstance(node, cst.BinaryOperation):
+            return self.is_scalar(node.left, depth + 1) and self.is_scalar(node.right, depth + 1)
+        if isinstance(node, cst.Call):
+            dotted = self.parsed.imported_name(node.func)
+            if dotted in SCALAR_FUNCTIONS:
+                return all(self.is_scalar(a.value, depth + 1) or self._is_size(a.value) for a in node.args)
+            return self._is_size(node)
+        if isinstance(node, cst.Subscript):
+            return self._is_size(node)
+        if isinstance(node, cst.Name):
+            return self._name_is_scalar(node, depth)
+        if isinstance(node, cst.Attribute):
+            return self._attribute_is_scalar(node, depth)
+        return False
+
+    def _is_size(self, node: cst.BaseExpression) -> bool:
+        """`x.size(-1)`, `x.shape[-1]`, `len(x)`: integers read off a tensor's shape."""
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            return node.func.attr.value in SIZE_METHODS and len(node.args) <= 1
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute):
+            return node.value.attr.value == "shape"
+        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "len":
+            return True
+        return False
+
+    def _name_is_scalar(self, node: cst.Name, depth: int) -> bool:
+        definitions = self.flow.definitions_of(node)
+        if not definitions:
+            return bool(SCALAR_NAME.search(node.value)) and not self.flow.sees_undefined(node)
+        for definition in definitions:
+            if definition.kind == "param":
+                annotation = definition.annotation
+                if annotation is not None:
+                    if self.parsed.code(annotation).replace(" ", "") not in ("float", "int", "float|None",
+                                                                             "Optional[float]", "int|float"):
+                        return False
+                elif not (SCALAR_NAME.search(definition.name)
+                          or (definition.default is not None and number_value(definition.default) is not None)):
+                    return False
+            elif definition.kind == "assign" and definition.index is None:
+                if not self.is_scalar(definition.value, depth + 1):
+                    return False
+            elif definition.kind == "aug":
+                if not self.is_scalar(definition.value, depth + 1):
+                    return False
+            else:
+                return False
+        return True
+
+    def _attribute_is_scalar(self, node: cst.Attribute, depth: int) -> bool:
+        if isinstance(node.value, cst.Name) and node.value.value == "self" and self.owner is not None:
+            values = self.owner.attributes.get(node.attr.value)
+            if values:
+                return all(self._init_value_is_scalar(v, depth) for v in values)
+        if isinstance(node.value, cst.Name) and self.parsed.imported_name(node) in ("math.pi", "math.e"):
+            return True
+        return bool(SCALAR_NAME.search(node.attr.value))
+
+    def _init_value_is_scalar(self, value: cst.BaseExpression, depth: int) -> bool:
+        """A value assigned in `__init__`: its own names are not this function's, so judge it by form."""
+        if isinstance(value, cst.IfExp):
+            return self._init_value_is_scalar(value.body, depth) and self._init_value_is_scalar(value.orelse, depth)
+        if isinstance(value, cst.Call):
+            dotted = self.parsed.imported_name(value.func) or ""
+            return dotted in SCALAR_FUNCTIONS
+        if isinstance(value, (cst.BinaryOperation, cst.UnaryOperation)):
+            return all(self._init_value_is_scalar(child, depth) for child in value.children
+                       if isinstance(child, cst.BaseExpression))
+        if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
+            return not self._looks_like_tensor(value)
+        return number_value(value) is not None
+
+    def _looks_like_tensor(self, value: cst.BaseExpression) -> bool:
+        return "torch" in self.parsed.code(value) or "Parameter" in self.parsed.code(value)
+
+    # -- mask fill values --------------------------------------------------------------------------
+    def fill_kind(self, node: cst.BaseExpression, depth: int = 0) -> str | None:
+        """'neginf' for -inf, 'finite' for a large negative finite number, None when not provable."""
+        if depth > 8:
+            return None
+        code = self.parsed.code(node).replace(" ", "").replace('"', "'")
+        if code in ("float('-inf')", "-float('inf')", "-math.inf", "-torch.inf", "-np.inf", "-numpy.inf",
+                    "float('-Inf')", "-float('Inf')", "-float('infinity')", "float('-infinity')"):
+            return "neginf"
+        if re.fullmatch(r"-?torch\.finfo\(.*\)\.(min|max)", code):
+            return "finite" if code.endswith(".min") != code.startswith("-") else None
+        value = number_value(node)
+        if value is not None:
+            return "neginf" if value == float("-inf") else ("finite" if value <= MASK_FILL_FLOOR else None)
+        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.tensor" and node.args:
+            return self.fill_kind(node.args[0].value, depth + 1)
+        if isinstance(node, cst.Name):
+            definitions = self.flow.definitions_of(node)
+            kinds = {self.fill_kind(d.value, depth + 1) if d.kind == "assign" and d.index is None
+                     else (self.fill_kind(d.default, depth + 1) if d.kind == "param" and d.default else None)
+                     for d in definitions}
+            return kinds.pop() if len(kinds) == 1 and not self.flow.sees_undefined(node) else None
+        if (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+                and self.owner is not None):
+            value = self.owner.only_value(node.attr.value)
+            return self.fill_kind(value, depth + 1) if value is not None else None
+        return None

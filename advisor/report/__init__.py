@@ -1,0 +1,1 @@
+"""Renderers: rich terminal output, JSON, SARIF."""

@@ -1,0 +1,31 @@
+"""Terminal rendering of static findings: a rich table, then reasons, then syntax-highlighted diffs."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+from advisor.findings import Finding, ScanError, display_path
+
+
+def print_findings(console: Console, findings: list[Finding], errors: list[ScanError], files_scanned: int) -> None:
+    for error in errors:
+        console.print(f"[red]error[/red] {display_path(error.path)}: {error.message}", highlight=False)
+    if findings:
+        table = Table(title=f"advisor: {len(findings)} finding(s) in {files_scanned} file(s)")
+        for column in ("location", "rule", "fix", "what"):
+            table.add_column(column, overflow="fold")
+        for finding in findings:
+            fix = ("-" if not finding.fixable else
+                   ("safe" if finding.fix_safety == "safe" else "[yellow]unsafe[/yellow]"))
+            what = finding.message if finding.reason is None else f"{finding.message}\n[dim]{finding.reason}[/dim]"
+            location = f"{display_path(finding.path)}:{finding.line}\n[dim]{finding.function}[/dim]"
+            table.add_row(location, finding.rule, fix, what)
+        console.print(table)
+    else:
+        console.print(f"advisor: no findings in {files_scanned} file(s)")
+
+
+def print_diff(console: Console, diff: str) -> None:
+    console.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default", word_wrap=False))

@@ -1,0 +1,121 @@
+"""Apply attention rewrites to one module with a single libcst pass; untouched code stays byte-identical."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention import AttentionMatch
+from advisor.rewrite.sdpa import functional_name, sdpa_call
+from advisor.static.module_index import ParsedModule
+
+
+class RewriteFailed(Exception):
+    """The edited module did not compile; the original is kept."""
+
+
+def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool) -> str:
+    """Source with every match replaced by one SDPA call. `drop_weights` passes None where weights escaped."""
+    if not matches:
+        return parsed.source
+    functional = functional_name(parsed)
+    replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
+    removed: set[cst.CSTNode] = set()
+    nones: set[cst.CSTNode] = set()
+    for match in matches:
+        statement = _enclosing_statement(parsed, match.output_node)
+        indent = parsed.positions[statement.body[0] if isinstance(statement, cst.SimpleStatementLine)
+                                  else statement].start.column
+        replacements[match.output_node] = cst.parse_expression(sdpa_call(match, functional.prefix, indent))
+        removed.update(match.removed)
+        if drop_weights:
+            nones.update(match.escapes)
+    module = parsed.module.visit(_Editor(parsed, replacements, removed, nones))
+    if functional.import_line is not None:
+        module = _add_import(module, functional.import_line)
+    code = module.code
+    try:
+        compile(code, parsed.path, "exec")
+    except SyntaxError as exc:
+        raise RewriteFailed(f"the rewrite produced invalid Python ({exc.msg})") from None
+    return code
+
+
+def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
+    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        node = parsed.parents[node]
+    return node
+
+
+class _Editor(cst.CSTTransformer):
+    def __init__(self, parsed, replacements, removed, nones) -> None:
+        self.parsed, self.replacements, self.removed, self.nones = parsed, replacements, removed, nones
+
+    def on_leave(self, original_node, updated_node):
+        if original_node in self.replacements:
+            return self.replacements[original_node].with_changes(
+                lpar=getattr(updated_node, "lpar", ()), rpar=getattr(updated_node, "rpar", ()))
+        if original_node in self.nones:
+            return cst.Name("None")
+        return super().on_leave(original_node, updated_node)
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        kept = [small for small, original in zip(updated_node.body, original_node.body)
+                if original not in self.removed]
+        if len(kept) == len(updated_node.body):
+            return updated_node
+        if not kept:
+            return cst.RemoveFromParent()
+        kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        return updated_node.with_changes(body=kept)
+
+    def leave_If(self, original_node, updated_node):
+        if _is_empty(updated_node.body) and updated_node.orelse is None and not _has_call(original_node.test):
+            return cst.RemoveFromParent()
+        return updated_node.with_changes(body=_filled(updated_node.body))
+
+    def leave_Else(self, original_node, updated_node):
+        return updated_node.with_changes(body=_filled(updated_node.body))
+
+    def _fill_body(self, original_node, updated_node):
+        return updated_node.with_changes(body=_filled(updated_node.body))
+
+    leave_For = leave_While = leave_With = leave_Try = leave_FunctionDef = _fill_body
+
+
+def _is_empty(block) -> bool:
+    return isinstance(block, cst.IndentedBlock) and not block.body
+
+
+def _filled(block):
+    if _is_empty(block):
+        return block.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+    return block
+
+
+def _has_call(node: cst.CSTNode) -> bool:
+    finder = _CallFinder()
+    node.visit(finder)
+    return finder.found
+
+
+class _CallFinder(cst.CSTVisitor):
+    found = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = True
+
+
+def _add_import(module: cst.Module, line: str) -> cst.Module:
+    """Insert after the last top-level import (or at the top, after a docstring)."""
+    statement = cst.parse_statement(line + "\n")
+    body = list(module.body)
+    position = 0
+    for index, item in enumerate(body):
+        if isinstance(item, cst.SimpleStatementLine) and any(
+                isinstance(s, (cst.Import, cst.ImportFrom)) for s in item.body):
+            position = index + 1
+        elif index == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr) \
+                and isinstance(item.body[0].value, cst.SimpleString):
+            position = 1
+    body.insert(position, statement)
+    return module.with_changes(body=body)

@@ -1,0 +1,84 @@
+"""Measure a workload: unprofiled step times, then torch.profiler over several steps, then one recorded step."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from advisor.runtime.events import OpEvent, build, from_kineto
+from advisor.runtime.recorder import OpGraph, OpRecorder
+from advisor.runtime.runner import PreparedStep
+
+WARMUP_STEPS = 2
+
+
+@dataclass
+class Capture:
+    events: list[OpEvent]
+    graph: OpGraph
+    profiled_steps: int
+    step_us: float  # median wall time of an unprofiled step
+    step_iqr_us: float
+    device: str
+    dtype: str
+
+
+def time_steps(prepared: PreparedStep, steps: int) -> list[float]:
+    """Wall time of each step in microseconds, synchronised; never called under the profiler."""
+    times = []
+    for _ in range(steps):
+        prepared.sync()
+        start = time.perf_counter()
+        prepared.step()
+        prepared.sync()
+        times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
+def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None = None):
+    """torch.profiler with shapes, verbose Python stacks (needed for aten op stacks) and memory, one warm-up step."""
+    activities = [ProfilerActivity.CPU]
+    if prepared.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    config = torch._C._profiler._ExperimentalConfig(verbose=True)
+    with profile(activities=activities, record_shapes=True, with_stack=True, profile_memory=True,
+                 experimental_config=config, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        for _ in range(steps + 1):
+            prepared.step()
+            prepared.sync()
+            prof.step()
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
+    return prof
+
+
+def record_graph(prepared: PreparedStep) -> OpGraph:
+    """Only the forward is recorded: backward ops are timed by the profiler against their forward stacks."""
+    recorder = OpRecorder(prepared.model)
+    with recorder:
+        prepared.forward()
+    prepared.sync()
+    return recorder.result()
+
+
+def capture(prepared: PreparedStep, steps: int, trace_path: str | None = None,
+            progress: Callable[[str], None] = lambda _: None) -> Capture:
+    progress("warming up")
+    for _ in range(WARMUP_STEPS):
+        prepared.step()
+    prepared.sync()
+    progress(f"timing {steps} unprofiled steps")
+    times = sorted(time_steps(prepared, steps))
+    progress(f"profiling {steps} steps")
+    prof = profile_steps(prepared, steps, trace_path)
+    events = build(from_kineto(prof.profiler.kineto_results), on_device=prepared.device.type == "cuda")
+    progress("recording the op graph of one step")
+    graph = record_graph(prepared)
+    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return Capture(events, graph, steps, statistics.median(times), quartiles[2] - quartiles[0],
+                   prepared.device.type, str(prepared.dtype or "as loaded").replace("torch.", ""))

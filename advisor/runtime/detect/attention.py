@@ -1,0 +1,76 @@
+"""Hand-written attention on the runtime graph: a matmul, elementwise scale/mask ops, softmax, matmul with V.
+
+Roles are read from tensor flow, not from names: the score matmul is the one whose output reaches the
+softmax through scale/mask/cast ops only, the value matmul is the one the (possibly dropped-out) weights feed.
+line is the Q.K^T op's user line and end_line the weights.V op's, the same span the static rule reports.
+"""
+
+from __future__ import annotations
+
+from advisor.runtime.detect import Detection
+from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call
+
+# Between scores and softmax (scale, mask, soft-capping, casts); between softmax and the value matmul (dropout).
+_SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "tanh", "clamp"}
+_WEIGHT_OPS = VIEWS | {"native_dropout", "mul", "div", "div_", "_to_copy", "masked_fill", "where"}
+
+
+def detect(op_graph, device: str) -> list[Detection]:
+    graph = op_graph.graph
+    found = []
+    for node in graph.nodes:
+        if graph.nodes[node]["op"] not in SOFTMAXES or in_sdpa_call(op_graph, node):
+            continue
+        score_path = _back_to_matmul(graph, node)
+        value_path = _forward_to_matmul(graph, node)
+        if score_path is None or value_path is None:
+            continue
+        qk, av = score_path[-1], value_path[-1]
+        qk_loc, av_loc = graph.nodes[qk]["loc"], graph.nodes[av]["loc"]
+        if qk_loc is None:
+            continue
+        scores = graph.nodes[node]["inputs"][0]
+        block = set(score_path) | {node} | set(value_path)
+        block |= {p for m in (qk, av) for p in graph.predecessors(m) if graph.nodes[p]["op"] in VIEWS}
+        block |= {s for m in (qk, av) for s in graph.successors(m) if graph.nodes[s]["op"] in VIEWS}
+        end_line = av_loc.line if av_loc is not None and av_loc.path == qk_loc.path else qk_loc.line
+        shape = list(scores.shape)
+        found.append(Detection(
+            "ADV110", qk_loc, end_line, frozenset(block),
+            f"hand-written attention (scores {shape[-2]}x{shape[-1]}, {scores.nbytes} bytes per call materialised): "
+            "use torch.nn.functional.scaled_dot_product_attention (see ADV101)",
+            {"score_shape": shape, "score_dtype": str(scores.dtype).replace("torch.", ""),
+             "score_bytes": scores.nbytes, "ops": sorted(graph.nodes[n]["op"] for n in block)}))
+    return found
+
+
+def _back_to_matmul(graph, softmax: int) -> list[int] | None:
+    path, node = [], softmax
+    while True:
+        inputs = [m for m in graph.nodes[node]["inputs"] if m is not None and m.producer is not None]
+        if not inputs:
+            return None
+        producer = max(inputs, key=lambda m: m.nbytes).producer  # follow the score tensor, not the mask
+        op = graph.nodes[producer]["op"]
+        path.append(producer)
+        if op in MATMULS:
+            return path
+        if op not in _SCORE_OPS:
+            return None
+        node = producer
+
+
+def _forward_to_matmul(graph, softmax: int) -> list[int] | None:
+    frontier, seen = [(softmax, [])], set()
+    while frontier:
+        node, path = frontier.pop(0)
+        for user in graph.successors(node):
+            if user in seen:
+                continue
+            seen.add(user)
+            op = graph.nodes[user]["op"]
+            if op in MATMULS and graph.get_edge_data(node, user)["arg"] == 0:
+                return path + [user]
+            if op in _WEIGHT_OPS:
+                frontier.append((user, path + [user]))
+    return None

@@ -1,0 +1,129 @@
+"""Static scan of one source text or many files: attention findings, each with its patch."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from advisor.findings import Finding, ScanError
+from advisor.patterns.attention import AttentionMatch, find_attention
+from advisor.rewrite.apply import RewriteFailed, rewrite
+from advisor.rewrite.patch import unified_diff
+from advisor.rules import is_selected, load_rules
+from advisor.static.discover import discover, read_source
+from advisor.static.module_index import ParsedModule
+
+SAFE, ESCAPING, UNPROVED = "ADV101", "ADV102", "ADV103"
+IGNORE_COMMENT = re.compile(r"#\s*advisor:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
+
+
+@dataclass
+class FileResult:
+    path: str
+    source: str
+    fixed: str  # the source with every applicable patch applied (== source when none)
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass
+class ScanResult:
+    files: list[FileResult] = field(default_factory=list)
+    errors: list[ScanError] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for result in self.files for f in result.findings]
+
+
+def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
+                   ignore: list[str] | None = None, only: set[tuple[str, int]] | None = None) -> FileResult:
+    """Findings for one file; raises libcst.ParserSyntaxError for unparsable source.
+    `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review."""
+    parsed = ParsedModule(source, path)
+    suppressed = _suppressions(source)
+    findings, to_apply = [], []
+    for match in find_attention(parsed):
+        rule = _rule_for(match)
+        if not is_selected(rule, select, ignore) or _is_suppressed(suppressed, match, rule):
+            continue
+        finding = _finding(parsed, match, rule)
+        findings.append(finding)
+        chosen = only is None or (rule, finding.line) in only
+        if chosen and finding.patch and (finding.fix_safety == "safe" or unsafe_fixes):
+            to_apply.append(match)
+    fixed = source
+    if to_apply:
+        try:
+            fixed = rewrite(parsed, to_apply, drop_weights=unsafe_fixes)
+        except RewriteFailed:
+            fixed = source
+    return FileResult(path, source, fixed, findings)
+
+
+def _rule_for(match: AttentionMatch) -> str:
+    if match.output_node is None:
+        return UNPROVED
+    return ESCAPING if match.escapes else SAFE
+
+
+def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> Finding:
+    definition = load_rules()[rule]
+    patch, reason = None, match.reason
+    fixable = match.output_node is not None and match.unsafe_reason is None
+    if fixable:
+        try:
+            patched = rewrite(parsed, [match], drop_weights=rule == ESCAPING)
+            patch = unified_diff(parsed.path, parsed.source, patched)
+        except RewriteFailed as exc:
+            fixable, reason = False, str(exc)
+    elif match.unsafe_reason:
+        reason = f"{match.reason}; {match.unsafe_reason}"
+    return Finding(rule=rule, kind=definition.kind, path=parsed.path, line=match.line, end_line=match.end_line,
+                   function=match.function, message=definition.title, fixable=fixable,
+                   fix_safety=definition.fix_safety, reason=reason if rule != SAFE else None, patch=patch,
+                   extra={"roles": _roles(match)} if match.output_node is not None else {})
+
+
+def _roles(match: AttentionMatch) -> dict[str, object]:
+    return {"query": match.query, "key": match.key, "value": match.value, "scale": match.scale or "default",
+            "mask": "causal" if match.is_causal else match.attn_mask, "dropout_p": match.dropout_p}
+
+
+def _suppressions(source: str) -> dict[int, set[str] | None]:
+    """Line -> codes ignored there (None: all codes), from `# advisor: ignore[CODE]` comments."""
+    found: dict[int, set[str] | None] = {}
+    for number, line in enumerate(source.splitlines(), start=1):
+        hit = IGNORE_COMMENT.search(line)
+        if hit:
+            found[number] = {c.strip() for c in hit.group(1).split(",")} if hit.group(1) else None
+    return found
+
+
+def _is_suppressed(suppressed: dict[int, set[str] | None], match: AttentionMatch, rule: str) -> bool:
+    for line in range(match.line, match.end_line + 1):
+        if line in suppressed and (suppressed[line] is None or any(rule.startswith(c) for c in suppressed[line])):
+            return True
+    return False
+
+
+def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
+               ignore: list[str] | None = None, on_file=None) -> ScanResult:
+    """Scan files; one bad file becomes an error entry and never stops the scan."""
+    files, errors = discover(paths)
+    result = ScanResult(errors=errors)
+    for path in files:
+        if on_file is not None:
+            on_file(path)
+        source = read_source(path)
+        if isinstance(source, ScanError):
+            result.errors.append(source)
+            continue
+        try:
+            result.files.append(analyze_source(source.text, path, unsafe_fixes, select, ignore))
+        except cst.ParserSyntaxError as exc:
+            result.errors.append(ScanError(path, f"syntax error at line {exc.raw_line}: {exc.message}"))
+        except RecursionError:
+            result.errors.append(ScanError(path, "file too deeply nested to analyse"))
+    return result

@@ -1,0 +1,313 @@
+"""Per-function def-use graph: which assignment each name read sees (reaching definitions).
+
+The attention matcher walks values backwards (a name to the assignment it reads) and forwards (an
+assignment to every place that reads it). Both need flow-sensitive answers: `attn = attn.softmax(-1)`
+rebinds a name, `if mask is not None: scores = scores + mask` makes two definitions reach one read.
+libcst's scope analysis is not flow-sensitive, so this module computes reaching definitions itself and
+keeps them in a networkx graph (nodes: definitions; edges: definition -> definition that reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+import networkx as nx
+
+UNDEFINED = -1  # marks "on some path this name is not bound here"
+
+Env = dict[str, frozenset[int]]
+
+
+@dataclass(eq=False)
+class Definition:
+    id: int
+    name: str
+    kind: str  # "assign", "aug", "inplace", "param", "other"
+    statement: cst.CSTNode | None  # the small statement (or compound statement) that binds the name
+    value: cst.BaseExpression | None = None  # whole right-hand side ("assign"), operand ("aug"), call ("inplace")
+    index: int | None = None  # position when bound by tuple unpacking
+    guards: tuple[cst.If, ...] = ()  # enclosing `if` statements inside the function, outermost first
+    previous: frozenset[int] = frozenset()  # "aug"/"inplace": the definitions this one updates
+    annotation: cst.BaseExpression | None = None  # "param": its annotation
+    default: cst.BaseExpression | None = None  # "param": its default value
+
+
+@dataclass(eq=False)
+class FunctionFlow:
+    function: cst.FunctionDef
+    definitions: dict[int, Definition] = field(default_factory=dict)
+    reaching: dict[cst.Name, frozenset[int]] = field(default_factory=dict)  # read -> definitions it sees
+    reads: dict[int, list[cst.Name]] = field(default_factory=dict)  # definition -> reads that see it
+    env_before: dict[cst.CSTNode, Env] = field(default_factory=dict)  # small statement -> bindings before it
+    statement_of: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)  # read -> its small statement
+    guards_of: dict[cst.CSTNode, tuple[cst.If, ...]] = field(default_factory=dict)  # small statement -> ifs
+    graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+
+    def definitions_of(self, read: cst.Name) -> list[Definition]:
+        return [self.definitions[i] for i in sorted(self.reaching.get(read, ())) if i != UNDEFINED]
+
+    def sees_undefined(self, read: cst.Name) -> bool:
+        return UNDEFINED in self.reaching.get(read, ())
+
+    def reads_of(self, definition: Definition) -> list[cst.Name]:
+        return self.reads.get(definition.id, [])
+
+
+def loaded_names(node: cst.CSTNode) -> list[cst.Name]:
+    """Names read by an expression, in source order; lambda and comprehension variables excluded."""
+    collector = _LoadCollector()
+    node.visit(collector)
+    return collector.names
+
+
+class _LoadCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: list[cst.Name] = []
+        self.bound: list[set[str]] = []
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if not any(node.value in scope for scope in self.bound):
+            self.names.append(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False  # `.attr` is not a read of a local name
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # `keyword=` is not a read
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        params = {p.name.value for p in _all_params(node.params)}
+        self.bound.append(params)
+        node.body.visit(self)
+        self.bound.pop()
+        return False
+
+    def _comprehension(self, node) -> bool:
+        targets: set[str] = set()
+        clause = node.for_in
+        while clause is not None:
+            targets |= {n.value for n in _target_names(clause.target)}
+            clause = clause.inner_for_in
+        self.bound.append(targets)
+        clause = node.for_in
+        first = True
+        while clause is not None:
+            if first:  # the first iterable is evaluated outside the comprehension's scope
+                self.bound.pop()
+                clause.iter.visit(self)
+                self.bound.append(targets)
+                first = False
+            else:
+                clause.iter.visit(self)
+            for condition in clause.ifs:
+                condition.visit(self)
+            clause = clause.inner_for_in
+        for part in ("elt", "key", "value"):
+            if hasattr(node, part):
+                getattr(node, part).visit(self)
+        self.bound.pop()
+        return False
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
+
+
+def _all_params(params: cst.Parameters) -> list[cst.Param]:
+    out = list(params.posonly_params) + list(params.params) + list(params.kwonly_params)
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            out.append(star)
+    return out
+
+
+def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for el in target.elements for n in _target_names(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
+
+
+class _FlowBuilder:
+    """Walks a function body once, in order, threading the environment of reaching definitions."""
+
+    def __init__(self, function: cst.FunctionDef) -> None:
+        self.flow = FunctionFlow(function)
+        self._next_id = 0
+
+    def build(self) -> FunctionFlow:
+        env: Env = {}
+        for param in _all_params(self.flow.function.params):
+            definition = self._define(param.name.value, "param", param, env, ())
+            definition.annotation = param.annotation.annotation if param.annotation else None
+            definition.default = param.default
+        self._block(self.flow.function.body, env, ())
+        return self.flow
+
+    # -- definitions and reads -------------------------------------------------------------------
+    def _define(self, name: str, kind: str, statement, env: Env, guards, **fields) -> Definition:
+        definition = Definition(self._next_id, name, kind, statement, guards=guards, **fields)
+        self._next_id += 1
+        self.flow.definitions[definition.id] = definition
+        self.flow.graph.add_node(definition.id, name=name)
+        env[name] = frozenset({definition.id})
+        return definition
+
+    def _read(self, node: cst.CSTNode, env: Env, statement, into: Definition | None = None) -> None:
+        for name in loaded_names(node):
+            seen = env.get(name.value, frozenset({UNDEFINED}))
+            self.flow.reaching[name] = seen
+            self.flow.statement_of[name] = statement
+            for def_id in seen:
+                if def_id != UNDEFINED:
+                    self.flow.reads.setdefault(def_id, []).append(name)
+
+    def _link(self, definition: Definition, sources: list[cst.Name]) -> None:
+        for name in sources:
+            for def_id in self.flow.reaching.get(name, ()):
+                if def_id != UNDEFINED:
+                    self.flow.graph.add_edge(def_id, definition.id)
+
+    # -- statements --------------------------------------------------------------------------------
+    def _block(self, block, env: Env, guards) -> Env:
+        body = block.body if isinstance(block, (cst.IndentedBlock, cst.SimpleStatementSuite)) else block
+        for statement in body:
+            env = self._statement(statement, env, guards)
+        return env
+
+    def _statement(self, statement, env: Env, guards) -> Env:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                self._small(small, env, guards)
+            return env
+        if isinstance(statement, cst.If):
+            self._mark(statement, env, guards)
+            self._read(statement.test, env, statement)
+            inner = guards + (statement,)
+            taken = self._block(statement.body, dict(env), inner)
+            if statement.orelse is None:
+                other = env
+            elif isinstance(statement.orelse, cst.If):
+                other = self._statement(statement.orelse, dict(env), inner)
+            else:
+                other = self._block(statement.orelse.body, dict(env), inner)
+            return _merge(taken, other)
+        if isinstance(statement, (cst.For, cst.While)):
+            self._mark(statement, env, guards)
+            self._read(statement.iter if isinstance(statement, cst.For) else statement.test, env, statement)
+            inner_env = dict(env)
+            if isinstance(statement, cst.For):
+                for name in _target_names(statement.target):
+                    self._define(name.value, "other", statement, inner_env, guards)
+            after = self._block(statement.body, inner_env, guards + (statement,))
+            merged = _merge(env, after)
+            if statement.orelse is not None:
+                merged = self._block(statement.orelse.body, merged, guards)
+            return merged
+        if isinstance(statement, cst.With):
+            self._mark(statement, env, guards)
+            for item in statement.items:
+                self._read(item.item, env, statement)
+                if item.asname is not None:
+                    for name in _target_names(item.asname.name):
+                        self._define(name.value, "other", statement, env, guards)
+            return self._block(statement.body, env, guards)
+        if isinstance(statement, cst.Try):
+            self._mark(statement, env, guards)
+            after = self._block(statement.body, dict(env), guards + (statement,))
+            merged = _merge(env, after)
+            for handler in statement.handlers:
+                merged = _merge(merged, self._block(handler.body, dict(merged), guards + (statement,)))
+            for extra in (statement.orelse, statement.finalbody):
+                if extra is not None:
+                    merged = self._block(extra.body, merged, guards)
+            return merged
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            self._mark(statement, env, guards)
+            self._define(statement.name.value, "other", statement, env, guards)
+            return env
+        return env  # match statements and other rare forms: bindings inside are not tracked
+
+    def _mark(self, statement, env: Env, guards) -> None:
+        self.flow.env_before[statement] = dict(env)
+        self.flow.guards_of[statement] = tuple(g for g in guards if isinstance(g, cst.If))
+
+    def _small(self, small: cst.BaseSmallStatement, env: Env, guards) -> None:
+        self._mark(small, env, guards)
+        if_guards = tuple(g for g in guards if isinstance(g, cst.If))
+        if isinstance(small, cst.Assign):
+            self._read(small.value, env, small)
+            for target in small.targets:
+                self._read_target_parts(target.target, env, small)
+            sources = loaded_names(small.value)
+            for target in small.targets:
+                self._bind(target.target, small.value, small, env, if_guards, sources)
+        elif isinstance(small, cst.AnnAssign):
+            if small.value is not None:
+                self._read(small.value, env, small)
+                self._bind(small.target, small.value, small, env, if_guards, loaded_names(small.value))
+        elif isinstance(small, cst.AugAssign):
+            self._read(small.value, env, small)
+            self._read(small.target, env, small)
+            if isinstance(small.target, cst.Name):
+                previous = env.get(small.target.value, frozenset())
+                definition = self._define(small.target.value, "aug", small, env, if_guards,
+                                          value=small.value, previous=previous)
+                self._link(definition, loaded_names(small.value) + [small.target])
+        elif isinstance(small, cst.Expr):
+            self._read(small.value, env, small)
+            receiver = _inplace_receiver(small.value)
+            if receiver is not None:
+                previous = env.get(receiver.value, frozenset())
+                definition = self._define(receiver.value, "inplace", small, env, if_guards,
+                                          value=small.value, previous=previous)
+                self._link(definition, loaded_names(small.value))
+        elif isinstance(small, (cst.Import, cst.ImportFrom)):
+            pass  # module-level names only matter for qualified-name resolution, done by libcst
+        else:
+            for child in small.children:
+                if isinstance(child, cst.BaseExpression):
+                    self._read(child, env, small)
+
+    def _read_target_parts(self, target, env: Env, statement) -> None:
+        """`self.x[i] = v` and `obj.attr = v` read names on the left-hand side too."""
+        if isinstance(target, (cst.Attribute, cst.Subscript)):
+            self._read(target, env, statement)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._read_target_parts(element.value, env, statement)
+
+    def _bind(self, target, value, statement, env: Env, guards, sources) -> None:
+        if isinstance(target, cst.Name):
+            definition = self._define(target.value, "assign", statement, env, guards, value=value)
+            self._link(definition, sources)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for position, element in enumerate(target.elements):
+                for name in _target_names(element.value):
+                    definition = self._define(name.value, "assign", statement, env, guards, value=value,
+                                              index=position)
+                    self._link(definition, sources)
+
+
+def _inplace_receiver(expression: cst.BaseExpression) -> cst.Name | None:
+    """`x.masked_fill_(...)` as a statement rebinds x's value: treat it as a definition of x."""
+    if (isinstance(expression, cst.Call) and isinstance(expression.func, cst.Attribute)
+            and isinstance(expression.func.value, cst.Name)
+            and expression.func.attr.value.endswith("_") and not expression.func.attr.value.startswith("_")):
+        return expression.func.value
+    return None
+
+
+def _merge(left: Env, right: Env) -> Env:
+    merged: Env = {}
+    for name in set(left) | set(right):
+        merged[name] = left.get(name, frozenset({UNDEFINED})) | right.get(name, frozenset({UNDEFINED}))
+    return merged
+
+
+def build_flow(function: cst.FunctionDef) -> FunctionFlow:
+    return _FlowBuilder(function).build()

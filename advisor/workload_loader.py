@@ -1,0 +1,85 @@
+"""TARGET ('path/to/file.py:fn' or 'pkg.module:fn') -> Workload, with every failure a one-line AdvisorError."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+
+import torch
+
+from advisor.errors import AdvisorError
+from advisor.workload import Workload
+
+
+def load_workload(target: str) -> Workload:
+    """Import TARGET, call it, and normalise what it returns into a Workload."""
+    module_ref, sep, attr = target.rpartition(":")
+    if not sep or not module_ref or not attr:
+        raise AdvisorError(f"TARGET must be 'path/to/file.py:function' or 'package.module:function', got {target!r}")
+    module = _import(module_ref)
+    function = getattr(module, attr, None)
+    if function is None:
+        raise AdvisorError(f"{module_ref} has no attribute {attr!r}")
+    if not callable(function):
+        raise AdvisorError(f"{target} is not callable")
+    torch.manual_seed(0)
+    try:
+        result = function()
+    except Exception as exc:  # noqa: BLE001 - user code: report it in one line
+        raise AdvisorError(f"{target} raised {type(exc).__name__}: {exc}") from exc
+    return as_workload(result, target)
+
+
+def as_workload(result, target: str) -> Workload:
+    """Accept a Workload or a (model, inputs) pair; inputs may be a tensor, a tuple/list of args or a kwargs dict."""
+    if isinstance(result, Workload):
+        workload = result
+    elif isinstance(result, tuple) and len(result) == 2:
+        model, inputs = result
+        if isinstance(inputs, Mapping):
+            workload = Workload(model=model, kwargs=dict(inputs))
+        elif isinstance(inputs, (tuple, list)):
+            workload = Workload(model=model, args=tuple(inputs))
+        else:
+            workload = Workload(model=model, args=(inputs,))
+    else:
+        raise AdvisorError(f"{target} returned {type(result).__name__}; expected an advisor.Workload or a "
+                           "(model, inputs) pair")
+    if not callable(workload.model):
+        raise AdvisorError(f"{target}: the workload's model ({type(workload.model).__name__}) is not callable")
+    if workload.steps < 1:
+        raise AdvisorError(f"{target}: Workload.steps must be at least 1, got {workload.steps}")
+    return workload
+
+
+def _import(module_ref: str):
+    if module_ref.endswith(".py") or os.sep in module_ref or "/" in module_ref:
+        return _import_file(module_ref)
+    try:
+        return importlib.import_module(module_ref)
+    except ModuleNotFoundError as exc:
+        raise AdvisorError(f"cannot import {module_ref}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - import-time errors in user code
+        raise AdvisorError(f"importing {module_ref} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _import_file(path: str):
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise AdvisorError(f"{path}: no such file")
+    directory = os.path.dirname(path)
+    if directory not in sys.path:  # let the target import its sibling modules
+        sys.path.insert(0, directory)
+    name = "advisor_target_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - import-time errors in user code
+        del sys.modules[name]
+        raise AdvisorError(f"importing {path} raised {type(exc).__name__}: {exc}") from exc
+    return module
