@@ -8,7 +8,7 @@ from importlib import import_module
 
 from advisor.errors import AdvisorError
 
-VERBS = ("scan", "fix", "rules")
+VERBS = ("scan", "fix", "profile", "analyze", "rules")
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
 

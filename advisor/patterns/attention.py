@@ -34,6 +34,8 @@ class MaskTerm:
     code: str  # keep / float / causal-keep expression, or the masked (True = masked) expression for "finite"
     fill: str | None = None
     guard: cst.If | None = None
+    statement: cst.CSTNode | None = None  # where the original applies it
+    reshape: tuple[str, str] | None = None  # (expand shape, reshape shape) when applied to a view
     scaled_after: bool = False
     nodes: list[cst.CSTNode] = field(default_factory=list)
 
@@ -51,8 +53,9 @@ class AttentionMatch:
     value: str = ""
     scale: str | None = None  # None: SDPA's default 1/sqrt(E) is provably the original's
     masks: list[MaskTerm] = field(default_factory=list)
-    guards: dict[cst.If, str] = field(default_factory=dict)
     dropout_p: str | None = None
+    hoist: tuple[cst.If, cst.CSTNode, str] | None = None  # (guard, statement it replaces, mask code)
+    renamed: dict[cst.CSTNode, str] = field(default_factory=dict)  # `scores.dtype`, `scores.size(-1)`, ...
     attn_mask: str | None = None
     is_causal: bool = False
     output_suffix: str = ""
@@ -197,7 +200,8 @@ class _FunctionMatcher:
     def _prove(self, softmax: Op, match: AttentionMatch) -> None:
         chain = _Chain()
         self._chain = chain
-        self._absorbed: set[cst.Name] = set()  # reads that vanish with the rewrite (cast targets, fill dtypes)
+        self._absorbed: set[cst.Name] = set()
+        self._views: list[tuple[int, Op]] = []  # reads that vanish with the rewrite (cast targets, fill dtypes)
         core = self._peel_scores(softmax.operands[0], chain)
         ndim = self._core_roles(core, chain, match)
         self._check_softmax_dim(softmax, ndim)
@@ -216,7 +220,8 @@ class _FunctionMatcher:
         self._assemble_mask(match)
         output_statement = self._statement(output.node)
         match.output_node = output.node
-        match.removed = _unique([d.statement for d in consumed if d.statement is not output_statement])
+        kept = {output_statement} | ({match.hoist[1]} if match.hoist else set())
+        match.removed = _unique([d.statement for d in consumed if d.statement not in kept])
         lines = [self.parsed.line(s) for s in match.removed] + [self.parsed.line(output_statement)]
         match.line, match.end_line = min(lines), self.parsed.end_line(output_statement)
         self._check_bindings(match, output_statement)
@@ -224,35 +229,43 @@ class _FunctionMatcher:
 
     # backward: softmax input -> Q·K^T ---------------------------------------------------------------
     def _peel_scores(self, node: cst.BaseExpression, chain: _Chain) -> Op:
-        """Walk from the softmax input down to the Q·K^T product, recording every op on the way."""
+        """Walk from the softmax input down to the Q·K^T product, recording every op on the way.
+        Inside a guarded update (`if mask is not None: s = s.view(...); s = s + mask; ...`) every op carries
+        the guard, until the walk leaves the `if` back to the value the `if` started from."""
         guard: cst.If | None = None
-        expected: frozenset[int] | None = None
+        entry: frozenset[int] | None = None  # what the walk must reach when it leaves the guard
         cursor: cst.BaseExpression | Op | frozenset[int] = node
         for _ in range(MAX_CHAIN):
             if isinstance(cursor, cst.Name):
                 chain.reads.add(cursor)
-                ids = frozenset(self.flow.reaching.get(cursor, ()))
-                if expected is not None and ids != expected:
-                    raise Refusal("a conditional update of the scores does not update the same value")
-                expected, cursor = None, ids
+                cursor = frozenset(self.flow.reaching.get(cursor, ()))
             if isinstance(cursor, frozenset):
-                cursor, guard, expected = self._step_definitions(cursor, chain)
+                if guard is not None and cursor == entry:
+                    guard = entry = None
+                elif guard is not None and not self._inside(cursor, guard):
+                    raise Refusal("a conditional update of the scores does not update the same value")
+                cursor, new_guard, new_entry = self._step_definitions(cursor, chain)
+                if new_guard is not None:
+                    if guard is not None:
+                        raise Refusal("the scores are updated under nested conditions")
+                    guard, entry = new_guard, new_entry
                 continue
             op = cursor if isinstance(cursor, Op) else self.reader.read(cursor)
             if op is None:
                 raise Refusal(f"the scores come from `{self._short(cursor)}`, which is not a recognised operation")
             if op.name in CORE_OPS:
-                if guard is not None or expected is not None:
+                if guard is not None:
                     raise Refusal("the Q·K^T product itself is computed conditionally")
                 return op
             cursor = self._peel_one(op, chain, guard)
-            if op.name not in ("cast", "identity"):
-                guard = None
         raise Refusal("the score computation is too long to follow")
 
+    def _inside(self, ids: frozenset[int], guard: cst.If) -> bool:
+        return len(ids) == 1 and UNDEFINED not in ids and guard in self.flow.definitions[next(iter(ids))].guards
+
     def _step_definitions(self, ids: frozenset[int], chain: _Chain):
-        """Follow a read to what it reads: one definition, or a guarded update (`if m: s = s + m`).
-        Returns (what the definition computes, the guard of the next op, the definitions its input must see)."""
+        """Follow a read to what it reads: one definition, or the last update inside an `if` that may not run.
+        Returns (what the definition computes, the `if` it entered or None, the definitions before that `if`)."""
         definitions = [self.flow.definitions[i] for i in sorted(ids) if i != UNDEFINED]
         if UNDEFINED in ids or not definitions:
             raise Refusal("the scores are not defined on every path")
@@ -303,7 +316,7 @@ class _FunctionMatcher:
             op.params["factor"] = factor
             chain.ops.append((op, None))
             return tensor
-        if op.name == "masked_fill":
+        if op.name in ("masked_fill", "view"):
             chain.ops.append((op, guard))
             return op.operands[0]
         if op.name in ("add", "where"):
@@ -571,11 +584,19 @@ class _FunctionMatcher:
     def _scale_and_mask_roles(self, chain: _Chain, core: Op, match: AttentionMatch) -> None:
         applied = list(reversed(chain.ops))  # in the order the original applies them
         scale_positions = [i for i, (op, _) in enumerate(applied) if op.name in ("mul", "div")]
+        self._views = [(i, op) for i, (op, _) in enumerate(applied) if op.name == "view"]
+        if len(self._views) not in (0, 2):
+            raise Refusal("the scores are reshaped without being reshaped back before softmax")
         for position, (op, guard) in enumerate(applied):
             if op.name in ("mul", "div"):
                 self._factors.append((op.name, op.params["factor"]))
                 continue
+            if op.name == "view":
+                continue
             term = self._mask_term(op, guard)
+            if self._views and self._views[0][0] < position < self._views[1][0]:
+                self._reshape_term(term)
+            term.statement = self._statement(op.node)
             term.scaled_after = any(p > position for p in scale_positions)
             match.masks.append(term)
         match.scale = self._scale_code(match)
@@ -584,8 +605,6 @@ class _FunctionMatcher:
         for term in match.masks:
             if term.scaled_after and term.kind != "keep" and term.kind != "causal":
                 raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
-            if term.guard is not None:
-                match.guards[term.guard] = self.parsed.code(term.guard.test)
 
     def _mask_term(self, op: Op, guard: cst.If | None) -> MaskTerm:
         if op.name == "add":
@@ -611,6 +630,18 @@ class _FunctionMatcher:
             return MaskTerm("keep", keep, guard=guard, nodes=nodes)
         masked_code = _negate(self.parsed, masked) if keep_given else self._render(masked)
         return MaskTerm("finite", masked_code, fill=self._render_fill(fill), guard=guard, nodes=[masked])
+
+    def _reshape_term(self, term: MaskTerm) -> None:
+        """A mask added while the scores were viewed as (b, h, L, S) and viewed back to (b*h, L, S)
+        becomes `mask.expand(b, h, L, S).reshape(b*h, L, S)`: the same values in SDPA's layout."""
+        (_, expand), (_, collapse) = self._views
+        shapes = [expand.params["shape"], collapse.params["shape"]]
+        if any(number_value(dim) == -1 for shape in shapes for dim in shape):
+            raise Refusal("the scores are reshaped with an inferred (-1) dimension")
+        if term.kind == "causal":
+            term.kind = "keep"
+        term.reshape = tuple(", ".join(self.parsed.code(d) for d in shape) for shape in shapes)
+        term.nodes.extend(dim for shape in shapes for dim in shape)
 
     def _render_fill(self, fill: cst.BaseExpression) -> str:
         """`torch.finfo(scores.dtype).min` reads an intermediate that the rewrite removes: read the query."""
@@ -679,25 +710,40 @@ class _FunctionMatcher:
                 match.is_causal = True
                 return
             code = self._term_code(term)
-            if term.guard is None:
-                match.attn_mask = code
-            elif self.parsed.code(term.guard.test).replace(" ", "") == f"{code}isnotNone".replace(" ", "") \
-                    or self.parsed.code(term.guard.test).replace(" ", "") == f"{term.code}isnotNone".replace(" ", ""):
+            if term.guard is None or self.parsed.code(term.guard.test).replace(" ", "") == f"{code}isnotNone":
                 match.attn_mask = code  # SDPA takes attn_mask=None as "no mask"
-            else:
-                match.attn_mask = f"{_atom(code)} if {self.parsed.code(term.guard.test)} else None"
+            else:  # evaluate the mask where the original did, inside its `if`, into a fresh name
+                variable = self._fresh_name("attn_mask")
+                match.hoist = (term.guard, term.statement, f"{variable} = {code}")
+                match.attn_mask = variable
+                term.nodes = []
             return
         if any(term.guard is not None for term in terms):
             raise Refusal("several masks are applied and at least one only conditionally")
         kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}
         if kinds == {"keep"}:
-            match.attn_mask = " & ".join(_atom(term.code) for term in terms)
+            match.attn_mask = " & ".join(_atom(self._term_code(term)) for term in terms)
         elif kinds == {"float"}:
-            match.attn_mask = " + ".join(_atom(term.code) for term in terms)
+            match.attn_mask = " + ".join(_atom(self._term_code(term)) for term in terms)
         else:
             raise Refusal("boolean and additive masks are combined, which needs a hand-written merge")
 
+    def _fresh_name(self, base: str) -> str:
+        used = {name.value for name in loaded_names(self.function)} | \
+            {d.name for d in self.flow.definitions.values()}
+        candidate, suffix = base, 0
+        while candidate in used:
+            suffix += 1
+            candidate = f"{base}_{suffix}"
+        return candidate
+
     def _term_code(self, term: MaskTerm) -> str:
+        code = self._term_values(term)
+        if term.reshape is None:
+            return code
+        return f"{_atom(code)}.expand({term.reshape[0]}).reshape({term.reshape[1]})"
+
+    def _term_values(self, term: MaskTerm) -> str:
         if term.kind != "finite":
             return term.code
         torch_name = self.parsed.module_aliases.get("torch")
@@ -731,23 +777,50 @@ class _FunctionMatcher:
 
     # checks over the whole block --------------------------------------------------------------------
     def _check_reads(self, consumed: list[Definition], chain_reads: set[cst.Name], match) -> None:
+        score_ids = {d.id for d in self._chain.definitions}
         for definition in consumed:
             for read in self.flow.reads_of(definition):
+                if read not in chain_reads and read not in match.escapes and definition.id in score_ids:
+                    translated = self._translate_metadata_read(read, match)
+                    if translated is not None:
+                        match.renamed[translated[0]] = translated[1]
+                        continue
                 if read not in chain_reads and read not in match.escapes:
                     raise Refusal(f"the intermediate `{definition.name}` is also used at line "
                                   f"{self.parsed.line(read)}")
+
+    def _translate_metadata_read(self, read: cst.Name, match: AttentionMatch):
+        """Reads of the scores' metadata survive the rewrite by reading Q and K instead: the scores have the
+        query's dtype and device, shape (..., L, S) with L = Q.size(-2) and S = K.size(-2) in SDPA layout.
+        Returns (node to replace, replacement code) or None."""
+        if self._views:
+            return None
+        parent = self.parsed.parents.get(read)
+        if not (isinstance(parent, cst.Attribute) and parent.value is read):
+            return None
+        query, key = _atom(match.query), _atom(match.key)
+        attribute = parent.attr.value
+        if attribute in ("dtype", "device"):
+            return read, query
+        outer = self.parsed.parents.get(parent)
+        if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
+            dim = int_value(outer.args[0].value)
+            return (outer, {-1: f"{key}.size(-2)", -2: f"{query}.size(-2)"}[dim]) if dim in (-1, -2) else None
+        if attribute == "shape" and isinstance(outer, cst.Subscript) and len(outer.slice) == 1:
+            index = outer.slice[0].slice
+            if isinstance(index, cst.Index) and int_value(index.value) in (-1, -2):
+                return outer, {-1: f"{key}.shape[-2]", -2: f"{query}.shape[-2]"}[int_value(index.value)]
+            if isinstance(index, cst.Slice) and int_value(index.lower) == -2 and index.upper is None \
+                    and index.step is None:
+                return outer, f"({query}.shape[-2], {key}.shape[-2])"
+        return None
 
     def _check_bindings(self, match: AttentionMatch, output_statement: cst.CSTNode) -> None:
         """Every name the SDPA call reads must mean at the value product what it meant where it was read."""
         env = self.flow.env_before.get(output_statement, {})
         nodes = list(self._leaf_nodes)
-        guard_of_node = {}
         for term in match.masks:
             nodes.extend(term.nodes)
-            for node in term.nodes:
-                guard_of_node[node] = term.guard
-        for guard in match.guards:
-            nodes.append(guard.test)
         for node in nodes:
             for name in loaded_names(node):
                 seen = self.flow.reaching.get(name)
@@ -756,8 +829,6 @@ class _FunctionMatcher:
                 now = env.get(name.value, frozenset({UNDEFINED}))
                 if now == seen:
                     continue
-                if now - seen == {UNDEFINED} and guard_of_node.get(node) is not None:
-                    continue  # bound inside the same `if` that guards the mask term
                 raise Refusal(f"`{name.value}` is reassigned between the scores and the value product")
 
     def _check_escapes(self, match: AttentionMatch) -> None:

@@ -143,6 +143,8 @@ class OpReader:
             return Op("where", call, [receiver, args[1]], {"condition": args[0]})
         if base in ("add", "mul", "div") and len(args) == 1 and len(call.args) == 1:
             return Op(base, call, [receiver, args[0]], inplace=inplace)
+        if base in ("view", "reshape") and args and len(args) == len(call.args) and not inplace:
+            return Op("view", call, [receiver], {"shape": args})
         if base in CAST_METHODS and not inplace:
             return Op("cast", call, [receiver], {"method": base})
         if base in IDENTITY_METHODS and not inplace and not call.args:

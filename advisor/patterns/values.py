@@ -58,6 +58,8 @@ class ValueProver:
             return node.func.attr.value in SIZE_METHODS and len(node.args) <= 1
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute):
             return node.value.attr.value == "shape"
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call):  # x.size()[-1]
+            return self._is_size(node.value)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "len":
             return True
         return False
@@ -128,6 +130,8 @@ class ValueProver:
             return "neginf" if value == float("-inf") else ("finite" if value <= MASK_FILL_FLOOR else None)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.tensor" and node.args:
             return self.fill_kind(node.args[0].value, depth + 1)
+        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.full" and len(node.args) > 1:
+            return self.fill_kind(node.args[1].value, depth + 1)
         if isinstance(node, cst.Name):
             definitions = self.flow.definitions_of(node)
             kinds = {self.fill_kind(d.value, depth + 1) if d.kind == "assign" and d.index is None

@@ -21,15 +21,24 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
     removed: set[cst.CSTNode] = set()
     nones: set[cst.CSTNode] = set()
+    renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
+    hoists: dict[cst.CSTNode, object] = {}
     for match in matches:
         statement = _enclosing_statement(parsed, match.output_node)
         indent = parsed.positions[statement.body[0] if isinstance(statement, cst.SimpleStatementLine)
                                   else statement].start.column
         replacements[match.output_node] = cst.parse_expression(sdpa_call(match, functional.prefix, indent))
         removed.update(match.removed)
+        renamed.update({read: cst.parse_expression(code) for read, code in match.renamed.items()})
+        if match.hoist is not None:
+            guard, statement, code = match.hoist
+            variable = code.split(" = ", 1)[0]
+            replacements[statement] = cst.parse_statement(code + "\n").body[0]
+            hoists[guard] = cst.parse_statement(f"{variable} = None\n")
         if drop_weights:
             nones.update(match.escapes)
-    module = parsed.module.visit(_Editor(parsed, replacements, removed, nones))
+    replacements.update(renamed)
+    module = parsed.module.visit(_Editor(parsed, replacements, removed, nones, hoists))
     if functional.import_line is not None:
         module = _add_import(module, functional.import_line)
     code = module.code
@@ -47,13 +56,16 @@ def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode
 
 
 class _Editor(cst.CSTTransformer):
-    def __init__(self, parsed, replacements, removed, nones) -> None:
+    def __init__(self, parsed, replacements, removed, nones, hoists) -> None:
         self.parsed, self.replacements, self.removed, self.nones = parsed, replacements, removed, nones
+        self.hoists = hoists
 
     def on_leave(self, original_node, updated_node):
         if original_node in self.replacements:
-            return self.replacements[original_node].with_changes(
-                lpar=getattr(updated_node, "lpar", ()), rpar=getattr(updated_node, "rpar", ()))
+            new = self.replacements[original_node]
+            if isinstance(new, cst.BaseExpression):
+                new = new.with_changes(lpar=getattr(updated_node, "lpar", ()), rpar=getattr(updated_node, "rpar", ()))
+            return new
         if original_node in self.nones:
             return cst.Name("None")
         return super().on_leave(original_node, updated_node)
@@ -71,7 +83,10 @@ class _Editor(cst.CSTTransformer):
     def leave_If(self, original_node, updated_node):
         if _is_empty(updated_node.body) and updated_node.orelse is None and not _has_call(original_node.test):
             return cst.RemoveFromParent()
-        return updated_node.with_changes(body=_filled(updated_node.body))
+        updated_node = updated_node.with_changes(body=_filled(updated_node.body))
+        if original_node in self.hoists:  # the mask variable must exist when the `if` is not taken
+            return cst.FlattenSentinel([self.hoists[original_node], updated_node])
+        return updated_node
 
     def leave_Else(self, original_node, updated_node):
         return updated_node.with_changes(body=_filled(updated_node.body))

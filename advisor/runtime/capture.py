@@ -79,6 +79,6 @@ def capture(prepared: PreparedStep, steps: int, trace_path: str | None = None,
     events = build(from_kineto(prof.profiler.kineto_results), on_device=prepared.device.type == "cuda")
     progress("recording the op graph of one step")
     graph = record_graph(prepared)
-    quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    quartiles = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
     return Capture(events, graph, steps, statistics.median(times), quartiles[2] - quartiles[0],
                    prepared.device.type, str(prepared.dtype or "as loaded").replace("torch.", ""))

@@ -15,7 +15,7 @@ from advisor.workload import Workload
 @dataclass
 class PreparedStep:
     model: Any
-    forward: Callable[[], Any]  # one forward pass (what the op recorder watches)
+    forward: Callable[[], Any]  # one forward pass, as the op recorder watches it
     step: Callable[[], Any]  # one full step: forward, or forward + backward with --train
     device: torch.device
     dtype: torch.dtype | None
@@ -52,7 +52,12 @@ def prepare(workload: Workload, device: str | None = None, dtype: str | torch.dt
         def step():
             with torch.inference_mode():
                 return forward()
-        infer_forward = step
+
+        def recorded_forward():
+            # no_grad, not inference_mode: under inference_mode composite ops (matmul, contiguous, SDPA) reach
+            # the recorder undecomposed, hiding the kernels they run.
+            with torch.no_grad():
+                return forward()
     else:
         def step():
             loss = _scalar_loss(forward())
@@ -60,8 +65,8 @@ def prepare(workload: Workload, device: str | None = None, dtype: str | torch.dt
             if isinstance(model, torch.nn.Module):
                 model.zero_grad(set_to_none=True)
             return loss
-        infer_forward = forward
-    return PreparedStep(model, infer_forward, step, target_device, target_dtype, sync)
+        recorded_forward = forward
+    return PreparedStep(model, recorded_forward, step, target_device, target_dtype, sync)
 
 
 def check_runs(prepared: PreparedStep, target: str) -> None:

@@ -59,7 +59,10 @@ class ParsedModule:
             found = found()
         names = {q.name for q in found if q.source in
                  (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)}
-        return names.pop() if len(names) == 1 else None
+        if len(names) != 1:
+            return None
+        name = names.pop()
+        return name.removeprefix("builtins.")
 
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:

@@ -43,27 +43,26 @@ def detect(op_graph, device: str) -> list[Detection]:
     return found
 
 
-def _takes_strides(graph, user: int, source) -> bool:
+def _takes_strides(graph, user: int, layout) -> bool:
     """Would `user` (and the views after it) work on the un-copied tensor? Replays views on a meta tensor."""
     data = graph.nodes[user]
     if data["op"] in STRIDED_OK:
         return True
     if data["op"] not in VIEWS:
         return False
-    meta = torch.empty_strided(source.shape, source.stride, dtype=source.dtype, device="meta")
+    meta = torch.empty_strided(layout.shape, layout.stride, dtype=layout.dtype, device="meta")
+    overload = getattr(getattr(torch.ops.aten, data["op"]), data["overload"])
     try:
-        op = getattr(torch.ops.aten, data["op"]).overloads()
-        replayed = getattr(getattr(torch.ops.aten, data["op"]), data["overload"])(meta, *data["args"][1:],
-                                                                                   **data["kwargs"])
-    except (RuntimeError, TypeError, AttributeError, IndexError):
+        replayed = overload(meta, *data["args"][1:], **data["kwargs"])
+    except (RuntimeError, TypeError, IndexError):
         return False
-    del op
-    return all(_takes_strides(graph, u, _Layout(replayed)) for u in consumers(graph, user)) if \
-        consumers(graph, user) else True
+    if not isinstance(replayed, torch.Tensor):  # split/unbind: several outputs, keep it simple and keep the copy
+        return False
+    return all(_takes_strides(graph, u, _Layout(replayed)) for u in consumers(graph, user))
 
 
 class _Layout:
-    """The shape/stride/dtype of a replayed meta tensor, in the form _takes_strides reads."""
+    """Shape, stride and dtype of a replayed meta tensor, read like a recorded TensorMeta."""
 
     def __init__(self, tensor: torch.Tensor):
         self.shape, self.stride, self.dtype = tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype

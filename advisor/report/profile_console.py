@@ -1,0 +1,34 @@
+"""Terminal rendering of measured findings (profile and analyze): rank, kind, location, time, share, what to do."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from advisor.findings import Finding, display_path
+
+
+def _us(value: float) -> str:
+    return f"{value / 1000:.2f} ms" if value >= 1000 else f"{value:.1f} us"
+
+
+def print_measured(console: Console, title: str, findings: list[Finding], summary: list[str]) -> None:
+    for line in summary:
+        console.print(line, highlight=False)
+    if not findings:
+        console.print("advisor: no findings")
+        return
+    table = Table(title=title)
+    for column, justify in (("#", "right"), ("kind", "left"), ("location", "left"), ("time/step", "right"),
+                            ("share", "right"), ("calls", "right"), ("what to do", "left")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for finding in findings:
+        extra = finding.extra
+        span = f"{finding.line}" if finding.end_line == finding.line else f"{finding.line}-{finding.end_line}"
+        location = f"{display_path(finding.path)}:{span}\n[dim]{finding.function}[/dim]"
+        share = f"{extra.get('share', 0.0):.1%}"
+        if extra.get("negligible"):
+            share = f"[dim]{share} (negligible)[/dim]"
+        table.add_row(str(extra.get("rank", "")), f"{finding.kind}\n[dim]{finding.rule}[/dim]", location,
+                      _us(extra.get("self_us", 0.0)), share, f"{extra.get('calls', 0):g}", finding.message)
+    console.print(table)

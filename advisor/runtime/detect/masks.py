@@ -1,0 +1,56 @@
+"""Masks rebuilt on every forward: an S x S tensor computed only from factories (ones/full/arange) and
+tril/triu/comparisons, i.e. from nothing the inputs change, that then meets the model's data."""
+
+from __future__ import annotations
+
+from advisor.runtime.detect import Detection
+from advisor.runtime.detect.ops import FACTORIES, in_sdpa_call
+
+_RANDOM = frozenset({"bernoulli_", "bernoulli", "rand", "randn", "rand_like", "randn_like", "normal_", "uniform_",
+                     "native_dropout", "randint"})
+
+
+def detect(op_graph, device: str) -> list[Detection]:
+    graph = op_graph.graph
+    constant: set[int] = set()
+    for node in sorted(graph.nodes):  # node ids are in execution order, so producers come first
+        data = graph.nodes[node]
+        tensors = [m for m in data["inputs"] if m is not None]
+        if data["op"] in _RANDOM or in_sdpa_call(op_graph, node):
+            continue  # a dropout mask is new every step by design; SDPA's internals are not the user's mask
+        if data["op"] in FACTORIES or (tensors and all(m.producer in constant for m in tensors)):
+            constant.add(node)
+    found = []
+    for node in sorted(constant):
+        out = graph.nodes[node]["outputs"]
+        if not out or len(out[0].shape) < 2 or out[0].shape[-1] != out[0].shape[-2] or out[0].shape[-1] < 2:
+            continue
+        if not any(user not in constant for user in graph.successors(node)):
+            continue  # not where the mask meets the data yet
+        region = _constant_ancestors(graph, node, constant)
+        loc = graph.nodes[node]["loc"]
+        if loc is None:
+            continue
+        lines = [graph.nodes[n]["loc"].line for n in region
+                 if graph.nodes[n]["loc"] is not None and graph.nodes[n]["loc"].path == loc.path]
+        start = min(lines, default=loc.line)
+        first = min((n for n in region if graph.nodes[n]["loc"] is not None and graph.nodes[n]["loc"].line == start
+                     and graph.nodes[n]["loc"].path == loc.path), default=node)
+        size = out[0].shape[-1]
+        found.append(Detection(
+            "ADV501", graph.nodes[first]["loc"], max(lines, default=loc.line), frozenset(region),
+            f"{size}x{size} mask rebuilt on every forward ({', '.join(sorted({graph.nodes[n]['op'] for n in region}))}):"
+            " build it once in __init__ (register_buffer) and slice it, or pass is_causal=True to SDPA",
+            {"shape": list(out[0].shape), "dtype": str(out[0].dtype).replace("torch.", ""), "bytes": out[0].nbytes}))
+    return found
+
+
+def _constant_ancestors(graph, node: int, constant: set[int]) -> set[int]:
+    region, stack = set(), [node]
+    while stack:
+        current = stack.pop()
+        if current in region:
+            continue
+        region.add(current)
+        stack.extend(p for p in graph.predecessors(current) if p in constant)
+    return region

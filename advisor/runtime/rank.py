@@ -1,0 +1,42 @@
+"""Detections + measured time -> Findings ranked by cost. Detections at the same source span merge (one per
+layer becomes one finding with more calls); a finding under its rule's threshold is marked negligible."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from advisor.findings import Finding
+from advisor.rules import load_rules
+from advisor.runtime.detect import Detection
+from advisor.runtime.timing import Timing
+
+
+def to_findings(detections: list[Detection], timing: Timing) -> list[Finding]:
+    rules = load_rules()
+    groups: dict[tuple, list[Detection]] = defaultdict(list)
+    for d in detections:
+        groups[(d.rule, d.loc.path, d.loc.line, d.end_line)].append(d)
+    findings = []
+    for (code, path, line, end_line), group in groups.items():
+        rule = rules[code]
+        nodes = frozenset().union(*(d.nodes for d in group))
+        self_us, _ = timing.cost(nodes)
+        share = self_us / timing.op_us if timing.op_us else 0.0
+        negligible = share < rule.threshold_share
+        evidence = dict(group[0].evidence)
+        evidence["instances"] = len(group)
+        findings.append(Finding(
+            rule=code, kind=rule.kind, path=path, line=line, end_line=end_line, function=group[0].loc.function,
+            message=group[0].message, fixable=False, fix_safety=rule.fix_safety,
+            reason="runtime finding: fixes come from `advisor fix` on the same lines",
+            extra={"self_us": round(self_us, 3), "share": round(share, 5), "calls": len(group),
+                   "negligible": negligible, "evidence": evidence}))
+    return rank(findings)
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Most expensive first; ties keep source order. Adds a 1-based `rank`."""
+    ordered = sorted(findings, key=lambda f: (-f.extra.get("self_us", 0.0), f.path, f.line, f.rule))
+    for position, finding in enumerate(ordered, 1):
+        finding.extra["rank"] = position
+    return ordered
