@@ -28,17 +28,16 @@ def detect(op_graph, device: str) -> list[Detection]:
         if not any(user not in constant for user in graph.successors(node)):
             continue  # not where the mask meets the data yet
         region = _constant_ancestors(graph, node, constant)
-        loc = graph.nodes[node]["loc"]
-        if loc is None:
+        first = min((n for n in region if graph.nodes[n]["loc"] is not None), default=node)
+        start = graph.nodes[first]["loc"]
+        if start is None:
             continue
-        lines = [graph.nodes[n]["loc"].line for n in region
-                 if graph.nodes[n]["loc"] is not None and graph.nodes[n]["loc"].path == loc.path]
-        start = min(lines, default=loc.line)
-        first = min((n for n in region if graph.nodes[n]["loc"] is not None and graph.nodes[n]["loc"].line == start
-                     and graph.nodes[n]["loc"].path == loc.path), default=node)
+        # The span stays inside the function that starts building the mask.
+        lines = [graph.nodes[n]["loc"].line for n in region if graph.nodes[n]["loc"] is not None
+                 and (graph.nodes[n]["loc"].path, graph.nodes[n]["loc"].function) == (start.path, start.function)]
         size = out[0].shape[-1]
         found.append(Detection(
-            "ADV501", graph.nodes[first]["loc"], max(lines, default=loc.line), frozenset(region),
+            "ADV501", start, max(lines, default=start.line), frozenset(region),
             f"{size}x{size} mask rebuilt on every forward ({', '.join(sorted({graph.nodes[n]['op'] for n in region}))}):"
             " build it once in __init__ (register_buffer) and slice it, or pass is_causal=True to SDPA",
             {"shape": list(out[0].shape), "dtype": str(out[0].dtype).replace("torch.", ""), "bytes": out[0].nbytes}))
