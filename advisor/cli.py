@@ -29,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (2) and --help (0): return the code instead of exiting
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     try:
         return args.run(args)
     except AdvisorError as exc:

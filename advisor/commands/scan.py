@@ -13,12 +13,16 @@ def add_parser(sub) -> None:
     parser = sub.add_parser("scan", help="find slow patterns in source files")
     add_selection_arguments(parser)
     parser.add_argument("--format", choices=("text", "json", "sarif", "diff"), default="text")
+    parser.add_argument("--profile", metavar="TARGET", default=None,
+                        help="run TARGET (file.py:function) under the profiler and rank findings by measured time")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
     result = run_scan(args)
     findings = result.findings
+    if args.profile:
+        findings = _with_measured_cost(findings, args.profile)
     if args.format == "json":
         print(json.dumps({"version": 1, "files_scanned": len(result.files),
                           "findings": [f.to_json() for f in findings],
@@ -33,3 +37,16 @@ def run(args) -> int:
     else:
         print_findings(stdout_console(), findings, result.errors, len(result.files))
     return 1 if findings else 0
+
+
+def _with_measured_cost(findings, target: str):
+    """Static findings annotated with self_us/share/calls from a profiled run, most expensive first."""
+    from rich.console import Console
+
+    from advisor.runtime.join import annotate_findings
+    from advisor.runtime.profile import profile_workload
+    from advisor.workload_loader import load_workload
+
+    with Console(stderr=True).status("profiling") as status:
+        report = profile_workload(load_workload(target), target, progress=lambda message: status.update(message))
+    return annotate_findings(findings, report.findings)

@@ -68,9 +68,17 @@ class AttentionMatch:
 def find_attention(parsed: ParsedModule) -> list[AttentionMatch]:
     matches: list[AttentionMatch] = []
     for function, owner, name in parsed.functions:
+        if not _mentions_softmax(parsed, owner.node if owner is not None else function):
+            continue
         matcher = _FunctionMatcher(parsed, function, owner, name)
         matches.extend(matcher.run())
     return matches
+
+
+def _mentions_softmax(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    """Prefilter: a function (or, for a method, its class, where `nn.Softmax` modules are built) that never
+    says softmax has no anchor for the matcher."""
+    return "softmax" in parsed.code(node).lower()
 
 
 class _SoftmaxCollector(cst.CSTVisitor):

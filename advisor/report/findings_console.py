@@ -20,6 +20,9 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
             fix = ("-" if not finding.fixable else
                    ("safe" if finding.fix_safety == "safe" else "[yellow]unsafe[/yellow]"))
             what = finding.message if finding.reason is None else f"{finding.message}\n[dim]{finding.reason}[/dim]"
+            if "self_us" in finding.extra:
+                what += (f"\n[bold]measured: {finding.extra['self_us'] / 1000:.3f} ms/step, "
+                         f"{finding.extra['share']:.1%} of the step[/bold]")
             location = f"{display_path(finding.path)}:{finding.line}\n[dim]{finding.function}[/dim]"
             table.add_row(location, finding.rule, fix, what)
         console.print(table)

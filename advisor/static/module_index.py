@@ -6,13 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import libcst as cst
-from libcst.metadata import (
-    MetadataWrapper,
-    ParentNodeProvider,
-    PositionProvider,
-    QualifiedNameProvider,
-    QualifiedNameSource,
-)
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from advisor.static.dataflow import FunctionFlow, build_flow
 
@@ -22,8 +16,14 @@ class ClassInfo:
     """`self.x = ...` and `self.register_buffer("x", ...)` seen in any method of a class."""
 
     node: cst.ClassDef
-    attributes: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
+
+    @cached_property
+    def attributes(self) -> dict[str, list[cst.BaseExpression]]:
+        collector = _SelfAttributeCollector()
+        for method in self.methods.values():
+            method.visit(collector)
+        return collector.attributes
 
     def only_value(self, attribute: str) -> cst.BaseExpression | None:
         values = self.attributes.get(attribute, [])
@@ -36,12 +36,18 @@ class ParsedModule:
     def __init__(self, source: str, path: str) -> None:
         self.source = source
         self.path = path
-        self.wrapper = MetadataWrapper(cst.parse_module(source))
+        self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
-        self.qualified = self.wrapper.resolve(QualifiedNameProvider)
-        self.parents = self.wrapper.resolve(ParentNodeProvider)
-        self.positions = self.wrapper.resolve(PositionProvider)
         self._flows: dict[cst.FunctionDef, FunctionFlow] = {}
+
+    @cached_property
+    def parents(self):
+        return self.wrapper.resolve(ParentNodeProvider)
+
+    @cached_property
+    def positions(self):
+        """Resolved only when a finding needs a line number: it regenerates the whole file's code."""
+        return self.wrapper.resolve(PositionProvider)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -53,16 +59,39 @@ class ParsedModule:
         return self.positions[node].end.line
 
     def imported_name(self, node: cst.CSTNode) -> str | None:
-        """The dotted name an expression refers to through imports ('torch.nn.functional.softmax'), if any."""
-        found = self.qualified.get(node, ())
-        if callable(found):  # libcst resolves qualified names lazily
-            found = found()
-        names = {q.name for q in found if q.source in
-                 (QualifiedNameSource.IMPORT, QualifiedNameSource.BUILTIN)}
-        if len(names) != 1:
+        """The dotted name an expression refers to through imports ('torch.nn.functional.softmax'), or a
+        builtin's name ('float'); None for anything else. Imports are resolved from the file's import
+        statements (libcst's scope-based QualifiedNameProvider costs ~2x the whole analysis)."""
+        parts: list[str] = []
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        if not isinstance(node, cst.Name):
             return None
-        name = names.pop()
-        return name.removeprefix("builtins.")
+        base = self.imports.get(node.value)
+        if base is None:
+            return node.value if not parts and node.value in BUILTINS and node.value not in self.bound_names else None
+        return ".".join([base] + parts[::-1])
+
+    @cached_property
+    def imports(self) -> dict[str, str]:
+        """Local name -> dotted module or object, from every import statement in the file."""
+        collector = _ImportCollector(self)
+        self.module.visit(collector)
+        return collector.imports
+
+    @cached_property
+    def bound_names(self) -> set[str]:
+        """Names assigned anywhere in the file (so a local `max = ...` is not taken for the builtin)."""
+        return {n.value for n in _assigned_names(self.module)}
+
+    @cached_property
+    def module_aliases(self) -> dict[str, str]:
+        """Dotted module -> the local name it is bound to at module level: {'torch.nn.functional': 'F'}."""
+        aliases: dict[str, str] = {}
+        for local, dotted in self.imports.items():
+            aliases.setdefault(dotted, local)
+        return aliases
 
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:
@@ -76,29 +105,47 @@ class ParsedModule:
         self.module.visit(collector)
         return collector.found
 
-    @cached_property
-    def module_aliases(self) -> dict[str, str]:
-        """Local names bound to modules: {'torch.nn.functional': 'F', 'torch': 'torch', ...}."""
-        aliases: dict[str, str] = {}
-        for statement in self.module.body:
-            if not isinstance(statement, cst.SimpleStatementLine):
-                continue
-            for small in statement.body:
-                if isinstance(small, cst.Import):
-                    for alias in small.names:
-                        dotted = self.code(alias.name)
-                        if alias.asname is not None:
-                            aliases.setdefault(dotted, self.code(alias.asname.name))
-                        else:
-                            aliases.setdefault(dotted.split(".")[0], dotted.split(".")[0])
-                elif isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
-                    base = self.code(small.module)
-                    if isinstance(small.names, cst.ImportStar):
-                        continue
-                    for alias in small.names:
-                        local = alias.asname.name if alias.asname else alias.name
-                        aliases.setdefault(f"{base}.{self.code(alias.name)}", self.code(local))
-        return aliases
+
+
+BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
+
+
+class _ImportCollector(cst.CSTVisitor):
+    def __init__(self, parsed: "ParsedModule") -> None:
+        self.parsed = parsed
+        self.imports: dict[str, str] = {}
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            dotted = self.parsed.code(alias.name)
+            if alias.asname is not None:
+                self.imports.setdefault(self.parsed.code(alias.asname.name), dotted)
+            else:
+                head = dotted.split(".")[0]
+                self.imports.setdefault(head, head)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
+            return
+        base = self.parsed.code(node.module)
+        for alias in node.names:
+            local = alias.asname.name if alias.asname else alias.name
+            self.imports.setdefault(self.parsed.code(local), f"{base}.{self.parsed.code(alias.name)}")
+
+
+def _assigned_names(module: cst.Module) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            if isinstance(node.target, cst.Name):
+                found.append(node.target)
+
+        def visit_Param(self, node: cst.Param) -> None:
+            found.append(node.name)
+
+    module.visit(Visitor())
+    return found
 
 
 class _FunctionCollector(cst.CSTVisitor):
@@ -112,7 +159,6 @@ class _FunctionCollector(cst.CSTVisitor):
         for statement in node.body.body:
             if isinstance(statement, cst.FunctionDef):
                 info.methods[statement.name.value] = statement
-                statement.visit(_SelfAttributeCollector(info))
         self.classes.append(info)
         self.path.append(node.name.value)
 
@@ -128,19 +174,22 @@ class _FunctionCollector(cst.CSTVisitor):
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.path.pop()
 
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
+        return False  # no function or class is defined inside a simple statement
+
 
 class _SelfAttributeCollector(cst.CSTVisitor):
-    def __init__(self, info: ClassInfo) -> None:
-        self.info = info
+    def __init__(self) -> None:
+        self.attributes: dict[str, list[cst.BaseExpression]] = {}
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             if _is_self_attribute(target.target):
-                self.info.attributes.setdefault(target.target.attr.value, []).append(node.value)
+                self.attributes.setdefault(target.target.attr.value, []).append(node.value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and _is_self_attribute(node.target):
-            self.info.attributes.setdefault(node.target.attr.value, []).append(node.value)
+            self.attributes.setdefault(node.target.attr.value, []).append(node.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -148,7 +197,7 @@ class _SelfAttributeCollector(cst.CSTVisitor):
                 and isinstance(func.value, cst.Name) and func.value.value == "self" and len(node.args) >= 2
                 and isinstance(node.args[0].value, cst.SimpleString)):
             name = node.args[0].value.evaluated_value
-            self.info.attributes.setdefault(name, []).append(node.args[1].value)
+            self.attributes.setdefault(name, []).append(node.args[1].value)
 
 
 def _is_self_attribute(node: cst.CSTNode) -> bool:
