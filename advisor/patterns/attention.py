@@ -54,7 +54,11 @@ class AttentionMatch:
     scale: str | None = None  # None: SDPA's default 1/sqrt(E) is provably the original's
     masks: list[MaskTerm] = field(default_factory=list)
     dropout_p: str | None = None
-    hoist: tuple[cst.If, cst.CSTNode, str] | None = None  # (guard, statement it replaces, mask code)
+    # masks evaluated where the original applied them, into a fresh variable: the statement to put
+    # `variable = None` before, and {statement applying a mask: the assignment that replaces it}
+    hoist_anchor: cst.CSTNode | None = None
+    hoist_init: str = ""
+    hoisted: dict[cst.CSTNode, str] = field(default_factory=dict)
     renamed: dict[cst.CSTNode, str] = field(default_factory=dict)  # `scores.dtype`, `scores.size(-1)`, ...
     attn_mask: str | None = None
     is_causal: bool = False
@@ -228,7 +232,7 @@ class _FunctionMatcher:
         self._assemble_mask(match)
         output_statement = self._statement(output.node)
         match.output_node = output.node
-        kept = {output_statement} | ({match.hoist[1]} if match.hoist else set())
+        kept = {output_statement} | set(match.hoisted)
         match.removed = _unique([d.statement for d in consumed if d.statement not in kept])
         lines = [self.parsed.line(s) for s in match.removed] + [self.parsed.line(output_statement)]
         match.line, match.end_line = min(lines), self.parsed.end_line(output_statement)
@@ -277,12 +281,16 @@ class _FunctionMatcher:
         definitions = [self.flow.definitions[i] for i in sorted(ids) if i != UNDEFINED]
         if UNDEFINED in ids or not definitions:
             raise Refusal("the scores are not defined on every path")
-        if len(definitions) == 2:
-            inner, outer = sorted(definitions, key=lambda d: len(d.guards), reverse=True)
-            if (len(inner.guards) == len(outer.guards) + 1 and inner.guards[:-1] == outer.guards
-                    and inner.kind in ("assign", "aug", "inplace") and inner.index is None):
-                chain.definitions.append(inner)
-                return self._definition_input(inner, chain), inner.guards[-1], frozenset({outer.id})
+        if len(definitions) >= 2:
+            deepest = max(definitions, key=lambda d: (len(d.guards), d.id))  # the last update
+            guard = deepest.guards[-1] if deepest.guards else None
+            inside = [d for d in definitions if guard in d.guards]
+            outside = [d for d in definitions if guard not in d.guards]
+            if (len(inside) == 1 and outside and deepest.kind in ("assign", "aug", "inplace")
+                    and deepest.index is None and all(d.guards[:len(deepest.guards) - 1] ==
+                                                      deepest.guards[:-1] for d in outside)):
+                chain.definitions.append(deepest)
+                return self._definition_input(deepest, chain), guard, frozenset(d.id for d in outside)
         if len(definitions) != 1:
             raise Refusal("the scores are assigned on several paths")
         definition = definitions[0]
@@ -712,29 +720,60 @@ class _FunctionMatcher:
         terms = match.masks
         if not terms:
             return
-        if len(terms) == 1:
-            term = terms[0]
-            if term.kind == "causal" and term.guard is None:
-                match.is_causal = True
-                return
-            code = self._term_code(term)
-            if term.guard is None or self.parsed.code(term.guard.test).replace(" ", "") == f"{code}isnotNone":
-                match.attn_mask = code  # SDPA takes attn_mask=None as "no mask"
-            else:  # evaluate the mask where the original did, inside its `if`, into a fresh name
-                variable = self._fresh_name("attn_mask")
-                match.hoist = (term.guard, term.statement, f"{variable} = {code}")
-                match.attn_mask = variable
-                term.nodes = []
+        if len(terms) == 1 and terms[0].kind == "causal" and terms[0].guard is None:
+            match.is_causal = True
             return
-        if any(term.guard is not None for term in terms):
-            raise Refusal("several masks are applied and at least one only conditionally")
-        kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}
-        if kinds == {"keep"}:
-            match.attn_mask = " & ".join(_atom(self._term_code(term)) for term in terms)
-        elif kinds == {"float"}:
-            match.attn_mask = " + ".join(_atom(self._term_code(term)) for term in terms)
-        else:
-            raise Refusal("boolean and additive masks are combined, which needs a hand-written merge")
+        if all(term.guard is None for term in terms):
+            kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}
+            if len(terms) == 1:
+                match.attn_mask = self._term_code(terms[0])
+            elif kinds == {"keep"}:
+                match.attn_mask = " & ".join(_atom(self._term_code(term)) for term in terms)
+            elif kinds == {"float"}:
+                match.attn_mask = " + ".join(_atom(self._term_code(term)) for term in terms)
+            else:
+                match.attn_mask = " + ".join(_atom(self._additive_code(term)) for term in terms)
+            return
+        if len(terms) == 1 and self.parsed.code(terms[0].guard.test).replace(" ", "") == \
+                f"{self._term_code(terms[0])}isnotNone":
+            match.attn_mask = self._term_code(terms[0])  # SDPA takes attn_mask=None as "no mask"
+            return
+        self._hoist_masks(match, terms)
+
+    def _hoist_masks(self, match: AttentionMatch, terms: list[MaskTerm]) -> None:
+        """Masks applied under `if`s are evaluated where the original applied them, into one variable that
+        starts as None (SDPA's "no mask") and accumulates each term; several terms are added as floats."""
+        if len({id(term.statement) for term in terms}) != len(terms):
+            raise Refusal("two conditional masks are applied in one statement")
+        variable = self._fresh_name("attn_mask")
+        first = terms[0]
+        match.hoist_anchor = first.guard if first.guard is not None else first.statement
+        match.hoist_init = f"{variable} = None"
+        for position, term in enumerate(terms):
+            if len(terms) == 1:
+                match.hoisted[term.statement] = f"{variable} = {self._term_code(term)}"
+            elif position == 0:  # right after `variable = None`
+                match.hoisted[term.statement] = f"{variable} = {self._additive_code(term)}"
+            else:
+                code = _atom(self._additive_code(term))
+                match.hoisted[term.statement] = f"{variable} = {code} if {variable} is None else {variable} + {code}"
+            term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
+        match.attn_mask = variable
+
+    def _additive_code(self, term: MaskTerm) -> str:
+        """The term as a float mask in the query's dtype, for adding to other terms."""
+        code = self._term_code(term)
+        if term.kind in ("float", "finite"):
+            return code
+        torch_name, query = self._torch_and_query()
+        return f"{torch_name}.where({code}, 0.0, float(\"-inf\")).to({query}.dtype)"
+
+    def _torch_and_query(self) -> tuple[str, str]:
+        torch_name = self.parsed.module_aliases.get("torch")
+        if torch_name is None or not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
+            raise Refusal("the masks must be merged into a float mask in the query's dtype, and torch is not "
+                          "imported or the query is not a plain name")
+        return torch_name, self.parsed.code(self._leaf_nodes[0])
 
     def _fresh_name(self, base: str) -> str:
         used = {name.value for name in loaded_names(self.function)} | \
@@ -754,12 +793,8 @@ class _FunctionMatcher:
     def _term_values(self, term: MaskTerm) -> str:
         if term.kind != "finite":
             return term.code
-        torch_name = self.parsed.module_aliases.get("torch")
-        if torch_name is None or not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
-            raise Refusal("a finite mask fill needs a float mask built from the query's dtype, and the query "
-                          "is not a plain name")
-        query = self.parsed.code(self._leaf_nodes[0])
-        return f"{torch_name}.zeros_like({term.code}, dtype={query}.dtype).masked_fill({term.code}, {term.fill})"
+        torch_name, query = self._torch_and_query()
+        return f"{torch_name}.where({term.code}, {term.fill}, 0.0).to({query}.dtype)"
 
     def _scale_code(self, match: AttentionMatch) -> str | None:
         if not self._factors:

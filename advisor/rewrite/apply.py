@@ -30,11 +30,10 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
         replacements[match.output_node] = cst.parse_expression(sdpa_call(match, functional.prefix, indent))
         removed.update(match.removed)
         renamed.update({read: cst.parse_expression(code) for read, code in match.renamed.items()})
-        if match.hoist is not None:
-            guard, statement, code = match.hoist
-            variable = code.split(" = ", 1)[0]
+        for statement, code in match.hoisted.items():
             replacements[statement] = cst.parse_statement(code + "\n").body[0]
-            hoists[guard] = cst.parse_statement(f"{variable} = None\n")
+        if match.hoist_anchor is not None:
+            hoists[_enclosing_statement(parsed, match.hoist_anchor)] = cst.parse_statement(match.hoist_init + "\n")
         if drop_weights:
             nones.update(match.escapes)
     replacements.update(renamed)
@@ -74,7 +73,7 @@ class _Editor(cst.CSTTransformer):
         kept = [small for small, original in zip(updated_node.body, original_node.body)
                 if original not in self.removed]
         if len(kept) == len(updated_node.body):
-            return updated_node
+            return self._with_hoist(original_node, updated_node)
         if not kept:
             return cst.RemoveFromParent()
         kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
@@ -84,7 +83,10 @@ class _Editor(cst.CSTTransformer):
         if _is_empty(updated_node.body) and updated_node.orelse is None and not _has_call(original_node.test):
             return cst.RemoveFromParent()
         updated_node = updated_node.with_changes(body=_filled(updated_node.body))
-        if original_node in self.hoists:  # the mask variable must exist when the `if` is not taken
+        return self._with_hoist(original_node, updated_node)
+
+    def _with_hoist(self, original_node, updated_node):
+        if original_node in self.hoists:  # the mask variable must exist when an `if` is not taken
             return cst.FlattenSentinel([self.hoists[original_node], updated_node])
         return updated_node
 
