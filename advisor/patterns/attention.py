@@ -221,7 +221,7 @@ class _FunctionMatcher:
         dropouts = [stage for stage in stages if stage.name == "dropout"]
         if len(dropouts) != len(stages):
             raise Refusal("the softmax module is followed by a module that is not dropout")
-        output, value_node, weight_defs, escapes, more_dropouts = self._follow_weights(softmax.node)
+        output, value_node, weight_defs, escapes, more_dropouts = self._follow_weights(softmax.node, ndim)
         dropouts += more_dropouts
         match.escapes = escapes
         self._value_roles(core, output, value_node, ndim, match)
@@ -342,7 +342,11 @@ class _FunctionMatcher:
             chain.ops.append((op, guard))
             return scores
         if op.name == "sub":
-            raise Refusal("the scores have a tensor subtracted from them")
+            left, right = op.operands
+            if self._is_row_max_of(right, left):
+                self._absorbed.update(loaded_names(right))
+                return left
+            raise Refusal(f"the scores have `{self._short(right)}` subtracted from them")
         raise Refusal(f"the scores pass through `{self._short(op.node)}` before softmax, which SDPA cannot express")
 
     # Q·K^T roles --------------------------------------------------------------------------------
@@ -488,9 +492,10 @@ class _FunctionMatcher:
             raise Refusal(f"softmax runs over dim {dim}, which is not provably the key dimension")
 
     # forward: weights -> weights·V -----------------------------------------------------------------
-    def _follow_weights(self, start: cst.CSTNode):
+    def _follow_weights(self, start: cst.CSTNode, ndim: int | None):
         node, dropouts, definitions, escapes = start, [], [], []
         self._weight_reads: set[cst.Name] = set()
+        self._weights_transposed = False  # `V @ P^T` (channel-major VAE blocks) instead of `P @ V`
         for _ in range(MAX_CHAIN):
             parent = self.parsed.parents.get(node)
             definition = self._definition_of_value(node)
@@ -511,8 +516,11 @@ class _FunctionMatcher:
             elif op.name == "dropout":
                 dropouts.append(op)
                 node = op.node
-            elif op.name in ("matmul", "bmm") and op.operands[0] is node:
-                return op, op.operands[1], definitions, escapes, dropouts
+            elif op.name in ("transpose", "permute", "mT") and self._swaps_last_two(op, ndim):
+                self._weights_transposed = not self._weights_transposed
+                node = op.node
+            elif op.name in ("matmul", "bmm") and op.operands[int(self._weights_transposed)] is node:
+                return op, op.operands[1 - int(self._weights_transposed)], definitions, escapes, dropouts
             elif op.name == "einsum" and node in op.operands:
                 other = op.operands[1] if op.operands[0] is node else op.operands[0]
                 return op, other, definitions, escapes, dropouts
@@ -525,6 +533,34 @@ class _FunctionMatcher:
                               f"product (heads or positions are mixed)")
         raise Refusal("the weights are followed too far without reaching a value product")
 
+    def _is_row_max_of(self, node: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
+        """`s - s.amax(dim=-1, keepdim=True).detach()`: softmax is invariant to a per-row shift."""
+        while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "detach":
+            node = node.func.value
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) \
+                and int_value(node.slice[0].slice.value) == 0:
+            node = node.value  # s.max(dim=-1, keepdim=True)[0]
+        elif isinstance(node, cst.Attribute) and node.attr.value == "values":
+            node = node.value
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in ("amax", "max")):
+            return False
+        dim = next((a.value for a in node.args if a.keyword is None or a.keyword.value == "dim"), None)
+        keepdim = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "keepdim"), None)
+        same = self.parsed.code(node.func.value).replace(" ", "") == self.parsed.code(scores).replace(" ", "")
+        return same and int_value(dim) == -1 and isinstance(keepdim, cst.Name) and keepdim.value == "True"
+
+    def _swaps_last_two(self, op: Op, ndim: int | None) -> bool:
+        if op.name == "mT":
+            return True
+        dims = [int_value(d) for d in op.params["dims"]]
+        if None in dims:
+            return False
+        if op.name == "transpose":
+            return _last_two(dims, ndim)
+        n = len(dims)
+        return n >= 2 and dims == list(range(n - 2)) + [n - 1, n - 2]
+
     def _next_weight_read(self, definition: Definition, escapes: list[cst.Name]) -> cst.Name:
         """Of the reads of a weights variable, the one that continues the block; the others escape it."""
         continuing, others = [], []
@@ -532,8 +568,8 @@ class _FunctionMatcher:
             if self.flow.reaching.get(read) != frozenset({definition.id}):
                 raise Refusal("the attention weights are modified conditionally before the value product")
             consumer, op = self._consumers(read)[0]
-            if op is not None and (op.name in ("cast", "identity", "dropout") or
-                                   (op.name in ("matmul", "bmm") and op.operands[0] is read) or
+            if op is not None and (op.name in ("cast", "identity", "dropout", "transpose", "permute", "mT") or
+                                   op.name in ("matmul", "bmm") or
                                    (op.name == "einsum" and read in op.operands)):
                 continuing.append(read)
             elif op is not None and op.name in ("mul", "add", "sub", "div", "einsum", "matmul", "bmm",
@@ -551,6 +587,9 @@ class _FunctionMatcher:
     def _value_roles(self, core: Op, output: Op, value_node, ndim, match: AttentionMatch) -> None:
         match.value = self._render(value_node)
         self._leaf_nodes.append(value_node)
+        if self._weights_transposed:  # V @ P^T == (P @ V^T)^T
+            match.value = self._render(value_node, ".transpose(-2, -1)")
+            match.output_suffix = ".transpose(-2, -1)"
         if output.name == "einsum":
             if core.name != "einsum":
                 raise Refusal("the value product is an einsum but the score product is not")

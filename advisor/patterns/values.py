@@ -43,7 +43,7 @@ class ValueProver:
             dotted = self.parsed.imported_name(node.func)
             if dotted in SCALAR_FUNCTIONS:
                 return all(self.is_scalar(a.value, depth + 1) or self._is_size(a.value) for a in node.args)
-            return self._is_size(node)
+            return self._is_size(node) or self._helper_returns_scalar(node, depth)
         if isinstance(node, cst.Subscript):
             return self._is_size(node)
         if isinstance(node, cst.Name):
@@ -51,6 +51,36 @@ class ValueProver:
         if isinstance(node, cst.Attribute):
             return self._attribute_is_scalar(node, depth)
         return False
+
+    @staticmethod
+    def _is_shape(node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Attribute):
+            return node.attr.value == "shape"
+        if isinstance(node, cst.Subscript):
+            return ValueProver._is_shape(node.value)
+        return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value == "size" and not node.args
+
+    def _helper_returns_scalar(self, call: cst.Call, depth: int) -> bool:
+        """`default(self.scale, d ** -0.5)` with a module-level `def default(val, d): return val if exists(val)
+        else d`: the result is one of the arguments, so it is a scalar when every candidate is."""
+        if not isinstance(call.func, cst.Name) or any(a.keyword or a.star for a in call.args):
+            return False
+        helper = self.parsed.module_functions.get(call.func.value)
+        if helper is None:
+            return False
+        body = [s for s in helper.body.body if not (isinstance(s, cst.SimpleStatementLine)
+                                                    and isinstance(s.body[0], cst.Expr))]
+        if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or \
+                not isinstance(body[0].body[0], cst.Return) or body[0].body[0].value is None:
+            return False
+        params = [p.name.value for p in helper.params.params]
+        arguments = dict(zip(params, (a.value for a in call.args)))
+        returned = body[0].body[0].value
+        candidates = [returned.body, returned.orelse] if isinstance(returned, cst.IfExp) else [returned]
+        return all(isinstance(c, cst.Name) and c.value in arguments and
+                   (self.is_scalar(arguments[c.value], depth + 1) or self._is_size(arguments[c.value]))
+                   for c in candidates)
 
     def _is_size(self, node: cst.BaseExpression) -> bool:
         """`x.size(-1)`, `x.shape[-1]`, `len(x)`: integers read off a tensor's shape."""
@@ -80,6 +110,9 @@ class ValueProver:
                     return False
             elif definition.kind == "assign" and definition.index is None:
                 if not self.is_scalar(definition.value, depth + 1):
+                    return False
+            elif definition.kind == "assign":  # `b, c, h, w = x.shape`: unpacked sizes are ints
+                if not self._is_shape(definition.value):
                     return False
             elif definition.kind == "aug":
                 if not self.is_scalar(definition.value, depth + 1):

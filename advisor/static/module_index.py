@@ -81,6 +81,10 @@ class ParsedModule:
         return collector.imports
 
     @cached_property
+    def module_functions(self) -> dict[str, cst.FunctionDef]:
+        return {s.name.value: s for s in self.module.body if isinstance(s, cst.FunctionDef)}
+
+    @cached_property
     def bound_names(self) -> set[str]:
         """Names assigned anywhere in the file (so a local `max = ...` is not taken for the builtin)."""
         return {n.value for n in _assigned_names(self.module)}
