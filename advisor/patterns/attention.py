@@ -119,6 +119,8 @@ class _FunctionMatcher:
         self.flow: FunctionFlow = parsed.flow(function)
         self.reader = OpReader(parsed, owner)
         self.values = ValueProver(parsed, self.flow, owner)
+        self.home = function  # where the value product, and so the SDPA call, lives
+        self._inlined: dict[cst.FunctionDef, tuple[cst.Call, dict[str, cst.BaseExpression]]] = {}
 
     def run(self) -> list[AttentionMatch]:
         collector = _SoftmaxCollector(self.reader, self.function)
@@ -153,17 +155,21 @@ class _FunctionMatcher:
         op = self.reader.read(node)
         if op is not None and op.name in names:
             return True
+        callee = self._callee(node) if op is None else None
+        if callee is not None:  # a helper that returns the scores
+            return self._reaches(_single_return(callee).value, names, depth + 1)
         if isinstance(node, cst.Name):
+            flow = self._flow_for(node)
             return any(d.value is not None and self._reaches(d.value, names, depth + 1)
-                       or any(self._reaches_defs(p, names, depth + 1) for p in d.previous)
-                       for d in self.flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
+                       or any(self._reaches_defs(flow, p, names, depth + 1) for p in d.previous)
+                       for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
         return any(self._reaches(child, names, depth + 1) for child in node.children
                    if isinstance(child, (cst.BaseExpression, cst.Arg)))
 
-    def _reaches_defs(self, def_id: int, names: set[str], depth: int) -> bool:
+    def _reaches_defs(self, flow: FunctionFlow, def_id: int, names: set[str], depth: int) -> bool:
         if def_id == UNDEFINED:
             return False
-        definition = self.flow.definitions[def_id]
+        definition = flow.definitions[def_id]
         return definition.value is not None and self._reaches(definition.value, names, depth)
 
     def _feeds_product(self, node: cst.CSTNode) -> bool:
@@ -171,6 +177,9 @@ class _FunctionMatcher:
         while frontier and seen < MAX_CHAIN:
             seen += 1
             current = frontier.pop()
+            if isinstance(self.parsed.parents.get(current), cst.Return):
+                frontier.extend(_calls_to(self.parsed, self.function, self.owner))
+                continue
             for consumer, op in self._consumers(current):
                 if op is not None and op.name in ("matmul", "bmm", "einsum"):
                     return True
@@ -193,13 +202,20 @@ class _FunctionMatcher:
             return [(parent, self.reader.read(parent))]
         definition = self._definition_of_value(node)
         if definition is not None:
-            return [(read, None) for read in self.flow.reads_of(definition)]
+            return [(read, None) for read in self._flow_for(node).reads_of(definition)]
         return [(None, None)]
+
+    def _flow_for(self, node: cst.CSTNode) -> FunctionFlow:
+        """The merged view for the functions of this match; another function's own flow otherwise."""
+        function = self._function_of(node)
+        if function is self.function or function is self.home or function in self._inlined or function is None:
+            return self.flow
+        return self.parsed.flow(function)
 
     def _definition_of_value(self, node: cst.CSTNode) -> Definition | None:
         parent = self.parsed.parents.get(node)
         if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
-            found = [d for d in self.flow.definitions.values() if d.statement is parent and d.index is None]
+            found = [d for d in self._flow_for(node).definitions.values() if d.statement is parent and d.index is None]
             return found[0] if len(found) == 1 else None
         return None
 
@@ -210,6 +226,9 @@ class _FunctionMatcher:
 
     # -- the proof -----------------------------------------------------------------------------------
     def _prove(self, softmax: Op, match: AttentionMatch) -> None:
+        self.home, self._inlined = self.function, {}
+        self.flow = self.parsed.flow(self.function)
+        self.values = ValueProver(self.parsed, self.flow, self.owner)
         chain = _Chain()
         self._chain = chain
         self._absorbed: set[cst.Name] = set()
@@ -233,7 +252,11 @@ class _FunctionMatcher:
         output_statement = self._statement(output.node)
         match.output_node = output.node
         kept = {output_statement} | set(match.hoisted)
-        match.removed = _unique([d.statement for d in consumed if d.statement not in kept])
+        match.removed = _unique([d.statement for d in consumed
+                                 if d.statement not in kept and not self._in_inlined(d.statement)])
+        if any(self._in_inlined(node) for node in match.renamed):
+            raise Refusal("a helper reads the scores' shape or dtype, and helpers are never edited")
+        match.function = self._dotted_name(self.home)
         lines = [self.parsed.line(s) for s in match.removed] + [self.parsed.line(output_statement)]
         match.line, match.end_line = min(lines), self.parsed.end_line(output_statement)
         self._check_bindings(match, output_statement)
@@ -263,6 +286,9 @@ class _FunctionMatcher:
                     guard, entry = new_guard, new_entry
                 continue
             op = cursor if isinstance(cursor, Op) else self.reader.read(cursor)
+            if op is None and guard is None and self._callee(cursor) is not None:
+                cursor = self._enter_callee(cursor)  # the scores are computed by a helper method
+                continue
             if op is None:
                 raise Refusal(f"the scores come from `{self._short(cursor)}`, which is not a recognised operation")
             if op.name in CORE_OPS:
@@ -348,6 +374,81 @@ class _FunctionMatcher:
                 return left
             raise Refusal(f"the scores have `{self._short(right)}` subtracted from them")
         raise Refusal(f"the scores pass through `{self._short(op.node)}` before softmax, which SDPA cannot express")
+
+    # attention split across functions -------------------------------------------------------------
+    def _callee(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        """`self.scores(q, k)` (a method of this class) or `scores(q, k)` (a function of this file) whose
+        body ends in its only `return`; None for anything else."""
+        if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+            return None
+        func = node.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
+                and self.owner is not None:
+            callee = self.owner.methods.get(func.attr.value)
+        elif isinstance(func, cst.Name):
+            callee = self.parsed.module_functions.get(func.value)
+        else:
+            return None
+        if callee is None or callee is self.function or callee in self._inlined or _single_return(callee) is None:
+            return None
+        return callee
+
+    def _bind_arguments(self, callee: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
+        params = [p.name.value for p in callee.params.params]
+        bound: dict[str, cst.BaseExpression] = {}
+        if isinstance(call.func, cst.Attribute):  # self.method(...): the same object on both sides
+            bound[params[0]] = cst.Name("self")
+            params = params[1:]
+        for position, arg in enumerate(call.args):
+            if arg.keyword is None:
+                if position >= len(params):
+                    raise Refusal(f"the call `{self._short(call)}` passes more arguments than it takes")
+                bound[params[position]] = arg.value
+            else:
+                bound[arg.keyword.value] = arg.value
+        for param in callee.params.params:
+            if param.name.value not in bound and param.default is not None:
+                bound[param.name.value] = param.default
+        return bound
+
+    def _merge_flow(self, function: cst.FunctionDef) -> None:
+        self.flow = self.flow.merged_with(self.parsed.flow(function))
+        self.values = ValueProver(self.parsed, self.flow, self.owner)
+
+    def _enter_callee(self, call: cst.Call) -> cst.BaseExpression:
+        """Continue the score walk inside the helper that returns the scores; its parameters are read as
+        the caller's arguments."""
+        callee = self._callee(call)
+        self._inlined[callee] = (call, self._bind_arguments(callee, call))
+        self._merge_flow(callee)
+        return _single_return(callee).value
+
+    def _leave_to_caller(self, returned: cst.Return) -> cst.Call:
+        """The weights are returned by this function: continue at its one call site in the file, which
+        becomes the home of the SDPA call."""
+        sites = [call for call in _calls_to(self.parsed, self.function, self.owner)]
+        if len(sites) != 1:
+            raise Refusal("the attention weights are returned to the caller" if not sites else
+                          "the attention weights are returned by a function called from several places")
+        call = sites[0]
+        caller = self._function_of(call)
+        if caller is None or _single_return(self.function) is not returned:
+            raise Refusal("the attention weights are returned to the caller")
+        self._inlined[self.function] = (call, self._bind_arguments(self.function, call))
+        self.home = caller
+        self._merge_flow(caller)
+        return call
+
+    def _dotted_name(self, function: cst.FunctionDef) -> str:
+        return next((name for f, _, name in self.parsed.functions if f is function), self.name)
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.parsed.parents.get(node)
+        return node
+
+    def _in_inlined(self, node: cst.CSTNode) -> bool:
+        return self._function_of(node) in self._inlined
 
     # Q·K^T roles --------------------------------------------------------------------------------
     def _core_roles(self, core: Op, chain: _Chain, match: AttentionMatch) -> int | None:
@@ -504,6 +605,9 @@ class _FunctionMatcher:
                 node = self._next_weight_read(definition, escapes)
                 self._weight_reads.add(node)
                 continue
+            if isinstance(parent, cst.Return) and self.home is self.function and not self._inlined:
+                node = self._leave_to_caller(parent)
+                continue
             consumers = self._consumers(node)
             consumer, op = consumers[0]
             if op is None:
@@ -568,7 +672,10 @@ class _FunctionMatcher:
             if self.flow.reaching.get(read) != frozenset({definition.id}):
                 raise Refusal("the attention weights are modified conditionally before the value product")
             consumer, op = self._consumers(read)[0]
-            if op is not None and (op.name in ("cast", "identity", "dropout", "transpose", "permute", "mT") or
+            if isinstance(self.parsed.parents.get(read), cst.Return) and not self._inlined and \
+                    _calls_to(self.parsed, self.function, self.owner):
+                continuing.append(read)
+            elif op is not None and (op.name in ("cast", "identity", "dropout", "transpose", "permute", "mT") or
                                    op.name in ("matmul", "bmm") or
                                    (op.name == "einsum" and read in op.operands)):
                 continuing.append(read)
@@ -784,6 +891,8 @@ class _FunctionMatcher:
         starts as None (SDPA's "no mask") and accumulates each term; several terms are added as floats."""
         if len({id(term.statement) for term in terms}) != len(terms):
             raise Refusal("two conditional masks are applied in one statement")
+        if any(self._in_inlined(term.statement) for term in terms):
+            raise Refusal("a conditional mask is applied inside a helper, and helpers are never edited")
         variable = self._fresh_name("attn_mask")
         first = terms[0]
         match.hoist_anchor = first.guard if first.guard is not None else first.statement
@@ -903,7 +1012,11 @@ class _FunctionMatcher:
         nodes = list(self._leaf_nodes)
         for term in match.masks:
             nodes.extend(term.nodes)
+        for call, _ in self._inlined.values():
+            nodes.extend(arg.value for arg in call.args)
         for node in nodes:
+            if self._in_inlined(node):
+                continue
             for name in loaded_names(node):
                 seen = self.flow.reaching.get(name)
                 if seen is None:
@@ -927,8 +1040,27 @@ class _FunctionMatcher:
 
     # rendering ------------------------------------------------------------------------------------------
     def _render(self, node: cst.BaseExpression, suffix: str = "") -> str:
-        code = self.parsed.code(node)
+        code = self.parsed.code(self._as_home_expression(node))
         return (_atom(code) if suffix else code) + suffix
+
+    def _as_home_expression(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """An expression of an inlined helper, with its parameters replaced by the call's arguments."""
+        function = self._function_of(node)
+        if function not in self._inlined:
+            return node
+        _, arguments = self._inlined[function]
+        replaced = {}
+        for name in loaded_names(node):
+            definitions = self.flow.definitions_of(name)
+            if any(d.kind != "param" for d in definitions):
+                raise Refusal(f"`{name.value}`, local to `{function.name.value}`, is needed at the call site")
+            if definitions:
+                if name.value not in arguments:
+                    raise Refusal(f"`{function.name.value}` is called without `{name.value}`")
+                argument = arguments[name.value]
+                replaced[name] = argument.with_changes(
+                    lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if not _is_atom_node(argument) else argument
+        return node.visit(_Replace(replaced)) if replaced else node
 
     def _short(self, node: cst.CSTNode) -> str:
         text = " ".join(self.parsed.code(node).split())
@@ -943,6 +1075,62 @@ class _Replace(cst.CSTTransformer):
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         return self.replacements.get(original_node, updated_node)
+
+
+def _single_return(function: cst.FunctionDef) -> cst.Return | None:
+    """The function's only `return`, when it is the last statement and returns a value."""
+    body = function.body.body
+    if not body or not isinstance(body[-1], cst.SimpleStatementLine) or not isinstance(body[-1].body[-1], cst.Return):
+        return None
+    last = body[-1].body[-1]
+    finder = _ReturnFinder(function)
+    function.visit(finder)
+    return last if finder.returns == [last] and last.value is not None else None
+
+
+class _ReturnFinder(cst.CSTVisitor):
+    def __init__(self, root: cst.FunctionDef) -> None:
+        self.root, self.returns = root, []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.root
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.returns.append(node)
+
+
+def _calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:
+    """Call sites of a method (`self.name(...)` in its class) or of a module-level function (`name(...)`)."""
+    name = function.name.value
+    is_method = owner is not None and owner.methods.get(name) is function
+    if not is_method and parsed.module_functions.get(name) is not function:
+        return []
+    finder = _CallSiteFinder(name, is_method)
+    (owner.node if is_method else parsed.module).visit(finder)
+    return finder.calls
+
+
+class _CallSiteFinder(cst.CSTVisitor):
+    def __init__(self, name: str, is_method: bool) -> None:
+        self.name, self.is_method, self.calls = name, is_method, []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if self.is_method:
+            hit = isinstance(func, cst.Attribute) and func.attr.value == self.name and \
+                isinstance(func.value, cst.Name) and func.value.value == "self"
+        else:
+            hit = isinstance(func, cst.Name) and func.value == self.name
+        if hit:
+            self.calls.append(node)
+
+
+def _is_atom_node(node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or \
+        bool(getattr(node, "lpar", ()))
 
 
 def _unique(items: list) -> list:

@@ -44,6 +44,20 @@ class FunctionFlow:
     guards_of: dict[cst.CSTNode, tuple[cst.If, ...]] = field(default_factory=dict)  # small statement -> ifs
     graph: nx.DiGraph = field(default_factory=nx.DiGraph)
 
+    def merged_with(self, other: "FunctionFlow") -> "FunctionFlow":
+        """A view over both functions: every map is keyed by node or by file-unique id, so a union is exact."""
+        view = FunctionFlow(self.function)
+        for part in (self, other):
+            view.definitions.update(part.definitions)
+            view.reaching.update(part.reaching)
+            view.env_before.update(part.env_before)
+            view.statement_of.update(part.statement_of)
+            view.guards_of.update(part.guards_of)
+            for def_id, reads in part.reads.items():
+                view.reads.setdefault(def_id, []).extend(reads)
+        view.graph = nx.compose(self.graph, other.graph)
+        return view
+
     def definitions_of(self, read: cst.Name) -> list[Definition]:
         return [self.definitions[i] for i in sorted(self.reaching.get(read, ())) if i != UNDEFINED]
 
@@ -135,9 +149,9 @@ def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
 class _FlowBuilder:
     """Walks a function body once, in order, threading the environment of reaching definitions."""
 
-    def __init__(self, function: cst.FunctionDef) -> None:
+    def __init__(self, function: cst.FunctionDef, first_id: int) -> None:
         self.flow = FunctionFlow(function)
-        self._next_id = 0
+        self._next_id = first_id
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -309,5 +323,7 @@ def _merge(left: Env, right: Env) -> Env:
     return merged
 
 
-def build_flow(function: cst.FunctionDef) -> FunctionFlow:
-    return _FlowBuilder(function).build()
+def build_flow(function: cst.FunctionDef, first_id: int = 0) -> FunctionFlow:
+    """Definition ids start at `first_id`: give each function of a file its own range, so that flows of a
+    caller and a callee can be merged into one view when attention is split across them."""
+    return _FlowBuilder(function, first_id).build()

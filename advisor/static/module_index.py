@@ -99,7 +99,8 @@ class ParsedModule:
 
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:
-            self._flows[function] = build_flow(function)
+            first_id = 1_000_000 * len(self._flows)  # file-unique ids: flows of two functions can merge
+            self._flows[function] = build_flow(function, first_id)
         return self._flows[function]
 
     @cached_property
