@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 
 from rich.console import Console
 
 from advisor.report.profile_console import print_measured
+from advisor.report.terminal import stdout_console
 from advisor.runtime.analyze import analyze_path
 
 
@@ -28,6 +28,6 @@ def run(args) -> int:
     summary = [f"{len(report.traces)} trace(s), rank(s) {', '.join(map(str, ranks))}",
                "time by category: " + ", ".join(f"{row['category']} {row['share']:.0%}" for row in report.breakdown)]
     summary += [f"[dim]could not determine: {note}[/dim]" for note in report.limitations]
-    print_measured(Console(file=sys.stdout, highlight=False), "advisor analyze: findings (mean per rank and step)",
+    print_measured(stdout_console(), "advisor analyze: findings (mean per rank and step)",
                    report.findings, summary)
     return 1 if report.findings else 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 from rich.progress import Progress
 
@@ -33,7 +31,3 @@ def run_scan(args) -> ScanResult:
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result
-
-
-def stdout_console() -> Console:
-    return Console(file=sys.stdout, highlight=False)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rich.prompt import Prompt
 
-from advisor.commands.common import add_selection_arguments, run_scan, stdout_console
+from advisor.commands.common import add_selection_arguments, run_scan
+from advisor.report.terminal import stdout_console
 from advisor.errors import AdvisorError
 from advisor.findings import display_path
 from advisor.report.findings_console import print_diff

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 
 from rich.console import Console
 
 from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
+from advisor.report.terminal import stdout_console
 from advisor.runtime.profile import profile_workload
 from advisor.workload_loader import load_workload
 
@@ -42,6 +42,6 @@ def run(args) -> int:
             "(statement or function)"]
         if args.trace:
             summary.append(f"Chrome trace written to {display_path(args.trace)}")
-        print_measured(Console(file=sys.stdout, highlight=False), "advisor profile: measured findings",
+        print_measured(stdout_console(), "advisor profile: measured findings",
                        report.findings, summary)
     return 1 if report.findings else 0

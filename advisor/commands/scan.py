@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from advisor.commands.common import add_selection_arguments, run_scan, stdout_console
+from advisor.commands.common import add_selection_arguments, run_scan
+from advisor.report.terminal import stdout_console
 from advisor.report.findings_console import print_diff, print_findings
 from advisor.report.sarif import to_sarif
 

@@ -6,12 +6,13 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from advisor.findings import Finding, ScanError, display_path
+from advisor.findings import Finding, ScanError
+from advisor.report.terminal import short_path
 
 
 def print_findings(console: Console, findings: list[Finding], errors: list[ScanError], files_scanned: int) -> None:
     for error in errors:
-        console.print(f"[red]error[/red] {display_path(error.path)}: {error.message}", highlight=False)
+        console.print(f"[red]error[/red] {short_path(error.path)}: {error.message}", highlight=False)
     if findings:
         table = Table(title=f"advisor: {len(findings)} finding(s) in {files_scanned} file(s)")
         for column in ("location", "rule", "fix", "what"):
@@ -23,7 +24,7 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
             if "self_us" in finding.extra:
                 what += (f"\n[bold]measured: {finding.extra['self_us'] / 1000:.3f} ms/step, "
                          f"{finding.extra['share']:.1%} of the step[/bold]")
-            location = f"{display_path(finding.path)}:{finding.line}\n[dim]{finding.function}[/dim]"
+            location = f"{short_path(finding.path)}:{finding.line}\n[dim]{finding.function}[/dim]"
             table.add_row(location, finding.rule, fix, what)
         console.print(table)
     else:

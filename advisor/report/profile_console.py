@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from advisor.findings import Finding, display_path
+from advisor.findings import Finding
+from advisor.report.terminal import short_path
 
 
 def _us(value: float) -> str:
@@ -25,7 +26,7 @@ def print_measured(console: Console, title: str, findings: list[Finding], summar
     for finding in findings:
         extra = finding.extra
         span = f"{finding.line}" if finding.end_line == finding.line else f"{finding.line}-{finding.end_line}"
-        location = f"{display_path(finding.path)}:{span}\n[dim]{finding.function}[/dim]"
+        location = f"{short_path(finding.path)}:{span}\n[dim]{finding.function}[/dim]"
         share = f"{extra.get('share', 0.0):.1%}"
         if extra.get("negligible"):
             share = f"[dim]{share} (negligible)[/dim]"
