@@ -232,6 +232,7 @@ class _FunctionMatcher:
         chain = _Chain()
         self._chain = chain
         self._absorbed: set[cst.Name] = set()
+        self._factor_guards: dict[cst.CSTNode, cst.If] = {}
         self._views: list[tuple[int, Op]] = []  # reads that vanish with the rewrite (cast targets, fill dtypes)
         core = self._peel_scores(softmax.operands[0], chain)
         ndim = self._core_roles(core, chain, match)
@@ -353,10 +354,13 @@ class _FunctionMatcher:
             if not self.values.is_scalar(factor):
                 raise Refusal(f"the scores are scaled by `{self._short(factor)}`, which is not provably a Python "
                               f"number (SDPA's scale must be one)")
-            if guard is not None:
-                raise Refusal("the scale is applied conditionally")
+            if guard is not None and _has_call(guard.test):
+                raise Refusal(f"the scale is applied under `if {self._short(guard.test)}`, a condition that "
+                              f"calls a function and cannot be re-evaluated")
             op.params["factor"] = factor
-            chain.ops.append((op, None))
+            if guard is not None:  # becomes `(factor if <test> else 1.0)`
+                self._factor_guards[factor] = guard
+            chain.ops.append((op, guard))
             return tensor
         if op.name in ("masked_fill", "view"):
             chain.ops.append((op, guard))
@@ -670,7 +674,10 @@ class _FunctionMatcher:
         continuing, others = [], []
         for read in self.flow.reads_of(definition):
             if self.flow.reaching.get(read) != frozenset({definition.id}):
-                raise Refusal("the attention weights are modified conditionally before the value product")
+                guarded = [self.flow.definitions[i] for i in self.flow.reaching.get(read, ()) if i != UNDEFINED
+                           and self.flow.definitions[i].guards]
+                where = f" under `if {self._short(guarded[-1].guards[-1].test)}`" if guarded else ""
+                raise Refusal(f"the attention weights are reassigned{where} before the value product")
             consumer, op = self._consumers(read)[0]
             if isinstance(self.parsed.parents.get(read), cst.Return) and not self._inlined and \
                     _calls_to(self.parsed, self.function, self.owner):
@@ -763,7 +770,8 @@ class _FunctionMatcher:
             match.masks.append(term)
         match.scale = self._scale_code(match)
         for factor in self._factors:
-            self._leaf_nodes.append(factor[1])
+            self._leaf_nodes.append(self.values.scalar_expression(factor[1]))
+        self._leaf_nodes.extend(guard.test for guard in self._factor_guards.values())
         for term in match.masks:
             if term.scaled_after and term.kind != "keep" and term.kind != "causal":
                 raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
@@ -947,11 +955,14 @@ class _FunctionMatcher:
     def _scale_code(self, match: AttentionMatch) -> str | None:
         if not self._factors:
             return "1.0"
-        if len(self._factors) == 1 and self._is_default_scale(match, *self._factors[0]):
+        if len(self._factors) == 1 and not self._factor_guards and self._is_default_scale(match, *self._factors[0]):
             return None
         parts, divisors = [], []
         for kind, factor in self._factors:
-            (parts if kind == "mul" else divisors).append(_atom(self._render(factor)))
+            code = self._render(self.values.scalar_expression(factor))
+            if factor in self._factor_guards:
+                code = f"({code} if {self._render(self._factor_guards[factor].test)} else 1.0)"
+            (parts if kind == "mul" else divisors).append(_atom(code))
         numerator = " * ".join(parts) if parts else "1.0"
         return numerator + "".join(f" / {d}" for d in divisors)
 
@@ -1075,6 +1086,16 @@ class _Replace(cst.CSTTransformer):
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         return self.replacements.get(original_node, updated_node)
+
+
+def _has_call(node: cst.CSTNode) -> bool:
+    return any(isinstance(n, cst.Call) for n in _walk(node))
+
+
+def _walk(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _walk(child)
 
 
 def _single_return(function: cst.FunctionDef) -> cst.Return | None:

@@ -41,6 +41,8 @@ class ValueProver:
             return self.is_scalar(node.left, depth + 1) and self.is_scalar(node.right, depth + 1)
         if isinstance(node, cst.Call):
             dotted = self.parsed.imported_name(node.func)
+            if self.scalar_expression(node) is not node:
+                return self.is_scalar(self.scalar_expression(node), depth + 1)
             if dotted in SCALAR_FUNCTIONS:
                 return all(self.is_scalar(a.value, depth + 1) or self._is_size(a.value) for a in node.args)
             return self._is_size(node) or self._helper_returns_scalar(node, depth)
@@ -51,6 +53,20 @@ class ValueProver:
         if isinstance(node, cst.Attribute):
             return self._attribute_is_scalar(node, depth)
         return False
+
+    def scalar_expression(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """The Python number inside a 0-dim tensor built from it (`torch.full([], x, ...)`,
+        `torch.tensor(x)`): SDPA's scale must be that number, not the tensor."""
+        if not isinstance(node, cst.Call):
+            return node
+        dotted = self.parsed.imported_name(node.func)
+        positional = [a.value for a in node.args if a.keyword is None]
+        if dotted == "torch.full" and len(positional) >= 2 and isinstance(positional[0], (cst.List, cst.Tuple)) \
+                and not positional[0].elements:
+            return positional[1]
+        if dotted == "torch.tensor" and len(positional) == 1:
+            return positional[0]
+        return node
 
     @staticmethod
     def _is_shape(node: cst.BaseExpression) -> bool:
