@@ -575,6 +575,7 @@ class _FunctionMatcher:
         k_suffix = es.permutation_suffix(layout.k_order, self._has_ellipsis)
         if q_suffix is None or k_suffix is None:
             raise Refusal("the einsum moves an ellipsis axis")
+        k_suffix += es.broadcast_suffix(layout.k_unsqueeze)
         match.query, match.key = self._render(q_leaf, q_suffix), self._render(k_leaf, k_suffix)
         self._leaf_nodes = [q_leaf, k_leaf]
         return None if self._has_ellipsis else layout.ndim
@@ -717,7 +718,7 @@ class _FunctionMatcher:
             out_suffix = es.permutation_suffix(layout.out_order, self._has_ellipsis)
             if v_suffix is None or out_suffix is None:
                 raise Refusal("the einsum moves an ellipsis axis")
-            match.value = self._render(value_node, v_suffix)
+            match.value = self._render(value_node, v_suffix + es.broadcast_suffix(layout.v_unsqueeze))
             match.output_suffix = out_suffix
         elif core.name == "einsum" and self._layout.ndim != (self._ndim(value_node) or self._layout.ndim):
             raise Refusal("V's rank differs from the scores' rank")
@@ -793,7 +794,7 @@ class _FunctionMatcher:
             raise Refusal(f"the mask fill value `{self._short(fill)}` is not provably -inf or a large negative "
                           f"number")
         keep = self._render(masked) if keep_given else _negate(self.parsed, masked)
-        nodes = [masked, fill]
+        nodes = [masked]  # the fill is not emitted for boolean and causal masks
         if self._is_causal_keep(keep, masked, keep_given):
             return MaskTerm("causal", keep, guard=guard, nodes=nodes)
         if kind == "neginf":
@@ -843,8 +844,7 @@ class _FunctionMatcher:
             definitions = self.flow.definitions_of(base)
             if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
                 return False
-            return _is_tril_square(self.parsed, definitions[0].value, None) is not None and \
-                self._polarity_is_lower(masked, keep_given)
+            return self._causal_polarity(_triangle(self.parsed, definitions[0].value), masked, keep_given)
         if isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) \
                 and isinstance(base.value.value, cst.Name) and base.value.value.value == "self" and self.owner:
             built = self.owner.only_value(base.value.attr.value)
@@ -857,17 +857,20 @@ class _FunctionMatcher:
             bounds = [_upper_bound(self.parsed, s) for s in last_two]
             if None in bounds or bounds[0] != bounds[1]:
                 return False
-            return _is_tril_square(self.parsed, built, None, buffer=True) is not None and \
-                self._polarity_is_lower(masked, keep_given)
+            return self._causal_polarity(_triangle(self.parsed, built), masked, keep_given)
+        if isinstance(base, cst.Call):
+            return self._causal_polarity(_triangle(self.parsed, base), masked, keep_given)
         return False
 
-    def _polarity_is_lower(self, masked: cst.BaseExpression, keep_given: bool) -> bool:
-        """tril(ones) holds 1 where attended: the original must mask where it is 0 (or keep where it is 1)."""
+    def _causal_polarity(self, triangle: str | None, masked: cst.BaseExpression, keep_given: bool) -> bool:
+        """A lower triangle of ones marks attended positions, an upper one (diagonal=1) masked ones; the
+        original must use it in the matching polarity (`== 0` and `~` flip it)."""
+        if triangle is None:
+            return False
         text = self.parsed.code(masked).replace(" ", "")
-        attended_when_true = (text.endswith("!=0") or text.endswith("==1") or text.endswith(".bool()")
-                              or text.endswith(">0"))
-        masked_when_true = text.endswith("==0") or text.startswith("~") or text.endswith("<1")
-        return (keep_given and attended_when_true) or (not keep_given and masked_when_true)
+        flipped = text.endswith("==0") or text.startswith("~") or text.endswith("<1")
+        true_means_attend = (triangle == "lower") != flipped
+        return true_means_attend == keep_given
 
     def _assemble_mask(self, match: AttentionMatch) -> None:
         """One `attn_mask` (or `is_causal`) equal to the original's masks in SDPA's polarity."""
@@ -1210,8 +1213,9 @@ def _upper_bound(parsed: ParsedModule, element: cst.SubscriptElement) -> str | N
     return None
 
 
-def _is_tril_square(parsed: ParsedModule, node: cst.BaseExpression, size: str | None, buffer: bool = False):
-    """`torch.tril(torch.ones(n, n))` (then views/casts/bool): return the size code, else None."""
+def _triangle(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
+    """'lower' for `torch.tril(torch.ones(n, n))`, 'upper' for `torch.triu(torch.ones(n, n), diagonal=1)`
+    (either spelling, then views/casts/bool/None-indexing); None for anything else, including non-squares."""
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
             node.func.attr.value in ("view", "reshape", "bool", "to", "unsqueeze", "float", "byte", "int", "expand") \
             and isinstance(node.func.value, (cst.Call, cst.Subscript)):
@@ -1223,13 +1227,16 @@ def _is_tril_square(parsed: ParsedModule, node: cst.BaseExpression, size: str | 
     if not isinstance(node, cst.Call):
         return None
     dotted = parsed.imported_name(node.func)
-    if dotted == "torch.tril" and node.args:
-        inner, diagonal = node.args[0].value, (node.args[1].value if len(node.args) > 1 else None)
-    elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "tril" and dotted is None:
-        inner, diagonal = node.func.value, (node.args[0].value if node.args else None)
+    if dotted in ("torch.tril", "torch.triu") and node.args:
+        kind, inner = dotted[-4:], node.args[0].value
+        diagonal = next((a.value for a in node.args[1:] if a.keyword is None or a.keyword.value == "diagonal"), None)
+    elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("tril", "triu") and dotted is None:
+        kind, inner = node.func.attr.value, node.func.value
+        diagonal = next((a.value for a in node.args if a.keyword is None or a.keyword.value == "diagonal"), None)
     else:
         return None
-    if diagonal is not None and number_value(diagonal) != 0:
+    wanted_diagonal = 0 if kind == "tril" else 1
+    if (number_value(diagonal) if diagonal is not None else 0) != wanted_diagonal:
         return None
     if not (isinstance(inner, cst.Call) and parsed.imported_name(inner.func) == "torch.ones"):
         return None
@@ -1239,7 +1246,7 @@ def _is_tril_square(parsed: ParsedModule, node: cst.BaseExpression, size: str | 
     codes = [parsed.code(a.value).replace(" ", "") for a in sizes]
     if len(codes) != 2 or codes[0] != codes[1]:
         return None
-    return codes[0]
+    return "lower" if kind == "tril" else "upper"
 
 
 def _einops_rank(pattern: str) -> int | None:

@@ -50,32 +50,38 @@ class ScoreLayout:
     query_axis: str
     key_axis: str
     q_order: list[int]  # permutation taking q to (batch..., query, head_dim)
-    k_order: list[int]  # permutation taking k to (batch..., key, head_dim)
+    k_order: list[int]  # permutation taking k to (its batch..., key, head_dim)
     ndim: int
+    k_unsqueeze: list[int]  # batch positions K lacks (shared across heads, MQA): broadcast there
 
 
 def score_layout(q_axes: list[str], k_axes: list[str], out_axes: list[str]) -> ScoreLayout:
-    contracted = [a for a in q_axes if a in k_axes and a not in out_axes]
-    queries = [a for a in q_axes if a in out_axes and a not in k_axes]
-    keys = [a for a in k_axes if a in out_axes and a not in q_axes]
-    batch = [a for a in out_axes if a in q_axes and a in k_axes]
-    if len(contracted) != 1 or len(queries) != 1 or len(keys) != 1:
-        raise EinsumMismatch("the einsum is not a product over exactly one head dimension")
     if any(len(axes) != len(set(axes)) for axes in (q_axes, k_axes, out_axes)):
         raise EinsumMismatch("the einsum repeats an axis (a diagonal)")
-    if len(q_axes) != len(batch) + 2 or len(k_axes) != len(batch) + 2 or len(out_axes) != len(batch) + 2:
-        raise EinsumMismatch("Q and K do not share all batch and head axes")
-    if out_axes[-2:] != [queries[0], keys[0]]:
+    if len(out_axes) < 2:
+        raise EinsumMismatch("the scores have fewer than two axes")
+    query, key, batch = out_axes[-2], out_axes[-1], out_axes[:-2]
+    if query not in q_axes or query in k_axes or key not in k_axes or key in q_axes:
         raise EinsumMismatch("the scores are not laid out as (..., query, key)")
-    return ScoreLayout(batch, queries[0], keys[0],
-                       [q_axes.index(a) for a in batch + [queries[0], contracted[0]]],
-                       [k_axes.index(a) for a in batch + [keys[0], contracted[0]]], len(out_axes))
+    contracted = [a for a in q_axes if a in k_axes and a not in out_axes]
+    if len(contracted) != 1:
+        raise EinsumMismatch("the einsum is not a product over exactly one head dimension")
+    k_batch = [a for a in batch if a in k_axes]
+    if any(a not in q_axes for a in batch) or len(q_axes) != len(batch) + 2 or len(k_axes) != len(k_batch) + 2:
+        raise EinsumMismatch("Q and K do not share their batch and head axes")
+    missing = [i for i, a in enumerate(batch) if a not in k_axes]
+    if missing and ELLIPSIS in out_axes:
+        raise EinsumMismatch("K lacks a batch axis next to an ellipsis")
+    return ScoreLayout(batch, query, key,
+                       [q_axes.index(a) for a in batch + [query, contracted[0]]],
+                       [k_axes.index(a) for a in k_batch + [key, contracted[0]]], len(out_axes), missing)
 
 
 @dataclass
 class ValueLayout:
-    v_order: list[int]  # permutation taking v to (batch..., key, value_dim)
+    v_order: list[int]  # permutation taking v to (its batch..., key, value_dim)
     out_order: list[int]  # permutation taking SDPA's (batch..., query, value_dim) to the einsum's output
+    v_unsqueeze: list[int]  # batch positions V lacks (shared across heads): broadcast there
 
 
 def value_layout(scores: ScoreLayout, p_axes: list[str], v_axes: list[str], out_axes: list[str]) -> ValueLayout:
@@ -86,15 +92,25 @@ def value_layout(scores: ScoreLayout, p_axes: list[str], v_axes: list[str], out_
     batch = [a for a in p_axes if roles[a] in scores.batch]
     query, key = p_axes[-2], p_axes[-1]
     value_dims = [a for a in v_axes if a not in p_axes]
-    if len(value_dims) != 1 or len(v_axes) != len(batch) + 2 or set(v_axes) != set(batch) | {key} | set(value_dims):
+    v_batch = [a for a in batch if a in v_axes]
+    if len(value_dims) != 1 or len(v_axes) != len(v_batch) + 2 or \
+            set(v_axes) != set(v_batch) | {key} | set(value_dims):
         raise EinsumMismatch("V is not laid out as (batch..., key, value_dim) up to a permutation")
+    missing = [i for i, a in enumerate(batch) if a not in v_axes]
+    if missing and ELLIPSIS in out_axes:
+        raise EinsumMismatch("V lacks a batch axis next to an ellipsis")
     if len(out_axes) != len(batch) + 2 or set(out_axes) != set(batch) | {query} | set(value_dims):
         raise EinsumMismatch("the output is not (batch..., query, value_dim) up to a permutation")
     if key in out_axes:
         raise EinsumMismatch("the key axis is not summed over")
     sdpa_order = batch + [query, value_dims[0]]
-    return ValueLayout([v_axes.index(a) for a in batch + [key, value_dims[0]]],
-                       [sdpa_order.index(a) for a in out_axes])
+    return ValueLayout([v_axes.index(a) for a in v_batch + [key, value_dims[0]]],
+                       [sdpa_order.index(a) for a in out_axes], missing)
+
+
+def broadcast_suffix(positions: list[int]) -> str:
+    """`.unsqueeze(i)` for each batch axis an operand lacks; SDPA broadcasts it like the einsum did."""
+    return "".join(f".unsqueeze({i})" for i in sorted(positions))
 
 
 def permutation_suffix(order: list[int], has_ellipsis: bool) -> str | None:
