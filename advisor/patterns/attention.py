@@ -35,7 +35,7 @@ class MaskTerm:
     fill: str | None = None
     guard: cst.If | None = None
     statement: cst.CSTNode | None = None  # where the original applies it
-    reshape: tuple[str, str] | None = None  # (expand shape, reshape shape) when applied to a view
+    reshape: tuple[str, str, bool] | None = None  # (expand shape, reshape shape, has -1) when applied to a view
     scaled_after: bool = False
     nodes: list[cst.CSTNode] = field(default_factory=list)
 
@@ -226,6 +226,7 @@ class _FunctionMatcher:
 
     # -- the proof -----------------------------------------------------------------------------------
     def _prove(self, softmax: Op, match: AttentionMatch) -> None:
+        self._match = match
         self.home, self._inlined = self.function, {}
         self.flow = self.parsed.flow(self.function)
         self.values = ValueProver(self.parsed, self.flow, self.owner)
@@ -807,11 +808,10 @@ class _FunctionMatcher:
         becomes `mask.expand(b, h, L, S).reshape(b*h, L, S)`: the same values in SDPA's layout."""
         (_, expand), (_, collapse) = self._views
         shapes = [expand.params["shape"], collapse.params["shape"]]
-        if any(number_value(dim) == -1 for shape in shapes for dim in shape):
-            raise Refusal("the scores are reshaped with an inferred (-1) dimension")
         if term.kind == "causal":
             term.kind = "keep"
-        term.reshape = tuple(", ".join(self.parsed.code(d) for d in shape) for shape in shapes)
+        inferred = any(number_value(dim) == -1 for dim in shapes[0])  # expand() cannot infer a size
+        term.reshape = tuple(", ".join(self._render(d) for d in shape) for shape in shapes) + (inferred,)
         term.nodes.extend(dim for shape in shapes for dim in shape)
 
     def _render_fill(self, fill: cst.BaseExpression) -> str:
@@ -906,13 +906,15 @@ class _FunctionMatcher:
             raise Refusal("a conditional mask is applied inside a helper, and helpers are never edited")
         variable = self._fresh_name("attn_mask")
         first = terms[0]
-        match.hoist_anchor = first.guard if first.guard is not None else first.statement
-        match.hoist_init = f"{variable} = None"
+        if first.guard is not None:  # the variable must exist when that `if` is not taken
+            match.hoist_anchor, match.hoist_init = first.guard, f"{variable} = None"
         for position, term in enumerate(terms):
             if len(terms) == 1:
                 match.hoisted[term.statement] = f"{variable} = {self._term_code(term)}"
-            elif position == 0:  # right after `variable = None`
+            elif position == 0:
                 match.hoisted[term.statement] = f"{variable} = {self._additive_code(term)}"
+            elif first.guard is None:  # assigned unconditionally by the first term
+                match.hoisted[term.statement] = f"{variable} = {variable} + {_atom(self._additive_code(term))}"
             else:
                 code = _atom(self._additive_code(term))
                 match.hoisted[term.statement] = f"{variable} = {code} if {variable} is None else {variable} + {code}"
@@ -947,7 +949,16 @@ class _FunctionMatcher:
         code = self._term_values(term)
         if term.reshape is None:
             return code
-        return f"{_atom(code)}.expand({term.reshape[0]}).reshape({term.reshape[1]})"
+        expand, collapse, inferred = term.reshape
+        if not inferred:
+            return f"{_atom(code)}.expand({expand}).reshape({collapse})"
+        # `scores.view(-1, w, h, L, S) + mask`: broadcast against a tensor of the scores' shape instead
+        query, key = _atom(self._match.query), _atom(self._match.key)
+        shape = f"(*{query}.shape[:-1], {key}.shape[-2])"
+        if term.kind in ("float", "finite"):
+            return f"({query}.new_zeros({shape}).view({expand}) + {_atom(code)}).view({collapse})"
+        torch_name, _ = self._torch_and_query()
+        return f"({query}.new_ones({shape}, dtype={torch_name}.bool).view({expand}) & {_atom(code)}).view({collapse})"
 
     def _term_values(self, term: MaskTerm) -> str:
         if term.kind != "finite":
