@@ -125,11 +125,14 @@ class _FunctionMatcher:
     def run(self) -> list[AttentionMatch]:
         collector = _SoftmaxCollector(self.reader, self.function)
         self.function.visit(collector)
-        results = []
+        results, claimed = [], set()
         for softmax in collector.found:
+            if self._statement(softmax.node) in claimed:
+                continue  # the twin softmax of an if/else already matched with its sibling
             match = self._match(softmax)
             if match is not None:
                 results.append(match)
+                claimed.update(match.removed)
         return results
 
     # -- one candidate -----------------------------------------------------------------------------
@@ -235,6 +238,7 @@ class _FunctionMatcher:
         self._absorbed: set[cst.Name] = set()
         self._factor_guards: dict[cst.CSTNode, cst.If] = {}
         self._views: list[tuple[int, Op]] = []  # reads that vanish with the rewrite (cast targets, fill dtypes)
+        self._twin = self._twin_softmax(softmax)
         core = self._peel_scores(softmax.operands[0], chain)
         ndim = self._core_roles(core, chain, match)
         self._check_softmax_dim(softmax, ndim)
@@ -264,6 +268,31 @@ class _FunctionMatcher:
         self._check_bindings(match, output_statement)
         self._check_escapes(match)
 
+    def _twin_softmax(self, softmax: Op) -> Definition | None:
+        """`if mask is not None: ...; s = self.softmax(s)` / `else: s = self.softmax(s)` (Swin): the same
+        softmax closing both branches is one softmax after the `if`. Returns the else branch's definition."""
+        statement = self._statement(softmax.node)
+        parent_block = self.parsed.parents.get(self.parsed.parents.get(statement))
+        guard = self.parsed.parents.get(parent_block) if parent_block is not None else None
+        if not isinstance(guard, cst.If) or not isinstance(guard.orelse, cst.Else) or guard.body is not parent_block:
+            return None
+        if not isinstance(statement, cst.Assign) or not isinstance(softmax.operands[0], cst.Name):
+            return None
+        last_if = guard.body.body[-1]
+        last_else = guard.orelse.body.body[-1]
+        if not (isinstance(last_if, cst.SimpleStatementLine) and last_if.body[-1] is statement and
+                isinstance(last_else, cst.SimpleStatementLine) and isinstance(last_else.body[-1], cst.Assign)):
+            return None
+        other = last_else.body[-1]
+        if " ".join(self.parsed.code(other).split()) != " ".join(self.parsed.code(statement).split()):
+            return None
+        twin = [d for d in self.flow.definitions.values() if d.statement is other and d.index is None]
+        other_op = self.reader.read(other.value)
+        if len(twin) != 1 or other_op is None or not isinstance(other_op.operands[0], cst.Name):
+            return None
+        self._twin_input = other_op.operands[0]
+        return twin[0]
+
     # backward: softmax input -> Q·K^T ---------------------------------------------------------------
     def _peel_scores(self, node: cst.BaseExpression, chain: _Chain) -> Op:
         """Walk from the softmax input down to the Q·K^T product, recording every op on the way.
@@ -271,6 +300,10 @@ class _FunctionMatcher:
         the guard, until the walk leaves the `if` back to the value the `if` started from."""
         guard: cst.If | None = None
         entry: frozenset[int] | None = None  # what the walk must reach when it leaves the guard
+        if self._twin is not None:  # `if c: ...; s = softmax(s) else: s = softmax(s)`: start inside the if
+            guard, entry = self._twin.guards[-1], frozenset(self.flow.reaching[self._twin_input])
+            chain.definitions.append(self._twin)
+            chain.reads.add(self._twin_input)
         cursor: cst.BaseExpression | Op | frozenset[int] = node
         for _ in range(MAX_CHAIN):
             if isinstance(cursor, cst.Name):
@@ -675,7 +708,8 @@ class _FunctionMatcher:
         """Of the reads of a weights variable, the one that continues the block; the others escape it."""
         continuing, others = [], []
         for read in self.flow.reads_of(definition):
-            if self.flow.reaching.get(read) != frozenset({definition.id}):
+            twin = {self._twin.id} if self._twin is not None and definition.id not in {self._twin.id} else set()
+            if self.flow.reaching.get(read) not in (frozenset({definition.id}), frozenset({definition.id} | twin)):
                 guarded = [self.flow.definitions[i] for i in self.flow.reaching.get(read, ()) if i != UNDEFINED
                            and self.flow.definitions[i].guards]
                 where = f" under `if {self._short(guarded[-1].guards[-1].test)}`" if guarded else ""

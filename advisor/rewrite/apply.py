@@ -80,6 +80,8 @@ class _Editor(cst.CSTTransformer):
         return updated_node.with_changes(body=kept)
 
     def leave_If(self, original_node, updated_node):
+        if isinstance(updated_node.orelse, cst.Else) and _is_empty(updated_node.orelse.body):
+            updated_node = updated_node.with_changes(orelse=None)  # `else:` left with nothing to do
         if _is_empty(updated_node.body) and updated_node.orelse is None and not _has_call(original_node.test):
             return cst.RemoveFromParent()
         updated_node = updated_node.with_changes(body=_filled(updated_node.body))
@@ -89,9 +91,6 @@ class _Editor(cst.CSTTransformer):
         if original_node in self.hoists:  # the mask variable must exist when an `if` is not taken
             return cst.FlattenSentinel([self.hoists[original_node], updated_node])
         return updated_node
-
-    def leave_Else(self, original_node, updated_node):
-        return updated_node.with_changes(body=_filled(updated_node.body))
 
     def _fill_body(self, original_node, updated_node):
         return updated_node.with_changes(body=_filled(updated_node.body))
