@@ -153,6 +153,8 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | Sc
         return ScanError(path, f"syntax error at line {exc.raw_line}: {exc.message}")
     except RecursionError:
         return ScanError(path, "file too deeply nested to analyse")
+    except Exception as exc:  # noqa: BLE001 - a bug of ours on one file must not stop the scan
+        return ScanError(path, f"internal error while analysing ({type(exc).__name__}: {exc}); please report it")
 
 
 def _syntax_error(text: str, path: str) -> ScanError | None:

@@ -229,7 +229,7 @@ class _FunctionMatcher:
 
     # -- the proof -----------------------------------------------------------------------------------
     def _prove(self, softmax: Op, match: AttentionMatch) -> None:
-        self._match = match
+        self._current = match
         self.home, self._inlined = self.function, {}
         self.flow = self.parsed.flow(self.function)
         self.values = ValueProver(self.parsed, self.flow, self.owner)
@@ -987,7 +987,7 @@ class _FunctionMatcher:
         if not inferred:
             return f"{_atom(code)}.expand({expand}).reshape({collapse})"
         # `scores.view(-1, w, h, L, S) + mask`: broadcast against a tensor of the scores' shape instead
-        query, key = _atom(self._match.query), _atom(self._match.key)
+        query, key = _atom(self._current.query), _atom(self._current.key)
         shape = f"(*{query}.shape[:-1], {key}.shape[-2])"
         if term.kind in ("float", "finite"):
             return f"({query}.new_zeros({shape}).view({expand}) + {_atom(code)}).view({collapse})"
