@@ -1,7 +1,7 @@
 """Print how much profiling costs relative to running the same steps unprofiled, side by side in one process.
 
-For each bundled fixture: N unprofiled steps vs. what `advisor profile` adds for those N steps (profiler with
-shapes, stacks and memory over N steps plus its warm-up step, event rebuild, one recorded step of the op
+For each bundled fixture: N unprofiled steps vs. what `advisor profile` adds for those N steps in eval mode
+without --trace (profiler over N steps plus its warm-up step, event rebuild, one recorded step of the op
 graph, attribution and detection). Runs alternate, and the median of the per-pair ratios is printed. The
 profiler's one-time start-up (Kineto initialisation, paid once per process) is measured and printed apart.
 

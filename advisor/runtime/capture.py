@@ -41,12 +41,19 @@ def time_steps(prepared: PreparedStep, steps: int) -> list[float]:
 
 
 def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None = None):
-    """torch.profiler with shapes, verbose Python stacks (needed for aten op stacks) and memory, one warm-up step."""
+    """torch.profiler over the steps after one warm-up step, recording only what will be read back.
+
+    Python stacks (verbose, so aten ops carry them) and input shapes roughly double the profiler's cost. A live
+    eval run needs neither: every forward op is joined to a recorded statement. Backward ops are not in the
+    recorded forward graph, so --train keeps stacks for function-level attribution, and a --trace file keeps both
+    for `advisor analyze`, whose detectors read shapes and stacks from the trace. Memory events are never read.
+    """
     activities = [ProfilerActivity.CPU]
     if prepared.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    config = torch._C._profiler._ExperimentalConfig(verbose=True)
-    with profile(activities=activities, record_shapes=True, with_stack=True, profile_memory=True,
+    stacks = prepared.train or trace_path is not None
+    config = torch._C._profiler._ExperimentalConfig(verbose=True) if stacks else None
+    with profile(activities=activities, record_shapes=trace_path is not None, with_stack=stacks,
                  experimental_config=config, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
         for _ in range(steps + 1):
             prepared.step()

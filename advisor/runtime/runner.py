@@ -20,6 +20,7 @@ class PreparedStep:
     device: torch.device
     dtype: torch.dtype | None
     sync: Callable[[], None]
+    train: bool = False
 
 
 def resolve_device(requested: str | None) -> torch.device:
@@ -66,7 +67,7 @@ def prepare(workload: Workload, device: str | None = None, dtype: str | torch.dt
                 model.zero_grad(set_to_none=True)
             return loss
         recorded_forward = forward
-    return PreparedStep(model, recorded_forward, step, target_device, target_dtype, sync)
+    return PreparedStep(model, recorded_forward, step, target_device, target_dtype, sync, train)
 
 
 def check_runs(prepared: PreparedStep, target: str) -> None:

@@ -15,7 +15,11 @@ from difflib import SequenceMatcher
 
 from advisor.runtime.events import OpEvent, resolve_path
 from advisor.runtime.frames import Location
-from advisor.runtime.recorder import OpGraph
+from advisor.runtime.recorder import Call, OpGraph
+
+# The aten op the profiler shows for a watched call that dispatched nothing.
+_QUIET_OP = {"contiguous": "aten::contiguous", "to": "aten::to", "float": "aten::to", "half": "aten::to",
+             "bfloat16": "aten::to", "double": "aten::to", "type_as": "aten::to"}
 
 
 @dataclass
@@ -44,22 +48,41 @@ class Timing:
                 sum(self.node_calls.get(n, 0.0) for n in nodes))
 
 
-def align(events: list[OpEvent], graph: OpGraph) -> dict[int, int]:
-    """event index -> recorded node, for every profiled step."""
-    nodes = sorted(graph.graph.nodes)
-    names = ["aten::" + graph.op(n)["op"] for n in nodes]
-    visible = set(names)
+def align(events: list[OpEvent], graph: OpGraph) -> dict[int, int | Call]:
+    """event index -> recorded node (or watched call that dispatched nothing), for every profiled step."""
+    sequence = _recorded_sequence(graph)
+    names = [name for name, _ in sequence]
+    visible = {"aten::" + graph.op(n)["op"] for n in graph.graph.nodes}
+    quiet = set(names) - visible
+    has_children = {e.parent for e in events}
     by_step: dict[int, list[int]] = defaultdict(list)
     for i, event in enumerate(events):
-        if event.name in visible and not _has_ancestor_in(events, i, visible):
+        eligible = event.name in visible or (event.name in quiet and i not in has_children)
+        if eligible and not _has_ancestor_in(events, i, visible):
             by_step[event.step].append(i)
-    matched: dict[int, int] = {}
+    matched: dict[int, int | Call] = {}
     for step_events in by_step.values():
         matcher = SequenceMatcher(None, names, [events[i].name for i in step_events], autojunk=False)
         for block in matcher.get_matching_blocks():
             for k in range(block.size):
-                matched[step_events[block.b + k]] = nodes[block.a + k]
+                matched[step_events[block.b + k]] = sequence[block.a + k][1]
     return matched
+
+
+def _recorded_sequence(graph: OpGraph) -> list[tuple[str, int | Call]]:
+    """Recorded ops in order, with each watched call that dispatched nothing (`.contiguous()` on a contiguous
+    tensor, a cast to the same dtype) where it ran: the profiler still shows it, as a childless aten op."""
+    quiet: dict[int, list[Call]] = defaultdict(list)
+    for call in graph.calls:
+        if call.first_op == call.last_op and call.name in _QUIET_OP:
+            quiet[call.first_op].append(call)
+    sequence: list[tuple[str, int | Call]] = []
+    for node in sorted(graph.graph.nodes) + [None]:
+        position = node if node is not None else graph.graph.number_of_nodes()
+        sequence += [(_QUIET_OP[call.name], call) for call in quiet.get(position, [])]
+        if node is not None:
+            sequence.append(("aten::" + graph.op(node)["op"], node))
+    return sequence
 
 
 def _has_ancestor_in(events: list[OpEvent], index: int, names: set[str]) -> bool:
@@ -75,19 +98,15 @@ def attribute(events: list[OpEvent], graph: OpGraph, steps: int) -> Timing:
     """Per-node cost from aligned events, and each event's self time assigned to a statement, a function, or neither."""
     matched = align(events, graph)
     timing = Timing(steps=steps, op_us=sum(e.self_us for e in events if e.step >= 0) / steps)
-    statement_of: dict[int, Location | None] = {}
+    statement_of = _statements(events, {i: target.loc if isinstance(target, Call) else graph.op(target)["loc"]
+                                        for i, target in matched.items()})
     for i, event in enumerate(events):
         if event.step < 0:
             continue
-        if i in matched:
-            node = matched[i]
+        node = matched.get(i)
+        if isinstance(node, int):
             timing.node_us[node] = timing.node_us.get(node, 0.0) + event.total_us / steps
             timing.node_calls[node] = timing.node_calls.get(node, 0.0) + 1 / steps
-            statement_of[i] = graph.op(node)["loc"]
-        elif event.parent is not None and event.parent in statement_of:
-            statement_of[i] = statement_of[event.parent]
-        else:
-            statement_of[i] = None
         loc = statement_of[i]
         share = event.self_us / steps
         if loc is not None:
@@ -100,3 +119,18 @@ def attribute(events: list[OpEvent], graph: OpGraph, steps: int) -> Timing:
         else:
             timing.unattributed_us += share
     return timing
+
+
+def _statements(events: list[OpEvent], matched: dict[int, Location | None]) -> list[Location | None]:
+    """The statement of every event: its matched node's, else its closest matched descendant's (a composite such
+    as aten::linear is called by the same statement as the addmm it runs), else its enclosing op's."""
+    statement_of: list[Location | None] = [matched.get(i) for i in range(len(events))]
+    for i in range(len(events) - 1, -1, -1):  # children before parents: events are in start order
+        parent = events[i].parent
+        if statement_of[i] is not None and parent is not None and parent not in matched \
+                and statement_of[parent] is None:
+            statement_of[parent] = statement_of[i]
+    for i, event in enumerate(events):
+        if statement_of[i] is None and event.parent is not None:
+            statement_of[i] = statement_of[event.parent]
+    return statement_of
