@@ -78,19 +78,20 @@ def test_sdpa_math_fallback_with_reason_and_fused_call_not_reported():
 # benchmarks/profile_overhead.py; tests only guard against attribution breaking (every op on a user line,
 # most of the time on a statement line).
 STATEMENT_FLOOR = 0.85
+ATTRIBUTED_FLOOR = 0.95  # the product goal; seen 0.976-1.0 over 45 runs on a loaded 2-core machine
 
 
 def test_clean_fixture_reports_nothing():
     report = run_fixture("clean.py")
     assert report.findings == []
-    assert report.timing.attributed_share >= 0.99
+    assert report.timing.attributed_share >= ATTRIBUTED_FLOOR
     assert report.timing.statement_share >= STATEMENT_FLOOR
 
 
 def test_most_op_time_lands_on_user_statements(attention_report, copies_report):
     for report in (attention_report, copies_report):
         assert report.timing.statement_share >= STATEMENT_FLOOR
-        assert report.timing.attributed_share >= 0.99
+        assert report.timing.attributed_share >= ATTRIBUTED_FLOOR
 
 
 def test_train_mode_profiles_backward_and_still_finds_attention():
@@ -100,4 +101,4 @@ def test_train_mode_profiles_backward_and_still_finds_attention():
     assert attention.line == marker_line(path, "LINE_QK")
     assert report.to_json()["mode"] == "train"
     # Backward ops carry their forward function's stack: nearly all of them land on user code.
-    assert report.timing.attributed_share >= 0.95
+    assert report.timing.attributed_share >= ATTRIBUTED_FLOOR
