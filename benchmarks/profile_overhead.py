@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.runtime.capture import profile_steps, record_graph, time_steps  # noqa: E402
+from advisor.runtime.capture import profile_steps, record_graph, records_details, time_steps  # noqa: E402
 from advisor.runtime.detect import detect_all  # noqa: E402
 from advisor.runtime.events import build, from_kineto  # noqa: E402
 from advisor.runtime.rank import to_findings  # noqa: E402
@@ -33,7 +33,8 @@ FIXTURES = ("handwritten_attention.py", "copies_and_casts.py", "sdpa_fallback.py
 def profiled_cost(prepared, steps: int) -> float:
     start = time.perf_counter()
     prof = profile_steps(prepared, steps)
-    events = build(from_kineto(prof.profiler.kineto_results), prepared.device.type == "cuda")
+    events = build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, None)),
+                   prepared.device.type == "cuda")
     graph = record_graph(prepared)
     to_findings(detect_all(graph, prepared.device.type), attribute(events, graph, steps))
     return time.perf_counter() - start

@@ -40,6 +40,11 @@ def time_steps(prepared: PreparedStep, steps: int) -> list[float]:
     return times
 
 
+def records_details(prepared: PreparedStep, trace_path: str | None) -> bool:
+    """Whether the profiler records stacks and shapes (see profile_steps)."""
+    return prepared.train or trace_path is not None
+
+
 def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None = None):
     """torch.profiler over the steps after one warm-up step, recording only what will be read back.
 
@@ -51,7 +56,7 @@ def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None = N
     activities = [ProfilerActivity.CPU]
     if prepared.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    stacks = prepared.train or trace_path is not None
+    stacks = records_details(prepared, trace_path)
     config = torch._C._profiler._ExperimentalConfig(verbose=True) if stacks else None
     with profile(activities=activities, record_shapes=trace_path is not None, with_stack=stacks,
                  experimental_config=config, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
@@ -83,7 +88,8 @@ def capture(prepared: PreparedStep, steps: int, trace_path: str | None = None,
     times = sorted(time_steps(prepared, steps))
     progress(f"profiling {steps} steps")
     prof = profile_steps(prepared, steps, trace_path)
-    events = build(from_kineto(prof.profiler.kineto_results), on_device=prepared.device.type == "cuda")
+    events = build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, trace_path)),
+                   on_device=prepared.device.type == "cuda")
     progress("recording the op graph of one step")
     graph = record_graph(prepared)
     quartiles = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3

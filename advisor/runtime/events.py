@@ -65,8 +65,9 @@ def resolve_path(path: str) -> str:
     return path
 
 
-def from_kineto(results) -> list[RawEvent]:
-    """A live profiler's `prof.profiler.kineto_results`."""
+def from_kineto(results, detailed: bool = True) -> list[RawEvent]:
+    """A live profiler's `prof.profiler.kineto_results`. `detailed=False` skips stacks, shapes and inputs
+    (each a call into the profiler per event) when the profiler was not asked to record them."""
     raws = []
     for e in results.events():
         name = e.name()
@@ -77,13 +78,24 @@ def from_kineto(results) -> list[RawEvent]:
                                  correlation=e.linked_correlation_id()))
         elif _STEP.match(name):
             raws.append(RawEvent("step", name, e.start_thread_id(), e.start_ns() / 1e3, e.duration_ns() / 1e3))
-        elif is_op_name(name):
+        elif is_op_name(name) and detailed:
             raws.append(RawEvent("op", name, e.start_thread_id(), e.start_ns() / 1e3, e.duration_ns() / 1e3,
                                  tuple(e.stack()), e.shapes(), e.dtypes(), [], e.concrete_inputs()))
+        elif is_op_name(name):
+            raws.append(RawEvent("op", name, e.start_thread_id(), e.start_ns() / 1e3, e.duration_ns() / 1e3))
         elif name.startswith(("cuda", "hip")):
             raws.append(RawEvent("runtime", name, e.start_thread_id(), e.start_ns() / 1e3, e.duration_ns() / 1e3,
                                  correlation=e.correlation_id()))
     return raws
+
+
+NESTING_SLACK_US = 1.0  # the profiler can stamp a child's end up to ~1 us after its parent's end
+
+
+def _inside(child: RawEvent, parent: RawEvent) -> bool:
+    """Starts inside the parent and ends with it (within the profiler's timestamp slack)."""
+    parent_end = parent.start + parent.dur
+    return child.start < parent_end and child.start + child.dur <= parent_end + NESTING_SLACK_US
 
 
 def build(raws: list[RawEvent], on_device: bool) -> list[OpEvent]:
@@ -96,7 +108,7 @@ def build(raws: list[RawEvent], on_device: bool) -> list[OpEvent]:
     for i, r in enumerate(cpu):
         if r.tid != last_tid:
             open_by_tid, last_tid = [], r.tid
-        while open_by_tid and cpu[open_by_tid[-1]].start + cpu[open_by_tid[-1]].dur < r.start + r.dur - 1e-3:
+        while open_by_tid and not _inside(r, cpu[open_by_tid[-1]]):
             open_by_tid.pop()
         parent_of[i] = open_by_tid[-1] if open_by_tid else None
         open_by_tid.append(i)

@@ -2,7 +2,8 @@
 
 Profiler stacks only name a function's first line, so statement lines come from the recorder. Both see the
 same program, so each profiled step's ops are aligned with the recorded step's ops by name and order
-(difflib tolerates the few that differ, and the backward ops that only the profiler sees). An op the
+(a banded longest common subsequence tolerates the few that differ, and the backward ops only the profiler
+sees). An op the
 dispatch recorder sees is matched to the outermost profiler event of that name, whose inclusive time covers
 the kernel-internal calls (a clone's empty_like and copy_) that the recorder cannot see.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from difflib import SequenceMatcher
 
 from advisor.runtime.events import OpEvent, resolve_path
 from advisor.runtime.frames import Location
@@ -62,11 +62,43 @@ def align(events: list[OpEvent], graph: OpGraph) -> dict[int, int | Call]:
             by_step[event.step].append(i)
     matched: dict[int, int | Call] = {}
     for step_events in by_step.values():
-        matcher = SequenceMatcher(None, names, [events[i].name for i in step_events], autojunk=False)
-        for block in matcher.get_matching_blocks():
-            for k in range(block.size):
-                matched[step_events[block.b + k]] = sequence[block.a + k][1]
+        for a, b in aligned_pairs(names, [events[i].name for i in step_events]):
+            matched[step_events[b]] = sequence[a][1]
     return matched
+
+
+def aligned_pairs(recorded: list[str], profiled: list[str], band: int = 32) -> list[tuple[int, int]]:
+    """Index pairs of a longest common subsequence, within a band around the diagonal.
+
+    A model repeats the same layer, so the greedy longest-block-first matching of difflib can pair layer 1 of
+    one side with layer 2 of the other when a stray event shifts a sequence; a global alignment cannot. The two
+    sequences differ by a few events, so a band keeps it linear in their length."""
+    n, m = len(recorded), len(profiled)
+    width = band + abs(n - m)
+    score = [[-1] * (2 * width + 1) for _ in range(n + 1)]  # score[i][j - i + width]; -1 is outside the band
+
+    def at(i: int, j: int) -> int:
+        k = j - i + width
+        return score[i][k] if 0 <= k <= 2 * width and 0 <= j <= m else -1
+
+    for i in range(n + 1):
+        for j in range(max(0, i - width), min(m, i + width) + 1):
+            if i == 0 or j == 0:
+                best = 0
+            else:
+                best = max(at(i - 1, j), at(i, j - 1),
+                           at(i - 1, j - 1) + (recorded[i - 1] == profiled[j - 1]))
+            score[i][j - i + width] = best
+    pairs, i, j = [], n, m
+    while i > 0 and j > 0:
+        if recorded[i - 1] == profiled[j - 1] and at(i, j) == at(i - 1, j - 1) + 1:
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif at(i - 1, j) >= at(i, j - 1):
+            i -= 1
+        else:
+            j -= 1
+    return pairs[::-1]
 
 
 def _recorded_sequence(graph: OpGraph) -> list[tuple[str, int | Call]]:
