@@ -73,6 +73,8 @@ def aligned_pairs(recorded: list[str], profiled: list[str], band: int = 32) -> l
     A model repeats the same layer, so the greedy longest-block-first matching of difflib can pair layer 1 of
     one side with layer 2 of the other when a stray event shifts a sequence; a global alignment cannot. The two
     sequences differ by a few events, so a band keeps it linear in their length."""
+    if recorded == profiled:  # the usual case: nothing to search
+        return [(i, i) for i in range(len(recorded))]
     n, m = len(recorded), len(profiled)
     width = band + abs(n - m)
     score = [[-1] * (2 * width + 1) for _ in range(n + 1)]  # score[i][j - i + width]; -1 is outside the band
