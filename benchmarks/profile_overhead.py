@@ -1,6 +1,7 @@
 """Print how much profiling costs relative to running the same steps unprofiled, side by side in one process.
 
-For each bundled fixture: N unprofiled steps vs. what `advisor profile` adds for those N steps in eval mode
+For each bundled fixture: N unprofiled steps vs. what `advisor profile` adds for those N steps (N is what the
+product profiles: the workload's steps, raised for very short steps to cover MIN_PROFILED_US) in eval mode
 without --trace (profiler over N steps plus its warm-up step, event rebuild, one recorded step of the op
 graph, attribution and detection). Runs alternate, and the median of the per-pair ratios is printed. The
 profiler's one-time start-up (Kineto initialisation, paid once per process) is measured and printed apart.
@@ -19,7 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.runtime.capture import profile_steps, record_graph, records_details, time_steps  # noqa: E402
+from advisor.runtime.capture import (  # noqa: E402
+    profile_steps,
+    profiled_step_count,
+    record_graph,
+    records_details,
+    time_steps,
+)
 from advisor.runtime.detect import detect_all  # noqa: E402
 from advisor.runtime.events import build, from_kineto  # noqa: E402
 from advisor.runtime.rank import to_findings  # noqa: E402
@@ -57,14 +64,15 @@ def main() -> None:
         prepared = prepare(workload)
         for _ in range(3):
             prepared.step()
+        steps = profiled_step_count(workload.steps, statistics.median(time_steps(prepared, workload.steps)))
         if startup is None:
-            startup = profiled_cost(prepared, workload.steps) - profiled_cost(prepared, workload.steps)
+            startup = profiled_cost(prepared, steps) - profiled_cost(prepared, steps)
         ratios, plain, profiled = [], [], []
         for _ in range(args.repeats):
-            plain.append(unprofiled_cost(prepared, workload.steps))
-            profiled.append(profiled_cost(prepared, workload.steps))
+            plain.append(unprofiled_cost(prepared, steps))
+            profiled.append(profiled_cost(prepared, steps))
             ratios.append(profiled[-1] / plain[-1])
-        print(f"{name:28} {workload.steps:5d} {statistics.median(plain) * 1e3:9.1f}ms "
+        print(f"{name:28} {steps:5d} {statistics.median(plain) * 1e3:9.1f}ms "
               f"{statistics.median(profiled) * 1e3:8.1f}ms {statistics.median(ratios):5.2f}x")
     print(f"one-time profiler start-up in this process: {startup * 1e3:.0f} ms (not in the ratios)")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from advisor.runtime.recorder import OpGraph, OpRecorder
 from advisor.runtime.runner import PreparedStep
 
 WARMUP_STEPS = 2
+MIN_PROFILED_US = 20_000.0  # profile at least this much work: fixed profiler costs amortise, noise averages out
+MAX_PROFILED_STEPS = 100
 
 
 @dataclass
@@ -38,6 +41,13 @@ def time_steps(prepared: PreparedStep, steps: int) -> list[float]:
         prepared.sync()
         times.append((time.perf_counter() - start) * 1e6)
     return times
+
+
+def profiled_step_count(requested: int, step_us: float) -> int:
+    """The workload's steps, raised for very short steps so that at least MIN_PROFILED_US is profiled."""
+    if step_us <= 0:
+        return requested
+    return max(requested, min(MAX_PROFILED_STEPS, math.ceil(MIN_PROFILED_US / step_us)))
 
 
 def records_details(prepared: PreparedStep, trace_path: str | None) -> bool:
@@ -86,12 +96,13 @@ def capture(prepared: PreparedStep, steps: int, trace_path: str | None = None,
     prepared.sync()
     progress(f"timing {steps} unprofiled steps")
     times = sorted(time_steps(prepared, steps))
-    progress(f"profiling {steps} steps")
-    prof = profile_steps(prepared, steps, trace_path)
+    profiled = profiled_step_count(steps, statistics.median(times))
+    progress(f"profiling {profiled} steps")
+    prof = profile_steps(prepared, profiled, trace_path)
     events = build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, trace_path)),
                    on_device=prepared.device.type == "cuda")
     progress("recording the op graph of one step")
     graph = record_graph(prepared)
     quartiles = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
-    return Capture(events, graph, steps, statistics.median(times), quartiles[2] - quartiles[0],
+    return Capture(events, graph, profiled, statistics.median(times), quartiles[2] - quartiles[0],
                    prepared.device.type, str(prepared.dtype or "as loaded").replace("torch.", ""))
