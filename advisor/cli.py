@@ -9,7 +9,7 @@ from importlib import import_module
 from advisor.errors import AdvisorError
 
 VERBS = ("scan", "fix", "profile", "analyze", "rules")
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+EXIT_CLEAN, EXIT_ERROR = 0, 2  # 1 (findings remain) is returned by the verbs themselves
 
 
 class _Parser(argparse.ArgumentParser):

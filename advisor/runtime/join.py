@@ -6,8 +6,6 @@ import os
 
 from advisor.findings import Finding
 
-MEASURED = ("self_us", "share", "calls")
-
 
 def annotate_findings(static_findings: list[Finding], profile_findings: list[Finding]) -> list[Finding]:
     """Static findings with self_us/share/calls from every overlapping runtime finding (same realpath, line

@@ -40,8 +40,6 @@ class FunctionFlow:
     reaching: dict[cst.Name, frozenset[int]] = field(default_factory=dict)  # read -> definitions it sees
     reads: dict[int, list[cst.Name]] = field(default_factory=dict)  # definition -> reads that see it
     env_before: dict[cst.CSTNode, Env] = field(default_factory=dict)  # small statement -> bindings before it
-    statement_of: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)  # read -> its small statement
-    guards_of: dict[cst.CSTNode, tuple[cst.If, ...]] = field(default_factory=dict)  # small statement -> ifs
     graph: nx.DiGraph = field(default_factory=nx.DiGraph)
 
     def merged_with(self, other: "FunctionFlow") -> "FunctionFlow":
@@ -51,8 +49,6 @@ class FunctionFlow:
             view.definitions.update(part.definitions)
             view.reaching.update(part.reaching)
             view.env_before.update(part.env_before)
-            view.statement_of.update(part.statement_of)
-            view.guards_of.update(part.guards_of)
             for def_id, reads in part.reads.items():
                 view.reads.setdefault(def_id, []).extend(reads)
         view.graph = nx.compose(self.graph, other.graph)
@@ -171,11 +167,10 @@ class _FlowBuilder:
         env[name] = frozenset({definition.id})
         return definition
 
-    def _read(self, node: cst.CSTNode, env: Env, statement, into: Definition | None = None) -> None:
+    def _read(self, node: cst.CSTNode, env: Env) -> None:
         for name in loaded_names(node):
             seen = env.get(name.value, frozenset({UNDEFINED}))
             self.flow.reaching[name] = seen
-            self.flow.statement_of[name] = statement
             for def_id in seen:
                 if def_id != UNDEFINED:
                     self.flow.reads.setdefault(def_id, []).append(name)
@@ -200,7 +195,7 @@ class _FlowBuilder:
             return env
         if isinstance(statement, cst.If):
             self._mark(statement, env, guards)
-            self._read(statement.test, env, statement)
+            self._read(statement.test, env)
             inner = guards + (statement,)
             taken = self._block(statement.body, dict(env), inner)
             if statement.orelse is None:
@@ -212,7 +207,7 @@ class _FlowBuilder:
             return _merge(taken, other)
         if isinstance(statement, (cst.For, cst.While)):
             self._mark(statement, env, guards)
-            self._read(statement.iter if isinstance(statement, cst.For) else statement.test, env, statement)
+            self._read(statement.iter if isinstance(statement, cst.For) else statement.test, env)
             inner_env = dict(env)
             if isinstance(statement, cst.For):
                 for name in _target_names(statement.target):
@@ -225,7 +220,7 @@ class _FlowBuilder:
         if isinstance(statement, cst.With):
             self._mark(statement, env, guards)
             for item in statement.items:
-                self._read(item.item, env, statement)
+                self._read(item.item, env)
                 if item.asname is not None:
                     for name in _target_names(item.asname.name):
                         self._define(name.value, "other", statement, env, guards)
@@ -248,32 +243,31 @@ class _FlowBuilder:
 
     def _mark(self, statement, env: Env, guards) -> None:
         self.flow.env_before[statement] = dict(env)
-        self.flow.guards_of[statement] = tuple(g for g in guards if isinstance(g, cst.If))
 
     def _small(self, small: cst.BaseSmallStatement, env: Env, guards) -> None:
         self._mark(small, env, guards)
         if_guards = tuple(g for g in guards if isinstance(g, cst.If))
         if isinstance(small, cst.Assign):
-            self._read(small.value, env, small)
+            self._read(small.value, env)
             for target in small.targets:
-                self._read_target_parts(target.target, env, small)
+                self._read_target_parts(target.target, env)
             sources = loaded_names(small.value)
             for target in small.targets:
                 self._bind(target.target, small.value, small, env, if_guards, sources)
         elif isinstance(small, cst.AnnAssign):
             if small.value is not None:
-                self._read(small.value, env, small)
+                self._read(small.value, env)
                 self._bind(small.target, small.value, small, env, if_guards, loaded_names(small.value))
         elif isinstance(small, cst.AugAssign):
-            self._read(small.value, env, small)
-            self._read(small.target, env, small)
+            self._read(small.value, env)
+            self._read(small.target, env)
             if isinstance(small.target, cst.Name):
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,
                                           value=small.value, previous=previous)
                 self._link(definition, loaded_names(small.value) + [small.target])
         elif isinstance(small, cst.Expr):
-            self._read(small.value, env, small)
+            self._read(small.value, env)
             receiver = _inplace_receiver(small.value)
             if receiver is not None:
                 previous = env.get(receiver.value, frozenset())
@@ -285,15 +279,15 @@ class _FlowBuilder:
         else:
             for child in small.children:
                 if isinstance(child, cst.BaseExpression):
-                    self._read(child, env, small)
+                    self._read(child, env)
 
-    def _read_target_parts(self, target, env: Env, statement) -> None:
+    def _read_target_parts(self, target, env: Env) -> None:
         """`self.x[i] = v` and `obj.attr = v` read names on the left-hand side too."""
         if isinstance(target, (cst.Attribute, cst.Subscript)):
-            self._read(target, env, statement)
+            self._read(target, env)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
-                self._read_target_parts(element.value, env, statement)
+                self._read_target_parts(element.value, env)
 
     def _bind(self, target, value, statement, env: Env, guards, sources) -> None:
         if isinstance(target, cst.Name):
