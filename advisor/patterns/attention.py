@@ -17,7 +17,7 @@ import libcst as cst
 from advisor.patterns import einsum as es
 from advisor.patterns.ops import Op, OpReader, int_value, number_value
 from advisor.patterns.values import ValueProver
-from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow, loaded_names
+from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow, contains_call, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 CORE_OPS = {"matmul", "bmm", "baddbmm", "einsum"}
@@ -382,13 +382,11 @@ class _FunctionMatcher:
             self._absorb(op)
             return op.operands[0]
         if op.name in ("mul", "div"):
-            tensor, factor = op.operands
-            if op.name == "mul" and self.values.is_scalar(tensor) and not self.values.is_scalar(factor):
-                tensor, factor = factor, tensor
-            if not self.values.is_scalar(factor):
-                raise Refusal(f"the scores are scaled by `{self._short(factor)}`, which is not provably a Python "
-                              f"number (SDPA's scale must be one)")
-            if guard is not None and _has_call(guard.test):
+            tensor, factor = self._tensor_and_factor(op)
+            if factor is None:
+                raise Refusal(f"the scores are scaled by `{self._short(op.operands[1])}`, which is not provably a "
+                              f"Python number (SDPA's scale must be one)")
+            if guard is not None and contains_call(guard.test):
                 raise Refusal(f"the scale is applied under `if {self._short(guard.test)}`, a condition that "
                               f"calls a function and cannot be re-evaluated")
             op.params["factor"] = factor
@@ -523,16 +521,22 @@ class _FunctionMatcher:
             for arg in op.node.args:
                 self._absorbed.update(loaded_names(arg.value))
 
+    def _tensor_and_factor(self, op: Op) -> tuple[cst.BaseExpression, cst.BaseExpression | None]:
+        """A mul/div op as (tensor, Python-number factor); the factor is None when none is provable.
+        Multiplication commutes, so `s * x` and `x * s` both work; division only scales by its divisor."""
+        tensor, factor = op.operands
+        if op.name == "mul" and self.values.is_scalar(tensor) and not self.values.is_scalar(factor):
+            tensor, factor = factor, tensor
+        return (tensor, factor) if self.values.is_scalar(factor) else (tensor, None)
+
     def _strip_factors(self, node: cst.BaseExpression):
         factors = []
         while True:
             op = self.reader.read(node)
             if op is None or op.name not in ("mul", "div") or op.inplace:
                 return node, factors
-            tensor, factor = op.operands
-            if op.name == "mul" and self.values.is_scalar(tensor) and not self.values.is_scalar(factor):
-                tensor, factor = factor, tensor
-            if not self.values.is_scalar(factor):
+            tensor, factor = self._tensor_and_factor(op)
+            if factor is None:
                 return node, factors
             factors.append((op.name, factor))
             node = tensor
@@ -1136,16 +1140,6 @@ class _Replace(cst.CSTTransformer):
         return self.replacements.get(original_node, updated_node)
 
 
-def _has_call(node: cst.CSTNode) -> bool:
-    return any(isinstance(n, cst.Call) for n in _walk(node))
-
-
-def _walk(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _walk(child)
-
-
 def _single_return(function: cst.FunctionDef) -> cst.Return | None:
     """The function's only `return`, when it is the last statement and returns a value."""
     body = function.body.body
@@ -1225,9 +1219,7 @@ def _atom(code: str) -> str:
         node = cst.parse_expression(code)
     except cst.ParserSyntaxError:
         return f"({code})"
-    if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or node.lpar:
-        return code
-    return f"({code})"
+    return code if _is_atom_node(node) else f"({code})"
 
 
 def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:

@@ -6,6 +6,7 @@ import libcst as cst
 
 from advisor.patterns.attention import AttentionMatch
 from advisor.rewrite.sdpa import functional_name, sdpa_call
+from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
 
 
@@ -82,7 +83,7 @@ class _Editor(cst.CSTTransformer):
     def leave_If(self, original_node, updated_node):
         if isinstance(updated_node.orelse, cst.Else) and _is_empty(updated_node.orelse.body):
             updated_node = updated_node.with_changes(orelse=None)  # `else:` left with nothing to do
-        if _is_empty(updated_node.body) and updated_node.orelse is None and not _has_call(original_node.test):
+        if _is_empty(updated_node.body) and updated_node.orelse is None and not contains_call(original_node.test):
             return cst.RemoveFromParent()
         updated_node = updated_node.with_changes(body=_filled(updated_node.body))
         return self._with_hoist(original_node, updated_node)
@@ -106,19 +107,6 @@ def _filled(block):
     if _is_empty(block):
         return block.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
     return block
-
-
-def _has_call(node: cst.CSTNode) -> bool:
-    finder = _CallFinder()
-    node.visit(finder)
-    return finder.found
-
-
-class _CallFinder(cst.CSTVisitor):
-    found = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.found = True
 
 
 def _add_import(module: cst.Module, line: str) -> cst.Module:

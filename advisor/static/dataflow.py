@@ -124,6 +124,11 @@ class _LoadCollector(cst.CSTVisitor):
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
 
+def contains_call(node: cst.CSTNode) -> bool:
+    """Whether evaluating the expression may run user code (so it cannot be re-evaluated or dropped)."""
+    return isinstance(node, cst.Call) or any(contains_call(child) for child in node.children)
+
+
 def _all_params(params: cst.Parameters) -> list[cst.Param]:
     out = list(params.posonly_params) + list(params.params) + list(params.kwonly_params)
     for star in (params.star_arg, params.star_kwarg):
