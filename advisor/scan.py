@@ -53,18 +53,21 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
-    findings, to_apply = [], []
+    findings, to_apply, patched = [], [], []
     for match in find_attention(parsed):
         rule = _rule_for(match)
         if not is_selected(rule, select, ignore) or _is_suppressed(suppressed, match, rule):
             continue
-        finding = _finding(parsed, match, rule)
+        finding, text = _finding(parsed, match, rule)
         findings.append(finding)
         chosen = only is None or (rule, finding.line) in only
         if chosen and finding.patch and (finding.fix_safety == "safe" or unsafe_fixes):
             to_apply.append(match)
+            patched.append(text)
     fixed = source
-    if to_apply:
+    if len(to_apply) == 1:  # the usual case: that finding's own patch is the whole fix
+        fixed = patched[0]
+    elif to_apply:
         try:
             fixed = rewrite(parsed, to_apply, drop_weights=unsafe_fixes)
         except RewriteFailed:
@@ -78,22 +81,23 @@ def _rule_for(match: AttentionMatch) -> str:
     return ESCAPING if match.escapes else SAFE
 
 
-def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> Finding:
+def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Finding, str | None]:
+    """The finding, and the source with only its patch applied (None when it has none)."""
     definition = load_rules()[rule]
-    patch, reason = None, match.reason
+    patch, reason, patched = None, match.reason, None
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:
             patched = rewrite(parsed, [match], drop_weights=rule == ESCAPING)
             patch = unified_diff(parsed.path, parsed.source, patched)
         except RewriteFailed as exc:
-            fixable, reason = False, str(exc)
+            fixable, reason, patched = False, str(exc), None
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
     return Finding(rule=rule, kind=definition.kind, path=parsed.path, line=match.line, end_line=match.end_line,
                    function=match.function, message=definition.title, fixable=fixable,
                    fix_safety=definition.fix_safety, reason=reason if rule != SAFE else None, patch=patch,
-                   extra={"roles": _roles(match)} if match.output_node is not None else {})
+                   extra={"roles": _roles(match)} if match.output_node is not None else {}), patched
 
 
 def _roles(match: AttentionMatch) -> dict[str, object]:
