@@ -82,7 +82,8 @@ def _rule_for(match: AttentionMatch) -> str:
 
 
 def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Finding, str | None]:
-    """The finding, and the source with only its patch applied (None when it has none)."""
+    """The finding, and the source with only its patch applied (None when it has none).
+    A patch whose proof left a fact assumed is unsafe whatever the rule's default: it names those facts."""
     definition = load_rules()[rule]
     patch, reason, patched = None, match.reason, None
     fixable = match.output_node is not None and match.unsafe_reason is None
@@ -94,10 +95,17 @@ def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Fi
             fixable, reason, patched = False, str(exc), None
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
+    safety = definition.fix_safety
+    assumed = match.facts.assumptions
+    if assumed and match.output_node is not None:
+        safety = "unsafe"
+        unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
+        reason = unproved if rule == SAFE or reason is None else f"{reason}; {unproved}"
+    extra = {"roles": _roles(match), "facts": match.facts.to_json()} if match.output_node is not None else {}
     return Finding(rule=rule, kind=definition.kind, path=parsed.path, line=match.line, end_line=match.end_line,
                    function=match.function, message=definition.title, fixable=fixable,
-                   fix_safety=definition.fix_safety, reason=reason if rule != SAFE else None, patch=patch,
-                   extra={"roles": _roles(match)} if match.output_node is not None else {}), patched
+                   fix_safety=safety, reason=reason if rule != SAFE or assumed else None, patch=patch,
+                   extra=extra), patched
 
 
 def _roles(match: AttentionMatch) -> dict[str, object]:

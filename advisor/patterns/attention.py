@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.patterns import einsum as es
+from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import Op, OpReader, int_value, number_value
 from advisor.patterns.values import ValueProver
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow, contains_call, loaded_names
@@ -67,6 +68,7 @@ class AttentionMatch:
     escapes: list[cst.Name] = field(default_factory=list)
     reason: str | None = None
     unsafe_reason: str | None = None  # why even the unsafe fix is unavailable
+    facts: FactSheet = field(default_factory=FactSheet)  # what the rewrite relies on; assumed facts make it unsafe
 
 
 def find_attention(parsed: ParsedModule) -> list[AttentionMatch]:

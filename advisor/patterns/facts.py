@@ -1,0 +1,54 @@
+"""Proof obligations of a rewrite: each fact it relies on, and whether the source proves it.
+
+A rewrite is safe only when every fact is proved. A fact the static analysis cannot establish is recorded as
+assumed (with the reason it cannot be proved), which makes the patch unsafe: it is offered only with
+`--unsafe-fixes`, and `advisor optimize` can check it on the user's own inputs. A fact that is false is not
+recorded at all: the matcher refuses the block with a reason instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROVED, ASSUMED = "proved", "assumed"
+
+
+@dataclass(frozen=True)
+class Fact:
+    name: str  # stable identifier, e.g. "mask-dtype", "scale-is-number"
+    statement: str  # what must hold, in one sentence
+    status: str  # PROVED or ASSUMED
+    why: str | None = None  # how it was proved, or why it could not be
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"name": self.name, "statement": self.statement, "why": self.why}
+
+
+class FactSheet:
+    """The facts one candidate rewrite relies on, in the order the proof met them (one entry per name and
+    statement: proving the same thing twice records it once)."""
+
+    def __init__(self) -> None:
+        self.facts: list[Fact] = []
+
+    def proved(self, name: str, statement: str, why: str | None = None) -> None:
+        self._add(Fact(name, statement, PROVED, why))
+
+    def assumed(self, name: str, statement: str, why: str) -> None:
+        self._add(Fact(name, statement, ASSUMED, why))
+
+    def _add(self, fact: Fact) -> None:
+        for index, known in enumerate(self.facts):
+            if (known.name, known.statement) == (fact.name, fact.statement):
+                if known.status == PROVED and fact.status == ASSUMED:
+                    self.facts[index] = fact  # one path could not prove it: the fact is not proved
+                return
+        self.facts.append(fact)
+
+    @property
+    def assumptions(self) -> list[Fact]:
+        return [fact for fact in self.facts if fact.status == ASSUMED]
+
+    def to_json(self) -> dict[str, list[dict]]:
+        return {status: [fact.to_json() for fact in self.facts if fact.status == status]
+                for status in (PROVED, ASSUMED)}
