@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import sys
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,6 +23,7 @@ from advisor.static.module_index import ParsedModule
 
 SAFE, ESCAPING, UNPROVED = "ADV101", "ADV102", "ADV103"
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 IGNORE_COMMENT = re.compile(r"#\s*advisor:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
 
 
@@ -153,28 +156,44 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
 
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | ScanError:
+    """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
+    compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return _analyze_file(path, unsafe_fixes, select, ignore)
+    except RecursionError:
+        return ScanError(path, "too deeply nested to analyse (the interpreter's recursion limit was reached)")
+    except MemoryError:
+        return ScanError(path, "too large to analyse (out of memory)")
+    except Exception as exc:  # noqa: BLE001 - a bug of ours on one file must not stop the scan
+        return ScanError(path, f"internal error while analysing ({type(exc).__name__}: {exc}); please report it",
+                         internal=True)
+
+
+def _analyze_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
+    error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
+    if error is not None:
+        return error
     if not might_contain_attention(source.text):
-        error = _syntax_error(source.text, path)
-        return error or FileResult(path, source.text, source.text)
+        return FileResult(path, source.text, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore)
-    except cst.ParserSyntaxError as exc:
-        return ScanError(path, f"syntax error at line {exc.raw_line}: {exc.message}")
-    except RecursionError:
-        return ScanError(path, "file too deeply nested to analyse")
-    except Exception as exc:  # noqa: BLE001 - a bug of ours on one file must not stop the scan
-        return ScanError(path, f"internal error while analysing ({type(exc).__name__}: {exc}); please report it")
+    except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
+        return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 
 
 def _syntax_error(text: str, path: str) -> ScanError | None:
-    """Syntax check for prefiltered files (CPython's parser is ~50x faster than libcst's)."""
+    """The syntax check of the Python running advisor (CPython's parser is ~50x faster than libcst's): code newer
+    than this interpreter, or nested deeper than its parser allows, is a syntax error here, whatever it contains."""
     try:
         ast.parse(text, path)
     except SyntaxError as exc:
-        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg}")
+        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} (Python {PYTHON_VERSION} parser)")
     except ValueError as exc:  # null bytes
         return ScanError(path, str(exc))
     return None

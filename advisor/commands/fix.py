@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from rich.prompt import Prompt
 
-from advisor.commands.common import add_selection_arguments, run_scan
+from advisor.commands.common import add_selection_arguments, exit_code, run_scan
 from advisor.report.terminal import stdout_console
 from advisor.errors import AdvisorError
 from advisor.findings import display_path
-from advisor.report.findings_console import print_diff
+from advisor.report.findings_console import print_diff, print_errors
 from advisor.rewrite.patch import unified_diff, write_atomically
 from advisor.scan import analyze_source
 
@@ -26,6 +26,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     result = run_scan(args)
     console = stdout_console()
+    print_errors(console, result.errors)
     remaining, applied = 0, 0
     quit_requested = False
     for file in result.files:
@@ -52,7 +53,7 @@ def run(args) -> int:
             console.print(f"fixed {display_path(file.path)}")
     if args.apply or args.interactive:
         console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain")
-    return 1 if remaining else 0
+    return exit_code(result, remaining > 0)
 
 
 def _ask(console, findings):
@@ -61,7 +62,10 @@ def _ask(console, findings):
         label = "" if finding.fix_safety == "safe" else " [yellow](UNSAFE fix)[/yellow]"
         console.print(f"\n{display_path(finding.path)}:{finding.line} {finding.rule} {finding.message}{label}")
         print_diff(console, finding.patch)
-        answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
+        try:
+            answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
+        except EOFError:  # input ended (a closed pipe, Ctrl-D): quit, keeping what was accepted
+            answer = "q"
         if answer == "q":
             return chosen, True
         if answer == "y":
