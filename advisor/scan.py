@@ -13,10 +13,10 @@ from functools import partial
 
 import libcst as cst
 
-from advisor.findings import Finding, ScanError
+from advisor.findings import Finding, ScanError, display_path
 from advisor.patterns.attention import AttentionMatch, find_attention
-from advisor.rewrite.apply import RewriteFailed, rewrite
-from advisor.rewrite.patch import unified_diff
+from advisor.rewrite.apply import RewriteFailed, rewrite_edits
+from advisor.rewrite.splice import Edit, apply_edits, local_diff
 from advisor.registry import is_selected, load_rules
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
@@ -56,23 +56,23 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
-    findings, to_apply, patched = [], [], []
+    findings, to_apply, edits = [], [], []
     for match in find_attention(parsed):
         rule = _rule_for(match)
         if not is_selected(rule, select, ignore) or _is_suppressed(suppressed, match, rule):
             continue
-        finding, text = _finding(parsed, match, rule)
+        finding, finding_edits = _finding(parsed, match, rule)
         findings.append(finding)
         chosen = only is None or (rule, finding.line) in only
         if chosen and finding.patch and (finding.fix_safety == "safe" or unsafe_fixes):
             to_apply.append(match)
-            patched.append(text)
+            edits.append(finding_edits)
     fixed = source
     if len(to_apply) == 1:  # the usual case: that finding's own patch is the whole fix
-        fixed = patched[0]
+        fixed = apply_edits(source, edits[0])
     elif to_apply:
         try:
-            fixed = rewrite(parsed, to_apply, drop_weights=unsafe_fixes)
+            fixed = apply_edits(source, rewrite_edits(parsed, to_apply, drop_weights=unsafe_fixes))
         except RewriteFailed:
             fixed = source
     return FileResult(path, source, fixed, findings)
@@ -84,18 +84,18 @@ def _rule_for(match: AttentionMatch) -> str:
     return ESCAPING if match.escapes else SAFE
 
 
-def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Finding, str | None]:
-    """The finding, and the source with only its patch applied (None when it has none).
+def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Finding, list[Edit] | None]:
+    """The finding, and the edits of its patch alone (None when it has none); both cost the size of the block.
     A patch whose proof left a fact assumed is unsafe whatever the rule's default: it names those facts."""
     definition = load_rules()[rule]
-    patch, reason, patched = None, match.reason, None
+    patch, reason, edits = None, match.reason, None
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:
-            patched = rewrite(parsed, [match], drop_weights=rule == ESCAPING)
-            patch = unified_diff(parsed.path, parsed.source, patched)
+            edits = rewrite_edits(parsed, [match], drop_weights=rule == ESCAPING)
+            patch = local_diff(display_path(parsed.path), parsed.lines, edits)
         except RewriteFailed as exc:
-            fixable, reason, patched = False, str(exc), None
+            fixable, reason, edits = False, str(exc), None
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
     safety = definition.fix_safety
@@ -108,7 +108,7 @@ def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Fi
     return Finding(rule=rule, kind=definition.kind, path=parsed.path, line=match.line, end_line=match.end_line,
                    function=match.function, message=definition.title, fixable=fixable,
                    fix_safety=safety, reason=reason if rule != SAFE or assumed else None, patch=patch,
-                   extra=extra), patched
+                   extra=extra), edits
 
 
 def _roles(match: AttentionMatch) -> dict[str, object]:

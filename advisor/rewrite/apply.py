@@ -6,6 +6,7 @@ import libcst as cst
 
 from advisor.patterns.attention import AttentionMatch
 from advisor.rewrite.sdpa import functional_name, sdpa_call
+from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
 
@@ -14,10 +15,13 @@ class RewriteFailed(Exception):
     """The edited module did not compile; the original is kept."""
 
 
-def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool) -> str:
-    """Source with every match replaced by one SDPA call. `drop_weights` passes None where weights escaped."""
+def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool) -> list[Edit]:
+    """Every match replaced by one SDPA call (`drop_weights` passes None where weights escaped), as character edits
+    of the source (splice.apply_edits gives the new text). Only the top-level statements holding a change are
+    rendered and compiled, so the cost is that of the changed code, not of the module (when the module's statements
+    do not render back to their exact source, the whole module is rendered instead)."""
     if not matches:
-        return parsed.source
+        return []
     functional = functional_name(parsed)
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
     removed: set[cst.CSTNode] = set()
@@ -38,15 +42,52 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
         if drop_weights:
             nones.update(match.escapes)
     replacements.update(renamed)
-    module = parsed.module.visit(_Editor(parsed, replacements, removed, nones, hoists))
-    if functional.import_line is not None:
-        module = _add_import(module, functional.import_line)
-    code = module.code
+    editor = _Editor(parsed, replacements, removed, nones, hoists)
+    import_line = functional.import_line
+    spans = parsed.statement_spans
+    if spans is None:
+        module = parsed.module.visit(editor)
+        if import_line is not None:
+            module = _add_import(module, import_line)
+        _check_compiles(module.code, parsed.path)
+        return [Edit(0, len(parsed.source), module.code)]
+    edits = []
+    for statement in _top_level_statements(parsed, [*replacements, *removed, *nones, *hoists]):
+        code = _rendered(parsed.module, statement.visit(editor))
+        _check_compiles(code, parsed.path)
+        edits.append(Edit(*spans[statement], code))
+    if import_line is not None:
+        body = parsed.module.body
+        position = _import_position(body)
+        offset = spans[body[position]][0] if position < len(body) else spans[body[-1]][1]
+        edits.append(Edit(offset, offset, import_line + parsed.module.default_newline))
+    return edits
+
+
+def _top_level_statements(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> list[cst.CSTNode]:
+    """The module-level statements that hold `nodes`, in source order, each once."""
+    found = set()
+    for node in nodes:
+        while parsed.parents[node] is not parsed.module:
+            node = parsed.parents[node]
+        found.add(node)
+    return [statement for statement in parsed.module.body if statement in found]
+
+
+def _rendered(module: cst.Module, result) -> str:
+    """Code of a visited top-level statement: a node, several (FlattenSentinel), or none (RemovalSentinel)."""
+    if isinstance(result, cst.RemovalSentinel):
+        return ""
+    nodes = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
+    return "".join(module.code_for_node(node) for node in nodes)
+
+
+def _check_compiles(code: str, path: str) -> None:
+    """A module-level statement compiles on its own exactly when it compiles in its module (no name lookup)."""
     try:
-        compile(code, parsed.path, "exec")
+        compile(code, path, "exec")
     except SyntaxError as exc:
         raise RewriteFailed(f"the rewrite produced invalid Python ({exc.msg})") from None
-    return code
 
 
 def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
@@ -96,7 +137,7 @@ class _Editor(cst.CSTTransformer):
     def _fill_body(self, original_node, updated_node):
         return updated_node.with_changes(body=_filled(updated_node.body))
 
-    leave_For = leave_While = leave_With = leave_Try = leave_FunctionDef = _fill_body
+    leave_For = leave_While = leave_With = leave_Try = leave_FunctionDef = leave_MatchCase = _fill_body
 
 
 def _is_empty(block) -> bool:
@@ -110,9 +151,13 @@ def _filled(block):
 
 
 def _add_import(module: cst.Module, line: str) -> cst.Module:
-    """Insert after the last top-level import (or at the top, after a docstring)."""
-    statement = cst.parse_statement(line + "\n")
     body = list(module.body)
+    body.insert(_import_position(body), cst.parse_statement(line + "\n"))
+    return module.with_changes(body=body)
+
+
+def _import_position(body) -> int:
+    """Index for a new import: after the last top-level import (or at the top, after a docstring)."""
     position = 0
     for index, item in enumerate(body):
         if isinstance(item, cst.SimpleStatementLine) and any(
@@ -121,5 +166,4 @@ def _add_import(module: cst.Module, line: str) -> cst.Module:
         elif index == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr) \
                 and isinstance(item.body[0].value, cst.SimpleString):
             position = 1
-    body.insert(position, statement)
-    return module.with_changes(body=body)
+    return position
