@@ -56,5 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
         if debug:
             raise
-        print(f"advisor: error: {type(exc).__name__}: {visible(exc)} (run with --debug for the traceback)", file=sys.stderr)
+        print(f"advisor: error: {type(exc).__name__}: {visible(exc)} (run with --debug for the traceback)",
+              file=sys.stderr)
         return EXIT_ERROR

@@ -198,3 +198,44 @@ def test_debug_is_accepted_after_the_verb(capsys, workdir):
     (workdir / "plain.py").write_text("x = 1\n")
     assert run_cli(capsys, "scan", "plain.py", "--debug")[0] == 0
     assert run_cli(capsys, "--debug", "scan", "plain.py")[0] == 0
+
+
+def test_attention_inside_a_match_case_is_found_and_its_rewrite_computes_the_same(capsys, workdir):
+    import torch
+
+    source = ("import torch\nimport torch.nn.functional as F\n\n\ndef attend(q, k, v, mode):\n    match mode:\n"
+              "        case \"plain\" if q.dim() == 4:\n"
+              "            scores = q @ k.transpose(-2, -1) / (q.size(-1) ** 0.5)\n"
+              "            weights = F.softmax(scores, dim=-1)\n            out = weights @ v\n"
+              "        case [first, *rest]:\n            out = v\n"
+              "    return out\n")
+    (workdir / "m.py").write_text(source)
+    code, out, _ = run_cli(capsys, "scan", "m.py", "--format", "json")
+    (finding,) = json.loads(out)["findings"]
+    assert code == 1 and finding["rule"] == "ADV101" and finding["line"] == 8 and finding["fix_safety"] == "safe"
+    assert run_cli(capsys, "fix", "m.py", "--apply")[0] == 0
+    fixed = (workdir / "m.py").read_text()
+    assert "scaled_dot_product_attention" in fixed
+    original_ns, fixed_ns = {}, {}
+    exec(compile(source, "m.py", "exec"), original_ns)
+    exec(compile(fixed, "m.py", "exec"), fixed_ns)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    torch.testing.assert_close(fixed_ns["attend"](q, k, v, "plain"), original_ns["attend"](q, k, v, "plain"))
+
+
+def test_the_profilers_native_log_lines_stay_off_stderr_and_other_lines_stay(capfd):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from advisor.runtime.native_log import without_native_log
+
+    with profile(activities=[ProfilerActivity.CPU]):
+        torch.ones(2).add(1)
+    assert "profiler_start" in capfd.readouterr().err  # what Kineto prints unless silenced (torch 2.13)
+    with without_native_log():
+        with profile(activities=[ProfilerActivity.CPU]):
+            torch.ones(2).add(1)
+            os.write(2, b"a line from the workload\n")
+        os.write(2, b"WARNING:2026-01-01 00:00:00 1:1 CudaDeviceProperties.cpp:27] gpuGetDeviceCount failed\n")
+    err = capfd.readouterr().err
+    assert err == "a line from the workload\n"
