@@ -76,14 +76,11 @@ def _patches(patches: list[dict]) -> Table:
 def _ops(deltas: list[view.OpDelta]) -> Table:
     rows = []
     for delta in deltas[:OP_ROWS]:
-        op = Text(delta.op, style=CHANGE_STYLES.get(delta.change, ""))
-        if delta.change:
-            op.append(f" ({delta.change})", style="dim")
-        after_count = view.NONE if delta.count_after is None else f"{delta.count_after:g}"
-        change = view.NONE if delta.delta_us is None else ("+" if delta.delta_us > 0 else "") + view.duration(
-            delta.delta_us)
-        rows.append((op, delta.kind, f"{delta.count_before:g}", after_count, view.duration(delta.us_before),
-                     view.duration(delta.us_after), change))
+        op = Text(delta.op, style=CHANGE_STYLES.get(delta.status, ""))
+        if delta.status:
+            op.append(f" ({delta.status})", style="dim")
+        rows.append((op, delta.kind, f"{delta.count_before:g}", delta.count_after_text,
+                     view.duration(delta.us_before), view.duration(delta.us_after), delta.delta_text))
     title = "ops before -> after" + (f" (top {OP_ROWS} of {len(deltas)} by change)" if len(deltas) > OP_ROWS else "")
     return _table(title, ("op", "kind", "count before", "count after", "time before", "time after", "change"), rows,
                   justify=("left", "left", "right", "right", "right", "right", "right"))

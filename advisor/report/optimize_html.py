@@ -172,12 +172,11 @@ def _ops(result: dict) -> str:
         return ""
     rows = []
     for delta in deltas[:OP_ROWS]:
-        change = view.NONE if delta.delta_us is None else ("+" if delta.delta_us > 0 else "") + view.duration(
-            delta.delta_us)
-        tag = f' <span class="change {delta.change}">{delta.change}</span>' if delta.change else ""
+        tag = f' <span class="change {delta.status}">{delta.status}</span>' if delta.status else ""
         rows.append((f"<code>{escape(delta.op)}</code>{tag}", escape(delta.kind), f"{delta.count_before:g}",
-                     view.NONE if delta.count_after is None else f"{delta.count_after:g}",
-                     escape(view.duration(delta.us_before)), escape(view.duration(delta.us_after)), escape(change)))
+                     delta.count_after_text,
+                     escape(view.duration(delta.us_before)), escape(view.duration(delta.us_after)),
+                     escape(delta.delta_text)))
     more = f"<p class=\"dim\">{len(deltas) - OP_ROWS} smaller changes not shown.</p>" if len(deltas) > OP_ROWS else ""
     table = _table(("op", "kind", "count before", "count after", "time before", "time after", "change"), rows, "ops")
     return f"<section><h2>Ops before and after</h2>{table}{more}</section>"

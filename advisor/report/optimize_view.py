@@ -180,7 +180,7 @@ class OpDelta:
     us_after: float | None
 
     @property
-    def change(self) -> str:
+    def status(self) -> str:
         if self.us_after is None:
             return ""
         if not self.count_before and not self.us_before:
@@ -192,6 +192,16 @@ class OpDelta:
     @property
     def delta_us(self) -> float | None:
         return None if self.us_after is None else self.us_after - self.us_before
+
+    @property
+    def delta_text(self) -> str:
+        if self.us_after is None:
+            return NONE
+        return ("+" if self.us_after > self.us_before else "") + duration(self.us_after - self.us_before)
+
+    @property
+    def count_after_text(self) -> str:
+        return NONE if self.count_after is None else f"{self.count_after:g}"
 
 
 def op_diff(result: dict) -> list[OpDelta]:
