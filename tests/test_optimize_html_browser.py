@@ -98,7 +98,7 @@ def test_report_renders_its_charts_without_errors(browser, tmp_path, name):
     seen = _probe(browser, render_html(optimize_results.ALL[name]()), tmp_path)
     assert seen["problems"] == [] and seen["console"] == []
     labels = [chart["label"] for chart in seen["charts"]]
-    assert labels == ["step time per side", "time per op kind", "speedup per patch", "peak memory"]
+    assert labels == ["step time per side", "speedup per patch", "time per op kind", "peak memory"]
     for chart in seen["charts"]:
         assert chart["width"] > 400 and chart["height"] > 60, chart  # laid out, not collapsed
         assert chart["shapes"] >= 4, chart  # bars, boxes, whiskers, grid lines actually drawn

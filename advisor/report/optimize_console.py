@@ -41,8 +41,9 @@ def print_optimize(console: Console, result: dict) -> None:
         console.print(Text(note, style="dim"))
 
 
-def _table(title: str, columns: tuple[str, ...], rows, header: bool = True, justify: tuple[str, ...] = ()) -> Table:
-    table = Table(title=Text(title), show_header=header, title_justify="left")
+def _table(title: str, columns: tuple[str, ...], rows, header: bool = True, justify: tuple[str, ...] = (),
+           caption: str | None = None) -> Table:
+    table = Table(title=Text(title), show_header=header, title_justify="left", caption=caption, caption_justify="left")
     for index, column in enumerate(columns):
         table.add_column(Text(column), overflow="fold", justify=justify[index] if index < len(justify) else "left")
     for row in rows:
@@ -66,11 +67,13 @@ def _patches(patches: list[dict]) -> Table:
             state.append("\n" + view.printable(patch["reason"]), style="dim")
         where = Text(view.location(patch))
         where.append("\n" + view.printable(patch.get("function", "")), style="dim")
-        safety = "" if patch.get("fix_safety") == "safe" else "\n(unsafe fix)"
-        rows.append((view.printable(patch.get("rule", "?")) + safety, where, state,
-                     "\n".join(view.parity_lines(patch.get("parity"))) or view.NONE,
-                     view.speedup_text(patch.get("speedup"), patch.get("speedup_ci")), view.outcome(patch)))
-    return _table("patches", ("rule", "location", "verdict", "parity (max err / tolerance)", "speedup", "applied"), rows)
+        patch_rule = Text(view.printable(f"{patch.get('id', '?')}\n{patch.get('rule', '?')}"))
+        if patch.get("fix_safety") != "safe":
+            patch_rule.append("\nunsafe fix", style="yellow")
+        rows.append((patch_rule, where, state, "\n".join(view.parity_lines(patch.get("parity"))) or view.NONE,
+                     view.speedup_text(patch.get("speedup"), patch.get("speedup_ci"), sep="\n"), view.outcome(patch)))
+    return _table("patches", ("patch", "location", "verdict", "parity", "speedup", "applied"), rows,
+                  caption="parity: max abs and rel error / tolerance; speedup: alone, with its confidence interval")
 
 
 def _ops(deltas: list[view.OpDelta]) -> Table:

@@ -50,7 +50,7 @@ def _summary(result: dict) -> str:
 
 
 def _charts(result: dict) -> str:
-    figures = [_step_time(result), _kinds(result), _speedups(result), _memory(result)]
+    figures = [_step_time(result), _speedups(result), _kinds(result), _memory(result)]  # short charts first: rows align
     return '<section><h2>Charts</h2><div class="charts">' + "".join(f for f in figures if f) + "</div></section>"
 
 
@@ -216,9 +216,9 @@ white-space:nowrap}
 figure{margin:0;padding:12px;border:1px solid var(--line);border-radius:8px;background:var(--bg)}
 figcaption{color:var(--dim);font-size:12.5px;margin-top:6px}
 svg.chart{width:100%;height:auto;display:block}
-svg text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;font-size:12px;fill:var(--fg)}
-svg text.tick,svg text.note{font-size:11px;fill:var(--dim)}
-svg text.value{font-size:11.5px;font-weight:600}
+svg text{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;font-size:13px;fill:var(--fg)}
+svg text.tick,svg text.note{font-size:12px;fill:var(--dim)}
+svg text.value{font-size:12.5px;font-weight:600}
 svg line.grid{stroke:var(--line);stroke-width:1}
 details{margin:10px 0;border:1px solid var(--line);border-radius:8px;background:var(--panel)}
 summary{cursor:pointer;padding:8px 12px;font-weight:600;overflow-wrap:anywhere}

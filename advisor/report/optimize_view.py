@@ -53,11 +53,11 @@ def interval(bounds: list[float] | None, fmt=ratio) -> str:
     return NONE if not bounds else f"{fmt(bounds[0])} to {fmt(bounds[1])}"
 
 
-def speedup_text(value: float | None, bounds: list[float] | None) -> str:
+def speedup_text(value: float | None, bounds: list[float] | None, sep: str = " ") -> str:
     """`1.84x (CI 1.79x to 1.90x)`; the interval is the one `optimize` computed (see its `speedup_ci`)."""
     if value is None:
         return NONE
-    return ratio(value) if not bounds else f"{ratio(value)} (CI {interval(bounds)})"
+    return ratio(value) if not bounds else f"{ratio(value)}{sep}(CI {interval(bounds)})"
 
 
 def step_text(side: dict | None) -> str:
@@ -68,6 +68,14 @@ def step_text(side: dict | None) -> str:
 
 def sci(value: float | None) -> str:
     return NONE if value is None else f"{value:.1e}"
+
+
+def number(value: float | None) -> str:
+    return NONE if value is None else f"{value:g}"
+
+
+def plural(count: object, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def location(patch: dict) -> str:
@@ -84,9 +92,9 @@ def parity_lines(parity: dict | None) -> list[str]:
     """Max errors against their tolerances, then what was compared; empty when parity was not run."""
     if not parity:
         return []
-    lines = [f"abs {sci(parity.get('max_abs_err'))} / atol {sci(parity.get('atol'))}",
-             f"rel {sci(parity.get('max_rel_err'))} / rtol {sci(parity.get('rtol'))}"]
-    compared = f"{parity.get('seeds', '?')} seed(s), {parity.get('outputs_compared', '?')} output(s)"
+    lines = [f"abs {sci(parity.get('max_abs_err'))} / {number(parity.get('atol'))}",
+             f"rel {sci(parity.get('max_rel_err'))} / {number(parity.get('rtol'))}"]
+    compared = f"{plural(parity.get('seeds', '?'), 'seed')}, {plural(parity.get('outputs_compared', '?'), 'output')}"
     lines.append(compared + (" + grads" if parity.get("grads") else ""))
     masked = parity.get("fully_masked_rows")
     if masked:
