@@ -62,16 +62,16 @@ def _summary(result: dict) -> Table:
 def _patches(patches: list[dict]) -> Table:
     rows = []
     for patch in patches:
-        state = Text(view.verdict(patch), style=VERDICT_STYLES.get(patch.get("verdict"), ""))
-        if patch.get("reason"):
-            state.append("\n" + view.printable(patch["reason"]), style="dim")
-        where = Text(view.location(patch))
-        where.append("\n" + view.printable(patch.get("function", "")), style="dim")
-        patch_rule = Text(view.printable(f"{patch.get('id', '?')}\n{patch.get('rule', '?')}"))
-        if patch.get("fix_safety") != "safe":
+        row = view.patch_row(patch, sep="\n")
+        state = Text(row.verdict, style=VERDICT_STYLES.get(patch.get("verdict"), ""))
+        if row.reason:
+            state.append("\n" + row.reason, style="dim")
+        where = Text(row.location)
+        where.append("\n" + row.function, style="dim")
+        patch_rule = Text(f"{row.id}\n{row.rule}")
+        if row.unsafe:
             patch_rule.append("\nunsafe fix", style="yellow")
-        rows.append((patch_rule, where, state, "\n".join(view.parity_lines(patch.get("parity"))) or view.NONE,
-                     view.speedup_text(patch.get("speedup"), patch.get("speedup_ci"), sep="\n"), view.outcome(patch)))
+        rows.append((patch_rule, where, state, "\n".join(row.parity) or view.NONE, row.speedup, row.outcome))
     return _table("patches", ("patch", "location", "verdict", "parity", "speedup", "applied"), rows,
                   caption="parity: max abs and rel error / tolerance; speedup: alone, with its confidence interval")
 
@@ -82,8 +82,7 @@ def _ops(deltas: list[view.OpDelta]) -> Table:
         op = Text(delta.op, style=CHANGE_STYLES.get(delta.status, ""))
         if delta.status:
             op.append(f" ({delta.status})", style="dim")
-        rows.append((op, delta.kind, f"{delta.count_before:g}", delta.count_after_text,
-                     view.duration(delta.us_before), view.duration(delta.us_after), delta.delta_text))
+        rows.append((op, delta.kind, *delta.numbers()))
     title = "ops before -> after" + (f" (top {OP_ROWS} of {len(deltas)} by change)" if len(deltas) > OP_ROWS else "")
-    return _table(title, ("op", "kind", "count before", "count after", "time before", "time after", "change"), rows,
+    return _table(title, view.OP_COLUMNS, rows,
                   justify=("left", "left", "right", "right", "right", "right", "right"))

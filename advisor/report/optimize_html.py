@@ -127,16 +127,13 @@ def _patches(result: dict) -> str:
         return "<section><h2>Patches</h2><p>No finding had a patch to verify.</p></section>"
     rows = []
     for patch in patches:
-        reason = f'<div class="dim">{escape(view.printable(patch["reason"]))}</div>' if patch.get("reason") else ""
-        safety = "" if patch.get("fix_safety") == "safe" else '<div class="dim">unsafe fix</div>'
-        rows.append((escape(view.printable(patch.get("id", "?"))), escape(view.printable(patch.get("rule", "?"))) + safety,
-                     f'<code>{escape(view.location(patch))}</code><div class="dim">'
-                     f'{escape(view.printable(patch.get("function", "")))}</div>',
-                     _badge(patch) + reason, _lines(view.parity_lines(patch.get("parity"))) or view.NONE,
-                     escape(view.speedup_text(patch.get("speedup"), patch.get("speedup_ci"))),
-                     escape(view.outcome(patch))))
-    table = _table(("patch", "rule", "location", "verdict", "parity (max err / tolerance)", "speedup", "applied"),
-                   rows, "patches")
+        row = view.patch_row(patch)
+        reason = f'<div class="dim">{escape(row.reason)}</div>' if row.reason else ""
+        safety = '<div class="dim">unsafe fix</div>' if row.unsafe else ""
+        rows.append((escape(row.id), escape(row.rule) + safety,
+                     f'<code>{escape(row.location)}</code><div class="dim">{escape(row.function)}</div>',
+                     _badge(patch) + reason, _lines(row.parity) or view.NONE, escape(row.speedup), escape(row.outcome)))
+    table = _table(view.PATCH_COLUMNS, rows, "patches")
     diffs = "".join(_diff_block(patch) for patch in patches if patch.get("diff"))
     return f"<section><h2>Patches</h2>{table}{diffs}</section>"
 
@@ -173,12 +170,9 @@ def _ops(result: dict) -> str:
     rows = []
     for delta in deltas[:OP_ROWS]:
         tag = f' <span class="change {delta.status}">{delta.status}</span>' if delta.status else ""
-        rows.append((f"<code>{escape(delta.op)}</code>{tag}", escape(delta.kind), f"{delta.count_before:g}",
-                     delta.count_after_text,
-                     escape(view.duration(delta.us_before)), escape(view.duration(delta.us_after)),
-                     escape(delta.delta_text)))
+        rows.append((f"<code>{escape(delta.op)}</code>{tag}", escape(delta.kind), *map(escape, delta.numbers())))
     more = f"<p class=\"dim\">{len(deltas) - OP_ROWS} smaller changes not shown.</p>" if len(deltas) > OP_ROWS else ""
-    table = _table(("op", "kind", "count before", "count after", "time before", "time after", "change"), rows, "ops")
+    table = _table(view.OP_COLUMNS, rows, "ops")
     return f"<section><h2>Ops before and after</h2>{table}{more}</section>"
 
 

@@ -51,16 +51,12 @@ def _patches(result: dict) -> str:
         return "No finding had a patch to verify."
     rows = []
     for patch in patches:
-        state = f"**{view.verdict(patch)}**" + (f"<br>{_text(view.printable(patch['reason']))}"
-                                                 if patch.get("reason") else "")
-        rule = _text(view.printable(patch.get("rule", "?"))) + ("" if patch.get("fix_safety") == "safe" else
-                                                                 " (unsafe fix)")
-        rows.append((_text(view.printable(patch.get("id", "?"))), rule,
-                     _text(view.location(patch)) + "<br>" + _text(view.printable(patch.get("function", ""))), state,
-                     "<br>".join(_text(line) for line in view.parity_lines(patch.get("parity"))) or view.NONE,
-                     view.speedup_text(patch.get("speedup"), patch.get("speedup_ci")), _text(view.outcome(patch))))
-    table = _table(("patch", "rule", "location", "verdict", "parity (max err / tolerance)", "speedup", "applied"),
-                   rows)
+        row = view.patch_row(patch)
+        rows.append((_text(row.id), _text(row.rule) + (" (unsafe fix)" if row.unsafe else ""),
+                     f"{_text(row.location)}<br>{_text(row.function)}",
+                     f"**{row.verdict}**" + (f"<br>{_text(row.reason)}" if row.reason else ""),
+                     "<br>".join(_text(line) for line in row.parity) or view.NONE, row.speedup, _text(row.outcome)))
+    table = _table(view.PATCH_COLUMNS, rows)
     return "### Patches\n\n" + table + "".join(_folded_diff(patch) for patch in patches if patch.get("diff"))
 
 
@@ -91,9 +87,7 @@ def _ops(result: dict) -> str:
     rows = []
     for delta in deltas[:OP_ROWS]:
         rows.append((_text(delta.op) + (f" *({delta.status})*" if delta.status else ""), delta.kind,
-                     f"{delta.count_before:g}", delta.count_after_text, view.duration(delta.us_before),
-                     view.duration(delta.us_after), delta.delta_text))
+                     *delta.numbers()))
     shown = f"top {OP_ROWS} of {len(deltas)}" if len(deltas) > OP_ROWS else f"{len(deltas)}"
-    table = _table(("op", "kind", "count before", "count after", "time before", "time after", "change"), rows,
-                   "llrrrrr")
+    table = _table(view.OP_COLUMNS, rows, "llrrrrr")
     return f"<details><summary>Ops before and after ({shown}, biggest change first)</summary>\n\n{table}\n\n</details>"

@@ -16,6 +16,8 @@ from advisor.runtime.analyze import OP_KINDS, op_category
 VERDICTS = {"verified": "verified", "parity-failed": "parity failed", "no-gain": "no measurable gain",
             "not-run": "not run"}
 NONE = "—"
+OP_COLUMNS = ("op", "kind", "count before", "count after", "time before", "time after", "change")
+PATCH_COLUMNS = ("patch", "rule", "location", "verdict", "parity (max err / tolerance)", "speedup", "applied")
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -58,12 +60,6 @@ def speedup_text(value: float | None, bounds: list[float] | None, sep: str = " "
     if value is None:
         return NONE
     return ratio(value) if not bounds else f"{ratio(value)}{sep}(CI {interval(bounds)})"
-
-
-def step_text(side: dict | None) -> str:
-    if not side:
-        return NONE
-    return f"{duration(side.get('median_us'))} (IQR {duration(side.get('iqr_us'))})"
 
 
 def sci(value: float | None) -> str:
@@ -111,6 +107,31 @@ def outcome(patch: dict) -> str:
     if patch.get("offered"):
         return "offered, not applied"
     return "not offered"
+
+
+@dataclass(frozen=True)
+class PatchRow:
+    """One patch's cells as plain text (control characters made visible); each renderer adds its own markup."""
+
+    id: str
+    rule: str
+    unsafe: bool
+    location: str
+    function: str
+    verdict: str
+    reason: str
+    parity: list[str]
+    speedup: str
+    outcome: str
+
+
+def patch_row(patch: dict, sep: str = " ") -> PatchRow:
+    """`sep` goes between a speedup and its interval (a newline where the column is narrow)."""
+    return PatchRow(id=printable(patch.get("id", "?")), rule=printable(patch.get("rule", "?")),
+                    unsafe=patch.get("fix_safety") != "safe", location=location(patch),
+                    function=printable(patch.get("function", "")), verdict=verdict(patch),
+                    reason=printable(patch.get("reason") or ""), parity=parity_lines(patch.get("parity")),
+                    speedup=speedup_text(patch.get("speedup"), patch.get("speedup_ci"), sep), outcome=outcome(patch))
 
 
 def assumed_facts(patch: dict) -> list[str]:
@@ -207,9 +228,10 @@ class OpDelta:
             return NONE
         return ("+" if self.us_after > self.us_before else "") + duration(self.us_after - self.us_before)
 
-    @property
-    def count_after_text(self) -> str:
-        return NONE if self.count_after is None else f"{self.count_after:g}"
+    def numbers(self) -> tuple[str, str, str, str, str]:
+        """The cells after `op` and `kind` in OP_COLUMNS."""
+        return (f"{self.count_before:g}", NONE if self.count_after is None else f"{self.count_after:g}",
+                duration(self.us_before), duration(self.us_after), self.delta_text)
 
 
 def op_diff(result: dict) -> list[OpDelta]:
