@@ -15,7 +15,7 @@ from advisor.findings import Finding, ScanError
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.rewrite.apply import RewriteFailed, rewrite
 from advisor.rewrite.patch import unified_diff
-from advisor.rules import is_selected, load_rules
+from advisor.registry import is_selected, load_rules
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 
