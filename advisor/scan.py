@@ -13,6 +13,7 @@ from functools import partial
 
 import libcst as cst
 
+from advisor.backends.site import plan_backend
 from advisor.findings import Finding, ScanError, display_path
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.rewrite.apply import RewriteFailed, rewrite_edits
@@ -51,9 +52,11 @@ def might_contain_attention(source: str) -> bool:
 
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
-                   ignore: list[str] | None = None, only: set[tuple[str, int]] | None = None) -> FileResult:
+                   ignore: list[str] | None = None, only: set[tuple[str, int]] | None = None,
+                   backend: str = "sdpa") -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source.
-    `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review."""
+    `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review;
+    `backend` is what attention rewrites target where the site is eligible (sdpa, flash, flash-attn)."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
     findings, to_apply, edits = [], [], []
@@ -61,7 +64,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
         rule = _rule_for(match)
         if not is_selected(rule, select, ignore) or _is_suppressed(suppressed, match, rule):
             continue
-        finding, finding_edits = _finding(parsed, match, rule)
+        finding, finding_edits = _finding(parsed, match, rule, backend)
         findings.append(finding)
         chosen = only is None or (rule, finding.line) in only
         if chosen and finding.patch and (finding.fix_safety == "safe" or unsafe_fixes):
@@ -72,7 +75,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
         fixed = apply_edits(source, edits[0])
     elif to_apply:
         try:
-            fixed = apply_edits(source, rewrite_edits(parsed, to_apply, drop_weights=unsafe_fixes))
+            fixed = apply_edits(source, rewrite_edits(parsed, to_apply, drop_weights=unsafe_fixes, backend=backend))
         except RewriteFailed:
             fixed = source
     return FileResult(path, source, fixed, findings)
@@ -84,27 +87,31 @@ def _rule_for(match: AttentionMatch) -> str:
     return ESCAPING if match.escapes else SAFE
 
 
-def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Finding, list[Edit] | None]:
+def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str,
+             backend: str) -> tuple[Finding, list[Edit] | None]:
     """The finding, and the edits of its patch alone (None when it has none); both cost the size of the block.
     A patch whose proof left a fact assumed is unsafe whatever the rule's default: it names those facts."""
     definition = load_rules()[rule]
     patch, reason, edits = None, match.reason, None
+    plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:
-            edits = rewrite_edits(parsed, [match], drop_weights=rule == ESCAPING)
+            edits = rewrite_edits(parsed, [match], drop_weights=rule == ESCAPING, backend=backend)
             patch = local_diff(display_path(parsed.path), parsed.lines, edits)
         except RewriteFailed as exc:
             fixable, reason, edits = False, str(exc), None
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
     safety = definition.fix_safety
-    assumed = match.facts.assumptions
+    assumed = match.facts.assumptions + (plan.assumptions if plan else [])
     if assumed and match.output_node is not None:
         safety = "unsafe"
         unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
         reason = unproved if rule == SAFE or reason is None else f"{reason}; {unproved}"
     extra = {"roles": _roles(match), "facts": match.facts.to_json()} if match.output_node is not None else {}
+    if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
+        extra.update(plan.to_json())
     return Finding(rule=rule, kind=definition.kind, path=parsed.path, line=match.line, end_line=match.end_line,
                    function=match.function, message=definition.title, fixable=fixable,
                    fix_safety=safety, reason=reason if rule != SAFE or assumed else None, patch=patch,
@@ -134,13 +141,14 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: AttentionMatch
 
 
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
-               ignore: list[str] | None = None, on_file=None, jobs: int | None = None) -> ScanResult:
+               ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
+               backend: str = "sdpa") -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic."""
     files, errors = discover(paths)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore)
+    scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             outcomes = list(pool.map(scan_one, files, chunksize=4))
@@ -155,14 +163,14 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     return result
 
 
-def _scan_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | ScanError:
+def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa") -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            return _analyze_file(path, unsafe_fixes, select, ignore)
+            return _analyze_file(path, unsafe_fixes, select, ignore, backend)
     except RecursionError:
         return ScanError(path, "too deeply nested to analyse (the interpreter's recursion limit was reached)")
     except MemoryError:
@@ -172,7 +180,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | Sc
                          internal=True)
 
 
-def _analyze_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | ScanError:
+def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
@@ -182,7 +190,7 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult |
     if not might_contain_attention(source.text):
         return FileResult(path, source.text, source.text)
     try:
-        return analyze_source(source.text, path, unsafe_fixes, select, ignore)
+        return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 

@@ -1,10 +1,14 @@
-"""Apply attention rewrites to one module with a single libcst pass; untouched code stays byte-identical."""
+"""Apply attention rewrites to one module: the changed top-level statements are rendered and spliced into the source,
+so untouched code stays byte-identical and a rewrite costs the size of what it changes."""
 
 from __future__ import annotations
 
 import libcst as cst
 
+from advisor.backends.site import plan_backend
 from advisor.patterns.attention import AttentionMatch
+from advisor.rewrite.backends import FlashContext, flash_attn_call, flash_attn_helper, flash_context, helper_name
+from advisor.rewrite.patch import WriteRefused, keep_untouched
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
@@ -15,11 +19,13 @@ class RewriteFailed(Exception):
     """The edited module did not compile; the original is kept."""
 
 
-def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool) -> list[Edit]:
-    """Every match replaced by one SDPA call (`drop_weights` passes None where weights escaped), as character edits
-    of the source (splice.apply_edits gives the new text). Only the top-level statements holding a change are
-    rendered and compiled, so the cost is that of the changed code, not of the module (when the module's statements
-    do not render back to their exact source, the whole module is rendered instead)."""
+def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool,
+                  backend: str = "sdpa") -> list[Edit]:
+    """Every match replaced by one SDPA call (`drop_weights` passes None where weights escaped; `backend` "flash" /
+    "flash-attn" emits those where the site is eligible, see advisor.backends.site), as character edits of the
+    source (splice.apply_edits gives the new text). Only the top-level statements holding a change are rendered and
+    compiled, so the cost is that of the changed code, not of the module (when the module's statements do not render
+    back to their exact source, the whole module is rendered instead)."""
     if not matches:
         return []
     functional = functional_name(parsed)
@@ -28,11 +34,25 @@ def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weig
     nones: set[cst.CSTNode] = set()
     renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
     hoists: dict[cst.CSTNode, object] = {}
-    for match in matches:
+    emitted = [plan_backend(parsed, match, backend).emitted for match in matches]
+    flash = flash_context(parsed) if "flash" in emitted else None
+    if isinstance(flash, str):
+        raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")
+    helper = helper_name(parsed) if "flash-attn" in emitted else None
+    wrapped: set[cst.CSTNode] = set()
+    for match, target in zip(matches, emitted):
         statement = _enclosing_statement(parsed, match.output_node)
         indent = parsed.positions[statement.body[0] if isinstance(statement, cst.SimpleStatementLine)
                                   else statement].start.column
-        replacements[match.output_node] = cst.parse_expression(sdpa_call(match, functional.prefix, indent))
+        if target == "flash-attn":
+            call = flash_attn_call(match, helper, indent)
+        else:
+            call = sdpa_call(match, functional.prefix, indent + 4 * (target == "flash"))
+        replacements[match.output_node] = cst.parse_expression(call)
+        if target == "flash":
+            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                raise RewriteFailed("the flash kernel context needs the SDPA call in a statement of its own")
+            wrapped.add(statement)
         removed.update(match.removed)
         renamed.update({read: cst.parse_expression(code) for read, code in match.renamed.items()})
         for statement, code in match.hoisted.items():
@@ -43,24 +63,36 @@ def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weig
             nones.update(match.escapes)
     replacements.update(renamed)
     editor = _Editor(parsed, replacements, removed, nones, hoists)
-    import_line = functional.import_line
+    if flash is not None:
+        editor.wrap(wrapped, flash.header)
+    # what goes after the imports, in order: the flash context's import, torch.nn.functional's, the flash-attn helper
+    added = [cst.parse_statement(line + "\n") for line in (
+        flash.import_line if isinstance(flash, FlashContext) else None, functional.import_line) if line is not None]
+    if helper is not None:
+        added.append(flash_attn_helper(helper, functional.prefix))
     spans = parsed.statement_spans
     if spans is None:
         module = parsed.module.visit(editor)
-        if import_line is not None:
-            module = _add_import(module, import_line)
-        _check_compiles(module.code, parsed.path)
-        return [Edit(0, len(parsed.source), module.code)]
+        body = list(module.body)
+        body[_import_position(body):_import_position(body)] = added
+        code = module.with_changes(body=body).code
+        _check_compiles(code, parsed.path)
+        try:  # what libcst's rendering lost outside the edit (a CR-only file's final CR) is put back
+            return [Edit(0, len(parsed.source), keep_untouched(parsed.source, code))]
+        except WriteRefused as exc:
+            raise RewriteFailed(str(exc)) from None
     edits = []
-    for statement in _top_level_statements(parsed, [*replacements, *removed, *nones, *hoists]):
+    for statement in _top_level_statements(parsed, [*replacements, *removed, *nones, *hoists, *wrapped]):
         code = _rendered(parsed.module, statement.visit(editor))
         _check_compiles(code, parsed.path)
         edits.append(Edit(*spans[statement], code))
-    if import_line is not None:
+    if added:
         body = parsed.module.body
         position = _import_position(body)
         offset = spans[body[position]][0] if position < len(body) else spans[body[-1]][1]
-        edits.append(Edit(offset, offset, import_line + parsed.module.default_newline))
+        code = "".join(parsed.module.code_for_node(statement) for statement in added)
+        _check_compiles(code, parsed.path)
+        edits.append(Edit(offset, offset, code))
     return edits
 
 
@@ -100,6 +132,12 @@ class _Editor(cst.CSTTransformer):
     def __init__(self, parsed, replacements, removed, nones, hoists) -> None:
         self.parsed, self.replacements, self.removed, self.nones = parsed, replacements, removed, nones
         self.hoists = hoists
+        self.wrapped: set[cst.CSTNode] = set()
+        self.with_item: cst.BaseExpression | None = None
+
+    def wrap(self, statements: set[cst.CSTNode], header: str) -> None:
+        """Run these statements inside `with <header>:` (the flash kernel context)."""
+        self.wrapped, self.with_item = statements, cst.parse_expression(header)
 
     def on_leave(self, original_node, updated_node):
         if original_node in self.replacements:
@@ -115,6 +153,8 @@ class _Editor(cst.CSTTransformer):
         kept = [small for small, original in zip(updated_node.body, original_node.body)
                 if original not in self.removed]
         if len(kept) == len(updated_node.body):
+            if original_node in self.wrapped:
+                updated_node = self._wrapped(updated_node)
             return self._with_hoist(original_node, updated_node)
         if not kept:
             return cst.RemoveFromParent()
@@ -128,6 +168,12 @@ class _Editor(cst.CSTTransformer):
             return cst.RemoveFromParent()
         updated_node = updated_node.with_changes(body=_filled(updated_node.body))
         return self._with_hoist(original_node, updated_node)
+
+    def _wrapped(self, statement: cst.SimpleStatementLine) -> cst.With:
+        """`with <item>:` around the statement; its leading comments stay above the `with`."""
+        inner = statement.with_changes(leading_lines=())
+        return cst.With(items=[cst.WithItem(self.with_item)], body=cst.IndentedBlock(body=[inner]),
+                        leading_lines=statement.leading_lines)
 
     def _with_hoist(self, original_node, updated_node):
         if original_node in self.hoists:  # the mask variable must exist when an `if` is not taken
@@ -150,14 +196,8 @@ def _filled(block):
     return block
 
 
-def _add_import(module: cst.Module, line: str) -> cst.Module:
-    body = list(module.body)
-    body.insert(_import_position(body), cst.parse_statement(line + "\n"))
-    return module.with_changes(body=body)
-
-
 def _import_position(body) -> int:
-    """Index for a new import: after the last top-level import (or at the top, after a docstring)."""
+    """Index for new top-level statements: after the last top-level import (or at the top, after a docstring)."""
     position = 0
     for index, item in enumerate(body):
         if isinstance(item, cst.SimpleStatementLine) and any(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.findings import ScanError
+from advisor.static.source_encoding import SourceDecodeError, decode_source
 
 SKIP_DIRS = {
     ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", ".tox", ".nox", "build", "dist",
@@ -89,8 +90,9 @@ def _walk(root: Path, errors: list[ScanError]) -> list[str]:
 
 
 def read_source(path: str) -> SourceFile | ScanError:
-    """The file's text, or the one-line reason it cannot be read as Python source. Opened without blocking and
-    checked again after opening, so a file replaced by a FIFO or a device since discovery is refused, not read."""
+    """The file's text (decoded as its coding line or BOM says; the BOM is not part of it), or the one-line
+    reason it cannot be read as Python source. Opened without blocking and checked again after opening, so a file
+    replaced by a FIFO or a device since discovery is refused, not read."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
@@ -103,7 +105,7 @@ def read_source(path: str) -> SourceFile | ScanError:
         except OSError as exc:
             return ScanError(path, exc.strerror or str(exc))
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return ScanError(path, f"not valid UTF-8 (byte {exc.start})")
+        text, _ = decode_source(data)
+    except SourceDecodeError as exc:
+        return ScanError(path, str(exc))
     return SourceFile(path, text)
