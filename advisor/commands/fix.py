@@ -7,8 +7,8 @@ import sys
 from rich.prompt import Prompt
 
 from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, run_scan
-from advisor.report.terminal import stdout_console
-from advisor.errors import AdvisorError
+from advisor.report.terminal import shown, stdout_console
+from advisor.errors import AdvisorError, visible
 from advisor.findings import ScanError, display_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
@@ -56,12 +56,12 @@ def run(args) -> int:
                     continue
             if new_text != file.source and _write(file, new_text, args, written):
                 applied += 1
-                console.print(f"fixed {display_path(file.path)}")
+                console.print(f"fixed {shown(display_path(file.path))}")
         except AdvisorError as exc:
             failures.append(ScanError(file.path, str(exc)))
             remaining += len(chosen)
     for failure in failures:
-        print(f"advisor: error: {display_path(failure.path)}: {failure.message}", file=sys.stderr)
+        print(f"advisor: error: {visible(display_path(failure.path))}: {visible(failure.message)}", file=sys.stderr)
     if args.apply or args.interactive:
         not_written = f", {len(failures)} file(s) not written" if failures else ""
         console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain{not_written}")
@@ -82,7 +82,8 @@ def _ask(console, findings):
     chosen = []
     for finding in findings:
         label = "" if finding.fix_safety == "safe" else " [yellow](UNSAFE fix)[/yellow]"
-        console.print(f"\n{display_path(finding.path)}:{finding.line} {finding.rule} {finding.message}{label}")
+        where = f"{shown(display_path(finding.path))}:{finding.line}"
+        console.print(f"\n{where} {finding.rule} {shown(finding.message)}{label}")
         print_diff(console, finding.patch)
         try:
             answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
