@@ -19,7 +19,7 @@ from advisor.runtime.frames import first_user_profiler_frame
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a large trace holds hundreds of thousands
 class RawEvent:
     kind: str  # "op", "step", "runtime" (a CPU-side launch call) or "kernel" (device activity)
     name: str
@@ -34,7 +34,7 @@ class RawEvent:
     correlation: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class OpEvent:
     name: str  # "aten::bmm"
     step: int  # index of the profiled step it ran in, -1 outside any step
