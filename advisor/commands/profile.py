@@ -10,6 +10,7 @@ from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
 from advisor.runtime.profile import profile_workload
+from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.workload_loader import load_workload
 
 
@@ -26,10 +27,12 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     stderr = Console(stderr=True)
+    trace = check_trace_path(args.trace)
     with stderr.status("loading the workload") as status:
         workload = load_workload(args.target)
-        report = profile_workload(workload, args.target, args.device, args.dtype, args.train, args.trace,
+        report = profile_workload(workload, args.target, args.device, args.dtype, args.train, trace and trace.path,
                                   progress=lambda message: status.update(message))
+    confirm_trace_written(trace)
     if args.format == "json":
         print(json.dumps(report.to_json(), indent=2))
     else:
