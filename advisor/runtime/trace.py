@@ -13,6 +13,7 @@ import os
 import stat
 import sys
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -96,14 +97,17 @@ def load_trace(path: str, index: int) -> tuple[Trace, list[RawEvent]]:
     return trace, raws
 
 
+@contextmanager
 def _open_regular(path: str):
     """Open without blocking on a FIFO, and read only a regular file."""
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    handle = os.fdopen(descriptor, "rb")
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        handle.close()
-        raise OSError(f"{path} is not a regular file")
-    return gzip.GzipFile(fileobj=handle, mode="rb") if path.endswith(".gz") else handle
+    with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError("not a regular file")
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=handle, mode="rb") as unzipped:
+                yield unzipped
+        else:
+            yield handle
 
 
 def _rank(info: list, default: int) -> int:
