@@ -22,8 +22,6 @@ def add_parser(sub) -> None:
     parser.add_argument("--interactive", action="store_true", help="ask y/n/q for each patch, then write")
     parser.add_argument("--force-readonly", action="store_true",
                         help="also rewrite read-only files (their mode, owner and group are kept)")
-    parser.add_argument("--backend", choices=("sdpa",), default="sdpa",
-                        help="attention backend to rewrite to (sdpa dispatches to flash kernels itself)")
     parser.set_defaults(run=run)
 
 
@@ -97,7 +95,7 @@ def _fixed_with(file, chosen, args) -> str:
     """Re-run the rewrite restricted to the chosen findings (by rule and line)."""
     keep = {(f.rule, f.line) for f in chosen}
     result = analyze_source(file.source, file.path, unsafe_fixes=args.unsafe_fixes, select=args.select,
-                            ignore=args.ignore, only=keep)
+                            ignore=args.ignore, only=keep, backend=args.backend)
     if result.source != file.source:
         raise AdvisorError("changed while reviewing; not written")
     return keep_untouched(file.source, result.fixed)

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 from advisor.errors import AdvisorError
 from advisor.findings import Finding, ScanError
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
 from advisor.runtime.rank import rank
 from advisor.runtime.trace import Trace, TraceError, load_trace, trace_files
@@ -19,6 +19,7 @@ _CATEGORIES = (("attention", ("flash", "fmha", "attention", "sdpa")), ("gemm", (
                "bmm", "addmm", "::mm")), ("softmax", ("softmax",)), ("copy", ("copy", "memcpy", "contiguous", "clone",
                "_to_copy")), ("reduction", ("reduce", "sum", "mean", "norm")), ("elementwise", ("elementwise",
                "vectorized", "add", "mul", "div", "where", "masked_fill", "gelu", "silu")))
+OP_KINDS = tuple(name for name, _ in _CATEGORIES) + ("other",)
 
 
 @dataclass
@@ -76,7 +77,7 @@ def _analyse_file(file: str, index: int) -> _TraceResult:
     category_us: dict[str, float] = defaultdict(float)
     for e in events:
         if e.step >= 0:
-            category_us[_category(e.name)] += e.self_us / steps
+            category_us[op_category(e.name)] += e.self_us / steps
     hits = []
     for hit in detect(events, trace.on_device):
         path_, line, function = _where(events[hit.events[0]], trace)
@@ -131,7 +132,8 @@ def _cost(events, indices: list[int]) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _category(name: str) -> str:
+def op_category(name: str) -> str:
+    """The kind of an op or kernel by its name (one of OP_KINDS); analyze's breakdown and optimize's reports share it."""
     lowered = name.lower()
     for category, needles in _CATEGORIES:
         if any(needle in lowered for needle in needles):
