@@ -8,6 +8,8 @@ import re
 from html.parser import HTMLParser
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from rich.console import Console
 
@@ -30,8 +32,8 @@ def _with_marked_rejection() -> dict:
 
 def console_text(result: dict, terminal: bool = False) -> str:
     out = io.StringIO()
-    print_optimize(Console(file=out, width=160, force_terminal=terminal, color_system="truecolor" if terminal else None),
-                   result)
+    console = Console(file=out, width=160, force_terminal=terminal, color_system="truecolor" if terminal else None)
+    print_optimize(console, result)
     return out.getvalue()
 
 
@@ -220,3 +222,60 @@ def test_op_diff_marks_added_and_removed_and_groups_kinds():
     assert kinds["attention"] == (0.0, 7600.0) and kinds["softmax"] == (9100.0, 0.0)
     assert kinds["gemm"] == (14200.0 + 11800.0, 11700.0)
     assert all(d.us_after is None for d in view.op_diff(optimize_results.no_patches()))
+
+
+# ---- fields the optimize run adds, and nulls anywhere the contract allows them ----
+
+def test_every_format_says_how_the_interval_is_computed_and_what_was_left_unchecked():
+    result = optimize_results.typical()
+    console, markdown, page = _visible(result)
+    for text in (console, markdown, page):
+        assert "speedup interval: median step time ratio; 95% percentile bootstrap" in text
+        assert "state_dict keys missing on patch p4: blocks.0.attn.mask" in text
+        assert re.search(r"not compared:[\s│]+past", text)  # outputs the parity run skipped are named (cells wrap)
+        assert "diff written to demo/model.py" not in text  # an applied patch's written_to is its own file
+        assert "peak memory from" in text and "threads fixed at 2" in text
+    for text in (markdown, page):
+        assert "checked on 3 input(s) of demo/model.py:workload" in text
+
+
+def _visible(result: dict) -> tuple[str, str, str]:
+    """What a reader sees of each format: the terminal text, the text of the rendered Markdown, the page's text."""
+    markdown = "".join(_Page(_markdown_html(render_markdown(result))).data)
+    return console_text(result), markdown, "".join(_Page(render_html(result)).data)
+
+
+NULLABLE_TOP = ("after", "speedup", "speedup_ci", "report", "ops", "findings_before", "findings_after", "traces",
+                "state_dict", "environment", "notes", "speedup_method")
+NULLABLE_PATCH = ("parity", "speedup", "speedup_ci", "reason", "written_to", "facts", "diff", "function", "end_line",
+                  "state_dict", "unsafe_facts_checked_on")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_renderers_survive_nulls_wherever_the_contract_allows_them(data):
+    result = optimize_results.typical()
+    for key in data.draw(st.sets(st.sampled_from(NULLABLE_TOP))):
+        result[key] = None
+    for patch in result["patches"]:
+        for key in data.draw(st.sets(st.sampled_from(NULLABLE_PATCH))):
+            patch[key] = None
+    text = console_text(result)
+    assert "advisor optimize:" in text and "None" not in text
+    assert "None" not in render_markdown(result)
+    page = _Page(render_html(result))
+    assert "None" not in "".join(page.data)
+
+
+def test_non_finite_numbers_stay_out_of_the_charts():
+    result = optimize_results.typical()
+    result["patches"][0]["speedup"] = float("inf")
+    result["patches"][1]["speedup_ci"] = [float("nan"), 1.2]
+    result["before"]["samples_us"][3] = float("nan")
+    result["after"]["peak_bytes"] = float("nan")
+    result["patches"][3]["parity"]["max_abs_err"] = float("nan")
+    page = _Page(render_html(result))
+    assert page.count("svg", "chart") == 4
+    assert "nan" in "".join(page.data) and "inf" in "".join(page.data)  # the tables still say what happened
+    console_text(result)
+    render_markdown(result)

@@ -26,8 +26,11 @@ def print_optimize(console: Console, result: dict) -> None:
     for patch in patches:
         if patch.get("verified") and patch.get("diff"):
             console.print(Text(view.patch_title(patch), style="bold"))
-            for fact in view.assumed_facts(patch):
-                console.print(Text(f"checked on this run's inputs: {fact}", style="yellow"))
+            facts = view.assumed_facts(patch)
+            if facts:
+                console.print(Text(view.facts_heading(patch), style="yellow"))
+            for fact in facts:
+                console.print(Text(f"  - {fact}", style="yellow"))
             print_diff(console, view.printable(patch["diff"]))
     findings = view.findings_diff(result)
     if findings:
