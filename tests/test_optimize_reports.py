@@ -46,7 +46,7 @@ def test_console_prints_numbers_verdicts_and_only_verified_diffs():
     assert view.duration(result["before"]["median_us"]) in text and view.duration(result["after"]["median_us"]) in text
     for label in ("verified", "no measurable gain", "parity failed", "diff written to", "applied"):
         assert label in text
-    assert "abs 3.1e-01 / 1e-05" in text  # the failing patch's parity against its tolerance
+    assert "abs 3.1e-01 (atol 1e-05)" in text  # the failing patch's parity against its tolerance
     assert "y = F.scaled_dot_product_attention(q, k, v, is_causal=True)" in text
     assert "marker_only_in_rejected_patch" not in text  # diffs of rejected patches are not offered in the terminal
     assert "aten::bmm (removed)" in text and "(added)" in text
@@ -113,7 +113,7 @@ def test_markdown_folds_every_diff_and_the_op_table():
     blocks = _html_blocks(text)
     assert blocks.count("<details>") == blocks.count("</details>") == 4 + 1
     assert "| **speedup** |  | **1.85x (CI 1.79x to 1.91x)** |" in text
-    assert "abs 3.1e-01 / 1e-05" in text
+    assert "abs 3.1e-01 (atol 1e-05)" in text
     assert "SDPA kernels after | aten::\\_scaled\\_dot\\_product\\_flash\\_attention\\_for\\_cpu |" in text
     assert len(text) < 65536  # GitHub's limit for one comment
 

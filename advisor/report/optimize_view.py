@@ -17,7 +17,7 @@ VERDICTS = {"verified": "verified", "parity-failed": "parity failed", "no-gain":
             "not-run": "not run"}
 NONE = "—"
 OP_COLUMNS = ("op", "kind", "count before", "count after", "time before", "time after", "change")
-PATCH_COLUMNS = ("patch", "rule", "location", "verdict", "parity (max err / tolerance)", "speedup", "applied")
+PATCH_COLUMNS = ("patch", "rule", "location", "verdict", "parity (max error, tolerance)", "speedup", "applied")
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -88,8 +88,8 @@ def parity_lines(parity: dict | None) -> list[str]:
     """Max errors against their tolerances, then what was compared; empty when parity was not run."""
     if not parity:
         return []
-    lines = [f"abs {sci(parity.get('max_abs_err'))} / {number(parity.get('atol'))}",
-             f"rel {sci(parity.get('max_rel_err'))} / {number(parity.get('rtol'))}"]
+    lines = [f"abs {sci(parity.get('max_abs_err'))} (atol {number(parity.get('atol'))})",
+             f"rel {sci(parity.get('max_rel_err'))} (rtol {number(parity.get('rtol'))})"]
     compared = f"{plural(parity.get('seeds', '?'), 'seed')}, {plural(parity.get('outputs_compared', '?'), 'output')}"
     lines.append(compared + (" + grads" if parity.get("grads") else ""))
     if parity.get("not_compared"):
