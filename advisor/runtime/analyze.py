@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from advisor.findings import Finding
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
 from advisor.runtime.rank import rank
 from advisor.runtime.trace import Trace, load_trace, trace_files
