@@ -7,7 +7,7 @@ import copy
 import random
 import statistics
 
-HOSTILE = "[/][bold red]x[/] <script>alert(1)</script> \x1b[31mred\x1b]0;title\x07 | `tick` **b** &amp; \r"
+HOSTILE = "[/][bold red]x[/] <script>alert(1)</script> \x1b[31mred\x1b]0;title\x07 | `tick` **b** &amp; \r \u202eevil"
 
 
 def _side(median_us: float, spread: float, peak_bytes: int, seed: int) -> dict:

@@ -59,6 +59,7 @@ def test_console_shows_hostile_strings_as_text(terminal):
     assert "[/][bold red]x[/]" in text  # shown, not parsed as rich markup (which would raise or restyle)
     assert "\\x1b[31mred\\x1b]0;title\\x07" in text  # terminal escapes shown as \xNN
     assert "\x1b]" not in text and "\x07" not in text and "\x1b[31mred" not in text and "\r" not in text
+    assert "\u202e" not in text and "\\u202eevil" in text  # a bidi override is shown, not obeyed
 
 
 @pytest.mark.parametrize("name", sorted(optimize_results.ALL))
@@ -123,7 +124,7 @@ def test_markdown_renders_hostile_strings_as_literal_text():
     assert "<script>" not in html and "alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "[/][bold red]x[/]" in html and "<strong>b</strong>" not in html
-    assert "\x1b" not in html and "\\x1b[31mred" in html
+    assert "\x1b" not in html and "\\x1b[31mred" in html and "\u202e" not in html
 
 
 @pytest.mark.parametrize("name", sorted(optimize_results.ALL))
@@ -177,7 +178,7 @@ def test_html_escapes_hostile_strings():
     assert page.count("script") == 0
     joined = "".join(page.data)
     assert "<script>alert(1)</script>" in joined  # as text, not as an element
-    assert "\x1b" not in text and "\\x1b[31mred" in joined
+    assert "\x1b" not in text and "\\x1b[31mred" in joined and "\u202e" not in text
     assert "# </pre></details>" in joined  # a diff line that closes our own tags stays text
 
 

@@ -19,13 +19,20 @@ NONE = "—"
 OP_COLUMNS = ("op", "kind", "count before", "count after", "time before", "time after", "change")
 PATCH_COLUMNS = ("patch", "rule", "location", "verdict", "parity (max error, tolerance)", "speedup", "applied")
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0/C1 controls (terminal escapes) and the bidirectional overrides that make a diff read differently from what
+# it does ("Trojan Source", CVE-2021-42574).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(value: object) -> str:
-    """The text with control characters shown as `\\xNN`: a terminal escape in a file or op name must not recolor
-    the terminal or move the cursor, in any format. Newlines and tabs stay."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
+    """The text with control and bidi-override characters shown as `\\xNN`/`\\uNNNN`: a terminal escape in a file
+    or op name must not recolor the terminal, and a reviewer must see the code as it runs. Newlines, tabs stay."""
+    return _CONTROL.sub(_escaped, str(value))
 
 
 def duration(us: float | None) -> str:
