@@ -76,7 +76,7 @@ def _patches(patches: list[dict]) -> Table:
             patch_rule.append("\nunsafe fix", style="yellow")
         rows.append((patch_rule, where, state, "\n".join(row.parity) or view.NONE, row.speedup, row.outcome))
     return _table("patches", ("patch", "location", "verdict", "parity", "speedup", "applied"), rows,
-                  caption="parity: max abs and rel error with the tolerances; speedup: alone, with its confidence interval")
+                  caption="parity: max abs and rel error, with the tolerances; speedup: alone, with its interval")
 
 
 def _ops(deltas: list[view.OpDelta]) -> Table:
