@@ -53,9 +53,10 @@ def run(args) -> int:
                     print_diff(console, unified_diff(display_path(file.path), file.source, new_text))
                     remaining += len(applicable)
                     continue
-            if new_text != file.source and _write(file, new_text, args, written):
+            target = _write(file, new_text, args, written) if new_text != file.source else None
+            if target is not None:
                 applied += 1
-                console.print(f"fixed {display_path(file.path)}")
+                console.print(f"fixed {display_path(target)}")
         except AdvisorError as exc:
             failures.append(ScanError(file.path, str(exc)))
             remaining += len(chosen)
@@ -67,14 +68,15 @@ def run(args) -> int:
     return 2 if failures else 1 if remaining else 0
 
 
-def _write(file, new_text: str, args, written: set[str]) -> bool:
-    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes")."""
+def _write(file, new_text: str, args, written: set[str]) -> str | None:
+    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes").
+    Returns the file written, None when it already was."""
     target = resolve_inside(file.path, args.paths)
     if target in written:
-        return False
+        return None
     write_atomically(target, file.source, new_text, force_readonly=args.force_readonly)
     written.add(target)
-    return True
+    return target
 
 
 def _ask(console, findings):
