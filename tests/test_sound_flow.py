@@ -426,3 +426,35 @@ def test_dropout_module_without_hooks_in_the_file_is_proved():
     assert any(f["name"] == "no-hooks" for f in finding.extra["facts"]["proved"])
     hooked = source.replace("def make(", "def hooked(model):\n    model.drop.register_forward_hook(print)\n\n\ndef make(")
     assert the_finding(hooked).fix_safety == "unsafe"
+
+
+# a crash on one block never loses the file's other findings ----------------------------------------------------
+
+TWO_BLOCKS = HEAD + '''
+def by_einsum(q, k, v):
+    s = torch.einsum(f"bhid," f"bhjd->bhij", q, k)
+    return s.softmax(-1) @ v
+
+
+def by_matmul(q, k, v):
+    s = q @ k.transpose(-2, -1)
+    return s.softmax(-1) @ v
+'''
+
+
+def test_fstring_einsum_spec_is_refused_and_the_other_block_kept():
+    einsum, matmul = findings(TWO_BLOCKS)
+    assert einsum.rule == "ADV103" and "not a literal string" in einsum.reason
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_an_internal_error_in_one_block_is_reported_on_that_block_only(monkeypatch):
+    from advisor.patterns import einsum
+
+    def broken(*args):
+        raise TypeError("boom")
+
+    monkeypatch.setattr(einsum, "parse_spec", broken)
+    einsum_finding, matmul = findings(TWO_BLOCKS)
+    assert einsum_finding.rule == "ADV103" and "internal error" in einsum_finding.reason
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"

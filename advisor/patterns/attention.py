@@ -152,6 +152,11 @@ class _FunctionMatcher:
         except Refusal as refusal:
             match.reason = str(refusal)
             match.output_node = None
+        except (RecursionError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
+            match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
+            match.output_node, match.removed = None, []
         return match
 
     def _looks_like_attention(self, softmax: Op) -> bool:
