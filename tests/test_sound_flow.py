@@ -458,3 +458,67 @@ def test_an_internal_error_in_one_block_is_reported_on_that_block_only(monkeypat
     einsum_finding, matmul = findings(TWO_BLOCKS)
     assert einsum_finding.rule == "ADV103" and "internal error" in einsum_finding.reason
     assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_storage_of_an_input_written_through_another_name_is_refused():
+    source = attention("""
+        kt = k.transpose(-2, -1)
+        p = (q @ kt / math.sqrt(8)).softmax(dim=-1)
+        k.mul_(2.0)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "written in place" in finding.reason, finding.reason
+
+
+# §5: reasons that name the real cause ---------------------------------------------------------------------------
+
+def test_a_factor_reading_the_scores_says_so():
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        s = s / math.sqrt(s.size(-1))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and finding.reason == "`s.size(-1)` reads the scores, which the rewrite removes"
+
+
+def test_a_method_of_the_escaping_weights_is_named():
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        self.last = p.detach()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV102" and "the weights' `.detach` is used at line" in finding.reason
+
+
+def test_an_entropy_loss_under_training_is_an_escape_not_a_transform():
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        if self.training:
+            self.aux = -(p * p.log()).sum()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert the_finding(source).rule == "ADV102"
+
+
+@pytest.mark.parametrize("forward, init", [
+    ("b, n, d, h = *q.shape[:2], q.shape[-1], 2\ns = q @ k.transpose(-2, -1) * d ** -0.5", ""),
+    ("s = q @ k.transpose(-2, -1) * self.scale", "self.scale, self.heads = 8 ** -0.5, 2"),
+])
+def test_unpacked_scales_are_followed(forward, init):
+    source = attention(forward + "\nreturn (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)", init=init)
+    assert assert_exact_or_not_safe(source, "unpacked")
+
+
+def test_an_unfollowed_unpacking_is_named_as_the_reason():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.scale, self.heads = self.settings()", methods="""
+    def settings(self):
+        return 8 ** -0.5, 2
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "unpacking the analysis does not follow" in finding.reason

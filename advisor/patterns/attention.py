@@ -302,6 +302,9 @@ class _FunctionMatcher:
         paths = scope.attribute_paths(self.parsed, kept)
         reason = scope.attribute_written_between(self.parsed, self.home, paths, first,
                                                  self.parsed.line(output_statement))
+        if reason is None:
+            reason = scope.storage_written_between(self.parsed, self.flow, kept, first,
+                                                   self.parsed.line(output_statement))
         if reason is not None:
             raise Refusal(reason)
         if paths:
@@ -492,6 +495,10 @@ class _FunctionMatcher:
         if op.name in ("mul", "div"):
             tensor, factor = self._tensor_and_factor(op)
             if factor is None:
+                unfollowed = self.values.why_not_scalar(op.operands[1])
+                if unfollowed is not None:
+                    raise Refusal(f"the scale `{self._short(op.operands[1])}` cannot be proved a Python number: "
+                                  f"{unfollowed}")
                 raise Refusal(f"the scores are scaled by `{self._short(op.operands[1])}`, which is not provably a "
                               f"Python number (SDPA's scale must be one)")
             if guard is not None and contains_call(guard.test):
@@ -843,7 +850,7 @@ class _FunctionMatcher:
                                    (op.name == "einsum" and read in op.operands)):
                 continuing.append(read)
             elif op is not None and op.name in ("mul", "add", "sub", "div", "einsum", "matmul", "bmm",
-                                                "softmax", "masked_fill", "where"):
+                                                "softmax", "masked_fill", "where") and self._feeds_product(read):
                 raise Refusal(f"the attention weights are transformed by `{self._short(op.node)}` "
                               f"before the value product")
             else:
@@ -1220,6 +1227,11 @@ class _FunctionMatcher:
                 now = env.get(name.value, frozenset({UNDEFINED}))
                 if now == seen:
                     continue
+                if seen <= {d.id for d in self._chain.definitions}:
+                    use = self.parsed.parents.get(name, name)
+                    if isinstance(self.parsed.parents.get(use), cst.Call):
+                        use = self.parsed.parents[use]  # `s.size(-1)`, not `s.size`
+                    raise Refusal(f"`{self._short(use)}` reads the scores, which the rewrite removes")
                 raise Refusal(f"`{name.value}` is {self._how_rebound(now - seen)} between the scores and the value "
                               f"product")
 
@@ -1238,8 +1250,19 @@ class _FunctionMatcher:
         for read in match.escapes:
             parent = self.parsed.parents.get(read)
             if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
-                match.unsafe_reason = (f"the weights are passed to `{self._short(parent)}`, which cannot take None")
+                match.unsafe_reason = self._why_not_none(read, parent)
                 return
+
+    def _why_not_none(self, read: cst.Name, parent: cst.CSTNode) -> str:
+        """Why the weights cannot simply be replaced by None where they escape, naming the real use."""
+        line = self.parsed.line(read)
+        if isinstance(parent, cst.Attribute) and parent.value is read:
+            return f"the weights' `.{parent.attr.value}` is used at line {line}, and None has none"
+        if isinstance(parent, cst.Arg):
+            call = self.parsed.parents.get(parent)
+            callee = self._short(call.func) if isinstance(call, cst.Call) else self._short(parent)
+            return f"the weights are passed to `{callee}` at line {line}, which cannot take None"
+        return f"the weights are used in `{self._short(parent)}` at line {line}, which cannot take None"
 
     # rendering ------------------------------------------------------------------------------------------
     def _render(self, node: cst.BaseExpression, suffix: str = "") -> str:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import libcst as cst
+import networkx as nx
 
-from advisor.static.dataflow import FunctionFlow
+from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
@@ -88,6 +89,25 @@ def attribute_written_between(parsed: ParsedModule, function: cst.FunctionDef, p
         for path in paths:
             if path == written or path.startswith(written + ".") or written.startswith(path + "."):
                 return f"`{written}` is written at line {line}, between the scores and the value product"
+    return None
+
+
+def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode], first_line: int,
+                            last_line: int) -> str | None:
+    """`kt = k.transpose(-2, -1)`, then `k.add_(1)` after the scores: the name the SDPA call reads is not
+    rebound, but a tensor it was computed from (a view may share its storage) is written in place."""
+    sources: set[int] = set()
+    for leaf in leaves:
+        for name in loaded_names(leaf):
+            for def_id in flow.reaching.get(name, ()):
+                if def_id in flow.graph:
+                    sources |= nx.ancestors(flow.graph, def_id) | {def_id}
+    names = {flow.definitions[i].name for i in sources if i in flow.definitions}
+    for definition in flow.definitions.values():
+        if definition.kind in ("store", "inplace", "aug") and definition.name in names and \
+                first_line < parsed.line(definition.statement) < last_line:
+            return (f"`{definition.name}`, which the SDPA call's inputs are computed from, is written in place at "
+                    f"line {parsed.line(definition.statement)}, between the scores and the value product")
     return None
 
 
