@@ -522,3 +522,44 @@ def test_an_unfollowed_unpacking_is_named_as_the_reason():
     """)
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "unpacking the analysis does not follow" in finding.reason
+
+
+# H: reaching definitions around loops --------------------------------------------------------------------------
+
+def _reaching_values(source: str, name: str) -> list[list[str]]:
+    """For each read of `name`, the right-hand sides of the assignments that reach it ('?' when unbound)."""
+    import libcst as cst
+
+    from advisor.static.dataflow import UNDEFINED, build_flow
+
+    module = cst.parse_module(textwrap.dedent(source))
+    flow = build_flow(module.body[0])
+    return [sorted("?" if i == UNDEFINED else module.code_for_node(flow.definitions[i].value) for i in ids)
+            for read, ids in flow.reaching.items() if read.value == name]
+
+
+def test_loops_reach_a_fixpoint_through_continue_and_break():
+    reads = _reaching_values("""
+        def f(a, b, c, d):
+            x = a
+            for i in range(3):
+                y = x
+                x = b
+                if c:
+                    continue
+                x = c
+                if i:
+                    break
+                x = d
+            return x
+    """, "x")
+    assert reads == [["a", "b", "d"], ["a", "b", "c", "d"]]
+
+
+def test_a_read_after_del_sees_nothing():
+    assert _reaching_values("""
+        def f(a):
+            x = a
+            del x
+            return x
+    """, "x") == [["?"]]
