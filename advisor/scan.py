@@ -13,6 +13,8 @@ import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.findings import Finding, ScanError
+from advisor.hf.config_rules import might_match as might_match_config
+from advisor.hf.findings import config_findings
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.rewrite.apply import RewriteFailed, rewrite
 from advisor.rewrite.patch import unified_diff
@@ -44,8 +46,10 @@ class ScanResult:
 
 
 def might_contain_attention(source: str) -> bool:
-    """Cheap prefilter: every matcher anchors on a softmax, so a file without the word has no finding."""
-    return "softmax" in source.lower()
+    """Cheap prefilter: every attention matcher anchors on a softmax, and every configuration rule on one of
+    its tokens (advisor.hf.config_rules.PREFILTER_TOKENS), so a file with neither has no finding."""
+    lowered = source.lower()
+    return "softmax" in lowered or might_match_config(lowered)
 
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
@@ -56,7 +60,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     `backend` is what attention rewrites target where the site is eligible (sdpa, flash, flash-attn)."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
-    findings, to_apply, patched = [], [], []
+    findings, to_apply, patched, edits = [], [], [], []
     for match in find_attention(parsed):
         rule = _rule_for(match)
         if not is_selected(rule, select, ignore) or _is_suppressed(suppressed, match, rule):
@@ -67,12 +71,20 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
         if chosen and finding.patch and (finding.fix_safety == "safe" or unsafe_fixes):
             to_apply.append(match)
             patched.append(text)
+    for finding, edit, text in config_findings(parsed):  # Hugging Face and deprecated-API rules (issue 10)
+        if not is_selected(finding.rule, select, ignore) or _is_suppressed(suppressed, finding, finding.rule):
+            continue
+        findings.append(finding)
+        chosen = only is None or (finding.rule, finding.line) in only
+        if chosen and edit is not None and (finding.fix_safety == "safe" or unsafe_fixes):
+            edits.append(edit)
+            patched.append(text)
     fixed = source
-    if len(to_apply) == 1:  # the usual case: that finding's own patch is the whole fix
+    if len(patched) == 1:  # the usual case: that finding's own patch is the whole fix
         fixed = patched[0]
-    elif to_apply:
+    elif patched:
         try:
-            fixed = rewrite(parsed, to_apply, drop_weights=unsafe_fixes, backend=backend)
+            fixed = rewrite(parsed, to_apply, drop_weights=unsafe_fixes, backend=backend, edits=edits)
         except RewriteFailed:
             fixed = source
     return FileResult(path, source, fixed, findings)
@@ -132,7 +144,7 @@ def _suppressions(source: str) -> dict[int, set[str] | None]:
     return found
 
 
-def _is_suppressed(suppressed: dict[int, set[str] | None], match: AttentionMatch, rule: str) -> bool:
+def _is_suppressed(suppressed: dict[int, set[str] | None], match: AttentionMatch | Finding, rule: str) -> bool:
     for line in range(match.line, match.end_line + 1):
         if line in suppressed and (suppressed[line] is None or any(rule.startswith(c) for c in suppressed[line])):
             return True

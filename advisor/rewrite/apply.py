@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.patterns.attention import AttentionMatch
-from advisor.rewrite.backends import FlashContext, flash_attn_call, flash_attn_helper, flash_context, helper_name
+from advisor.rewrite.backends import KernelNames, flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
@@ -16,10 +18,21 @@ class RewriteFailed(Exception):
     """The edited module did not compile; the original is kept."""
 
 
-def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool, backend: str = "sdpa") -> str:
+@dataclass(eq=False)
+class SourceEdit:
+    """One expression replaced by new code (the configuration rules' fixes), and the imports that code needs."""
+
+    node: cst.CSTNode
+    code: str
+    imports: tuple[str, ...] = ()
+
+
+def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool, backend: str = "sdpa",
+            edits: list[SourceEdit] = ()) -> str:
     """Source with every match replaced by one SDPA call. `drop_weights` passes None where weights escaped.
-    `backend` "flash" / "flash-attn" emits those where the site is eligible (see advisor.backends.site)."""
-    if not matches:
+    `backend` "flash" / "flash-attn" emits those where the site is eligible (see advisor.backends.site);
+    `edits` are applied in the same pass."""
+    if not matches and not edits:
         return parsed.source
     functional = functional_name(parsed)
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
@@ -28,7 +41,7 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
     renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
     hoists: dict[cst.CSTNode, object] = {}
     emitted = [plan_backend(parsed, match, backend).emitted for match in matches]
-    flash = flash_context(parsed) if "flash" in emitted else None
+    flash = kernel_names(parsed) if "flash" in emitted else None
     if isinstance(flash, str):
         raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")
     helper = helper_name(parsed) if "flash-attn" in emitted else None
@@ -55,16 +68,20 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
         if drop_weights:
             nones.update(match.escapes)
     replacements.update(renamed)
+    imports = [line for edit in edits for line in edit.imports]
+    replacements.update({edit.node: cst.parse_expression(edit.code) for edit in edits})
     editor = _Editor(parsed, replacements, removed, nones, hoists)
     if flash is not None:
-        editor.wrap(wrapped, flash.header)
+        editor.wrap(wrapped, flash.flash_context())
     module = parsed.module.visit(editor)
     if helper is not None:
         module = _add_after_imports(module, [flash_attn_helper(helper, functional.prefix)])
-    if isinstance(flash, FlashContext) and flash.import_line is not None:
-        module = _add_import(module, flash.import_line)
-    if functional.import_line is not None:
-        module = _add_import(module, functional.import_line)
+    if isinstance(flash, KernelNames) and flash.import_line is not None:
+        imports.append(flash.import_line)
+    if functional.import_line is not None and matches:
+        imports.append(functional.import_line)
+    for line in dict.fromkeys(imports):
+        module = _add_import(module, line)
     code = module.code
     try:
         compile(code, parsed.path, "exec")
