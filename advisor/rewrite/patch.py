@@ -22,8 +22,6 @@ import tempfile
 import threading
 from contextlib import contextmanager
 
-import libcst as cst
-
 from advisor.errors import AdvisorError
 from advisor.static.source_encoding import SourceDecodeError, decode_source, encode_source
 
@@ -42,30 +40,6 @@ class FileChanged(WriteRefused):
 def unified_diff(path: str, before: str, after: str) -> str:
     return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
                                         fromfile=f"a/{path}", tofile=f"b/{path}"))
-
-
-def keep_untouched(source: str, fixed: str) -> str:
-    """`fixed`, with what libcst's code generation lost outside the edit put back from `source`.
-
-    libcst does not round-trip every file (a file with CR-only newlines loses its final CR). Unless `fixed`
-    shares more of its ends with `source` than with that round trip (a rewriter that splices into the source
-    text), it was made from the round trip: the edit is located between the two and replayed on `source`."""
-    if fixed == source:
-        return source
-    roundtrip = cst.parse_module(source).code
-    if roundtrip == source or sum(_shared_ends(source, fixed)) > sum(_shared_ends(roundtrip, fixed)):
-        return fixed
-    start, end = _shared_ends(roundtrip, fixed)
-    edited_until = len(roundtrip) - end
-    if source[:edited_until] != roundtrip[:edited_until]:
-        raise WriteRefused("libcst does not reproduce this file's text before the rewritten block; not written")
-    return fixed[:len(fixed) - end] + source[edited_until:]
-
-
-def _shared_ends(before: str, after: str) -> tuple[int, int]:
-    """Lengths of the common prefix and of the common suffix after it."""
-    start = len(os.path.commonprefix([before, after]))
-    return start, len(os.path.commonprefix([before[start:][::-1], after[start:][::-1]]))
 
 
 def resolve_inside(path: str, roots: list[str]) -> str:

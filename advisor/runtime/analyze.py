@@ -133,8 +133,7 @@ def _cost(events, indices: list[int]) -> float:
 
 @lru_cache(maxsize=4096)
 def op_category(name: str) -> str:
-    """The kind of an op or kernel by its name (one of OP_KINDS); analyze's breakdown and optimize's reports share
-    it. Cached: a trace repeats a few hundred names."""
+    """The kind of an op or kernel by its name (one of OP_KINDS): analyze's breakdown and optimize's reports."""
     lowered = name.lower()
     for category, needles in _CATEGORIES:
         if any(needle in lowered for needle in needles):
