@@ -90,6 +90,21 @@ def _check_loaded(source: str, original) -> Outcome:
     return outcome
 
 
+def compare(source: str, fixed: str, accepts_nan: bool = False) -> tuple[str, str] | None:
+    """(kind, detail) of the first difference between running `source` and `fixed`, or None when they agree."""
+    original = _load(source, "original")
+    notes: list[str] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _compare_sources(original, source, fixed, accepts_nan, notes)
+    except _Mismatch as mismatch:
+        return mismatch.kind, str(mismatch)
+    finally:
+        _unload(original)
+    return None
+
+
 def _declares_nan_divergence(facts: Any) -> bool:
     """True when a finding accepts that fully masked rows become finite (NaN -> 0) and says so in its facts:
     a fact under any status other than proved/assumed whose text mentions NaN or fully masked rows."""
