@@ -683,14 +683,16 @@ def core_variants(draw, *, fp32_masks_only: bool = True) -> Variant:
                                                                                            dtype)))
         if mask_dtype == "int64" and polarity != "eq0":
             polarity = "eq0"
+    mask_rank = "full"
     if mask == "additive":
         mask_dtype = dtype
+        mask_rank = draw(st.sampled_from(("full", "query_rows")))  # (B,1,1,S) or (B,1,L,S), first key kept
     return Variant(
         layout=layout, kv=draw(st.sampled_from(("self", "cache"))), product=product,
         k_transpose=draw(st.sampled_from(K_TRANSPOSES)), letters=letters,
         spec_form=draw(st.sampled_from(("plain", "plain", "concat", "fstring"))),
         scale_place=scale_place, scale_spelling=draw(st.sampled_from(SCALE_SPELLINGS)),
-        mask=mask, mask_dtype=mask_dtype, apply=apply, polarity=polarity, fill=fill,
+        mask=mask, mask_dtype=mask_dtype, mask_rank=mask_rank, apply=apply, polarity=polarity, fill=fill,
         mask_guarded=draw(st.booleans()) if mask in ("key_padding", "additive") else False,
         causal_too=draw(st.booleans()) if mask in ("key_padding", "additive", "hf_extended") else False,
         softmax=draw(st.sampled_from(SOFTMAXES)), dropout=draw(st.sampled_from(DROPOUTS)),
@@ -716,6 +718,17 @@ def _fully_masked(base_fill: st.SearchStrategy) -> st.SearchStrategy:
                                        left_padding=True, causal_too=True, mask_rank="full")
         return dataclasses.replace(variant, mask="key_padding", mask_rank="query_rows", causal_too=False,
                                    mask_guarded=False)
+    return st.composite(build)()
+
+
+def _low_precision() -> st.SearchStrategy:
+    """The core forms in bf16/fp16 (fills that fit in fp16; additive masks in the model's dtype)."""
+    def build(draw):
+        variant = draw(core_variants())
+        dtype = draw(st.sampled_from(("bfloat16", "float16")))
+        fill = variant.fill if variant.fill != "-1e9" else "-1e4"
+        mask_dtype = dtype if variant.mask == "additive" else variant.mask_dtype
+        return dataclasses.replace(variant, dtype=dtype, fill=fill, mask_dtype=mask_dtype)
     return st.composite(build)()
 
 
@@ -785,7 +798,7 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "hook_point": ("N", _hazard("hook_point")),
     "escapes": ("ADV102", _hazard("return_weights", "store_weights", "entropy_loss")),
     "wrong_softmax_dim": ("hostile", _with(core_variants(), softmax="wrong_dim")),
-    "low_precision": ("dtypes", _with(core_variants(), dtype=st.sampled_from(("bfloat16", "float16")))),
+    "low_precision": ("dtypes", _low_precision()),
 }
 
 
