@@ -33,6 +33,7 @@ KNOWN_BUGS: dict[str, str] = {
     "del_key": "issue 6 class I: del k after the scores, k read by the SDPA call (17)",
     "mixed_dtype": "issue 6 class J: q/k and v of different dtypes reach SDPA (18, 19)",
     "chained_assign": "issue 6 class L: a chained assignment of the scores is deleted whole (20)",
+    "view_after_rewrite": "issue 6 class L: .view of a channel-major output fails after the rewrite (24)",
     "out_buffer": "issue 6 class M: torch.bmm(..., out=buf) loses the out= write (21)",
     "hook_point": "issue 6 class N: a hook point module inside the block is removed (22)",
     "subclass_override": "issue 6 class N: a scores helper overridden in a subclass is inlined from the base (23)",

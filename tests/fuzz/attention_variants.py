@@ -29,8 +29,8 @@ PRODUCTS = {
     "channel": ("at", "einsum"),
 }
 K_TRANSPOSES = ("t_neg", "t_neg_rev", "t_pos", "permute", "mT", "pre")
-SCALE_PLACES = ("scores_mul", "scores_div", "q_pre", "split", "none", "if_flag")
-SCALE_SPELLINGS = ("pow", "sqrt", "size", "attr", "attr_or", "literal", "custom_attr")
+SCALE_PLACES = ("scores_mul", "scores_div", "q_pre", "q_pre_inplace", "split", "none", "if_flag")
+SCALE_SPELLINGS = ("pow", "sqrt", "size", "attr", "attr_or", "literal", "custom_attr", "local")
 MASKS = ("none", "causal_buffer", "causal_bool_buffer", "causal_local", "causal_drop_local", "key_padding",
          "additive", "hf_extended")
 APPLIES = ("masked_fill", "masked_fill_", "where_keep", "where_drop")
@@ -46,9 +46,10 @@ VALUE_PRODUCTS = {
 OUTPUTS = {
     "heads": ("transpose_reshape", "transpose_view", "permute_flatten", "rearrange"),
     "folded": ("view_transpose_reshape", "reshape_transpose_reshape"),
-    "channel": ("reshape_transpose",),
+    "channel": ("reshape_transpose",),  # `.view` of the output: the view_after_rewrite family
 }
-NAMES = (("scores", "attn"), ("att", "att"), ("sim", "attn"), ("dots", "attn"), ("w", "w"), ("attn_weights", "probs"))
+NAMES = (("scores", "attn"), ("att", "att"), ("sim", "attn"), ("dots", "attn"), ("w", "w"), ("attn_weights", "probs"),
+         ("x", "x"))
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,8 @@ def _scale_value_expr(v: Variant, power: str) -> str:
         return "0.7071067811865476" if quarter else "0.5"  # D = 4
     if s in ("attr", "attr_or"):
         return "self.scale_q" if quarter else "self.scale"
+    if s == "local":
+        return "scale ** 0.5" if quarter else "scale"
     return "self.scale"  # custom_attr: a scale that is not 1/sqrt(D)
 
 
@@ -234,8 +237,12 @@ def _write_scale_init(v: Variant, src: _Source) -> None:
 
 
 def _write_prescale(v: Variant, src: _Source) -> tuple[str, str]:
+    if v.scale_spelling == "local":
+        src.body.append("scale = 1.0 / math.sqrt(D)")
     if v.scale_place == "q_pre":
         src.body.append(f"q = q * {_scale_value_expr(v, '-0.5')}")
+    elif v.scale_place == "q_pre_inplace":
+        src.body.append(f"q *= {_scale_value_expr(v, '-0.5')}")
     elif v.scale_place == "split":
         factor = _scale_value_expr(v, "-0.25")
         src.body += [f"q = q * {factor}", f"k = k * {factor}"]
@@ -244,12 +251,12 @@ def _write_prescale(v: Variant, src: _Source) -> tuple[str, str]:
 
 def _write_scale_on_scores(v: Variant, src: _Source) -> None:
     s = v.scores
-    if v.product == "baddbmm" or v.scale_place in ("q_pre", "split", "none"):
+    if v.product == "baddbmm" or v.scale_place in ("q_pre", "q_pre_inplace", "split", "none"):
         return
     if v.scale_place == "scores_div":
         divisor = {"pow": "D ** 0.5", "sqrt": "math.sqrt(D)", "size": "math.sqrt(q.size(-1))", "literal": "2.0",
                    "attr": "(1.0 / self.scale)", "attr_or": "(1.0 / self.scale)",
-                   "custom_attr": "(1.0 / self.scale)"}[v.scale_spelling]
+                   "custom_attr": "(1.0 / self.scale)", "local": "(1.0 / scale)"}[v.scale_spelling]
         if v.layout == "channel" and v.scale_spelling == "size":
             divisor = "math.sqrt(q.size(-2))"
         src.body.append(f"{s} = {s} / {divisor}")
@@ -300,7 +307,8 @@ def _write_scores(v: Variant, src: _Source, q: str, k: str) -> None:
         expr = f'einops.einsum({q}, {k}, "{b} {h} {i} {d}, {b} {h} {j} {d} -> {b} {h} {i} {j}")'
     elif p == "baddbmm":
         kt = _k_transposed(v, src, k)
-        alpha = _scale_value_expr(v, "-0.5") if v.scale_place not in ("none", "q_pre", "split") else "1.0"
+        alpha = _scale_value_expr(v, "-0.5") if v.scale_place not in ("none", "q_pre", "q_pre_inplace", "split") \
+            else "1.0"
         expr = (f"torch.baddbmm(torch.empty({q}.shape[0], {q}.shape[1], {k}.shape[1], dtype={q}.dtype, "
                 f"device={q}.device), {q}, {kt}, beta=0, alpha={alpha})")
     else:
@@ -443,7 +451,7 @@ def _write_mask(v: Variant, src: _Source, ndim: int) -> None:
                                "mask[..., 0] = 0.0", f"mask = mask.to(torch.{mdtype})"]
         if v.causal_too:
             _write_causal(v, src, ndim, "causal_local")
-        line = f"{v.scores} = {v.scores} + mask"
+        line = f"{v.scores} += mask" if v.apply == "masked_fill_" else f"{v.scores} = {v.scores} + mask"
         if v.mask_guarded:
             src.params[-1] += "=None"
             src.body += ["if mask is not None:", "    " + line]
@@ -520,7 +528,8 @@ def _write_output(v: Variant, src: _Source, out: str) -> None:
             "rearrange": f"{out} = einops.rearrange({out}, 'b h n d -> b n (h d)')",
             "view_transpose_reshape": f"{out} = {out}.view(B, H, L, D).transpose(1, 2).reshape(B, L, C)",
             "reshape_transpose_reshape": f"{out} = {out}.reshape(B, H, L, D).transpose(1, 2).reshape(B, L, C)",
-            "reshape_transpose": f"{out} = {out}.reshape(B, C, L).transpose(1, 2)"}[o]
+            "reshape_transpose": f"{out} = {out}.reshape(B, C, L).transpose(1, 2)",
+            "view_transpose": f"{out} = {out}.view(B, C, L).transpose(1, 2)"}[o]
     src.body += [line, f"return self.proj({out})"]
 
 
@@ -732,6 +741,18 @@ def _low_precision() -> st.SearchStrategy:
     return st.composite(build)()
 
 
+def _view_after_rewrite() -> st.SearchStrategy:
+    """Channel-major attention with a mask whose output is `.view`-ed: the layout SDPA returns is not a matmul's."""
+    def build(draw):
+        variant = draw(core_variants())
+        mask = draw(st.sampled_from(("additive", "causal_local", "key_padding")))
+        return dataclasses.replace(variant, layout="channel", product=draw(st.sampled_from(PRODUCTS["channel"])),
+                                   value_product=draw(st.sampled_from(VALUE_PRODUCTS["channel"])),
+                                   output="view_transpose", mask=mask, mask_rank="full",
+                                   mask_dtype=variant.dtype if mask == "additive" else "bool")
+    return st.composite(build)()
+
+
 def _hazard(*names: str) -> st.SearchStrategy:
     def build(draw):
         variant = draw(core_variants())
@@ -791,6 +812,7 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "mixed_dtype": ("J", _hazard("mixed_dtype_scores", "mixed_dtype_value")),
     "static_helper": ("K", _hazard("static_helper")),
     "two_blocks": ("L", _hazard("two_blocks")),
+    "view_after_rewrite": ("L", _view_after_rewrite()),
     "chained_assign": ("L", _hazard("chained_assign")),
     "out_buffer": ("M", _hazard("out_buffer")),
     "shared_weights": ("M", _hazard("shared_dropout_weights")),
