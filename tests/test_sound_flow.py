@@ -563,3 +563,12 @@ def test_a_read_after_del_sees_nothing():
             del x
             return x
     """, "x") == [["?"]]
+
+
+def test_augmented_update_of_the_scores_stays_an_update():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s += self.bias
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('bias', torch.randn(6, 6))")
+    assert assert_exact_or_not_safe(source, "aug_scores")

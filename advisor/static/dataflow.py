@@ -302,7 +302,8 @@ class _FlowBuilder:
         elif isinstance(small, cst.AugAssign):
             self._read(small.value, env)
             self._read(small.target, env)
-            self._store(small.target, small, env, if_guards)
+            if isinstance(small.target, cst.Subscript):  # `x += v` on a name is the "aug" definition below
+                self._store(small.target, small, env, if_guards)
             if isinstance(small.target, cst.Name):
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,
