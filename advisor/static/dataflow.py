@@ -236,8 +236,10 @@ class _FlowBuilder:
             return self._block(statement.body, env, guards)
         if isinstance(statement, cst.Try):
             self._mark(statement, env, guards)
-            after = self._block(statement.body, dict(env), guards + (statement,))
-            merged = _merge(env, after)
+            merged, current = dict(env), dict(env)
+            for inner in statement.body.body:  # an exception may leave the body after any statement
+                current = self._statement(inner, current, guards + (statement,))
+                merged = _merge(merged, current)
             for handler in statement.handlers:
                 merged = _merge(merged, self._block(handler.body, dict(merged), guards + (statement,)))
             for extra in (statement.orelse, statement.finalbody):
