@@ -24,7 +24,7 @@ def functional_name(parsed: ParsedModule) -> FunctionalName:
         return FunctionalName(f"{aliases['torch.nn']}.functional", None)
     if "torch" in aliases:
         return FunctionalName(f"{aliases['torch']}.nn.functional", None)
-    taken = "F" in parsed.source.split()  # crude but conservative: any token "F" means the name may be used
+    taken = "F" in parsed.words  # crude but conservative: any token "F" means the name may be used
     if not taken:
         return FunctionalName("F", "import torch.nn.functional as F")
     return FunctionalName("torch.nn.functional", "import torch.nn.functional")
@@ -41,9 +41,13 @@ def sdpa_call(match: AttentionMatch, functional: str, indent: int) -> str:
         args.append("is_causal=True")
     if match.scale is not None:
         args.append(f"scale={match.scale}")
-    head = f"{functional}.scaled_dot_product_attention("
-    one_line = head + ", ".join(args) + ")" + match.output_suffix
+    return call_text(f"{functional}.scaled_dot_product_attention", args, match.output_suffix, indent)
+
+
+def call_text(function: str, args: list[str], suffix: str, indent: int) -> str:
+    """`function(args)suffix` on one line, or one argument per line when it would pass WRAP_AT columns."""
+    one_line = f"{function}(" + ", ".join(args) + ")" + suffix
     if indent + len(one_line) <= WRAP_AT:
         return one_line
     # libcst re-indents continuation lines to the enclosing block, so indent relative to the statement
-    return head + "\n" + "".join(f"    {arg},\n" for arg in args) + ")" + match.output_suffix
+    return f"{function}(\n" + "".join(f"    {arg},\n" for arg in args) + ")" + suffix

@@ -8,6 +8,7 @@ from functools import cached_property
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from advisor.rewrite.splice import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow
 
 
@@ -66,6 +67,32 @@ class ParsedModule:
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+    @cached_property
+    def statement_spans(self) -> dict[cst.CSTNode, tuple[int, int]] | None:
+        """Where each top-level statement's code (leading comments and blank lines included) lies in the source,
+        so a rewrite can regenerate only the statements it changes. Checked, not assumed: each statement must
+        render to exactly its slice of the source; None when any does not (then rewrites render the module)."""
+        header = "".join(self.code(line) for line in self.module.header)
+        if not self.source.startswith(header):
+            return None
+        spans, cursor = {}, len(header)
+        for statement in self.module.body:
+            code = self.code(statement)
+            if not self.source.startswith(code, cursor):
+                return None
+            spans[statement] = (cursor, cursor + len(code))
+            cursor += len(code)
+        return spans
+
+    @cached_property
+    def lines(self) -> LineIndex:
+        return LineIndex(self.source)
+
+    @cached_property
+    def words(self) -> frozenset[str]:
+        """Whitespace-separated tokens of the source (computed once; rewrites ask per finding)."""
+        return frozenset(self.source.split())
 
     def line(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
