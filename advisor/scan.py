@@ -18,7 +18,7 @@ from advisor.hf.findings import config_findings
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.rewrite.apply import RewriteFailed, rewrite
 from advisor.rewrite.patch import unified_diff
-from advisor.rules import is_selected, load_rules
+from advisor.registry import is_selected, load_rules
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 
@@ -109,6 +109,9 @@ def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str, backend: st
             patch = unified_diff(parsed.path, parsed.source, patched)
         except RewriteFailed as exc:
             fixable, reason, patched = False, str(exc), None
+        except Exception as exc:  # noqa: BLE001 - a bug of ours on one patch must not lose the file's findings
+            fixable, patched = False, None
+            reason = f"internal error while rewriting this block ({type(exc).__name__}: {exc}); please report it"
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
     safety = definition.fix_safety

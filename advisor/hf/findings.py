@@ -6,7 +6,7 @@ from advisor.findings import Finding
 from advisor.hf.config_rules import find_config_issues
 from advisor.rewrite.apply import RewriteFailed, SourceEdit, rewrite
 from advisor.rewrite.patch import unified_diff
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 from advisor.static.module_index import ParsedModule
 
 

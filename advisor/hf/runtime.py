@@ -13,7 +13,7 @@ import libcst as cst
 from advisor.findings import Finding
 from advisor.hf.config_rules import EAGER, LOADERS
 from advisor.hf.findings import config_findings
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 from advisor.static.module_index import ParsedModule
 
 RULE = "ADV604"

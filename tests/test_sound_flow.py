@@ -1,0 +1,565 @@
+"""Dataflow, scope and dispatch soundness of the attention rewrite (issue 6, classes E-I, K-N).
+
+Each source is a minimal reproduction of a "safe" patch that changed outputs or raised before the fix. A test
+either checks that no safe patch is offered (and why), or runs the original and the patched module on the same
+weights and inputs and compares them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from advisor.scan import analyze_source
+from fixture_models import load_module_from_source, parity
+
+HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+MAKE = '''
+
+def make(seed: int = 0):
+    torch.manual_seed(seed)
+    model = Attn()
+    return model, (torch.randn(2, 6, 16),)
+'''
+
+
+def attention(forward: str, init: str = "", methods: str = "", after: str = "") -> str:
+    """A module `Attn` with two heads of width 8 over (2, 6, 16) inputs; `forward` continues after q, k, v."""
+    init = textwrap.indent(textwrap.dedent(init), " " * 8)
+    forward = textwrap.indent(textwrap.dedent(forward), " " * 8)
+    methods = textwrap.indent(textwrap.dedent(methods), " " * 4)
+    return HEAD + f'''
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+{init}
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+{forward}
+{methods}
+{textwrap.dedent(after)}''' + MAKE
+
+
+def findings(source: str):
+    return analyze_source(source, "m.py").findings
+
+
+def safe_findings(source: str):
+    return [f for f in findings(source) if f.rule == "ADV101" and f.fix_safety == "safe"]
+
+
+def assert_exact_or_not_safe(source: str, name: str) -> bool:
+    """A safe patch, if any, computes what the original computes. Returns whether one was offered."""
+    result = analyze_source(source, "m.py")
+    if not [f for f in result.findings if f.rule == "ADV101" and f.fix_safety == "safe"]:
+        return False
+    parity(source, result.fixed, name=name)
+    return True
+
+
+def the_finding(source: str):
+    (finding,) = findings(source)
+    return finding
+
+
+# E: a triangle whose contents change later is not causal ----------------------------------------------------
+
+def test_tril_written_locally_is_not_causal():
+    source = attention("""
+        mask = torch.tril(torch.ones(T, T))
+        mask[:, :2] = 1  # prefix-LM: the first two keys are visible to every query
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s = s.masked_fill(mask == 0, float('-inf'))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert "is_causal" not in analyze_source(source, "m.py").fixed
+    assert_exact_or_not_safe(source, "tril_local")
+
+
+@pytest.mark.parametrize("write", ["self.bias[:, :, :, :2] = 1", "self.bias[..., 0].fill_(1)",
+                                   "torch.ones(1, 1, 8, 8, out=self.bias)"])
+def test_tril_buffer_written_in_init_or_another_method_is_not_causal(write):
+    init = 'self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))'
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s = s.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init=init + "\nself.prefix()", methods=f"""
+    def prefix(self):
+        {write}
+    """)
+    assert "is_causal" not in analyze_source(source, "m.py").fixed
+    assert_exact_or_not_safe(source, "tril_buffer")
+
+
+# F: a factor in an `else:` applies when the test is false ----------------------------------------------------
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_scale_in_else_branch_keeps_its_polarity(flag):
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        if self.unscaled:
+            pass
+        else:
+            s = s * 0.5
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init=f"self.unscaled = {flag}")
+    assert assert_exact_or_not_safe(source, "else_scale")
+    assert "(1.0 if self.unscaled else 0.5)" in analyze_source(source, "m.py").fixed
+
+
+def test_scale_in_elif_is_not_rewritten_with_one_guard():
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        if self.unscaled:
+            pass
+        elif self.half:
+            s = s * 0.5
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.unscaled = False\nself.half = True")
+    assert not assert_exact_or_not_safe(source, "elif_scale")
+
+
+# G: a tensor is never proved a Python-number scale -----------------------------------------------------------
+
+def test_parameter_scale_through_a_local_is_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="scale = nn.Parameter(torch.tensor(0.3))\nself.scale = scale")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "not provably a Python number" in finding.reason
+
+
+def test_inherited_scale_is_an_assumption():
+    source = HEAD + '''
+class Base(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.3))
+
+
+class Attn(Base):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+''' + MAKE
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe" and "not assigned in this class" in finding.reason
+    assert [f["name"] for f in finding.extra["facts"]["assumed"]] == ["scale-is-number"]
+
+
+def test_unannotated_scale_parameter_is_an_assumption():
+    source = HEAD + '''
+def attend(q, k, v, scale):
+    s = q @ k.transpose(-2, -1) * scale
+    return s.softmax(dim=-1) @ v
+'''
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe" and "no int/float annotation" in finding.reason
+    annotated = source.replace("scale):", "scale: float):")
+    proved = the_finding(annotated)
+    assert proved.fix_safety == "safe"
+    assert "scale-is-number" in [f["name"] for f in proved.extra["facts"]["proved"]]
+
+
+# I: in-place writes and deletions between the scores and the value product -----------------------------------
+
+@pytest.mark.parametrize("statement, how", [
+    ("del q, k", "deleted"),
+    ("q[..., 0] = 0", "written in place"),
+    ("k.add_(1.0)", "written in place"),
+    ("torch.mul(k, 2.0, out=k)", "written in place"),
+    ("k[0] += 1", "written in place"),
+])
+def test_inputs_changed_after_the_scores_are_refused(statement, how):
+    source = attention(f"""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        {statement}
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and how in finding.reason, finding.reason
+
+
+def test_scores_written_in_place_are_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s[..., 0] = -1e9
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert not assert_exact_or_not_safe(source, "scores_store")
+
+
+def test_attribute_written_between_scores_and_value_product_is_refused():
+    source = attention("""
+        s = q @ self.mem_k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        self.mem_k = k
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('mem_k', torch.randn(2, 2, 6, 8))")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`self.mem_k` is written at line" in finding.reason
+
+
+# H, I, M: every deleted step runs exactly when the value product runs ----------------------------------------
+
+def test_weights_computed_before_a_loop_and_applied_inside_are_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        o = v
+        for _ in range(3):
+            o = p @ o
+        return o.transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.5)")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "loop" in finding.reason
+
+
+def test_weights_of_the_previous_iteration_read_at_the_loop_top_are_seen():
+    source = attention("""
+        seen = []
+        p = None
+        for i in range(2):
+            if p is not None:
+                seen.append(p.sum())
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            p = s.softmax(dim=-1)
+            o = p @ v
+        return o.transpose(1, 2).reshape(B, T, C) + seen[0]
+    """)
+    assert not assert_exact_or_not_safe(source, "loop_top")
+
+
+def test_value_products_in_a_comprehension_share_one_dropout_draw():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        outs = [p @ value for value in (v, v)]
+        return (outs[0] - outs[1]).transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.5)")
+    assert the_finding(source).rule == "ADV103"
+
+
+def test_scores_under_no_grad_and_value_product_outside_are_refused():
+    source = attention("""
+        with torch.no_grad():
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            p = s.softmax(dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`with`" in finding.reason
+
+
+def test_whole_block_inside_one_loop_is_still_rewritten():
+    source = attention("""
+        o = v
+        for _ in range(2):
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            o = s.softmax(dim=-1) @ o
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "loop_whole")
+
+
+def test_value_product_into_out_buffer_is_refused():
+    source = attention("""
+        q, k, v = q.reshape(B * 2, T, 8), k.reshape(B * 2, T, 8), v.reshape(B * 2, T, 8)
+        p = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
+        buf = torch.empty(B * 2, T, 8)
+        torch.bmm(p, v, out=buf)
+        return buf.view(B, 2, T, 8).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "out=buf" in finding.reason
+
+
+# K: static and class methods bind no `self` ------------------------------------------------------------------
+
+@pytest.mark.parametrize("decorator, first", [("@staticmethod", ""), ("@classmethod", "cls, ")])
+def test_static_and_class_method_score_helpers(decorator, first):
+    source = attention("""
+        s = self.scores(q, k)
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods=f"""
+    {decorator}
+    def scores({first}q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(8)
+    """)
+    assert assert_exact_or_not_safe(source, "static_helper")
+
+
+# L: rewrite mechanics ------------------------------------------------------------------------------------------
+
+def test_second_name_bound_by_a_deleted_statement_is_kept():
+    source = attention("""
+        s = logits = q @ k.transpose(-2, -1) / math.sqrt(8)
+        o = s.softmax(dim=-1) @ v
+        return o.transpose(1, 2).reshape(B, T, C) + logits.mean()
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`logits`" in finding.reason
+
+
+def test_two_hoisted_masks_in_one_function_get_two_variables():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s = s + m
+        o = s.softmax(dim=-1) @ v
+        s2 = k @ q.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s2 = s2 + m.T
+        o2 = s2.softmax(dim=-1) @ v
+        return (o + o2).transpose(1, 2).reshape(B, T, C)
+    """, init="self.use_mask = True\nself.register_buffer('m', torch.randn(6, 6))").replace("+ m", "+ self.m")
+    fixed = analyze_source(source, "m.py").fixed
+    assert "attn_mask=attn_mask," in fixed or "attn_mask=attn_mask)" in fixed
+    assert "attn_mask_1" in fixed
+    assert assert_exact_or_not_safe(source, "two_hoists")
+
+
+def test_hoisted_mask_is_refused_under_torchscript():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s = s + self.m
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.use_mask = True\nself.register_buffer('m', torch.randn(6, 6))",
+        after="scripted = torch.jit.script(Attn())\n")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "TorchScript" in finding.reason
+
+
+def test_output_viewed_after_the_rewrite_is_made_contiguous():
+    source = attention("""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        return o.view(B, 2 * T, 8).reshape(B, T, C)
+    """)
+    fixed = analyze_source(source, "m.py").fixed
+    assert ".contiguous()" in fixed
+    assert assert_exact_or_not_safe(source, "view_after")
+    finding = the_finding(source)
+    assert any(f["name"] == "layout" for f in finding.extra["facts"]["proved"])
+
+
+def test_output_reshaped_only_needs_no_copy():
+    source = attention("""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert ".contiguous()" not in analyze_source(source, "m.py").fixed
+
+
+# N: dynamic dispatch and hook points ---------------------------------------------------------------------------
+
+def test_subclass_overriding_the_scores_helper_is_refused():
+    source = attention("""
+        s = self.scores(q, k)
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods="""
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(8)
+    """, after="""
+    class Sub(Attn):
+        def scores(self, q, k):
+            return q @ k.transpose(-2, -1)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`Sub` overrides `scores`" in finding.reason
+
+
+def test_subclass_replacing_the_softmax_module_is_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        return (self.attend(s) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.attend = nn.Softmax(dim=-1)", after="""
+    class Sub(Attn):
+        def __init__(self):
+            super().__init__()
+            self.attend = nn.Identity()
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "rebinds `self.attend`" in finding.reason
+
+
+@pytest.mark.parametrize("module", ["nn.Identity()", "HookPoint()"])
+def test_hook_point_inside_the_block_makes_the_patch_unsafe(module):
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.hook_pattern(s.softmax(dim=-1))
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init=f"self.hook_pattern = {module}", after="""
+    class HookPoint(nn.Module):
+        def forward(self, x):
+            return x
+    """)
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe"
+    if finding.rule == "ADV101":  # nn.Identity is read as an identity op; a HookPoint class is not an op at all
+        assert [f["name"] for f in finding.extra["facts"]["assumed"]] == ["no-hooks"]
+    else:
+        assert finding.rule == "ADV103" and "hook_pattern" in finding.reason
+
+
+def test_dropout_module_without_hooks_in_the_file_is_proved():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.1)")
+    finding = the_finding(source)
+    assert finding.fix_safety == "safe"
+    assert any(f["name"] == "no-hooks" for f in finding.extra["facts"]["proved"])
+    hooked = source.replace("def make(", "def hooked(model):\n    model.drop.register_forward_hook(print)\n\n\ndef make(")
+    assert the_finding(hooked).fix_safety == "unsafe"
+
+
+# a crash on one block never loses the file's other findings ----------------------------------------------------
+
+TWO_BLOCKS = HEAD + '''
+def by_einsum(q, k, v):
+    s = torch.einsum(f"bhid," f"bhjd->bhij", q, k)
+    return s.softmax(-1) @ v
+
+
+def by_matmul(q, k, v):
+    s = q @ k.transpose(-2, -1)
+    return s.softmax(-1) @ v
+'''
+
+
+def test_fstring_einsum_spec_is_refused_and_the_other_block_kept():
+    einsum, matmul = findings(TWO_BLOCKS)
+    assert einsum.rule == "ADV103" and "not a literal string" in einsum.reason
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_an_internal_error_in_one_block_is_reported_on_that_block_only(monkeypatch):
+    from advisor.patterns import einsum
+
+    def broken(*args):
+        raise TypeError("boom")
+
+    monkeypatch.setattr(einsum, "parse_spec", broken)
+    einsum_finding, matmul = findings(TWO_BLOCKS)
+    assert einsum_finding.rule == "ADV103" and "internal error" in einsum_finding.reason
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_storage_of_an_input_written_through_another_name_is_refused():
+    source = attention("""
+        kt = k.transpose(-2, -1)
+        p = (q @ kt / math.sqrt(8)).softmax(dim=-1)
+        k.mul_(2.0)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "written in place" in finding.reason, finding.reason
+
+
+# §5: reasons that name the real cause ---------------------------------------------------------------------------
+
+def test_a_factor_reading_the_scores_says_so():
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        s = s / math.sqrt(s.size(-1))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and finding.reason == "`s.size(-1)` reads the scores, which the rewrite removes"
+
+
+def test_a_method_of_the_escaping_weights_is_named():
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        self.last = p.detach()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV102" and "the weights' `.detach` is used at line" in finding.reason
+
+
+def test_an_entropy_loss_under_training_is_an_escape_not_a_transform():
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        if self.training:
+            self.aux = -(p * p.log()).sum()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert the_finding(source).rule == "ADV102"
+
+
+@pytest.mark.parametrize("forward, init", [
+    ("b, n, d, h = *q.shape[:2], q.shape[-1], 2\ns = q @ k.transpose(-2, -1) * d ** -0.5", ""),
+    ("s = q @ k.transpose(-2, -1) * self.scale", "self.scale, self.heads = 8 ** -0.5, 2"),
+])
+def test_unpacked_scales_are_followed(forward, init):
+    source = attention(forward + "\nreturn (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)", init=init)
+    assert assert_exact_or_not_safe(source, "unpacked")
+
+
+def test_an_unfollowed_unpacking_is_named_as_the_reason():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.scale, self.heads = self.settings()", methods="""
+    def settings(self):
+        return 8 ** -0.5, 2
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "unpacking the analysis does not follow" in finding.reason
+
+
+# H: reaching definitions around loops --------------------------------------------------------------------------
+
+def _reaching_values(source: str, name: str) -> list[list[str]]:
+    """For each read of `name`, the right-hand sides of the assignments that reach it ('?' when unbound)."""
+    import libcst as cst
+
+    from advisor.static.dataflow import UNDEFINED, build_flow
+
+    module = cst.parse_module(textwrap.dedent(source))
+    flow = build_flow(module.body[0])
+    return [sorted("?" if i == UNDEFINED else module.code_for_node(flow.definitions[i].value) for i in ids)
+            for read, ids in flow.reaching.items() if read.value == name]
+
+
+def test_loops_reach_a_fixpoint_through_continue_and_break():
+    reads = _reaching_values("""
+        def f(a, b, c, d):
+            x = a
+            for i in range(3):
+                y = x
+                x = b
+                if c:
+                    continue
+                x = c
+                if i:
+                    break
+                x = d
+            return x
+    """, "x")
+    assert reads == [["a", "b", "d"], ["a", "b", "c", "d"]]
+
+
+def test_a_read_after_del_sees_nothing():
+    assert _reaching_values("""
+        def f(a):
+            x = a
+            del x
+            return x
+    """, "x") == [["?"]]
