@@ -8,7 +8,7 @@ from importlib import import_module
 
 from advisor.errors import AdvisorError, visible
 
-VERBS = ("scan", "fix", "profile", "analyze", "rules")
+VERBS = ("scan", "fix", "profile", "analyze", "optimize", "rules")
 EXIT_CLEAN, EXIT_ERROR = 0, 2  # 1 (findings remain) is returned by the verbs themselves
 DEBUG_HELP = "show tracebacks for errors"
 

@@ -6,7 +6,6 @@ this process's stdout or end it; each becomes one error line."""
 from __future__ import annotations
 
 import json
-import os
 
 from rich.console import Console
 
@@ -14,6 +13,7 @@ from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.runner import resolve_device
+from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker
 
 
@@ -42,16 +42,22 @@ def _seconds(text: str) -> float:
     return value
 
 
-def run(args) -> int:
-    if args.device:
-        resolve_device(args.device)  # a missing GPU is a usage error before any process starts
-    stderr = Console(stderr=True)
-    trace = os.path.abspath(args.trace) if args.trace else None
-    with stderr.status("starting the workload process") as status, \
-            start_worker("workload", args.timeout, on_progress=status.update) as worker:
+def profile_in_child(target: str, device: str | None = None, dtype: str | None = None, train: bool = False,
+                     trace_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Profile TARGET in a worker process: {"json", "findings", "summary", "ops", "files"} (see Worker.profile)."""
+    if device:
+        resolve_device(device)  # a missing GPU is a usage error before any process starts
+    with Console(stderr=True).status("starting the workload process") as status, \
+            start_worker("workload", timeout_s, on_progress=status.update) as worker:
         status.update("loading the workload")
-        worker.call("load", target=args.target, device=args.device, dtype=args.dtype, train=args.train)
-        profiled = worker.call("profile", trace_path=trace)
+        worker.call("load", target=target, device=device, dtype=dtype, train=train)
+        return worker.call("profile", trace_path=trace_path)
+
+
+def run(args) -> int:
+    trace = check_trace_path(args.trace)
+    profiled = profile_in_child(args.target, args.device, args.dtype, args.train, trace and trace.path, args.timeout)
+    confirm_trace_written(trace)
     findings, summary = profiled["findings"], profiled["summary"]
     if args.format == "json":
         print(json.dumps(profiled["json"], indent=2))

@@ -34,11 +34,6 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
         console.print(f"advisor: no findings in {files_scanned} file(s)")
 
 
-def print_errors(console: Console, errors: list[ScanError]) -> None:
-    for error in errors:
-        console.print(f"[red]error[/red] {short_path(error.path)}: {shown(error.message)}", highlight=False)
-
-
 _MARKS = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "[yellow]?[/yellow]"}
 
 
@@ -58,6 +53,11 @@ def backends_summary(backends: dict, emission: dict | None) -> str:
         lines.append(f"[bold]--backend {emission['requested']}:[/bold] emitted {emission['emitted']}"
                      + (f" [dim]({shown(emission['reason'])})[/dim]" if emission["reason"] else ""))
     return "\n".join(lines)
+
+
+def print_errors(console: Console, errors: list[ScanError]) -> None:
+    for error in errors:
+        console.print(f"[red]error[/red] {short_path(error.path)}: {shown(error.message)}", highlight=False)
 
 
 def print_diff(console: Console, diff: str) -> None:

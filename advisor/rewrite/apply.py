@@ -1,14 +1,17 @@
-"""Apply attention rewrites to one module: the changed top-level statements are rendered and spliced into the source,
-so untouched code stays byte-identical and a rewrite costs the size of what it changes."""
+"""Apply attention rewrites (and the configuration rules' expression edits) to one module as character edits:
+untouched code stays byte-identical, and only the top-level statements holding a change are rendered."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import os
 
 import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.patterns.attention import AttentionMatch
-from advisor.rewrite.backends import FlashContext, flash_attn_call, flash_attn_helper, flash_context, helper_name
-from advisor.rewrite.patch import WriteRefused, keep_untouched
+from advisor.rewrite.backends import KernelNames, flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
@@ -19,14 +22,24 @@ class RewriteFailed(Exception):
     """The edited module did not compile; the original is kept."""
 
 
-def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool,
-                  backend: str = "sdpa") -> list[Edit]:
-    """Every match replaced by one SDPA call (`drop_weights` passes None where weights escaped; `backend` "flash" /
-    "flash-attn" emits those where the site is eligible, see advisor.backends.site), as character edits of the
-    source (splice.apply_edits gives the new text). Only the top-level statements holding a change are rendered and
-    compiled, so the cost is that of the changed code, not of the module (when the module's statements do not render
-    back to their exact source, the whole module is rendered instead)."""
-    if not matches:
+@dataclass(eq=False)
+class SourceEdit:
+    """One expression replaced by new code (the configuration rules' fixes), and the imports that code needs."""
+
+    node: cst.CSTNode
+    code: str
+    imports: tuple[str, ...] = ()
+
+
+def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool, backend: str = "sdpa",
+                  edits: list[SourceEdit] = ()) -> list[Edit]:
+    """Every match replaced by one SDPA call (`drop_weights` passes None where weights escaped), and every
+    SourceEdit applied, as character edits of the source (splice.apply_edits gives the new text). `backend`
+    "flash" / "flash-attn" emits those where the site is eligible (see advisor.backends.site). Only the top-level
+    statements holding a change are rendered and compiled, so the cost is that of the changed code, not of the
+    module (when the module's statements do not render back to their exact source, the whole module is rendered
+    instead)."""
+    if not matches and not edits:
         return []
     functional = functional_name(parsed)
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
@@ -34,8 +47,8 @@ def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weig
     nones: set[cst.CSTNode] = set()
     renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
     hoists: dict[cst.CSTNode, object] = {}
-    emitted = [plan_backend(parsed, match, backend).emitted for match in matches]
-    flash = flash_context(parsed) if "flash" in emitted else None
+    emitted = [plan_backend(parsed, match, backend).emitted if backend != "sdpa" else "sdpa" for match in matches]
+    flash = kernel_names(parsed) if "flash" in emitted else None
     if isinstance(flash, str):
         raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")
     helper = helper_name(parsed) if "flash-attn" in emitted else None
@@ -62,12 +75,16 @@ def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weig
         if drop_weights:
             nones.update(match.escapes)
     replacements.update(renamed)
+    imports = [line for edit in edits for line in edit.imports]
+    replacements.update({edit.node: cst.parse_expression(edit.code) for edit in edits})
     editor = _Editor(parsed, replacements, removed, nones, hoists)
     if flash is not None:
-        editor.wrap(wrapped, flash.header)
-    # what goes after the imports, in order: the flash context's import, torch.nn.functional's, the flash-attn helper
-    added = [cst.parse_statement(line + "\n") for line in (
-        flash.import_line if isinstance(flash, FlashContext) else None, functional.import_line) if line is not None]
+        editor.wrap(wrapped, flash.flash_context())
+    if isinstance(flash, KernelNames) and flash.import_line is not None:
+        imports.append(flash.import_line)
+    if functional.import_line is not None and matches:
+        imports.append(functional.import_line)
+    added = [cst.parse_statement(line + "\n") for line in dict.fromkeys(imports)]
     if helper is not None:
         added.append(flash_attn_helper(helper, functional.prefix))
     spans = parsed.statement_spans
@@ -75,25 +92,38 @@ def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weig
         module = parsed.module.visit(editor)
         body = list(module.body)
         body[_import_position(body):_import_position(body)] = added
-        code = module.with_changes(body=body).code
-        _check_compiles(code, parsed.path)
-        try:  # what libcst's rendering lost outside the edit (a CR-only file's final CR) is put back
-            return [Edit(0, len(parsed.source), keep_untouched(parsed.source, code))]
-        except WriteRefused as exc:
-            raise RewriteFailed(str(exc)) from None
-    edits = []
+        module = module.with_changes(body=body)
+        _check_compiles(module.code, parsed.path)
+        return [Edit(0, len(parsed.source), _faithful(parsed.source, module.code))]
+    changes = []
     for statement in _top_level_statements(parsed, [*replacements, *removed, *nones, *hoists, *wrapped]):
         code = _rendered(parsed.module, statement.visit(editor))
         _check_compiles(code, parsed.path)
-        edits.append(Edit(*spans[statement], code))
+        changes.append(Edit(*spans[statement], code))
     if added:
         body = parsed.module.body
         position = _import_position(body)
         offset = spans[body[position]][0] if position < len(body) else spans[body[-1]][1]
         code = "".join(parsed.module.code_for_node(statement) for statement in added)
         _check_compiles(code, parsed.path)
-        edits.append(Edit(offset, offset, code))
-    return edits
+        changes.append(Edit(offset, offset, code))
+    return changes
+
+
+def _faithful(source: str, rendered: str) -> str:
+    """`rendered` (the whole module regenerated by libcst), with what libcst's code generation lost outside the
+    edit put back from `source`: libcst does not round-trip every file (a file with CR-only newlines loses its
+    final CR), so the edit is located between libcst's own round trip of `source` and `rendered`, and replayed
+    on `source` itself."""
+    roundtrip = cst.parse_module(source).code
+    if roundtrip == source:
+        return rendered
+    start = len(os.path.commonprefix([roundtrip, rendered]))
+    end = len(os.path.commonprefix([roundtrip[start:][::-1], rendered[start:][::-1]]))
+    edited_until = len(roundtrip) - end
+    if source[:edited_until] != roundtrip[:edited_until]:
+        raise RewriteFailed("libcst does not reproduce this file's text before the rewritten block")
+    return rendered[:len(rendered) - end] + source[edited_until:]
 
 
 def _top_level_statements(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> list[cst.CSTNode]:
@@ -197,7 +227,7 @@ def _filled(block):
 
 
 def _import_position(body) -> int:
-    """Index for new top-level statements: after the last top-level import (or at the top, after a docstring)."""
+    """Index for a new import: after the last top-level import (or at the top, after a docstring)."""
     position = 0
     for index, item in enumerate(body):
         if isinstance(item, cst.SimpleStatementLine) and any(

@@ -177,6 +177,7 @@ class _FlowBuilder:
         self._next_id = first_id
         self._made: dict[tuple[int, str, int | None], Definition] = {}  # a loop body is walked more than once
         self._in_else: set[cst.If] = set()
+        self._jumps: list[dict[type, Env]] = []  # per enclosing loop: bindings at its `continue`s and `break`s
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -256,8 +257,10 @@ class _FlowBuilder:
             return self._block(statement.body, env, guards)
         if isinstance(statement, cst.Try):
             self._mark(statement, env, guards)
-            after = self._block(statement.body, dict(env), guards + (statement,))
-            merged = _merge(env, after)
+            merged, current = dict(env), dict(env)
+            for inner in statement.body.body:  # an exception may leave the body after any statement
+                current = self._statement(inner, current, guards + (statement,))
+                merged = _merge(merged, current)
             for handler in statement.handlers:
                 merged = _merge(merged, self._block(handler.body, dict(merged), guards + (statement,)))
             for extra in (statement.orelse, statement.finalbody):
@@ -286,7 +289,9 @@ class _FlowBuilder:
         """Walk the body until the bindings at the loop top are stable: a definition made in one iteration
         reaches the reads of the next (and the iterable or test, re-evaluated each time)."""
         head = dict(env)
+        self._jumps.append({})
         while True:
+            self._jumps[-1].clear()
             self._mark(statement, head, guards)
             self._read(statement.iter if isinstance(statement, cst.For) else statement.test, head)
             inner_env = dict(head)
@@ -294,13 +299,17 @@ class _FlowBuilder:
                 for name in _target_names(statement.target):
                     self._define(name.value, "other", statement, inner_env, guards)
             after = self._block(statement.body, inner_env, guards + (statement,))
+            jumps = self._jumps[-1]
             widened = _merge(head, after)
+            if cst.Continue in jumps:  # a `continue` goes back to the loop top with what it had bound
+                widened = _merge(widened, jumps[cst.Continue])
             if widened == head:
                 break
             head = widened
+        jumps = self._jumps.pop()
         if statement.orelse is not None:
             head = self._block(statement.orelse.body, head, guards)
-        return head
+        return _merge(head, jumps[cst.Break]) if cst.Break in jumps else head
 
     def _mark(self, statement, env: Env, guards) -> None:
         before = self.flow.env_before.get(statement, {})
@@ -328,7 +337,8 @@ class _FlowBuilder:
         elif isinstance(small, cst.AugAssign):
             self._read(small.value, env)
             self._read(small.target, env)
-            self._store(small.target, small, env, if_guards)
+            if isinstance(small.target, cst.Subscript):  # `x += v` on a name is the "aug" definition below
+                self._store(small.target, small, env, if_guards)
             if isinstance(small.target, cst.Name):
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,
@@ -342,6 +352,9 @@ class _FlowBuilder:
                 definition = self._define(receiver.value, "inplace", small, env, if_guards,
                                           value=small.value, previous=previous)
                 self._link(definition, loaded_names(small.value))
+        elif isinstance(small, (cst.Continue, cst.Break)) and self._jumps:
+            jumps = self._jumps[-1]
+            jumps[type(small)] = _merge(jumps[type(small)], env) if type(small) in jumps else dict(env)
         elif isinstance(small, (cst.Import, cst.ImportFrom)):
             pass  # module-level names only matter for qualified-name resolution, done by libcst
         else:

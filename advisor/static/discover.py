@@ -91,8 +91,8 @@ def _walk(root: Path, errors: list[ScanError]) -> list[str]:
 
 def read_source(path: str) -> SourceFile | ScanError:
     """The file's text (decoded as its coding line or BOM says; the BOM is not part of it), or the one-line
-    reason it cannot be read as Python source. Opened without blocking and checked again after opening, so a file
-    replaced by a FIFO or a device since discovery is refused, not read."""
+    reason it cannot be read as Python source. Opened without blocking and checked again after opening, so a
+    file replaced by a FIFO or a device since discovery is refused, not read."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:

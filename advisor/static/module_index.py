@@ -36,9 +36,14 @@ class ClassInfo:
         their value is not the one expression assigned to them."""
         return self._collected.mutated
 
+    @property
+    def unfollowed(self) -> set[str]:
+        return self._collected.unfollowed
+
     def only_value(self, attribute: str) -> cst.BaseExpression | None:
         values = self.attributes.get(attribute, [])
-        return values[0] if len(values) == 1 and attribute not in self.mutated else None
+        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed
+        return values[0] if single else None
 
 
 class ParsedModule:
@@ -134,6 +139,14 @@ class ParsedModule:
             aliases.setdefault(dotted, local)
         return aliases
 
+    @cached_property
+    def calls_and_classes(self) -> tuple[list[cst.Call], list[cst.ClassDef]]:
+        """Every call and every class statement of the file, in one walk (for file-wide questions: hooks
+        registered, modules scripted, subclasses)."""
+        collector = _CallAndClassCollector()
+        self.module.visit(collector)
+        return collector.calls, collector.classes
+
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:
             first_id = 1_000_000 * len(self._flows)  # file-unique ids: flows of two functions can merge
@@ -220,17 +233,47 @@ class _FunctionCollector(cst.CSTVisitor):
         return False  # no function or class is defined inside a simple statement
 
 
+class _CallAndClassCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+        self.classes: list[cst.ClassDef] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
+
+
 class _SelfAttributeCollector(cst.CSTVisitor):
     def __init__(self) -> None:
         self.attributes: dict[str, list[cst.BaseExpression]] = {}
         self.mutated: set[str] = set()
+        self.unfollowed: set[str] = set()  # bound by an unpacking whose values are not paired with targets
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             if _is_self_attribute(target.target):
                 self.attributes.setdefault(target.target.attr.value, []).append(node.value)
+            elif isinstance(target.target, (cst.Tuple, cst.List)):
+                self._unpacked(target.target, node.value)
             else:
                 self._written(target.target)
+
+    def _unpacked(self, target: cst.Tuple | cst.List, value: cst.BaseExpression) -> None:
+        """`self.a, self.b = x, y` pairs each attribute with its value; another unpacking gives it an unknown one."""
+        elements = [element.value for element in target.elements]
+        values = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
+        paired = values is not None and len(values) == len(elements) and \
+            not any(isinstance(v, cst.StarredElement) for v in values)
+        for position, element in enumerate(elements):
+            if _is_self_attribute(element):
+                if paired:
+                    self.attributes.setdefault(element.attr.value, []).append(values[position].value)
+                else:
+                    self.unfollowed.add(element.attr.value)
+            else:
+                self._written(element)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self._written(node.target)
