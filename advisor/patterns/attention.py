@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.patterns import einsum as es
+from advisor.patterns import masks as mk
+from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import Op, OpReader, int_value, number_value
 from advisor.patterns.values import ValueProver
@@ -39,6 +41,9 @@ class MaskTerm:
     reshape: tuple[str, str, bool] | None = None  # (expand shape, reshape shape, has -1) when applied to a view
     scaled_after: bool = False
     nodes: list[cst.CSTNode] = field(default_factory=list)
+    fill_kind: str = mk.ADDITIVE  # how the original masks: -inf fill, finite fill, or added values
+    source: cst.BaseExpression | None = None  # the mask tensor as the original passes it
+    same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
 
 
 @dataclass
@@ -240,6 +245,8 @@ class _FunctionMatcher:
         self._absorbed: set[cst.Name] = set()
         self._factor_guards: dict[cst.CSTNode, cst.If] = {}
         self._views: list[tuple[int, Op]] = []  # reads that vanish with the rewrite (cast targets, fill dtypes)
+        self._dtype_changes: list[Op] = []  # casts and softmax(dtype=) inside the block
+        self._dtype_roots: DtypeRoots | None = None
         self._twin = self._twin_softmax(softmax)
         core = self._peel_scores(softmax.operands[0], chain)
         ndim = self._core_roles(core, chain, match)
@@ -248,6 +255,8 @@ class _FunctionMatcher:
         dropouts = [stage for stage in stages if stage.name == "dropout"]
         if len(dropouts) != len(stages):
             raise Refusal("the softmax module is followed by a module that is not dropout")
+        if (softmax.params["stages"][0] if softmax.name == "sequential" else softmax).params.get("dtype") is not None:
+            self._dtype_changes.append(softmax)
         output, value_node, weight_defs, escapes, more_dropouts = self._follow_weights(softmax.node, ndim)
         dropouts += more_dropouts
         match.escapes = escapes
@@ -257,6 +266,7 @@ class _FunctionMatcher:
         consumed = chain.definitions + weight_defs
         self._check_reads(consumed, chain.reads | self._weight_reads | self._absorbed, match)
         self._assemble_mask(match)
+        self._mask_and_dtype_facts(match, output, value_node, ndim)
         output_statement = self._statement(output.node)
         match.output_node = output.node
         kept = {output_statement} | set(match.hoisted)
@@ -382,6 +392,8 @@ class _FunctionMatcher:
         """Record one op of the score chain and return the operand that carries the scores."""
         if op.name in ("cast", "identity"):
             self._absorb(op)
+            if op.name == "cast":
+                self._dtype_changes.append(op)
             return op.operands[0]
         if op.name in ("mul", "div"):
             tensor, factor = self._tensor_and_factor(op)
@@ -515,7 +527,7 @@ class _FunctionMatcher:
         if beta is not None and number_value(beta) != 1:
             raise Refusal("baddbmm's beta is neither 0 nor 1")
         bias = core.params["input"]
-        match.masks.append(MaskTerm("float", self._render(bias), nodes=[bias]))
+        match.masks.append(MaskTerm("float", self._render(bias), nodes=[bias], source=bias, same_dtype=True))
 
     def _absorb(self, op: Op) -> None:
         """A cast's arguments (`.type_as(scores)`, `.to(q.dtype)`) disappear with the block."""
@@ -661,6 +673,8 @@ class _FunctionMatcher:
                 raise Refusal(f"the attention weights flow into `{self._short(consumer)}`")
             if op.name in ("cast", "identity"):
                 self._absorb(op)
+                if op.name == "cast":
+                    self._dtype_changes.append(op)
                 node = op.node
             elif op.name == "dropout":
                 dropouts.append(op)
@@ -821,7 +835,7 @@ class _FunctionMatcher:
     def _mask_term(self, op: Op, guard: cst.If | None) -> MaskTerm:
         if op.name == "add":
             mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
-            return MaskTerm("float", self._render(mask), guard=guard, nodes=[mask])
+            return MaskTerm("float", self._render(mask), guard=guard, nodes=[mask], source=mask)
         if op.name == "masked_fill":
             masked, fill = op.params["mask"], op.params["fill"]
             keep_given = False
@@ -836,12 +850,15 @@ class _FunctionMatcher:
                           f"number")
         keep = self._render(masked) if keep_given else _negate(self.parsed, masked)
         nodes = [masked]  # the fill is not emitted for boolean and causal masks
+        fill_kind = mk.NEGINF if kind == "neginf" else mk.FINITE
         if self._is_causal_keep(keep, masked, keep_given):
-            return MaskTerm("causal", keep, guard=guard, nodes=nodes)
+            return MaskTerm("causal", keep, fill=self.parsed.code(fill), guard=guard, nodes=nodes,
+                            fill_kind=fill_kind, source=masked)
         if kind == "neginf":
-            return MaskTerm("keep", keep, guard=guard, nodes=nodes)
+            return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=masked)
         masked_code = _negate(self.parsed, masked) if keep_given else self._render(masked)
-        return MaskTerm("finite", masked_code, fill=self._render_fill(fill), guard=guard, nodes=[masked])
+        return MaskTerm("finite", masked_code, fill=self._render_fill(fill), guard=guard, nodes=[masked],
+                        fill_kind=fill_kind, source=masked)
 
     def _reshape_term(self, term: MaskTerm) -> None:
         """A mask added while the scores were viewed as (b, h, L, S) and viewed back to (b*h, L, S)
@@ -860,6 +877,9 @@ class _FunctionMatcher:
         replaced = {}
         for name in loaded_names(fill):
             if self.flow.reaching.get(name, frozenset()) <= chain_ids and self.flow.reaching.get(name):
+                if not self._roots().same(name, self._leaf_nodes[0]):
+                    raise Refusal(f"the mask fill reads `{name.value}`, whose dtype after a cast is not provably "
+                                  f"the query's")
                 replaced[name] = self._leaf_nodes[0]
                 self._absorbed.add(name)
         if replaced and not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
@@ -969,6 +989,91 @@ class _FunctionMatcher:
         torch_name, query = self._torch_and_query()
         return f"{torch_name}.where({code}, 0.0, float(\"-inf\")).to({query}.dtype)"
 
+    def _query_dtype(self) -> str:
+        return f"{_atom(self._render(self._leaf_nodes[0]))}.dtype"
+
+    # mask and dtype facts ---------------------------------------------------------------------------------
+    def _roots(self) -> DtypeRoots:
+        if self._dtype_roots is None:
+            self._dtype_roots = DtypeRoots(self.parsed, self.owner, self.reader, self._flow_for, self._argument_of,
+                                           self._returned_by, self.values.is_scalar)
+        return self._dtype_roots
+
+    def _argument_of(self, name: cst.Name) -> cst.BaseExpression | None:
+        """The caller's argument for a parameter of an inlined helper."""
+        function = self._function_of(name)
+        if function not in self._inlined or not any(d.kind == "param" for d in self.flow.definitions_of(name)):
+            return None
+        return self._inlined[function][1].get(name.value)
+
+    def _returned_by(self, call: cst.CSTNode) -> cst.BaseExpression | None:
+        """What an inlined helper returns, at its call."""
+        return next((_single_return(function).value for function, (site, _) in self._inlined.items()
+                     if site is call and _single_return(function) is not None), None)
+
+    def _helper_return(self, call: cst.Call) -> cst.BaseExpression | None:
+        callee = self._callee(call)
+        return _single_return(callee).value if callee is not None else None
+
+    def _mask_and_dtype_facts(self, match: AttentionMatch, output: Op, value_node, ndim: int | None) -> None:
+        """SDPA needs q, k, v of one dtype and masks of a rank and dtype it accepts; record what the source
+        proves about them, and what fully masked rows do (see `masks`)."""
+        roots = self._roots()
+        query, key = self._leaf_nodes[0], self._leaf_nodes[1]
+        weights = next(o for o in output.operands if o is not value_node)
+        v_like_q = roots.same(value_node, query) or roots.same(value_node, key)
+        floats = [term for term in match.masks if term.kind == "float" and not term.same_dtype]
+        statement = "q, k and v have one dtype"
+        if v_like_q:
+            match.facts.proved("qkv-dtype", statement, "q and v come from one tensor, or one input through Linear "
+                                                       "layers (which raise on another dtype)")
+        elif roots.same(weights, query) or roots.same(weights, key):
+            match.facts.proved("qkv-dtype", statement, "the weights reach the value product in the query's dtype, "
+                                                       "and the value product raises unless v has theirs")
+        elif floats and not self._dtype_changes:
+            match.facts.proved("qkv-dtype", statement, "the value product gives v the scores' dtype, which is the "
+                                                       "query's given the mask-dtype fact")
+        else:
+            match.facts.assumed("qkv-dtype", statement, f"the weights are cast "
+                                f"(`{self._short(self._dtype_changes[-1].node)}`) before the value product, and "
+                                f"nothing links v's dtype to q's" if self._dtype_changes else
+                                "nothing links v's dtype to q's")
+        for term in floats:
+            mask_statement = f"the additive mask `{self._short(term.source)}` is not a float wider than the query"
+            if v_like_q and not self._dtype_changes:
+                match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
+                                   "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
+            else:
+                match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
+                                    "to q's dtype, which changes a wider float mask)")
+        self._mask_rank_fact(match, ndim)
+        mk.record_row_facts(match.facts, match.masks)
+
+    def _mask_rank_fact(self, match: AttentionMatch, ndim: int | None) -> None:
+        """SDPA rejects a 1-D mask on 4-D inputs; eager broadcasting accepts it."""
+        sources = [term for term in match.masks if term.source is not None and term.reshape is None]
+        if not sources or match.is_causal or (ndim is not None and ndim <= 3):
+            return
+        ranks = mk.RankFloor(self.parsed, self.owner, self.reader, self._ndim, self._reaching_values,
+                             lambda call: self._returned_by(call) or self._helper_return(call))
+        floors = [ranks.floor(term.source) for term in sources]
+        statement = "the mask has at least 2 dims"
+        if min(floors) >= 2:
+            match.facts.proved("mask-rank", statement, "its indexing or reshaping gives it 2 or more dims")
+        else:
+            low = sources[floors.index(min(floors))]
+            match.facts.assumed("mask-rank", statement, f"the rank of `{self._short(low.source)}` is not visible "
+                                f"here, and SDPA rejects a 1-D mask on 4-D inputs")
+
+    def _reaching_values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
+        ids = self._flow_for(name).reaching.get(name)
+        if not ids or UNDEFINED in ids:
+            return None
+        definitions = [self._flow_for(name).definitions[i] for i in ids]
+        if any(d.kind != "assign" or d.index is not None for d in definitions):
+            return None
+        return [d.value for d in definitions]
+
     def _torch_and_query(self) -> tuple[str, str]:
         torch_name = self.parsed.module_aliases.get("torch")
         if torch_name is None or not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
@@ -1001,6 +1106,8 @@ class _FunctionMatcher:
         return f"({query}.new_ones({shape}, dtype={torch_name}.bool).view({expand}) & {_atom(code)}).view({collapse})"
 
     def _term_values(self, term: MaskTerm) -> str:
+        if term.kind == "float" and not term.same_dtype:  # a bool/int/narrower mask adds what eager promotion adds
+            return f"{_atom(term.code)}.to({self._query_dtype()})"
         if term.kind != "finite":
             return term.code
         torch_name, query = self._torch_and_query()
@@ -1225,7 +1332,9 @@ def _atom(code: str) -> str:
 
 
 def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:
-    """The complement of a boolean mask, written as simply as its form allows."""
+    """The complement of a boolean mask (masked_fill and where raise on any other), written as simply as its
+    form allows. `~m` running proves m bool (`~` raises on floats, and an int result would make the original
+    raise); `m.logical_not()` is bool whatever m is."""
     if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
         target = node.comparisons[0]
         flipped = {cst.Equal: "!=", cst.NotEqual: "==", cst.LessThan: ">=", cst.GreaterThanEqual: "<",
@@ -1235,8 +1344,8 @@ def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
         return parsed.code(node.expression)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "logical_not" \
-            and not node.args:
-        return parsed.code(node.func.value)
+            and not node.args:  # `m` may be an int or float 0/1 mask: its complement's complement is `m.bool()`
+        return f"{_atom(parsed.code(node.func.value))}.bool()"
     return f"~{_atom(parsed.code(node))}"
 
 

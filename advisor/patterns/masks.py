@@ -1,0 +1,123 @@
+"""What an `attn_mask` must satisfy beyond polarity: rank, and what happens to fully masked query rows.
+
+SDPA rejects a 1-D mask on 4-D inputs (eager broadcasting accepts it), so a mask needs at least 2 dims unless
+the scores have at most 3. A query row whose every key is masked differs between the original and SDPA:
+with `-inf` fills the original's softmax gives NaN and SDPA's gives 0 (the one accepted divergence: no working
+model reads a NaN); with a finite fill (`finfo.min`, `-1e4`) the original gives uniform weights (the mean of V)
+and SDPA, which adds the fill to the scores, does not, unless the fill swallows them. So a finite fill is exact
+only where no row is fully masked, which the source proves only for causal masks (the diagonal always attends).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import libcst as cst
+
+from advisor.patterns.facts import FactSheet
+from advisor.patterns.ops import OpReader, int_value
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: fill -inf, finite fill, added
+RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", "clone", "logical_not", "long",
+                "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_"}
+CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand")}
+ROWS = "fully-masked-rows"
+
+
+class RankFloor:
+    """A lower bound on the rank of a mask expression (0 when nothing is known). `known_rank(node)` is the
+    exact rank when the source states it, `reaching_values(name)` the values assigned to a read (or None),
+    `returned(call)` what a helper of this file returns (or None)."""
+
+    def __init__(self, parsed: ParsedModule, owner: ClassInfo | None, reader: OpReader,
+                 known_rank: Callable[[cst.BaseExpression], int | None],
+                 reaching_values: Callable[[cst.Name], list[cst.BaseExpression] | None],
+                 returned: Callable[[cst.Call], cst.BaseExpression | None]) -> None:
+        self.parsed, self.owner, self.reader = parsed, owner, reader
+        self.known_rank, self.reaching_values, self.returned = known_rank, reaching_values, returned
+
+    def floor(self, node: cst.BaseExpression, depth: int = 0) -> int:
+        if depth > 12:
+            return 0
+        known = self.known_rank(node)
+        if known is not None:
+            return known
+        below = lambda child: self.floor(child, depth + 1)  # noqa: E731
+        if isinstance(node, cst.Name):
+            values = self.reaching_values(node)
+            return min((below(value) for value in values), default=0) if values else 0
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
+                and self.owner is not None:
+            built = self.owner.only_value(node.attr.value)
+            return below(built) if built is not None else 0
+        if isinstance(node, cst.Subscript):
+            return _subscript_floor(node)
+        if isinstance(node, cst.UnaryOperation):
+            return below(node.expression)
+        if isinstance(node, cst.Comparison):
+            return max([below(node.left)] + [below(c.comparator) for c in node.comparisons])
+        if isinstance(node, cst.BinaryOperation):
+            return max(below(node.left), below(node.right))
+        if isinstance(node, cst.Call):
+            return self._call_floor(node, below)
+        return 0
+
+    def _call_floor(self, node: cst.Call, below: Callable[[cst.BaseExpression], int]) -> int:
+        args = [a for a in node.args if a.keyword is None]
+        dotted = self.parsed.imported_name(node.func) or ""
+        if dotted in CREATORS and args and not any(a.star for a in args):
+            if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
+                return len(args[0].value.elements)
+            return len(args) if all(not isinstance(a.value, (cst.Tuple, cst.List)) for a in args) else 0
+        if dotted in ("torch.nn.Parameter", "torch.nn.parameter.Parameter") and args:
+            return below(args[0].value)
+        if isinstance(node.func, cst.Attribute):
+            method, receiver = node.func.attr.value, node.func.value
+            if method in ("unsqueeze", "unsqueeze_"):
+                return below(receiver) + 1
+            if method in ("view", "reshape", "expand") and args and not any(a.star for a in args):
+                if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
+                    return len(args[0].value.elements)
+                return len(args) if len(args) > 1 or int_value(args[0].value) is not None else 0
+            if method in RANK_KEEPING:
+                return below(receiver)
+        op = self.reader.read(node)
+        if op is not None and op.name == "where":
+            return max(below(operand) for operand in op.operands)
+        returned = self.returned(node)
+        return below(returned) if returned is not None else 0
+
+
+def _subscript_floor(node: cst.Subscript) -> int:
+    """`m[:, None, None, :]`: every slice keeps a dim and every None adds one, whatever m's rank."""
+    count = 0
+    for element in node.slice:
+        index = element.slice
+        if isinstance(index, cst.Slice):
+            count += 1
+        elif isinstance(index.value, cst.Name) and index.value.value == "None":
+            count += 1
+        elif isinstance(index.value, cst.Ellipsis) or int_value(index.value) is not None:
+            continue
+        else:
+            return 0  # a tensor or a computed index: advanced indexing, rank unknown
+    return count
+
+
+def record_row_facts(facts: FactSheet, terms: list) -> None:
+    """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring)."""
+    if not terms:
+        return
+    if all(term.kind == "causal" for term in terms):
+        facts.proved(ROWS, "no query row is fully masked",
+                     "a causal mask over a square [:T, :T] slice always keeps the diagonal")
+        return
+    finite = [term for term in terms if term.fill_kind == FINITE]
+    if finite:
+        facts.assumed(ROWS, "no query row is fully masked",
+                      f"a row masked everywhere by the finite fill `{finite[0].fill}` is uniform in the original "
+                      f"but not in SDPA, and nothing proves every row keeps a key")
+        return
+    facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
+                   "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")
