@@ -100,19 +100,20 @@ def load_module_from_source(source: str, name: str) -> types.ModuleType:
     return module
 
 
-def _make_takes_seed(module: types.ModuleType) -> bool:
+def make_parameters(module: types.ModuleType) -> list[str]:
     try:
-        params = inspect.signature(module.make).parameters
+        return list(inspect.signature(module.make).parameters)
     except (TypeError, ValueError):
-        return False
-    return len(params) > 0
+        return []
 
 
-def build(module: types.ModuleType, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
-    """Call the fixture's make(): make(seed) when it takes a seed, else make() (then perturb the weights
-    deterministically for seeds other than 0 so that each seed still checks different numbers)."""
-    if _make_takes_seed(module):
-        model, inputs = module.make(seed)
+def build(module: types.ModuleType, seed: int = 0, **options: Any) -> tuple[torch.nn.Module, tuple]:
+    """Call the fixture's make(): make(seed, **options) when it takes a seed, else make() (then perturb the
+    weights deterministically for seeds other than 0 so that each seed still checks different numbers).
+    Options the fixture's make() does not take are not passed (`fully_masked=False` for a maskless one)."""
+    if make_parameters(module):
+        accepted = {key: value for key, value in options.items() if key in make_parameters(module)}
+        model, inputs = module.make(seed, **accepted)
     else:
         model, inputs = module.make()
         if seed != 0:
@@ -233,22 +234,23 @@ def _compare(orig: Any, new: Any, where: str, atol: float, rtol: float, allow_dr
 
 def parity(original_source: str, rewritten_source: str, atol: float = 1e-5, rtol: float = 1e-5,
            seeds: Iterable[int] = (0, 1, 2), allow_dropped_weights: bool = False,
-           name: str = "fixture", accept_nan: bool = False) -> ParityResult:
+           name: str = "fixture", accept_nan: bool = False, **make_options: Any) -> ParityResult:
     """Run the original and the rewritten module on the same weights and inputs and compare every output.
 
     For each seed: the original's make(seed) builds the model and inputs; the rewritten module's make(seed)
     builds its model, which then loads the original's state_dict (strict). Both run in eval mode without
     grad. Every tensor in the (possibly nested) outputs must agree within atol/rtol; with
     allow_dropped_weights the rewrite may return None where the original returned a tensor (the unsafe
-    ADV102 fix drops the attention weights); with accept_nan an original NaN may be finite in the rewrite (SDPA's 0
-    for a fully masked row), counted in `nan_to_finite`. Raises ParityError on any mismatch, else the errors.
+    ADV102 fix drops the attention weights; `make_options` go to both make()s); with accept_nan an original
+    NaN may be finite in the rewrite (SDPA's 0 for a fully masked row), counted in `nan_to_finite`. Raises
+    ParityError on any mismatch, else returns the errors.
     """
     original = load_module_from_source(original_source, f"{name}_original")
     rewritten = load_module_from_source(rewritten_source, f"{name}_rewritten")
     result = ParityResult()
     for seed in seeds:
-        model_o, inputs = build(original, seed)
-        model_r, _ = build(rewritten, seed)
+        model_o, inputs = build(original, seed, **make_options)
+        model_r, _ = build(rewritten, seed, **make_options)
         model_r.load_state_dict(model_o.state_dict(), strict=True)
         out_o = run_forward(model_o, inputs)
         out_r = run_forward(model_r, inputs)

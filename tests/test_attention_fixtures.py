@@ -33,6 +33,7 @@ from fixture_models import (
     golden_path,
     iter_tensors,
     load_module_from_source,
+    make_parameters,
     parity,
     run_forward,
     uses_sdpa,
@@ -45,8 +46,10 @@ ALL_FIXTURES = POSITIVES + NEGATIVES
 ATOL = 1e-5
 RTOL = 1e-5
 SEEDS = (0, 1, 2)
-# positives whose inputs include a fully masked query row (NaN in the original where the fill is -inf)
-FULLY_MASKED = {"04_fairseq_bmm_keypad", "11_tensor_matmul_where"}
+# positives whose default inputs fully mask a query row under a -inf fill: NaN in the original, 0 in SDPA
+NAN_ROWS = {"04_fairseq_bmm_keypad", "11_tensor_matmul_where", "25_split_scores_helper_method"}
+# positives whose masks are built inside the model from its own shapes: no input can mask a whole row
+MASKS_FROM_SHAPES = {"09_einops_einsum_causal", "14_hf_gpt2_prepermuted_where", "20_whisper_split_scale_prepermuted"}
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -203,16 +206,30 @@ def test_positive_rewrite_is_exact_and_uses_sdpa(path):
     ast.parse(fixed)
     (finding,) = _attention_findings(analysis)
     accepted = "fully-masked-rows" in _facts(finding, "accepted")
-    result = parity(source, fixed, atol=ATOL, rtol=RTOL, seeds=SEEDS, name=path.stem, accept_nan=accepted)
+    # inputs with fully masked rows, unless the patch assumes there are none (then it is unsafe, and says so)
+    fully_masked = "fully-masked-rows" not in _facts(finding, "assumed")
+    result = parity(source, fixed, atol=ATOL, rtol=RTOL, seeds=SEEDS, name=path.stem, accept_nan=accepted,
+                    fully_masked=fully_masked)
     assert result.tensors_compared >= len(SEEDS)
     assert result.dropped == 0
-    if accepted and path.stem in FULLY_MASKED:  # the accepted divergence is exercised, and is the only one
-        assert result.nan_to_finite > 0, f"{path.name}: the inputs have no fully masked row"
+    assert (result.nan_to_finite > 0) == (path.stem in NAN_ROWS), (
+        f"{path.name}: {result.nan_to_finite} NaNs of the original became finite")
 
     rewritten_model, inputs = build(load_module_from_source(fixed, path.stem + "_fixed"), 0)
     assert uses_sdpa(dispatched_ops(rewritten_model, inputs)), f"{path.name}: the rewrite never calls SDPA"
     original_model, inputs = build(load_module_from_source(source, path.stem), 0)
     assert not uses_sdpa(dispatched_ops(original_model, inputs))
+
+
+@pytest.mark.parametrize("path", POSITIVES, ids=_ids(POSITIVES))
+def test_masked_positive_inputs_can_mask_a_whole_row(path):
+    """Every positive whose masks may mask a whole query row builds inputs that do (make(fully_masked=True))."""
+    (finding,) = _attention_findings(_patched(path))
+    if "fully-masked-rows" in _facts(finding, "proved") or not finding.extra["roles"]["mask"] \
+            or path.stem in MASKS_FROM_SHAPES:
+        return
+    module = load_module_from_source(_source(path), path.stem)
+    assert "fully_masked" in make_parameters(module), f"{path.name}: make() has no fully_masked option"
 
 
 @pytest.mark.parametrize("path", POSITIVES, ids=_ids(POSITIVES))

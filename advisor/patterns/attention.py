@@ -1038,6 +1038,10 @@ class _FunctionMatcher:
                                 f"(`{self._short(self._dtype_changes[-1].node)}`) before the value product, and "
                                 f"nothing links v's dtype to q's" if self._dtype_changes else
                                 "nothing links v's dtype to q's")
+        for term in match.masks:
+            if term.same_dtype:
+                match.facts.proved("mask-dtype", f"the additive input `{self._short(term.source)}` has the query's "
+                                   f"dtype", "baddbmm raises unless its input has its batches' dtype")
         for term in floats:
             mask_statement = f"the additive mask `{self._short(term.source)}` is not a float wider than the query"
             if v_like_q and not self._dtype_changes:

@@ -22,6 +22,7 @@ Root = object  # a cst node or a dtype name
 LAYOUT_METHODS = {"view", "reshape", "permute", "transpose", "contiguous", "unsqueeze", "squeeze", "flatten",
                   "expand", "expand_as", "clone", "detach", "chunk", "split", "unbind", "repeat", "narrow", "amax"}
 EINOPS = {"einops.rearrange", "einops.repeat"}
+TENSOR_OPS = {"matmul", "bmm", "baddbmm", "einsum", "transpose", "permute", "mT", "view", "softmax", "dropout"}
 CONCRETE = {"float": "torch.float32", "half": "torch.float16", "bfloat16": "torch.bfloat16", "double": "torch.float64"}
 DTYPE_NAMES = {f"torch.{name}" for name in ("float32", "float", "float16", "half", "bfloat16", "float64", "double")}
 CANONICAL = {"torch.float": "torch.float32", "torch.half": "torch.float16", "torch.double": "torch.float64"}
@@ -134,10 +135,11 @@ class DtypeRoots:
             return bool(ids) and UNDEFINED not in ids and all(
                 flow.definitions[i].kind == "assign" and flow.definitions[i].index is None
                 and self._is_tensor(flow.definitions[i].value, depth + 1) for i in ids)
-        if not isinstance(node, cst.Call):
-            return self.reader.read(node) is not None
-        return (_layout_receiver(node) is not None or self.reader.read(node) is not None or self._is_linear_call(node)
-                or self.parsed.imported_name(node.func) in EINOPS)
+        op = self.reader.read(node)
+        if op is not None:  # not `+`: it also joins tuples
+            return op.name in TENSOR_OPS
+        return isinstance(node, cst.Call) and (_layout_receiver(node) is not None or self._is_linear_call(node)
+                                               or self.parsed.imported_name(node.func) in EINOPS)
 
     def _op_root(self, op, depth: int) -> Root | None:
         name = op.name

@@ -116,8 +116,9 @@ def record_row_facts(facts: FactSheet, terms: list) -> None:
     finite = [term for term in terms if term.fill_kind == FINITE]
     if finite:
         facts.assumed(ROWS, "no query row is fully masked",
-                      f"a row masked everywhere by the finite fill `{finite[0].fill}` is uniform in the original "
-                      f"but not in SDPA, and nothing proves every row keeps a key")
+                      f"a row masked everywhere by the finite fill `{finite[0].fill}` is uniform in the original, "
+                      f"and in SDPA only where the fill swallows the scores (fp32 `finfo.min` does, fp16's or "
+                      f"`-1e4` do not); nothing proves every row keeps a key")
         return
     facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
                    "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")
