@@ -194,6 +194,15 @@ def test_j_upcast_scores_with_value_of_another_dtype_is_unsafe():
     assert finding.fix_safety == "unsafe" and "qkv-dtype" in _facts(finding, "assumed")
 
 
+def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_unsafe():
+    body = """
+    weights = (q @ k.transpose(-2, -1) * 0.5).softmax(dim=-1)
+    out = (weights.float() @ v.float()).to(q.dtype)
+    """
+    finding = _finding(_module_source(body))
+    assert finding.fix_safety == "unsafe" and "qkv-dtype" in _facts(finding, "assumed")
+
+
 def test_j_weights_cast_back_to_the_query_dtype_is_proved():
     body = """
     scores = q @ k.transpose(-2, -1) * 0.5

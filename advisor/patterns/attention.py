@@ -996,7 +996,7 @@ class _FunctionMatcher:
     def _roots(self) -> DtypeRoots:
         if self._dtype_roots is None:
             self._dtype_roots = DtypeRoots(self.parsed, self.owner, self.reader, self._flow_for, self._argument_of,
-                                           self._returned_by, self.values.is_scalar)
+                                           self._helper_at, self._function_of, self.values.is_scalar)
         return self._dtype_roots
 
     def _argument_of(self, name: cst.Name) -> cst.BaseExpression | None:
@@ -1014,6 +1014,21 @@ class _FunctionMatcher:
     def _helper_return(self, call: cst.Call) -> cst.BaseExpression | None:
         callee = self._callee(call)
         return _single_return(callee).value if callee is not None else None
+
+    def _helper_at(self, call: cst.Call):
+        """(what the helper called here returns, the helper, its parameters bound to this call's arguments);
+        an inlined helper's parameters are already read as the caller's arguments."""
+        returned = self._returned_by(call)
+        if returned is not None:
+            return returned, self._function_of(returned), {}
+        callee = self._callee(call)
+        if callee is None:
+            return None
+        try:
+            bound = self._bind_arguments(callee, call)
+        except Refusal:
+            return None
+        return _single_return(callee).value, callee, bound
 
     def _mask_and_dtype_facts(self, match: AttentionMatch, output: Op, value_node, ndim: int | None) -> None:
         """SDPA needs q, k, v of one dtype and masks of a rank and dtype it accepts; record what the source

@@ -31,16 +31,19 @@ MAX_DEPTH = 30
 
 class DtypeRoots:
     """Dtype roots of expressions in one match: `argument_of(name)` maps a parameter of an inlined helper
-    to the caller's argument (or None), `callee(call)` is what a helper called there returns (or None),
+    to the caller's argument (or None); `helper(call)` is (what the helper called there returns, the helper,
+    its parameters bound to that call's arguments) or None; `function_of(node)` the function holding a node;
     `is_scalar(node)` proves a Python number (scaling a float tensor by one keeps its dtype)."""
 
     def __init__(self, parsed: ParsedModule, owner: ClassInfo | None, reader: OpReader,
                  flow_for: Callable[[cst.CSTNode], FunctionFlow],
                  argument_of: Callable[[cst.Name], cst.BaseExpression | None],
-                 callee: Callable[[cst.CSTNode], cst.BaseExpression | None],
+                 helper: Callable[[cst.Call], tuple[cst.BaseExpression, cst.FunctionDef, dict] | None],
+                 function_of: Callable[[cst.CSTNode], cst.FunctionDef | None],
                  is_scalar: Callable[[cst.BaseExpression], bool]) -> None:
         self.parsed, self.owner, self.reader, self.is_scalar = parsed, owner, reader, is_scalar
-        self.flow_for, self.argument_of, self.callee = flow_for, argument_of, callee
+        self.flow_for, self.argument_of, self.helper, self.function_of = flow_for, argument_of, helper, function_of
+        self._bound: dict[cst.FunctionDef, dict[str, cst.BaseExpression]] = {}  # helpers being followed
 
     def same(self, *nodes: cst.BaseExpression) -> bool:
         roots = [self.root(node) for node in nodes]
@@ -74,7 +77,11 @@ class DtypeRoots:
         ids = flow.reaching.get(node)
         if not ids or UNDEFINED in ids:
             return None
-        roots = [self._definition_root(flow.definitions[i], depth) for i in sorted(ids)]
+        definitions = [flow.definitions[i] for i in sorted(ids)]
+        bound = self._bound.get(self.function_of(node), {})
+        if len(definitions) == 1 and definitions[0].kind == "param" and node.value in bound:
+            return self._bound_root(self.function_of(node), node.value, depth)
+        roots = [self._definition_root(definition, depth) for definition in definitions]
         if None in roots or not all(_equal(roots[0], other) for other in roots[1:]):
             return None  # reassigned on several paths: the read itself is the root
         return roots[0]
@@ -217,8 +224,27 @@ class DtypeRoots:
             return self._dtype_argument(dtype, depth) if dtype is not None else None
         if self._is_linear_call(call):  # F.linear raises unless input and weight share a dtype
             return self.root(call.args[0].value, depth + 1)
-        returned = self.callee(call)
-        return self.root(returned, depth + 1) if returned is not None else None
+        entered = self.helper(call)
+        if entered is None:
+            return None
+        returned, function, bound = entered
+        outer = self._bound.get(function)
+        self._bound[function] = bound
+        try:
+            return self.root(returned, depth + 1)
+        finally:
+            if outer is None:
+                del self._bound[function]
+            else:
+                self._bound[function] = outer
+
+    def _bound_root(self, function: cst.FunctionDef, name: str, depth: int) -> Root:
+        """A helper's parameter is the argument of the call being followed, read where the call is."""
+        bound = self._bound.pop(function)
+        try:
+            return self.root(bound[name], depth + 1)
+        finally:
+            self._bound[function] = bound
 
     def _is_linear_call(self, call: cst.Call) -> bool:
         func = call.func
