@@ -31,7 +31,7 @@ class Attention(nn.Module):
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
 {body}
-        return out.transpose(1, 2).reshape(b, n, c)
+        return out.permute(0, 2, 1, 3).reshape(b, n, c)
 '''
 
 
@@ -179,8 +179,25 @@ def test_d_mask_of_unknown_rank_is_unsafe():
         _outputs(body, keys, unsafe=True)
 
 
-def test_d_rank_from_indexing_is_proved():
+def test_d_rank_from_indexing_and_output_permute_is_proved():
+    """`mask[:, None, None, :]` has at least 4 dims, and the output's permute(0, 2, 1, 3) at most 4."""
     assert "mask-rank" in _facts(_finding(_module_source(NEGINF_FILL)), "proved")
+
+
+def test_d_mask_of_more_dims_than_the_scores_is_unsafe():
+    """Without the permute, a 3-D `mask` makes `mask[:, None, None, :]` 5-D: eager broadcasting gives a 5-D
+    output (which `.transpose(1, 2).reshape(...)` accepts when the extra dim is 1); SDPA raises."""
+    source = _module_source(NEGINF_FILL).replace("out.permute(0, 2, 1, 3)", "out.transpose(1, 2)")
+    finding = _finding(source)
+    assert finding.fix_safety == "unsafe" and "mask-rank" in _facts(finding, "assumed")
+    assert "more dims than the scores" in finding.reason
+    keep = _key_padding()[:1, None]  # (1, 1, S): one dim more than the scores need
+    x = torch.randn(2, 5, 16)
+    original = _run(source, x, keep)
+    fixed = analyze_source(source, "case.py", unsafe_fixes=True).fixed
+    with pytest.raises(RuntimeError):
+        _run(fixed, x, keep)
+    assert original.shape == (2, 5, 16)
 
 
 # -- J: leaf dtypes ----------------------------------------------------------------------------------------------

@@ -1065,33 +1065,76 @@ class _FunctionMatcher:
             else:
                 match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
                                     "to q's dtype, which changes a wider float mask)")
-        self._mask_rank_fact(match, ndim)
+        self._value_node = value_node
+        self._mask_rank_fact(match, output, ndim)
         mk.record_row_facts(match.facts, match.masks)
 
-    def _mask_rank_fact(self, match: AttentionMatch, ndim: int | None) -> None:
-        """SDPA rejects a 1-D mask on 4-D inputs; eager broadcasting accepts it."""
+    def _mask_rank_fact(self, match: AttentionMatch, output: Op, ndim: int | None) -> None:
+        """SDPA takes masks of 2 to n dims for n-D scores (any rank up to 3 for 3-D ones); eager broadcasting
+        also takes a 1-D mask, and a mask of more dims (giving a higher-rank output)."""
         sources = [term for term in match.masks if term.source is not None and term.reshape is None]
-        if not sources or match.is_causal or (ndim is not None and ndim <= 3):
+        if not sources or match.is_causal:
             return
-        ranks = mk.RankFloor(self.parsed, self.owner, self.reader, self._ndim, self._reaching_values,
-                             lambda call: self._returned_by(call) or self._helper_return(call))
-        floors = [ranks.floor(term.source) for term in sources]
-        statement = "the mask has at least 2 dims"
-        if min(floors) >= 2:
-            match.facts.proved("mask-rank", statement, "its indexing or reshaping gives it 2 or more dims")
+        ranks = mk.RankBounds(self.parsed, self.owner, self.reader, self._ndim, self._reaching_values,
+                              lambda call: self._returned_by(call) or self._helper_return(call),
+                              self.values.is_scalar)
+        bounds = [ranks.bounds(term.source) for term in sources]
+        # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
+        leaves = [ranks.bounds(leaf) for leaf in self._leaf_nodes[:2]]
+        low, high = (ndim, ndim) if ndim else mk.broadcast_bounds(leaves)
+        # the most dims the weights can have, or the original raises: at the value product or after it
+        upper = self._weights_rank(output) or self._output_rank(output)
+        statement = "the mask has 2 to the scores' number of dims"
+        few = [term for term, (least, _) in zip(sources, bounds) if least < 2 and (high is None or high > 3)]
+        many = [] if upper is not None and upper <= max(low, 2) else \
+            [term for term, (_, most) in zip(sources, bounds) if most is None or most > max(low, 2)]
+        if not few and not many:
+            match.facts.proved("mask-rank", statement, "its indexing, reshaping or creation bounds its rank, and "
+                               "the product's operands (or the value product) the scores'")
+        elif few:
+            match.facts.assumed("mask-rank", statement, f"the rank of `{self._short(few[0].source)}` is not "
+                                f"visible here, and SDPA rejects a 1-D mask on 4-D inputs")
         else:
-            low = sources[floors.index(min(floors))]
-            match.facts.assumed("mask-rank", statement, f"the rank of `{self._short(low.source)}` is not visible "
-                                f"here, and SDPA rejects a 1-D mask on 4-D inputs")
+            match.facts.assumed("mask-rank", statement, f"`{self._short(many[0].source)}` may have more dims than "
+                                f"the scores (eager broadcasting then gives a higher-rank output; SDPA raises)")
+
+    def _output_rank(self, output: Op) -> int | None:
+        """The rank a `permute` of the output (through transposes, or one assignment) proves it has."""
+        node = output.node
+        for _ in range(6):
+            parent = self.parsed.parents.get(node)
+            call = self.parsed.parents.get(parent) if isinstance(parent, cst.Attribute) else None
+            if isinstance(call, cst.Call) and call.func is parent and parent.attr.value == "permute":
+                dims = [int_value(a.value) for a in call.args]
+                if len(dims) == 1 and isinstance(call.args[0].value, (cst.Tuple, cst.List)):
+                    dims = [int_value(e.value) for e in call.args[0].value.elements]
+                return len(dims) if len(dims) > 1 and None not in dims else None
+            if isinstance(call, cst.Call) and call.func is parent and parent.attr.value in ("transpose", "contiguous"):
+                node = call
+                continue
+            definition = self._definition_of_value(node)
+            reads = self._flow_for(node).reads_of(definition) if definition is not None else []
+            if len(reads) != 1:
+                return None
+            node = reads[0]
+        return None
+
+    def _weights_rank(self, output: Op) -> int | None:
+        """bmm takes 3-D operands only, and an einsum without an ellipsis operands of its spec's rank."""
+        if output.name == "bmm":
+            return 3
+        if output.name == "einsum" and not self._has_ellipsis:
+            (first, second), _ = self._spec(output)
+            return len(first) if output.operands[0] is not self._value_node else len(second)
+        return None
 
     def _reaching_values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
         ids = self._flow_for(name).reaching.get(name)
         if not ids or UNDEFINED in ids:
             return None
         definitions = [self._flow_for(name).definitions[i] for i in ids]
-        if any(d.kind != "assign" or d.index is not None for d in definitions):
-            return None
-        return [d.value for d in definitions]
+        values = [_unpacked(d) if d.kind == "assign" else None for d in definitions]
+        return None if None in values else values
 
     def _torch_and_query(self) -> tuple[str, str]:
         torch_name = self.parsed.module_aliases.get("torch")
@@ -1317,6 +1360,17 @@ class _CallSiteFinder(cst.CSTVisitor):
             hit = isinstance(func, cst.Name) and func.value == self.name
         if hit:
             self.calls.append(node)
+
+
+def _unpacked(definition: Definition) -> cst.BaseExpression | None:
+    """The value an assignment gives its name: the whole value, or its element in `a, b = x, y`."""
+    value = definition.value
+    if definition.index is None:
+        return value
+    if isinstance(value, (cst.Tuple, cst.List)) and definition.index < len(value.elements) and \
+            not any(isinstance(e, cst.StarredElement) for e in value.elements):
+        return value.elements[definition.index].value
+    return None
 
 
 def _is_atom_node(node: cst.CSTNode) -> bool:
