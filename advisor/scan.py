@@ -11,11 +11,12 @@ from functools import partial
 
 import libcst as cst
 
+from advisor.backends.site import plan_backend
 from advisor.findings import Finding, ScanError
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.rewrite.apply import RewriteFailed, rewrite
 from advisor.rewrite.patch import unified_diff
-from advisor.rules import is_selected, load_rules
+from advisor.registry import is_selected, load_rules
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 
@@ -48,9 +49,11 @@ def might_contain_attention(source: str) -> bool:
 
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
-                   ignore: list[str] | None = None, only: set[tuple[str, int]] | None = None) -> FileResult:
+                   ignore: list[str] | None = None, only: set[tuple[str, int]] | None = None,
+                   backend: str = "sdpa") -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source.
-    `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review."""
+    `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review;
+    `backend` is what attention rewrites target where the site is eligible (sdpa, flash, flash-attn)."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
     findings, to_apply, patched = [], [], []
@@ -58,7 +61,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
         rule = _rule_for(match)
         if not is_selected(rule, select, ignore) or _is_suppressed(suppressed, match, rule):
             continue
-        finding, text = _finding(parsed, match, rule)
+        finding, text = _finding(parsed, match, rule, backend)
         findings.append(finding)
         chosen = only is None or (rule, finding.line) in only
         if chosen and finding.patch and (finding.fix_safety == "safe" or unsafe_fixes):
@@ -69,7 +72,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
         fixed = patched[0]
     elif to_apply:
         try:
-            fixed = rewrite(parsed, to_apply, drop_weights=unsafe_fixes)
+            fixed = rewrite(parsed, to_apply, drop_weights=unsafe_fixes, backend=backend)
         except RewriteFailed:
             fixed = source
     return FileResult(path, source, fixed, findings)
@@ -81,27 +84,30 @@ def _rule_for(match: AttentionMatch) -> str:
     return ESCAPING if match.escapes else SAFE
 
 
-def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str) -> tuple[Finding, str | None]:
+def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str, backend: str) -> tuple[Finding, str | None]:
     """The finding, and the source with only its patch applied (None when it has none).
     A patch whose proof left a fact assumed is unsafe whatever the rule's default: it names those facts."""
     definition = load_rules()[rule]
     patch, reason, patched = None, match.reason, None
+    plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:
-            patched = rewrite(parsed, [match], drop_weights=rule == ESCAPING)
+            patched = rewrite(parsed, [match], drop_weights=rule == ESCAPING, backend=backend)
             patch = unified_diff(parsed.path, parsed.source, patched)
         except RewriteFailed as exc:
             fixable, reason, patched = False, str(exc), None
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
     safety = definition.fix_safety
-    assumed = match.facts.assumptions
+    assumed = match.facts.assumptions + (plan.assumptions if plan else [])
     if assumed and match.output_node is not None:
         safety = "unsafe"
         unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
         reason = unproved if rule == SAFE or reason is None else f"{reason}; {unproved}"
     extra = {"roles": _roles(match), "facts": match.facts.to_json()} if match.output_node is not None else {}
+    if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
+        extra.update(plan.to_json())
     return Finding(rule=rule, kind=definition.kind, path=parsed.path, line=match.line, end_line=match.end_line,
                    function=match.function, message=definition.title, fixable=fixable,
                    fix_safety=safety, reason=reason if rule != SAFE or assumed else None, patch=patch,
@@ -131,13 +137,14 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: AttentionMatch
 
 
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
-               ignore: list[str] | None = None, on_file=None, jobs: int | None = None) -> ScanResult:
+               ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
+               backend: str = "sdpa") -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic."""
     files, errors = discover(paths)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore)
+    scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             outcomes = list(pool.map(scan_one, files, chunksize=4))
@@ -152,7 +159,7 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     return result
 
 
-def _scan_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | ScanError:
+def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa") -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
@@ -160,7 +167,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore) -> FileResult | Sc
         error = _syntax_error(source.text, path)
         return error or FileResult(path, source.text, source.text)
     try:
-        return analyze_source(source.text, path, unsafe_fixes, select, ignore)
+        return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend)
     except cst.ParserSyntaxError as exc:
         return ScanError(path, f"syntax error at line {exc.raw_line}: {exc.message}")
     except RecursionError:

@@ -14,12 +14,13 @@ from advisor.errors import AdvisorError
 from advisor.workload import Workload
 
 
-def load_workload(target: str) -> Workload:
-    """Import TARGET, call it, and normalise what it returns into a Workload."""
+def load_workload(target: str, loader=None, with_function: bool = False):
+    """Import TARGET, call it, and normalise what it returns into a Workload (and the function, if asked).
+    `loader(path)` may supply the importlib loader of a file target (the patched copy of an overlay)."""
     module_ref, sep, attr = target.rpartition(":")
     if not sep or not module_ref or not attr:
         raise AdvisorError(f"TARGET must be 'path/to/file.py:function' or 'package.module:function', got {target!r}")
-    module = _import(module_ref)
+    module = _import(module_ref, loader)
     function = getattr(module, attr, None)
     if function is None:
         raise AdvisorError(f"{module_ref} has no attribute {attr!r}")
@@ -30,7 +31,8 @@ def load_workload(target: str) -> Workload:
         result = function()
     except Exception as exc:  # noqa: BLE001 - user code: report it in one line
         raise AdvisorError(f"{target} raised {type(exc).__name__}: {exc}") from exc
-    return as_workload(result, target)
+    workload = as_workload(result, target)
+    return (workload, function) if with_function else workload
 
 
 def as_workload(result, target: str) -> Workload:
@@ -55,9 +57,9 @@ def as_workload(result, target: str) -> Workload:
     return workload
 
 
-def _import(module_ref: str):
+def _import(module_ref: str, loader=None):
     if module_ref.endswith(".py") or os.sep in module_ref or "/" in module_ref:
-        return _import_file(module_ref)
+        return _import_file(module_ref, loader)
     try:
         return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
@@ -66,7 +68,7 @@ def _import(module_ref: str):
         raise AdvisorError(f"importing {module_ref} raised {type(exc).__name__}: {exc}") from exc
 
 
-def _import_file(path: str):
+def _import_file(path: str, loader=None):
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise AdvisorError(f"{path}: no such file")
@@ -74,7 +76,7 @@ def _import_file(path: str):
     if directory not in sys.path:  # let the target import its sibling modules
         sys.path.insert(0, directory)
     name = "advisor_target_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader(path) if loader else None)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

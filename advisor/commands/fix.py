@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.prompt import Prompt
 
 from advisor.commands.common import add_selection_arguments, run_scan
 from advisor.report.terminal import stdout_console
 from advisor.errors import AdvisorError
-from advisor.findings import display_path
+from advisor.findings import ScanError, display_path
 from advisor.report.findings_console import print_diff
-from advisor.rewrite.patch import unified_diff, write_atomically
+from advisor.rewrite.patch import keep_untouched, resolve_inside, unified_diff, write_atomically
 from advisor.scan import analyze_source
 
 
@@ -18,41 +20,61 @@ def add_parser(sub) -> None:
     add_selection_arguments(parser)
     parser.add_argument("--apply", action="store_true", help="write the fixes to the files")
     parser.add_argument("--interactive", action="store_true", help="ask y/n/q for each patch, then write")
-    parser.add_argument("--backend", choices=("sdpa",), default="sdpa",
-                        help="attention backend to rewrite to (sdpa dispatches to flash kernels itself)")
+    parser.add_argument("--force-readonly", action="store_true",
+                        help="also rewrite read-only files (their mode, owner and group are kept)")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
+    """Exit 2 when a fix could not be written (each such file is one error line; the other files are still
+    fixed), else 1 when findings remain."""
     result = run_scan(args)
     console = stdout_console()
-    remaining, applied = 0, 0
+    remaining, applied, failures = 0, 0, []
     quit_requested = False
+    written: set[str] = set()
     for file in result.files:
         applicable = [f for f in file.findings if f.patch and (f.fix_safety == "safe" or args.unsafe_fixes)]
         remaining += len(file.findings) - len(applicable)
         if not applicable:
             continue
-        if args.interactive and not quit_requested:
-            chosen, quit_requested = _ask(console, applicable)
-            remaining += len(applicable) - len(chosen)
-            new_text = _fixed_with(file, chosen, args) if chosen else file.source
-        elif args.interactive:
-            remaining += len(applicable)
-            continue
-        else:
-            new_text = file.fixed
-            if not args.apply:
-                print_diff(console, unified_diff(display_path(file.path), file.source, new_text))
+        chosen = applicable
+        try:
+            if args.interactive and not quit_requested:
+                chosen, quit_requested = _ask(console, applicable)
+                remaining += len(applicable) - len(chosen)
+                new_text = _fixed_with(file, chosen, args) if chosen else file.source
+            elif args.interactive:
                 remaining += len(applicable)
                 continue
-        if new_text != file.source:
-            write_atomically(file.path, file.source, new_text)
-            applied += 1
-            console.print(f"fixed {display_path(file.path)}")
+            else:
+                new_text = keep_untouched(file.source, file.fixed)
+                if not args.apply:
+                    print_diff(console, unified_diff(display_path(file.path), file.source, new_text))
+                    remaining += len(applicable)
+                    continue
+            if new_text != file.source and _write(file, new_text, args, written):
+                applied += 1
+                console.print(f"fixed {display_path(file.path)}")
+        except AdvisorError as exc:
+            failures.append(ScanError(file.path, str(exc)))
+            remaining += len(chosen)
+    for failure in failures:
+        print(f"advisor: error: {display_path(failure.path)}: {failure.message}", file=sys.stderr)
     if args.apply or args.interactive:
-        console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain")
-    return 1 if remaining else 0
+        not_written = f", {len(failures)} file(s) not written" if failures else ""
+        console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain{not_written}")
+    return 2 if failures else 1 if remaining else 0
+
+
+def _write(file, new_text: str, args, written: set[str]) -> bool:
+    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes")."""
+    target = resolve_inside(file.path, args.paths)
+    if target in written:
+        return False
+    write_atomically(target, file.source, new_text, force_readonly=args.force_readonly)
+    written.add(target)
+    return True
 
 
 def _ask(console, findings):
@@ -73,7 +95,7 @@ def _fixed_with(file, chosen, args) -> str:
     """Re-run the rewrite restricted to the chosen findings (by rule and line)."""
     keep = {(f.rule, f.line) for f in chosen}
     result = analyze_source(file.source, file.path, unsafe_fixes=args.unsafe_fixes, select=args.select,
-                            ignore=args.ignore, only=keep)
+                            ignore=args.ignore, only=keep, backend=args.backend)
     if result.source != file.source:
-        raise AdvisorError(f"{file.path}: changed while reviewing")
-    return result.fixed
+        raise AdvisorError("changed while reviewing; not written")
+    return keep_untouched(file.source, result.fixed)

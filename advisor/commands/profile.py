@@ -1,16 +1,20 @@
-"""`advisor profile TARGET`: run the workload under the profiler and report measured hot spots by source line."""
+"""`advisor profile TARGET`: run the workload under the profiler and report measured hot spots by source line.
+
+The workload runs in a child process (advisor.verify.process): its prints, exits, hangs and crashes never reach
+this process's stdout or end it; each becomes one error line."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from rich.console import Console
 
 from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
-from advisor.runtime.profile import profile_workload
-from advisor.workload_loader import load_workload
+from advisor.runtime.runner import resolve_device
+from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker
 
 
 def add_parser(sub) -> None:
@@ -18,30 +22,47 @@ def add_parser(sub) -> None:
     parser.add_argument("target", metavar="TARGET", help="path/to/file.py:function or package.module:function")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--trace", metavar="FILE", help="also write the Chrome trace of the profiled steps")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: the workload's, else cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
-    parser.add_argument("--train", action="store_true", help="profile forward + backward instead of inference")
+    add_workload_arguments(parser)
     parser.set_defaults(run=run)
 
 
+def add_workload_arguments(parser) -> None:
+    """Options shared by the verbs that run a workload (profile, optimize)."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: the workload's, else cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
+    parser.add_argument("--train", action="store_true", help="forward + backward instead of inference")
+    parser.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
+                        help=f"stop a workload request that takes longer (default {DEFAULT_TIMEOUT_S:g} s)")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
 def run(args) -> int:
+    if args.device:
+        resolve_device(args.device)  # a missing GPU is a usage error before any process starts
     stderr = Console(stderr=True)
-    with stderr.status("loading the workload") as status:
-        workload = load_workload(args.target)
-        report = profile_workload(workload, args.target, args.device, args.dtype, args.train, args.trace,
-                                  progress=lambda message: status.update(message))
+    trace = os.path.abspath(args.trace) if args.trace else None
+    with stderr.status("starting the workload process") as status, \
+            start_worker("workload", args.timeout, on_progress=status.update) as worker:
+        status.update("loading the workload")
+        worker.call("load", target=args.target, device=args.device, dtype=args.dtype, train=args.train)
+        profiled = worker.call("profile", trace_path=trace)
+    findings, summary = profiled["findings"], profiled["summary"]
     if args.format == "json":
-        print(json.dumps(report.to_json(), indent=2))
+        print(json.dumps(profiled["json"], indent=2))
     else:
-        t = report.timing
-        summary = [
-            f"{args.target}: {report.capture.device}, {report.capture.dtype}, {'train' if args.train else 'eval'}; "
-            f"step {report.capture.step_us / 1000:.2f} ms median (unprofiled, IQR "
-            f"{report.capture.step_iqr_us / 1000:.2f} ms); measured op time {t.op_us / 1000:.2f} ms/step",
-            f"op time on a user source line: {t.statement_share:.1%} (statement), {t.attributed_share:.1%} "
-            "(statement or function)"]
+        lines = [
+            f"{args.target}: {summary['device']}, {summary['dtype']}, {'train' if args.train else 'eval'}; "
+            f"step {summary['step_us'] / 1000:.2f} ms median (unprofiled, IQR {summary['step_iqr_us'] / 1000:.2f} "
+            f"ms); measured op time {summary['op_us'] / 1000:.2f} ms/step",
+            f"op time on a user source line: {summary['statement_share']:.1%} (statement), "
+            f"{summary['attributed_share']:.1%} (statement or function)"]
         if args.trace:
-            summary.append(f"Chrome trace written to {display_path(args.trace)}")
-        print_measured(stdout_console(), "advisor profile: measured findings",
-                       report.findings, summary)
-    return 1 if report.findings else 0
+            lines.append(f"Chrome trace written to {display_path(args.trace)}")
+        print_measured(stdout_console(), "advisor profile: measured findings", findings, lines)
+    return 1 if findings else 0

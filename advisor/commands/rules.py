@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 
 
 def add_parser(sub) -> None:

@@ -244,6 +244,8 @@ class _FunctionMatcher:
         self._chain = chain
         self._absorbed: set[cst.Name] = set()
         self._factor_guards: dict[cst.CSTNode, cst.If] = {}
+        self._negated_factors: set[cst.CSTNode] = set()  # factors applied in the `else:` of their guard
+        self._guard_negated = False
         self._views: list[tuple[int, Op]] = []  # reads that vanish with the rewrite (cast targets, fill dtypes)
         self._dtype_changes: list[Op] = []  # casts and softmax(dtype=) inside the block
         self._dtype_roots: DtypeRoots | None = None
@@ -331,6 +333,8 @@ class _FunctionMatcher:
                     if guard is not None:
                         raise Refusal("the scores are updated under nested conditions")
                     guard, entry = new_guard, new_entry
+                    # the update sits in the `else:` of its `if`: a factor there applies when the test is false
+                    self._guard_negated = guard in chain.definitions[-1].negated
                 continue
             op = cursor if isinstance(cursor, Op) else self.reader.read(cursor)
             if op is None and guard is None and self._callee(cursor) is not None:
@@ -367,6 +371,8 @@ class _FunctionMatcher:
         if len(definitions) != 1:
             raise Refusal("the scores are assigned on several paths")
         definition = definitions[0]
+        if definition.kind == "store":
+            raise Refusal(f"the scores are written in place by `{self._short(definition.statement)}`")
         if definition.kind not in ("assign", "aug", "inplace") or definition.index is not None:
             raise Refusal(f"the scores come from `{definition.name}`, which is not computed in this function")
         chain.definitions.append(definition)
@@ -404,8 +410,10 @@ class _FunctionMatcher:
                 raise Refusal(f"the scale is applied under `if {self._short(guard.test)}`, a condition that "
                               f"calls a function and cannot be re-evaluated")
             op.params["factor"] = factor
-            if guard is not None:  # becomes `(factor if <test> else 1.0)`
+            if guard is not None:  # becomes `(factor if <test> else 1.0)`, or `(1.0 if <test> else factor)`
                 self._factor_guards[factor] = guard
+                if self._guard_negated:
+                    self._negated_factors.add(factor)
             chain.ops.append((op, guard))
             return tensor
         if op.name in ("masked_fill", "view"):
@@ -827,10 +835,24 @@ class _FunctionMatcher:
         match.scale = self._scale_code(match)
         for factor in self._factors:
             self._leaf_nodes.append(self.values.scalar_expression(factor[1]))
+            self._scale_fact(factor[1], match)
         self._leaf_nodes.extend(guard.test for guard in self._factor_guards.values())
         for term in match.masks:
             if term.scaled_after and term.kind != "keep" and term.kind != "causal":
                 raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
+
+    def _scale_fact(self, factor: cst.BaseExpression, match: AttentionMatch) -> None:
+        """SDPA's `scale` must be a Python number: a literal, a size, a math function, an int/float parameter or
+        an attribute this class assigns only such values. A factor taken for one on weaker grounds (its name) is
+        an assumption, and the patch that relies on it is unsafe."""
+        code = self._short(factor)
+        statement = f"`{code}` is a Python number, not a tensor"
+        guess = self.values.scalar_guess(factor)
+        if guess is None:
+            match.facts.proved("scale-is-number", statement, "built from literals, sizes, math functions and "
+                                                             "int/float values")
+        else:
+            match.facts.assumed("scale-is-number", statement, guess)
 
     def _mask_term(self, op: Op, guard: cst.If | None) -> MaskTerm:
         if op.name == "add":
@@ -1184,7 +1206,9 @@ class _FunctionMatcher:
         for kind, factor in self._factors:
             code = self._render(self.values.scalar_expression(factor))
             if factor in self._factor_guards:
-                code = f"({code} if {self._render(self._factor_guards[factor].test)} else 1.0)"
+                test = self._render(self._factor_guards[factor].test)
+                code = f"(1.0 if {test} else {code})" if factor in self._negated_factors else \
+                    f"({code} if {test} else 1.0)"
             (parts if kind == "mul" else divisors).append(_atom(code))
         numerator = " * ".join(parts) if parts else "1.0"
         return numerator + "".join(f" / {d}" for d in divisors)
@@ -1258,7 +1282,14 @@ class _FunctionMatcher:
                 now = env.get(name.value, frozenset({UNDEFINED}))
                 if now == seen:
                     continue
-                raise Refusal(f"`{name.value}` is reassigned between the scores and the value product")
+                raise Refusal(f"`{name.value}` is {self._how_rebound(now - seen)} between the scores and the value "
+                              f"product")
+
+    def _how_rebound(self, new: frozenset[int]) -> str:
+        kinds = {self.flow.definitions[i].kind for i in new if i != UNDEFINED}
+        if UNDEFINED in new and not kinds:
+            return "deleted"
+        return "written in place" if kinds and kinds <= {"store", "inplace", "aug"} else "reassigned"
 
     def _check_escapes(self, match: AttentionMatch) -> None:
         if not match.escapes:

@@ -11,11 +11,14 @@ from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 # Names that real code gives to Python-number scale factors; used only where nothing better is known
-# (an unannotated parameter, an attribute set outside this class).
+# (an unannotated parameter, an attribute set outside this class). A name is not a proof: a value accepted
+# on its name alone is a guess, and a rewrite relying on it is unsafe (see `ValueProver.scalar_guess`).
 SCALAR_NAME = re.compile(r"(^|_)(scale|scaling|scale_factor|softmax_scale|norm_factor|inv_norm_factor|"
                          r"head_dim|dim_head|d_k|d_head|dk|head_size|sqrt\w*|temperature_scalar)$", re.I)
 SCALAR_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "numpy.sqrt", "float", "int", "len", "max",
                     "min", "pow", "abs", "round"}
+# these return a Python number whatever they are given (or raise): no need to prove their arguments
+NUMBER_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "float", "int", "len"}
 SIZE_METHODS = {"size", "dim", "numel", "ndimension", "__len__"}
 MASK_FILL_FLOOR = -1e3  # a literal fill at or below this is a "large negative" mask value
 
@@ -23,10 +26,25 @@ MASK_FILL_FLOOR = -1e3  # a literal fill at or below this is a "large negative" 
 class ValueProver:
     """Answers questions about expressions inside one function."""
 
-    def __init__(self, parsed: ParsedModule, flow: FunctionFlow, owner: ClassInfo | None) -> None:
+    def __init__(self, parsed: ParsedModule, flow: FunctionFlow, owner: ClassInfo | None,
+                 guesses: list[str] | None = None) -> None:
         self.parsed = parsed
         self.flow = flow
         self.owner = owner
+        self.guesses = [] if guesses is None else guesses  # why a value was taken for a number without proof
+
+    def scalar_guess(self, node: cst.BaseExpression) -> str | None:
+        """None when `node` is proved a Python number from the source alone; else the first guess that
+        `is_scalar` had to make (a name that suggests a number, an unannotated parameter, ...)."""
+        self.guesses.clear()
+        proved = self.is_scalar(node)
+        guess = self.guesses[0] if self.guesses else (None if proved else "it is not provably a number")
+        self.guesses.clear()
+        return guess
+
+    def _guess(self, why: str) -> bool:
+        self.guesses.append(why)
+        return True
 
     # -- Python scalars ----------------------------------------------------------------------------
     def is_scalar(self, node: cst.BaseExpression, depth: int = 0) -> bool:
@@ -39,10 +57,16 @@ class ValueProver:
             return self.is_scalar(node.expression, depth + 1)
         if isinstance(node, cst.BinaryOperation):
             return self.is_scalar(node.left, depth + 1) and self.is_scalar(node.right, depth + 1)
+        if isinstance(node, cst.IfExp):
+            return self.is_scalar(node.body, depth + 1) and self.is_scalar(node.orelse, depth + 1)
+        if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.Or):  # `scale or d ** -0.5`
+            return self._is_scalar_or_none(node.left, depth + 1) and self.is_scalar(node.right, depth + 1)
         if isinstance(node, cst.Call):
             dotted = self.parsed.imported_name(node.func)
             if self.scalar_expression(node) is not node:
                 return self.is_scalar(self.scalar_expression(node), depth + 1)
+            if dotted in NUMBER_FUNCTIONS:
+                return True
             if dotted in SCALAR_FUNCTIONS:
                 return all(self.is_scalar(a.value, depth + 1) or self._is_size(a.value) for a in node.args)
             return self._is_size(node) or self._helper_returns_scalar(node, depth)
@@ -53,6 +77,16 @@ class ValueProver:
         if isinstance(node, cst.Attribute):
             return self._attribute_is_scalar(node, depth)
         return False
+
+    def _is_scalar_or_none(self, node: cst.BaseExpression, depth: int) -> bool:
+        if isinstance(node, cst.Name) and node.value == "None":
+            return True
+        definitions = self.flow.definitions_of(node) if isinstance(node, cst.Name) else []
+        if definitions and all(d.kind == "param" and d.annotation is None and d.default is not None
+                               and self.parsed.code(d.default) == "None" for d in definitions):
+            return self._guess(f"the parameter `{node.value}` (default None) has no annotation, so a caller may "
+                               f"pass a tensor")
+        return self.is_scalar(node, depth)
 
     def scalar_expression(self, node: cst.BaseExpression) -> cst.BaseExpression:
         """The Python number inside a 0-dim tensor built from it (`torch.full([], x, ...)`,
@@ -113,7 +147,8 @@ class ValueProver:
     def _name_is_scalar(self, node: cst.Name, depth: int) -> bool:
         definitions = self.flow.definitions_of(node)
         if not definitions:
-            return bool(SCALAR_NAME.search(node.value)) and not self.flow.sees_undefined(node)
+            return bool(SCALAR_NAME.search(node.value)) and not self.flow.sees_undefined(node) and \
+                self._guess(f"`{node.value}` is not bound in this function; only its name suggests a number")
         for definition in definitions:
             if definition.kind == "param":
                 annotation = definition.annotation
@@ -121,9 +156,15 @@ class ValueProver:
                     if self.parsed.code(annotation).replace(" ", "") not in ("float", "int", "float|None",
                                                                              "Optional[float]", "int|float"):
                         return False
+                elif definition.default is not None and number_value(definition.default) is not None and \
+                        self._is_constructor(definition):
+                    continue  # a construction hyperparameter whose default is a number
                 elif not (SCALAR_NAME.search(definition.name)
                           or (definition.default is not None and number_value(definition.default) is not None)):
                     return False
+                else:
+                    self._guess(f"the parameter `{definition.name}` has no int/float annotation, so a caller may "
+                                f"pass a tensor")
             elif definition.kind == "assign" and definition.index is None:
                 if not self.is_scalar(definition.value, depth + 1):
                     return False
@@ -137,31 +178,39 @@ class ValueProver:
                 return False
         return True
 
+    def _is_constructor(self, definition) -> bool:
+        function = self._function_of(definition.statement)
+        return function is not None and function.name.value == "__init__"
+
     def _attribute_is_scalar(self, node: cst.Attribute, depth: int) -> bool:
-        if isinstance(node.value, cst.Name) and node.value.value == "self" and self.owner is not None:
-            values = self.owner.attributes.get(node.attr.value)
-            if values:
-                return all(self._init_value_is_scalar(v, depth) for v in values)
         if isinstance(node.value, cst.Name) and self.parsed.imported_name(node) in ("math.pi", "math.e"):
             return True
-        return bool(SCALAR_NAME.search(node.attr.value))
+        if isinstance(node.value, cst.Name) and node.value.value == "self" and self.owner is not None:
+            name = node.attr.value
+            values = self.owner.attributes.get(name)
+            if values:
+                if not all(self._assigned_is_scalar(v, depth) for v in values):
+                    return False
+                return name not in self.owner.mutated or \
+                    self._guess(f"`self.{name}` is also updated in place, which the analysis does not follow")
+            return bool(SCALAR_NAME.search(name)) and \
+                self._guess(f"`self.{name}` is not assigned in this class (inherited or set from outside); "
+                            f"only its name suggests a number")
+        return bool(SCALAR_NAME.search(node.attr.value)) and \
+            self._guess(f"`{self.parsed.code(node)}` is not assigned in this class; only its name suggests a number")
 
-    def _init_value_is_scalar(self, value: cst.BaseExpression, depth: int) -> bool:
-        """A value assigned in `__init__`: its own names are not this function's, so judge it by form."""
-        if isinstance(value, cst.IfExp):
-            return self._init_value_is_scalar(value.body, depth) and self._init_value_is_scalar(value.orelse, depth)
-        if isinstance(value, cst.Call):
-            dotted = self.parsed.imported_name(value.func) or ""
-            return dotted in SCALAR_FUNCTIONS
-        if isinstance(value, (cst.BinaryOperation, cst.UnaryOperation)):
-            return all(self._init_value_is_scalar(child, depth) for child in value.children
-                       if isinstance(child, cst.BaseExpression))
-        if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
-            return not self._looks_like_tensor(value)
-        return number_value(value) is not None
+    def _assigned_is_scalar(self, value: cst.BaseExpression, depth: int) -> bool:
+        """A value assigned to `self.x` in some method, proved with that method's own definitions."""
+        function = self._function_of(value)
+        if function is None:
+            return False
+        prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses)
+        return prover.is_scalar(value, depth + 1)
 
-    def _looks_like_tensor(self, value: cst.BaseExpression) -> bool:
-        return "torch" in self.parsed.code(value) or "Parameter" in self.parsed.code(value)
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = self.parsed.parents.get(node)
+        return node
 
     # -- mask fill values --------------------------------------------------------------------------
     def fill_kind(self, node: cst.BaseExpression, depth: int = 0) -> str | None:

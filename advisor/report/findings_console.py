@@ -21,6 +21,8 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
             fix = ("-" if not finding.fixable else
                    ("safe" if finding.fix_safety == "safe" else "[yellow]unsafe[/yellow]"))
             what = finding.message if finding.reason is None else f"{finding.message}\n[dim]{finding.reason}[/dim]"
+            if "backends" in finding.extra:
+                what += "\n" + backends_summary(finding.extra["backends"], finding.extra.get("emission"))
             if "self_us" in finding.extra:
                 what += (f"\n[bold]measured: {finding.extra['self_us'] / 1000:.3f} ms/step, "
                          f"{finding.extra['share']:.1%} of the step[/bold]")
@@ -29,6 +31,27 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
         console.print(table)
     else:
         console.print(f"advisor: no findings in {files_scanned} file(s)")
+
+
+_MARKS = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "[yellow]?[/yellow]"}
+
+
+def backends_summary(backends: dict, emission: dict | None) -> str:
+    """The backend verdicts on one line (reasons for refusals; `?` = not known statically), variants that
+    would be eligible, and what `--backend` emitted when it was not plain SDPA."""
+    verdicts, variants = [], []
+    for name, verdict in backends.items():
+        text = f"{name} {_MARKS[verdict['eligible']]}"
+        if verdict["eligible"] is False:
+            text += f" [dim]({verdict['reason']})[/dim]"
+        verdicts.append(text)
+        if verdict.get("variant") and verdict["variant"] not in variants:
+            variants.append(verdict["variant"])
+    lines = ["backends: " + ", ".join(verdicts)] + [f"[dim]variant: {variant}[/dim]" for variant in variants]
+    if emission and emission["requested"] != "sdpa":
+        lines.append(f"[bold]--backend {emission['requested']}:[/bold] emitted {emission['emitted']}"
+                     + (f" [dim]({emission['reason']})[/dim]" if emission["reason"] else ""))
+    return "\n".join(lines)
 
 
 def print_diff(console: Console, diff: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from advisor.findings import Finding, display_path
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 
 
 def to_sarif(findings: list[Finding]) -> dict:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.backends.site import plan_backend
 from advisor.patterns.attention import AttentionMatch
+from advisor.rewrite.backends import FlashContext, flash_attn_call, flash_attn_helper, flash_context, helper_name
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
@@ -14,8 +16,9 @@ class RewriteFailed(Exception):
     """The edited module did not compile; the original is kept."""
 
 
-def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool) -> str:
-    """Source with every match replaced by one SDPA call. `drop_weights` passes None where weights escaped."""
+def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool, backend: str = "sdpa") -> str:
+    """Source with every match replaced by one SDPA call. `drop_weights` passes None where weights escaped.
+    `backend` "flash" / "flash-attn" emits those where the site is eligible (see advisor.backends.site)."""
     if not matches:
         return parsed.source
     functional = functional_name(parsed)
@@ -24,11 +27,25 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
     nones: set[cst.CSTNode] = set()
     renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
     hoists: dict[cst.CSTNode, object] = {}
-    for match in matches:
+    emitted = [plan_backend(parsed, match, backend).emitted for match in matches]
+    flash = flash_context(parsed) if "flash" in emitted else None
+    if isinstance(flash, str):
+        raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")
+    helper = helper_name(parsed) if "flash-attn" in emitted else None
+    wrapped: set[cst.CSTNode] = set()
+    for match, target in zip(matches, emitted):
         statement = _enclosing_statement(parsed, match.output_node)
         indent = parsed.positions[statement.body[0] if isinstance(statement, cst.SimpleStatementLine)
                                   else statement].start.column
-        replacements[match.output_node] = cst.parse_expression(sdpa_call(match, functional.prefix, indent))
+        if target == "flash-attn":
+            call = flash_attn_call(match, helper, indent)
+        else:
+            call = sdpa_call(match, functional.prefix, indent + 4 * (target == "flash"))
+        replacements[match.output_node] = cst.parse_expression(call)
+        if target == "flash":
+            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+                raise RewriteFailed("the flash kernel context needs the SDPA call in a statement of its own")
+            wrapped.add(statement)
         removed.update(match.removed)
         renamed.update({read: cst.parse_expression(code) for read, code in match.renamed.items()})
         for statement, code in match.hoisted.items():
@@ -38,7 +55,14 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
         if drop_weights:
             nones.update(match.escapes)
     replacements.update(renamed)
-    module = parsed.module.visit(_Editor(parsed, replacements, removed, nones, hoists))
+    editor = _Editor(parsed, replacements, removed, nones, hoists)
+    if flash is not None:
+        editor.wrap(wrapped, flash.header)
+    module = parsed.module.visit(editor)
+    if helper is not None:
+        module = _add_after_imports(module, [flash_attn_helper(helper, functional.prefix)])
+    if isinstance(flash, FlashContext) and flash.import_line is not None:
+        module = _add_import(module, flash.import_line)
     if functional.import_line is not None:
         module = _add_import(module, functional.import_line)
     code = module.code
@@ -59,6 +83,12 @@ class _Editor(cst.CSTTransformer):
     def __init__(self, parsed, replacements, removed, nones, hoists) -> None:
         self.parsed, self.replacements, self.removed, self.nones = parsed, replacements, removed, nones
         self.hoists = hoists
+        self.wrapped: set[cst.CSTNode] = set()
+        self.with_item: cst.BaseExpression | None = None
+
+    def wrap(self, statements: set[cst.CSTNode], header: str) -> None:
+        """Run these statements inside `with <header>:` (the flash kernel context)."""
+        self.wrapped, self.with_item = statements, cst.parse_expression(header)
 
     def on_leave(self, original_node, updated_node):
         if original_node in self.replacements:
@@ -74,6 +104,8 @@ class _Editor(cst.CSTTransformer):
         kept = [small for small, original in zip(updated_node.body, original_node.body)
                 if original not in self.removed]
         if len(kept) == len(updated_node.body):
+            if original_node in self.wrapped:
+                updated_node = self._wrapped(updated_node)
             return self._with_hoist(original_node, updated_node)
         if not kept:
             return cst.RemoveFromParent()
@@ -87,6 +119,12 @@ class _Editor(cst.CSTTransformer):
             return cst.RemoveFromParent()
         updated_node = updated_node.with_changes(body=_filled(updated_node.body))
         return self._with_hoist(original_node, updated_node)
+
+    def _wrapped(self, statement: cst.SimpleStatementLine) -> cst.With:
+        """`with <item>:` around the statement; its leading comments stay above the `with`."""
+        inner = statement.with_changes(leading_lines=())
+        return cst.With(items=[cst.WithItem(self.with_item)], body=cst.IndentedBlock(body=[inner]),
+                        leading_lines=statement.leading_lines)
 
     def _with_hoist(self, original_node, updated_node):
         if original_node in self.hoists:  # the mask variable must exist when an `if` is not taken
@@ -111,7 +149,10 @@ def _filled(block):
 
 def _add_import(module: cst.Module, line: str) -> cst.Module:
     """Insert after the last top-level import (or at the top, after a docstring)."""
-    statement = cst.parse_statement(line + "\n")
+    return _add_after_imports(module, [cst.parse_statement(line + "\n")])
+
+
+def _add_after_imports(module: cst.Module, statements) -> cst.Module:
     body = list(module.body)
     position = 0
     for index, item in enumerate(body):
@@ -121,5 +162,5 @@ def _add_import(module: cst.Module, line: str) -> cst.Module:
         elif index == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr) \
                 and isinstance(item.body[0].value, cst.SimpleString):
             position = 1
-    body.insert(position, statement)
+    body[position:position] = statements
     return module.with_changes(body=body)

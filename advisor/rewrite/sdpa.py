@@ -41,9 +41,13 @@ def sdpa_call(match: AttentionMatch, functional: str, indent: int) -> str:
         args.append("is_causal=True")
     if match.scale is not None:
         args.append(f"scale={match.scale}")
-    head = f"{functional}.scaled_dot_product_attention("
-    one_line = head + ", ".join(args) + ")" + match.output_suffix
+    return call_text(f"{functional}.scaled_dot_product_attention", args, match.output_suffix, indent)
+
+
+def call_text(function: str, args: list[str], suffix: str, indent: int) -> str:
+    """`function(args)suffix` on one line, or one argument per line when it would pass WRAP_AT columns."""
+    one_line = f"{function}(" + ", ".join(args) + ")" + suffix
     if indent + len(one_line) <= WRAP_AT:
         return one_line
     # libcst re-indents continuation lines to the enclosing block, so indent relative to the statement
-    return head + "\n" + "".join(f"    {arg},\n" for arg in args) + ")" + match.output_suffix
+    return f"{function}(\n" + "".join(f"    {arg},\n" for arg in args) + ")" + suffix

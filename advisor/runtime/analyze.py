@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from advisor.findings import Finding
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
 from advisor.runtime.rank import rank
 from advisor.runtime.trace import Trace, load_trace, trace_files
@@ -17,6 +17,7 @@ _CATEGORIES = (("attention", ("flash", "fmha", "attention", "sdpa")), ("gemm", (
                "bmm", "addmm", "::mm")), ("softmax", ("softmax",)), ("copy", ("copy", "memcpy", "contiguous", "clone",
                "_to_copy")), ("reduction", ("reduce", "sum", "mean", "norm")), ("elementwise", ("elementwise",
                "vectorized", "add", "mul", "div", "where", "masked_fill", "gelu", "silu")))
+OP_KINDS = tuple(name for name, _ in _CATEGORIES) + ("other",)
 
 
 @dataclass
@@ -47,7 +48,7 @@ def analyze_path(path: str) -> AnalyzeReport:
         total = sum(e.self_us for e in events if e.step >= 0) / steps
         for e in events:
             if e.step >= 0:
-                breakdown[_category(e.name)] += e.self_us / steps / len(traces)
+                breakdown[op_category(e.name)] += e.self_us / steps / len(traces)
         for hit in detect(events, trace.on_device):
             anchor = events[hit.events[0]]
             path_, line, function = _where(anchor, trace)
@@ -90,7 +91,8 @@ def _cost(events, indices: list[int]) -> float:
                if e.parent is None or e.parent < first or k in (first, last))
 
 
-def _category(name: str) -> str:
+def op_category(name: str) -> str:
+    """The kind of an op or kernel by its name (one of OP_KINDS); analyze's breakdown and optimize's reports share it."""
     lowered = name.lower()
     for category, needles in _CATEGORIES:
         if any(needle in lowered for needle in needles):

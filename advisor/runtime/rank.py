@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from advisor.findings import Finding
-from advisor.rules import load_rules
+from advisor.registry import load_rules
 from advisor.runtime.detect import Detection
 from advisor.runtime.timing import Timing
 

@@ -23,11 +23,12 @@ Env = dict[str, frozenset[int]]
 class Definition:
     id: int
     name: str
-    kind: str  # "assign", "aug", "inplace", "param", "other"
+    kind: str  # "assign", "aug", "inplace", "store" (`x[i] = v`, `out=x`), "param", "other"
     statement: cst.CSTNode | None  # the small statement (or compound statement) that binds the name
     value: cst.BaseExpression | None = None  # whole right-hand side ("assign"), operand ("aug"), call ("inplace")
     index: int | None = None  # position when bound by tuple unpacking
     guards: tuple[cst.If, ...] = ()  # enclosing `if` statements inside the function, outermost first
+    negated: frozenset[cst.If] = frozenset()  # those of the guards whose `else:` (or `elif`) holds it
     previous: frozenset[int] = frozenset()  # "aug"/"inplace": the definitions this one updates
     annotation: cst.BaseExpression | None = None  # "param": its annotation
     default: cst.BaseExpression | None = None  # "param": its default value
@@ -153,6 +154,8 @@ class _FlowBuilder:
     def __init__(self, function: cst.FunctionDef, first_id: int) -> None:
         self.flow = FunctionFlow(function)
         self._next_id = first_id
+        self._made: dict[tuple[int, str, int | None], Definition] = {}  # a loop body is walked more than once
+        self._in_else: set[cst.If] = set()
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -165,18 +168,26 @@ class _FlowBuilder:
 
     # -- definitions and reads -------------------------------------------------------------------
     def _define(self, name: str, kind: str, statement, env: Env, guards, **fields) -> Definition:
-        definition = Definition(self._next_id, name, kind, statement, guards=guards, **fields)
-        self._next_id += 1
-        self.flow.definitions[definition.id] = definition
-        self.flow.graph.add_node(definition.id, name=name)
+        key = (id(statement), name, fields.get("index"))
+        definition = self._made.get(key)
+        if definition is None:
+            definition = Definition(self._next_id, name, kind, statement, guards=guards,
+                                    negated=frozenset(self._in_else), **fields)
+            self._next_id += 1
+            self._made[key] = definition
+            self.flow.definitions[definition.id] = definition
+            self.flow.graph.add_node(definition.id, name=name)
+        else:  # walked again inside a loop: what it updates may now include a later iteration's value
+            definition.previous = definition.previous | fields.get("previous", frozenset())
         env[name] = frozenset({definition.id})
         return definition
 
     def _read(self, node: cst.CSTNode, env: Env) -> None:
         for name in loaded_names(node):
             seen = env.get(name.value, frozenset({UNDEFINED}))
-            self.flow.reaching[name] = seen
-            for def_id in seen:
+            before = self.flow.reaching.get(name, frozenset())
+            self.flow.reaching[name] = seen | before  # a loop's later walk only adds definitions
+            for def_id in seen - before:
                 if def_id != UNDEFINED:
                     self.flow.reads.setdefault(def_id, []).append(name)
 
@@ -203,25 +214,17 @@ class _FlowBuilder:
             self._read(statement.test, env)
             inner = guards + (statement,)
             taken = self._block(statement.body, dict(env), inner)
+            self._in_else.add(statement)
             if statement.orelse is None:
                 other = env
             elif isinstance(statement.orelse, cst.If):
                 other = self._statement(statement.orelse, dict(env), inner)
             else:
                 other = self._block(statement.orelse.body, dict(env), inner)
+            self._in_else.discard(statement)
             return _merge(taken, other)
         if isinstance(statement, (cst.For, cst.While)):
-            self._mark(statement, env, guards)
-            self._read(statement.iter if isinstance(statement, cst.For) else statement.test, env)
-            inner_env = dict(env)
-            if isinstance(statement, cst.For):
-                for name in _target_names(statement.target):
-                    self._define(name.value, "other", statement, inner_env, guards)
-            after = self._block(statement.body, inner_env, guards + (statement,))
-            merged = _merge(env, after)
-            if statement.orelse is not None:
-                merged = self._block(statement.orelse.body, merged, guards)
-            return merged
+            return self._loop(statement, env, guards)
         if isinstance(statement, cst.With):
             self._mark(statement, env, guards)
             for item in statement.items:
@@ -246,8 +249,29 @@ class _FlowBuilder:
             return env
         return env  # match statements and other rare forms: bindings inside are not tracked
 
+    def _loop(self, statement: cst.For | cst.While, env: Env, guards) -> Env:
+        """Walk the body until the bindings at the loop top are stable: a definition made in one iteration
+        reaches the reads of the next (and the iterable or test, re-evaluated each time)."""
+        head = dict(env)
+        while True:
+            self._mark(statement, head, guards)
+            self._read(statement.iter if isinstance(statement, cst.For) else statement.test, head)
+            inner_env = dict(head)
+            if isinstance(statement, cst.For):
+                for name in _target_names(statement.target):
+                    self._define(name.value, "other", statement, inner_env, guards)
+            after = self._block(statement.body, inner_env, guards + (statement,))
+            widened = _merge(head, after)
+            if widened == head:
+                break
+            head = widened
+        if statement.orelse is not None:
+            head = self._block(statement.orelse.body, head, guards)
+        return head
+
     def _mark(self, statement, env: Env, guards) -> None:
-        self.flow.env_before[statement] = dict(env)
+        before = self.flow.env_before.get(statement, {})
+        self.flow.env_before[statement] = _merge(before, env) if before else dict(env)
 
     def _small(self, small: cst.BaseSmallStatement, env: Env, guards) -> None:
         self._mark(small, env, guards)
@@ -259,6 +283,11 @@ class _FlowBuilder:
             sources = loaded_names(small.value)
             for target in small.targets:
                 self._bind(target.target, small.value, small, env, if_guards, sources)
+                self._stores(target.target, small, env, if_guards)
+        elif isinstance(small, cst.Del):
+            self._read_target_parts(small.target, env)
+            for name in _target_names(small.target):
+                env[name.value] = frozenset({UNDEFINED})  # a read after `del x` raises: nothing reaches it
         elif isinstance(small, cst.AnnAssign):
             if small.value is not None:
                 self._read(small.value, env)
@@ -266,6 +295,7 @@ class _FlowBuilder:
         elif isinstance(small, cst.AugAssign):
             self._read(small.value, env)
             self._read(small.target, env)
+            self._store(small.target, small, env, if_guards)
             if isinstance(small.target, cst.Name):
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,
@@ -285,14 +315,32 @@ class _FlowBuilder:
             for child in small.children:
                 if isinstance(child, cst.BaseExpression):
                     self._read(child, env)
+        for written in _out_arguments(small):  # `torch.mul(a, b, out=x)` writes x's storage
+            self._store(written, small, env, if_guards)
+
+    def _store(self, target, statement, env: Env, guards) -> None:
+        """`x[i] = v`, `x[i] += v`, `out=x`: the tensor x is written in place, which is a new value of x (for
+        a name; writes through attributes are checked where they matter, see patterns.scope)."""
+        while isinstance(target, cst.Subscript):
+            target = target.value
+        if isinstance(target, cst.Name) and target.value in env:
+            previous = env.get(target.value, frozenset())
+            self._define(target.value, "store", statement, env, guards, previous=previous)
 
     def _read_target_parts(self, target, env: Env) -> None:
-        """`self.x[i] = v` and `obj.attr = v` read names on the left-hand side too."""
+        """`self.x[i] = v` and `obj.attr = v` read names on the left-hand side too; `x[i] = v` also writes x."""
         if isinstance(target, (cst.Attribute, cst.Subscript)):
             self._read(target, env)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
                 self._read_target_parts(element.value, env)
+
+    def _stores(self, target, statement, env: Env, guards) -> None:
+        if isinstance(target, cst.Subscript):
+            self._store(target, statement, env, guards)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._stores(element.value, statement, env, guards)
 
     def _bind(self, target, value, statement, env: Env, guards, sources) -> None:
         if isinstance(target, cst.Name):
@@ -313,6 +361,22 @@ def _inplace_receiver(expression: cst.BaseExpression) -> cst.Name | None:
             and expression.func.attr.value.endswith("_") and not expression.func.attr.value.startswith("_")):
         return expression.func.value
     return None
+
+
+def _out_arguments(small: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
+    """The `out=` arguments of every call in a statement."""
+    found: list[cst.BaseExpression] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Arg(self, node: cst.Arg) -> None:
+            if node.keyword is not None and node.keyword.value == "out":
+                found.append(node.value)
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+    small.visit(Visitor())
+    return found
 
 
 def _merge(left: Env, right: Env) -> Env:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.findings import ScanError
+from advisor.static.source_encoding import SourceDecodeError, decode_source
 
 SKIP_DIRS = {
     ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", ".tox", ".nox", "build", "dist",
@@ -64,13 +65,14 @@ def _walk(root: Path, errors: list[ScanError]) -> list[str]:
 
 
 def read_source(path: str) -> SourceFile | ScanError:
-    """The file's text, or the one-line reason it cannot be read as Python source."""
+    """The file's text (decoded as its coding line or BOM says; the BOM is not part of it), or the one-line
+    reason it cannot be read as Python source."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         return ScanError(path, exc.strerror or str(exc))
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return ScanError(path, f"not valid UTF-8 (byte {exc.start})")
+        text, _ = decode_source(data)
+    except SourceDecodeError as exc:
+        return ScanError(path, str(exc))
     return SourceFile(path, text)

@@ -19,15 +19,25 @@ class ClassInfo:
     methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
 
     @cached_property
-    def attributes(self) -> dict[str, list[cst.BaseExpression]]:
+    def _collected(self) -> "_SelfAttributeCollector":
         collector = _SelfAttributeCollector()
         for method in self.methods.values():
             method.visit(collector)
-        return collector.attributes
+        return collector
+
+    @property
+    def attributes(self) -> dict[str, list[cst.BaseExpression]]:
+        return self._collected.attributes
+
+    @property
+    def mutated(self) -> set[str]:
+        """Attributes some method writes in place (`self.x[i] = v`, `self.x += v`, `self.x.fill_(v)`, `out=`):
+        their value is not the one expression assigned to them."""
+        return self._collected.mutated
 
     def only_value(self, attribute: str) -> cst.BaseExpression | None:
         values = self.attributes.get(attribute, [])
-        return values[0] if len(values) == 1 else None
+        return values[0] if len(values) == 1 and attribute not in self.mutated else None
 
 
 class ParsedModule:
@@ -186,11 +196,30 @@ class _FunctionCollector(cst.CSTVisitor):
 class _SelfAttributeCollector(cst.CSTVisitor):
     def __init__(self) -> None:
         self.attributes: dict[str, list[cst.BaseExpression]] = {}
+        self.mutated: set[str] = set()
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             if _is_self_attribute(target.target):
                 self.attributes.setdefault(target.target.attr.value, []).append(node.value)
+            else:
+                self._written(target.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._written(node.target)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None and node.keyword.value == "out":
+            self._written(node.value)
+
+    def _written(self, target: cst.BaseExpression) -> None:
+        while isinstance(target, cst.Subscript):
+            target = target.value
+        if _is_self_attribute(target):
+            self.mutated.add(target.attr.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._written(element.value)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and _is_self_attribute(node.target):
@@ -198,6 +227,8 @@ class _SelfAttributeCollector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_"):
+            self._written(func.value)  # `self.mask.fill_(...)`, `self.bias[0].zero_()`
         if (isinstance(func, cst.Attribute) and func.attr.value == "register_buffer"
                 and isinstance(func.value, cst.Name) and func.value.value == "self" and len(node.args) >= 2
                 and isinstance(node.args[0].value, cst.SimpleString)):

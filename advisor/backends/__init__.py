@@ -1,0 +1,1 @@
+"""Attention backends: which kernel a site can get, how to emit it, and runtime checks."""

@@ -1,0 +1,71 @@
+"""Backend eligibility from real tensors: PyTorch's own checks where it exposes them, the static rules otherwise.
+
+On CUDA, `torch.backends.cuda.can_use_flash_attention(params, debug=True)` and friends decide (their debug
+warnings are the reasons); on CPU, `torch._fused_sdp_choice` says whether the CPU flash kernel would run. The
+flash_attn package has no such check: its documented limits (see eligibility.py) plus whether it imports.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import torch
+
+from advisor.backends.eligibility import SiteFacts, Verdict, backend_eligibility
+
+
+def facts_from_tensors(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                       enable_gqa: bool = False) -> SiteFacts:
+    """The facts of one SDPA call, all known."""
+    if is_causal:
+        mask = "causal"
+    elif attn_mask is None:
+        mask = "none"
+    else:
+        mask = "bool" if attn_mask.dtype == torch.bool else "float"
+    heads = "same"
+    if query.dim() == 4 and key.size(-3) != query.size(-3):
+        heads = "grouped" if enable_gqa else "broadcast"
+    return SiteFacts(mask=mask, dropout=None if dropout_p == 0 else repr(float(dropout_p)),
+                     head_dim=query.size(-1), value_head_dim=value.size(-1),
+                     dtype=str(query.dtype).removeprefix("torch."), device=query.device.type, rank=query.dim(),
+                     kv_heads=heads)
+
+
+def torch_eligibility(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                      enable_gqa: bool = False) -> dict[str, Verdict]:
+    """Verdicts for one call on the tensors' own device, decided by torch where it can decide."""
+    facts = facts_from_tensors(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    verdicts = backend_eligibility(facts)
+    if query.device.type == "cuda":
+        params = torch.backends.cuda.SDPAParams(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        verdicts["sdpa-flash"] = _ask_torch(torch.backends.cuda.can_use_flash_attention, params)
+        verdicts["sdpa-efficient"] = _ask_torch(torch.backends.cuda.can_use_efficient_attention, params)
+        if importlib.util.find_spec("flash_attn") is None:
+            verdicts["flash-attn"] = Verdict(False, "the flash_attn package is not installed")
+    elif query.device.type == "cpu":
+        from torch.nn.attention import SDPBackend
+
+        choice = SDPBackend(torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal,
+                                                    enable_gqa=enable_gqa))
+        static = verdicts["sdpa-flash"]
+        if choice == SDPBackend.FLASH_ATTENTION:
+            verdicts["sdpa-flash"] = Verdict(True, "torch chose the CPU flash kernel")
+        else:
+            reason = static.reason if static.eligible is False else "torch refused the CPU flash kernel"
+            verdicts["sdpa-flash"] = Verdict(False, reason, static.variant)
+    return verdicts
+
+
+def _ask_torch(check, params) -> Verdict:
+    """One of torch's can_use_* checks with debug=True: its warnings say why a kernel is refused."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eligible = bool(check(params, True))
+    if eligible:
+        return Verdict(True, "accepted by torch's own check")
+    said = "; ".join(str(w.message).strip() for w in caught) or "refused by torch's own check (reason printed to stderr)"
+    return Verdict(False, said)

@@ -1,0 +1,104 @@
+"""What a static scan knows about the SDPA call a proved attention block becomes, and the backend plan for it.
+
+Only what the rewrite itself passes is known statically (mask kind, causal form, dropout, a broadcast K/V head
+axis); dtype, device, rank and head dim are left unknown, so the verdicts say what must hold at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from advisor.backends.eligibility import SiteFacts, Verdict, backend_eligibility, to_json
+from advisor.patterns.attention import AttentionMatch
+from advisor.patterns.facts import Fact, ASSUMED
+from advisor.static.module_index import ParsedModule
+
+REQUESTABLE = ("sdpa", "flash", "flash-attn")
+NOT_ON_GPU = "emitted code for this backend has not been run on a GPU by advisor"
+
+
+@dataclass
+class BackendPlan:
+    """The verdicts for one site, and what `--backend` gets there: `emitted` may fall back to "sdpa" (with
+    the reason); a flash wrap whose conditions are not known statically carries them as an assumed fact."""
+
+    requested: str
+    emitted: str
+    verdicts: dict[str, Verdict]
+    reason: str | None = None
+    assumptions: list[Fact] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        emission = {"requested": self.requested, "emitted": self.emitted, "reason": self.reason}
+        if self.emitted != "sdpa":
+            emission["gpu_verified"] = False
+        return {"backends": to_json(self.verdicts), "emission": emission}
+
+
+def site_facts(parsed: ParsedModule, match: AttentionMatch) -> SiteFacts:
+    mask, conditional, causal_guard = _mask_kind(parsed, match)
+    return SiteFacts(mask=mask, mask_conditional=conditional, causal_guard=causal_guard, dropout=match.dropout_p,
+                     kv_heads="broadcast" if _broadcast_heads(match) else None)
+
+
+def plan_backend(parsed: ParsedModule, match: AttentionMatch, requested: str = "sdpa") -> BackendPlan:
+    verdicts = backend_eligibility(site_facts(parsed, match))
+    if requested == "sdpa":
+        return BackendPlan(requested, "sdpa", verdicts)
+    key = "sdpa-flash" if requested == "flash" else "flash-attn"
+    verdict = verdicts[key]
+    if verdict.eligible is False:
+        return BackendPlan(requested, "sdpa", verdicts, reason=f"kept SDPA: {key} not eligible ({verdict.reason})")
+    assumptions = []
+    if requested == "flash" and verdict.eligible is None:  # sdpa_kernel(FLASH_ATTENTION) raises when it cannot run
+        assumptions.append(Fact("flash-eligible", "the CUDA flash kernel accepts this call at run time", ASSUMED,
+                                verdict.reason))
+    return BackendPlan(requested, requested, verdicts, reason=NOT_ON_GPU, assumptions=assumptions)
+
+
+def _mask_kind(parsed: ParsedModule, match: AttentionMatch) -> tuple[str, bool, str | None]:
+    """(mask kind as SDPA receives it, built only under an `if`, the guard of a lone conditional causal mask)."""
+    if match.is_causal:
+        return "causal", False, None
+    if match.attn_mask is None:
+        return "none", False, None
+    terms = match.masks
+    kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}
+    kind = "bool" if kinds == {"keep"} else "float"
+    guarded = [term for term in terms if term.guard is not None]
+    if not guarded:
+        return kind, False, None
+    lone = terms[0] if len(terms) == 1 else None
+    causal_guard = None
+    if lone is not None and lone.kind == "causal" and lone.reshape is None and _in_body(parsed, lone):
+        causal_guard = parsed.code(lone.guard.test)
+    return kind, True, causal_guard
+
+
+def _in_body(parsed: ParsedModule, term) -> bool:
+    """The term is applied in its guard's `if` body (not an `else`): the guard's test is when it applies."""
+    node = term.statement
+    while node is not None:
+        parent = parsed.parents.get(node)
+        if parent is term.guard:
+            return node is term.guard.body
+        node = parent
+    return False
+
+
+def _broadcast_heads(match: AttentionMatch) -> bool:
+    """K and V passed with a size-1 head axis (`k.unsqueeze(1)`, multi-query einsum): SDPA broadcasts it, but
+    without enable_gqa every fused kernel refuses the unequal head counts."""
+    return all(_unsqueezed_heads(code) for code in (match.key, match.value))
+
+
+def _unsqueezed_heads(code: str) -> bool:
+    try:
+        node = cst.parse_expression(code)
+    except cst.ParserSyntaxError:
+        return False
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "unsqueeze"
+            and len(node.args) == 1 and isinstance(node.args[0].value, cst.Integer)
+            and node.args[0].value.value == "1")

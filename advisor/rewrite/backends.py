@@ -1,0 +1,93 @@
+"""Code for the attention backends `--backend` asks for, on top of the SDPA call of `sdpa.py`.
+
+* `flash`: the statement holding the SDPA call runs inside `sdpa_kernel(SDPBackend.FLASH_ATTENTION)`.
+* `flash-attn`: a module-level helper calls the `flash_attn` package's `flash_attn_func` with its
+  (batch, seq, heads, dim) layout (q/k/v transposed in, the output transposed back) and falls back to the same
+  SDPA call, with a warning naming why, when the package, a CUDA tensor or a supported shape/dtype is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from advisor.patterns.attention import AttentionMatch
+from advisor.rewrite.sdpa import call_text
+from advisor.static.module_index import ParsedModule
+
+FLASH_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
+HELPER_NAME = "flash_attn_or_sdpa"
+
+_HELPER = '''def {name}(q, k, v, dropout_p=0.0, scale=None, causal=False):
+    """flash_attn_func where it can run (CUDA, fp16/bf16, 4-D, head dim <= 256), else the same SDPA call.
+
+    flash_attn takes (batch, seq, heads, dim): q/k/v are transposed in and the output back. Its `causal` is
+    aligned bottom-right, which equals SDPA's is_causal for the square attention passed here. Inserted by
+    `advisor fix --backend flash-attn`; advisor has not run the flash_attn path on a GPU.
+    """
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        flash_attn_func = None
+    if flash_attn_func is None:
+        why = "the flash_attn package is not installed"
+    elif not (q.is_cuda and q.dim() == 4 and q.is_floating_point() and q.element_size() == 2):
+        why = "inputs are not 4-D float16/bfloat16 CUDA tensors"
+    elif not (q.size(-1) == k.size(-1) == v.size(-1) <= 256 and q.size(0) == k.size(0) == v.size(0)):
+        why = "head dims differ or exceed 256, or batch sizes differ"
+    else:
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p,
+                              softmax_scale=scale, causal=causal)
+        return out.transpose(1, 2)
+    import warnings
+
+    warnings.warn(f"flash_attn_func not used ({{why}}); running scaled_dot_product_attention", stacklevel=2)
+    return {functional}.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+'''
+
+
+@dataclass
+class FlashContext:
+    header: str  # the `with` item: "sdpa_kernel(SDPBackend.FLASH_ATTENTION)"
+    import_line: str | None  # None when the module already imports both names
+
+
+def flash_context(parsed: ParsedModule) -> FlashContext | str:
+    """The `with` item for the flash wrap, or why it cannot be written (a name taken by something else)."""
+    local = {dotted: name for name, dotted in parsed.imports.items()}
+    kernel, backend = local.get("torch.nn.attention.sdpa_kernel"), local.get("torch.nn.attention.SDPBackend")
+    if kernel and backend:
+        return FlashContext(f"{kernel}({backend}.FLASH_ATTENTION)", None)
+    taken = {"sdpa_kernel", "SDPBackend"} & (set(parsed.imports) | parsed.bound_names)
+    if taken:
+        return f"the name `{sorted(taken)[0]}` is already used in this module"
+    return FlashContext("sdpa_kernel(SDPBackend.FLASH_ATTENTION)", FLASH_IMPORT)
+
+
+def helper_name(parsed: ParsedModule) -> str:
+    """A module-level name for the flash_attn helper that nothing in the module uses yet."""
+    used = set(parsed.imports) | parsed.bound_names | set(parsed.module_functions)
+    name, suffix = HELPER_NAME, 0
+    while name in used:
+        suffix += 1
+        name = f"{HELPER_NAME}_{suffix}"
+    return name
+
+
+def flash_attn_helper(name: str, functional: str) -> cst.FunctionDef:
+    """The helper as a module-level statement, two blank lines above it."""
+    helper = cst.parse_statement(_HELPER.format(name=name, functional=functional))
+    return helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+
+
+def flash_attn_call(match: AttentionMatch, name: str, indent: int) -> str:
+    """`helper(q, k, v, dropout_p=..., scale=..., causal=True)`: only for sites without an attn_mask."""
+    args = [match.query, match.key, match.value]
+    if match.dropout_p is not None:
+        args.append(f"dropout_p={match.dropout_p}")
+    if match.scale is not None:
+        args.append(f"scale={match.scale}")
+    if match.is_causal:
+        args.append("causal=True")
+    return call_text(name, args, match.output_suffix, indent)

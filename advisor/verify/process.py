@@ -1,0 +1,144 @@
+"""Parent side of a workload worker: a child Python process that runs user code behind a pipe.
+
+User code can print, raise, call sys.exit()/os._exit(), hang or crash the interpreter; none of that may reach
+advisor's own stdout or end advisor. The child's stdout/stderr go to a log file, requests and replies travel as
+pickles over a private pipe pair, and every way the child can fail becomes a WorkerFailed with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+from advisor.errors import AdvisorError
+
+DEFAULT_TIMEOUT_S = 600.0
+STARTUP_TIMEOUT_S = 300.0  # starting Python and importing torch is ours, not the workload's: --timeout does not apply
+
+
+class WorkerFailed(AdvisorError):
+    """The workload process raised, exited, crashed or timed out; the message is one line for the user."""
+
+
+class WorkerProcess:
+    """A long-lived child running `advisor.verify.worker`; `call` sends one request and waits for its reply."""
+
+    def __init__(self, label: str, timeout_s: float = DEFAULT_TIMEOUT_S, log_path: str | None = None,
+                 on_progress: Callable[[str], None] = lambda _: None):
+        self.label, self.timeout_s, self.on_progress = label, timeout_s, on_progress
+        self._own_log = log_path is None  # a temporary log is removed on a clean close, kept after a failure
+        if log_path is None:
+            descriptor, log_path = tempfile.mkstemp(prefix=f"advisor-{label}-", suffix=".log")
+            os.close(descriptor)
+        self.log_path = log_path
+        self.failed = False
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        with open(log_path, "wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "advisor.verify.worker", str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True)  # its own process group: a timeout kills whatever it started too
+        os.close(to_child_r)
+        os.close(from_child_w)
+        self._send, self._receive = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
+        self.closed = False
+
+    def call(self, command: str, timeout_s: float | None = None, **payload):
+        """Send a request; return its value, or raise WorkerFailed (the worker is then closed)."""
+        if self.closed:
+            raise WorkerFailed(f"the {self.label} process is no longer running")
+        try:
+            self._send.send_bytes(pickle.dumps((command, payload)))
+        except (BrokenPipeError, OSError):
+            self._fail(f"the {self.label} process exited before `{command}`" + self._exit_text())
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._receive.poll(left):
+                self._fail(f"the {self.label} process did not finish `{command}` within "
+                           f"{timeout_s or self.timeout_s:g} s (--timeout); it was stopped")
+            try:
+                kind, value = pickle.loads(self._receive.recv_bytes())
+            except (EOFError, OSError):
+                self._fail(f"the {self.label} process ended during `{command}`" + self._exit_text())
+            except Exception as exc:  # noqa: BLE001 - a reply we cannot read (a class only the child has)
+                self._fail(f"the {self.label} process's reply to `{command}` could not be read "
+                           f"({type(exc).__name__}: {exc})")
+            if kind == "progress":
+                self.on_progress(value)
+            elif kind == "ok":
+                return value
+            else:  # "error": user code raised; the worker is still usable
+                self.failed = True
+                raise WorkerFailed(value)
+
+    def _exit_text(self) -> str:
+        try:
+            code = self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return ""
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            return f" (killed by {name}; see {self.log_path})"
+        return f" (exit code {code}, e.g. sys.exit() or os._exit() in the workload; see {self.log_path})"
+
+    def _fail(self, message: str):
+        self.failed = True
+        self.close()
+        raise WorkerFailed(message)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+                return "".join(handle.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Stop the child and everything it started; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        for connection in (self._send, self._receive):
+            connection.close()
+        if self._process.poll() is None:
+            try:
+                self._process.wait(timeout=2)  # it exits by itself once its request pipe closes
+            except subprocess.TimeoutExpired:
+                pass
+        if self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._process.wait()
+        if self._own_log and not self.failed:
+            os.unlink(self.log_path)
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start_worker(label: str, timeout_s: float = DEFAULT_TIMEOUT_S, on_progress: Callable[[str], None] = lambda _: None,
+                 threads: int | None = None, overlay: dict[str, str] | None = None, overlay_root: str | None = None,
+                 log_path: str | None = None) -> WorkerProcess:
+    """A worker that imports like this process (same sys.path), optionally with patched files overlaid."""
+    worker = WorkerProcess(label, timeout_s, log_path, on_progress)
+    try:
+        worker.call("hello", timeout_s=max(timeout_s, STARTUP_TIMEOUT_S), sys_path=list(sys.path), threads=threads,
+                    overlay=overlay, overlay_root=overlay_root)
+    except BaseException:
+        worker.close()
+        raise
+    return worker

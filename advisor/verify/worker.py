@@ -1,0 +1,242 @@
+"""Child side of a workload worker (`python -m advisor.verify.worker IN_FD OUT_FD`): load the workload once and
+answer requests (run, time, profile, ...) until the request pipe closes.
+
+Every request's reply is ("ok", value) or ("error", one line); ("progress", text) may come before it. User code
+that calls sys.exit() inside a request is an error reply like any exception, so the worker survives it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+
+class Worker:
+    def __init__(self, send):
+        self.send = send
+        self.target = None
+        self.function = None
+        self.workload = None
+        self.prepared = None
+        self.options: dict = {}
+
+    # -- setup -------------------------------------------------------------------------------------------------
+    def hello(self, sys_path: list[str], threads: int | None = None, overlay: dict[str, str] | None = None,
+              overlay_root: str | None = None):
+        sys.path[:] = sys_path  # the parent's import path, so TARGET resolves the same in both processes
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        if overlay:
+            from advisor.verify.overlay import install
+            install(overlay, overlay_root)
+        return {"pid": os.getpid(), "threads": torch.get_num_threads()}
+
+    def load(self, target: str, device=None, dtype=None, train=False, state=None):
+        """Import TARGET and build its workload; with `state` (from the original side) take its weights and inputs."""
+        from advisor.runtime.runner import check_runs, prepare
+        from advisor.verify.overlay import file_loader
+        from advisor.workload_loader import load_workload
+
+        self.target = target
+        self.options = {"device": device, "dtype": dtype, "train": train}
+        self.workload, self.function = load_workload(target, loader=file_loader, with_function=True)
+        keys = None
+        if state is not None:
+            keys = self._take_state(state)
+        self.prepared = prepare(self.workload, device, dtype, train)
+        check_runs(self.prepared, target)
+        return {"model": type(self.workload.model).__name__, "state_dict": keys,
+                "accepts_seed": _accepts_seed(self.function), "device": str(self.prepared.device),
+                "dtype": str(self.prepared.dtype or "as loaded").replace("torch.", "")}
+
+    def _take_state(self, state) -> dict:
+        import torch
+
+        self.workload.args, self.workload.kwargs = state["args"], state["kwargs"]
+        model = self.workload.model
+        if not isinstance(model, torch.nn.Module):
+            return {"missing": [], "unexpected": []}
+        result = model.load_state_dict(state["state_dict"], strict=False)
+        return {"missing": list(result.missing_keys), "unexpected": list(result.unexpected_keys)}
+
+    def export(self):
+        """Weights and inputs on the CPU, for the patched side to load."""
+        import torch
+
+        from advisor.runtime.runner import _move
+
+        cpu = torch.device("cpu")
+        model = self.prepared.model
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()} \
+            if isinstance(model, torch.nn.Module) else {}
+        return {"state_dict": state, "args": _move(self.workload.args, cpu, None),
+                "kwargs": _move(self.workload.kwargs, cpu, None)}
+
+    def inputs(self, seed: int):
+        """The inputs the TARGET function builds for `seed` (only when it takes a `seed` argument)."""
+        import torch
+
+        from advisor.runtime.runner import _move
+        from advisor.workload_loader import as_workload
+
+        torch.manual_seed(seed)
+        workload = as_workload(self.function(seed=seed), self.target)
+        cpu = torch.device("cpu")
+        return {"args": _move(workload.args, cpu, None), "kwargs": _move(workload.kwargs, cpu, None)}
+
+    # -- measurements --------------------------------------------------------------------------------------------
+    def run(self, args=None, kwargs=None, grads=False, rng_seed=0):
+        """Outputs (and with `grads` every parameter's gradient) of one eval-mode pass: dropout off, RNG seeded."""
+        import torch
+
+        from advisor.runtime.runner import _move, _scalar_loss
+        from advisor.verify.parity import to_tree
+
+        prepared = self.prepared
+        args = tuple(_move(a, prepared.device, prepared.dtype) for a in
+                                     (self.workload.args if args is None else args))
+        kwargs = {k: _move(v, prepared.device, prepared.dtype) for k, v in
+                  (self.workload.kwargs if kwargs is None else kwargs).items()}
+        model = prepared.model
+        module = model if isinstance(model, torch.nn.Module) else None
+        was_training = module.training if module is not None else False
+        if module is not None:
+            module.eval()
+        torch.manual_seed(rng_seed)
+        try:
+            if not grads:
+                with torch.no_grad():
+                    return {"output": to_tree(model(*args, **kwargs))}
+            output = model(*args, **kwargs)
+            if module is not None:
+                module.zero_grad(set_to_none=True)
+            _scalar_loss(output).backward()
+            gradients = {name: p.grad for name, p in module.named_parameters()} if module is not None else {}
+            result = {"output": to_tree(output), "grads": to_tree(gradients)}
+            if module is not None:
+                module.zero_grad(set_to_none=True)
+            return result
+        finally:
+            if module is not None:
+                module.train(was_training)
+
+    def time(self, steps: int, warmup: int = 0):
+        """Wall time of each of `steps` unprofiled steps (microseconds), after `warmup` untimed ones."""
+        from advisor.runtime.capture import time_steps
+
+        for _ in range(warmup):
+            self.prepared.step()
+        self.prepared.sync()
+        return time_steps(self.prepared, steps)
+
+    def peak_memory(self):
+        """Peak memory of one step: CUDA's allocator peak, or on the CPU the growth of peak RSS over the step."""
+        import torch
+
+        prepared = self.prepared
+        if prepared.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            prepared.step()
+            torch.cuda.synchronize()
+            return {"bytes": int(torch.cuda.max_memory_allocated()), "method": "torch.cuda.max_memory_allocated"}
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")  # resets VmHWM (peak RSS) to the current RSS
+            before = _status_kib("VmRSS")
+            prepared.step()
+            return {"bytes": max(0, _status_kib("VmHWM") - before) * 1024,
+                    "method": "peak RSS growth over one step (Linux VmHWM)"}
+        except (OSError, ValueError):
+            return {"bytes": None, "method": "unavailable (no /proc/self/clear_refs)"}
+
+    def profile(self, trace_path: str | None = None):
+        """`advisor profile` on the loaded workload: the report's JSON, its findings, op totals and the files run."""
+        from advisor.runtime.profile import profile_workload
+
+        report = profile_workload(self.workload, self.target, self.options["device"], self.options["dtype"],
+                                  self.options["train"], trace_path,
+                                  progress=lambda message: self.send(("progress", message)))
+        c, t = report.capture, report.timing
+        ops: dict[str, list[float]] = {}
+        for event in c.events:
+            if event.step >= 0:
+                entry = ops.setdefault(event.name, [0.0, 0.0])
+                entry[0] += 1 / c.profiled_steps
+                entry[1] += event.self_us / c.profiled_steps
+        files = sorted({path for path, _ in t.line_us} | {path for path, _, _ in t.function_us})
+        return {"json": report.to_json(), "findings": report.findings,
+                "ops": [{"op": name, "count": round(n, 3), "us": round(us, 3)} for name, (n, us) in ops.items()],
+                "files": [os.path.realpath(p) for p in files if p.endswith(".py") and os.path.isfile(p)],
+                "summary": {"device": c.device, "dtype": c.dtype, "step_us": c.step_us, "step_iqr_us": c.step_iqr_us,
+                            "op_us": t.op_us, "statement_share": t.statement_share,
+                            "attributed_share": t.attributed_share}}
+
+
+def _accepts_seed(function) -> bool:
+    try:
+        return "seed" in inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise ValueError(field)
+
+
+def _one_line(exc: BaseException) -> str:
+    from advisor.errors import AdvisorError
+
+    if isinstance(exc, AdvisorError):
+        return str(exc)
+    if isinstance(exc, SystemExit):
+        return f"the workload called sys.exit({exc.code!r})"
+    if isinstance(exc, KeyboardInterrupt):
+        return "the workload was interrupted"
+    return f"the workload raised {type(exc).__name__}: {exc}"
+
+
+def serve(receive: Connection, send: Connection) -> None:
+    def reply(message) -> None:
+        try:
+            send.send_bytes(pickle.dumps(message))
+        except Exception as exc:  # noqa: BLE001 - e.g. a value pickle cannot carry
+            send.send_bytes(pickle.dumps(("error", f"the workload's result cannot be sent back: "
+                                                   f"{type(exc).__name__}: {exc}")))
+
+    worker = Worker(reply)
+    while True:
+        try:
+            command, payload = pickle.loads(receive.recv_bytes())
+        except EOFError:
+            return
+        try:
+            value = getattr(worker, command)(**payload)
+        except BaseException as exc:  # noqa: BLE001 - user code: SystemExit and all become one error reply
+            traceback.print_exc()  # into the worker's log, for --debug and post-mortems
+            reply(("error", _one_line(exc)))
+            continue
+        reply(("ok", value))
+
+
+def main() -> None:
+    receive = Connection(int(sys.argv[1]), writable=False)
+    send = Connection(int(sys.argv[2]), readable=False)
+    serve(receive, send)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown: user atexit hooks and threads must not keep the worker alive
+
+
+if __name__ == "__main__":
+    main()
