@@ -228,3 +228,14 @@ def test_j_weights_cast_back_to_the_query_dtype_is_proved():
     """
     finding = _finding(_module_source(body))
     assert "qkv-dtype" in _facts(finding, "proved")
+
+
+def test_d_additive_mask_with_a_computed_query_is_not_cast_and_assumed():
+    """Casting the mask to `self.q(x).dtype` would run the projection twice: the dtype is assumed instead."""
+    source = _module_source(ADDITIVE).replace("scores = (q @ k.transpose(-2, -1))",
+                                              "scores = (self.qkv(x)[..., :16].view(b, n, 2, 8).transpose(1, 2) "
+                                              "@ k.transpose(-2, -1))")
+    finding = _finding(source)
+    assert finding.fix_safety == "unsafe" and "mask-dtype" in _facts(finding, "assumed")
+    added = [line for line in finding.patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert not [line for line in added if ".dtype" in line], added

@@ -1011,8 +1011,11 @@ class _FunctionMatcher:
         torch_name, query = self._torch_and_query()
         return f"{torch_name}.where({code}, 0.0, float(\"-inf\")).to({query}.dtype)"
 
-    def _query_dtype(self) -> str:
-        return f"{_atom(self._render(self._leaf_nodes[0]))}.dtype"
+    def _plain_query(self) -> str | None:
+        """The query as the SDPA call's site names it, when reading its dtype there costs nothing (a name or
+        an attribute, never a call that would run twice)."""
+        code = self._render(self._leaf_nodes[0])
+        return code if isinstance(cst.parse_expression(code), (cst.Name, cst.Attribute)) else None
 
     # mask and dtype facts ---------------------------------------------------------------------------------
     def _roots(self) -> DtypeRoots:
@@ -1081,7 +1084,10 @@ class _FunctionMatcher:
                                    f"dtype", "baddbmm raises unless its input has its batches' dtype")
         for term in floats:
             mask_statement = f"the additive mask `{self._short(term.source)}` is not a float wider than the query"
-            if v_like_q and not self._dtype_changes:
+            if self._plain_query() is None:
+                match.facts.assumed("mask-dtype", f"the additive mask `{self._short(term.source)}` is a float of the "
+                                    f"query's dtype", "the query is not a plain name to cast the mask to")
+            elif v_like_q and not self._dtype_changes:
                 match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
                                    "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
             else:
@@ -1159,11 +1165,11 @@ class _FunctionMatcher:
         return None if None in values else values
 
     def _torch_and_query(self) -> tuple[str, str]:
-        torch_name = self.parsed.module_aliases.get("torch")
-        if torch_name is None or not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
+        torch_name, query = self.parsed.module_aliases.get("torch"), self._plain_query()
+        if torch_name is None or query is None:
             raise Refusal("the masks must be merged into a float mask in the query's dtype, and torch is not "
                           "imported or the query is not a plain name")
-        return torch_name, self.parsed.code(self._leaf_nodes[0])
+        return torch_name, query
 
     def _fresh_name(self, base: str) -> str:
         used = {name.value for name in loaded_names(self.function)} | \
@@ -1190,8 +1196,8 @@ class _FunctionMatcher:
         return f"({query}.new_ones({shape}, dtype={torch_name}.bool).view({expand}) & {_atom(code)}).view({collapse})"
 
     def _term_values(self, term: MaskTerm) -> str:
-        if term.kind == "float" and not term.same_dtype:  # a bool/int/narrower mask adds what eager promotion adds
-            return f"{_atom(term.code)}.to({self._query_dtype()})"
+        if term.kind == "float" and not term.same_dtype and self._plain_query():
+            return f"{_atom(term.code)}.to({self._plain_query()}.dtype)"  # eager promotion adds the same values
         if term.kind != "finite":
             return term.code
         torch_name, query = self._torch_and_query()
