@@ -239,3 +239,14 @@ def test_d_additive_mask_with_a_computed_query_is_not_cast_and_assumed():
     assert finding.fix_safety == "unsafe" and "mask-dtype" in _facts(finding, "assumed")
     added = [line for line in finding.patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert not [line for line in added if ".dtype" in line], added
+
+
+def test_d_mask_added_in_place_keeps_the_scores_dtype_so_its_own_is_assumed():
+    """`s.add_(m)` keeps s's dtype: a wider mask no longer shows in the weights' dtype, so nothing proves it."""
+    body = ADDITIVE.replace("scores = scores + mask[:, None, None, :]", "scores.add_(mask[:, None, None, :])")
+    finding = _finding(_module_source(body))
+    assert "qkv-dtype" in _facts(finding, "proved")
+    assert finding.fix_safety == "unsafe" and "mask-dtype" in _facts(finding, "assumed")
+    assert "in place" in finding.reason
+    original, patched = _outputs(body, _key_padding(torch.int64), unsafe=True)
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)

@@ -44,6 +44,7 @@ class MaskTerm:
     fill_kind: str = mk.ADDITIVE  # how the original masks: -inf fill, finite fill, or added values
     source: cst.BaseExpression | None = None  # the mask tensor as the original passes it
     same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
+    in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
 
 
 @dataclass
@@ -857,7 +858,7 @@ class _FunctionMatcher:
     def _mask_term(self, op: Op, guard: cst.If | None) -> MaskTerm:
         if op.name == "add":
             mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
-            return MaskTerm("float", self._render(mask), guard=guard, nodes=[mask], source=mask)
+            return MaskTerm("float", self._render(mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace)
         if op.name == "masked_fill":
             masked, fill = op.params["mask"], op.params["fill"]
             keep_given = False
@@ -1087,12 +1088,14 @@ class _FunctionMatcher:
             if self._plain_query() is None:
                 match.facts.assumed("mask-dtype", f"the additive mask `{self._short(term.source)}` is a float of the "
                                     f"query's dtype", "the query is not a plain name to cast the mask to")
-            elif v_like_q and not self._dtype_changes:
+            elif v_like_q and not self._dtype_changes and not term.in_place:
                 match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
                                    "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
             else:
                 match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
-                                    "to q's dtype, which changes a wider float mask)")
+                                    "to q's dtype, which changes a wider float mask)" if not term.in_place else
+                                    "it is added in place, which keeps the scores' dtype whatever the mask's (SDPA "
+                                    "gets it cast to q's dtype)")
         self._value_node = value_node
         self._mask_rank_fact(match, output, ndim)
         mk.record_row_facts(match.facts, match.masks)

@@ -81,14 +81,20 @@ class DtypeRoots:
         bound = self._bound.get(self.function_of(node), {})
         if len(definitions) == 1 and definitions[0].kind == "param" and node.value in bound:
             return self._bound_root(self.function_of(node), node.value, depth)
-        roots = [self._definition_root(definition, depth) for definition in definitions]
-        if None in roots or not all(_equal(roots[0], other) for other in roots[1:]):
+        return self._definitions_root(flow, definitions, depth)
+
+    def _definitions_root(self, flow: FunctionFlow, definitions: list, depth: int) -> Root | None:
+        roots = [self._definition_root(flow, definition, depth) for definition in definitions]
+        if not roots or None in roots or not all(_equal(roots[0], other) for other in roots[1:]):
             return None  # reassigned on several paths: the read itself is the root
         return roots[0]
 
-    def _definition_root(self, definition, depth: int) -> Root | None:
+    def _definition_root(self, flow: FunctionFlow, definition, depth: int) -> Root | None:
         if definition.kind == "param":
             return definition  # a parameter is its own root
+        if definition.kind in ("aug", "inplace") and UNDEFINED not in definition.previous and depth <= MAX_DEPTH:
+            # `s += m`, `s.masked_fill_(...)`: an in-place update never changes a tensor's dtype
+            return self._definitions_root(flow, [flow.definitions[i] for i in sorted(definition.previous)], depth + 1)
         if definition.kind != "assign":
             return None
         value = definition.value
