@@ -250,3 +250,35 @@ def test_d_mask_added_in_place_keeps_the_scores_dtype_so_its_own_is_assumed():
     assert "in place" in finding.reason
     original, patched = _outputs(body, _key_padding(torch.int64), unsafe=True)
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
+
+
+def test_b_rows_of_a_causal_buffer_sliced_from_the_first_column_keep_a_key():
+    """GPT-2's `bias[:, :, S - L:S, :S]` with a finite fill: row r keeps keys 0..r, so none is fully masked."""
+    source = _module_source("""
+    L, S = q.size(-2), k.size(-2)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    keep = self.bias[:, :, S - L:S, :S].bool()
+    scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)
+    out = scores.softmax(dim=-1) @ v
+    """).replace("        self.qkv = nn.Linear(dim, dim * 3)\n", "        self.qkv = nn.Linear(dim, dim * 3)\n"
+                 "        self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))\n")
+    finding = _finding(source)
+    assert "fully-masked-rows" in _facts(finding, "proved"), finding.reason
+    x = torch.randn(2, 5, 16)
+    original = _run(source, x, None)
+    torch.testing.assert_close(original, _run(analyze_source(source, "case.py", unsafe_fixes=True).fixed, x, None),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_b_flipped_causal_buffer_read_through_a_name_is_not_a_keep_mask():
+    """`masked = self.bias[...] == 0` used as `where(masked, s, fill)` keeps the *upper* triangle: row 0 of it
+    is not the first key's, so nothing proves a key is kept."""
+    source = _module_source("""
+    L, S = q.size(-2), k.size(-2)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    masked = self.bias[:, :, S - L:S, :S] == 0
+    scores = torch.where(masked, scores, torch.finfo(scores.dtype).min)
+    out = scores.softmax(dim=-1) @ v
+    """).replace("        self.qkv = nn.Linear(dim, dim * 3)\n", "        self.qkv = nn.Linear(dim, dim * 3)\n"
+                 "        self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))\n")
+    assert "fully-masked-rows" in _facts(_finding(source), "assumed")

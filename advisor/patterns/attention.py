@@ -45,6 +45,7 @@ class MaskTerm:
     source: cst.BaseExpression | None = None  # the mask tensor as the original passes it
     same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
     in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
+    keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
 
 
 @dataclass
@@ -876,12 +877,14 @@ class _FunctionMatcher:
         fill_kind = mk.NEGINF if kind == "neginf" else mk.FINITE
         if self._is_causal_keep(keep, masked, keep_given):
             return MaskTerm("causal", keep, fill=self.parsed.code(fill), guard=guard, nodes=nodes,
-                            fill_kind=fill_kind, source=masked)
+                            fill_kind=fill_kind, source=masked, keeps_first_key=True)
+        first = self._keeps_first_key(masked, keep_given)
         if kind == "neginf":
-            return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=masked)
+            return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=masked,
+                            keeps_first_key=first)
         masked_code = _negate(self.parsed, masked) if keep_given else self._render(masked)
         return MaskTerm("finite", masked_code, fill=self._render_fill(fill), guard=guard, nodes=[masked],
-                        fill_kind=fill_kind, source=masked)
+                        fill_kind=fill_kind, source=masked, keeps_first_key=first)
 
     def _reshape_term(self, term: MaskTerm) -> None:
         """A mask added while the scores were viewed as (b, h, L, S) and viewed back to (b*h, L, S)
@@ -909,8 +912,8 @@ class _FunctionMatcher:
             raise Refusal("the mask fill reads the scores' dtype and the query is not a plain name")
         return self.parsed.code(fill.visit(_Replace(replaced))) if replaced else self.parsed.code(fill)
 
-    def _is_causal_keep(self, keep: str, masked: cst.BaseExpression, keep_given: bool) -> bool:
-        """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
+    def _mask_base(self, masked: cst.BaseExpression) -> cst.BaseExpression:
+        """The tensor a mask expression tests: `bias[...] == 0`, `~m`, `m.bool()` all read their operand."""
         base = masked
         while True:
             op = self.reader.read(base)
@@ -921,8 +924,34 @@ class _FunctionMatcher:
                 base = base.expression
             elif op is not None and op.name in ("cast", "identity"):
                 base = op.operands[0]
+            elif isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and not base.args \
+                    and base.func.attr.value == "bool":  # nonzero is True: a 0/1 mask means the same
+                base = base.func.value
             else:
-                break
+                return base
+
+    def _keeps_first_key(self, masked: cst.BaseExpression, keep_given: bool) -> bool:
+        """`self.bias[:, :, S - L:S, :S]` (GPT-2): any rows of a lower triangle of ones, its columns sliced from
+        0, keep key 0 in every row (row r keeps keys 0..r), so no query row is fully masked."""
+        base, via = self._mask_base(masked), []
+        definitions = self.flow.definitions_of(base) if isinstance(base, cst.Name) else []
+        if len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None:
+            via = [definitions[0].value]  # `mask = self.bias[...].bool()`: its own `== 0` flips it too
+            base = self._mask_base(definitions[0].value)
+        if not (isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) and self.owner
+                and isinstance(base.value.value, cst.Name) and base.value.value.value == "self"
+                and len(base.slice) >= 2 and all(_is_full_slice(s) for s in base.slice[:-2])):
+            return False
+        rows, columns = (element.slice for element in base.slice[-2:])
+        if not isinstance(rows, cst.Slice) or not isinstance(columns, cst.Slice) or columns.step is not None or \
+                (columns.lower is not None and int_value(columns.lower) != 0):
+            return False
+        built = self.owner.only_value(base.value.attr.value)
+        return built is not None and self._causal_polarity(_triangle(self.parsed, built), masked, keep_given, *via)
+
+    def _is_causal_keep(self, keep: str, masked: cst.BaseExpression, keep_given: bool) -> bool:
+        """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
+        base = self._mask_base(masked)
         if isinstance(base, cst.Name):
             definitions = self.flow.definitions_of(base)
             if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
@@ -945,13 +974,17 @@ class _FunctionMatcher:
             return self._causal_polarity(_triangle(self.parsed, base), masked, keep_given)
         return False
 
-    def _causal_polarity(self, triangle: str | None, masked: cst.BaseExpression, keep_given: bool) -> bool:
+    def _causal_polarity(self, triangle: str | None, masked: cst.BaseExpression, keep_given: bool,
+                         *via: cst.BaseExpression) -> bool:
         """A lower triangle of ones marks attended positions, an upper one (diagonal=1) masked ones; the
-        original must use it in the matching polarity (`== 0` and `~` flip it)."""
+        original must use it in the matching polarity (`== 0` and `~` flip it, in the mask expression or in
+        the assignments `via` which it reads the triangle)."""
         if triangle is None:
             return False
-        text = self.parsed.code(masked).replace(" ", "")
-        flipped = text.endswith("==0") or text.startswith("~") or text.endswith("<1")
+        flipped = False
+        for expression in (masked, *via):
+            text = self.parsed.code(expression).replace(" ", "")
+            flipped ^= text.endswith("==0") or text.startswith("~") or text.endswith("<1")
         true_means_attend = (triangle == "lower") != flipped
         return true_means_attend == keep_given
 

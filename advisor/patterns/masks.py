@@ -7,7 +7,8 @@ A query row whose every key is masked differs between the original and SDPA: wit
 softmax gives NaN and SDPA's gives 0 (the one accepted divergence: no working model reads a NaN); with a finite
 fill (`finfo.min`, `-1e4`) the original gives uniform weights (the mean of V) and SDPA, which adds the fill to
 the scores, does not, unless the fill swallows them. So a finite fill is exact only where no row is fully
-masked, which the source proves only for causal masks (the diagonal always attends).
+masked, which the source proves only for causal masks: a lower triangle of ones sliced from its first column
+keeps key 0 in every row.
 """
 
 from __future__ import annotations
@@ -141,9 +142,9 @@ def record_row_facts(facts: FactSheet, terms: list) -> None:
     """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring)."""
     if not terms:
         return
-    if all(term.kind == "causal" for term in terms):
-        facts.proved(ROWS, "no query row is fully masked",
-                     "a causal mask over a square [:T, :T] slice always keeps the diagonal")
+    if all(term.keeps_first_key for term in terms):
+        facts.proved(ROWS, "no query row is fully masked", "every mask is a lower triangle of ones sliced from "
+                     "its first column (causal), which keeps the first key of every row")
         return
     finite = [term for term in terms if term.fill_kind == FINITE]
     if finite:
