@@ -7,13 +7,14 @@ import copy
 import random
 import statistics
 
-HOSTILE = "[/][bold red]x[/] <script>alert(1)</script> \x1b[31mred\x1b]0;title\x07 | `tick` **b** &amp; \r"
+HOSTILE = "[/][bold red]x[/] <script>alert(1)</script> \x1b[31mred\x1b]0;title\x07 | `tick` **b** &amp; \r \u202eevil"
 
 
 def _side(median_us: float, spread: float, peak_bytes: int, seed: int) -> dict:
     rng = random.Random(seed)
     samples = sorted(rng.gauss(median_us, spread) for _ in range(40))
-    return {"median_us": statistics.median(samples), "iqr_us": samples[30] - samples[10], "ci_us": [samples[16], samples[24]],
+    return {"median_us": statistics.median(samples), "iqr_us": samples[30] - samples[10],
+            "ci_us": [samples[16], samples[24]],
             "peak_bytes": peak_bytes, "samples_us": samples}
 
 
@@ -57,21 +58,25 @@ def typical() -> dict:
     return {
         "version": 1, "target": "demo/model.py:workload",
         "environment": {"torch": "2.13.0+cpu", "device": "cpu", "dtype": "float32", "threads": 2,
-                        "python": "3.11.9", "sdpa_kernels": {
+                        "python": "3.11.9", "peak_memory_method": "tracemalloc + torch allocator", "sdpa_kernels": {
                             "before": [], "after": ["aten::_scaled_dot_product_flash_attention_for_cpu"]}},
         "before": _side(48_300.0, 900.0, 612 << 20, 1), "after": _side(26_100.0, 700.0, 301 << 20, 2),
-        "speedup": 1.85, "speedup_ci": [1.79, 1.91],
+        "mode": "eval", "speedup": 1.85, "speedup_ci": [1.79, 1.91],
+        "speedup_method": "median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
+        "notes": ["threads fixed at 2 for both sides"],
         "patches": [
-            _patch(1, "demo/model.py", "verified", 1.62, applied=True),
+            _patch(1, "demo/model.py", "verified", 1.62, applied=True, written_to="demo/model.py"),
             _patch(2, "/usr/lib/python3/site-packages/vit_pytorch/vit.py", "verified", 1.14,
                    written_to="report/vit_pytorch-vit.py.diff"),
             _patch(3, "demo/model.py", "no-gain", 1.01, speedup_ci=[0.97, 1.05],
                    reason="the interval 0.97x to 1.05x contains 1.0"),
             _patch(4, "demo/model.py", "parity-failed", None, fix_safety="unsafe",
                    parity={"max_abs_err": 0.31, "max_rel_err": 2.2, "atol": 1e-5, "rtol": 1e-5, "seeds": 3,
-                           "outputs_compared": 2, "fully_masked_rows": {"rows": 4, "max_abs_err": 0.0},
-                           "grads": True},
+                           "outputs_compared": 2, "grads": True, "not_compared": ["past_key_values"],
+                           "fully_masked_rows": {"rows": 4, "original": "NaN", "patched": "finite"}},
                    reason="outputs differ beyond tolerance",
+                   unsafe_facts_checked_on="3 input(s) of demo/model.py:workload",
+                   state_dict={"missing": ["blocks.0.attn.mask"], "unexpected": []},
                    facts={"proved": [], "assumed": [{"name": "mask-rank", "statement": "the mask broadcasts to "
                                                      "(..., L, S)", "why": "shape unknown statically"}]}),
         ],

@@ -44,7 +44,7 @@ def test_link_and_target_in_the_tree_fix_the_real_file_once_and_keep_the_link(ca
     shutil.copy(NANOGPT, real)
     (tree / "a_link.py").symlink_to("b_real.py")
     code, out, _ = fix_apply(capsys, tree)
-    assert code == 0 and "0 finding(s) remain" in out
+    assert code == 0 and "0 finding(s) remain" in out and "fixed src/b_real.py" in out
     assert (tree / "a_link.py").is_symlink() and os.readlink(tree / "a_link.py") == "b_real.py"
     assert real.read_bytes() == GOLDEN.read_bytes()
 

@@ -13,7 +13,8 @@ from advisor.backends.runtime import facts_from_tensors, torch_eligibility
 from advisor.cli import main
 from fixture_models import fixture_paths
 
-KNOWN_CUDA = dict(device="cuda", rank=4, kv_heads="same", head_dim=64, value_head_dim=64)
+KNOWN_CPU = dict(device="cpu", rank=4, kv_heads="same", head_dim=64, value_head_dim=64, unit_stride=True)
+KNOWN_CUDA = dict(device="cuda", rank=4, kv_heads="same", head_dim=64, value_head_dim=64, unit_stride=True)
 
 
 def _eligible(facts: SiteFacts) -> dict[str, bool | None]:
@@ -37,11 +38,11 @@ def _eligible(facts: SiteFacts) -> dict[str, bool | None]:
      {"sdpa-flash": False, "sdpa-efficient": False, "flash-attn": False}),
     (SiteFacts(dtype="float16", **{**KNOWN_CUDA, "kv_heads": "grouped"}),
      {"sdpa-flash": True, "sdpa-efficient": False, "flash-attn": True}),
-    (SiteFacts(dtype="float32", device="cpu", rank=4, kv_heads="same", head_dim=64, value_head_dim=64),
+    (SiteFacts(dtype="float32", **KNOWN_CPU),
      {"sdpa-flash": True, "sdpa-efficient": False, "flash-attn": False}),
-    (SiteFacts(dtype="float32", device="cpu", rank=4, kv_heads="same", head_dim=64, value_head_dim=64, dropout="0.1"),
+    (SiteFacts(dtype="float32", **KNOWN_CPU, dropout="0.1"),
      {"sdpa-flash": False}),
-    (SiteFacts(dtype="float32", device="cpu", rank=4, kv_heads="same", head_dim=64, value_head_dim=64,
+    (SiteFacts(dtype="float32", **KNOWN_CPU,
                dropout="self.p if self.training else 0.0"),
      {"sdpa-flash": None}),
     # a static scan: nothing about dtype, device or shapes is known, so nothing is claimed either way
@@ -88,6 +89,8 @@ def _cpu_cases():
     yield "gqa", (q, one_head, one_head), {"enable_gqa": True}
     yield "bf16", (q.bfloat16(), kv.bfloat16(), kv.bfloat16()), {}
     yield "head dim 300", (torch.randn(1, 2, 8, 300),) * 3, {}
+    channel_major = torch.randn(2, 4, 32, 16).transpose(-2, -1)
+    yield "last-dim stride", (channel_major, channel_major, channel_major), {}
 
 
 @pytest.mark.parametrize("name, tensors, options", list(_cpu_cases()), ids=[c[0] for c in _cpu_cases()])

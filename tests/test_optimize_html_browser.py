@@ -26,7 +26,8 @@ WINDOW = (1280, 2400)
 
 PROBE = """<script>
 window.__problems = [];
-window.addEventListener("error", e => __problems.push("error: " + (e.message || (e.target && e.target.outerHTML))), true);
+window.addEventListener("error",
+  e => __problems.push("error: " + (e.message || (e.target && e.target.outerHTML))), true);
 for (const level of ["error", "warn"]) {
   const original = console[level];
   console[level] = (...args) => { __problems.push(level + ": " + args.join(" ")); original.apply(console, args); };
@@ -38,7 +39,8 @@ window.addEventListener("load", () => {
     const shapes = [...svg.querySelectorAll("rect,circle,path,line")].filter(s => {
       const b = s.getBBox(); return b.width > 0 || b.height > 0; }).length;
     const clipped = [...svg.querySelectorAll("text")].filter(t => {
-      const b = t.getBBox(); return b.x < -1 || b.x + b.width > view.width + 1 || b.y < -1 || b.y + b.height > view.height + 1;
+      const b = t.getBBox();
+      return b.x < -1 || b.x + b.width > view.width + 1 || b.y < -1 || b.y + b.height > view.height + 1;
     }).map(t => t.textContent);
     return {label: svg.getAttribute("aria-label"), width: box.width, height: box.height, shapes, clipped};
   });

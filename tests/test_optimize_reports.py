@@ -8,6 +8,8 @@ import re
 from html.parser import HTMLParser
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from rich.console import Console
 
@@ -30,8 +32,8 @@ def _with_marked_rejection() -> dict:
 
 def console_text(result: dict, terminal: bool = False) -> str:
     out = io.StringIO()
-    print_optimize(Console(file=out, width=160, force_terminal=terminal, color_system="truecolor" if terminal else None),
-                   result)
+    console = Console(file=out, width=160, force_terminal=terminal, color_system="truecolor" if terminal else None)
+    print_optimize(console, result)
     return out.getvalue()
 
 
@@ -44,7 +46,7 @@ def test_console_prints_numbers_verdicts_and_only_verified_diffs():
     assert view.duration(result["before"]["median_us"]) in text and view.duration(result["after"]["median_us"]) in text
     for label in ("verified", "no measurable gain", "parity failed", "diff written to", "applied"):
         assert label in text
-    assert "abs 3.1e-01 / 1e-05" in text  # the failing patch's parity against its tolerance
+    assert "abs 3.1e-01 (atol 1e-05)" in text  # the failing patch's parity against its tolerance
     assert "y = F.scaled_dot_product_attention(q, k, v, is_causal=True)" in text
     assert "marker_only_in_rejected_patch" not in text  # diffs of rejected patches are not offered in the terminal
     assert "aten::bmm (removed)" in text and "(added)" in text
@@ -57,6 +59,7 @@ def test_console_shows_hostile_strings_as_text(terminal):
     assert "[/][bold red]x[/]" in text  # shown, not parsed as rich markup (which would raise or restyle)
     assert "\\x1b[31mred\\x1b]0;title\\x07" in text  # terminal escapes shown as \xNN
     assert "\x1b]" not in text and "\x07" not in text and "\x1b[31mred" not in text and "\r" not in text
+    assert "\u202e" not in text and "\\u202eevil" in text  # a bidi override is shown, not obeyed
 
 
 @pytest.mark.parametrize("name", sorted(optimize_results.ALL))
@@ -111,7 +114,7 @@ def test_markdown_folds_every_diff_and_the_op_table():
     blocks = _html_blocks(text)
     assert blocks.count("<details>") == blocks.count("</details>") == 4 + 1
     assert "| **speedup** |  | **1.85x (CI 1.79x to 1.91x)** |" in text
-    assert "abs 3.1e-01 / 1e-05" in text
+    assert "abs 3.1e-01 (atol 1e-05)" in text
     assert "SDPA kernels after | aten::\\_scaled\\_dot\\_product\\_flash\\_attention\\_for\\_cpu |" in text
     assert len(text) < 65536  # GitHub's limit for one comment
 
@@ -121,7 +124,7 @@ def test_markdown_renders_hostile_strings_as_literal_text():
     assert "<script>" not in html and "alert(1)</script>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "[/][bold red]x[/]" in html and "<strong>b</strong>" not in html
-    assert "\x1b" not in html and "\\x1b[31mred" in html
+    assert "\x1b" not in html and "\\x1b[31mred" in html and "\u202e" not in html
 
 
 @pytest.mark.parametrize("name", sorted(optimize_results.ALL))
@@ -175,7 +178,7 @@ def test_html_escapes_hostile_strings():
     assert page.count("script") == 0
     joined = "".join(page.data)
     assert "<script>alert(1)</script>" in joined  # as text, not as an element
-    assert "\x1b" not in text and "\\x1b[31mred" in joined
+    assert "\x1b" not in text and "\\x1b[31mred" in joined and "\u202e" not in text
     assert "# </pre></details>" in joined  # a diff line that closes our own tags stays text
 
 
@@ -220,3 +223,60 @@ def test_op_diff_marks_added_and_removed_and_groups_kinds():
     assert kinds["attention"] == (0.0, 7600.0) and kinds["softmax"] == (9100.0, 0.0)
     assert kinds["gemm"] == (14200.0 + 11800.0, 11700.0)
     assert all(d.us_after is None for d in view.op_diff(optimize_results.no_patches()))
+
+
+# ---- fields the optimize run adds, and nulls anywhere the contract allows them ----
+
+def test_every_format_says_how_the_interval_is_computed_and_what_was_left_unchecked():
+    result = optimize_results.typical()
+    console, markdown, page = _visible(result)
+    for text in (console, markdown, page):
+        assert "speedup interval: median step time ratio; 95% percentile bootstrap" in text
+        assert "state_dict keys missing on patch p4: blocks.0.attn.mask" in text
+        assert re.search(r"not compared:[\s│]+past", text)  # outputs the parity run skipped are named (cells wrap)
+        assert "diff written to demo/model.py" not in text  # an applied patch's written_to is its own file
+        assert "peak memory from" in text and "threads fixed at 2" in text
+    for text in (markdown, page):
+        assert "checked on 3 input(s) of demo/model.py:workload" in text
+
+
+def _visible(result: dict) -> tuple[str, str, str]:
+    """What a reader sees of each format: the terminal text, the text of the rendered Markdown, the page's text."""
+    markdown = "".join(_Page(_markdown_html(render_markdown(result))).data)
+    return console_text(result), markdown, "".join(_Page(render_html(result)).data)
+
+
+NULLABLE_TOP = ("after", "speedup", "speedup_ci", "report", "ops", "findings_before", "findings_after", "traces",
+                "state_dict", "environment", "notes", "speedup_method")
+NULLABLE_PATCH = ("parity", "speedup", "speedup_ci", "reason", "written_to", "facts", "diff", "function", "end_line",
+                  "state_dict", "unsafe_facts_checked_on")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_renderers_survive_nulls_wherever_the_contract_allows_them(data):
+    result = optimize_results.typical()
+    for key in data.draw(st.sets(st.sampled_from(NULLABLE_TOP))):
+        result[key] = None
+    for patch in result["patches"]:
+        for key in data.draw(st.sets(st.sampled_from(NULLABLE_PATCH))):
+            patch[key] = None
+    text = console_text(result)
+    assert "advisor optimize:" in text and "None" not in text
+    assert "None" not in render_markdown(result)
+    page = _Page(render_html(result))
+    assert "None" not in "".join(page.data)
+
+
+def test_non_finite_numbers_stay_out_of_the_charts():
+    result = optimize_results.typical()
+    result["patches"][0]["speedup"] = float("inf")
+    result["patches"][1]["speedup_ci"] = [float("nan"), 1.2]
+    result["before"]["samples_us"][3] = float("nan")
+    result["after"]["peak_bytes"] = float("nan")
+    result["patches"][3]["parity"]["max_abs_err"] = float("nan")
+    page = _Page(render_html(result))
+    assert page.count("svg", "chart") == 4
+    assert "nan" in "".join(page.data) and "inf" in "".join(page.data)  # the tables still say what happened
+    console_text(result)
+    render_markdown(result)

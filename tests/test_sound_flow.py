@@ -170,7 +170,7 @@ def attend(q, k, v, scale):
     annotated = source.replace("scale):", "scale: float):")
     proved = the_finding(annotated)
     assert proved.fix_safety == "safe"
-    assert "scale-is-number" in [f["name"] for f in proved.extra["facts"]["proved"]]  # beside the dtype facts
+    assert "scale-is-number" in [f["name"] for f in proved.extra["facts"]["proved"]]
 
 
 # I: in-place writes and deletions between the scores and the value product -----------------------------------
@@ -200,3 +200,366 @@ def test_scores_written_in_place_are_refused():
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
     """)
     assert not assert_exact_or_not_safe(source, "scores_store")
+
+
+def test_attribute_written_between_scores_and_value_product_is_refused():
+    source = attention("""
+        s = q @ self.mem_k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        self.mem_k = k
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('mem_k', torch.randn(2, 2, 6, 8))")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`self.mem_k` is written at line" in finding.reason
+
+
+# H, I, M: every deleted step runs exactly when the value product runs ----------------------------------------
+
+def test_weights_computed_before_a_loop_and_applied_inside_are_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        o = v
+        for _ in range(3):
+            o = p @ o
+        return o.transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.5)")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "loop" in finding.reason
+
+
+def test_weights_of_the_previous_iteration_read_at_the_loop_top_are_seen():
+    source = attention("""
+        seen = []
+        p = None
+        for i in range(2):
+            if p is not None:
+                seen.append(p.sum())
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            p = s.softmax(dim=-1)
+            o = p @ v
+        return o.transpose(1, 2).reshape(B, T, C) + seen[0]
+    """)
+    assert not assert_exact_or_not_safe(source, "loop_top")
+
+
+def test_value_products_in_a_comprehension_share_one_dropout_draw():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        outs = [p @ value for value in (v, v)]
+        return (outs[0] - outs[1]).transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.5)")
+    assert the_finding(source).rule == "ADV103"
+
+
+def test_scores_under_no_grad_and_value_product_outside_are_refused():
+    source = attention("""
+        with torch.no_grad():
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            p = s.softmax(dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`with`" in finding.reason
+
+
+def test_whole_block_inside_one_loop_is_still_rewritten():
+    source = attention("""
+        o = v
+        for _ in range(2):
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            o = s.softmax(dim=-1) @ o
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "loop_whole")
+
+
+def test_value_product_into_out_buffer_is_refused():
+    source = attention("""
+        q, k, v = q.reshape(B * 2, T, 8), k.reshape(B * 2, T, 8), v.reshape(B * 2, T, 8)
+        p = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
+        buf = torch.empty(B * 2, T, 8)
+        torch.bmm(p, v, out=buf)
+        return buf.view(B, 2, T, 8).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "out=buf" in finding.reason
+
+
+# K: static and class methods bind no `self` ------------------------------------------------------------------
+
+@pytest.mark.parametrize("decorator, first", [("@staticmethod", ""), ("@classmethod", "cls, ")])
+def test_static_and_class_method_score_helpers(decorator, first):
+    source = attention("""
+        s = self.scores(q, k)
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods=f"""
+    {decorator}
+    def scores({first}q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(8)
+    """)
+    assert assert_exact_or_not_safe(source, "static_helper")
+
+
+# L: rewrite mechanics ------------------------------------------------------------------------------------------
+
+def test_second_name_bound_by_a_deleted_statement_is_kept():
+    source = attention("""
+        s = logits = q @ k.transpose(-2, -1) / math.sqrt(8)
+        o = s.softmax(dim=-1) @ v
+        return o.transpose(1, 2).reshape(B, T, C) + logits.mean()
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`logits`" in finding.reason
+
+
+def test_two_hoisted_masks_in_one_function_get_two_variables():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s = s + m
+        o = s.softmax(dim=-1) @ v
+        s2 = k @ q.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s2 = s2 + m.T
+        o2 = s2.softmax(dim=-1) @ v
+        return (o + o2).transpose(1, 2).reshape(B, T, C)
+    """, init="self.use_mask = True\nself.register_buffer('m', torch.randn(6, 6))").replace("+ m", "+ self.m")
+    fixed = analyze_source(source, "m.py").fixed
+    assert "attn_mask=attn_mask," in fixed or "attn_mask=attn_mask)" in fixed
+    assert "attn_mask_1" in fixed
+    assert assert_exact_or_not_safe(source, "two_hoists")
+
+
+def test_hoisted_mask_is_refused_under_torchscript():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s = s + self.m
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.use_mask = True\nself.register_buffer('m', torch.randn(6, 6))",
+        after="scripted = torch.jit.script(Attn())\n")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "TorchScript" in finding.reason
+
+
+def test_output_viewed_after_the_rewrite_is_made_contiguous():
+    source = attention("""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        return o.view(B, 2 * T, 8).reshape(B, T, C)
+    """)
+    fixed = analyze_source(source, "m.py").fixed
+    assert ".contiguous()" in fixed
+    assert assert_exact_or_not_safe(source, "view_after")
+    finding = the_finding(source)
+    assert any(f["name"] == "layout" for f in finding.extra["facts"]["proved"])
+
+
+def test_output_reshaped_only_needs_no_copy():
+    source = attention("""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert ".contiguous()" not in analyze_source(source, "m.py").fixed
+
+
+# N: dynamic dispatch and hook points ---------------------------------------------------------------------------
+
+def test_subclass_overriding_the_scores_helper_is_refused():
+    source = attention("""
+        s = self.scores(q, k)
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods="""
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(8)
+    """, after="""
+    class Sub(Attn):
+        def scores(self, q, k):
+            return q @ k.transpose(-2, -1)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`Sub` overrides `scores`" in finding.reason
+
+
+def test_subclass_replacing_the_softmax_module_is_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        return (self.attend(s) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.attend = nn.Softmax(dim=-1)", after="""
+    class Sub(Attn):
+        def __init__(self):
+            super().__init__()
+            self.attend = nn.Identity()
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "rebinds `self.attend`" in finding.reason
+
+
+@pytest.mark.parametrize("module", ["nn.Identity()", "HookPoint()"])
+def test_hook_point_inside_the_block_makes_the_patch_unsafe(module):
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.hook_pattern(s.softmax(dim=-1))
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init=f"self.hook_pattern = {module}", after="""
+    class HookPoint(nn.Module):
+        def forward(self, x):
+            return x
+    """)
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe"
+    if finding.rule == "ADV101":  # nn.Identity is read as an identity op; a HookPoint class is not an op at all
+        assert [f["name"] for f in finding.extra["facts"]["assumed"]] == ["no-hooks"]
+    else:
+        assert finding.rule == "ADV103" and "hook_pattern" in finding.reason
+
+
+def test_dropout_module_without_hooks_in_the_file_is_proved():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.1)")
+    finding = the_finding(source)
+    assert finding.fix_safety == "safe"
+    assert any(f["name"] == "no-hooks" for f in finding.extra["facts"]["proved"])
+    hooked = source.replace("def make(", "def hooked(model):\n    model.drop.register_forward_hook(print)\n\n\ndef make(")
+    assert the_finding(hooked).fix_safety == "unsafe"
+
+
+# a crash on one block never loses the file's other findings ----------------------------------------------------
+
+TWO_BLOCKS = HEAD + '''
+def by_einsum(q, k, v):
+    s = torch.einsum(f"bhid," f"bhjd->bhij", q, k)
+    return s.softmax(-1) @ v
+
+
+def by_matmul(q, k, v):
+    s = q @ k.transpose(-2, -1)
+    return s.softmax(-1) @ v
+'''
+
+
+def test_fstring_einsum_spec_is_refused_and_the_other_block_kept():
+    einsum, matmul = findings(TWO_BLOCKS)
+    assert einsum.rule == "ADV103" and "not a literal string" in einsum.reason
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_an_internal_error_in_one_block_is_reported_on_that_block_only(monkeypatch):
+    from advisor.patterns import einsum
+
+    def broken(*args):
+        raise TypeError("boom")
+
+    monkeypatch.setattr(einsum, "parse_spec", broken)
+    einsum_finding, matmul = findings(TWO_BLOCKS)
+    assert einsum_finding.rule == "ADV103" and "internal error" in einsum_finding.reason
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_storage_of_an_input_written_through_another_name_is_refused():
+    source = attention("""
+        kt = k.transpose(-2, -1)
+        p = (q @ kt / math.sqrt(8)).softmax(dim=-1)
+        k.mul_(2.0)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "written in place" in finding.reason, finding.reason
+
+
+# §5: reasons that name the real cause ---------------------------------------------------------------------------
+
+def test_a_factor_reading_the_scores_says_so():
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        s = s / math.sqrt(s.size(-1))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and finding.reason == "`s.size(-1)` reads the scores, which the rewrite removes"
+
+
+def test_a_method_of_the_escaping_weights_is_named():
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        self.last = p.detach()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV102" and "the weights' `.detach` is used at line" in finding.reason
+
+
+def test_an_entropy_loss_under_training_is_an_escape_not_a_transform():
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        if self.training:
+            self.aux = -(p * p.log()).sum()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert the_finding(source).rule == "ADV102"
+
+
+@pytest.mark.parametrize("forward, init", [
+    ("b, n, d, h = *q.shape[:2], q.shape[-1], 2\ns = q @ k.transpose(-2, -1) * d ** -0.5", ""),
+    ("s = q @ k.transpose(-2, -1) * self.scale", "self.scale, self.heads = 8 ** -0.5, 2"),
+])
+def test_unpacked_scales_are_followed(forward, init):
+    source = attention(forward + "\nreturn (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)", init=init)
+    assert assert_exact_or_not_safe(source, "unpacked")
+
+
+def test_an_unfollowed_unpacking_is_named_as_the_reason():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.scale, self.heads = self.settings()", methods="""
+    def settings(self):
+        return 8 ** -0.5, 2
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "unpacking the analysis does not follow" in finding.reason
+
+
+# H: reaching definitions around loops --------------------------------------------------------------------------
+
+def _reaching_values(source: str, name: str) -> list[list[str]]:
+    """For each read of `name`, the right-hand sides of the assignments that reach it ('?' when unbound)."""
+    import libcst as cst
+
+    from advisor.static.dataflow import UNDEFINED, build_flow
+
+    module = cst.parse_module(textwrap.dedent(source))
+    flow = build_flow(module.body[0])
+    return [sorted("?" if i == UNDEFINED else module.code_for_node(flow.definitions[i].value) for i in ids)
+            for read, ids in flow.reaching.items() if read.value == name]
+
+
+def test_loops_reach_a_fixpoint_through_continue_and_break():
+    reads = _reaching_values("""
+        def f(a, b, c, d):
+            x = a
+            for i in range(3):
+                y = x
+                x = b
+                if c:
+                    continue
+                x = c
+                if i:
+                    break
+                x = d
+            return x
+    """, "x")
+    assert reads == [["a", "b", "d"], ["a", "b", "c", "d"]]
+
+
+def test_a_read_after_del_sees_nothing():
+    assert _reaching_values("""
+        def f(a):
+            x = a
+            del x
+            return x
+    """, "x") == [["?"]]

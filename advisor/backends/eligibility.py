@@ -34,6 +34,8 @@ class SiteFacts:
     device: str | None = None  # "cpu" or "cuda"
     rank: int | None = None  # 3 (heads folded into batch) or 4
     kv_heads: str | None = None  # "same", "broadcast" (size-1 head axis, no enable_gqa), "grouped" (enable_gqa)
+    unit_stride: bool | None = None  # q/k/v all have last-dim stride 1 (False only when measured)
+    transposed: tuple[str, ...] = ()  # inputs passed as a transpose of their last two dims (stride 1 not known)
 
 
 @dataclass
@@ -99,6 +101,7 @@ def _cuda_flash(facts: SiteFacts) -> Verdict:
     _device(checks, facts, "cuda", "a CUDA device (sm80 or newer)")
     _no_mask(checks, facts, "the CUDA flash kernel takes no attn_mask")
     _four_d(checks, facts)
+    _unit_stride(checks, facts)
     _heads(checks, facts, grouped_ok=True)
     _head_dims(checks, facts, equal_value=True, maximum=FLASH_MAX_HEAD_DIM)
     _dtype(checks, facts, HALF, "float16/bfloat16 inputs")
@@ -109,6 +112,7 @@ def _cuda_efficient(facts: SiteFacts) -> Verdict:
     checks = _Checks()
     _device(checks, facts, "cuda", "a CUDA device")
     _four_d(checks, facts)
+    _unit_stride(checks, facts)
     _heads(checks, facts, grouped_ok=False)
     _dtype(checks, facts, EFFICIENT_DTYPES, "float16/bfloat16/float32 inputs")
     alignment = 8 if facts.dtype in HALF else 4 if facts.dtype == "float32" else None
@@ -131,6 +135,7 @@ def _cpu_flash(facts: SiteFacts) -> Verdict:
         else:
             checks.need(literal == 0, "", f"dropout_p={facts.dropout}: the CPU flash kernel has no dropout")
     _four_d(checks, facts)
+    _unit_stride(checks, facts)
     _heads(checks, facts, grouped_ok=True)
     _head_dims(checks, facts, equal_value=True, maximum=None)
     _dtype(checks, facts, CPU_FLASH_DTYPES, "float32/float64/float16/bfloat16 inputs")
@@ -165,6 +170,16 @@ def _no_mask(checks: _Checks, facts: SiteFacts, failure: str) -> None:
         checks.unknown.append(f"no attn_mask at run time (a {facts.mask} mask is built under an `if`; {failure})")
     else:
         checks.refused.append(f"a {facts.mask} attn_mask is passed: {failure}")
+
+
+def _unit_stride(checks: _Checks, facts: SiteFacts) -> None:
+    """Every fused kernel needs last-dim stride 1; a transposed view has it only if its source was transposed."""
+    if facts.transposed:
+        checks.unknown.append(f"last-dim stride 1 for {', '.join(facts.transposed)} (passed transposed: true only "
+                              "if already transposed before)")
+    else:
+        checks.need(facts.unit_stride, "last-dim stride 1 for q/k/v", "a q/k/v input has a last-dim stride other "
+                    "than 1")
 
 
 def _four_d(checks: _Checks, facts: SiteFacts) -> None:

@@ -31,7 +31,7 @@ def facts_from_tensors(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     return SiteFacts(mask=mask, dropout=None if dropout_p == 0 else repr(float(dropout_p)),
                      head_dim=query.size(-1), value_head_dim=value.size(-1),
                      dtype=str(query.dtype).removeprefix("torch."), device=query.device.type, rank=query.dim(),
-                     kv_heads=heads)
+                     kv_heads=heads, unit_stride=all(t.stride(-1) == 1 for t in (query, key, value)))
 
 
 def torch_eligibility(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -67,5 +67,5 @@ def _ask_torch(check, params) -> Verdict:
         eligible = bool(check(params, True))
     if eligible:
         return Verdict(True, "accepted by torch's own check")
-    said = "; ".join(str(w.message).strip() for w in caught) or "refused by torch's own check (reason printed to stderr)"
-    return Verdict(False, said)
+    said = "; ".join(str(w.message).strip() for w in caught)
+    return Verdict(False, said or "refused by torch's own check (its reason went to stderr)")

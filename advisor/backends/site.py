@@ -12,6 +12,8 @@ import libcst as cst
 
 from advisor.backends.eligibility import SiteFacts, Verdict, backend_eligibility, to_json
 from advisor.patterns.attention import AttentionMatch
+from advisor.patterns.einsum import ELLIPSIS, EinsumMismatch, parse_spec
+from advisor.patterns.ops import OpReader
 from advisor.patterns.facts import Fact, ASSUMED
 from advisor.static.module_index import ParsedModule
 
@@ -40,17 +42,23 @@ class BackendPlan:
 def site_facts(parsed: ParsedModule, match: AttentionMatch) -> SiteFacts:
     mask, conditional, causal_guard = _mask_kind(parsed, match)
     return SiteFacts(mask=mask, mask_conditional=conditional, causal_guard=causal_guard, dropout=match.dropout_p,
-                     kv_heads="broadcast" if _broadcast_heads(match) else None)
+                     kv_heads="broadcast" if _broadcast_heads(match) else None, rank=_rank(parsed, match),
+                     transposed=tuple(code for code in (match.query, match.key, match.value)
+                                      if _last_two_swapped(code)))
 
 
 def plan_backend(parsed: ParsedModule, match: AttentionMatch, requested: str = "sdpa") -> BackendPlan:
-    verdicts = backend_eligibility(site_facts(parsed, match))
+    facts = site_facts(parsed, match)
+    verdicts = backend_eligibility(facts)
     if requested == "sdpa":
         return BackendPlan(requested, "sdpa", verdicts)
     key = "sdpa-flash" if requested == "flash" else "flash-attn"
     verdict = verdicts[key]
     if verdict.eligible is False:
         return BackendPlan(requested, "sdpa", verdicts, reason=f"kept SDPA: {key} not eligible ({verdict.reason})")
+    if requested == "flash" and facts.transposed:  # pinning flash on a strided input raises instead of falling back
+        return BackendPlan(requested, "sdpa", verdicts, reason=f"kept SDPA: {', '.join(facts.transposed)} passed "
+                           "transposed; the flash kernel needs last-dim stride 1, and pinning it would raise")
     assumptions = []
     if requested == "flash" and verdict.eligible is None:  # sdpa_kernel(FLASH_ATTENTION) raises when it cannot run
         assumptions.append(Fact("flash-eligible", "the CUDA flash kernel accepts this call at run time", ASSUMED,
@@ -88,6 +96,34 @@ def _in_body(parsed: ParsedModule, term) -> bool:
     return False
 
 
+def _rank(parsed: ParsedModule, match: AttentionMatch) -> int | None:
+    """The rank SDPA's inputs will have, where the block's products fix it: `bmm`/`baddbmm` take 3-D tensors
+    only, and an einsum's output (..., query, key) has the rank the rewrite gives q. None when not fixed."""
+    collector = _ProductCollector(OpReader(parsed, None))
+    for node in [*match.removed, match.output_node]:
+        node.visit(collector)
+    return collector.ranks.pop() if len(collector.ranks) == 1 else None
+
+
+class _ProductCollector(cst.CSTVisitor):
+    def __init__(self, reader: OpReader) -> None:
+        self.reader, self.ranks = reader, set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        op = self.reader.read(node)
+        if op is None:
+            return
+        if op.name in ("bmm", "baddbmm"):
+            self.ranks.add(3)
+        elif op.name == "einsum":
+            try:
+                _, output = parse_spec(op.params["spec"], op.params["einops"])
+            except EinsumMismatch:
+                self.ranks.add(None)
+                return
+            self.ranks.add(None if ELLIPSIS in output else len(output))
+
+
 def _broadcast_heads(match: AttentionMatch) -> bool:
     """K and V passed with a size-1 head axis (`k.unsqueeze(1)`, multi-query einsum): SDPA broadcasts it, but
     without enable_gqa every fused kernel refuses the unequal head counts."""
@@ -95,10 +131,21 @@ def _broadcast_heads(match: AttentionMatch) -> bool:
 
 
 def _unsqueezed_heads(code: str) -> bool:
+    return _method_call(code) == ("unsqueeze", ["1"])
+
+
+def _last_two_swapped(code: str) -> bool:
+    """`x.transpose(-2, -1)` / `x.transpose(-1, -2)` / `x.mT`: the rewrite's explicit K^T undo and
+    channel-major inputs."""
+    return code.endswith(".mT") or _method_call(code) in (("transpose", ["-2", "-1"]), ("transpose", ["-1", "-2"]))
+
+
+def _method_call(code: str) -> tuple[str, list[str]] | None:
+    """(method, argument codes) when `code` is one method call on something, else None."""
     try:
         node = cst.parse_expression(code)
     except cst.ParserSyntaxError:
-        return False
-    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "unsqueeze"
-            and len(node.args) == 1 and isinstance(node.args[0].value, cst.Integer)
-            and node.args[0].value.value == "1")
+        return None
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+        return None
+    return node.func.attr.value, [cst.Module([]).code_for_node(arg.value) for arg in node.args]

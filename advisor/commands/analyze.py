@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from rich.console import Console
 
+from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
 from advisor.runtime.analyze import analyze_path
@@ -19,15 +21,19 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    """Exit 2 when a trace could not be analysed (the others are still reported), else 1 when findings remain."""
     with Console(stderr=True).status("reading traces"):
         report = analyze_path(args.trace)
+    code = 2 if report.errors else 1 if report.findings else 0
     if args.format == "json":
-        print(json.dumps(report.to_json(), indent=2))
-        return 1 if report.findings else 0
+        print(json.dumps(report.to_json(), indent=2, allow_nan=False))
+        return code
+    for error in report.errors:
+        print(f"advisor: error: {display_path(error.path)}: {error.message}", file=sys.stderr)
     ranks = sorted({t.rank for t in report.traces})
     summary = [f"{len(report.traces)} trace(s), rank(s) {', '.join(map(str, ranks))}",
                "time by category: " + ", ".join(f"{row['category']} {row['share']:.0%}" for row in report.breakdown)]
     summary += [f"[dim]could not determine: {note}[/dim]" for note in report.limitations]
     print_measured(stdout_console(), "advisor analyze: findings (mean per rank and step)",
                    report.findings, summary)
-    return 1 if report.findings else 0
+    return code

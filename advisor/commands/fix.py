@@ -6,12 +6,12 @@ import sys
 
 from rich.prompt import Prompt
 
-from advisor.commands.common import add_selection_arguments, run_scan
+from advisor.commands.common import add_selection_arguments, exit_code, run_scan
 from advisor.report.terminal import stdout_console
 from advisor.errors import AdvisorError
 from advisor.findings import ScanError, display_path
-from advisor.report.findings_console import print_diff
-from advisor.rewrite.patch import keep_untouched, resolve_inside, unified_diff, write_atomically
+from advisor.report.findings_console import print_diff, print_errors
+from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
 from advisor.scan import analyze_source
 
 
@@ -30,6 +30,7 @@ def run(args) -> int:
     fixed), else 1 when findings remain."""
     result = run_scan(args)
     console = stdout_console()
+    print_errors(console, result.errors)
     remaining, applied, failures = 0, 0, []
     quit_requested = False
     written: set[str] = set()
@@ -48,14 +49,15 @@ def run(args) -> int:
                 remaining += len(applicable)
                 continue
             else:
-                new_text = keep_untouched(file.source, file.fixed)
+                new_text = file.fixed
                 if not args.apply:
                     print_diff(console, unified_diff(display_path(file.path), file.source, new_text))
                     remaining += len(applicable)
                     continue
-            if new_text != file.source and _write(file, new_text, args, written):
+            target = _write(file, new_text, args, written) if new_text != file.source else None
+            if target is not None:
                 applied += 1
-                console.print(f"fixed {display_path(file.path)}")
+                console.print(f"fixed {display_path(target)}")
         except AdvisorError as exc:
             failures.append(ScanError(file.path, str(exc)))
             remaining += len(chosen)
@@ -64,17 +66,18 @@ def run(args) -> int:
     if args.apply or args.interactive:
         not_written = f", {len(failures)} file(s) not written" if failures else ""
         console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain{not_written}")
-    return 2 if failures else 1 if remaining else 0
+    return 2 if failures else exit_code(result, remaining > 0)
 
 
-def _write(file, new_text: str, args, written: set[str]) -> bool:
-    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes")."""
+def _write(file, new_text: str, args, written: set[str]) -> str | None:
+    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes").
+    Returns the file written, None when it already was."""
     target = resolve_inside(file.path, args.paths)
     if target in written:
-        return False
+        return None
     write_atomically(target, file.source, new_text, force_readonly=args.force_readonly)
     written.add(target)
-    return True
+    return target
 
 
 def _ask(console, findings):
@@ -83,7 +86,10 @@ def _ask(console, findings):
         label = "" if finding.fix_safety == "safe" else " [yellow](UNSAFE fix)[/yellow]"
         console.print(f"\n{display_path(finding.path)}:{finding.line} {finding.rule} {finding.message}{label}")
         print_diff(console, finding.patch)
-        answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
+        try:
+            answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
+        except EOFError:  # input ended (a closed pipe, Ctrl-D): quit, keeping what was accepted
+            answer = "q"
         if answer == "q":
             return chosen, True
         if answer == "y":
@@ -98,4 +104,4 @@ def _fixed_with(file, chosen, args) -> str:
                             ignore=args.ignore, only=keep, backend=args.backend)
     if result.source != file.source:
         raise AdvisorError("changed while reviewing; not written")
-    return keep_untouched(file.source, result.fixed)
+    return result.fixed

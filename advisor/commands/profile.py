@@ -6,7 +6,6 @@ this process's stdout or end it; each becomes one error line."""
 from __future__ import annotations
 
 import json
-import os
 
 from rich.console import Console
 
@@ -14,6 +13,7 @@ from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
 from advisor.runtime.runner import resolve_device
+from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker
 
 
@@ -46,12 +46,13 @@ def run(args) -> int:
     if args.device:
         resolve_device(args.device)  # a missing GPU is a usage error before any process starts
     stderr = Console(stderr=True)
-    trace = os.path.abspath(args.trace) if args.trace else None
+    trace = check_trace_path(args.trace)
     with stderr.status("starting the workload process") as status, \
             start_worker("workload", args.timeout, on_progress=status.update) as worker:
         status.update("loading the workload")
         worker.call("load", target=args.target, device=args.device, dtype=args.dtype, train=args.train)
-        profiled = worker.call("profile", trace_path=trace)
+        profiled = worker.call("profile", trace_path=trace and trace.path)
+    confirm_trace_written(trace)
     findings, summary = profiled["findings"], profiled["summary"]
     if args.format == "json":
         print(json.dumps(profiled["json"], indent=2))

@@ -16,6 +16,7 @@ import libcst as cst
 
 from advisor.patterns import einsum as es
 from advisor.patterns import masks as mk
+from advisor.patterns import scope
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import Op, OpReader, int_value, number_value
@@ -24,6 +25,8 @@ from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow, contain
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 CORE_OPS = {"matmul", "bmm", "baddbmm", "einsum"}
+# methods whose result shares the input's storage with strides derived from the input's
+STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
 MAX_CHAIN = 40
 
 
@@ -130,6 +133,7 @@ class _FunctionMatcher:
         self.values = ValueProver(parsed, self.flow, owner)
         self.home = function  # where the value product, and so the SDPA call, lives
         self._inlined: dict[cst.FunctionDef, tuple[cst.Call, dict[str, cst.BaseExpression]]] = {}
+        self._taken_names: set[str] = set()  # fresh names earlier matches of this function chose
 
     def run(self) -> list[AttentionMatch]:
         collector = _SoftmaxCollector(self.reader, self.function)
@@ -155,6 +159,11 @@ class _FunctionMatcher:
         except Refusal as refusal:
             match.reason = str(refusal)
             match.output_node = None
+        except (RecursionError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
+            match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
+            match.output_node, match.removed = None, []
         return match
 
     def _looks_like_attention(self, softmax: Op) -> bool:
@@ -262,6 +271,9 @@ class _FunctionMatcher:
         if (softmax.params["stages"][0] if softmax.name == "sequential" else softmax).params.get("dtype") is not None:
             self._dtype_changes.append(softmax)
         output, value_node, weight_defs, escapes, more_dropouts = self._follow_weights(softmax.node, ndim)
+        buffer = scope.out_argument(output.node)
+        if buffer is not None:
+            raise Refusal(f"the value product writes into `out={self._short(buffer)}`, which SDPA cannot fill")
         dropouts += more_dropouts
         match.escapes = escapes
         self._value_roles(core, output, value_node, ndim, match)
@@ -282,7 +294,98 @@ class _FunctionMatcher:
         lines = [self.parsed.line(s) for s in match.removed] + [self.parsed.line(output_statement)]
         match.line, match.end_line = min(lines), self.parsed.end_line(output_statement)
         self._check_bindings(match, output_statement)
+        self._check_scope(match, output_statement, consumed)
+        self._layout_role(match)
         self._check_escapes(match)
+
+    def _check_scope(self, match: AttentionMatch, output_statement: cst.CSTNode, consumed: list[Definition]) -> None:
+        """What the code around the block may change: see patterns.scope."""
+        deleted = [s for s in match.removed if self._function_of(s) is self.home]
+        reason = scope.same_context(self.parsed, deleted, match.output_node)
+        if reason is not None:
+            raise Refusal(reason)
+        match.facts.proved("scope", "the deleted statements run exactly when the value product runs",
+                           "same loops, comprehensions and `with` blocks")
+        reason = scope.other_targets_read(self.parsed, self.flow, match.removed, {d.id for d in consumed})
+        if reason is not None:
+            raise Refusal(reason)
+        kept = list(self._leaf_nodes) + [node for term in match.masks for node in term.nodes]
+        first = min([self.parsed.line(s) for s in deleted] + [self.parsed.line(output_statement)])
+        paths = scope.attribute_paths(self.parsed, kept)
+        reason = scope.attribute_written_between(self.parsed, self.home, paths, first,
+                                                 self.parsed.line(output_statement))
+        if reason is None:
+            reason = scope.storage_written_between(self.parsed, self.flow, kept, first,
+                                                   self.parsed.line(output_statement))
+        if reason is not None:
+            raise Refusal(reason)
+        if paths:
+            match.facts.proved("no-writes", "no attribute the SDPA call reads is written inside the block")
+        self._dispatch_facts(match, deleted + [match.output_node], kept)
+        if (match.hoisted or match.hoist_init) and scope.is_scripted(self.parsed, self.home, self.owner):
+            raise Refusal("the function is compiled by TorchScript, where the merged mask variable cannot start "
+                          "as None and later hold a tensor")
+
+    def _layout_role(self, match: AttentionMatch) -> None:
+        """SDPA's output has a fresh matmul's values but not always its strides (CPU and flash kernels return a
+        transposed layout). A `.view` that reads the output, directly or through views, needs the original's
+        contiguous strides, and so may a caller the output is returned to: emit `.contiguous()` for those
+        (a no-op when already contiguous). Every other use reads values only."""
+        frontier, steps, reader = [match.output_node], 0, None
+        while frontier and steps < MAX_CHAIN and reader is None:
+            steps += 1
+            node = frontier.pop()
+            parent = self.parsed.parents.get(node)
+            if isinstance(parent, cst.Return):
+                function = self._function_of(parent)
+                owner = self.owner if function is self.function or function is self.home else None
+                sites = _calls_to(self.parsed, function, owner) if function is not None else []
+                if not sites:
+                    reader = "is returned to a caller outside this file"
+                frontier.extend(sites)  # a helper of this file: follow its callers
+                continue
+            if isinstance(parent, cst.Subscript) and parent.value is node:
+                frontier.append(parent)
+                continue
+            for consumer, _ in self._consumers(node):
+                method = _method_on(consumer, node)
+                if method in ("view", "view_as"):
+                    reader = f"is read by `.{method}` at line {self.parsed.line(consumer)}"
+                elif method in STRIDED_VIEWS or isinstance(consumer, cst.Name):
+                    frontier.append(consumer)
+        if reader is None:
+            match.facts.proved("layout", "no `.view` or caller depends on the output's strides")
+            return
+        match.output_suffix += ".contiguous()"
+        match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+    def _dispatch_facts(self, match: AttentionMatch, block: list[cst.CSTNode], kept: list[cst.CSTNode]) -> None:
+        """The `self.` methods and modules the proof resolved are the ones that run, and deleting a module
+        call loses nothing but its computation (no hooks)."""
+        if self.owner is None:
+            return
+        names = scope.self_names(block + kept) | {f.name.value for f in self._inlined if f in
+                                                   self.owner.methods.values()}
+        reason = scope.overridden(self._classes(), self.owner, names)
+        if reason is not None:
+            raise Refusal(reason)
+        if self._classes().subclasses(self.owner):
+            match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
+                               "checked for the subclasses in this file")
+        hooked = scope.registers_hooks(self.parsed)
+        for attribute in scope.deleted_module_calls(self.parsed, self.owner, block, kept):
+            statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"
+            if scope.is_hook_point(self.parsed, self.owner, attribute):
+                match.facts.assumed("no-hooks", statement, "it computes nothing, so it exists to carry hooks")
+            elif hooked:
+                match.facts.assumed("no-hooks", statement, "this file registers module hooks")
+            else:
+                match.facts.proved("no-hooks", statement, "no hook is registered in this file")
+
+    def _classes(self) -> scope.ClassTable:
+        if getattr(self, "_class_table", None) is None:
+            self._class_table = scope.ClassTable.of(self.parsed)
+        return self._class_table
 
     def _twin_softmax(self, softmax: Op) -> Definition | None:
         """`if mask is not None: ...; s = self.softmax(s)` / `else: s = self.softmax(s)` (Swin): the same
@@ -406,6 +509,10 @@ class _FunctionMatcher:
         if op.name in ("mul", "div"):
             tensor, factor = self._tensor_and_factor(op)
             if factor is None:
+                unfollowed = self.values.why_not_scalar(op.operands[1])
+                if unfollowed is not None:
+                    raise Refusal(f"the scale `{self._short(op.operands[1])}` cannot be proved a Python number: "
+                                  f"{unfollowed}")
                 raise Refusal(f"the scores are scaled by `{self._short(op.operands[1])}`, which is not provably a "
                               f"Python number (SDPA's scale must be one)")
             if guard is not None and contains_call(guard.test):
@@ -451,13 +558,19 @@ class _FunctionMatcher:
             return None
         if callee is None or callee is self.function or callee in self._inlined or _single_return(callee) is None:
             return None
+        if any(not (isinstance(d.decorator, cst.Name) and d.decorator.value in ("staticmethod", "classmethod"))
+               for d in callee.decorators):
+            return None  # another decorator may change what the call computes
         return callee
 
     def _bind_arguments(self, callee: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
         params = [p.name.value for p in callee.params.params]
         bound: dict[str, cst.BaseExpression] = {}
-        if isinstance(call.func, cst.Attribute):  # self.method(...): the same object on both sides
-            bound[params[0]] = cst.Name("self")
+        kind = _method_kind(callee)
+        if isinstance(call.func, cst.Attribute) and kind != "static":  # self.method(...): self (or its class)
+            if not params:
+                raise Refusal(f"`{callee.name.value}` takes no `self`")
+            bound[params[0]] = cst.Name("self") if kind == "instance" else cst.parse_expression("type(self)")
             params = params[1:]
         for position, arg in enumerate(call.args):
             if arg.keyword is None:
@@ -753,7 +866,7 @@ class _FunctionMatcher:
                                    (op.name == "einsum" and read in op.operands)):
                 continuing.append(read)
             elif op is not None and op.name in ("mul", "add", "sub", "div", "einsum", "matmul", "bmm",
-                                                "softmax", "masked_fill", "where"):
+                                                "softmax", "masked_fill", "where") and self._feeds_product(read):
                 raise Refusal(f"the attention weights are transformed by `{self._short(op.node)}` "
                               f"before the value product")
             else:
@@ -1209,11 +1322,12 @@ class _FunctionMatcher:
 
     def _fresh_name(self, base: str) -> str:
         used = {name.value for name in loaded_names(self.function)} | \
-            {d.name for d in self.flow.definitions.values()}
+            {d.name for d in self.flow.definitions.values()} | self._taken_names
         candidate, suffix = base, 0
         while candidate in used:
             suffix += 1
             candidate = f"{base}_{suffix}"
+        self._taken_names.add(candidate)  # another block of this function may hoist a mask too
         return candidate
 
     def _term_code(self, term: MaskTerm) -> str:
@@ -1324,6 +1438,11 @@ class _FunctionMatcher:
                 now = env.get(name.value, frozenset({UNDEFINED}))
                 if now == seen:
                     continue
+                if seen <= {d.id for d in self._chain.definitions}:
+                    use = self.parsed.parents.get(name, name)
+                    if isinstance(self.parsed.parents.get(use), cst.Call):
+                        use = self.parsed.parents[use]  # `s.size(-1)`, not `s.size`
+                    raise Refusal(f"`{self._short(use)}` reads the scores, which the rewrite removes")
                 raise Refusal(f"`{name.value}` is {self._how_rebound(now - seen)} between the scores and the value "
                               f"product")
 
@@ -1342,8 +1461,19 @@ class _FunctionMatcher:
         for read in match.escapes:
             parent = self.parsed.parents.get(read)
             if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
-                match.unsafe_reason = (f"the weights are passed to `{self._short(parent)}`, which cannot take None")
+                match.unsafe_reason = self._why_not_none(read, parent)
                 return
+
+    def _why_not_none(self, read: cst.Name, parent: cst.CSTNode) -> str:
+        """Why the weights cannot simply be replaced by None where they escape, naming the real use."""
+        line = self.parsed.line(read)
+        if isinstance(parent, cst.Attribute) and parent.value is read:
+            return f"the weights' `.{parent.attr.value}` is used at line {line}, and None has none"
+        if isinstance(parent, cst.Arg):
+            call = self.parsed.parents.get(parent)
+            callee = self._short(call.func) if isinstance(call, cst.Call) else self._short(parent)
+            return f"the weights are passed to `{callee}` at line {line}, which cannot take None"
+        return f"the weights are used in `{self._short(parent)}` at line {line}, which cannot take None"
 
     # rendering ------------------------------------------------------------------------------------------
     def _render(self, node: cst.BaseExpression, suffix: str = "") -> str:
@@ -1444,6 +1574,21 @@ def _unpacked(definition: Definition) -> cst.BaseExpression | None:
             not any(isinstance(e, cst.StarredElement) for e in value.elements):
         return value.elements[definition.index].value
     return None
+
+
+def _method_on(consumer: cst.CSTNode | None, receiver: cst.CSTNode) -> str | None:
+    """`view` for `receiver.view(...)`, `mT` for `receiver.mT`; None when `consumer` is no method of it."""
+    if isinstance(consumer, cst.Call) and isinstance(consumer.func, cst.Attribute) and consumer.func.value is receiver:
+        return consumer.func.attr.value
+    if isinstance(consumer, cst.Attribute) and consumer.value is receiver:
+        return consumer.attr.value
+    return None
+
+
+def _method_kind(function: cst.FunctionDef) -> str:
+    """'static', 'class' or 'instance': what a call through `self.` binds to the first parameter."""
+    names = {dec.decorator.value for dec in function.decorators if isinstance(dec.decorator, cst.Name)}
+    return "static" if "staticmethod" in names else ("class" if "classmethod" in names else "instance")
 
 
 def _is_atom_node(node: cst.CSTNode) -> bool:

@@ -16,8 +16,10 @@ class EinsumMismatch(ValueError):
     """The spec is not the product the caller asked about; the message says why."""
 
 
-def parse_spec(spec: str, einops_style: bool) -> tuple[list[list[str]], list[str]]:
+def parse_spec(spec: str | None, einops_style: bool) -> tuple[list[list[str]], list[str]]:
     """Split 'ab,cd->e' (torch: one letter per axis) or 'a b, c d -> e' (einops: space-separated words)."""
+    if not isinstance(spec, str):
+        raise EinsumMismatch("the spec is not a literal string (an f-string or a computed value)")
     if "->" not in spec:
         raise EinsumMismatch("the einsum has no explicit output")
     left, right = spec.split("->")

@@ -61,6 +61,8 @@ class RankBounds:
                 and self.owner is not None:
             built = self.owner.only_value(node.attr.value)
             return below(built) if built is not None else UNKNOWN
+        if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
+            return below(node.value)
         if isinstance(node, cst.Subscript):
             return _subscript_bounds(node, below(node.value))
         if isinstance(node, cst.UnaryOperation):

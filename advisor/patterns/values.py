@@ -32,6 +32,13 @@ class ValueProver:
         self.flow = flow
         self.owner = owner
         self.guesses = [] if guesses is None else guesses  # why a value was taken for a number without proof
+        self.unfollowed: list[str] = []  # forms met that the analysis does not follow (why a proof failed)
+
+    def why_not_scalar(self, node: cst.BaseExpression) -> str | None:
+        """When `is_scalar` fails because of a binding form the analysis does not follow, that form."""
+        self.unfollowed.clear()
+        self.is_scalar(node)
+        return self.unfollowed[0] if self.unfollowed else None
 
     def scalar_guess(self, node: cst.BaseExpression) -> str | None:
         """None when `node` is proved a Python number from the source alone; else the first guess that
@@ -169,7 +176,10 @@ class ValueProver:
                 if not self.is_scalar(definition.value, depth + 1):
                     return False
             elif definition.kind == "assign":  # `b, c, h, w = x.shape`: unpacked sizes are ints
-                if not self._is_shape(definition.value):
+                if not self._unpacked_is_scalar(definition, depth):
+                    self.unfollowed.append(f"`{definition.name}` is unpacked from "
+                                           f"`{self.parsed.code(definition.value)}`, a form the analysis does not "
+                                           f"follow")
                     return False
             elif definition.kind == "aug":
                 if not self.is_scalar(definition.value, depth + 1):
@@ -177,6 +187,19 @@ class ValueProver:
             else:
                 return False
         return True
+
+    def _unpacked_is_scalar(self, definition, depth: int) -> bool:
+        """`h, w = x.shape`; `a, b = d ** -0.5, 2`; `b, n, d, h = *q.shape, self.heads` (every item a number)."""
+        value = definition.value
+        if self._is_shape(value):
+            return True
+        if not isinstance(value, (cst.Tuple, cst.List)):
+            return False
+        items = value.elements
+        if not any(isinstance(item, cst.StarredElement) for item in items):
+            return len(items) > definition.index and self.is_scalar(items[definition.index].value, depth + 1)
+        return all(self._is_shape(item.value) if isinstance(item, cst.StarredElement)
+                   else self.is_scalar(item.value, depth + 1) for item in items)
 
     def _is_constructor(self, definition) -> bool:
         function = self._function_of(definition.statement)
@@ -193,6 +216,9 @@ class ValueProver:
                     return False
                 return name not in self.owner.mutated or \
                     self._guess(f"`self.{name}` is also updated in place, which the analysis does not follow")
+            if name in self.owner.unfollowed:
+                self.unfollowed.append(f"`self.{name}` is assigned by an unpacking the analysis does not follow")
+                return False
             return bool(SCALAR_NAME.search(name)) and \
                 self._guess(f"`self.{name}` is not assigned in this class (inherited or set from outside); "
                             f"only its name suggests a number")

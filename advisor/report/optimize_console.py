@@ -26,8 +26,11 @@ def print_optimize(console: Console, result: dict) -> None:
     for patch in patches:
         if patch.get("verified") and patch.get("diff"):
             console.print(Text(view.patch_title(patch), style="bold"))
-            for fact in view.assumed_facts(patch):
-                console.print(Text(f"checked on this run's inputs: {fact}", style="yellow"))
+            facts = view.assumed_facts(patch)
+            if facts:
+                console.print(Text(view.facts_heading(patch), style="yellow"))
+            for fact in facts:
+                console.print(Text(f"  - {fact}", style="yellow"))
             print_diff(console, view.printable(patch["diff"]))
     findings = view.findings_diff(result)
     if findings:
@@ -73,7 +76,7 @@ def _patches(patches: list[dict]) -> Table:
             patch_rule.append("\nunsafe fix", style="yellow")
         rows.append((patch_rule, where, state, "\n".join(row.parity) or view.NONE, row.speedup, row.outcome))
     return _table("patches", ("patch", "location", "verdict", "parity", "speedup", "applied"), rows,
-                  caption="parity: max abs and rel error / tolerance; speedup: alone, with its confidence interval")
+                  caption="parity: max abs and rel error, with the tolerances; speedup: alone, with its interval")
 
 
 def _ops(deltas: list[view.OpDelta]) -> Table:

@@ -4,6 +4,7 @@ html.escape."""
 
 from __future__ import annotations
 
+import math
 import os
 from html import escape
 
@@ -41,8 +42,8 @@ def _lines(lines: list[str]) -> str:
 
 def _summary(result: dict) -> str:
     rows = [(escape(measure), escape(before), escape(after)) for measure, before, after in view.summary_rows(result)]
-    rows.append(("<b>speedup</b>", "", f"<b>{escape(view.speedup_text(result.get('speedup'), result.get('speedup_ci')))}"
-                 "</b>"))
+    speedup = escape(view.speedup_text(result.get("speedup"), result.get("speedup_ci")))
+    rows.append(("<b>speedup</b>", "", f"<b>{speedup}</b>"))
     rows.append(("patches", escape(view.count_verdicts(result)), ""))
     notes = "".join(f"<li>{escape(note)}</li>" for note in view.notes(result))
     return (f"<section><h2>Summary</h2>{_table(('', 'before', 'after'), rows, 'summary')}"
@@ -62,24 +63,34 @@ def _sides(result: dict) -> list[tuple[str, dict]]:
     return [(name, result[name]) for name in SIDES if result.get(name)]
 
 
+def _finite(value: object) -> bool:
+    """Charts draw only finite numbers: a NaN or inf (a failed run) is in the tables, never on an axis."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _bounds(pair: list[float] | None) -> tuple[float | None, float | None]:
+    return (pair[0], pair[1]) if pair and len(pair) == 2 and all(map(_finite, pair)) else (None, None)
+
+
 def _step_time(result: dict) -> str:
-    sides = _sides(result)
-    if not sides:
-        return ""
-    colors = {name: SIDES[name] for name, _ in sides}
-    if all(len(side.get("samples_us") or []) >= MIN_BOX_SAMPLES for _, side in sides):
-        boxes = [Box(name, name, tuple(side["samples_us"])) for name, side in sides]
-        counts = " and ".join(f"{len(side['samples_us'])} {name}" for name, side in sides)
+    samples = {name: [t for t in side.get("samples_us") or [] if _finite(t)] for name, side in _sides(result)}
+    if samples and all(len(s) >= MIN_BOX_SAMPLES for s in samples.values()):
+        counts = " and ".join(f"{len(s)} {name}" for name, s in samples.items())
         return _figure(f"Step time: box = interquartile range, thick line = median, whiskers = 1.5 IQR, "
                        f"dots = outliers ({counts} samples).",
-                       box_chart("step time per side", boxes, colors, view.duration))
-    bars = [Bar(name, side["median_us"], *(side.get("ci_us") or (None, None))) for name, side in sides]
+                       box_chart("step time per side", [Box(name, name, tuple(s)) for name, s in samples.items()],
+                                 {name: SIDES[name] for name in samples}, view.duration))
+    bars = [Bar(name, side["median_us"], *_bounds(side.get("ci_us"))) for name, side in _sides(result)
+            if _finite(side.get("median_us"))]
+    if not bars:
+        return ""
     return _figure("Step time: median, whiskers = the median's confidence interval (too few samples for a box).",
-                   bar_chart("median step time per side", [("step time", bars)], colors, view.duration))
+                   bar_chart("median step time per side", [("step time", bars)],
+                             {bar.series: SIDES[bar.series] for bar in bars}, view.duration))
 
 
 def _kinds(result: dict) -> str:
-    rows = view.time_by_kind(result)
+    rows = [row for row in view.time_by_kind(result) if _finite(row[1]) and (row[2] is None or _finite(row[2]))]
     if not rows:
         return ""
     groups = [(kind, [Bar("before", before)] + ([] if after is None else [Bar("after", after)]))
@@ -91,12 +102,10 @@ def _kinds(result: dict) -> str:
 
 def _speedups(result: dict) -> str:
     estimates = [Estimate(view.printable(f"{p.get('id', '?')} {os.path.basename(str(p.get('path')))}:{p.get('line')}"),
-                          p["speedup"],
-                          *(p.get("speedup_ci") or (None, None)), VERDICT_COLORS.get(p.get("verdict"), "#555"))
-                 for p in result.get("patches") or [] if p.get("speedup") is not None]
-    if result.get("speedup") is not None:
-        estimates.append(Estimate("all verified", result["speedup"], *(result.get("speedup_ci") or (None, None)),
-                                  AFTER))
+                          p["speedup"], *_bounds(p.get("speedup_ci")), VERDICT_COLORS.get(p.get("verdict"), "#555"))
+                 for p in result.get("patches") or [] if _finite(p.get("speedup"))]
+    if _finite(result.get("speedup")):
+        estimates.append(Estimate("all verified", result["speedup"], *_bounds(result.get("speedup_ci")), AFTER))
     if not estimates:
         return ""
     return _figure("Speedup per patch with its confidence interval; a patch is faster only when its interval "
@@ -105,15 +114,16 @@ def _speedups(result: dict) -> str:
 
 
 def _memory(result: dict) -> str:
-    peaks = {name: side["peak_bytes"] for name, side in _sides(result) if side.get("peak_bytes") is not None}
+    peaks = {name: side["peak_bytes"] for name, side in _sides(result) if _finite(side.get("peak_bytes"))}
     if not peaks:
         return ""
     # Chart in the unit of the larger side so the axis ticks are round numbers of that unit.
     unit, scale = next(((u, s) for u, s in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
                         if max(peaks.values()) >= s), ("B", 1))
     bars = [Bar(name, peak / scale) for name, peak in peaks.items()]
-    return _figure("Peak memory per side.", bar_chart("peak memory", [("peak memory", bars)],
-                                                       {name: SIDES[name] for name in peaks}, lambda v: f"{v:.3g} {unit}"))
+    colors = {name: SIDES[name] for name in peaks}
+    return _figure("Peak memory per side.",
+                   bar_chart("peak memory", [("peak memory", bars)], colors, lambda v: f"{v:.3g} {unit}"))
 
 
 def _badge(patch: dict) -> str:
@@ -140,7 +150,7 @@ def _patches(result: dict) -> str:
 
 def _diff_block(patch: dict) -> str:
     facts = "".join(f"<li>{escape(fact)}</li>" for fact in view.assumed_facts(patch))
-    checked = f'<p>Facts the proof left open, checked on this run\'s inputs:</p><ul>{facts}</ul>' if facts else ""
+    checked = f"<p>{escape(view.facts_heading(patch))}</p><ul>{facts}</ul>" if facts else ""
     open_ = " open" if patch.get("verified") else ""
     return (f"<details{open_}><summary>{escape(view.patch_title(patch))} {_badge(patch)}</summary>{checked}"
             f'<pre class="diff">{_diff_lines(patch["diff"])}</pre></details>')
@@ -156,11 +166,12 @@ def _diff_lines(diff: str) -> str:
 
 
 def _findings(result: dict) -> str:
-    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function),
-             f'<span class="change {state}">{state}</span>') for rule, where, function, state in view.findings_diff(result)]
+    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function), f'<span class="change {to}">{to}</span>')
+            for rule, where, function, to in view.findings_diff(result)]
     if not rows:
         return ""
-    return f"<section><h2>Findings before and after</h2>{_table(('rule', 'location', 'function', 'now'), rows)}</section>"
+    table = _table(("rule", "location", "function", "now"), rows)
+    return f"<section><h2>Findings before and after</h2>{table}</section>"
 
 
 def _ops(result: dict) -> str:

@@ -63,7 +63,9 @@ def _patches(result: dict) -> str:
 def _folded_diff(patch: dict) -> str:
     diff = view.printable(patch["diff"]).replace("\r", "")
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", diff)), default=0))
-    facts = "".join(f"\n- checked on this run's inputs: {_text(fact)}" for fact in view.assumed_facts(patch))
+    facts = "".join(f"\n- {_text(fact)}" for fact in view.assumed_facts(patch))
+    if facts:
+        facts = f"\n{_text(view.facts_heading(patch))}\n{facts}"
     summary = escape(f"{view.patch_title(patch)}: {view.verdict(patch)}")
     return (f"\n\n<details><summary>{summary}</summary>\n{facts}\n\n{fence}diff\n{diff.rstrip(chr(10))}\n{fence}\n\n"
             "</details>")

@@ -17,15 +17,22 @@ VERDICTS = {"verified": "verified", "parity-failed": "parity failed", "no-gain":
             "not-run": "not run"}
 NONE = "—"
 OP_COLUMNS = ("op", "kind", "count before", "count after", "time before", "time after", "change")
-PATCH_COLUMNS = ("patch", "rule", "location", "verdict", "parity (max err / tolerance)", "speedup", "applied")
+PATCH_COLUMNS = ("patch", "rule", "location", "verdict", "parity (max error, tolerance)", "speedup", "applied")
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0/C1 controls (terminal escapes) and the bidirectional overrides that make a diff read differently from what
+# it does ("Trojan Source", CVE-2021-42574).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(value: object) -> str:
-    """The text with control characters shown as `\\xNN`: a terminal escape in a file or op name must not recolor
-    the terminal or move the cursor, in any format. Newlines and tabs stay."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
+    """The text with control and bidi-override characters shown as `\\xNN`/`\\uNNNN`: a terminal escape in a file
+    or op name must not recolor the terminal, and a reviewer must see the code as it runs. Newlines, tabs stay."""
+    return _CONTROL.sub(_escaped, str(value))
 
 
 def duration(us: float | None) -> str:
@@ -88,10 +95,12 @@ def parity_lines(parity: dict | None) -> list[str]:
     """Max errors against their tolerances, then what was compared; empty when parity was not run."""
     if not parity:
         return []
-    lines = [f"abs {sci(parity.get('max_abs_err'))} / {number(parity.get('atol'))}",
-             f"rel {sci(parity.get('max_rel_err'))} / {number(parity.get('rtol'))}"]
+    lines = [f"abs {sci(parity.get('max_abs_err'))} (atol {number(parity.get('atol'))})",
+             f"rel {sci(parity.get('max_rel_err'))} (rtol {number(parity.get('rtol'))})"]
     compared = f"{plural(parity.get('seeds', '?'), 'seed')}, {plural(parity.get('outputs_compared', '?'), 'output')}"
     lines.append(compared + (" + grads" if parity.get("grads") else ""))
+    if parity.get("not_compared"):
+        lines.append("not compared: " + printable(", ".join(map(str, parity["not_compared"]))))
     masked = parity.get("fully_masked_rows")
     if masked:
         lines.append("fully masked rows: " + printable(", ".join(f"{k} {v}" for k, v in masked.items())))
@@ -100,10 +109,10 @@ def parity_lines(parity: dict | None) -> list[str]:
 
 def outcome(patch: dict) -> str:
     """What happened to the user's file: applied, the diff written elsewhere (installed code), or left alone."""
-    if patch.get("written_to"):
-        return "diff written to " + printable(short_path(str(patch["written_to"])))
     if patch.get("applied"):
         return "applied"
+    if patch.get("written_to"):
+        return "diff written to " + printable(short_path(str(patch["written_to"])))
     if patch.get("offered"):
         return "offered, not applied"
     return "not offered"
@@ -129,7 +138,7 @@ def patch_row(patch: dict, sep: str = " ") -> PatchRow:
     """`sep` goes between a speedup and its interval (a newline where the column is narrow)."""
     return PatchRow(id=printable(patch.get("id", "?")), rule=printable(patch.get("rule", "?")),
                     unsafe=patch.get("fix_safety") != "safe", location=location(patch),
-                    function=printable(patch.get("function", "")), verdict=verdict(patch),
+                    function=printable(patch.get("function") or ""), verdict=verdict(patch),
                     reason=printable(patch.get("reason") or ""), parity=parity_lines(patch.get("parity")),
                     speedup=speedup_text(patch.get("speedup"), patch.get("speedup_ci"), sep), outcome=outcome(patch))
 
@@ -138,6 +147,11 @@ def assumed_facts(patch: dict) -> list[str]:
     """The facts the static proof left open that this run checked on the user's inputs (--unsafe-fixes)."""
     facts = (patch.get("facts") or {}).get("assumed") or []
     return [printable(f"{fact.get('name', '?')}: {fact.get('statement', '')}") for fact in facts]
+
+
+def facts_heading(patch: dict) -> str:
+    inputs = patch.get("unsafe_facts_checked_on") or "this run's inputs"
+    return printable(f"Facts the proof left open, checked on {inputs}:")
 
 
 def patch_title(patch: dict) -> str:
@@ -175,6 +189,10 @@ def environment_rows(result: dict) -> list[tuple[str, str]]:
     env = result.get("environment") or {}
     kernels = env.get("sdpa_kernels") or {}
     rows = [(key, printable(env.get(key, NONE))) for key in ("torch", "python", "device", "dtype", "threads")]
+    if result.get("mode"):
+        rows.append(("mode", printable(result["mode"])))
+    if env.get("peak_memory_method"):
+        rows.append(("peak memory from", printable(env["peak_memory_method"])))
     for side in ("before", "after"):
         names = kernels.get(side)
         rows.append((f"SDPA kernels {side}", printable(", ".join(names)) if names else "none"))
@@ -182,12 +200,16 @@ def environment_rows(result: dict) -> list[tuple[str, str]]:
 
 
 def notes(result: dict) -> list[str]:
-    """Things a reviewer must see that fit no table: state_dict key mismatches, where traces and the report are."""
-    lines = []
-    state = result.get("state_dict") or {}
-    for key in ("missing", "unexpected"):
-        if state.get(key):
-            lines.append(printable(f"state_dict keys {key} on the patched side: {', '.join(map(str, state[key]))}"))
+    """Things a reviewer must see that fit no table: how the speedup interval is computed, the run's own notes,
+    state_dict key mismatches (all patches together, then per patch), where traces and the report are."""
+    lines = [printable(f"speedup interval: {result['speedup_method']}")] if result.get("speedup_method") else []
+    lines.extend(printable(note) for note in result.get("notes") or [])
+    owners = [("the patched side", result.get("state_dict"))]
+    owners += [(f"patch {p.get('id', '?')}", p.get("state_dict")) for p in result.get("patches") or []]
+    for owner, state in owners:
+        for key in ("missing", "unexpected"):
+            if (state or {}).get(key):
+                lines.append(printable(f"state_dict keys {key} on {owner}: {', '.join(map(str, state[key]))}"))
     traces = result.get("traces") or {}
     for side in ("before", "after"):
         if traces.get(side):

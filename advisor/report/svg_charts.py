@@ -110,7 +110,7 @@ def box_chart(title: str, boxes: list[Box], colors: dict[str, str], fmt: Format)
                      f'height="{height}" fill="{color}" fill-opacity="0.35" stroke="{color}" stroke-width="1.5">'
                      f'<title>{escape(tip)}</title></rect>')
         parts.append(f'<line x1="{axis.x(median):.1f}" x2="{axis.x(median):.1f}" y1="{y:.1f}" y2="{y + height:.1f}" '
-                     f'stroke="{color}" stroke-width="3"/>')
+                     f'stroke="#1d2330" stroke-width="2.5"/>')  # dark: visible on the light box of either side
         parts.extend(f'<circle cx="{axis.x(s):.1f}" cy="{mid:.1f}" r="2.5" fill="none" stroke="{color}"/>'
                      for s in box.samples if s < fence_lo or s > fence_hi)
         parts.append(_text(axis.x(max(max(inside), q3)) + 8, mid + 4, fmt(median), css="value"))

@@ -1,13 +1,19 @@
-"""Apply attention rewrites to one module with a single libcst pass; untouched code stays byte-identical."""
+"""Apply attention rewrites (and the configuration rules' expression edits) to one module as character edits:
+untouched code stays byte-identical, and only the top-level statements holding a change are rendered."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import os
 
 import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.patterns.attention import AttentionMatch
-from advisor.rewrite.backends import FlashContext, flash_attn_call, flash_attn_helper, flash_context, helper_name
+from advisor.rewrite.backends import KernelNames, flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.sdpa import functional_name, sdpa_call
+from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
 
@@ -16,11 +22,25 @@ class RewriteFailed(Exception):
     """The edited module did not compile; the original is kept."""
 
 
-def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool, backend: str = "sdpa") -> str:
-    """Source with every match replaced by one SDPA call. `drop_weights` passes None where weights escaped.
-    `backend` "flash" / "flash-attn" emits those where the site is eligible (see advisor.backends.site)."""
-    if not matches:
-        return parsed.source
+@dataclass(eq=False)
+class SourceEdit:
+    """One expression replaced by new code (the configuration rules' fixes), and the imports that code needs."""
+
+    node: cst.CSTNode
+    code: str
+    imports: tuple[str, ...] = ()
+
+
+def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool, backend: str = "sdpa",
+                  edits: list[SourceEdit] = ()) -> list[Edit]:
+    """Every match replaced by one SDPA call (`drop_weights` passes None where weights escaped), and every
+    SourceEdit applied, as character edits of the source (splice.apply_edits gives the new text). `backend`
+    "flash" / "flash-attn" emits those where the site is eligible (see advisor.backends.site). Only the top-level
+    statements holding a change are rendered and compiled, so the cost is that of the changed code, not of the
+    module (when the module's statements do not render back to their exact source, the whole module is rendered
+    instead)."""
+    if not matches and not edits:
+        return []
     functional = functional_name(parsed)
     replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
     removed: set[cst.CSTNode] = set()
@@ -28,7 +48,7 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
     renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
     hoists: dict[cst.CSTNode, object] = {}
     emitted = [plan_backend(parsed, match, backend).emitted for match in matches]
-    flash = flash_context(parsed) if "flash" in emitted else None
+    flash = kernel_names(parsed) if "flash" in emitted else None
     if isinstance(flash, str):
         raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")
     helper = helper_name(parsed) if "flash-attn" in emitted else None
@@ -55,22 +75,80 @@ def rewrite(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: b
         if drop_weights:
             nones.update(match.escapes)
     replacements.update(renamed)
+    imports = [line for edit in edits for line in edit.imports]
+    replacements.update({edit.node: cst.parse_expression(edit.code) for edit in edits})
     editor = _Editor(parsed, replacements, removed, nones, hoists)
     if flash is not None:
-        editor.wrap(wrapped, flash.header)
-    module = parsed.module.visit(editor)
+        editor.wrap(wrapped, flash.flash_context())
+    if isinstance(flash, KernelNames) and flash.import_line is not None:
+        imports.append(flash.import_line)
+    if functional.import_line is not None and matches:
+        imports.append(functional.import_line)
+    added = [cst.parse_statement(line + "\n") for line in dict.fromkeys(imports)]
     if helper is not None:
-        module = _add_after_imports(module, [flash_attn_helper(helper, functional.prefix)])
-    if isinstance(flash, FlashContext) and flash.import_line is not None:
-        module = _add_import(module, flash.import_line)
-    if functional.import_line is not None:
-        module = _add_import(module, functional.import_line)
-    code = module.code
+        added.append(flash_attn_helper(helper, functional.prefix))
+    spans = parsed.statement_spans
+    if spans is None:
+        module = parsed.module.visit(editor)
+        body = list(module.body)
+        body[_import_position(body):_import_position(body)] = added
+        module = module.with_changes(body=body)
+        _check_compiles(module.code, parsed.path)
+        return [Edit(0, len(parsed.source), _faithful(parsed.source, module.code))]
+    changes = []
+    for statement in _top_level_statements(parsed, [*replacements, *removed, *nones, *hoists, *wrapped]):
+        code = _rendered(parsed.module, statement.visit(editor))
+        _check_compiles(code, parsed.path)
+        changes.append(Edit(*spans[statement], code))
+    if added:
+        body = parsed.module.body
+        position = _import_position(body)
+        offset = spans[body[position]][0] if position < len(body) else spans[body[-1]][1]
+        code = "".join(parsed.module.code_for_node(statement) for statement in added)
+        _check_compiles(code, parsed.path)
+        changes.append(Edit(offset, offset, code))
+    return changes
+
+def _faithful(source: str, rendered: str) -> str:
+    """`rendered` (the whole module regenerated by libcst), with what libcst's code generation lost outside the
+    edit put back from `source`: libcst does not round-trip every file (a file with CR-only newlines loses its
+    final CR), so the edit is located between libcst's own round trip of `source` and `rendered`, and replayed
+    on `source` itself."""
+    roundtrip = cst.parse_module(source).code
+    if roundtrip == source:
+        return rendered
+    start = len(os.path.commonprefix([roundtrip, rendered]))
+    end = len(os.path.commonprefix([roundtrip[start:][::-1], rendered[start:][::-1]]))
+    edited_until = len(roundtrip) - end
+    if source[:edited_until] != roundtrip[:edited_until]:
+        raise RewriteFailed("libcst does not reproduce this file's text before the rewritten block")
+    return rendered[:len(rendered) - end] + source[edited_until:]
+
+
+def _top_level_statements(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> list[cst.CSTNode]:
+    """The module-level statements that hold `nodes`, in source order, each once."""
+    found = set()
+    for node in nodes:
+        while parsed.parents[node] is not parsed.module:
+            node = parsed.parents[node]
+        found.add(node)
+    return [statement for statement in parsed.module.body if statement in found]
+
+
+def _rendered(module: cst.Module, result) -> str:
+    """Code of a visited top-level statement: a node, several (FlattenSentinel), or none (RemovalSentinel)."""
+    if isinstance(result, cst.RemovalSentinel):
+        return ""
+    nodes = list(result.nodes) if isinstance(result, cst.FlattenSentinel) else [result]
+    return "".join(module.code_for_node(node) for node in nodes)
+
+
+def _check_compiles(code: str, path: str) -> None:
+    """A module-level statement compiles on its own exactly when it compiles in its module (no name lookup)."""
     try:
-        compile(code, parsed.path, "exec")
+        compile(code, path, "exec")
     except SyntaxError as exc:
         raise RewriteFailed(f"the rewrite produced invalid Python ({exc.msg})") from None
-    return code
 
 
 def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
@@ -147,13 +225,8 @@ def _filled(block):
     return block
 
 
-def _add_import(module: cst.Module, line: str) -> cst.Module:
-    """Insert after the last top-level import (or at the top, after a docstring)."""
-    return _add_after_imports(module, [cst.parse_statement(line + "\n")])
-
-
-def _add_after_imports(module: cst.Module, statements) -> cst.Module:
-    body = list(module.body)
+def _import_position(body) -> int:
+    """Index for a new import: after the last top-level import (or at the top, after a docstring)."""
     position = 0
     for index, item in enumerate(body):
         if isinstance(item, cst.SimpleStatementLine) and any(
@@ -162,5 +235,4 @@ def _add_after_imports(module: cst.Module, statements) -> cst.Module:
         elif index == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr) \
                 and isinstance(item.body[0].value, cst.SimpleString):
             position = 1
-    body[position:position] = statements
-    return module.with_changes(body=body)
+    return position

@@ -16,7 +16,7 @@ from advisor.patterns.attention import AttentionMatch
 from advisor.rewrite.sdpa import call_text
 from advisor.static.module_index import ParsedModule
 
-FLASH_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
+KERNEL_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
 HELPER_NAME = "flash_attn_or_sdpa"
 
 _HELPER = '''def {name}(q, k, v, dropout_p=0.0, scale=None, causal=False):
@@ -48,21 +48,27 @@ _HELPER = '''def {name}(q, k, v, dropout_p=0.0, scale=None, causal=False):
 
 
 @dataclass
-class FlashContext:
-    header: str  # the `with` item: "sdpa_kernel(SDPBackend.FLASH_ATTENTION)"
+class KernelNames:
+    """How this module spells torch.nn.attention's sdpa_kernel and SDPBackend, and the import to add if any."""
+
+    sdpa_kernel: str
+    backend: str
     import_line: str | None  # None when the module already imports both names
 
+    def flash_context(self) -> str:
+        return f"{self.sdpa_kernel}({self.backend}.FLASH_ATTENTION)"
 
-def flash_context(parsed: ParsedModule) -> FlashContext | str:
-    """The `with` item for the flash wrap, or why it cannot be written (a name taken by something else)."""
+
+def kernel_names(parsed: ParsedModule) -> KernelNames | str:
+    """The spellings, or why they cannot be written (a name taken by something else)."""
     local = {dotted: name for name, dotted in parsed.imports.items()}
     kernel, backend = local.get("torch.nn.attention.sdpa_kernel"), local.get("torch.nn.attention.SDPBackend")
     if kernel and backend:
-        return FlashContext(f"{kernel}({backend}.FLASH_ATTENTION)", None)
+        return KernelNames(kernel, backend, None)
     taken = {"sdpa_kernel", "SDPBackend"} & (set(parsed.imports) | parsed.bound_names)
     if taken:
         return f"the name `{sorted(taken)[0]}` is already used in this module"
-    return FlashContext("sdpa_kernel(SDPBackend.FLASH_ATTENTION)", FLASH_IMPORT)
+    return KernelNames("sdpa_kernel", "SDPBackend", KERNEL_IMPORT)
 
 
 def helper_name(parsed: ParsedModule) -> str:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 
-from advisor.findings import Finding
+from advisor.errors import AdvisorError
+from advisor.findings import Finding, ScanError
 from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
 from advisor.runtime.rank import rank
-from advisor.runtime.trace import Trace, load_trace, trace_files
-from advisor.runtime.trace_detect import detect
+from advisor.runtime.trace import Trace, TraceError, load_trace, trace_files
+from advisor.runtime.trace_detect import TraceHit, detect
 
 _CATEGORIES = (("attention", ("flash", "fmha", "attention", "sdpa")), ("gemm", ("gemm", "cutlass", "matmul", "xmma",
                "bmm", "addmm", "::mm")), ("softmax", ("softmax",)), ("copy", ("copy", "memcpy", "contiguous", "clone",
@@ -26,43 +28,81 @@ class AnalyzeReport:
     findings: list[Finding]
     breakdown: list[dict]
     limitations: list[str] = field(default_factory=list)
+    errors: list[ScanError] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"version": 1, "traces": [t.path for t in self.traces], "ranks": sorted({t.rank for t in self.traces}),
                 "device": "cuda" if any(t.on_device for t in self.traces) else "cpu",
                 "breakdown": self.breakdown, "limitations": self.limitations,
-                "findings": [f.to_json() for f in self.findings]}
+                "findings": [f.to_json() for f in self.findings], "errors": [e.to_json() for e in self.errors]}
+
+
+@dataclass
+class _TraceResult:
+    """One trace's detections and time by category, per step; its events are gone by then."""
+    trace: Trace
+    steps: int
+    total_us: float
+    category_us: dict[str, float]
+    hits: list[tuple[tuple[str, str, int], str, TraceHit, float]]  # (rule, path, line), function, hit, cost
 
 
 def analyze_path(path: str) -> AnalyzeReport:
-    traces = [load_trace(file, index) for index, file in enumerate(trace_files(path))]
+    """Traces are read one at a time; one that cannot be read or analysed is an error entry and the others
+    (the other ranks) are still analysed. Raises AdvisorError when none could be."""
+    results, errors = [], []
+    for index, file in enumerate(trace_files(path)):
+        try:
+            results.append(_analyse_file(file, index))
+        except TraceError as exc:
+            errors.append(ScanError(exc.path, exc.reason))
+        except Exception as exc:  # noqa: BLE001 - a bug of ours on one trace must not hide the other ranks
+            errors.append(ScanError(file, f"internal error while analysing ({type(exc).__name__}: {exc}); "
+                                          "please report it"))
+    if not results:
+        raise AdvisorError("; ".join(f"{error.path}: {error.message}" for error in errors))
+    traces = [result.trace for result in results]
+    findings, breakdown = _aggregate(results)
+    return AnalyzeReport(traces, rank(findings), breakdown, _limitations(traces), errors)
+
+
+def _analyse_file(file: str, index: int) -> _TraceResult:
+    trace, raws = load_trace(file, index)
+    events = build(raws, trace.on_device)
+    del raws
+    steps = max(len({e.step for e in events if e.step >= 0}), 1)
+    if not trace.has_steps:
+        for e in events:
+            e.step = 0
+    category_us: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.step >= 0:
+            category_us[op_category(e.name)] += e.self_us / steps
+    hits = []
+    for hit in detect(events, trace.on_device):
+        path_, line, function = _where(events[hit.events[0]], trace)
+        hits.append(((hit.rule, path_, line), function, hit, _cost(events, hit.events) / steps))
+    total = sum(e.self_us for e in events if e.step >= 0) / steps
+    return _TraceResult(trace, steps, total, category_us, hits)
+
+
+def _aggregate(results: list[_TraceResult]) -> tuple[list[Finding], list[dict]]:
+    """Findings merged by (rule, path, line) across ranks, and the breakdown: means per rank and step."""
     rules = load_rules()
     per_key: dict[tuple, dict] = {}
     breakdown: dict[str, float] = defaultdict(float)
-    for trace in traces:
-        events = build(trace.raws, trace.on_device)
-        steps = max(len({e.step for e in events if e.step >= 0}), 1)
-        if not trace.has_steps:
-            for e in events:
-                e.step = 0
-        total = sum(e.self_us for e in events if e.step >= 0) / steps
-        for e in events:
-            if e.step >= 0:
-                breakdown[op_category(e.name)] += e.self_us / steps / len(traces)
-        for hit in detect(events, trace.on_device):
-            anchor = events[hit.events[0]]
-            path_, line, function = _where(anchor, trace)
-            key = (hit.rule, path_, line)
-            entry = per_key.setdefault(key, {"hit": hit, "function": function, "ranks": {}, "calls": 0.0,
-                                             "share": []})
-            cost = _cost(events, hit.events) / steps
-            entry["ranks"][trace.rank] = entry["ranks"].get(trace.rank, 0.0) + cost
-            entry["calls"] += 1 / steps / len(traces)
-            entry["total"] = total
+    for result in results:
+        for category, us in result.category_us.items():
+            breakdown[category] += us / len(results)
+        for key, function, hit, cost in result.hits:
+            entry = per_key.setdefault(key, {"hit": hit, "function": function, "ranks": {}, "calls": 0.0})
+            entry["ranks"][result.trace.rank] = entry["ranks"].get(result.trace.rank, 0.0) + cost
+            entry["calls"] += 1 / result.steps / len(results)
+            entry["total"] = result.total_us
     findings = []
     for (code, path_, line), entry in per_key.items():
         hit, rule = entry["hit"], rules[code]
-        self_us = sum(entry["ranks"].values()) / len(traces)
+        self_us = sum(entry["ranks"].values()) / len(results)
         share = self_us / entry["total"] if entry["total"] else 0.0
         findings.append(Finding(
             rule=code, kind=rule.kind, path=path_, line=line, end_line=line, function=entry["function"],
@@ -73,7 +113,7 @@ def analyze_path(path: str) -> AnalyzeReport:
     grand = sum(breakdown.values()) or 1.0
     rows = [{"category": name, "us": round(us, 3), "share": round(us / grand, 5)}
             for name, us in sorted(breakdown.items(), key=lambda kv: -kv[1])]
-    return AnalyzeReport(traces, rank(findings), rows, _limitations(traces))
+    return findings, rows
 
 
 def _where(event, trace: Trace) -> tuple[str, int, str]:
@@ -91,8 +131,9 @@ def _cost(events, indices: list[int]) -> float:
                if e.parent is None or e.parent < first or k in (first, last))
 
 
+@lru_cache(maxsize=4096)
 def op_category(name: str) -> str:
-    """The kind of an op or kernel by its name (one of OP_KINDS); analyze's breakdown and optimize's reports share it."""
+    """The kind of an op or kernel by its name (one of OP_KINDS): analyze's breakdown and optimize's reports."""
     lowered = name.lower()
     for category, needles in _CATEGORIES:
         if any(needle in lowered for needle in needles):

@@ -19,7 +19,7 @@ from advisor.runtime.frames import first_user_profiler_frame
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a large trace holds hundreds of thousands
 class RawEvent:
     kind: str  # "op", "step", "runtime" (a CPU-side launch call) or "kernel" (device activity)
     name: str
@@ -34,7 +34,7 @@ class RawEvent:
     correlation: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class OpEvent:
     name: str  # "aten::bmm"
     step: int  # index of the profiled step it ran in, -1 outside any step
@@ -102,7 +102,7 @@ def build(raws: list[RawEvent], on_device: bool) -> list[OpEvent]:
     """Nest ops per thread, charge kernels to their launching op, and number steps; returns ops in start order."""
     steps = sorted((r.start, r.start + r.dur, int(_STEP.match(r.name).group(1))) for r in raws if r.kind == "step")
     cpu = sorted((r for r in raws if r.kind in ("op", "runtime")), key=lambda r: (r.tid, r.start, -r.dur))
-    parent_of: dict[int, int | None] = {}
+    parent_of: list[int | None] = [None] * len(cpu)  # lists indexed like `cpu`, not dicts: a trace has 1e5+ ops
     open_by_tid: list[int] = []
     last_tid = None
     for i, r in enumerate(cpu):
@@ -120,21 +120,21 @@ def build(raws: list[RawEvent], on_device: bool) -> list[OpEvent]:
             if i is not None:
                 device_us[i] += kernel.dur
     ops = [i for i, r in enumerate(cpu) if r.kind == "op"]
-    op_parent = {}
+    op_parent: list[int | None] = [None] * len(cpu)
     for i in ops:
         up = parent_of[i]
         while up is not None and cpu[up].kind != "op":
             up = parent_of[up]
         op_parent[i] = up
-    own = {i: device_us[i] if on_device else cpu[i].dur for i in ops}
+    own = list(device_us) if on_device else [r.dur for r in cpu]
     for i in (i for i, r in enumerate(cpu) if r.kind == "runtime" and on_device):
         up = parent_of[i]
         while up is not None and cpu[up].kind != "op":
             up = parent_of[up]
         if up is not None:
             own[up] += device_us[i]
-    total = dict(own)
-    self_time = dict(own)
+    total = list(own)
+    self_time = list(own)
     for i in sorted(ops, key=lambda i: -cpu[i].start):  # children before parents
         parent = op_parent[i]
         if parent is not None:
@@ -142,7 +142,9 @@ def build(raws: list[RawEvent], on_device: bool) -> list[OpEvent]:
             if not on_device:
                 self_time[parent] -= cpu[i].dur
     ordered = sorted(ops, key=lambda i: cpu[i].start)
-    position = {i: k for k, i in enumerate(ordered)}
+    position = [0] * len(cpu)
+    for k, i in enumerate(ordered):
+        position[i] = k
     starts = [s[0] for s in steps]
     result = []
     for i in ordered:

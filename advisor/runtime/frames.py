@@ -77,8 +77,10 @@ def parse_profiler_frame(frame: str) -> tuple[str, int, str] | None:
     return match["file"], int(match["line"]), match["name"]
 
 
-def first_user_profiler_frame(stack) -> tuple[str, int, str] | None:
-    """Innermost user frame of a profiler stack (innermost first); its line is the function's first line."""
+@lru_cache(maxsize=1 << 16)
+def first_user_profiler_frame(stack: tuple[str, ...]) -> tuple[str, int, str] | None:
+    """Innermost user frame of a profiler stack (innermost first); its line is the function's first line.
+    Cached: a trace repeats each stack once per layer and step."""
     for frame in stack:
         parsed = parse_profiler_frame(frame)
         if parsed and is_user_file(parsed[0]):

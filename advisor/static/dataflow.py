@@ -138,6 +138,27 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     return out
 
 
+def _capture_names(pattern: cst.MatchPattern) -> list[cst.Name]:
+    """Names a `case` pattern binds (`case [x, *rest]`, `case {"k": v, **others}`, `case Point(x=px) as p`)."""
+    names: list[cst.Name] = []
+
+    class Captures(cst.CSTVisitor):
+        def visit_MatchAs(self, node: cst.MatchAs) -> None:
+            if node.name is not None:
+                names.append(node.name)
+
+        def visit_MatchStar(self, node: cst.MatchStar) -> None:
+            if node.name is not None:
+                names.append(node.name)
+
+        def visit_MatchMapping(self, node: cst.MatchMapping) -> None:
+            if node.rest is not None:
+                names.append(node.rest)
+
+    pattern.visit(Captures())
+    return names
+
+
 def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
     if isinstance(target, cst.Name):
         return [target]
@@ -156,6 +177,7 @@ class _FlowBuilder:
         self._next_id = first_id
         self._made: dict[tuple[int, str, int | None], Definition] = {}  # a loop body is walked more than once
         self._in_else: set[cst.If] = set()
+        self._jumps: list[dict[type, Env]] = []  # per enclosing loop: bindings at its `continue`s and `break`s
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -247,13 +269,27 @@ class _FlowBuilder:
             self._mark(statement, env, guards)
             self._define(statement.name.value, "other", statement, env, guards)
             return env
-        return env  # match statements and other rare forms: bindings inside are not tracked
+        if isinstance(statement, cst.Match):  # each case like an `if` branch; none taken is a path too
+            self._mark(statement, env, guards)
+            self._read(statement.subject, env)
+            merged = env
+            for case in statement.cases:
+                case_env = dict(env)
+                for name in _capture_names(case.pattern):
+                    self._define(name.value, "other", statement, case_env, guards)
+                if case.guard is not None:
+                    self._read(case.guard, case_env)
+                merged = _merge(merged, self._block(case.body, case_env, guards + (statement,)))
+            return merged
+        return env  # other rare forms: bindings inside are not tracked
 
     def _loop(self, statement: cst.For | cst.While, env: Env, guards) -> Env:
         """Walk the body until the bindings at the loop top are stable: a definition made in one iteration
         reaches the reads of the next (and the iterable or test, re-evaluated each time)."""
         head = dict(env)
+        self._jumps.append({})
         while True:
+            self._jumps[-1].clear()
             self._mark(statement, head, guards)
             self._read(statement.iter if isinstance(statement, cst.For) else statement.test, head)
             inner_env = dict(head)
@@ -261,13 +297,17 @@ class _FlowBuilder:
                 for name in _target_names(statement.target):
                     self._define(name.value, "other", statement, inner_env, guards)
             after = self._block(statement.body, inner_env, guards + (statement,))
+            jumps = self._jumps[-1]
             widened = _merge(head, after)
+            if cst.Continue in jumps:  # a `continue` goes back to the loop top with what it had bound
+                widened = _merge(widened, jumps[cst.Continue])
             if widened == head:
                 break
             head = widened
+        jumps = self._jumps.pop()
         if statement.orelse is not None:
             head = self._block(statement.orelse.body, head, guards)
-        return head
+        return _merge(head, jumps[cst.Break]) if cst.Break in jumps else head
 
     def _mark(self, statement, env: Env, guards) -> None:
         before = self.flow.env_before.get(statement, {})
@@ -309,6 +349,9 @@ class _FlowBuilder:
                 definition = self._define(receiver.value, "inplace", small, env, if_guards,
                                           value=small.value, previous=previous)
                 self._link(definition, loaded_names(small.value))
+        elif isinstance(small, (cst.Continue, cst.Break)) and self._jumps:
+            jumps = self._jumps[-1]
+            jumps[type(small)] = _merge(jumps[type(small)], env) if type(small) in jumps else dict(env)
         elif isinstance(small, (cst.Import, cst.ImportFrom)):
             pass  # module-level names only matter for qualified-name resolution, done by libcst
         else:

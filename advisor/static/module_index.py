@@ -8,6 +8,7 @@ from functools import cached_property
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from advisor.rewrite.splice import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow
 
 
@@ -35,9 +36,14 @@ class ClassInfo:
         their value is not the one expression assigned to them."""
         return self._collected.mutated
 
+    @property
+    def unfollowed(self) -> set[str]:
+        return self._collected.unfollowed
+
     def only_value(self, attribute: str) -> cst.BaseExpression | None:
         values = self.attributes.get(attribute, [])
-        return values[0] if len(values) == 1 and attribute not in self.mutated else None
+        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed
+        return values[0] if single else None
 
 
 class ParsedModule:
@@ -61,6 +67,32 @@ class ParsedModule:
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+    @cached_property
+    def statement_spans(self) -> dict[cst.CSTNode, tuple[int, int]] | None:
+        """Where each top-level statement's code (leading comments and blank lines included) lies in the source,
+        so a rewrite can regenerate only the statements it changes. Checked, not assumed: each statement must
+        render to exactly its slice of the source; None when any does not (then rewrites render the module)."""
+        header = "".join(self.code(line) for line in self.module.header)
+        if not self.source.startswith(header):
+            return None
+        spans, cursor = {}, len(header)
+        for statement in self.module.body:
+            code = self.code(statement)
+            if not self.source.startswith(code, cursor):
+                return None
+            spans[statement] = (cursor, cursor + len(code))
+            cursor += len(code)
+        return spans
+
+    @cached_property
+    def lines(self) -> LineIndex:
+        return LineIndex(self.source)
+
+    @cached_property
+    def words(self) -> frozenset[str]:
+        """Whitespace-separated tokens of the source (computed once; rewrites ask per finding)."""
+        return frozenset(self.source.split())
 
     def line(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
@@ -197,13 +229,31 @@ class _SelfAttributeCollector(cst.CSTVisitor):
     def __init__(self) -> None:
         self.attributes: dict[str, list[cst.BaseExpression]] = {}
         self.mutated: set[str] = set()
+        self.unfollowed: set[str] = set()  # bound by an unpacking whose values are not paired with targets
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             if _is_self_attribute(target.target):
                 self.attributes.setdefault(target.target.attr.value, []).append(node.value)
+            elif isinstance(target.target, (cst.Tuple, cst.List)):
+                self._unpacked(target.target, node.value)
             else:
                 self._written(target.target)
+
+    def _unpacked(self, target: cst.Tuple | cst.List, value: cst.BaseExpression) -> None:
+        """`self.a, self.b = x, y` pairs each attribute with its value; another unpacking gives it an unknown one."""
+        elements = [element.value for element in target.elements]
+        values = value.elements if isinstance(value, (cst.Tuple, cst.List)) else None
+        paired = values is not None and len(values) == len(elements) and \
+            not any(isinstance(v, cst.StarredElement) for v in values)
+        for position, element in enumerate(elements):
+            if _is_self_attribute(element):
+                if paired:
+                    self.attributes.setdefault(element.attr.value, []).append(values[position].value)
+                else:
+                    self.unfollowed.add(element.attr.value)
+            else:
+                self._written(element)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self._written(node.target)

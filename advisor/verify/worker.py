@@ -136,8 +136,10 @@ class Worker:
         return time_steps(self.prepared, steps)
 
     def peak_memory(self):
-        """Peak memory of one step: CUDA's allocator peak, or on the CPU the growth of peak RSS over the step."""
+        """Peak memory of one step: CUDA's allocator peak, or on the CPU the peak of the bytes torch allocated
+        during the step, summed from the profiler's memory events (RSS misses reuse of freed memory)."""
         import torch
+        from torch.profiler import ProfilerActivity, profile
 
         prepared = self.prepared
         if prepared.device.type == "cuda":
@@ -146,15 +148,14 @@ class Worker:
             prepared.step()
             torch.cuda.synchronize()
             return {"bytes": int(torch.cuda.max_memory_allocated()), "method": "torch.cuda.max_memory_allocated"}
-        try:
-            with open("/proc/self/clear_refs", "w") as handle:
-                handle.write("5")  # resets VmHWM (peak RSS) to the current RSS
-            before = _status_kib("VmRSS")
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             prepared.step()
-            return {"bytes": max(0, _status_kib("VmHWM") - before) * 1024,
-                    "method": "peak RSS growth over one step (Linux VmHWM)"}
-        except (OSError, ValueError):
-            return {"bytes": None, "method": "unavailable (no /proc/self/clear_refs)"}
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        allocated = peak = 0
+        for event in sorted(events, key=lambda e: e.start_ns()):
+            allocated += event.nbytes()
+            peak = max(peak, allocated)
+        return {"bytes": peak, "method": "torch.profiler memory events: peak bytes allocated during one step (CPU)"}
 
     def profile(self, trace_path: str | None = None):
         """`advisor profile` on the loaded workload: the report's JSON, its findings, op totals and the files run."""
@@ -184,14 +185,6 @@ def _accepts_seed(function) -> bool:
         return "seed" in inspect.signature(function).parameters
     except (TypeError, ValueError):
         return False
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise ValueError(field)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,0 +1,118 @@
+"""`advisor optimize [TARGET]`: profile, patch, then re-measure every patch (parity and speedup) and report.
+
+Without TARGET it runs the bundled demo (advisor/demo/gpt.py) from a temporary copy, so --apply never edits the
+installed package. Exit codes: 0 when every verified patch was applied or there was nothing to verify, 1 when
+verified patches remain unapplied, 2 for bad input or a workload that could not run at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from importlib import resources
+
+from rich.console import Console
+
+from advisor.commands.profile import add_workload_arguments
+from advisor.report.terminal import stdout_console
+from advisor.runtime.runner import resolve_device
+from advisor.verify.optimize import Options, optimize
+
+DEMO_FUNCTION = "workload"
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("optimize", help="patch, then re-measure each patch's parity and speedup")
+    parser.add_argument("target", nargs="?", metavar="TARGET",
+                        help="path/to/file.py:function or package.module:function (default: the bundled demo)")
+    parser.add_argument("--apply", action="store_true", help="write the verified patches")
+    parser.add_argument("--report", metavar="DIR", help="folder for the reports, traces and logs (default: a new "
+                                                        "temporary folder)")
+    parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    parser.add_argument("--unsafe-fixes", action="store_true", help="also verify patches marked unsafe")
+    parser.add_argument("--root", default=".", metavar="DIR",
+                        help="--apply writes only under this folder (default: the current directory)")
+    add_workload_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    if args.device:
+        resolve_device(args.device)
+    stderr = Console(stderr=True)
+    target, root = args.target, args.root
+    if target is None:
+        target, root = _demo_copy()
+        stderr.print(f"advisor: no TARGET given: running the bundled demo from {os.path.dirname(root)}", highlight=False)
+    report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
+    options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
+                      train=args.train, unsafe_fixes=args.unsafe_fixes, apply=args.apply, timeout_s=args.timeout)
+    with stderr.status("starting") as status:
+        result = optimize(options, progress=lambda message: status.update(message))
+    result["report"] = _write_reports(result, report_dir)
+    _print(result, args.format)
+    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
+    return 1 if unapplied else 0
+
+
+def _demo_copy() -> tuple[str, str]:
+    """The demo model copied into a fresh temporary folder: (TARGET, the folder as --root)."""
+    folder = tempfile.mkdtemp(prefix="advisor-demo-")
+    with resources.as_file(resources.files("advisor.demo") / "gpt.py") as source:
+        shutil.copyfile(source, os.path.join(folder, "gpt.py"))
+    return f"{os.path.join(folder, 'gpt.py')}:{DEMO_FUNCTION}", folder
+
+
+def _write_reports(result: dict, folder: str) -> str | None:
+    """result.json always; Markdown and HTML when the renderers are installed. Returns the HTML path (or None)."""
+    with open(os.path.join(folder, "result.json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2)
+    renderers = _renderers()
+    if renderers is None:
+        return None
+    render_markdown, render_html, _ = renderers
+    with open(os.path.join(folder, "report.md"), "w", encoding="utf-8") as handle:
+        handle.write(render_markdown(result))
+    html = os.path.join(folder, "report.html")
+    with open(html, "w", encoding="utf-8") as handle:
+        handle.write(render_html(result))
+    return html
+
+
+def _renderers():
+    try:
+        from advisor.report.optimize_console import print_optimize
+        from advisor.report.optimize_html import render_html
+        from advisor.report.optimize_markdown import render_markdown
+    except ImportError:  # the report renderers land from another branch; until then JSON and a plain summary
+        return None
+    return render_markdown, render_html, print_optimize
+
+
+def _print(result: dict, output_format: str) -> None:
+    if output_format == "json":
+        print(json.dumps(result, indent=2))
+        return
+    renderers = _renderers()
+    if renderers is not None:
+        render_markdown, _, print_optimize = renderers
+        if output_format == "markdown":
+            print(render_markdown(result))
+        else:
+            print_optimize(stdout_console(), result)
+        return
+    _print_plain(result)
+
+
+def _print_plain(result: dict) -> None:
+    """Stand-in until the report renderers are merged: one line per patch and the totals."""
+    for patch in result["patches"]:
+        speedup = f"{patch['speedup']:.2f}x {patch['speedup_ci']}" if patch["speedup"] else "-"
+        parity = patch["parity"]
+        error = f"max abs err {parity['max_abs_err']:.2e} (atol {parity['atol']:g})" if parity else "-"
+        print(f"{patch['id']} {patch['rule']} {patch['path']}:{patch['line']} {patch['verdict']}: speedup {speedup}, "
+              f"{error}" + (f"; {patch['reason']}" if patch["reason"] else ""))
+    if result["speedup"]:
+        print(f"all verified patches: {result['speedup']:.2f}x {result['speedup_ci']}")
+    print(f"report folder: {os.path.dirname(result['traces']['before'])}")

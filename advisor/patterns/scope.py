@@ -1,0 +1,370 @@
+"""What the attention proof must know about the code around a block: where it runs, what else writes what it
+reads, and which code actually runs when it calls `self.x`.
+
+A rewrite moves the whole computation to the value product and deletes the rest. That is exact only when
+every deleted statement ran exactly as often and in the same context as the value product (loops, `with`),
+nothing between them writes an attribute the SDPA call re-reads, no other name bound by a deleted statement
+is still read, and the `self.` calls it inlines or deletes are the ones that run: no subclass in the file
+overrides them, and no deleted module call is a hook point. Each check returns the reason it fails (None when
+it holds); the matcher turns a reason into a refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import libcst as cst
+import networkx as nx
+
+from advisor.static.dataflow import FunctionFlow, loaded_names
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
+CONTEXTS = (cst.With, cst.Try)
+HOOK_METHODS = {"register_forward_hook", "register_forward_pre_hook", "register_module_forward_hook",
+                "register_module_forward_pre_hook", "register_full_backward_hook", "register_backward_hook"}
+SCRIPT_DECORATORS = {"torch.jit.script", "torch.jit.script_method"}
+
+
+def enclosing_contexts(parsed: ParsedModule, node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
+    """Loops, comprehensions, lambdas, `with` and `try` statements around a node, inside its function."""
+    found = []
+    current = parsed.parents.get(node)
+    while current is not None and not isinstance(current, cst.FunctionDef):
+        if isinstance(current, REPEATING + CONTEXTS):
+            found.append(current)
+        current = parsed.parents.get(current)
+    return tuple(reversed(found))
+
+
+def same_context(parsed: ParsedModule, nodes: list[cst.CSTNode], output: cst.CSTNode) -> str | None:
+    """The deleted statements must run exactly when the value product runs: under the same loops (else SDPA
+    recomputes weights computed once, or reuses one dropout draw per iteration) and the same `with` blocks
+    (`torch.no_grad()`, `autocast`: the scores' gradient or dtype would change)."""
+    wanted = enclosing_contexts(parsed, output)
+    for node in nodes:
+        have = enclosing_contexts(parsed, node)
+        if have == wanted:
+            continue
+        differing = [c for c in set(have) ^ set(wanted)]
+        first = min(differing, key=lambda c: parsed.line(c))
+        kind = type(first).__name__
+        where = f"line {parsed.line(first)}"
+        if isinstance(first, REPEATING):
+            side = "value product" if first in wanted else "scores"
+            return (f"the {side} run{'s' if side == 'value product' else ''} inside a loop or comprehension "
+                    f"({where}) that the rest of the block is not in, so SDPA would not run as often as the "
+                    f"original's steps")
+        return f"the block spans a `{kind.lower()}` statement ({where}) whose context would no longer apply to all of it"
+    return None
+
+
+def attribute_paths(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[str]:
+    """Dotted attribute reads (`self.mem_k`, `self.attn_drop.p`) in the expressions the SDPA call re-reads."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            path = _dotted(node)
+            if path is not None and parsed.imported_name(node) is None:
+                found.add(path)
+            return True
+
+    for node in nodes:
+        node.visit(Visitor())
+    return found
+
+
+def attribute_written_between(parsed: ParsedModule, function: cst.FunctionDef, paths: set[str], first_line: int,
+                              last_line: int) -> str | None:
+    """A statement between the scores and the value product that assigns, or writes in place, an attribute
+    the SDPA call re-reads: the original read it before the write, the SDPA call would read it after."""
+    if not paths:
+        return None
+    for small, written in _attribute_writes(function):
+        line = parsed.line(small)
+        if not first_line < line < last_line:
+            continue
+        for path in paths:
+            if path == written or path.startswith(written + ".") or written.startswith(path + "."):
+                return f"`{written}` is written at line {line}, between the scores and the value product"
+    return None
+
+
+def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode], first_line: int,
+                            last_line: int) -> str | None:
+    """`kt = k.transpose(-2, -1)`, then `k.add_(1)` after the scores: the name the SDPA call reads is not
+    rebound, but a tensor it was computed from (a view may share its storage) is written in place."""
+    sources: set[int] = set()
+    for leaf in leaves:
+        for name in loaded_names(leaf):
+            for def_id in flow.reaching.get(name, ()):
+                if def_id in flow.graph:
+                    sources |= nx.ancestors(flow.graph, def_id) | {def_id}
+    names = {flow.definitions[i].name for i in sources if i in flow.definitions}
+    for definition in flow.definitions.values():
+        if definition.kind in ("store", "inplace", "aug") and definition.name in names and \
+                first_line < parsed.line(definition.statement) < last_line:
+            return (f"`{definition.name}`, which the SDPA call's inputs are computed from, is written in place at "
+                    f"line {parsed.line(definition.statement)}, between the scores and the value product")
+    return None
+
+
+def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]]:
+    writes: list[tuple[cst.CSTNode, str]] = []
+
+    class Visitor(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.statement: cst.CSTNode | None = None
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                self._target(node, target.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            self._target(node, node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            self._target(node, node.target)
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value.endswith("_") \
+                    and not node.func.attr.value.startswith("_"):
+                self._target(node, node.func.value)
+            for arg in node.args:
+                if arg.keyword is not None and arg.keyword.value == "out":
+                    self._target(node, arg.value)
+
+        def _target(self, node: cst.CSTNode, target: cst.BaseExpression) -> None:
+            if isinstance(target, (cst.Tuple, cst.List)):
+                for element in target.elements:
+                    self._target(node, element.value)
+                return
+            while isinstance(target, cst.Subscript):
+                target = target.value
+            path = _dotted(target) if isinstance(target, cst.Attribute) else None
+            if path is not None:
+                writes.append((node, path))
+
+    function.visit(Visitor())
+    return writes
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    parts = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    return ".".join([node.value] + parts[::-1])
+
+
+def other_targets_read(parsed: ParsedModule, flow: FunctionFlow, removed: list[cst.CSTNode],
+                       consumed_ids: set[int]) -> str | None:
+    """`scores = logits = q @ k.T`: deleting the statement also deletes `logits`, which may still be read."""
+    removed_ids = {id(statement) for statement in removed}
+    for definition in flow.definitions.values():
+        if id(definition.statement) in removed_ids and definition.id not in consumed_ids:
+            reads = flow.reads_of(definition)
+            if reads:
+                return (f"`{definition.name}` is bound by a statement the rewrite deletes and is read at line "
+                        f"{parsed.line(reads[0])}")
+    return None
+
+
+def out_argument(call: cst.CSTNode) -> cst.BaseExpression | None:
+    """`torch.bmm(p, v, out=buf)`: the product writes into a buffer SDPA cannot fill."""
+    if isinstance(call, cst.Call):
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == "out":
+                return arg.value
+    return None
+
+
+# dynamic dispatch ----------------------------------------------------------------------------------------------
+
+@dataclass
+class ClassTable:
+    """Every class of the file, with what it defines, to see which subclasses override what a block uses."""
+
+    parsed: ParsedModule
+    classes: dict[str, list[ClassInfo]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, parsed: ParsedModule) -> "ClassTable":
+        table = cls(parsed)
+        for node in _class_nodes(parsed.module):
+            info = ClassInfo(node)
+            for statement in node.body.body:
+                if isinstance(statement, cst.FunctionDef):
+                    info.methods[statement.name.value] = statement
+            table.classes.setdefault(node.name.value, []).append(info)
+        return table
+
+    @cached_property
+    def _bases(self) -> dict[str, set[str]]:
+        return {name: {_base_name(base.value) for info in infos for base in info.node.bases} - {None}
+                for name, infos in self.classes.items()}
+
+    def subclasses(self, owner: ClassInfo) -> list[ClassInfo]:
+        """Classes of this file that derive from `owner`, directly or not (by name)."""
+        found, frontier = [], [owner.node.name.value]
+        seen = set(frontier)
+        while frontier:
+            base = frontier.pop()
+            for name, bases in self._bases.items():
+                if base in bases and name not in seen:
+                    seen.add(name)
+                    frontier.append(name)
+                    found.extend(self.classes[name])
+        return found
+
+
+def overridden(table: ClassTable, owner: ClassInfo | None, names: set[str]) -> str | None:
+    """A subclass in this file that redefines a method the block inlines, or rebinds an attribute it reads:
+    instances of that subclass would run the base's rewritten code with the base's meaning."""
+    if owner is None or not names:
+        return None
+    for sub in table.subclasses(owner):
+        for name in sorted(names):
+            if name in sub.methods:
+                return f"`{sub.node.name.value}` overrides `{name}`, which this rewrite inlines from the base class"
+            if name in sub.attributes or name in sub.mutated:
+                return f"`{sub.node.name.value}` rebinds `self.{name}`, which this rewrite reads as the base class sets it"
+    return None
+
+
+def self_names(nodes: list[cst.CSTNode]) -> set[str]:
+    """`x` for every `self.x` in the nodes."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if isinstance(node.value, cst.Name) and node.value.value == "self":
+                found.add(node.attr.value)
+
+    for node in nodes:
+        node.visit(Visitor())
+    return found
+
+
+def _class_nodes(module: cst.Module) -> list[cst.ClassDef]:
+    found: list[cst.ClassDef] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            found.append(node)
+
+    module.visit(Visitor())
+    return found
+
+
+def _base_name(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    return None
+
+
+# hooks ----------------------------------------------------------------------------------------------------------
+
+def deleted_module_calls(parsed: ParsedModule, owner: ClassInfo | None, nodes: list[cst.CSTNode],
+                         kept: list[cst.CSTNode]) -> list[str]:
+    """Attributes `x` of the deleted `self.x(...)` module calls (those not inside an expression the SDPA call
+    keeps): their forward hooks stop firing."""
+    if owner is None:
+        return []
+    kept_ids = set()
+    for node in kept:
+        kept_ids.update(id(n) for n in _walk(node))
+    found: list[str] = []
+    for node in nodes:
+        for call in _walk(node):
+            if isinstance(call, cst.Call) and id(call) not in kept_ids and isinstance(call.func, cst.Attribute) \
+                    and isinstance(call.func.value, cst.Name) and call.func.value.value == "self" \
+                    and call.func.attr.value not in owner.methods and call.func.attr.value not in found:
+                found.append(call.func.attr.value)
+    return found
+
+
+def is_hook_point(parsed: ParsedModule, owner: ClassInfo, attribute: str) -> bool:
+    """A module that computes nothing (`nn.Identity()`, a TransformerLens-style `HookPoint`): it exists only to
+    carry hooks, so deleting its call is never neutral."""
+    value = owner.only_value(attribute)
+    if not isinstance(value, cst.Call):
+        return False
+    dotted = parsed.imported_name(value.func) or ""
+    name = dotted or (value.func.value if isinstance(value.func, cst.Name) else "")
+    if dotted == "torch.nn.Identity" or name.endswith("HookPoint"):
+        return True
+    local = next((node for node in _class_nodes(parsed.module) if isinstance(value.func, cst.Name)
+                  and node.name.value == value.func.value), None)
+    return local is not None and _forward_returns_input(local)
+
+
+def _forward_returns_input(node: cst.ClassDef) -> bool:
+    forward = next((s for s in node.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "forward"), None)
+    if forward is None or len(forward.params.params) < 2:
+        return False
+    body = forward.body.body
+    last = body[-1] if body else None
+    return (len(body) == 1 and isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[0], cst.Return)
+            and isinstance(last.body[0].value, cst.Name)
+            and last.body[0].value.value == forward.params.params[1].name.value)
+
+
+def registers_hooks(parsed: ParsedModule) -> bool:
+    """Whether this file registers module hooks anywhere (then any deleted module call may carry one)."""
+    found = False
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in HOOK_METHODS:
+                found = True
+
+    parsed.module.visit(Visitor())
+    return found
+
+
+# TorchScript ----------------------------------------------------------------------------------------------------
+
+def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None) -> bool:
+    """Whether TorchScript compiles this function: decorated `@torch.jit.script(_method)`, a method of a
+    `torch.jit.ScriptModule`, or a method of a module the file passes to `torch.jit.script(...)` (which
+    compiles forward and everything it calls, submodules included: any class of the file may be reached)."""
+    if any(parsed.imported_name(_decorator_callee(d.decorator)) in SCRIPT_DECORATORS for d in function.decorators):
+        return True
+    if owner is not None and any(parsed.imported_name(base.value) == "torch.jit.ScriptModule"
+                                 for base in owner.node.bases):
+        return True
+    if owner is None:
+        return False
+    scripted_modules = False
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal scripted_modules
+            if parsed.imported_name(node.func) == "torch.jit.script" and node.args and \
+                    not (isinstance(node.args[0].value, cst.Name)
+                         and node.args[0].value.value in parsed.module_functions):
+                scripted_modules = True
+
+    parsed.module.visit(Visitor())
+    return scripted_modules
+
+
+def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.func if isinstance(node, cst.Call) else node
+
+
+def _walk(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _walk(child)

@@ -1,0 +1,395 @@
+"""`advisor optimize` as one function: profile the original, build the patches of the files it executed, verify each
+in its own patched worker (parity on several inputs, interleaved timing against the live original), combine the
+verified ones (leave-one-out when the combination breaks parity), re-profile the combination, apply.
+
+The result is a plain dict (the JSON of `--format json`, and what every report renderer reads).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from advisor.errors import AdvisorError
+from advisor.findings import Finding, display_path
+from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
+from advisor.scan import analyze_source, might_contain_attention
+from advisor.static.discover import read_source
+from advisor.verify.overlay import original_path
+from advisor.verify.parity import Comparison, compare
+from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
+from advisor.verify.timing import Paired, interleave, summary
+
+VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"
+SDPA_OP_MARKERS = ("scaled_dot_product", "flash_attention", "efficient_attention")
+
+
+@dataclass
+class Options:
+    target: str
+    report_dir: str
+    root: str = "."
+    device: str | None = None
+    dtype: str | None = None
+    train: bool = False
+    unsafe_fixes: bool = False
+    apply: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    seeds: int = 3
+    timing_budget_s: float = 4.0
+
+
+@dataclass
+class Candidate:
+    """One patch: a finding of the static rules in a file the workload executed."""
+
+    id: str
+    finding: Finding
+    source: str  # the file's text as read; --apply refuses to write if it changed since
+    patched: str | None  # the text with only this patch applied (None: not runnable)
+    reason: str | None = None  # why it is not run
+
+    @property
+    def path(self) -> str:
+        return self.finding.path
+
+
+@dataclass
+class Trial:
+    """A patched configuration (one patch, or several together) measured against the original."""
+
+    ids: tuple[str, ...]
+    worker: WorkerProcess | None = None
+    parity: Comparison | None = None
+    paired: Paired | None = None
+    state_dict: dict | None = None
+    peak: dict | None = None
+    error: str | None = None
+    overlay_root: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None or self.parity is None:
+            return NOT_RUN
+        if not self.parity.ok:
+            return PARITY_FAILED
+        return VERIFIED if self.paired.speedup_ci()[0] > 1.0 else NO_GAIN
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+@dataclass
+class Session:
+    options: Options
+    progress: Callable[[str], None]
+    original: WorkerProcess | None = None
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+    inputs: list[dict | None] = field(default_factory=list)  # None: the workload's own inputs
+    references: list = field(default_factory=list)
+    nondeterministic: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.scratch = tempfile.mkdtemp(prefix="advisor-overlay-")
+
+    # -- the original side ---------------------------------------------------------------------------------------
+    def start_original(self) -> dict:
+        o = self.options
+        self.progress("starting the original workload")
+        self.original = start_worker("original", o.timeout_s, self.progress,
+                                     log_path=os.path.join(o.report_dir, "original.log"))
+        self.info = self.original.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train)
+        self.progress("profiling the original")
+        self.profile_before = self.original.call("profile", trace_path=os.path.join(o.report_dir, "trace_before.json"))
+        self.state = self.original.call("export")
+        self.inputs = [None]
+        if self.info["accepts_seed"]:
+            self.inputs += [self.original.call("inputs", seed=seed) for seed in range(1, o.seeds)]
+        else:
+            self.notes.append("the TARGET function takes no `seed` argument: parity is checked on its one input")
+        self.progress(f"reference outputs on {len(self.inputs)} input(s)")
+        self.references = [self.run(self.original, inputs) for inputs in self.inputs]
+        nans = sum(_nan_count(reference) for reference in self.references)
+        if nans:
+            self.notes.append(f"the original's outputs hold {nans} NaN value(s): compared position by position "
+                              "(NaN on both sides counts as equal)")
+        self._check_determinism()
+        return self.info
+
+    def run(self, worker: WorkerProcess, inputs: dict | None, rng_seed: int = 0):
+        inputs = inputs or {}
+        return worker.call("run", args=inputs.get("args"), kwargs=inputs.get("kwargs"), grads=self.options.train,
+                           rng_seed=rng_seed)
+
+    def _check_determinism(self) -> None:
+        """Patches are only judged on a model that repeats itself with the same inputs and RNG seed."""
+        again = compare(self.references[0], self.run(self.original, None))
+        if not again.ok:
+            self.nondeterministic = ("the original model is not deterministic: two runs on the same inputs and RNG "
+                                     f"seed differ ({again.failures[0]}; max abs {again.max_abs_err:.3g})")
+            return
+        if not compare(self.references[0], self.run(self.original, None, rng_seed=1)).ok:
+            self.notes.append("the model draws random numbers in eval mode: both sides are compared with the same "
+                              "RNG seed")
+
+    # -- patched sides -------------------------------------------------------------------------------------------
+    def trial(self, ids: tuple[str, ...]) -> Trial:
+        """Start a worker with these patches overlaid, check parity on every input, time it against the original."""
+        o = self.options
+        label = "+".join(ids)
+        try:
+            overlay = self.overlay(ids)
+        except AdvisorError as exc:
+            return Trial(ids, error=str(exc))
+        self.progress(f"checking {label}")
+        trial = Trial(ids, overlay_root=tempfile.mkdtemp(dir=self.scratch))
+        try:
+            trial.worker = start_worker(f"patched ({label})", o.timeout_s, self.progress, overlay=overlay,
+                                        overlay_root=trial.overlay_root,
+                                        log_path=os.path.join(o.report_dir, f"patched-{label}.log"))
+            loaded = trial.worker.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train,
+                                       state=self.state)
+            trial.state_dict = loaded["state_dict"]
+            trial.parity = Comparison()
+            for inputs, reference in zip(self.inputs, self.references):
+                trial.parity.merge(compare(reference, self.run(trial.worker, inputs)))
+            if trial.parity.ok:
+                self.progress(f"timing {label} against the original")
+                trial.paired = interleave(self.original, trial.worker, o.timing_budget_s)
+                trial.peak = trial.worker.call("peak_memory")
+        except WorkerFailed as exc:
+            if self.original.closed:
+                raise
+            trial.error, trial.parity = f"the patched side failed: {exc}", None
+        if trial.verdict in (PARITY_FAILED, NOT_RUN):
+            trial.close()
+        return trial
+
+    def overlay(self, ids: tuple[str, ...]) -> dict[str, str]:
+        """Patched text per file for a set of patches (one rewrite per file, as --apply would write it)."""
+        by_file: dict[str, list[Candidate]] = {}
+        for pid in ids:
+            by_file.setdefault(self.candidates[pid].path, []).append(self.candidates[pid])
+        return {path: combined_text(chosen, self.options.unsafe_fixes) for path, chosen in by_file.items()}
+
+    def close(self) -> None:
+        if self.original is not None:
+            self.original.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def combined_text(chosen: list[Candidate], unsafe_fixes: bool) -> str:
+    if len(chosen) == 1:
+        return chosen[0].patched
+    first = chosen[0]
+    result = analyze_source(first.source, first.path, unsafe_fixes=unsafe_fixes,
+                            only={(c.finding.rule, c.finding.line) for c in chosen})
+    if result.fixed == first.source:
+        raise AdvisorError(f"{display_path(first.path)}: these patches cannot be combined in one rewrite")
+    return result.fixed
+
+
+def collect_candidates(files: list[str], unsafe_fixes: bool) -> dict[str, Candidate]:
+    """Patches of the static rules over the files the profile saw running (attention findings with a patch)."""
+    candidates: dict[str, Candidate] = {}
+    for path in files:
+        source = read_source(path)
+        if not hasattr(source, "text") or not might_contain_attention(source.text):
+            continue
+        try:
+            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes)
+        except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
+            continue
+        for finding in result.findings:
+            if not finding.patch:
+                continue
+            pid = f"P{len(candidates) + 1}"
+            if finding.fix_safety != "safe" and not unsafe_fixes:
+                candidates[pid] = Candidate(pid, finding, source.text, None,
+                                            f"unsafe fix ({finding.reason or 'see the rule'}): rerun with "
+                                            "--unsafe-fixes to verify it on these inputs")
+                continue
+            only = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, only={(finding.rule, finding.line)})
+            candidates[pid] = Candidate(pid, finding, source.text, only.fixed)
+    return candidates
+
+
+def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]) -> Trial | None:
+    """All verified patches together; when that fails parity, leave one out at a time to find the culprit."""
+    while verified:
+        if len(verified) == 1:
+            return trials[verified[0]]
+        combination = session.trial(tuple(verified))
+        if combination.verdict in (VERIFIED, NO_GAIN) and combination.parity.ok:
+            return combination
+        combination.close()
+        culprit = None
+        for pid in verified:
+            rest = tuple(v for v in verified if v != pid)
+            probe = trials[rest[0]] if len(rest) == 1 else session.trial(rest)
+            if probe.parity is not None and probe.parity.ok:
+                culprit = pid
+                if len(rest) > 1:
+                    probe.close()
+                break
+            if len(rest) > 1:
+                probe.close()
+        culprit = culprit or verified[-1]
+        trials[culprit].error = f"verified alone, but fails parity together with {', '.join(v for v in verified if v != culprit)}"
+        verified = [v for v in verified if v != culprit]
+    return None
+
+
+def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> dict:
+    os.makedirs(options.report_dir, exist_ok=True)
+    session = Session(options, progress)
+    trials: dict[str, Trial] = {}
+    final = None
+    try:
+        info = session.start_original()
+        session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes)
+        for pid, candidate in session.candidates.items():
+            if candidate.patched is not None and session.nondeterministic is None:
+                trials[pid] = session.trial((pid,))
+        verified = [pid for pid, t in trials.items() if t.verdict == VERIFIED]
+        final = choose_final(session, trials, verified)
+        for trial in trials.values():
+            if trial is not final:
+                trial.close()
+        return _result(session, info, trials, final, progress)
+    finally:
+        if final is not None:
+            final.close()
+        for trial in trials.values():
+            trial.close()
+        session.close()
+
+
+def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial | None, progress) -> dict:
+    o = session.options
+    before_peak = session.original.call("peak_memory")
+    if final is not None:
+        before = summary(final.paired.a, before_peak["bytes"])
+        after = summary(final.paired.b, final.peak["bytes"])
+        progress("profiling the patched side")
+        profile_after = final.worker.call("profile", trace_path=os.path.join(o.report_dir, "trace_after.json"))
+    else:
+        before = summary(session.original.call("time", steps=10, warmup=2), before_peak["bytes"])
+        after = profile_after = None
+    written = apply_patches(session, final.ids if final else (), o) if final else {}
+    patches = [_patch_json(session, c, trials.get(pid), written.get(pid), final) for pid, c in
+               session.candidates.items()]
+    ops_before = session.profile_before["ops"]
+    ops_after = profile_after["ops"] if profile_after else []
+    return {
+        "version": 1, "target": o.target,
+        "environment": {"torch": torch.__version__, "device": info["device"], "dtype": info["dtype"],
+                        "threads": torch.get_num_threads(), "python": platform.python_version(),
+                        "peak_memory_method": before_peak["method"],
+                        "sdpa_kernels": {"before": _sdpa_ops(ops_before), "after": _sdpa_ops(ops_after)}},
+        "mode": "train" if o.train else "eval",
+        "before": before, "after": after,
+        "speedup": round(final.paired.speedup(), 4) if final else None,
+        "speedup_ci": [round(v, 4) for v in final.paired.speedup_ci()] if final else None,
+        "speedup_method": "median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
+        "patches": patches,
+        "ops": {"before": ops_before, "after": ops_after},
+        "findings_before": session.profile_before["json"]["findings"],
+        "findings_after": _unmirrored(profile_after["json"]["findings"], final) if profile_after else [],
+        "traces": {"before": os.path.join(o.report_dir, "trace_before.json"),
+                   "after": os.path.join(o.report_dir, "trace_after.json") if profile_after else None},
+        "report": None,
+        "state_dict": final.state_dict if final else {"missing": [], "unexpected": []},
+        "notes": session.notes + ([session.nondeterministic] if session.nondeterministic else []),
+    }
+
+
+def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[str, tuple[bool, str | None, str | None]]:
+    """With --apply: each file's verified patches in one atomic write under --root; outside it (an installed
+    package), the verified diff goes to the report folder. pid -> (applied, written_to, reason)."""
+    if not o.apply:
+        return {}
+    root = os.path.realpath(o.root)
+    outcome = {}
+    by_file: dict[str, list[Candidate]] = {}
+    for pid in ids:
+        by_file.setdefault(session.candidates[pid].path, []).append(session.candidates[pid])
+    for path, chosen in by_file.items():
+        text, source = combined_text(chosen, o.unsafe_fixes), chosen[0].source
+        if os.path.realpath(path).startswith(root + os.sep):
+            try:
+                write_atomically(path, source, text)
+                result = (True, path, None)
+            except FileChanged as exc:
+                result = (False, None, str(exc))
+        else:
+            folder = os.path.join(o.report_dir, "patches")
+            os.makedirs(folder, exist_ok=True)
+            diff_path = os.path.join(folder, os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff")
+            with open(diff_path, "w", encoding="utf-8") as handle:
+                handle.write(unified_diff(display_path(path), source, text))
+            result = (False, diff_path, f"outside --root {display_path(o.root)}: the verified diff was written to "
+                                        f"{diff_path}")
+        outcome.update({c.id: result for c in chosen})
+    return outcome
+
+
+def _patch_json(session: Session, c: Candidate, trial: Trial | None, written, final: Trial | None) -> dict:
+    f = c.finding
+    verdict = trial.verdict if trial is not None else NOT_RUN
+    reason = c.reason or (trial.error if trial is not None else None) or session.nondeterministic
+    if trial is not None and trial.error is None and verdict == PARITY_FAILED:
+        reason = "; ".join(trial.parity.failures[:3])
+    elif verdict == NO_GAIN:
+        lo, hi = trial.paired.speedup_ci()
+        reason = f"no measurable gain: the speedup's 95% interval [{lo:.3f}, {hi:.3f}] does not clear 1.0"
+    applied, written_to, write_reason = written or (False, None, None)
+    parity = trial.parity if trial is not None else None
+    return {
+        "id": c.id, "rule": f.rule, "path": display_path(f.path), "line": f.line, "end_line": f.end_line,
+        "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"), "diff": f.patch,
+        "verdict": verdict, "verified": verdict == VERIFIED, "offered": verdict == VERIFIED,
+        "parity": None if parity is None else {
+            "max_abs_err": parity.max_abs_err, "max_rel_err": parity.max_rel_err, "atol": parity.atol,
+            "rtol": parity.rtol, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,
+            "fully_masked_rows": {"rows": parity.fully_masked_rows, "original": "NaN", "patched": "finite"}
+            if parity.fully_masked_rows else None,
+            "grads": session.options.train, "not_compared": parity.skipped},
+        "speedup": round(trial.paired.speedup(), 4) if trial is not None and trial.paired else None,
+        "speedup_ci": [round(v, 4) for v in trial.paired.speedup_ci()] if trial is not None and trial.paired else None,
+        "reason": write_reason or reason, "applied": applied, "written_to": written_to,
+        "state_dict": trial.state_dict if trial is not None else None,
+        "unsafe_facts_checked_on": (f"{len(session.inputs)} input(s) of {session.options.target}"
+                                    if f.fix_safety == "unsafe" and trial is not None and trial.parity else None),
+    }
+
+
+def _unmirrored(findings: list[dict], final: Trial) -> list[dict]:
+    """Patched-side findings name the mirrored copies; show the original file (lines are the patched text's)."""
+    out = []
+    for finding in findings:
+        finding = dict(finding)
+        original = original_path(final.overlay_root, os.path.abspath(finding["path"]))
+        if original:
+            finding["path"], finding["patched_copy"] = display_path(original), True
+        out.append(finding)
+    return out
+
+
+def _nan_count(tree) -> int:
+    if isinstance(tree, torch.Tensor):
+        return int(tree.isnan().sum()) if tree.is_floating_point() else 0
+    values = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, list) else ()
+    return sum(_nan_count(v) for v in values)
+
+
+def _sdpa_ops(ops: list[dict]) -> list[str]:
+    return sorted(op["op"] for op in ops if any(marker in op["op"] for marker in SDPA_OP_MARKERS))

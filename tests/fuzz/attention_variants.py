@@ -1,0 +1,794 @@
+"""Hypothesis strategies that write hand-written attention modules as source text, the way public projects do.
+
+A `Variant` is one choice per axis (Q·K^T product, K transpose, scale placement and spelling, mask kind,
+polarity, fill and application, softmax spelling, dropout, value product, output layout, dtype) plus at most one
+`hazard`: a neighbour of the supported forms that changes what a rewrite must prove (fully masked rows, non-bool
+masks, tensor scales, loops, aliasing, dynamic dispatch, ...). `render(variant)` writes a small runnable module
+whose `make(seed)` returns `(model, inputs)`; `FAMILIES` groups the hazards by the issue-6 class they probe, so a
+test can expect one family to be clean and another to hold a known bug.
+
+Shapes are tiny (batch 2, 2 heads of 4 channels, 5 queries, 5 or 7 keys) so that thousands of variants run in
+minutes; left padding of 3 keys together with a causal mask fully masks some query rows, on purpose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+BATCH, HEADS, HEAD_DIM, QUERIES, PAST, BUFFER = 2, 2, 4, 5, 2, 16
+DIM = HEADS * HEAD_DIM
+LEFT_PAD = 3  # keys 0..2 of batch row 1 are padding: with a causal mask, its first query rows see nothing
+
+LAYOUTS = ("heads", "folded", "channel")  # (B,H,L,D) / (B*H,L,D) / channel-major (B,H,D,L)
+PRODUCTS = {
+    "heads": ("at", "matmul", "method", "einsum", "einsum_keyfirst", "einops"),
+    "folded": ("at", "matmul", "bmm", "baddbmm", "einsum"),
+    "channel": ("at", "einsum"),
+}
+K_TRANSPOSES = ("t_neg", "t_neg_rev", "t_pos", "permute", "mT", "pre")
+SCALE_PLACES = ("scores_mul", "scores_div", "q_pre", "split", "none", "if_flag")
+SCALE_SPELLINGS = ("pow", "sqrt", "size", "attr", "attr_or", "literal", "custom_attr")
+MASKS = ("none", "causal_buffer", "causal_bool_buffer", "causal_local", "causal_drop_local", "key_padding",
+         "additive", "hf_extended")
+APPLIES = ("masked_fill", "masked_fill_", "where_keep", "where_drop")
+POLARITIES = ("eq0", "invert", "logical_not")
+FILLS = ("-inf", "finfo_min", "neg_finfo_max", "-1e4", "-1e9")
+SOFTMAXES = ("F", "method", "torch", "module", "dim_pos", "fp32_dtype", "float_upcast", "log_exp")
+DROPOUTS = ("none", "module", "functional", "module_zero", "sequential")
+VALUE_PRODUCTS = {
+    "heads": ("at", "matmul", "einsum", "channel_major"),
+    "folded": ("at", "bmm", "matmul"),
+    "channel": ("at", "einsum"),
+}
+OUTPUTS = {
+    "heads": ("transpose_reshape", "transpose_view", "permute_flatten", "rearrange"),
+    "folded": ("view_transpose_reshape", "reshape_transpose_reshape"),
+    "channel": ("reshape_transpose",),
+}
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+NAMES = (("scores", "attn"), ("att", "att"), ("sim", "attn"), ("dots", "attn"), ("w", "w"), ("attn_weights", "probs"))
+
+
+@dataclass(frozen=True)
+class Variant:
+    layout: str = "heads"
+    kv: str = "self"  # "self": keys are the queries' tokens (S == L); "cache": past tokens first (S > L)
+    product: str = "at"
+    k_transpose: str = "t_neg"
+    letters: str = "bhijd"  # einsum letters for batch, heads, query, key, channel
+    spec_form: str = "plain"  # plain | concat | fstring: how an einsum spec string is spelled
+    scale_place: str = "scores_mul"
+    scale_spelling: str = "pow"
+    mask: str = "none"
+    mask_dtype: str = "bool"  # bool | int64 | float (keep masks); float dtype name for additive masks
+    mask_rank: str = "full"  # full | key_vector | query_rows (additive: (B,1,1,S) / (S,) / (B,1,L,S))
+    left_padding: bool = False
+    apply: str = "masked_fill"
+    polarity: str = "eq0"
+    fill: str = "-inf"
+    mask_guarded: bool = False  # mask applied under `if mask is not None:`
+    causal_too: bool = False  # a causal mask on top of a padding mask (two masks)
+    softmax: str = "F"
+    dropout: str = "none"
+    value_product: str = "at"
+    output: str = "transpose_reshape"
+    dtype: str = "float32"
+    names: tuple[str, str] = ("scores", "attn")
+    hazard: str = "none"
+
+    @property
+    def scores(self) -> str:
+        return self.names[0]
+
+    @property
+    def weights(self) -> str:
+        return self.names[1]
+
+    @property
+    def fully_masked_rows(self) -> bool:
+        """Some query row masks every key: left padding under a causal mask, or padded query rows."""
+        return (self.left_padding and (self.causal_too or self.mask.startswith("causal"))) or \
+            self.mask_rank == "query_rows"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rendering
+
+
+class _Source:
+    """Lines of the generated module's parts, filled in by the axis writers below."""
+
+    def __init__(self) -> None:
+        self.imports: list[str] = ["import math", "import torch", "import torch.nn as nn",
+                                   "import torch.nn.functional as F"]
+        self.init: list[str] = []
+        self.params: list[str] = ["x"]
+        self.body: list[str] = []
+        self.methods: list[str] = []
+        self.extra_classes: list[str] = []
+        self.make_inputs: list[str] = []  # expressions, in forward's parameter order after x
+        self.make_lines: list[str] = []
+        self.model_class = "Attention"
+
+    def use_einops(self) -> None:
+        if "import einops" not in self.imports:
+            self.imports.append("import einops")
+
+
+def render(v: Variant) -> str:
+    """The source text of a module computing attention as `v` says."""
+    src = _Source()
+    ndim = 3 if v.layout == "folded" else 4
+    _write_projections(v, src)
+    _write_scale_init(v, src)
+    q, k = _write_prescale(v, src)
+    _write_scores(v, src, q, k)
+    _write_scale_on_scores(v, src)
+    _write_mask(v, src, ndim)
+    _write_softmax(v, src)
+    _write_dropout(v, src)
+    out = _write_value_product(v, src)
+    _write_output(v, src, out)
+    _apply_hazard(v, src)
+    return _assemble(v, src)
+
+
+def _assemble(v: Variant, src: _Source) -> str:
+    lines = [f'"""Generated attention variant: {_describe(v)}"""', "", *src.imports, "", ""]
+    lines += ["class Attention(nn.Module):",
+              f"    def __init__(self, dim={DIM}, heads={HEADS}, qk_scale=None):",
+              "        super().__init__()",
+              "        self.heads = heads",
+              "        self.head_dim = dim // heads",
+              "        self.to_q = nn.Linear(dim, dim)",
+              "        self.to_k = nn.Linear(dim, dim)",
+              "        self.to_v = nn.Linear(dim, dim)",
+              "        self.proj = nn.Linear(dim, dim)"]
+    lines += ["        " + line for line in src.init]
+    lines += ["", f"    def forward(self, {', '.join(src.params)}):"]
+    lines += ["        " + line for line in src.body]
+    for method in src.methods:
+        lines += [""] + ["    " + line if line else "" for line in method.splitlines()]
+    lines += ["", ""]
+    for extra in src.extra_classes:
+        lines += extra.splitlines() + ["", ""]
+    dtype = f"torch.{v.dtype}"
+    lines += ["def make(seed=0):",
+              "    torch.manual_seed(seed)",
+              f"    model = {src.model_class}().to({dtype})",
+              f"    x = torch.randn({BATCH}, {QUERIES}, {DIM}, dtype={dtype})"]
+    if v.kv == "cache":
+        lines.append(f"    past = torch.randn({BATCH}, {PAST}, {DIM}, dtype={dtype})")
+    lines += ["    " + line for line in src.make_lines]
+    inputs = ["x"] + src.make_inputs
+    lines += [f"    return model, ({', '.join(inputs)},)", ""]
+    return "\n".join(lines)
+
+
+def _describe(v: Variant) -> str:
+    defaults = Variant()
+    changed = [f"{f.name}={getattr(v, f.name)!r}" for f in dataclasses.fields(v)
+               if getattr(v, f.name) != getattr(defaults, f.name)]
+    return "Variant(" + ", ".join(changed) + ")"
+
+
+def _write_projections(v: Variant, src: _Source) -> None:
+    body = src.body
+    body.append("B, L, C = x.shape")
+    if v.kv == "cache":
+        src.params.append("past")
+        src.make_inputs.append("past")
+        body.append("kv_in = torch.cat([past, x], dim=1)")
+    else:
+        body.append("kv_in = x")
+    body += ["S = kv_in.shape[1]", "H = self.heads", "D = C // H",
+             "q, k, v = self.to_q(x), self.to_k(kv_in), self.to_v(kv_in)"]
+    if v.layout == "heads":
+        if v.output == "rearrange":
+            src.use_einops()
+            body += ["q = einops.rearrange(q, 'b n (h d) -> b h n d', h=H)",
+                     "k = einops.rearrange(k, 'b n (h d) -> b h n d', h=H)",
+                     "v = einops.rearrange(v, 'b n (h d) -> b h n d', h=H)"]
+        else:
+            body += ["q = q.view(B, L, H, D).transpose(1, 2)",
+                     "k = k.view(B, S, H, D).transpose(1, 2)",
+                     "v = v.view(B, S, H, D).transpose(1, 2)"]
+    elif v.layout == "folded":
+        body += ["q = q.view(B, L, H, D).transpose(1, 2).reshape(B * H, L, D)",
+                 "k = k.view(B, S, H, D).transpose(1, 2).reshape(B * H, S, D)",
+                 "v = v.view(B, S, H, D).transpose(1, 2).reshape(B * H, S, D)"]
+    else:  # channel-major, as in conv attention blocks: (B, H, D, L)
+        body += ["q = q.transpose(1, 2).reshape(B, H, D, L)",
+                 "k = k.transpose(1, 2).reshape(B, H, D, S)",
+                 "v = v.transpose(1, 2).reshape(B, H, D, S)"]
+
+
+# Scale ---------------------------------------------------------------------------------------------------------
+
+def _scale_value_expr(v: Variant, power: str) -> str:
+    """An expression for D**power (power '-0.5' or '-0.25') in the variant's spelling."""
+    s = v.scale_spelling
+    quarter = power == "-0.25"
+    if s == "pow":
+        return f"D ** {power}"
+    if s == "sqrt":
+        return "1.0 / math.sqrt(math.sqrt(D))" if quarter else "1.0 / math.sqrt(D)"
+    if s == "size":
+        dim = "-2" if v.layout == "channel" else "-1"
+        return f"q.size({dim}) ** {power}" if not quarter else f"q.shape[{dim}] ** -0.25"
+    if s == "literal":
+        return "0.7071067811865476" if quarter else "0.5"  # D = 4
+    if s in ("attr", "attr_or"):
+        return "self.scale_q" if quarter else "self.scale"
+    return "self.scale"  # custom_attr: a scale that is not 1/sqrt(D)
+
+
+def _write_scale_init(v: Variant, src: _Source) -> None:
+    if v.scale_spelling == "attr":
+        src.init.append("self.scale = self.head_dim ** -0.5")
+        src.init.append("self.scale_q = self.head_dim ** -0.25")
+    elif v.scale_spelling == "attr_or":
+        src.init.append("self.scale = qk_scale or self.head_dim ** -0.5")
+        src.init.append("self.scale_q = self.scale ** 0.5")
+    elif v.scale_spelling == "custom_attr":
+        src.init.append("self.scale = 0.3")
+        src.init.append("self.scale_q = 0.3 ** 0.5")
+    if v.scale_place == "if_flag":
+        src.init.append("self.scaled = True")
+
+
+def _write_prescale(v: Variant, src: _Source) -> tuple[str, str]:
+    if v.scale_place == "q_pre":
+        src.body.append(f"q = q * {_scale_value_expr(v, '-0.5')}")
+    elif v.scale_place == "split":
+        factor = _scale_value_expr(v, "-0.25")
+        src.body += [f"q = q * {factor}", f"k = k * {factor}"]
+    return "q", "k"
+
+
+def _write_scale_on_scores(v: Variant, src: _Source) -> None:
+    s = v.scores
+    if v.product == "baddbmm" or v.scale_place in ("q_pre", "split", "none"):
+        return
+    if v.scale_place == "scores_div":
+        divisor = {"pow": "D ** 0.5", "sqrt": "math.sqrt(D)", "size": "math.sqrt(q.size(-1))", "literal": "2.0",
+                   "attr": "(1.0 / self.scale)", "attr_or": "(1.0 / self.scale)",
+                   "custom_attr": "(1.0 / self.scale)"}[v.scale_spelling]
+        if v.layout == "channel" and v.scale_spelling == "size":
+            divisor = "math.sqrt(q.size(-2))"
+        src.body.append(f"{s} = {s} / {divisor}")
+    elif v.scale_place == "if_flag":
+        src.body += ["if self.scaled:", f"    {s} = {s} * {_scale_value_expr(v, '-0.5')}"]
+    else:
+        src.body.append(f"{s} = {s} * {_scale_value_expr(v, '-0.5')}")
+
+
+# Q.K^T ---------------------------------------------------------------------------------------------------------
+
+def _spec(v: Variant, lhs: str, rhs: str, out: str) -> str:
+    if v.spec_form == "concat":
+        return f'"{lhs}," "{rhs}->{out}"'
+    if v.spec_form == "fstring":
+        return 'f"{batch}' + lhs[1:] + ',{batch}' + rhs[1:] + '->{batch}' + out[1:] + '"'
+    return f'"{lhs},{rhs}->{out}"'
+
+
+def _k_transposed(v: Variant, src: _Source, k: str) -> str:
+    t, three = v.k_transpose, v.layout == "folded"
+    if t == "pre":
+        src.body.append(f"k_t = {k}.transpose(-2, -1)")
+        return "k_t"
+    return {"t_neg": f"{k}.transpose(-2, -1)", "t_neg_rev": f"{k}.transpose(-1, -2)",
+            "t_pos": f"{k}.transpose(1, 2)" if three else f"{k}.transpose(2, 3)",
+            "permute": f"{k}.permute(0, 2, 1)" if three else f"{k}.permute(0, 1, 3, 2)",
+            "mT": f"{k}.mT"}[t]
+
+
+def _write_scores(v: Variant, src: _Source, q: str, k: str) -> None:
+    s, p = v.scores, v.product
+    b, h, i, j, d = v.letters
+    if v.spec_form == "fstring":
+        src.body.append(f'batch = "{b}"')
+    if v.layout == "channel":
+        if p == "einsum":
+            expr = f"torch.einsum({_spec(v, b + h + d + i, b + h + d + j, b + h + i + j)}, {q}, {k})"
+        else:
+            expr = f"{q}.transpose(-2, -1) @ {k}"
+    elif p == "einsum":
+        lead = b + h if v.layout == "heads" else b
+        expr = f"torch.einsum({_spec(v, lead + i + d, lead + j + d, lead + i + j)}, {q}, {k})"
+    elif p == "einsum_keyfirst":
+        expr = f"torch.einsum({_spec(v, b + h + j + d, b + h + i + d, b + h + i + j)}, {k}, {q})"
+    elif p == "einops":
+        src.use_einops()
+        expr = f'einops.einsum({q}, {k}, "{b} {h} {i} {d}, {b} {h} {j} {d} -> {b} {h} {i} {j}")'
+    elif p == "baddbmm":
+        kt = _k_transposed(v, src, k)
+        alpha = _scale_value_expr(v, "-0.5") if v.scale_place not in ("none", "q_pre", "split") else "1.0"
+        expr = (f"torch.baddbmm(torch.empty({q}.shape[0], {q}.shape[1], {k}.shape[1], dtype={q}.dtype, "
+                f"device={q}.device), {q}, {kt}, beta=0, alpha={alpha})")
+    else:
+        kt = _k_transposed(v, src, k)
+        expr = {"at": f"{q} @ {kt}", "matmul": f"torch.matmul({q}, {kt})", "method": f"{q}.matmul({kt})",
+                "bmm": f"torch.bmm({q}, {kt})"}[p]
+    src.body.append(f"{s} = {expr}")
+
+
+# Masks ---------------------------------------------------------------------------------------------------------
+
+def _fill_expr(v: Variant) -> str:
+    s = v.scores
+    return {"-inf": 'float("-inf")', "finfo_min": f"torch.finfo({s}.dtype).min",
+            "neg_finfo_max": f"-torch.finfo({s}.dtype).max", "-1e4": "-1e4", "-1e9": "-1e9",
+            "finfo16_min": "torch.finfo(torch.float16).min"}[v.fill]
+
+
+def _drop_from_keep(v: Variant, keep: str) -> str:
+    keep = f"({keep})" if " " in keep else keep
+    if v.polarity == "eq0":
+        return f"{keep} == 0"
+    if v.polarity == "invert":
+        return f"~{keep}"
+    return f"{keep}.logical_not()"
+
+
+def _apply_bool(v: Variant, src: _Source, keep: str | None, drop: str | None) -> None:
+    """Apply a boolean mask given as keep (True = attend) or drop (True = masked) expression."""
+    s, fill = v.scores, _fill_expr(v)
+    if keep is None:
+        keep = f"~({drop})" if v.polarity != "logical_not" else f"({drop}).logical_not()"
+    if drop is None:
+        drop = _drop_from_keep(v, keep)
+    lines = {"masked_fill": [f"{s} = {s}.masked_fill({drop}, {fill})"],
+             "masked_fill_": [f"{s}.masked_fill_({drop}, {fill})"],
+             "where_keep": [f"{s} = torch.where({keep}, {s}, {fill})"],
+             "where_drop": [f"{s} = torch.where({drop}, {fill}, {s})"]}[v.apply]
+    src.body += lines
+
+
+def _key_mask_view(v: Variant, name: str, ndim: int) -> str:
+    """The (B, S) key mask reshaped to broadcast over the scores."""
+    if ndim == 3:
+        return f"{name}.repeat_interleave(H, dim=0)[:, None, :]"
+    return f"{name}[:, None, None, :]"
+
+
+def _make_key_mask(v: Variant, src: _Source, dtype: str) -> None:
+    pad = LEFT_PAD if v.left_padding else 0
+    keys = QUERIES + (PAST if v.kv == "cache" else 0)
+    src.make_lines.append(f"key_keep = torch.ones({BATCH}, {keys}, dtype=torch.{dtype})")
+    if pad:
+        src.make_lines.append(f"key_keep[1, :{pad}] = 0")
+    else:
+        src.make_lines.append("key_keep[1, -2:] = 0")
+
+
+def _causal_slice(v: Variant, ndim: int) -> str:
+    rows = "S - L:S, :S" if v.kv == "cache" else ":L, :L"
+    return f"[:, :, {rows}]" if ndim == 4 else f"[{rows}]"
+
+
+def _write_causal(v: Variant, src: _Source, ndim: int, kind: str) -> None:
+    if kind == "causal_buffer":
+        view = f".view(1, 1, {BUFFER}, {BUFFER})" if ndim == 4 else ""
+        src.init.append(f'self.register_buffer("bias", torch.tril(torch.ones({BUFFER}, {BUFFER})){view})')
+        m = f"self.bias{_causal_slice(v, ndim)}"
+        keep = f"{m} == 1" if v.polarity == "invert" else None
+        drop = None if keep else f"{m} == 0"
+        _apply_bool(v, src, keep, drop)
+    elif kind == "causal_bool_buffer":
+        src.init.append(f'self.register_buffer("causal", torch.ones({BUFFER}, {BUFFER}, dtype=torch.bool).tril(),'
+                        ' persistent=False)')
+        _apply_bool(v, src, f"self.causal{_causal_slice(v, 2)}", None)
+    elif kind == "causal_local":
+        src.body.append("keep = torch.ones(L, S, dtype=torch.bool, device=x.device).tril(diagonal=S - L)")
+        _apply_bool(v, src, "keep", None)
+    else:  # causal_drop_local
+        src.body.append("future = torch.triu(torch.ones(L, S, device=x.device, dtype=torch.bool), "
+                        "diagonal=S - L + 1)")
+        _apply_bool(v, src, None, "future")
+
+
+def _write_mask(v: Variant, src: _Source, ndim: int) -> None:
+    m = v.mask
+    if m == "none":
+        return
+    if m.startswith("causal"):
+        _write_causal(v, src, ndim, m)
+        return
+    if m == "key_padding":
+        src.params.append("key_keep")
+        src.make_inputs.append("key_keep")
+        _make_key_mask(v, src, v.mask_dtype)
+        if v.causal_too:
+            _write_causal(v, src, ndim, "causal_local")
+        if v.mask_rank == "query_rows":
+            src.make_lines += [f"query_keep = torch.ones({BATCH}, {QUERIES}, dtype=torch.bool)",
+                               "query_keep[0, :2] = False"]
+            src.params.append("query_keep")
+            src.make_inputs.append("query_keep")
+            qk = "query_keep[:, None, :, None]" if ndim == 4 else "query_keep.repeat_interleave(H, dim=0)[:, :, None]"
+            src.body.append(f"pad_keep = {_key_mask_view(v, 'key_keep', ndim)}.bool() & {qk}")
+            keep = "pad_keep"
+        elif v.mask_rank == "key_vector":
+            keep = "key_keep[0]"
+        else:
+            keep = _key_mask_view(v, "key_keep", ndim)
+        if v.mask_dtype != "bool" and v.apply == "where_keep":
+            keep = f"{keep}.bool()"
+        if v.mask_guarded:
+            src.params = [p if p not in ("key_keep", "query_keep") else p + "=None" for p in src.params]
+            before = len(src.body)
+            _apply_bool(v, src, keep, None)
+            src.body[before:] = ["if key_keep is not None:"] + ["    " + line for line in src.body[before:]]
+        else:
+            _apply_bool(v, src, keep, None)
+        return
+    if m == "additive":
+        src.params.append("mask")
+        src.make_inputs.append("mask")
+        shape = {"full": f"{BATCH}, 1, 1, S_", "key_vector": "S_", "query_rows": f"{BATCH}, 1, {QUERIES}, S_"}[
+            v.mask_rank]
+        keys = QUERIES + (PAST if v.kv == "cache" else 0)
+        shape = shape.replace("S_", str(keys))
+        if ndim == 3 and v.mask_rank != "key_vector":
+            shape = {"full": f"{BATCH * HEADS}, 1, {keys}", "query_rows": f"{BATCH * HEADS}, {QUERIES}, {keys}"}[
+                v.mask_rank]
+        fill = {"-inf": 'float("-inf")', "finfo_min": f"torch.finfo(torch.{v.dtype}).min", "-1e4": "-1e4",
+                "-1e9": "-1e9", "neg_finfo_max": f"-torch.finfo(torch.{v.dtype}).max",
+                "finfo16_min": "torch.finfo(torch.float16).min"}[v.fill]
+        mdtype = v.mask_dtype if v.mask_dtype not in ("bool", "float") else v.dtype
+        if mdtype in ("bool", "int64"):
+            src.make_lines.append(f"mask = torch.rand({shape}) > 0.3")
+            src.make_lines += ["mask[..., 0] = True", f"mask = mask.to(torch.{mdtype})"]
+        else:
+            src.make_lines += [f"mask = torch.zeros({shape}, dtype=torch.{v.dtype})",
+                               f"mask = mask.masked_fill(torch.rand({shape}) < 0.3, {fill})",
+                               "mask[..., 0] = 0.0", f"mask = mask.to(torch.{mdtype})"]
+        if v.causal_too:
+            _write_causal(v, src, ndim, "causal_local")
+        line = f"{v.scores} = {v.scores} + mask"
+        if v.mask_guarded:
+            src.params[-1] += "=None"
+            src.body += ["if mask is not None:", "    " + line]
+        else:
+            src.body.append(line)
+        return
+    # hf_extended: an int/bool tokenizer mask turned into an additive bias in forward
+    src.params.append("attention_mask")
+    src.make_inputs.append("key_keep")
+    _make_key_mask(v, src, v.mask_dtype)
+    if v.causal_too:
+        _write_causal(v, src, ndim, "causal_local")
+    view = _key_mask_view(v, "attention_mask", ndim)
+    if v.fill == "int_bias":  # an integer bias: eager promotion adds it, SDPA takes no int mask
+        src.body.append(f"bias = (1 - {view}) * -10000")
+    else:
+        src.body.append(f"bias = (1.0 - {view}.to({v.scores}.dtype)) * {_fill_expr(v)}")
+    src.body.append(f"{v.scores} = {v.scores} + bias")
+
+
+# Softmax, dropout ---------------------------------------------------------------------------------------------
+
+def _write_softmax(v: Variant, src: _Source) -> None:
+    s, w = v.scores, v.weights
+    last = "2" if v.layout == "folded" else "3"
+    expr = {"F": f"F.softmax({s}, dim=-1)", "method": f"{s}.softmax(dim=-1)", "torch": f"torch.softmax({s}, -1)",
+            "module": f"self.softmax({s})", "dim_pos": f"F.softmax({s}, dim={last})",
+            "fp32_dtype": f"F.softmax({s}, dim=-1, dtype=torch.float32).to(q.dtype)",
+            "float_upcast": f"{s}.float().softmax(dim=-1).type_as({s})",
+            "log_exp": f"{s}.log_softmax(dim=-1).exp()", "wrong_dim": f"F.softmax({s}, dim=-2)"}[v.softmax]
+    if v.softmax == "module":
+        src.init.append("self.softmax = nn.Softmax(dim=-1)")
+    src.body.append(f"{w} = {expr}")
+
+
+def _write_dropout(v: Variant, src: _Source) -> None:
+    w, d = v.weights, v.dropout
+    if d == "none":
+        return
+    if d in ("module", "module_zero"):
+        src.init.append(f"self.attn_drop = nn.Dropout({'0.0' if d == 'module_zero' else '0.1'})")
+        src.body.append(f"{w} = self.attn_drop({w})")
+    elif d == "functional":
+        src.init.append("self.drop_p = 0.1")
+        src.body.append(f"{w} = F.dropout({w}, p=self.drop_p, training=self.training)")
+    else:  # sequential: softmax module and dropout in one nn.Sequential
+        src.init.append("self.attend = nn.Sequential(nn.Identity(), nn.Dropout(0.1))")
+        src.body.append(f"{w} = self.attend({w})")
+
+
+# Value product, output -----------------------------------------------------------------------------------------
+
+def _write_value_product(v: Variant, src: _Source) -> str:
+    w, p = v.weights, v.value_product
+    b, h, i, j, d = v.letters
+    if v.layout == "channel":
+        expr = (f"torch.einsum({_spec(v, b + h + i + j, b + h + d + j, b + h + d + i)}, {w}, v)" if p == "einsum"
+                else f"v @ {w}.transpose(-2, -1)")
+    elif p == "einsum":
+        expr = f"torch.einsum({_spec(v, b + h + i + j, b + h + j + d, b + h + i + d)}, {w}, v)"
+    elif p == "channel_major":
+        expr = f"(v.transpose(-2, -1) @ {w}.transpose(-2, -1)).transpose(-2, -1)"
+    else:
+        expr = {"at": f"{w} @ v", "matmul": f"torch.matmul({w}, v)", "bmm": f"torch.bmm({w}, v)"}[p]
+    src.body.append(f"out = {expr}")
+    return "out"
+
+
+def _write_output(v: Variant, src: _Source, out: str) -> None:
+    o = v.output
+    line = {"transpose_reshape": f"{out} = {out}.transpose(1, 2).reshape(B, L, C)",
+            "transpose_view": f"{out} = {out}.transpose(1, 2).contiguous().view(B, L, C)",
+            "permute_flatten": f"{out} = {out}.permute(0, 2, 1, 3).flatten(2)",
+            "rearrange": f"{out} = einops.rearrange({out}, 'b h n d -> b n (h d)')",
+            "view_transpose_reshape": f"{out} = {out}.view(B, H, L, D).transpose(1, 2).reshape(B, L, C)",
+            "reshape_transpose_reshape": f"{out} = {out}.reshape(B, H, L, D).transpose(1, 2).reshape(B, L, C)",
+            "reshape_transpose": f"{out} = {out}.reshape(B, C, L).transpose(1, 2)"}[o]
+    src.body += [line, f"return self.proj({out})"]
+
+
+# Hazards -------------------------------------------------------------------------------------------------------
+
+def _index_of(body: list[str], prefix: str) -> int:
+    for index, line in enumerate(body):
+        if line.startswith(prefix):
+            return index
+    raise ValueError(prefix)
+
+
+def _apply_hazard(v: Variant, src: _Source) -> None:
+    h, body, s, w = v.hazard, src.body, v.scores, v.weights
+    if h == "none":
+        return
+    value_at = _index_of(body, "out = ")
+    if h == "return_weights":
+        body[-1] = f"return self.proj(out), {w}"
+    elif h == "store_weights":
+        body.insert(value_at + 1, f"self.last_attn = {w}")
+    elif h == "entropy_loss":
+        body.insert(value_at + 1, f"self.entropy = -({w} * ({w} + 1e-9).log()).sum(-1).mean()")
+    elif h == "write_q_after_scores":
+        body.insert(_softmax_at(body) , "q = q.clone()")
+        body.insert(_softmax_at(body), "q.mul_(2.0)")
+    elif h == "write_v_between":
+        body.insert(value_at, "v = v.clone()")
+        body.insert(value_at + 1, "v[..., 0] = 0.0")
+    elif h == "del_qk":
+        body.insert(_softmax_at(body), "del k")
+    elif h == "no_grad_scores":
+        at = _index_of(body, f"{s} = ")
+        body[at] = "with torch.no_grad():\n            " + body[at]
+    elif h == "store_key":
+        body.insert(value_at, "self.mem_k = k")
+    elif h == "write_causal_init":  # prefix-LM: the first keys are visible to every query
+        at = _index_of(src.init, 'self.register_buffer("bias"')
+        src.init.insert(at + 1, "self.bias[..., :2] = 1")
+    elif h == "write_causal_local":
+        at = _index_of(body, "keep = torch.ones(L, S")
+        body.insert(at + 1, "keep[:, :2] = True")
+    elif h == "else_scale":
+        src.init.append("self.unscaled = False")
+        at = _softmax_at(body)
+        body[at:at] = ["if self.unscaled:", "    pass", "else:", f"    {s} = {s} * 0.5"]
+    elif h in ("param_scale", "buffer_scale", "temperature", "logit_scale"):
+        init = {"param_scale": "self.temp = nn.Parameter(torch.tensor(0.5))",
+                "buffer_scale": 'self.register_buffer("temp", torch.tensor(0.5))',
+                "temperature": "self.temp = nn.Parameter(torch.full((self.heads, 1, 1), 0.5))",
+                "logit_scale": "self.logit_scale = nn.Parameter(torch.tensor(math.log(2.0)))"}[h]
+        src.init.append(init)
+        factor = "self.logit_scale.exp()" if h == "logit_scale" else "self.temp"
+        body.insert(_softmax_at(body), f"{s} = {s} * {factor}")
+    elif h == "local_param_scale":
+        src.init.append("self.scale_param = nn.Parameter(torch.tensor(0.5))")
+        body.insert(0, "scale = self.scale_param")
+        body.insert(_softmax_at(body), f"{s} = {s} * scale")
+    elif h == "scale_argument":
+        src.params.append("scale=1.0")
+        src.make_inputs.append("torch.tensor(0.5)")
+        body.insert(_softmax_at(body), f"{s} = {s} * scale")
+    elif h == "residual_loop":  # RealFormer-style: the previous iteration's weights join the scores
+        first = _index_of(body, f"{s} = ")
+        block = body[first:value_at + 1]
+        del body[first:value_at + 1]
+        looped = ["prev = None", "for _ in range(2):"] + ["    " + line for line in block]
+        looped.insert(2 + _softmax_at(block), "    if prev is not None:")
+        looped.insert(3 + _softmax_at(block), f"        {s} = {s} + prev")
+        looped.append(f"    prev = {w}")
+        looped.append("    v = v + out")
+        body[first:first] = looped
+    elif h == "weights_before_loop":
+        at = value_at
+        body[at:at + 1] = ["acc = 0", "for step in range(2):", f"    acc = acc + {w} @ (v * (step + 1))",
+                           "    v = v + 1.0", "out = acc"]
+    elif h == "shared_dropout_weights":
+        body[value_at:value_at + 1] = [body[value_at], f"out = out + {w} @ (v * 2.0)"]
+    elif h == "out_buffer":
+        body[value_at] = ("out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=v.dtype); "
+                          f"torch.bmm({w}, v, out=out)")
+    elif h == "static_helper":
+        at = _index_of(body, f"{s} = ")
+        body[at] = f"{s} = self.similarity(q, k)"
+        src.methods.append(f"@staticmethod\ndef similarity(q, k):\n    return {_plain_product(v)}")
+    elif h == "subclass_override":
+        at = _index_of(body, f"{s} = ")
+        body[at] = f"{s} = self.similarity(q, k)"
+        src.methods.append(f"def similarity(self, q, k):\n    return {_plain_product(v)}")
+        src.extra_classes.append("class BiasedAttention(Attention):\n"
+                                 "    def similarity(self, q, k):\n"
+                                 "        return super().similarity(q, k) + 0.25 * torch.tanh(q.sum(-1, keepdim=True))")
+        src.model_class = "BiasedAttention"
+    elif h == "hook_point":
+        src.init.append("self.attn_hook = nn.Identity()")
+        body.insert(value_at, f"{w} = self.attn_hook({w})")
+        src.make_lines.append("model.attn_hook.register_forward_hook(lambda mod, args, out: out * 0.5)")
+    elif h == "two_blocks":
+        first = _index_of(body, f"{s} = ")
+        block = body[first:value_at + 1]
+        body[value_at + 1:value_at + 1] = ["out1 = out"] + block + ["out = out + out1"]
+    elif h == "chained_assign":
+        at = _index_of(body, f"{s} = ")
+        body[at] = body[at].replace(f"{s} = ", f"{s} = logits = ", 1)
+        body.insert(_index_of(body, "return "), "out = out + logits.mean() * 0.0")
+    elif h == "mixed_dtype_scores":
+        at = _index_of(body, f"{s} = ")
+        body.insert(at, "q, k = q.float(), k.float()")
+        body.insert(_softmax_at(body) + 1, f"{w} = {w}.to(v.dtype)")
+    elif h == "mixed_dtype_value":
+        body[value_at] = body[value_at].replace(f"{w}", f"{w}.float()", 1).replace(" v", " v.float()") \
+            .replace("(v", "(v.float()").replace(", v)", ", v.float())")
+        body.insert(value_at + 1, "out = out.to(x.dtype)")
+    else:
+        raise ValueError(f"unknown hazard {h}")
+
+
+def _softmax_at(body: list[str]) -> int:
+    """The line that computes the weights (every softmax spelling names a softmax)."""
+    for index, line in enumerate(body):
+        if "softmax" in line and "=" in line:
+            return index
+    raise ValueError("no softmax line")
+
+
+def _plain_product(v: Variant) -> str:
+    if v.layout == "channel":
+        return "q.transpose(-2, -1) @ k"
+    return "q @ k.transpose(-2, -1)"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Strategies
+
+HAZARD_NEEDS_PLAIN_PRODUCT = {"static_helper", "subclass_override"}
+
+
+@st.composite
+def core_variants(draw, *, fp32_masks_only: bool = True) -> Variant:
+    """The forms the matcher claims to support, combined freely, with no fully masked row and no hazard."""
+    layout = draw(st.sampled_from(LAYOUTS))
+    product = draw(st.sampled_from(PRODUCTS[layout]))
+    scale_place = draw(st.sampled_from(SCALE_PLACES))
+    mask = draw(st.sampled_from(MASKS))
+    apply = draw(st.sampled_from(APPLIES))
+    polarity = draw(st.sampled_from(POLARITIES))
+    if mask == "causal_buffer" and polarity == "logical_not":
+        polarity = "eq0"
+    letters = "".join(draw(st.permutations("bhijdxyz"))[:5])
+    dtype = draw(st.sampled_from(("float32", "float64")))
+    mask_dtype = "bool"
+    if mask in ("key_padding", "hf_extended"):
+        mask_dtype = draw(st.sampled_from(("bool", "int64") if mask == "key_padding" else ("bool", "int64",
+                                                                                           dtype)))
+        if mask_dtype == "int64" and polarity != "eq0":
+            polarity = "eq0"
+    fill = draw(st.sampled_from(FILLS))
+    if mask == "additive":
+        mask_dtype = dtype
+    return Variant(
+        layout=layout, kv=draw(st.sampled_from(("self", "cache"))), product=product,
+        k_transpose=draw(st.sampled_from(K_TRANSPOSES)), letters=letters,
+        spec_form=draw(st.sampled_from(("plain", "plain", "concat", "fstring"))),
+        scale_place=scale_place, scale_spelling=draw(st.sampled_from(SCALE_SPELLINGS)),
+        mask=mask, mask_dtype=mask_dtype, apply=apply, polarity=polarity, fill=fill,
+        mask_guarded=draw(st.booleans()) if mask in ("key_padding", "additive") else False,
+        causal_too=draw(st.booleans()) if mask in ("key_padding", "additive", "hf_extended") else False,
+        softmax=draw(st.sampled_from(SOFTMAXES)), dropout=draw(st.sampled_from(DROPOUTS)),
+        value_product=draw(st.sampled_from(VALUE_PRODUCTS[layout])),
+        output=draw(st.sampled_from(OUTPUTS[layout])), dtype=dtype, names=draw(st.sampled_from(NAMES)))
+
+
+def _with(base: st.SearchStrategy, **fixed) -> st.SearchStrategy:
+    """The base strategy with some axes fixed (each value a strategy or a constant)."""
+    def combine(draw):
+        variant = draw(base)
+        values = {k: draw(s) if isinstance(s, st.SearchStrategy) else s for k, s in fixed.items()}
+        return dataclasses.replace(variant, **values)
+    return st.composite(combine)()
+
+
+def _fully_masked(base_fill: st.SearchStrategy) -> st.SearchStrategy:
+    """Left padding under a causal mask, or padded queries: some rows see no key at all."""
+    def build(draw):
+        variant = draw(core_variants())
+        shape = draw(st.sampled_from(("left_pad_causal", "query_rows", "additive_causal")))
+        fill = draw(base_fill)
+        if shape == "left_pad_causal":
+            return dataclasses.replace(variant, mask=draw(st.sampled_from(("key_padding", "hf_extended"))),
+                                       left_padding=True, causal_too=True, mask_rank="full", fill=fill,
+                                       mask_dtype="bool" if variant.mask_dtype == "int64" else variant.mask_dtype
+                                       if variant.mask in ("key_padding", "hf_extended") else "bool")
+        if shape == "query_rows":
+            return dataclasses.replace(variant, mask="key_padding", mask_rank="query_rows", fill=fill,
+                                       mask_dtype="bool", causal_too=False, mask_guarded=False)
+        return dataclasses.replace(variant, mask="key_padding", left_padding=True, causal_too=True, fill=fill,
+                                   mask_rank="full", mask_dtype="bool")
+    return st.composite(build)()
+
+
+def _hazard(*names: str) -> st.SearchStrategy:
+    def build(draw):
+        variant = draw(core_variants())
+        hazard = draw(st.sampled_from(names))
+        changes: dict = {"hazard": hazard}
+        if hazard in ("write_causal_init",):
+            changes.update(mask="causal_buffer", kv="self", polarity="eq0")
+        if hazard == "write_causal_local":
+            changes.update(mask="causal_local", kv="self")
+        if hazard in HAZARD_NEEDS_PLAIN_PRODUCT:
+            changes.update(product="at", scale_place="scores_mul")
+        if hazard == "out_buffer":
+            changes.update(layout="folded", value_product="bmm", product="bmm",
+                           output=draw(st.sampled_from(OUTPUTS["folded"])))
+        if hazard == "mixed_dtype_scores" or hazard == "mixed_dtype_value":
+            changes.update(dtype="bfloat16", softmax=draw(st.sampled_from(("F", "method", "torch"))))
+            if variant.layout == "channel" or variant.value_product == "channel_major":
+                changes.update(layout="heads", product="at", value_product="at", output="transpose_reshape")
+        if hazard in ("residual_loop", "two_blocks") and variant.mask != "none":
+            changes.update(mask="none")
+        if hazard == "residual_loop":
+            changes.update(dropout="none", kv="self")
+        if hazard == "temperature" and variant.layout == "folded":
+            changes.update(hazard="param_scale")
+        return dataclasses.replace(variant, **changes)
+    return st.composite(build)()
+
+
+# Family name -> (issue-6 class, strategy). The test expects each family to be free of counterexamples, except
+# those it marks as known bugs.
+FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
+    "core": ("supported forms", core_variants()),
+    "finite_fill_full_rows": ("A", _fully_masked(st.sampled_from(("finfo_min", "neg_finfo_max", "-1e4", "-1e9")))),
+    "finfo16_fill": ("A", _with(core_variants(), mask="key_padding", fill="finfo16_min", mask_dtype="bool",
+                                dtype="float32", polarity="invert")),
+    "inf_fill_full_rows": ("B", _fully_masked(st.just("-inf"))),
+    "nonbool_polarity": ("C", _with(core_variants(), mask="key_padding", polarity="logical_not",
+                                    mask_dtype=st.sampled_from(("int64", "float32")))),
+    "additive_mask_dtype": ("D", st.one_of(
+        _with(core_variants(), mask="additive", mask_dtype=st.sampled_from(("bool", "int64", "float16")),
+              dtype="float32", fill="-1e4", mask_rank="full"),
+        _with(core_variants(), mask="hf_extended", mask_dtype="int64", fill="int_bias"))),
+    "additive_mask_rank": ("D", _with(core_variants(), mask="key_padding",
+                                      mask_rank="key_vector", mask_dtype="bool")),
+    "mutated_causal": ("E", _hazard("write_causal_init", "write_causal_local")),
+    "else_scale": ("F", _hazard("else_scale")),
+    "tensor_scale": ("G", _hazard("param_scale", "buffer_scale", "temperature", "logit_scale",
+                                  "local_param_scale", "scale_argument")),
+    "loops": ("H", _hazard("residual_loop", "weights_before_loop")),
+    "scopes": ("I", _hazard("no_grad_scores", "del_qk", "store_key", "write_q_after_scores", "write_v_between")),
+    "mixed_dtype": ("J", _hazard("mixed_dtype_scores", "mixed_dtype_value")),
+    "static_helper": ("K", _hazard("static_helper")),
+    "mechanics": ("L", _hazard("two_blocks", "chained_assign")),
+    "value_product": ("M", _hazard("out_buffer", "shared_dropout_weights")),
+    "dispatch": ("N", _hazard("subclass_override", "hook_point")),
+    "escapes": ("ADV102", _hazard("return_weights", "store_weights", "entropy_loss")),
+    "wrong_softmax_dim": ("hostile", _with(core_variants(), softmax="wrong_dim")),
+    "low_precision": ("dtypes", _with(core_variants(), dtype=st.sampled_from(("bfloat16", "float16")))),
+}
+
+
+def all_variants() -> st.SearchStrategy:
+    """One family chosen at random, then one variant of it (the long profile's strategy)."""
+    return st.sampled_from(sorted(FAMILIES)).flatmap(lambda name: FAMILIES[name][1].map(lambda v: (name, v)))

@@ -1,0 +1,164 @@
+"""`--backend flash` and `--backend flash-attn` emission, judged on CPU.
+
+flash: every fixture site that gets the `sdpa_kernel(SDPBackend.FLASH_ATTENTION)` wrap runs the CPU flash kernel
+and matches the original at 1e-5; the sites that keep SDPA say why. flash-attn: the emitted helper falls back to
+the same SDPA call (with a warning naming why) without the package or a GPU, and its flash path, run against a
+pure-torch reference of `flash_attn_func`'s documented semantics, passes q/k/v in (batch, seq, heads, dim) with
+the right causal/scale/dropout arguments and gives the original's output. No GPU ran any of this.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from advisor.scan import analyze_source
+from fixture_models import build, dispatched_ops, fixture_paths, load_module_from_source, parity, run_forward
+
+POSITIVES = fixture_paths("positive")
+
+
+def _by_name(stem: str) -> Path:
+    return next(p for p in POSITIVES if p.stem.startswith(stem))
+
+
+@pytest.mark.parametrize("path", POSITIVES, ids=[p.stem for p in POSITIVES])
+def test_flash_wrap_runs_the_cpu_flash_kernel_with_parity(path):
+    source = path.read_text(encoding="utf-8")
+    result = analyze_source(source, str(path), unsafe_fixes=True, backend="flash")
+    emissions = [f.extra["emission"] for f in result.findings if "emission" in f.extra]
+    assert emissions
+    for emission in emissions:
+        assert emission["requested"] == "flash" and emission["reason"]
+    if all(e["emitted"] == "sdpa" for e in emissions):
+        assert "sdpa_kernel" not in result.fixed and all(e["reason"].startswith("kept SDPA") for e in emissions)
+        return
+    assert "with sdpa_kernel(SDPBackend.FLASH_ATTENTION):" in result.fixed
+    assert "from torch.nn.attention import SDPBackend, sdpa_kernel" in result.fixed
+    flashed = [f for f in result.findings if f.extra.get("emission", {}).get("emitted") == "flash"]
+    assert all(f.fix_safety == "unsafe" and "flash kernel accepts" in f.reason for f in flashed)
+    parity(source, result.fixed, atol=1e-5, rtol=1e-5, name=f"{path.stem}_flash")
+    model, inputs = build(load_module_from_source(result.fixed, f"{path.stem}_flash_ops"), 0)
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in dispatched_ops(model, inputs)
+    again = analyze_source(result.fixed, str(path), unsafe_fixes=True, backend="flash")
+    assert again.fixed == result.fixed
+
+
+def test_flash_keeps_sdpa_where_a_mask_is_passed():
+    path = _by_name("11_")
+    result = analyze_source(path.read_text(encoding="utf-8"), str(path), backend="flash")
+    (finding,) = result.findings
+    assert finding.extra["emission"]["emitted"] == "sdpa" and "attn_mask" in finding.extra["emission"]["reason"]
+    assert finding.fix_safety == "safe" and "sdpa_kernel" not in finding.patch
+
+
+# flash_attn ----------------------------------------------------------------------------------------------------
+def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **unused):
+    """flash_attn_func as documented: q (batch, seqlen_q, heads, dim), k/v (batch, seqlen_k, heads_k, dim) with
+    heads % heads_k == 0 (MQA/GQA), scale 1/sqrt(dim) by default, causal aligned to the bottom-right corner."""
+    batch, length_q, heads, dim = q.shape
+    length_k, heads_k = k.shape[1], k.shape[2]
+    assert k.shape[0] == v.shape[0] == batch and heads % heads_k == 0 and v.shape[2] == heads_k
+    assert dropout_p == 0.0, "the tests run in eval mode"
+    scale = dim ** -0.5 if softmax_scale is None else softmax_scale
+    q32 = q.transpose(1, 2).float()
+    k32 = k.transpose(1, 2).float().repeat_interleave(heads // heads_k, dim=1)
+    v32 = v.transpose(1, 2).float().repeat_interleave(heads // heads_k, dim=1)
+    scores = q32 @ k32.transpose(-2, -1) * scale
+    if causal:
+        keep = torch.ones(length_q, length_k, dtype=torch.bool).tril(diagonal=length_k - length_q)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return (scores.softmax(-1) @ v32).transpose(1, 2).to(q.dtype)
+
+
+class _PretendCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA, so the helper's guard takes the flash_attn path on this machine."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def fake_flash_attn(monkeypatch):
+    calls = []
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, **rest):
+        calls.append({"shapes": [tuple(t.shape) for t in (q, k, v)], "dropout_p": dropout_p,
+                      "softmax_scale": softmax_scale, "causal": causal, "strides": [t.stride(-1) for t in (q, k, v)]})
+        return reference_flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, **rest)
+
+    module = types.ModuleType("flash_attn")
+    module.flash_attn_func = flash_attn_func
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    return calls
+
+
+def _flash_attn_rewrite(stem: str):
+    path = _by_name(stem)
+    source = path.read_text(encoding="utf-8")
+    result = analyze_source(source, str(path), backend="flash-attn")
+    return source, result
+
+
+@pytest.mark.parametrize("stem", ["01_", "02_", "19_", "28_"])
+def test_flash_attn_path_matches_the_original_through_the_reference(stem, fake_flash_attn):
+    source, result = _flash_attn_rewrite(stem)
+    (finding,) = [f for f in result.findings if "emission" in f.extra]
+    assert finding.extra["emission"]["emitted"] == "flash-attn" and finding.extra["emission"]["gpu_verified"] is False
+    assert "def flash_attn_or_sdpa(" in result.fixed
+    original = load_module_from_source(source, f"{stem}fa_original")
+    rewritten = load_module_from_source(result.fixed, f"{stem}fa_rewritten")
+    model_o, inputs = build(original, 0)
+    model_r, _ = build(rewritten, 0)
+    model_r.load_state_dict(model_o.state_dict())
+    model_o, model_r = model_o.to(torch.bfloat16), model_r.to(torch.bfloat16)
+    inputs = tuple(x.to(torch.bfloat16).as_subclass(_PretendCuda) if x.is_floating_point() else x for x in inputs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the flash path must not warn about a fallback
+        out_r = run_forward(model_r, inputs)
+    out_o = run_forward(model_o, inputs)
+    out_o, out_r = (o[0] if isinstance(o, tuple) else o for o in (out_o, out_r))
+    torch.testing.assert_close(out_r.float(), out_o.float(), atol=2e-2, rtol=2e-2)
+    assert fake_flash_attn, "flash_attn_func was not called"
+    call = fake_flash_attn[0]
+    heads = call["shapes"][0][2]
+    assert call["shapes"][1][2] in (1, heads) and call["strides"] == [1, 1, 1]
+    assert call["causal"] == ("causal=True" in result.fixed) and call["dropout_p"] == 0.0
+
+
+def test_flash_attn_layout_and_arguments_against_sdpa():
+    """The reference itself (bf16 aside) is SDPA in another layout: checks the test's yardstick."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 8, 16, 32), torch.randn(2, 1, 16, 32), torch.randn(2, 1, 16, 32)
+    got = reference_flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=0.3,
+                                    causal=True).transpose(1, 2)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_flash_attn_falls_back_to_sdpa_and_says_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # `import flash_attn` raises ImportError
+    source, result = _flash_attn_rewrite("01_")
+    with pytest.warns(UserWarning, match="flash_attn package is not installed"):
+        parity(source, result.fixed, atol=1e-5, rtol=1e-5, name="fa_fallback")
+
+
+def test_flash_attn_falls_back_on_cpu_tensors(fake_flash_attn):
+    source, result = _flash_attn_rewrite("01_")
+    with pytest.warns(UserWarning, match="not 4-D float16/bfloat16 CUDA tensors"):
+        parity(source, result.fixed, atol=1e-5, rtol=1e-5, name="fa_cpu")
+    assert not fake_flash_attn
+
+
+def test_flash_attn_keeps_sdpa_for_masked_sites():
+    _, result = _flash_attn_rewrite("11_")
+    (finding,) = result.findings
+    assert finding.extra["emission"]["emitted"] == "sdpa" and "flash_attn_func takes no mask" in \
+        finding.extra["emission"]["reason"]
+    assert "flash_attn_or_sdpa" not in result.fixed

@@ -1,0 +1,194 @@
+"""Hugging Face attention configuration (ADV601-603) and the deprecated sdp_kernel (ADV701), on user scripts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from advisor.cli import main
+from advisor.scan import analyze_source
+
+SERVING_SCRIPT = textwrap.dedent('''\
+    """Serve a causal LM over HTTP (the model is loaded once at start-up)."""
+    import torch
+    from fastapi import FastAPI
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    MODEL_ID = "meta-llama/Llama-3.2-1B-Instruct"
+
+    app = FastAPI()
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_ID)
+    model = AutoModelForCausalLM.from_pretrained(
+        MODEL_ID,
+        torch_dtype=torch.bfloat16,
+        attn_implementation="eager",  # pinned when we debugged attention maps
+        device_map="cuda",
+    )
+    model.eval()
+
+
+    @app.post("/generate")
+    @torch.inference_mode()
+    def generate(prompt: str, max_new_tokens: int = 128) -> dict:
+        inputs = tokenizer(prompt, return_tensors="pt").to("cuda")
+        with torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False, enable_mem_efficient=False):
+            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        return {"text": tokenizer.decode(output[0], skip_special_tokens=True)}
+''')
+
+
+def _findings(source: str, path: str = "serve.py", **options):
+    return analyze_source(source, path, **options).findings
+
+
+def _rules(source: str, path: str = "serve.py") -> list[str]:
+    return [f.rule for f in _findings(source, path)]
+
+
+def test_serving_script_gets_both_findings_with_fixes(tmp_path, capsys):
+    script = tmp_path / "serve.py"
+    script.write_text(SERVING_SCRIPT, encoding="utf-8")
+    assert main(["scan", "--format", "json", str(script)]) == 1
+    findings = {f["rule"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert set(findings) == {"ADV601", "ADV701"}
+    eager, deprecated = findings["ADV601"], findings["ADV701"]
+    assert eager["kind"] == "hf-attn-implementation" and deprecated["kind"] == "deprecated-api"
+    assert eager["line"] == 10 and deprecated["line"] == 23 and deprecated["function"] == "generate"
+    assert eager["fixable"] and eager["fix_safety"] == "unsafe" and "supports SDPA" in eager["reason"]
+    assert "flash_attention_2" in eager["message"]  # CUDA + bf16 script
+    assert deprecated["fixable"] and deprecated["fix_safety"] == "safe"
+    assert main(["fix", "--apply", "--unsafe-fixes", str(script)]) == 0
+    fixed = script.read_text(encoding="utf-8")
+    changed = [line for line in fixed.splitlines() if line not in SERVING_SCRIPT.splitlines()]
+    assert changed == ["from torch.nn.attention import SDPBackend, sdpa_kernel",
+                       '    attn_implementation="sdpa",  # pinned when we debugged attention maps',
+                       "    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):"]
+    assert len(fixed.splitlines()) == len(SERVING_SCRIPT.splitlines()) + 1
+    assert _rules(fixed) == []
+    capsys.readouterr()
+    assert main(["fix", "--apply", "--unsafe-fixes", str(script)]) == 0  # idempotent
+    assert script.read_text(encoding="utf-8") == fixed
+
+
+@pytest.mark.parametrize("code", [
+    'from transformers import AutoModel as M\nm = M.from_pretrained("x", attn_implementation="eager")',
+    'import transformers as tf\nm = tf.AutoModel.from_pretrained("x", attn_implementation="eager")',
+    'from transformers import AutoModel, AutoConfig\nm = AutoModel.from_config(AutoConfig(), attn_implementation="eager")',
+    'from transformers import LlamaConfig\nconfig = LlamaConfig(hidden_size=64, attn_implementation="eager")',
+    'config._attn_implementation = "eager"  # attn_implementation',
+    'def load(model):\n    model.set_attn_implementation("eager")',
+    "def load(model):\n    model.set_attn_implementation(attn_implementation='eager')",
+])
+def test_eager_attention_is_found_in_every_spelling(code):
+    (finding,) = _findings(code + "\n")
+    assert finding.rule == "ADV601" and finding.fixable
+    assert "sdpa" in finding.patch and "eager" not in finding.patch.splitlines()[-1]
+
+
+@pytest.mark.parametrize("code", [
+    'from transformers import AutoModel\nm = AutoModel.from_pretrained("x", attn_implementation="sdpa")',
+    'from transformers import AutoModel\nm = AutoModel.from_pretrained("x", attn_implementation=IMPL)',
+    'def f(db):\n    db.connect(attn_implementation="eager")',  # not a transformers loader
+])
+def test_other_attention_settings_are_left_alone(code):
+    assert _rules(code + "\n") == []
+
+
+def test_concrete_class_with_sdpa_support_gets_a_safe_fix_unless_weights_are_requested():
+    loader = 'from transformers import LlamaForCausalLM\nm = LlamaForCausalLM.from_pretrained("x", ' \
+             'attn_implementation="eager")\n'
+    (finding,) = _findings(loader)
+    assert finding.fix_safety == "safe" and finding.reason is None
+    assert "flash_attention_2" not in finding.message  # nothing says CUDA + half precision
+    with_weights = loader + "out = m(ids, output_attentions=True)\n"
+    (finding,) = _findings(with_weights)
+    assert finding.fix_safety == "unsafe" and "output_attentions=True at line 3" in finding.reason
+
+
+def test_output_attentions_on_inference_paths():
+    code = textwrap.dedent('''\
+        import torch
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained("x")
+
+        def train_step(batch):
+            return model(**batch, output_attentions=True)
+
+        @torch.no_grad()
+        def embed(batch):
+            return model(**batch, output_attentions=True)
+
+        def serve(batch):
+            with torch.inference_mode():
+                out = model(**batch, output_attentions=True)
+            return model.generate(**batch, output_attentions=True)
+    ''')
+    found = [(f.rule, f.line, f.function) for f in _findings(code)]
+    assert found == [("ADV602", 10, "embed"), ("ADV602", 14, "serve"), ("ADV602", 15, "serve")]
+    assert all(not f.fixable and "eager" in f.reason for f in _findings(code))
+
+
+def test_bettertransformer_conversions_are_reported_without_a_patch():
+    code = textwrap.dedent('''\
+        from optimum.bettertransformer import BetterTransformer
+        from transformers import AutoModel
+        model = AutoModel.from_pretrained("x")
+        fast = BetterTransformer.transform(model)
+        faster = model.to_bettertransformer()
+    ''')
+    findings = _findings(code)
+    assert [(f.rule, f.line, f.kind) for f in findings] == [("ADV603", 4, "hf-attn-implementation"),
+                                                          ("ADV603", 5, "hf-attn-implementation")]
+    assert all(not f.fixable and f.patch is None for f in findings)
+
+
+def _flags_inside(context) -> tuple[bool, bool, bool, bool]:
+    with context:
+        return (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                torch.backends.cuda.math_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled())
+
+
+@pytest.mark.parametrize("flags", list(itertools.product((None, True, False), repeat=4))[::5])
+def test_sdp_kernel_translation_enables_exactly_the_same_backends(flags):
+    names = ("enable_flash", "enable_math", "enable_mem_efficient", "enable_cudnn")
+    given = {name: value for name, value in zip(names, flags) if value is not None}
+    call = "torch.backends.cuda.sdp_kernel(" + ", ".join(f"{k}={v}" for k, v in given.items()) + ")"
+    source = f"import torch\nwith {call}:\n    pass\n"
+    result = analyze_source(source, "ctx.py")
+    (finding,) = result.findings
+    assert finding.rule == "ADV701" and finding.fix_safety == "safe"
+    new_call = result.fixed.splitlines()[2].removeprefix("with ").removesuffix(":")
+    namespace: dict = {}
+    exec(result.fixed.splitlines()[1], namespace)  # the added import
+    with pytest.warns(FutureWarning):
+        old = _flags_inside(torch.backends.cuda.sdp_kernel(**given))
+    assert _flags_inside(eval(new_call, namespace)) == old
+
+
+def test_sdp_kernel_with_run_time_flags_gets_no_fix():
+    (finding,) = _findings("import torch.backends.cuda as cu\nctx = cu.sdp_kernel(enable_math=use_math)\n")
+    assert finding.rule == "ADV701" and not finding.fixable and "enable_math" in finding.reason
+
+
+def test_library_files_are_never_reported_or_patched(tmp_path, capsys):
+    library = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "someserver"
+    library.mkdir(parents=True)
+    script = library / "serve.py"
+    script.write_text(SERVING_SCRIPT, encoding="utf-8")
+    assert main(["fix", "--apply", "--unsafe-fixes", str(script)]) == 0
+    assert script.read_text(encoding="utf-8") == SERVING_SCRIPT
+    import transformers.models.whisper.generation_whisper as whisper_generation
+
+    installed = Path(whisper_generation.__file__)  # sets `_attn_implementation = "eager"` on a config
+    copy = tmp_path / "user_copy.py"
+    shutil.copyfile(installed, copy)
+    capsys.readouterr()
+    main(["scan", "--format", "json", "--select", "ADV6,ADV7", str(installed), str(copy)])
+    found = json.loads(capsys.readouterr().out)["findings"]
+    assert found and {f["path"] for f in found} == {str(copy)}  # the same text is reported only outside the library
