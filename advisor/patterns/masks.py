@@ -25,6 +25,8 @@ NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: f
 RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", "clone", "logical_not", "long",
                 "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
 CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand")}
+RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
+                          "torch.logical_not", "torch.clone"}
 ROWS = "fully-masked-rows"
 
 
@@ -83,7 +85,7 @@ class RankBounds:
             if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
                 return _exact(len(sizes[0].value.elements))
             return _exact(len(sizes)) if dotted != "torch.full" else UNKNOWN
-        if dotted in ("torch.nn.Parameter", "torch.nn.parameter.Parameter") and args:
+        if dotted in RANK_KEEPING_FUNCTIONS and args:
             return below(args[0].value)
         if isinstance(node.func, cst.Attribute):
             method, receiver = node.func.attr.value, node.func.value
