@@ -261,6 +261,7 @@ class _FunctionMatcher:
         self._dtype_changes: list[Op] = []  # casts and softmax(dtype=) inside the block
         self._dtype_roots: DtypeRoots | None = None
         self._twin = self._twin_softmax(softmax)
+        self._softmax_node = softmax.node
         core = self._peel_scores(softmax.operands[0], chain)
         ndim = self._core_roles(core, chain, match)
         self._check_softmax_dim(softmax, ndim)
@@ -302,6 +303,11 @@ class _FunctionMatcher:
         """What the code around the block may change: see patterns.scope."""
         deleted = [s for s in match.removed if self._function_of(s) is self.home]
         reason = scope.same_context(self.parsed, deleted, match.output_node)
+        steps = [d.statement for d in consumed] + [self._softmax_node]
+        inlined = [s for s in steps if self._in_inlined(s) and scope.enclosing_contexts(self.parsed, s)]
+        if reason is None and inlined:  # a helper's step runs once per call only at its top level
+            reason = (f"a step of the helper `{self._function_of(inlined[0]).name.value}` runs inside a loop or "
+                      f"`with` block (line {self.parsed.line(inlined[0])})")
         if reason is not None:
             raise Refusal(reason)
         match.facts.proved("scope", "the deleted statements run exactly when the value product runs",
@@ -1565,17 +1571,6 @@ class _CallSiteFinder(cst.CSTVisitor):
             self.calls.append(node)
 
 
-def _unpacked(definition: Definition) -> cst.BaseExpression | None:
-    """The value an assignment gives its name: the whole value, or its element in `a, b = x, y`."""
-    value = definition.value
-    if definition.index is None:
-        return value
-    if isinstance(value, (cst.Tuple, cst.List)) and definition.index < len(value.elements) and \
-            not any(isinstance(e, cst.StarredElement) for e in value.elements):
-        return value.elements[definition.index].value
-    return None
-
-
 def _method_on(consumer: cst.CSTNode | None, receiver: cst.CSTNode) -> str | None:
     """`view` for `receiver.view(...)`, `mT` for `receiver.mT`; None when `consumer` is no method of it."""
     if isinstance(consumer, cst.Call) and isinstance(consumer.func, cst.Attribute) and consumer.func.value is receiver:
@@ -1589,6 +1584,17 @@ def _method_kind(function: cst.FunctionDef) -> str:
     """'static', 'class' or 'instance': what a call through `self.` binds to the first parameter."""
     names = {dec.decorator.value for dec in function.decorators if isinstance(dec.decorator, cst.Name)}
     return "static" if "staticmethod" in names else ("class" if "classmethod" in names else "instance")
+
+
+def _unpacked(definition: Definition) -> cst.BaseExpression | None:
+    """The value an assignment gives its name: the whole value, or its element in `a, b = x, y`."""
+    value = definition.value
+    if definition.index is None:
+        return value
+    if isinstance(value, (cst.Tuple, cst.List)) and definition.index < len(value.elements) and \
+            not any(isinstance(e, cst.StarredElement) for e in value.elements):
+        return value.elements[definition.index].value
+    return None
 
 
 def _is_atom_node(node: cst.CSTNode) -> bool:
