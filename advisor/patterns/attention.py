@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.patterns import einsum as es
-from advisor.patterns import scope
 from advisor.patterns import masks as mk
+from advisor.patterns import scope
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import Op, OpReader, int_value, number_value

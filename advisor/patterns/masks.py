@@ -25,6 +25,8 @@ NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: f
 RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", "clone", "logical_not", "long",
                 "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
 CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand")}
+RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
+                          "torch.logical_not", "torch.clone"}
 ROWS = "fully-masked-rows"
 
 
@@ -61,6 +63,8 @@ class RankBounds:
                 and self.owner is not None:
             built = self.owner.only_value(node.attr.value)
             return below(built) if built is not None else UNKNOWN
+        if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
+            return below(node.value)
         if isinstance(node, cst.Subscript):
             return _subscript_bounds(node, below(node.value))
         if isinstance(node, cst.UnaryOperation):
@@ -81,7 +85,7 @@ class RankBounds:
             if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
                 return _exact(len(sizes[0].value.elements))
             return _exact(len(sizes)) if dotted != "torch.full" else UNKNOWN
-        if dotted in ("torch.nn.Parameter", "torch.nn.parameter.Parameter") and args:
+        if dotted in RANK_KEEPING_FUNCTIONS and args:
             return below(args[0].value)
         if isinstance(node.func, cst.Attribute):
             method, receiver = node.func.attr.value, node.func.value
