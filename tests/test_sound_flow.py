@@ -8,6 +8,7 @@ weights and inputs and compares them.
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -600,3 +601,24 @@ def test_a_helper_step_inside_a_loop_is_refused():
         return s.softmax(dim=-1)
     """)
     assert not assert_exact_or_not_safe(source, "helper_loop")
+
+
+# the fuzzer's counterexamples for these classes (fixtures/attention/regressions) --------------------------------
+
+REGRESSIONS = Path(__file__).resolve().parent.parent / "fixtures" / "attention" / "regressions"
+FLOW_REGRESSIONS = ["12_tril_buffer_written_in_init", "13_else_branch_scale", "14_scale_argument_tensor",
+                    "15_residual_attention_loop", "16_no_grad_scores", "17_del_key", "20_chained_assignment",
+                    "21_bmm_out_buffer", "22_hook_point"]
+
+
+@pytest.mark.parametrize("name", FLOW_REGRESSIONS)
+def test_fuzzer_counterexample_gets_no_wrong_safe_patch(name):
+    source = (REGRESSIONS / f"{name}.py").read_text(encoding="utf-8")
+    assert findings(source), "the block must be reported"
+    assert_exact_or_not_safe(source, name)
+
+
+def test_residual_attention_weights_cannot_be_dropped():
+    source = (REGRESSIONS / "15_residual_attention_loop.py").read_text(encoding="utf-8")
+    finding = the_finding(source)
+    assert finding.rule == "ADV102" and not finding.fixable and "flow back into the scores" in finding.reason
