@@ -622,3 +622,17 @@ def test_residual_attention_weights_cannot_be_dropped():
     source = (REGRESSIONS / "15_residual_attention_loop.py").read_text(encoding="utf-8")
     finding = the_finding(source)
     assert finding.rule == "ADV102" and not finding.fixable and "flow back into the scores" in finding.reason
+
+
+def test_attribute_written_by_a_called_method_between_is_refused():
+    source = attention("""
+        s = q @ self.mem_k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        self.remember(k)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('mem_k', torch.randn(2, 2, 6, 8))", methods="""
+    def remember(self, k):
+        self.mem_k = k
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`self.mem_k` is written at line" in finding.reason

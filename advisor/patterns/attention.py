@@ -309,7 +309,7 @@ class _FunctionMatcher:
         kept = list(self._leaf_nodes) + [node for term in match.masks for node in term.nodes]
         first = min([self.parsed.line(s) for s in deleted] + [self.parsed.line(output_statement)])
         paths = scope.attribute_paths(self.parsed, kept)
-        reason = scope.attribute_written_between(self.parsed, self.home, paths, first,
+        reason = scope.attribute_written_between(self.parsed, self.home, self.owner, paths, first,
                                                  self.parsed.line(output_statement))
         if reason is None:
             reason = scope.storage_written_between(self.parsed, self.flow, kept, first,
