@@ -15,6 +15,8 @@ import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.findings import Finding, ScanError, display_path
+from advisor.fixes import copies_casts
+from advisor.fixes.evidence import RuntimeEvidence
 from advisor.hf.config_rules import might_match as might_match_config
 from advisor.hf.findings import config_findings
 from advisor.patterns.attention import AttentionMatch, find_attention
@@ -49,18 +51,20 @@ class ScanResult:
 
 
 def might_contain_attention(source: str) -> bool:
-    """Cheap prefilter: every attention matcher anchors on a softmax, and every configuration rule on one of
-    its tokens (advisor.hf.config_rules.PREFILTER_TOKENS), so a file with neither has no finding."""
+    """Cheap prefilter: every attention matcher anchors on a softmax, every configuration rule on one of its
+    tokens (advisor.hf.config_rules.PREFILTER_TOKENS) and every static copy/cast proof on one of its own
+    (advisor.fixes.copies_casts.PREFILTER_TOKENS), so a file with none has no static finding."""
     lowered = source.lower()
-    return "softmax" in lowered or might_match_config(lowered)
+    return "softmax" in lowered or might_match_config(lowered) or copies_casts.might_match(lowered)
 
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, only: set[tuple[str, int]] | None = None,
-                   backend: str = "sdpa") -> FileResult:
+                   backend: str = "sdpa", runtime: RuntimeEvidence | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source.
     `only` restricts which findings' patches go into `fixed` (by (rule, line)), for interactive review;
-    `backend` is what attention rewrites target where the site is eligible (sdpa, flash, flash-attn)."""
+    `backend` is what attention rewrites target where the site is eligible (sdpa, flash, flash-attn);
+    `runtime` is a profile's evidence (`fix --profile`), joined to this file's copies and casts."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
     findings, to_apply, config_edits, edits = [], [], [], []
@@ -74,7 +78,11 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
         if chosen and finding.patch and (finding.fix_safety == "safe" or unsafe_fixes):
             to_apply.append(match)
             edits.append(finding_edits)
-    for finding, edit, finding_edits in config_findings(parsed):  # Hugging Face and deprecated-API rules
+    covered = [(f.line, f.end_line, f.rule, f.patch is not None) for f in findings]
+    evidence = runtime.for_path(path) if runtime is not None else None
+    # Hugging Face and deprecated-API rules, then copies and casts: each finding with its own expression edit
+    for finding, edit, finding_edits in config_findings(parsed) + copies_casts.copy_cast_findings(parsed, evidence,
+                                                                                                   covered):
         if not is_selected(finding.rule, select, ignore) or _is_suppressed(suppressed, finding, finding.rule):
             continue
         findings.append(finding)
@@ -158,13 +166,14 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: AttentionMatch
 
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
-               backend: str = "sdpa") -> ScanResult:
+               backend: str = "sdpa", runtime: RuntimeEvidence | None = None) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic."""
     files, errors = discover(paths)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend)
+    scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
+                       runtime=runtime)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             outcomes = list(pool.map(scan_one, files, chunksize=4))
@@ -179,14 +188,15 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     return result
 
 
-def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa") -> FileResult | ScanError:
+def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
+               runtime: RuntimeEvidence | None = None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            return _analyze_file(path, unsafe_fixes, select, ignore, backend)
+            return _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime)
     except RecursionError:
         return ScanError(path, "too deeply nested to analyse (the interpreter's recursion limit was reached)")
     except MemoryError:
@@ -196,17 +206,19 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
                          internal=True)
 
 
-def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str) -> FileResult | ScanError:
+def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
+                  runtime: RuntimeEvidence | None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
     error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
     if error is not None:
         return error
-    if not might_contain_attention(source.text):
+    measured = runtime is not None and runtime.for_path(path) is not None
+    if not measured and not might_contain_attention(source.text):
         return FileResult(path, source.text, source.text)
     try:
-        return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend)
+        return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 

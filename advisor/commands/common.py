@@ -39,13 +39,14 @@ def _codes(text: str) -> list[str]:
     return codes
 
 
-def run_scan(args) -> ScanResult:
-    """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned."""
+def run_scan(args, runtime=None) -> ScanResult:
+    """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned.
+    `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source."""
     stderr = Console(stderr=True)
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
         task = progress.add_task("scanning", total=None)
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
-                            backend=args.backend,
+                            backend=args.backend, runtime=runtime,
                             on_file=lambda path: progress.update(task, description=f"scanning {shown(path)}"))
     if not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from rich.console import Console
 from rich.prompt import Prompt
 
 from advisor.commands.common import add_selection_arguments, exit_code, run_scan
@@ -22,13 +23,17 @@ def add_parser(sub) -> None:
     parser.add_argument("--interactive", action="store_true", help="ask y/n/q for each patch, then write")
     parser.add_argument("--force-readonly", action="store_true",
                         help="also rewrite read-only files (their mode, owner and group are kept)")
+    parser.add_argument("--profile", metavar="TARGET", default=None,
+                        help="run TARGET (file.py:function) under the profiler and also fix the copies and casts it "
+                             "measured (without it, only statically provable copy/cast fixes are offered)")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
     """Exit 2 when a fix could not be written (each such file is one error line; the other files are still
     fixed), else 1 when findings remain."""
-    result = run_scan(args)
+    args.runtime = _profiled(args.profile) if args.profile else None
+    result = run_scan(args, runtime=args.runtime)
     console = stdout_console()
     print_errors(console, result.errors)
     remaining, applied, failures = 0, 0, []
@@ -101,7 +106,18 @@ def _fixed_with(file, chosen, args) -> str:
     """Re-run the rewrite restricted to the chosen findings (by rule and line)."""
     keep = {(f.rule, f.line) for f in chosen}
     result = analyze_source(file.source, file.path, unsafe_fixes=args.unsafe_fixes, select=args.select,
-                            ignore=args.ignore, only=keep, backend=args.backend)
+                            ignore=args.ignore, only=keep, backend=args.backend, runtime=args.runtime)
     if result.source != file.source:
         raise AdvisorError("changed while reviewing; not written")
     return result.fixed
+
+
+def _profiled(target: str):
+    """The runtime evidence of one profiled run of TARGET, joined to the scanned files by realpath and line."""
+    from advisor.fixes.evidence import evidence_from_report
+    from advisor.runtime.profile import profile_workload
+    from advisor.workload_loader import load_workload
+
+    with Console(stderr=True).status("profiling") as status:
+        report = profile_workload(load_workload(target), target, progress=lambda message: status.update(message))
+    return evidence_from_report(report)
