@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
+import networkx as nx
 
 from advisor.patterns import einsum as es
 from advisor.patterns import masks as mk
@@ -194,17 +195,18 @@ class _FunctionMatcher:
         return definition.value is not None and self._reaches(definition.value, names, depth)
 
     def _feeds_product(self, node: cst.CSTNode) -> bool:
-        frontier, seen = [node], 0
+        frontier, seen, visited = [node], 0, {id(node)}  # visited: a loop makes the def-use graph cyclic
         while frontier and seen < MAX_CHAIN:
             seen += 1
-            current = frontier.pop()
+            current = frontier.pop(0)
             if isinstance(self.parsed.parents.get(current), cst.Return):
                 frontier.extend(_calls_to(self.parsed, self.function, self.owner))
                 continue
             for consumer, op in self._consumers(current):
                 if op is not None and op.name in ("matmul", "bmm", "einsum"):
                     return True
-                if consumer is not None:
+                if consumer is not None and id(consumer) not in visited:
+                    visited.add(id(consumer))
                     frontier.append(consumer)
         return False
 
@@ -272,6 +274,7 @@ class _FunctionMatcher:
         if (softmax.params["stages"][0] if softmax.name == "sequential" else softmax).params.get("dtype") is not None:
             self._dtype_changes.append(softmax)
         output, value_node, weight_defs, escapes, more_dropouts = self._follow_weights(softmax.node, ndim)
+        self._weight_defs = weight_defs
         buffer = scope.out_argument(output.node)
         if buffer is not None:
             raise Refusal(f"the value product writes into `out={self._short(buffer)}`, which SDPA cannot fill")
@@ -318,7 +321,7 @@ class _FunctionMatcher:
         kept = list(self._leaf_nodes) + [node for term in match.masks for node in term.nodes]
         first = min([self.parsed.line(s) for s in deleted] + [self.parsed.line(output_statement)])
         paths = scope.attribute_paths(self.parsed, kept)
-        reason = scope.attribute_written_between(self.parsed, self.home, paths, first,
+        reason = scope.attribute_written_between(self.parsed, self.home, self.owner, paths, first,
                                                  self.parsed.line(output_statement))
         if reason is None:
             reason = scope.storage_written_between(self.parsed, self.flow, kept, first,
@@ -1464,6 +1467,13 @@ class _FunctionMatcher:
         where = ", ".join(sorted({str(self.parsed.line(read)) for read in match.escapes}))
         match.reason = (f"the attention weights are used outside the block (line {where}), and SDPA does not "
                         f"return them")
+        score_ids = {d.id for d in self._chain.definitions}
+        graph = self.flow.graph
+        feedback = [d for d in self._weight_defs if d.id in graph and nx.descendants(graph, d.id) & score_ids]
+        if feedback:  # residual attention: the weights reach the next iteration's scores
+            match.unsafe_reason = (f"the weights `{feedback[0].name}` flow back into the scores (a loop), so they "
+                                   f"cannot be replaced by None")
+            return
         for read in match.escapes:
             parent = self.parsed.parents.get(read)
             if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
