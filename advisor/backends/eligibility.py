@@ -27,6 +27,7 @@ class SiteFacts:
     mask: str = "none"  # "none", "bool", "float", "causal" (is_causal=True)
     mask_conditional: bool = False  # the mask is only built under an `if` (SDPA gets None otherwise)
     causal_guard: str | None = None  # the mask is one causal mask applied under `if <causal_guard>:`
+    bottom_right_causal: bool = False  # the mask is causal aligned to the bottom-right corner (L != S possible)
     dropout: str | None = None  # the dropout_p expression, None when there is no dropout
     head_dim: int | None = None  # q/k head dim
     value_head_dim: int | None = None
@@ -225,6 +226,13 @@ def _eligible_variant(backend: str, facts: SiteFacts) -> str | None:
         grouped = replace(facts, kv_heads="grouped")
         if _verdict(backend, grouped).eligible is not False:
             return "pass K/V with their single head and `enable_gqa=True` (torch >= 2.5): the same values"
+    if facts.bottom_right_causal:
+        causal = replace(facts, mask="causal", bottom_right_causal=False)
+        if _verdict(backend, causal).eligible is not False:
+            if backend == "flash-attn":
+                return "flash_attn_func(causal=True) is aligned bottom-right: it states this sliced causal mask exactly"
+            return ("pass `attn_mask=causal_lower_right(L, S)` (torch.nn.attention.bias) for the sliced causal "
+                    "mask: the same mask, and the flash kernel takes it")
     if facts.causal_guard is not None:
         causal = replace(facts, mask="causal", mask_conditional=False, causal_guard=None)
         if _verdict(backend, causal).eligible is not False:
