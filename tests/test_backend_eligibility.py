@@ -168,3 +168,14 @@ def test_causal_lower_right_states_the_sliced_buffer_exactly():
     variant = torch.nn.functional.scaled_dot_product_attention(q, k, v,
                                                                attn_mask=causal_lower_right(length_q, length_k))
     torch.testing.assert_close(variant, original, atol=1e-6, rtol=1e-5)
+
+
+def test_profiled_math_fallback_carries_backends_from_the_recorded_call():
+    """The profile knows shapes, dtype and device: the verdicts are decided, and agree with the kernel that ran."""
+    from profile_helpers import by_rule, run_fixture
+
+    [fallback] = by_rule(run_fixture("sdpa_fallback.py"), "ADV401")
+    backends = fallback.extra["evidence"]["backends"]
+    assert backends["sdpa-flash"]["eligible"] is False and "dropout" in backends["sdpa-flash"]["reason"]
+    assert backends["sdpa-efficient"]["eligible"] is False and backends["flash-attn"]["eligible"] is False
+    assert backends["sdpa-math"]["eligible"] is True

@@ -24,7 +24,7 @@ BACKENDS = ("sdpa-flash", "sdpa-efficient", "sdpa-math", "flash-attn")
 class SiteFacts:
     """What one SDPA call receives; None means not known (static scans rarely know dtype, device or shapes)."""
 
-    mask: str = "none"  # "none", "bool", "float", "causal" (is_causal=True)
+    mask: str = "none"  # "none", "bool", "float", "given" (of unknown dtype), "causal" (is_causal=True)
     mask_conditional: bool = False  # the mask is only built under an `if` (SDPA gets None otherwise)
     causal_guard: str | None = None  # the mask is one causal mask applied under `if <causal_guard>:`
     bottom_right_causal: bool = False  # the mask is causal aligned to the bottom-right corner (L != S possible)
@@ -170,7 +170,8 @@ def _no_mask(checks: _Checks, facts: SiteFacts, failure: str) -> None:
     if facts.mask_conditional:
         checks.unknown.append(f"no attn_mask at run time (a {facts.mask} mask is built under an `if`; {failure})")
     else:
-        checks.refused.append(f"a {facts.mask} attn_mask is passed: {failure}")
+        kind = "an" if facts.mask == "given" else f"a {facts.mask}"
+        checks.refused.append(f"{kind} attn_mask is passed: {failure}")
 
 
 def _unit_stride(checks: _Checks, facts: SiteFacts) -> None:
