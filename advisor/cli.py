@@ -6,10 +6,11 @@ import argparse
 import sys
 from importlib import import_module
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, visible
 
 VERBS = ("scan", "fix", "profile", "analyze", "optimize", "rules")
 EXIT_CLEAN, EXIT_ERROR = 0, 2  # 1 (findings remain) is returned by the verbs themselves
+DEBUG_HELP = "show tracebacks for errors"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -19,35 +20,42 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="advisor", description="Find what makes PyTorch model code slow and fix it.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     for verb in VERBS:
         module = import_module(f"advisor.commands.{verb}")
         module.add_parser(sub)
+        # accepted after the verb too; SUPPRESS keeps a `--debug` given before the verb from being reset
+        sub.choices[verb].add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv  # known before parsing, so a failure while building the parser obeys it too
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # usage errors (2) and --help (0): return the code instead of exiting
-        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # usage errors (2) and --help (0): return the code instead of exiting
+            return exc.code if isinstance(exc.code, int) else EXIT_ERROR
         return args.run(args)
     except AdvisorError as exc:
-        if args.debug:
+        if debug:
             raise
-        print(f"advisor: error: {exc}", file=sys.stderr)
+        print(f"advisor: error: {visible(exc)}", file=sys.stderr)
         return EXIT_ERROR
-    except BrokenPipeError:  # `advisor scan ... | head`: the reader left; not an error of ours
-        sys.stderr.close()
+    except BrokenPipeError:  # the reader left before the verb could say how it ended
+        from advisor.report.terminal import quiet_stdout
+
+        quiet_stdout()
         return EXIT_CLEAN
     except KeyboardInterrupt:
         print("advisor: interrupted", file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
-        if args.debug:
+        if debug:
             raise
-        print(f"advisor: error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
+        print(f"advisor: error: {type(exc).__name__}: {visible(exc)} (run with --debug for the traceback)",
+              file=sys.stderr)
         return EXIT_ERROR

@@ -34,6 +34,7 @@ class Finding:
 class ScanError:
     path: str
     message: str
+    internal: bool = False  # a bug of ours, not bad input: the run exits 2 even when other files were scanned
 
     def to_json(self) -> dict[str, str]:
         return {"path": display_path(self.path), "message": self.message}

@@ -1,13 +1,21 @@
-"""Arguments and the run loop shared by `scan` and `fix`."""
+"""Arguments, the run loop and the exit code shared by `scan` and `fix`."""
 
 from __future__ import annotations
+
+import argparse
+import re
 
 from rich.console import Console
 from rich.progress import Progress
 
 from advisor.backends.site import REQUESTABLE
 from advisor.errors import AdvisorError
+from advisor.registry import unknown_selectors
+from advisor.report.terminal import shown
 from advisor.scan import ScanResult, scan_paths
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+SELECTOR = re.compile(r"[A-Z]+[0-9]*")
 
 
 def add_selection_arguments(parser) -> None:
@@ -21,18 +29,40 @@ def add_selection_arguments(parser) -> None:
 
 
 def _codes(text: str) -> list[str]:
-    return [code.strip().upper() for code in text.split(",") if code.strip()]
+    """Comma-separated codes or prefixes; one that names no rule is a usage error (exit 2), never an empty run."""
+    codes = [code.strip().upper() for code in text.split(",") if code.strip()]
+    malformed = [code for code in codes if not SELECTOR.fullmatch(code)]
+    unknown = malformed or unknown_selectors(codes)
+    if not codes or unknown:
+        raise argparse.ArgumentTypeError(f"unknown rule code or prefix: {', '.join(unknown) or repr(text)} "
+                                         "(`advisor rules` lists them)")
+    return codes
 
 
-def run_scan(args) -> ScanResult:
-    """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned."""
+def run_scan(args, runtime=None) -> ScanResult:
+    """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned.
+    `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source."""
     stderr = Console(stderr=True)
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
         task = progress.add_task("scanning", total=None)
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
-                            backend=args.backend,
-                            on_file=lambda path: progress.update(task, description=f"scanning {path}"))
-    if not result.files:
+                            backend=args.backend, runtime=runtime,
+                            on_file=lambda path: progress.update(task, description=f"scanning {shown(path)}"))
+    if not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result
+
+
+def _is_machine_format(args) -> bool:
+    """JSON and SARIF readers get a document even when nothing could be scanned (its errors say why)."""
+    return getattr(args, "format", "text") in ("json", "sarif")
+
+
+def exit_code(result: ScanResult, findings_remain: bool) -> int:
+    """2 when nothing could be scanned or advisor itself failed on a file (results are still printed), else 1 when
+    findings remain or a file could not be read or parsed (a CI gate must not pass over an unchecked file), else 0."""
+    if not result.files or any(error.internal for error in result.errors):
+        return EXIT_ERROR
+    return EXIT_FINDINGS if findings_remain or result.errors else EXIT_CLEAN
+

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import sys
 
+from rich.console import Console
 from rich.prompt import Prompt
 
-from advisor.commands.common import add_selection_arguments, run_scan
+from advisor.commands.common import add_selection_arguments, exit_code, run_scan
 from advisor.report.terminal import stdout_console
 from advisor.errors import AdvisorError
 from advisor.findings import ScanError, display_path
-from advisor.report.findings_console import print_diff
-from advisor.rewrite.patch import keep_untouched, resolve_inside, unified_diff, write_atomically
+from advisor.report.findings_console import print_diff, print_errors
+from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
 from advisor.scan import analyze_source
 
 
@@ -22,14 +23,19 @@ def add_parser(sub) -> None:
     parser.add_argument("--interactive", action="store_true", help="ask y/n/q for each patch, then write")
     parser.add_argument("--force-readonly", action="store_true",
                         help="also rewrite read-only files (their mode, owner and group are kept)")
+    parser.add_argument("--profile", metavar="TARGET", default=None,
+                        help="run TARGET (file.py:function) under the profiler and also fix the copies and casts it "
+                             "measured (without it, only statically provable copy/cast fixes are offered)")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
     """Exit 2 when a fix could not be written (each such file is one error line; the other files are still
     fixed), else 1 when findings remain."""
-    result = run_scan(args)
+    args.runtime = _profiled(args.profile) if args.profile else None
+    result = run_scan(args, runtime=args.runtime)
     console = stdout_console()
+    print_errors(console, result.errors)
     remaining, applied, failures = 0, 0, []
     quit_requested = False
     written: set[str] = set()
@@ -48,7 +54,7 @@ def run(args) -> int:
                 remaining += len(applicable)
                 continue
             else:
-                new_text = keep_untouched(file.source, file.fixed)
+                new_text = file.fixed
                 if not args.apply:
                     print_diff(console, unified_diff(display_path(file.path), file.source, new_text))
                     remaining += len(applicable)
@@ -65,7 +71,7 @@ def run(args) -> int:
     if args.apply or args.interactive:
         not_written = f", {len(failures)} file(s) not written" if failures else ""
         console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain{not_written}")
-    return 2 if failures else 1 if remaining else 0
+    return 2 if failures else exit_code(result, remaining > 0)
 
 
 def _write(file, new_text: str, args, written: set[str]) -> str | None:
@@ -85,7 +91,10 @@ def _ask(console, findings):
         label = "" if finding.fix_safety == "safe" else " [yellow](UNSAFE fix)[/yellow]"
         console.print(f"\n{display_path(finding.path)}:{finding.line} {finding.rule} {finding.message}{label}")
         print_diff(console, finding.patch)
-        answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
+        try:
+            answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
+        except EOFError:  # input ended (a closed pipe, Ctrl-D): quit, keeping what was accepted
+            answer = "q"
         if answer == "q":
             return chosen, True
         if answer == "y":
@@ -97,7 +106,18 @@ def _fixed_with(file, chosen, args) -> str:
     """Re-run the rewrite restricted to the chosen findings (by rule and line)."""
     keep = {(f.rule, f.line) for f in chosen}
     result = analyze_source(file.source, file.path, unsafe_fixes=args.unsafe_fixes, select=args.select,
-                            ignore=args.ignore, only=keep, backend=args.backend)
+                            ignore=args.ignore, only=keep, backend=args.backend, runtime=args.runtime)
     if result.source != file.source:
         raise AdvisorError("changed while reviewing; not written")
-    return keep_untouched(file.source, result.fixed)
+    return result.fixed
+
+
+def _profiled(target: str):
+    """The runtime evidence of one profiled run of TARGET, joined to the scanned files by realpath and line."""
+    from advisor.fixes.evidence import evidence_from_report
+    from advisor.runtime.profile import profile_workload
+    from advisor.workload_loader import load_workload
+
+    with Console(stderr=True).status("profiling") as status:
+        report = profile_workload(load_workload(target), target, progress=lambda message: status.update(message))
+    return evidence_from_report(report)

@@ -32,6 +32,8 @@ def add_parser(sub) -> None:
                                                         "temporary folder)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     parser.add_argument("--unsafe-fixes", action="store_true", help="also verify patches marked unsafe")
+    parser.add_argument("--timing-budget", type=float, default=4.0, metavar="S",
+                        help="seconds of interleaved timing per comparison (default 4; at least 12 rounds run)")
     parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
                         help="attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
     parser.add_argument("--root", default=".", metavar="DIR",
@@ -51,7 +53,7 @@ def run(args) -> int:
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend, apply=args.apply,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, timing_budget_s=args.timing_budget)
     with stderr.status("starting") as status:
         result = optimize(options, progress=lambda message: status.update(message))
     result["report"] = _write_reports(result, report_dir)

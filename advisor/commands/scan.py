@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 
-from advisor.commands.common import add_selection_arguments, run_scan
-from advisor.report.terminal import stdout_console
-from advisor.report.findings_console import print_diff, print_findings
+from rich.console import Console
+
+from advisor.commands.common import add_selection_arguments, exit_code, run_scan
+from advisor.findings import Finding
+from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.sarif import to_sarif
+from advisor.report.terminal import stdout_console, write_report
+from advisor.scan import ScanResult
 
 
 def add_parser(sub) -> None:
@@ -24,30 +28,30 @@ def run(args) -> int:
     findings = result.findings
     if args.profile:
         findings = _with_measured_cost(findings, args.profile)
-    if args.format == "json":
+    return write_report(lambda: _render(args.format, result, findings), exit_code(result, bool(findings)))
+
+
+def _render(output_format: str, result: ScanResult, findings: list[Finding]) -> None:
+    """Every format carries the errors: in the document (JSON, SARIF), or on stderr beside a patch (diff)."""
+    if output_format == "json":
         print(json.dumps({"version": 1, "files_scanned": len(result.files),
                           "findings": [f.to_json() for f in findings],
                           "errors": [e.to_json() for e in result.errors]}, indent=2))
-    elif args.format == "sarif":
-        print(json.dumps(to_sarif(findings), indent=2))
-    elif args.format == "diff":
+    elif output_format == "sarif":
+        print(json.dumps(to_sarif(findings, result.errors), indent=2))
+    elif output_format == "diff":
+        print_errors(Console(stderr=True, highlight=False), result.errors)
         console = stdout_console()
         for finding in findings:
             if finding.patch:
                 print_diff(console, finding.patch)
     else:
         print_findings(stdout_console(), findings, result.errors, len(result.files))
-    return 1 if findings else 0
 
 
 def _with_measured_cost(findings, target: str):
     """Static findings annotated with self_us/share/calls from a profiled run, most expensive first."""
-    from rich.console import Console
-
+    from advisor.commands.profile import profile_in_child
     from advisor.runtime.join import annotate_findings
-    from advisor.runtime.profile import profile_workload
-    from advisor.workload_loader import load_workload
 
-    with Console(stderr=True).status("profiling") as status:
-        report = profile_workload(load_workload(target), target, progress=lambda message: status.update(message))
-    return annotate_findings(findings, report.findings)
+    return annotate_findings(findings, profile_in_child(target)["findings"])

@@ -7,12 +7,11 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from advisor.findings import Finding, ScanError
-from advisor.report.terminal import short_path
+from advisor.report.terminal import short_path, shown
 
 
 def print_findings(console: Console, findings: list[Finding], errors: list[ScanError], files_scanned: int) -> None:
-    for error in errors:
-        console.print(f"[red]error[/red] {short_path(error.path)}: {error.message}", highlight=False)
+    print_errors(console, errors)
     if findings:
         table = Table(title=f"advisor: {len(findings)} finding(s) in {files_scanned} file(s)")
         for column in ("location", "rule", "fix", "what"):
@@ -20,13 +19,15 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
         for finding in findings:
             fix = ("-" if not finding.fixable else
                    ("safe" if finding.fix_safety == "safe" else "[yellow]unsafe[/yellow]"))
-            what = finding.message if finding.reason is None else f"{finding.message}\n[dim]{finding.reason}[/dim]"
+            what = shown(finding.message)
+            if finding.reason is not None:
+                what += f"\n[dim]{shown(finding.reason)}[/dim]"
             if "backends" in finding.extra:
                 what += "\n" + backends_summary(finding.extra["backends"], finding.extra.get("emission"))
             if "self_us" in finding.extra:
                 what += (f"\n[bold]measured: {finding.extra['self_us'] / 1000:.3f} ms/step, "
                          f"{finding.extra['share']:.1%} of the step[/bold]")
-            location = f"{short_path(finding.path)}:{finding.line}\n[dim]{finding.function}[/dim]"
+            location = f"{short_path(finding.path)}:{finding.line}\n[dim]{shown(finding.function)}[/dim]"
             table.add_row(location, finding.rule, fix, what)
         console.print(table)
     else:
@@ -43,15 +44,20 @@ def backends_summary(backends: dict, emission: dict | None) -> str:
     for name, verdict in backends.items():
         text = f"{name} {_MARKS[verdict['eligible']]}"
         if verdict["eligible"] is False:
-            text += f" [dim]({verdict['reason']})[/dim]"
+            text += f" [dim]({shown(verdict['reason'])})[/dim]"
         verdicts.append(text)
         if verdict.get("variant") and verdict["variant"] not in variants:
             variants.append(verdict["variant"])
-    lines = ["backends: " + ", ".join(verdicts)] + [f"[dim]variant: {variant}[/dim]" for variant in variants]
+    lines = ["backends: " + ", ".join(verdicts)] + [f"[dim]variant: {shown(variant)}[/dim]" for variant in variants]
     if emission and emission["requested"] != "sdpa":
         lines.append(f"[bold]--backend {emission['requested']}:[/bold] emitted {emission['emitted']}"
-                     + (f" [dim]({emission['reason']})[/dim]" if emission["reason"] else ""))
+                     + (f" [dim]({shown(emission['reason'])})[/dim]" if emission["reason"] else ""))
     return "\n".join(lines)
+
+
+def print_errors(console: Console, errors: list[ScanError]) -> None:
+    for error in errors:
+        console.print(f"[red]error[/red] {short_path(error.path)}: {shown(error.message)}", highlight=False)
 
 
 def print_diff(console: Console, diff: str) -> None:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from advisor.findings import Finding
-from advisor.report.terminal import short_path
+from advisor.report.terminal import short_path, shown
 
 
 def _us(value: float) -> str:
@@ -26,10 +26,10 @@ def print_measured(console: Console, title: str, findings: list[Finding], summar
     for finding in findings:
         extra = finding.extra
         span = f"{finding.line}" if finding.end_line == finding.line else f"{finding.line}-{finding.end_line}"
-        location = f"{short_path(finding.path)}:{span}\n[dim]{finding.function}[/dim]"
+        location = f"{short_path(finding.path)}:{span}\n[dim]{shown(finding.function)}[/dim]"
         share = f"{extra.get('share', 0.0):.1%}"
         if extra.get("negligible"):
             share = f"[dim]{share} (negligible)[/dim]"
-        table.add_row(str(extra.get("rank", "")), f"{finding.kind}\n[dim]{finding.rule}[/dim]", location,
-                      _us(extra.get("self_us", 0.0)), share, f"{extra.get('calls', 0):g}", finding.message)
+        table.add_row(str(extra.get("rank", "")), f"{shown(finding.kind)}\n[dim]{finding.rule}[/dim]", location,
+                      _us(extra.get("self_us", 0.0)), share, f"{extra.get('calls', 0):g}", shown(finding.message))
     console.print(table)

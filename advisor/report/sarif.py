@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from advisor.findings import Finding, display_path
+from advisor.findings import Finding, ScanError, display_path
 from advisor.registry import load_rules
 
 
-def to_sarif(findings: list[Finding]) -> dict:
+def to_sarif(findings: list[Finding], errors: list[ScanError]) -> dict:
+    """Findings as results; files that could not be scanned as the invocation's error notifications."""
     rules = load_rules()
     used = sorted({f.rule for f in findings})
     return {
@@ -25,5 +26,13 @@ def to_sarif(findings: list[Finding]) -> dict:
                     "artifactLocation": {"uri": display_path(f.path)},
                     "region": {"startLine": f.line, "endLine": f.end_line}}}],
             } for f in findings],
+            "invocations": [{
+                "executionSuccessful": not any(e.internal for e in errors),
+                "toolExecutionNotifications": [{
+                    "level": "error",
+                    "message": {"text": e.message},
+                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": display_path(e.path)}}}],
+                } for e in errors],
+            }],
         }],
     }

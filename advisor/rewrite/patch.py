@@ -22,8 +22,6 @@ import tempfile
 import threading
 from contextlib import contextmanager
 
-import libcst as cst
-
 from advisor.errors import AdvisorError
 from advisor.static.source_encoding import SourceDecodeError, decode_source, encode_source
 
@@ -44,24 +42,6 @@ def unified_diff(path: str, before: str, after: str) -> str:
                                         fromfile=f"a/{path}", tofile=f"b/{path}"))
 
 
-def keep_untouched(source: str, fixed: str) -> str:
-    """`fixed`, with what libcst's code generation lost outside the edit put back from `source`.
-
-    libcst does not round-trip every file (a file with CR-only newlines loses its final CR), so the edit is
-    located between libcst's own round trip of `source` and `fixed`, and replayed on `source` itself."""
-    if fixed == source:
-        return source
-    roundtrip = cst.parse_module(source).code
-    if roundtrip == source:
-        return fixed
-    start = len(os.path.commonprefix([roundtrip, fixed]))
-    end = len(os.path.commonprefix([roundtrip[start:][::-1], fixed[start:][::-1]]))
-    edited_until = len(roundtrip) - end
-    if source[:edited_until] != roundtrip[:edited_until]:
-        raise WriteRefused("libcst does not reproduce this file's text before the rewritten block; not written")
-    return fixed[:len(fixed) - end] + source[edited_until:]
-
-
 def resolve_inside(path: str, roots: list[str]) -> str:
     """The real file behind `path` (links resolved, so a link is never replaced by a file), when it lies inside
     one of `roots` (the scanned folders, or files named on the command line); refused otherwise."""
@@ -69,7 +49,7 @@ def resolve_inside(path: str, roots: list[str]) -> str:
     for root in map(os.path.realpath, roots):
         if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
             return real
-    raise WriteRefused(f"links to {real}, outside the scanned tree; not written")
+    raise WriteRefused(f"is {real} through a symbolic link, outside the scanned tree; not written")
 
 
 def write_atomically(path: str, expected_before: str, new_text: str, force_readonly: bool = False) -> None:

@@ -24,7 +24,7 @@ def functional_name(parsed: ParsedModule) -> FunctionalName:
         return FunctionalName(f"{aliases['torch.nn']}.functional", None)
     if "torch" in aliases:
         return FunctionalName(f"{aliases['torch']}.nn.functional", None)
-    taken = "F" in parsed.source.split()  # crude but conservative: any token "F" means the name may be used
+    taken = "F" in parsed.words  # crude but conservative: any token "F" means the name may be used
     if not taken:
         return FunctionalName("F", "import torch.nn.functional as F")
     return FunctionalName("torch.nn.functional", "import torch.nn.functional")

@@ -12,6 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from advisor.runtime.events import OpEvent, build, from_kineto
+from advisor.runtime.native_log import without_native_log
 from advisor.runtime.recorder import OpGraph, OpRecorder
 from advisor.runtime.runner import PreparedStep
 
@@ -68,8 +69,9 @@ def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None = N
         activities.append(ProfilerActivity.CUDA)
     stacks = records_details(prepared, trace_path)
     config = torch._C._profiler._ExperimentalConfig(verbose=True) if stacks else None
-    with profile(activities=activities, record_shapes=trace_path is not None, with_stack=stacks,
-                 experimental_config=config, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+    with without_native_log(), profile(
+            activities=activities, record_shapes=trace_path is not None, with_stack=stacks,
+            experimental_config=config, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
         for _ in range(steps + 1):
             prepared.step()
             prepared.sync()

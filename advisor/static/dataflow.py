@@ -138,6 +138,27 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     return out
 
 
+def _capture_names(pattern: cst.MatchPattern) -> list[cst.Name]:
+    """Names a `case` pattern binds (`case [x, *rest]`, `case {"k": v, **others}`, `case Point(x=px) as p`)."""
+    names: list[cst.Name] = []
+
+    class Captures(cst.CSTVisitor):
+        def visit_MatchAs(self, node: cst.MatchAs) -> None:
+            if node.name is not None:
+                names.append(node.name)
+
+        def visit_MatchStar(self, node: cst.MatchStar) -> None:
+            if node.name is not None:
+                names.append(node.name)
+
+        def visit_MatchMapping(self, node: cst.MatchMapping) -> None:
+            if node.rest is not None:
+                names.append(node.rest)
+
+    pattern.visit(Captures())
+    return names
+
+
 def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
     if isinstance(target, cst.Name):
         return [target]
@@ -236,8 +257,10 @@ class _FlowBuilder:
             return self._block(statement.body, env, guards)
         if isinstance(statement, cst.Try):
             self._mark(statement, env, guards)
-            after = self._block(statement.body, dict(env), guards + (statement,))
-            merged = _merge(env, after)
+            merged, current = dict(env), dict(env)
+            for inner in statement.body.body:  # an exception may leave the body after any statement
+                current = self._statement(inner, current, guards + (statement,))
+                merged = _merge(merged, current)
             for handler in statement.handlers:
                 merged = _merge(merged, self._block(handler.body, dict(merged), guards + (statement,)))
             for extra in (statement.orelse, statement.finalbody):
@@ -248,7 +271,19 @@ class _FlowBuilder:
             self._mark(statement, env, guards)
             self._define(statement.name.value, "other", statement, env, guards)
             return env
-        return env  # match statements and other rare forms: bindings inside are not tracked
+        if isinstance(statement, cst.Match):  # each case like an `if` branch; none taken is a path too
+            self._mark(statement, env, guards)
+            self._read(statement.subject, env)
+            merged = env
+            for case in statement.cases:
+                case_env = dict(env)
+                for name in _capture_names(case.pattern):
+                    self._define(name.value, "other", statement, case_env, guards)
+                if case.guard is not None:
+                    self._read(case.guard, case_env)
+                merged = _merge(merged, self._block(case.body, case_env, guards + (statement,)))
+            return merged
+        return env  # other rare forms: bindings inside are not tracked
 
     def _loop(self, statement: cst.For | cst.While, env: Env, guards) -> Env:
         """Walk the body until the bindings at the loop top are stable: a definition made in one iteration
@@ -302,7 +337,8 @@ class _FlowBuilder:
         elif isinstance(small, cst.AugAssign):
             self._read(small.value, env)
             self._read(small.target, env)
-            self._store(small.target, small, env, if_guards)
+            if isinstance(small.target, cst.Subscript):  # `x += v` on a name is the "aug" definition below
+                self._store(small.target, small, env, if_guards)
             if isinstance(small.target, cst.Name):
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,

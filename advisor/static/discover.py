@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,11 @@ SKIP_DIRS = {
     ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", ".tox", ".nox", "build", "dist",
     "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
 }
+
+
+MISSING, BROKEN_LINK = "no such file or directory", "broken symbolic link"
+FILE_KINDS = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "a FIFO"),
+              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 @dataclass
@@ -26,22 +32,40 @@ def _is_skipped_dir(name: str) -> bool:
 
 
 def discover(paths: list[str]) -> tuple[list[str], list[ScanError]]:
-    """Python files under `paths`, sorted and unique. Explicit file arguments are always kept."""
+    """Python files under `paths`, sorted and unique. Only regular files are read (a FIFO blocks forever, a link
+    to /dev/zero never ends): the walk skips anything else, an explicit path gets an error entry saying what it is.
+    Type stubs (.pyi) hold no code that runs, so they are never scanned: the walk skips them, an explicit one gets
+    an error entry. Other explicit files are kept whatever their name (scripts without `.py`)."""
     files: list[str] = []
     errors: list[ScanError] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_file():
-            files.append(str(path))
-        elif path.is_dir():
+        kind = _file_kind(raw)
+        if kind == "directory":
             files.extend(_walk(path, errors))
-        elif path.is_symlink():
-            errors.append(ScanError(raw, "broken symbolic link"))
+        elif kind != "regular file":
+            errors.append(ScanError(raw, kind if kind in (MISSING, BROKEN_LINK) else f"not a regular file ({kind})"))
+        elif raw.endswith(".pyi"):
+            errors.append(ScanError(raw, "a type stub (.pyi) holds no code that runs; stubs are not scanned"))
         else:
-            errors.append(ScanError(raw, "no such file or directory"))
+            files.append(str(path))
     seen: set[str] = set()
     unique = [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
     return unique, errors
+
+
+def _file_kind(path: str) -> str:
+    """What `path` is once links are followed, in words."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return BROKEN_LINK if os.path.islink(path) else MISSING
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    for test, kind in FILE_KINDS:
+        if test(mode):
+            return kind
+    return "special file"
 
 
 def _walk(root: Path, errors: list[ScanError]) -> list[str]:
@@ -59,18 +83,27 @@ def _walk(root: Path, errors: list[ScanError]) -> list[str]:
         visited.add(real)
         dirnames[:] = sorted(d for d in dirnames if not _is_skipped_dir(d))
         for name in sorted(filenames):
-            if name.endswith(".py"):
-                found.append(os.path.join(dirpath, name))
+            candidate = os.path.join(dirpath, name)
+            if name.endswith(".py") and _file_kind(candidate) == "regular file":
+                found.append(candidate)
     return found
 
 
 def read_source(path: str) -> SourceFile | ScanError:
     """The file's text (decoded as its coding line or BOM says; the BOM is not part of it), or the one-line
-    reason it cannot be read as Python source."""
+    reason it cannot be read as Python source. Opened without blocking and checked again after opening, so a
+    file replaced by a FIFO or a device since discovery is refused, not read."""
     try:
-        data = Path(path).read_bytes()
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         return ScanError(path, exc.strerror or str(exc))
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return ScanError(path, "not a regular file")
+        try:
+            data = handle.read()
+        except OSError as exc:
+            return ScanError(path, exc.strerror or str(exc))
     try:
         text, _ = decode_source(data)
     except SourceDecodeError as exc:

@@ -8,6 +8,7 @@ from functools import cached_property
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from advisor.rewrite.splice import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow
 
 
@@ -67,6 +68,32 @@ class ParsedModule:
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
 
+    @cached_property
+    def statement_spans(self) -> dict[cst.CSTNode, tuple[int, int]] | None:
+        """Where each top-level statement's code (leading comments and blank lines included) lies in the source,
+        so a rewrite can regenerate only the statements it changes. Checked, not assumed: each statement must
+        render to exactly its slice of the source; None when any does not (then rewrites render the module)."""
+        header = "".join(self.code(line) for line in self.module.header)
+        if not self.source.startswith(header):
+            return None
+        spans, cursor = {}, len(header)
+        for statement in self.module.body:
+            code = self.code(statement)
+            if not self.source.startswith(code, cursor):
+                return None
+            spans[statement] = (cursor, cursor + len(code))
+            cursor += len(code)
+        return spans
+
+    @cached_property
+    def lines(self) -> LineIndex:
+        return LineIndex(self.source)
+
+    @cached_property
+    def words(self) -> frozenset[str]:
+        """Whitespace-separated tokens of the source (computed once; rewrites ask per finding)."""
+        return frozenset(self.source.split())
+
     def line(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
 
@@ -111,6 +138,14 @@ class ParsedModule:
         for local, dotted in self.imports.items():
             aliases.setdefault(dotted, local)
         return aliases
+
+    @cached_property
+    def calls_and_classes(self) -> tuple[list[cst.Call], list[cst.ClassDef]]:
+        """Every call and every class statement of the file, in one walk (for file-wide questions: hooks
+        registered, modules scripted, subclasses)."""
+        collector = _CallAndClassCollector()
+        self.module.visit(collector)
+        return collector.calls, collector.classes
 
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:
@@ -196,6 +231,18 @@ class _FunctionCollector(cst.CSTVisitor):
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
         return False  # no function or class is defined inside a simple statement
+
+
+class _CallAndClassCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+        self.classes: list[cst.ClassDef] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
 
 
 class _SelfAttributeCollector(cst.CSTVisitor):

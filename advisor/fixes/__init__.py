@@ -1,0 +1,1 @@
+"""Fixes that join runtime evidence to source: copies and casts."""

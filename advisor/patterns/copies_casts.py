@@ -1,0 +1,215 @@
+"""Copies and casts in source, as roles: a `.contiguous()`, a `.clone()`, a pure dtype cast, a softmax; and the
+rewrites whose equality follows from torch's own semantics alone (no runtime evidence needed).
+
+Every proof here is about one expression: a `.contiguous()` of a value that is contiguous by construction, two
+copies in one chain folded into one, a cast of a value already cast to that dtype, and an upcast that only feeds
+softmax (softmax's `dtype=` casts its input first, so the values are the same whatever the input dtype)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from advisor.static.module_index import ParsedModule
+
+CAST_METHODS = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64"}
+DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
+          "float64": "float64", "double": "float64"}
+SOFTMAXES = frozenset({"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"})
+CONTIGUOUS_FORMAT = "torch.contiguous_format"
+
+
+@dataclass(frozen=True)
+class Site:
+    """One call of interest, with the function it is in."""
+
+    call: cst.Call
+    function: str
+    function_node: cst.FunctionDef
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """The expression `node` becomes `code`; `proof` says why the values (and, where it matters, aliasing and
+    layout) cannot change."""
+
+    node: cst.CSTNode
+    code: str
+    proof: str
+
+
+def sites(parsed: ParsedModule) -> list[Site]:
+    """Every call in a function body, innermost function first, in source order."""
+    found: list[Site] = []
+    for function, _, name in parsed.functions:
+        collector = _Calls()
+        function.body.visit(collector)
+        found += [Site(call, name, function) for call in collector.calls]
+    return found
+
+
+class _Calls(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False  # a nested function is a site of its own (parsed.functions lists it)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+
+def method(call: cst.BaseExpression) -> tuple[cst.BaseExpression, str] | None:
+    """(receiver, method name) of `receiver.name(...)`."""
+    if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute):
+        return call.func.value, call.func.attr.value
+    return None
+
+
+def is_contiguous_call(call: cst.BaseExpression) -> bool:
+    """`x.contiguous()` with the default memory format."""
+    found = method(call)
+    return found is not None and found[1] == "contiguous" and not call.args
+
+
+def is_plain_clone(call: cst.BaseExpression) -> bool:
+    found = method(call)
+    return found is not None and found[1] == "clone" and not call.args
+
+
+def cast_dtype(parsed: ParsedModule, call: cst.BaseExpression) -> str | None:
+    """The dtype (canonical name) a pure dtype cast converts to: `.float()`, `.half()`, `.to(torch.float32)`,
+    `.to(dtype=torch.bfloat16)`; None for anything else (`.to(device)`, `.to(other)`, copy=, memory_format=)."""
+    found = method(call)
+    if found is None:
+        return None
+    name = found[1]
+    if name in CAST_METHODS:
+        return CAST_METHODS[name] if not call.args else None
+    if name != "to" or len(call.args) != 1 or call.args[0].star:
+        return None
+    keyword = call.args[0].keyword
+    return dtype_name(parsed, call.args[0].value) if keyword is None or keyword.value == "dtype" else None
+
+
+def dtype_name(parsed: ParsedModule, expression: cst.BaseExpression) -> str | None:
+    dotted = parsed.imported_name(expression)
+    if dotted is None or not dotted.startswith("torch."):
+        return None
+    return DTYPES.get(dotted[len("torch."):])
+
+
+def dtype_code(parsed: ParsedModule, call: cst.Call, dtype: str) -> str | None:
+    """Source for `dtype` next to this cast: the cast's own argument when it has one, else torch.<dtype> through
+    the file's torch alias (None when torch is not imported as a module)."""
+    if call.args:
+        return parsed.code(call.args[0].value)
+    torch = torch_alias(parsed)
+    return f"{torch}.{dtype}" if torch else None
+
+
+def torch_alias(parsed: ParsedModule) -> str | None:
+    return parsed.module_aliases.get("torch")
+
+
+def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression) -> str | None:
+    """Why `expression` is contiguous by construction, or None: `.contiguous()` returns a contiguous tensor, and so
+    does `.clone(memory_format=torch.contiguous_format)` (not `.to(..., memory_format=...)`, which returns a strided
+    input unchanged when it already has the dtype)."""
+    if is_contiguous_call(expression):
+        return "its input is the result of `.contiguous()`"
+    if isinstance(expression, cst.Call):
+        for arg in expression.args:
+            if arg.keyword is not None and arg.keyword.value == "memory_format" and \
+                    parsed.imported_name(arg.value) == CONTIGUOUS_FORMAT and method(expression) is not None and \
+                    method(expression)[1] == "clone":
+                return "its input was cloned with memory_format=torch.contiguous_format"
+    return None
+
+
+def removed_call(parsed: ParsedModule, call: cst.Call) -> str:
+    """`receiver.name(...)` without the call: the receiver's code."""
+    return parsed.code(call.func.value)
+
+
+def contiguous_of_contiguous(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
+    """ADV201 proved statically: `.contiguous()` of a contiguous value returns that same object."""
+    if not is_contiguous_call(call):
+        return None
+    why = produces_contiguous(parsed, call.func.value)
+    if why is None:
+        return None
+    return Rewrite(call, removed_call(parsed, call), f"`.contiguous()` returns its input unchanged: {why}")
+
+
+def folded_copies(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
+    """ADV204 proved statically: `x.contiguous().clone()` and `x.clone().contiguous()` each give a fresh contiguous
+    tensor with x's values; `x.clone(memory_format=torch.contiguous_format)` gives the same with one copy."""
+    torch = torch_alias(parsed)
+    found = method(call)
+    if torch is None or found is None:
+        return None
+    inner, _ = found
+    fmt = f"memory_format={torch}.contiguous_format"
+    if is_contiguous_call(call) and is_plain_clone(inner):  # x.clone().contiguous(): the clone is already fresh
+        source = parsed.code(inner.func.value)
+        return Rewrite(call, f"{source}.clone({fmt})", "one contiguous clone: fresh, contiguous, same values")
+    if not is_contiguous_call(inner):
+        return None
+    if is_plain_clone(call):
+        source = parsed.code(inner.func.value)
+        return Rewrite(call, f"{source}.clone({fmt})", "one contiguous clone: fresh, contiguous, same values")
+    return None  # `.contiguous().to(D)` has no one-copy twin: `.to(D, memory_format=...)` may return a strided alias
+
+
+def cast_of_same_cast(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
+    """ADV301 proved statically: a cast of a value just cast to that same dtype returns it unchanged."""
+    dtype = cast_dtype(parsed, call)
+    if dtype is None or cast_dtype(parsed, call.func.value) != dtype:
+        return None
+    return Rewrite(call, removed_call(parsed, call), f"its input was just cast to {dtype}, so the cast returns it")
+
+
+def softmax_input(parsed: ParsedModule, call: cst.Call) -> tuple[cst.BaseExpression, int | None] | None:
+    """(input expression, its position in call.args or None for a method's receiver) of a softmax call that
+    does not pass dtype= yet."""
+    if any(arg.keyword is not None and arg.keyword.value == "dtype" for arg in call.args):
+        return None
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    found = method(call)
+    if found is not None and found[1] == "softmax" and parsed.imported_name(call.func) not in SOFTMAXES:
+        return (found[0], None) if len(positional) <= 1 else None  # x.softmax(dim): dtype is the 2nd parameter
+    if parsed.imported_name(call.func) in SOFTMAXES and positional and len(positional) <= 2 \
+            and call.args[0] is positional[0]:
+        return positional[0].value, 0
+    return None
+
+
+def softmax_with_dtype(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
+    """ADV304: `softmax(x.float(), dim)` -> `softmax(x, dim, dtype=torch.float32)`. softmax's dtype= casts its
+    input to dtype before the operation, so the result is the same tensor of values for any input dtype; on CUDA
+    the kernel reads half input and writes float output in one pass instead of writing an upcast copy first."""
+    found = softmax_input(parsed, call)
+    if found is None:
+        return None
+    cast, position = found
+    dtype = cast_dtype(parsed, cast)
+    code = dtype_code(parsed, cast, dtype) if dtype else None
+    if code is None:
+        return None
+    source = cast.func.value
+    keyword = cst.Arg(value=cst.parse_expression(code), keyword=cst.Name("dtype"),
+                      equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                            whitespace_after=cst.SimpleWhitespace("")))
+    args = list(call.args)
+    if position is None:
+        new = call.with_changes(func=call.func.with_changes(value=source))
+    else:
+        args[position] = args[position].with_changes(value=source)
+        new = call
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    new = new.with_changes(args=[*args, keyword])
+    return Rewrite(call, parsed.module.code_for_node(new),
+                   f"softmax's dtype= casts its input to {dtype} first, so the values are the same")

@@ -1,0 +1,110 @@
+"""Copy/cast fixes proved from the source alone (no profile): each example's patch, a negative control for each,
+and parity of every rewrite measured on tensors of several layouts and dtypes (values, dtype, layout, and whether
+the result shares its input's memory, all as the original had them)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from advisor.scan import analyze_source
+
+HEADER = "import torch\nimport torch.nn.functional as F\n\n\ndef f(x):\n    return {}\n"
+
+POSITIVE = [  # (rule, original expression, fixed expression)
+    ("ADV201", "x.contiguous().contiguous()", "x.contiguous()"),
+    ("ADV201", "x.clone(memory_format=torch.contiguous_format).contiguous()",
+     "x.clone(memory_format=torch.contiguous_format)"),
+    ("ADV204", "x.contiguous().clone()", "x.clone(memory_format=torch.contiguous_format)"),
+    ("ADV204", "x.clone().contiguous()", "x.clone(memory_format=torch.contiguous_format)"),
+    ("ADV301", "x.float().float()", "x.float()"),
+    ("ADV301", "x.to(torch.bfloat16).bfloat16()", "x.to(torch.bfloat16)"),
+    ("ADV304", "F.softmax(x.float(), dim=-1)", "F.softmax(x, dim=-1, dtype=torch.float32)"),
+    ("ADV304", "torch.softmax(x.to(torch.float32), -1)", "torch.softmax(x, -1, dtype=torch.float32)"),
+    ("ADV304", "x.float().softmax(-1)", "x.softmax(-1, dtype=torch.float32)"),
+    ("ADV304", "F.softmax(x.double(), dim=1)", "F.softmax(x, dim=1, dtype=torch.float64)"),
+]
+
+NEGATIVE = [  # nothing provable from the source alone
+    "x.contiguous()",  # is x contiguous? only a profile can say
+    "x.clone(memory_format=torch.preserve_format).contiguous()",  # not a plain clone
+    "x.float().half()",  # a real conversion
+    "x.to(x.device).float()",  # not a pure dtype cast
+    "F.softmax(x.float(), dim=-1, dtype=torch.float64)",  # already passes dtype=
+    "F.softmax(x, dim=-1).float()",  # the cast follows the softmax
+    "x.contiguous().view(-1)",
+    # `.to(D, memory_format=torch.contiguous_format)` returns a strided x unchanged when x already has dtype D,
+    # so this pair has no one-copy twin (the parity check below found it)
+    "x.contiguous().double()",
+]
+
+
+def _analyze(expression: str, **options):
+    source = HEADER.format(expression)
+    return source, analyze_source(source, "example.py", **options)
+
+
+@pytest.mark.parametrize("rule, before, after", POSITIVE)
+def test_static_fix_patch(rule, before, after):
+    source, result = _analyze(before)
+    [finding] = result.findings
+    assert (finding.rule, finding.fix_safety, finding.fixable) == (rule, "safe", True)
+    assert finding.extra["facts"]["assumed"] == []
+    assert result.fixed == HEADER.format(after)
+    assert f"-    return {before}\n+    return {after}\n" in finding.patch
+    assert analyze_source(result.fixed, "example.py").findings == []  # idempotent: nothing left to fix
+
+
+@pytest.mark.parametrize("expression", NEGATIVE)
+def test_no_static_fix_without_proof(expression):
+    source, result = _analyze(expression)
+    assert result.findings == [] and result.fixed == source
+
+
+def _inputs():
+    base = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        tensor = base.to(dtype)
+        yield tensor  # contiguous
+        yield tensor.transpose(1, 2)  # strided
+        yield tensor[:, :, ::2]  # not dense
+
+
+def _compiled(expression: str):
+    scope = {"torch": torch, "F": F}
+    exec(textwrap.dedent(f"def f(x):\n    return {expression}\n"), scope)
+    return scope["f"]
+
+
+@pytest.mark.parametrize("rule, before, after", POSITIVE)
+def test_static_fix_parity(rule, before, after):
+    original, fixed = _compiled(before), _compiled(after)
+    for x in _inputs():
+        expected, actual = original(x), fixed(x)
+        assert expected.dtype == actual.dtype and torch.equal(expected, actual)
+        assert expected.stride() == actual.stride()
+        assert (expected.data_ptr() == x.data_ptr()) == (actual.data_ptr() == x.data_ptr())  # fresh vs alias kept
+
+
+def test_upcast_inside_an_attention_block_is_left_to_the_attention_rule():
+    source = textwrap.dedent("""\
+        import torch.nn.functional as F
+
+
+        def attend(q, k, v):
+            scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5
+            weights = F.softmax(scores.float(), dim=-1).type_as(q)
+            return weights @ v
+        """)
+    result = analyze_source(source, "block.py")
+    assert [f.rule for f in result.findings] == ["ADV101"]
+
+
+def test_select_and_suppression_apply_to_copy_cast_rules():
+    source, result = _analyze("x.contiguous().clone()  # advisor: ignore[ADV204]")
+    assert result.findings == []
+    source, result = _analyze("x.contiguous().clone()", ignore=["ADV2"])
+    assert result.findings == [] and result.fixed == source
