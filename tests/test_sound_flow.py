@@ -170,7 +170,7 @@ def attend(q, k, v, scale):
     annotated = source.replace("scale):", "scale: float):")
     proved = the_finding(annotated)
     assert proved.fix_safety == "safe"
-    assert "scale-is-number" in [f["name"] for f in proved.extra["facts"]["proved"]]
+    assert "scale-is-number" in [f["name"] for f in proved.extra["facts"]["proved"]]  # beside the dtype facts
 
 
 # I: in-place writes and deletions between the scores and the value product -----------------------------------
