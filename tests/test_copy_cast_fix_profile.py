@@ -50,6 +50,7 @@ def test_strided_ok_copy_removed_safely(tmp_path):
     ("t = x.transpose(1, 2).contiguous()\nx.add_(1)\nreturn torch.matmul(t, w).sum()\n", "add_"),
     ("t = x.transpose(1, 2).contiguous()\nreturn t.view(-1).sum()\n", ".view"),
     ("t = x.transpose(1, 2).contiguous()\nself.cache = t\nreturn t.sum()\n", "stored"),
+    ("t = x.transpose(1, 2).contiguous()\nreturn self.proj(t).sum()\n", "passed to `self.proj`"),
 ])
 def test_copy_removal_that_could_change_aliasing_or_layout_is_unsafe(tmp_path, body, why):
     finding, result = _one(tmp_path, body, "ADV202", 5)
