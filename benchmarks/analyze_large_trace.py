@@ -79,7 +79,8 @@ report = analyze_path(sys.argv[1])
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 json.dumps(report.to_json(), allow_nan=False)
-print(json.dumps({"seconds": seconds, "cpu": cpu, "peak_kb": peak, "imported_kb": imported, "findings": len(report.findings)}))
+print(json.dumps({"seconds": seconds, "cpu": cpu, "peak_kb": peak, "imported_kb": imported,
+                  "findings": len(report.findings)}))
 """
 
 

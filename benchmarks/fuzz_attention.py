@@ -1,7 +1,7 @@
 """The long profile of the attention fuzzer: generate many hand-written attention variants, hold every safe patch
 advisor offers to the original's outputs and gradients, and count what happened.
 
-    python benchmarks/fuzz_attention.py --examples 10000 [--seed S] [--family NAME ...] [--out DIR]
+    python benchmarks/fuzz_attention.py --examples 10000 [--seed S] [--family NAME ...] [--out DIR] [--minutes M]
 
 Prints counts (generated, safe patches checked, unsafe-only, refused, no finding, invalid variants, and
 counterexamples by family and kind) and the throughput; writes each counterexample's source, advisor's rewrite and
@@ -21,9 +21,8 @@ for entry in (ROOT, ROOT / "tests"):
     sys.path.insert(0, str(entry))
 
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
-from fuzz.attention_variants import FAMILIES, render  # noqa: E402
+from fuzz.attention_variants import FAMILIES, render, tagged_variants  # noqa: E402
 from fuzz.differential import COUNTEREXAMPLE, check  # noqa: E402
 
 
@@ -34,23 +33,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES),
                         help="only these families (repeatable; default: all, chosen uniformly)")
     parser.add_argument("--out", default="fuzz-counterexamples")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="stop generating after this long (the counts cover what ran)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     families = sorted(args.family or FAMILIES)
-    strategy = st.sampled_from(families).flatmap(lambda name: FAMILIES[name][1].map(lambda v: (name, v)))
+    strategy = tagged_variants(families)
     counts: collections.Counter[str] = collections.Counter()
     by_class: collections.Counter[str] = collections.Counter()
     started = time.perf_counter()
+    deadline = started + args.minutes * 60 if args.minutes else None
 
     @hypothesis_seed(args.seed)
     @settings(max_examples=args.examples, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(strategy)
     def run(named):
+        if deadline is not None and time.perf_counter() > deadline:
+            return  # out of time: hypothesis still draws the remaining examples, cheaply
         family, variant = named
-        source = render(variant)
-        outcome = check(source)
+        try:
+            source = render(variant)
+            outcome = check(source)
+        except Exception as exc:  # noqa: BLE001 - a bug of the fuzzer itself must not end the run
+            counts["generated"] += 1
+            counts["fuzzer errors"] += 1
+            (out / f"fuzzer_error_{counts['generated']:05d}.txt").write_text(f"{exc!r}\n{variant!r}\n")
+            return
         counts["generated"] += 1
         counts[outcome.status] += 1
         counts["safe patches checked"] += outcome.safe_patches
@@ -70,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generated {counts['generated']} variants in {elapsed:.0f} s ({counts['generated'] / elapsed:.1f}/s), "
           f"seed {args.seed}, families: {', '.join(families)}")
     for key in ("safe patches checked", "safe-ok", "unsafe-only", "refused", "no-finding", "invalid",
-                "unsafe patches that fail to run", COUNTEREXAMPLE):
+                "unsafe patches that fail to run", "fuzzer errors", COUNTEREXAMPLE):
         print(f"  {key:32s} {counts[key]}")
     for label, number in sorted(by_class.items()):
         print(f"    {number:6d}  {label}")

@@ -162,3 +162,19 @@ def test_flash_attn_keeps_sdpa_for_masked_sites():
     assert finding.extra["emission"]["emitted"] == "sdpa" and "flash_attn_func takes no mask" in \
         finding.extra["emission"]["reason"]
     assert "flash_attn_or_sdpa" not in result.fixed
+
+
+def test_optimize_verifies_the_flash_patch_on_the_workloads_inputs(tmp_path, capsys):
+    """The unsafe flash wrap is what `optimize` exists for: checked on real inputs (CPU flash kernel here)."""
+    import json
+
+    from advisor.cli import main
+
+    model = tmp_path / "model.py"
+    model.write_text(_by_name("01_").read_text(encoding="utf-8") + "\n\ndef workload():\n    return make(0)\n",
+                     encoding="utf-8")
+    main(["optimize", f"{model}:workload", "--backend", "flash", "--unsafe-fixes", "--format", "json",
+          "--root", str(tmp_path), "--report", str(tmp_path / "report")])
+    (patch,) = json.loads(capsys.readouterr().out)["patches"]
+    assert patch["verified"] and patch["parity"]["max_abs_err"] <= 1e-5
+    assert "+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):" in patch["diff"].splitlines()

@@ -79,7 +79,8 @@ def test_serving_script_gets_both_findings_with_fixes(tmp_path, capsys):
 @pytest.mark.parametrize("code", [
     'from transformers import AutoModel as M\nm = M.from_pretrained("x", attn_implementation="eager")',
     'import transformers as tf\nm = tf.AutoModel.from_pretrained("x", attn_implementation="eager")',
-    'from transformers import AutoModel, AutoConfig\nm = AutoModel.from_config(AutoConfig(), attn_implementation="eager")',
+    'from transformers import AutoModel, AutoConfig\n'
+    'm = AutoModel.from_config(AutoConfig(), attn_implementation="eager")',
     'from transformers import LlamaConfig\nconfig = LlamaConfig(hidden_size=64, attn_implementation="eager")',
     'config._attn_implementation = "eager"  # attn_implementation',
     'def load(model):\n    model.set_attn_implementation("eager")',

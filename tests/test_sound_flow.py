@@ -563,3 +563,40 @@ def test_a_read_after_del_sees_nothing():
             del x
             return x
     """, "x") == [["?"]]
+
+
+def test_augmented_update_of_the_scores_stays_an_update():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s += self.bias
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('bias', torch.randn(6, 6))")
+    assert assert_exact_or_not_safe(source, "aug_scores")
+
+
+def test_a_handler_sees_every_binding_the_try_body_may_have_made():
+    reads = _reaching_values("""
+        def f(a, b, c):
+            x = a
+            try:
+                x = b
+                g()
+                x = c
+            except ValueError:
+                return x
+            return x
+    """, "x")
+    assert reads == [["a", "b", "c"], ["a", "b", "c"]]
+
+
+def test_a_helper_step_inside_a_loop_is_refused():
+    source = attention("""
+        p = self.weights(q, k)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods="""
+    def weights(self, q, k):
+        with torch.no_grad():
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        return s.softmax(dim=-1)
+    """)
+    assert not assert_exact_or_not_safe(source, "helper_loop")

@@ -14,6 +14,7 @@ from importlib import resources
 
 from rich.console import Console
 
+from advisor.backends.site import REQUESTABLE
 from advisor.commands.profile import add_workload_arguments
 from advisor.report.terminal import stdout_console
 from advisor.runtime.runner import resolve_device
@@ -31,6 +32,10 @@ def add_parser(sub) -> None:
                                                         "temporary folder)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     parser.add_argument("--unsafe-fixes", action="store_true", help="also verify patches marked unsafe")
+    parser.add_argument("--timing-budget", type=float, default=4.0, metavar="S",
+                        help="seconds of interleaved timing per comparison (default 4; at least 12 rounds run)")
+    parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
+                        help="attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
     parser.add_argument("--root", default=".", metavar="DIR",
                         help="--apply writes only under this folder (default: the current directory)")
     add_workload_arguments(parser)
@@ -47,7 +52,8 @@ def run(args) -> int:
         stderr.print(f"advisor: no TARGET given: running the bundled demo from {os.path.dirname(root)}", highlight=False)
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
-                      train=args.train, unsafe_fixes=args.unsafe_fixes, apply=args.apply, timeout_s=args.timeout)
+                      train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend, apply=args.apply,
+                      timeout_s=args.timeout, timing_budget_s=args.timing_budget)
     with stderr.status("starting") as status:
         result = optimize(options, progress=lambda message: status.update(message))
     result["report"] = _write_reports(result, report_dir)

@@ -42,16 +42,21 @@ def _seconds(text: str) -> float:
     return value
 
 
-def run(args) -> int:
-    if args.device:
-        resolve_device(args.device)  # a missing GPU is a usage error before any process starts
-    stderr = Console(stderr=True)
-    trace = check_trace_path(args.trace)
-    with stderr.status("starting the workload process") as status, \
-            start_worker("workload", args.timeout, on_progress=status.update) as worker:
+def profile_in_child(target: str, device: str | None = None, dtype: str | None = None, train: bool = False,
+                     trace_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Profile TARGET in a worker process: {"json", "findings", "summary", "ops", "files"} (see Worker.profile)."""
+    if device:
+        resolve_device(device)  # a missing GPU is a usage error before any process starts
+    with Console(stderr=True).status("starting the workload process") as status, \
+            start_worker("workload", timeout_s, on_progress=status.update) as worker:
         status.update("loading the workload")
-        worker.call("load", target=args.target, device=args.device, dtype=args.dtype, train=args.train)
-        profiled = worker.call("profile", trace_path=trace and trace.path)
+        worker.call("load", target=target, device=device, dtype=dtype, train=train)
+        return worker.call("profile", trace_path=trace_path)
+
+
+def run(args) -> int:
+    trace = check_trace_path(args.trace)
+    profiled = profile_in_child(args.target, args.device, args.dtype, args.train, trace and trace.path, args.timeout)
     confirm_trace_written(trace)
     findings, summary = profiled["findings"], profiled["summary"]
     if args.format == "json":

@@ -51,10 +51,7 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding]) -> 
 
 def _with_measured_cost(findings, target: str):
     """Static findings annotated with self_us/share/calls from a profiled run, most expensive first."""
+    from advisor.commands.profile import profile_in_child
     from advisor.runtime.join import annotate_findings
-    from advisor.runtime.profile import profile_workload
-    from advisor.workload_loader import load_workload
 
-    with Console(stderr=True).status("profiling") as status:
-        report = profile_workload(load_workload(target), target, progress=lambda message: status.update(message))
-    return annotate_findings(findings, report.findings)
+    return annotate_findings(findings, profile_in_child(target)["findings"])

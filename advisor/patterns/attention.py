@@ -252,6 +252,7 @@ class _FunctionMatcher:
         self._guard_negated = False
         self._views: list[tuple[int, Op]] = []  # reads that vanish with the rewrite (cast targets, fill dtypes)
         self._twin = self._twin_softmax(softmax)
+        self._softmax_node = softmax.node
         core = self._peel_scores(softmax.operands[0], chain)
         ndim = self._core_roles(core, chain, match)
         self._check_softmax_dim(softmax, ndim)
@@ -290,6 +291,11 @@ class _FunctionMatcher:
         """What the code around the block may change: see patterns.scope."""
         deleted = [s for s in match.removed if self._function_of(s) is self.home]
         reason = scope.same_context(self.parsed, deleted, match.output_node)
+        steps = [d.statement for d in consumed] + [self._softmax_node]
+        inlined = [s for s in steps if self._in_inlined(s) and scope.enclosing_contexts(self.parsed, s)]
+        if reason is None and inlined:  # a helper's step runs once per call only at its top level
+            reason = (f"a step of the helper `{self._function_of(inlined[0]).name.value}` runs inside a loop or "
+                      f"`with` block (line {self.parsed.line(inlined[0])})")
         if reason is not None:
             raise Refusal(reason)
         match.facts.proved("scope", "the deleted statements run exactly when the value product runs",

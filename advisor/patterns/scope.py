@@ -198,7 +198,7 @@ class ClassTable:
     @classmethod
     def of(cls, parsed: ParsedModule) -> "ClassTable":
         table = cls(parsed)
-        for node in _class_nodes(parsed.module):
+        for node in parsed.calls_and_classes[1]:
             info = ClassInfo(node)
             for statement in node.body.body:
                 if isinstance(statement, cst.FunctionDef):
@@ -253,17 +253,6 @@ def self_names(nodes: list[cst.CSTNode]) -> set[str]:
     return found
 
 
-def _class_nodes(module: cst.Module) -> list[cst.ClassDef]:
-    found: list[cst.ClassDef] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_ClassDef(self, node: cst.ClassDef) -> None:
-            found.append(node)
-
-    module.visit(Visitor())
-    return found
-
-
 def _base_name(node: cst.BaseExpression) -> str | None:
     if isinstance(node, cst.Name):
         return node.value
@@ -303,7 +292,7 @@ def is_hook_point(parsed: ParsedModule, owner: ClassInfo, attribute: str) -> boo
     name = dotted or (value.func.value if isinstance(value.func, cst.Name) else "")
     if dotted == "torch.nn.Identity" or name.endswith("HookPoint"):
         return True
-    local = next((node for node in _class_nodes(parsed.module) if isinstance(value.func, cst.Name)
+    local = next((node for node in parsed.calls_and_classes[1] if isinstance(value.func, cst.Name)
                   and node.name.value == value.func.value), None)
     return local is not None and _forward_returns_input(local)
 
@@ -321,16 +310,8 @@ def _forward_returns_input(node: cst.ClassDef) -> bool:
 
 def registers_hooks(parsed: ParsedModule) -> bool:
     """Whether this file registers module hooks anywhere (then any deleted module call may carry one)."""
-    found = False
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal found
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value in HOOK_METHODS:
-                found = True
-
-    parsed.module.visit(Visitor())
-    return found
+    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value in HOOK_METHODS
+               for call in parsed.calls_and_classes[0])
 
 
 # TorchScript ----------------------------------------------------------------------------------------------------
@@ -346,18 +327,9 @@ def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInf
         return True
     if owner is None:
         return False
-    scripted_modules = False
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            nonlocal scripted_modules
-            if parsed.imported_name(node.func) == "torch.jit.script" and node.args and \
-                    not (isinstance(node.args[0].value, cst.Name)
-                         and node.args[0].value.value in parsed.module_functions):
-                scripted_modules = True
-
-    parsed.module.visit(Visitor())
-    return scripted_modules
+    return any(parsed.imported_name(call.func) == "torch.jit.script" and call.args
+               and not (isinstance(call.args[0].value, cst.Name) and call.args[0].value.value in parsed.module_functions)
+               for call in parsed.calls_and_classes[0])
 
 
 def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:

@@ -15,6 +15,8 @@ from advisor.static.module_index import ClassInfo, ParsedModule
 # on its name alone is a guess, and a rewrite relying on it is unsafe (see `ValueProver.scalar_guess`).
 SCALAR_NAME = re.compile(r"(^|_)(scale|scaling|scale_factor|softmax_scale|norm_factor|inv_norm_factor|"
                          r"head_dim|dim_head|d_k|d_head|dk|head_size|sqrt\w*|temperature_scalar)$", re.I)
+# Objects that carry hyperparameters (`config.hidden_size`): their attributes are numbers by convention only.
+CONFIG_NAME = re.compile(r"(^|_)(config|cfg|conf|args|opt|opts|hparams|hps|settings)$", re.I)
 SCALAR_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "numpy.sqrt", "float", "int", "len", "max",
                     "min", "pow", "abs", "round"}
 # these return a Python number whatever they are given (or raise): no need to prove their arguments
@@ -222,6 +224,11 @@ class ValueProver:
             return bool(SCALAR_NAME.search(name)) and \
                 self._guess(f"`self.{name}` is not assigned in this class (inherited or set from outside); "
                             f"only its name suggests a number")
+        root = node.value
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        if isinstance(root, cst.Name) and CONFIG_NAME.search(root.value):
+            return self._guess(f"`{self.parsed.code(node)}` is a configuration value, a number only by convention")
         return bool(SCALAR_NAME.search(node.attr.value)) and \
             self._guess(f"`{self.parsed.code(node)}` is not assigned in this class; only its name suggests a number")
 

@@ -47,7 +47,7 @@ def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weig
     nones: set[cst.CSTNode] = set()
     renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
     hoists: dict[cst.CSTNode, object] = {}
-    emitted = [plan_backend(parsed, match, backend).emitted for match in matches]
+    emitted = [plan_backend(parsed, match, backend).emitted if backend != "sdpa" else "sdpa" for match in matches]
     flash = kernel_names(parsed) if "flash" in emitted else None
     if isinstance(flash, str):
         raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")

@@ -49,7 +49,7 @@ def resolve_inside(path: str, roots: list[str]) -> str:
     for root in map(os.path.realpath, roots):
         if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
             return real
-    raise WriteRefused(f"links to {real}, outside the scanned tree; not written")
+    raise WriteRefused(f"is {real} through a symbolic link, outside the scanned tree; not written")
 
 
 def write_atomically(path: str, expected_before: str, new_text: str, force_readonly: bool = False) -> None:

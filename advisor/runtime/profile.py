@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from advisor.findings import Finding
+from advisor.hf.runtime import with_eager_attention_finding
 from advisor.runtime.capture import Capture, capture
 from advisor.runtime.detect import detect_all
 from advisor.runtime.rank import to_findings
@@ -42,4 +43,5 @@ def profile_workload(workload: Workload, target: str, device: str | None = None,
     progress("attributing time and detecting")
     timing = attribute(result.events, result.graph, result.profiled_steps)
     findings = to_findings(detect_all(result.graph, result.device), timing)
+    findings = with_eager_attention_finding(workload.model, target, findings)  # HF eager attention (issue 10)
     return ProfileReport(target, result, timing, findings, train)

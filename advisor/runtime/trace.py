@@ -79,18 +79,16 @@ def load_trace(path: str, index: int) -> tuple[Trace, list[RawEvent]]:
     try:
         with _open_regular(path) as handle:
             reader.read(handle)
+        rank = _rank(reader.info, index)
     except (OSError, EOFError, zlib.error) as exc:
         raise TraceError(path, f"cannot read the trace ({exc})") from None
     except ijson.JSONError as exc:
-        raise TraceError(path, f"not a complete JSON trace (truncated?): {str(exc).splitlines()[0]}") from None
+        first_line = (str(exc).splitlines() or ["invalid JSON"])[0]  # the parser adds lines pointing at the byte
+        raise TraceError(path, f"not a complete JSON trace (truncated?): {first_line}") from None
     except _Malformed as exc:
         raise TraceError(path, f"malformed trace: {exc}") from None
     if not reader.seen:
         raise TraceError(path, "not a Chrome/Kineto trace (no events in a traceEvents list)")
-    try:
-        rank = _rank(reader.info, index)
-    except _Malformed as exc:
-        raise TraceError(path, f"malformed trace: {exc}") from None
     raws = reader.raws
     trace = Trace(path, rank, any(r.stack for r in raws), any(r.dims for r in raws),
                   any(r.kind == "step" for r in raws), any(r.kind == "kernel" for r in raws))
@@ -166,7 +164,8 @@ class _Reader:
         tid = event.get("tid", 0)
         if isinstance(tid, bool) or not isinstance(tid, (int, str)):
             raise _Malformed(f"tid is not a number or a name ({tid!r})")
-        raw = RawEvent(kind, sys.intern(name), sys.intern(str(tid)), _microseconds(event, "ts"), _microseconds(event, "dur"))
+        raw = RawEvent(kind, sys.intern(name), sys.intern(str(tid)), _microseconds(event, "ts"),
+                       _microseconds(event, "dur"))
         if kind in ("kernel", "runtime"):
             raw.correlation = args.get("correlation")
             if isinstance(raw.correlation, bool) or not isinstance(raw.correlation, (int, type(None))):

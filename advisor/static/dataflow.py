@@ -257,8 +257,10 @@ class _FlowBuilder:
             return self._block(statement.body, env, guards)
         if isinstance(statement, cst.Try):
             self._mark(statement, env, guards)
-            after = self._block(statement.body, dict(env), guards + (statement,))
-            merged = _merge(env, after)
+            merged, current = dict(env), dict(env)
+            for inner in statement.body.body:  # an exception may leave the body after any statement
+                current = self._statement(inner, current, guards + (statement,))
+                merged = _merge(merged, current)
             for handler in statement.handlers:
                 merged = _merge(merged, self._block(handler.body, dict(merged), guards + (statement,)))
             for extra in (statement.orelse, statement.finalbody):
@@ -335,7 +337,8 @@ class _FlowBuilder:
         elif isinstance(small, cst.AugAssign):
             self._read(small.value, env)
             self._read(small.target, env)
-            self._store(small.target, small, env, if_guards)
+            if isinstance(small.target, cst.Subscript):  # `x += v` on a name is the "aug" definition below
+                self._store(small.target, small, env, if_guards)
             if isinstance(small.target, cst.Name):
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,

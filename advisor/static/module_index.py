@@ -139,6 +139,14 @@ class ParsedModule:
             aliases.setdefault(dotted, local)
         return aliases
 
+    @cached_property
+    def calls_and_classes(self) -> tuple[list[cst.Call], list[cst.ClassDef]]:
+        """Every call and every class statement of the file, in one walk (for file-wide questions: hooks
+        registered, modules scripted, subclasses)."""
+        collector = _CallAndClassCollector()
+        self.module.visit(collector)
+        return collector.calls, collector.classes
+
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:
             first_id = 1_000_000 * len(self._flows)  # file-unique ids: flows of two functions can merge
@@ -223,6 +231,18 @@ class _FunctionCollector(cst.CSTVisitor):
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
         return False  # no function or class is defined inside a simple statement
+
+
+class _CallAndClassCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+        self.classes: list[cst.ClassDef] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node)
 
 
 class _SelfAttributeCollector(cst.CSTVisitor):

@@ -39,6 +39,7 @@ class Options:
     dtype: str | None = None
     train: bool = False
     unsafe_fixes: bool = False
+    backend: str = "sdpa"  # what attention patches target: sdpa, flash, flash-attn
     apply: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
     seeds: int = 3
@@ -178,7 +179,8 @@ class Session:
         by_file: dict[str, list[Candidate]] = {}
         for pid in ids:
             by_file.setdefault(self.candidates[pid].path, []).append(self.candidates[pid])
-        return {path: combined_text(chosen, self.options.unsafe_fixes) for path, chosen in by_file.items()}
+        options = self.options
+        return {path: combined_text(chosen, options.unsafe_fixes, options.backend) for path, chosen in by_file.items()}
 
     def close(self) -> None:
         if self.original is not None:
@@ -186,18 +188,18 @@ class Session:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def combined_text(chosen: list[Candidate], unsafe_fixes: bool) -> str:
+def combined_text(chosen: list[Candidate], unsafe_fixes: bool, backend: str = "sdpa") -> str:
     if len(chosen) == 1:
         return chosen[0].patched
     first = chosen[0]
     result = analyze_source(first.source, first.path, unsafe_fixes=unsafe_fixes,
-                            only={(c.finding.rule, c.finding.line) for c in chosen})
+                            only={(c.finding.rule, c.finding.line) for c in chosen}, backend=backend)
     if result.fixed == first.source:
         raise AdvisorError(f"{display_path(first.path)}: these patches cannot be combined in one rewrite")
     return result.fixed
 
 
-def collect_candidates(files: list[str], unsafe_fixes: bool) -> dict[str, Candidate]:
+def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa") -> dict[str, Candidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch)."""
     candidates: dict[str, Candidate] = {}
     for path in files:
@@ -205,7 +207,7 @@ def collect_candidates(files: list[str], unsafe_fixes: bool) -> dict[str, Candid
         if not hasattr(source, "text") or not might_contain_attention(source.text):
             continue
         try:
-            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes)
+            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend)
         except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
             continue
         for finding in result.findings:
@@ -217,7 +219,8 @@ def collect_candidates(files: list[str], unsafe_fixes: bool) -> dict[str, Candid
                                             f"unsafe fix ({finding.reason or 'see the rule'}): rerun with "
                                             "--unsafe-fixes to verify it on these inputs")
                 continue
-            only = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, only={(finding.rule, finding.line)})
+            only = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, only={(finding.rule, finding.line)},
+                                  backend=backend)
             candidates[pid] = Candidate(pid, finding, source.text, only.fixed)
     return candidates
 
@@ -255,7 +258,8 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
     final = None
     try:
         info = session.start_original()
-        session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes)
+        session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
+                                                options.backend)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
@@ -323,7 +327,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
     for pid in ids:
         by_file.setdefault(session.candidates[pid].path, []).append(session.candidates[pid])
     for path, chosen in by_file.items():
-        text, source = combined_text(chosen, o.unsafe_fixes), chosen[0].source
+        text, source = combined_text(chosen, o.unsafe_fixes, o.backend), chosen[0].source
         if os.path.realpath(path).startswith(root + os.sep):
             try:
                 write_atomically(path, source, text)

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import dataclass
 
 WARMUP_STEPS = 2
-ROUND_US = 60_000.0  # steps per round: about this much work per side, at least one step
+ROUND_US = 20_000.0  # steps per round: about this much work per side, at least one step
 MIN_ROUNDS, MAX_ROUNDS = 12, 80
 RESAMPLES = 2000
 

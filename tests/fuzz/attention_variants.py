@@ -29,8 +29,8 @@ PRODUCTS = {
     "channel": ("at", "einsum"),
 }
 K_TRANSPOSES = ("t_neg", "t_neg_rev", "t_pos", "permute", "mT", "pre")
-SCALE_PLACES = ("scores_mul", "scores_div", "q_pre", "split", "none", "if_flag")
-SCALE_SPELLINGS = ("pow", "sqrt", "size", "attr", "attr_or", "literal", "custom_attr")
+SCALE_PLACES = ("scores_mul", "scores_div", "q_pre", "q_pre_inplace", "split", "none", "if_flag")
+SCALE_SPELLINGS = ("pow", "sqrt", "size", "attr", "attr_or", "literal", "custom_attr", "local")
 MASKS = ("none", "causal_buffer", "causal_bool_buffer", "causal_local", "causal_drop_local", "key_padding",
          "additive", "hf_extended")
 APPLIES = ("masked_fill", "masked_fill_", "where_keep", "where_drop")
@@ -46,10 +46,10 @@ VALUE_PRODUCTS = {
 OUTPUTS = {
     "heads": ("transpose_reshape", "transpose_view", "permute_flatten", "rearrange"),
     "folded": ("view_transpose_reshape", "reshape_transpose_reshape"),
-    "channel": ("reshape_transpose",),
+    "channel": ("reshape_transpose",),  # `.view` of the output: the view_after_rewrite family
 }
-DTYPES = ("float32", "float64", "bfloat16", "float16")
-NAMES = (("scores", "attn"), ("att", "att"), ("sim", "attn"), ("dots", "attn"), ("w", "w"), ("attn_weights", "probs"))
+NAMES = (("scores", "attn"), ("att", "att"), ("sim", "attn"), ("dots", "attn"), ("w", "w"), ("attn_weights", "probs"),
+         ("x", "x"))
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,6 @@ class Variant:
     @property
     def weights(self) -> str:
         return self.names[1]
-
-    @property
-    def fully_masked_rows(self) -> bool:
-        """Some query row masks every key: left padding under a causal mask, or padded query rows."""
-        return (self.left_padding and (self.causal_too or self.mask.startswith("causal"))) or \
-            self.mask_rank == "query_rows"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -223,6 +217,8 @@ def _scale_value_expr(v: Variant, power: str) -> str:
         return "0.7071067811865476" if quarter else "0.5"  # D = 4
     if s in ("attr", "attr_or"):
         return "self.scale_q" if quarter else "self.scale"
+    if s == "local":
+        return "scale ** 0.5" if quarter else "scale"
     return "self.scale"  # custom_attr: a scale that is not 1/sqrt(D)
 
 
@@ -241,8 +237,12 @@ def _write_scale_init(v: Variant, src: _Source) -> None:
 
 
 def _write_prescale(v: Variant, src: _Source) -> tuple[str, str]:
+    if v.scale_spelling == "local":
+        src.body.append("scale = 1.0 / math.sqrt(D)")
     if v.scale_place == "q_pre":
         src.body.append(f"q = q * {_scale_value_expr(v, '-0.5')}")
+    elif v.scale_place == "q_pre_inplace":
+        src.body.append(f"q *= {_scale_value_expr(v, '-0.5')}")
     elif v.scale_place == "split":
         factor = _scale_value_expr(v, "-0.25")
         src.body += [f"q = q * {factor}", f"k = k * {factor}"]
@@ -251,12 +251,12 @@ def _write_prescale(v: Variant, src: _Source) -> tuple[str, str]:
 
 def _write_scale_on_scores(v: Variant, src: _Source) -> None:
     s = v.scores
-    if v.product == "baddbmm" or v.scale_place in ("q_pre", "split", "none"):
+    if v.product == "baddbmm" or v.scale_place in ("q_pre", "q_pre_inplace", "split", "none"):
         return
     if v.scale_place == "scores_div":
         divisor = {"pow": "D ** 0.5", "sqrt": "math.sqrt(D)", "size": "math.sqrt(q.size(-1))", "literal": "2.0",
                    "attr": "(1.0 / self.scale)", "attr_or": "(1.0 / self.scale)",
-                   "custom_attr": "(1.0 / self.scale)"}[v.scale_spelling]
+                   "custom_attr": "(1.0 / self.scale)", "local": "(1.0 / scale)"}[v.scale_spelling]
         if v.layout == "channel" and v.scale_spelling == "size":
             divisor = "math.sqrt(q.size(-2))"
         src.body.append(f"{s} = {s} / {divisor}")
@@ -307,7 +307,8 @@ def _write_scores(v: Variant, src: _Source, q: str, k: str) -> None:
         expr = f'einops.einsum({q}, {k}, "{b} {h} {i} {d}, {b} {h} {j} {d} -> {b} {h} {i} {j}")'
     elif p == "baddbmm":
         kt = _k_transposed(v, src, k)
-        alpha = _scale_value_expr(v, "-0.5") if v.scale_place not in ("none", "q_pre", "split") else "1.0"
+        alpha = _scale_value_expr(v, "-0.5") if v.scale_place not in ("none", "q_pre", "q_pre_inplace", "split") \
+            else "1.0"
         expr = (f"torch.baddbmm(torch.empty({q}.shape[0], {q}.shape[1], {k}.shape[1], dtype={q}.dtype, "
                 f"device={q}.device), {q}, {kt}, beta=0, alpha={alpha})")
     else:
@@ -323,7 +324,7 @@ def _fill_expr(v: Variant) -> str:
     s = v.scores
     return {"-inf": 'float("-inf")', "finfo_min": f"torch.finfo({s}.dtype).min",
             "neg_finfo_max": f"-torch.finfo({s}.dtype).max", "-1e4": "-1e4", "-1e9": "-1e9",
-            "finfo16_min": "torch.finfo(torch.float16).min"}[v.fill]
+            "finfo16_min": "torch.finfo(torch.float16).min", "int_bias": "-10000.0"}[v.fill]
 
 
 def _drop_from_keep(v: Variant, keep: str) -> str:
@@ -450,7 +451,7 @@ def _write_mask(v: Variant, src: _Source, ndim: int) -> None:
                                "mask[..., 0] = 0.0", f"mask = mask.to(torch.{mdtype})"]
         if v.causal_too:
             _write_causal(v, src, ndim, "causal_local")
-        line = f"{v.scores} = {v.scores} + mask"
+        line = f"{v.scores} += mask" if v.apply == "masked_fill_" else f"{v.scores} = {v.scores} + mask"
         if v.mask_guarded:
             src.params[-1] += "=None"
             src.body += ["if mask is not None:", "    " + line]
@@ -527,7 +528,8 @@ def _write_output(v: Variant, src: _Source, out: str) -> None:
             "rearrange": f"{out} = einops.rearrange({out}, 'b h n d -> b n (h d)')",
             "view_transpose_reshape": f"{out} = {out}.view(B, H, L, D).transpose(1, 2).reshape(B, L, C)",
             "reshape_transpose_reshape": f"{out} = {out}.reshape(B, H, L, D).transpose(1, 2).reshape(B, L, C)",
-            "reshape_transpose": f"{out} = {out}.reshape(B, C, L).transpose(1, 2)"}[o]
+            "reshape_transpose": f"{out} = {out}.reshape(B, C, L).transpose(1, 2)",
+            "view_transpose": f"{out} = {out}.view(B, C, L).transpose(1, 2)"}[o]
     src.body += [line, f"return self.proj({out})"]
 
 
@@ -557,7 +559,7 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
     elif h == "write_v_between":
         body.insert(value_at, "v = v.clone()")
         body.insert(value_at + 1, "v[..., 0] = 0.0")
-    elif h == "del_qk":
+    elif h == "del_key":
         body.insert(_softmax_at(body), "del k")
     elif h == "no_grad_scores":
         at = _index_of(body, f"{s} = ")
@@ -602,10 +604,12 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         body[first:first] = looped
     elif h == "weights_before_loop":
         at = value_at
-        body[at:at + 1] = ["acc = 0", "for step in range(2):", f"    acc = acc + {w} @ (v * (step + 1))",
+        term = f"(v * (step + 1)) @ {w}.transpose(-2, -1)" if v.layout == "channel" else f"{w} @ (v * (step + 1))"
+        body[at:at + 1] = ["acc = 0", "for step in range(2):", f"    acc = acc + {term}",
                            "    v = v + 1.0", "out = acc"]
     elif h == "shared_dropout_weights":
-        body[value_at:value_at + 1] = [body[value_at], f"out = out + {w} @ (v * 2.0)"]
+        again = f"(v * 2.0) @ {w}.transpose(-2, -1)" if v.layout == "channel" else f"{w} @ (v * 2.0)"
+        body[value_at:value_at + 1] = [body[value_at], f"out = out + {again}"]
     elif h == "out_buffer":
         body[value_at] = ("out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=v.dtype); "
                           f"torch.bmm({w}, v, out=out)")
@@ -619,7 +623,7 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         src.methods.append(f"def similarity(self, q, k):\n    return {_plain_product(v)}")
         src.extra_classes.append("class BiasedAttention(Attention):\n"
                                  "    def similarity(self, q, k):\n"
-                                 "        return super().similarity(q, k) + 0.25 * torch.tanh(q.sum(-1, keepdim=True))")
+                                 "        return super().similarity(q, k) + 0.25 * torch.tanh(super().similarity(q, k))")
         src.model_class = "BiasedAttention"
     elif h == "hook_point":
         src.init.append("self.attn_hook = nn.Identity()")
@@ -634,7 +638,7 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         body[at] = body[at].replace(f"{s} = ", f"{s} = logits = ", 1)
         body.insert(_index_of(body, "return "), "out = out + logits.mean() * 0.0")
     elif h == "mixed_dtype_scores":
-        at = _index_of(body, f"{s} = ")
+        at = _index_of(body, "k_t = " if v.k_transpose == "pre" else f"{s} = ")
         body.insert(at, "q, k = q.float(), k.float()")
         body.insert(_softmax_at(body) + 1, f"{w} = {w}.to(v.dtype)")
     elif h == "mixed_dtype_value":
@@ -663,6 +667,7 @@ def _plain_product(v: Variant) -> str:
 # Strategies
 
 HAZARD_NEEDS_PLAIN_PRODUCT = {"static_helper", "subclass_override"}
+FP64_OVERFLOWING_FILLS = ("finfo_min", "neg_finfo_max")
 
 
 @st.composite
@@ -678,21 +683,25 @@ def core_variants(draw, *, fp32_masks_only: bool = True) -> Variant:
         polarity = "eq0"
     letters = "".join(draw(st.permutations("bhijdxyz"))[:5])
     dtype = draw(st.sampled_from(("float32", "float64")))
+    fill = draw(st.sampled_from(FILLS))
+    if dtype == "float64" and fill in FP64_OVERFLOWING_FILLS:
+        dtype = "float32"  # a family of its own (fp64_finfo_fill): its masks are built in float32
     mask_dtype = "bool"
     if mask in ("key_padding", "hf_extended"):
         mask_dtype = draw(st.sampled_from(("bool", "int64") if mask == "key_padding" else ("bool", "int64",
                                                                                            dtype)))
         if mask_dtype == "int64" and polarity != "eq0":
             polarity = "eq0"
-    fill = draw(st.sampled_from(FILLS))
+    mask_rank = "full"
     if mask == "additive":
         mask_dtype = dtype
+        mask_rank = draw(st.sampled_from(("full", "query_rows")))  # (B,1,1,S) or (B,1,L,S), first key kept
     return Variant(
         layout=layout, kv=draw(st.sampled_from(("self", "cache"))), product=product,
         k_transpose=draw(st.sampled_from(K_TRANSPOSES)), letters=letters,
         spec_form=draw(st.sampled_from(("plain", "plain", "concat", "fstring"))),
         scale_place=scale_place, scale_spelling=draw(st.sampled_from(SCALE_SPELLINGS)),
-        mask=mask, mask_dtype=mask_dtype, apply=apply, polarity=polarity, fill=fill,
+        mask=mask, mask_dtype=mask_dtype, mask_rank=mask_rank, apply=apply, polarity=polarity, fill=fill,
         mask_guarded=draw(st.booleans()) if mask in ("key_padding", "additive") else False,
         causal_too=draw(st.booleans()) if mask in ("key_padding", "additive", "hf_extended") else False,
         softmax=draw(st.sampled_from(SOFTMAXES)), dropout=draw(st.sampled_from(DROPOUTS)),
@@ -710,21 +719,37 @@ def _with(base: st.SearchStrategy, **fixed) -> st.SearchStrategy:
 
 
 def _fully_masked(base_fill: st.SearchStrategy) -> st.SearchStrategy:
-    """Left padding under a causal mask, or padded queries: some rows see no key at all."""
+    """Left padding under a causal mask (two masks), or padded query rows: some rows see no key at all."""
+    def build(draw):
+        variant = dataclasses.replace(draw(core_variants()), fill=draw(base_fill), mask_dtype="bool")
+        if draw(st.booleans()):
+            return dataclasses.replace(variant, mask=draw(st.sampled_from(("key_padding", "hf_extended"))),
+                                       left_padding=True, causal_too=True, mask_rank="full")
+        return dataclasses.replace(variant, mask="key_padding", mask_rank="query_rows", causal_too=False,
+                                   mask_guarded=False)
+    return st.composite(build)()
+
+
+def _low_precision() -> st.SearchStrategy:
+    """The core forms in bf16/fp16 (fills that fit in fp16; additive masks in the model's dtype)."""
     def build(draw):
         variant = draw(core_variants())
-        shape = draw(st.sampled_from(("left_pad_causal", "query_rows", "additive_causal")))
-        fill = draw(base_fill)
-        if shape == "left_pad_causal":
-            return dataclasses.replace(variant, mask=draw(st.sampled_from(("key_padding", "hf_extended"))),
-                                       left_padding=True, causal_too=True, mask_rank="full", fill=fill,
-                                       mask_dtype="bool" if variant.mask_dtype == "int64" else variant.mask_dtype
-                                       if variant.mask in ("key_padding", "hf_extended") else "bool")
-        if shape == "query_rows":
-            return dataclasses.replace(variant, mask="key_padding", mask_rank="query_rows", fill=fill,
-                                       mask_dtype="bool", causal_too=False, mask_guarded=False)
-        return dataclasses.replace(variant, mask="key_padding", left_padding=True, causal_too=True, fill=fill,
-                                   mask_rank="full", mask_dtype="bool")
+        dtype = draw(st.sampled_from(("bfloat16", "float16")))
+        fill = variant.fill if variant.fill != "-1e9" else "-1e4"
+        mask_dtype = dtype if variant.mask == "additive" else variant.mask_dtype
+        return dataclasses.replace(variant, dtype=dtype, fill=fill, mask_dtype=mask_dtype)
+    return st.composite(build)()
+
+
+def _view_after_rewrite() -> st.SearchStrategy:
+    """Channel-major attention with a mask whose output is `.view`-ed: the layout SDPA returns is not a matmul's."""
+    def build(draw):
+        variant = draw(core_variants())
+        mask = draw(st.sampled_from(("additive", "causal_local", "key_padding")))
+        return dataclasses.replace(variant, layout="channel", product=draw(st.sampled_from(PRODUCTS["channel"])),
+                                   value_product=draw(st.sampled_from(VALUE_PRODUCTS["channel"])),
+                                   output="view_transpose", mask=mask, mask_rank="full",
+                                   mask_dtype=variant.dtype if mask == "additive" else "bool")
     return st.composite(build)()
 
 
@@ -761,10 +786,13 @@ def _hazard(*names: str) -> st.SearchStrategy:
 FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "core": ("supported forms", core_variants()),
     "finite_fill_full_rows": ("A", _fully_masked(st.sampled_from(("finfo_min", "neg_finfo_max", "-1e4", "-1e9")))),
+    "fp64_finfo_fill": ("A", _with(core_variants(), dtype="float64", fill=st.sampled_from(FP64_OVERFLOWING_FILLS),
+                                   mask=st.sampled_from(("key_padding", "causal_local", "causal_drop_local")),
+                                   mask_rank="full", mask_dtype="bool")),
     "finfo16_fill": ("A", _with(core_variants(), mask="key_padding", fill="finfo16_min", mask_dtype="bool",
-                                dtype="float32", polarity="invert")),
+                                mask_rank="full", dtype="float32", polarity="invert")),
     "inf_fill_full_rows": ("B", _fully_masked(st.just("-inf"))),
-    "nonbool_polarity": ("C", _with(core_variants(), mask="key_padding", polarity="logical_not",
+    "nonbool_polarity": ("C", _with(core_variants(), mask="key_padding", polarity="logical_not", mask_rank="full",
                                     mask_dtype=st.sampled_from(("int64", "float32")))),
     "additive_mask_dtype": ("D", st.one_of(
         _with(core_variants(), mask="additive", mask_dtype=st.sampled_from(("bool", "int64", "float16")),
@@ -772,23 +800,31 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
         _with(core_variants(), mask="hf_extended", mask_dtype="int64", fill="int_bias"))),
     "additive_mask_rank": ("D", _with(core_variants(), mask="key_padding",
                                       mask_rank="key_vector", mask_dtype="bool")),
-    "mutated_causal": ("E", _hazard("write_causal_init", "write_causal_local")),
+    "causal_written_in_init": ("E", _hazard("write_causal_init")),
+    "causal_written_locally": ("E", _hazard("write_causal_local")),
     "else_scale": ("F", _hazard("else_scale")),
-    "tensor_scale": ("G", _hazard("param_scale", "buffer_scale", "temperature", "logit_scale",
-                                  "local_param_scale", "scale_argument")),
-    "loops": ("H", _hazard("residual_loop", "weights_before_loop")),
-    "scopes": ("I", _hazard("no_grad_scores", "del_qk", "store_key", "write_q_after_scores", "write_v_between")),
+    "tensor_scale": ("G", _hazard("param_scale", "buffer_scale", "temperature", "logit_scale", "local_param_scale")),
+    "scale_argument": ("G", _hazard("scale_argument")),
+    "residual_loop": ("H", _hazard("residual_loop")),
+    "weights_before_loop": ("H", _hazard("weights_before_loop")),
+    "no_grad_scores": ("I", _hazard("no_grad_scores")),
+    "del_key": ("I", _hazard("del_key")),
+    "writes_between": ("I", _hazard("store_key", "write_q_after_scores", "write_v_between")),
     "mixed_dtype": ("J", _hazard("mixed_dtype_scores", "mixed_dtype_value")),
     "static_helper": ("K", _hazard("static_helper")),
-    "mechanics": ("L", _hazard("two_blocks", "chained_assign")),
-    "value_product": ("M", _hazard("out_buffer", "shared_dropout_weights")),
-    "dispatch": ("N", _hazard("subclass_override", "hook_point")),
+    "two_blocks": ("L", _hazard("two_blocks")),
+    "view_after_rewrite": ("L", _view_after_rewrite()),
+    "chained_assign": ("L", _hazard("chained_assign")),
+    "out_buffer": ("M", _hazard("out_buffer")),
+    "shared_weights": ("M", _hazard("shared_dropout_weights")),
+    "subclass_override": ("N", _hazard("subclass_override")),
+    "hook_point": ("N", _hazard("hook_point")),
     "escapes": ("ADV102", _hazard("return_weights", "store_weights", "entropy_loss")),
     "wrong_softmax_dim": ("hostile", _with(core_variants(), softmax="wrong_dim")),
-    "low_precision": ("dtypes", _with(core_variants(), dtype=st.sampled_from(("bfloat16", "float16")))),
+    "low_precision": ("dtypes", _low_precision()),
 }
 
 
-def all_variants() -> st.SearchStrategy:
-    """One family chosen at random, then one variant of it (the long profile's strategy)."""
-    return st.sampled_from(sorted(FAMILIES)).flatmap(lambda name: FAMILIES[name][1].map(lambda v: (name, v)))
+def tagged_variants(families: list[str]) -> st.SearchStrategy:
+    """(family name, variant) pairs: a family chosen uniformly among `families`, then one of its variants."""
+    return st.sampled_from(families).flatmap(lambda name: FAMILIES[name][1].map(lambda v: (name, v)))

@@ -90,6 +90,21 @@ def _check_loaded(source: str, original) -> Outcome:
     return outcome
 
 
+def compare(source: str, fixed: str, accepts_nan: bool = False) -> tuple[str, str] | None:
+    """(kind, detail) of the first difference between running `source` and `fixed`, or None when they agree."""
+    original = _load(source, "original")
+    notes: list[str] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _compare_sources(original, source, fixed, accepts_nan, notes)
+    except _Mismatch as mismatch:
+        return mismatch.kind, str(mismatch)
+    finally:
+        _unload(original)
+    return None
+
+
 def _declares_nan_divergence(facts: Any) -> bool:
     """True when a finding accepts that fully masked rows become finite (NaN -> 0) and says so in its facts:
     a fact under any status other than proved/assumed whose text mentions NaN or fully masked rows."""
@@ -196,15 +211,18 @@ def _compare_eval(original, rewritten, seed: int, accepts_nan: bool) -> None:
             out_r = model_r(*_clone_inputs(inputs))
         except Exception as exc:  # noqa: BLE001
             raise _Mismatch("raises", f"{type(exc).__name__}: {exc}") from None
-    _compare_values(out_o, out_r, f"seed {seed} output", accepts_nan)
+    floor = _model_tolerance(model_o)
+    _compare_values(out_o, out_r, f"seed {seed} output", accepts_nan, floor=floor)
     stored_o, stored_r = _stored_tensors(model_o), _stored_tensors(model_r)
     if set(stored_o) != set(stored_r):
         raise _Mismatch("lost-stored-tensor", f"tensors stored on modules {sorted(stored_o)} became {sorted(stored_r)}")
     for name in stored_o:
-        _compare_values(stored_o[name], stored_r[name], f"seed {seed} stored {name}", accepts_nan)
+        _compare_values(stored_o[name], stored_r[name], f"seed {seed} stored {name}", accepts_nan, floor=floor)
 
 
-def _compare_values(orig: Any, new: Any, where: str, accepts_nan: bool, slack: float = 1.0) -> None:
+def _compare_values(orig: Any, new: Any, where: str, accepts_nan: bool, slack: float = 1.0,
+                    floor: float = 0.0) -> None:
+    """Tensors agree within the tolerance of their dtype (at least `floor`: the model's compute precision)."""
     tensors_o, tensors_r = list(iter_tensors(orig)), list(iter_tensors(new))
     if len(tensors_o) != len(tensors_r):
         raise _Mismatch("wrong-structure", f"{where}: {len(tensors_o)} tensors became {len(tensors_r)}")
@@ -221,12 +239,17 @@ def _compare_values(orig: Any, new: Any, where: str, accepts_nan: bool, slack: f
                 raise _Mismatch(kind, f"{label}: non-finite positions differ "
                                       f"({int((~finite_a).sum())} in the original, {int((~finite_b).sum())} after)")
         both = finite_a & finite_b
-        tol = TOLERANCES.get(a.dtype, 1e-5) * slack
+        tol = max(TOLERANCES.get(a.dtype, 1e-5), floor) * slack
         diff = (a64[both] - b64[both]).abs()
         bound = tol + tol * a64[both].abs()
         if diff.numel() and bool((diff > bound).any()):
             raise _Mismatch("wrong-values" if slack == 1.0 else "wrong-gradients",
                             f"{label}: max abs error {float(diff.max()):.3e} (tolerance {tol:g} abs and rel)")
+
+
+def _model_tolerance(model: torch.nn.Module) -> float:
+    """The tolerance of the model's least precise parameter dtype: values that pass through it carry its error."""
+    return max((TOLERANCES.get(p.dtype, 1e-5) for p in model.parameters()), default=0.0)
 
 
 def _zero_dropout(model: torch.nn.Module) -> None:
@@ -276,4 +299,5 @@ def _compare_gradients(original, rewritten, seed: int, notes: list[str]) -> None
             raise _Mismatch("wrong-gradients", f"gradient of {name}: {'none' if grad_o is None else 'a tensor'} "
                                                f"became {'none' if grad_r is None else 'a tensor'}")
         if grad_o is not None:
-            _compare_values(grad_o, grad_r, f"gradient of {name}", False, slack=GRAD_SLACK)
+            _compare_values(grad_o, grad_r, f"gradient of {name}", False, slack=GRAD_SLACK,
+                            floor=_model_tolerance(model_o))
