@@ -22,8 +22,9 @@ METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel"
 
 def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression: cst.CSTNode) -> str | None:
     """Why the value of `expression` (and every view of it) may be read for its layout or memory, or leaves the
-    function; None when every use is a computation that reads values only (an operator, a call argument, a
-    reduction). Call arguments count as value reads: what the callee dispatches is in the profile's op graph."""
+    function; None when every use is a computation that reads values only: an operator, a method that makes a new
+    tensor (a reduction), or an argument of a torch function. An argument of any other callable (a module, a
+    helper) is not seen: that callee could `.view` it or keep it."""
     flow = parsed.flow(function)
     pending, seen = [expression], set()
     while pending:
@@ -42,6 +43,12 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
                 pending.append(caller if called else parent)
             elif not called and name not in METADATA:
                 return f"its attribute `.{name}` is read at line {parsed.line(parent)}"
+        elif isinstance(parent, cst.Arg) and parent.value is node:
+            call = parsed.parents.get(parent)
+            callee = parsed.imported_name(call.func) if isinstance(call, cst.Call) else None
+            if callee is None or not callee.startswith("torch."):
+                shown = parsed.code(call.func).strip() if isinstance(call, cst.Call) else "a call"
+                return f"it is passed to `{shown}` at line {parsed.line(parent)}, whose use of it is not seen"
         elif isinstance(parent, cst.Subscript) and parent.value is node:
             pending.append(parent)  # indexing gives a view
         elif isinstance(parent, (cst.Return, cst.Yield)):

@@ -45,8 +45,11 @@ def might_match(lowered_source: str) -> bool:
     return any(token in lowered_source for token in PREFILTER_TOKENS)
 
 
+FixedFinding = tuple[Finding, SourceEdit | None, list[Edit] | None]
+
+
 def copy_cast_findings(parsed: ParsedModule, evidence: FileEvidence | None,
-                       covered: list[tuple[int, int, str, bool]]) -> list[tuple[Finding, SourceEdit | None, list[Edit] | None]]:
+                       covered: list[tuple[int, int, str, bool]]) -> list[FixedFinding]:
     """(finding, its edit, that edit's character edits) per copy/cast finding. `covered` are the (line, end_line,
     rule, has a patch) spans of attention findings: a static finding there is left to them (the attention rule
     reports the block), a runtime one is reported without a patch where the attention rewrite replaces it."""
@@ -198,17 +201,23 @@ def _undone(parsed, sites, evidence, hit) -> _Plan:
                                "the copy's layout is transposed away at once; the values are the same without it")
 
 
-def _copy_copy(parsed, sites, evidence, hit) -> _Plan:
+def _proved_on_line(parsed, sites, hit, prove, missing: str) -> _Plan:
+    """A runtime finding whose fix is a static proof: the one call on the line that the proof rewrites."""
     plan = _Plan(hit.rule, None, hit.line)
-    folds = [(site, roles.folded_copies(parsed, site.call)) for site in sites]
-    folds = [(site, rewrite) for site, rewrite in folds if rewrite is not None]
-    if len(folds) != 1:
-        plan.reason = "the two copies are not one `.contiguous()`/`.clone()`/cast chain on this line" if not folds \
-            else f"{len(folds)} copy chains on line {hit.line}: the profile cannot tell them apart"
+    proved = [(site, prove(parsed, site.call)) for site in sites]
+    proved = [(site, rewrite) for site, rewrite in proved if rewrite is not None]
+    if len(proved) != 1:
+        plan.reason = missing if not proved \
+            else f"{len(proved)} such calls on line {hit.line}: the profile cannot tell them apart"
         return plan
-    plan.site, plan.rewrite = folds[0]
+    plan.site, plan.rewrite = proved[0]
     plan.facts.proved("equal-values", "the rewrite computes the same tensor", plan.rewrite.proof)
     return plan
+
+
+def _copy_copy(parsed, sites, evidence, hit) -> _Plan:
+    return _proved_on_line(parsed, sites, hit, roles.folded_copies,
+                           "the two copies are not a `.contiguous()`/`.clone()` chain on this line")
 
 
 def _same_dtype(parsed, sites, evidence, hit) -> _Plan:
@@ -262,16 +271,8 @@ def _param_cast(parsed, sites, evidence, hit) -> _Plan:
 
 
 def _softmax_upcast(parsed, sites, evidence, hit) -> _Plan:
-    plan = _Plan(hit.rule, None, hit.line)
-    fused = [(site, roles.softmax_with_dtype(parsed, site.call)) for site in sites]
-    fused = [(site, rewrite) for site, rewrite in fused if rewrite is not None]
-    if len(fused) != 1:
-        plan.reason = "the upcast is not an argument of a softmax call on this line" if not fused \
-            else f"{len(fused)} softmax calls on line {hit.line}: the profile cannot tell them apart"
-        return plan
-    plan.site, plan.rewrite = fused[0]
-    plan.facts.proved("equal-values", "the rewrite computes the same tensor", plan.rewrite.proof)
-    return plan
+    return _proved_on_line(parsed, sites, hit, roles.softmax_with_dtype,
+                           "the upcast is not an argument of a softmax call on this line")
 
 
 _JOINS = {ALREADY_CONTIGUOUS: _already_contiguous, STRIDED_OK: _strided_ok, UNDONE: _undone, COPY_COPY: _copy_copy,
@@ -293,7 +294,7 @@ def _overlaps(parsed: ParsedModule, node: cst.CSTNode, other: cst.CSTNode) -> bo
     return False
 
 
-def _finding(parsed: ParsedModule, plan: _Plan) -> tuple[Finding, SourceEdit | None, list[Edit] | None]:
+def _finding(parsed: ParsedModule, plan: _Plan) -> FixedFinding:
     rule = load_rules()[plan.rule]
     edit = SourceEdit(plan.rewrite.node, plan.rewrite.code) if plan.rewrite is not None else None
     edits, patch, reason = None, None, plan.reason

@@ -23,7 +23,7 @@ from advisor.runtime.frames import Location, first_user_frame
 
 MAX_OPS = 200_000
 _WATCHED_CALLS = frozenset({"contiguous", "to", "float", "half", "bfloat16", "double", "type_as",
-                            "scaled_dot_product_attention"})
+                            "scaled_dot_product_attention", "softmax"})  # softmax: the cast its dtype= dispatches
 _CAST_METHODS = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}
 
 

@@ -4,7 +4,7 @@ every call, and an upcast whose only user is softmax (softmax's dtype= argument 
 from __future__ import annotations
 
 from advisor.runtime.detect import Detection
-from advisor.runtime.detect.ops import SOFTMAXES, consumers
+from advisor.runtime.detect.ops import SOFTMAXES, consumers, in_call
 
 _CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type_as"})
 
@@ -44,7 +44,8 @@ def detect(op_graph, device: str) -> list[Detection]:
             found.append(Detection("ADV302", data["loc"], end, frozenset({node, *users}),
                                    f"round trip {change}->{_name(source.dtype)} with nothing in between that "
                                    f"needs {_name(result.dtype)}: remove both casts", evidence))
-        elif users and user_ops <= SOFTMAXES and result.dtype.itemsize > source.dtype.itemsize:
+        elif users and user_ops <= SOFTMAXES and result.dtype.itemsize > source.dtype.itemsize \
+                and not in_call(op_graph, node, "softmax"):  # softmax(x, dtype=...) casting for itself: the fix
             found.append(Detection("ADV304", data["loc"], data["loc"].line, frozenset({node}),
                                    f"upcast {change} only feeds softmax: pass dtype=torch.{_name(result.dtype)} "
                                    "to softmax instead", evidence))

@@ -36,4 +36,9 @@ def consumers(graph, node: int, through_views: bool = False) -> list[int]:
 
 
 def in_sdpa_call(op_graph, node: int) -> bool:
-    return any(c.name == "scaled_dot_product_attention" and c.first_op <= node < c.last_op for c in op_graph.calls)
+    return in_call(op_graph, node, "scaled_dot_product_attention")
+
+
+def in_call(op_graph, node: int, name: str) -> bool:
+    """Was `node` dispatched inside a watched call of that name (advisor.runtime.recorder._WATCHED_CALLS)?"""
+    return any(c.name == name and c.first_op <= node < c.last_op for c in op_graph.calls)
