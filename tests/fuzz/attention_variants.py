@@ -638,7 +638,7 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         body[at] = body[at].replace(f"{s} = ", f"{s} = logits = ", 1)
         body.insert(_index_of(body, "return "), "out = out + logits.mean() * 0.0")
     elif h == "mixed_dtype_scores":
-        at = _index_of(body, "k_t = " if v.k_transpose == "pre" else f"{s} = ")
+        at = _index_of(body, "k_t = " if any(line.startswith("k_t = ") for line in body) else f"{s} = ")
         body.insert(at, "q, k = q.float(), k.float()")
         body.insert(_softmax_at(body) + 1, f"{w} = {w}.to(v.dtype)")
     elif h == "mixed_dtype_value":
