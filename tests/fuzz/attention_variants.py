@@ -638,13 +638,19 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         body[at] = body[at].replace(f"{s} = ", f"{s} = logits = ", 1)
         body.insert(_index_of(body, "return "), "out = out + logits.mean() * 0.0")
     elif h == "mixed_dtype_scores":
-        at = _index_of(body, "k_t = " if v.k_transpose == "pre" else f"{s} = ")
+        at = _index_of(body, "k_t = " if any(line.startswith("k_t = ") for line in body) else f"{s} = ")
         body.insert(at, "q, k = q.float(), k.float()")
         body.insert(_softmax_at(body) + 1, f"{w} = {w}.to(v.dtype)")
     elif h == "mixed_dtype_value":
         body[value_at] = body[value_at].replace(f"{w}", f"{w}.float()", 1).replace(" v", " v.float()") \
             .replace("(v", "(v.float()").replace(", v)", ", v.float())")
         body.insert(value_at + 1, "out = out.to(x.dtype)")
+    elif h == "make_writes_causal":  # the same writes, from outside the class (the file's make())
+        src.make_lines.append("model.bias[..., :2] = 1")
+    elif h == "make_replaces_softmax":
+        src.make_lines.append("model.softmax = nn.Softmax(dim=-2)")
+    elif h == "make_sets_tensor_scale":
+        src.make_lines.append("model.scale = torch.tensor(0.3, requires_grad=True)")
     else:
         raise ValueError(f"unknown hazard {h}")
 
@@ -760,6 +766,13 @@ def _hazard(*names: str) -> st.SearchStrategy:
         changes: dict = {"hazard": hazard}
         if hazard in ("write_causal_init",):
             changes.update(mask="causal_buffer", kv="self", polarity="eq0")
+        if hazard == "make_writes_causal":
+            changes.update(mask="causal_buffer", kv="self", polarity="eq0")
+        if hazard == "make_replaces_softmax":
+            changes.update(softmax="module")
+        if hazard == "make_sets_tensor_scale":
+            changes.update(scale_place="scores_mul", scale_spelling="attr",
+                           product=variant.product if variant.product != "baddbmm" else "bmm")
         if hazard == "write_causal_local":
             changes.update(mask="causal_local", kv="self")
         if hazard in HAZARD_NEEDS_PLAIN_PRODUCT:
@@ -819,6 +832,7 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "shared_weights": ("M", _hazard("shared_dropout_weights")),
     "subclass_override": ("N", _hazard("subclass_override")),
     "hook_point": ("N", _hazard("hook_point")),
+    "written_outside_class": ("E/G/N", _hazard("make_writes_causal", "make_replaces_softmax", "make_sets_tensor_scale")),
     "escapes": ("ADV102", _hazard("return_weights", "store_weights", "entropy_loss")),
     "wrong_softmax_dim": ("hostile", _with(core_variants(), softmax="wrong_dim")),
     "low_precision": ("dtypes", _low_precision()),
