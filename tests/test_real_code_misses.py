@@ -293,3 +293,38 @@ def test_f_string_einsum_spec_with_placeholders_is_refused_by_name():
     finding = the_finding(source)
     assert finding.rule == "ADV103"
     assert "einsum spec `f'{self.ax}id,{self.ax}jd->{self.ax}ij'` is not a literal" in finding.reason
+
+
+def test_softmax_method_a_subclass_overrides_is_not_rewritten():
+    source = attention(f"""
+        attn = self.normalize(q @ k.transpose(-2, -1) * 8 ** -0.5)
+        {MATMUL_OUT}
+    """, methods="""
+    def normalize(self, s):
+        return s.softmax(dim=-1)
+    """, after="""
+    class Sharp(Attn):
+        def normalize(self, s):
+            return (s * 2).softmax(dim=-1)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`normalize`" in finding.reason
+
+
+def test_rebound_softmax_helper_is_not_read():
+    source = attention(f"""
+        s = q @ k.transpose(-2, -1) * 8 ** -0.5
+        attn = stable_softmax(s)
+        {MATMUL_OUT}
+    """, after=STABLE_SOFTMAX + "\nstable_softmax = torch.compile(stable_softmax)\n")
+    assert analyze_source(source, "m.py").findings == []
+
+
+def test_method_mask_helper_with_two_returns_is_named():
+    source = attention(FUSED.format(masked="self.apply_mask(s, None)"), init=FUSED_INIT, methods="""
+    def apply_mask(self, scores, mask):
+        if mask is None:
+            return scores
+        return scores + mask
+    """)
+    assert "`self.apply_mask(s, None)`, a helper with more than one `return`" in the_finding(source).reason

@@ -502,7 +502,7 @@ class _FunctionMatcher:
             if self.parsed.imported_name(node.func) in ("torch.cat", "torch.concat", "torch.concatenate"):
                 return (f"the scores are joined from several sources by `{short}`, so one softmax spans several "
                         f"key sets (one SDPA call would need their keys and values concatenated)")
-            helper = self.parsed.module_functions.get(node.func.value) if isinstance(node.func, cst.Name) else None
+            helper = self._helper_named(node.func)
             if helper is not None and _single_return(helper) is None:
                 return f"the scores come from `{short}`, a helper with more than one `return`, which is not inlined"
         return f"the scores come from `{short}`, which is not a recognised operation"
@@ -596,19 +596,19 @@ class _FunctionMatcher:
         raise Refusal(f"the scores pass through `{self._short(op.node)}` before softmax, which SDPA cannot express")
 
     # attention split across functions -------------------------------------------------------------
+    def _helper_named(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
+        """The function `self.name` (a method of this class) or `name` (a function of this file) calls."""
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
+                and self.owner is not None:
+            return self.owner.methods.get(func.attr.value)
+        return self.parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
+
     def _callee(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         """`self.scores(q, k)` (a method of this class) or `scores(q, k)` (a function of this file) whose
         body ends in its only `return`; None for anything else."""
         if not isinstance(node, cst.Call) or any(a.star for a in node.args):
             return None
-        func = node.func
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
-                and self.owner is not None:
-            callee = self.owner.methods.get(func.attr.value)
-        elif isinstance(func, cst.Name):
-            callee = self.parsed.module_functions.get(func.value)
-        else:
-            return None
+        callee = self._helper_named(node.func)
         if callee is None or callee is self.function or callee in self._inlined or _single_return(callee) is None:
             return None
         if any(not (isinstance(d.decorator, cst.Name) and d.decorator.value in ("staticmethod", "classmethod"))

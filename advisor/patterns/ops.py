@@ -81,7 +81,8 @@ class OpReader:
                 helper = self.owner.methods.get(attribute)
                 return op if op is not None or helper is None else self._softmax_helper(helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
-        if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions:
+        if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
+                and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
             return self._softmax_helper(self.parsed.module_functions[call.func.value], call, False)
         return None
 
