@@ -136,10 +136,12 @@ def _finding(parsed: ParsedModule, match: AttentionMatch, rule: str,
     extra = {"roles": _roles(match), "facts": match.facts.to_json()} if match.output_node is not None else {}
     if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
         extra.update(plan.to_json())
+    reason = reason if rule != SAFE or assumed else None
+    if match.note:
+        reason = f"{reason}; {match.note}" if reason else match.note
     return Finding(rule=rule, kind=definition.kind, path=parsed.path, line=match.line, end_line=match.end_line,
                    function=match.function, message=definition.title, fixable=fixable,
-                   fix_safety=safety, reason=reason if rule != SAFE or assumed else None, patch=patch,
-                   extra=extra), edits
+                   fix_safety=safety, reason=reason, patch=patch, extra=extra), edits
 
 
 def _roles(match: AttentionMatch) -> dict[str, object]:

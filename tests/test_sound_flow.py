@@ -451,9 +451,10 @@ def by_matmul(q, k, v):
 '''
 
 
-def test_fstring_einsum_spec_is_refused_and_the_other_block_kept():
+def test_implicitly_concatenated_fstring_einsum_spec_is_read():
+    """Once a crash that lost the file's other block; a constant f-string is now read as its text (issue 6 §4)."""
     einsum, matmul = findings(TWO_BLOCKS)
-    assert einsum.rule == "ADV103" and "not a literal string" in einsum.reason
+    assert (einsum.rule, einsum.fix_safety) == ("ADV101", "safe")
     assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
 
 

@@ -79,6 +79,7 @@ class AttentionMatch:
     escapes: list[cst.Name] = field(default_factory=list)
     reason: str | None = None
     unsafe_reason: str | None = None  # why even the unsafe fix is unavailable
+    note: str | None = None  # what the user should know whatever the proof found (SDPA on the other branch)
     facts: FactSheet = field(default_factory=FactSheet)  # what the rewrite relies on; assumed facts make it unsafe
 
 
@@ -165,7 +166,22 @@ class _FunctionMatcher:
         except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
             match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
             match.output_node, match.removed = None, []
+        match.note = self._sdpa_on_other_branch(statement)
         return match
+
+    def _sdpa_on_other_branch(self, statement: cst.CSTNode) -> str | None:
+        """timm's `if self.fused_attn: F.scaled_dot_product_attention(...) else: <manual>`: the fix is the flag."""
+        child, node = statement, self.parsed.parents.get(statement)
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            if isinstance(node, cst.If) and node.orelse is not None:
+                other = node.orelse if child is node.body else node.body
+                finder = _CallFinder(self.parsed, "torch.nn.functional.scaled_dot_product_attention")
+                other.visit(finder)
+                if finder.found:
+                    return (f"the other branch of `if {self._short(node.test)}` already calls "
+                            f"scaled_dot_product_attention: enable it")
+            child, node = node, self.parsed.parents.get(node)
+        return None
 
     def _looks_like_attention(self, softmax: Op) -> bool:
         """Cheap screen: a matrix product feeds the softmax and its output reaches another one."""
@@ -186,7 +202,7 @@ class _FunctionMatcher:
                        or any(self._reaches_defs(flow, p, names, depth + 1) for p in d.previous)
                        for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
         return any(self._reaches(child, names, depth + 1) for child in node.children
-                   if isinstance(child, (cst.BaseExpression, cst.Arg)))
+                   if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
 
     def _reaches_defs(self, flow: FunctionFlow, def_id: int, names: set[str], depth: int) -> bool:
         if def_id == UNDEFINED:
@@ -199,8 +215,16 @@ class _FunctionMatcher:
         while frontier and seen < MAX_CHAIN:
             seen += 1
             current = frontier.pop(0)
-            if isinstance(self.parsed.parents.get(current), cst.Return):
-                frontier.extend(_calls_to(self.parsed, self.function, self.owner))
+            parent = self.parsed.parents.get(current)
+            if isinstance(parent, cst.Return):
+                frontier.extend(_calls_to(self.parsed, self.function, self.owner) +
+                                _calls_through_objects(self.parsed, self.function, self.owner))
+                continue
+            if isinstance(parent, cst.Subscript) and parent.value is current:  # a slice of the weights
+                frontier.append(parent)
+                continue
+            if isinstance(parent, cst.Element):  # `a, b = w[..., :n], w[..., n:]`
+                frontier.extend(self._unpacked_reads(parent))
                 continue
             for consumer, op in self._consumers(current):
                 if op is not None and op.name in ("matmul", "bmm", "einsum"):
@@ -209,6 +233,17 @@ class _FunctionMatcher:
                     visited.add(id(consumer))
                     frontier.append(consumer)
         return False
+
+    def _unpacked_reads(self, element: cst.Element) -> list[cst.Name]:
+        """Where the name an element of `a, b = x, y` binds is read."""
+        values = self.parsed.parents.get(element)
+        statement = self.parsed.parents.get(values)
+        if not isinstance(statement, cst.Assign) or statement.value is not values:
+            return []
+        index = list(values.elements).index(element)
+        flow = self._flow_for(statement)
+        return [read for d in flow.definitions.values() if d.statement is statement and d.index == index
+                for read in flow.reads_of(d)]
 
     def _consumers(self, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None, Op | None]]:
         """Where a value goes: (the expression that consumes it, that expression's Op if it is one)."""
@@ -455,13 +490,25 @@ class _FunctionMatcher:
                 cursor = self._enter_callee(cursor)  # the scores are computed by a helper method
                 continue
             if op is None:
-                raise Refusal(f"the scores come from `{self._short(cursor)}`, which is not a recognised operation")
+                raise Refusal(self._why_unrecognised(cursor))
             if op.name in CORE_OPS:
                 if guard is not None:
                     raise Refusal("the Q·K^T product itself is computed conditionally")
                 return op
             cursor = self._peel_one(op, chain, guard)
         raise Refusal("the score computation is too long to follow")
+
+    def _why_unrecognised(self, node: cst.CSTNode) -> str:
+        """Why the score walk stops at `node`, naming the form when it is a known one."""
+        short = self._short(node)
+        if isinstance(node, cst.Call):
+            if self.parsed.imported_name(node.func) in ("torch.cat", "torch.concat", "torch.concatenate"):
+                return (f"the scores are joined from several sources by `{short}`, so one softmax spans several "
+                        f"key sets (one SDPA call would need their keys and values concatenated)")
+            helper = self._helper_named(node.func)
+            if helper is not None and _single_return(helper) is None:
+                return f"the scores come from `{short}`, a helper with more than one `return`, which is not inlined"
+        return f"the scores come from `{short}`, which is not a recognised operation"
 
     def _inside(self, ids: frozenset[int], guard: cst.If) -> bool:
         return len(ids) == 1 and UNDEFINED not in ids and guard in self.flow.definitions[next(iter(ids))].guards
@@ -552,19 +599,19 @@ class _FunctionMatcher:
         raise Refusal(f"the scores pass through `{self._short(op.node)}` before softmax, which SDPA cannot express")
 
     # attention split across functions -------------------------------------------------------------
+    def _helper_named(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
+        """The function `self.name` (a method of this class) or `name` (a function of this file) calls."""
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
+                and self.owner is not None:
+            return self.owner.methods.get(func.attr.value)
+        return self.parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
+
     def _callee(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         """`self.scores(q, k)` (a method of this class) or `scores(q, k)` (a function of this file) whose
         body ends in its only `return`; None for anything else."""
         if not isinstance(node, cst.Call) or any(a.star for a in node.args):
             return None
-        func = node.func
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
-                and self.owner is not None:
-            callee = self.owner.methods.get(func.attr.value)
-        elif isinstance(func, cst.Name):
-            callee = self.parsed.module_functions.get(func.value)
-        else:
-            return None
+        callee = self._helper_named(node.func)
         if callee is None or callee is self.function or callee in self._inlined or _single_return(callee) is None:
             return None
         if any(not (isinstance(d.decorator, cst.Name) and d.decorator.value in ("staticmethod", "classmethod"))
@@ -609,6 +656,11 @@ class _FunctionMatcher:
         """The weights are returned by this function: continue at its one call site in the file, which
         becomes the home of the SDPA call."""
         sites = [call for call in _calls_to(self.parsed, self.function, self.owner)]
+        through = _calls_through_objects(self.parsed, self.function, self.owner)
+        if not sites and through:
+            raise Refusal(f"the attention weights are returned to `{self._short(through[0])}`, a call through "
+                          f"another object, which the rewrite does not follow (SDPA must replace the caller's "
+                          f"value product)")
         if len(sites) != 1:
             raise Refusal("the attention weights are returned to the caller" if not sites else
                           "the attention weights are returned by a function called from several places")
@@ -745,15 +797,18 @@ class _FunctionMatcher:
         return None
 
     def _einsum_roles(self, core: Op, match: AttentionMatch) -> int:
+        query, key = core.operands
         try:
             (q_axes, k_axes), out_axes = self._spec(core)
+            if len(out_axes) >= 2 and out_axes[-2] in k_axes and out_axes[-1] in q_axes:
+                (q_axes, k_axes), (query, key) = (k_axes, q_axes), (key, query)  # 'bhjd,bhid->bhij', k, q
             layout = es.score_layout(q_axes, k_axes, out_axes)
         except es.EinsumMismatch as exc:
             raise Refusal(f"the Q·K^T einsum is not plain attention: {exc}") from None
         self._layout = layout
         self._has_ellipsis = es.ELLIPSIS in out_axes
-        q_leaf, q_factors = self._strip_factors(core.operands[0])
-        k_leaf, k_factors = self._strip_factors(core.operands[1])
+        q_leaf, q_factors = self._strip_factors(query)
+        k_leaf, k_factors = self._strip_factors(key)
         self._factors = q_factors + k_factors
         q_suffix = es.permutation_suffix(layout.q_order, self._has_ellipsis)
         k_suffix = es.permutation_suffix(layout.k_order, self._has_ellipsis)
@@ -765,6 +820,9 @@ class _FunctionMatcher:
         return None if self._has_ellipsis else layout.ndim
 
     def _spec(self, op: Op):
+        if op.params["spec"] is None:
+            raise Refusal(f"the einsum spec `{self._short(op.params['spec_node'])}` is not a literal (an f-string "
+                          f"with placeholders), so its axes cannot be read")
         inputs, output = es.parse_spec(op.params["spec"], op.params["einops"])
         if len(inputs) != 2:
             raise es.EinsumMismatch("the einsum does not take two operands")
@@ -1541,6 +1599,14 @@ def _single_return(function: cst.FunctionDef) -> cst.Return | None:
     return last if finder.returns == [last] and last.value is not None else None
 
 
+class _CallFinder(cst.CSTVisitor):
+    def __init__(self, parsed: ParsedModule, dotted: str) -> None:
+        self.parsed, self.dotted, self.found = parsed, dotted, False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or self.parsed.imported_name(node.func) == self.dotted
+
+
 class _ReturnFinder(cst.CSTVisitor):
     def __init__(self, root: cst.FunctionDef) -> None:
         self.root, self.returns = root, []
@@ -1566,13 +1632,28 @@ def _calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo 
     return finder.calls
 
 
+def _calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:
+    """`attn.get_attention_scores(q, k)` or `self.attn.scores(q, k)` anywhere in the file, for a method no other
+    class of the file defines: calls of this method through an object of its class, as far as names tell."""
+    name = method.name.value
+    if owner is None or owner.methods.get(name) is not method or \
+            sum(1 for f, o, _ in parsed.functions if o is not None and f.name.value == name) != 1:
+        return []
+    finder = _CallSiteFinder(name, is_method=False, through_object=True)
+    parsed.module.visit(finder)
+    return finder.calls
+
+
 class _CallSiteFinder(cst.CSTVisitor):
-    def __init__(self, name: str, is_method: bool) -> None:
-        self.name, self.is_method, self.calls = name, is_method, []
+    def __init__(self, name: str, is_method: bool, through_object: bool = False) -> None:
+        self.name, self.is_method, self.through_object, self.calls = name, is_method, through_object, []
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if self.is_method:
+        if self.through_object:
+            hit = isinstance(func, cst.Attribute) and func.attr.value == self.name and \
+                not (isinstance(func.value, cst.Name) and func.value.value == "self")
+        elif self.is_method:
             hit = isinstance(func, cst.Attribute) and func.attr.value == self.name and \
                 isinstance(func.value, cst.Name) and func.value.value == "self"
         else:

@@ -76,18 +76,48 @@ class OpReader:
         if isinstance(call.func, cst.Attribute):
             receiver = call.func.value
             if (isinstance(receiver, cst.Name) and receiver.value == "self" and self.owner is not None):
-                return self._module_call(call.func.attr.value, call)
+                attribute = call.func.attr.value
+                op = self._module_call(attribute, call)
+                helper = self.owner.methods.get(attribute)
+                return op if op is not None or helper is None else self._softmax_helper(helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
+        if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
+                and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
+            return self._softmax_helper(self.parsed.module_functions[call.func.value], call, False)
         return None
+
+    def _softmax_helper(self, helper: cst.FunctionDef, call: cst.Call, through_self: bool) -> Op | None:
+        """`stable_softmax(s, -1)` where the helper's whole body is `return F.softmax(x, dim, dtype=...)`: the
+        softmax of the caller's argument. Its dim and dtype are read with the call's arguments for the
+        helper's parameters; any other use of a parameter (or a decorator) leaves the call unread."""
+        body = helper.body.body
+        if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1 \
+                or not isinstance(body[0].body[0], cst.Return) or body[0].body[0].value is None:
+            return None
+        kind = _helper_kind(helper)
+        if kind is None or (kind == "static" and not through_self):
+            return None
+        bound = _bind(helper, call, skip_first=through_self and kind == "instance")
+        if bound is None:
+            return None
+        inner = OpReader(self.parsed, self.owner if through_self else None).read(body[0].body[0].value)
+        if inner is None or inner.name != "softmax":
+            return None
+        operand = _as_argument(inner.operands[0], bound)
+        params = {key: _as_argument(value, bound) for key, value in inner.params.items()}
+        if operand is None or any(value is None and inner.params[key] is not None for key, value in params.items()):
+            return None
+        return Op("softmax", call, [operand], params)
 
     def _function(self, dotted: str, call: cst.Call) -> Op | None:
         short = dotted.rsplit(".", 1)[-1]
         family = dotted.rsplit(".", 1)[0]
         args = _positional(call)
         if family == "einops" and short == "einsum":
-            if len(args) != 3 or not isinstance(args[-1], (cst.SimpleString, cst.ConcatenatedString)):
+            if len(args) != 3 or not _is_string(args[-1]):
                 return None
-            return Op("einsum", call, args[:-1], {"spec": args[-1].evaluated_value, "einops": True})
+            return Op("einsum", call, args[:-1], {"spec": literal_string(args[-1]), "spec_node": args[-1],
+                                                  "einops": True})
         if family not in ("torch", "torch.nn.functional", "torch.functional"):
             return None
         if short == "einsum":
@@ -97,9 +127,11 @@ class OpReader:
         if short == "baddbmm" and len(args) == 3:
             return Op("baddbmm", call, args[1:], {"input": args[0], "beta": _arg(call, 3, "beta"),
                                                   "alpha": _arg(call, 4, "alpha")})
-        if short == "softmax" and args:
-            return Op("softmax", call, [args[0]], {"dim": _arg(call, 1, "dim"), "dtype": _arg(call, 3, "dtype")
-                                                   if family == "torch.nn.functional" else _arg(call, 2, "dtype")})
+        if short in ("softmax", "log_softmax") and args:
+            return Op(short, call, [args[0]], {"dim": _arg(call, 1, "dim"), "dtype": _arg(call, 3, "dtype")
+                                               if family == "torch.nn.functional" else _arg(call, 2, "dtype")})
+        if short == "exp" and len(args) == 1 and len(call.args) == 1:
+            return _exp_of_log_softmax(call, self.read(args[0]))
         if short == "dropout" and args:
             training_kw = "training" if family == "torch.nn.functional" else "train"
             return Op("dropout", call, [args[0]], {"p": _arg(call, 1, "p"), "training": _arg(call, 2, training_kw),
@@ -117,14 +149,14 @@ class OpReader:
         return None
 
     def _einsum(self, call: cst.Call, args: list[cst.BaseExpression]) -> Op | None:
-        if not args or not isinstance(args[0], (cst.SimpleString, cst.ConcatenatedString)):
+        if not args or not _is_string(args[0]):
             return None
         operands = args[1:]
         if len(operands) == 1 and isinstance(operands[0], (cst.List, cst.Tuple)):
             operands = [el.value for el in operands[0].elements]
         if len(operands) != 2:
             return None
-        return Op("einsum", call, operands, {"spec": args[0].evaluated_value, "einops": False})
+        return Op("einsum", call, operands, {"spec": literal_string(args[0]), "spec_node": args[0], "einops": False})
 
     def _method(self, method: str, receiver: cst.BaseExpression, call: cst.Call) -> Op | None:
         args = _positional(call)
@@ -135,8 +167,10 @@ class OpReader:
         if base == "baddbmm" and len(args) == 2:
             return Op("baddbmm", call, args, {"input": receiver, "beta": _arg(call, 2, "beta"),
                                               "alpha": _arg(call, 3, "alpha")}, inplace)
-        if base == "softmax" and not inplace:
-            return Op("softmax", call, [receiver], {"dim": _arg(call, 0, "dim"), "dtype": _arg(call, 1, "dtype")})
+        if base in ("softmax", "log_softmax") and not inplace:
+            return Op(base, call, [receiver], {"dim": _arg(call, 0, "dim"), "dtype": _arg(call, 1, "dtype")})
+        if base == "exp" and not call.args and not inplace:
+            return _exp_of_log_softmax(call, self.read(receiver))
         if base == "masked_fill" and len(args) == 2:
             return Op("masked_fill", call, [receiver], {"mask": args[0], "fill": args[1]}, inplace)
         if base == "where" and len(args) == 2 and not inplace:
@@ -158,14 +192,27 @@ class OpReader:
 
     def _module_call(self, attribute: str, call: cst.Call) -> Op | None:
         """`self.attend(x)`: what `self.attend` was built as in the class decides the op."""
-        args = _positional(call)
-        if len(args) != 1 or len(call.args) != 1:
-            return None
         built = self.owner.only_value(attribute)
-        if built is None:
+        if isinstance(built, cst.Call) and self.parsed.imported_name(built.func) == "functools.partial":
+            return self._partial_call(built, call)
+        args = _positional(call)
+        if len(args) != 1 or len(call.args) != 1 or built is None:
             return None
         prefix = f"self.{attribute}"
         return self._module_op(built, prefix, call, args[0])
+
+    def _partial_call(self, built: cst.Call, call: cst.Call) -> Op | None:
+        """`self.attn_fn(s)` with `self.attn_fn = partial(F.softmax, dim=-1)`: the function called with the
+        partial's arguments first (a keyword of the call overrides the partial's)."""
+        if not built.args or built.args[0].keyword is not None or _has_star(built) or _has_star(call):
+            return None
+        bound, given = list(built.args[1:]), list(call.args)
+        positional = [a for a in bound + given if a.keyword is None]
+        keywords = [a for a in given + bound if a.keyword is not None]
+        op = self.read(cst.Call(func=built.args[0].value, args=positional + keywords))
+        if op is None or op.name not in ("softmax", "log_softmax"):
+            return None
+        return Op(op.name, call, op.operands, op.params)
 
     def _module_op(self, built, prefix: str, call, operand) -> Op | None:
         if not isinstance(built, cst.Call):
@@ -188,6 +235,85 @@ class OpReader:
                 stages.append(stage)
             return Op("sequential", call, [operand], {"stages": stages})
         return None
+
+
+def _is_string(node: cst.BaseExpression) -> bool:
+    return isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
+
+
+def literal_string(node: cst.BaseExpression) -> str | None:
+    """The value of a string literal, including an f-string without placeholders and an implicit
+    concatenation of such; None when any part is computed (`f'{h}id'`)."""
+    if isinstance(node, cst.SimpleString):
+        return node.evaluated_value if isinstance(node.evaluated_value, str) else None
+    if isinstance(node, cst.ConcatenatedString):
+        left, right = literal_string(node.left), literal_string(node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node, cst.FormattedString) and all(isinstance(p, cst.FormattedStringText) for p in node.parts):
+        text = "".join(p.value for p in node.parts).replace("{{", "{").replace("}}", "}")
+        prefix = node.prefix.lower().replace("f", "")
+        if "b" in prefix:
+            return None
+        quote = node.start[len(node.prefix):]
+        value = cst.SimpleString(f"{prefix}{quote}{text}{node.end}").evaluated_value
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _exp_of_log_softmax(call: cst.Call, inner: Op | None) -> Op | None:
+    """`log_softmax(x, dim).exp()` is the softmax of x (the same values up to rounding)."""
+    if inner is None or inner.name != "log_softmax":
+        return None
+    return Op("softmax", call, inner.operands, inner.params)
+
+
+def _helper_kind(function: cst.FunctionDef) -> str | None:
+    """'static' or 'instance' for a helper without other decorators (which could change what it computes)."""
+    names = [d.decorator.value if isinstance(d.decorator, cst.Name) else None for d in function.decorators]
+    if not names:
+        return "instance"
+    return "static" if names == ["staticmethod"] else None
+
+
+def _bind(function: cst.FunctionDef, call: cst.Call, skip_first: bool) -> dict[str, cst.BaseExpression] | None:
+    """The helper's parameters bound to the call's arguments and their defaults; None when they do not fit."""
+    params = function.params
+    if isinstance(params.star_arg, cst.Param) or params.star_kwarg or params.posonly_params or _has_star(call):
+        return None
+    every = list(params.params[1:] if skip_first else params.params) + list(params.kwonly_params)
+    positional = _positional(call)
+    if len(positional) > len(params.params) - int(skip_first):
+        return None
+    bound = {param.name.value: value for param, value in zip(every, positional)}
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value not in {p.name.value for p in every} or arg.keyword.value in bound:
+                return None
+            bound[arg.keyword.value] = arg.value
+    for param in every:
+        if param.name.value not in bound:
+            if param.default is None:
+                return None
+            bound[param.name.value] = param.default
+    return bound
+
+
+def _as_argument(node: cst.BaseExpression | None, bound: dict[str, cst.BaseExpression]) -> cst.BaseExpression | None:
+    """A helper's expression as the caller sees it: a parameter is its argument; an expression that reads no
+    parameter is itself (module-level names only, since the helper's body is one `return`); None otherwise."""
+    if node is None:
+        return None
+    if isinstance(node, cst.Name) and node.value in bound:
+        return bound[node.value]
+    return None if _reads_any(node, set(bound)) else node
+
+
+def _reads_any(node: cst.CSTNode, names: set[str]) -> bool:
+    if isinstance(node, cst.Name):
+        return node.value in names
+    if isinstance(node, cst.Attribute):
+        return _reads_any(node.value, names)
+    return any(_reads_any(child, names) for child in node.children)
 
 
 def _is_dotted(node: cst.BaseExpression) -> bool:
