@@ -1245,7 +1245,8 @@ class _FunctionMatcher:
                                     "cast to q's dtype, which changes a wider float mask)")
             elif term.in_place:
                 match.facts.proved("mask-dtype", mask_statement, "added in place, so the original rounds the sum to "
-                                   "the scores' dtype (the query's) where SDPA rounds the mask: the same values")
+                                   "the scores' dtype (the query's) where SDPA rounds the mask: equal up to that "
+                                   "one rounding")
             elif v_like_q:
                 match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
                                    "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
