@@ -241,14 +241,13 @@ def test_d_additive_mask_with_a_computed_query_is_not_cast_and_assumed():
     assert not [line for line in added if ".dtype" in line], added
 
 
-def test_d_mask_added_in_place_keeps_the_scores_dtype_so_its_own_is_assumed():
-    """`s.add_(m)` keeps s's dtype: a wider mask no longer shows in the weights' dtype, so nothing proves it."""
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.float64])
+def test_d_mask_added_in_place_is_rounded_to_the_scores_dtype(mask_dtype):
+    """`s.add_(m)` keeps s's dtype: the original rounds s + m to it, SDPA rounds m; a wider (fp64) mask too."""
     body = ADDITIVE.replace("scores = scores + mask[:, None, None, :]", "scores.add_(mask[:, None, None, :])")
     finding = _finding(_module_source(body))
-    assert "qkv-dtype" in _facts(finding, "proved")
-    assert finding.fix_safety == "unsafe" and "mask-dtype" in _facts(finding, "assumed")
-    assert "in place" in finding.reason
-    original, patched = _outputs(body, _key_padding(torch.int64), unsafe=True)
+    assert finding.fix_safety == "safe" and {"qkv-dtype", "mask-dtype"} <= _facts(finding, "proved")
+    original, patched = _outputs(body, (1 - _key_padding(torch.int64)).to(mask_dtype) * -10000)
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 

@@ -1301,14 +1301,19 @@ class _FunctionMatcher:
             if self._plain_query() is None:
                 match.facts.assumed("mask-dtype", f"the additive mask `{self._short(term.source)}` is a float of the "
                                     f"query's dtype", "the query is not a plain name to cast the mask to")
-            elif v_like_q and not self._dtype_changes and not term.in_place:
+            elif self._dtype_changes:
+                match.facts.assumed("mask-dtype", mask_statement, "a cast in the block hides its dtype (SDPA gets it "
+                                    "cast to q's dtype, which changes a wider float mask)")
+            elif term.in_place:
+                match.facts.proved("mask-dtype", mask_statement, "added in place, so the original rounds the sum to "
+                                   "the scores' dtype (the query's) where SDPA rounds the mask: equal up to that "
+                                   "one rounding")
+            elif v_like_q:
                 match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
                                    "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
             else:
                 match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
-                                    "to q's dtype, which changes a wider float mask)" if not term.in_place else
-                                    "it is added in place, which keeps the scores' dtype whatever the mask's (SDPA "
-                                    "gets it cast to q's dtype)")
+                                    "to q's dtype, which changes a wider float mask)")
         self._value_node = value_node
         self._mask_rank_fact(match, output, ndim)
         mk.record_row_facts(match.facts, match.masks)
