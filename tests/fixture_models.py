@@ -30,6 +30,7 @@ NEGATIVE_DIR = FIXTURE_ROOT / "negative"
 GOLDEN_DIR = FIXTURE_ROOT / "golden"
 
 _EXPECT = re.compile(r"^EXPECT:\s*(ADV\d{3})\s*$")
+_ASSUMES = re.compile(r"^ASSUMES:\s*(.+?)\s*$", re.M)
 _counter = itertools.count()
 _module_dir: str | None = None
 
@@ -53,6 +54,14 @@ def expected_code(source: str) -> str | None:
     """The rule code a negative fixture's docstring announces with 'EXPECT: ADVxxx' on its first line."""
     match = _EXPECT.match(docstring_first_line(source))
     return match.group(1) if match else None
+
+
+def assumed_facts(source: str) -> set[str]:
+    """The facts a positive fixture's rewrite cannot prove (docstring line 'ASSUMES: name, name'): its patch is
+    unsafe, and its inputs satisfy them."""
+    doc = ast.get_docstring(ast.parse(source), clean=True) or ""
+    found = _ASSUMES.search(doc)
+    return {name.strip() for name in found.group(1).split(",")} if found else set()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -91,19 +100,20 @@ def load_module_from_source(source: str, name: str) -> types.ModuleType:
     return module
 
 
-def _make_takes_seed(module: types.ModuleType) -> bool:
+def make_parameters(module: types.ModuleType) -> list[str]:
     try:
-        params = inspect.signature(module.make).parameters
+        return list(inspect.signature(module.make).parameters)
     except (TypeError, ValueError):
-        return False
-    return len(params) > 0
+        return []
 
 
-def build(module: types.ModuleType, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
-    """Call the fixture's make(): make(seed) when it takes a seed, else make() (then perturb the weights
-    deterministically for seeds other than 0 so that each seed still checks different numbers)."""
-    if _make_takes_seed(module):
-        model, inputs = module.make(seed)
+def build(module: types.ModuleType, seed: int = 0, **options: Any) -> tuple[torch.nn.Module, tuple]:
+    """Call the fixture's make(): make(seed, **options) when it takes a seed, else make() (then perturb the
+    weights deterministically for seeds other than 0 so that each seed still checks different numbers).
+    Options the fixture's make() does not take are not passed (`fully_masked=False` for a maskless one)."""
+    if make_parameters(module):
+        accepted = {key: value for key, value in options.items() if key in make_parameters(module)}
+        model, inputs = module.make(seed, **accepted)
     else:
         model, inputs = module.make()
         if seed != 0:
@@ -171,10 +181,11 @@ class ParityResult:
     max_rel: float = 0.0  # max |a - b| / (|a| + atol), elementwise, over every compared tensor
     tensors_compared: int = 0
     dropped: int = 0  # original tensors that the rewrite returned as None (allow_dropped_weights only)
+    nan_to_finite: int = 0  # original NaNs (fully masked rows) that the rewrite computes as finite values
 
 
 def _compare(orig: Any, new: Any, where: str, atol: float, rtol: float, allow_dropped: bool,
-             result: ParityResult) -> None:
+             result: ParityResult, accept_nan: bool = False) -> None:
     if isinstance(orig, torch.Tensor):
         if new is None and allow_dropped:
             result.dropped += 1
@@ -187,6 +198,10 @@ def _compare(orig: Any, new: Any, where: str, atol: float, rtol: float, allow_dr
             raise ParityError(f"{where}: dtype {orig.dtype} became {new.dtype}")
         a = orig.detach().to(torch.float64)
         b = new.detach().to(torch.float64)
+        if accept_nan:  # the accepted divergence: a NaN of the original (a fully masked row) may become finite
+            diverged = torch.isnan(a) & torch.isfinite(b)
+            result.nan_to_finite += int(diverged.sum())
+            a, b = a[~diverged], b[~diverged]
         finite = torch.isfinite(a)
         if not torch.equal(finite, torch.isfinite(b)) or not torch.equal(a[~finite].nan_to_num(0.0),
                                                                           b[~finite].nan_to_num(0.0)):
@@ -205,13 +220,13 @@ def _compare(orig: Any, new: Any, where: str, atol: float, rtol: float, allow_dr
         if not isinstance(new, (tuple, list)) or len(orig) != len(new):
             raise ParityError(f"{where}: structure {type(orig).__name__}[{len(orig)}] became {new!r:.80}")
         for index, (o, n) in enumerate(zip(orig, new)):
-            _compare(o, n, f"{where}[{index}]", atol, rtol, allow_dropped, result)
+            _compare(o, n, f"{where}[{index}]", atol, rtol, allow_dropped, result, accept_nan)
         return
     if isinstance(orig, dict):
         if not isinstance(new, dict) or set(orig) != set(new):
             raise ParityError(f"{where}: dict keys changed")
         for key in orig:
-            _compare(orig[key], new[key], f"{where}[{key!r}]", atol, rtol, allow_dropped, result)
+            _compare(orig[key], new[key], f"{where}[{key!r}]", atol, rtol, allow_dropped, result, accept_nan)
         return
     if orig != new:
         raise ParityError(f"{where}: {orig!r} became {new!r}")
@@ -219,25 +234,27 @@ def _compare(orig: Any, new: Any, where: str, atol: float, rtol: float, allow_dr
 
 def parity(original_source: str, rewritten_source: str, atol: float = 1e-5, rtol: float = 1e-5,
            seeds: Iterable[int] = (0, 1, 2), allow_dropped_weights: bool = False,
-           name: str = "fixture") -> ParityResult:
+           name: str = "fixture", accept_nan: bool = False, **make_options: Any) -> ParityResult:
     """Run the original and the rewritten module on the same weights and inputs and compare every output.
 
     For each seed: the original's make(seed) builds the model and inputs; the rewritten module's make(seed)
     builds its model, which then loads the original's state_dict (strict). Both run in eval mode without
     grad. Every tensor in the (possibly nested) outputs must agree within atol/rtol; with
     allow_dropped_weights the rewrite may return None where the original returned a tensor (the unsafe
-    ADV102 fix drops the attention weights). Raises ParityError on any mismatch, else returns the errors.
+    ADV102 fix drops the attention weights; `make_options` go to both make()s); with accept_nan an original
+    NaN may be finite in the rewrite (SDPA's 0 for a fully masked row), counted in `nan_to_finite`. Raises
+    ParityError on any mismatch, else returns the errors.
     """
     original = load_module_from_source(original_source, f"{name}_original")
     rewritten = load_module_from_source(rewritten_source, f"{name}_rewritten")
     result = ParityResult()
     for seed in seeds:
-        model_o, inputs = build(original, seed)
-        model_r, _ = build(rewritten, seed)
+        model_o, inputs = build(original, seed, **make_options)
+        model_r, _ = build(rewritten, seed, **make_options)
         model_r.load_state_dict(model_o.state_dict(), strict=True)
         out_o = run_forward(model_o, inputs)
         out_r = run_forward(model_r, inputs)
-        _compare(out_o, out_r, f"seed {seed}: output", atol, rtol, allow_dropped_weights, result)
+        _compare(out_o, out_r, f"seed {seed}: output", atol, rtol, allow_dropped_weights, result, accept_nan)
     return result
 
 

@@ -118,3 +118,64 @@ def test_every_proved_finding_carries_backends_in_json_and_text(capsys):
     main(["scan", str(fixture_paths("positive")[10])])  # 11_tensor_matmul_where: a boolean mask
     text = capsys.readouterr().out
     assert "flash" in text and "attn_mask" in text
+
+
+GPT2_STYLE = '''
+import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def __init__(self, n_ctx):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones((n_ctx, n_ctx), dtype=torch.uint8)).view(1, 1, n_ctx, n_ctx))
+
+    def forward(self, q, k, v):
+        w = torch.matmul(q, k.transpose(-1, -2)) / (float(v.size(-1)) ** 0.5)
+        nd, ns = w.size(-2), w.size(-1)
+        mask = self.bias[:, :, {rows}, :ns].bool()
+        w = torch.where(mask, w, torch.finfo(w.dtype).min)
+        w = nn.functional.softmax(w, dim=-1)
+        return torch.matmul(w, v)
+'''
+
+
+@pytest.mark.parametrize("rows, expected", [("ns - nd : ns", True), (":nd", False), ("ns - nd : nd", False)])
+def test_bottom_right_causal_buffer_slices_get_the_causal_lower_right_variant(rows, expected):
+    from advisor.patterns.attention import find_attention
+    from advisor.backends.site import site_facts
+    from advisor.static.module_index import ParsedModule
+
+    parsed = ParsedModule(GPT2_STYLE.format(rows=rows), "gpt2_style.py")
+    (match,) = [m for m in find_attention(parsed) if m.output_node is not None]
+    facts = site_facts(parsed, match)
+    assert facts.bottom_right_causal is expected
+    variant = backend_eligibility(facts)["sdpa-flash"].variant
+    assert (variant is not None and "causal_lower_right" in variant) is expected
+
+
+def test_causal_lower_right_states_the_sliced_buffer_exactly():
+    """The variant's claim, measured: L != S, finfo.min fill, the buffer sliced [S - L:S, :S]."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    torch.manual_seed(0)
+    length_q, length_k = 5, 9
+    q, k, v = torch.randn(2, 3, length_q, 16), torch.randn(2, 3, length_k, 16), torch.randn(2, 3, length_k, 16)
+    buffer = torch.tril(torch.ones(12, 12, dtype=torch.uint8)).view(1, 1, 12, 12)
+    scores = q @ k.transpose(-1, -2) / 4.0
+    mask = buffer[:, :, length_k - length_q:length_k, :length_k].bool()
+    original = torch.where(mask, scores, torch.finfo(scores.dtype).min).softmax(-1) @ v
+    variant = torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                               attn_mask=causal_lower_right(length_q, length_k))
+    torch.testing.assert_close(variant, original, atol=1e-6, rtol=1e-5)
+
+
+def test_profiled_math_fallback_carries_backends_from_the_recorded_call():
+    """The profile knows shapes, dtype and device: the verdicts are decided, and agree with the kernel that ran."""
+    from profile_helpers import by_rule, run_fixture
+
+    [fallback] = by_rule(run_fixture("sdpa_fallback.py"), "ADV401")
+    backends = fallback.extra["evidence"]["backends"]
+    assert backends["sdpa-flash"]["eligible"] is False and "dropout" in backends["sdpa-flash"]["reason"]
+    assert backends["sdpa-efficient"]["eligible"] is False and backends["flash-attn"]["eligible"] is False
+    assert backends["sdpa-math"]["eligible"] is True

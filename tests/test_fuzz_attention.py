@@ -17,27 +17,9 @@ from fuzz.differential import COUNTEREXAMPLE, INVALID, SAFE_OK, check, compare
 
 CORE_EXAMPLES, FAMILY_EXAMPLES = 24, 6
 
-# family -> why it still fails (issue-6 class and the reproduction in fixtures/attention/regressions/)
-KNOWN_BUGS: dict[str, str] = {
-    "fp64_finfo_fill": "issue 6 class A: a float64 finfo fill overflows the float32 mask the patch builds (01)",
-    "finite_fill_full_rows": "issue 6 class A: finite fills on fully masked rows become additive masks (02, 03)",
-    "inf_fill_full_rows": "issue 6 class B: -inf fills on fully masked rows go from NaN to 0, undeclared (05)",
-    "nonbool_polarity": "issue 6 class C: logical_not() dropped on an int64/float mask (06, 07)",
-    "additive_mask_dtype": "issue 6 class D: int64/fp16 additive masks passed to SDPA as they are (08-10)",
-    "additive_mask_rank": "issue 6 class D: a (S,) key mask passed to SDPA on 4-D inputs (11)",
-    "causal_written_in_init": "issue 6 class E: is_causal=True from a tril buffer written after construction (12)",
-    "else_scale": "issue 6 class F: a scale under else: gets the if branch's polarity (13)",
-    "scale_argument": "issue 6 class G: a tensor argument named scale becomes SDPA's scale= (14)",
-    "residual_loop": "issue 6 class H: residual attention in a loop is an internal error (15)",
-    "no_grad_scores": "issue 6 class I: scores under no_grad get gradients after the rewrite (16)",
-    "del_key": "issue 6 class I: del k after the scores, k read by the SDPA call (17)",
-    "mixed_dtype": "issue 6 class J: q/k and v of different dtypes reach SDPA (18, 19)",
-    "chained_assign": "issue 6 class L: a chained assignment of the scores is deleted whole (20)",
-    "view_after_rewrite": "issue 6 class L: .view of a channel-major output fails after the rewrite (24)",
-    "out_buffer": "issue 6 class M: torch.bmm(..., out=buf) loses the out= write (21)",
-    "hook_point": "issue 6 class N: a hook point module inside the block is removed (22)",
-    "subclass_override": "issue 6 class N: a scores helper overridden in a subclass is inlined from the base (23)",
-}
+# family -> why it still fails (issue-6 class and the reproduction in fixtures/attention/regressions/); empty since
+# the mask/dtype and flow/scope fixes landed: every family of issue 6's classes A-N is now sound.
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def _profile(examples: int):

@@ -145,6 +145,8 @@ def test_markup_and_escape_sequences_in_names_are_shown_as_text(capsys, workdir)
     code, out, _ = run_cli(capsys, "scan", ".")
     assert code == 1 and "\x1b" not in out
     assert "x[/]y.py" in out and "[bold]z.py" in out and "e\\x1b[31mvil.py" in out and "bad[red]x.py" in out
+    code, out, _ = run_cli(capsys, "fix", ".", "--apply")
+    assert code == 1 and "fixed x[/]y.py" in out and "fixed e\\x1b[31mvil.py" in out and "\x1b" not in out
 
 
 def test_stack_frames_with_markup_do_not_crash_measured_output(capsys):

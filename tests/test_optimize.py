@@ -95,7 +95,7 @@ def test_demo_is_verified_with_numbers_and_apply_writes_only_verified(tmp_path, 
         assert code == 0 and not patch["applied"] and after == before
 
 
-def test_transformers_eager_attention_in_site_packages_is_overlaid_never_edited(tmp_path, capsys):
+def test_transformers_eager_attention_in_site_packages_is_overlaid_never_edited_with_gradients(tmp_path, capsys):
     import transformers.models.llama.modeling_llama as llama
 
     installed = Path(llama.__file__)
@@ -107,13 +107,14 @@ def test_transformers_eager_attention_in_site_packages_is_overlaid_never_edited(
         "    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,\n"
         "                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)\n"
         "    config._attn_implementation = 'eager'\n"
-        "    ids = torch.randint(0, 128, (1, 128), generator=torch.Generator().manual_seed(seed))\n"
+        "    ids = torch.randint(0, 128, (1, 64), generator=torch.Generator().manual_seed(seed))\n"
         "    return advisor.Workload(LlamaForCausalLM(config), kwargs={'input_ids': ids, 'use_cache': False})\n")
-    code, result, _ = run_json(capsys, f"{tmp_path / 'hf.py'}:workload", "--unsafe-fixes", "--apply",
+    code, result, _ = run_json(capsys, f"{tmp_path / 'hf.py'}:workload", "--unsafe-fixes", "--apply", "--train",
                                "--root", str(tmp_path), "--report", str(tmp_path / "report"))
     [patch] = [p for p in result["patches"] if p["path"].endswith("modeling_llama.py")]
     assert patch["fix_safety"] == "unsafe" and patch["verdict"] != "not-run", patch["reason"]
-    assert patch["parity"]["outputs_compared"] >= 1 and patch["parity"]["seeds"] == 3
+    assert patch["parity"]["grads"] and patch["parity"]["seeds"] == 3
+    assert patch["parity"]["outputs_compared"] > 20  # logits and every parameter's gradient
     assert patch["unsafe_facts_checked_on"]
     assert digest(installed) == fingerprint
     if patch["verdict"] == "verified":

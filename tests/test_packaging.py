@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 
@@ -41,3 +43,10 @@ def test_wheel_ships_rules_and_runs_outside_the_checkout(tmp_path):
     assert scan.returncode == 1, scan.stderr
     report = json.loads(scan.stdout)
     assert report["errors"] == [] and [f["rule"] for f in report["findings"]] == ["ADV101"]
+
+
+def test_an_install_without_rule_files_is_an_error_not_an_empty_list(tmp_path):
+    from advisor.registry import load_rules
+
+    with pytest.raises(RuntimeError, match="no rule files"):
+        load_rules(tmp_path)

@@ -24,9 +24,10 @@ BACKENDS = ("sdpa-flash", "sdpa-efficient", "sdpa-math", "flash-attn")
 class SiteFacts:
     """What one SDPA call receives; None means not known (static scans rarely know dtype, device or shapes)."""
 
-    mask: str = "none"  # "none", "bool", "float", "causal" (is_causal=True)
+    mask: str = "none"  # "none", "bool", "float", "given" (of unknown dtype), "causal" (is_causal=True)
     mask_conditional: bool = False  # the mask is only built under an `if` (SDPA gets None otherwise)
     causal_guard: str | None = None  # the mask is one causal mask applied under `if <causal_guard>:`
+    bottom_right_causal: bool = False  # the mask is causal aligned to the bottom-right corner (L != S possible)
     dropout: str | None = None  # the dropout_p expression, None when there is no dropout
     head_dim: int | None = None  # q/k head dim
     value_head_dim: int | None = None
@@ -169,7 +170,8 @@ def _no_mask(checks: _Checks, facts: SiteFacts, failure: str) -> None:
     if facts.mask_conditional:
         checks.unknown.append(f"no attn_mask at run time (a {facts.mask} mask is built under an `if`; {failure})")
     else:
-        checks.refused.append(f"a {facts.mask} attn_mask is passed: {failure}")
+        kind = "an" if facts.mask == "given" else f"a {facts.mask}"
+        checks.refused.append(f"{kind} attn_mask is passed: {failure}")
 
 
 def _unit_stride(checks: _Checks, facts: SiteFacts) -> None:
@@ -225,6 +227,13 @@ def _eligible_variant(backend: str, facts: SiteFacts) -> str | None:
         grouped = replace(facts, kv_heads="grouped")
         if _verdict(backend, grouped).eligible is not False:
             return "pass K/V with their single head and `enable_gqa=True` (torch >= 2.5): the same values"
+    if facts.bottom_right_causal:
+        causal = replace(facts, mask="causal", bottom_right_causal=False)
+        if _verdict(backend, causal).eligible is not False:
+            if backend == "flash-attn":
+                return "flash_attn_func(causal=True) is aligned bottom-right: it states this sliced causal mask exactly"
+            return ("pass `attn_mask=causal_lower_right(L, S)` (torch.nn.attention.bias) for the sliced causal "
+                    "mask: the same mask, and the flash kernel takes it")
     if facts.causal_guard is not None:
         causal = replace(facts, mask="causal", mask_conditional=False, causal_guard=None)
         if _verdict(backend, causal).eligible is not False:

@@ -19,19 +19,24 @@ def facts_from_tensors(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
                        attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                        enable_gqa: bool = False) -> SiteFacts:
     """The facts of one SDPA call, all known."""
-    if is_causal:
-        mask = "causal"
-    elif attn_mask is None:
-        mask = "none"
-    else:
-        mask = "bool" if attn_mask.dtype == torch.bool else "float"
+    mask = None if attn_mask is None else ("bool" if attn_mask.dtype == torch.bool else "float")
+    return facts_from_shapes(list(query.shape), list(key.shape), list(value.shape), str(query.dtype),
+                             [t.stride(-1) for t in (query, key, value)], mask, dropout_p, is_causal,
+                             query.device.type, enable_gqa)
+
+
+def facts_from_shapes(q_shape: list[int], k_shape: list[int], v_shape: list[int], dtype: str,
+                      last_strides: list[int | None], mask: str | None, dropout_p: float | None, is_causal: bool,
+                      device: str, enable_gqa: bool | None = None) -> SiteFacts:
+    """The facts of one SDPA call from what a profile records (shapes, dtype, strides, mask kind or "given")."""
     heads = "same"
-    if query.dim() == 4 and key.size(-3) != query.size(-3):
-        heads = "grouped" if enable_gqa else "broadcast"
-    return SiteFacts(mask=mask, dropout=None if dropout_p == 0 else repr(float(dropout_p)),
-                     head_dim=query.size(-1), value_head_dim=value.size(-1),
-                     dtype=str(query.dtype).removeprefix("torch."), device=query.device.type, rank=query.dim(),
-                     kv_heads=heads, unit_stride=all(t.stride(-1) == 1 for t in (query, key, value)))
+    if len(q_shape) == 4 and k_shape[-3] != q_shape[-3]:
+        heads = "grouped" if enable_gqa else "broadcast" if enable_gqa is False and k_shape[-3] == 1 else None
+    return SiteFacts(mask="causal" if is_causal else mask or "none",
+                     dropout=None if not dropout_p else repr(float(dropout_p)),
+                     head_dim=q_shape[-1], value_head_dim=v_shape[-1], dtype=dtype.removeprefix("torch."),
+                     device=device, rank=len(q_shape), kv_heads=heads,
+                     unit_stride=None if None in last_strides else all(s == 1 for s in last_strides))
 
 
 def torch_eligibility(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from advisor.backends.causal import is_bottom_right_causal
 from advisor.backends.eligibility import SiteFacts, Verdict, backend_eligibility, to_json
 from advisor.patterns.attention import AttentionMatch
 from advisor.patterns.einsum import ELLIPSIS, EinsumMismatch, parse_spec
@@ -42,6 +43,7 @@ class BackendPlan:
 def site_facts(parsed: ParsedModule, match: AttentionMatch) -> SiteFacts:
     mask, conditional, causal_guard = _mask_kind(parsed, match)
     return SiteFacts(mask=mask, mask_conditional=conditional, causal_guard=causal_guard, dropout=match.dropout_p,
+                     bottom_right_causal=is_bottom_right_causal(parsed, match),
                      kv_heads="broadcast" if _broadcast_heads(match) else None, rank=_rank(parsed, match),
                      transposed=tuple(code for code in (match.query, match.key, match.value)
                                       if _last_two_swapped(code)))

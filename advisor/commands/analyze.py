@@ -9,7 +9,7 @@ from rich.console import Console
 
 from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
-from advisor.report.terminal import stdout_console
+from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.analyze import analyze_path
 
 
@@ -33,7 +33,7 @@ def run(args) -> int:
     ranks = sorted({t.rank for t in report.traces})
     summary = [f"{len(report.traces)} trace(s), rank(s) {', '.join(map(str, ranks))}",
                "time by category: " + ", ".join(f"{row['category']} {row['share']:.0%}" for row in report.breakdown)]
-    summary += [f"[dim]could not determine: {note}[/dim]" for note in report.limitations]
+    summary += [f"[dim]could not determine: {shown(note)}[/dim]" for note in report.limitations]
     print_measured(stdout_console(), "advisor analyze: findings (mean per rank and step)",
                    report.findings, summary)
     return code

@@ -7,9 +7,9 @@ import sys
 from rich.console import Console
 from rich.prompt import Prompt
 
-from advisor.commands.common import add_selection_arguments, exit_code, run_scan
-from advisor.report.terminal import stdout_console
-from advisor.errors import AdvisorError
+from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, run_scan
+from advisor.report.terminal import shown, stdout_console
+from advisor.errors import AdvisorError, visible
 from advisor.findings import ScanError, display_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
@@ -62,16 +62,16 @@ def run(args) -> int:
             target = _write(file, new_text, args, written) if new_text != file.source else None
             if target is not None:
                 applied += 1
-                console.print(f"fixed {display_path(target)}")
+                console.print(f"fixed {shown(display_path(target))}")
         except AdvisorError as exc:
             failures.append(ScanError(file.path, str(exc)))
             remaining += len(chosen)
     for failure in failures:
-        print(f"advisor: error: {display_path(failure.path)}: {failure.message}", file=sys.stderr)
+        print(f"advisor: error: {visible(display_path(failure.path))}: {visible(failure.message)}", file=sys.stderr)
     if args.apply or args.interactive:
         not_written = f", {len(failures)} file(s) not written" if failures else ""
         console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain{not_written}")
-    return 2 if failures else exit_code(result, remaining > 0)
+    return EXIT_ERROR if failures else exit_code(result, remaining > 0)
 
 
 def _write(file, new_text: str, args, written: set[str]) -> str | None:
@@ -89,7 +89,8 @@ def _ask(console, findings):
     chosen = []
     for finding in findings:
         label = "" if finding.fix_safety == "safe" else " [yellow](UNSAFE fix)[/yellow]"
-        console.print(f"\n{display_path(finding.path)}:{finding.line} {finding.rule} {finding.message}{label}")
+        where = f"{shown(display_path(finding.path))}:{finding.line}"
+        console.print(f"\n{where} {finding.rule} {shown(finding.message)}{label}")
         print_diff(console, finding.patch)
         try:
             answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)

@@ -16,6 +16,9 @@ from rich.console import Console
 
 from advisor.backends.site import REQUESTABLE
 from advisor.commands.profile import add_workload_arguments
+from advisor.report.optimize_console import print_optimize
+from advisor.report.optimize_html import render_html
+from advisor.report.optimize_markdown import render_markdown
 from advisor.report.terminal import stdout_console
 from advisor.runtime.runner import resolve_device
 from advisor.verify.optimize import Options, optimize
@@ -49,14 +52,15 @@ def run(args) -> int:
     target, root = args.target, args.root
     if target is None:
         target, root = _demo_copy()
-        stderr.print(f"advisor: no TARGET given: running the bundled demo from {os.path.dirname(root)}", highlight=False)
+        stderr.print(f"advisor: no TARGET given: running the bundled demo from a copy in {root}", highlight=False)
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend, apply=args.apply,
                       timeout_s=args.timeout, timing_budget_s=args.timing_budget)
     with stderr.status("starting") as status:
         result = optimize(options, progress=lambda message: status.update(message))
-    result["report"] = _write_reports(result, report_dir)
+    result["report"] = os.path.join(report_dir, "report.html")
+    _write_reports(result, report_dir)
     _print(result, args.format)
     unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
     return 1 if unapplied else 0
@@ -70,55 +74,19 @@ def _demo_copy() -> tuple[str, str]:
     return f"{os.path.join(folder, 'gpt.py')}:{DEMO_FUNCTION}", folder
 
 
-def _write_reports(result: dict, folder: str) -> str | None:
-    """result.json always; Markdown and HTML when the renderers are installed. Returns the HTML path (or None)."""
-    with open(os.path.join(folder, "result.json"), "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    renderers = _renderers()
-    if renderers is None:
-        return None
-    render_markdown, render_html, _ = renderers
-    with open(os.path.join(folder, "report.md"), "w", encoding="utf-8") as handle:
-        handle.write(render_markdown(result))
-    html = os.path.join(folder, "report.html")
-    with open(html, "w", encoding="utf-8") as handle:
-        handle.write(render_html(result))
-    return html
-
-
-def _renderers():
-    try:
-        from advisor.report.optimize_console import print_optimize
-        from advisor.report.optimize_html import render_html
-        from advisor.report.optimize_markdown import render_markdown
-    except ImportError:  # the report renderers land from another branch; until then JSON and a plain summary
-        return None
-    return render_markdown, render_html, print_optimize
+def _write_reports(result: dict, folder: str) -> None:
+    """result.json, report.md and the self-contained report.html (result["report"]) in the report folder."""
+    outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
+               "report.html": render_html(result)}
+    for name, text in outputs.items():
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
+            handle.write(text)
 
 
 def _print(result: dict, output_format: str) -> None:
     if output_format == "json":
         print(json.dumps(result, indent=2))
-        return
-    renderers = _renderers()
-    if renderers is not None:
-        render_markdown, _, print_optimize = renderers
-        if output_format == "markdown":
-            print(render_markdown(result))
-        else:
-            print_optimize(stdout_console(), result)
-        return
-    _print_plain(result)
-
-
-def _print_plain(result: dict) -> None:
-    """Stand-in until the report renderers are merged: one line per patch and the totals."""
-    for patch in result["patches"]:
-        speedup = f"{patch['speedup']:.2f}x {patch['speedup_ci']}" if patch["speedup"] else "-"
-        parity = patch["parity"]
-        error = f"max abs err {parity['max_abs_err']:.2e} (atol {parity['atol']:g})" if parity else "-"
-        print(f"{patch['id']} {patch['rule']} {patch['path']}:{patch['line']} {patch['verdict']}: speedup {speedup}, "
-              f"{error}" + (f"; {patch['reason']}" if patch["reason"] else ""))
-    if result["speedup"]:
-        print(f"all verified patches: {result['speedup']:.2f}x {result['speedup_ci']}")
-    print(f"report folder: {os.path.dirname(result['traces']['before'])}")
+    elif output_format == "markdown":
+        print(render_markdown(result))
+    else:
+        print_optimize(stdout_console(), result)

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
-from advisor.report.terminal import stdout_console
+from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.runner import resolve_device
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker
@@ -63,12 +63,12 @@ def run(args) -> int:
         print(json.dumps(profiled["json"], indent=2))
     else:
         lines = [
-            f"{args.target}: {summary['device']}, {summary['dtype']}, {'train' if args.train else 'eval'}; "
+            f"{shown(args.target)}: {summary['device']}, {summary['dtype']}, {'train' if args.train else 'eval'}; "
             f"step {summary['step_us'] / 1000:.2f} ms median (unprofiled, IQR {summary['step_iqr_us'] / 1000:.2f} "
             f"ms); measured op time {summary['op_us'] / 1000:.2f} ms/step",
             f"op time on a user source line: {summary['statement_share']:.1%} (statement), "
             f"{summary['attributed_share']:.1%} (statement or function)"]
         if args.trace:
-            lines.append(f"Chrome trace written to {display_path(args.trace)}")
+            lines.append(f"Chrome trace written to {shown(display_path(args.trace))}")
         print_measured(stdout_console(), "advisor profile: measured findings", findings, lines)
     return 1 if findings else 0

@@ -13,9 +13,12 @@ import re
 from dataclasses import dataclass, field
 
 import libcst as cst
+import networkx as nx
 
 from advisor.patterns import einsum as es
+from advisor.patterns import masks as mk
 from advisor.patterns import scope
+from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import Op, OpReader, int_value, number_value
 from advisor.patterns.values import ValueProver
@@ -42,6 +45,11 @@ class MaskTerm:
     reshape: tuple[str, str, bool] | None = None  # (expand shape, reshape shape, has -1) when applied to a view
     scaled_after: bool = False
     nodes: list[cst.CSTNode] = field(default_factory=list)
+    fill_kind: str = mk.ADDITIVE  # how the original masks: -inf fill, finite fill, or added values
+    source: cst.BaseExpression | None = None  # the mask tensor as the original passes it
+    same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
+    in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
+    keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
 
 
 @dataclass
@@ -187,17 +195,18 @@ class _FunctionMatcher:
         return definition.value is not None and self._reaches(definition.value, names, depth)
 
     def _feeds_product(self, node: cst.CSTNode) -> bool:
-        frontier, seen = [node], 0
+        frontier, seen, visited = [node], 0, {id(node)}  # visited: a loop makes the def-use graph cyclic
         while frontier and seen < MAX_CHAIN:
             seen += 1
-            current = frontier.pop()
+            current = frontier.pop(0)
             if isinstance(self.parsed.parents.get(current), cst.Return):
                 frontier.extend(_calls_to(self.parsed, self.function, self.owner))
                 continue
             for consumer, op in self._consumers(current):
                 if op is not None and op.name in ("matmul", "bmm", "einsum"):
                     return True
-                if consumer is not None:
+                if consumer is not None and id(consumer) not in visited:
+                    visited.add(id(consumer))
                     frontier.append(consumer)
         return False
 
@@ -251,6 +260,8 @@ class _FunctionMatcher:
         self._negated_factors: set[cst.CSTNode] = set()  # factors applied in the `else:` of their guard
         self._guard_negated = False
         self._views: list[tuple[int, Op]] = []  # reads that vanish with the rewrite (cast targets, fill dtypes)
+        self._dtype_changes: list[Op] = []  # casts and softmax(dtype=) inside the block
+        self._dtype_roots: DtypeRoots | None = None
         self._twin = self._twin_softmax(softmax)
         self._softmax_node = softmax.node
         core = self._peel_scores(softmax.operands[0], chain)
@@ -260,7 +271,10 @@ class _FunctionMatcher:
         dropouts = [stage for stage in stages if stage.name == "dropout"]
         if len(dropouts) != len(stages):
             raise Refusal("the softmax module is followed by a module that is not dropout")
+        if (softmax.params["stages"][0] if softmax.name == "sequential" else softmax).params.get("dtype") is not None:
+            self._dtype_changes.append(softmax)
         output, value_node, weight_defs, escapes, more_dropouts = self._follow_weights(softmax.node, ndim)
+        self._weight_defs = weight_defs
         buffer = scope.out_argument(output.node)
         if buffer is not None:
             raise Refusal(f"the value product writes into `out={self._short(buffer)}`, which SDPA cannot fill")
@@ -272,6 +286,7 @@ class _FunctionMatcher:
         consumed = chain.definitions + weight_defs
         self._check_reads(consumed, chain.reads | self._weight_reads | self._absorbed, match)
         self._assemble_mask(match)
+        self._mask_and_dtype_facts(match, output, value_node, ndim)
         output_statement = self._statement(output.node)
         match.output_node = output.node
         kept = {output_statement} | set(match.hoisted)
@@ -306,7 +321,7 @@ class _FunctionMatcher:
         kept = list(self._leaf_nodes) + [node for term in match.masks for node in term.nodes]
         first = min([self.parsed.line(s) for s in deleted] + [self.parsed.line(output_statement)])
         paths = scope.attribute_paths(self.parsed, kept)
-        reason = scope.attribute_written_between(self.parsed, self.home, paths, first,
+        reason = scope.attribute_written_between(self.parsed, self.home, self.owner, paths, first,
                                                  self.parsed.line(output_statement))
         if reason is None:
             reason = scope.storage_written_between(self.parsed, self.flow, kept, first,
@@ -497,6 +512,8 @@ class _FunctionMatcher:
         """Record one op of the score chain and return the operand that carries the scores."""
         if op.name in ("cast", "identity"):
             self._absorb(op)
+            if op.name == "cast":
+                self._dtype_changes.append(op)
             return op.operands[0]
         if op.name in ("mul", "div"):
             tensor, factor = self._tensor_and_factor(op)
@@ -642,7 +659,7 @@ class _FunctionMatcher:
         if beta is not None and number_value(beta) != 1:
             raise Refusal("baddbmm's beta is neither 0 nor 1")
         bias = core.params["input"]
-        match.masks.append(MaskTerm("float", self._render(bias), nodes=[bias]))
+        match.masks.append(MaskTerm("float", self._render(bias), nodes=[bias], source=bias, same_dtype=True))
 
     def _absorb(self, op: Op) -> None:
         """A cast's arguments (`.type_as(scores)`, `.to(q.dtype)`) disappear with the block."""
@@ -788,6 +805,8 @@ class _FunctionMatcher:
                 raise Refusal(f"the attention weights flow into `{self._short(consumer)}`")
             if op.name in ("cast", "identity"):
                 self._absorb(op)
+                if op.name == "cast":
+                    self._dtype_changes.append(op)
                 node = op.node
             elif op.name == "dropout":
                 dropouts.append(op)
@@ -962,7 +981,7 @@ class _FunctionMatcher:
     def _mask_term(self, op: Op, guard: cst.If | None) -> MaskTerm:
         if op.name == "add":
             mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
-            return MaskTerm("float", self._render(mask), guard=guard, nodes=[mask])
+            return MaskTerm("float", self._render(mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace)
         if op.name == "masked_fill":
             masked, fill = op.params["mask"], op.params["fill"]
             keep_given = False
@@ -977,12 +996,17 @@ class _FunctionMatcher:
                           f"number")
         keep = self._render(masked) if keep_given else _negate(self.parsed, masked)
         nodes = [masked]  # the fill is not emitted for boolean and causal masks
+        fill_kind = mk.NEGINF if kind == "neginf" else mk.FINITE
         if self._is_causal_keep(keep, masked, keep_given):
-            return MaskTerm("causal", keep, guard=guard, nodes=nodes)
+            return MaskTerm("causal", keep, fill=self.parsed.code(fill), guard=guard, nodes=nodes,
+                            fill_kind=fill_kind, source=masked, keeps_first_key=True)
+        first = self._keeps_first_key(masked, keep_given)
         if kind == "neginf":
-            return MaskTerm("keep", keep, guard=guard, nodes=nodes)
+            return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=masked,
+                            keeps_first_key=first)
         masked_code = _negate(self.parsed, masked) if keep_given else self._render(masked)
-        return MaskTerm("finite", masked_code, fill=self._render_fill(fill), guard=guard, nodes=[masked])
+        return MaskTerm("finite", masked_code, fill=self._render_fill(fill), guard=guard, nodes=[masked],
+                        fill_kind=fill_kind, source=masked, keeps_first_key=first)
 
     def _reshape_term(self, term: MaskTerm) -> None:
         """A mask added while the scores were viewed as (b, h, L, S) and viewed back to (b*h, L, S)
@@ -1001,14 +1025,17 @@ class _FunctionMatcher:
         replaced = {}
         for name in loaded_names(fill):
             if self.flow.reaching.get(name, frozenset()) <= chain_ids and self.flow.reaching.get(name):
+                if not self._roots().same(name, self._leaf_nodes[0]):
+                    raise Refusal(f"the mask fill reads `{name.value}`, whose dtype after a cast is not provably "
+                                  f"the query's")
                 replaced[name] = self._leaf_nodes[0]
                 self._absorbed.add(name)
         if replaced and not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
             raise Refusal("the mask fill reads the scores' dtype and the query is not a plain name")
         return self.parsed.code(fill.visit(_Replace(replaced))) if replaced else self.parsed.code(fill)
 
-    def _is_causal_keep(self, keep: str, masked: cst.BaseExpression, keep_given: bool) -> bool:
-        """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
+    def _mask_base(self, masked: cst.BaseExpression) -> cst.BaseExpression:
+        """The tensor a mask expression tests: `bias[...] == 0`, `~m`, `m.bool()` all read their operand."""
         base = masked
         while True:
             op = self.reader.read(base)
@@ -1019,8 +1046,34 @@ class _FunctionMatcher:
                 base = base.expression
             elif op is not None and op.name in ("cast", "identity"):
                 base = op.operands[0]
+            elif isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and not base.args \
+                    and base.func.attr.value == "bool":  # nonzero is True: a 0/1 mask means the same
+                base = base.func.value
             else:
-                break
+                return base
+
+    def _keeps_first_key(self, masked: cst.BaseExpression, keep_given: bool) -> bool:
+        """`self.bias[:, :, S - L:S, :S]` (GPT-2): any rows of a lower triangle of ones, its columns sliced from
+        0, keep key 0 in every row (row r keeps keys 0..r), so no query row is fully masked."""
+        base, via = self._mask_base(masked), []
+        definitions = self.flow.definitions_of(base) if isinstance(base, cst.Name) else []
+        if len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None:
+            via = [definitions[0].value]  # `mask = self.bias[...].bool()`: its own `== 0` flips it too
+            base = self._mask_base(definitions[0].value)
+        if not (isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) and self.owner
+                and isinstance(base.value.value, cst.Name) and base.value.value.value == "self"
+                and len(base.slice) >= 2 and all(_is_full_slice(s) for s in base.slice[:-2])):
+            return False
+        rows, columns = (element.slice for element in base.slice[-2:])
+        if not isinstance(rows, cst.Slice) or not isinstance(columns, cst.Slice) or columns.step is not None or \
+                (columns.lower is not None and int_value(columns.lower) != 0):
+            return False
+        built = self.owner.only_value(base.value.attr.value)
+        return built is not None and self._causal_polarity(_triangle(self.parsed, built), masked, keep_given, *via)
+
+    def _is_causal_keep(self, keep: str, masked: cst.BaseExpression, keep_given: bool) -> bool:
+        """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
+        base = self._mask_base(masked)
         if isinstance(base, cst.Name):
             definitions = self.flow.definitions_of(base)
             if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
@@ -1043,13 +1096,17 @@ class _FunctionMatcher:
             return self._causal_polarity(_triangle(self.parsed, base), masked, keep_given)
         return False
 
-    def _causal_polarity(self, triangle: str | None, masked: cst.BaseExpression, keep_given: bool) -> bool:
+    def _causal_polarity(self, triangle: str | None, masked: cst.BaseExpression, keep_given: bool,
+                         *via: cst.BaseExpression) -> bool:
         """A lower triangle of ones marks attended positions, an upper one (diagonal=1) masked ones; the
-        original must use it in the matching polarity (`== 0` and `~` flip it)."""
+        original must use it in the matching polarity (`== 0` and `~` flip it, in the mask expression or in
+        the assignments `via` which it reads the triangle)."""
         if triangle is None:
             return False
-        text = self.parsed.code(masked).replace(" ", "")
-        flipped = text.endswith("==0") or text.startswith("~") or text.endswith("<1")
+        flipped = False
+        for expression in (masked, *via):
+            text = self.parsed.code(expression).replace(" ", "")
+            flipped ^= text.endswith("==0") or text.startswith("~") or text.endswith("<1")
         true_means_attend = (triangle == "lower") != flipped
         return true_means_attend == keep_given
 
@@ -1110,12 +1167,167 @@ class _FunctionMatcher:
         torch_name, query = self._torch_and_query()
         return f"{torch_name}.where({code}, 0.0, float(\"-inf\")).to({query}.dtype)"
 
+    def _plain_query(self) -> str | None:
+        """The query as the SDPA call's site names it, when reading its dtype there costs nothing (a name or
+        an attribute, never a call that would run twice)."""
+        code = self._render(self._leaf_nodes[0])
+        return code if isinstance(cst.parse_expression(code), (cst.Name, cst.Attribute)) else None
+
+    # mask and dtype facts ---------------------------------------------------------------------------------
+    def _roots(self) -> DtypeRoots:
+        if self._dtype_roots is None:
+            self._dtype_roots = DtypeRoots(self.parsed, self.owner, self.reader, self._flow_for, self._argument_of,
+                                           self._helper_at, self._function_of, self.values.is_scalar)
+        return self._dtype_roots
+
+    def _argument_of(self, name: cst.Name) -> cst.BaseExpression | None:
+        """The caller's argument for a parameter of an inlined helper."""
+        function = self._function_of(name)
+        if function not in self._inlined or not any(d.kind == "param" for d in self.flow.definitions_of(name)):
+            return None
+        return self._inlined[function][1].get(name.value)
+
+    def _returned_by(self, call: cst.CSTNode) -> cst.BaseExpression | None:
+        """What an inlined helper returns, at its call."""
+        return next((_single_return(function).value for function, (site, _) in self._inlined.items()
+                     if site is call and _single_return(function) is not None), None)
+
+    def _helper_return(self, call: cst.Call) -> cst.BaseExpression | None:
+        callee = self._callee(call)
+        return _single_return(callee).value if callee is not None else None
+
+    def _helper_at(self, call: cst.Call):
+        """(what the helper called here returns, the helper, its parameters bound to this call's arguments);
+        an inlined helper's parameters are already read as the caller's arguments."""
+        returned = self._returned_by(call)
+        if returned is not None:
+            return returned, self._function_of(returned), {}
+        callee = self._callee(call)
+        if callee is None:
+            return None
+        try:
+            bound = self._bind_arguments(callee, call)
+        except Refusal:
+            return None
+        return _single_return(callee).value, callee, bound
+
+    def _mask_and_dtype_facts(self, match: AttentionMatch, output: Op, value_node, ndim: int | None) -> None:
+        """SDPA needs q, k, v of one dtype and masks of a rank and dtype it accepts; record what the source
+        proves about them, and what fully masked rows do (see `masks`)."""
+        roots = self._roots()
+        query, key = self._leaf_nodes[0], self._leaf_nodes[1]
+        weights = next(o for o in output.operands if o is not value_node)
+        v_like_q = roots.same(value_node, query) or roots.same(value_node, key)
+        floats = [term for term in match.masks if term.kind == "float" and not term.same_dtype]
+        statement = "q, k and v have one dtype"
+        if v_like_q:
+            match.facts.proved("qkv-dtype", statement, "q and v come from one tensor, or one input through Linear "
+                                                       "layers (which raise on another dtype)")
+        elif roots.same(weights, query) or roots.same(weights, key):
+            match.facts.proved("qkv-dtype", statement, "the weights reach the value product in the query's dtype, "
+                                                       "and the value product raises unless v has theirs")
+        elif floats and not self._dtype_changes:
+            match.facts.proved("qkv-dtype", statement, "the value product gives v the scores' dtype, which is the "
+                                                       "query's given the mask-dtype fact")
+        else:
+            match.facts.assumed("qkv-dtype", statement, f"the weights are cast "
+                                f"(`{self._short(self._dtype_changes[-1].node)}`) before the value product, and "
+                                f"nothing links v's dtype to q's" if self._dtype_changes else
+                                "nothing links v's dtype to q's")
+        for term in match.masks:
+            if term.same_dtype:
+                match.facts.proved("mask-dtype", f"the additive input `{self._short(term.source)}` has the query's "
+                                   f"dtype", "baddbmm raises unless its input has its batches' dtype")
+        for term in floats:
+            mask_statement = f"the additive mask `{self._short(term.source)}` is not a float wider than the query"
+            if self._plain_query() is None:
+                match.facts.assumed("mask-dtype", f"the additive mask `{self._short(term.source)}` is a float of the "
+                                    f"query's dtype", "the query is not a plain name to cast the mask to")
+            elif v_like_q and not self._dtype_changes and not term.in_place:
+                match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
+                                   "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
+            else:
+                match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
+                                    "to q's dtype, which changes a wider float mask)" if not term.in_place else
+                                    "it is added in place, which keeps the scores' dtype whatever the mask's (SDPA "
+                                    "gets it cast to q's dtype)")
+        self._value_node = value_node
+        self._mask_rank_fact(match, output, ndim)
+        mk.record_row_facts(match.facts, match.masks)
+
+    def _mask_rank_fact(self, match: AttentionMatch, output: Op, ndim: int | None) -> None:
+        """SDPA takes masks of 2 to n dims for n-D scores (any rank up to 3 for 3-D ones); eager broadcasting
+        also takes a 1-D mask, and a mask of more dims (giving a higher-rank output)."""
+        sources = [term for term in match.masks if term.source is not None and term.reshape is None]
+        if not sources or match.is_causal:
+            return
+        ranks = mk.RankBounds(self.parsed, self.owner, self.reader, self._ndim, self._reaching_values,
+                              lambda call: self._returned_by(call) or self._helper_return(call),
+                              self.values.is_scalar)
+        bounds = [ranks.bounds(term.source) for term in sources]
+        # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
+        leaves = [ranks.bounds(leaf) for leaf in self._leaf_nodes[:2]]
+        low, high = (ndim, ndim) if ndim else mk.broadcast_bounds(leaves)
+        # the most dims the weights can have, or the original raises: at the value product or after it
+        upper = self._weights_rank(output) or self._output_rank(output)
+        statement = "the mask has 2 to the scores' number of dims"
+        few = [term for term, (least, _) in zip(sources, bounds) if least < 2 and (high is None or high > 3)]
+        many = [] if upper is not None and upper <= max(low, 2) else \
+            [term for term, (_, most) in zip(sources, bounds) if most is None or most > max(low, 2)]
+        if not few and not many:
+            match.facts.proved("mask-rank", statement, "its indexing, reshaping or creation bounds its rank, and "
+                               "the product's operands (or the value product) the scores'")
+        elif few:
+            match.facts.assumed("mask-rank", statement, f"the rank of `{self._short(few[0].source)}` is not "
+                                f"visible here, and SDPA rejects a 1-D mask on 4-D inputs")
+        else:
+            match.facts.assumed("mask-rank", statement, f"`{self._short(many[0].source)}` may have more dims than "
+                                f"the scores (eager broadcasting then gives a higher-rank output; SDPA raises)")
+
+    def _output_rank(self, output: Op) -> int | None:
+        """The rank a `permute` of the output (through transposes, or one assignment) proves it has."""
+        node = output.node
+        for _ in range(6):
+            parent = self.parsed.parents.get(node)
+            call = self.parsed.parents.get(parent) if isinstance(parent, cst.Attribute) else None
+            if isinstance(call, cst.Call) and call.func is parent and parent.attr.value == "permute":
+                dims = [int_value(a.value) for a in call.args]
+                if len(dims) == 1 and isinstance(call.args[0].value, (cst.Tuple, cst.List)):
+                    dims = [int_value(e.value) for e in call.args[0].value.elements]
+                return len(dims) if len(dims) > 1 and None not in dims else None
+            if isinstance(call, cst.Call) and call.func is parent and parent.attr.value in ("transpose", "contiguous"):
+                node = call
+                continue
+            definition = self._definition_of_value(node)
+            reads = self._flow_for(node).reads_of(definition) if definition is not None else []
+            if len(reads) != 1:
+                return None
+            node = reads[0]
+        return None
+
+    def _weights_rank(self, output: Op) -> int | None:
+        """bmm takes 3-D operands only, and an einsum without an ellipsis operands of its spec's rank."""
+        if output.name == "bmm":
+            return 3
+        if output.name == "einsum" and not self._has_ellipsis:
+            (first, second), _ = self._spec(output)
+            return len(first) if output.operands[0] is not self._value_node else len(second)
+        return None
+
+    def _reaching_values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
+        ids = self._flow_for(name).reaching.get(name)
+        if not ids or UNDEFINED in ids:
+            return None
+        definitions = [self._flow_for(name).definitions[i] for i in ids]
+        values = [_unpacked(d) if d.kind == "assign" else None for d in definitions]
+        return None if None in values else values
+
     def _torch_and_query(self) -> tuple[str, str]:
-        torch_name = self.parsed.module_aliases.get("torch")
-        if torch_name is None or not isinstance(self._leaf_nodes[0], (cst.Name, cst.Attribute)):
+        torch_name, query = self.parsed.module_aliases.get("torch"), self._plain_query()
+        if torch_name is None or query is None:
             raise Refusal("the masks must be merged into a float mask in the query's dtype, and torch is not "
                           "imported or the query is not a plain name")
-        return torch_name, self.parsed.code(self._leaf_nodes[0])
+        return torch_name, query
 
     def _fresh_name(self, base: str) -> str:
         used = {name.value for name in loaded_names(self.function)} | \
@@ -1143,6 +1355,8 @@ class _FunctionMatcher:
         return f"({query}.new_ones({shape}, dtype={torch_name}.bool).view({expand}) & {_atom(code)}).view({collapse})"
 
     def _term_values(self, term: MaskTerm) -> str:
+        if term.kind == "float" and not term.same_dtype and self._plain_query():
+            return f"{_atom(term.code)}.to({self._plain_query()}.dtype)"  # eager promotion adds the same values
         if term.kind != "finite":
             return term.code
         torch_name, query = self._torch_and_query()
@@ -1253,6 +1467,13 @@ class _FunctionMatcher:
         where = ", ".join(sorted({str(self.parsed.line(read)) for read in match.escapes}))
         match.reason = (f"the attention weights are used outside the block (line {where}), and SDPA does not "
                         f"return them")
+        score_ids = {d.id for d in self._chain.definitions}
+        graph = self.flow.graph
+        feedback = [d for d in self._weight_defs if d.id in graph and nx.descendants(graph, d.id) & score_ids]
+        if feedback:  # residual attention: the weights reach the next iteration's scores
+            match.unsafe_reason = (f"the weights `{feedback[0].name}` flow back into the scores (a loop), so they "
+                                   f"cannot be replaced by None")
+            return
         for read in match.escapes:
             parent = self.parsed.parents.get(read)
             if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
@@ -1375,6 +1596,17 @@ def _method_kind(function: cst.FunctionDef) -> str:
     return "static" if "staticmethod" in names else ("class" if "classmethod" in names else "instance")
 
 
+def _unpacked(definition: Definition) -> cst.BaseExpression | None:
+    """The value an assignment gives its name: the whole value, or its element in `a, b = x, y`."""
+    value = definition.value
+    if definition.index is None:
+        return value
+    if isinstance(value, (cst.Tuple, cst.List)) and definition.index < len(value.elements) and \
+            not any(isinstance(e, cst.StarredElement) for e in value.elements):
+        return value.elements[definition.index].value
+    return None
+
+
 def _is_atom_node(node: cst.CSTNode) -> bool:
     return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or \
         bool(getattr(node, "lpar", ()))
@@ -1407,7 +1639,9 @@ def _atom(code: str) -> str:
 
 
 def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:
-    """The complement of a boolean mask, written as simply as its form allows."""
+    """The complement of a boolean mask (masked_fill and where raise on any other), written as simply as its
+    form allows. `~m` running proves m bool (`~` raises on floats, and an int result would make the original
+    raise); `m.logical_not()` is bool whatever m is."""
     if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
         target = node.comparisons[0]
         flipped = {cst.Equal: "!=", cst.NotEqual: "==", cst.LessThan: ">=", cst.GreaterThanEqual: "<",
@@ -1417,8 +1651,8 @@ def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
         return parsed.code(node.expression)
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "logical_not" \
-            and not node.args:
-        return parsed.code(node.func.value)
+            and not node.args:  # `m` may be an int or float 0/1 mask: its complement's complement is `m.bool()`
+        return f"{_atom(parsed.code(node.func.value))}.bool()"
     return f"~{_atom(parsed.code(node))}"
 
 

@@ -3,21 +3,26 @@
 A rewrite is safe only when every fact is proved. A fact the static analysis cannot establish is recorded as
 assumed (with the reason it cannot be proved), which makes the patch unsafe: it is offered only with
 `--unsafe-fixes`, and `advisor optimize` can check it on the user's own inputs. A fact that is false is not
-recorded at all: the matcher refuses the block with a reason instead.
+recorded at all: the matcher refuses the block with a reason instead. A fact that is false only where the
+original's output is NaN (a fully masked query row, which SDPA returns as 0) is accepted: the patch stays safe
+and the finding names the divergence.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PROVED, ASSUMED = "proved", "assumed"
+PROVED, ASSUMED, ACCEPTED = "proved", "assumed", "accepted"
+
+
+RANK = {PROVED: 0, ACCEPTED: 1, ASSUMED: 2}  # a fact met twice keeps its weaker status
 
 
 @dataclass(frozen=True)
 class Fact:
     name: str  # stable identifier, e.g. "mask-dtype", "scale-is-number"
     statement: str  # what must hold, in one sentence
-    status: str  # PROVED or ASSUMED
+    status: str  # PROVED, ASSUMED or ACCEPTED
     why: str | None = None  # how it was proved, or why it could not be
 
     def to_json(self) -> dict[str, str | None]:
@@ -37,11 +42,15 @@ class FactSheet:
     def assumed(self, name: str, statement: str, why: str) -> None:
         self._add(Fact(name, statement, ASSUMED, why))
 
+    def accepted(self, name: str, statement: str, why: str) -> None:
+        """A documented divergence that leaves the patch safe (the original's NaN becomes SDPA's 0)."""
+        self._add(Fact(name, statement, ACCEPTED, why))
+
     def _add(self, fact: Fact) -> None:
         for index, known in enumerate(self.facts):
             if (known.name, known.statement) == (fact.name, fact.statement):
-                if known.status == PROVED and fact.status == ASSUMED:
-                    self.facts[index] = fact  # one path could not prove it: the fact is not proved
+                if RANK[fact.status] > RANK[known.status]:
+                    self.facts[index] = fact  # one path could not prove it: the weaker status wins
                 return
         self.facts.append(fact)
 
@@ -51,4 +60,4 @@ class FactSheet:
 
     def to_json(self) -> dict[str, list[dict]]:
         return {status: [fact.to_json() for fact in self.facts if fact.status == status]
-                for status in (PROVED, ASSUMED)}
+                for status in (PROVED, ACCEPTED, ASSUMED)}

@@ -76,20 +76,41 @@ def attribute_paths(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[str]:
     return found
 
 
-def attribute_written_between(parsed: ParsedModule, function: cst.FunctionDef, paths: set[str], first_line: int,
-                              last_line: int) -> str | None:
+def attribute_written_between(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None,
+                              paths: set[str], first_line: int, last_line: int) -> str | None:
     """A statement between the scores and the value product that assigns, or writes in place, an attribute
-    the SDPA call re-reads: the original read it before the write, the SDPA call would read it after."""
+    the SDPA call re-reads (itself, or through a method of this class it calls): the original read it before
+    the write, the SDPA call would read it after."""
     if not paths:
         return None
-    for small, written in _attribute_writes(function):
-        line = parsed.line(small)
-        if not first_line < line < last_line:
-            continue
-        for path in paths:
-            if path == written or path.startswith(written + ".") or written.startswith(path + "."):
-                return f"`{written}` is written at line {line}, between the scores and the value product"
+    for node, written in _attribute_writes(function) + _writes_of_called_methods(function, owner):
+        line = parsed.line(node)
+        if first_line < line < last_line and any(_overlaps(path, written) for path in paths):
+            return f"`{written}` is written at line {line}, between the scores and the value product"
     return None
+
+
+def _overlaps(path: str, written: str) -> bool:
+    return path == written or path.startswith(written + ".") or written.startswith(path + ".")
+
+
+def _writes_of_called_methods(function: cst.FunctionDef, owner: ClassInfo | None) -> list[tuple[cst.CSTNode, str]]:
+    """`self.update_cache(k)`: the `self.` attributes the called method writes, located at the call."""
+    if owner is None:
+        return []
+    found: list[tuple[cst.CSTNode, str]] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+                method = owner.methods.get(func.attr.value)
+                if method is not None and method is not function:
+                    found.extend((node, written) for _, written in _attribute_writes(method)
+                                 if written.startswith("self."))
+
+    function.visit(Visitor())
+    return found
 
 
 def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode], first_line: int,

@@ -53,7 +53,7 @@ class Worker:
         check_runs(self.prepared, target)
         return {"model": type(self.workload.model).__name__, "state_dict": keys,
                 "accepts_seed": _accepts_seed(self.function), "device": str(self.prepared.device),
-                "dtype": str(self.prepared.dtype or "as loaded").replace("torch.", "")}
+                "dtype": str(self.prepared.dtype or _parameter_dtype(self.prepared.model)).replace("torch.", "")}
 
     def _take_state(self, state) -> dict:
         import torch
@@ -178,6 +178,12 @@ class Worker:
                 "summary": {"device": c.device, "dtype": c.dtype, "step_us": c.step_us, "step_iqr_us": c.step_iqr_us,
                             "op_us": t.op_us, "statement_share": t.statement_share,
                             "attributed_share": t.attributed_share}}
+
+
+def _parameter_dtype(model) -> str:
+    """The dtype the model computes in when the workload did not say: its first floating-point parameter's."""
+    parameters = model.parameters() if hasattr(model, "parameters") else ()
+    return next((str(p.dtype) for p in parameters if p.is_floating_point()), "as loaded")
 
 
 def _accepts_seed(function) -> bool:

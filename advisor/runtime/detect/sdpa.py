@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from advisor.backends.eligibility import backend_eligibility, to_json
+from advisor.backends.runtime import facts_from_shapes
 from advisor.runtime.detect import Detection
 from advisor.runtime.detect.ops import FUSED_SDPA
 from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
@@ -21,9 +23,13 @@ def detect(op_graph, device: str) -> list[Detection]:
                         [t.stride[-1] if t.stride else None for t in (q, k, v)], call.options["has_mask"],
                         call.options["dropout_p"], call.options["is_causal"])
         reasons = fallback_reasons(args, device) or ["not determined from the arguments"]
+        facts = facts_from_shapes(args.q_shape, args.k_shape, args.v_shape, args.dtype, args.last_strides,
+                                  "given" if args.has_mask else None, args.dropout_p, bool(args.is_causal), device,
+                                  call.options.get("enable_gqa"))
         found.append(Detection(
             "ADV401", call.loc, call.loc.line, frozenset(n for n in ops if n in graph),
             "scaled_dot_product_attention ran the math kernel: " + "; ".join(reasons),
             {"kernel": "math", "reasons": reasons, "q_shape": args.q_shape, "dtype": args.dtype,
-             "has_mask": args.has_mask, "dropout_p": args.dropout_p}))
+             "has_mask": args.has_mask, "dropout_p": args.dropout_p,
+             "backends": to_json(backend_eligibility(facts))}))
     return found

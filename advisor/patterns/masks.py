@@ -1,0 +1,161 @@
+"""What an `attn_mask` must satisfy beyond polarity: rank, and what happens to fully masked query rows.
+
+SDPA rejects a 1-D mask on 4-D inputs, and a mask of more dims than the scores (eager broadcasting accepts both,
+the second giving a higher-rank output), so a mask needs 2 to n dims for n-D scores (any up to n for 3-D ones).
+
+A query row whose every key is masked differs between the original and SDPA: with `-inf` fills the original's
+softmax gives NaN and SDPA's gives 0 (the one accepted divergence: no working model reads a NaN); with a finite
+fill (`finfo.min`, `-1e4`) the original gives uniform weights (the mean of V) and SDPA, which adds the fill to
+the scores, does not, unless the fill swallows them. So a finite fill is exact only where no row is fully
+masked, which the source proves only for causal masks: a lower triangle of ones sliced from its first column
+keeps key 0 in every row.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import libcst as cst
+
+from advisor.patterns.facts import FactSheet
+from advisor.patterns.ops import OpReader, int_value
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: fill -inf, finite fill, added
+RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", "clone", "logical_not", "long",
+                "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
+CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand")}
+RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
+                          "torch.logical_not", "torch.clone"}
+ROWS = "fully-masked-rows"
+
+
+Bounds = tuple[int, int | None]  # (fewest, most) dims; most is None when unbounded
+UNKNOWN: Bounds = (0, None)
+
+
+class RankBounds:
+    """Bounds on the rank of a mask expression. `known_rank(node)` is the exact rank when the source states
+    it, `reaching_values(name)` the values assigned to a read (or None), `returned(call)` what a helper of
+    this file returns (or None), `is_scalar(node)` proves a Python number (rank 0)."""
+
+    def __init__(self, parsed: ParsedModule, owner: ClassInfo | None, reader: OpReader,
+                 known_rank: Callable[[cst.BaseExpression], int | None],
+                 reaching_values: Callable[[cst.Name], list[cst.BaseExpression] | None],
+                 returned: Callable[[cst.Call], cst.BaseExpression | None],
+                 is_scalar: Callable[[cst.BaseExpression], bool]) -> None:
+        self.parsed, self.owner, self.reader, self.is_scalar = parsed, owner, reader, is_scalar
+        self.known_rank, self.reaching_values, self.returned = known_rank, reaching_values, returned
+
+    def bounds(self, node: cst.BaseExpression, depth: int = 0) -> Bounds:
+        if depth > 12:
+            return UNKNOWN
+        known = self.known_rank(node)
+        if known is not None:
+            return known, known
+        if self.is_scalar(node):
+            return 0, 0
+        below = lambda child: self.bounds(child, depth + 1)  # noqa: E731
+        if isinstance(node, cst.Name):
+            values = self.reaching_values(node)
+            return _union([below(value) for value in values]) if values else UNKNOWN
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
+                and self.owner is not None:
+            built = self.owner.only_value(node.attr.value)
+            return below(built) if built is not None else UNKNOWN
+        if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
+            return below(node.value)
+        if isinstance(node, cst.Subscript):
+            return _subscript_bounds(node, below(node.value))
+        if isinstance(node, cst.UnaryOperation):
+            return below(node.expression)
+        if isinstance(node, cst.Comparison):
+            return broadcast_bounds([below(node.left)] + [below(c.comparator) for c in node.comparisons])
+        if isinstance(node, cst.BinaryOperation):
+            return broadcast_bounds([below(node.left), below(node.right)])
+        if isinstance(node, cst.Call):
+            return self._call_bounds(node, below)
+        return UNKNOWN
+
+    def _call_bounds(self, node: cst.Call, below: Callable[[cst.BaseExpression], Bounds]) -> Bounds:
+        args = [a for a in node.args if a.keyword is None]
+        dotted = self.parsed.imported_name(node.func) or ""
+        if dotted in CREATORS and args and not any(a.star for a in args):
+            sizes = args[:1] if dotted == "torch.full" else args
+            if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
+                return _exact(len(sizes[0].value.elements))
+            return _exact(len(sizes)) if dotted != "torch.full" else UNKNOWN
+        if dotted in RANK_KEEPING_FUNCTIONS and args:
+            return below(args[0].value)
+        if isinstance(node.func, cst.Attribute):
+            method, receiver = node.func.attr.value, node.func.value
+            if method in ("unsqueeze", "unsqueeze_"):
+                low, high = below(receiver)
+                return low + 1, None if high is None else high + 1
+            if method in ("view", "reshape", "expand") and args and not any(a.star for a in args):
+                if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
+                    return _exact(len(args[0].value.elements))
+                return _exact(len(args)) if len(args) > 1 or int_value(args[0].value) is not None else UNKNOWN
+            if method in RANK_KEEPING:
+                return below(receiver)
+        op = self.reader.read(node)
+        if op is not None and op.name == "where":
+            return broadcast_bounds([below(operand) for operand in op.operands])
+        returned = self.returned(node)
+        return below(returned) if returned is not None else UNKNOWN
+
+
+def _exact(rank: int) -> Bounds:
+    return rank, rank
+
+
+def _union(options: list[Bounds]) -> Bounds:
+    """One of several values: its rank is within the widest bounds."""
+    highs = [high for _, high in options]
+    return min(low for low, _ in options), None if None in highs else max(highs)
+
+
+def broadcast_bounds(operands: list[Bounds]) -> Bounds:
+    """Broadcasting gives the largest rank of its operands."""
+    highs = [high for _, high in operands]
+    return max(low for low, _ in operands), None if None in highs else max(highs)
+
+
+def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
+    """`m[:, None, None, :]`: rank(m) - integers + Nones, and m has at least as many dims as are indexed."""
+    indexed = nones = integers = 0
+    for element in node.slice:
+        index = element.slice
+        if isinstance(index, cst.Slice):
+            indexed += 1
+        elif isinstance(index.value, cst.Name) and index.value.value == "None":
+            nones += 1
+        elif isinstance(index.value, cst.Ellipsis):
+            continue
+        elif int_value(index.value) is not None:
+            indexed += 1
+            integers += 1
+        else:
+            return UNKNOWN  # a tensor or a computed index: advanced indexing, rank unknown
+    low, high = base
+    low = max(low, indexed)
+    return low - integers + nones, None if high is None else high - integers + nones
+
+
+def record_row_facts(facts: FactSheet, terms: list) -> None:
+    """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring)."""
+    if not terms:
+        return
+    if all(term.keeps_first_key for term in terms):
+        facts.proved(ROWS, "no query row is fully masked", "every mask is a lower triangle of ones sliced from "
+                     "its first column (causal), which keeps the first key of every row")
+        return
+    finite = [term for term in terms if term.fill_kind == FINITE]
+    if finite:
+        facts.assumed(ROWS, "no query row is fully masked",
+                      f"a row masked everywhere by the finite fill `{finite[0].fill}` is uniform in the original, "
+                      f"and in SDPA only where the fill swallows the scores (fp32 `finfo.min` does, fp16's or "
+                      f"`-1e4` do not); nothing proves every row keeps a key")
+        return
+    facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
+                   "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")
