@@ -185,5 +185,7 @@ def test_optimize_verifies_the_flash_patch_on_the_workloads_inputs(tmp_path, cap
     main(["optimize", f"{model}:workload", "--backend", "flash", "--unsafe-fixes", "--format", "json",
           "--root", str(tmp_path), "--report", str(tmp_path / "report")])
     (patch,) = json.loads(capsys.readouterr().out)["patches"]
-    assert patch["verified"] and patch["parity"]["max_abs_err"] <= 1e-5, (patch["verdict"], patch["reason"])
+    # parity is measured and must hold; whether the speedup clears its interval depends on the machine's load
+    assert patch["verdict"] in ("verified", "no-gain"), (patch["verdict"], patch["reason"])
+    assert patch["parity"]["max_abs_err"] <= 1e-5 and patch["unsafe_facts_checked_on"], patch
     assert "+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):" in patch["diff"].splitlines()
