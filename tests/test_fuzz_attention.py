@@ -20,15 +20,12 @@ from fuzz.differential import COUNTEREXAMPLE, INVALID, SAFE_OK, check, compare
 CORE_EXAMPLES, FAMILY_EXAMPLES = 24, 6
 
 # family -> why it still fails (issue-6 class and the reproduction in fixtures/attention/regressions/)
-KNOWN_BUGS: dict[str, str] = {
-    "written_outside_class": "issue 6 classes E, G, N: a buffer, module or scale written by code outside the class "
-                             "(25-27)",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 REGRESSIONS = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "attention" / "regressions").glob("*.py"))
 # regression fixtures whose wrong safe patch is not fixed yet (number prefix -> issue-6 class)
-OPEN_REGRESSIONS = {"25": "E", "26": "N", "27": "G"}
+OPEN_REGRESSIONS: dict[str, str] = {}
 
 
 def _profile(examples: int):

@@ -213,9 +213,12 @@ class ValueProver:
         if isinstance(node.value, cst.Name) and node.value.value == "self" and self.owner is not None:
             name = node.attr.value
             values = self.owner.attributes.get(name)
+            if values and not all(self._assigned_is_scalar(v, depth) for v in values):
+                return False
+            if name in self.owner.outside:
+                return self._guess(f"`.{name}` is also assigned outside the class in this file, so an instance's "
+                                   f"value may not be the one the class assigns")
             if values:
-                if not all(self._assigned_is_scalar(v, depth) for v in values):
-                    return False
                 return name not in self.owner.mutated or \
                     self._guess(f"`self.{name}` is also updated in place, which the analysis does not follow")
             if name in self.owner.unfollowed:

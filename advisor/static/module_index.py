@@ -18,6 +18,7 @@ class ClassInfo:
 
     node: cst.ClassDef
     methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
+    outside: frozenset[str] = frozenset()  # attribute names the file writes on objects other than `self`
 
     @cached_property
     def _collected(self) -> "_SelfAttributeCollector":
@@ -42,7 +43,8 @@ class ClassInfo:
 
     def only_value(self, attribute: str) -> cst.BaseExpression | None:
         values = self.attributes.get(attribute, [])
-        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed
+        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed \
+            and attribute not in self.outside
         return values[0] if single else None
 
 
@@ -158,7 +160,20 @@ class ParsedModule:
         """Every function with its enclosing class (if a method) and its dotted name."""
         collector = _FunctionCollector()
         self.module.visit(collector)
+        outside = self.outside_attribute_writes
+        for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
+            info.outside = outside
         return collector.found
+
+    @cached_property
+    def outside_attribute_writes(self) -> frozenset[str]:
+        """Names of attributes this file writes on some object other than a method's own `self`
+        (`model.attn.scale = ...`, `block.bias[:, :2] = 1`, `setattr(m, "softmax", ...)`, `m.bias.fill_(1)`).
+        Any instance's attribute of that name may then hold another value than its class assigns, so no proof
+        may read the class's own assignment as the value. Writes from other files are not seen."""
+        collector = _OutsideWriteCollector()
+        self.module.visit(collector)
+        return frozenset(collector.names)
 
 
 
@@ -243,6 +258,40 @@ class _CallAndClassCollector(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.classes.append(node)
+
+
+class _OutsideWriteCollector(cst.CSTVisitor):
+    """Attribute names written through a receiver other than the bare name `self`."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def _target(self, target: cst.BaseExpression) -> None:
+        while isinstance(target, cst.Subscript):
+            target = target.value
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._target(element.value)
+        elif isinstance(target, cst.Attribute) and not _is_self_attribute(target):
+            self.names.add(target.attr.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._target(target.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._target(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._target(node.target)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Name) and func.value == "setattr" and len(node.args) >= 2 and \
+                isinstance(node.args[1].value, cst.SimpleString):
+            self.names.add(node.args[1].value.evaluated_value)
+        elif isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_"):
+            self._target(func.value)  # `m.bias.fill_(1)`: an in-place method of the attribute
 
 
 class _SelfAttributeCollector(cst.CSTVisitor):
