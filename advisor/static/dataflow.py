@@ -400,11 +400,15 @@ class _FlowBuilder:
                     self._link(definition, sources)
 
 
+def is_inplace_method(func: cst.BaseExpression) -> bool:
+    """`x.fill_`, `x.add_`: a trailing underscore is torch's naming for methods that write their receiver."""
+    return isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_")
+
+
 def _inplace_receiver(expression: cst.BaseExpression) -> cst.Name | None:
     """`x.masked_fill_(...)` as a statement rebinds x's value: treat it as a definition of x."""
-    if (isinstance(expression, cst.Call) and isinstance(expression.func, cst.Attribute)
-            and isinstance(expression.func.value, cst.Name)
-            and expression.func.attr.value.endswith("_") and not expression.func.attr.value.startswith("_")):
+    if isinstance(expression, cst.Call) and is_inplace_method(expression.func) \
+            and isinstance(expression.func.value, cst.Name):
         return expression.func.value
     return None
 

@@ -9,7 +9,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from advisor.rewrite.splice import LineIndex
-from advisor.static.dataflow import FunctionFlow, build_flow
+from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 
 
 @dataclass(eq=False)
@@ -267,13 +267,7 @@ class _OutsideWriteCollector(cst.CSTVisitor):
         self.names: set[str] = set()
 
     def _target(self, target: cst.BaseExpression) -> None:
-        while isinstance(target, cst.Subscript):
-            target = target.value
-        if isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._target(element.value)
-        elif isinstance(target, cst.Attribute) and not _is_self_attribute(target):
-            self.names.add(target.attr.value)
+        self.names.update(a.attr.value for a in _written_attributes(target) if not _is_self_attribute(a))
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -290,7 +284,7 @@ class _OutsideWriteCollector(cst.CSTVisitor):
         if isinstance(func, cst.Name) and func.value == "setattr" and len(node.args) >= 2 and \
                 isinstance(node.args[1].value, cst.SimpleString):
             self.names.add(node.args[1].value.evaluated_value)
-        elif isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_"):
+        elif is_inplace_method(func):
             self._target(func.value)  # `m.bias.fill_(1)`: an in-place method of the attribute
 
 
@@ -332,13 +326,7 @@ class _SelfAttributeCollector(cst.CSTVisitor):
             self._written(node.value)
 
     def _written(self, target: cst.BaseExpression) -> None:
-        while isinstance(target, cst.Subscript):
-            target = target.value
-        if _is_self_attribute(target):
-            self.mutated.add(target.attr.value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._written(element.value)
+        self.mutated.update(a.attr.value for a in _written_attributes(target) if _is_self_attribute(a))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and _is_self_attribute(node.target):
@@ -346,13 +334,22 @@ class _SelfAttributeCollector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_"):
+        if is_inplace_method(func):
             self._written(func.value)  # `self.mask.fill_(...)`, `self.bias[0].zero_()`
         if (isinstance(func, cst.Attribute) and func.attr.value == "register_buffer"
                 and isinstance(func.value, cst.Name) and func.value.value == "self" and len(node.args) >= 2
                 and isinstance(node.args[0].value, cst.SimpleString)):
             name = node.args[0].value.evaluated_value
             self.attributes.setdefault(name, []).append(node.args[1].value)
+
+
+def _written_attributes(target: cst.BaseExpression) -> list[cst.Attribute]:
+    """The attributes a write to `target` changes: `x.a = v`, `x.a[i] = v`, `x.a, y.b = ...`."""
+    while isinstance(target, cst.Subscript):
+        target = target.value
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [a for element in target.elements for a in _written_attributes(element.value)]
+    return [target] if isinstance(target, cst.Attribute) else []
 
 
 def _is_self_attribute(node: cst.CSTNode) -> bool:
