@@ -1,16 +1,41 @@
-"""Rules are data: one TOML file per rule in the top-level rules/ folder, shipped in the wheel as the package
-`advisor.rules` (see pyproject.toml) and read through importlib.resources, so an installed copy finds them too."""
+"""The registry: every rule code, built from the rule units in the top-level rules/ folder (shipped in the wheel as
+the package `advisor.rules`). A unit declares one rule family: its rules (code, docs, examples) and its detectors.
+Nothing else lists codes: detectors, fixes and reports refer to the units' Rule objects, so a code that no unit
+declares cannot be emitted, and `advisor rules --explain CODE`, the README table and the generated tests all read
+the same declarations."""
 
 from __future__ import annotations
 
-import tomllib
+import importlib
+import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
-from importlib.resources.abc import Traversable
 
 RULES_PACKAGE = "advisor.rules"
-REQUIRED_FIELDS = ("code", "kind", "title", "enabled", "fix", "fix_safety", "rationale")
+SAFETIES = ("safe", "unsafe")
+DOC_SECTIONS = ("what", "why", "fix_doc")  # with the example, Ruff's sections: what it does, why, example, fix safety
+
+
+@dataclass(frozen=True)
+class Example:
+    """Source a rule's static detector must judge: a positive gives `code` on `line` and, when `fixed` is set,
+    exactly that text once its fixes are applied (`unsafe`: unsafe fixes too); a negative gives no finding of the
+    rule, or, when `reason` is set, a finding without a patch whose reason contains it."""
+
+    source: str
+    positive: bool
+    fixed: str | None = None
+    reason: str | None = None
+    unsafe: bool = False
+
+
+def positive(source: str, fixed: str | None = None, unsafe: bool = False, reason: str | None = None) -> Example:
+    return Example(source, True, fixed=fixed, unsafe=unsafe, reason=reason)
+
+
+def negative(source: str, reason: str | None = None) -> Example:
+    return Example(source, False, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -18,32 +43,81 @@ class Rule:
     code: str
     kind: str
     title: str
-    enabled: bool
-    fix: str
-    fix_safety: str
-    rationale: str
+    summary: str  # the README table's "finding" column
+    fix: str  # the fix's name ("none" when the rule only reports)
+    fix_safety: str  # of the fix when every fact is proved; a finding can still lower it, saying why
+    fix_summary: str  # the README table's "fix" column
+    what: str  # what it finds
+    why: str  # why it is slow
+    fix_doc: str  # what the fix does and when it is safe
+    example: str = ""  # source showing the pattern; defaults to the first positive example
+    detectors: tuple[str, ...] = ("static",)  # "static" (source), "runtime" (profile or trace)
+    examples: tuple[Example, ...] = ()
     references: tuple[str, ...] = ()
-    threshold_share: float = 0.0
+    threshold_share: float = 0.0  # a runtime finding below this share of the run is negligible
+    enabled: bool = True
+
+    def __str__(self) -> str:
+        return self.code
+
+    @property
+    def rationale(self) -> str:
+        """The long description (SARIF's fullDescription)."""
+        return f"{self.what} {self.why} {self.fix_doc}"
+
+    @property
+    def shown_example(self) -> str:
+        return self.example or next((e.source for e in self.examples if e.positive), "")
+
+    def to_json(self) -> dict:
+        return {"code": self.code, "kind": self.kind, "title": self.title, "enabled": self.enabled, "fix": self.fix,
+                "fix_safety": self.fix_safety, "rationale": self.rationale, "references": list(self.references),
+                "threshold_share": self.threshold_share, "what": self.what, "why": self.why,
+                "example": self.shown_example, "fix_doc": self.fix_doc, "detectors": list(self.detectors)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One rule unit: rules that share a detector. The static detector runs on a file only when one of
+    `prefilter` occurs in it (lower case), or always when the run has runtime evidence and `needs_evidence`."""
+
+    name: str
+    rules: tuple[Rule, ...]
+    prefilter: tuple[str, ...] = ()
+    static: Callable | None = None  # (StaticContext) -> list[Detected]; see advisor.engine.static
+    graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) advisor.engine.runtime runs
+    uses_evidence: bool = False  # a profile's evidence for the file makes the static detector run
+
+    def might_match(self, lowered_source: str) -> bool:
+        return any(token in lowered_source for token in self.prefilter)
 
 
 @lru_cache(maxsize=None)
-def load_rules(directory: Traversable | None = None) -> dict[str, Rule]:
-    """Every rule by code. An install without rule files is broken, not empty: that raises."""
-    folder = directory or resources.files(RULES_PACKAGE)
+def families(package: str = RULES_PACKAGE) -> tuple[Family, ...]:
+    """Every unit of the rules package (each module's FAMILY), in the order the package's ORDER names them:
+    a later family may read the findings of an earlier one (copies and casts inside an attention block).
+    A package without units is a broken install, not an empty one: that raises."""
+    root = importlib.import_module(package)
+    names = getattr(root, "ORDER", None) or sorted(m.name for m in pkgutil.iter_modules(root.__path__))
+    found = tuple(getattr(importlib.import_module(f"{package}.{name}"), "FAMILY") for name in names)
+    if not found:
+        raise RuntimeError(f"no rule files found in {package} (a broken install?)")
+    return found
+
+
+@lru_cache(maxsize=None)
+def load_rules(package: str = RULES_PACKAGE) -> dict[str, Rule]:
+    """Every rule by code, in code order; a code declared twice or a rule missing a doc section raises."""
     rules: dict[str, Rule] = {}
-    for entry in sorted((e for e in folder.iterdir() if e.name.endswith(".toml")), key=lambda e: e.name):
-        data = tomllib.loads(entry.read_text(encoding="utf-8"))
-        missing = [name for name in REQUIRED_FIELDS if name not in data]
-        if missing:
-            raise ValueError(f"{entry.name}: rule is missing {', '.join(missing)}")
-        if data["fix_safety"] not in ("safe", "unsafe"):
-            raise ValueError(f"{entry.name}: fix_safety must be 'safe' or 'unsafe'")
-        data["references"] = tuple(data.get("references", ()))
-        data["rationale"] = data["rationale"].strip()
-        rules[data["code"]] = Rule(**data)
-    if not rules:
-        raise RuntimeError(f"no rule files found in {folder} (a broken install?)")
-    return rules
+    for family in families(package):
+        for rule in family.rules:
+            if rule.code in rules:
+                raise ValueError(f"{rule.code} is declared twice")
+            missing = [name for name in ("title", *DOC_SECTIONS) if not getattr(rule, name).strip()]
+            if missing or rule.fix_safety not in SAFETIES:
+                raise ValueError(f"{rule.code}: missing {', '.join(missing) or 'a valid fix_safety'}")
+            rules[rule.code] = rule
+    return dict(sorted(rules.items()))
 
 
 def unknown_selectors(selectors: list[str]) -> list[str]:

@@ -21,7 +21,7 @@ from torch.utils import benchmark
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.scan import analyze_source  # noqa: E402
+from advisor.engine.static import analyze_source  # noqa: E402
 
 # fixture -> (class name, constructor kwargs, input builder(seq))
 CASES = {

@@ -13,7 +13,7 @@ import re
 import time
 from pathlib import Path
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 

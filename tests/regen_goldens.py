@@ -3,7 +3,7 @@ the goldens are the reviewed expectation, the parity tests are the proof. Run fr
 
 from pathlib import Path
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from fixture_models import assumed_facts
 
 ROOT = Path(__file__).resolve().parent.parent / "fixtures" / "attention"

@@ -7,7 +7,7 @@ negative/  each file looks like attention but must not get a safe rewrite; its d
            cannot be proved equal, no fix).
 golden/    the expected rewritten text of each positive (same file name), when present.
 
-Tests that need `advisor.scan.analyze_source` import it lazily, so the fixture self-checks run (and pass)
+Tests that need `advisor.engine.static.analyze_source` import it lazily, so the fixture self-checks run (and pass)
 before the rewriter exists; the rest fail with ImportError until then.
 """
 
@@ -77,7 +77,7 @@ def _facts(finding, status: str) -> set[str]:
 
 @functools.lru_cache(maxsize=None)
 def _analyze(source: str, path: str, unsafe_fixes: bool = False):
-    from advisor.scan import analyze_source  # ImportError until the scanner exists: expected
+    from advisor.engine.static import analyze_source  # ImportError until the scanner exists: expected
 
     return analyze_source(source, path, unsafe_fixes=unsafe_fixes)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from fixture_models import build, dispatched_ops, fixture_paths, load_module_from_source, parity, run_forward
 
 POSITIVES = fixture_paths("positive")

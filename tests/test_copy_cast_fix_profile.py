@@ -15,7 +15,7 @@ import torch
 from advisor.cli import main
 from advisor.fixes.evidence import FileEvidence, RuntimeEvidence, RuntimeHit, evidence_from_report
 from advisor.runtime.profile import profile_workload
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from advisor.workload_loader import load_workload
 from profile_helpers import FIXTURES, marker_line
 

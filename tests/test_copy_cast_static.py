@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 
 HEADER = "import torch\nimport torch.nn.functional as F\n\n\ndef f(x):\n    return {}\n"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from advisor.cli import main
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 
 SERVING_SCRIPT = textwrap.dedent('''\
     """Serve a causal LM over HTTP (the model is loaded once at start-up)."""

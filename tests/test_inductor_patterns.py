@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torch._inductor.fx_passes.fuse_attention as fuse_attention
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 
 SOURCE_PATH = Path(fuse_attention.__file__)
 SCALARS = {"inv_scale": 2.5, "inv_scale_factor": 2.5, "scale_factor": 0.4, "dropout_p": 0.0}

@@ -8,11 +8,12 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
+from advisor.fixes.attention import attention_edits
 from advisor.patterns.attention import find_attention
-from advisor.rewrite.apply import rewrite_edits
+from advisor.rewrite.apply import combine, render
 from advisor.rewrite.patch import unified_diff
 from advisor.rewrite.splice import apply_edits
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from advisor.static.module_index import ParsedModule
 from benchmarks.scan_scaling import module_with_blocks
 
@@ -25,8 +26,15 @@ def _whole_module_rewrite(source: str, drop_weights: bool = False, pick=None) ->
     parsed = ParsedModule(source, "m.py")
     parsed.__dict__["statement_spans"] = None
     matches = [m for m in find_attention(parsed) if m.output_node is not None]
-    (edit,) = rewrite_edits(parsed, matches if pick is None else [matches[pick]], drop_weights)
+    (edit,) = _rewrite_edits(parsed, matches if pick is None else [matches[pick]], drop_weights)
     return edit.text
+
+
+def _rewrite_edits(parsed, matches, drop_weights):
+    """Every match's fix, applied together by the rewrite layer."""
+    merged, conflicts = combine(parsed, [attention_edits(parsed, m, drop_weights) for m in matches])
+    assert conflicts == []
+    return render(parsed, merged)
 
 
 @pytest.mark.parametrize("fixture", POSITIVE, ids=lambda p: p.stem)
@@ -53,7 +61,7 @@ def test_new_import_and_blocks_close_together_share_hunks():
     parsed = ParsedModule(source, "m.py")
     matches = [m for m in find_attention(parsed) if m.output_node is not None]
     assert len(matches) == 2
-    edits = rewrite_edits(parsed, matches, drop_weights=False)
+    edits = _rewrite_edits(parsed, matches, drop_weights=False)
     assert apply_edits(source, edits) == _whole_module_rewrite(source)
     from advisor.rewrite.splice import local_diff
 

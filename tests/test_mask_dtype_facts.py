@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from fixture_models import load_module_from_source
 
 TEMPLATE = '''

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from fixture_models import parity
 from test_sound_flow import HEAD, MAKE, attention, the_finding
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from advisor.cli import main
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 
 ROOT = Path(__file__).resolve().parent.parent
 NANOGPT = (ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py").read_text()

@@ -165,7 +165,7 @@ def test_interactive_review_applies_only_accepted_patches(workdir):
 
 
 def test_parallel_scan_matches_serial(workdir):
-    from advisor.scan import scan_paths
+    from advisor.engine.static import scan_paths
 
     for index, fixture in enumerate(sorted(POSITIVE.glob("*.py"))):
         shutil.copy(fixture, workdir / f"m{index:02d}.py")
@@ -180,7 +180,7 @@ def test_a_worker_that_dies_is_one_error_entry_and_the_scan_goes_on(workdir, mon
     name the one that killed its process (workers are forked, so they see the patched analysis)."""
     import os
 
-    from advisor import scan
+    from advisor.engine import static as scan
 
     for index, fixture in enumerate(sorted(POSITIVE.glob("*.py"))[:20]):
         shutil.copy(fixture, workdir / f"m{index:02d}.py")

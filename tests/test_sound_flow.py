@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from fixture_models import load_module_from_source, parity
 
 HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from advisor.scan import analyze_source, scan_paths
+from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import dispatched_ops, uses_sdpa
 
 MODELS = Path(transformers.__file__).resolve().parent / "models"

@@ -12,7 +12,7 @@ from advisor.backends.site import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import unknown_selectors
 from advisor.report.terminal import shown
-from advisor.scan import ScanResult, scan_paths
+from advisor.engine.static import ScanResult, scan_paths
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 SELECTOR = re.compile(r"[A-Z]+[0-9]*")
@@ -39,14 +39,15 @@ def _codes(text: str) -> list[str]:
     return codes
 
 
-def run_scan(args, runtime=None) -> ScanResult:
+def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs: int | None = None) -> ScanResult:
     """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned.
-    `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source."""
+    `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source;
+    `patches`, `fixed` and `jobs` are scan_paths' (what the verb shows, and whether it picks fixes afterwards)."""
     stderr = Console(stderr=True)
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
         task = progress.add_task("scanning", total=None)
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
-                            backend=args.backend, runtime=runtime,
+                            backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
                             on_file=lambda path: progress.update(task, description=f"scanning {shown(path)}"))
     if not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"

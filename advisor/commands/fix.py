@@ -13,7 +13,6 @@ from advisor.errors import AdvisorError, visible
 from advisor.findings import ScanError, display_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
-from advisor.scan import analyze_source
 
 
 def add_parser(sub) -> None:
@@ -31,16 +30,18 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Exit 2 when a fix could not be written (each such file is one error line; the other files are still
-    fixed), else 1 when findings remain."""
-    args.runtime = _profiled(args.profile) if args.profile else None
-    result = run_scan(args, runtime=args.runtime)
+    fixed), else 1 when findings remain. --interactive scans in this process, so the answers pick among the
+    findings' own fixes, which the rewrite layer then applies together."""
+    runtime = _profiled(args.profile) if args.profile else None
+    result = run_scan(args, runtime=runtime, patches=args.interactive, fixed=not args.interactive,
+                      jobs=1 if args.interactive else None)
     console = stdout_console()
     print_errors(console, result.errors)
     remaining, applied, failures = 0, 0, []
     quit_requested = False
     written: set[str] = set()
     for file in result.files:
-        applicable = [f for f in file.findings if f.patch and (f.fix_safety == "safe" or args.unsafe_fixes)]
+        applicable = file.applicable(args.unsafe_fixes)
         remaining += len(file.findings) - len(applicable)
         if not applicable:
             continue
@@ -49,17 +50,20 @@ def run(args) -> int:
             if args.interactive and not quit_requested:
                 chosen, quit_requested = _ask(console, applicable)
                 remaining += len(applicable) - len(chosen)
-                new_text = _fixed_with(file, chosen, args) if chosen else file.source
+                outcome = file.fixed_with(chosen)
             elif args.interactive:
                 remaining += len(applicable)
                 continue
             else:
-                new_text = file.fixed
+                outcome = file.applied
                 if not args.apply:
-                    print_diff(console, unified_diff(display_path(file.path), file.source, new_text))
+                    print_diff(console, unified_diff(display_path(file.path), file.source, outcome.text))
                     remaining += len(applicable)
                     continue
-            target = _write(file, new_text, args, written) if new_text != file.source else None
+            remaining += outcome.not_applied
+            for problem in outcome.problems:  # a conflict leaves that finding to a later run; it is no write error
+                print(f"advisor: {visible(problem)}", file=sys.stderr)
+            target = _write(file, outcome.text, args, written) if outcome.text != file.source else None
             if target is not None:
                 applied += 1
                 console.print(f"fixed {shown(display_path(target))}")
@@ -101,16 +105,6 @@ def _ask(console, findings):
         if answer == "y":
             chosen.append(finding)
     return chosen, False
-
-
-def _fixed_with(file, chosen, args) -> str:
-    """Re-run the rewrite restricted to the chosen findings (by rule and line)."""
-    keep = {(f.rule, f.line) for f in chosen}
-    result = analyze_source(file.source, file.path, unsafe_fixes=args.unsafe_fixes, select=args.select,
-                            ignore=args.ignore, only=keep, backend=args.backend, runtime=args.runtime)
-    if result.source != file.source:
-        raise AdvisorError("changed while reviewing; not written")
-    return result.fixed
 
 
 def _profiled(target: str):

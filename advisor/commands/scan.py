@@ -11,7 +11,7 @@ from advisor.findings import Finding
 from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.sarif import to_sarif
 from advisor.report.terminal import stdout_console, write_report
-from advisor.scan import ScanResult
+from advisor.engine.static import ScanResult
 
 
 def add_parser(sub) -> None:
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    result = run_scan(args)
+    result = run_scan(args, patches=args.format != "text", fixed=False)  # the text table shows no patch
     findings = result.findings
     if args.profile:
         findings = _with_measured_cost(findings, args.profile)

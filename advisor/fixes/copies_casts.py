@@ -13,20 +13,21 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.findings import Finding, display_path
+from advisor.engine.static import Detected
+from advisor.findings import Finding
 from advisor.fixes.aliasing import layout_or_escape, writes_in_place
 from advisor.fixes.evidence import FileEvidence, RuntimeHit
 from advisor.patterns import copies_casts as roles
 from advisor.patterns.facts import FactSheet
 from advisor.registry import load_rules
-from advisor.rewrite.apply import RewriteFailed, SourceEdit, rewrite_edits
-from advisor.rewrite.splice import Edit, local_diff
+from advisor.rewrite.apply import RewriteFailed, SourceEdit, render
+from advisor.rules import copies_casts as units
 from advisor.static.module_index import ParsedModule
 
-ALREADY_CONTIGUOUS, STRIDED_OK, UNDONE, COPY_COPY = "ADV201", "ADV202", "ADV203", "ADV204"
-SAME_DTYPE, ROUND_TRIP, PARAM_CAST, SOFTMAX_UPCAST = "ADV301", "ADV302", "ADV303", "ADV304"
-CODES = (ALREADY_CONTIGUOUS, STRIDED_OK, UNDONE, COPY_COPY, SAME_DTYPE, ROUND_TRIP, PARAM_CAST, SOFTMAX_UPCAST)
-PREFILTER_TOKENS = ("contiguous", "clone", "softmax")  # what a static proof needs; runtime evidence bypasses it
+ALREADY_CONTIGUOUS, STRIDED_OK = units.ALREADY_CONTIGUOUS.code, units.STRIDED_OK.code
+UNDONE, COPY_COPY = units.UNDONE.code, units.COPY_COPY.code
+SAME_DTYPE, ROUND_TRIP = units.SAME_DTYPE.code, units.ROUND_TRIP.code
+PARAM_CAST, SOFTMAX_UPCAST = units.PARAM_CAST.code, units.SOFTMAX_UPCAST.code
 TRANSPOSES = frozenset({"transpose", "permute", "t"})
 
 
@@ -41,18 +42,11 @@ class _Plan:
     hit: RuntimeHit | None = None
 
 
-def might_match(lowered_source: str) -> bool:
-    return any(token in lowered_source for token in PREFILTER_TOKENS)
-
-
-FixedFinding = tuple[Finding, SourceEdit | None, list[Edit] | None]
-
-
-def copy_cast_findings(parsed: ParsedModule, evidence: FileEvidence | None,
-                       covered: list[tuple[int, int, str, bool]]) -> list[FixedFinding]:
-    """(finding, its edit, that edit's character edits) per copy/cast finding. `covered` are the (line, end_line,
-    rule, has a patch) spans of attention findings: a static finding there is left to them (the attention rule
-    reports the block), a runtime one is reported without a patch where the attention rewrite replaces it."""
+def copy_cast_findings(parsed: ParsedModule, evidence: FileEvidence | None, earlier: list[Finding]) -> list[Detected]:
+    """Each copy/cast finding with its fix. Within the span of an earlier attention finding a static finding is
+    left to it (the attention rule reports the block), a runtime one is reported without a patch where the
+    attention rewrite replaces it."""
+    covered = [(f.line, f.end_line, f.rule, f.fixable) for f in earlier if f.kind == "attention"]
     sites = roles.sites(parsed)
     plans = _static_plans(parsed, sites)
     if evidence is not None:
@@ -294,18 +288,17 @@ def _overlaps(parsed: ParsedModule, node: cst.CSTNode, other: cst.CSTNode) -> bo
     return False
 
 
-def _finding(parsed: ParsedModule, plan: _Plan) -> FixedFinding:
+def _finding(parsed: ParsedModule, plan: _Plan) -> Detected:
     rule = load_rules()[plan.rule]
-    edit = SourceEdit(plan.rewrite.node, plan.rewrite.code) if plan.rewrite is not None else None
-    edits, patch, reason = None, None, plan.reason
-    if edit is not None:
+    fix = SourceEdit(plan.rewrite.node, plan.rewrite.code).as_edits() if plan.rewrite is not None else None
+    edits, reason = None, plan.reason
+    if fix is not None:
         try:
-            edits = rewrite_edits(parsed, [], drop_weights=False, edits=[edit])
-            patch = local_diff(display_path(parsed.path), parsed.lines, edits)
+            edits = render(parsed, fix)
         except RewriteFailed as exc:
-            edit, reason = None, str(exc)
+            fix, reason = None, str(exc)
     assumed = plan.facts.assumptions
-    if edit is not None and assumed:
+    if fix is not None and assumed:
         reason = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
     node = plan.site.call if plan.site is not None else None
     extra = {"facts": plan.facts.to_json()}
@@ -315,7 +308,7 @@ def _finding(parsed: ParsedModule, plan: _Plan) -> FixedFinding:
     finding = Finding(rule=plan.rule, kind=rule.kind, path=parsed.path, line=plan.line,
                       end_line=max(plan.line, parsed.end_line(node) if node is not None else plan.line),
                       function=plan.site.function if plan.site is not None else plan.hit.function,
-                      message=plan.hit.message if plan.hit is not None else rule.title, fixable=edit is not None,
-                      fix_safety=("unsafe" if assumed else "safe") if edit is not None else rule.fix_safety,
-                      reason=reason, patch=patch, extra=extra)
-    return finding, edit, edits
+                      message=plan.hit.message if plan.hit is not None else rule.title, fixable=fix is not None,
+                      fix_safety=("unsafe" if assumed else "safe") if fix is not None else rule.fix_safety,
+                      reason=reason, extra=extra)
+    return Detected(finding, fix, edits)

@@ -17,12 +17,12 @@ import libcst as cst
 
 from advisor.rewrite.apply import SourceEdit
 from advisor.rewrite.backends import kernel_names
+from advisor.rules import attention_config as units
 from advisor.static.module_index import ParsedModule
 
-# The substrings (lower case) a file needs for any rule here: the scan's prefilter passes such files through.
-PREFILTER_TOKENS = ("attn_implementation", "output_attentions", "sdp_kernel", "bettertransformer")
 LIBRARY_DIRS = ("site-packages", "dist-packages")
-EAGER, SDPA_KERNEL_RULE, OUTPUT_ATTENTIONS, BETTER_TRANSFORMER = "ADV601", "ADV701", "ADV602", "ADV603"
+EAGER, SDPA_KERNEL_RULE = units.EAGER.code, units.SDP_KERNEL.code
+OUTPUT_ATTENTIONS, BETTER_TRANSFORMER = units.OUTPUT_ATTENTIONS.code, units.BETTER_TRANSFORMER.code
 LOADERS = ("from_pretrained", "from_config", "_from_config")
 INFERENCE_CONTEXTS = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad")
 # torch.backends.cuda.sdp_kernel's flags, in positional order, and the backend each enables
@@ -46,12 +46,8 @@ def is_library_file(path: str) -> bool:
     return any(part in LIBRARY_DIRS for part in PurePath(path).parts)
 
 
-def might_match(lowered_source: str) -> bool:
-    return any(token in lowered_source for token in PREFILTER_TOKENS)
-
-
 def find_config_issues(parsed: ParsedModule) -> list[ConfigMatch]:
-    if is_library_file(parsed.path) or not might_match(parsed.source.lower()):
+    if is_library_file(parsed.path) or not units.FAMILY.might_match(parsed.source.lower()):
         return []
     collector = _Collector(parsed)
     parsed.module.visit(collector)

@@ -10,14 +10,17 @@ import os
 
 import libcst as cst
 
-from advisor.findings import Finding
+from advisor.findings import Finding, display_path
 from advisor.hf.config_rules import EAGER, LOADERS
 from advisor.hf.findings import config_findings
 from advisor.registry import load_rules
+from advisor.rewrite.splice import local_diff
+from advisor.rules.attention import MEASURED
+from advisor.rules.attention_config import MEASURED_EAGER
 from advisor.static.module_index import ParsedModule
 
-RULE = "ADV604"
-LIBRARY_ATTENTION_RULE = "ADV110"
+RULE = MEASURED_EAGER.code
+LIBRARY_ATTENTION_RULE = MEASURED.code
 
 
 def with_eager_attention_finding(model, target: str, ranked: list[Finding]) -> list[Finding]:
@@ -81,7 +84,12 @@ def _target_source(target: str) -> tuple[str | None, str]:
 
 def _choosing_finding(parsed: ParsedModule, function: str) -> Finding | None:
     """The static ADV601 finding (eager attention set in this file), preferring one inside the target function."""
-    eager = [finding for finding, _, _ in config_findings(parsed) if finding.rule == EAGER]
+    eager = []
+    for found in config_findings(parsed):
+        if found.finding.rule == EAGER:
+            if found.edits is not None:
+                found.finding.patch = local_diff(display_path(parsed.path), parsed.lines, found.edits)
+            eager.append(found.finding)
     inside = [finding for finding in eager if finding.function.split(".")[0] == function]
     return (inside or eager or [None])[0]
 

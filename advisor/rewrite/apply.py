@@ -1,18 +1,14 @@
-"""Apply attention rewrites (and the configuration rules' expression edits) to one module as character edits:
-untouched code stays byte-identical, and only the top-level statements holding a change are rendered."""
+"""The rewrite layer: applies rules' node edits to one module as character edits, knowing no rule. Untouched code
+stays byte-identical; only the top-level statements holding a change are rendered and compiled, once for all the
+edits of a file. Edits of different findings that touch the same code are reported as a conflict, never merged."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import os
+from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.backends.site import plan_backend
-from advisor.patterns.attention import AttentionMatch
-from advisor.rewrite.backends import KernelNames, flash_attn_call, flash_attn_helper, helper_name, kernel_names
-from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
@@ -24,69 +20,105 @@ class RewriteFailed(Exception):
 
 @dataclass(eq=False)
 class SourceEdit:
-    """One expression replaced by new code (the configuration rules' fixes), and the imports that code needs."""
+    """One expression replaced by new code, and the imports that code needs (the simplest fix a rule returns)."""
 
     node: cst.CSTNode
     code: str
     imports: tuple[str, ...] = ()
 
+    def as_edits(self) -> NodeEdits:
+        return NodeEdits(replace={self.node: cst.parse_expression(self.code)}, imports=self.imports)
 
-def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weights: bool, backend: str = "sdpa",
-                  edits: list[SourceEdit] = ()) -> list[Edit]:
-    """Every match replaced by one SDPA call (`drop_weights` passes None where weights escaped), and every
-    SourceEdit applied, as character edits of the source (splice.apply_edits gives the new text). `backend`
-    "flash" / "flash-attn" emits those where the site is eligible (see advisor.backends.site). Only the top-level
-    statements holding a change are rendered and compiled, so the cost is that of the changed code, not of the
-    module (when the module's statements do not render back to their exact source, the whole module is rendered
-    instead)."""
-    if not matches and not edits:
+
+@dataclass(eq=False)
+class NodeEdits:
+    """What one finding's fix changes in its module, node by node. Nodes are those of the parsed module; new code
+    is given as parsed nodes. Several findings' edits share what is equal (one import line, one helper)."""
+
+    replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)  # an expression keeps its parentheses
+    remove: set[cst.CSTNode] = field(default_factory=set)  # small statements (`x = ...` of a `a; b` line)
+    insert_before: dict[cst.CSTNode, tuple[cst.BaseStatement, ...]] = field(default_factory=dict)  # new ones above
+    wrap: dict[cst.CSTNode, str] = field(default_factory=dict)  # statement -> `with <header>:` around it
+    imports: tuple[str, ...] = ()  # lines, added once after the module's imports
+    definitions: tuple[cst.BaseStatement, ...] = ()  # module-level statements added after those imports
+
+    def targets(self) -> set[cst.CSTNode]:
+        """The nodes whose code this fix replaces or deletes: another fix must not touch them or what they hold."""
+        return set(self.replace) | self.remove
+
+
+@dataclass
+class Conflict:
+    """Fix `rejected` (an index into the fixes given to `combine`) touches code that fix `kept` already changes."""
+
+    kept: int
+    rejected: int
+
+
+def combine(parsed: ParsedModule, fixes: list[NodeEdits]) -> tuple[NodeEdits, list[Conflict]]:
+    """All fixes as one edit set, in order; a fix that replaces or removes a node another kept fix replaces,
+    removes, or holds inside its own change is left out and returned as a conflict (identical edits are shared)."""
+    merged = NodeEdits()
+    owner: dict[cst.CSTNode, int] = {}  # target node -> the kept fix that changes it
+    inside: dict[cst.CSTNode, int] = {}  # every ancestor of a kept target -> that fix
+    conflicts: list[Conflict] = []
+    for index, fix in enumerate(fixes):
+        clash = _clash(parsed, fix, merged, owner, inside)
+        if clash is not None:
+            conflicts.append(Conflict(clash, index))
+            continue
+        for node in fix.targets():
+            owner[node] = index
+            for ancestor in _ancestors(parsed, node):
+                inside.setdefault(ancestor, index)
+        merged.replace.update(fix.replace)
+        merged.remove |= fix.remove
+        for statement, new in fix.insert_before.items():
+            merged.insert_before[statement] = _union(merged.insert_before.get(statement, ()), new)
+        merged.wrap.update(fix.wrap)
+        merged.imports = tuple(dict.fromkeys(merged.imports + fix.imports))
+        merged.definitions = _union(merged.definitions, fix.definitions)
+    return merged, conflicts
+
+
+def _union(kept: tuple[cst.CSTNode, ...], new: tuple[cst.CSTNode, ...]) -> tuple[cst.CSTNode, ...]:
+    """`kept` then the nodes of `new` not already there (equal code is one statement: one hoist, one helper)."""
+    return kept + tuple(node for node in new if not any(node.deep_equals(other) for other in kept))
+
+
+def _clash(parsed, fix: NodeEdits, merged: NodeEdits, owner, inside) -> int | None:
+    for node in fix.targets():
+        if node in owner:
+            same = node in fix.remove and node in merged.remove or \
+                node in fix.replace and node in merged.replace and fix.replace[node].deep_equals(merged.replace[node])
+            if not same:
+                return owner[node]
+            continue
+        if node in inside:
+            return inside[node]
+        for ancestor in _ancestors(parsed, node):
+            if ancestor in owner:
+                return owner[ancestor]
+    return None
+
+
+def _ancestors(parsed: ParsedModule, node: cst.CSTNode):
+    node = parsed.parents.get(node)
+    while node is not None and node is not parsed.module:
+        yield node
+        node = parsed.parents.get(node)
+
+
+def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
+    """The edits as character edits of the source (splice.apply_edits gives the new text), checked to compile.
+    Only the top-level statements holding a change are rendered and compiled, so the cost is that of the changed
+    code, not of the module (when the module's statements do not render back to their exact source, the whole
+    module is rendered instead)."""
+    editor = _Editor(edits)
+    added = [cst.parse_statement(line + "\n") for line in edits.imports] + list(edits.definitions)
+    touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap]
+    if not touched and not added:
         return []
-    functional = functional_name(parsed)
-    replacements: dict[cst.CSTNode, cst.BaseExpression] = {}
-    removed: set[cst.CSTNode] = set()
-    nones: set[cst.CSTNode] = set()
-    renamed: dict[cst.CSTNode, cst.BaseExpression] = {}
-    hoists: dict[cst.CSTNode, object] = {}
-    emitted = [plan_backend(parsed, match, backend).emitted if backend != "sdpa" else "sdpa" for match in matches]
-    flash = kernel_names(parsed) if "flash" in emitted else None
-    if isinstance(flash, str):
-        raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")
-    helper = helper_name(parsed) if "flash-attn" in emitted else None
-    wrapped: set[cst.CSTNode] = set()
-    for match, target in zip(matches, emitted):
-        statement = _enclosing_statement(parsed, match.output_node)
-        indent = parsed.positions[statement.body[0] if isinstance(statement, cst.SimpleStatementLine)
-                                  else statement].start.column
-        if target == "flash-attn":
-            call = flash_attn_call(match, helper, indent)
-        else:
-            call = sdpa_call(match, functional.prefix, indent + 4 * (target == "flash"))
-        replacements[match.output_node] = cst.parse_expression(call)
-        if target == "flash":
-            if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-                raise RewriteFailed("the flash kernel context needs the SDPA call in a statement of its own")
-            wrapped.add(statement)
-        removed.update(match.removed)
-        renamed.update({read: cst.parse_expression(code) for read, code in match.renamed.items()})
-        for statement, code in match.hoisted.items():
-            replacements[statement] = cst.parse_statement(code + "\n").body[0]
-        if match.hoist_anchor is not None:
-            hoists[_enclosing_statement(parsed, match.hoist_anchor)] = cst.parse_statement(match.hoist_init + "\n")
-        if drop_weights:
-            nones.update(match.escapes)
-    replacements.update(renamed)
-    imports = [line for edit in edits for line in edit.imports]
-    replacements.update({edit.node: cst.parse_expression(edit.code) for edit in edits})
-    editor = _Editor(parsed, replacements, removed, nones, hoists)
-    if flash is not None:
-        editor.wrap(wrapped, flash.flash_context())
-    if isinstance(flash, KernelNames) and flash.import_line is not None:
-        imports.append(flash.import_line)
-    if functional.import_line is not None and matches:
-        imports.append(functional.import_line)
-    added = [cst.parse_statement(line + "\n") for line in dict.fromkeys(imports)]
-    if helper is not None:
-        added.append(flash_attn_helper(helper, functional.prefix))
     spans = parsed.statement_spans
     if spans is None:
         module = parsed.module.visit(editor)
@@ -96,7 +128,7 @@ def rewrite_edits(parsed: ParsedModule, matches: list[AttentionMatch], drop_weig
         _check_compiles(module.code, parsed.path)
         return [Edit(0, len(parsed.source), _faithful(parsed.source, module.code))]
     changes = []
-    for statement in _top_level_statements(parsed, [*replacements, *removed, *nones, *hoists, *wrapped]):
+    for statement in _top_level_statements(parsed, touched):
         code = _rendered(parsed.module, statement.visit(editor))
         _check_compiles(code, parsed.path)
         changes.append(Edit(*spans[statement], code))
@@ -152,40 +184,25 @@ def _check_compiles(code: str, path: str) -> None:
         raise RewriteFailed(f"the rewrite produced invalid Python ({exc.msg})") from None
 
 
-def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
-    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-        node = parsed.parents[node]
-    return node
-
-
 class _Editor(cst.CSTTransformer):
-    def __init__(self, parsed, replacements, removed, nones, hoists) -> None:
-        self.parsed, self.replacements, self.removed, self.nones = parsed, replacements, removed, nones
-        self.hoists = hoists
-        self.wrapped: set[cst.CSTNode] = set()
-        self.with_item: cst.BaseExpression | None = None
-
-    def wrap(self, statements: set[cst.CSTNode], header: str) -> None:
-        """Run these statements inside `with <header>:` (the flash kernel context)."""
-        self.wrapped, self.with_item = statements, cst.parse_expression(header)
+    def __init__(self, edits: NodeEdits) -> None:
+        self.edits = edits
 
     def on_leave(self, original_node, updated_node):
-        if original_node in self.replacements:
-            new = self.replacements[original_node]
+        if original_node in self.edits.replace:
+            new = self.edits.replace[original_node]
             if isinstance(new, cst.BaseExpression):
                 new = new.with_changes(lpar=getattr(updated_node, "lpar", ()), rpar=getattr(updated_node, "rpar", ()))
             return new
-        if original_node in self.nones:
-            return cst.Name("None")
         return super().on_leave(original_node, updated_node)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         kept = [small for small, original in zip(updated_node.body, original_node.body)
-                if original not in self.removed]
+                if original not in self.edits.remove]
         if len(kept) == len(updated_node.body):
-            if original_node in self.wrapped:
-                updated_node = self._wrapped(updated_node)
-            return self._with_hoist(original_node, updated_node)
+            if original_node in self.edits.wrap:
+                updated_node = self._wrapped(updated_node, self.edits.wrap[original_node])
+            return self._with_insertion(original_node, updated_node)
         if not kept:
             return cst.RemoveFromParent()
         kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
@@ -197,17 +214,18 @@ class _Editor(cst.CSTTransformer):
         if _is_empty(updated_node.body) and updated_node.orelse is None and not contains_call(original_node.test):
             return cst.RemoveFromParent()
         updated_node = updated_node.with_changes(body=_filled(updated_node.body))
-        return self._with_hoist(original_node, updated_node)
+        return self._with_insertion(original_node, updated_node)
 
-    def _wrapped(self, statement: cst.SimpleStatementLine) -> cst.With:
-        """`with <item>:` around the statement; its leading comments stay above the `with`."""
+    @staticmethod
+    def _wrapped(statement: cst.SimpleStatementLine, header: str) -> cst.With:
+        """`with <header>:` around the statement; its leading comments stay above the `with`."""
         inner = statement.with_changes(leading_lines=())
-        return cst.With(items=[cst.WithItem(self.with_item)], body=cst.IndentedBlock(body=[inner]),
+        return cst.With(items=[cst.WithItem(cst.parse_expression(header))], body=cst.IndentedBlock(body=[inner]),
                         leading_lines=statement.leading_lines)
 
-    def _with_hoist(self, original_node, updated_node):
-        if original_node in self.hoists:  # the mask variable must exist when an `if` is not taken
-            return cst.FlattenSentinel([self.hoists[original_node], updated_node])
+    def _with_insertion(self, original_node, updated_node):
+        if original_node in self.edits.insert_before:  # e.g. a hoisted name that must exist when an `if` is not taken
+            return cst.FlattenSentinel([*self.edits.insert_before[original_node], updated_node])
         return updated_node
 
     def _fill_body(self, original_node, updated_node):

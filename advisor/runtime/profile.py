@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from advisor.engine.runtime import runtime_findings
 from advisor.findings import Finding
 from advisor.hf.runtime import with_eager_attention_finding
 from advisor.runtime.capture import Capture, capture
-from advisor.runtime.detect import detect_all
-from advisor.runtime.rank import to_findings
 from advisor.runtime.runner import check_runs, prepare
 from advisor.runtime.timing import Timing, attribute
 from advisor.workload import Workload
@@ -42,6 +41,6 @@ def profile_workload(workload: Workload, target: str, device: str | None = None,
     result = capture(prepared, workload.steps, trace_path, progress)
     progress("attributing time and detecting")
     timing = attribute(result.events, result.graph, result.profiled_steps)
-    findings = to_findings(detect_all(result.graph, result.device), timing)
+    findings = runtime_findings(result.graph, result.device, timing)
     findings = with_eager_attention_finding(workload.model, target, findings)  # HF eager attention (issue 10)
     return ProfileReport(target, result, timing, findings, train)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from advisor.runtime.detect.ops import FUSED_SDPA
 from advisor.runtime.events import OpEvent
 from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
+from advisor.rules.attention import MASK_REBUILT, MATH_FALLBACK, MEASURED
+from advisor.rules.copies_casts import ALREADY_CONTIGUOUS, SAME_DTYPE, TRACED_CAST, TRACED_COPY
 
 _MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm"}
 _SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax"}
@@ -50,22 +52,24 @@ def detect(events: list[OpEvent], on_device: bool) -> list[TraceHit]:
         called_from_python = e.parent is None
         if e.name == "aten::contiguous" and called_from_python:
             if kids:
-                hits.append(TraceHit("ADV205", [i], "layout copy (`.contiguous()` that copied); whether a user "
+                hits.append(TraceHit(TRACED_COPY.code, [i], "layout copy (`.contiguous()` that copied); whether a user "
                                      "needs it takes `advisor profile`", {"dims": e.dims[:1]}))
             else:
-                hits.append(TraceHit("ADV201", [i], "`.contiguous()` on a tensor that was already contiguous: "
+                hits.append(TraceHit(ALREADY_CONTIGUOUS.code, [i],
+                                     "`.contiguous()` on a tensor that was already contiguous: "
                                      "it copied nothing, remove it"))
         elif e.name == "aten::to" and called_from_python:
             if "aten::_to_copy" in kids:
-                hits.append(TraceHit("ADV305", [i], "dtype/device cast that copied; whether it is needed takes "
+                hits.append(TraceHit(TRACED_CAST.code, [i], "dtype/device cast that copied; whether it is needed takes "
                                      "`advisor profile`", {"dims": e.dims[:1], "types": e.types[:1]}))
             else:
-                hits.append(TraceHit("ADV301", [i], "`.to()` that returned its input (already that dtype): "
+                hits.append(TraceHit(SAME_DTYPE.code, [i], "`.to()` that returned its input (already that dtype): "
                                      "remove it"))
         elif e.name in ("aten::tril", "aten::triu") and e.dims and len(e.dims[0]) >= 2 \
                 and e.dims[0][-1] == e.dims[0][-2] and not _inside(events, i, {"aten::scaled_dot_product_attention"}):
             size = e.dims[0][-1]
-            hits.append(TraceHit("ADV501", [i], f"{size}x{size} mask built with {e.name[6:]} in every step: build "
+            hits.append(TraceHit(MASK_REBUILT.code, [i],
+                                 f"{size}x{size} mask built with {e.name[6:]} in every step: build "
                                  "it once (register_buffer) or use is_causal=True", {"dims": e.dims[:1]}))
     return hits
 
@@ -82,7 +86,8 @@ def _attention(events: list[OpEvent]) -> list[TraceHit]:
         if e.name in _MATMUL:
             if state and state[1] is not None:
                 qk, softmax = state
-                hits.append(TraceHit("ADV110", [qk, softmax, i], "hand-written attention (matmul, softmax, matmul): "
+                hits.append(TraceHit(MEASURED.code, [qk, softmax, i],
+                                     "hand-written attention (matmul, softmax, matmul): "
                                      "use torch.nn.functional.scaled_dot_product_attention",
                                      {"score_dims": events[softmax].dims[:1]}))
                 pending[key] = None
@@ -109,7 +114,8 @@ def _sdpa(events: list[OpEvent], children: dict[int, list[int]], device: str) ->
             reasons = fallback_reasons(args, device) or ["not determined from the recorded arguments"]
         else:
             reasons = ["unknown: the trace has no input shapes (record_shapes=True)"]
-        hits.append(TraceHit("ADV401", [i], "scaled_dot_product_attention ran the math kernel: " + "; ".join(reasons),
+        hits.append(TraceHit(MATH_FALLBACK.code, [i],
+                             "scaled_dot_product_attention ran the math kernel: " + "; ".join(reasons),
                              {"reasons": reasons, "dims": e.dims[:3]}))
     return hits
 

@@ -19,7 +19,7 @@ import torch
 from advisor.errors import AdvisorError
 from advisor.findings import Finding, display_path
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
-from advisor.scan import analyze_source, might_contain_attention
+from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.discover import read_source
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
@@ -55,6 +55,7 @@ class Candidate:
     source: str  # the file's text as read; --apply refuses to write if it changed since
     patched: str | None  # the text with only this patch applied (None: not runnable)
     reason: str | None = None  # why it is not run
+    file: FileResult | None = None  # the analysis it came from, whose fixes patches of one file combine from
 
     @property
     def path(self) -> str:
@@ -179,8 +180,7 @@ class Session:
         by_file: dict[str, list[Candidate]] = {}
         for pid in ids:
             by_file.setdefault(self.candidates[pid].path, []).append(self.candidates[pid])
-        options = self.options
-        return {path: combined_text(chosen, options.unsafe_fixes, options.backend) for path, chosen in by_file.items()}
+        return {path: combined_text(chosen) for path, chosen in by_file.items()}
 
     def close(self) -> None:
         if self.original is not None:
@@ -188,15 +188,16 @@ class Session:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def combined_text(chosen: list[Candidate], unsafe_fixes: bool, backend: str = "sdpa") -> str:
+def combined_text(chosen: list[Candidate]) -> str:
+    """The file with the chosen patches (all of one file) applied together by the rewrite layer."""
     if len(chosen) == 1:
         return chosen[0].patched
     first = chosen[0]
-    result = analyze_source(first.source, first.path, unsafe_fixes=unsafe_fixes,
-                            only={(c.finding.rule, c.finding.line) for c in chosen}, backend=backend)
-    if result.fixed == first.source:
-        raise AdvisorError(f"{display_path(first.path)}: these patches cannot be combined in one rewrite")
-    return result.fixed
+    applied = first.file.fixed_with([c.finding for c in chosen])
+    if applied.problems or applied.text == first.source:
+        why = "; ".join(applied.problems) or "no change"
+        raise AdvisorError(f"{display_path(first.path)}: these patches cannot be combined in one rewrite ({why})")
+    return applied.text
 
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa") -> dict[str, Candidate]:
@@ -204,7 +205,7 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     candidates: dict[str, Candidate] = {}
     for path in files:
         source = read_source(path)
-        if not hasattr(source, "text") or not might_contain_attention(source.text):
+        if not hasattr(source, "text") or not might_match(source.text):
             continue
         try:
             result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend)
@@ -219,9 +220,7 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
                                             f"unsafe fix ({finding.reason or 'see the rule'}): rerun with "
                                             "--unsafe-fixes to verify it on these inputs")
                 continue
-            only = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, only={(finding.rule, finding.line)},
-                                  backend=backend)
-            candidates[pid] = Candidate(pid, finding, source.text, only.fixed)
+            candidates[pid] = Candidate(pid, finding, source.text, result.fixed_with([finding]).text, file=result)
     return candidates
 
 
@@ -327,7 +326,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
     for pid in ids:
         by_file.setdefault(session.candidates[pid].path, []).append(session.candidates[pid])
     for path, chosen in by_file.items():
-        text, source = combined_text(chosen, o.unsafe_fixes, o.backend), chosen[0].source
+        text, source = combined_text(chosen), chosen[0].source
         if os.path.realpath(path).startswith(root + os.sep):
             try:
                 write_atomically(path, source, text)

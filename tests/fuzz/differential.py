@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from fixture_models import build, iter_tensors, load_module_from_source
 
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}

@@ -1,12 +1,12 @@
-"""Detectors over the recorded op graph. Each returns Detections: a rule, the recorded ops whose measured time
-is the finding's cost, and where in the user's source it happened."""
+"""Detectors over the recorded op graph (run by advisor.engine.runtime, as the rule units list them). Each returns
+Detections: a rule, the recorded ops whose measured time is the finding's cost, and where in the user's source it
+happened."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from advisor.runtime.frames import Location
-from advisor.runtime.recorder import OpGraph
 
 
 @dataclass
@@ -17,9 +17,3 @@ class Detection:
     nodes: frozenset[int]
     message: str
     evidence: dict = field(default_factory=dict)
-
-
-def detect_all(graph: OpGraph, device: str) -> list[Detection]:
-    from advisor.runtime.detect import attention, casts, copies, masks, sdpa
-
-    return [d for module in (attention, sdpa, copies, casts, masks) for d in module.detect(graph, device)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from advisor.runtime.detect import Detection
 from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call
+from advisor.rules.attention import MEASURED
 
 # Between scores and softmax (scale, mask, soft-capping, casts); between softmax and the value matmul (dropout).
 _SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "tanh", "clamp"}
@@ -36,7 +37,7 @@ def detect(op_graph, device: str) -> list[Detection]:
         end_line = av_loc.line if av_loc is not None and av_loc.path == qk_loc.path else qk_loc.line
         shape = list(scores.shape)
         found.append(Detection(
-            "ADV110", qk_loc, end_line, frozenset(block),
+            MEASURED.code, qk_loc, end_line, frozenset(block),
             f"hand-written attention (scores {shape[-2]}x{shape[-1]}, {scores.nbytes} bytes per call materialised): "
             "use torch.nn.functional.scaled_dot_product_attention (see ADV101)",
             {"score_shape": shape, "score_dtype": str(scores.dtype).replace("torch.", ""),

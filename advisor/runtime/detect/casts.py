@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from advisor.runtime.detect import Detection
 from advisor.runtime.detect.ops import SOFTMAXES, consumers, in_call
+from advisor.rules.copies_casts import PARAM_CAST, ROUND_TRIP, SAME_DTYPE, SOFTMAX_UPCAST
 
 _CASTS = frozenset({"to", "float", "half", "bfloat16", "double", "type_as"})
 
@@ -15,7 +16,7 @@ def _name(dtype) -> str:
 
 def detect(op_graph, device: str) -> list[Detection]:
     graph = op_graph.graph
-    found = [Detection("ADV301", call.loc, call.loc.line, frozenset(),
+    found = [Detection(SAME_DTYPE.code, call.loc, call.loc.line, frozenset(),
                        f"`.{call.name}(...)` casts to {_name(call.options['dtype'])}, the dtype the tensor already "
                        "has: it does nothing, remove it", {"dtype": _name(call.options["dtype"])})
              for call in op_graph.calls
@@ -35,18 +36,18 @@ def detect(op_graph, device: str) -> list[Detection]:
         evidence = {"from": _name(source.dtype), "to": _name(result.dtype), "shape": list(source.shape),
                     "bytes": result.nbytes}
         if source.param is not None:
-            found.append(Detection("ADV303", data["loc"], data["loc"].line, frozenset({node}),
+            found.append(Detection(PARAM_CAST.code, data["loc"], data["loc"].line, frozenset({node}),
                                    f"`{source.param}` is cast {change} on every call: store it in "
                                    f"{_name(result.dtype)} or cast the module once", evidence | {"param": source.param}))
         elif users and all(_casts_back(graph, u, source.dtype) for u in users):
             paired.update(users)
             end = max(graph.nodes[u]["loc"].line for u in users if graph.nodes[u]["loc"] is not None)
-            found.append(Detection("ADV302", data["loc"], end, frozenset({node, *users}),
+            found.append(Detection(ROUND_TRIP.code, data["loc"], end, frozenset({node, *users}),
                                    f"round trip {change}->{_name(source.dtype)} with nothing in between that "
                                    f"needs {_name(result.dtype)}: remove both casts", evidence))
         elif users and user_ops <= SOFTMAXES and result.dtype.itemsize > source.dtype.itemsize \
                 and not in_call(op_graph, node, "softmax"):  # softmax(x, dtype=...) casting for itself: the fix
-            found.append(Detection("ADV304", data["loc"], data["loc"].line, frozenset({node}),
+            found.append(Detection(SOFTMAX_UPCAST.code, data["loc"], data["loc"].line, frozenset({node}),
                                    f"upcast {change} only feeds softmax: pass dtype=torch.{_name(result.dtype)} "
                                    "to softmax instead", evidence))
     return found

@@ -8,11 +8,12 @@ import torch
 
 from advisor.runtime.detect import Detection
 from advisor.runtime.detect.ops import COPIES, STRIDED_OK, TRANSPOSES, VIEWS, consumers
+from advisor.rules import copies_casts as copy_cast_rules
 
 
 def detect(op_graph, device: str) -> list[Detection]:
     graph = op_graph.graph
-    found = [Detection("ADV201", call.loc, call.loc.line, frozenset(),
+    found = [Detection(copy_cast_rules.ALREADY_CONTIGUOUS.code, call.loc, call.loc.line, frozenset(),
                        f"`.contiguous()` on a tensor that is already contiguous {list(call.self_meta.shape)}: "
                        "it returns its input, remove it", {"shape": list(call.self_meta.shape)})
              for call in op_graph.calls
@@ -29,15 +30,15 @@ def detect(op_graph, device: str) -> list[Detection]:
                     "users": sorted(user_ops)}
         size = f"{list(source.shape)} ({source.nbytes} bytes)"
         if user_ops <= COPIES:
-            found.append(Detection("ADV204", data["loc"], data["loc"].line, frozenset({node}),
+            found.append(Detection(copy_cast_rules.COPY_COPY.code, data["loc"], data["loc"].line, frozenset({node}),
                                    f"copy of {size} is copied again by {', '.join(sorted(user_ops))}: "
                                    "fold the two into one copy", evidence))
         elif not source.contiguous and user_ops <= TRANSPOSES:
-            found.append(Detection("ADV203", data["loc"], data["loc"].line, frozenset({node}),
+            found.append(Detection(copy_cast_rules.UNDONE.code, data["loc"], data["loc"].line, frozenset({node}),
                                    f"layout copy of {size} is transposed again right away: drop the "
                                    "`.contiguous()` or the transpose", evidence))
         elif not source.contiguous and all(_takes_strides(graph, u, source) for u in users):
-            found.append(Detection("ADV202", data["loc"], data["loc"].line, frozenset({node}),
+            found.append(Detection(copy_cast_rules.STRIDED_OK.code, data["loc"], data["loc"].line, frozenset({node}),
                                    f"`.contiguous()` copy of {size} feeds only ops that accept strided input "
                                    f"({', '.join(sorted(user_ops))}): remove it", evidence))
     return found

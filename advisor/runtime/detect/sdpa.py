@@ -7,6 +7,7 @@ from advisor.backends.runtime import facts_from_shapes
 from advisor.runtime.detect import Detection
 from advisor.runtime.detect.ops import FUSED_SDPA
 from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
+from advisor.rules.attention import MATH_FALLBACK
 
 
 def detect(op_graph, device: str) -> list[Detection]:
@@ -27,7 +28,7 @@ def detect(op_graph, device: str) -> list[Detection]:
                                   "given" if args.has_mask else None, args.dropout_p, bool(args.is_causal), device,
                                   call.options.get("enable_gqa"))
         found.append(Detection(
-            "ADV401", call.loc, call.loc.line, frozenset(n for n in ops if n in graph),
+            MATH_FALLBACK.code, call.loc, call.loc.line, frozenset(n for n in ops if n in graph),
             "scaled_dot_product_attention ran the math kernel: " + "; ".join(reasons),
             {"kernel": "math", "reasons": reasons, "q_shape": args.q_shape, "dtype": args.dtype,
              "has_mask": args.has_mask, "dropout_p": args.dropout_p,

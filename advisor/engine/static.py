@@ -1,0 +1,281 @@
+"""The static engine: discover -> read and syntax-check -> parse -> run the rule families whose prefilter tokens
+occur (advisor.registry) -> selection and `# advisor: ignore` suppressions -> findings, each with its fix as node
+edits. Patches (diffs) are built only when the caller asks for them, and fixes are applied by the rewrite layer,
+once per file, for the findings a verb chooses (`FileResult.fixed_with`). Many files are scanned in processes."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from functools import partial
+
+import libcst as cst
+
+from advisor.findings import Finding, ScanError, display_path
+from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
+from advisor.registry import families, is_selected
+from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
+from advisor.rewrite.splice import Edit, apply_edits, local_diff
+from advisor.static.discover import discover, read_source
+from advisor.static.module_index import ParsedModule
+
+PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
+PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+IGNORE_COMMENT = re.compile(r"#\s*advisor:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
+
+
+@dataclass
+class Detected:
+    """What a rule family's static detector returns per finding: the finding (no patch yet), its fix as node
+    edits (None: no fix), and that fix alone as character edits (checked to compile; its patch is their diff)."""
+
+    finding: Finding
+    fix: NodeEdits | None = None
+    edits: list[Edit] | None = None
+
+
+@dataclass
+class StaticContext:
+    """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
+    for this file, and the findings earlier families kept (selected, not suppressed)."""
+
+    parsed: ParsedModule
+    backend: str = "sdpa"
+    evidence: FileEvidence | None = None
+    earlier: list[Finding] = field(default_factory=list)
+
+
+@dataclass
+class Applied:
+    """A file's text with chosen fixes applied, and what could not be: conflicts and a rewrite that failed."""
+
+    text: str
+    problems: list[str] = field(default_factory=list)
+    not_applied: int = 0  # chosen fixes left out
+
+
+@dataclass
+class FileResult:
+    path: str
+    source: str
+    findings: list[Finding] = field(default_factory=list)
+    unsafe_fixes: bool = False  # whether `fixed` applies unsafe fixes too
+    detected: list[Detected] = field(default_factory=list, repr=False)  # in-process only: dropped when pickled
+    parsed: ParsedModule | None = field(default=None, repr=False)
+    _applied: Applied | None = field(default=None, repr=False)
+
+    def applicable(self, unsafe_fixes: bool | None = None) -> list[Finding]:
+        """The findings whose fix `fixed` applies: safe ones, and unsafe ones too when asked."""
+        unsafe = self.unsafe_fixes if unsafe_fixes is None else unsafe_fixes
+        return [f for f in self.findings if f.fixable and (f.fix_safety == "safe" or unsafe)]
+
+    @property
+    def fixed(self) -> str:
+        """The source with every applicable fix applied (== source when none)."""
+        return self.applied.text
+
+    @property
+    def applied(self) -> Applied:
+        if self._applied is None and self.__dict__.get("detached"):
+            raise RuntimeError("this result came from another process without its fixed text (scan with fixed=True)")
+        if self._applied is None:
+            self._applied = self.fixed_with(self.applicable())
+        return self._applied
+
+    def fixed_with(self, chosen: list[Finding]) -> Applied:
+        """The source with the fixes of `chosen` (findings of this result) applied in one pass of the rewrite
+        layer; a fix that conflicts with an earlier chosen one is left out and named."""
+        picked = [d for d in self.detected if d.fix is not None and any(d.finding is f for f in chosen)]
+        if len(picked) != len(chosen):
+            raise ValueError("fixed_with takes findings of this result that have a fix")
+        if not picked:
+            return Applied(self.source)
+        if len(picked) == 1:  # the usual case: that finding's own edits are the whole fix
+            return Applied(apply_edits(self.source, picked[0].edits))
+        merged, conflicts = combine(self.parsed, [d.fix for d in picked])
+        problems = [f"{_where(picked[c.rejected].finding)}: fix not applied, it changes the code of the fix of "
+                    f"{_where(picked[c.kept].finding)}" for c in conflicts]
+        try:
+            return Applied(apply_edits(self.source, render(self.parsed, merged)), problems, len(conflicts))
+        except RewriteFailed as exc:
+            return Applied(self.source, problems + [f"{display_path(self.path)}: fixes not applied together ({exc})"],
+                           len(picked))
+
+    def __getstate__(self):
+        """Across processes a result carries its text, findings and (when computed) its fixed text; its node edits
+        and tree stay behind."""
+        return {**self.__dict__, "detected": [], "parsed": None, "detached": bool(self.detected)}
+
+
+def _where(finding: Finding) -> str:
+    return f"{display_path(finding.path)}:{finding.line} {finding.rule}"
+
+
+@dataclass
+class ScanResult:
+    files: list[FileResult] = field(default_factory=list)
+    errors: list[ScanError] = field(default_factory=list)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [f for result in self.files for f in result.findings]
+
+
+def might_match(source: str) -> bool:
+    """Cheap prefilter: a file in which no family's tokens occur has no static finding."""
+    lowered = source.lower()
+    return any(family.might_match(lowered) for family in families())
+
+
+def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
+                   ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
+                   patches: bool = True) -> FileResult:
+    """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
+    rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
+    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff."""
+    parsed = ParsedModule(source, path)
+    suppressed = _suppressions(source)
+    evidence = runtime.for_path(path) if runtime is not None else None
+    context = StaticContext(parsed, backend, evidence)
+    lowered = source.lower()
+    detected: list[Detected] = []
+    for family in families():
+        if family.static is None or not (family.might_match(lowered) or family.uses_evidence and evidence):
+            continue
+        for found in family.static(context):
+            rule = found.finding.rule
+            if is_selected(rule, select, ignore) and not _is_suppressed(suppressed, found.finding, rule):
+                detected.append(found)
+                context.earlier.append(found.finding)
+    if patches:
+        for found in detected:
+            if found.edits is not None:
+                found.finding.patch = local_diff(display_path(path), parsed.lines, found.edits)
+    return FileResult(path, source, [d.finding for d in detected], unsafe_fixes, detected, parsed)
+
+
+def _suppressions(source: str) -> dict[int, set[str] | None]:
+    """Line -> codes ignored there (None: all codes), from `# advisor: ignore[CODE]` comments."""
+    found: dict[int, set[str] | None] = {}
+    for number, line in enumerate(source.splitlines(), start=1):
+        hit = IGNORE_COMMENT.search(line)
+        if hit:
+            found[number] = {c.strip() for c in hit.group(1).split(",")} if hit.group(1) else None
+    return found
+
+
+def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule: str) -> bool:
+    for line in range(match.line, match.end_line + 1):
+        if line in suppressed and (suppressed[line] is None or any(rule.startswith(c) for c in suppressed[line])):
+            return True
+    return False
+
+
+def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
+               ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
+               backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
+               fixed: bool = True) -> ScanResult:
+    """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
+    stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
+    diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
+    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards."""
+    files, errors = discover(paths)
+    result = ScanResult(errors=errors)
+    jobs = jobs or min(os.cpu_count() or 1, 8)
+    scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
+                       runtime=runtime, patches=patches, fixed=fixed)
+    if jobs > 1 and len(files) >= PARALLEL_FROM:
+        outcomes = _scan_in_pool(files, scan_one, jobs)
+    else:
+        outcomes = []
+        for path in files:
+            if on_file is not None:
+                on_file(path)
+            outcomes.append(scan_one(path))
+    for outcome in outcomes:
+        (result.errors if isinstance(outcome, ScanError) else result.files).append(outcome)
+    return result
+
+
+def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | ScanError]:
+    """Results in discovery order. A worker that dies (a segfault in a native parser, the OOM killer) breaks the
+    whole pool; the files without a result are then rescanned one process each, so the file that kills its
+    process becomes that file's error entry and every other file still gets its result."""
+    outcomes: dict[str, FileResult | ScanError] = {}
+    try:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
+                outcomes[path] = outcome
+    except BrokenProcessPool:
+        pass
+    for path in files:
+        if path not in outcomes:
+            outcomes[path] = _scan_isolated(path, scan_one)
+    return [outcomes[path] for path in files]
+
+
+def _scan_isolated(path: str, scan_one) -> FileResult | ScanError:
+    try:
+        with ProcessPoolExecutor(max_workers=1) as pool:
+            return pool.submit(scan_one, path).result()
+    except BrokenProcessPool:
+        return ScanError(path, "the analysis process died on this file (a crash in a native library?); please "
+                               "report it", internal=True)
+
+
+def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
+               runtime: RuntimeEvidence | None = None, patches: bool = True,
+               fixed: bool = True) -> FileResult | ScanError:
+    """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
+    compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches)
+            if fixed and isinstance(result, FileResult):
+                result.applied  # noqa: B018 - computed here, where the node edits are
+            return result
+    except RecursionError:
+        return ScanError(path, "too deeply nested to analyse (the interpreter's recursion limit was reached)")
+    except MemoryError:
+        return ScanError(path, "too large to analyse (out of memory)")
+    except Exception as exc:  # noqa: BLE001 - a bug of ours on one file must not stop the scan
+        return ScanError(path, f"internal error while analysing ({type(exc).__name__}: {exc}); please report it",
+                         internal=True)
+
+
+def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
+                  runtime: RuntimeEvidence | None, patches: bool = True) -> FileResult | ScanError:
+    source = read_source(path)
+    if isinstance(source, ScanError):
+        return source
+    error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
+    if error is not None:
+        return error
+    measured = runtime is not None and runtime.for_path(path) is not None
+    if not measured and not might_match(source.text):
+        return FileResult(path, source.text)
+    try:
+        return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
+                              patches=patches)
+    except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
+        return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
+
+
+def _syntax_error(text: str, path: str) -> ScanError | None:
+    """The syntax check of the Python running advisor (CPython's parser is ~50x faster than libcst's): code newer
+    than this interpreter, or nested deeper than its parser allows, is a syntax error here, whatever it contains."""
+    try:
+        ast.parse(text, path)
+    except SyntaxError as exc:
+        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} (Python {PYTHON_VERSION} parser)")
+    except ValueError as exc:  # null bytes
+        return ScanError(path, str(exc))
+    return None

@@ -1,0 +1,118 @@
+"""The attention rules' fix: a proved block becomes one scaled_dot_product_attention call (or the flash variants
+`--backend` asks for), as node edits for the rewrite layer (advisor.rewrite.apply)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.backends.site import plan_backend
+from advisor.engine.static import Detected
+from advisor.findings import Finding
+from advisor.patterns.attention import AttentionMatch, find_attention
+from advisor.registry import Rule
+from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
+from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
+from advisor.rewrite.sdpa import functional_name, sdpa_call
+from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
+from advisor.static.module_index import ParsedModule
+
+
+def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: bool,
+                    backend: str = "sdpa") -> NodeEdits:
+    """The block's output replaced by the call, the statements it no longer needs removed, its hoisted and
+    renamed names written; `drop_weights` puts None where the weights escaped (the unsafe ADV102 fix). Raises
+    RewriteFailed when the requested backend's code cannot be written here."""
+    functional = functional_name(parsed)
+    target = plan_backend(parsed, match, backend).emitted if backend != "sdpa" else "sdpa"
+    statement = _enclosing_statement(parsed, match.output_node)
+    indent = parsed.positions[statement.body[0] if isinstance(statement, cst.SimpleStatementLine)
+                              else statement].start.column
+    edits = NodeEdits()
+    imports: list[str] = []
+    if target == "flash-attn":
+        helper = helper_name(parsed)
+        call = flash_attn_call(match, helper, indent)
+        edits.definitions = (flash_attn_helper(helper, functional.prefix),)
+    else:
+        call = sdpa_call(match, functional.prefix, indent + 4 * (target == "flash"))
+    if target == "flash":
+        flash = kernel_names(parsed)
+        if isinstance(flash, str):
+            raise RewriteFailed(f"cannot emit the flash kernel context: {flash}")
+        if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+            raise RewriteFailed("the flash kernel context needs the SDPA call in a statement of its own")
+        edits.wrap[statement] = flash.flash_context()
+        if flash.import_line is not None:
+            imports.append(flash.import_line)
+    edits.replace[match.output_node] = cst.parse_expression(call)
+    edits.remove = set(match.removed)
+    for hoisted, code in match.hoisted.items():
+        edits.replace[hoisted] = cst.parse_statement(code + "\n").body[0]
+    if match.hoist_anchor is not None:
+        anchor = _enclosing_statement(parsed, match.hoist_anchor)
+        edits.insert_before[anchor] = (cst.parse_statement(match.hoist_init + "\n"),)
+    edits.replace.update({read: cst.parse_expression(code) for read, code in match.renamed.items()})
+    if drop_weights:
+        edits.replace.update({node: cst.Name("None") for node in match.escapes if node not in edits.replace})
+    if functional.import_line is not None:
+        imports.append(functional.import_line)
+    edits.imports = tuple(imports)
+    return edits
+
+
+def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
+    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        node = parsed.parents[node]
+    return node
+
+
+def attention_findings(parsed: ParsedModule, backend: str) -> list[Detected]:
+    """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one."""
+    return [_detected(parsed, match, backend) for match in find_attention(parsed)]
+
+
+def _rule_for(match: AttentionMatch) -> Rule:
+    if match.output_node is None:
+        return UNPROVED
+    return ESCAPING if match.escapes else SAFE
+
+
+def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str) -> Detected:
+    """The finding, and its fix's edits; both cost the size of the block. A patch whose proof left a fact assumed
+    is unsafe whatever the rule's default: it names those facts."""
+    rule = _rule_for(match)
+    reason, fix, edits = match.reason, None, None
+    plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
+    fixable = match.output_node is not None and match.unsafe_reason is None
+    if fixable:
+        try:
+            fix = attention_edits(parsed, match, drop_weights=rule is ESCAPING, backend=backend)
+            edits = render(parsed, fix)
+        except RewriteFailed as exc:
+            fixable, reason, fix, edits = False, str(exc), None, None
+        except Exception as exc:  # noqa: BLE001 - a bug of ours on one patch must not lose the file's findings
+            fixable, fix, edits = False, None, None
+            reason = f"internal error while rewriting this block ({type(exc).__name__}: {exc}); please report it"
+    elif match.unsafe_reason:
+        reason = f"{match.reason}; {match.unsafe_reason}"
+    safety = rule.fix_safety
+    assumed = match.facts.assumptions + (plan.assumptions if plan else [])
+    if assumed and match.output_node is not None:
+        safety = "unsafe"
+        unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
+        reason = unproved if rule is SAFE or reason is None else f"{reason}; {unproved}"
+    extra = {"roles": _roles(match), "facts": match.facts.to_json()} if match.output_node is not None else {}
+    if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
+        extra.update(plan.to_json())
+    reason = reason if rule is not SAFE or assumed else None
+    if match.note:
+        reason = f"{reason}; {match.note}" if reason else match.note
+    finding = Finding(rule=rule.code, kind=rule.kind, path=parsed.path, line=match.line, end_line=match.end_line,
+                      function=match.function, message=rule.title, fixable=fixable, fix_safety=safety,
+                      reason=reason, extra=extra)
+    return Detected(finding, fix, edits)
+
+
+def _roles(match: AttentionMatch) -> dict[str, object]:
+    return {"query": match.query, "key": match.key, "value": match.value, "scale": match.scale or "default",
+            "mask": "causal" if match.is_causal else match.attn_mask, "dropout_p": match.dropout_p}

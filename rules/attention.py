@@ -1,0 +1,141 @@
+"""Hand-written attention: the static matcher (advisor.patterns.attention) proves each role of a block and the fix
+(advisor.fixes.attention) writes one scaled_dot_product_attention call; the runtime detectors see the same block,
+SDPA's fallback to its math kernel, and masks rebuilt every step, in a profile or a trace."""
+
+from __future__ import annotations
+
+from advisor.registry import Family, Rule, negative, positive
+
+SDPA_DOCS = "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html"
+
+BLOCK = '''import torch
+
+
+def attend(q, k, v):
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    weights = scores.softmax(dim=-1)
+    return weights @ v
+'''
+
+SAFE = Rule(
+    code="ADV101", kind="attention", title="Hand-written attention can be one scaled_dot_product_attention call",
+    summary="attention: every role proved", fix="sdpa", fix_safety="safe", fix_summary="safe: one SDPA call",
+    what="Finds a hand-written attention block (scores = Q K^T, scale, mask, softmax, dropout, @ V) whose every "
+         "role the matcher proved.",
+    why="The block materialises the L x S score tensor several times and runs 5-8 kernels. "
+        "torch.nn.functional.scaled_dot_product_attention computes the same function in one call and dispatches to "
+        "fused flash / memory-efficient kernels when the inputs allow, which saves time and O(L*S) memory.",
+    fix_doc="Replaces the block by one SDPA call. Safe when every role (Q, K, V, scale, mask polarity and fill, "
+            "softmax dimension, dropout) is proved equal and the attention weights are not used outside the block; "
+            "a fact the proof had to assume makes the fix unsafe and is named in the finding.",
+    detectors=("static",),
+    examples=(
+        positive(BLOCK, fixed='''import torch
+
+
+def attend(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v).contiguous()
+'''),
+        negative('''import torch
+
+
+def classify(logits):
+    return logits.softmax(dim=-1).argmax(-1)
+'''),
+    ),
+    references=(SDPA_DOCS, "https://pytorch.org/tutorials/intermediate/scaled_dot_product_attention_tutorial.html"),
+)
+
+ESCAPING = Rule(
+    code="ADV102", kind="attention", title="Hand-written attention whose weights leave the block",
+    summary="attention whose weights leave the block (returned, stored)", fix="sdpa-drop-weights",
+    fix_safety="unsafe",
+    fix_summary="unsafe, only with `--unsafe-fixes`: SDPA computes the output, `None` goes where the weights went",
+    what="Finds a hand-written attention block that SDPA could compute, but whose attention probabilities are also "
+         "returned, stored or reused.",
+    why="As ADV101: the score tensor is materialised several times and the block runs several kernels instead of "
+        "one fused call.",
+    fix_doc="Unsafe, applied only with --unsafe-fixes: SDPA computes the output and None goes where the weights "
+            "went, as PyTorch-native SDPA paths in transformers do; callers that read the weights break.",
+    examples=(
+        positive('''def attend(q, k, v):
+    weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+    return weights @ v, weights
+''', unsafe=True, fixed='''import torch.nn.functional as F
+def attend(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0), None
+'''),
+    ),
+    references=("https://huggingface.co/docs/transformers/main/en/attention_interface",),
+)
+
+UNPROVED = Rule(
+    code="ADV103", kind="attention", title="Hand-written attention that cannot be proved equal to SDPA",
+    summary="attention-like code that cannot be proved equal (heads mixed, head mask, other softmax dim, tensor "
+            "scale, unknown fill, intermediate reused)",
+    fix="none", fix_safety="unsafe", fix_summary="none; the reason is reported",
+    what="Finds code that looks like attention where one role could not be proved: heads mixed around the softmax, "
+         "a head mask on the weights, softmax over another dimension, an unsupported mask or scale.",
+    why="The same cost as ADV101, if it is attention.",
+    fix_doc="No fix: the finding gives the reason so a person can decide, because a wrong rewrite would silently "
+            "change results.",
+    examples=(
+        positive('''def attend(q, k, v):
+    weights = (q @ k.transpose(-2, -1)).softmax(dim=-2)
+    return weights @ v
+''', reason="softmax"),
+    ),
+    references=("https://github.com/pytorch/pytorch/blob/main/torch/_inductor/fx_passes/fuse_attention.py",),
+)
+
+MEASURED = Rule(
+    code="ADV110", kind="attention", title="Hand-written attention measured at run time",
+    summary="attention measured at runtime", fix="none", fix_safety="unsafe", fix_summary="see ADV101",
+    what="The profiler (or a trace) saw a matmul, scale/mask ops, softmax and a second matmul with V in the user's "
+         "code.",
+    why="The L x S score tensor is written and read several times per call; the measured time of the whole block is "
+        "its cost.",
+    fix_doc="The rewrite is the static rules' job (ADV101-ADV103 report the same file and lines).",
+    example="scores = q @ k.transpose(-2, -1) * scale\nweights = scores.softmax(-1)\nout = weights @ v  # in forward",
+    detectors=("runtime",), references=(SDPA_DOCS,), threshold_share=0.01,
+)
+
+MATH_FALLBACK = Rule(
+    code="ADV401", kind="sdpa-fallback", title="scaled_dot_product_attention ran the math kernel",
+    summary="SDPA ran the math kernel (with the reason)", fix="none", fix_safety="unsafe", fix_summary="report",
+    what="A scaled_dot_product_attention call that ran the math implementation (separate matmul, softmax and "
+         "dropout kernels).",
+    why="SDPA silently falls back to its math implementation, with no memory saving, when no fused kernel accepts "
+        "the arguments: dropout on the CPU flash kernel, an explicit mask or float32 on the CUDA flash kernel, a "
+        "last-dim stride other than 1, 3-D inputs.",
+    fix_doc="No automatic fix; the finding names the reason the fused kernels refused the call.",
+    example="F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # float32 on CUDA: no flash kernel",
+    detectors=("runtime",), references=(SDPA_DOCS,), threshold_share=0.01,
+)
+
+MASK_REBUILT = Rule(
+    code="ADV501", kind="mask-rebuild", title="Attention mask rebuilt on every forward",
+    summary="mask rebuilt every forward", fix="none", fix_safety="unsafe", fix_summary="report",
+    what="A causal or padding mask built from ones/full/arange and tril/triu inside forward.",
+    why="It allocates and fills an S x S tensor on every call (in every layer when the block builds it).",
+    fix_doc="No automatic fix: build it once (register_buffer and slice it), or let SDPA apply causality with "
+            "is_causal=True.",
+    example="mask = torch.tril(torch.ones(T, T))  # in forward, every step",
+    detectors=("runtime",),
+    references=("https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.register_buffer",),
+    threshold_share=0.005,
+)
+
+
+def _detect(context):
+    from advisor.fixes.attention import attention_findings
+
+    return attention_findings(context.parsed, context.backend)
+
+
+FAMILY = Family(
+    name="attention", rules=(SAFE, ESCAPING, UNPROVED, MEASURED, MATH_FALLBACK, MASK_REBUILT),
+    prefilter=("softmax",),  # every attention matcher anchors on a softmax
+    static=_detect,
+    graph_detectors=("advisor.runtime.detect.attention", "advisor.runtime.detect.sdpa", "advisor.runtime.detect.masks"),
+)

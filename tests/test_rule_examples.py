@@ -1,0 +1,95 @@
+"""Tests generated from the rule units (the Fixit pattern): every example a rule declares is run through the
+static engine, and every code a detector can emit has a registered rule with all its documentation."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+from advisor.engine.static import analyze_source
+from advisor.registry import DOC_SECTIONS, families, load_rules
+from advisor.report.rules_doc import explain, with_table
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = [pytest.param(rule, example, id=f"{rule.code}-{'pos' if example.positive else 'neg'}{index}")
+            for rule in load_rules().values() for index, example in enumerate(rule.examples)]
+
+
+@pytest.mark.parametrize("rule, example", EXAMPLES)
+def test_rule_example(rule, example):
+    result = analyze_source(example.source, "example.py", unsafe_fixes=example.unsafe)
+    mine = [f for f in result.findings if f.rule == rule.code]
+    if example.positive:
+        assert len(mine) == 1, [f.rule for f in result.findings]
+        if example.fixed is not None:
+            assert result.fixed == example.fixed
+            assert mine[0].patch  # the finding shows the fix it applies
+            assert not [f for f in analyze_source(result.fixed, "example.py").findings if f.rule == rule.code]
+        if example.reason is not None:
+            assert not mine[0].fixable and example.reason in (mine[0].reason or "")
+    elif example.reason is None:
+        assert mine == []
+    else:
+        assert all(not f.fixable and example.reason in (f.reason or "") for f in mine) and mine
+
+
+def test_every_rule_with_a_static_detector_has_examples_and_a_fixing_one():
+    for rule in load_rules().values():
+        if "static" in rule.detectors:
+            positives = [e for e in rule.examples if e.positive]
+            assert positives, rule.code
+            assert rule.fix == "none" or any(e.fixed for e in positives), rule.code
+
+
+def test_every_rule_has_every_doc_section_and_an_example():
+    for rule in load_rules().values():
+        for section in DOC_SECTIONS:
+            assert len(getattr(rule, section).split()) >= 5, (rule.code, section)
+        assert rule.shown_example.strip(), rule.code
+        assert set(rule.detectors) <= {"static", "runtime"} and rule.detectors, rule.code
+
+
+def _codes_in(module_text: str) -> set[str]:
+    return set(re.findall(r"\bADV\d{3}\b", module_text))
+
+
+def test_every_code_a_detector_can_emit_is_a_registered_rule():
+    """Detectors name codes only through the units (`<unit>.<RULE>.code`), so every code they can emit is one the
+    registry declares; a string literal code anywhere in the package outside rules/ would bypass that."""
+    codes = set(load_rules())
+    for family in families():
+        assert {rule.code for rule in family.rules} <= codes
+        for module in family.graph_detectors:
+            assert callable(importlib.import_module(module).detect), module
+    literal = {}
+    for path in (ROOT / "advisor").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    re.fullmatch(r"ADV\d{3}", node.value):
+                literal[str(path.relative_to(ROOT))] = node.value
+    assert literal == {}
+
+
+def test_rules_explain_documents_every_code(capsys):
+    for code, rule in load_rules().items():
+        assert main(["rules", "--explain", code.lower()]) == 0
+        out = capsys.readouterr().out
+        for heading in ("What it does", "Why is this slow", "Example", "Fix safety"):
+            assert heading in out, (code, heading)
+        assert rule.title.split()[0].strip("`") in out
+    assert main(["rules", "--explain", "ADV999"]) == 2
+    assert "unknown rule code" in capsys.readouterr().err
+    assert main(["rules", "--explain", "ADV304", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rule"]["what"] == load_rules()["ADV304"].what
+    assert "## Fix safety" in explain(load_rules()["ADV101"])
+
+
+def test_readme_rule_table_is_the_registry():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert with_table(readme) == readme, "stale: run `python -m advisor.report.rules_doc README.md`"
