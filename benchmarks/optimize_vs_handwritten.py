@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 import advisor.demo
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from advisor.verify.optimize import Options, optimize
 
 TORCHVISION_STUB = '''

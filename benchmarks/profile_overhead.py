@@ -27,9 +27,8 @@ from advisor.runtime.capture import (  # noqa: E402
     records_details,
     time_steps,
 )
-from advisor.runtime.detect import detect_all  # noqa: E402
+from advisor.engine.runtime import runtime_findings  # noqa: E402
 from advisor.runtime.events import build, from_kineto  # noqa: E402
-from advisor.runtime.rank import to_findings  # noqa: E402
 from advisor.runtime.runner import prepare  # noqa: E402
 from advisor.runtime.timing import attribute  # noqa: E402
 from advisor.workload_loader import load_workload  # noqa: E402
@@ -43,7 +42,7 @@ def profiled_cost(prepared, steps: int) -> float:
     events = build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, None)),
                    prepared.device.type == "cuda")
     graph = record_graph(prepared)
-    to_findings(detect_all(graph, prepared.device.type), attribute(events, graph, steps))
+    runtime_findings(graph, prepared.device.type, attribute(events, graph, steps))
     return time.perf_counter() - start
 
 

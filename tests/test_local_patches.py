@@ -22,7 +22,7 @@ POSITIVE = sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))
 
 
 def _whole_module_rewrite(source: str, drop_weights: bool = False, pick=None) -> str:
-    """The reference: render the whole module (what rewrite_edits does when statements do not render back)."""
+    """The reference: render the whole module (what render does when statements do not render back)."""
     parsed = ParsedModule(source, "m.py")
     parsed.__dict__["statement_spans"] = None
     matches = [m for m in find_attention(parsed) if m.output_node is not None]
