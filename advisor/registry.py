@@ -57,9 +57,6 @@ class Rule:
     threshold_share: float = 0.0  # a runtime finding below this share of the run is negligible
     enabled: bool = True
 
-    def __str__(self) -> str:
-        return self.code
-
     @property
     def rationale(self) -> str:
         """The long description (SARIF's fullDescription)."""
@@ -94,11 +91,13 @@ class Family:
 
 @lru_cache(maxsize=None)
 def families(package: str = RULES_PACKAGE) -> tuple[Family, ...]:
-    """Every unit of the rules package (each module's FAMILY), in the order the package's ORDER names them:
-    a later family may read the findings of an earlier one (copies and casts inside an attention block).
-    A package without units is a broken install, not an empty one: that raises."""
+    """Every unit of the rules package (each module's FAMILY): first those the package's ORDER names, in that
+    order (a later family may read the findings of an earlier one: copies and casts inside an attention block),
+    then any other module by name, so a new family is one new file. A package without units is a broken install,
+    not an empty one: that raises."""
     root = importlib.import_module(package)
-    names = getattr(root, "ORDER", None) or sorted(m.name for m in pkgutil.iter_modules(root.__path__))
+    order = getattr(root, "ORDER", ())
+    names = [*order, *sorted(m.name for m in pkgutil.iter_modules(root.__path__) if m.name not in order)]
     found = tuple(getattr(importlib.import_module(f"{package}.{name}"), "FAMILY") for name in names)
     if not found:
         raise RuntimeError(f"no rule files found in {package} (a broken install?)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import Progress
@@ -12,7 +13,9 @@ from advisor.backends.site import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import unknown_selectors
 from advisor.report.terminal import shown
-from advisor.engine.static import ScanResult, scan_paths
+
+if TYPE_CHECKING:
+    from advisor.engine.static import ScanResult
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 SELECTOR = re.compile(r"[A-Z]+[0-9]*")
@@ -43,6 +46,8 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
     """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned.
     `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source;
     `patches`, `fixed` and `jobs` are scan_paths' (what the verb shows, and whether it picks fixes afterwards)."""
+    from advisor.engine.static import scan_paths  # libcst: loaded by the verbs that scan, not by argument parsing
+
     stderr = Console(stderr=True)
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
         task = progress.add_task("scanning", total=None)
