@@ -66,11 +66,17 @@ class Rule:
     def shown_example(self) -> str:
         return self.example or next((e.source for e in self.examples if e.positive), "")
 
+    @property
+    def shown_fix(self) -> str:
+        """What the shown example becomes once fixed (empty when it is not a fixed example)."""
+        return "" if self.example else next((e.fixed for e in self.examples if e.positive and e.fixed), "")
+
     def to_json(self) -> dict:
         return {"code": self.code, "kind": self.kind, "title": self.title, "enabled": self.enabled, "fix": self.fix,
                 "fix_safety": self.fix_safety, "rationale": self.rationale, "references": list(self.references),
                 "threshold_share": self.threshold_share, "what": self.what, "why": self.why,
-                "example": self.shown_example, "fix_doc": self.fix_doc, "detectors": list(self.detectors)}
+                "example": self.shown_example, "fixed_example": self.shown_fix, "fix_doc": self.fix_doc,
+                "detectors": list(self.detectors)}
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,10 @@ def explain(rule: Rule) -> str:
     parts = [f"# {rule.code}: {rule.title}", f"Kind: {rule.kind}. Found from {sources}. "
              f"{'On' if rule.enabled else 'Off'} by default.",
              "## What it does", rule.what, "## Why is this slow", rule.why,
-             "## Example", f"```python\n{rule.shown_example.rstrip()}\n```",
-             "## Fix safety", f"{safety} {rule.fix_doc}"]
+             "## Example", f"```python\n{rule.shown_example.rstrip()}\n```"]
+    if rule.shown_fix:
+        parts += ["Fixed:", f"```python\n{rule.shown_fix.rstrip()}\n```"]
+    parts += ["## Fix safety", f"{safety} {rule.fix_doc}"]
     if rule.references:
         parts += ["## References", "\n".join(f"- {ref}" for ref in rule.references)]
     return "\n\n".join(parts) + "\n"
