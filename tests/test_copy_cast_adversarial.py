@@ -180,6 +180,111 @@ CAST_BODIES = {
 }
 
 PROFILED_BODIES = {**LAYOUT_BODIES, **CAST_BODIES}
+
+# Cases that need module-level code of their own: `{g}` is the caller kind; each defines `{g}_<name>(x)`.
+PROFILED_MODULE_CASES = {
+    "method_then_view": """
+class {g}_Holder:
+    def keep(self, x):
+        self.y = x.contiguous()
+        return self.y.sum(-1)
+
+    def flat(self):
+        return self.y.view(-1)
+
+
+def {g}_method_then_view(x):
+    h = {g}_Holder()
+    return h.keep(x), h.flat().sum()
+""",
+    "return_then_view": """
+def {g}_copy(x):
+    y = x.contiguous()
+    return y
+
+
+def {g}_return_then_view(x):
+    return {g}_copy(x).view(-1).sum()
+""",
+    "return_then_add_": """
+def {g}_copy2(x):
+    y = x.contiguous()
+    return y * 1 if False else y
+
+
+def {g}_return_then_add_(x):
+    z = {g}_copy2(x)
+    z.add_(1)
+    return z.sum(-1)
+""",
+    "submodule_hook_inplace": """
+class {g}_Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Identity()
+        self.inner.register_forward_hook(lambda module, args, out: out.mul_(2))
+
+    def forward(self, x):
+        y = x.contiguous()
+        return self.inner(y).sum(-1)
+
+
+{g}_BLOCK = {g}_Block()
+
+
+def {g}_submodule_hook_inplace(x):
+    return {g}_BLOCK(x)
+""",
+    "module_forward_ret_derived": """
+class {g}_Scale(nn.Module):
+    def forward(self, x):
+        y = x.contiguous()
+        return y * 2
+
+
+{g}_SCALE = {g}_Scale()
+
+
+def {g}_module_forward_ret_derived(x):
+    return {g}_SCALE(x)
+""",
+    "parameter_cast": """
+class {g}_Proj(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4, 4))
+
+    def forward(self, x):
+        w = self.w.float()
+        return x.float() @ w
+
+
+{g}_PROJ = {g}_Proj()
+
+
+def {g}_parameter_cast(x):
+    return {g}_PROJ(x)
+""",
+    "parameter_cast_autocast": """
+class {g}_AProj(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4, 4))
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            w = self.w.float()
+            return (x @ w).float()
+
+
+{g}_APROJ = {g}_AProj()
+
+
+def {g}_parameter_cast_autocast(x):
+    return {g}_APROJ(x)
+""",
+}
+PROFILED_NAMES = [*PROFILED_BODIES, *PROFILED_MODULE_CASES]
 GROUPS = "abc"
 
 # Profiled bodies whose safe patch changes what a caller sees (bug class in the reason).
@@ -197,7 +302,10 @@ PROFILED_BUGS = {
     "ret_derived": "UNSOUND layout-escape: `return y * 2` returns a non-contiguous tensor without the copy "
                    "(the caller's .view fails); ADV201/ADV202 safe",
     "ret_derived_pair": "UNSOUND layout-escape: `return ..., y.mul(1)` returns a non-contiguous tensor without the copy",
-    "ret_einsum": "UNSOUND layout-escape: the returned einsum result's layout follows y's (ADV201 safe)",
+    "ret_einsum": "UNSOUND aliasing + layout-escape: einsum('bij->bji', y) is a view of y, so without the copy the "
+                  "returned tensor aliases the caller's input (writes into it reach the input); ADV201 safe",
+    "module_forward_ret_derived": "UNSOUND layout-escape: nn.Module.forward `y = x.contiguous(); return y * 2`: "
+                                  "the module's output loses contiguity (ADV201/ADV202 safe)",
     "back_as_strided": "UNSOUND layout-reader: ADV201 from the transposed caller removes the copy before "
                        "torch.as_strided (values change for a contiguous caller)",
 }
@@ -209,9 +317,10 @@ def _function_source(name: str, body: str) -> str:
 
 def _profiled_module(bodies: dict[str, str]) -> str:
     functions = "".join(_function_source(f"{group}_{name}", body) for name, body in bodies.items() for group in GROUPS)
+    functions += "".join("\n" + code.replace("{g}", group) for code in PROFILED_MODULE_CASES.values() for group in GROUPS)
     return PRELUDE + functions + textwrap.dedent(f'''
 
-        CASES = {list(bodies)!r}
+        CASES = {[*bodies, *PROFILED_MODULE_CASES]!r}
 
 
         class Model(nn.Module):
@@ -269,7 +378,9 @@ def _observe(fn, input_kind: str) -> list:
     seen: list = [("raises", error)]
     if error is None:
         tensors = _tensors(out)
-        seen += [("output", t.dtype, tuple(t.shape), t.is_contiguous(), t.detach().clone()) for t in tensors]
+        for i, t in enumerate(tensors):
+            seen += [(f"output {i} dtype and shape", t.dtype, tuple(t.shape)),
+                     (f"output {i} contiguity", t.is_contiguous()), (f"output {i} values", t.detach().clone())]
         seen.append(("input after the call", tuple(x.shape), x.clone()))
         for t in tensors:
             if t.is_floating_point():
@@ -306,10 +417,9 @@ def _differences(original, patched, function: str) -> list[str]:
     found = []
     for kind in INPUTS:
         before, after = _observe(getattr(original, function), kind), _observe(getattr(patched, function), kind)
-        if not _same(before, after):
-            what = next((b[0] for b, a in itertools.zip_longest(before, after, fillvalue=("?",))
-                         if not _same(b, a)), "length")
-            found.append(f"{function} on {kind}: {what}")
+        what = [b[0] for b, a in itertools.zip_longest(before, after, fillvalue=("missing",)) if not _same(b, a)]
+        if what:
+            found.append(f"{function} on {kind}: {', '.join(what)}")
     return found
 
 
@@ -340,7 +450,7 @@ def profiled(tmp_path_factory) -> Fixed:
 
 
 def _profiled_params():
-    for name in PROFILED_BODIES:
+    for name in PROFILED_NAMES:
         marks = [pytest.mark.xfail(strict=True, reason=PROFILED_BUGS[name])] if name in PROFILED_BUGS else []
         yield pytest.param(name, marks=marks, id=name)
 
@@ -458,3 +568,59 @@ def test_generated_chain_safe_patches_keep_behaviour(tmp_path, body: str):
     fixed = Fixed(folder, PRELUDE + _function_source("f", body), name="chain")
     if fixed.result.fixed != fixed.result.source:
         assert not _differences(fixed.original, fixed.patched, "f"), body
+
+
+# Clearly redundant copies/casts that get no safe patch (MISS). Each must get one, and keep behaviour.
+MISSED_BODIES = {
+    "contiguous_of_contiguous_name": ("y = x.contiguous()\nz = y.contiguous()\nreturn z.sum(-1)",
+                                      "ADV201: the input of the second .contiguous() is a .contiguous() result, "
+                                      "one statement earlier"),
+    "float_of_float_name": ("y = x.float()\nz = y.float()\nreturn z * 2",
+                            "ADV301: the cast's input was cast to float32 one statement earlier"),
+    "long_long": ("return x.long().long()", "ADV301: integer casts (.long().long()) are not proved"),
+    "to_same_variable_dtype": ("return x.to(_DT).to(_DT)", "ADV301: .to(dt).to(dt) with one dtype variable"),
+    "contiguous_through_cast": ("return x.contiguous().float().contiguous()",
+                                "ADV201: a dtype cast of a contiguous tensor is contiguous"),
+}
+
+
+@pytest.fixture(scope="module")
+def missed(tmp_path_factory) -> Fixed:
+    folder = tmp_path_factory.mktemp("missed")
+    source = PRELUDE + "".join(_function_source(name, body) for name, (body, _) in MISSED_BODIES.items())
+    return Fixed(folder, source, name="missed_cases")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=f"MISS {why}"))
+                                  for name, (_, why) in MISSED_BODIES.items()])
+def test_redundant_copy_or_cast_gets_a_safe_patch(missed: Fixed, name: str):
+    assert missed.safe_patches(name), f"no safe patch for {MISSED_BODIES[name][0]!r}"
+    assert not _differences(missed.original, missed.patched, name)
+
+
+@pytest.mark.xfail(strict=True, reason="MISS + misleading reason: ADV203 for `y = x.transpose(1, 2).contiguous()` "
+                                       "transposed back on the next line is 'safe' without a patch, its reason "
+                                       "claiming the line has no `.contiguous()` call")
+def test_profiled_copy_transposed_back_next_line_is_removed(profiled: Fixed):
+    findings = [f for f in profiled.result.findings if f.function == "a_back_sum" and f.rule == "ADV203"]
+    assert findings, "the profile saw the copy transposed right back"
+    lines = profiled.result.source.splitlines()
+    for finding in findings:
+        assert ".contiguous()" in lines[finding.line - 1]
+        assert finding.patch, finding.reason
+
+
+
+@pytest.mark.parametrize(("body", "wrong_patch", "seen"), [
+    ("y = x.contiguous()\ny.add_(1)\nreturn y.sum(-1)", "y = x\ny.add_(1)\nreturn y.sum(-1)", "input after the call"),
+    ("y = x.contiguous()\nreturn y", "y = x\nreturn y", "input after writing the outputs"),
+    ("y = x.contiguous()\nreturn y * 2", "y = x\nreturn y * 2", "output 0 contiguity"),
+    ("return x.float()", "return x", "output 0 dtype and shape"),
+    ("return x.half().float()", "return x", "output 0 values"),
+])
+def test_the_differential_check_sees_a_wrong_patch(tmp_path, body, wrong_patch, seen):
+    """The checks above are only as strong as `_differences`: it must see each kind of change a wrong patch makes."""
+    (tmp_path / "wrong.py").write_text(PRELUDE + _function_source("f", wrong_patch))
+    (tmp_path / "right.py").write_text(PRELUDE + _function_source("f", body))
+    found = _differences(_load(tmp_path / "right.py"), _load(tmp_path / "wrong.py"), "f")
+    assert any(seen in d for d in found), found
