@@ -55,6 +55,7 @@ _RELU = nn.ReLU(inplace=True)
 _HOOKS = [lambda t: t.mul_(3)]
 _REF = torch.zeros(1)
 _DT = torch.float32
+_W = torch.arange(12.0).reshape(3, 4, 1, 1)
 
 
 def _flat(t):
@@ -154,6 +155,15 @@ LAYOUT_BODIES = {
     "back_as_strided": "y = x.transpose(1, 2).contiguous()\nz = y.transpose(1, 2)\n"
                        "return torch.as_strided(z, (4,), (1,)).sum() + z.sum()",
     "back_sum": "y = x.transpose(1, 2).contiguous()\nz = y.transpose(1, 2)\nreturn z.sum(-1)",
+    # 4-d: `x.unflatten(-1, (2, 2))` is contiguous for a contiguous x and channels_last for a transposed one
+    "conv_ret": "y = x.unflatten(-1, (2, 2)).contiguous()\nreturn F.conv2d(y, _W)",
+    "conv_sum": "y = x.unflatten(-1, (2, 2)).contiguous()\nreturn F.conv2d(y, _W).sum((-1, -2))",
+    "channels_last_sum": "y = x.unflatten(-1, (2, 2)).contiguous(memory_format=torch.channels_last)\nreturn y.sum(1)",
+    "channels_last_ret": "y = x.unflatten(-1, (2, 2)).contiguous(memory_format=torch.channels_last)\nreturn y * 1",
+    "channels_last_as_strided": "y = x.unflatten(-1, (2, 2)).contiguous(memory_format=torch.channels_last)\n"
+                                "return torch.as_strided(y, (4,), (1,)).sum() + y.sum()",
+    "channels_last_add_": "y = x.unflatten(-1, (2, 2)).contiguous(memory_format=torch.channels_last)\ny.add_(1)\n"
+                          "return y.sum(1)",
     # readers that take any strides: removing the copy is sound
     "sum_only": "y = x.contiguous()\nreturn y.sum(-1)",
     "unfold": "y = x.contiguous()\nreturn y.unfold(-1, 2, 1).sum((-1, -2))",
@@ -304,6 +314,8 @@ PROFILED_BUGS = {
     "ret_derived_pair": "UNSOUND layout-escape: `return ..., y.mul(1)` returns a non-contiguous tensor without the copy",
     "ret_einsum": "UNSOUND aliasing + layout-escape: einsum('bij->bji', y) is a view of y, so without the copy the "
                   "returned tensor aliases the caller's input (writes into it reach the input); ADV201 safe",
+    "conv_ret": "UNSOUND layout-escape: F.conv2d of the un-copied (channels_last) input returns a channels_last "
+                "tensor (ADV201 safe from a contiguous caller)",
     "module_forward_ret_derived": "UNSOUND layout-escape: nn.Module.forward `y = x.contiguous(); return y * 2`: "
                                   "the module's output loses contiguity (ADV201/ADV202 safe)",
     "back_as_strided": "UNSOUND layout-reader: ADV201 from the transposed caller removes the copy before "
