@@ -182,6 +182,16 @@ LAYOUT_BODIES = {
                                 "return torch.as_strided(y, (4,), (1,)).sum() + y.sum()",
     "channels_last_add_": "y = x.unflatten(-1, (2, 2)).contiguous(memory_format=torch.channels_last)\ny.add_(1)\n"
                           "return y.sum(1)",
+    # clones: a copy whatever the input's layout
+    "clone_src_mut": "y = x.clone()\nx.add_(1)\nreturn y.sum(-1)",
+    "clone_add_": "y = x.clone()\ny.add_(1)\nreturn y.sum(-1), x",
+    "clone_contiguous_format_add_": "y = x.clone(memory_format=torch.contiguous_format)\ny.add_(1)\nreturn y.sum(-1)",
+    "torch_clone_sum": "y = torch.clone(x)\nreturn y.sum(-1)",
+    "contiguous_clone_src_mut": "y = x.contiguous().clone()\nx.add_(1)\nreturn y",
+    "clone_contiguous_add_": "y = x.clone().contiguous()\ny.add_(1)\nreturn y, x",
+    "to_contiguous_format_add_": "y = x.to(memory_format=torch.contiguous_format)\ny.add_(1)\nreturn y.sum(-1)",
+    "contiguous_in_loop": "acc = torch.zeros(())\nfor i in range(2):\n    y = (x if i == 0 else x.mT).contiguous()\n"
+                          "    acc = acc + y.view(-1)[0]\nreturn acc",
     # readers that take any strides: removing the copy is sound
     "sum_only": "y = x.contiguous()\nreturn y.sum(-1)",
     "unfold": "y = x.contiguous()\nreturn y.unfold(-1, 2, 1).sum((-1, -2))",
@@ -655,6 +665,14 @@ def test_profiled_copy_transposed_back_next_line_is_removed(profiled: Fixed):
         assert ".contiguous()" in lines[finding.line - 1]
         assert finding.patch, finding.reason
 
+
+
+@pytest.mark.xfail(strict=True, reason="MISS overlap-blocking: with --profile, the static ADV204 fix of "
+                                       "`x.contiguous().clone()` (safe without --profile) is withheld as 'overlaps "
+                                       "another copy/cast fix; run fix again' behind an unsafe ADV201 that a safe "
+                                       "`fix --apply` never applies, so running again never helps")
+def test_profile_evidence_does_not_withhold_a_static_safe_fix(profiled: Fixed):
+    assert profiled.safe_patches("a_contiguous_clone_src_mut")
 
 
 @pytest.mark.parametrize(("body", "wrong_patch", "seen"), [
