@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import random
 import sys
 import tempfile
 import textwrap
@@ -165,6 +166,8 @@ LAYOUT_BODIES = {
     "ret_derived_pair": "y = x.contiguous()\nreturn y.sum() + 0, y.mul(1)",
     "ret_einsum": "y = x.contiguous()\nreturn torch.einsum('bij->bji', y)",
     "ret_transposed": "y = x.contiguous()\nreturn y.transpose(0, 1)",
+    "ret_clone": "y = x.contiguous()\nz = torch.relu(y)\nreturn z.clone()",
+    "is_contiguous_of_derived": "y = x.contiguous()\nz = y.abs()\nreturn z.sum(-1) * (2.0 if z.is_contiguous() else 1.0)",
     # a copy transposed right back (ADV203)
     "back_one_line_add_": "y = x.transpose(1, 2).contiguous().transpose(1, 2)\ny.add_(1)\nreturn y.sum(-1)",
     "back_one_line_sum": "y = x.transpose(1, 2).contiguous().transpose(1, 2)\nreturn y.sum(-1)",
@@ -323,6 +326,27 @@ def {g}_parameter_cast_autocast(x):
 """,
 }
 PROFILED_NAMES = [*PROFILED_BODIES, *PROFILED_MODULE_CASES]
+
+# Generated bodies for the in-place and aliasing obligations: a copy, layout-keeping steps (views among them),
+# then a write into the result or into the input. Seeded, so one profile run covers them all.
+GENERATED_COPIES = ["y = x.contiguous()", "y = x.transpose(1, 2).contiguous()", "y = x.mT.contiguous().mT",
+                    "y = x.transpose(1, 2).contiguous().transpose(1, 2)", "y = x.float().contiguous()",
+                    "y = x.contiguous().float()"]
+GENERATED_STEPS = ["y = y * 2", "y = y.transpose(1, 2)", "y = y[0:1]", "y = y.unsqueeze(0)", "z = y\ny = z",
+                   "y = torch.relu(y)", "y = y.detach()", "y = y.float()", "y = y.permute(2, 0, 1)", "y = y.mT",
+                   "y = y.reshape(y.shape)", "y = y.squeeze(0)", "y = y.to(torch.float32)", "y = y.clamp(min=0)"]
+GENERATED_WRITES = ["return y.sum(-1)", "y.add_(1)\nreturn y.sum(-1)", "x.add_(1)\nreturn y.sum(-1)",
+                    "y[0] = 1\nreturn y.sum(-1)", "y.mul_(2)\nreturn x * 1", "y += 1\nreturn x.sum(-1), y.sum(-1)"]
+
+
+def _generated_bodies(count: int, seed: int = 0) -> dict[str, str]:
+    rng = random.Random(seed)
+    return {f"gen{i}": "\n".join([rng.choice(GENERATED_COPIES),
+                                  *(rng.choice(GENERATED_STEPS) for _ in range(rng.randint(0, 2))),
+                                  rng.choice(GENERATED_WRITES)]) for i in range(count)}
+
+
+GENERATED_BODIES = _generated_bodies(90)
 GROUPS = "abc"
 
 # Profiled bodies whose safe patch changes what a caller sees (bug class in the reason).
@@ -344,6 +368,10 @@ PROFILED_BUGS = {
                   "returned tensor aliases the caller's input (writes into it reach the input); ADV201 safe",
     "conv_ret": "UNSOUND layout-escape: F.conv2d of the un-copied (channels_last) input returns a channels_last "
                 "tensor (ADV201 safe from a contiguous caller)",
+    "ret_clone": "UNSOUND layout-escape: relu(y).clone() keeps y's strides (preserve_format), so the returned "
+                 "tensor is non-contiguous without the copy (ADV201/ADV202 safe)",
+    "is_contiguous_of_derived": "UNSOUND layout-reader through a derived tensor: z = y.abs(); z.is_contiguous() "
+                                "(ADV201/ADV202 safe)",
     "module_forward_ret_derived": "UNSOUND layout-escape: nn.Module.forward `y = x.contiguous(); return y * 2`: "
                                   "the module's output loses contiguity (ADV201/ADV202 safe)",
     "back_as_strided": "UNSOUND layout-reader: ADV201 from the transposed caller removes the copy before "
@@ -482,7 +510,7 @@ class Fixed:
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory) -> Fixed:
     folder = tmp_path_factory.mktemp("profiled")
-    source = _profiled_module(PROFILED_BODIES)
+    source = _profiled_module({**PROFILED_BODIES, **GENERATED_BODIES})
     (folder / "cases.py").write_text(source)
     target = f"{folder / 'cases.py'}:workload"
     evidence = evidence_from_report(profile_workload(load_workload(target), target))
@@ -665,6 +693,15 @@ def test_profiled_copy_transposed_back_next_line_is_removed(profiled: Fixed):
         assert ".contiguous()" in lines[finding.line - 1]
         assert finding.patch, finding.reason
 
+
+
+def test_profiled_generated_writes_keep_behaviour(profiled: Fixed):
+    """Every safe patch among the generated bodies keeps in-place writes and aliasing as they were."""
+    patched = [f"{group}_{name}" for name in GENERATED_BODIES for group in GROUPS
+               if profiled.safe_patches(f"{group}_{name}")]
+    assert len(patched) >= 20, "the generated bodies should give the check something to check"
+    differences = [d for function in patched for d in _differences(profiled.original, profiled.patched, function)]
+    assert not differences, differences
 
 
 @pytest.mark.xfail(strict=True, reason="MISS overlap-blocking: with --profile, the static ADV204 fix of "
