@@ -179,8 +179,10 @@ FAMILY = Family(
     name="copies_casts",
     rules=(ALREADY_CONTIGUOUS, STRIDED_OK, UNDONE, COPY_COPY, TRACED_COPY, SAME_DTYPE, ROUND_TRIP, PARAM_CAST,
            SOFTMAX_UPCAST, TRACED_CAST),
-    # what a static proof needs (every cast spelling holds float, half or double); runtime evidence bypasses it
-    prefilter=("contiguous", "clone", "softmax", "float", "half", "double"),
+    # what a static proof needs: a copy, a softmax, or a cast (each spelling of advisor.patterns.copies_casts'
+    # cast methods and dtypes holds one of these; a test checks it); runtime evidence bypasses it
+    prefilter=("contiguous", "clone", "softmax", "float", "half", "double", "long", "int", "short", "char", "byte",
+               "bool"),
     static=_detect, uses_evidence=True,
     graph_detectors=("advisor.runtime.detect.copies", "advisor.runtime.detect.casts"),
 )

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from advisor.fixes.evidence import evidence_from_report
 from advisor.runtime.profile import profile_workload
-from advisor.scan import analyze_source
+from advisor.engine.static import analyze_source
 from advisor.workload_loader import load_workload
 
 # Inputs a caller may pass: (shape of the random base, dtype, layout applied to it).

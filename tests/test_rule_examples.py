@@ -76,6 +76,14 @@ def test_every_code_a_detector_can_emit_is_a_registered_rule():
     assert literal == {}
 
 
+def test_the_copy_cast_prefilter_passes_every_cast_the_static_proofs_read():
+    from advisor.patterns.copies_casts import CAST_METHODS, DTYPES
+    from advisor.rules.copies_casts import FAMILY
+
+    for spelling in [*CAST_METHODS, *DTYPES]:
+        assert FAMILY.might_match(f"x.{spelling}()"), spelling
+
+
 def test_rules_explain_documents_every_code(capsys):
     for code, rule in load_rules().items():
         assert main(["rules", "--explain", code.lower()]) == 0
