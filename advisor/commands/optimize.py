@@ -14,14 +14,12 @@ from importlib import resources
 
 from rich.console import Console
 
-from advisor.backends.site import REQUESTABLE
+from advisor.backends import REQUESTABLE
 from advisor.commands.profile import add_workload_arguments
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
 from advisor.report.terminal import stdout_console
-from advisor.runtime.runner import resolve_device
-from advisor.verify.optimize import Options, optimize
 
 DEMO_FUNCTION = "workload"
 
@@ -46,6 +44,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
+    from advisor.verify.optimize import Options, optimize
+
     if args.device:
         resolve_device(args.device)
     stderr = Console(stderr=True)
