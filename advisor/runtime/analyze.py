@@ -70,20 +70,19 @@ def _analyse_file(file: str, index: int) -> _TraceResult:
     trace, raws = load_trace(file, index)
     events = build(raws, trace.on_device)
     del raws
-    steps = max(len({e.step for e in events if e.step >= 0}), 1)
+    steps = max(len(set(events.step) - {-1}), 1)
     if not trace.has_steps:
-        for e in events:
-            e.step = 0
+        events.whole_trace_as_one_step()
     category_us: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.step >= 0:
-            category_us[op_category(e.name)] += e.self_us / steps
+    for name, step, self_us in zip(events.name, events.step, events.self_us):  # columns: no object per op
+        if step >= 0:
+            category_us[op_category(events.names[name])] += self_us / steps
+    total = sum(self_us for self_us, step in zip(events.self_us, events.step) if step >= 0)
     hits = []
     for hit in detect(events, trace.on_device):
         path_, line, function = _where(events[hit.events[0]], trace)
         hits.append(((hit.rule, path_, line), function, hit, _cost(events, hit.events) / steps))
-    total = sum(e.self_us for e in events if e.step >= 0) / steps
-    return _TraceResult(trace, steps, total, category_us, hits)
+    return _TraceResult(trace, steps, total / steps, category_us, hits)
 
 
 def _aggregate(results: list[_TraceResult]) -> tuple[list[Finding], list[dict]]:
