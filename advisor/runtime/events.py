@@ -9,6 +9,7 @@ twenty times faster than building FunctionEvent trees, which matters for the ove
 from __future__ import annotations
 
 import bisect
+import heapq
 import os
 import re
 import sys
@@ -177,57 +178,65 @@ NESTING_SLACK_US = 1.0  # the profiler can stamp a child's end up to ~1 us after
 def build(raws: RawEvents, on_device: bool) -> OpEvents:
     """Nest ops per thread, charge kernels to their launching op, and number steps; returns ops in start order.
     Works on index arrays over the columns (a large trace has 1e5+ ops)."""
-    steps = sorted((raws.start[i], raws.start[i] + raws.dur[i], int(STEP_NAME.match(raws.names.values[raws.name[i]])[1]))
+    start, dur, kind = raws.start, raws.dur, raws.kind
+    steps = sorted((start[i], start[i] + dur[i], int(STEP_NAME.match(raws.names.values[raws.name[i]])[1]))
                    for i in _of_kind(raws, STEP))
     cpu = _by_thread_and_time(raws)
-    start, dur, kind = raws.start, raws.dur, raws.kind
     parent_of = _enclosing(raws, cpu)
-    device_us = array("d", bytes(8 * len(cpu)))
+    ops = array("I", (k for k, i in enumerate(cpu) if kind[i] == OP))
+    op_parent = array("i", [-1]) * len(cpu)  # arrays indexed like `cpu`
+    for k in ops:
+        op_parent[k] = _enclosing_op(raws, cpu, parent_of, k)
     if on_device:
+        device_us = array("d", bytes(8 * len(cpu)))
         launch = {raws.correlation[i]: k for k, i in enumerate(cpu) if kind[i] == RUNTIME}
         for i in _of_kind(raws, KERNEL):
             k = launch.get(raws.correlation[i])
             if k is not None:
                 device_us[k] += dur[i]
-    ops = [k for k, i in enumerate(cpu) if kind[i] == OP]
-    op_parent = array("i", [-1]) * len(cpu)  # lists indexed like `cpu`
-    for k in ops:
-        op_parent[k] = _enclosing_op(raws, cpu, parent_of, k)
-    own = array("d", device_us) if on_device else array("d", (dur[i] for i in cpu))
-    if on_device:
+        own = array("d", device_us)
         for k in (k for k, i in enumerate(cpu) if kind[i] == RUNTIME):
             up = _enclosing_op(raws, cpu, parent_of, k)
             if up >= 0:
                 own[up] += device_us[k]
-    del device_us, parent_of
+        del device_us, launch
+    else:
+        own = array("d", (dur[i] for i in cpu))
+    del parent_of
     total, self_time = array("d", own), own
-    for k in sorted(ops, key=lambda k: -start[cpu[k]]):  # children before parents
+    for k in _stable_sorted(ops, key=lambda k: -start[cpu[k]]):  # children before parents
         parent = op_parent[k]
         if parent >= 0:
             total[parent] += total[k] if on_device else 0.0
             if not on_device:
                 self_time[parent] -= dur[cpu[k]]
-    ordered = sorted(ops, key=lambda k: start[cpu[k]])
+    ordered = _stable_sorted(ops, key=lambda k: start[cpu[k]])
     del ops
     position = array("i", [-1]) * len(cpu)
     for n, k in enumerate(ordered):
         position[k] = n
+    events = OpEvents(raws)  # filled a column at a time, each working array dropped once used
+    events.parent = array("i", (position[op_parent[k]] if op_parent[k] >= 0 else -1 for k in ordered))
+    del position, op_parent
+    events.self_us = array("d", (max(self_time[k], 0.0) for k in ordered))
+    del self_time
+    events.total_us = array("d", (total[k] for k in ordered))
+    del total
+    ordered = array("I", (cpu[k] for k in ordered))  # now raw indices
+    del cpu
+    events.start = array("d", (start[i] for i in ordered))
     starts = [s[0] for s in steps]
-    events = OpEvents(raws)
-    for k in ordered:
-        i = cpu[k]
-        when = start[i]
-        s = bisect.bisect_right(starts, when) - 1
-        parent = op_parent[k]
-        events.name.append(raws.name[i])
-        events.step.append(steps[s][2] if s >= 0 and when <= steps[s][1] else -1)
-        events.start.append(when)
-        events.self_us.append(max(self_time[k], 0.0))
-        events.total_us.append(total[k])
-        events.stack.append(raws.stack[i])
-        events.parent.append(position[parent] if parent >= 0 else -1)
-        events.details.append(raws.details[i])
+    events.step = array("q", (_step_number(steps, starts, when) for when in events.start))
+    events.name = array("I", (raws.name[i] for i in ordered))
+    events.stack = array("I", (raws.stack[i] for i in ordered))
+    events.details = array("I", (raws.details[i] for i in ordered))
     return events
+
+
+def _step_number(steps: list[tuple[float, float, int]], starts: list[float], when: float) -> int:
+    """The number of the step (start, end, number; sorted, with their starts) whose interval holds `when`, else -1."""
+    s = bisect.bisect_right(starts, when) - 1
+    return steps[s][2] if s >= 0 and when <= steps[s][1] else -1
 
 
 def _of_kind(raws: RawEvents, kind: int):
@@ -235,17 +244,24 @@ def _of_kind(raws: RawEvents, kind: int):
     return (i for i, k in enumerate(raws.kind) if k == kind)
 
 
+_SORT_RUN = 1 << 14
+
+
+def _stable_sorted(indices: array, key) -> array:
+    """`sorted(indices, key=key)` as an array, without a list of every index and key at once (~70 bytes an
+    element): sorted runs, merged. heapq.merge takes equal keys from earlier runs first, so the order is the same."""
+    runs = [array("I", sorted(indices[i:i + _SORT_RUN], key=key)) for i in range(0, len(indices), _SORT_RUN)]
+    return runs[0] if len(runs) == 1 else array("I", heapq.merge(*runs, key=key))
+
+
 def _by_thread_and_time(raws: RawEvents) -> array:
-    """Ops and launch calls by (thread, start, longest first): stable sorts on one key each, least significant
-    first, so no tuple is made per event."""
-    cpu = [i for i, k in enumerate(raws.kind) if k in (OP, RUNTIME)]
-    cpu.sort(key=lambda i: -raws.dur[i])
-    cpu.sort(key=raws.start.__getitem__)
+    """Ops and launch calls by (thread, start, longest first)."""
     tid_rank = [0] * len(raws.tids.values)  # threads in the order of their ids, as the profiler names them
     for rank, tid in enumerate(sorted(range(len(tid_rank)), key=raws.tids.values.__getitem__)):
         tid_rank[tid] = rank
-    cpu.sort(key=lambda i: tid_rank[raws.tid[i]])
-    return array("I", cpu)
+    start, dur, tid = raws.start, raws.dur, raws.tid
+    return _stable_sorted(array("I", (i for i, k in enumerate(raws.kind) if k in (OP, RUNTIME))),
+                          key=lambda i: (tid_rank[tid[i]], start[i], -dur[i]))
 
 
 def _enclosing(raws: RawEvents, cpu: array) -> array:
