@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from advisor.runtime.frames import first_user_profiler_frame
 
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
-
-
 OP, STEP, RUNTIME, KERNEL = range(4)  # event kinds: an aten op, a ProfilerStep marker, a CPU-side launch call
 # (cudaLaunchKernel...) and device activity (a kernel, memcpy or memset)
 NO_CORRELATION = -(1 << 63)  # a launch or kernel without a correlation id
@@ -187,21 +185,7 @@ def build(raws: RawEvents, on_device: bool) -> OpEvents:
     op_parent = array("i", [-1]) * len(cpu)  # arrays indexed like `cpu`
     for k in ops:
         op_parent[k] = _enclosing_op(raws, cpu, parent_of, k)
-    if on_device:
-        device_us = array("d", bytes(8 * len(cpu)))
-        launch = {raws.correlation[i]: k for k, i in enumerate(cpu) if kind[i] == RUNTIME}
-        for i in _of_kind(raws, KERNEL):
-            k = launch.get(raws.correlation[i])
-            if k is not None:
-                device_us[k] += dur[i]
-        own = array("d", device_us)
-        for k in (k for k, i in enumerate(cpu) if kind[i] == RUNTIME):
-            up = _enclosing_op(raws, cpu, parent_of, k)
-            if up >= 0:
-                own[up] += device_us[k]
-        del device_us, launch
-    else:
-        own = array("d", (dur[i] for i in cpu))
+    own = _device_us(raws, cpu, parent_of) if on_device else array("d", (dur[i] for i in cpu))
     del parent_of
     total, self_time = array("d", own), own
     for k in _stable_sorted(ops, key=lambda k: -start[cpu[k]]):  # children before parents
@@ -231,6 +215,22 @@ def build(raws: RawEvents, on_device: bool) -> OpEvents:
     events.stack = array("I", (raws.stack[i] for i in ordered))
     events.details = array("I", (raws.details[i] for i in ordered))
     return events
+
+
+def _device_us(raws: RawEvents, cpu: array, parent_of: array) -> array:
+    """Each op's own GPU time (indexed like `cpu`): the kernels its launch calls started, through correlation ids."""
+    device_us = array("d", bytes(8 * len(cpu)))
+    launch = {raws.correlation[i]: k for k, i in enumerate(cpu) if raws.kind[i] == RUNTIME}
+    for i in _of_kind(raws, KERNEL):
+        k = launch.get(raws.correlation[i])
+        if k is not None:
+            device_us[k] += raws.dur[i]
+    own = array("d", device_us)
+    for k in (k for k, i in enumerate(cpu) if raws.kind[i] == RUNTIME):  # each call, in order
+        up = _enclosing_op(raws, cpu, parent_of, k)
+        if up >= 0:
+            own[up] += device_us[k]
+    return own
 
 
 def _step_number(steps: list[tuple[float, float, int]], starts: list[float], when: float) -> int:
