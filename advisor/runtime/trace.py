@@ -1,8 +1,9 @@
 """Read Chrome/Kineto trace files written by torch.profiler (plain or .gz), one per rank, into RawEvents.
 
 A trace is streamed (ijson): memory holds the events analysis keeps, as columns (RawEvents), not the file's JSON
-tree (about eight times the file) nor an object per event (about as large as the file). Every value kept is checked, so a malformed trace is one TraceError naming the file and the
-event, never an internal error or a NaN in the output.
+tree (about eight times the file) nor an object per event (about as large as the file). Every value kept is
+checked, so a malformed trace is one TraceError naming the file and the event, never an internal error or a NaN
+in the output.
 """
 
 from __future__ import annotations
@@ -165,11 +166,11 @@ class _Reader:
             correlation = args.get("correlation")
             if isinstance(correlation, bool) or not isinstance(correlation, (int, type(None))) \
                     or correlation is not None and not -_INT64_MAX <= correlation <= _INT64_MAX:
-                raise _Malformed(f"args.correlation is not an integer ({correlation!r})")
+                raise _Malformed(f"args.correlation is not a 64-bit integer ({correlation!r})")
             self.raws.append(kind, name, tid, start, dur, correlation=correlation)
         elif kind == OP:
-            self.raws.append(kind, name, tid, start, dur, self._stack(args), tuple(_detail(args, key)
-                                                                                 for key in _OP_DETAILS))
+            details = tuple(_detail(args, key) for key in _OP_DETAILS)
+            self.raws.append(kind, name, tid, start, dur, self._stack(args), details)
         else:
             self.raws.append(kind, name, tid, start, dur)
 
