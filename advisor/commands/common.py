@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import Progress
 
-from advisor.backends.site import REQUESTABLE
+from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import unknown_selectors
 from advisor.report.terminal import shown
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
     from advisor.engine.static import ScanResult
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2

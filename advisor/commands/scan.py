@@ -13,7 +13,7 @@ from advisor.report.findings_console import print_diff, print_errors, print_find
 from advisor.report.sarif import to_sarif
 from advisor.report.terminal import stdout_console, write_report
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
     from advisor.engine.static import ScanResult
 
 
