@@ -1,0 +1,266 @@
+"""advisor judged on attention code from public projects it was not written against.
+
+Each file in fixtures/attention/public/ is a copy of one project's attention module (header: source, licence)
+with a `build()` (and optionally `build_variants()`) returning `(module, example_inputs)`. The tool runs as a
+user runs it: `advisor scan --format json` over the folder, then `advisor fix --apply` on a temporary copy.
+What is asserted is the sound behaviour, differentially:
+
+* a file that must not be rewritten (talking heads, learned temperature, linear attention, weights returned)
+  gets no safe patch;
+* every safe patch keeps the module's outputs and gradients (eval mode, fp32 1e-5, NaN where the original has
+  NaN, except the one divergence the finding itself accepts: fully masked rows, NaN -> 0), and the patched file
+  imports and runs; a file without a safe patch is left byte-identical by `fix --apply`;
+* a file that is plainly rewritable gets a safe patch; where the tool falls short the test is a strict xfail
+  naming the bug class (MISS), so fixing the tool flips it.
+
+JUDGEMENTS is the record: what the tool should do with each file and why (the lead's table of outcomes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PUBLIC_DIR = REPO_ROOT / "fixtures" / "attention" / "public"
+ATTENTION_RULES = ("ADV101", "ADV102", "ADV103")
+RTOL = ATOL = 1e-5
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What a sound, complete tool does with one file, and, where advisor falls short, the bug class."""
+
+    rewritable: bool
+    why: str
+    miss: str | None = None
+
+
+JUDGEMENTS: dict[str, Judgement] = {
+    "vitpytorch_vit": Judgement(True, "einops heads, nn.Softmax/nn.Dropout modules, number scale"),
+    "vitpytorch_cait": Judgement(False, "talking heads: heads mixed before and after the softmax"),
+    "vitpytorch_lsa": Judgement(False, "learned temperature tensor scale (temperature.exp())"),
+    "vitpytorch_navit": Judgement(False, "finite-fill keep-masks can mask a whole row (mean of V, not SDPA's)"),
+    "timm_attention": Judgement(False, "the block sits in the `else` of `if self.fused_attn`: enabling it is "
+                                       "the fix (the scores also pass through a helper, maybe_add_mask)"),
+    "nanogpt_causal": Judgement(True, "causal tril buffer sliced [:T, :T], -inf fill (other branch is SDPA)"),
+    "mingpt_causal": Judgement(True, "separate q/k/v Linears, causal `mask` buffer, -inf fill"),
+    "xtransformers_attend": Judgement(False, "pre/post-softmax weights leave through Intermediates"),
+    "hf_bert_legacy": Judgement(False, "weights returned with output_attentions, head mask, relative scores"),
+    "hf_gpt2_legacy": Judgement(False, "weights returned, head mask, tensor scale (torch.full)"),
+    "hf_llama_eager": Judgement(False, "eager_attention_forward returns the weights"),
+    "hf_t5_eager": Judgement(False, "eager_attention_forward returns the weights"),
+    "hf_whisper_legacy": Judgement(False, "weights returned with output_attentions, layer head mask"),
+    "ldm_crossattention": Judgement(False, "finite-fill keep-mask written in place can mask a whole row"),
+    "ldm_crossattention_split": Judgement(True, "3-D einsum block in a helper method, k pre-scaled by its caller"),
+    "ldm_spatial_selfattention": Judgement(
+        True,
+        "single-head channel-major attention: SDPA(q, k^T, v^T) with scale c**-0.5 (a size), output transposed",
+        miss="MISS (weights transposed by einops.rearrange before the value einsum are not followed): refused "
+             "with 'the attention weights never reach a value product', but they do, through "
+             "rearrange(w_, 'b i j -> b j i') into einsum('bij,bjk->bik', v, w_)",
+    ),
+    "ldm_linear_attention": Judgement(False, "linear attention: softmax over positions of k, K V^T first"),
+    "swin_window_attention": Judgement(True, "pre-scaled q, relative position bias + 0/-100 window mask added"),
+    "dinov2_attention": Judgement(True, "q pre-scaled while unpacking qkv[0] * self.scale"),
+    "dino_attention_returns_weights": Judgement(False, "forward returns (x, attn)"),
+    "openclip_attention": Judgement(False, "scaled-cosine branch: learned per-head temperature tensor"),
+    "perceiver_attention": Judgement(False, "finite-fill keep-mask written in place can mask a whole row"),
+    "guided_diffusion_qkv_legacy": Judgement(True, "channel-major einsum, q and k each scaled by ch**-0.25, "
+                                                   "fp32 softmax upcast cast back"),
+    "guided_diffusion_qkv": Judgement(True, "channel-major einsum on views, fp32 softmax upcast cast back"),
+    "ddpm_attention": Judgement(True, "conv-style (b, h, d, n) einsum, q pre-scaled"),
+    "ddpm_linear_attention": Judgement(False, "linear attention: softmax of q over features, of k over positions"),
+}
+
+
+# ---------------------------------------------------------------------------------------------- running advisor
+
+
+def _advisor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "advisor", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def findings_by_file() -> dict[str, list[dict[str, Any]]]:
+    """One `scan --format json` over the folder: the attention findings of each file (by stem)."""
+    proc = _advisor("scan", str(PUBLIC_DIR), "--format", "json")
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["errors"] == []
+    grouped: dict[str, list[dict[str, Any]]] = {stem: [] for stem in JUDGEMENTS}
+    for finding in report["findings"]:
+        if finding["rule"] in ATTENTION_RULES:
+            grouped.setdefault(Path(finding["path"]).stem, []).append(finding)
+    return grouped
+
+
+@pytest.fixture(scope="module")
+def patched_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the folder after `advisor fix --apply` (safe patches only, as a user gets them)."""
+    target = tmp_path_factory.mktemp("public") / "public"
+    shutil.copytree(PUBLIC_DIR, target)
+    proc = _advisor("fix", str(target), "--apply")
+    assert proc.returncode in (0, 1), proc.stderr
+    return target
+
+
+def _outcome(findings: list[dict[str, Any]]) -> str:
+    if any(f["fix_safety"] == "safe" and f["patch"] for f in findings):
+        return "safe patch"
+    if any(f["patch"] for f in findings):
+        return "unsafe only"
+    return "refused" if findings else "no finding"
+
+
+def _accepts_fully_masked_rows(findings: list[dict[str, Any]]) -> bool:
+    return any(fact["name"] == "fully-masked-rows"
+               for f in findings if f["fix_safety"] == "safe" and f["facts"]
+               for fact in f["facts"]["accepted"])
+
+
+# ---------------------------------------------------------------------------------------------- running models
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses under `from __future__ import annotations` look themselves up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def _builds(module: ModuleType) -> list[tuple[torch.nn.Module, tuple[Any, ...]]]:
+    torch.manual_seed(0)
+    builds = [module.build()]
+    if hasattr(module, "build_variants"):
+        builds += module.build_variants()
+    return builds
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of an output, in order (tuples, lists, dataclasses such as x-transformers' Intermediates)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from _tensors(getattr(value, name))
+
+
+@dataclass
+class Comparison:
+    max_abs: float = 0.0
+    nan_rows_made_finite: int = 0
+
+
+def _compare(before: torch.Tensor, after: torch.Tensor, accepts_nan_to_finite: bool, what: str,
+             stats: Comparison) -> None:
+    assert before.shape == after.shape and before.dtype == after.dtype, f"{what}: shape/dtype changed"
+    nan_before, nan_after = torch.isnan(before), torch.isnan(after)
+    assert not (nan_after & ~nan_before).any(), f"{what}: the patch produces NaN where the original is finite"
+    made_finite = nan_before & ~nan_after
+    if made_finite.any():
+        assert accepts_nan_to_finite, f"{what}: NaN in the original is finite after, and no finding accepts it"
+        stats.nan_rows_made_finite += int(made_finite.sum())
+    both = ~nan_before & ~nan_after
+    if both.any():
+        a, b = before[both], after[both]
+        atol = ATOL * max(1.0, float(a.abs().max()))
+        diff = float((a - b).abs().max())
+        stats.max_abs = max(stats.max_abs, diff)
+        assert torch.allclose(a, b, rtol=RTOL, atol=atol), f"{what}: max abs difference {diff:.3g}"
+
+
+def _run_with_grads(model: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[list[torch.Tensor], list[Any]]:
+    """Outputs, then gradients of a fixed random projection of every finite output w.r.t. params and inputs."""
+    model.eval()
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+              for x in inputs]
+    outputs = list(_tensors(model(*leaves)))
+    generator = torch.Generator().manual_seed(1)
+    loss = sum((torch.randn(out.shape, generator=generator) * out.nan_to_num(0.0)).sum()
+               for out in outputs if out.is_floating_point() and out.requires_grad)
+    differentiable = [p for p in model.parameters()] + [x for x in leaves if isinstance(x, torch.Tensor)
+                                                        and x.requires_grad]
+    grads = torch.autograd.grad(loss, differentiable, allow_unused=True) if torch.is_tensor(loss) else []
+    return [out.detach() for out in outputs], list(grads)
+
+
+def _check_parity(stem: str, patched_file: Path, accepts_nan_to_finite: bool) -> Comparison:
+    original = _load(PUBLIC_DIR / f"{stem}.py", f"public_original_{stem}")
+    patched = _load(patched_file, f"public_patched_{stem}")
+    stats = Comparison()
+    for index, ((model, inputs), (patched_model, _)) in enumerate(zip(_builds(original), _builds(patched))):
+        patched_model.load_state_dict(model.state_dict(), strict=True)
+        outs, grads = _run_with_grads(model, inputs)
+        patched_outs, patched_grads = _run_with_grads(patched_model, inputs)
+        assert len(outs) == len(patched_outs), f"build {index}: the patch changed the number of outputs"
+        for n, (a, b) in enumerate(zip(outs, patched_outs)):
+            _compare(a, b, accepts_nan_to_finite, f"build {index} output {n}", stats)
+        for n, (a, b) in enumerate(zip(grads, patched_grads)):
+            assert (a is None) == (b is None), f"build {index} gradient {n}: reached on one side only"
+            if a is not None:
+                _compare(a, b, accepts_nan_to_finite, f"build {index} gradient {n}", stats)
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------- tests
+
+
+def test_every_public_file_is_judged() -> None:
+    assert {p.stem for p in PUBLIC_DIR.glob("*.py")} == set(JUDGEMENTS)
+
+
+def _miss_marks(stem: str) -> list[pytest.MarkDecorator]:
+    miss = JUDGEMENTS[stem].miss
+    return [pytest.mark.xfail(strict=True, reason=miss)] if miss else []
+
+
+@pytest.mark.parametrize("stem", [pytest.param(s, marks=_miss_marks(s)) for s in JUDGEMENTS])
+def test_outcome_is_sound_and_complete(stem: str, findings_by_file: dict[str, list[dict[str, Any]]]) -> None:
+    """No safe patch where none is possible; a safe patch where the rewrite is plainly equivalent."""
+    findings = findings_by_file[stem]
+    outcome = _outcome(findings)
+    judgement = JUDGEMENTS[stem]
+    for finding in findings:
+        if not finding["patch"]:
+            assert finding["reason"], f"{stem}: a refusal without a reason"
+    if judgement.rewritable:
+        assert outcome == "safe patch", f"{stem}: {outcome} ({[f['reason'] for f in findings]}); {judgement.why}"
+    else:
+        assert outcome != "safe patch", f"{stem}: a safe patch, but {judgement.why}"
+
+
+@pytest.mark.parametrize("stem", list(JUDGEMENTS))
+def test_applied_fix_keeps_outputs_and_gradients(stem: str, findings_by_file: dict[str, list[dict[str, Any]]],
+                                                 patched_dir: Path) -> None:
+    """A safe patch keeps every output and gradient on every build; no safe patch leaves the file as it was."""
+    findings = findings_by_file[stem]
+    patched_file = patched_dir / f"{stem}.py"
+    if _outcome(findings) != "safe patch":
+        assert patched_file.read_bytes() == (PUBLIC_DIR / f"{stem}.py").read_bytes()
+        return
+    assert patched_file.read_bytes() != (PUBLIC_DIR / f"{stem}.py").read_bytes(), "safe patch not applied"
+    assert "scaled_dot_product_attention" in patched_file.read_text()
+    _check_parity(stem, patched_file, _accepts_fully_masked_rows(findings))
+
+
+def test_fix_is_idempotent_on_the_patched_folder(patched_dir: Path) -> None:
+    before = {p.name: p.read_bytes() for p in patched_dir.glob("*.py")}
+    proc = _advisor("fix", str(patched_dir), "--apply")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert {p.name: p.read_bytes() for p in patched_dir.glob("*.py")} == before
