@@ -81,6 +81,11 @@ JUDGEMENTS: dict[str, Judgement] = {
     "guided_diffusion_qkv": Judgement(True, "channel-major einsum on views, fp32 softmax upcast cast back"),
     "ddpm_attention": Judgement(True, "conv-style (b, h, d, n) einsum, q pre-scaled"),
     "ddpm_linear_attention": Judgement(False, "linear attention: softmax of q over features, of k over positions"),
+    "sd2_crossattention": Judgement(False, "scores on two paths, q/k (not v) upcast to fp32 under a `with` block"),
+    "maxvit_attention": Judgement(True, "nn.Sequential(Softmax, Dropout), q pre-scaled, embedding position bias"),
+    "annotated_transformer_attention": Judgement(False, "weights returned by attention() and stored in self.attn"),
+    "taming_attnblock": Judgement(True, "single-head channel-major bmm with permuted q and weights"),
+    "beit_attention": Judgement(False, "caller's rel_pos_bias has no visible rank (a 1-D bias would make SDPA raise)"),
 }
 
 
