@@ -96,6 +96,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "annotated_transformer_attention": Judgement(False, "weights returned by attention() and stored in self.attn"),
     "taming_attnblock": Judgement(True, "single-head channel-major bmm with permuted q and weights"),
     "beit_attention": Judgement(False, "caller's rel_pos_bias has no visible rank (a 1-D bias would make SDPA raise)"),
+    "palm_mqa_attention": Judgement(False, "causal mask from a caching helper (rows keep the diagonal, not provable "
+                                           "from the source); single K/V head; detached row max subtracted"),
 }
 
 
@@ -301,3 +303,46 @@ def test_fix_is_idempotent_on_the_patched_folder(patched_dir: Path) -> None:
     proc = _advisor("fix", str(patched_dir), "--apply")
     assert proc.returncode in (0, 1), proc.stderr
     assert {p.name: p.read_bytes() for p in patched_dir.glob("*.py")} == before
+
+
+# GPT-2's kv-cache causal slice (bias[:, :, S - L:S, :S], the one form whose rows are proved to keep a key) with
+# nanoGPT's masked_fill and a Python-number finite fill: the smallest file that gets a safe patch with a float mask.
+FINITE_FILL_CAUSAL_SLICE = '''
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self, n: int = 16):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones((n, n), dtype=torch.bool)).view(1, 1, n, n))
+        self.q = nn.Linear(32, 32)
+        self.kv = nn.Linear(32, 64)
+
+    def forward(self, x, past):
+        B, T, C = x.shape
+        S = past.shape[1]
+        q = self.q(x).view(B, T, 4, 8).transpose(1, 2)
+        k, v = self.kv(past).view(B, S, 2, 4, 8).permute(2, 0, 3, 1, 4)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / 8 ** 0.5)
+        att = att.masked_fill(self.bias[:, :, S - T:S, :S] == 0, torch.finfo(att.dtype).min)
+        att = att.softmax(dim=-1)
+        return (att @ v).transpose(1, 2).reshape(B, T, C)
+'''
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
+    "UNSOUND (float64): the finite fill torch.finfo(att.dtype).min becomes torch.where(m, fill, 0.0), a tensor of "
+    "the default dtype (float32), which cannot hold float64's finfo.min: the safe patch raises on float64 models"))
+def test_safe_patch_with_a_finite_python_fill_runs_in_float64(tmp_path: Path) -> None:
+    source = tmp_path / "finite_fill.py"
+    source.write_text(FINITE_FILL_CAUSAL_SLICE)
+    original = _load(source, "public_finite_fill_original")
+    proc = _advisor("fix", str(source), "--apply")
+    assert proc.returncode == 0, proc.stderr  # the safe patch applied, nothing left
+    patched = _load(source, "public_finite_fill_patched")
+    torch.manual_seed(0)
+    model, patched_model = original.Attn().double(), patched.Attn().double()
+    patched_model.load_state_dict(model.state_dict())
+    x, past = torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, 9, 32, dtype=torch.float64)
+    torch.testing.assert_close(patched_model(x, past), model(x, past), rtol=1e-10, atol=1e-10)
