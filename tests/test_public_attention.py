@@ -96,6 +96,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "annotated_transformer_attention": Judgement(False, "weights returned by attention() and stored in self.attn"),
     "taming_attnblock": Judgement(True, "single-head channel-major bmm with permuted q and weights"),
     "beit_attention": Judgement(False, "caller's rel_pos_bias has no visible rank (a 1-D bias would make SDPA raise)"),
+    "vitpytorch_mobilevit": Judgement(True, "five-dimensional q/k/v (batch, patch, heads, tokens, dim)"),
+    "espnet_multiheaded_attention": Judgement(False, "weights re-masked after the softmax and stored in self.attn"),
     "palm_mqa_attention": Judgement(False, "causal mask from a caching helper (rows keep the diagonal, not provable "
                                            "from the source); single K/V head; detached row max subtracted"),
 }
