@@ -40,18 +40,30 @@ DTYPE_TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 1
 
 
 @dataclass(frozen=True)
+class KnownBug:
+    """A confirmed advisor bug: the test that meets it is a strict xfail, failing with exactly this exception."""
+
+    reason: str
+    raises: type[BaseException] = AssertionError
+
+    def mark(self) -> pytest.MarkDecorator:
+        return pytest.mark.xfail(strict=True, raises=self.raises, reason=self.reason)
+
+
+@dataclass(frozen=True)
 class Judgement:
     """What a sound, complete tool does with one file, and, where advisor falls short, the bug class."""
 
     rewritable: bool
     why: str
     miss: str | None = None
-    unsound: dict[torch.dtype, str] = field(default_factory=dict)
+    unsound: dict[torch.dtype, KnownBug] = field(default_factory=dict)
 
 
-FP32_ROUND_TRIP_DROPPED = (
-    "UNSOUND (float64 only): softmax(w.float()).type(w.dtype) is rewritten as if .float() were an upcast; on "
-    "float64 inputs it is a round trip through float32 whose rounding the safe patch drops (outputs move by ~1e-7)"
+FP32_ROUND_TRIP_DROPPED = KnownBug(
+    "UNSOUND (float64 only): a float32 softmax cast back (softmax(w.float()).type(w.dtype), softmax(w, "
+    "dtype=torch.float32).to(q.dtype)) is rewritten as if it were an upcast; on float64 inputs it is a round trip "
+    "through float32 whose rounding the patch drops (outputs move by ~1e-7)"
 )
 
 JUDGEMENTS: dict[str, Judgement] = {
@@ -103,6 +115,30 @@ JUDGEMENTS: dict[str, Judgement] = {
 }
 
 
+# Unsafe-only files: the builds (index into build() + build_variants()) on which every fact the finding assumes
+# holds (no query row fully masked, masks of 2+ dims in q's dtype). There the --unsafe-fixes patch must match the
+# original; where the weights left the block (ADV102) only the attention output is compared.
+FACTS_HOLD_ON: dict[str, tuple[int, ...]] = {
+    "vitpytorch_navit": (1,),
+    "ldm_crossattention": (0,),
+    "perceiver_attention": (0, 1),
+    "palm_mqa_attention": (0,),
+    "beit_attention": (0, 1),
+    "hf_llama_eager": (0,),
+    "hf_t5_eager": (0,),
+}
+FINITE_FILL_FLOAT32 = KnownBug(
+    "UNSOUND (float64): a finite Python fill (torch.finfo(x.dtype).min, -finfo.max) becomes torch.where(m, fill, "
+    "0.0), a tensor of the default dtype (float32), which cannot hold float64's finfo: the patch raises on float64",
+    RuntimeError,
+)
+UNSAFE_PATCH_BUGS: dict[tuple[str, torch.dtype], KnownBug] = {
+    ("vitpytorch_navit", torch.float64): FINITE_FILL_FLOAT32,
+    ("perceiver_attention", torch.float64): FINITE_FILL_FLOAT32,
+    ("palm_mqa_attention", torch.float64): FINITE_FILL_FLOAT32,
+    ("hf_llama_eager", torch.float64): FP32_ROUND_TRIP_DROPPED,
+}
+
 # ---------------------------------------------------------------------------------------------- running advisor
 
 
@@ -133,6 +169,17 @@ def patched_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert proc.returncode in (0, 1), proc.stderr
     return target
 
+
+
+@pytest.fixture(scope="module")
+def unsafe_patched_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The unsafe-only files after `advisor fix --apply --unsafe-fixes`."""
+    target = tmp_path_factory.mktemp("public_unsafe")
+    for stem in FACTS_HOLD_ON:
+        shutil.copy2(PUBLIC_DIR / f"{stem}.py", target / f"{stem}.py")
+    proc = _advisor("fix", str(target), "--apply", "--unsafe-fixes")
+    assert proc.returncode in (0, 1), proc.stderr
+    return target
 
 def _outcome(findings: list[dict[str, Any]]) -> str:
     if any(f["fix_safety"] == "safe" and f["patch"] for f in findings):
@@ -204,12 +251,13 @@ def _compare(before: torch.Tensor, after: torch.Tensor, accepts_nan_to_finite: b
         assert torch.allclose(a, b, rtol=tolerance, atol=atol), f"{what}: max abs difference {diff:.3g}"
 
 
-def _run_with_grads(model: torch.nn.Module, inputs: tuple[Any, ...]) -> tuple[list[torch.Tensor], list[Any]]:
+def _run_with_grads(model: torch.nn.Module, inputs: tuple[Any, ...],
+                    first_output_only: bool = False) -> tuple[list[torch.Tensor], list[Any]]:
     """Outputs, then gradients of a fixed random projection of every finite output w.r.t. params and inputs."""
     model.eval()
     leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) if isinstance(x, torch.Tensor) else x
               for x in inputs]
-    outputs = list(_tensors(model(*leaves)))
+    outputs = list(_tensors(model(*leaves)))[:1 if first_output_only else None]
     generator = torch.Generator().manual_seed(1)
     loss = sum((torch.randn(out.shape, generator=generator).to(out.dtype) * out.nan_to_num(0.0)).sum()
                for out in outputs if out.is_floating_point() and out.requires_grad)
@@ -224,17 +272,20 @@ def _cast(inputs: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     return tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
 
 
-def _check_parity(stem: str, patched_file: Path, dtype: torch.dtype, accepts_nan_to_finite: bool) -> Comparison:
-    """Original vs patched on every build in `dtype`: outputs, and gradients except in bf16 (rounding order)."""
+def _check_parity(stem: str, patched_file: Path, dtype: torch.dtype, accepts_nan_to_finite: bool,
+                  only_builds: tuple[int, ...] | None = None, first_output_only: bool = False) -> Comparison:
+    """Original vs patched on the builds in `dtype`: outputs, and gradients except in bf16 (rounding order)."""
     original = _load(PUBLIC_DIR / f"{stem}.py", f"public_original_{stem}")
-    patched = _load(patched_file, f"public_patched_{stem}")
+    patched = _load(patched_file, f"public_patched_{patched_file.parent.name}_{stem}")
     tolerance, stats = DTYPE_TOLERANCES[dtype], Comparison()
     for index, ((model, inputs), (patched_model, _)) in enumerate(zip(_builds(original), _builds(patched))):
+        if only_builds is not None and index not in only_builds:
+            continue
         patched_model.load_state_dict(model.state_dict(), strict=True)
         model.to(dtype), patched_model.to(dtype)
         inputs = _cast(inputs, dtype)
-        outs, grads = _run_with_grads(model, inputs)
-        patched_outs, patched_grads = _run_with_grads(patched_model, inputs)
+        outs, grads = _run_with_grads(model, inputs, first_output_only)
+        patched_outs, patched_grads = _run_with_grads(patched_model, inputs, first_output_only)
         where = f"{dtype} build {index}"
         assert len(outs) == len(patched_outs), f"{where}: the patch changed the number of outputs"
         for n, (a, b) in enumerate(zip(outs, patched_outs)):
@@ -257,8 +308,8 @@ def test_every_public_file_is_judged() -> None:
 
 def _marks(stem: str, dtype: torch.dtype | None = None) -> list[pytest.MarkDecorator]:
     judgement = JUDGEMENTS[stem]
-    reason = judgement.miss or (judgement.unsound.get(dtype) if dtype is not None else None)
-    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+    bug = KnownBug(judgement.miss) if judgement.miss else judgement.unsound.get(dtype) if dtype is not None else None
+    return [bug.mark()] if bug else []
 
 
 @pytest.mark.parametrize("stem", [pytest.param(s, marks=_marks(s)) for s in JUDGEMENTS])
@@ -300,6 +351,21 @@ def test_safe_patch_keeps_outputs_and_gradients(stem: str, dtype: torch.dtype,
     _check_parity(stem, patched_file, dtype, _accepts_fully_masked_rows(findings))
 
 
+
+@pytest.mark.parametrize("stem,dtype", [
+    pytest.param(stem, dtype, marks=[UNSAFE_PATCH_BUGS[stem, dtype].mark()] if (stem, dtype) in UNSAFE_PATCH_BUGS
+                 else [], id=f"{stem}-{str(dtype).removeprefix('torch.')}")
+    for stem in FACTS_HOLD_ON for dtype in (torch.float32, torch.float64)
+])
+def test_unsafe_patch_holds_where_its_facts_hold(stem: str, dtype: torch.dtype,
+                                                 findings_by_file: dict[str, list[dict[str, Any]]],
+                                                 unsafe_patched_dir: Path) -> None:
+    """The facts an unsafe patch names are all it needs: on inputs where they hold, it matches the original."""
+    findings = findings_by_file[stem]
+    assert _outcome(findings) == "unsafe only", f"{stem}: {_outcome(findings)}"
+    weights_escape = any(f["rule"] == "ADV102" for f in findings)
+    _check_parity(stem, unsafe_patched_dir / f"{stem}.py", dtype, True, FACTS_HOLD_ON[stem], weights_escape)
+
 def test_fix_is_idempotent_on_the_patched_folder(patched_dir: Path) -> None:
     before = {p.name: p.read_bytes() for p in patched_dir.glob("*.py")}
     proc = _advisor("fix", str(patched_dir), "--apply")
@@ -333,9 +399,7 @@ class Attn(nn.Module):
 '''
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "UNSOUND (float64): the finite fill torch.finfo(att.dtype).min becomes torch.where(m, fill, 0.0), a tensor of "
-    "the default dtype (float32), which cannot hold float64's finfo.min: the safe patch raises on float64 models"))
+@FINITE_FILL_FLOAT32.mark()
 def test_safe_patch_with_a_finite_python_fill_runs_in_float64(tmp_path: Path) -> None:
     source = tmp_path / "finite_fill.py"
     source.write_text(FINITE_FILL_CAUSAL_SLICE)
