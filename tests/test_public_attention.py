@@ -6,14 +6,15 @@ user runs it: `advisor scan --format json` over the folder, then `advisor fix --
 What is asserted is the sound behaviour, differentially:
 
 * a file that must not be rewritten (talking heads, learned temperature, linear attention, weights returned)
-  gets no safe patch;
-* every safe patch keeps the module's outputs and gradients (eval mode, fp32 1e-5, NaN where the original has
-  NaN, except the one divergence the finding itself accepts: fully masked rows, NaN -> 0), and the patched file
-  imports and runs; a file without a safe patch is left byte-identical by `fix --apply`;
-* a file that is plainly rewritable gets a safe patch; where the tool falls short the test is a strict xfail
-  naming the bug class (MISS), so fixing the tool flips it.
+  gets no safe patch, and `fix --apply` leaves it byte-identical;
+* every safe patch imports, runs and keeps the module's outputs and gradients on every build, in fp32, fp64,
+  bf16 and CPU autocast (NaN where the original has NaN, except the one divergence the finding itself accepts:
+  fully masked rows, NaN -> 0);
+* an unsafe patch (`--unsafe-fixes`) matches the original on the builds where the facts it names hold;
+* a file that is plainly rewritable gets a safe patch.
 
-JUDGEMENTS is the record: what the tool should do with each file and why (the lead's table of outcomes).
+Where advisor falls short the test is a strict xfail naming the bug class (MISS, UNSOUND), so fixing the tool
+flips it. JUDGEMENTS is the record: what the tool should do with each file and why.
 """
 
 from __future__ import annotations
@@ -34,9 +35,26 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PUBLIC_DIR = REPO_ROOT / "fixtures" / "attention" / "public"
 ATTENTION_RULES = ("ADV101", "ADV102", "ADV103")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How a model is run for a parity check: parameter/input dtype, autocast, tolerance, gradients or not."""
+
+    name: str
+    dtype: torch.dtype
+    tolerance: float
+    autocast: bool = False
+    grads: bool = True
+
+
 # fp32 and bf16 as advisor optimize checks parity (1e-5, 1e-2; atol scaled by the largest magnitude); fp64 at a
-# tolerance of its own class, so a patch that rounds a float64 model through float32 is caught.
-DTYPE_TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 1e-2}
+# tolerance of its own class, so a patch that rounds a float64 model through float32 is caught; bf16 gradients
+# and mixed precision (CPU autocast) differ by rounding order alone, so only their outputs are compared.
+FP32 = Precision("float32", torch.float32, 1e-5)
+FP64 = Precision("float64", torch.float64, 1e-10)
+PRECISIONS = (FP32, FP64, Precision("bfloat16", torch.bfloat16, 1e-2, grads=False),
+              Precision("autocast-bf16", torch.float32, 1e-2, autocast=True, grads=False))
 
 
 @dataclass(frozen=True)
@@ -57,7 +75,7 @@ class Judgement:
     rewritable: bool
     why: str
     miss: str | None = None
-    unsound: dict[torch.dtype, KnownBug] = field(default_factory=dict)
+    unsound: dict[str, KnownBug] = field(default_factory=dict)
 
 
 FP32_ROUND_TRIP_DROPPED = KnownBug(
@@ -98,9 +116,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "perceiver_attention": Judgement(False, "finite-fill keep-mask written in place can mask a whole row"),
     "guided_diffusion_qkv_legacy": Judgement(True, "channel-major einsum, q and k each scaled by ch**-0.25, "
                                                    "fp32 softmax upcast cast back",
-                                             unsound={torch.float64: FP32_ROUND_TRIP_DROPPED}),
+                                             unsound={"float64": FP32_ROUND_TRIP_DROPPED}),
     "guided_diffusion_qkv": Judgement(True, "channel-major einsum on views, fp32 softmax upcast cast back",
-                                      unsound={torch.float64: FP32_ROUND_TRIP_DROPPED}),
+                                      unsound={"float64": FP32_ROUND_TRIP_DROPPED}),
     "ddpm_attention": Judgement(True, "conv-style (b, h, d, n) einsum, q pre-scaled"),
     "ddpm_linear_attention": Judgement(False, "linear attention: softmax of q over features, of k over positions"),
     "sd2_crossattention": Judgement(False, "scores on two paths, q/k (not v) upcast to fp32 under a `with` block"),
@@ -132,11 +150,11 @@ FINITE_FILL_FLOAT32 = KnownBug(
     "0.0), a tensor of the default dtype (float32), which cannot hold float64's finfo: the patch raises on float64",
     RuntimeError,
 )
-UNSAFE_PATCH_BUGS: dict[tuple[str, torch.dtype], KnownBug] = {
-    ("vitpytorch_navit", torch.float64): FINITE_FILL_FLOAT32,
-    ("perceiver_attention", torch.float64): FINITE_FILL_FLOAT32,
-    ("palm_mqa_attention", torch.float64): FINITE_FILL_FLOAT32,
-    ("hf_llama_eager", torch.float64): FP32_ROUND_TRIP_DROPPED,
+UNSAFE_PATCH_BUGS: dict[tuple[str, str], KnownBug] = {
+    ("vitpytorch_navit", "float64"): FINITE_FILL_FLOAT32,
+    ("perceiver_attention", "float64"): FINITE_FILL_FLOAT32,
+    ("palm_mqa_attention", "float64"): FINITE_FILL_FLOAT32,
+    ("hf_llama_eager", "float64"): FP32_ROUND_TRIP_DROPPED,
 }
 
 # ---------------------------------------------------------------------------------------------- running advisor
@@ -272,25 +290,26 @@ def _cast(inputs: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     return tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
 
 
-def _check_parity(stem: str, patched_file: Path, dtype: torch.dtype, accepts_nan_to_finite: bool,
+def _check_parity(stem: str, patched_file: Path, precision: Precision, accepts_nan_to_finite: bool,
                   only_builds: tuple[int, ...] | None = None, first_output_only: bool = False) -> Comparison:
-    """Original vs patched on the builds in `dtype`: outputs, and gradients except in bf16 (rounding order)."""
+    """Original vs patched on the builds in one precision: outputs, and gradients where the precision allows."""
     original = _load(PUBLIC_DIR / f"{stem}.py", f"public_original_{stem}")
     patched = _load(patched_file, f"public_patched_{patched_file.parent.name}_{stem}")
-    tolerance, stats = DTYPE_TOLERANCES[dtype], Comparison()
+    tolerance, stats = precision.tolerance, Comparison()
     for index, ((model, inputs), (patched_model, _)) in enumerate(zip(_builds(original), _builds(patched))):
         if only_builds is not None and index not in only_builds:
             continue
         patched_model.load_state_dict(model.state_dict(), strict=True)
-        model.to(dtype), patched_model.to(dtype)
-        inputs = _cast(inputs, dtype)
-        outs, grads = _run_with_grads(model, inputs, first_output_only)
-        patched_outs, patched_grads = _run_with_grads(patched_model, inputs, first_output_only)
-        where = f"{dtype} build {index}"
+        model.to(precision.dtype), patched_model.to(precision.dtype)
+        inputs = _cast(inputs, precision.dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.autocast):
+            outs, grads = _run_with_grads(model, inputs, first_output_only)
+            patched_outs, patched_grads = _run_with_grads(patched_model, inputs, first_output_only)
+        where = f"{precision.name} build {index}"
         assert len(outs) == len(patched_outs), f"{where}: the patch changed the number of outputs"
         for n, (a, b) in enumerate(zip(outs, patched_outs)):
             _compare(a, b, accepts_nan_to_finite, tolerance, f"{where} output {n}", stats)
-        if dtype == torch.bfloat16:
+        if not precision.grads:
             continue
         for n, (a, b) in enumerate(zip(grads, patched_grads)):
             assert (a is None) == (b is None), f"{where} gradient {n}: reached on one side only"
@@ -306,9 +325,9 @@ def test_every_public_file_is_judged() -> None:
     assert {p.stem for p in PUBLIC_DIR.glob("*.py")} == set(JUDGEMENTS)
 
 
-def _marks(stem: str, dtype: torch.dtype | None = None) -> list[pytest.MarkDecorator]:
+def _marks(stem: str, precision: Precision | None = None) -> list[pytest.MarkDecorator]:
     judgement = JUDGEMENTS[stem]
-    bug = KnownBug(judgement.miss) if judgement.miss else judgement.unsound.get(dtype) if dtype is not None else None
+    bug = KnownBug(judgement.miss) if judgement.miss else judgement.unsound.get(precision.name) if precision else None
     return [bug.mark()] if bug else []
 
 
@@ -335,11 +354,11 @@ def test_files_without_a_safe_patch_are_left_as_they_were(findings_by_file: dict
         assert (patched_dir / f"{stem}.py").read_bytes() == (PUBLIC_DIR / f"{stem}.py").read_bytes(), stem
 
 
-@pytest.mark.parametrize("stem,dtype", [
-    pytest.param(stem, dtype, marks=_marks(stem, dtype), id=f"{stem}-{str(dtype).removeprefix('torch.')}")
-    for stem, judgement in JUDGEMENTS.items() if judgement.rewritable for dtype in DTYPE_TOLERANCES
+@pytest.mark.parametrize("stem,precision", [
+    pytest.param(stem, precision, marks=_marks(stem, precision), id=f"{stem}-{precision.name}")
+    for stem, judgement in JUDGEMENTS.items() if judgement.rewritable for precision in PRECISIONS
 ])
-def test_safe_patch_keeps_outputs_and_gradients(stem: str, dtype: torch.dtype,
+def test_safe_patch_keeps_outputs_and_gradients(stem: str, precision: Precision,
                                                 findings_by_file: dict[str, list[dict[str, Any]]],
                                                 patched_dir: Path) -> None:
     """The applied safe patch imports, runs and matches the original on every build (NaN where it had NaN)."""
@@ -348,23 +367,24 @@ def test_safe_patch_keeps_outputs_and_gradients(stem: str, dtype: torch.dtype,
     patched_file = patched_dir / f"{stem}.py"
     assert "scaled_dot_product_attention" in patched_file.read_text()
     assert patched_file.read_bytes() != (PUBLIC_DIR / f"{stem}.py").read_bytes(), "safe patch not applied"
-    _check_parity(stem, patched_file, dtype, _accepts_fully_masked_rows(findings))
+    _check_parity(stem, patched_file, precision, _accepts_fully_masked_rows(findings))
 
 
 
-@pytest.mark.parametrize("stem,dtype", [
-    pytest.param(stem, dtype, marks=[UNSAFE_PATCH_BUGS[stem, dtype].mark()] if (stem, dtype) in UNSAFE_PATCH_BUGS
-                 else [], id=f"{stem}-{str(dtype).removeprefix('torch.')}")
-    for stem in FACTS_HOLD_ON for dtype in (torch.float32, torch.float64)
+@pytest.mark.parametrize("stem,precision", [
+    pytest.param(stem, precision, id=f"{stem}-{precision.name}",
+                 marks=[UNSAFE_PATCH_BUGS[stem, precision.name].mark()] if (stem, precision.name) in UNSAFE_PATCH_BUGS
+                 else [])
+    for stem in FACTS_HOLD_ON for precision in (FP32, FP64)
 ])
-def test_unsafe_patch_holds_where_its_facts_hold(stem: str, dtype: torch.dtype,
+def test_unsafe_patch_holds_where_its_facts_hold(stem: str, precision: Precision,
                                                  findings_by_file: dict[str, list[dict[str, Any]]],
                                                  unsafe_patched_dir: Path) -> None:
     """The facts an unsafe patch names are all it needs: on inputs where they hold, it matches the original."""
     findings = findings_by_file[stem]
     assert _outcome(findings) == "unsafe only", f"{stem}: {_outcome(findings)}"
     weights_escape = any(f["rule"] == "ADV102" for f in findings)
-    _check_parity(stem, unsafe_patched_dir / f"{stem}.py", dtype, True, FACTS_HOLD_ON[stem], weights_escape)
+    _check_parity(stem, unsafe_patched_dir / f"{stem}.py", precision, True, FACTS_HOLD_ON[stem], weights_escape)
 
 def test_fix_is_idempotent_on_the_patched_folder(patched_dir: Path) -> None:
     before = {p.name: p.read_bytes() for p in patched_dir.glob("*.py")}
