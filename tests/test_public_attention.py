@@ -129,6 +129,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "beit_attention": Judgement(False, "caller's rel_pos_bias has no visible rank (a 1-D bias would make SDPA raise)"),
     "vitpytorch_mobilevit": Judgement(True, "five-dimensional q/k/v (batch, patch, heads, tokens, dim)"),
     "espnet_multiheaded_attention": Judgement(False, "weights re-masked after the softmax and stored in self.attn"),
+    "ngvideo_head": Judgement(True, "single-head 3-D causal attention, v projected between dropout and product"),
+    "ngvideo_head_embd_scale": Judgement(True, "as ngvideo_head, scaled by the embedding width C**-0.5 (not the "
+                                               "head size: SDPA's default scale would be wrong)"),
     "palm_mqa_attention": Judgement(False, "causal mask from a caching helper (rows keep the diagonal, not provable "
                                            "from the source); single K/V head; detached row max subtracted"),
 }
