@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,8 @@ class Judgement:
     why: str
     miss: str | None = None
     unsound: dict[str, KnownBug] = field(default_factory=dict)
+    cause: str | None = None  # a regex the refusal/unsafe reason must match: it names what really blocks the rewrite
+    bad_reason: str | None = None
 
 
 FP32_ROUND_TRIP_DROPPED = KnownBug(
@@ -86,8 +89,14 @@ FP32_ROUND_TRIP_DROPPED = KnownBug(
 
 JUDGEMENTS: dict[str, Judgement] = {
     "vitpytorch_vit": Judgement(True, "einops heads, nn.Softmax/nn.Dropout modules, number scale"),
-    "vitpytorch_cait": Judgement(False, "talking heads: heads mixed before and after the softmax"),
-    "vitpytorch_lsa": Judgement(False, "learned temperature tensor scale (temperature.exp())"),
+    "vitpytorch_cait": Judgement(
+        False, "talking heads: heads mixed before and after the softmax", cause=r"head",
+        bad_reason="BAD-REASON: the head-mixing einsum('b h i j, h g -> b g i j', dots, mix) is read as a Q.K^T "
+                   "product and refused with 'the scores are not laid out as (..., query, key)'; the reason "
+                   "should say the heads are mixed (talking heads)",
+    ),
+    "vitpytorch_lsa": Judgement(False, "learned temperature tensor scale (temperature.exp())",
+                                cause=r"temperature"),
     "vitpytorch_navit": Judgement(False, "finite-fill keep-masks can mask a whole row (mean of V, not SDPA's)"),
     "timm_attention": Judgement(False, "the block sits in the `else` of `if self.fused_attn`: enabling it is "
                                        "the fix (the scores also pass through a helper, maybe_add_mask)"),
@@ -95,10 +104,12 @@ JUDGEMENTS: dict[str, Judgement] = {
     "mingpt_causal": Judgement(True, "separate q/k/v Linears, causal `mask` buffer, -inf fill"),
     "xtransformers_attend": Judgement(False, "pre/post-softmax weights leave through Intermediates"),
     "hf_bert_legacy": Judgement(False, "weights returned with output_attentions, head mask, relative scores"),
-    "hf_gpt2_legacy": Judgement(False, "weights returned, head mask, tensor scale (torch.full)"),
-    "hf_llama_eager": Judgement(False, "eager_attention_forward returns the weights"),
-    "hf_t5_eager": Judgement(False, "eager_attention_forward returns the weights"),
-    "hf_whisper_legacy": Judgement(False, "weights returned with output_attentions, layer head mask"),
+    "hf_gpt2_legacy": Judgement(False, "weights returned, head mask, tensor scale (torch.full)",
+                                cause=r"head_mask"),
+    "hf_llama_eager": Judgement(False, "eager_attention_forward returns the weights", cause=r"used outside"),
+    "hf_t5_eager": Judgement(False, "eager_attention_forward returns the weights", cause=r"used outside"),
+    "hf_whisper_legacy": Judgement(False, "weights returned with output_attentions, layer head mask",
+                                   cause=r"head_mask"),
     "ldm_crossattention": Judgement(False, "finite-fill keep-mask written in place can mask a whole row"),
     "ldm_crossattention_split": Judgement(True, "3-D einsum block in a helper method, k pre-scaled by its caller"),
     "ldm_spatial_selfattention": Judgement(
@@ -112,7 +123,12 @@ JUDGEMENTS: dict[str, Judgement] = {
     "ldm_linear_attention": Judgement(False, "linear attention: softmax over positions of k, K V^T first"),
     "swin_window_attention": Judgement(True, "pre-scaled q, relative position bias + 0/-100 window mask added"),
     "dinov2_attention": Judgement(True, "q pre-scaled while unpacking qkv[0] * self.scale"),
-    "dino_attention_returns_weights": Judgement(False, "forward returns (x, attn)"),
+    "dino_attention_returns_weights": Judgement(
+        False, "forward returns (x, attn)", cause=r"used outside|returned",
+        bad_reason="BAD-REASON: refused only because `self.scale = qk_scale or head_dim ** -0.5` is not provably a "
+                   "number; the weights returned by forward (the reason no SDPA rewrite can serve DINO's attention "
+                   "maps) are not named",
+    ),
     "openclip_attention": Judgement(False, "scaled-cosine branch: learned per-head temperature tensor"),
     "perceiver_attention": Judgement(False, "finite-fill keep-mask written in place can mask a whole row"),
     "guided_diffusion_qkv_legacy": Judgement(True, "channel-major einsum, q and k each scaled by ch**-0.25, "
@@ -124,7 +140,11 @@ JUDGEMENTS: dict[str, Judgement] = {
     "ddpm_linear_attention": Judgement(False, "linear attention: softmax of q over features, of k over positions"),
     "sd2_crossattention": Judgement(False, "scores on two paths, q/k (not v) upcast to fp32 under a `with` block"),
     "maxvit_attention": Judgement(True, "nn.Sequential(Softmax, Dropout), q pre-scaled, embedding position bias"),
-    "annotated_transformer_attention": Judgement(False, "weights returned by attention() and stored in self.attn"),
+    "annotated_transformer_attention": Judgement(
+        False, "weights returned by attention() and stored in self.attn", cause=r"used outside|returned",
+        bad_reason="BAD-REASON: refused for the optional `if dropout is not None: p_attn = dropout(p_attn)`; the "
+                   "weights returned by attention() (stored in self.attn by the caller) are not named",
+    ),
     "taming_attnblock": Judgement(True, "single-head channel-major bmm with permuted q and weights"),
     "beit_attention": Judgement(False, "caller's rel_pos_bias has no visible rank (a 1-D bias would make SDPA raise)"),
     "vitpytorch_mobilevit": Judgement(True, "five-dimensional q/k/v (batch, patch, heads, tokens, dim)"),
@@ -349,6 +369,16 @@ def test_outcome_is_sound_and_complete(stem: str, findings_by_file: dict[str, li
     else:
         assert outcome != "safe patch", f"{stem}: a safe patch, but {judgement.why}"
 
+
+
+@pytest.mark.parametrize("stem", [
+    pytest.param(stem, marks=[KnownBug(judgement.bad_reason).mark()] if judgement.bad_reason else [])
+    for stem, judgement in JUDGEMENTS.items() if judgement.cause
+])
+def test_reason_names_what_blocks_the_rewrite(stem: str, findings_by_file: dict[str, list[dict[str, Any]]]) -> None:
+    """A refusal or unsafe patch is only useful if its reason names the real obstacle."""
+    reasons = [f["reason"] or "" for f in findings_by_file[stem]]
+    assert any(re.search(JUDGEMENTS[stem].cause, reason) for reason in reasons), f"{stem}: {reasons}"
 
 def test_files_without_a_safe_patch_are_left_as_they_were(findings_by_file: dict[str, list[dict[str, Any]]],
                                                            patched_dir: Path) -> None:
