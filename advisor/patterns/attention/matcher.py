@@ -1,11 +1,4 @@
-"""Hand-written attention as roles, proved one by one.
-
-Anchor: every softmax in a function. Backwards from its input, peel the score chain (casts, scale factors,
-masks) down to the Q·K^T product; forwards from its output, follow the weights through casts and dropout to
-the weights·V product. Each role is then proved: K transposed on the last two dims (or re-transposed
-explicitly), scale a Python number, mask polarity and fill, softmax over the key axis, dropout flag, every
-intermediate read only inside the block. Anything unproved becomes a refusal with a one-sentence reason.
-"""
+"""The matcher, for now one class: being split along its roles into this package's modules."""
 
 from __future__ import annotations
 
@@ -19,7 +12,7 @@ from advisor.patterns import einsum as es
 from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.dtypes import DtypeRoots
-from advisor.patterns.facts import FactSheet
+from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.ops import Op, OpReader, int_value, number_value
 from advisor.patterns.values import ValueProver
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow, contains_call, loaded_names
@@ -29,58 +22,6 @@ CORE_OPS = {"matmul", "bmm", "baddbmm", "einsum"}
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
 MAX_CHAIN = 40
-
-
-class Refusal(Exception):
-    """A role could not be proved; the message is the one-sentence reason shown to the user."""
-
-
-@dataclass
-class MaskTerm:
-    kind: str  # "keep" (bool, True = attend), "float" (additive), "causal", "finite" (masked bool + fill)
-    code: str  # keep / float / causal-keep expression, or the masked (True = masked) expression for "finite"
-    fill: str | None = None
-    guard: cst.If | None = None
-    statement: cst.CSTNode | None = None  # where the original applies it
-    reshape: tuple[str, str, bool] | None = None  # (expand shape, reshape shape, has -1) when applied to a view
-    scaled_after: bool = False
-    nodes: list[cst.CSTNode] = field(default_factory=list)
-    fill_kind: str = mk.ADDITIVE  # how the original masks: -inf fill, finite fill, or added values
-    source: cst.BaseExpression | None = None  # the mask tensor as the original passes it
-    same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
-    in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
-    keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
-
-
-@dataclass
-class AttentionMatch:
-    """Everything the SDPA rewrite needs, or the reason there is none."""
-
-    function: str
-    line: int
-    end_line: int
-    output_node: cst.CSTNode | None = None
-    query: str = ""
-    key: str = ""
-    value: str = ""
-    scale: str | None = None  # None: SDPA's default 1/sqrt(E) is provably the original's
-    masks: list[MaskTerm] = field(default_factory=list)
-    dropout_p: str | None = None
-    # masks evaluated where the original applied them, into a fresh variable: the statement to put
-    # `variable = None` before, and {statement applying a mask: the assignment that replaces it}
-    hoist_anchor: cst.CSTNode | None = None
-    hoist_init: str = ""
-    hoisted: dict[cst.CSTNode, str] = field(default_factory=dict)
-    renamed: dict[cst.CSTNode, str] = field(default_factory=dict)  # `scores.dtype`, `scores.size(-1)`, ...
-    attn_mask: str | None = None
-    is_causal: bool = False
-    output_suffix: str = ""
-    removed: list[cst.CSTNode] = field(default_factory=list)
-    escapes: list[cst.Name] = field(default_factory=list)
-    reason: str | None = None
-    unsafe_reason: str | None = None  # why even the unsafe fix is unavailable
-    note: str | None = None  # what the user should know whatever the proof found (SDPA on the other branch)
-    facts: FactSheet = field(default_factory=FactSheet)  # what the rewrite relies on; assumed facts make it unsafe
 
 
 def find_attention(parsed: ParsedModule) -> list[AttentionMatch]:
