@@ -10,8 +10,11 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate
-from advisor.patterns.ops import int_value, number_value
+from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.module_index import ParsedModule
+
+# what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
+TRIANGLE_KEEPING = {"view", "reshape", "unsqueeze", "expand", *CAST_METHODS, "bool", "byte", "int", "long"}
 
 
 def _mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
@@ -107,29 +110,33 @@ def _upper_bound(parsed: ParsedModule, element: cst.SubscriptElement) -> str | N
 
 
 def triangle(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
-    """'lower' for `torch.tril(torch.ones(n, n))`, 'upper' for `torch.triu(torch.ones(n, n), diagonal=1)`
-    (either spelling, then views/casts/bool/None-indexing); None for anything else, including non-squares."""
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-            node.func.attr.value in ("view", "reshape", "bool", "to", "unsqueeze", "float", "byte", "int", "expand") \
-            and isinstance(node.func.value, (cst.Call, cst.Subscript)):
-        node = node.func.value
-    while isinstance(node, cst.Subscript) and all(
-            isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
-            or _is_full_slice(e) for e in node.slice):
-        node = node.value
+    """'lower' for a square lower triangle of ones (`torch.tril(torch.ones(n, n))`, `torch.ones(n, n).tril()`,
+    `.tril_()`), 'upper' for a square of ones strictly above the diagonal (`triu(..., diagonal=1)`), under any
+    views, casts and None-indexing (they keep the 0/1 values where they are); None for anything else, including
+    non-squares and other diagonals. The matcher's causal proof and the flash backend's bottom-right check both
+    read a mask's triangle here."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in TRIANGLE_KEEPING:
+            node = node.func.value
+        elif isinstance(node, cst.Subscript) and all(
+                isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
+                or _is_full_slice(e) for e in node.slice):
+            node = node.value
+        else:
+            break
     if not isinstance(node, cst.Call):
         return None
     dotted = parsed.imported_name(node.func)
     if dotted in ("torch.tril", "torch.triu") and node.args:
-        kind, inner = dotted[-4:], node.args[0].value
-        diagonal = next((a.value for a in node.args[1:] if a.keyword is None or a.keyword.value == "diagonal"), None)
-    elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("tril", "triu") and dotted is None:
-        kind, inner = node.func.attr.value, node.func.value
-        diagonal = next((a.value for a in node.args if a.keyword is None or a.keyword.value == "diagonal"), None)
+        kind, inner, options = dotted[-4:], node.args[0].value, node.args[1:]
+    elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("tril", "triu", "tril_", "triu_") \
+            and dotted is None:
+        kind, inner, options = node.func.attr.value[:4], node.func.value, node.args
     else:
         return None
-    wanted_diagonal = 0 if kind == "tril" else 1
-    if (number_value(diagonal) if diagonal is not None else 0) != wanted_diagonal:
+    diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
+    if (number_value(diagonal) if diagonal is not None else 0) != (0 if kind == "tril" else 1):
         return None
     if not (isinstance(inner, cst.Call) and parsed.imported_name(inner.func) == "torch.ones"):
         return None
