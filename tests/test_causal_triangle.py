@@ -17,38 +17,27 @@ def _read(expression: str) -> str | None:
     return triangle(parsed, statement.value)
 
 
-@pytest.mark.parametrize("expression", [
-    "torch.tril(torch.ones(n, n))",
-    "torch.tril(torch.ones((n, n)), diagonal=0)",
-    "torch.tril(torch.ones([n, n]), 0)",
-    "torch.ones(n, n).tril()",
-    "torch.ones(n, n).tril_()",
-    "torch.tril(torch.ones(n, n)).view(1, 1, n, n)",
-    "torch.tril(torch.ones(n, n, dtype=torch.bool))[None, None, :, :]",
-    "torch.ones(n, n).tril().long().unsqueeze(0).expand(b, n, n)",
-    "torch.tril(torch.ones(n, n)).to(torch.uint8).half()",
+@pytest.mark.parametrize(("expression", "expected"), [
+    ("torch.tril(torch.ones(n, n))", "lower"),
+    ("torch.tril(torch.ones((n, n)), diagonal=0)", "lower"),
+    ("torch.tril(torch.ones([n, n]), 0)", "lower"),
+    ("torch.ones(n, n).tril()", "lower"),
+    ("torch.ones(n, n).tril_()", "lower"),
+    ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "lower"),
+    ("torch.tril(torch.ones(n, n, dtype=torch.bool))[None, None, :, :]", "lower"),
+    ("torch.ones(n, n).tril().long().unsqueeze(0).expand(b, n, n)", "lower"),
+    ("torch.tril(torch.ones(n, n)).to(torch.uint8).half()", "lower"),
+    ("torch.triu(torch.ones(n, n), diagonal=1)", "upper"),
+    ("torch.ones(n, n).triu(1).bool()", "upper"),
+    ("torch.ones(n, n).triu_(diagonal=1)", "upper"),
+    ("torch.tril(torch.ones(n, m))", None),  # not square
+    ("torch.tril(torch.ones(n, n), diagonal=1)", None),  # keeps the next key too
+    ("torch.triu(torch.ones(n, n))", None),  # masks the diagonal
+    ("torch.tril(torch.rand(n, n))", None),  # not ones
+    ("torch.tril(torch.ones(n, n)).cumsum(0)", None),  # changes the values
+    ("torch.tril(torch.ones(n, n))[1:, :]", None),  # drops a row
+    ("mask.tril()", None),  # not built here
 ])
-def test_lower_triangles_of_ones(expression):
-    assert _read(expression) == "lower"
-
-
-@pytest.mark.parametrize("expression", [
-    "torch.triu(torch.ones(n, n), diagonal=1)",
-    "torch.ones(n, n).triu(1).bool()",
-    "torch.ones(n, n).triu_(diagonal=1)",
-])
-def test_strict_upper_triangles_of_ones(expression):
-    assert _read(expression) == "upper"
-
-
-@pytest.mark.parametrize("expression", [
-    "torch.tril(torch.ones(n, m))",  # not square
-    "torch.tril(torch.ones(n, n), diagonal=1)",  # keeps the next key too
-    "torch.triu(torch.ones(n, n))",  # masks the diagonal
-    "torch.tril(torch.rand(n, n))",  # not ones
-    "torch.tril(torch.ones(n, n)).cumsum(0)",  # changes the values
-    "torch.tril(torch.ones(n, n))[1:, :]",  # drops a row
-    "mask.tril()",  # not built here
-])
-def test_anything_else_is_no_triangle(expression):
-    assert _read(expression) is None
+def test_triangle_of_ones(expression, expected):
+    """'lower' keeps keys up to the query's position, 'upper' masks the keys after it; None is no triangle."""
+    assert _read(expression) == expected

@@ -16,6 +16,7 @@ from advisor.patterns.attention.candidate import Candidate, definition_of_value,
 from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
 from advisor.patterns.attention.products import rank, spec
 from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import MaskTerm
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, Definition
@@ -33,12 +34,19 @@ def roots(c: Candidate) -> DtypeRoots:
 def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     """SDPA needs q, k, v of one dtype and masks of a rank and dtype it accepts; record what the source
     proves about them, and what fully masked rows do (see `masks`)."""
+    v_like_q = _qkv_dtype_fact(c)
+    _mask_dtype_facts(c, v_like_q)
+    _mask_rank_fact(c, ndim)
+    mk.record_row_facts(c.match.facts, c.match.masks)
+
+
+def _qkv_dtype_fact(c: Candidate) -> bool:
+    """Record whether q, k and v provably share a dtype; returns whether v's dtype root is q's or k's."""
     match, output, value_node = c.match, c.weights.output, c.weights.value_node
     dtypes = roots(c)
     query, key = c.leaf_nodes[0], c.leaf_nodes[1]
     weights = next(o for o in output.operands if o is not value_node)
     v_like_q = dtypes.same(value_node, query) or dtypes.same(value_node, key)
-    floats = [term for term in match.masks if term.kind == "float" and not term.same_dtype]
     statement = "q, k and v have one dtype"
     if v_like_q:
         match.facts.proved("qkv-dtype", statement, "q and v come from one tensor, or one input through Linear "
@@ -46,7 +54,7 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     elif dtypes.same(weights, query) or dtypes.same(weights, key):
         match.facts.proved("qkv-dtype", statement, "the weights reach the value product in the query's dtype, "
                                                    "and the value product raises unless v has theirs")
-    elif floats and not c.dtype_changes:
+    elif _float_masks(c) and not c.dtype_changes:
         match.facts.proved("qkv-dtype", statement, "the value product gives v the scores' dtype, which is the "
                                                    "query's given the mask-dtype fact")
     else:
@@ -54,11 +62,22 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
                             f"(`{short(c.parsed, c.dtype_changes[-1].node)}`) before the value product, and "
                             f"nothing links v's dtype to q's" if c.dtype_changes else
                             "nothing links v's dtype to q's")
+    return v_like_q
+
+
+def _float_masks(c: Candidate) -> list[MaskTerm]:
+    """The additive masks whose dtype the original does not tie to the scores' (baddbmm's input it does)."""
+    return [term for term in c.match.masks if term.kind == "float" and not term.same_dtype]
+
+
+def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
+    """SDPA casts a float mask to q's dtype; eager code would promote the scores to a wider mask's dtype."""
+    match = c.match
     for term in match.masks:
         if term.same_dtype:
             match.facts.proved("mask-dtype", f"the additive input `{short(c.parsed, term.source)}` has the query's "
                                f"dtype", "baddbmm raises unless its input has its batches' dtype")
-    for term in floats:
+    for term in _float_masks(c):
         mask_statement = f"the additive mask `{short(c.parsed, term.source)}` is not a float wider than the query"
         if plain_query(c) is None:
             match.facts.assumed("mask-dtype", f"the additive mask `{short(c.parsed, term.source)}` is a float of "
@@ -76,8 +95,6 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
         else:
             match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
                                 "to q's dtype, which changes a wider float mask)")
-    _mask_rank_fact(c, ndim)
-    mk.record_row_facts(match.facts, match.masks)
 
 
 def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
