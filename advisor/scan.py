@@ -8,6 +8,7 @@ import re
 import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -177,8 +178,7 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            outcomes = list(pool.map(scan_one, files, chunksize=4))
+        outcomes = _scan_in_pool(files, scan_one, jobs)
     else:
         outcomes = []
         for path in files:
@@ -188,6 +188,32 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     for outcome in outcomes:
         (result.errors if isinstance(outcome, ScanError) else result.files).append(outcome)
     return result
+
+
+def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | ScanError]:
+    """Results in discovery order. A worker that dies (a segfault in a native parser, the OOM killer) breaks the
+    whole pool; the files without a result are then rescanned one process each, so the file that kills its
+    process becomes that file's error entry and every other file still gets its result."""
+    outcomes: dict[str, FileResult | ScanError] = {}
+    try:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
+                outcomes[path] = outcome
+    except BrokenProcessPool:
+        pass
+    for path in files:
+        if path not in outcomes:
+            outcomes[path] = _scan_isolated(path, scan_one)
+    return [outcomes[path] for path in files]
+
+
+def _scan_isolated(path: str, scan_one) -> FileResult | ScanError:
+    try:
+        with ProcessPoolExecutor(max_workers=1) as pool:
+            return pool.submit(scan_one, path).result()
+    except BrokenProcessPool:
+        return ScanError(path, "the analysis process died on this file (a crash in a native library?); please "
+                               "report it", internal=True)
 
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",

@@ -187,3 +187,74 @@ def test_the_demo_runs_from_a_copy_outside_the_package():
     assert Path(path).read_text() == DEMO.read_text()
     assert Path(root) in Path(path).parents and Path(DEMO).parent not in Path(path).parents
     shutil.rmtree(root)
+
+
+def write_blocks(folder: Path, count: int) -> Path:
+    """A model of `count` attention blocks in one file (`blocks` builds it): one patch each."""
+    text = MODEL.format(module_prelude="pass", forward_prelude="pass", forward_epilogue="pass", workload_prelude="pass")
+    block = text[text.index("class Attention"):text.index("def workload")]
+    copies = [block.replace("class Attention", f"class Copy{index}") for index in range(1, count)]
+    path = folder / "blocks.py"
+    path.write_text(text + "\n" + "\n".join(copies) + "\ndef blocks(seed=0):\n    model, x = workload(seed)\n"
+                    f"    return torch.nn.Sequential(model, {', '.join(f'Copy{i}()' for i in range(1, count))}), x\n")
+    return path
+
+
+@pytest.fixture
+def every_parity_pass_verified(monkeypatch):
+    """Timing verdicts depend on the machine's load; these tests are about review, so a patch that passes
+    parity counts as verified whatever its interval."""
+    from advisor.verify import optimize as pipeline
+
+    monkeypatch.setattr(pipeline.Trial, "verdict", property(
+        lambda t: pipeline.NOT_RUN if t.error or t.parity is None else
+        pipeline.VERIFIED if t.parity.ok else pipeline.PARITY_FAILED))
+
+
+def test_interactive_writes_only_the_verified_patches_the_user_accepts(tmp_path, capsys, monkeypatch,
+                                                                       every_parity_pass_verified):
+    import io
+
+    model = write_blocks(tmp_path, 2)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\nn\n"))
+    code, result, err = run_json(capsys, f"{model}:blocks", "--interactive", "--root", str(tmp_path),
+                                 "--report", str(tmp_path / "report"))
+    first, second = sorted(result["patches"], key=lambda p: p["line"])
+    assert first["verified"] and second["verified"]
+    assert first["applied"] and not second["applied"] and "declined" in second["reason"]
+    assert code == 1  # a verified patch remains unapplied
+    text = model.read_text()
+    assert text.count("scaled_dot_product_attention(") == 1 and text.count("F.softmax(") == 1
+    assert err.count("apply this patch?") == 2 and "verified:" in err
+
+
+def test_interactive_at_end_of_input_writes_nothing(tmp_path, capsys, monkeypatch, every_parity_pass_verified):
+    import io
+
+    model = write_blocks(tmp_path, 2)
+    before = model.read_bytes()
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, result, _ = run_json(capsys, f"{model}:blocks", "--interactive", "--root", str(tmp_path),
+                               "--report", str(tmp_path / "report"))
+    assert code == 1 and model.read_bytes() == before
+    assert all(not p["applied"] and "declined" in p["reason"] for p in result["patches"])
+
+
+def test_interactive_part_of_several_patches_is_checked_together_before_it_is_written(
+        tmp_path, capsys, monkeypatch, every_parity_pass_verified):
+    """Accepting two of three verified patches applies a combination nobody measured: it gets its own parity run."""
+    import io
+
+    from advisor.verify import optimize as pipeline
+
+    model = write_blocks(tmp_path, 3)
+    trials = []
+    real_trial = pipeline.Session.trial
+    monkeypatch.setattr(pipeline.Session, "trial", lambda self, ids: trials.append(ids) or real_trial(self, ids))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\nn\ny\n"))
+    code, result, _ = run_json(capsys, f"{model}:blocks", "--interactive", "--root", str(tmp_path),
+                               "--report", str(tmp_path / "report"))
+    first, second, third = sorted(result["patches"], key=lambda p: p["line"])
+    assert trials[-1] == (first["id"], third["id"])
+    assert code == 1 and first["applied"] and third["applied"] and not second["applied"]
+    assert model.read_text().count("scaled_dot_product_attention(") == 2

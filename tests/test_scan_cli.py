@@ -173,3 +173,27 @@ def test_parallel_scan_matches_serial(workdir):
     parallel = scan_paths(["."], jobs=2)
     assert len(serial.files) >= 16
     assert [f.to_json() for f in serial.findings] == [f.to_json() for f in parallel.findings]
+
+
+def test_a_worker_that_dies_is_one_error_entry_and_the_scan_goes_on(workdir, monkeypatch):
+    """A segfault in one worker breaks the whole process pool; the scan must still report every other file and
+    name the one that killed its process (workers are forked, so they see the patched analysis)."""
+    import os
+
+    from advisor import scan
+
+    for index, fixture in enumerate(sorted(POSITIVE.glob("*.py"))[:20]):
+        shutil.copy(fixture, workdir / f"m{index:02d}.py")
+    (workdir / "m05.py").write_text((workdir / "m05.py").read_text() + "\n# crash here\n")
+    real = scan._analyze_file
+
+    def crash_on_marker(path, *args):
+        if path.endswith("m05.py"):
+            os._exit(139)  # what a segfault looks like to the pool: the worker vanishes without a result
+        return real(path, *args)
+
+    monkeypatch.setattr(scan, "_analyze_file", crash_on_marker)
+    result = scan.scan_paths(["."], jobs=2)
+    assert [os.path.basename(e.path) for e in result.errors] == ["m05.py"]
+    assert result.errors[0].internal and "process died" in result.errors[0].message
+    assert len(result.files) == 19 and all(f.findings for f in result.files)

@@ -10,16 +10,18 @@ import json
 import os
 import shutil
 import tempfile
+from functools import partial
 from importlib import resources
 
 from rich.console import Console
 
 from advisor.backends.site import REQUESTABLE
 from advisor.commands.profile import add_workload_arguments
+from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
-from advisor.report.terminal import stdout_console
+from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.runner import resolve_device
 from advisor.verify.optimize import Options, optimize
 
@@ -31,6 +33,8 @@ def add_parser(sub) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="path/to/file.py:function or package.module:function (default: the bundled demo)")
     parser.add_argument("--apply", action="store_true", help="write the verified patches")
+    parser.add_argument("--interactive", action="store_true",
+                        help="ask before writing each verified patch (implies --apply)")
     parser.add_argument("--report", metavar="DIR", help="folder for the reports, traces and logs (default: a new "
                                                         "temporary folder)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
@@ -55,15 +59,38 @@ def run(args) -> int:
         stderr.print(f"advisor: no TARGET given: running the bundled demo from a copy in {root}", highlight=False)
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
-                      train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend, apply=args.apply,
-                      timeout_s=args.timeout, timing_budget_s=args.timing_budget)
+                      train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
+                      apply=args.apply or args.interactive, timeout_s=args.timeout,
+                      timing_budget_s=args.timing_budget)
     with stderr.status("starting") as status:
+        if args.interactive:
+            options.review = partial(_review, stderr, status)
         result = optimize(options, progress=lambda message: status.update(message))
     result["report"] = os.path.join(report_dir, "report.html")
     _write_reports(result, report_dir)
     _print(result, args.format)
     unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
     return 1 if unapplied else 0
+
+
+def _review(console: Console, status, patches: list[dict]) -> list[str]:
+    """The ids of the verified patches the user accepts; the spinner pauses while the question is open."""
+    status.stop()
+    accepted = []
+    try:
+        for patch in patches:
+            lo, hi = patch["speedup_ci"]
+            console.print(f"\n{shown(patch['path'])}:{patch['line']} {patch['rule']} verified: "
+                          f"{patch['speedup']:.2f}x faster (95% interval {lo:.2f}-{hi:.2f}), "
+                          f"max abs error {patch['max_abs_err']:.1e}", highlight=False)
+            answer = ask_to_apply(console, patch["diff"])
+            if answer == QUIT:
+                break
+            if answer == APPLY:
+                accepted.append(patch["id"])
+    finally:
+        status.start()
+    return accepted
 
 
 def _demo_copy() -> tuple[str, str]:

@@ -8,23 +8,28 @@ import libcst as cst
 
 from advisor.static.module_index import ParsedModule
 
-# Methods and attributes that can return their receiver or a view of it (a cast to the dtype it has returns it):
-# what reads their result reads the copy's memory.
-VIEW_METHODS = frozenset({"transpose", "permute", "t", "unsqueeze", "squeeze", "expand", "expand_as", "narrow",
-                          "select", "reshape", "flatten", "unflatten", "detach", "split", "chunk", "unbind",
-                          "contiguous", "to", "float", "half", "bfloat16", "double", "type", "type_as"})
-VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH"})
 # Reading these observes the layout or the storage itself, so a copy's removal could change what they see.
 LAYOUT_READS = frozenset({"view", "view_as", "stride", "is_contiguous", "data_ptr", "storage", "untyped_storage",
-                          "storage_offset", "numpy", "as_strided", "set_", "data", "grad", "resize_"})
-METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel", "requires_grad", "is_cuda"})
+                          "storage_offset", "numpy", "as_strided", "as_strided_", "set_", "data", "grad", "resize_",
+                          "from_dlpack", "to_dlpack", "__dlpack__"})
+METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel", "requires_grad", "is_cuda",
+                      "item", "tolist", "element_size", "nelement", "is_floating_point", "is_complex"})
+# The only results with a layout of their own whatever their inputs' strides (a new contiguous tensor). Any other
+# result may be a view of its input (transpose, einsum, chunk) or keep its strides (elementwise ops, reductions),
+# so its uses are followed like the copy's own.
+FRESH_RESULTS = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear"})
+# Reductions that, given no dimension, return a 0-dim tensor: a scalar has no layout to lose.
+FULL_REDUCTIONS = frozenset({"sum", "mean", "prod", "max", "min", "amax", "amin", "norm", "all", "any", "std", "var"})
+VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 
 
 def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression: cst.CSTNode) -> str | None:
-    """Why the value of `expression` (and every view of it) may be read for its layout or memory, or leaves the
-    function; None when every use is a computation that reads values only: an operator, a method that makes a new
-    tensor (a reduction), or an argument of a torch function. An argument of any other callable (a module, a
-    helper) is not seen: that callee could `.view` it or keep it."""
+    """Why the value of `expression`, or any value derived from it, may be read for its layout or memory, or leaves
+    the function; None when the values derived from it are only computed with and end in a fresh tensor (a matrix
+    product), metadata, or nothing. A derived value is any result of an operator, method or torch function of it:
+    such a result can be a view of it or share its strides, so a later `.view` or a return would see the layout
+    the copy made. An argument of any callable outside torch (a module, a helper) is not seen: that callee could
+    `.view` it or keep it."""
     flow = parsed.flow(function)
     pending, seen = [expression], set()
     while pending:
@@ -39,18 +44,28 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             called = isinstance(caller, cst.Call) and caller.func is parent
             if name in LAYOUT_READS or (name.endswith("_") and not name.startswith("_")):
                 return f"`.{name}` at line {parsed.line(parent)} reads its layout or writes it in place"
-            if (called and name in VIEW_METHODS) or (not called and name in VIEW_ATTRIBUTES):
-                pending.append(caller if called else parent)
-            elif not called and name not in METADATA:
+            if name in METADATA or (called and (name in FRESH_RESULTS or (name in FULL_REDUCTIONS and
+                                                                            not caller.args))):
+                continue
+            if not called and name not in VIEW_ATTRIBUTES:
                 return f"its attribute `.{name}` is read at line {parsed.line(parent)}"
+            pending.append(caller if called else parent)
         elif isinstance(parent, cst.Arg) and parent.value is node:
             call = parsed.parents.get(parent)
             callee = parsed.imported_name(call.func) if isinstance(call, cst.Call) else None
-            if callee is None or not callee.startswith("torch."):
+            if callee is None or not callee.startswith("torch.") or callee.startswith(("torch.ops.", "torch.Tensor.")):
                 shown = parsed.code(call.func).strip() if isinstance(call, cst.Call) else "a call"
                 return f"it is passed to `{shown}` at line {parsed.line(parent)}, whose use of it is not seen"
-        elif isinstance(parent, cst.Subscript) and parent.value is node:
-            pending.append(parent)  # indexing gives a view
+            last = callee.rpartition(".")[2]
+            if last in LAYOUT_READS or last.endswith("_"):
+                return f"`{callee}` at line {parsed.line(parent)} reads its layout or writes it in place"
+            if last not in FRESH_RESULTS and not (last in FULL_REDUCTIONS and len(call.args) == 1):
+                pending.append(call)
+        elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.MatrixMultiply):
+            continue  # `@` is matmul: a new contiguous tensor
+        elif isinstance(parent, (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.ComparisonTarget,
+                                 cst.BooleanOperation, cst.Subscript)) and node is not getattr(parent, "slice", None):
+            pending.append(parent)  # an operator's result keeps its operand's strides; indexing gives a view
         elif isinstance(parent, (cst.Return, cst.Yield)):
             return f"it is returned at line {parsed.line(parent)}, where its layout is no longer seen"
         elif isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement, cst.AugAssign,
@@ -64,6 +79,8 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             pending.extend(reads)
         elif isinstance(parent, cst.IfExp) and parent.test is not node:
             pending.append(parent)
+        elif isinstance(parent, (cst.For, cst.CompFor)) and parent.iter is node:
+            return f"it is iterated at line {parsed.line(parent)}, which yields views of it"
     return None
 
 

@@ -41,6 +41,7 @@ class Options:
     unsafe_fixes: bool = False
     backend: str = "sdpa"  # what attention patches target: sdpa, flash, flash-attn
     apply: bool = False
+    review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
     seeds: int = 3
     timing_budget_s: float = 4.0
@@ -288,7 +289,7 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
     else:
         before = summary(session.original.call("time", steps=10, warmup=2), before_peak["bytes"])
         after = profile_after = None
-    written = apply_patches(session, final.ids if final else (), o) if final else {}
+    written = _apply_reviewed(session, trials, final) if final else {}
     patches = [_patch_json(session, c, trials.get(pid), written.get(pid), final) for pid, c in
                session.candidates.items()]
     ops_before = session.profile_before["ops"]
@@ -314,6 +315,33 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         "state_dict": final.state_dict if final else {"missing": [], "unexpected": []},
         "notes": session.notes + ([session.nondeterministic] if session.nondeterministic else []),
     }
+
+
+def _apply_reviewed(session: Session, trials: dict[str, Trial], final: Trial) -> dict:
+    """Apply the verified combination, or the part of it the reviewer accepts (--interactive). A part of several
+    patches was never measured together: it is applied only after its own parity run passes."""
+    o = session.options
+    if not o.apply or o.review is None:
+        return apply_patches(session, final.ids, o)
+    accepted = set(o.review([_review_item(session, pid, trials[pid]) for pid in final.ids]))
+    ids = tuple(pid for pid in final.ids if pid in accepted)
+    declined = {pid: (False, None, "declined at the --interactive prompt") for pid in final.ids if pid not in ids}
+    if 1 < len(ids) < len(final.ids):
+        session.progress("checking the parity of the accepted patches together")
+        together = session.trial(ids)
+        together.close()
+        if not (together.parity is not None and together.parity.ok):
+            why = together.error or "; ".join(together.parity.failures[:3])
+            return declined | {pid: (False, None, f"the accepted patches fail parity together: {why}") for pid in ids}
+    return declined | apply_patches(session, ids, o)
+
+
+def _review_item(session: Session, pid: str, trial: Trial) -> dict:
+    """What a reviewer sees of one verified patch: where, the diff, and its measured numbers."""
+    finding = session.candidates[pid].finding
+    return {"id": pid, "rule": finding.rule, "path": display_path(finding.path), "line": finding.line,
+            "fix_safety": finding.fix_safety, "diff": finding.patch, "speedup": trial.paired.speedup(),
+            "speedup_ci": trial.paired.speedup_ci(), "max_abs_err": trial.parity.max_abs_err}
 
 
 def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[str, tuple[bool, str | None, str | None]]:
