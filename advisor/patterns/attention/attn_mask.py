@@ -124,5 +124,7 @@ def _term_values(c: Candidate, term: MaskTerm) -> str:
         return f"{atom(term.code)}.to({plain_query(c)}.dtype)"  # eager promotion adds the same values
     if term.kind != "finite":
         return term.code
+    # the 0-d zero in q's dtype makes `where` convert the fill to q's dtype, saturating like `.to` (a Python 0.0
+    # would build a float32 tensor first, which cannot hold float64's finfo.min); `.to` covers a tensor fill
     torch_name, query = _torch_and_query(c)
-    return f"{torch_name}.where({term.code}, {term.fill}, 0.0).to({query}.dtype)"
+    return f"{torch_name}.where({term.code}, {term.fill}, {query}.new_zeros(())).to({query}.dtype)"
