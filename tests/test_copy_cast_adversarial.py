@@ -115,7 +115,8 @@ LAYOUT_BODIES = {
     "alias_aug": "y = x.contiguous()\nz = y\nz += 1\nreturn y.sum(-1)",
     "T_mul_": "y = x.contiguous()\nz = y.transpose(0, 1)\nz.mul_(2)\nreturn y.sum(-1)",
     "numpy_write": "y = x.detach().contiguous()\ny.numpy()[0] = 1\nreturn y.sum(-1)",
-    "index_put_": "y = x.contiguous()\ny.index_put_((torch.tensor([0]),), torch.tensor(5.0, dtype=y.dtype))\nreturn y.sum(-1)",
+    "index_put_": "y = x.contiguous()\ny.index_put_((torch.tensor([0]),), torch.tensor(5.0, dtype=y.dtype))\n"
+                  "return y.sum(-1)",
     "masked_fill_": "y = x.contiguous()\ny.masked_fill_(y > 0, 0.0)\nreturn y.sum(-1)",
     "closure_add_": "y = x.contiguous()\ndef g():\n    y.add_(1)\ng()\nreturn y.sum(-1)",
     "helper_inplace": "y = x.contiguous()\n_bump(y)\nreturn y.sum(-1)",
@@ -167,7 +168,8 @@ LAYOUT_BODIES = {
     "ret_einsum": "y = x.contiguous()\nreturn torch.einsum('bij->bji', y)",
     "ret_transposed": "y = x.contiguous()\nreturn y.transpose(0, 1)",
     "ret_clone": "y = x.contiguous()\nz = torch.relu(y)\nreturn z.clone()",
-    "is_contiguous_of_derived": "y = x.contiguous()\nz = y.abs()\nreturn z.sum(-1) * (2.0 if z.is_contiguous() else 1.0)",
+    "is_contiguous_of_derived": "y = x.contiguous()\nz = y.abs()\n"
+                                "return z.sum(-1) * (2.0 if z.is_contiguous() else 1.0)",
     # a copy transposed right back (ADV203)
     "back_one_line_add_": "y = x.transpose(1, 2).contiguous().transpose(1, 2)\ny.add_(1)\nreturn y.sum(-1)",
     "back_one_line_sum": "y = x.transpose(1, 2).contiguous().transpose(1, 2)\nreturn y.sum(-1)",
@@ -359,7 +361,8 @@ def _function_source(name: str, body: str) -> str:
 
 def _profiled_module(bodies: dict[str, str]) -> str:
     functions = "".join(_function_source(f"{group}_{name}", body) for name, body in bodies.items() for group in GROUPS)
-    functions += "".join("\n" + code.replace("{g}", group) for code in PROFILED_MODULE_CASES.values() for group in GROUPS)
+    functions += "".join("\n" + code.replace("{g}", group)
+                         for code in PROFILED_MODULE_CASES.values() for group in GROUPS)
     return PRELUDE + functions + textwrap.dedent(f'''
 
         CASES = {[*bodies, *PROFILED_MODULE_CASES]!r}
