@@ -22,6 +22,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import libcst
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -561,8 +562,16 @@ STATIC_BODIES = {
     "softmax_local_torch": "torch = _Ops\nreturn torch.softmax(x.float(), -1)",
     "clone_loop_rebinds_torch": "for torch in [_Ops]:\n    pass\nreturn x.contiguous().clone()",
     "float_float_not_a_tensor": "t = _Counter()\nt.float().float()\nreturn x * t.n",
+    "softmax_star_kwargs_dtype": "kw = {'dtype': torch.float64}\nreturn torch.softmax(x.float(), -1, **kw)",
+    "softmax_method_star_kwargs_dtype": "return x.float().softmax(-1, **{'dtype': torch.float64})",
+    "softmax_star_kwargs_dim": "kw = {'dim': -1}\nreturn torch.softmax(x.float(), **kw)",
+    "comment_inside_chain": "return x.contiguous(  # keep me\n).clone()",
 }
 STATIC_BUGS = {
+    "softmax_star_kwargs_dtype": "UNSOUND star-kwargs: softmax(x.float(), -1, **kw) becomes softmax(x, -1, **kw, "
+                                 "dtype=torch.float32) (ADV304 safe), a TypeError when kw holds dtype",
+    "softmax_method_star_kwargs_dtype": "UNSOUND star-kwargs: x.float().softmax(-1, **{'dtype': ...}) gets a second "
+                                        "dtype= (ADV304 safe): TypeError",
     "softmax_local_F": "UNSOUND name-shadowing: F is a local name for another object, yet F.softmax(x.float(), -1) "
                        "is rewritten to F.softmax(x, -1, dtype=torch.float32) (ADV304 safe): TypeError",
     "softmax_local_torch": "UNSOUND name-shadowing: a local `torch` is not the module; the patch adds "
@@ -572,6 +581,15 @@ STATIC_BUGS = {
     "float_float_not_a_tensor": "UNSOUND receiver-type: t.float().float() on an object that is not a tensor is "
                                 "rewritten to one call (ADV301 safe); its .float() had an effect",
 }
+
+
+@pytest.mark.xfail(strict=True, raises=libcst.ParserSyntaxError,
+                   reason="CRASH multi-line chain: `(x\\n .float()  # c\\n .float())` makes the ADV301 rewrite "
+                          "emit code libcst cannot parse; the whole file is then reported as 'cannot parse at "
+                          "line 2' and nothing in it is scanned (exit 2)")
+def test_a_multiline_chain_with_comments_does_not_stop_the_scan(tmp_path):
+    source = PRELUDE + _function_source("f", "return (x\n        .float()  # first\n        .float())  # second")
+    analyze_source(source, str(tmp_path / "multiline.py"))
 
 
 @pytest.fixture(scope="module")
