@@ -584,11 +584,13 @@ STATIC_BUGS = {
 
 
 @pytest.mark.xfail(strict=True, raises=libcst.ParserSyntaxError,
-                   reason="CRASH multi-line chain: `(x\\n .float()  # c\\n .float())` makes the ADV301 rewrite "
-                          "emit code libcst cannot parse; the whole file is then reported as 'cannot parse at "
-                          "line 2' and nothing in it is scanned (exit 2)")
-def test_a_multiline_chain_with_comments_does_not_stop_the_scan(tmp_path):
-    source = PRELUDE + _function_source("f", "return (x\n        .float()  # first\n        .float())  # second")
+                   reason="CRASH multi-line chain: a chain split over lines, `(x\\n .float()\\n .float())` or "
+                          "`(x\\n .contiguous()\\n .contiguous())` (black's style), makes the ADV201/ADV301 "
+                          "rewrite emit code libcst cannot parse; the whole file is then reported as 'cannot parse "
+                          "at line 2' and nothing in it is scanned (exit 2)")
+@pytest.mark.parametrize("chain", [".float()", ".contiguous()"])
+def test_a_chain_split_over_lines_does_not_stop_the_scan(tmp_path, chain: str):
+    source = PRELUDE + _function_source("f", f"return (x\n        {chain}\n        {chain})")
     analyze_source(source, str(tmp_path / "multiline.py"))
 
 
