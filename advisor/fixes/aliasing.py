@@ -14,12 +14,13 @@ LAYOUT_READS = frozenset({"view", "view_as", "stride", "is_contiguous", "data_pt
                           "from_dlpack", "to_dlpack", "__dlpack__"})
 METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel", "requires_grad", "is_cuda",
                       "item", "tolist", "element_size", "nelement", "is_floating_point", "is_complex"})
-# The only results with a layout of their own whatever their inputs' strides (a new contiguous tensor). Any other
-# result may be a view of its input (transpose, einsum, chunk) or keep its strides (elementwise ops, reductions),
-# so its uses are followed like the copy's own.
-FRESH_RESULTS = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear"})
-# Reductions that, given no dimension, return a 0-dim tensor: a scalar has no layout to lose.
-FULL_REDUCTIONS = frozenset({"sum", "mean", "prod", "max", "min", "amax", "amin", "norm", "all", "any", "std", "var"})
+# Results that are a new contiguous tensor whatever their inputs' strides: matrix products, and reductions and
+# softmax, which allocate their output contiguous (checked on every permutation of a 4-d input). Any other result
+# may be a view of its input (transpose, einsum, chunk) or keep its strides (elementwise ops, clone, conv), so its
+# uses are followed like the copy's own.
+FRESH_RESULTS = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "sum", "mean", "prod",
+                           "amax", "amin", "max", "min", "std", "var", "norm", "logsumexp", "argmax", "argmin", "all",
+                           "any", "softmax", "log_softmax"})
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 
 
@@ -44,8 +45,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             called = isinstance(caller, cst.Call) and caller.func is parent
             if name in LAYOUT_READS or (name.endswith("_") and not name.startswith("_")):
                 return f"`.{name}` at line {parsed.line(parent)} reads its layout or writes it in place"
-            if name in METADATA or (called and (name in FRESH_RESULTS or (name in FULL_REDUCTIONS and
-                                                                            not caller.args))):
+            if name in METADATA or (called and name in FRESH_RESULTS):
                 continue
             if not called and name not in VIEW_ATTRIBUTES:
                 return f"its attribute `.{name}` is read at line {parsed.line(parent)}"
@@ -59,7 +59,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             last = callee.rpartition(".")[2]
             if last in LAYOUT_READS or last.endswith("_"):
                 return f"`{callee}` at line {parsed.line(parent)} reads its layout or writes it in place"
-            if last not in FRESH_RESULTS and not (last in FULL_REDUCTIONS and len(call.args) == 1):
+            if last not in FRESH_RESULTS:
                 pending.append(call)
         elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.MatrixMultiply):
             continue  # `@` is matmul: a new contiguous tensor

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from advisor.patterns.attention import AttentionMatch
@@ -27,7 +28,10 @@ def functional_name(parsed: ParsedModule) -> FunctionalName:
     taken = "F" in parsed.words  # crude but conservative: any token "F" means the name may be used
     if not taken:
         return FunctionalName("F", "import torch.nn.functional as F")
-    return FunctionalName("torch.nn.functional", "import torch.nn.functional")
+    if "torch" not in parsed.bound_names:
+        return FunctionalName("torch.nn.functional", "import torch.nn.functional")
+    fresh = next(f"F{n}" for n in itertools.count(2) if f"F{n}" not in parsed.words)  # `torch` is rebound too
+    return FunctionalName(fresh, f"import torch.nn.functional as {fresh}")
 
 
 def sdpa_call(match: AttentionMatch, functional: str, indent: int) -> str:

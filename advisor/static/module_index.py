@@ -113,6 +113,8 @@ class ParsedModule:
         if not isinstance(node, cst.Name):
             return None
         base = self.imports.get(node.value)
+        if base is not None and node.value in self.bound_names:
+            return None  # the import's name is rebound somewhere in the file: which object it is here is not seen
         if base is None:
             return node.value if not parts and node.value in BUILTINS and node.value not in self.bound_names else None
         return ".".join([base] + parts[::-1])
@@ -130,15 +132,19 @@ class ParsedModule:
 
     @cached_property
     def bound_names(self) -> set[str]:
-        """Names assigned anywhere in the file (so a local `max = ...` is not taken for the builtin)."""
+        """Names bound anywhere in the file other than by imports (so a local `max = ...` is not taken for the
+        builtin, nor a local `F = ...` for the imported module)."""
         return {n.value for n in _assigned_names(self.module)}
 
     @cached_property
     def module_aliases(self) -> dict[str, str]:
-        """Dotted module -> the local name it is bound to at module level: {'torch.nn.functional': 'F'}."""
+        """Dotted module -> the local name it is bound to at module level: {'torch.nn.functional': 'F'}. A name
+        also bound otherwise (`F = ...`, `for torch in ...`) is left out: code emitted with it could mean another
+        object."""
         aliases: dict[str, str] = {}
         for local, dotted in self.imports.items():
-            aliases.setdefault(dotted, local)
+            if local not in self.bound_names:
+                aliases.setdefault(dotted, local)
         return aliases
 
     @cached_property
@@ -204,14 +210,51 @@ class _ImportCollector(cst.CSTVisitor):
 
 
 def _assigned_names(module: cst.Module) -> list[cst.Name]:
+    """Every name a statement or expression binds: assignment, loop, `with ... as`, `except ... as`, walrus and
+    comprehension targets, parameters, and function and class names."""
     found: list[cst.Name] = []
+
+    def bind(target: cst.CSTNode | None) -> None:
+        if isinstance(target, cst.Name):
+            found.append(target)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            bind(target.value)
 
     class Visitor(cst.CSTVisitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            if isinstance(node.target, cst.Name):
-                found.append(node.target)
+            bind(node.target)
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            bind(node.target)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            bind(node.target)
+
+        def visit_For(self, node: cst.For) -> None:
+            bind(node.target)
+
+        def visit_CompFor(self, node: cst.CompFor) -> None:
+            bind(node.target)
+
+        def visit_WithItem(self, node: cst.WithItem) -> None:
+            bind(node.asname.name if node.asname else None)
+
+        def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+            bind(node.name.name if node.name else None)
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            bind(node.target)
 
         def visit_Param(self, node: cst.Param) -> None:
+            found.append(node.name)
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            found.append(node.name)
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
             found.append(node.name)
 
     module.visit(Visitor())
