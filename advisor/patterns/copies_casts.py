@@ -13,9 +13,15 @@ import libcst as cst
 
 from advisor.static.module_index import ParsedModule
 
-CAST_METHODS = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64"}
+CAST_METHODS = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64", "long": "int64",
+                "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
 DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16", "bfloat16": "bfloat16",
-          "float64": "float64", "double": "float64"}
+          "float64": "float64", "double": "float64", "int64": "int64", "long": "int64", "int32": "int32",
+          "int": "int32", "int16": "int16", "short": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool"}
+FLOATING = frozenset({"float32", "float16", "bfloat16", "float64"})
+# Bindings that can change a tensor behind another name's back (`w = y; w.transpose_(0, 1)`): in a function with
+# any, a name's assigned value says nothing about what it holds later.
+MUTATIONS = frozenset({"inplace", "store", "aug"})
 SOFTMAXES = frozenset({"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"})
 CONTIGUOUS_FORMAT = "torch.contiguous_format"
 
@@ -113,12 +119,38 @@ def torch_alias(parsed: ParsedModule) -> str | None:
     return parsed.module_aliases.get("torch")
 
 
-def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression) -> str | None:
+def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The value a plain name holds where it is read: the right-hand side of the one assignment that reaches it, in
+    a function that writes nothing in place, stores into no subscript and updates nothing (see MUTATIONS)."""
+    if not isinstance(expression, cst.Name):
+        return None
+    function = parsed.parents.get(expression)
+    while function is not None and not isinstance(function, cst.FunctionDef):
+        function = parsed.parents.get(function)
+    if function is None:
+        return None
+    flow = parsed.flow(function)
+    definitions = flow.definitions_of(expression)
+    if len(definitions) != 1 or flow.sees_undefined(expression) or definitions[0].kind != "assign" or \
+            definitions[0].index is not None or any(d.kind in MUTATIONS for d in flow.definitions.values()):
+        return None
+    return definitions[0].value
+
+
+def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression | None) -> str | None:
     """Why `expression` is contiguous by construction, or None: `.contiguous()` returns a contiguous tensor, and so
     does `.clone(memory_format=torch.contiguous_format)` (not `.to(..., memory_format=...)`, which returns a strided
-    input unchanged when it already has the dtype)."""
+    input unchanged when it already has the dtype); a pure dtype cast of a contiguous tensor returns it or a copy in
+    its (contiguous) layout; a name assigned one of these holds it."""
+    if expression is None:
+        return None
     if is_contiguous_call(expression):
         return "its input is the result of `.contiguous()`"
+    if cast_dtype(parsed, expression) is not None and produces_contiguous(parsed, expression.func.value):
+        return "its input is a dtype cast of a contiguous tensor"
+    value = assigned_value(parsed, expression)
+    if value is not None and produces_contiguous(parsed, value):
+        return f"`{expression.value}` was assigned a contiguous tensor at line {parsed.line(value)}"
     if isinstance(expression, cst.Call):
         for arg in expression.args:
             if arg.keyword is not None and arg.keyword.value == "memory_format" and \
@@ -165,10 +197,32 @@ def folded_copies(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
 
 def cast_of_same_cast(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
     """ADV301 proved statically: a cast of a value just cast to that same dtype returns it unchanged."""
+    if same_argument_to(call):
+        return Rewrite(call, removed_call(parsed, call),
+                       "its input was just moved with `.to()` of the same argument (a dtype, device or tensor), "
+                       "so it already matches and `.to()` returns it")
     dtype = cast_dtype(parsed, call)
-    if dtype is None or cast_dtype(parsed, call.func.value) != dtype:
+    if dtype is None:
         return None
-    return Rewrite(call, removed_call(parsed, call), f"its input was just cast to {dtype}, so the cast returns it")
+    receiver = call.func.value
+    if cast_dtype(parsed, receiver) == dtype:
+        return Rewrite(call, removed_call(parsed, call), f"its input was just cast to {dtype}, so the cast returns it")
+    value = assigned_value(parsed, receiver)
+    if value is not None and cast_dtype(parsed, value) == dtype:
+        return Rewrite(call, removed_call(parsed, call), f"`{receiver.value}` was cast to {dtype} at line "
+                                                         f"{parsed.line(value)}, so the cast returns it")
+    return None
+
+
+def same_argument_to(call: cst.Call) -> bool:
+    """`x.to(a).to(a)`: the same single name passed to both, nothing evaluated between the two reads of it."""
+    found = method(call)
+    inner = method(found[0]) if found else None
+    if not (found and inner and found[1] == inner[1] == "to"):
+        return False
+    args = [call.args, found[0].args]
+    return all(len(a) == 1 and a[0].keyword is None and not a[0].star and isinstance(a[0].value, cst.Name)
+               for a in args) and args[0][0].value.value == args[1][0].value.value
 
 
 def softmax_input(parsed: ParsedModule, call: cst.Call) -> tuple[cst.BaseExpression, int | None] | None:
@@ -195,7 +249,7 @@ def softmax_with_dtype(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
         return None
     cast, position = found
     dtype = cast_dtype(parsed, cast)
-    code = dtype_code(parsed, cast, dtype) if dtype else None
+    code = dtype_code(parsed, cast, dtype) if dtype in FLOATING else None
     if code is None:
         return None
     source = cast.func.value
