@@ -78,6 +78,19 @@ class _Counter:
         return self
 
 
+def _twist(t):
+    t.transpose_(0, 1)
+
+
+def _retype(t):
+    t.data = t.data.half()
+
+
+def _rebind_global(x):
+    global _G
+    _G = x.mT
+
+
 def _flat(t):
     return t.view(-1)
 
@@ -570,6 +583,40 @@ REBINDING_BODIES = {
     "softmax_local_torch": "torch = _Ops\nreturn torch.softmax(x.float(), -1)",
     "clone_loop_rebinds_torch": "for torch in [_Ops]:\n    pass\nreturn x.contiguous().clone()",
 }
+# A proof that sees through an assignment (`y = x.contiguous()` ... `y.contiguous()`) must see every way y may
+# change in between: rebinding it, or changing its layout or dtype in place. Their own module, like the above.
+SEE_THROUGH_BODIES = {
+    "helper_transposes_in_place": "y = x.contiguous()\n_twist(y)\nz = y.contiguous()\nreturn z.view(-1)",
+    "data_assignment_layout": "y = x.contiguous()\ny.data = y.data.mT\nz = y.contiguous()\nreturn z.view(-1)",
+    "helper_changes_dtype": "y = x.float()\n_retype(y)\nz = y.float()\nreturn z",
+    "data_assignment_dtype": "y = x.float()\ny.data = y.data.half()\nz = y.float()\nreturn z",
+    "walrus_rebinds": "y = x.contiguous()\n(y := x.mT)\nz = y.contiguous()\nreturn z.view(-1)",
+    "global_rebound_elsewhere": "global _G\n_G = x.contiguous()\n_rebind_global(x)\nz = _G.contiguous()\n"
+                                "return z.view(-1)",
+    "nonlocal_rebinds": "y = x.contiguous()\ndef g():\n    nonlocal y\n    y = x.mT\ng()\nz = y.contiguous()\n"
+                        "return z.view(-1)",
+    "branch_rebinds": "y = x.contiguous()\nif x.shape[0] > 1:\n    y = x.mT\nz = y.contiguous()\nreturn z.view(-1)",
+    "loop_rebinds": "y = x.contiguous()\nout = []\nfor _ in range(2):\n    z = y.contiguous()\n"
+                    "    out.append(z.view(-1))\n    y = y.mT\nreturn out",
+    "tuple_rebinds": "y = x.contiguous()\ny, w = x.mT, 0\nz = y.contiguous()\nreturn z.view(-1)",
+    "for_target_rebinds": "y = x.contiguous()\nfor y in [x.mT]:\n    pass\nz = y.contiguous()\nreturn z.view(-1)",
+    "match_rebinds": "y = x.contiguous()\nmatch x.mT:\n    case y:\n        pass\nz = y.contiguous()\n"
+                     "return z.view(-1)",
+    "one_assignment": "y = x.contiguous()\nz = y.contiguous()\nreturn z.view(-1)",
+}
+SEE_THROUGH_BUGS = {
+    name: f"UNSOUND see-through-assignment: {why} between `y = x.<copy or cast>` and `y.<same>` is not seen, the "
+          "second call is removed as redundant (ADV201/ADV301 safe)"
+    for name, why in {
+        "helper_transposes_in_place": "a helper's in-place transpose_ of y",
+        "data_assignment_layout": "`y.data = y.data.mT`",
+        "helper_changes_dtype": "a helper's `t.data = t.data.half()`",
+        "data_assignment_dtype": "`y.data = y.data.half()`",
+        "walrus_rebinds": "a walrus rebinding of y",
+        "global_rebound_elsewhere": "a global rebound by another function",
+        "nonlocal_rebinds": "a nested function's nonlocal rebinding",
+    }.items()
+}
 STATIC_BUGS = {  # name -> the bug class, for a confirmed unsound case not fixed yet
     "softmax_star_kwargs_dtype": "UNSOUND star-kwargs: softmax(x.float(), -1, **kw) becomes softmax(x, -1, **kw, "
                                  "dtype=torch.float32) (ADV304 safe), a TypeError when kw holds dtype",
@@ -613,6 +660,21 @@ def test_static_safe_patch_keeps_behaviour(static: Fixed, name: str):
 def test_static_cases_get_safe_patches(static: Fixed):
     """The static checks above check something: most of their bodies get a safe patch."""
     assert sum(bool(static.safe_patches(name)) for name in STATIC_BODIES) >= 20
+
+
+@pytest.fixture(scope="module")
+def see_through(tmp_path_factory) -> Fixed:
+    folder = tmp_path_factory.mktemp("see_through")
+    source = PRELUDE + "".join(_function_source(name, body) for name, body in SEE_THROUGH_BODIES.items())
+    return Fixed(folder, source, name="see_through_cases")
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=SEE_THROUGH_BUGS[name])]
+                 if name in SEE_THROUGH_BUGS else [])
+    for name in SEE_THROUGH_BODIES])
+def test_static_proof_through_an_assignment_keeps_behaviour(see_through: Fixed, name: str):
+    assert not _differences(see_through.original, see_through.patched, name)
 
 
 @pytest.mark.parametrize("name", list(REBINDING_BODIES))
