@@ -575,6 +575,14 @@ STATIC_BODIES = {
     "softmax_method_star_kwargs_dtype": "return x.float().softmax(-1, **{'dtype': torch.float64})",
     "softmax_star_kwargs_dim": "kw = {'dim': -1}\nreturn torch.softmax(x.float(), **kw)",
     "comment_inside_chain": "return x.contiguous(  # keep me\n).clone()",
+    "to_tensor_twice": "return x.to(_REF).to(_REF)",
+    "contiguous_half_contiguous": "return x.contiguous().half().contiguous()",
+    "contiguous_cast_memory_format": "return x.unsqueeze(0).contiguous().to(torch.float32, "
+                                     "memory_format=torch.channels_last).contiguous()",
+    "contiguous_assigned_cast": "y = x.contiguous()\nz = y.float()\nreturn z.contiguous().view(-1)",
+    "int_then_to_int32": "return (x * 10).int().to(torch.int32)",
+    "long_int_long": "return (x * 10).long().int().long()",
+    "cast_assigned_written_in_place": "y = x.float()\ny.add_(1)\nz = y.float()\nreturn z, x",
 }
 # A name bound to something else than the import, in one function, changes what the name means for the rewrite
 # in the whole file: these live in a module of their own.
