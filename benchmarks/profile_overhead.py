@@ -40,8 +40,8 @@ FIXTURES = ("handwritten_attention.py", "copies_and_casts.py", "sdpa_fallback.py
 def profiled_cost(prepared, steps: int) -> float:
     start = time.perf_counter()
     prof = profile_steps(prepared, steps)
-    events = build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, None)),
-                   prepared.device.type == "cuda")
+    events = list(build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, None)),
+                        prepared.device.type == "cuda"))
     graph = record_graph(prepared)
     to_findings(detect_all(graph, prepared.device.type), attribute(events, graph, steps))
     return time.perf_counter() - start

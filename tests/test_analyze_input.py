@@ -29,6 +29,10 @@ def trace(rank: int = 0, **changes) -> dict:
     for key, value in changes.items():
         if key in ("ts", "dur", "args"):
             data["traceEvents"][1][key] = value
+        elif key == "step":  # fields of the ProfilerStep marker
+            step.update(value)
+        elif key == "extra":  # more events
+            data["traceEvents"] += value
         else:
             data[key] = value
     return data
@@ -86,6 +90,9 @@ MALFORMED = {
     "args-not-an-object": dict(args=["x"]),
     "rank-a-string": dict(distributedInfo={"rank": "one"}),
     "distributedInfo-a-list": dict(distributedInfo=[0]),
+    "step-marker-without-a-number": dict(step={"name": "ProfilerStep#last"}),
+    "correlation-beyond-64-bits": dict(extra=[{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7,
+                                               "ts": 101.0, "dur": 2.0, "args": {"correlation": 1 << 64}}]),
 }
 
 

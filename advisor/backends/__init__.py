@@ -1,1 +1,4 @@
-"""Attention backends: which kernel a site can get, how to emit it, and runtime checks."""
+"""Attention backends a rewrite can target. The choices live here, not in site.py, so the CLI can offer them
+without importing the static analysis (libcst)."""
+
+REQUESTABLE = ("sdpa", "flash", "flash-attn")

@@ -18,7 +18,6 @@ from advisor.patterns.ops import OpReader
 from advisor.patterns.facts import Fact, ASSUMED
 from advisor.static.module_index import ParsedModule
 
-REQUESTABLE = ("sdpa", "flash", "flash-attn")
 NOT_ON_GPU = "emitted code for this backend has not been run on a GPU by advisor"
 
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import Progress
 
-from advisor.backends.site import REQUESTABLE
+from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import unknown_selectors
 from advisor.report.terminal import shown
-from advisor.scan import ScanResult, scan_paths
+
+if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
+    from advisor.scan import ScanResult
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 SELECTOR = re.compile(r"[A-Z]+[0-9]*")
@@ -42,6 +45,8 @@ def _codes(text: str) -> list[str]:
 def run_scan(args, runtime=None) -> ScanResult:
     """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned.
     `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source."""
+    from advisor.scan import scan_paths
+
     stderr = Console(stderr=True)
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
         task = progress.add_task("scanning", total=None)

@@ -13,7 +13,6 @@ from advisor.errors import AdvisorError, visible
 from advisor.findings import ScanError, display_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
-from advisor.scan import analyze_source
 
 
 def add_parser(sub) -> None:
@@ -105,6 +104,8 @@ def _ask(console, findings):
 
 def _fixed_with(file, chosen, args) -> str:
     """Re-run the rewrite restricted to the chosen findings (by rule and line)."""
+    from advisor.scan import analyze_source  # libcst: imported when the verb runs, not to build the CLI
+
     keep = {(f.rule, f.line) for f in chosen}
     result = analyze_source(file.source, file.path, unsafe_fixes=args.unsafe_fixes, select=args.select,
                             ignore=args.ignore, only=keep, backend=args.backend, runtime=args.runtime)

@@ -15,15 +15,13 @@ from importlib import resources
 
 from rich.console import Console
 
-from advisor.backends.site import REQUESTABLE
+from advisor.backends import REQUESTABLE
 from advisor.commands.profile import add_workload_arguments
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
 from advisor.report.terminal import shown, stdout_console
-from advisor.runtime.runner import resolve_device
-from advisor.verify.optimize import Options, optimize
 
 DEMO_FUNCTION = "workload"
 
@@ -50,6 +48,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
+    from advisor.verify.optimize import Options, optimize
+
     if args.device:
         resolve_device(args.device)
     stderr = Console(stderr=True)

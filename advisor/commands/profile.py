@@ -12,7 +12,6 @@ from rich.console import Console
 from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import shown, stdout_console
-from advisor.runtime.runner import resolve_device
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker
 
@@ -46,6 +45,8 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
                      trace_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
     """Profile TARGET in a worker process: {"json", "findings", "summary", "ops", "files"} (see Worker.profile)."""
     if device:
+        from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
+
         resolve_device(device)  # a missing GPU is a usage error before any process starts
     with Console(stderr=True).status("starting the workload process") as status, \
             start_worker("workload", timeout_s, on_progress=status.update) as worker:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -11,7 +12,9 @@ from advisor.findings import Finding
 from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.sarif import to_sarif
 from advisor.report.terminal import stdout_console, write_report
-from advisor.scan import ScanResult
+
+if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
+    from advisor.scan import ScanResult
 
 
 def add_parser(sub) -> None:

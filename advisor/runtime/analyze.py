@@ -3,6 +3,7 @@ breakdown, and the list of things the traces could not show."""
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -38,13 +39,21 @@ class AnalyzeReport:
 
 
 @dataclass
+class _Located:
+    """The detections at one (rule, path, line) of a trace: the first one's function and hit, each one's cost."""
+    function: str
+    hit: TraceHit
+    costs: array = field(default_factory=lambda: array("d"))
+
+
+@dataclass
 class _TraceResult:
     """One trace's detections and time by category, per step; its events are gone by then."""
     trace: Trace
     steps: int
     total_us: float
     category_us: dict[str, float]
-    hits: list[tuple[tuple[str, str, int], str, TraceHit, float]]  # (rule, path, line), function, hit, cost
+    hits: dict[tuple[str, str, int], _Located]  # by (rule, path, line), in the order first found
 
 
 def analyze_path(path: str) -> AnalyzeReport:
@@ -70,20 +79,20 @@ def _analyse_file(file: str, index: int) -> _TraceResult:
     trace, raws = load_trace(file, index)
     events = build(raws, trace.on_device)
     del raws
-    steps = max(len({e.step for e in events if e.step >= 0}), 1)
+    steps = max(len(set(events.step) - {-1}), 1)
     if not trace.has_steps:
-        for e in events:
-            e.step = 0
+        events.whole_trace_as_one_step()
     category_us: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.step >= 0:
-            category_us[op_category(e.name)] += e.self_us / steps
-    hits = []
+    for name, step, self_us in zip(events.name, events.step, events.self_us):  # columns: no object per op
+        if step >= 0:
+            category_us[op_category(events.names[name])] += self_us / steps
+    total = sum(self_us for self_us, step in zip(events.self_us, events.step) if step >= 0)
+    hits: dict[tuple[str, str, int], _Located] = {}
     for hit in detect(events, trace.on_device):
         path_, line, function = _where(events[hit.events[0]], trace)
-        hits.append(((hit.rule, path_, line), function, hit, _cost(events, hit.events) / steps))
-    total = sum(e.self_us for e in events if e.step >= 0) / steps
-    return _TraceResult(trace, steps, total, category_us, hits)
+        located = hits.setdefault((hit.rule, path_, line), _Located(function, hit))
+        located.costs.append(_cost(events, hit.events) / steps)
+    return _TraceResult(trace, steps, total / steps, category_us, hits)
 
 
 def _aggregate(results: list[_TraceResult]) -> tuple[list[Finding], list[dict]]:
@@ -94,10 +103,12 @@ def _aggregate(results: list[_TraceResult]) -> tuple[list[Finding], list[dict]]:
     for result in results:
         for category, us in result.category_us.items():
             breakdown[category] += us / len(results)
-        for key, function, hit, cost in result.hits:
-            entry = per_key.setdefault(key, {"hit": hit, "function": function, "ranks": {}, "calls": 0.0})
-            entry["ranks"][result.trace.rank] = entry["ranks"].get(result.trace.rank, 0.0) + cost
-            entry["calls"] += 1 / result.steps / len(results)
+        for key, located in result.hits.items():
+            entry = per_key.setdefault(key, {"hit": located.hit, "function": located.function, "ranks": {},
+                                             "calls": 0.0})
+            for cost in located.costs:  # one at a time, as found: the sums do not depend on how hits are stored
+                entry["ranks"][result.trace.rank] = entry["ranks"].get(result.trace.rank, 0.0) + cost
+                entry["calls"] += 1 / result.steps / len(results)
             entry["total"] = result.total_us
     findings = []
     for (code, path_, line), entry in per_key.items():

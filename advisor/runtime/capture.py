@@ -101,8 +101,8 @@ def capture(prepared: PreparedStep, steps: int, trace_path: str | None = None,
     profiled = profiled_step_count(steps, statistics.median(times))
     progress(f"profiling {profiled} steps")
     prof = profile_steps(prepared, profiled, trace_path)
-    events = build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, trace_path)),
-                   on_device=prepared.device.type == "cuda")
+    events = list(build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, trace_path)),
+                        on_device=prepared.device.type == "cuda"))  # objects: timing revisits them; a live run is small
     progress("recording the op graph of one step")
     graph = record_graph(prepared)
     quartiles = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3

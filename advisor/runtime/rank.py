@@ -4,11 +4,14 @@ layer becomes one finding with more calls); a finding under its rule's threshold
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from advisor.findings import Finding
 from advisor.registry import load_rules
-from advisor.runtime.detect import Detection
-from advisor.runtime.timing import Timing
+
+if TYPE_CHECKING:  # both import torch; `analyze` ranks trace findings without it
+    from advisor.runtime.detect import Detection
+    from advisor.runtime.timing import Timing
 
 
 def to_findings(detections: list[Detection], timing: Timing) -> list[Finding]:

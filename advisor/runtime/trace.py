@@ -1,8 +1,9 @@
 """Read Chrome/Kineto trace files written by torch.profiler (plain or .gz), one per rank, into RawEvents.
 
-A trace is streamed (ijson): memory holds the events analysis keeps, not the file's JSON tree (about eight
-times the file). Every value kept is checked, so a malformed trace is one TraceError naming the file and the
-event, never an internal error or a NaN in the output.
+A trace is streamed (ijson): memory holds the events analysis keeps, as columns (RawEvents), not the file's JSON
+tree (about eight times the file) nor an object per event (about as large as the file). Every value kept is
+checked, so a malformed trace is one TraceError naming the file and the event, never an internal error or a NaN
+in the output.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import gzip
 import math
 import os
 import stat
-import sys
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,13 +20,13 @@ from functools import partial
 import ijson
 
 from advisor.errors import AdvisorError
-from advisor.runtime.events import RawEvent, is_op_name
+from advisor.runtime.events import KERNEL, OP, RUNTIME, STEP, STEP_NAME, RawEvents, frozen, is_op_name
 
 _TRACE_SUFFIXES = (".json", ".json.gz")
 _CHUNK_BYTES = 1 << 16
 MAX_US = 1e18  # ~31,000 years: a larger timestamp or duration is no measurement, and sums of them stay finite
-_OP_DETAILS = (("dims", "Input Dims"), ("types", "Input type"), ("strides", "Input Strides"),
-               ("concrete", "Concrete Inputs"))
+_OP_DETAILS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")  # in RawEvents' details order
+_INT64_MAX = (1 << 63) - 1
 
 
 class TraceError(AdvisorError):
@@ -73,7 +73,7 @@ def _is_regular(path: str) -> bool:
         return False
 
 
-def load_trace(path: str, index: int) -> tuple[Trace, list[RawEvent]]:
+def load_trace(path: str, index: int) -> tuple[Trace, RawEvents]:
     """The trace's facts and its kept events; rank `index` unless the trace names its own."""
     reader = _Reader()
     try:
@@ -90,8 +90,7 @@ def load_trace(path: str, index: int) -> tuple[Trace, list[RawEvent]]:
     if not reader.seen:
         raise TraceError(path, "not a Chrome/Kineto trace (no events in a traceEvents list)")
     raws = reader.raws
-    trace = Trace(path, rank, any(r.stack for r in raws), any(r.dims for r in raws),
-                  any(r.kind == "step" for r in raws), any(r.kind == "kernel" for r in raws))
+    trace = Trace(path, rank, raws.has_stacks, raws.has_shapes, STEP in raws.kind, KERNEL in raws.kind)
     return trace, raws
 
 
@@ -121,14 +120,14 @@ def _rank(info: list, default: int) -> int:
 
 class _Reader:
     """Feeds the file in chunks to two incremental parsers (the events, and distributedInfo, which may come
-    before or after them) and keeps only the events analysis uses. Repeated stacks and shapes share one object."""
+    before or after them) and keeps only the events analysis uses."""
 
     def __init__(self) -> None:
-        self.raws: list[RawEvent] = []
+        self.raws = RawEvents()
         self.info = ijson.sendable_list()
         self.seen = 0
         self._events = ijson.sendable_list()
-        self._shared: dict = {}
+        self._stacks: dict[str, tuple[str, ...]] = {}  # each "Call stack" text split once
 
     def read(self, handle) -> None:
         parsers = [ijson.items_coro(self._events, "traceEvents.item", use_float=True),
@@ -145,59 +144,57 @@ class _Reader:
         for event in self._events:
             self.seen += 1
             try:
-                raw = self._raw(event)
+                self._keep_event(event)
             except _Malformed as exc:
                 raise _Malformed(f"event {self.seen}: {exc}") from None
-            if raw is not None:
-                self.raws.append(raw)
         del self._events[:]
 
-    def _raw(self, event) -> RawEvent | None:
+    def _keep_event(self, event) -> None:
         if not isinstance(event, dict) or event.get("ph") != "X":
-            return None
+            return
         cat, name, args = event.get("cat", ""), event.get("name", ""), event.get("args") or {}
         if not isinstance(cat, str) or not isinstance(name, str) or not isinstance(args, dict):
             raise _Malformed("cat and name must be strings and args an object")
         kind = _kind(cat, name)
         if kind is None:
-            return None
+            return
         tid = event.get("tid", 0)
         if isinstance(tid, bool) or not isinstance(tid, (int, str)):
             raise _Malformed(f"tid is not a number or a name ({tid!r})")
-        raw = RawEvent(kind, sys.intern(name), sys.intern(str(tid)), _microseconds(event, "ts"),
-                       _microseconds(event, "dur"))
-        if kind in ("kernel", "runtime"):
-            raw.correlation = args.get("correlation")
-            if isinstance(raw.correlation, bool) or not isinstance(raw.correlation, (int, type(None))):
-                raise _Malformed(f"args.correlation is not an integer ({raw.correlation!r})")
-        elif kind == "op":
-            stack = args.get("Call stack") or ""
-            if not isinstance(stack, str):
-                raise _Malformed(f"args.Call stack is not a string ({stack!r})")
-            raw.stack = self._share(("stack", stack), lambda: tuple(frame for frame in stack.split(";") if frame))
-            for attribute, key in _OP_DETAILS:
-                value = args.get(key) or []
-                if not isinstance(value, list):
-                    raise _Malformed(f"args.{key} is not a list ({value!r})")
-                frozen = _frozen(value, key)
-                setattr(raw, attribute, self._share((attribute, frozen), lambda: frozen))
-        return raw
+        start, dur, tid = _microseconds(event, "ts"), _microseconds(event, "dur"), str(tid)
+        if kind in (KERNEL, RUNTIME):
+            correlation = args.get("correlation")
+            if isinstance(correlation, bool) or not isinstance(correlation, (int, type(None))) \
+                    or correlation is not None and not -_INT64_MAX <= correlation <= _INT64_MAX:
+                raise _Malformed(f"args.correlation is not a 64-bit integer ({correlation!r})")
+            self.raws.append(kind, name, tid, start, dur, correlation=correlation)
+        elif kind == OP:
+            details = tuple(_detail(args, key) for key in _OP_DETAILS)
+            self.raws.append(kind, name, tid, start, dur, self._stack(args), details)
+        else:
+            self.raws.append(kind, name, tid, start, dur)
 
-    def _share(self, key, make):
-        if key not in self._shared:
-            self._shared[key] = make()
-        return self._shared[key]
+    def _stack(self, args: dict) -> tuple[str, ...]:
+        stack = args.get("Call stack") or ""
+        if not isinstance(stack, str):
+            raise _Malformed(f"args.Call stack is not a string ({stack!r})")
+        if stack not in self._stacks:
+            self._stacks[stack] = tuple(frame for frame in stack.split(";") if frame)
+        return self._stacks[stack]
 
 
-def _kind(cat: str, name: str) -> str | None:
+def _kind(cat: str, name: str) -> int | None:
     if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
-        return "kernel"
+        return KERNEL
     if cat in ("cuda_runtime", "cuda_driver"):
-        return "runtime"
+        return RUNTIME
     if cat == "user_annotation" and name.startswith("ProfilerStep#"):
-        return "step"
+        match = STEP_NAME.match(name)
+        if not match or int(match[1]) > _INT64_MAX:
+            raise _Malformed(f"{name!r} is not a ProfilerStep#N marker")
+        return STEP
     if cat == "cpu_op" and is_op_name(name):
-        return "op"
+        return OP
     return None
 
 
@@ -209,10 +206,12 @@ def _microseconds(event: dict, key: str) -> float:
     return float(value)
 
 
-def _frozen(value, key: str):
-    """Lists as tuples (shared between events, never mutated); anything else a trace does not hold is malformed."""
-    if isinstance(value, list):
-        return tuple(_frozen(item, key) for item in value)
-    if isinstance(value, dict):
-        raise _Malformed(f"args.{key} holds an object")
-    return value
+def _detail(args: dict, key: str) -> tuple:
+    """One of an op's recorded inputs (shapes, types...) as nested tuples."""
+    value = args.get(key) or []
+    if not isinstance(value, list):
+        raise _Malformed(f"args.{key} is not a list ({value!r})")
+    try:
+        return frozen(value)
+    except TypeError as exc:
+        raise _Malformed(f"args.{key} {exc}") from None

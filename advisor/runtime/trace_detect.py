@@ -8,12 +8,17 @@ frame of the op's stack, whose line is the function's first line (traces do not 
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterator
+
 from advisor.runtime.detect.ops import FUSED_SDPA
-from advisor.runtime.events import OpEvent
+from advisor.runtime.events import OpEvents
 from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
 
 _MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm"}
 _SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax"}
+_SDPA = "aten::scaled_dot_product_attention"
+_CALLS = {"aten::contiguous", "aten::to", "aten::tril", "aten::triu"}  # what detect's per-op loop looks at
 
 
 class TraceHit:
@@ -23,82 +28,98 @@ class TraceHit:
         self.rule, self.events, self.message, self.evidence = rule, events, message, evidence or {}
 
 
-def _children(events: list[OpEvent]) -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for i, e in enumerate(events):
-        if e.parent is not None:
-            children.setdefault(e.parent, []).append(i)
-    return children
+class _Children:
+    """Each op's child ops as two index arrays (a dict of lists took ~100 bytes an op on a large trace)."""
+
+    def __init__(self, parent: array) -> None:
+        self._offset = array("I", bytes(4 * (len(parent) + 1)))
+        for up in parent:
+            if up >= 0:
+                self._offset[up + 1] += 1
+        for i in range(len(parent)):
+            self._offset[i + 1] += self._offset[i]
+        self._child = array("I", bytes(4 * self._offset[-1]))
+        cursor = array("I", self._offset)
+        for i, up in enumerate(parent):
+            if up >= 0:
+                self._child[cursor[up]] = i
+                cursor[up] += 1
+
+    def of(self, i: int) -> array:
+        return self._child[self._offset[i]:self._offset[i + 1]]
 
 
-def _inside(events: list[OpEvent], i: int, names: set[str]) -> bool:
-    up = events[i].parent
-    while up is not None:
-        if events[up].name in names:
+def _inside(events: OpEvents, i: int, names: set[str]) -> bool:
+    up = events.parent[i]
+    while up >= 0:
+        if events.names[events.name[up]] in names:
             return True
-        up = events[up].parent
+        up = events.parent[up]
     return False
 
 
-def detect(events: list[OpEvent], on_device: bool) -> list[TraceHit]:
-    children = _children(events)
-    hits = _attention(events) + _sdpa(events, children, "cuda" if on_device else "cpu")
-    for i, e in enumerate(events):
-        if e.step < 0:
-            continue
-        kids = {events[k].name for k in children.get(i, [])}
+def _named(events: OpEvents, names: set[str]) -> Iterator[int]:
+    """Indices of the ops in a profiled step with one of these names: the other ops are never made into objects."""
+    for i, (name, step) in enumerate(zip(events.name, events.step)):
+        if step >= 0 and events.names[name] in names:
+            yield i
+
+
+def detect(events: OpEvents, on_device: bool) -> Iterator[TraceHit]:
+    """Hits one at a time (a large trace has one per layer and step), in a fixed order."""
+    children = _Children(events.parent)
+    yield from _attention(events)
+    yield from _sdpa(events, children, "cuda" if on_device else "cpu")
+    for i in _named(events, _CALLS):
+        e = events[i]
+        kids = {events.names[events.name[k]] for k in children.of(i)}
         called_from_python = e.parent is None
         if e.name == "aten::contiguous" and called_from_python:
             if kids:
-                hits.append(TraceHit("ADV205", [i], "layout copy (`.contiguous()` that copied); whether a user "
-                                     "needs it takes `advisor profile`", {"dims": e.dims[:1]}))
+                yield TraceHit("ADV205", [i], "layout copy (`.contiguous()` that copied); whether a user needs it "
+                               "takes `advisor profile`", {"dims": e.dims[:1]})
             else:
-                hits.append(TraceHit("ADV201", [i], "`.contiguous()` on a tensor that was already contiguous: "
-                                     "it copied nothing, remove it"))
+                yield TraceHit("ADV201", [i], "`.contiguous()` on a tensor that was already contiguous: it copied "
+                               "nothing, remove it")
         elif e.name == "aten::to" and called_from_python:
             if "aten::_to_copy" in kids:
-                hits.append(TraceHit("ADV305", [i], "dtype/device cast that copied; whether it is needed takes "
-                                     "`advisor profile`", {"dims": e.dims[:1], "types": e.types[:1]}))
+                yield TraceHit("ADV305", [i], "dtype/device cast that copied; whether it is needed takes "
+                               "`advisor profile`", {"dims": e.dims[:1], "types": e.types[:1]})
             else:
-                hits.append(TraceHit("ADV301", [i], "`.to()` that returned its input (already that dtype): "
-                                     "remove it"))
+                yield TraceHit("ADV301", [i], "`.to()` that returned its input (already that dtype): remove it")
         elif e.name in ("aten::tril", "aten::triu") and e.dims and len(e.dims[0]) >= 2 \
-                and e.dims[0][-1] == e.dims[0][-2] and not _inside(events, i, {"aten::scaled_dot_product_attention"}):
+                and e.dims[0][-1] == e.dims[0][-2] and not _inside(events, i, {_SDPA}):
             size = e.dims[0][-1]
-            hits.append(TraceHit("ADV501", [i], f"{size}x{size} mask built with {e.name[6:]} in every step: build "
-                                 "it once (register_buffer) or use is_causal=True", {"dims": e.dims[:1]}))
-    return hits
+            yield TraceHit("ADV501", [i], f"{size}x{size} mask built with {e.name[6:]} in every step: build it once "
+                           "(register_buffer) or use is_causal=True", {"dims": e.dims[:1]})
 
 
-def _attention(events: list[OpEvent]) -> list[TraceHit]:
+def _attention(events: OpEvents) -> Iterator[TraceHit]:
     """matmul, then softmax, then matmul, in order on one stack frame, outside SDPA."""
-    hits, pending = [], {}
-    skip = {"aten::scaled_dot_product_attention"}
-    for i, e in enumerate(events):
-        if e.step < 0 or _inside(events, i, skip | _MATMUL | _SOFTMAX):
+    pending = {}
+    for i in _named(events, _MATMUL | _SOFTMAX):
+        if _inside(events, i, {_SDPA} | _MATMUL | _SOFTMAX):
             continue
+        e = events[i]
         key = (e.step, e.frame)
         state = pending.get(key)
         if e.name in _MATMUL:
             if state and state[1] is not None:
                 qk, softmax = state
-                hits.append(TraceHit("ADV110", [qk, softmax, i], "hand-written attention (matmul, softmax, matmul): "
-                                     "use torch.nn.functional.scaled_dot_product_attention",
-                                     {"score_dims": events[softmax].dims[:1]}))
+                yield TraceHit("ADV110", [qk, softmax, i], "hand-written attention (matmul, softmax, matmul): use "
+                               "torch.nn.functional.scaled_dot_product_attention",
+                               {"score_dims": events[softmax].dims[:1]})
                 pending[key] = None
             else:
                 pending[key] = (i, None)
-        elif e.name in _SOFTMAX and state:
+        elif state:  # a softmax after a matmul
             pending[key] = (state[0], i)
-    return hits
 
 
-def _sdpa(events: list[OpEvent], children: dict[int, list[int]], device: str) -> list[TraceHit]:
-    hits = []
-    for i, e in enumerate(events):
-        if e.name != "aten::scaled_dot_product_attention" or e.step < 0:
-            continue
-        kernels = {events[k].name.removeprefix("aten::") for k in children.get(i, [])}
+def _sdpa(events: OpEvents, children: _Children, device: str) -> Iterator[TraceHit]:
+    for i in _named(events, {_SDPA}):
+        e = events[i]
+        kernels = {events.names[events.name[k]].removeprefix("aten::") for k in children.of(i)}
         if kernels & FUSED_SDPA:
             continue
         if len(e.dims) >= 3:
@@ -109,9 +130,8 @@ def _sdpa(events: list[OpEvent], children: dict[int, list[int]], device: str) ->
             reasons = fallback_reasons(args, device) or ["not determined from the recorded arguments"]
         else:
             reasons = ["unknown: the trace has no input shapes (record_shapes=True)"]
-        hits.append(TraceHit("ADV401", [i], "scaled_dot_product_attention ran the math kernel: " + "; ".join(reasons),
-                             {"reasons": reasons, "dims": e.dims[:3]}))
-    return hits
+        yield TraceHit("ADV401", [i], "scaled_dot_product_attention ran the math kernel: " + "; ".join(reasons),
+                       {"reasons": reasons, "dims": e.dims[:3]})
 
 
 def _number(text) -> float | None:

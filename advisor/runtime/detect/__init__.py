@@ -4,9 +4,12 @@ is the finding's cost, and where in the user's source it happened."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from advisor.runtime.frames import Location
-from advisor.runtime.recorder import OpGraph
+
+if TYPE_CHECKING:  # torch: `analyze` reads op names from detect.ops without it
+    from advisor.runtime.recorder import OpGraph
 
 
 @dataclass
