@@ -612,25 +612,8 @@ SEE_THROUGH_BODIES = {
                      "return z.view(-1)",
     "one_assignment": "y = x.contiguous()\nz = y.contiguous()\nreturn z.view(-1)",
 }
-SEE_THROUGH_BUGS = {
-    name: f"UNSOUND see-through-assignment: {why} between `y = x.<copy or cast>` and `y.<same>` is not seen, the "
-          "second call is removed as redundant (ADV201/ADV301 safe)"
-    for name, why in {
-        "helper_transposes_in_place": "a helper's in-place transpose_ of y",
-        "data_assignment_layout": "`y.data = y.data.mT`",
-        "helper_changes_dtype": "a helper's `t.data = t.data.half()`",
-        "data_assignment_dtype": "`y.data = y.data.half()`",
-        "walrus_rebinds": "a walrus rebinding of y",
-        "global_rebound_elsewhere": "a global rebound by another function",
-        "nonlocal_rebinds": "a nested function's nonlocal rebinding",
-    }.items()
-}
-STATIC_BUGS = {  # name -> the bug class, for a confirmed unsound case not fixed yet
-    "softmax_star_kwargs_dtype": "UNSOUND star-kwargs: softmax(x.float(), -1, **kw) becomes softmax(x, -1, **kw, "
-                                 "dtype=torch.float32) (ADV304 safe), a TypeError when kw holds dtype",
-    "softmax_method_star_kwargs_dtype": "UNSOUND star-kwargs: x.float().softmax(-1, **{'dtype': ...}) gets a second "
-                                        "dtype= (ADV304 safe): TypeError",
-}
+SEE_THROUGH_BUGS: dict[str, str] = {}  # name -> the bug class, for a confirmed unsound case not fixed yet
+STATIC_BUGS: dict[str, str] = {}  # name -> the bug class, for a confirmed unsound case not fixed yet
 
 
 @pytest.mark.xfail(strict=True, raises=libcst.ParserSyntaxError,
