@@ -186,7 +186,13 @@ def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression | N
 
 def removed_call(parsed: ParsedModule, call: cst.Call) -> str:
     """`receiver.name(...)` without the call: the receiver's code."""
-    return parsed.code(call.func.value)
+    return standalone(parsed.code(call.func.value))
+
+
+def standalone(code: str) -> str:
+    """Code taken from inside brackets, where a chain may run over lines (`(x\n .float()\n .float())`), made an
+    expression that parses on its own: parenthesised when it spans lines."""
+    return f"({code})" if "\n" in code else code
 
 
 def contiguous_of_contiguous(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
@@ -209,12 +215,12 @@ def folded_copies(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
     inner, _ = found
     fmt = f"memory_format={torch}.contiguous_format"
     if is_contiguous_call(call) and is_plain_clone(inner):  # x.clone().contiguous(): the clone is already fresh
-        source = parsed.code(inner.func.value)
+        source = standalone(parsed.code(inner.func.value))
         return Rewrite(call, f"{source}.clone({fmt})", "one contiguous clone: fresh, contiguous, same values")
     if not is_contiguous_call(inner):
         return None
     if is_plain_clone(call):
-        source = parsed.code(inner.func.value)
+        source = standalone(parsed.code(inner.func.value))
         return Rewrite(call, f"{source}.clone({fmt})", "one contiguous clone: fresh, contiguous, same values")
     return None  # `.contiguous().to(D)` has no one-copy twin: `.to(D, memory_format=...)` may return a strided alias
 
@@ -289,5 +295,5 @@ def softmax_with_dtype(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
     if args:
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     new = new.with_changes(args=[*args, keyword])
-    return Rewrite(call, parsed.module.code_for_node(new),
+    return Rewrite(call, standalone(parsed.module.code_for_node(new)),
                    f"softmax's dtype= casts its input to {dtype} first, so the values are the same")
