@@ -12,10 +12,10 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns.attention import AttentionMatch
+from advisor.patterns.attention.causal import triangle
 from advisor.patterns.ops import CAST_METHODS
 from advisor.static.module_index import ParsedModule
 
-TRIANGLE_METHODS = ("tril", "tril_")
 CASTS = (*CAST_METHODS, "bool", "byte", "int", "long")
 
 
@@ -71,29 +71,7 @@ def _bottom_right_slice(parsed: ParsedModule, match: AttentionMatch, node: cst.B
     function = _function(parsed, match)
     owner = function[1] if function else None
     built = owner.only_value(node.value.attr.value) if owner is not None else None
-    return built is not None and _is_lower_triangle_of_ones(parsed, built)
-
-
-def _is_lower_triangle_of_ones(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
-    """`torch.tril(torch.ones(n, n))` or `torch.ones(n, n).tril()`, then views and casts."""
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-            node.func.attr.value in ("view", "reshape", "unsqueeze", *CASTS):
-        node = node.func.value
-    if not isinstance(node, cst.Call) or node.args and any(a.keyword is None for a in node.args[1:]) or \
-            any(a.keyword is not None and a.keyword.value == "diagonal" for a in node.args):
-        return False
-    if parsed.imported_name(node.func) == "torch.tril" and node.args:
-        ones = node.args[0].value
-    elif isinstance(node.func, cst.Attribute) and node.func.attr.value in TRIANGLE_METHODS and not node.args:
-        ones = node.func.value
-    else:
-        return False
-    if not (isinstance(ones, cst.Call) and parsed.imported_name(ones.func) == "torch.ones"):
-        return False
-    sizes = [a.value for a in ones.args if a.keyword is None]
-    if len(sizes) == 1 and isinstance(sizes[0], cst.Tuple):
-        sizes = [e.value for e in sizes[0].elements]
-    return len(sizes) == 2 and _text(parsed, sizes[0]) == _text(parsed, sizes[1])
+    return built is not None and triangle(parsed, built) == "lower"
 
 
 def _function(parsed: ParsedModule, match: AttentionMatch):

@@ -19,9 +19,6 @@ DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half"
           "float64": "float64", "double": "float64", "int64": "int64", "long": "int64", "int32": "int32",
           "int": "int32", "int16": "int16", "short": "int16", "int8": "int8", "uint8": "uint8", "bool": "bool"}
 FLOATING = frozenset({"float32", "float16", "bfloat16", "float64"})
-# Bindings that can change a tensor behind another name's back (`w = y; w.transpose_(0, 1)`): in a function with
-# any, a name's assigned value says nothing about what it holds later.
-MUTATIONS = frozenset({"inplace", "store", "aug"})
 SOFTMAXES = frozenset({"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"})
 CONTIGUOUS_FORMAT = "torch.contiguous_format"
 
@@ -120,21 +117,48 @@ def torch_alias(parsed: ParsedModule) -> str | None:
 
 
 def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.BaseExpression | None:
-    """The value a plain name holds where it is read: the right-hand side of the one assignment that reaches it, in
-    a function that writes nothing in place, stores into no subscript and updates nothing (see MUTATIONS)."""
+    """The value a plain name holds where it is read, when nothing can have changed it since: the right-hand side of
+    its only assignment, made by the statement right before the one that reads it, with no call in the reading
+    statement but the chain around the read. Anything in between (a helper's in-place `transpose_`, `y.data = ...`,
+    a closure's `nonlocal`) could change the object's layout or dtype behind the name, so it is never looked past."""
     if not isinstance(expression, cst.Name):
         return None
-    function = parsed.parents.get(expression)
-    while function is not None and not isinstance(function, cst.FunctionDef):
-        function = parsed.parents.get(function)
-    if function is None:
+    reading = _enclosing(parsed, expression, cst.SimpleStatementLine)
+    function = _enclosing(parsed, expression, cst.FunctionDef)
+    if reading is None or function is None:
         return None
     flow = parsed.flow(function)
     definitions = flow.definitions_of(expression)
     if len(definitions) != 1 or flow.sees_undefined(expression) or definitions[0].kind != "assign" or \
-            definitions[0].index is not None or any(d.kind in MUTATIONS for d in flow.definitions.values()):
+            definitions[0].index is not None:
+        return None
+    assigning = parsed.parents.get(definitions[0].statement)
+    body = parsed.parents.get(reading)
+    siblings = list(getattr(body, "body", ()))
+    if not isinstance(assigning, cst.SimpleStatementLine) or len(assigning.body) != 1 or assigning not in siblings \
+            or siblings.index(assigning) + 1 != siblings.index(reading):
+        return None
+    chain = set()
+    node = parsed.parents.get(expression)
+    while node is not None and node is not reading:
+        chain.add(node)
+        node = parsed.parents.get(node)
+    if any(call not in chain for call in _calls_in(reading)):
         return None
     return definitions[0].value
+
+
+def _enclosing(parsed: ParsedModule, node: cst.CSTNode, kind: type) -> cst.CSTNode | None:
+    node = parsed.parents.get(node)
+    while node is not None and not isinstance(node, kind):
+        node = parsed.parents.get(node)
+    return node
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    collector = _Calls()
+    node.visit(collector)
+    return collector.calls
 
 
 def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression | None) -> str | None:
@@ -162,7 +186,13 @@ def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression | N
 
 def removed_call(parsed: ParsedModule, call: cst.Call) -> str:
     """`receiver.name(...)` without the call: the receiver's code."""
-    return parsed.code(call.func.value)
+    return standalone(parsed.code(call.func.value))
+
+
+def standalone(code: str) -> str:
+    """Code taken from inside brackets, where a chain may run over lines (`(x\n .float()\n .float())`), made an
+    expression that parses on its own: parenthesised when it spans lines."""
+    return f"({code})" if "\n" in code else code
 
 
 def contiguous_of_contiguous(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
@@ -185,12 +215,12 @@ def folded_copies(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
     inner, _ = found
     fmt = f"memory_format={torch}.contiguous_format"
     if is_contiguous_call(call) and is_plain_clone(inner):  # x.clone().contiguous(): the clone is already fresh
-        source = parsed.code(inner.func.value)
+        source = standalone(parsed.code(inner.func.value))
         return Rewrite(call, f"{source}.clone({fmt})", "one contiguous clone: fresh, contiguous, same values")
     if not is_contiguous_call(inner):
         return None
     if is_plain_clone(call):
-        source = parsed.code(inner.func.value)
+        source = standalone(parsed.code(inner.func.value))
         return Rewrite(call, f"{source}.clone({fmt})", "one contiguous clone: fresh, contiguous, same values")
     return None  # `.contiguous().to(D)` has no one-copy twin: `.to(D, memory_format=...)` may return a strided alias
 
@@ -228,8 +258,8 @@ def same_argument_to(call: cst.Call) -> bool:
 def softmax_input(parsed: ParsedModule, call: cst.Call) -> tuple[cst.BaseExpression, int | None] | None:
     """(input expression, its position in call.args or None for a method's receiver) of a softmax call that
     does not pass dtype= yet."""
-    if any(arg.keyword is not None and arg.keyword.value == "dtype" for arg in call.args):
-        return None
+    if any((arg.keyword is not None and arg.keyword.value == "dtype") or arg.star == "**" for arg in call.args):
+        return None  # dtype given already, or maybe inside **kwargs
     positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
     found = method(call)
     if found is not None and found[1] == "softmax" and parsed.imported_name(call.func) not in SOFTMAXES:
@@ -265,5 +295,5 @@ def softmax_with_dtype(parsed: ParsedModule, call: cst.Call) -> Rewrite | None:
     if args:
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     new = new.with_changes(args=[*args, keyword])
-    return Rewrite(call, parsed.module.code_for_node(new),
+    return Rewrite(call, standalone(parsed.module.code_for_node(new)),
                    f"softmax's dtype= casts its input to {dtype} first, so the values are the same")

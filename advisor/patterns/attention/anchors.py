@@ -1,0 +1,168 @@
+"""Where candidates start: the softmax calls of a function, screened cheaply before any proof.
+
+Every softmax is an anchor; only one fed (through any chain) by a matrix product and whose output reaches another
+product is worth proving. The screen's def-use walks (`reaches`, `feeds_product`) are also what the score and
+weight walks use to tell the scores' operand from a mask's, and a real value product from a dead end.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate, consumers, flow_for, statement_of
+from advisor.patterns.attention.helpers import callee, calls_through_objects, calls_to, single_return
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.ops import Op, OpReader
+from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
+from advisor.static.module_index import ParsedModule
+
+
+def mentions_softmax(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    """Prefilter: a function (or, for a method, its class, where `nn.Softmax` modules are built) that never
+    says softmax has no anchor for the matcher."""
+    return "softmax" in parsed.code(node).lower()
+
+
+def softmaxes(reader: OpReader, function: cst.FunctionDef) -> list[Op]:
+    """The softmax ops of one function body, in source order."""
+    collector = _SoftmaxCollector(reader, function)
+    function.visit(collector)
+    return collector.found
+
+
+class _SoftmaxCollector(cst.CSTVisitor):
+    """Softmax ops of one function body; nested functions are matched on their own."""
+
+    def __init__(self, reader: OpReader, root: cst.FunctionDef) -> None:
+        self.reader, self.root, self.found = reader, root, []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.root
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        op = self.reader.read(node)
+        if op is not None and (op.name == "softmax" or (op.name == "sequential" and op.params["stages"]
+                                                         and op.params["stages"][0].name == "softmax")):
+            self.found.append(op)
+
+
+def looks_like_attention(c: Candidate, softmax: Op) -> bool:
+    """Cheap screen: a matrix product feeds the softmax and its output reaches another one."""
+    return reaches(c, softmax.operands[0], CORE_OPS, depth=0) and feeds_product(c, softmax.node)
+
+
+def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> bool:
+    """Some op named in `names` computes (part of) `node`, through names, helpers and subexpressions."""
+    if depth > MAX_CHAIN:
+        return False
+    op = c.reader.read(node)
+    if op is not None and op.name in names:
+        return True
+    function = callee(c, node) if op is None else None
+    if function is not None:  # a helper that returns the scores
+        return reaches(c, single_return(function).value, names, depth + 1)
+    if isinstance(node, cst.Name):
+        flow = flow_for(c, node)
+        return any(d.value is not None and reaches(c, d.value, names, depth + 1)
+                   or any(_reaches_definition(c, flow, p, names, depth + 1) for p in d.previous)
+                   for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
+    return any(reaches(c, child, names, depth + 1) for child in node.children
+               if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
+
+
+def _reaches_definition(c: Candidate, flow: FunctionFlow, def_id: int, names: set[str], depth: int) -> bool:
+    if def_id == UNDEFINED:
+        return False
+    definition = flow.definitions[def_id]
+    return definition.value is not None and reaches(c, definition.value, names, depth)
+
+
+def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
+    """The value of `node` reaches a matmul, bmm or einsum (through reads, slices, unpacking and returns)."""
+    frontier, seen, visited = [node], 0, {id(node)}  # visited: a loop makes the def-use graph cyclic
+    while frontier and seen < MAX_CHAIN:
+        seen += 1
+        current = frontier.pop(0)
+        parent = c.parsed.parents.get(current)
+        if isinstance(parent, cst.Return):
+            frontier.extend(calls_to(c.parsed, c.function, c.owner) +
+                            calls_through_objects(c.parsed, c.function, c.owner))
+            continue
+        if isinstance(parent, cst.Subscript) and parent.value is current:  # a slice of the weights
+            frontier.append(parent)
+            continue
+        if isinstance(parent, cst.Element):  # `a, b = w[..., :n], w[..., n:]`
+            frontier.extend(_unpacked_reads(c, parent))
+            continue
+        for consumer, op in consumers(c, current):
+            if op is not None and op.name in ("matmul", "bmm", "einsum"):
+                return True
+            if consumer is not None and id(consumer) not in visited:
+                visited.add(id(consumer))
+                frontier.append(consumer)
+    return False
+
+
+def _unpacked_reads(c: Candidate, element: cst.Element) -> list[cst.Name]:
+    """Where the name an element of `a, b = x, y` binds is read."""
+    values = c.parsed.parents.get(element)
+    statement = c.parsed.parents.get(values)
+    if not isinstance(statement, cst.Assign) or statement.value is not values:
+        return []
+    index = list(values.elements).index(element)
+    flow = flow_for(c, statement)
+    return [read for d in flow.definitions.values() if d.statement is statement and d.index == index
+            for read in flow.reads_of(d)]
+
+
+def twin_softmax(c: Candidate, softmax: Op) -> tuple[Definition, cst.Name] | None:
+    """`if mask is not None: ...; s = self.softmax(s)` / `else: s = self.softmax(s)` (Swin): the same
+    softmax closing both branches is one softmax after the `if`. Returns the else branch's definition and the
+    name its softmax reads."""
+    parsed = c.parsed
+    statement = statement_of(parsed, softmax.node)
+    parent_block = parsed.parents.get(parsed.parents.get(statement))
+    guard = parsed.parents.get(parent_block) if parent_block is not None else None
+    if not isinstance(guard, cst.If) or not isinstance(guard.orelse, cst.Else) or guard.body is not parent_block:
+        return None
+    if not isinstance(statement, cst.Assign) or not isinstance(softmax.operands[0], cst.Name):
+        return None
+    last_if = guard.body.body[-1]
+    last_else = guard.orelse.body.body[-1]
+    if not (isinstance(last_if, cst.SimpleStatementLine) and last_if.body[-1] is statement and
+            isinstance(last_else, cst.SimpleStatementLine) and isinstance(last_else.body[-1], cst.Assign)):
+        return None
+    other = last_else.body[-1]
+    if " ".join(parsed.code(other).split()) != " ".join(parsed.code(statement).split()):
+        return None
+    twin = [d for d in c.flow.definitions.values() if d.statement is other and d.index is None]
+    other_op = c.reader.read(other.value)
+    if len(twin) != 1 or other_op is None or not isinstance(other_op.operands[0], cst.Name):
+        return None
+    return twin[0], other_op.operands[0]
+
+
+def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode) -> str | None:
+    """timm's `if self.fused_attn: F.scaled_dot_product_attention(...) else: <manual>`: the fix is the flag."""
+    child, node = statement, parsed.parents.get(statement)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        if isinstance(node, cst.If) and node.orelse is not None:
+            other = node.orelse if child is node.body else node.body
+            finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
+            other.visit(finder)
+            if finder.found:
+                return (f"the other branch of `if {short(parsed, node.test)}` already calls "
+                        f"scaled_dot_product_attention: enable it")
+        child, node = node, parsed.parents.get(node)
+    return None
+
+
+class _CallFinder(cst.CSTVisitor):
+    def __init__(self, parsed: ParsedModule, dotted: str) -> None:
+        self.parsed, self.dotted, self.found = parsed, dotted, False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.found = self.found or self.parsed.imported_name(node.func) == self.dotted

@@ -1,0 +1,188 @@
+"""Checks over the whole block, once every role is proved: the rewrite deletes the block's intermediates and
+reads its leaves at the value product, so nothing else may read those intermediates, every name the SDPA call
+reads must still mean what it meant, and the deleted statements must run exactly when the product runs (same
+loops and `with` blocks, no writes in between, no overriding subclass or hook that the deletion would lose).
+Weights used outside the block make the fix unsafe, or unavailable when even None cannot stand in for them.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import networkx as nx
+
+from advisor.patterns import scope
+from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined
+from advisor.patterns.attention.rendering import atom, short
+from advisor.patterns.attention.result import Refusal
+from advisor.patterns.ops import int_value
+from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
+
+
+def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
+    """Every read of a deleted intermediate is part of the block, or a read of the scores' metadata that
+    survives by reading Q and K instead."""
+    match = c.match
+    score_ids = {d.id for d in c.chain.definitions}
+    for definition in consumed:
+        for read in c.flow.reads_of(definition):
+            if read not in chain_reads and read not in match.escapes and definition.id in score_ids:
+                translated = _translate_metadata_read(c, read)
+                if translated is not None:
+                    match.renamed[translated[0]] = translated[1]
+                    continue
+            if read not in chain_reads and read not in match.escapes:
+                raise Refusal(f"the intermediate `{definition.name}` is also used at line "
+                              f"{c.parsed.line(read)}")
+
+
+def _translate_metadata_read(c: Candidate, read: cst.Name):
+    """Reads of the scores' metadata survive the rewrite by reading Q and K instead: the scores have the
+    query's dtype and device, shape (..., L, S) with L = Q.size(-2) and S = K.size(-2) in SDPA layout.
+    Returns (node to replace, replacement code) or None."""
+    if c.chain.views:
+        return None
+    parent = c.parsed.parents.get(read)
+    if not (isinstance(parent, cst.Attribute) and parent.value is read):
+        return None
+    query, key = atom(c.match.query), atom(c.match.key)
+    attribute = parent.attr.value
+    if attribute in ("dtype", "device"):
+        return read, query
+    outer = c.parsed.parents.get(parent)
+    if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
+        dim = int_value(outer.args[0].value)
+        return (outer, {-1: f"{key}.size(-2)", -2: f"{query}.size(-2)"}[dim]) if dim in (-1, -2) else None
+    if attribute == "shape" and isinstance(outer, cst.Subscript) and len(outer.slice) == 1:
+        index = outer.slice[0].slice
+        if isinstance(index, cst.Index) and int_value(index.value) in (-1, -2):
+            return outer, {-1: f"{key}.shape[-2]", -2: f"{query}.shape[-2]"}[int_value(index.value)]
+        if isinstance(index, cst.Slice) and int_value(index.lower) == -2 and index.upper is None \
+                and index.step is None:
+            return outer, f"({query}.shape[-2], {key}.shape[-2])"
+    return None
+
+
+def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
+    """Every name the SDPA call reads must mean at the value product what it meant where it was read."""
+    env = c.flow.env_before.get(output_statement, {})
+    nodes = list(c.leaf_nodes)
+    for term in c.match.masks:
+        nodes.extend(term.nodes)
+    for call, _ in c.inlined.values():
+        nodes.extend(arg.value for arg in call.args)
+    for node in nodes:
+        if in_inlined(c, node):
+            continue
+        for name in loaded_names(node):
+            seen = c.flow.reaching.get(name)
+            if seen is None:
+                continue
+            now = env.get(name.value, frozenset({UNDEFINED}))
+            if now == seen:
+                continue
+            if seen <= {d.id for d in c.chain.definitions}:
+                use = c.parsed.parents.get(name, name)
+                if isinstance(c.parsed.parents.get(use), cst.Call):
+                    use = c.parsed.parents[use]  # `s.size(-1)`, not `s.size`
+                raise Refusal(f"`{short(c.parsed, use)}` reads the scores, which the rewrite removes")
+            raise Refusal(f"`{name.value}` is {_how_rebound(c, now - seen)} between the scores and the value "
+                          f"product")
+
+
+def _how_rebound(c: Candidate, new: frozenset[int]) -> str:
+    kinds = {c.flow.definitions[i].kind for i in new if i != UNDEFINED}
+    if UNDEFINED in new and not kinds:
+        return "deleted"
+    return "written in place" if kinds and kinds <= {"store", "inplace", "aug"} else "reassigned"
+
+
+def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Definition]) -> None:
+    """What the code around the block may change: see patterns.scope."""
+    match, parsed = c.match, c.parsed
+    deleted = [s for s in match.removed if function_of(parsed, s) is c.home]
+    reason = scope.same_context(parsed, deleted, match.output_node)
+    steps = [d.statement for d in consumed] + [c.softmax.node]
+    inlined = [s for s in steps if in_inlined(c, s) and scope.enclosing_contexts(parsed, s)]
+    if reason is None and inlined:  # a helper's step runs once per call only at its top level
+        reason = (f"a step of the helper `{function_of(parsed, inlined[0]).name.value}` runs inside a loop or "
+                  f"`with` block (line {parsed.line(inlined[0])})")
+    if reason is not None:
+        raise Refusal(reason)
+    match.facts.proved("scope", "the deleted statements run exactly when the value product runs",
+                       "same loops, comprehensions and `with` blocks")
+    reason = scope.other_targets_read(parsed, c.flow, match.removed, {d.id for d in consumed})
+    if reason is not None:
+        raise Refusal(reason)
+    kept = list(c.leaf_nodes) + [node for term in match.masks for node in term.nodes]
+    first = min([parsed.line(s) for s in deleted] + [parsed.line(output_statement)])
+    paths = scope.attribute_paths(parsed, kept)
+    reason = scope.attribute_written_between(parsed, c.home, c.owner, paths, first, parsed.line(output_statement))
+    if reason is None:
+        reason = scope.storage_written_between(parsed, c.flow, kept, first, parsed.line(output_statement))
+    if reason is not None:
+        raise Refusal(reason)
+    if paths:
+        match.facts.proved("no-writes", "no attribute the SDPA call reads is written inside the block")
+    _dispatch_facts(c, deleted + [match.output_node], kept)
+    if (match.hoisted or match.hoist_init) and scope.is_scripted(parsed, c.home, c.owner):
+        raise Refusal("the function is compiled by TorchScript, where the merged mask variable cannot start "
+                      "as None and later hold a tensor")
+
+
+def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNode]) -> None:
+    """The `self.` methods and modules the proof resolved are the ones that run, and deleting a module
+    call loses nothing but its computation (no hooks)."""
+    owner, match = c.owner, c.match
+    if owner is None:
+        return
+    names = scope.self_names(block + kept) | {f.name.value for f in c.inlined if f in owner.methods.values()}
+    reason = scope.overridden(c.scope.classes(), owner, names)
+    if reason is not None:
+        raise Refusal(reason)
+    if c.scope.classes().subclasses(owner):
+        match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
+                           "checked for the subclasses in this file")
+    hooked = scope.registers_hooks(c.parsed)
+    for attribute in scope.deleted_module_calls(c.parsed, owner, block, kept):
+        statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"
+        if scope.is_hook_point(c.parsed, owner, attribute):
+            match.facts.assumed("no-hooks", statement, "it computes nothing, so it exists to carry hooks")
+        elif hooked:
+            match.facts.assumed("no-hooks", statement, "this file registers module hooks")
+        else:
+            match.facts.proved("no-hooks", statement, "no hook is registered in this file")
+
+
+def check_escapes(c: Candidate) -> None:
+    """Weights read outside the block: the fix becomes unsafe (SDPA does not return them), and unavailable
+    when they flow back into the scores or where None cannot stand in for them."""
+    match = c.match
+    if not match.escapes:
+        return
+    where = ", ".join(sorted({str(c.parsed.line(read)) for read in match.escapes}))
+    match.reason = (f"the attention weights are used outside the block (line {where}), and SDPA does not "
+                    f"return them")
+    score_ids = {d.id for d in c.chain.definitions}
+    graph = c.flow.graph
+    feedback = [d for d in c.weights.definitions if d.id in graph and nx.descendants(graph, d.id) & score_ids]
+    if feedback:  # residual attention: the weights reach the next iteration's scores
+        match.unsafe_reason = (f"the weights `{feedback[0].name}` flow back into the scores (a loop), so they "
+                               f"cannot be replaced by None")
+        return
+    for read in match.escapes:
+        parent = c.parsed.parents.get(read)
+        if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
+            match.unsafe_reason = _why_not_none(c, read, parent)
+            return
+
+
+def _why_not_none(c: Candidate, read: cst.Name, parent: cst.CSTNode) -> str:
+    """Why the weights cannot simply be replaced by None where they escape, naming the real use."""
+    line = c.parsed.line(read)
+    if isinstance(parent, cst.Attribute) and parent.value is read:
+        return f"the weights' `.{parent.attr.value}` is used at line {line}, and None has none"
+    if isinstance(parent, cst.Arg):
+        call = c.parsed.parents.get(parent)
+        callee = short(c.parsed, call.func) if isinstance(call, cst.Call) else short(c.parsed, parent)
+        return f"the weights are passed to `{callee}` at line {line}, which cannot take None"
+    return f"the weights are used in `{short(c.parsed, parent)}` at line {line}, which cannot take None"

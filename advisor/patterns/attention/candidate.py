@@ -1,0 +1,173 @@
+"""The state of one candidate block, as an explicit value the role functions take and fill in.
+
+A softmax anchors a candidate; proving it walks the score chain backwards, the weights forwards, and may inline
+helpers (merging their flows) or move the block's home to a caller. All of that is per candidate: it lives here,
+created fresh for each softmax, so no role reads what an earlier candidate left behind. `FunctionScope` holds
+what the candidates of one function share: the function, its readers, and the fresh names already taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from advisor.patterns import einsum as es
+from advisor.patterns import scope
+from advisor.patterns.attention.result import AttentionMatch
+from advisor.patterns.dtypes import DtypeRoots
+from advisor.patterns.ops import Op, OpReader
+from advisor.patterns.values import ValueProver
+from advisor.static.dataflow import Definition, FunctionFlow
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+CORE_OPS = {"matmul", "bmm", "baddbmm", "einsum"}
+MAX_CHAIN = 40
+
+
+@dataclass
+class FunctionScope:
+    """One function being matched, and what its candidates share."""
+
+    parsed: ParsedModule
+    function: cst.FunctionDef
+    owner: ClassInfo | None
+    name: str
+    reader: OpReader
+    taken_names: set[str] = field(default_factory=set)  # fresh names earlier matches of this function chose
+    _classes: scope.ClassTable | None = None
+
+    def classes(self) -> scope.ClassTable:
+        if self._classes is None:
+            self._classes = scope.ClassTable.of(self.parsed)
+        return self._classes
+
+
+@dataclass
+class ScoreChain:
+    """What the backward walk collected: ops outermost first (with the `if` guarding each), definitions
+    consumed, reads followed, and the guards under which scale factors apply."""
+
+    ops: list[tuple[Op, cst.If | None]] = field(default_factory=list)
+    definitions: list[Definition] = field(default_factory=list)
+    reads: set[cst.Name] = field(default_factory=set)
+    factor_guards: dict[cst.CSTNode, cst.If] = field(default_factory=dict)
+    negated_factors: set[cst.CSTNode] = field(default_factory=set)  # factors applied in the `else:` of their guard
+    guard_negated: bool = False  # the walk is inside the `else:` of the guard it entered
+    twin: Definition | None = None  # the else branch's softmax when both branches of an `if` end in one
+    twin_input: cst.Name | None = None
+    views: list[tuple[int, Op]] = field(default_factory=list)  # (position applied, op) of view-and-back pairs
+
+
+@dataclass
+class WeightPath:
+    """What the forward walk found: the value product, V, and everything met between softmax and it."""
+
+    output: Op
+    value_node: cst.BaseExpression
+    definitions: list[Definition]
+    escapes: list[cst.Name]
+    dropouts: list[Op]
+    reads: set[cst.Name]
+    transposed: bool  # `V @ P^T` (channel-major VAE blocks) instead of `P @ V`
+
+
+@dataclass
+class Candidate:
+    """One softmax being proved the anchor of an attention block."""
+
+    scope: FunctionScope
+    flow: FunctionFlow  # the function's flow, merged with the flows of helpers the walk entered
+    values: ValueProver
+    home: cst.FunctionDef  # where the value product, and so the SDPA call, lives
+    match: AttentionMatch | None = None
+    softmax: Op | None = None
+    inlined: dict[cst.FunctionDef, tuple[cst.Call, dict[str, cst.BaseExpression]]] = field(default_factory=dict)
+    chain: ScoreChain = field(default_factory=ScoreChain)
+    weights: WeightPath | None = None
+    absorbed: set[cst.Name] = field(default_factory=set)  # reads that vanish with the rewrite (cast targets, ...)
+    dtype_changes: list[Op] = field(default_factory=list)  # casts and softmax(dtype=) inside the block
+    factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # ("mul" | "div", Python number)
+    leaf_nodes: list[cst.BaseExpression] = field(default_factory=list)  # q, k, v, then what else SDPA reads
+    layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
+    has_ellipsis: bool = False
+    dtype_roots: DtypeRoots | None = None
+
+    @classmethod
+    def start(cls, scope_: FunctionScope) -> Candidate:
+        flow = scope_.parsed.flow(scope_.function)
+        return cls(scope_, flow, ValueProver(scope_.parsed, flow, scope_.owner), scope_.function)
+
+    @property
+    def parsed(self) -> ParsedModule:
+        return self.scope.parsed
+
+    @property
+    def function(self) -> cst.FunctionDef:
+        return self.scope.function
+
+    @property
+    def owner(self) -> ClassInfo | None:
+        return self.scope.owner
+
+    @property
+    def reader(self) -> OpReader:
+        return self.scope.reader
+
+
+def merge_flow(c: Candidate, function: cst.FunctionDef) -> None:
+    """The walk entered `function` (a helper, or the caller): read its definitions as part of this block."""
+    c.flow = c.flow.merged_with(c.parsed.flow(function))
+    c.values = ValueProver(c.parsed, c.flow, c.owner)
+
+
+def flow_for(c: Candidate, node: cst.CSTNode) -> FunctionFlow:
+    """The merged view for the functions of this match; another function's own flow otherwise."""
+    function = function_of(c.parsed, node)
+    if function is c.function or function is c.home or function in c.inlined or function is None:
+        return c.flow
+    return c.parsed.flow(function)
+
+
+def in_inlined(c: Candidate, node: cst.CSTNode) -> bool:
+    return function_of(c.parsed, node) in c.inlined
+
+
+def function_of(parsed: ParsedModule, node: cst.CSTNode) -> cst.FunctionDef | None:
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        node = parsed.parents.get(node)
+    return node
+
+
+def statement_of(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
+    while not isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+        node = parsed.parents[node]
+    return node
+
+
+def definition_of_value(c: Candidate, node: cst.CSTNode) -> Definition | None:
+    """The definition an assignment of `node` (its whole value) makes, if exactly one."""
+    parent = c.parsed.parents.get(node)
+    if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
+        found = [d for d in flow_for(c, node).definitions.values() if d.statement is parent and d.index is None]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None, Op | None]]:
+    """Where a value goes: (the expression that consumes it, that expression's Op if it is one)."""
+    parent = c.parsed.parents.get(node)
+    if isinstance(parent, cst.Arg):
+        call = c.parsed.parents.get(parent)
+        return [(call, c.reader.read(call))]
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        call = c.parsed.parents.get(parent)
+        if isinstance(call, cst.Call) and call.func is parent:
+            return [(call, c.reader.read(call))]
+        return [(parent, c.reader.read(parent))]
+    if isinstance(parent, cst.BinaryOperation):
+        return [(parent, c.reader.read(parent))]
+    definition = definition_of_value(c, node)
+    if definition is not None:
+        return [(read, None) for read in flow_for(c, node).reads_of(definition)]
+    return [(None, None)]

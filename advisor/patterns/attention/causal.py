@@ -1,0 +1,149 @@
+"""Causal proof: a mask that is a lower triangle of ones, used in the matching polarity, is `is_causal`.
+
+The triangle is found where the mask is built (a local assignment, or the buffer the class registers) and
+sliced `[..., :T, :T]`; `== 0`, `~` and `< 1` flip the polarity. A triangle sliced from column 0 also proves
+that every query row keeps key 0, which makes a finite fill exact (see `patterns.masks`).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.ops import CAST_METHODS, int_value, number_value
+from advisor.static.module_index import ParsedModule
+
+# what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
+TRIANGLE_KEEPING = {"view", "reshape", "unsqueeze", "expand", *CAST_METHODS, "bool", "byte", "int", "long"}
+
+
+def _mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor a mask expression tests: `bias[...] == 0`, `~m`, `m.bool()` all read their operand."""
+    base = masked
+    while True:
+        op = c.reader.read(base)
+        if isinstance(base, cst.Comparison) and len(base.comparisons) == 1 and \
+                number_value(base.comparisons[0].comparator) in (0, 1):
+            base = base.left
+        elif isinstance(base, cst.UnaryOperation) and isinstance(base.operator, cst.BitInvert):
+            base = base.expression
+        elif op is not None and op.name in ("cast", "identity"):
+            base = op.operands[0]
+        elif isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and not base.args \
+                and base.func.attr.value == "bool":  # nonzero is True: a 0/1 mask means the same
+            base = base.func.value
+        else:
+            return base
+
+
+def keeps_first_key(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
+    """`self.bias[:, :, S - L:S, :S]` (GPT-2): any rows of a lower triangle of ones, its columns sliced from
+    0, keep key 0 in every row (row r keeps keys 0..r), so no query row is fully masked."""
+    base, via = _mask_base(c, masked), []
+    definitions = c.flow.definitions_of(base) if isinstance(base, cst.Name) else []
+    if len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None:
+        via = [definitions[0].value]  # `mask = self.bias[...].bool()`: its own `== 0` flips it too
+        base = _mask_base(c, definitions[0].value)
+    if not (isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) and c.owner
+            and isinstance(base.value.value, cst.Name) and base.value.value.value == "self"
+            and len(base.slice) >= 2 and all(_is_full_slice(s) for s in base.slice[:-2])):
+        return False
+    rows, columns = (element.slice for element in base.slice[-2:])
+    if not isinstance(rows, cst.Slice) or not isinstance(columns, cst.Slice) or columns.step is not None or \
+            (columns.lower is not None and int_value(columns.lower) != 0):
+        return False
+    built = c.owner.only_value(base.value.attr.value)
+    return built is not None and _causal_polarity(c, triangle(c.parsed, built), masked, keep_given, *via)
+
+
+def is_causal_keep(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
+    """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
+    base = _mask_base(c, masked)
+    if isinstance(base, cst.Name):
+        definitions = c.flow.definitions_of(base)
+        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+            return False
+        return _causal_polarity(c, triangle(c.parsed, definitions[0].value), masked, keep_given)
+    if isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) \
+            and isinstance(base.value.value, cst.Name) and base.value.value.value == "self" and c.owner:
+        built = c.owner.only_value(base.value.attr.value)
+        slices = base.slice
+        if built is None or len(slices) < 2:
+            return False
+        leading, last_two = slices[:-2], slices[-2:]
+        if not all(_is_full_slice(s) for s in leading):
+            return False
+        bounds = [_upper_bound(c.parsed, s) for s in last_two]
+        if None in bounds or bounds[0] != bounds[1]:
+            return False
+        return _causal_polarity(c, triangle(c.parsed, built), masked, keep_given)
+    if isinstance(base, cst.Call):
+        return _causal_polarity(c, triangle(c.parsed, base), masked, keep_given)
+    return False
+
+
+def _causal_polarity(c: Candidate, kind: str | None, masked: cst.BaseExpression, keep_given: bool,
+                     *via: cst.BaseExpression) -> bool:
+    """A lower triangle of ones marks attended positions, an upper one (diagonal=1) masked ones; the
+    original must use it in the matching polarity (`== 0` and `~` flip it, in the mask expression or in
+    the assignments `via` which it reads the triangle)."""
+    if kind is None:
+        return False
+    flipped = False
+    for expression in (masked, *via):
+        text = c.parsed.code(expression).replace(" ", "")
+        flipped ^= text.endswith("==0") or text.startswith("~") or text.endswith("<1")
+    true_means_attend = (kind == "lower") != flipped
+    return true_means_attend == keep_given
+
+
+def _is_full_slice(element: cst.SubscriptElement) -> bool:
+    s = element.slice
+    return isinstance(s, cst.Slice) and s.lower is None and s.upper is None and s.step is None
+
+
+def _upper_bound(parsed: ParsedModule, element: cst.SubscriptElement) -> str | None:
+    s = element.slice
+    if isinstance(s, cst.Slice) and s.lower is None and s.step is None and s.upper is not None:
+        return parsed.code(s.upper).replace(" ", "")
+    return None
+
+
+def triangle(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
+    """'lower' for a square lower triangle of ones (`torch.tril(torch.ones(n, n))`, `torch.ones(n, n).tril()`,
+    `.tril_()`), 'upper' for a square of ones strictly above the diagonal (`triu(..., diagonal=1)`), under any
+    views, casts and None-indexing (they keep the 0/1 values where they are); None for anything else, including
+    non-squares and other diagonals. The matcher's causal proof and the flash backend's bottom-right check both
+    read a mask's triangle here."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in TRIANGLE_KEEPING:
+            node = node.func.value
+        elif isinstance(node, cst.Subscript) and all(
+                isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
+                or _is_full_slice(e) for e in node.slice):
+            node = node.value
+        else:
+            break
+    if not isinstance(node, cst.Call):
+        return None
+    dotted = parsed.imported_name(node.func)
+    if dotted in ("torch.tril", "torch.triu") and node.args:
+        kind, inner, options = dotted[-4:], node.args[0].value, node.args[1:]
+    elif isinstance(node.func, cst.Attribute) and node.func.attr.value in ("tril", "triu", "tril_", "triu_") \
+            and dotted is None:
+        kind, inner, options = node.func.attr.value[:4], node.func.value, node.args
+    else:
+        return None
+    diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
+    if (number_value(diagonal) if diagonal is not None else 0) != (0 if kind == "tril" else 1):
+        return None
+    if not (isinstance(inner, cst.Call) and parsed.imported_name(inner.func) == "torch.ones"):
+        return None
+    sizes = [a for a in inner.args if a.keyword is None]
+    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
+        sizes = sizes[0].value.elements
+    codes = [parsed.code(a.value).replace(" ", "") for a in sizes]
+    if len(codes) != 2 or codes[0] != codes[1]:
+        return None
+    return "lower" if kind == "tril" else "upper"

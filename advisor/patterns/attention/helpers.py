@@ -1,0 +1,201 @@
+"""Attention split across functions: scores computed by a helper, or weights returned to a caller.
+
+The walks continue through a helper of this file whose body ends in its only `return` (its parameters read as
+the call's arguments), and out of a function whose weights are returned to its one call site, which becomes the
+block's home. Helpers are read, never edited.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention.candidate import Candidate, function_of, merge_flow
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import Refusal
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+
+def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | None:
+    """The function `self.name` (a method of this class) or `name` (a function of this file) calls."""
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
+            and c.owner is not None:
+        return c.owner.methods.get(func.attr.value)
+    return c.parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
+
+
+def callee(c: Candidate, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """`self.scores(q, k)` (a method of this class) or `scores(q, k)` (a function of this file) whose
+    body ends in its only `return`; None for anything else."""
+    if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+        return None
+    function = helper_named(c, node.func)
+    if function is None or function is c.function or function in c.inlined or single_return(function) is None:
+        return None
+    if any(not (isinstance(d.decorator, cst.Name) and d.decorator.value in ("staticmethod", "classmethod"))
+           for d in function.decorators):
+        return None  # another decorator may change what the call computes
+    return function
+
+
+def bind_arguments(c: Candidate, function: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
+    params = [p.name.value for p in function.params.params]
+    bound: dict[str, cst.BaseExpression] = {}
+    kind = _method_kind(function)
+    if isinstance(call.func, cst.Attribute) and kind != "static":  # self.method(...): self (or its class)
+        if not params:
+            raise Refusal(f"`{function.name.value}` takes no `self`")
+        bound[params[0]] = cst.Name("self") if kind == "instance" else cst.parse_expression("type(self)")
+        params = params[1:]
+    for position, arg in enumerate(call.args):
+        if arg.keyword is None:
+            if position >= len(params):
+                raise Refusal(f"the call `{short(c.parsed, call)}` passes more arguments than it takes")
+            bound[params[position]] = arg.value
+        else:
+            bound[arg.keyword.value] = arg.value
+    for param in function.params.params:
+        if param.name.value not in bound and param.default is not None:
+            bound[param.name.value] = param.default
+    return bound
+
+
+def enter_callee(c: Candidate, call: cst.Call) -> cst.BaseExpression:
+    """Continue the score walk inside the helper that returns the scores; its parameters are read as
+    the caller's arguments."""
+    function = callee(c, call)
+    c.inlined[function] = (call, bind_arguments(c, function, call))
+    merge_flow(c, function)
+    return single_return(function).value
+
+
+def leave_to_caller(c: Candidate, returned: cst.Return) -> cst.Call:
+    """The weights are returned by this function: continue at its one call site in the file, which
+    becomes the home of the SDPA call."""
+    sites = [call for call in calls_to(c.parsed, c.function, c.owner)]
+    through = calls_through_objects(c.parsed, c.function, c.owner)
+    if not sites and through:
+        raise Refusal(f"the attention weights are returned to `{short(c.parsed, through[0])}`, a call through "
+                      f"another object, which the rewrite does not follow (SDPA must replace the caller's "
+                      f"value product)")
+    if len(sites) != 1:
+        raise Refusal("the attention weights are returned to the caller" if not sites else
+                      "the attention weights are returned by a function called from several places")
+    call = sites[0]
+    caller = function_of(c.parsed, call)
+    if caller is None or single_return(c.function) is not returned:
+        raise Refusal("the attention weights are returned to the caller")
+    c.inlined[c.function] = (call, bind_arguments(c, c.function, call))
+    c.home = caller
+    merge_flow(c, caller)
+    return call
+
+
+def argument_of(c: Candidate, name: cst.Name) -> cst.BaseExpression | None:
+    """The caller's argument for a parameter of an inlined helper."""
+    function = function_of(c.parsed, name)
+    if function not in c.inlined or not any(d.kind == "param" for d in c.flow.definitions_of(name)):
+        return None
+    return c.inlined[function][1].get(name.value)
+
+
+def returned_by(c: Candidate, call: cst.CSTNode) -> cst.BaseExpression | None:
+    """What an inlined helper returns, at its call."""
+    return next((single_return(function).value for function, (site, _) in c.inlined.items()
+                 if site is call and single_return(function) is not None), None)
+
+
+def helper_return(c: Candidate, call: cst.Call) -> cst.BaseExpression | None:
+    function = callee(c, call)
+    return single_return(function).value if function is not None else None
+
+
+def helper_at(c: Candidate, call: cst.Call):
+    """(what the helper called here returns, the helper, its parameters bound to this call's arguments);
+    an inlined helper's parameters are already read as the caller's arguments."""
+    returned = returned_by(c, call)
+    if returned is not None:
+        return returned, function_of(c.parsed, returned), {}
+    function = callee(c, call)
+    if function is None:
+        return None
+    try:
+        bound = bind_arguments(c, function, call)
+    except Refusal:
+        return None
+    return single_return(function).value, function, bound
+
+
+def dotted_name(c: Candidate, function: cst.FunctionDef) -> str:
+    return next((name for f, _, name in c.parsed.functions if f is function), c.scope.name)
+
+
+def single_return(function: cst.FunctionDef) -> cst.Return | None:
+    """The function's only `return`, when it is the last statement and returns a value."""
+    body = function.body.body
+    if not body or not isinstance(body[-1], cst.SimpleStatementLine) or not isinstance(body[-1].body[-1], cst.Return):
+        return None
+    last = body[-1].body[-1]
+    finder = _ReturnFinder(function)
+    function.visit(finder)
+    return last if finder.returns == [last] and last.value is not None else None
+
+
+def calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:
+    """Call sites of a method (`self.name(...)` in its class) or of a module-level function (`name(...)`)."""
+    name = function.name.value
+    is_method = owner is not None and owner.methods.get(name) is function
+    if not is_method and parsed.module_functions.get(name) is not function:
+        return []
+    finder = _CallSiteFinder(name, is_method)
+    (owner.node if is_method else parsed.module).visit(finder)
+    return finder.calls
+
+
+def calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:
+    """`attn.get_attention_scores(q, k)` or `self.attn.scores(q, k)` anywhere in the file, for a method no other
+    class of the file defines: calls of this method through an object of its class, as far as names tell."""
+    name = method.name.value
+    if owner is None or owner.methods.get(name) is not method or \
+            sum(1 for f, o, _ in parsed.functions if o is not None and f.name.value == name) != 1:
+        return []
+    finder = _CallSiteFinder(name, is_method=False, through_object=True)
+    parsed.module.visit(finder)
+    return finder.calls
+
+
+class _ReturnFinder(cst.CSTVisitor):
+    def __init__(self, root: cst.FunctionDef) -> None:
+        self.root, self.returns = root, []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.root
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.returns.append(node)
+
+
+class _CallSiteFinder(cst.CSTVisitor):
+    def __init__(self, name: str, is_method: bool, through_object: bool = False) -> None:
+        self.name, self.is_method, self.through_object, self.calls = name, is_method, through_object, []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if self.through_object:
+            hit = isinstance(func, cst.Attribute) and func.attr.value == self.name and \
+                not (isinstance(func.value, cst.Name) and func.value.value == "self")
+        elif self.is_method:
+            hit = isinstance(func, cst.Attribute) and func.attr.value == self.name and \
+                isinstance(func.value, cst.Name) and func.value.value == "self"
+        else:
+            hit = isinstance(func, cst.Name) and func.value == self.name
+        if hit:
+            self.calls.append(node)
+
+
+def _method_kind(function: cst.FunctionDef) -> str:
+    """'static', 'class' or 'instance': what a call through `self.` binds to the first parameter."""
+    names = {dec.decorator.value for dec in function.decorators if isinstance(dec.decorator, cst.Name)}
+    return "static" if "staticmethod" in names else ("class" if "classmethod" in names else "instance")

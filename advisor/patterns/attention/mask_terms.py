@@ -1,0 +1,98 @@
+"""One mask term per masking op of the score chain, in SDPA's polarity (True = attend, or added floats).
+
+`masked_fill(m, fill)` and `where(c, s, fill)` become boolean keep masks when the fill is -inf, finite masks
+(masked expression plus fill) when it is a large negative number, and `is_causal` candidates when the mask is a
+lower triangle of ones (see `causal`); an added tensor is a float mask. A mask applied while the scores were
+viewed in another shape is reshaped to SDPA's.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns import masks as mk
+from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.causal import is_causal_keep, keeps_first_key
+from advisor.patterns.attention.rendering import Replace, atom, render, short
+from advisor.patterns.attention.result import MaskTerm, Refusal
+from advisor.patterns.attention.tensor_facts import roots
+from advisor.patterns.ops import Op, number_value
+from advisor.static.dataflow import loaded_names
+from advisor.static.module_index import ParsedModule
+
+
+def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
+    if op.name == "add":
+        mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
+        return MaskTerm("float", render(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace)
+    if op.name == "masked_fill":
+        masked, fill = op.params["mask"], op.params["fill"]
+        keep_given = False
+    else:  # where(condition, scores, fill) keeps where True; where(condition, fill, scores) masks
+        condition = op.params["condition"]
+        chain_first = op.params["chain_operand"] is op.operands[0]
+        fill = op.operands[1] if chain_first else op.operands[0]
+        masked, keep_given = condition, chain_first
+    kind = c.values.fill_kind(fill)
+    if kind is None:
+        raise Refusal(f"the mask fill value `{short(c.parsed, fill)}` is not provably -inf or a large negative "
+                      f"number")
+    keep = render(c, masked) if keep_given else _negate(c.parsed, masked)
+    nodes = [masked]  # the fill is not emitted for boolean and causal masks
+    fill_kind = mk.NEGINF if kind == "neginf" else mk.FINITE
+    if is_causal_keep(c, masked, keep_given):
+        return MaskTerm("causal", keep, fill=c.parsed.code(fill), guard=guard, nodes=nodes,
+                        fill_kind=fill_kind, source=masked, keeps_first_key=True)
+    first = keeps_first_key(c, masked, keep_given)
+    if kind == "neginf":
+        return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=masked,
+                        keeps_first_key=first)
+    masked_code = _negate(c.parsed, masked) if keep_given else render(c, masked)
+    return MaskTerm("finite", masked_code, fill=_render_fill(c, fill), guard=guard, nodes=[masked],
+                    fill_kind=fill_kind, source=masked, keeps_first_key=first)
+
+
+def reshape_term(c: Candidate, term: MaskTerm) -> None:
+    """A mask added while the scores were viewed as (b, h, L, S) and viewed back to (b*h, L, S)
+    becomes `mask.expand(b, h, L, S).reshape(b*h, L, S)`: the same values in SDPA's layout."""
+    (_, expand), (_, collapse) = c.chain.views
+    shapes = [expand.params["shape"], collapse.params["shape"]]
+    if term.kind == "causal":
+        term.kind = "keep"
+    inferred = any(number_value(dim) == -1 for dim in shapes[0])  # expand() cannot infer a size
+    term.reshape = tuple(", ".join(render(c, d) for d in shape) for shape in shapes) + (inferred,)
+    term.nodes.extend(dim for shape in shapes for dim in shape)
+
+
+def _render_fill(c: Candidate, fill: cst.BaseExpression) -> str:
+    """`torch.finfo(scores.dtype).min` reads an intermediate that the rewrite removes: read the query."""
+    chain_ids = {d.id for d in c.chain.definitions}
+    replaced = {}
+    for name in loaded_names(fill):
+        if c.flow.reaching.get(name, frozenset()) <= chain_ids and c.flow.reaching.get(name):
+            if not roots(c).same(name, c.leaf_nodes[0]):
+                raise Refusal(f"the mask fill reads `{name.value}`, whose dtype after a cast is not provably "
+                              f"the query's")
+            replaced[name] = c.leaf_nodes[0]
+            c.absorbed.add(name)
+    if replaced and not isinstance(c.leaf_nodes[0], (cst.Name, cst.Attribute)):
+        raise Refusal("the mask fill reads the scores' dtype and the query is not a plain name")
+    return c.parsed.code(fill.visit(Replace(replaced))) if replaced else c.parsed.code(fill)
+
+
+def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:
+    """The complement of a boolean mask (masked_fill and where raise on any other), written as simply as its
+    form allows. `~m` running proves m bool (`~` raises on floats, and an int result would make the original
+    raise); `m.logical_not()` is bool whatever m is."""
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
+        target = node.comparisons[0]
+        flipped = {cst.Equal: "!=", cst.NotEqual: "==", cst.LessThan: ">=", cst.GreaterThanEqual: "<",
+                   cst.GreaterThan: "<=", cst.LessThanEqual: ">"}.get(type(target.operator))
+        if flipped is not None:
+            return f"{parsed.code(node.left)} {flipped} {parsed.code(target.comparator)}"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+        return parsed.code(node.expression)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "logical_not" \
+            and not node.args:  # `m` may be an int or float 0/1 mask: its complement's complement is `m.bool()`
+        return f"{atom(parsed.code(node.func.value))}.bool()"
+    return f"~{atom(parsed.code(node))}"

@@ -1,0 +1,204 @@
+"""The Q·K^T product: which operand is the query and which the key, and in what layout SDPA gets them.
+
+matmul/bmm/baddbmm take K transposed: a provable last-two-dims transpose is undone, anything else is transposed
+back explicitly (a view, always exact). baddbmm's alpha joins the scale and its input the masks. An einsum's spec
+is read into axis roles and the operands permuted into SDPA's (..., L, E) layout. Scale factors written on the
+operands (`(q * s) @ k`) are stripped into the scale. The rank the source states, when it does, proves the
+softmax and transpose dims.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns import einsum as es
+from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.rendering import render, short
+from advisor.patterns.attention.result import MaskTerm, Refusal
+from advisor.patterns.attention.scores import tensor_and_factor
+from advisor.patterns.ops import Op, int_value, number_value
+from advisor.static.dataflow import Definition
+
+
+def core_roles(c: Candidate, core: Op) -> int | None:
+    """Fill in the match's query and key (and baddbmm's terms); returns the scores' rank when known."""
+    match = c.match
+    if core.name == "einsum":
+        return _einsum_roles(c, core)
+    left, right = core.operands
+    q_leaf, q_factors = _strip_factors(c, left)
+    k_leaf, k_factors = _strip_factors(c, right)
+    c.factors = q_factors + k_factors
+    ndim = 3 if core.name in ("bmm", "baddbmm") else (rank(c, q_leaf) or rank(c, k_leaf))
+    match.query = render(c, q_leaf)
+    match.key = _key_from_transposed(c, k_leaf, ndim)
+    c.leaf_nodes = [q_leaf, k_leaf]
+    if core.name == "baddbmm":
+        _baddbmm_terms(c, core)
+    return ndim
+
+
+def _baddbmm_terms(c: Candidate, core: Op) -> None:
+    alpha, beta = core.params["alpha"], core.params["beta"]
+    if alpha is not None:
+        if not c.values.is_scalar(alpha):
+            raise Refusal("baddbmm's alpha is not provably a Python number")
+        c.factors.append(("mul", alpha))
+    if beta is not None and number_value(beta) == 0:
+        return
+    if beta is not None and number_value(beta) != 1:
+        raise Refusal("baddbmm's beta is neither 0 nor 1")
+    bias = core.params["input"]
+    c.match.masks.append(MaskTerm("float", render(c, bias), nodes=[bias], source=bias, same_dtype=True))
+
+
+def _strip_factors(c: Candidate, node: cst.BaseExpression):
+    factors = []
+    while True:
+        op = c.reader.read(node)
+        if op is None or op.name not in ("mul", "div") or op.inplace:
+            return node, factors
+        tensor, factor = tensor_and_factor(c, op)
+        if factor is None:
+            return node, factors
+        factors.append((op.name, factor))
+        node = tensor
+
+
+def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | None) -> str:
+    """SDPA wants K as (..., S, E); the product used K^T. Undo a provable last-two-dims transpose,
+    else transpose back explicitly (a view, always exact)."""
+    op = c.reader.read(node)
+    if op is not None and op.name == "mT":
+        return render(c, op.operands[0])
+    if op is not None and op.name == "transpose":
+        dims = [int_value(d) for d in op.params["dims"]]
+        if None not in dims and last_two(dims, ndim):
+            return render(c, op.operands[0])
+    if op is not None and op.name == "permute":
+        dims = [int_value(d) for d in op.params["dims"]]
+        if None not in dims and len(dims) >= 2 and sorted(dims) == list(range(len(dims))):
+            order = dims[:-2] + [dims[-1], dims[-2]]
+            suffix = es.permutation_suffix(order, False)
+            return render(c, op.operands[0], suffix)
+    return render(c, node, ".transpose(-2, -1)")
+
+
+def rank(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> int | None:
+    """Rank of a tensor when the source states it (view/reshape/permute/rearrange); else None."""
+    if depth > 10:
+        return None
+    if isinstance(node, cst.Name):
+        found = {_rank_of_definition(c, d, depth) for d in c.flow.definitions_of(node)}
+        return found.pop() if len(found) == 1 else None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        method, args = node.func.attr.value, node.args
+        if method in ("view", "reshape") and args and not any(a.star for a in args):
+            if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
+                return len(args[0].value.elements)
+            return len(args)
+        if method == "permute" and args:
+            return len(args) if len(args) > 1 else None
+        if method in ("transpose", "contiguous", "float", "half", "to", "type_as", "clone", "mul", "div"):
+            return rank(c, node.func.value, depth + 1)
+    if isinstance(node, cst.Call):
+        dotted = c.parsed.imported_name(node.func) or ""
+        if dotted.endswith("rearrange") and len(node.args) >= 2 and \
+                isinstance(node.args[1].value, cst.SimpleString):
+            return _einops_rank(node.args[1].value.evaluated_value)
+    return None
+
+
+def _rank_of_definition(c: Candidate, definition: Definition, depth: int) -> int | None:
+    if definition.kind != "assign":
+        return None
+    value = definition.value
+    if definition.index is None:
+        return rank(c, value, depth + 1)
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+            value.func.attr.value in ("chunk", "split", "unbind"):
+        base = rank(c, value.func.value, depth + 1)
+        return base - 1 if base and value.func.attr.value == "unbind" else base
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "map" \
+            and value.args and isinstance(value.args[0].value, cst.Lambda):
+        return rank(c, value.args[0].value.body, depth + 1)
+    return None
+
+
+def _einsum_roles(c: Candidate, core: Op) -> int:
+    query, key = core.operands
+    try:
+        (q_axes, k_axes), out_axes = spec(c, core)
+        if len(out_axes) >= 2 and out_axes[-2] in k_axes and out_axes[-1] in q_axes:
+            (q_axes, k_axes), (query, key) = (k_axes, q_axes), (key, query)  # 'bhjd,bhid->bhij', k, q
+        layout = es.score_layout(q_axes, k_axes, out_axes)
+    except es.EinsumMismatch as exc:
+        raise Refusal(f"the Q·K^T einsum is not plain attention: {exc}") from None
+    c.layout = layout
+    c.has_ellipsis = es.ELLIPSIS in out_axes
+    q_leaf, q_factors = _strip_factors(c, query)
+    k_leaf, k_factors = _strip_factors(c, key)
+    c.factors = q_factors + k_factors
+    q_suffix = es.permutation_suffix(layout.q_order, c.has_ellipsis)
+    k_suffix = es.permutation_suffix(layout.k_order, c.has_ellipsis)
+    if q_suffix is None or k_suffix is None:
+        raise Refusal("the einsum moves an ellipsis axis")
+    k_suffix += es.broadcast_suffix(layout.k_unsqueeze)
+    c.match.query, c.match.key = render(c, q_leaf, q_suffix), render(c, k_leaf, k_suffix)
+    c.leaf_nodes = [q_leaf, k_leaf]
+    return None if c.has_ellipsis else layout.ndim
+
+
+def spec(c: Candidate, op: Op):
+    """An einsum's (input axes, output axes), for a two-operand einsum with a literal spec."""
+    if op.params["spec"] is None:
+        raise Refusal(f"the einsum spec `{short(c.parsed, op.params['spec_node'])}` is not a literal (an f-string "
+                      f"with placeholders), so its axes cannot be read")
+    inputs, output = es.parse_spec(op.params["spec"], op.params["einops"])
+    if len(inputs) != 2:
+        raise es.EinsumMismatch("the einsum does not take two operands")
+    return inputs, output
+
+
+def check_softmax_dim(c: Candidate, softmax: Op, ndim: int | None) -> None:
+    if softmax.name == "sequential":
+        softmax = softmax.params["stages"][0]
+    dim = int_value(softmax.params.get("dim"))
+    if softmax.params.get("dim") is None:
+        raise Refusal("softmax has no explicit dim, so the key dimension cannot be proved")
+    if dim is None:
+        raise Refusal(f"softmax's dim `{short(c.parsed, softmax.params['dim'])}` is not a literal")
+    if dim != -1 and not (ndim is not None and dim == ndim - 1):
+        raise Refusal(f"softmax runs over dim {dim}, which is not provably the key dimension")
+
+
+def last_two(dims: list[int], ndim: int | None) -> bool:
+    """The two dims are the last two of a tensor of rank `ndim` (negative dims need no rank)."""
+    if sorted(dims) == [-2, -1]:
+        return True
+    if ndim is None:
+        return False
+    return sorted(d % ndim for d in dims) == [ndim - 2, ndim - 1]
+
+
+def _einops_rank(pattern: str) -> int | None:
+    if "->" not in pattern:
+        return None
+    right = pattern.split("->")[1]
+    depth, count, token = 0, 0, False
+    for char in right:
+        if char == "(":
+            depth += 1
+            if depth == 1:
+                count += 1
+        elif char == ")":
+            depth -= 1
+        elif depth == 0:
+            if char.isspace():
+                token = False
+            elif not token:
+                token = True
+                count += 1
+        if char in "()":
+            token = False
+    return count

@@ -1,0 +1,70 @@
+"""Code strings for the SDPA call and for refusal messages.
+
+Roles are proved on nodes, but the rewrite emits text at the block's home: an expression taken from an inlined
+helper must read the caller's arguments instead of the helper's parameters, and a compound expression gains
+parentheses before a suffix is attached. Messages quote the source shortened to one line.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention.candidate import Candidate, function_of
+from advisor.patterns.attention.result import Refusal
+from advisor.static.dataflow import loaded_names
+from advisor.static.module_index import ParsedModule
+
+
+def render(c: Candidate, node: cst.BaseExpression, suffix: str = "") -> str:
+    code = c.parsed.code(as_home_expression(c, node))
+    return (atom(code) if suffix else code) + suffix
+
+
+def as_home_expression(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
+    """An expression of an inlined helper, with its parameters replaced by the call's arguments."""
+    function = function_of(c.parsed, node)
+    if function not in c.inlined:
+        return node
+    _, arguments = c.inlined[function]
+    replaced = {}
+    for name in loaded_names(node):
+        definitions = c.flow.definitions_of(name)
+        if any(d.kind != "param" for d in definitions):
+            raise Refusal(f"`{name.value}`, local to `{function.name.value}`, is needed at the call site")
+        if definitions:
+            if name.value not in arguments:
+                raise Refusal(f"`{function.name.value}` is called without `{name.value}`")
+            argument = arguments[name.value]
+            replaced[name] = argument.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if not is_atom_node(argument) else argument
+    return node.visit(Replace(replaced)) if replaced else node
+
+
+def short(parsed: ParsedModule, node: cst.CSTNode) -> str:
+    """The source of `node` on one line, cut to 60 characters, for a message."""
+    text = " ".join(parsed.code(node).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class Replace(cst.CSTTransformer):
+    """Replace given Name nodes (by identity) with other expressions."""
+
+    def __init__(self, replacements: dict[cst.Name, cst.BaseExpression]) -> None:
+        self.replacements = replacements
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.replacements.get(original_node, updated_node)
+
+
+def is_atom_node(node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or \
+        bool(getattr(node, "lpar", ()))
+
+
+def atom(code: str) -> str:
+    """Parenthesise code unless it is a name, attribute, call, subscript or literal."""
+    try:
+        node = cst.parse_expression(code)
+    except cst.ParserSyntaxError:
+        return f"({code})"
+    return code if is_atom_node(node) else f"({code})"

@@ -1,0 +1,66 @@
+"""What the matcher hands on: a proved match (everything the SDPA rewrite needs), its mask terms, or a refusal.
+
+These types are the contract with the rewrite, scan and backend layers; the proof's own working state lives in
+`candidate` and never leaves the package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from advisor.patterns import masks as mk
+from advisor.patterns.facts import FactSheet
+
+
+class Refusal(Exception):
+    """A role could not be proved; the message is the one-sentence reason shown to the user."""
+
+
+@dataclass
+class MaskTerm:
+    kind: str  # "keep" (bool, True = attend), "float" (additive), "causal", "finite" (masked bool + fill)
+    code: str  # keep / float / causal-keep expression, or the masked (True = masked) expression for "finite"
+    fill: str | None = None
+    guard: cst.If | None = None
+    statement: cst.CSTNode | None = None  # where the original applies it
+    reshape: tuple[str, str, bool] | None = None  # (expand shape, reshape shape, has -1) when applied to a view
+    scaled_after: bool = False
+    nodes: list[cst.CSTNode] = field(default_factory=list)
+    fill_kind: str = mk.ADDITIVE  # how the original masks: -inf fill, finite fill, or added values
+    source: cst.BaseExpression | None = None  # the mask tensor as the original passes it
+    same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
+    in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
+    keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
+
+
+@dataclass
+class AttentionMatch:
+    """Everything the SDPA rewrite needs, or the reason there is none."""
+
+    function: str
+    line: int
+    end_line: int
+    output_node: cst.CSTNode | None = None
+    query: str = ""
+    key: str = ""
+    value: str = ""
+    scale: str | None = None  # None: SDPA's default 1/sqrt(E) is provably the original's
+    masks: list[MaskTerm] = field(default_factory=list)
+    dropout_p: str | None = None
+    # masks evaluated where the original applied them, into a fresh variable: the statement to put
+    # `variable = None` before, and {statement applying a mask: the assignment that replaces it}
+    hoist_anchor: cst.CSTNode | None = None
+    hoist_init: str = ""
+    hoisted: dict[cst.CSTNode, str] = field(default_factory=dict)
+    renamed: dict[cst.CSTNode, str] = field(default_factory=dict)  # `scores.dtype`, `scores.size(-1)`, ...
+    attn_mask: str | None = None
+    is_causal: bool = False
+    output_suffix: str = ""
+    removed: list[cst.CSTNode] = field(default_factory=list)
+    escapes: list[cst.Name] = field(default_factory=list)
+    reason: str | None = None
+    unsafe_reason: str | None = None  # why even the unsafe fix is unavailable
+    note: str | None = None  # what the user should know whatever the proof found (SDPA on the other branch)
+    facts: FactSheet = field(default_factory=FactSheet)  # what the rewrite relies on; assumed facts make it unsafe

@@ -1,0 +1,90 @@
+"""The score chain's ops in the order the original applies them: scale factors become SDPA's `scale`, the rest
+become mask terms (see `mask_terms`).
+
+SDPA's scale must be a Python number; factors applied under an `if` become conditional expressions; a lone
+`1/sqrt(E)` of the query's or key's last dim is SDPA's default and is left out. A finite or additive mask scaled
+afterwards cannot be expressed (SDPA adds the mask after scaling).
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from advisor.patterns.attention.candidate import Candidate, statement_of
+from advisor.patterns.attention.mask_terms import mask_term, reshape_term
+from advisor.patterns.attention.rendering import atom, render, short
+from advisor.patterns.attention.result import Refusal
+
+
+def scale_and_mask_roles(c: Candidate) -> None:
+    match, chain = c.match, c.chain
+    applied = list(reversed(chain.ops))  # in the order the original applies them
+    scale_positions = [i for i, (op, _) in enumerate(applied) if op.name in ("mul", "div")]
+    chain.views = [(i, op) for i, (op, _) in enumerate(applied) if op.name == "view"]
+    if len(chain.views) not in (0, 2):
+        raise Refusal("the scores are reshaped without being reshaped back before softmax")
+    for position, (op, guard) in enumerate(applied):
+        if op.name in ("mul", "div"):
+            c.factors.append((op.name, op.params["factor"]))
+            continue
+        if op.name == "view":
+            continue
+        term = mask_term(c, op, guard)
+        if chain.views and chain.views[0][0] < position < chain.views[1][0]:
+            reshape_term(c, term)
+        term.statement = statement_of(c.parsed, op.node)
+        term.scaled_after = any(p > position for p in scale_positions)
+        match.masks.append(term)
+    match.scale = _scale_code(c)
+    for factor in c.factors:
+        c.leaf_nodes.append(c.values.scalar_expression(factor[1]))
+        _scale_fact(c, factor[1])
+    c.leaf_nodes.extend(guard.test for guard in chain.factor_guards.values())
+    for term in match.masks:
+        if term.scaled_after and term.kind != "keep" and term.kind != "causal":
+            raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
+
+
+def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
+    """SDPA's `scale` must be a Python number: a literal, a size, a math function, an int/float parameter or
+    an attribute this class assigns only such values. A factor taken for one on weaker grounds (its name) is
+    an assumption, and the patch that relies on it is unsafe."""
+    statement = f"`{short(c.parsed, factor)}` is a Python number, not a tensor"
+    guess = c.values.scalar_guess(factor)
+    if guess is None:
+        c.match.facts.proved("scale-is-number", statement, "built from literals, sizes, math functions and "
+                                                           "int/float values")
+    else:
+        c.match.facts.assumed("scale-is-number", statement, guess)
+
+
+def _scale_code(c: Candidate) -> str | None:
+    chain = c.chain
+    if not c.factors:
+        return "1.0"
+    if len(c.factors) == 1 and not chain.factor_guards and _is_default_scale(c, *c.factors[0]):
+        return None
+    parts, divisors = [], []
+    for kind, factor in c.factors:
+        code = render(c, c.values.scalar_expression(factor))
+        if factor in chain.factor_guards:
+            test = render(c, chain.factor_guards[factor].test)
+            code = f"(1.0 if {test} else {code})" if factor in chain.negated_factors else \
+                f"({code} if {test} else 1.0)"
+        (parts if kind == "mul" else divisors).append(atom(code))
+    numerator = " * ".join(parts) if parts else "1.0"
+    return numerator + "".join(f" / {d}" for d in divisors)
+
+
+def _is_default_scale(c: Candidate, kind: str, factor: cst.BaseExpression) -> bool:
+    """`/ math.sqrt(q.size(-1))`, `* k.size(-1) ** -0.5`, ...: exactly SDPA's default 1/sqrt(E), where
+    E is the last dim of the query (and key) SDPA receives."""
+    text = c.parsed.code(factor.with_changes(lpar=[], rpar=[])).replace(" ", "")
+    leaves = "|".join(re.escape(code.replace(" ", "")) for code in (c.match.query, c.match.key))
+    size = rf"\(?(?:{leaves})\.(?:size\(-1\)|shape\[-1\])\)?"
+    root = rf"(?:math\.sqrt\({size}\)|{size}\*\*0\.5)"
+    if kind == "div":
+        return bool(re.fullmatch(root, text))
+    return bool(re.fullmatch(rf"(?:1|1\.0?)/\(?{root}\)?|{size}\*\*\(?-0\.5\)?", text))

@@ -1,0 +1,202 @@
+"""The backward walk: from the softmax input down to the Q·K^T product, peeling the score chain.
+
+Each step is one op on the scores: a cast or identity (absorbed), a scale by a provable Python number, a mask
+(`masked_fill`, `where`, an added tensor), a view and its view back, or a row-max subtraction (softmax ignores
+it). Reads are followed to their one definition; an update under an `if` carries that guard until the walk
+leaves the `if`; a helper returning the scores is entered. Anything else is a refusal naming the form.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention.anchors import reaches
+from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate
+from advisor.patterns.attention.helpers import callee, enter_callee, helper_named, single_return
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import Refusal
+from advisor.patterns.ops import Op, int_value
+from advisor.static.dataflow import UNDEFINED, Definition, contains_call, loaded_names
+
+
+def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
+    """Walk from the softmax input down to the Q·K^T product, recording every op on the way in `c.chain`.
+    Inside a guarded update (`if mask is not None: s = s.view(...); s = s + mask; ...`) every op carries
+    the guard, until the walk leaves the `if` back to the value the `if` started from."""
+    chain = c.chain
+    guard: cst.If | None = None
+    entry: frozenset[int] | None = None  # what the walk must reach when it leaves the guard
+    if chain.twin is not None:  # `if c: ...; s = softmax(s) else: s = softmax(s)`: start inside the if
+        guard, entry = chain.twin.guards[-1], frozenset(c.flow.reaching[chain.twin_input])
+        chain.definitions.append(chain.twin)
+        chain.reads.add(chain.twin_input)
+    cursor: cst.BaseExpression | Op | frozenset[int] = node
+    for _ in range(MAX_CHAIN):
+        if isinstance(cursor, cst.Name):
+            chain.reads.add(cursor)
+            cursor = frozenset(c.flow.reaching.get(cursor, ()))
+        if isinstance(cursor, frozenset):
+            if guard is not None and cursor == entry:
+                guard = entry = None
+            elif guard is not None and not _inside(c, cursor, guard):
+                raise Refusal("a conditional update of the scores does not update the same value")
+            cursor, new_guard, new_entry = _step_definitions(c, cursor)
+            if new_guard is not None:
+                if guard is not None:
+                    raise Refusal("the scores are updated under nested conditions")
+                guard, entry = new_guard, new_entry
+                # the update sits in the `else:` of its `if`: a factor there applies when the test is false
+                chain.guard_negated = guard in chain.definitions[-1].negated
+            continue
+        op = cursor if isinstance(cursor, Op) else c.reader.read(cursor)
+        if op is None and guard is None and callee(c, cursor) is not None:
+            cursor = enter_callee(c, cursor)  # the scores are computed by a helper method
+            continue
+        if op is None:
+            raise Refusal(_why_unrecognised(c, cursor))
+        if op.name in CORE_OPS:
+            if guard is not None:
+                raise Refusal("the Q·K^T product itself is computed conditionally")
+            return op
+        cursor = _peel_one(c, op, guard)
+    raise Refusal("the score computation is too long to follow")
+
+
+def _why_unrecognised(c: Candidate, node: cst.CSTNode) -> str:
+    """Why the score walk stops at `node`, naming the form when it is a known one."""
+    text = short(c.parsed, node)
+    if isinstance(node, cst.Call):
+        if c.parsed.imported_name(node.func) in ("torch.cat", "torch.concat", "torch.concatenate"):
+            return (f"the scores are joined from several sources by `{text}`, so one softmax spans several "
+                    f"key sets (one SDPA call would need their keys and values concatenated)")
+        helper = helper_named(c, node.func)
+        if helper is not None and single_return(helper) is None:
+            return f"the scores come from `{text}`, a helper with more than one `return`, which is not inlined"
+    return f"the scores come from `{text}`, which is not a recognised operation"
+
+
+def _inside(c: Candidate, ids: frozenset[int], guard: cst.If) -> bool:
+    return len(ids) == 1 and UNDEFINED not in ids and guard in c.flow.definitions[next(iter(ids))].guards
+
+
+def _step_definitions(c: Candidate, ids: frozenset[int]):
+    """Follow a read to what it reads: one definition, or the last update inside an `if` that may not run.
+    Returns (what the definition computes, the `if` it entered or None, the definitions before that `if`)."""
+    definitions = [c.flow.definitions[i] for i in sorted(ids) if i != UNDEFINED]
+    if UNDEFINED in ids or not definitions:
+        raise Refusal("the scores are not defined on every path")
+    if len(definitions) >= 2:
+        deepest = max(definitions, key=lambda d: (len(d.guards), d.id))  # the last update
+        guard = deepest.guards[-1] if deepest.guards else None
+        inside = [d for d in definitions if guard in d.guards]
+        outside = [d for d in definitions if guard not in d.guards]
+        if (len(inside) == 1 and outside and deepest.kind in ("assign", "aug", "inplace")
+                and deepest.index is None and all(d.guards[:len(deepest.guards) - 1] ==
+                                                  deepest.guards[:-1] for d in outside)):
+            c.chain.definitions.append(deepest)
+            return _definition_input(c, deepest), guard, frozenset(d.id for d in outside)
+    if len(definitions) != 1:
+        raise Refusal("the scores are assigned on several paths")
+    definition = definitions[0]
+    if definition.kind == "store":
+        raise Refusal(f"the scores are written in place by `{short(c.parsed, definition.statement)}`")
+    if definition.kind not in ("assign", "aug", "inplace") or definition.index is not None:
+        raise Refusal(f"the scores come from `{definition.name}`, which is not computed in this function")
+    c.chain.definitions.append(definition)
+    return _definition_input(c, definition), None, None
+
+
+def _definition_input(c: Candidate, definition: Definition) -> cst.BaseExpression | Op:
+    """The expression a definition computes; augmented and in-place updates become ops on the old value."""
+    if definition.kind == "assign":
+        return definition.value
+    statement = definition.statement
+    if definition.kind == "aug":
+        op_names = {cst.MultiplyAssign: "mul", cst.DivideAssign: "div", cst.AddAssign: "add"}
+        name = op_names.get(type(statement.operator))
+        if name is None:
+            raise Refusal(f"the scores are updated by `{short(c.parsed, statement)}`")
+        return Op(name, statement, [statement.target, statement.value], inplace=True)
+    op = c.reader.read(definition.value)
+    if op is None or op.name not in ("masked_fill", "mul", "div", "add"):
+        raise Refusal(f"the scores are updated in place by `{short(c.parsed, definition.value)}`")
+    return op
+
+
+def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
+    """Record one op of the score chain and return the operand that carries the scores."""
+    chain = c.chain
+    if op.name in ("cast", "identity"):
+        absorb(c, op)
+        if op.name == "cast":
+            c.dtype_changes.append(op)
+        return op.operands[0]
+    if op.name in ("mul", "div"):
+        tensor, factor = tensor_and_factor(c, op)
+        if factor is None:
+            unfollowed = c.values.why_not_scalar(op.operands[1])
+            if unfollowed is not None:
+                raise Refusal(f"the scale `{short(c.parsed, op.operands[1])}` cannot be proved a Python number: "
+                              f"{unfollowed}")
+            raise Refusal(f"the scores are scaled by `{short(c.parsed, op.operands[1])}`, which is not provably a "
+                          f"Python number (SDPA's scale must be one)")
+        if guard is not None and contains_call(guard.test):
+            raise Refusal(f"the scale is applied under `if {short(c.parsed, guard.test)}`, a condition that "
+                          f"calls a function and cannot be re-evaluated")
+        op.params["factor"] = factor
+        if guard is not None:  # becomes `(factor if <test> else 1.0)`, or `(1.0 if <test> else factor)`
+            chain.factor_guards[factor] = guard
+            if chain.guard_negated:
+                chain.negated_factors.add(factor)
+        chain.ops.append((op, guard))
+        return tensor
+    if op.name in ("masked_fill", "view"):
+        chain.ops.append((op, guard))
+        return op.operands[0]
+    if op.name in ("add", "where"):
+        left, right = op.operands
+        scores = left if reaches(c, left, CORE_OPS, 0) else right
+        op.params["chain_operand"] = scores
+        chain.ops.append((op, guard))
+        return scores
+    if op.name == "sub":
+        left, right = op.operands
+        if _is_row_max_of(c, right, left):
+            c.absorbed.update(loaded_names(right))
+            return left
+        raise Refusal(f"the scores have `{short(c.parsed, right)}` subtracted from them")
+    raise Refusal(f"the scores pass through `{short(c.parsed, op.node)}` before softmax, which SDPA cannot express")
+
+
+def absorb(c: Candidate, op: Op) -> None:
+    """A cast's arguments (`.type_as(scores)`, `.to(q.dtype)`) disappear with the block."""
+    if isinstance(op.node, cst.Call):
+        for arg in op.node.args:
+            c.absorbed.update(loaded_names(arg.value))
+
+
+def tensor_and_factor(c: Candidate, op: Op) -> tuple[cst.BaseExpression, cst.BaseExpression | None]:
+    """A mul/div op as (tensor, Python-number factor); the factor is None when none is provable.
+    Multiplication commutes, so `s * x` and `x * s` both work; division only scales by its divisor."""
+    tensor, factor = op.operands
+    if op.name == "mul" and c.values.is_scalar(tensor) and not c.values.is_scalar(factor):
+        tensor, factor = factor, tensor
+    return (tensor, factor) if c.values.is_scalar(factor) else (tensor, None)
+
+
+def _is_row_max_of(c: Candidate, node: cst.BaseExpression, scores: cst.BaseExpression) -> bool:
+    """`s - s.amax(dim=-1, keepdim=True).detach()`: softmax is invariant to a per-row shift."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "detach":
+        node = node.func.value
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) \
+            and int_value(node.slice[0].slice.value) == 0:
+        node = node.value  # s.max(dim=-1, keepdim=True)[0]
+    elif isinstance(node, cst.Attribute) and node.attr.value == "values":
+        node = node.value
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in ("amax", "max")):
+        return False
+    dim = next((a.value for a in node.args if a.keyword is None or a.keyword.value == "dim"), None)
+    keepdim = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "keepdim"), None)
+    same = c.parsed.code(node.func.value).replace(" ", "") == c.parsed.code(scores).replace(" ", "")
+    return same and int_value(dim) == -1 and isinstance(keepdim, cst.Name) and keepdim.value == "True"

@@ -1,0 +1,181 @@
+"""What the rewrite relies on about the tensors SDPA receives, proved from the source or recorded as assumed.
+
+SDPA needs q, k and v of one dtype, additive masks no wider than the query (it casts them to q's dtype), and
+masks of 2 to n dims for n-D scores; eager code accepts more. Each becomes a fact on the match (see
+`patterns.facts`): proved when the source links the dtypes or bounds the rank, assumed otherwise, which makes
+the patch unsafe. Fully masked rows are `patterns.masks`' business.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns import masks as mk
+from advisor.patterns.attention.attn_mask import plain_query
+from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of
+from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
+from advisor.patterns.attention.products import rank, spec
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import MaskTerm
+from advisor.patterns.dtypes import DtypeRoots
+from advisor.patterns.ops import int_value
+from advisor.static.dataflow import UNDEFINED, Definition
+
+
+def roots(c: Candidate) -> DtypeRoots:
+    """The candidate's dtype roots, built once its helpers are all entered."""
+    if c.dtype_roots is None:
+        c.dtype_roots = DtypeRoots(c.parsed, c.owner, c.reader, lambda node: flow_for(c, node),
+                                   lambda name: argument_of(c, name), lambda call: helper_at(c, call),
+                                   lambda node: function_of(c.parsed, node), c.values.is_scalar)
+    return c.dtype_roots
+
+
+def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
+    """SDPA needs q, k, v of one dtype and masks of a rank and dtype it accepts; record what the source
+    proves about them, and what fully masked rows do (see `masks`)."""
+    v_like_q = _qkv_dtype_fact(c)
+    _mask_dtype_facts(c, v_like_q)
+    _mask_rank_fact(c, ndim)
+    mk.record_row_facts(c.match.facts, c.match.masks)
+
+
+def _qkv_dtype_fact(c: Candidate) -> bool:
+    """Record whether q, k and v provably share a dtype; returns whether v's dtype root is q's or k's."""
+    match, output, value_node = c.match, c.weights.output, c.weights.value_node
+    dtypes = roots(c)
+    query, key = c.leaf_nodes[0], c.leaf_nodes[1]
+    weights = next(o for o in output.operands if o is not value_node)
+    v_like_q = dtypes.same(value_node, query) or dtypes.same(value_node, key)
+    statement = "q, k and v have one dtype"
+    if v_like_q:
+        match.facts.proved("qkv-dtype", statement, "q and v come from one tensor, or one input through Linear "
+                                                   "layers (which raise on another dtype)")
+    elif dtypes.same(weights, query) or dtypes.same(weights, key):
+        match.facts.proved("qkv-dtype", statement, "the weights reach the value product in the query's dtype, "
+                                                   "and the value product raises unless v has theirs")
+    elif _float_masks(c) and not c.dtype_changes:
+        match.facts.proved("qkv-dtype", statement, "the value product gives v the scores' dtype, which is the "
+                                                   "query's given the mask-dtype fact")
+    else:
+        match.facts.assumed("qkv-dtype", statement, f"the weights are cast "
+                            f"(`{short(c.parsed, c.dtype_changes[-1].node)}`) before the value product, and "
+                            f"nothing links v's dtype to q's" if c.dtype_changes else
+                            "nothing links v's dtype to q's")
+    return v_like_q
+
+
+def _float_masks(c: Candidate) -> list[MaskTerm]:
+    """The additive masks whose dtype the original does not tie to the scores' (baddbmm's input it does)."""
+    return [term for term in c.match.masks if term.kind == "float" and not term.same_dtype]
+
+
+def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
+    """SDPA casts a float mask to q's dtype; eager code would promote the scores to a wider mask's dtype."""
+    match = c.match
+    for term in match.masks:
+        if term.same_dtype:
+            match.facts.proved("mask-dtype", f"the additive input `{short(c.parsed, term.source)}` has the query's "
+                               f"dtype", "baddbmm raises unless its input has its batches' dtype")
+    for term in _float_masks(c):
+        mask_statement = f"the additive mask `{short(c.parsed, term.source)}` is not a float wider than the query"
+        if plain_query(c) is None:
+            match.facts.assumed("mask-dtype", f"the additive mask `{short(c.parsed, term.source)}` is a float of "
+                                f"the query's dtype", "the query is not a plain name to cast the mask to")
+        elif c.dtype_changes:
+            match.facts.assumed("mask-dtype", mask_statement, "a cast in the block hides its dtype (SDPA gets it "
+                                "cast to q's dtype, which changes a wider float mask)")
+        elif term.in_place:
+            match.facts.proved("mask-dtype", mask_statement, "added in place, so the original rounds the sum to "
+                               "the scores' dtype (the query's) where SDPA rounds the mask: equal up to that "
+                               "one rounding")
+        elif v_like_q:
+            match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
+                               "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
+        else:
+            match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
+                                "to q's dtype, which changes a wider float mask)")
+
+
+def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
+    """SDPA takes masks of 2 to n dims for n-D scores (any rank up to 3 for 3-D ones); eager broadcasting
+    also takes a 1-D mask, and a mask of more dims (giving a higher-rank output)."""
+    match = c.match
+    sources = [term for term in match.masks if term.source is not None and term.reshape is None]
+    if not sources or match.is_causal:
+        return
+    ranks = mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node),
+                          lambda name: _reaching_values(c, name),
+                          lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar)
+    bounds = [ranks.bounds(term.source) for term in sources]
+    # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
+    leaves = [ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]]
+    low, high = (ndim, ndim) if ndim else mk.broadcast_bounds(leaves)
+    # the most dims the weights can have, or the original raises: at the value product or after it
+    upper = _weights_rank(c) or _output_rank(c)
+    statement = "the mask has 2 to the scores' number of dims"
+    few = [term for term, (least, _) in zip(sources, bounds) if least < 2 and (high is None or high > 3)]
+    many = [] if upper is not None and upper <= max(low, 2) else \
+        [term for term, (_, most) in zip(sources, bounds) if most is None or most > max(low, 2)]
+    if not few and not many:
+        match.facts.proved("mask-rank", statement, "its indexing, reshaping or creation bounds its rank, and "
+                           "the product's operands (or the value product) the scores'")
+    elif few:
+        match.facts.assumed("mask-rank", statement, f"the rank of `{short(c.parsed, few[0].source)}` is not "
+                            f"visible here, and SDPA rejects a 1-D mask on 4-D inputs")
+    else:
+        match.facts.assumed("mask-rank", statement, f"`{short(c.parsed, many[0].source)}` may have more dims than "
+                            f"the scores (eager broadcasting then gives a higher-rank output; SDPA raises)")
+
+
+def _output_rank(c: Candidate) -> int | None:
+    """The rank a `permute` of the output (through transposes, or one assignment) proves it has."""
+    node = c.weights.output.node
+    for _ in range(6):
+        parent = c.parsed.parents.get(node)
+        call = c.parsed.parents.get(parent) if isinstance(parent, cst.Attribute) else None
+        if isinstance(call, cst.Call) and call.func is parent and parent.attr.value == "permute":
+            dims = [int_value(a.value) for a in call.args]
+            if len(dims) == 1 and isinstance(call.args[0].value, (cst.Tuple, cst.List)):
+                dims = [int_value(e.value) for e in call.args[0].value.elements]
+            return len(dims) if len(dims) > 1 and None not in dims else None
+        if isinstance(call, cst.Call) and call.func is parent and parent.attr.value in ("transpose", "contiguous"):
+            node = call
+            continue
+        definition = definition_of_value(c, node)
+        reads = flow_for(c, node).reads_of(definition) if definition is not None else []
+        if len(reads) != 1:
+            return None
+        node = reads[0]
+    return None
+
+
+def _weights_rank(c: Candidate) -> int | None:
+    """bmm takes 3-D operands only, and an einsum without an ellipsis operands of its spec's rank."""
+    output = c.weights.output
+    if output.name == "bmm":
+        return 3
+    if output.name == "einsum" and not c.has_ellipsis:
+        (first, second), _ = spec(c, output)
+        return len(first) if output.operands[0] is not c.weights.value_node else len(second)
+    return None
+
+
+def _reaching_values(c: Candidate, name: cst.Name) -> list[cst.BaseExpression] | None:
+    ids = flow_for(c, name).reaching.get(name)
+    if not ids or UNDEFINED in ids:
+        return None
+    definitions = [flow_for(c, name).definitions[i] for i in ids]
+    values = [_unpacked(d) if d.kind == "assign" else None for d in definitions]
+    return None if None in values else values
+
+
+def _unpacked(definition: Definition) -> cst.BaseExpression | None:
+    """The value an assignment gives its name: the whole value, or its element in `a, b = x, y`."""
+    value = definition.value
+    if definition.index is None:
+        return value
+    if isinstance(value, (cst.Tuple, cst.List)) and definition.index < len(value.elements) and \
+            not any(isinstance(e, cst.StarredElement) for e in value.elements):
+        return value.elements[definition.index].value
+    return None

@@ -1,0 +1,217 @@
+"""The forward walk and what lies on it: from the softmax output through casts, dropout and transposes to the
+weights·V product, then the value operand, dropout's probability, and the layout the output must keep.
+
+Every read of the weights other than the one that continues the block escapes it (SDPA does not return the
+weights); a read that transforms them on the way to a product is a refusal, since SDPA would skip it.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns import einsum as es
+from advisor.patterns.attention.anchors import feeds_product
+from advisor.patterns.attention.candidate import (
+    MAX_CHAIN, Candidate, WeightPath, consumers, definition_of_value, function_of,
+)
+from advisor.patterns.attention.helpers import calls_to, leave_to_caller
+from advisor.patterns.attention.products import last_two, rank, spec
+from advisor.patterns.attention.rendering import atom, render, short
+from advisor.patterns.attention.result import Refusal
+from advisor.patterns.attention.scores import absorb
+from advisor.patterns.ops import Op, int_value, number_value
+from advisor.static.dataflow import UNDEFINED, Definition
+
+# methods whose result shares the input's storage with strides derived from the input's
+STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
+
+
+def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> WeightPath:
+    """Walk from the softmax output to the value product; the walk may leave to the caller (`c.home`)."""
+    node, dropouts, definitions, escapes, reads = start, [], [], [], set()
+    transposed = False
+    for _ in range(MAX_CHAIN):
+        parent = c.parsed.parents.get(node)
+        definition = definition_of_value(c, node)
+        if definition is not None:
+            definitions.append(definition)
+            node = _next_weight_read(c, definition, escapes)
+            reads.add(node)
+            continue
+        if isinstance(parent, cst.Return) and c.home is c.function and not c.inlined:
+            node = leave_to_caller(c, parent)
+            continue
+        consumer, op = consumers(c, node)[0]
+        if op is None:
+            if isinstance(parent, (cst.Element, cst.Return)) or consumer is None:
+                raise Refusal("the attention weights are returned before any value product")
+            raise Refusal(f"the attention weights flow into `{short(c.parsed, consumer)}`")
+        if op.name in ("cast", "identity"):
+            absorb(c, op)
+            if op.name == "cast":
+                c.dtype_changes.append(op)
+            node = op.node
+        elif op.name == "dropout":
+            dropouts.append(op)
+            node = op.node
+        elif op.name in ("transpose", "permute", "mT") and _swaps_last_two(op, ndim):
+            transposed = not transposed
+            node = op.node
+        elif op.name in ("matmul", "bmm") and op.operands[int(transposed)] is node:
+            return WeightPath(op, op.operands[1 - int(transposed)], definitions, escapes, dropouts, reads, transposed)
+        elif op.name == "einsum" and node in op.operands:
+            other = op.operands[1] if op.operands[0] is node else op.operands[0]
+            return WeightPath(op, other, definitions, escapes, dropouts, reads, transposed)
+        elif op.name == "mul":
+            raise Refusal(f"the attention weights are multiplied by "
+                          f"`{short(c.parsed, op.operands[1] if op.operands[0] is node else op.operands[0])}` "
+                          f"(a head mask or reweighting) before the value product")
+        else:
+            raise Refusal(f"the attention weights pass through `{short(c.parsed, op.node)}` before the value "
+                          f"product (heads or positions are mixed)")
+    raise Refusal("the weights are followed too far without reaching a value product")
+
+
+def _swaps_last_two(op: Op, ndim: int | None) -> bool:
+    if op.name == "mT":
+        return True
+    dims = [int_value(d) for d in op.params["dims"]]
+    if None in dims:
+        return False
+    if op.name == "transpose":
+        return last_two(dims, ndim)
+    n = len(dims)
+    return n >= 2 and dims == list(range(n - 2)) + [n - 1, n - 2]
+
+
+def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Name]) -> cst.Name:
+    """Of the reads of a weights variable, the one that continues the block; the others escape it."""
+    flow, twin = c.flow, c.chain.twin
+    continuing, others = [], []
+    for read in flow.reads_of(definition):
+        twins = {twin.id} if twin is not None and definition.id not in {twin.id} else set()
+        if flow.reaching.get(read) not in (frozenset({definition.id}), frozenset({definition.id} | twins)):
+            guarded = [flow.definitions[i] for i in flow.reaching.get(read, ()) if i != UNDEFINED
+                       and flow.definitions[i].guards]
+            where = f" under `if {short(c.parsed, guarded[-1].guards[-1].test)}`" if guarded else ""
+            raise Refusal(f"the attention weights are reassigned{where} before the value product")
+        consumer, op = consumers(c, read)[0]
+        if isinstance(c.parsed.parents.get(read), cst.Return) and not c.inlined and \
+                calls_to(c.parsed, c.function, c.owner):
+            continuing.append(read)
+        elif op is not None and (op.name in ("cast", "identity", "dropout", "transpose", "permute", "mT") or
+                                 op.name in ("matmul", "bmm") or
+                                 (op.name == "einsum" and read in op.operands)):
+            continuing.append(read)
+        elif op is not None and op.name in ("mul", "add", "sub", "div", "einsum", "matmul", "bmm",
+                                            "softmax", "masked_fill", "where") and feeds_product(c, read):
+            raise Refusal(f"the attention weights are transformed by `{short(c.parsed, op.node)}` "
+                          f"before the value product")
+        else:
+            others.append(read)
+    if len(continuing) != 1:
+        raise Refusal("the attention weights are used by more than one operation" if continuing
+                      else "the attention weights never reach a value product")
+    escapes.extend(others)
+    return continuing[0]
+
+
+def value_roles(c: Candidate, core: Op) -> None:
+    """V as SDPA wants it, (..., S, Ev), and the suffix that gives the output the original's layout."""
+    match, output, value_node = c.match, c.weights.output, c.weights.value_node
+    match.value = render(c, value_node)
+    c.leaf_nodes.append(value_node)
+    if c.weights.transposed:  # V @ P^T == (P @ V^T)^T
+        match.value = render(c, value_node, ".transpose(-2, -1)")
+        match.output_suffix = ".transpose(-2, -1)"
+    if output.name == "einsum":
+        if core.name != "einsum":
+            raise Refusal("the value product is an einsum but the score product is not")
+        try:
+            (first, second), out_axes = spec(c, output)
+            p_axes, v_axes = (first, second) if output.operands[1] is value_node else (second, first)
+            layout = es.value_layout(c.layout, p_axes, v_axes, out_axes)
+        except es.EinsumMismatch as exc:
+            raise Refusal(f"the weights·V einsum is not plain attention: {exc}") from None
+        v_suffix = es.permutation_suffix(layout.v_order, c.has_ellipsis)
+        out_suffix = es.permutation_suffix(layout.out_order, c.has_ellipsis)
+        if v_suffix is None or out_suffix is None:
+            raise Refusal("the einsum moves an ellipsis axis")
+        match.value = render(c, value_node, v_suffix + es.broadcast_suffix(layout.v_unsqueeze))
+        match.output_suffix = out_suffix
+    elif core.name == "einsum" and c.layout.ndim != (rank(c, value_node) or c.layout.ndim):
+        raise Refusal("V's rank differs from the scores' rank")
+
+
+def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
+    """SDPA's dropout_p: the probability when dropout runs, under the original's training flag."""
+    match = c.match
+    if len(dropouts) > 1:
+        raise Refusal("dropout is applied twice to the attention weights")
+    if not dropouts:
+        return
+    op = dropouts[0]
+    p = op.params.get("p")
+    if p is None:
+        p_code = "0.5"
+    else:
+        p_code = render(c, p)
+        c.leaf_nodes.append(p)
+    if number_value(p) == 0:
+        return
+    training = op.params.get("training")
+    if training is None and not op.params.get("default_training", False):
+        raise Refusal("dropout's training flag is not given")
+    if training is None:
+        match.dropout_p = p_code
+        return
+    if isinstance(training, cst.Name) and training.value in ("True", "False"):
+        match.dropout_p = p_code if training.value == "True" else None
+        return
+    if not op.params.get("module"):
+        c.leaf_nodes.append(training)
+    match.dropout_p = f"{atom(p_code)} if {render(c, training)} else 0.0"
+
+
+def layout_role(c: Candidate) -> None:
+    """SDPA's output has a fresh matmul's values but not always its strides (CPU and flash kernels return a
+    transposed layout). A `.view` that reads the output, directly or through views, needs the original's
+    contiguous strides, and so may a caller the output is returned to: emit `.contiguous()` for those
+    (a no-op when already contiguous). Every other use reads values only."""
+    match = c.match
+    frontier, steps, reader = [match.output_node], 0, None
+    while frontier and steps < MAX_CHAIN and reader is None:
+        steps += 1
+        node = frontier.pop()
+        parent = c.parsed.parents.get(node)
+        if isinstance(parent, cst.Return):
+            function = function_of(c.parsed, parent)
+            owner = c.owner if function is c.function or function is c.home else None
+            sites = calls_to(c.parsed, function, owner) if function is not None else []
+            if not sites:
+                reader = "is returned to a caller outside this file"
+            frontier.extend(sites)  # a helper of this file: follow its callers
+            continue
+        if isinstance(parent, cst.Subscript) and parent.value is node:
+            frontier.append(parent)
+            continue
+        for consumer, _ in consumers(c, node):
+            method = _method_on(consumer, node)
+            if method in ("view", "view_as"):
+                reader = f"is read by `.{method}` at line {c.parsed.line(consumer)}"
+            elif method in STRIDED_VIEWS or isinstance(consumer, cst.Name):
+                frontier.append(consumer)
+    if reader is None:
+        match.facts.proved("layout", "no `.view` or caller depends on the output's strides")
+        return
+    match.output_suffix += ".contiguous()"
+    match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _method_on(consumer: cst.CSTNode | None, receiver: cst.CSTNode) -> str | None:
+    """`view` for `receiver.view(...)`, `mT` for `receiver.mT`; None when `consumer` is no method of it."""
+    if isinstance(consumer, cst.Call) and isinstance(consumer.func, cst.Attribute) and consumer.func.value is receiver:
+        return consumer.func.attr.value
+    if isinstance(consumer, cst.Attribute) and consumer.value is receiver:
+        return consumer.attr.value
+    return None
