@@ -108,11 +108,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "ldm_crossattention_split": Judgement(True, "3-D einsum block in a helper method, k pre-scaled by its caller"),
     "ldm_spatial_selfattention": Judgement(
         True,
-        "single-head channel-major attention: SDPA(q, k^T, v^T) with scale c**-0.5 (a size), output transposed",
-        miss="MISS (channel-major einsum value product with V first and transposed weights, "
-             "einsum('bij,bjk->bik', v, w_T)): refused with 'the attention weights never reach a value product' "
-             "when w_T = rearrange(w_, 'b i j -> b j i'), and with 'V is not laid out as (batch..., key, value_dim)' "
-             "when w_T = w_.permute(0, 2, 1); the same block with bmm (taming_attnblock) is rewritten",
+        "single-head channel-major attention: SDPA(q, k^T, v^T) with scale c**-0.5 (a size), output transposed; "
+        "the weights transposed by einops.rearrange before a V-first einsum (once a MISS)",
     ),
     "ldm_linear_attention": Judgement(False, "linear attention: softmax over positions of k, K V^T first"),
     "swin_window_attention": Judgement(True, "pre-scaled q, relative position bias + 0/-100 window mask added"),
