@@ -281,3 +281,28 @@ def test_b_flipped_causal_buffer_read_through_a_name_is_not_a_keep_mask():
     """).replace("        self.qkv = nn.Linear(dim, dim * 3)\n", "        self.qkv = nn.Linear(dim, dim * 3)\n"
                  "        self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))\n")
     assert "fully-masked-rows" in _facts(_finding(source), "assumed")
+
+
+@pytest.mark.parametrize("cast,dtype", [(".half()", "float16"), (".to(torch.bfloat16)", "bfloat16")])
+def test_a_narrowing_cast_inside_the_block_makes_the_patch_unsafe(cast, dtype):
+    """SDPA computes in the inputs' dtype; a softmax in half precision inside a float32 block rounds more than the
+    patch does, by more than float32's tolerance, so the patch is not safe (q, k and v are one tensor's split)."""
+    body = f"""
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        out = F.softmax(s{cast}, dim=-1).float() @ v
+    """
+    [finding] = analyze_source(_module_source(body), "narrow.py").findings
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and dtype in assumed["precision"]
+
+
+def test_a_float32_upcast_inside_the_block_is_a_stated_divergence_of_a_safe_patch():
+    """`softmax(s.float()).type_as(s)`: nothing lost for half or float32 inputs; for float64 the original rounds
+    through float32 and the patch does not, which the finding states (accepted), and the patch stays safe."""
+    body = """
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        out = F.softmax(s.float(), dim=-1).type_as(s) @ v
+    """
+    [finding] = analyze_source(_module_source(body), "widen.py").findings
+    accepted = [fact["name"] for fact in finding.extra["facts"]["accepted"]]
+    assert finding.fix_safety == "safe" and "precision" in accepted

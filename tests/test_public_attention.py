@@ -25,7 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator
@@ -81,12 +81,6 @@ class Judgement:
     bad_reason: str | None = None
 
 
-FP32_ROUND_TRIP_DROPPED = KnownBug(
-    "UNSOUND (float64 only): a float32 softmax cast back (softmax(w.float()).type(w.dtype), softmax(w, "
-    "dtype=torch.float32).to(q.dtype)) is rewritten as if it were an upcast; on float64 inputs it is a round trip "
-    "through float32 whose rounding the patch drops (outputs move by ~1e-7)"
-)
-
 JUDGEMENTS: dict[str, Judgement] = {
     "vitpytorch_vit": Judgement(True, "einops heads, nn.Softmax/nn.Dropout modules, number scale"),
     "vitpytorch_cait": Judgement(
@@ -114,11 +108,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "ldm_crossattention_split": Judgement(True, "3-D einsum block in a helper method, k pre-scaled by its caller"),
     "ldm_spatial_selfattention": Judgement(
         True,
-        "single-head channel-major attention: SDPA(q, k^T, v^T) with scale c**-0.5 (a size), output transposed",
-        miss="MISS (channel-major einsum value product with V first and transposed weights, "
-             "einsum('bij,bjk->bik', v, w_T)): refused with 'the attention weights never reach a value product' "
-             "when w_T = rearrange(w_, 'b i j -> b j i'), and with 'V is not laid out as (batch..., key, value_dim)' "
-             "when w_T = w_.permute(0, 2, 1); the same block with bmm (taming_attnblock) is rewritten",
+        "single-head channel-major attention: SDPA(q, k^T, v^T) with scale c**-0.5 (a size), output transposed; "
+        "the weights transposed by einops.rearrange before a V-first einsum (once a MISS)",
     ),
     "ldm_linear_attention": Judgement(False, "linear attention: softmax over positions of k, K V^T first"),
     "swin_window_attention": Judgement(True, "pre-scaled q, relative position bias + 0/-100 window mask added"),
@@ -132,10 +123,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "openclip_attention": Judgement(False, "scaled-cosine branch: learned per-head temperature tensor"),
     "perceiver_attention": Judgement(False, "finite-fill keep-mask written in place can mask a whole row"),
     "guided_diffusion_qkv_legacy": Judgement(True, "channel-major einsum, q and k each scaled by ch**-0.25, "
-                                                   "fp32 softmax upcast cast back",
-                                             unsound={"float64": FP32_ROUND_TRIP_DROPPED}),
-    "guided_diffusion_qkv": Judgement(True, "channel-major einsum on views, fp32 softmax upcast cast back",
-                                      unsound={"float64": FP32_ROUND_TRIP_DROPPED}),
+                                                   "fp32 softmax upcast cast back"),
+    "guided_diffusion_qkv": Judgement(True, "channel-major einsum on views, fp32 softmax upcast cast back"),
     "ddpm_attention": Judgement(True, "conv-style (b, h, d, n) einsum, q pre-scaled"),
     "ddpm_linear_attention": Judgement(False, "linear attention: softmax of q over features, of k over positions"),
     "sd2_crossattention": Judgement(False, "scores on two paths, q/k (not v) upcast to fp32 under a `with` block"),
@@ -169,17 +158,7 @@ FACTS_HOLD_ON: dict[str, tuple[int, ...]] = {
     "hf_llama_eager": (0,),
     "hf_t5_eager": (0,),
 }
-FINITE_FILL_FLOAT32 = KnownBug(
-    "UNSOUND (float64): a finite Python fill (torch.finfo(x.dtype).min, -finfo.max) becomes torch.where(m, fill, "
-    "0.0), a tensor of the default dtype (float32), which cannot hold float64's finfo: the patch raises on float64",
-    RuntimeError,
-)
-UNSAFE_PATCH_BUGS: dict[tuple[str, str], KnownBug] = {
-    ("vitpytorch_navit", "float64"): FINITE_FILL_FLOAT32,
-    ("perceiver_attention", "float64"): FINITE_FILL_FLOAT32,
-    ("palm_mqa_attention", "float64"): FINITE_FILL_FLOAT32,
-    ("hf_llama_eager", "float64"): FP32_ROUND_TRIP_DROPPED,
-}
+UNSAFE_PATCH_BUGS: dict[tuple[str, str], KnownBug] = {}  # (stem, precision) -> a confirmed bug not fixed yet
 
 # ---------------------------------------------------------------------------------------------- running advisor
 
@@ -231,10 +210,19 @@ def _outcome(findings: list[dict[str, Any]]) -> str:
     return "refused" if findings else "no finding"
 
 
-def _accepts_fully_masked_rows(findings: list[dict[str, Any]]) -> bool:
-    return any(fact["name"] == "fully-masked-rows"
-               for f in findings if f["fix_safety"] == "safe" and f["facts"]
+def _accepts(findings: list[dict[str, Any]], fact_name: str, safe_only: bool = True) -> bool:
+    """Whether a finding with a patch states the divergence `fact_name` (fully-masked-rows, precision) as accepted."""
+    return any(fact["name"] == fact_name
+               for f in findings if f["patch"] and (f["fix_safety"] == "safe" or not safe_only) and f["facts"]
                for fact in f["facts"]["accepted"])
+
+
+def _declared_precision(findings: list[dict[str, Any]], precision: Precision, safe_only: bool = True) -> Precision:
+    """A float64 run of a block whose original rounds through float32 (`softmax(w.float())`) is compared at float32's
+    tolerance when the finding states that divergence (the "precision" fact): the patch skips that rounding."""
+    if precision is FP64 and _accepts(findings, "precision", safe_only):
+        return replace(precision, tolerance=FP32.tolerance)
+    return precision
 
 
 # ---------------------------------------------------------------------------------------------- running models
@@ -401,7 +389,8 @@ def test_safe_patch_keeps_outputs_and_gradients(stem: str, precision: Precision,
     patched_file = patched_dir / f"{stem}.py"
     assert "scaled_dot_product_attention" in patched_file.read_text()
     assert patched_file.read_bytes() != (PUBLIC_DIR / f"{stem}.py").read_bytes(), "safe patch not applied"
-    _check_parity(stem, patched_file, precision, _accepts_fully_masked_rows(findings))
+    _check_parity(stem, patched_file, _declared_precision(findings, precision),
+                  _accepts(findings, "fully-masked-rows"))
 
 
 
@@ -418,7 +407,8 @@ def test_unsafe_patch_holds_where_its_facts_hold(stem: str, precision: Precision
     findings = findings_by_file[stem]
     assert _outcome(findings) == "unsafe only", f"{stem}: {_outcome(findings)}"
     weights_escape = any(f["rule"] == "ADV102" for f in findings)
-    _check_parity(stem, unsafe_patched_dir / f"{stem}.py", precision, True, FACTS_HOLD_ON[stem], weights_escape)
+    _check_parity(stem, unsafe_patched_dir / f"{stem}.py", _declared_precision(findings, precision, safe_only=False),
+                  True, FACTS_HOLD_ON[stem], weights_escape)
 
 def test_fix_is_idempotent_on_the_patched_folder(patched_dir: Path) -> None:
     before = {p.name: p.read_bytes() for p in patched_dir.glob("*.py")}
@@ -453,7 +443,6 @@ class Attn(nn.Module):
 '''
 
 
-@FINITE_FILL_FLOAT32.mark()
 def test_safe_patch_with_a_finite_python_fill_runs_in_float64(tmp_path: Path) -> None:
     source = tmp_path / "finite_fill.py"
     source.write_text(FINITE_FILL_CAUSAL_SLICE)

@@ -328,3 +328,26 @@ def test_method_mask_helper_with_two_returns_is_named():
         return scores + mask
     """)
     assert "`self.apply_mask(s, None)`, a helper with more than one `return`" in the_finding(source).reason
+
+
+@pytest.mark.parametrize("transpose", ["rearrange(attn, 'b h i j -> b h j i')", "attn.permute(0, 1, 3, 2)",
+                                       "attn.transpose(-1, -2)"])
+def test_weights_transposed_before_a_value_first_einsum(transpose):
+    """ldm's SpatialSelfAttention: `einsum('...cj,...ji->...ci', v, P^T)` is (P @ V^T)^T, channel-major output."""
+    source = attention(f"""
+        attn = (torch.einsum('bhid,bhjd->bhij', q, k) * 8 ** -0.5).softmax(dim=-1)
+        attn = {transpose}
+        out = torch.einsum('bhdj,bhji->bhdi', v.transpose(-2, -1), attn)
+        return out.permute(0, 3, 1, 2).reshape(B, T, C)
+    """).replace("import math\n", "import math\nfrom einops import rearrange\n")
+    assert_safe_and_exact(source, "value_first_transposed")
+
+
+@pytest.mark.parametrize("pattern", ["b h i j -> b h (i j)", "b h i j -> b i h j", "b h i j -> b h j"])
+def test_a_rearrange_that_is_not_a_swap_of_the_last_two_axes_is_refused(pattern):
+    source = attention(f"""
+        attn = (torch.einsum('bhid,bhjd->bhij', q, k) * 8 ** -0.5).softmax(dim=-1)
+        attn = rearrange(attn, '{pattern}')
+        return torch.einsum('bhij,bhjd->bhid', attn, v).transpose(1, 2).reshape(B, T, C)
+    """).replace("import math\n", "import math\nfrom einops import rearrange\n")
+    assert not analyze_source(source, "m.py").findings[0].patch

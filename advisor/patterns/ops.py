@@ -39,6 +39,18 @@ def _arg(call: cst.Call, position: int, keyword: str | None = None) -> cst.BaseE
     return positional[position].value if position < len(positional) else None
 
 
+def _axes_permutation(pattern: str | None) -> list[int] | None:
+    """An einops pattern that only reorders named axes (`'b i j -> b j i'`) as permute's dims; None for any
+    pattern that groups, splits, adds or drops an axis."""
+    if pattern is None or pattern.count("->") != 1:
+        return None
+    left, right = (side.split() for side in pattern.split("->"))
+    if not all(axis.isidentifier() for axis in left + right) or sorted(left) != sorted(right) or \
+            len(set(left)) != len(left):
+        return None
+    return [left.index(axis) for axis in right]
+
+
 def _positional(call: cst.Call) -> list[cst.BaseExpression]:
     return [a.value for a in call.args if a.keyword is None and not a.star]
 
@@ -118,6 +130,10 @@ class OpReader:
                 return None
             return Op("einsum", call, args[:-1], {"spec": literal_string(args[-1]), "spec_node": args[-1],
                                                   "einops": True})
+        if family == "einops" and short == "rearrange" and len(args) == 2 and len(call.args) == 2 and \
+                _is_string(args[1]):
+            order = _axes_permutation(literal_string(args[1]))
+            return Op("permute", call, [args[0]], {"dims": [cst.Integer(str(i)) for i in order]}) if order else None
         if family not in ("torch", "torch.nn.functional", "torch.functional"):
             return None
         if short == "einsum":

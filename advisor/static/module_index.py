@@ -211,7 +211,8 @@ class _ImportCollector(cst.CSTVisitor):
 
 def _assigned_names(module: cst.Module) -> list[cst.Name]:
     """Every name a statement or expression binds: assignment, loop, `with ... as`, `except ... as`, walrus and
-    comprehension targets, parameters, and function and class names."""
+    comprehension targets, and parameters. A `def` or `class` statement's own name is a definition, not a rebinding
+    (a helper redefined by `f = torch.compile(f)` shows up as the assignment)."""
     found: list[cst.Name] = []
 
     def bind(target: cst.CSTNode | None) -> None:
@@ -249,12 +250,6 @@ def _assigned_names(module: cst.Module) -> list[cst.Name]:
             bind(node.target)
 
         def visit_Param(self, node: cst.Param) -> None:
-            found.append(node.name)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-            found.append(node.name)
-
-        def visit_ClassDef(self, node: cst.ClassDef) -> None:
             found.append(node.name)
 
     module.visit(Visitor())

@@ -17,6 +17,7 @@ from advisor.patterns.attention.helpers import argument_of, helper_at, helper_re
 from advisor.patterns.attention.products import rank, spec
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm
+from advisor.patterns.copies_casts import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, Definition
@@ -37,7 +38,33 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     v_like_q = _qkv_dtype_fact(c)
     _mask_dtype_facts(c, v_like_q)
     _mask_rank_fact(c, ndim)
+    _precision_fact(c)
     mk.record_row_facts(c.match.facts, c.match.masks)
+
+
+def _precision_fact(c: Candidate) -> None:
+    """Casts inside the block go away with it: SDPA computes in the inputs' dtype. A float32 (or float64) upcast, or
+    a cast back to a tensor's dtype, loses nothing SDPA keeps: its kernels accumulate half and bfloat16 in float32,
+    and for float64 inputs the patch skips a float32 rounding of the original, a documented divergence. A cast to
+    float16 or bfloat16 inside the block rounds more than the inputs' dtype may: the patch could be more precise
+    than the original by more than the tolerance, so that is assumed not to matter (unsafe)."""
+    narrowing = [op for op in c.dtype_changes if _cast_target(c, op) in ("float16", "bfloat16")]
+    statement = "the casts inside the block change no value beyond the inputs' dtype's rounding"
+    if narrowing:
+        c.match.facts.assumed("precision", statement, f"`{short(c.parsed, narrowing[0].node)}` rounds to "
+                              f"{_cast_target(c, narrowing[0])}, which the patch does not")
+    elif c.dtype_changes:
+        c.match.facts.accepted("precision", statement, f"`{short(c.parsed, c.dtype_changes[0].node)}` widens "
+                               "or casts back; on float64 inputs the original rounds through float32 there and the "
+                               "patch does not (more precise, by float32 rounding)")
+
+
+def _cast_target(c: Candidate, op) -> str | None:
+    """The dtype a cast or softmax(dtype=) names literally (float32, float16, ...); None when it follows a tensor."""
+    if op.name == "cast":
+        return cast_dtype(c.parsed, op.node)
+    stage = op.params["stages"][0] if op.name == "sequential" else op
+    return dtype_name(c.parsed, stage.params["dtype"]) if stage.params.get("dtype") is not None else None
 
 
 def _qkv_dtype_fact(c: Candidate) -> bool:

@@ -130,6 +130,8 @@ def value_roles(c: Candidate, core: Op) -> None:
         try:
             (first, second), out_axes = spec(c, output)
             p_axes, v_axes = (first, second) if output.operands[1] is value_node else (second, first)
+            if c.weights.transposed:  # the einsum names the axes of P^T: P's own are its last two swapped
+                p_axes = p_axes[:-2] + p_axes[-1:] + p_axes[-2:-1]
             layout = es.value_layout(c.layout, p_axes, v_axes, out_axes)
         except es.EinsumMismatch as exc:
             raise Refusal(f"the weights·V einsum is not plain attention: {exc}") from None
