@@ -146,9 +146,8 @@ def calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo |
     is_method = owner is not None and owner.methods.get(name) is function
     if not is_method and parsed.module_functions.get(name) is not function:
         return []
-    finder = _CallSiteFinder(name, is_method)
-    (owner.node if is_method else parsed.module).visit(finder)
-    return finder.calls
+    return [call for call in parsed.calls_and_classes[0] if _is_call_site(call, name, is_method, through_object=False)
+            and (not is_method or _inside(parsed, call, owner.node))]
 
 
 def calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:
@@ -158,9 +157,7 @@ def calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: 
     if owner is None or owner.methods.get(name) is not method or \
             sum(1 for f, o, _ in parsed.functions if o is not None and f.name.value == name) != 1:
         return []
-    finder = _CallSiteFinder(name, is_method=False, through_object=True)
-    parsed.module.visit(finder)
-    return finder.calls
+    return [call for call in parsed.calls_and_classes[0] if _is_call_site(call, name, False, through_object=True)]
 
 
 class _ReturnFinder(cst.CSTVisitor):
@@ -177,22 +174,23 @@ class _ReturnFinder(cst.CSTVisitor):
         self.returns.append(node)
 
 
-class _CallSiteFinder(cst.CSTVisitor):
-    def __init__(self, name: str, is_method: bool, through_object: bool = False) -> None:
-        self.name, self.is_method, self.through_object, self.calls = name, is_method, through_object, []
+def _is_call_site(call: cst.Call, name: str, is_method: bool, through_object: bool) -> bool:
+    """`self.name(...)` (a method), `obj.name(...)` with obj not `self` (through an object), or `name(...)`. The
+    calls come from the file's one-walk call index: walking the module (or class) per lookup cost half a scan."""
+    func = call.func
+    if through_object:
+        return isinstance(func, cst.Attribute) and func.attr.value == name and \
+            not (isinstance(func.value, cst.Name) and func.value.value == "self")
+    if is_method:
+        return isinstance(func, cst.Attribute) and func.attr.value == name and \
+            isinstance(func.value, cst.Name) and func.value.value == "self"
+    return isinstance(func, cst.Name) and func.value == name
 
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        if self.through_object:
-            hit = isinstance(func, cst.Attribute) and func.attr.value == self.name and \
-                not (isinstance(func.value, cst.Name) and func.value.value == "self")
-        elif self.is_method:
-            hit = isinstance(func, cst.Attribute) and func.attr.value == self.name and \
-                isinstance(func.value, cst.Name) and func.value.value == "self"
-        else:
-            hit = isinstance(func, cst.Name) and func.value == self.name
-        if hit:
-            self.calls.append(node)
+
+def _inside(parsed: ParsedModule, node: cst.CSTNode, scope: cst.CSTNode) -> bool:
+    while node is not None and node is not scope:
+        node = parsed.parents.get(node)
+    return node is scope
 
 
 def _method_kind(function: cst.FunctionDef) -> str:
