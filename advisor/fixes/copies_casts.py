@@ -194,8 +194,12 @@ def _undone(parsed, sites, evidence, hit) -> _Plan:
                 and isinstance(outer, cst.Attribute) and outer.attr.value in TRANSPOSES
                 and isinstance(parsed.parents.get(outer), cst.Call))
 
-    return _contiguous_removal(parsed, sites, evidence, hit, transposed_back, (ALREADY_CONTIGUOUS, UNDONE),
+    plan = _contiguous_removal(parsed, sites, evidence, hit, transposed_back, (ALREADY_CONTIGUOUS, UNDONE),
                                "the copy's layout is transposed away at once; the values are the same without it")
+    if plan.site is None and any(roles.is_contiguous_call(site.call) for site in sites):
+        plan.reason = (f"the `.contiguous()` on line {hit.line} is not transposed back within its own expression "
+                       "(a transpose in a later statement is not followed)")
+    return plan
 
 
 def _proved_on_line(parsed, sites, hit, prove, missing: str) -> _Plan:
