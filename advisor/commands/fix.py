@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
-from rich.prompt import Prompt
 
 from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, run_scan
+from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.terminal import shown, stdout_console
 from advisor.errors import AdvisorError, visible
 from advisor.findings import ScanError, display_path
@@ -95,14 +95,10 @@ def _ask(console, findings):
         label = "" if finding.fix_safety == "safe" else " [yellow](UNSAFE fix)[/yellow]"
         where = f"{shown(display_path(finding.path))}:{finding.line}"
         console.print(f"\n{where} {finding.rule} {shown(finding.message)}{label}")
-        print_diff(console, finding.patch)
-        try:
-            answer = Prompt.ask("apply this patch?", choices=["y", "n", "q"], default="n", console=console)
-        except EOFError:  # input ended (a closed pipe, Ctrl-D): quit, keeping what was accepted
-            answer = "q"
-        if answer == "q":
+        answer = ask_to_apply(console, finding.patch)
+        if answer == QUIT:  # also at the end of input: keep what was accepted
             return chosen, True
-        if answer == "y":
+        if answer == APPLY:
             chosen.append(finding)
     return chosen, False
 
