@@ -85,9 +85,6 @@ JUDGEMENTS: dict[str, Judgement] = {
     "vitpytorch_vit": Judgement(True, "einops heads, nn.Softmax/nn.Dropout modules, number scale"),
     "vitpytorch_cait": Judgement(
         False, "talking heads: heads mixed before and after the softmax", cause=r"head",
-        bad_reason="BAD-REASON: the head-mixing einsum('b h i j, h g -> b g i j', dots, mix) is read as a Q.K^T "
-                   "product and refused with 'the scores are not laid out as (..., query, key)'; the reason "
-                   "should say the heads are mixed (talking heads)",
     ),
     "vitpytorch_lsa": Judgement(False, "learned temperature tensor scale (temperature.exp())",
                                 cause=r"temperature"),
@@ -116,9 +113,6 @@ JUDGEMENTS: dict[str, Judgement] = {
     "dinov2_attention": Judgement(True, "q pre-scaled while unpacking qkv[0] * self.scale"),
     "dino_attention_returns_weights": Judgement(
         False, "forward returns (x, attn)", cause=r"used outside|returned",
-        bad_reason="BAD-REASON: refused only because `self.scale = qk_scale or head_dim ** -0.5` is not provably a "
-                   "number; the weights returned by forward (the reason no SDPA rewrite can serve DINO's attention "
-                   "maps) are not named",
     ),
     "openclip_attention": Judgement(False, "scaled-cosine branch: learned per-head temperature tensor"),
     "perceiver_attention": Judgement(False, "finite-fill keep-mask written in place can mask a whole row"),
@@ -131,8 +125,6 @@ JUDGEMENTS: dict[str, Judgement] = {
     "maxvit_attention": Judgement(True, "nn.Sequential(Softmax, Dropout), q pre-scaled, embedding position bias"),
     "annotated_transformer_attention": Judgement(
         False, "weights returned by attention() and stored in self.attn", cause=r"used outside|returned",
-        bad_reason="BAD-REASON: refused for the optional `if dropout is not None: p_attn = dropout(p_attn)`; the "
-                   "weights returned by attention() (stored in self.attn by the caller) are not named",
     ),
     "taming_attnblock": Judgement(True, "single-head channel-major bmm with permuted q and weights"),
     "beit_attention": Judgement(False, "caller's rel_pos_bias has no visible rank (a 1-D bias would make SDPA raise)"),

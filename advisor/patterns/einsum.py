@@ -63,6 +63,10 @@ def score_layout(q_axes: list[str], k_axes: list[str], out_axes: list[str]) -> S
     if len(out_axes) < 2:
         raise EinsumMismatch("the scores have fewer than two axes")
     query, key, batch = out_axes[-2], out_axes[-1], out_axes[:-2]
+    for axes, other in ((q_axes, k_axes), (k_axes, q_axes)):
+        if query in axes and key in axes and len(other) == 2:
+            raise EinsumMismatch("an einsum of the scores with a (heads, heads) matrix mixes the heads (talking "
+                                 "heads), which SDPA cannot express")
     if query not in q_axes or query in k_axes or key not in k_axes or key in q_axes:
         raise EinsumMismatch("the scores are not laid out as (..., query, key)")
     contracted = [a for a in q_axes if a in k_axes and a not in out_axes]

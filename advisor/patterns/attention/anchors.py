@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate, consumers, flow_for, statement_of
+from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
+                                                  flow_for, statement_of)
 from advisor.patterns.attention.helpers import callee, calls_through_objects, calls_to, single_return
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.ops import Op, OpReader
@@ -47,6 +48,32 @@ class _SoftmaxCollector(cst.CSTVisitor):
         if op is not None and (op.name == "softmax" or (op.name == "sequential" and op.params["stages"]
                                                          and op.params["stages"][0].name == "softmax")):
             self.found.append(op)
+
+
+def weights_leave(c: Candidate, softmax: Op) -> str | None:
+    """Where the softmax's output (or the same weights after dropout, a cast or a plain copy of the name) is returned
+    or stored on an object, or None. Said next to an earlier refusal, so its reason does not hide that the weights
+    are used outside the block too."""
+    pending, seen = [softmax.node], set()
+    while pending:
+        node = pending.pop()
+        definition = definition_of_value(c, node)
+        if definition is None or definition.id in seen:
+            continue
+        seen.add(definition.id)
+        for read in flow_for(c, node).reads_of(definition):
+            _, op = consumers(c, read)[0]
+            value = read if op is None or op.name not in ("cast", "identity", "dropout") else op.node
+            holder = c.parsed.parents.get(value)
+            if isinstance(holder, cst.Element) and isinstance(c.parsed.parents.get(holder), cst.Tuple):
+                holder = c.parsed.parents.get(c.parsed.parents.get(holder))  # `return out, attn`
+            if isinstance(holder, cst.Return):
+                return f"the attention weights are returned at line {c.parsed.line(holder)}"
+            if isinstance(holder, cst.Assign) and holder.value is value:
+                if any(isinstance(t.target, (cst.Attribute, cst.Subscript)) for t in holder.targets):
+                    return f"the attention weights are stored at line {c.parsed.line(holder)}"
+                pending.append(value)  # `attn = self.drop(attn)`, `a = attn`: still the weights
+    return None
 
 
 def looks_like_attention(c: Candidate, softmax: Op) -> bool:

@@ -56,7 +56,8 @@ def _match(c: Candidate, softmax: Op) -> AttentionMatch | None:
     try:
         _prove(c)
     except Refusal as refusal:
-        match.reason = str(refusal)
+        leaves = anchors.weights_leave(c, softmax)
+        match.reason = str(refusal) if leaves is None or leaves in str(refusal) else f"{refusal}; also, {leaves}"
         match.output_node = None
     except (RecursionError, MemoryError):
         raise
