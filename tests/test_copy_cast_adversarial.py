@@ -776,11 +776,6 @@ def test_profiled_generated_writes_keep_behaviour(profiled: Fixed):
     assert not differences, differences
 
 
-@pytest.mark.xfail(strict=True, reason="MISS overlap-blocking: with --profile, a static safe fix (ADV204 "
-                                       "`x.contiguous().clone()`, ADV304 `softmax(x.float(), -1)`) is withheld as "
-                                       "'overlaps another copy/cast fix; run fix again' behind an unsafe profiled "
-                                       "ADV201/ADV301 that a safe `fix --apply` never applies, so running again "
-                                       "never helps")
 @pytest.mark.parametrize("function", ["a_contiguous_clone_src_mut", "a_softmax_float"])
 def test_profile_evidence_does_not_withhold_a_static_safe_fix(profiled: Fixed, function: str):
     assert profiled.safe_patches(function)

@@ -52,7 +52,8 @@ def copy_cast_findings(parsed: ParsedModule, evidence: FileEvidence | None, earl
     if evidence is not None:
         plans = _merged(plans, _runtime_plans(parsed, sites, evidence))
     results, taken = [], []
-    for plan in sorted(plans, key=lambda p: (p.line, p.rule)):
+    # where two fixes overlap, the one proved without assumptions (safe) takes the expression first
+    for plan in sorted(plans, key=lambda p: (p.line, bool(p.facts.assumptions), p.rule)):
         span = _covering(covered, plan)
         if span is not None and plan.hit is None:
             continue
