@@ -20,15 +20,19 @@ def _not(expression: str, reason: str | None = None):
 ALREADY_CONTIGUOUS = Rule(
     code="ADV201", kind="contiguous", title="`.contiguous()` on a tensor that is already contiguous",
     summary="`.contiguous()` of a contiguous tensor", fix="remove-call", fix_safety="safe",
-    fix_summary="safe when proved from the source (its input is `.contiguous()`) or every profiled call returned its "
-                "input and the result's layout is not read later; else unsafe, naming why",
+    fix_summary="safe when proved from the source (its input is `.contiguous()`, or a name assigned one in the "
+                "statement before) or every profiled call returned its input and no value derived from the result is "
+                "`.view`ed, returned or stored; else unsafe, naming why",
     what="Finds `.contiguous()` on a tensor that is contiguous already (its input is itself `.contiguous()` or a "
          "contiguous clone, or every profiled call on the line returned its input).",
     why="The call copies nothing and costs only a Python call; it is reported so the reader stops assuming a copy "
         "happens there.",
     fix_doc="Removes the call. Proved from the source, or from a profile (`fix --profile`) when every call that ran "
-            "on the line returned its input. Unsafe, naming the assumption, when the result's layout is read later "
-            "(`.view`, returned to a caller) or a tensor of the function is written in place.",
+            "on the line returned its input. Unsafe, naming the assumption, when the layout of the result or of any "
+            "value derived from it (operators, views, torch functions, indexing keep or share its strides; only "
+            "matrix products, reductions and softmax make a new contiguous tensor) is read later (`.view`, "
+            "`as_strided`, `.stride()`), leaves the function (returned, stored, passed outside torch), or a tensor "
+            "of the function is written in place.",
     detectors=("static", "runtime"),
     examples=(_returned("x.contiguous().contiguous()", "x.contiguous()"),
               _not("x.contiguous()"), _not("x.contiguous().view(-1)")),
@@ -38,15 +42,16 @@ ALREADY_CONTIGUOUS = Rule(
 STRIDED_OK = Rule(
     code="ADV202", kind="contiguous", title="Layout copy whose users all accept strided input",
     summary="layout copy whose readers all take strides (profile)", fix="remove-call", fix_safety="safe",
-    fix_summary="`--profile`: remove it; safe when the result is not returned, stored or `.view`ed and nothing in the "
-                "function writes in place (static, and no in-place op measured there); else unsafe",
+    fix_summary="`--profile`: remove it; safe when no value derived from the result is returned, stored or `.view`ed "
+                "and nothing in the function writes in place (static, and no in-place op measured there); else unsafe",
     what="A `.contiguous()` of a transposed or permuted tensor whose every reader (matmul, elementwise ops, softmax, "
          "views that succeed on the strided layout) takes strided input, as measured by a profile.",
     why="The copy writes every element: it costs memory bandwidth and buys nothing.",
     fix_doc="`advisor fix --profile`: removes the call when every call on the line was redundant. Removing a copy "
-            "never changes values; the result then shares its input's memory, so the patch is safe only when no code "
-            "reads its layout or lets it leave the function and nothing in the function writes in place; otherwise "
-            "it is unsafe and names what could differ.",
+            "never changes values (a later reduction may sum in another order: last-bit differences); the result "
+            "then shares its input's memory and strides, so the patch is safe only when no code reads the layout of "
+            "the result or of a value derived from it, none of them leaves the function, and nothing in the "
+            "function writes in place; otherwise it is unsafe and names what could differ.",
     example="y = x.transpose(1, 2).contiguous()\nreturn y @ w  # matmul takes strided input",
     detectors=("runtime",),
     references=("https://pytorch.org/docs/stable/notes/cuda.html#memory-management",), threshold_share=0.005,
