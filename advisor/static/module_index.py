@@ -62,17 +62,17 @@ class ParsedModule:
     @cached_property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
         """Node -> parent, the map libcst's ParentNodeProvider gives, built by reading the node dataclasses' fields
-        directly (7x faster than the provider's visitor on a large file; tests/test_module_index checks equality)."""
+        directly (7x faster than the provider's visitor on a large file; tests/test_module_index checks equality).
+        Its keys come depth first, each node before its children, fields in declaration order."""
         parents: dict[cst.CSTNode, cst.CSTNode] = {}
-        pending: list[cst.CSTNode] = [self.module]
+        pending: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(self.module, None)]
         while pending:
-            node = pending.pop()
-            for name in _child_fields(type(node)):
-                value = getattr(node, name)
-                for child in value if isinstance(value, (list, tuple)) else (value,):
-                    if isinstance(child, cst.CSTNode):
-                        parents[child] = node
-                        pending.append(child)
+            node, parent = pending.pop()
+            if parent is not None:
+                parents[node] = parent  # on the way down, so the keys come in libcst's visiting order
+            children = [child for name in _child_fields(type(node))
+                        for child in _as_sequence(getattr(node, name)) if isinstance(child, cst.CSTNode)]
+            pending.extend((child, node) for child in reversed(children))
         return parents
 
     @cached_property
@@ -135,9 +135,7 @@ class ParsedModule:
     @cached_property
     def imports(self) -> dict[str, str]:
         """Local name -> dotted module or object, from every import statement in the file."""
-        collector = _ImportCollector(self)
-        self.module.visit(collector)
-        return collector.imports
+        return _imports(self)
 
     @cached_property
     def module_functions(self) -> dict[str, cst.FunctionDef]:
@@ -199,27 +197,30 @@ class ParsedModule:
 BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
 
 
-class _ImportCollector(cst.CSTVisitor):
-    def __init__(self, parsed: "ParsedModule") -> None:
-        self.parsed = parsed
-        self.imports: dict[str, str] = {}
+def _imports(parsed: "ParsedModule") -> dict[str, str]:
+    """Local name -> dotted module or object, from the file's import statements in source order (the first binding
+    of a name wins)."""
+    imports: dict[str, str] = {}
+    for node in parsed.parents:
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                dotted = parsed.code(alias.name)
+                if alias.asname is not None:
+                    imports.setdefault(parsed.code(alias.asname.name), dotted)
+                else:
+                    head = dotted.split(".")[0]
+                    imports.setdefault(head, head)
+        elif isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative and \
+                not isinstance(node.names, cst.ImportStar):
+            base = parsed.code(node.module)
+            for alias in node.names:
+                local = alias.asname.name if alias.asname else alias.name
+                imports.setdefault(parsed.code(local), f"{base}.{parsed.code(alias.name)}")
+    return imports
 
-    def visit_Import(self, node: cst.Import) -> None:
-        for alias in node.names:
-            dotted = self.parsed.code(alias.name)
-            if alias.asname is not None:
-                self.imports.setdefault(self.parsed.code(alias.asname.name), dotted)
-            else:
-                head = dotted.split(".")[0]
-                self.imports.setdefault(head, head)
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.module is None or node.relative or isinstance(node.names, cst.ImportStar):
-            return
-        base = self.parsed.code(node.module)
-        for alias in node.names:
-            local = alias.asname.name if alias.asname else alias.name
-            self.imports.setdefault(self.parsed.code(local), f"{base}.{self.parsed.code(alias.name)}")
+def _as_sequence(value) -> tuple | list:
+    return value if isinstance(value, (list, tuple)) else (value,)
 
 
 @lru_cache(maxsize=None)
