@@ -43,24 +43,17 @@ class Rewrite:
 
 
 def sites(parsed: ParsedModule) -> list[Site]:
-    """Every call in a function body, innermost function first, in source order."""
-    found: list[Site] = []
-    for function, _, name in parsed.functions:
-        collector = _Calls()
-        function.body.visit(collector)
-        found += [Site(call, name, function) for call in collector.calls]
-    return found
-
-
-class _Calls(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.calls: list[cst.Call] = []
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False  # a nested function is a site of its own (parsed.functions lists it)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
+    """Every call in a function body, grouped by function in `parsed.functions` order, in source order within each
+    (a call belongs to its innermost enclosing function)."""
+    by_function: dict[cst.FunctionDef, list[cst.Call]] = {}
+    for call in parsed.calls_and_classes[0]:
+        node = parsed.parents.get(call)
+        while node is not None and not isinstance(node, cst.FunctionDef):
+            node = parsed.parents.get(node)
+        if node is not None:
+            by_function.setdefault(node, []).append(call)
+    return [Site(call, name, function) for function, _, name in parsed.functions
+            for call in by_function.get(function, ())]
 
 
 def method(call: cst.BaseExpression) -> tuple[cst.BaseExpression, str] | None:
@@ -156,7 +149,14 @@ def _enclosing(parsed: ParsedModule, node: cst.CSTNode, kind: type) -> cst.CSTNo
 
 
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    collector = _Calls()
+    class Calls(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.calls: list[cst.Call] = []
+
+        def visit_Call(self, call: cst.Call) -> None:
+            self.calls.append(call)
+
+    collector = Calls()
     node.visit(collector)
     return collector.calls
 

@@ -162,9 +162,8 @@ class ParsedModule:
     def calls_and_classes(self) -> tuple[list[cst.Call], list[cst.ClassDef]]:
         """Every call and every class statement of the file, in one walk (for file-wide questions: hooks
         registered, modules scripted, subclasses)."""
-        collector = _CallAndClassCollector()
-        self.module.visit(collector)
-        return collector.calls, collector.classes
+        nodes = self.parents  # in visiting order
+        return [n for n in nodes if isinstance(n, cst.Call)], [n for n in nodes if isinstance(n, cst.ClassDef)]
 
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:
@@ -284,18 +283,6 @@ class _FunctionCollector(cst.CSTVisitor):
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
         return False  # no function or class is defined inside a simple statement
-
-
-class _CallAndClassCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.calls: list[cst.Call] = []
-        self.classes: list[cst.ClassDef] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.classes.append(node)
 
 
 class _OutsideWriteCollector(cst.CSTVisitor):
