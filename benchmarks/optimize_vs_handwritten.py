@@ -1,11 +1,13 @@
 """How much of the available speedup does `advisor optimize` deliver?
 
-For each model: the speedup that `optimize` reports for its verified patches; then, in this process, the original,
-advisor's patched attention and a hand-written SDPA version (same weights; the attention modules' forward replaced)
-timed side by side in rotated rounds, so machine load hits all three alike. Prints both speedups and their ratio
-(the goal is >= 0.9), and the ratio of optimize's own report to the hand-written speedup. CPU, float32, eval.
+For each model: the speedup that `optimize` reports for its verified patches, and, in the same run and through
+optimize's own timing harness (live original and variant workers, interleaved rounds, same weights and inputs), the
+speedup of a hand-written SDPA version (the attention modules' forward replaced) and of advisor's patched attention.
+The RATIO line is optimize's reported speedup over the hand-written one (the goal is >= 0.9). As a cross-check, the
+original, advisor's patch and the hand-written version are also timed in this process in rotated rounds. CPU,
+float32, eval.
 
-    python benchmarks/optimize_vs_handwritten.py [--rounds 20] [--skip-vit]
+    python benchmarks/optimize_vs_handwritten.py [--rounds 20] [--budget 4] [--skip-vit]
 
 The ViT case needs `pip install --no-deps vit-pytorch` (its package imports torchvision only for training helpers;
 when torchvision is missing a stub stands in, since installing it pulls another torch build).
@@ -50,37 +52,105 @@ def workload(seed=0):
 '''
 
 
+def demo_handwritten(self, x):
+    """The demo's CausalSelfAttention.forward written with SDPA by hand."""
+    B, T, C = x.shape
+    q, k, v = self.qkv(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+def vit_handwritten(self, x):
+    """vit-pytorch's Attention.forward written with SDPA by hand."""
+    x = self.norm(x)
+    q, k, v = (rearrange(t, "b n (h d) -> b h n d", h=self.heads) for t in self.to_qkv(x).chunk(3, dim=-1))
+    out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+    return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
+
+
+def _demo():
+    import gpt  # the copy demo_case put on sys.path (workers import like this process)
+
+    return gpt.workload, gpt.CausalSelfAttention
+
+
+def _vit():
+    import vit_workload  # installs the torchvision stub before vit_pytorch is imported
+    from vit_pytorch.vit import Attention
+
+    return vit_workload.workload, Attention
+
+
+def _variant(case, forward_of, seed: int):
+    """The case's workload with every attention module's forward replaced (same weights: the worker loads the
+    original side's state)."""
+    make, attention_class = case()
+    workload = make(seed)
+    swap(workload.model, attention_class, forward_of(attention_class))
+    return workload
+
+
+# Workload targets of the variants, for optimize's own timing harness (`FILE:function` run in a worker)
+def demo_hand(seed=0):
+    return _variant(_demo, lambda _: demo_handwritten, seed)
+
+
+def demo_advisor(seed=0):
+    return _variant(_demo, advisor_forward, seed)
+
+
+def vit_hand(seed=0):
+    return _variant(_vit, lambda _: vit_handwritten, seed)
+
+
+def vit_advisor(seed=0):
+    return _variant(_vit, advisor_forward, seed)
+
+
 def demo_case(folder: str):
     shutil.copyfile(os.path.join(os.path.dirname(advisor.demo.__file__), "gpt.py"), os.path.join(folder, "gpt.py"))
     sys.path.insert(0, folder)
-    import gpt
-
-    def handwritten(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-    workload = gpt.workload()
-    return f"{folder}/gpt.py:workload", workload.model, workload.args, gpt.CausalSelfAttention, handwritten
+    make, attention_class = _demo()
+    workload = make()
+    return (f"{folder}/gpt.py:workload", workload.model, workload.args, attention_class, demo_handwritten,
+            ("demo_hand", "demo_advisor"))
 
 
 def vit_case(folder: str):
     with open(os.path.join(folder, "vit_workload.py"), "w") as handle:
         handle.write(VIT_WORKLOAD)
     sys.path.insert(0, folder)
-    import vit_workload
-    from vit_pytorch.vit import Attention
+    make, attention_class = _vit()
+    workload = make()
+    return (f"{folder}/vit_workload.py:workload", workload.model, workload.args, attention_class, vit_handwritten,
+            ("vit_hand", "vit_advisor"))
 
-    def handwritten(self, x):
-        x = self.norm(x)
-        q, k, v = (rearrange(t, "b n (h d) -> b h n d", h=self.heads) for t in self.to_qkv(x).chunk(3, dim=-1))
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
-        return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
 
-    workload = vit_workload.workload()
-    return f"{folder}/vit_workload.py:workload", workload.model, workload.args, Attention, handwritten
+def swap(model, attention_class, forward) -> None:
+    """Every module of exactly `attention_class` gets `forward` (a subclass, so the weights stay where they are)."""
+    swapped = type(f"Swapped{attention_class.__name__}", (attention_class,), {"forward": forward})
+    for module in model.modules():
+        if type(module) is attention_class:
+            module.__class__ = swapped
+
+
+def harness_speedups(target: str, variants: dict[str, str], budget_s: float) -> dict[str, tuple[float, list]]:
+    """optimize's own timing harness on each variant: a live original worker and a variant worker given the
+    original's weights and inputs, timed in interleaved rounds. Label -> (speedup, 95% interval)."""
+    from advisor.verify.process import start_worker
+    from advisor.verify.timing import interleave
+
+    measured = {}
+    with start_worker("original") as original:
+        original.call("load", target=target)
+        state = original.call("export")
+        for label, variant in variants.items():
+            with start_worker(label) as worker:
+                worker.call("load", target=variant, state=state)
+                paired = interleave(original, worker, budget_s)
+                measured[label] = (paired.speedup(), [round(v, 2) for v in paired.speedup_ci()])
+    return measured
 
 
 def advisor_forward(attention_class):
@@ -106,12 +176,8 @@ def side_by_side(model, args, attention_class, forwards: dict, rounds: int) -> d
 
     variants = {"original": model}
     for label, forward in forwards.items():
-        variant = copy.deepcopy(model)
-        swapped = type(f"{label}SDPA", (attention_class,), {"forward": forward})
-        for module in variant.modules():
-            if type(module) is attention_class:
-                module.__class__ = swapped
-        variants[label] = variant
+        variants[label] = copy.deepcopy(model)
+        swap(variants[label], attention_class, forward)
     ratios: dict[str, list[float]] = {label: [] for label in forwards}
     with torch.no_grad():
         reference = model.eval()(*args)
@@ -137,6 +203,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--skip-vit", action="store_true")
+    parser.add_argument("--budget", type=float, default=4.0, help="seconds of interleaved timing per comparison")
     args = parser.parse_args()
     cases = [("demo GPT, 512 tokens", demo_case)]
     if not args.skip_vit:
@@ -149,13 +216,20 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU float32")
     for name, make in cases:
         folder = tempfile.mkdtemp(prefix="advisor-bench-")
-        target, model, inputs, attention_class, forward = make(folder)
+        target, model, inputs, attention_class, forward, (hand_target, advisor_target) = make(folder)
         started = time.perf_counter()
         result = optimize(Options(target=target, report_dir=os.path.join(folder, "report"), root=folder))
         elapsed = time.perf_counter() - started
         verdicts = ", ".join(f"{p['id']} {p['verdict']}" for p in result["patches"]) or "no patches"
         reported = result["speedup"]
         print(f"{name}: optimize took {elapsed:.1f} s; patches: {verdicts}")
+        harness = harness_speedups(target, {"hand-written": f"{__file__}:{hand_target}",
+                                            "advisor": f"{__file__}:{advisor_target}"}, args.budget)
+        (hand_harness, hand_ci), (advisor_harness, advisor_ci) = harness["hand-written"], harness["advisor"]
+        print(f"  optimize's harness, same run: hand-written SDPA {hand_harness:.2f}x (95% CI {hand_ci}), advisor's "
+              f"patch {advisor_harness:.2f}x (95% CI {advisor_ci})")
+        if reported is not None:
+            print(f"  RATIO optimize's reported speedup / hand-written (same harness): {reported / hand_harness:.2f}")
         measured = side_by_side(model, inputs, attention_class,
                                 {"advisor": advisor_forward(attention_class), "hand-written": forward}, args.rounds)
         hand = measured["hand-written"]
