@@ -218,7 +218,8 @@ def main() -> None:
         folder = tempfile.mkdtemp(prefix="advisor-bench-")
         target, model, inputs, attention_class, forward, (hand_target, advisor_target) = make(folder)
         started = time.perf_counter()
-        result = optimize(Options(target=target, report_dir=os.path.join(folder, "report"), root=folder))
+        result = optimize(Options(target=target, report_dir=os.path.join(folder, "report"), root=folder,
+                                  timing_budget_s=args.budget))
         elapsed = time.perf_counter() - started
         verdicts = ", ".join(f"{p['id']} {p['verdict']}" for p in result["patches"]) or "no patches"
         reported = result["speedup"]
