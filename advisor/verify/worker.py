@@ -35,7 +35,8 @@ class Worker:
         if overlay:
             from advisor.verify.overlay import install
             install(overlay, overlay_root)
-        return {"pid": os.getpid(), "threads": torch.get_num_threads()}
+        return {"pid": os.getpid(), "threads": torch.get_num_threads(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
 
     def load(self, target: str, device=None, dtype=None, train=False, state=None):
         """Import TARGET and build its workload; with `state` (from the original side) take its weights and inputs."""
