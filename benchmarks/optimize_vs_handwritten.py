@@ -4,8 +4,10 @@ For each model: the speedup that `optimize` reports for its verified patches, an
 optimize's own timing harness (live original and variant workers, interleaved rounds, same weights and inputs), the
 speedup of a hand-written SDPA version (the attention modules' forward replaced) and of advisor's patched attention.
 The RATIO line is optimize's reported speedup over the hand-written one (the goal is >= 0.9). As a cross-check, the
-original, advisor's patch and the hand-written version are also timed in this process in rotated rounds. CPU,
-float32, eval.
+original, advisor's patch and the hand-written version are also timed in this process in rotated rounds: their
+ratio is comparable, their speedups are not (this process uses glibc's default allocator thresholds, under which
+the original pays page faults for its score tensors every step; optimize's workers do not, see README "Timing").
+CPU, float32, eval.
 
     python benchmarks/optimize_vs_handwritten.py [--rounds 20] [--budget 4] [--skip-vit]
 

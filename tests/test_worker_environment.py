@@ -1,23 +1,28 @@
-"""Workers are timed in turns: an idle worker's OpenMP threads must sleep, not spin on the timed worker's cores."""
+"""Workers are timed in turns, so their environment must not let one side's state leak into the other's time: idle
+OpenMP threads sleep, and glibc keeps freed memory (fixed thresholds) unless the user chose otherwise."""
 
 import sys
 
-from advisor.verify.process import WorkerProcess
+from advisor.verify.process import WORKER_ENVIRONMENT, WorkerProcess
 
 
-def _hello() -> dict:
+def _environment() -> dict:
     worker = WorkerProcess("env-check")
     try:
-        return worker.call("hello", sys_path=sys.path)
+        return worker.call("hello", sys_path=sys.path)["environment"]
     finally:
         worker.close()
 
 
-def test_idle_openmp_threads_sleep_by_default(monkeypatch):
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert _hello()["omp_wait_policy"] == "PASSIVE"
+def test_workers_get_the_timing_defaults(monkeypatch):
+    for name in WORKER_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    assert _environment() == WORKER_ENVIRONMENT
+    assert _environment()["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
-def test_a_users_openmp_wait_policy_is_kept(monkeypatch):
+def test_a_users_own_settings_are_kept(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert _hello()["omp_wait_policy"] == "ACTIVE"
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    seen = _environment()
+    assert seen["OMP_WAIT_POLICY"] == "ACTIVE" and seen["MALLOC_TRIM_THRESHOLD_"] == "0"

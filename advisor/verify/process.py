@@ -27,11 +27,18 @@ class WorkerFailed(AdvisorError):
     """The workload process raised, exited, crashed or timed out; the message is one line for the user."""
 
 
+# Unless the user set them: idle OpenMP threads sleep (two workers are timed in turns, and the idle one's spinning
+# threads took the timed one's cores: the demo's interval was [1.3, 2.5] with spinning, [1.38, 1.41] without), and
+# glibc keeps freed memory below its own 32 MiB mmap ceiling instead of returning it each step (a fresh process paid
+# page faults for the original ViT's score tensors, 34 ms a step, that vanished after any profiler session pinned
+# the heap, 19 ms: the speedup depended on what had run before; fixed thresholds give both sides the steady state).
+WORKER_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                      "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
+
 def worker_environment() -> dict[str, str]:
-    """This process's environment, with OpenMP's idle threads sleeping unless the user chose otherwise: two workers
-    are timed in turns, and the idle one's spinning threads would take cores from the timed one (on 2 cores the
-    demo's speedup interval was [1.3, 2.5] with spinning, [1.38, 1.41] without)."""
-    return {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    """This process's environment with WORKER_ENVIRONMENT's defaults for what the user did not set."""
+    return {**WORKER_ENVIRONMENT, **os.environ}
 
 
 class WorkerProcess:

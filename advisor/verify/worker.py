@@ -14,6 +14,8 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from advisor.verify.process import WORKER_ENVIRONMENT
+
 
 class Worker:
     def __init__(self, send):
@@ -36,7 +38,7 @@ class Worker:
             from advisor.verify.overlay import install
             install(overlay, overlay_root)
         return {"pid": os.getpid(), "threads": torch.get_num_threads(),
-                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+                "environment": {name: os.environ.get(name) for name in WORKER_ENVIRONMENT}}
 
     def load(self, target: str, device=None, dtype=None, train=False, state=None):
         """Import TARGET and build its workload; with `state` (from the original side) take its weights and inputs."""
