@@ -22,7 +22,6 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-import libcst
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
