@@ -137,9 +137,11 @@ def _every_call(evidence: FileEvidence, line: int, name: str, hit_rules: tuple[s
     return f"only {redundant} of the {ran} `.{name}()` calls on line {line} were redundant"
 
 
-def _contiguous_removal(parsed, sites, evidence, hit, rule_check, redundant_rules, proof) -> _Plan:
-    """ADV201/202/203: remove the one `.contiguous()` on the line; the aliasing and layout obligations are
-    discharged statically (and by the recorded step's in-place ops) or named as assumptions."""
+def _contiguous_removal(parsed, sites, evidence, hit, rule_check, redundant_rules, proof,
+                        result_of=lambda call: call) -> _Plan:
+    """ADV201/202/203: remove the one `.contiguous()` on the line; the aliasing and layout obligations of
+    `result_of(call)` (what carries the copy's memory on) are discharged statically (and by the recorded step's
+    in-place ops) or named as assumptions."""
     plan = _Plan(hit.rule, None, hit.line)
     site, plan.reason = _one(sites, hit.line, rule_check, "`.contiguous()`")
     if site is None:
@@ -152,8 +154,7 @@ def _contiguous_removal(parsed, sites, evidence, hit, rule_check, redundant_rule
     call = site.call
     plan.rewrite = roles.Rewrite(call, roles.removed_call(parsed, call), proof)
     plan.facts.proved("equal-values", "removing a copy never changes values", proof)
-    result = parsed.parents[parsed.parents[call]] if hit.rule == UNDONE else call  # UNDONE: the transpose back
-    _aliasing_facts(parsed, site, result, evidence, plan.facts)
+    _aliasing_facts(parsed, site, result_of(call), evidence, plan.facts)
     return plan
 
 
@@ -189,18 +190,40 @@ def _strided_ok(parsed, sites, evidence, hit) -> _Plan:
 
 
 def _undone(parsed, sites, evidence, hit) -> _Plan:
-    def transposed_back(call: cst.Call) -> bool:
-        inner, outer = roles.method(call.func.value), parsed.parents.get(call)
-        return (roles.is_contiguous_call(call) and inner is not None and inner[1] in TRANSPOSES
-                and isinstance(outer, cst.Attribute) and outer.attr.value in TRANSPOSES
-                and isinstance(parsed.parents.get(outer), cst.Call))
-
-    plan = _contiguous_removal(parsed, sites, evidence, hit, transposed_back, (ALREADY_CONTIGUOUS, UNDONE),
-                               "the copy's layout is transposed away at once; the values are the same without it")
+    plan = _contiguous_removal(parsed, sites, evidence, hit, lambda call: _transpose_back(parsed, call) is not None,
+                               (ALREADY_CONTIGUOUS, UNDONE),
+                               "the copy's layout is transposed away at once; the values are the same without it",
+                               result_of=lambda call: _transpose_back(parsed, call))
     if plan.site is None and any(roles.is_contiguous_call(site.call) for site in sites):
-        plan.reason = (f"the `.contiguous()` on line {hit.line} is not transposed back within its own expression "
-                       "(a transpose in a later statement is not followed)")
+        plan.reason = (f"the `.contiguous()` on line {hit.line} is not transposed back, in its expression or as the "
+                       "only use of the name it is assigned to")
     return plan
+
+
+def _transpose_back(parsed: ParsedModule, call: cst.Call) -> cst.Call | None:
+    """The transpose that undoes the layout of `x.transpose(...).contiguous()`: in the same expression, or as the
+    only use of the one name the copy is assigned to (`y = x.mT.contiguous()` then `z = y.mT`); else None."""
+    inner = roles.method(call.func.value)
+    if not (roles.is_contiguous_call(call) and inner is not None and inner[1] in TRANSPOSES):
+        return None
+    reader = call
+    assign = parsed.parents.get(call)
+    if isinstance(assign, cst.Assign) and assign.value is call:
+        function = parsed.parents.get(assign)
+        while function is not None and not isinstance(function, cst.FunctionDef):
+            function = parsed.parents.get(function)
+        flow = parsed.flow(function) if function is not None else None
+        defined = [d for d in flow.definitions.values() if d.statement is assign and d.index is None] if flow else []
+        reads = flow.reads_of(defined[0]) if len(defined) == 1 and len(assign.targets) == 1 else []
+        if len(reads) != 1 or flow.definitions_of(reads[0]) != defined or flow.sees_undefined(reads[0]):
+            return None
+        reader = reads[0]
+    outer = parsed.parents.get(reader)
+    caller = parsed.parents.get(outer)
+    if isinstance(outer, cst.Attribute) and outer.value is reader and outer.attr.value in TRANSPOSES and \
+            isinstance(caller, cst.Call) and caller.func is outer:
+        return caller
+    return None
 
 
 def _proved_on_line(parsed, sites, hit, prove, missing: str) -> _Plan:
