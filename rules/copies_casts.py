@@ -61,7 +61,8 @@ UNDONE = Rule(
     code="ADV203", kind="contiguous", title="Layout copy immediately transposed again",
     summary="layout copy transposed right back (profile)", fix="remove-call", fix_safety="safe",
     fix_summary="`--profile`: remove the `.contiguous()`, same obligations as ADV202",
-    what="A transpose/permute right after a `.contiguous()`, measured by a profile.",
+    what="A transpose/permute right after a `.contiguous()` (in the same expression, or as the only use of the name "
+         "the copy is assigned to), measured by a profile.",
     why="The transpose gives back a strided tensor, so the copy's layout is thrown away at once.",
     fix_doc="`advisor fix --profile`: removes the `.contiguous()` between the two transposes, with the same "
             "aliasing and layout obligations as ADV202 (the un-copied result is a view of the input).",
