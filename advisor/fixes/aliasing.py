@@ -72,7 +72,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
                                  cst.AnnAssign, cst.NamedExpr)):
             return f"it is stored at line {parsed.line(parent)}"
         elif isinstance(parent, cst.Assign):
-            reads = _reads_of_assignment(flow, parent)
+            reads = reads_of_assignment(flow, parent)
             if reads is None:
                 return f"it is stored in `{parsed.code(parent.targets[0].target).strip()}` at line " \
                        f"{parsed.line(parent)}"
@@ -84,7 +84,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
     return None
 
 
-def _reads_of_assignment(flow, assign: cst.Assign) -> list[cst.Name] | None:
+def reads_of_assignment(flow, assign: cst.Assign) -> list[cst.Name] | None:
     """Every read of the names `assign` binds; None when it binds anything but plain names."""
     if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
         return None

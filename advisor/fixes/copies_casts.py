@@ -15,7 +15,7 @@ import libcst as cst
 
 from advisor.engine.static import Detected
 from advisor.findings import Finding
-from advisor.fixes.aliasing import layout_or_escape, writes_in_place
+from advisor.fixes.aliasing import layout_or_escape, reads_of_assignment, writes_in_place
 from advisor.fixes.evidence import FileEvidence, RuntimeHit
 from advisor.patterns import copies_casts as roles
 from advisor.patterns.facts import FactSheet
@@ -209,13 +209,11 @@ def _transpose_back(parsed: ParsedModule, call: cst.Call) -> cst.Call | None:
     reader = call
     assign = parsed.parents.get(call)
     if isinstance(assign, cst.Assign) and assign.value is call:
-        function = parsed.parents.get(assign)
-        while function is not None and not isinstance(function, cst.FunctionDef):
-            function = parsed.parents.get(function)
+        function = parsed.innermost(assign, cst.FunctionDef)
         flow = parsed.flow(function) if function is not None else None
-        defined = [d for d in flow.definitions.values() if d.statement is assign and d.index is None] if flow else []
-        reads = flow.reads_of(defined[0]) if len(defined) == 1 and len(assign.targets) == 1 else []
-        if len(reads) != 1 or flow.definitions_of(reads[0]) != defined or flow.sees_undefined(reads[0]):
+        reads = reads_of_assignment(flow, assign) if flow is not None else None
+        # its one read must see this assignment alone (a read of it sees it; one definition means only it)
+        if not reads or len(reads) != 1 or len(flow.definitions_of(reads[0])) != 1 or flow.sees_undefined(reads[0]):
             return None
         reader = reads[0]
     outer = parsed.parents.get(reader)

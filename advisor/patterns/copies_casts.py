@@ -47,11 +47,9 @@ def sites(parsed: ParsedModule) -> list[Site]:
     (a call belongs to its innermost enclosing function)."""
     by_function: dict[cst.FunctionDef, list[cst.Call]] = {}
     for call in parsed.calls_and_classes[0]:
-        node = parsed.parents.get(call)
-        while node is not None and not isinstance(node, cst.FunctionDef):
-            node = parsed.parents.get(node)
-        if node is not None:
-            by_function.setdefault(node, []).append(call)
+        function = parsed.innermost(call, cst.FunctionDef)
+        if function is not None:
+            by_function.setdefault(function, []).append(call)
     return [Site(call, name, function) for function, _, name in parsed.functions
             for call in by_function.get(function, ())]
 
@@ -116,8 +114,8 @@ def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.
     a closure's `nonlocal`) could change the object's layout or dtype behind the name, so it is never looked past."""
     if not isinstance(expression, cst.Name):
         return None
-    reading = _enclosing(parsed, expression, cst.SimpleStatementLine)
-    function = _enclosing(parsed, expression, cst.FunctionDef)
+    reading = parsed.innermost(expression, cst.SimpleStatementLine)
+    function = parsed.innermost(expression, cst.FunctionDef)
     if reading is None or function is None:
         return None
     flow = parsed.flow(function)
@@ -141,24 +139,18 @@ def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.
     return definitions[0].value
 
 
-def _enclosing(parsed: ParsedModule, node: cst.CSTNode, kind: type) -> cst.CSTNode | None:
-    node = parsed.parents.get(node)
-    while node is not None and not isinstance(node, kind):
-        node = parsed.parents.get(node)
-    return node
-
-
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    class Calls(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.calls: list[cst.Call] = []
-
-        def visit_Call(self, call: cst.Call) -> None:
-            self.calls.append(call)
-
-    collector = Calls()
+    collector = _CallCollector()
     node.visit(collector)
     return collector.calls
+
+
+class _CallCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.calls: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self.calls.append(node)
 
 
 def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression | None) -> str | None:

@@ -204,7 +204,7 @@ class ValueProver:
                    else self.is_scalar(item.value, depth + 1) for item in items)
 
     def _is_constructor(self, definition) -> bool:
-        function = self._function_of(definition.statement)
+        function = self.parsed.innermost(definition.statement, cst.FunctionDef)
         return function is not None and function.name.value == "__init__"
 
     def _attribute_is_scalar(self, node: cst.Attribute, depth: int) -> bool:
@@ -237,16 +237,11 @@ class ValueProver:
 
     def _assigned_is_scalar(self, value: cst.BaseExpression, depth: int) -> bool:
         """A value assigned to `self.x` in some method, proved with that method's own definitions."""
-        function = self._function_of(value)
+        function = self.parsed.innermost(value, cst.FunctionDef)
         if function is None:
             return False
         prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses)
         return prover.is_scalar(value, depth + 1)
-
-    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        while node is not None and not isinstance(node, cst.FunctionDef):
-            node = self.parsed.parents.get(node)
-        return node
 
     # -- mask fill values --------------------------------------------------------------------------
     def fill_kind(self, node: cst.BaseExpression, depth: int = 0) -> str | None:

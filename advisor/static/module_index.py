@@ -109,6 +109,12 @@ class ParsedModule:
         """Whitespace-separated tokens of the source (computed once; rewrites ask per finding)."""
         return frozenset(self.source.split())
 
+    def innermost(self, node: cst.CSTNode, kind: type | tuple[type, ...]) -> cst.CSTNode | None:
+        """`node` itself when it is a `kind`, else its nearest ancestor that is one (None at the module)."""
+        while node is not None and not isinstance(node, kind):
+            node = self.parents.get(node)
+        return node
+
     def line(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
 

@@ -134,9 +134,7 @@ def in_inlined(c: Candidate, node: cst.CSTNode) -> bool:
 
 
 def function_of(parsed: ParsedModule, node: cst.CSTNode) -> cst.FunctionDef | None:
-    while node is not None and not isinstance(node, cst.FunctionDef):
-        node = parsed.parents.get(node)
-    return node
+    return parsed.innermost(node, cst.FunctionDef)
 
 
 def statement_of(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
