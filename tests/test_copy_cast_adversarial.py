@@ -4,8 +4,9 @@ Every case is a small function. advisor's *safe* patches are applied (statically
 profiled run), then the original and the patched function run side by side on inputs of several layouts and
 dtypes. A caller must not be able to tell them apart: same exception or none, outputs bit-identical (values,
 dtype, shape, contiguity), the input the same afterwards, writes into the outputs reaching the input alike
-(aliasing), and the same input gradient. A case where a safe patch changes any of these is a tool bug and is
-marked `xfail(strict=True)` with the bug class in its reason.
+(aliasing), and the same input gradient. A case where a safe patch changes any of these is a tool bug: the 39
+this check found (layouts read through derived values, shadowed imports, `**kwargs`, assignments looked past)
+are fixed, so each such case now passes.
 
 The profiled cases come in three copies, so one profile shows each body under three callers: `a_` sees a
 contiguous float32 input, `b_` a transposed one, `c_` both a contiguous float32 and a transposed float64 input.
@@ -364,9 +365,6 @@ def _generated_bodies(count: int, seed: int = 0) -> dict[str, str]:
 GENERATED_BODIES = _generated_bodies(90)
 GROUPS = "abc"
 
-# Profiled bodies whose safe patch changes what a caller sees (bug class in the reason).
-PROFILED_BUGS: dict[str, str] = {}  # name -> the bug class, for a confirmed unsound case not fixed yet
-
 
 def _function_source(name: str, body: str) -> str:
     return f"\n\ndef {name}(x):\n{textwrap.indent(body, '    ')}\n"
@@ -507,13 +505,7 @@ def profiled(tmp_path_factory) -> Fixed:
     return Fixed(folder, source, runtime=evidence)
 
 
-def _profiled_params():
-    for name in PROFILED_NAMES:
-        marks = [pytest.mark.xfail(strict=True, reason=PROFILED_BUGS[name])] if name in PROFILED_BUGS else []
-        yield pytest.param(name, marks=marks, id=name)
-
-
-@pytest.mark.parametrize("name", list(_profiled_params()))
+@pytest.mark.parametrize("name", PROFILED_NAMES)
 def test_profiled_safe_patch_keeps_behaviour(profiled: Fixed, name: str):
     """Each caller kind's copy of the body: its safe patches (if any) must be invisible to every other caller."""
     differences = [d for group in GROUPS for d in _differences(profiled.original, profiled.patched, f"{group}_{name}")]
@@ -611,8 +603,6 @@ SEE_THROUGH_BODIES = {
                      "return z.view(-1)",
     "one_assignment": "y = x.contiguous()\nz = y.contiguous()\nreturn z.view(-1)",
 }
-SEE_THROUGH_BUGS: dict[str, str] = {}  # name -> the bug class, for a confirmed unsound case not fixed yet
-STATIC_BUGS: dict[str, str] = {}  # name -> the bug class, for a confirmed unsound case not fixed yet
 
 
 @pytest.mark.parametrize("chain", [".float()", ".contiguous()"])
@@ -640,9 +630,7 @@ def rebinding(tmp_path_factory) -> Fixed:
     return Fixed(folder, source, name="rebinding_cases")
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=STATIC_BUGS[name])] if name in STATIC_BUGS else [])
-    for name in STATIC_BODIES])
+@pytest.mark.parametrize("name", list(STATIC_BODIES))
 def test_static_safe_patch_keeps_behaviour(static: Fixed, name: str):
     assert not _differences(static.original, static.patched, name)
 
@@ -659,10 +647,7 @@ def see_through(tmp_path_factory) -> Fixed:
     return Fixed(folder, source, name="see_through_cases")
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=[pytest.mark.xfail(strict=True, reason=SEE_THROUGH_BUGS[name])]
-                 if name in SEE_THROUGH_BUGS else [])
-    for name in SEE_THROUGH_BODIES])
+@pytest.mark.parametrize("name", list(SEE_THROUGH_BODIES))
 def test_static_proof_through_an_assignment_keeps_behaviour(see_through: Fixed, name: str):
     assert not _differences(see_through.original, see_through.patched, name)
 
