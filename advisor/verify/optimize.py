@@ -176,12 +176,16 @@ class Session:
             trial.close()
         return trial
 
+    def by_file(self, ids: tuple[str, ...]) -> dict[str, list[Candidate]]:
+        """The chosen patches grouped by the file they patch (a file's patches are applied together)."""
+        grouped: dict[str, list[Candidate]] = {}
+        for pid in ids:
+            grouped.setdefault(self.candidates[pid].path, []).append(self.candidates[pid])
+        return grouped
+
     def overlay(self, ids: tuple[str, ...]) -> dict[str, str]:
         """Patched text per file for a set of patches (one rewrite per file, as --apply would write it)."""
-        by_file: dict[str, list[Candidate]] = {}
-        for pid in ids:
-            by_file.setdefault(self.candidates[pid].path, []).append(self.candidates[pid])
-        return {path: combined_text(chosen) for path, chosen in by_file.items()}
+        return {path: combined_text(chosen) for path, chosen in self.by_file(ids).items()}
 
     def close(self) -> None:
         if self.original is not None:
@@ -350,10 +354,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
         return {}
     root = os.path.realpath(o.root)
     outcome = {}
-    by_file: dict[str, list[Candidate]] = {}
-    for pid in ids:
-        by_file.setdefault(session.candidates[pid].path, []).append(session.candidates[pid])
-    for path, chosen in by_file.items():
+    for path, chosen in session.by_file(ids).items():
         text, source = combined_text(chosen), chosen[0].source
         if os.path.realpath(path).startswith(root + os.sep):
             try:
