@@ -26,7 +26,7 @@ def is_bottom_right_causal(parsed: ParsedModule, match: AttentionMatch) -> bool:
     if term.guard is not None or term.reshape is not None or term.kind not in ("keep", "finite") or not term.nodes:
         return False
     node = term.nodes[0]
-    keeps = (term.kind == "keep") == (term.code == parsed.code(node))  # True = attend, as the buffer's ones
+    keeps = (term.kind == "keep") == term.expression.deep_equals(node)  # True = attend, as the buffer's ones
     if not keeps:
         return False
     sliced = _through_name(parsed, match, _strip_casts(node))

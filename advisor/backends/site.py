@@ -14,7 +14,7 @@ from advisor.backends.causal import is_bottom_right_causal
 from advisor.backends.eligibility import SiteFacts, Verdict, backend_eligibility, to_json
 from advisor.patterns.attention import AttentionMatch
 from advisor.patterns.einsum import ELLIPSIS, EinsumMismatch, parse_spec
-from advisor.patterns.ops import OpReader
+from advisor.patterns.ops import OpReader, int_value
 from advisor.patterns.facts import Fact, ASSUMED
 from advisor.static.module_index import ParsedModule
 
@@ -41,11 +41,12 @@ class BackendPlan:
 
 def site_facts(parsed: ParsedModule, match: AttentionMatch) -> SiteFacts:
     mask, conditional, causal_guard = _mask_kind(parsed, match)
-    return SiteFacts(mask=mask, mask_conditional=conditional, causal_guard=causal_guard, dropout=match.dropout_p,
+    dropout = None if match.dropout_p is None else parsed.code(match.dropout_p)
+    return SiteFacts(mask=mask, mask_conditional=conditional, causal_guard=causal_guard, dropout=dropout,
                      bottom_right_causal=is_bottom_right_causal(parsed, match),
                      kv_heads="broadcast" if _broadcast_heads(match) else None, rank=_rank(parsed, match),
-                     transposed=tuple(code for code in (match.query, match.key, match.value)
-                                      if _last_two_swapped(code)))
+                     transposed=tuple(parsed.code(node) for node in (match.query, match.key, match.value)
+                                      if _last_two_swapped(node)))
 
 
 def plan_backend(parsed: ParsedModule, match: AttentionMatch, requested: str = "sdpa") -> BackendPlan:
@@ -128,25 +129,18 @@ class _ProductCollector(cst.CSTVisitor):
 def _broadcast_heads(match: AttentionMatch) -> bool:
     """K and V passed with a size-1 head axis (`k.unsqueeze(1)`, multi-query einsum): SDPA broadcasts it, but
     without enable_gqa every fused kernel refuses the unequal head counts."""
-    return all(_unsqueezed_heads(code) for code in (match.key, match.value))
+    return all(_method_call(node) == ("unsqueeze", [1]) for node in (match.key, match.value))
 
 
-def _unsqueezed_heads(code: str) -> bool:
-    return _method_call(code) == ("unsqueeze", ["1"])
-
-
-def _last_two_swapped(code: str) -> bool:
+def _last_two_swapped(node: cst.BaseExpression) -> bool:
     """`x.transpose(-2, -1)` / `x.transpose(-1, -2)` / `x.mT`: the rewrite's explicit K^T undo and
     channel-major inputs."""
-    return code.endswith(".mT") or _method_call(code) in (("transpose", ["-2", "-1"]), ("transpose", ["-1", "-2"]))
+    return isinstance(node, cst.Attribute) and node.attr.value == "mT" or \
+        _method_call(node) in (("transpose", [-2, -1]), ("transpose", [-1, -2]))
 
 
-def _method_call(code: str) -> tuple[str, list[str]] | None:
-    """(method, argument codes) when `code` is one method call on something, else None."""
-    try:
-        node = cst.parse_expression(code)
-    except cst.ParserSyntaxError:
-        return None
+def _method_call(node: cst.BaseExpression) -> tuple[str, list[int | None]] | None:
+    """(method, integer arguments) when `node` is one method call on something, else None."""
     if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
         return None
-    return node.func.attr.value, [cst.Module([]).code_for_node(arg.value) for arg in node.args]
+    return node.func.attr.value, [int_value(arg.value) for arg in node.args]

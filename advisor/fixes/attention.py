@@ -31,10 +31,10 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     imports: list[str] = []
     if target == "flash-attn":
         helper = helper_name(parsed)
-        call = flash_attn_call(match, helper, indent)
+        call = flash_attn_call(parsed.module, match, helper, indent)
         edits.definitions = (flash_attn_helper(helper, functional.prefix),)
     else:
-        call = sdpa_call(match, functional.prefix, indent + 4 * (target == "flash"))
+        call = sdpa_call(parsed.module, match, functional.prefix, indent + 4 * (target == "flash"))
     if target == "flash":
         flash = kernel_names(parsed)
         if isinstance(flash, str):
@@ -44,14 +44,13 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         edits.wrap[statement] = flash.flash_context()
         if flash.import_line is not None:
             imports.append(flash.import_line)
-    edits.replace[match.output_node] = cst.parse_expression(call)
+    edits.replace[match.output_node] = call
     edits.remove = set(match.removed)
-    for hoisted, code in match.hoisted.items():
-        edits.replace[hoisted] = cst.parse_statement(code + "\n").body[0]
+    edits.replace.update(match.hoisted)
     if match.hoist_anchor is not None:
         anchor = _enclosing_statement(parsed, match.hoist_anchor)
-        edits.insert_before[anchor] = (cst.parse_statement(match.hoist_init + "\n"),)
-    edits.replace.update({read: cst.parse_expression(code) for read, code in match.renamed.items()})
+        edits.insert_before[anchor] = (match.hoist_init,)
+    edits.replace.update(match.renamed)
     if drop_weights:
         edits.replace.update({node: cst.Name("None") for node in match.escapes if node not in edits.replace})
     if functional.import_line is not None:
@@ -101,7 +100,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str) -> Dete
         safety = "unsafe"
         unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
         reason = unproved if rule is SAFE or reason is None else f"{reason}; {unproved}"
-    extra = {"roles": _roles(match), "facts": match.facts.to_json()} if match.output_node is not None else {}
+    extra = {"roles": _roles(parsed, match), "facts": match.facts.to_json()} if match.output_node is not None else {}
     if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
         extra.update(plan.to_json())
     reason = reason if rule is not SAFE or assumed else None
@@ -113,6 +112,11 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str) -> Dete
     return Detected(finding, fix, edits)
 
 
-def _roles(match: AttentionMatch) -> dict[str, object]:
-    return {"query": match.query, "key": match.key, "value": match.value, "scale": match.scale or "default",
-            "mask": "causal" if match.is_causal else match.attn_mask, "dropout_p": match.dropout_p}
+def _roles(parsed: ParsedModule, match: AttentionMatch) -> dict[str, object]:
+    """The roles as the SDPA call writes them (None where the call leaves the argument out)."""
+    def text(node: cst.BaseExpression | None) -> str | None:
+        return None if node is None else parsed.code(node)
+
+    return {"query": text(match.query), "key": text(match.key), "value": text(match.value),
+            "scale": text(match.scale) or "default", "mask": "causal" if match.is_causal else text(match.attn_mask),
+            "dropout_p": text(match.dropout_p)}

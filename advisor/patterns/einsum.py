@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from advisor.static.codegen import MethodStep
+
 ELLIPSIS = "..."
 
 
@@ -114,19 +116,19 @@ def value_layout(scores: ScoreLayout, p_axes: list[str], v_axes: list[str], out_
                        [sdpa_order.index(a) for a in out_axes], missing)
 
 
-def broadcast_suffix(positions: list[int]) -> str:
+def broadcast_steps(positions: list[int]) -> list[MethodStep]:
     """`.unsqueeze(i)` for each batch axis an operand lacks; SDPA broadcasts it like the einsum did."""
-    return "".join(f".unsqueeze({i})" for i in sorted(positions))
+    return [("unsqueeze", (i,)) for i in sorted(positions)]
 
 
-def permutation_suffix(order: list[int], has_ellipsis: bool) -> str | None:
-    """Code that applies `order` to a tensor: '' (identity), '.transpose(-2, -1)', '.permute(...)'; None if
-    the order cannot be written (an ellipsis axis that moves)."""
+def permutation_steps(order: list[int], has_ellipsis: bool) -> list[MethodStep] | None:
+    """The methods that apply `order` to a tensor: none (identity), `.transpose(-2, -1)` or `.permute(...)`; None
+    if the order cannot be written (an ellipsis axis that moves)."""
     n = len(order)
     if order == list(range(n)):
-        return ""
+        return []
     if order == list(range(n - 2)) + [n - 1, n - 2]:
-        return ".transpose(-2, -1)"
+        return [("transpose", (-2, -1))]
     if has_ellipsis:
         return None
-    return f".permute({', '.join(map(str, order))})"
+    return [("permute", tuple(order))]

@@ -142,7 +142,7 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
     return low - integers + nones, None if high is None else high - integers + nones
 
 
-def record_row_facts(facts: FactSheet, terms: list) -> None:
+def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list) -> None:
     """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring)."""
     if not terms:
         return
@@ -153,9 +153,9 @@ def record_row_facts(facts: FactSheet, terms: list) -> None:
     finite = [term for term in terms if term.fill_kind == FINITE]
     if finite:
         facts.assumed(ROWS, "no query row is fully masked",
-                      f"a row masked everywhere by the finite fill `{finite[0].fill}` is uniform in the original, "
-                      f"and in SDPA only where the fill swallows the scores (fp32 `finfo.min` does, fp16's or "
-                      f"`-1e4` do not); nothing proves every row keeps a key")
+                      f"a row masked everywhere by the finite fill `{parsed.code(finite[0].fill)}` is uniform in the "
+                      f"original, and in SDPA only where the fill swallows the scores (fp32 `finfo.min` does, "
+                      f"fp16's or `-1e4` do not); nothing proves every row keeps a key")
         return
     facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
                    "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")

@@ -38,7 +38,7 @@ class NodeEdits:
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)  # an expression keeps its parentheses
     remove: set[cst.CSTNode] = field(default_factory=set)  # small statements (`x = ...` of a `a; b` line)
     insert_before: dict[cst.CSTNode, tuple[cst.BaseStatement, ...]] = field(default_factory=dict)  # new ones above
-    wrap: dict[cst.CSTNode, str] = field(default_factory=dict)  # statement -> `with <header>:` around it
+    wrap: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)  # statement -> `with <it>:` around it
     imports: tuple[str, ...] = ()  # lines, added once after the module's imports
     definitions: tuple[cst.BaseStatement, ...] = ()  # module-level statements added after those imports
 
@@ -217,10 +217,10 @@ class _Editor(cst.CSTTransformer):
         return self._with_insertion(original_node, updated_node)
 
     @staticmethod
-    def _wrapped(statement: cst.SimpleStatementLine, header: str) -> cst.With:
-        """`with <header>:` around the statement; its leading comments stay above the `with`."""
+    def _wrapped(statement: cst.SimpleStatementLine, context: cst.BaseExpression) -> cst.With:
+        """`with <context>:` around the statement; its leading comments stay above the `with`."""
         inner = statement.with_changes(leading_lines=())
-        return cst.With(items=[cst.WithItem(cst.parse_expression(header))], body=cst.IndentedBlock(body=[inner]),
+        return cst.With(items=[cst.WithItem(context)], body=cst.IndentedBlock(body=[inner]),
                         leading_lines=statement.leading_lines)
 
     def _with_insertion(self, original_node, updated_node):

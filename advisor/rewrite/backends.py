@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.patterns.attention import AttentionMatch
-from advisor.rewrite.sdpa import call_text
+from advisor.rewrite.sdpa import call
+from advisor.static.codegen import dotted, keyword
 from advisor.static.module_index import ParsedModule
 
 KERNEL_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
@@ -55,8 +56,10 @@ class KernelNames:
     backend: str
     import_line: str | None  # None when the module already imports both names
 
-    def flash_context(self) -> str:
-        return f"{self.sdpa_kernel}({self.backend}.FLASH_ATTENTION)"
+    def flash_context(self) -> cst.Call:
+        """`sdpa_kernel(SDPBackend.FLASH_ATTENTION)`."""
+        return cst.Call(dotted(self.sdpa_kernel), [cst.Arg(cst.Attribute(dotted(self.backend),
+                                                                        cst.Name("FLASH_ATTENTION")))])
 
 
 def kernel_names(parsed: ParsedModule) -> KernelNames | str:
@@ -87,13 +90,13 @@ def flash_attn_helper(name: str, functional: str) -> cst.FunctionDef:
     return helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
 
 
-def flash_attn_call(match: AttentionMatch, name: str, indent: int) -> str:
+def flash_attn_call(module: cst.Module, match: AttentionMatch, name: str, indent: int) -> cst.BaseExpression:
     """`helper(q, k, v, dropout_p=..., scale=..., causal=True)`: only for sites without an attn_mask."""
-    args = [match.query, match.key, match.value]
+    args = [cst.Arg(match.query), cst.Arg(match.key), cst.Arg(match.value)]
     if match.dropout_p is not None:
-        args.append(f"dropout_p={match.dropout_p}")
+        args.append(keyword("dropout_p", match.dropout_p))
     if match.scale is not None:
-        args.append(f"scale={match.scale}")
+        args.append(keyword("scale", match.scale))
     if match.is_causal:
-        args.append("causal=True")
-    return call_text(name, args, match.output_suffix, indent)
+        args.append(keyword("causal", cst.Name("True")))
+    return call(module, cst.Name(name), args, match.output_methods, indent)

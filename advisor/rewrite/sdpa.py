@@ -5,7 +5,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import libcst as cst
+
 from advisor.patterns.attention import AttentionMatch
+from advisor.static.codegen import MethodStep, dotted, keyword, with_methods
 from advisor.static.module_index import ParsedModule
 
 WRAP_AT = 100
@@ -34,24 +37,32 @@ def functional_name(parsed: ParsedModule) -> FunctionalName:
     return FunctionalName(fresh, f"import torch.nn.functional as {fresh}")
 
 
-def sdpa_call(match: AttentionMatch, functional: str, indent: int) -> str:
+def sdpa_call(module: cst.Module, match: AttentionMatch, functional: str, indent: int) -> cst.BaseExpression:
     """`F.scaled_dot_product_attention(q, k, v, ...)` with only the arguments that differ from defaults."""
-    args = [match.query, match.key, match.value]
+    args = [cst.Arg(match.query), cst.Arg(match.key), cst.Arg(match.value)]
     if match.attn_mask is not None:
-        args.append(f"attn_mask={match.attn_mask}")
+        args.append(keyword("attn_mask", match.attn_mask))
     if match.dropout_p is not None:
-        args.append(f"dropout_p={match.dropout_p}")
+        args.append(keyword("dropout_p", match.dropout_p))
     if match.is_causal:
-        args.append("is_causal=True")
+        args.append(keyword("is_causal", cst.Name("True")))
     if match.scale is not None:
-        args.append(f"scale={match.scale}")
-    return call_text(f"{functional}.scaled_dot_product_attention", args, match.output_suffix, indent)
+        args.append(keyword("scale", match.scale))
+    return call(module, dotted(f"{functional}.scaled_dot_product_attention"), args, match.output_methods, indent)
 
 
-def call_text(function: str, args: list[str], suffix: str, indent: int) -> str:
-    """`function(args)suffix` on one line, or one argument per line when it would pass WRAP_AT columns."""
-    one_line = f"{function}(" + ", ".join(args) + ")" + suffix
-    if indent + len(one_line) <= WRAP_AT:
+def call(module: cst.Module, function: cst.BaseExpression, args: list[cst.Arg], steps: list[MethodStep],
+         indent: int) -> cst.BaseExpression:
+    """`function(args)` with `steps` called on the result, on one line, or one argument per line when it would
+    pass WRAP_AT columns (as `module` writes it, at `indent`)."""
+    one_line = with_methods(cst.Call(function, args), steps)
+    if indent + len(module.code_for_node(one_line)) <= WRAP_AT:
         return one_line
-    # libcst re-indents continuation lines to the enclosing block, so indent relative to the statement
-    return f"{function}(\n" + "".join(f"    {arg},\n" for arg in args) + ")" + suffix
+    wrapped = [arg.with_changes(comma=cst.Comma(whitespace_after=_line_break(position < len(args) - 1)))
+               for position, arg in enumerate(args)]
+    return with_methods(cst.Call(function, wrapped, whitespace_before_args=_line_break(True)), steps)
+
+
+def _line_break(indented: bool) -> cst.ParenthesizedWhitespace:
+    """A new line inside the call's parentheses; libcst indents it to the statement, and the arguments 4 more."""
+    return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace("    " if indented else ""))

@@ -8,10 +8,12 @@ fresh variable that starts as None (SDPA's "no mask") and accumulates each term.
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import parse_template_expression
 
 from advisor.patterns.attention.candidate import Candidate, in_inlined
-from advisor.patterns.attention.rendering import atom, render
+from advisor.patterns.attention.rendering import at_home
 from advisor.patterns.attention.result import MaskTerm, Refusal
+from advisor.static.codegen import assignment, atomic, joined, keyword, method, parenthesized
 from advisor.static.dataflow import loaded_names
 
 
@@ -27,19 +29,23 @@ def assemble_mask(c: Candidate) -> None:
     if all(term.guard is None for term in terms):
         kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}
         if len(terms) == 1:
-            match.attn_mask = _term_code(c, terms[0])
+            match.attn_mask = _term_mask(c, terms[0])
         elif kinds == {"keep"}:
-            match.attn_mask = " & ".join(atom(_term_code(c, term)) for term in terms)
+            match.attn_mask = joined(cst.BitAnd, [atomic(_term_mask(c, term)) for term in terms])
         elif kinds == {"float"}:
-            match.attn_mask = " + ".join(atom(_term_code(c, term)) for term in terms)
+            match.attn_mask = joined(cst.Add, [atomic(_term_mask(c, term)) for term in terms])
         else:
-            match.attn_mask = " + ".join(atom(_additive_code(c, term)) for term in terms)
+            match.attn_mask = joined(cst.Add, [atomic(_additive(c, term)) for term in terms])
         return
-    if len(terms) == 1 and c.parsed.code(terms[0].guard.test).replace(" ", "") == \
-            f"{_term_code(c, terms[0])}isnotNone":
-        match.attn_mask = _term_code(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
+    if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, _term_mask(c, terms[0])):
+        match.attn_mask = _term_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
         return
     _hoist_masks(c, terms)
+
+
+def _tests_not_none(c: Candidate, test: cst.BaseExpression, mask: cst.BaseExpression) -> bool:
+    """`if mask is not None:` guards exactly the mask SDPA gets (spacing aside)."""
+    return c.parsed.code(test).replace(" ", "") == f"{c.parsed.code(mask)}isnotNone"
 
 
 def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
@@ -50,46 +56,51 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
         raise Refusal("two conditional masks are applied in one statement")
     if any(in_inlined(c, term.statement) for term in terms):
         raise Refusal("a conditional mask is applied inside a helper, and helpers are never edited")
-    variable = _fresh_name(c, "attn_mask")
+    name = _fresh_name(c, "attn_mask")
+    variable = cst.Name(name)
     first = terms[0]
     if first.guard is not None:  # the variable must exist when that `if` is not taken
-        match.hoist_anchor, match.hoist_init = first.guard, f"{variable} = None"
+        match.hoist_anchor = first.guard
+        match.hoist_init = cst.SimpleStatementLine([assignment(name, cst.Name("None"))])
     for position, term in enumerate(terms):
         if len(terms) == 1:
-            match.hoisted[term.statement] = f"{variable} = {_term_code(c, term)}"
+            value = _term_mask(c, term)
         elif position == 0:
-            match.hoisted[term.statement] = f"{variable} = {_additive_code(c, term)}"
+            value = _additive(c, term)
         elif first.guard is None:  # assigned unconditionally by the first term
-            match.hoisted[term.statement] = f"{variable} = {variable} + {atom(_additive_code(c, term))}"
+            value = cst.BinaryOperation(variable, cst.Add(), atomic(_additive(c, term)))
         else:
-            code = atom(_additive_code(c, term))
-            match.hoisted[term.statement] = f"{variable} = {code} if {variable} is None else {variable} + {code}"
+            added = atomic(_additive(c, term))
+            value = cst.IfExp(test=cst.Comparison(variable, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
+                              body=added, orelse=cst.BinaryOperation(variable, cst.Add(), added))
+        match.hoisted[term.statement] = assignment(name, value)
         term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
     match.attn_mask = variable
 
 
-def _additive_code(c: Candidate, term: MaskTerm) -> str:
+def _additive(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The term as a float mask in the query's dtype, for adding to other terms."""
-    code = _term_code(c, term)
+    mask = _term_mask(c, term)
     if term.kind in ("float", "finite"):
-        return code
+        return mask
     torch_name, query = _torch_and_query(c)
-    return f"{torch_name}.where({code}, 0.0, float(\"-inf\")).to({query}.dtype)"
+    return parse_template_expression('{torch}.where({mask}, 0.0, float("-inf")).to({query}.dtype)',
+                                     torch=torch_name, mask=mask, query=query)
 
 
-def plain_query(c: Candidate) -> str | None:
+def plain_query(c: Candidate) -> cst.BaseExpression | None:
     """The query as the SDPA call's site names it, when reading its dtype there costs nothing (a name or
     an attribute, never a call that would run twice)."""
-    code = render(c, c.leaf_nodes[0])
-    return code if isinstance(cst.parse_expression(code), (cst.Name, cst.Attribute)) else None
+    query = at_home(c, c.leaf_nodes[0])
+    return query if isinstance(query, (cst.Name, cst.Attribute)) else None
 
 
-def _torch_and_query(c: Candidate) -> tuple[str, str]:
+def _torch_and_query(c: Candidate) -> tuple[cst.Name, cst.BaseExpression]:
     torch_name, query = c.parsed.module_aliases.get("torch"), plain_query(c)
     if torch_name is None or query is None:
         raise Refusal("the masks must be merged into a float mask in the query's dtype, and torch is not "
                       "imported or the query is not a plain name")
-    return torch_name, query
+    return cst.Name(torch_name), query
 
 
 def _fresh_name(c: Candidate, base: str) -> str:
@@ -103,28 +114,35 @@ def _fresh_name(c: Candidate, base: str) -> str:
     return candidate
 
 
-def _term_code(c: Candidate, term: MaskTerm) -> str:
-    code = _term_values(c, term)
+def _term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
+    """The term in SDPA's polarity and layout."""
+    mask = _term_values(c, term)
     if term.reshape is None:
-        return code
+        return mask
     expand, collapse, inferred = term.reshape
     if not inferred:
-        return f"{atom(code)}.expand({expand}).reshape({collapse})"
+        return method(method(mask, "expand", *expand), "reshape", *collapse)
     # `scores.view(-1, w, h, L, S) + mask`: broadcast against a tensor of the scores' shape instead
-    query, key = atom(c.match.query), atom(c.match.key)
-    shape = f"(*{query}.shape[:-1], {key}.shape[-2])"
+    shape = parse_template_expression("(*{query}.shape[:-1], {key}.shape[-2])",
+                                      query=atomic(c.match.query), key=atomic(c.match.key))
+    query = atomic(c.match.query)
     if term.kind in ("float", "finite"):
-        return f"({query}.new_zeros({shape}).view({expand}) + {atom(code)}).view({collapse})"
-    torch_name, _ = _torch_and_query(c)
-    return f"({query}.new_ones({shape}, dtype={torch_name}.bool).view({expand}) & {atom(code)}).view({collapse})"
+        broadcast = cst.BinaryOperation(method(method(query, "new_zeros", shape), "view", *expand), cst.Add(),
+                                        atomic(mask))
+    else:
+        torch_name, _ = _torch_and_query(c)
+        ones = method(query, "new_ones", shape, keyword("dtype", cst.Attribute(torch_name, cst.Name("bool"))))
+        broadcast = cst.BinaryOperation(method(ones, "view", *expand), cst.BitAnd(), atomic(mask))
+    return method(parenthesized(broadcast), "view", *collapse)
 
 
-def _term_values(c: Candidate, term: MaskTerm) -> str:
+def _term_values(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     if term.kind == "float" and not term.same_dtype and plain_query(c):
-        return f"{atom(term.code)}.to({plain_query(c)}.dtype)"  # eager promotion adds the same values
-    if term.kind != "finite":
-        return term.code
+        return method(term.expression, "to", cst.Attribute(plain_query(c), cst.Name("dtype")))  # eager promotion
+    if term.kind != "finite":  # adds the same values
+        return term.expression
     # the 0-d zero in q's dtype makes `where` convert the fill to q's dtype, saturating like `.to` (a Python 0.0
     # would build a float32 tensor first, which cannot hold float64's finfo.min); `.to` covers a tensor fill
     torch_name, query = _torch_and_query(c)
-    return f"{torch_name}.where({term.code}, {term.fill}, {query}.new_zeros(())).to({query}.dtype)"
+    return parse_template_expression("{torch}.where({mask}, {fill}, {query}.new_zeros(())).to({query}.dtype)",
+                                     torch=torch_name, mask=term.expression, fill=term.fill, query=query)

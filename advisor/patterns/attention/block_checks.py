@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import libcst as cst
 import networkx as nx
+from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined
-from advisor.patterns.attention.rendering import atom, short
+from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import int_value
+from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 
@@ -38,27 +40,28 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
 def _translate_metadata_read(c: Candidate, read: cst.Name):
     """Reads of the scores' metadata survive the rewrite by reading Q and K instead: the scores have the
     query's dtype and device, shape (..., L, S) with L = Q.size(-2) and S = K.size(-2) in SDPA layout.
-    Returns (node to replace, replacement code) or None."""
+    Returns (node to replace, its replacement) or None."""
     if c.chain.views:
         return None
     parent = c.parsed.parents.get(read)
     if not (isinstance(parent, cst.Attribute) and parent.value is read):
         return None
-    query, key = atom(c.match.query), atom(c.match.key)
+    query, key = atomic(c.match.query), atomic(c.match.key)
     attribute = parent.attr.value
     if attribute in ("dtype", "device"):
         return read, query
     outer = c.parsed.parents.get(parent)
     if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
         dim = int_value(outer.args[0].value)
-        return (outer, {-1: f"{key}.size(-2)", -2: f"{query}.size(-2)"}[dim]) if dim in (-1, -2) else None
+        return (outer, method({-1: key, -2: query}[dim], "size", number(-2))) if dim in (-1, -2) else None
     if attribute == "shape" and isinstance(outer, cst.Subscript) and len(outer.slice) == 1:
         index = outer.slice[0].slice
         if isinstance(index, cst.Index) and int_value(index.value) in (-1, -2):
-            return outer, {-1: f"{key}.shape[-2]", -2: f"{query}.shape[-2]"}[int_value(index.value)]
+            tensor = {-1: key, -2: query}[int_value(index.value)]
+            return outer, parse_template_expression("{tensor}.shape[-2]", tensor=tensor)
         if isinstance(index, cst.Slice) and int_value(index.lower) == -2 and index.upper is None \
                 and index.step is None:
-            return outer, f"({query}.shape[-2], {key}.shape[-2])"
+            return outer, parse_template_expression("({query}.shape[-2], {key}.shape[-2])", query=query, key=key)
     return None
 
 

@@ -13,18 +13,18 @@ import libcst as cst
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.causal import is_causal_keep, keeps_first_key
-from advisor.patterns.attention.rendering import Replace, atom, render, short
+from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
 from advisor.patterns.ops import Op, number_value
+from advisor.static.codegen import atomic, method
 from advisor.static.dataflow import loaded_names
-from advisor.static.module_index import ParsedModule
 
 
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
-        return MaskTerm("float", render(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace)
+        return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace)
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False
@@ -37,18 +37,18 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if kind is None:
         raise Refusal(f"the mask fill value `{short(c.parsed, fill)}` is not provably -inf or a large negative "
                       f"number")
-    keep = render(c, masked) if keep_given else _negate(c.parsed, masked)
+    keep = at_home(c, masked) if keep_given else _negate(masked)
     nodes = [masked]  # the fill is not emitted for boolean and causal masks
     fill_kind = mk.NEGINF if kind == "neginf" else mk.FINITE
     if is_causal_keep(c, masked, keep_given):
-        return MaskTerm("causal", keep, fill=c.parsed.code(fill), guard=guard, nodes=nodes,
+        return MaskTerm("causal", keep, fill=fill, guard=guard, nodes=nodes,
                         fill_kind=fill_kind, source=masked, keeps_first_key=True)
     first = keeps_first_key(c, masked, keep_given)
     if kind == "neginf":
         return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=masked,
                         keeps_first_key=first)
-    masked_code = _negate(c.parsed, masked) if keep_given else render(c, masked)
-    return MaskTerm("finite", masked_code, fill=_render_fill(c, fill), guard=guard, nodes=[masked],
+    masked_only = _negate(masked) if keep_given else at_home(c, masked)
+    return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
                     fill_kind=fill_kind, source=masked, keeps_first_key=first)
 
 
@@ -60,11 +60,11 @@ def reshape_term(c: Candidate, term: MaskTerm) -> None:
     if term.kind == "causal":
         term.kind = "keep"
     inferred = any(number_value(dim) == -1 for dim in shapes[0])  # expand() cannot infer a size
-    term.reshape = tuple(", ".join(render(c, d) for d in shape) for shape in shapes) + (inferred,)
+    term.reshape = ([at_home(c, d) for d in shapes[0]], [at_home(c, d) for d in shapes[1]], inferred)
     term.nodes.extend(dim for shape in shapes for dim in shape)
 
 
-def _render_fill(c: Candidate, fill: cst.BaseExpression) -> str:
+def _fill_at_home(c: Candidate, fill: cst.BaseExpression) -> cst.BaseExpression:
     """`torch.finfo(scores.dtype).min` reads an intermediate that the rewrite removes: read the query."""
     chain_ids = {d.id for d in c.chain.definitions}
     replaced = {}
@@ -77,22 +77,23 @@ def _render_fill(c: Candidate, fill: cst.BaseExpression) -> str:
             c.absorbed.add(name)
     if replaced and not isinstance(c.leaf_nodes[0], (cst.Name, cst.Attribute)):
         raise Refusal("the mask fill reads the scores' dtype and the query is not a plain name")
-    return c.parsed.code(fill.visit(Replace(replaced))) if replaced else c.parsed.code(fill)
+    return fill.visit(Replace(replaced)) if replaced else fill
 
 
-def _negate(parsed: ParsedModule, node: cst.BaseExpression) -> str:
+def _negate(node: cst.BaseExpression) -> cst.BaseExpression:
     """The complement of a boolean mask (masked_fill and where raise on any other), written as simply as its
     form allows. `~m` running proves m bool (`~` raises on floats, and an int result would make the original
     raise); `m.logical_not()` is bool whatever m is."""
     if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
         target = node.comparisons[0]
-        flipped = {cst.Equal: "!=", cst.NotEqual: "==", cst.LessThan: ">=", cst.GreaterThanEqual: "<",
-                   cst.GreaterThan: "<=", cst.LessThanEqual: ">"}.get(type(target.operator))
+        flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.LessThan: cst.GreaterThanEqual,
+                   cst.GreaterThanEqual: cst.LessThan, cst.GreaterThan: cst.LessThanEqual,
+                   cst.LessThanEqual: cst.GreaterThan}.get(type(target.operator))
         if flipped is not None:
-            return f"{parsed.code(node.left)} {flipped} {parsed.code(target.comparator)}"
+            return cst.Comparison(node.left, [cst.ComparisonTarget(flipped(), target.comparator)])
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
-        return parsed.code(node.expression)
+        return node.expression
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "logical_not" \
             and not node.args:  # `m` may be an int or float 0/1 mask: its complement's complement is `m.bool()`
-        return f"{atom(parsed.code(node.func.value))}.bool()"
-    return f"~{atom(parsed.code(node))}"
+        return method(node.func.value, "bool")
+    return cst.UnaryOperation(cst.BitInvert(), atomic(node))

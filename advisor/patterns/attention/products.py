@@ -13,7 +13,7 @@ import libcst as cst
 
 from advisor.patterns import einsum as es
 from advisor.patterns.attention.candidate import Candidate
-from advisor.patterns.attention.rendering import render, short
+from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.scores import tensor_and_factor
 from advisor.patterns.ops import Op, int_value, number_value
@@ -30,7 +30,7 @@ def core_roles(c: Candidate, core: Op) -> int | None:
     k_leaf, k_factors = _strip_factors(c, right)
     c.factors = q_factors + k_factors
     ndim = 3 if core.name in ("bmm", "baddbmm") else (rank(c, q_leaf) or rank(c, k_leaf))
-    match.query = render(c, q_leaf)
+    match.query = at_home(c, q_leaf)
     match.key = _key_from_transposed(c, k_leaf, ndim)
     c.leaf_nodes = [q_leaf, k_leaf]
     if core.name == "baddbmm":
@@ -49,7 +49,7 @@ def _baddbmm_terms(c: Candidate, core: Op) -> None:
     if beta is not None and number_value(beta) != 1:
         raise Refusal("baddbmm's beta is neither 0 nor 1")
     bias = core.params["input"]
-    c.match.masks.append(MaskTerm("float", render(c, bias), nodes=[bias], source=bias, same_dtype=True))
+    c.match.masks.append(MaskTerm("float", at_home(c, bias), nodes=[bias], source=bias, same_dtype=True))
 
 
 def _strip_factors(c: Candidate, node: cst.BaseExpression):
@@ -65,23 +65,22 @@ def _strip_factors(c: Candidate, node: cst.BaseExpression):
         node = tensor
 
 
-def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | None) -> str:
+def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | None) -> cst.BaseExpression:
     """SDPA wants K as (..., S, E); the product used K^T. Undo a provable last-two-dims transpose,
     else transpose back explicitly (a view, always exact)."""
     op = c.reader.read(node)
     if op is not None and op.name == "mT":
-        return render(c, op.operands[0])
+        return at_home(c, op.operands[0])
     if op is not None and op.name == "transpose":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and last_two(dims, ndim):
-            return render(c, op.operands[0])
+            return at_home(c, op.operands[0])
     if op is not None and op.name == "permute":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and len(dims) >= 2 and sorted(dims) == list(range(len(dims))):
             order = dims[:-2] + [dims[-1], dims[-2]]
-            suffix = es.permutation_suffix(order, False)
-            return render(c, op.operands[0], suffix)
-    return render(c, node, ".transpose(-2, -1)")
+            return at_home(c, op.operands[0], es.permutation_steps(order, False))
+    return at_home(c, node, [("transpose", (-2, -1))])
 
 
 def rank(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> int | None:
@@ -139,12 +138,12 @@ def _einsum_roles(c: Candidate, core: Op) -> int:
     q_leaf, q_factors = _strip_factors(c, query)
     k_leaf, k_factors = _strip_factors(c, key)
     c.factors = q_factors + k_factors
-    q_suffix = es.permutation_suffix(layout.q_order, c.has_ellipsis)
-    k_suffix = es.permutation_suffix(layout.k_order, c.has_ellipsis)
-    if q_suffix is None or k_suffix is None:
+    q_steps = es.permutation_steps(layout.q_order, c.has_ellipsis)
+    k_steps = es.permutation_steps(layout.k_order, c.has_ellipsis)
+    if q_steps is None or k_steps is None:
         raise Refusal("the einsum moves an ellipsis axis")
-    k_suffix += es.broadcast_suffix(layout.k_unsqueeze)
-    c.match.query, c.match.key = render(c, q_leaf, q_suffix), render(c, k_leaf, k_suffix)
+    k_steps += es.broadcast_steps(layout.k_unsqueeze)
+    c.match.query, c.match.key = at_home(c, q_leaf, q_steps), at_home(c, k_leaf, k_steps)
     c.leaf_nodes = [q_leaf, k_leaf]
     return None if c.has_ellipsis else layout.ndim
 

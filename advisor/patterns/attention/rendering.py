@@ -1,8 +1,8 @@
-"""Code strings for the SDPA call and for refusal messages.
+"""User expressions as the SDPA call quotes them, and as refusal messages quote them.
 
-Roles are proved on nodes, but the rewrite emits text at the block's home: an expression taken from an inlined
-helper must read the caller's arguments instead of the helper's parameters, and a compound expression gains
-parentheses before a suffix is attached. Messages quote the source shortened to one line.
+Roles are proved on nodes where the source has them, but the call is written at the block's home: an expression
+taken from an inlined helper must read the caller's arguments instead of the helper's parameters, and a compound
+expression gains parentheses before a method is called on it. Messages quote the source shortened to one line.
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate, function_of
 from advisor.patterns.attention.result import Refusal
+from advisor.static.codegen import MethodStep, atomic, with_methods
 from advisor.static.dataflow import loaded_names
 from advisor.static.module_index import ParsedModule
 
 
-def render(c: Candidate, node: cst.BaseExpression, suffix: str = "") -> str:
-    code = c.parsed.code(as_home_expression(c, node))
-    return (atom(code) if suffix else code) + suffix
+def at_home(c: Candidate, node: cst.BaseExpression, steps: list[MethodStep] | tuple[MethodStep, ...] = ()
+            ) -> cst.BaseExpression:
+    """`node` as the call site reads it, with `steps` (`.transpose(-2, -1)`, ...) called on it."""
+    return with_methods(as_home_expression(c, node), steps)
 
 
 def as_home_expression(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
@@ -35,8 +37,7 @@ def as_home_expression(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpres
             if name.value not in arguments:
                 raise Refusal(f"`{function.name.value}` is called without `{name.value}`")
             argument = arguments[name.value]
-            replaced[name] = argument.with_changes(
-                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if not is_atom_node(argument) else argument
+            replaced[name] = atomic(argument)
     return node.visit(Replace(replaced)) if replaced else node
 
 
@@ -54,17 +55,3 @@ class Replace(cst.CSTTransformer):
 
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         return self.replacements.get(original_node, updated_node)
-
-
-def is_atom_node(node: cst.CSTNode) -> bool:
-    return isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)) or \
-        bool(getattr(node, "lpar", ()))
-
-
-def atom(code: str) -> str:
-    """Parenthesise code unless it is a name, attribute, call, subscript or literal."""
-    try:
-        node = cst.parse_expression(code)
-    except cst.ParserSyntaxError:
-        return f"({code})"
-    return code if is_atom_node(node) else f"({code})"

@@ -1,7 +1,8 @@
 """What the matcher hands on: a proved match (everything the SDPA rewrite needs), its mask terms, or a refusal.
 
 These types are the contract with the rewrite, scan and backend layers; the proof's own working state lives in
-`candidate` and never leaves the package.
+`candidate` and never leaves the package. The plan is nodes: the user's expressions as parsed (an inlined helper's
+parameters replaced by the caller's arguments) inside new code built with `advisor.static.codegen`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import libcst as cst
 
 from advisor.patterns import masks as mk
 from advisor.patterns.facts import FactSheet
+from advisor.static.codegen import MethodStep
 
 
 class Refusal(Exception):
@@ -21,11 +23,12 @@ class Refusal(Exception):
 @dataclass
 class MaskTerm:
     kind: str  # "keep" (bool, True = attend), "float" (additive), "causal", "finite" (masked bool + fill)
-    code: str  # keep / float / causal-keep expression, or the masked (True = masked) expression for "finite"
-    fill: str | None = None
+    expression: cst.BaseExpression  # keep / float / causal-keep mask, or the masked (True = masked) one for "finite"
+    fill: cst.BaseExpression | None = None
     guard: cst.If | None = None
     statement: cst.CSTNode | None = None  # where the original applies it
-    reshape: tuple[str, str, bool] | None = None  # (expand shape, reshape shape, has -1) when applied to a view
+    # (expand shape, reshape shape, has -1) when applied to a view
+    reshape: tuple[list[cst.BaseExpression], list[cst.BaseExpression], bool] | None = None
     scaled_after: bool = False
     nodes: list[cst.CSTNode] = field(default_factory=list)
     fill_kind: str = mk.ADDITIVE  # how the original masks: -inf fill, finite fill, or added values
@@ -43,21 +46,21 @@ class AttentionMatch:
     line: int
     end_line: int
     output_node: cst.CSTNode | None = None
-    query: str = ""
-    key: str = ""
-    value: str = ""
-    scale: str | None = None  # None: SDPA's default 1/sqrt(E) is provably the original's
+    query: cst.BaseExpression | None = None
+    key: cst.BaseExpression | None = None
+    value: cst.BaseExpression | None = None
+    scale: cst.BaseExpression | None = None  # None: SDPA's default 1/sqrt(E) is provably the original's
     masks: list[MaskTerm] = field(default_factory=list)
-    dropout_p: str | None = None
+    dropout_p: cst.BaseExpression | None = None
     # masks evaluated where the original applied them, into a fresh variable: the statement to put
     # `variable = None` before, and {statement applying a mask: the assignment that replaces it}
     hoist_anchor: cst.CSTNode | None = None
-    hoist_init: str = ""
-    hoisted: dict[cst.CSTNode, str] = field(default_factory=dict)
-    renamed: dict[cst.CSTNode, str] = field(default_factory=dict)  # `scores.dtype`, `scores.size(-1)`, ...
-    attn_mask: str | None = None
+    hoist_init: cst.SimpleStatementLine | None = None
+    hoisted: dict[cst.CSTNode, cst.Assign] = field(default_factory=dict)
+    renamed: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)  # `scores.dtype`, ...
+    attn_mask: cst.BaseExpression | None = None
     is_causal: bool = False
-    output_suffix: str = ""
+    output_methods: list[MethodStep] = field(default_factory=list)  # on the call: the original output's layout
     removed: list[cst.CSTNode] = field(default_factory=list)
     escapes: list[cst.Name] = field(default_factory=list)
     reason: str | None = None

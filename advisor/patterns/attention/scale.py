@@ -14,8 +14,9 @@ import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate, statement_of
 from advisor.patterns.attention.mask_terms import mask_term, reshape_term
-from advisor.patterns.attention.rendering import atom, render, short
+from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
+from advisor.static.codegen import atomic, joined, number, parenthesized
 
 
 def scale_and_mask_roles(c: Candidate) -> None:
@@ -37,7 +38,7 @@ def scale_and_mask_roles(c: Candidate) -> None:
         term.statement = statement_of(c.parsed, op.node)
         term.scaled_after = any(p > position for p in scale_positions)
         match.masks.append(term)
-    match.scale = _scale_code(c)
+    match.scale = _scale(c)
     for factor in c.factors:
         c.leaf_nodes.append(c.values.scalar_expression(factor[1]))
         _scale_fact(c, factor[1])
@@ -60,29 +61,30 @@ def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
         c.match.facts.assumed("scale-is-number", statement, guess)
 
 
-def _scale_code(c: Candidate) -> str | None:
+def _scale(c: Candidate) -> cst.BaseExpression | None:
+    """The product of the factors over the divisors; a factor applied under an `if` is 1.0 when it is not."""
     chain = c.chain
     if not c.factors:
-        return "1.0"
+        return number(1.0)
     if len(c.factors) == 1 and not chain.factor_guards and _is_default_scale(c, *c.factors[0]):
         return None
     parts, divisors = [], []
     for kind, factor in c.factors:
-        code = render(c, c.values.scalar_expression(factor))
+        value = at_home(c, c.values.scalar_expression(factor))
         if factor in chain.factor_guards:
-            test = render(c, chain.factor_guards[factor].test)
-            code = f"(1.0 if {test} else {code})" if factor in chain.negated_factors else \
-                f"({code} if {test} else 1.0)"
-        (parts if kind == "mul" else divisors).append(atom(code))
-    numerator = " * ".join(parts) if parts else "1.0"
-    return numerator + "".join(f" / {d}" for d in divisors)
+            test = at_home(c, chain.factor_guards[factor].test)
+            negated = factor in chain.negated_factors
+            value = parenthesized(cst.IfExp(test=test, body=number(1.0) if negated else value,
+                                            orelse=value if negated else number(1.0)))
+        (parts if kind == "mul" else divisors).append(atomic(value))
+    return joined(cst.Divide, [joined(cst.Multiply, parts) if parts else number(1.0), *divisors])
 
 
 def _is_default_scale(c: Candidate, kind: str, factor: cst.BaseExpression) -> bool:
     """`/ math.sqrt(q.size(-1))`, `* k.size(-1) ** -0.5`, ...: exactly SDPA's default 1/sqrt(E), where
     E is the last dim of the query (and key) SDPA receives."""
     text = c.parsed.code(factor.with_changes(lpar=[], rpar=[])).replace(" ", "")
-    leaves = "|".join(re.escape(code.replace(" ", "")) for code in (c.match.query, c.match.key))
+    leaves = "|".join(re.escape(c.parsed.code(leaf).replace(" ", "")) for leaf in (c.match.query, c.match.key))
     size = rf"\(?(?:{leaves})\.(?:size\(-1\)|shape\[-1\])\)?"
     root = rf"(?:math\.sqrt\({size}\)|{size}\*\*0\.5)"
     if kind == "div":

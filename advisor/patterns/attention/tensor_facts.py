@@ -39,7 +39,7 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     _mask_dtype_facts(c, v_like_q)
     _mask_rank_fact(c, ndim)
     _precision_fact(c)
-    mk.record_row_facts(c.match.facts, c.match.masks)
+    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks)
 
 
 def _precision_fact(c: Candidate) -> None:

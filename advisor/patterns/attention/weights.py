@@ -16,10 +16,11 @@ from advisor.patterns.attention.candidate import (
 )
 from advisor.patterns.attention.helpers import calls_to, leave_to_caller
 from advisor.patterns.attention.products import last_two, rank, spec
-from advisor.patterns.attention.rendering import atom, render, short
+from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.ops import Op, int_value, number_value
+from advisor.static.codegen import atomic, number
 from advisor.static.dataflow import UNDEFINED, Definition
 
 # methods whose result shares the input's storage with strides derived from the input's
@@ -117,13 +118,13 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
 
 
 def value_roles(c: Candidate, core: Op) -> None:
-    """V as SDPA wants it, (..., S, Ev), and the suffix that gives the output the original's layout."""
+    """V as SDPA wants it, (..., S, Ev), and the methods that give the output the original's layout."""
     match, output, value_node = c.match, c.weights.output, c.weights.value_node
-    match.value = render(c, value_node)
+    match.value = at_home(c, value_node)
     c.leaf_nodes.append(value_node)
     if c.weights.transposed:  # V @ P^T == (P @ V^T)^T
-        match.value = render(c, value_node, ".transpose(-2, -1)")
-        match.output_suffix = ".transpose(-2, -1)"
+        match.value = at_home(c, value_node, [("transpose", (-2, -1))])
+        match.output_methods = [("transpose", (-2, -1))]
     if output.name == "einsum":
         if core.name != "einsum":
             raise Refusal("the value product is an einsum but the score product is not")
@@ -135,12 +136,12 @@ def value_roles(c: Candidate, core: Op) -> None:
             layout = es.value_layout(c.layout, p_axes, v_axes, out_axes)
         except es.EinsumMismatch as exc:
             raise Refusal(f"the weights·V einsum is not plain attention: {exc}") from None
-        v_suffix = es.permutation_suffix(layout.v_order, c.has_ellipsis)
-        out_suffix = es.permutation_suffix(layout.out_order, c.has_ellipsis)
-        if v_suffix is None or out_suffix is None:
+        v_steps = es.permutation_steps(layout.v_order, c.has_ellipsis)
+        out_steps = es.permutation_steps(layout.out_order, c.has_ellipsis)
+        if v_steps is None or out_steps is None:
             raise Refusal("the einsum moves an ellipsis axis")
-        match.value = render(c, value_node, v_suffix + es.broadcast_suffix(layout.v_unsqueeze))
-        match.output_suffix = out_suffix
+        match.value = at_home(c, value_node, v_steps + es.broadcast_steps(layout.v_unsqueeze))
+        match.output_methods = out_steps
     elif core.name == "einsum" and c.layout.ndim != (rank(c, value_node) or c.layout.ndim):
         raise Refusal("V's rank differs from the scores' rank")
 
@@ -155,9 +156,9 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
     op = dropouts[0]
     p = op.params.get("p")
     if p is None:
-        p_code = "0.5"
+        probability = number(0.5)
     else:
-        p_code = render(c, p)
+        probability = at_home(c, p)
         c.leaf_nodes.append(p)
     if number_value(p) == 0:
         return
@@ -165,14 +166,14 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
     if training is None and not op.params.get("default_training", False):
         raise Refusal("dropout's training flag is not given")
     if training is None:
-        match.dropout_p = p_code
+        match.dropout_p = probability
         return
     if isinstance(training, cst.Name) and training.value in ("True", "False"):
-        match.dropout_p = p_code if training.value == "True" else None
+        match.dropout_p = probability if training.value == "True" else None
         return
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
-    match.dropout_p = f"{atom(p_code)} if {render(c, training)} else 0.0"
+    match.dropout_p = cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
 
 
 def layout_role(c: Candidate) -> None:
@@ -206,7 +207,7 @@ def layout_role(c: Candidate) -> None:
     if reader is None:
         match.facts.proved("layout", "no `.view` or caller depends on the output's strides")
         return
-    match.output_suffix += ".contiguous()"
+    match.output_methods.append(("contiguous", ()))
     match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
 
 
