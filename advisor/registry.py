@@ -56,6 +56,7 @@ class Rule:
     references: tuple[str, ...] = ()
     threshold_share: float = 0.0  # a runtime finding below this share of the run is negligible
     enabled: bool = True
+    graph: Callable | None = None  # its runtime detector: (OpGraph, device) -> list[Detection]
 
     @property
     def rationale(self) -> str:
@@ -88,11 +89,20 @@ class Family:
     rules: tuple[Rule, ...]
     prefilter: tuple[str, ...] = ()
     static: Callable | None = None  # (StaticContext) -> list[Detected]; see advisor.engine.static
-    graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) advisor.engine.runtime runs
+    graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) finds several of its codes
     uses_evidence: bool = False  # a profile's evidence for the file makes the static detector run
 
     def might_match(self, lowered_source: str) -> bool:
         return any(token in lowered_source for token in self.prefilter)
+
+
+def unit_rules(package: str) -> tuple[Rule, ...]:
+    """The rules of a family kept one per module (each module's RULE), in code order: adding a rule to such a
+    family is adding a module to its package. Modules whose name starts with "_" hold shared helpers."""
+    root = importlib.import_module(package)
+    modules = [importlib.import_module(f"{package}.{m.name}") for m in pkgutil.iter_modules(root.__path__)
+               if not m.name.startswith("_")]
+    return tuple(sorted((module.RULE for module in modules), key=lambda rule: rule.code))
 
 
 @lru_cache(maxsize=None)

@@ -15,6 +15,7 @@ from advisor.cli import main
 from advisor.engine.static import analyze_source
 from advisor.registry import DOC_SECTIONS, families, load_rules
 from advisor.report.rules_doc import explain, with_table
+from advisor.report.rules_doc import main as regenerate_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [pytest.param(rule, example, id=f"{rule.code}-{'pos' if example.positive else 'neg'}{index}")
@@ -101,3 +102,11 @@ def test_rules_explain_documents_every_code(capsys):
 def test_readme_rule_table_is_the_registry():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert with_table(readme) == readme, "stale: run `python -m advisor.report.rules_doc README.md`"
+
+
+def test_regenerating_the_table_of_a_file_without_markers_leaves_it_as_it_was(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text("# a page without the table\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no rules-table markers"):
+        regenerate_table([str(page)])
+    assert page.read_text(encoding="utf-8") == "# a page without the table\n"
