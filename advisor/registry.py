@@ -19,23 +19,54 @@ DOC_SECTIONS = ("what", "why", "fix_doc")  # with the example, Ruff's sections: 
 
 @dataclass(frozen=True)
 class Example:
-    """Source a rule's static detector must judge: a positive gives `code` on `line` and, when `fixed` is set,
-    exactly that text once its fixes are applied (`unsafe`: unsafe fixes too); a negative gives no finding of the
-    rule, or, when `reason` is set, a finding without a patch whose reason contains it."""
+    """Source a rule's detector must judge: a positive gives `code` once and, when `fixed` is set, exactly that
+    text once its fixes are applied (`unsafe`: unsafe fixes too); a negative gives no finding of the rule, or, when
+    `reason` is set, a finding without a patch whose reason contains it. A `workload` example is a module with a
+    `workload()` function: it is profiled, and judged on the findings of that profile (and `fix --profile`)."""
 
     source: str
     positive: bool
     fixed: str | None = None
     reason: str | None = None
     unsafe: bool = False
+    workload: bool = False
 
 
-def positive(source: str, fixed: str | None = None, unsafe: bool = False, reason: str | None = None) -> Example:
-    return Example(source, True, fixed=fixed, unsafe=unsafe, reason=reason)
+def positive(source: str, fixed: str | None = None, unsafe: bool = False, reason: str | None = None,
+             workload: bool = False) -> Example:
+    return Example(source, True, fixed=fixed, unsafe=unsafe, reason=reason, workload=workload)
 
 
-def negative(source: str, reason: str | None = None) -> Example:
-    return Example(source, False, reason=reason)
+def negative(source: str, reason: str | None = None, workload: bool = False) -> Example:
+    return Example(source, False, reason=reason, workload=workload)
+
+
+WORKLOAD_MODULE = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+import advisor
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+{init}
+
+    def forward(self, x):
+{body}
+
+
+def workload():
+    return advisor.Workload(model=Block(), args=(torch.randn{shape},), steps=1)
+'''
+
+
+def workload_module(body: str, shape: tuple[int, ...], init: str = "") -> str:
+    """Source of a workload example: a module whose forward runs `body` on one input `x` of `shape`, after
+    `__init__` ran `init` (both without indentation)."""
+    indent = lambda code: "\n".join(f"        {line}" for line in code.splitlines())  # noqa: E731
+    return WORKLOAD_MODULE.format(body=indent(body), init=indent(init), shape=shape)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
-from advisor.rules.copies_casts._examples import not_returned, returned
+from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
 from advisor.runtime.detect import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
@@ -53,7 +53,9 @@ RULE = CallRule(
             "of the function is written in place.",
     detectors=("static", "runtime"),
     examples=(returned("x.contiguous().contiguous()", "x.contiguous()"),
-              not_returned("x.contiguous()"), not_returned("x.contiguous().view(-1)")),
+              not_returned("x.contiguous()"), not_returned("x.contiguous().view(-1)"),
+              profiled("return x.contiguous().sum(-1)", "return x.sum(-1)"),
+              not_profiled("return x.transpose(1, 2).contiguous().view(2, -1)")),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.contiguous.html",), threshold_share=0.005,
     tokens=("contiguous",), prove=prove, join=join, graph=detect, redundant_call="contiguous",
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
+from advisor.rules.copies_casts._examples import not_profiled, profiled
 from advisor.runtime.detect import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
@@ -57,6 +58,8 @@ RULE = CallRule(
             "casts in one chain on the line) is unsafe and says so.",
     example="y = x.half().float()",
     detectors=("runtime",),
+    examples=(profiled("return x.half().float() * 2", "return x * 2", unsafe=True),
+              not_profiled("return (x.half() * 2).float()")),
     references=("https://pytorch.org/docs/stable/tensor_attributes.html#torch-dtype",), threshold_share=0.005,
     join=join, graph=detect,
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
-from advisor.rules.copies_casts._examples import not_returned, returned
+from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
 from advisor.runtime.detect import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
@@ -57,7 +57,10 @@ RULE = CallRule(
             "when it already has that dtype.",
     detectors=("static", "runtime"),
     examples=(returned("x.contiguous().clone()", "x.clone(memory_format=torch.contiguous_format)"),
-              not_returned("x.contiguous().double()")),
+              not_returned("x.contiguous().double()"),
+              profiled("return x.transpose(1, 2).contiguous().clone().sum(-1)",
+                       "return x.transpose(1, 2).clone(memory_format=torch.contiguous_format).sum(-1)"),
+              not_profiled("return x.transpose(1, 2).contiguous() @ x")),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.clone.html",), threshold_share=0.005,
     tokens=("contiguous",), prove=prove, join=join, graph=detect,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
+from advisor.rules.copies_casts._examples import not_profiled, profiled
 from advisor.runtime.detect import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
@@ -74,6 +75,9 @@ RULE = CallRule(
             "aliasing and layout obligations as ADV202 (the un-copied result is a view of the input).",
     example="y = x.transpose(1, 2).contiguous().transpose(1, 2)",
     detectors=("runtime",),
+    examples=(profiled("y = x.transpose(1, 2).contiguous().transpose(1, 2)\nreturn y.sum(-1)",
+                       "y = x.transpose(1, 2).transpose(1, 2)\nreturn y.sum(-1)"),
+              not_profiled("y = x.transpose(1, 2).contiguous()\nreturn y @ x")),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.contiguous.html",), threshold_share=0.005,
     join=join, graph=detect, redundant_call="contiguous",
 )

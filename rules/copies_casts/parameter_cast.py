@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
+from advisor.rules.copies_casts._examples import not_profiled, profiled
 from advisor.runtime.detect import Detection
 
 casts = lazy_import("advisor.runtime.detect.casts")
@@ -40,6 +41,7 @@ RULE = CallRule(
             "dtype it is used in, or cast the module once with `.to(dtype)`.",
     example="return x @ self.weight.half()  # in forward",
     detectors=("runtime",),
+    examples=(profiled("return x @ self.table.float()", reason="not hoisted"), not_profiled("return x @ x.mT")),
     references=("https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.to",),
     threshold_share=0.005, join=join, graph=detect,
 )

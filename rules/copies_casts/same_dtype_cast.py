@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
-from advisor.rules.copies_casts._examples import not_returned, returned
+from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
 from advisor.runtime.detect import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
@@ -89,7 +89,8 @@ RULE = CallRule(
             "the module's dtype, which a caller can change.",
     detectors=("static", "runtime"),
     examples=(returned("x.float().float()", "x.float()"), not_returned("x.float().half()"),
-              not_returned("x.to(x.device).float()")),
+              not_returned("x.to(x.device).float()"),
+              profiled("return x.float() * 2", "return x * 2", unsafe=True), not_profiled("return x.double() * 2")),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.to.html",), threshold_share=0.005,
     # every spelling of a cast: its method or dtype name holds one of these, or it is `.to(`
     tokens=("float", "half", "double", "long", "int", "short", "char", "byte", "bool", ".to("),

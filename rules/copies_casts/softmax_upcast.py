@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
-from advisor.rules.copies_casts._examples import not_returned, returned
+from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
 from advisor.runtime.detect import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
@@ -88,7 +88,10 @@ RULE = CallRule(
     detectors=("static", "runtime"),
     examples=(returned("F.softmax(x.float(), dim=-1)", "F.softmax(x, dim=-1, dtype=torch.float32)"),
               not_returned("F.softmax(x.float(), dim=-1, dtype=torch.float64)"),
-              not_returned("F.softmax(x, dim=-1).float()")),
+              not_returned("F.softmax(x, dim=-1).float()"),
+              profiled("h = x.half() * 2\nreturn F.softmax(h.float(), dim=-1)",
+                       "h = x.half() * 2\nreturn F.softmax(h, dim=-1, dtype=torch.float32)"),
+              not_profiled("u = (x.half() * 2).float()\nreturn F.softmax(u, dim=-1) + u")),
     references=("https://pytorch.org/docs/stable/generated/torch.nn.functional.softmax.html",), threshold_share=0.005,
     tokens=("softmax",), prove=prove, join=join, graph=detect,
 )

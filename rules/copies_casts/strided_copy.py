@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from advisor.fixes.call_rule import CallRule
 from advisor.lazy import lazy_import
+from advisor.rules.copies_casts._examples import not_profiled, profiled
 from advisor.runtime.detect import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
@@ -44,6 +45,8 @@ RULE = CallRule(
             "function writes in place; otherwise it is unsafe and names what could differ.",
     example="y = x.transpose(1, 2).contiguous()\nreturn y @ w  # matmul takes strided input",
     detectors=("runtime",),
+    examples=(profiled("y = x.transpose(1, 2).contiguous()\nreturn y @ x", "y = x.transpose(1, 2)\nreturn y @ x"),
+              not_profiled("y = x.transpose(1, 2).contiguous()\nreturn y.view(2, -1)")),
     references=("https://pytorch.org/docs/stable/notes/cuda.html#memory-management",), threshold_share=0.005,
     join=join, graph=detect, redundant_call="contiguous",
 )
