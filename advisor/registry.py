@@ -88,6 +88,7 @@ class Rule:
     threshold_share: float = 0.0  # a runtime finding below this share of the run is negligible
     enabled: bool = True
     graph: Callable | None = None  # its runtime detector: (OpGraph, device) -> list[Detection]
+    tokens: tuple[str, ...] = ()  # what a file must contain (lower case) for its static detector to find anything
 
     @property
     def rationale(self) -> str:
@@ -113,8 +114,9 @@ class Rule:
 
 @dataclass(frozen=True)
 class Family:
-    """One rule unit: rules that share a detector. The static detector runs on a file only when one of
-    `prefilter` occurs in it (lower case), or always when the run has runtime evidence and `needs_evidence`."""
+    """One rule unit: rules that share a detector. The static detector runs on a file only when one of the
+    family's `prefilter` tokens (by default its rules' tokens) occurs in it (lower case), or always when the run
+    has runtime evidence and `uses_evidence`."""
 
     name: str
     rules: tuple[Rule, ...]
@@ -123,8 +125,12 @@ class Family:
     graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) finds several of its codes
     uses_evidence: bool = False  # a profile's evidence for the file makes the static detector run
 
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return self.prefilter or tuple(dict.fromkeys(token for rule in self.rules for token in rule.tokens))
+
     def might_match(self, lowered_source: str) -> bool:
-        return any(token in lowered_source for token in self.prefilter)
+        return any(token in lowered_source for token in self.tokens)
 
 
 def unit_rules(package: str) -> tuple[Rule, ...]:

@@ -5,10 +5,14 @@ profile's runtime engine, and the tests generated from examples. Nothing else is
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 UNIT = '''
 """ADV206: a clone of a fresh clone."""
@@ -102,14 +106,15 @@ def test_a_rule_added_as_one_file_is_registered_explained_scanned_fixed_and_prof
     assert out["profiled"] == [["ADV206", 6]]
 
 
-def test_the_family_lists_exactly_its_unit_files():
-    """The copy/cast family is its folder: one rule per module, and no rule declared anywhere else."""
-    from pathlib import Path
-
-    from advisor.rules import copies_casts
-
-    folder = Path(copies_casts.__file__).parent
+@pytest.mark.parametrize("family, codes", [
+    ("copies_casts", {"ADV201", "ADV202", "ADV203", "ADV204", "ADV205", "ADV301", "ADV302", "ADV303", "ADV304",
+                      "ADV305"}),
+    ("attention_config", {"ADV601", "ADV602", "ADV603", "ADV604", "ADV701"}),
+])
+def test_a_family_folder_is_exactly_its_unit_files(family, codes):
+    """One rule per module, and no rule of the family declared anywhere else."""
+    package = importlib.import_module(f"advisor.rules.{family}")
+    folder = Path(package.__file__).parent
     modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
-    assert len(modules) == len(copies_casts.FAMILY.rules) == 10
-    assert {rule.code for rule in copies_casts.FAMILY.rules} == {f"ADV{n}" for n in (201, 202, 203, 204, 205, 301,
-                                                                                     302, 303, 304, 305)}
+    assert len(modules) == len(package.FAMILY.rules)
+    assert {rule.code for rule in package.FAMILY.rules} == codes

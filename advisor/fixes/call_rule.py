@@ -14,9 +14,8 @@ class CallRule(Rule):
     """A rule about one call. `prove(parsed, call)` returns the rewrite the source alone proves equal, or None;
     `join(JoinRequest)` plans the fix of a runtime finding of this code. `redundant_call` names the call its
     runtime detector reports as redundant (a line's calls are all redundant when the findings of every rule naming
-    that call cover every call that ran there); `tokens` are what a file must contain for `prove` to find anything."""
+    that call cover every call that ran there)."""
 
-    tokens: tuple[str, ...] = ()
     prove: Callable | None = None
     join: Callable | None = None
     redundant_call: str | None = None
