@@ -123,9 +123,8 @@ def _term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     if not inferred:
         return method(method(mask, "expand", *expand), "reshape", *collapse)
     # `scores.view(-1, w, h, L, S) + mask`: broadcast against a tensor of the scores' shape instead
-    shape = parse_template_expression("(*{query}.shape[:-1], {key}.shape[-2])",
-                                      query=atomic(c.match.query), key=atomic(c.match.key))
     query = atomic(c.match.query)
+    shape = parse_template_expression("(*{query}.shape[:-1], {key}.shape[-2])", query=query, key=atomic(c.match.key))
     if term.kind in ("float", "finite"):
         broadcast = cst.BinaryOperation(method(method(query, "new_zeros", shape), "view", *expand), cst.Add(),
                                         atomic(mask))
