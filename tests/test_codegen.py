@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import libcst as cst
 import pytest
+import torch
 
+from advisor.engine.static import analyze_source
 from advisor.fixes.attention import attention_edits
 from advisor.patterns.attention import find_attention
 from advisor.rewrite.sdpa import WRAP_AT
@@ -74,3 +76,24 @@ def test_a_long_call_is_written_one_argument_per_line():
                     ").contiguous()")
     assert len(text.replace("\n", "")) > WRAP_AT
     assert call.deep_equals(cst.parse_expression(text))
+
+
+def test_a_read_of_the_scores_dtype_reads_a_compound_query_in_parentheses():
+    """`s.dtype` after the block becomes the query's dtype; a query `q + pos` must be read as `(q + pos).dtype`."""
+    source = '''import torch
+
+
+def attend(q, pos, k, v):
+    s = torch.matmul(q + pos, k.transpose(-2, -1)) * 0.125
+    out = s.softmax(dim=-1) @ v
+    return out, torch.zeros(3, dtype=s.dtype)
+'''
+    result = analyze_source(source, "m.py")
+    assert "torch.zeros(3, dtype=(q + pos).dtype)" in result.fixed
+    original, fixed = {}, {}
+    exec(compile(source, "m.py", "exec"), original)
+    exec(compile(result.fixed, "m.py", "exec"), fixed)
+    q, pos, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64) for _ in range(4))
+    (out, zeros), (fixed_out, fixed_zeros) = original["attend"](q, pos, k, v), fixed["attend"](q, pos, k, v)
+    torch.testing.assert_close(fixed_out, out)
+    assert fixed_zeros.dtype == zeros.dtype == torch.float64

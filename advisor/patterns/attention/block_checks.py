@@ -48,8 +48,8 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
         return None
     query, key = atomic(c.match.query), atomic(c.match.key)
     attribute = parent.attr.value
-    if attribute in ("dtype", "device"):
-        return read, query
+    if attribute in ("dtype", "device"):  # the whole `s.dtype`: a replaced name would lose the query's parentheses
+        return parent, parent.with_changes(value=query)
     outer = c.parsed.parents.get(parent)
     if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
         dim = int_value(outer.args[0].value)
