@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import libcst as cst
@@ -20,7 +21,8 @@ from advisor.static.module_index import ParsedModule
 KERNEL_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
 HELPER_NAME = "flash_attn_or_sdpa"
 
-_HELPER = '''def {name}(q, k, v, dropout_p=0.0, scale=None, causal=False):
+# renamed, and pointed at the module's spelling of torch.nn.functional, by `flash_attn_helper`
+_HELPER = '''def flash_attn_or_sdpa(q, k, v, dropout_p=0.0, scale=None, causal=False):
     """flash_attn_func where it can run (CUDA, fp16/bf16, 4-D, head dim <= 256), else the same SDPA call.
 
     flash_attn takes (batch, seq, heads, dim): q/k/v are transposed in and the output back. Its `causal` is
@@ -43,8 +45,8 @@ _HELPER = '''def {name}(q, k, v, dropout_p=0.0, scale=None, causal=False):
         return out.transpose(1, 2)
     import warnings
 
-    warnings.warn(f"flash_attn_func not used ({{why}}); running scaled_dot_product_attention", stacklevel=2)
-    return {functional}.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+    warnings.warn(f"flash_attn_func not used ({why}); running scaled_dot_product_attention", stacklevel=2)
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
 '''
 
 
@@ -85,9 +87,18 @@ def helper_name(parsed: ParsedModule) -> str:
 
 
 def flash_attn_helper(name: str, functional: str) -> cst.FunctionDef:
-    """The helper as a module-level statement, two blank lines above it."""
-    helper = cst.parse_statement(_HELPER.format(name=name, functional=functional))
-    return helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    """The helper as a module-level statement named `name`, two blank lines above it, its fallback calling SDPA
+    through `functional` (how this module spells torch.nn.functional)."""
+    helper = _helper_template()
+    fallback = helper.body.body[-1].body[0].value  # `return F.scaled_dot_product_attention(...)`
+    return helper.with_changes(name=cst.Name(name), leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) \
+        .with_deep_changes(fallback, func=dotted(f"{functional}.scaled_dot_product_attention"))
+
+
+@functools.cache
+def _helper_template() -> cst.FunctionDef:
+    """The helper's fixed code, parsed once (nodes are immutable: every use shares it)."""
+    return cst.parse_statement(_HELPER)
 
 
 def flash_attn_call(module: cst.Module, match: AttentionMatch, name: str, indent: int) -> cst.BaseExpression:
