@@ -46,26 +46,32 @@ def _cast_inputs(inputs: tuple, dtype: torch.dtype | None, grad: bool) -> tuple:
     return tuple(cast)
 
 
-def _run(model: torch.nn.Module, inputs: tuple, grad: bool, autocast: bool) -> tuple[Any, list]:
-    """Outputs, and with `grad` the gradients of a fixed random projection of every finite output with respect to
-    the floating inputs and the parameters (None where one gets no gradient)."""
+def _forward(model: torch.nn.Module, inputs: tuple, grad: bool, autocast: bool) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), torch.set_grad_enabled(grad):
-            out = model(*inputs)
-    if not grad:
-        return out, []
+            return model(*inputs)
+
+
+def _gradients(model: torch.nn.Module, inputs: tuple, out: Any, keep: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradients of a fixed random projection of the outputs at the positions `keep` marks (finite on both sides:
+    an accepted NaN -> finite divergence must not reach the gradients through the loss) with respect to the
+    floating inputs and the parameters (zeros where one gets no gradient)."""
     generator = torch.Generator().manual_seed(1234)
-    loss = 0.0
-    for tensor in iter_tensors(out):
-        if tensor.is_floating_point() and tensor.requires_grad:
-            weight = torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype)
-            loss = loss + torch.where(tensor.isfinite(), tensor, 0.0).mul(weight).sum()
+    loss = None
+    for tensor, kept in zip(_differentiable(out), keep):
+        weight = torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype)
+        term = torch.where(kept, tensor, 0.0).mul(weight).sum()
+        loss = term if loss is None else loss + term
     leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad] + list(model.parameters())
-    if not isinstance(loss, torch.Tensor):
-        return out, []
+    if loss is None:
+        return []
     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-    return out, [g if g is not None else torch.zeros_like(leaf) for g, leaf in zip(grads, leaves)]
+    return [g if g is not None else torch.zeros_like(leaf) for g, leaf in zip(grads, leaves)]
+
+
+def _differentiable(out: Any) -> list[torch.Tensor]:
+    return [t for t in iter_tensors(out) if t.is_floating_point() and t.requires_grad]
 
 
 def _scaled_atol(value: Any, atol: float) -> float:
@@ -91,11 +97,15 @@ def compare_run(original: Side, rewritten: Side, *, seed: int = 0, dtype: torch.
             model.to(dtype)
         model.train(train)
     result = ParityResult()
+    inputs_o, inputs_r = _cast_inputs(inputs, dtype, grad), _cast_inputs(inputs, dtype, grad)
     torch.manual_seed(seed)
-    out_o, grads_o = _run(model_o, _cast_inputs(inputs, dtype, grad), grad, autocast)
+    out_o = _forward(model_o, inputs_o, grad, autocast)
     torch.manual_seed(seed)
-    out_r, grads_r = _run(model_r, _cast_inputs(inputs, dtype, grad), grad, autocast)
+    out_r = _forward(model_r, inputs_r, grad, autocast)
     _compare(out_o, out_r, "output", _scaled_atol(out_o, atol), rtol, False, result, accept_nan)
     if grad:
+        keep = [a.isfinite() & b.isfinite() for a, b in zip(_differentiable(out_o), _differentiable(out_r))]
+        grads_o = _gradients(model_o, inputs_o, out_o, keep)
+        grads_r = _gradients(model_r, inputs_r, out_r, keep)
         _compare(grads_o, grads_r, "gradient", _scaled_atol(grads_o, atol), rtol, False, result, accept_nan)
     return result
