@@ -50,8 +50,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p12_opt": J((REFUSED, REFUSED), ("torch.max",), "right: the clamp torch.max(scores, finfo.min)"),
     "p13_mpt": J((REFUSED,), ("if dropout_p",), "MISS, reason accurate: dropout under `if dropout_p:`"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
-    "p15_blip_saved_map": J((), verdict="right to leave alone (weights stored and hooked), but silent: "
-                                        "`nn.Softmax(dim=-1)(x)` is not read as a softmax"),
+    "p15_blip_saved_map": J((REFUSED,), ("save_attention_map", "None"),
+                            "right: the weights are stored and hooked (inline `nn.Softmax(dim=-1)(x)` is read since "
+                            "this round; it was silently skipped)"),
     "p16_bert_head_mask": J((REFUSED,), ("head_mask",)),
     "p17_bigbird_dense_intmask": J((SAFE,), verdict="UNSOUND with a fully padded sample (KNOWN_UNSOUND)"),
     "p18_sagan": J((UNSAFE,), ("line 28",), "right: ADV102, the attention map is returned"),
@@ -62,19 +63,20 @@ JUDGEMENTS: dict[str, Judgement] = {
                               "right: the relative-position term rides as an additive mask of unseen dtype"),
     "p23_openfold_bias_loop": J((REFUSED,), ("several paths",), "right but vague: `a += b` in a loop over biases"),
     "p24_swinv2_cosine": J((REFUSED,), ("logit_scale",)),
-    "p25_diff_attention": J((REFUSED,), (".view(",), "right: two softmax maps combined"),
+    "p25_diff_attention": J((REFUSED,), (".view(", "mixed"), "right: two softmax maps combined"),
     "p26_kv_cache_causal": J((SAFE,)),
     "p27_linear_attention": J(()),
     "p28_slot_attention": J((REFUSED,), ("dim 1",)),
     "p29_vivit_einops": J((SAFE,)),
-    "p30_audiocraft_einsum": J((REFUSED,), ("full_like",),
-                               "MISS, reason false: torch.full_like(s, float('-inf')) is provably -inf"),
+    "p30_audiocraft_einsum": J((REFUSED,), ("`pre_w`", "line 32"),
+                               "MISS, reason accurate: torch.full_like(pre_w, -inf) reads only the scores' shape "
+                               "(it claimed the -inf fill unprovable before this round)"),
     "p31_jadore_sdpa_module": J((UNSAFE,), ("line 23", "fully masked"), "right: ADV102, the helper returns attn"),
     "p32_t2t_token_transformer": J((SAFE,)),
     "p33_esm_inplace": J((SAFE,)),
     "p34_attention_maps_list": J((REFUSED,), ("line 23",), "right: the weights are appended to a list"),
-    "p35_where_keep_float01": J((REFUSED,), ("masked_fill(~keep, 0.0)",),
-                                "right to refuse, but the reason's '(heads or positions are mixed)' is false"),
+    "p35_where_keep_float01": J((REFUSED,), ("masked_fill(~keep, 0.0)", "SDPA applies nothing"),
+                                "right (it said 'heads or positions are mixed' before this round)"),
     "p36_chunked_queries": J((SAFE,)),
     "p37_nan_to_num_rows": J((REFUSED,), ("nan_to_num",)),
     "p38_tf_style_mult_mask": J((REFUSED,), ("10000.0 * (1 - m)",)),
@@ -209,3 +211,17 @@ def test_finite_additive_mask_without_fully_masked_rows_is_exact():
         compare_run(original, rewritten, dtype=dtype, atol=atol, rtol=rtol, inputs_hook=partly_padded)
     compare_run(original, rewritten, dtype=torch.float32, atol=BF16[1], rtol=BF16[2], grad=False, autocast=True,
                 inputs_hook=partly_padded)
+
+
+def test_inline_softmax_module_is_read():
+    """`nn.Softmax(dim=-1)(scores)` (BLIP, ALBEF) is a softmax: the block is found and proved like any other."""
+    source = ("import math\nimport torch\nimport torch.nn as nn\n\n\n"
+              "def attend(q, k, v):\n"
+              "    s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))\n"
+              "    p = nn.Softmax(dim=-1)(s)\n"
+              "    return torch.matmul(p, v)\n")
+    findings = analyze_source(source, "inline_softmax.py").findings
+    assert [(f.rule, f.fix_safety) for f in findings] == [("ADV101", "safe")]
+    assert "scaled_dot_product_attention(q, k, v)" in findings[0].patch
+    dropout = source.replace("nn.Softmax(dim=-1)(s)", "nn.Dropout(0.1)(s.softmax(-1))")
+    assert not any(f.fixable for f in analyze_source(dropout, "inline_dropout.py").findings)  # always training

@@ -93,6 +93,8 @@ class OpReader:
                 helper = self.owner.methods.get(attribute)
                 return op if op is not None or helper is None else self._softmax_helper(helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
+        if isinstance(call.func, cst.Call):
+            return self._inline_module_call(call.func, call)
         if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
                 and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
             return self._softmax_helper(self.parsed.module_functions[call.func.value], call, False)
@@ -216,6 +218,16 @@ class OpReader:
             return None
         prefix = f"self.{attribute}"
         return self._module_op(built, prefix, call, args[0])
+
+    def _inline_module_call(self, built: cst.Call, call: cst.Call) -> Op | None:
+        """`nn.Softmax(dim=-1)(x)`: a module built and called in one expression (BLIP, ALBEF). Only modules whose
+        result does not depend on their state: an inline `nn.Dropout(p)(x)` is always in training mode."""
+        args = _positional(call)
+        if len(args) != 1 or len(call.args) != 1 or _has_star(built) or not _is_dotted(built.func):
+            return None
+        if self.parsed.imported_name(built.func) in ("torch.nn.Softmax", "torch.nn.modules.activation.Softmax"):
+            return self._module_op(built, "", call, args[0])
+        return None
 
     def _partial_call(self, built: cst.Call, call: cst.Call) -> Op | None:
         """`self.attn_fn(s)` with `self.attn_fn = partial(F.softmax, dim=-1)`: the function called with the
