@@ -54,7 +54,9 @@ JUDGEMENTS: dict[str, Judgement] = {
                             "right: the weights are stored and hooked (inline `nn.Softmax(dim=-1)(x)` is read since "
                             "this round; it was silently skipped)"),
     "p16_bert_head_mask": J((REFUSED,), ("head_mask",)),
-    "p17_bigbird_dense_intmask": J((SAFE,), verdict="UNSOUND with a fully padded sample (KNOWN_UNSOUND)"),
+    "p17_bigbird_dense_intmask": J((UNSAFE,), ("fully masked", "finfo"),
+                                   "right since this round (was an UNSOUND safe patch): a fully padded sample's rows "
+                                   "get other gradients from SDPA, see test_finite_additive_mask_fully_masked_rows"),
     "p18_sagan": J((UNSAFE,), ("line 28",), "right: ADV102, the attention map is returned"),
     "p19_nonlocal": J((SAFE,)),
     "p20_pct_offset": J((REFUSED,), ("attention.sum",)),
@@ -128,24 +130,7 @@ def test_outcome_matches_judgement(name):
             assert word.lower() in reason.lower(), f"{name}: the reason does not name `{word}`: {reason}"
 
 
-def _safe_cases() -> list:
-    cases = []
-    for name in MODULES:
-        if SAFE in JUDGEMENTS[name].outcomes:
-            marks = [pytest.mark.xfail(strict=True, reason=KNOWN_UNSOUND[name])] if name in KNOWN_UNSOUND else []
-            cases.append(pytest.param(name, marks=marks, id=name))
-    return cases
-
-
-KNOWN_UNSOUND = {
-    "p17_bigbird_dense_intmask": "a finite additive mask (`(1 - m) * finfo.min`) on a fully padded sample: SDPA's "
-                                 "gradients for the fully masked rows are S times the original's, and under bf16 "
-                                 "autocast `.to(q.dtype)` turns fp32 finfo.min into -inf (rows of 0, not the mean "
-                                 "of V); advisor/patterns/masks.py record_row_facts accepts it as NaN -> 0",
-}
-
-
-@pytest.mark.parametrize("name", _safe_cases())
+@pytest.mark.parametrize("name", [n for n in MODULES if SAFE in JUDGEMENTS[n].outcomes])
 def test_safe_patch_parity(name):
     """Each safe patch alone (and all of a file's safe patches together) against the original: fp32 and fp64
     outputs and gradients, bf16 outputs, CPU bf16 autocast outputs, train mode with dropout 0, a second seed."""
@@ -195,11 +180,22 @@ def test_unsafe_patch_runs(name):
             assert b is None or a.shape == b.shape  # ADV102 puts None where the weights went
 
 
-def test_finite_additive_mask_without_fully_masked_rows_is_exact():
-    """The control of the known bug: the same BERT-style finite additive mask, no sample fully padded."""
+def test_finite_additive_mask_fully_masked_rows():
+    """BERT's extended mask `(1.0 - m) * finfo.min` on a fully padded sample: SDPA's output matches the original's
+    in fp32, but its gradients for the fully masked rows are S times the original's (its backward rebuilds the
+    weights from a log-sum-exp the fill swallowed) and under bf16 autocast the mask's cast to q's dtype turns fp32
+    finfo.min into -inf (rows of 0, not the mean of V). So the patch assumes no fully masked row (unsafe); on
+    inputs where that holds it is exact."""
     source, result = _analysis("p17_bigbird_dense_intmask")
-    fixed = result.fixed_with([f for f in _attention(result) if _outcome(f) == SAFE]).text
-    original, rewritten = load_pair(source, fixed, "p17_control")
+    (finding,) = _attention(result)
+    assert finding.fix_safety == "unsafe"
+    assert "fully-masked-rows" in {fact["name"] for fact in finding.extra["facts"]["assumed"]}
+    original, rewritten = load_pair(source, result.fixed_with([finding]).text, "p17_rows")
+    compare_run(original, rewritten, dtype=torch.float32, atol=FP32[1], rtol=FP32[2], grad=False)
+    with pytest.raises(AssertionError, match="gradient"):
+        compare_run(original, rewritten, dtype=torch.float32, atol=FP32[1], rtol=FP32[2])
+    with pytest.raises(AssertionError, match="output"):
+        compare_run(original, rewritten, dtype=torch.float32, atol=BF16[1], rtol=BF16[2], grad=False, autocast=True)
 
     def partly_padded(inputs):
         x, mask = inputs

@@ -68,12 +68,6 @@ class MaskVariant:
         return TEMPLATE.format(body=body, out=out, variant=repr(self), dtype=self.dtype, rank=self.rank,
                                keep=self.keep_polarity, fully=self.fully_masked)
 
-    @property
-    def finite_additive_fully_masked(self) -> bool:
-        """The region of the known unsound patch (test_public3_attention.KNOWN_UNSOUND): a finite float mask with
-        a fully masked row; the strict xfail there keeps it visible."""
-        return self.apply == "additive" and self.fill != "-inf" and self.fully_masked
-
 
 TEMPLATE = '''"""{variant}"""
 import math
@@ -146,14 +140,17 @@ def _judge(variant: MaskVariant) -> None:
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_mask_variants(layout, data):
-    variant = data.draw(variants.filter(lambda v: v.layout == layout and not v.finite_additive_fully_masked))
+    variant = data.draw(variants.filter(lambda v: v.layout == layout))
     _judge(variant)
 
 
 @pytest.mark.parametrize("fill", ["finfo.min", "-1e9"])
-@pytest.mark.xfail(strict=True, reason="finite additive mask with a fully masked query row: SDPA's gradients for "
-                                       "that row differ from the original's (patterns/masks.py record_row_facts "
-                                       "accepts every additive mask as NaN -> 0)")
 def test_finite_additive_mask_with_fully_masked_row(fill):
-    """The einsum layout proves the bias's rank and dtype (the others leave the patch unsafe): a safe patch."""
-    _judge(MaskVariant("einsum", "bool", 2, True, "additive", fill, True))
+    """A float bias built with a large finite constant masks as a finite fill does: a fully masked row gets other
+    gradients from SDPA, so the patch assumes none (the einsum layout proves the bias's rank and dtype: before
+    this round this patch was safe and its gradients wrong)."""
+    variant = MaskVariant("einsum", "bool", 2, True, "additive", fill, True)
+    _judge(variant)
+    (finding,) = analyze_source(variant.source(), "mask_variant.py").findings
+    assert finding.fix_safety == "unsafe"
+    assert "fully-masked-rows" in {fact["name"] for fact in finding.extra["facts"]["assumed"]}

@@ -8,7 +8,9 @@ softmax gives NaN and SDPA's gives 0 (the one accepted divergence: no working mo
 fill (`finfo.min`, `-1e4`) the original gives uniform weights (the mean of V) and SDPA, which adds the fill to
 the scores, does not, unless the fill swallows them. So a finite fill is exact only where no row is fully
 masked, which the source proves only for causal masks: a lower triangle of ones sliced from its first column
-keeps key 0 in every row.
+keeps key 0 in every row. Even where the fill swallows the scores, SDPA's gradients for such a row differ (its
+backward rebuilds the weights from a log-sum-exp that lost log(S) to the fill: each weight 1, not 1/S). An added
+float mask built from such a constant (`(1.0 - m) * finfo.min`) is a finite fill too.
 """
 
 from __future__ import annotations
@@ -155,7 +157,9 @@ def record_row_facts(facts: FactSheet, terms: list) -> None:
         facts.assumed(ROWS, "no query row is fully masked",
                       f"a row masked everywhere by the finite fill `{finite[0].fill}` is uniform in the original, "
                       f"and in SDPA only where the fill swallows the scores (fp32 `finfo.min` does, fp16's or "
-                      f"`-1e4` do not); nothing proves every row keeps a key")
+                      f"`-1e4` do not), even then with other gradients for that row (SDPA's backward recomputes "
+                      f"the weights from a log-sum-exp the fill swallowed too); nothing proves every row keeps "
+                      f"a key")
         return
     facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
                    "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")
