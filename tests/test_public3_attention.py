@@ -83,6 +83,7 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p37_nan_to_num_rows": J((REFUSED,), ("nan_to_num",)),
     "p38_tf_style_mult_mask": J((REFUSED,), ("10000.0 * (1 - m)",)),
     "p39_clip_causal_buffer_bmm": J((SAFE,)),
+    "p41_bart_eager_param_mask": J((SAFE,), verdict="UNSOUND under bf16 autocast (KNOWN_UNSOUND)"),
     "p40_detr_decoder_cross": J((UNSAFE,), ("bias",),
                                 "MISS of a fact: the bias is torch.zeros(..., dtype=q.dtype).masked_fill(...)"),
 }
@@ -130,7 +131,22 @@ def test_outcome_matches_judgement(name):
             assert word.lower() in reason.lower(), f"{name}: the reason does not name `{word}`: {reason}"
 
 
-@pytest.mark.parametrize("name", [n for n in MODULES if SAFE in JUDGEMENTS[n].outcomes])
+KNOWN_UNSOUND = {
+    "p41_bart_eager_param_mask": "a float mask of unknown origin (the caller's, built with fp32 finfo.min) on a "
+                                 "fully padded sample: under CPU bf16 autocast SDPA gets the mask in bf16, where fp32 "
+                                 "finfo.min is -inf, so the padded rows give 0 instead of the original's mean of V "
+                                 "(and with 4-D inputs SDPA's gradients for such rows differ in fp32 too); "
+                                 "advisor/patterns/masks.py record_row_facts accepts every added mask's fully masked "
+                                 "rows as NaN -> 0",
+}
+
+
+def _safe_cases() -> list:
+    return [pytest.param(name, id=name, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_UNSOUND[name])]
+                         if name in KNOWN_UNSOUND else []) for name in MODULES if SAFE in JUDGEMENTS[name].outcomes]
+
+
+@pytest.mark.parametrize("name", _safe_cases())
 def test_safe_patch_parity(name):
     """Each safe patch alone (and all of a file's safe patches together) against the original: fp32 and fp64
     outputs and gradients, bf16 outputs, CPU bf16 autocast outputs, train mode with dropout 0, a second seed."""
