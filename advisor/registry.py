@@ -19,23 +19,54 @@ DOC_SECTIONS = ("what", "why", "fix_doc")  # with the example, Ruff's sections: 
 
 @dataclass(frozen=True)
 class Example:
-    """Source a rule's static detector must judge: a positive gives `code` on `line` and, when `fixed` is set,
-    exactly that text once its fixes are applied (`unsafe`: unsafe fixes too); a negative gives no finding of the
-    rule, or, when `reason` is set, a finding without a patch whose reason contains it."""
+    """Source a rule's detector must judge: a positive gives `code` once and, when `fixed` is set, exactly that
+    text once its fixes are applied (`unsafe`: unsafe fixes too); a negative gives no finding of the rule, or, when
+    `reason` is set, a finding without a patch whose reason contains it. A `workload` example is a module with a
+    `workload()` function: it is profiled, and judged on the findings of that profile (and `fix --profile`)."""
 
     source: str
     positive: bool
     fixed: str | None = None
     reason: str | None = None
     unsafe: bool = False
+    workload: bool = False
 
 
-def positive(source: str, fixed: str | None = None, unsafe: bool = False, reason: str | None = None) -> Example:
-    return Example(source, True, fixed=fixed, unsafe=unsafe, reason=reason)
+def positive(source: str, fixed: str | None = None, unsafe: bool = False, reason: str | None = None,
+             workload: bool = False) -> Example:
+    return Example(source, True, fixed=fixed, unsafe=unsafe, reason=reason, workload=workload)
 
 
-def negative(source: str, reason: str | None = None) -> Example:
-    return Example(source, False, reason=reason)
+def negative(source: str, reason: str | None = None, workload: bool = False) -> Example:
+    return Example(source, False, reason=reason, workload=workload)
+
+
+WORKLOAD_MODULE = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+import advisor
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+{init}
+
+    def forward(self, x):
+{body}
+
+
+def workload():
+    return advisor.Workload(model=Block(), args=(torch.randn{shape},), steps=1)
+'''
+
+
+def workload_module(body: str, shape: tuple[int, ...], init: str = "") -> str:
+    """Source of a workload example: a module whose forward runs `body` on one input `x` of `shape`, after
+    `__init__` ran `init` (both without indentation)."""
+    indent = lambda code: "\n".join(f"        {line}" for line in code.splitlines())  # noqa: E731
+    return WORKLOAD_MODULE.format(body=indent(body), init=indent(init), shape=shape)
 
 
 @dataclass(frozen=True)
@@ -56,6 +87,8 @@ class Rule:
     references: tuple[str, ...] = ()
     threshold_share: float = 0.0  # a runtime finding below this share of the run is negligible
     enabled: bool = True
+    graph: Callable | None = None  # its runtime detector: (OpGraph, device) -> list[Detection]
+    tokens: tuple[str, ...] = ()  # what a file must contain (lower case) for its static detector to find anything
 
     @property
     def rationale(self) -> str:
@@ -81,18 +114,32 @@ class Rule:
 
 @dataclass(frozen=True)
 class Family:
-    """One rule unit: rules that share a detector. The static detector runs on a file only when one of
-    `prefilter` occurs in it (lower case), or always when the run has runtime evidence and `needs_evidence`."""
+    """One rule unit: rules that share a detector. The static detector runs on a file only when one of the
+    family's `prefilter` tokens (by default its rules' tokens) occurs in it (lower case), or always when the run
+    has runtime evidence and `uses_evidence`."""
 
     name: str
     rules: tuple[Rule, ...]
     prefilter: tuple[str, ...] = ()
     static: Callable | None = None  # (StaticContext) -> list[Detected]; see advisor.engine.static
-    graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) advisor.engine.runtime runs
+    graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) finds several of its codes
     uses_evidence: bool = False  # a profile's evidence for the file makes the static detector run
 
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return self.prefilter or tuple(dict.fromkeys(token for rule in self.rules for token in rule.tokens))
+
     def might_match(self, lowered_source: str) -> bool:
-        return any(token in lowered_source for token in self.prefilter)
+        return any(token in lowered_source for token in self.tokens)
+
+
+def unit_rules(package: str) -> tuple[Rule, ...]:
+    """The rules of a family kept one per module (each module's RULE), in code order: adding a rule to such a
+    family is adding a module to its package. Modules whose name starts with "_" hold shared helpers."""
+    root = importlib.import_module(package)
+    modules = [importlib.import_module(f"{package}.{m.name}") for m in pkgutil.iter_modules(root.__path__)
+               if not m.name.startswith("_")]
+    return tuple(sorted((module.RULE for module in modules), key=lambda rule: rule.code))
 
 
 @lru_cache(maxsize=None)

@@ -4,7 +4,7 @@ SDPA's fallback to its math kernel, and masks rebuilt every step, in a profile o
 
 from __future__ import annotations
 
-from advisor.registry import Family, Rule, negative, positive
+from advisor.registry import Family, Rule, negative, positive, workload_module
 
 SDPA_DOCS = "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html"
 
@@ -16,6 +16,13 @@ def attend(q, k, v):
     weights = scores.softmax(dim=-1)
     return weights @ v
 '''
+
+MANUAL = "w = (x @ x.transpose(-2, -1) / 4).softmax(-1)\nreturn w @ x"
+
+
+def _profiled(body: str):
+    return workload_module(body, (2, 4, 64, 16))
+
 
 SAFE = Rule(
     code="ADV101", kind="attention", title="Hand-written attention can be one scaled_dot_product_attention call",
@@ -98,6 +105,8 @@ MEASURED = Rule(
     fix_doc="The rewrite is the static rules' job (ADV101-ADV103 report the same file and lines).",
     example="scores = q @ k.transpose(-2, -1) * scale\nweights = scores.softmax(-1)\nout = weights @ v  # in forward",
     detectors=("runtime",), references=(SDPA_DOCS,), threshold_share=0.01,
+    examples=(positive(_profiled(MANUAL), workload=True),
+              negative(_profiled("return F.scaled_dot_product_attention(x, x, x)"), workload=True)),
 )
 
 MATH_FALLBACK = Rule(
@@ -111,6 +120,8 @@ MATH_FALLBACK = Rule(
     fix_doc="No automatic fix; the finding names the reason the fused kernels refused the call.",
     example="F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # float32 on CUDA: no flash kernel",
     detectors=("runtime",), references=(SDPA_DOCS,), threshold_share=0.01,
+    examples=(positive(_profiled("return F.scaled_dot_product_attention(x, x, x, dropout_p=0.1)"), workload=True),
+              negative(_profiled("return F.scaled_dot_product_attention(x, x, x)"), workload=True)),
 )
 
 MASK_REBUILT = Rule(
@@ -122,6 +133,10 @@ MASK_REBUILT = Rule(
             "is_causal=True.",
     example="mask = torch.tril(torch.ones(T, T))  # in forward, every step",
     detectors=("runtime",),
+    examples=(positive(_profiled("T = x.shape[-2]\nmask = torch.tril(torch.ones(T, T))\n"
+                                 "w = (x @ x.mT).masked_fill(mask == 0, float('-inf')).softmax(-1)\nreturn w @ x"),
+                       workload=True),
+              negative(_profiled("return F.scaled_dot_product_attention(x, x, x, is_causal=True)"), workload=True)),
     references=("https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.register_buffer",),
     threshold_share=0.005,
 )

@@ -15,10 +15,13 @@ from advisor.cli import main
 from advisor.engine.static import analyze_source
 from advisor.registry import DOC_SECTIONS, families, load_rules
 from advisor.report.rules_doc import explain, with_table
+from advisor.report.rules_doc import main as regenerate_table
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [pytest.param(rule, example, id=f"{rule.code}-{'pos' if example.positive else 'neg'}{index}")
-            for rule in load_rules().values() for index, example in enumerate(rule.examples)]
+            for rule in load_rules().values() for index, example in enumerate(rule.examples) if not example.workload]
+WORKLOADS = [pytest.param(rule, example, id=f"{rule.code}-{'pos' if example.positive else 'neg'}{index}")
+             for rule in load_rules().values() for index, example in enumerate(rule.examples) if example.workload]
 
 
 @pytest.mark.parametrize("rule, example", EXAMPLES)
@@ -37,6 +40,43 @@ def test_rule_example(rule, example):
         assert mine == []
     else:
         assert all(not f.fixable and example.reason in (f.reason or "") for f in mine) and mine
+
+
+@pytest.mark.parametrize("rule, example", WORKLOADS)
+def test_rule_workload_example(rule, example, tmp_path):
+    """Profiled for real (one step): a positive is measured on its file; its fix through the profile's evidence
+    (what `fix --profile` applies) gives exactly `fixed`, or no patch and `reason`; a negative is not measured."""
+    from advisor.fixes.evidence import evidence_from_report
+    from advisor.runtime.profile import profile_workload
+    from advisor.workload_loader import load_workload
+
+    path = tmp_path / f"example_{rule.code.lower()}.py"
+    path.write_text(example.source, encoding="utf-8")
+    target = f"{path}:workload"
+    report = profile_workload(load_workload(target), target)
+    measured = [f for f in report.findings if f.rule == rule.code and Path(f.path).resolve() == path.resolve()]
+    if not example.positive:
+        assert measured == [], [f.message for f in measured]
+        return
+    assert measured, [f.rule for f in report.findings]
+    if example.fixed is None and example.reason is None:
+        return  # a report-only rule: being measured is the whole example
+    result = analyze_source(example.source, str(path), unsafe_fixes=example.unsafe,
+                            runtime=evidence_from_report(report))
+    mine = [f for f in result.findings if f.rule == rule.code]
+    assert mine, [f.rule for f in result.findings]
+    if example.fixed is not None:
+        assert result.fixed == example.fixed
+    if example.reason is not None:
+        assert all(not f.fixable and example.reason in (f.reason or "") for f in mine)
+
+
+def test_every_rule_a_profile_detects_has_profiled_examples():
+    """Its own op-graph detector, or a runtime rule of a family with graph detectors (not trace-only ones)."""
+    for family in families():
+        for rule in family.rules:
+            if rule.graph is not None or ("runtime" in rule.detectors and family.graph_detectors):
+                assert {e.positive for e in rule.examples if e.workload} == {True, False}, rule.code
 
 
 def test_every_rule_with_a_static_detector_has_examples_and_a_fixing_one():
@@ -101,3 +141,11 @@ def test_rules_explain_documents_every_code(capsys):
 def test_readme_rule_table_is_the_registry():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert with_table(readme) == readme, "stale: run `python -m advisor.report.rules_doc README.md`"
+
+
+def test_regenerating_the_table_of_a_file_without_markers_leaves_it_as_it_was(tmp_path):
+    page = tmp_path / "README.md"
+    page.write_text("# a page without the table\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no rules-table markers"):
+        regenerate_table([str(page)])
+    assert page.read_text(encoding="utf-8") == "# a page without the table\n"

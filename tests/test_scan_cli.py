@@ -146,6 +146,19 @@ def test_sarif_and_diff_formats(capsys, workdir):
     assert "+++ b/a.py" in out
 
 
+def test_scan_diff_shows_an_unsafe_patch_only_with_unsafe_fixes_and_labelled(capsys, workdir):
+    shutil.copy(ROOT / "fixtures" / "attention" / "negative" / "03_helper_returns_attention.py", workdir / "a.py")
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "json")
+    assert [(f["rule"], f["fix_safety"], bool(f["patch"])) for f in json.loads(out)["findings"]] == \
+        [("ADV102", "unsafe", True)]
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "diff")
+    assert out == ""
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "diff", "--unsafe-fixes")
+    label, *diff = out.splitlines()
+    assert label.startswith("# ADV102 UNSAFE fix (--unsafe-fixes): the attention weights are used outside")
+    assert diff[:2] == ["--- a/a.py", "+++ b/a.py"]
+
+
 def test_rules_are_data(capsys):
     code, out, _ = run_cli(capsys, "rules", "--format", "json")
     rules = {r["code"]: r for r in json.loads(out)["rules"]}

@@ -31,11 +31,14 @@ def run(args) -> int:
     findings = result.findings
     if args.profile:
         findings = _with_measured_cost(findings, args.profile)
-    return write_report(lambda: _render(args.format, result, findings), exit_code(result, bool(findings)))
+    return write_report(lambda: _render(args.format, result, findings, args.unsafe_fixes),
+                        exit_code(result, bool(findings)))
 
 
-def _render(output_format: str, result: ScanResult, findings: list[Finding]) -> None:
-    """Every format carries the errors: in the document (JSON, SARIF), or on stderr beside a patch (diff)."""
+def _render(output_format: str, result: ScanResult, findings: list[Finding], unsafe_fixes: bool) -> None:
+    """Every format carries the errors: in the document (JSON, SARIF), or on stderr beside a patch (diff). The
+    diffs are the patches `fix` would apply: unsafe ones only with --unsafe-fixes, each under a comment line that
+    says so and why (`patch` and `git apply` skip such lines). JSON lists every patch with its fix_safety."""
     if output_format == "json":
         print(json.dumps({"version": 1, "files_scanned": len(result.files),
                           "findings": [f.to_json() for f in findings],
@@ -46,7 +49,11 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding]) -> 
         print_errors(Console(stderr=True, highlight=False), result.errors)
         console = stdout_console()
         for finding in findings:
-            if finding.patch:
+            if finding.patch and finding.fix_safety == "safe":
+                print_diff(console, finding.patch)
+            elif finding.patch and unsafe_fixes:
+                console.print(f"# {finding.rule} UNSAFE fix (--unsafe-fixes): {finding.reason}", markup=False,
+                              highlight=False, soft_wrap=True)
                 print_diff(console, finding.patch)
     else:
         print_findings(stdout_console(), findings, result.errors, len(result.files))

@@ -1,6 +1,6 @@
 """The runtime engine: a profiled run's op graph -> every rule family's graph detectors (advisor.registry) ->
-detections -> findings ranked by their measured time. A new runtime detector is listed in its rule unit, not
-here. (A Chrome trace, which has no op graph, goes through advisor.runtime.trace_detect instead.)"""
+detections -> findings ranked by their measured time. A runtime detector is declared by its rule unit (a rule's
+`graph`, or a family's `graph_detectors` module that finds several codes in one pass), never listed here. (A Chrome trace, which has no op graph, goes through advisor.runtime.trace_detect instead.)"""
 
 from __future__ import annotations
 
@@ -15,8 +15,14 @@ from advisor.runtime.timing import Timing
 
 
 def detect_graph(graph: OpGraph, device: str) -> list[Detection]:
-    return [detection for family in families() for module in family.graph_detectors
-            for detection in import_module(module).detect(graph, device)]
+    found = []
+    for family in families():
+        for module in family.graph_detectors:
+            found += import_module(module).detect(graph, device)
+        for rule in family.rules:
+            if rule.graph is not None:
+                found += rule.graph(graph, device)
+    return found
 
 
 def runtime_findings(graph: OpGraph, device: str, timing: Timing) -> list[Finding]:

@@ -10,10 +10,10 @@ from advisor.rewrite.apply import RewriteFailed, render
 from advisor.static.module_index import ParsedModule
 
 
-def config_findings(parsed: ParsedModule) -> list[Detected]:
-    """The finding and its fix for every configuration match."""
+def config_findings(parsed: ParsedModule, rules) -> list[Detected]:
+    """The finding and its fix for every match of `rules` (the attention_config family's SiteRules)."""
     results = []
-    for match in find_config_issues(parsed):
+    for match in find_config_issues(parsed, rules):
         rule = load_rules()[match.rule]
         fix = match.edit.as_edits() if match.edit is not None else None
         reason, edits = match.reason, None

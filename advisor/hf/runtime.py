@@ -11,12 +11,13 @@ import os
 import libcst as cst
 
 from advisor.findings import Finding, display_path
-from advisor.hf.config_rules import EAGER, LOADERS
+from advisor.hf.config_rules import LOADERS
 from advisor.hf.findings import config_findings
 from advisor.registry import load_rules
 from advisor.rewrite.splice import local_diff
 from advisor.rules.attention import MEASURED
-from advisor.rules.attention_config import MEASURED_EAGER
+from advisor.rules.attention_config.eager_attention import RULE as EAGER
+from advisor.rules.attention_config.measured_eager import RULE as MEASURED_EAGER
 from advisor.static.module_index import ParsedModule
 
 RULE = MEASURED_EAGER.code
@@ -85,8 +86,8 @@ def _target_source(target: str) -> tuple[str | None, str]:
 def _choosing_finding(parsed: ParsedModule, function: str) -> Finding | None:
     """The static ADV601 finding (eager attention set in this file), preferring one inside the target function."""
     eager = []
-    for found in config_findings(parsed):
-        if found.finding.rule == EAGER:
+    for found in config_findings(parsed, (EAGER,)):
+        if found.finding.rule == EAGER.code:
             if found.edits is not None:
                 found.finding.patch = local_diff(display_path(parsed.path), parsed.lines, found.edits)
             eager.append(found.finding)

@@ -49,9 +49,9 @@ def explain(rule: Rule) -> str:
 def main(argv: list[str]) -> int:
     (path,) = argv
     with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+        text = with_table(handle.read())  # before opening for writing: a file without markers stays as it was
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write(with_table(text))
+        handle.write(text)
     return 0
 
 

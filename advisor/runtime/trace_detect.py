@@ -15,7 +15,10 @@ from advisor.runtime.detect.ops import FUSED_SDPA
 from advisor.runtime.events import OpEvents
 from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
 from advisor.rules.attention import MASK_REBUILT, MATH_FALLBACK, MEASURED
-from advisor.rules.copies_casts import ALREADY_CONTIGUOUS, SAME_DTYPE, TRACED_CAST, TRACED_COPY
+from advisor.rules.copies_casts.already_contiguous import RULE as ALREADY_CONTIGUOUS
+from advisor.rules.copies_casts.same_dtype_cast import RULE as SAME_DTYPE
+from advisor.rules.copies_casts.traced_cast import RULE as TRACED_CAST
+from advisor.rules.copies_casts.traced_copy import RULE as TRACED_COPY
 
 _MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm"}
 _SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax"}

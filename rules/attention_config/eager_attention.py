@@ -1,0 +1,103 @@
+"""ADV601: a transformers model loaded with (or set to) eager attention."""
+
+from __future__ import annotations
+
+from advisor.hf.site_rule import SiteRule
+from advisor.lazy import lazy_import
+from advisor.registry import negative, positive
+from advisor.rules.attention_config._links import HF_ATTENTION, HF_SDPA
+
+config = lazy_import("advisor.hf.config_rules")
+
+
+def check(site):
+    """`attn_implementation="eager"` given to a loader or `set_attn_implementation`, or assigned to a config's
+    `attn_implementation`/`_attn_implementation`."""
+    import libcst as cst
+
+    values = []
+    if isinstance(site.node, cst.Assign):
+        values = [site.node.value for target in site.node.targets if isinstance(target.target, cst.Attribute)
+                  and target.target.attr.value in ("_attn_implementation", "attn_implementation")]
+    elif site.is_loader or site.method == "set_attn_implementation":
+        values = [arg.value for arg in site.node.args if arg.keyword is not None
+                  and arg.keyword.value == "attn_implementation"]
+        if site.method == "set_attn_implementation" and site.node.args and site.node.args[0].keyword is None:
+            values.append(site.node.args[0].value)
+    return [_eager(site, value) for value in values
+            if isinstance(value, cst.SimpleString) and value.evaluated_value == "eager"]
+
+
+def _eager(site, value):
+    """"sdpa" for "eager": safe for a concrete transformers class declaring SDPA support, when nothing in the file
+    asks for the attention weights."""
+    quote = value.value[0]
+    hint = ' (or "flash_attention_2" with the flash_attn package: this script runs on CUDA in fp16/bf16)' \
+        if _on_cuda_half(site.parsed.source) else ""
+    reason = None if _declares_sdpa(site.dotted) else (
+        "assumes the model family supports SDPA (the loaded class is not a concrete transformers class declaring it; "
+        "transformers raises at load time otherwise)")
+    wants_weights = _output_attentions_lines(site.parsed)
+    if wants_weights:
+        reason = "; ".join(filter(None, (reason, f"output_attentions=True at line {wants_weights[0]} needs the eager "
+                                                 "attention weights")))
+    return site.match(RULE, message=f'transformers model loaded with eager attention: use attn_implementation="sdpa"'
+                                    f'{hint}', reason=reason, edit=config.SourceEdit(value, f"{quote}sdpa{quote}"),
+                      unsafe=reason is not None)
+
+
+def _output_attentions_lines(parsed) -> list[int]:
+    return sorted(parsed.line(call) for call in parsed.calls_and_classes[0]
+                  if any(arg.keyword is not None and arg.keyword.value == "output_attentions"
+                         and config.is_true(arg.value) for arg in call.args))
+
+
+def _on_cuda_half(text: str) -> bool:
+    """The script moves work to CUDA and uses fp16/bf16 somewhere (dtype arguments, .half(), .bfloat16())."""
+    cuda = any(token in text for token in ('"cuda', "'cuda", ".cuda()", 'device_map="auto"', "device_map='auto'"))
+    return cuda and any(token in text for token in ("float16", "bfloat16", ".half()"))
+
+
+def _declares_sdpa(dotted: str) -> bool:
+    """A concrete transformers model class whose `_supports_sdpa` is True (imports transformers, never user code)."""
+    if not dotted.startswith("transformers.") or not dotted.endswith(config.LOADERS):
+        return False
+    class_name = dotted.split(".")[-2]
+    if class_name.startswith(("Auto", "TF", "Flax")):
+        return False
+    try:
+        import transformers
+
+        model_class = getattr(transformers, class_name, None)
+    except Exception:  # noqa: BLE001 - a broken install means "not proved", never a crash of the scan
+        return False
+    return getattr(model_class, "_supports_sdpa", False) is True
+
+
+RULE = SiteRule(
+    code="ADV601", kind="hf-attn-implementation", title="transformers model loaded with eager attention",
+    summary="transformers model loaded with `attn_implementation=\"eager\"` (from_pretrained, from_config, configs, "
+            "`_attn_implementation =`, `set_attn_implementation`)",
+    fix="attn-implementation-sdpa", fix_safety="unsafe",
+    fix_summary="`\"sdpa\"`: safe for a concrete class declaring SDPA support and no `output_attentions=True` in the "
+                "file, else unsafe",
+    what="Finds attn_implementation=\"eager\" in from_pretrained, from_config, a model config, "
+         "config._attn_implementation or set_attn_implementation.",
+    why="Every attention layer of the model then runs the hand-written matmul + softmax path: the L x S weights are "
+        "materialised in every layer. \"sdpa\" runs torch's scaled_dot_product_attention (flash / memory-efficient "
+        "kernels) with the same function; on a CUDA script in fp16/bf16, \"flash_attention_2\" is faster still.",
+    fix_doc="Replaces \"eager\" by \"sdpa\" in the user's own code, never in library files. Safe only when the "
+            "loaded class is a concrete transformers class that declares SDPA support and nothing in the file asks "
+            "for the attention weights (output_attentions=True); otherwise unsafe, saying which it could not prove.",
+    examples=(
+        positive('from transformers import LlamaForCausalLM\n'
+                 'm = LlamaForCausalLM.from_pretrained("x", attn_implementation="eager")\n',
+                 fixed='from transformers import LlamaForCausalLM\n'
+                       'm = LlamaForCausalLM.from_pretrained("x", attn_implementation="sdpa")\n'),
+        negative('from transformers import AutoModel\n'
+                 'm = AutoModel.from_pretrained("x", attn_implementation="sdpa")\n'),
+        negative('def f(db):\n    db.connect(attn_implementation="eager")\n'),
+    ),
+    references=(HF_ATTENTION, HF_SDPA),
+    tokens=('attn_implementation',), check=check,
+)

@@ -1,0 +1,22 @@
+"""Copies and casts: one module per rule, each a `CallRule` (advisor.fixes.copies_casts) holding its docs, examples,
+static proof, runtime join and op-graph detector. Adding a rule to this family is adding a module here.
+
+The findings are proved redundant from the source, or measured by a profile (`fix --profile`) and joined to the
+call on that line. Each fix states its safety and why; the trace-only codes (ADV205, ADV305) come from
+advisor.runtime.trace_detect, since a Chrome trace cannot tell a needed copy apart."""
+
+from __future__ import annotations
+
+from advisor.registry import Family, unit_rules
+
+RULES = unit_rules(__name__)
+
+
+def _detect(context):
+    from advisor.fixes.copies_casts import copy_cast_findings
+
+    return copy_cast_findings(context.parsed, context.evidence, context.earlier, RULES)
+
+
+# the static detector runs where one of the rules' tokens occurs; a profile's evidence for the file bypasses them
+FAMILY = Family(name="copies_casts", rules=RULES, static=_detect, uses_evidence=True)

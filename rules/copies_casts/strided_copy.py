@@ -1,0 +1,52 @@
+"""ADV202: a layout copy whose readers all take strided input, measured by a profile."""
+
+from __future__ import annotations
+
+from advisor.fixes.call_rule import CallRule
+from advisor.lazy import lazy_import
+from advisor.rules.copies_casts._examples import not_profiled, profiled
+from advisor.runtime.detect import Detection
+
+roles = lazy_import("advisor.patterns.copies_casts")
+engine = lazy_import("advisor.fixes.copies_casts")
+copies = lazy_import("advisor.runtime.detect.copies")
+ops = lazy_import("advisor.runtime.detect.ops")
+
+
+def join(request):
+    return engine.copy_removal(request, roles.is_contiguous_call,
+                               "every op reading the copy accepts strided input (views replayed on meta tensors)")
+
+
+def detect(op_graph, device: str) -> list[Detection]:
+    """Copies of a strided tensor whose every reader works on it un-copied. A copy read only by copies or only by
+    transposes is left to ADV204 and ADV203, which say more."""
+    graph = op_graph.graph
+    return [Detection(RULE.code, copy.loc, copy.loc.line, frozenset({copy.node}),
+                      f"`.contiguous()` copy of {copy.size} feeds only ops that accept strided input "
+                      f"({', '.join(sorted(copy.user_ops))}): remove it", copy.evidence)
+            for copy in copies.layout_copies(graph)
+            if not copy.source.contiguous and not copy.user_ops <= ops.COPIES and not copy.user_ops <= ops.TRANSPOSES
+            and all(copies.takes_strides(graph, user, copy.source) for user in copy.users)]
+
+
+RULE = CallRule(
+    code="ADV202", kind="contiguous", title="Layout copy whose users all accept strided input",
+    summary="layout copy whose readers all take strides (profile)", fix="remove-call", fix_safety="safe",
+    fix_summary="`--profile`: remove it; safe when no value derived from the result is returned, stored or `.view`ed "
+                "and nothing in the function writes in place (static, and no in-place op measured there); else unsafe",
+    what="A `.contiguous()` of a transposed or permuted tensor whose every reader (matmul, elementwise ops, softmax, "
+         "views that succeed on the strided layout) takes strided input, as measured by a profile.",
+    why="The copy writes every element: it costs memory bandwidth and buys nothing.",
+    fix_doc="`advisor fix --profile`: removes the call when every call on the line was redundant. Removing a copy "
+            "never changes values (a later reduction may sum in another order: last-bit differences); the result "
+            "then shares its input's memory and strides, so the patch is safe only when no code reads the layout of "
+            "the result or of a value derived from it, none of them leaves the function, and nothing in the "
+            "function writes in place; otherwise it is unsafe and names what could differ.",
+    example="y = x.transpose(1, 2).contiguous()\nreturn y @ w  # matmul takes strided input",
+    detectors=("runtime",),
+    examples=(profiled("y = x.transpose(1, 2).contiguous()\nreturn y @ x", "y = x.transpose(1, 2)\nreturn y @ x"),
+              not_profiled("y = x.transpose(1, 2).contiguous()\nreturn y.view(2, -1)")),
+    references=("https://pytorch.org/docs/stable/notes/cuda.html#memory-management",), threshold_share=0.005,
+    join=join, graph=detect, redundant_call="contiguous",
+)
