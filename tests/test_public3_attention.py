@@ -46,7 +46,9 @@ JUDGEMENTS: dict[str, Judgement] = {
                       "MISS, reason accurate: the (b*h) -> (b, h) view of the scores before the softmax is exact"),
     "p10_falcon": J((UNSAFE,), ("attention_mask_float",),
                     "MISS of a fact: the mask is `.to(query_layer.dtype)` and 4-D (built from a 4-D bool)"),
-    "p11_bloom_alibi": J((), verdict="MISS (silent): alibi.baddbmm(batch1=, batch2=) is not read as attention"),
+    "p11_bloom_alibi": J((REFUSED,), ("never reach a value product",),
+                         "MISS, reason misleading: the weights reach bmm through a (b, h) -> (b*h) view (before "
+                         "this round it was silent: alibi.baddbmm(batch1=, batch2=) and beta=self.beta were unread)"),
     "p12_opt": J((REFUSED, REFUSED), ("torch.max",), "right: the clamp torch.max(scores, finfo.min)"),
     "p13_mpt": J((REFUSED,), ("if dropout_p",), "MISS, reason accurate: dropout under `if dropout_p:`"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
@@ -223,6 +225,23 @@ def test_finite_additive_mask_fully_masked_rows():
         compare_run(original, rewritten, dtype=dtype, atol=atol, rtol=rtol, inputs_hook=partly_padded)
     compare_run(original, rewritten, dtype=torch.float32, atol=BF16[1], rtol=BF16[2], grad=False, autocast=True,
                 inputs_hook=partly_padded)
+
+
+def test_baddbmm_keywords_and_attribute_beta():
+    """BLOOM's `alibi.baddbmm(batch1=q, batch2=k, beta=self.beta, alpha=...)` with `self.beta = 1.0`: the alibi is
+    an added float mask, as for `torch.baddbmm(alibi, q, k, beta=1.0)`."""
+    source = ("import torch\nimport torch.nn as nn\n\n\n"
+              "class A(nn.Module):\n"
+              "    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.beta = 1.0\n\n"
+              "    def forward(self, alibi, q, k, v):\n"
+              "        s = alibi.baddbmm(batch1=q, batch2=k.transpose(1, 2), beta=self.beta, alpha=0.25)\n"
+              "        return torch.bmm(s.softmax(dim=-1), v)\n")
+    (finding,) = analyze_source(source, "bloom_like.py", unsafe_fixes=True).findings
+    assert finding.fixable and "attn_mask=alibi" in finding.patch and "scale=0.25" in finding.patch
+    (refused,) = analyze_source(source.replace("self.beta = 1.0", "self.beta = 0.5"), "beta.py").findings
+    assert not refused.fixable and "beta" in refused.reason
 
 
 def test_inline_softmax_module_is_read():

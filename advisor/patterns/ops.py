@@ -182,9 +182,10 @@ class OpReader:
         base = method[:-1] if inplace else method
         if base in ("matmul", "bmm") and len(args) == 1 and not inplace:
             return Op(base, call, [receiver, args[0]])
-        if base == "baddbmm" and len(args) == 2:
-            return Op("baddbmm", call, args, {"input": receiver, "beta": _arg(call, 2, "beta"),
-                                              "alpha": _arg(call, 3, "alpha")}, inplace)
+        batches = [_arg(call, 0, "batch1"), _arg(call, 1, "batch2")]  # BLOOM: alibi.baddbmm(batch1=q, batch2=k)
+        if base == "baddbmm" and len(args) <= 2 and None not in batches:
+            return Op("baddbmm", call, batches, {"input": receiver, "beta": _arg(call, 2, "beta"),
+                                                 "alpha": _arg(call, 3, "alpha")}, inplace)
         if base in ("softmax", "log_softmax") and not inplace:
             return Op(base, call, [receiver], {"dim": _arg(call, 0, "dim"), "dtype": _arg(call, 1, "dtype")})
         if base == "exp" and not call.args and not inplace:

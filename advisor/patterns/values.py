@@ -295,3 +295,21 @@ class ValueProver:
                 if found is not None:
                     return found
         return None
+
+    def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
+        """The number a literal, a local name assigned only that literal, or a `self.` attribute assigned only
+        that literal in its class (`self.beta = 1.0`, BLOOM) holds; None when it is not such a literal."""
+        if node is None or depth > 4:
+            return None
+        value = number_value(node)
+        if value is not None:
+            return value
+        if isinstance(node, cst.Name):
+            definitions = self.flow.definitions_of(node)
+            values = {self.literal_number(d.value, depth + 1) if d.kind == "assign" and d.index is None else None
+                      for d in definitions}
+            return values.pop() if len(values) == 1 and not self.flow.sees_undefined(node) else None
+        if (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+                and self.owner is not None):
+            return self.literal_number(self.owner.only_value(node.attr.value), depth + 1)
+        return None
