@@ -161,10 +161,12 @@ out = scores.softmax(dim=-1) @ v
     ((1.0 - _key_padding(torch.float32)) * -1e4).half(),  # fp16 mask on fp32 scores
 ], ids=["bool", "int64", "fp16"])
 def test_d_additive_masks_of_other_dtypes_match(mask):
+    """The dtype and rank facts are proved; only the fully-masked-row fact of an added mask is assumed (its values
+    are not visible: a padded sample's row swallowed by `finfo.min` differs in SDPA's gradients)."""
     finding = _finding(_module_source(ADDITIVE))
-    assert finding.fix_safety == "safe", finding.reason
+    assert finding.fix_safety == "unsafe" and _facts(finding, "assumed") == {"fully-masked-rows"}, finding.reason
     assert {"mask-dtype", "qkv-dtype", "mask-rank"} <= _facts(finding, "proved")
-    original, patched = _outputs(ADDITIVE, mask)
+    original, patched = _outputs(ADDITIVE, mask, unsafe=True)
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
@@ -246,8 +248,9 @@ def test_d_mask_added_in_place_is_rounded_to_the_scores_dtype(mask_dtype):
     """`s.add_(m)` keeps s's dtype: the original rounds s + m to it, SDPA rounds m; a wider (fp64) mask too."""
     body = ADDITIVE.replace("scores = scores + mask[:, None, None, :]", "scores.add_(mask[:, None, None, :])")
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "safe" and {"qkv-dtype", "mask-dtype"} <= _facts(finding, "proved")
-    original, patched = _outputs(body, (1 - _key_padding(torch.int64)).to(mask_dtype) * -10000)
+    assert _facts(finding, "assumed") == {"fully-masked-rows"} and {"qkv-dtype", "mask-dtype"} <= _facts(finding,
+                                                                                                         "proved")
+    original, patched = _outputs(body, (1 - _key_padding(torch.int64)).to(mask_dtype) * -10000, unsafe=True)
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
@@ -306,3 +309,26 @@ def test_a_float32_upcast_inside_the_block_is_a_stated_divergence_of_a_safe_patc
     [finding] = analyze_source(_module_source(body), "widen.py").findings
     accepted = [fact["name"] for fact in finding.extra["facts"]["accepted"]]
     assert finding.fix_safety == "safe" and "precision" in accepted
+
+
+def test_d_an_added_mask_that_swallows_a_padded_sample_is_why_the_row_fact_is_assumed():
+    """The evidence for assuming `fully-masked-rows` on an added mask: HF's `(1 - m) * finfo.min` on a sample that
+    is all padding. The outputs agree (the row is uniform either way), but the input gradients do not: SDPA's fused
+    CPU backward differs from autograd through the eager softmax on a row the mask swallows."""
+    source = _module_source(ADDITIVE)
+    fixed = analyze_source(source, "case.py", unsafe_fixes=True).fixed
+    padding = torch.ones(2, 5)
+    padding[1] = 0  # the second sample is all padding
+    mask = (1.0 - padding) * torch.finfo(torch.float32).min
+    results = []
+    for code in (source, fixed):
+        torch.manual_seed(0)
+        model = load_module_from_source(code, "case").Attention()
+        x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        out = model(x, mask)
+        (grad,) = torch.autograd.grad(out, x, torch.randn(out.shape, generator=torch.Generator().manual_seed(2)))
+        results.append((out.detach(), grad))
+    (original, original_grad), (patched, patched_grad) = results
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(original_grad[0], patched_grad[0], atol=1e-5, rtol=1e-5)  # the real sample agrees
+    assert not torch.allclose(original_grad[1], patched_grad[1], atol=1e-3)  # the swallowed one does not

@@ -84,8 +84,13 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p36_chunked_queries": J((SAFE,)),
     "p37_nan_to_num_rows": J((REFUSED,), ("nan_to_num",)),
     "p38_tf_style_mult_mask": J((REFUSED,), ("10000.0 * (1 - m)",)),
-    "p39_clip_causal_buffer_bmm": J((SAFE,)),
-    "p41_bart_eager_param_mask": J((SAFE,), verdict="UNSOUND under bf16 autocast (KNOWN_UNSOUND)"),
+    "p39_clip_causal_buffer_bmm": J((UNSAFE,), ("fully masked",),
+                                    "MISS since main's eb10150 (was safe and exact): the added buffer's values are in "
+                                    "the source, fill_(-inf).triu_(1): -inf above the diagonal, so every row keeps "
+                                    "key 0 (and a -inf row would be the accepted NaN -> 0)"),
+    "p41_bart_eager_param_mask": J((UNSAFE,), ("fully masked", "finfo.min"),
+                                   "right since main's eb10150 (was an UNSOUND safe patch: under bf16 autocast the "
+                                   "caller's fp32 finfo.min mask became -inf, rows of 0 instead of the mean of V)"),
     "p40_detr_decoder_cross": J((UNSAFE,), ("bias",),
                                 "MISS of a fact: the bias is torch.zeros(..., dtype=q.dtype).masked_fill(...)"),
 }
@@ -133,22 +138,7 @@ def test_outcome_matches_judgement(name):
             assert word.lower() in reason.lower(), f"{name}: the reason does not name `{word}`: {reason}"
 
 
-KNOWN_UNSOUND = {
-    "p41_bart_eager_param_mask": "a float mask of unknown origin (the caller's, built with fp32 finfo.min) on a "
-                                 "fully padded sample: under CPU bf16 autocast SDPA gets the mask in bf16, where fp32 "
-                                 "finfo.min is -inf, so the padded rows give 0 instead of the original's mean of V "
-                                 "(and with 4-D inputs SDPA's gradients for such rows differ in fp32 too); "
-                                 "advisor/patterns/masks.py record_row_facts accepts every added mask's fully masked "
-                                 "rows as NaN -> 0",
-}
-
-
-def _safe_cases() -> list:
-    return [pytest.param(name, id=name, marks=[pytest.mark.xfail(strict=True, reason=KNOWN_UNSOUND[name])]
-                         if name in KNOWN_UNSOUND else []) for name in MODULES if SAFE in JUDGEMENTS[name].outcomes]
-
-
-@pytest.mark.parametrize("name", _safe_cases())
+@pytest.mark.parametrize("name", [n for n in MODULES if SAFE in JUDGEMENTS[n].outcomes])
 def test_safe_patch_parity(name):
     """Each safe patch alone (and all of a file's safe patches together) against the original: fp32 and fp64
     outputs and gradients, bf16 outputs, CPU bf16 autocast outputs, train mode with dropout 0, a second seed."""

@@ -95,7 +95,11 @@ JUDGEMENTS: dict[str, Judgement] = {
         "the weights transposed by einops.rearrange before a V-first einsum (once a MISS)",
     ),
     "ldm_linear_attention": Judgement(False, "linear attention: softmax over positions of k, K V^T first"),
-    "swin_window_attention": Judgement(True, "pre-scaled q, relative position bias + 0/-100 window mask added"),
+    "swin_window_attention": Judgement(
+        False, "pre-scaled q, relative position bias + 0/-100 window mask added: the added values are not visible, "
+               "and a row they swallow (finfo.min padding) has other gradients in SDPA's fused kernel",
+        cause=r"added mask",
+    ),
     "dinov2_attention": Judgement(True, "q pre-scaled while unpacking qkv[0] * self.scale"),
     "dino_attention_returns_weights": Judgement(
         False, "forward returns (x, attn)", cause=r"used outside|returned",
@@ -108,7 +112,10 @@ JUDGEMENTS: dict[str, Judgement] = {
     "ddpm_attention": Judgement(True, "conv-style (b, h, d, n) einsum, q pre-scaled"),
     "ddpm_linear_attention": Judgement(False, "linear attention: softmax of q over features, of k over positions"),
     "sd2_crossattention": Judgement(False, "scores on two paths, q/k (not v) upcast to fp32 under a `with` block"),
-    "maxvit_attention": Judgement(True, "nn.Sequential(Softmax, Dropout), q pre-scaled, embedding position bias"),
+    "maxvit_attention": Judgement(
+        False, "nn.Sequential(Softmax, Dropout), q pre-scaled, embedding position bias added: its values are not "
+               "visible, so a row it could swallow is not ruled out", cause=r"added mask",
+    ),
     "annotated_transformer_attention": Judgement(
         False, "weights returned by attention() and stored in self.attn", cause=r"used outside|returned",
     ),
@@ -133,6 +140,8 @@ FACTS_HOLD_ON: dict[str, tuple[int, ...]] = {
     "perceiver_attention": (0, 1),
     "palm_mqa_attention": (0,),
     "beit_attention": (0, 1),
+    "swin_window_attention": (0,),
+    "maxvit_attention": (0,),
     "hf_llama_eager": (0,),
     "hf_t5_eager": (0,),
 }

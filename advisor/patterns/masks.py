@@ -6,11 +6,11 @@ the second giving a higher-rank output), so a mask needs 2 to n dims for n-D sco
 A query row whose every key is masked differs between the original and SDPA: with `-inf` fills the original's
 softmax gives NaN and SDPA's gives 0 (the one accepted divergence: no working model reads a NaN); with a finite
 fill (`finfo.min`, `-1e4`) the original gives uniform weights (the mean of V) and SDPA, which adds the fill to
-the scores, does not, unless the fill swallows them. So a finite fill is exact only where no row is fully
-masked, which the source proves only for causal masks: a lower triangle of ones sliced from its first column
-keeps key 0 in every row. Even where the fill swallows the scores, SDPA's gradients for such a row differ (its
-backward rebuilds the weights from a log-sum-exp that lost log(S) to the fill: each weight 1, not 1/S). An added
-float mask built from such a constant (`(1.0 - m) * finfo.min`) is a finite fill too.
+the scores, does not, unless the fill swallows them. An added float mask of values the source does not show is
+the same case (HF's `(1 - m) * finfo.min` on a padded sample swallows the row: the original's weights are uniform,
+SDPA's fused backward gives other gradients, and the mask cast to a bf16 query overflows to -inf). So a finite
+fill or an added mask is exact only where no row is fully masked, which the source proves only for causal masks:
+a lower triangle of ones sliced from its first column keeps key 0 in every row.
 """
 
 from __future__ import annotations
@@ -160,6 +160,13 @@ def record_row_facts(facts: FactSheet, terms: list) -> None:
                       f"`-1e4` do not), even then with other gradients for that row (SDPA's backward recomputes "
                       f"the weights from a log-sum-exp the fill swallowed too); nothing proves every row keeps "
                       f"a key")
+        return
+    if any(term.fill_kind == ADDITIVE for term in terms):
+        facts.assumed(ROWS, "no query row is fully masked",
+                      "the added mask's values are not visible here: where they swallow a whole row's scores (a "
+                      "padded sample under `(1 - m) * finfo.min`), the original's weights are uniform while SDPA's "
+                      "fused backward gives other gradients, and a mask cast to a bf16/fp16 query turns fp32 "
+                      "`finfo.min` into -inf (rows of 0); nothing proves every row keeps a key")
         return
     facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
                    "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")

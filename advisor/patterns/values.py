@@ -274,28 +274,6 @@ class ValueProver:
             return self.fill_kind(value, depth + 1) if value is not None else None
         return None
 
-    def finite_fill_within(self, node: cst.BaseExpression, depth: int = 0) -> cst.BaseExpression | None:
-        """A large negative finite constant an added mask is built from (`(1.0 - m) * torch.finfo(dt).min`,
-        `m * -1e4`, through the assignments of this function): such a mask masks with a finite value, so a row it
-        masks everywhere behaves as a finite fill's does. None when the source shows no such constant."""
-        if depth > 6:
-            return None
-        if self.fill_kind(node) == "finite" and not isinstance(node, cst.Name):
-            return node
-        if isinstance(node, cst.Name):
-            for definition in self.flow.definitions_of(node):
-                found = self.finite_fill_within(definition.value, depth + 1) \
-                    if definition.kind == "assign" and definition.index is None else None
-                if found is not None:
-                    return found
-            return None
-        for child in node.children:
-            if isinstance(child, cst.BaseExpression):
-                found = self.finite_fill_within(child, depth + 1)
-                if found is not None:
-                    return found
-        return None
-
     def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
         """The number a literal, a local name assigned only that literal, or a `self.` attribute assigned only
         that literal in its class (`self.beta = 1.0`, BLOOM) holds; None when it is not such a literal."""

@@ -24,10 +24,7 @@ from advisor.static.module_index import ParsedModule
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
-        finite = c.values.finite_fill_within(mask)  # a float mask built with finfo.min masks as that fill does
-        return MaskTerm("float", render(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace,
-                        fill=None if finite is None else c.parsed.code(finite),
-                        fill_kind=mk.ADDITIVE if finite is None else mk.FINITE)
+        return MaskTerm("float", render(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace)
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False
