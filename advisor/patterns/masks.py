@@ -157,7 +157,9 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list) -> Non
         facts.assumed(ROWS, "no query row is fully masked",
                       f"a row masked everywhere by the finite fill `{parsed.code(finite[0].fill)}` is uniform in the "
                       f"original, and in SDPA only where the fill swallows the scores (fp32 `finfo.min` does, "
-                      f"fp16's or `-1e4` do not); nothing proves every row keeps a key")
+                      f"fp16's or `-1e4` do not), even then with other gradients for that row (SDPA's backward "
+                      f"recomputes the weights from a log-sum-exp the fill swallowed too); nothing proves every row "
+                      f"keeps a key")
         return
     if any(term.fill_kind == ADDITIVE for term in terms):
         facts.assumed(ROWS, "no query row is fully masked",

@@ -93,6 +93,8 @@ class OpReader:
                 helper = self.owner.methods.get(attribute)
                 return op if op is not None or helper is None else self._softmax_helper(helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
+        if isinstance(call.func, cst.Call):
+            return self._inline_module_call(call.func, call)
         if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
                 and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
             return self._softmax_helper(self.parsed.module_functions[call.func.value], call, False)
@@ -180,9 +182,10 @@ class OpReader:
         base = method[:-1] if inplace else method
         if base in ("matmul", "bmm") and len(args) == 1 and not inplace:
             return Op(base, call, [receiver, args[0]])
-        if base == "baddbmm" and len(args) == 2:
-            return Op("baddbmm", call, args, {"input": receiver, "beta": _arg(call, 2, "beta"),
-                                              "alpha": _arg(call, 3, "alpha")}, inplace)
+        batches = [_arg(call, 0, "batch1"), _arg(call, 1, "batch2")]  # BLOOM: alibi.baddbmm(batch1=q, batch2=k)
+        if base == "baddbmm" and len(args) <= 2 and None not in batches:
+            return Op("baddbmm", call, batches, {"input": receiver, "beta": _arg(call, 2, "beta"),
+                                                 "alpha": _arg(call, 3, "alpha")}, inplace)
         if base in ("softmax", "log_softmax") and not inplace:
             return Op(base, call, [receiver], {"dim": _arg(call, 0, "dim"), "dtype": _arg(call, 1, "dtype")})
         if base == "exp" and not call.args and not inplace:
@@ -216,6 +219,16 @@ class OpReader:
             return None
         prefix = f"self.{attribute}"
         return self._module_op(built, prefix, call, args[0])
+
+    def _inline_module_call(self, built: cst.Call, call: cst.Call) -> Op | None:
+        """`nn.Softmax(dim=-1)(x)`: a module built and called in one expression (BLIP, ALBEF). Only modules whose
+        result does not depend on their state: an inline `nn.Dropout(p)(x)` is always in training mode."""
+        args = _positional(call)
+        if len(args) != 1 or len(call.args) != 1 or _has_star(built) or not _is_dotted(built.func):
+            return None
+        if self.parsed.imported_name(built.func) in ("torch.nn.Softmax", "torch.nn.modules.activation.Softmax"):
+            return self._module_op(built, "", call, args[0])
+        return None
 
     def _partial_call(self, built: cst.Call, call: cst.Call) -> Op | None:
         """`self.attn_fn(s)` with `self.attn_fn = partial(F.softmax, dim=-1)`: the function called with the

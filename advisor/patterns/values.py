@@ -259,7 +259,8 @@ class ValueProver:
             return "neginf" if value == float("-inf") else ("finite" if value <= MASK_FILL_FLOOR else None)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.tensor" and node.args:
             return self.fill_kind(node.args[0].value, depth + 1)
-        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.full" and len(node.args) > 1:
+        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) in ("torch.full", "torch.full_like") \
+                and len(node.args) > 1 and (node.args[1].keyword is None or node.args[1].keyword.value == "fill_value"):
             return self.fill_kind(node.args[1].value, depth + 1)
         if isinstance(node, cst.Name):
             definitions = self.flow.definitions_of(node)
@@ -271,4 +272,22 @@ class ValueProver:
                 and self.owner is not None):
             value = self.owner.only_value(node.attr.value)
             return self.fill_kind(value, depth + 1) if value is not None else None
+        return None
+
+    def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
+        """The number a literal, a local name assigned only that literal, or a `self.` attribute assigned only
+        that literal in its class (`self.beta = 1.0`, BLOOM) holds; None when it is not such a literal."""
+        if node is None or depth > 4:
+            return None
+        value = number_value(node)
+        if value is not None:
+            return value
+        if isinstance(node, cst.Name):
+            definitions = self.flow.definitions_of(node)
+            values = {self.literal_number(d.value, depth + 1) if d.kind == "assign" and d.index is None else None
+                      for d in definitions}
+            return values.pop() if len(values) == 1 and not self.flow.sees_undefined(node) else None
+        if (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+                and self.owner is not None):
+            return self.literal_number(self.owner.only_value(node.attr.value), depth + 1)
         return None

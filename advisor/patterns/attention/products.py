@@ -16,7 +16,7 @@ from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.scores import tensor_and_factor
-from advisor.patterns.ops import Op, int_value, number_value
+from advisor.patterns.ops import Op, int_value
 from advisor.static.dataflow import Definition
 
 
@@ -44,9 +44,10 @@ def _baddbmm_terms(c: Candidate, core: Op) -> None:
         if not c.values.is_scalar(alpha):
             raise Refusal("baddbmm's alpha is not provably a Python number")
         c.factors.append(("mul", alpha))
-    if beta is not None and number_value(beta) == 0:
+    beta_value = None if beta is None else c.values.literal_number(beta)
+    if beta is not None and beta_value == 0:
         return
-    if beta is not None and number_value(beta) != 1:
+    if beta is not None and beta_value != 1:
         raise Refusal("baddbmm's beta is neither 0 nor 1")
     bias = core.params["input"]
     c.match.masks.append(MaskTerm("float", at_home(c, bias), nodes=[bias], source=bias, same_dtype=True))

@@ -68,8 +68,10 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
                           f"`{short(c.parsed, op.operands[1] if op.operands[0] is node else op.operands[0])}` "
                           f"(a head mask or reweighting) before the value product")
         else:
+            why = "heads or positions are mixed" if op.name in ("view", "transpose", "permute", "mT") else \
+                "SDPA applies nothing between its softmax and its value product"
             raise Refusal(f"the attention weights pass through `{short(c.parsed, op.node)}` before the value "
-                          f"product (heads or positions are mixed)")
+                          f"product ({why})")
     raise Refusal("the weights are followed too far without reaching a value product")
 
 
