@@ -41,3 +41,64 @@ def _read(expression: str) -> str | None:
 def test_triangle_of_ones(expression, expected):
     """'lower' keeps keys up to the query's position, 'upper' masks the keys after it; None is no triangle."""
     assert _read(expression) == expected
+
+
+ADDED_MASK = '''import torch
+from torch import nn
+
+
+{helper}
+
+
+class Attention(nn.Module):
+    def __init__(self, n=6):
+        super().__init__()
+        self.register_buffer("causal", {built}, persistent=False)
+
+    def forward(self, q, k, v):
+        L, S = q.size(-2), k.size(-2)
+        w = (q @ k.transpose(-2, -1) + self.causal{sliced}).softmax(dim=-1)
+        return w @ v
+'''
+HELPER = '''def build(n):
+    mask = torch.empty(n, n)
+    mask.fill_(float("-inf"))
+    mask.triu_(1)
+    return mask'''
+
+
+@pytest.mark.parametrize(("helper", "built", "sliced", "proved"), [
+    ("", 'torch.full((n, n), float("-inf")).triu(1)', "", True),
+    ("", 'torch.triu(torch.full([n, n], -float("inf")), diagonal=1)', "[:L, :S]", True),
+    ("", 'torch.empty(n, n).fill_(float("-inf")).triu_(1)', "[S - L:S, :S]", True),
+    (HELPER, "build(n)", "", True),  # CLIP's build_attention_mask
+    ("", 'torch.full((n, n), float("-inf")).triu(0)', "", False),  # masks the diagonal: row 0 keeps nothing
+    ("", 'torch.full((n, n), -1e9).triu(1)', "", False),  # a finite fill: not -inf
+    ("", 'torch.empty(n, n).triu_(1)', "", False),  # never filled: any values
+    ("", 'torch.full((n, n), float("-inf")).triu(1)', "[:L, 1:S]", False),  # drops key 0
+    (HELPER.replace("    mask.triu_(1)\n", "    mask.triu_(1)\n    mask[0] = float('-inf')\n"), "build(n)", "",
+     False),  # a write the fold does not read
+    (HELPER.replace("mask.triu_(1)", "mask.tril_(-1)"), "build(n)", "", False),  # the other triangle
+])
+def test_an_added_neginf_triangle_keeps_the_first_key(helper, built, sliced, proved):
+    """An added buffer of -inf strictly above the diagonal (0 elsewhere) keeps key 0 in every row: the patch is
+    safe without assuming anything about fully masked rows. Anything else added leaves that fact assumed."""
+    from advisor.engine.static import analyze_source
+
+    source = ADDED_MASK.format(helper=helper, built=built, sliced=sliced)
+    (finding,) = [f for f in analyze_source(source, "model.py").findings if f.kind == "attention"]
+    facts = finding.extra["facts"]
+    assert ("fully-masked-rows" in {f["name"] for f in facts["proved"]}) == proved, finding.reason
+    if proved:
+        import torch
+
+        fixed = analyze_source(source, "model.py", unsafe_fixes=True).fixed  # the buffer's dtype is not visible
+        assert "scaled_dot_product_attention" in fixed and "fully-masked-rows" not in {
+            f["name"] for f in facts["assumed"]}
+
+        from fixture_models import load_module_from_source
+
+        q, k, v = (torch.randn(2, 3, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+        outputs = [load_module_from_source(code, f"added_{i}").Attention()(q, k, v)
+                   for i, code in enumerate((source, fixed))]
+        torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)

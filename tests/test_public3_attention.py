@@ -84,10 +84,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p36_chunked_queries": J((SAFE,)),
     "p37_nan_to_num_rows": J((REFUSED,), ("nan_to_num",)),
     "p38_tf_style_mult_mask": J((REFUSED,), ("10000.0 * (1 - m)",)),
-    "p39_clip_causal_buffer_bmm": J((UNSAFE,), ("fully masked",),
-                                    "MISS since main's eb10150 (was safe and exact): the added buffer's values are in "
-                                    "the source, fill_(-inf).triu_(1): -inf above the diagonal, so every row keeps "
-                                    "key 0 (and a -inf row would be the accepted NaN -> 0)"),
+    "p39_clip_causal_buffer_bmm": J((SAFE,), (), "right again: the added buffer is built by a helper with "
+                                    "fill_(-inf).triu_(1), so every row keeps key 0 (proved; a MISS for a while "
+                                    "after added masks stopped getting the NaN -> 0 acceptance)"),
     "p41_bart_eager_param_mask": J((UNSAFE,), ("fully masked", "finfo.min"),
                                    "right since main's eb10150 (was an UNSOUND safe patch: under bf16 autocast the "
                                    "caller's fp32 finfo.min mask became -inf, rows of 0 instead of the mean of V)"),

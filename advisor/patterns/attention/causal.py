@@ -2,7 +2,8 @@
 
 The triangle is found where the mask is built (a local assignment, or the buffer the class registers) and
 sliced `[..., :T, :T]`; `== 0`, `~` and `< 1` flip the polarity. A triangle sliced from column 0 also proves
-that every query row keeps key 0, which makes a finite fill exact (see `patterns.masks`).
+that every query row keeps key 0, which makes a finite fill exact (see `patterns.masks`); so does an added
+buffer of -inf strictly above the diagonal and 0 elsewhere (CLIP's and Whisper's causal masks).
 """
 
 from __future__ import annotations
@@ -54,6 +55,101 @@ def keeps_first_key(c: Candidate, masked: cst.BaseExpression, keep_given: bool) 
         return False
     built = c.owner.only_value(base.value.attr.value)
     return built is not None and _causal_polarity(c, triangle(c.parsed, built), masked, keep_given, *via)
+
+
+def added_keeps_first_key(c: Candidate, mask: cst.BaseExpression) -> bool:
+    """An added mask `self.buf` or `self.buf[..., :L, :S]` (columns from 0) whose buffer is a square of -inf
+    strictly above the diagonal and 0 elsewhere: row r keeps keys 0..r, so no query row is fully masked."""
+    base = mask
+    if isinstance(base, cst.Subscript):
+        if len(base.slice) < 2 or not all(_is_full_slice(s) for s in base.slice[:-2]):
+            return False
+        rows, columns = (element.slice for element in base.slice[-2:])
+        if not isinstance(rows, cst.Slice) or not isinstance(columns, cst.Slice) or columns.step is not None or \
+                (columns.lower is not None and int_value(columns.lower) != 0):
+            return False
+        base = base.value
+    if not (isinstance(base, cst.Attribute) and isinstance(base.value, cst.Name) and base.value.value == "self"
+            and c.owner):
+        return False
+    built = c.owner.only_value(base.attr.value)
+    return built is not None and _neginf_above_diagonal(c, built)
+
+
+def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
+    """`torch.full((n, n), -inf).triu(1)`, `torch.triu(..., diagonal=1)`, `torch.empty(n, n).fill_(-inf).triu_(1)`,
+    or a call of a function of this file that builds one in straight-line statements (`m = torch.empty(n, n)`,
+    `m.fill_(-inf)`, `m.triu_(1)`, `return m`)."""
+    if not isinstance(node, cst.Call):
+        return False
+    helper = c.parsed.module_functions.get(node.func.value) if isinstance(node.func, cst.Name) else None
+    if helper is not None:
+        return _built_by_statements(c, helper) == "upper"
+    return _state(c, node) == "upper"
+
+
+def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, named: str | None = None) -> str | None:
+    """What an expression holds: "square" (any n x n tensor), "neginf" (n x n of -inf), "upper" (-inf strictly
+    above the diagonal, 0 elsewhere), or None. `name` read as the state `named`."""
+    if isinstance(node, cst.Name) and node.value == name:
+        return named
+    if not isinstance(node, cst.Call):
+        return None
+    dotted = c.parsed.imported_name(node.func)
+    args = [a for a in node.args if a.keyword is None]
+    if dotted in ("torch.empty", "torch.zeros", "torch.ones", "torch.full"):
+        sizes = [a.value for a in args]
+        if dotted == "torch.full":
+            if len(sizes) != 2 or not isinstance(sizes[0], (cst.Tuple, cst.List)):
+                return None
+            fill, sizes = sizes[1], [e.value for e in sizes[0].elements]
+        elif len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+            sizes = [e.value for e in sizes[0].elements]
+        codes = {c.parsed.code(size).replace(" ", "") for size in sizes}
+        if len(sizes) != 2 or len(codes) != 1 or any(a.keyword and a.keyword.value != "device" for a in node.args):
+            return None
+        return ("neginf" if c.values.fill_kind(fill) == "neginf" else None) if dotted == "torch.full" else "square"
+    if dotted == "torch.triu" and node.args:
+        inner, options = node.args[0].value, node.args[1:]
+    elif isinstance(node.func, cst.Attribute) and dotted is None and node.func.attr.value in ("triu", "triu_",
+                                                                                             "fill_"):
+        inner, options = node.func.value, node.args
+        if node.func.attr.value == "fill_":
+            fill = options[0].value if len(options) == 1 and options[0].keyword is None else None
+            held = _state(c, inner, name, named)
+            return "neginf" if held in ("square", "neginf") and fill is not None and \
+                c.values.fill_kind(fill) == "neginf" else None
+    else:
+        return None
+    diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
+    if diagonal is None or number_value(diagonal) != 1:
+        return None
+    return "upper" if _state(c, inner, name, named) == "neginf" else None
+
+
+def _built_by_statements(c: Candidate, function: cst.FunctionDef) -> str | None:
+    """The state a helper returns when its body is `m = <tensor>`, then in-place `m.fill_(...)`/`m.triu_(...)`
+    calls, then `return m` (nothing else: any other statement could change m)."""
+    statements = list(function.body.body)
+    if len(statements) < 2 or not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
+                                      for s in statements):
+        return None
+    first, *middle, last = [s.body[0] for s in statements]
+    if not (isinstance(first, cst.Assign) and len(first.targets) == 1 and isinstance(first.targets[0].target, cst.Name)
+            and isinstance(last, cst.Return) and isinstance(last.value, cst.Name)):
+        return None
+    name = first.targets[0].target.value
+    if last.value.value != name:
+        return None
+    held = _state(c, first.value)
+    for small in middle:
+        call = small.value if isinstance(small, cst.Expr) else None
+        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and
+                isinstance(call.func.value, cst.Name) and call.func.value.value == name and
+                call.func.attr.value in ("fill_", "triu_")):
+            return None
+        held = _state(c, call, name, held)
+    return held
 
 
 def is_causal_keep(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:

@@ -12,7 +12,7 @@ import libcst as cst
 
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.candidate import Candidate
-from advisor.patterns.attention.causal import is_causal_keep, keeps_first_key
+from advisor.patterns.attention.causal import added_keeps_first_key, is_causal_keep, keeps_first_key
 from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
@@ -24,7 +24,8 @@ from advisor.static.dataflow import loaded_names
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
-        return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace)
+        return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace,
+                        keeps_first_key=added_keeps_first_key(c, mask))
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False
