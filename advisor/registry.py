@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 RULES_PACKAGE = "advisor.rules"
 SAFETIES = ("safe", "unsafe")
@@ -65,8 +66,8 @@ def workload():
 def workload_module(body: str, shape: tuple[int, ...], init: str = "") -> str:
     """Source of a workload example: a module whose forward runs `body` on one input `x` of `shape`, after
     `__init__` ran `init` (both without indentation)."""
-    indent = lambda code: "\n".join(f"        {line}" for line in code.splitlines())  # noqa: E731
-    return WORKLOAD_MODULE.format(body=indent(body), init=indent(init), shape=shape)
+    return WORKLOAD_MODULE.format(body=textwrap.indent(body, " " * 8), init=textwrap.indent(init, " " * 8),
+                                  shape=shape)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class Family:
     graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) finds several of its codes
     uses_evidence: bool = False  # a profile's evidence for the file makes the static detector run
 
-    @property
+    @cached_property  # read for every file scanned
     def tokens(self) -> tuple[str, ...]:
         return self.prefilter or tuple(dict.fromkeys(token for rule in self.rules for token in rule.tokens))
 

@@ -26,7 +26,8 @@ def add_selection_arguments(parser) -> None:
     parser.add_argument("--select", type=_codes, default=None, help="only these rule codes or prefixes (ADV1,...)")
     parser.add_argument("--ignore", type=_codes, default=None, help="skip these rule codes or prefixes")
     parser.add_argument("--unsafe-fixes", action="store_true",
-                        help="also offer fixes marked unsafe (fix: apply them; scan --format diff: show them, labelled)")
+                        help="also offer fixes marked unsafe (fix: apply them; scan --format diff: show them, "
+                             "labelled)")
     parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
                         help="attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to the "
                              "flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")

@@ -1,6 +1,7 @@
 """The runtime engine: a profiled run's op graph -> every rule family's graph detectors (advisor.registry) ->
 detections -> findings ranked by their measured time. A runtime detector is declared by its rule unit (a rule's
-`graph`, or a family's `graph_detectors` module that finds several codes in one pass), never listed here. (A Chrome trace, which has no op graph, goes through advisor.runtime.trace_detect instead.)"""
+`graph`, or a family's `graph_detectors` module that finds several codes in one pass), never listed here. (A
+Chrome trace, which has no op graph, goes through advisor.runtime.trace_detect instead.)"""
 
 from __future__ import annotations
 

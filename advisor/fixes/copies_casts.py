@@ -1,7 +1,7 @@
 """The call-site rule engine of the copies and casts family (advisor.rules.copies_casts): each rule is a
-`CallRule` (advisor.fixes.call_rule) that proves a rewrite of one call from the source (`prove`), joins a runtime finding of its code to
-the call it measured (`join`), or both; this module runs them over a file and turns their plans into findings with
-fixes. Each finding says how safe its patch is and why.
+`CallRule` (advisor.fixes.call_rule) that proves a rewrite of one call from the source (`prove`), joins a runtime
+finding of its code to the call it measured (`join`), or both; this module runs them over a file and turns their
+plans into findings with fixes. Each finding says how safe its patch is and why.
 
 A runtime finding names a file and a line; the fix needs the call. A join takes the one call on that line that
 can have produced it (two `.contiguous()` calls on one line cannot be told apart: no patch, and the reason says
@@ -19,10 +19,10 @@ import libcst as cst
 from advisor.engine.static import Detected
 from advisor.findings import Finding
 from advisor.fixes.aliasing import layout_or_escape, writes_in_place
+from advisor.fixes.call_rule import CallRule
 from advisor.fixes.evidence import FileEvidence, RuntimeHit
 from advisor.patterns import copies_casts as roles
 from advisor.patterns.facts import FactSheet
-from advisor.fixes.call_rule import CallRule
 from advisor.registry import load_rules
 from advisor.rewrite.apply import RewriteFailed, SourceEdit, render
 from advisor.static.module_index import ParsedModule

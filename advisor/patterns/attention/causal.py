@@ -45,35 +45,35 @@ def keeps_first_key(c: Candidate, masked: cst.BaseExpression, keep_given: bool) 
     if len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None:
         via = [definitions[0].value]  # `mask = self.bias[...].bool()`: its own `== 0` flips it too
         base = _mask_base(c, definitions[0].value)
-    if not (isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) and c.owner
-            and isinstance(base.value.value, cst.Name) and base.value.value.value == "self"
-            and len(base.slice) >= 2 and all(_is_full_slice(s) for s in base.slice[:-2])):
-        return False
-    rows, columns = (element.slice for element in base.slice[-2:])
-    if not isinstance(rows, cst.Slice) or not isinstance(columns, cst.Slice) or columns.step is not None or \
-            (columns.lower is not None and int_value(columns.lower) != 0):
-        return False
-    built = c.owner.only_value(base.value.attr.value)
+    built = _buffer_from_first_column(c, base, sliced=True)
     return built is not None and _causal_polarity(c, triangle(c.parsed, built), masked, keep_given, *via)
 
 
 def added_keeps_first_key(c: Candidate, mask: cst.BaseExpression) -> bool:
     """An added mask `self.buf` or `self.buf[..., :L, :S]` (columns from 0) whose buffer is a square of -inf
     strictly above the diagonal and 0 elsewhere: row r keeps keys 0..r, so no query row is fully masked."""
-    base = mask
+    built = _buffer_from_first_column(c, mask, sliced=False)
+    return built is not None and _neginf_above_diagonal(c, built)
+
+
+def _buffer_from_first_column(c: Candidate, node: cst.BaseExpression, sliced: bool) -> cst.BaseExpression | None:
+    """What the class's only assignment of `self.buf` built, when `node` reads it as `self.buf[..., rows, :S]`
+    (any rows, columns from 0; leading dims whole) or, unless `sliced`, as `self.buf` itself; else None."""
+    base = node
     if isinstance(base, cst.Subscript):
         if len(base.slice) < 2 or not all(_is_full_slice(s) for s in base.slice[:-2]):
-            return False
+            return None
         rows, columns = (element.slice for element in base.slice[-2:])
         if not isinstance(rows, cst.Slice) or not isinstance(columns, cst.Slice) or columns.step is not None or \
                 (columns.lower is not None and int_value(columns.lower) != 0):
-            return False
+            return None
         base = base.value
+    elif sliced:
+        return None
     if not (isinstance(base, cst.Attribute) and isinstance(base.value, cst.Name) and base.value.value == "self"
             and c.owner):
-        return False
-    built = c.owner.only_value(base.attr.value)
-    return built is not None and _neginf_above_diagonal(c, built)
+        return None
+    return c.owner.only_value(base.attr.value)
 
 
 def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
@@ -98,15 +98,11 @@ def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, name
     dotted = c.parsed.imported_name(node.func)
     args = [a for a in node.args if a.keyword is None]
     if dotted in ("torch.empty", "torch.zeros", "torch.ones", "torch.full"):
-        sizes = [a.value for a in args]
         if dotted == "torch.full":
-            if len(sizes) != 2 or not isinstance(sizes[0], (cst.Tuple, cst.List)):
+            if len(args) != 2 or not isinstance(args[0].value, (cst.Tuple, cst.List)):
                 return None
-            fill, sizes = sizes[1], [e.value for e in sizes[0].elements]
-        elif len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
-            sizes = [e.value for e in sizes[0].elements]
-        codes = {c.parsed.code(size).replace(" ", "") for size in sizes}
-        if len(sizes) != 2 or len(codes) != 1 or any(a.keyword and a.keyword.value != "device" for a in node.args):
+            fill, args = args[1].value, args[:1]
+        if not _is_square(c.parsed, args) or any(a.keyword and a.keyword.value != "device" for a in node.args):
             return None
         return ("neginf" if c.values.fill_kind(fill) == "neginf" else None) if dotted == "torch.full" else "square"
     if dotted == "torch.triu" and node.args:
@@ -121,8 +117,7 @@ def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, name
                 c.values.fill_kind(fill) == "neginf" else None
     else:
         return None
-    diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
-    if diagonal is None or number_value(diagonal) != 1:
+    if _diagonal(options) != 1:
         return None
     return "upper" if _state(c, inner, name, named) == "neginf" else None
 
@@ -231,15 +226,24 @@ def triangle(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
         kind, inner, options = node.func.attr.value[:4], node.func.value, node.args
     else:
         return None
-    diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
-    if (number_value(diagonal) if diagonal is not None else 0) != (0 if kind == "tril" else 1):
+    if _diagonal(options, default=0) != (0 if kind == "tril" else 1):
         return None
     if not (isinstance(inner, cst.Call) and parsed.imported_name(inner.func) == "torch.ones"):
         return None
-    sizes = [a for a in inner.args if a.keyword is None]
-    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
-        sizes = sizes[0].value.elements
-    codes = [parsed.code(a.value).replace(" ", "") for a in sizes]
-    if len(codes) != 2 or codes[0] != codes[1]:
+    if not _is_square(parsed, [a for a in inner.args if a.keyword is None]):
         return None
     return "lower" if kind == "tril" else "upper"
+
+
+def _diagonal(options: list[cst.Arg] | tuple[cst.Arg, ...], default: int | None = None) -> float | None:
+    """The `diagonal` a tril/triu call passes (positionally or by keyword), or `default` when it passes none."""
+    diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
+    return number_value(diagonal) if diagonal is not None else default
+
+
+def _is_square(parsed: ParsedModule, sizes: list[cst.Arg]) -> bool:
+    """A creator's positional sizes (`n, n`, or one tuple/list `(n, n)`) name two equal sizes."""
+    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
+        sizes = sizes[0].value.elements
+    codes = [parsed.code(size.value).replace(" ", "") for size in sizes]
+    return len(codes) == 2 and codes[0] == codes[1]
