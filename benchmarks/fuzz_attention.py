@@ -64,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         counts["generated"] += 1
         counts[outcome.status] += 1
         counts["safe patches checked"] += outcome.safe_patches
-        if any(note.startswith("unsafe patch fails") for note in outcome.notes):
+        failures = [note for note in outcome.notes if note.startswith("unsafe patch fails")]
+        if failures:
             counts["unsafe patches that fail to run"] += 1
+            (out / f"unsafe_fails_{counts['generated']:05d}_{family}.py").write_text(
+                f"# {failures[0]}\n".replace("\n", " ").rstrip() + "\n" + source, encoding="utf-8")
         if outcome.status == COUNTEREXAMPLE:
             label = f"{family} ({FAMILIES[family][0]}) / {outcome.kind}"
             by_class[label] += 1

@@ -11,6 +11,7 @@ from advisor.findings import Finding
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
+from advisor.rewrite.guard import guarded
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
@@ -56,6 +57,8 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     if functional.import_line is not None:
         imports.append(functional.import_line)
     edits.imports = tuple(imports)
+    if match.guard is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
+        return guarded(parsed, edits, match.guard, match.guard_span)
     return edits
 
 

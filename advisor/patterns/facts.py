@@ -5,24 +5,25 @@ assumed (with the reason it cannot be proved), which makes the patch unsafe: it 
 `--unsafe-fixes`, and `advisor optimize` can check it on the user's own inputs. A fact that is false is not
 recorded at all: the matcher refuses the block with a reason instead. A fact that is false only where the
 original's output is NaN (a fully masked query row, which SDPA returns as 0) is accepted: the patch stays safe
-and the finding names the divergence.
+and the finding names the divergence. A fact about metadata only (a dtype, a rank) may instead be guarded: the patch
+checks it at run time and runs the original block where it fails, so the patch stays exact and safe.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PROVED, ASSUMED, ACCEPTED = "proved", "assumed", "accepted"
+PROVED, ASSUMED, ACCEPTED, GUARDED = "proved", "assumed", "accepted", "guarded"
 
 
-RANK = {PROVED: 0, ACCEPTED: 1, ASSUMED: 2}  # a fact met twice keeps its weaker status
+RANK = {PROVED: 0, GUARDED: 1, ACCEPTED: 2, ASSUMED: 3}  # a fact met twice keeps its weaker status
 
 
 @dataclass(frozen=True)
 class Fact:
     name: str  # stable identifier, e.g. "mask-dtype", "scale-is-number"
     statement: str  # what must hold, in one sentence
-    status: str  # PROVED, ASSUMED or ACCEPTED
+    status: str  # PROVED, GUARDED, ACCEPTED or ASSUMED
     why: str | None = None  # how it was proved, or why it could not be
 
     def to_json(self) -> dict[str, str | None]:
@@ -46,6 +47,13 @@ class FactSheet:
         """A documented divergence that leaves the patch safe (the original's NaN becomes SDPA's 0)."""
         self._add(Fact(name, statement, ACCEPTED, why))
 
+    def guard(self, name: str, check: str) -> None:
+        """The assumed facts called `name` become guarded: the patch runs `check` before the SDPA call and the
+        original block where it fails."""
+        self.facts = [Fact(f.name, f.statement, GUARDED, f"checked at run time by `{check}`; the original block "
+                           f"runs where it fails (was assumed: {f.why})")
+                      if f.name == name and f.status == ASSUMED else f for f in self.facts]
+
     def _add(self, fact: Fact) -> None:
         for index, known in enumerate(self.facts):
             if (known.name, known.statement) == (fact.name, fact.statement):
@@ -60,4 +68,4 @@ class FactSheet:
 
     def to_json(self) -> dict[str, list[dict]]:
         return {status: [fact.to_json() for fact in self.facts if fact.status == status]
-                for status in (PROVED, ACCEPTED, ASSUMED)}
+                for status in (PROVED, GUARDED, ACCEPTED, ASSUMED)}

@@ -37,7 +37,8 @@ class NodeEdits:
     is given as parsed nodes. Several findings' edits share what is equal (one import line, one helper)."""
 
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)  # an expression keeps its parentheses
-    remove: set[cst.CSTNode] = field(default_factory=set)  # small statements (`x = ...` of a `a; b` line)
+    # small statements (`x = ...` of a `a; b` line), or whole statements
+    remove: set[cst.CSTNode] = field(default_factory=set)
     insert_before: dict[cst.CSTNode, tuple[cst.BaseStatement, ...]] = field(default_factory=dict)  # new ones above
     wrap: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)  # statement -> `with <it>:` around it
     imports: tuple[str, ...] = ()  # lines, added once after the module's imports
@@ -190,6 +191,11 @@ def _check_compiles(code: str, path: str) -> None:
         raise RewriteFailed(f"the rewrite produced invalid Python ({exc.msg})") from None
 
 
+def edited_statements(statements: list[cst.BaseStatement], edits: NodeEdits) -> list[cst.BaseStatement]:
+    """Consecutive statements of one block with `edits` applied (for code that places them elsewhere)."""
+    return list(cst.IndentedBlock(body=statements).visit(_Editor(edits)).body)
+
+
 def _check_reads(original: cst.CSTNode, patched, deleted: set[str]) -> None:
     """Every emitted patch reads no name that only the statements it deleted or replaced bound."""
     nodes = list(patched.nodes) if isinstance(patched, cst.FlattenSentinel) else [patched]
@@ -205,6 +211,8 @@ class _Editor(cst.CSTTransformer):
         self.active: set[cst.CSTNode] = set()
 
     def on_leave(self, original_node, updated_node):
+        if original_node in self.edits.remove and isinstance(original_node, cst.BaseStatement):
+            return cst.RemoveFromParent()  # a whole statement (a guarded fix moves it under an `else:`)
         if original_node in self.edits.replace and original_node not in self.active:
             new = self._replacement(original_node)
             if isinstance(new, cst.BaseExpression):

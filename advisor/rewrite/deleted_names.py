@@ -9,18 +9,31 @@ import libcst as cst
 from advisor.static.dataflow import build_flow, loaded_names
 
 
-def bound_names(statements) -> set[str]:
-    """Names that the given small statements bind (`x = ...`, `a, b = ...`, `x += ...`, `x: T = ...`)."""
+def bound_names(nodes) -> set[str]:
+    """Names that assignments in the given statements bind (`x = ...`, `a, b = ...`, `x += ...`, `x: T = ...`),
+    outside functions and classes defined there; other nodes (expressions) bind none."""
     names: set[str] = set()
-    for statement in statements:
-        if isinstance(statement, cst.Assign):
-            targets = [target.target for target in statement.targets]
-        elif isinstance(statement, (cst.AugAssign, cst.AnnAssign)):
-            targets = [statement.target]
-        else:
-            continue
-        for target in targets:
-            names.update(_names_in_target(target))
+
+    class Walk(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                names.update(_names_in_target(target.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            names.update(_names_in_target(node.target))
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            names.update(_names_in_target(node.target))
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+    for node in nodes:
+        if isinstance(node, (cst.BaseSmallStatement, cst.BaseStatement)):
+            node.visit(Walk())
     return names
 
 

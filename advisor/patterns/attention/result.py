@@ -67,3 +67,6 @@ class AttentionMatch:
     unsafe_reason: str | None = None  # why even the unsafe fix is unavailable
     note: str | None = None  # what the user should know whatever the proof found (SDPA on the other branch)
     facts: FactSheet = field(default_factory=FactSheet)  # what the rewrite relies on; assumed facts make it unsafe
+    # guarded facts: the check that selects the SDPA path, and the statements whose original runs where it fails
+    guard: cst.BaseExpression | None = None
+    guard_span: list[cst.BaseStatement] = field(default_factory=list)

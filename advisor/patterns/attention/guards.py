@@ -1,0 +1,177 @@
+"""Guarded facts: where the only unproved facts are about metadata (q, k and v sharing a dtype, an added mask's
+dtype or rank), the patch checks exactly those facts at run time, takes the SDPA path where they hold and runs the
+original block where they fail, so it is exact for every input and safe.
+
+A check reads dtypes, ranks and `isinstance` only: no data-dependent branch, no host sync, nothing
+`torch.compile` breaks its graph on; TorchScript-compiled functions get no guard. It reads names at the start of
+the guarded statements that must hold there what the block read (same reaching definitions, no attribute written
+in between), and it cannot raise: a value that is not a tensor fails the check and runs the original.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import parse_template_expression
+
+from advisor.patterns import scope
+from advisor.patterns.attention.candidate import Candidate, in_inlined
+from advisor.patterns.attention.result import MaskTerm
+from advisor.static.codegen import joined, parenthesized
+from advisor.static.dataflow import UNDEFINED, loaded_names
+
+QKV_DTYPE, MASK_DTYPE, MASK_RANK = "qkv-dtype", "mask-dtype", "mask-rank"
+GUARDABLE = (QKV_DTYPE, MASK_DTYPE, MASK_RANK)
+# calls that keep a tensor's dtype (views of q, k, v), and those that keep a mask's rank
+VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "unsqueeze", "flatten", "expand"})
+SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
+
+
+def guard_metadata_facts(c: Candidate, output_statement: cst.CSTNode) -> None:
+    """Turn the assumed metadata facts into a run-time check on the match (`guard`, over `guard_span`), when
+    every one of them can be checked; otherwise leave them assumed."""
+    match = c.match
+    wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
+    torch_name = c.parsed.module_aliases.get("torch")
+    if not wanted or torch_name is None or scope.is_scripted(c.parsed, c.home, c.owner):
+        return
+    span = _span(c, output_statement)
+    query, key, value = (_peeled(node, VIEWS) for node in (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node))
+    if span is None or not _plain(c, query):
+        return
+    checks: dict[str, list[cst.BaseExpression]] = {}
+    if QKV_DTYPE in wanted:
+        if not (_plain(c, key) and _plain(c, value)):
+            return
+        checks[QKV_DTYPE] = [parse_template_expression("{q}.dtype == {k}.dtype == {v}.dtype", q=query, k=key,
+                                                       v=value)]
+    for name in (MASK_DTYPE, MASK_RANK):
+        if name in wanted:
+            terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
+            parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
+            if not parts or None in parts:
+                return
+            checks[name] = parts
+    if not _holds_at(c, span[0], output_statement, [query, key, value] +
+                     [t.source for t in match.masks if t.source is not None]):
+        return
+    for name, parts in checks.items():
+        match.facts.guard(name, " and ".join(c.parsed.module.code_for_node(part) for part in parts))
+    parts = [part for group in checks.values() for part in group]
+    match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
+    match.guard_span = span
+
+
+def _needs(name: str, term: MaskTerm) -> bool:
+    """The terms each fact is about: added float masks whose dtype the original leaves open, masks of any kind
+    passed as they are (not reshaped) for the rank."""
+    if name == MASK_DTYPE:
+        return term.kind == "float" and not term.same_dtype
+    return term.reshape is None
+
+
+def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpression,
+                torch_name: str) -> cst.BaseExpression | None:
+    """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
+    `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
+    mask = term.source if name == MASK_DTYPE else _peeled(term.source, SAME_RANK)
+    if not _plain(c, mask, indexed=term.guard is None):  # the original indexes an unconditional mask anyway
+        return None
+    check = "{m}.dtype == {q}.dtype" if name == MASK_DTYPE else "2 <= {m}.dim() <= {q}.dim()"
+    template = "isinstance({m}, {torch}.Tensor) and " + check
+    if term.guard is not None:
+        template = "{m} is None or " + template
+    return parse_template_expression(template, m=mask, q=query, torch=cst.Name(torch_name))
+
+
+def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpression:
+    """The tensor under calls of `methods` (and, for the rank, `~` and comparisons with a number), whose metadata
+    the check reads instead of running the calls again."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods:
+            node = node.func.value
+        elif isinstance(node, cst.Attribute) and node.attr.value in ("mT", "T") and "transpose" in methods:
+            node = node.value
+        elif methods is SAME_RANK and isinstance(node, cst.UnaryOperation) and \
+                isinstance(node.operator, cst.BitInvert):
+            node = node.expression
+        elif methods is SAME_RANK and isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and \
+                isinstance(node.comparisons[0].comparator, (cst.Integer, cst.Float)) and \
+                not isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)):
+            node = node.left
+        else:
+            return node
+
+
+def _grouped(part: cst.BaseExpression) -> cst.BaseExpression:
+    """`a or b` in parentheses, to stand inside an `and`."""
+    if isinstance(part, cst.BooleanOperation) and isinstance(part.operator, cst.Or):
+        return parenthesized(part)
+    return part
+
+
+def _plain(c: Candidate, node: cst.BaseExpression, indexed: bool = False) -> bool:
+    """A name or attribute chain of the function itself (with `indexed`, also indexed by constants: `m[0]`,
+    `m[:, None]`): reading it again runs no code of the user's."""
+    while isinstance(node, cst.Attribute) or indexed and isinstance(node, cst.Subscript) and \
+            all(_constant_index(element.slice) for element in node.slice):
+        node = node.value
+    return isinstance(node, cst.Name) and not in_inlined(c, node)
+
+
+def _constant_index(index: cst.BaseSlice) -> bool:
+    if isinstance(index, cst.Index):
+        value = index.value
+        if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+            value = value.expression
+        return isinstance(value, (cst.Integer, cst.Ellipsis)) or isinstance(value, cst.Name) and value.value == "None"
+    return all(part is None or isinstance(part, cst.Integer) for part in (index.lower, index.upper, index.step))
+
+
+def _span(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
+    """The consecutive statements of one block, in the function that holds the value product, that hold every
+    statement the rewrite changes; None when they are not all in one function's blocks."""
+    match = c.match
+    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement]
+               if s is not None and not in_inlined(c, s)]
+    chains = [_blocks_around(c, member) for member in members]
+    if any(chain is None for chain in chains):
+        return None
+    common = [block for block, _ in chains[0] if all(any(b is block for b, _ in chain) for chain in chains[1:])]
+    if not common or not isinstance(common[0], cst.IndentedBlock):
+        return None
+    block = common[0]
+    indices = [next(block.body.index(unit) for b, unit in chain if b is block) for chain in chains]
+    return list(block.body[min(indices):max(indices) + 1])
+
+
+def _blocks_around(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode]] | None:
+    """(block, the statement of that block holding `node`), innermost first, up to the function's body."""
+    found = []
+    parents = c.parsed.parents
+    while node is not c.home:
+        parent = parents.get(node)
+        if parent is None:
+            return None
+        if isinstance(parent, (cst.IndentedBlock, cst.SimpleStatementSuite)) and \
+                isinstance(node, cst.BaseStatement):
+            found.append((parent, node))
+        node = parent
+    return found
+
+
+def _holds_at(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode,
+              nodes: list[cst.BaseExpression]) -> bool:
+    """Every name the check reads holds at the start of the guarded statements what the block read, and no
+    attribute it reads is written before the value product."""
+    start = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
+    env = c.flow.env_before.get(start)
+    if env is None:
+        return False
+    for node in nodes:
+        for name in loaded_names(node):
+            seen = c.flow.reaching.get(name)
+            if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen:
+                return False
+    paths = scope.attribute_paths(c.parsed, nodes)
+    return scope.attribute_written_between(c.parsed, c.home, c.owner, paths, c.parsed.line(first) - 1,
+                                           c.parsed.end_line(output_statement) + 1) is None
