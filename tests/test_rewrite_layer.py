@@ -103,5 +103,6 @@ def test_code_quoted_into_a_replacement_gets_the_edits_of_the_nodes_it_holds():
     parsed, call, binary = _parsed()
     assign = next(node for node in parsed.parents if isinstance(node, cst.Assign))
     moved = cst.Assign([cst.AssignTarget(cst.Name("y"))], binary)  # quotes `x.float() + 1`
-    fixed = apply_edits(SOURCE, render(parsed, NodeEdits(replace={assign: moved, call: cst.parse_expression("x.half()")})))
+    edits = NodeEdits(replace={assign: moved, call: cst.parse_expression("x.half()")})
+    fixed = apply_edits(SOURCE, render(parsed, edits))
     assert "    y = x.half() + 1\n" in fixed

@@ -77,10 +77,13 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
     if not _plain(c, mask, indexed=term.guard is None):  # the original indexes an unconditional mask anyway
         return None
     check = "{m}.dtype == {q}.dtype" if name == MASK_DTYPE else "2 <= {m}.dim() <= {q}.dim()"
-    template = "isinstance({m}, {torch}.Tensor) and " + check
+    template = "isinstance({base}, {torch}.Tensor) and " + check
     if term.guard is not None:
         template = "{m} is None or " + template
-    return parse_template_expression(template, m=mask, q=query, torch=cst.Name(torch_name))
+    base = mask
+    while isinstance(base, cst.Subscript):
+        base = base.value
+    return parse_template_expression(template, m=mask, q=query, base=base, torch=cst.Name(torch_name))
 
 
 def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpression:
@@ -169,6 +172,8 @@ def _holds_at(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTN
         return False
     for node in nodes:
         for name in loaded_names(node):
+            if name.value in ("None", "True", "False"):
+                continue
             seen = c.flow.reaching.get(name)
             if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen:
                 return False
