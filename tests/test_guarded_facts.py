@@ -119,3 +119,22 @@ def test_a_guarded_patch_is_idempotent():
     fixed = analyze_source(_source(KEEP_MASK_OF_ANY_RANK), "case.py").fixed
     again = analyze_source(fixed, "case.py")
     assert again.fixed == fixed and not [f for f in again.findings if f.kind == "attention"]
+
+
+# the value product runs in float32 whatever q's dtype: SDPA would get a float32 v next to a bf16 q
+FLOAT_VALUE_PRODUCT = """
+weights = ((q @ k.transpose(-2, -1)) * 0.25).softmax(dim=-1)
+out = (weights.float() @ v.float()).to(x.dtype)
+"""
+
+
+def test_a_leaf_cast_to_a_literal_dtype_is_compared_as_that_dtype():
+    finding = _finding(_source(FLOAT_VALUE_PRODUCT))
+    assert "qkv-dtype" in _names(finding, "guarded") and finding.fix_safety == "safe"
+    assert "q.dtype == k.dtype == torch.float32" in finding.patch
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, False)):
+        original, patched = _models(_source(FLOAT_VALUE_PRODUCT), dtype)
+        with torch.no_grad():
+            torch.testing.assert_close(patched(x.to(dtype), None), original(x.to(dtype), None), atol=1e-5, rtol=1e-5)
+        assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa

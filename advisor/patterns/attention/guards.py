@@ -1,6 +1,7 @@
-"""Guarded facts: where the only unproved facts are about metadata (q, k and v sharing a dtype, an added mask's
-dtype or rank), the patch checks exactly those facts at run time, takes the SDPA path where they hold and runs the
-original block where they fail, so it is exact for every input and safe.
+"""Guarded facts: where unproved facts are about metadata (q, k and v sharing a dtype, an added mask's dtype or
+rank, a scale being a Python number), the patch checks exactly those facts at run time, takes the SDPA path where
+they hold and runs the original block where they fail: exact for every input, and safe when nothing else is
+assumed. Each fact is guarded whole or not at all (then it stays assumed).
 
 A check reads dtypes, ranks and `isinstance` only: no data-dependent branch, no host sync, nothing
 `torch.compile` breaks its graph on; TorchScript-compiled functions get no guard. It reads names at the start of
@@ -16,19 +17,20 @@ from libcst.helpers import parse_template_expression
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import MaskTerm
+from advisor.patterns.copies_casts import cast_dtype
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, loaded_names
 
-QKV_DTYPE, MASK_DTYPE, MASK_RANK = "qkv-dtype", "mask-dtype", "mask-rank"
-GUARDABLE = (QKV_DTYPE, MASK_DTYPE, MASK_RANK)
+QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
+GUARDABLE = (SCALE, QKV_DTYPE, MASK_DTYPE, MASK_RANK)
 # calls that keep a tensor's dtype (views of q, k, v), and those that keep a mask's rank
 VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "unsqueeze", "flatten", "expand"})
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
 
 
 def guard_metadata_facts(c: Candidate, output_statement: cst.CSTNode) -> None:
-    """Turn the assumed metadata facts into a run-time check on the match (`guard`, over `guard_span`), when
-    every one of them can be checked; otherwise leave them assumed."""
+    """Turn each assumed metadata fact that can be checked into a part of a run-time check on the match
+    (`guard`, over `guard_span`); the others stay assumed."""
     match = c.match
     wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
     torch_name = c.parsed.module_aliases.get("torch")
@@ -39,26 +41,43 @@ def guard_metadata_facts(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None or not _plain(c, query):
         return
     checks: dict[str, list[cst.BaseExpression]] = {}
-    if QKV_DTYPE in wanted:
-        if not (_plain(c, key) and _plain(c, value)):
-            return
-        checks[QKV_DTYPE] = [parse_template_expression("{q}.dtype == {k}.dtype == {v}.dtype", q=query, k=key,
-                                                       v=value)]
-    for name in (MASK_DTYPE, MASK_RANK):
-        if name in wanted:
+    for name in wanted:
+        if name == QKV_DTYPE:
+            dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
+            reads = [node for node in (query, key, value) if _plain(c, node)]
+            parts = [joined_comparison(dtypes)] if None not in dtypes else []
+        elif name == SCALE:
+            reads = [c.values.scalar_expression(factor) for _, factor in c.factors
+                     if c.values.scalar_guess(factor) is not None]
+            parts = [parse_template_expression("isinstance({s}, (int, float))", s=scale) for scale in reads] \
+                if all(_plain(c, scale) for scale in reads) else []
+        else:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
+            reads = [query] + [t.source for t in terms]
             parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
-            if not parts or None in parts:
-                return
+        if parts and None not in parts and _holds_at(c, span[0], output_statement, reads):
             checks[name] = parts
-    if not _holds_at(c, span[0], output_statement, [query, key, value] +
-                     [t.source for t in match.masks if t.source is not None]):
+    if not checks:
         return
     for name, parts in checks.items():
         match.facts.guard(name, " and ".join(c.parsed.module.code_for_node(part) for part in parts))
     parts = [part for group in checks.values() for part in group]
     match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
     match.guard_span = span
+
+
+def _dtype_of(c: Candidate, node: cst.BaseExpression, torch_name: str) -> cst.BaseExpression | None:
+    """`x.dtype` for a plain tensor; `torch.float32` for a cast to a literal dtype (`v.float()`), which the SDPA
+    call receives as is."""
+    target = cast_dtype(c.parsed, node)
+    if target is not None:
+        return cst.Attribute(cst.Name(torch_name), cst.Name(target))
+    return cst.Attribute(node, cst.Name("dtype")) if _plain(c, node) else None
+
+
+def joined_comparison(operands: list[cst.BaseExpression]) -> cst.Comparison:
+    """`a == b == c`."""
+    return cst.Comparison(operands[0], [cst.ComparisonTarget(cst.Equal(), operand) for operand in operands[1:]])
 
 
 def _needs(name: str, term: MaskTerm) -> bool:
