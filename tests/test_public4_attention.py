@@ -1,4 +1,4 @@
-"""Fourth outside check: 35 attention modules written the way public projects write them
+"""Fourth outside check: 43 attention modules written the way public projects write them
 (`fixtures/attention/public4/`), run through the CLI as a user would.
 
 Per module: `advisor scan --format json` gives the outcome (safe / unsafe / refused), compared with the
@@ -75,6 +75,16 @@ JUDGEMENTS = {
     "p35_chunked_prefill_bottom_right": (UNSAFE, "v = cat(past_value, new): v's dtype is not q's (qkv-dtype)"),
     "p36_vit_critic_r1_penalty": (UNSAFE, "R1 penalty (create_graph=True) through 4-D attention: SDPA's fused CPU "
                                           "kernel has no double backward"),
+    "p37_dropout_stripped_for_export": (SAFE, "dropout replaced by nn.Identity: dropout_p must not read `.p`"),
+    "p38_nanogpt_kv_cache_offset": (SAFE, "causal buffer sliced [pos:pos + T, :pos + T]: a bool mask, not is_causal"),
+    "p39_learnable_temperature_setattr": (UNSAFE, "`setattr(m, 'scale', nn.Parameter(...))` in the file"),
+    "p40_scripted_module_padding_mask": (SAFE, "-inf key padding (NaN->0 accepted) in a module the file scripts: "
+                                               "the mask needs an Optional-free spelling"),
+    "p41_global_temperature": (UNSAFE, "scale divided by a module-level global a setter rebinds: its type is "
+                                       "not visible"),
+    "p42_alibi_plus_causal_buffer": (UNSAFE, "ALiBi buffer plus -inf causal fill: one float attn_mask; the "
+                                             "buffer's rank/values are not proved"),
+    "p43_dropkey": (REFUSED, "scores-shaped random mask built from the scores (`ones_like(attn)`)"),
 }
 
 # Known shortfalls, by test: strict xfails.
@@ -92,12 +102,16 @@ OUTCOME_XFAIL = {
     "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
     "p36_vit_critic_r1_penalty": "UNSOUND: safe patch in a file that double-backwards through the block "
                                  "(torch.autograd.grad(create_graph=True) then backward)",
+    "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
+    "p41_global_temperature": "MISS: refused (a module-level global in the scale), not offered as unsafe",
 }
 PATCH_XFAIL = {
     "p24_prefix_lm_data_write": "UNSOUND: is_causal=True from a buffer the file rewrites via `.data[...] = 1` "
                                 "(prefix LM): outputs differ",
     "p36_vit_critic_r1_penalty": "BROKEN: safe SDPA patch under an R1 penalty: double backward raises "
                                  "(_scaled_dot_product_flash_attention_for_cpu_backward has no derivative)",
+    "p37_dropout_stripped_for_export": "BROKEN: safe patch reads `self.attn_drop.p`, but the file replaces every "
+                                       "nn.Dropout by nn.Identity (AttributeError)",
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))
@@ -294,7 +308,7 @@ def _run_patch(cli, name: str, kind: str) -> list[str]:
             found = findings.get(name, [])
             return _parity_problems(orig_module, patched_module, _accepted(found, "fully-masked-rows"),
                                     _accepted(found, "precision"))
-        builder = "build_unpadded" if hasattr(orig_module, "build_unpadded") else "build"
+        builder = next(b for b in ("build_facts_hold", "build_unpadded", "build") if hasattr(orig_module, b))
         model, patched_model, inputs = _pair(orig_module, patched_module, builder, torch.float32)
         out_ref = _run(orig_module, model, _cast(inputs, torch.float32, False), use_workload=False)
         out_new = _run(patched_module, patched_model, _cast(inputs, torch.float32, False), use_workload=False)
