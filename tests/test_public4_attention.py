@@ -1,4 +1,4 @@
-"""Fourth outside check: 43 attention modules written the way public projects write them
+"""Fourth outside check: 47 attention modules written the way public projects write them
 (`fixtures/attention/public4/`), run through the CLI as a user would.
 
 Per module: `advisor scan --format json` gives the outcome (safe / unsafe / refused), compared with the
@@ -85,6 +85,13 @@ JUDGEMENTS = {
     "p42_alibi_plus_causal_buffer": (UNSAFE, "ALiBi buffer plus -inf causal fill: one float attn_mask; the "
                                              "buffer's rank/values are not proved"),
     "p43_dropkey": (REFUSED, "scores-shaped random mask built from the scores (`ones_like(attn)`)"),
+    "p44_float_zero_bias": (UNSAFE, "additive bias of unknown rank; it is the float 0.0 on the default call"),
+    "p45_softmax_swapped_via_modules_dict": (REFUSED, "`model._modules[name] = QuietSoftmax(...)` replaces the "
+                                                      "softmax: the module call is not a softmax at runtime"),
+    "p46_softmax_swapped_via_add_module": (REFUSED, "`model.add_module(name, QuietSoftmax(...))` replaces the "
+                                                    "softmax"),
+    "p47_pinn_hessian_through_attention": (UNSAFE, "hessian(create_graph=True) through 4-D attention: double "
+                                                   "backward of SDPA's fused CPU kernel is not implemented"),
 }
 
 # Known shortfalls, by test: strict xfails.
@@ -104,6 +111,12 @@ OUTCOME_XFAIL = {
                                  "(torch.autograd.grad(create_graph=True) then backward)",
     "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
     "p41_global_temperature": "MISS: refused (a module-level global in the scale), not offered as unsafe",
+    "p45_softmax_swapped_via_modules_dict": "UNSOUND: safe patch although the file swaps the softmax module "
+                                            "through `_modules[name] =`",
+    "p46_softmax_swapped_via_add_module": "UNSOUND: safe patch although the file swaps the softmax module "
+                                          "through `add_module(name, ...)`",
+    "p47_pinn_hessian_through_attention": "UNSOUND: safe patch in a file taking a Hessian through the block "
+                                          "(torch.autograd.functional.hessian(create_graph=True))",
 }
 PATCH_XFAIL = {
     "p24_prefix_lm_data_write": "UNSOUND: is_causal=True from a buffer the file rewrites via `.data[...] = 1` "
@@ -112,6 +125,12 @@ PATCH_XFAIL = {
                                  "(_scaled_dot_product_flash_attention_for_cpu_backward has no derivative)",
     "p37_dropout_stripped_for_export": "BROKEN: safe patch reads `self.attn_drop.p`, but the file replaces every "
                                        "nn.Dropout by nn.Identity (AttributeError)",
+    "p45_softmax_swapped_via_modules_dict": "UNSOUND: the swapped-in QuietSoftmax is dropped: outputs and "
+                                            "gradients differ",
+    "p46_softmax_swapped_via_add_module": "UNSOUND: the swapped-in QuietSoftmax is dropped: outputs and "
+                                          "gradients differ",
+    "p47_pinn_hessian_through_attention": "BROKEN: safe SDPA patch under a Hessian: double backward raises "
+                                          "(_scaled_dot_product_flash_attention_for_cpu_backward has no derivative)",
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))
