@@ -1,4 +1,4 @@
-"""Fourth outside check: 47 attention modules written the way public projects write them
+"""Fourth outside check: 49 attention modules written the way public projects write them
 (`fixtures/attention/public4/`), run through the CLI as a user would.
 
 Per module: `advisor scan --format json` gives the outcome (safe / unsafe / refused), compared with the
@@ -92,6 +92,8 @@ JUDGEMENTS = {
                                                     "softmax"),
     "p47_pinn_hessian_through_attention": (UNSAFE, "hessian(create_graph=True) through 4-D attention: double "
                                                    "backward of SDPA's fused CPU kernel is not implemented"),
+    "p48_functional_causal_device_of_scores": (SAFE, "float-annotated scale; causal mask on `sim.device` (q's)"),
+    "p49_functional_causal_inline_mask": (SAFE, "as p48 with the mask inline in the guarded masked_fill"),
 }
 
 # Known shortfalls, by test: strict xfails.
@@ -131,6 +133,8 @@ PATCH_XFAIL = {
                                           "gradients differ",
     "p47_pinn_hessian_through_attention": "BROKEN: safe SDPA patch under a Hessian: double backward raises "
                                           "(_scaled_dot_product_flash_attention_for_cpu_backward has no derivative)",
+    "p49_functional_causal_inline_mask": "BROKEN: the mask hoisted from `if causal:` keeps `device=sim.device`, a "
+                                         "read of the deleted scores (NameError)",
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))
