@@ -6,8 +6,8 @@ the elements that no longer carry their score: those `masked_fill` fills, those 
 operand, and for an added or subtracted tensor those it swallows (the sum equals the mask's value: -inf, or a
 finite value so large that the score is lost in rounding). A softmax over tracked scores records how many rows had
 every element masked. Where the tracker cannot replay an op on its mask state (a multiplication by a tensor, an op
-that changes the shape and is no view, baddbmm's added input) the count is unknown, never 0: an unknown count
-discharges nothing.
+it does not know, baddbmm's added input) it stops following those scores: a softmax over untracked scores has an
+unknown count, never 0, and an unknown count discharges nothing.
 """
 
 from __future__ import annotations
@@ -22,22 +22,23 @@ from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS
 ROW_REDUCTIONS = SOFTMAXES | {"_log_softmax", "log_softmax"}
 _MASKING = frozenset({"masked_fill", "where", "add", "sub"})
 _SCALING = frozenset({"mul", "div"})
+# elementwise on the scores alone (a scale, a cast, a copy, soft-capping): masked elements stay masked
+_ELEMENTWISE = _SCALING | {"_to_copy", "clone", "contiguous", "tanh", "clamp", "neg"}
 
 
 @dataclass(frozen=True)
 class _State:
     masked: torch.Tensor | None = None  # bool, broadcastable to the scores; None: no element masked yet
-    lost: bool = False  # an op the tracker could not replay: which elements are masked is unknown
 
 
-_CLEAN, _LOST = _State(), _State(lost=True)
+_CLEAN = _State()
 
 
 @dataclass(frozen=True)
 class Rows:
-    """At a softmax over tracked scores: how many rows had every element masked (None: unknown)."""
+    """At a softmax over tracked scores: how many rows had every element masked."""
 
-    fully_masked: int | None
+    fully_masked: int
 
 
 class MaskedRows:
@@ -54,9 +55,10 @@ class MaskedRows:
     def _on_op(self, name, func, args, kwargs, out, params) -> Rows | None:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if name in MATMULS:
-            if isinstance(out, torch.Tensor) and len(tensors) >= 2 and not any(_storage(t) in params for t in tensors):
-                beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
-                self.states[out] = _LOST if name == "baddbmm" and beta != 0 else _CLEAN
+            beta = kwargs.get("beta", args[3] if len(args) > 3 else 1) if name == "baddbmm" else 0
+            if isinstance(out, torch.Tensor) and len(tensors) >= 2 and beta == 0 and \
+                    not any(_storage(t) in params for t in tensors):
+                self.states[out] = _CLEAN  # a product of two activations: maybe attention scores
             return None
         tracked = [(t, self.states[t]) for t in tensors if t in self.states]
         if not tracked:
@@ -65,17 +67,17 @@ class MaskedRows:
         if name in ROW_REDUCTIONS:
             return Rows(_fully_masked_rows(scores, state, args[1] if len(args) > 1 else kwargs.get("dim", -1)))
         if not isinstance(out, torch.Tensor):
-            for tensor in out if isinstance(out, (tuple, list)) else ():
-                if isinstance(tensor, torch.Tensor):
-                    self.states[tensor] = _LOST
-            return None
+            return None  # split, unbind: scores are not followed into pieces
         others = [t for t in tensors if t is not scores]
-        self.states[out] = self._next(name, func, args, kwargs, out, scores, state, others)
+        following = self._next(name, func, args, kwargs, out, scores, state, others)
+        if following is None:
+            self.states.pop(out, None)  # an in-place op's output is its input: stop following it too
+        else:
+            self.states[out] = following
         return None
 
-    def _next(self, name, func, args, kwargs, out, scores, state, others) -> _State:
-        if state.lost:
-            return _LOST
+    def _next(self, name, func, args, kwargs, out, scores, state, others) -> _State | None:
+        """The mask state of the op's output, or None where it cannot be known."""
         try:
             if name in VIEWS:
                 if state.masked is None:
@@ -84,10 +86,11 @@ class MaskedRows:
             if name in _MASKING:
                 return _or(state, _newly_masked(name, args, kwargs, out, scores, others))
         except RuntimeError:
-            return _LOST
-        if out.shape != scores.shape or name == "copy" or name in _SCALING and any(t.numel() > 1 for t in others):
-            return _LOST
-        return state  # elementwise on the scores alone (a scale, a cast, a clone): masked elements stay masked
+            return None
+        if name not in _ELEMENTWISE or out.shape != scores.shape or \
+                name in _SCALING and any(t.numel() > 1 for t in others):
+            return None
+        return state
 
 
 def _newly_masked(name, args, kwargs, out, scores, others) -> torch.Tensor | None:
@@ -111,9 +114,7 @@ def _or(state: _State, masked: torch.Tensor | None) -> _State:
     return _State(masked if state.masked is None else state.masked | masked)
 
 
-def _fully_masked_rows(scores: torch.Tensor, state: _State, dim: int) -> int | None:
-    if state.lost:
-        return None
+def _fully_masked_rows(scores: torch.Tensor, state: _State, dim: int) -> int:
     if state.masked is None:
         return 0
     return int(state.masked.expand(scores.shape).all(dim).sum())
