@@ -48,7 +48,8 @@ def block_call(graph, block: BlockOps) -> BlockCall:
         scores = next((meta for meta in data["inputs"] if meta is not None and meta.producer == below), None)
         if data["op"] in _FILLS:
             condition = data["inputs"][1] if data["op"] != "where" else data["inputs"][0]
-            masks.append(MaskSeen("fill", _name(condition), len(condition.shape)))
+            masks.append(MaskSeen("fill", _name(condition), len(condition.shape),
+                                  _grew(scores, data["outputs"][0])))
         elif data["op"] in _ADDS:
             masks += [MaskSeen("additive", _name(m), len(m.shape), _grew(scores, data["outputs"][0]))
                       for m in others if _numel(m) > 1]

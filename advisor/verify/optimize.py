@@ -134,10 +134,16 @@ class Session:
         if self.observed is None:
             self.progress("recording what the attention blocks see on each input")
             self.observed = RuntimeEvidence(self.options.target)
-            for inputs in self.inputs:
-                inputs = inputs or {}
-                add_block_calls(self.observed, self.original.call("observe", args=inputs.get("args"),
-                                                                  kwargs=inputs.get("kwargs")))
+            try:
+                for inputs in self.inputs:
+                    inputs = inputs or {}
+                    add_block_calls(self.observed, self.original.call("observe", args=inputs.get("args"),
+                                                                      kwargs=inputs.get("kwargs")))
+            except WorkerFailed as exc:
+                if self.original.closed:
+                    raise
+                self.observed = RuntimeEvidence(self.options.target)  # no facts from a run only partly seen
+                self.notes.append(f"what the attention blocks saw could not be recorded: {exc}")
         return self.observed
 
     def run(self, worker: WorkerProcess, inputs: dict | None, rng_seed: int = 0):
@@ -228,12 +234,11 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        try:
-            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend)
-            if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-                result = analyze_source(source.text, path, backend=backend, runtime=observations())
-        except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
+        result = _analyzed(source.text, path, unsafe_fixes, backend)
+        if result is None:
             continue
+        if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations()) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -245,6 +250,14 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
                 continue
             candidates[pid] = Candidate(pid, finding, source.text, result.fixed_with([finding]).text, file=result)
     return candidates
+
+
+def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
+              runtime: RuntimeEvidence | None = None) -> FileResult | None:
+    try:
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime)
+    except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
+        return None
 
 
 def _observable(finding: Finding) -> bool:
@@ -286,7 +299,8 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
     try:
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
-                                                options.backend, session.observations)
+                                                options.backend,
+                                                session.observations if session.nondeterministic is None else None)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
