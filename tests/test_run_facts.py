@@ -154,6 +154,18 @@ def test_a_call_outside_the_block_or_of_another_dtype_discharges_nothing():
     assert [f["name"] for f in filled.extra["facts"]["observed"]] == ["fully-masked-rows"]
 
 
+def test_weights_that_leave_the_block_keep_the_patch_behind_unsafe_fixes_whatever_the_run_saw():
+    source = PADDING.read_text().replace("        return (weights @ v).transpose(1, 2).reshape(B, T, C)\n\n\nclass Added",
+                                         "        self.weights = weights\n"
+                                         "        return (weights @ v).transpose(1, 2).reshape(B, T, C)\n\n\nclass Added")
+    call = BlockCall(str(PADDING.resolve()), 27, 30, "float32", "float32", "float32", 4,
+                     (MaskSeen("fill", "bool", 4),), False, 0)
+    evidence = RuntimeEvidence("t")
+    add_block_calls(evidence, [call])
+    stored = analyze_source(source, str(PADDING), runtime=evidence).findings[0]
+    assert stored.rule == "ADV102" and stored.extra["facts"]["observed"] and "discharged" not in stored.extra
+
+
 def test_fix_with_profile_never_applies_an_observed_patch(tmp_path, capsys):
     path = tmp_path / "padding_mask.py"
     shutil.copyfile(PADDING, path)

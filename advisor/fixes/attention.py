@@ -115,7 +115,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
                 "workload): " + "; ".join(fact.statement for fact in observed))
         reason = held if rule is SAFE or reason is None else f"{reason}; {held}"
     extra = {"roles": _roles(parsed, match), "facts": match.facts.to_json()} if match.output_node is not None else {}
-    if observed and not assumed and match.output_node is not None:
+    if observed and not assumed and rule is SAFE and match.output_node is not None:
         extra["discharged"] = "observed"  # every unproved fact held on the run: `optimize` tries this patch
     if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
         extra.update(plan.to_json())

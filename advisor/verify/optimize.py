@@ -19,6 +19,7 @@ import torch
 from advisor.errors import AdvisorError
 from advisor.findings import Finding, display_path
 from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
+from advisor.fixes.observed import OBSERVERS
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.discover import read_source
@@ -261,8 +262,10 @@ def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
 
 
 def _observable(finding: Finding) -> bool:
-    """An unsafe attention patch: the run may show that its unproved facts held."""
-    return finding.kind == "attention" and finding.fix_safety == "unsafe" and finding.patch is not None
+    """An unsafe attention patch with an assumed fact the run can observe."""
+    assumed = (finding.extra.get("facts") or {}).get("assumed") or []
+    return finding.kind == "attention" and finding.fix_safety == "unsafe" and finding.patch is not None and \
+        any(fact["name"] in OBSERVERS for fact in assumed)
 
 
 def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]) -> Trial | None:
