@@ -155,9 +155,8 @@ def test_a_call_outside_the_block_or_of_another_dtype_discharges_nothing():
 
 
 def test_weights_that_leave_the_block_keep_the_patch_behind_unsafe_fixes_whatever_the_run_saw():
-    source = PADDING.read_text().replace("        return (weights @ v).transpose(1, 2).reshape(B, T, C)\n\n\nclass Added",
-                                         "        self.weights = weights\n"
-                                         "        return (weights @ v).transpose(1, 2).reshape(B, T, C)\n\n\nclass Added")
+    returned = "        return (weights @ v).transpose(1, 2).reshape(B, T, C)\n\n\nclass Added"
+    source = PADDING.read_text().replace(returned, "        self.weights = weights\n" + returned)
     call = BlockCall(str(PADDING.resolve()), 27, 30, "float32", "float32", "float32", 4,
                      (MaskSeen("fill", "bool", 4),), False, 0)
     evidence = RuntimeEvidence("t")
@@ -174,7 +173,7 @@ def test_fix_with_profile_never_applies_an_observed_patch(tmp_path, capsys):
     assert "its unproved facts held on every call of the profiled run" in capsys.readouterr().err
 
 
-# -- optimize ------------------------------------------------------------------------------------------------------------
+# -- optimize -----------------------------------------------------------------------------------------------------
 def _optimize(tmp_path, capsys, function):
     shutil.copyfile(PADDING, tmp_path / "padding_mask.py")
     main(["optimize", f"{tmp_path / 'padding_mask.py'}:{function}", "--format", "json", "--timing-budget", "0.5",

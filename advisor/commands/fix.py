@@ -96,9 +96,9 @@ def _note_observed(findings, target: str) -> None:
     be verified (facts from the run, README "How `optimize` verifies a patch")."""
     for finding in findings:
         if finding.extra.get("discharged") == "observed":
-            print(f"advisor: {visible(display_path(finding.path))}:{finding.line} {finding.rule}: not applied (unsafe); "
-                  f"its unproved facts held on every call of the profiled run: `advisor optimize {visible(target)}` "
-                  "verifies it on that workload", file=sys.stderr)
+            where = f"{visible(display_path(finding.path))}:{finding.line} {finding.rule}"
+            print(f"advisor: {where}: not applied (unsafe); its unproved facts held on every call of the profiled "
+                  f"run: `advisor optimize {visible(target)}` verifies it on that workload", file=sys.stderr)
 
 
 def _ask(console, findings):

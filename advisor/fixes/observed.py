@@ -41,9 +41,9 @@ def _scale_is_number(call: BlockCall) -> bool:
 OBSERVERS: dict[str, tuple[Callable[[BlockCall], bool], Callable[[list[BlockCall]], str]]] = {
     "qkv-dtype": (_qkv_dtype, lambda calls: f"q, k and v were {_distinct(c.query for c in calls)}"),
     "mask-dtype": (_mask_dtype, lambda calls: "every added mask had the query's dtype "
-                                              f"({_distinct(m.dtype for c in calls for m in c.masks) or 'none ran'})"),
+                   f"({_distinct(m.dtype for c in calls for m in c.masks if m.how == 'additive') or 'none ran'})"),
     "mask-rank": (_mask_rank, lambda calls: "every mask had 2 to the scores' dims "
-                                            f"({_distinct(str(m.ndim) for c in calls for m in c.masks) or 'none ran'})"),
+                  f"({_distinct(str(m.ndim) for c in calls for m in c.masks) or 'none ran'})"),
     "fully-masked-rows": (_no_fully_masked_row, lambda calls: "no query row was fully masked"),
     "scale-is-number": (_scale_is_number, lambda calls: "every scale factor was a Python number"),
 }

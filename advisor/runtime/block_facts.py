@@ -1,9 +1,10 @@
 """What each recorded call of a hand-written attention block saw: the facts a rewrite assumes, read off the op graph.
 
-The runtime attention detector (advisor.runtime.detect.attention) finds the block's ops (score product, the ops to the softmax, the value product);
-their recorded tensor metadata gives q/k/v dtypes (traced back through casts and views on the block's own lines,
-as the rewrite absorbs them), each mask operand's dtype and rank, and whether a scale factor was a tensor; the
-recorder's mask tracker (advisor.runtime.masked_rows) gives the fully masked rows at the softmax.
+The runtime attention detector (advisor.runtime.detect.attention) finds the block's ops (score product, the ops
+to the softmax, the value product); their recorded tensor metadata gives q/k/v dtypes (traced back through the
+casts and views on the block's own lines, which the rewrite absorbs), each mask operand's dtype and rank, and
+whether a scale factor was a tensor; the recorder's mask tracker (advisor.runtime.masked_rows) gives the fully
+masked rows at the softmax.
 """
 
 from __future__ import annotations
