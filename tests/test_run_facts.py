@@ -10,6 +10,8 @@ import shutil
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from advisor.cli import main
 from advisor.engine.static import analyze_source
@@ -64,6 +66,42 @@ def test_fully_masked_rows_are_counted_at_the_softmax(masking):
     assert kept.fully_masked_rows == 0
     assert [m.how for m in kept.masks] == (["additive"] if masking.startswith("added") else
                                            ["fill"] * (2 if masking.startswith("causal") else 1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_the_count_matches_the_masks_whatever_their_forms_and_values(data):
+    """Generated masks (forms, ranks, polarities, key and query padding, a causal triangle) against the count
+    computed from the masks themselves."""
+    batch, tokens = 2, 5
+    masks = [data.draw(st.lists(st.booleans(), min_size=batch * tokens, max_size=batch * tokens))
+             for _ in range(data.draw(st.integers(1, 3)))]
+    forms = [data.draw(st.sampled_from(["fill", "where", "added", "keys", "queries"])) for _ in masks]
+    causal = data.draw(st.booleans())
+    q = torch.randn(batch, 2, tokens, 4)
+    shaped = [torch.tensor(m).view(batch, 1, 1, tokens) if form != "queries" else
+              torch.tensor(m).view(batch, 1, tokens, 1) for m, form in zip(masks, forms)]
+
+    def attend():
+        s = _scores(q)
+        if causal:
+            s = s.masked_fill(torch.ones(tokens, tokens, dtype=torch.bool).triu(1), float("-inf"))
+        for masked, form in zip(shaped, forms):
+            if form == "where":
+                s = torch.where(~masked, s, torch.finfo(s.dtype).min)
+            elif form == "added":
+                s = s + masked.float() * torch.finfo(s.dtype).min
+            else:
+                s = s.masked_fill(masked, -1e4)
+        return s.softmax(-1) @ q
+
+    [call] = _recorded(attend)
+    expected = torch.zeros(batch, 2, tokens, tokens, dtype=torch.bool)
+    if causal:
+        expected |= torch.ones(tokens, tokens, dtype=torch.bool).triu(1)
+    for masked in shaped:
+        expected |= masked
+    assert call.fully_masked_rows == int(expected.all(-1).sum())
 
 
 def test_causal_mask_with_left_padding_masks_the_first_rows():
