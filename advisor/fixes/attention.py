@@ -9,7 +9,7 @@ from advisor.backends.site import plan_backend
 from advisor.engine.static import Detected
 from advisor.findings import Finding
 from advisor.fixes.evidence import BlockCall
-from advisor.fixes.observed import calls_in, disagreements, discharge
+from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
@@ -99,8 +99,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
     safety = rule.fix_safety
-    contradicted = disagreements(match.facts, calls)
-    discharge(match.facts, calls)
+    contradicted = discharge(match.facts, calls)
     assumed = match.facts.assumptions + (plan.assumptions if plan else [])
     observed = match.facts.observations
     if assumed and match.output_node is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 from advisor.fixes.evidence import BlockCall
 from advisor.patterns.facts import FactSheet
@@ -37,15 +38,19 @@ def _scale_is_number(call: BlockCall) -> bool:
     return not call.tensor_scale
 
 
-# fact name -> (what must hold on one call, what the run showed when it held on all)
-OBSERVERS: dict[str, tuple[Callable[[BlockCall], bool], Callable[[list[BlockCall]], str]]] = {
-    "qkv-dtype": (_qkv_dtype, lambda calls: f"q, k and v were {_distinct(c.query for c in calls)}"),
-    "mask-dtype": (_mask_dtype, lambda calls: "every added mask had the query's dtype "
-                   f"({_distinct(m.dtype for c in calls for m in c.masks if m.how == 'additive') or 'none ran'})"),
-    "mask-rank": (_mask_rank, lambda calls: "every mask had 2 to the scores' dims "
-                  f"({_distinct(str(m.ndim) for c in calls for m in c.masks) or 'none ran'})"),
-    "fully-masked-rows": (_no_fully_masked_row, lambda calls: "no query row was fully masked"),
-    "scale-is-number": (_scale_is_number, lambda calls: "every scale factor was a Python number"),
+class Observer(NamedTuple):
+    holds: Callable[[BlockCall], bool]  # on one call
+    seen: Callable[[list[BlockCall]], str]  # what the run showed, when it held on every call
+
+
+OBSERVERS: dict[str, Observer] = {  # fact name -> its observation
+    "qkv-dtype": Observer(_qkv_dtype, lambda calls: f"q, k and v were {_distinct(c.query for c in calls)}"),
+    "mask-dtype": Observer(_mask_dtype, lambda calls: "every added mask had the query's dtype "
+                           f"({_distinct(m.dtype for m in _masks(calls) if m.how == 'additive') or 'none ran'})"),
+    "mask-rank": Observer(_mask_rank, lambda calls: "every mask had 2 to the scores' dims "
+                          f"({_distinct(str(m.ndim) for m in _masks(calls)) or 'none ran'})"),
+    "fully-masked-rows": Observer(_no_fully_masked_row, lambda calls: "no query row was fully masked"),
+    "scale-is-number": Observer(_scale_is_number, lambda calls: "every scale factor was a Python number"),
 }
 
 
@@ -55,26 +60,24 @@ def calls_in(calls: list[BlockCall], path: str, line: int, end_line: int) -> lis
     return [c for c in calls if c.path == real and line <= c.line <= end_line and line <= c.end_line <= end_line]
 
 
-def discharge(facts: FactSheet, calls: list[BlockCall]) -> None:
-    """Mark observed each assumed fact with an observation that held on every call (there is at least one)."""
-    if not calls:
-        return
-    for fact in facts.assumptions:
-        observer = OBSERVERS.get(fact.name)
-        if observer is not None and all(observer[0](call) for call in calls):
-            facts.observe(fact.name, f"held on all {len(calls)} recorded call(s) of the run: {observer[1](calls)}")
+def discharge(facts: FactSheet, calls: list[BlockCall]) -> list[str]:
+    """Mark observed each assumed fact with an observation that held on every call; return, for the reason shown,
+    those a call did not show to hold, each with on how many calls."""
+    failures = []
+    for name in dict.fromkeys(fact.name for fact in facts.assumptions) if calls else ():
+        observer = OBSERVERS.get(name)
+        if observer is None:
+            continue
+        failed = sum(not observer.holds(call) for call in calls)
+        if failed:
+            failures.append(f"{name} was not seen to hold on {failed} of {len(calls)} recorded call(s)")
+        else:
+            facts.observe(name, f"held on all {len(calls)} recorded call(s) of the run: {observer.seen(calls)}")
+    return failures
 
 
-def disagreements(facts: FactSheet, calls: list[BlockCall]) -> list[str]:
-    """The assumed facts a recorded call contradicted, each with how many calls (for the reason shown)."""
-    found = []
-    for fact in facts.assumptions:
-        observer = OBSERVERS.get(fact.name)
-        if observer is not None and calls:
-            failed = sum(not observer[0](call) for call in calls)
-            if failed:
-                found.append(f"{fact.name} was not seen to hold on {failed} of {len(calls)} recorded call(s)")
-    return found
+def _masks(calls: list[BlockCall]):
+    return (mask for call in calls for mask in call.masks)
 
 
 def _distinct(values) -> str:
