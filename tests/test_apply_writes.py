@@ -135,6 +135,16 @@ def test_an_edit_into_the_file_just_before_the_rename_is_put_back(monkeypatch, t
     assert target.read_text() == "a = 9\n" and leftovers(tmp_path) == []
 
 
+def test_a_longer_edit_into_the_file_just_before_the_rename_comes_back_whole(monkeypatch, tmp_path):
+    target = tmp_path / "m.py"
+    target.write_text("a = 1\n")
+    edit = "a = 9\n" + "b = 2\n" * 5000  # far longer than the text the fix was computed from
+    _edit_during(monkeypatch, os, "replace", target, edit, in_place=True)
+    with pytest.raises(FileChanged, match="edit is kept"):
+        write_atomically(str(target), "a = 1\n", "a = 2\n")
+    assert target.read_text() == edit and leftovers(tmp_path) == []
+
+
 def test_one_failed_write_is_one_error_and_the_other_files_are_fixed(capsys, tree, monkeypatch):
     for name in ("a.py", "b.py"):
         shutil.copy(NANOGPT, tree / name)
