@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,84 @@ def test_a_signal_during_apply_leaves_no_temporary_file(tmp_path, signum):
     child.wait(timeout=60)
     assert leftovers(tmp_path) == []
     assert {(tmp_path / n).read_bytes() for n in ("a.py", "b.py")} <= {NANOGPT.read_bytes(), GOLDEN.read_bytes()}
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is `pid` (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes through Linux /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_scanning_ends_the_scan_workers_too(tmp_path, signum):
+    for copy in range(40):  # enough files for the process pool, and for the scan to still be running
+        for fixture in sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))[:6]:
+            shutil.copy(fixture, tmp_path / f"{copy}_{fixture.name}")
+    child = subprocess.Popen([sys.executable, "-m", "advisor", "fix", "--apply", str(tmp_path)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    workers: set[int] = set()
+    deadline = time.monotonic() + 120
+    while not workers and child.poll() is None and time.monotonic() < deadline:
+        workers = _children(child.pid)
+        time.sleep(0.05)
+    assert workers, "the scan ended before its workers could be seen"
+    time.sleep(0.5)  # the workers are now scanning
+    workers |= _children(child.pid)
+    child.send_signal(signum)
+    child.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:  # never leave them behind the test
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+WATCHED_CHILD = """
+import os, subprocess, sys, time
+import advisor.child_lifetime as lifetime
+if sys.argv[1:] == ["child"]:
+    lifetime._set_parent_death_signal = lambda: False  # as where prctl is missing: the watch must end it
+    lifetime.end_with_parent(os.getppid())
+    print(os.getpid(), flush=True)
+    time.sleep(120)
+else:
+    subprocess.Popen([sys.executable, "-c", __doc__, "child"])
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes through Linux /proc")
+def test_without_a_parent_death_signal_the_watch_ends_the_child_when_its_parent_is_killed():
+    script = f"__doc__ = {WATCHED_CHILD!r}\n{WATCHED_CHILD}"
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its parent")
 
 
 @pytest.mark.parametrize("encode", [

@@ -17,6 +17,7 @@ from functools import partial
 
 import libcst as cst
 
+from advisor.child_lifetime import end_with_parent
 from advisor.findings import Finding, ScanError, display_path
 from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
 from advisor.registry import families, is_selected
@@ -209,7 +210,7 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
     process becomes that file's error entry and every other file still gets its result."""
     outcomes: dict[str, FileResult | ScanError] = {}
     try:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with _pool(jobs) as pool:
             for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
                 outcomes[path] = outcome
     except BrokenProcessPool:
@@ -222,11 +223,16 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
 
 def _scan_isolated(path: str, scan_one) -> FileResult | ScanError:
     try:
-        with ProcessPoolExecutor(max_workers=1) as pool:
+        with _pool(1) as pool:
             return pool.submit(scan_one, path).result()
     except BrokenProcessPool:
         return ScanError(path, "the analysis process died on this file (a crash in a native library?); please "
                                "report it", internal=True)
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """Workers that end with this process, whatever ends it (README "Writes": a signal while scanning)."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=end_with_parent, initargs=(os.getpid(),))
 
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
