@@ -18,6 +18,7 @@ from rich.console import Console
 from advisor.backends import REQUESTABLE
 from advisor.commands.profile import add_workload_arguments
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
+from advisor.report.folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
@@ -106,9 +107,9 @@ def _write_reports(result: dict, folder: str) -> None:
     """result.json, report.md and the self-contained report.html (result["report"]) in the report folder."""
     outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
                "report.html": render_html(result)}
-    for name, text in outputs.items():
-        with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
-            handle.write(text)
+    with ReportFolder(folder) as report:
+        for name, text in outputs.items():
+            report.write_text(name, text)
 
 
 def _print(result: dict, output_format: str) -> None:
