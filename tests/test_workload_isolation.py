@@ -1,6 +1,8 @@
 """Workloads run in a child process: whatever they print, however they end, advisor prints one line or its JSON."""
 
 import json
+import os
+import signal
 
 import pytest
 
@@ -50,3 +52,39 @@ def test_workload_output_never_reaches_stdout(tmp_path, capsys):
     assert code == 0
     assert json.loads(captured.out)["findings"] == []
     assert "chatter" not in captured.out + captured.err
+
+
+FORKING = """
+import subprocess, sys, torch
+
+def workload():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    with open({pidfile!r}, "w") as handle:
+        handle.write(str(child.pid))
+    return torch.nn.Linear(4, 4), torch.randn(2, 4)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (one whose parent is gone may wait for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from Linux /proc")
+def test_a_process_the_workload_started_is_ended_reported_and_fails_the_run(tmp_path, capsys):
+    pidfile = tmp_path / "child.pid"
+    (tmp_path / "w.py").write_text(FORKING.format(pidfile=str(pidfile)))
+    code = main(["profile", f"{tmp_path / 'w.py'}:workload", "--format", "json"])
+    captured = capsys.readouterr()
+    child = int(pidfile.read_text())
+    alive = _running(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the workload's child outlived advisor profile"
+    assert json.loads(captured.out)["findings"] == []  # the report is still printed
+    [warning] = captured.err.strip().splitlines()
+    assert code == 2 and warning.startswith("advisor: warning:") and str(child) in warning and "killed" in warning

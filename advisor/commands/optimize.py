@@ -16,7 +16,7 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.backends import REQUESTABLE
-from advisor.commands.profile import add_workload_arguments
+from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
@@ -48,6 +48,7 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
+@ends_what_the_workload_left
 def run(args) -> int:
     from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
     from advisor.verify.optimize import Options, optimize

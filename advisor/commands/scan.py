@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from advisor.commands.common import add_selection_arguments, exit_code, run_scan
+from advisor.commands.profile import ends_what_the_workload_left
 from advisor.findings import Finding
 from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.sarif import to_sarif
@@ -26,6 +27,7 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
+@ends_what_the_workload_left  # --profile runs it
 def run(args) -> int:
     result = run_scan(args, patches=args.format != "text", fixed=False)  # the text table shows no patch
     findings = result.findings
