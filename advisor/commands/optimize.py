@@ -2,7 +2,8 @@
 
 Without TARGET it runs the bundled demo (advisor/demo/gpt.py) from a temporary copy, so --apply never edits the
 installed package. Exit codes: 0 when every verified patch was applied or there was nothing to verify, 1 when
-verified patches remain unapplied, 2 for bad input or a workload that could not run at all."""
+verified patches remain unapplied, 2 for bad input or a workload that could not run at all (or left processes
+running)."""
 
 from __future__ import annotations
 
