@@ -46,7 +46,7 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding], uns
                           "findings": [f.to_json() for f in findings],
                           "errors": [e.to_json() for e in result.errors]}, indent=2))
     elif output_format == "sarif":
-        print(json.dumps(to_sarif(findings, result.errors), indent=2))
+        print(json.dumps(to_sarif(findings, result.errors, len(result.files)), indent=2))
     elif output_format == "diff":
         print_errors(Console(stderr=True, highlight=False), result.errors)
         console = stdout_console()

@@ -278,10 +278,15 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
 def _syntax_error(text: str, path: str) -> ScanError | None:
     """The syntax check of the Python running advisor (CPython's parser is ~50x faster than libcst's): code newer
     than this interpreter, or nested deeper than its parser allows, is a syntax error here, whatever it contains."""
+    parser = f"Python {PYTHON_VERSION} parser"
+    if "\0" in text:  # the parser's own message names no line
+        line = text[:text.index("\0")].count("\n") + 1
+        return ScanError(path, f"syntax error at line {line}: a null byte (\\x00) is not allowed in source code "
+                               f"({parser})")
     try:
         ast.parse(text, path)
     except SyntaxError as exc:
-        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} (Python {PYTHON_VERSION} parser)")
-    except ValueError as exc:  # null bytes
-        return ScanError(path, str(exc))
+        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} ({parser})")
+    except MemoryError:  # CPython's parser raises it when its stack is full, at any amount of free memory
+        return ScanError(path, f"nested too deeply for the {parser} (its stack overflowed)")
     return None
