@@ -161,7 +161,9 @@ class Worker:
         return {"bytes": peak, "method": "torch.profiler memory events: peak bytes allocated during one step (CPU)"}
 
     def profile(self, trace_path: str | None = None):
-        """`advisor profile` on the loaded workload: the report's JSON, its findings, op totals and the files run."""
+        """`advisor profile` on the loaded workload: the report's JSON, its findings, op totals, the files run, and
+        the runtime evidence that `scan/fix --profile` join to source lines."""
+        from advisor.fixes.evidence import evidence_from_report
         from advisor.runtime.profile import profile_workload
 
         report = profile_workload(self.workload, self.target, self.options["device"], self.options["dtype"],
@@ -175,7 +177,7 @@ class Worker:
                 entry[0] += 1 / c.profiled_steps
                 entry[1] += event.self_us / c.profiled_steps
         files = sorted({path for path, _ in t.line_us} | {path for path, _, _ in t.function_us})
-        return {"json": report.to_json(), "findings": report.findings,
+        return {"json": report.to_json(), "findings": report.findings, "evidence": evidence_from_report(report),
                 "ops": [{"op": name, "count": round(n, 3), "us": round(us, 3)} for name, (n, us) in ops.items()],
                 "files": [os.path.realpath(p) for p in files if p.endswith(".py") and os.path.isfile(p)],
                 "summary": {"device": c.device, "dtype": c.dtype, "step_us": c.step_us, "step_iqr_us": c.step_iqr_us,
