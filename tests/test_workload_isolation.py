@@ -3,6 +3,10 @@
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +92,42 @@ def test_a_process_the_workload_started_is_ended_reported_and_fails_the_run(tmp_
     assert json.loads(captured.out)["findings"] == []  # the report is still printed
     [warning] = captured.err.strip().splitlines()
     assert code == 2 and warning.startswith("advisor: warning:") and str(child) in warning and "killed" in warning
+
+
+HANGING = FORKING.replace("    return torch.nn.Linear(4, 4), torch.randn(2, 4)\n", """    class Hang(torch.nn.Module):
+        def forward(self, x):
+            time.sleep(300)
+            return x
+    return Hang(), torch.randn(2, 4)
+""").replace("import subprocess,", "import time, subprocess,")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from Linux /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_the_workload_process_and_what_it_started_end_with_advisor(tmp_path, signum):
+    pidfile = tmp_path / "child.pid"
+    (tmp_path / "w.py").write_text(HANGING.format(pidfile=str(pidfile)))
+    advisor = subprocess.Popen([sys.executable, "-m", "advisor", "profile", f"{tmp_path / 'w.py'}:workload"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == advisor.pid]
+    started = int(pidfile.read_text())
+    advisor.send_signal(signum)
+    advisor.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(map(_running, [*workers, started])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in [*workers, started] if _running(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert workers and left == []
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

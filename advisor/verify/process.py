@@ -58,7 +58,7 @@ class WorkerProcess:
         # never through a link: a log in `optimize --report DIR` is created there first (advisor.report.folder)
         with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "advisor.verify.worker", str(to_child_r), str(from_child_w)],
+                [sys.executable, "-m", "advisor.verify.worker", str(to_child_r), str(from_child_w), str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True,  # its own process group: a timeout kills whatever it started too
                 env=worker_environment())

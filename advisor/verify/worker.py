@@ -1,5 +1,5 @@
-"""Child side of a workload worker (`python -m advisor.verify.worker IN_FD OUT_FD`): load the workload once and
-answer requests (run, time, profile, ...) until the request pipe closes.
+"""Child side of a workload worker (`python -m advisor.verify.worker IN_FD OUT_FD PARENT_PID`): load the workload
+once and answer requests (run, time, profile, ...) until the request pipe closes.
 
 Every request's reply is ("ok", value) or ("error", one line); ("progress", text) may come before it. User code
 that calls sys.exit() inside a request is an error reply like any exception, so the worker survives it.
@@ -14,6 +14,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from advisor.child_lifetime import end_with_parent
 from advisor.verify.process import WORKER_ENVIRONMENT
 
 
@@ -234,6 +235,9 @@ def serve(receive: Connection, send: Connection) -> None:
 
 
 def main() -> None:
+    """argv: the request and reply pipes' descriptors, and advisor's pid: the worker, and whatever the workload
+    started in its process group, end when advisor does, however it ends."""
+    end_with_parent(int(sys.argv[3]), group=True)
     receive = Connection(int(sys.argv[1]), writable=False)
     send = Connection(int(sys.argv[2]), readable=False)
     serve(receive, send)
