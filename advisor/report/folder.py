@@ -57,11 +57,11 @@ class ReportFolder:
     def _new(self, name: str) -> int:
         subfolder, _, base = name.rpartition("/")
         parent = self._descriptor
-        if subfolder:
-            if self._kind(parent, subfolder) is None:
-                os.mkdir(subfolder, dir_fd=parent)
-            parent = self._open_folder(subfolder, parent)
         try:
+            if subfolder:
+                if self._kind(parent, subfolder) is None:
+                    os.mkdir(subfolder, dir_fd=parent)
+                parent = self._open_folder(subfolder, parent)
             kind = self._kind(parent, base)
             if kind == "link":
                 self._refuse_link(name)
@@ -69,14 +69,11 @@ class ReportFolder:
                 os.unlink(base, dir_fd=parent)
             elif kind is not None:
                 self._refuse(f"{name} exists and is not a regular file")
-            try:
-                return os.open(base, _NEW_FILE, 0o644, dir_fd=parent)
-            except FileExistsError:
-                self._refuse(f"{name} was created by someone else while advisor wrote it; not written")
-            except OSError as exc:
-                if self._kind(parent, base) == "link":
-                    self._refuse_link(name)
-                self._refuse(f"cannot write {name} ({exc.strerror})")
+            return os.open(base, _NEW_FILE, 0o644, dir_fd=parent)
+        except FileExistsError:  # O_EXCL: a file or link put there since the check
+            self._refuse(f"{name} was created by someone else while advisor wrote it; not written")
+        except OSError as exc:
+            self._refuse(f"cannot write {name} ({exc.strerror})")
         finally:
             if parent != self._descriptor:
                 os.close(parent)
@@ -85,12 +82,12 @@ class ReportFolder:
         try:
             return os.open(name, _FOLDER, dir_fd=parent)
         except OSError as exc:
-            if parent is not None and self._kind(parent, name) == "link" or parent is None and os.path.islink(name):
+            if self._kind(parent, name) == "link":
                 self._refuse_link(name)
             self._refuse(f"cannot open {name} as a folder ({exc.strerror})")
 
     @staticmethod
-    def _kind(parent: int, name: str) -> str | None:
+    def _kind(parent: int | None, name: str) -> str | None:
         try:
             mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
         except FileNotFoundError:
