@@ -17,6 +17,7 @@ import pytest
 from advisor.cli import main
 from advisor.rewrite.patch import FileChanged, write_atomically
 from advisor.static.discover import discover
+from processes import HAS_PROC, children, running
 
 ROOT = Path(__file__).resolve().parent.parent
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
@@ -202,27 +203,7 @@ def test_a_signal_during_apply_leaves_no_temporary_file(tmp_path, signum):
     assert {(tmp_path / n).read_bytes() for n in ("a.py", "b.py")} <= {NANOGPT.read_bytes(), GOLDEN.read_bytes()}
 
 
-def _children(pid: int) -> set[int]:
-    """The live processes whose parent is `pid` (Linux /proc)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes through Linux /proc")
+@pytest.mark.skipif(not HAS_PROC, reason="lists processes through Linux /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_scanning_ends_the_scan_workers_too(tmp_path, signum):
     for copy in range(40):  # enough files for the process pool, and for the scan to still be running
@@ -234,17 +215,17 @@ def test_a_signal_while_scanning_ends_the_scan_workers_too(tmp_path, signum):
     workers: set[int] = set()
     deadline = time.monotonic() + 120
     while not workers and child.poll() is None and time.monotonic() < deadline:
-        workers = _children(child.pid)
+        workers = children(child.pid)
         time.sleep(0.05)
     assert workers, "the scan ended before its workers could be seen"
     time.sleep(0.5)  # the workers are now scanning
-    workers |= _children(child.pid)
+    workers |= children(child.pid)
     child.send_signal(signum)
     child.wait(timeout=60)
     deadline = time.monotonic() + 10
-    while any(map(_alive, workers)) and time.monotonic() < deadline:
+    while any(map(running, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [pid for pid in workers if _alive(pid)]
+    left = [pid for pid in workers if running(pid)]
     for pid in left:  # never leave them behind the test
         os.kill(pid, signal.SIGKILL)
     assert left == []
@@ -264,7 +245,7 @@ else:
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="lists processes through Linux /proc")
+@pytest.mark.skipif(not HAS_PROC, reason="lists processes through Linux /proc")
 def test_without_a_parent_death_signal_the_watch_ends_the_child_when_its_parent_is_killed():
     script = f"__doc__ = {WATCHED_CHILD!r}\n{WATCHED_CHILD}"
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
@@ -273,9 +254,9 @@ def test_without_a_parent_death_signal_the_watch_ends_the_child_when_its_parent_
     parent.kill()
     parent.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while running(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(child):
+    if running(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the child outlived its parent")
 

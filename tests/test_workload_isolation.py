@@ -6,11 +6,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from advisor.cli import main
+from processes import HAS_PROC, children, running
 
 MODEL = """
 import os, sys, time, torch
@@ -69,23 +69,14 @@ def workload():
 """
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (one whose parent is gone may wait for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from Linux /proc")
+@pytest.mark.skipif(not HAS_PROC, reason="reads process states from Linux /proc")
 def test_a_process_the_workload_started_is_ended_reported_and_fails_the_run(tmp_path, capsys):
     pidfile = tmp_path / "child.pid"
     (tmp_path / "w.py").write_text(FORKING.format(pidfile=str(pidfile)))
     code = main(["profile", f"{tmp_path / 'w.py'}:workload", "--format", "json"])
     captured = capsys.readouterr()
     child = int(pidfile.read_text())
-    alive = _running(child)
+    alive = running(child)
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, "the workload's child outlived advisor profile"
@@ -102,7 +93,7 @@ HANGING = FORKING.replace("    return torch.nn.Linear(4, 4), torch.randn(2, 4)\n
 """).replace("import subprocess,", "import time, subprocess,")
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads process states from Linux /proc")
+@pytest.mark.skipif(not HAS_PROC, reason="reads process states from Linux /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_the_workload_process_and_what_it_started_end_with_advisor(tmp_path, signum):
     pidfile = tmp_path / "child.pid"
@@ -112,22 +103,15 @@ def test_the_workload_process_and_what_it_started_end_with_advisor(tmp_path, sig
     deadline = time.monotonic() + 120
     while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    workers = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(int(p.name)) == advisor.pid]
+    workers = list(children(advisor.pid))
     started = int(pidfile.read_text())
     advisor.send_signal(signum)
     advisor.wait(timeout=60)
     deadline = time.monotonic() + 10
-    while any(map(_running, [*workers, started])) and time.monotonic() < deadline:
+    while any(map(running, [*workers, started])) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [pid for pid in [*workers, started] if _running(pid)]
+    left = [pid for pid in [*workers, started] if running(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert workers and left == []
 
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
