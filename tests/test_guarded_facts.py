@@ -56,7 +56,7 @@ def _finding(source: str):
 
 
 def _names(finding, status: str) -> set[str]:
-    return {fact["name"] for fact in finding.extra["facts"][status]}
+    return {fact["name"] for fact in finding.extra["facts"].get(status, [])}
 
 
 def _models(source: str, dtype=torch.float32):

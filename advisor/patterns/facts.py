@@ -5,25 +5,28 @@ assumed (with the reason it cannot be proved), which makes the patch unsafe: it 
 `--unsafe-fixes`, and `advisor optimize` can check it on the user's own inputs. A fact that is false is not
 recorded at all: the matcher refuses the block with a reason instead. A fact that is false only where the
 original's output is NaN (a fully masked query row, which SDPA returns as 0) is accepted: the patch stays safe
-and the finding names the divergence. A fact about metadata only (a dtype, a rank) may instead be guarded: the patch
-checks it at run time and runs the original block where it fails, so the patch stays exact and safe.
+and the finding names the divergence. An assumed fact that held on every recorded call of a workload is observed:
+still unproved, so the patch stays unsafe, but `advisor optimize` tries and verifies it on that workload. A fact about
+metadata only (a dtype, a rank, a number) may instead be guarded: the patch checks it at run time and runs the
+original block where it fails, so the patch stays exact and safe.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-PROVED, ASSUMED, ACCEPTED, GUARDED = "proved", "assumed", "accepted", "guarded"
+PROVED, ASSUMED, ACCEPTED, OBSERVED, GUARDED = "proved", "assumed", "accepted", "observed", "guarded"
 
 
-RANK = {PROVED: 0, GUARDED: 1, ACCEPTED: 2, ASSUMED: 3}  # a fact met twice keeps its weaker status
+RANK = {PROVED: 0, GUARDED: 1, ACCEPTED: 2, OBSERVED: 3, ASSUMED: 4}  # a fact met twice keeps its weaker status
 
 
 @dataclass(frozen=True)
 class Fact:
     name: str  # stable identifier, e.g. "mask-dtype", "scale-is-number"
     statement: str  # what must hold, in one sentence
-    status: str  # PROVED, GUARDED, ACCEPTED or ASSUMED
+    status: str  # PROVED, GUARDED, ACCEPTED, OBSERVED or ASSUMED
     why: str | None = None  # how it was proved, or why it could not be
 
     def to_json(self) -> dict[str, str | None]:
@@ -47,12 +50,21 @@ class FactSheet:
         """A documented divergence that leaves the patch safe (the original's NaN becomes SDPA's 0)."""
         self._add(Fact(name, statement, ACCEPTED, why))
 
+    def observe(self, name: str, seen: str) -> None:
+        """The assumed facts of this name held on every recorded call of a workload (`seen` says what the run
+        showed); the source still does not prove them."""
+        self._restate(name, OBSERVED, lambda why: f"{seen}; not proved: {why}")
+
     def guard(self, name: str, check: str) -> None:
-        """The assumed facts called `name` become guarded: the patch runs `check` before the SDPA call and the
+        """The assumed facts of this name become guarded: the patch runs `check` before the SDPA call and the
         original block where it fails."""
-        self.facts = [Fact(f.name, f.statement, GUARDED, f"checked at run time by `{check}`; the original block "
-                           f"runs where it fails (was assumed: {f.why})")
-                      if f.name == name and f.status == ASSUMED else f for f in self.facts]
+        self._restate(name, GUARDED, lambda why: f"checked at run time by `{check}`; the original block runs where "
+                                                 f"it fails (was assumed: {why})")
+
+    def _restate(self, name: str, status: str, why: Callable[[str | None], str]) -> None:
+        """The assumed facts of this name get `status`, and a reason built from their old one."""
+        self.facts = [replace(fact, status=status, why=why(fact.why))
+                      if fact.name == name and fact.status == ASSUMED else fact for fact in self.facts]
 
     def _add(self, fact: Fact) -> None:
         for index, known in enumerate(self.facts):
@@ -66,6 +78,13 @@ class FactSheet:
     def assumptions(self) -> list[Fact]:
         return [fact for fact in self.facts if fact.status == ASSUMED]
 
+    @property
+    def observations(self) -> list[Fact]:
+        return [fact for fact in self.facts if fact.status == OBSERVED]
+
     def to_json(self) -> dict[str, list[dict]]:
-        return {status: [fact.to_json() for fact in self.facts if fact.status == status]
-                for status in (PROVED, GUARDED, ACCEPTED, ASSUMED)}
+        """Facts by status; the `guarded` group only where a patch checks one, the `observed` group only where a
+        run discharged one (findings with neither keep three)."""
+        guarded = (GUARDED,) if any(fact.status == GUARDED for fact in self.facts) else ()
+        groups = (PROVED,) + guarded + (ACCEPTED, ASSUMED) + ((OBSERVED,) if self.observations else ())
+        return {status: [fact.to_json() for fact in self.facts if fact.status == status] for status in groups}
