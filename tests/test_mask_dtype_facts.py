@@ -214,13 +214,17 @@ def test_j_upcast_scores_with_value_of_another_dtype_is_unsafe():
     assert finding.fix_safety == "unsafe" and "qkv-dtype" in _facts(finding, "assumed")
 
 
-def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_unsafe():
+def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_guarded():
+    """SDPA would get a float32 `v.float()` next to q of any dtype: the patch checks `q.dtype == k.dtype ==
+    torch.float32` and runs the original block otherwise (tests/test_guarded_facts.py runs both paths)."""
     body = """
     weights = (q @ k.transpose(-2, -1) * 0.5).softmax(dim=-1)
     out = (weights.float() @ v.float()).to(q.dtype)
     """
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "unsafe" and "qkv-dtype" in _facts(finding, "assumed")
+    assert finding.fix_safety == "safe" and "qkv-dtype" in _facts(finding, "guarded")
+    original, patched = _outputs(body, _key_padding())
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
 def test_j_weights_cast_back_to_the_query_dtype_is_proved():
