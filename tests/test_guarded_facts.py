@@ -138,3 +138,17 @@ def test_a_leaf_cast_to_a_literal_dtype_is_compared_as_that_dtype():
         with torch.no_grad():
             torch.testing.assert_close(patched(x.to(dtype), None), original(x.to(dtype), None), atol=1e-5, rtol=1e-5)
         assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa
+
+
+def test_a_guard_compiles_without_a_graph_break():
+    """`torch.compile(fullgraph=True)` raises on any graph break: the check reads metadata only, on both paths."""
+    source = "import math\nimport torch\n\n\ndef attend(q, k, v, mask):\n" + textwrap.indent(
+        textwrap.dedent(KEEP_MASK_OF_ANY_RANK).strip("\n") + "\nreturn out\n", " " * 4)
+    fixed = analyze_source(source, "attend.py").fixed
+    assert "2 <= mask.dim() <= q.dim()" in fixed
+    namespace: dict = {}
+    exec(compile(fixed, "attend.py", "exec"), namespace)
+    compiled = torch.compile(namespace["attend"], fullgraph=True, backend="eager")
+    q, k, v = torch.randn(3, 1, 2, 8, 4).unbind(0)
+    for mask in (torch.rand(1, 1, 1, 8) > 0.2, torch.rand(8) > 0.2):  # the SDPA path, then the original block
+        torch.testing.assert_close(compiled(q, k, v, mask), namespace["attend"](q, k, v, mask))
