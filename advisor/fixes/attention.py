@@ -9,11 +9,13 @@ from advisor.backends.site import plan_backend
 from advisor.engine.static import Detected
 from advisor.findings import Finding
 from advisor.patterns.attention import AttentionMatch, find_attention
+from advisor.patterns.call_site_facts import settle_from_call_sites
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
+from advisor.static.call_sites import Tree
 from advisor.static.module_index import ParsedModule
 
 
@@ -65,9 +67,15 @@ def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode
     return node
 
 
-def attention_findings(parsed: ParsedModule, backend: str) -> list[Detected]:
-    """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one."""
-    return [_detected(parsed, match, backend) for match in find_attention(parsed)]
+def attention_findings(parsed: ParsedModule, backend: str, tree: Tree | None = None) -> list[Detected]:
+    """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one. With
+    `tree` (the scanned files), facts assumed about a parameter are proved where every call in it proves them."""
+    matches = find_attention(parsed)
+    if tree is not None:
+        tree.adopt(parsed)
+        for match in matches:
+            settle_from_call_sites(tree, parsed, match.facts)
+    return [_detected(parsed, match, backend) for match in matches]
 
 
 def _rule_for(match: AttentionMatch) -> Rule:

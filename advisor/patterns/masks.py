@@ -144,8 +144,9 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
     return low - integers + nones, None if high is None else high - integers + nones
 
 
-def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list) -> None:
-    """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring)."""
+def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = ()) -> None:
+    """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring). `added_claims`:
+    what every call must pass for added masks of parameters to swallow no row (values the call sites may show)."""
     if not terms:
         return
     if all(term.keeps_first_key for term in terms):
@@ -166,7 +167,7 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list) -> Non
                       "the added mask's values are not visible here: where they swallow a whole row's scores (a "
                       "padded sample under `(1 - m) * finfo.min`), the original's weights are uniform while SDPA's "
                       "fused backward gives other gradients, and a mask cast to a bf16/fp16 query turns fp32 "
-                      "`finfo.min` into -inf (rows of 0); nothing proves every row keeps a key")
+                      "`finfo.min` into -inf (rows of 0); nothing proves every row keeps a key", added_claims)
         return
     facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
                    "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")

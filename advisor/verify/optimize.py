@@ -20,6 +20,7 @@ from advisor.errors import AdvisorError
 from advisor.findings import Finding, display_path
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
+from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
@@ -40,6 +41,7 @@ class Options:
     train: bool = False
     unsafe_fixes: bool = False
     backend: str = "sdpa"  # what attention patches target: sdpa, flash, flash-attn
+    call_site_facts: bool = True  # the profiled files' calls may prove facts of the functions they call
     apply: bool = False
     review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -205,15 +207,18 @@ def combined_text(chosen: list[Candidate]) -> str:
     return applied.text
 
 
-def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa") -> dict[str, Candidate]:
-    """Patches of the static rules over the files the profile saw running (attention findings with a patch)."""
+def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
+                       call_site_facts: bool = True) -> dict[str, Candidate]:
+    """Patches of the static rules over the files the profile saw running (attention findings with a patch); with
+    `call_site_facts`, those files' calls may prove facts of the functions they call."""
     candidates: dict[str, Candidate] = {}
+    tree = Tree(list(files)) if call_site_facts else None
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
         try:
-            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend)
+            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend, tree=tree)
         except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
             continue
         for finding in result.findings:
@@ -263,7 +268,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
     try:
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
-                                                options.backend)
+                                                options.backend, options.call_site_facts)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))

@@ -1,0 +1,314 @@
+"""Every call of a function inside the scanned tree, or None when some use of it is not a call this index sees.
+
+A fact the function's body cannot prove (a mask's rank, a scale's type) may still hold at every call: the tree
+is read for them, in the function's own file and in the files that import it (`from pkg.mod import f`, `import
+pkg.mod as m; m.f(...)`, relative imports). A module's `forward` is reached from its parent: `self.attn = Attention(
+...)` assigned once in a class, and `self.attn(x, mask)` its only use. Any other use (the function passed on,
+stored, called through `*args`, a subclass, `nn.ModuleList`, an attribute of that name read elsewhere) leaves the
+calls unknown, and then nothing is proved from them. The tree is read afresh for every scan: no call site is cached
+across runs, so an edit of a caller is always seen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One call: the file it is in, the call, and the argument bound to the parameter asked about (the default's
+    expression when the call leaves it out, None when it has neither)."""
+
+    parsed: ParsedModule
+    call: cst.Call
+    argument: cst.BaseExpression | None
+    scope: ParsedModule  # the file the argument's expression is in (the function's own, for a default)
+    method: bool = False  # the call binds `self` (a method called on its instance)
+
+    @property
+    def where(self) -> str:
+        return f"{self.parsed.path}:{self.parsed.line(self.call)}"
+
+
+@dataclass(eq=False)
+class Tree:
+    """The scanned files; each is read and parsed at most once per scan, when a question needs it."""
+
+    paths: list[str]
+    _parsed: dict[str, ParsedModule | None] = field(default_factory=dict)
+    _texts: dict[str, str | None] = field(default_factory=dict)
+
+    def adopt(self, parsed: ParsedModule) -> None:
+        """The file being analysed: its own nodes are the ones the matcher holds."""
+        self._parsed[os.path.realpath(parsed.path)] = parsed
+
+    def text(self, path: str) -> str | None:
+        key = os.path.realpath(path)
+        if key in self._parsed and self._parsed[key] is not None:
+            return self._parsed[key].source
+        if key not in self._texts:
+            from advisor.static.discover import read_source
+
+            source = read_source(path)
+            self._texts[key] = getattr(source, "text", None)
+        return self._texts[key]
+
+    def parsed(self, path: str) -> ParsedModule | None:
+        key = os.path.realpath(path)
+        if key not in self._parsed:
+            text = self.text(path)
+            try:
+                self._parsed[key] = ParsedModule(text, path) if text is not None else None
+            except (cst.ParserSyntaxError, RecursionError):
+                self._parsed[key] = None
+        return self._parsed[key]
+
+    def mentioning(self, word: str) -> list[str]:
+        pattern = re.compile(rf"\b{re.escape(word)}\b")
+        return [path for path in self.paths if pattern.search(self.text(path) or "")]
+
+    def sites(self, parsed: ParsedModule, function: cst.FunctionDef, parameter: str) -> list[CallSite] | None:
+        """Every call of `function` (a module-level function or a method of `parsed`) in the tree, each with the
+        argument bound to `parameter`; None when a use of it is not such a call, or it has no call at all."""
+        owner = _owner_of(parsed, function)
+        if owner is None and parsed.module_functions.get(function.name.value) is not function:
+            return None  # a nested function: reachable only through its enclosing one
+        if _is_decorated(function):
+            return None  # staticmethod, classmethod, a wrapper: the call does not bind as written
+        calls = self._function_calls(parsed, function) if owner is None else self._method_calls(parsed, owner,
+                                                                                                function)
+        if not calls:
+            return None
+        sites = []
+        for site_parsed, call in calls:
+            bound = bound_argument(function, call, parameter, skip_self=owner is not None)
+            if bound is False:
+                return None
+            argument, is_default = bound
+            sites.append(CallSite(site_parsed, call, argument, parsed if is_default else site_parsed, owner is not None))
+        return sites
+
+    # -- module-level functions ----------------------------------------------------------------------------
+    def _function_calls(self, parsed: ParsedModule, function: cst.FunctionDef) -> list | None:
+        name = function.name.value
+        if name in parsed.bound_names:
+            return None
+        found = []
+        for path in self.mentioning(name):
+            other = self.parsed(path)
+            if other is None:
+                return None
+            uses = [node for node in other.parents if isinstance(node, cst.Name) and node.value == name] \
+                if other is parsed else _imported_uses(other, parsed, name)
+            if uses is None:
+                return None
+            for use in uses:
+                if other is parsed and use is function.name:
+                    continue
+                call = _called(other, use)
+                if call is None and not _is_import_name(other, use):
+                    return None
+                if call is not None:
+                    found.append((other, call))
+        return found
+
+    # -- methods ---------------------------------------------------------------------------------------------
+    def _method_calls(self, parsed: ParsedModule, owner: ClassInfo, method: cst.FunctionDef) -> list | None:
+        if _subclassed(self, owner.node.name.value):
+            return None
+        name = method.name.value
+        own = self._self_calls(parsed, name)
+        if own is None:
+            return None
+        if name != "forward":
+            return own
+        parents = self._parent_calls(parsed, owner)
+        return None if parents is None else own + parents
+
+    def _self_calls(self, parsed: ParsedModule, name: str, assigned_ok: bool = False) -> list | None:
+        """`self.name(...)` in the function's file; any other read of `.name` in the tree is a use not seen
+        (`assigned_ok`: `self.name = ...` is the instance's construction, not a use)."""
+        calls = []
+        for path in self.mentioning(name):
+            other = self.parsed(path)
+            if other is None:
+                return None
+            for node in other.parents:
+                if isinstance(node, cst.Attribute) and node.attr.value == name:
+                    if assigned_ok and isinstance(other.parents.get(node), cst.AssignTarget):
+                        continue  # `self.X = C(...)`: the only value, checked by the caller
+                    call = _called(other, node)
+                    if other is not parsed or not _on_self(node) or call is None:
+                        if not _is_definition_name(other, node):
+                            return None
+                        continue
+                    calls.append((other, call))
+        return calls
+
+    def _parent_calls(self, parsed: ParsedModule, owner: ClassInfo) -> list | None:
+        """The class's instances, each built once into `self.X` of a parent class and only ever called: the calls
+        `self.X(...)` reach `forward`. Any other use of the class (a local, a list, a base class) is not followed."""
+        cls = owner.node.name.value
+        calls = []
+        for path in self.mentioning(cls):
+            other = self.parsed(path)
+            if other is None:
+                return None
+            uses = [node for node in other.parents if isinstance(node, cst.Name) and node.value == cls] \
+                if other is parsed else _imported_uses(other, parsed, cls)
+            if uses is None:
+                return None
+            for use in uses:
+                if (other is parsed and use is owner.node.name) or _is_import_name(other, use):
+                    continue
+                attribute = _built_into(other, use)
+                if attribute is None:
+                    return None
+                instance_calls = self._self_calls(other, attribute, assigned_ok=True)
+                if instance_calls is None:
+                    return None
+                calls.extend(instance_calls)
+        return calls
+
+
+def _owner_of(parsed: ParsedModule, function: cst.FunctionDef) -> ClassInfo | None:
+    return next((owner for node, owner, _ in parsed.functions if node is function), None)
+
+
+def _is_decorated(function: cst.FunctionDef) -> bool:
+    return bool(function.decorators)
+
+
+def _called(parsed: ParsedModule, node: cst.BaseExpression) -> cst.Call | None:
+    """The call `node(...)` when `node` is what is called."""
+    parent = parsed.parents.get(node)
+    return parent if isinstance(parent, cst.Call) and parent.func is node else None
+
+
+def _on_self(node: cst.Attribute) -> bool:
+    return isinstance(node.value, cst.Name) and node.value.value == "self"
+
+
+def _is_definition_name(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    return isinstance(parsed.parents.get(node), (cst.FunctionDef, cst.ClassDef))
+
+
+def _is_import_name(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    return parsed.innermost(node, (cst.Import, cst.ImportFrom)) is not None
+
+
+def _subclassed(tree: Tree, cls: str) -> bool:
+    pattern = re.compile(rf"class\s+\w+\s*\([^)]*\b{re.escape(cls)}\b")
+    return any(pattern.search(tree.text(path) or "") for path in tree.mentioning(cls))
+
+
+def _built_into(parsed: ParsedModule, use: cst.CSTNode) -> str | None:
+    """X when `use(...)` is assigned to `self.X` and nothing else is ever assigned to it (its class's only value)."""
+    call = _called(parsed, use)
+    assign = parsed.parents.get(call) if call is not None else None
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call:
+        return None
+    target = assign.targets[0].target
+    if not (isinstance(target, cst.Attribute) and _on_self(target)):
+        return None
+    method = parsed.innermost(assign, cst.FunctionDef)
+    owner = _owner_of(parsed, method) if method is not None else None
+    return target.attr.value if owner is not None and owner.only_value(target.attr.value) is call else None
+
+
+def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str,
+                    skip_self: bool) -> tuple[cst.BaseExpression | None, bool] | bool:
+    """(the expression the call binds to `parameter`, whether it is the parameter's default); False when the call
+    spreads `*args`/`**kwargs` (what binds is not visible) or binds nothing to it."""
+    if any(arg.star for arg in call.args):
+        return False
+    params = function.params
+    positional = list(params.posonly_params) + list(params.params)
+    if skip_self:
+        positional = positional[1:]
+    names = [p.name.value for p in positional]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == parameter:
+            return arg.value, False
+    position = names.index(parameter) if parameter in names else None
+    given = [arg for arg in call.args if arg.keyword is None]
+    if position is not None and position < len(given):
+        return given[position].value, False
+    param = next((p for p in positional + list(params.kwonly_params) if p.name.value == parameter), None)
+    return (param.default, True) if param is not None and param.default is not None else False
+
+
+# -- imports -------------------------------------------------------------------------------------------------
+def _imported_uses(other: ParsedModule, target: ParsedModule, name: str) -> list[cst.CSTNode] | None:
+    """The expressions of `other` that name `target`'s `name` through an import (`g` after `from mod import f as
+    g`, `m.f` after `import mod as m`); None when `other` imports all of `target`'s names (`import *`)."""
+    uses: list[cst.CSTNode] = []
+    for node in other.parents:
+        if isinstance(node, cst.ImportFrom) and _resolves(other, node, target):
+            if isinstance(node.names, cst.ImportStar):
+                return None
+            for alias in node.names:
+                if other.code(alias.name) == name:
+                    local = other.code(alias.asname.name) if alias.asname else name
+                    uses.extend(_name_reads(other, local))
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            for local in _module_aliases(other, node, target):
+                uses.extend(a for a in other.parents if isinstance(a, cst.Attribute) and a.attr.value == name
+                            and other.code(a.value) == local)
+    return uses
+
+
+def _name_reads(parsed: ParsedModule, local: str) -> list[cst.Name]:
+    return [n for n in parsed.parents if isinstance(n, cst.Name) and n.value == local
+            and not _is_import_name(parsed, n)]
+
+
+def _module_aliases(other: ParsedModule, node: cst.Import | cst.ImportFrom, target: ParsedModule) -> list[str]:
+    """The local names under which `node` binds `target` itself as a module."""
+    found = []
+    if isinstance(node, cst.Import):
+        for alias in node.names:
+            dotted = other.code(alias.name)
+            if _module_matches(dotted.split("."), target.path) and alias.asname is not None:
+                found.append(other.code(alias.asname.name))
+            elif _module_matches(dotted.split("."), target.path):
+                found.append(dotted)
+    elif not isinstance(node.names, cst.ImportStar):
+        base = _base_parts(other, node)
+        for alias in node.names:
+            if base is not None and _module_matches(base + [other.code(alias.name)], target.path):
+                found.append(other.code(alias.asname.name) if alias.asname else other.code(alias.name))
+    return found
+
+
+def _base_parts(other: ParsedModule, node: cst.ImportFrom) -> list[str] | None:
+    """The module an ImportFrom reads from, as path parts (relative imports resolved against `other`'s folder)."""
+    parts = other.code(node.module).split(".") if node.module is not None else []
+    if not node.relative:
+        return parts
+    folder = os.path.dirname(os.path.realpath(other.path))
+    for _ in range(len(node.relative) - 1):
+        folder = os.path.dirname(folder)
+    return folder.split(os.sep) + parts
+
+
+def _resolves(other: ParsedModule, node: cst.ImportFrom, target: ParsedModule) -> bool:
+    base = _base_parts(other, node)
+    return base is not None and bool(base) and _module_matches(base, target.path)
+
+
+def _module_matches(parts: list[str], path: str) -> bool:
+    """Whether the dotted module `parts` can be the file `path` (`a.b` is `.../a/b.py` or `.../a/b/__init__.py`)."""
+    real = os.path.realpath(path)
+    stem = real[:-3] if real.endswith(".py") else real
+    if stem.endswith(os.sep + "__init__"):
+        stem = stem[: -len(os.sep + "__init__")]
+    file_parts = stem.split(os.sep)
+    parts = [p for p in parts if p]
+    return bool(parts) and file_parts[-len(parts):] == parts
