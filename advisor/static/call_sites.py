@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from advisor.findings import display_path
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 
@@ -33,7 +34,7 @@ class CallSite:
 
     @property
     def where(self) -> str:
-        return f"{self.parsed.path}:{self.parsed.line(self.call)}"
+        return f"{display_path(self.parsed.path)}:{self.parsed.line(self.call)}"
 
 
 @dataclass(eq=False)
