@@ -274,3 +274,75 @@ def test_an_instance_used_otherwise_proves_nothing(tmp_path):
         "        return x + self.attn(x, mask)", "        self.attn.cached = mask\n        return x + self.attn(x, mask)")
     root = _tree(tmp_path, {"modules.py": source})
     assert _attention(root)[0].fix_safety == "unsafe"
+
+
+# -- a scale passed to the constructor ---------------------------------------------------------------------------
+SCALED = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, scale):
+        super().__init__()
+        self.scale = scale
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        w = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+        return w @ v
+'''
+
+BUILDER = '''
+import torch
+from torch import nn
+
+from scaled import Attention
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = Attention(16, 0.125)
+        self.second = Attention(16, scale={scale})
+
+    def forward(self, x):
+        return self.second(self.first(x))
+'''
+
+
+def test_a_scale_every_construction_passes_as_a_number_is_proved(tmp_path):
+    root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale="16 ** -0.5")})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    assert _sites(finding, "scale-is-number") == [f"{root / 'model.py'}:11", f"{root / 'model.py'}:12"]
+    patched = tmp_path / "patched"
+    patched.mkdir()
+    for file in result.files:
+        (patched / Path(file.path).name).write_text(file.fixed)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    sys.path.insert(0, str(root))
+    try:
+        torch.manual_seed(0)
+        original = importlib.import_module("model").Model().double().eval()
+    finally:
+        sys.path.remove(str(root))
+        for name in ("model", "scaled"):
+            sys.modules.pop(name, None)
+    sys.path.insert(0, str(patched))
+    try:
+        rewritten = importlib.import_module("model").Model().double().eval()
+        rewritten.load_state_dict(original.state_dict())
+        torch.testing.assert_close(rewritten(x), original(x), atol=1e-10, rtol=1e-10)
+    finally:
+        sys.path.remove(str(patched))
+        for name in ("model", "scaled"):
+            sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("scale", ["torch.tensor(0.25)", "torch.nn.Parameter(torch.ones(()))"])
+def test_a_construction_passing_a_tensor_scale_proves_nothing(tmp_path, scale):
+    root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale=scale)})
+    finding, _ = _attention(root)
+    assert finding.fix_safety == "unsafe" and "scale-is-number" in _names(finding, "assumed")

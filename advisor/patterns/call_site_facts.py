@@ -20,7 +20,7 @@ from advisor.patterns import masks as mk
 from advisor.patterns.copies_casts import dtype_name
 from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import OpReader, number_value
-from advisor.patterns.values import ValueProver
+from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
 from advisor.static.call_sites import CallSite, Tree, bound_argument
 from advisor.static.dataflow import UNDEFINED, is_inplace_method
 from advisor.static.module_index import ParsedModule, _assigned_names
@@ -100,7 +100,13 @@ def _site_proves(tree: Tree, site: CallSite, claim: Claim, depth: int) -> list[s
 
 
 def parameter_of(parsed: ParsedModule, node: cst.BaseExpression) -> tuple[cst.FunctionDef, str] | None:
-    """(function, parameter) when `node` is a read of that function's parameter and nothing else reaches it."""
+    """(function, parameter) when `node` is a read of that function's parameter and nothing else reaches it, or
+    `self.x` whose class's only value for it is its `__init__`'s parameter (`self.scale = scale`)."""
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+        owner = SiteScope(parsed, node).owner
+        value = owner.only_value(node.attr.value) if owner is not None else None
+        found = parameter_of(parsed, value) if isinstance(value, cst.Name) else None
+        return found if found is not None and found[0] is owner.methods.get("__init__") else None
     if not isinstance(node, cst.Name):
         return None
     function = parsed.innermost(node, cst.FunctionDef)
@@ -129,7 +135,7 @@ def _holds(site: CallSite, claim: Claim) -> bool:
         bounds = scope.interval(argument)
         return bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT
     if claim.check == NUMBER:
-        return scope.prover().scalar_guess(argument) is None
+        return scope.python_number(argument)
     return False
 
 
@@ -185,6 +191,28 @@ class SiteScope:
             value = self.owner.only_value(node.attr.value)
             return [value] if value is not None else None
         return None
+
+    def python_number(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """A Python number, never a tensor (not even one wrapping a number, as `torch.tensor(0.1)`, which SDPA's
+        `scale` does not take): literals, arithmetic of numbers, `math.sqrt`/`float`/`int`/`len`, sizes."""
+        if depth > 12:
+            return False
+        below = lambda child: self.python_number(child, depth + 1)  # noqa: E731
+        if number_value(node) is not None:
+            return True
+        resolved = self._resolved(node)
+        if resolved is not None:
+            return all(below(value) for value in resolved)
+        if isinstance(node, cst.UnaryOperation):
+            return below(node.expression)
+        if isinstance(node, cst.BinaryOperation):
+            return below(node.left) and below(node.right)
+        if isinstance(node, cst.IfExp):
+            return below(node.body) and below(node.orelse)
+        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) in NUMBER_FUNCTIONS:
+            return True
+        prover = self.prover()
+        return prover is not None and prover.is_size(node)
 
     def not_float(self, node: cst.BaseExpression, depth: int = 0) -> bool:
         """A bool or integer tensor (SDPA gets it as q's dtype: its values exactly)."""

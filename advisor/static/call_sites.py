@@ -3,7 +3,7 @@
 A fact the function's body cannot prove (a mask's rank, a scale's type) may still hold at every call: the tree
 is read for them, in the function's own file and in the files that import it (`from pkg.mod import f`, `import
 pkg.mod as m; m.f(...)`, relative imports). A module's `forward` is reached from its parent: `self.attn = Attention(
-...)` assigned once in a class, and `self.attn(x, mask)` its only use. Any other use (the function passed on,
+...)` assigned once in a class, and `self.attn(x, mask)` its only use; its `__init__` from every `Attention(...)`. Any other use (the function passed on,
 stored, called through `*args`, a subclass, `nn.ModuleList`, an attribute of that name read elsewhere) leaves the
 calls unknown, and then nothing is proved from them. The tree is read afresh for every scan: no call site is cached
 across runs, so an edit of a caller is always seen.
@@ -124,6 +124,9 @@ class Tree:
         if _subclassed(self, owner.node.name.value):
             return None
         name = method.name.value
+        if name == "__init__":
+            return self._class_uses(parsed, owner, lambda other, use: [(other, _called(other, use))]
+                                    if _called(other, use) is not None else None)
         own = self._self_calls(parsed, name)
         if own is None:
             return None
@@ -155,6 +158,15 @@ class Tree:
     def _parent_calls(self, parsed: ParsedModule, owner: ClassInfo) -> list | None:
         """The class's instances, each built once into `self.X` of a parent class and only ever called: the calls
         `self.X(...)` reach `forward`. Any other use of the class (a local, a list, a base class) is not followed."""
+        def instance_calls(other: ParsedModule, use: cst.CSTNode) -> list | None:
+            attribute = _built_into(other, use)
+            return None if attribute is None else self._self_calls(other, attribute, assigned_ok=True)
+
+        return self._class_uses(parsed, owner, instance_calls)
+
+    def _class_uses(self, parsed: ParsedModule, owner: ClassInfo, calls_of) -> list | None:
+        """`calls_of(file, use)` for every use of the class's name in the tree (its own file, or imported), joined;
+        None when one gives None."""
         cls = owner.node.name.value
         calls = []
         for path in self.mentioning(cls):
@@ -168,13 +180,10 @@ class Tree:
             for use in uses:
                 if (other is parsed and use is owner.node.name) or _is_import_name(other, use):
                     continue
-                attribute = _built_into(other, use)
-                if attribute is None:
+                found = calls_of(other, use)
+                if found is None:
                     return None
-                instance_calls = self._self_calls(other, attribute, assigned_ok=True)
-                if instance_calls is None:
-                    return None
-                calls.extend(instance_calls)
+                calls.extend(found)
         return calls
 
 
