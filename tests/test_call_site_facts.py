@@ -271,7 +271,8 @@ def test_a_module_level_tensor_is_read_where_it_is_built(tmp_path):
 
 def test_an_instance_used_otherwise_proves_nothing(tmp_path):
     source = MODULES.format(mask="torch.zeros(b, 1, 1, n)").replace(
-        "        return x + self.attn(x, mask)", "        self.attn.cached = mask\n        return x + self.attn(x, mask)")
+        "        return x + self.attn(x, mask)",
+        "        self.attn.cached = mask\n        return x + self.attn(x, mask)")
     root = _tree(tmp_path, {"modules.py": source})
     assert _attention(root)[0].fix_safety == "unsafe"
 

@@ -12,7 +12,7 @@ when some use is not a visible call); the sites are listed with the fact. What t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from collections.abc import Callable
 
 import libcst as cst
 

@@ -3,9 +3,9 @@
 A fact the function's body cannot prove (a mask's rank, a scale's type) may still hold at every call: the tree
 is read for them, in the function's own file and in the files that import it (`from pkg.mod import f`, `import
 pkg.mod as m; m.f(...)`, relative imports). A module's `forward` is reached from its parent: `self.attn = Attention(
-...)` assigned once in a class, and `self.attn(x, mask)` its only use; its `__init__` from every `Attention(...)`. Any other use (the function passed on,
-stored, called through `*args`, a subclass, `nn.ModuleList`, an attribute of that name read elsewhere) leaves the
-calls unknown, and then nothing is proved from them. The tree is read afresh for every scan: no call site is cached
+...)` assigned once in a class, and `self.attn(x, mask)` its only use; its `__init__` from every `Attention(...)`.
+Any other use (the function passed on, stored, called through `*args`, a subclass, `nn.ModuleList`, an attribute
+of that name read elsewhere) leaves the calls unknown, and then nothing is proved from them. The tree is read afresh for every scan: no call site is cached
 across runs, so an edit of a caller is always seen.
 """
 
@@ -92,15 +92,20 @@ class Tree:
             if bound is False:
                 return None
             argument, is_default = bound
-            sites.append(CallSite(site_parsed, call, argument, parsed if is_default else site_parsed, owner is not None))
+            scope = parsed if is_default else site_parsed
+            sites.append(CallSite(site_parsed, call, argument, scope, owner is not None))
         return sites
 
     # -- module-level functions ----------------------------------------------------------------------------
     def _function_calls(self, parsed: ParsedModule, function: cst.FunctionDef) -> list | None:
-        name = function.name.value
-        if name in parsed.bound_names:
+        if function.name.value in parsed.bound_names:
             return None
-        found = []
+        return self._uses(parsed, function.name, _direct_call)
+
+    def _uses(self, parsed: ParsedModule, defined: cst.Name, calls_of) -> list | None:
+        """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
+        own file, or imported elsewhere), joined; None when one gives None or a file imports the module's `*`."""
+        name, calls = defined.value, []
         for path in self.mentioning(name):
             other = self.parsed(path)
             if other is None:
@@ -110,14 +115,13 @@ class Tree:
             if uses is None:
                 return None
             for use in uses:
-                if other is parsed and use is function.name:
+                if use is defined or _is_import_name(other, use):
                     continue
-                call = _called(other, use)
-                if call is None and not _is_import_name(other, use):
+                found = calls_of(other, use)
+                if found is None:
                     return None
-                if call is not None:
-                    found.append((other, call))
-        return found
+                calls.extend(found)
+        return calls
 
     # -- methods ---------------------------------------------------------------------------------------------
     def _method_calls(self, parsed: ParsedModule, owner: ClassInfo, method: cst.FunctionDef) -> list | None:
@@ -125,8 +129,7 @@ class Tree:
             return None
         name = method.name.value
         if name == "__init__":
-            return self._class_uses(parsed, owner, lambda other, use: [(other, _called(other, use))]
-                                    if _called(other, use) is not None else None)
+            return self._uses(parsed, owner.node.name, _direct_call)
         own = self._self_calls(parsed, name)
         if own is None:
             return None
@@ -162,29 +165,7 @@ class Tree:
             attribute = _built_into(other, use)
             return None if attribute is None else self._self_calls(other, attribute, assigned_ok=True)
 
-        return self._class_uses(parsed, owner, instance_calls)
-
-    def _class_uses(self, parsed: ParsedModule, owner: ClassInfo, calls_of) -> list | None:
-        """`calls_of(file, use)` for every use of the class's name in the tree (its own file, or imported), joined;
-        None when one gives None."""
-        cls = owner.node.name.value
-        calls = []
-        for path in self.mentioning(cls):
-            other = self.parsed(path)
-            if other is None:
-                return None
-            uses = [node for node in other.parents if isinstance(node, cst.Name) and node.value == cls] \
-                if other is parsed else _imported_uses(other, parsed, cls)
-            if uses is None:
-                return None
-            for use in uses:
-                if (other is parsed and use is owner.node.name) or _is_import_name(other, use):
-                    continue
-                found = calls_of(other, use)
-                if found is None:
-                    return None
-                calls.extend(found)
-        return calls
+        return self._uses(parsed, owner.node.name, instance_calls)
 
 
 def _owner_of(parsed: ParsedModule, function: cst.FunctionDef) -> ClassInfo | None:
@@ -199,6 +180,12 @@ def _called(parsed: ParsedModule, node: cst.BaseExpression) -> cst.Call | None:
     """The call `node(...)` when `node` is what is called."""
     parent = parsed.parents.get(node)
     return parent if isinstance(parent, cst.Call) and parent.func is node else None
+
+
+def _direct_call(parsed: ParsedModule, use: cst.CSTNode) -> list[tuple[ParsedModule, cst.Call]] | None:
+    """`use(...)`: the one call this use is; None when it is not called."""
+    call = _called(parsed, use)
+    return [(parsed, call)] if call is not None else None
 
 
 def _on_self(node: cst.Attribute) -> bool:
