@@ -347,3 +347,70 @@ def test_a_construction_passing_a_tensor_scale_proves_nothing(tmp_path, scale):
     root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale=scale)})
     finding, _ = _attention(root)
     assert finding.fix_safety == "unsafe" and "scale-is-number" in _names(finding, "assumed")
+
+
+# -- an instance bound to a name, with a module-level mask ------------------------------------------------------
+SCRIPT = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 2, 8).transpose(1, 2)
+        k = self.k(x).view(b, n, 2, 8).transpose(1, 2)
+        v = self.v(x).view(b, n, 2, 8).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / 4.0
+        scores = scores + mask
+        return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, n, 16)
+
+
+MASK = {mask}
+model = Attention()
+model.eval()
+
+
+def run(x):
+    return model(x, MASK)
+'''
+
+
+@pytest.mark.parametrize("mask, safe", [
+    ("torch.rand(1, 1, 8, 8) > 0.5", True),  # a bool mask, added: +1 where True
+    ("torch.randint(0, 2, (2, 1, 8, 8))", True),
+    ("torch.randint(0, 2, (2, 1, 8, 8)) * 1000000000", False),  # int, but its values swallow rows
+    ("torch.rand(8) > 0.5", False),  # 1-D: SDPA rejects it on 4-D inputs
+])
+def test_a_module_level_instance_and_mask(tmp_path, mask, safe):
+    root = _tree(tmp_path, {"script.py": SCRIPT.format(mask=mask)})
+    finding, result = _attention(root)
+    assert (finding.fix_safety == "safe") is safe, finding.reason
+    if not safe:
+        return
+    patched = tmp_path / "patched"
+    patched.mkdir()
+    (patched / "script.py").write_text(result.files[0].fixed)
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    outputs = []
+    for folder in (root, patched):
+        sys.path.insert(0, str(folder))
+        try:
+            torch.manual_seed(0)
+            script = importlib.import_module("script")
+            script.model.double()
+            outputs.append(script.run(x))
+        finally:
+            sys.path.remove(str(folder))
+            sys.modules.pop("script", None)
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-10, rtol=1e-10)
+
+
+def test_a_module_level_instance_another_file_may_import_proves_nothing(tmp_path):
+    root = _tree(tmp_path, {"script.py": SCRIPT.format(mask="torch.randn(1, 1, 8, 8)"),
+                            "other.py": "from script import model\n"})
+    assert _attention(root)[0].fix_safety == "unsafe"

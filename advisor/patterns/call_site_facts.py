@@ -284,6 +284,9 @@ class SiteScope:
             return BOUNDED_CREATORS[dotted]
         if dotted == "torch.full" and len(args) >= 2:
             return below(args[1])
+        if dotted == "torch.randint" and len(args) in (2, 3):  # randint([low,] high, size): low <= x < high
+            bounds = [number_value(arg) for arg in ([cst.Integer("0")] + args[:1] if len(args) == 2 else args[:2])]
+            return None if None in bounds else (bounds[0], bounds[1] - 1)
         if dotted in ("torch.tril", "torch.triu") and args:
             return _union([below(args[0]), (0.0, 0.0)])
         if dotted == "torch.where" and len(args) == 3:

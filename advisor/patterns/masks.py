@@ -26,7 +26,7 @@ from advisor.static.module_index import ClassInfo, ParsedModule
 NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: fill -inf, finite fill, added
 RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", "clone", "logical_not", "long",
                 "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
-CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand")}
+CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand", "randint")}
 RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
                           "torch.logical_not", "torch.clone"}
 ROWS = "fully-masked-rows"
@@ -83,10 +83,10 @@ class RankBounds:
         args = [a for a in node.args if a.keyword is None]
         dotted = self.parsed.imported_name(node.func) or ""
         if dotted in CREATORS and args and not any(a.star for a in args):
-            sizes = args[:1] if dotted == "torch.full" else args
+            sizes = args[:1] if dotted == "torch.full" else args[-1:] if dotted == "torch.randint" else args
             if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
                 return _exact(len(sizes[0].value.elements))
-            return _exact(len(sizes)) if dotted != "torch.full" else UNKNOWN
+            return _exact(len(sizes)) if dotted not in ("torch.full", "torch.randint") else UNKNOWN
         if dotted in RANK_KEEPING_FUNCTIONS and args:
             return below(args[0].value)
         if isinstance(node.func, cst.Attribute):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.findings import display_path
-from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 
 
 @dataclass(frozen=True)
@@ -160,10 +160,13 @@ class Tree:
 
     def _parent_calls(self, parsed: ParsedModule, owner: ClassInfo) -> list | None:
         """The class's instances, each built once into `self.X` of a parent class and only ever called: the calls
-        `self.X(...)` reach `forward`. Any other use of the class (a local, a list, a base class) is not followed."""
+        `self.X(...)` reach `forward`; so do the calls of an instance bound to a name (`model = Net(); model(x, m)`),
+    or called as it is built. Any other use of the class (a list, a base class, `isinstance`) is not followed."""
         def instance_calls(other: ParsedModule, use: cst.CSTNode) -> list | None:
             attribute = _built_into(other, use)
-            return None if attribute is None else self._self_calls(other, attribute, assigned_ok=True)
+            if attribute is not None:
+                return self._self_calls(other, attribute, assigned_ok=True)
+            return _named_instance_calls(self, other, use)
 
         return self._uses(parsed, owner.node.name, instance_calls)
 
@@ -217,6 +220,59 @@ def _built_into(parsed: ParsedModule, use: cst.CSTNode) -> str | None:
     method = parsed.innermost(assign, cst.FunctionDef)
     owner = _owner_of(parsed, method) if method is not None else None
     return target.attr.value if owner is not None and owner.only_value(target.attr.value) is call else None
+
+
+def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) -> list | None:
+    """The calls of an instance built by `use(...)`: called at once (`Net()(x)`), or bound once to a name (local or
+    module-level) every read of which calls it, or calls a method other than `forward` and drops its result
+    (`model.eval()`; a kept result may be the module itself). None for any other read (passed on, stored)."""
+    built = _called(parsed, use)
+    if built is None:
+        return None
+    outer = _called(parsed, built)
+    if outer is not None:
+        return [(parsed, outer)]
+    assign = parsed.parents.get(built)
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or \
+            not isinstance(assign.targets[0].target, cst.Name):
+        return None
+    reads = _reads_of_binding(parsed, assign, assign.targets[0].target)
+    module_level = parsed.innermost(assign, cst.FunctionDef) is None
+    if reads is None or module_level and any(os.path.realpath(path) != os.path.realpath(parsed.path)
+                                              for path in tree.mentioning(assign.targets[0].target.value)):
+        return None  # a module-level instance another file may import
+    calls = []
+    for read in reads:
+        call = _called(parsed, read)
+        if call is not None:
+            calls.append((parsed, call))
+        elif not _drops_method_result(parsed, read):
+            return None
+    return calls
+
+
+def _reads_of_binding(parsed: ParsedModule, assign: cst.Assign, target: cst.Name) -> list[cst.Name] | None:
+    """Every read of the name `assign` binds: its reads in the function, or for a module-level name bound only
+    there, every use of the name in the file; None when the name is bound anywhere else too."""
+    function = parsed.innermost(assign, cst.FunctionDef)
+    if function is not None:
+        flow = parsed.flow(function)
+        found = [d for d in flow.definitions.values() if d.statement is assign and d.name == target.value]
+        return flow.reads_of(found[0]) if len(found) == 1 else None
+    if parsed.innermost(assign, cst.ClassDef) is not None or \
+            [n.value for n in _assigned_names(parsed.parents.items())].count(target.value) != 1:
+        return None
+    return [n for n in parsed.parents if isinstance(n, cst.Name) and n.value == target.value and n is not target]
+
+
+def _drops_method_result(parsed: ParsedModule, read: cst.Name) -> bool:
+    """`model.eval()` as a statement: a method of the instance (not forward) whose result nobody reads."""
+    attribute = parsed.parents.get(read)
+    if not isinstance(attribute, cst.Attribute) or attribute.value is not read or \
+            attribute.attr.value in ("forward", "__call__"):
+        return False
+    call = _called(parsed, attribute)
+    return call is not None and isinstance(parsed.parents.get(call), cst.Expr)
 
 
 def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str,
