@@ -414,3 +414,19 @@ def test_a_module_level_instance_another_file_may_import_proves_nothing(tmp_path
     root = _tree(tmp_path, {"script.py": SCRIPT.format(mask="torch.randn(1, 1, 8, 8)"),
                             "other.py": "from script import model\n"})
     assert _attention(root)[0].fix_safety == "unsafe"
+
+
+def test_blocks_in_a_module_list_called_in_a_loop(tmp_path):
+    source = MODULES.format(mask="(ids == self.pad).view(b, 1, 1, n) * -8.0").replace(
+        "        self.block = Block(dim, heads)",
+        "        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(2)])").replace(
+        "        return self.plain(self.block(self.embed(ids), padding))",
+        "        x = self.embed(ids)\n        for i, block in enumerate(self.blocks):\n"
+        "            x = block(x, padding)\n        return self.plain(x)")
+    root = _tree(tmp_path, {"modules.py": source})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    _assert_parity(tmp_path, root, result, "modules")
+    stored = source.replace("            x = block(x, padding)", "            x = block(x, padding)\n"
+                            "            self.last = block")
+    assert _attention(_tree(tmp_path / "stored", {"modules.py": stored}))[0].fix_safety == "unsafe"

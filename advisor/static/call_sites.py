@@ -150,12 +150,13 @@ class Tree:
                 if isinstance(node, cst.Attribute) and node.attr.value == name:
                     if assigned_ok and isinstance(other.parents.get(node), cst.AssignTarget):
                         continue  # `self.X = C(...)`: the only value, checked by the caller
-                    call = _called(other, node)
-                    if other is not parsed or not _on_self(node) or call is None:
+                    found = [(other, _called(other, node))] if _called(other, node) is not None else \
+                        _element_calls(other, node) if assigned_ok else None
+                    if other is not parsed or not _on_self(node) or found is None:
                         if not _is_definition_name(other, node):
                             return None
                         continue
-                    calls.append((other, call))
+                    calls.extend(found)
         return calls
 
     def _parent_calls(self, parsed: ParsedModule, owner: ClassInfo) -> list | None:
@@ -163,7 +164,7 @@ class Tree:
         `self.X(...)` reach `forward`; so do the calls of an instance bound to a name (`model = Net(); model(x, m)`),
     or called as it is built. Any other use of the class (a list, a base class, `isinstance`) is not followed."""
         def instance_calls(other: ParsedModule, use: cst.CSTNode) -> list | None:
-            attribute = _built_into(other, use)
+            attribute = _built_into(other, use) or _list_built_into(other, use)
             if attribute is not None:
                 return self._self_calls(other, attribute, assigned_ok=True)
             return _named_instance_calls(self, other, use)
@@ -208,9 +209,9 @@ def _subclassed(tree: Tree, cls: str) -> bool:
     return any(pattern.search(tree.text(path) or "") for path in tree.mentioning(cls))
 
 
-def _built_into(parsed: ParsedModule, use: cst.CSTNode) -> str | None:
+def _built_into(parsed: ParsedModule, use: cst.CSTNode, call: cst.Call | None = None) -> str | None:
     """X when `use(...)` is assigned to `self.X` and nothing else is ever assigned to it (its class's only value)."""
-    call = _called(parsed, use)
+    call = call or _called(parsed, use)
     assign = parsed.parents.get(call) if call is not None else None
     if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call:
         return None
@@ -220,6 +221,56 @@ def _built_into(parsed: ParsedModule, use: cst.CSTNode) -> str | None:
     method = parsed.innermost(assign, cst.FunctionDef)
     owner = _owner_of(parsed, method) if method is not None else None
     return target.attr.value if owner is not None and owner.only_value(target.attr.value) is call else None
+
+
+def _element_calls(parsed: ParsedModule, node: cst.Attribute) -> list | None:
+    """The calls of the elements of a module list read as `node` (`self.layers`): `for layer in self.layers:` (or
+    `enumerate(self.layers)`) whose loop variable is only called, `self.layers[i](...)`, `len(self.layers)`."""
+    parent = parsed.parents.get(node)
+    if isinstance(parent, cst.Subscript) and _called(parsed, parent) is not None:
+        return [(parsed, _called(parsed, parent))]
+    call = parsed.parents.get(parent) if isinstance(parent, cst.Arg) else None
+    if isinstance(call, cst.Call) and len(call.args) == 1 and parsed.imported_name(call.func) == "len":
+        return []
+    loop, element = parent, 0
+    if isinstance(call, cst.Call) and len(call.args) == 1 and isinstance(call.func, cst.Name) and \
+            call.func.value == "enumerate" and "enumerate" not in parsed.bound_names and \
+            "enumerate" not in parsed.imports:
+        loop, element = parsed.parents.get(call), 1
+    if not isinstance(loop, cst.For) or loop.iter is not (node if element == 0 else call):
+        return None
+    target = loop.target
+    if element == 1:
+        target = target.elements[1].value if isinstance(target, cst.Tuple) and len(target.elements) == 2 else None
+    function = parsed.innermost(loop, cst.FunctionDef)
+    if not isinstance(target, cst.Name) or function is None:
+        return None
+    flow = parsed.flow(function)
+    reads = [read for d in flow.definitions.values() if d.statement is loop and d.name == target.value
+             for read in flow.reads_of(d)]
+    calls = []
+    for read in reads:
+        if _called(parsed, read) is not None:
+            calls.append((parsed, _called(parsed, read)))
+        elif not _drops_method_result(parsed, read):
+            return None
+    return calls
+
+
+def _list_built_into(parsed: ParsedModule, use: cst.CSTNode) -> str | None:
+    """X when `use(...)` builds the elements of `self.X = nn.ModuleList([...])` (a list or a comprehension)."""
+    built = _called(parsed, use)
+    holder = parsed.parents.get(built) if built is not None else None
+    if isinstance(holder, cst.Element):
+        holder = parsed.parents.get(holder)
+    if not (isinstance(holder, cst.ListComp) and holder.elt is built or isinstance(holder, cst.List)):
+        return None
+    arg = parsed.parents.get(holder)
+    module_list = parsed.parents.get(arg) if isinstance(arg, cst.Arg) else None
+    if not isinstance(module_list, cst.Call) or len(module_list.args) != 1 or \
+            parsed.imported_name(module_list.func) != "torch.nn.ModuleList":
+        return None
+    return _built_into(parsed, module_list.func, module_list)
 
 
 def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) -> list | None:
