@@ -111,6 +111,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "tree"
     root.mkdir(parents=True)
     for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(textwrap.dedent(text))
     return root
 
@@ -430,3 +431,11 @@ def test_blocks_in_a_module_list_called_in_a_loop(tmp_path):
     stored = source.replace("            x = block(x, padding)", "            x = block(x, padding)\n"
                             "            self.last = block")
     assert _attention(_tree(tmp_path / "stored", {"modules.py": stored}))[0].fix_safety == "unsafe"
+
+
+def test_a_package_that_re_exports_the_function_proves_nothing(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "from .attn import attend\n", "pkg/attn.py": ATTEND,
+                            "model.py": MODEL.format(module="pkg.attn", mask="keep.view(b, 1, 1, n)", scale="0.25")})
+    assert _attention(root)[0].fix_safety == "unsafe"  # `from pkg import attend` elsewhere would not be seen
+    (root / "pkg" / "__init__.py").write_text("")
+    assert _attention(root)[0].fix_safety == "safe"  # the caller imports it from its module, relative or not

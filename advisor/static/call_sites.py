@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -37,13 +38,31 @@ class CallSite:
         return f"{display_path(self.parsed.path)}:{self.parsed.line(self.call)}"
 
 
+_CACHES: dict[str, tuple[dict, dict]] = {}  # scan token -> (texts, parsed modules): this process's, one scan
+
+
 @dataclass(eq=False)
 class Tree:
-    """The scanned files; each is read and parsed at most once per scan, when a question needs it."""
+    """The scanned files; each is read and parsed at most once per scan and process, when a question needs it. A
+    worker process runs many chunks of one scan: they share what was read through the scan's token (a new scan has
+    a new token and drops the old one's, so nothing is reused across runs)."""
 
     paths: list[str]
-    _parsed: dict[str, ParsedModule | None] = field(default_factory=dict)
-    _texts: dict[str, str | None] = field(default_factory=dict)
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def _caches(self) -> tuple[dict, dict]:
+        if self.token not in _CACHES:
+            _CACHES.clear()
+            _CACHES[self.token] = ({}, {})
+        return _CACHES[self.token]
+
+    @property
+    def _texts(self) -> dict[str, str | None]:
+        return self._caches()[0]
+
+    @property
+    def _parsed(self) -> dict[str, ParsedModule | None]:
+        return self._caches()[1]
 
     def adopt(self, parsed: ParsedModule) -> None:
         """The file being analysed: its own nodes are the ones the matcher holds."""
@@ -106,7 +125,10 @@ class Tree:
         """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
         own file, or imported elsewhere), joined; None when one gives None or a file imports the module's `*`."""
         name, calls = defined.value, []
+        module = re.compile(rf"\b{re.escape(_module_stem(parsed.path))}\b")
         for path in self.mentioning(name):
+            if os.path.realpath(path) != os.path.realpath(parsed.path) and not module.search(self.text(path) or ""):
+                continue  # another file that never names the module cannot import from it
             other = self.parsed(path)
             if other is None:
                 return None
@@ -142,10 +164,13 @@ class Tree:
         """`self.name(...)` in the function's file; any other read of `.name` in the tree is a use not seen
         (`assigned_ok`: `self.name = ...` is the instance's construction, not a use)."""
         calls = []
+        accessed = re.compile(rf"\.\s*{re.escape(name)}\b")
         for path in self.mentioning(name):
-            other = self.parsed(path)
-            if other is None:
-                return None
+            if os.path.realpath(path) != os.path.realpath(parsed.path):
+                if accessed.search(self.text(path) or ""):
+                    return None  # `.name` read in another file: not a call this index follows
+                continue
+            other = parsed
             for node in other.parents:
                 if isinstance(node, cst.Attribute) and node.attr.value == name:
                     if assigned_ok and isinstance(other.parents.get(node), cst.AssignTarget):
@@ -359,6 +384,8 @@ def _imported_uses(other: ParsedModule, target: ParsedModule, name: str) -> list
                 return None
             for alias in node.names:
                 if other.code(alias.name) == name:
+                    if os.path.basename(other.path) == "__init__.py":
+                        return None  # a package re-exports it: its importers name the package, not the module
                     local = other.code(alias.asname.name) if alias.asname else name
                     uses.extend(_name_reads(other, local))
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
@@ -405,6 +432,13 @@ def _base_parts(other: ParsedModule, node: cst.ImportFrom) -> list[str] | None:
 def _resolves(other: ParsedModule, node: cst.ImportFrom, target: ParsedModule) -> bool:
     base = _base_parts(other, node)
     return base is not None and bool(base) and _module_matches(base, target.path)
+
+
+def _module_stem(path: str) -> str:
+    """The name an import of the file's module ends with: `b` for `a/b.py` and for `a/b/__init__.py`."""
+    real = os.path.realpath(path)
+    stem = os.path.splitext(os.path.basename(real))[0]
+    return os.path.basename(os.path.dirname(real)) if stem == "__init__" else stem
 
 
 def _module_matches(parts: list[str], path: str) -> bool:
