@@ -439,3 +439,10 @@ def test_a_package_that_re_exports_the_function_proves_nothing(tmp_path):
     assert _attention(root)[0].fix_safety == "unsafe"  # `from pkg import attend` elsewhere would not be seen
     (root / "pkg" / "__init__.py").write_text("")
     assert _attention(root)[0].fix_safety == "safe"  # the caller imports it from its module, relative or not
+
+
+@pytest.mark.parametrize("statement", ["model.register_forward_pre_hook(lambda m, args: args)",
+                                       "torch.nn.modules.module.register_module_forward_pre_hook(print)"])
+def test_a_forward_pre_hook_may_change_the_arguments(tmp_path, statement):
+    source = SCRIPT.format(mask="torch.rand(1, 1, 8, 8) > 0.5").replace("model.eval()", statement)
+    assert _attention(_tree(tmp_path, {"script.py": source}))[0].fix_safety == "unsafe"

@@ -38,6 +38,9 @@ class CallSite:
         return f"{display_path(self.parsed.path)}:{self.parsed.line(self.call)}"
 
 
+STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
+                 "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
+PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may replace what forward receives
 _CACHES: dict[str, tuple[dict, dict]] = {}  # scan token -> (texts, parsed modules): this process's, one scan
 
 
@@ -157,6 +160,8 @@ class Tree:
             return None
         if name != "forward":
             return own
+        if any(PRE_HOOKS.search(self.text(path) or "") for path in self.paths):
+            return None
         parents = self._parent_calls(parsed, owner)
         return None if parents is None else own + parents
 
@@ -342,10 +347,10 @@ def _reads_of_binding(parsed: ParsedModule, assign: cst.Assign, target: cst.Name
 
 
 def _drops_method_result(parsed: ParsedModule, read: cst.Name) -> bool:
-    """`model.eval()` as a statement: a method of the instance (not forward) whose result nobody reads."""
+    """`model.eval()` as a statement: a method that changes no call's arguments (not a hook), result unread."""
     attribute = parsed.parents.get(read)
     if not isinstance(attribute, cst.Attribute) or attribute.value is not read or \
-            attribute.attr.value in ("forward", "__call__"):
+            attribute.attr.value not in STATE_METHODS:
         return False
     call = _called(parsed, attribute)
     return call is not None and isinstance(parsed.parents.get(call), cst.Expr)
