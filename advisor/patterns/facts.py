@@ -7,24 +7,28 @@ recorded at all: the matcher refuses the block with a reason instead. A fact tha
 original's output is NaN (a fully masked query row, which SDPA returns as 0) is accepted: the patch stays safe
 and the finding names the divergence. An assumed fact about a parameter used as is carries claims: what every
 call of the function must pass for it to hold; when every call site in the scanned tree shows it, the fact is
-proved from call sites (`from_call_sites`, with the sites listed), and the patch is safe.
+proved from call sites (`from_call_sites`, with the sites listed), and the patch is safe. An assumed fact that held
+on every recorded call of a workload is observed: still unproved, so the patch stays unsafe, but `advisor optimize`
+tries and verifies it on that workload.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-PROVED, ASSUMED, ACCEPTED, FROM_CALL_SITES = "proved", "assumed", "accepted", "from_call_sites"
+PROVED, ASSUMED, ACCEPTED, OBSERVED = "proved", "assumed", "accepted", "observed"
+FROM_CALL_SITES = "from_call_sites"
 
 
-RANK = {PROVED: 0, FROM_CALL_SITES: 1, ACCEPTED: 2, ASSUMED: 3}  # a fact met twice keeps its weaker status
+# a fact met twice keeps its weaker status
+RANK = {PROVED: 0, FROM_CALL_SITES: 1, ACCEPTED: 2, OBSERVED: 3, ASSUMED: 4}
 
 
 @dataclass(frozen=True)
 class Fact:
     name: str  # stable identifier, e.g. "mask-dtype", "scale-is-number"
     statement: str  # what must hold, in one sentence
-    status: str  # PROVED, ASSUMED or ACCEPTED
+    status: str  # PROVED, FROM_CALL_SITES, ASSUMED, ACCEPTED or OBSERVED
     why: str | None = None  # how it was proved, or why it could not be
     claims: tuple = field(default=(), compare=False)  # call_site_facts.Claim: what every call must pass
     sites: tuple[str, ...] = ()  # FROM_CALL_SITES: the calls (`path:line`) that prove it
@@ -54,6 +58,12 @@ class FactSheet:
         """A documented divergence that leaves the patch safe (the original's NaN becomes SDPA's 0)."""
         self._add(Fact(name, statement, ACCEPTED, why))
 
+    def observe(self, name: str, seen: str) -> None:
+        """The assumed facts of this name held on every recorded call of a workload (`seen` says what the run
+        showed); the source still does not prove them."""
+        self.facts = [replace(fact, status=OBSERVED, why=f"{seen}; not proved: {fact.why}")
+                      if fact.name == name and fact.status == ASSUMED else fact for fact in self.facts]
+
     def _add(self, fact: Fact) -> None:
         for index, known in enumerate(self.facts):
             if (known.name, known.statement) == (fact.name, fact.statement):
@@ -70,6 +80,10 @@ class FactSheet:
     def assumptions(self) -> list[Fact]:
         return [fact for fact in self.facts if fact.status == ASSUMED]
 
+    @property
+    def observations(self) -> list[Fact]:
+        return [fact for fact in self.facts if fact.status == OBSERVED]
+
     def from_call_sites(self, fact: Fact, sites: list[str], shows: str) -> None:
         """`fact`, assumed here, holds at every call site in the tree (`sites`), each showing `shows`."""
         index = self.facts.index(fact)
@@ -79,9 +93,8 @@ class FactSheet:
                                  sites=tuple(sites))
 
     def to_json(self) -> dict[str, list[dict]]:
-        """By status; `from_call_sites` appears only when a fact was proved so (an addition to the contract)."""
-        groups = {status: [fact.to_json() for fact in self.facts if fact.status == status]
-                  for status in (PROVED, ACCEPTED, ASSUMED, FROM_CALL_SITES)}
-        if not groups[FROM_CALL_SITES]:
-            del groups[FROM_CALL_SITES]
-        return groups
+        """Facts by status; the `observed` and `from_call_sites` groups only where a fact was discharged so (static
+        scans of code without callers keep three)."""
+        groups = (PROVED, ACCEPTED, ASSUMED) + ((OBSERVED,) if self.observations else ()) + \
+            ((FROM_CALL_SITES,) if any(fact.status == FROM_CALL_SITES for fact in self.facts) else ())
+        return {status: [fact.to_json() for fact in self.facts if fact.status == status] for status in groups}

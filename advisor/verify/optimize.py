@@ -18,6 +18,9 @@ import torch
 
 from advisor.errors import AdvisorError
 from advisor.findings import Finding, display_path
+from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
+from advisor.fixes.observed import OBSERVERS
+from advisor.report.folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
@@ -28,6 +31,9 @@ from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProces
 from advisor.verify.timing import Paired, interleave, summary
 
 VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"
+# What the report folder will hold (with patched-*.log): checked for links before anything runs.
+REPORT_NAMES = ("original.log", "trace_before.json", "trace_after.json", "patches", "result.json", "report.md",
+                "report.html")
 SDPA_OP_MARKERS = ("scaled_dot_product", "flash_attention", "efficient_attention")
 
 
@@ -95,12 +101,14 @@ class Trial:
 class Session:
     options: Options
     progress: Callable[[str], None]
+    report: ReportFolder
     original: WorkerProcess | None = None
     candidates: dict[str, Candidate] = field(default_factory=dict)
     inputs: list[dict | None] = field(default_factory=list)  # None: the workload's own inputs
     references: list = field(default_factory=list)
     nondeterministic: str | None = None
     notes: list[str] = field(default_factory=list)
+    observed: RuntimeEvidence | None = None  # what the attention blocks saw on every input, once asked
 
     def __post_init__(self):
         self.scratch = tempfile.mkdtemp(prefix="advisor-overlay-")
@@ -110,10 +118,10 @@ class Session:
         o = self.options
         self.progress("starting the original workload")
         self.original = start_worker("original", o.timeout_s, self.progress,
-                                     log_path=os.path.join(o.report_dir, "original.log"))
+                                     log_path=self.report.create("original.log"))
         self.info = self.original.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train)
         self.progress("profiling the original")
-        self.profile_before = self.original.call("profile", trace_path=os.path.join(o.report_dir, "trace_before.json"))
+        self.profile_before = self.profile(self.original, "trace_before.json")
         self.state = self.original.call("export")
         self.inputs = [None]
         if self.info["accepts_seed"]:
@@ -128,6 +136,32 @@ class Session:
                               "(NaN on both sides counts as equal)")
         self._check_determinism()
         return self.info
+
+    def profile(self, worker: WorkerProcess, trace_name: str) -> dict:
+        """The worker's profile; its Chrome trace is written in this session's private folder, then copied into the
+        report folder (which the profiler would write through a link)."""
+        trace = os.path.join(self.scratch, trace_name)
+        profiled = worker.call("profile", trace_path=trace)
+        if os.path.exists(trace):
+            self.report.copy_in(trace, trace_name)
+        return profiled
+
+    def observations(self) -> RuntimeEvidence:
+        """What every call of each attention block saw on every parity input (facts from the run), recorded once."""
+        if self.observed is None:
+            self.progress("recording what the attention blocks see on each input")
+            self.observed = RuntimeEvidence(self.options.target)
+            try:
+                for inputs in self.inputs:
+                    inputs = inputs or {}
+                    add_block_calls(self.observed, self.original.call("observe", args=inputs.get("args"),
+                                                                      kwargs=inputs.get("kwargs")))
+            except WorkerFailed as exc:
+                if self.original.closed:
+                    raise
+                self.observed = RuntimeEvidence(self.options.target)  # no facts from a run only partly seen
+                self.notes.append(f"what the attention blocks saw could not be recorded: {exc}")
+        return self.observed
 
     def run(self, worker: WorkerProcess, inputs: dict | None, rng_seed: int = 0):
         inputs = inputs or {}
@@ -159,7 +193,7 @@ class Session:
         try:
             trial.worker = start_worker(f"patched ({label})", o.timeout_s, self.progress, overlay=overlay,
                                         overlay_root=trial.overlay_root,
-                                        log_path=os.path.join(o.report_dir, f"patched-{label}.log"))
+                                        log_path=self.report.create(f"patched-{label}.log"))
             loaded = trial.worker.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train,
                                        state=self.state)
             trial.state_dict = loaded["state_dict"]
@@ -193,6 +227,7 @@ class Session:
         if self.original is not None:
             self.original.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+        self.report.close()
 
 
 def combined_text(chosen: list[Candidate]) -> str:
@@ -208,8 +243,11 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
+                       observations: Callable[[], RuntimeEvidence] | None = None,
                        call_site_facts: bool = True) -> dict[str, Candidate]:
-    """Patches of the static rules over the files the profile saw running (attention findings with a patch); with
+    """Patches of the static rules over the files the profile saw running (attention findings with a patch).
+    Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
+    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
     `call_site_facts`, those files' calls may prove facts of the functions they call."""
     candidates: dict[str, Candidate] = {}
     tree = Tree(list(files)) if call_site_facts else None
@@ -217,21 +255,37 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        try:
-            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend, tree=tree)
-        except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree)
+        if result is None:
             continue
+        if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
             pid = f"P{len(candidates) + 1}"
-            if finding.fix_safety != "safe" and not unsafe_fixes:
+            if finding.fix_safety != "safe" and not unsafe_fixes and finding.extra.get("discharged") != "observed":
                 candidates[pid] = Candidate(pid, finding, source.text, None,
                                             f"unsafe fix ({finding.reason or 'see the rule'}): rerun with "
                                             "--unsafe-fixes to verify it on these inputs")
                 continue
             candidates[pid] = Candidate(pid, finding, source.text, result.fixed_with([finding]).text, file=result)
     return candidates
+
+
+def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
+              runtime: RuntimeEvidence | None = None, tree: Tree | None = None) -> FileResult | None:
+    try:
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree)
+    except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
+        return None
+
+
+def _observable(finding: Finding) -> bool:
+    """An unsafe attention patch with an assumed fact the run can observe."""
+    assumed = (finding.extra.get("facts") or {}).get("assumed") or []
+    return finding.kind == "attention" and finding.fix_safety == "unsafe" and finding.patch is not None and \
+        any(fact["name"] in OBSERVERS for fact in assumed)
 
 
 def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]) -> Trial | None:
@@ -261,14 +315,21 @@ def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]
 
 
 def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> dict:
-    os.makedirs(options.report_dir, exist_ok=True)
-    session = Session(options, progress)
+    report = ReportFolder(options.report_dir)
+    try:
+        report.check(REPORT_NAMES)
+    except AdvisorError:
+        report.close()
+        raise
+    session = Session(options, progress, report)
     trials: dict[str, Trial] = {}
     final = None
     try:
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
-                                                options.backend, options.call_site_facts)
+                                                options.backend,
+                                                session.observations if session.nondeterministic is None else None,
+                                                options.call_site_facts)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
@@ -293,7 +354,7 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         before = summary(final.paired.a, before_peak["bytes"])
         after = summary(final.paired.b, final.peak["bytes"])
         progress("profiling the patched side")
-        profile_after = final.worker.call("profile", trace_path=os.path.join(o.report_dir, "trace_after.json"))
+        profile_after = session.profile(final.worker, "trace_after.json")
     else:
         before = summary(session.original.call("time", steps=10, warmup=2), before_peak["bytes"])
         after = profile_after = None
@@ -368,11 +429,8 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
             except FileChanged as exc:
                 result = (False, None, str(exc))
         else:
-            folder = os.path.join(o.report_dir, "patches")
-            os.makedirs(folder, exist_ok=True)
-            diff_path = os.path.join(folder, os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff")
-            with open(diff_path, "w", encoding="utf-8") as handle:
-                handle.write(unified_diff(display_path(path), source, text))
+            diff_name = "patches/" + os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff"
+            diff_path = session.report.write_text(diff_name, unified_diff(display_path(path), source, text))
             result = (False, diff_path, f"outside --root {display_path(o.root)}: the verified diff was written to "
                                         f"{diff_path}")
         outcome.update({c.id: result for c in chosen})
@@ -392,7 +450,8 @@ def _patch_json(session: Session, c: Candidate, trial: Trial | None, written, fi
     parity = trial.parity if trial is not None else None
     return {
         "id": c.id, "rule": f.rule, "path": display_path(f.path), "line": f.line, "end_line": f.end_line,
-        "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"), "diff": f.patch,
+        "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"),
+        "discharged": f.extra.get("discharged"), "diff": f.patch,
         "verdict": verdict, "verified": verdict == VERIFIED, "offered": verdict == VERIFIED,
         "parity": None if parity is None else {
             "max_abs_err": parity.max_abs_err, "max_rel_err": parity.max_rel_err, "atol": parity.atol,
