@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from advisor.engine.static import scan_paths
 
@@ -446,3 +448,30 @@ def test_a_package_that_re_exports_the_function_proves_nothing(tmp_path):
 def test_a_forward_pre_hook_may_change_the_arguments(tmp_path, statement):
     source = SCRIPT.format(mask="torch.rand(1, 1, 8, 8) > 0.5").replace("model.eval()", statement)
     assert _attention(_tree(tmp_path, {"script.py": source}))[0].fix_safety == "unsafe"
+
+
+# -- generated call sites: every safe patch must compute what the original computes --------------------------
+BASES = ["(ids == self.pad)", "(ids != self.pad)", "torch.zeros(b, n)", "torch.rand(b, n)", "torch.randn(b, n)"]
+SHAPES = [".view(b, 1, 1, n)", "[:, None, None, :]", ".view(b, n)", ".view(b, 1, n)", ".view(1, b, 1, 1, n)",
+          ".reshape(b, 1, 1, n).expand(b, 1, n, n)"]
+SCALES = ["", " * -8.0", " * -10.0", " * 3.0", " * -100.0", " * -1e4", " * torch.finfo(torch.float32).min"]
+CASTS = ["", ".float()", ".long()", ".bool()"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(base=st.sampled_from(BASES), shape=st.sampled_from(SHAPES), cast=st.sampled_from(CASTS),
+       scale=st.sampled_from(SCALES))
+def test_generated_call_sites_keep_every_safe_patch_exact(tmp_path_factory, base, shape, cast, scale):
+    tmp_path = tmp_path_factory.mktemp("generated")
+    mask = f"({base}{cast}{shape}){scale}"
+    root = _tree(tmp_path, {"modules.py": MODULES.format(mask=mask)})
+    finding, result = _attention(root)
+    if finding.fix_safety != "safe":
+        return
+    try:
+        _run(root, "modules", _padded_ids(), torch.float64)
+    except RuntimeError:  # the original raises on these shapes: so must the patch
+        with pytest.raises(RuntimeError):
+            _assert_parity(tmp_path, root, result, "modules")
+        return
+    _assert_parity(tmp_path, root, result, "modules")
