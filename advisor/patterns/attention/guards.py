@@ -16,7 +16,7 @@ from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, in_inlined
-from advisor.patterns.attention.result import MaskTerm
+from advisor.patterns.attention.result import AttentionMatch, MaskTerm
 from advisor.patterns.copies_casts import cast_dtype
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, loaded_names
@@ -28,9 +28,9 @@ VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "uns
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
 
 
-def guard_metadata_facts(c: Candidate, output_statement: cst.CSTNode) -> None:
-    """Turn each assumed metadata fact that can be checked into a part of a run-time check on the match
-    (`guard`, over `guard_span`); the others stay assumed."""
+def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
+    """The run-time check of each assumed metadata fact that can be checked (`match.guard_checks`), and the
+    statements it would guard; `settle_guards` uses those facts that nothing stronger (call sites) proved."""
     match = c.match
     wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
     torch_name = c.parsed.module_aliases.get("torch")
@@ -40,7 +40,6 @@ def guard_metadata_facts(c: Candidate, output_statement: cst.CSTNode) -> None:
     query, key, value = (_peeled(node, VIEWS) for node in (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node))
     if span is None or not _plain(c, query):
         return
-    checks: dict[str, list[cst.BaseExpression]] = {}
     for name in wanted:
         if name == QKV_DTYPE:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
@@ -56,14 +55,21 @@ def guard_metadata_facts(c: Candidate, output_statement: cst.CSTNode) -> None:
             reads = [query] + [t.source for t in terms]
             parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
         if parts and None not in parts and _holds_at(c, span[0], output_statement, reads):
-            checks[name] = parts
+            match.guard_checks[name] = parts
+    match.guard_span = span
+
+
+def settle_guards(match: AttentionMatch) -> None:
+    """Guard the facts planned for it that are still assumed; the patch then runs the SDPA path behind their
+    check (`match.guard`) and the original block where it fails."""
+    checks = {name: parts for name, parts in match.guard_checks.items()
+              if any(fact.name == name for fact in match.facts.assumptions)}
     if not checks:
         return
     for name, parts in checks.items():
-        match.facts.guard(name, " and ".join(c.parsed.module.code_for_node(part) for part in parts))
+        match.facts.guard(name, " and ".join(cst.Module([]).code_for_node(part) for part in parts))
     parts = [part for group in checks.values() for part in group]
     match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
-    match.guard_span = span
 
 
 def _dtype_of(c: Candidate, node: cst.BaseExpression, torch_name: str) -> cst.BaseExpression | None:

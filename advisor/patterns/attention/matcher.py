@@ -14,7 +14,7 @@ from advisor.patterns.attention import anchors, products, scores, weights
 from advisor.patterns.attention.attn_mask import assemble_mask
 from advisor.patterns.attention.block_checks import check_bindings, check_escapes, check_reads, check_scope
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
-from advisor.patterns.attention.guards import guard_metadata_facts
+from advisor.patterns.attention.guards import plan_guards
 from advisor.patterns.attention.helpers import dotted_name
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
@@ -112,7 +112,7 @@ def _prove(c: Candidate) -> None:
     check_scope(c, output_statement, consumed)
     weights.layout_role(c)
     check_escapes(c)
-    guard_metadata_facts(c, output_statement)
+    plan_guards(c, output_statement)
 
 
 def _unique(items: list) -> list:
