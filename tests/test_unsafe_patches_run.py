@@ -69,3 +69,29 @@ def test_canine_unsafe_patch_runs_and_matches(tmp_path, monkeypatch):
     mask[1, 12:] = 0
     expected, actual = _same_outputs(original, patched, dict(input_ids=input_ids, attention_mask=mask))
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+CHANNEL_MAJOR_INT_MASK = '''
+import torch
+
+
+def attend(q, k, v, attention_mask):
+    dots = q.transpose(-2, -1) @ k
+    bias = (1 - attention_mask[:, None, None, :]) * -10000
+    dots = dots + bias
+    return v @ dots.softmax(dim=-1).transpose(-2, -1)
+'''
+
+
+def test_an_int_mask_added_to_scores_of_a_transposed_query_reaches_sdpa_in_the_query_dtype():
+    """The fuzzer's channel-major variants: the mask cast reads the dtype of `q` under `q.transpose(-2, -1)`
+    (SDPA rejects an int64 attn_mask; eager promotion added it as floats)."""
+    fixed = analyze_source(CHANNEL_MAJOR_INT_MASK, "attend.py", unsafe_fixes=True).fixed
+    assert "bias.to(q.dtype)" in fixed
+    original, patched = {}, {}
+    exec(compile(CHANNEL_MAJOR_INT_MASK, "attend.py", "exec"), original)
+    exec(compile(fixed, "attend.py", "exec"), patched)
+    q, k, v = torch.randn(3, 2, 2, 4, 6).unbind(0)  # (B, H, D, L): channel-major
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[1, 4:] = 0
+    torch.testing.assert_close(patched["attend"](q, k, v, mask), original["attend"](q, k, v, mask))

@@ -15,6 +15,7 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
+from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm
 from advisor.patterns.copies_casts import cast_dtype
@@ -23,8 +24,7 @@ from advisor.static.dataflow import UNDEFINED, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 GUARDABLE = (SCALE, QKV_DTYPE, MASK_DTYPE, MASK_RANK)
-# calls that keep a tensor's dtype (views of q, k, v), and those that keep a mask's rank
-VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "unsqueeze", "flatten", "expand"})
+# calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
 
 
@@ -37,7 +37,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     if not wanted or torch_name is None or scope.is_scripted(c.parsed, c.home, c.owner):
         return
     span = _span(c, output_statement)
-    query, key, value = (_peeled(node, VIEWS) for node in (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node))
+    leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
+    query, key, value = (_peeled(node, DTYPE_KEEPING_VIEWS) for node in leaves)
     if span is None or not _plain(c, query):
         return
     for name in wanted:
@@ -117,7 +118,7 @@ def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpres
     while True:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods:
             node = node.func.value
-        elif isinstance(node, cst.Attribute) and node.attr.value in ("mT", "T") and "transpose" in methods:
+        elif isinstance(node, cst.Attribute) and node.attr.value in ("mT", "T") and methods is DTYPE_KEEPING_VIEWS:
             node = node.value
         elif methods is SAME_RANK and isinstance(node, cst.UnaryOperation) and \
                 isinstance(node.operator, cst.BitInvert):
