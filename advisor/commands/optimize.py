@@ -16,7 +16,7 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.backends import REQUESTABLE
-from advisor.commands.profile import add_workload_arguments
+from advisor.commands.profile import add_workload_arguments, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
@@ -29,7 +29,11 @@ DEMO_FUNCTION = "workload"
 def add_parser(sub) -> None:
     parser = sub.add_parser("optimize", help="patch, then re-measure each patch's parity and speedup")
     parser.add_argument("target", nargs="?", metavar="TARGET",
-                        help="path/to/file.py:function or package.module:function (default: the bundled demo)")
+                        help="path/to/file.py:function or package.module:function; or, after `--`, a script: "
+                             "`advisor optimize -- python infer.py ARGS` (default: the bundled demo)")
+    parser.add_argument("--calls", type=_count, default=3, metavar="N",
+                        help="script mode: stop the script at its model's N-th call; the inputs of those N calls "
+                             "are the parity inputs (default 3)")
     parser.add_argument("--apply", action="store_true", help="write the verified patches")
     parser.add_argument("--interactive", action="store_true",
                         help="ask before writing each verified patch (implies --apply)")
@@ -54,7 +58,8 @@ def run(args) -> int:
     if args.device:
         resolve_device(args.device)
     stderr = Console(stderr=True)
-    target, root = args.target, args.root
+    root, script = args.root, args.script
+    target = workload_source(args)[0] if args.script is not None or args.target is not None else None
     if target is None:
         target, root = _demo_copy()
         stderr.print(f"advisor: no TARGET given: running the bundled demo from a copy in {root}", highlight=False)
@@ -62,7 +67,8 @@ def run(args) -> int:
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
                       apply=args.apply or args.interactive, timeout_s=args.timeout,
-                      timing_budget_s=args.timing_budget)
+                      timing_budget_s=args.timing_budget, script=script,
+                      seeds=args.calls if script is not None else Options.seeds)
     with stderr.status("starting") as status:
         if args.interactive:
             options.review = partial(_review, stderr, status)
@@ -72,6 +78,13 @@ def run(args) -> int:
     _print(result, args.format)
     unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
     return 1 if unapplied else 0
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
 
 
 def _review(console: Console, status, patches: list[dict]) -> list[str]:

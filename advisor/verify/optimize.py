@@ -43,8 +43,18 @@ class Options:
     apply: bool = False
     review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
-    seeds: int = 3
+    seeds: int = 3  # parity inputs: seeds of a TARGET function, or recorded calls of a script's model
     timing_budget_s: float = 4.0
+    script: list[str] | None = None  # script mode: the command after `--` (target is then how it is shown)
+
+    def load_request(self, original: bool) -> dict:
+        """What a worker's `load` needs: the TARGET, or the script run to the model's Nth call (the patched side
+        only needs the model built, then takes the original's weights and inputs)."""
+        request = {"target": self.target, "device": self.device, "dtype": self.dtype, "train": self.train}
+        if self.script is not None:
+            calls = self.seeds if original else 1
+            request.update(script=self.script, calls=calls, doing=f"running the script to its model's call {calls}")
+        return request
 
 
 @dataclass
@@ -109,12 +119,15 @@ class Session:
         self.progress("starting the original workload")
         self.original = start_worker("original", o.timeout_s, self.progress,
                                      log_path=os.path.join(o.report_dir, "original.log"))
-        self.info = self.original.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train)
+        self.info = self.original.call("load", **o.load_request(original=True))
         self.progress("profiling the original")
         self.profile_before = self.original.call("profile", trace_path=os.path.join(o.report_dir, "trace_before.json"))
         self.state = self.original.call("export")
         self.inputs = [None]
-        if self.info["accepts_seed"]:
+        if self.info["captured"]:
+            self.notes.append(self.info["captured"])
+            self.inputs += [self.original.call("inputs", seed=index) for index in range(1, self.info["inputs"])]
+        elif self.info["accepts_seed"]:
             self.inputs += [self.original.call("inputs", seed=seed) for seed in range(1, o.seeds)]
         else:
             self.notes.append("the TARGET function takes no `seed` argument: parity is checked on its one input")
@@ -158,8 +171,7 @@ class Session:
             trial.worker = start_worker(f"patched ({label})", o.timeout_s, self.progress, overlay=overlay,
                                         overlay_root=trial.overlay_root,
                                         log_path=os.path.join(o.report_dir, f"patched-{label}.log"))
-            loaded = trial.worker.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train,
-                                       state=self.state)
+            loaded = trial.worker.call("load", **o.load_request(original=False), state=self.state)
             trial.state_dict = loaded["state_dict"]
             trial.parity = Comparison()
             for inputs, reference in zip(self.inputs, self.references):

@@ -25,6 +25,7 @@ class Worker:
         self.workload = None
         self.prepared = None
         self.options: dict = {}
+        self.script_calls: list | None = None  # script mode: the inputs of the model's recorded calls
 
     # -- setup -------------------------------------------------------------------------------------------------
     def hello(self, sys_path: list[str], threads: int | None = None, overlay: dict[str, str] | None = None,
@@ -40,22 +41,30 @@ class Worker:
         return {"pid": os.getpid(), "threads": torch.get_num_threads(),
                 "environment": {name: os.environ.get(name) for name in WORKER_ENVIRONMENT}}
 
-    def load(self, target: str, device=None, dtype=None, train=False, state=None):
-        """Import TARGET and build its workload; with `state` (from the original side) take its weights and inputs."""
+    def load(self, target: str, device=None, dtype=None, train=False, state=None, script=None, calls=1):
+        """Import TARGET and build its workload, or with `script` (argv) run that script until its model's
+        `calls`-th call; with `state` (from the original side) take its weights and inputs."""
         from advisor.runtime.runner import check_runs, prepare
         from advisor.verify.overlay import file_loader
         from advisor.workload_loader import load_workload
 
         self.target = target
         self.options = {"device": device, "dtype": dtype, "train": train}
-        self.workload, self.function = load_workload(target, loader=file_loader, with_function=True)
+        captured = None
+        if script is not None:
+            from advisor.script import parse_command, run_script
+
+            self.workload, self.script_calls, captured = run_script(parse_command(script), calls, file_loader)
+        else:
+            self.workload, self.function = load_workload(target, loader=file_loader, with_function=True)
         keys = None
         if state is not None:
             keys = self._take_state(state)
         self.prepared = prepare(self.workload, device, dtype, train)
         check_runs(self.prepared, target)
-        return {"model": type(self.workload.model).__name__, "state_dict": keys,
+        return {"model": type(self.workload.model).__name__, "state_dict": keys, "captured": captured,
                 "accepts_seed": _accepts_seed(self.function), "device": str(self.prepared.device),
+                "inputs": len(self.script_calls) if self.script_calls is not None else None,
                 "dtype": str(self.prepared.dtype or _parameter_dtype(self.prepared.model)).replace("torch.", "")}
 
     def _take_state(self, state) -> dict:
@@ -82,16 +91,22 @@ class Worker:
                 "kwargs": _move(self.workload.kwargs, cpu, None)}
 
     def inputs(self, seed: int):
-        """The inputs the TARGET function builds for `seed` (only when it takes a `seed` argument)."""
+        """The inputs the TARGET function builds for `seed` (only when it takes a `seed` argument); in script mode
+        those of the model's recorded call number `seed` (from 0)."""
         import torch
 
         from advisor.runtime.runner import _move
         from advisor.workload_loader import as_workload
 
-        torch.manual_seed(seed)
-        workload = as_workload(self.function(seed=seed), self.target)
+        if self.script_calls is not None:
+            call = self.script_calls[seed]
+            args, kwargs = call.args, call.kwargs
+        else:
+            torch.manual_seed(seed)
+            workload = as_workload(self.function(seed=seed), self.target)
+            args, kwargs = workload.args, workload.kwargs
         cpu = torch.device("cpu")
-        return {"args": _move(workload.args, cpu, None), "kwargs": _move(workload.kwargs, cpu, None)}
+        return {"args": _move(args, cpu, None), "kwargs": _move(kwargs, cpu, None)}
 
     # -- measurements --------------------------------------------------------------------------------------------
     def run(self, args=None, kwargs=None, grads=False, rng_seed=0):
