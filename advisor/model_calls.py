@@ -107,9 +107,12 @@ def _owns_parameters(module) -> bool:
 
 
 def _copy(value):
-    """Tensors detached and cloned (the caller may overwrite them in place after the call), containers rebuilt."""
+    """Tensors detached and cloned (the caller may overwrite them in place after the call), containers rebuilt.
+    Cloned outside inference mode: a call made under torch.inference_mode() must still give inputs that --train
+    and the recorded forward can use."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        with torch.inference_mode(False):
+            return value.detach().clone()
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(_copy(v) for v in value)
     if isinstance(value, dict):

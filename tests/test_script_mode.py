@@ -160,3 +160,12 @@ def test_capture_restores_module_call_after_the_block():
     with pytest.raises(ValueError), advisor.capture():
         raise ValueError
     assert nn.Module.__call__ is original
+
+
+def test_inputs_recorded_under_inference_mode_are_normal_tensors_that_train_mode_can_use():
+    model = nn.Linear(2, 2)
+    with torch.inference_mode(), advisor.capture() as captured:
+        model(torch.ones(1, 2))
+    [call] = captured.model()[1]
+    assert not call.args[0].is_inference()
+    model(call.args[0]).sum().backward()  # --train on a script that generated under inference_mode
