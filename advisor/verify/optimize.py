@@ -50,7 +50,8 @@ class Options:
     def load_request(self, original: bool) -> dict:
         """What a worker's `load` needs: the TARGET, or the script run to the model's Nth call (the patched side
         only needs the model built, then takes the original's weights and inputs)."""
-        request = {"target": self.target, "device": self.device, "dtype": self.dtype, "train": self.train}
+        request = {"target": self.target, "device": self.device, "dtype": self.dtype, "train": self.train,
+                   "roots": [self.root]}
         if self.script is not None:
             calls = self.seeds if original else 1
             request.update(script=self.script, calls=calls, doing=f"running the script to its model's call {calls}")

@@ -41,9 +41,11 @@ class Worker:
         return {"pid": os.getpid(), "threads": torch.get_num_threads(),
                 "environment": {name: os.environ.get(name) for name in WORKER_ENVIRONMENT}}
 
-    def load(self, target: str, device=None, dtype=None, train=False, state=None, script=None, calls=1):
-        """Import TARGET and build its workload, or with `script` (argv) run that script until its model's
-        `calls`-th call; with `state` (from the original side) take its weights and inputs."""
+    def load(self, target: str, device=None, dtype=None, train=False, state=None, script=None, calls=1,
+             roots=()):
+        """Import TARGET (a module TARGET from the current directory or `roots` first) and build its workload, or
+        with `script` (argv) run that script until its model's `calls`-th call; with `state` (from the original
+        side) take its weights and inputs."""
         from advisor.runtime.runner import check_runs, prepare
         from advisor.verify.overlay import file_loader
         from advisor.workload_loader import load_workload
@@ -56,7 +58,8 @@ class Worker:
 
             self.workload, self.script_calls, captured = run_script(parse_command(script), calls, file_loader)
         else:
-            self.workload, self.function = load_workload(target, loader=file_loader, with_function=True)
+            self.workload, self.function = load_workload(target, loader=file_loader, with_function=True,
+                                                         roots=tuple(roots))
         keys = None
         if state is not None:
             keys = self._take_state(state)
