@@ -32,6 +32,9 @@ def print_optimize(console: Console, result: dict) -> None:
             for fact in facts:
                 console.print(Text(f"  - {fact}", style="yellow"))
             print_diff(console, view.printable(patch["diff"]))
+    unpatched = view.unpatched_rows(result)
+    if unpatched:
+        console.print(_table(view.UNPATCHED_TITLE.lower(), view.UNPATCHED_COLUMNS, unpatched))
     findings = view.findings_diff(result)
     if findings:
         console.print(_table("findings before -> after", ("rule", "location", "function", "now"),

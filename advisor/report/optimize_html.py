@@ -23,7 +23,8 @@ def render_html(result: dict) -> str:
     body = "".join([
         f"<header><h1>{escape(title)}</h1><p class=\"headline {'gain' if result.get('after') else ''}\">"
         f"{escape(view.headline(result))}</p></header>",
-        _summary(result), _charts(result), _patches(result), _findings(result), _ops(result), _environment(result)])
+        _summary(result), _charts(result), _patches(result), _unpatched(result), _findings(result), _ops(result),
+        _environment(result)])
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>{body}</main></body></html>\n")
@@ -163,6 +164,14 @@ def _diff_lines(diff: str) -> str:
                else "add" if line.startswith("+") else "del" if line.startswith("-") else "ctx")
         lines.append(f'<span class="{css}">{escape(line) or " "}</span>')
     return "".join(lines)  # each line is a block; a newline between them would render as an empty line
+
+
+def _unpatched(result: dict) -> str:
+    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function), escape(share), escape(why))
+            for rule, where, function, share, why in view.unpatched_rows(result)]
+    if not rows:
+        return ""
+    return f"<section><h2>{escape(view.UNPATCHED_TITLE)}</h2>{_table(view.UNPATCHED_COLUMNS, rows)}</section>"
 
 
 def _findings(result: dict) -> str:

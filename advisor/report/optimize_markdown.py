@@ -17,7 +17,8 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>&|~!#])")
 
 def render_markdown(result: dict) -> str:
     parts = [f"## advisor optimize: {_text(view.printable(result.get('target', '?')))}",
-             f"**{_text(view.headline(result))}**", _summary(result), _patches(result), _findings(result),
+             f"**{_text(view.headline(result))}**", _summary(result), _patches(result), _unpatched(result),
+             _findings(result),
              _environment(result), _ops(result)]
     notes = view.notes(result)
     if notes:
@@ -69,6 +70,11 @@ def _folded_diff(patch: dict) -> str:
     summary = escape(f"{view.patch_title(patch)}: {view.verdict(patch)}")
     return (f"\n\n<details><summary>{summary}</summary>\n{facts}\n\n{fence}diff\n{diff.rstrip(chr(10))}\n{fence}\n\n"
             "</details>")
+
+
+def _unpatched(result: dict) -> str:
+    rows = [tuple(_text(cell) for cell in row) for row in view.unpatched_rows(result)]
+    return f"### {view.UNPATCHED_TITLE}\n\n" + _table(view.UNPATCHED_COLUMNS, rows, "lllrl") if rows else ""
 
 
 def _findings(result: dict) -> str:

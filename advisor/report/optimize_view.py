@@ -166,12 +166,39 @@ def count_verdicts(result: dict) -> str:
 
 
 def headline(result: dict) -> str:
-    """One line for a title: the overall speedup, or why there is none."""
+    """One line for a title: the overall speedup, or why there is none; then the measured findings not patched."""
     if result.get("after") and result.get("speedup") is not None:
-        return f"{speedup_text(result['speedup'], result.get('speedup_ci'))} faster with the verified patches"
-    if not result.get("patches"):
-        return "nothing to patch"
-    return "no verified patch"
+        line = f"{speedup_text(result['speedup'], result.get('speedup_ci'))} faster with the verified patches"
+    elif not result.get("patches"):
+        line = "nothing to patch"
+    else:
+        line = "no verified patch"
+    found = result.get("unpatched") or []
+    if found:
+        line += f"; {plural(len(found), 'measured finding')} not patched (largest {percent(found[0].get('share'))} " \
+                "of op time)"
+    return line
+
+
+def percent(value: float | None) -> str:
+    return NONE if value is None else f"{value:.1%}"
+
+
+UNPATCHED_TITLE = "Found, not patched"
+UNPATCHED_COLUMNS = ("rule", "location", "function", "share of op time", "why no patch ran")
+
+
+def unpatched_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
+    """The measured findings no patch ran for (optimize's `unpatched`), largest share first, as plain text."""
+    rows = []
+    for entry in result.get("unpatched") or []:
+        rule = entry.get("rule", "?") + (f" ({entry['static_rule']})" if entry.get("static_rule") else "")
+        why = entry.get("reason") or ""
+        if entry.get("patch"):
+            why = f"patch {entry['patch']}: {why}"
+        rows.append((printable(rule), location(entry), printable(entry.get("function") or ""),
+                     percent(entry.get("share")), printable(why)))
+    return rows
 
 
 def summary_rows(result: dict) -> list[tuple[str, str, str]]:

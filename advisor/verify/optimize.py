@@ -25,6 +25,7 @@ from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
 from advisor.verify.timing import Paired, interleave, summary
+from advisor.verify.unpatched import unpatched
 
 VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"
 SDPA_OP_MARKERS = ("scaled_dot_product", "flash_attention", "efficient_attention")
@@ -322,6 +323,8 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         "speedup_ci": [round(v, 4) for v in final.paired.speedup_ci()] if final else None,
         "speedup_method": "median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
         "patches": patches,
+        "unpatched": unpatched(session.profile_before["json"]["findings"], session.candidates, o.unsafe_fixes,
+                               o.backend),
         "ops": {"before": ops_before, "after": ops_after},
         "findings_before": session.profile_before["json"]["findings"],
         "findings_after": _unmirrored(profile_after["json"]["findings"], final) if profile_after else [],
