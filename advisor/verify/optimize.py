@@ -69,6 +69,7 @@ class Candidate:
     patched: str | None  # the text with only this patch applied (None: not runnable)
     reason: str | None = None  # why it is not run
     file: FileResult | None = None  # the analysis it came from, whose fixes patches of one file combine from
+    exercised: bool = True  # whether the profile saw the patched lines run
 
     @property
     def path(self) -> str:
@@ -243,6 +244,22 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     return candidates
 
 
+def set_aside_unexercised(candidates: dict[str, Candidate], lines: list[list]) -> None:
+    """Patches are built per file; one whose lines the profile never saw run (a class this configuration does not
+    call) is not exercised by the workload: timing it would measure nothing, so it is never run."""
+    ran: dict[str, set[int]] = {}
+    for path, line in lines:
+        ran.setdefault(path, set()).add(line)
+    for candidate in candidates.values():
+        f = candidate.finding
+        seen = ran.get(os.path.realpath(f.path), set())
+        candidate.exercised = any(f.line <= line <= (f.end_line or f.line) for line in seen)
+        if not candidate.exercised:
+            candidate.patched = None
+            candidate.reason = (f"not exercised by this workload: the profile saw no op run on lines "
+                                f"{f.line}-{f.end_line} ({f.function})")
+
+
 def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]) -> Trial | None:
     """All verified patches together; when that fails parity, leave one out at a time to find the culprit."""
     while verified:
@@ -278,6 +295,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
                                                 options.backend)
+        set_aside_unexercised(session.candidates, session.profile_before["lines"])
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
@@ -405,6 +423,7 @@ def _patch_json(session: Session, c: Candidate, trial: Trial | None, written, fi
         "id": c.id, "rule": f.rule, "path": display_path(f.path), "line": f.line, "end_line": f.end_line,
         "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"), "diff": f.patch,
         "verdict": verdict, "verified": verdict == VERIFIED, "offered": verdict == VERIFIED,
+        "exercised": c.exercised,
         "parity": None if parity is None else {
             "max_abs_err": parity.max_abs_err, "max_rel_err": parity.max_rel_err, "atol": parity.atol,
             "rtol": parity.rtol, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,

@@ -193,9 +193,11 @@ class Worker:
                 entry[0] += 1 / c.profiled_steps
                 entry[1] += event.self_us / c.profiled_steps
         files = sorted({path for path, _ in t.line_us} | {path for path, _, _ in t.function_us})
+        ran = {(path, line) for path, line in t.line_us} | {(path, line) for path, line, _ in t.function_us}
         return {"json": report.to_json(), "findings": report.findings,
                 "ops": [{"op": name, "count": round(n, 3), "us": round(us, 3)} for name, (n, us) in ops.items()],
                 "files": [os.path.realpath(p) for p in files if p.endswith(".py") and os.path.isfile(p)],
+                "lines": sorted([os.path.realpath(path), line] for path, line in ran if path.endswith(".py")),
                 "summary": {"device": c.device, "dtype": c.dtype, "step_us": c.step_us, "step_iqr_us": c.step_iqr_us,
                             "op_us": t.op_us, "statement_share": t.statement_share,
                             "attributed_share": t.attributed_share}}
