@@ -48,20 +48,6 @@ def test_a_gpt_generation_script_gets_its_attention_patch_verified_without_a_wor
     assert report == before  # without --apply nothing of the user's tree is written
 
 
-def test_with_apply_the_verified_patch_is_written_to_the_script(tmp_path, capsys, monkeypatch):
-    from advisor.verify import optimize as pipeline
-
-    monkeypatch.setattr(pipeline.Trial, "verdict", property(  # verdict by parity alone: timing is the machine's
-        lambda t: pipeline.NOT_RUN if t.error or t.parity is None else
-        pipeline.VERIFIED if t.parity.ok else pipeline.PARITY_FAILED))
-    shutil.copyfile(SCRIPT, tmp_path / "generate.py")
-    code, result, err = optimize_json(capsys, "--apply", "--root", str(tmp_path), "--report", str(tmp_path / "r"),
-                                      "--calls", "2", script=[str(tmp_path / "generate.py"), "--prompt", "32"])
-    [patch] = result["patches"]
-    assert code == 0 and patch["applied"] and patch["parity"]["seeds"] == 2, err
-    assert "scaled_dot_product_attention(q, k, v, is_causal=True)" in (tmp_path / "generate.py").read_text()
-
-
 SCRIPT_PRELUDE = "import sys, time, torch\nfrom torch import nn\n"
 BAD_SCRIPTS = {
     "no_module": ("print(torch.ones(2).sum())", "no model captured: the script ran to its end without calling an "
