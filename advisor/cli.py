@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # usage errors (2) and --help (0): return the code instead of exiting
             return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+        args.argv = argv + (["--", *script] if script is not None else [])  # as given: to repeat the run
         if script is not None:
             args.script = script
         return args.run(args)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import tempfile
 from functools import partial
@@ -74,9 +76,10 @@ def run(args) -> int:
             options.review = partial(_review, stderr, status)
         result = optimize(options, progress=lambda message: status.update(message))
     result["report"] = os.path.join(report_dir, "report.html")
+    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
+    result["apply_command"] = apply_command(args) if unapplied and not options.apply else None
     _write_reports(result, report_dir)
     _print(result, args.format)
-    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
     return 1 if unapplied else 0
 
 
@@ -115,8 +118,23 @@ def _demo_copy() -> tuple[str, str]:
     return f"{os.path.join(folder, 'gpt.py')}:{DEMO_FUNCTION}", folder
 
 
+def apply_command(args) -> str:
+    """The command line of this run with `--apply` added (before a script's `--`): what writes its verified
+    patches. It runs the verification again; only what verifies then is written."""
+    words = list(args.argv)
+    at = words.index("--") if "--" in words else len(words)
+    return "advisor " + shlex.join(words[:at] + ["--apply"] + words[at:])
+
+
 def _write_reports(result: dict, folder: str) -> None:
-    """result.json, report.md and the self-contained report.html (result["report"]) in the report folder."""
+    """result.json, report.md and the self-contained report.html (result["report"]) in the report folder, and
+    each verified patch's diff as patches/ID.diff (its path in the patch's `diff_file`)."""
+    for patch in result["patches"]:
+        if patch.get("verified") and patch.get("diff"):
+            os.makedirs(os.path.join(folder, "patches"), exist_ok=True)
+            patch["diff_file"] = os.path.join(folder, "patches", re.sub(r"[^\w.-]", "_", patch["id"]) + ".diff")
+            with open(patch["diff_file"], "w", encoding="utf-8") as handle:
+                handle.write(patch["diff"])
     outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
                "report.html": render_html(result)}
     for name, text in outputs.items():

@@ -237,6 +237,11 @@ def notes(result: dict) -> list[str]:
         for key in ("missing", "unexpected"):
             if (state or {}).get(key):
                 lines.append(printable(f"state_dict keys {key} on {owner}: {', '.join(map(str, state[key]))}"))
+    if result.get("apply_command"):
+        lines.append(printable(f"apply the verified patches: {result['apply_command']}"))
+    for patch in result.get("patches") or []:
+        if patch.get("diff_file"):
+            lines.append(printable(f"{patch.get('id', '?')} diff: {patch['diff_file']}"))
     traces = result.get("traces") or {}
     for side in ("before", "after"):
         if traces.get(side):

@@ -1,0 +1,31 @@
+"""Reports that say what to do next (issue 20): verified patches left unapplied come with the exact command that
+applies them and the path of each one's .diff in the report folder."""
+
+import argparse
+from pathlib import Path
+
+import optimize_results
+
+from advisor.commands.optimize import _write_reports, apply_command
+from advisor.report import optimize_view as view
+from advisor.report.optimize_markdown import render_markdown
+
+
+def test_the_apply_command_repeats_the_run_with_apply_before_the_script():
+    script = argparse.Namespace(argv=["optimize", "--device", "cpu", "--", "python", "gen.py", "--n", "3"])
+    assert apply_command(script) == "advisor optimize --device cpu --apply -- python gen.py --n 3"
+    target = argparse.Namespace(argv=["--debug", "optimize", "my model.py:workload"])
+    assert apply_command(target) == "advisor --debug optimize 'my model.py:workload' --apply"
+
+
+def test_each_verified_patch_gets_a_diff_file_and_the_reports_say_how_to_apply(tmp_path):
+    result = optimize_results.typical()
+    result["apply_command"] = "advisor optimize demo/model.py:workload --apply"
+    _write_reports(result, str(tmp_path))
+    verified = [p for p in result["patches"] if p["verified"]]
+    assert verified and all(Path(p["diff_file"]).read_text() == p["diff"] for p in verified)
+    assert all("diff_file" not in p for p in result["patches"] if not p["verified"])
+    notes = view.notes(result)
+    assert "apply the verified patches: advisor optimize demo/model.py:workload --apply" in notes
+    assert f"{verified[0]['id']} diff: {verified[0]['diff_file']}" in notes
+    assert "advisor optimize demo/model.py:workload --apply" in render_markdown(result).replace("\\", "")
