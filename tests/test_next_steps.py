@@ -29,3 +29,22 @@ def test_each_verified_patch_gets_a_diff_file_and_the_reports_say_how_to_apply(t
     assert "apply the verified patches: advisor optimize demo/model.py:workload --apply" in notes
     assert f"{verified[0]['id']} diff: {verified[0]['diff_file']}" in notes
     assert "advisor optimize demo/model.py:workload --apply" in render_markdown(result).replace("\\", "")
+
+
+def test_parity_says_pass_or_fail_with_the_tolerance_actually_applied():
+    from advisor.verify.parity import compare
+    import torch
+
+    original = torch.tensor([[100.0, 0.001], [2.0, -3.0]])
+    close = compare(original, original + torch.tensor([[5e-4, 5e-7], [0.0, 0.0]]))
+    assert close.ok and close.elements == 4 and close.mismatched == 0 and close.atol_applied == 1e-5 * 100
+    far = compare(original, original + 1.0)
+    assert not far.ok and far.mismatched == 4
+    lines = view.parity_lines({"max_abs_err": 5e-4, "max_rel_err": 5e-4, "atol": 1e-5, "rtol": 1e-5,
+                               "atol_applied": 1e-3, "elements": 4, "mismatched": 0, "seeds": 3,
+                               "outputs_compared": 3})
+    assert lines[:2] == ["pass: 0 of 4 elements outside |diff| <= 1.0e-03 + 1e-05 * |original|",
+                         "max abs 5.0e-04, max rel 5.0e-04 (atol 1e-05 scaled by the largest |original|)"]
+    failed = view.parity_lines({"max_abs_err": 1.0, "max_rel_err": 1.0, "atol": 1e-5, "rtol": 1e-5,
+                                "atol_applied": 1e-3, "elements": 4, "mismatched": 4})
+    assert failed[0] == "FAIL: 4 of 4 elements outside |diff| <= 1.0e-03 + 1e-05 * |original|"

@@ -95,8 +95,15 @@ def parity_lines(parity: dict | None) -> list[str]:
     """Max errors against their tolerances, then what was compared; empty when parity was not run."""
     if not parity:
         return []
-    lines = [f"abs {sci(parity.get('max_abs_err'))} (atol {number(parity.get('atol'))})",
-             f"rel {sci(parity.get('max_rel_err'))} (rtol {number(parity.get('rtol'))})"]
+    if parity.get("elements") is not None:  # the test as torch.testing.assert_close words it, then the maxima
+        mark = "FAIL" if parity.get("mismatched") else "pass"
+        lines = [f"{mark}: {parity['mismatched']} of {parity['elements']} elements outside |diff| <= "
+                 f"{sci(parity.get('atol_applied'))} + {number(parity.get('rtol'))} * |original|",
+                 f"max abs {sci(parity.get('max_abs_err'))}, max rel {sci(parity.get('max_rel_err'))} "
+                 f"(atol {number(parity.get('atol'))} scaled by the largest |original|)"]
+    else:  # a result written before the applied tolerance was recorded
+        lines = [f"abs {sci(parity.get('max_abs_err'))} (atol {number(parity.get('atol'))})",
+                 f"rel {sci(parity.get('max_rel_err'))} (rtol {number(parity.get('rtol'))})"]
     compared = f"{plural(parity.get('seeds', '?'), 'seed')}, {plural(parity.get('outputs_compared', '?'), 'output')}"
     lines.append(compared + (" + grads" if parity.get("grads") else ""))
     if parity.get("not_compared"):

@@ -426,7 +426,8 @@ def _patch_json(session: Session, c: Candidate, trial: Trial | None, written, fi
         "exercised": c.exercised,
         "parity": None if parity is None else {
             "max_abs_err": parity.max_abs_err, "max_rel_err": parity.max_rel_err, "atol": parity.atol,
-            "rtol": parity.rtol, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,
+            "rtol": parity.rtol, "atol_applied": parity.atol_applied, "elements": parity.elements,
+            "mismatched": parity.mismatched, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,
             "fully_masked_rows": {"rows": parity.fully_masked_rows, "original": "NaN", "patched": "finite"}
             if parity.fully_masked_rows else None,
             "grads": session.options.train, "not_compared": parity.skipped},
