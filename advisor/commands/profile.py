@@ -11,7 +11,7 @@ from rich.console import Console
 
 from advisor.errors import AdvisorError
 from advisor.findings import display_path
-from advisor.report.profile_console import print_measured
+from advisor.report.profile_console import print_measured, print_top_lines
 from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker
@@ -94,5 +94,7 @@ def run(args) -> int:
             f"{summary['attributed_share']:.1%} (statement or function)"]
         if args.trace:
             lines.append(f"Chrome trace written to {shown(display_path(args.trace))}")
-        print_measured(stdout_console(), "advisor profile: measured findings", findings, lines)
+        console = stdout_console()
+        print_measured(console, "advisor profile: measured findings", findings, lines)
+        print_top_lines(console, profiled["json"].get("top_lines") or [])
     return 1 if findings else 0

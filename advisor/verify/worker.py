@@ -194,13 +194,24 @@ class Worker:
                 entry[1] += event.self_us / c.profiled_steps
         files = sorted({path for path, _ in t.line_us} | {path for path, _, _ in t.function_us})
         ran = {(path, line) for path, line in t.line_us} | {(path, line) for path, line, _ in t.function_us}
-        return {"json": report.to_json(), "findings": report.findings,
+        document = report.to_json()
+        document["top_lines"] = _top_lines(t.line_us, t.op_us)
+        return {"json": document, "findings": report.findings,
                 "ops": [{"op": name, "count": round(n, 3), "us": round(us, 3)} for name, (n, us) in ops.items()],
                 "files": [os.path.realpath(p) for p in files if p.endswith(".py") and os.path.isfile(p)],
                 "lines": sorted([os.path.realpath(path), line] for path, line in ran if path.endswith(".py")),
                 "summary": {"device": c.device, "dtype": c.dtype, "step_us": c.step_us, "step_iqr_us": c.step_iqr_us,
                             "op_us": t.op_us, "statement_share": t.statement_share,
                             "attributed_share": t.attributed_share}}
+
+
+def _top_lines(line_us: dict, op_us: float, count: int = 10) -> list[dict]:
+    """The source lines that took the most op time per step, with their code (as scalene and py-spy show)."""
+    import linecache
+
+    ranked = sorted(line_us.items(), key=lambda item: -item[1])[:count]
+    return [{"path": path, "line": line, "us": round(us, 3), "share": round(us / op_us, 5) if op_us else 0.0,
+             "code": linecache.getline(path, line).strip()} for (path, line), us in ranked]
 
 
 def _parameter_dtype(model) -> str:
