@@ -48,3 +48,17 @@ def test_parity_says_pass_or_fail_with_the_tolerance_actually_applied():
     failed = view.parity_lines({"max_abs_err": 1.0, "max_rel_err": 1.0, "atol": 1e-5, "rtol": 1e-5,
                                 "atol_applied": 1e-3, "elements": 4, "mismatched": 4})
     assert failed[0] == "FAIL: 4 of 4 elements outside |diff| <= 1.0e-03 + 1e-05 * |original|"
+
+
+def test_op_kinds_name_convolutions_and_normalisations():
+    from advisor.runtime.analyze import OP_KINDS, op_category
+
+    assert {"convolution", "normalization"} <= set(OP_KINDS)
+    for name in ("aten::convolution", "aten::mkldnn_convolution", "aten::slow_conv2d_forward", "aten::conv2d",
+                 "sm80_xmma_fprop_implicit_gemm_indexed_f16f16", "cudnn::winograd_nonfused::wgrad"):
+        assert op_category(name) == "convolution", name
+    for name in ("aten::native_layer_norm", "aten::native_batch_norm", "aten::native_group_norm",
+                 "void at::native::vectorized_layer_norm_kernel<float>", "aten::_fused_rms_norm"):
+        assert op_category(name) == "normalization", name
+    assert op_category("aten::sum") == "reduction" and op_category("aten::addmm") == "gemm"
+    assert op_category("aten::linalg_vector_norm") == "reduction"
