@@ -62,3 +62,18 @@ def test_op_kinds_name_convolutions_and_normalisations():
         assert op_category(name) == "normalization", name
     assert op_category("aten::sum") == "reduction" and op_category("aten::addmm") == "gemm"
     assert op_category("aten::linalg_vector_norm") == "reduction"
+
+
+def test_a_flag_that_changed_nothing_says_so(tmp_path, capsys):
+    import json
+
+    from advisor.cli import main
+
+    (tmp_path / "linear.py").write_text("import torch\n\ndef workload():\n"
+                                        "    return torch.nn.Linear(4, 4), torch.ones(2, 4)\n")
+    code = main(["optimize", f"{tmp_path / 'linear.py'}:workload", "--unsafe-fixes", "--calls", "2",
+                 "--format", "json", "--timing-budget", "0.2", "--report", str(tmp_path / "r")])
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert code == 0
+    assert "--unsafe-fixes changed nothing: no patch of the code that ran is marked unsafe" in notes
+    assert "--calls changed nothing: it sets how many model calls a script after `--` runs for" in notes[-1]

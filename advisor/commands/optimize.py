@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="path/to/file.py:function or package.module:function; or, after `--`, a script: "
                              "`advisor optimize -- python infer.py ARGS` (default: the bundled demo)")
-    parser.add_argument("--calls", type=_count, default=3, metavar="N",
+    parser.add_argument("--calls", type=_count, default=None, metavar="N",
                         help="script mode: stop the script at its model's N-th call; the inputs of those N calls "
                              "are the parity inputs (default 3)")
     parser.add_argument("--apply", action="store_true", help="write the verified patches")
@@ -70,12 +70,13 @@ def run(args) -> int:
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
                       apply=args.apply or args.interactive, timeout_s=args.timeout,
                       timing_budget_s=args.timing_budget, script=script,
-                      seeds=args.calls if script is not None else Options.seeds)
+                      seeds=(args.calls or Options.seeds) if script is not None else Options.seeds)
     with stderr.status("starting") as status:
         if args.interactive:
             options.review = partial(_review, stderr, status)
         result = optimize(options, progress=lambda message: status.update(message))
     result["report"] = os.path.join(report_dir, "report.html")
+    result["notes"] += unchanged_flags(args, result)
     unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
     result["apply_command"] = apply_command(args) if unapplied and not options.apply else None
     _write_reports(result, report_dir)
@@ -116,6 +117,17 @@ def _demo_copy() -> tuple[str, str]:
     with resources.as_file(resources.files("advisor.demo") / "gpt.py") as source:
         shutil.copyfile(source, os.path.join(folder, "gpt.py"))
     return f"{os.path.join(folder, 'gpt.py')}:{DEMO_FUNCTION}", folder
+
+
+def unchanged_flags(args, result: dict) -> list[str]:
+    """A line for each flag given that changed nothing in this run, so its silence is not read as an effect."""
+    lines = []
+    if args.unsafe_fixes and not any(p["fix_safety"] != "safe" for p in result["patches"]):
+        lines.append("--unsafe-fixes changed nothing: no patch of the code that ran is marked unsafe")
+    if args.calls is not None and args.script is None:
+        lines.append("--calls changed nothing: it sets how many model calls a script after `--` runs for; a TARGET "
+                     "function's inputs come from its `seed` argument")
+    return lines
 
 
 def apply_command(args) -> str:
