@@ -77,3 +77,16 @@ def test_a_flag_that_changed_nothing_says_so(tmp_path, capsys):
     assert code == 0
     assert "--unsafe-fixes changed nothing: no patch of the code that ran is marked unsafe" in notes
     assert "--calls changed nothing: it sets how many model calls a script after `--` runs for" in notes[-1]
+
+
+def test_a_new_finding_after_the_patch_is_explained_in_every_format():
+    from advisor.report.optimize_html import render_html
+
+    result = optimize_results.typical()
+    result["findings_after"] = [{"rule": "ADV201", "path": "demo/model.py", "line": 44, "function": "Attn.forward",
+                                 "message": "useless .contiguous() copy before .view (12 KiB per call)"}]
+    [new] = [row for row in view.findings_diff(result) if row[3] == "new"]
+    assert new[4] == ("found in the patched code: useless .contiguous() copy before .view (12 KiB per call)")
+    assert all(row[4] == "" for row in view.findings_diff(result) if row[3] != "new")
+    assert "found in the patched code" in render_html(result)
+    assert "found in the patched code" in render_markdown(result)

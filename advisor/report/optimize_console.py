@@ -37,8 +37,8 @@ def print_optimize(console: Console, result: dict) -> None:
         console.print(_table(view.UNPATCHED_TITLE.lower(), view.UNPATCHED_COLUMNS, unpatched))
     findings = view.findings_diff(result)
     if findings:
-        console.print(_table("findings before -> after", ("rule", "location", "function", "now"),
-                             [(*row[:3], Text(row[3], style=CHANGE_STYLES[row[3]])) for row in findings]))
+        console.print(_table("findings before -> after", view.FINDING_COLUMNS,
+                             [(*row[:3], Text(row[3], style=CHANGE_STYLES[row[3]]), row[4]) for row in findings]))
     deltas = view.op_diff(result)
     if deltas:
         console.print(_ops(deltas))

@@ -175,11 +175,11 @@ def _unpatched(result: dict) -> str:
 
 
 def _findings(result: dict) -> str:
-    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function), f'<span class="change {to}">{to}</span>')
-            for rule, where, function, to in view.findings_diff(result)]
+    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function), f'<span class="change {to}">{to}</span>',
+             escape(why)) for rule, where, function, to, why in view.findings_diff(result)]
     if not rows:
         return ""
-    table = _table(("rule", "location", "function", "now"), rows)
+    table = _table(view.FINDING_COLUMNS, rows)
     return f"<section><h2>Findings before and after</h2>{table}</section>"
 
 

@@ -78,9 +78,9 @@ def _unpatched(result: dict) -> str:
 
 
 def _findings(result: dict) -> str:
-    rows = [(_text(rule), _text(where), _text(function), state)
-            for rule, where, function, state in view.findings_diff(result)]
-    return "### Findings before and after\n\n" + _table(("rule", "location", "function", "now"), rows) if rows else ""
+    rows = [(_text(rule), _text(where), _text(function), state, _text(why))
+            for rule, where, function, state, why in view.findings_diff(result)]
+    return "### Findings before and after\n\n" + _table(view.FINDING_COLUMNS, rows) if rows else ""
 
 
 def _environment(result: dict) -> str:

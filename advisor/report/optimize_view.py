@@ -323,9 +323,13 @@ def time_by_kind(result: dict) -> list[tuple[str, float, float | None]]:
     return [(kind, b, a if has_after else None) for kind, (b, a) in totals.items() if b or a]
 
 
-def findings_diff(result: dict) -> list[tuple[str, str, str, str]]:
-    """(rule, location, function, gone|remains|new) per finding, matched on rule, file and function (the patch
-    moves line numbers). Empty when the patched side was never profiled."""
+FINDING_COLUMNS = ("rule", "location", "function", "now", "what it is")
+
+
+def findings_diff(result: dict) -> list[tuple[str, str, str, str, str]]:
+    """(rule, location, function, gone|remains|new, explanation) per finding, matched on rule, file and function
+    (the patch moves line numbers); a new finding is explained by its message. Empty when the patched side was
+    never profiled."""
     if result.get("after") is None:
         return []
 
@@ -337,8 +341,9 @@ def findings_diff(result: dict) -> list[tuple[str, str, str, str]]:
     after = {key(f): f for f in result.get("findings_after") or []}
     rows = []
     for k, finding in before.items():
-        rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "remains" if k in after else "gone"))
+        rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "remains" if k in after else "gone", ""))
     for k, finding in after.items():
         if k not in before:
-            rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "new"))
+            why = printable(f"found in the patched code: {finding.get('message') or 'see the rule'}")
+            rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "new", why))
     return rows
