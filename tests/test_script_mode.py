@@ -83,6 +83,7 @@ def test_a_script_without_one_capturable_model_is_one_line_exit_2_and_nothing_wr
 @pytest.mark.parametrize("argv, expected", [
     (["optimize", "--", "python"], "nothing after `--`"),
     (["optimize", "--", "python", "-c", "pass"], "`python -c ...` is not supported"),
+    (["optimize", "--", "python", "-m"], "`python -m` needs a module name"),
     (["optimize", "--", "python", "missing.py"], "missing.py: no such script"),
     (["profile", "x.py:f", "--", "python", "y.py"], "give a TARGET or a script after `--`, not both"),
 ])
@@ -155,3 +156,21 @@ def test_inputs_recorded_under_inference_mode_are_normal_tensors_that_train_mode
     [call] = captured.model()[1]
     assert not call.args[0].is_inference()
     model(call.args[0]).sum().backward()  # --train on a script that generated under inference_mode
+
+
+def test_python_dash_m_runs_a_package_module_with_its_relative_imports(tmp_path, capsys, monkeypatch):
+    package = tmp_path / "tools"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "net.py").write_text("import torch\nclass Net(torch.nn.Linear):\n    pass\n")
+    (package / "run.py").write_text("import sys, torch\nfrom .net import Net\nn = int(sys.argv[1])\n"
+                                    "assert sys.argv[0].endswith('run.py') and __name__ == '__main__'\n"
+                                    "Net(n, n)(torch.ones(1, n))\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["profile", "--format", "json", "--", "python", "-m", "tools.run", "3"])
+    captured = capsys.readouterr()
+    assert code in (0, 1) and "captured Net and the inputs of 1 call(s)" in captured.err, captured.err
+    assert json.loads(captured.out)["target"] == "-m tools.run 3"
+    assert main(["profile", "--", "python", "-m", "tools.nothing"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "advisor: error: -m tools.nothing: no module named 'tools.nothing'" in line and "current directory" in line
