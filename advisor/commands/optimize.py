@@ -2,7 +2,8 @@
 
 Without TARGET it runs the bundled demo (advisor/demo/gpt.py) from a temporary copy, so --apply never edits the
 installed package. Exit codes: 0 when every verified patch was applied or there was nothing to verify, 1 when
-verified patches remain unapplied, 2 for bad input or a workload that could not run at all."""
+verified patches remain unapplied, 2 for bad input or a workload that could not run at all (or left processes
+running)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.backends import REQUESTABLE
-from advisor.commands.profile import add_workload_arguments, workload_source
+from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
+from advisor.report.folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
@@ -53,6 +55,7 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
+@ends_what_the_workload_left
 def run(args) -> int:
     from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
     from advisor.verify.optimize import Options, optimize
@@ -141,17 +144,15 @@ def apply_command(args) -> str:
 def _write_reports(result: dict, folder: str) -> None:
     """result.json, report.md and the self-contained report.html (result["report"]) in the report folder, and
     each verified patch's diff as patches/ID.diff (its path in the patch's `diff_file`)."""
-    for patch in result["patches"]:
-        if patch.get("verified") and patch.get("diff"):
-            os.makedirs(os.path.join(folder, "patches"), exist_ok=True)
-            patch["diff_file"] = os.path.join(folder, "patches", re.sub(r"[^\w.-]", "_", patch["id"]) + ".diff")
-            with open(patch["diff_file"], "w", encoding="utf-8") as handle:
-                handle.write(patch["diff"])
-    outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
-               "report.html": render_html(result)}
-    for name, text in outputs.items():
-        with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
-            handle.write(text)
+    with ReportFolder(folder) as report:
+        for patch in result["patches"]:
+            if patch.get("verified") and patch.get("diff"):
+                name = "patches/" + re.sub(r"[^\w.-]", "_", patch["id"]) + ".diff"
+                patch["diff_file"] = report.write_text(name, patch["diff"])
+        outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
+                   "report.html": render_html(result)}
+        for name, text in outputs.items():
+            report.write_text(name, text)
 
 
 def _print(result: dict, output_format: str) -> None:
