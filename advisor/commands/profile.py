@@ -74,7 +74,7 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
         loaded = worker.call("load", target=target, device=device, dtype=dtype, train=train, script=script,
                              doing="running the script to its model's first call" if script else None)
         if loaded["captured"]:
-            status.console.print(f"advisor: {loaded['captured']}", highlight=False)
+            status.console.print(f"advisor: {shown(loaded['captured'])}", highlight=False)
         return worker.call("profile", trace_path=trace_path)
 
 
