@@ -23,6 +23,7 @@ from advisor.fixes.observed import OBSERVERS
 from advisor.report.folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
+from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
@@ -47,6 +48,7 @@ class Options:
     train: bool = False
     unsafe_fixes: bool = False
     backend: str = "sdpa"  # what attention patches target: sdpa, flash, flash-attn
+    call_site_facts: bool = True  # the profiled files' calls may prove facts of the functions they call
     apply: bool = False
     review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -256,20 +258,23 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
-                       observations: Callable[[], RuntimeEvidence] | None = None) -> dict[str, Candidate]:
+                       observations: Callable[[], RuntimeEvidence] | None = None,
+                       call_site_facts: bool = True) -> dict[str, Candidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
-    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`)."""
+    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
+    `call_site_facts`, those files' calls may prove facts of the functions they call."""
     candidates: dict[str, Candidate] = {}
+    tree = Tree(list(files)) if call_site_facts else None
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree)
         if result is None:
             continue
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations()) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -284,9 +289,9 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
 
 
 def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
-              runtime: RuntimeEvidence | None = None) -> FileResult | None:
+              runtime: RuntimeEvidence | None = None, tree: Tree | None = None) -> FileResult | None:
     try:
-        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime)
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 
@@ -354,7 +359,8 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
                                                 options.backend,
-                                                session.observations if session.nondeterministic is None else None)
+                                                session.observations if session.nondeterministic is None else None,
+                                                options.call_site_facts)
         set_aside_unexercised(session.candidates, session.profile_before["lines"])
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
