@@ -133,8 +133,6 @@ PATCH_XFAIL = {
                                           "gradients differ",
     "p47_pinn_hessian_through_attention": "BROKEN: safe SDPA patch under a Hessian: double backward raises "
                                           "(_scaled_dot_product_flash_attention_for_cpu_backward has no derivative)",
-    "p49_functional_causal_inline_mask": "BROKEN: the mask hoisted from `if causal:` keeps `device=sim.device`, a "
-                                         "read of the deleted scores (NameError)",
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))

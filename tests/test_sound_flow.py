@@ -645,3 +645,21 @@ def test_attribute_written_by_a_called_method_between_is_refused():
     """)
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "`self.mem_k` is written at line" in finding.reason
+
+
+INLINE_DEVICE_MASK = """
+    i, j = s.shape[-2:]
+    s = s.masked_fill(torch.ones(i, j, device=s.device, dtype=torch.bool).triu(1), float('-inf'))
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_mask_reading_the_scores_device_inline_reads_the_query_instead(guarded):
+    """`masked_fill(torch.ones(i, j, device=s.device, ...), -inf)` (lucidrains helpers): the removed scores'
+    device and shape are the query's, read where the mask is evaluated (hoisted under an `if`, or at the call)."""
+    mask = textwrap.indent(textwrap.dedent(INLINE_DEVICE_MASK), "    " if guarded else "")
+    source = attention("s = q @ k.transpose(-2, -1) / math.sqrt(8)\n" + ("if self.causal:\n" if guarded else "")
+                       + mask + "return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)\n",
+                       init="self.causal = True")
+    fixed = assert_patch_exact(source, "inline_device")
+    assert "s.device" not in fixed and "q.device" in fixed

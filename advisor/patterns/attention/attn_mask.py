@@ -11,7 +11,7 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns.attention.candidate import Candidate, in_inlined
-from advisor.patterns.attention.rendering import at_home
+from advisor.patterns.attention.rendering import Replace, at_home
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.static.codegen import assignment, atomic, joined, keyword, method, parenthesized
 from advisor.static.dataflow import loaded_names
@@ -23,6 +23,8 @@ def assemble_mask(c: Candidate) -> None:
     terms = match.masks
     if not terms:
         return
+    for term in terms:
+        term.expression = _metadata_translated(c, term.expression)
     if len(terms) == 1 and terms[0].kind == "causal" and terms[0].guard is None:
         match.is_causal = True
         return
@@ -41,6 +43,13 @@ def assemble_mask(c: Candidate) -> None:
         match.attn_mask = _term_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
         return
     _hoist_masks(c, terms)
+
+
+def _metadata_translated(c: Candidate, mask: cst.BaseExpression) -> cst.BaseExpression:
+    """The mask with its reads of the scores' metadata (`torch.ones(i, j, device=s.device)`) reading Q and K
+    instead (see `block_checks.check_reads`): the emitted mask is a new expression, which the in-place renames of
+    the original statements do not reach."""
+    return mask.visit(Replace(c.match.renamed)) if c.match.renamed else mask
 
 
 def _tests_not_none(c: Candidate, test: cst.BaseExpression, mask: cst.BaseExpression) -> bool:

@@ -73,10 +73,13 @@ def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
         nodes.extend(term.nodes)
     for call, _ in c.inlined.values():
         nodes.extend(arg.value for arg in call.args)
+    translated = {name for read in c.match.renamed for name in loaded_names(read)}  # now read from Q and K
     for node in nodes:
         if in_inlined(c, node):
             continue
         for name in loaded_names(node):
+            if name in translated:
+                continue
             seen = c.flow.reaching.get(name)
             if seen is None:
                 continue
