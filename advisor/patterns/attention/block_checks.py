@@ -69,16 +69,18 @@ def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
     """Every name the SDPA call reads must mean at the value product what it meant where it was read."""
     env = c.flow.env_before.get(output_statement, {})
     nodes = list(c.leaf_nodes)
-    for term in c.match.masks:
-        nodes.extend(term.nodes)
+    mask_nodes = [node for term in c.match.masks for node in term.nodes]
+    nodes.extend(mask_nodes)
     for call, _ in c.inlined.values():
         nodes.extend(arg.value for arg in call.args)
-    translated = {name for read in c.match.renamed for name in loaded_names(read)}  # now read from Q and K
+    # the emitted masks read the scores' metadata from Q and K instead (`attn_mask._metadata_translated`)
+    translated = {id(name) for read in c.match.renamed for name in loaded_names(read)}
+    mask_ids = {id(node) for node in mask_nodes}
     for node in nodes:
         if in_inlined(c, node):
             continue
         for name in loaded_names(node):
-            if name in translated:
+            if id(node) in mask_ids and id(name) in translated:
                 continue
             seen = c.flow.reaching.get(name)
             if seen is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns.attention import shifts
 from advisor.patterns.attention.anchors import reaches
 from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate
 from advisor.patterns.attention.helpers import callee, enter_callee, helper_named, single_return
@@ -156,16 +157,31 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
     if op.name in ("add", "where"):
         left, right = op.operands
         scores = left if reaches(c, left, CORE_OPS, 0) else right
+        if op.name == "add" and _dropped_shift(c, right if scores is left else left, op):
+            return scores
         op.params["chain_operand"] = scores
         chain.ops.append((op, guard))
         return scores
     if op.name == "sub":
         left, right = op.operands
-        if _is_row_max_of(c, right, left):
+        if _is_row_max_of(c, right, left) or _dropped_shift(c, right, op):
             c.absorbed.update(loaded_names(right))
             return left
         raise Refusal(f"the scores have `{short(c.parsed, right)}` subtracted from them")
     raise Refusal(f"the scores pass through `{short(c.parsed, op.node)}` before softmax, which SDPA cannot express")
+
+
+def _dropped_shift(c: Candidate, operand: cst.BaseExpression, op: Op) -> bool:
+    """A finite Python number added to the scores drops out (see `shifts`); one that is a number only on some
+    paths is kept as an added mask, with its numbers noted for `attn_mask`."""
+    held = shifts.addend(c, operand)
+    if held.numbers and held.other:
+        op.params["number_paths"] = held.numbers
+    if not held.numbers or held.other:
+        return False
+    shifts.drop_shift(c, operand, held.numbers)
+    c.absorbed.update(loaded_names(operand))
+    return True
 
 
 def absorb(c: Candidate, op: Op) -> None:
