@@ -100,7 +100,6 @@ JUDGEMENTS = {
 OUTCOME_XFAIL = {
     "p01_fairseq_mha": "MISS: no finding at all for fairseq's block (fp32 `softmax` helper with two returns); "
                        "neither ADV102 nor an ADV103 reason",
-    "p02_esm_rotary_mha": "MISS: `attn_weights.type_as(attn_weights)` counts as a second use of the weights",
     "p05_lucid_causal_triu": "MISS: finite-fill triu(j - i + 1) causal mask with i == j left unsafe "
                              "(fully-masked-rows not proved)",
     "p06_audiocraft_streaming_mha": "MISS: f-string einsum specs built from constant local strings are refused",

@@ -663,3 +663,16 @@ def test_a_mask_reading_the_scores_device_inline_reads_the_query_instead(guarded
                        init="self.causal = True")
     fixed = assert_patch_exact(source, "inline_device")
     assert "s.device" not in fixed and "q.device" in fixed
+
+
+def test_the_weights_cast_to_their_own_dtype_are_one_use():
+    """`w.type_as(w)` (ESM): the cast's argument gives only a dtype and goes away with the block."""
+    source = attention("""
+        w = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        o = w.type_as(w) @ v
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "type_as_itself")
+    escaping = source.replace("return o.transpose(1, 2).reshape(B, T, C)",
+                              "return o.transpose(1, 2).reshape(B, T, C), w")
+    assert the_finding(escaping).rule == "ADV102"

@@ -21,7 +21,7 @@ from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
-from advisor.static.dataflow import UNDEFINED, Definition
+from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
@@ -102,6 +102,8 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
         if isinstance(c.parsed.parents.get(read), cst.Return) and not c.inlined and \
                 calls_to(c.parsed, c.function, c.owner):
             continuing.append(read)
+        elif op is not None and op.name == "cast" and read is not op.operands[0]:
+            others.append(read)  # `w.type_as(w)`: the argument's dtype only (see `_argument_of_cast`)
         elif op is not None and (op.name in ("cast", "identity", "dropout", "transpose", "permute", "mT") or
                                  op.name in ("matmul", "bmm") or
                                  (op.name == "einsum" and read in op.operands)):
@@ -115,8 +117,17 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
     if len(continuing) != 1:
         raise Refusal("the attention weights are used by more than one operation" if continuing
                       else "the attention weights never reach a value product")
-    escapes.extend(others)
+    escapes.extend(read for read in others if not _argument_of_cast(c, read, continuing[0]))
     return continuing[0]
+
+
+def _argument_of_cast(c: Candidate, read: cst.Name, continuing: cst.Name) -> bool:
+    """`w.type_as(w)`: the cast that continues the block reads only the dtype of its argument, and goes away
+    with the block (its arguments are absorbed), so that read is no use of the weights outside it."""
+    _, op = consumers(c, continuing)[0]
+    if op is None or op.name != "cast" or not isinstance(op.node, cst.Call):
+        return False
+    return any(read in loaded_names(arg.value) for arg in op.node.args)
 
 
 def value_roles(c: Candidate, core: Op) -> None:
