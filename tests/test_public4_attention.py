@@ -111,7 +111,6 @@ OUTCOME_XFAIL = {
     "p36_vit_critic_r1_penalty": "UNSOUND: safe patch in a file that double-backwards through the block "
                                  "(torch.autograd.grad(create_graph=True) then backward)",
     "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
-    "p41_global_temperature": "MISS: refused (a module-level global in the scale), not offered as unsafe",
     "p45_softmax_swapped_via_modules_dict": "UNSOUND: safe patch although the file swaps the softmax module "
                                             "through `_modules[name] =`",
     "p46_softmax_swapped_via_add_module": "UNSOUND: safe patch although the file swaps the softmax module "

@@ -676,3 +676,24 @@ def test_the_weights_cast_to_their_own_dtype_are_one_use():
     escaping = source.replace("return o.transpose(1, 2).reshape(B, T, C)",
                               "return o.transpose(1, 2).reshape(B, T, C), w")
     assert the_finding(escaping).rule == "ADV102"
+
+
+GLOBAL_TEMPERATURE = """
+    s = q @ k.transpose(-2, -1) / (math.sqrt(8) * TEMPERATURE)
+    return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def test_a_module_level_number_is_a_scale():
+    source = attention(GLOBAL_TEMPERATURE).replace("\nclass Attn", "\nTEMPERATURE = 2.0\n\n\nclass Attn")
+    assert assert_exact_or_not_safe(source, "global_scale")
+
+
+def test_a_module_level_number_rebound_by_a_setter_is_assumed():
+    setter = "\ndef set_temperature(t):\n    global TEMPERATURE\n    TEMPERATURE = t\n"
+    source = attention(GLOBAL_TEMPERATURE, after=setter).replace("\nclass Attn", "\nTEMPERATURE = 2.0\n\n\nclass Attn")
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe" and "set_temperature" in finding.reason
+    assert_patch_exact(source, "global_scale_setter")
+    tensor = source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)")
+    assert the_finding(tensor).rule == "ADV103"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from advisor.patterns.ops import number_value
 from advisor.static.dataflow import FunctionFlow
@@ -156,6 +157,10 @@ class ValueProver:
     def _name_is_scalar(self, node: cst.Name, depth: int) -> bool:
         definitions = self.flow.definitions_of(node)
         if not definitions:
+            local = any(d.name == node.value for d in self.flow.definitions.values())  # read after a `del`
+            module_level = None if local else self._global_is_scalar(node.value)
+            if module_level is not None:
+                return module_level
             return bool(SCALAR_NAME.search(node.value)) and not self.flow.sees_undefined(node) and \
                 self._guess(f"`{node.value}` is not bound in this function; only its name suggests a number")
         for definition in definitions:
@@ -188,6 +193,32 @@ class ValueProver:
                     return False
             else:
                 return False
+        return True
+
+    def _global_is_scalar(self, name: str) -> bool | None:
+        """A module-level constant (`TEMPERATURE = 1.0`): a number when every module-level binding is a number
+        literal; a function of the file that rebinds it (`global TEMPERATURE`) makes that a guess. None when the
+        file binds no such global (an import, a builtin)."""
+        if name in self.parsed.imports:
+            return None
+        literal, setters = False, []
+        for target in self.parsed.bindings.get(name, []):
+            function = self.parsed.innermost(target, cst.FunctionDef)
+            if function is not None:
+                if any(item.name.value == name for g in m.findall(function, m.Global()) for item in g.names):
+                    setters.append(function.name.value)
+                continue  # else a local of that function
+            if self.parsed.innermost(target, cst.ClassDef) is not None:
+                continue  # a class attribute
+            assign = self.parsed.parents.get(self.parsed.parents.get(target))
+            if not (isinstance(assign, cst.Assign) and number_value(assign.value) is not None):
+                return False
+            literal = True
+        if not literal:
+            return None if not setters else False
+        if setters:
+            return self._guess(f"the module-level `{name}` is a number here, but `{setters[0]}` rebinds it "
+                               f"(`global {name}`) to a value whose type is not visible")
         return True
 
     def _unpacked_is_scalar(self, definition, depth: int) -> bool:
