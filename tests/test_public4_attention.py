@@ -102,7 +102,6 @@ OUTCOME_XFAIL = {
                        "neither ADV102 nor an ADV103 reason",
     "p05_lucid_causal_triu": "MISS: finite-fill triu(j - i + 1) causal mask with i == j left unsafe "
                              "(fully-masked-rows not proved)",
-    "p06_audiocraft_streaming_mha": "MISS: f-string einsum specs built from constant local strings are refused",
     "p11_megatron_neox_baddbmm": "MISS: no finding at all (mask applied by `attention_mask_func`, in place)",
     "p12_mpt_alibi_function": "MISS: refused (`if dropout_p:` reassigns the weights; weights returned)",
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",

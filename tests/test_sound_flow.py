@@ -697,3 +697,18 @@ def test_a_module_level_number_rebound_by_a_setter_is_assumed():
     assert_patch_exact(source, "global_scale_setter")
     tensor = source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)")
     assert the_finding(tensor).rule == "ADV103"
+
+
+def test_fstring_einsum_specs_of_constant_local_strings_are_read():
+    """audiocraft: `layout = "b h t d"; key_layout = layout.replace("t", "k")`, specs built as f-strings."""
+    source = attention("""
+        layout = "b h t d"
+        key_layout = layout.replace("t", "k")
+        s = torch.einsum(f"{layout},{key_layout}-> b h t k", q, k) / math.sqrt(8)
+        o = torch.einsum(f"b h t k, {key_layout} -> {layout}", s.softmax(dim=-1), v)
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "fstring_layouts")
+    rebound = source.replace('        s = torch.einsum', '        if T > 3:\n            layout = "b h s d"\n'
+                                                      '        s = torch.einsum', 1)
+    assert "is not a literal" in the_finding(rebound).reason

@@ -7,7 +7,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from advisor.patterns.ops import number_value
+from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -273,6 +273,44 @@ class ValueProver:
             return False
         prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses)
         return prover.is_scalar(value, depth + 1)
+
+    # -- strings ------------------------------------------------------------------------------------
+    def constant_string(self, node: cst.BaseExpression, depth: int = 0) -> str | None:
+        """The text of a string the source fixes: a literal, a local name bound once to one, `.replace` of one
+        with literal arguments, and an f-string whose placeholders are such (audiocraft's einsum layouts);
+        None for anything computed."""
+        if depth > 8:
+            return None
+        text = literal_string(node)
+        if text is not None:
+            return text
+        if isinstance(node, cst.Name):
+            definitions = self.flow.definitions_of(node)
+            if len(definitions) != 1 or self.flow.sees_undefined(node) or definitions[0].kind != "assign" \
+                    or definitions[0].index is not None:
+                return None
+            return self.constant_string(definitions[0].value, depth + 1)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "replace" \
+                and len(node.args) == 2 and all(a.keyword is None and a.star == "" for a in node.args):
+            base, old, new = (self.constant_string(n, depth + 1) for n in (node.func.value, *(a.value for a in node.args)))
+            return None if None in (base, old, new) else base.replace(old, new)
+        if isinstance(node, cst.FormattedString) and "b" not in node.prefix.lower():
+            return self._formatted(node, depth)
+        return None
+
+    def _formatted(self, node: cst.FormattedString, depth: int) -> str | None:
+        """An f-string with each plain `{name}` placeholder replaced by its constant text, read as a literal."""
+        parts = []
+        for part in node.parts:
+            if isinstance(part, cst.FormattedStringExpression):
+                if part.conversion is not None or part.format_spec is not None or part.equal is not None:
+                    return None
+                value = self.constant_string(part.expression, depth + 1)
+                if value is None or any(ch in value for ch in "\\'\"{}\n"):
+                    return None  # text that the literal would read differently
+                part = cst.FormattedStringText(value)
+            parts.append(part)
+        return literal_string(node.with_changes(parts=parts))
 
     # -- mask fill values --------------------------------------------------------------------------
     def fill_kind(self, node: cst.BaseExpression, depth: int = 0) -> str | None:
