@@ -712,3 +712,14 @@ def test_fstring_einsum_specs_of_constant_local_strings_are_read():
     rebound = source.replace('        s = torch.einsum', '        if T > 3:\n            layout = "b h s d"\n'
                                                       '        s = torch.einsum', 1)
     assert "is not a literal" in the_finding(rebound).reason
+
+
+def test_scores_masked_in_place_by_a_helper_get_a_reason():
+    """megatron's `attention_mask_func(scores, mask)` fills the scores in place and returns them: no silence."""
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s = mask_func(s, torch.ones(T, T, dtype=torch.bool).triu(1))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, after="def mask_func(scores, mask):\n    scores.masked_fill_(mask, -10000.0)\n    return scores\n")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`mask_func`" in finding.reason

@@ -12,8 +12,8 @@ import libcst as cst
 
 from advisor.patterns.attention import shifts
 from advisor.patterns.attention.anchors import reaches
-from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate
-from advisor.patterns.attention.helpers import callee, enter_callee, helper_named, single_return
+from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate, function_of
+from advisor.patterns.attention.helpers import argument_of, callee, enter_callee, helper_named, single_return
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, int_value
@@ -33,6 +33,10 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
         chain.reads.add(chain.twin_input)
     cursor: cst.BaseExpression | Op | frozenset[int] = node
     for _ in range(MAX_CHAIN):
+        if isinstance(cursor, cst.Name) and argument_of(c, cursor) is not None:
+            raise Refusal(f"the scores pass through the helper `{function_of(c.parsed, cursor).name.value}` as its "
+                          f"parameter `{cursor.value}`, returned as it is or updated in place, which is not "
+                          f"followed")
         if isinstance(cursor, cst.Name):
             chain.reads.add(cursor)
             cursor = frozenset(c.flow.reaching.get(cursor, ()))
