@@ -106,7 +106,8 @@ OUTCOME_XFAIL = {
                                  "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
     "p12_mpt_alibi_function": "MISS: refused (`if dropout_p:` reassigns the weights; weights returned)",
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",
-    "p22_gpt2_past_bottom_right": "MISS: multiplicative 0/1 mask `w * b - 1e4 * (1 - b)` refused",
+    "p22_gpt2_past_bottom_right": "MISS: unsafe (the `w * b - 1e4 * (1 - b)` fill is read, but v from "
+                                  "`cat(past, new)` and the buffer slice's rank are not proved)",
     "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
     "p36_vit_critic_r1_penalty": "UNSOUND: safe patch in a file that double-backwards through the block "
                                  "(torch.autograd.grad(create_graph=True) then backward)",

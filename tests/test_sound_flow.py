@@ -723,3 +723,28 @@ def test_scores_masked_in_place_by_a_helper_get_a_reason():
     """, after="def mask_func(scores, mask):\n    scores.masked_fill_(mask, -10000.0)\n    return scores\n")
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "`mask_func`" in finding.reason
+
+
+ZERO_ONE_MASK = """
+    s = q @ k.transpose(-2, -1) / math.sqrt(8)
+    b = self.bias[:, :, :T, :T]
+    s = s * b - 1e4 * (1 - b)
+    return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def test_a_zero_one_buffer_mask_written_as_arithmetic_is_a_finite_fill():
+    """OpenAI GPT-2's `w * b - 1e4 * (1 - b)`: where b is 1 the score, where 0 exactly -1e4 (b in {0, 1})."""
+    init = "self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))"
+    source = attention(ZERO_ONE_MASK, init=init)
+    filled = attention(ZERO_ONE_MASK.replace("s * b - 1e4 * (1 - b)", "s.masked_fill(b == 0, -1e4)"), init=init)
+    def facts(finding):
+        return {status: [fact["name"] for fact in group] for status, group in finding.to_json()["facts"].items()}
+    assert facts(the_finding(source)) == facts(the_finding(filled))
+    assert_patch_exact(source, "zero_one_mask")
+
+
+def test_an_arithmetic_mask_of_unknown_values_is_not_a_fill():
+    source = attention(ZERO_ONE_MASK, init="self.register_buffer('bias', torch.rand(1, 1, 8, 8))")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`1e4 * (1 - b)`" in finding.reason
