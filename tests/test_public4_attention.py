@@ -104,7 +104,6 @@ OUTCOME_XFAIL = {
                              "(fully-masked-rows not proved)",
     "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
                                  "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
-    "p12_mpt_alibi_function": "MISS: refused (`if dropout_p:` reassigns the weights; weights returned)",
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",
     "p22_gpt2_past_bottom_right": "MISS: unsafe (the `w * b - 1e4 * (1 - b)` fill is read, but v from "
                                   "`cat(past, new)` and the buffer slice's rank are not proved)",

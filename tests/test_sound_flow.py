@@ -748,3 +748,22 @@ def test_an_arithmetic_mask_of_unknown_values_is_not_a_fill():
     source = attention(ZERO_ONE_MASK, init="self.register_buffer('bias', torch.rand(1, 1, 8, 8))")
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "`1e4 * (1 - b)`" in finding.reason
+
+
+GUARDED_DROPOUT = """
+    w = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+    if self.p:
+        w = F.dropout(w, p=self.p, training=self.training)
+    return (w @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_dropout_under_a_test_of_its_own_probability_is_dropout(p):
+    """MPT's `if dropout_p: w = dropout(w, p=dropout_p, ...)`: the test is false only where dropout is the
+    identity, so the weights are dropped out unconditionally."""
+    source = attention(GUARDED_DROPOUT, init=f"self.p = {p}")
+    assert assert_exact_or_not_safe(source, "guarded_dropout")  # eval mode: parity without randomness
+    assert "if self.p else 0.0" in analyze_source(source, "m.py").fixed
+    other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"), init=f"self.p = {p}\nself.flag = True")
+    assert "reassigned" in the_finding(other).reason

@@ -20,6 +20,9 @@ from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 
+NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
+
+
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
     """Every read of a deleted intermediate is part of the block, or a read of the scores' metadata that
     survives by reading Q and K instead."""
@@ -39,8 +42,8 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
 
 def _translate_metadata_read(c: Candidate, read: cst.Name):
     """Reads of the scores' metadata survive the rewrite by reading Q and K instead: the scores have the
-    query's dtype and device, shape (..., L, S) with L = Q.size(-2) and S = K.size(-2) in SDPA layout.
-    Returns (node to replace, its replacement) or None."""
+    query's dtype and device (all that `s.new_ones(...)` reads), shape (..., L, S) with L = Q.size(-2) and
+    S = K.size(-2) in SDPA layout. Returns (node to replace, its replacement) or None."""
     if c.chain.views:
         return None
     parent = c.parsed.parents.get(read)
@@ -48,7 +51,9 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
         return None
     query, key = atomic(c.match.query), atomic(c.match.key)
     attribute = parent.attr.value
-    if attribute in ("dtype", "device"):  # the whole `s.dtype`: a replaced name would lose the query's parentheses
+    if attribute in ("dtype", "device") or attribute in NEW_TENSOR_METHODS:
+        # the whole `s.dtype` (`s.new_ones`: a tensor on the scores' device and of their dtype, unless given):
+        # a replaced name would lose the query's parentheses
         return parent, parent.with_changes(value=query)
     outer = c.parsed.parents.get(parent)
     if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
