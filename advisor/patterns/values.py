@@ -292,7 +292,8 @@ class ValueProver:
             return self.constant_string(definitions[0].value, depth + 1)
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "replace" \
                 and len(node.args) == 2 and all(a.keyword is None and a.star == "" for a in node.args):
-            base, old, new = (self.constant_string(n, depth + 1) for n in (node.func.value, *(a.value for a in node.args)))
+            operands = (node.func.value, *(a.value for a in node.args))
+            base, old, new = (self.constant_string(operand, depth + 1) for operand in operands)
             return None if None in (base, old, new) else base.replace(old, new)
         if isinstance(node, cst.FormattedString) and "b" not in node.prefix.lower():
             return self._formatted(node, depth)
