@@ -10,6 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns import einsum as es
+from advisor.patterns import scope
 from advisor.patterns.attention.anchors import feeds_product
 from advisor.patterns.attention.candidate import (
     MAX_CHAIN, Candidate, WeightPath, consumers, definition_of_value, function_of,
@@ -21,7 +22,7 @@ from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
-from advisor.static.dataflow import UNDEFINED, Definition
+from advisor.static.dataflow import UNDEFINED, Definition, bound_names
 
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
@@ -36,6 +37,7 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
         definition = definition_of_value(c, node)
         if definition is not None:
             definitions.append(definition)
+            escapes.extend(_outer_binding(c, definition))
             node = _next_weight_read(c, definition, escapes)
             reads.add(node)
             continue
@@ -75,6 +77,15 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
     raise Refusal("the weights are followed too far without reaching a value product")
 
 
+def _outer_binding(c: Candidate, definition: Definition) -> list[cst.Name]:
+    """The target `w` of `w = <weights>` when the function declares `w` global or nonlocal: the binding outlives
+    the call (another function may read it), so the weights escape there."""
+    function = function_of(c.parsed, definition.statement)
+    if function is None or definition.name not in scope.outer_names(function):
+        return []
+    return [target for target in bound_names(definition.statement) if target.value == definition.name]
+
+
 def _swaps_last_two(op: Op, ndim: int | None) -> bool:
     if op.name == "mT":
         return True
@@ -98,7 +109,7 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
                        and flow.definitions[i].guards]
             where = f" under `if {short(c.parsed, guarded[-1].guards[-1].test)}`" if guarded else ""
             raise Refusal(f"the attention weights are reassigned{where} before the value product")
-        consumer, op = consumers(c, read)[0]
+        consumer, op = (consumers(c, read) or [(None, None)])[0]  # `saved = w`, saved never read here
         if isinstance(c.parsed.parents.get(read), cst.Return) and not c.inlined and \
                 calls_to(c.parsed, c.function, c.owner):
             continuing.append(read)
