@@ -102,7 +102,8 @@ def test_a_dropout_swapped_by_a_helper_gets_no_patch_that_reads_its_p(helper: st
     """`model.apply(strip_dropout)` after `model.eval()`: the new Identity is in training mode, so a patch reading
     `self.attn_drop.p if self.attn_drop.training else 0.0` raised AttributeError even in eval."""
     source = attention(CAUSAL_BLOCK, after=SWAP_HELPERS[helper], make="model.eval()\nmodel.apply(strip_dropout)")
-    assert "attn_drop.p" not in _patch(source)
+    [finding] = _attention_findings(source)
+    assert not finding.fixable and "`self.attn_drop`, whose call the rewrite deletes, may not be" in finding.reason
     _assert_sound(source)
 
 
@@ -139,6 +140,21 @@ def test_a_causal_buffer_written_after_the_constructor_is_not_is_causal(write: s
     source = attention(CAUSAL_BLOCK, **BUFFER_WRITES[write])
     assert "is_causal=True" not in _patch(source)
     _assert_sound(source)
+
+
+def test_a_buffer_registration_hook_in_the_scanned_tree_defeats_the_causal_proof(tmp_path, restore_global_hooks) -> None:
+    """`register_module_buffer_registration_hook` may replace any buffer as a constructor registers it."""
+    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", "")),
+                                       encoding="utf-8")
+    (tmp_path / "setup.py").write_text(
+        "import torch\n\n"
+        "def banded():\n"
+        "    torch.nn.modules.module.register_module_buffer_registration_hook(lambda m, name, t: t.triu())\n",
+        encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert "is_causal=True" not in finding.patch
+    alone = [f for f in scan_paths([str(tmp_path / "model.py")], jobs=1).findings if f.kind == "attention"]
+    assert "is_causal=True" in alone[0].patch
 
 
 def test_the_untouched_causal_buffer_is_still_is_causal() -> None:

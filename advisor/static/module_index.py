@@ -73,11 +73,16 @@ class ClassInfo:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         return None
 
-    def only_value(self, attribute: str) -> cst.BaseExpression | None:
+    def class_value(self, attribute: str) -> cst.BaseExpression | None:
+        """The one expression the class binds the attribute to (never rebound or updated by the class itself);
+        other code may still rebind it (see `rebound`)."""
         values = self.attributes.get(attribute, [])
-        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed \
-            and self.rebound(attribute) is None
+        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed
         return values[0] if single else None
+
+    def only_value(self, attribute: str) -> cst.BaseExpression | None:
+        """The value every instance's attribute holds, as far as this file shows."""
+        return self.class_value(attribute) if self.rebound(attribute) is None else None
 
 
 class ParsedModule:

@@ -150,8 +150,14 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     if c.scope.classes().subclasses(owner):
         match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
                            "checked for the subclasses in this file")
+    deleted = scope.deleted_module_calls(c.parsed, owner, block, kept)
+    for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
+        rebound = owner.rebound(attribute)
+        if rebound is not None:
+            raise Refusal(f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class "
+                          f"builds when the code runs: {rebound}")
     hooked = scope.hook_registration(c.parsed)
-    for attribute in scope.deleted_module_calls(c.parsed, owner, block, kept):
+    for attribute in deleted:
         statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"
         if scope.is_hook_point(c.parsed, owner, attribute):
             match.facts.assumed("no-hooks", statement, "it computes nothing, so it exists to carry hooks")

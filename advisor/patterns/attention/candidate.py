@@ -166,6 +166,5 @@ def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None,
     if isinstance(parent, cst.BinaryOperation):
         return [(parent, c.reader.read(parent))]
     definition = definition_of_value(c, node)
-    if definition is not None:
-        return [(read, None) for read in flow_for(c, node).reads_of(definition)]
-    return [(None, None)]
+    reads = flow_for(c, node).reads_of(definition) if definition is not None else []
+    return [(read, None) for read in reads] or [(None, None)]  # `saved = w` with saved never read: nowhere

@@ -109,7 +109,7 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
                        and flow.definitions[i].guards]
             where = f" under `if {short(c.parsed, guarded[-1].guards[-1].test)}`" if guarded else ""
             raise Refusal(f"the attention weights are reassigned{where} before the value product")
-        consumer, op = (consumers(c, read) or [(None, None)])[0]  # `saved = w`, saved never read here
+        consumer, op = consumers(c, read)[0]
         if isinstance(c.parsed.parents.get(read), cst.Return) and not c.inlined and \
                 calls_to(c.parsed, c.function, c.owner):
             continuing.append(read)
