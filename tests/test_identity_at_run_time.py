@@ -131,6 +131,10 @@ BUFFER_WRITES = {
                                              f"    self.register_buffer(name, ({BAND}).view(1, 1, 8, 8))\n",
                                      make="model.set_window()"),
     "data_assign_outside": dict(make=f"model.bias.data = ({BAND}).view(1, 1, 8, 8)"),
+    "state_dict_loader": dict(methods=f"def _load_from_state_dict(self, state_dict, prefix, *args):\n"
+                                      f"    state_dict[prefix + 'bias'] = ({BAND}).view(1, 1, 8, 8)\n"
+                                      f"    super()._load_from_state_dict(state_dict, prefix, *args)\n",
+                              make="model.load_state_dict(model.state_dict())"),
 }
 
 

@@ -186,7 +186,8 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
-    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards."""
+    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. Hooks that fire on every
+    module are collected from all the files first (static.project): each file's analysis must see them."""
     files, errors = discover(paths)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)

@@ -18,15 +18,14 @@ if TYPE_CHECKING:
 
 
 ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
-# calls that bind an attribute of their receiver by name: the name's position among the arguments
-NAMED_BINDERS = {"setattr": 1, "__setattr__": 0, "register_buffer": 0, "register_parameter": 0, "add_module": 0,
-                 "register_module": 0}
+# methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
+NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
 # dictionaries that hold a module's attributes: a store into one binds the attribute its key names
 ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
-# what rewrites any buffer or parameter of a module when a state dict is loaded into it
 # process-wide hooks that may replace any submodule, parameter or buffer as it is assigned (see static.project)
 REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_module_buffer_registration_hook",
                       "register_module_parameter_registration_hook"}
+# what rewrites any buffer or parameter of a module when a state dict is loaded into it
 STATE_LOADERS = {"_register_load_state_dict_pre_hook", "register_load_state_dict_pre_hook",
                  "register_load_state_dict_post_hook", "_load_from_state_dict"}
 
@@ -366,8 +365,7 @@ class _OutsideWriteCollector(cst.CSTVisitor):
             self._target(func.value)  # `m.bias.fill_(1)`: an in-place method of the attribute
         elif isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and not _is_self(func.value):
             self.names.add(ANY_ATTRIBUTE)
-        elif (func.attr.value if isinstance(func, cst.Attribute) else getattr(func, "value", None)) in \
-                REGISTRATION_HOOKS:  # `register_module_buffer_registration_hook`: may replace any buffer as it is set
+        elif _callee_name(func) in REGISTRATION_HOOKS:  # may replace any buffer or submodule as it is set
             self.names.add(ANY_ATTRIBUTE)
 
 
@@ -464,7 +462,7 @@ def named_binding(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpressio
     func, args = call.func, [a for a in call.args if a.keyword is None and not a.star]
     if isinstance(func, cst.Name) and func.value == "setattr" and len(args) >= 2:
         return args[0].value, args[1].value
-    if isinstance(func, cst.Attribute) and func.attr.value in NAMED_BINDERS and func.attr.value != "setattr":
+    if isinstance(func, cst.Attribute) and func.attr.value in NAMED_BINDERS:
         if isinstance(func.value, cst.Name) and func.value.value == "object" and len(args) >= 2:
             return args[0].value, args[1].value  # `object.__setattr__(self, name, v)`
         keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "name"), None)
@@ -492,6 +490,11 @@ def _attribute_table_key(target: cst.BaseExpression) -> tuple[cst.BaseExpression
 def _literal_name(node: cst.BaseExpression) -> str | None:
     return node.evaluated_value if isinstance(node, cst.SimpleString) and \
         isinstance(node.evaluated_value, str) else None
+
+
+def _callee_name(func: cst.BaseExpression) -> str | None:
+    """`f` for `f(...)` and `m.f(...)`."""
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
 
 
 def _is_self(node: cst.BaseExpression) -> bool:
