@@ -145,7 +145,8 @@ MASK_REBUILT = Rule(
 def _detect(context):
     from advisor.fixes.attention import attention_findings
 
-    return attention_findings(context.parsed, context.backend)
+    blocks = context.evidence.blocks if context.evidence is not None else []
+    return attention_findings(context.parsed, context.backend, blocks)
 
 
 FAMILY = Family(
