@@ -98,12 +98,35 @@ SWAP_HELPERS = {
 
 
 @pytest.mark.parametrize("helper", sorted(SWAP_HELPERS))
-def test_a_dropout_swapped_by_a_helper_gets_no_patch_that_reads_its_p(helper: str) -> None:
+def test_a_dropout_stripped_to_identity_by_a_helper_reads_its_p_with_a_default(helper: str) -> None:
     """`model.apply(strip_dropout)` after `model.eval()`: the new Identity is in training mode, so a patch reading
-    `self.attn_drop.p if self.attn_drop.training else 0.0` raised AttributeError even in eval."""
-    source = attention(CAUSAL_BLOCK, after=SWAP_HELPERS[helper], make="model.eval()\nmodel.apply(strip_dropout)")
+    `self.attn_drop.p if self.attn_drop.training else 0.0` raised AttributeError even in eval. Where the file
+    binds nothing but `nn.Identity()` under computed names, the module is a dropout or an identity when it runs."""
+    block = CAUSAL_BLOCK.replace('att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))\n', "")
+    source = attention(block, after=SWAP_HELPERS[helper], make="model.eval()\nmodel.apply(strip_dropout)")
     [finding] = _attention_findings(source)
-    assert not finding.fixable and "`self.attn_drop`, whose call the rewrite deletes, may not be" in finding.reason
+    assert finding.fix_safety == "safe"
+    assert 'dropout_p=getattr(self.attn_drop, "p", 0.0) if self.attn_drop.training else 0.0' in finding.patch
+    _assert_sound(source)
+
+
+REPLACING_HELPERS = {
+    "dropout_by_another_module": SWAP_HELPERS["setattr_named_children"].replace("nn.Identity()", "Halve()") + """
+        class Halve(nn.Module):
+            def forward(self, x):
+                return x * 0.5
+        """,
+    "softmax_by_identity": SWAP_HELPERS["modules_dict"].replace("nn.Dropout", "nn.Softmax"),
+}
+
+
+@pytest.mark.parametrize("helper", sorted(REPLACING_HELPERS))
+def test_a_module_a_helper_may_replace_by_something_else_is_refused(helper: str) -> None:
+    block = CAUSAL_BLOCK.replace("F.softmax(att, dim=-1)", "self.softmax(att)")
+    source = attention(block, init="self.softmax = nn.Softmax(dim=-1)", after=REPLACING_HELPERS[helper],
+                       make="model.apply(strip_dropout)")
+    [finding] = _attention_findings(source)
+    assert not finding.fixable and "whose call the rewrite deletes, may not be the module" in finding.reason
     _assert_sound(source)
 
 

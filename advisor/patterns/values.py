@@ -215,7 +215,7 @@ class ValueProver:
             values = self.owner.attributes.get(name)
             if values and not all(self._assigned_is_scalar(v, depth) for v in values):
                 return False
-            rebound = self.owner.rebound(name)
+            rebound = self.owner.rebound(name, identity_ok=True)  # `x * Identity()` raises, as SDPA's scale= does
             if rebound is not None:
                 return self._guess(f"{rebound}, so an instance's value may not be the one the class assigns")
             if values:

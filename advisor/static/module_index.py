@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 
 ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
+ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
+IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
 # dictionaries that hold a module's attributes: a store into one binds the attribute its key names
@@ -59,15 +61,18 @@ class ClassInfo:
     def unfollowed(self) -> set[str]:
         return self._collected.unfollowed
 
-    def rebound(self, attribute: str) -> str | None:
+    def rebound(self, attribute: str, identity_ok: bool = False) -> str | None:
         """Why an instance's attribute may hold another value than the class's assignments (None: it cannot,
         as far as this file shows): the file writes that name on another object, or binds attributes by names
         it computes (`setattr(m, name, v)`, `m._modules[name] = v`, a state-dict loading hook), on this class's
-        instances or on any object."""
+        instances or on any object. `identity_ok`: the caller's reading also holds for an `nn.Identity()` in
+        its place (a dropout whose probability is read with a default)."""
         if attribute in self.outside:
             return f"`.{attribute}` is also assigned outside the class in this file"
         if ANY_ATTRIBUTE in self.outside:
             return "this file sets attributes by computed names on other objects (`setattr(m, name, ...)`)"
+        if ANY_TO_IDENTITY in self.outside and not identity_ok:
+            return "this file replaces modules by `nn.Identity()` under computed names (`setattr(m, name, ...)`)"
         if self._collected.computed:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         return None
@@ -229,7 +234,7 @@ class ParsedModule:
         (`model.attn.scale = ...`, `block.bias[:, :2] = 1`, `setattr(m, "softmax", ...)`, `m.bias.fill_(1)`).
         Any instance's attribute of that name may then hold another value than its class assigns, so no proof
         may read the class's own assignment as the value. Writes from other files are not seen."""
-        collector = _OutsideWriteCollector()
+        collector = _OutsideWriteCollector(self)
         self.module.visit(collector)
         if self.project is not None and self.project.registration_hooks:
             collector.names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
@@ -333,18 +338,24 @@ class _OutsideWriteCollector(cst.CSTVisitor):
     """Attribute names written through a receiver other than the bare name `self` (ANY_ATTRIBUTE where the name
     is computed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parsed: "ParsedModule") -> None:
+        self.parsed = parsed
         self.names: set[str] = set()
 
-    def _target(self, target: cst.BaseExpression) -> None:
+    def _target(self, target: cst.BaseExpression, value: cst.BaseExpression | None = None) -> None:
         self.names.update(a.attr.value for a in _written_attributes(target) if not _is_self_attribute(a))
         table = _attribute_table_key(target)
         if table is not None and not _is_self(table[0]):
-            self.names.add(_literal_name(table[1]) or ANY_ATTRIBUTE)
+            self.names.add(_literal_name(table[1]) or self._any(value))
+
+    def _any(self, value: cst.BaseExpression | None) -> str:
+        """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
+        identity = isinstance(value, cst.Call) and not value.args and self.parsed.imported_name(value.func) in IDENTITY
+        return ANY_TO_IDENTITY if identity else ANY_ATTRIBUTE
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            self._target(target.target)
+            self._target(target.target, node.value)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self._target(node.target)
@@ -358,7 +369,7 @@ class _OutsideWriteCollector(cst.CSTVisitor):
         if binding is not None:
             receiver, name = binding
             if not _is_self(receiver):
-                self.names.add(_literal_name(name) or ANY_ATTRIBUTE)
+                self.names.add(_literal_name(name) or self._any(_bound_value(node)))
             elif isinstance(func, cst.Name) and _literal_name(name):  # `setattr(self, "x", v)`: counted here too
                 self.names.add(_literal_name(name))
         elif is_inplace_method(func):
@@ -472,9 +483,12 @@ def named_binding(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpressio
 
 
 def _bound_value(call: cst.Call) -> cst.BaseExpression | None:
-    """The value a `register_buffer`/`add_module`-style call binds (its second positional argument)."""
+    """The value a `register_buffer`/`add_module`-style call binds (its second positional argument; the third of
+    `setattr(obj, name, value)` and `object.__setattr__(obj, name, value)`)."""
     args = [a for a in call.args if a.keyword is None and not a.star]
-    return args[1].value if len(args) >= 2 else None
+    position = 2 if isinstance(call.func, cst.Name) or isinstance(call.func.value, cst.Name) and \
+        call.func.value.value == "object" else 1
+    return args[position].value if len(args) > position else None
 
 
 def _attribute_table_key(target: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:

@@ -646,14 +646,14 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         body[value_at] = body[value_at].replace(f"{w}", f"{w}.float()", 1).replace(" v", " v.float()") \
             .replace("(v", "(v.float()").replace(", v)", ", v.float())")
         body.insert(value_at + 1, "out = out.to(x.dtype)")
-    elif h in SWAPS:  # a helper applied to every module replaces dropout and softmax modules by computed names
+    elif h in SWAPS:  # a helper applied to every module replaces dropout (and softmax) modules by computed names
         bind = SWAPS[h]
+        softmax = "" if h == "strip_dropout" else ("\n        elif isinstance(child, nn.Softmax):\n"
+                                                  f"            {bind.format(new='nn.Softmax(dim=-2)')}")
         src.extra_classes.append("def swap_modules(module):\n"
                                  "    for name, child in list(module.named_children()):\n"
                                  "        if isinstance(child, nn.Dropout):\n"
-                                 f"            {bind.format(new='nn.Identity()')}\n"
-                                 "        elif isinstance(child, nn.Softmax):\n"
-                                 f"            {bind.format(new='nn.Softmax(dim=-2)')}")
+                                 f"            {bind.format(new='nn.Identity()')}" + softmax)
         src.make_lines += ["model.eval()", "model.apply(swap_modules)"]  # the new Identity is in training mode
     elif h in BUFFER_WRITES:  # the causal buffer becomes a band after the constructor
         view = f".view(1, 1, {BUFFER}, {BUFFER})" if "view(1, 1" in "".join(src.init) else ""
@@ -692,7 +692,8 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
 
 
 SWAPS = {"swap_setattr": "setattr(module, name, {new})", "swap_modules_dict": "module._modules[name] = {new}",
-         "swap_add_module": "module.add_module(name, {new})"}
+         "swap_add_module": "module.add_module(name, {new})",
+         "strip_dropout": "setattr(module, name, {new})"}  # dropout only, to nn.Identity (an export helper)
 BUFFER_WRITES = {"buffer_data_method": "self.bias.data = {band}", "buffer_copy_method": "self.bias.data.copy_({band})",
                  "buffer_setattr_method": "setattr(self, name, {band})",
                  "buffer_register_method": "self.register_buffer(name, {band})",

@@ -152,7 +152,7 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
                            "checked for the subclasses in this file")
     deleted = scope.deleted_module_calls(c.parsed, owner, block, kept)
     for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
-        rebound = owner.rebound(attribute)
+        rebound = owner.rebound(attribute, identity_ok=attribute in c.identity_ok)
         if rebound is not None:
             raise Refusal(f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class "
                           f"builds when the code runs: {rebound}")

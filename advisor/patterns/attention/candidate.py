@@ -89,6 +89,7 @@ class Candidate:
     dtype_changes: list[Op] = field(default_factory=list)  # casts and softmax(dtype=) inside the block
     factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # ("mul" | "div", Python number)
     leaf_nodes: list[cst.BaseExpression] = field(default_factory=list)  # q, k, v, then what else SDPA reads
+    identity_ok: set[str] = field(default_factory=set)  # deleted `self.x(...)` calls read right if x is an Identity
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None

@@ -186,7 +186,24 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
         return
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
+    elif _stripped_to_identity(c, op.node):  # `getattr(self.attn_drop, "p", 0.0)`: an Identity drops nothing
+        probability = cst.Call(func=cst.Name("getattr"), args=[
+            cst.Arg(probability.value), cst.Arg(cst.SimpleString('"p"')), cst.Arg(number(0.0))])
     match.dropout_p = cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
+
+
+def _stripped_to_identity(c: Candidate, call: cst.Call) -> bool:
+    """`self.attn_drop(w)` where the file may swap dropout modules for `nn.Identity()` under computed names (an
+    export helper) and nothing else rebinds `attn_drop`: the call is a dropout or an identity when it runs."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
+            and c.owner is not None):
+        return False
+    attribute = func.attr.value
+    if c.owner.rebound(attribute) is None or c.owner.rebound(attribute, identity_ok=True) is not None:
+        return False
+    c.identity_ok.add(attribute)
+    return True
 
 
 def layout_role(c: Candidate) -> None:
