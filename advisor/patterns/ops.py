@@ -210,8 +210,9 @@ class OpReader:
         return None
 
     def _module_call(self, attribute: str, call: cst.Call) -> Op | None:
-        """`self.attend(x)`: what `self.attend` was built as in the class decides the op."""
-        built = self.owner.only_value(attribute)
+        """`self.attend(x)`: what `self.attend` was built as in the class decides the op (a rewrite that deletes
+        the call must still prove nothing rebinds it: attention.block_checks)."""
+        built = self.owner.class_value(attribute)
         if isinstance(built, cst.Call) and self.parsed.imported_name(built.func) == "functools.partial":
             return self._partial_call(built, call)
         args = _positional(call)

@@ -20,11 +20,19 @@ from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 
+NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
+
+
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
     """Every read of a deleted intermediate is part of the block, or a read of the scores' metadata that
     survives by reading Q and K instead."""
     match = c.match
     score_ids = {d.id for d in c.chain.definitions}
+    for definition in c.chain.definitions:
+        function = function_of(c.parsed, definition.statement)
+        if function is not None and definition.name in scope.outer_names(function):
+            raise Refusal(f"the intermediate `{definition.name}` is declared global or nonlocal (line "
+                          f"{c.parsed.line(definition.statement)}): code outside the function may read it")
     for definition in consumed:
         for read in c.flow.reads_of(definition):
             if read not in chain_reads and read not in match.escapes and definition.id in score_ids:
@@ -39,8 +47,8 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
 
 def _translate_metadata_read(c: Candidate, read: cst.Name):
     """Reads of the scores' metadata survive the rewrite by reading Q and K instead: the scores have the
-    query's dtype and device, shape (..., L, S) with L = Q.size(-2) and S = K.size(-2) in SDPA layout.
-    Returns (node to replace, its replacement) or None."""
+    query's dtype and device (all that `s.new_ones(...)` reads), shape (..., L, S) with L = Q.size(-2) and
+    S = K.size(-2) in SDPA layout. Returns (node to replace, its replacement) or None."""
     if c.chain.views:
         return None
     parent = c.parsed.parents.get(read)
@@ -48,7 +56,9 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
         return None
     query, key = atomic(c.match.query), atomic(c.match.key)
     attribute = parent.attr.value
-    if attribute in ("dtype", "device"):  # the whole `s.dtype`: a replaced name would lose the query's parentheses
+    if attribute in ("dtype", "device") or attribute in NEW_TENSOR_METHODS:
+        # the whole `s.dtype` (`s.new_ones`: a tensor on the scores' device and of their dtype, unless given):
+        # a replaced name would lose the query's parentheses
         return parent, parent.with_changes(value=query)
     outer = c.parsed.parents.get(parent)
     if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
@@ -69,14 +79,19 @@ def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
     """Every name the SDPA call reads must mean at the value product what it meant where it was read."""
     env = c.flow.env_before.get(output_statement, {})
     nodes = list(c.leaf_nodes)
-    for term in c.match.masks:
-        nodes.extend(term.nodes)
+    mask_nodes = [node for term in c.match.masks for node in term.nodes]
+    nodes.extend(mask_nodes)
     for call, _ in c.inlined.values():
         nodes.extend(arg.value for arg in call.args)
+    # the emitted masks read the scores' metadata from Q and K instead (`attn_mask._metadata_translated`)
+    translated = {id(name) for read in c.match.renamed for name in loaded_names(read)}
+    mask_ids = {id(node) for node in mask_nodes}
     for node in nodes:
         if in_inlined(c, node):
             continue
         for name in loaded_names(node):
+            if id(node) in mask_ids and id(name) in translated:
+                continue
             seen = c.flow.reaching.get(name)
             if seen is None:
                 continue
@@ -145,13 +160,19 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     if c.scope.classes().subclasses(owner):
         match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
                            "checked for the subclasses in this file")
-    hooked = scope.registers_hooks(c.parsed)
-    for attribute in scope.deleted_module_calls(c.parsed, owner, block, kept):
+    deleted = scope.deleted_module_calls(c.parsed, owner, block, kept)
+    for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
+        rebound = owner.rebound(attribute, identity_ok=attribute in c.identity_ok)
+        if rebound is not None:
+            raise Refusal(f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class "
+                          f"builds when the code runs: {rebound}")
+    hooked = scope.hook_registration(c.parsed)
+    for attribute in deleted:
         statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"
         if scope.is_hook_point(c.parsed, owner, attribute):
             match.facts.assumed("no-hooks", statement, "it computes nothing, so it exists to carry hooks")
         elif hooked:
-            match.facts.assumed("no-hooks", statement, "this file registers module hooks")
+            match.facts.assumed("no-hooks", statement, hooked)
         else:
             match.facts.proved("no-hooks", statement, "no hook is registered in this file")
 
@@ -174,6 +195,12 @@ def check_escapes(c: Candidate) -> None:
         return
     for read in match.escapes:
         parent = c.parsed.parents.get(read)
+        if isinstance(parent, cst.AssignTarget) or isinstance(parent, (cst.AnnAssign, cst.AugAssign)) \
+                and parent.target is read:
+            match.unsafe_reason = (f"the weights are bound to `{read.value}` (line {c.parsed.line(read)}), which "
+                                   f"the function declares global or nonlocal: code outside it reads that binding, "
+                                   f"which the rewrite would delete")
+            return
         if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
             match.unsafe_reason = _why_not_none(c, read, parent)
             return
