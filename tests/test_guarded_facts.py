@@ -152,3 +152,20 @@ def test_a_guard_compiles_without_a_graph_break():
     q, k, v = torch.randn(3, 1, 2, 8, 4).unbind(0)
     for mask in (torch.rand(1, 1, 1, 8) > 0.2, torch.rand(8) > 0.2):  # the SDPA path, then the original block
         torch.testing.assert_close(compiled(q, k, v, mask), namespace["attend"](q, k, v, mask))
+
+
+def test_a_mask_indexed_under_its_not_none_test_is_guarded():
+    """`if mask is not None:` then `mask[0]`: the original indexes it whenever it is not None, so the check may."""
+    body = """
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask[0], float("-inf"))
+    out = scores.softmax(dim=-1) @ v
+    """
+    finding = _finding(_source(body))
+    assert "mask-rank" in _names(finding, "guarded") and "mask is None or" in finding.patch
+    original, patched = _models(_source(body))
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    for mask in (torch.ones(1, 5, dtype=torch.bool), torch.ones(1, 2, 1, 1, 5, dtype=torch.bool), None):
+        with torch.no_grad():  # a 1-D mask[0] runs the original; a 4-D one, and None, SDPA
+            torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)

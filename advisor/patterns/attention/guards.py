@@ -100,15 +100,18 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
     mask = term.source if name == MASK_DTYPE else _peeled(term.source, SAME_RANK)
-    if not _plain(c, mask, indexed=term.guard is None):  # the original indexes an unconditional mask anyway
+    base = mask
+    while isinstance(base, cst.Subscript):
+        base = base.value
+    # the original indexes the mask whenever it is not None, unless an `if` of another test guards it
+    indexed = term.guard is None or c.parsed.code(term.guard.test).replace(" ", "") == \
+        f"{c.parsed.code(base)}isnotNone".replace(" ", "")
+    if not _plain(c, mask, indexed=indexed):
         return None
     check = "{m}.dtype == {q}.dtype" if name == MASK_DTYPE else "2 <= {m}.dim() <= {q}.dim()"
     template = "isinstance({base}, {torch}.Tensor) and " + check
     if term.guard is not None:
-        template = "{m} is None or " + template
-    base = mask
-    while isinstance(base, cst.Subscript):
-        base = base.value
+        template = "{base} is None or " + template
     return parse_template_expression(template, m=mask, q=query, base=base, torch=cst.Name(torch_name))
 
 
