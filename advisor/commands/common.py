@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -11,37 +10,42 @@ from rich.progress import Progress
 
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
-from advisor.registry import unknown_selectors
+from advisor.registry import parse_selectors
 from advisor.report.terminal import shown
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
     from advisor.engine.static import ScanResult
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-SELECTOR = re.compile(r"[A-Z]+[0-9]*")
 
 
 def add_selection_arguments(parser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to scan")
     parser.add_argument("--select", type=_codes, default=None, help="only these rule codes or prefixes (ADV1,...)")
     parser.add_argument("--ignore", type=_codes, default=None, help="skip these rule codes or prefixes")
-    parser.add_argument("--unsafe-fixes", action="store_true",
+    parser.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
                         help="also offer fixes marked unsafe (fix: apply them; scan --format diff: show them, "
                              "labelled)")
-    parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
-                        help="attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to the "
-                             "flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
+    add_backend_argument(parser, "attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to "
+                                 "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
+    parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
+                        help="apply the configuration's `exclude` to paths named on the command line too")
+
+
+def add_backend_argument(parser, help_text: str) -> None:
+    """--backend and --config: the options a verb that builds patches reads from [tool.advisor] too."""
+    parser.add_argument("--backend", choices=REQUESTABLE, default=None, help=f"{help_text} (default sdpa)")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="read options from FILE (a pyproject.toml's [tool.advisor], or a TOML file of those "
+                             "keys) instead of the nearest pyproject.toml with [tool.advisor]")
 
 
 def _codes(text: str) -> list[str]:
     """Comma-separated codes or prefixes; one that names no rule is a usage error (exit 2), never an empty run."""
-    codes = [code.strip().upper() for code in text.split(",") if code.strip()]
-    malformed = [code for code in codes if not SELECTOR.fullmatch(code)]
-    unknown = malformed or unknown_selectors(codes)
-    if not codes or unknown:
-        raise argparse.ArgumentTypeError(f"unknown rule code or prefix: {', '.join(unknown) or repr(text)} "
-                                         "(`advisor rules` lists them)")
-    return codes
+    try:
+        return parse_selectors(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs: int | None = None) -> ScanResult:
@@ -55,6 +59,7 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
         task = progress.add_task("scanning", total=None)
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
+                            path_rules=getattr(args, "path_rules", None),
                             on_file=lambda path: progress.update(task, description=f"scanning {shown(path)}"))
     if not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"

@@ -7,6 +7,7 @@ running)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from importlib import resources
 
 from rich.console import Console
 
-from advisor.backends import REQUESTABLE
+from advisor.commands.common import add_backend_argument
 from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.folder import ReportFolder
@@ -38,11 +39,11 @@ def add_parser(sub) -> None:
     parser.add_argument("--report", metavar="DIR", help="folder for the reports, traces and logs (default: a new "
                                                         "temporary folder)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    parser.add_argument("--unsafe-fixes", action="store_true", help="also verify patches marked unsafe")
+    parser.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
+                        help="also verify patches marked unsafe")
     parser.add_argument("--timing-budget", type=float, default=4.0, metavar="S",
                         help="seconds of interleaved timing per comparison (default 4; at least 12 rounds run)")
-    parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
-                        help="attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
+    add_backend_argument(parser, "attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
     parser.add_argument("--root", default=".", metavar="DIR",
                         help="--apply writes only under this folder (default: the current directory)")
     add_workload_arguments(parser)

@@ -181,16 +181,17 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True) -> ScanResult:
+               fixed: bool = True, path_rules=None) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
-    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards."""
-    files, errors = discover(paths)
+    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `path_rules`
+    (advisor.config.PathRules): the configuration's exclude globs and per-file ignores."""
+    files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed)
+                       runtime=runtime, patches=patches, fixed=fixed, path_rules=path_rules)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs)
     else:
@@ -237,9 +238,11 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True) -> FileResult | ScanError:
+               fixed: bool = True, path_rules=None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
+    if path_rules and path_rules.ignored_codes(path):
+        ignore = [*(ignore or []), *path_rules.ignored_codes(path)]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)

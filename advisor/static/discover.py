@@ -33,19 +33,24 @@ def _is_skipped_dir(name: str) -> bool:
     return name in SKIP_DIRS or name.endswith(".egg-info")
 
 
-def discover(paths: list[str]) -> tuple[list[str], list[ScanError]]:
+def discover(paths: list[str], path_rules=None) -> tuple[list[str], list[ScanError]]:
     """Python files under `paths`, sorted and unique. Only regular files are read (a FIFO blocks forever, a link
     to /dev/zero never ends): the walk skips anything else, an explicit path gets an error entry saying what it is.
     Type stubs (.pyi) hold no code that runs, so they are never scanned: the walk skips them, an explicit one gets
     an error entry; so do notebooks (.ipynb), which are not read yet. Other explicit files are kept whatever their
-    name (scripts without `.py`). A walk reports the links it cannot follow: dangling `.py` links and link loops."""
+    name (scripts without `.py`). A walk reports the links it cannot follow: dangling `.py` links and link loops.
+    `path_rules` (advisor.config.PathRules) excludes what its globs name from the walk, and, with force_exclude,
+    explicit paths too (as Ruff's `exclude` and `force-exclude`)."""
     files: list[str] = []
     errors: list[ScanError] = []
+    excluded = path_rules.excludes if path_rules else (lambda path: False)
     for raw in paths:
         path = Path(raw)
         kind = _file_kind(raw)
+        if path_rules and path_rules.excludes_named(raw):
+            continue
         if kind == "directory":
-            files.extend(_walk(path, errors))
+            files.extend(_walk(path, errors, excluded))
         elif kind != "regular file":
             errors.append(ScanError(raw, kind if kind in (MISSING, BROKEN_LINK, LINK_LOOP) else
                                     f"not a regular file ({kind})"))
@@ -76,7 +81,7 @@ def _file_kind(path: str) -> str:
     return "special file"
 
 
-def _walk(root: Path, errors: list[ScanError]) -> list[str]:
+def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
     """`.py` files under `root`, links followed. A link back to an enclosing folder, a link loop and a dangling
     `.py` link are error entries; a second link to a folder already walked is walked once, silently."""
     found: list[str] = []
@@ -91,12 +96,14 @@ def _walk(root: Path, errors: list[ScanError]) -> list[str]:
             dirnames[:] = []
             continue
         visited.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not _is_skipped_dir(d))
+        dirnames[:] = sorted(d for d in dirnames if not (_is_skipped_dir(d) or excluded(os.path.join(dirpath, d))))
         for name in [d for d in dirnames if _encloses(os.path.join(dirpath, d), real)]:
             errors.append(ScanError(os.path.join(dirpath, name), f"{LINK_LOOP} (to an enclosing folder)"))
             dirnames.remove(name)
         for name in sorted(filenames):
             candidate = os.path.join(dirpath, name)
+            if excluded(candidate):
+                continue
             kind = _file_kind(candidate)
             if name.endswith(".py") and kind == "regular file":
                 found.append(candidate)
