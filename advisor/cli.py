@@ -39,10 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # usage errors (2) and --help (0): return the code instead of exiting
             return exc.code if isinstance(exc.code, int) else EXIT_ERROR
-        if hasattr(args, "config"):  # a verb that reads [tool.advisor]
-            from advisor.config import settle, start_of
+        from advisor.config import configure
 
-            settle(args, start_of(args))
+        configure(args)
         return args.run(args)
     except AdvisorError as exc:
         if debug:

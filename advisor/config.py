@@ -155,6 +155,12 @@ def _checked(kind: str, value, where: str):
     return list(value)
 
 
+def configure(args) -> None:
+    """For a verb that reads [tool.advisor] (it has --config): settle its options; `args.config_path` is the file."""
+    if hasattr(args, "config"):
+        args.config_path = settle(args, start_of(args))
+
+
 def start_of(args) -> str | None:
     """Where the search for pyproject.toml starts: the first PATH, or TARGET's file (`file.py:function`)."""
     paths = getattr(args, "paths", None)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import parse_selectors
+from advisor.findings import display_path
 from advisor.report.terminal import shown
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
@@ -30,6 +32,11 @@ def add_selection_arguments(parser) -> None:
                                  "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
     parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
                         help="apply the configuration's `exclude` to paths named on the command line too")
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true",
+                      help="print the findings (or diffs) and errors only: no progress bar, notes or summary lines")
+    talk.add_argument("-v", "--verbose", action="store_true",
+                      help="also say on stderr which configuration file was read, each file scanned and the time")
 
 
 def add_backend_argument(parser, help_text: str) -> None:
@@ -54,22 +61,59 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
     `patches`, `fixed` and `jobs` are scan_paths' (what the verb shows, and whether it picks fixes afterwards)."""
     from advisor.engine.static import scan_paths  # libcst: loaded by the verbs that scan, not by argument parsing
 
-    stderr = Console(stderr=True)
-    with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
-        task = progress.add_task("scanning", total=None)
+    stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+    verbose = getattr(args, "verbose", False)
+    if verbose:
+        config = getattr(args, "config_path", None)
+        where = shown(display_path(str(config))) if config else "none found (defaults)"
+        stderr.print(f"advisor: configuration: {where}")
+    started = time.monotonic()
+    with _ProgressAfterAMoment(stderr, enabled=not getattr(args, "quiet", False)) as progress:
+        def on_file(path: str, total: int) -> None:
+            progress.advance(f"scanned {shown(display_path(path))}", total)
+            if verbose:
+                stderr.print(f"advisor: scanned {shown(display_path(path))}")
+
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
-                            path_rules=getattr(args, "path_rules", None),
-                            on_file=lambda path: progress.update(task, description=f"scanning {shown(path)}"))
+                            path_rules=getattr(args, "path_rules", None), on_file=on_file)
+    if verbose:
+        stderr.print(f"advisor: {len(result.files)} file(s) scanned, {len(result.errors)} not, in "
+                     f"{time.monotonic() - started:.2f} s")
     if not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result
 
 
+class _ProgressAfterAMoment:
+    """A bar on stderr (files done of all, elapsed time), drawn only on a terminal and only once the scan has taken
+    longer than a moment: a quick scan leaves no flicker, a piped one no escape codes."""
+
+    MOMENT_S = 0.5
+
+    def __init__(self, console: Console, enabled: bool):
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), console=console, transient=True,
+                                  disable=not (enabled and console.is_terminal))
+        self._task = self._progress.add_task("scanning", total=None)
+        self._started = time.monotonic()
+
+    def __enter__(self) -> _ProgressAfterAMoment:
+        return self
+
+    def advance(self, description: str, total: int) -> None:
+        self._progress.update(self._task, description=description, total=total, advance=1)
+        if not self._progress.live.is_started and time.monotonic() - self._started > self.MOMENT_S:
+            self._progress.start()
+
+    def __exit__(self, *exc) -> None:
+        self._progress.stop()
+
+
 def _is_machine_format(args) -> bool:
-    """JSON and SARIF readers get a document even when nothing could be scanned (its errors say why)."""
-    return getattr(args, "format", "text") in ("json", "sarif")
+    """JSON, SARIF and GitHub readers get a document even when nothing could be scanned (its errors say why)."""
+    return getattr(args, "format", "text") in ("json", "sarif", "github")
 
 
 def exit_code(result: ScanResult, findings_remain: bool) -> int:

@@ -52,30 +52,37 @@ def add_parser(sub) -> None:
 
 @ends_what_the_workload_left
 def run(args) -> int:
+    stderr = Console(stderr=True)
+    with stderr.status("starting") as status:
+        review = partial(_review, stderr, status) if args.interactive else None
+        result = optimized(args, progress=status.update, review=review,
+                           say=lambda message: stderr.print(message, highlight=False))
+    _print(result, args.format)
+    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
+    return 1 if unapplied else 0
+
+
+def optimized(args, progress=lambda message: None, review=None, say=lambda message: None) -> dict:
+    """The optimize result with its reports written (the CLI's and advisor.optimize's one path). Without a TARGET
+    the bundled demo runs from a temporary copy (`say` tells where)."""
     from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
     from advisor.verify.optimize import Options, optimize
 
     if args.device:
         resolve_device(args.device)
-    stderr = Console(stderr=True)
     target, root = args.target, args.root
     if target is None:
         target, root = _demo_copy()
-        stderr.print(f"advisor: no TARGET given: running the bundled demo from a copy in {root}", highlight=False)
+        say(f"advisor: no TARGET given: running the bundled demo from a copy in {root}")
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
                       apply=args.apply or args.interactive, timeout_s=args.timeout,
-                      timing_budget_s=args.timing_budget)
-    with stderr.status("starting") as status:
-        if args.interactive:
-            options.review = partial(_review, stderr, status)
-        result = optimize(options, progress=lambda message: status.update(message))
+                      timing_budget_s=args.timing_budget, review=review)
+    result = optimize(options, progress=progress)
     result["report"] = os.path.join(report_dir, "report.html")
     _write_reports(result, report_dir)
-    _print(result, args.format)
-    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
-    return 1 if unapplied else 0
+    return result
 
 
 def _review(console: Console, status, patches: list[dict]) -> list[str]:

@@ -74,11 +74,17 @@ def ends_what_the_workload_left(run_verb):
     return run
 
 
-@ends_what_the_workload_left
-def run(args) -> int:
+def profiled_target(args) -> dict:
+    """The profile of args.target (the CLI's and advisor.profile's one path), its trace written where asked."""
     trace = check_trace_path(args.trace)
     profiled = profile_in_child(args.target, args.device, args.dtype, args.train, trace and trace.path, args.timeout)
     confirm_trace_written(trace)
+    return profiled
+
+
+@ends_what_the_workload_left
+def run(args) -> int:
+    profiled = profiled_target(args)
     findings, summary = profiled["findings"], profiled["summary"]
     if args.format == "json":
         print(json.dumps(profiled["json"], indent=2))

@@ -186,26 +186,27 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
     With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `path_rules`
-    (advisor.config.PathRules): the configuration's exclude globs and per-file ignores."""
+    (advisor.config.PathRules): the configuration's exclude globs and per-file ignores. `on_file(path, total)` is
+    called as each file's result arrives (for a progress bar)."""
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, path_rules=path_rules)
+    done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
-        outcomes = _scan_in_pool(files, scan_one, jobs)
+        outcomes = _scan_in_pool(files, scan_one, jobs, done)
     else:
         outcomes = []
         for path in files:
-            if on_file is not None:
-                on_file(path)
             outcomes.append(scan_one(path))
+            done(path)
     for outcome in outcomes:
         (result.errors if isinstance(outcome, ScanError) else result.files).append(outcome)
     return result
 
 
-def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | ScanError]:
+def _scan_in_pool(files: list[str], scan_one, jobs: int, done) -> list[FileResult | ScanError]:
     """Results in discovery order. A worker that dies (a segfault in a native parser, the OOM killer) breaks the
     whole pool; the files without a result are then rescanned one process each, so the file that kills its
     process becomes that file's error entry and every other file still gets its result."""
@@ -214,11 +215,13 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
         with _pool(jobs) as pool:
             for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
                 outcomes[path] = outcome
+                done(path)
     except BrokenProcessPool:
         pass
     for path in files:
         if path not in outcomes:
             outcomes[path] = _scan_isolated(path, scan_one)
+            done(path)
     return [outcomes[path] for path in files]
 
 
