@@ -118,23 +118,24 @@ def test_pre_commit_runs_the_scan_and_fix_hooks(tmp_path):
     assert again.returncode == 0 and "Passed" in again.stdout, again.stdout
 
 
-def _scan_in_a_terminal_like_stderr(tmp_path, *options, env_extra=None) -> subprocess.CompletedProcess:
+def _scan_in_a_terminal_like_stderr(paths, *options, env_extra=None) -> subprocess.CompletedProcess:
     """FORCE_COLOR makes rich treat the pipes as a terminal (as a CI log with colour does)."""
-    env = {**os.environ, "FORCE_COLOR": "1", **(env_extra or {})}
-    env.pop("NO_COLOR", None) if "NO_COLOR" not in (env_extra or {}) else None
-    return subprocess.run([ADVISOR, "scan", str(ROOT / "fixtures" / "attention" / "positive"), *options],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TTY_COMPATIBLE")}
+    env.update({"FORCE_COLOR": "1", **(env_extra or {})})
+    return subprocess.run([ADVISOR, "scan", *map(str, paths), *options], env=env, capture_output=True, text=True,
+                          timeout=300)
 
 
 def test_progress_bar_on_a_terminal_for_a_scan_longer_than_a_moment_and_never_with_quiet(tmp_path):
-    shown = _scan_in_a_terminal_like_stderr(tmp_path)
-    assert "scanned " in shown.stderr and "/30" in shown.stderr  # files done of all
-    quiet = _scan_in_a_terminal_like_stderr(tmp_path, "--quiet")
+    for source in sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))[:12]:  # > 0.5 s, serial
+        shutil.copy(source, tmp_path)
+    shown = _scan_in_a_terminal_like_stderr([tmp_path])
+    assert "scanned " in shown.stderr and "/12" in shown.stderr  # files done of all
+    quiet = _scan_in_a_terminal_like_stderr([tmp_path], "--quiet")
     assert quiet.stderr == "" and quiet.stdout == shown.stdout
-    piped = subprocess.run([ADVISOR, "scan", str(ROOT / "fixtures" / "attention" / "positive")], cwd=tmp_path,
-                           env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")},
-                           capture_output=True, text=True, timeout=300)
-    assert piped.stderr == ""
+    piped = subprocess.run([ADVISOR, "scan", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")})
+    assert piped.stderr == "" and piped.returncode == 1
 
 
 def _has_colour(text: str) -> bool:
@@ -144,8 +145,8 @@ def _has_colour(text: str) -> bool:
 
 
 def test_no_color_is_honoured(tmp_path):
-    coloured = _scan_in_a_terminal_like_stderr(tmp_path, "--quiet")
-    plain = _scan_in_a_terminal_like_stderr(tmp_path, "--quiet", env_extra={"NO_COLOR": "1"})
+    coloured = _scan_in_a_terminal_like_stderr([NANOGPT], "--quiet")
+    plain = _scan_in_a_terminal_like_stderr([NANOGPT], "--quiet", env_extra={"NO_COLOR": "1"})
     assert _has_colour(coloured.stdout) and not _has_colour(plain.stdout) and "ADV101" in plain.stdout
 
 
