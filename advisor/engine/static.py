@@ -268,6 +268,15 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
+    if source.notebook is not None:
+        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False), source.notebook)
+    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches)
+
+
+def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runtime: RuntimeEvidence | None,
+                  patches: bool) -> FileResult | ScanError:
+    """One module's text (a file's, or a notebook's code cells) checked, prefiltered and analysed."""
+    path = source.path
     error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
     if error is not None:
         return error
@@ -279,6 +288,29 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
                               patches=patches)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
+
+
+def _in_cells(outcome: FileResult | ScanError, notebook) -> FileResult | ScanError:
+    """A notebook's result with lines in its cells (each finding's `cell`, and `line`/`end_line` in that cell).
+    Its fixes are not offered: they would have to be written back into the notebook's JSON, which is not built yet."""
+    if isinstance(outcome, ScanError):
+        line = re.search(r"at line (\d+)", outcome.message)
+        if line:
+            cell, in_cell = notebook.locate(int(line.group(1)))
+            outcome.message = outcome.message.replace(line.group(0), f"in cell {cell} at line {in_cell}", 1)
+        return outcome
+    for finding in outcome.findings:
+        cell, finding.line = notebook.locate(finding.line)
+        end_cell, finding.end_line = notebook.locate(finding.end_line)
+        if end_cell != cell:  # a block cannot span cells; keep the range inside the first
+            finding.end_line = finding.line
+        finding.extra["cell"] = cell
+        if finding.fixable:
+            finding.fixable, finding.patch = False, None
+            note = "fixes are not offered in notebooks yet"
+            finding.reason = f"{finding.reason}; {note}" if finding.reason else note
+    outcome.detected, outcome.parsed = [], None
+    return outcome
 
 
 def _syntax_error(text: str, path: str) -> ScanError | None:
