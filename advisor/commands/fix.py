@@ -86,29 +86,44 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
             chosen, quit_requested = ask(applicable)
             remaining += len(applicable) - len(chosen)
         outcome = file.fixed_with(chosen) if interactive else file.applied
-        fixed = FileFix(file.path, unified_diff(display_path(file.path), file.source, outcome.text),
-                        problems=list(outcome.problems))
-        if not (args.apply or interactive):
-            remaining += len(applicable)
-        else:
-            remaining += outcome.not_applied
-            try:
+        fixed = FileFix(file.path, "", problems=list(outcome.problems))
+        try:
+            fixed.diff = _diff(file, outcome.text)
+            if not (args.apply or interactive):
+                remaining += len(applicable)
+            else:
+                remaining += outcome.not_applied
                 fixed.written = _write(file, outcome.text, args, written) if outcome.text != file.source else None
-            except AdvisorError as exc:
-                fixed.error = str(exc)
-                remaining += len(chosen)
+        except AdvisorError as exc:
+            fixed.error = str(exc)
+            remaining += len(chosen)
         if outcome.text != file.source or fixed.error:
             files.append(fixed)
     return FixReport(1, len(result.files), bool(args.apply or interactive), files, remaining, result.errors), result
 
 
+def _diff(file, new_text: str) -> str:
+    if file.notebook is not None:
+        try:
+            return file.notebook.cell_diffs(display_path(file.path), new_text)
+        except ValueError as exc:
+            raise AdvisorError(str(exc)) from None
+    return unified_diff(display_path(file.path), file.source, new_text)
+
+
 def _write(file, new_text: str, args, written: set[str]) -> str | None:
-    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes").
-    Returns the file written, None when it already was."""
+    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes"); a
+    notebook gets its fixed cells written into its JSON. Returns the file written, None when it already was."""
     target = resolve_inside(file.path, args.paths)
     if target in written:
         return None
-    write_atomically(target, file.source, new_text, force_readonly=args.force_readonly)
+    before, after = file.source, new_text
+    if file.notebook is not None:
+        try:
+            before, after = file.notebook.raw, file.notebook.with_code(new_text)
+        except ValueError as exc:
+            raise AdvisorError(str(exc)) from None
+    write_atomically(target, before, after, force_readonly=args.force_readonly)
     written.add(target)
     return target
 

@@ -24,6 +24,7 @@ from advisor.registry import families, is_selected
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
 from advisor.rewrite.splice import Edit, apply_edits, local_diff
 from advisor.static.discover import discover, read_source
+from advisor.static.notebook import NotebookCode
 from advisor.static.module_index import ParsedModule
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
@@ -69,6 +70,7 @@ class FileResult:
     unsafe_fixes: bool = False  # whether `fixed` applies unsafe fixes too
     detected: list[Detected] = field(default_factory=list, repr=False)  # in-process only: dropped when pickled
     parsed: ParsedModule | None = field(default=None, repr=False)
+    notebook: NotebookCode | None = field(default=None, repr=False)  # a notebook: `source` is its code cells
     _applied: Applied | None = field(default=None, repr=False)
 
     def applicable(self, unsafe_fixes: bool | None = None) -> list[Finding]:
@@ -269,7 +271,8 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
     if isinstance(source, ScanError):
         return source
     if source.notebook is not None:
-        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False), source.notebook)
+        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False), source.notebook,
+                         patches)
     return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches)
 
 
@@ -290,26 +293,27 @@ def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runt
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 
 
-def _in_cells(outcome: FileResult | ScanError, notebook) -> FileResult | ScanError:
-    """A notebook's result with lines in its cells (each finding's `cell`, and `line`/`end_line` in that cell).
-    Its fixes are not offered: they would have to be written back into the notebook's JSON, which is not built yet."""
+def _in_cells(outcome: FileResult | ScanError, notebook: NotebookCode, patches: bool) -> FileResult | ScanError:
+    """A notebook's result with lines in its cells (each finding's `cell`, and `line`/`end_line` in that cell);
+    its patches are diffs of the cells they change. The fixed module goes back into the notebook's JSON when
+    written (FileResult.notebook)."""
     if isinstance(outcome, ScanError):
         line = re.search(r"at line (\d+)", outcome.message)
         if line:
             cell, in_cell = notebook.locate(int(line.group(1)))
             outcome.message = outcome.message.replace(line.group(0), f"in cell {cell} at line {in_cell}", 1)
         return outcome
+    for found in outcome.detected:
+        if patches and found.edits is not None:
+            fixed = apply_edits(outcome.source, found.edits)
+            found.finding.patch = notebook.cell_diffs(display_path(outcome.path), fixed)
     for finding in outcome.findings:
         cell, finding.line = notebook.locate(finding.line)
         end_cell, finding.end_line = notebook.locate(finding.end_line)
         if end_cell != cell:  # a block cannot span cells; keep the range inside the first
             finding.end_line = finding.line
         finding.extra["cell"] = cell
-        if finding.fixable:
-            finding.fixable, finding.patch = False, None
-            note = "fixes are not offered in notebooks yet"
-            finding.reason = f"{finding.reason}; {note}" if finding.reason else note
-    outcome.detected, outcome.parsed = [], None
+    outcome.notebook = notebook
     return outcome
 
 

@@ -13,8 +13,8 @@ from advisor.static.notebook import NotebookCode, notebook_code
 from advisor.static.source_encoding import SourceDecodeError, decode_source
 
 SKIP_DIRS = {
-    ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".venv", "venv", "env", ".env", ".tox", ".nox", "build", "dist",
-    "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
+    ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".venv", "venv", "env", ".env", ".tox", ".nox",
+    "build", "dist", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
 }
 
 
