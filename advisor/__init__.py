@@ -5,12 +5,18 @@
 
 from advisor.workload import Workload
 
-__all__ = ["Workload", "scan", "fix", "profile", "optimize"]
+__all__ = ["Workload", "capture", "scan", "fix", "profile", "optimize"]
 __version__ = "0.1.0"
 API = ("scan", "fix", "profile", "optimize")
 
 
 def __getattr__(name: str):
+    """`advisor.capture` and the API import torch or libcst on first use: `import advisor` (the CLI's parser) stays
+    light."""
+    if name == "capture":
+        from advisor.model_calls import capture
+
+        return capture
     if name in API:
         from advisor import api
 

@@ -36,7 +36,7 @@ def profile(target: str, **options) -> ProfileReport:
     from advisor.commands.profile import profiled_target
 
     args = _arguments("profile", [target], options)
-    return ProfileReport.from_json(_ending_left_processes(profiled_target, args)["json"])
+    return ProfileReport.from_json(_ending_left_processes(profiled_target, args)[1]["json"])
 
 
 def optimize(target: str | None = None, apply: bool = False, **options) -> OptimizeReport:
@@ -87,5 +87,6 @@ def _arguments(verb: str, positional: list[str], options: dict, **fixed):
             raise ValueError(f"backend must be one of {', '.join(REQUESTABLE)}, not {value!r}")
         setattr(args, name, value)
     args.quiet = True
+    args.argv = [verb, *positional]  # what optimize's `apply_command` repeats
     configure(args)
     return args

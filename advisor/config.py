@@ -32,9 +32,10 @@ KEYS = {
     "per-file-ignores": Key("per_file_ignores", "per-file"),
     "backend": Key("backend", "backend"),
     "unsafe-fixes": Key("unsafe_fixes", "bool"),
+    "call-site-facts": Key("call_site_facts", "bool"),
 }
 DEFAULTS = {"select": None, "ignore": None, "exclude": [], "force_exclude": False, "per_file_ignores": {},
-            "backend": "sdpa", "unsafe_fixes": False}
+            "backend": "sdpa", "unsafe_fixes": False, "call_site_facts": True}
 
 
 @dataclass(frozen=True)

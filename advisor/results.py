@@ -90,6 +90,7 @@ class ProfileReport(_FromDocument):
     statement_share: float
     graph_truncated: bool
     findings: list[dict]
+    top_lines: list[dict]
 
 
 @dataclass
@@ -107,6 +108,7 @@ class OptimizeReport(_FromDocument):
     speedup_ci: list[float] | None
     speedup_method: str
     patches: list[dict]
+    unpatched: list[dict]
     ops: dict
     findings_before: list[dict]
     findings_after: list[dict]
@@ -114,3 +116,4 @@ class OptimizeReport(_FromDocument):
     report: str | None
     state_dict: dict
     notes: list[str]
+    apply_command: str | None

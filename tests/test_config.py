@@ -148,9 +148,20 @@ def test_optimize_reads_backend_and_unsafe_fixes_starting_at_the_target_file(pro
     args = build_parser().parse_args(["optimize", f"{project / 'src' / 'model.py'}:workload"])
     assert settle(args, str(project / "src" / "model.py")) == project / "pyproject.toml"
     assert (args.backend, args.unsafe_fixes) == ("flash", True)
+    assert args.call_site_facts is True  # the default
     args = build_parser().parse_args(["optimize", "--backend", "sdpa", "--no-unsafe-fixes"])
     settle(args, None)
     assert (args.backend, args.unsafe_fixes) == ("sdpa", False)  # tmp_path has no config: flags and defaults
+
+
+def test_call_site_facts_from_the_file_and_the_flag_over_it(project):
+    write_config(project, 'call-site-facts = false\n')
+    args = build_parser().parse_args(["scan", "src"])
+    settle(args, "src")
+    assert args.call_site_facts is False
+    args = build_parser().parse_args(["scan", "src", "--call-site-facts"])
+    settle(args, "src")
+    assert args.call_site_facts is True
 
 
 def test_the_readme_example_is_a_valid_config(tmp_path):
@@ -161,4 +172,4 @@ def test_the_readme_example_is_a_valid_config(tmp_path):
     path = tmp_path / "pyproject.toml"
     path.write_text("\n".join(line.strip() for line in block.splitlines()))
     assert set(load_config(path)) == {"select", "ignore", "exclude", "force_exclude", "backend", "unsafe_fixes",
-                                      "per_file_ignores"}
+                                      "call_site_facts", "per_file_ignores"}

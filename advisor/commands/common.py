@@ -30,6 +30,7 @@ def add_selection_arguments(parser) -> None:
                              "labelled)")
     add_backend_argument(parser, "attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to "
                                  "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
+    add_call_site_argument(parser)
     parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
                         help="apply the configuration's `exclude` to paths named on the command line too")
     talk = parser.add_mutually_exclusive_group()
@@ -45,6 +46,13 @@ def add_backend_argument(parser, help_text: str) -> None:
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="read options from FILE (a pyproject.toml's [tool.advisor], or a TOML file of those "
                              "keys) instead of the nearest pyproject.toml with [tool.advisor]")
+
+
+def add_call_site_argument(parser) -> None:
+    parser.add_argument("--call-site-facts", dest="call_site_facts", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="--no-call-site-facts: prove facts from each function's own source only, never from its "
+                             "callers in the scanned tree (for a library whose callers live outside it)")
 
 
 def _codes(text: str) -> list[str]:
@@ -76,7 +84,8 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
 
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
-                            path_rules=getattr(args, "path_rules", None), on_file=on_file)
+                            call_site_facts=args.call_site_facts, path_rules=getattr(args, "path_rules", None),
+                            on_file=on_file)
     if verbose:
         stderr.print(f"advisor: {len(result.files)} file(s) scanned, {len(result.errors)} not, in "
                      f"{time.monotonic() - started:.2f} s")

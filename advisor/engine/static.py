@@ -23,6 +23,7 @@ from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
 from advisor.rewrite.splice import Edit, apply_edits, local_diff
+from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.notebook import NotebookCode
 from advisor.static.module_index import ParsedModule
@@ -45,12 +46,14 @@ class Detected:
 @dataclass
 class StaticContext:
     """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
-    for this file, and the findings earlier families kept (selected, not suppressed)."""
+    for this file, the findings earlier families kept (selected, not suppressed), and the scanned tree whose
+    calls may prove facts (None: facts come from the file alone)."""
 
     parsed: ParsedModule
     backend: str = "sdpa"
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
+    tree: Tree | None = None
 
 
 @dataclass
@@ -138,14 +141,15 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True) -> FileResult:
+                   patches: bool = True, tree: Tree | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
-    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff."""
+    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree`: the
+    scanned files, whose calls of this file's functions may prove facts (None: the file alone)."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence)
+    context = StaticContext(parsed, backend, evidence, tree=tree)
     lowered = source.lower()
     detected: list[Detected] = []
     for family in families():
@@ -183,18 +187,20 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, path_rules=None) -> ScanResult:
+               fixed: bool = True, call_site_facts: bool = True, path_rules=None) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
-    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `path_rules`
-    (advisor.config.PathRules): the configuration's exclude globs and per-file ignores. `on_file(path, total)` is
-    called as each file's result arrives (for a progress bar)."""
+    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `call_site_facts`: the
+    discovered files' calls may prove facts of the functions they call (off for a library whose callers live
+    outside the tree). `path_rules` (advisor.config.PathRules): the configuration's exclude globs and per-file
+    ignores. `on_file(path, total)` is called as each file's result arrives (for a progress bar)."""
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed, path_rules=path_rules)
+                       runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
+                       path_rules=path_rules)
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs, done)
@@ -243,7 +249,7 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, path_rules=None) -> FileResult | ScanError:
+               fixed: bool = True, tree: Tree | None = None, path_rules=None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     if path_rules and path_rules.ignored_codes(path):
@@ -252,7 +258,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -266,18 +272,19 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
-                  runtime: RuntimeEvidence | None, patches: bool = True) -> FileResult | ScanError:
+                  runtime: RuntimeEvidence | None, patches: bool = True,
+                  tree: Tree | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
     if source.notebook is not None:
-        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False), source.notebook,
-                         patches)
-    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches)
+        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree),
+                         source.notebook, patches)
+    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
 
 
 def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runtime: RuntimeEvidence | None,
-                  patches: bool) -> FileResult | ScanError:
+                  patches: bool, tree: Tree | None) -> FileResult | ScanError:
     """One module's text (a file's, or a notebook's code cells) checked, prefiltered and analysed."""
     path = source.path
     error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
@@ -288,7 +295,7 @@ def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runt
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches)
+                              patches=patches, tree=tree)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 
