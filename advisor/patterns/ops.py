@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from advisor.patterns.signatures import bind, signature_of
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type", "type_as"}
@@ -140,31 +141,15 @@ class OpReader:
             return None
         if short == "einsum":
             return self._einsum(call, args)
-        if short in ("matmul", "bmm") and len(args) == 2:
-            return Op(short, call, args)
-        if short == "baddbmm" and len(args) == 3:
-            return Op("baddbmm", call, args[1:], {"input": args[0], "beta": _arg(call, 3, "beta"),
-                                                  "alpha": _arg(call, 4, "alpha")})
-        if short in ("softmax", "log_softmax") and args:
-            return Op(short, call, [args[0]], {"dim": _arg(call, 1, "dim"), "dtype": _arg(call, 3, "dtype")
-                                               if family == "torch.nn.functional" else _arg(call, 2, "dtype")})
         if short == "exp" and len(args) == 1 and len(call.args) == 1:
             return _exp_of_log_softmax(call, self.read(args[0]))
-        if short == "dropout" and args:
-            training_kw = "training" if family == "torch.nn.functional" else "train"
-            return Op("dropout", call, [args[0]], {"p": _arg(call, 1, "p"), "training": _arg(call, 2, training_kw),
-                                                   "default_training": family == "torch.nn.functional"})
-        if short == "masked_fill" and len(args) == 3:
-            return Op("masked_fill", call, [args[0]], {"mask": args[1], "fill": args[2]})
-        if short == "where" and len(args) == 3:
-            return Op("where", call, [args[1], args[2]], {"condition": args[0]})
-        if short in ("add", "mul", "div") and len(args) == 2 and len(call.args) == 2:
-            return Op(short, call, args)
-        if short == "transpose" and len(args) == 3:
-            return Op("transpose", call, [args[0]], {"dims": args[1:]})
-        if short == "permute" and len(args) == 2:
-            return Op("permute", call, [args[0]], {"dims": _tuple_items(args[1])})
-        return None
+        if short == "dropout":
+            bound = _bound(family, short, call)
+            training = "training" if family == "torch.nn.functional" else "train"
+            return None if bound is None or "input" not in bound else \
+                Op("dropout", call, [bound["input"]], {"p": bound.get("p"), "training": bound.get(training),
+                                                       "default_training": family == "torch.nn.functional"})
+        return _op_of(short, call, _bound(family, short, call))
 
     def _einsum(self, call: cst.Call, args: list[cst.BaseExpression]) -> Op | None:
         if not args or not _is_string(args[0]):
@@ -180,30 +165,19 @@ class OpReader:
         args = _positional(call)
         inplace = method.endswith("_") and not method.startswith("_")
         base = method[:-1] if inplace else method
-        if base in ("matmul", "bmm") and len(args) == 1 and not inplace:
-            return Op(base, call, [receiver, args[0]])
-        batches = [_arg(call, 0, "batch1"), _arg(call, 1, "batch2")]  # BLOOM: alibi.baddbmm(batch1=q, batch2=k)
-        if base == "baddbmm" and len(args) <= 2 and None not in batches:
-            return Op("baddbmm", call, batches, {"input": receiver, "beta": _arg(call, 2, "beta"),
-                                                 "alpha": _arg(call, 3, "alpha")}, inplace)
-        if base in ("softmax", "log_softmax") and not inplace:
-            return Op(base, call, [receiver], {"dim": _arg(call, 0, "dim"), "dtype": _arg(call, 1, "dtype")})
         if base == "exp" and not call.args and not inplace:
             return _exp_of_log_softmax(call, self.read(receiver))
-        if base == "masked_fill" and len(args) == 2:
-            return Op("masked_fill", call, [receiver], {"mask": args[0], "fill": args[1]}, inplace)
-        if base == "where" and len(args) == 2 and not inplace:
-            return Op("where", call, [receiver, args[1]], {"condition": args[0]})
-        if base in ("add", "mul", "div") and len(args) == 1 and len(call.args) == 1:
-            return Op(base, call, [receiver, args[0]], inplace=inplace)
+        if base in BOUND_OPS and base not in FUNCTION_ONLY and (not inplace or base in INPLACE_OPS):
+            op = _op_of(base, call, _bound("torch", base, call, receiver))
+            if op is not None:
+                op.inplace = inplace
+                return op
         if base in ("view", "reshape") and args and len(args) == len(call.args) and not inplace:
             return Op("view", call, [receiver], {"shape": args})
         if base in CAST_METHODS and not inplace:
             return Op("cast", call, [receiver], {"method": base})
         if base in IDENTITY_METHODS and not inplace and not call.args:
             return Op("identity", call, [receiver])
-        if base == "transpose" and len(args) == 2 and not inplace:
-            return Op("transpose", call, [receiver], {"dims": args})
         if base == "permute" and not inplace:
             dims = _tuple_items(args[0]) if len(args) == 1 else args
             return Op("permute", call, [receiver], {"dims": dims})
@@ -264,6 +238,43 @@ class OpReader:
                 stages.append(stage)
             return Op("sequential", call, [operand], {"stages": stages})
         return None
+
+
+BOUND_OPS = {"matmul", "bmm", "baddbmm", "softmax", "log_softmax", "masked_fill", "where", "add", "mul", "div",
+             "transpose", "permute"}
+FUNCTION_ONLY = {"permute"}  # the method takes its dims as varargs (`x.permute(0, 2, 1)`): read by `_method`
+INPLACE_OPS = {"baddbmm", "masked_fill", "add", "mul", "div"}  # whose `_` method is read as the same op in place
+_PRODUCT_OPERAND = {"matmul": "other", "bmm": "mat2"}
+
+
+def _bound(family: str, name: str, call: cst.Call,
+           receiver: cst.BaseExpression | None = None) -> dict[str, cst.BaseExpression] | None:
+    signature = signature_of(family, name)
+    return None if signature is None else bind(call, signature, receiver)
+
+
+def _op_of(name: str, call: cst.Call, a: dict[str, cst.BaseExpression] | None) -> Op | None:
+    """The op of a call of `torch.<name>` (or its Tensor method) whose arguments are bound by parameter name."""
+    if a is None or name not in BOUND_OPS or "input" not in a:
+        return None
+    if name in _PRODUCT_OPERAND and _PRODUCT_OPERAND[name] in a:
+        return Op(name, call, [a["input"], a[_PRODUCT_OPERAND[name]]])
+    if name == "baddbmm" and "batch1" in a and "batch2" in a:
+        return Op("baddbmm", call, [a["batch1"], a["batch2"]], {"input": a["input"], "beta": a.get("beta"),
+                                                               "alpha": a.get("alpha")})
+    if name in ("softmax", "log_softmax"):
+        return Op(name, call, [a["input"]], {"dim": a.get("dim"), "dtype": a.get("dtype")})
+    if name == "masked_fill" and "mask" in a and "value" in a:
+        return Op("masked_fill", call, [a["input"]], {"mask": a["mask"], "fill": a["value"]})
+    if name == "where" and "condition" in a and "other" in a:
+        return Op("where", call, [a["input"], a["other"]], {"condition": a["condition"]})
+    if name in ("add", "mul", "div") and set(a) == {"input", "other"}:
+        return Op(name, call, [a["input"], a["other"]])
+    if name == "transpose" and "dim0" in a and "dim1" in a:
+        return Op("transpose", call, [a["input"]], {"dims": [a["dim0"], a["dim1"]]})
+    if name == "permute" and "dims" in a:
+        return Op("permute", call, [a["input"]], {"dims": _tuple_items(a["dims"])})
+    return None
 
 
 def _is_string(node: cst.BaseExpression) -> bool:
