@@ -92,37 +92,49 @@ class OpReader:
                 attribute = call.func.attr.value
                 op = self._module_call(attribute, call)
                 helper = self.owner.methods.get(attribute)
-                return op if op is not None or helper is None else self._softmax_helper(helper, call, True)
+                return op if op is not None or helper is None else self._helper_op(helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
         if isinstance(call.func, cst.Call):
             return self._inline_module_call(call.func, call)
         if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
                 and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
-            return self._softmax_helper(self.parsed.module_functions[call.func.value], call, False)
+            return self._helper_op(self.parsed.module_functions[call.func.value], call, False)
         return None
 
-    def _softmax_helper(self, helper: cst.FunctionDef, call: cst.Call, through_self: bool) -> Op | None:
-        """`stable_softmax(s, -1)` where the helper's whole body is `return F.softmax(x, dim, dtype=...)`: the
-        softmax of the caller's argument. Its dim and dtype are read with the call's arguments for the
-        helper's parameters; any other use of a parameter (or a decorator) leaves the call unread."""
-        body = helper.body.body
-        if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1 \
-                or not isinstance(body[0].body[0], cst.Return) or body[0].body[0].value is None:
-            return None
+    def _helper_op(self, helper: cst.FunctionDef, call: cst.Call, through_self: bool,
+                   owner: ClassInfo | None = None) -> Op | None:
+        """`stable_softmax(s, -1)` where the helper's whole body (after a docstring) is `return F.softmax(x, dim,
+        dtype=...)`, or a module's `forward` that is `return torch.matmul(a, b)` (SqueezeBERT's MatMulWrapper): the
+        op of the caller's arguments. Its params are read with the call's arguments for the helper's parameters;
+        any other use of a parameter (or a decorator) leaves the call unread."""
+        returned = _only_return(helper)
         kind = _helper_kind(helper)
-        if kind is None or (kind == "static" and not through_self):
+        if returned is None or kind is None or (kind == "static" and not through_self):
             return None
         bound = _bind(helper, call, skip_first=through_self and kind == "instance")
         if bound is None:
             return None
-        inner = OpReader(self.parsed, self.owner if through_self else None).read(body[0].body[0].value)
-        if inner is None or inner.name != "softmax":
+        inner = OpReader(self.parsed, owner or (self.owner if through_self else None)).read(returned)
+        if inner is None or inner.name not in HELPER_OPS:
             return None
-        operand = _as_argument(inner.operands[0], bound)
+        operands = [_as_argument(operand, bound) for operand in inner.operands]
         params = {key: _as_argument(value, bound) for key, value in inner.params.items()}
-        if operand is None or any(value is None and inner.params[key] is not None for key, value in params.items()):
+        if None in operands or any(value is None and inner.params[key] is not None for key, value in params.items()):
             return None
-        return Op("softmax", call, [operand], params)
+        return Op(inner.name, call, operands, params)
+
+    def _module_forward(self, built: cst.Call, call: cst.Call) -> Op | None:
+        """`self.matmul_qk(q, k)` with `self.matmul_qk = MatMulWrapper()`, a plain `nn.Module` subclass of this
+        file (no `__call__` of its own): its `forward` read as a helper."""
+        if not isinstance(built.func, cst.Name) or built.func.value in self.parsed.bound_names:
+            return None
+        module_class = self.parsed.top_level_classes.get(built.func.value)
+        if module_class is None or "__call__" in module_class.methods or "forward" not in module_class.methods:
+            return None
+        bases = module_class.node.bases
+        if len(bases) != 1 or self.parsed.imported_name(bases[0].value) != "torch.nn.Module":
+            return None
+        return self._helper_op(module_class.methods["forward"], call, True, module_class)
 
     def _function(self, dotted: str, call: cst.Call) -> Op | None:
         short = dotted.rsplit(".", 1)[-1]
@@ -186,8 +198,14 @@ class OpReader:
     def _module_call(self, attribute: str, call: cst.Call) -> Op | None:
         """`self.attend(x)`: what `self.attend` was built as in the class decides the op."""
         built = self.owner.only_value(attribute)
+        if isinstance(built, (cst.Name, cst.Attribute)) and self.parsed.imported_name(built) is not None:
+            return self._function(self.parsed.imported_name(built), call)  # `self.matmul = torch.matmul`
         if isinstance(built, cst.Call) and self.parsed.imported_name(built.func) == "functools.partial":
             return self._partial_call(built, call)
+        if isinstance(built, cst.Call) and not _has_star(built):
+            op = self._module_forward(built, call)
+            if op is not None:
+                return op
         args = _positional(call)
         if len(args) != 1 or len(call.args) != 1 or built is None:
             return None
@@ -305,6 +323,21 @@ def _exp_of_log_softmax(call: cst.Call, inner: Op | None) -> Op | None:
     if inner is None or inner.name != "log_softmax":
         return None
     return Op("softmax", call, inner.operands, inner.params)
+
+
+HELPER_OPS = {"softmax", "matmul", "bmm"}  # ops a one-line helper is read as: all their params are expressions
+
+
+def _only_return(function: cst.FunctionDef) -> cst.BaseExpression | None:
+    """The value of a function whose whole body, after an optional docstring, is one `return <value>`."""
+    body = list(function.body.body)
+    if len(body) == 2 and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 and \
+            isinstance(body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, cst.SimpleString):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1 \
+            or not isinstance(body[0].body[0], cst.Return):
+        return None
+    return body[0].body[0].value
 
 
 def _helper_kind(function: cst.FunctionDef) -> str | None:

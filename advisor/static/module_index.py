@@ -134,6 +134,8 @@ class ParsedModule:
         base = self.imports.get(node.value)
         if base is not None and node.value in self.bound_names:
             return None  # the import's name is rebound somewhere in the file: which object it is here is not seen
+        if base is None and node.value in self.name_aliases:
+            return ".".join([self.name_aliases[node.value]] + parts[::-1])
         if base is None:
             return node.value if not parts and node.value in BUILTINS and node.value not in self.bound_names else None
         return ".".join([base] + parts[::-1])
@@ -142,6 +144,36 @@ class ParsedModule:
     def imports(self) -> dict[str, str]:
         """Local name -> dotted module or object, from every import statement in the file."""
         return _imports(self)
+
+    @cached_property
+    def name_aliases(self) -> dict[str, str]:
+        """Names bound once in the whole file, at module level, to an imported object (`matmul = torch.matmul`):
+        the name is that object wherever it is read."""
+        counts: dict[str, int] = {}
+        for name in _assigned_names(self.parents.items()):
+            counts[name.value] = counts.get(name.value, 0) + 1
+        aliases = {}
+        for statement in self.module.body:
+            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and \
+                len(statement.body) == 1 else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and \
+                    isinstance(assign.targets[0].target, cst.Name):
+                name = assign.targets[0].target.value
+                dotted = self._through_imports(assign.value)
+                if dotted is not None and counts.get(name) == 1 and name not in self.imports:
+                    aliases[name] = dotted
+        return aliases
+
+    def _through_imports(self, node: cst.CSTNode) -> str | None:
+        """`torch.matmul` -> 'torch.matmul' through the import statements alone (no alias, no builtin)."""
+        parts: list[str] = []
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        base = self.imports.get(node.value) if isinstance(node, cst.Name) else None
+        if base is None or node.value in self.bound_names:
+            return None
+        return ".".join([base] + parts[::-1])
 
     @cached_property
     def module_functions(self) -> dict[str, cst.FunctionDef]:
@@ -186,6 +218,15 @@ class ParsedModule:
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
             info.outside = outside
         return collector.found
+
+    @cached_property
+    def top_level_classes(self) -> dict[str, ClassInfo]:
+        """Classes defined once, at module level, by name."""
+        found: dict[str, list[ClassInfo]] = {}
+        for info in {id(owner): owner for _, owner, _ in self.functions if owner is not None}.values():
+            found.setdefault(info.node.name.value, []).append(info)
+        return {name: infos[0] for name, infos in found.items()
+                if len(infos) == 1 and infos[0].node in self.module.body}
 
     @cached_property
     def outside_attribute_writes(self) -> frozenset[str]:
