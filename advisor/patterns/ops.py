@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.patterns.signatures import bind, signature_of
+from advisor.patterns.softmax_helpers import summarise
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type", "type_as"}
@@ -92,13 +93,13 @@ class OpReader:
                 attribute = call.func.attr.value
                 op = self._module_call(attribute, call)
                 helper = self.owner.methods.get(attribute)
-                return op if op is not None or helper is None else self._helper_op(helper, call, True)
+                return op if op is not None or helper is None else self._read_helper(self.parsed, helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
         if isinstance(call.func, cst.Call):
             return self._inline_module_call(call.func, call)
         if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
                 and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
-            return self._helper_op(self.parsed.module_functions[call.func.value], call, False)
+            return self._read_helper(self.parsed, self.parsed.module_functions[call.func.value], call, False)
         return None
 
     def _helper_op(self, helper: cst.FunctionDef, call: cst.Call, through_self: bool,
@@ -122,6 +123,33 @@ class OpReader:
         if None in operands or any(value is None and inner.params[key] is not None for key, value in params.items()):
             return None
         return Op(inner.name, call, operands, params)
+
+    def _read_helper(self, home: ParsedModule, helper: cst.FunctionDef, call: cst.Call, through_self: bool) -> Op | None:
+        """A helper of this file read as its one op, else (here or in another file of the package) a helper whose
+        every return is the softmax of one parameter (`softmax_helpers`)."""
+        op = self._helper_op(helper, call, through_self) if home is self.parsed else None
+        if op is not None:
+            return op
+        kind = _helper_kind(helper)
+        summary = summarise(home, helper, OpReader(home, None)) if kind == "instance" or \
+            (kind == "static" and through_self) else None
+        bound = _bind(helper, call, skip_first=through_self and kind == "instance") if summary else None
+        if bound is None or summary.param not in bound:
+            return None
+        dim = bound.get(summary.dim.value) if isinstance(summary.dim, cst.Name) else summary.dim
+        torch = self.parsed.module_aliases.get("torch")
+        if summary.dtype is not None and torch is None:
+            return None  # the dtype cannot be named in this file
+        dtype = cst.parse_expression(f"{torch}.{summary.dtype}") if summary.dtype is not None else None
+        return Op("softmax", call, [bound[summary.param]], {"dim": dim, "dtype": dtype})
+
+    def _package_helper(self, module: str, name: str, call: cst.Call) -> Op | None:
+        """`utils.softmax(w, dim=-1, onnx_trace=...)` with `utils` a module of this file's package."""
+        home = self.parsed.package_module(module)
+        helper = home.module_functions.get(name) if home is not None else None
+        if helper is None or name in home.bound_names:
+            return None
+        return self._read_helper(home, helper, call, False)
 
     def _module_forward(self, built: cst.Call, call: cst.Call) -> Op | None:
         """`self.matmul_qk(q, k)` with `self.matmul_qk = MatMulWrapper()`, a plain `nn.Module` subclass of this
@@ -150,7 +178,7 @@ class OpReader:
             order = _axes_permutation(literal_string(args[1]))
             return Op("permute", call, [args[0]], {"dims": [cst.Integer(str(i)) for i in order]}) if order else None
         if family not in ("torch", "torch.nn.functional", "torch.functional"):
-            return None
+            return self._package_helper(family, short, call)
         if short == "einsum":
             return self._einsum(call, args)
         if short == "exp" and len(args) == 1 and len(call.args) == 1:

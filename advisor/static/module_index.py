@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
@@ -219,6 +220,12 @@ class ParsedModule:
             info.outside = outside
         return collector.found
 
+    def package_module(self, dotted: str) -> "ParsedModule | None":
+        """Another file of this file's package, by the module name an import gives it ('fairseq.utils', or '.utils'
+        relative to this file); None outside the package or for a file that cannot be read or parsed."""
+        path = _package_file(self.path, dotted)
+        return _parse_file(path) if path is not None else None
+
     @cached_property
     def top_level_classes(self) -> dict[str, ClassInfo]:
         """Classes defined once, at module level, by name."""
@@ -240,6 +247,44 @@ class ParsedModule:
 
 
 
+def _package_file(path: str, dotted: str) -> str | None:
+    """Where module `dotted` lives, looked up only inside the package that holds `path` (the folders above it that
+    have an `__init__.py`): `.utils` beside it, `fairseq.utils` under the package's root."""
+    folder = os.path.dirname(os.path.abspath(path))
+    level = len(dotted) - len(dotted.lstrip("."))
+    if level:
+        for _ in range(level - 1):
+            folder = os.path.dirname(folder)
+        parts = dotted[level:].split(".") if dotted[level:] else []
+    else:
+        while os.path.isfile(os.path.join(folder, "__init__.py")):
+            folder = os.path.dirname(folder)
+        parts = dotted.split(".")
+        if not os.path.isfile(os.path.join(folder, parts[0], "__init__.py")) or \
+                not os.path.abspath(path).startswith(os.path.join(folder, parts[0]) + os.sep):
+            return None  # not this file's own package
+    base = os.path.join(folder, *parts)
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if parts and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _parse_file(path: str) -> "ParsedModule | None":
+    try:
+        stat = os.stat(path)
+        return _parse_cached(path, stat.st_mtime_ns, stat.st_size)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, ValueError):
+        return None
+
+
+@lru_cache(maxsize=64)
+def _parse_cached(path: str, mtime_ns: int, size: int) -> "ParsedModule":
+    """Keyed by the file's mtime and size, so an edit is read again."""
+    with open(path, encoding="utf-8") as handle:
+        return ParsedModule(handle.read(), path)
+
+
 BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
 
 
@@ -256,12 +301,12 @@ def _imports(parsed: "ParsedModule") -> dict[str, str]:
                 else:
                     head = dotted.split(".")[0]
                     imports.setdefault(head, head)
-        elif isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative and \
-                not isinstance(node.names, cst.ImportStar):
-            base = parsed.code(node.module)
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            base = "." * len(node.relative) + (parsed.code(node.module) if node.module is not None else "")
             for alias in node.names:
                 local = alias.asname.name if alias.asname else alias.name
-                imports.setdefault(parsed.code(local), f"{base}.{parsed.code(alias.name)}")
+                name = parsed.code(alias.name)
+                imports.setdefault(parsed.code(local), f"{base}{name}" if base.endswith(".") else f"{base}.{name}")
     return imports
 
 
