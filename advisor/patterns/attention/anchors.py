@@ -15,7 +15,7 @@ from advisor.patterns.attention.helpers import callee, calls_through_objects, ca
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
-from advisor.static.module_index import ParsedModule
+from advisor.static.module_index import ClassInfo, ParsedModule
 
 
 def mentions_softmax(parsed: ParsedModule, node: cst.CSTNode) -> bool:
@@ -172,24 +172,48 @@ def twin_softmax(c: Candidate, softmax: Op) -> tuple[Definition, cst.Name] | Non
     return twin[0], other_op.operands[0]
 
 
-def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode) -> str | None:
-    """timm's `if self.fused_attn: F.scaled_dot_product_attention(...) else: <manual>`: the fix is the flag."""
+def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode, owner: ClassInfo | None = None) -> str | None:
+    """timm's `if self.fused_attn: F.scaled_dot_product_attention(...) else: <manual>`, or x-transformers'
+    `if self.flash: return self.flash_attn(q, k, v)` before the manual code (SDPA called there or in a method of the
+    class that branch calls): the fix is the flag."""
     child, node = statement, parsed.parents.get(statement)
     while node is not None and not isinstance(node, cst.FunctionDef):
         if isinstance(node, cst.If) and node.orelse is not None:
             other = node.orelse if child is node.body else node.body
-            finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
-            other.visit(finder)
-            if finder.found:
+            if _calls_sdpa(parsed, other, owner):
                 return (f"the other branch of `if {short(parsed, node.test)}` already calls "
                         f"scaled_dot_product_attention: enable it")
+        if isinstance(node, cst.IndentedBlock) and child in node.body:
+            for earlier in node.body[:list(node.body).index(child)]:
+                if isinstance(earlier, cst.If) and earlier.orelse is None and _returns_last(earlier.body) and \
+                        _calls_sdpa(parsed, earlier.body, owner):
+                    return (f"`if {short(parsed, earlier.test)}` before this block returns what "
+                            f"scaled_dot_product_attention computes: enable it")
         child, node = node, parsed.parents.get(node)
     return None
 
 
+def _returns_last(block: cst.BaseSuite) -> bool:
+    last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else None
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Return)
+
+
+def _calls_sdpa(parsed: ParsedModule, node: cst.CSTNode, owner: ClassInfo | None) -> bool:
+    """`node` calls SDPA, directly or through a `self.<method>` of the class that calls it directly."""
+    finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
+    node.visit(finder)
+    for method in finder.self_methods if owner is not None and not finder.found else ():
+        if method in owner.methods:
+            owner.methods[method].visit(finder)
+    return finder.found
+
+
 class _CallFinder(cst.CSTVisitor):
     def __init__(self, parsed: ParsedModule, dotted: str) -> None:
-        self.parsed, self.dotted, self.found = parsed, dotted, False
+        self.parsed, self.dotted, self.found, self.self_methods = parsed, dotted, False, []
 
     def visit_Call(self, node: cst.Call) -> None:
         self.found = self.found or self.parsed.imported_name(node.func) == self.dotted
+        func = node.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            self.self_methods.append(func.attr.value)

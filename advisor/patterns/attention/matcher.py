@@ -64,7 +64,7 @@ def _match(c: Candidate, softmax: Op) -> AttentionMatch | None:
     except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
         match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
         match.output_node, match.removed = None, []
-    match.note = anchors.sdpa_on_other_branch(c.parsed, statement)
+    match.note = anchors.sdpa_on_other_branch(c.parsed, statement, c.owner)
     return match
 
 
