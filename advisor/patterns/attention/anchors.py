@@ -11,7 +11,7 @@ import libcst as cst
 
 from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
                                                   flow_for, statement_of)
-from advisor.patterns.attention.helpers import callee, calls_through_objects, calls_to, single_return
+from advisor.patterns.attention.helpers import callee, calls_through_objects, calls_to, helper_named, single_return
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
@@ -93,11 +93,18 @@ def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> boo
         return reaches(c, single_return(function).value, names, depth + 1)
     if isinstance(node, cst.Name):
         flow = flow_for(c, node)
-        return any(d.value is not None and reaches(c, d.value, names, depth + 1)
+        return any(_written_value(d) is not None and reaches(c, _written_value(d), names, depth + 1)
                    or any(_reaches_definition(c, flow, p, names, depth + 1) for p in d.previous)
-                   for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
+                   for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace", "store"))
     return any(reaches(c, child, names, depth + 1) for child in node.children
                if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
+
+
+def _written_value(definition: Definition) -> cst.CSTNode | None:
+    """What a definition puts in its name: its value, or for `x[i] = v` (a store) the v written into x."""
+    if definition.kind == "store" and isinstance(definition.statement, (cst.Assign, cst.AugAssign)):
+        return definition.statement.value
+    return definition.value
 
 
 def _reaches_definition(c: Candidate, flow: FunctionFlow, def_id: int, names: set[str], depth: int) -> bool:
@@ -124,6 +131,9 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
         if isinstance(parent, cst.Element):  # `a, b = w[..., :n], w[..., n:]`
             frontier.extend(_unpacked_reads(c, parent))
             continue
+        if isinstance(parent, cst.Arg) and _parameter_reads(c, parent):  # into a helper: `self._pv(w, v)`
+            frontier.extend(_parameter_reads(c, parent))
+            continue
         for consumer, op in consumers(c, current):
             if op is not None and op.name in ("matmul", "bmm", "einsum"):
                 return True
@@ -131,6 +141,23 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
                 visited.add(id(consumer))
                 frontier.append(consumer)
     return False
+
+
+def _parameter_reads(c: Candidate, arg: cst.Arg) -> list[cst.Name]:
+    """Where the helper of this file or class that a call passes `arg` to reads the parameter it binds."""
+    call = c.parsed.parents.get(arg)
+    function = helper_named(c, call.func) if isinstance(call, cst.Call) and arg in call.args else None
+    if function is None or any(a.star for a in call.args):
+        return []
+    params = [p.name.value for p in function.params.params]
+    if isinstance(call.func, cst.Attribute) and not any(
+            isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators):
+        params = params[1:]
+    position = [a for a in call.args if a.keyword is None].index(arg) if arg.keyword is None else None
+    name = arg.keyword.value if arg.keyword is not None else params[position] if position < len(params) else None
+    flow = c.parsed.flow(function)
+    return [read for d in flow.definitions.values() if d.kind == "param" and d.name == name
+            for read in flow.reads_of(d)]
 
 
 def _unpacked_reads(c: Candidate, element: cst.Element) -> list[cst.Name]:
