@@ -48,6 +48,32 @@ class _SoftmaxCollector(cst.CSTVisitor):
         if op is not None and (op.name == "softmax" or (op.name == "sequential" and op.params["stages"]
                                                          and op.params["stages"][0].name == "softmax")):
             self.found.append(op)
+        elif op is None and _named_softmax(self.reader.parsed, node):
+            self.found.append(Op("softmax", node, [node.args[0].value], {"unread": True}))
+
+
+def _named_softmax(parsed: ParsedModule, call: cst.Call) -> bool:
+    """A call whose callee says softmax but that no reading makes one (I-BERT's `self.softmax = IntSoftmax(...)`,
+    DeBERTa's `XSoftmax.apply`): an anchor only so that its attention is reported with the reason, never proved."""
+    func = call.func.value if isinstance(call.func, cst.Attribute) and call.func.attr.value == "apply" else call.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+    return bool(call.args) and call.args[0].keyword is None and not call.args[0].star and \
+        name.lower().endswith("softmax")
+
+
+def unread_softmax(c: Candidate, softmax: Op) -> str:
+    """Why a call anchored by its name only is not proved: what it is built as, where the source says."""
+    func = softmax.node.func
+    attribute = func.attr.value if c.owner is not None and isinstance(func, cst.Attribute) and \
+        isinstance(func.value, cst.Name) and func.value.value == "self" else None
+    if attribute is not None and attribute in c.owner.outside:
+        return (f"`self.{attribute}` is also assigned outside the class in this file, so which softmax runs there "
+                f"is not seen")
+    built = c.owner.only_value(attribute) if attribute is not None else None
+    what = f"`{short(c.parsed, func)}` (built as `{short(c.parsed, built)}`)" if built is not None else \
+        f"`{short(c.parsed, func)}`"
+    return (f"the weights come from {what}, which is not read as a softmax (a custom or approximate one, or one "
+            f"that takes more than the scores), so SDPA's softmax is not proved to compute the same")
 
 
 def weights_leave(c: Candidate, softmax: Op) -> str | None:
@@ -127,6 +153,11 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
             continue
         if isinstance(parent, cst.Subscript) and parent.value is current:  # a slice of the weights
             frontier.append(parent)
+            continue
+        if isinstance(parent, cst.Assign) and parent.value is current and \
+                isinstance(parent.targets[0].target, (cst.Tuple, cst.List)):  # `probs, scale = self.softmax(s, f)`
+            flow = flow_for(c, parent)
+            frontier.extend(read for d in flow.definitions.values() if d.statement is parent for read in flow.reads_of(d))
             continue
         if isinstance(parent, cst.Element):  # `a, b = w[..., :n], w[..., n:]`
             frontier.extend(_unpacked_reads(c, parent))

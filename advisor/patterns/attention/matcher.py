@@ -70,6 +70,8 @@ def _match(c: Candidate, softmax: Op) -> AttentionMatch | None:
 
 def _prove(c: Candidate) -> None:
     match, softmax, parsed = c.match, c.softmax, c.parsed
+    if softmax.params.get("unread"):
+        raise Refusal(anchors.unread_softmax(c, softmax))
     twin = anchors.twin_softmax(c, softmax)
     if twin is not None:
         c.chain.twin, c.chain.twin_input = twin
