@@ -66,7 +66,8 @@ def grad_parity(original, patched, fp64_atol: float = 1e-10) -> None:
                 results.append([out.detach()] + [t.grad for t in leaves] +
                                [p.grad for p in model.parameters()])
             for index, (a, b) in enumerate(zip(*results)):
-                torch.testing.assert_close(b, a, atol=atol, rtol=atol, msg=lambda m: f"{dtype} seed {seed} #{index}: {m}")
+                torch.testing.assert_close(b, a, atol=atol, rtol=atol,
+                                           msg=lambda m: f"{dtype} seed {seed} #{index}: {m}")
 
 
 def safe_patch(source: str, path: str = "m.py") -> str:

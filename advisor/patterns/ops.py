@@ -124,7 +124,8 @@ class OpReader:
             return None
         return Op(inner.name, call, operands, params)
 
-    def _read_helper(self, home: ParsedModule, helper: cst.FunctionDef, call: cst.Call, through_self: bool) -> Op | None:
+    def _read_helper(self, home: ParsedModule, helper: cst.FunctionDef, call: cst.Call,
+                     through_self: bool) -> Op | None:
         """A helper of this file read as its one op, else (here or in another file of the package) a helper whose
         every return is the softmax of one parameter (`softmax_helpers`)."""
         op = self._helper_op(helper, call, through_self) if home is self.parsed else None

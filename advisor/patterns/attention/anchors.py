@@ -157,7 +157,8 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
         if isinstance(parent, cst.Assign) and parent.value is current and \
                 isinstance(parent.targets[0].target, (cst.Tuple, cst.List)):  # `probs, scale = self.softmax(s, f)`
             flow = flow_for(c, parent)
-            frontier.extend(read for d in flow.definitions.values() if d.statement is parent for read in flow.reads_of(d))
+            frontier.extend(read for d in flow.definitions.values() if d.statement is parent
+                            for read in flow.reads_of(d))
             continue
         if isinstance(parent, cst.Element):  # `a, b = w[..., :n], w[..., n:]`
             frontier.extend(_unpacked_reads(c, parent))
