@@ -17,11 +17,13 @@ from functools import partial
 
 import libcst as cst
 
+from advisor.child_lifetime import end_with_parent
 from advisor.findings import Finding, ScanError, display_path
 from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
 from advisor.rewrite.splice import Edit, apply_edits, local_diff
+from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 
@@ -43,12 +45,14 @@ class Detected:
 @dataclass
 class StaticContext:
     """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
-    for this file, and the findings earlier families kept (selected, not suppressed)."""
+    for this file, the findings earlier families kept (selected, not suppressed), and the scanned tree whose
+    calls may prove facts (None: facts come from the file alone)."""
 
     parsed: ParsedModule
     backend: str = "sdpa"
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
+    tree: Tree | None = None
 
 
 @dataclass
@@ -135,14 +139,15 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True) -> FileResult:
+                   patches: bool = True, tree: Tree | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
-    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff."""
+    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree`: the
+    scanned files, whose calls of this file's functions may prove facts (None: the file alone)."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence)
+    context = StaticContext(parsed, backend, evidence, tree=tree)
     lowered = source.lower()
     detected: list[Detected] = []
     for family in families():
@@ -180,16 +185,18 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True) -> ScanResult:
+               fixed: bool = True, call_site_facts: bool = True) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
-    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards."""
+    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `call_site_facts`: the
+    discovered files' calls may prove facts of the functions they call (off for a library whose callers live
+    outside the tree)."""
     files, errors = discover(paths)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed)
+                       runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs)
     else:
@@ -209,7 +216,7 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
     process becomes that file's error entry and every other file still gets its result."""
     outcomes: dict[str, FileResult | ScanError] = {}
     try:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with _pool(jobs) as pool:
             for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
                 outcomes[path] = outcome
     except BrokenProcessPool:
@@ -222,23 +229,28 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
 
 def _scan_isolated(path: str, scan_one) -> FileResult | ScanError:
     try:
-        with ProcessPoolExecutor(max_workers=1) as pool:
+        with _pool(1) as pool:
             return pool.submit(scan_one, path).result()
     except BrokenProcessPool:
         return ScanError(path, "the analysis process died on this file (a crash in a native library?); please "
                                "report it", internal=True)
 
 
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """Workers that end with this process, whatever ends it (README "Writes": a signal while scanning)."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=end_with_parent, initargs=(os.getpid(),))
+
+
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True) -> FileResult | ScanError:
+               fixed: bool = True, tree: Tree | None = None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -252,7 +264,8 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
-                  runtime: RuntimeEvidence | None, patches: bool = True) -> FileResult | ScanError:
+                  runtime: RuntimeEvidence | None, patches: bool = True,
+                  tree: Tree | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
@@ -264,7 +277,7 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches)
+                              patches=patches, tree=tree)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 
@@ -272,10 +285,15 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
 def _syntax_error(text: str, path: str) -> ScanError | None:
     """The syntax check of the Python running advisor (CPython's parser is ~50x faster than libcst's): code newer
     than this interpreter, or nested deeper than its parser allows, is a syntax error here, whatever it contains."""
+    parser = f"Python {PYTHON_VERSION} parser"
+    if "\0" in text:  # the parser's own message names no line
+        line = text[:text.index("\0")].count("\n") + 1
+        return ScanError(path, f"syntax error at line {line}: a null byte (\\x00) is not allowed in source code "
+                               f"({parser})")
     try:
         ast.parse(text, path)
     except SyntaxError as exc:
-        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} (Python {PYTHON_VERSION} parser)")
-    except ValueError as exc:  # null bytes
-        return ScanError(path, str(exc))
+        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} ({parser})")
+    except MemoryError:  # CPython's parser raises it when its stack is full, at any amount of free memory
+        return ScanError(path, f"nested too deeply for the {parser} (its stack overflowed)")
     return None

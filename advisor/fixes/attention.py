@@ -11,11 +11,13 @@ from advisor.findings import Finding
 from advisor.fixes.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
+from advisor.patterns.call_site_facts import settle_from_call_sites
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
+from advisor.static.call_sites import Tree
 from advisor.static.module_index import ParsedModule
 
 
@@ -67,11 +69,18 @@ def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode
     return node
 
 
-def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall] = ()) -> list[Detected]:
+def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall] = (),
+                       tree: Tree | None = None) -> list[Detected]:
     """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one; `calls`
-    are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`)."""
+    are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`). With
+    `tree` (the scanned files), facts assumed about a parameter are proved where every call in it proves them."""
+    matches = find_attention(parsed)
+    if tree is not None:
+        tree.adopt(parsed)
+        for match in matches:
+            settle_from_call_sites(tree, parsed, match.facts)
     return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line))
-            for match in find_attention(parsed)]
+            for match in matches]
 
 
 def _rule_for(match: AttentionMatch) -> Rule:

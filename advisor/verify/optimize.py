@@ -20,8 +20,10 @@ from advisor.errors import AdvisorError
 from advisor.findings import Finding, display_path
 from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
+from advisor.report.folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
+from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
@@ -29,6 +31,9 @@ from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProces
 from advisor.verify.timing import Paired, interleave, summary
 
 VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"
+# What the report folder will hold (with patched-*.log): checked for links before anything runs.
+REPORT_NAMES = ("original.log", "trace_before.json", "trace_after.json", "patches", "result.json", "report.md",
+                "report.html")
 SDPA_OP_MARKERS = ("scaled_dot_product", "flash_attention", "efficient_attention")
 
 
@@ -42,6 +47,7 @@ class Options:
     train: bool = False
     unsafe_fixes: bool = False
     backend: str = "sdpa"  # what attention patches target: sdpa, flash, flash-attn
+    call_site_facts: bool = True  # the profiled files' calls may prove facts of the functions they call
     apply: bool = False
     review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -95,6 +101,7 @@ class Trial:
 class Session:
     options: Options
     progress: Callable[[str], None]
+    report: ReportFolder
     original: WorkerProcess | None = None
     candidates: dict[str, Candidate] = field(default_factory=dict)
     inputs: list[dict | None] = field(default_factory=list)  # None: the workload's own inputs
@@ -111,10 +118,10 @@ class Session:
         o = self.options
         self.progress("starting the original workload")
         self.original = start_worker("original", o.timeout_s, self.progress,
-                                     log_path=os.path.join(o.report_dir, "original.log"))
+                                     log_path=self.report.create("original.log"))
         self.info = self.original.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train)
         self.progress("profiling the original")
-        self.profile_before = self.original.call("profile", trace_path=os.path.join(o.report_dir, "trace_before.json"))
+        self.profile_before = self.profile(self.original, "trace_before.json")
         self.state = self.original.call("export")
         self.inputs = [None]
         if self.info["accepts_seed"]:
@@ -129,6 +136,15 @@ class Session:
                               "(NaN on both sides counts as equal)")
         self._check_determinism()
         return self.info
+
+    def profile(self, worker: WorkerProcess, trace_name: str) -> dict:
+        """The worker's profile; its Chrome trace is written in this session's private folder, then copied into the
+        report folder (which the profiler would write through a link)."""
+        trace = os.path.join(self.scratch, trace_name)
+        profiled = worker.call("profile", trace_path=trace)
+        if os.path.exists(trace):
+            self.report.copy_in(trace, trace_name)
+        return profiled
 
     def observations(self) -> RuntimeEvidence:
         """What every call of each attention block saw on every parity input (facts from the run), recorded once."""
@@ -177,7 +193,7 @@ class Session:
         try:
             trial.worker = start_worker(f"patched ({label})", o.timeout_s, self.progress, overlay=overlay,
                                         overlay_root=trial.overlay_root,
-                                        log_path=os.path.join(o.report_dir, f"patched-{label}.log"))
+                                        log_path=self.report.create(f"patched-{label}.log"))
             loaded = trial.worker.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train,
                                        state=self.state)
             trial.state_dict = loaded["state_dict"]
@@ -211,6 +227,7 @@ class Session:
         if self.original is not None:
             self.original.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+        self.report.close()
 
 
 def combined_text(chosen: list[Candidate]) -> str:
@@ -226,20 +243,23 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
-                       observations: Callable[[], RuntimeEvidence] | None = None) -> dict[str, Candidate]:
+                       observations: Callable[[], RuntimeEvidence] | None = None,
+                       call_site_facts: bool = True) -> dict[str, Candidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
-    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`)."""
+    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
+    `call_site_facts`, those files' calls may prove facts of the functions they call."""
     candidates: dict[str, Candidate] = {}
+    tree = Tree(list(files)) if call_site_facts else None
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree)
         if result is None:
             continue
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations()) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -254,9 +274,9 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
 
 
 def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
-              runtime: RuntimeEvidence | None = None) -> FileResult | None:
+              runtime: RuntimeEvidence | None = None, tree: Tree | None = None) -> FileResult | None:
     try:
-        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime)
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 
@@ -295,15 +315,21 @@ def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]
 
 
 def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> dict:
-    os.makedirs(options.report_dir, exist_ok=True)
-    session = Session(options, progress)
+    report = ReportFolder(options.report_dir)
+    try:
+        report.check(REPORT_NAMES)
+    except AdvisorError:
+        report.close()
+        raise
+    session = Session(options, progress, report)
     trials: dict[str, Trial] = {}
     final = None
     try:
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
                                                 options.backend,
-                                                session.observations if session.nondeterministic is None else None)
+                                                session.observations if session.nondeterministic is None else None,
+                                                options.call_site_facts)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
@@ -328,7 +354,7 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         before = summary(final.paired.a, before_peak["bytes"])
         after = summary(final.paired.b, final.peak["bytes"])
         progress("profiling the patched side")
-        profile_after = final.worker.call("profile", trace_path=os.path.join(o.report_dir, "trace_after.json"))
+        profile_after = session.profile(final.worker, "trace_after.json")
     else:
         before = summary(session.original.call("time", steps=10, warmup=2), before_peak["bytes"])
         after = profile_after = None
@@ -403,11 +429,8 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
             except FileChanged as exc:
                 result = (False, None, str(exc))
         else:
-            folder = os.path.join(o.report_dir, "patches")
-            os.makedirs(folder, exist_ok=True)
-            diff_path = os.path.join(folder, os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff")
-            with open(diff_path, "w", encoding="utf-8") as handle:
-                handle.write(unified_diff(display_path(path), source, text))
+            diff_name = "patches/" + os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff"
+            diff_path = session.report.write_text(diff_name, unified_diff(display_path(path), source, text))
             result = (False, diff_path, f"outside --root {display_path(o.root)}: the verified diff was written to "
                                         f"{diff_path}")
         outcome.update({c.id: result for c in chosen})
