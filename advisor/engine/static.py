@@ -26,6 +26,7 @@ from advisor.rewrite.splice import Edit, apply_edits, local_diff
 from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
+from advisor.static.project import ProjectFacts, project_facts
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -139,12 +140,13 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True, tree: Tree | None = None) -> FileResult:
+                   patches: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
     (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree`: the
-    scanned files, whose calls of this file's functions may prove facts (None: the file alone)."""
-    parsed = ParsedModule(source, path)
+    scanned files, whose calls of this file's functions may prove facts (None: the file alone); `project`: what
+    the other files of the scanned tree register (hooks on every module)."""
+    parsed = ParsedModule(source, path, project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
     context = StaticContext(parsed, backend, evidence, tree=tree)
@@ -191,12 +193,15 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
     With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `call_site_facts`: the
     discovered files' calls may prove facts of the functions they call (off for a library whose callers live
-    outside the tree)."""
+    outside the tree). Hooks that fire on every module are collected from all the files first (static.project):
+    each file's analysis must see them, whatever `call_site_facts` says."""
     files, errors = discover(paths)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
+    project = project_facts(files) if len(files) > 1 else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None)
+                       runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
+                       project=project)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs)
     else:
@@ -243,14 +248,15 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, tree: Tree | None = None) -> FileResult | ScanError:
+               fixed: bool = True, tree: Tree | None = None,
+               project: ProjectFacts | None = None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -265,7 +271,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
                   runtime: RuntimeEvidence | None, patches: bool = True,
-                  tree: Tree | None = None) -> FileResult | ScanError:
+                  tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
@@ -277,7 +283,7 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches, tree=tree)
+                              patches=patches, tree=tree, project=project)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 

@@ -225,8 +225,9 @@ class OpReader:
         return None
 
     def _module_call(self, attribute: str, call: cst.Call) -> Op | None:
-        """`self.attend(x)`: what `self.attend` was built as in the class decides the op."""
-        built = self.owner.only_value(attribute)
+        """`self.attend(x)`: what `self.attend` was built as in the class decides the op (a rewrite that deletes
+        the call must still prove nothing rebinds it: attention.block_checks)."""
+        built = self.owner.class_value(attribute)
         if isinstance(built, (cst.Name, cst.Attribute)) and self.parsed.imported_name(built) is not None:
             return self._function(self.parsed.imported_name(built), call)  # `self.matmul = torch.matmul`
         if isinstance(built, cst.Call) and self.parsed.imported_name(built.func) == "functools.partial":

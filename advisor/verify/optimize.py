@@ -25,6 +25,7 @@ from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
+from advisor.static.project import ProjectFacts, project_facts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
@@ -265,16 +266,17 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
     `call_site_facts`, those files' calls may prove facts of the functions they call."""
     candidates: dict[str, Candidate] = {}
+    project = project_facts(files)  # hooks on every module, registered by any of these files
     tree = Tree(list(files)) if call_site_facts else None
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, project=project)
         if result is None:
             continue
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, project) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -288,10 +290,11 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     return candidates
 
 
-def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
-              runtime: RuntimeEvidence | None = None, tree: Tree | None = None) -> FileResult | None:
+def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, runtime: RuntimeEvidence | None = None,
+              tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult | None:
     try:
-        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree)
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree,
+                              project=project)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns import scope
 from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
-                                                  flow_for, statement_of)
+                                                  flow_for, function_of, statement_of)
 from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_through_objects, calls_to,
                                                 helper_named, single_return)
 from advisor.patterns.attention.rendering import short
@@ -89,6 +90,10 @@ def weights_leave(c: Candidate, softmax: Op) -> str | None:
         if definition is None or definition.id in seen:
             continue
         seen.add(definition.id)
+        function = function_of(c.parsed, definition.statement)
+        if function is not None and definition.name in scope.outer_names(function):
+            return (f"the attention weights are bound to the global or nonlocal `{definition.name}` at line "
+                    f"{c.parsed.line(definition.statement)}")
         for read in flow_for(c, node).reads_of(definition):
             _, op = consumers(c, read)[0]
             value = read if op is None or op.name not in ("cast", "identity", "dropout") else op.node
