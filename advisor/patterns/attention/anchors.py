@@ -69,10 +69,7 @@ def unread_softmax(c: Candidate, softmax: Op) -> str:
     func = softmax.node.func
     attribute = func.attr.value if c.owner is not None and isinstance(func, cst.Attribute) and \
         isinstance(func.value, cst.Name) and func.value.value == "self" else None
-    if attribute is not None and attribute in c.owner.outside:
-        return (f"`self.{attribute}` is also assigned outside the class in this file, so which softmax runs there "
-                f"is not seen")
-    built = c.owner.only_value(attribute) if attribute is not None else None
+    built = c.owner.class_value(attribute) if attribute is not None else None
     what = f"`{short(c.parsed, func)}` (built as `{short(c.parsed, built)}`)" if built is not None else \
         f"`{short(c.parsed, func)}`"
     return (f"the weights come from {what}, which is not read as a softmax (a custom or approximate one, or one "
