@@ -145,7 +145,7 @@ MASK_REBUILT = Rule(
 def _detect(context):
     from advisor.fixes.attention import attention_findings
 
-    return attention_findings(context.parsed, context.backend)
+    return attention_findings(context.parsed, context.backend, context.tree)
 
 
 FAMILY = Family(

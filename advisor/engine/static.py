@@ -24,6 +24,7 @@ from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
 from advisor.rewrite.splice import Edit, apply_edits, local_diff
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
+from advisor.static.tree_facts import TreeFacts
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -43,12 +44,14 @@ class Detected:
 @dataclass
 class StaticContext:
     """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
-    for this file, and the findings earlier families kept (selected, not suppressed)."""
+    for this file, the findings earlier families kept (selected, not suppressed), and what the whole scanned tree
+    shows (None: the file is the whole tree)."""
 
     parsed: ParsedModule
     backend: str = "sdpa"
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
+    tree: TreeFacts | None = None
 
 
 @dataclass
@@ -135,14 +138,15 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True) -> FileResult:
+                   patches: bool = True, tree: TreeFacts | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
-    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff."""
+    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree` is what
+    the other files of the run show (None: this file is the whole tree)."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence)
+    context = StaticContext(parsed, backend, evidence, tree=tree)
     lowered = source.lower()
     detected: list[Detected] = []
     for family in families():
@@ -189,7 +193,7 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed)
+                       runtime=runtime, patches=patches, fixed=fixed, tree=TreeFacts.of_paths(files))
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs)
     else:
@@ -231,14 +235,14 @@ def _scan_isolated(path: str, scan_one) -> FileResult | ScanError:
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True) -> FileResult | ScanError:
+               fixed: bool = True, tree: TreeFacts | None = None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -252,7 +256,8 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
-                  runtime: RuntimeEvidence | None, patches: bool = True) -> FileResult | ScanError:
+                  runtime: RuntimeEvidence | None, patches: bool = True,
+                  tree: TreeFacts | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
@@ -264,7 +269,7 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches)
+                              patches=patches, tree=tree)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 

@@ -15,6 +15,7 @@ from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
 from advisor.static.module_index import ParsedModule
+from advisor.static.tree_facts import TreeFacts
 
 
 def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: bool,
@@ -65,9 +66,9 @@ def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode
     return node
 
 
-def attention_findings(parsed: ParsedModule, backend: str) -> list[Detected]:
+def attention_findings(parsed: ParsedModule, backend: str, tree: TreeFacts | None = None) -> list[Detected]:
     """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one."""
-    return [_detected(parsed, match, backend) for match in find_attention(parsed)]
+    return [_detected(parsed, match, backend) for match in find_attention(parsed, tree)]
 
 
 def _rule_for(match: AttentionMatch) -> Rule:

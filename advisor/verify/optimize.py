@@ -21,6 +21,7 @@ from advisor.findings import Finding, display_path
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.discover import read_source
+from advisor.static.tree_facts import TreeFacts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
@@ -206,14 +207,16 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa") -> dict[str, Candidate]:
-    """Patches of the static rules over the files the profile saw running (attention findings with a patch)."""
+    """Patches of the static rules over the files the profile saw running (attention findings with a patch); those
+    files are the scanned tree."""
     candidates: dict[str, Candidate] = {}
+    tree = TreeFacts.of_paths(files)
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
         try:
-            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend)
+            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend, tree=tree)
         except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
             continue
         for finding in result.findings:

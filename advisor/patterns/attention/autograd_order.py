@@ -1,0 +1,27 @@
+"""The `first-order-autograd` fact: SDPA's fused kernels (CPU flash; CUDA flash and efficient) have no double
+backward and no forward-mode derivative, while the eager block has both. Measured on torch 2.13 CPU: after the
+rewrite, `autograd.grad(..., create_graph=True)` through the block raises RuntimeError ("derivative for
+aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented"), and forward AD, `torch.func.jvp`,
+`jacfwd` and `hessian` raise NotImplementedError. Forcing the math kernel would keep them working but is no faster
+than the eager block, so where the tree asks for them the patch is unsafe instead."""
+
+from __future__ import annotations
+
+from advisor.findings import display_path
+from advisor.patterns.facts import FactSheet
+from advisor.static.tree_facts import TreeFacts
+
+STATEMENT = ("the block is differentiated in first-order reverse mode only (SDPA's fused kernels have no double "
+             "backward and no forward-mode derivative)")
+
+
+def autograd_order_fact(facts: FactSheet, tree: TreeFacts) -> None:
+    if not tree.autograd:
+        files = "the scanned file" if tree.files == 1 else f"the {tree.files} scanned files"
+        facts.proved("first-order-autograd", STATEMENT,
+                     f"nothing in {files} asks for double backward or forward-mode AD")
+        return
+    first = tree.autograd[0]
+    more = f", and {len(tree.autograd) - 1} more" if len(tree.autograd) > 1 else ""
+    facts.assumed("first-order-autograd", STATEMENT,
+                  f"{first.what} at {display_path(first.path)}:{first.line}{more}")

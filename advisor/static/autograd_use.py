@@ -1,0 +1,156 @@
+"""Where a file asks autograd for more than one reverse pass: double backward (`create_graph`), forward-mode AD, and
+the torch.func / torch.autograd.functional transforms built on them.
+
+SDPA's fused kernels (the CPU flash kernel; CUDA's flash and efficient kernels) implement neither, while the eager
+attention they replace supports both; so an attention rewrite keeps working only where nothing asks for them (the
+`first-order-autograd` fact). Names are resolved through the file's imports, so `from torch.autograd import grad as
+g` and `import functorch` count; a regular expression first skips the files that mention none of the words.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from advisor.static.module_index import ParsedModule
+
+# A file in which none of these occur asks for nothing here ("autograd" and "backward(" for a create_graph passed by
+# position); substring tests, since one regular expression of all of them is several times slower.
+TOKENS = ("create_graph", "forward_ad", "forward-mode", "jvp", "jacfwd", "hessian", "hvp", "vhp", "gradgradcheck",
+          "functorch", "autograd", "backward(")
+FUNC_MODULE = re.compile(r"(?:torch\.|import |, *)func\b")  # torch.func, `from torch import func` or `nn, func`
+
+DOUBLE_BACKWARD, FORWARD_MODE = "double backward", "forward-mode AD"
+
+# Qualified name (or a module: every name under it) -> what using it asks of every op it differentiates.
+TRANSFORMS = {
+    "torch.autograd.forward_ad": FORWARD_MODE,
+    "torch.func.jvp": FORWARD_MODE,
+    "torch.func.jacfwd": FORWARD_MODE,
+    "torch.func.linearize": FORWARD_MODE,
+    "torch.func.hessian": FORWARD_MODE,  # jacfwd over jacrev
+    "torch.autograd.functional.hessian": DOUBLE_BACKWARD,
+    "torch.autograd.functional.hvp": DOUBLE_BACKWARD,
+    "torch.autograd.functional.vhp": DOUBLE_BACKWARD,
+    "torch.autograd.functional.jvp": DOUBLE_BACKWARD,  # computed as a backward of a backward
+    "torch.autograd.gradgradcheck": DOUBLE_BACKWARD,
+}
+# Reverse-mode transforms: first order alone, double backward when one is applied to another's result.
+REVERSE_TRANSFORMS = {"torch.func.grad", "torch.func.grad_and_value", "torch.func.jacrev", "torch.func.vjp"}
+# Where `create_graph` sits among the positional arguments of the calls that take it.
+CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3,
+                         "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
+TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
+
+
+@dataclass(frozen=True)
+class AutogradSite:
+    path: str
+    line: int
+    what: str  # "`torch.func.jvp` asks for forward-mode AD"
+
+    def __str__(self) -> str:
+        return f"{self.what} ({self.path}:{self.line})"
+
+
+def might_ask(source: str) -> bool:
+    return any(token in source for token in TOKENS) or FUNC_MODULE.search(source) is not None
+
+
+def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
+    """Every place in the file that asks for double backward or forward-mode AD, in source order."""
+    if not might_ask(parsed.source):
+        return []
+    found: list[tuple[cst.CSTNode, str]] = []
+    for node, parent in parsed.parents.items():
+        if isinstance(node, (cst.Name, cst.Attribute)) and not _inside_dotted_name(node, parent) and \
+                not isinstance(parent, (cst.ImportAlias, cst.ImportFrom, cst.AsName)):
+            what = _transform_use(parsed, node, parent)
+            if what is not None:
+                found.append((node, what))
+        elif isinstance(node, cst.Call):
+            what = _create_graph(parsed, node)
+            if what is not None:
+                found.append((node, what))
+    return [AutogradSite(parsed.path, parsed.line(node), what) for node, what in found]
+
+
+def _inside_dotted_name(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:
+    """`torch.func` inside `torch.func.jvp`: only the whole dotted name is resolved (and where it is used, not
+    where it is imported)."""
+    return isinstance(parent, cst.Attribute) and parent.value is node
+
+
+def qualified(parsed: ParsedModule, node: cst.CSTNode) -> str | None:
+    """The imported name, with functorch's transforms under their torch.func names."""
+    name = parsed.imported_name(node)
+    if name is not None and name.startswith("functorch."):
+        return "torch.func." + name.removeprefix("functorch.")
+    return name
+
+
+def _transform_use(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.CSTNode | None) -> str | None:
+    name = qualified(parsed, node)
+    if name is None:
+        return None
+    for prefix, asks in TRANSFORMS.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return f"`{name}` asks for {asks}"
+    if name in REVERSE_TRANSFORMS and isinstance(parent, cst.Call) and parent.func is node:
+        inner = _transformed_function(parsed, parent)
+        if inner is not None:
+            return f"`{name}` of `{inner}` asks for {DOUBLE_BACKWARD}"
+    if name == "torch.autograd.functional.jacobian" and isinstance(parent, cst.Call) and parent.func is node:
+        strategy = next((a.value for a in parent.args if a.keyword is not None and a.keyword.value == "strategy"),
+                        None)
+        if isinstance(strategy, cst.SimpleString) and "forward-mode" in strategy.value:
+            return f"`{name}(..., strategy=\"forward-mode\")` asks for {FORWARD_MODE}"
+    return None
+
+
+def _transformed_function(parsed: ParsedModule, call: cst.Call) -> str | None:
+    """The name of the reverse transform whose result `call` transforms again: `grad(grad(f))`, or `grad(g)`
+    where the file binds `g = jacrev(f)` somewhere."""
+    if not call.args:
+        return None
+    argument = call.args[0].value
+    if isinstance(argument, cst.Call) and qualified(parsed, argument.func) in REVERSE_TRANSFORMS:
+        return parsed.code(argument.func)
+    if isinstance(argument, cst.Name):
+        for assigned in _reverse_transform_results(parsed):
+            if assigned == argument.value:
+                return argument.value
+    return None
+
+
+def _reverse_transform_results(parsed: ParsedModule) -> set[str]:
+    """Names the file assigns a reverse transform's result to (`g = torch.func.grad(f)`)."""
+    names = set()
+    for node in parsed.parents:
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and \
+                qualified(parsed, node.value.func) in REVERSE_TRANSFORMS:
+            names.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
+    return names
+
+
+def _create_graph(parsed: ParsedModule, call: cst.Call) -> str | None:
+    """A call that passes `create_graph` as anything but False/None: by keyword to any callee (a wrapper passing it
+    on counts), by position to the autograd calls that take it there."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "create_graph" and not _is_off(arg.value):
+            return f"`{parsed.code(call.func)}(..., create_graph={parsed.code(arg.value)})` asks for {DOUBLE_BACKWARD}"
+    name = qualified(parsed, call.func)
+    position = CREATE_GRAPH_POSITION.get(name)
+    if position is None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" and \
+            name is None:
+        position = TENSOR_BACKWARD_POSITION
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if position is not None and len(positional) > position and not _is_off(positional[position].value):
+        return f"`{parsed.code(call.func)}(...)` passes create_graph by position and asks for {DOUBLE_BACKWARD}"
+    return None
+
+
+def _is_off(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value in ("False", "None")
