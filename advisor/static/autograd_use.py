@@ -37,7 +37,9 @@ TRANSFORMS = {
     "torch.autograd.functional.jvp": DOUBLE_BACKWARD,  # computed as a backward of a backward
     "torch.autograd.gradgradcheck": DOUBLE_BACKWARD,
 }
-# Reverse-mode transforms: first order alone, double backward when one is applied to another's result.
+# Reverse-mode transforms: first order alone, double backward when one transforms a function that calls another
+# (`grad(grad(f))`, `jacrev(lambda x: grad(f)(x))`, `grad(g)` with `def g` or `g = grad(f)` anywhere): a file that
+# uses them twice is taken to nest them, since the composition can go through any function of the file.
 REVERSE_TRANSFORMS = {"torch.func.grad", "torch.func.grad_and_value", "torch.func.jacrev", "torch.func.vjp"}
 # Where `create_graph` sits among the positional arguments of the calls that take it.
 CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3,
@@ -64,17 +66,23 @@ def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
     if not might_ask(parsed.source):
         return []
     found: list[tuple[cst.CSTNode, str]] = []
+    reverse: list[tuple[cst.CSTNode, str]] = []
     for node, parent in parsed.parents.items():
         if isinstance(node, (cst.Name, cst.Attribute)) and not _inside_dotted_name(node, parent) and \
                 not isinstance(parent, (cst.ImportAlias, cst.ImportFrom, cst.AsName)):
             what = _transform_use(parsed, node, parent)
             if what is not None:
                 found.append((node, what))
+            elif qualified(parsed, node) in REVERSE_TRANSFORMS:
+                reverse.append((node, qualified(parsed, node)))
         elif isinstance(node, cst.Call):
             what = _create_graph(parsed, node)
             if what is not None:
                 found.append((node, what))
-    return [AutogradSite(parsed.path, parsed.line(node), what) for node, what in found]
+    if len(reverse) > 1:
+        (_, first), (node, second) = reverse[:2]
+        found.append((node, f"`{first}` and `{second}` in one file may nest, which asks for {DOUBLE_BACKWARD}"))
+    return sorted((AutogradSite(parsed.path, parsed.line(node), what) for node, what in found), key=lambda s: s.line)
 
 
 def _inside_dotted_name(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:
@@ -98,41 +106,12 @@ def _transform_use(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.C
     for prefix, asks in TRANSFORMS.items():
         if name == prefix or name.startswith(prefix + "."):
             return f"`{name}` asks for {asks}"
-    if name in REVERSE_TRANSFORMS and isinstance(parent, cst.Call) and parent.func is node:
-        inner = _transformed_function(parsed, parent)
-        if inner is not None:
-            return f"`{name}` of `{inner}` asks for {DOUBLE_BACKWARD}"
     if name == "torch.autograd.functional.jacobian" and isinstance(parent, cst.Call) and parent.func is node:
         strategy = next((a.value for a in parent.args if a.keyword is not None and a.keyword.value == "strategy"),
                         None)
         if isinstance(strategy, cst.SimpleString) and "forward-mode" in strategy.value:
             return f"`{name}(..., strategy=\"forward-mode\")` asks for {FORWARD_MODE}"
     return None
-
-
-def _transformed_function(parsed: ParsedModule, call: cst.Call) -> str | None:
-    """The name of the reverse transform whose result `call` transforms again: `grad(grad(f))`, or `grad(g)`
-    where the file binds `g = jacrev(f)` somewhere."""
-    if not call.args:
-        return None
-    argument = call.args[0].value
-    if isinstance(argument, cst.Call) and qualified(parsed, argument.func) in REVERSE_TRANSFORMS:
-        return parsed.code(argument.func)
-    if isinstance(argument, cst.Name):
-        for assigned in _reverse_transform_results(parsed):
-            if assigned == argument.value:
-                return argument.value
-    return None
-
-
-def _reverse_transform_results(parsed: ParsedModule) -> set[str]:
-    """Names the file assigns a reverse transform's result to (`g = torch.func.grad(f)`)."""
-    names = set()
-    for node in parsed.parents:
-        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and \
-                qualified(parsed, node.value.func) in REVERSE_TRANSFORMS:
-            names.update(t.target.value for t in node.targets if isinstance(t.target, cst.Name))
-    return names
 
 
 def _create_graph(parsed: ParsedModule, call: cst.Call) -> str | None:
