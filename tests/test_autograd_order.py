@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from advisor.engine.static import analyze_source, scan_paths
+from advisor.runtime.autograd_probe import higher_order_requests
 from advisor.static.autograd_use import autograd_sites
 from advisor.static.module_index import ParsedModule
 from fixture_models import fixture_paths, load_module_from_source
@@ -217,3 +218,39 @@ def test_forward_mode_and_nested_transforms_in_the_file_make_the_patch_unsafe(na
     finding = _attention(source)
     assert finding.fix_safety == "unsafe", source
     assert _fact(finding, "assumed") is not None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What a run asks of autograd, seen while it runs (optimize: a request the static scan cannot read)
+
+def _eager(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+
+def _first_order():
+    q, k, v = _qkv()
+    _eager(q, k, v).sum().backward()
+
+
+def _penalty_through_kwargs():
+    q, k, v = _qkv()
+    options = {"create_graph": True}
+    (grad,) = getattr(torch.autograd, "grad")(_eager(q, k, v).sum(), q, **options)
+    grad.pow(2).sum().backward()
+
+
+def _jvp():
+    q, k, v = _qkv(requires_grad=False)
+    torch.func.jvp(lambda q: _eager(q, k, v), (q,), (torch.ones_like(q),))
+
+
+def _nested_grad():
+    q, k, v = [t[:1, :1, :2, :2] for t in _qkv(requires_grad=False)]
+    torch.func.grad(lambda q: torch.func.grad(lambda q: _eager(q, k, v).pow(2).sum())(q).sum())(q)
+
+
+def test_the_run_probe_sees_double_backward_and_forward_mode_but_not_first_order():
+    assert higher_order_requests(_first_order) == []
+    assert "create_graph=True" in " ".join(higher_order_requests(_penalty_through_kwargs))
+    assert "forward-mode" in " ".join(higher_order_requests(_jvp))
+    assert "double backward" in " ".join(higher_order_requests(_nested_grad))

@@ -49,12 +49,9 @@ TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_gr
 
 @dataclass(frozen=True)
 class AutogradSite:
-    path: str
-    line: int
     what: str  # "`torch.func.jvp` asks for forward-mode AD"
-
-    def __str__(self) -> str:
-        return f"{self.what} ({self.path}:{self.line})"
+    path: str | None = None  # None: seen at run time (advisor.runtime.autograd_probe)
+    line: int = 0
 
 
 def might_ask(source: str) -> bool:
@@ -82,7 +79,7 @@ def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
     if len(reverse) > 1:
         (_, first), (node, second) = reverse[:2]
         found.append((node, f"`{first}` and `{second}` in one file may nest, which asks for {DOUBLE_BACKWARD}"))
-    return sorted((AutogradSite(parsed.path, parsed.line(node), what) for node, what in found), key=lambda s: s.line)
+    return sorted((AutogradSite(what, parsed.path, parsed.line(node)) for node, what in found), key=lambda s: s.line)
 
 
 def _inside_dotted_name(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:

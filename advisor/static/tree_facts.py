@@ -34,6 +34,10 @@ class TreeFacts:
                 continue
         return cls(len(paths), tuple(sites))
 
+    def with_observed(self, requests: list[str]) -> TreeFacts:
+        """These facts and what a profiled run was seen asking of autograd (advisor.runtime.autograd_probe)."""
+        return TreeFacts(self.files, self.autograd + tuple(AutogradSite(what) for what in requests))
+
     @classmethod
     def of_file(cls, parsed: ParsedModule) -> TreeFacts:
         """A file analysed on its own is the whole tree."""

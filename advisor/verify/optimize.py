@@ -100,6 +100,7 @@ class Session:
     references: list = field(default_factory=list)
     nondeterministic: str | None = None
     notes: list[str] = field(default_factory=list)
+    autograd_requests: list[str] = field(default_factory=list)  # double backward / forward AD seen in one step
 
     def __post_init__(self):
         self.scratch = tempfile.mkdtemp(prefix="advisor-overlay-")
@@ -114,6 +115,7 @@ class Session:
         self.progress("profiling the original")
         self.profile_before = self.original.call("profile", trace_path=os.path.join(o.report_dir, "trace_before.json"))
         self.state = self.original.call("export")
+        self.autograd_requests = self.original.call("autograd_requests")
         self.inputs = [None]
         if self.info["accepts_seed"]:
             self.inputs += [self.original.call("inputs", seed=seed) for seed in range(1, o.seeds)]
@@ -206,11 +208,12 @@ def combined_text(chosen: list[Candidate]) -> str:
     return applied.text
 
 
-def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa") -> dict[str, Candidate]:
+def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
+                       autograd_requests: list[str] = ()) -> dict[str, Candidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch); those
-    files are the scanned tree."""
+    files are the scanned tree, and `autograd_requests` what the run was seen asking of autograd."""
     candidates: dict[str, Candidate] = {}
-    tree = TreeFacts.of_paths(files)
+    tree = TreeFacts.of_paths(files).with_observed(list(autograd_requests))
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
@@ -266,7 +269,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
     try:
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
-                                                options.backend)
+                                                options.backend, session.autograd_requests)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))

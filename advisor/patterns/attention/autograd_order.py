@@ -23,5 +23,5 @@ def autograd_order_fact(facts: FactSheet, tree: TreeFacts) -> None:
         return
     first = tree.autograd[0]
     more = f", and {len(tree.autograd) - 1} more" if len(tree.autograd) > 1 else ""
-    facts.assumed("first-order-autograd", STATEMENT,
-                  f"{first.what} at {display_path(first.path)}:{first.line}{more}")
+    where = f" at {display_path(first.path)}:{first.line}" if first.path is not None else ""
+    facts.assumed("first-order-autograd", STATEMENT, f"{first.what}{where}{more}")
