@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from advisor.engine.static import analyze_source, scan_paths
 from advisor.runtime.autograd_probe import higher_order_requests
-from advisor.static.autograd_use import autograd_sites
+from advisor.static.autograd_use import autograd_sites, worth_resolving
 from advisor.static.module_index import ParsedModule
 from fixture_models import fixture_paths, load_module_from_source
 
@@ -209,6 +209,13 @@ def test_asks_for_higher_order_autograd(name):
 @pytest.mark.parametrize("name", sorted(FIRST_ORDER))
 def test_first_order_code_asks_for_nothing(name):
     assert autograd_sites(ParsedModule(FIRST_ORDER[name] + "\n", "t.py")) == []
+
+
+def test_the_cheap_filters_keep_every_file_that_asks_and_drop_common_first_order_code():
+    assert all(worth_resolving(source) for source in ASKS.values())
+    common = ("import torch\n\nclass F(torch.autograd.Function):\n    @staticmethod\n    def backward(ctx, g):\n"
+              "        return g\n\nloss.backward()\nfor p in model.parameters():\n    p.grad = None\n")
+    assert not worth_resolving(common)
 
 
 @pytest.mark.parametrize("name", ["forward_ad", "func_jvp", "func_hessian", "nested_grad"])

@@ -2,8 +2,9 @@
 
 Files are analysed one by one (in worker processes), but some facts depend on code anywhere in the tree: a
 training loop in `train.py` that takes a gradient penalty through the attention of `model.py`. Those facts are
-gathered once, before the per-file analysis, and handed to every file's analysis. A cheap text prefilter keeps
-the cost to reading the files: only the few that mention a relevant word are parsed.
+gathered once, before the per-file analysis, and handed to every file's analysis. Cheap filters keep the cost
+to reading the files: a word prefilter, then CPython's parser on the few files that pass it; libcst parses only
+the files that hold a relevant name.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.findings import ScanError
-from advisor.static.autograd_use import AutogradSite, autograd_sites, might_ask
+from advisor.static.autograd_use import AutogradSite, autograd_sites, worth_resolving
 from advisor.static.discover import read_source
 from advisor.static.module_index import ParsedModule
 
@@ -26,7 +27,7 @@ class TreeFacts:
         sites: list[AutogradSite] = []
         for path in paths:
             source = read_source(path)
-            if isinstance(source, ScanError) or not might_ask(source.text):
+            if isinstance(source, ScanError) or not worth_resolving(source.text):
                 continue  # an unreadable or unparsable file is the scan's error entry
             try:
                 sites.extend(autograd_sites(ParsedModule(source.text, path)))
