@@ -59,10 +59,10 @@ def test_an_internal_error_on_one_file_exits_2_but_still_reports_the_others(caps
 
     real = scan.find_attention
 
-    def broken_on_b(parsed):
+    def broken_on_b(parsed, *rest):
         if parsed.path.endswith("b.py"):
             raise KeyError("ADV999")
-        return real(parsed)
+        return real(parsed, *rest)
 
     monkeypatch.setattr(scan, "find_attention", broken_on_b)
     for name in ("a.py", "b.py"):
