@@ -146,7 +146,8 @@ MASK_REBUILT = Rule(
 def _detect(context):
     from advisor.fixes.attention import attention_findings
 
-    return attention_findings(context.parsed, context.backend, context.tree)
+    blocks = context.evidence.blocks if context.evidence is not None else []
+    return attention_findings(context.parsed, context.backend, blocks, context.tree)
 
 
 FAMILY = Family(

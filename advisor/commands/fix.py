@@ -41,6 +41,8 @@ def run(args) -> int:
     quit_requested = False
     written: set[str] = set()
     for file in result.files:
+        if runtime is not None and not args.unsafe_fixes:
+            _note_observed(file.findings, args.profile)
         applicable = file.applicable(args.unsafe_fixes)
         remaining += len(file.findings) - len(applicable)
         if not applicable:
@@ -87,6 +89,16 @@ def _write(file, new_text: str, args, written: set[str]) -> str | None:
     write_atomically(target, file.source, new_text, force_readonly=args.force_readonly)
     written.add(target)
     return target
+
+
+def _note_observed(findings, target: str) -> None:
+    """An unsafe patch whose unproved facts all held on the profiled run is still not applied; say where it can
+    be verified (facts from the run, README "How `optimize` verifies a patch")."""
+    for finding in findings:
+        if finding.extra.get("discharged") == "observed":
+            where = f"{visible(display_path(finding.path))}:{finding.line} {finding.rule}"
+            print(f"advisor: {where}: not applied (unsafe); its unproved facts held on every call of the profiled "
+                  f"run: `advisor optimize {visible(target)}` verifies it on that workload", file=sys.stderr)
 
 
 def _ask(console, findings):

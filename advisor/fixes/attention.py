@@ -8,6 +8,8 @@ import libcst as cst
 from advisor.backends.site import plan_backend
 from advisor.engine.static import Detected
 from advisor.findings import Finding
+from advisor.fixes.evidence import BlockCall
+from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
@@ -66,9 +68,13 @@ def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode
     return node
 
 
-def attention_findings(parsed: ParsedModule, backend: str, tree: TreeFacts | None = None) -> list[Detected]:
-    """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one."""
-    return [_detected(parsed, match, backend) for match in find_attention(parsed, tree)]
+def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall] = (),
+                       tree: TreeFacts | None = None) -> list[Detected]:
+    """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one; `calls`
+    are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`);
+    `tree` is what the whole scanned tree shows (None: the file alone)."""
+    return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line))
+            for match in find_attention(parsed, tree)]
 
 
 def _rule_for(match: AttentionMatch) -> Rule:
@@ -77,9 +83,9 @@ def _rule_for(match: AttentionMatch) -> Rule:
     return ESCAPING if match.escapes else SAFE
 
 
-def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str) -> Detected:
+def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall]) -> Detected:
     """The finding, and its fix's edits; both cost the size of the block. A patch whose proof left a fact assumed
-    is unsafe whatever the rule's default: it names those facts."""
+    (or only observed on a run) is unsafe whatever the rule's default: it names those facts."""
     rule = _rule_for(match)
     reason, fix, edits = match.reason, None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
@@ -96,15 +102,26 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str) -> Dete
     elif match.unsafe_reason:
         reason = f"{match.reason}; {match.unsafe_reason}"
     safety = rule.fix_safety
+    contradicted = discharge(match.facts, calls)
     assumed = match.facts.assumptions + (plan.assumptions if plan else [])
+    observed = match.facts.observations
     if assumed and match.output_node is not None:
         safety = "unsafe"
         unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
+        if contradicted:
+            unproved += f" (the run: {'; '.join(contradicted)})"
         reason = unproved if rule is SAFE or reason is None else f"{reason}; {unproved}"
+    elif observed and match.output_node is not None:
+        safety = "unsafe"
+        held = ("held on every recorded call of the run, not proved (`advisor optimize` verifies it on that "
+                "workload): " + "; ".join(fact.statement for fact in observed))
+        reason = held if rule is SAFE or reason is None else f"{reason}; {held}"
     extra = {"roles": _roles(parsed, match), "facts": match.facts.to_json()} if match.output_node is not None else {}
+    if observed and not assumed and rule is SAFE and match.output_node is not None:
+        extra["discharged"] = "observed"  # every unproved fact held on the run: `optimize` tries this patch
     if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
         extra.update(plan.to_json())
-    reason = reason if rule is not SAFE or assumed else None
+    reason = reason if rule is not SAFE or assumed or observed else None
     if match.note:
         reason = f"{reason}; {match.note}" if reason else match.note
     finding = Finding(rule=rule.code, kind=rule.kind, path=parsed.path, line=match.line, end_line=match.end_line,

@@ -1,5 +1,6 @@
 """Runtime evidence for copy/cast fixes, keyed by source line: what the profiler's detectors found there, how
-many watched calls ran there in the recorded step, and whether any op there wrote a tensor in place.
+many watched calls ran there in the recorded step, and whether any op there wrote a tensor in place; and for
+attention rewrites, what each recorded call of a block saw (facts from the run).
 
 A detection says "this call was redundant"; a fix needs "every call on this line was", so the detections are
 counted against the calls that ran. Lines are joined to source as `scan --profile` joins them: same realpath,
@@ -33,6 +34,41 @@ class RuntimeHit:
                    finding.message, keep)
 
 
+@dataclass(frozen=True)
+class MaskSeen:
+    """A tensor that masked the scores in one recorded call: how it was applied ("fill" for masked_fill/where,
+    "additive" for an added or subtracted tensor), its dtype, its number of dims, and whether broadcasting it made
+    the scores bigger."""
+
+    how: str
+    dtype: str
+    ndim: int
+    grew: bool = False
+
+
+@dataclass(frozen=True)
+class BlockCall:
+    """What one call of a hand-written attention block saw at run time (advisor.runtime.block_facts): the score
+    product's line and the value product's, the dtypes of q, k and v as they entered the block, the masks, whether
+    a scale factor was a tensor, and how many query rows were fully masked (None: unknown)."""
+
+    path: str  # realpath
+    line: int
+    end_line: int
+    query: str
+    key: str
+    value: str
+    scores_ndim: int
+    masks: tuple[MaskSeen, ...] = ()
+    tensor_scale: bool = False
+    fully_masked_rows: int | None = None
+
+    def to_json(self) -> dict:
+        return {"query": self.query, "key": self.key, "value": self.value, "scores_ndim": self.scores_ndim,
+                "masks": [{"how": m.how, "dtype": m.dtype, "ndim": m.ndim, "grew": m.grew} for m in self.masks],
+                "scale": "tensor" if self.tensor_scale else "number", "fully_masked_rows": self.fully_masked_rows}
+
+
 @dataclass
 class FileEvidence:
     """What the profile saw in one file (picklable: it travels to scan worker processes)."""
@@ -40,6 +76,7 @@ class FileEvidence:
     hits: dict[int, list[RuntimeHit]] = field(default_factory=dict)  # line -> runtime findings there
     observed: Counter = field(default_factory=Counter)  # (line, call name) -> watched calls that ran there
     mutating_lines: frozenset[int] = frozenset()  # lines where an op wrote a tensor in place
+    blocks: list[BlockCall] = field(default_factory=list)  # every recorded call of an attention block here
 
     def hit(self, line: int, rule: str) -> RuntimeHit | None:
         return next((h for h in self.hits.get(line, ()) if h.rule == rule), None)
@@ -59,7 +96,9 @@ class RuntimeEvidence:
 
 def evidence_from_report(report) -> RuntimeEvidence:
     """From a runtime.profile.ProfileReport: its findings, and the watched calls and in-place ops of its
-    recorded step, by file and line."""
+    recorded step, by file and line, and what its attention blocks saw."""
+    from advisor.runtime.detect.attention import block_calls  # torch: only a profiled run gets here
+
     evidence = RuntimeEvidence(report.target)
 
     def file(path: str) -> FileEvidence:
@@ -77,4 +116,11 @@ def evidence_from_report(report) -> RuntimeEvidence:
             mutating.setdefault(os.path.realpath(data["loc"].path), set()).add(data["loc"].line)
     for path, lines in mutating.items():
         file(path).mutating_lines = frozenset(lines)
+    add_block_calls(evidence, block_calls(graph))
     return evidence
+
+
+def add_block_calls(evidence: RuntimeEvidence, calls: list[BlockCall]) -> None:
+    """What each recorded call of an attention block saw, by file (facts from the run, see `fixes.observed`)."""
+    for call in calls:
+        evidence.files.setdefault(call.path, FileEvidence()).blocks.append(call)

@@ -72,8 +72,8 @@ def _patches(patches: list[dict]) -> Table:
         where = Text(row.location)
         where.append("\n" + row.function, style="dim")
         patch_rule = Text(f"{row.id}\n{row.rule}")
-        if row.unsafe:
-            patch_rule.append("\nunsafe fix", style="yellow")
+        if row.safety:
+            patch_rule.append("\n" + row.safety, style="yellow")
         rows.append((patch_rule, where, state, "\n".join(row.parity) or view.NONE, row.speedup, row.outcome))
     return _table("patches", ("patch", "location", "verdict", "parity", "speedup", "applied"), rows,
                   caption="parity: max abs and rel error, with the tolerances; speedup: alone, with its interval")

@@ -139,7 +139,7 @@ def _patches(result: dict) -> str:
     for patch in patches:
         row = view.patch_row(patch)
         reason = f'<div class="dim">{escape(row.reason)}</div>' if row.reason else ""
-        safety = '<div class="dim">unsafe fix</div>' if row.unsafe else ""
+        safety = f'<div class="dim">{escape(row.safety)}</div>' if row.safety else ""
         rows.append((escape(row.id), escape(row.rule) + safety,
                      f'<code>{escape(row.location)}</code><div class="dim">{escape(row.function)}</div>',
                      _badge(patch) + reason, _lines(row.parity) or view.NONE, escape(row.speedup), escape(row.outcome)))

@@ -52,7 +52,7 @@ def _patches(result: dict) -> str:
     rows = []
     for patch in patches:
         row = view.patch_row(patch)
-        rows.append((_text(row.id), _text(row.rule) + (" (unsafe fix)" if row.unsafe else ""),
+        rows.append((_text(row.id), _text(row.rule) + (f" ({_text(row.safety)})" if row.safety else ""),
                      f"{_text(row.location)}<br>{_text(row.function)}",
                      f"**{row.verdict}**" + (f"<br>{_text(row.reason)}" if row.reason else ""),
                      "<br>".join(_text(line) for line in row.parity) or view.NONE, row.speedup, _text(row.outcome)))

@@ -124,7 +124,7 @@ class PatchRow:
 
     id: str
     rule: str
-    unsafe: bool
+    safety: str  # the label beside the rule: "unsafe fix", "verified on this workload; assumes: ...", or ""
     location: str
     function: str
     verdict: str
@@ -137,16 +137,29 @@ class PatchRow:
 def patch_row(patch: dict, sep: str = " ") -> PatchRow:
     """`sep` goes between a speedup and its interval (a newline where the column is narrow)."""
     return PatchRow(id=printable(patch.get("id", "?")), rule=printable(patch.get("rule", "?")),
-                    unsafe=patch.get("fix_safety") != "safe", location=location(patch),
+                    safety=safety_label(patch), location=location(patch),
                     function=printable(patch.get("function") or ""), verdict=verdict(patch),
                     reason=printable(patch.get("reason") or ""), parity=parity_lines(patch.get("parity")),
                     speedup=speedup_text(patch.get("speedup"), patch.get("speedup_ci"), sep), outcome=outcome(patch))
 
 
+def safety_label(patch: dict) -> str:
+    """A patch the run's observations let `optimize` try without --unsafe-fixes is labelled apart from an unsafe
+    fix: what it was verified on and what it still assumes."""
+    if patch.get("discharged") == "observed":
+        held = "; ".join(str(fact.get("statement", "?")) for fact in (patch.get("facts") or {}).get("observed") or [])
+        state = "verified on this workload" if patch.get("verified") else "held on every call of this workload"
+        return printable(f"{state}; assumes: {held}")
+    return "unsafe fix" if patch.get("fix_safety") != "safe" else ""
+
+
 def assumed_facts(patch: dict) -> list[str]:
-    """The facts the static proof left open that this run checked on the user's inputs (--unsafe-fixes)."""
-    facts = (patch.get("facts") or {}).get("assumed") or []
-    return [printable(f"{fact.get('name', '?')}: {fact.get('statement', '')}") for fact in facts]
+    """The facts the static proof left open that this run checked on the user's inputs (--unsafe-fixes), and
+    those it saw hold on every call (observed)."""
+    facts = patch.get("facts") or {}
+    return [printable(f"{fact.get('name', '?')}: {fact.get('statement', '')}" + (" (held on every call)" if
+                                                                                 group == "observed" else ""))
+            for group in ("assumed", "observed") for fact in facts.get(group) or []]
 
 
 def facts_heading(patch: dict) -> str:

@@ -28,6 +28,8 @@ def to_findings(detections: list[Detection], timing: Timing) -> list[Finding]:
         negligible = share < rule.threshold_share
         evidence = dict(group[0].evidence)
         evidence["instances"] = len(group)
+        for key in group[0].per_call:
+            evidence[key] = _distinct(d.per_call[key] for d in group)
         findings.append(Finding(
             rule=code, kind=rule.kind, path=path, line=line, end_line=end_line, function=group[0].loc.function,
             message=group[0].message, fixable=False, fix_safety=rule.fix_safety,
@@ -35,6 +37,15 @@ def to_findings(detections: list[Detection], timing: Timing) -> list[Finding]:
             extra={"self_us": round(self_us, 3), "share": round(share, 5), "calls": len(group),
                    "negligible": negligible, "evidence": evidence}))
     return rank(findings)
+
+
+def _distinct(values) -> list:
+    """Each value once, in the order first seen (what every call saw, without one entry per layer)."""
+    seen: list = []
+    for value in values:
+        if value not in seen:
+            seen.append(value)
+    return seen
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from advisor.runtime.frames import Location, first_user_frame
+from advisor.runtime.masked_rows import MaskedRows
 
 MAX_OPS = 200_000
 _WATCHED_CALLS = frozenset({"contiguous", "to", "float", "half", "bfloat16", "double", "type_as",
@@ -75,6 +76,7 @@ class _Modes:
         self.calls: list[Call] = []
         self.params = params
         self.producers = WeakIdKeyDictionary()
+        self.rows = MaskedRows()
         self.truncated = False
 
     def meta(self, tensor: torch.Tensor) -> TensorMeta:
@@ -95,9 +97,13 @@ class _Modes:
         flat_out, _ = tree_flatten(out)
         outputs = [self.meta(t) for t in flat_out if isinstance(t, torch.Tensor)]
         schema = func._schema
-        self.graph.add_node(node, op=schema.name.split("::")[-1], overload=func._overloadname, loc=first_user_frame(
+        name = schema.name.split("::")[-1]
+        self.graph.add_node(node, op=name, overload=func._overloadname, loc=first_user_frame(
             sys._getframe(2)), inputs=inputs, outputs=outputs, args=_strip_tensors(args),
             kwargs=_strip_tensors(kwargs), mutable=schema.is_mutable)
+        rows = self.rows.on_op(name, func, args, kwargs, out, self.params)
+        if rows is not None:
+            self.graph.nodes[node]["masked_rows"] = rows.fully_masked  # at a softmax; None when unknown
         for index, meta in enumerate(inputs):
             if meta is not None and meta.producer is not None:
                 self.graph.add_edge(meta.producer, node, arg=index)

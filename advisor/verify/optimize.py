@@ -18,6 +18,8 @@ import torch
 
 from advisor.errors import AdvisorError
 from advisor.findings import Finding, display_path
+from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
+from advisor.fixes.observed import OBSERVERS
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.discover import read_source
@@ -100,6 +102,7 @@ class Session:
     references: list = field(default_factory=list)
     nondeterministic: str | None = None
     notes: list[str] = field(default_factory=list)
+    observed: RuntimeEvidence | None = None  # what the attention blocks saw on every input, once asked
     autograd_requests: list[str] = field(default_factory=list)  # double backward / forward AD seen in one step
 
     def __post_init__(self):
@@ -129,6 +132,23 @@ class Session:
                               "(NaN on both sides counts as equal)")
         self._check_determinism()
         return self.info
+
+    def observations(self) -> RuntimeEvidence:
+        """What every call of each attention block saw on every parity input (facts from the run), recorded once."""
+        if self.observed is None:
+            self.progress("recording what the attention blocks see on each input")
+            self.observed = RuntimeEvidence(self.options.target)
+            try:
+                for inputs in self.inputs:
+                    inputs = inputs or {}
+                    add_block_calls(self.observed, self.original.call("observe", args=inputs.get("args"),
+                                                                      kwargs=inputs.get("kwargs")))
+            except WorkerFailed as exc:
+                if self.original.closed:
+                    raise
+                self.observed = RuntimeEvidence(self.options.target)  # no facts from a run only partly seen
+                self.notes.append(f"what the attention blocks saw could not be recorded: {exc}")
+        return self.observed
 
     def run(self, worker: WorkerProcess, inputs: dict | None, rng_seed: int = 0):
         inputs = inputs or {}
@@ -209,30 +229,49 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
+                       observations: Callable[[], RuntimeEvidence] | None = None,
                        autograd_requests: list[str] = ()) -> dict[str, Candidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch); those
-    files are the scanned tree, and `autograd_requests` what the run was seen asking of autograd."""
+    files are the scanned tree, and `autograd_requests` what the run was seen asking of autograd.
+    Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
+    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`)."""
     candidates: dict[str, Candidate] = {}
     tree = TreeFacts.of_paths(files).with_observed(list(autograd_requests))
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        try:
-            result = analyze_source(source.text, path, unsafe_fixes=unsafe_fixes, backend=backend, tree=tree)
-        except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree)
+        if result is None:
             continue
+        if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
+            result = _analyzed(source.text, path, unsafe_fixes, backend, tree, observations()) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
             pid = f"P{len(candidates) + 1}"
-            if finding.fix_safety != "safe" and not unsafe_fixes:
+            if finding.fix_safety != "safe" and not unsafe_fixes and finding.extra.get("discharged") != "observed":
                 candidates[pid] = Candidate(pid, finding, source.text, None,
                                             f"unsafe fix ({finding.reason or 'see the rule'}): rerun with "
                                             "--unsafe-fixes to verify it on these inputs")
                 continue
             candidates[pid] = Candidate(pid, finding, source.text, result.fixed_with([finding]).text, file=result)
     return candidates
+
+
+def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, tree: TreeFacts,
+              runtime: RuntimeEvidence | None = None) -> FileResult | None:
+    try:
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree)
+    except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
+        return None
+
+
+def _observable(finding: Finding) -> bool:
+    """An unsafe attention patch with an assumed fact the run can observe."""
+    assumed = (finding.extra.get("facts") or {}).get("assumed") or []
+    return finding.kind == "attention" and finding.fix_safety == "unsafe" and finding.patch is not None and \
+        any(fact["name"] in OBSERVERS for fact in assumed)
 
 
 def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]) -> Trial | None:
@@ -269,7 +308,9 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
     try:
         info = session.start_original()
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
-                                                options.backend, session.autograd_requests)
+                                                options.backend,
+                                                session.observations if session.nondeterministic is None else None,
+                                                session.autograd_requests)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
@@ -393,7 +434,8 @@ def _patch_json(session: Session, c: Candidate, trial: Trial | None, written, fi
     parity = trial.parity if trial is not None else None
     return {
         "id": c.id, "rule": f.rule, "path": display_path(f.path), "line": f.line, "end_line": f.end_line,
-        "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"), "diff": f.patch,
+        "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"),
+        "discharged": f.extra.get("discharged"), "diff": f.patch,
         "verdict": verdict, "verified": verdict == VERIFIED, "offered": verdict == VERIFIED,
         "parity": None if parity is None else {
             "max_abs_err": parity.max_abs_err, "max_rel_err": parity.max_rel_err, "atol": parity.atol,

@@ -104,15 +104,11 @@ class Worker:
         """Outputs (and with `grads` every parameter's gradient) of one eval-mode pass: dropout off, RNG seeded."""
         import torch
 
-        from advisor.runtime.runner import _move, _scalar_loss
+        from advisor.runtime.runner import _scalar_loss
         from advisor.verify.parity import to_tree
 
-        prepared = self.prepared
-        args = tuple(_move(a, prepared.device, prepared.dtype) for a in
-                                     (self.workload.args if args is None else args))
-        kwargs = {k: _move(v, prepared.device, prepared.dtype) for k, v in
-                  (self.workload.kwargs if kwargs is None else kwargs).items()}
-        model = prepared.model
+        args, kwargs = self._placed(args, kwargs)
+        model = self.prepared.model
         module = model if isinstance(model, torch.nn.Module) else None
         was_training = module.training if module is not None else False
         if module is not None:
@@ -134,6 +130,40 @@ class Worker:
         finally:
             if module is not None:
                 module.train(was_training)
+
+    def observe(self, args=None, kwargs=None):
+        """What every call of each attention block saw on these inputs (facts from the run): one eval-mode forward
+        under the op recorder."""
+        import torch
+
+        from advisor.runtime.detect.attention import block_calls
+        from advisor.runtime.recorder import OpRecorder
+
+        args, kwargs = self._placed(args, kwargs)
+        model = self.prepared.model
+        module = model if isinstance(model, torch.nn.Module) else None
+        was_training = module.training if module is not None else False
+        if module is not None:
+            module.eval()
+        recorder = OpRecorder(model)
+        torch.manual_seed(0)  # as `run` seeds it, so a model drawing random numbers sees what parity saw
+        try:
+            with torch.no_grad(), recorder:
+                model(*args, **kwargs)
+        finally:
+            if module is not None:
+                module.train(was_training)
+        return block_calls(recorder.result())
+
+    def _placed(self, args, kwargs) -> tuple[tuple, dict]:
+        """Inputs (the workload's own when None) on the prepared device and dtype."""
+        from advisor.runtime.runner import _move
+
+        prepared = self.prepared
+        args = tuple(_move(a, prepared.device, prepared.dtype) for a in (self.workload.args if args is None else args))
+        kwargs = {k: _move(v, prepared.device, prepared.dtype) for k, v in
+                  (self.workload.kwargs if kwargs is None else kwargs).items()}
+        return args, kwargs
 
     def time(self, steps: int, warmup: int = 0):
         """Wall time of each of `steps` unprofiled steps (microseconds), after `warmup` untimed ones."""

@@ -17,3 +17,4 @@ class Detection:
     nodes: frozenset[int]
     message: str
     evidence: dict = field(default_factory=dict)
+    per_call: dict = field(default_factory=dict)  # evidence that may differ per call: a finding lists each value seen

@@ -7,16 +7,19 @@ line is the Q.K^T op's user line and end_line the weights.V op's, the same span 
 
 from __future__ import annotations
 
+from advisor.fixes.evidence import BlockCall
+from advisor.runtime.block_facts import BlockOps, block_call
 from advisor.runtime.detect import Detection
 from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call
 from advisor.rules.attention import MEASURED
 
 # Between scores and softmax (scale, mask, soft-capping, casts); between softmax and the value matmul (dropout).
-_SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "tanh", "clamp"}
+_SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "tanh", "clamp",
+                      "div_", "mul_", "add_", "sub_", "masked_fill_"}
 _WEIGHT_OPS = VIEWS | {"native_dropout", "mul", "div", "div_", "_to_copy", "masked_fill", "where"}
 
 
-def detect(op_graph, device: str) -> list[Detection]:
+def blocks(op_graph) -> list[BlockOps]:
     graph = op_graph.graph
     found = []
     for node in graph.nodes:
@@ -24,24 +27,36 @@ def detect(op_graph, device: str) -> list[Detection]:
             continue
         score_path = _back_to_matmul(graph, node)
         value_path = _forward_to_matmul(graph, node)
-        if score_path is None or value_path is None:
-            continue
+        if score_path is not None and value_path is not None and graph.nodes[score_path[-1]]["loc"] is not None:
+            found.append(BlockOps(node, score_path, value_path))
+    return found
+
+
+def block_calls(op_graph) -> list[BlockCall]:
+    """What every recorded call of every attention block saw (a model's layers call one block many times)."""
+    return [block_call(op_graph.graph, block) for block in blocks(op_graph)]
+
+
+def detect(op_graph, device: str) -> list[Detection]:
+    graph = op_graph.graph
+    found = []
+    for block in blocks(op_graph):
+        node, score_path, value_path = block.softmax, block.score_path, block.value_path
         qk, av = score_path[-1], value_path[-1]
         qk_loc, av_loc = graph.nodes[qk]["loc"], graph.nodes[av]["loc"]
-        if qk_loc is None:
-            continue
         scores = graph.nodes[node]["inputs"][0]
-        block = set(score_path) | {node} | set(value_path)
-        block |= {p for m in (qk, av) for p in graph.predecessors(m) if graph.nodes[p]["op"] in VIEWS}
-        block |= {s for m in (qk, av) for s in graph.successors(m) if graph.nodes[s]["op"] in VIEWS}
+        block_nodes = set(score_path) | {node} | set(value_path)
+        block_nodes |= {p for m in (qk, av) for p in graph.predecessors(m) if graph.nodes[p]["op"] in VIEWS}
+        block_nodes |= {s for m in (qk, av) for s in graph.successors(m) if graph.nodes[s]["op"] in VIEWS}
         end_line = av_loc.line if av_loc is not None and av_loc.path == qk_loc.path else qk_loc.line
         shape = list(scores.shape)
         found.append(Detection(
-            MEASURED.code, qk_loc, end_line, frozenset(block),
+            MEASURED.code, qk_loc, end_line, frozenset(block_nodes),
             f"hand-written attention (scores {shape[-2]}x{shape[-1]}, {scores.nbytes} bytes per call materialised): "
             "use torch.nn.functional.scaled_dot_product_attention (see ADV101)",
             {"score_shape": shape, "score_dtype": str(scores.dtype).replace("torch.", ""),
-             "score_bytes": scores.nbytes, "ops": sorted(graph.nodes[n]["op"] for n in block)}))
+             "score_bytes": scores.nbytes, "ops": sorted(graph.nodes[n]["op"] for n in block_nodes)},
+            per_call={"observed": block_call(graph, block).to_json()}))
     return found
 
 
