@@ -194,7 +194,7 @@ FIRST_ORDER = {
     "func_grad": "from torch.func import grad\ngrad(f)(x)",
     "func_jacrev": "import torch\ntorch.func.jacrev(f)(x)",
     "local_jvp": "def jvp(f, x):\n    return f(x)\njvp(f, x)",
-    "jacobian": "import torch\ntorch.autograd.functional.jacobian(f, x)",
+    "jacobian": "import torch\ntorch.autograd.functional.jacobian(f, x, strategy='reverse-mode')",
     "import_only": "import torch.autograd.forward_ad as fwAD\nfrom torch.func import jvp",
     "functools": "import functools\nfunctools.partial(f, 1)",
 }

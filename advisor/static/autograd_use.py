@@ -4,7 +4,8 @@ the torch.func / torch.autograd.functional transforms built on them.
 SDPA's fused kernels (the CPU flash kernel; CUDA's flash and efficient kernels) implement neither, while the eager
 attention they replace supports both; so an attention rewrite keeps working only where nothing asks for them (the
 `first-order-autograd` fact). Names are resolved through the file's imports, so `from torch.autograd import grad as
-g` and `import functorch` count; a regular expression first skips the files that mention none of the words.
+g` and `import functorch` count. Files that mention none of the words are skipped first (`might_ask`), and a file
+not yet parsed is read with CPython's parser before libcst's (`worth_resolving`).
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ def _transform_use(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.C
     if name == "torch.autograd.functional.jacobian" and isinstance(parent, cst.Call) and parent.func is node:
         strategy = next((a.value for a in parent.args if a.keyword is not None and a.keyword.value == "strategy"),
                         None)
-        if isinstance(strategy, cst.SimpleString) and "forward-mode" in strategy.value:
-            return f"`{name}(..., strategy=\"forward-mode\")` asks for {FORWARD_MODE}"
+        if strategy is not None and not (isinstance(strategy, cst.SimpleString) and "reverse-mode" in strategy.value):
+            return f"`{name}(..., strategy={parsed.code(strategy)})` may ask for {FORWARD_MODE}"
     return None
 
 
