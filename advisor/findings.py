@@ -37,13 +37,31 @@ class ScanError:
     internal: bool = False  # a bug of ours, not bad input: the run exits 2 even when other files were scanned
 
     def to_json(self) -> dict[str, str]:
-        return {"path": display_path(self.path), "message": self.message}
+        return {"path": display_path(self.path), "message": as_text(self.message)}
 
 
 def display_path(path: str) -> str:
-    """Relative to the current directory when the file is under it, else absolute (as Ruff prints it)."""
+    """Relative to the current directory when the file is under it, else absolute (as Ruff prints it); bytes of a
+    name that are not UTF-8 written as `\\xNN` (see as_text)."""
+    return as_text(relative_path(path))
+
+
+def relative_path(path: str) -> str:
+    """display_path's choice of path, as the file system's name (not escaped)."""
     absolute = os.path.abspath(path)
     cwd = os.getcwd()
     if absolute == cwd or absolute.startswith(cwd + os.sep):
         return os.path.relpath(absolute, cwd)
     return absolute
+
+
+def as_text(text: str) -> str:
+    """Text that strict JSON parsers and UTF-8 terminals accept: a file name's bytes that are not UTF-8 reach
+    Python as lone surrogates (surrogateescape), and are written here as `\\xNN` instead."""
+    if text.isascii():
+        return text
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no file name produced: written as `\\udNNN`
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")

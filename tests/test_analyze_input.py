@@ -74,7 +74,8 @@ def test_a_fifo_named_json_is_skipped_and_named_alone_is_refused(tmp_path):
     folder = _analyze_in_child(tmp_path)  # a child with a timeout: a blocking open would hang the test otherwise
     assert folder.returncode == 1 and strict_json(folder.stdout)["traces"] == [str(tmp_path / "rank0.json")]
     alone = _analyze_in_child(tmp_path / "pipe.json")
-    assert alone.returncode == 2 and "not a regular file" in alone.stderr
+    [error] = strict_json(alone.stdout)["errors"]
+    assert alone.returncode == 2 and "not a regular file" in error["message"]
 
 
 def _analyze_in_child(path) -> subprocess.CompletedProcess:
@@ -123,3 +124,22 @@ def test_a_trace_with_events_but_no_ops_is_analysed(capsys, tmp_path):
     (tmp_path / "steps_only.json").write_text(json.dumps(data))
     code, result, _ = analyze(capsys, tmp_path / "steps_only.json")
     assert code == 0 and result["findings"] == [] and result["errors"] == []
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda folder: folder / "missing.json", id="missing-path"),
+    pytest.param(lambda folder: folder, id="folder-without-traces"),
+    pytest.param(lambda folder: (folder / "rank0.json").write_text("{not json") and folder / "rank0.json",
+                 id="only-trace-unreadable"),
+])
+def test_json_is_one_object_with_errors_when_no_trace_could_be_read(capsys, tmp_path, make):
+    code, data, err = analyze(capsys, make(tmp_path))
+    assert code == 2 and data["traces"] == [] and data["findings"] == []
+    [error] = data["errors"]
+    assert error["path"] and error["message"]
+
+
+def test_text_output_when_no_trace_could_be_read_is_one_error_line(capsys, tmp_path):
+    assert main(["analyze", str(tmp_path / "missing.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and "missing.json" in err

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from advisor.cli import main
 from advisor.rewrite.patch import FileChanged, write_atomically
 from advisor.static.discover import discover
+from processes import HAS_PROC, children, running
 
 ROOT = Path(__file__).resolve().parent.parent
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
@@ -135,6 +137,16 @@ def test_an_edit_into_the_file_just_before_the_rename_is_put_back(monkeypatch, t
     assert target.read_text() == "a = 9\n" and leftovers(tmp_path) == []
 
 
+def test_a_longer_edit_into_the_file_just_before_the_rename_comes_back_whole(monkeypatch, tmp_path):
+    target = tmp_path / "m.py"
+    target.write_text("a = 1\n")
+    edit = "a = 9\n" + "b = 2\n" * 5000  # far longer than the text the fix was computed from
+    _edit_during(monkeypatch, os, "replace", target, edit, in_place=True)
+    with pytest.raises(FileChanged, match="edit is kept"):
+        write_atomically(str(target), "a = 1\n", "a = 2\n")
+    assert target.read_text() == edit and leftovers(tmp_path) == []
+
+
 def test_one_failed_write_is_one_error_and_the_other_files_are_fixed(capsys, tree, monkeypatch):
     for name in ("a.py", "b.py"):
         shutil.copy(NANOGPT, tree / name)
@@ -189,6 +201,64 @@ def test_a_signal_during_apply_leaves_no_temporary_file(tmp_path, signum):
     child.wait(timeout=60)
     assert leftovers(tmp_path) == []
     assert {(tmp_path / n).read_bytes() for n in ("a.py", "b.py")} <= {NANOGPT.read_bytes(), GOLDEN.read_bytes()}
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="lists processes through Linux /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_scanning_ends_the_scan_workers_too(tmp_path, signum):
+    for copy in range(40):  # enough files for the process pool, and for the scan to still be running
+        for fixture in sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))[:6]:
+            shutil.copy(fixture, tmp_path / f"{copy}_{fixture.name}")
+    child = subprocess.Popen([sys.executable, "-m", "advisor", "fix", "--apply", str(tmp_path)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    workers: set[int] = set()
+    deadline = time.monotonic() + 120
+    while not workers and child.poll() is None and time.monotonic() < deadline:
+        workers = children(child.pid)
+        time.sleep(0.05)
+    assert workers, "the scan ended before its workers could be seen"
+    time.sleep(0.5)  # the workers are now scanning
+    workers |= children(child.pid)
+    child.send_signal(signum)
+    child.wait(timeout=60)
+    deadline = time.monotonic() + 10
+    while any(map(running, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if running(pid)]
+    for pid in left:  # never leave them behind the test
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+WATCHED_CHILD = """
+import os, subprocess, sys, time
+import advisor.child_lifetime as lifetime
+if sys.argv[1:] == ["child"]:
+    lifetime._set_parent_death_signal = lambda: False  # as where prctl is missing: the watch must end it
+    lifetime.end_with_parent(os.getppid())
+    print(os.getpid(), flush=True)
+    time.sleep(120)
+else:
+    subprocess.Popen([sys.executable, "-c", __doc__, "child"])
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="lists processes through Linux /proc")
+def test_without_a_parent_death_signal_the_watch_ends_the_child_when_its_parent_is_killed():
+    script = f"__doc__ = {WATCHED_CHILD!r}\n{WATCHED_CHILD}"
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if running(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its parent")
 
 
 @pytest.mark.parametrize("encode", [

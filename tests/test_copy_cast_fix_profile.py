@@ -5,6 +5,7 @@ inputs, and a profile of the fixed file no longer shows those copies."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import textwrap
 from collections import Counter
@@ -168,3 +169,17 @@ def test_fix_without_profile_offers_only_static_proofs(capsys):
              if line.startswith("+") and not line.startswith("+++")]
     assert added == ["+        twice = h.transpose(1, 2).clone(memory_format=torch.contiguous_format)",  # ADV204
                      "+        probs = F.softmax(low, dim=-1, dtype=torch.float32)"]  # ADV304 (attention not selected)
+
+
+def test_scan_profile_lists_the_runtime_findings_fix_profile_acts_on(capsys, fixed_fixture):
+    fixed_path, _ = fixed_fixture
+    path = fixed_path.parent / "scanned_copies_and_casts.py"
+    shutil.copy(FIXTURES / "copies_and_casts.py", path)
+    code = main(["scan", str(path), "--profile", f"{path}:workload", "--format", "json", "--select", "ADV2,ADV3"])
+    findings = json.loads(capsys.readouterr().out)["findings"]
+    safe = {(f["rule"], f["line"]) for f in findings if f["fixable"] and f["fix_safety"] == "safe"}
+    listed = {(f["rule"], f["line"]) for f in findings}
+    assert code == 1
+    assert {(rule, marker_line(path, marker)) for rule, marker in APPLIED.items()} == safe  # what fix applied
+    assert {(rule, marker_line(path, marker)) for rule, marker in NOT_APPLIED.items()} <= listed
+    assert all("self_us" in f for f in findings if (f["rule"], f["line"]) in safe)  # measured, ranked by time

@@ -210,3 +210,84 @@ def test_a_worker_that_dies_is_one_error_entry_and_the_scan_goes_on(workdir, mon
     assert [os.path.basename(e.path) for e in result.errors] == ["m05.py"]
     assert result.errors[0].internal and "process died" in result.errors[0].message
     assert len(result.files) == 19 and all(f.findings for f in result.files)
+
+
+# --- issue 15, "smaller, same standard" -----------------------------------------------------------------------------
+
+def strict_json(text: str) -> dict:
+    """JSON as a strict parser reads it: a lone surrogate (\\udcff) is not text."""
+    data = json.loads(text)
+    json.dumps(data, ensure_ascii=False).encode("utf-8")  # raises UnicodeEncodeError on a lone surrogate
+    return data
+
+
+def test_a_notebook_named_explicitly_is_an_error_entry_and_the_walk_skips_it(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "attention.ipynb")
+    code, out, _ = run_cli(capsys, "scan", "attention.ipynb", "--format", "json")
+    data = json.loads(out)
+    assert code == 2 and data["findings"] == [] and data["files_scanned"] == 0
+    [error] = data["errors"]
+    assert error["path"] == "attention.ipynb" and "notebooks are not read yet" in error["message"]
+    shutil.copy(NANOGPT, workdir / "model.py")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    data = json.loads(out)
+    assert data["files_scanned"] == 1 and data["errors"] == []
+
+
+def test_symlink_loops_and_dangling_links_met_in_a_walk_are_error_entries(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "model.py")
+    os.symlink("gone.py", workdir / "dangling.py")
+    os.symlink("b.py", workdir / "a.py")
+    os.symlink("a.py", workdir / "b.py")
+    (workdir / "sub").mkdir()
+    os.symlink("..", workdir / "sub" / "up")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    data = json.loads(out)
+    errors = {e["path"]: e["message"] for e in data["errors"]}
+    assert code == 1 and data["files_scanned"] == 1
+    assert errors["dangling.py"] == "broken symbolic link"
+    assert "symbolic link loop" in errors["a.py"] and "symbolic link loop" in errors["b.py"]
+    assert "symbolic link loop" in errors[os.path.join("sub", "up")]
+
+
+def test_non_utf8_file_names_are_escaped_in_json_and_percent_encoded_in_sarif(capsys, workdir):
+    name = b"model_\xff.py"
+    shutil.copy(NANOGPT, os.path.join(bytes(workdir), name))
+    os.symlink(b"nowhere_\xfe.py", os.path.join(bytes(workdir), b"broken_\xfe.py"))
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    data = strict_json(out)
+    [finding] = data["findings"]
+    assert finding["path"] == "model_\\xff.py" and finding["patch"].startswith("--- a/model_\\xff.py")
+    assert [e["path"] for e in data["errors"]] == ["broken_\\xfe.py"]
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "sarif")
+    run = strict_json(out)["runs"][0]
+    assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "model_%FF.py"
+    notification = run["invocations"][0]["toolExecutionNotifications"][0]
+    assert notification["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "broken_%FE.py"
+
+
+def test_sarif_uris_are_percent_encoded(capsys, workdir):
+    (workdir / "a dir#1").mkdir()
+    shutil.copy(NANOGPT, workdir / "a dir#1" / "m%.py")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "sarif")
+    [result] = json.loads(out)["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "a%20dir%231/m%25.py"
+
+
+def test_sarif_execution_is_not_successful_when_nothing_could_be_scanned(capsys, workdir):
+    (workdir / "syntax.py").write_text("def broken(:\n")
+    code, out, _ = run_cli(capsys, "scan", "syntax.py", "--format", "sarif")
+    assert code == 2 and json.loads(out)["runs"][0]["invocations"][0]["executionSuccessful"] is False
+    shutil.copy(NANOGPT, workdir / "model.py")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "sarif")
+    assert code == 1 and json.loads(out)["runs"][0]["invocations"][0]["executionSuccessful"] is True
+
+
+def test_a_nul_byte_names_its_line_and_deep_nesting_is_not_called_out_of_memory(capsys, workdir):
+    (workdir / "nul.py").write_bytes(b"x = 1\ny = 2\x00\n")
+    (workdir / "deep.py").write_text("x = " + "-" * 100_000 + "1\n")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    errors = {e["path"]: e["message"] for e in json.loads(out)["errors"]}
+    assert errors["nul.py"].startswith("syntax error at line 2:") and "null byte" in errors["nul.py"]
+    assert "None" not in errors["nul.py"]
+    assert "memory" not in errors["deep.py"] and "nested too deeply for the Python" in errors["deep.py"]

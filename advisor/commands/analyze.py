@@ -7,6 +7,7 @@ import sys
 
 from rich.console import Console
 
+from advisor.errors import AdvisorError
 from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import shown, stdout_console
@@ -21,13 +22,16 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    """Exit 2 when a trace could not be analysed (the others are still reported), else 1 when findings remain."""
+    """Exit 2 when a trace could not be analysed (the others are still reported), else 1 when findings remain.
+    JSON is one object also when no trace could be read (its errors say why); text is then one error line."""
     with Console(stderr=True).status("reading traces"):
         report = analyze_path(args.trace)
     code = 2 if report.errors else 1 if report.findings else 0
     if args.format == "json":
         print(json.dumps(report.to_json(), indent=2, allow_nan=False))
         return code
+    if not report.traces:
+        raise AdvisorError("; ".join(f"{error.path}: {error.message}" for error in report.errors))
     for error in report.errors:
         print(f"advisor: error: {display_path(error.path)}: {error.message}", file=sys.stderr)
     ranks = sorted({t.rank for t in report.traces})

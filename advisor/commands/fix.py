@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
-
 from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, run_scan
+from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.terminal import shown, stdout_console
 from advisor.errors import AdvisorError, visible
@@ -28,6 +27,7 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
+@ends_what_the_workload_left  # --profile runs it
 def run(args) -> int:
     """Exit 2 when a fix could not be written (each such file is one error line; the other files are still
     fixed), else 1 when findings remain. --interactive scans in this process, so the answers pick among the
@@ -116,11 +116,6 @@ def _ask(console, findings):
 
 
 def _profiled(target: str):
-    """The runtime evidence of one profiled run of TARGET, joined to the scanned files by realpath and line."""
-    from advisor.fixes.evidence import evidence_from_report
-    from advisor.runtime.profile import profile_workload
-    from advisor.workload_loader import load_workload
-
-    with Console(stderr=True).status("profiling") as status:
-        report = profile_workload(load_workload(target), target, progress=lambda message: status.update(message))
-    return evidence_from_report(report)
+    """The runtime evidence of one profiled run of TARGET (in a worker process, as `scan --profile` runs it),
+    joined to the scanned files by realpath and line."""
+    return profile_in_child(target)["evidence"]

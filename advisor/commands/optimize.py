@@ -2,7 +2,8 @@
 
 Without TARGET it runs the bundled demo (advisor/demo/gpt.py) from a temporary copy, so --apply never edits the
 installed package. Exit codes: 0 when every verified patch was applied or there was nothing to verify, 1 when
-verified patches remain unapplied, 2 for bad input or a workload that could not run at all."""
+verified patches remain unapplied, 2 for bad input or a workload that could not run at all (or left processes
+running)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.backends import REQUESTABLE
-from advisor.commands.profile import add_workload_arguments
+from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
+from advisor.report.folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
@@ -47,6 +49,7 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
+@ends_what_the_workload_left
 def run(args) -> int:
     from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
     from advisor.verify.optimize import Options, optimize
@@ -106,9 +109,9 @@ def _write_reports(result: dict, folder: str) -> None:
     """result.json, report.md and the self-contained report.html (result["report"]) in the report folder."""
     outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
                "report.html": render_html(result)}
-    for name, text in outputs.items():
-        with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
-            handle.write(text)
+    with ReportFolder(folder) as report:
+        for name, text in outputs.items():
+            report.write_text(name, text)
 
 
 def _print(result: dict, output_format: str) -> None:

@@ -6,14 +6,17 @@ this process's stdout or end it; each becomes one error line."""
 from __future__ import annotations
 
 import json
+import sys
+from functools import wraps
 
 from rich.console import Console
 
+from advisor.errors import visible
 from advisor.findings import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
-from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker
+from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker, take_left_running
 
 
 def add_parser(sub) -> None:
@@ -55,6 +58,23 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
         return worker.call("profile", trace_path=trace_path)
 
 
+def ends_what_the_workload_left(run_verb):
+    """For a verb that runs the workload: processes it started and left running were killed when its worker
+    closed (advisor.verify.process); that is one warning line naming them, and exit 2 (the results still print)."""
+    @wraps(run_verb)
+    def run(args) -> int:
+        try:
+            code = run_verb(args)
+        finally:
+            left = take_left_running()
+            if left:
+                print(f"advisor: warning: the workload left {len(left)} process(es) running after it ended "
+                      f"({', '.join(map(visible, left))}); they were killed", file=sys.stderr)
+        return 2 if left else code
+    return run
+
+
+@ends_what_the_workload_left
 def run(args) -> int:
     trace = check_trace_path(args.trace)
     profiled = profile_in_child(args.target, args.device, args.dtype, args.train, trace and trace.path, args.timeout)

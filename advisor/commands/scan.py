@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from advisor.commands.common import add_selection_arguments, exit_code, run_scan
+from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.findings import Finding
 from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.sarif import to_sarif
 from advisor.report.terminal import stdout_console, write_report
+from advisor.runtime.join import annotate_findings
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
     from advisor.engine.static import ScanResult
@@ -26,11 +28,16 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
+@ends_what_the_workload_left  # --profile runs it
 def run(args) -> int:
-    result = run_scan(args, patches=args.format != "text", fixed=False)  # the text table shows no patch
+    """With --profile, the workload runs first: its measured copies and casts are joined to the source as
+    `fix --profile` joins them (the same findings, with the same patches), and every finding gets its cost."""
+    profiled = profile_in_child(args.profile) if args.profile else None
+    result = run_scan(args, runtime=profiled and profiled["evidence"], patches=args.format != "text",
+                      fixed=False)  # the text table shows no patch
     findings = result.findings
-    if args.profile:
-        findings = _with_measured_cost(findings, args.profile)
+    if profiled:
+        findings = annotate_findings(findings, profiled["findings"])
     return write_report(lambda: _render(args.format, result, findings, args.unsafe_fixes),
                         exit_code(result, bool(findings)))
 
@@ -44,7 +51,7 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding], uns
                           "findings": [f.to_json() for f in findings],
                           "errors": [e.to_json() for e in result.errors]}, indent=2))
     elif output_format == "sarif":
-        print(json.dumps(to_sarif(findings, result.errors), indent=2))
+        print(json.dumps(to_sarif(findings, result.errors, len(result.files)), indent=2))
     elif output_format == "diff":
         print_errors(Console(stderr=True, highlight=False), result.errors)
         console = stdout_console()
@@ -57,11 +64,3 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding], uns
                 print_diff(console, finding.patch)
     else:
         print_findings(stdout_console(), findings, result.errors, len(result.files))
-
-
-def _with_measured_cost(findings, target: str):
-    """Static findings annotated with self_us/share/calls from a profiled run, most expensive first."""
-    from advisor.commands.profile import profile_in_child
-    from advisor.runtime.join import annotate_findings
-
-    return annotate_findings(findings, profile_in_child(target)["findings"])

@@ -17,6 +17,7 @@ from functools import partial
 
 import libcst as cst
 
+from advisor.child_lifetime import end_with_parent
 from advisor.findings import Finding, ScanError, display_path
 from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
 from advisor.registry import families, is_selected
@@ -213,7 +214,7 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
     process becomes that file's error entry and every other file still gets its result."""
     outcomes: dict[str, FileResult | ScanError] = {}
     try:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        with _pool(jobs) as pool:
             for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
                 outcomes[path] = outcome
     except BrokenProcessPool:
@@ -226,11 +227,16 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
 
 def _scan_isolated(path: str, scan_one) -> FileResult | ScanError:
     try:
-        with ProcessPoolExecutor(max_workers=1) as pool:
+        with _pool(1) as pool:
             return pool.submit(scan_one, path).result()
     except BrokenProcessPool:
         return ScanError(path, "the analysis process died on this file (a crash in a native library?); please "
                                "report it", internal=True)
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """Workers that end with this process, whatever ends it (README "Writes": a signal while scanning)."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=end_with_parent, initargs=(os.getpid(),))
 
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
@@ -277,10 +283,15 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
 def _syntax_error(text: str, path: str) -> ScanError | None:
     """The syntax check of the Python running advisor (CPython's parser is ~50x faster than libcst's): code newer
     than this interpreter, or nested deeper than its parser allows, is a syntax error here, whatever it contains."""
+    parser = f"Python {PYTHON_VERSION} parser"
+    if "\0" in text:  # the parser's own message names no line
+        line = text[:text.index("\0")].count("\n") + 1
+        return ScanError(path, f"syntax error at line {line}: a null byte (\\x00) is not allowed in source code "
+                               f"({parser})")
     try:
         ast.parse(text, path)
     except SyntaxError as exc:
-        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} (Python {PYTHON_VERSION} parser)")
-    except ValueError as exc:  # null bytes
-        return ScanError(path, str(exc))
+        return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} ({parser})")
+    except MemoryError:  # CPython's parser raises it when its stack is full, at any amount of free memory
+        return ScanError(path, f"nested too deeply for the {parser} (its stack overflowed)")
     return None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from advisor.findings import Finding, ScanError, display_path
+import os
+from urllib.parse import quote
+
+from advisor.findings import Finding, ScanError, as_text, relative_path
 from advisor.registry import load_rules
 
 
-def to_sarif(findings: list[Finding], errors: list[ScanError]) -> dict:
-    """Findings as results; files that could not be scanned as the invocation's error notifications."""
+def to_sarif(findings: list[Finding], errors: list[ScanError], files_scanned: int) -> dict:
+    """Findings as results; files that could not be scanned as the invocation's error notifications. The run was
+    successful when something was scanned and advisor itself failed on no file."""
     rules = load_rules()
     used = sorted({f.rule for f in findings})
     return {
@@ -23,16 +27,24 @@ def to_sarif(findings: list[Finding], errors: list[ScanError]) -> dict:
                 "level": "warning",
                 "message": {"text": f.message if f.reason is None else f"{f.message} ({f.reason})"},
                 "locations": [{"physicalLocation": {
-                    "artifactLocation": {"uri": display_path(f.path)},
+                    "artifactLocation": {"uri": _uri(f.path)},
                     "region": {"startLine": f.line, "endLine": f.end_line}}}],
             } for f in findings],
             "invocations": [{
-                "executionSuccessful": not any(e.internal for e in errors),
+                "executionSuccessful": files_scanned > 0 and not any(e.internal for e in errors),
                 "toolExecutionNotifications": [{
                     "level": "error",
-                    "message": {"text": e.message},
-                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": display_path(e.path)}}}],
+                    "message": {"text": as_text(e.message)},
+                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": _uri(e.path)}}}],
                 } for e in errors],
             }],
         }],
     }
+
+
+def _uri(path: str) -> str:
+    """A URI (RFC 3986) for display_path's choice of path, the name's own bytes percent-encoded (`%20` for a space,
+    `%FF` for a byte that is not UTF-8): relative to the current directory, else a file:// URI."""
+    shown = relative_path(path)
+    encoded = quote(os.fsencode(shown), safe="/")
+    return f"file://{encoded}" if os.path.isabs(shown) else encoded

@@ -71,7 +71,7 @@ def write_atomically(path: str, expected_before: str, new_text: str, force_reado
             raise WriteRefused(f"{exc}; not written") from None
         with _signals_deferred():
             _replace(path, data, status, lambda: _holds(path, descriptor, status, before))
-            after = os.pread(descriptor, len(before) + 1, 0)
+            after = _read_whole(descriptor)
             if after != before:  # written into the old inode between the last check and the rename
                 _replace(path, after, status, lambda: True)
                 raise FileChanged("changed while the fix was being written; that edit is kept and the fix is not "
@@ -87,6 +87,15 @@ def _refuse_unsafe(path: str, status: os.stat_result, force_readonly: bool) -> N
     read_only = not status.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK)
     if read_only and not force_readonly:
         raise WriteRefused("is read-only; not written (--force-readonly writes it, keeping its mode)")
+
+
+def _read_whole(descriptor: int) -> bytes:
+    """Everything the open file holds now, however much was written into it since it was first read."""
+    chunks, offset = [], 0
+    while chunk := os.pread(descriptor, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
 
 
 def _holds(path: str, descriptor: int, status: os.stat_result, before: bytes) -> bool:

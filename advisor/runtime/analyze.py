@@ -8,7 +8,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from advisor.errors import AdvisorError
 from advisor.findings import Finding, ScanError
 from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
@@ -58,9 +57,13 @@ class _TraceResult:
 
 def analyze_path(path: str) -> AnalyzeReport:
     """Traces are read one at a time; one that cannot be read or analysed is an error entry and the others
-    (the other ranks) are still analysed. Raises AdvisorError when none could be."""
+    (the other ranks) are still analysed. When none could be, the report has no traces and its errors say why."""
     results, errors = [], []
-    for index, file in enumerate(trace_files(path)):
+    try:
+        files = trace_files(path)
+    except TraceError as exc:
+        files, errors = [], [ScanError(exc.path, exc.reason)]
+    for index, file in enumerate(files):
         try:
             results.append(_analyse_file(file, index))
         except TraceError as exc:
@@ -68,8 +71,6 @@ def analyze_path(path: str) -> AnalyzeReport:
         except Exception as exc:  # noqa: BLE001 - a bug of ours on one trace must not hide the other ranks
             errors.append(ScanError(file, f"internal error while analysing ({type(exc).__name__}: {exc}); "
                                           "please report it"))
-    if not results:
-        raise AdvisorError("; ".join(f"{error.path}: {error.message}" for error in errors))
     traces = [result.trace for result in results]
     findings, breakdown = _aggregate(results)
     return AnalyzeReport(traces, rank(findings), breakdown, _limitations(traces), errors)

@@ -52,17 +52,18 @@ class Trace:
 
 
 def trace_files(path: str) -> list[str]:
-    """The regular *.json / *.json.gz files of a folder (a FIFO or socket would block the read), or the file."""
+    """The regular *.json / *.json.gz files of a folder (a FIFO or socket would block the read), or the file.
+    Raises TraceError naming `path` when there is none."""
     if os.path.isdir(path):
         candidates = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith(_TRACE_SUFFIXES))
         files = [candidate for candidate in candidates if _is_regular(candidate)]
         if not files:
-            raise AdvisorError(f"{path}: no trace files (regular *.json, *.json.gz files) in this folder")
+            raise TraceError(path, "no trace files (regular *.json, *.json.gz files) in this folder")
         return files
     if not os.path.lexists(path):
-        raise AdvisorError(f"{path}: no such file or folder")
+        raise TraceError(path, "no such file or folder")
     if not _is_regular(path):
-        raise AdvisorError(f"{path}: not a regular file")
+        raise TraceError(path, "not a regular file")
     return [path]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ SKIP_DIRS = {
 }
 
 
-MISSING, BROKEN_LINK = "no such file or directory", "broken symbolic link"
+MISSING, BROKEN_LINK, LINK_LOOP = "no such file or directory", "broken symbolic link", "symbolic link loop"
+NOTEBOOK = "a Jupyter notebook (.ipynb): notebooks are not read yet; export its code to a .py file to scan it"
 FILE_KINDS = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "a FIFO"),
               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -35,7 +37,8 @@ def discover(paths: list[str]) -> tuple[list[str], list[ScanError]]:
     """Python files under `paths`, sorted and unique. Only regular files are read (a FIFO blocks forever, a link
     to /dev/zero never ends): the walk skips anything else, an explicit path gets an error entry saying what it is.
     Type stubs (.pyi) hold no code that runs, so they are never scanned: the walk skips them, an explicit one gets
-    an error entry. Other explicit files are kept whatever their name (scripts without `.py`)."""
+    an error entry; so do notebooks (.ipynb), which are not read yet. Other explicit files are kept whatever their
+    name (scripts without `.py`). A walk reports the links it cannot follow: dangling `.py` links and link loops."""
     files: list[str] = []
     errors: list[ScanError] = []
     for raw in paths:
@@ -44,9 +47,12 @@ def discover(paths: list[str]) -> tuple[list[str], list[ScanError]]:
         if kind == "directory":
             files.extend(_walk(path, errors))
         elif kind != "regular file":
-            errors.append(ScanError(raw, kind if kind in (MISSING, BROKEN_LINK) else f"not a regular file ({kind})"))
+            errors.append(ScanError(raw, kind if kind in (MISSING, BROKEN_LINK, LINK_LOOP) else
+                                    f"not a regular file ({kind})"))
         elif raw.endswith(".pyi"):
             errors.append(ScanError(raw, "a type stub (.pyi) holds no code that runs; stubs are not scanned"))
+        elif raw.endswith(".ipynb"):
+            errors.append(ScanError(raw, NOTEBOOK))
         else:
             files.append(str(path))
     seen: set[str] = set()
@@ -61,6 +67,8 @@ def _file_kind(path: str) -> str:
     except FileNotFoundError:
         return BROKEN_LINK if os.path.islink(path) else MISSING
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return LINK_LOOP
         return exc.strerror or str(exc)
     for test, kind in FILE_KINDS:
         if test(mode):
@@ -69,6 +77,8 @@ def _file_kind(path: str) -> str:
 
 
 def _walk(root: Path, errors: list[ScanError]) -> list[str]:
+    """`.py` files under `root`, links followed. A link back to an enclosing folder, a link loop and a dangling
+    `.py` link are error entries; a second link to a folder already walked is walked once, silently."""
     found: list[str] = []
     visited: set[str] = set()
 
@@ -77,16 +87,30 @@ def _walk(root: Path, errors: list[ScanError]) -> list[str]:
 
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=onerror):
         real = os.path.realpath(dirpath)
-        if real in visited:  # a symlink loop or a second link to the same folder
+        if real in visited:  # a second link to the same folder
             dirnames[:] = []
             continue
         visited.add(real)
         dirnames[:] = sorted(d for d in dirnames if not _is_skipped_dir(d))
+        for name in [d for d in dirnames if _encloses(os.path.join(dirpath, d), real)]:
+            errors.append(ScanError(os.path.join(dirpath, name), f"{LINK_LOOP} (to an enclosing folder)"))
+            dirnames.remove(name)
         for name in sorted(filenames):
             candidate = os.path.join(dirpath, name)
-            if name.endswith(".py") and _file_kind(candidate) == "regular file":
+            kind = _file_kind(candidate)
+            if name.endswith(".py") and kind == "regular file":
                 found.append(candidate)
+            elif kind == LINK_LOOP or name.endswith(".py") and kind == BROKEN_LINK:
+                errors.append(ScanError(candidate, kind))
     return found
+
+
+def _encloses(folder: str, real_parent: str) -> bool:
+    """`folder` is a link to `real_parent` or to a folder above it: walking it would never end."""
+    if not os.path.islink(folder):
+        return False
+    target = os.path.realpath(folder)
+    return real_parent == target or real_parent.startswith(target.rstrip(os.sep) + os.sep)
 
 
 def read_source(path: str) -> SourceFile | ScanError:

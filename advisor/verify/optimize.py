@@ -20,6 +20,7 @@ from advisor.errors import AdvisorError
 from advisor.findings import Finding, display_path
 from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
+from advisor.report.folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.discover import read_source
@@ -30,6 +31,9 @@ from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProces
 from advisor.verify.timing import Paired, interleave, summary
 
 VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"
+# What the report folder will hold (with patched-*.log): checked for links before anything runs.
+REPORT_NAMES = ("original.log", "trace_before.json", "trace_after.json", "patches", "result.json", "report.md",
+                "report.html")
 SDPA_OP_MARKERS = ("scaled_dot_product", "flash_attention", "efficient_attention")
 
 
@@ -96,6 +100,7 @@ class Trial:
 class Session:
     options: Options
     progress: Callable[[str], None]
+    report: ReportFolder
     original: WorkerProcess | None = None
     candidates: dict[str, Candidate] = field(default_factory=dict)
     inputs: list[dict | None] = field(default_factory=list)  # None: the workload's own inputs
@@ -113,10 +118,10 @@ class Session:
         o = self.options
         self.progress("starting the original workload")
         self.original = start_worker("original", o.timeout_s, self.progress,
-                                     log_path=os.path.join(o.report_dir, "original.log"))
+                                     log_path=self.report.create("original.log"))
         self.info = self.original.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train)
         self.progress("profiling the original")
-        self.profile_before = self.original.call("profile", trace_path=os.path.join(o.report_dir, "trace_before.json"))
+        self.profile_before = self.profile(self.original, "trace_before.json")
         self.state = self.original.call("export")
         self.autograd_requests = self.original.call("autograd_requests")
         self.inputs = [None]
@@ -132,6 +137,15 @@ class Session:
                               "(NaN on both sides counts as equal)")
         self._check_determinism()
         return self.info
+
+    def profile(self, worker: WorkerProcess, trace_name: str) -> dict:
+        """The worker's profile; its Chrome trace is written in this session's private folder, then copied into the
+        report folder (which the profiler would write through a link)."""
+        trace = os.path.join(self.scratch, trace_name)
+        profiled = worker.call("profile", trace_path=trace)
+        if os.path.exists(trace):
+            self.report.copy_in(trace, trace_name)
+        return profiled
 
     def observations(self) -> RuntimeEvidence:
         """What every call of each attention block saw on every parity input (facts from the run), recorded once."""
@@ -180,7 +194,7 @@ class Session:
         try:
             trial.worker = start_worker(f"patched ({label})", o.timeout_s, self.progress, overlay=overlay,
                                         overlay_root=trial.overlay_root,
-                                        log_path=os.path.join(o.report_dir, f"patched-{label}.log"))
+                                        log_path=self.report.create(f"patched-{label}.log"))
             loaded = trial.worker.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train,
                                        state=self.state)
             trial.state_dict = loaded["state_dict"]
@@ -214,6 +228,7 @@ class Session:
         if self.original is not None:
             self.original.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
+        self.report.close()
 
 
 def combined_text(chosen: list[Candidate]) -> str:
@@ -301,8 +316,13 @@ def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]
 
 
 def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> dict:
-    os.makedirs(options.report_dir, exist_ok=True)
-    session = Session(options, progress)
+    report = ReportFolder(options.report_dir)
+    try:
+        report.check(REPORT_NAMES)
+    except AdvisorError:
+        report.close()
+        raise
+    session = Session(options, progress, report)
     trials: dict[str, Trial] = {}
     final = None
     try:
@@ -335,7 +355,7 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         before = summary(final.paired.a, before_peak["bytes"])
         after = summary(final.paired.b, final.peak["bytes"])
         progress("profiling the patched side")
-        profile_after = final.worker.call("profile", trace_path=os.path.join(o.report_dir, "trace_after.json"))
+        profile_after = session.profile(final.worker, "trace_after.json")
     else:
         before = summary(session.original.call("time", steps=10, warmup=2), before_peak["bytes"])
         after = profile_after = None
@@ -410,11 +430,8 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
             except FileChanged as exc:
                 result = (False, None, str(exc))
         else:
-            folder = os.path.join(o.report_dir, "patches")
-            os.makedirs(folder, exist_ok=True)
-            diff_path = os.path.join(folder, os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff")
-            with open(diff_path, "w", encoding="utf-8") as handle:
-                handle.write(unified_diff(display_path(path), source, text))
+            diff_name = "patches/" + os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff"
+            diff_path = session.report.write_text(diff_name, unified_diff(display_path(path), source, text))
             result = (False, diff_path, f"outside --root {display_path(o.root)}: the verified diff was written to "
                                         f"{diff_path}")
         outcome.update({c.id: result for c in chosen})

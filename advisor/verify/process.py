@@ -55,9 +55,10 @@ class WorkerProcess:
         self.failed = False
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        with open(log_path, "wb") as log:
+        # never through a link: a log in `optimize --report DIR` is created there first (advisor.report.folder)
+        with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "advisor.verify.worker", str(to_child_r), str(from_child_w)],
+                [sys.executable, "-m", "advisor.verify.worker", str(to_child_r), str(from_child_w), str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True,  # its own process group: a timeout kills whatever it started too
                 env=worker_environment())
@@ -130,11 +131,15 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 pass
         if self._process.poll() is None:
-            try:
-                os.killpg(self._process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_group(self._process.pid)
             self._process.wait()
+        left = _group_members(self._process.pid)  # started by the workload and still running after it ended
+        if left:
+            _kill_group(self._process.pid)
+            _left_running.extend(left)
+            deadline = time.monotonic() + 5  # SIGKILL is delivered, not yet done: end with them gone
+            while _group_members(self._process.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         if self._own_log and not self.failed:
             os.unlink(self.log_path)
 
@@ -143,6 +148,47 @@ class WorkerProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_left_running: list[str] = []  # "pid (name)" of what workers' process groups held when they closed
+
+
+def take_left_running() -> list[str]:
+    """What the workload left running in the workers closed since the last call (each one killed), and forget it."""
+    left = _left_running[:]
+    _left_running.clear()
+    return left
+
+
+def _kill_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _group_members(group: int) -> list[str]:
+    """The live processes of a process group, as "pid (name)" (Linux /proc; elsewhere only whether any is left).
+    A process that left the group (setsid, a daemon) is not seen."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    if not os.path.isdir("/proc/self"):
+        return [f"process group {group}"]
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                name, fields = handle.read().rsplit(")", 1)
+        except (OSError, ValueError):
+            continue
+        state, _parent, process_group = fields.split()[:3]
+        if int(process_group) == group and state != "Z":  # a zombie has ended; it only waits to be reaped
+            members.append(f"{entry} ({name.split('(', 1)[1]})")
+    return members
 
 
 def start_worker(label: str, timeout_s: float = DEFAULT_TIMEOUT_S, on_progress: Callable[[str], None] = lambda _: None,

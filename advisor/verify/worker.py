@@ -1,5 +1,5 @@
-"""Child side of a workload worker (`python -m advisor.verify.worker IN_FD OUT_FD`): load the workload once and
-answer requests (run, time, profile, ...) until the request pipe closes.
+"""Child side of a workload worker (`python -m advisor.verify.worker IN_FD OUT_FD PARENT_PID`): load the workload
+once and answer requests (run, time, profile, ...) until the request pipe closes.
 
 Every request's reply is ("ok", value) or ("error", one line); ("progress", text) may come before it. User code
 that calls sys.exit() inside a request is an error reply like any exception, so the worker survives it.
@@ -14,6 +14,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from advisor.child_lifetime import end_with_parent
 from advisor.verify.process import WORKER_ENVIRONMENT
 
 
@@ -197,7 +198,9 @@ class Worker:
         return {"bytes": peak, "method": "torch.profiler memory events: peak bytes allocated during one step (CPU)"}
 
     def profile(self, trace_path: str | None = None):
-        """`advisor profile` on the loaded workload: the report's JSON, its findings, op totals and the files run."""
+        """`advisor profile` on the loaded workload: the report's JSON, its findings, op totals, the files run, and
+        the runtime evidence that `scan/fix --profile` join to source lines."""
+        from advisor.fixes.evidence import evidence_from_report
         from advisor.runtime.profile import profile_workload
 
         report = profile_workload(self.workload, self.target, self.options["device"], self.options["dtype"],
@@ -211,7 +214,7 @@ class Worker:
                 entry[0] += 1 / c.profiled_steps
                 entry[1] += event.self_us / c.profiled_steps
         files = sorted({path for path, _ in t.line_us} | {path for path, _, _ in t.function_us})
-        return {"json": report.to_json(), "findings": report.findings,
+        return {"json": report.to_json(), "findings": report.findings, "evidence": evidence_from_report(report),
                 "ops": [{"op": name, "count": round(n, 3), "us": round(us, 3)} for name, (n, us) in ops.items()],
                 "files": [os.path.realpath(p) for p in files if p.endswith(".py") and os.path.isfile(p)],
                 "summary": {"device": c.device, "dtype": c.dtype, "step_us": c.step_us, "step_iqr_us": c.step_iqr_us,
@@ -268,6 +271,9 @@ def serve(receive: Connection, send: Connection) -> None:
 
 
 def main() -> None:
+    """argv: the request and reply pipes' descriptors, and advisor's pid: the worker, and whatever the workload
+    started in its process group, end when advisor does, however it ends."""
+    end_with_parent(int(sys.argv[3]), group=True)
     receive = Connection(int(sys.argv[1]), writable=False)
     send = Connection(int(sys.argv[2]), readable=False)
     serve(receive, send)
