@@ -261,3 +261,34 @@ def test_the_run_probe_sees_double_backward_and_forward_mode_but_not_first_order
     assert "create_graph=True" in " ".join(higher_order_requests(_penalty_through_kwargs))
     assert "forward-mode" in " ".join(higher_order_requests(_jvp))
     assert "double backward" in " ".join(higher_order_requests(_nested_grad))
+
+
+FOLDED = '''import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        weights = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
+        return torch.bmm(weights, v)
+'''
+
+
+def test_heads_folded_into_the_batch_run_the_math_kernel_so_a_penalty_keeps_working():
+    """3-D inputs: no fused kernel takes them, so SDPA runs its math kernel, which has double backward (p29)."""
+    source = FOLDED + PENALTY
+    finding = _attention(source)
+    assert finding.fix_safety == "safe"
+    assert "math kernel" in _fact(finding, "proved")["why"]
+    patched = analyze_source(source, "m.py").fixed
+    original, rewritten = load_module_from_source(source, "folded_o"), load_module_from_source(patched, "folded_p")
+    torch.manual_seed(0)
+    model, x = original.Attn(), torch.randn(2, 6, 16)
+    again = rewritten.Attn()
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(rewritten.penalty(again, x.clone()), original.penalty(model, x.clone()))

@@ -59,10 +59,10 @@ def test_an_internal_error_on_one_file_exits_2_but_still_reports_the_others(caps
 
     real = scan.find_attention
 
-    def broken_on_b(parsed, *rest):
+    def broken_on_b(parsed):
         if parsed.path.endswith("b.py"):
             raise KeyError("ADV999")
-        return real(parsed, *rest)
+        return real(parsed)
 
     monkeypatch.setattr(scan, "find_attention", broken_on_b)
     for name in ("a.py", "b.py"):

@@ -11,6 +11,7 @@ from advisor.findings import Finding
 from advisor.fixes.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
+from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
@@ -73,8 +74,9 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
     """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one; `calls`
     are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`);
     `tree` is what the whole scanned tree shows (None: the file alone)."""
-    return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line))
-            for match in find_attention(parsed, tree)]
+    tree = tree if tree is not None else TreeFacts.of_file(parsed)
+    return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line), tree)
+            for match in find_attention(parsed)]
 
 
 def _rule_for(match: AttentionMatch) -> Rule:
@@ -83,12 +85,15 @@ def _rule_for(match: AttentionMatch) -> Rule:
     return ESCAPING if match.escapes else SAFE
 
 
-def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall]) -> Detected:
+def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall],
+              tree: TreeFacts) -> Detected:
     """The finding, and its fix's edits; both cost the size of the block. A patch whose proof left a fact assumed
     (or only observed on a run) is unsafe whatever the rule's default: it names those facts."""
     rule = _rule_for(match)
     reason, fix, edits = match.reason, None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
+    if plan is not None:
+        autograd_order_fact(match.facts, tree, plan.verdicts)
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:

@@ -20,7 +20,6 @@ from advisor.patterns.ops import Op, OpReader
 from advisor.patterns.values import ValueProver
 from advisor.static.dataflow import Definition, FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.tree_facts import TreeFacts
 
 CORE_OPS = {"matmul", "bmm", "baddbmm", "einsum"}
 MAX_CHAIN = 40
@@ -35,7 +34,6 @@ class FunctionScope:
     owner: ClassInfo | None
     name: str
     reader: OpReader
-    tree: TreeFacts  # what the whole scanned tree shows
     taken_names: set[str] = field(default_factory=set)  # fresh names earlier matches of this function chose
     _classes: scope.ClassTable | None = None
 

@@ -12,7 +12,6 @@ import libcst as cst
 from advisor.patterns import scope
 from advisor.patterns.attention import anchors, products, scores, weights
 from advisor.patterns.attention.attn_mask import assemble_mask
-from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.attention.block_checks import check_bindings, check_escapes, check_reads, check_scope
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
 from advisor.patterns.attention.helpers import dotted_name
@@ -22,23 +21,20 @@ from advisor.patterns.attention.scale import scale_and_mask_roles
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.tree_facts import TreeFacts
 
 
-def find_attention(parsed: ParsedModule, tree: TreeFacts | None = None) -> list[AttentionMatch]:
-    """Every attention candidate of the file; `tree` is what the scanned tree shows (by default the file alone)."""
-    tree = tree if tree is not None else TreeFacts.of_file(parsed)
+def find_attention(parsed: ParsedModule) -> list[AttentionMatch]:
     matches: list[AttentionMatch] = []
     for function, owner, name in parsed.functions:
         if not anchors.mentions_softmax(parsed, owner.node if owner is not None else function):
             continue
-        matches.extend(_match_function(parsed, function, owner, name, tree))
+        matches.extend(_match_function(parsed, function, owner, name))
     return matches
 
 
 def _match_function(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None,
-                    name: str, tree: TreeFacts) -> list[AttentionMatch]:
-    shared = FunctionScope(parsed, function, owner, name, OpReader(parsed, owner), tree)
+                    name: str) -> list[AttentionMatch]:
+    shared = FunctionScope(parsed, function, owner, name, OpReader(parsed, owner))
     results, claimed = [], set()
     for softmax in anchors.softmaxes(shared.reader, function):
         if statement_of(parsed, softmax.node) in claimed:
@@ -113,7 +109,6 @@ def _prove(c: Candidate) -> None:
     check_scope(c, output_statement, consumed)
     weights.layout_role(c)
     check_escapes(c)
-    autograd_order_fact(match.facts, c.scope.tree)
 
 
 def _unique(items: list) -> list:
