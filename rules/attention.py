@@ -147,7 +147,7 @@ def _detect(context):
     from advisor.fixes.attention import attention_findings
 
     blocks = context.evidence.blocks if context.evidence is not None else []
-    return attention_findings(context.parsed, context.backend, blocks, context.tree)
+    return attention_findings(context.parsed, context.backend, blocks, context.tree, context.tree_facts)
 
 
 FAMILY = Family(

@@ -31,6 +31,13 @@ def add_selection_arguments(parser) -> None:
     parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
                         help="attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to the "
                              "flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
+    add_call_site_argument(parser)
+
+
+def add_call_site_argument(parser) -> None:
+    parser.add_argument("--no-call-site-facts", dest="call_site_facts", action="store_false",
+                        help="prove facts from each function's own source only, never from its callers in the "
+                             "scanned tree (for a library whose callers live outside it)")
 
 
 def _codes(text: str) -> list[str]:
@@ -55,6 +62,7 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
         task = progress.add_task("scanning", total=None)
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
+                            call_site_facts=args.call_site_facts,
                             on_file=lambda path: progress.update(task, description=f"scanning {shown(path)}"))
     if not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"

@@ -17,6 +17,7 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.backends import REQUESTABLE
+from advisor.commands.common import add_call_site_argument
 from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.folder import ReportFolder
@@ -43,6 +44,7 @@ def add_parser(sub) -> None:
                         help="seconds of interleaved timing per comparison (default 4; at least 12 rounds run)")
     parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
                         help="attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
+    add_call_site_argument(parser)
     parser.add_argument("--root", default=".", metavar="DIR",
                         help="--apply writes only under this folder (default: the current directory)")
     add_workload_arguments(parser)
@@ -64,7 +66,7 @@ def run(args) -> int:
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
-                      apply=args.apply or args.interactive, timeout_s=args.timeout,
+                      call_site_facts=args.call_site_facts, apply=args.apply or args.interactive, timeout_s=args.timeout,
                       timing_budget_s=args.timing_budget)
     with stderr.status("starting") as status:
         if args.interactive:

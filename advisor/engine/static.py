@@ -23,6 +23,7 @@ from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
 from advisor.rewrite.splice import Edit, apply_edits, local_diff
+from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeFacts
@@ -45,14 +46,16 @@ class Detected:
 @dataclass
 class StaticContext:
     """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
-    for this file, the findings earlier families kept (selected, not suppressed), and what the whole scanned tree
-    shows (None: the file is the whole tree)."""
+    for this file, the findings earlier families kept (selected, not suppressed), and the scanned tree whose
+    calls may prove facts (None: facts come from the file alone), and what that tree asks of autograd (None: the
+    file alone is asked)."""
 
     parsed: ParsedModule
     backend: str = "sdpa"
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
-    tree: TreeFacts | None = None
+    tree: Tree | None = None
+    tree_facts: TreeFacts | None = None
 
 
 @dataclass
@@ -139,15 +142,17 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True, tree: TreeFacts | None = None) -> FileResult:
+                   patches: bool = True, tree: Tree | None = None,
+                   tree_facts: TreeFacts | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
-    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree` is what
-    the other files of the run show (None: this file is the whole tree)."""
+    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree`: the
+    scanned files, whose calls of this file's functions may prove facts (None: the file alone); `tree_facts`: what
+    the scanned files ask of autograd (None: this file alone)."""
     parsed = ParsedModule(source, path)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence, tree=tree)
+    context = StaticContext(parsed, backend, evidence, tree=tree, tree_facts=tree_facts)
     lowered = source.lower()
     detected: list[Detected] = []
     for family in families():
@@ -185,16 +190,19 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True) -> ScanResult:
+               fixed: bool = True, call_site_facts: bool = True) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
-    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards."""
+    With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `call_site_facts`: the
+    discovered files' calls may prove facts of the functions they call (off for a library whose callers live
+    outside the tree)."""
     files, errors = discover(paths)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed, tree=TreeFacts.of_paths(files))
+                       runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
+                       tree_facts=TreeFacts.of_paths(files))
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs)
     else:
@@ -241,14 +249,15 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, tree: TreeFacts | None = None) -> FileResult | ScanError:
+               fixed: bool = True, tree: Tree | None = None,
+               tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree, tree_facts)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -263,7 +272,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
                   runtime: RuntimeEvidence | None, patches: bool = True,
-                  tree: TreeFacts | None = None) -> FileResult | ScanError:
+                  tree: Tree | None = None, tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
@@ -275,7 +284,7 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches, tree=tree)
+                              patches=patches, tree=tree, tree_facts=tree_facts)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 

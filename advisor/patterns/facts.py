@@ -5,29 +5,39 @@ assumed (with the reason it cannot be proved), which makes the patch unsafe: it 
 `--unsafe-fixes`, and `advisor optimize` can check it on the user's own inputs. A fact that is false is not
 recorded at all: the matcher refuses the block with a reason instead. A fact that is false only where the
 original's output is NaN (a fully masked query row, which SDPA returns as 0) is accepted: the patch stays safe
-and the finding names the divergence. An assumed fact that held on every recorded call of a workload is observed:
-still unproved, so the patch stays unsafe, but `advisor optimize` tries and verifies it on that workload.
+and the finding names the divergence. An assumed fact about a parameter used as is carries claims: what every
+call of the function must pass for it to hold; when every call site in the scanned tree shows it, the fact is
+proved from call sites (`from_call_sites`, with the sites listed), and the patch is safe. An assumed fact that held
+on every recorded call of a workload is observed: still unproved, so the patch stays unsafe, but `advisor optimize`
+tries and verifies it on that workload.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 PROVED, ASSUMED, ACCEPTED, OBSERVED = "proved", "assumed", "accepted", "observed"
+FROM_CALL_SITES = "from_call_sites"
 
 
-RANK = {PROVED: 0, ACCEPTED: 1, OBSERVED: 2, ASSUMED: 3}  # a fact met twice keeps its weaker status
+# a fact met twice keeps its weaker status
+RANK = {PROVED: 0, FROM_CALL_SITES: 1, ACCEPTED: 2, OBSERVED: 3, ASSUMED: 4}
 
 
 @dataclass(frozen=True)
 class Fact:
     name: str  # stable identifier, e.g. "mask-dtype", "scale-is-number"
     statement: str  # what must hold, in one sentence
-    status: str  # PROVED, ASSUMED, ACCEPTED or OBSERVED
+    status: str  # PROVED, FROM_CALL_SITES, ASSUMED, ACCEPTED or OBSERVED
     why: str | None = None  # how it was proved, or why it could not be
+    claims: tuple = field(default=(), compare=False)  # call_site_facts.Claim: what every call must pass
+    sites: tuple[str, ...] = ()  # FROM_CALL_SITES: the calls (`path:line`) that prove it
 
-    def to_json(self) -> dict[str, str | None]:
-        return {"name": self.name, "statement": self.statement, "why": self.why}
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {"name": self.name, "statement": self.statement, "why": self.why}
+        if self.status == FROM_CALL_SITES:
+            data["sites"] = list(self.sites)
+        return data
 
 
 class FactSheet:
@@ -40,8 +50,9 @@ class FactSheet:
     def proved(self, name: str, statement: str, why: str | None = None) -> None:
         self._add(Fact(name, statement, PROVED, why))
 
-    def assumed(self, name: str, statement: str, why: str) -> None:
-        self._add(Fact(name, statement, ASSUMED, why))
+    def assumed(self, name: str, statement: str, why: str, claims: tuple = ()) -> None:
+        """`claims`: what every call of the function would have to pass to prove it from call sites."""
+        self._add(Fact(name, statement, ASSUMED, why, claims))
 
     def accepted(self, name: str, statement: str, why: str) -> None:
         """A documented divergence that leaves the patch safe (the original's NaN becomes SDPA's 0)."""
@@ -58,6 +69,10 @@ class FactSheet:
             if (known.name, known.statement) == (fact.name, fact.statement):
                 if RANK[fact.status] > RANK[known.status]:
                     self.facts[index] = fact  # one path could not prove it: the weaker status wins
+                elif fact.status == known.status == ASSUMED and not (fact.claims and known.claims):
+                    self.facts[index] = replace(known, claims=())  # one path has no claim to prove it by
+                elif fact.status == known.status == ASSUMED:
+                    self.facts[index] = replace(known, claims=known.claims + fact.claims)
                 return
         self.facts.append(fact)
 
@@ -69,7 +84,17 @@ class FactSheet:
     def observations(self) -> list[Fact]:
         return [fact for fact in self.facts if fact.status == OBSERVED]
 
+    def from_call_sites(self, fact: Fact, sites: list[str], shows: str) -> None:
+        """`fact`, assumed here, holds at every call site in the tree (`sites`), each showing `shows`."""
+        index = self.facts.index(fact)
+        self.facts[index] = Fact(fact.name, fact.statement, FROM_CALL_SITES,
+                                 f"every call in the scanned tree passes {shows} ({len(sites)} call "
+                                 f"site{'s' if len(sites) > 1 else ''}); not proved for callers outside it",
+                                 sites=tuple(sites))
+
     def to_json(self) -> dict[str, list[dict]]:
-        """Facts by status; the `observed` group only where a run discharged one (static scans keep three)."""
-        groups = (PROVED, ACCEPTED, ASSUMED) + ((OBSERVED,) if self.observations else ())
+        """Facts by status; the `observed` and `from_call_sites` groups only where a fact was discharged so (static
+        scans of code without callers keep three)."""
+        groups = (PROVED, ACCEPTED, ASSUMED) + ((OBSERVED,) if self.observations else ()) + \
+            ((FROM_CALL_SITES,) if any(fact.status == FROM_CALL_SITES for fact in self.facts) else ())
         return {status: [fact.to_json() for fact in self.facts if fact.status == status] for status in groups}

@@ -26,7 +26,7 @@ from advisor.static.module_index import ClassInfo, ParsedModule
 NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: fill -inf, finite fill, added
 RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", "clone", "logical_not", "long",
                 "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
-CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand")}
+CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand", "randint")}
 RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
                           "torch.logical_not", "torch.clone"}
 ROWS = "fully-masked-rows"
@@ -83,10 +83,10 @@ class RankBounds:
         args = [a for a in node.args if a.keyword is None]
         dotted = self.parsed.imported_name(node.func) or ""
         if dotted in CREATORS and args and not any(a.star for a in args):
-            sizes = args[:1] if dotted == "torch.full" else args
+            sizes = args[:1] if dotted == "torch.full" else args[-1:] if dotted == "torch.randint" else args
             if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
                 return _exact(len(sizes[0].value.elements))
-            return _exact(len(sizes)) if dotted != "torch.full" else UNKNOWN
+            return _exact(len(sizes)) if dotted not in ("torch.full", "torch.randint") else UNKNOWN
         if dotted in RANK_KEEPING_FUNCTIONS and args:
             return below(args[0].value)
         if isinstance(node.func, cst.Attribute):
@@ -144,8 +144,9 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
     return low - integers + nones, None if high is None else high - integers + nones
 
 
-def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list) -> None:
-    """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring)."""
+def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = ()) -> None:
+    """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring). `added_claims`:
+    what every call must pass for added masks of parameters to swallow no row (values the call sites may show)."""
     if not terms:
         return
     if all(term.keeps_first_key for term in terms):
@@ -166,7 +167,7 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list) -> Non
                       "the added mask's values are not visible here: where they swallow a whole row's scores (a "
                       "padded sample under `(1 - m) * finfo.min`), the original's weights are uniform while SDPA's "
                       "fused backward gives other gradients, and a mask cast to a bf16/fp16 query turns fp32 "
-                      "`finfo.min` into -inf (rows of 0); nothing proves every row keeps a key")
+                      "`finfo.min` into -inf (rows of 0); nothing proves every row keeps a key", added_claims)
         return
     facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
                    "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")

@@ -77,10 +77,10 @@ class ValueProver:
             if dotted in NUMBER_FUNCTIONS:
                 return True
             if dotted in SCALAR_FUNCTIONS:
-                return all(self.is_scalar(a.value, depth + 1) or self._is_size(a.value) for a in node.args)
-            return self._is_size(node) or self._helper_returns_scalar(node, depth)
+                return all(self.is_scalar(a.value, depth + 1) or self.is_size(a.value) for a in node.args)
+            return self.is_size(node) or self._helper_returns_scalar(node, depth)
         if isinstance(node, cst.Subscript):
-            return self._is_size(node)
+            return self.is_size(node)
         if isinstance(node, cst.Name):
             return self._name_is_scalar(node, depth)
         if isinstance(node, cst.Attribute):
@@ -138,17 +138,17 @@ class ValueProver:
         returned = body[0].body[0].value
         candidates = [returned.body, returned.orelse] if isinstance(returned, cst.IfExp) else [returned]
         return all(isinstance(c, cst.Name) and c.value in arguments and
-                   (self.is_scalar(arguments[c.value], depth + 1) or self._is_size(arguments[c.value]))
+                   (self.is_scalar(arguments[c.value], depth + 1) or self.is_size(arguments[c.value]))
                    for c in candidates)
 
-    def _is_size(self, node: cst.BaseExpression) -> bool:
+    def is_size(self, node: cst.BaseExpression) -> bool:
         """`x.size(-1)`, `x.shape[-1]`, `len(x)`: integers read off a tensor's shape."""
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             return node.func.attr.value in SIZE_METHODS and len(node.args) <= 1
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute):
             return node.value.attr.value == "shape"
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call):  # x.size()[-1]
-            return self._is_size(node.value)
+            return self.is_size(node.value)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "len":
             return True
         return False

@@ -23,6 +23,7 @@ from advisor.fixes.observed import OBSERVERS
 from advisor.report.folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
+from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
 from advisor.static.tree_facts import TreeFacts
 from advisor.verify.overlay import original_path
@@ -47,6 +48,7 @@ class Options:
     train: bool = False
     unsafe_fixes: bool = False
     backend: str = "sdpa"  # what attention patches target: sdpa, flash, flash-attn
+    call_site_facts: bool = True  # the profiled files' calls may prove facts of the functions they call
     apply: bool = False
     review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -245,22 +247,24 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
                        observations: Callable[[], RuntimeEvidence] | None = None,
-                       autograd_requests: list[str] = ()) -> dict[str, Candidate]:
-    """Patches of the static rules over the files the profile saw running (attention findings with a patch); those
-    files are the scanned tree, and `autograd_requests` what the run was seen asking of autograd.
+                       call_site_facts: bool = True, autograd_requests: list[str] = ()) -> dict[str, Candidate]:
+    """Patches of the static rules over the files the profile saw running (attention findings with a patch).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
-    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`)."""
+    blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
+    `call_site_facts`, those files' calls may prove facts of the functions they call. Those files are the scanned
+    tree for what is asked of autograd too, with `autograd_requests`: what the run was seen asking."""
     candidates: dict[str, Candidate] = {}
-    tree = TreeFacts.of_paths(files).with_observed(list(autograd_requests))
+    tree = Tree(list(files)) if call_site_facts else None
+    tree_facts = TreeFacts.of_paths(files).with_observed(list(autograd_requests))
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend, tree)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, tree_facts=tree_facts)
         if result is None:
             continue
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, tree, observations()) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, tree_facts) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -274,10 +278,12 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     return candidates
 
 
-def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, tree: TreeFacts,
-              runtime: RuntimeEvidence | None = None) -> FileResult | None:
+def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
+              runtime: RuntimeEvidence | None = None, tree: Tree | None = None,
+              tree_facts: TreeFacts | None = None) -> FileResult | None:
     try:
-        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree)
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree,
+                              tree_facts=tree_facts)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 
@@ -330,7 +336,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
                                                 options.backend,
                                                 session.observations if session.nondeterministic is None else None,
-                                                session.autograd_requests)
+                                                options.call_site_facts, session.autograd_requests)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))

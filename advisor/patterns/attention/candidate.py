@@ -169,3 +169,36 @@ def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None,
     if definition is not None:
         return [(read, None) for read in flow_for(c, node).reads_of(definition)]
     return [(None, None)]
+
+
+def parameter_claims(c: Candidate, nodes: list[cst.BaseExpression], check: str, guards: list[cst.If | None] = (),
+                     rank: tuple[int, int | None] | None = None, peers: list[cst.BaseExpression] = ()) -> tuple:
+    """What every call of this block's function must pass for a fact about `nodes` to hold, when each node is
+    a parameter of it read as is (see `call_site_facts`); () when one is anything else. A node used only under
+    `if <it> is not None:` (its guard) is proved by a call that passes None too."""
+    from advisor.patterns.call_site_facts import Claim, parameter_of
+
+    claims = []
+    for node, guard in zip(nodes, list(guards) + [None] * (len(nodes) - len(guards))):
+        found = parameter_of(c.parsed, node)
+        if found is None or found[0] in c.inlined:
+            return ()
+        same = [parameter_of(c.parsed, peer) for peer in peers]
+        claims.append(Claim(found[0], found[1], check, rank, _tests_not_none(c.parsed, guard, found[1], node),
+                            tuple(p[1] for p in same if p is not None and p[0] is found[0])))
+    return tuple(claims)
+
+
+def _tests_not_none(parsed: ParsedModule, guard: cst.If | None, name: str, node: cst.CSTNode) -> bool:
+    """`node` lies in the body of `if name is not None:`."""
+    if guard is None or not isinstance(guard.test, cst.Comparison) or len(guard.test.comparisons) != 1:
+        return False
+    test, target = guard.test, guard.test.comparisons[0]
+    if not (isinstance(test.left, cst.Name) and test.left.value == name and isinstance(target.operator, cst.IsNot)
+            and isinstance(target.comparator, cst.Name) and target.comparator.value == "None"):
+        return False
+    while node is not None and node is not guard:
+        if node is guard.body:
+            return True
+        node = parsed.parents.get(node)
+    return False

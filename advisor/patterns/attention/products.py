@@ -122,7 +122,8 @@ def _rank_of_definition(c: Candidate, definition: Definition, depth: int) -> int
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "map" \
             and value.args and isinstance(value.args[0].value, cst.Lambda):
         return rank(c, value.args[0].value.body, depth + 1)
-    return None
+    base = rank(c, value, depth + 1)  # `q, k, v = t.permute(2, 0, 3, 1, 4)`: unpacking iterates the first dim
+    return base - 1 if base else None
 
 
 def _einsum_roles(c: Candidate, core: Op) -> int:

@@ -12,10 +12,11 @@ import re
 
 import libcst as cst
 
-from advisor.patterns.attention.candidate import Candidate, statement_of
+from advisor.patterns.attention.candidate import Candidate, parameter_claims, statement_of
 from advisor.patterns.attention.mask_terms import mask_term, reshape_term
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
+from advisor.patterns.call_site_facts import NUMBER
 from advisor.static.codegen import atomic, joined, number, parenthesized
 
 
@@ -58,7 +59,7 @@ def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
         c.match.facts.proved("scale-is-number", statement, "built from literals, sizes, math functions and "
                                                            "int/float values")
     else:
-        c.match.facts.assumed("scale-is-number", statement, guess)
+        c.match.facts.assumed("scale-is-number", statement, guess, parameter_claims(c, [factor], NUMBER))
 
 
 def _scale(c: Candidate) -> cst.BaseExpression | None:

@@ -12,7 +12,9 @@ import libcst as cst
 
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.attn_mask import plain_query
-from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of
+from advisor.patterns import call_site_facts as sf
+from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of, \
+    parameter_claims
 from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
 from advisor.patterns.attention.products import rank, spec
 from advisor.patterns.attention.rendering import short
@@ -39,7 +41,10 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     _mask_dtype_facts(c, v_like_q)
     _mask_rank_fact(c, ndim)
     _precision_fact(c)
-    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks)
+    added = [term for term in c.match.masks if term.fill_kind == mk.ADDITIVE]
+    small = parameter_claims(c, [term.source for term in added], sf.SMALL, [term.guard for term in added]) \
+        if added and len(added) == len(c.match.masks) else ()
+    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small)
 
 
 def _precision_fact(c: Candidate) -> None:
@@ -121,7 +126,8 @@ def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
                                "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
         else:
             match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
-                                "to q's dtype, which changes a wider float mask)")
+                                "to q's dtype, which changes a wider float mask)",
+                                parameter_claims(c, [term.source], sf.NOT_FLOAT, [term.guard]))
 
 
 def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
@@ -147,12 +153,23 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     if not few and not many:
         match.facts.proved("mask-rank", statement, "its indexing, reshaping or creation bounds its rank, and "
                            "the product's operands (or the value product) the scores'")
-    elif few:
+        return
+    # what each call must pass instead: at least 2 dims where a 1-D mask is rejected, at most the scores' dims
+    needed = (2 if high is None or high > 3 else 0,
+              None if upper is not None and upper <= max(low, 2) else max(low, 2))
+    unproved = _unique(few + many)
+    claims = parameter_claims(c, [term.source for term in unproved], sf.RANK, [term.guard for term in unproved],
+                              needed, c.leaf_nodes[:2])
+    if few:
         match.facts.assumed("mask-rank", statement, f"the rank of `{short(c.parsed, few[0].source)}` is not "
-                            f"visible here, and SDPA rejects a 1-D mask on 4-D inputs")
+                            f"visible here, and SDPA rejects a 1-D mask on 4-D inputs", claims)
     else:
         match.facts.assumed("mask-rank", statement, f"`{short(c.parsed, many[0].source)}` may have more dims than "
-                            f"the scores (eager broadcasting then gives a higher-rank output; SDPA raises)")
+                            f"the scores (eager broadcasting then gives a higher-rank output; SDPA raises)", claims)
+
+
+def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
+    return [term for index, term in enumerate(terms) if all(term is not other for other in terms[:index])]
 
 
 def _output_rank(c: Candidate) -> int | None:

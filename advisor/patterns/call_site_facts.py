@@ -1,0 +1,372 @@
+"""Facts about a parameter that its function cannot prove, proved at every call of it in the scanned tree.
+
+Most attention takes its mask or scale from its caller. When the fact the rewrite needs (a mask's rank, that it
+is not a float, that its values are small, that a scale is a number) is about a parameter used as is, each call
+site is read where it builds the argument: `ids != pad` (a bool), `m[:, None, None, :]` (rank 4), `torch.zeros`
+(values 0), `0.125` (a number). An argument that is itself a parameter of the caller is followed to the caller's
+own calls. The fact is proved from call sites only when every call in the tree proves it (`Tree.sites` says None
+when some use is not a visible call); the sites are listed with the fact. What the sites show is read as
+`masks.RankBounds` reads a mask in the block itself, plus two small evaluators (dtype kind, value bounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from collections.abc import Callable
+
+import libcst as cst
+
+from advisor.patterns import masks as mk
+from advisor.patterns.copies_casts import dtype_name
+from advisor.patterns.facts import FactSheet
+from advisor.patterns.ops import OpReader, number_value
+from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
+from advisor.static.call_sites import CallSite, Tree, bound_argument
+from advisor.static.dataflow import UNDEFINED, is_inplace_method
+from advisor.static.module_index import ParsedModule, _assigned_names
+
+RANK, NOT_FLOAT, SMALL, NUMBER = "rank", "not-float", "small-values", "number"
+SMALL_LIMIT = 10.0  # |values| of an added mask that leave a row masked everywhere as precise as the scores
+MAX_DEPTH = 4  # callers followed through parameters passed on
+NON_FLOAT_DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64"}
+NON_FLOAT_METHODS = {"bool", "long", "int", "byte", "short", "char", "logical_not", "logical_and", "logical_or",
+                     "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isfinite"}
+KEEP_VALUES = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous", "clone", "detach",
+               "unsqueeze", "view", "reshape", "expand", "expand_as", "transpose", "permute", "repeat", "flatten",
+               "squeeze", "__getitem__", "long", "int", "flip", "roll"}
+BOUNDED_CREATORS = {"torch.zeros": (0.0, 0.0), "torch.zeros_like": (0.0, 0.0), "torch.ones": (1.0, 1.0),
+                    "torch.ones_like": (1.0, 1.0), "torch.rand": (0.0, 1.0), "torch.rand_like": (0.0, 1.0),
+                    # torch's normal sampler maps finite-precision uniforms (Box-Muller): |x| < 8.6 in float64
+                    "torch.randn": (-SMALL_LIMIT, SMALL_LIMIT), "torch.randn_like": (-SMALL_LIMIT, SMALL_LIMIT)}
+BOUNDED_METHODS = {"new_zeros": (0.0, 0.0), "new_ones": (1.0, 1.0), "zero_": (0.0, 0.0)}
+SHOWS = {RANK: "a mask whose indexing, reshaping or creation gives it a rank SDPA takes",
+         NOT_FLOAT: "a bool or integer mask (SDPA gets its values exactly as q's dtype)",
+         SMALL: f"a mask whose values are at most {SMALL_LIMIT:g} in magnitude (zeros, 0/1, a comparison times a "
+                f"small constant, a bounded random draw), which swallows no row: a row masked everywhere is "
+                f"softmax(scores + mask) in both", NUMBER: "a Python number"}
+
+Interval = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What every call of `function` must pass as `parameter`. `rank` bounds the mask's dims for RANK, and `peers`
+    (q's and k's parameters) raise its upper bound to their least rank at the same call (the scores have at least
+    theirs); `none_ok`: the block uses the parameter only when it is not None, so passing None proves it too."""
+
+    function: cst.FunctionDef
+    parameter: str
+    check: str
+    rank: mk.Bounds | None = None
+    none_ok: bool = False
+    peers: tuple[str, ...] = ()
+
+
+def proved_at_sites(tree: Tree, parsed: ParsedModule, claims: tuple[Claim, ...]) -> list[str] | None:
+    """The call sites (`path:line`) that prove every claim, or None when one call, or one claim, does not."""
+    where: list[str] = []
+    for claim in claims:
+        found = _sites_prove(tree, parsed, claim.function, claim.parameter, claim, 0)
+        if found is None:
+            return None
+        where.extend(site for site in found if site not in where)
+    return where
+
+
+def _sites_prove(tree: Tree, parsed: ParsedModule, function: cst.FunctionDef, parameter: str, claim: Claim,
+                 depth: int) -> list[str] | None:
+    sites = tree.sites(parsed, function, parameter)
+    if not sites or depth > MAX_DEPTH:
+        return None
+    where: list[str] = []
+    for site in sites:
+        found = _site_proves(tree, site, claim, depth)
+        if found is None:
+            return None
+        where.extend(found)
+    return where
+
+
+def _site_proves(tree: Tree, site: CallSite, claim: Claim, depth: int) -> list[str] | None:
+    argument, scope = site.argument, site.scope
+    if argument is None:
+        return None
+    if claim.none_ok and isinstance(argument, cst.Name) and argument.value == "None":
+        return [site.where]
+    passed_on = parameter_of(scope, argument) if scope is site.parsed else None
+    if passed_on is not None:  # the caller's own parameter: what its callers pass (q and k are other values there)
+        return _sites_prove(tree, scope, *passed_on, replace(claim, peers=()), depth + 1)
+    return [site.where] if _holds(site, claim) else None
+
+
+def parameter_of(parsed: ParsedModule, node: cst.BaseExpression) -> tuple[cst.FunctionDef, str] | None:
+    """(function, parameter) when `node` is a read of that function's parameter and nothing else reaches it, or
+    `self.x` whose class's only value for it is its `__init__`'s parameter (`self.scale = scale`)."""
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+        owner = SiteScope(parsed, node).owner
+        value = owner.only_value(node.attr.value) if owner is not None else None
+        found = parameter_of(parsed, value) if isinstance(value, cst.Name) else None
+        return found if found is not None and found[0] is owner.methods.get("__init__") else None
+    if not isinstance(node, cst.Name):
+        return None
+    function = parsed.innermost(node, cst.FunctionDef)
+    if function is None:
+        return None
+    flow = parsed.flow(function)
+    definitions = flow.definitions_of(node)
+    if flow.sees_undefined(node) or len(definitions) != 1 or definitions[0].kind != "param":
+        return None
+    owner = parsed.innermost(definitions[0].statement, cst.FunctionDef)
+    return (owner, node.value) if owner is not None else None
+
+
+def _holds(site: CallSite, claim: Claim) -> bool:
+    argument, scope = site.argument, SiteScope(site.scope, site.argument)
+    if claim.check == RANK:
+        ranks = scope.ranks()
+        low, high = ranks.bounds(argument)
+        need_low, need_high = claim.rank
+        if need_high is not None:
+            need_high = max([need_high] + [ranks.bounds(peer)[0] for peer in _peer_arguments(site, claim)])
+        return low >= need_low and (need_high is None or (high is not None and high <= need_high))
+    if claim.check == NOT_FLOAT:
+        return scope.not_float(argument)
+    if claim.check == SMALL:
+        bounds = scope.interval(argument)
+        return bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT
+    if claim.check == NUMBER:
+        return scope.python_number(argument)
+    return False
+
+
+def _peer_arguments(site: CallSite, claim: Claim) -> list[cst.BaseExpression]:
+    """What this call passes for q's and k's parameters (those it writes out; a default is no tensor)."""
+    found = []
+    for peer in claim.peers:
+        bound = bound_argument(claim.function, site.call, peer, skip_self=site.method)
+        if bound and not bound[1] and bound[0] is not None:
+            found.append(bound[0])
+    return found
+
+
+class SiteScope:
+    """An expression at a call site: what its names hold there (assignments in its function, a module-level
+    tensor assigned once, an attribute its class assigns once), read without running anything."""
+
+    def __init__(self, parsed: ParsedModule, node: cst.CSTNode) -> None:
+        self.parsed = parsed
+        self.function = parsed.innermost(node, cst.FunctionDef)
+        self.owner = next((o for f, o, _ in parsed.functions if f is self.function), None)
+
+    def ranks(self) -> mk.RankBounds:
+        prover = self.prover()
+        return mk.RankBounds(self.parsed, self.owner, OpReader(self.parsed, self.owner), lambda node: None,
+                             self.values, lambda call: None,
+                             prover.is_scalar if prover is not None else lambda node: number_value(node) is not None)
+
+    def prover(self) -> ValueProver | None:
+        return ValueProver(self.parsed, self.parsed.flow(self.function), self.owner) if self.function else None
+
+    def values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
+        """The values assigned to `name` that reach this read; None when anything else may (a parameter, an
+        in-place write, an unpacking)."""
+        function = self.parsed.innermost(name, cst.FunctionDef)
+        if function is None:
+            return _module_value(self.parsed, name.value)
+        flow = self.parsed.flow(function)
+        ids = flow.reaching.get(name)
+        if ids == frozenset({UNDEFINED}):
+            return _module_value(self.parsed, name.value)  # a global read
+        definitions = flow.definitions_of(name)
+        if not definitions or flow.sees_undefined(name) or any(d.kind != "assign" or d.index is not None
+                                                                  for d in definitions):
+            return None
+        return [d.value for d in definitions]
+
+    def _resolved(self, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+        if isinstance(node, cst.Name):
+            return self.values(node)
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
+                and self.owner is not None:
+            value = self.owner.only_value(node.attr.value)
+            return [value] if value is not None else None
+        return None
+
+    def python_number(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """A Python number, never a tensor (not even one wrapping a number, as `torch.tensor(0.1)`, which SDPA's
+        `scale` does not take): literals, arithmetic of numbers, `math.sqrt`/`float`/`int`/`len`, sizes."""
+        if depth > 12:
+            return False
+        below = lambda child: self.python_number(child, depth + 1)  # noqa: E731
+        if number_value(node) is not None:
+            return True
+        resolved = self._resolved(node)
+        if resolved is not None:
+            return all(below(value) for value in resolved)
+        if isinstance(node, cst.UnaryOperation):
+            return below(node.expression)
+        if isinstance(node, cst.BinaryOperation):
+            return below(node.left) and below(node.right)
+        if isinstance(node, cst.IfExp):
+            return below(node.body) and below(node.orelse)
+        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) in NUMBER_FUNCTIONS:
+            return True
+        prover = self.prover()
+        return prover is not None and prover.is_size(node)
+
+    def not_float(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """A bool or integer tensor (SDPA gets it as q's dtype: its values exactly)."""
+        if depth > 12:
+            return False
+        below: Callable[[cst.BaseExpression], bool] = lambda child: self.not_float(child, depth + 1)  # noqa: E731
+        if isinstance(node, cst.Comparison):
+            return True
+        resolved = self._resolved(node)
+        if resolved is not None:
+            return all(below(value) for value in resolved)
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+            return below(node.expression)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)):
+            return below(node.left) and below(node.right)
+        if isinstance(node, cst.Subscript):
+            return below(node.value)
+        if not isinstance(node, cst.Call):
+            return False
+        dtype = next((dtype_name(self.parsed, a.value) for a in node.args if a.keyword is not None
+                      and a.keyword.value == "dtype"), None)
+        dotted = self.parsed.imported_name(node.func) or ""
+        if dtype is not None:
+            return dtype in NON_FLOAT_DTYPES
+        if dotted in ("torch.randint", "torch.randint_like") or dotted.split(".")[-1] in NON_FLOAT_METHODS and \
+                dotted.startswith("torch."):
+            return True
+        if dotted in ("torch.tril", "torch.triu") and node.args:
+            return below(node.args[0].value)
+        if isinstance(node.func, cst.Attribute):
+            method = node.func.attr.value
+            if method in NON_FLOAT_METHODS:
+                return True
+            if method == "to" and node.args and dtype_name(self.parsed, node.args[0].value) is not None:
+                return dtype_name(self.parsed, node.args[0].value) in NON_FLOAT_DTYPES
+            if method in KEEP_VALUES - {"float", "double", "half", "bfloat16", "to", "type_as", "type"} or \
+                    method in ("tril", "triu", "masked_fill"):
+                return below(node.func.value)
+        return False
+
+    def interval(self, node: cst.BaseExpression, depth: int = 0) -> Interval | None:
+        """Bounds on every value of the tensor or number `node`; None when the source does not show them."""
+        if depth > 12:
+            return None
+        below = lambda child: self.interval(child, depth + 1)  # noqa: E731
+        number = number_value(node)
+        if number is not None:
+            return number, number
+        if _is_bool(node):
+            return 0.0, 1.0
+        resolved = self._resolved(node)
+        if resolved is not None:
+            return _union([below(value) for value in resolved])
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            inner = below(node.expression)
+            return None if inner is None else (-inner[1], -inner[0])
+        if isinstance(node, cst.BinaryOperation):
+            return _arithmetic(node, below(node.left), below(node.right))
+        if isinstance(node, cst.Subscript):
+            return below(node.value)
+        if isinstance(node, cst.Call):
+            return self._call_interval(node, below)
+        return None
+
+    def _call_interval(self, node: cst.Call, below) -> Interval | None:
+        dotted = self.parsed.imported_name(node.func) or ""
+        args = [a.value for a in node.args if a.keyword is None]
+        if dotted in BOUNDED_CREATORS:
+            return BOUNDED_CREATORS[dotted]
+        if dotted == "torch.full" and len(args) >= 2:
+            return below(args[1])
+        if dotted == "torch.randint" and len(args) in (2, 3):  # randint([low,] high, size): low <= x < high
+            bounds = [number_value(arg) for arg in ([cst.Integer("0")] + args[:1] if len(args) == 2 else args[:2])]
+            return None if None in bounds else (bounds[0], bounds[1] - 1)
+        if dotted in ("torch.tril", "torch.triu") and args:
+            return _union([below(args[0]), (0.0, 0.0)])
+        if dotted == "torch.where" and len(args) == 3:
+            return _union([below(args[1]), below(args[2])])
+        if not isinstance(node.func, cst.Attribute):
+            return None
+        method, receiver = node.func.attr.value, node.func.value
+        if method in BOUNDED_METHODS:
+            return BOUNDED_METHODS[method]
+        if method in ("new_full", "fill_") and args:
+            return below(args[-1])
+        if method in ("tril", "triu"):
+            return _union([below(receiver), (0.0, 0.0)])
+        if method == "masked_fill" and len(args) == 2:
+            return _union([below(receiver), below(args[1])])
+        if method in KEEP_VALUES:
+            return below(receiver)
+        return None
+
+
+def _is_bool(node: cst.BaseExpression) -> bool:
+    """An expression whose values are 0 and 1: a comparison, `.bool()`, a logical method, `~`/`&`/`|` of those."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.attr.value in NON_FLOAT_METHODS - {"long", "int", "byte", "short", "char"}
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+        return _is_bool(node.expression)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)):
+        return _is_bool(node.left) and _is_bool(node.right)
+    return isinstance(node, cst.Comparison)
+
+
+def _union(options: list[Interval | None]) -> Interval | None:
+    if not options or any(option is None for option in options):
+        return None
+    return min(low for low, _ in options), max(high for _, high in options)
+
+
+def _arithmetic(node: cst.BinaryOperation, left: Interval | None, right: Interval | None) -> Interval | None:
+    if left is None or right is None:
+        return None
+    if isinstance(node.operator, cst.Add):
+        return left[0] + right[0], left[1] + right[1]
+    if isinstance(node.operator, cst.Subtract):
+        return left[0] - right[1], left[1] - right[0]
+    if isinstance(node.operator, cst.Multiply):
+        products = [a * b for a in left for b in right]
+        return min(products), max(products)
+    if isinstance(node.operator, cst.Divide) and right[0] == right[1] and right[0] != 0:
+        products = [a / right[0] for a in left]
+        return min(products), max(products)
+    return None
+
+
+def _module_value(parsed: ParsedModule, name: str) -> list[cst.BaseExpression] | None:
+    """A module-level `name = value` that is the file's only binding of `name` and is never written in place."""
+    bindings = [n for n in _assigned_names(parsed.parents.items()) if n.value == name]
+    if len(bindings) != 1:
+        return None
+    target = parsed.parents.get(bindings[0])
+    assign = parsed.parents.get(target)
+    if not isinstance(target, cst.AssignTarget) or not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
+            or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef)) is not None:
+        return None
+    for node in parsed.parents:
+        written = node.value if isinstance(node, cst.Subscript) and isinstance(parsed.parents.get(node),
+                                                                               cst.AssignTarget) else \
+            node.func.value if isinstance(node, cst.Call) and is_inplace_method(node.func) else None
+        if isinstance(written, cst.Name) and written.value == name:
+            return None
+    return [assign.value]
+
+
+def describe(claim: Claim) -> str:
+    return SHOWS[claim.check]
+
+
+def settle_from_call_sites(tree: Tree, parsed: ParsedModule, facts: FactSheet) -> None:
+    """Each assumed fact whose claims every call site in the tree proves becomes proved from call sites."""
+    for fact in list(facts.assumptions):
+        if fact.claims:
+            sites = proved_at_sites(tree, parsed, fact.claims)
+            if sites:
+                facts.from_call_sites(fact, sites, " and ".join(dict.fromkeys(SHOWS[c.check] for c in fact.claims)))

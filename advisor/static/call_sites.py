@@ -1,0 +1,457 @@
+"""Every call of a function inside the scanned tree, or None when some use of it is not a call this index sees.
+
+A fact the function's body cannot prove (a mask's rank, a scale's type) may still hold at every call: the tree
+is read for them, in the function's own file and in the files that import it (`from pkg.mod import f`, `import
+pkg.mod as m; m.f(...)`, relative imports). A module's `forward` is reached from its parent: `self.attn = Attention(
+...)` assigned once in a class, and `self.attn(x, mask)` its only use; its `__init__` from every `Attention(...)`.
+Any other use (the function passed on, stored, called through `*args`, a subclass, `nn.ModuleList`, an attribute
+of that name read elsewhere) leaves the calls unknown, and then nothing is proved from them. The tree is read afresh for every scan: no call site is cached
+across runs, so an edit of a caller is always seen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from advisor.findings import display_path
+from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One call: the file it is in, the call, and the argument bound to the parameter asked about (the default's
+    expression when the call leaves it out, None when it has neither)."""
+
+    parsed: ParsedModule
+    call: cst.Call
+    argument: cst.BaseExpression | None
+    scope: ParsedModule  # the file the argument's expression is in (the function's own, for a default)
+    method: bool = False  # the call binds `self` (a method called on its instance)
+
+    @property
+    def where(self) -> str:
+        return f"{display_path(self.parsed.path)}:{self.parsed.line(self.call)}"
+
+
+STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
+                 "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
+PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may replace what forward receives
+_CACHES: dict[str, tuple[dict, dict]] = {}  # scan token -> (texts, parsed modules): this process's, one scan
+
+
+@dataclass(eq=False)
+class Tree:
+    """The scanned files; each is read and parsed at most once per scan and process, when a question needs it. A
+    worker process runs many chunks of one scan: they share what was read through the scan's token (a new scan has
+    a new token and drops the old one's, so nothing is reused across runs)."""
+
+    paths: list[str]
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def _caches(self) -> tuple[dict, dict]:
+        if self.token not in _CACHES:
+            _CACHES.clear()
+            _CACHES[self.token] = ({}, {})
+        return _CACHES[self.token]
+
+    @property
+    def _texts(self) -> dict[str, str | None]:
+        return self._caches()[0]
+
+    @property
+    def _parsed(self) -> dict[str, ParsedModule | None]:
+        return self._caches()[1]
+
+    def adopt(self, parsed: ParsedModule) -> None:
+        """The file being analysed: its own nodes are the ones the matcher holds."""
+        self._parsed[os.path.realpath(parsed.path)] = parsed
+
+    def text(self, path: str) -> str | None:
+        key = os.path.realpath(path)
+        if key in self._parsed and self._parsed[key] is not None:
+            return self._parsed[key].source
+        if key not in self._texts:
+            from advisor.static.discover import read_source
+
+            source = read_source(path)
+            self._texts[key] = getattr(source, "text", None)
+        return self._texts[key]
+
+    def parsed(self, path: str) -> ParsedModule | None:
+        key = os.path.realpath(path)
+        if key not in self._parsed:
+            text = self.text(path)
+            try:
+                self._parsed[key] = ParsedModule(text, path) if text is not None else None
+            except (cst.ParserSyntaxError, RecursionError):
+                self._parsed[key] = None
+        return self._parsed[key]
+
+    def mentioning(self, word: str) -> list[str]:
+        pattern = re.compile(rf"\b{re.escape(word)}\b")
+        return [path for path in self.paths if pattern.search(self.text(path) or "")]
+
+    def sites(self, parsed: ParsedModule, function: cst.FunctionDef, parameter: str) -> list[CallSite] | None:
+        """Every call of `function` (a module-level function or a method of `parsed`) in the tree, each with the
+        argument bound to `parameter`; None when a use of it is not such a call, or it has no call at all."""
+        owner = _owner_of(parsed, function)
+        if owner is None and parsed.module_functions.get(function.name.value) is not function:
+            return None  # a nested function: reachable only through its enclosing one
+        if _is_decorated(function):
+            return None  # staticmethod, classmethod, a wrapper: the call does not bind as written
+        calls = self._function_calls(parsed, function) if owner is None else self._method_calls(parsed, owner,
+                                                                                                function)
+        if not calls:
+            return None
+        sites = []
+        for site_parsed, call in calls:
+            bound = bound_argument(function, call, parameter, skip_self=owner is not None)
+            if bound is False:
+                return None
+            argument, is_default = bound
+            scope = parsed if is_default else site_parsed
+            sites.append(CallSite(site_parsed, call, argument, scope, owner is not None))
+        return sites
+
+    # -- module-level functions ----------------------------------------------------------------------------
+    def _function_calls(self, parsed: ParsedModule, function: cst.FunctionDef) -> list | None:
+        if function.name.value in parsed.bound_names:
+            return None
+        return self._uses(parsed, function.name, _direct_call)
+
+    def _uses(self, parsed: ParsedModule, defined: cst.Name, calls_of) -> list | None:
+        """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
+        own file, or imported elsewhere), joined; None when one gives None or a file imports the module's `*`."""
+        name, calls = defined.value, []
+        module = re.compile(rf"\b{re.escape(_module_stem(parsed.path))}\b")
+        for path in self.mentioning(name):
+            if os.path.realpath(path) != os.path.realpath(parsed.path) and not module.search(self.text(path) or ""):
+                continue  # another file that never names the module cannot import from it
+            other = self.parsed(path)
+            if other is None:
+                return None
+            uses = [node for node in other.parents if isinstance(node, cst.Name) and node.value == name] \
+                if other is parsed else _imported_uses(other, parsed, name)
+            if uses is None:
+                return None
+            for use in uses:
+                if use is defined or _is_import_name(other, use):
+                    continue
+                found = calls_of(other, use)
+                if found is None:
+                    return None
+                calls.extend(found)
+        return calls
+
+    # -- methods ---------------------------------------------------------------------------------------------
+    def _method_calls(self, parsed: ParsedModule, owner: ClassInfo, method: cst.FunctionDef) -> list | None:
+        if _subclassed(self, owner.node.name.value):
+            return None
+        name = method.name.value
+        if name == "__init__":
+            return self._uses(parsed, owner.node.name, _direct_call)
+        own = self._self_calls(parsed, name)
+        if own is None:
+            return None
+        if name != "forward":
+            return own
+        if any(PRE_HOOKS.search(self.text(path) or "") for path in self.paths):
+            return None
+        parents = self._parent_calls(parsed, owner)
+        return None if parents is None else own + parents
+
+    def _self_calls(self, parsed: ParsedModule, name: str, assigned_ok: bool = False) -> list | None:
+        """`self.name(...)` in the function's file; any other read of `.name` in the tree is a use not seen
+        (`assigned_ok`: `self.name = ...` is the instance's construction, not a use)."""
+        calls = []
+        accessed = re.compile(rf"\.\s*{re.escape(name)}\b")
+        for path in self.mentioning(name):
+            if os.path.realpath(path) != os.path.realpath(parsed.path):
+                if accessed.search(self.text(path) or ""):
+                    return None  # `.name` read in another file: not a call this index follows
+                continue
+            other = parsed
+            for node in other.parents:
+                if isinstance(node, cst.Attribute) and node.attr.value == name:
+                    if assigned_ok and isinstance(other.parents.get(node), cst.AssignTarget):
+                        continue  # `self.X = C(...)`: the only value, checked by the caller
+                    found = [(other, _called(other, node))] if _called(other, node) is not None else \
+                        _element_calls(other, node) if assigned_ok else None
+                    if other is not parsed or not _on_self(node) or found is None:
+                        if not _is_definition_name(other, node):
+                            return None
+                        continue
+                    calls.extend(found)
+        return calls
+
+    def _parent_calls(self, parsed: ParsedModule, owner: ClassInfo) -> list | None:
+        """The class's instances, each built once into `self.X` of a parent class and only ever called: the calls
+        `self.X(...)` reach `forward`; so do the calls of an instance bound to a name (`model = Net(); model(x, m)`),
+    or called as it is built. Any other use of the class (a list, a base class, `isinstance`) is not followed."""
+        def instance_calls(other: ParsedModule, use: cst.CSTNode) -> list | None:
+            attribute = _built_into(other, use) or _list_built_into(other, use)
+            if attribute is not None:
+                return self._self_calls(other, attribute, assigned_ok=True)
+            return _named_instance_calls(self, other, use)
+
+        return self._uses(parsed, owner.node.name, instance_calls)
+
+
+def _owner_of(parsed: ParsedModule, function: cst.FunctionDef) -> ClassInfo | None:
+    return next((owner for node, owner, _ in parsed.functions if node is function), None)
+
+
+def _is_decorated(function: cst.FunctionDef) -> bool:
+    return bool(function.decorators)
+
+
+def _called(parsed: ParsedModule, node: cst.BaseExpression) -> cst.Call | None:
+    """The call `node(...)` when `node` is what is called."""
+    parent = parsed.parents.get(node)
+    return parent if isinstance(parent, cst.Call) and parent.func is node else None
+
+
+def _direct_call(parsed: ParsedModule, use: cst.CSTNode) -> list[tuple[ParsedModule, cst.Call]] | None:
+    """`use(...)`: the one call this use is; None when it is not called."""
+    call = _called(parsed, use)
+    return [(parsed, call)] if call is not None else None
+
+
+def _on_self(node: cst.Attribute) -> bool:
+    return isinstance(node.value, cst.Name) and node.value.value == "self"
+
+
+def _is_definition_name(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    return isinstance(parsed.parents.get(node), (cst.FunctionDef, cst.ClassDef))
+
+
+def _is_import_name(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    return parsed.innermost(node, (cst.Import, cst.ImportFrom)) is not None
+
+
+def _subclassed(tree: Tree, cls: str) -> bool:
+    pattern = re.compile(rf"class\s+\w+\s*\([^)]*\b{re.escape(cls)}\b")
+    return any(pattern.search(tree.text(path) or "") for path in tree.mentioning(cls))
+
+
+def _built_into(parsed: ParsedModule, use: cst.CSTNode, call: cst.Call | None = None) -> str | None:
+    """X when `use(...)` is assigned to `self.X` and nothing else is ever assigned to it (its class's only value)."""
+    call = call or _called(parsed, use)
+    assign = parsed.parents.get(call) if call is not None else None
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call:
+        return None
+    target = assign.targets[0].target
+    if not (isinstance(target, cst.Attribute) and _on_self(target)):
+        return None
+    method = parsed.innermost(assign, cst.FunctionDef)
+    owner = _owner_of(parsed, method) if method is not None else None
+    return target.attr.value if owner is not None and owner.only_value(target.attr.value) is call else None
+
+
+def _element_calls(parsed: ParsedModule, node: cst.Attribute) -> list | None:
+    """The calls of the elements of a module list read as `node` (`self.layers`): `for layer in self.layers:` (or
+    `enumerate(self.layers)`) whose loop variable is only called, `self.layers[i](...)`, `len(self.layers)`."""
+    parent = parsed.parents.get(node)
+    if isinstance(parent, cst.Subscript) and _called(parsed, parent) is not None:
+        return [(parsed, _called(parsed, parent))]
+    call = parsed.parents.get(parent) if isinstance(parent, cst.Arg) else None
+    if isinstance(call, cst.Call) and len(call.args) == 1 and parsed.imported_name(call.func) == "len":
+        return []
+    loop, element = parent, 0
+    if isinstance(call, cst.Call) and len(call.args) == 1 and isinstance(call.func, cst.Name) and \
+            call.func.value == "enumerate" and "enumerate" not in parsed.bound_names and \
+            "enumerate" not in parsed.imports:
+        loop, element = parsed.parents.get(call), 1
+    if not isinstance(loop, cst.For) or loop.iter is not (node if element == 0 else call):
+        return None
+    target = loop.target
+    if element == 1:
+        target = target.elements[1].value if isinstance(target, cst.Tuple) and len(target.elements) == 2 else None
+    function = parsed.innermost(loop, cst.FunctionDef)
+    if not isinstance(target, cst.Name) or function is None:
+        return None
+    flow = parsed.flow(function)
+    reads = [read for d in flow.definitions.values() if d.statement is loop and d.name == target.value
+             for read in flow.reads_of(d)]
+    calls = []
+    for read in reads:
+        if _called(parsed, read) is not None:
+            calls.append((parsed, _called(parsed, read)))
+        elif not _drops_method_result(parsed, read):
+            return None
+    return calls
+
+
+def _list_built_into(parsed: ParsedModule, use: cst.CSTNode) -> str | None:
+    """X when `use(...)` builds the elements of `self.X = nn.ModuleList([...])` (a list or a comprehension)."""
+    built = _called(parsed, use)
+    holder = parsed.parents.get(built) if built is not None else None
+    if isinstance(holder, cst.Element):
+        holder = parsed.parents.get(holder)
+    if not (isinstance(holder, cst.ListComp) and holder.elt is built or isinstance(holder, cst.List)):
+        return None
+    arg = parsed.parents.get(holder)
+    module_list = parsed.parents.get(arg) if isinstance(arg, cst.Arg) else None
+    if not isinstance(module_list, cst.Call) or len(module_list.args) != 1 or \
+            parsed.imported_name(module_list.func) != "torch.nn.ModuleList":
+        return None
+    return _built_into(parsed, module_list.func, module_list)
+
+
+def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) -> list | None:
+    """The calls of an instance built by `use(...)`: called at once (`Net()(x)`), or bound once to a name (local or
+    module-level) every read of which calls it, or calls a method other than `forward` and drops its result
+    (`model.eval()`; a kept result may be the module itself). None for any other read (passed on, stored)."""
+    built = _called(parsed, use)
+    if built is None:
+        return None
+    outer = _called(parsed, built)
+    if outer is not None:
+        return [(parsed, outer)]
+    assign = parsed.parents.get(built)
+    if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or \
+            not isinstance(assign.targets[0].target, cst.Name):
+        return None
+    reads = _reads_of_binding(parsed, assign, assign.targets[0].target)
+    module_level = parsed.innermost(assign, cst.FunctionDef) is None
+    if reads is None or module_level and any(os.path.realpath(path) != os.path.realpath(parsed.path)
+                                              for path in tree.mentioning(assign.targets[0].target.value)):
+        return None  # a module-level instance another file may import
+    calls = []
+    for read in reads:
+        call = _called(parsed, read)
+        if call is not None:
+            calls.append((parsed, call))
+        elif not _drops_method_result(parsed, read):
+            return None
+    return calls
+
+
+def _reads_of_binding(parsed: ParsedModule, assign: cst.Assign, target: cst.Name) -> list[cst.Name] | None:
+    """Every read of the name `assign` binds: its reads in the function, or for a module-level name bound only
+    there, every use of the name in the file; None when the name is bound anywhere else too."""
+    function = parsed.innermost(assign, cst.FunctionDef)
+    if function is not None:
+        flow = parsed.flow(function)
+        found = [d for d in flow.definitions.values() if d.statement is assign and d.name == target.value]
+        return flow.reads_of(found[0]) if len(found) == 1 else None
+    if parsed.innermost(assign, cst.ClassDef) is not None or \
+            [n.value for n in _assigned_names(parsed.parents.items())].count(target.value) != 1:
+        return None
+    return [n for n in parsed.parents if isinstance(n, cst.Name) and n.value == target.value and n is not target]
+
+
+def _drops_method_result(parsed: ParsedModule, read: cst.Name) -> bool:
+    """`model.eval()` as a statement: a method that changes no call's arguments (not a hook), result unread."""
+    attribute = parsed.parents.get(read)
+    if not isinstance(attribute, cst.Attribute) or attribute.value is not read or \
+            attribute.attr.value not in STATE_METHODS:
+        return False
+    call = _called(parsed, attribute)
+    return call is not None and isinstance(parsed.parents.get(call), cst.Expr)
+
+
+def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str,
+                    skip_self: bool) -> tuple[cst.BaseExpression | None, bool] | bool:
+    """(the expression the call binds to `parameter`, whether it is the parameter's default); False when the call
+    spreads `*args`/`**kwargs` (what binds is not visible) or binds nothing to it."""
+    if any(arg.star for arg in call.args):
+        return False
+    params = function.params
+    positional = list(params.posonly_params) + list(params.params)
+    if skip_self:
+        positional = positional[1:]
+    names = [p.name.value for p in positional]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == parameter:
+            return arg.value, False
+    position = names.index(parameter) if parameter in names else None
+    given = [arg for arg in call.args if arg.keyword is None]
+    if position is not None and position < len(given):
+        return given[position].value, False
+    param = next((p for p in positional + list(params.kwonly_params) if p.name.value == parameter), None)
+    return (param.default, True) if param is not None and param.default is not None else False
+
+
+# -- imports -------------------------------------------------------------------------------------------------
+def _imported_uses(other: ParsedModule, target: ParsedModule, name: str) -> list[cst.CSTNode] | None:
+    """The expressions of `other` that name `target`'s `name` through an import (`g` after `from mod import f as
+    g`, `m.f` after `import mod as m`); None when `other` imports all of `target`'s names (`import *`)."""
+    uses: list[cst.CSTNode] = []
+    for node in other.parents:
+        if isinstance(node, cst.ImportFrom) and _resolves(other, node, target):
+            if isinstance(node.names, cst.ImportStar):
+                return None
+            for alias in node.names:
+                if other.code(alias.name) == name:
+                    if os.path.basename(other.path) == "__init__.py":
+                        return None  # a package re-exports it: its importers name the package, not the module
+                    local = other.code(alias.asname.name) if alias.asname else name
+                    uses.extend(_name_reads(other, local))
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            for local in _module_aliases(other, node, target):
+                uses.extend(a for a in other.parents if isinstance(a, cst.Attribute) and a.attr.value == name
+                            and other.code(a.value) == local)
+    return uses
+
+
+def _name_reads(parsed: ParsedModule, local: str) -> list[cst.Name]:
+    return [n for n in parsed.parents if isinstance(n, cst.Name) and n.value == local
+            and not _is_import_name(parsed, n)]
+
+
+def _module_aliases(other: ParsedModule, node: cst.Import | cst.ImportFrom, target: ParsedModule) -> list[str]:
+    """The local names under which `node` binds `target` itself as a module."""
+    found = []
+    if isinstance(node, cst.Import):
+        for alias in node.names:
+            dotted = other.code(alias.name)
+            if _module_matches(dotted.split("."), target.path) and alias.asname is not None:
+                found.append(other.code(alias.asname.name))
+            elif _module_matches(dotted.split("."), target.path):
+                found.append(dotted)
+    elif not isinstance(node.names, cst.ImportStar):
+        base = _base_parts(other, node)
+        for alias in node.names:
+            if base is not None and _module_matches(base + [other.code(alias.name)], target.path):
+                found.append(other.code(alias.asname.name) if alias.asname else other.code(alias.name))
+    return found
+
+
+def _base_parts(other: ParsedModule, node: cst.ImportFrom) -> list[str] | None:
+    """The module an ImportFrom reads from, as path parts (relative imports resolved against `other`'s folder)."""
+    parts = other.code(node.module).split(".") if node.module is not None else []
+    if not node.relative:
+        return parts
+    folder = os.path.dirname(os.path.realpath(other.path))
+    for _ in range(len(node.relative) - 1):
+        folder = os.path.dirname(folder)
+    return folder.split(os.sep) + parts
+
+
+def _resolves(other: ParsedModule, node: cst.ImportFrom, target: ParsedModule) -> bool:
+    base = _base_parts(other, node)
+    return base is not None and bool(base) and _module_matches(base, target.path)
+
+
+def _module_stem(path: str) -> str:
+    """The name an import of the file's module ends with: `b` for `a/b.py` and for `a/b/__init__.py`."""
+    real = os.path.realpath(path)
+    stem = os.path.splitext(os.path.basename(real))[0]
+    return os.path.basename(os.path.dirname(real)) if stem == "__init__" else stem
+
+
+def _module_matches(parts: list[str], path: str) -> bool:
+    """Whether the dotted module `parts` can be the file `path` (`a.b` is `.../a/b.py` or `.../a/b/__init__.py`)."""
+    real = os.path.realpath(path)
+    stem = real[:-3] if real.endswith(".py") else real
+    if stem.endswith(os.sep + "__init__"):
+        stem = stem[: -len(os.sep + "__init__")]
+    file_parts = stem.split(os.sep)
+    parts = [p for p in parts if p]
+    return bool(parts) and file_parts[-len(parts):] == parts
