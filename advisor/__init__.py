@@ -2,5 +2,14 @@
 
 from advisor.workload import Workload
 
-__all__ = ["Workload"]
+__all__ = ["Workload", "capture"]
+
+
+def __getattr__(name: str):
+    """`advisor.capture` imports torch on first use: `import advisor` (the CLI's parser) stays light."""
+    if name == "capture":
+        from advisor.model_calls import capture
+
+        return capture
+    raise AttributeError(f"module 'advisor' has no attribute {name!r}")
 __version__ = "0.1.0"

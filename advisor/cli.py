@@ -9,6 +9,7 @@ from importlib import import_module
 from advisor.errors import AdvisorError, visible
 
 VERBS = ("scan", "fix", "profile", "analyze", "optimize", "rules")
+SCRIPT_VERBS = ("profile", "optimize")  # `advisor VERB [options] -- python script.py ARGS`
 EXIT_CLEAN, EXIT_ERROR = 0, 2  # 1 (findings remain) is returned by the verbs themselves
 DEBUG_HELP = "show tracebacks for errors"
 
@@ -30,15 +31,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """For the verbs that run a workload, everything after the first `--` is the user's script command, kept out
+    of argparse (its own options are not advisor's)."""
+    if "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    verb = next((word for word in argv[:at] if not word.startswith("-")), None)
+    if verb not in SCRIPT_VERBS:
+        return argv, None
+    return argv[:at], argv[at + 1:]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv  # known before parsing, so a failure while building the parser obeys it too
     try:
         parser = build_parser()
+        argv, script = split_script(argv)
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # usage errors (2) and --help (0): return the code instead of exiting
             return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+        args.argv = argv + (["--", *script] if script is not None else [])  # as given: to repeat the run
+        if script is not None:
+            args.script = script
         return args.run(args)
     except AdvisorError as exc:
         if debug:

@@ -14,13 +14,14 @@ from advisor.errors import AdvisorError
 from advisor.workload import Workload
 
 
-def load_workload(target: str, loader=None, with_function: bool = False):
+def load_workload(target: str, loader=None, with_function: bool = False, roots: tuple[str, ...] = ()):
     """Import TARGET, call it, and normalise what it returns into a Workload (and the function, if asked).
-    `loader(path)` may supply the importlib loader of a file target (the patched copy of an overlay)."""
+    `loader(path)` may supply the importlib loader of a file target (the patched copy of an overlay); a module
+    TARGET resolves against the current directory and `roots` first, as `python -m` does."""
     module_ref, sep, attr = target.rpartition(":")
     if not sep or not module_ref or not attr:
         raise AdvisorError(f"TARGET must be 'path/to/file.py:function' or 'package.module:function', got {target!r}")
-    module = _import(module_ref, loader)
+    module = _import(module_ref, loader, roots)
     function = getattr(module, attr, None)
     if function is None:
         raise AdvisorError(f"{module_ref} has no attribute {attr!r}")
@@ -57,15 +58,30 @@ def as_workload(result, target: str) -> Workload:
     return workload
 
 
-def _import(module_ref: str, loader=None):
+def _import(module_ref: str, loader=None, roots: tuple[str, ...] = ()):
     if module_ref.endswith(".py") or os.sep in module_ref or "/" in module_ref:
         return _import_file(module_ref, loader)
+    searched = [os.path.abspath(folder) for folder in (os.getcwd(), *roots)]
+    for folder in reversed(searched):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     try:
         return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
-        raise AdvisorError(f"cannot import {module_ref}: {exc}") from exc
+        if exc.name and not _is_part_of(exc.name, module_ref):
+            raise AdvisorError(f"importing {module_ref} failed: it imports {exc.name!r}, which is not installed "
+                               f"here ({exc})") from exc
+        where = f"the current directory {searched[0]}" + "".join(f" and {folder}" for folder in searched[1:])
+        raise AdvisorError(f"cannot import {module_ref}: {exc} (searched {where}, then sys.path): run advisor from "
+                           f"the folder that holds {module_ref.partition('.')[0]!r}, or set PYTHONPATH to it") \
+            from exc
     except Exception as exc:  # noqa: BLE001 - import-time errors in user code
         raise AdvisorError(f"importing {module_ref} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _is_part_of(missing: str, module_ref: str) -> bool:
+    """Whether the module not found is TARGET's own module or one of its packages (not a dependency it imports)."""
+    return module_ref == missing or module_ref.startswith(missing + ".")
 
 
 def _import_file(path: str, loader=None):

@@ -80,6 +80,11 @@ def typical() -> dict:
                    facts={"proved": [], "assumed": [{"name": "mask-rank", "statement": "the mask broadcasts to "
                                                      "(..., L, S)", "why": "shape unknown statically"}]}),
         ],
+        "unpatched": [{"rule": "ADV110", "path": "dit/models.py", "line": 88, "end_line": 93,
+                       "function": "Attention.forward", "message": "hand-written attention", "share": 0.197,
+                       "self_us": 8300.0, "static_rule": "ADV103", "patch": None,
+                       "reason": "ADV103: the attention weights are multiplied by `self.gate`; the other branch of "
+                                 "`if self.fused_attn` already calls scaled_dot_product_attention: enable it"}],
         "ops": {"before": ops_before, "after": ops_after},
         "findings_before": [finding], "findings_after": [],
         "traces": {"before": "report/before.trace.json", "after": "report/after.trace.json"},
@@ -128,6 +133,8 @@ def hostile() -> dict:
         patch["diff"] += f"+        x = '{HOSTILE}'\n+        y = '```'  # </pre></details>\n"
     result["ops"]["before"].append({"op": f"aten::{HOSTILE}", "count": 1, "us": 99_000.0})
     result["findings_before"][0]["function"] = HOSTILE
+    result["unpatched"][0].update(path=f"pkg/{HOSTILE}.py", function=HOSTILE, reason=HOSTILE, static_rule=HOSTILE,
+                                  patch=HOSTILE)
     result["state_dict"]["missing"] = [HOSTILE]
     result["traces"]["after"] = HOSTILE
     return copy.deepcopy(result)

@@ -103,8 +103,8 @@ def test_markdown_tables_keep_their_shape_and_diffs_their_text():
             elif token.type == "tr_close":
                 widths.append(row)
         tables = [t for t in tokens if t.type == "table_open"]
-        assert len(tables) == 5  # summary, patches, findings, environment, ops
-        assert set(widths) <= {2, 3, 4, 7}, widths  # a `|` in a name would add a column
+        assert len(tables) == 6  # summary, patches, found not patched, findings, environment, ops
+        assert set(widths) <= {2, 3, 4, 5, 7}, widths  # a `|` in a name would add a column
         fences = [t.content for t in tokens if t.type == "fence" and t.info == "diff"]
         assert fences == [view.printable(p["diff"]) for p in result["patches"]]
 

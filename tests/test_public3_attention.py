@@ -50,7 +50,9 @@ JUDGEMENTS: dict[str, Judgement] = {
                          "MISS, reason misleading: the weights reach bmm through a (b, h) -> (b*h) view (before "
                          "this round it was silent: alibi.baddbmm(batch1=, batch2=) and beta=self.beta were unread)"),
     "p12_opt": J((REFUSED, REFUSED), ("torch.max",), "right: the clamp torch.max(scores, finfo.min)"),
-    "p13_mpt": J((REFUSED,), ("if dropout_p",), "MISS, reason accurate: dropout under `if dropout_p:`"),
+    "p13_mpt": J((UNSAFE,), ("softmax_scale", "fully masked"),
+                 "right: dropout under `if dropout_p:` is dropout; the unannotated scale and the finite fill on "
+                 "key padding are assumptions"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
     "p15_blip_saved_map": J((REFUSED,), ("save_attention_map", "None"),
                             "right: the weights are stored and hooked (inline `nn.Softmax(dim=-1)(x)` is read since "

@@ -100,17 +100,15 @@ JUDGEMENTS = {
 OUTCOME_XFAIL = {
     "p01_fairseq_mha": "MISS: no finding at all for fairseq's block (fp32 `softmax` helper with two returns); "
                        "neither ADV102 nor an ADV103 reason",
-    "p02_esm_rotary_mha": "MISS: `attn_weights.type_as(attn_weights)` counts as a second use of the weights",
     "p05_lucid_causal_triu": "MISS: finite-fill triu(j - i + 1) causal mask with i == j left unsafe "
                              "(fully-masked-rows not proved)",
-    "p06_audiocraft_streaming_mha": "MISS: f-string einsum specs built from constant local strings are refused",
-    "p11_megatron_neox_baddbmm": "MISS: no finding at all (mask applied by `attention_mask_func`, in place)",
-    "p12_mpt_alibi_function": "MISS: refused (`if dropout_p:` reassigns the weights; weights returned)",
+    "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
+                                 "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",
-    "p22_gpt2_past_bottom_right": "MISS: multiplicative 0/1 mask `w * b - 1e4 * (1 - b)` refused",
+    "p22_gpt2_past_bottom_right": "MISS: unsafe (the `w * b - 1e4 * (1 - b)` fill is read, but v from "
+                                  "`cat(past, new)` and the buffer slice's rank are not proved)",
     "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
     "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
-    "p41_global_temperature": "MISS: refused (a module-level global in the scale), not offered as unsafe",
     "p45_softmax_swapped_via_modules_dict": "UNSOUND: safe patch although the file swaps the softmax module "
                                             "through `_modules[name] =`",
     "p46_softmax_swapped_via_add_module": "UNSOUND: safe patch although the file swaps the softmax module "
@@ -137,8 +135,6 @@ PATCH_XFAIL = {
                                             "gradients differ",
     "p46_softmax_swapped_via_add_module": "UNSOUND: the swapped-in QuietSoftmax is dropped: outputs and "
                                           "gradients differ",
-    "p49_functional_causal_inline_mask": "BROKEN: the mask hoisted from `if causal:` keeps `device=sim.device`, a "
-                                         "read of the deleted scores (NameError)",
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))

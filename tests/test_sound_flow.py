@@ -645,3 +645,125 @@ def test_attribute_written_by_a_called_method_between_is_refused():
     """)
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "`self.mem_k` is written at line" in finding.reason
+
+
+INLINE_DEVICE_MASK = """
+    i, j = s.shape[-2:]
+    s = s.masked_fill(torch.ones(i, j, device=s.device, dtype=torch.bool).triu(1), float('-inf'))
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_mask_reading_the_scores_device_inline_reads_the_query_instead(guarded):
+    """`masked_fill(torch.ones(i, j, device=s.device, ...), -inf)` (lucidrains helpers): the removed scores'
+    device and shape are the query's, read where the mask is evaluated (hoisted under an `if`, or at the call)."""
+    mask = textwrap.indent(textwrap.dedent(INLINE_DEVICE_MASK), "    " if guarded else "")
+    source = attention("s = q @ k.transpose(-2, -1) / math.sqrt(8)\n" + ("if self.causal:\n" if guarded else "")
+                       + mask + "return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)\n",
+                       init="self.causal = True")
+    fixed = assert_patch_exact(source, "inline_device")
+    assert "s.device" not in fixed and "q.device" in fixed
+
+
+def test_the_weights_cast_to_their_own_dtype_are_one_use():
+    """`w.type_as(w)` (ESM): the cast's argument gives only a dtype and goes away with the block."""
+    source = attention("""
+        w = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        o = w.type_as(w) @ v
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "type_as_itself")
+    escaping = source.replace("return o.transpose(1, 2).reshape(B, T, C)",
+                              "return o.transpose(1, 2).reshape(B, T, C), w")
+    assert the_finding(escaping).rule == "ADV102"
+
+
+GLOBAL_TEMPERATURE = """
+    s = q @ k.transpose(-2, -1) / (math.sqrt(8) * TEMPERATURE)
+    return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def test_a_module_level_number_is_a_scale():
+    source = attention(GLOBAL_TEMPERATURE).replace("\nclass Attn", "\nTEMPERATURE = 2.0\n\n\nclass Attn")
+    assert assert_exact_or_not_safe(source, "global_scale")
+
+
+def test_a_module_level_number_rebound_by_a_setter_is_assumed():
+    setter = "\ndef set_temperature(t):\n    global TEMPERATURE\n    TEMPERATURE = t\n"
+    source = attention(GLOBAL_TEMPERATURE, after=setter).replace("\nclass Attn", "\nTEMPERATURE = 2.0\n\n\nclass Attn")
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe" and "set_temperature" in finding.reason
+    assert_patch_exact(source, "global_scale_setter")
+    tensor = source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)")
+    assert the_finding(tensor).rule == "ADV103"
+
+
+def test_fstring_einsum_specs_of_constant_local_strings_are_read():
+    """audiocraft: `layout = "b h t d"; key_layout = layout.replace("t", "k")`, specs built as f-strings."""
+    source = attention("""
+        layout = "b h t d"
+        key_layout = layout.replace("t", "k")
+        s = torch.einsum(f"{layout},{key_layout}-> b h t k", q, k) / math.sqrt(8)
+        o = torch.einsum(f"b h t k, {key_layout} -> {layout}", s.softmax(dim=-1), v)
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "fstring_layouts")
+    rebound = source.replace('        s = torch.einsum', '        if T > 3:\n            layout = "b h s d"\n'
+                                                      '        s = torch.einsum', 1)
+    assert "is not a literal" in the_finding(rebound).reason
+
+
+def test_scores_masked_in_place_by_a_helper_get_a_reason():
+    """megatron's `attention_mask_func(scores, mask)` fills the scores in place and returns them: no silence."""
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s = mask_func(s, torch.ones(T, T, dtype=torch.bool).triu(1))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, after="def mask_func(scores, mask):\n    scores.masked_fill_(mask, -10000.0)\n    return scores\n")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`mask_func`" in finding.reason
+
+
+ZERO_ONE_MASK = """
+    s = q @ k.transpose(-2, -1) / math.sqrt(8)
+    b = self.bias[:, :, :T, :T]
+    s = s * b - 1e4 * (1 - b)
+    return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def test_a_zero_one_buffer_mask_written_as_arithmetic_is_a_finite_fill():
+    """OpenAI GPT-2's `w * b - 1e4 * (1 - b)`: where b is 1 the score, where 0 exactly -1e4 (b in {0, 1})."""
+    init = "self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))"
+    source = attention(ZERO_ONE_MASK, init=init)
+    filled = attention(ZERO_ONE_MASK.replace("s * b - 1e4 * (1 - b)", "s.masked_fill(b == 0, -1e4)"), init=init)
+    def facts(finding):
+        return {status: [fact["name"] for fact in group] for status, group in finding.to_json()["facts"].items()}
+    assert facts(the_finding(source)) == facts(the_finding(filled))
+    assert_patch_exact(source, "zero_one_mask")
+
+
+def test_an_arithmetic_mask_of_unknown_values_is_not_a_fill():
+    source = attention(ZERO_ONE_MASK, init="self.register_buffer('bias', torch.rand(1, 1, 8, 8))")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`1e4 * (1 - b)`" in finding.reason
+
+
+GUARDED_DROPOUT = """
+    w = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+    if self.p:
+        w = F.dropout(w, p=self.p, training=self.training)
+    return (w @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_dropout_under_a_test_of_its_own_probability_is_dropout(p):
+    """MPT's `if dropout_p: w = dropout(w, p=dropout_p, ...)`: the test is false only where dropout is the
+    identity, so the weights are dropped out unconditionally."""
+    source = attention(GUARDED_DROPOUT, init=f"self.p = {p}")
+    assert assert_exact_or_not_safe(source, "guarded_dropout")  # eval mode: parity without randomness
+    assert "if self.p else 0.0" in analyze_source(source, "m.py").fixed
+    other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"), init=f"self.p = {p}\nself.flag = True")
+    assert "reassigned" in the_finding(other).reason

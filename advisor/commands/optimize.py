@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import tempfile
 from functools import partial
@@ -18,7 +20,7 @@ from rich.console import Console
 
 from advisor.backends import REQUESTABLE
 from advisor.commands.common import add_call_site_argument
-from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left
+from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
@@ -32,7 +34,11 @@ DEMO_FUNCTION = "workload"
 def add_parser(sub) -> None:
     parser = sub.add_parser("optimize", help="patch, then re-measure each patch's parity and speedup")
     parser.add_argument("target", nargs="?", metavar="TARGET",
-                        help="path/to/file.py:function or package.module:function (default: the bundled demo)")
+                        help="path/to/file.py:function or package.module:function; or, after `--`, a script: "
+                             "`advisor optimize -- python infer.py ARGS` (default: the bundled demo)")
+    parser.add_argument("--calls", type=_count, default=None, metavar="N",
+                        help="script mode: stop the script at its model's N-th call; the inputs of those N calls "
+                             "are the parity inputs (default 3)")
     parser.add_argument("--apply", action="store_true", help="write the verified patches")
     parser.add_argument("--interactive", action="store_true",
                         help="ask before writing each verified patch (implies --apply)")
@@ -59,24 +65,35 @@ def run(args) -> int:
     if args.device:
         resolve_device(args.device)
     stderr = Console(stderr=True)
-    target, root = args.target, args.root
+    root, script = args.root, args.script
+    target = workload_source(args)[0] if args.script is not None or args.target is not None else None
     if target is None:
         target, root = _demo_copy()
         stderr.print(f"advisor: no TARGET given: running the bundled demo from a copy in {root}", highlight=False)
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
-                      call_site_facts=args.call_site_facts, apply=args.apply or args.interactive, timeout_s=args.timeout,
-                      timing_budget_s=args.timing_budget)
+                      call_site_facts=args.call_site_facts, apply=args.apply or args.interactive,
+                      timeout_s=args.timeout, timing_budget_s=args.timing_budget, script=script,
+                      seeds=(args.calls or Options.seeds) if script is not None else Options.seeds)
     with stderr.status("starting") as status:
         if args.interactive:
             options.review = partial(_review, stderr, status)
         result = optimize(options, progress=lambda message: status.update(message))
     result["report"] = os.path.join(report_dir, "report.html")
+    result["notes"] += unchanged_flags(args, result)
+    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
+    result["apply_command"] = apply_command(args) if unapplied and not options.apply else None
     _write_reports(result, report_dir)
     _print(result, args.format)
-    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
     return 1 if unapplied else 0
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
 
 
 def _review(console: Console, status, patches: list[dict]) -> list[str]:
@@ -107,11 +124,35 @@ def _demo_copy() -> tuple[str, str]:
     return f"{os.path.join(folder, 'gpt.py')}:{DEMO_FUNCTION}", folder
 
 
+def unchanged_flags(args, result: dict) -> list[str]:
+    """A line for each flag given that changed nothing in this run, so its silence is not read as an effect."""
+    lines = []
+    if args.unsafe_fixes and not any(p["fix_safety"] != "safe" for p in result["patches"]):
+        lines.append("--unsafe-fixes changed nothing: no patch of the code that ran is marked unsafe")
+    if args.calls is not None and args.script is None:
+        lines.append("--calls changed nothing: it sets how many model calls a script after `--` runs for; a TARGET "
+                     "function's inputs come from its `seed` argument")
+    return lines
+
+
+def apply_command(args) -> str:
+    """The command line of this run with `--apply` added (before a script's `--`): what writes its verified
+    patches. It runs the verification again; only what verifies then is written."""
+    words = list(args.argv)
+    at = words.index("--") if "--" in words else len(words)
+    return "advisor " + shlex.join(words[:at] + ["--apply"] + words[at:])
+
+
 def _write_reports(result: dict, folder: str) -> None:
-    """result.json, report.md and the self-contained report.html (result["report"]) in the report folder."""
-    outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
-               "report.html": render_html(result)}
+    """result.json, report.md and the self-contained report.html (result["report"]) in the report folder, and
+    each verified patch's diff as patches/ID.diff (its path in the patch's `diff_file`)."""
     with ReportFolder(folder) as report:
+        for patch in result["patches"]:
+            if patch.get("verified") and patch.get("diff"):
+                name = "patches/" + re.sub(r"[^\w.-]", "_", patch["id"]) + ".diff"
+                patch["diff_file"] = report.write_text(name, patch["diff"])
+        outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
+                   "report.html": render_html(result)}
         for name, text in outputs.items():
             report.write_text(name, text)
 

@@ -11,9 +11,9 @@ from functools import wraps
 
 from rich.console import Console
 
-from advisor.errors import visible
+from advisor.errors import AdvisorError, visible
 from advisor.findings import display_path
-from advisor.report.profile_console import print_measured
+from advisor.report.profile_console import print_measured, print_top_lines
 from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker, take_left_running
@@ -21,7 +21,9 @@ from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker, take_left_ru
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("profile", help="measure where a workload's time goes, by source line")
-    parser.add_argument("target", metavar="TARGET", help="path/to/file.py:function or package.module:function")
+    parser.add_argument("target", nargs="?", metavar="TARGET",
+                        help="path/to/file.py:function or package.module:function; or, after `--`, a script: "
+                             "`advisor profile -- python train.py ARGS`")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--trace", metavar="FILE", help="also write the Chrome trace of the profiled steps")
     add_workload_arguments(parser)
@@ -35,6 +37,20 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--train", action="store_true", help="forward + backward instead of inference")
     parser.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"stop a workload request that takes longer (default {DEFAULT_TIMEOUT_S:g} s)")
+    parser.set_defaults(script=None)
+
+
+def workload_source(args) -> tuple[str, list[str] | None]:
+    """(TARGET as shown, the script command or None): exactly one of a TARGET and `-- python script.py` is given."""
+    if args.script is not None:
+        if args.target is not None:
+            raise AdvisorError(f"give a TARGET or a script after `--`, not both (got {args.target!r} and a script)")
+        from advisor.script import parse_command
+
+        return parse_command(args.script).shown, args.script
+    if args.target is None:
+        raise AdvisorError("give a TARGET (path/to/file.py:function) or a script: `-- python script.py ARGS`")
+    return args.target, None
 
 
 def _seconds(text: str) -> float:
@@ -45,7 +61,8 @@ def _seconds(text: str) -> float:
 
 
 def profile_in_child(target: str, device: str | None = None, dtype: str | None = None, train: bool = False,
-                     trace_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+                     trace_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     script: list[str] | None = None) -> dict:
     """Profile TARGET in a worker process: {"json", "findings", "summary", "ops", "files"} (see Worker.profile)."""
     if device:
         from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
@@ -54,7 +71,10 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
     with Console(stderr=True).status("starting the workload process") as status, \
             start_worker("workload", timeout_s, on_progress=status.update) as worker:
         status.update("loading the workload")
-        worker.call("load", target=target, device=device, dtype=dtype, train=train)
+        loaded = worker.call("load", target=target, device=device, dtype=dtype, train=train, script=script,
+                             doing="running the script to its model's first call" if script else None)
+        if loaded["captured"]:
+            status.console.print(f"advisor: {shown(loaded['captured'])}", highlight=False)
         return worker.call("profile", trace_path=trace_path)
 
 
@@ -76,20 +96,24 @@ def ends_what_the_workload_left(run_verb):
 
 @ends_what_the_workload_left
 def run(args) -> int:
+    target, script = workload_source(args)
     trace = check_trace_path(args.trace)
-    profiled = profile_in_child(args.target, args.device, args.dtype, args.train, trace and trace.path, args.timeout)
+    profiled = profile_in_child(target, args.device, args.dtype, args.train, trace and trace.path, args.timeout,
+                                script)
     confirm_trace_written(trace)
     findings, summary = profiled["findings"], profiled["summary"]
     if args.format == "json":
         print(json.dumps(profiled["json"], indent=2))
     else:
         lines = [
-            f"{shown(args.target)}: {summary['device']}, {summary['dtype']}, {'train' if args.train else 'eval'}; "
+            f"{shown(target)}: {summary['device']}, {summary['dtype']}, {'train' if args.train else 'eval'}; "
             f"step {summary['step_us'] / 1000:.2f} ms median (unprofiled, IQR {summary['step_iqr_us'] / 1000:.2f} "
             f"ms); measured op time {summary['op_us'] / 1000:.2f} ms/step",
             f"op time on a user source line: {summary['statement_share']:.1%} (statement), "
             f"{summary['attributed_share']:.1%} (statement or function)"]
         if args.trace:
             lines.append(f"Chrome trace written to {shown(display_path(args.trace))}")
-        print_measured(stdout_console(), "advisor profile: measured findings", findings, lines)
+        console = stdout_console()
+        print_measured(console, "advisor profile: measured findings", findings, lines)
+        print_top_lines(console, profiled["json"].get("top_lines") or [])
     return 1 if findings else 0

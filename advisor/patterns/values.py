@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
-from advisor.patterns.ops import number_value
+from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -156,6 +157,10 @@ class ValueProver:
     def _name_is_scalar(self, node: cst.Name, depth: int) -> bool:
         definitions = self.flow.definitions_of(node)
         if not definitions:
+            local = any(d.name == node.value for d in self.flow.definitions.values())  # read after a `del`
+            module_level = None if local else self._global_is_scalar(node.value)
+            if module_level is not None:
+                return module_level
             return bool(SCALAR_NAME.search(node.value)) and not self.flow.sees_undefined(node) and \
                 self._guess(f"`{node.value}` is not bound in this function; only its name suggests a number")
         for definition in definitions:
@@ -188,6 +193,32 @@ class ValueProver:
                     return False
             else:
                 return False
+        return True
+
+    def _global_is_scalar(self, name: str) -> bool | None:
+        """A module-level constant (`TEMPERATURE = 1.0`): a number when every module-level binding is a number
+        literal; a function of the file that rebinds it (`global TEMPERATURE`) makes that a guess. None when the
+        file binds no such global (an import, a builtin)."""
+        if name in self.parsed.imports:
+            return None
+        literal, setters = False, []
+        for target in self.parsed.bindings.get(name, []):
+            function = self.parsed.innermost(target, cst.FunctionDef)
+            if function is not None:
+                if any(item.name.value == name for g in m.findall(function, m.Global()) for item in g.names):
+                    setters.append(function.name.value)
+                continue  # else a local of that function
+            if self.parsed.innermost(target, cst.ClassDef) is not None:
+                continue  # a class attribute
+            assign = self.parsed.parents.get(self.parsed.parents.get(target))
+            if not (isinstance(assign, cst.Assign) and number_value(assign.value) is not None):
+                return False
+            literal = True
+        if not literal:
+            return None if not setters else False
+        if setters:
+            return self._guess(f"the module-level `{name}` is a number here, but `{setters[0]}` rebinds it "
+                               f"(`global {name}`) to a value whose type is not visible")
         return True
 
     def _unpacked_is_scalar(self, definition, depth: int) -> bool:
@@ -242,6 +273,45 @@ class ValueProver:
             return False
         prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses)
         return prover.is_scalar(value, depth + 1)
+
+    # -- strings ------------------------------------------------------------------------------------
+    def constant_string(self, node: cst.BaseExpression, depth: int = 0) -> str | None:
+        """The text of a string the source fixes: a literal, a local name bound once to one, `.replace` of one
+        with literal arguments, and an f-string whose placeholders are such (audiocraft's einsum layouts);
+        None for anything computed."""
+        if depth > 8:
+            return None
+        text = literal_string(node)
+        if text is not None:
+            return text
+        if isinstance(node, cst.Name):
+            definitions = self.flow.definitions_of(node)
+            if len(definitions) != 1 or self.flow.sees_undefined(node) or definitions[0].kind != "assign" \
+                    or definitions[0].index is not None:
+                return None
+            return self.constant_string(definitions[0].value, depth + 1)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "replace" \
+                and len(node.args) == 2 and all(a.keyword is None and a.star == "" for a in node.args):
+            operands = (node.func.value, *(a.value for a in node.args))
+            base, old, new = (self.constant_string(operand, depth + 1) for operand in operands)
+            return None if None in (base, old, new) else base.replace(old, new)
+        if isinstance(node, cst.FormattedString) and "b" not in node.prefix.lower():
+            return self._formatted(node, depth)
+        return None
+
+    def _formatted(self, node: cst.FormattedString, depth: int) -> str | None:
+        """An f-string with each plain `{name}` placeholder replaced by its constant text, read as a literal."""
+        parts = []
+        for part in node.parts:
+            if isinstance(part, cst.FormattedStringExpression):
+                if part.conversion is not None or part.format_spec is not None or part.equal is not None:
+                    return None
+                value = self.constant_string(part.expression, depth + 1)
+                if value is None or any(ch in value for ch in "\\'\"{}\n"):
+                    return None  # text that the literal would read differently
+                part = cst.FormattedStringText(value)
+            parts.append(part)
+        return literal_string(node.with_changes(parts=parts))
 
     # -- mask fill values --------------------------------------------------------------------------
     def fill_kind(self, node: cst.BaseExpression, depth: int = 0) -> str | None:

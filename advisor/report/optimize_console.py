@@ -32,10 +32,13 @@ def print_optimize(console: Console, result: dict) -> None:
             for fact in facts:
                 console.print(Text(f"  - {fact}", style="yellow"))
             print_diff(console, view.printable(patch["diff"]))
+    unpatched = view.unpatched_rows(result)
+    if unpatched:
+        console.print(_table(view.UNPATCHED_TITLE.lower(), view.UNPATCHED_COLUMNS, unpatched))
     findings = view.findings_diff(result)
     if findings:
-        console.print(_table("findings before -> after", ("rule", "location", "function", "now"),
-                             [(*row[:3], Text(row[3], style=CHANGE_STYLES[row[3]])) for row in findings]))
+        console.print(_table("findings before -> after", view.FINDING_COLUMNS,
+                             [(*row[:3], Text(row[3], style=CHANGE_STYLES[row[3]]), row[4]) for row in findings]))
     deltas = view.op_diff(result)
     if deltas:
         console.print(_ops(deltas))

@@ -23,7 +23,8 @@ def render_html(result: dict) -> str:
     body = "".join([
         f"<header><h1>{escape(title)}</h1><p class=\"headline {'gain' if result.get('after') else ''}\">"
         f"{escape(view.headline(result))}</p></header>",
-        _summary(result), _charts(result), _patches(result), _findings(result), _ops(result), _environment(result)])
+        _summary(result), _charts(result), _patches(result), _unpatched(result), _findings(result), _ops(result),
+        _environment(result)])
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body><main>{body}</main></body></html>\n")
@@ -165,12 +166,20 @@ def _diff_lines(diff: str) -> str:
     return "".join(lines)  # each line is a block; a newline between them would render as an empty line
 
 
-def _findings(result: dict) -> str:
-    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function), f'<span class="change {to}">{to}</span>')
-            for rule, where, function, to in view.findings_diff(result)]
+def _unpatched(result: dict) -> str:
+    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function), escape(share), escape(why))
+            for rule, where, function, share, why in view.unpatched_rows(result)]
     if not rows:
         return ""
-    table = _table(("rule", "location", "function", "now"), rows)
+    return f"<section><h2>{escape(view.UNPATCHED_TITLE)}</h2>{_table(view.UNPATCHED_COLUMNS, rows)}</section>"
+
+
+def _findings(result: dict) -> str:
+    rows = [(escape(rule), f"<code>{escape(where)}</code>", escape(function), f'<span class="change {to}">{to}</span>',
+             escape(why)) for rule, where, function, to, why in view.findings_diff(result)]
+    if not rows:
+        return ""
+    table = _table(view.FINDING_COLUMNS, rows)
     return f"<section><h2>Findings before and after</h2>{table}</section>"
 
 

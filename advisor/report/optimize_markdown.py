@@ -17,7 +17,8 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>&|~!#])")
 
 def render_markdown(result: dict) -> str:
     parts = [f"## advisor optimize: {_text(view.printable(result.get('target', '?')))}",
-             f"**{_text(view.headline(result))}**", _summary(result), _patches(result), _findings(result),
+             f"**{_text(view.headline(result))}**", _summary(result), _patches(result), _unpatched(result),
+             _findings(result),
              _environment(result), _ops(result)]
     notes = view.notes(result)
     if notes:
@@ -71,10 +72,15 @@ def _folded_diff(patch: dict) -> str:
             "</details>")
 
 
+def _unpatched(result: dict) -> str:
+    rows = [tuple(_text(cell) for cell in row) for row in view.unpatched_rows(result)]
+    return f"### {view.UNPATCHED_TITLE}\n\n" + _table(view.UNPATCHED_COLUMNS, rows, "lllrl") if rows else ""
+
+
 def _findings(result: dict) -> str:
-    rows = [(_text(rule), _text(where), _text(function), state)
-            for rule, where, function, state in view.findings_diff(result)]
-    return "### Findings before and after\n\n" + _table(("rule", "location", "function", "now"), rows) if rows else ""
+    rows = [(_text(rule), _text(where), _text(function), state, _text(why))
+            for rule, where, function, state, why in view.findings_diff(result)]
+    return "### Findings before and after\n\n" + _table(view.FINDING_COLUMNS, rows) if rows else ""
 
 
 def _environment(result: dict) -> str:

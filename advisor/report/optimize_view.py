@@ -95,8 +95,15 @@ def parity_lines(parity: dict | None) -> list[str]:
     """Max errors against their tolerances, then what was compared; empty when parity was not run."""
     if not parity:
         return []
-    lines = [f"abs {sci(parity.get('max_abs_err'))} (atol {number(parity.get('atol'))})",
-             f"rel {sci(parity.get('max_rel_err'))} (rtol {number(parity.get('rtol'))})"]
+    if parity.get("elements") is not None:  # the test as torch.testing.assert_close words it, then the maxima
+        mark = "FAIL" if parity.get("mismatched") else "pass"
+        lines = [f"{mark}: {parity['mismatched']} of {parity['elements']} elements outside |diff| <= "
+                 f"{sci(parity.get('atol_applied'))} + {number(parity.get('rtol'))} * |original|",
+                 f"max abs {sci(parity.get('max_abs_err'))}, max rel {sci(parity.get('max_rel_err'))} "
+                 f"(atol {number(parity.get('atol'))} scaled by the largest |original|)"]
+    else:  # a result written before the applied tolerance was recorded
+        lines = [f"abs {sci(parity.get('max_abs_err'))} (atol {number(parity.get('atol'))})",
+                 f"rel {sci(parity.get('max_rel_err'))} (rtol {number(parity.get('rtol'))})"]
     compared = f"{plural(parity.get('seeds', '?'), 'seed')}, {plural(parity.get('outputs_compared', '?'), 'output')}"
     lines.append(compared + (" + grads" if parity.get("grads") else ""))
     if parity.get("not_compared"):
@@ -179,12 +186,39 @@ def count_verdicts(result: dict) -> str:
 
 
 def headline(result: dict) -> str:
-    """One line for a title: the overall speedup, or why there is none."""
+    """One line for a title: the overall speedup, or why there is none; then the measured findings not patched."""
     if result.get("after") and result.get("speedup") is not None:
-        return f"{speedup_text(result['speedup'], result.get('speedup_ci'))} faster with the verified patches"
-    if not result.get("patches"):
-        return "nothing to patch"
-    return "no verified patch"
+        line = f"{speedup_text(result['speedup'], result.get('speedup_ci'))} faster with the verified patches"
+    elif not result.get("patches"):
+        line = "nothing to patch"
+    else:
+        line = "no verified patch"
+    found = result.get("unpatched") or []
+    if found:
+        line += f"; {plural(len(found), 'measured finding')} not patched (largest {percent(found[0].get('share'))} " \
+                "of op time)"
+    return line
+
+
+def percent(value: float | None) -> str:
+    return NONE if value is None else f"{value:.1%}"
+
+
+UNPATCHED_TITLE = "Found, not patched"
+UNPATCHED_COLUMNS = ("rule", "location", "function", "share of op time", "why no patch ran")
+
+
+def unpatched_rows(result: dict) -> list[tuple[str, str, str, str, str]]:
+    """The measured findings no patch ran for (optimize's `unpatched`), largest share first, as plain text."""
+    rows = []
+    for entry in result.get("unpatched") or []:
+        rule = entry.get("rule", "?") + (f" ({entry['static_rule']})" if entry.get("static_rule") else "")
+        why = entry.get("reason") or ""
+        if entry.get("patch"):
+            why = f"patch {entry['patch']}: {why}"
+        rows.append((printable(rule), location(entry), printable(entry.get("function") or ""),
+                     percent(entry.get("share")), printable(why)))
+    return rows
 
 
 def summary_rows(result: dict) -> list[tuple[str, str, str]]:
@@ -223,6 +257,11 @@ def notes(result: dict) -> list[str]:
         for key in ("missing", "unexpected"):
             if (state or {}).get(key):
                 lines.append(printable(f"state_dict keys {key} on {owner}: {', '.join(map(str, state[key]))}"))
+    if result.get("apply_command"):
+        lines.append(printable(f"apply the verified patches: {result['apply_command']}"))
+    for patch in result.get("patches") or []:
+        if patch.get("diff_file"):
+            lines.append(printable(f"{patch.get('id', '?')} diff: {patch['diff_file']}"))
     traces = result.get("traces") or {}
     for side in ("before", "after"):
         if traces.get(side):
@@ -297,9 +336,13 @@ def time_by_kind(result: dict) -> list[tuple[str, float, float | None]]:
     return [(kind, b, a if has_after else None) for kind, (b, a) in totals.items() if b or a]
 
 
-def findings_diff(result: dict) -> list[tuple[str, str, str, str]]:
-    """(rule, location, function, gone|remains|new) per finding, matched on rule, file and function (the patch
-    moves line numbers). Empty when the patched side was never profiled."""
+FINDING_COLUMNS = ("rule", "location", "function", "now", "what it is")
+
+
+def findings_diff(result: dict) -> list[tuple[str, str, str, str, str]]:
+    """(rule, location, function, gone|remains|new, explanation) per finding, matched on rule, file and function
+    (the patch moves line numbers); a new finding is explained by its message. Empty when the patched side was
+    never profiled."""
     if result.get("after") is None:
         return []
 
@@ -311,8 +354,9 @@ def findings_diff(result: dict) -> list[tuple[str, str, str, str]]:
     after = {key(f): f for f in result.get("findings_after") or []}
     rows = []
     for k, finding in before.items():
-        rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "remains" if k in after else "gone"))
+        rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "remains" if k in after else "gone", ""))
     for k, finding in after.items():
         if k not in before:
-            rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "new"))
+            why = printable(f"found in the patched code: {finding.get('message') or 'see the rule'}")
+            rows.append((k[0], f"{k[1]}:{finding.get('line', '?')}", k[2], "new", why))
     return rows

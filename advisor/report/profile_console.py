@@ -33,3 +33,16 @@ def print_measured(console: Console, title: str, findings: list[Finding], summar
         table.add_row(str(extra.get("rank", "")), f"{shown(finding.kind)}\n[dim]{finding.rule}[/dim]", location,
                       _us(extra.get("self_us", 0.0)), share, f"{extra.get('calls', 0):g}", shown(finding.message))
     console.print(table)
+
+
+def print_top_lines(console: Console, rows: list[dict]) -> None:
+    """Where the op time went, line by line (profile's `top_lines`): the lines to read first."""
+    if not rows:
+        return
+    table = Table(title="top lines by op time")
+    for column, justify in (("location", "left"), ("time/step", "right"), ("share", "right"), ("code", "left")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in rows:
+        table.add_row(f"{short_path(row['path'])}:{row['line']}", _us(row["us"]), f"{row['share']:.1%}",
+                      shown(row["code"]))
+    console.print(table)

@@ -15,7 +15,13 @@ from advisor.runtime.rank import rank
 from advisor.runtime.trace import Trace, TraceError, load_trace, trace_files
 from advisor.runtime.trace_detect import TraceHit, detect
 
-_CATEGORIES = (("attention", ("flash", "fmha", "attention", "sdpa")), ("gemm", ("gemm", "cutlass", "matmul", "xmma",
+# First match wins: convolutions before gemm (cuDNN's implicit-GEMM kernels), normalisations before reductions.
+_CATEGORIES = (("attention", ("flash", "fmha", "attention", "sdpa")),
+               ("convolution", ("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose", "slow_conv", "fprop",
+                                "dgrad", "wgrad", "winograd")),
+               ("normalization", ("layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm",
+                                  "layernorm", "batchnorm", "groupnorm")),
+               ("gemm", ("gemm", "cutlass", "matmul", "xmma",
                "bmm", "addmm", "::mm")), ("softmax", ("softmax",)), ("copy", ("copy", "memcpy", "contiguous", "clone",
                "_to_copy")), ("reduction", ("reduce", "sum", "mean", "norm")), ("elementwise", ("elementwise",
                "vectorized", "add", "mul", "div", "where", "masked_fill", "gelu", "silu")))

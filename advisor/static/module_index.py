@@ -148,10 +148,18 @@ class ParsedModule:
         return {s.name.value: s for s in self.module.body if isinstance(s, cst.FunctionDef)}
 
     @cached_property
+    def bindings(self) -> dict[str, list[cst.Name]]:
+        """Every binding target in the file other than imports, by name."""
+        found: dict[str, list[cst.Name]] = {}
+        for name in _assigned_names(self.parents.items()):
+            found.setdefault(name.value, []).append(name)
+        return found
+
+    @property
     def bound_names(self) -> set[str]:
         """Names bound anywhere in the file other than by imports (so a local `max = ...` is not taken for the
         builtin, nor a local `F = ...` for the imported module)."""
-        return {n.value for n in _assigned_names(self.parents.items())}
+        return set(self.bindings)
 
     @cached_property
     def module_aliases(self) -> dict[str, str]:

@@ -30,6 +30,7 @@ from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
 from advisor.verify.timing import Paired, interleave, summary
+from advisor.verify.unpatched import unpatched
 
 VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"
 # What the report folder will hold (with patched-*.log): checked for links before anything runs.
@@ -52,8 +53,19 @@ class Options:
     apply: bool = False
     review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
-    seeds: int = 3
+    seeds: int = 3  # parity inputs: seeds of a TARGET function, or recorded calls of a script's model
     timing_budget_s: float = 4.0
+    script: list[str] | None = None  # script mode: the command after `--` (target is then how it is shown)
+
+    def load_request(self, original: bool) -> dict:
+        """What a worker's `load` needs: the TARGET, or the script run to the model's Nth call (the patched side
+        only needs the model built, then takes the original's weights and inputs)."""
+        request = {"target": self.target, "device": self.device, "dtype": self.dtype, "train": self.train,
+                   "roots": [self.root]}
+        if self.script is not None:
+            calls = self.seeds if original else 1
+            request.update(script=self.script, calls=calls, doing=f"running the script to its model's call {calls}")
+        return request
 
 
 @dataclass
@@ -66,6 +78,7 @@ class Candidate:
     patched: str | None  # the text with only this patch applied (None: not runnable)
     reason: str | None = None  # why it is not run
     file: FileResult | None = None  # the analysis it came from, whose fixes patches of one file combine from
+    exercised: bool = True  # whether the profile saw the patched lines run
 
     @property
     def path(self) -> str:
@@ -121,13 +134,16 @@ class Session:
         self.progress("starting the original workload")
         self.original = start_worker("original", o.timeout_s, self.progress,
                                      log_path=self.report.create("original.log"))
-        self.info = self.original.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train)
+        self.info = self.original.call("load", **o.load_request(original=True))
         self.progress("profiling the original")
         self.profile_before = self.profile(self.original, "trace_before.json")
         self.state = self.original.call("export")
         self.autograd_requests = self.original.call("autograd_requests")
         self.inputs = [None]
-        if self.info["accepts_seed"]:
+        if self.info["captured"]:
+            self.notes.append(self.info["captured"])
+            self.inputs += [self.original.call("inputs", seed=index) for index in range(1, self.info["inputs"])]
+        elif self.info["accepts_seed"]:
             self.inputs += [self.original.call("inputs", seed=seed) for seed in range(1, o.seeds)]
         else:
             self.notes.append("the TARGET function takes no `seed` argument: parity is checked on its one input")
@@ -197,8 +213,7 @@ class Session:
             trial.worker = start_worker(f"patched ({label})", o.timeout_s, self.progress, overlay=overlay,
                                         overlay_root=trial.overlay_root,
                                         log_path=self.report.create(f"patched-{label}.log"))
-            loaded = trial.worker.call("load", target=o.target, device=o.device, dtype=o.dtype, train=o.train,
-                                       state=self.state)
+            loaded = trial.worker.call("load", **o.load_request(original=False), state=self.state)
             trial.state_dict = loaded["state_dict"]
             trial.parity = Comparison()
             for inputs, reference in zip(self.inputs, self.references):
@@ -295,6 +310,22 @@ def _observable(finding: Finding) -> bool:
         any(fact["name"] in OBSERVERS for fact in assumed)
 
 
+def set_aside_unexercised(candidates: dict[str, Candidate], lines: list[list]) -> None:
+    """Patches are built per file; one whose lines the profile never saw run (a class this configuration does not
+    call) is not exercised by the workload: timing it would measure nothing, so it is never run."""
+    ran: dict[str, set[int]] = {}
+    for path, line in lines:
+        ran.setdefault(path, set()).add(line)
+    for candidate in candidates.values():
+        f = candidate.finding
+        seen = ran.get(os.path.realpath(f.path), set())
+        candidate.exercised = any(f.line <= line <= (f.end_line or f.line) for line in seen)
+        if not candidate.exercised:
+            candidate.patched = None
+            candidate.reason = (f"not exercised by this workload: the profile saw no op run on lines "
+                                f"{f.line}-{f.end_line} ({f.function})")
+
+
 def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]) -> Trial | None:
     """All verified patches together; when that fails parity, leave one out at a time to find the culprit."""
     while verified:
@@ -337,6 +368,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
                                                 options.backend,
                                                 session.observations if session.nondeterministic is None else None,
                                                 options.call_site_facts, session.autograd_requests)
+        set_aside_unexercised(session.candidates, session.profile_before["lines"])
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
@@ -382,6 +414,8 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         "speedup_ci": [round(v, 4) for v in final.paired.speedup_ci()] if final else None,
         "speedup_method": "median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
         "patches": patches,
+        "unpatched": unpatched(session.profile_before["json"]["findings"], session.candidates, o.unsafe_fixes,
+                               o.backend),
         "ops": {"before": ops_before, "after": ops_after},
         "findings_before": session.profile_before["json"]["findings"],
         "findings_after": _unmirrored(profile_after["json"]["findings"], final) if profile_after else [],
@@ -460,9 +494,11 @@ def _patch_json(session: Session, c: Candidate, trial: Trial | None, written, fi
         "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"),
         "discharged": f.extra.get("discharged"), "diff": f.patch,
         "verdict": verdict, "verified": verdict == VERIFIED, "offered": verdict == VERIFIED,
+        "exercised": c.exercised,
         "parity": None if parity is None else {
             "max_abs_err": parity.max_abs_err, "max_rel_err": parity.max_rel_err, "atol": parity.atol,
-            "rtol": parity.rtol, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,
+            "rtol": parity.rtol, "atol_applied": parity.atol_applied, "elements": parity.elements,
+            "mismatched": parity.mismatched, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,
             "fully_masked_rows": {"rows": parity.fully_masked_rows, "original": "NaN", "patched": "finite"}
             if parity.fully_masked_rows else None,
             "grads": session.options.train, "not_compared": parity.skipped},

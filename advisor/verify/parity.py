@@ -41,6 +41,9 @@ class Comparison:
     max_rel_err: float = 0.0
     atol: float = 0.0
     rtol: float = 0.0
+    atol_applied: float = 0.0  # the largest scaled absolute tolerance any tensor got (atol * s)
+    elements: int = 0  # floating-point elements compared
+    mismatched: int = 0  # of them, outside tolerance
     outputs_compared: int = 0
     failures: list[str] = field(default_factory=list)
     fully_masked_rows: int = 0
@@ -54,6 +57,9 @@ class Comparison:
         self.max_abs_err = max(self.max_abs_err, other.max_abs_err)
         self.max_rel_err = max(self.max_rel_err, other.max_rel_err)
         self.atol, self.rtol = max(self.atol, other.atol), max(self.rtol, other.rtol)
+        self.atol_applied = max(self.atol_applied, other.atol_applied)
+        self.elements += other.elements
+        self.mismatched += other.mismatched
         self.outputs_compared += other.outputs_compared
         self.failures += other.failures
         self.fully_masked_rows += other.fully_masked_rows
@@ -106,6 +112,9 @@ def _compare_tensors(a: torch.Tensor, b: torch.Tensor, where: str, result: Compa
     magnitude = a.abs().masked_fill(~a.isfinite(), 0.0)
     floor = atol * max(1.0, float(magnitude.max()) if a.numel() else 1.0)
     bad = ~(diff <= floor + rtol * a.abs()) & ~ignored  # NaN diffs count as bad
+    result.atol_applied = max(result.atol_applied, floor)
+    result.elements += a.numel()
+    result.mismatched += int(bad.sum())
     finite = diff[diff.isfinite()]
     if finite.numel():
         result.max_abs_err = max(result.max_abs_err, float(finite.max()))

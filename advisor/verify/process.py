@@ -67,26 +67,28 @@ class WorkerProcess:
         self._send, self._receive = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
         self.closed = False
 
-    def call(self, command: str, timeout_s: float | None = None, **payload):
-        """Send a request; return its value, or raise WorkerFailed (the worker is then closed)."""
+    def call(self, command: str, timeout_s: float | None = None, doing: str | None = None, **payload):
+        """Send a request; return its value, or raise WorkerFailed (the worker is then closed). `doing` names the
+        request in those messages (default: its command)."""
+        doing = doing or f"`{command}`"
         if self.closed:
             raise WorkerFailed(f"the {self.label} process is no longer running")
         try:
             self._send.send_bytes(pickle.dumps((command, payload)))
         except (BrokenPipeError, OSError):
-            self._fail(f"the {self.label} process exited before `{command}`" + self._exit_text())
+            self._fail(f"the {self.label} process exited before {doing}" + self._exit_text())
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._receive.poll(left):
-                self._fail(f"the {self.label} process did not finish `{command}` within "
+                self._fail(f"the {self.label} process did not finish {doing} within "
                            f"{timeout_s or self.timeout_s:g} s (--timeout); it was stopped")
             try:
                 kind, value = pickle.loads(self._receive.recv_bytes())
             except (EOFError, OSError):
-                self._fail(f"the {self.label} process ended during `{command}`" + self._exit_text())
+                self._fail(f"the {self.label} process ended during {doing}" + self._exit_text())
             except Exception as exc:  # noqa: BLE001 - a reply we cannot read (a class only the child has)
-                self._fail(f"the {self.label} process's reply to `{command}` could not be read "
+                self._fail(f"the {self.label} process's reply to {doing} could not be read "
                            f"({type(exc).__name__}: {exc})")
             if kind == "progress":
                 self.on_progress(value)

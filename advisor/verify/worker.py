@@ -26,6 +26,7 @@ class Worker:
         self.workload = None
         self.prepared = None
         self.options: dict = {}
+        self.script_calls: list | None = None  # script mode: the inputs of the model's recorded calls
 
     # -- setup -------------------------------------------------------------------------------------------------
     def hello(self, sys_path: list[str], threads: int | None = None, overlay: dict[str, str] | None = None,
@@ -41,22 +42,33 @@ class Worker:
         return {"pid": os.getpid(), "threads": torch.get_num_threads(),
                 "environment": {name: os.environ.get(name) for name in WORKER_ENVIRONMENT}}
 
-    def load(self, target: str, device=None, dtype=None, train=False, state=None):
-        """Import TARGET and build its workload; with `state` (from the original side) take its weights and inputs."""
+    def load(self, target: str, device=None, dtype=None, train=False, state=None, script=None, calls=1,
+             roots=()):
+        """Import TARGET (a module TARGET from the current directory or `roots` first) and build its workload, or
+        with `script` (argv) run that script until its model's `calls`-th call; with `state` (from the original
+        side) take its weights and inputs."""
         from advisor.runtime.runner import check_runs, prepare
         from advisor.verify.overlay import file_loader
         from advisor.workload_loader import load_workload
 
         self.target = target
         self.options = {"device": device, "dtype": dtype, "train": train}
-        self.workload, self.function = load_workload(target, loader=file_loader, with_function=True)
+        captured = None
+        if script is not None:
+            from advisor.script import parse_command, run_script
+
+            self.workload, self.script_calls, captured = run_script(parse_command(script), calls, file_loader)
+        else:
+            self.workload, self.function = load_workload(target, loader=file_loader, with_function=True,
+                                                         roots=tuple(roots))
         keys = None
         if state is not None:
             keys = self._take_state(state)
         self.prepared = prepare(self.workload, device, dtype, train)
         check_runs(self.prepared, target)
-        return {"model": type(self.workload.model).__name__, "state_dict": keys,
+        return {"model": type(self.workload.model).__name__, "state_dict": keys, "captured": captured,
                 "accepts_seed": _accepts_seed(self.function), "device": str(self.prepared.device),
+                "inputs": len(self.script_calls) if self.script_calls is not None else None,
                 "dtype": str(self.prepared.dtype or _parameter_dtype(self.prepared.model)).replace("torch.", "")}
 
     def _take_state(self, state) -> dict:
@@ -89,16 +101,22 @@ class Worker:
         return higher_order_requests(self.prepared.step)
 
     def inputs(self, seed: int):
-        """The inputs the TARGET function builds for `seed` (only when it takes a `seed` argument)."""
+        """The inputs the TARGET function builds for `seed` (only when it takes a `seed` argument); in script mode
+        those of the model's recorded call number `seed` (from 0)."""
         import torch
 
         from advisor.runtime.runner import _move
         from advisor.workload_loader import as_workload
 
-        torch.manual_seed(seed)
-        workload = as_workload(self.function(seed=seed), self.target)
+        if self.script_calls is not None:
+            call = self.script_calls[seed]
+            args, kwargs = call.args, call.kwargs
+        else:
+            torch.manual_seed(seed)
+            workload = as_workload(self.function(seed=seed), self.target)
+            args, kwargs = workload.args, workload.kwargs
         cpu = torch.device("cpu")
-        return {"args": _move(workload.args, cpu, None), "kwargs": _move(workload.kwargs, cpu, None)}
+        return {"args": _move(args, cpu, None), "kwargs": _move(kwargs, cpu, None)}
 
     # -- measurements --------------------------------------------------------------------------------------------
     def run(self, args=None, kwargs=None, grads=False, rng_seed=0):
@@ -214,12 +232,25 @@ class Worker:
                 entry[0] += 1 / c.profiled_steps
                 entry[1] += event.self_us / c.profiled_steps
         files = sorted({path for path, _ in t.line_us} | {path for path, _, _ in t.function_us})
-        return {"json": report.to_json(), "findings": report.findings, "evidence": evidence_from_report(report),
+        ran = {(path, line) for path, line in t.line_us} | {(path, line) for path, line, _ in t.function_us}
+        document = report.to_json()
+        document["top_lines"] = _top_lines(t.line_us, t.op_us)
+        return {"json": document, "findings": report.findings, "evidence": evidence_from_report(report),
                 "ops": [{"op": name, "count": round(n, 3), "us": round(us, 3)} for name, (n, us) in ops.items()],
                 "files": [os.path.realpath(p) for p in files if p.endswith(".py") and os.path.isfile(p)],
+                "lines": sorted([os.path.realpath(path), line] for path, line in ran if path.endswith(".py")),
                 "summary": {"device": c.device, "dtype": c.dtype, "step_us": c.step_us, "step_iqr_us": c.step_iqr_us,
                             "op_us": t.op_us, "statement_share": t.statement_share,
                             "attributed_share": t.attributed_share}}
+
+
+def _top_lines(line_us: dict, op_us: float, count: int = 10) -> list[dict]:
+    """The source lines that took the most op time per step, with their code (as scalene and py-spy show)."""
+    import linecache
+
+    ranked = sorted(line_us.items(), key=lambda item: -item[1])[:count]
+    return [{"path": path, "line": line, "us": round(us, 3), "share": round(us / op_us, 5) if op_us else 0.0,
+             "code": linecache.getline(path, line).strip()} for (path, line), us in ranked]
 
 
 def _parameter_dtype(model) -> str:

@@ -11,8 +11,9 @@ import libcst as cst
 
 from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
                                                   flow_for, statement_of)
-from advisor.patterns.attention.helpers import callee, calls_through_objects, calls_to, single_return
+from advisor.patterns.attention.helpers import bind_arguments, callee, calls_through_objects, calls_to, single_return
 from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
 from advisor.static.module_index import ParsedModule
@@ -89,8 +90,10 @@ def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> boo
     if op is not None and op.name in names:
         return True
     function = callee(c, node) if op is None else None
-    if function is not None:  # a helper that returns the scores
-        return reaches(c, single_return(function).value, names, depth + 1)
+    if function is not None:  # a helper that returns the scores, or its argument (after masking it in place)
+        returned = single_return(function).value
+        return reaches(c, returned, names, depth + 1) or \
+            any(reaches(c, argument, names, depth + 1) for argument in _returned_arguments(c, function, node, returned))
     if isinstance(node, cst.Name):
         flow = flow_for(c, node)
         return any(d.value is not None and reaches(c, d.value, names, depth + 1)
@@ -98,6 +101,20 @@ def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> boo
                    for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
     return any(reaches(c, child, names, depth + 1) for child in node.children
                if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
+
+
+def _returned_arguments(c: Candidate, function: cst.FunctionDef, call: cst.Call,
+                        returned: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The call's argument for the parameter a helper returns (`def mask_func(s, m): s.masked_fill_(m, x);
+    return s`, megatron), as it may be that parameter updated in place."""
+    definitions = c.parsed.flow(function).definitions_of(returned) if isinstance(returned, cst.Name) else []
+    if not definitions or any(d.kind not in ("param", "inplace") for d in definitions):
+        return []
+    try:
+        argument = bind_arguments(c, function, call).get(returned.value)
+    except Refusal:
+        return []
+    return [argument] if argument is not None else []
 
 
 def _reaches_definition(c: Candidate, flow: FunctionFlow, def_id: int, names: set[str], depth: int) -> bool:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
+from advisor.patterns.attention import shifts
 from advisor.patterns.attention.candidate import Candidate, in_inlined
-from advisor.patterns.attention.rendering import at_home
+from advisor.patterns.attention.rendering import Replace, at_home
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.static.codegen import assignment, atomic, joined, keyword, method, parenthesized
 from advisor.static.dataflow import loaded_names
@@ -23,13 +24,19 @@ def assemble_mask(c: Candidate) -> None:
     terms = match.masks
     if not terms:
         return
+    for term in terms:
+        term.expression = _metadata_translated(c, term.expression)
+    mixed = next((term for term in terms if term.number_paths is not None), None)
+    if mixed is not None and len(terms) > 1:
+        raise Refusal(f"`{c.parsed.code(mixed.source)}` is a Python number on one path and a tensor on another, "
+                      f"and other masks are applied too")
     if len(terms) == 1 and terms[0].kind == "causal" and terms[0].guard is None:
         match.is_causal = True
         return
     if all(term.guard is None for term in terms):
         kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}
         if len(terms) == 1:
-            match.attn_mask = _term_mask(c, terms[0])
+            match.attn_mask = _sole_mask(c, terms[0])
         elif kinds == {"keep"}:
             match.attn_mask = joined(cst.BitAnd, [atomic(_term_mask(c, term)) for term in terms])
         elif kinds == {"float"}:
@@ -38,9 +45,16 @@ def assemble_mask(c: Candidate) -> None:
             match.attn_mask = joined(cst.Add, [atomic(_additive(c, term)) for term in terms])
         return
     if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, _term_mask(c, terms[0])):
-        match.attn_mask = _term_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
+        match.attn_mask = _sole_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
         return
     _hoist_masks(c, terms)
+
+
+def _metadata_translated(c: Candidate, mask: cst.BaseExpression) -> cst.BaseExpression:
+    """The mask with its reads of the scores' metadata (`torch.ones(i, j, device=s.device)`) reading Q and K
+    instead (see `block_checks.check_reads`): the emitted mask is a new expression, which the in-place renames of
+    the original statements do not reach."""
+    return mask.visit(Replace(c.match.renamed)) if c.match.renamed else mask
 
 
 def _tests_not_none(c: Candidate, test: cst.BaseExpression, mask: cst.BaseExpression) -> bool:
@@ -64,7 +78,7 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
         match.hoist_init = cst.SimpleStatementLine([assignment(name, cst.Name("None"))])
     for position, term in enumerate(terms):
         if len(terms) == 1:
-            value = _term_mask(c, term)
+            value = _sole_mask(c, term)
         elif position == 0:
             value = _additive(c, term)
         elif first.guard is None:  # assigned unconditionally by the first term
@@ -76,6 +90,18 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
         match.hoisted[term.statement] = assignment(name, value)
         term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
     match.attn_mask = variable
+
+
+def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
+    """The one mask SDPA gets; an added value that is a Python number on some paths (`bias = 0.0`) is a shift
+    there, which softmax ignores (see `shifts`), so SDPA gets no mask on those paths."""
+    mask = _term_mask(c, term)
+    if term.number_paths is None:
+        return mask
+    shifts.drop_shift(c, term.source, term.number_paths)
+    torch_name, _ = _torch_and_query(c)
+    return parse_template_expression("{mask} if isinstance({value}, {torch}.Tensor) else None",
+                                     mask=atomic(mask), value=term.expression, torch=torch_name)
 
 
 def _additive(c: Candidate, term: MaskTerm) -> cst.BaseExpression:

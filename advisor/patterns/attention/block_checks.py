@@ -20,6 +20,9 @@ from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 
+NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
+
+
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
     """Every read of a deleted intermediate is part of the block, or a read of the scores' metadata that
     survives by reading Q and K instead."""
@@ -39,8 +42,8 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
 
 def _translate_metadata_read(c: Candidate, read: cst.Name):
     """Reads of the scores' metadata survive the rewrite by reading Q and K instead: the scores have the
-    query's dtype and device, shape (..., L, S) with L = Q.size(-2) and S = K.size(-2) in SDPA layout.
-    Returns (node to replace, its replacement) or None."""
+    query's dtype and device (all that `s.new_ones(...)` reads), shape (..., L, S) with L = Q.size(-2) and
+    S = K.size(-2) in SDPA layout. Returns (node to replace, its replacement) or None."""
     if c.chain.views:
         return None
     parent = c.parsed.parents.get(read)
@@ -48,7 +51,9 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
         return None
     query, key = atomic(c.match.query), atomic(c.match.key)
     attribute = parent.attr.value
-    if attribute in ("dtype", "device"):  # the whole `s.dtype`: a replaced name would lose the query's parentheses
+    if attribute in ("dtype", "device") or attribute in NEW_TENSOR_METHODS:
+        # the whole `s.dtype` (`s.new_ones`: a tensor on the scores' device and of their dtype, unless given):
+        # a replaced name would lose the query's parentheses
         return parent, parent.with_changes(value=query)
     outer = c.parsed.parents.get(parent)
     if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
@@ -69,14 +74,19 @@ def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
     """Every name the SDPA call reads must mean at the value product what it meant where it was read."""
     env = c.flow.env_before.get(output_statement, {})
     nodes = list(c.leaf_nodes)
-    for term in c.match.masks:
-        nodes.extend(term.nodes)
+    mask_nodes = [node for term in c.match.masks for node in term.nodes]
+    nodes.extend(mask_nodes)
     for call, _ in c.inlined.values():
         nodes.extend(arg.value for arg in call.args)
+    # the emitted masks read the scores' metadata from Q and K instead (`attn_mask._metadata_translated`)
+    translated = {id(name) for read in c.match.renamed for name in loaded_names(read)}
+    mask_ids = {id(node) for node in mask_nodes}
     for node in nodes:
         if in_inlined(c, node):
             continue
         for name in loaded_names(node):
+            if id(node) in mask_ids and id(name) in translated:
+                continue
             seen = c.flow.reaching.get(name)
             if seen is None:
                 continue

@@ -25,7 +25,7 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
         return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace,
-                        keeps_first_key=added_keeps_first_key(c, mask))
+                        keeps_first_key=added_keeps_first_key(c, mask), number_paths=op.params.get("number_paths"))
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False
@@ -34,6 +34,7 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
         chain_first = op.params["chain_operand"] is op.operands[0]
         fill = op.operands[1] if chain_first else op.operands[0]
         masked, keep_given = condition, chain_first
+    source = op.params.get("source", masked)  # the tensor the original passes (`b` of GPT-2's `s * b - F * (1 - b)`)
     kind = c.values.fill_kind(fill)
     if kind is None:
         raise Refusal(f"the mask fill value `{short(c.parsed, fill)}` is not provably -inf or a large negative "
@@ -43,14 +44,14 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     fill_kind = mk.NEGINF if kind == "neginf" else mk.FINITE
     if is_causal_keep(c, masked, keep_given):
         return MaskTerm("causal", keep, fill=fill, guard=guard, nodes=nodes,
-                        fill_kind=fill_kind, source=masked, keeps_first_key=True)
+                        fill_kind=fill_kind, source=source, keeps_first_key=True)
     first = keeps_first_key(c, masked, keep_given)
     if kind == "neginf":
-        return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=masked,
+        return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=source,
                         keeps_first_key=first)
     masked_only = _negate(masked) if keep_given else at_home(c, masked)
     return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
-                    fill_kind=fill_kind, source=masked, keeps_first_key=first)
+                    fill_kind=fill_kind, source=source, keeps_first_key=first)
 
 
 def reshape_term(c: Candidate, term: MaskTerm) -> None:

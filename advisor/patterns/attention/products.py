@@ -153,6 +153,8 @@ def _einsum_roles(c: Candidate, core: Op) -> int:
 def spec(c: Candidate, op: Op):
     """An einsum's (input axes, output axes), for a two-operand einsum with a literal spec."""
     if op.params["spec"] is None:
+        op.params["spec"] = c.values.constant_string(op.params["spec_node"])
+    if op.params["spec"] is None:
         raise Refusal(f"the einsum spec `{short(c.parsed, op.params['spec_node'])}` is not a literal (an f-string "
                       f"with placeholders), so its axes cannot be read")
     inputs, output = es.parse_spec(op.params["spec"], op.params["einops"])

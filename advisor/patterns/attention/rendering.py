@@ -48,10 +48,11 @@ def short(parsed: ParsedModule, node: cst.CSTNode) -> str:
 
 
 class Replace(cst.CSTTransformer):
-    """Replace given Name nodes (by identity) with other expressions."""
+    """Replace given nodes (by identity; names, or whole reads like `s.device`) with other expressions, all in
+    one pass (a transformer rebuilds the tree, so a second pass would no longer find the originals)."""
 
-    def __init__(self, replacements: dict[cst.Name, cst.BaseExpression]) -> None:
+    def __init__(self, replacements: dict[cst.CSTNode, cst.BaseExpression]) -> None:
         self.replacements = replacements
 
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):
         return self.replacements.get(original_node, updated_node)

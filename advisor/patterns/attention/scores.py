@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns.attention import shifts
 from advisor.patterns.attention.anchors import reaches
-from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate
-from advisor.patterns.attention.helpers import callee, enter_callee, helper_named, single_return
+from advisor.patterns.attention.candidate import CORE_OPS, MAX_CHAIN, Candidate, function_of
+from advisor.patterns.attention.causal import keeps_first_key
+from advisor.patterns.attention.helpers import argument_of, callee, enter_callee, helper_named, single_return
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
-from advisor.patterns.ops import Op, int_value
+from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.dataflow import UNDEFINED, Definition, contains_call, loaded_names
 
 
@@ -32,6 +34,10 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
         chain.reads.add(chain.twin_input)
     cursor: cst.BaseExpression | Op | frozenset[int] = node
     for _ in range(MAX_CHAIN):
+        if isinstance(cursor, cst.Name) and argument_of(c, cursor) is not None:
+            raise Refusal(f"the scores pass through the helper `{function_of(c.parsed, cursor).name.value}` as its "
+                          f"parameter `{cursor.value}`, returned as it is or updated in place, which is not "
+                          f"followed")
         if isinstance(cursor, cst.Name):
             chain.reads.add(cursor)
             cursor = frozenset(c.flow.reaching.get(cursor, ()))
@@ -156,16 +162,62 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
     if op.name in ("add", "where"):
         left, right = op.operands
         scores = left if reaches(c, left, CORE_OPS, 0) else right
+        if op.name == "add" and _dropped_shift(c, right if scores is left else left, op):
+            return scores
         op.params["chain_operand"] = scores
         chain.ops.append((op, guard))
         return scores
     if op.name == "sub":
         left, right = op.operands
-        if _is_row_max_of(c, right, left):
+        if _is_row_max_of(c, right, left) or _dropped_shift(c, right, op):
             c.absorbed.update(loaded_names(right))
             return left
+        fill = _zero_one_fill(c, op)
+        if fill is not None:
+            chain.ops.append((fill, guard))
+            return fill.operands[0]
         raise Refusal(f"the scores have `{short(c.parsed, right)}` subtracted from them")
     raise Refusal(f"the scores pass through `{short(c.parsed, op.node)}` before softmax, which SDPA cannot express")
+
+
+def _dropped_shift(c: Candidate, operand: cst.BaseExpression, op: Op) -> bool:
+    """A finite Python number added to the scores drops out (see `shifts`); one that is a number only on some
+    paths is kept as an added mask, with its numbers noted for `attn_mask`."""
+    held = shifts.addend(c, operand)
+    if held.numbers and held.other:
+        op.params["number_paths"] = held.numbers
+    if not held.numbers or held.other:
+        return False
+    shifts.drop_shift(c, operand, held.numbers)
+    c.absorbed.update(loaded_names(operand))
+    return True
+
+
+def _zero_one_fill(c: Candidate, op: Op) -> Op | None:
+    """OpenAI GPT-2's `s * b - F * (1 - b)` read as `where(b.bool(), s, -F)`: equal where b is 0 or 1 (there
+    `s * 1 - F * 0` is s and `s * 0 - F * 1` is -F, for finite scores), which a triangle of ones sliced from
+    column 0 proves (every row then also keeps key 0). None for any other form or values."""
+    product, penalty = (c.reader.read(operand) for operand in op.operands)
+    if product is None or penalty is None or product.name != "mul" or penalty.name != "mul":
+        return None
+    fill, complement = penalty.operands if number_value(penalty.operands[0]) is not None else penalty.operands[::-1]
+    complement = c.reader.read(complement.with_changes(lpar=(), rpar=())) if isinstance(
+        complement, cst.BinaryOperation) else None
+    if number_value(fill) is None or number_value(fill) <= 0 or complement is None or complement.name != "sub" \
+            or number_value(complement.operands[0]) != 1:
+        return None
+    mask = complement.operands[1]
+    scores, factor = product.operands
+    if not reaches(c, scores, CORE_OPS, 0):
+        scores, factor = factor, scores
+    if c.parsed.code(factor) != c.parsed.code(mask) or contains_call(mask) or not reaches(c, scores, CORE_OPS, 0):
+        return None
+    keep = cst.Call(func=cst.Attribute(value=factor, attr=cst.Name("bool")))
+    if not keeps_first_key(c, keep, True):  # b is a lower triangle of ones, so only 0 and 1
+        return None
+    c.absorbed.update(loaded_names(mask))
+    return Op("where", op.node, [scores, cst.UnaryOperation(cst.Minus(), fill)],
+              {"condition": keep, "chain_operand": scores, "source": factor})
 
 
 def absorb(c: Candidate, op: Op) -> None:

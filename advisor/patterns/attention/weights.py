@@ -21,7 +21,7 @@ from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
-from advisor.static.dataflow import UNDEFINED, Definition
+from advisor.static.dataflow import UNDEFINED, Definition, contains_call, loaded_names
 
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
@@ -91,8 +91,14 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
     """Of the reads of a weights variable, the one that continues the block; the others escape it."""
     flow, twin = c.flow, c.chain.twin
     continuing, others = [], []
+    update = _guarded_dropout(c, definition)
+    updated = _guarded_dropout_of(c, definition)
     for read in flow.reads_of(definition):
         twins = {twin.id} if twin is not None and definition.id not in {twin.id} else set()
+        if update is not None and flow.reaching.get(read) == frozenset({definition.id, update.id}):
+            continue  # read after the `if`: followed from the update
+        if updated is not None:
+            twins = {updated.id}
         if flow.reaching.get(read) not in (frozenset({definition.id}), frozenset({definition.id} | twins)):
             guarded = [flow.definitions[i] for i in flow.reaching.get(read, ()) if i != UNDEFINED
                        and flow.definitions[i].guards]
@@ -102,6 +108,8 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
         if isinstance(c.parsed.parents.get(read), cst.Return) and not c.inlined and \
                 calls_to(c.parsed, c.function, c.owner):
             continuing.append(read)
+        elif op is not None and op.name == "cast" and read is not op.operands[0]:
+            others.append(read)  # `w.type_as(w)`: the argument's dtype only (see `_argument_of_cast`)
         elif op is not None and (op.name in ("cast", "identity", "dropout", "transpose", "permute", "mT") or
                                  op.name in ("matmul", "bmm") or
                                  (op.name == "einsum" and read in op.operands)):
@@ -115,8 +123,49 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
     if len(continuing) != 1:
         raise Refusal("the attention weights are used by more than one operation" if continuing
                       else "the attention weights never reach a value product")
-    escapes.extend(others)
+    escapes.extend(read for read in others if not _argument_of_cast(c, read, continuing[0]))
     return continuing[0]
+
+
+def _guarded_dropout(c: Candidate, weights: Definition) -> Definition | None:
+    """MPT's `if dropout_p: w = dropout(w, p=dropout_p, ...)`: the update of the weights made under a test of
+    dropout's own probability, which is false only where dropout is the identity (p == 0) or would raise
+    (None); SDPA's dropout_p carries the test (`dropout_role`). None for any other update."""
+    for read in c.flow.reads_of(weights):
+        _, op = consumers(c, read)[0]
+        update = definition_of_value(c, op.node) if op is not None and op.name == "dropout" and \
+            op.operands[0] is read else None
+        if update is None or update.name != weights.name or len(update.guards) != len(weights.guards) + 1 \
+                or update.guards[:-1] != weights.guards:
+            continue
+        guard = update.guards[-1]
+        p = op.params.get("p")
+        if guard.orelse is None and len(guard.body.body) == 1 and p is not None and not contains_call(guard.test) \
+                and c.parsed.code(guard.test).replace(" ", "") == c.parsed.code(p).replace(" ", ""):
+            return update
+    return None
+
+
+def _guarded_dropout_of(c: Candidate, definition: Definition) -> Definition | None:
+    """The weights that `definition` updates when it is such a guarded dropout (see `_guarded_dropout`)."""
+    if definition.kind != "assign" or not definition.guards:
+        return None
+    op = c.reader.read(definition.value)
+    if op is None or op.name != "dropout" or not isinstance(op.operands[0], cst.Name):
+        return None
+    before = c.flow.definitions_of(op.operands[0])
+    if len(before) != 1 or _guarded_dropout(c, before[0]) is not definition:
+        return None
+    return before[0]
+
+
+def _argument_of_cast(c: Candidate, read: cst.Name, continuing: cst.Name) -> bool:
+    """`w.type_as(w)`: the cast that continues the block reads only the dtype of its argument, and goes away
+    with the block (its arguments are absorbed), so that read is no use of the weights outside it."""
+    _, op = consumers(c, continuing)[0]
+    if op is None or op.name != "cast" or not isinstance(op.node, cst.Call):
+        return False
+    return any(read in loaded_names(arg.value) for arg in op.node.args)
 
 
 def value_roles(c: Candidate, core: Op) -> None:
@@ -149,13 +198,23 @@ def value_roles(c: Candidate, core: Op) -> None:
 
 
 def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
-    """SDPA's dropout_p: the probability when dropout runs, under the original's training flag."""
-    match = c.match
+    """SDPA's dropout_p: the probability when dropout runs, under the original's training flag (and under the
+    `if p:` that guards it, see `_guarded_dropout`)."""
     if len(dropouts) > 1:
         raise Refusal("dropout is applied twice to the attention weights")
     if not dropouts:
         return
     op = dropouts[0]
+    probability = _dropout_probability(c, op)
+    update = definition_of_value(c, op.node)
+    if probability is not None and update is not None and _guarded_dropout_of(c, update) is not None:
+        guard = update.guards[-1]
+        c.leaf_nodes.append(guard.test)
+        probability = cst.IfExp(test=at_home(c, guard.test), body=atomic(probability), orelse=number(0.0))
+    c.match.dropout_p = probability
+
+
+def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
     p = op.params.get("p")
     if p is None:
         probability = number(0.5)
@@ -163,19 +222,17 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
         probability = at_home(c, p)
         c.leaf_nodes.append(p)
     if number_value(p) == 0:
-        return
+        return None
     training = op.params.get("training")
     if training is None and not op.params.get("default_training", False):
         raise Refusal("dropout's training flag is not given")
     if training is None:
-        match.dropout_p = probability
-        return
+        return probability
     if isinstance(training, cst.Name) and training.value in ("True", "False"):
-        match.dropout_p = probability if training.value == "True" else None
-        return
+        return probability if training.value == "True" else None
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
-    match.dropout_p = cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
+    return cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
 
 
 def layout_role(c: Candidate) -> None:
