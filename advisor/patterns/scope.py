@@ -19,11 +19,12 @@ import networkx as nx
 
 from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.project import GLOBAL_CALL_HOOKS, HookSite, global_hook_calls
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 CONTEXTS = (cst.With, cst.Try)
-HOOK_METHODS = {"register_forward_hook", "register_forward_pre_hook", "register_module_forward_hook",
-                "register_module_forward_pre_hook", "register_full_backward_hook", "register_backward_hook"}
+HOOK_METHODS = {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                "register_full_backward_pre_hook", "register_backward_hook"}
 SCRIPT_DECORATORS = {"torch.jit.script", "torch.jit.script_method"}
 
 
@@ -198,6 +199,28 @@ def other_targets_read(parsed: ParsedModule, flow: FunctionFlow, removed: list[c
     return None
 
 
+def outer_names(function: cst.FunctionDef) -> frozenset[str]:
+    """Names the function declares `global` or `nonlocal`: what it binds to them outlives the call, so code
+    outside the function (another function, a later call) may read it."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            return False
+
+        def visit_Global(self, node: cst.Global) -> None:
+            found.update(item.name.value for item in node.names)
+
+        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+            found.update(item.name.value for item in node.names)
+
+    function.visit(Visitor())
+    return frozenset(found)
+
+
 def out_argument(call: cst.CSTNode) -> cst.BaseExpression | None:
     """`torch.bmm(p, v, out=buf)`: the product writes into a buffer SDPA cannot fill."""
     if isinstance(call, cst.Call):
@@ -329,10 +352,20 @@ def _forward_returns_input(node: cst.ClassDef) -> bool:
             and last.body[0].value.value == forward.params.params[1].name.value)
 
 
-def registers_hooks(parsed: ParsedModule) -> bool:
-    """Whether this file registers module hooks anywhere (then any deleted module call may carry one)."""
-    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value in HOOK_METHODS
-               for call in parsed.calls_and_classes[0])
+def hook_registration(parsed: ParsedModule) -> str | None:
+    """Why a deleted module call may carry a hook (None: nothing registers one that this scan sees): a hook on
+    every module (`register_module_forward_hook` and its variants) in this file or in any file of the scanned
+    tree, or a module hook registered anywhere in this file."""
+    calls = global_hook_calls(parsed, GLOBAL_CALL_HOOKS)
+    if calls:
+        call, name = calls[0]
+        return HookSite(parsed.path, parsed.line(call), name).describe(parsed.path)
+    if parsed.project is not None and parsed.project.call_hooks:
+        return parsed.project.call_hooks[0].describe(parsed.path)
+    if any(isinstance(call.func, cst.Attribute) and call.func.attr.value in HOOK_METHODS
+           for call in parsed.calls_and_classes[0]):
+        return "this file registers module hooks"
+    return None
 
 
 # TorchScript ----------------------------------------------------------------------------------------------------

@@ -246,9 +246,9 @@ class ValueProver:
             values = self.owner.attributes.get(name)
             if values and not all(self._assigned_is_scalar(v, depth) for v in values):
                 return False
-            if name in self.owner.outside:
-                return self._guess(f"`.{name}` is also assigned outside the class in this file, so an instance's "
-                                   f"value may not be the one the class assigns")
+            rebound = self.owner.rebound(name, identity_ok=True)  # `x * Identity()` raises, as SDPA's scale= does
+            if rebound is not None:
+                return self._guess(f"{rebound}, so an instance's value may not be the one the class assigns")
             if values:
                 return name not in self.owner.mutated or \
                     self._guess(f"`self.{name}` is also updated in place, which the analysis does not follow")

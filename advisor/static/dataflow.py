@@ -159,6 +159,15 @@ def _capture_names(pattern: cst.MatchPattern) -> list[cst.Name]:
     return names
 
 
+def bound_names(statement: cst.CSTNode) -> list[cst.Name]:
+    """The names an assignment statement binds (`a = b = v`, `a, b = v`, `a: T = v`, `a += v`)."""
+    if isinstance(statement, cst.Assign):
+        return [n for target in statement.targets for n in _target_names(target.target)]
+    if isinstance(statement, (cst.AnnAssign, cst.AugAssign)):
+        return _target_names(statement.target)
+    return []
+
+
 def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
     if isinstance(target, cst.Name):
         return [target]

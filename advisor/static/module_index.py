@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from advisor.rewrite.splice import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
+
+if TYPE_CHECKING:
+    from advisor.static.project import ProjectFacts
+
+
+ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
+ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
+IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
+# methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
+NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
+# dictionaries that hold a module's attributes: a store into one binds the attribute its key names
+ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
+# process-wide hooks that may replace any submodule, parameter or buffer as it is assigned (see static.project)
+REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_module_buffer_registration_hook",
+                      "register_module_parameter_registration_hook"}
+# what rewrites any buffer or parameter of a module when a state dict is loaded into it
+STATE_LOADERS = {"_register_load_state_dict_pre_hook", "register_load_state_dict_pre_hook",
+                 "register_load_state_dict_post_hook", "_load_from_state_dict"}
 
 
 @dataclass(eq=False)
@@ -42,19 +62,41 @@ class ClassInfo:
     def unfollowed(self) -> set[str]:
         return self._collected.unfollowed
 
-    def only_value(self, attribute: str) -> cst.BaseExpression | None:
+    def rebound(self, attribute: str, identity_ok: bool = False) -> str | None:
+        """Why an instance's attribute may hold another value than the class's assignments (None: it cannot,
+        as far as this file shows): the file writes that name on another object, or binds attributes by names
+        it computes (`setattr(m, name, v)`, `m._modules[name] = v`, a state-dict loading hook), on this class's
+        instances or on any object. `identity_ok`: the caller's reading also holds for an `nn.Identity()` in
+        its place (a dropout whose probability is read with a default)."""
+        if attribute in self.outside:
+            return f"`.{attribute}` is also assigned outside the class in this file"
+        if ANY_ATTRIBUTE in self.outside:
+            return "this file sets attributes by computed names on other objects (`setattr(m, name, ...)`)"
+        if ANY_TO_IDENTITY in self.outside and not identity_ok:
+            return "this file replaces modules by `nn.Identity()` under computed names (`setattr(m, name, ...)`)"
+        if self._collected.computed:
+            return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
+        return None
+
+    def class_value(self, attribute: str) -> cst.BaseExpression | None:
+        """The one expression the class binds the attribute to (never rebound or updated by the class itself);
+        other code may still rebind it (see `rebound`)."""
         values = self.attributes.get(attribute, [])
-        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed \
-            and attribute not in self.outside
+        single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed
         return values[0] if single else None
+
+    def only_value(self, attribute: str) -> cst.BaseExpression | None:
+        """The value every instance's attribute holds, as far as this file shows."""
+        return self.class_value(attribute) if self.rebound(attribute) is None else None
 
 
 class ParsedModule:
     """A file parsed once; every analysis of it shares this metadata."""
 
-    def __init__(self, source: str, path: str) -> None:
+    def __init__(self, source: str, path: str, project: "ProjectFacts | None" = None) -> None:
         self.source = source
         self.path = path
+        self.project = project  # what the other files of the scanned tree register (None: this file alone)
         self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._flows: dict[cst.FunctionDef, FunctionFlow] = {}
@@ -134,6 +176,8 @@ class ParsedModule:
         base = self.imports.get(node.value)
         if base is not None and node.value in self.bound_names:
             return None  # the import's name is rebound somewhere in the file: which object it is here is not seen
+        if base is None and node.value in self.name_aliases:
+            return ".".join([self.name_aliases[node.value]] + parts[::-1])
         if base is None:
             return node.value if not parts and node.value in BUILTINS and node.value not in self.bound_names else None
         return ".".join([base] + parts[::-1])
@@ -142,6 +186,36 @@ class ParsedModule:
     def imports(self) -> dict[str, str]:
         """Local name -> dotted module or object, from every import statement in the file."""
         return _imports(self)
+
+    @cached_property
+    def name_aliases(self) -> dict[str, str]:
+        """Names bound once in the whole file, at module level, to an imported object (`matmul = torch.matmul`):
+        the name is that object wherever it is read."""
+        counts: dict[str, int] = {}
+        for name in _assigned_names(self.parents.items()):
+            counts[name.value] = counts.get(name.value, 0) + 1
+        aliases = {}
+        for statement in self.module.body:
+            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and \
+                len(statement.body) == 1 else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and \
+                    isinstance(assign.targets[0].target, cst.Name):
+                name = assign.targets[0].target.value
+                dotted = self._through_imports(assign.value)
+                if dotted is not None and counts.get(name) == 1 and name not in self.imports:
+                    aliases[name] = dotted
+        return aliases
+
+    def _through_imports(self, node: cst.CSTNode) -> str | None:
+        """`torch.matmul` -> 'torch.matmul' through the import statements alone (no alias, no builtin)."""
+        parts: list[str] = []
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        base = self.imports.get(node.value) if isinstance(node, cst.Name) else None
+        if base is None or node.value in self.bound_names:
+            return None
+        return ".".join([base] + parts[::-1])
 
     @cached_property
     def module_functions(self) -> dict[str, cst.FunctionDef]:
@@ -195,16 +269,71 @@ class ParsedModule:
             info.outside = outside
         return collector.found
 
+    def package_module(self, dotted: str) -> "ParsedModule | None":
+        """Another file of this file's package, by the module name an import gives it ('fairseq.utils', or '.utils'
+        relative to this file); None outside the package or for a file that cannot be read or parsed."""
+        path = _package_file(self.path, dotted)
+        return _parse_file(path) if path is not None else None
+
+    @cached_property
+    def top_level_classes(self) -> dict[str, ClassInfo]:
+        """Classes defined once, at module level, by name."""
+        found: dict[str, list[ClassInfo]] = {}
+        for info in {id(owner): owner for _, owner, _ in self.functions if owner is not None}.values():
+            found.setdefault(info.node.name.value, []).append(info)
+        return {name: infos[0] for name, infos in found.items()
+                if len(infos) == 1 and infos[0].node in self.module.body}
+
     @cached_property
     def outside_attribute_writes(self) -> frozenset[str]:
         """Names of attributes this file writes on some object other than a method's own `self`
         (`model.attn.scale = ...`, `block.bias[:, :2] = 1`, `setattr(m, "softmax", ...)`, `m.bias.fill_(1)`).
         Any instance's attribute of that name may then hold another value than its class assigns, so no proof
         may read the class's own assignment as the value. Writes from other files are not seen."""
-        collector = _OutsideWriteCollector()
+        collector = _OutsideWriteCollector(self)
         self.module.visit(collector)
+        if self.project is not None and self.project.registration_hooks:
+            collector.names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
         return frozenset(collector.names)
 
+
+
+def _package_file(path: str, dotted: str) -> str | None:
+    """Where module `dotted` lives, looked up only inside the package that holds `path` (the folders above it that
+    have an `__init__.py`): `.utils` beside it, `fairseq.utils` under the package's root."""
+    folder = os.path.dirname(os.path.abspath(path))
+    level = len(dotted) - len(dotted.lstrip("."))
+    if level:
+        for _ in range(level - 1):
+            folder = os.path.dirname(folder)
+        parts = dotted[level:].split(".") if dotted[level:] else []
+    else:
+        while os.path.isfile(os.path.join(folder, "__init__.py")):
+            folder = os.path.dirname(folder)
+        parts = dotted.split(".")
+        if not os.path.isfile(os.path.join(folder, parts[0], "__init__.py")) or \
+                not os.path.abspath(path).startswith(os.path.join(folder, parts[0]) + os.sep):
+            return None  # not this file's own package
+    base = os.path.join(folder, *parts)
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if parts and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _parse_file(path: str) -> "ParsedModule | None":
+    try:
+        stat = os.stat(path)
+        return _parse_cached(path, stat.st_mtime_ns, stat.st_size)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, ValueError):
+        return None
+
+
+@lru_cache(maxsize=64)
+def _parse_cached(path: str, mtime_ns: int, size: int) -> "ParsedModule":
+    """Keyed by the file's mtime and size, so an edit is read again."""
+    with open(path, encoding="utf-8") as handle:
+        return ParsedModule(handle.read(), path)
 
 
 BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
@@ -223,12 +352,12 @@ def _imports(parsed: "ParsedModule") -> dict[str, str]:
                 else:
                     head = dotted.split(".")[0]
                     imports.setdefault(head, head)
-        elif isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative and \
-                not isinstance(node.names, cst.ImportStar):
-            base = parsed.code(node.module)
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            base = "." * len(node.relative) + (parsed.code(node.module) if node.module is not None else "")
             for alias in node.names:
                 local = alias.asname.name if alias.asname else alias.name
-                imports.setdefault(parsed.code(local), f"{base}.{parsed.code(alias.name)}")
+                name = parsed.code(alias.name)
+                imports.setdefault(parsed.code(local), f"{base}{name}" if base.endswith(".") else f"{base}.{name}")
     return imports
 
 
@@ -300,17 +429,27 @@ class _FunctionCollector(cst.CSTVisitor):
 
 
 class _OutsideWriteCollector(cst.CSTVisitor):
-    """Attribute names written through a receiver other than the bare name `self`."""
+    """Attribute names written through a receiver other than the bare name `self` (ANY_ATTRIBUTE where the name
+    is computed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parsed: "ParsedModule") -> None:
+        self.parsed = parsed
         self.names: set[str] = set()
 
-    def _target(self, target: cst.BaseExpression) -> None:
+    def _target(self, target: cst.BaseExpression, value: cst.BaseExpression | None = None) -> None:
         self.names.update(a.attr.value for a in _written_attributes(target) if not _is_self_attribute(a))
+        table = _attribute_table_key(target)
+        if table is not None and not _is_self(table[0]):
+            self.names.add(_literal_name(table[1]) or self._any(value))
+
+    def _any(self, value: cst.BaseExpression | None) -> str:
+        """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
+        identity = isinstance(value, cst.Call) and not value.args and self.parsed.imported_name(value.func) in IDENTITY
+        return ANY_TO_IDENTITY if identity else ANY_ATTRIBUTE
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            self._target(target.target)
+            self._target(target.target, node.value)
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         self._target(node.target)
@@ -320,11 +459,19 @@ class _OutsideWriteCollector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Name) and func.value == "setattr" and len(node.args) >= 2 and \
-                isinstance(node.args[1].value, cst.SimpleString):
-            self.names.add(node.args[1].value.evaluated_value)
+        binding = named_binding(node)
+        if binding is not None:
+            receiver, name = binding
+            if not _is_self(receiver):
+                self.names.add(_literal_name(name) or self._any(_bound_value(node)))
+            elif isinstance(func, cst.Name) and _literal_name(name):  # `setattr(self, "x", v)`: counted here too
+                self.names.add(_literal_name(name))
         elif is_inplace_method(func):
             self._target(func.value)  # `m.bias.fill_(1)`: an in-place method of the attribute
+        elif isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and not _is_self(func.value):
+            self.names.add(ANY_ATTRIBUTE)
+        elif _callee_name(func) in REGISTRATION_HOOKS:  # may replace any buffer or submodule as it is set
+            self.names.add(ANY_ATTRIBUTE)
 
 
 class _SelfAttributeCollector(cst.CSTVisitor):
@@ -332,6 +479,11 @@ class _SelfAttributeCollector(cst.CSTVisitor):
         self.attributes: dict[str, list[cst.BaseExpression]] = {}
         self.mutated: set[str] = set()
         self.unfollowed: set[str] = set()  # bound by an unpacking whose values are not paired with targets
+        self.computed = False  # some method binds `self` attributes by a name computed at run time
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if node.name.value == "_load_from_state_dict":  # an override that may load any buffer its own way
+            self.computed = True
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -366,6 +518,12 @@ class _SelfAttributeCollector(cst.CSTVisitor):
 
     def _written(self, target: cst.BaseExpression) -> None:
         self.mutated.update(a.attr.value for a in _written_attributes(target) if _is_self_attribute(a))
+        table = _attribute_table_key(target)
+        if table is not None and _is_self(table[0]):
+            name = _literal_name(table[1])
+            self.computed |= name is None
+            if name is not None:
+                self.mutated.add(name)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and _is_self_attribute(node.target):
@@ -374,21 +532,81 @@ class _SelfAttributeCollector(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if is_inplace_method(func):
-            self._written(func.value)  # `self.mask.fill_(...)`, `self.bias[0].zero_()`
-        if (isinstance(func, cst.Attribute) and func.attr.value == "register_buffer"
-                and isinstance(func.value, cst.Name) and func.value.value == "self" and len(node.args) >= 2
-                and isinstance(node.args[0].value, cst.SimpleString)):
-            name = node.args[0].value.evaluated_value
-            self.attributes.setdefault(name, []).append(node.args[1].value)
+            self._written(func.value)  # `self.mask.fill_(...)`, `self.bias.data.copy_(...)`
+        if isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and _is_self(func.value):
+            self.computed = True
+        binding = named_binding(node)
+        if binding is None or not _is_self(binding[0]):
+            return
+        name = _literal_name(binding[1])
+        value = _bound_value(node)
+        if name is None:
+            self.computed = True
+        elif value is not None and isinstance(func, cst.Attribute) and func.attr.value != "__setattr__":
+            self.attributes.setdefault(name, []).append(value)  # `self.register_buffer("bias", torch.tril(...))`
+        else:
+            self.mutated.add(name)  # `setattr(self, "bias", v)`: read as a write the analysis does not pair
 
 
 def _written_attributes(target: cst.BaseExpression) -> list[cst.Attribute]:
-    """The attributes a write to `target` changes: `x.a = v`, `x.a[i] = v`, `x.a, y.b = ...`."""
-    while isinstance(target, cst.Subscript):
-        target = target.value
+    """The attributes a write to `target` changes: `x.a = v`, `x.a[i] = v`, `x.a, y.b = ...`, and every attribute
+    a write goes through (`x.a.data = v`, `x.a.b[i] = v` change what `x.a` holds)."""
     if isinstance(target, (cst.Tuple, cst.List)):
         return [a for element in target.elements for a in _written_attributes(element.value)]
-    return [target] if isinstance(target, cst.Attribute) else []
+    found = []
+    while isinstance(target, (cst.Subscript, cst.Attribute)):
+        if isinstance(target, cst.Attribute):
+            found.append(target)
+        target = target.value
+    return found
+
+
+def named_binding(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(receiver, name expression) of a call that binds an attribute by name: `setattr(m, name, v)`,
+    `m.__setattr__(name, v)`, `m.register_buffer(name, t)`, `m.add_module(name, child)`, ..."""
+    func, args = call.func, [a for a in call.args if a.keyword is None and not a.star]
+    if isinstance(func, cst.Name) and func.value == "setattr" and len(args) >= 2:
+        return args[0].value, args[1].value
+    if isinstance(func, cst.Attribute) and func.attr.value in NAMED_BINDERS:
+        if isinstance(func.value, cst.Name) and func.value.value == "object" and len(args) >= 2:
+            return args[0].value, args[1].value  # `object.__setattr__(self, name, v)`
+        keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "name"), None)
+        name = args[0].value if args else keyword
+        return (func.value, name) if name is not None else None
+    return None
+
+
+def _bound_value(call: cst.Call) -> cst.BaseExpression | None:
+    """The value a `register_buffer`/`add_module`-style call binds (its second positional argument; the third of
+    `setattr(obj, name, value)` and `object.__setattr__(obj, name, value)`)."""
+    args = [a for a in call.args if a.keyword is None and not a.star]
+    position = 2 if isinstance(call.func, cst.Name) or isinstance(call.func.value, cst.Name) and \
+        call.func.value.value == "object" else 1
+    return args[position].value if len(args) > position else None
+
+
+def _attribute_table_key(target: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(owner, key) of a store into a module's attribute table: `m._modules[name] = child`,
+    `self.__dict__["bias"] = t`."""
+    if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Attribute) and \
+            target.value.attr.value in ATTRIBUTE_TABLES and len(target.slice) == 1 and \
+            isinstance(target.slice[0].slice, cst.Index):
+        return target.value.value, target.slice[0].slice.value
+    return None
+
+
+def _literal_name(node: cst.BaseExpression) -> str | None:
+    return node.evaluated_value if isinstance(node, cst.SimpleString) and \
+        isinstance(node.evaluated_value, str) else None
+
+
+def _callee_name(func: cst.BaseExpression) -> str | None:
+    """`f` for `f(...)` and `m.f(...)`."""
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
+
+
+def _is_self(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "self"
 
 
 def _is_self_attribute(node: cst.CSTNode) -> bool:

@@ -25,6 +25,7 @@ from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
+from advisor.static.project import ProjectFacts, project_facts
 from advisor.static.tree_facts import TreeFacts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
@@ -269,17 +270,19 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     `call_site_facts`, those files' calls may prove facts of the functions they call. Those files are the scanned
     tree for what is asked of autograd too, with `autograd_requests`: what the run was seen asking."""
     candidates: dict[str, Candidate] = {}
+    project = project_facts(files)  # hooks on every module, registered by any of these files
     tree = Tree(list(files)) if call_site_facts else None
     tree_facts = TreeFacts.of_paths(files).with_observed(list(autograd_requests))
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, tree_facts=tree_facts)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, project=project, tree_facts=tree_facts)
         if result is None:
             continue
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, tree_facts) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, project,
+                               tree_facts) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -293,12 +296,12 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     return candidates
 
 
-def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str,
-              runtime: RuntimeEvidence | None = None, tree: Tree | None = None,
+def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, runtime: RuntimeEvidence | None = None,
+              tree: Tree | None = None, project: ProjectFacts | None = None,
               tree_facts: TreeFacts | None = None) -> FileResult | None:
     try:
         return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree,
-                              tree_facts=tree_facts)
+                              project=project, tree_facts=tree_facts)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 

@@ -14,6 +14,7 @@ minutes; left padding of 3 keys together with a causal mask fully masks some que
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -645,6 +646,41 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         body[value_at] = body[value_at].replace(f"{w}", f"{w}.float()", 1).replace(" v", " v.float()") \
             .replace("(v", "(v.float()").replace(", v)", ", v.float())")
         body.insert(value_at + 1, "out = out.to(x.dtype)")
+    elif h in SWAPS:  # a helper applied to every module replaces dropout (and softmax) modules by computed names
+        bind = SWAPS[h]
+        softmax = "" if h == "strip_dropout" else ("\n        elif isinstance(child, nn.Softmax):\n"
+                                                  f"            {bind.format(new='nn.Softmax(dim=-2)')}")
+        src.extra_classes.append("def swap_modules(module):\n"
+                                 "    for name, child in list(module.named_children()):\n"
+                                 "        if isinstance(child, nn.Dropout):\n"
+                                 f"            {bind.format(new='nn.Identity()')}" + softmax)
+        src.make_lines += ["model.eval()", "model.apply(swap_modules)"]  # the new Identity is in training mode
+    elif h in BUFFER_WRITES:  # the causal buffer becomes a band after the constructor
+        view = f".view(1, 1, {BUFFER}, {BUFFER})" if "view(1, 1" in "".join(src.init) else ""
+        band = f"(torch.tril(torch.ones({BUFFER}, {BUFFER})) - torch.tril(torch.ones({BUFFER}, {BUFFER}), " \
+               f"diagonal=-3)){view}"
+        write = BUFFER_WRITES[h].format(band=band)
+        if h == "buffer_data_make":
+            src.make_lines.append(write)
+        else:
+            src.methods.append(f"def set_window(self, name=\"bias\"):\n    {write}")
+            src.make_lines.append("model.set_window()")
+    elif h in GLOBAL_HOOKS:  # a hook on every module, registered by make()
+        imported, register = GLOBAL_HOOKS[h]
+        if imported:
+            src.imports.append(imported)
+        src.make_lines.append(register)
+    elif h in ("global_weights", "global_weights_copy"):  # weights kept in a global that another function reads
+        src.extra_classes.append("LAST = None\n\n\ndef attention_map():\n    return LAST")
+        body.insert(0, "global LAST")
+        if h == "global_weights":  # the weights' own name is the global one, from the softmax to the product
+            value_at = _index_of(body, "out = ")
+            at = _softmax_at(body)
+            body[at] = body[at].replace(f"{w} = ", "LAST = ", 1)
+            body[at + 1:value_at + 1] = [re.sub(rf"\b{w}\b", "LAST", line) for line in body[at + 1:value_at + 1]]
+        else:
+            body.insert(_index_of(body, "out = ") + 1, f"LAST = {w}")
+        body[-1] = body[-1] + ", attention_map()"
     elif h == "make_writes_causal":  # the same writes, from outside the class (the file's make())
         src.make_lines.append("model.bias[..., :2] = 1")
     elif h == "make_replaces_softmax":
@@ -688,6 +724,25 @@ def _write_higher_order(h: str, src: _Source) -> None:
         "        out = model(x, *rest)\n"
         "        return out[0] if isinstance(out, tuple) else out\n\n"
         + "\n".join("    " + line for line in body.splitlines()))
+
+
+SWAPS = {"swap_setattr": "setattr(module, name, {new})", "swap_modules_dict": "module._modules[name] = {new}",
+         "swap_add_module": "module.add_module(name, {new})",
+         "strip_dropout": "setattr(module, name, {new})"}  # dropout only, to nn.Identity (an export helper)
+BUFFER_WRITES = {"buffer_data_method": "self.bias.data = {band}", "buffer_copy_method": "self.bias.data.copy_({band})",
+                 "buffer_setattr_method": "setattr(self, name, {band})",
+                 "buffer_register_method": "self.register_buffer(name, {band})",
+                 "buffer_data_make": "model.bias.data = {band}"}
+_HALVED = "isinstance(m, (nn.Dropout, nn.Softmax))"
+GLOBAL_HOOKS = {
+    "global_forward_hook": ("", "torch.nn.modules.module.register_module_forward_hook("
+                                f"lambda m, args, out: out * 0.5 if {_HALVED} else out)"),
+    "global_pre_hook": ("from torch.nn.modules.module import register_module_forward_pre_hook as before_every_module",
+                        f"before_every_module(lambda m, args: (args[0] * 0.5,) if {_HALVED} else None)"),
+    "global_backward_hook": ("import torch.nn.modules.module as module_hooks",
+                             "module_hooks.register_module_full_backward_hook(lambda m, gin, gout: "
+                             f"tuple(None if g is None else g * 0.5 for g in gin) if {_HALVED} else None)"),
+}
 
 
 def _softmax_at(body: list[str]) -> int:
@@ -801,8 +856,13 @@ def _hazard(*names: str) -> st.SearchStrategy:
         changes: dict = {"hazard": hazard}
         if hazard in ("write_causal_init",):
             changes.update(mask="causal_buffer", kv="self", polarity="eq0")
-        if hazard == "make_writes_causal":
+        if hazard == "make_writes_causal" or hazard in BUFFER_WRITES:
             changes.update(mask="causal_buffer", kv="self", polarity="eq0")
+        if hazard in SWAPS or hazard in GLOBAL_HOOKS:  # a module call the rewrite deletes
+            changes.update(dropout=draw(st.sampled_from(("module", "sequential", variant.dropout))),
+                           softmax=draw(st.sampled_from(("module", variant.softmax))))
+            if changes["dropout"] not in ("module", "sequential") and changes["softmax"] != "module":
+                changes.update(softmax="module")
         if hazard == "make_replaces_softmax":
             changes.update(softmax="module")
         if hazard == "make_sets_tensor_scale":
@@ -870,6 +930,10 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "higher_order_autograd": ("issue 15", _hazard(*HIGHER_ORDER)),
     "written_outside_class": ("E/G/N", _hazard("make_writes_causal", "make_replaces_softmax", "make_sets_tensor_scale")),
     "escapes": ("ADV102", _hazard("return_weights", "store_weights", "entropy_loss")),
+    "module_replaced": ("15.2", _hazard(*SWAPS)),
+    "buffer_written_later": ("15.3", _hazard(*BUFFER_WRITES)),
+    "global_hooks": ("15.4", _hazard(*GLOBAL_HOOKS)),
+    "global_weights": ("15.5", _hazard("global_weights", "global_weights_copy")),
     "wrong_softmax_dim": ("hostile", _with(core_variants(), softmax="wrong_dim")),
     "low_precision": ("dtypes", _low_precision()),
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,9 +51,25 @@ class _Mismatch(Exception):
 
 def check(source: str) -> Outcome:
     """Analyse `source`, then hold every safe patch to the original's numbers (see the module docstring)."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), global_module_hooks():
         warnings.simplefilter("ignore")
         return _check(source)
+
+
+@contextmanager
+def global_module_hooks():
+    """Hooks a variant registers for every module (`register_module_forward_hook`) stay in this block: the
+    process-wide tables are restored afterwards, so they never fire on the next variant."""
+    from torch.nn.modules import module
+    tables = [getattr(module, name) for name in dir(module) if name.startswith("_global_")
+              and isinstance(getattr(module, name), dict)]
+    saved = [dict(table) for table in tables]
+    try:
+        yield
+    finally:
+        for table, entries in zip(tables, saved):
+            table.clear()
+            table.update(entries)
 
 
 def _check(source: str) -> Outcome:

@@ -28,6 +28,11 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
     survives by reading Q and K instead."""
     match = c.match
     score_ids = {d.id for d in c.chain.definitions}
+    for definition in c.chain.definitions:
+        function = function_of(c.parsed, definition.statement)
+        if function is not None and definition.name in scope.outer_names(function):
+            raise Refusal(f"the intermediate `{definition.name}` is declared global or nonlocal (line "
+                          f"{c.parsed.line(definition.statement)}): code outside the function may read it")
     for definition in consumed:
         for read in c.flow.reads_of(definition):
             if read not in chain_reads and read not in match.escapes and definition.id in score_ids:
@@ -155,13 +160,19 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     if c.scope.classes().subclasses(owner):
         match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
                            "checked for the subclasses in this file")
-    hooked = scope.registers_hooks(c.parsed)
-    for attribute in scope.deleted_module_calls(c.parsed, owner, block, kept):
+    deleted = scope.deleted_module_calls(c.parsed, owner, block, kept)
+    for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
+        rebound = owner.rebound(attribute, identity_ok=attribute in c.identity_ok)
+        if rebound is not None:
+            raise Refusal(f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class "
+                          f"builds when the code runs: {rebound}")
+    hooked = scope.hook_registration(c.parsed)
+    for attribute in deleted:
         statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"
         if scope.is_hook_point(c.parsed, owner, attribute):
             match.facts.assumed("no-hooks", statement, "it computes nothing, so it exists to carry hooks")
         elif hooked:
-            match.facts.assumed("no-hooks", statement, "this file registers module hooks")
+            match.facts.assumed("no-hooks", statement, hooked)
         else:
             match.facts.proved("no-hooks", statement, "no hook is registered in this file")
 
@@ -184,6 +195,12 @@ def check_escapes(c: Candidate) -> None:
         return
     for read in match.escapes:
         parent = c.parsed.parents.get(read)
+        if isinstance(parent, cst.AssignTarget) or isinstance(parent, (cst.AnnAssign, cst.AugAssign)) \
+                and parent.target is read:
+            match.unsafe_reason = (f"the weights are bound to `{read.value}` (line {c.parsed.line(read)}), which "
+                                   f"the function declares global or nonlocal: code outside it reads that binding, "
+                                   f"which the rewrite would delete")
+            return
         if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
             match.unsafe_reason = _why_not_none(c, read, parent)
             return

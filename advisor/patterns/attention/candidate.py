@@ -89,6 +89,7 @@ class Candidate:
     dtype_changes: list[Op] = field(default_factory=list)  # casts and softmax(dtype=) inside the block
     factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # ("mul" | "div", Python number)
     leaf_nodes: list[cst.BaseExpression] = field(default_factory=list)  # q, k, v, then what else SDPA reads
+    identity_ok: set[str] = field(default_factory=set)  # deleted `self.x(...)` calls read right if x is an Identity
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None
@@ -166,9 +167,8 @@ def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None,
     if isinstance(parent, cst.BinaryOperation):
         return [(parent, c.reader.read(parent))]
     definition = definition_of_value(c, node)
-    if definition is not None:
-        return [(read, None) for read in flow_for(c, node).reads_of(definition)]
-    return [(None, None)]
+    reads = flow_for(c, node).reads_of(definition) if definition is not None else []
+    return [(read, None) for read in reads] or [(None, None)]  # `saved = w` with saved never read: nowhere
 
 
 def parameter_claims(c: Candidate, nodes: list[cst.BaseExpression], check: str, guards: list[cst.If | None] = (),

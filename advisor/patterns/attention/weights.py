@@ -10,6 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns import einsum as es
+from advisor.patterns import scope
 from advisor.patterns.attention.anchors import feeds_product
 from advisor.patterns.attention.candidate import (
     MAX_CHAIN, Candidate, WeightPath, consumers, definition_of_value, function_of,
@@ -21,7 +22,7 @@ from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
-from advisor.static.dataflow import UNDEFINED, Definition, contains_call, loaded_names
+from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, loaded_names
 
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
@@ -36,6 +37,7 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
         definition = definition_of_value(c, node)
         if definition is not None:
             definitions.append(definition)
+            escapes.extend(_outer_binding(c, definition))
             node = _next_weight_read(c, definition, escapes)
             reads.add(node)
             continue
@@ -75,6 +77,15 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
     raise Refusal("the weights are followed too far without reaching a value product")
 
 
+def _outer_binding(c: Candidate, definition: Definition) -> list[cst.Name]:
+    """The target `w` of `w = <weights>` when the function declares `w` global or nonlocal: the binding outlives
+    the call (another function may read it), so the weights escape there."""
+    function = function_of(c.parsed, definition.statement)
+    if function is None or definition.name not in scope.outer_names(function):
+        return []
+    return [target for target in bound_names(definition.statement) if target.value == definition.name]
+
+
 def _swaps_last_two(op: Op, ndim: int | None) -> bool:
     if op.name == "mT":
         return True
@@ -90,7 +101,7 @@ def _swaps_last_two(op: Op, ndim: int | None) -> bool:
 def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Name]) -> cst.Name:
     """Of the reads of a weights variable, the one that continues the block; the others escape it."""
     flow, twin = c.flow, c.chain.twin
-    continuing, others = [], []
+    continuing, others, unread = [], [], []
     update = _guarded_dropout(c, definition)
     updated = _guarded_dropout_of(c, definition)
     for read in flow.reads_of(definition):
@@ -120,6 +131,11 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
                           f"before the value product")
         else:
             others.append(read)
+            if op is None and isinstance(consumer, cst.Call) and feeds_product(c, read):
+                unread.append(consumer)
+    if not continuing and unread:  # fairseq's `self.dropout_module(w)`: a module whose forward has a branch
+        raise Refusal(f"the attention weights pass through `{short(c.parsed, unread[0])}`, which is not read as "
+                      f"dropout, a cast or a view, before the value product")
     if len(continuing) != 1:
         raise Refusal("the attention weights are used by more than one operation" if continuing
                       else "the attention weights never reach a value product")
@@ -232,7 +248,24 @@ def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
         return probability if training.value == "True" else None
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
+    elif _stripped_to_identity(c, op.node):  # `getattr(self.attn_drop, "p", 0.0)`: an Identity drops nothing
+        probability = cst.Call(func=cst.Name("getattr"), args=[
+            cst.Arg(probability.value), cst.Arg(cst.SimpleString('"p"')), cst.Arg(number(0.0))])
     return cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
+
+
+def _stripped_to_identity(c: Candidate, call: cst.Call) -> bool:
+    """`self.attn_drop(w)` where the file may swap dropout modules for `nn.Identity()` under computed names (an
+    export helper) and nothing else rebinds `attn_drop`: the call is a dropout or an identity when it runs."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
+            and c.owner is not None):
+        return False
+    attribute = func.attr.value
+    if c.owner.rebound(attribute) is None or c.owner.rebound(attribute, identity_ok=True) is not None:
+        return False
+    c.identity_ok.add(attribute)
+    return True
 
 
 def layout_role(c: Candidate) -> None:
