@@ -112,22 +112,11 @@ OUTCOME_XFAIL = {
     "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
     "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
 }
-# The first-order-autograd fact holds for the whole scanned tree (README "What a rewrite proves"): this folder is
-# scanned as one tree, so the double backward of p36 (R1 penalty) and p47 (Hessian) through 4-D attention makes
-# every other 4-D patch in it unsafe too. Each file is a program of its own here; telling programs of one tree
-# apart (its import graph) is not done yet.
-TREE_WIDE_AUTOGRAD = ("p07_hybrid_ssm_shared_attn", "p20_local_band_buffer", "p21_sliding_window_causal",
-                      "p24_prefix_lm_data_write", "p25_mc_dropout_eval", "p26_dropout_schedule",
-                      "p28_jit_scripted_scale", "p33_falcon_multiquery", "p37_dropout_stripped_for_export",
-                      "p38_nanogpt_kv_cache_offset", "p48_functional_causal_device_of_scores",
-                      "p49_functional_causal_inline_mask")
-OUTCOME_XFAIL.update({name: "MISS: unsafe (first-order-autograd) because p36/p47, other files of the scanned "
-                            "folder, double-backward through their own attention" for name in TREE_WIDE_AUTOGRAD
-                      if name not in OUTCOME_XFAIL})
 PATCH_XFAIL = {
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))
+TREE_WIDE_WORDS = ("register_module_", "create_graph", "hessian", "jvp", "jacfwd", "forward_ad")
 ATTENTION_RULES = ("ADV101", "ADV102")
 
 
@@ -143,9 +132,11 @@ def cli(tmp_path_factory):
     copies = {kind: root / kind for kind in ("original", "safe", "unsafe")}
     for folder in copies.values():
         shutil.copytree(FIXTURES, folder)
-    # Each fixture is its own program: one that registers a hook on every module (p32) would reach every file of a
-    # shared scan (as it should in one program), so it is scanned and fixed on its own.
-    alone = {name for name in NAMES if "register_module_" in (FIXTURES / f"{name}.py").read_text()}
+    # Each fixture is its own program: one that registers a hook on every module (p32) or asks for double backward or
+    # forward AD (p36, p47) would reach every file of a shared scan (as it should in one program: the no-hooks and
+    # first-order-autograd facts hold for the whole scanned tree), so it is scanned and fixed on its own.
+    alone = {name for name in NAMES if any(word in (FIXTURES / f"{name}.py").read_text()
+                                           for word in TREE_WIDE_WORDS)}
     groups = [[name for name in NAMES if name not in alone]] + [[name] for name in sorted(alone)]
     runs, scans = [], []
     for group in groups:
