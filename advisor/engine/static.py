@@ -28,6 +28,7 @@ from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
 from advisor.static.project import ProjectFacts, project_facts
+from advisor.static.tree_facts import TreeFacts
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -55,6 +56,7 @@ class StaticContext:
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
     tree: Tree | None = None
+    tree_facts: TreeFacts | None = None  # what the scanned tree asks of autograd (None: the file alone)
 
 
 @dataclass
@@ -142,16 +144,18 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult:
+                   patches: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None,
+                   tree_facts: TreeFacts | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
     (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree`: the
     scanned files, whose calls of this file's functions may prove facts (None: the file alone); `project`: what
-    the other files of the scanned tree register (hooks on every module)."""
+    the other files of the scanned tree register (hooks on every module); `tree_facts`: what the scanned files ask
+    of autograd (None: this file alone)."""
     parsed = ParsedModule(source, path, project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence, tree=tree)
+    context = StaticContext(parsed, backend, evidence, tree=tree, tree_facts=tree_facts)
     lowered = source.lower()
     detected: list[Detected] = []
     for family in families():
@@ -205,7 +209,7 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     project = project_facts(files) if len(files) > 1 else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
-                       project=project, path_rules=path_rules)
+                       project=project, path_rules=path_rules, tree_facts=TreeFacts.of_paths(files))
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs, done)
@@ -255,7 +259,7 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
                fixed: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None,
-               path_rules=None) -> FileResult | ScanError:
+               path_rules=None, tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     if path_rules and path_rules.ignored_codes(path):
@@ -264,7 +268,8 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project,
+                                   tree_facts)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -279,18 +284,20 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
                   runtime: RuntimeEvidence | None, patches: bool = True,
-                  tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult | ScanError:
+                  tree: Tree | None = None, project: ProjectFacts | None = None,
+                  tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
     if source.notebook is not None:
-        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree, project),
-                         source.notebook, patches)
-    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project)
+        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree, project,
+                                       tree_facts), source.notebook, patches)
+    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project, tree_facts)
 
 
 def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runtime: RuntimeEvidence | None,
-                  patches: bool, tree: Tree | None, project: ProjectFacts | None) -> FileResult | ScanError:
+                  patches: bool, tree: Tree | None, project: ProjectFacts | None,
+                  tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
     """One module's text (a file's, or a notebook's code cells) checked, prefiltered and analysed."""
     path = source.path
     error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
@@ -301,7 +308,7 @@ def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runt
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches, tree=tree, project=project)
+                              patches=patches, tree=tree, project=project, tree_facts=tree_facts)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 
