@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv + (["--", *script] if script is not None else [])  # as given: to repeat the run
         if script is not None:
             args.script = script
+        from advisor.config import configure
+
+        configure(args)
         return args.run(args)
     except AdvisorError as exc:
         if debug:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from functools import cached_property, lru_cache
 
 RULES_PACKAGE = "advisor.rules"
 SAFETIES = ("safe", "unsafe")
+SELECTOR = re.compile(r"[A-Z]+[0-9]*")
 DOC_SECTIONS = ("what", "why", "fix_doc")  # with the example, Ruff's sections: what it does, why, example, fix safety
 
 
@@ -171,6 +173,18 @@ def load_rules(package: str = RULES_PACKAGE) -> dict[str, Rule]:
                 raise ValueError(f"{rule.code}: missing {', '.join(missing) or 'a valid fix_safety'}")
             rules[rule.code] = rule
     return dict(sorted(rules.items()))
+
+
+def parse_selectors(text: str) -> list[str]:
+    """Comma-separated codes or prefixes, upper-cased; ValueError when empty or one names no rule (a typo must never
+    select nothing silently)."""
+    codes = [code.strip().upper() for code in text.split(",") if code.strip()]
+    malformed = [code for code in codes if not SELECTOR.fullmatch(code)]
+    unknown = malformed or unknown_selectors(codes)
+    if not codes or unknown:
+        raise ValueError(f"unknown rule code or prefix: {', '.join(unknown) or repr(text)} (`advisor rules` lists "
+                         "them)")
+    return codes
 
 
 def unknown_selectors(selectors: list[str]) -> list[str]:

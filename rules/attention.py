@@ -33,8 +33,9 @@ SAFE = Rule(
         "torch.nn.functional.scaled_dot_product_attention computes the same function in one call and dispatches to "
         "fused flash / memory-efficient kernels when the inputs allow, which saves time and O(L*S) memory.",
     fix_doc="Replaces the block by one SDPA call. Safe when every role (Q, K, V, scale, mask polarity and fill, "
-            "softmax dimension, dropout) is proved equal and the attention weights are not used outside the block; "
-            "a fact the proof had to assume makes the fix unsafe and is named in the finding.",
+            "softmax dimension, dropout) is proved equal, the attention weights are not used outside the block, "
+            "and nothing in the scanned tree differentiates it twice or in forward mode (SDPA's fused kernels "
+            "cannot); a fact the proof had to assume makes the fix unsafe and is named in the finding.",
     detectors=("static",),
     examples=(
         positive(BLOCK, fixed='''import torch
@@ -146,7 +147,7 @@ def _detect(context):
     from advisor.fixes.attention import attention_findings
 
     blocks = context.evidence.blocks if context.evidence is not None else []
-    return attention_findings(context.parsed, context.backend, blocks, context.tree)
+    return attention_findings(context.parsed, context.backend, blocks, context.tree, context.tree_facts)
 
 
 FAMILY = Family(

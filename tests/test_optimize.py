@@ -258,3 +258,17 @@ def test_interactive_part_of_several_patches_is_checked_together_before_it_is_wr
     assert trials[-1] == (first["id"], third["id"])
     assert code == 1 and first["applied"] and third["applied"] and not second["applied"]
     assert model.read_text().count("scaled_dot_product_attention(") == 2
+
+
+def test_double_backward_seen_in_the_profiled_run_makes_the_patch_unsafe(tmp_path, capsys):
+    """Issue 15: a gradient penalty the static scan cannot read (the keyword passed through `**`) is seen while the
+    step runs: the first-order-autograd fact is not proved, so the patch is not run without --unsafe-fixes."""
+    penalty = ('if torch.is_grad_enabled():\n'
+               '            options = {"create_graph": True}\n'
+               '            (g,) = getattr(torch.autograd, "grad")(out.sum(), self.qkv.weight, **options)\n'
+               '            out = out + g.pow(2).sum()')
+    model = write_model(tmp_path, forward_epilogue=penalty)
+    code, result, _ = run_json(capsys, f"{model}:workload", "--train", "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert patch["verdict"] == "not-run"
+    assert "create_graph=True" in patch["reason"] and "profiled run" in patch["reason"]

@@ -100,8 +100,8 @@ JUDGEMENTS = {
 
 # Known shortfalls, by test: strict xfails.
 OUTCOME_XFAIL = {
-    "p01_fairseq_mha": "MISS: no finding at all for fairseq's block (fp32 `softmax` helper with two returns); "
-                       "neither ADV102 nor an ADV103 reason",
+    "p01_fairseq_mha": "MISS: refused (ADV103): the weights pass through FairseqDropout, a module whose forward "
+                       "branches, which is not read as dropout (its two-return fp32 `softmax` helper is read)",
     "p05_lucid_causal_triu": "MISS: finite-fill triu(j - i + 1) causal mask with i == j left unsafe "
                              "(fully-masked-rows not proved)",
     "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
@@ -112,20 +112,13 @@ OUTCOME_XFAIL = {
     "p24_prefix_lm_data_write": "MISS: unsafe (mask-rank): the buffer the file writes through `.data` is not "
                                 "read for its rank, although an element write keeps it",
     "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
-    "p36_vit_critic_r1_penalty": "UNSOUND: safe patch in a file that double-backwards through the block "
-                                 "(torch.autograd.grad(create_graph=True) then backward)",
     "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
-    "p47_pinn_hessian_through_attention": "UNSOUND: safe patch in a file taking a Hessian through the block "
-                                          "(torch.autograd.functional.hessian(create_graph=True))",
 }
 PATCH_XFAIL = {
-    "p36_vit_critic_r1_penalty": "BROKEN: safe SDPA patch under an R1 penalty: double backward raises "
-                                 "(_scaled_dot_product_flash_attention_for_cpu_backward has no derivative)",
-    "p47_pinn_hessian_through_attention": "BROKEN: safe SDPA patch under a Hessian: double backward raises "
-                                          "(_scaled_dot_product_flash_attention_for_cpu_backward has no derivative)",
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))
+TREE_WIDE_WORDS = ("register_module_", "create_graph", "hessian", "jvp", "jacfwd", "forward_ad")
 ATTENTION_RULES = ("ADV101", "ADV102")
 
 
@@ -141,9 +134,11 @@ def cli(tmp_path_factory):
     copies = {kind: root / kind for kind in ("original", "safe", "unsafe")}
     for folder in copies.values():
         shutil.copytree(FIXTURES, folder)
-    # Each fixture is its own program: one that registers a hook on every module (p32) would reach every file of a
-    # shared scan (as it should in one program), so it is scanned and fixed on its own.
-    alone = {name for name in NAMES if "register_module_" in (FIXTURES / f"{name}.py").read_text()}
+    # Each fixture is its own program: one that registers a hook on every module (p32) or asks for double backward or
+    # forward AD (p36, p47) would reach every file of a shared scan (as it should in one program: the no-hooks and
+    # first-order-autograd facts hold for the whole scanned tree), so it is scanned and fixed on its own.
+    alone = {name for name in NAMES if any(word in (FIXTURES / f"{name}.py").read_text()
+                                           for word in TREE_WIDE_WORDS)}
     groups = [[name for name in NAMES if name not in alone]] + [[name] for name in sorted(alone)]
     runs, scans = [], []
     for group in groups:

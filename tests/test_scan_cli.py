@@ -221,17 +221,17 @@ def strict_json(text: str) -> dict:
     return data
 
 
-def test_a_notebook_named_explicitly_is_an_error_entry_and_the_walk_skips_it(capsys, workdir):
-    shutil.copy(NANOGPT, workdir / "attention.ipynb")
+def test_a_file_named_ipynb_that_is_no_notebook_is_an_error_entry_named_or_walked(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "attention.ipynb")  # Python source, not a notebook's JSON
     code, out, _ = run_cli(capsys, "scan", "attention.ipynb", "--format", "json")
     data = json.loads(out)
     assert code == 2 and data["findings"] == [] and data["files_scanned"] == 0
     [error] = data["errors"]
-    assert error["path"] == "attention.ipynb" and "notebooks are not read yet" in error["message"]
+    assert error["path"] == "attention.ipynb" and error["message"].startswith("not a Jupyter notebook: invalid JSON")
     shutil.copy(NANOGPT, workdir / "model.py")
     code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
     data = json.loads(out)
-    assert data["files_scanned"] == 1 and data["errors"] == []
+    assert data["files_scanned"] == 1 and [e["path"] for e in data["errors"]] == ["attention.ipynb"]
 
 
 def test_symlink_loops_and_dangling_links_met_in_a_walk_are_error_entries(capsys, workdir):

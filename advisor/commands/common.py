@@ -3,52 +3,64 @@
 from __future__ import annotations
 
 import argparse
-import re
+import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
-from advisor.registry import unknown_selectors
+from advisor.registry import parse_selectors
+from advisor.findings import display_path
 from advisor.report.terminal import shown
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
     from advisor.engine.static import ScanResult
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-SELECTOR = re.compile(r"[A-Z]+[0-9]*")
 
 
 def add_selection_arguments(parser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to scan")
     parser.add_argument("--select", type=_codes, default=None, help="only these rule codes or prefixes (ADV1,...)")
     parser.add_argument("--ignore", type=_codes, default=None, help="skip these rule codes or prefixes")
-    parser.add_argument("--unsafe-fixes", action="store_true",
+    parser.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
                         help="also offer fixes marked unsafe (fix: apply them; scan --format diff: show them, "
                              "labelled)")
-    parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
-                        help="attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to the "
-                             "flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
+    add_backend_argument(parser, "attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to "
+                                 "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
     add_call_site_argument(parser)
+    parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
+                        help="apply the configuration's `exclude` to paths named on the command line too")
+    talk = parser.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true",
+                      help="print the findings (or diffs) and errors only: no progress bar, notes or summary lines")
+    talk.add_argument("-v", "--verbose", action="store_true",
+                      help="also say on stderr which configuration file was read, each file scanned and the time")
+
+
+def add_backend_argument(parser, help_text: str) -> None:
+    """--backend and --config: the options a verb that builds patches reads from [tool.advisor] too."""
+    parser.add_argument("--backend", choices=REQUESTABLE, default=None, help=f"{help_text} (default sdpa)")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="read options from FILE (a pyproject.toml's [tool.advisor], or a TOML file of those "
+                             "keys) instead of the nearest pyproject.toml with [tool.advisor]")
 
 
 def add_call_site_argument(parser) -> None:
-    parser.add_argument("--no-call-site-facts", dest="call_site_facts", action="store_false",
-                        help="prove facts from each function's own source only, never from its callers in the "
-                             "scanned tree (for a library whose callers live outside it)")
+    parser.add_argument("--call-site-facts", dest="call_site_facts", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="--no-call-site-facts: prove facts from each function's own source only, never from its "
+                             "callers in the scanned tree (for a library whose callers live outside it)")
 
 
 def _codes(text: str) -> list[str]:
     """Comma-separated codes or prefixes; one that names no rule is a usage error (exit 2), never an empty run."""
-    codes = [code.strip().upper() for code in text.split(",") if code.strip()]
-    malformed = [code for code in codes if not SELECTOR.fullmatch(code)]
-    unknown = malformed or unknown_selectors(codes)
-    if not codes or unknown:
-        raise argparse.ArgumentTypeError(f"unknown rule code or prefix: {', '.join(unknown) or repr(text)} "
-                                         "(`advisor rules` lists them)")
-    return codes
+    try:
+        return parse_selectors(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs: int | None = None) -> ScanResult:
@@ -57,22 +69,60 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
     `patches`, `fixed` and `jobs` are scan_paths' (what the verb shows, and whether it picks fixes afterwards)."""
     from advisor.engine.static import scan_paths  # libcst: loaded by the verbs that scan, not by argument parsing
 
-    stderr = Console(stderr=True)
-    with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
-        task = progress.add_task("scanning", total=None)
+    stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+    verbose = getattr(args, "verbose", False)
+    if verbose:
+        config = getattr(args, "config_path", None)
+        where = shown(display_path(str(config))) if config else "none found (defaults)"
+        stderr.print(f"advisor: configuration: {where}")
+    started = time.monotonic()
+    with _ProgressAfterAMoment(stderr, enabled=not getattr(args, "quiet", False)) as progress:
+        def on_file(path: str, total: int) -> None:
+            progress.advance(f"scanned {shown(display_path(path))}", total)
+            if verbose:
+                stderr.print(f"advisor: scanned {shown(display_path(path))}")
+
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
-                            call_site_facts=args.call_site_facts,
-                            on_file=lambda path: progress.update(task, description=f"scanning {shown(path)}"))
+                            call_site_facts=args.call_site_facts, path_rules=getattr(args, "path_rules", None),
+                            on_file=on_file)
+    if verbose:
+        stderr.print(f"advisor: {len(result.files)} file(s) scanned, {len(result.errors)} not, in "
+                     f"{time.monotonic() - started:.2f} s")
     if not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result
 
 
+class _ProgressAfterAMoment:
+    """A bar on stderr (files done of all, elapsed time), drawn only on a terminal and only once the scan has taken
+    longer than a moment: a quick scan leaves no flicker, a piped one no escape codes."""
+
+    MOMENT_S = 0.5
+
+    def __init__(self, console: Console, enabled: bool):
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), console=console, transient=True,
+                                  disable=not (enabled and console.is_terminal))
+        self._task = self._progress.add_task("scanning", total=None)
+        self._started = time.monotonic()
+
+    def __enter__(self) -> _ProgressAfterAMoment:
+        return self
+
+    def advance(self, description: str, total: int) -> None:
+        self._progress.update(self._task, description=description, total=total, advance=1)
+        if not self._progress.live.is_started and time.monotonic() - self._started > self.MOMENT_S:
+            self._progress.start()
+
+    def __exit__(self, *exc) -> None:
+        self._progress.stop()
+
+
 def _is_machine_format(args) -> bool:
-    """JSON and SARIF readers get a document even when nothing could be scanned (its errors say why)."""
-    return getattr(args, "format", "text") in ("json", "sarif")
+    """JSON, SARIF and GitHub readers get a document even when nothing could be scanned (its errors say why)."""
+    return getattr(args, "format", "text") in ("json", "sarif", "github")
 
 
 def exit_code(result: ScanResult, findings_remain: bool) -> int:

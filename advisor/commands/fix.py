@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
+from typing import TYPE_CHECKING
 
 from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.terminal import shown, stdout_console
 from advisor.errors import AdvisorError, visible
-from advisor.findings import ScanError, display_path
+from advisor.findings import display_path
 from advisor.report.findings_console import print_diff, print_errors
+from advisor.results import FileFix, FixReport
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
+
+if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
+    from advisor.engine.static import ScanResult
 
 
 def add_parser(sub) -> None:
@@ -32,61 +38,92 @@ def run(args) -> int:
     """Exit 2 when a fix could not be written (each such file is one error line; the other files are still
     fixed), else 1 when findings remain. --interactive scans in this process, so the answers pick among the
     findings' own fixes, which the rewrite layer then applies together."""
-    runtime = _profiled(args.profile) if args.profile else None
-    result = run_scan(args, runtime=runtime, patches=args.interactive, fixed=not args.interactive,
-                      jobs=1 if args.interactive else None)
     console = stdout_console()
-    print_errors(console, result.errors)
-    remaining, applied, failures = 0, 0, []
+    report, scanned = fix_paths(args, ask=partial(_ask, console) if args.interactive else None,
+                       on_scanned=lambda result: print_errors(console, result.errors))
+    for file in report.files:
+        if not (args.apply or args.interactive):
+            print_diff(console, file.diff)
+            continue
+        for problem in file.problems:  # a conflict leaves that finding to a later run; it is no write error
+            print(f"advisor: {visible(problem)}", file=sys.stderr)
+        if file.written and not args.quiet:
+            console.print(f"fixed {shown(display_path(file.written))}")
+    failures = [file for file in report.files if file.error]
+    for failure in failures:
+        print(f"advisor: error: {visible(display_path(failure.path))}: {visible(failure.error)}", file=sys.stderr)
+    if (args.apply or args.interactive) and not args.quiet:
+        not_written = f", {len(failures)} file(s) not written" if failures else ""
+        written = sum(1 for file in report.files if file.written)
+        console.print(f"advisor: {written} file(s) rewritten, {report.remaining} finding(s) remain{not_written}")
+    return EXIT_ERROR if failures else exit_code(scanned, report.remaining > 0)
+
+
+def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport, ScanResult]:
+    """The fixes of the scanned files (the CLI's and advisor.fix's one path): each file's applicable fixes (safe,
+    and unsafe with args.unsafe_fixes), or those `ask(findings) -> (chosen, quit)` picks, applied together by the
+    rewrite layer and written when args.apply. Returns the report and the scan it came from (for the exit code)."""
+    runtime = _profiled(args.profile) if args.profile else None
+    interactive = ask is not None
+    result = run_scan(args, runtime=runtime, patches=interactive, fixed=not interactive,
+                      jobs=1 if interactive else None)
+    on_scanned(result)
+    remaining, files = 0, []
     quit_requested = False
     written: set[str] = set()
     for file in result.files:
-        if runtime is not None and not args.unsafe_fixes:
+        if runtime is not None and not args.unsafe_fixes and not args.quiet:
             _note_observed(file.findings, args.profile)
         applicable = file.applicable(args.unsafe_fixes)
         remaining += len(file.findings) - len(applicable)
         if not applicable:
             continue
+        if interactive and quit_requested:
+            remaining += len(applicable)
+            continue
         chosen = applicable
+        if interactive:
+            chosen, quit_requested = ask(applicable)
+            remaining += len(applicable) - len(chosen)
+        outcome = file.fixed_with(chosen) if interactive else file.applied
+        fixed = FileFix(file.path, "", problems=list(outcome.problems))
         try:
-            if args.interactive and not quit_requested:
-                chosen, quit_requested = _ask(console, applicable)
-                remaining += len(applicable) - len(chosen)
-                outcome = file.fixed_with(chosen)
-            elif args.interactive:
+            fixed.diff = _diff(file, outcome.text)
+            if not (args.apply or interactive):
                 remaining += len(applicable)
-                continue
             else:
-                outcome = file.applied
-                if not args.apply:
-                    print_diff(console, unified_diff(display_path(file.path), file.source, outcome.text))
-                    remaining += len(applicable)
-                    continue
-            remaining += outcome.not_applied
-            for problem in outcome.problems:  # a conflict leaves that finding to a later run; it is no write error
-                print(f"advisor: {visible(problem)}", file=sys.stderr)
-            target = _write(file, outcome.text, args, written) if outcome.text != file.source else None
-            if target is not None:
-                applied += 1
-                console.print(f"fixed {shown(display_path(target))}")
+                remaining += outcome.not_applied
+                fixed.written = _write(file, outcome.text, args, written) if outcome.text != file.source else None
         except AdvisorError as exc:
-            failures.append(ScanError(file.path, str(exc)))
+            fixed.error = str(exc)
             remaining += len(chosen)
-    for failure in failures:
-        print(f"advisor: error: {visible(display_path(failure.path))}: {visible(failure.message)}", file=sys.stderr)
-    if args.apply or args.interactive:
-        not_written = f", {len(failures)} file(s) not written" if failures else ""
-        console.print(f"advisor: {applied} file(s) rewritten, {remaining} finding(s) remain{not_written}")
-    return EXIT_ERROR if failures else exit_code(result, remaining > 0)
+        if outcome.text != file.source or fixed.error:
+            files.append(fixed)
+    return FixReport(1, len(result.files), bool(args.apply or interactive), files, remaining, result.errors), result
+
+
+def _diff(file, new_text: str) -> str:
+    if file.notebook is not None:
+        try:
+            return file.notebook.cell_diffs(display_path(file.path), new_text)
+        except ValueError as exc:
+            raise AdvisorError(str(exc)) from None
+    return unified_diff(display_path(file.path), file.source, new_text)
 
 
 def _write(file, new_text: str, args, written: set[str]) -> str | None:
-    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes").
-    Returns the file written, None when it already was."""
+    """Write through links to the real file, once, and only inside the scanned paths (README: "Writes"); a
+    notebook gets its fixed cells written into its JSON. Returns the file written, None when it already was."""
     target = resolve_inside(file.path, args.paths)
     if target in written:
         return None
-    write_atomically(target, file.source, new_text, force_readonly=args.force_readonly)
+    before, after = file.source, new_text
+    if file.notebook is not None:
+        try:
+            before, after = file.notebook.raw, file.notebook.with_code(new_text)
+        except ValueError as exc:
+            raise AdvisorError(str(exc)) from None
+    write_atomically(target, before, after, force_readonly=args.force_readonly)
     written.add(target)
     return target
 
@@ -102,6 +139,7 @@ def _note_observed(findings, target: str) -> None:
 
 
 def _ask(console, findings):
+    """y/n/q per patch: (the findings accepted, whether the user quit)."""
     chosen = []
     for finding in findings:
         label = "" if finding.fix_safety == "safe" else " [yellow](UNSAFE fix)[/yellow]"

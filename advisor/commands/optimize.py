@@ -7,6 +7,7 @@ running)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -18,8 +19,7 @@ from importlib import resources
 
 from rich.console import Console
 
-from advisor.backends import REQUESTABLE
-from advisor.commands.common import add_call_site_argument
+from advisor.commands.common import add_backend_argument, add_call_site_argument
 from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.folder import ReportFolder
@@ -45,11 +45,11 @@ def add_parser(sub) -> None:
     parser.add_argument("--report", metavar="DIR", help="folder for the reports, traces and logs (default: a new "
                                                         "temporary folder)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    parser.add_argument("--unsafe-fixes", action="store_true", help="also verify patches marked unsafe")
+    parser.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
+                        help="also verify patches marked unsafe")
     parser.add_argument("--timing-budget", type=float, default=4.0, metavar="S",
                         help="seconds of interleaved timing per comparison (default 4; at least 12 rounds run)")
-    parser.add_argument("--backend", choices=REQUESTABLE, default="sdpa",
-                        help="attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
+    add_backend_argument(parser, "attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
     add_call_site_argument(parser)
     parser.add_argument("--root", default=".", metavar="DIR",
                         help="--apply writes only under this folder (default: the current directory)")
@@ -59,34 +59,42 @@ def add_parser(sub) -> None:
 
 @ends_what_the_workload_left
 def run(args) -> int:
+    stderr = Console(stderr=True)
+    with stderr.status("starting") as status:
+        review = partial(_review, stderr, status) if args.interactive else None
+        result = optimized(args, progress=status.update, review=review,
+                           say=lambda message: stderr.print(message, highlight=False))
+    _print(result, args.format)
+    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
+    return 1 if unapplied else 0
+
+
+def optimized(args, progress=lambda message: None, review=None, say=lambda message: None) -> dict:
+    """The optimize result with its reports written (the CLI's and advisor.optimize's one path). Without a TARGET
+    the bundled demo runs from a temporary copy (`say` tells where)."""
     from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
     from advisor.verify.optimize import Options, optimize
 
     if args.device:
         resolve_device(args.device)
-    stderr = Console(stderr=True)
     root, script = args.root, args.script
     target = workload_source(args)[0] if args.script is not None or args.target is not None else None
     if target is None:
         target, root = _demo_copy()
-        stderr.print(f"advisor: no TARGET given: running the bundled demo from a copy in {root}", highlight=False)
+        say(f"advisor: no TARGET given: running the bundled demo from a copy in {root}")
     report_dir = os.path.abspath(args.report or tempfile.mkdtemp(prefix="advisor-optimize-"))
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
                       call_site_facts=args.call_site_facts, apply=args.apply or args.interactive,
                       timeout_s=args.timeout, timing_budget_s=args.timing_budget, script=script,
-                      seeds=(args.calls or Options.seeds) if script is not None else Options.seeds)
-    with stderr.status("starting") as status:
-        if args.interactive:
-            options.review = partial(_review, stderr, status)
-        result = optimize(options, progress=lambda message: status.update(message))
+                      seeds=(args.calls or Options.seeds) if script is not None else Options.seeds, review=review)
+    result = optimize(options, progress=progress)
     result["report"] = os.path.join(report_dir, "report.html")
     result["notes"] += unchanged_flags(args, result)
     unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
     result["apply_command"] = apply_command(args) if unapplied and not options.apply else None
     _write_reports(result, report_dir)
-    _print(result, args.format)
-    return 1 if unapplied else 0
+    return result
 
 
 def _count(text: str) -> int:

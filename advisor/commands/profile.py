@@ -94,13 +94,19 @@ def ends_what_the_workload_left(run_verb):
     return run
 
 
-@ends_what_the_workload_left
-def run(args) -> int:
+def profiled_target(args) -> tuple[str, dict]:
+    """(TARGET as shown, its profile): the CLI's and advisor.profile's one path, the trace written where asked."""
     target, script = workload_source(args)
     trace = check_trace_path(args.trace)
     profiled = profile_in_child(target, args.device, args.dtype, args.train, trace and trace.path, args.timeout,
                                 script)
     confirm_trace_written(trace)
+    return target, profiled
+
+
+@ends_what_the_workload_left
+def run(args) -> int:
+    target, profiled = profiled_target(args)
     findings, summary = profiled["findings"], profiled["summary"]
     if args.format == "json":
         print(json.dumps(profiled["json"], indent=2))

@@ -11,8 +11,10 @@ from advisor.commands.common import add_selection_arguments, exit_code, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.findings import Finding
 from advisor.report.findings_console import print_diff, print_errors, print_findings
+from advisor.report.github import github_annotations
 from advisor.report.sarif import to_sarif
 from advisor.report.terminal import stdout_console, write_report
+from advisor.results import ScanReport
 from advisor.runtime.join import annotate_findings
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
@@ -22,7 +24,8 @@ if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
 def add_parser(sub) -> None:
     parser = sub.add_parser("scan", help="find slow patterns in source files")
     add_selection_arguments(parser)
-    parser.add_argument("--format", choices=("text", "json", "sarif", "diff"), default="text")
+    parser.add_argument("--format", choices=("text", "json", "sarif", "github", "diff"), default="text",
+                        help="github: workflow commands that annotate the findings' lines in a pull request")
     parser.add_argument("--profile", metavar="TARGET", default=None,
                         help="run TARGET (file.py:function) under the profiler and rank findings by measured time")
     parser.set_defaults(run=run)
@@ -32,14 +35,20 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """With --profile, the workload runs first: its measured copies and casts are joined to the source as
     `fix --profile` joins them (the same findings, with the same patches), and every finding gets its cost."""
+    result, findings = scanned(args, patches=args.format != "text")  # the text table shows no patch
+    return write_report(lambda: _render(args.format, result, findings, args.unsafe_fixes),
+                        exit_code(result, bool(findings)))
+
+
+def scanned(args, patches: bool = True) -> tuple[ScanResult, list[Finding]]:
+    """The scan (the CLI's and advisor.scan's one path) and its findings, each joined to its measured cost when
+    args.profile names a workload."""
     profiled = profile_in_child(args.profile) if args.profile else None
-    result = run_scan(args, runtime=profiled and profiled["evidence"], patches=args.format != "text",
-                      fixed=False)  # the text table shows no patch
+    result = run_scan(args, runtime=profiled and profiled["evidence"], patches=patches, fixed=False)
     findings = result.findings
     if profiled:
         findings = annotate_findings(findings, profiled["findings"])
-    return write_report(lambda: _render(args.format, result, findings, args.unsafe_fixes),
-                        exit_code(result, bool(findings)))
+    return result, findings
 
 
 def _render(output_format: str, result: ScanResult, findings: list[Finding], unsafe_fixes: bool) -> None:
@@ -47,11 +56,12 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding], uns
     diffs are the patches `fix` would apply: unsafe ones only with --unsafe-fixes, each under a comment line that
     says so and why (`patch` and `git apply` skip such lines). JSON lists every patch with its fix_safety."""
     if output_format == "json":
-        print(json.dumps({"version": 1, "files_scanned": len(result.files),
-                          "findings": [f.to_json() for f in findings],
-                          "errors": [e.to_json() for e in result.errors]}, indent=2))
+        print(json.dumps(ScanReport(1, len(result.files), findings, result.errors).to_json(), indent=2))
     elif output_format == "sarif":
         print(json.dumps(to_sarif(findings, result.errors, len(result.files)), indent=2))
+    elif output_format == "github":
+        for line in github_annotations(findings, result.errors):
+            print(line)
     elif output_format == "diff":
         print_errors(Console(stderr=True, highlight=False), result.errors)
         console = stdout_console()

@@ -26,7 +26,9 @@ from advisor.rewrite.splice import Edit, apply_edits, local_diff
 from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
+from advisor.static.notebook import NotebookCode
 from advisor.static.project import ProjectFacts, project_facts
+from advisor.static.tree_facts import TreeFacts
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -54,6 +56,7 @@ class StaticContext:
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
     tree: Tree | None = None
+    tree_facts: TreeFacts | None = None  # what the scanned tree asks of autograd (None: the file alone)
 
 
 @dataclass
@@ -73,6 +76,7 @@ class FileResult:
     unsafe_fixes: bool = False  # whether `fixed` applies unsafe fixes too
     detected: list[Detected] = field(default_factory=list, repr=False)  # in-process only: dropped when pickled
     parsed: ParsedModule | None = field(default=None, repr=False)
+    notebook: NotebookCode | None = field(default=None, repr=False)  # a notebook: `source` is its code cells
     _applied: Applied | None = field(default=None, repr=False)
 
     def applicable(self, unsafe_fixes: bool | None = None) -> list[Finding]:
@@ -140,16 +144,18 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult:
+                   patches: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None,
+                   tree_facts: TreeFacts | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
     (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree`: the
     scanned files, whose calls of this file's functions may prove facts (None: the file alone); `project`: what
-    the other files of the scanned tree register (hooks on every module)."""
+    the other files of the scanned tree register (hooks on every module); `tree_facts`: what the scanned files ask
+    of autograd (None: this file alone)."""
     parsed = ParsedModule(source, path, project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence, tree=tree)
+    context = StaticContext(parsed, backend, evidence, tree=tree, tree_facts=tree_facts)
     lowered = source.lower()
     detected: list[Detected] = []
     for family in families():
@@ -187,35 +193,37 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, call_site_facts: bool = True) -> ScanResult:
+               fixed: bool = True, call_site_facts: bool = True, path_rules=None) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
     With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `call_site_facts`: the
     discovered files' calls may prove facts of the functions they call (off for a library whose callers live
     outside the tree). Hooks that fire on every module are collected from all the files first (static.project):
-    each file's analysis must see them, whatever `call_site_facts` says."""
-    files, errors = discover(paths)
+    each file's analysis must see them, whatever `call_site_facts` says. `path_rules` (advisor.config.PathRules):
+    the configuration's exclude globs and per-file ignores. `on_file(path, total)` is called as each file's result
+    arrives (for a progress bar)."""
+    files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
     project = project_facts(files) if len(files) > 1 else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
-                       project=project)
+                       project=project, path_rules=path_rules, tree_facts=TreeFacts.of_paths(files))
+    done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
-        outcomes = _scan_in_pool(files, scan_one, jobs)
+        outcomes = _scan_in_pool(files, scan_one, jobs, done)
     else:
         outcomes = []
         for path in files:
-            if on_file is not None:
-                on_file(path)
             outcomes.append(scan_one(path))
+            done(path)
     for outcome in outcomes:
         (result.errors if isinstance(outcome, ScanError) else result.files).append(outcome)
     return result
 
 
-def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | ScanError]:
+def _scan_in_pool(files: list[str], scan_one, jobs: int, done) -> list[FileResult | ScanError]:
     """Results in discovery order. A worker that dies (a segfault in a native parser, the OOM killer) breaks the
     whole pool; the files without a result are then rescanned one process each, so the file that kills its
     process becomes that file's error entry and every other file still gets its result."""
@@ -224,11 +232,13 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int) -> list[FileResult | Sc
         with _pool(jobs) as pool:
             for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
                 outcomes[path] = outcome
+                done(path)
     except BrokenProcessPool:
         pass
     for path in files:
         if path not in outcomes:
             outcomes[path] = _scan_isolated(path, scan_one)
+            done(path)
     return [outcomes[path] for path in files]
 
 
@@ -248,15 +258,18 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, tree: Tree | None = None,
-               project: ProjectFacts | None = None) -> FileResult | ScanError:
+               fixed: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None,
+               path_rules=None, tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
+    if path_rules and path_rules.ignored_codes(path):
+        ignore = [*(ignore or []), *path_rules.ignored_codes(path)]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project,
+                                   tree_facts)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -271,10 +284,22 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
                   runtime: RuntimeEvidence | None, patches: bool = True,
-                  tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult | ScanError:
+                  tree: Tree | None = None, project: ProjectFacts | None = None,
+                  tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
+    if source.notebook is not None:
+        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree, project,
+                                       tree_facts), source.notebook, patches)
+    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project, tree_facts)
+
+
+def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runtime: RuntimeEvidence | None,
+                  patches: bool, tree: Tree | None, project: ProjectFacts | None,
+                  tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
+    """One module's text (a file's, or a notebook's code cells) checked, prefiltered and analysed."""
+    path = source.path
     error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
     if error is not None:
         return error
@@ -283,9 +308,33 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches, tree=tree, project=project)
+                              patches=patches, tree=tree, project=project, tree_facts=tree_facts)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
+
+
+def _in_cells(outcome: FileResult | ScanError, notebook: NotebookCode, patches: bool) -> FileResult | ScanError:
+    """A notebook's result with lines in its cells (each finding's `cell`, and `line`/`end_line` in that cell);
+    its patches are diffs of the cells they change. The fixed module goes back into the notebook's JSON when
+    written (FileResult.notebook)."""
+    if isinstance(outcome, ScanError):
+        line = re.search(r"at line (\d+)", outcome.message)
+        if line:
+            cell, in_cell = notebook.locate(int(line.group(1)))
+            outcome.message = outcome.message.replace(line.group(0), f"in cell {cell} at line {in_cell}", 1)
+        return outcome
+    for found in outcome.detected:
+        if patches and found.edits is not None:
+            fixed = apply_edits(outcome.source, found.edits)
+            found.finding.patch = notebook.cell_diffs(display_path(outcome.path), fixed)
+    for finding in outcome.findings:
+        cell, finding.line = notebook.locate(finding.line)
+        end_cell, finding.end_line = notebook.locate(finding.end_line)
+        if end_cell != cell:  # a block cannot span cells; keep the range inside the first
+            finding.end_line = finding.line
+        finding.extra["cell"] = cell
+    outcome.notebook = notebook
+    return outcome
 
 
 def _syntax_error(text: str, path: str) -> ScanError | None:

@@ -12,6 +12,7 @@ from advisor.fixes.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.guards import settle_guards
+from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.call_site_facts import settle_from_call_sites
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
@@ -21,6 +22,7 @@ from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
 from advisor.static.call_sites import Tree
 from advisor.static.module_index import ParsedModule
+from advisor.static.tree_facts import TreeFacts
 
 
 def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: bool,
@@ -74,10 +76,12 @@ def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode
 
 
 def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall] = (),
-                       tree: Tree | None = None) -> list[Detected]:
+                       tree: Tree | None = None, tree_facts: TreeFacts | None = None) -> list[Detected]:
     """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one; `calls`
     are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`). With
-    `tree` (the scanned files), facts assumed about a parameter are proved where every call in it proves them."""
+    `tree` (the scanned files), facts assumed about a parameter are proved where every call in it proves them;
+    `tree_facts` is what those files ask of autograd (None: this file alone)."""
+    tree_facts = tree_facts if tree_facts is not None else TreeFacts.of_file(parsed)
     matches = find_attention(parsed)
     if tree is not None:
         tree.adopt(parsed)
@@ -85,8 +89,8 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
             settle_from_call_sites(tree, parsed, match.facts)
     for match in matches:  # what call sites left assumed about metadata is checked at run time where it can be
         settle_guards(match)
-    return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line))
-            for match in matches]
+    return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
+                      tree_facts) for match in matches]
 
 
 def _rule_for(match: AttentionMatch) -> Rule:
@@ -95,12 +99,15 @@ def _rule_for(match: AttentionMatch) -> Rule:
     return ESCAPING if match.escapes else SAFE
 
 
-def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall]) -> Detected:
+def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall],
+              tree_facts: TreeFacts) -> Detected:
     """The finding, and its fix's edits; both cost the size of the block. A patch whose proof left a fact assumed
     (or only observed on a run) is unsafe whatever the rule's default: it names those facts."""
     rule = _rule_for(match)
     reason, fix, edits = match.reason, None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
+    if plan is not None:
+        autograd_order_fact(match.facts, tree_facts, plan.verdicts)
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:

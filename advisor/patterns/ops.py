@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from advisor.patterns.signatures import bind, signature_of
+from advisor.patterns.softmax_helpers import summarise
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type", "type_as"}
@@ -91,37 +93,77 @@ class OpReader:
                 attribute = call.func.attr.value
                 op = self._module_call(attribute, call)
                 helper = self.owner.methods.get(attribute)
-                return op if op is not None or helper is None else self._softmax_helper(helper, call, True)
+                return op if op is not None or helper is None else self._read_helper(self.parsed, helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
         if isinstance(call.func, cst.Call):
             return self._inline_module_call(call.func, call)
         if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
                 and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
-            return self._softmax_helper(self.parsed.module_functions[call.func.value], call, False)
+            return self._read_helper(self.parsed, self.parsed.module_functions[call.func.value], call, False)
         return None
 
-    def _softmax_helper(self, helper: cst.FunctionDef, call: cst.Call, through_self: bool) -> Op | None:
-        """`stable_softmax(s, -1)` where the helper's whole body is `return F.softmax(x, dim, dtype=...)`: the
-        softmax of the caller's argument. Its dim and dtype are read with the call's arguments for the
-        helper's parameters; any other use of a parameter (or a decorator) leaves the call unread."""
-        body = helper.body.body
-        if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1 \
-                or not isinstance(body[0].body[0], cst.Return) or body[0].body[0].value is None:
-            return None
+    def _helper_op(self, helper: cst.FunctionDef, call: cst.Call, through_self: bool,
+                   owner: ClassInfo | None = None) -> Op | None:
+        """`stable_softmax(s, -1)` where the helper's whole body (after a docstring) is `return F.softmax(x, dim,
+        dtype=...)`, or a module's `forward` that is `return torch.matmul(a, b)` (SqueezeBERT's MatMulWrapper): the
+        op of the caller's arguments. Its params are read with the call's arguments for the helper's parameters;
+        any other use of a parameter (or a decorator) leaves the call unread."""
+        returned = _only_return(helper)
         kind = _helper_kind(helper)
-        if kind is None or (kind == "static" and not through_self):
+        if returned is None or kind is None or (kind == "static" and not through_self):
             return None
         bound = _bind(helper, call, skip_first=through_self and kind == "instance")
         if bound is None:
             return None
-        inner = OpReader(self.parsed, self.owner if through_self else None).read(body[0].body[0].value)
-        if inner is None or inner.name != "softmax":
+        inner = OpReader(self.parsed, owner or (self.owner if through_self else None)).read(returned)
+        if inner is None or inner.name not in HELPER_OPS:
             return None
-        operand = _as_argument(inner.operands[0], bound)
+        operands = [_as_argument(operand, bound) for operand in inner.operands]
         params = {key: _as_argument(value, bound) for key, value in inner.params.items()}
-        if operand is None or any(value is None and inner.params[key] is not None for key, value in params.items()):
+        if None in operands or any(value is None and inner.params[key] is not None for key, value in params.items()):
             return None
-        return Op("softmax", call, [operand], params)
+        return Op(inner.name, call, operands, params)
+
+    def _read_helper(self, home: ParsedModule, helper: cst.FunctionDef, call: cst.Call,
+                     through_self: bool) -> Op | None:
+        """A helper of this file read as its one op, else (here or in another file of the package) a helper whose
+        every return is the softmax of one parameter (`softmax_helpers`)."""
+        op = self._helper_op(helper, call, through_self) if home is self.parsed else None
+        if op is not None:
+            return op
+        kind = _helper_kind(helper)
+        summary = summarise(home, helper, OpReader(home, None)) if kind == "instance" or \
+            (kind == "static" and through_self) else None
+        bound = _bind(helper, call, skip_first=through_self and kind == "instance") if summary else None
+        if bound is None or summary.param not in bound:
+            return None
+        dim = bound.get(summary.dim.value) if isinstance(summary.dim, cst.Name) else summary.dim
+        torch = self.parsed.module_aliases.get("torch")
+        if summary.dtype is not None and torch is None:
+            return None  # the dtype cannot be named in this file
+        dtype = cst.parse_expression(f"{torch}.{summary.dtype}") if summary.dtype is not None else None
+        return Op("softmax", call, [bound[summary.param]], {"dim": dim, "dtype": dtype})
+
+    def _package_helper(self, module: str, name: str, call: cst.Call) -> Op | None:
+        """`utils.softmax(w, dim=-1, onnx_trace=...)` with `utils` a module of this file's package."""
+        home = self.parsed.package_module(module)
+        helper = home.module_functions.get(name) if home is not None else None
+        if helper is None or name in home.bound_names:
+            return None
+        return self._read_helper(home, helper, call, False)
+
+    def _module_forward(self, built: cst.Call, call: cst.Call) -> Op | None:
+        """`self.matmul_qk(q, k)` with `self.matmul_qk = MatMulWrapper()`, a plain `nn.Module` subclass of this
+        file (no `__call__` of its own): its `forward` read as a helper."""
+        if not isinstance(built.func, cst.Name) or built.func.value in self.parsed.bound_names:
+            return None
+        module_class = self.parsed.top_level_classes.get(built.func.value)
+        if module_class is None or "__call__" in module_class.methods or "forward" not in module_class.methods:
+            return None
+        bases = module_class.node.bases
+        if len(bases) != 1 or self.parsed.imported_name(bases[0].value) != "torch.nn.Module":
+            return None
+        return self._helper_op(module_class.methods["forward"], call, True, module_class)
 
     def _function(self, dotted: str, call: cst.Call) -> Op | None:
         short = dotted.rsplit(".", 1)[-1]
@@ -137,34 +179,18 @@ class OpReader:
             order = _axes_permutation(literal_string(args[1]))
             return Op("permute", call, [args[0]], {"dims": [cst.Integer(str(i)) for i in order]}) if order else None
         if family not in ("torch", "torch.nn.functional", "torch.functional"):
-            return None
+            return self._package_helper(family, short, call)
         if short == "einsum":
             return self._einsum(call, args)
-        if short in ("matmul", "bmm") and len(args) == 2:
-            return Op(short, call, args)
-        if short == "baddbmm" and len(args) == 3:
-            return Op("baddbmm", call, args[1:], {"input": args[0], "beta": _arg(call, 3, "beta"),
-                                                  "alpha": _arg(call, 4, "alpha")})
-        if short in ("softmax", "log_softmax") and args:
-            return Op(short, call, [args[0]], {"dim": _arg(call, 1, "dim"), "dtype": _arg(call, 3, "dtype")
-                                               if family == "torch.nn.functional" else _arg(call, 2, "dtype")})
         if short == "exp" and len(args) == 1 and len(call.args) == 1:
             return _exp_of_log_softmax(call, self.read(args[0]))
-        if short == "dropout" and args:
-            training_kw = "training" if family == "torch.nn.functional" else "train"
-            return Op("dropout", call, [args[0]], {"p": _arg(call, 1, "p"), "training": _arg(call, 2, training_kw),
-                                                   "default_training": family == "torch.nn.functional"})
-        if short == "masked_fill" and len(args) == 3:
-            return Op("masked_fill", call, [args[0]], {"mask": args[1], "fill": args[2]})
-        if short == "where" and len(args) == 3:
-            return Op("where", call, [args[1], args[2]], {"condition": args[0]})
-        if short in ("add", "mul", "div") and len(args) == 2 and len(call.args) == 2:
-            return Op(short, call, args)
-        if short == "transpose" and len(args) == 3:
-            return Op("transpose", call, [args[0]], {"dims": args[1:]})
-        if short == "permute" and len(args) == 2:
-            return Op("permute", call, [args[0]], {"dims": _tuple_items(args[1])})
-        return None
+        if short == "dropout":
+            bound = _bound(family, short, call)
+            training = "training" if family == "torch.nn.functional" else "train"
+            return None if bound is None or "input" not in bound else \
+                Op("dropout", call, [bound["input"]], {"p": bound.get("p"), "training": bound.get(training),
+                                                       "default_training": family == "torch.nn.functional"})
+        return _op_of(short, call, _bound(family, short, call))
 
     def _einsum(self, call: cst.Call, args: list[cst.BaseExpression]) -> Op | None:
         if not args or not _is_string(args[0]):
@@ -180,30 +206,19 @@ class OpReader:
         args = _positional(call)
         inplace = method.endswith("_") and not method.startswith("_")
         base = method[:-1] if inplace else method
-        if base in ("matmul", "bmm") and len(args) == 1 and not inplace:
-            return Op(base, call, [receiver, args[0]])
-        batches = [_arg(call, 0, "batch1"), _arg(call, 1, "batch2")]  # BLOOM: alibi.baddbmm(batch1=q, batch2=k)
-        if base == "baddbmm" and len(args) <= 2 and None not in batches:
-            return Op("baddbmm", call, batches, {"input": receiver, "beta": _arg(call, 2, "beta"),
-                                                 "alpha": _arg(call, 3, "alpha")}, inplace)
-        if base in ("softmax", "log_softmax") and not inplace:
-            return Op(base, call, [receiver], {"dim": _arg(call, 0, "dim"), "dtype": _arg(call, 1, "dtype")})
         if base == "exp" and not call.args and not inplace:
             return _exp_of_log_softmax(call, self.read(receiver))
-        if base == "masked_fill" and len(args) == 2:
-            return Op("masked_fill", call, [receiver], {"mask": args[0], "fill": args[1]}, inplace)
-        if base == "where" and len(args) == 2 and not inplace:
-            return Op("where", call, [receiver, args[1]], {"condition": args[0]})
-        if base in ("add", "mul", "div") and len(args) == 1 and len(call.args) == 1:
-            return Op(base, call, [receiver, args[0]], inplace=inplace)
+        if base in BOUND_OPS and base not in FUNCTION_ONLY and (not inplace or base in INPLACE_OPS):
+            op = _op_of(base, call, _bound("torch", base, call, receiver))
+            if op is not None:
+                op.inplace = inplace
+                return op
         if base in ("view", "reshape") and args and len(args) == len(call.args) and not inplace:
             return Op("view", call, [receiver], {"shape": args})
         if base in CAST_METHODS and not inplace:
             return Op("cast", call, [receiver], {"method": base})
         if base in IDENTITY_METHODS and not inplace and not call.args:
             return Op("identity", call, [receiver])
-        if base == "transpose" and len(args) == 2 and not inplace:
-            return Op("transpose", call, [receiver], {"dims": args})
         if base == "permute" and not inplace:
             dims = _tuple_items(args[0]) if len(args) == 1 else args
             return Op("permute", call, [receiver], {"dims": dims})
@@ -213,8 +228,14 @@ class OpReader:
         """`self.attend(x)`: what `self.attend` was built as in the class decides the op (a rewrite that deletes
         the call must still prove nothing rebinds it: attention.block_checks)."""
         built = self.owner.class_value(attribute)
+        if isinstance(built, (cst.Name, cst.Attribute)) and self.parsed.imported_name(built) is not None:
+            return self._function(self.parsed.imported_name(built), call)  # `self.matmul = torch.matmul`
         if isinstance(built, cst.Call) and self.parsed.imported_name(built.func) == "functools.partial":
             return self._partial_call(built, call)
+        if isinstance(built, cst.Call) and not _has_star(built):
+            op = self._module_forward(built, call)
+            if op is not None:
+                return op
         args = _positional(call)
         if len(args) != 1 or len(call.args) != 1 or built is None:
             return None
@@ -267,6 +288,43 @@ class OpReader:
         return None
 
 
+BOUND_OPS = {"matmul", "bmm", "baddbmm", "softmax", "log_softmax", "masked_fill", "where", "add", "mul", "div",
+             "transpose", "permute"}
+FUNCTION_ONLY = {"permute"}  # the method takes its dims as varargs (`x.permute(0, 2, 1)`): read by `_method`
+INPLACE_OPS = {"baddbmm", "masked_fill", "add", "mul", "div"}  # whose `_` method is read as the same op in place
+_PRODUCT_OPERAND = {"matmul": "other", "bmm": "mat2"}
+
+
+def _bound(family: str, name: str, call: cst.Call,
+           receiver: cst.BaseExpression | None = None) -> dict[str, cst.BaseExpression] | None:
+    signature = signature_of(family, name)
+    return None if signature is None else bind(call, signature, receiver)
+
+
+def _op_of(name: str, call: cst.Call, a: dict[str, cst.BaseExpression] | None) -> Op | None:
+    """The op of a call of `torch.<name>` (or its Tensor method) whose arguments are bound by parameter name."""
+    if a is None or name not in BOUND_OPS or "input" not in a:
+        return None
+    if name in _PRODUCT_OPERAND and _PRODUCT_OPERAND[name] in a:
+        return Op(name, call, [a["input"], a[_PRODUCT_OPERAND[name]]])
+    if name == "baddbmm" and "batch1" in a and "batch2" in a:
+        return Op("baddbmm", call, [a["batch1"], a["batch2"]], {"input": a["input"], "beta": a.get("beta"),
+                                                               "alpha": a.get("alpha")})
+    if name in ("softmax", "log_softmax"):
+        return Op(name, call, [a["input"]], {"dim": a.get("dim"), "dtype": a.get("dtype")})
+    if name == "masked_fill" and "mask" in a and "value" in a:
+        return Op("masked_fill", call, [a["input"]], {"mask": a["mask"], "fill": a["value"]})
+    if name == "where" and "condition" in a and "other" in a:
+        return Op("where", call, [a["input"], a["other"]], {"condition": a["condition"]})
+    if name in ("add", "mul", "div") and set(a) == {"input", "other"}:
+        return Op(name, call, [a["input"], a["other"]])
+    if name == "transpose" and "dim0" in a and "dim1" in a:
+        return Op("transpose", call, [a["input"]], {"dims": [a["dim0"], a["dim1"]]})
+    if name == "permute" and "dims" in a:
+        return Op("permute", call, [a["input"]], {"dims": _tuple_items(a["dims"])})
+    return None
+
+
 def _is_string(node: cst.BaseExpression) -> bool:
     return isinstance(node, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString))
 
@@ -295,6 +353,21 @@ def _exp_of_log_softmax(call: cst.Call, inner: Op | None) -> Op | None:
     if inner is None or inner.name != "log_softmax":
         return None
     return Op("softmax", call, inner.operands, inner.params)
+
+
+HELPER_OPS = {"softmax", "matmul", "bmm"}  # ops a one-line helper is read as: all their params are expressions
+
+
+def _only_return(function: cst.FunctionDef) -> cst.BaseExpression | None:
+    """The value of a function whose whole body, after an optional docstring, is one `return <value>`."""
+    body = list(function.body.body)
+    if len(body) == 2 and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1 and \
+            isinstance(body[0].body[0], cst.Expr) and isinstance(body[0].body[0].value, cst.SimpleString):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], cst.SimpleStatementLine) or len(body[0].body) != 1 \
+            or not isinstance(body[0].body[0], cst.Return):
+        return None
+    return body[0].body[0].value
 
 
 def _helper_kind(function: cst.FunctionDef) -> str | None:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from advisor.fixes.evidence import BlockCall, MaskSeen
-from advisor.runtime.detect.ops import VIEWS
+from advisor.runtime.detect.ops import VIEWS, matmul_operands
 from advisor.runtime.recorder import TensorMeta
 
 _FILLS = frozenset({"masked_fill", "masked_fill_", "where"})
@@ -39,8 +39,8 @@ def block_call(graph, block: BlockOps) -> BlockCall:
     path = os.path.realpath(qk_loc.path)
     end_line = av_loc.line if av_loc is not None and os.path.realpath(av_loc.path) == path else qk_loc.line
     span = (path, min(qk_loc.line, end_line), max(qk_loc.line, end_line))
-    query, key = (_entering(graph, qk, index, span) for index in (0, 1))
-    value = _entering(graph, av, 1, span)
+    query, key = (_entering(graph, qk, index, span) for index in matmul_operands(graph.nodes[qk]["op"]))
+    value = _entering(graph, av, _value_operand(graph, block), span)
     masks, tensor_scale = [], False
     chain = [block.softmax, *block.score_path]
     for node, below in zip(chain[1:], chain[2:]):  # each op between the score product and the softmax
@@ -59,6 +59,14 @@ def block_call(graph, block: BlockOps) -> BlockCall:
     softmax_input = graph.nodes[block.softmax]["inputs"][0]
     return BlockCall(path, qk_loc.line, end_line, query, key, value, len(softmax_input.shape), tuple(masks),
                      tensor_scale, graph.nodes[block.softmax].get("masked_rows"))
+
+
+def _value_operand(graph, block: BlockOps) -> int:
+    """The value product's factor that is not the weights: V in W·V, Vᵀ in Vᵀ·Wᵀ (channel-major einsum)."""
+    av = block.value_path[-1]
+    weights = block.value_path[-2] if len(block.value_path) > 1 else block.softmax
+    left, right = matmul_operands(graph.nodes[av]["op"])
+    return left if graph.get_edge_data(weights, av)["arg"] == right else right
 
 
 def _entering(graph, node: int, index: int, span: tuple[str, int, int]) -> str:

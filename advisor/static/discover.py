@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from advisor.findings import ScanError
+from advisor.static.notebook import NotebookCode, notebook_code
 from advisor.static.source_encoding import SourceDecodeError, decode_source
 
 SKIP_DIRS = {
-    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".env", ".tox", ".nox", "build", "dist",
-    "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
+    ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".venv", "venv", "env", ".env", ".tox", ".nox",
+    "build", "dist", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
 }
 
 
 MISSING, BROKEN_LINK, LINK_LOOP = "no such file or directory", "broken symbolic link", "symbolic link loop"
-NOTEBOOK = "a Jupyter notebook (.ipynb): notebooks are not read yet; export its code to a .py file to scan it"
 FILE_KINDS = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "a FIFO"),
               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -27,32 +27,37 @@ FILE_KINDS = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat
 class SourceFile:
     path: str
     text: str
+    notebook: NotebookCode | None = None  # a notebook's cells: `text` is their code as one module
 
 
 def _is_skipped_dir(name: str) -> bool:
     return name in SKIP_DIRS or name.endswith(".egg-info")
 
 
-def discover(paths: list[str]) -> tuple[list[str], list[ScanError]]:
+def discover(paths: list[str], path_rules=None) -> tuple[list[str], list[ScanError]]:
     """Python files under `paths`, sorted and unique. Only regular files are read (a FIFO blocks forever, a link
     to /dev/zero never ends): the walk skips anything else, an explicit path gets an error entry saying what it is.
     Type stubs (.pyi) hold no code that runs, so they are never scanned: the walk skips them, an explicit one gets
-    an error entry; so do notebooks (.ipynb), which are not read yet. Other explicit files are kept whatever their
-    name (scripts without `.py`). A walk reports the links it cannot follow: dangling `.py` links and link loops."""
+    an error entry. Jupyter notebooks (.ipynb) are read as their code cells (advisor.static.notebook). Other
+    explicit files are kept whatever their name (scripts without `.py`). A walk reports the links it cannot
+    follow: dangling `.py` links and link loops.
+    `path_rules` (advisor.config.PathRules) excludes what its globs name from the walk, and, with force_exclude,
+    explicit paths too (as Ruff's `exclude` and `force-exclude`)."""
     files: list[str] = []
     errors: list[ScanError] = []
+    excluded = path_rules.excludes if path_rules else (lambda path: False)
     for raw in paths:
         path = Path(raw)
         kind = _file_kind(raw)
+        if path_rules and path_rules.excludes_named(raw):
+            continue
         if kind == "directory":
-            files.extend(_walk(path, errors))
+            files.extend(_walk(path, errors, excluded))
         elif kind != "regular file":
             errors.append(ScanError(raw, kind if kind in (MISSING, BROKEN_LINK, LINK_LOOP) else
                                     f"not a regular file ({kind})"))
         elif raw.endswith(".pyi"):
             errors.append(ScanError(raw, "a type stub (.pyi) holds no code that runs; stubs are not scanned"))
-        elif raw.endswith(".ipynb"):
-            errors.append(ScanError(raw, NOTEBOOK))
         else:
             files.append(str(path))
     seen: set[str] = set()
@@ -76,7 +81,7 @@ def _file_kind(path: str) -> str:
     return "special file"
 
 
-def _walk(root: Path, errors: list[ScanError]) -> list[str]:
+def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
     """`.py` files under `root`, links followed. A link back to an enclosing folder, a link loop and a dangling
     `.py` link are error entries; a second link to a folder already walked is walked once, silently."""
     found: list[str] = []
@@ -91,14 +96,16 @@ def _walk(root: Path, errors: list[ScanError]) -> list[str]:
             dirnames[:] = []
             continue
         visited.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not _is_skipped_dir(d))
+        dirnames[:] = sorted(d for d in dirnames if not (_is_skipped_dir(d) or excluded(os.path.join(dirpath, d))))
         for name in [d for d in dirnames if _encloses(os.path.join(dirpath, d), real)]:
             errors.append(ScanError(os.path.join(dirpath, name), f"{LINK_LOOP} (to an enclosing folder)"))
             dirnames.remove(name)
         for name in sorted(filenames):
             candidate = os.path.join(dirpath, name)
+            if excluded(candidate):
+                continue
             kind = _file_kind(candidate)
-            if name.endswith(".py") and kind == "regular file":
+            if name.endswith((".py", ".ipynb")) and kind == "regular file":
                 found.append(candidate)
             elif kind == LINK_LOOP or name.endswith(".py") and kind == BROKEN_LINK:
                 errors.append(ScanError(candidate, kind))
@@ -132,4 +139,10 @@ def read_source(path: str) -> SourceFile | ScanError:
         text, _ = decode_source(data)
     except SourceDecodeError as exc:
         return ScanError(path, str(exc))
+    if path.endswith(".ipynb"):
+        try:
+            code = notebook_code(text)
+        except ValueError as exc:
+            return ScanError(path, str(exc))
+        return SourceFile(path, code.text, code)
     return SourceFile(path, text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
@@ -175,6 +176,8 @@ class ParsedModule:
         base = self.imports.get(node.value)
         if base is not None and node.value in self.bound_names:
             return None  # the import's name is rebound somewhere in the file: which object it is here is not seen
+        if base is None and node.value in self.name_aliases:
+            return ".".join([self.name_aliases[node.value]] + parts[::-1])
         if base is None:
             return node.value if not parts and node.value in BUILTINS and node.value not in self.bound_names else None
         return ".".join([base] + parts[::-1])
@@ -183,6 +186,36 @@ class ParsedModule:
     def imports(self) -> dict[str, str]:
         """Local name -> dotted module or object, from every import statement in the file."""
         return _imports(self)
+
+    @cached_property
+    def name_aliases(self) -> dict[str, str]:
+        """Names bound once in the whole file, at module level, to an imported object (`matmul = torch.matmul`):
+        the name is that object wherever it is read."""
+        counts: dict[str, int] = {}
+        for name in _assigned_names(self.parents.items()):
+            counts[name.value] = counts.get(name.value, 0) + 1
+        aliases = {}
+        for statement in self.module.body:
+            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and \
+                len(statement.body) == 1 else None
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1 and \
+                    isinstance(assign.targets[0].target, cst.Name):
+                name = assign.targets[0].target.value
+                dotted = self._through_imports(assign.value)
+                if dotted is not None and counts.get(name) == 1 and name not in self.imports:
+                    aliases[name] = dotted
+        return aliases
+
+    def _through_imports(self, node: cst.CSTNode) -> str | None:
+        """`torch.matmul` -> 'torch.matmul' through the import statements alone (no alias, no builtin)."""
+        parts: list[str] = []
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        base = self.imports.get(node.value) if isinstance(node, cst.Name) else None
+        if base is None or node.value in self.bound_names:
+            return None
+        return ".".join([base] + parts[::-1])
 
     @cached_property
     def module_functions(self) -> dict[str, cst.FunctionDef]:
@@ -236,6 +269,21 @@ class ParsedModule:
             info.outside = outside
         return collector.found
 
+    def package_module(self, dotted: str) -> "ParsedModule | None":
+        """Another file of this file's package, by the module name an import gives it ('fairseq.utils', or '.utils'
+        relative to this file); None outside the package or for a file that cannot be read or parsed."""
+        path = _package_file(self.path, dotted)
+        return _parse_file(path) if path is not None else None
+
+    @cached_property
+    def top_level_classes(self) -> dict[str, ClassInfo]:
+        """Classes defined once, at module level, by name."""
+        found: dict[str, list[ClassInfo]] = {}
+        for info in {id(owner): owner for _, owner, _ in self.functions if owner is not None}.values():
+            found.setdefault(info.node.name.value, []).append(info)
+        return {name: infos[0] for name, infos in found.items()
+                if len(infos) == 1 and infos[0].node in self.module.body}
+
     @cached_property
     def outside_attribute_writes(self) -> frozenset[str]:
         """Names of attributes this file writes on some object other than a method's own `self`
@@ -248,6 +296,44 @@ class ParsedModule:
             collector.names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
         return frozenset(collector.names)
 
+
+
+def _package_file(path: str, dotted: str) -> str | None:
+    """Where module `dotted` lives, looked up only inside the package that holds `path` (the folders above it that
+    have an `__init__.py`): `.utils` beside it, `fairseq.utils` under the package's root."""
+    folder = os.path.dirname(os.path.abspath(path))
+    level = len(dotted) - len(dotted.lstrip("."))
+    if level:
+        for _ in range(level - 1):
+            folder = os.path.dirname(folder)
+        parts = dotted[level:].split(".") if dotted[level:] else []
+    else:
+        while os.path.isfile(os.path.join(folder, "__init__.py")):
+            folder = os.path.dirname(folder)
+        parts = dotted.split(".")
+        if not os.path.isfile(os.path.join(folder, parts[0], "__init__.py")) or \
+                not os.path.abspath(path).startswith(os.path.join(folder, parts[0]) + os.sep):
+            return None  # not this file's own package
+    base = os.path.join(folder, *parts)
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if parts and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _parse_file(path: str) -> "ParsedModule | None":
+    try:
+        stat = os.stat(path)
+        return _parse_cached(path, stat.st_mtime_ns, stat.st_size)
+    except (OSError, UnicodeDecodeError, cst.ParserSyntaxError, ValueError):
+        return None
+
+
+@lru_cache(maxsize=64)
+def _parse_cached(path: str, mtime_ns: int, size: int) -> "ParsedModule":
+    """Keyed by the file's mtime and size, so an edit is read again."""
+    with open(path, encoding="utf-8") as handle:
+        return ParsedModule(handle.read(), path)
 
 
 BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
@@ -266,12 +352,12 @@ def _imports(parsed: "ParsedModule") -> dict[str, str]:
                 else:
                     head = dotted.split(".")[0]
                     imports.setdefault(head, head)
-        elif isinstance(node, cst.ImportFrom) and node.module is not None and not node.relative and \
-                not isinstance(node.names, cst.ImportStar):
-            base = parsed.code(node.module)
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            base = "." * len(node.relative) + (parsed.code(node.module) if node.module is not None else "")
             for alias in node.names:
                 local = alias.asname.name if alias.asname else alias.name
-                imports.setdefault(parsed.code(local), f"{base}.{parsed.code(alias.name)}")
+                name = parsed.code(alias.name)
+                imports.setdefault(parsed.code(local), f"{base}{name}" if base.endswith(".") else f"{base}.{name}")
     return imports
 
 

@@ -26,6 +26,7 @@ from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
 from advisor.static.project import ProjectFacts, project_facts
+from advisor.static.tree_facts import TreeFacts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
@@ -123,6 +124,7 @@ class Session:
     nondeterministic: str | None = None
     notes: list[str] = field(default_factory=list)
     observed: RuntimeEvidence | None = None  # what the attention blocks saw on every input, once asked
+    autograd_requests: list[str] = field(default_factory=list)  # double backward / forward AD seen in one step
 
     def __post_init__(self):
         self.scratch = tempfile.mkdtemp(prefix="advisor-overlay-")
@@ -137,6 +139,7 @@ class Session:
         self.progress("profiling the original")
         self.profile_before = self.profile(self.original, "trace_before.json")
         self.state = self.original.call("export")
+        self.autograd_requests = self.original.call("autograd_requests")
         self.inputs = [None]
         if self.info["captured"]:
             self.notes.append(self.info["captured"])
@@ -260,23 +263,26 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
                        observations: Callable[[], RuntimeEvidence] | None = None,
-                       call_site_facts: bool = True) -> dict[str, Candidate]:
+                       call_site_facts: bool = True, autograd_requests: list[str] = ()) -> dict[str, Candidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
     blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
-    `call_site_facts`, those files' calls may prove facts of the functions they call."""
+    `call_site_facts`, those files' calls may prove facts of the functions they call. Those files are the scanned
+    tree for what is asked of autograd too, with `autograd_requests`: what the run was seen asking."""
     candidates: dict[str, Candidate] = {}
     project = project_facts(files)  # hooks on every module, registered by any of these files
     tree = Tree(list(files)) if call_site_facts else None
+    tree_facts = TreeFacts.of_paths(files).with_observed(list(autograd_requests))
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, project=project)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, project=project, tree_facts=tree_facts)
         if result is None:
             continue
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, project) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, project,
+                               tree_facts) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -291,10 +297,11 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
 
 
 def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, runtime: RuntimeEvidence | None = None,
-              tree: Tree | None = None, project: ProjectFacts | None = None) -> FileResult | None:
+              tree: Tree | None = None, project: ProjectFacts | None = None,
+              tree_facts: TreeFacts | None = None) -> FileResult | None:
     try:
         return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree,
-                              project=project)
+                              project=project, tree_facts=tree_facts)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 
@@ -363,7 +370,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
                                                 options.backend,
                                                 session.observations if session.nondeterministic is None else None,
-                                                options.call_site_facts)
+                                                options.call_site_facts, session.autograd_requests)
         set_aside_unexercised(session.candidates, session.profile_before["lines"])
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:

@@ -94,6 +94,12 @@ class Worker:
         return {"state_dict": state, "args": _move(self.workload.args, cpu, None),
                 "kwargs": _move(self.workload.kwargs, cpu, None)}
 
+    def autograd_requests(self):
+        """What one step asks of autograd beyond first-order reverse mode (the first-order-autograd fact)."""
+        from advisor.runtime.autograd_probe import higher_order_requests
+
+        return higher_order_requests(self.prepared.step)
+
     def inputs(self, seed: int):
         """The inputs the TARGET function builds for `seed` (only when it takes a `seed` argument); in script mode
         those of the model's recorded call number `seed` (from 0)."""

@@ -687,8 +687,43 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         src.make_lines.append("model.softmax = nn.Softmax(dim=-2)")
     elif h == "make_sets_tensor_scale":
         src.make_lines.append("model.scale = torch.tensor(0.3, requires_grad=True)")
+    elif h in HIGHER_ORDER:
+        _write_higher_order(h, src)
     else:
         raise ValueError(f"unknown hazard {h}")
+
+
+# Code around the module that differentiates it twice or in forward mode: `higher_order(model, inputs)` returns what
+# it computes, so the differential check runs it on the original and on the patch (tests/fuzz/differential.py).
+HIGHER_ORDER = {
+    "gradient_penalty": ("import torch.autograd",
+                         "(g,) = torch.autograd.grad(f(x).sum(), x, create_graph=True)\n"
+                         "return torch.autograd.grad(g.pow(2).sum(), x)[0]"),
+    "double_backward_positional": ("from torch.autograd import grad as g",
+                                   "(first,) = g(f(x).pow(2).sum(), x, None, True, True)\n"
+                                   "first.sum().backward()\nreturn x.grad"),
+    "forward_ad": ("import torch.autograd.forward_ad as fwAD",
+                   "with fwAD.dual_level():\n"
+                   "    return fwAD.unpack_dual(f(fwAD.make_dual(x.detach(), torch.ones_like(x)))).tangent"),
+    "func_jvp": ("from torch.func import jvp", "return jvp(f, (x.detach(),), (torch.ones_like(x),))[1]"),
+    "func_hessian": ("import torch.func", "return torch.func.hessian(lambda x: f(x).pow(2).sum())(x.detach())"),
+    "nested_grad": ("from torch.func import grad", "return grad(lambda x: grad(lambda x: f(x).pow(2).sum())(x).sum())"
+                                                   "(x.detach())"),
+    "functional_hvp": ("import torch.autograd.functional as AF",
+                       "return AF.hvp(lambda x: f(x).pow(2).sum(), x.detach(), torch.ones_like(x))[1]"),
+}
+
+
+def _write_higher_order(h: str, src: _Source) -> None:
+    imports, body = HIGHER_ORDER[h]
+    src.imports.append(imports)
+    src.extra_classes.append(
+        "def higher_order(model, inputs):\n"
+        "    x, rest = inputs[0].detach().clone().requires_grad_(True), inputs[1:]\n\n"
+        "    def f(x):\n"
+        "        out = model(x, *rest)\n"
+        "        return out[0] if isinstance(out, tuple) else out\n\n"
+        + "\n".join("    " + line for line in body.splitlines()))
 
 
 SWAPS = {"swap_setattr": "setattr(module, name, {new})", "swap_modules_dict": "module._modules[name] = {new}",
@@ -892,6 +927,7 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "shared_weights": ("M", _hazard("shared_dropout_weights")),
     "subclass_override": ("N", _hazard("subclass_override")),
     "hook_point": ("N", _hazard("hook_point")),
+    "higher_order_autograd": ("issue 15", _hazard(*HIGHER_ORDER)),
     "written_outside_class": ("E/G/N", _hazard("make_writes_causal", "make_replaces_softmax", "make_sets_tensor_scale")),
     "escapes": ("ADV102", _hazard("return_weights", "store_weights", "entropy_loss")),
     "module_replaced": ("15.2", _hazard(*SWAPS)),

@@ -3,7 +3,9 @@ inputs and compare outputs, tensors the forward pass stores on modules, and grad
 
 A *counterexample* is a source on which advisor crashes, or whose safe patch fails to import, raises where the
 original did not, changes an output, a stored tensor or a gradient, or turns a value the original computed into
-NaN/inf (or back) without the finding declaring that divergence as accepted in its facts.
+NaN/inf (or back) without the finding declaring that divergence as accepted in its facts. A source that defines
+`higher_order(model, inputs)` (code around the module that differentiates it twice or in forward mode) is also
+held to what that function returns.
 """
 
 from __future__ import annotations
@@ -219,6 +221,8 @@ def _compare_sources(original, source: str, fixed: str, accepts_nan: bool, notes
         for seed in SEEDS:
             _compare_eval(original, rewritten, seed, accepts_nan)
         _compare_gradients(original, rewritten, SEEDS[0], notes)
+        if hasattr(original, "higher_order"):
+            _compare_higher_order(original, rewritten, SEEDS[0], notes)
     finally:
         _unload(rewritten)
 
@@ -333,3 +337,21 @@ def _compare_gradients(original, rewritten, seed: int, notes: list[str]) -> None
         if grad_o is not None:
             _compare_values(grad_o, grad_r, f"gradient of {name}", False, slack=GRAD_SLACK,
                             floor=_model_tolerance(model_o))
+
+
+def _compare_higher_order(original, rewritten, seed: int, notes: list[str]) -> None:
+    """The source's own double-backward or forward-mode code, run in eval mode on both models."""
+    model_o, model_r, inputs = _pair(original, rewritten, seed)
+    model_o.eval()
+    model_r.eval()
+    try:
+        value_o = original.higher_order(model_o, _clone_inputs(inputs))
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"higher-order autograd not compared: the original raises ({type(exc).__name__})")
+        return
+    try:
+        value_r = rewritten.higher_order(model_r, _clone_inputs(inputs))
+    except Exception as exc:  # noqa: BLE001
+        raise _Mismatch("raises", f"higher-order autograd: {type(exc).__name__}: {str(exc)[:200]}") from None
+    _compare_values(value_o, value_r, "higher-order autograd", False, slack=GRAD_SLACK,
+                    floor=_model_tolerance(model_o))

@@ -12,12 +12,13 @@ import libcst as cst
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
                                                   flow_for, function_of, statement_of)
-from advisor.patterns.attention.helpers import bind_arguments, callee, calls_through_objects, calls_to, single_return
+from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_through_objects, calls_to,
+                                                helper_named, single_return)
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
-from advisor.static.module_index import ParsedModule
+from advisor.static.module_index import ClassInfo, ParsedModule
 
 
 def mentions_softmax(parsed: ParsedModule, node: cst.CSTNode) -> bool:
@@ -50,6 +51,29 @@ class _SoftmaxCollector(cst.CSTVisitor):
         if op is not None and (op.name == "softmax" or (op.name == "sequential" and op.params["stages"]
                                                          and op.params["stages"][0].name == "softmax")):
             self.found.append(op)
+        elif op is None and _named_softmax(self.reader.parsed, node):
+            self.found.append(Op("softmax", node, [node.args[0].value], {"unread": True}))
+
+
+def _named_softmax(parsed: ParsedModule, call: cst.Call) -> bool:
+    """A call whose callee says softmax but that no reading makes one (I-BERT's `self.softmax = IntSoftmax(...)`,
+    DeBERTa's `XSoftmax.apply`): an anchor only so that its attention is reported with the reason, never proved."""
+    func = call.func.value if isinstance(call.func, cst.Attribute) and call.func.attr.value == "apply" else call.func
+    name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+    return bool(call.args) and call.args[0].keyword is None and not call.args[0].star and \
+        name.lower().endswith("softmax")
+
+
+def unread_softmax(c: Candidate, softmax: Op) -> str:
+    """Why a call anchored by its name only is not proved: what it is built as, where the source says."""
+    func = softmax.node.func
+    attribute = func.attr.value if c.owner is not None and isinstance(func, cst.Attribute) and \
+        isinstance(func.value, cst.Name) and func.value.value == "self" else None
+    built = c.owner.class_value(attribute) if attribute is not None else None
+    what = f"`{short(c.parsed, func)}` (built as `{short(c.parsed, built)}`)" if built is not None else \
+        f"`{short(c.parsed, func)}`"
+    return (f"the weights come from {what}, which is not read as a softmax (a custom or approximate one, or one "
+            f"that takes more than the scores), so SDPA's softmax is not proved to compute the same")
 
 
 def weights_leave(c: Candidate, softmax: Op) -> str | None:
@@ -101,11 +125,18 @@ def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> boo
             any(reaches(c, argument, names, depth + 1) for argument in _returned_arguments(c, function, node, returned))
     if isinstance(node, cst.Name):
         flow = flow_for(c, node)
-        return any(d.value is not None and reaches(c, d.value, names, depth + 1)
+        return any(_written_value(d) is not None and reaches(c, _written_value(d), names, depth + 1)
                    or any(_reaches_definition(c, flow, p, names, depth + 1) for p in d.previous)
-                   for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace"))
+                   for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace", "store"))
     return any(reaches(c, child, names, depth + 1) for child in node.children
                if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
+
+
+def _written_value(definition: Definition) -> cst.CSTNode | None:
+    """What a definition puts in its name: its value, or for `x[i] = v` (a store) the v written into x."""
+    if definition.kind == "store" and isinstance(definition.statement, (cst.Assign, cst.AugAssign)):
+        return definition.statement.value
+    return definition.value
 
 
 def _returned_arguments(c: Candidate, function: cst.FunctionDef, call: cst.Call,
@@ -143,8 +174,17 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
         if isinstance(parent, cst.Subscript) and parent.value is current:  # a slice of the weights
             frontier.append(parent)
             continue
+        if isinstance(parent, cst.Assign) and parent.value is current and \
+                isinstance(parent.targets[0].target, (cst.Tuple, cst.List)):  # `probs, scale = self.softmax(s, f)`
+            flow = flow_for(c, parent)
+            frontier.extend(read for d in flow.definitions.values() if d.statement is parent
+                            for read in flow.reads_of(d))
+            continue
         if isinstance(parent, cst.Element):  # `a, b = w[..., :n], w[..., n:]`
             frontier.extend(_unpacked_reads(c, parent))
+            continue
+        if isinstance(parent, cst.Arg) and _parameter_reads(c, parent):  # into a helper: `self._pv(w, v)`
+            frontier.extend(_parameter_reads(c, parent))
             continue
         for consumer, op in consumers(c, current):
             if op is not None and op.name in ("matmul", "bmm", "einsum"):
@@ -153,6 +193,23 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
                 visited.add(id(consumer))
                 frontier.append(consumer)
     return False
+
+
+def _parameter_reads(c: Candidate, arg: cst.Arg) -> list[cst.Name]:
+    """Where the helper of this file or class that a call passes `arg` to reads the parameter it binds."""
+    call = c.parsed.parents.get(arg)
+    function = helper_named(c, call.func) if isinstance(call, cst.Call) and arg in call.args else None
+    if function is None or any(a.star for a in call.args):
+        return []
+    params = [p.name.value for p in function.params.params]
+    if isinstance(call.func, cst.Attribute) and not any(
+            isinstance(d.decorator, cst.Name) and d.decorator.value == "staticmethod" for d in function.decorators):
+        params = params[1:]
+    position = [a for a in call.args if a.keyword is None].index(arg) if arg.keyword is None else None
+    name = arg.keyword.value if arg.keyword is not None else params[position] if position < len(params) else None
+    flow = c.parsed.flow(function)
+    return [read for d in flow.definitions.values() if d.kind == "param" and d.name == name
+            for read in flow.reads_of(d)]
 
 
 def _unpacked_reads(c: Candidate, element: cst.Element) -> list[cst.Name]:
@@ -194,17 +251,23 @@ def twin_softmax(c: Candidate, softmax: Op) -> tuple[Definition, cst.Name] | Non
     return twin[0], other_op.operands[0]
 
 
-def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode) -> str | None:
-    """timm's `if self.fused_attn: F.scaled_dot_product_attention(...) else: <manual>`: the fix is the flag."""
+def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode, owner: ClassInfo | None = None) -> str | None:
+    """timm's `if self.fused_attn: F.scaled_dot_product_attention(...) else: <manual>`, or x-transformers'
+    `if self.flash: return self.flash_attn(q, k, v)` before the manual code (SDPA called there or in a method of the
+    class that branch calls): the fix is the flag."""
     child, node = statement, parsed.parents.get(statement)
     while node is not None and not isinstance(node, cst.FunctionDef):
         if isinstance(node, cst.If) and node.orelse is not None:
             other = node.orelse if child is node.body else node.body
-            finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
-            other.visit(finder)
-            if finder.found:
+            if _calls_sdpa(parsed, other, owner):
                 return (f"the other branch of `if {short(parsed, node.test)}` already calls "
                         f"scaled_dot_product_attention: enable it")
+        if isinstance(node, cst.IndentedBlock) and child in node.body:
+            for earlier in node.body[:list(node.body).index(child)]:
+                if isinstance(earlier, cst.If) and earlier.orelse is None and _returns_last(earlier.body) and \
+                        _calls_sdpa(parsed, earlier.body, owner):
+                    return (f"`if {short(parsed, earlier.test)}` before this block returns what "
+                            f"scaled_dot_product_attention computes: enable it")
         child, node = node, parsed.parents.get(node)
     return None
 
@@ -242,9 +305,27 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
         node.func.attr.value == "dim"
 
 
+def _returns_last(block: cst.BaseSuite) -> bool:
+    last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else None
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Return)
+
+
+def _calls_sdpa(parsed: ParsedModule, node: cst.CSTNode, owner: ClassInfo | None) -> bool:
+    """`node` calls SDPA, directly or through a `self.<method>` of the class that calls it directly."""
+    finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
+    node.visit(finder)
+    for method in finder.self_methods if owner is not None and not finder.found else ():
+        if method in owner.methods:
+            owner.methods[method].visit(finder)
+    return finder.found
+
+
 class _CallFinder(cst.CSTVisitor):
     def __init__(self, parsed: ParsedModule, dotted: str) -> None:
-        self.parsed, self.dotted, self.found = parsed, dotted, False
+        self.parsed, self.dotted, self.found, self.self_methods = parsed, dotted, False, []
 
     def visit_Call(self, node: cst.Call) -> None:
         self.found = self.found or self.parsed.imported_name(node.func) == self.dotted
+        func = node.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            self.self_methods.append(func.attr.value)

@@ -67,12 +67,14 @@ def _match(c: Candidate, softmax: Op) -> AttentionMatch | None:
     except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
         match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
         match.output_node, match.removed = None, []
-    match.note = anchors.sdpa_on_other_branch(c.parsed, statement)
+    match.note = anchors.sdpa_on_other_branch(c.parsed, statement, c.owner)
     return match
 
 
 def _prove(c: Candidate) -> None:
     match, softmax, parsed = c.match, c.softmax, c.parsed
+    if softmax.params.get("unread"):
+        raise Refusal(anchors.unread_softmax(c, softmax))
     twin = anchors.twin_softmax(c, softmax)
     if twin is not None:
         c.chain.twin, c.chain.twin_input = twin

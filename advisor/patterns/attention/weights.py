@@ -101,7 +101,7 @@ def _swaps_last_two(op: Op, ndim: int | None) -> bool:
 def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Name]) -> cst.Name:
     """Of the reads of a weights variable, the one that continues the block; the others escape it."""
     flow, twin = c.flow, c.chain.twin
-    continuing, others = [], []
+    continuing, others, unread = [], [], []
     update = _guarded_dropout(c, definition)
     updated = _guarded_dropout_of(c, definition)
     for read in flow.reads_of(definition):
@@ -131,6 +131,11 @@ def _next_weight_read(c: Candidate, definition: Definition, escapes: list[cst.Na
                           f"before the value product")
         else:
             others.append(read)
+            if op is None and isinstance(consumer, cst.Call) and feeds_product(c, read):
+                unread.append(consumer)
+    if not continuing and unread:  # fairseq's `self.dropout_module(w)`: a module whose forward has a branch
+        raise Refusal(f"the attention weights pass through `{short(c.parsed, unread[0])}`, which is not read as "
+                      f"dropout, a cast or a view, before the value product")
     if len(continuing) != 1:
         raise Refusal("the attention weights are used by more than one operation" if continuing
                       else "the attention weights never reach a value product")

@@ -1,7 +1,8 @@
 """Hand-written attention on the runtime graph: a matmul, elementwise scale/mask ops, softmax, matmul with V.
 
 Roles are read from tensor flow, not from names: the score matmul is the one whose output reaches the
-softmax through scale/mask/cast ops only, the value matmul is the one the (possibly dropped-out) weights feed.
+softmax through scale/mask/cast ops only, the value matmul is the one the (possibly dropped-out) weights feed and
+contract over their softmax axis: W·V, or Vᵀ·Wᵀ as channel-major einsums record it.
 line is the Q.K^T op's user line and end_line the weights.V op's, the same span the static rule reports.
 """
 
@@ -10,13 +11,14 @@ from __future__ import annotations
 from advisor.fixes.evidence import BlockCall
 from advisor.runtime.block_facts import BlockOps, block_call
 from advisor.runtime.detect import Detection
-from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call
+from advisor.runtime.detect.axes import follow_axis, normalise
+from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call, matmul_operands
 from advisor.rules.attention import MEASURED
 
 # Between scores and softmax (scale, mask, soft-capping, casts); between softmax and the value matmul (dropout).
-_SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "tanh", "clamp",
+_SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "clone", "tanh", "clamp",
                       "div_", "mul_", "add_", "sub_", "masked_fill_"}
-_WEIGHT_OPS = VIEWS | {"native_dropout", "mul", "div", "div_", "_to_copy", "masked_fill", "where"}
+_WEIGHT_OPS = VIEWS | {"native_dropout", "mul", "div", "div_", "_to_copy", "clone", "masked_fill", "where"}
 
 
 def blocks(op_graph) -> list[BlockOps]:
@@ -77,16 +79,32 @@ def _back_to_matmul(graph, softmax: int) -> list[int] | None:
 
 
 def _forward_to_matmul(graph, softmax: int) -> list[int] | None:
-    frontier, seen = [(softmax, [])], set()
+    """The first matmul the weights reach with their softmax axis as the contracted one, and the path to it."""
+    frontier, seen = [(softmax, _softmax_axis(graph.nodes[softmax]), [])], set()
     while frontier:
-        node, path = frontier.pop(0)
+        node, axis, path = frontier.pop(0)
         for user in graph.successors(node):
             if user in seen:
                 continue
             seen.add(user)
-            op = graph.nodes[user]["op"]
-            if op in MATMULS and graph.get_edge_data(node, user)["arg"] == 0:
-                return path + [user]
-            if op in _WEIGHT_OPS:
-                frontier.append((user, path + [user]))
+            op, arg = graph.nodes[user], graph.get_edge_data(node, user)["arg"]
+            if op["op"] in MATMULS:
+                if _contracts(op, arg, axis):
+                    return path + [user]
+            elif op["op"] in _WEIGHT_OPS:
+                user_axis = follow_axis(op, arg, axis)
+                if user_axis is not None:
+                    frontier.append((user, user_axis, path + [user]))
     return None
+
+
+def _softmax_axis(op: dict) -> int:
+    dim = op["args"][1] if len(op["args"]) > 1 else op["kwargs"]["dim"]
+    return normalise(dim, len(op["outputs"][0].shape))
+
+
+def _contracts(op: dict, arg: int, axis: int) -> bool:
+    """Does the matmul sum over `axis` of its input number `arg` (the last dim of A, the second-last of B in A·B)?"""
+    left, right = matmul_operands(op["op"])
+    ndim = len(op["inputs"][arg].shape)
+    return (arg, axis) in ((left, ndim - 1), (right, ndim - 2))

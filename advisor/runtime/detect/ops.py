@@ -20,6 +20,11 @@ FUSED_SDPA = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_
                         "_scaled_dot_product_fused_attention_overrideable"})
 
 
+def matmul_operands(op: str) -> tuple[int, int]:
+    """Input numbers of the two factors A and B of a recorded A·B (baddbmm's first input is the added term)."""
+    return (1, 2) if op == "baddbmm" else (0, 1)
+
+
 def consumers(graph, node: int, through_views: bool = False) -> list[int]:
     """Ops that read `node`'s output; with through_views, view chains are followed to their real users."""
     result, stack, seen = [], list(graph.successors(node)), set()

@@ -1,0 +1,119 @@
+"""The verbs' results as dataclasses: the fields are the top-level keys of each verb's JSON, in order, and
+`to_json()` is the document the CLI prints (the CLI builds its JSON through these classes). Nested values stay
+JSON (dicts and lists), except findings and errors of scan and fix, which are advisor.findings objects.
+Importing this module is cheap: no torch, no libcst."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from advisor.findings import Finding, ScanError, display_path
+
+
+@dataclass
+class ScanReport:
+    """`advisor scan --format json`."""
+
+    version: int
+    files_scanned: int
+    findings: list[Finding]
+    errors: list[ScanError]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "files_scanned": self.files_scanned,
+                "findings": [f.to_json() for f in self.findings], "errors": [e.to_json() for e in self.errors]}
+
+
+@dataclass
+class FileFix:
+    """One file's fixes: the diff of what was (or, without apply, would be) written; `written` is the file written
+    (a link's real target), None when nothing was written; `error` why a write failed; `problems` the chosen fixes
+    left out (conflicts)."""
+
+    path: str
+    diff: str
+    written: str | None = None
+    error: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": display_path(self.path), "diff": self.diff,
+                "written": display_path(self.written) if self.written else None, "error": self.error,
+                "problems": self.problems}
+
+
+@dataclass
+class FixReport:
+    """What `advisor fix` did: the files it fixed (or would fix), the findings that remain (no fix chosen or
+    applicable: unsafe without unsafe_fixes, declined, conflicting, or not written), and the scan's errors."""
+
+    version: int
+    files_scanned: int
+    applied: bool
+    files: list[FileFix]
+    remaining: int
+    errors: list[ScanError]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "files_scanned": self.files_scanned, "applied": self.applied,
+                "files": [f.to_json() for f in self.files], "remaining": self.remaining,
+                "errors": [e.to_json() for e in self.errors]}
+
+
+class _FromDocument:
+    """A result kept as the JSON document a worker built (profile, optimize): each top-level key is a field. A key
+    the class does not list is a TypeError, never dropped (tests/test_api.py runs both verbs to keep them in step)."""
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]):
+        return cls(**document)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class ProfileReport(_FromDocument):
+    """`advisor profile --format json`: measured findings ranked by time, with the run's step time and shares."""
+
+    version: int
+    target: str
+    device: str
+    dtype: str
+    mode: str
+    steps: int
+    step_us: float
+    step_iqr_us: float
+    op_us: float
+    attributed_share: float
+    statement_share: float
+    graph_truncated: bool
+    findings: list[dict]
+    top_lines: list[dict]
+
+
+@dataclass
+class OptimizeReport(_FromDocument):
+    """`advisor optimize --format json`: each patch's verdict (parity, speedup and interval), the combination's
+    speedup, the profiles before and after, and where the report folder's files are."""
+
+    version: int
+    target: str
+    environment: dict
+    mode: str
+    before: dict
+    after: dict | None
+    speedup: float | None
+    speedup_ci: list[float] | None
+    speedup_method: str
+    patches: list[dict]
+    unpatched: list[dict]
+    ops: dict
+    findings_before: list[dict]
+    findings_after: list[dict]
+    traces: dict
+    report: str | None
+    state_dict: dict
+    notes: list[str]
+    apply_command: str | None

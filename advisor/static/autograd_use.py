@@ -1,0 +1,180 @@
+"""Where a file asks autograd for more than one reverse pass: double backward (`create_graph`), forward-mode AD, and
+the torch.func / torch.autograd.functional transforms built on them.
+
+SDPA's fused kernels (the CPU flash kernel; CUDA's flash and efficient kernels) implement neither, while the eager
+attention they replace supports both; so an attention rewrite keeps working only where nothing asks for them (the
+`first-order-autograd` fact). Names are resolved through the file's imports, so `from torch.autograd import grad as
+g` and `import functorch` count. Files that mention none of the words are skipped first (`might_ask`), and a file
+not yet parsed is read with CPython's parser before libcst's (`worth_resolving`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from advisor.static.module_index import ParsedModule
+
+# A file in which none of these occur asks for nothing here ("autograd" and "backward(" for a create_graph passed by
+# position); substring tests, since one regular expression of all of them is several times slower.
+TOKENS = ("create_graph", "forward_ad", "forward-mode", "jvp", "jacfwd", "hessian", "hvp", "vhp", "gradgradcheck",
+          "functorch", "autograd", "backward(")
+FUNC_MODULE = re.compile(r"(?:torch\.|import |, *)func\b")  # torch.func, `from torch import func` or `nn, func`
+
+DOUBLE_BACKWARD, FORWARD_MODE = "double backward", "forward-mode AD"
+
+# Qualified name (or a module: every name under it) -> what using it asks of every op it differentiates.
+TRANSFORMS = {
+    "torch.autograd.forward_ad": FORWARD_MODE,
+    "torch.func.jvp": FORWARD_MODE,
+    "torch.func.jacfwd": FORWARD_MODE,
+    "torch.func.linearize": FORWARD_MODE,
+    "torch.func.hessian": FORWARD_MODE,  # jacfwd over jacrev
+    "torch.autograd.functional.hessian": DOUBLE_BACKWARD,
+    "torch.autograd.functional.hvp": DOUBLE_BACKWARD,
+    "torch.autograd.functional.vhp": DOUBLE_BACKWARD,
+    "torch.autograd.functional.jvp": DOUBLE_BACKWARD,  # computed as a backward of a backward
+    "torch.autograd.gradgradcheck": DOUBLE_BACKWARD,
+}
+# Reverse-mode transforms: first order alone, double backward when one transforms a function that calls another
+# (`grad(grad(f))`, `jacrev(lambda x: grad(f)(x))`, `grad(g)` with `def g` or `g = grad(f)` anywhere): a file that
+# uses them twice is taken to nest them, since the composition can go through any function of the file.
+REVERSE_TRANSFORMS = {"torch.func.grad", "torch.func.grad_and_value", "torch.func.jacrev", "torch.func.vjp"}
+# Where `create_graph` sits among the positional arguments of the calls that take it.
+CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3,
+                         "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
+TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
+# What `worth_resolving` looks for, by the last part of each name.
+TRIGGER_NAMES = {name.rsplit(".", 1)[1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian"}
+CALLS_WITH_CREATE_GRAPH = {name.rsplit(".", 1)[1] for name in CREATE_GRAPH_POSITION}
+FEWEST_POSITIONAL = min([*CREATE_GRAPH_POSITION.values(), TENSOR_BACKWARD_POSITION])
+
+
+@dataclass(frozen=True)
+class AutogradSite:
+    what: str  # "`torch.func.jvp` asks for forward-mode AD"
+    path: str | None = None  # None: seen at run time (advisor.runtime.autograd_probe)
+    line: int = 0
+
+
+def might_ask(source: str) -> bool:
+    return any(token in source for token in TOKENS) or FUNC_MODULE.search(source) is not None
+
+
+def worth_resolving(source: str) -> bool:
+    """Whether a file not yet parsed with libcst needs `autograd_sites`: the word prefilter, then the identifiers
+    CPython's parser sees (10x cheaper than libcst's parse: `torch.autograd.Function` or `loss.backward()` alone
+    pass the words, not this). A superset of what `autograd_sites` reports; False for unparsable source."""
+    if not might_ask(source):
+        return False
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    names: set[str] = set()
+    long_calls: set[str | None] = set()  # callees given enough positional arguments to pass create_graph
+    takes_create_graph = set(CALLS_WITH_CREATE_GRAPH)  # and the local names they are imported as
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and len(node.args) > FEWEST_POSITIONAL:
+            long_calls.add(_leaf(node.func))
+        elif isinstance(node, ast.alias) and node.asname and node.name.rsplit(".", 1)[-1] in CALLS_WITH_CREATE_GRAPH:
+            takes_create_graph.add(node.asname)
+        names.update(_identifiers(node))
+    reverse = {name.rsplit(".", 1)[1] for name in REVERSE_TRANSFORMS}
+    return bool(names & TRIGGER_NAMES or long_calls & takes_create_graph or
+                names & reverse and names & {"func", "functorch"})
+
+
+def _identifiers(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        return [node.attr]
+    if isinstance(node, ast.keyword):
+        return [node.arg] if node.arg else []
+    if isinstance(node, ast.alias):
+        return node.name.split(".")
+    if isinstance(node, ast.ImportFrom) and node.module:
+        return node.module.split(".")
+    return []
+
+
+def _leaf(node: ast.AST) -> str | None:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+
+
+def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
+    """Every place in the file that asks for double backward or forward-mode AD, in source order."""
+    if not might_ask(parsed.source):
+        return []
+    found: list[tuple[cst.CSTNode, str]] = []
+    reverse: list[tuple[cst.CSTNode, str]] = []
+    for node, parent in parsed.parents.items():
+        if isinstance(node, (cst.Name, cst.Attribute)) and not _inside_dotted_name(node, parent) and \
+                not isinstance(parent, (cst.ImportAlias, cst.ImportFrom, cst.AsName)):
+            what = _transform_use(parsed, node, parent)
+            if what is not None:
+                found.append((node, what))
+            elif qualified(parsed, node) in REVERSE_TRANSFORMS:
+                reverse.append((node, qualified(parsed, node)))
+        elif isinstance(node, cst.Call):
+            what = _create_graph(parsed, node)
+            if what is not None:
+                found.append((node, what))
+    if len(reverse) > 1:
+        (_, first), (node, second) = reverse[:2]
+        found.append((node, f"`{first}` and `{second}` in one file may nest, which asks for {DOUBLE_BACKWARD}"))
+    return sorted((AutogradSite(what, parsed.path, parsed.line(node)) for node, what in found), key=lambda s: s.line)
+
+
+def _inside_dotted_name(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:
+    """`torch.func` inside `torch.func.jvp`: only the whole dotted name is resolved (and where it is used, not
+    where it is imported)."""
+    return isinstance(parent, cst.Attribute) and parent.value is node
+
+
+def qualified(parsed: ParsedModule, node: cst.CSTNode) -> str | None:
+    """The imported name, with functorch's transforms under their torch.func names."""
+    name = parsed.imported_name(node)
+    if name is not None and name.startswith("functorch."):
+        return "torch.func." + name.removeprefix("functorch.")
+    return name
+
+
+def _transform_use(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.CSTNode | None) -> str | None:
+    name = qualified(parsed, node)
+    if name is None:
+        return None
+    for prefix, asks in TRANSFORMS.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return f"`{name}` asks for {asks}"
+    if name == "torch.autograd.functional.jacobian" and isinstance(parent, cst.Call) and parent.func is node:
+        strategy = next((a.value for a in parent.args if a.keyword is not None and a.keyword.value == "strategy"),
+                        None)
+        if strategy is not None and not (isinstance(strategy, cst.SimpleString) and "reverse-mode" in strategy.value):
+            return f"`{name}(..., strategy={parsed.code(strategy)})` may ask for {FORWARD_MODE}"
+    return None
+
+
+def _create_graph(parsed: ParsedModule, call: cst.Call) -> str | None:
+    """A call that passes `create_graph` as anything but False/None: by keyword to any callee (a wrapper passing it
+    on counts), by position to the autograd calls that take it there."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "create_graph" and not _is_off(arg.value):
+            return f"`{parsed.code(call.func)}(..., create_graph={parsed.code(arg.value)})` asks for {DOUBLE_BACKWARD}"
+    name = qualified(parsed, call.func)
+    position = CREATE_GRAPH_POSITION.get(name)
+    if position is None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" and \
+            name is None:
+        position = TENSOR_BACKWARD_POSITION
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if position is not None and len(positional) > position and not _is_off(positional[position].value):
+        return f"`{parsed.code(call.func)}(...)` passes create_graph by position and asks for {DOUBLE_BACKWARD}"
+    return None
+
+
+def _is_off(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value in ("False", "None")

@@ -1,0 +1,140 @@
+"""A Jupyter notebook read as one Python module: its code cells in order, between boundary comments, IPython's
+`%magic`, `!shell` and `%%cell-magic` lines masked line for line (so they never break the parse and line numbers
+stay), with a map from the module's lines back to (cell, line in the cell), and the way back: a fixed module
+split at the boundaries into cells, the masked lines restored, written into the notebook's JSON in the layout it
+was read in (only the changed cells' sources differ)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+
+MAGIC_LINE = re.compile(r"^(\s*)(%|!)")  # a line magic or shell escape (IPython reads them at any indentation)
+CELL_MAGIC = re.compile(r"^\s*%%")
+BOUNDARY = "# advisor: notebook cell boundary"
+LINE_MAGIC_MASK, CELL_MAGIC_MASK = "pass  # (IPython magic)", "# (IPython cell magic)"
+
+
+@dataclass(frozen=True)
+class NotebookCode:
+    """The code cells as one module; `starts[i]` is the module line where code cell `cells[i]` begins and
+    `cells[i]` its 1-based position among all the notebook's cells (markdown included, as Jupyter lists them).
+    `raw` is the notebook's JSON as read; `magics[i]` the masked lines of code cell i, in order."""
+
+    text: str
+    starts: tuple[int, ...]
+    cells: tuple[int, ...]
+    raw: str = ""
+    magics: tuple[tuple[str, ...], ...] = ()
+
+    def locate(self, line: int) -> tuple[int, int]:
+        """(cell, line in that cell) of a module line."""
+        index = max(bisect_right(self.starts, line) - 1, 0)
+        return self.cells[index], line - self.starts[index] + 1
+
+    def with_code(self, fixed: str) -> str:
+        """The notebook's JSON with the code cells of `fixed` (this module after a fix); ValueError when the fix
+        moved a cell boundary or a masked line, or the JSON's layout cannot be reproduced."""
+        document = json.loads(self.raw)
+        layout = _layout(document, self.raw)
+        for cell, text in zip(_code_cells(document), self._cell_texts(fixed)):
+            source = _joined(cell.get("source", ""))
+            if text != "\n".join(source.splitlines()):
+                text += "\n" if source.endswith("\n") else ""
+                cell["source"] = text.splitlines(keepends=True) if isinstance(cell.get("source"), list) else text
+        return layout(document)
+
+    def cell_diffs(self, path: str, fixed: str) -> str:
+        """The fix as one unified diff per changed cell (`path:cell N`), as a reader of the notebook sees it."""
+        before = self._cell_texts(self.text)
+        after = self._cell_texts(fixed)
+        diffs = []
+        for number, old, new in zip(self.cells, before, after):
+            if old != new:
+                diffs.extend(difflib.unified_diff([f"{line}\n" for line in old.split("\n")],
+                                                  [f"{line}\n" for line in new.split("\n")],
+                                                  f"a/{path}:cell {number}", f"b/{path}:cell {number}"))
+        return "".join(diffs)
+
+    def _cell_texts(self, module: str) -> list[str]:
+        """Each code cell's text in `module`, its masked lines restored."""
+        parts = module.removesuffix("\n").split(f"\n{BOUNDARY}\n")
+        if len(parts) != len(self.cells):
+            raise ValueError("the fix moved a notebook cell boundary; not written")
+        texts = []
+        for part, magics in zip(parts, self.magics):
+            lines, pending = part.split("\n"), list(magics)
+            for index, line in enumerate(lines):
+                if line.strip() in (LINE_MAGIC_MASK, CELL_MAGIC_MASK):
+                    if not pending:
+                        raise ValueError("the fix changed a masked IPython line; not written")
+                    lines[index] = pending.pop(0)
+            if pending:
+                raise ValueError("the fix removed a masked IPython line; not written")
+            texts.append("\n".join(lines))
+        return texts
+
+
+def notebook_code(raw: str) -> NotebookCode:
+    """ValueError when the file is not a notebook (not JSON, no cell list, a cell source that is not text)."""
+    try:
+        document = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not a Jupyter notebook: invalid JSON at line {exc.lineno} ({exc.msg})") from None
+    cells = document.get("cells") if isinstance(document, dict) else None
+    if not isinstance(cells, list):
+        raise ValueError("not a Jupyter notebook: no list of cells (nbformat 4)")
+    lines: list[str] = []
+    starts, numbers, magics = [], [], []
+    for number, cell in enumerate(cells, start=1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        source = _joined(cell.get("source", ""))
+        if not isinstance(source, str):
+            raise ValueError(f"not a Jupyter notebook: cell {number} has a source that is not text")
+        if starts:
+            lines.append(BOUNDARY)
+        starts.append(len(lines) + 1)
+        numbers.append(number)
+        cell_lines = source.splitlines()
+        masked = _masked(cell_lines) or [""]
+        magics.append(tuple(o for o, m in zip(cell_lines, masked) if o != m))
+        lines.extend(masked)
+    return NotebookCode("\n".join(lines) + "\n", tuple(starts), tuple(numbers), raw, tuple(magics))
+
+
+def _joined(source):
+    return "".join(source) if isinstance(source, list) and all(isinstance(s, str) for s in source) else source
+
+
+def _code_cells(document: dict) -> list[dict]:
+    return [c for c in document["cells"] if isinstance(c, dict) and c.get("cell_type") == "code"]
+
+
+def _layout(document: dict, raw: str):
+    """The json.dumps settings that write `raw` back byte for byte (nbformat's: indent 1, sorted keys, UTF-8, a
+    final newline), so a fix changes nothing but the cells it rewrites; ValueError when none does."""
+    for indent in (1, 2, 4, None):
+        for sort_keys in (True, False):
+            for ensure_ascii in (False, True):
+                text = json.dumps(document, indent=indent, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+                if raw in (text, text + "\n"):
+                    end = raw[len(text):]
+                    return lambda changed: json.dumps(changed, indent=indent, sort_keys=sort_keys,
+                                                      ensure_ascii=ensure_ascii) + end
+    raise ValueError("the notebook's JSON is not laid out as json.dumps writes it (nbformat does); not written")
+
+
+def _masked(cell_lines: list[str]) -> list[str]:
+    """A cell magic makes the whole cell IPython's (`%%bash`, `%%timeit`): every line becomes a comment. A line
+    magic or shell escape becomes `pass` at its indentation, so a block that holds only it still parses."""
+    if cell_lines and CELL_MAGIC.match(cell_lines[0]):
+        return [CELL_MAGIC_MASK] * len(cell_lines)
+    masked = []
+    for line in cell_lines:
+        magic = MAGIC_LINE.match(line)
+        masked.append(f"{magic.group(1)}{LINE_MAGIC_MASK}" if magic else line)
+    return masked
