@@ -11,13 +11,13 @@ from advisor.findings import Finding
 from advisor.fixes.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
-from advisor.patterns.attention.guards import settle_guards
 from advisor.patterns.attention.autograd_order import autograd_order_fact
+from advisor.patterns.attention.guards import settle_guards
 from advisor.patterns.call_site_facts import settle_from_call_sites
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
-from advisor.rewrite.guard import guarded
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
+from advisor.rewrite.guard import guarded
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
 from advisor.static.call_sites import Tree
