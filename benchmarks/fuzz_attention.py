@@ -64,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         counts["generated"] += 1
         counts[outcome.status] += 1
         counts["safe patches checked"] += outcome.safe_patches
-        if any(note.startswith("unsafe patch fails") for note in outcome.notes):
+        counts["unsafe patches run"] += any(note.startswith("unsafe patch") for note in outcome.notes)
+        failures = [note for note in outcome.notes if note.startswith("unsafe patch fails")]
+        if failures:
             counts["unsafe patches that fail to run"] += 1
+            (out / f"unsafe_fails_{counts['generated']:05d}_{family}.py").write_text(
+                f"# {failures[0]}\n".replace("\n", " ").rstrip() + "\n" + source, encoding="utf-8")
         if outcome.status == COUNTEREXAMPLE:
             label = f"{family} ({FAMILIES[family][0]}) / {outcome.kind}"
             by_class[label] += 1
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"generated {counts['generated']} variants in {elapsed:.0f} s ({counts['generated'] / elapsed:.1f}/s), "
           f"seed {args.seed}, families: {', '.join(families)}")
     for key in ("safe patches checked", "safe-ok", "unsafe-only", "refused", "no-finding", "invalid",
-                "unsafe patches that fail to run", "fuzzer errors", COUNTEREXAMPLE):
+                "unsafe patches run", "unsafe patches that fail to run", "fuzzer errors", COUNTEREXAMPLE):
         print(f"  {key:32s} {counts[key]}")
     for label, number in sorted(by_class.items()):
         print(f"    {number:6d}  {label}")

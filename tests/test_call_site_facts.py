@@ -129,6 +129,11 @@ def _names(finding, status: str) -> set[str]:
     return {fact["name"] for fact in finding.extra["facts"].get(status, [])}
 
 
+def _unproved(finding) -> set[str]:
+    """Facts neither the block nor its call sites prove: assumed, or guarded by a run-time check."""
+    return _names(finding, "assumed") | _names(finding, "guarded")
+
+
 def _sites(finding, name: str) -> list[str]:
     return next(f["sites"] for f in finding.extra["facts"]["from_call_sites"] if f["name"] == name)
 
@@ -187,7 +192,8 @@ def test_the_opt_out_flag_proves_nothing_from_call_sites(tmp_path):
     finding, _ = _attention(root, call_site_facts=False)
     assert finding.fix_safety == "unsafe"
     assert "from_call_sites" not in finding.extra["facts"]
-    assert {"mask-rank", "mask-dtype", "fully-masked-rows", "scale-is-number"} <= _names(finding, "assumed")
+    assert "fully-masked-rows" in _names(finding, "assumed")
+    assert {"mask-rank", "mask-dtype", "scale-is-number"} <= _unproved(finding)  # metadata: checked at run time
     cli = subprocess.run([sys.executable, "-m", "advisor", "scan", str(root), "--format", "json",
                           "--no-call-site-facts"], capture_output=True, text=True)
     assert '"from_call_sites"' not in cli.stdout and '"fix_safety": "unsafe"' in cli.stdout
@@ -203,10 +209,13 @@ def test_the_opt_out_flag_proves_nothing_from_call_sites(tmp_path):
     ("keep.view(b, 1, 1, n)", "self.heads ** -0.5 * torch.ones(())", {"scale-is-number"}),
 ])
 def test_a_caller_that_does_not_prove_a_fact_leaves_it_assumed(tmp_path, mask, scale, still_assumed):
+    """Left to the patch: a fact about metadata is checked at run time (guarded, and safe when nothing else is
+    assumed), any other stays assumed."""
     root = _tree(tmp_path, {"attn.py": ATTEND, "model.py": MODEL.format(module="attn", mask=mask, scale=scale)})
     finding, _ = _attention(root)
-    assert finding.fix_safety == "unsafe"
-    assert _names(finding, "assumed") == still_assumed
+    assert _unproved(finding) == still_assumed
+    assert finding.fix_safety == ("unsafe" if _names(finding, "assumed") else "safe")
+    assert _names(finding, "assumed") == still_assumed - {"mask-rank", "mask-dtype", "scale-is-number"}
 
 
 def test_one_call_that_does_not_prove_it_is_enough_to_keep_it_assumed(tmp_path):
@@ -214,7 +223,7 @@ def test_one_call_that_does_not_prove_it_is_enough_to_keep_it_assumed(tmp_path):
     root = _tree(tmp_path, {"attn.py": ATTEND, "model.py": MODEL.format(
         module="attn", mask="keep.view(b, 1, 1, n)", scale="0.25") + other})
     finding, _ = _attention(root)
-    assert {"mask-rank", "mask-dtype", "fully-masked-rows"} <= _names(finding, "assumed")
+    assert {"mask-rank", "mask-dtype", "fully-masked-rows"} <= _unproved(finding)
     assert _names(finding, "from_call_sites") == {"scale-is-number"}  # both calls pass a number
 
 
@@ -347,9 +356,10 @@ def test_a_scale_every_construction_passes_as_a_number_is_proved(tmp_path):
 
 @pytest.mark.parametrize("scale", ["torch.tensor(0.25)", "torch.nn.Parameter(torch.ones(()))"])
 def test_a_construction_passing_a_tensor_scale_proves_nothing(tmp_path, scale):
+    """Nothing from call sites; the patch checks the scale at run time instead (a tensor runs the original)."""
     root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale=scale)})
     finding, _ = _attention(root)
-    assert finding.fix_safety == "unsafe" and "scale-is-number" in _names(finding, "assumed")
+    assert "from_call_sites" not in finding.extra["facts"] and "scale-is-number" in _names(finding, "guarded")
 
 
 # -- an instance bound to a name, with a module-level mask ------------------------------------------------------
@@ -387,7 +397,7 @@ def run(x):
     ("torch.rand(1, 1, 8, 8) > 0.5", True),  # a bool mask, added: +1 where True
     ("torch.randint(0, 2, (2, 1, 8, 8))", True),
     ("torch.randint(0, 2, (2, 1, 8, 8)) * 1000000000", False),  # int, but its values swallow rows
-    ("torch.rand(8) > 0.5", False),  # 1-D: SDPA rejects it on 4-D inputs
+    ("torch.rand(8) > 0.5", True),  # 1-D: SDPA rejects it on 4-D inputs, so the guarded rank runs the original
 ])
 def test_a_module_level_instance_and_mask(tmp_path, mask, safe):
     root = _tree(tmp_path, {"script.py": SCRIPT.format(mask=mask)})

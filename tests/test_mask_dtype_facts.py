@@ -170,15 +170,16 @@ def test_d_additive_masks_of_other_dtypes_match(mask):
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
-def test_d_mask_of_unknown_rank_is_unsafe():
-    """A (S,) key mask: eager broadcasting accepts it, SDPA rejects a 1-D mask on 4-D inputs."""
+def test_d_mask_of_unknown_rank_is_guarded():
+    """A (S,) key mask: eager broadcasting accepts it, SDPA rejects a 1-D mask on 4-D inputs. The rank is
+    checked before the SDPA call (issue 16.1), so the 1-D mask runs the original block: safe and exact."""
     body = NEGINF_FILL.replace("~mask[:, None, None, :]", "~mask")
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "unsafe" and "mask-rank" in _facts(finding, "assumed")
+    assert finding.fix_safety == "safe" and "mask-rank" in _facts(finding, "guarded")
     keys = torch.ones(5, dtype=torch.bool)
     keys[3:] = False
-    with pytest.raises((IndexError, RuntimeError)):
-        _outputs(body, keys, unsafe=True)
+    original, patched = _outputs(body, keys)
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
 def test_d_rank_from_indexing_and_output_permute_is_proved():
@@ -186,20 +187,20 @@ def test_d_rank_from_indexing_and_output_permute_is_proved():
     assert "mask-rank" in _facts(_finding(_module_source(NEGINF_FILL)), "proved")
 
 
-def test_d_mask_of_more_dims_than_the_scores_is_unsafe():
+def test_d_mask_of_more_dims_than_the_scores_is_guarded():
     """Without the permute, a 3-D `mask` makes `mask[:, None, None, :]` 5-D: eager broadcasting gives a 5-D
-    output (which `.transpose(1, 2).reshape(...)` accepts when the extra dim is 1); SDPA raises."""
+    output (which `.transpose(1, 2).reshape(...)` accepts when the extra dim is 1); SDPA would raise. The guard
+    sees the 5-D mask and runs the original block."""
     source = _module_source(NEGINF_FILL).replace("out.permute(0, 2, 1, 3)", "out.transpose(1, 2)")
     finding = _finding(source)
-    assert finding.fix_safety == "unsafe" and "mask-rank" in _facts(finding, "assumed")
-    assert "more dims than the scores" in finding.reason
+    assert finding.fix_safety == "safe" and "mask-rank" in _facts(finding, "guarded")
+    assert "more dims than the scores" in finding.extra["facts"]["guarded"][0]["why"]
     keep = _key_padding()[:1, None]  # (1, 1, S): one dim more than the scores need
     x = torch.randn(2, 5, 16)
     original = _run(source, x, keep)
-    fixed = analyze_source(source, "case.py", unsafe_fixes=True).fixed
-    with pytest.raises(RuntimeError):
-        _run(fixed, x, keep)
+    patched = _run(analyze_source(source, "case.py").fixed, x, keep)
     assert original.shape == (2, 5, 16)
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
 # -- J: leaf dtypes ----------------------------------------------------------------------------------------------
@@ -213,13 +214,17 @@ def test_j_upcast_scores_with_value_of_another_dtype_is_unsafe():
     assert finding.fix_safety == "unsafe" and "qkv-dtype" in _facts(finding, "assumed")
 
 
-def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_unsafe():
+def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_guarded():
+    """SDPA would get a float32 `v.float()` next to q of any dtype: the patch checks `q.dtype == k.dtype ==
+    torch.float32` and runs the original block otherwise (tests/test_guarded_facts.py runs both paths)."""
     body = """
     weights = (q @ k.transpose(-2, -1) * 0.5).softmax(dim=-1)
     out = (weights.float() @ v.float()).to(q.dtype)
     """
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "unsafe" and "qkv-dtype" in _facts(finding, "assumed")
+    assert finding.fix_safety == "safe" and "qkv-dtype" in _facts(finding, "guarded")
+    original, patched = _outputs(body, _key_padding())
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
 def test_j_weights_cast_back_to_the_query_dtype_is_proved():

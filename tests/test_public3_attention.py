@@ -44,15 +44,15 @@ JUDGEMENTS: dict[str, Judgement] = {
                                "get_attention_scores to the caller's bmm"),
     "p09_gpt_neox": J((REFUSED,), ("reshaped",),
                       "MISS, reason accurate: the (b*h) -> (b, h) view of the scores before the softmax is exact"),
-    "p10_falcon": J((UNSAFE,), ("attention_mask_float",),
-                    "MISS of a fact: the mask is `.to(query_layer.dtype)` and 4-D (built from a 4-D bool)"),
+    "p10_falcon": J((UNSAFE,), ("fully masked",),
+                    "right: the added mask's values are unseen (its dtype and rank, once a MISS, are guarded)"),
     "p11_bloom_alibi": J((REFUSED,), ("never reach a value product",),
                          "MISS, reason misleading: the weights reach bmm through a (b, h) -> (b*h) view (before "
                          "this round it was silent: alibi.baddbmm(batch1=, batch2=) and beta=self.beta were unread)"),
     "p12_opt": J((REFUSED, REFUSED), ("torch.max",), "right: the clamp torch.max(scores, finfo.min)"),
-    "p13_mpt": J((UNSAFE,), ("softmax_scale", "fully masked"),
-                 "right: dropout under `if dropout_p:` is dropout; the unannotated scale and the finite fill on "
-                 "key padding are assumptions"),
+    "p13_mpt": J((UNSAFE,), ("fully masked",),
+                 "right: dropout under `if dropout_p:` is dropout; the finite fill on key padding is an assumption "
+                 "(the unannotated scale is guarded)"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
     "p15_blip_saved_map": J((REFUSED,), ("save_attention_map", "None"),
                             "right: the weights are stored and hooked (inline `nn.Softmax(dim=-1)(x)` is read since "
@@ -92,8 +92,10 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p41_bart_eager_param_mask": J((UNSAFE,), ("fully masked", "finfo.min"),
                                    "right since main's eb10150 (was an UNSOUND safe patch: under bf16 autocast the "
                                    "caller's fp32 finfo.min mask became -inf, rows of 0 instead of the mean of V)"),
-    "p40_detr_decoder_cross": J((UNSAFE,), ("bias",),
-                                "MISS of a fact: the bias is torch.zeros(..., dtype=q.dtype).masked_fill(...)"),
+    "p40_detr_decoder_cross": J((UNSAFE,), ("fully masked",),
+                                "MISS of a fact: the bias is torch.zeros(..., dtype=q.dtype).masked_fill(..., -inf) "
+                                "(its dtype is guarded now; its values are not read, so fully masked rows stay "
+                                "assumed where -inf rows are the accepted NaN -> 0)"),
 }
 
 MODULES = sorted(path.stem for path in PUBLIC3.glob("p*.py"))

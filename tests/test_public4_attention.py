@@ -77,7 +77,9 @@ JUDGEMENTS = {
                                           "kernel has no double backward"),
     "p37_dropout_stripped_for_export": (SAFE, "dropout replaced by nn.Identity: dropout_p must not read `.p`"),
     "p38_nanogpt_kv_cache_offset": (SAFE, "causal buffer sliced [pos:pos + T, :pos + T]: a bool mask, not is_causal"),
-    "p39_learnable_temperature_setattr": (UNSAFE, "`setattr(m, 'scale', nn.Parameter(...))` in the file"),
+    "p39_learnable_temperature_setattr": (SAFE, "`setattr(m, 'scale', nn.Parameter(...))` in the file: the scale "
+                                                "is guarded (`isinstance(self.scale, (int, float))`), so the "
+                                                "Parameter runs the original block"),
     "p40_scripted_module_padding_mask": (SAFE, "-inf key padding (NaN->0 accepted) in a module the file scripts: "
                                                "the mask needs an Optional-free spelling"),
     "p41_global_temperature": (UNSAFE, "scale divided by a module-level global a setter rebinds: its type is "

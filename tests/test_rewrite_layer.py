@@ -82,3 +82,27 @@ def test_a_file_result_names_the_fix_it_left_out():
     applied = result.applied
     assert applied.text == SOURCE.replace("x.float() + 1", "x.double()") and applied.not_applied == 1
     assert applied.problems == ["m.py:5 ADV301: fix not applied, it changes the code of the fix of m.py:5 ADV304"]
+
+
+def test_an_edit_that_deletes_a_binding_still_read_later_is_refused():
+    """Whatever rule asked for it: `y` is read by the return after its only binding is gone."""
+    import pytest
+
+    from advisor.rewrite.apply import RewriteFailed
+    parsed, _, _ = _parsed()
+    assign = next(node for node in parsed.parents if isinstance(node, cst.Assign))
+    with pytest.raises(RewriteFailed, match="`y`"):
+        render(parsed, NodeEdits(remove={assign}))
+    binding_kept = NodeEdits(replace={assign: cst.parse_statement("y = x\n").body[0]})
+    assert "    y = x\n" in apply_edits(SOURCE, render(parsed, binding_kept))
+
+
+def test_code_quoted_into_a_replacement_gets_the_edits_of_the_nodes_it_holds():
+    """A statement rewritten around a user expression keeps that expression's own edits (a hoisted mask that
+    read the deleted scores' dtype reads the query's instead)."""
+    parsed, call, binary = _parsed()
+    assign = next(node for node in parsed.parents if isinstance(node, cst.Assign))
+    moved = cst.Assign([cst.AssignTarget(cst.Name("y"))], binary)  # quotes `x.float() + 1`
+    edits = NodeEdits(replace={assign: moved, call: cst.parse_expression("x.half()")})
+    fixed = apply_edits(SOURCE, render(parsed, edits))
+    assert "    y = x.half() + 1\n" in fixed

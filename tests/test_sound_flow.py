@@ -145,7 +145,9 @@ def test_parameter_scale_through_a_local_is_refused():
     assert finding.rule == "ADV103" and "not provably a Python number" in finding.reason
 
 
-def test_inherited_scale_is_an_assumption():
+def test_inherited_scale_is_guarded():
+    """The scale comes from a base class (here a Parameter): whether it is a Python number is checked before the
+    SDPA call (issue 16.1), so the Parameter runs the original block, exactly."""
     source = HEAD + '''
 class Base(nn.Module):
     def __init__(self):
@@ -165,18 +167,26 @@ class Attn(Base):
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
 ''' + MAKE
     finding = the_finding(source)
-    assert finding.fix_safety == "unsafe" and "not assigned in this class" in finding.reason
-    assert [f["name"] for f in finding.extra["facts"]["assumed"]] == ["scale-is-number"]
+    assert finding.fix_safety == "safe" and not finding.extra["facts"]["assumed"]
+    (guarded,) = finding.extra["facts"]["guarded"]
+    assert guarded["name"] == "scale-is-number" and "not assigned in this class" in guarded["why"]
+    assert "isinstance(self.scale, (int, float))" in finding.patch
+    assert assert_exact_or_not_safe(source, "inherited_scale")
 
 
-def test_unannotated_scale_parameter_is_an_assumption():
+def test_unannotated_scale_parameter_is_guarded():
     source = HEAD + '''
 def attend(q, k, v, scale):
     s = q @ k.transpose(-2, -1) * scale
     return s.softmax(dim=-1) @ v
 '''
     finding = the_finding(source)
-    assert finding.fix_safety == "unsafe" and "no int/float annotation" in finding.reason
+    assert finding.fix_safety == "safe" and "no int/float annotation" in finding.extra["facts"]["guarded"][0]["why"]
+    namespace: dict = {}
+    exec(compile(analyze_source(source, "m.py").fixed, "m.py", "exec"), namespace)
+    q, k, v = torch.randn(3, 2, 4, 8).unbind(0)
+    for scale in (0.3, torch.tensor(0.3)):  # a tensor scale runs the original block
+        torch.testing.assert_close(namespace["attend"](q, k, v, scale), (q @ k.mT * scale).softmax(-1) @ v)
     annotated = source.replace("scale):", "scale: float):")
     proved = the_finding(annotated)
     assert proved.fix_safety == "safe"

@@ -12,10 +12,12 @@ from advisor.fixes.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact
+from advisor.patterns.attention.guards import settle_guards
 from advisor.patterns.call_site_facts import settle_from_call_sites
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
+from advisor.rewrite.guard import guarded
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
 from advisor.static.call_sites import Tree
@@ -62,6 +64,8 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     if functional.import_line is not None:
         imports.append(functional.import_line)
     edits.imports = tuple(imports)
+    if match.guard is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
+        return guarded(parsed, edits, match.guard, match.guard_span)
     return edits
 
 
@@ -83,6 +87,8 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
         tree.adopt(parsed)
         for match in matches:
             settle_from_call_sites(tree, parsed, match.facts)
+    for match in matches:  # what call sites left assumed about metadata is checked at run time where it can be
+        settle_guards(match)
     return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
                       tree_facts) for match in matches]
 

@@ -7,28 +7,31 @@ recorded at all: the matcher refuses the block with a reason instead. A fact tha
 original's output is NaN (a fully masked query row, which SDPA returns as 0) is accepted: the patch stays safe
 and the finding names the divergence. An assumed fact about a parameter used as is carries claims: what every
 call of the function must pass for it to hold; when every call site in the scanned tree shows it, the fact is
-proved from call sites (`from_call_sites`, with the sites listed), and the patch is safe. An assumed fact that held
-on every recorded call of a workload is observed: still unproved, so the patch stays unsafe, but `advisor optimize`
-tries and verifies it on that workload.
+proved from call sites (`from_call_sites`, with the sites listed), and the patch is safe. A fact about metadata only
+(a dtype, a rank, a number) still assumed then may be guarded: the patch checks it at run time and runs the original
+block where it fails, so the patch stays exact and safe. An assumed fact that held on every recorded call of a
+workload is observed: still unproved, so the patch stays unsafe, but `advisor optimize` tries and verifies it on
+that workload.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 PROVED, ASSUMED, ACCEPTED, OBSERVED = "proved", "assumed", "accepted", "observed"
-FROM_CALL_SITES = "from_call_sites"
+FROM_CALL_SITES, GUARDED = "from_call_sites", "guarded"
 
 
 # a fact met twice keeps its weaker status
-RANK = {PROVED: 0, FROM_CALL_SITES: 1, ACCEPTED: 2, OBSERVED: 3, ASSUMED: 4}
+RANK = {PROVED: 0, FROM_CALL_SITES: 1, GUARDED: 2, ACCEPTED: 3, OBSERVED: 4, ASSUMED: 5}
 
 
 @dataclass(frozen=True)
 class Fact:
     name: str  # stable identifier, e.g. "mask-dtype", "scale-is-number"
     statement: str  # what must hold, in one sentence
-    status: str  # PROVED, FROM_CALL_SITES, ASSUMED, ACCEPTED or OBSERVED
+    status: str  # PROVED, FROM_CALL_SITES, GUARDED, ACCEPTED, OBSERVED or ASSUMED
     why: str | None = None  # how it was proved, or why it could not be
     claims: tuple = field(default=(), compare=False)  # call_site_facts.Claim: what every call must pass
     sites: tuple[str, ...] = ()  # FROM_CALL_SITES: the calls (`path:line`) that prove it
@@ -61,7 +64,17 @@ class FactSheet:
     def observe(self, name: str, seen: str) -> None:
         """The assumed facts of this name held on every recorded call of a workload (`seen` says what the run
         showed); the source still does not prove them."""
-        self.facts = [replace(fact, status=OBSERVED, why=f"{seen}; not proved: {fact.why}")
+        self._restate(name, OBSERVED, lambda why: f"{seen}; not proved: {why}")
+
+    def guard(self, name: str, check: str) -> None:
+        """The assumed facts of this name become guarded: the patch runs `check` before the SDPA call and the
+        original block where it fails."""
+        self._restate(name, GUARDED, lambda why: f"checked at run time by `{check}`; the original block runs where "
+                                                 f"it fails (was assumed: {why})")
+
+    def _restate(self, name: str, status: str, why: Callable[[str | None], str]) -> None:
+        """The assumed facts of this name get `status`, and a reason built from their old one."""
+        self.facts = [replace(fact, status=status, why=why(fact.why))
                       if fact.name == name and fact.status == ASSUMED else fact for fact in self.facts]
 
     def _add(self, fact: Fact) -> None:
@@ -93,8 +106,8 @@ class FactSheet:
                                  sites=tuple(sites))
 
     def to_json(self) -> dict[str, list[dict]]:
-        """Facts by status; the `observed` and `from_call_sites` groups only where a fact was discharged so (static
-        scans of code without callers keep three)."""
+        """Facts by status; the `observed`, `from_call_sites` and `guarded` groups only where a fact was discharged
+        so (static scans of code without callers or guards keep three)."""
         groups = (PROVED, ACCEPTED, ASSUMED) + ((OBSERVED,) if self.observations else ()) + \
-            ((FROM_CALL_SITES,) if any(fact.status == FROM_CALL_SITES for fact in self.facts) else ())
+            tuple(status for status in (FROM_CALL_SITES, GUARDED) if any(fact.status == status for fact in self.facts))
         return {status: [fact.to_json() for fact in self.facts if fact.status == status] for status in groups}

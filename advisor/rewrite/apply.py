@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from advisor.rewrite.deleted_names import bound_names, read_of_deleted
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
@@ -36,7 +37,8 @@ class NodeEdits:
     is given as parsed nodes. Several findings' edits share what is equal (one import line, one helper)."""
 
     replace: dict[cst.CSTNode, cst.CSTNode] = field(default_factory=dict)  # an expression keeps its parentheses
-    remove: set[cst.CSTNode] = field(default_factory=set)  # small statements (`x = ...` of a `a; b` line)
+    # small statements (`x = ...` of a `a; b` line), or whole statements
+    remove: set[cst.CSTNode] = field(default_factory=set)
     insert_before: dict[cst.CSTNode, tuple[cst.BaseStatement, ...]] = field(default_factory=dict)  # new ones above
     wrap: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)  # statement -> `with <it>:` around it
     imports: tuple[str, ...] = ()  # lines, added once after the module's imports
@@ -120,8 +122,10 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     if not touched and not added:
         return []
     spans = parsed.statement_spans
+    deleted = bound_names([*edits.remove, *edits.replace])
     if spans is None:
         module = parsed.module.visit(editor)
+        _check_reads(parsed.module, module, deleted)
         body = list(module.body)
         body[_import_position(body):_import_position(body)] = added
         module = module.with_changes(body=body)
@@ -129,8 +133,11 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
         return [Edit(0, len(parsed.source), _faithful(parsed.source, module.code))]
     changes = []
     for statement in _top_level_statements(parsed, touched):
-        code = _rendered(parsed.module, statement.visit(editor))
+        result = statement.visit(editor)
+        code = _rendered(parsed.module, result)
         _check_compiles(code, parsed.path)
+        if not isinstance(result, cst.RemovalSentinel):
+            _check_reads(statement, result, deleted)
         changes.append(Edit(*spans[statement], code))
     if added:
         body = parsed.module.body
@@ -184,17 +191,44 @@ def _check_compiles(code: str, path: str) -> None:
         raise RewriteFailed(f"the rewrite produced invalid Python ({exc.msg})") from None
 
 
+def edited_statements(statements: list[cst.BaseStatement], edits: NodeEdits) -> list[cst.BaseStatement]:
+    """Consecutive statements of one block with `edits` applied (for code that places them elsewhere)."""
+    return list(cst.IndentedBlock(body=statements).visit(_Editor(edits)).body)
+
+
+def _check_reads(original: cst.CSTNode, patched, deleted: set[str]) -> None:
+    """Every emitted patch reads no name that only the statements it deleted or replaced bound."""
+    nodes = list(patched.nodes) if isinstance(patched, cst.FlattenSentinel) else [patched]
+    for node in nodes:
+        name = read_of_deleted(original, node, deleted)
+        if name is not None:
+            raise RewriteFailed(f"the rewrite would read `{name}`, which it no longer binds")
+
+
 class _Editor(cst.CSTTransformer):
     def __init__(self, edits: NodeEdits) -> None:
         self.edits = edits
+        self.active: set[cst.CSTNode] = set()
 
     def on_leave(self, original_node, updated_node):
-        if original_node in self.edits.replace:
-            new = self.edits.replace[original_node]
+        if original_node in self.edits.remove and isinstance(original_node, cst.BaseStatement):
+            return cst.RemoveFromParent()  # a whole statement (a guarded fix moves it under an `else:`)
+        if original_node in self.edits.replace and original_node not in self.active:
+            new = self._replacement(original_node)
             if isinstance(new, cst.BaseExpression):
                 new = new.with_changes(lpar=getattr(updated_node, "lpar", ()), rpar=getattr(updated_node, "rpar", ()))
             return new
         return super().on_leave(original_node, updated_node)
+
+    def _replacement(self, original_node):
+        """The new code for `original_node`, with the edits of the user nodes it quotes applied too (a mask
+        expression carried into a new statement still reads `q.dtype` where it read the deleted scores' dtype);
+        the node itself, when quoted inside its own replacement (`x` -> `f(x)`), stays as it was."""
+        self.active.add(original_node)
+        try:
+            return self.edits.replace[original_node].visit(self)
+        finally:
+            self.active.discard(original_node)
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         kept = [small for small, original in zip(updated_node.body, original_node.body)

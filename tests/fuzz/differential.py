@@ -94,7 +94,7 @@ def _check_loaded(source: str, original) -> Outcome:
     refused = [f for f in result.findings if not f.patch]
     outcome = Outcome(NO_FINDING, safe_patches=len(safe), unsafe_patches=len(unsafe), refused=len(refused))
     if unsafe:
-        outcome.notes.append(_unsafe_path_note(source))
+        outcome.notes.append(_unsafe_path_note(source, original))
     if not safe:
         outcome.status = UNSAFE if unsafe else REFUSED if refused else NO_FINDING
         return outcome
@@ -139,18 +139,33 @@ def _declares_nan_divergence(facts: Any) -> bool:
     return False
 
 
-def _unsafe_path_note(source: str) -> str:
-    """The unsafe path is not held to parity (its assumed facts may be false) but must import and run."""
+def _unsafe_path_note(source: str, original) -> str:
+    """The unsafe path is not held to parity (its assumed facts may be false) but must import and run, in eval
+    and in a training step wherever the original runs. The variant's own inputs may break an assumed fact, so a
+    failure counted here is an upper bound on patches that fail where their facts hold."""
     try:
         fixed = analyze_source(source, "variant.py", unsafe_fixes=True).fixed
         module = _load(fixed, "unsafe")
         try:
             _run_eval(module, SEEDS[0])
+            if _trains(original):
+                model, inputs = build(module, SEEDS[0])
+                _gradients(model, inputs, SEEDS[0])
         finally:
             _unload(module)
     except Exception as exc:  # noqa: BLE001
         return f"unsafe patch fails: {type(exc).__name__}: {str(exc)[:200]}"
     return "unsafe patch runs"
+
+
+def _trains(module) -> bool:
+    """Whether the original module's training step (forward and backward) runs."""
+    try:
+        model, inputs = build(module, SEEDS[0])
+        _gradients(model, inputs, SEEDS[0])
+    except Exception:  # noqa: BLE001 - the original itself cannot train: nothing to hold the patch to
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------------

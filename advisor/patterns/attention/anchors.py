@@ -272,6 +272,39 @@ def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode, owner: Cl
     return None
 
 
+def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
+    """The block is the original kept under the `else:` of a guarded patch (`if <metadata check>: <SDPA> else:
+    <block>`): it runs only where SDPA would not be exact, so it is no finding (and a second pass changes
+    nothing). A flag test (timm's `if self.fused_attn:`) is not a metadata check: that block stays a finding."""
+    child, node = statement, parsed.parents.get(statement)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        if isinstance(node, cst.If) and isinstance(node.orelse, cst.Else) and child is node.orelse:
+            finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
+            node.body.visit(finder)
+            return finder.found and _reads_metadata_only(parsed, node.test)
+        child, node = node, parsed.parents.get(node)
+    return False
+
+
+def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression) -> bool:
+    """A test made of comparisons, `is None`, `isinstance`, `.dtype` and `.dim()`: no value of a tensor read."""
+    if isinstance(test, cst.BooleanOperation):
+        return _reads_metadata_only(parsed, test.left) and _reads_metadata_only(parsed, test.right)
+    if isinstance(test, cst.Comparison):
+        return all(_metadata_operand(parsed, part) for part in [test.left] + [t.comparator for t in test.comparisons])
+    return isinstance(test, cst.Call) and parsed.imported_name(test.func) is None and \
+        isinstance(test.func, cst.Name) and test.func.value == "isinstance"
+
+
+def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Integer, cst.Name)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return node.attr.value == "dtype"
+    return isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute) and \
+        node.func.attr.value == "dim"
+
+
 def _returns_last(block: cst.BaseSuite) -> bool:
     last = block.body[-1] if isinstance(block, cst.IndentedBlock) and block.body else None
     return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], cst.Return)

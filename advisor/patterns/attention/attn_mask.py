@@ -114,10 +114,17 @@ def _additive(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
                                      torch=torch_name, mask=mask, query=query)
 
 
+DTYPE_KEEPING_VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "unsqueeze", "flatten",
+                                 "expand"})
+
+
 def plain_query(c: Candidate) -> cst.BaseExpression | None:
     """The query as the SDPA call's site names it, when reading its dtype there costs nothing (a name or
-    an attribute, never a call that would run twice)."""
+    an attribute, never a call that would run twice; a view of it has its dtype)."""
     query = at_home(c, c.leaf_nodes[0])
+    while isinstance(query, cst.Call) and isinstance(query.func, cst.Attribute) and \
+            query.func.attr.value in DTYPE_KEEPING_VIEWS:  # `q.transpose(-2, -1)` has q's dtype
+        query = query.func.value
     return query if isinstance(query, (cst.Name, cst.Attribute)) else None
 
 

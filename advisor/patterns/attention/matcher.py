@@ -14,6 +14,7 @@ from advisor.patterns.attention import anchors, products, scores, weights
 from advisor.patterns.attention.attn_mask import assemble_mask
 from advisor.patterns.attention.block_checks import check_bindings, check_escapes, check_reads, check_scope
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
+from advisor.patterns.attention.guards import plan_guards
 from advisor.patterns.attention.helpers import dotted_name
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
@@ -51,6 +52,8 @@ def _match(c: Candidate, softmax: Op) -> AttentionMatch | None:
     if not anchors.looks_like_attention(c, softmax):
         return None
     statement = statement_of(c.parsed, softmax.node)
+    if anchors.is_guarded_fallback(c.parsed, statement):
+        return None
     match = AttentionMatch(c.scope.name, c.parsed.line(statement), c.parsed.end_line(statement))
     c.match, c.softmax = match, softmax
     try:
@@ -111,6 +114,7 @@ def _prove(c: Candidate) -> None:
     check_scope(c, output_statement, consumed)
     weights.layout_role(c)
     check_escapes(c)
+    plan_guards(c, output_statement)
 
 
 def _unique(items: list) -> list:

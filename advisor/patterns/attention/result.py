@@ -68,3 +68,8 @@ class AttentionMatch:
     unsafe_reason: str | None = None  # why even the unsafe fix is unavailable
     note: str | None = None  # what the user should know whatever the proof found (SDPA on the other branch)
     facts: FactSheet = field(default_factory=FactSheet)  # what the rewrite relies on; assumed facts make it unsafe
+    # guarded facts: the check each metadata fact could get, the statements whose original runs where the check
+    # fails, and the check that selects the SDPA path (set once call sites had their say, see attention.guards)
+    guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
+    guard_span: list[cst.BaseStatement] = field(default_factory=list)
+    guard: cst.BaseExpression | None = None

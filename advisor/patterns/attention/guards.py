@@ -1,0 +1,211 @@
+"""Guarded facts: where unproved facts are about metadata (q, k and v sharing a dtype, an added mask's dtype or
+rank, a scale being a Python number), the patch checks exactly those facts at run time, takes the SDPA path where
+they hold and runs the original block where they fail: exact for every input, and safe when nothing else is
+assumed. Each fact is guarded whole or not at all (then it stays assumed).
+
+A check reads dtypes, ranks and `isinstance` only: no data-dependent branch, no host sync, nothing
+`torch.compile` breaks its graph on; TorchScript-compiled functions get no guard. It reads names at the start of
+the guarded statements that must hold there what the block read (same reaching definitions, no attribute written
+in between), and it cannot raise: a value that is not a tensor fails the check and runs the original.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import parse_template_expression
+
+from advisor.patterns import scope
+from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
+from advisor.patterns.attention.candidate import Candidate, in_inlined
+from advisor.patterns.attention.result import AttentionMatch, MaskTerm
+from advisor.patterns.copies_casts import cast_dtype
+from advisor.static.codegen import joined, parenthesized
+from advisor.static.dataflow import UNDEFINED, loaded_names
+
+QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
+GUARDABLE = (SCALE, QKV_DTYPE, MASK_DTYPE, MASK_RANK)
+# calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
+SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
+
+
+def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
+    """The run-time check of each assumed metadata fact that can be checked (`match.guard_checks`), and the
+    statements it would guard; `settle_guards` uses those facts that nothing stronger (call sites) proved."""
+    match = c.match
+    wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
+    torch_name = c.parsed.module_aliases.get("torch")
+    if not wanted or torch_name is None or scope.is_scripted(c.parsed, c.home, c.owner):
+        return
+    span = _span(c, output_statement)
+    leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
+    query, key, value = (_peeled(node, DTYPE_KEEPING_VIEWS) for node in leaves)
+    if span is None or not _plain(c, query):
+        return
+    for name in wanted:
+        if name == QKV_DTYPE:
+            dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
+            reads = [node for node in (query, key, value) if _plain(c, node)]
+            parts = [joined_comparison(dtypes)] if None not in dtypes else []
+        elif name == SCALE:
+            reads = [c.values.scalar_expression(factor) for _, factor in c.factors
+                     if c.values.scalar_guess(factor) is not None]
+            parts = [parse_template_expression("isinstance({s}, (int, float))", s=scale) for scale in reads] \
+                if all(_plain(c, scale) for scale in reads) else []
+        else:
+            terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
+            reads = [query] + [t.source for t in terms]
+            parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
+        if parts and None not in parts and _holds_at(c, span[0], output_statement, reads):
+            match.guard_checks[name] = parts
+    match.guard_span = span
+
+
+def settle_guards(match: AttentionMatch) -> None:
+    """Guard the facts planned for it that are still assumed; the patch then runs the SDPA path behind their
+    check (`match.guard`) and the original block where it fails."""
+    checks = {name: parts for name, parts in match.guard_checks.items()
+              if any(fact.name == name for fact in match.facts.assumptions)}
+    if not checks:
+        return
+    for name, parts in checks.items():
+        match.facts.guard(name, " and ".join(cst.Module([]).code_for_node(part) for part in parts))
+    parts = [part for group in checks.values() for part in group]
+    match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
+
+
+def _dtype_of(c: Candidate, node: cst.BaseExpression, torch_name: str) -> cst.BaseExpression | None:
+    """`x.dtype` for a plain tensor; `torch.float32` for a cast to a literal dtype (`v.float()`), which the SDPA
+    call receives as is."""
+    target = cast_dtype(c.parsed, node)
+    if target is not None:
+        return cst.Attribute(cst.Name(torch_name), cst.Name(target))
+    return cst.Attribute(node, cst.Name("dtype")) if _plain(c, node) else None
+
+
+def joined_comparison(operands: list[cst.BaseExpression]) -> cst.Comparison:
+    """`a == b == c`."""
+    return cst.Comparison(operands[0], [cst.ComparisonTarget(cst.Equal(), operand) for operand in operands[1:]])
+
+
+def _needs(name: str, term: MaskTerm) -> bool:
+    """The terms each fact is about: added float masks whose dtype the original leaves open, masks of any kind
+    passed as they are (not reshaped) for the rank."""
+    if name == MASK_DTYPE:
+        return term.kind == "float" and not term.same_dtype
+    return term.reshape is None
+
+
+def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpression,
+                torch_name: str) -> cst.BaseExpression | None:
+    """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
+    `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
+    mask = term.source if name == MASK_DTYPE else _peeled(term.source, SAME_RANK)
+    base = mask
+    while isinstance(base, cst.Subscript):
+        base = base.value
+    # the original indexes the mask whenever it is not None, unless an `if` of another test guards it
+    indexed = term.guard is None or c.parsed.code(term.guard.test).replace(" ", "") == \
+        f"{c.parsed.code(base)}isnotNone".replace(" ", "")
+    if not _plain(c, mask, indexed=indexed):
+        return None
+    check = "{m}.dtype == {q}.dtype" if name == MASK_DTYPE else "2 <= {m}.dim() <= {q}.dim()"
+    template = "isinstance({base}, {torch}.Tensor) and " + check
+    if term.guard is not None:
+        template = "{base} is None or " + template
+    return parse_template_expression(template, m=mask, q=query, base=base, torch=cst.Name(torch_name))
+
+
+def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpression:
+    """The tensor under calls of `methods` (and, for the rank, `~` and comparisons with a number), whose metadata
+    the check reads instead of running the calls again."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods:
+            node = node.func.value
+        elif isinstance(node, cst.Attribute) and node.attr.value in ("mT", "T") and methods is DTYPE_KEEPING_VIEWS:
+            node = node.value
+        elif methods is SAME_RANK and isinstance(node, cst.UnaryOperation) and \
+                isinstance(node.operator, cst.BitInvert):
+            node = node.expression
+        elif methods is SAME_RANK and isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and \
+                isinstance(node.comparisons[0].comparator, (cst.Integer, cst.Float)) and \
+                not isinstance(node.comparisons[0].operator, (cst.Is, cst.IsNot, cst.In, cst.NotIn)):
+            node = node.left
+        else:
+            return node
+
+
+def _grouped(part: cst.BaseExpression) -> cst.BaseExpression:
+    """`a or b` in parentheses, to stand inside an `and`."""
+    if isinstance(part, cst.BooleanOperation) and isinstance(part.operator, cst.Or):
+        return parenthesized(part)
+    return part
+
+
+def _plain(c: Candidate, node: cst.BaseExpression, indexed: bool = False) -> bool:
+    """A name or attribute chain of the function itself (with `indexed`, also indexed by constants: `m[0]`,
+    `m[:, None]`): reading it again runs no code of the user's."""
+    while isinstance(node, cst.Attribute) or indexed and isinstance(node, cst.Subscript) and \
+            all(_constant_index(element.slice) for element in node.slice):
+        node = node.value
+    return isinstance(node, cst.Name) and not in_inlined(c, node)
+
+
+def _constant_index(index: cst.BaseSlice) -> bool:
+    if isinstance(index, cst.Index):
+        value = index.value
+        if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+            value = value.expression
+        return isinstance(value, (cst.Integer, cst.Ellipsis)) or isinstance(value, cst.Name) and value.value == "None"
+    return all(part is None or isinstance(part, cst.Integer) for part in (index.lower, index.upper, index.step))
+
+
+def _span(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
+    """The consecutive statements of one block, in the function that holds the value product, that hold every
+    statement the rewrite changes; None when they are not all in one function's blocks."""
+    match = c.match
+    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement]
+               if s is not None and not in_inlined(c, s)]
+    chains = [_blocks_around(c, member) for member in members]
+    if any(chain is None for chain in chains):
+        return None
+    common = [block for block, _ in chains[0] if all(any(b is block for b, _ in chain) for chain in chains[1:])]
+    if not common or not isinstance(common[0], cst.IndentedBlock):
+        return None
+    block = common[0]
+    indices = [next(block.body.index(unit) for b, unit in chain if b is block) for chain in chains]
+    return list(block.body[min(indices):max(indices) + 1])
+
+
+def _blocks_around(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode, cst.CSTNode]] | None:
+    """(block, the statement of that block holding `node`), innermost first, up to the function's body."""
+    found = []
+    parents = c.parsed.parents
+    while node is not c.home:
+        parent = parents.get(node)
+        if parent is None:
+            return None
+        if isinstance(parent, (cst.IndentedBlock, cst.SimpleStatementSuite)) and \
+                isinstance(node, cst.BaseStatement):
+            found.append((parent, node))
+        node = parent
+    return found
+
+
+def _holds_at(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode,
+              nodes: list[cst.BaseExpression]) -> bool:
+    """Every name the check reads holds at the start of the guarded statements what the block read, and no
+    attribute it reads is written before the value product."""
+    start = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
+    env = c.flow.env_before.get(start)
+    if env is None:
+        return False
+    for node in nodes:
+        for name in loaded_names(node):
+            if name.value in ("None", "True", "False"):
+                continue
+            seen = c.flow.reaching.get(name)
+            if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen:
+                return False
+    paths = scope.attribute_paths(c.parsed, nodes)
+    return scope.attribute_written_between(c.parsed, c.home, c.owner, paths, c.parsed.line(first) - 1,
+                                           c.parsed.end_line(output_statement) + 1) is None
