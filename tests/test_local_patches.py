@@ -10,6 +10,7 @@ import pytest
 
 from advisor.fixes.attention import attention_edits
 from advisor.patterns.attention import find_attention
+from advisor.patterns.attention.guards import settle_guards
 from advisor.rewrite.apply import combine, render
 from advisor.rewrite.patch import unified_diff
 from advisor.rewrite.splice import apply_edits
@@ -26,6 +27,8 @@ def _whole_module_rewrite(source: str, drop_weights: bool = False, pick=None) ->
     parsed = ParsedModule(source, "m.py")
     parsed.__dict__["statement_spans"] = None
     matches = [m for m in find_attention(parsed) if m.output_node is not None]
+    for match in matches:  # as the pipeline does: what stays assumed about metadata is guarded where it can be
+        settle_guards(match)
     (edit,) = _rewrite_edits(parsed, matches if pick is None else [matches[pick]], drop_weights)
     return edit.text
 

@@ -146,8 +146,8 @@ def test_every_unproved_fact_held_on_the_profiled_run_is_observed_but_the_patch_
     for finding in findings:
         facts = finding.extra["facts"]
         assert finding.fix_safety == "unsafe" and finding.extra["discharged"] == "observed"
-        assert facts["assumed"] == []
-        assert {f["name"] for f in facts["observed"]} == {"mask-rank", "fully-masked-rows"}
+        assert facts["assumed"] == [] and [f["name"] for f in facts["guarded"]] == ["mask-rank"]
+        assert {f["name"] for f in facts["observed"]} == {"fully-masked-rows"}
         assert all("held on all 1 recorded call(s) of the run" in f["why"] for f in facts["observed"])
         assert "not proved" in facts["observed"][0]["why"] and "held on every recorded call" in finding.reason
     measured = by_rule(profiles["workload"], "ADV110")
@@ -162,7 +162,7 @@ def test_a_fully_padded_sample_leaves_fully_masked_rows_assumed(profiles):
         facts = finding.extra["facts"]
         assert "discharged" not in finding.extra
         assert [f["name"] for f in facts["assumed"]] == ["fully-masked-rows"]
-        assert [f["name"] for f in facts["observed"]] == ["mask-rank"]
+        assert "observed" not in facts  # mask-rank, which did hold, is guarded: it needs no observation
         assert "fully-masked-rows was not seen to hold on 1 of 1 recorded call(s)" in finding.reason
 
 
@@ -176,20 +176,24 @@ def test_calls_that_disagree_earn_no_observed_fact(profiles):
         assert "fully-masked-rows was not seen to hold on 1 of 2 recorded call(s)" in finding.reason
 
 
-def test_a_static_scan_keeps_its_three_fact_groups():
+def test_a_static_scan_has_no_observed_group():
     for finding in analyze_source(PADDING.read_text(), str(PADDING)).findings:
-        assert list(finding.extra["facts"]) == ["proved", "accepted", "assumed"] and "discharged" not in finding.extra
+        assert "observed" not in finding.extra["facts"] and "discharged" not in finding.extra
 
 
-def test_a_call_outside_the_block_or_of_another_dtype_discharges_nothing():
+def test_only_calls_inside_the_block_are_joined():
     path = str(PADDING.resolve())
     other = BlockCall(path, 1, 2, "float32", "float32", "float32", 4, (), False, 0)
     mixed = BlockCall(path, 27, 30, "float32", "float32", "float32", 4, (MaskSeen("fill", "bool", 1),), False, 0)
     evidence = RuntimeEvidence("t")
     add_block_calls(evidence, [other, mixed])
     [filled, _] = analyze_source(PADDING.read_text(), str(PADDING), runtime=evidence).findings
-    assert "discharged" not in filled.extra  # the 1-D mask: mask-rank did not hold
+    # only the call inside the block is joined; its 1-D mask breaks no fact, since mask-rank is guarded (a 1-D mask
+    # runs the original block), so the fact its rows showed is all the patch needed
     assert [f["name"] for f in filled.extra["facts"]["observed"]] == ["fully-masked-rows"]
+    assert "held on all 1 recorded call(s)" in filled.extra["facts"]["observed"][0]["why"]
+    assert [f["name"] for f in filled.extra["facts"]["guarded"]] == ["mask-rank"]
+    assert filled.extra["discharged"] == "observed"
 
 
 def test_weights_that_leave_the_block_keep_the_patch_behind_unsafe_fixes_whatever_the_run_saw():
@@ -226,7 +230,7 @@ def test_optimize_tries_a_padding_mask_patch_without_unsafe_fixes_and_labels_it(
         assert patch["discharged"] == "observed" and patch["fix_safety"] == "unsafe"
         assert patch["verdict"] in ("verified", "no-gain"), patch["reason"]
         assert patch["parity"]["seeds"] == 3 and patch["parity"]["max_abs_err"] <= patch["parity"]["atol"]
-        assert {f["name"] for f in patch["facts"]["observed"]} == {"mask-rank", "fully-masked-rows"}
+        assert {f["name"] for f in patch["facts"]["observed"]} == {"fully-masked-rows"}
         assert "held on all 3 recorded call(s)" in patch["facts"]["observed"][0]["why"]  # one per parity input
         label = view.safety_label(patch)
         assert label.startswith("verified on this workload; assumes: " if patch["verified"] else
