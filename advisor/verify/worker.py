@@ -7,6 +7,7 @@ that calls sys.exit() inside a request is an error reply like any exception, so 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import pickle
@@ -128,12 +129,8 @@ class Worker:
 
         args, kwargs = self._placed(args, kwargs)
         model = self.prepared.model
-        module = model if isinstance(model, torch.nn.Module) else None
-        was_training = module.training if module is not None else False
-        if module is not None:
-            module.eval()
-        torch.manual_seed(rng_seed)
-        try:
+        with _in_eval_mode(model) as module:
+            torch.manual_seed(rng_seed)
             if not grads:
                 with torch.no_grad():
                     return {"output": to_tree(model(*args, **kwargs))}
@@ -146,9 +143,6 @@ class Worker:
             if module is not None:
                 module.zero_grad(set_to_none=True)
             return result
-        finally:
-            if module is not None:
-                module.train(was_training)
 
     def observe(self, args=None, kwargs=None):
         """What every call of each attention block saw on these inputs (facts from the run): one eval-mode forward
@@ -160,18 +154,11 @@ class Worker:
 
         args, kwargs = self._placed(args, kwargs)
         model = self.prepared.model
-        module = model if isinstance(model, torch.nn.Module) else None
-        was_training = module.training if module is not None else False
-        if module is not None:
-            module.eval()
         recorder = OpRecorder(model)
-        torch.manual_seed(0)  # as `run` seeds it, so a model drawing random numbers sees what parity saw
-        try:
+        with _in_eval_mode(model):
+            torch.manual_seed(0)  # as `run` seeds it, so a model drawing random numbers sees what parity saw
             with torch.no_grad(), recorder:
                 model(*args, **kwargs)
-        finally:
-            if module is not None:
-                module.train(was_training)
         return block_calls(recorder.result())
 
     def _placed(self, args, kwargs) -> tuple[tuple, dict]:
@@ -301,6 +288,23 @@ def serve(receive: Connection, send: Connection) -> None:
         reply(("ok", value))
 
 
+@contextlib.contextmanager
+def _in_eval_mode(model):
+    """The model (when it is a module, yielded; else None) in eval mode, put back in its own mode afterwards: parity
+    and observation compare one deterministic pass, whatever mode the workload left it in."""
+    import torch
+
+    module = model if isinstance(model, torch.nn.Module) else None
+    was_training = module.training if module is not None else False
+    if module is not None:
+        module.eval()
+    try:
+        yield module
+    finally:
+        if module is not None:
+            module.train(was_training)
+
+
 def main() -> None:
     """argv: the request and reply pipes' descriptors, and advisor's pid: the worker, and whatever the workload
     started in its process group, end when advisor does, however it ends."""
@@ -315,3 +319,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
