@@ -169,3 +169,25 @@ def test_a_mask_indexed_under_its_not_none_test_is_guarded():
     for mask in (torch.ones(1, 5, dtype=torch.bool), torch.ones(1, 2, 1, 1, 5, dtype=torch.bool), None):
         with torch.no_grad():  # a 1-D mask[0] runs the original; a 4-D one, and None, SDPA
             torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
+
+
+# A scale that reaches the scores through arithmetic on a parameter (`x / (1.0 / temperature)`): the check
+# evaluates that arithmetic again, which runs no user code (the fuzzer's scale_argument family found it unguarded:
+# an unsafe patch that raised on a tensor scale)
+ARITHMETIC_SCALE = """
+scores = (q @ k.transpose(-2, -1)) / (1.0 / scale)
+out = scores.softmax(dim=-1) @ v
+"""
+
+
+@pytest.mark.parametrize("scale", [0.25, torch.tensor(0.25)], ids=["number: SDPA", "tensor: the original"])
+def test_a_scale_computed_from_a_parameter_is_guarded(scale):
+    source = _source(ARITHMETIC_SCALE).replace("def forward(self, x, mask):", "def forward(self, x, scale):")
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and "scale-is-number" in _names(finding, "guarded")
+    assert "isinstance((1.0 / scale), (int, float))" in finding.patch
+    original, patched = _models(source)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x, scale), original(x, scale), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, scale))) == isinstance(scale, float)

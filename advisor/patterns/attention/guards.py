@@ -50,7 +50,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             reads = [c.values.scalar_expression(factor) for _, factor in c.factors
                      if c.values.scalar_guess(factor) is not None]
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=scale) for scale in reads] \
-                if all(_plain(c, scale) for scale in reads) else []
+                if all(_arithmetic_of_plain(c, scale) for scale in reads) else []
         else:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
             reads = [query] + [t.source for t in terms]
@@ -148,6 +148,18 @@ def _plain(c: Candidate, node: cst.BaseExpression, indexed: bool = False) -> boo
             all(_constant_index(element.slice) for element in node.slice):
         node = node.value
     return isinstance(node, cst.Name) and not in_inlined(c, node)
+
+
+def _arithmetic_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:
+    """Numbers and plain reads joined by arithmetic (`1.0 / self.scale`, `-s ** 0.5`): evaluating it again in the
+    check runs no code of the user's and raises where the original's own arithmetic would."""
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.BinaryOperation):
+        return _arithmetic_of_plain(c, node.left) and _arithmetic_of_plain(c, node.right)
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        return _arithmetic_of_plain(c, node.expression)
+    return _plain(c, node)
 
 
 def _constant_index(index: cst.BaseSlice) -> bool:
