@@ -27,8 +27,8 @@ from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
-from advisor.static.project import ProjectFacts, project_facts
-from advisor.static.tree_facts import TreeFacts
+from advisor.static.project import ProjectFacts
+from advisor.static.tree_facts import TreeFacts, tree_wide_facts
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -206,10 +206,11 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    project = project_facts(files) if len(files) > 1 else None
+    project, tree_facts = tree_wide_facts(files)
+    project = project if len(files) > 1 else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
-                       project=project, path_rules=path_rules, tree_facts=TreeFacts.of_paths(files))
+                       project=project, path_rules=path_rules, tree_facts=tree_facts)
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
     if jobs > 1 and len(files) >= PARALLEL_FROM:
         outcomes = _scan_in_pool(files, scan_one, jobs, done)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.findings import display_path
-from advisor.static.discover import read_source
 from advisor.static.module_index import REGISTRATION_HOOKS, ParsedModule
 
 # hooks that fire around every module call: a deleted module call loses them
@@ -57,21 +56,20 @@ def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple
     return found
 
 
-def project_facts(paths: list[str]) -> ProjectFacts:
-    """The process-wide hooks registered in any of `paths` (files that cannot be read or parsed are skipped here:
-    the scan reports them)."""
-    calls, registrations = [], []
-    for path in paths:
-        source = read_source(path)
-        text = getattr(source, "text", None)
-        if text is None or TOKEN not in text:
-            continue
-        try:
-            parsed = ParsedModule(text, path)
-            sites = global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS)
-            sites = [(HookSite(path, parsed.line(call), name), name) for call, name in sites]
-        except (cst.ParserSyntaxError, RecursionError, MemoryError):
-            continue
-        calls += [site for site, name in sites if name in GLOBAL_CALL_HOOKS]
-        registrations += [site for site, name in sites if name in REGISTRATION_HOOKS]
-    return ProjectFacts(tuple(calls), tuple(registrations))
+def hook_sites(path: str, text: str) -> list[tuple[HookSite, str]]:
+    """The process-wide hook registrations in one file's text, each with its registering function's name ([] for
+    a file that cannot be parsed: the scan reports it)."""
+    if TOKEN not in text:
+        return []
+    try:
+        parsed = ParsedModule(text, path)
+        return [(HookSite(path, parsed.line(call), name), name)
+                for call, name in global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS)]
+    except (cst.ParserSyntaxError, RecursionError, MemoryError):
+        return []
+
+
+def project_facts(sites: list[tuple[HookSite, str]]) -> ProjectFacts:
+    """The hooks registered in the scanned tree, from every file's `hook_sites`."""
+    return ProjectFacts(tuple(site for site, name in sites if name in GLOBAL_CALL_HOOKS),
+                        tuple(site for site, name in sites if name in REGISTRATION_HOOKS))

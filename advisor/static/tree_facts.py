@@ -15,25 +15,13 @@ from advisor.findings import ScanError
 from advisor.static.autograd_use import AutogradSite, autograd_sites, worth_resolving
 from advisor.static.discover import read_source
 from advisor.static.module_index import ParsedModule
+from advisor.static.project import ProjectFacts, hook_sites, project_facts
 
 
 @dataclass(frozen=True)
 class TreeFacts:
     files: int  # how many files the tree holds
     autograd: tuple[AutogradSite, ...] = ()  # where the tree asks for double backward or forward-mode AD
-
-    @classmethod
-    def of_paths(cls, paths: list[str]) -> TreeFacts:
-        sites: list[AutogradSite] = []
-        for path in paths:
-            source = read_source(path)
-            if isinstance(source, ScanError) or not worth_resolving(source.text):
-                continue  # an unreadable or unparsable file is the scan's error entry
-            try:
-                sites.extend(autograd_sites(ParsedModule(source.text, path)))
-            except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
-                continue
-        return cls(len(paths), tuple(sites))
 
     def with_observed(self, requests: list[str]) -> TreeFacts:
         """These facts and what a profiled run was seen asking of autograd (advisor.runtime.autograd_probe)."""
@@ -44,3 +32,20 @@ class TreeFacts:
         """A file analysed on its own is the whole tree."""
         return cls(1, tuple(autograd_sites(parsed)))
 
+
+def tree_wide_facts(paths: list[str]) -> tuple[ProjectFacts, TreeFacts]:
+    """What the whole tree says, with each file read once: the process-wide hooks it registers (static.project) and
+    what it asks of autograd. An unreadable or unparsable file adds nothing: the scan reports it."""
+    hooks: list = []
+    autograd: list[AutogradSite] = []
+    for path in paths:
+        source = read_source(path)
+        if isinstance(source, ScanError):
+            continue
+        hooks += hook_sites(path, source.text)
+        if worth_resolving(source.text):
+            try:
+                autograd.extend(autograd_sites(ParsedModule(source.text, path)))
+            except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
+                continue
+    return project_facts(hooks), TreeFacts(len(paths), tuple(autograd))

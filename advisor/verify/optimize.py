@@ -25,8 +25,8 @@ from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
-from advisor.static.project import ProjectFacts, project_facts
-from advisor.static.tree_facts import TreeFacts
+from advisor.static.project import ProjectFacts
+from advisor.static.tree_facts import TreeFacts, tree_wide_facts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
@@ -270,9 +270,9 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     `call_site_facts`, those files' calls may prove facts of the functions they call. Those files are the scanned
     tree for what is asked of autograd too, with `autograd_requests`: what the run was seen asking."""
     candidates: dict[str, Candidate] = {}
-    project = project_facts(files)  # hooks on every module, registered by any of these files
+    project, tree_facts = tree_wide_facts(files)  # hooks on every module, and what the files ask of autograd
     tree = Tree(list(files)) if call_site_facts else None
-    tree_facts = TreeFacts.of_paths(files).with_observed(list(autograd_requests))
+    tree_facts = tree_facts.with_observed(list(autograd_requests))
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
