@@ -73,3 +73,26 @@ class AttentionMatch:
     guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
     guard: cst.BaseExpression | None = None
+    # soft-capping (`cap * tanh(s / cap)`): the factors applied after the tanh (None: no tanh), and why SDPA cannot
+    # take the block while FlexAttention can (the refusal every backend but `flex` reports)
+    softcap: cst.BaseExpression | None = None
+    sdpa_refusal: str | None = None
+    flex: "FlexPlan | None" = None  # what `--backend flex` emits (score_mods), or None with `flex_refusal`
+    flex_refusal: str | None = None
+
+
+@dataclass
+class FlexPlan:
+    """The FlexAttention call of a proved block: `score_mod`/`mask_mod` bodies as expressions of `score`, `b`, `h`,
+    `q_idx` and `kv_idx`, tensors they read (bound to fresh names before the call), and the facts the flex patch
+    relies on (the SDPA sheet with the facts that differ for flex replaced)."""
+
+    score: cst.BaseExpression | None  # None: no score_mod
+    mask: cst.BaseExpression | None  # None: no mask_mod
+    mask_key: cst.BaseExpression | None  # the BlockMask cache key, when the mask reads indices and numbers only
+    captures: list[tuple[str, cst.BaseExpression]]
+    followed: list  # the local definitions (dataflow.Definition) computed masks were read through
+    removed: list[cst.CSTNode]  # those only the block read: the patch drops them
+    key_values: list[cst.BaseExpression]  # Python numbers the computed masks read by name (part of the cache key)
+    names: tuple[str, str]  # the fresh names of the score_mod and mask_mod functions
+    facts: FactSheet

@@ -27,12 +27,21 @@ def scale_and_mask_roles(c: Candidate) -> None:
     chain.views = [(i, op) for i, (op, _) in enumerate(applied) if op.name == "view"]
     if len(chain.views) not in (0, 2):
         raise Refusal("the scores are reshaped without being reshaped back before softmax")
+    capped = next((i for i, (op, _) in enumerate(applied) if op.name == "tanh"), None)
+    post_cap: list[tuple[str, cst.BaseExpression]] = []
     for position, (op, guard) in enumerate(applied):
+        if op.name == "tanh":
+            if position != capped:
+                raise Refusal("the scores pass through `tanh` twice")
+            continue
         if op.name in ("mul", "div"):
-            c.factors.append((op.name, op.params["factor"]))
+            (post_cap if capped is not None and position > capped else c.factors).append((op.name, op.params["factor"]))
             continue
         if op.name == "view":
             continue
+        if capped is not None and position < capped:
+            raise Refusal(f"a mask is applied before the soft-cap `{short(c.parsed, applied[capped][0].node)}`, "
+                          f"where it is no longer a mask")
         term = mask_term(c, op, guard)
         if chain.views and chain.views[0][0] < position < chain.views[1][0]:
             reshape_term(c, term)
@@ -40,13 +49,28 @@ def scale_and_mask_roles(c: Candidate) -> None:
         term.scaled_after = any(p > position for p in scale_positions)
         match.masks.append(term)
     match.scale = _scale(c)
-    for factor in c.factors:
+    if capped is not None:
+        _soft_cap(c, applied[capped][0], post_cap)
+    for factor in c.factors + post_cap:
         c.leaf_nodes.append(c.values.scalar_expression(factor[1]))
         _scale_fact(c, factor[1])
     c.leaf_nodes.extend(guard.test for guard in chain.factor_guards.values())
     for term in match.masks:
         if term.scaled_after and term.kind != "keep" and term.kind != "causal":
             raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
+
+
+def _soft_cap(c: Candidate, tanh, post_cap: list[tuple[str, cst.BaseExpression]]) -> None:
+    """`cap * tanh(s / cap)` (Gemma-2, Grok): the factors before the tanh are flex_attention's `scale`, those after
+    it multiply the tanh in the score_mod. SDPA has no argument for it: every other backend refuses the block."""
+    if any(factor in c.chain.factor_guards for _, factor in post_cap):
+        raise Refusal("the soft-cap's factor is applied under an `if`")
+    match = c.match
+    parts = [atomic(at_home(c, c.values.scalar_expression(f))) for kind, f in post_cap if kind == "mul"]
+    divisors = [atomic(at_home(c, c.values.scalar_expression(f))) for kind, f in post_cap if kind == "div"]
+    match.softcap = joined(cst.Divide, [joined(cst.Multiply, parts) if parts else number(1.0), *divisors])
+    match.sdpa_refusal = (f"the scores are soft-capped by `{short(c.parsed, tanh.node)}` before softmax, which SDPA "
+                          f"cannot express (`--backend flex` would take it)")
 
 
 def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:

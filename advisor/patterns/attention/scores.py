@@ -159,6 +159,11 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
     if op.name in ("masked_fill", "view"):
         chain.ops.append((op, guard))
         return op.operands[0]
+    if op.name == "tanh":  # soft-capping (`cap * tanh(s / cap)`): only FlexAttention's score_mod expresses it
+        if guard is not None:
+            raise Refusal(f"the scores are soft-capped by `{short(c.parsed, op.node)}` under an `if`")
+        chain.ops.append((op, guard))
+        return op.operands[0]
     if op.name in ("add", "where"):
         left, right = op.operands
         scores = left if reaches(c, left, CORE_OPS, 0) else right

@@ -130,6 +130,17 @@ def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
                                 parameter_claims(c, [term.source], sf.NOT_FLOAT, [term.guard]))
 
 
+def rank_bounds(c: Candidate, node: cst.BaseExpression) -> tuple[int, int | None]:
+    """(least, most) dims `node` can have, as its indexing, reshaping or creation bounds them."""
+    return _rank_bounds(c).bounds(node)
+
+
+def _rank_bounds(c: Candidate) -> mk.RankBounds:
+    return mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node),
+                         lambda name: _reaching_values(c, name),
+                         lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar)
+
+
 def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     """SDPA takes masks of 2 to n dims for n-D scores (any rank up to 3 for 3-D ones); eager broadcasting
     also takes a 1-D mask, and a mask of more dims (giving a higher-rank output)."""
@@ -137,9 +148,7 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     sources = [term for term in match.masks if term.source is not None and term.reshape is None]
     if not sources or match.is_causal:
         return
-    ranks = mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node),
-                          lambda name: _reaching_values(c, name),
-                          lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar)
+    ranks = _rank_bounds(c)
     bounds = [ranks.bounds(term.source) for term in sources]
     # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
     leaves = [ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]]

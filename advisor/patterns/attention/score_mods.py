@@ -1,0 +1,200 @@
+"""FlexAttention's view of a proved block: what the scores go through between Q·K^T and softmax, as a `score_mod`
+(an elementwise function of the score and of the indices b, h, q_idx, kv_idx) and a `mask_mod` (a function of the
+indices alone).
+
+The roles come from the SDPA proof (`scale`, `mask_terms`): the factors before a soft-cap are flex_attention's
+`scale`; the soft-cap is `tanh(score) * cap`; a keep mask (True = attend, -inf fill) is a `mask_mod`; an added
+mask is `score + bias`; a finite fill is `where(masked, fill, score)`. A mask whose value depends only on the
+query and key positions (`index_forms`: arange comparisons, tril/triu of ones) is computed per index, and its
+BlockMask is cached per shape; any other mask or bias is a captured tensor, broadcast to (B, H, L, S) before the
+call and read at the indices (gradients reach it, as they reach the original's). What FlexAttention cannot take
+is a refusal naming it; it never changes the SDPA proof.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import parse_template_expression
+
+from advisor.patterns import masks as mk
+from advisor.patterns.attention.attn_mask import fresh_name, term_mask
+from advisor.patterns.attention.candidate import Candidate, in_inlined, statement_of
+from advisor.patterns.attention.index_forms import index_form
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import FlexPlan, MaskTerm, Refusal
+from advisor.patterns.attention.tensor_facts import rank_bounds
+from advisor.patterns.facts import FactSheet
+from advisor.static.codegen import atomic, joined
+from advisor.static.dataflow import Definition, contains_call
+
+MASK_TENSOR_FACTS = ("mask-rank", "mask-dtype")  # about the tensor SDPA would be passed as attn_mask
+INDICES = (cst.Name("b"), cst.Name("h"), cst.Name("q_idx"), cst.Name("kv_idx"))
+
+
+def flex_roles(c: Candidate) -> None:
+    """`match.flex`, or `match.flex_refusal` saying which step FlexAttention cannot take."""
+    try:
+        c.match.flex = _plan(c)
+    except Refusal as refusal:
+        c.match.flex_refusal = str(refusal)
+
+
+def _plan(c: Candidate) -> FlexPlan:
+    match = c.match
+    torch_name = c.parsed.module_aliases.get("torch")
+    if torch_name is None:
+        raise Refusal("the module does not import torch, which the score_mod calls")
+    if match.dropout_p is not None:
+        raise Refusal("dropout is applied to the weights, which flex_attention has no argument for")
+    if match.hoisted or any(term.guard is not None or term.number_paths is not None for term in match.masks):
+        raise Refusal("a mask is applied only on some paths, which the flex patch does not take")
+    if any(term.reshape is not None for term in match.masks):
+        raise Refusal("a mask is applied to a reshaped view of the scores, which the flex patch does not take")
+    facts = FactSheet()
+    facts.facts = [fact for fact in match.facts.facts if fact.name != mk.ROWS]
+    plan = FlexPlan(score=None, mask=None, mask_key=None, captures=[], followed=[], removed=[], key_values=[],
+                    names=(fresh_name(c, "_flex_score_mod"), fresh_name(c, "_flex_mask_mod")), facts=facts)
+    score: cst.BaseExpression = cst.Name("score")
+    if match.softcap is not None:
+        score = cst.BinaryOperation(_torch_call(torch_name, "tanh", score), cst.Multiply(),
+                                    atomic(match.softcap))
+    keeps: list[cst.BaseExpression] = []
+    computed = True  # every mask_mod part reads indices and constants only
+    if match.is_causal:  # the SDPA proof showed is_causal (top-left) is exact
+        keeps.append(parse_template_expression("q_idx >= kv_idx"))
+        facts.proved("flex-index-mask", "the causal mask is `q_idx >= kv_idx`",
+                     "the SDPA proof's is_causal: a lower triangle aligned top-left")
+    for term in [] if match.is_causal else match.masks:
+        read, is_computed = _term_read(c, plan, term)
+        if term.kind in ("keep", "causal"):
+            keeps.append(read)
+            computed &= is_computed
+        elif term.kind == "float":
+            score = cst.BinaryOperation(score, cst.Add(), atomic(read))
+        else:  # finite fill: the original's value where masked, as `masked_fill` writes it
+            score = cst.Call(cst.Attribute(cst.Name(torch_name), cst.Name("where")),
+                             [cst.Arg(read), cst.Arg(term.fill), cst.Arg(score)])
+    if not (isinstance(score, cst.Name) and score.value == "score"):
+        plan.score = score
+    if keeps:
+        plan.mask = joined(cst.BitAnd, [atomic(part) for part in keeps])
+        plan.mask_key = _mask_key(c, plan.key_values) if computed else None
+    if not plan.captures:  # no mask tensor reaches flex_attention: the SDPA proof's facts about one do not apply
+        facts.facts = [fact for fact in facts.facts if fact.name not in MASK_TENSOR_FACTS]
+    _check_reads_once(c, plan)
+    _flex_facts(c, plan)
+    plan.removed = _unread_mask_statements(c, plan.followed)
+    return plan
+
+
+def _unread_mask_statements(c: Candidate, followed: list[Definition]) -> list[cst.CSTNode]:
+    """The statements of `followed` (a computed mask's definitions: positions, comparisons, triangles of ones, no
+    user call) that nothing but the block and each other reads: the mask_mod computes them, so the dense (L, S)
+    mask is no longer built every step."""
+    gone = {id(statement) for statement in c.match.removed}
+    candidates = {d.id: d for d in followed if d.statement is not None and not in_inlined(c, d.statement)
+                  and isinstance(c.parsed.parents.get(d.statement), cst.SimpleStatementLine)
+                  and len(c.parsed.parents[d.statement].body) == 1}
+    dropped: dict[int, cst.CSTNode] = {}
+    changed = True
+    while changed:
+        changed = False
+        for def_id, definition in candidates.items():
+            if def_id in dropped:
+                continue
+            readers = [statement_of(c.parsed, read) for read in c.flow.reads.get(def_id, [])]
+            if all(id(reader) in gone for reader in readers):
+                dropped[def_id] = statement_of(c.parsed, definition.statement)
+                gone.add(id(dropped[def_id]))
+                changed = True
+    return list(dropped.values())
+
+
+def _torch_call(torch_name: str, function: str, argument: cst.BaseExpression) -> cst.Call:
+    """`torch.<function>(argument)`, as this module spells torch."""
+    return cst.Call(cst.Attribute(cst.Name(torch_name), cst.Name(function)), [cst.Arg(argument)])
+
+
+def _term_read(c: Candidate, plan: FlexPlan, term: MaskTerm) -> tuple[cst.BaseExpression, bool]:
+    """The term's value at (b, h, q_idx, kv_idx): computed from the indices where its form allows, else read from
+    the tensor broadcast to the scores' shape. A finite term's value is its masked (True = masked) expression."""
+    tensor = term.expression if term.kind == "finite" else term_mask(c, term)
+    computed = index_form(c, tensor)
+    text = short(c.parsed, term.source if term.source is not None else tensor)
+    if computed is not None:
+        computed, followed, scalars = computed
+        plan.followed.extend(followed)
+        plan.key_values.extend(scalars)
+        plan.facts.proved("flex-index-mask", f"`{text}` depends only on the query and key positions",
+                          "built from `arange` positions (from 0, step 1), tril/triu of ones, comparisons and "
+                          "Python numbers: the mask_mod computes it at each (q_idx, kv_idx)")
+        return computed, True
+    name = fresh_name(c, "_flex_tensor")
+    shape = parse_template_expression("({q}.size(0), {q}.size(1), {q}.size(-2), {k}.size(-2))",
+                                      q=atomic(c.match.query), k=atomic(c.match.key))
+    torch_name = c.parsed.module_aliases["torch"]
+    plan.captures.append((name, cst.Call(cst.Attribute(cst.Name(torch_name), cst.Name("broadcast_to")),
+                                         [cst.Arg(tensor), cst.Arg(shape)])))
+    plan.facts.proved("flex-captured", f"`{text}` is read at (b, h, q_idx, kv_idx) of its broadcast to the scores' "
+                      f"shape", "broadcast_to gives exactly the values the original's broadcasting uses (and raises "
+                      "where it would); gradients reach the tensor through the captured read")
+    return cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(index)) for index in INDICES]), False
+
+
+def _mask_key(c: Candidate, values: list[cst.BaseExpression]) -> cst.BaseExpression:
+    """The BlockMask cache key: this block's function and line, and the values of the Python numbers the mask reads
+    by name (a changed window builds a new BlockMask)."""
+    name = cst.SimpleString(f'"{c.match.function}:{c.match.line}"')
+    unique = list({c.parsed.code(value): value for value in values}.values())
+    if not unique:
+        return name
+    return cst.Tuple([cst.Element(part) for part in [name, *unique]])
+
+
+def _check_reads_once(c: Candidate, plan: FlexPlan) -> None:
+    """The broadcast shape reads q and k a second time: only plain names, attributes and method calls, which
+    evaluate to the same tensor again and run no user code."""
+    if not plan.captures:
+        return
+    for node in (c.match.query, c.match.key):
+        if contains_call(_receiver_chain(node)):
+            raise Refusal(f"`{short(c.parsed, node)}` calls a function, and the flex patch would read it twice")
+
+
+def _receiver_chain(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The innermost receiver of a chain of method calls and attributes (`q.transpose(1, 2)` -> `q`)."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                not any(contains_call(arg.value) for arg in node.args):
+            node = node.func.value
+        elif isinstance(node, cst.Attribute):
+            node = node.value
+        else:
+            return node
+
+
+def _flex_facts(c: Candidate, plan: FlexPlan) -> None:
+    """What the flex patch relies on beyond the SDPA proof's facts: how a fully masked row comes out, the rank
+    flex_attention takes, and its backward on the device."""
+    facts, terms = plan.facts, c.match.masks
+    neginf = [term for term in terms if term.kind in ("keep", "causal")]
+    if c.match.is_causal or (neginf and all(term.keeps_first_key for term in neginf)):
+        facts.proved(mk.ROWS, "no query row is fully masked", "every mask keeps the first key of every row (causal)")
+    elif neginf:
+        facts.accepted(mk.ROWS, "a fully masked query row gives 0 where the original gives NaN",
+                       "flex_attention returns 0 for a row its mask_mod masks everywhere (torch 2.13, measured), the "
+                       "original's softmax of a row of -inf NaN, which no working model reads")
+    elif terms:
+        facts.proved(mk.ROWS, "a fully masked query row comes out as in the original",
+                     "finite fills and added values go through the score_mod as the original applies them, so a "
+                     "row masked everywhere keeps the original's finite scores")
+    bounds = [rank_bounds(c, leaf) for leaf in c.leaf_nodes[:2]]
+    statement = "q, k and v are 4-D (batch, heads, sequence, head dim), the only layout flex_attention takes"
+    if all(bound == (4, 4) for bound in bounds):
+        facts.proved("flex-rank", statement, "the product's operands are built with 4 dims")
+    else:
+        facts.assumed("flex-rank", statement, "the rank of the product's operands is not fixed by the source")
+    facts.assumed("flex-backward", "no gradient is asked of this call on CPU or MPS",
+                  "torch 2.13's flex_attention has no backward there and raises when q, k or v requires grad "
+                  "(CUDA has one)")
+

@@ -1,0 +1,138 @@
+"""`--backend flex`: the five forms SDPA cannot take or can take only as a dense mask, written the way public
+projects write them (`fixtures/attention/flex/`), become FlexAttention patches whose outputs and gradients match
+the original's in fp32 (1e-5), run with eager flex_attention (`ADVISOR_FLEX_EAGER=1`, no compile in tests).
+
+torch 2.13's flex_attention raises on CPU when q, k or v requires grad (the patch assumes no such call: fact
+`flex-backward`); the gradient checks lift that device check, which runs flex_attention's own eager backward.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.attention.flex_attention as flex_module
+
+from advisor.engine.static import analyze_source
+from fixture_models import FIXTURE_ROOT, build, load_module_from_source
+
+FLEX = sorted((FIXTURE_ROOT / "flex").glob("0*.py"))
+FIXED = {path: path.with_name(path.stem + ".fixed.py") for path in FLEX if not path.stem.endswith(".fixed")}
+FLEX = [path for path in FLEX if not path.name.endswith(".fixed.py")]
+
+
+@pytest.fixture(autouse=True)
+def eager_flex(monkeypatch):
+    monkeypatch.setenv("ADVISOR_FLEX_EAGER", "1")
+
+
+def _flex_rewrite(path: Path):
+    source = path.read_text(encoding="utf-8")
+    return source, analyze_source(source, str(path), unsafe_fixes=True, backend="flex")
+
+
+def _run(module, seed: int, grad: bool):
+    """Output, then the gradients of every parameter and floating input for one fixed cotangent."""
+    model, inputs = build(module, seed)
+    model.eval()
+    inputs = tuple(x.clone().requires_grad_(grad and x.is_floating_point()) for x in inputs)
+    if not grad:
+        with torch.no_grad():
+            return model(*inputs), []
+    out = model(*inputs)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)))
+    return out.detach(), [p.grad for p in model.parameters()] + [x.grad for x in inputs if x.is_floating_point()]
+
+
+def _compare(original_source: str, fixed: str, name: str, grad: bool) -> None:
+    original = load_module_from_source(original_source, f"{name}_original")
+    patched = load_module_from_source(fixed, f"{name}_flex")
+    for seed in (0, 1):
+        expected, expected_grads = _run(original, seed, grad)
+        got, grads = _run(patched, seed, grad)
+        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+        for want, have in zip(expected_grads, grads, strict=True):
+            assert torch.allclose(have, want, atol=1e-5, rtol=1e-5), (have - want).abs().max()
+
+
+@pytest.mark.parametrize("path", FLEX, ids=[p.stem for p in FLEX])
+def test_flex_patch_matches_the_original_and_its_golden(path):
+    source, result = _flex_rewrite(path)
+    (finding,) = result.findings
+    assert finding.extra["emission"]["emitted"] == "flex", finding.reason
+    assert "advisor_flex_attention(" in result.fixed
+    assert result.fixed == FIXED[path].read_text(encoding="utf-8")
+    _compare(source, result.fixed, path.stem, grad=False)
+    assert analyze_source(result.fixed, str(path), unsafe_fixes=True, backend="flex", select=["ADV1"]).fixed == result.fixed
+
+
+@pytest.mark.parametrize("path", FLEX, ids=[p.stem for p in FLEX])
+def test_flex_patch_gradients_match(path, monkeypatch):
+    """Gradients of every parameter (the T5 relative-position table included) and input, through flex_attention's
+    eager backward with torch 2.13's CPU device check lifted."""
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    source, result = _flex_rewrite(path)
+    _compare(source, result.fixed, path.stem + "_grad", grad=True)
+
+
+def test_the_relative_position_table_receives_its_gradient_through_the_patch(monkeypatch):
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    path = next(p for p in FLEX if "t5" in p.stem)
+    _, result = _flex_rewrite(path)
+    model, inputs = build(load_module_from_source(result.fixed, "t5_table_grad"), 0)
+    model(*inputs).sum().backward()
+    table = model.relative_attention_bias.weight.grad
+    assert table is not None and table.abs().sum() > 0
+
+
+def test_soft_capping_is_refused_for_sdpa_with_the_flex_hint():
+    path = next(p for p in FLEX if "softcap" in p.stem)
+    (finding,) = analyze_source(path.read_text(encoding="utf-8"), str(path), unsafe_fixes=True).findings
+    assert finding.rule == "ADV103" and not finding.fixable
+    assert "soft-capped by `torch.tanh(attn_weights)`" in finding.reason and "--backend flex" in finding.reason
+
+
+@pytest.mark.parametrize("path", [p for p in FLEX if "softcap" not in p.stem], ids=lambda p: p.stem)
+def test_forms_sdpa_can_take_keep_their_sdpa_patch_without_flex(path):
+    result = analyze_source(path.read_text(encoding="utf-8"), str(path), unsafe_fixes=True)
+    (finding,) = result.findings
+    assert finding.fixable and "scaled_dot_product_attention(" in result.fixed
+    assert "advisor_flex_attention" not in result.fixed
+    assert finding.extra["backends"]["flex"]["eligible"] is True
+
+
+def test_masks_of_positions_are_computed_per_index_and_cached_others_are_captured():
+    by_stem = {path.stem: _flex_rewrite(path)[1] for path in FLEX}
+    window = by_stem["02_mistral_sliding_window"].fixed
+    assert 'mask_key=("SlidingWindowAttention.forward:29", self.sliding_window)' in window
+    assert "_flex_tensor" not in window and "positions" not in window  # the dense mask is no longer built
+    assert "((q_idx - kv_idx) >= 0) & ((q_idx - kv_idx) < self.sliding_window)" in window
+    documents = by_stem["05_packed_document_mask"].fixed
+    assert "mask_key=" not in documents.split("def make", 1)[0].split("class ", 1)[1] and "_flex_tensor[b, h, q_idx, kv_idx]" in documents
+
+
+PADDED = """
+import torch
+from torch import nn
+
+
+class Padded(nn.Module):
+    def forward(self, q, k, v, keep):
+        scores = q @ k.transpose(-2, -1) / 4.0
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+"""
+
+
+def test_a_fully_masked_row_is_zero_where_the_original_is_nan_as_the_finding_accepts():
+    """flex_attention returns 0 for a row its mask masks everywhere (torch 2.13, measured here), the original NaN."""
+    result = analyze_source(PADDED, "padded.py", unsafe_fixes=True, backend="flex")
+    (finding,) = result.findings
+    assert "fully-masked-rows" in {fact["name"] for fact in finding.extra["facts"]["accepted"]}
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    keep = torch.tensor([[True, True, False, True, False], [False] * 5])
+    expected = load_module_from_source(PADDED, "padded_original").Padded()(q, k, v, keep)
+    got = load_module_from_source(result.fixed, "padded_flex").Padded()(q, k, v, keep)
+    assert expected[1].isnan().all() and (got[1] == 0).all()
+    assert torch.allclose(got[0], expected[0], atol=1e-5)
