@@ -136,3 +136,32 @@ def test_a_fully_masked_row_is_zero_where_the_original_is_nan_as_the_finding_acc
     got = load_module_from_source(result.fixed, "padded_flex").Padded()(q, k, v, keep)
     assert expected[1].isnan().all() and (got[1] == 0).all()
     assert torch.allclose(got[0], expected[0], atol=1e-5)
+
+
+def test_transformers_gemma2_with_optional_soft_cap_mask_and_dropout_runs_flex_in_eval(monkeypatch):
+    """HF Gemma-2's eager attention: the soft-cap under `if self.attn_logit_softcapping is not None`, the mask under
+    `if attention_mask is not None`, dropout in training. The flex patch applies each where the original does and
+    runs the original block where dropout would run (flex has none)."""
+    path = FIXTURE_ROOT / "public4" / "p14_gemma2_softcap.py"
+    source = path.read_text(encoding="utf-8")
+    result = analyze_source(source, str(path), unsafe_fixes=True, backend="flex")
+    (finding,) = result.findings
+    assert finding.fixable and finding.extra["emission"]["emitted"] == "flex"
+    assert [fact["name"] for fact in finding.extra["facts"]["guarded"]] == ["flex-dropout"]
+    assert "return (torch.tanh(score) * self.attn_logit_softcapping if self.attn_logit_softcapping is not None " \
+           "else score)" in result.fixed
+    original, patched = (load_module_from_source(text, f"p14_{name}")
+                         for name, text in (("original", source), ("flex", result.fixed)))
+    for softcap in (50.0, None):
+        torch.manual_seed(0)
+        model, (x, mask) = original.build()
+        model.attn_logit_softcapping = softcap
+        flex_model, _ = patched.build()
+        flex_model.load_state_dict(model.state_dict())
+        flex_model.attn_logit_softcapping = softcap
+        for module in (model, flex_model):
+            module.eval()
+        with torch.no_grad():
+            for attention_mask in (mask, None):
+                expected, got = model(x, attention_mask), flex_model(x, attention_mask)
+                assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()

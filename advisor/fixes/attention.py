@@ -74,8 +74,12 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     if functional.import_line is not None:
         imports.append(functional.import_line)
     edits.imports = tuple(imports)
-    if match.guard is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
-        return guarded(parsed, edits, match.guard, match.guard_span)
+    test, span = match.guard, match.guard_span
+    if target == "flex" and match.flex.no_dropout is not None:  # flex has no dropout: the original where it runs
+        test = match.flex.no_dropout if test is None else cst.BooleanOperation(test, cst.And(), match.flex.no_dropout)
+        span = match.flex.span
+    if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
+        return guarded(parsed, edits, test, span)
     return edits
 
 
@@ -114,7 +118,10 @@ def choose_backend_proof(match: AttentionMatch, backend: str) -> None:
     if backend == "flex" and match.flex is not None:
         match.facts = match.flex.facts
     elif match.sdpa_refusal is not None:
-        match.reason = match.sdpa_refusal if backend != "flex" else f"{match.sdpa_refusal}; flex: {match.flex_refusal}"
+        if match.flex is not None:
+            match.reason = f"{match.sdpa_refusal} (`--backend flex` would take it)"
+        else:
+            match.reason = f"{match.sdpa_refusal}, and FlexAttention cannot take it either: {match.flex_refusal}"
         match.output_node = None
 
 
@@ -132,7 +139,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     reason, fix, edits = match.reason, None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     if plan is not None:
-        autograd_order_fact(match.facts, tree_facts, plan.verdicts)
+        autograd_order_fact(match.facts, tree_facts, plan.verdicts if plan.emitted != "flex" else {})
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 
 import libcst as cst
-from libcst.helpers import parse_template_statement
+from libcst.helpers import parse_template_expression, parse_template_statement
 
 from advisor.patterns.attention import AttentionMatch
 from advisor.rewrite.flex_prelude import HELPER_NAME, prelude_source
@@ -41,7 +41,10 @@ def flex_call(module: cst.Module, match: AttentionMatch, indent: int) -> cst.Bas
     if plan.score is not None:
         args.append(keyword("score_mod", cst.Name(plan.names[0])))
     if plan.mask is not None:
-        args.append(keyword("mask_mod", cst.Name(plan.names[1])))
+        mask_mod = cst.Name(plan.names[1])
+        if plan.optional_mask is not None:  # no mask on this path: no mask_mod
+            mask_mod = parse_template_expression("{f} if {t} is not None else None", f=mask_mod, t=plan.optional_mask)
+        args.append(keyword("mask_mod", mask_mod))
         if plan.mask_key is not None:
             args.append(keyword("mask_key", plan.mask_key))
     if match.scale is not None:

@@ -282,8 +282,9 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.Else) and child is node.orelse:
             finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
             node.body.visit(finder)
+            # the module's own flex helper: only a flex patch writes its call in an `if` with the original after
             flex = FLEX_HELPER in parsed.module_functions and FLEX_HELPER in finder.plain_calls
-            return (finder.found or flex) and _reads_metadata_only(parsed, node.test)
+            return flex or finder.found and _reads_metadata_only(parsed, node.test)
         child, node = node, parsed.parents.get(node)
     return False
 

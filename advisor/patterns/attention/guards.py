@@ -36,7 +36,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     torch_name = c.parsed.module_aliases.get("torch")
     if not wanted or torch_name is None or scope.is_scripted(c.parsed, c.home, c.owner):
         return
-    span = _span(c, output_statement)
+    span = block_span(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
     query, key, value = (_peeled(node, DTYPE_KEEPING_VIEWS) for node in leaves)
     if span is None or not _plain(c, query):
@@ -55,7 +55,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
             reads = [query] + [t.source for t in terms]
             parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
-        if parts and None not in parts and _holds_at(c, span[0], output_statement, reads):
+        if parts and None not in parts and holds_at(c, span[0], output_statement, reads):
             match.guard_checks[name] = parts
     match.guard_span = span
 
@@ -171,7 +171,7 @@ def _constant_index(index: cst.BaseSlice) -> bool:
     return all(part is None or isinstance(part, cst.Integer) for part in (index.lower, index.upper, index.step))
 
 
-def _span(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
+def block_span(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
     """The consecutive statements of one block, in the function that holds the value product, that hold every
     statement the rewrite changes; None when they are not all in one function's blocks."""
     match = c.match
@@ -203,7 +203,7 @@ def _blocks_around(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode, c
     return found
 
 
-def _holds_at(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode,
+def holds_at(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode,
               nodes: list[cst.BaseExpression]) -> bool:
     """Every name the check reads holds at the start of the guarded statements what the block read, and no
     attribute it reads is written before the value product."""

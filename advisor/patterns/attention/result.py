@@ -73,8 +73,8 @@ class AttentionMatch:
     guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
     guard: cst.BaseExpression | None = None
-    # soft-capping (`cap * tanh(s / cap)`): the factors applied after the tanh (None: no tanh), and why SDPA cannot
-    # take the block while FlexAttention can (the refusal every backend but `flex` reports)
+    # soft-capping (`cap * tanh(s / cap)`): the score_mod's expression of `score` for it (None: no tanh), and why
+    # SDPA cannot take the block while FlexAttention can (the refusal every backend but `flex` reports)
     softcap: cst.BaseExpression | None = None
     sdpa_refusal: str | None = None
     flex: "FlexPlan | None" = None  # what `--backend flex` emits (score_mods), or None with `flex_refusal`
@@ -96,3 +96,6 @@ class FlexPlan:
     key_values: list[cst.BaseExpression]  # Python numbers the computed masks read by name (part of the cache key)
     names: tuple[str, str]  # the fresh names of the score_mod and mask_mod functions
     facts: FactSheet
+    no_dropout: cst.BaseExpression | None  # `dropout_p == 0`: the patch runs only there (flex has no dropout)
+    span: list  # the statements that check guards, as `AttentionMatch.guard_span`
+    optional_mask: cst.Name | None  # the captured mask that may be None (no mask_mod then)

@@ -19,12 +19,13 @@ from libcst.helpers import parse_template_expression
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.attn_mask import fresh_name, term_mask
 from advisor.patterns.attention.candidate import Candidate, in_inlined, statement_of
+from advisor.patterns.attention.guards import block_span, holds_at
 from advisor.patterns.attention.index_forms import index_form
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import FlexPlan, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds
 from advisor.patterns.facts import FactSheet
-from advisor.static.codegen import atomic, joined
+from advisor.static.codegen import atomic, joined, parenthesized
 from advisor.static.dataflow import Definition, contains_call
 
 MASK_TENSOR_FACTS = ("mask-rank", "mask-dtype")  # about the tensor SDPA would be passed as attn_mask
@@ -44,27 +45,25 @@ def _plan(c: Candidate) -> FlexPlan:
     torch_name = c.parsed.module_aliases.get("torch")
     if torch_name is None:
         raise Refusal("the module does not import torch, which the score_mod calls")
-    if match.dropout_p is not None:
-        raise Refusal("dropout is applied to the weights, which flex_attention has no argument for")
-    if match.hoisted or any(term.guard is not None or term.number_paths is not None for term in match.masks):
-        raise Refusal("a mask is applied only on some paths, which the flex patch does not take")
+    conditional = bool(match.hoisted) or any(term.guard is not None or term.number_paths is not None
+                                             for term in match.masks)
     if any(term.reshape is not None for term in match.masks):
         raise Refusal("a mask is applied to a reshaped view of the scores, which the flex patch does not take")
-    facts = FactSheet()
-    facts.facts = [fact for fact in match.facts.facts if fact.name != mk.ROWS]
+    facts = FactSheet()  # a mask applied on some paths reaches flex as SDPA's: the SDPA row fact holds as it is
+    facts.facts = [fact for fact in match.facts.facts if fact.name != mk.ROWS or conditional]
     plan = FlexPlan(score=None, mask=None, mask_key=None, captures=[], followed=[], removed=[], key_values=[],
+                    no_dropout=None, span=[], optional_mask=None,
                     names=(fresh_name(c, "_flex_score_mod"), fresh_name(c, "_flex_mask_mod")), facts=facts)
-    score: cst.BaseExpression = cst.Name("score")
-    if match.softcap is not None:
-        score = cst.BinaryOperation(_torch_call(torch_name, "tanh", score), cst.Multiply(),
-                                    atomic(match.softcap))
+    score: cst.BaseExpression = match.softcap if match.softcap is not None else cst.Name("score")
     keeps: list[cst.BaseExpression] = []
     computed = True  # every mask_mod part reads indices and constants only
     if match.is_causal:  # the SDPA proof showed is_causal (top-left) is exact
         keeps.append(parse_template_expression("q_idx >= kv_idx"))
         facts.proved("flex-index-mask", "the causal mask is `q_idx >= kv_idx`",
                      "the SDPA proof's is_causal: a lower triangle aligned top-left")
-    for term in [] if match.is_causal else match.masks:
+    if conditional:
+        score = _conditional_mask(c, plan, score)
+    for term in [] if match.is_causal or conditional else match.masks:
         read, is_computed = _term_read(c, plan, term)
         if term.kind in ("keep", "causal"):
             keeps.append(read)
@@ -82,9 +81,29 @@ def _plan(c: Candidate) -> FlexPlan:
     if not plan.captures:  # no mask tensor reaches flex_attention: the SDPA proof's facts about one do not apply
         facts.facts = [fact for fact in facts.facts if fact.name not in MASK_TENSOR_FACTS]
     _check_reads_once(c, plan)
-    _flex_facts(c, plan)
-    plan.removed = _unread_mask_statements(c, plan.followed)
+    _flex_facts(c, plan, conditional)
+    if match.dropout_p is not None:
+        _no_dropout_guard(c, plan)
+    else:
+        plan.removed = _unread_mask_statements(c, plan.followed)
     return plan
+
+
+def _no_dropout_guard(c: Candidate, plan: FlexPlan) -> None:
+    """flex_attention has no dropout: the patch runs where the original's dropout probability is 0 (evaluation,
+    or a zero rate) and the original block elsewhere, checked before the block (`dropout_p == 0`)."""
+    match = c.match
+    output_statement = statement_of(c.parsed, match.output_node)
+    span = block_span(c, output_statement)
+    if span is None or contains_call(match.dropout_p) or not holds_at(c, span[0], output_statement,
+                                                                       [match.dropout_p]):
+        raise Refusal("dropout is applied to the weights, which flex_attention has no argument for, and whether it "
+                      "runs cannot be checked before the block")
+    plan.no_dropout = parse_template_expression("{p} == 0", p=parenthesized(match.dropout_p))
+    plan.span = span
+    statement = f"no dropout runs on the weights (`{c.parsed.code(plan.no_dropout)}`)"
+    plan.facts.assumed("flex-dropout", statement, "flex_attention has no dropout")
+    plan.facts.guard("flex-dropout", c.parsed.code(plan.no_dropout))
 
 
 def _unread_mask_statements(c: Candidate, followed: list[Definition]) -> list[cst.CSTNode]:
@@ -108,11 +127,6 @@ def _unread_mask_statements(c: Candidate, followed: list[Definition]) -> list[cs
                 gone.add(id(dropped[def_id]))
                 changed = True
     return list(dropped.values())
-
-
-def _torch_call(torch_name: str, function: str, argument: cst.BaseExpression) -> cst.Call:
-    """`torch.<function>(argument)`, as this module spells torch."""
-    return cst.Call(cst.Attribute(cst.Name(torch_name), cst.Name(function)), [cst.Arg(argument)])
 
 
 def _term_read(c: Candidate, plan: FlexPlan, term: MaskTerm) -> tuple[cst.BaseExpression, bool]:
@@ -139,6 +153,30 @@ def _term_read(c: Candidate, plan: FlexPlan, term: MaskTerm) -> tuple[cst.BaseEx
                       f"shape", "broadcast_to gives exactly the values the original's broadcasting uses (and raises "
                       "where it would); gradients reach the tensor through the captured read")
     return cst.Subscript(cst.Name(name), [cst.SubscriptElement(cst.Index(index)) for index in INDICES]), False
+
+
+def _conditional_mask(c: Candidate, plan: FlexPlan, score: cst.BaseExpression) -> cst.BaseExpression:
+    """Masks applied only on some paths: SDPA's one `attn_mask` (None where no mask applies, see `attn_mask`),
+    captured once; a sole keep mask is the mask_mod where it is not None, else the sum is added in the score_mod."""
+    match = c.match
+    name = fresh_name(c, "_flex_tensor")
+    tensor = cst.Name(name)
+    shape = parse_template_expression("({q}.size(0), {q}.size(1), {q}.size(-2), {k}.size(-2))",
+                                      q=atomic(match.query), k=atomic(match.key))
+    torch_name = c.parsed.module_aliases["torch"]
+    plan.captures.append((name, match.attn_mask))
+    plan.captures.append((name, parse_template_expression(
+        "None if {t} is None else {torch}.broadcast_to({t}, {shape})", t=tensor, torch=cst.Name(torch_name),
+        shape=shape)))
+    read = cst.Subscript(tensor, [cst.SubscriptElement(cst.Index(index)) for index in INDICES])
+    plan.optional_mask = tensor
+    plan.facts.proved("flex-captured", f"`{c.parsed.code(match.attn_mask)}` (None where no mask applies) is read at "
+                      f"(b, h, q_idx, kv_idx) of its broadcast to the scores' shape", "as SDPA's attn_mask: the values "
+                      "the original's broadcasting uses; gradients reach the tensor through the captured read")
+    if len(match.masks) == 1 and match.masks[0].kind in ("keep", "causal"):
+        plan.mask = read
+        return score
+    return parse_template_expression("{s} if {t} is None else {s} + {read}", s=atomic(score), t=tensor, read=read)
 
 
 def _mask_key(c: Candidate, values: list[cst.BaseExpression]) -> cst.BaseExpression:
@@ -173,10 +211,10 @@ def _receiver_chain(node: cst.BaseExpression) -> cst.BaseExpression:
             return node
 
 
-def _flex_facts(c: Candidate, plan: FlexPlan) -> None:
-    """What the flex patch relies on beyond the SDPA proof's facts: how a fully masked row comes out, the rank
-    flex_attention takes, and its backward on the device."""
-    facts, terms = plan.facts, c.match.masks
+def _flex_facts(c: Candidate, plan: FlexPlan, conditional: bool) -> None:
+    """What the flex patch relies on beyond the SDPA proof's facts: how a fully masked row comes out (a mask applied
+    on some paths keeps SDPA's fact), the rank flex_attention takes, and its backward on the device."""
+    facts, terms = plan.facts, [] if conditional else c.match.masks
     neginf = [term for term in terms if term.kind in ("keep", "causal")]
     if c.match.is_causal or (neginf and all(term.keeps_first_key for term in neginf)):
         facts.proved(mk.ROWS, "no query row is fully masked", "every mask keeps the first key of every row (causal)")
