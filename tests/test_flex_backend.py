@@ -165,3 +165,56 @@ def test_transformers_gemma2_with_optional_soft_cap_mask_and_dropout_runs_flex_i
             for attention_mask in (mask, None):
                 expected, got = model(x, attention_mask), flex_model(x, attention_mask)
                 assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+
+
+# position masks written many ways: each must become a mask_mod computed per index (cached BlockMask) that equals
+# the dense mask the original builds
+_COLUMNS = ("i[:, None]", "i.unsqueeze(-1)", "i.view(-1, 1)")
+_ROWS = ("i[None, :]", "i.unsqueeze(0)", "i.reshape(1, -1)", "i[None]")
+_KEEPS = ("{q} >= {k}", "({q} - {k} < {w}) & ({q} >= {k})", "({k} <= {q}) | ({k} < {p})",
+          "~({k} > {q})", "torch.tril(torch.ones(T, T, device=x.device), diagonal={d}).bool()",
+          "torch.ones(T, T, device=x.device).triu(-{w}).bool() & ({q} >= {k})", "({q} - {k}).abs() < {w}")
+_BLOCK = '''
+import torch
+from torch import nn
+
+
+class Attend(nn.Module):
+    def __init__(self, window={w}):
+        super().__init__()
+        self.window = window
+
+    def forward(self, x):
+        T = x.size(-2)
+        i = torch.arange(T, device=x.device)
+        keep = {keep}
+        s = torch.matmul(x, x.transpose(-2, -1)) * 0.5
+        s = s.masked_fill(~keep, float("-inf"))
+        return torch.softmax(s, dim=-1) @ x
+
+
+def make(seed: int = 0):
+    torch.manual_seed(seed)
+    return Attend(), (torch.randn(2, 3, 9, 4),)
+'''
+
+
+def test_generated_position_masks_become_computed_mask_mods_with_parity():
+    import random
+
+    rng = random.Random(18)
+    for case, form in enumerate(_KEEPS * 2):  # every form twice, in random orientations and numbers
+        keep = form.format(q=rng.choice(_COLUMNS), k=rng.choice(_ROWS), w="self.window",
+                                         p=rng.randint(1, 4), d=rng.randint(-3, 2))
+        source = _BLOCK.format(w=rng.randint(1, 5), keep=keep)
+        result = analyze_source(source, f"generated_{case}.py", unsafe_fixes=True, backend="flex")
+        (finding,) = result.findings
+        assert finding.extra["emission"]["emitted"] == "flex", (keep, finding.reason)
+        assert "mask_key=" in result.fixed.split("class Attend", 1)[1] and "_flex_tensor" not in result.fixed, keep
+        original = load_module_from_source(source, f"generated_{case}_original")
+        patched = load_module_from_source(result.fixed, f"generated_{case}_flex")
+        (x,) = original.make()[1]
+        with torch.no_grad():
+            expected, got = original.Attend()(x), patched.Attend()(x)
+        both_nan = expected.isnan() & (got == 0)  # fully masked rows: NaN in the original, 0 in flex (accepted)
+        assert torch.allclose(got[~both_nan], expected[~both_nan], atol=1e-5), keep
