@@ -218,3 +218,20 @@ def test_generated_position_masks_become_computed_mask_mods_with_parity():
             expected, got = original.Attend()(x), patched.Attend()(x)
         both_nan = expected.isnan() & (got == 0)  # fully masked rows: NaN in the original, 0 in flex (accepted)
         assert torch.allclose(got[~both_nan], expected[~both_nan], atol=1e-5), keep
+
+
+def test_folded_heads_are_a_flex_refusal_and_keep_sdpa():
+    path = FIXTURE_ROOT / "positive" / "05_diffusers_baddbmm.py"
+    result = analyze_source(path.read_text(encoding="utf-8"), str(path), backend="flex")
+    (finding,) = result.findings
+    assert finding.extra["emission"]["emitted"] == "sdpa" and "scaled_dot_product_attention(" in result.fixed
+    assert "not 4-D" in finding.extra["emission"]["reason"] and finding.extra["backends"]["flex"]["eligible"] is False
+
+
+def test_multi_query_keys_run_as_grouped_query_flex_attention():
+    """PaLM's one K/V head (`k.unsqueeze(1)` in SDPA's layout): flex_attention takes it only with enable_gqa."""
+    path = FIXTURE_ROOT / "positive" / "28_palm_multi_query_einsum.py"
+    source = path.read_text(encoding="utf-8")
+    result = analyze_source(source, str(path), unsafe_fixes=True, backend="flex")
+    assert "enable_gqa=True" in result.fixed.split("class ", 1)[1]
+    _compare(source, result.fixed, "palm_mqa", grad=False)

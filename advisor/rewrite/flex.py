@@ -49,7 +49,17 @@ def flex_call(module: cst.Module, match: AttentionMatch, indent: int) -> cst.Bas
             args.append(keyword("mask_key", plan.mask_key))
     if match.scale is not None:
         args.append(keyword("scale", match.scale))
+    if all(_is_head_unsqueeze(node) for node in (match.key, match.value)):
+        args.append(keyword("enable_gqa", cst.Name("True")))  # one K/V head for all query heads
     return call(module, cst.Name(HELPER_NAME), args, match.output_methods, indent)
+
+
+def _is_head_unsqueeze(node: cst.BaseExpression) -> bool:
+    """`k.unsqueeze(1)`: a size-1 head axis (multi-query), which SDPA broadcasts and flex_attention takes only as
+    grouped-query attention (`enable_gqa`, any query head count being a multiple of 1)."""
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+        node.func.attr.value == "unsqueeze" and len(node.args) == 1 and \
+        isinstance(node.args[0].value, cst.Integer) and node.args[0].value.value == "1"
 
 
 def prelude(parsed: ParsedModule) -> tuple[cst.BaseStatement, ...] | str:

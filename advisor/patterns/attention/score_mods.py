@@ -211,6 +211,19 @@ def _receiver_chain(node: cst.BaseExpression) -> cst.BaseExpression:
             return node
 
 
+def _operand_ranks(c: Candidate) -> list[tuple[int, int | None]]:
+    """The rank bounds of the Q·K^T product's operands; a refusal where they cannot be 4-D (bmm's 3-D operands,
+    heads folded into the batch)."""
+    if c.layout is not None:  # an einsum: its output spec fixes the rank SDPA's (and flex's) inputs get
+        bounds = [(c.layout.ndim, c.layout.ndim)] * 2
+    else:
+        bounds = [rank_bounds(c, leaf) for leaf in c.leaf_nodes[:2]]
+    if any(low > 4 or (high is not None and high < 4) for low, high in bounds):
+        raise Refusal("the scores are not 4-D (3-D: heads folded into the batch), and flex_attention takes "
+                      "(batch, heads, sequence, head dim) only")
+    return bounds
+
+
 def _flex_facts(c: Candidate, plan: FlexPlan, conditional: bool) -> None:
     """What the flex patch relies on beyond the SDPA proof's facts: how a fully masked row comes out (a mask applied
     on some paths keeps SDPA's fact), the rank flex_attention takes, and its backward on the device."""
@@ -226,10 +239,11 @@ def _flex_facts(c: Candidate, plan: FlexPlan, conditional: bool) -> None:
         facts.proved(mk.ROWS, "a fully masked query row comes out as in the original",
                      "finite fills and added values go through the score_mod as the original applies them, so a "
                      "row masked everywhere keeps the original's finite scores")
-    bounds = [rank_bounds(c, leaf) for leaf in c.leaf_nodes[:2]]
     statement = "q, k and v are 4-D (batch, heads, sequence, head dim), the only layout flex_attention takes"
+    bounds = _operand_ranks(c)
     if all(bound == (4, 4) for bound in bounds):
-        facts.proved("flex-rank", statement, "the product's operands are built with 4 dims")
+        facts.proved("flex-rank", statement, "the product's operands are built with 4 dims (or its einsum spec "
+                     "has 4 output axes)")
     else:
         facts.assumed("flex-rank", statement, "the rank of the product's operands is not fixed by the source")
     facts.assumed("flex-backward", "no gradient is asked of this call on CPU or MPS",
