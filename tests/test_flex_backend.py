@@ -225,7 +225,7 @@ def test_folded_heads_are_a_flex_refusal_and_keep_sdpa():
     result = analyze_source(path.read_text(encoding="utf-8"), str(path), backend="flex")
     (finding,) = result.findings
     assert finding.extra["emission"]["emitted"] == "sdpa" and "scaled_dot_product_attention(" in result.fixed
-    assert "not 4-D" in finding.extra["emission"]["reason"] and finding.extra["backends"]["flex"]["eligible"] is False
+    assert "3-D (heads folded into the batch)" in finding.extra["emission"]["reason"] and finding.extra["backends"]["flex"]["eligible"] is False
 
 
 def test_multi_query_keys_run_as_grouped_query_flex_attention():

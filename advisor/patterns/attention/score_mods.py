@@ -23,7 +23,7 @@ from advisor.patterns.attention.guards import block_span, holds_at
 from advisor.patterns.attention.index_forms import index_form
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import FlexPlan, MaskTerm, Refusal
-from advisor.patterns.attention.tensor_facts import rank_bounds
+from advisor.patterns.attention.tensor_facts import rank_bounds, weights_rank
 from advisor.patterns.facts import FactSheet
 from advisor.static.codegen import atomic, joined, parenthesized
 from advisor.static.dataflow import Definition, contains_call
@@ -211,17 +211,14 @@ def _receiver_chain(node: cst.BaseExpression) -> cst.BaseExpression:
             return node
 
 
-def _operand_ranks(c: Candidate) -> list[tuple[int, int | None]]:
-    """The rank bounds of the Q·K^T product's operands; a refusal where they cannot be 4-D (bmm's 3-D operands,
-    heads folded into the batch)."""
-    if c.layout is not None:  # an einsum: its output spec fixes the rank SDPA's (and flex's) inputs get
-        bounds = [(c.layout.ndim, c.layout.ndim)] * 2
-    else:
-        bounds = [rank_bounds(c, leaf) for leaf in c.leaf_nodes[:2]]
-    if any(low > 4 or (high is not None and high < 4) for low, high in bounds):
-        raise Refusal("the scores are not 4-D (3-D: heads folded into the batch), and flex_attention takes "
-                      "(batch, heads, sequence, head dim) only")
-    return bounds
+def _known_rank(c: Candidate) -> int | None:
+    """The scores' rank where the source fixes it (bmm's 3-D operands, an einsum's spec); a refusal where it is not
+    4 (flex_attention takes (batch, heads, sequence, head dim) only)."""
+    known = weights_rank(c) or (c.layout.ndim if c.layout is not None else None)
+    if known is not None and known != 4:
+        raise Refusal(f"the scores are {known}-D{' (heads folded into the batch)' if known == 3 else ''}, and "
+                      f"flex_attention takes (batch, heads, sequence, head dim) only")
+    return known
 
 
 def _flex_facts(c: Candidate, plan: FlexPlan, conditional: bool) -> None:
@@ -240,8 +237,7 @@ def _flex_facts(c: Candidate, plan: FlexPlan, conditional: bool) -> None:
                      "finite fills and added values go through the score_mod as the original applies them, so a "
                      "row masked everywhere keeps the original's finite scores")
     statement = "q, k and v are 4-D (batch, heads, sequence, head dim), the only layout flex_attention takes"
-    bounds = _operand_ranks(c)
-    if all(bound == (4, 4) for bound in bounds):
+    if _known_rank(c) == 4 or all(rank_bounds(c, leaf) == (4, 4) for leaf in c.leaf_nodes[:2]):
         facts.proved("flex-rank", statement, "the product's operands are built with 4 dims (or its einsum spec "
                      "has 4 output axes)")
     else:
