@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import load_module_from_source
 
 TEMPLATE = '''
@@ -201,3 +201,65 @@ def test_weights_that_leave_whatever_the_flag_are_not_rewritten_behind_it(body):
     assert finding.fix_safety != "safe" and "flag-is-bool" not in str(finding.extra.get("facts"))
     assert "not output_attentions" not in (finding.patch or "")
     assert analyze_source(source, "case.py").fixed == source
+
+
+# issue 16.6, a shared function: it returns its weights, and every call of it in the scanned tree drops them
+SHARED = '''
+import torch
+from torch import nn
+
+
+def attend(q, k, v):
+    w = torch.matmul(q, k.transpose(-2, -1)) / q.size(-1) ** 0.5
+    w = w.softmax(dim=-1)
+    return torch.matmul(w, v), w
+
+
+class Block(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        out, _ = attend(q, k, v)
+        first = attend(q, k, v)[0]
+        {third}
+        return (out + first).transpose(1, 2).reshape(b, n, c)
+'''
+
+
+def _scanned(tmp_path, source: str, call_site_facts: bool = True):
+    path = tmp_path / "shared.py"
+    path.write_text(source)
+    (result,) = scan_paths([str(path)], jobs=1, call_site_facts=call_site_facts).files
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    return finding, result.fixed
+
+
+def test_weights_every_caller_drops_are_proved_from_the_call_sites(tmp_path):
+    source = SHARED.replace("{third}", "attend(q, k, v)")
+    finding, fixed = _scanned(tmp_path, source)
+    assert finding.rule == "ADV101" and finding.fix_safety == "safe", finding.reason
+    (fact,) = finding.extra["facts"]["from_call_sites"]
+    assert fact["name"] == "weights-dropped" and [site.split(":")[-1] for site in fact["sites"]] == ["21", "22", "23"]
+    assert "scaled_dot_product_attention(q, k, v), None" in fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "shared").Block().double()
+    patched = load_module_from_source(fixed, "shared_fixed").Block().double()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    torch.testing.assert_close(patched(x), original(x), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("third, options", [
+    ("_, self.kept = attend(q, k, v)", {}),  # one caller keeps them
+    ("_, kept = attend(q, k, v)\n        self.kept = kept", {}),
+    ("attend(q, k, v)", {"call_site_facts": False}),  # a library whose callers live outside the tree
+], ids=["stored", "read", "opt-out"])
+def test_weights_a_caller_may_read_stay_unsafe(tmp_path, third, options):
+    finding, fixed = _scanned(tmp_path, SHARED.replace("{third}", third), **options)
+    assert finding.rule == "ADV102" and finding.fix_safety == "unsafe"
+    assert "weights-dropped" not in str(finding.extra["facts"])

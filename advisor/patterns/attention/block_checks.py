@@ -217,6 +217,32 @@ def check_escapes(c: Candidate) -> None:
         if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
             match.unsafe_reason = _why_not_none(c, read, parent)
             return
+    match.dropped = _dropped_claims(c)
+
+
+def _dropped_claims(c: Candidate) -> tuple:
+    """Where the weights leave only as one element of the tuples the function returns: the claim that every call
+    drops that element (then None stands in for them exactly, see `call_site_facts.settle_dropped_weights`). None
+    for `forward` and `__call__`, whose outputs forward hooks may read."""
+    from advisor.patterns.call_site_facts import DROPS, Claim
+
+    function, parsed = c.function, c.parsed
+    if c.home is not function or c.inlined or function.name.value in ("forward", "__call__"):
+        return ()
+    positions = set()
+    for read in c.match.escapes:
+        element = parsed.parents.get(read)
+        row = parsed.parents.get(element)
+        if not (isinstance(element, cst.Element) and isinstance(row, cst.Tuple) and
+                isinstance(parsed.parents.get(row), cst.Return) and function_of(parsed, row) is function):
+            return ()
+        positions.add(next(i for i, e in enumerate(row.elements) if e is element))
+    parameters = [p.name.value for p in function.params.params]
+    if c.owner is not None:
+        parameters = parameters[1:]
+    if len(positions) != 1 or not parameters:
+        return ()
+    return (Claim(function, parameters[0], DROPS, position=positions.pop()),)
 
 
 def _why_not_none(c: Candidate, read: cst.Name, parent: cst.CSTNode) -> str:

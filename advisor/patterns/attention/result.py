@@ -77,3 +77,5 @@ class AttentionMatch:
     # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)
     unwrap: list[cst.If] = field(default_factory=list)
     flag_test: cst.BaseExpression | None = None
+    # weights returned in a tuple: what every caller must do for None to stand in for them (call_site_facts.Claim)
+    dropped: tuple = ()
