@@ -32,8 +32,8 @@ class Attention(nn.Module):
         bsz, tgt_len, dim = x.shape
         q = (self.q_proj(x) * self.scaling).view(bsz, tgt_len, self.heads, -1).transpose(1, 2)
         q = q.reshape(bsz * self.heads, tgt_len, self.head_dim)
-        k = self.k_proj(x).view(bsz, tgt_len, self.heads, -1).transpose(1, 2).reshape(bsz * self.heads, -1, self.head_dim)
-        v = self.v_proj(x).view(bsz, tgt_len, self.heads, -1).transpose(1, 2).reshape(bsz * self.heads, -1, self.head_dim)
+        k = self.k_proj(x).view(bsz, tgt_len, self.heads, -1).transpose(1, 2).reshape(bsz * self.heads, -1, 8)
+        v = self.v_proj(x).view(bsz, tgt_len, self.heads, -1).transpose(1, 2).reshape(bsz * self.heads, -1, 8)
         src_len = k.size(1)
 {body}
 '''
@@ -77,6 +77,18 @@ out = torch.bmm(w, v)
 if output_attentions:
     return out, w
 return out, None
+"""
+# an `elif` after the flag: with the flag off, the `elif` is the first test
+ELIF_CHAIN = """
+w = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
+out = torch.bmm(w, v)
+if output_attentions:
+    extra = w
+elif keep_first:
+    extra = out[:, :1]
+else:
+    extra = None
+return out, extra
 """
 # the flag on the module itself, with no annotation: its truth test is checked at run time
 ATTRIBUTE_FLAG = """
@@ -158,7 +170,9 @@ def _assert_parity(source: str, fixed: str, kwargs: dict, attribute=None, tol: f
     (FAIRSEQ_NEED_WEIGHTS, FAIRSEQ_FLAGS, "need_weights", {"need_weights": False},
      [{"need_weights": True}, {"need_weights": False, "need_head_weights": True}]),
     (EARLY_RETURN, ANNOTATED, "output_attentions", {"output_attentions": False}, {"output_attentions": True}),
-], ids=["bart-reshaped", "fairseq-need-weights", "early-return"])
+    (ELIF_CHAIN, "output_attentions: bool = False, keep_first: bool = False", "output_attentions",
+     {"output_attentions": False, "keep_first": True}, [{"output_attentions": True}, {"output_attentions": False}]),
+], ids=["bart-reshaped", "fairseq-need-weights", "early-return", "elif"])
 def test_a_proved_flag_gives_a_safe_branch_exact_with_the_flag_off_and_on(body, flag, name, off, on, monkeypatch):
     source = _source(body, flag)
     finding, fixed = _attention(source)
@@ -170,7 +184,8 @@ def test_a_proved_flag_gives_a_safe_branch_exact_with_the_flag_off_and_on(body, 
         _assert_parity(source, fixed, kwargs, tol=tol)
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))
     _, patched = _models(source, fixed)
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     patched(x, **off)

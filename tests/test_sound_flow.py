@@ -782,6 +782,7 @@ def test_dropout_under_a_test_of_its_own_probability_is_dropout(p):
     assert assert_exact_or_not_safe(source, "guarded_dropout")  # eval mode: parity without randomness
     assert "if self.p else 0.0" in analyze_source(source, "m.py").fixed
     for flag in (True, False):  # another flag: SDPA without dropout runs only where it is off (issue 16.6)
-        other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"), init=f"self.p = {p}\nself.flag = {flag}")
+        other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"),
+                          init=f"self.p = {p}\nself.flag = {flag}")
         assert "if self.flag is None or self.flag is False:" in analyze_source(other, "m.py").fixed
         assert assert_exact_or_not_safe(other, f"flagged_dropout_{flag}")

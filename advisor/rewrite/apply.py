@@ -246,6 +246,8 @@ class _Editor(cst.CSTTransformer):
 
     def leave_If(self, original_node, updated_node):
         if original_node in self.edits.unwrap:  # its test is false where this code runs: its `else:` is what runs
+            if isinstance(updated_node.orelse, cst.If):  # `elif`: now the first test
+                return updated_node.orelse.with_changes(leading_lines=updated_node.leading_lines)
             if isinstance(updated_node.orelse, cst.Else) and updated_node.orelse.body.body:
                 return cst.FlattenSentinel(updated_node.orelse.body.body)
             return cst.RemoveFromParent()
