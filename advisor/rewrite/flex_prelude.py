@@ -13,7 +13,8 @@ from string import Template
 HELPER_NAME = "advisor_flex_attention"
 
 # `$torch` is the user's module's spelling of torch; nothing else in the template uses `$`
-_PRELUDE = Template('''_advisor_flex_state = {"compiled": None, "eager_reason": None, "block_masks": {}, "warned": set()}
+_PRELUDE = Template('''\
+_advisor_flex_state = {"compiled": None, "eager_reason": None, "block_masks": {}, "warned": set()}
 
 
 def _advisor_flex_warn_once(why, message):
