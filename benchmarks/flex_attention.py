@@ -10,12 +10,13 @@ torch.utils.benchmark in one process (no grad, fixed threads):
 * compiled FlexAttention through advisor's `advisor_flex_attention` helper (the source `--backend flex` pastes).
 
 Compile time (first call minus a steady call) is reported apart, with the calls it takes to pay for itself against
-the hand-written block. Errors are max abs differences from the hand-written output. Each form starts from a reset
+the hand-written block; it is cold (a fresh inductor cache, as on a new machine) unless `--keep-cache`, and the first
+form also pays inductor's start-up. Errors are max abs differences from the hand-written output. Each form starts from a reset
 dynamo cache, as a process with one attention form would. `--recompiles` calls the helper with a new sequence
 length every call and counts the graphs dynamo compiles, for the helper's default and for dynamic=True.
 
     python benchmarks/flex_attention.py [--threads 2] [--seq 1024] [--window-seq 4096] [--forms soft_cap ...]
-                                        [--recompiles]
+                                        [--recompiles] [--keep-cache]
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -266,10 +269,21 @@ def main() -> None:
     parser.add_argument("--window-batch", type=int, default=1)
     parser.add_argument("--forms", nargs="+", choices=sorted(FORMS), default=list(FORMS))
     parser.add_argument("--recompiles", action="store_true", help="count recompiles over changing lengths")
+    parser.add_argument("--keep-cache", action="store_true", help="use the inductor cache of earlier runs")
     args = parser.parse_args()
+    if args.keep_cache:
+        report(args)
+    else:
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+            report(args)
+
+
+def report(args) -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU, {args.threads} threads, fp32, no grad; "
-          f"errors are max |x - hand-written|; compile = first call minus a steady call")
+          f"errors are max |x - hand-written|; compile = first call minus a steady call, "
+          f"{'inductor cache kept' if args.keep_cache else 'fresh inductor cache'}")
     print(f"{'form':10s} {'B,H,L,D':>15s} {'hand ms':>9s} {'sdpa ms':>9s} {'flex ms':>9s} {'flex/hand':>9s} "
           f"{'flex/sdpa':>9s} {'sdpa err':>9s} {'flex err':>9s} {'compile s':>9s} {'break-even':>10s}")
     for name in args.forms:
