@@ -1,9 +1,10 @@
 """`--backend flex`: the five forms SDPA cannot take or can take only as a dense mask, written the way public
 projects write them (`fixtures/attention/flex/`), become FlexAttention patches whose outputs and gradients match
-the original's in fp32 (1e-5), run with eager flex_attention (`ADVISOR_FLEX_EAGER=1`, no compile in tests).
+the original's in fp32 (1e-5), run by torch's own flex_attention uncompiled and by the helper's eager path
+(`ADVISOR_FLEX_EAGER=1`); no compile in tests.
 
-torch 2.13's flex_attention raises on CPU when q, k or v requires grad (the patch assumes no such call: fact
-`flex-backward`); the gradient checks lift that device check, which runs flex_attention's own eager backward.
+torch 2.13's flex_attention raises on CPU when q, k or v requires grad (the helper then runs its dense path); the
+gradient checks through flex_attention itself lift that device check, which runs its own eager backward.
 """
 
 from __future__ import annotations
@@ -45,15 +46,31 @@ def _run(module, seed: int, grad: bool):
     return out.detach(), [p.grad for p in model.parameters()] + [x.grad for x in inputs if x.is_floating_point()]
 
 
+def torch_flex_eagerly(q, k, v, score_mod=None, mask_mod=None, mask_key=None, scale=None, enable_gqa=False):
+    """The emitted call run by torch's own flex_attention, uncompiled (the helper's eager path is its own dense
+    code): what the score_mod/mask_mod give inside FlexAttention itself."""
+    block_mask = None if mask_mod is None else flex_module.create_block_mask(
+        mask_mod, q.size(0), q.size(1), q.size(-2), k.size(-2), device=q.device)
+    return flex_module.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                                      enable_gqa=enable_gqa)
+
+
 def _compare(original_source: str, fixed: str, name: str, grad: bool) -> None:
+    """The original against the patch run by torch's eager flex_attention and by the helper's eager path."""
     original = load_module_from_source(original_source, f"{name}_original")
     patched = load_module_from_source(fixed, f"{name}_flex")
-    for seed in (0, 1):
-        expected, expected_grads = _run(original, seed, grad)
-        got, grads = _run(patched, seed, grad)
-        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
-        for want, have in zip(expected_grads, grads, strict=True):
-            assert torch.allclose(have, want, atol=1e-5, rtol=1e-5), (have - want).abs().max()
+    helper = load_module_from_source(fixed, f"{name}_helper")
+    patched.advisor_flex_attention = torch_flex_eagerly
+    for seed, module in ((0, patched), (1, patched), (0, helper)):
+        _compare_seed(original, module, seed, grad)
+
+
+def _compare_seed(original, patched, seed: int, grad: bool) -> None:
+    expected, expected_grads = _run(original, seed, grad)
+    got, grads = _run(patched, seed, grad)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+    for want, have in zip(expected_grads, grads, strict=True):
+        assert torch.allclose(have, want, atol=1e-5, rtol=1e-5), (have - want).abs().max()
 
 
 @pytest.mark.parametrize("path", FLEX, ids=[p.stem for p in FLEX])
@@ -76,14 +93,20 @@ def test_flex_patch_gradients_match(path, monkeypatch):
     _compare(source, result.fixed, path.stem + "_grad", grad=True)
 
 
-def test_the_relative_position_table_receives_its_gradient_through_the_patch(monkeypatch):
-    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+def test_training_on_cpu_runs_the_helpers_dense_path_with_the_tables_gradient(monkeypatch):
+    """`flex-backward` is proved by the helper: on CPU with inputs that require grad (no FlexAttention backward in
+    torch 2.13) it runs its dense path, no compile, and the relative-position table gets the original's gradient."""
+    monkeypatch.delenv("ADVISOR_FLEX_EAGER")
     path = next(p for p in FLEX if "t5" in p.stem)
-    _, result = _flex_rewrite(path)
-    model, inputs = build(load_module_from_source(result.fixed, "t5_table_grad"), 0)
-    model(*inputs).sum().backward()
-    table = model.relative_attention_bias.weight.grad
-    assert table is not None and table.abs().sum() > 0
+    source, result = _flex_rewrite(path)
+    (finding,) = result.findings
+    assert "flex-backward" in {fact["name"] for fact in finding.extra["facts"]["proved"]}
+    grads = []
+    for name, text in (("original", source), ("flex", result.fixed)):
+        model, inputs = build(load_module_from_source(text, f"t5_table_{name}"), 0)
+        model(*inputs).sum().backward()
+        grads.append(model.relative_attention_bias.weight.grad)
+    assert grads[1].abs().sum() > 0 and torch.allclose(grads[1], grads[0], atol=1e-5)
 
 
 def test_soft_capping_is_refused_for_sdpa_with_the_flex_hint():

@@ -19,7 +19,7 @@ from libcst.helpers import parse_template_expression
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.attn_mask import fresh_name, term_mask
 from advisor.patterns.attention.candidate import Candidate, in_inlined, statement_of
-from advisor.patterns.attention.guards import block_span, holds_at
+from advisor.patterns.attention.guards import span_of, holds_at
 from advisor.patterns.attention.index_forms import index_form
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import FlexPlan, MaskTerm, Refusal
@@ -94,7 +94,7 @@ def _no_dropout_guard(c: Candidate, plan: FlexPlan) -> None:
     or a zero rate) and the original block elsewhere, checked before the block (`dropout_p == 0`)."""
     match = c.match
     output_statement = statement_of(c.parsed, match.output_node)
-    span = block_span(c, output_statement)
+    span = span_of(c, output_statement)
     if span is None or contains_call(match.dropout_p) or not holds_at(c, span[0], output_statement,
                                                                        [match.dropout_p]):
         raise Refusal("dropout is applied to the weights, which flex_attention has no argument for, and whether it "
@@ -242,7 +242,7 @@ def _flex_facts(c: Candidate, plan: FlexPlan, conditional: bool) -> None:
                      "has 4 output axes)")
     else:
         facts.assumed("flex-rank", statement, "the rank of the product's operands is not fixed by the source")
-    facts.assumed("flex-backward", "no gradient is asked of this call on CPU or MPS",
-                  "torch 2.13's flex_attention has no backward there and raises when q, k or v requires grad "
-                  "(CUDA has one)")
+    facts.proved("flex-backward", "gradients flow through the call on every device",
+                 "where torch 2.13's flex_attention has no backward (CPU, MPS: it raises when q, k or v requires "
+                 "grad) the helper runs its dense path, which has autograd")
 
