@@ -33,7 +33,8 @@ RTOL = 1e-5
 # (model name, input side); a spread of timm's families whose blocks hold attention.
 MODELS = [
     ("vit_tiny_patch16_224", 224), ("vit_small_patch32_224", 224), ("vit_base_patch32_224", 224),
-    ("vit_little_patch16_reg4_gap_256", 256), ("vit_medium_patch16_reg4_gap_256", 256), ("vit_medium_patch16_gap_256", 256),
+    ("vit_little_patch16_reg4_gap_256", 256), ("vit_medium_patch16_reg4_gap_256", 256),
+    ("vit_medium_patch16_gap_256", 256),
     ("vit_base_patch32_clip_224", 224), ("vit_tiny_r_s16_p8_224", 224), ("vit_relpos_small_patch16_224", 224),
     ("vit_srelpos_small_patch16_224", 224), ("vit_medium_patch16_rope_reg1_gap_256", 256),
     ("flexivit_small", 240), ("deit_tiny_patch16_224", 224), ("deit_tiny_distilled_patch16_224", 224),

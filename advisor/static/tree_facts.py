@@ -60,8 +60,9 @@ def tree_wide_facts(paths: list[str], callers_in_tree: bool = True) -> tuple[Pro
 def _callers_decide(sites: list[AutogradSite], used) -> tuple[tuple[AutogradSite, ...], tuple[AutogradSite, ...]]:
     """(the sites that ask, the sites passing on a parameter of a function or class that `used(name)` says nothing
     uses, so that no call of the tree reaches them)."""
-    unused = {site.caller_decides for site in sites if site.caller_decides is not None and not used(site.caller_decides)}
-    return (tuple(site for site in sites if site.caller_decides not in unused or site.caller_decides is None),
+    names = {site.caller_decides for site in sites if site.caller_decides is not None}
+    unused = {name for name in names if not used(name)}
+    return (tuple(site for site in sites if site.caller_decides not in unused),
             tuple(site for site in sites if site.caller_decides in unused))
 
 
