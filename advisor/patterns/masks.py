@@ -28,7 +28,7 @@ RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", 
                 "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
 CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand", "randint")}
 RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
-                          "torch.logical_not", "torch.clone"}
+                          "torch.logical_not", "torch.clone", "torch.nn.functional.normalize"}
 ROWS = "fully-masked-rows"
 
 

@@ -1,5 +1,5 @@
 """Guarded facts: where unproved facts are about metadata (q, k and v sharing a dtype, an added mask's dtype or
-rank, a scale being a Python number), the patch checks exactly those facts at run time, takes the SDPA path where
+rank, a scale being a Python number, a tensor scale's rank, last size and dtype), the patch checks exactly those facts at run time, takes the SDPA path where
 they hold and runs the original block where they fail: exact for every input, and safe when nothing else is
 assumed. Each fact is guarded whole or not at all (then it stays assumed).
 
@@ -18,12 +18,18 @@ from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm
+from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copies_casts import cast_dtype
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
-GUARDABLE = (SCALE, QKV_DTYPE, MASK_DTYPE, MASK_RANK)
+GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK)
+# a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
+TENSOR_SCALE_CHECKS = {
+    BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
+               "and ({s}.dim() == 0 or {s}.shape[-1] == 1)",
+    DTYPE: "not isinstance({s}, {torch}.Tensor) or {s}.dim() == 0 or {s}.dtype == {q}.dtype"}
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
 
@@ -46,6 +52,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
             reads = [node for node in (query, key, value) if _plain(c, node)]
             parts = [joined_comparison(dtypes)] if None not in dtypes else []
+        elif name in TENSOR_SCALE_CHECKS:
+            reads = [query] + c.tensor_scale_reads.get(name, [])
+            parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
+                                               torch=cst.Name(torch_name)) for scale in reads[1:]] \
+                if all(_plain(c, scale) for scale in reads[1:]) else []
         elif name == SCALE:
             reads = [c.values.scalar_expression(factor) for _, factor in c.factors
                      if c.values.scalar_guess(factor) is not None]
