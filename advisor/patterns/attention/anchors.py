@@ -287,9 +287,12 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
 
 
 def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression) -> bool:
-    """A test made of comparisons, `is None`, `isinstance`, `.dtype` and `.dim()`: no value of a tensor read."""
+    """A test made of comparisons, `is None`, `isinstance`, `.dtype`, `.dim()` and `.shape[i]`, joined by `and`,
+    `or` and `not`: no value of a tensor read."""
     if isinstance(test, cst.BooleanOperation):
         return _reads_metadata_only(parsed, test.left) and _reads_metadata_only(parsed, test.right)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _reads_metadata_only(parsed, test.expression)
     if isinstance(test, cst.Comparison):
         return all(_metadata_operand(parsed, part) for part in [test.left] + [t.comparator for t in test.comparisons])
     return isinstance(test, cst.Call) and parsed.imported_name(test.func) is None and \
@@ -301,6 +304,11 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
         return True
     if isinstance(node, cst.Attribute):
         return node.attr.value == "dtype"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _metadata_operand(parsed, node.expression)
+    if isinstance(node, cst.Subscript):
+        return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
+            all(isinstance(e.slice, cst.Index) and _metadata_operand(parsed, e.slice.value) for e in node.slice)
     return isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute) and \
         node.func.attr.value == "dim"
 

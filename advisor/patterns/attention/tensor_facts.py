@@ -220,11 +220,24 @@ def reaching_values(c: Candidate, name: cst.Name) -> list[cst.BaseExpression] | 
 
 
 def _unpacked(definition: Definition) -> cst.BaseExpression | None:
-    """The value an assignment gives its name: the whole value, or its element in `a, b = x, y`."""
+    """The value an assignment gives its name: the whole value, its element in `a, b = x, y`, or `x[i]` for
+    `a, b = x.unbind(0)` (the same rank)."""
     value = definition.value
     if definition.index is None:
         return value
+    unbound = _unbound(value)
+    if unbound is not None:
+        return cst.Subscript(unbound, [cst.SubscriptElement(cst.Index(cst.Integer(str(definition.index))))])
     if isinstance(value, (cst.Tuple, cst.List)) and definition.index < len(value.elements) and \
             not any(isinstance(e, cst.StarredElement) for e in value.elements):
         return value.elements[definition.index].value
+    return None
+
+
+def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The tensor `x.unbind(d)` splits along one dim (d = 0 only, so that its pieces are `x[i]`)."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "unbind":
+        args = [a for a in value.args]
+        if not args or len(args) == 1 and int_value(args[0].value) == 0:
+            return value.func.value
     return None

@@ -120,7 +120,13 @@ def _dtype_fact(c: Candidate, shapes: list[Shape]) -> None:
 
 
 def _shape(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> Shape:
-    """What the source proves of `node`'s last size and rank; UNKNOWN where it does not show them."""
+    """What the source proves of `node`'s last size and rank (the rank bounds' where these rules leave it open);
+    UNKNOWN where it does not show them."""
+    last, most = _own_shape(c, node, depth)
+    return last, most if most is not None or depth > 12 else rank_bounds(c).bounds(node)[1]
+
+
+def _own_shape(c: Candidate, node: cst.BaseExpression, depth: int) -> Shape:
     if depth > 12:
         return UNKNOWN
     below = lambda child: _shape(c, child, depth + 1)  # noqa: E731
