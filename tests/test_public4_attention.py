@@ -107,8 +107,6 @@ OUTCOME_XFAIL = {
     "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
                                  "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",
-    "p22_gpt2_past_bottom_right": "MISS: unsafe (the `w * b - 1e4 * (1 - b)` fill is read, but v from "
-                                  "`cat(past, new)` and the buffer slice's rank are not proved)",
     "p24_prefix_lm_data_write": "MISS: unsafe (mask-rank): the buffer the file writes through `.data` is not "
                                 "read for its rank, although an element write keeps it",
     "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",

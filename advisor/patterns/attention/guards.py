@@ -18,6 +18,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm
+from advisor.patterns.attention.tensor_facts import rank_bounds
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copies_casts import cast_dtype
 from advisor.static.codegen import joined, parenthesized
@@ -64,8 +65,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 if all(_arithmetic_of_plain(c, scale) for scale in reads) else []
         else:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
-            reads = [query] + [t.source for t in terms]
-            parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
+            ranks = [_known_rank(c, t) if name == MASK_RANK else None for t in terms]
+            reads = [query] + [t.source for t, known in zip(terms, ranks) if known is None]
+            parts = [_mask_check(c, name, term, query, torch_name) if known is None else
+                     parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
+                     for term, known in zip(terms, ranks)]
         if parts and None not in parts and _holds_at(c, span[0], output_statement, reads):
             match.guard_checks[name] = parts
     match.guard_span = span
@@ -96,6 +100,14 @@ def _dtype_of(c: Candidate, node: cst.BaseExpression, torch_name: str) -> cst.Ba
 def joined_comparison(operands: list[cst.BaseExpression]) -> cst.Comparison:
     """`a == b == c`."""
     return cst.Comparison(operands[0], [cst.ComparisonTarget(cst.Equal(), operand) for operand in operands[1:]])
+
+
+def _known_rank(c: Candidate, term: MaskTerm) -> int | None:
+    """The most dims a mask of at least 2 can have, when its source bounds them (`self.bias[:, :, a:b, :c]` of a
+    4-D buffer): then the rank fact needs only scores of at least that rank, which `q.dim()` shows (the check
+    reads no mask, so it also holds where the mask is built inside the guarded statements)."""
+    low, high = rank_bounds(c).bounds(term.source)
+    return high if low >= 2 and high is not None else None
 
 
 def _needs(name: str, term: MaskTerm) -> bool:
