@@ -102,8 +102,6 @@ JUDGEMENTS = {
 OUTCOME_XFAIL = {
     "p01_fairseq_mha": "MISS: refused (ADV103): the weights pass through FairseqDropout, a module whose forward "
                        "branches, which is not read as dropout (its two-return fp32 `softmax` helper is read)",
-    "p05_lucid_causal_triu": "MISS: finite-fill triu(j - i + 1) causal mask with i == j left unsafe "
-                             "(fully-masked-rows not proved)",
     "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
                                  "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",

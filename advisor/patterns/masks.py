@@ -153,6 +153,11 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
         facts.proved(ROWS, "no query row is fully masked", "every mask is a lower triangle of ones sliced from "
                      "its first column (causal), which keeps the first key of every row")
         return
+    if all(term.keeps_first_key or term.bottom_right for term in terms):
+        facts.assumed(ROWS, "no query row is fully masked", "a causal triangle aligned bottom-right "
+                      "(`ones(L, S).triu(S - L + 1)`) keeps key 0 in every row only where there are at least as many "
+                      "keys as queries")
+        return
     finite = [term for term in terms if term.fill_kind == FINITE]
     if finite:
         facts.assumed(ROWS, "no query row is fully masked",

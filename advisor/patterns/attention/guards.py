@@ -1,5 +1,6 @@
 """Guarded facts: where unproved facts are about metadata (q, k and v sharing a dtype, an added mask's dtype or
-rank, a scale being a Python number, a tensor scale's rank, last size and dtype), the patch checks exactly those facts at run time, takes the SDPA path where
+rank, a scale being a Python number, a tensor scale's rank, last size and dtype, at least as many keys as queries
+under a bottom-right causal triangle), the patch checks exactly those facts at run time, takes the SDPA path where
 they hold and runs the original block where they fail: exact for every input, and safe when nothing else is
 assumed. Each fact is guarded whole or not at all (then it stays assumed).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
+from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
@@ -25,7 +27,7 @@ from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
-GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK)
+GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -53,6 +55,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
             reads = [node for node in (query, key, value) if _plain(c, node)]
             parts = [joined_comparison(dtypes)] if None not in dtypes else []
+        elif name == mk.ROWS:  # bottom-right causal triangles keep key 0 wherever S >= L
+            reads = [match.query, match.key]
+            parts = [parse_template_expression("{q}.shape[-2] <= {k}.shape[-2]", q=match.query, k=match.key)] \
+                if all(t.keeps_first_key or t.bottom_right for t in match.masks) and \
+                all(_plain(c, node) for node in reads) else []
         elif name in TENSOR_SCALE_CHECKS:
             reads = [query] + c.tensor_scale_reads.get(name, [])
             parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
