@@ -72,7 +72,8 @@ JUDGEMENTS = {
     "p32_global_softmax_hook": (UNSAFE, "the file registers a global module hook: no-hooks"),
     "p33_falcon_multiquery": (SAFE, "one K/V head broadcast; -1e9 causal fill, no fully masked row"),
     "p34_deformable_detr_msda": (REFUSED, "softmax over learned weights and grid_sample: no QK^T"),
-    "p35_chunked_prefill_bottom_right": (UNSAFE, "v = cat(past_value, new): v's dtype is not q's (qkv-dtype)"),
+    "p35_chunked_prefill_bottom_right": (SAFE, "v = cat(past_value, new): q/k/v dtypes checked at run time, and the "
+                                               "bottom-right slice's rank by the query's (`query.dim() >= 4`)"),
     "p36_vit_critic_r1_penalty": (UNSAFE, "R1 penalty (create_graph=True) through 4-D attention: SDPA's fused CPU "
                                           "kernel has no double backward"),
     "p37_dropout_stripped_for_export": (SAFE, "dropout replaced by nn.Identity: dropout_p must not read `.p`"),
