@@ -136,13 +136,16 @@ def test_scale_in_elif_is_not_rewritten_with_one_guard():
 
 # G: a tensor is never proved a Python-number scale -----------------------------------------------------------
 
-def test_parameter_scale_through_a_local_is_refused():
+def test_parameter_scale_through_a_local_is_folded_into_q():
+    """Not a Python number, but a 0-d tensor (followed through the local): folded into q (issue 16.4)."""
     source = attention("""
         s = q @ k.transpose(-2, -1) * self.scale
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
     """, init="scale = nn.Parameter(torch.tensor(0.3))\nself.scale = scale")
     finding = the_finding(source)
-    assert finding.rule == "ADV103" and "not provably a Python number" in finding.reason
+    proved = {fact["name"] for fact in finding.extra["facts"]["proved"]}
+    assert "scale-is-number" not in proved and "scale-broadcast" in proved
+    assert assert_exact_or_not_safe(source, "parameter_scale_local")
 
 
 def test_inherited_scale_is_guarded():
@@ -711,8 +714,8 @@ def test_a_module_level_number_rebound_by_a_setter_is_assumed():
     finding = the_finding(source)
     assert finding.fix_safety == "unsafe" and "set_temperature" in finding.reason
     assert_patch_exact(source, "global_scale_setter")
-    tensor = source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)")
-    assert the_finding(tensor).rule == "ADV103"
+    tensor = the_finding(source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)"))
+    assert tensor.fix_safety == "unsafe" and "TEMPERATURE" in tensor.reason  # a tensor whose shape is not followed
 
 
 def test_fstring_einsum_specs_of_constant_local_strings_are_read():
