@@ -111,8 +111,6 @@ OUTCOME_XFAIL = {
                                   "`cat(past, new)` and the buffer slice's rank are not proved)",
     "p24_prefix_lm_data_write": "MISS: unsafe (mask-rank): the buffer the file writes through `.data` is not "
                                 "read for its rank, although an element write keeps it",
-    "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
-    "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
 }
 PATCH_XFAIL = {
 }
