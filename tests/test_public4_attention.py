@@ -109,8 +109,6 @@ OUTCOME_XFAIL = {
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",
     "p22_gpt2_past_bottom_right": "MISS: unsafe (the `w * b - 1e4 * (1 - b)` fill is read, but v from "
                                   "`cat(past, new)` and the buffer slice's rank are not proved)",
-    "p24_prefix_lm_data_write": "MISS: unsafe (mask-rank): the buffer the file writes through `.data` is not "
-                                "read for its rank, although an element write keeps it",
 }
 PATCH_XFAIL = {
 }
