@@ -104,8 +104,10 @@ OUTCOME_XFAIL = {
                        "branches, which is not read as dropout (its two-return fp32 `softmax` helper is read)",
     "p05_lucid_causal_triu": "MISS: finite-fill triu(j - i + 1) causal mask with i == j left unsafe "
                              "(fully-masked-rows not proved)",
-    "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
-                                 "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
+    "p11_megatron_neox_baddbmm": "MISS: refused with a reason (the scores are masked in place through a parameter "
+                                 "of `attention_mask_func`, not followed back to the call; behind it, "
+                                 "`view(*output_size)` unfolds the heads folded into the batch for the 4-D mask and "
+                                 "softmax, and the weights are folded again for `bmm`: no role reads that yet)",
     "p19_hf_detr_attention": "MISS: refused (weights reassigned under `if output_attentions`)",
     "p22_gpt2_past_bottom_right": "MISS: unsafe (the `w * b - 1e4 * (1 - b)` fill is read, but v from "
                                   "`cat(past, new)` and the buffer slice's rank are not proved)",

@@ -735,6 +735,9 @@ def test_scores_masked_in_place_by_a_helper_get_a_reason():
     """, after="def mask_func(scores, mask):\n    scores.masked_fill_(mask, -10000.0)\n    return scores\n")
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "`mask_func`" in finding.reason
+    assert "updated in place there (`scores.masked_fill_(mask, -10000.0)`)" in finding.reason
+    unchanged = source.replace("    scores.masked_fill_(mask, -10000.0)\n", "")
+    assert "`mask_func` as its parameter `scores` and returned unchanged" in the_finding(unchanged).reason
 
 
 ZERO_ONE_MASK = """
