@@ -26,6 +26,7 @@ class Attention(nn.Module):
         super().__init__()
         self.heads = heads
         self.causal = True
+        self.drop = nn.Dropout(0.1)  # eval mode in the comparison: dropout_p reads the module's mode
         self.qkv = nn.Linear(dim, dim * 3)
         self.register_buffer("tril", torch.ones(8, 8, dtype=torch.bool).tril())
 
@@ -47,6 +48,8 @@ if mask is not None:
     s = s.masked_fill(mask.view(b, 1, 1, n), float("-inf"))
 out = s.softmax(dim=-1) @ v
 """
+# ... with the weights through a dropout module (`dropout_p=self.drop.p if self.drop.training else 0.0`)
+PADDING_DROPOUT = PADDING_VIEWED.replace("out = s.softmax(dim=-1) @ v", "out = self.drop(s.softmax(dim=-1)) @ v")
 # a 0/1 mask filled with a finite value under its `is not None` test: hoisted, and its rank guarded
 FINITE_FILL = """
 s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
@@ -97,6 +100,7 @@ def _padding(b: int = 3, n: int = 6) -> torch.Tensor:
 
 CASES = {
     "padding mask viewed": (PADDING_VIEWED, lambda: _padding(), "safe"),
+    "padding mask and dropout": (PADDING_DROPOUT, lambda: _padding(), "safe"),
     "finite fill, rank guarded": (FINITE_FILL, lambda: (~_padding())[:, None, None, :].long(), "unsafe"),
     "two conditional masks": (TWO_CONDITIONAL, lambda: torch.randn(3, 1, 6, 6), "unsafe"),
     "q/k/v dtype guarded": (UPCAST_QK, lambda: None, "safe"),
