@@ -106,12 +106,10 @@ OUTCOME_XFAIL = {
                        "read as dropout; the `if need_weights:` return and the `assert list(attn_weights.size())` "
                        "are proved (with `F.dropout` in its place the block is a safe patch behind `if not "
                        "need_weights:`, tests/test_attention_on_request.py)",
-    "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
-                                 "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
-    "p24_prefix_lm_data_write": "MISS: unsafe (mask-rank): the buffer the file writes through `.data` is not "
-                                "read for its rank, although an element write keeps it",
-    "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
-    "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
+    "p11_megatron_neox_baddbmm": "MISS: refused with a reason (the scores are masked in place through a parameter "
+                                 "of `attention_mask_func`, not followed back to the call; behind it, "
+                                 "`view(*output_size)` unfolds the heads folded into the batch for the 4-D mask and "
+                                 "softmax, and the weights are folded again for `bmm`: no role reads that yet)",
 }
 PATCH_XFAIL = {
 }

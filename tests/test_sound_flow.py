@@ -354,16 +354,18 @@ def test_two_hoisted_masks_in_one_function_get_two_variables():
     assert "attn_mask_1" in fixed
 
 
-def test_hoisted_mask_is_refused_under_torchscript():
+def test_hoisted_mask_under_torchscript_is_refused_without_torch_to_annotate_it():
+    """TorchScript needs the hoisted variable annotated `torch.Tensor | None` (tests/test_torchscript_patches.py),
+    which a file that never imports torch as a module cannot spell."""
     source = attention("""
         s = q @ k.transpose(-2, -1) / math.sqrt(8)
         if self.use_mask:
             s = s + self.m
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-    """, init="self.use_mask = True\nself.register_buffer('m', torch.randn(6, 6))",
-        after="scripted = torch.jit.script(Attn())\n")
+    """, init="self.use_mask = True\nself.m = nn.Parameter(nn.init.normal_(nn.Linear(6, 6).weight))",
+        after="from torch.jit import script\nscripted = script(Attn())\n").replace("import torch\n", "")
     finding = the_finding(source)
-    assert finding.rule == "ADV103" and "TorchScript" in finding.reason
+    assert finding.rule == "ADV103" and "TorchScript" in finding.reason and "annotated" in finding.reason
 
 
 def test_output_viewed_after_the_rewrite_is_made_contiguous():
@@ -742,6 +744,9 @@ def test_scores_masked_in_place_by_a_helper_get_a_reason():
     """, after="def mask_func(scores, mask):\n    scores.masked_fill_(mask, -10000.0)\n    return scores\n")
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "`mask_func`" in finding.reason
+    assert "updated in place there (`scores.masked_fill_(mask, -10000.0)`)" in finding.reason
+    unchanged = source.replace("    scores.masked_fill_(mask, -10000.0)\n", "")
+    assert "`mask_func` as its parameter `scores` and returned unchanged" in the_finding(unchanged).reason
 
 
 ZERO_ONE_MASK = """

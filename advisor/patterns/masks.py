@@ -63,7 +63,7 @@ class RankBounds:
             return _union([below(value) for value in values]) if values else UNKNOWN
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
                 and self.owner is not None:
-            built = self.owner.only_value(node.attr.value)
+            built = self.owner.shape_value(node.attr.value)  # element writes keep the rank
             return below(built) if built is not None else UNKNOWN
         if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
             return below(node.value)

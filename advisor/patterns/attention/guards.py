@@ -5,8 +5,9 @@ they hold and runs the original block where they fail: exact for every input, an
 assumed. Each fact is guarded whole or not at all (then it stays assumed).
 
 A check reads dtypes, ranks and `isinstance` only: no data-dependent branch, no host sync, nothing
-`torch.compile` breaks its graph on; TorchScript-compiled functions get no guard. It reads names at the start of
-the guarded statements that must hold there what the block read (same reaching definitions, no attribute written
+`torch.compile` breaks its graph on, and nothing TorchScript cannot compile (it refines an Optional through
+`is None` and `isinstance`), so scripted functions are guarded too. It reads names at the start of the guarded
+statements that must hold there what the block read (same reaching definitions, no attribute written
 in between), and it cannot raise: a value that is not a tensor fails the check and runs the original.
 """
 
@@ -43,7 +44,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     match = c.match
     wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
     torch_name = c.parsed.module_aliases.get("torch")
-    if not wanted or torch_name is None or scope.is_scripted(c.parsed, c.home, c.owner):
+    if not wanted or torch_name is None:
         return
     span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)

@@ -35,9 +35,7 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
     cursor: cst.BaseExpression | Op | frozenset[int] = node
     for _ in range(MAX_CHAIN):
         if isinstance(cursor, cst.Name) and argument_of(c, cursor) is not None:
-            raise Refusal(f"the scores pass through the helper `{function_of(c.parsed, cursor).name.value}` as its "
-                          f"parameter `{cursor.value}`, returned as it is or updated in place, which is not "
-                          f"followed")
+            raise Refusal(_through_parameter(c, cursor))
         if isinstance(cursor, cst.Name):
             chain.reads.add(cursor)
             cursor = frozenset(c.flow.reaching.get(cursor, ()))
@@ -66,6 +64,17 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
             return op
         cursor = _peel_one(c, op, guard)
     raise Refusal("the score computation is too long to follow")
+
+
+def _through_parameter(c: Candidate, parameter: cst.Name) -> str:
+    """Why the walk stops at a helper's parameter: the caller's tensor itself comes back (returned unchanged, or
+    updated in place, which also changes the caller's tensor and every view of it), and the walk does not follow
+    it out to the call."""
+    helper = function_of(c.parsed, parameter)
+    updates = [op for op, _ in c.chain.ops if function_of(c.parsed, op.node) is helper]
+    how = f"updated in place there (`{short(c.parsed, updates[-1].node)}`)" if updates else "returned unchanged"
+    return (f"the scores are the caller's tensor passed to the helper `{helper.name.value}` as its parameter "
+            f"`{parameter.value}` and {how}; the walk does not follow a parameter back to the call")
 
 
 def _why_unrecognised(c: Candidate, node: cst.CSTNode) -> str:
