@@ -290,13 +290,15 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
 
 
 def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
-    """A test made of comparisons, `is None`, `isinstance`, `.dtype` and `.dim()`: no value of a tensor read; or of
-    a flag the fallback asks `if <flag>:` (`not flag`, `flag is None or flag is False`: see attention.flags)."""
+    """A test made of comparisons, `is None`, `isinstance`, `.dtype`, `.dim()` and `.shape[i]`, joined by `and`,
+    `or` and `not`: no value of a tensor read; or of a flag the fallback asks `if <flag>:` (`not flag`,
+    `flag is None or flag is False`: see attention.flags)."""
     if isinstance(test, cst.BooleanOperation):
         return _reads_metadata_only(parsed, test.left, fallback) and \
             _reads_metadata_only(parsed, test.right, fallback)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _asked_in(parsed, test.expression, fallback)
+        return _asked_in(parsed, test.expression, fallback) or \
+            _reads_metadata_only(parsed, test.expression, fallback)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
             isinstance(test.comparisons[0].operator, cst.Is) and _asked_in(parsed, test.left, fallback):
         return True
@@ -317,6 +319,11 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
         return True
     if isinstance(node, cst.Attribute):
         return node.attr.value == "dtype"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _metadata_operand(parsed, node.expression)
+    if isinstance(node, cst.Subscript):
+        return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
+            all(isinstance(e.slice, cst.Index) and _metadata_operand(parsed, e.slice.value) for e in node.slice)
     return isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute) and \
         node.func.attr.value == "dim"
 

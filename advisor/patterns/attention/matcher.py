@@ -21,6 +21,7 @@ from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.attention.scale import scale_and_mask_roles
 from advisor.patterns.attention.score_mods import flex_roles
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
+from advisor.patterns.attention.tensor_scale import fold_into_query
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -128,6 +129,7 @@ def _prove(c: Candidate) -> None:
     check_scope(c, output_statement, consumed)
     weights.layout_role(c)
     check_escapes(c)
+    fold_into_query(c, ndim)
     flags.plan_flag(c, output_statement)
     plan_guards(c, output_statement)
     flex_roles(c)

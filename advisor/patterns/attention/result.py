@@ -36,6 +36,8 @@ class MaskTerm:
     same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
     in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
     keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
+    # every query row attends to key 0 where there are at least as many keys as queries (`ones(L, S).triu(S - L + 1)`)
+    bottom_right: bool = False
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
 
 

@@ -1,8 +1,9 @@
 """The score chain's ops in the order the original applies them: scale factors become SDPA's `scale`, the rest
 become mask terms (see `mask_terms`).
 
-SDPA's scale must be a Python number; factors applied under an `if` become conditional expressions; a lone
-`1/sqrt(E)` of the query's or key's last dim is SDPA's default and is left out. A finite or additive mask scaled
+SDPA's scale must be a Python number (a tensor factor is folded into the query instead, see `tensor_scale`);
+factors applied under an `if` become conditional expressions; a lone `1/sqrt(E)` of the query's or key's last dim
+is SDPA's default and is left out. A finite or additive mask scaled
 afterwards cannot be expressed (SDPA adds the mask after scaling).
 """
 
@@ -16,6 +17,7 @@ from advisor.patterns.attention.candidate import Candidate, parameter_claims, st
 from advisor.patterns.attention.mask_terms import mask_term, reshape_term
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
+from advisor.patterns.attention.tensor_scale import check_placement
 from advisor.patterns.call_site_facts import NUMBER
 from advisor.static.codegen import atomic, joined, number, parenthesized
 
@@ -35,6 +37,10 @@ def scale_and_mask_roles(c: Candidate) -> None:
                 raise Refusal("the scores pass through `tanh` twice")
             continue
         if op.name in ("mul", "div"):
+            if "tensor_factor" in op.params:  # a tensor scale: applied to q by the rewrite, before any soft-cap
+                if capped is not None and position > capped:
+                    raise Refusal("a tensor scales the soft-capped scores, which the query cannot carry")
+                continue
             (post_cap if capped is not None and position > capped else c.factors).append((op.name, op.params["factor"]))
             continue
         if op.name == "view":
@@ -48,6 +54,7 @@ def scale_and_mask_roles(c: Candidate) -> None:
         term.statement = statement_of(c.parsed, op.node)
         term.scaled_after = any(p > position for p in scale_positions)
         match.masks.append(term)
+    check_placement(c, applied)
     match.scale = _scale(c)
     if capped is not None:
         _soft_cap(c, applied[capped][0], post_cap)

@@ -237,7 +237,7 @@ def _flex_facts(c: Candidate, plan: FlexPlan, conditional: bool) -> None:
                      "finite fills and added values go through the score_mod as the original applies them, so a "
                      "row masked everywhere keeps the original's finite scores")
     statement = "q, k and v are 4-D (batch, heads, sequence, head dim), the only layout flex_attention takes"
-    if _known_rank(c) == 4 or all(rank_bounds(c, leaf) == (4, 4) for leaf in c.leaf_nodes[:2]):
+    if _known_rank(c) == 4 or all(rank_bounds(c).bounds(leaf) == (4, 4) for leaf in c.leaf_nodes[:2]):
         facts.proved("flex-rank", statement, "the product's operands are built with 4 dims (or its einsum spec "
                      "has 4 output axes)")
     else:
