@@ -203,12 +203,12 @@ def _constant_index(index: cst.BaseSlice) -> bool:
     return all(part is None or isinstance(part, cst.Integer) for part in (index.lower, index.upper, index.step))
 
 
-def span_of(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
+def span_of(c: Candidate, output_statement: cst.CSTNode, extra: list = ()) -> list[cst.BaseStatement] | None:
     """The consecutive statements of one block, in the function that holds the value product, that hold every
-    statement the rewrite changes; None when they are not all in one function's blocks."""
+    statement the rewrite changes (and `extra`); None when they are not all in one function's blocks."""
     match = c.match
-    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement, *match.unwrap]
-               if s is not None and not in_inlined(c, s)]
+    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement, *match.unwrap,
+                           *extra] if s is not None and not in_inlined(c, s)]
     chains = [_blocks_around(c, member) for member in members]
     if any(chain is None for chain in chains):
         return None
