@@ -1,5 +1,6 @@
-"""`--backend flex` computes a position mask per (q_idx, kv_idx) only where the positions it was built from span
-the scores' axes: `arange(n)` as a column is the query position only where n is the query count (an `arange(1)`
+"""Position masks are rewritten only where their positions span the scores' axes. SDPA's `is_causal` is a square
+triangle's replacement only where the triangle is the scores' (L, S); `--backend flex` computes a position mask per
+(q_idx, kv_idx) only where the positions it was built from span those axes: `arange(n)` as a column is the query position only where n is the query count (an `arange(1)`
 column broadcasts position 0 over every row; another length raises in the original), and `ones(a, b)` under a
 triangle is (L, S) only where a and b are. Found by attacking the flex patch with a decode step (one query against
 a KV cache) and a one-row arange; the patch now checks those lengths before the call and runs the original
@@ -62,13 +63,14 @@ def _outcome(module, seed, lengths):
     return [out.detach().nan_to_num(), x.grad, ctx.grad] + [p.grad for p in model.parameters()]
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
 @pytest.mark.parametrize("form", sorted(MASKS))
-def test_flex_position_masks_match_the_original_where_positions_do_not_span_the_axes(form, monkeypatch):
+def test_position_masks_match_the_original_where_positions_do_not_span_the_axes(form, backend, monkeypatch):
     monkeypatch.setenv("ADVISOR_FLEX_EAGER", "1")
     source = PROJECTIONS.format(mask=MASKS[form])
-    result = analyze_source(source, f"{form}.py", backend="flex")
+    result = analyze_source(source, f"{form}.py", backend=backend)
     (finding,) = result.findings
-    assert finding.extra["emission"]["emitted"] == "flex", finding.reason
+    assert finding.fix_safety == "safe" and finding.extra["emission"]["emitted"] == backend, finding.reason
     original = load_module_from_source(source, f"{form}_original")
     patched = load_module_from_source(result.fixed, f"{form}_flex")
     for lengths in ((5, 5), (1, 5), (3, 5), (1, 1)):
