@@ -31,6 +31,9 @@ def add_selection_arguments(parser) -> None:
     add_backend_argument(parser, "attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to "
                                  "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
     add_call_site_argument(parser)
+    parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=None,
+                        help="--no-cache: analyse every file afresh, neither reading nor writing the cache of "
+                             "each file's results ($XDG_CACHE_HOME/advisor)")
     parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
                         help="apply the configuration's `exclude` to paths named on the command line too")
     talk = parser.add_mutually_exclusive_group()
@@ -85,7 +88,7 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
                             call_site_facts=args.call_site_facts, path_rules=getattr(args, "path_rules", None),
-                            on_file=on_file)
+                            cache=getattr(args, "cache", True) is not False, on_file=on_file)
     if verbose:
         stderr.print(f"advisor: {len(result.files)} file(s) scanned, {len(result.errors)} not, in "
                      f"{time.monotonic() - started:.2f} s")

@@ -28,6 +28,7 @@ from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
 from advisor.static.project import ProjectFacts
+from advisor.static.scan_cache import ScanCache
 from advisor.static.tree_facts import TreeFacts, tree_wide_facts
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
@@ -193,7 +194,7 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, call_site_facts: bool = True, path_rules=None) -> ScanResult:
+               fixed: bool = True, call_site_facts: bool = True, path_rules=None, cache: bool = True) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
@@ -202,26 +203,38 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     outside the tree). Hooks that fire on every module are collected from all the files first (static.project):
     each file's analysis must see them, whatever `call_site_facts` says. `path_rules` (advisor.config.PathRules):
     the configuration's exclude globs and per-file ignores. `on_file(path, total)` is called as each file's result
-    arrives (for a progress bar)."""
+    arrives (for a progress bar). `cache`: reuse and keep each file's result on disk (static.scan_cache; not for a
+    run with runtime evidence, nor with jobs=1, whose results keep their node edits)."""
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
+    store = ScanCache(dict(unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend, patches=patches,
+                           fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
+        if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    project, tree_facts = tree_wide_facts(files)
+    project, tree_facts = tree_wide_facts(files, store)
     project = project if len(files) > 1 else None
+    tree = Tree(files) if call_site_facts else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
-                       project=project, path_rules=path_rules, tree_facts=tree_facts)
+                       runtime=runtime, patches=patches, fixed=fixed, tree=tree, project=project,
+                       path_rules=path_rules, tree_facts=tree_facts)
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
-    if jobs > 1 and len(files) >= PARALLEL_FROM:
-        outcomes = _scan_in_pool(files, scan_one, jobs, done)
-    else:
-        outcomes = []
-        for path in files:
-            outcomes.append(scan_one(path))
-            done(path)
+    run = partial(_scan_all, jobs=jobs, done=done)
+    outcomes = run(files, scan_one) if store is None else \
+        store.scan(files, scan_one, run, done, tree, (project, tree_facts))
     for outcome in outcomes:
         (result.errors if isinstance(outcome, ScanError) else result.files).append(outcome)
     return result
+
+
+def _scan_all(files: list[str], scan_one, jobs: int, done) -> list:
+    """`scan_one` of each file, in discovery order: in a process pool when there are many."""
+    if jobs > 1 and len(files) >= PARALLEL_FROM:
+        return _scan_in_pool(files, scan_one, jobs, done)
+    outcomes = []
+    for path in files:
+        outcomes.append(scan_one(path))
+        done(path)
+    return outcomes
 
 
 def _scan_in_pool(files: list[str], scan_one, jobs: int, done) -> list[FileResult | ScanError]:
