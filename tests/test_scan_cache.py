@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import advisor
 import advisor.engine.static as static
 from advisor.cli import main
 from advisor.engine.static import scan_paths
@@ -151,6 +152,7 @@ def test_no_cache_neither_reads_nor_writes(tmp_path, capsys, monkeypatch, analys
     root = _fixture_tree(tmp_path, count=2)
     monkeypatch.chdir(tmp_path)
     main(["scan", str(root), "--no-cache", "--format", "json"])
+    advisor.scan(root, cache=False)
     assert _entries() == []
     main(["scan", str(root), "--format", "json"])
     assert _entries()
