@@ -52,18 +52,20 @@ def file_digest(path: str) -> str | None:
 
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """advisor's version and the text of its own modules (rules included), the interpreter (its parser decides
-    syntax errors) and libcst: a result is never reused by other code."""
+    """advisor's version and the text of its modules and rule units (the rules package may live beside it, as in
+    an editable install), the interpreter (its parser decides syntax errors) and libcst: a result is never reused
+    by other code."""
     import libcst
 
     import advisor
+    import advisor.rules
 
-    package = Path(advisor.__file__).parent
     hasher = hashlib.blake2b(digest_size=20)
-    hasher.update(repr((advisor.__version__, sys.version, libcst.__version__ if hasattr(libcst, "__version__")
-                        else "")).encode())
-    for module in sorted(package.rglob("*.py")):
-        hasher.update(str(module.relative_to(package)).encode())
+    hasher.update(repr((advisor.__version__, sys.version, getattr(libcst, "__version__", ""))).encode())
+    roots = [Path(advisor.__file__).parent, *map(Path, advisor.rules.__path__)]
+    modules = sorted({module.resolve() for root in roots for module in root.rglob("*.py")})
+    for module in modules:
+        hasher.update(str(module).encode())
         hasher.update(module.read_bytes())
     return hasher.hexdigest()
 
@@ -108,7 +110,7 @@ class ScanCache:
     def contribution(self, source, compute):
         """`compute(source)`, kept by the file's content and path (the parts name the file)."""
         self.digests[os.path.realpath(source.path)] = source.digest
-        key = _digest("tree", self.salt, source.path, source.digest)
+        key = _digest("tree", FORMAT, code_digest(), source.path, source.digest)  # whatever the options
         found = self._load(key)
         if found is not None:
             return found
