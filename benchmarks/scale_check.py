@@ -4,7 +4,7 @@ comment after every logical line, three renamed copies in one file, no final new
 then with unsafe fixes. Every file's fixed text (its fixes applied together) and every finding's own patch,
 applied to a copy of the source as `git apply` reads a diff (lines end at `\\n`), must parse and compile.
 
-    python benchmarks/scale_check.py [--only transformers|generated] [--limit N] [--keep DIR]
+    python benchmarks/scale_check.py [--only transformers|generated] [--limit N] [--unsafe-only] [--keep DIR]
 
 --limit N takes N files spread evenly over each tree (a quick run).
 
@@ -183,6 +183,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("transformers", "generated"), default=None)
     parser.add_argument("--limit", type=int, default=None, help="only N files of each tree, spread over it")
+    parser.add_argument("--unsafe-only", action="store_true",
+                        help="one pass, with unsafe fixes (every patch one by one, all fixes together), not the safe "
+                             "pass first")
     parser.add_argument("--keep", metavar="DIR", default=None, help="write the generated tree here and keep it")
     args = parser.parse_args()
     failed = False
@@ -194,7 +197,7 @@ def main() -> int:
             trees["generated"] = generated_tree(Path(args.keep or scratch))
         for name, paths in trees.items():
             paths = paths[:: max(1, len(paths) // args.limit)][: args.limit] if args.limit else paths
-            for unsafe in (False, True):
+            for unsafe in (True,) if args.unsafe_only else (False, True):
                 numbers = check(paths, unsafe)
                 failed |= bool(numbers["failures"])
                 print(f"{name} ({'safe and unsafe' if unsafe else 'safe'} fixes): {numbers['files']} files, "

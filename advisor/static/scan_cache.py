@@ -124,8 +124,9 @@ class ScanCache:
         (which runs `one` on each path of `todo` and returns the outcomes in order), stored as they come.
         `tree_wide`: the tree-wide facts every file's analysis reads."""
         scope = _digest(self.salt, tree_wide)
-        members = _digest(sorted(os.path.realpath(path) for path in files))
-        keys = {path: self._key(scope, path) for path in files}
+        real = {path: os.path.realpath(path) for path in files}
+        members = _digest(sorted(real.values()))
+        keys = {path: self._key(scope, path, real[path]) for path in files}
         outcomes: dict[str, object] = {}
         for path in files:
             entry = self._load(keys[path]) if keys[path] is not None else None
@@ -139,15 +140,15 @@ class ScanCache:
                     outcomes[path] = recorded
                     continue
                 outcomes[path] = recorded.outcome
-                if keys[path] is not None and recorded.digest == self.digests.get(os.path.realpath(path)) and \
+                if keys[path] is not None and recorded.digest == self.digests.get(real[path]) and \
                         not isinstance(recorded.outcome, ScanError):  # an error is cheap to find again
-                    read = {real: self.digests.get(real) for real in recorded.read}
+                    read = {other: self.digests.get(other) for other in recorded.read}
                     self._store(keys[path], (members if read else None, read, recorded.outcome))
         return [outcomes[path] for path in files]
 
-    def _key(self, scope: str, path: str) -> str | None:
-        digest = self.digests.get(os.path.realpath(path))
-        return _digest(scope, path, os.path.realpath(path), display_path(path), digest) if digest else None
+    def _key(self, scope: str, path: str, real: str) -> str | None:
+        digest = self.digests.get(real)
+        return _digest(scope, path, real, display_path(path), digest) if digest else None
 
     def _still_valid(self, entry: tuple, members: str) -> bool:
         """The files the analysis read are as they were, and so is the tree's file list (it looked for names
