@@ -54,9 +54,10 @@ JUDGEMENTS: dict[str, Judgement] = {
                  "right: dropout under `if dropout_p:` is dropout; the finite fill on key padding is an assumption "
                  "(the unannotated scale is guarded)"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
-    "p15_blip_saved_map": J((REFUSED,), ("save_attention_map", "None"),
-                            "right: the weights are stored and hooked (inline `nn.Softmax(dim=-1)(x)` is read since "
-                            "this round; it was silently skipped)"),
+    "p15_blip_saved_map": J((UNSAFE,), ("fully masked",),
+                            "right since issue 16.6: the map is saved and hooked only under `if self.save_attention:`, "
+                            "so SDPA runs where that flag is off (a guarded check) and the original where it is on; "
+                            "the caller's -10000 mask values are unseen"),
     "p16_bert_head_mask": J((REFUSED,), ("head_mask",)),
     "p17_bigbird_dense_intmask": J((UNSAFE,), ("fully masked", "finfo"),
                                    "right since this round (was an UNSOUND safe patch): a fully padded sample's rows "

@@ -513,14 +513,20 @@ def test_a_method_of_the_escaping_weights_is_named():
     assert finding.rule == "ADV102" and "the weights' `.detach` is used at line" in finding.reason
 
 
-def test_an_entropy_loss_under_training_is_an_escape_not_a_transform():
+def test_an_entropy_loss_under_training_is_an_escape_on_request_not_a_transform():
+    """The weights leave (a loss kept on the module) only under `if self.training:`: in eval the SDPA path runs
+    behind a check of the flag, in training the original (issue 16.6)."""
     source = attention("""
         p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
         if self.training:
             self.aux = -(p * p.log()).sum()
         return (p @ v).transpose(1, 2).reshape(B, T, C)
     """)
-    assert the_finding(source).rule == "ADV102"
+    finding = the_finding(source)
+    assert finding.rule == "ADV101" and finding.fix_safety == "safe"
+    assert [fact["name"] for fact in finding.extra["facts"]["guarded"]] == ["flag-is-bool"]
+    assert "self.training is None or self.training is False" in finding.patch
+    assert assert_exact_or_not_safe(source, "entropy_under_training")
 
 
 @pytest.mark.parametrize("forward, init", [
@@ -775,5 +781,8 @@ def test_dropout_under_a_test_of_its_own_probability_is_dropout(p):
     source = attention(GUARDED_DROPOUT, init=f"self.p = {p}")
     assert assert_exact_or_not_safe(source, "guarded_dropout")  # eval mode: parity without randomness
     assert "if self.p else 0.0" in analyze_source(source, "m.py").fixed
-    other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"), init=f"self.p = {p}\nself.flag = True")
-    assert "reassigned" in the_finding(other).reason
+    for flag in (True, False):  # another flag: SDPA without dropout runs only where it is off (issue 16.6)
+        other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"),
+                          init=f"self.p = {p}\nself.flag = {flag}")
+        assert "if self.flag is None or self.flag is False:" in analyze_source(other, "m.py").fixed
+        assert assert_exact_or_not_safe(other, f"flagged_dropout_{flag}")

@@ -211,7 +211,7 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
                            fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
         if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    project, tree_facts = tree_wide_facts(files, store)
+    project, tree_facts = tree_wide_facts(files, call_site_facts, cache=store)
     project = project if len(files) > 1 else None
     tree = Tree(files) if call_site_facts else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,

@@ -99,7 +99,7 @@ class ParsedModule:
         self.project = project  # what the other files of the scanned tree register (None: this file alone)
         self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
-        self._flows: dict[cst.FunctionDef, FunctionFlow] = {}
+        self._flows: dict[tuple[cst.FunctionDef, frozenset[cst.If]], FunctionFlow] = {}
 
     @cached_property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
@@ -253,11 +253,13 @@ class ParsedModule:
         nodes = self.parents  # in visiting order
         return [n for n in nodes if isinstance(n, cst.Call)], [n for n in nodes if isinstance(n, cst.ClassDef)]
 
-    def flow(self, function: cst.FunctionDef) -> FunctionFlow:
-        if function not in self._flows:
+    def flow(self, function: cst.FunctionDef, off: frozenset[cst.If] = frozenset()) -> FunctionFlow:
+        """`off`: `if` statements of `function` read as never taken (see `build_flow`)."""
+        key = (function, off)
+        if key not in self._flows:
             first_id = 1_000_000 * len(self._flows)  # file-unique ids: flows of two functions can merge
-            self._flows[function] = build_flow(function, first_id)
-        return self._flows[function]
+            self._flows[key] = build_flow(function, first_id, off)
+        return self._flows[key]
 
     @cached_property
     def functions(self) -> list[tuple[cst.FunctionDef, ClassInfo | None, str]]:

@@ -93,11 +93,12 @@ class Candidate:
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None
+    off: frozenset[cst.If] = frozenset()  # `if <flag>:` statements read as not taken (see attention.flags)
 
     @classmethod
-    def start(cls, scope_: FunctionScope) -> Candidate:
-        flow = scope_.parsed.flow(scope_.function)
-        return cls(scope_, flow, ValueProver(scope_.parsed, flow, scope_.owner), scope_.function)
+    def start(cls, scope_: FunctionScope, off: frozenset[cst.If] = frozenset()) -> Candidate:
+        flow = scope_.parsed.flow(scope_.function, off)
+        return cls(scope_, flow, ValueProver(scope_.parsed, flow, scope_.owner), scope_.function, off=off)
 
     @property
     def parsed(self) -> ParsedModule:

@@ -36,7 +36,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     torch_name = c.parsed.module_aliases.get("torch")
     if not wanted or torch_name is None or scope.is_scripted(c.parsed, c.home, c.owner):
         return
-    span = _span(c, output_statement)
+    span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
     query, key, value = (_peeled(node, DTYPE_KEEPING_VIEWS) for node in leaves)
     if span is None or not _plain(c, query):
@@ -55,7 +55,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
             reads = [query] + [t.source for t in terms]
             parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
-        if parts and None not in parts and _holds_at(c, span[0], output_statement, reads):
+        if parts and None not in parts and holds_at(c, span[0], output_statement, reads):
             match.guard_checks[name] = parts
     match.guard_span = span
 
@@ -65,11 +65,12 @@ def settle_guards(match: AttentionMatch) -> None:
     check (`match.guard`) and the original block where it fails."""
     checks = {name: parts for name, parts in match.guard_checks.items()
               if any(fact.name == name for fact in match.facts.assumptions)}
-    if not checks:
-        return
     for name, parts in checks.items():
         match.facts.guard(name, " and ".join(cst.Module([]).code_for_node(part) for part in parts))
-    parts = [part for group in checks.values() for part in group]
+    parts = ([match.flag_test] if match.flag_test is not None else []) + \
+        [part for group in checks.values() for part in group]
+    if not parts:
+        return
     match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
 
 
@@ -171,11 +172,11 @@ def _constant_index(index: cst.BaseSlice) -> bool:
     return all(part is None or isinstance(part, cst.Integer) for part in (index.lower, index.upper, index.step))
 
 
-def _span(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
+def span_of(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
     """The consecutive statements of one block, in the function that holds the value product, that hold every
     statement the rewrite changes; None when they are not all in one function's blocks."""
     match = c.match
-    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement]
+    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement, *match.unwrap]
                if s is not None and not in_inlined(c, s)]
     chains = [_blocks_around(c, member) for member in members]
     if any(chain is None for chain in chains):
@@ -203,10 +204,9 @@ def _blocks_around(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode, c
     return found
 
 
-def _holds_at(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode,
-              nodes: list[cst.BaseExpression]) -> bool:
+def holds_at(c: Candidate, first: cst.BaseStatement, last: cst.CSTNode, nodes: list[cst.BaseExpression]) -> bool:
     """Every name the check reads holds at the start of the guarded statements what the block read, and no
-    attribute it reads is written before the value product."""
+    attribute it reads is written before `last` (the value product, or the last statement the check decides)."""
     start = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
     env = c.flow.env_before.get(start)
     if env is None:
@@ -220,4 +220,4 @@ def _holds_at(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTN
                 return False
     paths = scope.attribute_paths(c.parsed, nodes)
     return scope.attribute_written_between(c.parsed, c.home, c.owner, paths, c.parsed.line(first) - 1,
-                                           c.parsed.end_line(output_statement) + 1) is None
+                                           c.parsed.end_line(last) + 1) is None
