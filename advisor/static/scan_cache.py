@@ -112,7 +112,7 @@ class ScanCache:
         self.digests[os.path.realpath(source.path)] = source.digest
         key = _digest("tree", FORMAT, code_digest(), source.path, source.digest)  # whatever the options
         found = self._load(key)
-        if found is not None:
+        if isinstance(found, tuple) and len(found) == 2:
             return found
         value = compute(source)
         self._store(key, value)
