@@ -17,6 +17,7 @@ from advisor.patterns.einsum import ELLIPSIS, EinsumMismatch, parse_spec
 from advisor.patterns.ops import OpReader, int_value
 from advisor.patterns.facts import Fact, ASSUMED
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 NOT_ON_GPU = "emitted code for this backend has not been run on a GPU by advisor"
 
@@ -103,7 +104,7 @@ def _rank(parsed: ParsedModule, match: AttentionMatch) -> int | None:
     only, and an einsum's output (..., query, key) has the rank the rewrite gives q. None when not fixed."""
     collector = _ProductCollector(OpReader(parsed, None))
     for node in [*match.removed, match.output_node]:
-        node.visit(collector)
+        walk(node, collector)
     return collector.ranks.pop() if len(collector.ranks) == 1 else None
 
 

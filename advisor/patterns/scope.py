@@ -20,6 +20,7 @@ import networkx as nx
 from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HookSite, global_hook_calls
+from advisor.static.walk import children, walk
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 CONTEXTS = (cst.With, cst.Try)
@@ -73,7 +74,7 @@ def attribute_paths(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[str]:
             return True
 
     for node in nodes:
-        node.visit(Visitor())
+        walk(node, Visitor())
     return found
 
 
@@ -110,7 +111,7 @@ def _writes_of_called_methods(function: cst.FunctionDef, owner: ClassInfo | None
                     found.extend((node, written) for _, written in _attribute_writes(method)
                                  if written.startswith("self."))
 
-    function.visit(Visitor())
+    walk(function, Visitor())
     return found
 
 
@@ -172,7 +173,7 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
             if path is not None:
                 writes.append((node, path))
 
-    function.visit(Visitor())
+    walk(function, Visitor())
     return writes
 
 
@@ -217,7 +218,7 @@ def outer_names(function: cst.FunctionDef) -> frozenset[str]:
         def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
             found.update(item.name.value for item in node.names)
 
-    function.visit(Visitor())
+    walk(function, Visitor())
     return frozenset(found)
 
 
@@ -293,7 +294,7 @@ def self_names(nodes: list[cst.CSTNode]) -> set[str]:
                 found.add(node.attr.value)
 
     for node in nodes:
-        node.visit(Visitor())
+        walk(node, Visitor())
     return found
 
 
@@ -392,5 +393,5 @@ def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:
 
 def _walk(node: cst.CSTNode):
     yield node
-    for child in node.children:
+    for child in children(node):
         yield from _walk(child)

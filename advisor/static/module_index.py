@@ -9,10 +9,12 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
 from advisor.rewrite.splice import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
+from advisor.static.positions import StatementPositions
+from advisor.static.walk import is_node, walk
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
@@ -45,7 +47,7 @@ class ClassInfo:
     def _collected(self) -> "_SelfAttributeCollector":
         collector = _SelfAttributeCollector()
         for method in self.methods.values():
-            method.visit(collector)
+            walk(method, collector)
         return collector
 
     @property
@@ -100,6 +102,7 @@ class ParsedModule:
         self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._flows: dict[cst.FunctionDef, FunctionFlow] = {}
+        self._mentions: dict[tuple[cst.CSTNode, str], bool] = {}
 
     @cached_property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
@@ -113,17 +116,26 @@ class ParsedModule:
             if parent is not None:
                 parents[node] = parent  # on the way down, so the keys come in libcst's visiting order
             children = [child for name in _child_fields(type(node))
-                        for child in _as_sequence(getattr(node, name)) if isinstance(child, cst.CSTNode)]
+                        for child in _as_sequence(getattr(node, name)) if is_node(child)]
             pending.extend((child, node) for child in reversed(children))
         return parents
 
     @cached_property
-    def positions(self):
-        """Resolved only when a finding needs a line number: it regenerates the whole file's code."""
-        return self.wrapper.resolve(PositionProvider)
+    def positions(self) -> StatementPositions:
+        """Resolved only when a finding needs a line number, and only for the top-level statements that hold the
+        nodes asked about (static.positions)."""
+        return StatementPositions(self.wrapper, self.source, self.parents.get)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+    def mentions(self, node: cst.CSTNode, word: str) -> bool:
+        """Whether `word` (lower case) occurs in the node's code, in any case; remembered, since every method of a
+        class asks it of the class."""
+        key = (node, word)
+        if key not in self._mentions:
+            self._mentions[key] = word in self.code(node).lower()
+        return self._mentions[key]
 
     @cached_property
     def statement_spans(self) -> dict[cst.CSTNode, tuple[int, int]] | None:
@@ -263,7 +275,7 @@ class ParsedModule:
     def functions(self) -> list[tuple[cst.FunctionDef, ClassInfo | None, str]]:
         """Every function with its enclosing class (if a method) and its dotted name."""
         collector = _FunctionCollector()
-        self.module.visit(collector)
+        walk(self.module, collector)
         outside = self.outside_attribute_writes
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
             info.outside = outside
@@ -291,7 +303,7 @@ class ParsedModule:
         Any instance's attribute of that name may then hold another value than its class assigns, so no proof
         may read the class's own assignment as the value. Writes from other files are not seen."""
         collector = _OutsideWriteCollector(self)
-        self.module.visit(collector)
+        walk(self.module, collector)
         if self.project is not None and self.project.registration_hooks:
             collector.names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
         return frozenset(collector.names)
@@ -346,19 +358,35 @@ def _imports(parsed: "ParsedModule") -> dict[str, str]:
     for node in parsed.parents:
         if isinstance(node, cst.Import):
             for alias in node.names:
-                dotted = parsed.code(alias.name)
+                dotted = _name_code(parsed, alias.name)
                 if alias.asname is not None:
-                    imports.setdefault(parsed.code(alias.asname.name), dotted)
+                    imports.setdefault(_name_code(parsed, alias.asname.name), dotted)
                 else:
                     head = dotted.split(".")[0]
                     imports.setdefault(head, head)
         elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-            base = "." * len(node.relative) + (parsed.code(node.module) if node.module is not None else "")
+            base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
             for alias in node.names:
                 local = alias.asname.name if alias.asname else alias.name
-                name = parsed.code(alias.name)
-                imports.setdefault(parsed.code(local), f"{base}{name}" if base.endswith(".") else f"{base}.{name}")
+                name = _name_code(parsed, alias.name)
+                dotted = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
+                imports.setdefault(_name_code(parsed, local), dotted)
     return imports
+
+
+def _name_code(parsed: "ParsedModule", node: cst.CSTNode) -> str:
+    """`parsed.code(node)` of a name or dotted name in an import, without running codegen for the usual spelling
+    (no parentheses, no space around the dots); anything else is generated."""
+    if isinstance(node, cst.Name) and not node.lpar and not node.rpar:
+        return node.value
+    if isinstance(node, cst.Attribute) and not node.lpar and not node.rpar and _tight(node.dot):
+        return f"{_name_code(parsed, node.value)}.{_name_code(parsed, node.attr)}"
+    return parsed.code(node)
+
+
+def _tight(dot: cst.Dot) -> bool:
+    return all(isinstance(space, cst.SimpleWhitespace) and not space.value
+               for space in (dot.whitespace_before, dot.whitespace_after))
 
 
 def _as_sequence(value) -> tuple | list:

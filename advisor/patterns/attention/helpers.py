@@ -13,6 +13,7 @@ from advisor.patterns.attention.candidate import Candidate, function_of, merge_f
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.walk import walk
 
 
 def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | None:
@@ -136,7 +137,7 @@ def single_return(function: cst.FunctionDef) -> cst.Return | None:
         return None
     last = body[-1].body[-1]
     finder = _ReturnFinder(function)
-    function.visit(finder)
+    walk(function, finder)
     return last if finder.returns == [last] and last.value is not None else None
 
 
