@@ -252,9 +252,14 @@ class ClassTable:
         return table
 
     @cached_property
-    def _bases(self) -> dict[str, set[str]]:
-        return {name: {_base_name(base.value) for info in infos for base in info.node.bases} - {None}
-                for name, infos in self.classes.items()}
+    def _derived(self) -> dict[str, list[str]]:
+        """Base name -> the names of the classes that list it among their bases, in the file's order."""
+        derived: dict[str, list[str]] = {}
+        for name, infos in self.classes.items():
+            for base in dict.fromkeys(_base_name(base.value) for info in infos for base in info.node.bases):
+                if base is not None:
+                    derived.setdefault(base, []).append(name)
+        return derived
 
     def subclasses(self, owner: ClassInfo) -> list[ClassInfo]:
         """Classes of this file that derive from `owner`, directly or not (by name)."""
@@ -262,8 +267,8 @@ class ClassTable:
         seen = set(frontier)
         while frontier:
             base = frontier.pop()
-            for name, bases in self._bases.items():
-                if base in bases and name not in seen:
+            for name in self._derived.get(base, ()):
+                if name not in seen:
                     seen.add(name)
                     frontier.append(name)
                     found.extend(self.classes[name])
@@ -380,8 +385,11 @@ def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInf
     if owner is not None and any(parsed.imported_name(base.value) == "torch.jit.ScriptModule"
                                  for base in owner.node.bases):
         return True
-    if owner is None:
-        return False
+    return owner is not None and parsed.derived(_scripts_a_module, _scripts_a_module)
+
+
+def _scripts_a_module(parsed: ParsedModule) -> bool:
+    """Whether the file passes anything but one of its module-level functions to `torch.jit.script(...)`."""
     return any(parsed.imported_name(call.func) == "torch.jit.script" and call.args
                and not (isinstance(call.args[0].value, cst.Name) and call.args[0].value.value in parsed.module_functions)
                for call in parsed.calls_and_classes[0])

@@ -103,6 +103,7 @@ class ParsedModule:
         self.module = self.wrapper.module
         self._flows: dict[cst.FunctionDef, FunctionFlow] = {}
         self._mentions: dict[tuple[cst.CSTNode, str], bool] = {}
+        self._derived: dict[object, object] = {}
 
     @cached_property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
@@ -128,6 +129,13 @@ class ParsedModule:
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+    def derived(self, key: object, build):
+        """build(self), computed once per file: for what another layer reads from the whole file on behalf of each
+        block (per block, it grows with the square of the blocks in the file)."""
+        if key not in self._derived:
+            self._derived[key] = build(self)
+        return self._derived[key]
 
     def mentions(self, node: cst.CSTNode, word: str) -> bool:
         """Whether `word` (lower case) occurs in the node's code, in any case; remembered, since every method of a
@@ -241,11 +249,11 @@ class ParsedModule:
             found.setdefault(name.value, []).append(name)
         return found
 
-    @property
-    def bound_names(self) -> set[str]:
+    @cached_property
+    def bound_names(self) -> frozenset[str]:
         """Names bound anywhere in the file other than by imports (so a local `max = ...` is not taken for the
         builtin, nor a local `F = ...` for the imported module)."""
-        return set(self.bindings)
+        return frozenset(self.bindings)
 
     @cached_property
     def module_aliases(self) -> dict[str, str]:
@@ -264,6 +272,32 @@ class ParsedModule:
         registered, modules scripted, subclasses)."""
         nodes = self.parents  # in visiting order
         return [n for n in nodes if isinstance(n, cst.Call)], [n for n in nodes if isinstance(n, cst.ClassDef)]
+
+    @cached_property
+    def calls_by_name(self) -> dict[str, list[cst.Call]]:
+        """The file's calls by the name they call (`f` of `f(...)` and of `obj.f(...)`), in `calls_and_classes`
+        order: finding a function's call sites per attention block by reading every call of the file grew with
+        the square of the blocks in it."""
+        found: dict[str, list[cst.Call]] = {}
+        for call in self.calls_and_classes[0]:
+            name = _callee_name(call.func)
+            if name is not None:
+                found.setdefault(name, []).append(call)
+        return found
+
+    @cached_property
+    def function_names(self) -> dict[cst.FunctionDef, str]:
+        """Each function's dotted name (as in `functions`)."""
+        return {function: name for function, _, name in reversed(self.functions)}
+
+    @cached_property
+    def method_name_counts(self) -> dict[str, int]:
+        """How many methods of the file's classes have each name."""
+        counts: dict[str, int] = {}
+        for function, owner, _ in self.functions:
+            if owner is not None:
+                counts[function.name.value] = counts.get(function.name.value, 0) + 1
+        return counts
 
     def flow(self, function: cst.FunctionDef) -> FunctionFlow:
         if function not in self._flows:
