@@ -13,7 +13,7 @@ from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.attention.guards import settle_guards
-from advisor.patterns.call_site_facts import settle_from_call_sites
+from advisor.patterns.call_site_facts import settle_dropped_weights, settle_from_call_sites, weights_dropped
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
@@ -28,7 +28,8 @@ from advisor.static.tree_facts import TreeFacts
 def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: bool,
                     backend: str = "sdpa") -> NodeEdits:
     """The block's output replaced by the call, the statements it no longer needs removed, its hoisted and
-    renamed names written; `drop_weights` puts None where the weights escaped (the unsafe ADV102 fix). Raises
+    renamed names written; `drop_weights` puts None where the weights escaped (the unsafe ADV102 fix, or a safe one
+    where every caller drops them: `call_site_facts.settle_dropped_weights`). Raises
     RewriteFailed when the requested backend's code cannot be written here."""
     functional = functional_name(parsed)
     target = plan_backend(parsed, match, backend).emitted if backend != "sdpa" else "sdpa"
@@ -59,6 +60,7 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         anchor = _enclosing_statement(parsed, match.hoist_anchor)
         edits.insert_before[anchor] = (match.hoist_init,)
     edits.replace.update(match.renamed)
+    edits.unwrap = set(match.unwrap)
     if drop_weights:
         edits.replace.update({node: cst.Name("None") for node in match.escapes if node not in edits.replace})
     if functional.import_line is not None:
@@ -87,6 +89,7 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
         tree.adopt(parsed)
         for match in matches:
             settle_from_call_sites(tree, parsed, match.facts)
+            settle_dropped_weights(tree, parsed, match)
     for match in matches:  # what call sites left assumed about metadata is checked at run time where it can be
         settle_guards(match)
     return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
@@ -96,7 +99,7 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
 def _rule_for(match: AttentionMatch) -> Rule:
     if match.output_node is None:
         return UNPROVED
-    return ESCAPING if match.escapes else SAFE
+    return ESCAPING if match.escapes and not weights_dropped(match.facts) else SAFE
 
 
 def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall],
@@ -111,7 +114,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:
-            fix = attention_edits(parsed, match, drop_weights=rule is ESCAPING, backend=backend)
+            fix = attention_edits(parsed, match, drop_weights=bool(match.escapes), backend=backend)
             edits = render(parsed, fix)
         except RewriteFailed as exc:
             fixable, reason, fix, edits = False, str(exc), None, None

@@ -20,7 +20,8 @@ import networkx as nx
 from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HookSite, global_hook_calls
-from advisor.static.walk import children, walk
+from advisor.static.walk import children
+from advisor.static.walk import walk as visit_tree
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 CONTEXTS = (cst.With, cst.Try)
@@ -74,7 +75,7 @@ def attribute_paths(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[str]:
             return True
 
     for node in nodes:
-        walk(node, Visitor())
+        visit_tree(node, Visitor())
     return found
 
 
@@ -111,7 +112,7 @@ def _writes_of_called_methods(function: cst.FunctionDef, owner: ClassInfo | None
                     found.extend((node, written) for _, written in _attribute_writes(method)
                                  if written.startswith("self."))
 
-    walk(function, Visitor())
+    visit_tree(function, Visitor())
     return found
 
 
@@ -173,7 +174,7 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
             if path is not None:
                 writes.append((node, path))
 
-    walk(function, Visitor())
+    visit_tree(function, Visitor())
     return writes
 
 
@@ -218,7 +219,7 @@ def outer_names(function: cst.FunctionDef) -> frozenset[str]:
         def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
             found.update(item.name.value for item in node.names)
 
-    walk(function, Visitor())
+    visit_tree(function, Visitor())
     return frozenset(found)
 
 
@@ -299,7 +300,7 @@ def self_names(nodes: list[cst.CSTNode]) -> set[str]:
                 found.add(node.attr.value)
 
     for node in nodes:
-        walk(node, Visitor())
+        visit_tree(node, Visitor())
     return found
 
 
@@ -321,10 +322,10 @@ def deleted_module_calls(parsed: ParsedModule, owner: ClassInfo | None, nodes: l
         return []
     kept_ids = set()
     for node in kept:
-        kept_ids.update(id(n) for n in _walk(node))
+        kept_ids.update(id(n) for n in walk(node))
     found: list[str] = []
     for node in nodes:
-        for call in _walk(node):
+        for call in walk(node):
             if isinstance(call, cst.Call) and id(call) not in kept_ids and isinstance(call.func, cst.Attribute) \
                     and isinstance(call.func.value, cst.Name) and call.func.value.value == "self" \
                     and call.func.attr.value not in owner.methods and call.func.attr.value not in found:
@@ -399,7 +400,8 @@ def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.func if isinstance(node, cst.Call) else node
 
 
-def _walk(node: cst.CSTNode):
+def walk(node: cst.CSTNode):
+    """`node` and every node under it."""
     yield node
     for child in children(node):
-        yield from _walk(child)
+        yield from walk(child)

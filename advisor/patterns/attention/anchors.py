@@ -282,19 +282,34 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.Else) and child is node.orelse:
             finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
             walk(node.body, finder)
-            return finder.found and _reads_metadata_only(parsed, node.test)
+            return finder.found and _reads_metadata_only(parsed, node.test, node.orelse.body)
         child, node = node, parsed.parents.get(node)
     return False
 
 
-def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression) -> bool:
-    """A test made of comparisons, `is None`, `isinstance`, `.dtype` and `.dim()`: no value of a tensor read."""
+def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
+    """A test made of comparisons, `is None`, `isinstance`, `.dtype`, `.dim()` and `.shape[i]`, joined by `and`,
+    `or` and `not`: no value of a tensor read; or of a flag the fallback asks `if <flag>:` (`not flag`,
+    `flag is None or flag is False`: see attention.flags)."""
     if isinstance(test, cst.BooleanOperation):
-        return _reads_metadata_only(parsed, test.left) and _reads_metadata_only(parsed, test.right)
+        return _reads_metadata_only(parsed, test.left, fallback) and \
+            _reads_metadata_only(parsed, test.right, fallback)
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        return _asked_in(parsed, test.expression, fallback) or \
+            _reads_metadata_only(parsed, test.expression, fallback)
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+            isinstance(test.comparisons[0].operator, cst.Is) and _asked_in(parsed, test.left, fallback):
+        return True
     if isinstance(test, cst.Comparison):
         return all(_metadata_operand(parsed, part) for part in [test.left] + [t.comparator for t in test.comparisons])
     return isinstance(test, cst.Call) and parsed.imported_name(test.func) is None and \
         isinstance(test.func, cst.Name) and test.func.value == "isinstance"
+
+
+def _asked_in(parsed: ParsedModule, flag: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
+    """`fallback` holds a statement `if <flag>:` (the weights asked for on request)."""
+    text = parsed.code(flag)
+    return any(isinstance(node, cst.If) and parsed.code(node.test) == text for node in scope.walk(fallback))
 
 
 def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
@@ -302,6 +317,11 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
         return True
     if isinstance(node, cst.Attribute):
         return node.attr.value == "dtype"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _metadata_operand(parsed, node.expression)
+    if isinstance(node, cst.Subscript):
+        return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
+            all(isinstance(e.slice, cst.Index) and _metadata_operand(parsed, e.slice.value) for e in node.slice)
     return isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute) and \
         node.func.attr.value == "dim"
 

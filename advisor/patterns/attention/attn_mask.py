@@ -2,7 +2,9 @@
 
 Unguarded terms combine in one expression (`&` of keep masks, `+` of float masks, else all as additive floats in
 the query's dtype). Terms applied under `if`s are hoisted: evaluated where the original applied them, into one
-fresh variable that starts as None (SDPA's "no mask") and accumulates each term.
+fresh variable that starts as None (SDPA's "no mask") and accumulates each term. In a function TorchScript compiles,
+that variable is annotated `torch.Tensor | None`: TorchScript types a variable at its first assignment, so a bare
+None would refuse the tensor assigned later.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
+from advisor.patterns import scope
 from advisor.patterns.attention import shifts
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.rendering import Replace, at_home
@@ -75,7 +78,7 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
     first = terms[0]
     if first.guard is not None:  # the variable must exist when that `if` is not taken
         match.hoist_anchor = first.guard
-        match.hoist_init = cst.SimpleStatementLine([assignment(name, cst.Name("None"))])
+        match.hoist_init = cst.SimpleStatementLine([_no_mask_yet(c, name)])
     for position, term in enumerate(terms):
         if len(terms) == 1:
             value = _sole_mask(c, term)
@@ -90,6 +93,19 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
         match.hoisted[term.statement] = assignment(name, value)
         term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
     match.attn_mask = variable
+
+
+def _no_mask_yet(c: Candidate, name: str) -> cst.BaseSmallStatement:
+    """`name = None`, or `name: torch.Tensor | None = None` where TorchScript compiles the function (SDPA's
+    attn_mask is `Optional[Tensor]` there too; Python never evaluates a local variable's annotation)."""
+    if not scope.is_scripted(c.parsed, c.home, c.owner):
+        return assignment(name, cst.Name("None"))
+    torch_name = c.parsed.module_aliases.get("torch")
+    if torch_name is None:
+        raise Refusal("the function is compiled by TorchScript, where the merged mask variable must be annotated "
+                      "`torch.Tensor | None`, and torch is not imported as a module")
+    annotation = parse_template_expression("{torch}.Tensor | None", torch=cst.Name(torch_name))
+    return cst.AnnAssign(cst.Name(name), cst.Annotation(annotation), cst.Name("None"))
 
 
 def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:

@@ -36,6 +36,8 @@ class MaskTerm:
     same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
     in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
     keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
+    # every query row attends to key 0 where there are at least as many keys as queries (`ones(L, S).triu(S - L + 1)`)
+    bottom_right: bool = False
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
 
 
@@ -73,3 +75,9 @@ class AttentionMatch:
     guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
     guard: cst.BaseExpression | None = None
+    # weights that leave only on request (attention.flags): the `if <flag>:` statements the SDPA path replaces by
+    # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)
+    unwrap: list[cst.If] = field(default_factory=list)
+    flag_test: cst.BaseExpression | None = None
+    # weights returned in a tuple: what every caller must do for None to stand in for them (call_site_facts.Claim)
+    dropped: tuple = ()

@@ -1,8 +1,9 @@
 """The score chain's ops in the order the original applies them: scale factors become SDPA's `scale`, the rest
 become mask terms (see `mask_terms`).
 
-SDPA's scale must be a Python number; factors applied under an `if` become conditional expressions; a lone
-`1/sqrt(E)` of the query's or key's last dim is SDPA's default and is left out. A finite or additive mask scaled
+SDPA's scale must be a Python number (a tensor factor is folded into the query instead, see `tensor_scale`);
+factors applied under an `if` become conditional expressions; a lone `1/sqrt(E)` of the query's or key's last dim
+is SDPA's default and is left out. A finite or additive mask scaled
 afterwards cannot be expressed (SDPA adds the mask after scaling).
 """
 
@@ -16,6 +17,7 @@ from advisor.patterns.attention.candidate import Candidate, parameter_claims, st
 from advisor.patterns.attention.mask_terms import mask_term, reshape_term
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
+from advisor.patterns.attention.tensor_scale import check_placement
 from advisor.patterns.call_site_facts import NUMBER
 from advisor.static.codegen import atomic, joined, number, parenthesized
 
@@ -29,7 +31,8 @@ def scale_and_mask_roles(c: Candidate) -> None:
         raise Refusal("the scores are reshaped without being reshaped back before softmax")
     for position, (op, guard) in enumerate(applied):
         if op.name in ("mul", "div"):
-            c.factors.append((op.name, op.params["factor"]))
+            if "tensor_factor" not in op.params:
+                c.factors.append((op.name, op.params["factor"]))
             continue
         if op.name == "view":
             continue
@@ -39,6 +42,7 @@ def scale_and_mask_roles(c: Candidate) -> None:
         term.statement = statement_of(c.parsed, op.node)
         term.scaled_after = any(p > position for p in scale_positions)
         match.masks.append(term)
+    check_placement(c, applied)
     match.scale = _scale(c)
     for factor in c.factors:
         c.leaf_nodes.append(c.values.scalar_expression(factor[1]))
