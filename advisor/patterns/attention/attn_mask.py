@@ -41,13 +41,13 @@ def assemble_mask(c: Candidate) -> None:
         if len(terms) == 1:
             match.attn_mask = _sole_mask(c, terms[0])
         elif kinds == {"keep"}:
-            match.attn_mask = joined(cst.BitAnd, [atomic(_term_mask(c, term)) for term in terms])
+            match.attn_mask = joined(cst.BitAnd, [atomic(term_mask(c, term)) for term in terms])
         elif kinds == {"float"}:
-            match.attn_mask = joined(cst.Add, [atomic(_term_mask(c, term)) for term in terms])
+            match.attn_mask = joined(cst.Add, [atomic(term_mask(c, term)) for term in terms])
         else:
             match.attn_mask = joined(cst.Add, [atomic(_additive(c, term)) for term in terms])
         return
-    if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, _term_mask(c, terms[0])):
+    if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, term_mask(c, terms[0])):
         match.attn_mask = _sole_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
         return
     _hoist_masks(c, terms)
@@ -73,7 +73,7 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
         raise Refusal("two conditional masks are applied in one statement")
     if any(in_inlined(c, term.statement) for term in terms):
         raise Refusal("a conditional mask is applied inside a helper, and helpers are never edited")
-    name = _fresh_name(c, "attn_mask")
+    name = fresh_name(c, "attn_mask")
     variable = cst.Name(name)
     first = terms[0]
     if first.guard is not None:  # the variable must exist when that `if` is not taken
@@ -111,7 +111,7 @@ def _no_mask_yet(c: Candidate, name: str) -> cst.BaseSmallStatement:
 def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The one mask SDPA gets; an added value that is a Python number on some paths (`bias = 0.0`) is a shift
     there, which softmax ignores (see `shifts`), so SDPA gets no mask on those paths."""
-    mask = _term_mask(c, term)
+    mask = term_mask(c, term)
     if term.number_paths is None:
         return mask
     shifts.drop_shift(c, term.source, term.number_paths)
@@ -122,7 +122,7 @@ def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
 
 def _additive(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The term as a float mask in the query's dtype, for adding to other terms."""
-    mask = _term_mask(c, term)
+    mask = term_mask(c, term)
     if term.kind in ("float", "finite"):
         return mask
     torch_name, query = _torch_and_query(c)
@@ -152,7 +152,7 @@ def _torch_and_query(c: Candidate) -> tuple[cst.Name, cst.BaseExpression]:
     return cst.Name(torch_name), query
 
 
-def _fresh_name(c: Candidate, base: str) -> str:
+def fresh_name(c: Candidate, base: str) -> str:
     used = {name.value for name in loaded_names(c.function)} | \
         {d.name for d in c.flow.definitions.values()} | c.scope.taken_names
     candidate, suffix = base, 0
@@ -163,7 +163,7 @@ def _fresh_name(c: Candidate, base: str) -> str:
     return candidate
 
 
-def _term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
+def term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The term in SDPA's polarity and layout."""
     mask = _term_values(c, term)
     if term.reshape is None:

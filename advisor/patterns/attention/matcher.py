@@ -19,6 +19,7 @@ from advisor.patterns.attention.helpers import dotted_name
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.attention.scale import scale_and_mask_roles
+from advisor.patterns.attention.score_mods import flex_roles
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
 from advisor.patterns.attention.tensor_scale import fold_into_query
 from advisor.patterns.ops import Op, OpReader
@@ -131,6 +132,7 @@ def _prove(c: Candidate) -> None:
     fold_into_query(c, ndim)
     flags.plan_flag(c, output_statement)
     plan_guards(c, output_statement)
+    flex_roles(c)
 
 
 def _unique(items: list) -> list:

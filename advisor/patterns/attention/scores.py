@@ -171,6 +171,16 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
     if op.name in ("masked_fill", "view"):
         chain.ops.append((op, guard))
         return op.operands[0]
+    if op.name == "tanh":  # soft-capping (`cap * tanh(s / cap)`): only FlexAttention's score_mod expresses it
+        if guard is not None and contains_call(guard.test):
+            raise Refusal(f"the scores are soft-capped under `if {short(c.parsed, guard.test)}`, a condition that "
+                          f"calls a function and cannot be re-evaluated")
+        if guard is not None:  # the score_mod applies it where the test holds, as the scale's guarded factors
+            chain.factor_guards[op.node] = guard
+            if chain.guard_negated:
+                chain.negated_factors.add(op.node)
+        chain.ops.append((op, guard))
+        return op.operands[0]
     if op.name in ("add", "where"):
         left, right = op.operands
         scores = left if reaches(c, left, CORE_OPS, 0) else right

@@ -143,7 +143,7 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     leaves = [ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]]
     low, high = (ndim, ndim) if ndim else mk.broadcast_bounds(leaves)
     # the most dims the weights can have, or the original raises: at the value product or after it
-    upper = _weights_rank(c) or _output_rank(c)
+    upper = weights_rank(c) or _output_rank(c)
     statement = "the mask has 2 to the scores' number of dims"
     few = [term for term, (least, _) in zip(sources, bounds) if least < 2 and (high is None or high > 3)]
     many = [] if upper is not None and upper <= max(low, 2) else \
@@ -199,7 +199,7 @@ def _output_rank(c: Candidate) -> int | None:
     return None
 
 
-def _weights_rank(c: Candidate) -> int | None:
+def weights_rank(c: Candidate) -> int | None:
     """bmm takes 3-D operands only, and an einsum without an ellipsis operands of its spec's rank."""
     output = c.weights.output
     if output.name == "bmm":
