@@ -17,6 +17,7 @@ from advisor.patterns.einsum import ELLIPSIS, EinsumMismatch, parse_spec
 from advisor.patterns.ops import OpReader, int_value
 from advisor.patterns.facts import Fact, ASSUMED
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 NOT_ON_GPU = "emitted code for this backend has not been run on a GPU by advisor"
 
@@ -52,8 +53,14 @@ def site_facts(parsed: ParsedModule, match: AttentionMatch) -> SiteFacts:
 def plan_backend(parsed: ParsedModule, match: AttentionMatch, requested: str = "sdpa") -> BackendPlan:
     facts = site_facts(parsed, match)
     verdicts = backend_eligibility(facts)
+    verdicts["flex"] = Verdict(True, "flex_attention takes every step of the scores") if match.flex is not None \
+        else Verdict(False, match.flex_refusal or "not analysed")
     if requested == "sdpa":
         return BackendPlan(requested, "sdpa", verdicts)
+    if requested == "flex":
+        if match.flex is None:
+            return BackendPlan(requested, "sdpa", verdicts, reason=f"kept SDPA: flex not eligible ({match.flex_refusal})")
+        return BackendPlan(requested, "flex", verdicts, reason=NOT_ON_GPU)
     key = "sdpa-flash" if requested == "flash" else "flash-attn"
     verdict = verdicts[key]
     if verdict.eligible is False:
@@ -103,7 +110,7 @@ def _rank(parsed: ParsedModule, match: AttentionMatch) -> int | None:
     only, and an einsum's output (..., query, key) has the rank the rewrite gives q. None when not fixed."""
     collector = _ProductCollector(OpReader(parsed, None))
     for node in [*match.removed, match.output_node]:
-        node.visit(collector)
+        walk(node, collector)
     return collector.ranks.pop() if len(collector.ranks) == 1 else None
 
 

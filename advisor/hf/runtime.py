@@ -19,6 +19,7 @@ from advisor.rules.attention import MEASURED
 from advisor.rules.attention_config.eager_attention import RULE as EAGER
 from advisor.rules.attention_config.measured_eager import RULE as MEASURED_EAGER
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 RULE = MEASURED_EAGER.code
 LIBRARY_ATTENTION_RULE = MEASURED.code
@@ -101,7 +102,7 @@ def _building_line(parsed: ParsedModule, function: str) -> tuple[int, int]:
     if definition is None:
         return 1, 1
     collector = _TransformersCalls(parsed)
-    definition.visit(collector)
+    walk(definition, collector)
     if not collector.calls:
         return parsed.line(definition.name), parsed.line(definition.name)
     return parsed.line(collector.calls[0]), parsed.end_line(collector.calls[0])
