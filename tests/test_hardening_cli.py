@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from advisor.cli import main
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
 

@@ -17,7 +17,7 @@ import pytest
 UNIT = '''
 """ADV206: a clone of a fresh clone."""
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_returned, returned
 from advisor.runtime.detect import Detection

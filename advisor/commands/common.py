@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import parse_selectors
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.report.terminal import shown
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.registry import families
 from advisor.runtime.detect import Detection
 from advisor.runtime.rank import to_findings

@@ -18,7 +18,7 @@ from functools import partial
 import libcst as cst
 
 from advisor.child_lifetime import end_with_parent
-from advisor.findings import Finding, ScanError, display_path
+from advisor.contracts.finding import Finding, ScanError, display_path
 from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render

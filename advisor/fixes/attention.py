@@ -7,7 +7,7 @@ import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.engine.static import Detected
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.fixes.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention

@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 
 
 @dataclass(frozen=True)

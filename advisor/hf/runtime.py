@@ -10,7 +10,7 @@ import os
 
 import libcst as cst
 
-from advisor.findings import Finding, display_path
+from advisor.contracts.finding import Finding, display_path
 from advisor.hf.config_rules import LOADERS
 from advisor.hf.findings import config_findings
 from advisor.registry import load_rules

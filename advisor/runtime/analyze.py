@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from advisor.findings import Finding, ScanError
+from advisor.contracts.finding import Finding, ScanError
 from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
 from advisor.runtime.rank import rank

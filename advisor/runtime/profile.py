@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from advisor.engine.runtime import runtime_findings
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.hf.runtime import with_eager_attention_finding
 from advisor.runtime.capture import Capture, capture
 from advisor.runtime.runner import check_runs, prepare

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.registry import load_rules
 
 if TYPE_CHECKING:  # both import torch; `analyze` ranks trace findings without it

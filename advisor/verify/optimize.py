@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from advisor.errors import AdvisorError
-from advisor.findings import Finding, display_path
+from advisor.contracts.finding import Finding, display_path
 from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
 from advisor.report.folder import ReportFolder

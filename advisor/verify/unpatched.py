@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from advisor.engine.static import analyze_source, might_match
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.static.discover import read_source
 
 NO_RULE = "no rewrite rule matched this code: advisor has no patch for it"

@@ -1,5 +1,5 @@
 """Attention configuration in the user's own code: Hugging Face settings that force the eager attention path, and
-the deprecated SDPA kernel context manager. One module per rule, each a `SiteRule` (advisor.hf.site_rule) whose
+the deprecated SDPA kernel context manager. One module per rule, each a `SiteRule` (advisor.contracts.site_rule) whose
 `check` reads one call or assignment (advisor.hf.config_rules walks them); fixes are one-expression edits. ADV604
 is the same setting measured: a profiled transformers model that ran eager attention (advisor.hf.runtime)."""
 

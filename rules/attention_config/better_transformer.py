@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.hf.site_rule import SiteRule
+from advisor.contracts.site_rule import SiteRule
 from advisor.registry import positive
 from advisor.rules.attention_config._links import HF_SDPA
 

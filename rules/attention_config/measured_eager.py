@@ -3,7 +3,7 @@ user line that chose it)."""
 
 from __future__ import annotations
 
-from advisor.hf.site_rule import SiteRule
+from advisor.contracts.site_rule import SiteRule
 from advisor.rules.attention_config._links import HF_ATTENTION
 
 RULE = SiteRule(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.hf.site_rule import SiteRule
+from advisor.contracts.site_rule import SiteRule
 from advisor.lazy import lazy_import
 from advisor.registry import positive
 

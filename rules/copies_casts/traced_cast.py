@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 
 RULE = CallRule(
     code="ADV305", kind="cast", title="Cast seen in a trace",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 
 RULE = CallRule(
     code="ADV205", kind="contiguous", title="Layout copy seen in a trace",
