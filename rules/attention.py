@@ -4,7 +4,8 @@ SDPA's fallback to its math kernel, and masks rebuilt every step, in a profile o
 
 from __future__ import annotations
 
-from advisor.registry import Family, Rule, negative, positive, workload_module
+from advisor.contracts.family import Family
+from advisor.contracts.rule import Rule, negative, positive, workload_module
 
 SDPA_DOCS = "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html"
 

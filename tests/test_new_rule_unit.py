@@ -20,7 +20,7 @@ UNIT = '''
 from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_returned, returned
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
 

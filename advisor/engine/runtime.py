@@ -9,7 +9,7 @@ from importlib import import_module
 
 from advisor.contracts.finding import Finding
 from advisor.registry import families
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection
 from advisor.runtime.rank import to_findings
 from advisor.runtime.recorder import OpGraph
 from advisor.runtime.timing import Timing

@@ -6,7 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.backends.site import plan_backend
-from advisor.engine.static import Detected
+from advisor.contracts.detected import Detected
 from advisor.contracts.finding import Finding
 from advisor.fixes.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
@@ -14,7 +14,7 @@ from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.attention.guards import settle_guards
 from advisor.patterns.call_site_facts import settle_from_call_sites
-from advisor.registry import Rule
+from advisor.contracts.rule import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.guard import guarded

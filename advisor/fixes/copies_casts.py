@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.engine.static import Detected
+from advisor.contracts.detected import Detected
 from advisor.contracts.finding import Finding
 from advisor.fixes.aliasing import layout_or_escape, writes_in_place
 from advisor.contracts.call_rule import CallRule

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.engine.static import Detected
+from advisor.contracts.detected import Detected
 from advisor.contracts.finding import Finding
 from advisor.hf.config_rules import find_config_issues
 from advisor.registry import load_rules

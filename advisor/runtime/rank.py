@@ -10,7 +10,7 @@ from advisor.contracts.finding import Finding
 from advisor.registry import load_rules
 
 if TYPE_CHECKING:  # both import torch; `analyze` ranks trace findings without it
-    from advisor.runtime.detect import Detection
+    from advisor.contracts.detection import Detection
     from advisor.runtime.timing import Timing
 
 

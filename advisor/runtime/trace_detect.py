@@ -11,6 +11,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 
+from advisor.contracts.detection import TraceHit
 from advisor.runtime.detect.ops import FUSED_SDPA
 from advisor.runtime.events import OpEvents
 from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
@@ -24,13 +25,6 @@ _MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm"}
 _SOFTMAX = {"aten::softmax", "aten::_softmax", "aten::_safe_softmax"}
 _SDPA = "aten::scaled_dot_product_attention"
 _CALLS = {"aten::contiguous", "aten::to", "aten::tril", "aten::triu"}  # what detect's per-op loop looks at
-
-
-class TraceHit:
-    """A detection in a trace: rule, the events it covers, and a message."""
-
-    def __init__(self, rule: str, events: list[int], message: str, evidence: dict | None = None):
-        self.rule, self.events, self.message, self.evidence = rule, events, message, evidence or {}
 
 
 class _Children:

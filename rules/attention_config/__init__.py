@@ -5,7 +5,7 @@ is the same setting measured: a profiled transformers model that ran eager atten
 
 from __future__ import annotations
 
-from advisor.registry import Family, unit_rules
+from advisor.contracts.family import Family, unit_rules
 
 RULES = unit_rules(__name__)
 

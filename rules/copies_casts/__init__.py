@@ -7,7 +7,7 @@ advisor.runtime.trace_detect, since a Chrome trace cannot tell a needed copy apa
 
 from __future__ import annotations
 
-from advisor.registry import Family, unit_rules
+from advisor.contracts.family import Family, unit_rules
 
 RULES = unit_rules(__name__)
 

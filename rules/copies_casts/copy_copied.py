@@ -5,7 +5,7 @@ from __future__ import annotations
 from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection
 
 roles = lazy_import("advisor.patterns.copies_casts")
 engine = lazy_import("advisor.fixes.copies_casts")

@@ -3,18 +3,3 @@ Detections: a rule, the recorded ops whose measured time is the finding's cost, 
 happened."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-
-from advisor.runtime.frames import Location
-
-
-@dataclass
-class Detection:
-    rule: str
-    loc: Location
-    end_line: int
-    nodes: frozenset[int]
-    message: str
-    evidence: dict = field(default_factory=dict)
-    per_call: dict = field(default_factory=dict)  # evidence that may differ per call: a finding lists each value seen

@@ -3,7 +3,7 @@ tril/triu/comparisons, i.e. from nothing the inputs change, that then meets the 
 
 from __future__ import annotations
 
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection
 from advisor.runtime.detect.ops import FACTORIES, in_sdpa_call
 from advisor.rules.attention import MASK_REBUILT
 

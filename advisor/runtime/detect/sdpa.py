@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from advisor.backends.eligibility import backend_eligibility, to_json
 from advisor.backends.runtime import facts_from_shapes
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection
 from advisor.runtime.detect.ops import FUSED_SDPA
 from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
 from advisor.rules.attention import MATH_FALLBACK
