@@ -144,16 +144,31 @@ MASK_REBUILT = Rule(
 )
 
 
-def _detect(context):
-    from advisor.fixes.attention import attention_findings
+def _detect(context, rules):
+    from advisor.fixes.attention import AttentionRules, attention_findings
 
     blocks = context.evidence.blocks if context.evidence is not None else []
-    return attention_findings(context.parsed, context.backend, blocks, context.tree, context.tree_facts)
+    return attention_findings(context.parsed, context.backend, AttentionRules(SAFE, ESCAPING, UNPROVED), blocks,
+                              context.tree, context.tree_facts)
+
+
+def _graph(op_graph, device, rules):
+    from advisor.runtime.detect import attention, masks, sdpa
+
+    return (attention.detect(op_graph, device, MEASURED) + sdpa.detect(op_graph, device, MATH_FALLBACK)
+            + masks.detect(op_graph, device, MASK_REBUILT))
+
+
+def _trace(view, rules):
+    from advisor.runtime.trace_attention import attention_hits, mask_rebuilt_hits, math_fallback_hits
+
+    yield from attention_hits(view, MEASURED)
+    yield from math_fallback_hits(view, MATH_FALLBACK)
+    yield from mask_rebuilt_hits(view, MASK_REBUILT)
 
 
 FAMILY = Family(
     name="attention", rules=(SAFE, ESCAPING, UNPROVED, MEASURED, MATH_FALLBACK, MASK_REBUILT),
     prefilter=("softmax",),  # every attention matcher anchors on a softmax
-    static=_detect,
-    graph_detectors=("advisor.runtime.detect.attention", "advisor.runtime.detect.sdpa", "advisor.runtime.detect.masks"),
+    static=_detect, graph=_graph, trace=_trace,
 )

@@ -13,16 +13,21 @@ from advisor.contracts.rule import Rule
 
 @dataclass(frozen=True)
 class Family:
-    """One rule unit: rules that share a detector. The static detector runs on a file only when one of the
-    family's `prefilter` tokens (by default its rules' tokens) occurs in it (lower case), or always when the run
-    has runtime evidence and `uses_evidence`."""
+    """One rule unit: rules that share detectors. Its hooks are how each engine runs it, each called with the
+    family's own rules last, so no engine names a rule: `static` (the static engine, per file), `graph` (a profiled
+    run's op graph), `trace` (a Chrome trace's ops), `post_profile` (the ranked findings of a profiled workload,
+    with its model: a family may add findings that need the live model). A rule's own `graph` and `trace` run
+    beside them. The static hook runs on a file only when one of the family's `prefilter` tokens (by default its
+    rules' tokens) occurs in it (lower case), or always when the run has runtime evidence and `uses_evidence`."""
 
     name: str
     rules: tuple[Rule, ...]
     prefilter: tuple[str, ...] = ()
-    static: Callable | None = None  # (StaticContext) -> list[Detected]; see advisor.contracts.detected
-    graph_detectors: tuple[str, ...] = ()  # modules whose detect(op_graph, device) finds several of its codes
-    uses_evidence: bool = False  # a profile's evidence for the file makes the static detector run
+    static: Callable | None = None  # (StaticContext, rules) -> list[Detected]; see advisor.contracts.detected
+    graph: Callable | None = None  # (OpGraph, device, rules) -> list[Detection]
+    trace: Callable | None = None  # (TraceView, rules) -> Iterable[TraceHit]; see advisor.runtime.trace_detect
+    post_profile: Callable | None = None  # (model, target, ranked findings, rules) -> ranked findings
+    uses_evidence: bool = False  # a profile's evidence for the file makes the static hook run
 
     @cached_property  # read for every file scanned
     def tokens(self) -> tuple[str, ...]:

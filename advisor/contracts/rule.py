@@ -81,6 +81,7 @@ class Rule:
     threshold_share: float = 0.0  # a runtime finding below this share of the run is negligible
     enabled: bool = True
     graph: Callable | None = None  # its runtime detector: (OpGraph, device) -> list[Detection]
+    trace: Callable | None = None  # its trace detector: (TraceView) -> Iterable[TraceHit]
     tokens: tuple[str, ...] = ()  # what a file must contain (lower case) for its static detector to find anything
 
     def __post_init__(self) -> None:

@@ -138,7 +138,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     for family in families():
         if family.static is None or not (family.might_match(lowered) or family.uses_evidence and evidence):
             continue
-        for found in family.static(context):
+        for found in family.static(context, family.rules):
             rule = found.finding.rule
             if is_selected(rule, select, ignore) and not _is_suppressed(suppressed, found.finding, rule):
                 detected.append(found)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from advisor.engine.runtime import runtime_findings
+from advisor.engine.runtime import after_profile, runtime_findings
 from advisor.contracts.finding import Finding
-from advisor.hf.runtime import with_eager_attention_finding
 from advisor.runtime.capture import Capture, capture
 from advisor.runtime.runner import check_runs, prepare
 from advisor.runtime.timing import Timing, attribute
@@ -42,5 +41,5 @@ def profile_workload(workload: Workload, target: str, device: str | None = None,
     progress("attributing time and detecting")
     timing = attribute(result.events, result.graph, result.profiled_steps)
     findings = runtime_findings(result.graph, result.device, timing)
-    findings = with_eager_attention_finding(workload.model, target, findings)  # HF eager attention (issue 10)
+    findings = after_profile(workload.model, target, findings)
     return ProfileReport(target, result, timing, findings, train)
