@@ -79,7 +79,7 @@ spec.loader.exec_module(family)
 from advisor.cli import main
 from advisor.registry import load_rules
 from advisor.runtime.analyze import analyze_path
-from advisor.runtime.profile import profile_workload
+from advisor.engine.profiling import profile_workload
 from advisor.workload_loader import load_workload
 
 out = {"registered": "ADV206" in load_rules()}

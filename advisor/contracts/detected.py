@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from advisor.contracts.finding import Finding
 
 if TYPE_CHECKING:
-    from advisor.fixes.evidence import FileEvidence
+    from advisor.contracts.evidence import FileEvidence
     from advisor.rewrite.apply import NodeEdits
     from advisor.rewrite.splice import Edit
     from advisor.static.call_sites import Tree

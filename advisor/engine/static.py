@@ -20,7 +20,7 @@ import libcst as cst
 from advisor.child_lifetime import end_with_parent
 from advisor.contracts.detected import Detected, StaticContext
 from advisor.contracts.finding import Finding, ScanError, display_path
-from advisor.fixes.evidence import RuntimeEvidence
+from advisor.contracts.evidence import RuntimeEvidence
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff

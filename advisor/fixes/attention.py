@@ -11,7 +11,7 @@ from advisor.backends.site import plan_backend
 from advisor.contracts.detected import Detected
 from advisor.contracts.finding import Finding
 from advisor.contracts.rule import Rule
-from advisor.fixes.evidence import BlockCall
+from advisor.contracts.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact

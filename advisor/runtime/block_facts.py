@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from advisor.fixes.evidence import BlockCall, MaskSeen
+from advisor.contracts.evidence import BlockCall, MaskSeen
 from advisor.runtime.detect.ops import VIEWS, matmul_operands
 from advisor.runtime.recorder import TensorMeta
 

@@ -18,7 +18,7 @@ import torch
 
 from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding, display_path
-from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
+from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
 from advisor.report.folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically

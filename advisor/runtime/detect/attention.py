@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from advisor.contracts.detection import Detection
 from advisor.contracts.rule import Rule
-from advisor.fixes.evidence import BlockCall
+from advisor.contracts.evidence import BlockCall
 from advisor.runtime.block_facts import BlockOps, block_call
 from advisor.runtime.detect.axes import follow_axis, normalise
 from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call, matmul_operands

@@ -95,7 +95,7 @@ class RuntimeEvidence:
 
 
 def evidence_from_report(report) -> RuntimeEvidence:
-    """From a runtime.profile.ProfileReport: its findings, and the watched calls and in-place ops of its
+    """From a engine.profiling.ProfileReport: its findings, and the watched calls and in-place ops of its
     recorded step, by file and line, and what its attention blocks saw."""
     from advisor.runtime.detect.attention import block_calls  # torch: only a profiled run gets here
 
