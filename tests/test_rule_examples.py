@@ -45,8 +45,7 @@ def test_rule_example(rule, example):
 def test_rule_workload_example(rule, example, tmp_path):
     """Profiled for real (one step): a positive is measured on its file; its fix through the profile's evidence
     (what `fix --profile` applies) gives exactly `fixed`, or no patch and `reason`; a negative is not measured."""
-    from advisor.contracts.evidence import evidence_from_report
-    from advisor.engine.profiling import profile_workload
+    from advisor.engine.profiling import evidence_from_report, profile_workload
     from advisor.workload_loader import load_workload
 
     path = tmp_path / f"example_{rule.code.lower()}.py"

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from advisor.cli import main
 from advisor.engine.static import analyze_source
-from advisor.contracts.evidence import BlockCall, MaskSeen, RuntimeEvidence, add_block_calls, evidence_from_report
+from advisor.contracts.evidence import BlockCall, MaskSeen, RuntimeEvidence, add_block_calls
+from advisor.engine.profiling import evidence_from_report
 from advisor.report import optimize_console, optimize_html, optimize_markdown
 from advisor.report import optimize_view as view
 from advisor.runtime.detect.attention import block_calls

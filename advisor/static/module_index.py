@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from advisor.rewrite.splice import LineIndex
+from advisor.static.line_index import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 
 if TYPE_CHECKING:
