@@ -1,5 +1,5 @@
 """Hand-written attention: the static matcher (advisor.patterns.attention) proves each role of a block and the fix
-(advisor.fixes.attention) writes one scaled_dot_product_attention call; the runtime detectors see the same block,
+(advisor.fixes.attention_fix) writes one scaled_dot_product_attention call; the runtime detectors see the same block,
 SDPA's fallback to its math kernel, and masks rebuilt every step, in a profile or a trace."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ MASK_REBUILT = Rule(
 
 
 def _detect(context, rules):
-    from advisor.fixes.attention import AttentionRules, attention_findings
+    from advisor.fixes.attention_fix import AttentionRules, attention_findings
 
     blocks = context.evidence.blocks if context.evidence is not None else []
     return attention_findings(context.parsed, context.backend, AttentionRules(SAFE, ESCAPING, UNPROVED), blocks,
@@ -153,10 +153,11 @@ def _detect(context, rules):
 
 
 def _graph(op_graph, device, rules):
-    from advisor.runtime.detect import attention, masks, sdpa
+    from advisor.runtime.detect import attention_graph, mask_rebuild_graph, sdpa_fallback_graph
 
-    return (attention.detect(op_graph, device, MEASURED) + sdpa.detect(op_graph, device, MATH_FALLBACK)
-            + masks.detect(op_graph, device, MASK_REBUILT))
+    return (attention_graph.detect(op_graph, device, MEASURED)
+            + sdpa_fallback_graph.detect(op_graph, device, MATH_FALLBACK)
+            + mask_rebuild_graph.detect(op_graph, device, MASK_REBUILT))
 
 
 def _trace(view, rules):

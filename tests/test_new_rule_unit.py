@@ -23,7 +23,7 @@ from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_returned, returned
 from advisor.contracts.detection import Detection, TraceHit
 
-roles = lazy_import("advisor.patterns.copies_casts")
+roles = lazy_import("advisor.patterns.copy_cast_roles")
 
 
 def prove(parsed, call):
@@ -78,7 +78,7 @@ sys.modules[spec.name] = family = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(family)
 from advisor.cli import main
 from advisor.registry import load_rules
-from advisor.runtime.analyze import analyze_path
+from advisor.runtime.trace_analysis import analyze_path
 from advisor.engine.profiling import profile_workload
 from advisor.workload_loader import load_workload
 

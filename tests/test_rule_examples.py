@@ -113,7 +113,7 @@ def test_every_code_a_detector_can_emit_is_a_registered_rule():
 
 
 def test_the_copy_cast_prefilter_passes_every_cast_the_static_proofs_read():
-    from advisor.patterns.copies_casts import CAST_METHODS, DTYPES
+    from advisor.patterns.copy_cast_roles import CAST_METHODS, DTYPES
     from advisor.rules.copies_casts import FAMILY
 
     for spelling in [*CAST_METHODS, *DTYPES]:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from advisor.contracts.evidence import FileEvidence, RuntimeEvidence, RuntimeHit, add_block_calls
 from advisor.contracts.finding import Finding
-from advisor.engine.runtime import after_profile, runtime_findings
+from advisor.engine.runtime_engine import after_profile, runtime_findings
 from advisor.runtime.capture import Capture, capture
-from advisor.runtime.detect.attention import block_calls
+from advisor.runtime.detect.attention_graph import block_calls
 from advisor.runtime.runner import check_runs, prepare
-from advisor.runtime.timing import Timing, attribute
+from advisor.runtime.time_attribution import Timing, attribute
 from advisor.workload import Workload
 
 

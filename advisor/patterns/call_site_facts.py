@@ -17,7 +17,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from advisor.patterns import masks as mk
-from advisor.patterns.copies_casts import dtype_name
+from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import OpReader, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver

@@ -11,7 +11,7 @@ from advisor.registry import load_rules
 
 if TYPE_CHECKING:  # both import torch; `analyze` ranks trace findings without it
     from advisor.contracts.detection import Detection
-    from advisor.runtime.timing import Timing
+    from advisor.runtime.time_attribution import Timing
 
 
 def to_findings(detections: list[Detection], timing: Timing) -> list[Finding]:

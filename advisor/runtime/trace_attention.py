@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 from advisor.contracts.detection import TraceHit
 from advisor.contracts.rule import Rule
-from advisor.runtime.detect.ops import FUSED_SDPA
-from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
+from advisor.runtime.detect.op_kinds import FUSED_SDPA
+from advisor.runtime.sdpa_fallback import SdpaArgs, fallback_reasons
 from advisor.runtime.trace_detect import TraceView
 
 _MATMUL = {"aten::matmul", "aten::bmm", "aten::baddbmm"}

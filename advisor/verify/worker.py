@@ -149,7 +149,7 @@ class Worker:
         under the op recorder."""
         import torch
 
-        from advisor.runtime.detect.attention import block_calls
+        from advisor.runtime.detect.attention_graph import block_calls
         from advisor.runtime.recorder import OpRecorder
 
         args, kwargs = self._placed(args, kwargs)

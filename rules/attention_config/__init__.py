@@ -1,7 +1,7 @@
 """Attention configuration in the user's own code: Hugging Face settings that force the eager attention path, and
 the deprecated SDPA kernel context manager. One module per rule, each a `SiteRule` (advisor.contracts.site_rule)
 whose `check` reads one call or assignment (advisor.hf.config_rules walks them); fixes are one-expression edits.
-ADV604 is the same setting measured: after a profile, the family's post-profile hook (advisor.hf.runtime) finds a
+ADV604 is the same setting measured: after a profile, the family's post-profile hook (advisor.hf.eager_profile) finds a
 transformers model that ran eager attention."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def _detect(context, rules):
 
 
 def _after_profile(model, target, ranked, rules):
-    from advisor.hf.runtime import EagerAttentionRules, with_eager_attention_finding
+    from advisor.hf.eager_profile import EagerAttentionRules, with_eager_attention_finding
     from advisor.rules.attention import MEASURED
     from advisor.rules.attention_config.eager_attention import RULE as EAGER
     from advisor.rules.attention_config.measured_eager import RULE as MEASURED_EAGER

@@ -1,4 +1,4 @@
-"""ADV604: a profiled transformers model ran eager attention (advisor.hf.runtime measures it and points at the
+"""ADV604: a profiled transformers model ran eager attention (advisor.hf.eager_profile measures it and points at the
 user line that chose it)."""
 
 from __future__ import annotations

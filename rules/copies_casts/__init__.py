@@ -1,4 +1,4 @@
-"""Copies and casts: one module per rule, each a `CallRule` (advisor.fixes.copies_casts) holding its docs, examples,
+"""Copies and casts: one module per rule, each a `CallRule` (advisor.fixes.copy_cast_fix) holding its docs, examples,
 static proof, runtime join and op-graph detector. Adding a rule to this family is adding a module here.
 
 The findings are proved redundant from the source, or measured by a profile (`fix --profile`) and joined to the
@@ -13,7 +13,7 @@ RULES = unit_rules(__name__)
 
 
 def _detect(context, rules):
-    from advisor.fixes.copies_casts import copy_cast_findings
+    from advisor.fixes.copy_cast_fix import copy_cast_findings
 
     return copy_cast_findings(context.parsed, context.evidence, context.earlier, rules)
 

@@ -7,8 +7,8 @@ from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
 from advisor.contracts.detection import Detection, TraceHit
 
-roles = lazy_import("advisor.patterns.copies_casts")
-engine = lazy_import("advisor.fixes.copies_casts")
+roles = lazy_import("advisor.patterns.copy_cast_roles")
+engine = lazy_import("advisor.fixes.copy_cast_fix")
 
 
 def prove(parsed, call):

@@ -18,7 +18,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm
-from advisor.patterns.copies_casts import cast_dtype
+from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, loaded_names
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from advisor.contracts.detection import Detection
 from advisor.contracts.rule import Rule
-from advisor.runtime.detect.ops import FACTORIES, in_sdpa_call
+from advisor.runtime.detect.op_kinds import FACTORIES, in_sdpa_call
 
 _RANDOM = frozenset({"bernoulli_", "bernoulli", "rand", "randn", "rand_like", "randn_like", "normal_", "uniform_",
                      "native_dropout", "randint"})

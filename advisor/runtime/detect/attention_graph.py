@@ -13,7 +13,7 @@ from advisor.contracts.rule import Rule
 from advisor.contracts.evidence import BlockCall
 from advisor.runtime.block_facts import BlockOps, block_call
 from advisor.runtime.detect.axes import follow_axis, normalise
-from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call, matmul_operands
+from advisor.runtime.detect.op_kinds import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call, matmul_operands
 
 # Between scores and softmax (scale, mask, soft-capping, casts); between softmax and the value matmul (dropout).
 _SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "clone", "tanh", "clamp",

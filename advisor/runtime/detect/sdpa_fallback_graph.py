@@ -5,9 +5,9 @@ from __future__ import annotations
 from advisor.contracts.detection import Detection
 from advisor.contracts.rule import Rule
 from advisor.backends.eligibility import backend_eligibility, to_json
-from advisor.backends.runtime import facts_from_shapes
-from advisor.runtime.detect.ops import FUSED_SDPA
-from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
+from advisor.backends.tensor_eligibility import facts_from_shapes
+from advisor.runtime.detect.op_kinds import FUSED_SDPA
+from advisor.runtime.sdpa_fallback import SdpaArgs, fallback_reasons
 
 
 def detect(op_graph, device: str, rule: Rule) -> list[Detection]:

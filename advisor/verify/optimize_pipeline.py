@@ -20,7 +20,7 @@ from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding, display_path
 from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
-from advisor.report.folder import ReportFolder
+from advisor.verify.report_folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
@@ -30,7 +30,7 @@ from advisor.static.tree_facts import TreeFacts, tree_wide_facts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
-from advisor.verify.timing import Paired, interleave, summary
+from advisor.verify.ab_timing import Paired, interleave, summary
 from advisor.verify.unpatched import unpatched
 
 VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"

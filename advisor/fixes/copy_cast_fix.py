@@ -21,7 +21,7 @@ from advisor.contracts.finding import Finding
 from advisor.fixes.aliasing import layout_or_escape, writes_in_place
 from advisor.contracts.call_rule import CallRule
 from advisor.contracts.evidence import FileEvidence, RuntimeHit
-from advisor.patterns import copies_casts as roles
+from advisor.patterns import copy_cast_roles as roles
 from advisor.patterns.facts import FactSheet
 from advisor.registry import load_rules
 from advisor.rewrite.apply import RewriteFailed, SourceEdit, render

@@ -20,7 +20,7 @@ from advisor.patterns.call_site_facts import settle_from_call_sites
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.guard import guarded
-from advisor.rewrite.sdpa import functional_name, sdpa_call
+from advisor.rewrite.sdpa_call import functional_name, sdpa_call
 from advisor.static.call_sites import Tree
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeFacts

@@ -10,7 +10,7 @@ from advisor.contracts.finding import Finding
 from advisor.registry import families
 from advisor.runtime.rank import to_findings
 from advisor.runtime.recorder import OpGraph
-from advisor.runtime.timing import Timing
+from advisor.runtime.time_attribution import Timing
 
 
 def detect_graph(graph: OpGraph, device: str) -> list[Detection]:
