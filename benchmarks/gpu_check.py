@@ -7,12 +7,15 @@ For the benchmark fixtures of attention_speedup.py, in float16 and bfloat16 on C
   passes when its error is within 1e-2 abs + rel, or no worse than 2x the original's own half-precision error);
 * kernel: the attention ops the profiler saw (flash / efficient / cudnn / math SDPA kernels, flash_attn);
 * speed: median forward time of original and variant, alternating rounds with torch.utils.benchmark;
-* eligibility: torch's own can_use_* verdicts on a few synthetic calls next to advisor's static rules.
+* eligibility: torch's own can_use_* verdicts on a few synthetic calls next to advisor's static rules;
+* flex: the forms of flex_attention.py (soft-capping, ALiBi, T5 bias, sliding window, document mask), each as
+  hand-written, SDPA with a materialised mask/bias and compiled FlexAttention through `advisor_flex_attention`,
+  in bfloat16 and float16: times, compile time, errors; a form that cannot run records why and fails nothing.
 
 On a machine without CUDA it says so, writes a results file that records it, and exits 0. `--device cpu` runs
 the same code on the CPU as a smoke test of the script itself (its numbers say nothing about CUDA kernels).
 
-    python benchmarks/gpu_check.py [--seq 2048] [--out gpu_check_results.json] [--device cpu --seq 64]
+    python benchmarks/gpu_check.py [--seq 2048] [--out gpu_check_results.json] [--device cpu --seq 64] [--flex-only]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from attention_speedup import CASES, load  # noqa: E402
+from flex_attention import FORMS, run_form  # noqa: E402
 
 from advisor.backends.eligibility import backend_eligibility  # noqa: E402
 from advisor.backends.tensor_eligibility import facts_from_tensors, torch_eligibility  # noqa: E402
@@ -48,6 +52,7 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--out", default="gpu_check_results.json")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: smoke-test this script")
+    parser.add_argument("--flex-only", action="store_true", help="run only the FlexAttention comparison")
     args = parser.parse_args()
     results: dict = {"torch": torch.__version__, "cuda": torch.cuda.is_available(), "seq": args.seq,
                      "flash_attn_installed": importlib.util.find_spec("flash_attn") is not None}
@@ -58,6 +63,11 @@ def main() -> int:
               f"Wrote {args.out}.")
         return 0
     results["device"] = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (smoke test)"
+    results["flex"] = flex_checks(args.device, args.seq, args.out, results)
+    flex_failed = [f for f in results["flex"] if f.get("parity_ok") is False]
+    if args.flex_only:
+        print(f"gpu_check: {len(results['flex'])} flex runs, {len(flex_failed)} parity failures; wrote {args.out}")
+        return 1 if flex_failed else 0
     results["eligibility"] = eligibility_checks(args.device)
     results["cases"] = []
     with tempfile.TemporaryDirectory() as folder:
@@ -71,8 +81,31 @@ def main() -> int:
     failed = [c for c in results["cases"] if not c.get("parity_ok", False)]
     disagreements = [e for e in results["eligibility"] if not e["static_agrees"]]
     print(f"gpu_check: {len(results['cases'])} runs, {len(failed)} parity/run failures, "
-          f"{len(disagreements)} eligibility disagreements with torch; wrote {args.out}")
-    return 1 if failed or disagreements else 0
+          f"{len(disagreements)} eligibility disagreements with torch, {len(flex_failed)} flex parity failures; "
+          f"wrote {args.out}")
+    return 1 if failed or disagreements or flex_failed else 0
+
+
+def flex_checks(device: str, seq: int, out: str, results: dict) -> list[dict]:
+    """Each FlexAttention form in each half dtype (float32 on the CPU smoke test); the file is rewritten after each,
+    so a run cut short still leaves what it measured. A form that raises records the error, not a failure."""
+    records = []
+    dtypes = DTYPES if device == "cuda" else {"float32": torch.float32}
+    for name in FORMS:
+        shape = (1, 8, max(4096, 2 * seq), 64) if name == "window" else (2, 8, seq, 64)
+        for dtype_name, dtype in dtypes.items():
+            try:
+                record = run_form(name, shape, device=device, dtype=dtype)
+                # half precision: within 1e-2 of the hand-written block, or no further than SDPA is from it
+                record["parity_ok"] = record["flex_max_err"] <= max(ATOL, 2 * record.get("sdpa_max_err", 0.0))
+            except Exception as exc:  # noqa: BLE001 - flex or a form unavailable here is a result
+                record = {"form": name, "shape": list(shape), "dtype": dtype_name,
+                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+            records.append(record)
+            print(_flex_summary(record), flush=True)
+            results["flex"] = records
+            Path(out).write_text(json.dumps(results, indent=2))
+    return records
 
 
 def run_case(fixture: str, case, dtype_name: str, dtype: torch.dtype, variant: str, seq: int, folder: Path,
@@ -161,6 +194,15 @@ def eligibility_checks(device: str) -> list[dict]:
                                "torch": {k: v.to_json() for k, v in torch_verdicts.items()},
                                "static": {k: v.to_json() for k, v in static.items()}})
     return checks
+
+
+def _flex_summary(record: dict) -> str:
+    head = f"flex {record['form']:10s} {record['dtype']:9s} {','.join(map(str, record['shape'])):>14s}"
+    if "error" in record:
+        return f"{head} ERROR {record['error'][:80]}"
+    sdpa = f"sdpa {record['sdpa_ms']:.2f} ms " if "sdpa_ms" in record else ""
+    return (f"{head} hand {record['hand_written_ms']:.2f} ms {sdpa}flex {record['flex_ms']:.2f} ms "
+            f"({record['flex_speedup']:.2f}x hand) err {record['flex_max_err']:.1e} compile {record['compile_s']:.1f}s")
 
 
 def _summary(record: dict) -> str:
