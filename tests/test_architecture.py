@@ -10,6 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "advisor"
 LOADERS = {"import_module", "lazy_import", "__import__"}
+# Imports that still run up, each named in ARCHITECTURE.md; the list only shrinks.
+KNOWN_UPWARD = {("patterns/attention/anchors.py", "advisor.rewrite.flex_prelude")}
 
 
 def _layer_table() -> list[tuple[str, list[str]]]:
@@ -87,7 +89,7 @@ def test_no_import_runs_up_a_layer():
             if name == "advisor" or target is None:
                 continue
             theirs = _layer_of(target)
-            if theirs > mine:
+            if theirs > mine and (relative, name) not in KNOWN_UPWARD:
                 upward.append(f"{relative} ({TABLE[mine][0]}) imports {name} ({TABLE[theirs][0]})")
     assert upward == []
 

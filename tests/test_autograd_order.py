@@ -159,6 +159,51 @@ def test_proved_over_a_tree_that_only_takes_first_order_gradients(tmp_path):
     assert "the 2 scanned files" in _fact(finding, "proved")["why"]
 
 
+# A helper that passes on its own `create_graph` parameter (a loss scaler's `backward(create_graph=create_graph)`)
+# asks only where a call turns it on; where nothing in the tree uses the helper, no call of the tree does.
+
+SCALER = '''
+    class Scaler:
+        def __call__(self, loss, optimizer, clip=None, create_graph=False):
+            loss.backward(create_graph=create_graph)
+            optimizer.step()
+'''
+
+
+def test_a_create_graph_parameter_passed_on_by_a_helper_nothing_uses_asks_nothing(tmp_path):
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("from .scaler import Scaler\n__all__ = ['Scaler']\n")
+    (tmp_path / "utils" / "scaler.py").write_text(textwrap.dedent(SCALER), encoding="utf-8")
+    finding = _model_finding([_tree(tmp_path, "import torch\n")])
+    assert finding.fix_safety == "safe"
+    assert "scaler.py:4 passes on a parameter, off by default, of `Scaler`" in _fact(finding, "proved")["why"]
+    unseen = scan_paths([str(tmp_path)], jobs=1, call_site_facts=False)  # its callers may live outside the tree
+    assert [f.fix_safety for f in unseen.findings if f.kind == "attention"] == ["unsafe"]
+
+
+PASSED_ON_AND_ASKED = {  # the helper, and a use of it, in one train.py: each makes the site ask
+    "called_positionally": SCALER + "\ndef step(loss, opt):\n    Scaler()(loss, opt, None, True)\n",
+    "built_and_stored": SCALER + "\nSCALER = Scaler()\n",
+    "imported_under_another_name": "from utils_scaler import Scaler as S\n",
+    "named_in_a_string": SCALER + "\nmaker = globals()['Scaler']\n",
+    "subclassed": SCALER + "\nclass Mine(Scaler):\n    pass\n",
+    "default_on": SCALER.replace("create_graph=False)", "create_graph=True)"),
+    "rebound": SCALER.replace("            loss.backward", "            create_graph = not clip\n"
+                                                        "            loss.backward"),
+    "function_called": "\ndef scale(loss, create_graph=None):\n    loss.backward(create_graph=create_graph)\n"
+                       "\nscale(1.0, 'yes')\n",
+    "nested_function": "\ndef outer(loss):\n    def inner(create_graph=False):\n"
+                       "        loss.backward(create_graph=create_graph)\n    return inner(True)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PASSED_ON_AND_ASKED))
+def test_a_passed_on_create_graph_asks_where_the_tree_may_turn_it_on(tmp_path, name):
+    (tmp_path / "utils_scaler.py").write_text(textwrap.dedent(SCALER), encoding="utf-8")
+    finding = _model_finding([_tree(tmp_path, PASSED_ON_AND_ASKED[name])])
+    assert finding.fix_safety == "unsafe", name
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Which code asks for it, names resolved through imports
 

@@ -54,9 +54,10 @@ JUDGEMENTS: dict[str, Judgement] = {
                  "right: dropout under `if dropout_p:` is dropout; the finite fill on key padding is an assumption "
                  "(the unannotated scale is guarded)"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
-    "p15_blip_saved_map": J((REFUSED,), ("save_attention_map", "None"),
-                            "right: the weights are stored and hooked (inline `nn.Softmax(dim=-1)(x)` is read since "
-                            "this round; it was silently skipped)"),
+    "p15_blip_saved_map": J((UNSAFE,), ("fully masked",),
+                            "right since issue 16.6: the map is saved and hooked only under `if self.save_attention:`, "
+                            "so SDPA runs where that flag is off (a guarded check) and the original where it is on; "
+                            "the caller's -10000 mask values are unseen"),
     "p16_bert_head_mask": J((REFUSED,), ("head_mask",)),
     "p17_bigbird_dense_intmask": J((UNSAFE,), ("fully masked", "finfo"),
                                    "right since this round (was an UNSOUND safe patch): a fully padded sample's rows "
@@ -68,7 +69,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p22_conformer_relpos": J((UNSAFE,), ("pos_attn", "fully masked"),
                               "right: the relative-position term rides as an additive mask of unseen dtype"),
     "p23_openfold_bias_loop": J((REFUSED,), ("several paths",), "right but vague: `a += b` in a loop over biases"),
-    "p24_swinv2_cosine": J((REFUSED,), ("logit_scale",)),
+    "p24_swinv2_cosine": J((UNSAFE,), ("additive mask",), "right: the logit scale folds into q (issue 16.4); the "
+                                                          "added sigmoid bias's dtype and rank are left open"),
     "p25_diff_attention": J((REFUSED,), (".view(", "mixed"), "right: two softmax maps combined"),
     "p26_kv_cache_causal": J((SAFE,)),
     "p27_linear_attention": J(()),

@@ -48,6 +48,10 @@ def _rewritten_module(family: str, tmp_path: Path, monkeypatch):
     source = _modeling_file(family).read_text()
     fixed = analyze_source(source, str(_modeling_file(family)), unsafe_fixes=True).fixed
     assert fixed != source
+    return _loaded(family, fixed, tmp_path, monkeypatch)
+
+
+def _loaded(family: str, fixed: str, tmp_path: Path, monkeypatch):
     path = tmp_path / f"advisor_modeling_{family}.py"
     path.write_text(fixed)
     name = f"transformers.models.{family}.advisor_modeling_{family}"  # relative imports resolve in the package
@@ -90,3 +94,60 @@ def test_unsafe_rewrite_matches_the_library_sdpa_path(family, tmp_path, monkeypa
     torch.testing.assert_close(actual[valid], expected[valid], atol=1e-5, rtol=1e-5)
     ops = dispatched_ops(candidate, (input_ids,))
     assert uses_sdpa(ops) and "aten::_softmax" not in ops  # the eager path now runs SDPA, not a softmax
+
+
+# issue 16.6: BART's form (MVP, LED, SpeechT5, TrOCR): the weights reshaped under `if output_attentions:`, None
+# otherwise. The patch runs SDPA only with the flag off, the library's own code with it on.
+SMALL = dict(d_model=32, decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=64, vocab_size=97,
+             max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)
+ON_REQUEST = {
+    "mvp": ("MvpConfig", "MvpModel", dict(SMALL, encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=64)),
+    "trocr": ("TrOCRConfig", "TrOCRForCausalLM", SMALL),
+}
+
+
+def _outputs_and_grads(model, inputs: dict, output_attentions: bool):
+    model.zero_grad()
+    output = model(**inputs, output_attentions=output_attentions)
+    tensors = [value for key, value in output.items() if isinstance(value, torch.Tensor)]
+    tensors += [weights for key, value in output.items() if "attentions" in key and value for weights in value]
+    loss = sum((t * torch.cos(torch.arange(t.numel(), dtype=t.dtype).view(t.shape))).sum() for t in tensors)
+    loss.backward()
+    return tensors, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("family", sorted(ON_REQUEST))
+def test_weights_on_request_take_sdpa_with_the_flag_off_and_the_library_path_with_it_on(family, tmp_path,
+                                                                                         monkeypatch):
+    result = analyze_source(_modeling_file(family).read_text(), str(_modeling_file(family)), unsafe_fixes=True)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fixable and "flag-is-bool" in str(finding.extra["facts"])
+    # the only unproved fact is the caller's mask: what an unsafe patch of any eager attention of transformers assumes
+    assert [fact["name"] for fact in finding.extra["facts"]["assumed"]] == ["fully-masked-rows"]
+    config_name, model_name, sizes = ON_REQUEST[family]
+    rewritten = _loaded(family, result.fixed, tmp_path, monkeypatch)
+    config = getattr(transformers, config_name)(**sizes)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    original = getattr(transformers, model_name)(copy.deepcopy(config)).eval()
+    patched = getattr(rewritten, model_name)(copy.deepcopy(config)).eval()
+    patched.load_state_dict(original.state_dict())
+    generator = torch.Generator().manual_seed(1)
+    inputs = {"input_ids": torch.randint(0, 97, (2, 8), generator=generator)}
+    if family == "mvp":  # encoder padding (no fully padded row) and a decoder: self- and cross-attention
+        inputs["attention_mask"] = torch.ones(2, 8, dtype=torch.long)
+        inputs["attention_mask"][1, 6:] = 0
+        inputs["decoder_input_ids"] = torch.randint(0, 97, (2, 6), generator=generator)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(1) or sdpa(*args, **kwargs))
+    for flag in (False, True):
+        calls.clear()
+        expected, expected_grads = _outputs_and_grads(original, inputs, flag)
+        assert not calls  # the library's eager path
+        actual, actual_grads = _outputs_and_grads(patched, inputs, flag)
+        assert bool(calls) is not flag  # SDPA where the flag is off, the original statements where it is on
+        assert len(actual) == len(expected)  # the weights come back exactly when asked for
+        for a, b in zip(actual + actual_grads, expected + expected_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

@@ -183,7 +183,7 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    project, tree_facts = tree_wide_facts(files)
+    project, tree_facts = tree_wide_facts(files, call_site_facts)
     project = project if len(files) > 1 else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,

@@ -16,9 +16,10 @@ from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.attention.guards import settle_guards
-from advisor.patterns.call_site_facts import settle_from_call_sites
+from advisor.patterns.call_site_facts import settle_dropped_weights, settle_from_call_sites, weights_dropped
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
+from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
 from advisor.rewrite.guard import guarded
 from advisor.rewrite.sdpa_call import functional_name, sdpa_call
 from advisor.static.call_sites import Tree
@@ -29,7 +30,8 @@ from advisor.static.tree_facts import TreeFacts
 def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: bool,
                     backend: str = "sdpa") -> NodeEdits:
     """The block's output replaced by the call, the statements it no longer needs removed, its hoisted and
-    renamed names written; `drop_weights` puts None where the weights escaped (the unsafe ADV102 fix). Raises
+    renamed names written; `drop_weights` puts None where the weights escaped (the unsafe ADV102 fix, or a safe one
+    where every caller drops them: `call_site_facts.settle_dropped_weights`). Raises
     RewriteFailed when the requested backend's code cannot be written here."""
     functional = functional_name(parsed)
     target = plan_backend(parsed, match, backend).emitted if backend != "sdpa" else "sdpa"
@@ -38,7 +40,14 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
                               else statement].start.column
     edits = NodeEdits()
     imports: list[str] = []
-    if target == "flash-attn":
+    if target == "flex":
+        definitions = flex_prelude(parsed)
+        if isinstance(definitions, str):
+            raise RewriteFailed(f"cannot emit the flex helper: {definitions}")
+        call = flex_call(parsed.module, match, indent)
+        edits.definitions = definitions
+        edits.insert_before[statement] = flex_statements(match)
+    elif target == "flash-attn":
         helper = helper_name(parsed)
         call = flash_attn_call(parsed.module, match, helper, indent)
         edits.definitions = (flash_attn_helper(helper, functional.prefix),)
@@ -55,18 +64,25 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
             imports.append(flash.import_line)
     edits.replace[match.output_node] = call
     edits.remove = set(match.removed)
+    if target == "flex" and match.guard is None:  # the original block, kept behind a guard, would read them
+        edits.remove |= set(match.flex.removed)
     edits.replace.update(match.hoisted)
     if match.hoist_anchor is not None:
         anchor = _enclosing_statement(parsed, match.hoist_anchor)
         edits.insert_before[anchor] = (match.hoist_init,)
     edits.replace.update(match.renamed)
+    edits.unwrap = set(match.unwrap)
     if drop_weights:
         edits.replace.update({node: cst.Name("None") for node in match.escapes if node not in edits.replace})
     if functional.import_line is not None:
         imports.append(functional.import_line)
     edits.imports = tuple(imports)
-    if match.guard is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
-        return guarded(parsed, edits, match.guard, match.guard_span)
+    test, span = match.guard, match.guard_span
+    if target == "flex" and match.flex.no_dropout is not None:  # flex has no dropout: the original where it runs
+        test = match.flex.no_dropout if test is None else cst.BooleanOperation(test, cst.And(), match.flex.no_dropout)
+        span = match.flex.span
+    if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
+        return guarded(parsed, edits, test, span)
     return edits
 
 
@@ -94,20 +110,39 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
     `tree_facts` is what those files ask of autograd (None: this file alone)."""
     tree_facts = tree_facts if tree_facts is not None else TreeFacts.of_file(parsed)
     matches = find_attention(parsed)
+    for match in matches:
+        choose_backend_proof(match, backend)
     if tree is not None:
         tree.adopt(parsed)
         for match in matches:
             settle_from_call_sites(tree, parsed, match.facts)
+            settle_dropped_weights(tree, parsed, match)
     for match in matches:  # what call sites left assumed about metadata is checked at run time where it can be
         settle_guards(match)
     return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
                       tree_facts, rules) for match in matches]
 
 
+def choose_backend_proof(match: AttentionMatch, backend: str) -> None:
+    """The proof the requested backend relies on: under `--backend flex` the flex facts; a block only
+    FlexAttention can express (soft-capping) is refused for every other backend, and under flex when flex cannot
+    take it either."""
+    if match.output_node is None:
+        return
+    if backend == "flex" and match.flex is not None:
+        match.facts = match.flex.facts
+    elif match.sdpa_refusal is not None:
+        if match.flex is not None:
+            match.reason = f"{match.sdpa_refusal} (`--backend flex` would take it)"
+        else:
+            match.reason = f"{match.sdpa_refusal}, and FlexAttention cannot take it either: {match.flex_refusal}"
+        match.output_node = None
+
+
 def _rule_for(match: AttentionMatch, rules: AttentionRules) -> Rule:
     if match.output_node is None:
         return rules.unproved
-    return rules.escaping if match.escapes else rules.safe
+    return rules.escaping if match.escapes and not weights_dropped(match.facts) else rules.safe
 
 
 def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall],
@@ -118,11 +153,11 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     reason, fix, edits = match.reason, None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     if plan is not None:
-        autograd_order_fact(match.facts, tree_facts, plan.verdicts)
+        autograd_order_fact(match.facts, tree_facts, plan.verdicts if plan.emitted != "flex" else {})
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:
-            fix = attention_edits(parsed, match, drop_weights=rule is rules.escaping, backend=backend)
+            fix = attention_edits(parsed, match, drop_weights=bool(match.escapes), backend=backend)
             edits = render(parsed, fix)
         except RewriteFailed as exc:
             fixable, reason, fix, edits = False, str(exc), None, None

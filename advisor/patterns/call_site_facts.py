@@ -17,15 +17,16 @@ from collections.abc import Callable
 import libcst as cst
 
 from advisor.patterns import masks as mk
+from advisor.patterns.scope import outer_names
 from advisor.patterns.copy_cast_roles import dtype_name
-from advisor.patterns.facts import FactSheet
-from advisor.patterns.ops import OpReader, number_value
+from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
+from advisor.patterns.ops import OpReader, int_value, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
 from advisor.static.call_sites import CallSite, Tree, bound_argument
 from advisor.static.dataflow import UNDEFINED, is_inplace_method
 from advisor.static.module_index import ParsedModule, _assigned_names
 
-RANK, NOT_FLOAT, SMALL, NUMBER = "rank", "not-float", "small-values", "number"
+RANK, NOT_FLOAT, SMALL, NUMBER, DROPS = "rank", "not-float", "small-values", "number", "drops-result"
 SMALL_LIMIT = 10.0  # |values| of an added mask that leave a row masked everywhere as precise as the scores
 MAX_DEPTH = 4  # callers followed through parameters passed on
 NON_FLOAT_DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64"}
@@ -43,7 +44,9 @@ SHOWS = {RANK: "a mask whose indexing, reshaping or creation gives it a rank SDP
          NOT_FLOAT: "a bool or integer mask (SDPA gets its values exactly as q's dtype)",
          SMALL: f"a mask whose values are at most {SMALL_LIMIT:g} in magnitude (zeros, 0/1, a comparison times a "
                 f"small constant, a bounded random draw), which swallows no row: a row masked everywhere is "
-                f"softmax(scores + mask) in both", NUMBER: "a Python number"}
+                f"softmax(scores + mask) in both", NUMBER: "a Python number",
+         DROPS: "nothing for the weights: each call's result is unused, indexed at another position, or unpacked "
+                "into a name never read there"}
 
 Interval = tuple[float, float]
 
@@ -60,6 +63,7 @@ class Claim:
     rank: mk.Bounds | None = None
     none_ok: bool = False
     peers: tuple[str, ...] = ()
+    position: int | None = None  # DROPS: where the weights are in the tuple the function returns
 
 
 def proved_at_sites(tree: Tree, parsed: ParsedModule, claims: tuple[Claim, ...]) -> list[str] | None:
@@ -88,6 +92,8 @@ def _sites_prove(tree: Tree, parsed: ParsedModule, function: cst.FunctionDef, pa
 
 
 def _site_proves(tree: Tree, site: CallSite, claim: Claim, depth: int) -> list[str] | None:
+    if claim.check == DROPS:  # about the call's result: what the caller does with it, not what it passes
+        return [site.where] if _drops(site, claim.position) else None
     argument, scope = site.argument, site.scope
     if argument is None:
         return None
@@ -137,6 +143,33 @@ def _holds(site: CallSite, claim: Claim) -> bool:
     if claim.check == NUMBER:
         return scope.python_number(argument)
     return False
+
+
+def _drops(site: CallSite, position: int) -> bool:
+    """The call's result is never read at `position`: the call is a statement of its own, is indexed at another
+    constant position, or is unpacked (no starred target) into a function's local name that nothing reads."""
+    parsed, call = site.parsed, site.call
+    parent = parsed.parents.get(call)
+    if isinstance(parent, cst.Expr):
+        return True
+    if isinstance(parent, cst.Subscript) and parent.value is call and len(parent.slice) == 1 and \
+            isinstance(parent.slice[0].slice, cst.Index):
+        index = int_value(parent.slice[0].slice.value)
+        return isinstance(index, int) and 0 <= index != position
+    if not (isinstance(parent, cst.Assign) and parent.value is call and len(parent.targets) == 1 and
+            isinstance(parent.targets[0].target, (cst.Tuple, cst.List))):
+        return False
+    elements = parent.targets[0].target.elements
+    if position >= len(elements) or any(isinstance(e, cst.StarredElement) for e in elements) or \
+            not isinstance(elements[position].value, cst.Name):
+        return False
+    function = parsed.innermost(call, cst.FunctionDef)
+    name = elements[position].value.value
+    if function is None or name in outer_names(function):
+        return False
+    flow = parsed.flow(function)
+    bound = [d for d in flow.definitions.values() if d.statement is parent and d.name == name]
+    return len(bound) == 1 and not flow.reads_of(bound[0])
 
 
 def _peer_arguments(site: CallSite, claim: Claim) -> list[cst.BaseExpression]:
@@ -370,3 +403,25 @@ def settle_from_call_sites(tree: Tree, parsed: ParsedModule, facts: FactSheet) -
             sites = proved_at_sites(tree, parsed, fact.claims)
             if sites:
                 facts.from_call_sites(fact, sites, " and ".join(dict.fromkeys(SHOWS[c.check] for c in fact.claims)))
+
+
+WEIGHTS_DROPPED = "weights-dropped"
+
+
+def settle_dropped_weights(tree: Tree, parsed: ParsedModule, match) -> None:
+    """Weights returned to callers that all drop them (`match.dropped`): None stands in for them at every call in
+    the tree, so the rewrite that returns None is exact there (proved from call sites, the sites listed)."""
+    if not match.dropped:
+        return
+    sites = proved_at_sites(tree, parsed, match.dropped)
+    if not sites:
+        return
+    position = match.dropped[0].position
+    match.facts.assumed(WEIGHTS_DROPPED, f"no caller reads the weights the function returns (element {position})",
+                        "its callers are outside the block")
+    fact = next(f for f in match.facts.assumptions if f.name == WEIGHTS_DROPPED)
+    match.facts.from_call_sites(fact, sites, SHOWS[DROPS])
+
+
+def weights_dropped(facts: FactSheet) -> bool:
+    return any(fact.name == WEIGHTS_DROPPED and fact.status == FROM_CALL_SITES for fact in facts.facts)

@@ -315,10 +315,10 @@ def deleted_module_calls(parsed: ParsedModule, owner: ClassInfo | None, nodes: l
         return []
     kept_ids = set()
     for node in kept:
-        kept_ids.update(id(n) for n in _walk(node))
+        kept_ids.update(id(n) for n in walk(node))
     found: list[str] = []
     for node in nodes:
-        for call in _walk(node):
+        for call in walk(node):
             if isinstance(call, cst.Call) and id(call) not in kept_ids and isinstance(call.func, cst.Attribute) \
                     and isinstance(call.func.value, cst.Name) and call.func.value.value == "self" \
                     and call.func.attr.value not in owner.methods and call.func.attr.value not in found:
@@ -390,7 +390,8 @@ def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.func if isinstance(node, cst.Call) else node
 
 
-def _walk(node: cst.CSTNode):
+def walk(node: cst.CSTNode):
+    """`node` and every node under it."""
     yield node
     for child in node.children:
-        yield from _walk(child)
+        yield from walk(child)

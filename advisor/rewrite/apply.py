@@ -41,12 +41,13 @@ class NodeEdits:
     remove: set[cst.CSTNode] = field(default_factory=set)
     insert_before: dict[cst.CSTNode, tuple[cst.BaseStatement, ...]] = field(default_factory=dict)  # new ones above
     wrap: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)  # statement -> `with <it>:` around it
+    unwrap: set[cst.If] = field(default_factory=set)  # `if` statements replaced by their `else:` (test known false)
     imports: tuple[str, ...] = ()  # lines, added once after the module's imports
     definitions: tuple[cst.BaseStatement, ...] = ()  # module-level statements added after those imports
 
     def targets(self) -> set[cst.CSTNode]:
         """The nodes whose code this fix replaces or deletes: another fix must not touch them or what they hold."""
-        return set(self.replace) | self.remove
+        return set(self.replace) | self.remove | self.unwrap
 
 
 @dataclass
@@ -78,6 +79,7 @@ def combine(parsed: ParsedModule, fixes: list[NodeEdits]) -> tuple[NodeEdits, li
         for statement, new in fix.insert_before.items():
             merged.insert_before[statement] = _union(merged.insert_before.get(statement, ()), new)
         merged.wrap.update(fix.wrap)
+        merged.unwrap |= fix.unwrap
         merged.imports = tuple(dict.fromkeys(merged.imports + fix.imports))
         merged.definitions = _union(merged.definitions, fix.definitions)
     return merged, conflicts
@@ -118,7 +120,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     module is rendered instead)."""
     editor = _Editor(edits)
     added = [cst.parse_statement(line + "\n") for line in edits.imports] + list(edits.definitions)
-    touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap]
+    touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap, *edits.unwrap]
     if not touched and not added:
         return []
     spans = parsed.statement_spans
@@ -243,6 +245,12 @@ class _Editor(cst.CSTTransformer):
         return updated_node.with_changes(body=kept)
 
     def leave_If(self, original_node, updated_node):
+        if original_node in self.edits.unwrap:  # its test is false where this code runs: its `else:` is what runs
+            if isinstance(updated_node.orelse, cst.If):  # `elif`: now the first test
+                return updated_node.orelse.with_changes(leading_lines=updated_node.leading_lines)
+            if isinstance(updated_node.orelse, cst.Else) and updated_node.orelse.body.body:
+                return cst.FlattenSentinel(updated_node.orelse.body.body)
+            return cst.RemoveFromParent()
         if isinstance(updated_node.orelse, cst.Else) and _is_empty(updated_node.orelse.body):
             updated_node = updated_node.with_changes(orelse=None)  # `else:` left with nothing to do
         if _is_empty(updated_node.body) and updated_node.orelse is None and not contains_call(original_node.test):

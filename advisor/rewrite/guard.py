@@ -26,12 +26,13 @@ def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
     inner = NodeEdits(replace={n: new for n, new in edits.replace.items() if inside(n)},
                       remove={n for n in edits.remove if inside(n)},
                       insert_before={n: new for n, new in edits.insert_before.items() if inside(n)},
-                      wrap={n: new for n, new in edits.wrap.items() if inside(n)})
+                      wrap={n: new for n, new in edits.wrap.items() if inside(n)},
+                      unwrap={n for n in edits.unwrap if inside(n)})
     outer = NodeEdits(replace={n: new for n, new in edits.replace.items() if not inside(n)},
                       remove={n for n in edits.remove if not inside(n)} | set(span[1:]),
                       insert_before={n: new for n, new in edits.insert_before.items() if not inside(n)},
                       wrap={n: new for n, new in edits.wrap.items() if not inside(n)},
-                      imports=edits.imports, definitions=edits.definitions)
+                      unwrap={n for n in edits.unwrap if not inside(n)}, imports=edits.imports, definitions=edits.definitions)
     fast = edited_statements(span, inner)
     original = [statement.deep_clone() for statement in span]  # new nodes: no edit reaches them
     fast[0], original[0] = (statements[0].with_changes(leading_lines=()) for statements in (fast, original))

@@ -58,6 +58,9 @@ class AutogradSite:
     what: str  # "`torch.func.jvp` asks for forward-mode AD"
     path: str | None = None  # None: seen at run time (advisor.runtime.autograd_probe)
     line: int = 0
+    # The site passes on its function's own parameter (off by default, never rebound): it asks only where a call of
+    # that function turns it on. The name whose uses hold those calls: the function's, or its class's for a method.
+    caller_decides: str | None = None
 
 
 def might_ask(source: str) -> bool:
@@ -121,13 +124,61 @@ def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
             elif qualified(parsed, node) in REVERSE_TRANSFORMS:
                 reverse.append((node, qualified(parsed, node)))
         elif isinstance(node, cst.Call):
-            what = _create_graph(parsed, node)
-            if what is not None:
-                found.append((node, what))
+            asked = _create_graph(parsed, node)
+            if asked is not None:
+                found.append((node, asked))
     if len(reverse) > 1:
         (_, first), (node, second) = reverse[:2]
         found.append((node, f"`{first}` and `{second}` in one file may nest, which asks for {DOUBLE_BACKWARD}"))
-    return sorted((AutogradSite(what, parsed.path, parsed.line(node)) for node, what in found), key=lambda s: s.line)
+    sites = []
+    for node, asked in found:
+        what, value = asked if isinstance(asked, tuple) else (asked, None)
+        decides = _passed_on_parameter(parsed, node, value) if value is not None else None
+        sites.append(AutogradSite(what, parsed.path, parsed.line(node), decides))
+    return sorted(sites, key=lambda s: s.line)
+
+
+def _passed_on_parameter(parsed: ParsedModule, call: cst.Call, value: cst.BaseExpression) -> str | None:
+    """The function (or, for a method, class) name whose callers decide `create_graph` at `call`: `value` is a
+    parameter of the undecorated module-level function or method around the call, False or None by default and
+    never rebound there. None for anything else (a nested function is called by the one around it)."""
+    function = parsed.innermost(call, cst.FunctionDef)
+    if not isinstance(value, cst.Name) or function is None or function.decorators:
+        return None
+    params = function.params
+    param = next((p for p in [*params.posonly_params, *params.params, *params.kwonly_params]
+                  if p.name.value == value.value), None)
+    if param is None or param.default is None or not _is_off(param.default):
+        return None
+    if any(d.name == value.value and d.kind != "param" for d in parsed.flow(function).definitions.values()):
+        return None
+    owner = next((owner for node, owner, _ in parsed.functions if node is function), None)
+    if owner is not None:
+        return None if owner.node.decorators else owner.node.name.value
+    return function.name.value if parsed.module_functions.get(function.name.value) is function else None
+
+
+def uses_name(source: str, name: str) -> bool:
+    """Whether the file may use `name` other than by defining it or importing it under that name: a read of it, an
+    attribute of that name, an import under another name, or the name as a string (a `getattr`) outside `__all__`.
+    An unparsable file that mentions the word counts as a use."""
+    if not re.search(rf"\b{re.escape(name)}\b", source):
+        return False
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return True
+    exported = {id(node) for statement in ast.walk(tree) if isinstance(statement, ast.Assign) and
+                any(isinstance(t, ast.Name) and t.id == "__all__" for t in statement.targets)
+                for node in ast.walk(statement.value)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == name or isinstance(node, ast.Attribute) and node.attr == name:
+            return True
+        if isinstance(node, ast.alias) and node.name.rsplit(".", 1)[-1] == name and node.asname not in (None, name):
+            return True
+        if isinstance(node, ast.Constant) and node.value == name and id(node) not in exported:
+            return True
+    return False
 
 
 def _inside_dotted_name(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:
@@ -159,12 +210,13 @@ def _transform_use(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.C
     return None
 
 
-def _create_graph(parsed: ParsedModule, call: cst.Call) -> str | None:
+def _create_graph(parsed: ParsedModule, call: cst.Call) -> tuple[str, cst.BaseExpression] | None:
     """A call that passes `create_graph` as anything but False/None: by keyword to any callee (a wrapper passing it
-    on counts), by position to the autograd calls that take it there."""
+    on counts), by position to the autograd calls that take it there. With what it asks, the value passed."""
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value == "create_graph" and not _is_off(arg.value):
-            return f"`{parsed.code(call.func)}(..., create_graph={parsed.code(arg.value)})` asks for {DOUBLE_BACKWARD}"
+            return (f"`{parsed.code(call.func)}(..., create_graph={parsed.code(arg.value)})` asks for "
+                    f"{DOUBLE_BACKWARD}", arg.value)
     name = qualified(parsed, call.func)
     position = CREATE_GRAPH_POSITION.get(name)
     if position is None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" and \
@@ -172,7 +224,8 @@ def _create_graph(parsed: ParsedModule, call: cst.Call) -> str | None:
         position = TENSOR_BACKWARD_POSITION
     positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
     if position is not None and len(positional) > position and not _is_off(positional[position].value):
-        return f"`{parsed.code(call.func)}(...)` passes create_graph by position and asks for {DOUBLE_BACKWARD}"
+        return (f"`{parsed.code(call.func)}(...)` passes create_graph by position and asks for {DOUBLE_BACKWARD}",
+                positional[position].value)
     return None
 
 

@@ -181,8 +181,9 @@ def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
 class _FlowBuilder:
     """Walks a function body once, in order, threading the environment of reaching definitions."""
 
-    def __init__(self, function: cst.FunctionDef, first_id: int) -> None:
+    def __init__(self, function: cst.FunctionDef, first_id: int, off: frozenset[cst.If] = frozenset()) -> None:
         self.flow = FunctionFlow(function)
+        self._off = off
         self._next_id = first_id
         self._made: dict[tuple[int, str, int | None], Definition] = {}  # a loop body is walked more than once
         self._in_else: set[cst.If] = set()
@@ -244,7 +245,7 @@ class _FlowBuilder:
             self._mark(statement, env, guards)
             self._read(statement.test, env)
             inner = guards + (statement,)
-            taken = self._block(statement.body, dict(env), inner)
+            taken = None if statement in self._off else self._block(statement.body, dict(env), inner)
             self._in_else.add(statement)
             if statement.orelse is None:
                 other = env
@@ -253,7 +254,7 @@ class _FlowBuilder:
             else:
                 other = self._block(statement.orelse.body, dict(env), inner)
             self._in_else.discard(statement)
-            return _merge(taken, other)
+            return other if taken is None else _merge(taken, other)
         if isinstance(statement, (cst.For, cst.While)):
             return self._loop(statement, env, guards)
         if isinstance(statement, cst.With):
@@ -445,7 +446,8 @@ def _merge(left: Env, right: Env) -> Env:
     return merged
 
 
-def build_flow(function: cst.FunctionDef, first_id: int = 0) -> FunctionFlow:
+def build_flow(function: cst.FunctionDef, first_id: int = 0, off: frozenset[cst.If] = frozenset()) -> FunctionFlow:
     """Definition ids start at `first_id`: give each function of a file its own range, so that flows of a
-    caller and a callee can be merged into one view when attention is split across them."""
-    return _FlowBuilder(function, first_id).build()
+    caller and a callee can be merged into one view when attention is split across them. The `if` statements in
+    `off` are never taken (the flow of the function where their test is false; their bodies are not read)."""
+    return _FlowBuilder(function, first_id, off).build()

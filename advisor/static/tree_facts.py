@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.contracts.finding import ScanError
-from advisor.static.autograd_use import AutogradSite, autograd_sites, worth_resolving
+from advisor.static.autograd_use import AutogradSite, autograd_sites, uses_name, worth_resolving
 from advisor.static.discover import read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.project import ProjectFacts, hook_sites, project_facts
@@ -22,20 +22,24 @@ from advisor.static.project import ProjectFacts, hook_sites, project_facts
 class TreeFacts:
     files: int  # how many files the tree holds
     autograd: tuple[AutogradSite, ...] = ()  # where the tree asks for double backward or forward-mode AD
+    # Sites that pass on a parameter of a function (or class) nothing in the tree uses: no call of the tree asks.
+    passed_on: tuple[AutogradSite, ...] = ()
 
     def with_observed(self, requests: list[str]) -> TreeFacts:
         """These facts and what a profiled run was seen asking of autograd (advisor.runtime.autograd_probe)."""
-        return TreeFacts(self.files, self.autograd + tuple(AutogradSite(what) for what in requests))
+        return TreeFacts(self.files, self.autograd + tuple(AutogradSite(what) for what in requests), self.passed_on)
 
     @classmethod
     def of_file(cls, parsed: ParsedModule) -> TreeFacts:
         """A file analysed on its own is the whole tree."""
-        return cls(1, tuple(autograd_sites(parsed)))
+        return cls(1, *_callers_decide(autograd_sites(parsed), lambda name: uses_name(parsed.source, name)))
 
 
-def tree_wide_facts(paths: list[str]) -> tuple[ProjectFacts, TreeFacts]:
+def tree_wide_facts(paths: list[str], callers_in_tree: bool = True) -> tuple[ProjectFacts, TreeFacts]:
     """What the whole tree says, with each file read once: the process-wide hooks it registers (static.project) and
-    what it asks of autograd. An unreadable or unparsable file adds nothing: the scan reports it."""
+    what it asks of autograd. An unreadable or unparsable file adds nothing: the scan reports it. `callers_in_tree`
+    (the call-site-facts setting): a site passing on its function's parameter asks nothing where nothing in the tree
+    uses that function; off, every such site asks (the callers may live outside the tree)."""
     hooks: list = []
     autograd: list[AutogradSite] = []
     for path in paths:
@@ -48,4 +52,24 @@ def tree_wide_facts(paths: list[str]) -> tuple[ProjectFacts, TreeFacts]:
                 autograd.extend(autograd_sites(ParsedModule(source.text, path)))
             except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
                 continue
-    return project_facts(hooks), TreeFacts(len(paths), tuple(autograd))
+    if not callers_in_tree:
+        return project_facts(hooks), TreeFacts(len(paths), tuple(autograd))
+    return project_facts(hooks), TreeFacts(len(paths), *_callers_decide(autograd, lambda name: _used(paths, name)))
+
+
+def _callers_decide(sites: list[AutogradSite], used) -> tuple[tuple[AutogradSite, ...], tuple[AutogradSite, ...]]:
+    """(the sites that ask, the sites passing on a parameter of a function or class that `used(name)` says nothing
+    uses, so that no call of the tree reaches them)."""
+    names = {site.caller_decides for site in sites if site.caller_decides is not None}
+    unused = {name for name in names if not used(name)}
+    return (tuple(site for site in sites if site.caller_decides not in unused),
+            tuple(site for site in sites if site.caller_decides in unused))
+
+
+def _used(paths: list[str], name: str) -> bool:
+    """Whether any file of the tree uses `name` (an unreadable file that may mention it counts)."""
+    for path in paths:
+        source = read_source(path)
+        if isinstance(source, ScanError) or uses_name(source.text, name):
+            return True
+    return False

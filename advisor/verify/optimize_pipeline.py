@@ -270,7 +270,8 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     `call_site_facts`, those files' calls may prove facts of the functions they call. Those files are the scanned
     tree for what is asked of autograd too, with `autograd_requests`: what the run was seen asking."""
     candidates: dict[str, PatchCandidate] = {}
-    project, tree_facts = tree_wide_facts(files)  # hooks on every module, and what the files ask of autograd
+    # hooks on every module, and what the files ask of autograd
+    project, tree_facts = tree_wide_facts(files, call_site_facts)
     tree = Tree(list(files)) if call_site_facts else None
     tree_facts = tree_facts.with_observed(list(autograd_requests))
     for path in files:

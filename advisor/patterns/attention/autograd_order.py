@@ -17,6 +17,7 @@ from advisor.static.tree_facts import TreeFacts
 STATEMENT = ("the block is differentiated in first-order reverse mode only (SDPA's fused kernels have no double "
              "backward and no forward-mode derivative)")
 MATH_KERNEL = "sdpa-math"
+FLEX = "flex"  # not an SDPA kernel; a flex patch (no double backward either) is judged with no SDPA verdicts
 
 
 def autograd_order_fact(facts: FactSheet, tree: TreeFacts, verdicts: dict[str, Verdict]) -> None:
@@ -24,9 +25,9 @@ def autograd_order_fact(facts: FactSheet, tree: TreeFacts, verdicts: dict[str, V
     if not tree.autograd:
         files = "the scanned file" if tree.files == 1 else f"the {tree.files} scanned files"
         facts.proved("first-order-autograd", STATEMENT,
-                     f"nothing in {files} asks for double backward or forward-mode AD")
+                     f"nothing in {files} asks for double backward or forward-mode AD{_passed_on(tree)}")
         return
-    fused = [verdict for name, verdict in verdicts.items() if name != MATH_KERNEL]
+    fused = [verdict for name, verdict in verdicts.items() if name not in (MATH_KERNEL, FLEX)]
     if fused and all(verdict.eligible is False for verdict in fused):
         facts.proved("first-order-autograd", STATEMENT,
                      f"no fused kernel takes this call ({fused[0].reason}), and SDPA's math kernel has double "
@@ -36,3 +37,13 @@ def autograd_order_fact(facts: FactSheet, tree: TreeFacts, verdicts: dict[str, V
     more = f", and {len(tree.autograd) - 1} more" if len(tree.autograd) > 1 else ""
     where = f" at {display_path(first.path)}:{first.line}" if first.path is not None else ""
     facts.assumed("first-order-autograd", STATEMENT, f"{first.what}{where}{more}")
+
+
+def _passed_on(tree: TreeFacts) -> str:
+    """The sites that only pass on their function's `create_graph` parameter, which no call of the tree reaches."""
+    if not tree.passed_on:
+        return ""
+    first = tree.passed_on[0]
+    more = f" and {len(tree.passed_on) - 1} more" if len(tree.passed_on) > 1 else ""
+    return (f" (`create_graph` at {display_path(first.path)}:{first.line}{more} passes on a parameter, off by "
+            f"default, of `{first.caller_decides}`, which nothing in them uses)")

@@ -48,19 +48,23 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
 def _translate_metadata_read(c: Candidate, read: cst.Name):
     """Reads of the scores' metadata survive the rewrite by reading Q and K instead: the scores have the
     query's dtype and device (all that `s.new_ones(...)` reads), shape (..., L, S) with L = Q.size(-2) and
-    S = K.size(-2) in SDPA layout. Returns (node to replace, its replacement) or None."""
-    if c.chain.views:
-        return None
+    S = K.size(-2) in SDPA layout; the whole `s.size()` of a `bmm` product (no broadcast: its batch is Q's) is
+    Q's size with the last one K's L. Returns (node to replace, its replacement) or None."""
     parent = c.parsed.parents.get(read)
     if not (isinstance(parent, cst.Attribute) and parent.value is read):
         return None
     query, key = atomic(c.match.query), atomic(c.match.key)
     attribute = parent.attr.value
+    outer = c.parsed.parents.get(parent)
+    if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and not outer.args and \
+            _reads_bmm_product(c, read):
+        return outer, parse_template_expression("{query}.size()[:-1] + {key}.size()[-2:-1]", query=query, key=key)
+    if c.chain.views:
+        return None
     if attribute in ("dtype", "device") or attribute in NEW_TENSOR_METHODS:
         # the whole `s.dtype` (`s.new_ones`: a tensor on the scores' device and of their dtype, unless given):
         # a replaced name would lose the query's parentheses
         return parent, parent.with_changes(value=query)
-    outer = c.parsed.parents.get(parent)
     if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and len(outer.args) == 1:
         dim = int_value(outer.args[0].value)
         return (outer, method({-1: key, -2: query}[dim], "size", number(-2))) if dim in (-1, -2) else None
@@ -73,6 +77,15 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
                 and index.step is None:
             return outer, parse_template_expression("({query}.shape[-2], {key}.shape[-2])", query=query, key=key)
     return None
+
+
+def _reads_bmm_product(c: Candidate, read: cst.Name) -> bool:
+    """`read` sees only the score product itself, a `bmm` of the block's Q and K (3-D, one batch size)."""
+    definitions = c.flow.definitions_of(read)
+    if len(definitions) != 1 or c.flow.sees_undefined(read) or definitions[0].kind != "assign":
+        return False
+    op = c.reader.read(definitions[0].value)
+    return op is not None and op.name == "bmm" and definitions[0] in c.chain.definitions
 
 
 def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
@@ -142,9 +155,6 @@ def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Defi
     if paths:
         match.facts.proved("no-writes", "no attribute the SDPA call reads is written inside the block")
     _dispatch_facts(c, deleted + [match.output_node], kept)
-    if (match.hoisted or match.hoist_init) and scope.is_scripted(parsed, c.home, c.owner):
-        raise Refusal("the function is compiled by TorchScript, where the merged mask variable cannot start "
-                      "as None and later hold a tensor")
 
 
 def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNode]) -> None:
@@ -204,6 +214,32 @@ def check_escapes(c: Candidate) -> None:
         if not isinstance(parent, (cst.Element, cst.Return, cst.Assign)):
             match.unsafe_reason = _why_not_none(c, read, parent)
             return
+    match.dropped = _dropped_claims(c)
+
+
+def _dropped_claims(c: Candidate) -> tuple:
+    """Where the weights leave only as one element of the tuples the function returns: the claim that every call
+    drops that element (then None stands in for them exactly, see `call_site_facts.settle_dropped_weights`). None
+    for `forward` and `__call__`, whose outputs forward hooks may read."""
+    from advisor.patterns.call_site_facts import DROPS, Claim
+
+    function, parsed = c.function, c.parsed
+    if c.home is not function or c.inlined or function.name.value in ("forward", "__call__"):
+        return ()
+    positions = set()
+    for read in c.match.escapes:
+        element = parsed.parents.get(read)
+        row = parsed.parents.get(element)
+        if not (isinstance(element, cst.Element) and isinstance(row, cst.Tuple) and
+                isinstance(parsed.parents.get(row), cst.Return) and function_of(parsed, row) is function):
+            return ()
+        positions.add(next(i for i, e in enumerate(row.elements) if e is element))
+    parameters = [p.name.value for p in function.params.params]
+    if c.owner is not None:
+        parameters = parameters[1:]
+    if len(positions) != 1 or not parameters:
+        return ()
+    return (Claim(function, parameters[0], DROPS, position=positions.pop()),)
 
 
 def _why_not_none(c: Candidate, read: cst.Name, parent: cst.CSTNode) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns import scope
-from advisor.patterns.attention import anchors, products, scores, weights
+from advisor.patterns.attention import anchors, flags, products, scores, weights
 from advisor.patterns.attention.attn_mask import assemble_mask
 from advisor.patterns.attention.block_checks import check_bindings, check_escapes, check_reads, check_scope
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
@@ -19,7 +19,9 @@ from advisor.patterns.attention.helpers import dotted_name
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.attention.scale import scale_and_mask_roles
+from advisor.patterns.attention.score_mods import flex_roles
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
+from advisor.patterns.attention.tensor_scale import fold_into_query
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -40,14 +42,27 @@ def _match_function(parsed: ParsedModule, function: cst.FunctionDef, owner: Clas
     for softmax in anchors.softmaxes(shared.reader, function):
         if statement_of(parsed, softmax.node) in claimed:
             continue  # the twin softmax of an if/else already matched with its sibling
-        match = _match(Candidate.start(shared), softmax)
+        match = _match(shared, softmax)
         if match is not None:
             results.append(match)
             claimed.update(match.removed)
     return results
 
 
-def _match(c: Candidate, softmax: Op) -> AttentionMatch | None:
+def _match(shared: FunctionScope, softmax: Op) -> AttentionMatch | None:
+    """The block as the function runs, or, where its weights leave it or it is refused, as the function runs with
+    a flag off that asks for the weights (`if output_attentions:`), when that proof keeps them inside."""
+    match = _attempt(Candidate.start(shared), softmax)
+    if match is None or match.output_node is not None and not match.escapes:
+        return match
+    for off in flags.flag_worlds(shared, softmax):
+        flagged = _attempt(Candidate.start(shared, off), softmax)
+        if flags.stays_inside(flagged):
+            return flagged
+    return match
+
+
+def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
     """One candidate: None when it does not look like attention, else a match or the reason there is none."""
     if not anchors.looks_like_attention(c, softmax):
         return None
@@ -114,7 +129,10 @@ def _prove(c: Candidate) -> None:
     check_scope(c, output_statement, consumed)
     weights.layout_role(c)
     check_escapes(c)
+    fold_into_query(c, ndim)
+    flags.plan_flag(c, output_statement)
     plan_guards(c, output_statement)
+    flex_roles(c)
 
 
 def _unique(items: list) -> list:

@@ -1,0 +1,131 @@
+"""Weights that leave only on request: `if output_attentions:` (fairseq's `if need_weights:`) reshapes, keeps or
+returns the weights, so with the flag on the block cannot be SDPA, but with it off the weights never leave.
+
+The block is then proved in the function as it runs with the flag off: the flow reads the `if <flag>:` statements
+after the softmax as not taken (`Candidate.off`). The patch branches on the flag where the block starts: the SDPA
+path, with those statements replaced by their `else:` (`match.unwrap`), where the flag is off, and the original
+statements, verbatim, where it is on. The flag must hold the same value at the branch and at each `if`, and its
+truth test must run no code and read no tensor: proved where every binding that reaches it is a `bool`-annotated
+parameter or a bool/None literal, otherwise checked at run time (`flag is None or flag is False`).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.helpers import parse_template_expression
+
+from advisor.patterns import scope
+from advisor.patterns.attention.candidate import Candidate, FunctionScope, statement_of
+from advisor.patterns.attention.guards import holds_at, span_of
+from advisor.patterns.attention.result import AttentionMatch, Refusal
+from advisor.patterns.ops import Op
+from advisor.static.dataflow import Definition
+
+FLAG = "flag-is-bool"
+MAX_FLAGS = 3  # flags tried per softmax: each try is one more proof of the block
+BOOL_ANNOTATIONS = {"bool", "Optional[bool]", "typing.Optional[bool]", "bool|None", "None|bool"}
+
+
+def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If]]:
+    """Per flag (a name or attribute chain tested alone by an `if` statement after the softmax), those `if`
+    statements: read as not taken, they give the function as it runs with that flag off."""
+    parsed = shared.parsed
+    after = parsed.line(statement_of(parsed, softmax.node))
+    collector = _FlagIfs()
+    shared.function.body.visit(collector)
+    groups: dict[str, list[cst.If]] = {}
+    for node in collector.found:
+        if parsed.line(node) > after:
+            groups.setdefault(parsed.code(node.test), []).append(node)
+    return [frozenset(group) for group in groups.values()][:MAX_FLAGS]
+
+
+def stays_inside(match: AttentionMatch | None) -> bool:
+    """A proof in the flag-off world that the patch can use: every role proved and no weights leaving."""
+    return match is not None and match.output_node is not None and not match.escapes and match.reason is None
+
+
+def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
+    """The branch on the flag (`match.flag_test`, or a guard check of it) and the `if` statements the SDPA path
+    replaces by their `else:`; a Refusal where the branch cannot be placed or the flag can change before an `if`."""
+    if not c.off:
+        return
+    match, parsed = c.match, c.parsed
+    if c.home is not c.function or c.inlined:
+        raise Refusal("the block leaves its function, where the flag's branch cannot follow it")
+    if scope.is_scripted(parsed, c.home, c.owner):
+        raise Refusal("the function is compiled by TorchScript, where each branch must bind the same names")
+    match.unwrap = sorted(c.off, key=parsed.line)
+    span = span_of(c, output_statement)
+    tests = [node.test for node in match.unwrap]
+    if span is None or not holds_at(c, span[0], span[-1], tests):
+        raise Refusal("the flag's `if` statements and the block are not one run of statements with the flag "
+                      "unchanged")
+    match.guard_span = span
+    flag = tests[0]
+    text = parsed.code(flag)
+    statement = f"`{text}` is a Python bool or None, so its truth test runs no code and reads no tensor"
+    proof = _bool_proof(c, tests)
+    if proof is not None:
+        match.facts.proved(FLAG, statement, proof)
+        match.flag_test = cst.UnaryOperation(cst.Not(), flag)
+    else:
+        match.facts.assumed(FLAG, statement, "it is neither annotated `bool` nor bound to a bool literal")
+        match.guard_checks[FLAG] = [parse_template_expression("{f} is None or {f} is False", f=flag)]
+
+
+def _bool_proof(c: Candidate, tests: list[cst.BaseExpression]) -> str | None:
+    """How every binding of the flag that reaches the tests is a bool or None, or None when one is not."""
+    if not all(isinstance(test, cst.Name) for test in tests):
+        return None
+    bindings = {d.id: d for test in tests for d in c.flow.definitions_of(test)}
+    if not bindings or any(c.flow.sees_undefined(test) for test in tests):
+        return None
+    ways = [_bool_binding(c, definition) for definition in bindings.values()]
+    return None if None in ways else "; ".join(sorted(set(ways)))
+
+
+def _bool_binding(c: Candidate, definition: Definition) -> str | None:
+    if definition.kind == "param" and definition.annotation is not None:
+        annotation = c.parsed.code(definition.annotation).replace(" ", "")
+        return f"the parameter is annotated `{annotation}`" if annotation in BOOL_ANNOTATIONS else None
+    if definition.kind == "assign" and definition.index is None and isinstance(definition.value, cst.Name) and \
+            definition.value.value in ("True", "False", "None"):
+        return f"bound to `{definition.value.value}` at line {c.parsed.line(definition.statement)}"
+    return None
+
+
+class _FlagIfs(cst.CSTVisitor):
+    """`if <name or attribute chain>:` statements of one function body (not `elif`s, which cannot be replaced by
+    their `else:` alone; not in nested functions)."""
+
+    def __init__(self) -> None:
+        self.found: list[cst.If] = []
+
+    def visit_If(self, node: cst.If) -> bool:
+        if _plain(node.test):
+            self.found.append(node)
+        self._branches(node)
+        return False
+
+    def _branches(self, node: cst.If) -> None:
+        node.body.visit(self)
+        if isinstance(node.orelse, cst.Else):
+            node.orelse.body.visit(self)
+        elif isinstance(node.orelse, cst.If):
+            self._branches(node.orelse)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+
+def _plain(test: cst.BaseExpression) -> bool:
+    while isinstance(test, cst.Attribute):
+        test = test.value
+    return isinstance(test, cst.Name) and test.value not in ("True", "False", "None")
