@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.backends.causal import is_bottom_right_causal
+from advisor.backends.bottom_right_causal import is_bottom_right_causal
 from advisor.backends.eligibility import SiteFacts, Verdict, backend_eligibility, to_json
 from advisor.patterns.attention import AttentionMatch
 from advisor.patterns.einsum import ELLIPSIS, EinsumMismatch, parse_spec

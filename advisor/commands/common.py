@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import parse_selectors
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.report.terminal import shown
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
@@ -69,7 +69,7 @@ def _codes(text: str) -> list[str]:
 
 def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs: int | None = None) -> ScanResult:
     """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned.
-    `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source;
+    `runtime` (advisor.contracts.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source;
     `patches`, `fixed` and `jobs` are scan_paths' (what the verb shows, and whether it picks fixes afterwards)."""
     from advisor.engine.static import scan_paths  # libcst: loaded by the verbs that scan, not by argument parsing
 

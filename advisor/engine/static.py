@@ -18,11 +18,12 @@ from functools import partial
 import libcst as cst
 
 from advisor.child_lifetime import end_with_parent
-from advisor.findings import Finding, ScanError, display_path
-from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
+from advisor.contracts.detected import Detected, StaticContext
+from advisor.contracts.finding import Finding, ScanError, display_path
+from advisor.contracts.evidence import RuntimeEvidence
 from advisor.registry import families, is_selected
-from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
-from advisor.rewrite.splice import Edit, apply_edits, local_diff
+from advisor.rewrite.apply import RewriteFailed, combine, render
+from advisor.rewrite.splice import apply_edits, local_diff
 from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
@@ -34,30 +35,6 @@ from advisor.static.tree_facts import TreeFacts, tree_wide_facts
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 IGNORE_COMMENT = re.compile(r"#\s*advisor:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
-
-
-@dataclass
-class Detected:
-    """What a rule family's static detector returns per finding: the finding (no patch yet), its fix as node
-    edits (None: no fix), and that fix alone as character edits (checked to compile; its patch is their diff)."""
-
-    finding: Finding
-    fix: NodeEdits | None = None
-    edits: list[Edit] | None = None
-
-
-@dataclass
-class StaticContext:
-    """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
-    for this file, the findings earlier families kept (selected, not suppressed), and the scanned tree whose
-    calls may prove facts (None: facts come from the file alone)."""
-
-    parsed: ParsedModule
-    backend: str = "sdpa"
-    evidence: FileEvidence | None = None
-    earlier: list[Finding] = field(default_factory=list)
-    tree: Tree | None = None
-    tree_facts: TreeFacts | None = None  # what the scanned tree asks of autograd (None: the file alone)
 
 
 @dataclass
@@ -162,7 +139,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     for family in families():
         if family.static is None or not (family.might_match(lowered) or family.uses_evidence and evidence):
             continue
-        for found in family.static(context):
+        for found in family.static(context, family.rules):
             rule = found.finding.rule
             if is_selected(rule, select, ignore) and not _is_suppressed(suppressed, found.finding, rule):
                 detected.append(found)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 
 

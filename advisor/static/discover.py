@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from advisor.findings import ScanError
+from advisor.contracts.finding import ScanError
 from advisor.static.notebook import NotebookCode, notebook_code
 from advisor.static.source_encoding import SourceDecodeError, decode_source
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from advisor.rewrite.splice import LineIndex
+from advisor.static.line_index import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
 from advisor.static.walk import is_node, walk

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.findings import ScanError
+from advisor.contracts.finding import ScanError
 from advisor.static.autograd_use import AutogradSite, autograd_sites, uses_name, worth_resolving
 from advisor.static.discover import SourceFile, read_source
 from advisor.static.module_index import ParsedModule
