@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 
 from advisor.engine.static import scan_paths
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.static.discover import discover
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from advisor.findings import ScanError, display_path
+from advisor.contracts.finding import ScanError, display_path
 
 FORMAT = b"advisor-scan-cache 1\n"  # bump when the entries' layout changes
 
