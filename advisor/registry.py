@@ -34,6 +34,11 @@ def families(package: str = RULES_PACKAGE) -> tuple[Family, ...]:
     return found
 
 
+def rules_package_paths(package: str = RULES_PACKAGE) -> list[str]:
+    """Where the rule units live (the scan cache hashes their source: an edited rule never reuses a result)."""
+    return list(importlib.import_module(package).__path__)
+
+
 @lru_cache(maxsize=None)
 def load_rules(package: str = RULES_PACKAGE) -> dict[str, Rule]:
     """Every rule by code, in code order; a code declared twice or a rule missing a doc section raises."""

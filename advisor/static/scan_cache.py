@@ -58,11 +58,11 @@ def code_digest() -> str:
     import libcst
 
     import advisor
-    import advisor.rules
+    from advisor.registry import rules_package_paths
 
     hasher = hashlib.blake2b(digest_size=20)
     hasher.update(repr((advisor.__version__, sys.version, getattr(libcst, "__version__", ""))).encode())
-    roots = [Path(advisor.__file__).parent, *map(Path, advisor.rules.__path__)]
+    roots = [Path(advisor.__file__).parent, *map(Path, rules_package_paths())]
     modules = sorted({module.resolve() for root in roots for module in root.rglob("*.py")})
     for module in modules:
         hasher.update(str(module).encode())
