@@ -203,8 +203,8 @@ def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statemen
                                                    "{k}.shape[-2]", m=mask, q=q, k=k))
         elif side is not None and _arithmetic_of_plain(c, side):
             reads.append(side)
-            parts.append(parse_template_expression("{n} == {q}.shape[-2] and {n} == {k}.shape[-2]",
-                                                   n=parenthesized(side) if not isinstance(side, (cst.Name, cst.Attribute, cst.Integer)) else side, q=q, k=k))
+            side = side if isinstance(side, (cst.Name, cst.Attribute, cst.Integer)) else parenthesized(side)
+            parts.append(parse_template_expression("{n} == {q}.shape[-2] and {n} == {k}.shape[-2]", n=side, q=q, k=k))
         else:
             return [], []
     return reads, parts
