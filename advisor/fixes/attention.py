@@ -67,7 +67,7 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         imports.append(functional.import_line)
     edits.imports = tuple(imports)
     if match.guard is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
-        return guarded(parsed, edits, match.guard, match.guard_span)
+        return guarded(parsed, edits, match.guard, match.guard_span, match.guard_lifted)
     return edits
 
 

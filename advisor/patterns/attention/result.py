@@ -37,6 +37,7 @@ class MaskTerm:
     in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
     keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
+    optional: bool = False  # added only where it is not None (`maybe_add_mask(s, m)`): SDPA's attn_mask=None
 
 
 @dataclass
@@ -72,6 +73,7 @@ class AttentionMatch:
     # fails, and the check that selects the SDPA path (set once call sites had their say, see attention.guards)
     guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
+    guard_lifted: list[cst.SimpleStatementLine] = field(default_factory=list)  # run above the check (it reads them)
     guard: cst.BaseExpression | None = None
     # weights that leave only on request (attention.flags): the `if <flag>:` statements the SDPA path replaces by
     # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)
