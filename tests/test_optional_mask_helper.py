@@ -131,3 +131,96 @@ def test_scores_in_the_place_the_helper_tests_for_none_refuse():
     it raises where `bias` is None, which a patch taking SDPA there would not."""
     finding = _finding(_source("return bias if logits is None else logits + bias"))
     assert not finding.fixable and "tests for None" in finding.reason
+
+
+# -- the bias built from the scores' metadata between the product and the helper (timm's resolve_self_attn_mask) --
+RESOLVED = '''
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+def bias_for(n, logits, mask=None, causal=False):
+    if causal:
+        return logits.new_full((n, n), float("-inf")).triu(1)
+    if mask is None:
+        return None
+    return torch.zeros_like(mask, dtype=logits.dtype).masked_fill(~mask, float("-inf"))
+
+
+@torch.fx.wrap
+def with_bias(logits: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    return logits if bias is None else logits + bias
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, mask=None, causal: bool = False):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q * 0.25) @ k.transpose(-2, -1)
+        bias = bias_for(n, scores, mask, causal)
+        scores = with_bias(scores, bias)
+        return (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, c)
+'''
+
+
+def test_a_bias_built_from_the_scores_metadata_is_built_from_the_query_above_the_guard():
+    finding = _finding(RESOLVED)
+    assert finding.fix_safety == "safe", finding.reason
+    lines = finding.patch.splitlines()
+    lifted = next(i for i, line in enumerate(lines) if "+" in line[:1] and "bias = bias_for(n, q" in line)
+    assert "if bias is None:" in lines[lifted + 1]
+
+
+@pytest.mark.parametrize("mask,causal,sdpa", [(None, False, True), (True, False, False), (None, True, False)],
+                         ids=["no mask: SDPA", "a padding mask: the original", "causal: the original"])
+def test_the_lifted_bias_keeps_values_and_gradients(mask, causal, sdpa):
+    fixed = analyze_source(RESOLVED, "case.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(RESOLVED, "case").Attention().double()
+    patched = load_module_from_source(fixed, "case_fixed").Attention().double()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    keep = None
+    if mask:
+        keep = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+        keep[0, ..., 3:] = False
+    results = []
+    for model in (original, patched):
+        leaf = x.clone().requires_grad_()
+        out = model(leaf, keep, causal)
+        out.sum().backward()
+        results.append((out, leaf.grad))
+    torch.testing.assert_close(results[1], results[0])
+    assert uses_sdpa(dispatched_ops(patched, (x, keep, causal))) is sdpa
+
+
+def test_a_helper_that_reads_the_scores_values_keeps_the_block_refused():
+    source = RESOLVED.replace('logits.new_full((n, n), float("-inf")).triu(1)', "logits.detach().amax() * 0")
+    finding = _finding(source)
+    assert not finding.fixable and "also used" in finding.reason
+
+
+def test_the_helper_and_its_decorator_are_found_across_the_package(tmp_path):
+    """`from pkg import with_bias` in one file, the helper re-exported by the package's `__init__` from another,
+    decorated by a function of a third."""
+    from advisor.engine.static import scan_paths
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .helpers import with_bias\n")
+    (package / "_registry.py").write_text("_seen = []\n\n\ndef untraced(fn):\n    _seen.append(fn)\n    return fn\n")
+    (package / "helpers.py").write_text(
+        "from ._registry import untraced\n\n\n@untraced\ndef with_bias(logits, bias=None):\n"
+        "    return logits if bias is None else logits + bias\n")
+    model = _source().replace("from torch import nn", "from torch import nn\n\nfrom pkg import with_bias")
+    model = model[:model.index("_traced = set()")] + model[model.index("class Attention"):]
+    (package / "model.py").write_text(model)
+    (finding,) = [f for f in scan_paths([str(package)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "fully-masked-rows" in _names(finding, "guarded"), finding.reason
