@@ -113,7 +113,7 @@ class OpReader:
         kind = _helper_kind(helper)
         if returned is None or kind is None or (kind == "static" and not through_self):
             return None
-        bound = bind_arguments(helper, call, skip_first=through_self and kind == "instance")
+        bound = bound_parameters(helper, call, skip_first=through_self and kind == "instance")
         if bound is None:
             return None
         inner = OpReader(self.parsed, owner or (self.owner if through_self else None)).read(returned)
@@ -138,7 +138,7 @@ class OpReader:
         kind = _helper_kind(helper)
         summary = summarise(home, helper, OpReader(home, None)) if kind == "instance" or \
             (kind == "static" and through_self) else None
-        bound = bind_arguments(helper, call, skip_first=through_self and kind == "instance") if summary else None
+        bound = bound_parameters(helper, call, skip_first=through_self and kind == "instance") if summary else None
         if bound is None or summary.param not in bound:
             return None
         dim = bound.get(summary.dim.value) if isinstance(summary.dim, cst.Name) else summary.dim
@@ -383,7 +383,7 @@ def _helper_kind(function: cst.FunctionDef) -> str | None:
 def _optional_add_op(helper: cst.FunctionDef, call: cst.Call, scores: str, mask: str) -> Op | None:
     """`maybe_add_mask(s, m)` as an add whose mask may be None (`mask_helpers`); the scores as they are where the
     call passes no mask."""
-    bound = bind_arguments(helper, call, skip_first=False)
+    bound = bound_parameters(helper, call, skip_first=False)
     if bound is None or scores not in bound or mask not in bound:
         return None
     if isinstance(bound[mask], cst.Name) and bound[mask].value == "None":
@@ -391,7 +391,8 @@ def _optional_add_op(helper: cst.FunctionDef, call: cst.Call, scores: str, mask:
     return Op("add", call, [bound[scores], bound[mask]], {"optional": True})
 
 
-def bind_arguments(function: cst.FunctionDef, call: cst.Call, skip_first: bool) -> dict[str, cst.BaseExpression] | None:
+def bound_parameters(function: cst.FunctionDef, call: cst.Call,
+                     skip_first: bool) -> dict[str, cst.BaseExpression] | None:
     """The helper's parameters bound to the call's arguments and their defaults; None when they do not fit."""
     params = function.params
     if isinstance(params.star_arg, cst.Param) or params.star_kwarg or params.posonly_params or _has_star(call):

@@ -15,9 +15,9 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
-from advisor.patterns.mask_helpers import package_function
-from advisor.patterns.ops import bind_arguments, int_value
 from advisor.patterns.helper_bodies import reads_only_metadata
+from advisor.patterns.mask_helpers import package_function
+from advisor.patterns.ops import bound_parameters, int_value
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
@@ -94,7 +94,7 @@ def _metadata_argument(c: Candidate, read: cst.Name, argument: cst.Arg) -> bool:
             c.flow.reaching.get(read) != frozenset({core.id}):
         return False
     found = package_function(c.parsed, call.func.value)
-    bound = bind_arguments(found[1], call, skip_first=False) if found is not None else None
+    bound = bound_parameters(found[1], call, skip_first=False) if found is not None else None
     if bound is None:
         return False
     names = [name for name, value in bound.items() if value is read]
