@@ -79,8 +79,8 @@ def attend(q, k, v):
 
 UNPROVED = Rule(
     code="ADV103", kind="attention", title="Hand-written attention that cannot be proved equal to SDPA",
-    summary="attention-like code that cannot be proved equal (heads mixed, head mask, other softmax dim, tensor "
-            "scale, unknown fill, intermediate reused)",
+    summary="attention-like code that cannot be proved equal (heads mixed, head mask, other softmax dim, "
+            "multiplicative mask, unknown fill, intermediate reused)",
     fix="none", fix_safety="unsafe", fix_summary="none; the reason is reported",
     what="Finds code that looks like attention where one role could not be proved: heads mixed around the softmax, "
          "a head mask on the weights, softmax over another dimension, an unsupported mask or scale.",

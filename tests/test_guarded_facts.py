@@ -109,10 +109,11 @@ def test_q_k_and_v_sharing_a_dtype_is_guarded():
         assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa
 
 
-def test_no_guard_in_a_function_torchscript_compiles():
+def test_a_function_torchscript_compiles_is_guarded_too():
+    """The check compiles under TorchScript (tests/test_torchscript_patches.py scripts it and compares values)."""
     finding = _finding(_source(KEEP_MASK_OF_ANY_RANK) + SCRIPTED)
-    assert "mask-rank" in _names(finding, "assumed") and not _names(finding, "guarded")
-    assert finding.fix_safety == "unsafe"
+    assert _names(finding, "guarded") == {"mask-rank"} and not _names(finding, "assumed")
+    assert finding.fix_safety == "safe"
 
 
 def test_a_guarded_patch_is_idempotent():
@@ -191,3 +192,81 @@ def test_a_scale_computed_from_a_parameter_is_guarded(scale):
     with torch.no_grad():
         torch.testing.assert_close(patched(x, scale), original(x, scale), atol=1e-5, rtol=1e-5)
     assert uses_sdpa(dispatched_ops(patched, (x, scale))) == isinstance(scale, float)
+
+
+# lucidrains' causal mask with a KV prefix: row r masks keys r + S - L + 1 onwards, so every row keeps key 0 exactly
+# where S >= L; that is metadata, checked before the SDPA call (public4 p05)
+BOTTOM_RIGHT = '''
+import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    sim = torch.einsum("b h i d, b h j d -> b h i j", q, k) * 0.5
+    i, j = sim.shape[-2:]
+    causal_mask = torch.ones((i, j), dtype=torch.bool).triu(j - i + 1)
+    sim = sim.masked_fill(causal_mask, -torch.finfo(sim.dtype).max)
+    return torch.einsum("b h i j, b h j d -> b h i d", sim.softmax(dim=-1), v)
+'''
+
+
+@pytest.mark.parametrize("keys", [5, 7, 3], ids=["S == L", "S > L", "S < L: rows fully masked, the original"])
+def test_a_bottom_right_triangle_is_guarded_by_the_sequence_lengths(keys):
+    (finding,) = [f for f in analyze_source(BOTTOM_RIGHT, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "fully-masked-rows" in _names(finding, "guarded")
+    assert "q.shape[-2] <= k.shape[-2]" in finding.patch
+    original = load_module_from_source(BOTTOM_RIGHT, "bottom_right").attend
+    patched = load_module_from_source(analyze_source(BOTTOM_RIGHT, "case.py").fixed, "bottom_right_fixed").attend
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, n, 4, generator=generator) for n in (5, keys, keys))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v))
+    assert uses_sdpa(dispatched_ops(_Call(patched), (q, k, v))) == (keys >= 5)
+
+
+def test_the_triangle_needs_exactly_the_bottom_right_diagonal():
+    shifted = BOTTOM_RIGHT.replace("triu(j - i + 1)", "triu(j - i + 2)")
+    (finding,) = [f for f in analyze_source(shifted, "case.py").findings if f.kind == "attention"]
+    assert "fully-masked-rows" in _names(finding, "assumed") and finding.fix_safety == "unsafe"
+
+
+# GPT-2's buffer slice has 4 dims wherever it is built; the scores' rank is q's (a parameter): `q.dim() >= 4`
+SLICED_BUFFER = '''
+import math
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, q, k, v):
+        w = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(v.size(-1))
+        nd, ns = w.size(-2), w.size(-1)
+        b = self.bias[:, :, ns - nd:ns, :ns]
+        w = w.masked_fill(b == 0, float("-inf"))
+        return torch.matmul(w.softmax(dim=-1), v)
+'''
+
+
+@pytest.mark.parametrize("rank", [4, 3], ids=["4-D q: SDPA", "3-D q: the original (a 4-D output)"])
+def test_a_mask_built_in_the_block_is_guarded_by_the_querys_rank(rank):
+    (finding,) = [f for f in analyze_source(SLICED_BUFFER, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "q.dim() >= 4" in finding.patch
+    original = load_module_from_source(SLICED_BUFFER, "sliced").Attention()
+    patched = load_module_from_source(analyze_source(SLICED_BUFFER, "case.py").fixed, "sliced_fixed").Attention()
+    generator = torch.Generator().manual_seed(4)
+    shape = (2, 2, 5, 4)[4 - rank:]
+    q, k, v = (torch.randn(*shape, generator=generator) for _ in range(3))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v))
+    assert uses_sdpa(dispatched_ops(patched, (q, k, v))) == (rank == 4)
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, *inputs):
+        return self.function(*inputs)

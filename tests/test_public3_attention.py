@@ -69,7 +69,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p22_conformer_relpos": J((UNSAFE,), ("pos_attn", "fully masked"),
                               "right: the relative-position term rides as an additive mask of unseen dtype"),
     "p23_openfold_bias_loop": J((REFUSED,), ("several paths",), "right but vague: `a += b` in a loop over biases"),
-    "p24_swinv2_cosine": J((REFUSED,), ("logit_scale",)),
+    "p24_swinv2_cosine": J((UNSAFE,), ("additive mask",), "right: the logit scale folds into q (issue 16.4); the "
+                                                          "added sigmoid bias's dtype and rank are left open"),
     "p25_diff_attention": J((REFUSED,), (".view(", "mixed"), "right: two softmax maps combined"),
     "p26_kv_cache_causal": J((SAFE,)),
     "p27_linear_attention": J(()),

@@ -72,7 +72,8 @@ JUDGEMENTS = {
     "p32_global_softmax_hook": (UNSAFE, "the file registers a global module hook: no-hooks"),
     "p33_falcon_multiquery": (SAFE, "one K/V head broadcast; -1e9 causal fill, no fully masked row"),
     "p34_deformable_detr_msda": (REFUSED, "softmax over learned weights and grid_sample: no QK^T"),
-    "p35_chunked_prefill_bottom_right": (UNSAFE, "v = cat(past_value, new): v's dtype is not q's (qkv-dtype)"),
+    "p35_chunked_prefill_bottom_right": (SAFE, "v = cat(past_value, new): q/k/v dtypes checked at run time, and the "
+                                               "bottom-right slice's rank by the query's (`query.dim() >= 4`)"),
     "p36_vit_critic_r1_penalty": (UNSAFE, "R1 penalty (create_graph=True) through 4-D attention: SDPA's fused CPU "
                                           "kernel has no double backward"),
     "p37_dropout_stripped_for_export": (SAFE, "dropout replaced by nn.Identity: dropout_p must not read `.p`"),
@@ -105,16 +106,10 @@ OUTCOME_XFAIL = {
                        "read as dropout; the `if need_weights:` return and the `assert list(attn_weights.size())` "
                        "are proved (with `F.dropout` in its place the block is a safe patch behind `if not "
                        "need_weights:`, tests/test_attention_on_request.py)",
-    "p05_lucid_causal_triu": "MISS: finite-fill triu(j - i + 1) causal mask with i == j left unsafe "
-                             "(fully-masked-rows not proved)",
-    "p11_megatron_neox_baddbmm": "MISS: refused with a reason (scores masked in place by `attention_mask_func`, "
-                                 "a helper's parameter; behind it, `view(*output_size)` of the folded heads)",
-    "p22_gpt2_past_bottom_right": "MISS: unsafe (the `w * b - 1e4 * (1 - b)` fill is read, but v from "
-                                  "`cat(past, new)` and the buffer slice's rank are not proved)",
-    "p24_prefix_lm_data_write": "MISS: unsafe (mask-rank): the buffer the file writes through `.data` is not "
-                                "read for its rank, although an element write keeps it",
-    "p27_jit_annotated_transformer": "MISS: refused under TorchScript (hoisted Optional mask)",
-    "p40_scripted_module_padding_mask": "MISS: refused because the file scripts the module (hoisted Optional mask)",
+    "p11_megatron_neox_baddbmm": "MISS: refused with a reason (the scores are masked in place through a parameter "
+                                 "of `attention_mask_func`, not followed back to the call; behind it, "
+                                 "`view(*output_size)` unfolds the heads folded into the batch for the 4-D mask and "
+                                 "softmax, and the weights are folded again for `bmm`: no role reads that yet)",
 }
 PATCH_XFAIL = {
 }

@@ -72,8 +72,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "vitpytorch_cait": Judgement(
         False, "talking heads: heads mixed before and after the softmax", cause=r"head",
     ),
-    "vitpytorch_lsa": Judgement(False, "learned temperature tensor scale (temperature.exp())",
-                                cause=r"temperature"),
+    "vitpytorch_lsa": Judgement(False, "the learned temperature (temperature.exp(), 0-d) folds into q; the diagonal "
+                                       "keep-mask's finite fill and rank are not proved", cause=r"finite fill"),
     "vitpytorch_navit": Judgement(False, "finite-fill keep-masks can mask a whole row (mean of V, not SDPA's)"),
     "timm_attention": Judgement(True, "maybe_add_mask is an optional added mask and resolve_self_attn_mask reads "
                                       "only the scores' dtype and device: SDPA where the bias is None, the original "

@@ -136,13 +136,16 @@ def test_scale_in_elif_is_not_rewritten_with_one_guard():
 
 # G: a tensor is never proved a Python-number scale -----------------------------------------------------------
 
-def test_parameter_scale_through_a_local_is_refused():
+def test_parameter_scale_through_a_local_is_folded_into_q():
+    """Not a Python number, but a 0-d tensor (followed through the local): folded into q (issue 16.4)."""
     source = attention("""
         s = q @ k.transpose(-2, -1) * self.scale
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
     """, init="scale = nn.Parameter(torch.tensor(0.3))\nself.scale = scale")
     finding = the_finding(source)
-    assert finding.rule == "ADV103" and "not provably a Python number" in finding.reason
+    proved = {fact["name"] for fact in finding.extra["facts"]["proved"]}
+    assert "scale-is-number" not in proved and "scale-broadcast" in proved
+    assert assert_exact_or_not_safe(source, "parameter_scale_local")
 
 
 def test_inherited_scale_is_guarded():
@@ -351,16 +354,18 @@ def test_two_hoisted_masks_in_one_function_get_two_variables():
     assert "attn_mask_1" in fixed
 
 
-def test_hoisted_mask_is_refused_under_torchscript():
+def test_hoisted_mask_under_torchscript_is_refused_without_torch_to_annotate_it():
+    """TorchScript needs the hoisted variable annotated `torch.Tensor | None` (tests/test_torchscript_patches.py),
+    which a file that never imports torch as a module cannot spell."""
     source = attention("""
         s = q @ k.transpose(-2, -1) / math.sqrt(8)
         if self.use_mask:
             s = s + self.m
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-    """, init="self.use_mask = True\nself.register_buffer('m', torch.randn(6, 6))",
-        after="scripted = torch.jit.script(Attn())\n")
+    """, init="self.use_mask = True\nself.m = nn.Parameter(nn.init.normal_(nn.Linear(6, 6).weight))",
+        after="from torch.jit import script\nscripted = script(Attn())\n").replace("import torch\n", "")
     finding = the_finding(source)
-    assert finding.rule == "ADV103" and "TorchScript" in finding.reason
+    assert finding.rule == "ADV103" and "TorchScript" in finding.reason and "annotated" in finding.reason
 
 
 def test_output_viewed_after_the_rewrite_is_made_contiguous():
@@ -711,8 +716,8 @@ def test_a_module_level_number_rebound_by_a_setter_is_assumed():
     finding = the_finding(source)
     assert finding.fix_safety == "unsafe" and "set_temperature" in finding.reason
     assert_patch_exact(source, "global_scale_setter")
-    tensor = source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)")
-    assert the_finding(tensor).rule == "ADV103"
+    tensor = the_finding(source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)"))
+    assert tensor.fix_safety == "unsafe" and "TEMPERATURE" in tensor.reason  # a tensor whose shape is not followed
 
 
 def test_fstring_einsum_specs_of_constant_local_strings_are_read():
@@ -739,6 +744,9 @@ def test_scores_masked_in_place_by_a_helper_get_a_reason():
     """, after="def mask_func(scores, mask):\n    scores.masked_fill_(mask, -10000.0)\n    return scores\n")
     finding = the_finding(source)
     assert finding.rule == "ADV103" and "`mask_func`" in finding.reason
+    assert "updated in place there (`scores.masked_fill_(mask, -10000.0)`)" in finding.reason
+    unchanged = source.replace("    scores.masked_fill_(mask, -10000.0)\n", "")
+    assert "`mask_func` as its parameter `scores` and returned unchanged" in the_finding(unchanged).reason
 
 
 ZERO_ONE_MASK = """

@@ -52,8 +52,14 @@ def site_facts(parsed: ParsedModule, match: AttentionMatch) -> SiteFacts:
 def plan_backend(parsed: ParsedModule, match: AttentionMatch, requested: str = "sdpa") -> BackendPlan:
     facts = site_facts(parsed, match)
     verdicts = backend_eligibility(facts)
+    verdicts["flex"] = Verdict(True, "flex_attention takes every step of the scores") if match.flex is not None \
+        else Verdict(False, match.flex_refusal or "not analysed")
     if requested == "sdpa":
         return BackendPlan(requested, "sdpa", verdicts)
+    if requested == "flex":
+        if match.flex is None:
+            return BackendPlan(requested, "sdpa", verdicts, reason=f"kept SDPA: flex not eligible ({match.flex_refusal})")
+        return BackendPlan(requested, "flex", verdicts, reason=NOT_ON_GPU)
     key = "sdpa-flash" if requested == "flash" else "flash-attn"
     verdict = verdicts[key]
     if verdict.eligible is False:

@@ -29,7 +29,8 @@ def add_selection_arguments(parser) -> None:
                         help="also offer fixes marked unsafe (fix: apply them; scan --format diff: show them, "
                              "labelled)")
     add_backend_argument(parser, "attention rewrites target: sdpa (PyTorch picks the kernel), flash (SDPA pinned to "
-                                 "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback)")
+                                 "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback), "
+                                 "flex (FlexAttention: also soft-capping and index-computed masks SDPA cannot take)")
     add_call_site_argument(parser)
     parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
                         help="apply the configuration's `exclude` to paths named on the command line too")

@@ -17,6 +17,7 @@ from advisor.patterns.call_site_facts import settle_dropped_weights, settle_from
 from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
+from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
 from advisor.rewrite.guard import guarded
 from advisor.rewrite.sdpa import functional_name, sdpa_call
 from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
@@ -38,7 +39,14 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
                               else statement].start.column
     edits = NodeEdits()
     imports: list[str] = []
-    if target == "flash-attn":
+    if target == "flex":
+        definitions = flex_prelude(parsed)
+        if isinstance(definitions, str):
+            raise RewriteFailed(f"cannot emit the flex helper: {definitions}")
+        call = flex_call(parsed.module, match, indent)
+        edits.definitions = definitions
+        edits.insert_before[statement] = flex_statements(match)
+    elif target == "flash-attn":
         helper = helper_name(parsed)
         call = flash_attn_call(parsed.module, match, helper, indent)
         edits.definitions = (flash_attn_helper(helper, functional.prefix),)
@@ -55,6 +63,8 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
             imports.append(flash.import_line)
     edits.replace[match.output_node] = call
     edits.remove = set(match.removed)
+    if target == "flex" and match.guard is None:  # the original block, kept behind a guard, would read them
+        edits.remove |= set(match.flex.removed)
     edits.replace.update(match.hoisted)
     if match.hoist_anchor is not None:
         anchor = _enclosing_statement(parsed, match.hoist_anchor)
@@ -66,8 +76,14 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     if functional.import_line is not None:
         imports.append(functional.import_line)
     edits.imports = tuple(imports)
-    if match.guard is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
-        return guarded(parsed, edits, match.guard, match.guard_span, match.guard_lifted)
+    test, span = match.guard, match.guard_span
+    if target == "flex" and match.flex.no_dropout is not None:  # flex has no dropout: the original where it runs
+        test = match.flex.no_dropout if test is None else cst.BooleanOperation(test, cst.And(), match.flex.no_dropout)
+        span = match.flex.span
+    if any(line not in span for line in match.guard_lifted):
+        raise RewriteFailed("a statement the check reads lies outside the statements it guards")
+    if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
+        return guarded(parsed, edits, test, span, match.guard_lifted)
     return edits
 
 
@@ -85,6 +101,8 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
     `tree_facts` is what those files ask of autograd (None: this file alone)."""
     tree_facts = tree_facts if tree_facts is not None else TreeFacts.of_file(parsed)
     matches = find_attention(parsed)
+    for match in matches:
+        choose_backend_proof(match, backend)
     if tree is not None:
         tree.adopt(parsed)
         for match in matches:
@@ -94,6 +112,22 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
         settle_guards(match)
     return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
                       tree_facts) for match in matches]
+
+
+def choose_backend_proof(match: AttentionMatch, backend: str) -> None:
+    """The proof the requested backend relies on: under `--backend flex` the flex facts; a block only
+    FlexAttention can express (soft-capping) is refused for every other backend, and under flex when flex cannot
+    take it either."""
+    if match.output_node is None:
+        return
+    if backend == "flex" and match.flex is not None:
+        match.facts = match.flex.facts
+    elif match.sdpa_refusal is not None:
+        if match.flex is not None:
+            match.reason = f"{match.sdpa_refusal} (`--backend flex` would take it)"
+        else:
+            match.reason = f"{match.sdpa_refusal}, and FlexAttention cannot take it either: {match.flex_refusal}"
+        match.output_node = None
 
 
 def _rule_for(match: AttentionMatch) -> Rule:
@@ -110,7 +144,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     reason, fix, edits = match.reason, None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     if plan is not None:
-        autograd_order_fact(match.facts, tree_facts, plan.verdicts)
+        autograd_order_fact(match.facts, tree_facts, plan.verdicts if plan.emitted != "flex" else {})
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:

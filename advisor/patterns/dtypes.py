@@ -22,6 +22,7 @@ Root = object  # a cst node or a dtype name
 LAYOUT_METHODS = {"view", "reshape", "permute", "transpose", "contiguous", "unsqueeze", "squeeze", "flatten",
                   "expand", "expand_as", "clone", "detach", "chunk", "split", "unbind", "repeat", "narrow", "amax"}
 EINOPS = {"einops.rearrange", "einops.repeat"}
+SAME_DTYPE_FUNCTIONS = {"torch.nn.functional.normalize"}  # return their input's dtype (cosine attention's q and k)
 TENSOR_OPS = {"matmul", "bmm", "baddbmm", "einsum", "transpose", "permute", "mT", "view", "softmax", "dropout"}
 CONCRETE = {"float": "torch.float32", "half": "torch.float16", "bfloat16": "torch.bfloat16", "double": "torch.float64"}
 DTYPE_NAMES = {f"torch.{name}" for name in ("float32", "float", "float16", "half", "bfloat16", "float64", "double")}
@@ -223,7 +224,7 @@ class DtypeRoots:
         if receiver is not None:
             return self.root(receiver, depth + 1)
         dotted = self.parsed.imported_name(call.func) or ""
-        if dotted in EINOPS and call.args:
+        if (dotted in EINOPS or dotted in SAME_DTYPE_FUNCTIONS) and call.args:
             return self.root(call.args[0].value, depth + 1)
         if dotted == "torch.full" or dotted == "torch.tensor":
             dtype = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "dtype"), None)

@@ -28,7 +28,7 @@ RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", 
                 "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
 CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand", "randint")}
 RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
-                          "torch.logical_not", "torch.clone"}
+                          "torch.logical_not", "torch.clone", "torch.nn.functional.normalize"}
 ROWS = "fully-masked-rows"
 
 
@@ -63,7 +63,7 @@ class RankBounds:
             return _union([below(value) for value in values]) if values else UNKNOWN
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
                 and self.owner is not None:
-            built = self.owner.only_value(node.attr.value)
+            built = self.owner.shape_value(node.attr.value)  # element writes keep the rank
             return below(built) if built is not None else UNKNOWN
         if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
             return below(node.value)
@@ -152,6 +152,11 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     if all(term.keeps_first_key for term in terms):
         facts.proved(ROWS, "no query row is fully masked", "every mask is a lower triangle of ones sliced from "
                      "its first column (causal), which keeps the first key of every row")
+        return
+    if all(term.keeps_first_key or term.bottom_right for term in terms):
+        facts.assumed(ROWS, "no query row is fully masked", "a causal triangle aligned bottom-right "
+                      "(`ones(L, S).triu(S - L + 1)`) keeps key 0 in every row only where there are at least as many "
+                      "keys as queries")
         return
     finite = [term for term in terms if term.fill_kind == FINITE]
     if finite:

@@ -291,7 +291,7 @@ class OpReader:
 
 
 BOUND_OPS = {"matmul", "bmm", "baddbmm", "softmax", "log_softmax", "masked_fill", "where", "add", "mul", "div",
-             "transpose", "permute"}
+             "transpose", "permute", "tanh"}
 FUNCTION_ONLY = {"permute"}  # the method takes its dims as varargs (`x.permute(0, 2, 1)`): read by `_method`
 INPLACE_OPS = {"baddbmm", "masked_fill", "add", "mul", "div"}  # whose `_` method is read as the same op in place
 _PRODUCT_OPERAND = {"matmul": "other", "bmm": "mat2"}
@@ -320,6 +320,8 @@ def _op_of(name: str, call: cst.Call, a: dict[str, cst.BaseExpression] | None) -
         return Op("where", call, [a["input"], a["other"]], {"condition": a["condition"]})
     if name in ("add", "mul", "div") and set(a) == {"input", "other"}:
         return Op(name, call, [a["input"], a["other"]])
+    if name == "tanh" and set(a) == {"input"}:
+        return Op("tanh", call, [a["input"]])
     if name == "transpose" and "dim0" in a and "dim1" in a:
         return Op("transpose", call, [a["input"]], {"dims": [a["dim0"], a["dim1"]]})
     if name == "permute" and "dims" in a:

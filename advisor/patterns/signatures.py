@@ -25,6 +25,7 @@ TORCH = {
     "softmax": Signature(("input", "dim", "dtype")),
     "log_softmax": Signature(("input", "dim", "dtype")),
     "exp": Signature(("input",), ("out",)),
+    "tanh": Signature(("input",), ("out",)),
     "dropout": Signature(("input", "p", "train")),
     "masked_fill": Signature(("input", "mask", "value")),
     "where": Signature(("condition", "input", "other"), ("out",)),

@@ -180,7 +180,7 @@ class ValueProver:
                     self._guess(f"the parameter `{definition.name}` has no int/float annotation, so a caller may "
                                 f"pass a tensor")
             elif definition.kind == "assign" and definition.index is None:
-                if not self.is_scalar(definition.value, depth + 1):
+                if not self.is_scalar(definition.value, depth + 1) or self._holds_tensor(definition.value):
                     return False
             elif definition.kind == "assign":  # `b, c, h, w = x.shape`: unpacked sizes are ints
                 if not self._unpacked_is_scalar(definition, depth):
@@ -272,7 +272,13 @@ class ValueProver:
         if function is None:
             return False
         prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses)
-        return prover.is_scalar(value, depth + 1)
+        return prover.is_scalar(value, depth + 1) and not self._holds_tensor(value)
+
+    def _holds_tensor(self, value: cst.BaseExpression) -> bool:
+        """`torch.tensor(0.5)` bound to a name: its number is SDPA's scale only where the call is written inline
+        (`scalar_expression`); the name holds the 0-d tensor, which SDPA's `scale=` rejects when it requires grad
+        (and reads with a host sync otherwise)."""
+        return self.scalar_expression(value) is not value
 
     # -- strings ------------------------------------------------------------------------------------
     def constant_string(self, node: cst.BaseExpression, depth: int = 0) -> str | None:

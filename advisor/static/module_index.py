@@ -31,6 +31,9 @@ REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_modu
 # what rewrites any buffer or parameter of a module when a state dict is loaded into it
 STATE_LOADERS = {"_register_load_state_dict_pre_hook", "register_load_state_dict_pre_hook",
                  "register_load_state_dict_post_hook", "_load_from_state_dict"}
+# in-place methods that change their receiver's shape or dtype; every other one writes its elements only
+RESHAPING_IN_PLACE = {"resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_",
+                      "swapaxes_", "as_strided_"}
 
 
 @dataclass(eq=False)
@@ -40,6 +43,7 @@ class ClassInfo:
     node: cst.ClassDef
     methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
     outside: frozenset[str] = frozenset()  # attribute names the file writes on objects other than `self`
+    outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
 
     @cached_property
     def _collected(self) -> "_SelfAttributeCollector":
@@ -62,13 +66,14 @@ class ClassInfo:
     def unfollowed(self) -> set[str]:
         return self._collected.unfollowed
 
-    def rebound(self, attribute: str, identity_ok: bool = False) -> str | None:
+    def rebound(self, attribute: str, identity_ok: bool = False, elements_ok: bool = False) -> str | None:
         """Why an instance's attribute may hold another value than the class's assignments (None: it cannot,
         as far as this file shows): the file writes that name on another object, or binds attributes by names
         it computes (`setattr(m, name, v)`, `m._modules[name] = v`, a state-dict loading hook), on this class's
         instances or on any object. `identity_ok`: the caller's reading also holds for an `nn.Identity()` in
-        its place (a dropout whose probability is read with a default)."""
-        if attribute in self.outside:
+        its place (a dropout whose probability is read with a default); `elements_ok`: it reads only what writes
+        into the value's elements keep (rank, dtype)."""
+        if attribute in (self.outside_reshaped if elements_ok else self.outside):
             return f"`.{attribute}` is also assigned outside the class in this file"
         if ANY_ATTRIBUTE in self.outside:
             return "this file sets attributes by computed names on other objects (`setattr(m, name, ...)`)"
@@ -88,6 +93,15 @@ class ClassInfo:
     def only_value(self, attribute: str) -> cst.BaseExpression | None:
         """The value every instance's attribute holds, as far as this file shows."""
         return self.class_value(attribute) if self.rebound(attribute) is None else None
+
+    def shape_value(self, attribute: str) -> cst.BaseExpression | None:
+        """The one expression the class binds the attribute to, whose rank and dtype every instance's attribute
+        keeps as far as this file shows, its values aside: writes into its elements (`m.bias.data[..., :p] = 1`,
+        `self.mask[0] = 0`, `m.bias.fill_(1)`) are allowed, since they change values, never rank or dtype."""
+        values = self.attributes.get(attribute, [])
+        if len(values) != 1 or attribute in self._collected.reshaped or attribute in self.unfollowed:
+            return None
+        return values[0] if self.rebound(attribute, elements_ok=True) is None else None
 
 
 class ParsedModule:
@@ -266,9 +280,9 @@ class ParsedModule:
         """Every function with its enclosing class (if a method) and its dotted name."""
         collector = _FunctionCollector()
         self.module.visit(collector)
-        outside = self.outside_attribute_writes
+        outside, reshaped = self.outside_attribute_writes
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
-            info.outside = outside
+            info.outside, info.outside_reshaped = outside, reshaped
         return collector.found
 
     def package_module(self, dotted: str) -> "ParsedModule | None":
@@ -287,16 +301,18 @@ class ParsedModule:
                 if len(infos) == 1 and infos[0].node in self.module.body}
 
     @cached_property
-    def outside_attribute_writes(self) -> frozenset[str]:
+    def outside_attribute_writes(self) -> tuple[frozenset[str], frozenset[str]]:
         """Names of attributes this file writes on some object other than a method's own `self`
-        (`model.attn.scale = ...`, `block.bias[:, :2] = 1`, `setattr(m, "softmax", ...)`, `m.bias.fill_(1)`).
-        Any instance's attribute of that name may then hold another value than its class assigns, so no proof
-        may read the class's own assignment as the value. Writes from other files are not seen."""
+        (`model.attn.scale = ...`, `block.bias[:, :2] = 1`, `setattr(m, "softmax", ...)`, `m.bias.fill_(1)`), and
+        those of them written otherwise than into their elements (`m.bias = t`, `m.bias.data = t`,
+        `m.bias.unsqueeze_(0)`). Any instance's attribute of a name in the first set may then hold another value
+        than its class assigns, so no proof may read the class's own assignment as the value; one in the first
+        set only keeps its rank and dtype. Writes from other files are not seen."""
         collector = _OutsideWriteCollector(self)
         self.module.visit(collector)
         if self.project is not None and self.project.registration_hooks:
-            collector.names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
-        return frozenset(collector.names)
+            collector.write(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
+        return frozenset(collector.names), frozenset(collector.reshaped)
 
 
 
@@ -437,12 +453,25 @@ class _OutsideWriteCollector(cst.CSTVisitor):
     def __init__(self, parsed: "ParsedModule") -> None:
         self.parsed = parsed
         self.names: set[str] = set()
+        self.reshaped: set[str] = set()  # written otherwise than into the elements
 
-    def _target(self, target: cst.BaseExpression, value: cst.BaseExpression | None = None) -> None:
-        self.names.update(a.attr.value for a in _written_attributes(target) if not _is_self_attribute(a))
+    def write(self, name: str, elements_only: bool = False) -> None:
+        self.names.add(name)
+        if not elements_only:
+            self.reshaped.add(name)
+
+    def _target(self, target: cst.BaseExpression, value: cst.BaseExpression | None = None,
+                elements_only: bool = False) -> None:
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._target(element.value)
+            return
         table = _attribute_table_key(target)
+        for attribute in _written_attributes(target):
+            if not _is_self_attribute(attribute):
+                self.write(attribute.attr.value, elements_only or table is None and _element_store(target))
         if table is not None and not _is_self(table[0]):
-            self.names.add(_literal_name(table[1]) or self._any(value))
+            self.write(_literal_name(table[1]) or self._any(value))
 
     def _any(self, value: cst.BaseExpression | None) -> str:
         """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
@@ -465,21 +494,22 @@ class _OutsideWriteCollector(cst.CSTVisitor):
         if binding is not None:
             receiver, name = binding
             if not _is_self(receiver):
-                self.names.add(_literal_name(name) or self._any(_bound_value(node)))
+                self.write(_literal_name(name) or self._any(_bound_value(node)))
             elif isinstance(func, cst.Name) and _literal_name(name):  # `setattr(self, "x", v)`: counted here too
-                self.names.add(_literal_name(name))
-        elif is_inplace_method(func):
-            self._target(func.value)  # `m.bias.fill_(1)`: an in-place method of the attribute
+                self.write(_literal_name(name))
+        elif is_inplace_method(func):  # `m.bias.fill_(1)`: an in-place method of the attribute
+            self._target(func.value, elements_only=func.attr.value not in RESHAPING_IN_PLACE)
         elif isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and not _is_self(func.value):
-            self.names.add(ANY_ATTRIBUTE)
+            self.write(ANY_ATTRIBUTE)
         elif _callee_name(func) in REGISTRATION_HOOKS:  # may replace any buffer or submodule as it is set
-            self.names.add(ANY_ATTRIBUTE)
+            self.write(ANY_ATTRIBUTE)
 
 
 class _SelfAttributeCollector(cst.CSTVisitor):
     def __init__(self) -> None:
         self.attributes: dict[str, list[cst.BaseExpression]] = {}
         self.mutated: set[str] = set()
+        self.reshaped: set[str] = set()  # mutated otherwise than by writes into the elements
         self.unfollowed: set[str] = set()  # bound by an unpacking whose values are not paired with targets
         self.computed = False  # some method binds `self` attributes by a name computed at run time
 
@@ -518,14 +548,18 @@ class _SelfAttributeCollector(cst.CSTVisitor):
         if node.keyword is not None and node.keyword.value == "out":
             self._written(node.value)
 
-    def _written(self, target: cst.BaseExpression) -> None:
-        self.mutated.update(a.attr.value for a in _written_attributes(target) if _is_self_attribute(a))
+    def _written(self, target: cst.BaseExpression, elements_only: bool = False) -> None:
         table = _attribute_table_key(target)
+        names = {a.attr.value for a in _written_attributes(target) if _is_self_attribute(a)}
+        self.mutated.update(names)
+        if not (elements_only or table is None and _element_store(target)):
+            self.reshaped.update(names)
         if table is not None and _is_self(table[0]):
             name = _literal_name(table[1])
             self.computed |= name is None
             if name is not None:
                 self.mutated.add(name)
+                self.reshaped.add(name)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and _is_self_attribute(node.target):
@@ -533,8 +567,8 @@ class _SelfAttributeCollector(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if is_inplace_method(func):
-            self._written(func.value)  # `self.mask.fill_(...)`, `self.bias.data.copy_(...)`
+        if is_inplace_method(func):  # `self.mask.fill_(...)`, `self.bias.data.copy_(...)`
+            self._written(func.value, elements_only=func.attr.value not in RESHAPING_IN_PLACE)
         if isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and _is_self(func.value):
             self.computed = True
         binding = named_binding(node)
@@ -546,8 +580,9 @@ class _SelfAttributeCollector(cst.CSTVisitor):
             self.computed = True
         elif value is not None and isinstance(func, cst.Attribute) and func.attr.value != "__setattr__":
             self.attributes.setdefault(name, []).append(value)  # `self.register_buffer("bias", torch.tril(...))`
-        else:
-            self.mutated.add(name)  # `setattr(self, "bias", v)`: read as a write the analysis does not pair
+        else:  # `setattr(self, "bias", v)`: read as a write the analysis does not pair
+            self.mutated.add(name)
+            self.reshaped.add(name)
 
 
 def _written_attributes(target: cst.BaseExpression) -> list[cst.Attribute]:
@@ -561,6 +596,13 @@ def _written_attributes(target: cst.BaseExpression) -> list[cst.Attribute]:
             found.append(target)
         target = target.value
     return found
+
+
+def _element_store(target: cst.BaseExpression) -> bool:
+    """`x.a[i] = v`, `x.a.data[..., :p] += v`: a store into the elements of what the attributes hold, which keeps
+    every attribute on the way bound to the same object, of the same rank and dtype (a tensor's `__setitem__`
+    writes in place)."""
+    return isinstance(target, cst.Subscript)
 
 
 def named_binding(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:

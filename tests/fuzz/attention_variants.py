@@ -585,6 +585,8 @@ def _apply_hazard(v: Variant, src: _Source) -> None:
         src.init.append(init)
         factor = "self.logit_scale.exp()" if h == "logit_scale" else "self.temp"
         body.insert(_softmax_at(body), f"{s} = {s} * {factor}")
+    elif h in TENSOR_SCALE_FOLDS:
+        _write_tensor_scale_fold(v, src)
     elif h == "local_param_scale":
         src.init.append("self.scale_param = nn.Parameter(torch.tensor(0.5))")
         body.insert(0, "scale = self.scale_param")
@@ -745,6 +747,59 @@ GLOBAL_HOOKS = {
 }
 
 
+# issue 16.4: tensor scales SDPA gets folded into q. name -> (what __init__ adds, the factor, how it is applied);
+# "arg:" factors are forward arguments whose value make() passes. Shapes of size 1 in the key axis fold; a pairwise
+# (L, S) factor is a multiplicative mask (refused, or the guard runs the original); one after a mask is refused.
+TENSOR_SCALE_FOLDS = {
+    "fold_heads": ("self.temp = nn.Parameter(torch.rand(self.heads, 1, 1) + 0.5)", "self.temp", "mul"),
+    "fold_heads_4d": ("self.temp = nn.Parameter(torch.full((1, self.heads, 1, 1), 0.7))", "self.temp", "mul"),
+    "fold_vector_index": ("self.temp = nn.Parameter(torch.rand(self.heads) + 0.5)", "self.temp[:, None, None]",
+                          "mul"),
+    "fold_vector_view": ("self.temp = nn.Parameter(torch.rand(self.heads) + 0.5)", "self.temp.view(-1, 1, 1)",
+                         "mul"),
+    "fold_cosine": ("self.logit_scale = nn.Parameter(torch.log(3 * torch.ones((self.heads, 1, 1))))",
+                    "torch.clamp(self.logit_scale, max=math.log(100.0)).exp()", "mul"),
+    "fold_buffer_0d": ('self.register_buffer("temp", torch.tensor(0.7))', "self.temp", "mul"),
+    "fold_row_norm": ("", "q.norm(dim=-1, keepdim=True)", "mul"),
+    "fold_div": ("self.temp = nn.Parameter(torch.rand(self.heads, 1, 1) + 0.5)", "self.temp", "div"),
+    "fold_inplace": ("self.temp = nn.Parameter(torch.rand(self.heads, 1, 1) + 0.5)", "self.temp", "inplace"),
+    "fold_flag": ("self.temp = nn.Parameter(torch.rand(self.heads, 1, 1) + 0.5)", "self.temp", "flag"),
+    "fold_local": ("self.temp = nn.Parameter(torch.rand(self.heads, 1, 1) + 0.5)", "temp", "local"),
+    "fold_arg_heads": ("", f"arg:torch.rand({HEADS}, 1, 1) + 0.5", "mul"),
+    "fold_arg_0d": ("", "arg:torch.tensor(0.7, dtype=torch.float64)", "mul"),
+    "fold_arg_number": ("", "arg:0.7", "mul"),
+    "fold_arg_pairwise": ("", "arg:pairwise", "mul"),
+    "fold_param_pairwise": ("pairwise", "self.temp", "mul"),
+    "fold_after_mask": ("self.temp = nn.Parameter(torch.rand(self.heads, 1, 1) + 0.5)", "self.temp", "late"),
+}
+
+
+def _write_tensor_scale_fold(v: Variant, src: _Source) -> None:
+    init, factor, how = TENSOR_SCALE_FOLDS[v.hazard]
+    s, body = v.scores, src.body
+    keys = QUERIES + PAST if v.kv == "cache" else QUERIES
+    if init == "pairwise":
+        init = f"self.temp = nn.Parameter(torch.rand({QUERIES}, {keys}) + 0.5)"
+    if init:
+        src.init.append(init)
+    if factor.startswith("arg:"):
+        value = factor[4:]
+        src.params.insert(1, "temp")  # before any parameter with a default
+        src.make_inputs.insert(0, f"torch.rand({QUERIES}, {keys}, dtype=torch.{v.dtype}) + 0.5" if value == "pairwise"
+                               else f"({value}).to(torch.{v.dtype})" if value.startswith("torch.rand") else value)
+        factor = "temp"
+    if how == "local":
+        body.insert(0, "temp = self.temp")
+    scaled = {"mul": f"{s} = {s} * {factor}", "div": f"{s} = {s} / {factor}", "inplace": f"{s} *= {factor}",
+              "local": f"{s} = {s} * {factor}", "late": f"{s} = {s} * {factor}"}.get(how)
+    at = _softmax_at(body) if how == "late" else _index_of(body, f"{s} = ") + 1
+    if how == "flag":
+        src.init.append("self.use_temp = True")
+        body[at:at] = ["if self.use_temp:", f"    {s} = {s} * {factor}"]
+    else:
+        body.insert(at, scaled)
+
+
 def _softmax_at(body: list[str]) -> int:
     """The line that computes the weights (every softmax spelling names a softmax)."""
     for index, line in enumerate(body):
@@ -883,6 +938,9 @@ def _hazard(*names: str) -> st.SearchStrategy:
             changes.update(mask="none")
         if hazard == "residual_loop":
             changes.update(dropout="none", kv="self")
+        if hazard in TENSOR_SCALE_FOLDS and (variant.layout != "heads" or variant.value_product == "channel_major"):
+            changes.update(layout="heads", product=draw(st.sampled_from(PRODUCTS["heads"])), value_product="at",
+                           output=draw(st.sampled_from(OUTPUTS["heads"])))
         if hazard == "temperature" and variant.layout == "folded":
             changes.update(hazard="param_scale")
         return dataclasses.replace(variant, **changes)
@@ -913,6 +971,7 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "else_scale": ("F", _hazard("else_scale")),
     "tensor_scale": ("G", _hazard("param_scale", "buffer_scale", "temperature", "logit_scale", "local_param_scale")),
     "scale_argument": ("G", _hazard("scale_argument")),
+    "tensor_scale_fold": ("16.4", _hazard(*TENSOR_SCALE_FOLDS)),
     "residual_loop": ("H", _hazard("residual_loop")),
     "weights_before_loop": ("H", _hazard("weights_before_loop")),
     "no_grad_scores": ("I", _hazard("no_grad_scores")),

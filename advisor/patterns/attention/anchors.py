@@ -17,6 +17,7 @@ from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_th
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
+from advisor.rewrite.flex_prelude import HELPER_NAME as FLEX_HELPER
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -273,27 +274,31 @@ def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode, owner: Cl
 
 
 def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
-    """The block is the original kept under the `else:` of a guarded patch (`if <metadata check>: <SDPA> else:
-    <block>`): it runs only where SDPA would not be exact, so it is no finding (and a second pass changes
+    """The block is the original kept under the `else:` of a guarded patch (`if <metadata check>: <SDPA or the
+    module's flex helper> else: <block>`): it runs only where SDPA would not be exact, so it is no finding (and a second pass changes
     nothing). A flag test (timm's `if self.fused_attn:`) is not a metadata check: that block stays a finding."""
     child, node = statement, parsed.parents.get(statement)
     while node is not None and not isinstance(node, cst.FunctionDef):
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.Else) and child is node.orelse:
             finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
             node.body.visit(finder)
-            return finder.found and _reads_metadata_only(parsed, node.test, node.orelse.body)
+            # the module's own flex helper: only a flex patch writes its call in an `if` with the original after
+            flex = FLEX_HELPER in parsed.module_functions and FLEX_HELPER in finder.plain_calls
+            return flex or finder.found and _reads_metadata_only(parsed, node.test, node.orelse.body)
         child, node = node, parsed.parents.get(node)
     return False
 
 
 def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
-    """A test made of comparisons, `is None`, `isinstance`, `.dtype` and `.dim()`: no value of a tensor read; or of
-    a flag the fallback asks `if <flag>:` (`not flag`, `flag is None or flag is False`: see attention.flags)."""
+    """A test made of comparisons, `is None`, `isinstance`, `.dtype`, `.dim()` and `.shape[i]`, joined by `and`,
+    `or` and `not`: no value of a tensor read; or of a flag the fallback asks `if <flag>:` (`not flag`,
+    `flag is None or flag is False`: see attention.flags)."""
     if isinstance(test, cst.BooleanOperation):
         return _reads_metadata_only(parsed, test.left, fallback) and \
             _reads_metadata_only(parsed, test.right, fallback)
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        return _asked_in(parsed, test.expression, fallback)
+        return _asked_in(parsed, test.expression, fallback) or \
+            _reads_metadata_only(parsed, test.expression, fallback)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
             isinstance(test.comparisons[0].operator, cst.Is) and _asked_in(parsed, test.left, fallback):
         return True
@@ -314,6 +319,11 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
         return True
     if isinstance(node, cst.Attribute):
         return node.attr.value == "dtype"
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        return _metadata_operand(parsed, node.expression)
+    if isinstance(node, cst.Subscript):
+        return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
+            all(isinstance(e.slice, cst.Index) and _metadata_operand(parsed, e.slice.value) for e in node.slice)
     return isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute) and \
         node.func.attr.value == "dim"
 
@@ -336,9 +346,12 @@ def _calls_sdpa(parsed: ParsedModule, node: cst.CSTNode, owner: ClassInfo | None
 class _CallFinder(cst.CSTVisitor):
     def __init__(self, parsed: ParsedModule, dotted: str) -> None:
         self.parsed, self.dotted, self.found, self.self_methods = parsed, dotted, False, []
+        self.plain_calls: set[str] = set()  # names called as `name(...)`
 
     def visit_Call(self, node: cst.Call) -> None:
         self.found = self.found or self.parsed.imported_name(node.func) == self.dotted
         func = node.func
+        if isinstance(func, cst.Name):
+            self.plain_calls.add(func.value)
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
             self.self_methods.append(func.attr.value)

@@ -2,7 +2,9 @@
 
 Unguarded terms combine in one expression (`&` of keep masks, `+` of float masks, else all as additive floats in
 the query's dtype). Terms applied under `if`s are hoisted: evaluated where the original applied them, into one
-fresh variable that starts as None (SDPA's "no mask") and accumulates each term.
+fresh variable that starts as None (SDPA's "no mask") and accumulates each term. In a function TorchScript compiles,
+that variable is annotated `torch.Tensor | None`: TorchScript types a variable at its first assignment, so a bare
+None would refuse the tensor assigned later.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
+from advisor.patterns import scope
 from advisor.patterns.attention import shifts
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.rendering import Replace, at_home
@@ -40,13 +43,13 @@ def assemble_mask(c: Candidate) -> None:
         if len(terms) == 1:
             match.attn_mask = _sole_mask(c, terms[0])
         elif kinds == {"keep"}:
-            match.attn_mask = joined(cst.BitAnd, [atomic(_term_mask(c, term)) for term in terms])
+            match.attn_mask = joined(cst.BitAnd, [atomic(term_mask(c, term)) for term in terms])
         elif kinds == {"float"}:
-            match.attn_mask = joined(cst.Add, [atomic(_term_mask(c, term)) for term in terms])
+            match.attn_mask = joined(cst.Add, [atomic(term_mask(c, term)) for term in terms])
         else:
             match.attn_mask = joined(cst.Add, [atomic(_additive(c, term)) for term in terms])
         return
-    if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, _term_mask(c, terms[0])):
+    if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, term_mask(c, terms[0])):
         match.attn_mask = _sole_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
         return
     _hoist_masks(c, terms)
@@ -72,12 +75,12 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
         raise Refusal("two conditional masks are applied in one statement")
     if any(in_inlined(c, term.statement) for term in terms):
         raise Refusal("a conditional mask is applied inside a helper, and helpers are never edited")
-    name = _fresh_name(c, "attn_mask")
+    name = fresh_name(c, "attn_mask")
     variable = cst.Name(name)
     first = terms[0]
     if first.guard is not None:  # the variable must exist when that `if` is not taken
         match.hoist_anchor = first.guard
-        match.hoist_init = cst.SimpleStatementLine([assignment(name, cst.Name("None"))])
+        match.hoist_init = cst.SimpleStatementLine([_no_mask_yet(c, name)])
     for position, term in enumerate(terms):
         if len(terms) == 1:
             value = _sole_mask(c, term)
@@ -94,10 +97,23 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
     match.attn_mask = variable
 
 
+def _no_mask_yet(c: Candidate, name: str) -> cst.BaseSmallStatement:
+    """`name = None`, or `name: torch.Tensor | None = None` where TorchScript compiles the function (SDPA's
+    attn_mask is `Optional[Tensor]` there too; Python never evaluates a local variable's annotation)."""
+    if not scope.is_scripted(c.parsed, c.home, c.owner):
+        return assignment(name, cst.Name("None"))
+    torch_name = c.parsed.module_aliases.get("torch")
+    if torch_name is None:
+        raise Refusal("the function is compiled by TorchScript, where the merged mask variable must be annotated "
+                      "`torch.Tensor | None`, and torch is not imported as a module")
+    annotation = parse_template_expression("{torch}.Tensor | None", torch=cst.Name(torch_name))
+    return cst.AnnAssign(cst.Name(name), cst.Annotation(annotation), cst.Name("None"))
+
+
 def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The one mask SDPA gets; an added value that is a Python number on some paths (`bias = 0.0`) is a shift
     there, which softmax ignores (see `shifts`), so SDPA gets no mask on those paths."""
-    mask = _term_mask(c, term)
+    mask = term_mask(c, term)
     if term.number_paths is None:
         return mask
     shifts.drop_shift(c, term.source, term.number_paths)
@@ -108,7 +124,7 @@ def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
 
 def _additive(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The term as a float mask in the query's dtype, for adding to other terms."""
-    mask = _term_mask(c, term)
+    mask = term_mask(c, term)
     if term.kind in ("float", "finite"):
         return mask
     torch_name, query = _torch_and_query(c)
@@ -138,7 +154,7 @@ def _torch_and_query(c: Candidate) -> tuple[cst.Name, cst.BaseExpression]:
     return cst.Name(torch_name), query
 
 
-def _fresh_name(c: Candidate, base: str) -> str:
+def fresh_name(c: Candidate, base: str) -> str:
     used = {name.value for name in loaded_names(c.function)} | \
         {d.name for d in c.flow.definitions.values()} | c.scope.taken_names
     candidate, suffix = base, 0
@@ -149,7 +165,7 @@ def _fresh_name(c: Candidate, base: str) -> str:
     return candidate
 
 
-def _term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
+def term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The term in SDPA's polarity and layout."""
     mask = _term_values(c, term)
     if term.reshape is None:

@@ -17,6 +17,7 @@ from advisor.static.tree_facts import TreeFacts
 STATEMENT = ("the block is differentiated in first-order reverse mode only (SDPA's fused kernels have no double "
              "backward and no forward-mode derivative)")
 MATH_KERNEL = "sdpa-math"
+FLEX = "flex"  # not an SDPA kernel; a flex patch (no double backward either) is judged with no SDPA verdicts
 
 
 def autograd_order_fact(facts: FactSheet, tree: TreeFacts, verdicts: dict[str, Verdict]) -> None:
@@ -26,7 +27,7 @@ def autograd_order_fact(facts: FactSheet, tree: TreeFacts, verdicts: dict[str, V
         facts.proved("first-order-autograd", STATEMENT,
                      f"nothing in {files} asks for double backward or forward-mode AD{_passed_on(tree)}")
         return
-    fused = [verdict for name, verdict in verdicts.items() if name != MATH_KERNEL]
+    fused = [verdict for name, verdict in verdicts.items() if name not in (MATH_KERNEL, FLEX)]
     if fused and all(verdict.eligible is False for verdict in fused):
         facts.proved("first-order-autograd", STATEMENT,
                      f"no fused kernel takes this call ({fused[0].reason}), and SDPA's math kernel has double "

@@ -177,9 +177,6 @@ def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Defi
     if paths:
         match.facts.proved("no-writes", "no attribute the SDPA call reads is written inside the block")
     _dispatch_facts(c, deleted + [match.output_node], kept)
-    if (match.hoisted or match.hoist_init) and scope.is_scripted(parsed, c.home, c.owner):
-        raise Refusal("the function is compiled by TorchScript, where the merged mask variable cannot start "
-                      "as None and later hold a tensor")
 
 
 def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNode]) -> None:

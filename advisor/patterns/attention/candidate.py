@@ -88,6 +88,9 @@ class Candidate:
     absorbed: set[cst.Name] = field(default_factory=set)  # reads that vanish with the rewrite (cast targets, ...)
     dtype_changes: list[Op] = field(default_factory=list)  # casts and softmax(dtype=) inside the block
     factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # ("mul" | "div", Python number)
+    tensor_factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # folded into the query
+    # the tensor factors each scale fact leaves unproved, which a guard may check (see `tensor_scale`)
+    tensor_scale_reads: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     leaf_nodes: list[cst.BaseExpression] = field(default_factory=list)  # q, k, v, then what else SDPA reads
     identity_ok: set[str] = field(default_factory=set)  # deleted `self.x(...)` calls read right if x is an Identity
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes

@@ -49,6 +49,88 @@ def keeps_first_key(c: Candidate, masked: cst.BaseExpression, keep_given: bool) 
     return built is not None and _causal_polarity(c, triangle(c.parsed, built), masked, keep_given, *via)
 
 
+def keeps_first_key_bottom_right(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
+    """`torch.ones((i, j), dtype=torch.bool).triu(j - i + 1)` with i, j the scores' query and key sizes (lucidrains'
+    causal mask with a KV prefix): row r masks keys r + j - i + 1 onwards, so it keeps key 0 exactly where j >= i.
+    Whether there are at least as many keys as queries is metadata: the caller may check it (see `guards`)."""
+    base = _mask_base(c, masked)
+    via = []
+    if isinstance(base, cst.Name):
+        definitions = c.flow.definitions_of(base)
+        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+            return False
+        via, base = [definitions[0].value], _mask_base(c, definitions[0].value)
+    while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and \
+            base.func.attr.value in TRIANGLE_KEEPING:
+        base = base.func.value
+    if not (isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and base.func.attr.value == "triu"
+            and c.parsed.imported_name(base.func) is None):
+        return False
+    ones, diagonal = base.func.value, next((a.value for a in base.args if a.keyword is None
+                                            or a.keyword.value == "diagonal"), None)
+    if not (isinstance(ones, cst.Call) and c.parsed.imported_name(ones.func) == "torch.ones") or diagonal is None:
+        return False
+    sizes = [a.value for a in ones.args if a.keyword is None]
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        sizes = [element.value for element in sizes[0].elements]
+    if len(sizes) != 2 or not all(isinstance(size, cst.Name) for size in sizes):
+        return False
+    rows, columns = sizes
+    if [_scores_size(c, rows), _scores_size(c, columns)] != ["query", "key"] or rows.value == columns.value:
+        return False
+    if _linear(diagonal) != {columns.value: 1, rows.value: -1, "": 1}:
+        return False
+    return _causal_polarity(c, "upper", masked, keep_given, *via)
+
+
+def _scores_size(c: Candidate, name: cst.Name) -> str | None:
+    """"query" or "key" when `name` holds the scores' size on that axis (`i, j = s.shape[-2:]`, `s.size(-1)`)."""
+    definitions = c.flow.definitions_of(name)
+    if len(definitions) != 1 or definitions[0].kind != "assign":
+        return None
+    definition, value = definitions[0], definitions[0].value
+    axis = None
+    if definition.index is not None and isinstance(value, cst.Subscript) and len(value.slice) == 1 and \
+            isinstance(value.slice[0].slice, cst.Slice) and int_value(value.slice[0].slice.lower) == -2 and \
+            value.slice[0].slice.upper is None and value.slice[0].slice.step is None and definition.index < 2:
+        axis, value = definition.index - 2, value.value
+    elif definition.index is None and isinstance(value, cst.Subscript) and len(value.slice) == 1 and \
+            isinstance(value.slice[0].slice, cst.Index):
+        axis, value = int_value(value.slice[0].slice.value), value.value
+    elif definition.index is None and isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+            value.func.attr.value == "size" and len(value.args) == 1:
+        axis, value = int_value(value.args[0].value), cst.Attribute(value.func.value, cst.Name("shape"))
+    if axis not in (-2, -1) or not (isinstance(value, cst.Attribute) and value.attr.value == "shape"
+                                    and isinstance(value.value, cst.Name)):
+        return None
+    scores = {d.id for d in c.chain.definitions}
+    reaching = c.flow.reaching.get(value.value, frozenset())
+    if not reaching or not reaching <= scores:
+        return None
+    return "query" if axis == -2 else "key"
+
+
+def _linear(node: cst.BaseExpression) -> dict[str, float] | None:
+    """`j - i + 1` as {"j": 1, "i": -1, "": 1} (names and integers under + and -); None for anything else."""
+    if isinstance(node, cst.Name):
+        return {node.value: 1}
+    if int_value(node) is not None:
+        return {"": int_value(node)} if int_value(node) else {}
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = _linear(node.expression)
+        return None if inner is None else {key: -value for key, value in inner.items()}
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+        left, right = _linear(node.left), _linear(node.right)
+        if left is None or right is None:
+            return None
+        sign = 1 if isinstance(node.operator, cst.Add) else -1
+        total = dict(left)
+        for key, value in right.items():
+            total[key] = total.get(key, 0) + sign * value
+        return {key: value for key, value in total.items() if value}
+    return None
+
+
 def added_keeps_first_key(c: Candidate, mask: cst.BaseExpression) -> bool:
     """An added mask `self.buf` or `self.buf[..., :L, :S]` (columns from 0) whose buffer is a square of -inf
     strictly above the diagonal and 0 elsewhere: row r keeps keys 0..r, so no query row is fully masked."""

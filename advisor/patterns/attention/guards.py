@@ -1,11 +1,13 @@
 """Guarded facts: where unproved facts are about metadata (q, k and v sharing a dtype, an added mask's dtype or
-rank, a scale being a Python number), the patch checks exactly those facts at run time, takes the SDPA path where
+rank, a scale being a Python number, a tensor scale's rank, last size and dtype, at least as many keys as queries
+under a bottom-right causal triangle), the patch checks exactly those facts at run time, takes the SDPA path where
 they hold and runs the original block where they fail: exact for every input, and safe when nothing else is
 assumed. Each fact is guarded whole or not at all (then it stays assumed).
 
 A check reads dtypes, ranks and `isinstance` only: no data-dependent branch, no host sync, nothing
-`torch.compile` breaks its graph on; TorchScript-compiled functions get no guard. It reads names at the start of
-the guarded statements that must hold there what the block read (same reaching definitions, no attribute written
+`torch.compile` breaks its graph on, and nothing TorchScript cannot compile (it refines an Optional through
+`is None` and `isinstance`), so scripted functions are guarded too. It reads names at the start of the guarded
+statements that must hold there what the block read (same reaching definitions, no attribute written
 in between), and it cannot raise: a value that is not a tensor fails the check and runs the original.
 """
 
@@ -14,17 +16,24 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
+from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm
+from advisor.patterns.attention.tensor_facts import rank_bounds
+from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copies_casts import cast_dtype
-from advisor.patterns.masks import ROWS
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
-GUARDABLE = (SCALE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, ROWS)
+GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS)
+# a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
+TENSOR_SCALE_CHECKS = {
+    BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
+               "and ({s}.dim() == 0 or {s}.shape[-1] == 1)",
+    DTYPE: "not isinstance({s}, {torch}.Tensor) or {s}.dim() == 0 or {s}.dtype == {q}.dtype"}
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
 
@@ -35,7 +44,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     match = c.match
     wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
     torch_name = c.parsed.module_aliases.get("torch")
-    if not wanted or torch_name is None or scope.is_scripted(c.parsed, c.home, c.owner):
+    if not wanted or torch_name is None:
         return
     span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
@@ -43,27 +52,41 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None or not _plain(c, query):
         return
     for name in wanted:
+        absent = _absent_checks(c, match.masks) if name == mk.ROWS else []
         if name == QKV_DTYPE:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
             reads = [node for node in (query, key, value) if _plain(c, node)]
             parts = [joined_comparison(dtypes)] if None not in dtypes else []
+        elif absent:  # SDPA without a mask where every mask is None
+            reads, parts = [query] + [t.source for t in match.masks], absent
+        elif name == mk.ROWS:  # bottom-right causal triangles keep key 0 wherever S >= L
+            reads = [match.query, match.key]
+            parts = [parse_template_expression("{q}.shape[-2] <= {k}.shape[-2]", q=match.query, k=match.key)] \
+                if all(t.keeps_first_key or t.bottom_right for t in match.masks) and \
+                all(_plain(c, node) for node in reads) else []
+        elif name in TENSOR_SCALE_CHECKS:
+            reads = [query] + c.tensor_scale_reads.get(name, [])
+            parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
+                                               torch=cst.Name(torch_name)) for scale in reads[1:]] \
+                if all(_plain(c, scale) for scale in reads[1:]) else []
         elif name == SCALE:
             reads = [c.values.scalar_expression(factor) for _, factor in c.factors
                      if c.values.scalar_guess(factor) is not None]
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=scale) for scale in reads] \
                 if all(_arithmetic_of_plain(c, scale) for scale in reads) else []
-        elif name == ROWS:
-            reads = [query] + [t.source for t in match.masks]
-            parts = _absent_checks(c, match.masks)
         else:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
-            reads = [query] + [t.source for t in terms]
-            parts = [_mask_check(c, name, term, query, torch_name) for term in terms]
+            ranks = [_known_rank(c, t) if name == MASK_RANK else None for t in terms]
+            reads = [query] + [t.source for t, known in zip(terms, ranks) if known is None]
+            parts = [_mask_check(c, name, term, query, torch_name) if known is None else
+                     parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
+                     for term, known in zip(terms, ranks)]
         lifted = _lifted(c, span, reads) if parts else None
         if parts and None not in parts and lifted is not None and \
                 holds_at(c, span[0], output_statement, reads, lifted):
             match.guard_checks[name] = parts
             match.guard_lifted.extend(line for line in lifted if line not in match.guard_lifted)
+            match.masks_absent = match.masks_absent or bool(absent)
     match.guard_span = span
 
 
@@ -72,8 +95,8 @@ def settle_guards(match: AttentionMatch) -> None:
     check (`match.guard`) and the original block where it fails."""
     checks = {name: parts for name, parts in match.guard_checks.items()
               if any(fact.name == name for fact in match.facts.assumptions)}
-    if ROWS in checks:  # the SDPA path runs where every mask is None: it needs no mask, and no fact about one
-        checks.update({fact.name: checks[ROWS] for fact in match.facts.assumptions
+    if mk.ROWS in checks and match.masks_absent:  # SDPA runs where every mask is None: no mask, no fact about one
+        checks.update({fact.name: checks[mk.ROWS] for fact in match.facts.assumptions
                        if fact.name in (MASK_DTYPE, MASK_RANK)})
         match.attn_mask = None
     code = cst.Module([]).code_for_node
@@ -108,6 +131,14 @@ def _dtype_of(c: Candidate, node: cst.BaseExpression, torch_name: str) -> cst.Ba
 def joined_comparison(operands: list[cst.BaseExpression]) -> cst.Comparison:
     """`a == b == c`."""
     return cst.Comparison(operands[0], [cst.ComparisonTarget(cst.Equal(), operand) for operand in operands[1:]])
+
+
+def _known_rank(c: Candidate, term: MaskTerm) -> int | None:
+    """The most dims a mask of at least 2 can have, when its source bounds them (`self.bias[:, :, a:b, :c]` of a
+    4-D buffer): then the rank fact needs only scores of at least that rank, which `q.dim()` shows (the check
+    reads no mask, so it also holds where the mask is built inside the guarded statements)."""
+    low, high = rank_bounds(c).bounds(term.source)
+    return high if low >= 2 and high is not None else None
 
 
 def _needs(name: str, term: MaskTerm) -> bool:

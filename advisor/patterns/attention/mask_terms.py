@@ -12,7 +12,8 @@ import libcst as cst
 
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.candidate import Candidate
-from advisor.patterns.attention.causal import added_keeps_first_key, is_causal_keep, keeps_first_key
+from advisor.patterns.attention.causal import added_keeps_first_key, is_causal_keep, keeps_first_key, \
+    keeps_first_key_bottom_right
 from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
@@ -47,12 +48,13 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
         return MaskTerm("causal", keep, fill=fill, guard=guard, nodes=nodes,
                         fill_kind=fill_kind, source=source, keeps_first_key=True)
     first = keeps_first_key(c, masked, keep_given)
+    bottom_right = not first and keeps_first_key_bottom_right(c, masked, keep_given)
     if kind == "neginf":
         return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=source,
-                        keeps_first_key=first)
+                        keeps_first_key=first, bottom_right=bottom_right)
     masked_only = _negate(masked) if keep_given else at_home(c, masked)
     return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
-                    fill_kind=fill_kind, source=source, keeps_first_key=first)
+                    fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right)
 
 
 def reshape_term(c: Candidate, term: MaskTerm) -> None:

@@ -19,7 +19,9 @@ from advisor.patterns.attention.helpers import dotted_name
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.attention.scale import scale_and_mask_roles
+from advisor.patterns.attention.score_mods import flex_roles
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
+from advisor.patterns.attention.tensor_scale import fold_into_query
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -127,8 +129,10 @@ def _prove(c: Candidate) -> None:
     check_scope(c, output_statement, consumed)
     weights.layout_role(c)
     check_escapes(c)
+    fold_into_query(c, ndim)
     flags.plan_flag(c, output_statement)
     plan_guards(c, output_statement)
+    flex_roles(c)
 
 
 def _unique(items: list) -> list:

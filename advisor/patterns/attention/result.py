@@ -36,6 +36,8 @@ class MaskTerm:
     same_dtype: bool = False  # the original proves it has the scores' dtype (baddbmm's input)
     in_place: bool = False  # added in place (`s += m`): the scores keep their dtype whatever the mask's
     keeps_first_key: bool = False  # every query row attends to key 0 (a lower triangle sliced from column 0)
+    # every query row attends to key 0 where there are at least as many keys as queries (`ones(L, S).triu(S - L + 1)`)
+    bottom_right: bool = False
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
     optional: bool = False  # added only where it is not None (`maybe_add_mask(s, m)`): SDPA's attn_mask=None
 
@@ -74,6 +76,7 @@ class AttentionMatch:
     guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
     guard_lifted: list[cst.SimpleStatementLine] = field(default_factory=list)  # run above the check (it reads them)
+    masks_absent: bool = False  # the fully-masked-rows check is `m is None` for every mask: SDPA needs no mask
     guard: cst.BaseExpression | None = None
     # weights that leave only on request (attention.flags): the `if <flag>:` statements the SDPA path replaces by
     # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)
@@ -81,3 +84,29 @@ class AttentionMatch:
     flag_test: cst.BaseExpression | None = None
     # weights returned in a tuple: what every caller must do for None to stand in for them (call_site_facts.Claim)
     dropped: tuple = ()
+    # soft-capping (`cap * tanh(s / cap)`): the score_mod's expression of `score` for it (None: no tanh), and why
+    # SDPA cannot take the block while FlexAttention can (the refusal every backend but `flex` reports)
+    softcap: cst.BaseExpression | None = None
+    sdpa_refusal: str | None = None
+    flex: "FlexPlan | None" = None  # what `--backend flex` emits (score_mods), or None with `flex_refusal`
+    flex_refusal: str | None = None
+
+
+@dataclass
+class FlexPlan:
+    """The FlexAttention call of a proved block: `score_mod`/`mask_mod` bodies as expressions of `score`, `b`, `h`,
+    `q_idx` and `kv_idx`, tensors they read (bound to fresh names before the call), and the facts the flex patch
+    relies on (the SDPA sheet with the facts that differ for flex replaced)."""
+
+    score: cst.BaseExpression | None  # None: no score_mod
+    mask: cst.BaseExpression | None  # None: no mask_mod
+    mask_key: cst.BaseExpression | None  # the BlockMask cache key, when the mask reads indices and numbers only
+    captures: list[tuple[str, cst.BaseExpression]]
+    followed: list  # the local definitions (dataflow.Definition) computed masks were read through
+    removed: list[cst.CSTNode]  # those only the block read: the patch drops them
+    key_values: list[cst.BaseExpression]  # Python numbers the computed masks read by name (part of the cache key)
+    names: tuple[str, str]  # the fresh names of the score_mod and mask_mod functions
+    facts: FactSheet
+    no_dropout: cst.BaseExpression | None  # `dropout_p == 0`: the patch runs only there (flex has no dropout)
+    span: list  # the statements that check guards, as `AttentionMatch.guard_span`
+    optional_mask: cst.Name | None  # the captured mask that may be None (no mask_mod then)

@@ -1,8 +1,9 @@
 """The score chain's ops in the order the original applies them: scale factors become SDPA's `scale`, the rest
 become mask terms (see `mask_terms`).
 
-SDPA's scale must be a Python number; factors applied under an `if` become conditional expressions; a lone
-`1/sqrt(E)` of the query's or key's last dim is SDPA's default and is left out. A finite or additive mask scaled
+SDPA's scale must be a Python number (a tensor factor is folded into the query instead, see `tensor_scale`);
+factors applied under an `if` become conditional expressions; a lone `1/sqrt(E)` of the query's or key's last dim
+is SDPA's default and is left out. A finite or additive mask scaled
 afterwards cannot be expressed (SDPA adds the mask after scaling).
 """
 
@@ -16,6 +17,7 @@ from advisor.patterns.attention.candidate import Candidate, parameter_claims, st
 from advisor.patterns.attention.mask_terms import mask_term, reshape_term
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
+from advisor.patterns.attention.tensor_scale import check_placement
 from advisor.patterns.call_site_facts import NUMBER
 from advisor.static.codegen import atomic, joined, number, parenthesized
 
@@ -27,26 +29,65 @@ def scale_and_mask_roles(c: Candidate) -> None:
     chain.views = [(i, op) for i, (op, _) in enumerate(applied) if op.name == "view"]
     if len(chain.views) not in (0, 2):
         raise Refusal("the scores are reshaped without being reshaped back before softmax")
+    capped = next((i for i, (op, _) in enumerate(applied) if op.name == "tanh"), None)
+    post_cap: list[tuple[str, cst.BaseExpression]] = []
     for position, (op, guard) in enumerate(applied):
+        if op.name == "tanh":
+            if position != capped:
+                raise Refusal("the scores pass through `tanh` twice")
+            continue
         if op.name in ("mul", "div"):
-            c.factors.append((op.name, op.params["factor"]))
+            if "tensor_factor" in op.params:  # a tensor scale: applied to q by the rewrite, before any soft-cap
+                if capped is not None and position > capped:
+                    raise Refusal("a tensor scales the soft-capped scores, which the query cannot carry")
+                continue
+            (post_cap if capped is not None and position > capped else c.factors).append((op.name, op.params["factor"]))
             continue
         if op.name == "view":
             continue
+        if capped is not None and position < capped:
+            raise Refusal(f"a mask is applied before the soft-cap `{short(c.parsed, applied[capped][0].node)}`, "
+                          f"where it is no longer a mask")
         term = mask_term(c, op, guard)
         if chain.views and chain.views[0][0] < position < chain.views[1][0]:
             reshape_term(c, term)
         term.statement = statement_of(c.parsed, op.node)
         term.scaled_after = any(p > position for p in scale_positions)
         match.masks.append(term)
+    check_placement(c, applied)
     match.scale = _scale(c)
-    for factor in c.factors:
+    if capped is not None:
+        _soft_cap(c, applied[capped][0], post_cap)
+    for factor in c.factors + post_cap:
         c.leaf_nodes.append(c.values.scalar_expression(factor[1]))
         _scale_fact(c, factor[1])
     c.leaf_nodes.extend(guard.test for guard in chain.factor_guards.values())
     for term in match.masks:
         if term.scaled_after and term.kind != "keep" and term.kind != "causal":
             raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
+
+
+def _soft_cap(c: Candidate, tanh, post_cap: list[tuple[str, cst.BaseExpression]]) -> None:
+    """`cap * tanh(s / cap)` (Gemma-2, Grok): the factors before the tanh are flex_attention's `scale`, those after
+    it multiply the tanh: `match.softcap` is the score_mod's expression of `score` (each step under the `if` the
+    original applies it in). SDPA has no argument for it: every other backend refuses the block."""
+    if c.parsed.module_aliases.get("torch") is None:
+        raise Refusal("the scores are soft-capped, and the module does not import torch, which the score_mod calls")
+    match = c.match
+    # a factor under the tanh's own `if` needs no test of its own inside that test's branch
+    same_branch = [(kind, factor) for kind, factor in post_cap if _same_guard(c, factor, tanh.node)]
+    with_guards = [(kind, factor) for kind, factor in post_cap if not _same_guard(c, factor, tanh.node)]
+    capped = cst.BinaryOperation(_torch_call(c, "tanh", cst.Name("score")), cst.Multiply(),
+                                 atomic(_product(c, with_guards, unguarded=same_branch)))
+    match.softcap = when_applied(c, tanh.node, capped, cst.Name("score"))
+    match.sdpa_refusal = (f"the scores are soft-capped by `{short(c.parsed, tanh.node)}` before softmax, which SDPA "
+                          f"cannot express")
+
+
+def _torch_call(c: Candidate, function: str, argument: cst.BaseExpression) -> cst.Call:
+    """`torch.<function>(argument)`, as this module spells torch."""
+    torch_name = cst.Name(c.parsed.module_aliases["torch"])
+    return cst.Call(cst.Attribute(torch_name, cst.Name(function)), [cst.Arg(argument)])
 
 
 def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
@@ -64,21 +105,41 @@ def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
 
 def _scale(c: Candidate) -> cst.BaseExpression | None:
     """The product of the factors over the divisors; a factor applied under an `if` is 1.0 when it is not."""
-    chain = c.chain
     if not c.factors:
         return number(1.0)
-    if len(c.factors) == 1 and not chain.factor_guards and _is_default_scale(c, *c.factors[0]):
+    if len(c.factors) == 1 and not c.chain.factor_guards and _is_default_scale(c, *c.factors[0]):
         return None
+    return _product(c, c.factors)
+
+
+def _same_guard(c: Candidate, node: cst.CSTNode, other: cst.CSTNode) -> bool:
+    guards, negated = c.chain.factor_guards, c.chain.negated_factors
+    return guards.get(node) is guards.get(other) and (node in negated) == (other in negated)
+
+
+def _product(c: Candidate, factors: list[tuple[str, cst.BaseExpression]],
+             unguarded: list[tuple[str, cst.BaseExpression]] = ()) -> cst.BaseExpression:
+    """The product of the factors over the divisors (those of `unguarded` without their `if`), 1.0 where there are
+    none."""
     parts, divisors = [], []
-    for kind, factor in c.factors:
+    plain = {id(factor) for _, factor in unguarded}
+    for kind, factor in [*factors, *unguarded]:
         value = at_home(c, c.values.scalar_expression(factor))
-        if factor in chain.factor_guards:
-            test = at_home(c, chain.factor_guards[factor].test)
-            negated = factor in chain.negated_factors
-            value = parenthesized(cst.IfExp(test=test, body=number(1.0) if negated else value,
-                                            orelse=value if negated else number(1.0)))
+        if id(factor) not in plain:
+            value = when_applied(c, factor, value, number(1.0))
         (parts if kind == "mul" else divisors).append(atomic(value))
     return joined(cst.Divide, [joined(cst.Multiply, parts) if parts else number(1.0), *divisors])
+
+
+def when_applied(c: Candidate, node: cst.CSTNode, value: cst.BaseExpression,
+                 otherwise: cst.BaseExpression) -> cst.BaseExpression:
+    """`value`, or `(value if <test> else otherwise)` for a step the original applies under an `if`."""
+    guard = c.chain.factor_guards.get(node)
+    if guard is None:
+        return value
+    negated = node in c.chain.negated_factors
+    return parenthesized(cst.IfExp(test=at_home(c, guard.test), body=otherwise if negated else value,
+                                   orelse=value if negated else otherwise))
 
 
 def _is_default_scale(c: Candidate, kind: str, factor: cst.BaseExpression) -> bool:

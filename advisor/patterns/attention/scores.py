@@ -1,8 +1,8 @@
 """The backward walk: from the softmax input down to the Q·K^T product, peeling the score chain.
 
-Each step is one op on the scores: a cast or identity (absorbed), a scale by a provable Python number, a mask
-(`masked_fill`, `where`, an added tensor), a view and its view back, or a row-max subtraction (softmax ignores
-it). Reads are followed to their one definition; an update under an `if` carries that guard until the walk
+Each step is one op on the scores: a cast or identity (absorbed), a scale (a Python number, or a tensor that
+`tensor_scale` folds into the query), a mask (`masked_fill`, `where`, an added tensor), a view and its view back,
+or a row-max subtraction (softmax ignores it). Reads are followed to their one definition; an update under an `if` carries that guard until the walk
 leaves the `if`; a helper returning the scores is entered. Anything else is a refusal naming the form.
 """
 
@@ -35,9 +35,7 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
     cursor: cst.BaseExpression | Op | frozenset[int] = node
     for _ in range(MAX_CHAIN):
         if isinstance(cursor, cst.Name) and argument_of(c, cursor) is not None:
-            raise Refusal(f"the scores pass through the helper `{function_of(c.parsed, cursor).name.value}` as its "
-                          f"parameter `{cursor.value}`, returned as it is or updated in place, which is not "
-                          f"followed")
+            raise Refusal(_through_parameter(c, cursor))
         if isinstance(cursor, cst.Name):
             chain.reads.add(cursor)
             cursor = frozenset(c.flow.reaching.get(cursor, ()))
@@ -66,6 +64,17 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
             return op
         cursor = _peel_one(c, op, guard)
     raise Refusal("the score computation is too long to follow")
+
+
+def _through_parameter(c: Candidate, parameter: cst.Name) -> str:
+    """Why the walk stops at a helper's parameter: the caller's tensor itself comes back (returned unchanged, or
+    updated in place, which also changes the caller's tensor and every view of it), and the walk does not follow
+    it out to the call."""
+    helper = function_of(c.parsed, parameter)
+    updates = [op for op, _ in c.chain.ops if function_of(c.parsed, op.node) is helper]
+    how = f"updated in place there (`{short(c.parsed, updates[-1].node)}`)" if updates else "returned unchanged"
+    return (f"the scores are the caller's tensor passed to the helper `{helper.name.value}` as its parameter "
+            f"`{parameter.value}` and {how}; the walk does not follow a parameter back to the call")
 
 
 def _why_unrecognised(c: Candidate, node: cst.CSTNode) -> str:
@@ -139,13 +148,16 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
         return op.operands[0]
     if op.name in ("mul", "div"):
         tensor, factor = tensor_and_factor(c, op)
-        if factor is None:
+        if factor is None:  # a tensor scale, folded into the query (see `tensor_scale`)
             unfollowed = c.values.why_not_scalar(op.operands[1])
-            if unfollowed is not None:
+            operands = tensor_operands(c, op)
+            if unfollowed is not None or operands is None:
                 raise Refusal(f"the scale `{short(c.parsed, op.operands[1])}` cannot be proved a Python number: "
-                              f"{unfollowed}")
-            raise Refusal(f"the scores are scaled by `{short(c.parsed, op.operands[1])}`, which is not provably a "
-                          f"Python number (SDPA's scale must be one)")
+                              f"{unfollowed}" if unfollowed is not None else
+                              f"the scores are scaled by `{short(c.parsed, op.operands[1])}`, which also carries "
+                              f"the scores")
+            tensor, factor = operands
+            op.params["tensor_factor"] = factor
         if guard is not None and contains_call(guard.test):
             raise Refusal(f"the scale is applied under `if {short(c.parsed, guard.test)}`, a condition that "
                           f"calls a function and cannot be re-evaluated")
@@ -157,6 +169,16 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
         chain.ops.append((op, guard))
         return tensor
     if op.name in ("masked_fill", "view"):
+        chain.ops.append((op, guard))
+        return op.operands[0]
+    if op.name == "tanh":  # soft-capping (`cap * tanh(s / cap)`): only FlexAttention's score_mod expresses it
+        if guard is not None and contains_call(guard.test):
+            raise Refusal(f"the scores are soft-capped under `if {short(c.parsed, guard.test)}`, a condition that "
+                          f"calls a function and cannot be re-evaluated")
+        if guard is not None:  # the score_mod applies it where the test holds, as the scale's guarded factors
+            chain.factor_guards[op.node] = guard
+            if chain.guard_negated:
+                chain.negated_factors.add(op.node)
         chain.ops.append((op, guard))
         return op.operands[0]
     if op.name in ("add", "where"):
@@ -237,6 +259,20 @@ def tensor_and_factor(c: Candidate, op: Op) -> tuple[cst.BaseExpression, cst.Bas
     if op.name == "mul" and c.values.is_scalar(tensor) and not c.values.is_scalar(factor):
         tensor, factor = factor, tensor
     return (tensor, factor) if c.values.is_scalar(factor) else (tensor, None)
+
+
+def tensor_operands(c: Candidate, op: Op) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """(scores, tensor factor) of a `mul`/`div` of the scores by something not provably a number; None when the
+    scores are not exactly one side (a divisor carrying the scores is no scale)."""
+    left, right = op.operands
+    if op.inplace:  # `s *= t`: the target carries the scores
+        return None if reaches(c, right, CORE_OPS, 0) else (left, right)
+    carries = [reaches(c, operand, CORE_OPS, 0) for operand in (left, right)]
+    if carries == [True, False]:
+        return left, right
+    if carries == [False, True] and op.name == "mul" and not op.inplace:
+        return right, left
+    return None
 
 
 def _is_row_max_of(c: Candidate, node: cst.BaseExpression, scores: cst.BaseExpression) -> bool:

@@ -137,15 +137,13 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     sources = [term for term in match.masks if term.source is not None and term.reshape is None]
     if not sources or match.is_causal:
         return
-    ranks = mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node),
-                          lambda name: _reaching_values(c, name),
-                          lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar)
+    ranks = rank_bounds(c)
     bounds = [ranks.bounds(term.source) for term in sources]
     # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
     leaves = [ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]]
     low, high = (ndim, ndim) if ndim else mk.broadcast_bounds(leaves)
     # the most dims the weights can have, or the original raises: at the value product or after it
-    upper = _weights_rank(c) or _output_rank(c)
+    upper = weights_rank(c) or _output_rank(c)
     statement = "the mask has 2 to the scores' number of dims"
     few = [term for term, (least, _) in zip(sources, bounds) if least < 2 and (high is None or high > 3)]
     many = [] if upper is not None and upper <= max(low, 2) else \
@@ -172,6 +170,13 @@ def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
     return [term for index, term in enumerate(terms) if all(term is not other for other in terms[:index])]
 
 
+def rank_bounds(c: Candidate) -> mk.RankBounds:
+    """Bounds on the rank of the block's tensors, as far as the source shows them."""
+    return mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node),
+                         lambda name: reaching_values(c, name),
+                         lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar)
+
+
 def _output_rank(c: Candidate) -> int | None:
     """The rank a `permute` of the output (through transposes, or one assignment) proves it has."""
     node = c.weights.output.node
@@ -194,7 +199,7 @@ def _output_rank(c: Candidate) -> int | None:
     return None
 
 
-def _weights_rank(c: Candidate) -> int | None:
+def weights_rank(c: Candidate) -> int | None:
     """bmm takes 3-D operands only, and an einsum without an ellipsis operands of its spec's rank."""
     output = c.weights.output
     if output.name == "bmm":
@@ -205,7 +210,7 @@ def _weights_rank(c: Candidate) -> int | None:
     return None
 
 
-def _reaching_values(c: Candidate, name: cst.Name) -> list[cst.BaseExpression] | None:
+def reaching_values(c: Candidate, name: cst.Name) -> list[cst.BaseExpression] | None:
     ids = flow_for(c, name).reaching.get(name)
     if not ids or UNDEFINED in ids:
         return None
@@ -215,11 +220,24 @@ def _reaching_values(c: Candidate, name: cst.Name) -> list[cst.BaseExpression] |
 
 
 def _unpacked(definition: Definition) -> cst.BaseExpression | None:
-    """The value an assignment gives its name: the whole value, or its element in `a, b = x, y`."""
+    """The value an assignment gives its name: the whole value, its element in `a, b = x, y`, or `x[i]` for
+    `a, b = x.unbind(0)` (the same rank)."""
     value = definition.value
     if definition.index is None:
         return value
+    unbound = _unbound(value)
+    if unbound is not None:
+        return cst.Subscript(unbound, [cst.SubscriptElement(cst.Index(cst.Integer(str(definition.index))))])
     if isinstance(value, (cst.Tuple, cst.List)) and definition.index < len(value.elements) and \
             not any(isinstance(e, cst.StarredElement) for e in value.elements):
         return value.elements[definition.index].value
+    return None
+
+
+def _unbound(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The tensor `x.unbind(d)` splits along one dim (d = 0 only, so that its pieces are `x[i]`)."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "unbind":
+        args = [a for a in value.args]
+        if not args or len(args) == 1 and int_value(args[0].value) == 0:
+            return value.func.value
     return None

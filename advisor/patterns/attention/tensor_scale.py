@@ -1,0 +1,242 @@
+"""Tensor scales folded into the query: `(q·kᵀ) * s == (q * s)·kᵀ` wherever `s` has size 1 in the key axis (a
+learned per-head temperature of shape (H, 1, 1), a cosine-attention logit scale, a 0-d tensor, a per-query-row
+factor), so SDPA gets `q * s` and `scale=1.0`. A tensor of another last size (an (L, L) tensor) multiplies each
+score by its own value: a multiplicative mask, which SDPA cannot express.
+
+Three facts carry the fold; each is proved from the source where it shows them, else guarded (a metadata check,
+when `s` is a plain read) or assumed:
+- `scale-broadcast`: `s` has size 1 in the key axis and no more dims than q (so `q * s` keeps q's batch layout);
+- `scale-dtype`: `q * s` has q's dtype. Type promotion treats q·kᵀ as it treats q (same dtype, both with dims), so
+  `q * s` always has the dtype the original's scaled scores had; SDPA also needs it to be k's and v's.
+And the expression `s` moves to the SDPA call, so it must be a read or a pure torch expression of reads.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.rendering import at_home, short
+from advisor.patterns.attention.result import Refusal
+from advisor.patterns.attention.tensor_facts import rank_bounds, reaching_values, roots
+from advisor.patterns.masks import _subscript_bounds
+from advisor.patterns.ops import Op, int_value
+from advisor.static.codegen import atomic, parenthesized
+
+BROADCAST, DTYPE = "scale-broadcast", "scale-dtype"
+# elementwise: the result has the broadcast shape of the tensors among the arguments
+ELEMENTWISE = {"exp", "log", "clamp", "clamp_min", "clamp_max", "clip", "sigmoid", "softplus", "abs", "neg", "sqrt",
+               "rsqrt", "reciprocal", "tanh", "pow", "mul", "div", "add", "sub", "square", "relu", "exp2", "log1p"}
+# the receiver's shape, whatever the arguments (dtype and device changes, copies)
+SHAPE_KEEPING = {"to", "float", "half", "bfloat16", "double", "type_as", "detach", "clone", "contiguous"}
+WRAPPERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
+CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "randn", "rand", "full")}
+REDUCTIONS = {"sum", "mean", "amax", "amin", "norm", "logsumexp"}
+SHAPE_KEYWORDS = {"input", "other", "min", "max", "exponent"}  # keyword arguments that are operands
+
+Shape = tuple[int | None, int | None]  # (the size it gives the last axis when broadcast: 1 also for 0-d, most dims)
+NUMBER: Shape = (1, 0)
+UNKNOWN: Shape = (None, None)
+
+
+def fold_into_query(c: Candidate, ndim: int | None) -> None:
+    """Prove or guard the fold of each tensor factor and write the query SDPA gets: `q * s1 / s2 ...`, a factor
+    applied under an `if` as `(q * s if test else q)`."""
+    if not c.tensor_factors:
+        return
+    q_low = max(rank_bounds(c).bounds(c.leaf_nodes[0])[0], ndim or 0, 2)  # SDPA's query has (..., L, E)
+    shapes = [_shape(c, factor) for _, factor in c.tensor_factors]
+    _broadcast_fact(c, shapes, q_low)
+    _dtype_fact(c, shapes)
+    query = c.match.query
+    for kind, factor in c.tensor_factors:
+        scaled = cst.BinaryOperation(atomic(query), cst.Multiply() if kind == "mul" else cst.Divide(),
+                                     atomic(at_home(c, factor)))
+        guard = c.chain.factor_guards.get(factor)
+        if guard is not None:
+            negated = factor in c.chain.negated_factors
+            scaled = parenthesized(cst.IfExp(test=at_home(c, guard.test), body=query if negated else scaled,
+                                             orelse=scaled if negated else query))
+        query = scaled
+    c.match.query = query
+
+
+def check_placement(c: Candidate, applied: list[tuple[Op, object]]) -> None:
+    """A tensor factor must scale the scores before any mask (SDPA masks after scaling, and a -inf fill times a
+    tensor that may hold 0 is NaN), outside a view-and-back pair, and move to the call without running user code."""
+    first_mask = next((i for i, (op, _) in enumerate(applied) if op.name not in ("mul", "div", "view")), None)
+    for position, (op, _) in enumerate(applied):
+        factor = op.params.get("tensor_factor")
+        if factor is None:
+            continue
+        text = short(c.parsed, factor)
+        if first_mask is not None and position > first_mask:
+            raise Refusal(f"the scores are scaled by the tensor `{text}` after a mask, and SDPA masks after "
+                          f"scaling (a filled score times a tensor that may hold 0 or a negative is not the fill)")
+        if c.chain.views and c.chain.views[0][0] < position < c.chain.views[1][0]:
+            raise Refusal(f"the scores are scaled by the tensor `{text}` while reshaped, so its axes are not the "
+                          f"query's")
+        if not _movable(c, factor):
+            raise Refusal(f"the tensor scale `{text}` calls code the rewrite would move to the SDPA call")
+        c.tensor_factors.append((op.name, factor))
+        c.leaf_nodes.append(factor)
+
+
+def _broadcast_fact(c: Candidate, shapes: list[Shape], q_low: int) -> None:
+    statement = "the tensor scale has size 1 in the key axis and no more dims than q, so (q·kᵀ)·s = (q·s)·kᵀ"
+    for (_, factor), (last, _) in zip(c.tensor_factors, shapes):
+        if last is not None and last != 1:
+            raise Refusal(f"the scores are multiplied by `{short(c.parsed, factor)}`, whose last axis has size "
+                          f"{last}, not 1: each score gets its own factor (a multiplicative mask), which SDPA "
+                          f"cannot express")
+    unknown = [factor for (_, factor), (last, most) in zip(c.tensor_factors, shapes)
+               if last is None or most is None or most > q_low]
+    if not unknown:
+        c.match.facts.proved(BROADCAST, statement, "its shape is built with a last size of 1 (or no dims) and no "
+                             "more dims than the query")
+        return
+    c.tensor_scale_reads[BROADCAST] = unknown
+    c.match.facts.assumed(BROADCAST, statement, f"the shape of `{short(c.parsed, unknown[0])}` is not visible here "
+                          f"(a last axis of another size would make it a multiplicative mask)")
+
+
+def _dtype_fact(c: Candidate, shapes: list[Shape]) -> None:
+    statement = ("`q * s` has q's dtype (it has the dtype of the original's scaled scores, since q·kᵀ has q's "
+                 "dtype and dims; SDPA also needs it to be k's and v's)")
+    query, key, value = c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node
+    v_like_q = roots(c).same(value, query) or roots(c).same(value, key)
+    in_place = any(op.inplace for op, _ in c.chain.ops if op.params.get("tensor_factor") is not None)
+    if all(most == 0 for _, most in shapes):
+        c.match.facts.proved(DTYPE, statement, "a 0-d tensor does not change a float tensor's dtype in type "
+                             "promotion")
+    elif v_like_q and not c.dtype_changes and not in_place:
+        c.match.facts.proved(DTYPE, statement, "the scaled scores reach the value product uncast, and it raises "
+                             "unless they have v's dtype, which is q's")
+    else:
+        wide = [f for (_, f), (_, most) in zip(c.tensor_factors, shapes) if most != 0]
+        c.tensor_scale_reads[DTYPE] = wide
+        c.match.facts.assumed(DTYPE, statement, f"the dtype of `{short(c.parsed, wide[0])}` is not linked to q's "
+                              f"(a wider one would widen the query SDPA gets)")
+
+
+def _shape(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> Shape:
+    """What the source proves of `node`'s last size and rank (the rank bounds' where these rules leave it open);
+    UNKNOWN where it does not show them."""
+    last, most = _own_shape(c, node, depth)
+    return last, most if most is not None or depth > 12 else rank_bounds(c).bounds(node)[1]
+
+
+def _own_shape(c: Candidate, node: cst.BaseExpression, depth: int) -> Shape:
+    if depth > 12:
+        return UNKNOWN
+    below = lambda child: _shape(c, child, depth + 1)  # noqa: E731
+    if c.values.scalar_guess(node) is None:
+        return NUMBER
+    if isinstance(node, cst.Name):
+        values = reaching_values(c, node)
+        return _union([below(v) for v in values]) if values else UNKNOWN
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
+            and c.owner is not None:
+        built = c.owner.only_value(node.attr.value)
+        return below(built) if built is not None else UNKNOWN
+    if isinstance(node, cst.UnaryOperation):
+        return below(node.expression)
+    if isinstance(node, cst.BinaryOperation):
+        return _broadcast([below(node.left), below(node.right)])
+    if isinstance(node, cst.Subscript):
+        last_index = node.slice[-1].slice
+        _, most = _subscript_bounds(node, (0, below(node.value)[1]))
+        none_last = isinstance(last_index, cst.Index) and isinstance(last_index.value, cst.Name) and \
+            last_index.value.value == "None"
+        return (1 if none_last else None), most
+    if isinstance(node, cst.Call):
+        return _call_shape(c, node, below)
+    return UNKNOWN
+
+
+def _call_shape(c: Candidate, node: cst.Call, below) -> Shape:
+    dotted = c.parsed.imported_name(node.func) or ""
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    if any(a.star for a in node.args):
+        return UNKNOWN
+    if dotted == "torch.tensor" and positional and c.values.is_scalar(positional[0]):
+        return NUMBER
+    if dotted in CREATORS and positional:
+        sizes = positional[:1] if dotted == "torch.full" else positional
+        if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+            sizes = [element.value for element in sizes[0].elements]
+        return (int_value(sizes[-1]) if sizes else 1), len(sizes)
+    if dotted in WRAPPERS and positional:
+        return below(positional[0])
+    operands = positional + [a.value for a in node.args if a.keyword is not None and a.keyword.value in
+                             SHAPE_KEYWORDS]
+    if dotted.startswith("torch.") and dotted.rsplit(".", 1)[-1] in ELEMENTWISE and operands:
+        return _broadcast([below(operand) for operand in operands])
+    if not isinstance(node.func, cst.Attribute) or dotted.startswith("torch."):
+        return UNKNOWN
+    method, receiver = node.func.attr.value, node.func.value
+    if method in SHAPE_KEEPING:
+        return below(receiver)
+    if method in ELEMENTWISE:
+        return _broadcast([below(receiver)] + [below(operand) for operand in operands])
+    if method in ("view", "reshape") and positional:
+        sizes = positional
+        if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+            sizes = [element.value for element in sizes[0].elements]
+        last = int_value(sizes[-1]) if sizes else 1
+        return (None if last == -1 else last), len(sizes)
+    if method == "unsqueeze" and len(positional) == 1 and int_value(positional[0]) == -1:
+        most = below(receiver)[1]
+        return 1, None if most is None else most + 1
+    if method in REDUCTIONS and _keeps_last(node):
+        return 1, below(receiver)[1]
+    return UNKNOWN
+
+
+def _keeps_last(call: cst.Call) -> bool:
+    """`x.sum(-1, keepdim=True)`, `x.norm(dim=-1, keepdim=True)`: the last axis reduced to size 1."""
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    positional = [a.value for a in call.args if a.keyword is None]
+    dim = keywords.get("dim", positional[0] if positional and call.func.attr.value != "norm" else
+                       positional[1] if len(positional) > 1 else None)
+    keep = keywords.get("keepdim")
+    return int_value(dim) == -1 and isinstance(keep, cst.Name) and keep.value == "True"
+
+
+def _broadcast(shapes: list[Shape]) -> Shape:
+    lasts = {last for last, _ in shapes}
+    mosts = [most for _, most in shapes]
+    sized = lasts - {1}
+    last = None if None in lasts else (sized.pop() if len(sized) == 1 else 1 if not sized else None)
+    return last, None if None in mosts else max(mosts)
+
+
+def _union(shapes: list[Shape]) -> Shape:
+    """One of several values: a last size all of them share, and the most dims of any."""
+    lasts = {last for last, _ in shapes}
+    mosts = [most for _, most in shapes]
+    return (lasts.pop() if len(lasts) == 1 else None), None if None in mosts else max(mosts)
+
+
+def _movable(c: Candidate, node: cst.BaseExpression) -> bool:
+    """Reads, numbers, arithmetic and pure torch calls (elementwise, shape-keeping, views, tensors of numbers):
+    evaluating it at the SDPA call instead runs no user code and draws no random numbers."""
+    if isinstance(node, (cst.Name, cst.Integer, cst.Float)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return _movable(c, node.value)
+    if isinstance(node, cst.UnaryOperation):
+        return _movable(c, node.expression)
+    if isinstance(node, cst.BinaryOperation):
+        return _movable(c, node.left) and _movable(c, node.right)
+    if isinstance(node, cst.Subscript):
+        return _movable(c, node.value) and all(isinstance(e.slice, cst.Index) and _movable(c, e.slice.value)
+                                               or isinstance(e.slice, cst.Slice) for e in node.slice)
+    if isinstance(node, cst.Call):
+        dotted = c.parsed.imported_name(node.func) or ""
+        name = dotted.rsplit(".", 1)[-1] if dotted.startswith(("torch.", "math.")) else None
+        pure = name in ELEMENTWISE | {"tensor", "sqrt", "log", "exp"} if name else \
+            isinstance(node.func, cst.Attribute) and node.func.attr.value in \
+            ELEMENTWISE | SHAPE_KEEPING | REDUCTIONS | {"view", "reshape", "unsqueeze"} and _movable(c, node.func.value)
+        return bool(pure) and all(_movable(c, a.value) for a in node.args if not a.star)
+    return False

@@ -1,0 +1,143 @@
+"""Patches of functions TorchScript compiles stay TorchScript: the hoisted mask variable (`None`, then a tensor)
+and the run-time guards must compile under `torch.jit.script` where the original did, and the scripted patch must
+compute what the scripted original computes (fp32, padded keys included; every query row keeps a key, the one
+input where the finite-fill and -inf facts agree)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
+
+MODULE = '''
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.causal = True
+        self.drop = nn.Dropout(0.1)  # eval mode in the comparison: dropout_p reads the module's mode
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.register_buffer("tril", torch.ones(8, 8, dtype=torch.bool).tril())
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+{body}
+        return out.transpose(1, 2).reshape(b, n, c)
+
+
+def make():
+    return torch.jit.script(Attention())
+'''
+
+# the mask is reshaped under its `is not None` test: hoisted into a variable that starts as None
+PADDING_VIEWED = """
+s = (q @ k.transpose(-2, -1)) * (q.size(-1) ** -0.5)
+if mask is not None:
+    s = s.masked_fill(mask.view(b, 1, 1, n), float("-inf"))
+out = s.softmax(dim=-1) @ v
+"""
+# ... with the weights through a dropout module (`dropout_p=self.drop.p if self.drop.training else 0.0`)
+PADDING_DROPOUT = PADDING_VIEWED.replace("out = s.softmax(dim=-1) @ v", "out = self.drop(s.softmax(dim=-1)) @ v")
+# a 0/1 mask filled with a finite value under its `is not None` test: hoisted, and its rank guarded
+FINITE_FILL = """
+s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+if mask is not None:
+    s = s.masked_fill(mask == 0, -1e9)
+out = torch.matmul(torch.softmax(s, dim=-1), v)
+"""
+# two conditional masks (a causal buffer under a flag, an additive mask): accumulated into one hoisted variable
+TWO_CONDITIONAL = """
+s = (q @ k.transpose(-2, -1)) * 0.25
+if self.causal:
+    s = s.masked_fill(~self.tril[:n, :n], float("-inf"))
+if mask is not None:
+    s = s + mask
+out = s.softmax(dim=-1) @ v
+"""
+# q and k upcast, v not: q, k and v sharing a dtype is guarded
+UPCAST_QK = """
+q, k = q.float(), k.float()
+s = (q @ k.transpose(-2, -1)) * 0.25
+out = s.softmax(dim=-1).to(v.dtype) @ v
+"""
+
+FUNCTION = '''
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.jit.script
+def attention(query, key, value, mask: Optional[torch.Tensor] = None):
+    scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(query.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e9)
+    return torch.matmul(F.softmax(scores, dim=-1), value)
+'''
+
+
+def _padding(b: int = 3, n: int = 6) -> torch.Tensor:
+    """True on padded keys: some rows padded, none fully."""
+    padded = torch.zeros(b, n, dtype=torch.bool)
+    padded[0, 4:] = True
+    padded[1, 1:] = True
+    return padded
+
+
+CASES = {
+    "padding mask viewed": (PADDING_VIEWED, lambda: _padding(), "safe"),
+    "padding mask and dropout": (PADDING_DROPOUT, lambda: _padding(), "safe"),
+    "finite fill, rank guarded": (FINITE_FILL, lambda: (~_padding())[:, None, None, :].long(), "unsafe"),
+    "two conditional masks": (TWO_CONDITIONAL, lambda: torch.randn(3, 1, 6, 6), "unsafe"),
+    "q/k/v dtype guarded": (UPCAST_QK, lambda: None, "safe"),
+}
+
+
+def _patched(source: str):
+    result = analyze_source(source, "case.py", unsafe_fixes=True)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert result.fixed != source, finding.reason
+    return finding, result.fixed
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_scripted_module_is_patched_into_code_torchscript_compiles(case):
+    body, mask_of, safety = CASES[case]
+    source = MODULE.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+    finding, fixed = _patched(source)
+    assert finding.rule == "ADV101" and finding.fix_safety == safety
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "scripted").make().eval()
+    patched = load_module_from_source(fixed, "scripted_fixed").make().eval()  # raises if TorchScript refuses it
+    patched.load_state_dict(original.state_dict())
+    x, mask = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1)), mask_of()
+    with torch.no_grad():
+        for inputs in ((x, mask), (x, None)):
+            torch.testing.assert_close(patched(*inputs), original(*inputs), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, mask)))
+
+
+def test_a_scripted_function_is_patched_into_code_torchscript_compiles():
+    finding, fixed = _patched(FUNCTION)
+    assert "mask-rank" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
+    original, patched = (load_module_from_source(code, name).attention
+                         for code, name in ((FUNCTION, "function"), (fixed, "function_fixed")))
+    assert isinstance(patched, torch.jit.ScriptFunction)
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(3, 2, 6, 8, generator=generator) for _ in range(3))
+    for mask in ((~_padding())[:, None, None, :].long(), (~_padding()[0]).long(), None):  # SDPA, original, SDPA
+        torch.testing.assert_close(patched(q, k, v, mask), original(q, k, v, mask), atol=1e-5, rtol=1e-5)
