@@ -33,9 +33,11 @@ KEYS = {
     "backend": Key("backend", "backend"),
     "unsafe-fixes": Key("unsafe_fixes", "bool"),
     "call-site-facts": Key("call_site_facts", "bool"),
+    "cache": Key("cache", "bool"),
 }
 DEFAULTS = {"select": None, "ignore": None, "exclude": [], "force_exclude": False, "per_file_ignores": {},
-            "backend": "sdpa", "unsafe_fixes": False, "call_site_facts": True}
+            "backend": "sdpa", "unsafe_fixes": False, "call_site_facts": True,
+            "cache": True}
 
 
 @dataclass(frozen=True)

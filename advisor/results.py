@@ -1,6 +1,6 @@
 """The verbs' results as dataclasses: the fields are the top-level keys of each verb's JSON, in order, and
 `to_json()` is the document the CLI prints (the CLI builds its JSON through these classes). Nested values stay
-JSON (dicts and lists), except findings and errors of scan and fix, which are advisor.findings objects.
+JSON (dicts and lists), except findings and errors of scan and fix, which are advisor.contracts.finding objects.
 Importing this module is cheap: no torch, no libcst."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from advisor.findings import Finding, ScanError, display_path
+from advisor.contracts.finding import Finding, ScanError, display_path
 
 
 @dataclass

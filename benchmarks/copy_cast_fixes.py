@@ -22,8 +22,7 @@ from torch.utils import benchmark
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from advisor.fixes.evidence import evidence_from_report  # noqa: E402
-from advisor.runtime.profile import profile_workload  # noqa: E402
+from advisor.engine.profiling import evidence_from_report, profile_workload  # noqa: E402
 from advisor.runtime.recorder import OpRecorder  # noqa: E402
 from advisor.engine.static import analyze_source  # noqa: E402
 from advisor.workload_loader import load_workload  # noqa: E402

@@ -39,7 +39,7 @@ from attention_speedup import CASES, load  # noqa: E402
 from flex_attention import FORMS, run_form  # noqa: E402
 
 from advisor.backends.eligibility import backend_eligibility  # noqa: E402
-from advisor.backends.runtime import facts_from_tensors, torch_eligibility  # noqa: E402
+from advisor.backends.tensor_eligibility import facts_from_tensors, torch_eligibility  # noqa: E402
 from advisor.engine.static import analyze_source  # noqa: E402
 
 VARIANTS = ("sdpa", "flash", "flash-attn")

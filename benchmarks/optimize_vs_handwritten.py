@@ -31,7 +31,7 @@ from einops import rearrange
 
 import advisor.demo
 from advisor.engine.static import analyze_source
-from advisor.verify.optimize import Options, optimize
+from advisor.verify.optimize_pipeline import Options, optimize
 
 TORCHVISION_STUB = '''
 try:
@@ -141,7 +141,7 @@ def harness_speedups(target: str, variants: dict[str, str], budget_s: float) -> 
     """optimize's own timing harness on each variant: a live original worker and a variant worker given the
     original's weights and inputs, timed in interleaved rounds. Label -> (speedup, 95% interval)."""
     from advisor.verify.process import start_worker
-    from advisor.verify.timing import interleave
+    from advisor.verify.ab_timing import interleave
 
     measured = {}
     with start_worker("original") as original:

@@ -27,10 +27,10 @@ from advisor.runtime.capture import (  # noqa: E402
     records_details,
     time_steps,
 )
-from advisor.engine.runtime import runtime_findings  # noqa: E402
+from advisor.engine.runtime_engine import runtime_findings  # noqa: E402
 from advisor.runtime.events import build, from_kineto  # noqa: E402
 from advisor.runtime.runner import prepare  # noqa: E402
-from advisor.runtime.timing import attribute  # noqa: E402
+from advisor.runtime.time_attribution import attribute  # noqa: E402
 from advisor.workload_loader import load_workload  # noqa: E402
 
 FIXTURES = ("handwritten_attention.py", "copies_and_casts.py", "sdpa_fallback.py", "clean.py")

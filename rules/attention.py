@@ -1,10 +1,11 @@
 """Hand-written attention: the static matcher (advisor.patterns.attention) proves each role of a block and the fix
-(advisor.fixes.attention) writes one scaled_dot_product_attention call; the runtime detectors see the same block,
+(advisor.fixes.attention_fix) writes one scaled_dot_product_attention call; the runtime detectors see the same block,
 SDPA's fallback to its math kernel, and masks rebuilt every step, in a profile or a trace."""
 
 from __future__ import annotations
 
-from advisor.registry import Family, Rule, negative, positive, workload_module
+from advisor.contracts.family import Family
+from advisor.contracts.rule import Rule, negative, positive, workload_module
 
 SDPA_DOCS = "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html"
 
@@ -143,16 +144,32 @@ MASK_REBUILT = Rule(
 )
 
 
-def _detect(context):
-    from advisor.fixes.attention import attention_findings
+def _detect(context, rules):
+    from advisor.fixes.attention_fix import AttentionRules, attention_findings
 
     blocks = context.evidence.blocks if context.evidence is not None else []
-    return attention_findings(context.parsed, context.backend, blocks, context.tree, context.tree_facts)
+    return attention_findings(context.parsed, context.backend, AttentionRules(SAFE, ESCAPING, UNPROVED), blocks,
+                              context.tree, context.tree_facts)
+
+
+def _graph(op_graph, device, rules):
+    from advisor.runtime.detect import attention_graph, mask_rebuild_graph, sdpa_fallback_graph
+
+    return (attention_graph.detect(op_graph, device, MEASURED)
+            + sdpa_fallback_graph.detect(op_graph, device, MATH_FALLBACK)
+            + mask_rebuild_graph.detect(op_graph, device, MASK_REBUILT))
+
+
+def _trace(view, rules):
+    from advisor.runtime.trace_attention import attention_hits, mask_rebuilt_hits, math_fallback_hits
+
+    yield from attention_hits(view, MEASURED)
+    yield from math_fallback_hits(view, MATH_FALLBACK)
+    yield from mask_rebuilt_hits(view, MASK_REBUILT)
 
 
 FAMILY = Family(
     name="attention", rules=(SAFE, ESCAPING, UNPROVED, MEASURED, MATH_FALLBACK, MASK_REBUILT),
     prefilter=("softmax",),  # every attention matcher anchors on a softmax
-    static=_detect,
-    graph_detectors=("advisor.runtime.detect.attention", "advisor.runtime.detect.sdpa", "advisor.runtime.detect.masks"),
+    static=_detect, graph=_graph, trace=_trace,
 )

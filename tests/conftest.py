@@ -1,6 +1,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -8,3 +10,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 for entry in (str(REPO_ROOT), str(TESTS_DIR)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
+
+
+@pytest.fixture(autouse=True)
+def _scan_cache_in_a_temporary_folder(tmp_path_factory, monkeypatch):
+    """Scans keep results in $XDG_CACHE_HOME/advisor: the suite's go to a folder of its own, never ~/.cache, and
+    each test starts cold (a result kept by an earlier test would hide what this one's analysis does)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from advisor.runtime.profile import profile_workload
+from advisor.engine.profiling import profile_workload
 from advisor.workload_loader import load_workload
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "profile"

@@ -15,7 +15,7 @@ import pytest
 import advisor
 from advisor.cli import main
 from advisor.errors import AdvisorError
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.results import FixReport, OptimizeReport, ProfileReport, ScanReport
 from test_optimize import write_model
 

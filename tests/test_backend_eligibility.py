@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from advisor.backends.eligibility import SiteFacts, backend_eligibility
-from advisor.backends.runtime import facts_from_tensors, torch_eligibility
+from advisor.backends.tensor_eligibility import facts_from_tensors, torch_eligibility
 from advisor.cli import main
 from fixture_models import fixture_paths
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
-from advisor.fixes.attention import attention_edits
+from advisor.fixes.attention_fix import attention_edits
 from advisor.patterns.attention import find_attention
-from advisor.rewrite.sdpa import WRAP_AT
+from advisor.rewrite.sdpa_call import WRAP_AT
 from advisor.static.codegen import atomic, dotted, joined, keyword, method, number, with_methods
 from advisor.static.module_index import ParsedModule
 

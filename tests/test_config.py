@@ -172,4 +172,4 @@ def test_the_readme_example_is_a_valid_config(tmp_path):
     path = tmp_path / "pyproject.toml"
     path.write_text("\n".join(line.strip() for line in block.splitlines()))
     assert set(load_config(path)) == {"select", "ignore", "exclude", "force_exclude", "backend", "unsafe_fixes",
-                                      "call_site_facts", "per_file_ignores"}
+                                      "call_site_facts", "cache", "per_file_ignores"}

@@ -28,8 +28,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from advisor.fixes.evidence import evidence_from_report
-from advisor.runtime.profile import profile_workload
+from advisor.engine.profiling import evidence_from_report, profile_workload
 from advisor.engine.static import analyze_source
 from advisor.workload_loader import load_workload
 

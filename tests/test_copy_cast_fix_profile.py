@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from advisor.cli import main
-from advisor.fixes.evidence import FileEvidence, RuntimeEvidence, RuntimeHit, evidence_from_report
-from advisor.runtime.profile import profile_workload
+from advisor.contracts.evidence import FileEvidence, RuntimeEvidence, RuntimeHit
+from advisor.engine.profiling import evidence_from_report, profile_workload
 from advisor.engine.static import analyze_source
 from advisor.workload_loader import load_workload
 from profile_helpers import FIXTURES, marker_line

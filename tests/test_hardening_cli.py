@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from advisor.cli import main
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
 
@@ -55,7 +55,7 @@ def test_a_5000_term_expression_is_one_error_entry_and_the_scan_goes_on(capsys, 
 
 
 def test_an_internal_error_on_one_file_exits_2_but_still_reports_the_others(capsys, workdir, monkeypatch):
-    import advisor.fixes.attention as scan
+    import advisor.fixes.attention_fix as scan
 
     real = scan.find_attention
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from advisor.runtime.profile import profile_workload
+from advisor.engine.profiling import profile_workload
 from advisor.workload_loader import load_workload
 from profile_helpers import FIXTURES, by_rule, run_fixture, same_file, source_line
 

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from advisor.cli import main
-from advisor.findings import Finding, ScanError
+from advisor.contracts.finding import Finding, ScanError
 from advisor.report.github import github_annotations
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from advisor.fixes.attention import attention_edits
+from advisor.fixes.attention_fix import attention_edits
 from advisor.patterns.attention import find_attention
 from advisor.patterns.attention.guards import settle_guards
 from advisor.rewrite.apply import combine, render

@@ -1,7 +1,8 @@
 """Adding a rule to a family is adding one file: a unit written the way a newcomer would (docs, examples, a static
-proof, an op-graph detector) is put in a folder outside the source tree and appended to the copy/cast family's
-package path, and every part of the product picks it up: the registry, `rules --explain`, `scan`, `fix`, the
-profile's runtime engine, and the tests generated from examples. Nothing else is edited."""
+proof, an op-graph detector, a trace detector) is put in a folder outside the source tree and appended to the
+copy/cast family's package path, and every part of the product picks it up: the registry, `rules --explain`,
+`scan`, `fix`, the profile's runtime engine, `analyze` on a Chrome trace, and the tests generated from examples.
+Nothing else is edited."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import pytest
 UNIT = '''
 """ADV206: a clone of a fresh clone."""
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_returned, returned
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection, TraceHit
 
-roles = lazy_import("advisor.patterns.copies_casts")
+roles = lazy_import("advisor.patterns.copy_cast_roles")
 
 
 def prove(parsed, call):
@@ -39,6 +40,13 @@ def detect(op_graph, device):
             and any(graph.nodes[p]["op"] == "clone" for p in graph.predecessors(node))]
 
 
+def trace(view):
+    for i, event in view.python_calls("aten::clone"):
+        if view.inside(i, {"aten::clone"}) or any(view.name(k) == "aten::clone" for k in view.children.of(i)):
+            continue
+        yield TraceHit(RULE.code, [i], "clone seen in a trace")
+
+
 RULE = CallRule(
     code="ADV206", kind="contiguous", title="Clone of a fresh clone", summary="clone cloned again",
     fix="remove-call", fix_safety="safe", fix_summary="safe: drop the second clone",
@@ -46,7 +54,7 @@ RULE = CallRule(
     fix_doc="Removes the outer clone: the inner one is fresh already.",
     detectors=("static", "runtime"),
     examples=(returned("x.clone().clone()", "x.clone()"), not_returned("x.clone()")),
-    tokens=("clone",), prove=prove, graph=detect,
+    tokens=("clone",), prove=prove, graph=detect, trace=trace,
 )
 '''
 
@@ -70,7 +78,8 @@ sys.modules[spec.name] = family = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(family)
 from advisor.cli import main
 from advisor.registry import load_rules
-from advisor.runtime.profile import profile_workload
+from advisor.runtime.trace_analysis import analyze_path
+from advisor.engine.profiling import profile_workload
 from advisor.workload_loader import load_workload
 
 out = {"registered": "ADV206" in load_rules()}
@@ -82,19 +91,21 @@ for name, argv in (("explain", ["rules", "--explain", "ADV206"]),
         out[name + "_code"] = main(argv)
     out[name] = buffer.getvalue()
 target = sys.argv[2] + ":workload"
-report = profile_workload(load_workload(target), target)
+report = profile_workload(load_workload(target), target, trace_path=sys.argv[3])
 out["profiled"] = sorted({(f.rule, f.line) for f in report.findings if f.rule == "ADV206"})
+out["traced"] = sorted({f.rule for f in analyze_path(sys.argv[3]).findings})
 print(json.dumps(out))
 '''
 
 
-def test_a_rule_added_as_one_file_is_registered_explained_scanned_fixed_and_profiled(tmp_path):
+def test_a_rule_added_as_one_file_is_registered_explained_scanned_fixed_profiled_and_traced(tmp_path):
     units = tmp_path / "units"
     units.mkdir()
     (units / "clone_of_clone.py").write_text(UNIT)
     model = tmp_path / "model.py"
     model.write_text(WORKLOAD)
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(units), str(model)],
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(SCRIPT), str(units), str(model),
+                          str(tmp_path / "trace.json")],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.strip().splitlines()[-1])
@@ -104,6 +115,7 @@ def test_a_rule_added_as_one_file_is_registered_explained_scanned_fixed_and_prof
     assert [(f["rule"], f["line"], f["fixable"], f["fix_safety"]) for f in findings] == [("ADV206", 6, True, "safe")]
     assert "-    return x.clone().clone() * 2" in out["fix"] and "+    return x.clone() * 2" in out["fix"]
     assert out["profiled"] == [["ADV206", 6]]
+    assert "ADV206" in out["traced"]
 
 
 @pytest.mark.parametrize("family, codes", [

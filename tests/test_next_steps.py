@@ -51,7 +51,7 @@ def test_parity_says_pass_or_fail_with_the_tolerance_actually_applied():
 
 
 def test_op_kinds_name_convolutions_and_normalisations():
-    from advisor.runtime.analyze import OP_KINDS, op_category
+    from advisor.runtime.trace_analysis import OP_KINDS, op_category
 
     assert {"convolution", "normalization"} <= set(OP_KINDS)
     for name in ("aten::convolution", "aten::mkldnn_convolution", "aten::slow_conv2d_forward", "aten::conv2d",

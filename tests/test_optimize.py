@@ -204,7 +204,7 @@ def write_blocks(folder: Path, count: int) -> Path:
 def every_parity_pass_verified(monkeypatch):
     """Timing verdicts depend on the machine's load; these tests are about review, so a patch that passes
     parity counts as verified whatever its interval."""
-    from advisor.verify import optimize as pipeline
+    from advisor.verify import optimize_pipeline as pipeline
 
     monkeypatch.setattr(pipeline.Trial, "verdict", property(
         lambda t: pipeline.NOT_RUN if t.error or t.parity is None else
@@ -245,7 +245,7 @@ def test_interactive_part_of_several_patches_is_checked_together_before_it_is_wr
     """Accepting two of three verified patches applies a combination nobody measured: it gets its own parity run."""
     import io
 
-    from advisor.verify import optimize as pipeline
+    from advisor.verify import optimize_pipeline as pipeline
 
     model = write_blocks(tmp_path, 3)
     trials = []

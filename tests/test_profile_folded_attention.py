@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from advisor.runtime.block_facts import block_call
-from advisor.runtime.detect.attention import blocks
+from advisor.runtime.detect.attention_graph import blocks
 from advisor.runtime.recorder import OpRecorder
 from profile_helpers import FIXTURES, by_rule, marker_line, run_fixture, same_file
 

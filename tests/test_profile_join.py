@@ -2,7 +2,7 @@
 
 import os
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.runtime.join import annotate_findings
 
 

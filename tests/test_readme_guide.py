@@ -19,7 +19,7 @@ def guide_commands() -> list[list[str]]:
 
 
 def test_the_guide_scans_verifies_and_applies_on_a_fresh_copy(tmp_path, capsys, monkeypatch):
-    from advisor.verify import optimize as pipeline
+    from advisor.verify import optimize_pipeline as pipeline
 
     monkeypatch.setattr(pipeline.Trial, "verdict", property(  # verdict by parity alone: timing is the machine's
         lambda t: pipeline.NOT_RUN if t.error or t.parity is None else

@@ -10,7 +10,8 @@ import pytest
 from advisor.registry import families, load_rules
 
 UNIT = textwrap.dedent('''\
-    from advisor.registry import Family, Rule
+    from advisor.contracts.family import Family
+    from advisor.contracts.rule import Rule
 
     RULE = Rule(code="{code}", kind="k", title="A title", summary="s", fix="none", fix_safety="safe",
                 fix_summary="report", what="{what}", why="Why it is slow to run.", fix_doc="No fix is offered here.",

@@ -67,7 +67,7 @@ def test_a_link_planted_after_the_check_is_never_written_through(tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("precious\n")
     report = tmp_path / "report"
-    from advisor.report.folder import ReportFolder
+    from advisor.verify.report_folder import ReportFolder
 
     folder = ReportFolder(str(report))
     (report / "trace_after.json").symlink_to(outside)
@@ -85,7 +85,7 @@ def test_a_hard_linked_file_in_the_report_folder_is_replaced_not_written_into(tm
     report = tmp_path / "report"
     report.mkdir()
     os.link(outside, report / "result.json")
-    from advisor.report.folder import ReportFolder
+    from advisor.verify.report_folder import ReportFolder
 
     ReportFolder(str(report)).write_text("result.json", "{}")
     assert outside.read_text() == "precious\n" and (report / "result.json").read_text() == "{}"

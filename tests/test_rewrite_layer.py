@@ -68,8 +68,9 @@ def test_a_verb_applies_the_findings_it_chooses_and_shares_their_import():
 
 
 def test_a_file_result_names_the_fix_it_left_out():
-    from advisor.engine.static import Detected, FileResult
-    from advisor.findings import Finding
+    from advisor.contracts.detected import Detected
+    from advisor.engine.static import FileResult
+    from advisor.contracts.finding import Finding
 
     parsed, call, binary = _parsed()
     found = []

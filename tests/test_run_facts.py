@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from advisor.cli import main
 from advisor.engine.static import analyze_source
-from advisor.fixes.evidence import BlockCall, MaskSeen, RuntimeEvidence, add_block_calls, evidence_from_report
+from advisor.contracts.evidence import BlockCall, MaskSeen, RuntimeEvidence, add_block_calls
+from advisor.engine.profiling import evidence_from_report
 from advisor.report import optimize_console, optimize_html, optimize_markdown
 from advisor.report import optimize_view as view
-from advisor.runtime.detect.attention import block_calls
+from advisor.runtime.detect.attention_graph import block_calls
 from advisor.runtime.recorder import OpRecorder
 from profile_helpers import FIXTURES, by_rule, run_fixture
 from rich.console import Console

@@ -12,7 +12,7 @@ from array import array
 from hypothesis import given, strategies as st
 
 from advisor.runtime import events as events_module
-from advisor.runtime.analyze import analyze_path
+from advisor.runtime.trace_analysis import analyze_path
 from advisor.runtime.events import KERNEL, OP, RUNTIME, STEP, RawEvents, build
 from benchmarks.analyze_large_trace import write_trace
 

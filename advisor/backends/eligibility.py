@@ -5,7 +5,7 @@ Each backend gets a verdict: eligible True (every condition known to hold), Fals
 the reason names it) or None (nothing known fails, but a condition is not known, e.g. the dtype in a static scan:
 the reason lists what must hold). Never a guess. The conditions follow torch 2.x's own checks
 (aten/src/ATen/native/transformers/sdp_utils_cpp.cpp for the CPU flash kernel, cuda/sdp_utils.cpp for CUDA) and
-the `flash_attn` package's documented limits; on a machine that can run the kernels, `runtime.py` asks torch
+the `flash_attn` package's documented limits; on a machine that can run the kernels, `tensor_eligibility.py` asks torch
 itself instead.
 """
 

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.backends.causal import is_bottom_right_causal
+from advisor.backends.bottom_right_causal import is_bottom_right_causal
 from advisor.backends.eligibility import SiteFacts, Verdict, backend_eligibility, to_json
 from advisor.patterns.attention import AttentionMatch
 from advisor.patterns.einsum import ELLIPSIS, EinsumMismatch, parse_spec
 from advisor.patterns.ops import OpReader, int_value
 from advisor.patterns.facts import Fact, ASSUMED
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 NOT_ON_GPU = "emitted code for this backend has not been run on a GPU by advisor"
 
@@ -109,7 +110,7 @@ def _rank(parsed: ParsedModule, match: AttentionMatch) -> int | None:
     only, and an einsum's output (..., query, key) has the rank the rewrite gives q. None when not fixed."""
     collector = _ProductCollector(OpReader(parsed, None))
     for node in [*match.removed, match.output_node]:
-        node.visit(collector)
+        walk(node, collector)
     return collector.ranks.pop() if len(collector.ranks) == 1 else None
 
 

@@ -8,10 +8,10 @@ import sys
 from rich.console import Console
 
 from advisor.errors import AdvisorError
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import shown, stdout_console
-from advisor.runtime.analyze import analyze_path
+from advisor.runtime.trace_analysis import analyze_path
 
 
 def add_parser(sub) -> None:

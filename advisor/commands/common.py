@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import parse_selectors
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.report.terminal import shown
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
@@ -32,6 +32,9 @@ def add_selection_arguments(parser) -> None:
                                  "the flash kernel where eligible), flash-attn (the flash_attn package, SDPA fallback), "
                                  "flex (FlexAttention: also soft-capping and index-computed masks SDPA cannot take)")
     add_call_site_argument(parser)
+    parser.add_argument("--cache", action=argparse.BooleanOptionalAction, default=None,
+                        help="--no-cache: analyse every file afresh, neither reading nor writing the cache of "
+                             "each file's results ($XDG_CACHE_HOME/advisor)")
     parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
                         help="apply the configuration's `exclude` to paths named on the command line too")
     talk = parser.add_mutually_exclusive_group()
@@ -66,7 +69,7 @@ def _codes(text: str) -> list[str]:
 
 def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs: int | None = None) -> ScanResult:
     """Scan with a progress bar on stderr; exit 2 (via AdvisorError) when nothing at all could be scanned.
-    `runtime` (advisor.fixes.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source;
+    `runtime` (advisor.contracts.evidence.RuntimeEvidence) joins a profile's copy/cast findings to the source;
     `patches`, `fixed` and `jobs` are scan_paths' (what the verb shows, and whether it picks fixes afterwards)."""
     from advisor.engine.static import scan_paths  # libcst: loaded by the verbs that scan, not by argument parsing
 
@@ -86,7 +89,7 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
                             call_site_facts=args.call_site_facts, path_rules=getattr(args, "path_rules", None),
-                            on_file=on_file)
+                            cache=getattr(args, "cache", True) is not False, on_file=on_file)
     if verbose:
         stderr.print(f"advisor: {len(result.files)} file(s) scanned, {len(result.errors)} not, in "
                      f"{time.monotonic() - started:.2f} s")

@@ -11,7 +11,7 @@ from advisor.commands.profile import ends_what_the_workload_left, profile_in_chi
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.terminal import shown, stdout_console
 from advisor.errors import AdvisorError, visible
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.results import FileFix, FixReport
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically

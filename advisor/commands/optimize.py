@@ -22,7 +22,7 @@ from rich.console import Console
 from advisor.commands.common import add_backend_argument, add_call_site_argument
 from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
-from advisor.report.folder import ReportFolder
+from advisor.verify.report_folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
@@ -73,7 +73,7 @@ def optimized(args, progress=lambda message: None, review=None, say=lambda messa
     """The optimize result with its reports written (the CLI's and advisor.optimize's one path). Without a TARGET
     the bundled demo runs from a temporary copy (`say` tells where)."""
     from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
-    from advisor.verify.optimize import Options, optimize
+    from advisor.verify.optimize_pipeline import Options, optimize
 
     if args.device:
         resolve_device(args.device)

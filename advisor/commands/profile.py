@@ -12,7 +12,7 @@ from functools import wraps
 from rich.console import Console
 
 from advisor.errors import AdvisorError, visible
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.report.profile_console import print_measured, print_top_lines
 from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from advisor.commands.common import add_selection_arguments, exit_code, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.github import github_annotations
 from advisor.report.sarif import to_sarif

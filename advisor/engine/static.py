@@ -18,45 +18,23 @@ from functools import partial
 import libcst as cst
 
 from advisor.child_lifetime import end_with_parent
-from advisor.findings import Finding, ScanError, display_path
-from advisor.fixes.evidence import FileEvidence, RuntimeEvidence
+from advisor.contracts.detected import Detected, StaticContext
+from advisor.contracts.finding import Finding, ScanError, display_path
+from advisor.contracts.evidence import RuntimeEvidence
 from advisor.registry import families, is_selected
-from advisor.rewrite.apply import NodeEdits, RewriteFailed, combine, render
-from advisor.rewrite.splice import Edit, apply_edits, local_diff
+from advisor.rewrite.apply import RewriteFailed, combine, render
+from advisor.rewrite.splice import apply_edits, local_diff
 from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
 from advisor.static.project import ProjectFacts
+from advisor.static.scan_cache import ScanCache
 from advisor.static.tree_facts import TreeFacts, tree_wide_facts
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 IGNORE_COMMENT = re.compile(r"#\s*advisor:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
-
-
-@dataclass
-class Detected:
-    """What a rule family's static detector returns per finding: the finding (no patch yet), its fix as node
-    edits (None: no fix), and that fix alone as character edits (checked to compile; its patch is their diff)."""
-
-    finding: Finding
-    fix: NodeEdits | None = None
-    edits: list[Edit] | None = None
-
-
-@dataclass
-class StaticContext:
-    """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
-    for this file, the findings earlier families kept (selected, not suppressed), and the scanned tree whose
-    calls may prove facts (None: facts come from the file alone)."""
-
-    parsed: ParsedModule
-    backend: str = "sdpa"
-    evidence: FileEvidence | None = None
-    earlier: list[Finding] = field(default_factory=list)
-    tree: Tree | None = None
-    tree_facts: TreeFacts | None = None  # what the scanned tree asks of autograd (None: the file alone)
 
 
 @dataclass
@@ -161,7 +139,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     for family in families():
         if family.static is None or not (family.might_match(lowered) or family.uses_evidence and evidence):
             continue
-        for found in family.static(context):
+        for found in family.static(context, family.rules):
             rule = found.finding.rule
             if is_selected(rule, select, ignore) and not _is_suppressed(suppressed, found.finding, rule):
                 detected.append(found)
@@ -193,7 +171,7 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, call_site_facts: bool = True, path_rules=None) -> ScanResult:
+               fixed: bool = True, call_site_facts: bool = True, path_rules=None, cache: bool = True) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
@@ -202,26 +180,38 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     outside the tree). Hooks that fire on every module are collected from all the files first (static.project):
     each file's analysis must see them, whatever `call_site_facts` says. `path_rules` (advisor.config.PathRules):
     the configuration's exclude globs and per-file ignores. `on_file(path, total)` is called as each file's result
-    arrives (for a progress bar)."""
+    arrives (for a progress bar). `cache`: reuse and keep each file's result on disk (static.scan_cache; not for a
+    run with runtime evidence, nor with jobs=1, whose results keep their node edits)."""
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors)
+    store = ScanCache(dict(unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend, patches=patches,
+                           fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
+        if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    project, tree_facts = tree_wide_facts(files, call_site_facts)
+    project, tree_facts = tree_wide_facts(files, call_site_facts, cache=store)
     project = project if len(files) > 1 else None
+    tree = Tree(files) if call_site_facts else None
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed, tree=Tree(files) if call_site_facts else None,
-                       project=project, path_rules=path_rules, tree_facts=tree_facts)
+                       runtime=runtime, patches=patches, fixed=fixed, tree=tree, project=project,
+                       path_rules=path_rules, tree_facts=tree_facts)
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
-    if jobs > 1 and len(files) >= PARALLEL_FROM:
-        outcomes = _scan_in_pool(files, scan_one, jobs, done)
-    else:
-        outcomes = []
-        for path in files:
-            outcomes.append(scan_one(path))
-            done(path)
+    run = partial(_scan_all, jobs=jobs, done=done)
+    outcomes = run(files, scan_one) if store is None else \
+        store.scan(files, scan_one, run, done, tree, (project, tree_facts))
     for outcome in outcomes:
         (result.errors if isinstance(outcome, ScanError) else result.files).append(outcome)
     return result
+
+
+def _scan_all(files: list[str], scan_one, jobs: int, done) -> list:
+    """`scan_one` of each file, in discovery order: in a process pool when there are many."""
+    if jobs > 1 and len(files) >= PARALLEL_FROM:
+        return _scan_in_pool(files, scan_one, jobs, done)
+    outcomes = []
+    for path in files:
+        outcomes.append(scan_one(path))
+        done(path)
+    return outcomes
 
 
 def _scan_in_pool(files: list[str], scan_one, jobs: int, done) -> list[FileResult | ScanError]:

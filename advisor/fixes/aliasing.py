@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 # Reading these observes the layout or the storage itself, so a copy's removal could change what they see.
 LAYOUT_READS = frozenset({"view", "view_as", "stride", "is_contiguous", "data_ptr", "storage", "untyped_storage",
@@ -100,7 +101,7 @@ def writes_in_place(parsed: ParsedModule, function: cst.FunctionDef) -> str | No
     """Why some tensor in `function` may be written in place (then a removed copy could share that write), or
     None. Conservative: any augmented assignment, subscript store, `out=` argument or `name_()` call counts."""
     finder = _InPlace()
-    function.body.visit(finder)
+    walk(function.body, finder)
     return f"{finder.found[1]} at line {parsed.line(finder.found[0])}" if finder.found else None
 
 

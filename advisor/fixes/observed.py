@@ -1,7 +1,7 @@
 """Facts from the run: an attention rewrite's assumed facts that held on every recorded call of its block.
 
 A profile (or `optimize`'s original side, on each of its parity inputs) records what every call of a hand-written
-attention block saw (advisor.fixes.evidence.BlockCall). Calls are joined to the static finding by file and span:
+attention block saw (advisor.contracts.evidence.BlockCall). Calls are joined to the static finding by file and span:
 the score and value products' lines lie within the finding's lines. Each assumed fact that has an observation is
 checked on every joined call; it becomes `observed` only when it held on all of them (a disagreeing call leaves it
 assumed), and never proved: the patch stays unsafe for `fix`, and `optimize` verifies it on that workload.
@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import NamedTuple
 
-from advisor.fixes.evidence import BlockCall
+from advisor.contracts.evidence import BlockCall
 from advisor.patterns.facts import FactSheet
 
 

@@ -16,6 +16,7 @@ import libcst as cst
 
 from advisor.rewrite.apply import SourceEdit
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 LIBRARY_DIRS = ("site-packages", "dist-packages")
 LOADERS = ("from_pretrained", "from_config", "_from_config")
@@ -87,7 +88,7 @@ def find_config_issues(parsed: ParsedModule, rules) -> list[ConfigMatch]:
     if is_library_file(parsed.path) or not checks:
         return []
     collector = _Collector(parsed, checks)
-    parsed.module.visit(collector)
+    walk(parsed.module, collector)
     return collector.found
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from advisor.engine.static import Detected
-from advisor.findings import Finding
+from advisor.contracts.detected import Detected
+from advisor.contracts.finding import Finding
 from advisor.hf.config_rules import find_config_issues
 from advisor.registry import load_rules
 from advisor.rewrite.apply import RewriteFailed, render

@@ -18,7 +18,7 @@ import libcst as cst
 
 from advisor.patterns import masks as mk
 from advisor.patterns.scope import outer_names
-from advisor.patterns.copies_casts import dtype_name
+from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver

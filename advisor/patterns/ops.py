@@ -15,6 +15,7 @@ from advisor.patterns.signatures import bind, signature_of
 from advisor.patterns.mask_helpers import optional_add, package_function
 from advisor.patterns.softmax_helpers import summarise
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.walk import children
 
 CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type", "type_as"}
 IDENTITY_METHODS = {"contiguous", "clone"}
@@ -432,7 +433,7 @@ def _reads_any(node: cst.CSTNode, names: set[str]) -> bool:
         return node.value in names
     if isinstance(node, cst.Attribute):
         return _reads_any(node.value, names)
-    return any(_reads_any(child, names) for child in node.children)
+    return any(_reads_any(child, names) for child in children(node))
 
 
 def _is_dotted(node: cst.BaseExpression) -> bool:

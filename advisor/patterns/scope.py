@@ -20,6 +20,8 @@ import networkx as nx
 from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HookSite, global_hook_calls
+from advisor.static.walk import children
+from advisor.static.walk import walk as visit_tree
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 CONTEXTS = (cst.With, cst.Try)
@@ -73,7 +75,7 @@ def attribute_paths(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[str]:
             return True
 
     for node in nodes:
-        node.visit(Visitor())
+        visit_tree(node, Visitor())
     return found
 
 
@@ -110,7 +112,7 @@ def _writes_of_called_methods(function: cst.FunctionDef, owner: ClassInfo | None
                     found.extend((node, written) for _, written in _attribute_writes(method)
                                  if written.startswith("self."))
 
-    function.visit(Visitor())
+    visit_tree(function, Visitor())
     return found
 
 
@@ -172,7 +174,7 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
             if path is not None:
                 writes.append((node, path))
 
-    function.visit(Visitor())
+    visit_tree(function, Visitor())
     return writes
 
 
@@ -217,7 +219,7 @@ def outer_names(function: cst.FunctionDef) -> frozenset[str]:
         def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
             found.update(item.name.value for item in node.names)
 
-    function.visit(Visitor())
+    visit_tree(function, Visitor())
     return frozenset(found)
 
 
@@ -251,9 +253,14 @@ class ClassTable:
         return table
 
     @cached_property
-    def _bases(self) -> dict[str, set[str]]:
-        return {name: {_base_name(base.value) for info in infos for base in info.node.bases} - {None}
-                for name, infos in self.classes.items()}
+    def _derived(self) -> dict[str, list[str]]:
+        """Base name -> the names of the classes that list it among their bases, in the file's order."""
+        derived: dict[str, list[str]] = {}
+        for name, infos in self.classes.items():
+            for base in dict.fromkeys(_base_name(base.value) for info in infos for base in info.node.bases):
+                if base is not None:
+                    derived.setdefault(base, []).append(name)
+        return derived
 
     def subclasses(self, owner: ClassInfo) -> list[ClassInfo]:
         """Classes of this file that derive from `owner`, directly or not (by name)."""
@@ -261,8 +268,8 @@ class ClassTable:
         seen = set(frontier)
         while frontier:
             base = frontier.pop()
-            for name, bases in self._bases.items():
-                if base in bases and name not in seen:
+            for name in self._derived.get(base, ()):
+                if name not in seen:
                     seen.add(name)
                     frontier.append(name)
                     found.extend(self.classes[name])
@@ -293,7 +300,7 @@ def self_names(nodes: list[cst.CSTNode]) -> set[str]:
                 found.add(node.attr.value)
 
     for node in nodes:
-        node.visit(Visitor())
+        visit_tree(node, Visitor())
     return found
 
 
@@ -379,8 +386,11 @@ def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInf
     if owner is not None and any(parsed.imported_name(base.value) == "torch.jit.ScriptModule"
                                  for base in owner.node.bases):
         return True
-    if owner is None:
-        return False
+    return owner is not None and parsed.derived(_scripts_a_module, _scripts_a_module)
+
+
+def _scripts_a_module(parsed: ParsedModule) -> bool:
+    """Whether the file passes anything but one of its module-level functions to `torch.jit.script(...)`."""
     return any(parsed.imported_name(call.func) == "torch.jit.script" and call.args
                and not (isinstance(call.args[0].value, cst.Name) and call.args[0].value.value in parsed.module_functions)
                for call in parsed.calls_and_classes[0])
@@ -393,5 +403,5 @@ def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:
 def walk(node: cst.CSTNode):
     """`node` and every node under it."""
     yield node
-    for child in node.children:
+    for child in children(node):
         yield from walk(child)

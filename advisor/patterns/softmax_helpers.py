@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from advisor.patterns.copies_casts import cast_dtype, dtype_name
+from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.helper_bodies import branches, parameters
 
 NARROWING = ("bfloat16", "float16")

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from advisor.findings import Finding, ScanError
+from advisor.contracts.finding import Finding, ScanError
 from advisor.report.terminal import short_path, shown
 
 

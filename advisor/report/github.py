@@ -4,7 +4,7 @@ actions/toolkit `issueCommand`): `%`, CR and LF in the message; those and `:` an
 
 from __future__ import annotations
 
-from advisor.findings import Finding, ScanError, display_path
+from advisor.contracts.finding import Finding, ScanError, display_path
 
 
 def github_annotations(findings: list[Finding], errors: list[ScanError]) -> list[str]:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from advisor.report.terminal import short_path
-from advisor.runtime.analyze import OP_KINDS, op_category
+from advisor.runtime.trace_analysis import OP_KINDS, op_category
 
 VERDICTS = {"verified": "verified", "parity-failed": "parity failed", "no-gain": "no measurable gain",
             "not-run": "not run"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.report.terminal import short_path, shown
 
 

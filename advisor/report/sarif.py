@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from urllib.parse import quote
 
-from advisor.findings import Finding, ScanError, as_text, relative_path
+from advisor.contracts.finding import Finding, ScanError, as_text, relative_path
 from advisor.registry import load_rules
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from advisor.errors import visible
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 
 PIPED_WIDTH = 140  # rich falls back to 80 columns when stdout is not a terminal; tables then wrap badly
 

@@ -1,4 +1,4 @@
-"""Code for the attention backends `--backend` asks for, on top of the SDPA call of `sdpa.py`.
+"""Code for the attention backends `--backend` asks for, on top of the SDPA call of `sdpa_call.py`.
 
 * `flash`: the statement holding the SDPA call runs inside `sdpa_kernel(SDPBackend.FLASH_ATTENTION)`.
 * `flash-attn`: a module-level helper calls the `flash_attn` package's `flash_attn_func` with its
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.patterns.attention import AttentionMatch
-from advisor.rewrite.sdpa import call
+from advisor.rewrite.sdpa_call import call
 from advisor.static.codegen import dotted, keyword
 from advisor.static.module_index import ParsedModule
 

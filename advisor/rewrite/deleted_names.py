@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.static.dataflow import build_flow, loaded_names
+from advisor.static.walk import walk
 
 
 def bound_names(nodes) -> set[str]:
@@ -33,7 +34,7 @@ def bound_names(nodes) -> set[str]:
 
     for node in nodes:
         if isinstance(node, (cst.BaseSmallStatement, cst.BaseStatement)):
-            node.visit(Walk())
+            walk(node, Walk())
     return names
 
 
@@ -91,5 +92,5 @@ def _functions(node: cst.CSTNode) -> list[tuple[tuple[str, ...], cst.FunctionDef
         def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
             self.path.pop()
 
-    node.visit(Walk())
+    walk(node, Walk())
     return found

@@ -12,7 +12,7 @@ from libcst.helpers import parse_template_expression, parse_template_statement
 
 from advisor.patterns.attention import AttentionMatch
 from advisor.rewrite.flex_prelude import HELPER_NAME, prelude_source
-from advisor.rewrite.sdpa import call
+from advisor.rewrite.sdpa_call import call
 from advisor.static.codegen import assignment, keyword
 from advisor.static.module_index import ParsedModule
 

@@ -7,10 +7,11 @@ its hunk headers shifted to the region's place in the file."""
 
 from __future__ import annotations
 
-import bisect
 import difflib
 import re
 from dataclasses import dataclass
+
+from advisor.static.line_index import LineIndex
 
 CONTEXT = 3  # lines of context in a hunk, as `diff -u` and difflib's default
 HUNK_HEADER = re.compile(r"@@ -(\d+)((?:,\d+)?) \+(\d+)((?:,\d+)?) @@")
@@ -35,21 +36,6 @@ def apply_edits(source: str, edits: list[Edit]) -> str:
         cursor = edit.end
     pieces.append(source[cursor:])
     return "".join(pieces)
-
-
-class LineIndex:
-    """Line starts of one text, to turn character offsets into line numbers without rescanning it."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.lines = text.splitlines(keepends=True)
-        self.starts = [0]
-        for line in self.lines:
-            self.starts.append(self.starts[-1] + len(line))
-
-    def line_of(self, offset: int) -> int:
-        """0-based index of the line holding `offset` (len(lines) at the very end of the text)."""
-        return bisect.bisect_right(self.starts, offset) - 1
 
 
 def local_diff(path: str, index: LineIndex, edits: list[Edit]) -> str:

@@ -1,6 +1,6 @@
 """What each recorded call of a hand-written attention block saw: the facts a rewrite assumes, read off the op graph.
 
-The runtime attention detector (advisor.runtime.detect.attention) finds the block's ops (score product, the ops
+The runtime attention detector (advisor.runtime.detect.attention_graph) finds the block's ops (score product, the ops
 to the softmax, the value product); their recorded tensor metadata gives q/k/v dtypes (traced back through the
 casts and views on the block's own lines, which the rewrite absorbs), each mask operand's dtype and rank, and
 whether a scale factor was a tensor; the recorder's mask tracker (advisor.runtime.masked_rows) gives the fully
@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from advisor.fixes.evidence import BlockCall, MaskSeen
-from advisor.runtime.detect.ops import VIEWS, matmul_operands
+from advisor.contracts.evidence import BlockCall, MaskSeen
+from advisor.runtime.detect.op_kinds import VIEWS, matmul_operands
 from advisor.runtime.recorder import TensorMeta
 
 _FILLS = frozenset({"masked_fill", "masked_fill_", "where"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 
 
 def annotate_findings(static_findings: list[Finding], profile_findings: list[Finding]) -> list[Finding]:

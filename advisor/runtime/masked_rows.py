@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS
+from advisor.runtime.detect.op_kinds import MATMULS, SOFTMAXES, VIEWS
 
 ROW_REDUCTIONS = SOFTMAXES | {"_log_softmax", "log_softmax"}
 _MASKING = frozenset({"masked_fill", "where", "add", "sub"})

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.registry import load_rules
 
 if TYPE_CHECKING:  # both import torch; `analyze` ranks trace findings without it
-    from advisor.runtime.detect import Detection
-    from advisor.runtime.timing import Timing
+    from advisor.contracts.detection import Detection
+    from advisor.runtime.time_attribution import Timing
 
 
 def to_findings(detections: list[Detection], timing: Timing) -> list[Finding]:

@@ -6,7 +6,8 @@ pkg.mod as m; m.f(...)`, relative imports). A module's `forward` is reached from
 ...)` assigned once in a class, and `self.attn(x, mask)` its only use; its `__init__` from every `Attention(...)`.
 Any other use (the function passed on, stored, called through `*args`, a subclass, `nn.ModuleList`, an attribute
 of that name read elsewhere) leaves the calls unknown, and then nothing is proved from them. The tree is read afresh for every scan: no call site is cached
-across runs, so an edit of a caller is always seen.
+across runs here; the scan cache (static.scan_cache) keeps a file's result only with the files its analysis read
+through the `Tree` (`recording`), so an edit of a caller is always seen.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 
 
@@ -52,6 +53,17 @@ class Tree:
 
     paths: list[str]
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _read: set[str] | None = field(default=None, init=False, repr=False)  # while recording: the files consulted
+
+    def recording(self) -> set[str]:
+        """Start noting every file (real path) a question reads, from now until `recording` is called again;
+        returns the set that fills. The scan cache keeps a file's result with the digests of these files."""
+        self._read = set()
+        return self._read
+
+    def _note(self, key: str) -> None:
+        if self._read is not None:
+            self._read.add(key)
 
     def _caches(self) -> tuple[dict, dict]:
         if self.token not in _CACHES:
@@ -73,6 +85,7 @@ class Tree:
 
     def text(self, path: str) -> str | None:
         key = os.path.realpath(path)
+        self._note(key)
         if key in self._parsed and self._parsed[key] is not None:
             return self._parsed[key].source
         if key not in self._texts:
@@ -84,6 +97,7 @@ class Tree:
 
     def parsed(self, path: str) -> ParsedModule | None:
         key = os.path.realpath(path)
+        self._note(key)
         if key not in self._parsed:
             text = self.text(path)
             try:

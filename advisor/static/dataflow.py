@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 import networkx as nx
 
+from advisor.static.walk import children, walk
+
 UNDEFINED = -1  # marks "on some path this name is not bound here"
 
 Env = dict[str, frozenset[int]]
@@ -68,7 +70,7 @@ class FunctionFlow:
 def loaded_names(node: cst.CSTNode) -> list[cst.Name]:
     """Names read by an expression, in source order; lambda and comprehension variables excluded."""
     collector = _LoadCollector()
-    node.visit(collector)
+    walk(node, collector)
     return collector.names
 
 
@@ -82,17 +84,17 @@ class _LoadCollector(cst.CSTVisitor):
             self.names.append(node)
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
+        walk(node.value, self)
         return False  # `.attr` is not a read of a local name
 
     def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)  # `keyword=` is not a read
+        walk(node.value, self)  # `keyword=` is not a read
         return False
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         params = {p.name.value for p in _all_params(node.params)}
         self.bound.append(params)
-        node.body.visit(self)
+        walk(node.body, self)
         self.bound.pop()
         return False
 
@@ -108,17 +110,17 @@ class _LoadCollector(cst.CSTVisitor):
         while clause is not None:
             if first:  # the first iterable is evaluated outside the comprehension's scope
                 self.bound.pop()
-                clause.iter.visit(self)
+                walk(clause.iter, self)
                 self.bound.append(targets)
                 first = False
             else:
-                clause.iter.visit(self)
+                walk(clause.iter, self)
             for condition in clause.ifs:
-                condition.visit(self)
+                walk(condition, self)
             clause = clause.inner_for_in
         for part in ("elt", "key", "value"):
             if hasattr(node, part):
-                getattr(node, part).visit(self)
+                walk(getattr(node, part), self)
         self.bound.pop()
         return False
 
@@ -127,7 +129,7 @@ class _LoadCollector(cst.CSTVisitor):
 
 def contains_call(node: cst.CSTNode) -> bool:
     """Whether evaluating the expression may run user code (so it cannot be re-evaluated or dropped)."""
-    return isinstance(node, cst.Call) or any(contains_call(child) for child in node.children)
+    return isinstance(node, cst.Call) or any(contains_call(child) for child in children(node))
 
 
 def _all_params(params: cst.Parameters) -> list[cst.Param]:
@@ -155,7 +157,7 @@ def _capture_names(pattern: cst.MatchPattern) -> list[cst.Name]:
             if node.rest is not None:
                 names.append(node.rest)
 
-    pattern.visit(Captures())
+    walk(pattern, Captures())
     return names
 
 
@@ -368,7 +370,7 @@ class _FlowBuilder:
         elif isinstance(small, (cst.Import, cst.ImportFrom)):
             pass  # module-level names only matter for qualified-name resolution, done by libcst
         else:
-            for child in small.children:
+            for child in children(small):
                 if isinstance(child, cst.BaseExpression):
                     self._read(child, env)
         for written in _out_arguments(small):  # `torch.mul(a, b, out=x)` writes x's storage
@@ -435,7 +437,7 @@ def _out_arguments(small: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
         def visit_Lambda(self, node: cst.Lambda) -> bool:
             return False
 
-    small.visit(Visitor())
+    walk(small, Visitor())
     return found
 
 

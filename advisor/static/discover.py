@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from advisor.findings import ScanError
+from advisor.contracts.finding import ScanError
 from advisor.static.notebook import NotebookCode, notebook_code
 from advisor.static.source_encoding import SourceDecodeError, decode_source
 
@@ -28,6 +29,7 @@ class SourceFile:
     path: str
     text: str
     notebook: NotebookCode | None = None  # a notebook's cells: `text` is their code as one module
+    digest: str = ""  # of the bytes read (the notebook's whole JSON): what the scan cache keys the file by
 
 
 def _is_skipped_dir(name: str) -> bool:
@@ -135,6 +137,7 @@ def read_source(path: str) -> SourceFile | ScanError:
             data = handle.read()
         except OSError as exc:
             return ScanError(path, exc.strerror or str(exc))
+    digest = hashlib.blake2b(data, digest_size=16).hexdigest()
     try:
         text, _ = decode_source(data)
     except SourceDecodeError as exc:
@@ -144,5 +147,5 @@ def read_source(path: str) -> SourceFile | ScanError:
             code = notebook_code(text)
         except ValueError as exc:
             return ScanError(path, str(exc))
-        return SourceFile(path, code.text, code)
-    return SourceFile(path, text)
+        return SourceFile(path, code.text, code, digest)
+    return SourceFile(path, text, digest=digest)

@@ -9,10 +9,12 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
-from advisor.rewrite.splice import LineIndex
+from advisor.static.line_index import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
+from advisor.static.positions import StatementPositions
+from advisor.static.walk import is_node, walk
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
@@ -49,7 +51,7 @@ class ClassInfo:
     def _collected(self) -> "_SelfAttributeCollector":
         collector = _SelfAttributeCollector()
         for method in self.methods.values():
-            method.visit(collector)
+            walk(method, collector)
         return collector
 
     @property
@@ -114,6 +116,8 @@ class ParsedModule:
         self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._flows: dict[tuple[cst.FunctionDef, frozenset[cst.If]], FunctionFlow] = {}
+        self._mentions: dict[tuple[cst.CSTNode, str], bool] = {}
+        self._derived: dict[object, object] = {}
 
     @cached_property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
@@ -127,17 +131,33 @@ class ParsedModule:
             if parent is not None:
                 parents[node] = parent  # on the way down, so the keys come in libcst's visiting order
             children = [child for name in _child_fields(type(node))
-                        for child in _as_sequence(getattr(node, name)) if isinstance(child, cst.CSTNode)]
+                        for child in _as_sequence(getattr(node, name)) if is_node(child)]
             pending.extend((child, node) for child in reversed(children))
         return parents
 
     @cached_property
-    def positions(self):
-        """Resolved only when a finding needs a line number: it regenerates the whole file's code."""
-        return self.wrapper.resolve(PositionProvider)
+    def positions(self) -> StatementPositions:
+        """Resolved only when a finding needs a line number, and only for the top-level statements that hold the
+        nodes asked about (static.positions)."""
+        return StatementPositions(self.wrapper, self.source, self.parents.get)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
+
+    def derived(self, key: object, build):
+        """build(self), computed once per file: for what another layer reads from the whole file on behalf of each
+        block (per block, it grows with the square of the blocks in the file)."""
+        if key not in self._derived:
+            self._derived[key] = build(self)
+        return self._derived[key]
+
+    def mentions(self, node: cst.CSTNode, word: str) -> bool:
+        """Whether `word` (lower case) occurs in the node's code, in any case; remembered, since every method of a
+        class asks it of the class."""
+        key = (node, word)
+        if key not in self._mentions:
+            self._mentions[key] = word in self.code(node).lower()
+        return self._mentions[key]
 
     @cached_property
     def statement_spans(self) -> dict[cst.CSTNode, tuple[int, int]] | None:
@@ -243,11 +263,11 @@ class ParsedModule:
             found.setdefault(name.value, []).append(name)
         return found
 
-    @property
-    def bound_names(self) -> set[str]:
+    @cached_property
+    def bound_names(self) -> frozenset[str]:
         """Names bound anywhere in the file other than by imports (so a local `max = ...` is not taken for the
         builtin, nor a local `F = ...` for the imported module)."""
-        return set(self.bindings)
+        return frozenset(self.bindings)
 
     @cached_property
     def module_aliases(self) -> dict[str, str]:
@@ -267,6 +287,32 @@ class ParsedModule:
         nodes = self.parents  # in visiting order
         return [n for n in nodes if isinstance(n, cst.Call)], [n for n in nodes if isinstance(n, cst.ClassDef)]
 
+    @cached_property
+    def calls_by_name(self) -> dict[str, list[cst.Call]]:
+        """The file's calls by the name they call (`f` of `f(...)` and of `obj.f(...)`), in `calls_and_classes`
+        order: finding a function's call sites per attention block by reading every call of the file grew with
+        the square of the blocks in it."""
+        found: dict[str, list[cst.Call]] = {}
+        for call in self.calls_and_classes[0]:
+            name = _callee_name(call.func)
+            if name is not None:
+                found.setdefault(name, []).append(call)
+        return found
+
+    @cached_property
+    def function_names(self) -> dict[cst.FunctionDef, str]:
+        """Each function's dotted name (as in `functions`)."""
+        return {function: name for function, _, name in reversed(self.functions)}
+
+    @cached_property
+    def method_name_counts(self) -> dict[str, int]:
+        """How many methods of the file's classes have each name."""
+        counts: dict[str, int] = {}
+        for function, owner, _ in self.functions:
+            if owner is not None:
+                counts[function.name.value] = counts.get(function.name.value, 0) + 1
+        return counts
+
     def flow(self, function: cst.FunctionDef, off: frozenset[cst.If] = frozenset()) -> FunctionFlow:
         """`off`: `if` statements of `function` read as never taken (see `build_flow`)."""
         key = (function, off)
@@ -279,7 +325,7 @@ class ParsedModule:
     def functions(self) -> list[tuple[cst.FunctionDef, ClassInfo | None, str]]:
         """Every function with its enclosing class (if a method) and its dotted name."""
         collector = _FunctionCollector()
-        self.module.visit(collector)
+        walk(self.module, collector)
         outside, reshaped = self.outside_attribute_writes
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
             info.outside, info.outside_reshaped = outside, reshaped
@@ -309,7 +355,7 @@ class ParsedModule:
         than its class assigns, so no proof may read the class's own assignment as the value; one in the first
         set only keeps its rank and dtype. Writes from other files are not seen."""
         collector = _OutsideWriteCollector(self)
-        self.module.visit(collector)
+        walk(self.module, collector)
         if self.project is not None and self.project.registration_hooks:
             collector.write(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
         return frozenset(collector.names), frozenset(collector.reshaped)
@@ -364,19 +410,35 @@ def _imports(parsed: "ParsedModule") -> dict[str, str]:
     for node in parsed.parents:
         if isinstance(node, cst.Import):
             for alias in node.names:
-                dotted = parsed.code(alias.name)
+                dotted = _name_code(parsed, alias.name)
                 if alias.asname is not None:
-                    imports.setdefault(parsed.code(alias.asname.name), dotted)
+                    imports.setdefault(_name_code(parsed, alias.asname.name), dotted)
                 else:
                     head = dotted.split(".")[0]
                     imports.setdefault(head, head)
         elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-            base = "." * len(node.relative) + (parsed.code(node.module) if node.module is not None else "")
+            base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
             for alias in node.names:
                 local = alias.asname.name if alias.asname else alias.name
-                name = parsed.code(alias.name)
-                imports.setdefault(parsed.code(local), f"{base}{name}" if base.endswith(".") else f"{base}.{name}")
+                name = _name_code(parsed, alias.name)
+                dotted = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
+                imports.setdefault(_name_code(parsed, local), dotted)
     return imports
+
+
+def _name_code(parsed: "ParsedModule", node: cst.CSTNode) -> str:
+    """`parsed.code(node)` of a name or dotted name in an import, without running codegen for the usual spelling
+    (no parentheses, no space around the dots); anything else is generated."""
+    if isinstance(node, cst.Name) and not node.lpar and not node.rpar:
+        return node.value
+    if isinstance(node, cst.Attribute) and not node.lpar and not node.rpar and _tight(node.dot):
+        return f"{_name_code(parsed, node.value)}.{_name_code(parsed, node.attr)}"
+    return parsed.code(node)
+
+
+def _tight(dot: cst.Dot) -> bool:
+    return all(isinstance(space, cst.SimpleWhitespace) and not space.value
+               for space in (dot.whitespace_before, dot.whitespace_after))
 
 
 def _as_sequence(value) -> tuple | list:

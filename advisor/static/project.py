@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.static.module_index import REGISTRATION_HOOKS, ParsedModule
 
 # hooks that fire around every module call: a deleted module call loses them

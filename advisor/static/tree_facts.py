@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from advisor.findings import ScanError
+from advisor.contracts.finding import ScanError
 from advisor.static.autograd_use import AutogradSite, autograd_sites, uses_name, worth_resolving
-from advisor.static.discover import read_source
+from advisor.static.discover import SourceFile, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.project import ProjectFacts, hook_sites, project_facts
 
@@ -35,26 +35,36 @@ class TreeFacts:
         return cls(1, *_callers_decide(autograd_sites(parsed), lambda name: uses_name(parsed.source, name)))
 
 
-def tree_wide_facts(paths: list[str], callers_in_tree: bool = True) -> tuple[ProjectFacts, TreeFacts]:
+def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) -> tuple[ProjectFacts, TreeFacts]:
     """What the whole tree says, with each file read once: the process-wide hooks it registers (static.project) and
     what it asks of autograd. An unreadable or unparsable file adds nothing: the scan reports it. `callers_in_tree`
     (the call-site-facts setting): a site passing on its function's parameter asks nothing where nothing in the tree
-    uses that function; off, every such site asks (the callers may live outside the tree)."""
+    uses that function; off, every such site asks (the callers may live outside the tree). `cache`
+    (advisor.static.scan_cache.ScanCache) keeps each file's part by its content, and learns each file's digest."""
     hooks: list = []
     autograd: list[AutogradSite] = []
     for path in paths:
         source = read_source(path)
         if isinstance(source, ScanError):
             continue
-        hooks += hook_sites(path, source.text)
-        if worth_resolving(source.text):
-            try:
-                autograd.extend(autograd_sites(ParsedModule(source.text, path)))
-            except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
-                continue
+        found_hooks, found_autograd = file_contribution(source) if cache is None else \
+            cache.contribution(source, file_contribution)
+        hooks += found_hooks
+        autograd += found_autograd
     if not callers_in_tree:
         return project_facts(hooks), TreeFacts(len(paths), tuple(autograd))
     return project_facts(hooks), TreeFacts(len(paths), *_callers_decide(autograd, lambda name: _used(paths, name)))
+
+
+def file_contribution(source: SourceFile) -> tuple[list, list[AutogradSite]]:
+    """One file's part of the tree-wide facts: its hook registrations and its autograd requests."""
+    autograd: list[AutogradSite] = []
+    if worth_resolving(source.text):
+        try:
+            autograd = autograd_sites(ParsedModule(source.text, source.path))
+        except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
+            pass
+    return hook_sites(source.path, source.text), autograd
 
 
 def _callers_decide(sites: list[AutogradSite], used) -> tuple[tuple[AutogradSite, ...], tuple[AutogradSite, ...]]:

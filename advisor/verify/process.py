@@ -55,7 +55,7 @@ class WorkerProcess:
         self.failed = False
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        # never through a link: a log in `optimize --report DIR` is created there first (advisor.report.folder)
+        # never through a link: a log in `optimize --report DIR` is created there first (advisor.verify.report_folder)
         with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644), "wb") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "advisor.verify.worker", str(to_child_r), str(from_child_w), str(os.getpid())],

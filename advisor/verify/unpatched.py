@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from advisor.engine.static import analyze_source, might_match
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 from advisor.static.discover import read_source
 
 NO_RULE = "no rewrite rule matched this code: advisor has no patch for it"
@@ -19,7 +19,7 @@ NO_RULE = "no rewrite rule matched this code: advisor has no patch for it"
 
 def unpatched(measured: list[dict], candidates: dict, unsafe_fixes: bool, backend: str) -> list[dict]:
     """One entry per measured finding that no patch ran for, largest share first. `candidates` are optimize's
-    Candidates (pid -> Candidate): a candidate with no patched text (an unsafe fix without --unsafe-fixes) did
+    Candidates (pid -> PatchCandidate): a candidate with no patched text (an unsafe fix without --unsafe-fixes) did
     not run."""
     static: dict[str, list[Finding]] = {}
     entries = []

@@ -149,7 +149,7 @@ class Worker:
         under the op recorder."""
         import torch
 
-        from advisor.runtime.detect.attention import block_calls
+        from advisor.runtime.detect.attention_graph import block_calls
         from advisor.runtime.recorder import OpRecorder
 
         args, kwargs = self._placed(args, kwargs)
@@ -205,8 +205,7 @@ class Worker:
     def profile(self, trace_path: str | None = None):
         """`advisor profile` on the loaded workload: the report's JSON, its findings, op totals, the files run, and
         the runtime evidence that `scan/fix --profile` join to source lines."""
-        from advisor.fixes.evidence import evidence_from_report
-        from advisor.runtime.profile import profile_workload
+        from advisor.engine.profiling import evidence_from_report, profile_workload
 
         report = profile_workload(self.workload, self.target, self.options["device"], self.options["dtype"],
                                   self.options["train"], trace_path,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from advisor.hf.site_rule import SiteRule
-from advisor.registry import positive
+from advisor.contracts.site_rule import SiteRule
+from advisor.contracts.rule import positive
 from advisor.rules.attention_config._links import HF_SDPA
 
 

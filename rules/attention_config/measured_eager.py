@@ -1,9 +1,9 @@
-"""ADV604: a profiled transformers model ran eager attention (advisor.hf.runtime measures it and points at the
+"""ADV604: a profiled transformers model ran eager attention (advisor.hf.eager_profile measures it and points at the
 user line that chose it)."""
 
 from __future__ import annotations
 
-from advisor.hf.site_rule import SiteRule
+from advisor.contracts.site_rule import SiteRule
 from advisor.rules.attention_config._links import HF_ATTENTION
 
 RULE = SiteRule(

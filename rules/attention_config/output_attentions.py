@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from advisor.hf.site_rule import SiteRule
+from advisor.contracts.site_rule import SiteRule
 from advisor.lazy import lazy_import
-from advisor.registry import negative, positive
+from advisor.contracts.rule import negative, positive
 from advisor.rules.attention_config._links import HF_ATTENTION
 
 config = lazy_import("advisor.hf.config_rules")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from advisor.hf.site_rule import SiteRule
+from advisor.contracts.site_rule import SiteRule
 from advisor.lazy import lazy_import
-from advisor.registry import positive
+from advisor.contracts.rule import positive
 
 backends = lazy_import("advisor.rewrite.backends")
 config = lazy_import("advisor.hf.config_rules")

@@ -3,7 +3,7 @@ module's forward, profiled (workload)."""
 
 from __future__ import annotations
 
-from advisor.registry import negative, positive, workload_module
+from advisor.contracts.rule import negative, positive, workload_module
 
 HEADER = "import torch\nimport torch.nn.functional as F\n\n\ndef f(x):\n    return {}\n"
 BUFFER = 'self.register_buffer("table", torch.randn(32, 32, dtype=torch.float64))'

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection, TraceHit
 
-roles = lazy_import("advisor.patterns.copies_casts")
-engine = lazy_import("advisor.fixes.copies_casts")
+roles = lazy_import("advisor.patterns.copy_cast_roles")
+engine = lazy_import("advisor.fixes.copy_cast_fix")
 
 
 def prove(parsed, call):
@@ -35,6 +35,14 @@ def detect(op_graph, device: str) -> list[Detection]:
             if call.name == "contiguous" and call.first_op == call.last_op and call.loc is not None]
 
 
+def trace(view):
+    """A `.contiguous()` that copied nothing (no op ran under it)."""
+    for i, event in view.python_calls("aten::contiguous"):
+        if not view.child_names(i):
+            yield TraceHit(RULE.code, [i], "`.contiguous()` on a tensor that was already contiguous: it copied "
+                           "nothing, remove it")
+
+
 RULE = CallRule(
     code="ADV201", kind="contiguous", title="`.contiguous()` on a tensor that is already contiguous",
     summary="`.contiguous()` of a contiguous tensor", fix="remove-call", fix_safety="safe",
@@ -57,5 +65,5 @@ RULE = CallRule(
               profiled("return x.contiguous().sum(-1)", "return x.sum(-1)"),
               not_profiled("return x.transpose(1, 2).contiguous().view(2, -1)")),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.contiguous.html",), threshold_share=0.005,
-    tokens=("contiguous",), prove=prove, join=join, graph=detect, redundant_call="contiguous",
+    tokens=("contiguous",), prove=prove, join=join, graph=detect, redundant_call="contiguous", trace=trace,
 )

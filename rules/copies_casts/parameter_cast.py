@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_profiled, profiled
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection
 
 casts = lazy_import("advisor.runtime.detect.casts")
 

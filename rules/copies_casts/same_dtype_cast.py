@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection, TraceHit
 
-roles = lazy_import("advisor.patterns.copies_casts")
+roles = lazy_import("advisor.patterns.copy_cast_roles")
 casts = lazy_import("advisor.runtime.detect.casts")
 
 
@@ -76,6 +76,14 @@ def detect(op_graph, device: str) -> list[Detection]:
             and call.options.get("dtype") == call.self_meta.dtype]
 
 
+def trace(view):
+    """A `.to()` that returned its input (no `_to_copy` under it)."""
+    for i, event in view.python_calls("aten::to"):
+        if "aten::_to_copy" not in view.child_names(i):
+            yield TraceHit(RULE.code, [i], "`.to()` that returned its input (already that dtype): "
+                           "remove it")
+
+
 RULE = CallRule(
     code="ADV301", kind="cast", title="Cast to the dtype the tensor already has",
     summary="cast to the dtype it has", fix="remove-call", fix_safety="safe",
@@ -94,5 +102,5 @@ RULE = CallRule(
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.to.html",), threshold_share=0.005,
     # every spelling of a cast: its method or dtype name holds one of these, or it is `.to(`
     tokens=("float", "half", "double", "long", "int", "short", "char", "byte", "bool", ".to("),
-    prove=prove, join=join, graph=detect, redundant_call="cast",
+    prove=prove, join=join, graph=detect, redundant_call="cast", trace=trace,
 )

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
 from advisor.lazy import lazy_import
 from advisor.rules.copies_casts._examples import not_profiled, not_returned, profiled, returned
-from advisor.runtime.detect import Detection
+from advisor.contracts.detection import Detection
 
-roles = lazy_import("advisor.patterns.copies_casts")
-engine = lazy_import("advisor.fixes.copies_casts")
+roles = lazy_import("advisor.patterns.copy_cast_roles")
+engine = lazy_import("advisor.fixes.copy_cast_fix")
 casts = lazy_import("advisor.runtime.detect.casts")
-ops = lazy_import("advisor.runtime.detect.ops")
+ops = lazy_import("advisor.runtime.detect.op_kinds")
 
 
 def prove(parsed, call):

@@ -1,8 +1,18 @@
-"""ADV305: a cast seen in a Chrome trace (advisor.runtime.trace_detect finds it: a trace has no op graph)."""
+"""ADV305: a cast seen in a Chrome trace (its `trace` finds it: a trace has no op graph)."""
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
+from advisor.contracts.detection import TraceHit
+
+
+def trace(view):
+    """A `.to()` that copied (`_to_copy` ran under it)."""
+    for i, event in view.python_calls("aten::to"):
+        if "aten::_to_copy" in view.child_names(i):
+            yield TraceHit(RULE.code, [i], "dtype/device cast that copied; whether it is needed takes "
+                           "`advisor profile`", {"dims": event.dims[:1], "types": event.types[:1]})
+
 
 RULE = CallRule(
     code="ADV305", kind="cast", title="Cast seen in a trace",
@@ -13,5 +23,5 @@ RULE = CallRule(
     fix_doc="No fix: run `advisor profile` on the workload to get ADV302-ADV304.",
     example="y = x.to(torch.float16)  # seen in a Chrome trace",
     detectors=("runtime",),
-    references=("https://pytorch.org/docs/stable/generated/torch.Tensor.to.html",), threshold_share=0.005,
+    references=("https://pytorch.org/docs/stable/generated/torch.Tensor.to.html",), threshold_share=0.005, trace=trace,
 )

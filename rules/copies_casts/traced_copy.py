@@ -1,8 +1,18 @@
-"""ADV205: a layout copy seen in a Chrome trace (advisor.runtime.trace_detect finds it: a trace has no op graph)."""
+"""ADV205: a layout copy seen in a Chrome trace (its `trace` finds it: a trace has no op graph)."""
 
 from __future__ import annotations
 
-from advisor.fixes.call_rule import CallRule
+from advisor.contracts.call_rule import CallRule
+from advisor.contracts.detection import TraceHit
+
+
+def trace(view):
+    """A `.contiguous()` that copied (ops ran under it)."""
+    for i, event in view.python_calls("aten::contiguous"):
+        if view.child_names(i):
+            yield TraceHit(RULE.code, [i], "layout copy (`.contiguous()` that copied); whether a user needs it "
+                           "takes `advisor profile`", {"dims": event.dims[:1]})
+
 
 RULE = CallRule(
     code="ADV205", kind="contiguous", title="Layout copy seen in a trace",
@@ -13,4 +23,5 @@ RULE = CallRule(
     example="y = x.transpose(1, 2).contiguous()  # seen in a Chrome trace",
     detectors=("runtime",),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.contiguous.html",), threshold_share=0.005,
+    trace=trace,
 )

@@ -20,18 +20,19 @@ from advisor.patterns.ops import Op, OpReader
 from advisor.rewrite.flex_prelude import HELPER_NAME as FLEX_HELPER
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.walk import children, walk
 
 
 def mentions_softmax(parsed: ParsedModule, node: cst.CSTNode) -> bool:
     """Prefilter: a function (or, for a method, its class, where `nn.Softmax` modules are built) that never
     says softmax has no anchor for the matcher."""
-    return "softmax" in parsed.code(node).lower()
+    return parsed.mentions(node, "softmax")
 
 
 def softmaxes(reader: OpReader, function: cst.FunctionDef) -> list[Op]:
     """The softmax ops of one function body, in source order."""
     collector = _SoftmaxCollector(reader, function)
-    function.visit(collector)
+    walk(function, collector)
     return collector.found
 
 
@@ -129,7 +130,7 @@ def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> boo
         return any(_written_value(d) is not None and reaches(c, _written_value(d), names, depth + 1)
                    or any(_reaches_definition(c, flow, p, names, depth + 1) for p in d.previous)
                    for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace", "store"))
-    return any(reaches(c, child, names, depth + 1) for child in node.children
+    return any(reaches(c, child, names, depth + 1) for child in children(node)
                if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
 
 
@@ -281,7 +282,7 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
     while node is not None and not isinstance(node, cst.FunctionDef):
         if isinstance(node, cst.If) and isinstance(node.orelse, cst.Else) and child is node.orelse:
             finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
-            node.body.visit(finder)
+            walk(node.body, finder)
             # the module's own flex helper: only a flex patch writes its call in an `if` with the original after
             flex = FLEX_HELPER in parsed.module_functions and FLEX_HELPER in finder.plain_calls
             return flex or finder.found and _reads_metadata_only(parsed, node.test, node.orelse.body)
@@ -336,10 +337,10 @@ def _returns_last(block: cst.BaseSuite) -> bool:
 def _calls_sdpa(parsed: ParsedModule, node: cst.CSTNode, owner: ClassInfo | None) -> bool:
     """`node` calls SDPA, directly or through a `self.<method>` of the class that calls it directly."""
     finder = _CallFinder(parsed, "torch.nn.functional.scaled_dot_product_attention")
-    node.visit(finder)
+    walk(node, finder)
     for method in finder.self_methods if owner is not None and not finder.found else ():
         if method in owner.methods:
-            owner.methods[method].visit(finder)
+            walk(owner.methods[method], finder)
     return finder.found
 
 

@@ -10,7 +10,7 @@ batch), which then runs the math kernel everywhere."""
 from __future__ import annotations
 
 from advisor.backends.eligibility import Verdict
-from advisor.findings import display_path
+from advisor.contracts.finding import display_path
 from advisor.patterns.facts import FactSheet
 from advisor.static.tree_facts import TreeFacts
 

@@ -39,7 +39,7 @@ class FunctionScope:
 
     def classes(self) -> scope.ClassTable:
         if self._classes is None:
-            self._classes = scope.ClassTable.of(self.parsed)
+            self._classes = self.parsed.derived(scope.ClassTable, scope.ClassTable.of)
         return self._classes
 
 

@@ -23,7 +23,7 @@ from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm
 from advisor.patterns.attention.tensor_facts import rank_bounds
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
-from advisor.patterns.copies_casts import cast_dtype
+from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 

@@ -13,6 +13,7 @@ from advisor.patterns.attention.candidate import Candidate, function_of, merge_f
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.walk import walk
 
 
 def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | None:
@@ -126,7 +127,7 @@ def helper_at(c: Candidate, call: cst.Call):
 
 
 def dotted_name(c: Candidate, function: cst.FunctionDef) -> str:
-    return next((name for f, _, name in c.parsed.functions if f is function), c.scope.name)
+    return c.parsed.function_names.get(function, c.scope.name)
 
 
 def single_return(function: cst.FunctionDef) -> cst.Return | None:
@@ -136,7 +137,7 @@ def single_return(function: cst.FunctionDef) -> cst.Return | None:
         return None
     last = body[-1].body[-1]
     finder = _ReturnFinder(function)
-    function.visit(finder)
+    walk(function, finder)
     return last if finder.returns == [last] and last.value is not None else None
 
 
@@ -146,8 +147,9 @@ def calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo |
     is_method = owner is not None and owner.methods.get(name) is function
     if not is_method and parsed.module_functions.get(name) is not function:
         return []
-    return [call for call in parsed.calls_and_classes[0] if _is_call_site(call, name, is_method, through_object=False)
-            and (not is_method or _inside(parsed, call, owner.node))]
+    return [call for call in parsed.calls_by_name.get(name, ())
+            if _is_call_site(call, name, is_method, through_object=False) and (not is_method or
+                                                                              _inside(parsed, call, owner.node))]
 
 
 def calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:
@@ -155,9 +157,9 @@ def calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: 
     class of the file defines: calls of this method through an object of its class, as far as names tell."""
     name = method.name.value
     if owner is None or owner.methods.get(name) is not method or \
-            sum(1 for f, o, _ in parsed.functions if o is not None and f.name.value == name) != 1:
+            parsed.method_name_counts.get(name) != 1:
         return []
-    return [call for call in parsed.calls_and_classes[0] if _is_call_site(call, name, False, through_object=True)]
+    return [call for call in parsed.calls_by_name.get(name, ()) if _is_call_site(call, name, False, through_object=True)]
 
 
 class _ReturnFinder(cst.CSTVisitor):
@@ -176,7 +178,7 @@ class _ReturnFinder(cst.CSTVisitor):
 
 def _is_call_site(call: cst.Call, name: str, is_method: bool, through_object: bool) -> bool:
     """`self.name(...)` (a method), `obj.name(...)` with obj not `self` (through an object), or `name(...)`. The
-    calls come from the file's one-walk call index: walking the module (or class) per lookup cost half a scan."""
+    calls come from the file's call index by name (ParsedModule.calls_by_name)."""
     func = call.func
     if through_object:
         return isinstance(func, cst.Attribute) and func.attr.value == name and \

@@ -19,7 +19,7 @@ from advisor.patterns.attention.helpers import argument_of, helper_at, helper_re
 from advisor.patterns.attention.products import rank, spec
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm
-from advisor.patterns.copies_casts import cast_dtype, dtype_name
+from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, Definition

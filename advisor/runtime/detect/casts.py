@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from advisor.runtime.detect.ops import consumers
+from advisor.runtime.detect.op_kinds import consumers
 
 CAST_CALLS = frozenset({"to", "float", "half", "bfloat16", "double", "type_as"})
 

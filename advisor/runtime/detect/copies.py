@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from advisor.runtime.detect.ops import STRIDED_OK, VIEWS, consumers
+from advisor.runtime.detect.op_kinds import STRIDED_OK, VIEWS, consumers
 
 
 @dataclass(frozen=True)

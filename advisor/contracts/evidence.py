@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from advisor.findings import Finding
+from advisor.contracts.finding import Finding
 
 
 @dataclass(frozen=True)
@@ -92,32 +92,6 @@ class RuntimeEvidence:
 
     def for_path(self, path: str) -> FileEvidence | None:
         return self.files.get(os.path.realpath(path))
-
-
-def evidence_from_report(report) -> RuntimeEvidence:
-    """From a runtime.profile.ProfileReport: its findings, and the watched calls and in-place ops of its
-    recorded step, by file and line, and what its attention blocks saw."""
-    from advisor.runtime.detect.attention import block_calls  # torch: only a profiled run gets here
-
-    evidence = RuntimeEvidence(report.target)
-
-    def file(path: str) -> FileEvidence:
-        return evidence.files.setdefault(os.path.realpath(path), FileEvidence())
-
-    for finding in report.findings:
-        file(finding.path).hits.setdefault(finding.line, []).append(RuntimeHit.of(finding))
-    graph = report.capture.graph
-    for call in graph.calls:
-        if call.loc is not None:
-            file(call.loc.path).observed[(call.loc.line, call.name)] += 1
-    mutating: dict[str, set[int]] = {}
-    for _, data in graph.graph.nodes(data=True):
-        if data.get("mutable") and data.get("loc") is not None:
-            mutating.setdefault(os.path.realpath(data["loc"].path), set()).add(data["loc"].line)
-    for path, lines in mutating.items():
-        file(path).mutating_lines = frozenset(lines)
-    add_block_calls(evidence, block_calls(graph))
-    return evidence
 
 
 def add_block_calls(evidence: RuntimeEvidence, calls: list[BlockCall]) -> None:

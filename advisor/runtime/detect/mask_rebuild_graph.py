@@ -3,15 +3,15 @@ tril/triu/comparisons, i.e. from nothing the inputs change, that then meets the 
 
 from __future__ import annotations
 
-from advisor.runtime.detect import Detection
-from advisor.runtime.detect.ops import FACTORIES, in_sdpa_call
-from advisor.rules.attention import MASK_REBUILT
+from advisor.contracts.detection import Detection
+from advisor.contracts.rule import Rule
+from advisor.runtime.detect.op_kinds import FACTORIES, in_sdpa_call
 
 _RANDOM = frozenset({"bernoulli_", "bernoulli", "rand", "randn", "rand_like", "randn_like", "normal_", "uniform_",
                      "native_dropout", "randint"})
 
 
-def detect(op_graph, device: str) -> list[Detection]:
+def detect(op_graph, device: str, rule: Rule) -> list[Detection]:
     graph = op_graph.graph
     constant: set[int] = set()
     for node in sorted(graph.nodes):  # node ids are in execution order, so producers come first
@@ -38,7 +38,7 @@ def detect(op_graph, device: str) -> list[Detection]:
                  and (graph.nodes[n]["loc"].path, graph.nodes[n]["loc"].function) == (start.path, start.function)]
         size = out[0].shape[-1]
         found.append(Detection(
-            MASK_REBUILT.code, start, max(lines, default=start.line), frozenset(region),
+            rule.code, start, max(lines, default=start.line), frozenset(region),
             f"{size}x{size} mask rebuilt on every forward ({', '.join(sorted({graph.nodes[n]['op'] for n in region}))}):"
             " build it once in __init__ (register_buffer) and slice it, or pass is_causal=True to SDPA",
             {"shape": list(out[0].shape), "dtype": str(out[0].dtype).replace("torch.", ""), "bytes": out[0].nbytes}))

@@ -3,24 +3,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from advisor.backends.site import plan_backend
-from advisor.engine.static import Detected
-from advisor.findings import Finding
-from advisor.fixes.evidence import BlockCall
+from advisor.contracts.detected import Detected
+from advisor.contracts.finding import Finding
+from advisor.contracts.rule import Rule
+from advisor.contracts.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.attention.guards import settle_guards
 from advisor.patterns.call_site_facts import settle_dropped_weights, settle_from_call_sites, weights_dropped
-from advisor.registry import Rule
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
 from advisor.rewrite.guard import guarded
-from advisor.rewrite.sdpa import functional_name, sdpa_call
-from advisor.rules.attention import ESCAPING, SAFE, UNPROVED
+from advisor.rewrite.sdpa_call import functional_name, sdpa_call
 from advisor.static.call_sites import Tree
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeFacts
@@ -93,9 +94,19 @@ def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode
     return node
 
 
-def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall] = (),
+@dataclass(frozen=True)
+class AttentionRules:
+    """The attention unit's static rules: every role proved (safe), weights that leave the block (escaping), a
+    role not proved (unproved)."""
+
+    safe: Rule
+    escaping: Rule
+    unproved: Rule
+
+
+def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules, calls: list[BlockCall] = (),
                        tree: Tree | None = None, tree_facts: TreeFacts | None = None) -> list[Detected]:
-    """Every attention match of the module as a finding of ADV101-ADV103, with its fix where it has one; `calls`
+    """Every attention match of the module as a finding of one of `rules`, with its fix where it has one; `calls`
     are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`). With
     `tree` (the scanned files), facts assumed about a parameter are proved where every call in it proves them;
     `tree_facts` is what those files ask of autograd (None: this file alone)."""
@@ -111,7 +122,7 @@ def attention_findings(parsed: ParsedModule, backend: str, calls: list[BlockCall
     for match in matches:  # what call sites left assumed about metadata is checked at run time where it can be
         settle_guards(match)
     return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
-                      tree_facts) for match in matches]
+                      tree_facts, rules) for match in matches]
 
 
 def choose_backend_proof(match: AttentionMatch, backend: str) -> None:
@@ -130,17 +141,17 @@ def choose_backend_proof(match: AttentionMatch, backend: str) -> None:
         match.output_node = None
 
 
-def _rule_for(match: AttentionMatch) -> Rule:
+def _rule_for(match: AttentionMatch, rules: AttentionRules) -> Rule:
     if match.output_node is None:
-        return UNPROVED
-    return ESCAPING if match.escapes and not weights_dropped(match.facts) else SAFE
+        return rules.unproved
+    return rules.escaping if match.escapes and not weights_dropped(match.facts) else rules.safe
 
 
 def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: list[BlockCall],
-              tree_facts: TreeFacts) -> Detected:
+              tree_facts: TreeFacts, rules: AttentionRules) -> Detected:
     """The finding, and its fix's edits; both cost the size of the block. A patch whose proof left a fact assumed
     (or only observed on a run) is unsafe whatever the rule's default: it names those facts."""
-    rule = _rule_for(match)
+    rule = _rule_for(match, rules)
     reason, fix, edits = match.reason, None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     if plan is not None:
@@ -166,18 +177,18 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
         unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
         if contradicted:
             unproved += f" (the run: {'; '.join(contradicted)})"
-        reason = unproved if rule is SAFE or reason is None else f"{reason}; {unproved}"
+        reason = unproved if rule is rules.safe or reason is None else f"{reason}; {unproved}"
     elif observed and match.output_node is not None:
         safety = "unsafe"
         held = ("held on every recorded call of the run, not proved (`advisor optimize` verifies it on that "
                 "workload): " + "; ".join(fact.statement for fact in observed))
-        reason = held if rule is SAFE or reason is None else f"{reason}; {held}"
+        reason = held if rule is rules.safe or reason is None else f"{reason}; {held}"
     extra = {"roles": _roles(parsed, match), "facts": match.facts.to_json()} if match.output_node is not None else {}
-    if observed and not assumed and rule is SAFE and match.output_node is not None:
+    if observed and not assumed and rule is rules.safe and match.output_node is not None:
         extra["discharged"] = "observed"  # every unproved fact held on the run: `optimize` tries this patch
     if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
         extra.update(plan.to_json())
-    reason = reason if rule is not SAFE or assumed or observed else None
+    reason = reason if rule is not rules.safe or assumed or observed else None
     if match.note:
         reason = f"{reason}; {match.note}" if reason else match.note
     finding = Finding(rule=rule.code, kind=rule.kind, path=parsed.path, line=match.line, end_line=match.end_line,

@@ -8,12 +8,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from advisor.findings import Finding, ScanError
+from advisor.contracts.finding import Finding, ScanError
 from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
 from advisor.runtime.rank import rank
 from advisor.runtime.trace import Trace, TraceError, load_trace, trace_files
-from advisor.runtime.trace_detect import TraceHit, detect
+from advisor.contracts.detection import TraceHit
+from advisor.runtime.trace_detect import detect
 
 # First match wins: convolutions before gemm (cuDNN's implicit-GEMM kernels), normalisations before reductions.
 _CATEGORIES = (("attention", ("flash", "fmha", "attention", "sdpa")),

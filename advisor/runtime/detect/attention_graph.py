@@ -8,12 +8,12 @@ line is the Q.K^T op's user line and end_line the weights.V op's, the same span 
 
 from __future__ import annotations
 
-from advisor.fixes.evidence import BlockCall
+from advisor.contracts.detection import Detection
+from advisor.contracts.rule import Rule
+from advisor.contracts.evidence import BlockCall
 from advisor.runtime.block_facts import BlockOps, block_call
-from advisor.runtime.detect import Detection
 from advisor.runtime.detect.axes import follow_axis, normalise
-from advisor.runtime.detect.ops import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call, matmul_operands
-from advisor.rules.attention import MEASURED
+from advisor.runtime.detect.op_kinds import MATMULS, SOFTMAXES, VIEWS, in_sdpa_call, matmul_operands
 
 # Between scores and softmax (scale, mask, soft-capping, casts); between softmax and the value matmul (dropout).
 _SCORE_OPS = VIEWS | {"div", "mul", "add", "sub", "masked_fill", "where", "_to_copy", "clone", "tanh", "clamp",
@@ -39,7 +39,7 @@ def block_calls(op_graph) -> list[BlockCall]:
     return [block_call(op_graph.graph, block) for block in blocks(op_graph)]
 
 
-def detect(op_graph, device: str) -> list[Detection]:
+def detect(op_graph, device: str, rule: Rule) -> list[Detection]:
     graph = op_graph.graph
     found = []
     for block in blocks(op_graph):
@@ -53,7 +53,7 @@ def detect(op_graph, device: str) -> list[Detection]:
         end_line = av_loc.line if av_loc is not None and av_loc.path == qk_loc.path else qk_loc.line
         shape = list(scores.shape)
         found.append(Detection(
-            MEASURED.code, qk_loc, end_line, frozenset(block_nodes),
+            rule.code, qk_loc, end_line, frozenset(block_nodes),
             f"hand-written attention (scores {shape[-2]}x{shape[-1]}, {scores.nbytes} bytes per call materialised): "
             "use torch.nn.functional.scaled_dot_product_attention (see ADV101)",
             {"score_shape": shape, "score_dtype": str(scores.dtype).replace("torch.", ""),

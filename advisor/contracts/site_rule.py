@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from advisor.registry import Rule
+from advisor.contracts.rule import Rule
 
 
 @dataclass(frozen=True)

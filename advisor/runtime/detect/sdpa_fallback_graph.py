@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from advisor.contracts.detection import Detection
+from advisor.contracts.rule import Rule
 from advisor.backends.eligibility import backend_eligibility, to_json
-from advisor.backends.runtime import facts_from_shapes
-from advisor.runtime.detect import Detection
-from advisor.runtime.detect.ops import FUSED_SDPA
-from advisor.runtime.sdpa import SdpaArgs, fallback_reasons
-from advisor.rules.attention import MATH_FALLBACK
+from advisor.backends.tensor_eligibility import facts_from_shapes
+from advisor.runtime.detect.op_kinds import FUSED_SDPA
+from advisor.runtime.sdpa_fallback import SdpaArgs, fallback_reasons
 
 
-def detect(op_graph, device: str) -> list[Detection]:
+def detect(op_graph, device: str, rule: Rule) -> list[Detection]:
     graph = op_graph.graph
     found = []
     for call in op_graph.calls:
@@ -28,7 +28,7 @@ def detect(op_graph, device: str) -> list[Detection]:
                                   "given" if args.has_mask else None, args.dropout_p, bool(args.is_causal), device,
                                   call.options.get("enable_gqa"))
         found.append(Detection(
-            MATH_FALLBACK.code, call.loc, call.loc.line, frozenset(n for n in ops if n in graph),
+            rule.code, call.loc, call.loc.line, frozenset(n for n in ops if n in graph),
             "scaled_dot_product_attention ran the math kernel: " + "; ".join(reasons),
             {"kernel": "math", "reasons": reasons, "q_shape": args.q_shape, "dtype": args.dtype,
              "has_mask": args.has_mask, "dropout_p": args.dropout_p,

@@ -1,5 +1,5 @@
 """The call-site rule engine of the copies and casts family (advisor.rules.copies_casts): each rule is a
-`CallRule` (advisor.fixes.call_rule) that proves a rewrite of one call from the source (`prove`), joins a runtime
+`CallRule` (advisor.contracts.call_rule) that proves a rewrite of one call from the source (`prove`), joins a runtime
 finding of its code to the call it measured (`join`), or both; this module runs them over a file and turns their
 plans into findings with fixes. Each finding says how safe its patch is and why.
 
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from advisor.engine.static import Detected
-from advisor.findings import Finding
+from advisor.contracts.detected import Detected
+from advisor.contracts.finding import Finding
 from advisor.fixes.aliasing import layout_or_escape, writes_in_place
-from advisor.fixes.call_rule import CallRule
-from advisor.fixes.evidence import FileEvidence, RuntimeHit
-from advisor.patterns import copies_casts as roles
+from advisor.contracts.call_rule import CallRule
+from advisor.contracts.evidence import FileEvidence, RuntimeHit
+from advisor.patterns import copy_cast_roles as roles
 from advisor.patterns.facts import FactSheet
 from advisor.registry import load_rules
 from advisor.rewrite.apply import RewriteFailed, SourceEdit, render

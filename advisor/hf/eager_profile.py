@@ -7,30 +7,39 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 import libcst as cst
 
-from advisor.findings import Finding, display_path
+from advisor.contracts.finding import Finding, display_path
 from advisor.hf.config_rules import LOADERS
 from advisor.hf.findings import config_findings
-from advisor.registry import load_rules
+from advisor.contracts.rule import Rule
 from advisor.rewrite.splice import local_diff
-from advisor.rules.attention import MEASURED
-from advisor.rules.attention_config.eager_attention import RULE as EAGER
-from advisor.rules.attention_config.measured_eager import RULE as MEASURED_EAGER
 from advisor.static.module_index import ParsedModule
-
-RULE = MEASURED_EAGER.code
-LIBRARY_ATTENTION_RULE = MEASURED.code
+from advisor.static.walk import walk
 
 
-def with_eager_attention_finding(model, target: str, ranked: list[Finding]) -> list[Finding]:
-    """The ranked findings with the ADV604 finding (if any) right after the library attention it accounts for:
-    its time is theirs, not additional, so it never outranks them."""
-    added = eager_attention_findings(model, target, ranked)
+@dataclass(frozen=True)
+class EagerAttentionRules:
+    """What the attention_config unit hands over: the rule this reports (measured), the static rule whose
+    finding it reuses when this file chose eager (setting), and the rule whose measured time is its cost
+    (library_attention: hand-written attention measured in the library's files)."""
+
+    measured: Rule
+    setting: Rule
+    library_attention: Rule
+
+
+def with_eager_attention_finding(model, target: str, ranked: list[Finding],
+                                 rules: EagerAttentionRules) -> list[Finding]:
+    """The ranked findings with the measured-eager finding (if any) right after the library attention it accounts
+    for: its time is theirs, not additional, so it never outranks them."""
+    added = eager_attention_findings(model, target, ranked, rules)
     if not added:
         return ranked
-    library = [index for index, f in enumerate(ranked) if f.rule == LIBRARY_ATTENTION_RULE and _in_library(f)]
+    library = [index for index, f in enumerate(ranked)
+               if f.rule == rules.library_attention.code and _in_library(f)]
     position = library[-1] + 1 if library else len(ranked)
     ordered = ranked[:position] + added + ranked[position:]
     for rank, finding in enumerate(ordered, 1):
@@ -38,7 +47,8 @@ def with_eager_attention_finding(model, target: str, ranked: list[Finding]) -> l
     return ordered
 
 
-def eager_attention_findings(model, target: str, measured: list[Finding]) -> list[Finding]:
+def eager_attention_findings(model, target: str, measured: list[Finding],
+                             rules: EagerAttentionRules) -> list[Finding]:
     """[] unless the model is a transformers model configured with eager attention."""
     config = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) != "eager":
@@ -48,16 +58,16 @@ def eager_attention_findings(model, target: str, measured: list[Finding]) -> lis
         return []
     with open(path, encoding="utf-8") as handle:
         parsed = ParsedModule(handle.read(), path)
-    library = [f for f in measured if f.rule == LIBRARY_ATTENTION_RULE and _in_library(f)]
+    library = [f for f in measured if f.rule == rules.library_attention.code and _in_library(f)]
     cost = {"self_us": round(sum(f.extra["self_us"] for f in library), 3),
             "share": round(sum(f.extra["share"] for f in library), 5),
             "calls": sum(f.extra["calls"] for f in library),
             "evidence": {"library_sites": [f"{f.path}:{f.line}" for f in library],
                          "model_class": type(model).__name__, "time_is": "that of the library_sites, not additional"}}
-    rule = load_rules()[RULE]
-    chosen = _choosing_finding(parsed, function)
+    rule = rules.measured
+    chosen = _choosing_finding(parsed, function, rules.setting)
     if chosen is not None:
-        return [Finding(rule=RULE, kind=rule.kind, path=path, line=chosen.line, end_line=chosen.end_line,
+        return [Finding(rule=rule.code, kind=rule.kind, path=path, line=chosen.line, end_line=chosen.end_line,
                         function=chosen.function, message=rule.title, fixable=chosen.fixable,
                         fix_safety=chosen.fix_safety, reason=chosen.reason, patch=chosen.patch, extra=cost)]
     line, end_line = _building_line(parsed, function)
@@ -65,7 +75,7 @@ def eager_attention_findings(model, target: str, measured: list[Finding]) -> lis
     reason = ('nothing in this file sets attn_implementation="eager": pass attn_implementation="sdpa" where the '
               "model is built" if supports else
               f"{type(model).__name__} does not declare SDPA support, so transformers defaulted to eager")
-    return [Finding(rule=RULE, kind=rule.kind, path=path, line=line, end_line=end_line, function=function,
+    return [Finding(rule=rule.code, kind=rule.kind, path=path, line=line, end_line=end_line, function=function,
                     message=rule.title, fixable=False, fix_safety=rule.fix_safety, reason=reason, extra=cost)]
 
 
@@ -83,11 +93,12 @@ def _target_source(target: str) -> tuple[str | None, str]:
     return (origin if origin and origin.endswith(".py") else None), function
 
 
-def _choosing_finding(parsed: ParsedModule, function: str) -> Finding | None:
-    """The static ADV601 finding (eager attention set in this file), preferring one inside the target function."""
+def _choosing_finding(parsed: ParsedModule, function: str, setting: Rule) -> Finding | None:
+    """The static finding of `setting` (eager attention set in this file), preferring one inside the target
+    function."""
     eager = []
-    for found in config_findings(parsed, (EAGER,)):
-        if found.finding.rule == EAGER.code:
+    for found in config_findings(parsed, (setting,)):
+        if found.finding.rule == setting.code:
             if found.edits is not None:
                 found.finding.patch = local_diff(display_path(parsed.path), parsed.lines, found.edits)
             eager.append(found.finding)
@@ -101,7 +112,7 @@ def _building_line(parsed: ParsedModule, function: str) -> tuple[int, int]:
     if definition is None:
         return 1, 1
     collector = _TransformersCalls(parsed)
-    definition.visit(collector)
+    walk(definition, collector)
     if not collector.calls:
         return parsed.line(definition.name), parsed.line(definition.name)
     return parsed.line(collector.calls[0]), parsed.end_line(collector.calls[0])

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from advisor.engine.runtime import runtime_findings
-from advisor.findings import Finding
-from advisor.hf.runtime import with_eager_attention_finding
+from advisor.contracts.evidence import FileEvidence, RuntimeEvidence, RuntimeHit, add_block_calls
+from advisor.contracts.finding import Finding
+from advisor.engine.runtime_engine import after_profile, runtime_findings
 from advisor.runtime.capture import Capture, capture
+from advisor.runtime.detect.attention_graph import block_calls
 from advisor.runtime.runner import check_runs, prepare
-from advisor.runtime.timing import Timing, attribute
+from advisor.runtime.time_attribution import Timing, attribute
 from advisor.workload import Workload
 
 
@@ -42,5 +44,29 @@ def profile_workload(workload: Workload, target: str, device: str | None = None,
     progress("attributing time and detecting")
     timing = attribute(result.events, result.graph, result.profiled_steps)
     findings = runtime_findings(result.graph, result.device, timing)
-    findings = with_eager_attention_finding(workload.model, target, findings)  # HF eager attention (issue 10)
+    findings = after_profile(workload.model, target, findings)
     return ProfileReport(target, result, timing, findings, train)
+
+
+def evidence_from_report(report) -> RuntimeEvidence:
+    """From a ProfileReport: its findings, and the watched calls and in-place ops of its recorded step, by file
+    and line, and what its attention blocks saw."""
+    evidence = RuntimeEvidence(report.target)
+
+    def file(path: str) -> FileEvidence:
+        return evidence.files.setdefault(os.path.realpath(path), FileEvidence())
+
+    for finding in report.findings:
+        file(finding.path).hits.setdefault(finding.line, []).append(RuntimeHit.of(finding))
+    graph = report.capture.graph
+    for call in graph.calls:
+        if call.loc is not None:
+            file(call.loc.path).observed[(call.loc.line, call.name)] += 1
+    mutating: dict[str, set[int]] = {}
+    for _, data in graph.graph.nodes(data=True):
+        if data.get("mutable") and data.get("loc") is not None:
+            mutating.setdefault(os.path.realpath(data["loc"].path), set()).add(data["loc"].line)
+    for path, lines in mutating.items():
+        file(path).mutating_lines = frozenset(lines)
+    add_block_calls(evidence, block_calls(graph))
+    return evidence

@@ -6,6 +6,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from advisor.contracts.fix_safety import FixSafety
+
 
 @dataclass
 class Finding:
@@ -17,10 +19,13 @@ class Finding:
     function: str
     message: str
     fixable: bool = False
-    fix_safety: str = "safe"
+    fix_safety: FixSafety = FixSafety.SAFE
     reason: str | None = None
     patch: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fix_safety = FixSafety(self.fix_safety)  # an engine may pass the plain string
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

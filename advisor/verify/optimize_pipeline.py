@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import torch
 
 from advisor.errors import AdvisorError
-from advisor.findings import Finding, display_path
-from advisor.fixes.evidence import RuntimeEvidence, add_block_calls
+from advisor.contracts.finding import Finding, display_path
+from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
-from advisor.report.folder import ReportFolder
+from advisor.verify.report_folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
@@ -30,7 +30,7 @@ from advisor.static.tree_facts import TreeFacts, tree_wide_facts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
-from advisor.verify.timing import Paired, interleave, summary
+from advisor.verify.ab_timing import Paired, interleave, summary
 from advisor.verify.unpatched import unpatched
 
 VERIFIED, PARITY_FAILED, NO_GAIN, NOT_RUN = "verified", "parity-failed", "no-gain", "not-run"
@@ -70,7 +70,7 @@ class Options:
 
 
 @dataclass
-class Candidate:
+class PatchCandidate:
     """One patch: a finding of the static rules in a file the workload executed."""
 
     id: str
@@ -118,7 +118,7 @@ class Session:
     progress: Callable[[str], None]
     report: ReportFolder
     original: WorkerProcess | None = None
-    candidates: dict[str, Candidate] = field(default_factory=dict)
+    candidates: dict[str, PatchCandidate] = field(default_factory=dict)
     inputs: list[dict | None] = field(default_factory=list)  # None: the workload's own inputs
     references: list = field(default_factory=list)
     nondeterministic: str | None = None
@@ -231,9 +231,9 @@ class Session:
             trial.close()
         return trial
 
-    def by_file(self, ids: tuple[str, ...]) -> dict[str, list[Candidate]]:
+    def by_file(self, ids: tuple[str, ...]) -> dict[str, list[PatchCandidate]]:
         """The chosen patches grouped by the file they patch (a file's patches are applied together)."""
-        grouped: dict[str, list[Candidate]] = {}
+        grouped: dict[str, list[PatchCandidate]] = {}
         for pid in ids:
             grouped.setdefault(self.candidates[pid].path, []).append(self.candidates[pid])
         return grouped
@@ -249,7 +249,7 @@ class Session:
         self.report.close()
 
 
-def combined_text(chosen: list[Candidate]) -> str:
+def combined_text(chosen: list[PatchCandidate]) -> str:
     """The file with the chosen patches (all of one file) applied together by the rewrite layer."""
     if len(chosen) == 1:
         return chosen[0].patched
@@ -263,13 +263,13 @@ def combined_text(chosen: list[Candidate]) -> str:
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
                        observations: Callable[[], RuntimeEvidence] | None = None,
-                       call_site_facts: bool = True, autograd_requests: list[str] = ()) -> dict[str, Candidate]:
+                       call_site_facts: bool = True, autograd_requests: list[str] = ()) -> dict[str, PatchCandidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
     blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
     `call_site_facts`, those files' calls may prove facts of the functions they call. Those files are the scanned
     tree for what is asked of autograd too, with `autograd_requests`: what the run was seen asking."""
-    candidates: dict[str, Candidate] = {}
+    candidates: dict[str, PatchCandidate] = {}
     # hooks on every module, and what the files ask of autograd
     project, tree_facts = tree_wide_facts(files, call_site_facts)
     tree = Tree(list(files)) if call_site_facts else None
@@ -289,11 +289,11 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
                 continue
             pid = f"P{len(candidates) + 1}"
             if finding.fix_safety != "safe" and not unsafe_fixes and finding.extra.get("discharged") != "observed":
-                candidates[pid] = Candidate(pid, finding, source.text, None,
+                candidates[pid] = PatchCandidate(pid, finding, source.text, None,
                                             f"unsafe fix ({finding.reason or 'see the rule'}): rerun with "
                                             "--unsafe-fixes to verify it on these inputs")
                 continue
-            candidates[pid] = Candidate(pid, finding, source.text, result.fixed_with([finding]).text, file=result)
+            candidates[pid] = PatchCandidate(pid, finding, source.text, result.fixed_with([finding]).text, file=result)
     return candidates
 
 
@@ -314,7 +314,7 @@ def _observable(finding: Finding) -> bool:
         any(fact["name"] in OBSERVERS for fact in assumed)
 
 
-def set_aside_unexercised(candidates: dict[str, Candidate], lines: list[list]) -> None:
+def set_aside_unexercised(candidates: dict[str, PatchCandidate], lines: list[list]) -> None:
     """Patches are built per file; one whose lines the profile never saw run (a class this configuration does not
     call) is not exercised by the workload: timing it would measure nothing, so it is never run."""
     ran: dict[str, set[int]] = {}
@@ -482,7 +482,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
     return outcome
 
 
-def _patch_json(session: Session, c: Candidate, trial: Trial | None, written, final: Trial | None) -> dict:
+def _patch_json(session: Session, c: PatchCandidate, trial: Trial | None, written, final: Trial | None) -> dict:
     f = c.finding
     verdict = trial.verdict if trial is not None else NOT_RUN
     reason = c.reason or (trial.error if trial is not None else None) or session.nondeterministic

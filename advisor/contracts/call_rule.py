@@ -1,4 +1,4 @@
-"""The rule type of the copies and casts family: a rule about one call, run by advisor.fixes.copies_casts. Kept
+"""The rule type of the copies and casts family: a rule about one call, run by advisor.fixes.copy_cast_fix. Kept
 apart from that engine so that loading the rule units (every `advisor` verb lists the codes) imports nothing heavy."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from advisor.registry import Rule
+from advisor.contracts.rule import Rule
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 CAST_METHODS = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64", "long": "int64",
                 "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
@@ -138,7 +139,7 @@ def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.
 
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
     collector = _CallCollector()
-    node.visit(collector)
+    walk(node, collector)
     return collector.calls
 
 

@@ -1,0 +1,209 @@
+"""Warm scans: each file's scan result kept on disk, under `$XDG_CACHE_HOME/advisor` (default `~/.cache/advisor`).
+
+A result is reused only when nothing that could change it changed. Its key holds the file's bytes (digest), its
+path (findings and patches name it), the advisor code and rule set, the scan's options, and the tree-wide facts
+every file's analysis reads (process-wide hooks, autograd requests, the number of files). Facts proved from call
+sites read other files of the tree (static.call_sites.Tree): the entry keeps the digest of each file that analysis
+read, and the tree's file list, and is reused only while those are unchanged, so an edit of a caller invalidates
+the callee's result. Each file's part of the tree-wide facts is kept by its content too (`contribution`).
+
+Entries are pickles behind a header (format, key): a result carries a notebook's JSON, the fixed text and findings
+whose `extra` nests values, which the JSON output writes one way only (display paths, flattened fields). They are
+written atomically (a temporary file, then os.replace), so a concurrent run reads a whole entry or none; an entry
+that is truncated, foreign or of another format is ignored and rebuilt. The cache lives in the user's own cache
+folder, trusted as Python trusts its own `__pycache__`. A file that changed while it was analysed is not stored
+(its digest is taken again after the analysis); a file changed and changed back during one scan is not detected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from advisor.contracts.finding import ScanError, display_path
+
+FORMAT = b"advisor-scan-cache 1\n"  # bump when the entries' layout changes
+
+
+def cache_root() -> Path:
+    """`$XDG_CACHE_HOME/advisor`, else `~/.cache/advisor` (the XDG base directory default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "advisor"
+
+
+def _digest(*parts) -> str:
+    return hashlib.blake2b(repr(parts).encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
+
+
+def file_digest(path: str) -> str | None:
+    """The digest static.discover.read_source gives the file's bytes now (None: unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.blake2b(handle.read(), digest_size=16).hexdigest()
+    except OSError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """advisor's version and the text of its modules and rule units (the rules package may live beside it, as in
+    an editable install), the interpreter (its parser decides syntax errors) and libcst: a result is never reused
+    by other code."""
+    import libcst
+
+    import advisor
+    from advisor.registry import rules_package_paths
+
+    hasher = hashlib.blake2b(digest_size=20)
+    hasher.update(repr((advisor.__version__, sys.version, getattr(libcst, "__version__", ""))).encode())
+    roots = [Path(advisor.__file__).parent, *map(Path, rules_package_paths())]
+    modules = sorted({module.resolve() for root in roots for module in root.rglob("*.py")})
+    for module in modules:
+        hasher.update(str(module).encode())
+        hasher.update(module.read_bytes())
+    return hasher.hexdigest()
+
+
+def rule_set() -> tuple:
+    """The families the registry loads now (a unit added from outside the package changes it)."""
+    from advisor.registry import families
+
+    return tuple((family.name, tuple(rule.code for rule in family.rules), family.prefilter,
+                  getattr(family.static, "__module__", None), getattr(family.static, "__qualname__", None))
+                 for family in families())
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a worker hands back for one file: its outcome, the file's digest after the analysis, and the files of
+    the tree that analysis read (real paths; empty when it read none)."""
+
+    outcome: object
+    digest: str | None
+    read: frozenset[str]
+
+
+def record(scan_one, tree, path: str) -> Recorded:
+    """`scan_one(path)`, noting the files of `tree` (static.call_sites.Tree, or None) it reads."""
+    read = tree.recording() if tree is not None else set()
+    outcome = scan_one(path)
+    return Recorded(outcome, file_digest(path), frozenset(read))
+
+
+class ScanCache:
+    """One scan's view of the cache: the options that key every entry, and the digest of each file as the
+    tree-wide pass read it."""
+
+    def __init__(self, options: dict, root: Path | None = None):
+        self.folder = (root or cache_root()) / "scan"
+        self.salt = _digest(FORMAT, code_digest(), rule_set(), sorted(options.items()), os.getcwd())
+        self.digests: dict[str, str] = {}  # real path -> digest of the bytes read
+        self._written_ok = True
+
+    # -- each file's part of the tree-wide facts ---------------------------------------------------------------
+    def contribution(self, source, compute):
+        """`compute(source)`, kept by the file's content and path (the parts name the file)."""
+        self.digests[os.path.realpath(source.path)] = source.digest
+        key = _digest("tree", FORMAT, code_digest(), source.path, source.digest)  # whatever the options
+        found = self._load(key)
+        if isinstance(found, tuple) and len(found) == 2:
+            return found
+        value = compute(source)
+        self._store(key, value)
+        return value
+
+    # -- each file's result ---------------------------------------------------------------------------------------
+    def scan(self, files: list[str], scan_one, run, done, tree, tree_wide) -> list:
+        """Outcomes in the order of `files`: kept results where still valid, the others from `run(todo, one)`
+        (which runs `one` on each path of `todo` and returns the outcomes in order), stored as they come.
+        `tree_wide`: the tree-wide facts every file's analysis reads."""
+        scope = _digest(self.salt, tree_wide)
+        real = {path: os.path.realpath(path) for path in files}
+        members = _digest(sorted(real.values()))
+        keys = {path: self._key(scope, path, real[path]) for path in files}
+        outcomes: dict[str, object] = {}
+        for path in files:
+            entry = self._load(keys[path]) if keys[path] is not None else None
+            if isinstance(entry, tuple) and len(entry) == 3 and self._still_valid(entry, members):
+                outcomes[path] = entry[2]
+                done(path)
+        todo = [path for path in files if path not in outcomes]
+        if todo:
+            for path, recorded in zip(todo, run(todo, _Recording(scan_one, tree))):
+                if not isinstance(recorded, Recorded):  # the error entry of a file that killed its process
+                    outcomes[path] = recorded
+                    continue
+                outcomes[path] = recorded.outcome
+                if keys[path] is not None and recorded.digest == self.digests.get(real[path]) and \
+                        not isinstance(recorded.outcome, ScanError):  # an error is cheap to find again
+                    read = {other: self.digests.get(other) for other in recorded.read}
+                    self._store(keys[path], (members if read else None, read, recorded.outcome))
+        return [outcomes[path] for path in files]
+
+    def _key(self, scope: str, path: str, real: str) -> str | None:
+        digest = self.digests.get(real)
+        return _digest(scope, path, real, display_path(path), digest) if digest else None
+
+    def _still_valid(self, entry: tuple, members: str) -> bool:
+        """The files the analysis read are as they were, and so is the tree's file list (it looked for names
+        in every file)."""
+        kept_members, read, _ = entry
+        return (not read or kept_members == members) and all(self.digests.get(real) == digest and digest
+                                                              for real, digest in read.items())
+
+    # -- the entries on disk ------------------------------------------------------------------------------------
+    def _path(self, key: str) -> Path:
+        return self.folder / key[:2] / key
+
+    def _load(self, key: str):
+        """The value stored under `key`, or None: missing, truncated, foreign, of another format or version."""
+        try:
+            data = self._path(key).read_bytes()
+        except OSError:
+            return None
+        header = FORMAT + key.encode() + b"\n"
+        if not data.startswith(header):
+            return None
+        try:
+            return pickle.loads(data[len(header):])
+        except Exception:  # noqa: BLE001 - any damage to an entry is a miss, never an error
+            return None
+
+    def _store(self, key: str, value) -> None:
+        """Write atomically; a cache that cannot be written (read-only, full) only makes the next scan cold."""
+        if not self._written_ok:
+            return
+        try:
+            data = FORMAT + key.encode() + b"\n" + pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - a value that does not pickle is analysed again next time
+            return
+        target = self._path(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(handle, "wb") as out:
+                    out.write(data)
+                os.replace(temporary, target)
+            except BaseException:
+                os.unlink(temporary)
+                raise
+        except OSError:
+            self._written_ok = False
+
+
+@dataclass(frozen=True)
+class _Recording:
+    """`record` bound to the scan's function and tree: picklable, for the worker processes."""
+
+    scan_one: object
+    tree: object
+
+    def __call__(self, path: str) -> Recorded:
+        return record(self.scan_one, self.tree, path)
