@@ -75,8 +75,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "vitpytorch_lsa": Judgement(False, "the learned temperature (temperature.exp(), 0-d) folds into q; the diagonal "
                                        "keep-mask's finite fill and rank are not proved", cause=r"finite fill"),
     "vitpytorch_navit": Judgement(False, "finite-fill keep-masks can mask a whole row (mean of V, not SDPA's)"),
-    "timm_attention": Judgement(False, "the block sits in the `else` of `if self.fused_attn`: enabling it is "
-                                       "the fix (the scores also pass through a helper, maybe_add_mask)"),
+    "timm_attention": Judgement(True, "maybe_add_mask is an optional added mask and resolve_self_attn_mask reads "
+                                      "only the scores' dtype and device: SDPA where the bias is None, the original "
+                                      "otherwise (the note still says enabling `self.fused_attn` is simpler)"),
     "nanogpt_causal": Judgement(True, "causal tril buffer sliced [:T, :T], -inf fill (other branch is SDPA)"),
     "mingpt_causal": Judgement(True, "separate q/k/v Linears, causal `mask` buffer, -inf fill"),
     "xtransformers_attend": Judgement(False, "pre/post-softmax weights leave through Intermediates"),

@@ -83,8 +83,10 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     for check in flex_checks:  # no dropout (flex has none), computed masks' extents: the original elsewhere
         test = check if test is None else cst.BooleanOperation(test, cst.And(), check)
         span = match.flex.span
+    if any(line not in span for line in match.guard_lifted):
+        raise RewriteFailed("a statement the check reads lies outside the statements it guards")
     if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
-        return guarded(parsed, edits, test, span)
+        return guarded(parsed, edits, test, span, match.guard_lifted)
     return edits
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.patterns.signatures import bind, signature_of
+from advisor.patterns.mask_helpers import optional_add, package_function
 from advisor.patterns.softmax_helpers import summarise
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children
@@ -113,7 +114,7 @@ class OpReader:
         kind = _helper_kind(helper)
         if returned is None or kind is None or (kind == "static" and not through_self):
             return None
-        bound = _bind(helper, call, skip_first=through_self and kind == "instance")
+        bound = bound_parameters(helper, call, skip_first=through_self and kind == "instance")
         if bound is None:
             return None
         inner = OpReader(self.parsed, owner or (self.owner if through_self else None)).read(returned)
@@ -132,10 +133,13 @@ class OpReader:
         op = self._helper_op(helper, call, through_self) if home is self.parsed else None
         if op is not None:
             return op
+        added = optional_add(home, helper) if not through_self else None
+        if added is not None:
+            return _optional_add_op(helper, call, *added)
         kind = _helper_kind(helper)
         summary = summarise(home, helper, OpReader(home, None)) if kind == "instance" or \
             (kind == "static" and through_self) else None
-        bound = _bind(helper, call, skip_first=through_self and kind == "instance") if summary else None
+        bound = bound_parameters(helper, call, skip_first=through_self and kind == "instance") if summary else None
         if bound is None or summary.param not in bound:
             return None
         dim = bound.get(summary.dim.value) if isinstance(summary.dim, cst.Name) else summary.dim
@@ -148,10 +152,8 @@ class OpReader:
     def _package_helper(self, module: str, name: str, call: cst.Call) -> Op | None:
         """`utils.softmax(w, dim=-1, onnx_trace=...)` with `utils` a module of this file's package."""
         home = self.parsed.package_module(module)
-        helper = home.module_functions.get(name) if home is not None else None
-        if helper is None or name in home.bound_names:
-            return None
-        return self._read_helper(home, helper, call, False)
+        found = package_function(home, name) if home is not None else None
+        return self._read_helper(*found, call, False) if found is not None else None
 
     def _module_forward(self, built: cst.Call, call: cst.Call) -> Op | None:
         """`self.matmul_qk(q, k)` with `self.matmul_qk = MatMulWrapper()`, a plain `nn.Module` subclass of this
@@ -381,7 +383,19 @@ def _helper_kind(function: cst.FunctionDef) -> str | None:
     return "static" if names == ["staticmethod"] else None
 
 
-def _bind(function: cst.FunctionDef, call: cst.Call, skip_first: bool) -> dict[str, cst.BaseExpression] | None:
+def _optional_add_op(helper: cst.FunctionDef, call: cst.Call, scores: str, mask: str) -> Op | None:
+    """`maybe_add_mask(s, m)` as an add whose mask may be None (`mask_helpers`); the scores as they are where the
+    call passes no mask."""
+    bound = bound_parameters(helper, call, skip_first=False)
+    if bound is None or scores not in bound or mask not in bound:
+        return None
+    if isinstance(bound[mask], cst.Name) and bound[mask].value == "None":
+        return Op("identity", call, [bound[scores]])
+    return Op("add", call, [bound[scores], bound[mask]], {"optional": True})
+
+
+def bound_parameters(function: cst.FunctionDef, call: cst.Call,
+                     skip_first: bool) -> dict[str, cst.BaseExpression] | None:
     """The helper's parameters bound to the call's arguments and their defaults; None when they do not fit."""
     params = function.params
     if isinstance(params.star_arg, cst.Param) or params.star_kwarg or params.posonly_params or _has_star(call):

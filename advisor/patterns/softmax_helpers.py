@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
+from advisor.patterns.helper_bodies import branches, parameters
 
 NARROWING = ("bfloat16", "float16")
 
@@ -26,58 +27,16 @@ class SoftmaxSummary:
 def summarise(parsed, helper: cst.FunctionDef, reader) -> SoftmaxSummary | None:
     """The softmax every return of `helper` computes (`reader` reads ops in the helper's own file), or None when a
     return computes anything else, the branches differ in operand or dim, or the test reads more than parameters."""
-    returned = _returns(helper)
-    if returned is None:
+    shape = branches(helper)
+    if shape is None or shape[0] is not None and not _plain_test(shape[0], parameters(helper)):
         return None
-    sides = [_side(parsed, reader, value, _parameters(helper)) for value in returned]
+    sides = [_side(parsed, reader, value, parameters(helper)) for value in shape[1]]
     if None in sides or len({(side.param, _dim_key(side.dim)) for side in sides}) != 1:
         return None
     dtypes = {side.dtype for side in sides} - {None}
     narrowing = sorted(dtypes & set(NARROWING))
     dtype = narrowing[0] if narrowing else (sorted(dtypes)[0] if dtypes else None)
     return SoftmaxSummary(sides[0].param, sides[0].dim, dtype)
-
-
-def _parameters(function: cst.FunctionDef) -> set[str]:
-    params = function.params
-    return {p.name.value for p in list(params.params) + list(params.kwonly_params) + list(params.posonly_params)}
-
-
-def _returns(helper: cst.FunctionDef) -> list[cst.BaseExpression] | None:
-    """The returned values of a body (after a docstring) that is `return A`, `if t: return A else: return B` or
-    `if t: return A` then `return B`, where t reads only parameters (no call); None for any other body."""
-    body = list(helper.body.body)
-    if body and _is_docstring(body[0]):
-        body = body[1:]
-    if len(body) == 1 and _return_value(body[0]) is not None:
-        return [_return_value(body[0])]
-    if not body or not isinstance(body[0], cst.If) or not _plain_test(body[0].test, _parameters(helper)):
-        return None
-    guard = body[0]
-    first = _only_return(guard.body.body)
-    if isinstance(guard.orelse, cst.Else) and len(body) == 1:
-        second = _only_return(guard.orelse.body.body)
-    elif guard.orelse is None and len(body) == 2:
-        second = _return_value(body[1])
-    else:
-        return None
-    return None if first is None or second is None else [first, second]
-
-
-def _only_return(statements) -> cst.BaseExpression | None:
-    return _return_value(statements[0]) if len(statements) == 1 else None
-
-
-def _return_value(statement: cst.CSTNode) -> cst.BaseExpression | None:
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-            isinstance(statement.body[0], cst.Return):
-        return statement.body[0].value
-    return None
-
-
-def _is_docstring(statement: cst.CSTNode) -> bool:
-    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-        isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString)
 
 
 def _plain_test(test: cst.BaseExpression, parameters: set[str]) -> bool:

@@ -219,7 +219,7 @@ class _Editor(cst.CSTTransformer):
             new = self._replacement(original_node)
             if isinstance(new, cst.BaseExpression):
                 new = new.with_changes(lpar=getattr(updated_node, "lpar", ()), rpar=getattr(updated_node, "rpar", ()))
-            return new
+            return self._with_insertion(original_node, new) if isinstance(new, cst.BaseStatement) else new
         return super().on_leave(original_node, updated_node)
 
     def _replacement(self, original_node):

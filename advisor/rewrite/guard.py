@@ -11,9 +11,10 @@ from advisor.static.module_index import ParsedModule
 
 
 def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
-            span: list[cst.BaseStatement]) -> NodeEdits:
+            span: list[cst.BaseStatement], lifted: list[cst.BaseStatement] = ()) -> NodeEdits:
     """`edits` with the part inside `span` (consecutive statements of one block) moved under `if test:`, the
-    original statements under its `else:`."""
+    original statements under its `else:`; the statements of `lifted` (in the span, binding what `test` reads)
+    run, edited, above the `if`."""
     members = set(span)
 
     def inside(node: cst.CSTNode) -> bool:
@@ -33,9 +34,12 @@ def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
                       insert_before={n: new for n, new in edits.insert_before.items() if not inside(n)},
                       wrap={n: new for n, new in edits.wrap.items() if not inside(n)},
                       unwrap={n for n in edits.unwrap if not inside(n)}, imports=edits.imports, definitions=edits.definitions)
-    fast = edited_statements(span, inner)
-    original = [statement.deep_clone() for statement in span]  # new nodes: no edit reaches them
+    rest = [statement for statement in span if statement not in lifted]
+    fast = edited_statements(rest, inner)
+    original = [statement.deep_clone() for statement in rest]  # new nodes: no edit reaches them
     fast[0], original[0] = (statements[0].with_changes(leading_lines=()) for statements in (fast, original))
+    if lifted:
+        outer.insert_before[span[0]] = tuple(edited_statements(list(lifted), inner))
     outer.replace[span[0]] = cst.If(test=test, body=cst.IndentedBlock(fast),
                                     orelse=cst.Else(cst.IndentedBlock(original)), leading_lines=span[0].leading_lines)
     return outer

@@ -34,6 +34,8 @@ def assemble_mask(c: Candidate) -> None:
     if mixed is not None and len(terms) > 1:
         raise Refusal(f"`{c.parsed.code(mixed.source)}` is a Python number on one path and a tensor on another, "
                       f"and other masks are applied too")
+    if len(terms) > 1 and any(term.optional for term in terms):
+        raise Refusal("a mask that may be None is added beside other masks")
     if len(terms) == 1 and terms[0].kind == "causal" and terms[0].guard is None:
         match.is_causal = True
         match.facts.assumed(CAUSAL_EXTENT, "the causal triangle has the scores' (L, S) shape",

@@ -15,12 +15,15 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
-from advisor.patterns.ops import int_value
+from advisor.patterns.helper_bodies import reads_only_metadata
+from advisor.patterns.mask_helpers import package_function
+from advisor.patterns.ops import bound_parameters, int_value
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
+METADATA_ATTRIBUTES = frozenset({"dtype", "device", *NEW_TENSOR_METHODS})
 
 
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
@@ -51,6 +54,8 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
     S = K.size(-2) in SDPA layout; the whole `s.size()` of a `bmm` product (no broadcast: its batch is Q's) is
     Q's size with the last one K's L. Returns (node to replace, its replacement) or None."""
     parent = c.parsed.parents.get(read)
+    if isinstance(parent, cst.Arg) and _metadata_argument(c, read, parent):
+        return read, atomic(c.match.query)
     if not (isinstance(parent, cst.Attribute) and parent.value is read):
         return None
     query, key = atomic(c.match.query), atomic(c.match.key)
@@ -77,6 +82,23 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
                 and index.step is None:
             return outer, parse_template_expression("({query}.shape[-2], {key}.shape[-2])", query=query, key=key)
     return None
+
+
+def _metadata_argument(c: Candidate, read: cst.Name, argument: cst.Arg) -> bool:
+    """The Q·K^T product itself (not a later, maybe cast, step of the scores) passed to a helper of the tree that
+    reads only its dtype, device or `new_*` tensors of that parameter (timm's `resolve_self_attn_mask(N, attn, ...)`):
+    the query, of the product's dtype and device, reads the same there."""
+    call = c.parsed.parents.get(argument)
+    core = c.chain.definitions[-1] if c.chain.definitions else None
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name) or c.chain.views or core is None or \
+            c.flow.reaching.get(read) != frozenset({core.id}):
+        return False
+    found = package_function(c.parsed, call.func.value)
+    bound = bound_parameters(found[1], call, skip_first=False) if found is not None else None
+    if bound is None:
+        return False
+    names = [name for name, value in bound.items() if value is read]
+    return len(names) == 1 and reads_only_metadata(found[1], names[0], METADATA_ATTRIBUTES)
 
 
 def _reads_bmm_product(c: Candidate, read: cst.Name) -> bool:

@@ -27,7 +27,7 @@ from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.ops import int_value
 from advisor.static.codegen import joined, parenthesized
-from advisor.static.dataflow import UNDEFINED, loaded_names
+from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT)
@@ -54,10 +54,13 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None or not _plain(c, query):
         return
     for name in wanted:
+        absent = _absent_checks(c, match.masks) if name == mk.ROWS else []
         if name == QKV_DTYPE:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
             reads = [node for node in (query, key, value) if _plain(c, node)]
             parts = [joined_comparison(dtypes)] if None not in dtypes else []
+        elif absent:  # SDPA without a mask where every mask is None
+            reads, parts = [query] + [t.source for t in match.masks], absent
         elif name == mk.ROWS:  # bottom-right causal triangles keep key 0 wherever S >= L
             reads = [match.query, match.key]
             parts = [parse_template_expression("{q}.shape[-2] <= {k}.shape[-2]", q=match.query, k=match.key)] \
@@ -82,8 +85,12 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             parts = [_mask_check(c, name, term, query, torch_name) if known is None else
                      parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
                      for term, known in zip(terms, ranks)]
-        if parts and None not in parts and holds_at(c, span[0], output_statement, reads):
+        lifted = _lifted(c, span, reads) if parts else None
+        if parts and None not in parts and lifted is not None and \
+                holds_at(c, span[0], output_statement, reads, lifted):
             match.guard_checks[name] = parts
+            match.guard_lifted.extend(line for line in lifted if line not in match.guard_lifted)
+            match.masks_absent = match.masks_absent or bool(absent)
     match.guard_span = span
 
 
@@ -92,13 +99,28 @@ def settle_guards(match: AttentionMatch) -> None:
     check (`match.guard`) and the original block where it fails."""
     checks = {name: parts for name, parts in match.guard_checks.items()
               if any(fact.name == name for fact in match.facts.assumptions)}
+    if mk.ROWS in checks and match.masks_absent:  # SDPA runs where every mask is None: no mask, no fact about one
+        checks.update({fact.name: checks[mk.ROWS] for fact in match.facts.assumptions
+                       if fact.name in (MASK_DTYPE, MASK_RANK)})
+        match.attn_mask = None
+    code = cst.Module([]).code_for_node
     for name, parts in checks.items():
-        match.facts.guard(name, " and ".join(cst.Module([]).code_for_node(part) for part in parts))
+        match.facts.guard(name, " and ".join(code(part) for part in parts))
     parts = ([match.flag_test] if match.flag_test is not None else []) + \
-        [part for group in checks.values() for part in group]
+        list({code(part): part for group in checks.values() for part in group}.values())
     if not parts:
         return
     match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
+
+
+def _absent_checks(c: Candidate, terms: list[MaskTerm]) -> list[cst.BaseExpression]:
+    """`m is None` for each mask, where every mask is added only when it is not None (`maybe_add_mask(s, m)`): where
+    they are all None no row is masked, so SDPA without a mask is exact; else the original runs. Empty when a mask
+    is applied otherwise or is not a plain name or attribute. (A mask under the caller's own `if m is not None:`
+    keeps its assumed facts, which call sites or a run may still settle with the mask passed to SDPA.)"""
+    if not terms or not all(term.optional and _plain(c, term.source) for term in terms):
+        return []
+    return [cst.Comparison(term.source, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]) for term in terms]
 
 
 def _dtype_of(c: Candidate, node: cst.BaseExpression, torch_name: str) -> cst.BaseExpression | None:
@@ -286,16 +308,18 @@ def _blocks_around(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode, c
     return found
 
 
-def holds_at(c: Candidate, first: cst.BaseStatement, last: cst.CSTNode, nodes: list[cst.BaseExpression]) -> bool:
-    """Every name the check reads holds at the start of the guarded statements what the block read, and no
-    attribute it reads is written before `last` (the value product, or the last statement the check decides)."""
+def holds_at(c: Candidate, first: cst.BaseStatement, last: cst.CSTNode, nodes: list[cst.BaseExpression],
+             lifted: list[cst.SimpleStatementLine] = ()) -> bool:
+    """Every name the check reads holds at the start of the guarded statements what the block read (or is bound
+    by a statement `lifted` above them), and no attribute it reads is written before `last` (the value product, or
+    the last statement the check decides)."""
     start = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
     env = c.flow.env_before.get(start)
     if env is None:
         return False
     for node in nodes:
         for name in loaded_names(node):
-            if name.value in ("None", "True", "False"):
+            if name.value in ("None", "True", "False") or _line_binding(c, name) in lifted:
                 continue
             seen = c.flow.reaching.get(name)
             if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen:
@@ -303,3 +327,43 @@ def holds_at(c: Candidate, first: cst.BaseStatement, last: cst.CSTNode, nodes: l
     paths = scope.attribute_paths(c.parsed, nodes)
     return scope.attribute_written_between(c.parsed, c.home, c.owner, paths, c.parsed.line(first) - 1,
                                            c.parsed.end_line(last) + 1) is None
+
+
+def _lifted(c: Candidate, span: list[cst.BaseStatement],
+            nodes: list[cst.BaseExpression]) -> list[cst.SimpleStatementLine] | None:
+    """The statements of the guarded run that bind what the check reads (`bias = resolve(n, attn, mask)` between
+    the scores and the mask they get), to be run above the check; None where one cannot move there. One moves when
+    the rewrite keeps it, every statement before it in the run is one the rewrite deletes (tensor ops, which can
+    only raise) and binds none of its names, and it reads, once its reads of the scores' metadata read the query,
+    what it read at the start of the run."""
+    removed = {c.parsed.parents.get(statement) for statement in c.match.removed}
+    renamed = {name for node in c.match.renamed for name in loaded_names(node)}
+    env = c.flow.env_before.get(span[0].body[0] if isinstance(span[0], cst.SimpleStatementLine) else span[0])
+    found = []
+    for node in nodes:
+        for name in loaded_names(node):
+            line = _line_binding(c, name)
+            if line is None or line in found or not any(line is statement for statement in span):
+                continue
+            before = span[:span.index(line)]
+            jumped = {bound.value for statement in before for small in statement.body for bound in bound_names(small)} \
+                if all(statement in removed for statement in before) else None
+            if env is None or line in removed or jumped is None or \
+                    jumped & {bound.value for small in line.body for bound in bound_names(small)}:
+                return None
+            for read in loaded_names(line):
+                seen = c.flow.reaching.get(read, frozenset({UNDEFINED}))
+                outer = read.value not in env and seen == frozenset({UNDEFINED})  # a global or builtin
+                if read not in renamed and not outer and env.get(read.value) != seen:
+                    return None
+            found.append(line)
+    return found
+
+
+def _line_binding(c: Candidate, name: cst.Name) -> cst.SimpleStatementLine | None:
+    """The one simple statement line whose assignment every path brings to this read, if there is one."""
+    seen = c.flow.reaching.get(name, frozenset())
+    if len(seen) != 1 or UNDEFINED in seen:
+        return None
+    line = c.parsed.parents.get(c.flow.definitions[next(iter(seen))].statement)
+    return line if isinstance(line, cst.SimpleStatementLine) else None

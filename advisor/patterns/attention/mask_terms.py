@@ -26,7 +26,8 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
         return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace,
-                        keeps_first_key=added_keeps_first_key(c, mask), number_paths=op.params.get("number_paths"))
+                        keeps_first_key=added_keeps_first_key(c, mask), number_paths=op.params.get("number_paths"),
+                        optional=op.params.get("optional", False))
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False

@@ -39,6 +39,7 @@ class MaskTerm:
     # every query row attends to key 0 where there are at least as many keys as queries (`ones(L, S).triu(S - L + 1)`)
     bottom_right: bool = False
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
+    optional: bool = False  # added only where it is not None (`maybe_add_mask(s, m)`): SDPA's attn_mask=None
 
 
 @dataclass
@@ -74,6 +75,8 @@ class AttentionMatch:
     # fails, and the check that selects the SDPA path (set once call sites had their say, see attention.guards)
     guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
+    guard_lifted: list[cst.SimpleStatementLine] = field(default_factory=list)  # run above the check (it reads them)
+    masks_absent: bool = False  # the fully-masked-rows check is `m is None` for every mask: SDPA needs no mask
     guard: cst.BaseExpression | None = None
     # weights that leave only on request (attention.flags): the `if <flag>:` statements the SDPA path replaces by
     # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)

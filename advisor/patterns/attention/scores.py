@@ -184,6 +184,9 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
     if op.name in ("add", "where"):
         left, right = op.operands
         scores = left if reaches(c, left, CORE_OPS, 0) else right
+        if op.params.get("optional") and scores is not left:
+            raise Refusal(f"the scores are the argument `{short(c.parsed, op.node)}` tests for None, and the mask the "
+                          f"one it adds where they are not None")
         if op.name == "add" and _dropped_shift(c, right if scores is left else left, op):
             return scores
         op.params["chain_operand"] = scores
