@@ -63,7 +63,8 @@ class FixReport:
 
 class _FromDocument:
     """A result kept as the JSON document a worker built (profile, optimize): each top-level key is a field. A key
-    the class does not list is a TypeError, never dropped (tests/test_api.py runs both verbs to keep them in step)."""
+    the class does not list is a TypeError, never dropped (tests/cli/test_api.py runs both verbs to keep them in
+    step)."""
 
     @classmethod
     def from_json(cls, document: dict[str, Any]):

@@ -19,7 +19,7 @@ from advisor.contracts.finding import Finding
 from advisor.results import FixReport, OptimizeReport, ProfileReport, ScanReport
 from test_optimize import write_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 COPIES_AND_CASTS = ROOT / "fixtures" / "profile" / "copies_and_casts.py"
 HEAVY = ("torch", "transformers", "libcst", "networkx")

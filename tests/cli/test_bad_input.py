@@ -1,4 +1,4 @@
-"""Issue 7, sections 3 and 4: one bad file never stops or hangs a scan, and every output format and exit code keeps
+"""One bad file never stops or hangs a scan, and every output format and exit code keeps
 its promise whatever the input (hostile names, closed pipes, unknown codes, nothing scannable)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from advisor.contracts.finding import Finding
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 NESTED_500 = "x = " + "(" * 500 + "1" + ")" * 500 + "\n"
 PY312_ONLY = "type Pair = tuple[int, int]\n"  # a 3.12 statement: a syntax error on 3.11

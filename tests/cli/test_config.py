@@ -11,7 +11,7 @@ import pytest
 from advisor.cli import build_parser, main
 from advisor.config import settle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 COPIES_AND_CASTS = ROOT / "fixtures" / "profile" / "copies_and_casts.py"  # ADV101 (unsafe) and ADV204 (safe)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from advisor.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def guide_commands() -> list[list[str]]:

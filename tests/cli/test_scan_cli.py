@@ -14,7 +14,7 @@ import pytest
 from advisor.cli import main
 from advisor.rewrite.patch import FileChanged, write_atomically
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POSITIVE = ROOT / "fixtures" / "attention" / "positive"
 NANOGPT = POSITIVE / "01_nanogpt_causal.py"
 WEIGHTS_RETURNED = ROOT / "fixtures" / "attention" / "negative" / "01_weights_returned.py"
@@ -212,7 +212,7 @@ def test_a_worker_that_dies_is_one_error_entry_and_the_scan_goes_on(workdir, mon
     assert len(result.files) == 19 and all(f.findings for f in result.files)
 
 
-# --- issue 15, "smaller, same standard" -----------------------------------------------------------------------------
+# --- smaller, same standard -----------------------------------------------------------------------------------------
 
 def strict_json(text: str) -> dict:
     """JSON as a strict parser reads it: a lone surrogate (\\udcff) is not text."""

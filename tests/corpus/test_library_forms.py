@@ -1,4 +1,4 @@
-"""Attention forms real projects write that the matcher used to miss (issue 6 §4).
+"""Attention forms real projects write that the matcher used to miss.
 
 Each source is written the way timm, vit-pytorch, x-transformers, lucidrains' repositories, diffusers or
 Hugging Face write it. A form that is exact gets a safe patch, checked by running the original and the patched
@@ -318,7 +318,7 @@ def test_rebound_softmax_helper_is_not_read():
         attn = stable_softmax(s)
         {MATMUL_OUT}
     """, after=STABLE_SOFTMAX + "\nstable_softmax = torch.compile(stable_softmax)\n")
-    finding = the_finding(source)  # anchored by its name only (issue 16.5), and refused
+    finding = the_finding(source)  # anchored by its name only, and refused
     assert not finding.fixable and "`stable_softmax`, which is not read as a softmax" in finding.reason
 
 

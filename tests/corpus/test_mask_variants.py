@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from advisor.engine.static import analyze_source
-from public3_parity import FP32, compare_run, load_pair
+from dtype_parity import FP32, compare_run, load_pair
 
 LAYOUTS = {
     "bert4d": ("s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.d)", "", "",

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
-from public3_parity import BF16, FP32, FP64, compare_run, load_pair
+from dtype_parity import BF16, FP32, FP64, compare_run, load_pair
 
-PUBLIC3 = Path(__file__).resolve().parent.parent / "fixtures" / "attention" / "public3"
+PUBLIC3 = Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "public3"
 SAFE, UNSAFE, REFUSED, NONE = "safe", "unsafe", "refused", "none"
 
 
@@ -55,7 +55,7 @@ JUDGEMENTS: dict[str, Judgement] = {
                  "(the unannotated scale is guarded)"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
     "p15_blip_saved_map": J((UNSAFE,), ("fully masked",),
-                            "right since issue 16.6: the map is saved and hooked only under `if self.save_attention:`, "
+                            "right: the map is saved and hooked only under `if self.save_attention:`, "
                             "so SDPA runs where that flag is off (a guarded check) and the original where it is on; "
                             "the caller's -10000 mask values are unseen"),
     "p16_bert_head_mask": J((REFUSED,), ("head_mask",)),
@@ -69,7 +69,7 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p22_conformer_relpos": J((UNSAFE,), ("pos_attn", "fully masked"),
                               "right: the relative-position term rides as an additive mask of unseen dtype"),
     "p23_openfold_bias_loop": J((REFUSED,), ("several paths",), "right but vague: `a += b` in a loop over biases"),
-    "p24_swinv2_cosine": J((UNSAFE,), ("additive mask",), "right: the logit scale folds into q (issue 16.4); the "
+    "p24_swinv2_cosine": J((UNSAFE,), ("additive mask",), "right: the logit scale folds into q; the "
                                                           "added sigmoid bias's dtype and rank are left open"),
     "p25_diff_attention": J((REFUSED,), (".view(", "mixed"), "right: two softmax maps combined"),
     "p26_kv_cache_causal": J((SAFE,)),

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_DIR = REPO_ROOT / "fixtures" / "attention" / "public"
 ATTENTION_RULES = ("ADV101", "ADV102", "ADV103")
 

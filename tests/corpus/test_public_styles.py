@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures" / "attention" / "public4"
 
 SAFE, UNSAFE, REFUSED = "safe", "unsafe", "refused"
@@ -105,7 +105,7 @@ OUTCOME_XFAIL = {
                        "branches (`if self.p > 0 and (self.training or self.apply_during_inference)`), which is not "
                        "read as dropout; the `if need_weights:` return and the `assert list(attn_weights.size())` "
                        "are proved (with `F.dropout` in its place the block is a safe patch behind `if not "
-                       "need_weights:`, tests/test_attention_on_request.py)",
+                       "need_weights:`, tests/static/test_attention_on_request.py)",
     "p11_megatron_neox_baddbmm": "MISS: refused with a reason (the scores are masked in place through a parameter "
                                  "of `attention_mask_func`, not followed back to the call; behind it, "
                                  "`view(*output_size)` unfolds the heads folded into the batch for the 4-D mask and "

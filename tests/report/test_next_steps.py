@@ -1,4 +1,4 @@
-"""Reports that say what to do next (issue 20): verified patches left unapplied come with the exact command that
+"""Reports that say what to do next: verified patches left unapplied come with the exact command that
 applies them and the path of each one's .diff in the report folder."""
 
 import argparse

@@ -11,7 +11,7 @@ import pytest
 from advisor.cli import main
 from advisor.errors import AdvisorError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = f"{ROOT / 'fixtures' / 'profile' / 'clean.py'}:workload"
 
 

@@ -1,4 +1,4 @@
-"""Found, not patched (issue 20): every optimize report lists the measured findings no patch ran for, with their
+"""Found, not patched: every optimize report lists the measured findings no patch ran for, with their
 share of the measured op time and the reason (refused, unsafe and why, SDPA already on another branch)."""
 
 import json

@@ -19,7 +19,7 @@ from advisor.rewrite.patch import FileChanged, write_atomically
 from advisor.static.discover import discover
 from processes import HAS_PROC, children, running
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 GOLDEN = ROOT / "fixtures" / "attention" / "golden" / "01_nanogpt_causal.py"
 

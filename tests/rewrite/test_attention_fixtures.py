@@ -57,7 +57,7 @@ def _ids(paths: list[Path]) -> list[str]:
 
 
 def _rel(path: Path) -> str:
-    return str(path.relative_to(Path(__file__).resolve().parent.parent))
+    return str(path.relative_to(Path(__file__).resolve().parents[2]))
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,7 +18,7 @@ from advisor.engine.static import analyze_source
 from advisor.static.module_index import ParsedModule
 from benchmarks.scan_scaling import module_with_blocks
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POSITIVE = sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))
 
 

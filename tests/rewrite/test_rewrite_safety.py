@@ -8,7 +8,7 @@ from pathlib import Path
 from advisor.cli import main
 from advisor.engine.static import analyze_source
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = (ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py").read_text()
 
 

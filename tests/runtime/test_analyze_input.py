@@ -14,7 +14,7 @@ import pytest
 
 from advisor.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STACK = "model.py(10): forward;torch/nn/modules/module.py(1762): _call_impl"
 
 

@@ -1,5 +1,5 @@
 """A `package.module:function` TARGET resolves as `python -m` would: against the current directory (and, for
-optimize, `--root`), with a message that says what to set when it still fails (issue 20)."""
+optimize, `--root`), with a message that says what to set when it still fails."""
 
 import json
 from pathlib import Path

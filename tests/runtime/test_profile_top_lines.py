@@ -1,4 +1,4 @@
-"""`advisor profile` shows where the time goes: the source lines that took the most op time (issue 20), in the
+"""`advisor profile` shows where the time goes: the source lines that took the most op time, in the
 text report and the JSON (`top_lines`)."""
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from advisor.cli import main
 
-FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "profile" / "handwritten_attention.py"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "profile" / "handwritten_attention.py"
 
 
 def test_profile_lists_the_top_lines_by_op_time_with_their_code(capsys):

@@ -1,4 +1,4 @@
-"""Facts from the run (issue 16, item 3): what every call of an attention block saw discharges the facts the source
+"""Facts from the run: what every call of an attention block saw discharges the facts the source
 cannot prove, as `observed` (never proved): `fix` still does not apply such a patch, `optimize` tries and verifies it
 without --unsafe-fixes and labels it. A call where a fact did not hold (a fully padded sample) leaves it assumed."""
 

@@ -13,7 +13,7 @@ from advisor.cli import main
 from advisor.errors import AdvisorError
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 
-TARGET = f"{Path(__file__).resolve().parent.parent / 'fixtures' / 'profile' / 'handwritten_attention.py'}:workload"
+TARGET = f"{Path(__file__).resolve().parents[2] / 'fixtures' / 'profile' / 'handwritten_attention.py'}:workload"
 
 
 def test_missing_folder_is_refused_before_running(capsys, tmp_path):

@@ -1,4 +1,4 @@
-"""Attention forms no rule saw (issue 16, item 5): keyword arguments, a matmul through an alias or a one-line
+"""Attention forms no rule saw: keyword arguments, a matmul through an alias or a one-line
 module, a softmax helper of the package with an `if onnx_trace:` branch, an Attend-style dispatching class, and six
 transformers families. Each is either rewritten, and then run original vs patched (outputs and gradients, fp32 and
 fp64), or reported with its reason.
@@ -370,7 +370,7 @@ FAMILIES = {  # family -> what the reason must say (None: not softmax(QK^T)V att
     "ibert": "IntSoftmax",
     "longformer": "torch.cat",
     "sew_d": "XSoftmax.apply",
-    # the scores leave only under `if output_attentions:` (issue 16.6): a patch behind the flag's check, unsafe
+    # the scores leave only under `if output_attentions:`: a patch behind the flag's check, unsafe
     # only for the caller's mask values
     "squeezebert": "no query row is fully masked",
     "superpoint": None,  # a softmax over a conv's channels (keypoint heatmap), no product with values

@@ -1,4 +1,4 @@
-"""Weights that leave only on request (issue 16.6): a block that reshapes, keeps or returns its weights only under
+"""Weights that leave only on request: a block that reshapes, keeps or returns its weights only under
 `if output_attentions:` (fairseq: `if need_weights:`) takes the SDPA path where the flag is off and runs the
 original statements, verbatim, where it is on. Each patch is run against the original with the flag off and on:
 outputs, the weights where they are returned, input and parameter gradients."""
@@ -218,7 +218,7 @@ def test_weights_that_leave_whatever_the_flag_are_not_rewritten_behind_it(body):
     assert analyze_source(source, "case.py").fixed == source
 
 
-# issue 16.6, a shared function: it returns its weights, and every call of it in the scanned tree drops them
+# a shared function: it returns its weights, and every call of it in the scanned tree drops them
 SHARED = '''
 import torch
 from torch import nn

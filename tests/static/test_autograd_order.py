@@ -1,4 +1,4 @@
-"""The `first-order-autograd` fact (issue 15, soundness 1): SDPA's fused kernels have no double backward and no
+"""The `first-order-autograd` fact: SDPA's fused kernels have no double backward and no
 forward-mode derivative, so a rewrite is safe only where nothing in the scanned tree asks for them.
 
 Before the fact existed, a gradient penalty or a `torch.func.jvp` through a "safely" patched block raised. The

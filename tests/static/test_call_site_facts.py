@@ -1,4 +1,4 @@
-"""Issue 16.2: facts an attention block cannot prove about its parameters, proved at every call in the scanned tree.
+"""Facts an attention block cannot prove about its parameters, proved at every call in the scanned tree.
 
 Each case writes a small tree (the attention in one file, its callers in the same or another file), scans it as a
 user does, and checks which facts are proved from call sites (with the sites listed) and which stay assumed. Where

@@ -1,4 +1,4 @@
-"""Guarded facts (issue 16.1): where the only unproved facts are about metadata (q, k and v sharing a dtype, a
+"""Guarded facts: where the only unproved facts are about metadata (q, k and v sharing a dtype, a
 mask's rank or dtype), the patch checks them before the SDPA call and runs the original block where they fail:
 it is safe, exact for every input, and lists those facts as `guarded`."""
 
@@ -110,7 +110,8 @@ def test_q_k_and_v_sharing_a_dtype_is_guarded():
 
 
 def test_a_function_torchscript_compiles_is_guarded_too():
-    """The check compiles under TorchScript (tests/test_torchscript_patches.py scripts it and compares values)."""
+    """The check compiles under TorchScript (tests/rewrite/test_torchscript_patches.py scripts it and compares
+    values)."""
     finding = _finding(_source(KEEP_MASK_OF_ANY_RANK) + SCRIPTED)
     assert _names(finding, "guarded") == {"mask-rank"} and not _names(finding, "assumed")
     assert finding.fix_safety == "safe"

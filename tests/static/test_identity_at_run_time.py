@@ -1,4 +1,4 @@
-"""Identity at run time (issue 15, soundness items 2-5): what a rewrite reads must still be what the class built
+"""Identity at run time: what a rewrite reads must still be what the class built
 when the code runs. A module swapped by a helper, a buffer rewritten outside the constructor, a hook registered
 for every module, or weights bound to a global name all break a patch proved from the class body alone.
 

@@ -1,4 +1,4 @@
-"""Issue 6, classes A, B, C, D, J: masks and dtypes a safe SDPA patch must not get wrong.
+"""Masks and dtypes a safe SDPA patch must not get wrong.
 
 Each case is a minimal module in the form real code writes it; the test runs the original and the patch on the
 same weights and inputs (with a fully masked query row where the case has masks), and checks that a safe patch
@@ -172,7 +172,7 @@ def test_d_additive_masks_of_other_dtypes_match(mask):
 
 def test_d_mask_of_unknown_rank_is_guarded():
     """A (S,) key mask: eager broadcasting accepts it, SDPA rejects a 1-D mask on 4-D inputs. The rank is
-    checked before the SDPA call (issue 16.1), so the 1-D mask runs the original block: safe and exact."""
+    checked before the SDPA call, so the 1-D mask runs the original block: safe and exact."""
     body = NEGINF_FILL.replace("~mask[:, None, None, :]", "~mask")
     finding = _finding(_module_source(body))
     assert finding.fix_safety == "safe" and "mask-rank" in _facts(finding, "guarded")
@@ -216,7 +216,7 @@ def test_j_upcast_scores_with_value_of_another_dtype_is_unsafe():
 
 def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_guarded():
     """SDPA would get a float32 `v.float()` next to q of any dtype: the patch checks `q.dtype == k.dtype ==
-    torch.float32` and runs the original block otherwise (tests/test_guarded_facts.py runs both paths)."""
+    torch.float32` and runs the original block otherwise (tests/static/test_guarded_facts.py runs both paths)."""
     body = """
     weights = (q @ k.transpose(-2, -1) * 0.5).softmax(dim=-1)
     out = (weights.float() @ v.float()).to(q.dtype)

@@ -7,7 +7,7 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
 from advisor.static.module_index import ParsedModule
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "fixtures" / "attention" / "public").glob("*.py"))[:8] + [ROOT / "advisor" / "cli.py"]
 
 

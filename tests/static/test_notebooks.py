@@ -11,7 +11,7 @@ import pytest
 from advisor.cli import main
 from advisor.static.notebook import notebook_code
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 GOLDEN = ROOT / "fixtures" / "attention" / "golden" / "01_nanogpt_causal.py"
 

@@ -16,7 +16,7 @@ from advisor.registry import DOC_SECTIONS, families, load_rules
 from advisor.report.rules_doc import explain, with_table
 from advisor.report.rules_doc import main as regenerate_table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = [pytest.param(rule, example, id=f"{rule.code}-{'pos' if example.positive else 'neg'}{index}")
             for rule in load_rules().values() for index, example in enumerate(rule.examples) if not example.workload]
 WORKLOADS = [pytest.param(rule, example, id=f"{rule.code}-{'pos' if example.positive else 'neg'}{index}")

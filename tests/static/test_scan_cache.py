@@ -1,4 +1,4 @@
-"""Issue 19.2: warm scans. Each file's result is kept on disk (advisor.static.scan_cache) and reused only while
+"""Warm scans. Each file's result is kept on disk (advisor.static.scan_cache) and reused only while
 nothing that could change it changed: the file, the options, the tree-wide facts, and the other files its analysis
 read (the callers that prove facts from call sites)."""
 
@@ -19,7 +19,7 @@ from advisor.cli import main
 from advisor.engine.static import scan_paths
 from advisor.static.scan_cache import cache_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 POSITIVE = REPO / "fixtures" / "attention" / "positive"
 
 ATTEND = '''

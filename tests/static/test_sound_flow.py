@@ -1,4 +1,4 @@
-"""Dataflow, scope and dispatch soundness of the attention rewrite (issue 6, classes E-I, K-N).
+"""Dataflow, scope and dispatch soundness of the attention rewrite.
 
 Each source is a minimal reproduction of a "safe" patch that changed outputs or raised before the fix. A test
 either checks that no safe patch is offered (and why), or runs the original and the patched module on the same
@@ -137,7 +137,7 @@ def test_scale_in_elif_is_not_rewritten_with_one_guard():
 # G: a tensor is never proved a Python-number scale -----------------------------------------------------------
 
 def test_parameter_scale_through_a_local_is_folded_into_q():
-    """Not a Python number, but a 0-d tensor (followed through the local): folded into q (issue 16.4)."""
+    """Not a Python number, but a 0-d tensor (followed through the local): folded into q."""
     source = attention("""
         s = q @ k.transpose(-2, -1) * self.scale
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
@@ -150,7 +150,7 @@ def test_parameter_scale_through_a_local_is_folded_into_q():
 
 def test_inherited_scale_is_guarded():
     """The scale comes from a base class (here a Parameter): whether it is a Python number is checked before the
-    SDPA call (issue 16.1), so the Parameter runs the original block, exactly."""
+    SDPA call, so the Parameter runs the original block, exactly."""
     source = HEAD + '''
 class Base(nn.Module):
     def __init__(self):
@@ -355,8 +355,8 @@ def test_two_hoisted_masks_in_one_function_get_two_variables():
 
 
 def test_hoisted_mask_under_torchscript_is_refused_without_torch_to_annotate_it():
-    """TorchScript needs the hoisted variable annotated `torch.Tensor | None` (tests/test_torchscript_patches.py),
-    which a file that never imports torch as a module cannot spell."""
+    """TorchScript needs the hoisted variable annotated `torch.Tensor | None`
+    (tests/rewrite/test_torchscript_patches.py), which a file that never imports torch as a module cannot spell."""
     source = attention("""
         s = q @ k.transpose(-2, -1) / math.sqrt(8)
         if self.use_mask:
@@ -467,7 +467,7 @@ def by_matmul(q, k, v):
 
 
 def test_implicitly_concatenated_fstring_einsum_spec_is_read():
-    """Once a crash that lost the file's other block; a constant f-string is now read as its text (issue 6 §4)."""
+    """Once a crash that lost the file's other block; a constant f-string is now read as its text."""
     einsum, matmul = findings(TWO_BLOCKS)
     assert (einsum.rule, einsum.fix_safety) == ("ADV101", "safe")
     assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
@@ -520,7 +520,7 @@ def test_a_method_of_the_escaping_weights_is_named():
 
 def test_an_entropy_loss_under_training_is_an_escape_on_request_not_a_transform():
     """The weights leave (a loss kept on the module) only under `if self.training:`: in eval the SDPA path runs
-    behind a check of the flag, in training the original (issue 16.6)."""
+    behind a check of the flag, in training the original."""
     source = attention("""
         p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
         if self.training:
@@ -635,7 +635,7 @@ def test_a_helper_step_inside_a_loop_is_refused():
 
 # the fuzzer's counterexamples for these classes (fixtures/attention/regressions) --------------------------------
 
-REGRESSIONS = Path(__file__).resolve().parent.parent / "fixtures" / "attention" / "regressions"
+REGRESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "regressions"
 FLOW_REGRESSIONS = ["12_tril_buffer_written_in_init", "13_else_branch_scale", "14_scale_argument_tensor",
                     "15_residual_attention_loop", "16_no_grad_scores", "17_del_key", "20_chained_assignment",
                     "21_bmm_out_buffer", "22_hook_point"]
@@ -789,7 +789,7 @@ def test_dropout_under_a_test_of_its_own_probability_is_dropout(p):
     source = attention(GUARDED_DROPOUT, init=f"self.p = {p}")
     assert assert_exact_or_not_safe(source, "guarded_dropout")  # eval mode: parity without randomness
     assert "if self.p else 0.0" in analyze_source(source, "m.py").fixed
-    for flag in (True, False):  # another flag: SDPA without dropout runs only where it is off (issue 16.6)
+    for flag in (True, False):  # another flag: SDPA without dropout runs only where it is off
         other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"),
                           init=f"self.p = {p}\nself.flag = {flag}")
         assert "if self.flag is None or self.flag is False:" in analyze_source(other, "m.py").fixed

@@ -1,4 +1,4 @@
-"""Tensor scales (issue 16.4): a scale of size 1 in the key axis (a learned per-head temperature, a cosine-attention
+"""Tensor scales: a scale of size 1 in the key axis (a learned per-head temperature, a cosine-attention
 logit scale, a 0-d tensor, a per-query-row factor) is folded into q (`q * s`, `scale=1.0`). Each form is run
 original vs patched in float32, float64 and bfloat16, outputs and the learned scale's gradient compared; a factor
 whose shape is not visible is guarded; one of another last size (a multiplicative mask) is refused."""

@@ -10,7 +10,7 @@ import pytest
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import walk
 
-FIXTURES = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "attention" / "positive").glob("*.py"))
+FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "positive").glob("*.py"))
 ODD_FORMS = '''from os import *
 from . import (a as b, c)
 @decorate(lambda x: x if x else -x)

@@ -1,4 +1,4 @@
-"""Patches for code that ran (issue 20): a patch to a block the profile never saw run is listed as not exercised by
+"""Patches for code that ran: a patch to a block the profile never saw run is listed as not exercised by
 this workload and never timed, however many patches its file offers."""
 
 import json

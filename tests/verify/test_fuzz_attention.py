@@ -1,4 +1,4 @@
-"""Differential fuzzing of the attention rewrite (issue 6 §3), CI-sized profile.
+"""Differential fuzzing of the attention rewrite, CI-sized profile.
 
 Each family of generated attention variants (tests/fuzz/attention_variants.py) must be free of counterexamples:
 every safe patch advisor offers matches the original's outputs, stored tensors and gradients, or advisor offers
@@ -23,7 +23,7 @@ CORE_EXAMPLES, FAMILY_EXAMPLES = 24, 6
 KNOWN_BUGS: dict[str, str] = {}
 
 
-REGRESSIONS = sorted((Path(__file__).resolve().parent.parent / "fixtures" / "attention" / "regressions").glob("*.py"))
+REGRESSIONS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "regressions").glob("*.py"))
 # regression fixtures whose wrong safe patch is not fixed yet (number prefix -> issue-6 class)
 OPEN_REGRESSIONS: dict[str, str] = {}
 
@@ -54,7 +54,7 @@ def test_family_has_no_wrong_safe_patch(family: str) -> None:
 
 def _regression_param(path: Path):
     number = path.name.split("_", 1)[0]
-    marks = [pytest.mark.xfail(strict=True, reason=f"issue 6 class {OPEN_REGRESSIONS[number]}: not fixed yet")] \
+    marks = [pytest.mark.xfail(strict=True, reason=f"class {OPEN_REGRESSIONS[number]}: not fixed yet")] \
         if number in OPEN_REGRESSIONS else []
     return pytest.param(path, marks=marks, id=path.stem)
 

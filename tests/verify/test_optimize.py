@@ -261,7 +261,7 @@ def test_interactive_part_of_several_patches_is_checked_together_before_it_is_wr
 
 
 def test_double_backward_seen_in_the_profiled_run_makes_the_patch_unsafe(tmp_path, capsys):
-    """Issue 15: a gradient penalty the static scan cannot read (the keyword passed through `**`) is seen while the
+    """A gradient penalty the static scan cannot read (the keyword passed through `**`) is seen while the
     step runs: the first-order-autograd fact is not proved, so the patch is not run without --unsafe-fixes."""
     penalty = ('if torch.is_grad_enabled():\n'
                '            options = {"create_graph": True}\n'

@@ -1,4 +1,4 @@
-"""Script mode (issue 20): `advisor optimize/profile -- python script.py ARGS` runs the user's script as it is,
+"""Script mode: `advisor optimize/profile -- python script.py ARGS` runs the user's script as it is,
 captures its model and the inputs of a few calls, and verifies patches with no workload function written.
 
 Timing verdicts are not asserted (they depend on the machine's load): parity, what was captured, and what may be
@@ -16,7 +16,7 @@ from torch import nn
 import advisor
 from advisor.cli import main, split_script
 
-SCRIPT = Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "gpt_generate.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "gpt_generate.py"
 
 
 def tree_digest(folder: Path) -> dict:
