@@ -101,5 +101,6 @@ def test_optimize_returns_each_patch_verdict_and_writes_the_reports(tmp_path):
     [patch] = report.patches
     assert patch["verdict"] == "not-run" and "--unsafe-fixes" in patch["reason"]
     assert Path(report.report).is_file() and json.loads((tmp_path / "report" / "result.json").read_text())[
-        "patches"] == report.patches
+        "patches"] == [p.to_json() for p in report.patches]
+    assert patch.verdict == "not-run" and patch.fix_safety == "unsafe"
     assert list(report.to_json()) == [f.name for f in dataclasses.fields(OptimizeReport)]

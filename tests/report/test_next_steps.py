@@ -2,11 +2,14 @@
 applies them and the path of each one's .diff in the report folder."""
 
 import argparse
+import dataclasses
+import json
 from pathlib import Path
 
 import optimize_results
 
 from advisor.commands.optimize import _write_reports, apply_command
+from advisor.results import OptimizeReport, PatchVerdict
 from advisor.report import optimize_view as view
 from advisor.report.optimize_markdown import render_markdown
 
@@ -19,9 +22,13 @@ def test_the_apply_command_repeats_the_run_with_apply_before_the_script():
 
 
 def test_each_verified_patch_gets_a_diff_file_and_the_reports_say_how_to_apply(tmp_path):
-    result = optimize_results.typical()
-    result["apply_command"] = "advisor optimize demo/model.py:workload --apply"
-    _write_reports(result, str(tmp_path))
+    document = optimize_results.typical()  # hand-built: its patches leave out the fields the reports never read
+    every_field = dict.fromkeys(f.name for f in dataclasses.fields(PatchVerdict))
+    typed = OptimizeReport.from_json({**document, "patches": [{**every_field, **p} for p in document["patches"]]})
+    typed.apply_command = "advisor optimize demo/model.py:workload --apply"
+    _write_reports(typed, str(tmp_path))
+    result = typed.to_json()
+    assert json.loads((tmp_path / "result.json").read_text()) == result
     verified = [p for p in result["patches"] if p["verified"]]
     assert verified and all(Path(p["diff_file"]).read_text() == p["diff"] for p in verified)
     assert all("diff_file" not in p for p in result["patches"] if not p["verified"])
