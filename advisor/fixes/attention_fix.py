@@ -64,8 +64,8 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
             imports.append(flash.import_line)
     edits.replace[match.output_node] = call
     edits.remove = set(match.removed)
-    if target == "flex" and match.guard is None:  # the original block, kept behind a guard, would read them
-        edits.remove |= set(match.flex.removed)
+    if target == "flex" and (match.guard is None or match.flex.extent_check is not None):
+        edits.remove |= set(match.flex.removed)  # outside the span of a guard the original block would read them
     edits.replace.update(match.hoisted)
     if match.hoist_anchor is not None:
         anchor = _enclosing_statement(parsed, match.hoist_anchor)
@@ -78,8 +78,10 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         imports.append(functional.import_line)
     edits.imports = tuple(imports)
     test, span = match.guard, match.guard_span
-    if target == "flex" and match.flex.no_dropout is not None:  # flex has no dropout: the original where it runs
-        test = match.flex.no_dropout if test is None else cst.BooleanOperation(test, cst.And(), match.flex.no_dropout)
+    flex_checks = [check for check in (match.flex.no_dropout, match.flex.extent_check) if check is not None] \
+        if target == "flex" else []
+    for check in flex_checks:  # no dropout (flex has none), computed masks' extents: the original elsewhere
+        test = check if test is None else cst.BooleanOperation(test, cst.And(), check)
         span = match.flex.span
     if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
         return guarded(parsed, edits, test, span)

@@ -15,6 +15,7 @@ from libcst.helpers import parse_template_expression
 from advisor.patterns import scope
 from advisor.patterns.attention import shifts
 from advisor.patterns.attention.candidate import Candidate, in_inlined
+from advisor.patterns.attention.causal import CAUSAL_EXTENT
 from advisor.patterns.attention.rendering import Replace, at_home
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.static.codegen import assignment, atomic, joined, keyword, method, parenthesized
@@ -35,6 +36,10 @@ def assemble_mask(c: Candidate) -> None:
                       f"and other masks are applied too")
     if len(terms) == 1 and terms[0].kind == "causal" and terms[0].guard is None:
         match.is_causal = True
+        match.facts.assumed(CAUSAL_EXTENT, "the causal triangle has the scores' (L, S) shape",
+                            "a square triangle of another side broadcasts (a (1, 1) one keeps every key of a single "
+                            "query, as in a decode step against a KV cache) or raises in the original, where "
+                            "`is_causal` is always the scores' own triangle")
         return
     if all(term.guard is None for term in terms):
         kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}

@@ -14,11 +14,12 @@ from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.module_index import ParsedModule
 
+CAUSAL_EXTENT = "causal-extent"  # the triangle is (L, S): `is_causal` is exact only then
 # what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
 TRIANGLE_KEEPING = {"view", "reshape", "unsqueeze", "expand", *CAST_METHODS, "bool", "byte", "int", "long"}
 
 
-def _mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
+def mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
     """The tensor a mask expression tests: `bias[...] == 0`, `~m`, `m.bool()` all read their operand."""
     base = masked
     while True:
@@ -40,11 +41,11 @@ def _mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
 def keeps_first_key(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
     """`self.bias[:, :, S - L:S, :S]` (GPT-2): any rows of a lower triangle of ones, its columns sliced from
     0, keep key 0 in every row (row r keeps keys 0..r), so no query row is fully masked."""
-    base, via = _mask_base(c, masked), []
+    base, via = mask_base(c, masked), []
     definitions = c.flow.definitions_of(base) if isinstance(base, cst.Name) else []
     if len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None:
         via = [definitions[0].value]  # `mask = self.bias[...].bool()`: its own `== 0` flips it too
-        base = _mask_base(c, definitions[0].value)
+        base = mask_base(c, definitions[0].value)
     built = _buffer_from_first_column(c, base, sliced=True)
     return built is not None and _causal_polarity(c, triangle(c.parsed, built), masked, keep_given, *via)
 
@@ -53,13 +54,13 @@ def keeps_first_key_bottom_right(c: Candidate, masked: cst.BaseExpression, keep_
     """`torch.ones((i, j), dtype=torch.bool).triu(j - i + 1)` with i, j the scores' query and key sizes (lucidrains'
     causal mask with a KV prefix): row r masks keys r + j - i + 1 onwards, so it keeps key 0 exactly where j >= i.
     Whether there are at least as many keys as queries is metadata: the caller may check it (see `guards`)."""
-    base = _mask_base(c, masked)
+    base = mask_base(c, masked)
     via = []
     if isinstance(base, cst.Name):
         definitions = c.flow.definitions_of(base)
         if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
             return False
-        via, base = [definitions[0].value], _mask_base(c, definitions[0].value)
+        via, base = [definitions[0].value], mask_base(c, definitions[0].value)
     while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and \
             base.func.attr.value in TRIANGLE_KEEPING:
         base = base.func.value
@@ -231,7 +232,7 @@ def _built_by_statements(c: Candidate, function: cst.FunctionDef) -> str | None:
 
 def is_causal_keep(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
     """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
-    base = _mask_base(c, masked)
+    base = mask_base(c, masked)
     if isinstance(base, cst.Name):
         definitions = c.flow.definitions_of(base)
         if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
@@ -329,3 +330,29 @@ def _is_square(parsed: ParsedModule, sizes: list[cst.Arg]) -> bool:
         sizes = sizes[0].value.elements
     codes = [parsed.code(size.value).replace(" ", "") for size in sizes]
     return len(codes) == 2 and codes[0] == codes[1]
+
+
+def triangle_side(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The side n of the square triangle of ones a causal mask is built from (`tril(ones(n, n))`, followed through
+    one local name), which the `causal-extent` check compares with the scores' sizes; None for a buffer."""
+    base = mask_base(c, masked)
+    if isinstance(base, cst.Name):
+        definitions = c.flow.definitions_of(base)
+        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+            return None
+        base = definitions[0].value
+    if triangle(c.parsed, base) is None:
+        return None
+
+    class _Ones(cst.CSTVisitor):
+        sides: list[cst.BaseExpression] = []
+
+        def visit_Call(self, call: cst.Call) -> None:
+            if c.parsed.imported_name(call.func) == "torch.ones" and not self.sides:
+                sizes = [a.value for a in call.args if a.keyword is None]
+                self.sides = [e.value for e in sizes[0].elements] if len(sizes) == 1 and \
+                    isinstance(sizes[0], (cst.Tuple, cst.List)) else sizes
+
+    ones = _Ones()
+    base.visit(ones)
+    return ones.sides[0] if ones.sides else None

@@ -20,15 +20,17 @@ from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
+from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm
 from advisor.patterns.attention.tensor_facts import rank_bounds
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copy_cast_roles import cast_dtype
+from advisor.patterns.ops import int_value
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
-GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS)
+GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -61,6 +63,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             parts = [parse_template_expression("{q}.shape[-2] <= {k}.shape[-2]", q=match.query, k=match.key)] \
                 if all(t.keeps_first_key or t.bottom_right for t in match.masks) and \
                 all(_plain(c, node) for node in reads) else []
+        elif name == CAUSAL_EXTENT:
+            reads, parts = _causal_extent_check(c, span[0], output_statement)
         elif name in TENSOR_SCALE_CHECKS:
             reads = [query] + c.tensor_scale_reads.get(name, [])
             parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
@@ -182,6 +186,53 @@ def _plain(c: Candidate, node: cst.BaseExpression, indexed: bool = False) -> boo
     return isinstance(node, cst.Name) and not in_inlined(c, node)
 
 
+def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode
+                         ) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
+    """The causal triangle against the scores' (L, S): its own shape where it can be read again at the guard
+    (`self.bias[:, :, :T, :T]`, a name bound before), else the side of its square of ones (`tril(ones(n, n))`)."""
+    match = c.match
+    q, k = match.query, match.key
+    if not (_view_of_plain(c, q) and _view_of_plain(c, k)):
+        return [], []
+    reads, parts = [q, k], []
+    for term in (t for t in match.masks if t.kind == "causal"):
+        mask, side = mask_base(c, term.source), triangle_side(c, term.source)
+        if _sliced_plain(c, mask) and holds_at(c, first, output_statement, [mask]):
+            reads.append(mask)
+            parts.append(parse_template_expression("{m}.shape[-2] == {q}.shape[-2] and {m}.shape[-1] == "
+                                                   "{k}.shape[-2]", m=mask, q=q, k=k))
+        elif side is not None and _arithmetic_of_plain(c, side):
+            reads.append(side)
+            side = side if isinstance(side, (cst.Name, cst.Attribute, cst.Integer)) else parenthesized(side)
+            parts.append(parse_template_expression("{n} == {q}.shape[-2] and {n} == {k}.shape[-2]", n=side, q=q, k=k))
+        else:
+            return [], []
+    return reads, parts
+
+
+def _view_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:
+    """A plain read under method calls with constant arguments (`k.unsqueeze(1)`, `k.transpose(1, 2)`): evaluating
+    it again in the check is a view of the same tensor, never code of the user's."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            all(int_value(arg.value) is not None for arg in node.args):
+        node = node.func.value
+    return _plain(c, node, indexed=True)
+
+
+def _sliced_plain(c: Candidate, node: cst.BaseExpression) -> bool:
+    """A plain read, or one sliced by plain bounds (`self.bias[:, :, :T, :T]`): reading it again is a view of the
+    same tensor, which raises where the original's slice would."""
+    while isinstance(node, cst.Subscript):
+        for element in node.slice:
+            part = element.slice
+            bounds = (part.lower, part.upper, part.step) if isinstance(part, cst.Slice) else (part.value,)
+            if not all(bound is None or _arithmetic_of_plain(c, bound) or isinstance(bound, cst.Name)
+                       and bound.value == "None" for bound in bounds):
+                return False
+        node = node.value
+    return _plain(c, node)
+
+
 def _arithmetic_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:
     """Numbers and plain reads joined by arithmetic (`1.0 / self.scale`, `-s ** 0.5`): evaluating it again in the
     check runs no code of the user's and raises where the original's own arithmetic would."""
@@ -203,12 +254,12 @@ def _constant_index(index: cst.BaseSlice) -> bool:
     return all(part is None or isinstance(part, cst.Integer) for part in (index.lower, index.upper, index.step))
 
 
-def span_of(c: Candidate, output_statement: cst.CSTNode) -> list[cst.BaseStatement] | None:
+def span_of(c: Candidate, output_statement: cst.CSTNode, extra: list = ()) -> list[cst.BaseStatement] | None:
     """The consecutive statements of one block, in the function that holds the value product, that hold every
-    statement the rewrite changes; None when they are not all in one function's blocks."""
+    statement the rewrite changes (and `extra`); None when they are not all in one function's blocks."""
     match = c.match
-    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement, *match.unwrap]
-               if s is not None and not in_inlined(c, s)]
+    members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement, *match.unwrap,
+                           *extra] if s is not None and not in_inlined(c, s)]
     chains = [_blocks_around(c, member) for member in members]
     if any(chain is None for chain in chains):
         return None

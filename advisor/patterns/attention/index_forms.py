@@ -7,6 +7,11 @@ constant length), and `tril`/`triu` of a matrix of ones. Local names are followe
 result is the same expression of `q_idx` and `kv_idx` (broadcast over b and h, as a 2-D mask broadcasts against
 the scores); anything else (a tensor read, an unknown call) is None, and the mask is then read from a captured
 tensor instead (`score_mods`).
+
+A column is the query position only where the arange spans the query axis: `arange(1)[:, None]` broadcasts
+position 0 over every row, and another length raises in the original (or grows the scores where they have one
+row). So each form comes with its extents, (n, axis) for every arange placed and for the sides of a triangle's
+ones: the expression is the mask exactly where each n equals the scores' size on that axis, which the patch checks.
 """
 
 from __future__ import annotations
@@ -31,16 +36,22 @@ class _Vector:
     """An arange (positions 0, 1, ...) or arithmetic of one with numbers, before it becomes a column or a row."""
 
     expression: cst.BaseExpression
+    length: cst.BaseExpression  # how many positions: the extent it must have on the axis it is placed on
+
+
+Extent = tuple[cst.BaseExpression, str]  # (a length, "q" or "kv"): the scores' size it must equal
 
 
 def index_form(c: Candidate, node: cst.BaseExpression
-               ) -> tuple[cst.BaseExpression, list[Definition], list[cst.BaseExpression]] | None:
+               ) -> tuple[cst.BaseExpression, list[Definition], list[cst.BaseExpression], list[Extent]] | None:
     """`node` as an expression of q_idx and kv_idx (and Python numbers), with the local definitions it was read
-    through (they compute nothing else: the patch may drop those only the mask reads) and the Python numbers it
-    reads by name (`self.window`: a cached BlockMask is keyed by their values), or None."""
+    through (they compute nothing else: the patch may drop those only the mask reads), the Python numbers it
+    reads by name (`self.window`: a cached BlockMask is keyed by their values) and the extents the expression
+    assumes (see the module docstring), or None."""
     forms = _Forms(c)
     form = forms.of(node, 0)
-    return None if form is None or isinstance(form, _Vector) else (form, forms.followed, forms.scalars)
+    return None if form is None or isinstance(form, _Vector) else (form, forms.followed, forms.scalars,
+                                                                   forms.extents)
 
 
 class _Forms:
@@ -48,6 +59,7 @@ class _Forms:
         self.c = c
         self.followed: list[Definition] = []
         self.scalars: list[cst.BaseExpression] = []
+        self.extents: list[Extent] = []
 
     def of(self, node: cst.BaseExpression, depth: int):
         if depth > MAX_DEPTH:
@@ -104,7 +116,7 @@ class _Forms:
             if _mentions_index(other):  # a vector against a matrix: not one position
                 return None
             parts = (vector.expression, other) if isinstance(left, _Vector) else (other, vector.expression)
-            return _Vector(cst.BinaryOperation(atomic(parts[0]), node.operator, atomic(parts[1])))
+            return _Vector(cst.BinaryOperation(atomic(parts[0]), node.operator, atomic(parts[1])), vector.length)
         return cst.BinaryOperation(atomic(left), node.operator, atomic(right))
 
     def _subscript(self, node: cst.Subscript, depth: int):
@@ -116,9 +128,9 @@ class _Forms:
             return None
         if isinstance(inner, _Vector):
             if items == ["full", "new"]:
-                return _placed(inner, "q_idx")
+                return self._placed(inner, "q_idx")
             if items in (["new", "full"], ["new"]):
-                return _placed(inner, "kv_idx")
+                return self._placed(inner, "kv_idx")
             return None
         trailing = items[len(items) - 2:] if items[-2:] == ["full", "full"] else []
         leading = items[:len(items) - len(trailing)]
@@ -129,7 +141,7 @@ class _Forms:
         positional = [arg.value for arg in node.args if arg.keyword is None and not arg.star]
         keywords = {arg.keyword.value: arg.value for arg in node.args if arg.keyword is not None}
         if dotted == "torch.arange" and _arange_from_zero(positional) and set(keywords) <= {"device", "dtype"}:
-            return _Vector(cst.Name(_POSITION))
+            return _Vector(cst.Name(_POSITION), positional[-1])
         if dotted in ("torch.tril", "torch.triu") and positional:
             return self._triangle(dotted.rsplit(".", 1)[1], positional[0], positional[1:], keywords)
         if dotted == "torch.abs" and len(positional) == 1 and not keywords:
@@ -155,15 +167,17 @@ class _Forms:
         if isinstance(inner, _Vector):
             if (method == "unsqueeze" and numbers in ([-1], [1])) or (method in ("view", "reshape")
                                                                        and numbers == [-1, 1]):
-                return _placed(inner, "q_idx")
+                return self._placed(inner, "q_idx")
             if (method == "unsqueeze" and numbers == [0]) or (method in ("view", "reshape") and numbers == [1, -1]):
-                return _placed(inner, "kv_idx")
+                return self._placed(inner, "kv_idx")
         return None
 
     def _triangle(self, which: str, ones: cst.BaseExpression, rest: list, keywords: dict):
         """`tril(ones(L, S), d)`: key at most d after the query; `triu(ones, d)`: at least d after it."""
-        if set(keywords) - {"diagonal"} or len(rest) > 1 or not self._is_ones(ones):
+        sides = self._ones_sides(ones)
+        if set(keywords) - {"diagonal"} or len(rest) > 1 or sides is None:
             return None
+        self.extents.extend(zip(sides, ("q", "kv")))
         diagonal = keywords.get("diagonal", rest[0] if rest else cst.Integer("0"))
         if int_value(diagonal) is None and self._scalar(diagonal) is None:
             return None
@@ -172,31 +186,31 @@ class _Forms:
         operator = cst.LessThanEqual() if which == "tril" else cst.GreaterThanEqual()
         return cst.Comparison(cst.Name("kv_idx"), [cst.ComparisonTarget(operator, shifted)])
 
-    def _is_ones(self, node: cst.BaseExpression) -> bool:
-        """`torch.ones(L, S, ...)` or `torch.ones((L, S), ...)`, followed through one local name."""
+    def _placed(self, vector: _Vector, index: str) -> cst.BaseExpression:
+        self.extents.append((vector.length, "q" if index == "q_idx" else "kv"))
+        return _substituted(vector.expression, cst.Name(index))
+
+    def _ones_sides(self, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+        """(L, S) of `torch.ones(L, S, ...)` or `torch.ones((L, S), ...)`, followed through one local name."""
         if isinstance(node, cst.Name):
             ids = self.c.flow.reaching.get(node, frozenset())
             definitions = [self.c.flow.definitions.get(i) for i in ids]
             if len(definitions) != 1 or definitions[0] is None or definitions[0].kind != "assign" \
                     or definitions[0].index is not None:
-                return False
+                return None
             self.followed.append(definitions[0])
             node = definitions[0].value
         if not isinstance(node, cst.Call) or self.c.parsed.imported_name(node.func) != "torch.ones":
-            return False
+            return None
         positional = [arg.value for arg in node.args if arg.keyword is None]
         if len(positional) == 1 and isinstance(positional[0], (cst.Tuple, cst.List)):
             positional = [element.value for element in positional[0].elements]
-        return len(positional) == 2
+        return positional if len(positional) == 2 else None
 
 
 def _arange_from_zero(positional: list[cst.BaseExpression]) -> bool:
     """`arange(n)` or `arange(0, n)`: positions 0, 1, ..., n - 1."""
     return len(positional) == 1 or (len(positional) == 2 and int_value(positional[0]) == 0)
-
-
-def _placed(vector: _Vector, index: str) -> cst.BaseExpression:
-    return _substituted(vector.expression, cst.Name(index))
 
 
 def _substituted(node: cst.BaseExpression, index: cst.Name) -> cst.BaseExpression:
@@ -209,7 +223,7 @@ def _substituted(node: cst.BaseExpression, index: cst.Name) -> cst.BaseExpressio
 
 def _lift(inner, build):
     """`build` applied to a form, or inside a vector (it stays a vector)."""
-    return _Vector(build(inner.expression)) if isinstance(inner, _Vector) else build(inner)
+    return _Vector(build(inner.expression), inner.length) if isinstance(inner, _Vector) else build(inner)
 
 
 def _mentions_index(node: cst.BaseExpression) -> bool:

@@ -105,5 +105,6 @@ class FlexPlan:
     names: tuple[str, str]  # the fresh names of the score_mod and mask_mod functions
     facts: FactSheet
     no_dropout: cst.BaseExpression | None  # `dropout_p == 0`: the patch runs only there (flex has no dropout)
+    extent_check: cst.BaseExpression | None  # computed masks' positions span the scores (`n == q.size(-2)`)
     span: list  # the statements that check guards, as `AttentionMatch.guard_span`
     optional_mask: cst.Name | None  # the captured mask that may be None (no mask_mod then)

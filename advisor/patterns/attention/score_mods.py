@@ -20,11 +20,12 @@ from advisor.patterns import masks as mk
 from advisor.patterns.attention.attn_mask import fresh_name, term_mask
 from advisor.patterns.attention.candidate import Candidate, in_inlined, statement_of
 from advisor.patterns.attention.guards import span_of, holds_at
-from advisor.patterns.attention.index_forms import index_form
+from advisor.patterns.attention.index_forms import Extent, index_form
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import FlexPlan, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds, weights_rank
 from advisor.patterns.facts import FactSheet
+from advisor.patterns.ops import int_value
 from advisor.static.codegen import atomic, joined, parenthesized
 from advisor.static.dataflow import Definition, contains_call
 
@@ -52,10 +53,11 @@ def _plan(c: Candidate) -> FlexPlan:
     facts = FactSheet()  # a mask applied on some paths reaches flex as SDPA's: the SDPA row fact holds as it is
     facts.facts = [fact for fact in match.facts.facts if fact.name != mk.ROWS or conditional]
     plan = FlexPlan(score=None, mask=None, mask_key=None, captures=[], followed=[], removed=[], key_values=[],
-                    no_dropout=None, span=[], optional_mask=None,
+                    no_dropout=None, extent_check=None, span=[], optional_mask=None,
                     names=(fresh_name(c, "_flex_score_mod"), fresh_name(c, "_flex_mask_mod")), facts=facts)
     score: cst.BaseExpression = match.softcap if match.softcap is not None else cst.Name("score")
     keeps: list[cst.BaseExpression] = []
+    extents: list[Extent] = []
     computed = True  # every mask_mod part reads indices and constants only
     if match.is_causal:  # the SDPA proof showed is_causal (top-left) is exact
         keeps.append(parse_template_expression("q_idx >= kv_idx"))
@@ -64,7 +66,7 @@ def _plan(c: Candidate) -> FlexPlan:
     if conditional:
         score = _conditional_mask(c, plan, score)
     for term in [] if match.is_causal or conditional else match.masks:
-        read, is_computed = _term_read(c, plan, term)
+        read, is_computed = _term_read(c, plan, term, extents)
         if term.kind in ("keep", "causal"):
             keeps.append(read)
             computed &= is_computed
@@ -86,6 +88,8 @@ def _plan(c: Candidate) -> FlexPlan:
         _no_dropout_guard(c, plan)
     else:
         plan.removed = _unread_mask_statements(c, plan.followed)
+    if extents:
+        _extent_guard(c, plan, extents)
     return plan
 
 
@@ -104,6 +108,52 @@ def _no_dropout_guard(c: Candidate, plan: FlexPlan) -> None:
     statement = f"no dropout runs on the weights (`{c.parsed.code(plan.no_dropout)}`)"
     plan.facts.assumed("flex-dropout", statement, "flex_attention has no dropout")
     plan.facts.guard("flex-dropout", c.parsed.code(plan.no_dropout))
+
+
+def _extent_guard(c: Candidate, plan: FlexPlan, extents: list[Extent]) -> None:
+    """Computed masks are the original's only where their positions span the scores' axes (`index_forms`): the
+    patch checks each length against the scores' size (`n == q.size(-2)`, ints only) and runs the original block
+    where one differs. The mask statements it drops move inside the checked statements where the check can be
+    read before them (the original branch keeps them), else they stay."""
+    match = c.match
+    output_statement = statement_of(c.parsed, match.output_node)
+    sizes = {"q": parse_template_expression("{q}.size(-2)", q=atomic(match.query)),
+             "kv": parse_template_expression("{k}.size(-2)", k=atomic(match.key))}
+    checks = list({c.parsed.code(cst.Comparison(atomic(n), [cst.ComparisonTarget(cst.Equal(), sizes[axis])])):
+                   cst.Comparison(atomic(n), [cst.ComparisonTarget(cst.Equal(), sizes[axis])])
+                   for n, axis in extents}.values())
+    reads = [n for n, _ in extents] + [match.query, match.key] + \
+        ([match.dropout_p] if plan.no_dropout is not None else [])
+    # the guard's span stays as it is where the SDPA proof's run-time checks apply to the flex patch too
+    unguarded = match.flag_test is None and not any(fact.name in match.guard_checks
+                                                    for fact in plan.facts.assumptions)
+    for removed in ([plan.removed] if unguarded and plan.removed else []) + [[]]:
+        span = span_of(c, output_statement, [statement_of(c.parsed, node) for node in removed])
+        if span is not None and holds_at(c, span[0], output_statement, reads):
+            break
+    else:
+        raise Refusal("a position mask's lengths cannot be checked against the scores' sizes before the block")
+    plan.removed, plan.span = removed, span
+    plan.extent_check = joined(cst.And, checks)
+    code = c.parsed.code(plan.extent_check)
+    plan.facts.assumed("flex-index-extent", f"the position masks span the scores' axes (`{code}`)",
+                       "an `arange` or a triangle's side of another length broadcasts or raises in the original")
+    plan.facts.guard("flex-index-extent", code)
+
+
+def _pure_length(node: cst.BaseExpression) -> bool:
+    """A length the check may evaluate again: names, attributes, subscripts, numbers and `.size(...)` of them."""
+    class _Calls(cst.CSTVisitor):
+        pure = True
+
+        def visit_Call(self, call: cst.Call) -> None:
+            if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "size"
+                    and all(int_value(arg.value) is not None for arg in call.args)):
+                self.pure = False
+
+    calls = _Calls()
+    node.visit(calls)
+    return calls.pure
 
 
 def _unread_mask_statements(c: Candidate, followed: list[Definition]) -> list[cst.CSTNode]:
@@ -129,14 +179,20 @@ def _unread_mask_statements(c: Candidate, followed: list[Definition]) -> list[cs
     return list(dropped.values())
 
 
-def _term_read(c: Candidate, plan: FlexPlan, term: MaskTerm) -> tuple[cst.BaseExpression, bool]:
-    """The term's value at (b, h, q_idx, kv_idx): computed from the indices where its form allows, else read from
-    the tensor broadcast to the scores' shape. A finite term's value is its masked (True = masked) expression."""
+def _term_read(c: Candidate, plan: FlexPlan, term: MaskTerm,
+               extents: list[Extent]) -> tuple[cst.BaseExpression, bool]:
+    """The term's value at (b, h, q_idx, kv_idx): computed from the indices where its form allows and its lengths
+    can be checked (`extents` gets them), else read from the tensor broadcast to the scores' shape. A finite term's
+    value is its masked (True = masked) expression."""
     tensor = term.expression if term.kind == "finite" else term_mask(c, term)
     computed = index_form(c, tensor)
     text = short(c.parsed, term.source if term.source is not None else tensor)
+    if computed is not None and not (all(_pure_length(n) for n, _ in computed[3]) and not any(
+            contains_call(_receiver_chain(node)) for node in (c.match.query, c.match.key))):
+        computed = None
     if computed is not None:
-        computed, followed, scalars = computed
+        computed, followed, scalars, lengths = computed
+        extents.extend(lengths)
         plan.followed.extend(followed)
         plan.key_values.extend(scalars)
         plan.facts.proved("flex-index-mask", f"`{text}` depends only on the query and key positions",
