@@ -45,7 +45,7 @@ def optimize(target: str | None = None, apply: bool = False, **options) -> Optim
     from advisor.commands.optimize import optimized
 
     args = _arguments("optimize", [target] if target is not None else [], options, apply=apply)
-    return OptimizeReport.from_json(_ending_left_processes(optimized, args))
+    return _ending_left_processes(optimized, args)
 
 
 def _ending_left_processes(produce, args):

@@ -63,7 +63,8 @@ class FixReport:
 
 class _FromDocument:
     """A result kept as the JSON document a worker built (profile, optimize): each top-level key is a field. A key
-    the class does not list is a TypeError, never dropped (tests/test_api.py runs both verbs to keep them in step)."""
+    the class does not list is a TypeError, never dropped (tests/cli/test_api.py runs both verbs to keep them in
+    step)."""
 
     @classmethod
     def from_json(cls, document: dict[str, Any]):
@@ -94,6 +95,51 @@ class ProfileReport(_FromDocument):
 
 
 @dataclass
+class PatchVerdict:
+    """One patch of `optimize`: where it is, its facts and diff, and what the run made of it (the verdict, parity,
+    speedup and interval, whether it was applied). `diff_file` is set only when the report folder holds its diff,
+    and only then is it a key of the JSON. Reading it as a mapping (`patch["verdict"]`) is kept for the Python API,
+    whose patches were dicts."""
+
+    id: str
+    rule: str
+    path: str
+    line: int
+    end_line: int | None
+    function: str | None
+    fix_safety: str
+    facts: dict | None
+    discharged: Any
+    diff: str | None
+    verdict: str
+    verified: bool
+    offered: bool
+    exercised: bool | None
+    parity: dict | None
+    speedup: float | None
+    speedup_ci: list[float] | None
+    reason: str | None
+    applied: bool
+    written_to: str | None
+    state_dict: dict | None
+    unsafe_facts_checked_on: str | None
+    diff_file: str | None = None
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> PatchVerdict:
+        return cls(**document)
+
+    def to_json(self) -> dict[str, Any]:
+        document = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.diff_file is None:
+            del document["diff_file"]
+        return document
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+
+@dataclass
 class OptimizeReport(_FromDocument):
     """`advisor optimize --format json`: each patch's verdict (parity, speedup and interval), the combination's
     speedup, the profiles before and after, and where the report folder's files are."""
@@ -107,7 +153,7 @@ class OptimizeReport(_FromDocument):
     speedup: float | None
     speedup_ci: list[float] | None
     speedup_method: str
-    patches: list[dict]
+    patches: list[PatchVerdict]
     unpatched: list[dict]
     ops: dict
     findings_before: list[dict]
@@ -116,4 +162,11 @@ class OptimizeReport(_FromDocument):
     report: str | None
     state_dict: dict
     notes: list[str]
-    apply_command: str | None
+    apply_command: str | None = None
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> OptimizeReport:
+        return cls(**{**document, "patches": [PatchVerdict.from_json(p) for p in document["patches"]]})
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "patches": [p.to_json() for p in self.patches]}

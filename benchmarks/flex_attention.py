@@ -1,4 +1,4 @@
-"""What FlexAttention buys for the attention SDPA cannot express, side by side in one run (issue 18).
+"""What FlexAttention buys for the attention SDPA cannot express, side by side in one run.
 
 For each form (tanh soft-capping as in Gemma-2, ALiBi, a T5-style bucketed relative bias, a sliding window of 256,
 a document mask over packed sequences) three versions of the same attention are timed alternately with

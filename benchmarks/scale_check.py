@@ -1,4 +1,4 @@
-"""Never crash, never damage, at scale (issue 19.7). Scans every `.py` file of the installed transformers package
+"""Never crash, never damage, at scale. Scans every `.py` file of the installed transformers package
 and a generated tree (each attention fixture in several variants: CRLF line endings, a BOM and coding line, a
 comment after every logical line, three renamed copies in one file, no final newline), twice: safe fixes only,
 then with unsafe fixes. Every file's fixed text (its fixes applied together) and every finding's own patch,

@@ -1,4 +1,4 @@
-"""Warm scans (issue 19.2): `advisor scan TREE --format json` cold (an empty cache) and warm (the same tree again),
+"""Warm scans: `advisor scan TREE --format json` cold (an empty cache) and warm (the same tree again),
 side by side in one run, each as a user runs it (a fresh process, imports included), with a cache folder of its
 own. The two must print identical findings, which is asserted. The target: warm at most 10% of cold.
 

@@ -1,6 +1,6 @@
 """A cold scan against CPython's own parser over the same files, side by side in one run: prints files, the seconds
 of `ast.parse` over every file, the seconds of a cold `advisor scan --format json` (as the CLI runs it, pool
-included), and their ratio (issue 19's target: at most 3). Wall seconds, and CPU seconds (this process and the
+included), and their ratio (the target: at most 3). Wall seconds, and CPU seconds (this process and the
 scan's worker processes), whose ratio holds still on a machine other jobs share.
 
     python benchmarks/scan_speed.py [TREE] [--limit N] [--jobs N] [--json FILE] [--profile]

@@ -1,4 +1,4 @@
-"""Model-zoo reach (issue 16): how many timm models with attention advisor rewrites safely, with parity.
+"""Model-zoo reach: how many timm models with attention advisor rewrites safely, with parity.
 
 timm's attention modules have a fused path (`F.scaled_dot_product_attention`) and a manual one (`q = q * self.scale;
 attn = q @ k.transpose(-2, -1); ...`), chosen by `TIMM_FUSED_ATTN`; this runs the manual one (`TIMM_FUSED_ATTN=0`).

@@ -22,6 +22,7 @@ from rich.console import Console
 from advisor.commands.common import add_backend_argument, add_call_site_argument
 from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
+from advisor.results import OptimizeReport
 from advisor.verify.report_folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
@@ -64,12 +65,12 @@ def run(args) -> int:
         review = partial(_review, stderr, status) if args.interactive else None
         result = optimized(args, progress=status.update, review=review,
                            say=lambda message: stderr.print(message, highlight=False))
-    _print(result, args.format)
-    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
+    _print(result.to_json(), args.format)
+    unapplied = [p for p in result.patches if p.verified and not p.applied]
     return 1 if unapplied else 0
 
 
-def optimized(args, progress=lambda message: None, review=None, say=lambda message: None) -> dict:
+def optimized(args, progress=lambda message: None, review=None, say=lambda message: None) -> OptimizeReport:
     """The optimize result with its reports written (the CLI's and advisor.optimize's one path). Without a TARGET
     the bundled demo runs from a temporary copy (`say` tells where)."""
     from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
@@ -89,10 +90,10 @@ def optimized(args, progress=lambda message: None, review=None, say=lambda messa
                       timeout_s=args.timeout, timing_budget_s=args.timing_budget, script=script,
                       seeds=(args.calls or Options.seeds) if script is not None else Options.seeds, review=review)
     result = optimize(options, progress=progress)
-    result["report"] = os.path.join(report_dir, "report.html")
-    result["notes"] += unchanged_flags(args, result)
-    unapplied = [p for p in result["patches"] if p["verified"] and not p["applied"]]
-    result["apply_command"] = apply_command(args) if unapplied and not options.apply else None
+    result.report = os.path.join(report_dir, "report.html")
+    result.notes += unchanged_flags(args, result)
+    unapplied = [p for p in result.patches if p.verified and not p.applied]
+    result.apply_command = apply_command(args) if unapplied and not options.apply else None
     _write_reports(result, report_dir)
     return result
 
@@ -132,10 +133,10 @@ def _demo_copy() -> tuple[str, str]:
     return f"{os.path.join(folder, 'gpt.py')}:{DEMO_FUNCTION}", folder
 
 
-def unchanged_flags(args, result: dict) -> list[str]:
+def unchanged_flags(args, result: OptimizeReport) -> list[str]:
     """A line for each flag given that changed nothing in this run, so its silence is not read as an effect."""
     lines = []
-    if args.unsafe_fixes and not any(p["fix_safety"] != "safe" for p in result["patches"]):
+    if args.unsafe_fixes and not any(p.fix_safety != "safe" for p in result.patches):
         lines.append("--unsafe-fixes changed nothing: no patch of the code that ran is marked unsafe")
     if args.calls is not None and args.script is None:
         lines.append("--calls changed nothing: it sets how many model calls a script after `--` runs for; a TARGET "
@@ -151,16 +152,17 @@ def apply_command(args) -> str:
     return "advisor " + shlex.join(words[:at] + ["--apply"] + words[at:])
 
 
-def _write_reports(result: dict, folder: str) -> None:
-    """result.json, report.md and the self-contained report.html (result["report"]) in the report folder, and
+def _write_reports(result: OptimizeReport, folder: str) -> None:
+    """result.json, report.md and the self-contained report.html (result.report) in the report folder, and
     each verified patch's diff as patches/ID.diff (its path in the patch's `diff_file`)."""
     with ReportFolder(folder) as report:
-        for patch in result["patches"]:
-            if patch.get("verified") and patch.get("diff"):
-                name = "patches/" + re.sub(r"[^\w.-]", "_", patch["id"]) + ".diff"
-                patch["diff_file"] = report.write_text(name, patch["diff"])
-        outputs = {"result.json": json.dumps(result, indent=2), "report.md": render_markdown(result),
-                   "report.html": render_html(result)}
+        for patch in result.patches:
+            if patch.verified and patch.diff:
+                name = "patches/" + re.sub(r"[^\w.-]", "_", patch.id) + ".diff"
+                patch.diff_file = report.write_text(name, patch.diff)
+        document = result.to_json()
+        outputs = {"result.json": json.dumps(document, indent=2), "report.md": render_markdown(document),
+                   "report.html": render_html(document)}
         for name, text in outputs.items():
             report.write_text(name, text)
 

@@ -188,7 +188,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     extra = {"roles": _roles(parsed, match), "facts": match.facts.to_json()} if match.output_node is not None else {}
     if observed and not assumed and rule is rules.safe and match.output_node is not None:
         extra["discharged"] = "observed"  # every unproved fact held on the run: `optimize` tries this patch
-    if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted (issue 10)
+    if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted
         extra.update(plan.to_json())
     reason = reason if rule is not rules.safe or assumed or observed else None
     if match.note:

@@ -122,7 +122,8 @@ class ParsedModule:
     @cached_property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
         """Node -> parent, the map libcst's ParentNodeProvider gives, built by reading the node dataclasses' fields
-        directly (7x faster than the provider's visitor on a large file; tests/test_module_index checks equality).
+        directly (7x faster than the provider's visitor on a large file; tests/static/test_module_index checks
+        equality).
         Its keys come depth first, each node before its children, fields in declaration order."""
         parents: dict[cst.CSTNode, cst.CSTNode] = {}
         pending: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(self.module, None)]

@@ -20,6 +20,7 @@ from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding, display_path
 from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
+from advisor.results import OptimizeReport, PatchVerdict
 from advisor.verify.report_folder import ReportFolder
 from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
@@ -356,7 +357,7 @@ def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]
     return None
 
 
-def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> dict:
+def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> OptimizeReport:
     report = ReportFolder(options.report_dir)
     try:
         report.check(REPORT_NAMES)
@@ -390,7 +391,8 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         session.close()
 
 
-def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial | None, progress) -> dict:
+def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial | None,
+            progress) -> OptimizeReport:
     o = session.options
     before_peak = session.original.call("peak_memory")
     if final is not None:
@@ -402,33 +404,33 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         before = summary(session.original.call("time", steps=10, warmup=2), before_peak["bytes"])
         after = profile_after = None
     written = _apply_reviewed(session, trials, final) if final else {}
-    patches = [_patch_json(session, c, trials.get(pid), written.get(pid), final) for pid, c in
+    patches = [_patch_verdict(session, c, trials.get(pid), written.get(pid), final) for pid, c in
                session.candidates.items()]
     ops_before = session.profile_before["ops"]
     ops_after = profile_after["ops"] if profile_after else []
-    return {
-        "version": 1, "target": o.target,
-        "environment": {"torch": torch.__version__, "device": info["device"], "dtype": info["dtype"],
-                        "threads": torch.get_num_threads(), "python": platform.python_version(),
-                        "peak_memory_method": before_peak["method"],
-                        "sdpa_kernels": {"before": _sdpa_ops(ops_before), "after": _sdpa_ops(ops_after)}},
-        "mode": "train" if o.train else "eval",
-        "before": before, "after": after,
-        "speedup": round(final.paired.speedup(), 4) if final else None,
-        "speedup_ci": [round(v, 4) for v in final.paired.speedup_ci()] if final else None,
-        "speedup_method": "median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
-        "patches": patches,
-        "unpatched": unpatched(session.profile_before["json"]["findings"], session.candidates, o.unsafe_fixes,
-                               o.backend),
-        "ops": {"before": ops_before, "after": ops_after},
-        "findings_before": session.profile_before["json"]["findings"],
-        "findings_after": _unmirrored(profile_after["json"]["findings"], final) if profile_after else [],
-        "traces": {"before": os.path.join(o.report_dir, "trace_before.json"),
-                   "after": os.path.join(o.report_dir, "trace_after.json") if profile_after else None},
-        "report": None,
-        "state_dict": final.state_dict if final else {"missing": [], "unexpected": []},
-        "notes": session.notes + ([session.nondeterministic] if session.nondeterministic else []),
-    }
+    return OptimizeReport(
+        version=1, target=o.target,
+        environment={"torch": torch.__version__, "device": info["device"], "dtype": info["dtype"],
+                     "threads": torch.get_num_threads(), "python": platform.python_version(),
+                     "peak_memory_method": before_peak["method"],
+                     "sdpa_kernels": {"before": _sdpa_ops(ops_before), "after": _sdpa_ops(ops_after)}},
+        mode="train" if o.train else "eval",
+        before=before, after=after,
+        speedup=round(final.paired.speedup(), 4) if final else None,
+        speedup_ci=[round(v, 4) for v in final.paired.speedup_ci()] if final else None,
+        speedup_method="median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
+        patches=patches,
+        unpatched=unpatched(session.profile_before["json"]["findings"], session.candidates, o.unsafe_fixes,
+                            o.backend),
+        ops={"before": ops_before, "after": ops_after},
+        findings_before=session.profile_before["json"]["findings"],
+        findings_after=_unmirrored(profile_after["json"]["findings"], final) if profile_after else [],
+        traces={"before": os.path.join(o.report_dir, "trace_before.json"),
+                "after": os.path.join(o.report_dir, "trace_after.json") if profile_after else None},
+        report=None,
+        state_dict=final.state_dict if final else {"missing": [], "unexpected": []},
+        notes=session.notes + ([session.nondeterministic] if session.nondeterministic else []),
+    )
 
 
 def _apply_reviewed(session: Session, trials: dict[str, Trial], final: Trial) -> dict:
@@ -482,7 +484,8 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
     return outcome
 
 
-def _patch_json(session: Session, c: PatchCandidate, trial: Trial | None, written, final: Trial | None) -> dict:
+def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, written,
+                   final: Trial | None) -> PatchVerdict:
     f = c.finding
     verdict = trial.verdict if trial is not None else NOT_RUN
     reason = c.reason or (trial.error if trial is not None else None) or session.nondeterministic
@@ -493,26 +496,26 @@ def _patch_json(session: Session, c: PatchCandidate, trial: Trial | None, writte
         reason = f"no measurable gain: the speedup's 95% interval [{lo:.3f}, {hi:.3f}] does not clear 1.0"
     applied, written_to, write_reason = written or (False, None, None)
     parity = trial.parity if trial is not None else None
-    return {
-        "id": c.id, "rule": f.rule, "path": display_path(f.path), "line": f.line, "end_line": f.end_line,
-        "function": f.function, "fix_safety": f.fix_safety, "facts": f.extra.get("facts"),
-        "discharged": f.extra.get("discharged"), "diff": f.patch,
-        "verdict": verdict, "verified": verdict == VERIFIED, "offered": verdict == VERIFIED,
-        "exercised": c.exercised,
-        "parity": None if parity is None else {
+    return PatchVerdict(
+        id=c.id, rule=f.rule, path=display_path(f.path), line=f.line, end_line=f.end_line,
+        function=f.function, fix_safety=f.fix_safety, facts=f.extra.get("facts"),
+        discharged=f.extra.get("discharged"), diff=f.patch,
+        verdict=verdict, verified=verdict == VERIFIED, offered=verdict == VERIFIED,
+        exercised=c.exercised,
+        parity=None if parity is None else {
             "max_abs_err": parity.max_abs_err, "max_rel_err": parity.max_rel_err, "atol": parity.atol,
             "rtol": parity.rtol, "atol_applied": parity.atol_applied, "elements": parity.elements,
             "mismatched": parity.mismatched, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,
             "fully_masked_rows": {"rows": parity.fully_masked_rows, "original": "NaN", "patched": "finite"}
             if parity.fully_masked_rows else None,
             "grads": session.options.train, "not_compared": parity.skipped},
-        "speedup": round(trial.paired.speedup(), 4) if trial is not None and trial.paired else None,
-        "speedup_ci": [round(v, 4) for v in trial.paired.speedup_ci()] if trial is not None and trial.paired else None,
-        "reason": write_reason or reason, "applied": applied, "written_to": written_to,
-        "state_dict": trial.state_dict if trial is not None else None,
-        "unsafe_facts_checked_on": (f"{len(session.inputs)} input(s) of {session.options.target}"
-                                    if f.fix_safety == "unsafe" and trial is not None and trial.parity else None),
-    }
+        speedup=round(trial.paired.speedup(), 4) if trial is not None and trial.paired else None,
+        speedup_ci=[round(v, 4) for v in trial.paired.speedup_ci()] if trial is not None and trial.paired else None,
+        reason=write_reason or reason, applied=applied, written_to=written_to,
+        state_dict=trial.state_dict if trial is not None else None,
+        unsafe_facts_checked_on=(f"{len(session.inputs)} input(s) of {session.options.target}"
+                                 if f.fix_safety == "unsafe" and trial is not None and trial.parity else None),
+    )
 
 
 def _unmirrored(findings: list[dict], final: Trial) -> list[dict]:

@@ -1,6 +1,6 @@
 """Found, not patched: the measured findings of the original's profile that no patch ran for, each with its share
 of the measured op time and why (the static rule's refusal, an unsafe fix left unrun, SDPA already on another
-branch), so the largest opportunity is never hidden behind "nothing to patch" (issue 20).
+branch), so the largest opportunity is never hidden behind "nothing to patch".
 
 A measured finding is covered by a patch whose lines overlap it in the same file; a patch that ran has its verdict
 in the patches table instead. Negligible findings (below their rule's threshold) are left out, as in `profile`.

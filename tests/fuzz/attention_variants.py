@@ -747,7 +747,7 @@ GLOBAL_HOOKS = {
 }
 
 
-# issue 16.4: tensor scales SDPA gets folded into q. name -> (what __init__ adds, the factor, how it is applied);
+# tensor scales SDPA gets folded into q. name -> (what __init__ adds, the factor, how it is applied);
 # "arg:" factors are forward arguments whose value make() passes. Shapes of size 1 in the key axis fold; a pairwise
 # (L, S) factor is a multiplicative mask (refused, or the guard runs the original); one after a mask is refused.
 TENSOR_SCALE_FOLDS = {
@@ -947,8 +947,8 @@ def _hazard(*names: str) -> st.SearchStrategy:
     return st.composite(build)()
 
 
-# Family name -> (issue-6 class, strategy). The test expects each family to be free of counterexamples, except
-# those it marks as known bugs.
+# Family name -> (the class of fault it hunts, strategy). The test expects each family to be free of
+# counterexamples, except those it marks as known bugs.
 FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "core": ("supported forms", core_variants()),
     "finite_fill_full_rows": ("A", _fully_masked(st.sampled_from(("finfo_min", "neg_finfo_max", "-1e4", "-1e9")))),
@@ -971,7 +971,7 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "else_scale": ("F", _hazard("else_scale")),
     "tensor_scale": ("G", _hazard("param_scale", "buffer_scale", "temperature", "logit_scale", "local_param_scale")),
     "scale_argument": ("G", _hazard("scale_argument")),
-    "tensor_scale_fold": ("16.4", _hazard(*TENSOR_SCALE_FOLDS)),
+    "tensor_scale_fold": ("tensor scale", _hazard(*TENSOR_SCALE_FOLDS)),
     "residual_loop": ("H", _hazard("residual_loop")),
     "weights_before_loop": ("H", _hazard("weights_before_loop")),
     "no_grad_scores": ("I", _hazard("no_grad_scores")),
@@ -986,13 +986,13 @@ FAMILIES: dict[str, tuple[str, st.SearchStrategy]] = {
     "shared_weights": ("M", _hazard("shared_dropout_weights")),
     "subclass_override": ("N", _hazard("subclass_override")),
     "hook_point": ("N", _hazard("hook_point")),
-    "higher_order_autograd": ("issue 15", _hazard(*HIGHER_ORDER)),
+    "higher_order_autograd": ("autograd", _hazard(*HIGHER_ORDER)),
     "written_outside_class": ("E/G/N", _hazard("make_writes_causal", "make_replaces_softmax", "make_sets_tensor_scale")),
     "escapes": ("ADV102", _hazard("return_weights", "store_weights", "entropy_loss")),
-    "module_replaced": ("15.2", _hazard(*SWAPS)),
-    "buffer_written_later": ("15.3", _hazard(*BUFFER_WRITES)),
-    "global_hooks": ("15.4", _hazard(*GLOBAL_HOOKS)),
-    "global_weights": ("15.5", _hazard("global_weights", "global_weights_copy")),
+    "module_replaced": ("identity", _hazard(*SWAPS)),
+    "buffer_written_later": ("identity", _hazard(*BUFFER_WRITES)),
+    "global_hooks": ("identity", _hazard(*GLOBAL_HOOKS)),
+    "global_weights": ("identity", _hazard("global_weights", "global_weights_copy")),
     "wrong_softmax_dim": ("hostile", _with(core_variants(), softmax="wrong_dim")),
     "low_precision": ("dtypes", _low_precision()),
 }

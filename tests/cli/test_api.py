@@ -1,0 +1,106 @@
+"""The Python API: advisor.scan/fix/profile/optimize run the CLI's own paths and return typed results whose
+to_json() is the CLI's JSON; `import advisor` stays cheap."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import advisor
+from advisor.cli import main
+from advisor.errors import AdvisorError
+from advisor.contracts.finding import Finding
+from advisor.results import FixReport, OptimizeReport, ProfileReport, ScanReport
+from test_optimize import write_model
+
+ROOT = Path(__file__).resolve().parents[2]
+NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
+COPIES_AND_CASTS = ROOT / "fixtures" / "profile" / "copies_and_casts.py"
+HEAVY = ("torch", "transformers", "libcst", "networkx")
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_import_advisor_and_naming_the_api_import_no_heavy_library():
+    script = ("import sys, advisor\nf = (advisor.scan, advisor.fix, advisor.profile, advisor.optimize)\n"
+              f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.stdout.strip() == "[]", run.stderr
+
+
+def test_scan_returns_typed_findings_and_the_cli_json(capsys, workdir):
+    shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
+    (workdir / "broken.py").write_text("def f(:\n")
+    report = advisor.scan(".")
+    assert isinstance(report, ScanReport) and report.files_scanned == 1
+    assert all(isinstance(f, Finding) for f in report.findings)
+    assert sorted(f.rule for f in report.findings) == ["ADV101", "ADV204"]
+    assert report.errors[0].path.endswith("broken.py")
+    assert main(["scan", ".", "--format", "json"]) == 1
+    assert report.to_json() == json.loads(capsys.readouterr().out)
+    assert [f.name for f in dataclasses.fields(ScanReport)] == list(report.to_json())
+
+
+def test_scan_options_and_configuration_are_the_clis(workdir):
+    shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
+    assert [f.rule for f in advisor.scan("model.py", select=["ADV2"]).findings] == ["ADV204"]
+    assert [f.rule for f in advisor.scan(["model.py"], ignore="ADV2,ADV3").findings] == ["ADV101"]
+    (workdir / "pyproject.toml").write_text('[tool.advisor]\nselect = ["ADV2"]\n')
+    assert [f.rule for f in advisor.scan(workdir / "model.py").findings] == ["ADV204"]
+    with pytest.raises(ValueError, match="ADV9"):
+        advisor.scan("model.py", select=["ADV9"])
+    with pytest.raises(TypeError, match="selct"):
+        advisor.scan("model.py", selct=["ADV1"])
+    with pytest.raises(ValueError, match="backend"):
+        advisor.scan("model.py", backend="cudnn")
+    (workdir / "pyproject.toml").write_text('[tool.advisor]\nselct = ["ADV2"]\n')
+    with pytest.raises(AdvisorError, match="unknown key 'selct'"):
+        advisor.scan("model.py")
+
+
+def test_fix_shows_then_applies_and_says_what_remains(workdir):
+    model = workdir / "model.py"
+    shutil.copy(COPIES_AND_CASTS, model)
+    before = model.read_text()
+    shown = advisor.fix("model.py")
+    assert isinstance(shown, FixReport) and not shown.applied and model.read_text() == before
+    [file] = shown.files
+    assert file.written is None and file.diff.startswith("--- a/model.py") and shown.remaining == 2
+    applied = advisor.fix("model.py", apply=True)
+    assert applied.files[0].written.endswith("model.py") and applied.files[0].diff == file.diff
+    assert applied.remaining == 1  # the unsafe attention patch, without unsafe_fixes
+    assert "scaled_dot_product_attention" not in model.read_text() and model.read_text() != before
+    assert advisor.fix("model.py", apply=True, unsafe_fixes=True).remaining == 0
+    assert "scaled_dot_product_attention" in model.read_text()
+    assert json.loads(json.dumps(applied.to_json()))["files"][0]["path"] == "model.py"
+
+
+def test_profile_returns_the_measured_findings(workdir):
+    report = advisor.profile(f"{ROOT / 'fixtures' / 'profile' / 'handwritten_attention.py'}:workload")
+    assert isinstance(report, ProfileReport) and report.mode == "eval" and report.step_us > 0
+    assert "ADV110" in {f["rule"] for f in report.findings}
+    assert [f.name for f in dataclasses.fields(ProfileReport)] == list(report.to_json())
+    with pytest.raises(AdvisorError):
+        advisor.profile(f"{workdir / 'missing.py'}:workload")
+
+
+def test_optimize_returns_each_patch_verdict_and_writes_the_reports(tmp_path):
+    model = write_model(tmp_path, forward_epilogue="self.last_weights = att")  # unsafe: not run without the option
+    report = advisor.optimize(f"{model}:workload", report=str(tmp_path / "report"), timing_budget=1)
+    assert isinstance(report, OptimizeReport) and report.speedup is None
+    [patch] = report.patches
+    assert patch["verdict"] == "not-run" and "--unsafe-fixes" in patch["reason"]
+    assert Path(report.report).is_file() and json.loads((tmp_path / "report" / "result.json").read_text())[
+        "patches"] == [p.to_json() for p in report.patches]
+    assert patch.verdict == "not-run" and patch.fix_safety == "unsafe"
+    assert list(report.to_json()) == [f.name for f in dataclasses.fields(OptimizeReport)]

@@ -1,0 +1,175 @@
+"""[tool.advisor] in pyproject.toml: found as Ruff finds its config, overridden by flags, mistakes are usage errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import build_parser, main
+from advisor.config import settle
+
+ROOT = Path(__file__).resolve().parents[2]
+NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
+COPIES_AND_CASTS = ROOT / "fixtures" / "profile" / "copies_and_casts.py"  # ADV101 (unsafe) and ADV204 (safe)
+
+
+def scan_json(capsys, *argv) -> tuple[int, dict]:
+    code = main(["scan", *map(str, argv), "--format", "json"])
+    out, err = capsys.readouterr()
+    return code, json.loads(out)
+
+
+def rules_found(data: dict) -> list[tuple[str, str]]:
+    return sorted((f["path"], f["rule"]) for f in data["findings"])
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A project folder with a model (ADV101 + ADV204); the test writes its pyproject.toml."""
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    shutil.copy(COPIES_AND_CASTS, root / "src" / "model.py")
+    monkeypatch.chdir(root)
+    return root
+
+
+def write_config(folder: Path, body: str, name: str = "pyproject.toml") -> Path:
+    path = folder / name
+    path.write_text(("[tool.advisor]\n" if name == "pyproject.toml" else "") + body)
+    return path
+
+
+def test_select_and_ignore_from_the_pyproject_in_the_current_directory(capsys, project):
+    write_config(project, 'select = ["ADV2"]\n')
+    assert rules_found(scan_json(capsys, "src")[1]) == [("src/model.py", "ADV204")]
+    write_config(project, 'ignore = ["ADV204"]\n')
+    assert rules_found(scan_json(capsys, "src")[1]) == [("src/model.py", "ADV101")]
+
+
+def test_the_nearest_pyproject_with_the_table_is_found_from_the_first_path_upward(capsys, project, tmp_path,
+                                                                                   monkeypatch):
+    write_config(project, 'select = ["ADV2"]\n')
+    (project / "src" / "pyproject.toml").write_text('[project]\nname = "x"\n')  # no [tool.advisor]: passed over
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    _, data = scan_json(capsys, project / "src" / "model.py")
+    assert [f["rule"] for f in data["findings"]] == ["ADV204"]
+
+
+def test_without_a_config_above_the_path_the_current_directory_decides(capsys, project, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(COPIES_AND_CASTS, outside / "model.py")
+    write_config(project, 'select = ["ADV2"]\n')
+    _, data = scan_json(capsys, outside / "model.py")
+    assert [f["rule"] for f in data["findings"]] == ["ADV204"]
+
+
+def test_flags_override_the_file(capsys, project):
+    write_config(project, 'select = ["ADV2"]\nignore = ["ADV101"]\n')
+    # --select replaces the file's selection, its ignore included (a later `select` resets it in Ruff)
+    assert rules_found(scan_json(capsys, "src", "--select", "ADV101")[1]) == [("src/model.py", "ADV101")]
+    write_config(project, 'ignore = ["ADV101"]\n')
+    assert rules_found(scan_json(capsys, "src", "--ignore", "ADV2,ADV3")[1]) == []  # --ignore adds to the file's
+
+
+def test_config_flag_names_the_file_and_a_plain_toml_is_the_table(capsys, project, tmp_path):
+    write_config(project, 'select = ["ADV2"]\n')
+    other = write_config(tmp_path, 'select = ["ADV1"]\n', name="advisor.toml")
+    assert rules_found(scan_json(capsys, "src", "--config", other)[1]) == [("src/model.py", "ADV101")]
+
+
+def test_exclude_prunes_the_walk_and_force_exclude_also_explicit_paths(capsys, project):
+    (project / "src" / "generated").mkdir()
+    shutil.copy(NANOGPT, project / "src" / "generated" / "attn.py")
+    shutil.copy(NANOGPT, project / "src" / "vendored_attn.py")
+    write_config(project, 'exclude = ["generated", "src/vendored_*.py"]\n')
+    assert rules_found(scan_json(capsys, ".")[1]) == [("src/model.py", "ADV101"), ("src/model.py", "ADV204")]
+    explicit = "src/generated/attn.py"
+    assert rules_found(scan_json(capsys, explicit)[1]) == [(explicit, "ADV101")]  # named: scanned, as in Ruff
+    code, data = scan_json(capsys, explicit, "src/model.py", "--force-exclude")
+    assert [f["path"] for f in data["findings"]] == ["src/model.py", "src/model.py"] and code == 1
+    write_config(project, 'exclude = ["generated"]\nforce-exclude = true\n')
+    assert scan_json(capsys, explicit)[1]["files_scanned"] == 0
+
+
+def test_per_file_ignores(capsys, project):
+    (project / "legacy").mkdir()
+    shutil.copy(COPIES_AND_CASTS, project / "legacy" / "old.py")
+    write_config(project, '[tool.advisor.per-file-ignores]\n"legacy/*" = ["ADV1", "ADV3"]\n"model.py" = ["ADV204"]\n')
+    assert rules_found(scan_json(capsys, ".")[1]) == [("legacy/old.py", "ADV204"), ("src/model.py", "ADV101")]
+
+
+def test_unsafe_fixes_and_backend_from_the_file_and_the_no_flag(capsys, project):
+    write_config(project, 'unsafe-fixes = true\nbackend = "flash"\n')
+    model = project / "src" / "model.py"
+    before = model.read_text()
+    assert main(["fix", "src", "--no-unsafe-fixes", "--apply"]) == 1
+    after_safe = model.read_text()
+    assert after_safe != before and "scaled_dot_product_attention" not in after_safe  # only the safe ADV204 fix
+    capsys.readouterr()
+    assert main(["fix", "src", "--apply"]) == 0  # the file's unsafe-fixes = true
+    capsys.readouterr()
+    fixed = model.read_text()
+    assert "scaled_dot_product_attention" in fixed
+    _, data = scan_json(capsys, NANOGPT)
+    assert "sdpa_kernel" in data["findings"][0]["patch"]  # backend = "flash"
+
+
+@pytest.mark.parametrize("body, says", [
+    ('selct = ["ADV1"]\n', "unknown key 'selct'"),
+    ('select = "ADV1"\n', "select must be a list of strings"),
+    ('select = ["ADV9999"]\n', "unknown rule code or prefix: ADV9999"),
+    ('unsafe-fixes = "yes"\n', "unsafe-fixes must be true or false"),
+    ('backend = "cudnn"\n', "backend must be one of sdpa, flash, flash-attn"),
+    ('per-file-ignores = ["x"]\n', "per-file-ignores must be a table"),
+    ('select = [\n', "invalid TOML"),
+])
+def test_a_mistake_in_the_file_is_one_line_and_exit_2(capsys, project, body, says):
+    write_config(project, body)
+    assert main(["scan", "src", "--format", "json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("advisor: error: ") and says in err
+    assert "pyproject.toml" in err
+
+
+def test_a_missing_config_file_is_a_usage_error(capsys, project):
+    assert main(["scan", "src", "--config", "nope.toml"]) == 2
+    assert "--config nope.toml: no such file" in capsys.readouterr().err
+
+
+def test_optimize_reads_backend_and_unsafe_fixes_starting_at_the_target_file(project, tmp_path, monkeypatch):
+    write_config(project, 'backend = "flash"\nunsafe-fixes = true\n')
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["optimize", f"{project / 'src' / 'model.py'}:workload"])
+    assert settle(args, str(project / "src" / "model.py")) == project / "pyproject.toml"
+    assert (args.backend, args.unsafe_fixes) == ("flash", True)
+    assert args.call_site_facts is True  # the default
+    args = build_parser().parse_args(["optimize", "--backend", "sdpa", "--no-unsafe-fixes"])
+    settle(args, None)
+    assert (args.backend, args.unsafe_fixes) == ("sdpa", False)  # tmp_path has no config: flags and defaults
+
+
+def test_call_site_facts_from_the_file_and_the_flag_over_it(project):
+    write_config(project, 'call-site-facts = false\n')
+    args = build_parser().parse_args(["scan", "src"])
+    settle(args, "src")
+    assert args.call_site_facts is False
+    args = build_parser().parse_args(["scan", "src", "--call-site-facts"])
+    settle(args, "src")
+    assert args.call_site_facts is True
+
+
+def test_the_readme_example_is_a_valid_config(tmp_path):
+    from advisor.config import load_config
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "pyproject.toml"
+    path.write_text("\n".join(line.strip() for line in block.splitlines()))
+    assert set(load_config(path)) == {"select", "ignore", "exclude", "force_exclude", "backend", "unsafe_fixes",
+                                      "call_site_facts", "cache", "per_file_ignores"}

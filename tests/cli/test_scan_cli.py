@@ -1,0 +1,293 @@
+"""The CLI contract: exit codes, JSON fields, bad input as error entries, fix --apply safety, selection."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+from advisor.rewrite.patch import FileChanged, write_atomically
+
+ROOT = Path(__file__).resolve().parents[2]
+POSITIVE = ROOT / "fixtures" / "attention" / "positive"
+NANOGPT = POSITIVE / "01_nanogpt_causal.py"
+WEIGHTS_RETURNED = ROOT / "fixtures" / "attention" / "negative" / "01_weights_returned.py"
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_scan_json_contract(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "model.py")
+    code, out, _ = run_cli(capsys, "scan", "model.py", "--format", "json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["version"] == 1 and data["files_scanned"] == 1 and data["errors"] == []
+    (finding,) = data["findings"]
+    for key in ("rule", "kind", "path", "line", "end_line", "function", "message", "fixable", "fix_safety",
+                "reason", "patch"):
+        assert key in finding
+    assert finding["path"] == "model.py"  # relative to the current directory
+    assert finding["rule"] == "ADV101" and finding["kind"] == "attention" and finding["fix_safety"] == "safe"
+    assert finding["patch"].startswith("--- a/model.py")
+    assert "scaled_dot_product_attention" in finding["patch"]
+
+
+def test_bad_inputs_are_error_entries_and_the_scan_goes_on(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "good.py")
+    (workdir / "syntax.py").write_text("def broken(:\n")
+    (workdir / "latin1.py").write_bytes(b"x = '\xff\xfe'\n")
+    (workdir / "empty.py").write_text("")
+    (workdir / "nul.py").write_bytes(b"x = 1\x00\n")
+    (workdir / "loop").mkdir()
+    os.symlink("..", workdir / "loop" / "up")  # a directory cycle
+    code, out, _ = run_cli(capsys, "scan", ".", "missing.py", "--format", "json")
+    data = json.loads(out)
+    errors = {e["path"]: e["message"] for e in data["errors"]}
+    assert code == 1 and len(data["findings"]) == 1
+    assert "syntax error" in errors["syntax.py"]
+    assert "UTF-8" in errors["latin1.py"]
+    assert "no such file" in errors["missing.py"]
+    assert "nul.py" in errors
+    assert data["files_scanned"] == 2  # good.py and empty.py
+
+
+def test_nothing_scannable_exits_2_with_one_line(capsys, workdir):
+    (workdir / "syntax.py").write_text("def broken(:\n")
+    code, out, err = run_cli(capsys, "scan", "syntax.py")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("advisor: error:")
+    assert run_cli(capsys, "scan", "nowhere")[0] == 2
+    assert run_cli(capsys, "scan", "syntax.py", "--format", "yaml")[0] == 2  # usage error
+
+
+def test_clean_file_exits_0(capsys, workdir):
+    (workdir / "plain.py").write_text("import torch\n\ndef f(x):\n    return torch.softmax(x, -1)\n")
+    assert run_cli(capsys, "scan", "plain.py")[0] == 0
+
+
+def test_fix_shows_diff_without_writing_then_apply_writes_and_is_idempotent(capsys, workdir):
+    target = workdir / "model.py"
+    shutil.copy(NANOGPT, target)
+    before = target.read_text()
+    code, out, _ = run_cli(capsys, "fix", "model.py")
+    assert code == 1 and "scaled_dot_product_attention" in out and target.read_text() == before
+    code, out, _ = run_cli(capsys, "fix", "model.py", "--apply")
+    after = target.read_text()
+    assert code == 0 and after != before and "scaled_dot_product_attention" in after
+    assert after == (ROOT / "fixtures" / "attention" / "golden" / NANOGPT.name).read_text()
+    code, _, _ = run_cli(capsys, "fix", "model.py", "--apply")
+    assert code == 0 and target.read_text() == after
+
+
+def test_apply_refuses_a_file_changed_since_it_was_read(tmp_path):
+    target = tmp_path / "m.py"
+    target.write_text("a = 1\n")
+    with pytest.raises(FileChanged):
+        write_atomically(str(target), "a = 0\n", "a = 2\n")
+    assert target.read_text() == "a = 1\n"
+    write_atomically(str(target), "a = 1\n", "a = 2\n")
+    assert target.read_text() == "a = 2\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.py"]  # no temporary file left behind
+
+
+def test_unsafe_fix_only_with_flag(capsys, workdir):
+    target = workdir / "m.py"
+    shutil.copy(WEIGHTS_RETURNED, target)
+    before = target.read_text()
+    code, out, _ = run_cli(capsys, "scan", "m.py", "--format", "json")
+    (finding,) = json.loads(out)["findings"]
+    assert finding["rule"] == "ADV102" and finding["fix_safety"] == "unsafe" and finding["reason"]
+    run_cli(capsys, "fix", "m.py", "--apply")
+    assert target.read_text() == before
+    run_cli(capsys, "fix", "m.py", "--apply", "--unsafe-fixes")
+    assert "scaled_dot_product_attention" in target.read_text()
+
+
+def test_select_ignore_and_inline_suppression(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "a.py")
+    shutil.copy(WEIGHTS_RETURNED, workdir / "b.py")
+
+    def rules(*extra):
+        _, out, _ = run_cli(capsys, "scan", "a.py", "b.py", "--format", "json", *extra)
+        return sorted(f["rule"] for f in json.loads(out)["findings"])
+
+    assert rules() == ["ADV101", "ADV102"]
+    assert rules("--select", "ADV101") == ["ADV101"]
+    assert rules("--ignore", "adv10") == []
+    assert rules("--select", "ADV1", "--ignore", "ADV102") == ["ADV101"]
+    source = (workdir / "a.py").read_text().replace("att = F.softmax(att, dim=-1)",
+                                                     "att = F.softmax(att, dim=-1)  # advisor: ignore[ADV101]")
+    (workdir / "a.py").write_text(source)
+    assert rules() == ["ADV102"]
+
+
+def test_sarif_and_diff_formats(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "a.py")
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "sarif")
+    sarif = json.loads(out)
+    assert sarif["version"] == "2.1.0" and sarif["runs"][0]["results"][0]["ruleId"] == "ADV101"
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "diff")
+    assert "+++ b/a.py" in out
+
+
+def test_scan_diff_shows_an_unsafe_patch_only_with_unsafe_fixes_and_labelled(capsys, workdir):
+    shutil.copy(ROOT / "fixtures" / "attention" / "negative" / "03_helper_returns_attention.py", workdir / "a.py")
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "json")
+    assert [(f["rule"], f["fix_safety"], bool(f["patch"])) for f in json.loads(out)["findings"]] == \
+        [("ADV102", "unsafe", True)]
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "diff")
+    assert out == ""
+    _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "diff", "--unsafe-fixes")
+    label, *diff = out.splitlines()
+    assert label.startswith("# ADV102 UNSAFE fix (--unsafe-fixes): the attention weights are used outside")
+    assert diff[:2] == ["--- a/a.py", "+++ b/a.py"]
+
+
+def test_rules_are_data(capsys):
+    code, out, _ = run_cli(capsys, "rules", "--format", "json")
+    rules = {r["code"]: r for r in json.loads(out)["rules"]}
+    assert code == 0 and {"ADV101", "ADV102", "ADV103"} <= set(rules)
+    assert rules["ADV101"]["fix_safety"] == "safe" and rules["ADV102"]["fix_safety"] == "unsafe"
+
+
+def test_interactive_review_applies_only_accepted_patches(workdir):
+    for name in ("a.py", "b.py"):
+        shutil.copy(NANOGPT, workdir / name)
+    before = (workdir / "a.py").read_text()
+    result = subprocess.run([sys.executable, "-m", "advisor", "fix", "a.py", "b.py", "--interactive"],
+                            input="n\ny\n", capture_output=True, text=True, cwd=workdir, timeout=120)
+    assert result.returncode == 1, result.stderr  # one finding was declined and remains
+    assert (workdir / "a.py").read_text() == before
+    assert "scaled_dot_product_attention" in (workdir / "b.py").read_text()
+
+
+def test_parallel_scan_matches_serial(workdir):
+    from advisor.engine.static import scan_paths
+
+    for index, fixture in enumerate(sorted(POSITIVE.glob("*.py"))):
+        shutil.copy(fixture, workdir / f"m{index:02d}.py")
+    serial = scan_paths(["."], jobs=1)
+    parallel = scan_paths(["."], jobs=2)
+    assert len(serial.files) >= 16
+    assert [f.to_json() for f in serial.findings] == [f.to_json() for f in parallel.findings]
+
+
+def test_a_worker_that_dies_is_one_error_entry_and_the_scan_goes_on(workdir, monkeypatch):
+    """A segfault in one worker breaks the whole process pool; the scan must still report every other file and
+    name the one that killed its process (workers are forked, so they see the patched analysis)."""
+    import os
+
+    from advisor.engine import static as scan
+
+    for index, fixture in enumerate(sorted(POSITIVE.glob("*.py"))[:20]):
+        shutil.copy(fixture, workdir / f"m{index:02d}.py")
+    (workdir / "m05.py").write_text((workdir / "m05.py").read_text() + "\n# crash here\n")
+    real = scan._analyze_file
+
+    def crash_on_marker(path, *args):
+        if path.endswith("m05.py"):
+            os._exit(139)  # what a segfault looks like to the pool: the worker vanishes without a result
+        return real(path, *args)
+
+    monkeypatch.setattr(scan, "_analyze_file", crash_on_marker)
+    result = scan.scan_paths(["."], jobs=2)
+    assert [os.path.basename(e.path) for e in result.errors] == ["m05.py"]
+    assert result.errors[0].internal and "process died" in result.errors[0].message
+    assert len(result.files) == 19 and all(f.findings for f in result.files)
+
+
+# --- smaller, same standard -----------------------------------------------------------------------------------------
+
+def strict_json(text: str) -> dict:
+    """JSON as a strict parser reads it: a lone surrogate (\\udcff) is not text."""
+    data = json.loads(text)
+    json.dumps(data, ensure_ascii=False).encode("utf-8")  # raises UnicodeEncodeError on a lone surrogate
+    return data
+
+
+def test_a_file_named_ipynb_that_is_no_notebook_is_an_error_entry_named_or_walked(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "attention.ipynb")  # Python source, not a notebook's JSON
+    code, out, _ = run_cli(capsys, "scan", "attention.ipynb", "--format", "json")
+    data = json.loads(out)
+    assert code == 2 and data["findings"] == [] and data["files_scanned"] == 0
+    [error] = data["errors"]
+    assert error["path"] == "attention.ipynb" and error["message"].startswith("not a Jupyter notebook: invalid JSON")
+    shutil.copy(NANOGPT, workdir / "model.py")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    data = json.loads(out)
+    assert data["files_scanned"] == 1 and [e["path"] for e in data["errors"]] == ["attention.ipynb"]
+
+
+def test_symlink_loops_and_dangling_links_met_in_a_walk_are_error_entries(capsys, workdir):
+    shutil.copy(NANOGPT, workdir / "model.py")
+    os.symlink("gone.py", workdir / "dangling.py")
+    os.symlink("b.py", workdir / "a.py")
+    os.symlink("a.py", workdir / "b.py")
+    (workdir / "sub").mkdir()
+    os.symlink("..", workdir / "sub" / "up")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    data = json.loads(out)
+    errors = {e["path"]: e["message"] for e in data["errors"]}
+    assert code == 1 and data["files_scanned"] == 1
+    assert errors["dangling.py"] == "broken symbolic link"
+    assert "symbolic link loop" in errors["a.py"] and "symbolic link loop" in errors["b.py"]
+    assert "symbolic link loop" in errors[os.path.join("sub", "up")]
+
+
+def test_non_utf8_file_names_are_escaped_in_json_and_percent_encoded_in_sarif(capsys, workdir):
+    name = b"model_\xff.py"
+    shutil.copy(NANOGPT, os.path.join(bytes(workdir), name))
+    os.symlink(b"nowhere_\xfe.py", os.path.join(bytes(workdir), b"broken_\xfe.py"))
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    data = strict_json(out)
+    [finding] = data["findings"]
+    assert finding["path"] == "model_\\xff.py" and finding["patch"].startswith("--- a/model_\\xff.py")
+    assert [e["path"] for e in data["errors"]] == ["broken_\\xfe.py"]
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "sarif")
+    run = strict_json(out)["runs"][0]
+    assert run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "model_%FF.py"
+    notification = run["invocations"][0]["toolExecutionNotifications"][0]
+    assert notification["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "broken_%FE.py"
+
+
+def test_sarif_uris_are_percent_encoded(capsys, workdir):
+    (workdir / "a dir#1").mkdir()
+    shutil.copy(NANOGPT, workdir / "a dir#1" / "m%.py")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "sarif")
+    [result] = json.loads(out)["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "a%20dir%231/m%25.py"
+
+
+def test_sarif_execution_is_not_successful_when_nothing_could_be_scanned(capsys, workdir):
+    (workdir / "syntax.py").write_text("def broken(:\n")
+    code, out, _ = run_cli(capsys, "scan", "syntax.py", "--format", "sarif")
+    assert code == 2 and json.loads(out)["runs"][0]["invocations"][0]["executionSuccessful"] is False
+    shutil.copy(NANOGPT, workdir / "model.py")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "sarif")
+    assert code == 1 and json.loads(out)["runs"][0]["invocations"][0]["executionSuccessful"] is True
+
+
+def test_a_nul_byte_names_its_line_and_deep_nesting_is_not_called_out_of_memory(capsys, workdir):
+    (workdir / "nul.py").write_bytes(b"x = 1\ny = 2\x00\n")
+    (workdir / "deep.py").write_text("x = " + "-" * 100_000 + "1\n")
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    errors = {e["path"]: e["message"] for e in json.loads(out)["errors"]}
+    assert errors["nul.py"].startswith("syntax error at line 2:") and "null byte" in errors["nul.py"]
+    assert "None" not in errors["nul.py"]
+    assert "memory" not in errors["deep.py"] and "nested too deeply for the Python" in errors["deep.py"]

@@ -1,0 +1,77 @@
+"""Never corrupt user source: line endings, indentation style and neighbouring statements survive a rewrite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from advisor.cli import main
+from advisor.engine.static import analyze_source
+
+ROOT = Path(__file__).resolve().parents[2]
+NANOGPT = (ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py").read_text()
+
+
+def test_crlf_line_endings_are_kept():
+    source = NANOGPT.replace("\n", "\r\n")
+    fixed = analyze_source(source, "m.py").fixed
+    assert fixed != source and "scaled_dot_product_attention" in fixed
+    assert fixed.count("\n") == fixed.count("\r\n")  # no bare LF introduced
+
+
+def test_tab_indentation_compiles_and_is_kept():
+    source = NANOGPT.replace("    ", "\t")
+    fixed = analyze_source(source, "m.py").fixed
+    compile(fixed, "m.py", "exec")
+    assert "\n\t\ty = F.scaled_dot_product_attention(" in fixed
+
+
+def test_semicolon_neighbours_survive():
+    source = NANOGPT.replace("        att = F.softmax(att, dim=-1)\n",
+                             "        att = F.softmax(att, dim=-1); marker = 1\n")
+    fixed = analyze_source(source, "m.py").fixed
+    assert "        marker = 1\n" in fixed and "att = F.softmax" not in fixed
+    compile(fixed, "m.py", "exec")
+
+
+def test_scan_with_profile_ranks_static_findings_by_measured_time(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    target = "fixtures/profile/handwritten_attention.py"
+    code = main(["scan", target, "--profile", f"{target}:workload", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    (finding,) = data["findings"]
+    assert code == 1 and finding["rule"] == "ADV101"
+    assert finding["self_us"] > 0 and 0 < finding["share"] <= 1 and finding["calls"] >= 1
+    assert "ADV110" in finding["measured_by"]
+
+
+TWO_BLOCKS = '''
+import torch
+import torch.nn.functional as F
+
+
+def first(q, k, v):
+    scores = torch.matmul(q, k.transpose(-2, -1)) / 4.0
+    return torch.matmul(F.softmax(scores, dim=-1), v)
+
+
+def both(q, k, v):
+    a = F.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1) @ v
+    b = F.softmax(k @ q.transpose(-2, -1) * 0.5, dim=-1) @ v
+    return a + b
+'''
+
+
+def test_several_blocks_in_one_file_and_one_function_are_all_rewritten():
+    result = analyze_source(TWO_BLOCKS, "m.py")
+    assert [f.rule for f in result.findings] == ["ADV101"] * 3
+    assert result.fixed.count("scaled_dot_product_attention") == 3 and "softmax" not in result.fixed
+    namespace: dict = {}
+    exec(compile(result.fixed, "m.py", "exec"), namespace)
+    original: dict = {}
+    exec(compile(TWO_BLOCKS, "m.py", "exec"), original)
+    import torch
+
+    q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
+    for name in ("first", "both"):
+        torch.testing.assert_close(namespace[name](q, k, v), original[name](q, k, v), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,339 @@
+"""The `first-order-autograd` fact: SDPA's fused kernels have no double backward and no
+forward-mode derivative, so a rewrite is safe only where nothing in the scanned tree asks for them.
+
+Before the fact existed, a gradient penalty or a `torch.func.jvp` through a "safely" patched block raised. The
+first tests keep that evidence (torch's behaviour, measured); the rest check where the fact is proved, where it
+is assumed (in this file, in another file of the scan), and how names are resolved through imports.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from advisor.engine.static import analyze_source, scan_paths
+from advisor.runtime.autograd_probe import higher_order_requests
+from advisor.static.autograd_use import autograd_sites, worth_resolving
+from advisor.static.module_index import ParsedModule
+from fixture_models import fixture_paths, load_module_from_source
+
+MODEL = '''import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / 8 ** 0.5
+        weights = scores.softmax(dim=-1)
+        return (weights @ v).transpose(1, 2).reshape(B, T, C)
+'''
+
+PENALTY = '''
+
+def penalty(model, x):
+    x = x.requires_grad_(True)
+    (grad,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+    return grad.pow(2).sum()
+'''
+
+STATEMENT_NAME = "first-order-autograd"
+
+
+def _fact(finding, status: str) -> dict | None:
+    return next((f for f in finding.extra["facts"][status] if f["name"] == STATEMENT_NAME), None)
+
+
+def _attention(source: str, path: str = "m.py"):
+    (finding,) = [f for f in analyze_source(source, path).findings if f.kind == "attention"]
+    return finding
+
+
+# --------------------------------------------------------------------------------------------------------------
+# torch's behaviour the fact rests on (measured on torch 2.13, CPU)
+
+def _qkv(requires_grad: bool = True):
+    torch.manual_seed(0)
+    return [torch.randn(2, 2, 5, 8, requires_grad=requires_grad) for _ in range(3)]
+
+
+def test_the_fused_cpu_kernel_has_no_double_backward_and_no_forward_ad():
+    q, k, v = _qkv()
+    out = F.scaled_dot_product_attention(q, k, v)
+    (grad,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        grad.pow(2).sum().backward()
+    q, k, v = _qkv(requires_grad=False)
+    with pytest.raises(NotImplementedError):
+        torch.func.jvp(lambda q: F.scaled_dot_product_attention(q, k, v), (q,), (torch.ones_like(q),))
+
+
+def test_a_gradient_penalty_through_the_patch_raises_so_the_patch_is_not_safe():
+    """The failing-before case: the patch used to be safe, and the penalty then raised."""
+    source = MODEL + PENALTY
+    finding = _attention(source)
+    assert finding.fix_safety == "unsafe"
+    assert "create_graph=True" in finding.reason and "m.py:20" in finding.reason
+    assert _fact(finding, "assumed") is not None
+    patched = analyze_source(source, "m.py", unsafe_fixes=True).fixed
+    original, rewritten = load_module_from_source(source, "ho_orig"), load_module_from_source(patched, "ho_patched")
+    torch.manual_seed(0)
+    model, x = original.Attn(), torch.randn(2, 6, 16)
+    again = rewritten.Attn()
+    again.load_state_dict(model.state_dict())
+    assert torch.isfinite(original.penalty(model, x.clone()))
+    with pytest.raises(RuntimeError, match="not implemented"):
+        rewritten.penalty(again, x.clone()).backward()
+
+
+def test_proved_when_nothing_asks_for_it():
+    finding = _attention(MODEL)
+    assert finding.fix_safety == "safe"
+    fact = _fact(finding, "proved")
+    assert fact is not None and "nothing in the scanned file" in fact["why"]
+
+
+def test_every_sdpa_finding_of_the_positive_fixtures_states_the_fact():
+    for path in fixture_paths("positive"):
+        for finding in analyze_source(path.read_text(encoding="utf-8"), str(path)).findings:
+            if finding.kind == "attention" and finding.patch:
+                assert _fact(finding, "proved") is not None, path.name
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The scanned tree: the files of the run
+
+
+def _tree(tmp_path, train: str):
+    (tmp_path / "model.py").write_text(MODEL, encoding="utf-8")
+    (tmp_path / "train.py").write_text(textwrap.dedent(train), encoding="utf-8")
+    return tmp_path
+
+
+def _model_finding(paths):
+    result = scan_paths([str(p) for p in paths], jobs=1)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    return finding
+
+
+def test_assumed_when_another_file_of_the_scan_asks_for_it(tmp_path):
+    root = _tree(tmp_path, '''
+        from torch.autograd import grad as g
+        from model import Attn
+
+
+        def r1(model, x):
+            (gx,) = g(model(x).sum(), x, None, True, True)
+            return gx.pow(2).sum()
+    ''')
+    finding = _model_finding([root])
+    assert finding.fix_safety == "unsafe"
+    assert "train.py:7" in _fact(finding, "assumed")["why"]
+    alone = _model_finding([root / "model.py"])  # the training file is not part of this run
+    assert alone.fix_safety == "safe"
+    assert "scanned file" in _fact(alone, "proved")["why"]
+
+
+def test_proved_over_a_tree_that_only_takes_first_order_gradients(tmp_path):
+    root = _tree(tmp_path, '''
+        import torch
+        from torch.func import jacrev
+
+
+        def step(model, x, opt):
+            loss = model(x).sum()
+            loss.backward(create_graph=False)
+            torch.autograd.grad(loss, x, retain_graph=True)
+            return jacrev(model)(x)
+    ''')
+    finding = _model_finding([root])
+    assert finding.fix_safety == "safe"
+    assert "the 2 scanned files" in _fact(finding, "proved")["why"]
+
+
+# A helper that passes on its own `create_graph` parameter (a loss scaler's `backward(create_graph=create_graph)`)
+# asks only where a call turns it on; where nothing in the tree uses the helper, no call of the tree does.
+
+SCALER = '''
+    class Scaler:
+        def __call__(self, loss, optimizer, clip=None, create_graph=False):
+            loss.backward(create_graph=create_graph)
+            optimizer.step()
+'''
+
+
+def test_a_create_graph_parameter_passed_on_by_a_helper_nothing_uses_asks_nothing(tmp_path):
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("from .scaler import Scaler\n__all__ = ['Scaler']\n")
+    (tmp_path / "utils" / "scaler.py").write_text(textwrap.dedent(SCALER), encoding="utf-8")
+    finding = _model_finding([_tree(tmp_path, "import torch\n")])
+    assert finding.fix_safety == "safe"
+    assert "scaler.py:4 passes on a parameter, off by default, of `Scaler`" in _fact(finding, "proved")["why"]
+    unseen = scan_paths([str(tmp_path)], jobs=1, call_site_facts=False)  # its callers may live outside the tree
+    assert [f.fix_safety for f in unseen.findings if f.kind == "attention"] == ["unsafe"]
+
+
+PASSED_ON_AND_ASKED = {  # the helper, and a use of it, in one train.py: each makes the site ask
+    "called_positionally": SCALER + "\ndef step(loss, opt):\n    Scaler()(loss, opt, None, True)\n",
+    "built_and_stored": SCALER + "\nSCALER = Scaler()\n",
+    "imported_under_another_name": "from utils_scaler import Scaler as S\n",
+    "named_in_a_string": SCALER + "\nmaker = globals()['Scaler']\n",
+    "subclassed": SCALER + "\nclass Mine(Scaler):\n    pass\n",
+    "default_on": SCALER.replace("create_graph=False)", "create_graph=True)"),
+    "rebound": SCALER.replace("            loss.backward", "            create_graph = not clip\n"
+                                                        "            loss.backward"),
+    "function_called": "\ndef scale(loss, create_graph=None):\n    loss.backward(create_graph=create_graph)\n"
+                       "\nscale(1.0, 'yes')\n",
+    "nested_function": "\ndef outer(loss):\n    def inner(create_graph=False):\n"
+                       "        loss.backward(create_graph=create_graph)\n    return inner(True)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PASSED_ON_AND_ASKED))
+def test_a_passed_on_create_graph_asks_where_the_tree_may_turn_it_on(tmp_path, name):
+    (tmp_path / "utils_scaler.py").write_text(textwrap.dedent(SCALER), encoding="utf-8")
+    finding = _model_finding([_tree(tmp_path, PASSED_ON_AND_ASKED[name])])
+    assert finding.fix_safety == "unsafe", name
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Which code asks for it, names resolved through imports
+
+ASKS = {
+    "grad_keyword": "import torch\ntorch.autograd.grad(y, x, create_graph=True)",
+    "grad_alias_positional": "from torch.autograd import grad as g\ng(y, x, None, True, True)",
+    "grad_module_alias": "from torch import autograd as ag\nag.grad(y, x, None, None, flag)",
+    "backward_keyword": "loss.backward(create_graph=True)",
+    "backward_positional": "loss.backward(None, True, True)",
+    "wrapper_keyword": "penalty(model, x, create_graph=self.training)",
+    "forward_ad": "import torch.autograd.forward_ad as fwAD\nwith fwAD.dual_level():\n    d = fwAD.make_dual(x, t)",
+    "forward_ad_from": "from torch.autograd.forward_ad import make_dual\nd = make_dual(x, t)",
+    "func_jvp": "import torch\ntorch.func.jvp(f, (x,), (t,))",
+    "func_hessian": "from torch.func import hessian\nh = hessian(f)(x)",
+    "func_module_alias": "from torch import func as tf\nj = tf.jacfwd(f)(x)",
+    "functorch": "import functorch\nfunctorch.jvp(f, (x,), (t,))",
+    "nested_grad": "from torch.func import grad\ngg = grad(grad(f))(x)",
+    "grad_of_named_grad": "from torch.func import grad, jacrev\ng = grad(f)\nh = jacrev(g)(x)",
+    "grad_of_lambda": "from torch.func import grad\nh = grad(lambda x: grad(f)(x).sum())(x)",
+    "grad_of_function": "from torch.func import grad, vjp\ndef inner(x):\n    return vjp(f, x)[1](x)\n"
+                        "h = grad(inner)(x)",
+    "functional_hvp": "from torch.autograd.functional import hvp\nhvp(f, x, v)",
+    "functional_jvp": "import torch\ntorch.autograd.functional.jvp(f, x, v)",
+    "functional_jacobian_cg": "import torch\ntorch.autograd.functional.jacobian(f, x, create_graph=True)",
+    "jacobian_forward_mode": "import torch\ntorch.autograd.functional.jacobian(f, x, vectorize=True, "
+                             "strategy='forward-mode')",
+}
+
+FIRST_ORDER = {
+    "plain_backward": "loss.backward()",
+    "create_graph_false": "import torch\ntorch.autograd.grad(y, x, create_graph=False)",
+    "retain_graph_positional": "import torch\ntorch.autograd.grad(y, x, None, True)",
+    "func_grad": "from torch.func import grad\ngrad(f)(x)",
+    "func_jacrev": "import torch\ntorch.func.jacrev(f)(x)",
+    "local_jvp": "def jvp(f, x):\n    return f(x)\njvp(f, x)",
+    "jacobian": "import torch\ntorch.autograd.functional.jacobian(f, x, strategy='reverse-mode')",
+    "import_only": "import torch.autograd.forward_ad as fwAD\nfrom torch.func import jvp",
+    "functools": "import functools\nfunctools.partial(f, 1)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ASKS))
+def test_asks_for_higher_order_autograd(name):
+    sites = autograd_sites(ParsedModule(ASKS[name] + "\n", "t.py"))
+    assert sites, ASKS[name]
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_ORDER))
+def test_first_order_code_asks_for_nothing(name):
+    assert autograd_sites(ParsedModule(FIRST_ORDER[name] + "\n", "t.py")) == []
+
+
+def test_the_cheap_filters_keep_every_file_that_asks_and_drop_common_first_order_code():
+    assert all(worth_resolving(source) for source in ASKS.values())
+    common = ("import torch\n\nclass F(torch.autograd.Function):\n    @staticmethod\n    def backward(ctx, g):\n"
+              "        return g\n\nloss.backward()\nfor p in model.parameters():\n    p.grad = None\n")
+    assert not worth_resolving(common)
+
+
+@pytest.mark.parametrize("name", ["forward_ad", "func_jvp", "func_hessian", "nested_grad"])
+def test_forward_mode_and_nested_transforms_in_the_file_make_the_patch_unsafe(name):
+    imports, _, body = ASKS[name].partition("\n")
+    source = f"{imports}\n{MODEL}\n\ndef use(f, x, t):\n{textwrap.indent(body, '    ')}\n"
+    finding = _attention(source)
+    assert finding.fix_safety == "unsafe", source
+    assert _fact(finding, "assumed") is not None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# What a run asks of autograd, seen while it runs (optimize: a request the static scan cannot read)
+
+def _eager(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v
+
+
+def _first_order():
+    q, k, v = _qkv()
+    _eager(q, k, v).sum().backward()
+
+
+def _penalty_through_kwargs():
+    q, k, v = _qkv()
+    options = {"create_graph": True}
+    (grad,) = getattr(torch.autograd, "grad")(_eager(q, k, v).sum(), q, **options)
+    grad.pow(2).sum().backward()
+
+
+def _jvp():
+    q, k, v = _qkv(requires_grad=False)
+    torch.func.jvp(lambda q: _eager(q, k, v), (q,), (torch.ones_like(q),))
+
+
+def _nested_grad():
+    q, k, v = [t[:1, :1, :2, :2] for t in _qkv(requires_grad=False)]
+    torch.func.grad(lambda q: torch.func.grad(lambda q: _eager(q, k, v).pow(2).sum())(q).sum())(q)
+
+
+def test_the_run_probe_sees_double_backward_and_forward_mode_but_not_first_order():
+    assert higher_order_requests(_first_order) == []
+    assert "create_graph=True" in " ".join(higher_order_requests(_penalty_through_kwargs))
+    assert "forward-mode" in " ".join(higher_order_requests(_jvp))
+    assert "double backward" in " ".join(higher_order_requests(_nested_grad))
+
+
+FOLDED = '''import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        weights = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
+        return torch.bmm(weights, v)
+'''
+
+
+def test_heads_folded_into_the_batch_run_the_math_kernel_so_a_penalty_keeps_working():
+    """3-D inputs: no fused kernel takes them, so SDPA runs its math kernel, which has double backward (p29)."""
+    source = FOLDED + PENALTY
+    finding = _attention(source)
+    assert finding.fix_safety == "safe"
+    assert "math kernel" in _fact(finding, "proved")["why"]
+    patched = analyze_source(source, "m.py").fixed
+    original, rewritten = load_module_from_source(source, "folded_o"), load_module_from_source(patched, "folded_p")
+    torch.manual_seed(0)
+    model, x = original.Attn(), torch.randn(2, 6, 16)
+    again = rewritten.Attn()
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(rewritten.penalty(again, x.clone()), original.penalty(model, x.clone()))

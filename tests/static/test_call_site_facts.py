@@ -1,0 +1,487 @@
+"""Facts an attention block cannot prove about its parameters, proved at every call in the scanned tree.
+
+Each case writes a small tree (the attention in one file, its callers in the same or another file), scans it as a
+user does, and checks which facts are proved from call sites (with the sites listed) and which stay assumed. Where
+the patch becomes safe, the original and patched trees are imported and run on the same weights and inputs,
+including a sample whose every key is padding (a fully masked query row)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from advisor.engine.static import scan_paths
+
+ATTEND = '''
+import torch
+
+
+def attend(q, k, v, mask, scale):
+    scores = q @ k.transpose(-2, -1) * scale + mask
+    return scores.softmax(dim=-1) @ v
+'''
+
+MODEL = '''
+import torch
+from torch import nn
+
+from {module} import attend
+
+
+class Model(nn.Module):
+    def __init__(self, dim=16, heads=2, pad=0):
+        super().__init__()
+        self.heads, self.pad = heads, pad
+        self.embed = nn.Embedding(20, dim)
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        x = self.embed(ids)
+        q = self.q(x).view(b, n, self.heads, -1).transpose(1, 2)
+        k = self.k(x).view(b, n, self.heads, -1).transpose(1, 2)
+        v = self.v(x).view(b, n, self.heads, -1).transpose(1, 2)
+        keep = ids != self.pad
+        out = attend(q, k, v, {mask}, {scale})
+        return out.transpose(1, 2).reshape(b, n, -1)
+'''
+
+# a module's forward reached from its parent: Block builds `self.attn`, Model builds the mask
+MODULES = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, mask=None):
+        b, n, d = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+        if mask is not None:
+            scores = scores + mask
+        weights = scores.softmax(dim=-1)
+        return (weights @ v).permute(0, 2, 1, 3).reshape(b, n, d)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.attn = Attention(dim, heads)
+
+    def forward(self, x, mask=None):
+        return x + self.attn(x, mask)
+
+
+class Plain(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.attn = Attention(dim, heads)
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+class Model(nn.Module):
+    def __init__(self, dim=16, heads=2, pad=0):
+        super().__init__()
+        self.pad = pad
+        self.embed = nn.Embedding(20, dim)
+        self.block = Block(dim, heads)
+        self.plain = Plain(dim, heads)
+
+    def forward(self, ids):
+        b, n = ids.shape
+        padding = {mask}
+        return self.plain(self.block(self.embed(ids), padding))
+'''
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "tree"
+    root.mkdir(parents=True)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def _attention(root: Path, call_site_facts: bool = True):
+    result = scan_paths([str(root)], jobs=1, call_site_facts=call_site_facts)
+    found = [f for f in result.findings if f.kind == "attention"]
+    assert len(found) == 1, [(f.rule, f.reason) for f in found]
+    return found[0], result
+
+
+def _names(finding, status: str) -> set[str]:
+    return {fact["name"] for fact in finding.extra["facts"].get(status, [])}
+
+
+def _unproved(finding) -> set[str]:
+    """Facts neither the block nor its call sites prove: assumed, or guarded by a run-time check."""
+    return _names(finding, "assumed") | _names(finding, "guarded")
+
+
+def _sites(finding, name: str) -> list[str]:
+    return next(f["sites"] for f in finding.extra["facts"]["from_call_sites"] if f["name"] == name)
+
+
+def _padded_ids() -> torch.Tensor:
+    """Sample 0 pads its last keys; sample 1 is all padding, so each of its query rows is fully masked."""
+    ids = torch.randint(1, 20, (2, 6), generator=torch.Generator().manual_seed(3))
+    ids[0, 4:] = 0
+    ids[1] = 0
+    return ids
+
+
+def _run(root: Path, module: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    sys.path.insert(0, str(root))
+    try:
+        for name in [n for n in sys.modules if n in ("attn", "model", "modules")]:
+            del sys.modules[name]
+        torch.manual_seed(0)
+        model = importlib.import_module(module).Model().to(dtype).eval()
+        with torch.no_grad():
+            return model(ids)
+    finally:
+        sys.path.remove(str(root))
+        for name in [n for n in sys.modules if n in ("attn", "model", "modules")]:
+            del sys.modules[name]
+
+
+def _assert_parity(tmp_path: Path, root: Path, result, module: str) -> None:
+    """The safe patch, applied as `fix --apply` would, computes what the original computes."""
+    patched = tmp_path / "patched"
+    patched.mkdir()
+    for file in result.files:
+        (patched / Path(file.path).name).write_text(file.fixed)
+    assert any("scaled_dot_product_attention" in p.read_text() for p in patched.iterdir())
+    ids = _padded_ids()
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
+        original, rewritten = _run(root, module, ids, dtype), _run(patched, module, ids, dtype)
+        torch.testing.assert_close(rewritten, original, atol=tolerance, rtol=tolerance)
+
+
+# -- a caller in another file proves every fact of a function -------------------------------------------------
+def test_a_caller_in_another_file_proves_rank_dtype_rows_and_scale(tmp_path):
+    root = _tree(tmp_path, {"attn.py": ATTEND,
+                            "model.py": MODEL.format(module="attn", mask="keep.view(b, 1, 1, n)", scale="0.25")})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    assert _names(finding, "from_call_sites") == {"mask-rank", "mask-dtype", "fully-masked-rows",
+                                                  "scale-is-number"}
+    assert _sites(finding, "mask-rank") == [f"{root / 'model.py'}:22"]
+    _assert_parity(tmp_path, root, result, "model")
+
+
+def test_the_opt_out_flag_proves_nothing_from_call_sites(tmp_path):
+    root = _tree(tmp_path, {"attn.py": ATTEND,
+                            "model.py": MODEL.format(module="attn", mask="keep.view(b, 1, 1, n)", scale="0.25")})
+    finding, _ = _attention(root, call_site_facts=False)
+    assert finding.fix_safety == "unsafe"
+    assert "from_call_sites" not in finding.extra["facts"]
+    assert "fully-masked-rows" in _names(finding, "assumed")
+    assert {"mask-rank", "mask-dtype", "scale-is-number"} <= _unproved(finding)  # metadata: checked at run time
+    cli = subprocess.run([sys.executable, "-m", "advisor", "scan", str(root), "--format", "json",
+                          "--no-call-site-facts"], capture_output=True, text=True)
+    assert '"from_call_sites"' not in cli.stdout and '"fix_safety": "unsafe"' in cli.stdout
+    with_sites = subprocess.run([sys.executable, "-m", "advisor", "scan", str(root), "--format", "json"],
+                                capture_output=True, text=True)
+    assert '"from_call_sites"' in with_sites.stdout and '"fix_safety": "safe"' in with_sites.stdout
+
+
+@pytest.mark.parametrize("mask, scale, still_assumed", [
+    ("keep.view(b, 1, 1, n).float()", "0.25", {"mask-dtype"}),  # a float mask: its width is not shown
+    ("keep", "0.25", {"mask-rank"}),  # a 2-D mask on 4-D scores: SDPA needs it broadcastable from the right
+    ("(~keep).view(b, 1, 1, n) * -1e9", "0.25", {"fully-masked-rows", "mask-dtype"}),  # swallows padded rows
+    ("keep.view(b, 1, 1, n)", "self.heads ** -0.5 * torch.ones(())", {"scale-is-number"}),
+])
+def test_a_caller_that_does_not_prove_a_fact_leaves_it_assumed(tmp_path, mask, scale, still_assumed):
+    """Left to the patch: a fact about metadata is checked at run time (guarded, and safe when nothing else is
+    assumed), any other stays assumed."""
+    root = _tree(tmp_path, {"attn.py": ATTEND, "model.py": MODEL.format(module="attn", mask=mask, scale=scale)})
+    finding, _ = _attention(root)
+    assert _unproved(finding) == still_assumed
+    assert finding.fix_safety == ("unsafe" if _names(finding, "assumed") else "safe")
+    assert _names(finding, "assumed") == still_assumed - {"mask-rank", "mask-dtype", "scale-is-number"}
+
+
+def test_one_call_that_does_not_prove_it_is_enough_to_keep_it_assumed(tmp_path):
+    other = "\n\ndef elsewhere(q, k, v, m):\n    return attend(q, k, v, m, 0.5)\n"
+    root = _tree(tmp_path, {"attn.py": ATTEND, "model.py": MODEL.format(
+        module="attn", mask="keep.view(b, 1, 1, n)", scale="0.25") + other})
+    finding, _ = _attention(root)
+    assert {"mask-rank", "mask-dtype", "fully-masked-rows"} <= _unproved(finding)
+    assert _names(finding, "from_call_sites") == {"scale-is-number"}  # both calls pass a number
+
+
+@pytest.mark.parametrize("extra", [
+    "\n\nHANDLERS = [attend]\n",  # the function is passed elsewhere: its calls are not all visible
+    "\n\ndef spread(args):\n    return attend(*args)\n",  # what *args binds is not visible
+])
+def test_a_use_that_is_not_a_visible_call_proves_nothing(tmp_path, extra):
+    root = _tree(tmp_path, {"attn.py": ATTEND + extra,
+                            "model.py": MODEL.format(module="attn", mask="keep.view(b, 1, 1, n)", scale="0.25")})
+    finding, _ = _attention(root)
+    assert "from_call_sites" not in finding.extra["facts"]
+    assert finding.fix_safety == "unsafe"
+
+
+def test_a_function_with_no_caller_in_the_tree_gets_nothing(tmp_path):
+    root = _tree(tmp_path, {"attn.py": ATTEND})
+    finding, _ = _attention(root)
+    assert "from_call_sites" not in finding.extra["facts"] and finding.fix_safety == "unsafe"
+
+
+def test_an_edit_of_the_call_site_is_seen_by_the_next_scan(tmp_path):
+    root = _tree(tmp_path, {"attn.py": ATTEND,
+                            "model.py": MODEL.format(module="attn", mask="keep.view(b, 1, 1, n)", scale="0.25")})
+    assert _attention(root)[0].fix_safety == "safe"
+    model = root / "model.py"
+    model.write_text(model.read_text().replace("keep.view(b, 1, 1, n)", "keep.view(b, 1, 1, n) * 1e9"))
+    finding, _ = _attention(root)
+    assert finding.fix_safety == "unsafe" and "fully-masked-rows" in _names(finding, "assumed")
+
+
+# -- a module's forward reached from its parent, through a parameter passed on --------------------------------
+@pytest.mark.parametrize("mask", [
+    "(ids == self.pad).view(b, 1, 1, n) * -8.0",  # a comparison times a small constant
+    "torch.zeros(b, 1, 1, n)",  # zeros
+    "torch.rand(b, 1, n, n) - 0.5",  # a bounded random draw
+])
+def test_a_parent_module_proves_the_mask_of_its_childs_forward(tmp_path, mask):
+    root = _tree(tmp_path, {"modules.py": MODULES.format(mask=mask)})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    assert _names(finding, "from_call_sites") == {"mask-rank", "fully-masked-rows"}
+    sites = _sites(finding, "mask-rank")
+    assert len(sites) == 2  # Model's call through Block, and Plain's call that passes no mask (None is not used)
+    _assert_parity(tmp_path, root, result, "modules")
+
+
+def test_a_module_level_tensor_is_read_where_it_is_built(tmp_path):
+    source = MODULES.format(mask="MASK") + "\n\nMASK = torch.randn(1, 1, 6, 6)\n"
+    root = _tree(tmp_path, {"modules.py": source})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    _assert_parity(tmp_path, root, result, "modules")
+    root2 = _tree(tmp_path / "rewritten", {"modules.py": source + "MASK[0] = float('-inf')\n"})
+    assert _attention(root2)[0].fix_safety == "unsafe"  # written after it is built: its values are not shown
+
+
+def test_an_instance_used_otherwise_proves_nothing(tmp_path):
+    source = MODULES.format(mask="torch.zeros(b, 1, 1, n)").replace(
+        "        return x + self.attn(x, mask)",
+        "        self.attn.cached = mask\n        return x + self.attn(x, mask)")
+    root = _tree(tmp_path, {"modules.py": source})
+    assert _attention(root)[0].fix_safety == "unsafe"
+
+
+# -- a scale passed to the constructor ---------------------------------------------------------------------------
+SCALED = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, scale):
+        super().__init__()
+        self.scale = scale
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        w = (q @ k.transpose(-2, -1) * self.scale).softmax(dim=-1)
+        return w @ v
+'''
+
+BUILDER = '''
+import torch
+from torch import nn
+
+from scaled import Attention
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = Attention(16, 0.125)
+        self.second = Attention(16, scale={scale})
+
+    def forward(self, x):
+        return self.second(self.first(x))
+'''
+
+
+def test_a_scale_every_construction_passes_as_a_number_is_proved(tmp_path):
+    root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale="16 ** -0.5")})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    assert _sites(finding, "scale-is-number") == [f"{root / 'model.py'}:11", f"{root / 'model.py'}:12"]
+    patched = tmp_path / "patched"
+    patched.mkdir()
+    for file in result.files:
+        (patched / Path(file.path).name).write_text(file.fixed)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    sys.path.insert(0, str(root))
+    try:
+        torch.manual_seed(0)
+        original = importlib.import_module("model").Model().double().eval()
+    finally:
+        sys.path.remove(str(root))
+        for name in ("model", "scaled"):
+            sys.modules.pop(name, None)
+    sys.path.insert(0, str(patched))
+    try:
+        rewritten = importlib.import_module("model").Model().double().eval()
+        rewritten.load_state_dict(original.state_dict())
+        torch.testing.assert_close(rewritten(x), original(x), atol=1e-10, rtol=1e-10)
+    finally:
+        sys.path.remove(str(patched))
+        for name in ("model", "scaled"):
+            sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("scale", ["torch.tensor(0.25)", "torch.nn.Parameter(torch.ones(()))"])
+def test_a_construction_passing_a_tensor_scale_proves_nothing(tmp_path, scale):
+    """Nothing from call sites; the patch checks the scale at run time instead (a tensor runs the original)."""
+    root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale=scale)})
+    finding, _ = _attention(root)
+    assert "from_call_sites" not in finding.extra["facts"] and "scale-is-number" in _names(finding, "guarded")
+
+
+# -- an instance bound to a name, with a module-level mask ------------------------------------------------------
+SCRIPT = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 2, 8).transpose(1, 2)
+        k = self.k(x).view(b, n, 2, 8).transpose(1, 2)
+        v = self.v(x).view(b, n, 2, 8).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / 4.0
+        scores = scores + mask
+        return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, n, 16)
+
+
+MASK = {mask}
+model = Attention()
+model.eval()
+
+
+def run(x):
+    return model(x, MASK)
+'''
+
+
+@pytest.mark.parametrize("mask, safe", [
+    ("torch.rand(1, 1, 8, 8) > 0.5", True),  # a bool mask, added: +1 where True
+    ("torch.randint(0, 2, (2, 1, 8, 8))", True),
+    ("torch.randint(0, 2, (2, 1, 8, 8)) * 1000000000", False),  # int, but its values swallow rows
+    ("torch.rand(8) > 0.5", True),  # 1-D: SDPA rejects it on 4-D inputs, so the guarded rank runs the original
+])
+def test_a_module_level_instance_and_mask(tmp_path, mask, safe):
+    root = _tree(tmp_path, {"script.py": SCRIPT.format(mask=mask)})
+    finding, result = _attention(root)
+    assert (finding.fix_safety == "safe") is safe, finding.reason
+    if not safe:
+        return
+    patched = tmp_path / "patched"
+    patched.mkdir()
+    (patched / "script.py").write_text(result.files[0].fixed)
+    x = torch.randn(2, 8, 16, dtype=torch.float64)
+    outputs = []
+    for folder in (root, patched):
+        sys.path.insert(0, str(folder))
+        try:
+            torch.manual_seed(0)
+            script = importlib.import_module("script")
+            script.model.double()
+            outputs.append(script.run(x))
+        finally:
+            sys.path.remove(str(folder))
+            sys.modules.pop("script", None)
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-10, rtol=1e-10)
+
+
+def test_a_module_level_instance_another_file_may_import_proves_nothing(tmp_path):
+    root = _tree(tmp_path, {"script.py": SCRIPT.format(mask="torch.randn(1, 1, 8, 8)"),
+                            "other.py": "from script import model\n"})
+    assert _attention(root)[0].fix_safety == "unsafe"
+
+
+def test_blocks_in_a_module_list_called_in_a_loop(tmp_path):
+    source = MODULES.format(mask="(ids == self.pad).view(b, 1, 1, n) * -8.0").replace(
+        "        self.block = Block(dim, heads)",
+        "        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(2)])").replace(
+        "        return self.plain(self.block(self.embed(ids), padding))",
+        "        x = self.embed(ids)\n        for i, block in enumerate(self.blocks):\n"
+        "            x = block(x, padding)\n        return self.plain(x)")
+    root = _tree(tmp_path, {"modules.py": source})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    _assert_parity(tmp_path, root, result, "modules")
+    stored = source.replace("            x = block(x, padding)", "            x = block(x, padding)\n"
+                            "            self.last = block")
+    assert _attention(_tree(tmp_path / "stored", {"modules.py": stored}))[0].fix_safety == "unsafe"
+
+
+def test_a_package_that_re_exports_the_function_proves_nothing(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "from .attn import attend\n", "pkg/attn.py": ATTEND,
+                            "model.py": MODEL.format(module="pkg.attn", mask="keep.view(b, 1, 1, n)", scale="0.25")})
+    assert _attention(root)[0].fix_safety == "unsafe"  # `from pkg import attend` elsewhere would not be seen
+    (root / "pkg" / "__init__.py").write_text("")
+    assert _attention(root)[0].fix_safety == "safe"  # the caller imports it from its module, relative or not
+
+
+@pytest.mark.parametrize("statement", ["model.register_forward_pre_hook(lambda m, args: args)",
+                                       "torch.nn.modules.module.register_module_forward_pre_hook(print)"])
+def test_a_forward_pre_hook_may_change_the_arguments(tmp_path, statement):
+    source = SCRIPT.format(mask="torch.rand(1, 1, 8, 8) > 0.5").replace("model.eval()", statement)
+    assert _attention(_tree(tmp_path, {"script.py": source}))[0].fix_safety == "unsafe"
+
+
+# -- generated call sites: every safe patch must compute what the original computes --------------------------
+BASES = ["(ids == self.pad)", "(ids != self.pad)", "torch.zeros(b, n)", "torch.rand(b, n)", "torch.randn(b, n)"]
+SHAPES = [".view(b, 1, 1, n)", "[:, None, None, :]", ".view(b, n)", ".view(b, 1, n)", ".view(1, b, 1, 1, n)",
+          ".reshape(b, 1, 1, n).expand(b, 1, n, n)"]
+SCALES = ["", " * -8.0", " * -10.0", " * 3.0", " * -100.0", " * -1e4", " * torch.finfo(torch.float32).min"]
+CASTS = ["", ".float()", ".long()", ".bool()"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(base=st.sampled_from(BASES), shape=st.sampled_from(SHAPES), cast=st.sampled_from(CASTS),
+       scale=st.sampled_from(SCALES))
+def test_generated_call_sites_keep_every_safe_patch_exact(tmp_path_factory, base, shape, cast, scale):
+    tmp_path = tmp_path_factory.mktemp("generated")
+    mask = f"({base}{cast}{shape}){scale}"
+    root = _tree(tmp_path, {"modules.py": MODULES.format(mask=mask)})
+    finding, result = _attention(root)
+    if finding.fix_safety != "safe":
+        return
+    try:
+        _run(root, "modules", _padded_ids(), torch.float64)
+    except RuntimeError:  # the original raises on these shapes: so must the patch
+        with pytest.raises(RuntimeError):
+            _assert_parity(tmp_path, root, result, "modules")
+        return
+    _assert_parity(tmp_path, root, result, "modules")

@@ -1,0 +1,273 @@
+"""Guarded facts: where the only unproved facts are about metadata (q, k and v sharing a dtype, a
+mask's rank or dtype), the patch checks them before the SDPA call and runs the original block where they fail:
+it is safe, exact for every input, and lists those facts as `guarded`."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
+
+TEMPLATE = '''
+import math
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, mask):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+{body}
+        return out.permute(0, 2, 1, 3).reshape(b, n, c)
+'''
+SCRIPTED = "\n\ndef make():\n    return torch.jit.script(Attention())\n"
+
+KEEP_MASK_OF_ANY_RANK = """
+scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+scores = scores.masked_fill(~mask, float("-inf"))
+out = scores.softmax(dim=-1) @ v
+"""
+# q and k are upcast before the scores, the weights cast back to v's dtype: nothing ties v's dtype to q's
+UPCAST_QK = """
+q, k = q.float(), k.float()
+scores = (q @ k.transpose(-2, -1)) * 0.25
+weights = scores.softmax(dim=-1).to(v.dtype)
+out = weights @ v
+"""
+
+
+def _source(body: str) -> str:
+    return TEMPLATE.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+
+
+def _finding(source: str):
+    (finding,) = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    return finding
+
+
+def _names(finding, status: str) -> set[str]:
+    return {fact["name"] for fact in finding.extra["facts"].get(status, [])}
+
+
+def _models(source: str, dtype=torch.float32):
+    fixed = analyze_source(source, "case.py").fixed
+    assert fixed != source
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "case").Attention().to(dtype).eval()
+    patched = load_module_from_source(fixed, "case_fixed").Attention().to(dtype).eval()
+    patched.load_state_dict(original.state_dict())
+    return original, patched
+
+
+def test_a_mask_of_unknown_rank_is_guarded_and_the_patch_is_safe():
+    finding = _finding(_source(KEEP_MASK_OF_ANY_RANK))
+    assert finding.fix_safety == "safe" and finding.rule == "ADV101"
+    assert _names(finding, "guarded") == {"mask-rank"} and not _names(finding, "assumed")
+    assert "mask.dim()" in finding.patch and "else:" in finding.patch
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 5), (5,)], ids=["4-D mask: SDPA", "1-D mask: the original"])
+def test_the_guarded_patch_is_exact_on_masks_that_pass_and_fail_the_check(shape):
+    original, patched = _models(_source(KEEP_MASK_OF_ANY_RANK))
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(shape, dtype=torch.bool)
+    mask[..., 3:] = False
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, mask))) == (len(shape) == 4)
+
+
+def test_a_guard_does_not_swallow_the_originals_error():
+    """A 4-D mask that does not broadcast passes the check; SDPA then raises, as the original does."""
+    original, patched = _models(_source(KEEP_MASK_OF_ANY_RANK))
+    x, mask = torch.randn(2, 5, 16), torch.ones(2, 1, 1, 4, dtype=torch.bool)
+    for model in (original, patched):
+        with pytest.raises(RuntimeError):
+            model(x, mask)
+
+
+def test_q_k_and_v_sharing_a_dtype_is_guarded():
+    finding = _finding(_source(UPCAST_QK))
+    assert finding.fix_safety == "safe"
+    assert "qkv-dtype" in _names(finding, "guarded") and not _names(finding, "assumed")
+    assert "q.dtype == k.dtype == v.dtype" in finding.patch
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, False)):  # bf16: q, k float32 and v bf16
+        original, patched = _models(_source(UPCAST_QK), dtype)
+        with torch.no_grad():
+            torch.testing.assert_close(patched(x.to(dtype), None), original(x.to(dtype), None), atol=1e-5, rtol=1e-5)
+        assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa
+
+
+def test_a_function_torchscript_compiles_is_guarded_too():
+    """The check compiles under TorchScript (tests/rewrite/test_torchscript_patches.py scripts it and compares
+    values)."""
+    finding = _finding(_source(KEEP_MASK_OF_ANY_RANK) + SCRIPTED)
+    assert _names(finding, "guarded") == {"mask-rank"} and not _names(finding, "assumed")
+    assert finding.fix_safety == "safe"
+
+
+def test_a_guarded_patch_is_idempotent():
+    fixed = analyze_source(_source(KEEP_MASK_OF_ANY_RANK), "case.py").fixed
+    again = analyze_source(fixed, "case.py")
+    assert again.fixed == fixed and not [f for f in again.findings if f.kind == "attention"]
+
+
+# the value product runs in float32 whatever q's dtype: SDPA would get a float32 v next to a bf16 q
+FLOAT_VALUE_PRODUCT = """
+weights = ((q @ k.transpose(-2, -1)) * 0.25).softmax(dim=-1)
+out = (weights.float() @ v.float()).to(x.dtype)
+"""
+
+
+def test_a_leaf_cast_to_a_literal_dtype_is_compared_as_that_dtype():
+    finding = _finding(_source(FLOAT_VALUE_PRODUCT))
+    assert "qkv-dtype" in _names(finding, "guarded") and finding.fix_safety == "safe"
+    assert "q.dtype == k.dtype == torch.float32" in finding.patch
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, False)):
+        original, patched = _models(_source(FLOAT_VALUE_PRODUCT), dtype)
+        with torch.no_grad():
+            torch.testing.assert_close(patched(x.to(dtype), None), original(x.to(dtype), None), atol=1e-5, rtol=1e-5)
+        assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa
+
+
+def test_a_guard_compiles_without_a_graph_break():
+    """`torch.compile(fullgraph=True)` raises on any graph break: the check reads metadata only, on both paths."""
+    source = "import math\nimport torch\n\n\ndef attend(q, k, v, mask):\n" + textwrap.indent(
+        textwrap.dedent(KEEP_MASK_OF_ANY_RANK).strip("\n") + "\nreturn out\n", " " * 4)
+    fixed = analyze_source(source, "attend.py").fixed
+    assert "2 <= mask.dim() <= q.dim()" in fixed
+    namespace: dict = {}
+    exec(compile(fixed, "attend.py", "exec"), namespace)
+    compiled = torch.compile(namespace["attend"], fullgraph=True, backend="eager")
+    q, k, v = torch.randn(3, 1, 2, 8, 4).unbind(0)
+    for mask in (torch.rand(1, 1, 1, 8) > 0.2, torch.rand(8) > 0.2):  # the SDPA path, then the original block
+        torch.testing.assert_close(compiled(q, k, v, mask), namespace["attend"](q, k, v, mask))
+
+
+def test_a_mask_indexed_under_its_not_none_test_is_guarded():
+    """`if mask is not None:` then `mask[0]`: the original indexes it whenever it is not None, so the check may."""
+    body = """
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask[0], float("-inf"))
+    out = scores.softmax(dim=-1) @ v
+    """
+    finding = _finding(_source(body))
+    assert "mask-rank" in _names(finding, "guarded") and "mask is None or" in finding.patch
+    original, patched = _models(_source(body))
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    for mask in (torch.ones(1, 5, dtype=torch.bool), torch.ones(1, 2, 1, 1, 5, dtype=torch.bool), None):
+        with torch.no_grad():  # a 1-D mask[0] runs the original; a 4-D one, and None, SDPA
+            torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
+
+
+# A scale that reaches the scores through arithmetic on a parameter (`x / (1.0 / temperature)`): the check
+# evaluates that arithmetic again, which runs no user code (the fuzzer's scale_argument family found it unguarded:
+# an unsafe patch that raised on a tensor scale)
+ARITHMETIC_SCALE = """
+scores = (q @ k.transpose(-2, -1)) / (1.0 / scale)
+out = scores.softmax(dim=-1) @ v
+"""
+
+
+@pytest.mark.parametrize("scale", [0.25, torch.tensor(0.25)], ids=["number: SDPA", "tensor: the original"])
+def test_a_scale_computed_from_a_parameter_is_guarded(scale):
+    source = _source(ARITHMETIC_SCALE).replace("def forward(self, x, mask):", "def forward(self, x, scale):")
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and "scale-is-number" in _names(finding, "guarded")
+    assert "isinstance((1.0 / scale), (int, float))" in finding.patch
+    original, patched = _models(source)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x, scale), original(x, scale), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, scale))) == isinstance(scale, float)
+
+
+# lucidrains' causal mask with a KV prefix: row r masks keys r + S - L + 1 onwards, so every row keeps key 0 exactly
+# where S >= L; that is metadata, checked before the SDPA call (public4 p05)
+BOTTOM_RIGHT = '''
+import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    sim = torch.einsum("b h i d, b h j d -> b h i j", q, k) * 0.5
+    i, j = sim.shape[-2:]
+    causal_mask = torch.ones((i, j), dtype=torch.bool).triu(j - i + 1)
+    sim = sim.masked_fill(causal_mask, -torch.finfo(sim.dtype).max)
+    return torch.einsum("b h i j, b h j d -> b h i d", sim.softmax(dim=-1), v)
+'''
+
+
+@pytest.mark.parametrize("keys", [5, 7, 3], ids=["S == L", "S > L", "S < L: rows fully masked, the original"])
+def test_a_bottom_right_triangle_is_guarded_by_the_sequence_lengths(keys):
+    (finding,) = [f for f in analyze_source(BOTTOM_RIGHT, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "fully-masked-rows" in _names(finding, "guarded")
+    assert "q.shape[-2] <= k.shape[-2]" in finding.patch
+    original = load_module_from_source(BOTTOM_RIGHT, "bottom_right").attend
+    patched = load_module_from_source(analyze_source(BOTTOM_RIGHT, "case.py").fixed, "bottom_right_fixed").attend
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, n, 4, generator=generator) for n in (5, keys, keys))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v))
+    assert uses_sdpa(dispatched_ops(_Call(patched), (q, k, v))) == (keys >= 5)
+
+
+def test_the_triangle_needs_exactly_the_bottom_right_diagonal():
+    shifted = BOTTOM_RIGHT.replace("triu(j - i + 1)", "triu(j - i + 2)")
+    (finding,) = [f for f in analyze_source(shifted, "case.py").findings if f.kind == "attention"]
+    assert "fully-masked-rows" in _names(finding, "assumed") and finding.fix_safety == "unsafe"
+
+
+# GPT-2's buffer slice has 4 dims wherever it is built; the scores' rank is q's (a parameter): `q.dim() >= 4`
+SLICED_BUFFER = '''
+import math
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, q, k, v):
+        w = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(v.size(-1))
+        nd, ns = w.size(-2), w.size(-1)
+        b = self.bias[:, :, ns - nd:ns, :ns]
+        w = w.masked_fill(b == 0, float("-inf"))
+        return torch.matmul(w.softmax(dim=-1), v)
+'''
+
+
+@pytest.mark.parametrize("rank", [4, 3], ids=["4-D q: SDPA", "3-D q: the original (a 4-D output)"])
+def test_a_mask_built_in_the_block_is_guarded_by_the_querys_rank(rank):
+    (finding,) = [f for f in analyze_source(SLICED_BUFFER, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "q.dim() >= 4" in finding.patch
+    original = load_module_from_source(SLICED_BUFFER, "sliced").Attention()
+    patched = load_module_from_source(analyze_source(SLICED_BUFFER, "case.py").fixed, "sliced_fixed").Attention()
+    generator = torch.Generator().manual_seed(4)
+    shape = (2, 2, 5, 4)[4 - rank:]
+    q, k, v = (torch.randn(*shape, generator=generator) for _ in range(3))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v))
+    assert uses_sdpa(dispatched_ops(patched, (q, k, v))) == (rank == 4)
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, *inputs):
+        return self.function(*inputs)

@@ -1,0 +1,291 @@
+"""Identity at run time: what a rewrite reads must still be what the class built
+when the code runs. A module swapped by a helper, a buffer rewritten outside the constructor, a hook registered
+for every module, or weights bound to a global name all break a patch proved from the class body alone.
+
+Each source reproduces a "safe" patch that raised, changed outputs or crashed the analysis before the fix. The
+differential harness of the fuzzer (tests/fuzz/differential.py) runs original and patch on the same weights and
+inputs (eval, two seeds, and a training step's gradients).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from advisor.engine.static import analyze_source, scan_paths
+from fuzz.differential import COUNTEREXAMPLE, INVALID, check
+
+HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+
+def attention(forward: str, init: str = "", methods: str = "", after: str = "", make: str = "",
+              head: str = "") -> str:
+    """A module `Attn` (2 heads of width 8 over (2, 6, 16) inputs, a causal `bias` buffer and a dropout module);
+    `forward` continues after q, k, v; `make` runs on the model before it is returned."""
+    pad = " " * 8
+    return HEAD + textwrap.dedent(head) + f'''
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.attn_drop = nn.Dropout(0.1)
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+{textwrap.indent(textwrap.dedent(init), pad)}
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+{textwrap.indent(textwrap.dedent(forward), pad)}
+{textwrap.indent(textwrap.dedent(methods), " " * 4)}
+{textwrap.dedent(after)}
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    model = Attn()
+{textwrap.indent(textwrap.dedent(make), " " * 4)}
+    return model, (torch.randn(2, 6, 16),)
+'''
+
+
+CAUSAL_BLOCK = """\
+att = (q @ k.transpose(-2, -1)) * 8 ** -0.5
+att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+att = F.softmax(att, dim=-1)
+att = self.attn_drop(att)
+y = att @ v
+return y.transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def _attention_findings(source: str):
+    return [f for f in analyze_source(source, "m.py").findings if f.kind == "attention"]
+
+
+def _assert_sound(source: str) -> None:
+    outcome = check(source)
+    assert outcome.status != INVALID, outcome.detail
+    assert outcome.status != COUNTEREXAMPLE, f"{outcome.kind}: {outcome.detail}\n--- rewrite\n{outcome.fixed}"
+
+
+def _patch(source: str) -> str:
+    [finding] = _attention_findings(source)
+    return finding.patch or ""
+
+
+# 2. modules replaced at run time --------------------------------------------------------------------------------
+
+SWAP_HELPERS = {
+    "setattr_named_children": """\
+        def strip_dropout(module):
+            for name, child in module.named_children():
+                if isinstance(child, nn.Dropout):
+                    setattr(module, name, nn.Identity())
+        """,
+    "modules_dict": """\
+        def strip_dropout(module):
+            for name, child in list(module._modules.items()):
+                if isinstance(child, nn.Dropout):
+                    module._modules[name] = nn.Identity()
+        """,
+    "add_module": """\
+        def strip_dropout(module):
+            for name, child in list(module.named_children()):
+                if isinstance(child, nn.Dropout):
+                    module.add_module(name, nn.Identity())
+        """,
+}
+
+
+@pytest.mark.parametrize("helper", sorted(SWAP_HELPERS))
+def test_a_dropout_stripped_to_identity_by_a_helper_reads_its_p_with_a_default(helper: str) -> None:
+    """`model.apply(strip_dropout)` after `model.eval()`: the new Identity is in training mode, so a patch reading
+    `self.attn_drop.p if self.attn_drop.training else 0.0` raised AttributeError even in eval. Where the file
+    binds nothing but `nn.Identity()` under computed names, the module is a dropout or an identity when it runs."""
+    block = CAUSAL_BLOCK.replace('att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))\n', "")
+    source = attention(block, after=SWAP_HELPERS[helper], make="model.eval()\nmodel.apply(strip_dropout)")
+    [finding] = _attention_findings(source)
+    assert finding.fix_safety == "safe"
+    assert 'dropout_p=getattr(self.attn_drop, "p", 0.0) if self.attn_drop.training else 0.0' in finding.patch
+    _assert_sound(source)
+
+
+REPLACING_HELPERS = {
+    "dropout_by_another_module": SWAP_HELPERS["setattr_named_children"].replace("nn.Identity()", "Halve()") + """
+        class Halve(nn.Module):
+            def forward(self, x):
+                return x * 0.5
+        """,
+    "softmax_by_identity": SWAP_HELPERS["modules_dict"].replace("nn.Dropout", "nn.Softmax"),
+}
+
+
+@pytest.mark.parametrize("helper", sorted(REPLACING_HELPERS))
+def test_a_module_a_helper_may_replace_by_something_else_is_refused(helper: str) -> None:
+    block = CAUSAL_BLOCK.replace("F.softmax(att, dim=-1)", "self.softmax(att)")
+    source = attention(block, init="self.softmax = nn.Softmax(dim=-1)", after=REPLACING_HELPERS[helper],
+                       make="model.apply(strip_dropout)")
+    [finding] = _attention_findings(source)
+    assert not finding.fixable and "whose call the rewrite deletes, may not be the module" in finding.reason
+    _assert_sound(source)
+
+
+def test_a_literal_setattr_of_another_attribute_keeps_the_dropout_role() -> None:
+    """Only a write whose name is computed, or that names the attribute, can replace it."""
+    source = attention(CAUSAL_BLOCK, make='setattr(model, "scale_hint", 2.0)')
+    assert "dropout_p=self.attn_drop.p if self.attn_drop.training else 0.0" in _patch(source)
+    _assert_sound(source)
+
+
+# 3. buffers changed outside the constructor ---------------------------------------------------------------------
+
+BAND = "torch.tril(torch.ones(8, 8)) - torch.tril(torch.ones(8, 8), diagonal=-3)"
+BUFFER_WRITES = {
+    "data_assign_in_method": dict(methods=f"def set_window(self):\n    self.bias.data = ({BAND}).view(1, 1, 8, 8)\n",
+                                  make="model.set_window()"),
+    "data_copy_in_method": dict(methods=f"def set_window(self):\n    self.bias.data.copy_(({BAND}).view(1, 1, 8, 8))\n",
+                                make="model.set_window()"),
+    "set_in_method": dict(methods=f"def set_window(self):\n    self.bias.set_(({BAND}).view(1, 1, 8, 8))\n",
+                          make="model.set_window()"),
+    "computed_setattr": dict(methods=f"def set_window(self, name='bias'):\n"
+                                     f"    setattr(self, name, ({BAND}).view(1, 1, 8, 8))\n",
+                             make="model.set_window()"),
+    "computed_register_buffer": dict(methods=f"def set_window(self, name='bias'):\n"
+                                             f"    self.register_buffer(name, ({BAND}).view(1, 1, 8, 8))\n",
+                                     make="model.set_window()"),
+    "data_assign_outside": dict(make=f"model.bias.data = ({BAND}).view(1, 1, 8, 8)"),
+    "state_dict_loader": dict(methods=f"def _load_from_state_dict(self, state_dict, prefix, *args):\n"
+                                      f"    state_dict[prefix + 'bias'] = ({BAND}).view(1, 1, 8, 8)\n"
+                                      f"    super()._load_from_state_dict(state_dict, prefix, *args)\n",
+                              make="model.load_state_dict(model.state_dict())"),
+}
+
+
+@pytest.mark.parametrize("write", sorted(BUFFER_WRITES))
+def test_a_causal_buffer_written_after_the_constructor_is_not_is_causal(write: str) -> None:
+    """A banded buffer assigned through `.data` in a method got `is_causal=True` (max error 0.63)."""
+    source = attention(CAUSAL_BLOCK, **BUFFER_WRITES[write])
+    assert "is_causal=True" not in _patch(source)
+    _assert_sound(source)
+
+
+def test_a_buffer_registration_hook_in_the_scanned_tree_defeats_the_causal_proof(tmp_path, restore_global_hooks) -> None:
+    """`register_module_buffer_registration_hook` may replace any buffer as a constructor registers it."""
+    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", "")),
+                                       encoding="utf-8")
+    (tmp_path / "setup.py").write_text(
+        "import torch\n\n"
+        "def banded():\n"
+        "    torch.nn.modules.module.register_module_buffer_registration_hook(lambda m, name, t: t.triu())\n",
+        encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert "is_causal=True" not in finding.patch
+    alone = [f for f in scan_paths([str(tmp_path / "model.py")], jobs=1).findings if f.kind == "attention"]
+    assert "is_causal=True" in alone[0].patch
+
+
+def test_the_untouched_causal_buffer_is_still_is_causal() -> None:
+    assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK))
+
+
+# 4. hooks registered for every module ---------------------------------------------------------------------------
+
+GLOBAL_HOOKS = {
+    "imported_forward": ("from torch.nn.modules.module import register_module_forward_hook as on_every_module\n",
+                         "on_every_module(lambda m, a, o: o * 0.5 if isinstance(m, nn.Dropout) else o)"),
+    "dotted_pre": ("", "torch.nn.modules.module.register_module_forward_pre_hook("
+                       "lambda m, a: (a[0] * 0.5,) if isinstance(m, nn.Dropout) else None)"),
+    "full_backward": ("import torch.nn.modules.module as mm\n",
+                      "mm.register_module_full_backward_hook("
+                      "lambda m, gi, go: (gi[0] * 0.5,) if isinstance(m, nn.Dropout) else None)"),
+}
+
+
+@pytest.fixture
+def restore_global_hooks():
+    from fuzz.differential import global_module_hooks
+    with global_module_hooks():
+        yield
+
+
+@pytest.mark.parametrize("hook", sorted(GLOBAL_HOOKS))
+def test_a_global_module_hook_in_the_file_makes_no_hooks_assumed(hook: str, restore_global_hooks) -> None:
+    head, register = GLOBAL_HOOKS[hook]
+    source = attention(CAUSAL_BLOCK, head=head, make=register)
+    [finding] = _attention_findings(source)
+    assumed = {fact["name"] for fact in finding.extra["facts"].get("assumed", [])}
+    assert "no-hooks" in assumed and finding.fix_safety == "unsafe"
+    _assert_sound(source)
+
+
+def test_a_global_module_hook_elsewhere_in_the_scanned_tree_makes_no_hooks_assumed(tmp_path) -> None:
+    """The hook fires on every module of the process, wherever it is registered."""
+    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK), encoding="utf-8")
+    (tmp_path / "train.py").write_text(
+        "from torch.nn.modules import module\n\n"
+        "def watch():\n"
+        "    module.register_module_forward_hook(lambda m, a, o: o)\n", encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    [fact] = [f for f in finding.extra["facts"]["assumed"] if f["name"] == "no-hooks"]
+    assert "train.py" in fact["why"] and finding.fix_safety == "unsafe"
+    alone = [f for f in scan_paths([str(tmp_path / "model.py")], jobs=1).findings if f.kind == "attention"]
+    assert alone[0].fix_safety == "safe"
+
+
+# 5. weights bound to a global or nonlocal name ------------------------------------------------------------------
+
+GLOBAL_WEIGHTS = """\
+global LAST
+att = (q @ k.transpose(-2, -1)) * 8 ** -0.5
+LAST = F.softmax(att, dim=-1)
+y = LAST @ v
+return y.transpose(1, 2).reshape(B, T, C), attention_map()
+"""
+GLOBAL_COPY = """\
+global LAST
+att = (q @ k.transpose(-2, -1)) * 8 ** -0.5
+att = F.softmax(att, dim=-1)
+LAST = att
+y = att @ v
+return y.transpose(1, 2).reshape(B, T, C), attention_map()
+"""
+READER = "LAST = None\n\n\ndef attention_map():\n    return LAST\n"
+
+
+def test_weights_bound_to_a_global_name_get_no_safe_patch() -> None:
+    """The safe patch deleted `LAST = softmax(...)`: `attention_map()` then returned None (or raised NameError)."""
+    source = attention(GLOBAL_WEIGHTS, after=READER)
+    [finding] = _attention_findings(source)
+    assert finding.rule == "ADV102" and not finding.fixable and "global or nonlocal" in finding.reason
+    _assert_sound(source)
+
+
+def test_weights_copied_to_a_global_name_are_an_escape_not_a_crash() -> None:
+    """`LAST = att` with LAST global crashed the weight walk (IndexError)."""
+    source = attention(GLOBAL_COPY, after=READER)
+    [finding] = _attention_findings(source)
+    assert finding.rule == "ADV102" and "internal error" not in (finding.reason or "")
+    _assert_sound(source)
+
+
+def test_weights_bound_to_a_nonlocal_name_get_no_patch() -> None:
+    source = HEAD + textwrap.dedent('''
+        def attention_with_map():
+            weights = None
+
+            def attend(q, k, v):
+                nonlocal weights
+                weights = F.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
+                return weights @ v
+
+            return attend, lambda: weights
+        ''')
+    [finding] = _attention_findings(source)
+    assert finding.rule == "ADV102" and not finding.fixable
+
+
+def test_scores_bound_to_a_global_name_are_refused() -> None:
+    source = attention(GLOBAL_WEIGHTS.replace("global LAST", "global SCORES").replace("att = (q", "SCORES = (q")
+                       .replace("F.softmax(att", "F.softmax(SCORES"), after=READER + "\nSCORES = None\n")
+    [finding] = _attention_findings(source)
+    assert not finding.fixable and "SCORES" in finding.reason

@@ -1,0 +1,37 @@
+"""ParsedModule's own parent map must be exactly libcst's ParentNodeProvider's: every analysis walks it."""
+
+from pathlib import Path
+
+import pytest
+from libcst.metadata import MetadataWrapper, ParentNodeProvider
+
+from advisor.static.module_index import ParsedModule
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = sorted((ROOT / "fixtures" / "attention" / "public").glob("*.py"))[:8] + [ROOT / "advisor" / "cli.py"]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_parent_map_equals_libcsts_provider(path):
+    parsed = ParsedModule(path.read_text(), str(path))
+    expected = MetadataWrapper(parsed.module, unsafe_skip_copy=True).resolve(ParentNodeProvider)
+    assert dict(parsed.parents) == dict(expected)
+
+
+@pytest.mark.parametrize("path", SOURCES[:3], ids=lambda p: p.name)
+def test_parent_map_keys_keep_the_statements_in_source_order(path):
+    """`imports` reads the map in order (the first import of a name wins): statements, imports among them, must
+    come in libcst's visiting order (whitespace nodes may come elsewhere)."""
+    import libcst as cst
+
+    parsed = ParsedModule(path.read_text(), str(path))
+    visited = []
+
+    class Order(cst.CSTVisitor):
+        def on_visit(self, node):
+            visited.append(node)
+            return True
+
+    parsed.module.visit(Order())
+    kinds = (cst.BaseSmallStatement, cst.BaseCompoundStatement)
+    assert [n for n in parsed.parents if isinstance(n, kinds)] == [n for n in visited if isinstance(n, kinds)]

@@ -1,0 +1,143 @@
+"""Jupyter notebooks: findings per cell with cell-relative lines, IPython magics never break the parse, and fixes
+written back into the notebook's JSON without touching other cells, outputs or metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.cli import main
+from advisor.static.notebook import notebook_code
+
+ROOT = Path(__file__).resolve().parents[2]
+NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
+GOLDEN = ROOT / "fixtures" / "attention" / "golden" / "01_nanogpt_causal.py"
+
+
+def cell(kind: str, text: str) -> dict:
+    lines = text.splitlines(keepends=True)
+    extra = {"execution_count": None, "outputs": []} if kind == "code" else {}
+    return {"cell_type": kind, "metadata": {}, "source": lines, **extra}
+
+
+def write_notebook(path: Path, cells: list[dict]) -> Path:
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1))
+    return path
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def python_findings(capsys, path) -> list[dict]:
+    main(["scan", str(path), "--format", "json"])
+    return json.loads(capsys.readouterr().out)["findings"]
+
+
+def test_findings_carry_their_cell_and_the_line_in_it_past_magics(capsys, workdir):
+    attention = NANOGPT.read_text()
+    [expected] = python_findings(capsys, NANOGPT)
+    notebook = write_notebook(workdir / "model.ipynb", [
+        cell("markdown", "# A model\nwith text\n"),
+        cell("code", "%matplotlib inline\n!pip install einops\nimport torch\n"),
+        cell("code", "%%bash\necho this is not python (\n"),
+        cell("code", "for _ in range(2):\n    %timeit torch.ones(3)\n"),  # a magic alone in a block
+        cell("code", attention),
+    ])
+    before = notebook.read_bytes()
+    code = main(["scan", "model.ipynb", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["errors"] == [] and data["files_scanned"] == 1
+    [finding] = data["findings"]
+    assert finding["cell"] == 5 and finding["path"] == "model.ipynb"
+    assert (finding["line"], finding["end_line"]) == (expected["line"], expected["end_line"])
+    assert finding["fixable"] and finding["patch"].startswith("--- a/model.ipynb:cell 5\n+++ b/model.ipynb:cell 5")
+    assert main(["fix", "model.ipynb", "--apply"]) == 0
+    after = json.loads(notebook.read_text())
+    original = json.loads(before)
+    fixed_source = "".join(after["cells"][4]["source"])
+    assert "scaled_dot_product_attention" in fixed_source
+    assert after["cells"][:4] == original["cells"][:4] and after["metadata"] == original["metadata"]
+    assert fixed_source == GOLDEN.read_text()  # exactly what `fix` writes into the .py file
+    # byte-identical outside the rewritten cell's source: the same text once that source is put back
+    after["cells"][4]["source"] = original["cells"][4]["source"]
+    assert json.dumps(after, indent=1) == before.decode()
+    compile(fixed_source, "cell", "exec")
+    assert main(["fix", "model.ipynb", "--apply"]) == 0 and json.loads(notebook.read_text()) == json.loads(
+        json.dumps(json.loads(notebook.read_text())))  # idempotent: nothing left to fix
+    capsys.readouterr()
+
+
+def test_fixes_keep_magics_outputs_and_a_layout_they_cannot_reproduce_is_refused(capsys, workdir):
+    attention = "%load_ext autoreload\n" + NANOGPT.read_text()
+    code_cell = cell("code", attention)
+    code_cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["hi\n"]}]
+    code_cell["metadata"] = {"tags": ["keep"]}
+    notebook = workdir / "nb.ipynb"
+    document = {"cells": [code_cell], "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4,
+                "nbformat_minor": 5}
+    notebook.write_text(json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False) + "\n")  # nbformat's
+    assert main(["fix", "nb.ipynb", "--apply"]) == 0
+    after = json.loads(notebook.read_text())
+    source = "".join(after["cells"][0]["source"])
+    assert source.startswith("%load_ext autoreload\n") and "scaled_dot_product_attention" in source
+    assert after["cells"][0]["outputs"] == code_cell["outputs"] and after["cells"][0]["metadata"] == {"tags": ["keep"]}
+    assert notebook.read_text().endswith("}\n")
+    odd = workdir / "odd.ipynb"
+    odd.write_text(json.dumps(document, indent=3))  # no json.dumps setting advisor tries writes this back
+    before = odd.read_bytes()
+    assert main(["fix", "odd.ipynb", "--apply"]) == 2
+    assert "not laid out as json.dumps writes it" in capsys.readouterr().err and odd.read_bytes() == before
+
+
+def test_the_walk_reads_notebooks_but_not_their_checkpoints(capsys, workdir):
+    write_notebook(workdir / "a.ipynb", [cell("code", NANOGPT.read_text())])
+    (workdir / ".ipynb_checkpoints").mkdir()
+    write_notebook(workdir / ".ipynb_checkpoints" / "a-checkpoint.ipynb", [cell("code", NANOGPT.read_text())])
+    main(["scan", ".", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["files_scanned"] == 1 and [f["path"] for f in data["findings"]] == ["a.ipynb"]
+
+
+def test_a_syntax_error_names_its_cell_and_line(capsys, workdir):
+    write_notebook(workdir / "bad.ipynb", [cell("code", "x = 1\n"), cell("markdown", "text"),
+                                           cell("code", "y = 2\ndef f(:\n")])
+    code = main(["scan", "bad.ipynb", "--format", "json"])
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert code == 2 and "syntax error in cell 3 at line 2" in error["message"]
+
+
+@pytest.mark.parametrize("raw, says", [
+    ("{", "invalid JSON"), ('{"cells": 3}', "no list of cells"), ('[]', "no list of cells"),
+    ('{"cells": [{"cell_type": "code", "source": 5}]}', "cell 1 has a source that is not text"),
+])
+def test_a_broken_notebook_is_one_error_entry(capsys, workdir, raw, says):
+    (workdir / "x.ipynb").write_text(raw)
+    main(["scan", "x.ipynb", "--format", "json"])
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert error["message"].startswith("not a Jupyter notebook") and says in error["message"]
+
+
+def test_masking_keeps_every_line_and_maps_back():
+    raw = json.dumps({"cells": [cell("code", "a = 1\n!ls\n"), cell("markdown", "m"),
+                                cell("code", "%%time\nb = (\n")]})
+    code = notebook_code(raw)
+    assert code.text.splitlines() == ["a = 1", "pass  # (IPython magic)", "# advisor: notebook cell boundary",
+                                      "# (IPython cell magic)", "# (IPython cell magic)"]
+    assert code.locate(1) == (1, 1) and code.locate(2) == (1, 2) and code.locate(5) == (3, 2)
+    assert json.loads(code.with_code(code.text)) == json.loads(raw)  # nothing changed: the same cells
+
+
+def test_a_fix_that_moves_a_boundary_or_a_masked_line_is_never_written_back():
+    raw = json.dumps({"cells": [cell("code", "a = 1\n!ls\n"), cell("code", "b = 2\n")]}, indent=1)
+    code = notebook_code(raw)
+    with pytest.raises(ValueError, match="boundary"):
+        code.with_code(code.text.replace("# advisor: notebook cell boundary\n", ""))
+    with pytest.raises(ValueError, match="masked IPython line"):
+        code.with_code(code.text.replace("pass  # (IPython magic)\n", ""))
+    changed = json.loads(code.with_code(code.text.replace("b = 2", "b = 3")))
+    assert changed["cells"][1]["source"] == ["b = 3\n"] and changed["cells"][0]["source"] == ["a = 1\n", "!ls\n"]

@@ -1,0 +1,175 @@
+"""Warm scans. Each file's result is kept on disk (advisor.static.scan_cache) and reused only while
+nothing that could change it changed: the file, the options, the tree-wide facts, and the other files its analysis
+read (the callers that prove facts from call sites)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import advisor
+import advisor.engine.static as static
+from advisor.cli import main
+from advisor.engine.static import scan_paths
+from advisor.static.scan_cache import cache_root
+
+REPO = Path(__file__).resolve().parents[2]
+POSITIVE = REPO / "fixtures" / "attention" / "positive"
+
+ATTEND = '''
+import torch
+
+
+def attend(q, k, v, mask, scale):
+    scores = q @ k.transpose(-2, -1) * scale + mask
+    return scores.softmax(dim=-1) @ v
+'''
+
+CALLER = '''
+import torch
+
+from attn import attend
+
+
+def run(q, k, v, ids):
+    b, n = ids.shape
+    keep = ids != 0
+    return attend(q, k, v, {mask}, 0.25)
+'''
+
+
+@pytest.fixture
+def analysed(monkeypatch) -> list[str]:
+    """The files whose analysis ran (not taken from the cache), in this process."""
+    seen: list[str] = []
+    real = static._analyze_file
+
+    def counting(path, *args, **kwargs):
+        seen.append(os.path.basename(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(static, "_analyze_file", counting)
+    return seen
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (root / name).write_text(textwrap.dedent(text))
+    return root
+
+
+def _fixture_tree(tmp_path: Path, count: int = 4) -> Path:
+    root = tmp_path / "tree"
+    root.mkdir()
+    for source in sorted(POSITIVE.glob("*.py"))[:count]:
+        if not source.name.endswith(".fixed.py"):
+            (root / source.name).write_text(source.read_text())
+    return root
+
+
+def _json(result) -> list[dict]:
+    return [f.to_json() for f in result.findings]
+
+
+def _entries() -> list[Path]:
+    return [p for p in cache_root().rglob("*") if p.is_file()]
+
+
+def test_a_warm_scan_analyses_nothing_and_finds_what_the_cold_one_found(tmp_path, analysed):
+    root = _fixture_tree(tmp_path)
+    cold = scan_paths([str(root)])
+    files = sorted(p.name for p in root.iterdir())
+    assert sorted(analysed) == files and cold.findings
+    analysed.clear()
+    warm = scan_paths([str(root)])
+    assert analysed == []
+    assert _json(warm) == _json(cold)
+    assert [f.fixed for f in warm.files] == [f.fixed for f in cold.files]  # what `fix` writes
+    analysed.clear()
+    scan_paths([str(root)], unsafe_fixes=True)  # other options: other entries
+    assert sorted(analysed) == files
+
+
+def test_an_edit_of_a_caller_drops_the_fact_it_proved_in_the_callee(tmp_path, analysed):
+    root = _tree(tmp_path / "tree", {"attn.py": ATTEND, "model.py": CALLER.format(mask="keep.view(b, 1, 1, n)")})
+
+    def attention():
+        found = [f for f in scan_paths([str(root)]).findings if f.kind == "attention"]
+        assert len(found) == 1
+        return found[0]
+
+    before = attention()
+    proved = {fact["name"] for fact in before.extra["facts"].get("from_call_sites", [])}
+    assert {"mask-dtype", "fully-masked-rows"} <= proved
+    analysed.clear()
+    assert attention().to_json() == before.to_json() and analysed == []  # unchanged: taken from the cache
+    (root / "model.py").write_text(textwrap.dedent(CALLER.format(mask="torch.load('mask.pt')")))
+    after = attention()  # attn.py is unchanged; its call site is not
+    assert "attn.py" in analysed
+    assert not {"mask-dtype", "fully-masked-rows"} & {f["name"] for f in after.extra["facts"].get("from_call_sites", [])}
+    assert after.fix_safety == "unsafe"
+
+
+def test_a_corrupt_or_foreign_entry_is_ignored_and_rebuilt(tmp_path, analysed):
+    root = _fixture_tree(tmp_path)
+    cold = _json(scan_paths([str(root)]))
+    entries = sorted(_entries())
+    assert entries
+    for number, entry in enumerate(entries):  # every kind of damage, round robin
+        data = entry.read_bytes()
+        damaged = [data[: len(data) // 2], b"", os.urandom(64), data.replace(b"advisor-scan-cache 1", b"advisor-"
+                   b"scan-cache 0", 1), entries[(number + 1) % len(entries)].read_bytes()][number % 5]
+        entry.write_bytes(damaged)
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold
+    assert sorted(analysed) == sorted(p.name for p in root.iterdir())
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold and analysed == []  # rebuilt
+
+
+def test_concurrent_runs_share_the_cache_safely(tmp_path, monkeypatch, capsys, analysed):
+    root = _fixture_tree(tmp_path, count=6)
+    monkeypatch.chdir(tmp_path)
+    command = [sys.executable, "-m", "advisor", "scan", str(root), "--format", "json"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(2)]  # both cold, writing
+    outputs = [json.loads(run.communicate(timeout=300)[0])["findings"] for run in runs]
+    fresh = _json(scan_paths([str(root)], cache=False))
+    assert fresh and outputs == [fresh, fresh]
+    analysed.clear()
+    main(command[3:])  # the same options in this process: what they wrote is whole
+    assert json.loads(capsys.readouterr().out)["findings"] == fresh and analysed == []
+    assert not [p for p in cache_root().rglob(".tmp-*")]  # no partial entry left behind
+
+
+def test_no_cache_neither_reads_nor_writes(tmp_path, capsys, monkeypatch, analysed):
+    root = _fixture_tree(tmp_path, count=2)
+    monkeypatch.chdir(tmp_path)
+    main(["scan", str(root), "--no-cache", "--format", "json"])
+    advisor.scan(root, cache=False)
+    assert _entries() == []
+    main(["scan", str(root), "--format", "json"])
+    assert _entries()
+    analysed.clear()
+    main(["scan", str(root), "--no-cache", "--format", "json"])
+    assert len(analysed) == 2
+    (tmp_path / "pyproject.toml").write_text("[tool.advisor]\ncache = false\n")
+    analysed.clear()
+    main(["fix", str(root)])
+    assert len(analysed) == 2
+    capsys.readouterr()
+
+
+def test_the_cache_lives_under_xdg_cache_home_else_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    scan_paths([str(_fixture_tree(tmp_path, count=2))])
+    assert cache_root() == tmp_path / "xdg" / "advisor" and _entries()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "advisor"

@@ -1,0 +1,796 @@
+"""Dataflow, scope and dispatch soundness of the attention rewrite.
+
+Each source is a minimal reproduction of a "safe" patch that changed outputs or raised before the fix. A test
+either checks that no safe patch is offered (and why), or runs the original and the patched module on the same
+weights and inputs and compares them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import load_module_from_source, parity
+
+HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+MAKE = '''
+
+def make(seed: int = 0):
+    torch.manual_seed(seed)
+    model = Attn()
+    return model, (torch.randn(2, 6, 16),)
+'''
+
+
+def attention(forward: str, init: str = "", methods: str = "", after: str = "") -> str:
+    """A module `Attn` with two heads of width 8 over (2, 6, 16) inputs; `forward` continues after q, k, v."""
+    init = textwrap.indent(textwrap.dedent(init), " " * 8)
+    forward = textwrap.indent(textwrap.dedent(forward), " " * 8)
+    methods = textwrap.indent(textwrap.dedent(methods), " " * 4)
+    return HEAD + f'''
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+{init}
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+{forward}
+{methods}
+{textwrap.dedent(after)}''' + MAKE
+
+
+def findings(source: str):
+    return analyze_source(source, "m.py").findings
+
+
+def safe_findings(source: str):
+    return [f for f in findings(source) if f.rule == "ADV101" and f.fix_safety == "safe"]
+
+
+def assert_exact_or_not_safe(source: str, name: str) -> bool:
+    """A safe patch, if any, computes what the original computes. Returns whether one was offered."""
+    result = analyze_source(source, "m.py")
+    if not [f for f in result.findings if f.rule == "ADV101" and f.fix_safety == "safe"]:
+        return False
+    parity(source, result.fixed, name=name)
+    return True
+
+
+def assert_patch_exact(source: str, name: str) -> str:
+    """Every patch, unsafe ones included (mask facts this test is not about may be unproved), is applied and the
+    result computes what the original computes. Returns the patched source."""
+    fixed = analyze_source(source, "m.py", unsafe_fixes=True).fixed
+    assert fixed != source, "no patch was offered"
+    parity(source, fixed, name=name)
+    return fixed
+
+
+def the_finding(source: str):
+    (finding,) = findings(source)
+    return finding
+
+
+# E: a triangle whose contents change later is not causal ----------------------------------------------------
+
+def test_tril_written_locally_is_not_causal():
+    source = attention("""
+        mask = torch.tril(torch.ones(T, T))
+        mask[:, :2] = 1  # prefix-LM: the first two keys are visible to every query
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s = s.masked_fill(mask == 0, float('-inf'))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert "is_causal" not in analyze_source(source, "m.py").fixed
+    assert_exact_or_not_safe(source, "tril_local")
+
+
+@pytest.mark.parametrize("write", ["self.bias[:, :, :, :2] = 1", "self.bias[..., 0].fill_(1)",
+                                   "torch.ones(1, 1, 8, 8, out=self.bias)"])
+def test_tril_buffer_written_in_init_or_another_method_is_not_causal(write):
+    init = 'self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))'
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s = s.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init=init + "\nself.prefix()", methods=f"""
+    def prefix(self):
+        {write}
+    """)
+    assert "is_causal" not in analyze_source(source, "m.py").fixed
+    assert_exact_or_not_safe(source, "tril_buffer")
+
+
+# F: a factor in an `else:` applies when the test is false ----------------------------------------------------
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_scale_in_else_branch_keeps_its_polarity(flag):
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        if self.unscaled:
+            pass
+        else:
+            s = s * 0.5
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init=f"self.unscaled = {flag}")
+    assert assert_exact_or_not_safe(source, "else_scale")
+    assert "(1.0 if self.unscaled else 0.5)" in analyze_source(source, "m.py").fixed
+
+
+def test_scale_in_elif_is_not_rewritten_with_one_guard():
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        if self.unscaled:
+            pass
+        elif self.half:
+            s = s * 0.5
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.unscaled = False\nself.half = True")
+    assert not assert_exact_or_not_safe(source, "elif_scale")
+
+
+# G: a tensor is never proved a Python-number scale -----------------------------------------------------------
+
+def test_parameter_scale_through_a_local_is_folded_into_q():
+    """Not a Python number, but a 0-d tensor (followed through the local): folded into q."""
+    source = attention("""
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="scale = nn.Parameter(torch.tensor(0.3))\nself.scale = scale")
+    finding = the_finding(source)
+    proved = {fact["name"] for fact in finding.extra["facts"]["proved"]}
+    assert "scale-is-number" not in proved and "scale-broadcast" in proved
+    assert assert_exact_or_not_safe(source, "parameter_scale_local")
+
+
+def test_inherited_scale_is_guarded():
+    """The scale comes from a base class (here a Parameter): whether it is a Python number is checked before the
+    SDPA call, so the Parameter runs the original block, exactly."""
+    source = HEAD + '''
+class Base(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.3))
+
+
+class Attn(Base):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+''' + MAKE
+    finding = the_finding(source)
+    assert finding.fix_safety == "safe" and not finding.extra["facts"]["assumed"]
+    (guarded,) = finding.extra["facts"]["guarded"]
+    assert guarded["name"] == "scale-is-number" and "not assigned in this class" in guarded["why"]
+    assert "isinstance(self.scale, (int, float))" in finding.patch
+    assert assert_exact_or_not_safe(source, "inherited_scale")
+
+
+def test_unannotated_scale_parameter_is_guarded():
+    source = HEAD + '''
+def attend(q, k, v, scale):
+    s = q @ k.transpose(-2, -1) * scale
+    return s.softmax(dim=-1) @ v
+'''
+    finding = the_finding(source)
+    assert finding.fix_safety == "safe" and "no int/float annotation" in finding.extra["facts"]["guarded"][0]["why"]
+    namespace: dict = {}
+    exec(compile(analyze_source(source, "m.py").fixed, "m.py", "exec"), namespace)
+    q, k, v = torch.randn(3, 2, 4, 8).unbind(0)
+    for scale in (0.3, torch.tensor(0.3)):  # a tensor scale runs the original block
+        torch.testing.assert_close(namespace["attend"](q, k, v, scale), (q @ k.mT * scale).softmax(-1) @ v)
+    annotated = source.replace("scale):", "scale: float):")
+    proved = the_finding(annotated)
+    assert proved.fix_safety == "safe"
+    assert "scale-is-number" in [f["name"] for f in proved.extra["facts"]["proved"]]  # beside the dtype facts
+
+
+# I: in-place writes and deletions between the scores and the value product -----------------------------------
+
+@pytest.mark.parametrize("statement, how", [
+    ("del q, k", "deleted"),
+    ("q[..., 0] = 0", "written in place"),
+    ("k.add_(1.0)", "written in place"),
+    ("torch.mul(k, 2.0, out=k)", "written in place"),
+    ("k[0] += 1", "written in place"),
+])
+def test_inputs_changed_after_the_scores_are_refused(statement, how):
+    source = attention(f"""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        {statement}
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and how in finding.reason, finding.reason
+
+
+def test_scores_written_in_place_are_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s[..., 0] = -1e9
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert not assert_exact_or_not_safe(source, "scores_store")
+
+
+def test_attribute_written_between_scores_and_value_product_is_refused():
+    source = attention("""
+        s = q @ self.mem_k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        self.mem_k = k
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('mem_k', torch.randn(2, 2, 6, 8))")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`self.mem_k` is written at line" in finding.reason
+
+
+# H, I, M: every deleted step runs exactly when the value product runs ----------------------------------------
+
+def test_weights_computed_before_a_loop_and_applied_inside_are_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        o = v
+        for _ in range(3):
+            o = p @ o
+        return o.transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.5)")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "loop" in finding.reason
+
+
+def test_weights_of_the_previous_iteration_read_at_the_loop_top_are_seen():
+    source = attention("""
+        seen = []
+        p = None
+        for i in range(2):
+            if p is not None:
+                seen.append(p.sum())
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            p = s.softmax(dim=-1)
+            o = p @ v
+        return o.transpose(1, 2).reshape(B, T, C) + seen[0]
+    """)
+    assert not assert_exact_or_not_safe(source, "loop_top")
+
+
+def test_value_products_in_a_comprehension_share_one_dropout_draw():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        outs = [p @ value for value in (v, v)]
+        return (outs[0] - outs[1]).transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.5)")
+    assert the_finding(source).rule == "ADV103"
+
+
+def test_scores_under_no_grad_and_value_product_outside_are_refused():
+    source = attention("""
+        with torch.no_grad():
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            p = s.softmax(dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`with`" in finding.reason
+
+
+def test_whole_block_inside_one_loop_is_still_rewritten():
+    source = attention("""
+        o = v
+        for _ in range(2):
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+            o = s.softmax(dim=-1) @ o
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "loop_whole")
+
+
+def test_value_product_into_out_buffer_is_refused():
+    source = attention("""
+        q, k, v = q.reshape(B * 2, T, 8), k.reshape(B * 2, T, 8), v.reshape(B * 2, T, 8)
+        p = torch.bmm(q, k.transpose(1, 2)).softmax(dim=-1)
+        buf = torch.empty(B * 2, T, 8)
+        torch.bmm(p, v, out=buf)
+        return buf.view(B, 2, T, 8).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "out=buf" in finding.reason
+
+
+# K: static and class methods bind no `self` ------------------------------------------------------------------
+
+@pytest.mark.parametrize("decorator, first", [("@staticmethod", ""), ("@classmethod", "cls, ")])
+def test_static_and_class_method_score_helpers(decorator, first):
+    source = attention("""
+        s = self.scores(q, k)
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods=f"""
+    {decorator}
+    def scores({first}q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(8)
+    """)
+    assert assert_exact_or_not_safe(source, "static_helper")
+
+
+# L: rewrite mechanics ------------------------------------------------------------------------------------------
+
+def test_second_name_bound_by_a_deleted_statement_is_kept():
+    source = attention("""
+        s = logits = q @ k.transpose(-2, -1) / math.sqrt(8)
+        o = s.softmax(dim=-1) @ v
+        return o.transpose(1, 2).reshape(B, T, C) + logits.mean()
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`logits`" in finding.reason
+
+
+def test_two_hoisted_masks_in_one_function_get_two_variables():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s = s + m
+        o = s.softmax(dim=-1) @ v
+        s2 = k @ q.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s2 = s2 + m.T
+        o2 = s2.softmax(dim=-1) @ v
+        return (o + o2).transpose(1, 2).reshape(B, T, C)
+    """, init="self.use_mask = True\nself.register_buffer('m', torch.randn(6, 6))").replace("+ m", "+ self.m")
+    fixed = assert_patch_exact(source, "two_hoists")
+    assert "attn_mask=attn_mask," in fixed or "attn_mask=attn_mask)" in fixed
+    assert "attn_mask_1" in fixed
+
+
+def test_hoisted_mask_under_torchscript_is_refused_without_torch_to_annotate_it():
+    """TorchScript needs the hoisted variable annotated `torch.Tensor | None`
+    (tests/rewrite/test_torchscript_patches.py), which a file that never imports torch as a module cannot spell."""
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        if self.use_mask:
+            s = s + self.m
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.use_mask = True\nself.m = nn.Parameter(nn.init.normal_(nn.Linear(6, 6).weight))",
+        after="from torch.jit import script\nscripted = script(Attn())\n").replace("import torch\n", "")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "TorchScript" in finding.reason and "annotated" in finding.reason
+
+
+def test_output_viewed_after_the_rewrite_is_made_contiguous():
+    source = attention("""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        return o.view(B, 2 * T, 8).reshape(B, T, C)
+    """)
+    fixed = analyze_source(source, "m.py").fixed
+    assert ".contiguous()" in fixed
+    assert assert_exact_or_not_safe(source, "view_after")
+    finding = the_finding(source)
+    assert any(f["name"] == "layout" for f in finding.extra["facts"]["proved"])
+
+
+def test_output_reshaped_only_needs_no_copy():
+    source = attention("""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert ".contiguous()" not in analyze_source(source, "m.py").fixed
+
+
+# N: dynamic dispatch and hook points ---------------------------------------------------------------------------
+
+def test_subclass_overriding_the_scores_helper_is_refused():
+    source = attention("""
+        s = self.scores(q, k)
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods="""
+    def scores(self, q, k):
+        return q @ k.transpose(-2, -1) / math.sqrt(8)
+    """, after="""
+    class Sub(Attn):
+        def scores(self, q, k):
+            return q @ k.transpose(-2, -1)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`Sub` overrides `scores`" in finding.reason
+
+
+def test_subclass_replacing_the_softmax_module_is_refused():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        return (self.attend(s) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.attend = nn.Softmax(dim=-1)", after="""
+    class Sub(Attn):
+        def __init__(self):
+            super().__init__()
+            self.attend = nn.Identity()
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "rebinds `self.attend`" in finding.reason
+
+
+@pytest.mark.parametrize("module", ["nn.Identity()", "HookPoint()"])
+def test_hook_point_inside_the_block_makes_the_patch_unsafe(module):
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.hook_pattern(s.softmax(dim=-1))
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init=f"self.hook_pattern = {module}", after="""
+    class HookPoint(nn.Module):
+        def forward(self, x):
+            return x
+    """)
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe"
+    if finding.rule == "ADV101":  # nn.Identity is read as an identity op; a HookPoint class is not an op at all
+        assert [f["name"] for f in finding.extra["facts"]["assumed"]] == ["no-hooks"]
+    else:
+        assert finding.rule == "ADV103" and "hook_pattern" in finding.reason
+
+
+def test_dropout_module_without_hooks_in_the_file_is_proved():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = self.drop(s.softmax(dim=-1))
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.1)")
+    finding = the_finding(source)
+    assert finding.fix_safety == "safe"
+    assert any(f["name"] == "no-hooks" for f in finding.extra["facts"]["proved"])
+    hooked = source.replace("def make(", "def hooked(model):\n    model.drop.register_forward_hook(print)\n\n\ndef make(")
+    assert the_finding(hooked).fix_safety == "unsafe"
+
+
+# a crash on one block never loses the file's other findings ----------------------------------------------------
+
+TWO_BLOCKS = HEAD + '''
+def by_einsum(q, k, v):
+    s = torch.einsum(f"bhid," f"bhjd->bhij", q, k)
+    return s.softmax(-1) @ v
+
+
+def by_matmul(q, k, v):
+    s = q @ k.transpose(-2, -1)
+    return s.softmax(-1) @ v
+'''
+
+
+def test_implicitly_concatenated_fstring_einsum_spec_is_read():
+    """Once a crash that lost the file's other block; a constant f-string is now read as its text."""
+    einsum, matmul = findings(TWO_BLOCKS)
+    assert (einsum.rule, einsum.fix_safety) == ("ADV101", "safe")
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_an_internal_error_in_one_block_is_reported_on_that_block_only(monkeypatch):
+    from advisor.patterns import einsum
+
+    def broken(*args):
+        raise TypeError("boom")
+
+    monkeypatch.setattr(einsum, "parse_spec", broken)
+    einsum_finding, matmul = findings(TWO_BLOCKS)
+    assert einsum_finding.rule == "ADV103" and "internal error" in einsum_finding.reason
+    assert matmul.rule == "ADV101" and matmul.fix_safety == "safe"
+
+
+def test_storage_of_an_input_written_through_another_name_is_refused():
+    source = attention("""
+        kt = k.transpose(-2, -1)
+        p = (q @ kt / math.sqrt(8)).softmax(dim=-1)
+        k.mul_(2.0)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "written in place" in finding.reason, finding.reason
+
+
+# §5: reasons that name the real cause ---------------------------------------------------------------------------
+
+def test_a_factor_reading_the_scores_says_so():
+    source = attention("""
+        s = q @ k.transpose(-2, -1)
+        s = s / math.sqrt(s.size(-1))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and finding.reason == "`s.size(-1)` reads the scores, which the rewrite removes"
+
+
+def test_a_method_of_the_escaping_weights_is_named():
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        self.last = p.detach()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV102" and "the weights' `.detach` is used at line" in finding.reason
+
+
+def test_an_entropy_loss_under_training_is_an_escape_on_request_not_a_transform():
+    """The weights leave (a loss kept on the module) only under `if self.training:`: in eval the SDPA path runs
+    behind a check of the flag, in training the original."""
+    source = attention("""
+        p = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        if self.training:
+            self.aux = -(p * p.log()).sum()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV101" and finding.fix_safety == "safe"
+    assert [fact["name"] for fact in finding.extra["facts"]["guarded"]] == ["flag-is-bool"]
+    assert "self.training is None or self.training is False" in finding.patch
+    assert assert_exact_or_not_safe(source, "entropy_under_training")
+
+
+@pytest.mark.parametrize("forward, init", [
+    ("b, n, d, h = *q.shape[:2], q.shape[-1], 2\ns = q @ k.transpose(-2, -1) * d ** -0.5", ""),
+    ("s = q @ k.transpose(-2, -1) * self.scale", "self.scale, self.heads = 8 ** -0.5, 2"),
+])
+def test_unpacked_scales_are_followed(forward, init):
+    source = attention(forward + "\nreturn (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)", init=init)
+    assert assert_exact_or_not_safe(source, "unpacked")
+
+
+def test_an_unfollowed_unpacking_is_named_as_the_reason():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) * self.scale
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.scale, self.heads = self.settings()", methods="""
+    def settings(self):
+        return 8 ** -0.5, 2
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "unpacking the analysis does not follow" in finding.reason
+
+
+# H: reaching definitions around loops --------------------------------------------------------------------------
+
+def _reaching_values(source: str, name: str) -> list[list[str]]:
+    """For each read of `name`, the right-hand sides of the assignments that reach it ('?' when unbound)."""
+    import libcst as cst
+
+    from advisor.static.dataflow import UNDEFINED, build_flow
+
+    module = cst.parse_module(textwrap.dedent(source))
+    flow = build_flow(module.body[0])
+    return [sorted("?" if i == UNDEFINED else module.code_for_node(flow.definitions[i].value) for i in ids)
+            for read, ids in flow.reaching.items() if read.value == name]
+
+
+def test_loops_reach_a_fixpoint_through_continue_and_break():
+    reads = _reaching_values("""
+        def f(a, b, c, d):
+            x = a
+            for i in range(3):
+                y = x
+                x = b
+                if c:
+                    continue
+                x = c
+                if i:
+                    break
+                x = d
+            return x
+    """, "x")
+    assert reads == [["a", "b", "d"], ["a", "b", "c", "d"]]
+
+
+def test_a_read_after_del_sees_nothing():
+    assert _reaching_values("""
+        def f(a):
+            x = a
+            del x
+            return x
+    """, "x") == [["?"]]
+
+
+def test_augmented_update_of_the_scores_stays_an_update():
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s += self.bias
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('bias', torch.randn(6, 6))")
+    assert "scaled_dot_product_attention" in assert_patch_exact(source, "aug_scores")
+
+
+def test_a_handler_sees_every_binding_the_try_body_may_have_made():
+    reads = _reaching_values("""
+        def f(a, b, c):
+            x = a
+            try:
+                x = b
+                g()
+                x = c
+            except ValueError:
+                return x
+            return x
+    """, "x")
+    assert reads == [["a", "b", "c"], ["a", "b", "c"]]
+
+
+def test_a_helper_step_inside_a_loop_is_refused():
+    source = attention("""
+        p = self.weights(q, k)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods="""
+    def weights(self, q, k):
+        with torch.no_grad():
+            s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        return s.softmax(dim=-1)
+    """)
+    assert not assert_exact_or_not_safe(source, "helper_loop")
+
+
+# the fuzzer's counterexamples for these classes (fixtures/attention/regressions) --------------------------------
+
+REGRESSIONS = Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "regressions"
+FLOW_REGRESSIONS = ["12_tril_buffer_written_in_init", "13_else_branch_scale", "14_scale_argument_tensor",
+                    "15_residual_attention_loop", "16_no_grad_scores", "17_del_key", "20_chained_assignment",
+                    "21_bmm_out_buffer", "22_hook_point"]
+
+
+@pytest.mark.parametrize("name", FLOW_REGRESSIONS)
+def test_fuzzer_counterexample_gets_no_wrong_safe_patch(name):
+    source = (REGRESSIONS / f"{name}.py").read_text(encoding="utf-8")
+    assert findings(source), "the block must be reported"
+    assert_exact_or_not_safe(source, name)
+
+
+def test_residual_attention_weights_cannot_be_dropped():
+    source = (REGRESSIONS / "15_residual_attention_loop.py").read_text(encoding="utf-8")
+    finding = the_finding(source)
+    assert finding.rule == "ADV102" and not finding.fixable and "flow back into the scores" in finding.reason
+
+
+def test_attribute_written_by_a_called_method_between_is_refused():
+    source = attention("""
+        s = q @ self.mem_k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        self.remember(k)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, init="self.register_buffer('mem_k', torch.randn(2, 2, 6, 8))", methods="""
+    def remember(self, k):
+        self.mem_k = k
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`self.mem_k` is written at line" in finding.reason
+
+
+INLINE_DEVICE_MASK = """
+    i, j = s.shape[-2:]
+    s = s.masked_fill(torch.ones(i, j, device=s.device, dtype=torch.bool).triu(1), float('-inf'))
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_mask_reading_the_scores_device_inline_reads_the_query_instead(guarded):
+    """`masked_fill(torch.ones(i, j, device=s.device, ...), -inf)` (lucidrains helpers): the removed scores'
+    device and shape are the query's, read where the mask is evaluated (hoisted under an `if`, or at the call)."""
+    mask = textwrap.indent(textwrap.dedent(INLINE_DEVICE_MASK), "    " if guarded else "")
+    source = attention("s = q @ k.transpose(-2, -1) / math.sqrt(8)\n" + ("if self.causal:\n" if guarded else "")
+                       + mask + "return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)\n",
+                       init="self.causal = True")
+    fixed = assert_patch_exact(source, "inline_device")
+    assert "s.device" not in fixed and "q.device" in fixed
+
+
+def test_the_weights_cast_to_their_own_dtype_are_one_use():
+    """`w.type_as(w)` (ESM): the cast's argument gives only a dtype and goes away with the block."""
+    source = attention("""
+        w = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        o = w.type_as(w) @ v
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "type_as_itself")
+    escaping = source.replace("return o.transpose(1, 2).reshape(B, T, C)",
+                              "return o.transpose(1, 2).reshape(B, T, C), w")
+    assert the_finding(escaping).rule == "ADV102"
+
+
+GLOBAL_TEMPERATURE = """
+    s = q @ k.transpose(-2, -1) / (math.sqrt(8) * TEMPERATURE)
+    return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def test_a_module_level_number_is_a_scale():
+    source = attention(GLOBAL_TEMPERATURE).replace("\nclass Attn", "\nTEMPERATURE = 2.0\n\n\nclass Attn")
+    assert assert_exact_or_not_safe(source, "global_scale")
+
+
+def test_a_module_level_number_rebound_by_a_setter_is_assumed():
+    setter = "\ndef set_temperature(t):\n    global TEMPERATURE\n    TEMPERATURE = t\n"
+    source = attention(GLOBAL_TEMPERATURE, after=setter).replace("\nclass Attn", "\nTEMPERATURE = 2.0\n\n\nclass Attn")
+    finding = the_finding(source)
+    assert finding.fix_safety == "unsafe" and "set_temperature" in finding.reason
+    assert_patch_exact(source, "global_scale_setter")
+    tensor = the_finding(source.replace("TEMPERATURE = 2.0", "TEMPERATURE = torch.tensor(2.0)"))
+    assert tensor.fix_safety == "unsafe" and "TEMPERATURE" in tensor.reason  # a tensor whose shape is not followed
+
+
+def test_fstring_einsum_specs_of_constant_local_strings_are_read():
+    """audiocraft: `layout = "b h t d"; key_layout = layout.replace("t", "k")`, specs built as f-strings."""
+    source = attention("""
+        layout = "b h t d"
+        key_layout = layout.replace("t", "k")
+        s = torch.einsum(f"{layout},{key_layout}-> b h t k", q, k) / math.sqrt(8)
+        o = torch.einsum(f"b h t k, {key_layout} -> {layout}", s.softmax(dim=-1), v)
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    assert assert_exact_or_not_safe(source, "fstring_layouts")
+    rebound = source.replace('        s = torch.einsum', '        if T > 3:\n            layout = "b h s d"\n'
+                                                      '        s = torch.einsum', 1)
+    assert "is not a literal" in the_finding(rebound).reason
+
+
+def test_scores_masked_in_place_by_a_helper_get_a_reason():
+    """megatron's `attention_mask_func(scores, mask)` fills the scores in place and returns them: no silence."""
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        s = mask_func(s, torch.ones(T, T, dtype=torch.bool).triu(1))
+        return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    """, after="def mask_func(scores, mask):\n    scores.masked_fill_(mask, -10000.0)\n    return scores\n")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`mask_func`" in finding.reason
+    assert "updated in place there (`scores.masked_fill_(mask, -10000.0)`)" in finding.reason
+    unchanged = source.replace("    scores.masked_fill_(mask, -10000.0)\n", "")
+    assert "`mask_func` as its parameter `scores` and returned unchanged" in the_finding(unchanged).reason
+
+
+ZERO_ONE_MASK = """
+    s = q @ k.transpose(-2, -1) / math.sqrt(8)
+    b = self.bias[:, :, :T, :T]
+    s = s * b - 1e4 * (1 - b)
+    return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+def test_a_zero_one_buffer_mask_written_as_arithmetic_is_a_finite_fill():
+    """OpenAI GPT-2's `w * b - 1e4 * (1 - b)`: where b is 1 the score, where 0 exactly -1e4 (b in {0, 1})."""
+    init = "self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))"
+    source = attention(ZERO_ONE_MASK, init=init)
+    filled = attention(ZERO_ONE_MASK.replace("s * b - 1e4 * (1 - b)", "s.masked_fill(b == 0, -1e4)"), init=init)
+    def facts(finding):
+        return {status: [fact["name"] for fact in group] for status, group in finding.to_json()["facts"].items()}
+    assert facts(the_finding(source)) == facts(the_finding(filled))
+    assert_patch_exact(source, "zero_one_mask")
+
+
+def test_an_arithmetic_mask_of_unknown_values_is_not_a_fill():
+    source = attention(ZERO_ONE_MASK, init="self.register_buffer('bias', torch.rand(1, 1, 8, 8))")
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "`1e4 * (1 - b)`" in finding.reason
+
+
+GUARDED_DROPOUT = """
+    w = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+    if self.p:
+        w = F.dropout(w, p=self.p, training=self.training)
+    return (w @ v).transpose(1, 2).reshape(B, T, C)
+"""
+
+
+@pytest.mark.parametrize("p", [0.0, 0.25])
+def test_dropout_under_a_test_of_its_own_probability_is_dropout(p):
+    """MPT's `if dropout_p: w = dropout(w, p=dropout_p, ...)`: the test is false only where dropout is the
+    identity, so the weights are dropped out unconditionally."""
+    source = attention(GUARDED_DROPOUT, init=f"self.p = {p}")
+    assert assert_exact_or_not_safe(source, "guarded_dropout")  # eval mode: parity without randomness
+    assert "if self.p else 0.0" in analyze_source(source, "m.py").fixed
+    for flag in (True, False):  # another flag: SDPA without dropout runs only where it is off
+        other = attention(GUARDED_DROPOUT.replace("if self.p:", "if self.flag:"),
+                          init=f"self.p = {p}\nself.flag = {flag}")
+        assert "if self.flag is None or self.flag is False:" in analyze_source(other, "m.py").fixed
+        assert assert_exact_or_not_safe(other, f"flagged_dropout_{flag}")

@@ -1,0 +1,193 @@
+"""Tensor scales: a scale of size 1 in the key axis (a learned per-head temperature, a cosine-attention
+logit scale, a 0-d tensor, a per-query-row factor) is folded into q (`q * s`, `scale=1.0`). Each form is run
+original vs patched in float32, float64 and bfloat16, outputs and the learned scale's gradient compared; a factor
+whose shape is not visible is guarded; one of another last size (a multiplicative mask) is refused."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
+
+TEMPLATE = '''
+import math
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+{init}
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+{body}
+        return out.transpose(1, 2).reshape(b, n, c)
+'''
+
+FOLDED = {
+    "xcit_temperature": ("self.temperature = nn.Parameter(torch.rand(heads, 1, 1) + 0.5)", """
+        attn = (q @ k.transpose(-2, -1)) * self.temperature
+        out = attn.softmax(dim=-1) @ v
+    """),
+    "swin_v2_cosine": ("self.logit_scale = nn.Parameter(torch.log(10 * torch.ones((heads, 1, 1))))", """
+        attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+        logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()
+        attn = attn * logit_scale
+        out = attn.softmax(dim=-1) @ v
+    """),
+    "heads_4d_and_number": ("self.temp = nn.Parameter(torch.full((1, heads, 1, 1), 0.7))", """
+        attn = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) * self.temp
+        out = attn.softmax(dim=-1) @ v
+    """),
+    "vector_indexed": ("self.temp = nn.Parameter(torch.rand(heads) + 0.5)", """
+        attn = (q @ k.transpose(-2, -1)) / self.temp[:, None, None]
+        out = attn.softmax(dim=-1) @ v
+    """),
+    "vector_viewed": ("self.temp = nn.Parameter(torch.rand(heads) + 0.5)", """
+        attn = q @ k.transpose(-2, -1)
+        attn = attn * self.temp.view(-1, 1, 1)
+        out = attn.softmax(dim=-1) @ v
+    """),
+    # in place, the scores keep their dtype whatever the scale's: the query's is checked at run time
+    "in_place_dtype_guarded": ("self.temp = nn.Parameter(torch.rand(heads, 1, 1) + 0.5)", """
+        attn = q @ k.transpose(-2, -1)
+        attn *= self.temp
+        out = attn.softmax(dim=-1) @ v
+    """),
+    "zero_dim_buffer": ('self.register_buffer("temp", torch.tensor(0.7))', """
+        attn = (q @ k.transpose(-2, -1)) * self.temp
+        out = attn.softmax(dim=-1) @ v
+    """),
+    "per_query_row": ("", """
+        attn = (q @ k.transpose(-2, -1)) * q.norm(dim=-1, keepdim=True)
+        out = attn.softmax(dim=-1) @ v
+    """),
+    "under_a_flag": ("self.temp = nn.Parameter(torch.rand(heads, 1, 1) + 0.5)\nself.use_temp = True", """
+        attn = q @ k.transpose(-2, -1)
+        if self.use_temp:
+            attn = attn * self.temp
+        out = attn.softmax(dim=-1) @ v
+    """),
+}
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10, torch.bfloat16: 2e-2}
+
+
+def _source(init: str, body: str) -> str:
+    return TEMPLATE.format(init=textwrap.indent(init, " " * 8),
+                           body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+
+
+def _finding(source: str):
+    (finding,) = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    return finding
+
+
+def _facts(finding, status: str) -> set[str]:
+    return {fact["name"] for fact in finding.extra["facts"].get(status, [])}
+
+
+def _pair(source: str, dtype: torch.dtype):
+    fixed = analyze_source(source, "case.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "case").Attention().to(dtype)
+    patched = load_module_from_source(fixed, "case_fixed").Attention().to(dtype)
+    patched.load_state_dict(original.state_dict())
+    return original, patched
+
+
+@pytest.mark.parametrize("form", FOLDED)
+def test_a_tensor_scale_is_folded_into_q_by_a_safe_patch(form):
+    finding = _finding(_source(*FOLDED[form]))
+    assert finding.fix_safety == "safe" and finding.patch, finding.reason
+    assert "scale-broadcast" in _facts(finding, "proved")
+    assert "scale-dtype" in _facts(finding, "guarded" if "guarded" in form else "proved")
+    assert "scale=1.0" in finding.patch or "scale=" not in finding.patch.split("scaled_dot_product_attention")[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("form", FOLDED)
+def test_the_fold_matches_the_original_and_its_gradients(form, dtype):
+    original, patched = _pair(_source(*FOLDED[form]), dtype)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    outputs = [model(x) for model in (original, patched)]
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(outputs[1], outputs[0], atol=tolerance, rtol=tolerance)
+    assert uses_sdpa(dispatched_ops(patched, (x,)))
+    for model, output in zip((original, patched), outputs):
+        output.float().square().sum().backward()
+    for (name, theirs), ours in zip(original.named_parameters(), patched.parameters()):
+        scale = theirs.grad.abs().max().item() + 1
+        torch.testing.assert_close(ours.grad, theirs.grad, atol=tolerance * 10 * scale, rtol=tolerance * 10,
+                                   msg=lambda m, name=name: f"gradient of {name}: {m}")
+
+
+def test_a_pairwise_factor_is_a_multiplicative_mask_and_is_refused():
+    finding = _finding(_source("self.gain = nn.Parameter(torch.rand(5, 5))", """
+        attn = (q @ k.transpose(-2, -1)) * self.gain
+        out = attn.softmax(dim=-1) @ v
+    """))
+    assert not finding.fixable and "multiplicative mask" in finding.reason
+
+
+def test_a_tensor_scale_after_a_mask_is_refused():
+    finding = _finding(_source("self.temp = nn.Parameter(torch.rand(heads, 1, 1))", """
+        attn = q @ k.transpose(-2, -1)
+        attn = attn.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+        attn = attn * self.temp
+        out = attn.softmax(dim=-1) @ v
+    """))
+    assert not finding.fixable and "after a mask" in finding.reason
+
+
+FUNCTION = '''
+import torch
+
+
+def attend(q, k, v, temperature):
+    attn = (q @ k.transpose(-2, -1)) * temperature
+    return attn.softmax(dim=-1) @ v
+'''
+
+
+def test_a_scale_of_unknown_shape_is_guarded_and_exact_on_every_input():
+    """A parameter may hold a number, a per-head tensor (SDPA path) or a pairwise one (the original runs)."""
+    finding = _finding(FUNCTION)
+    assert finding.fix_safety == "safe"
+    assert {"scale-broadcast", "scale-dtype"} <= _facts(finding, "guarded") and not _facts(finding, "assumed")
+    original = load_module_from_source(FUNCTION, "function").attend
+    patched = load_module_from_source(analyze_source(FUNCTION, "case.py").fixed, "function_fixed").attend
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=generator) for _ in range(3))
+    for temperature, fast in ((torch.rand(2, 1, 1, generator=generator), True), (0.5, True),
+                              (torch.rand(5, 5, generator=generator), False),
+                              (torch.rand(1, 2, 5, 1, generator=generator), True)):
+        torch.testing.assert_close(patched(q, k, v, temperature), original(q, k, v, temperature))
+        assert uses_sdpa(_ops(patched, q, k, v, temperature)) == fast
+
+
+def test_a_wider_tensor_scale_runs_the_original_and_raises_as_it_does():
+    """A float64 (H, 1, 1) scale widens float32 scores to float64: the guard fails and the original raises at the
+    value product (float64 weights, float32 v), as before the patch."""
+    original = load_module_from_source(FUNCTION, "function").attend
+    patched = load_module_from_source(analyze_source(FUNCTION, "case.py").fixed, "function_fixed").attend
+    q = k = v = torch.randn(2, 2, 5, 4)
+    for function in (original, patched):
+        with pytest.raises(RuntimeError):
+            function(q, k, v, torch.rand(2, 1, 1, dtype=torch.float64))
+
+
+def _ops(function, *args) -> set[str]:
+    class Wrapper(torch.nn.Module):
+        def forward(self, *inputs):
+            return function(*inputs)
+    return dispatched_ops(Wrapper(), args)

@@ -1,0 +1,274 @@
+"""`advisor optimize` end to end: the demo verified and applied, an installed package's code overlaid, bad input.
+
+Verdicts that depend on timing (verified vs no measurable gain) are not asserted: each test checks what must
+hold either way (parity numbers, what --apply may write, what stays untouched)."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import advisor.demo
+from advisor.cli import main
+
+DEMO = Path(advisor.demo.__file__).with_name("gpt.py")
+
+MODEL = '''
+import math, sys, time, torch
+import torch.nn.functional as F
+from torch import nn
+{module_prelude}
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.heads = 2
+        self.qkv = nn.Linear(32, 96)
+        self.calls = 0
+
+    def forward(self, x):
+        {forward_prelude}
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = F.softmax(att, dim=-1)
+        out = (att @ v).transpose(1, 2).reshape(B, T, C)
+        {forward_epilogue}
+        return out
+
+
+def workload(seed=0):
+    {workload_prelude}
+    generator = torch.Generator().manual_seed(seed)
+    return Attention(), torch.randn(2, 64, 32, generator=generator)
+'''
+
+
+def write_model(folder: Path, **snippets) -> Path:
+    values = {key: "pass" for key in ("module_prelude", "forward_prelude", "forward_epilogue", "workload_prelude")}
+    values.update(snippets)
+    path = folder / "model.py"
+    path.write_text(MODEL.format(**values))
+    return path
+
+
+def run_json(capsys, *argv) -> tuple[int, dict | None, str]:
+    code = main(["optimize", *argv, "--format", "json", "--timing-budget", "1"])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if captured.out else None, captured.err
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_demo_is_verified_with_numbers_and_apply_writes_only_verified(tmp_path, capsys):
+    shutil.copyfile(DEMO, tmp_path / "gpt.py")
+    with open(tmp_path / "gpt.py", "a") as handle:
+        handle.write("\n\ndef small(seed=0):\n    return workload(seed, seq=256)\n")
+    before = (tmp_path / "gpt.py").read_text()
+    code, result, _ = run_json(capsys, f"{tmp_path / 'gpt.py'}:small", "--apply", "--root", str(tmp_path),
+                               "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert patch["rule"] == "ADV101" and patch["function"] == "CausalSelfAttention.forward"
+    parity = patch["parity"]
+    assert parity["seeds"] == 3 and parity["outputs_compared"] == 3
+    assert 0 <= parity["max_abs_err"] <= parity["atol"] == 1e-5
+    assert patch["verdict"] in ("verified", "no-gain")
+    assert [f["rule"] for f in result["findings_before"]].count("ADV110") == 1
+    assert result["before"]["median_us"] > 0 and len(result["before"]["samples_us"]) >= 10
+    assert json.loads(Path(result["traces"]["before"]).read_text())["traceEvents"]
+    after = (tmp_path / "gpt.py").read_text()
+    if patch["verdict"] == "verified":
+        assert code == 0 and patch["applied"] and patch["written_to"] == str(tmp_path / "gpt.py")
+        assert "scaled_dot_product_attention" in after and "F.softmax" not in after
+        assert result["speedup_ci"][0] > 1.0 and result["after"]["median_us"] < result["before"]["median_us"]
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu" in result["environment"]["sdpa_kernels"]["after"]
+        assert "ADV110" not in [f["rule"] for f in result["findings_after"]]
+        assert json.loads(Path(result["traces"]["after"]).read_text())["traceEvents"]
+    else:
+        assert code == 0 and not patch["applied"] and after == before
+
+
+def test_transformers_eager_attention_in_site_packages_is_overlaid_never_edited_with_gradients(tmp_path, capsys):
+    import transformers.models.llama.modeling_llama as llama
+
+    installed = Path(llama.__file__)
+    fingerprint = digest(installed)
+    (tmp_path / "hf.py").write_text(
+        "import torch\nfrom transformers import LlamaConfig, LlamaForCausalLM\nimport advisor\n\n"
+        "def workload(seed=0):\n"
+        "    torch.manual_seed(0)\n"
+        "    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,\n"
+        "                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)\n"
+        "    config._attn_implementation = 'eager'\n"
+        "    ids = torch.randint(0, 128, (1, 64), generator=torch.Generator().manual_seed(seed))\n"
+        "    return advisor.Workload(LlamaForCausalLM(config), kwargs={'input_ids': ids, 'use_cache': False})\n")
+    code, result, _ = run_json(capsys, f"{tmp_path / 'hf.py'}:workload", "--unsafe-fixes", "--apply", "--train",
+                               "--root", str(tmp_path), "--report", str(tmp_path / "report"))
+    [patch] = [p for p in result["patches"] if p["path"].endswith("modeling_llama.py")]
+    assert patch["fix_safety"] == "unsafe" and patch["verdict"] != "not-run", patch["reason"]
+    assert patch["parity"]["grads"] and patch["parity"]["seeds"] == 3
+    assert patch["parity"]["outputs_compared"] > 20  # logits and every parameter's gradient
+    assert patch["unsafe_facts_checked_on"]
+    assert digest(installed) == fingerprint
+    if patch["verdict"] == "verified":
+        assert code == 1 and not patch["applied"]  # outside --root: the diff goes to the report folder
+        assert Path(patch["written_to"]).read_text().startswith("--- a/")
+
+
+def test_without_unsafe_fixes_an_unsafe_patch_is_not_run_with_the_reason(tmp_path, capsys):
+    model = write_model(tmp_path, forward_epilogue="self.last_weights = att")
+    code, result, _ = run_json(capsys, f"{model}:workload", "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert code == 0 and patch["verdict"] == "not-run" and "--unsafe-fixes" in patch["reason"]
+
+
+def test_a_patched_module_that_fails_to_import_is_not_run_and_never_written(tmp_path, capsys):
+    refuse = ('if "scaled_dot_" + "product_attention(" in open(sys._getframe().f_code.co_filename).read():\n'
+              '    raise ImportError("the patched copy refuses to import")')
+    model = write_model(tmp_path, module_prelude=refuse)
+    source = model.read_bytes()
+    code, result, _ = run_json(capsys, f"{model}:workload", "--apply", "--root", str(tmp_path),
+                               "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert code == 0 and patch["verdict"] == "not-run" and "refuses to import" in patch["reason"]
+    assert model.read_bytes() == source
+
+
+def test_nan_outputs_on_the_original_side_are_compared_position_by_position(tmp_path, capsys):
+    model = write_model(tmp_path, forward_epilogue="out = out.clone(); out[0, 0, 0] = float('nan')")
+    code, result, _ = run_json(capsys, f"{model}:workload", "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert any("NaN" in note for note in result["notes"])
+    assert patch["verdict"] in ("verified", "no-gain") and patch["parity"]["max_abs_err"] <= 1e-5
+
+
+def test_a_model_that_does_not_repeat_itself_gets_no_verdict(tmp_path, capsys):
+    model = write_model(tmp_path, forward_epilogue="self.calls += 1; out = out * self.calls")
+    code, result, _ = run_json(capsys, f"{model}:workload", "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert code == 0 and patch["verdict"] == "not-run" and "not deterministic" in patch["reason"]
+
+
+BAD = {
+    "raises": ({"workload_prelude": "raise ValueError('boom')"}, "raised ValueError: boom"),
+    "junk": ({"workload_prelude": "return 42"}, "returned int"),
+    "hang": ({"workload_prelude": "time.sleep(600)"}, "did not finish `load` within 3 s"),
+    "exits_in_forward": ({"forward_prelude": "sys.exit(4)"}, "called sys.exit(4)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_workload_that_cannot_run_is_one_line_exit_2(tmp_path, capsys, case):
+    snippets, expected = BAD[case]
+    model = write_model(tmp_path, **snippets)
+    code, result, err = run_json(capsys, f"{model}:workload", "--timeout", "3", "--report", str(tmp_path / "r"))
+    lines = err.strip().splitlines()
+    assert code == 2 and result is None
+    assert lines[-1].startswith("advisor: error:") and expected in lines[-1], lines
+
+
+def test_missing_target_is_one_line_exit_2(tmp_path, capsys):
+    code, result, err = run_json(capsys, f"{tmp_path / 'nope.py'}:workload", "--report", str(tmp_path / "r"))
+    assert code == 2 and result is None and "no such file" in err.strip().splitlines()[-1]
+
+
+def test_the_demo_runs_from_a_copy_outside_the_package():
+    from advisor.commands.optimize import _demo_copy
+
+    target, root = _demo_copy()
+    path = target.rpartition(":")[0]
+    assert Path(path).read_text() == DEMO.read_text()
+    assert Path(root) in Path(path).parents and Path(DEMO).parent not in Path(path).parents
+    shutil.rmtree(root)
+
+
+def write_blocks(folder: Path, count: int) -> Path:
+    """A model of `count` attention blocks in one file (`blocks` builds it): one patch each."""
+    text = MODEL.format(module_prelude="pass", forward_prelude="pass", forward_epilogue="pass", workload_prelude="pass")
+    block = text[text.index("class Attention"):text.index("def workload")]
+    copies = [block.replace("class Attention", f"class Copy{index}") for index in range(1, count)]
+    path = folder / "blocks.py"
+    path.write_text(text + "\n" + "\n".join(copies) + "\ndef blocks(seed=0):\n    model, x = workload(seed)\n"
+                    f"    return torch.nn.Sequential(model, {', '.join(f'Copy{i}()' for i in range(1, count))}), x\n")
+    return path
+
+
+@pytest.fixture
+def every_parity_pass_verified(monkeypatch):
+    """Timing verdicts depend on the machine's load; these tests are about review, so a patch that passes
+    parity counts as verified whatever its interval."""
+    from advisor.verify import optimize_pipeline as pipeline
+
+    monkeypatch.setattr(pipeline.Trial, "verdict", property(
+        lambda t: pipeline.NOT_RUN if t.error or t.parity is None else
+        pipeline.VERIFIED if t.parity.ok else pipeline.PARITY_FAILED))
+
+
+def test_interactive_writes_only_the_verified_patches_the_user_accepts(tmp_path, capsys, monkeypatch,
+                                                                       every_parity_pass_verified):
+    import io
+
+    model = write_blocks(tmp_path, 2)
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\nn\n"))
+    code, result, err = run_json(capsys, f"{model}:blocks", "--interactive", "--root", str(tmp_path),
+                                 "--report", str(tmp_path / "report"))
+    first, second = sorted(result["patches"], key=lambda p: p["line"])
+    assert first["verified"] and second["verified"]
+    assert first["applied"] and not second["applied"] and "declined" in second["reason"]
+    assert code == 1  # a verified patch remains unapplied
+    text = model.read_text()
+    assert text.count("scaled_dot_product_attention(") == 1 and text.count("F.softmax(") == 1
+    assert err.count("apply this patch?") == 2 and "verified:" in err
+
+
+def test_interactive_at_end_of_input_writes_nothing(tmp_path, capsys, monkeypatch, every_parity_pass_verified):
+    import io
+
+    model = write_blocks(tmp_path, 2)
+    before = model.read_bytes()
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    code, result, _ = run_json(capsys, f"{model}:blocks", "--interactive", "--root", str(tmp_path),
+                               "--report", str(tmp_path / "report"))
+    assert code == 1 and model.read_bytes() == before
+    assert all(not p["applied"] and "declined" in p["reason"] for p in result["patches"])
+
+
+def test_interactive_part_of_several_patches_is_checked_together_before_it_is_written(
+        tmp_path, capsys, monkeypatch, every_parity_pass_verified):
+    """Accepting two of three verified patches applies a combination nobody measured: it gets its own parity run."""
+    import io
+
+    from advisor.verify import optimize_pipeline as pipeline
+
+    model = write_blocks(tmp_path, 3)
+    trials = []
+    real_trial = pipeline.Session.trial
+    monkeypatch.setattr(pipeline.Session, "trial", lambda self, ids: trials.append(ids) or real_trial(self, ids))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\nn\ny\n"))
+    code, result, _ = run_json(capsys, f"{model}:blocks", "--interactive", "--root", str(tmp_path),
+                               "--report", str(tmp_path / "report"))
+    first, second, third = sorted(result["patches"], key=lambda p: p["line"])
+    assert trials[-1] == (first["id"], third["id"])
+    assert code == 1 and first["applied"] and third["applied"] and not second["applied"]
+    assert model.read_text().count("scaled_dot_product_attention(") == 2
+
+
+def test_double_backward_seen_in_the_profiled_run_makes_the_patch_unsafe(tmp_path, capsys):
+    """A gradient penalty the static scan cannot read (the keyword passed through `**`) is seen while the
+    step runs: the first-order-autograd fact is not proved, so the patch is not run without --unsafe-fixes."""
+    penalty = ('if torch.is_grad_enabled():\n'
+               '            options = {"create_graph": True}\n'
+               '            (g,) = getattr(torch.autograd, "grad")(out.sum(), self.qkv.weight, **options)\n'
+               '            out = out + g.pow(2).sum()')
+    model = write_model(tmp_path, forward_epilogue=penalty)
+    code, result, _ = run_json(capsys, f"{model}:workload", "--train", "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert patch["verdict"] == "not-run"
+    assert "create_graph=True" in patch["reason"] and "profiled run" in patch["reason"]

@@ -1,0 +1,176 @@
+"""Script mode: `advisor optimize/profile -- python script.py ARGS` runs the user's script as it is,
+captures its model and the inputs of a few calls, and verifies patches with no workload function written.
+
+Timing verdicts are not asserted (they depend on the machine's load): parity, what was captured, and what may be
+written are."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import advisor
+from advisor.cli import main, split_script
+
+SCRIPT = Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "gpt_generate.py"
+
+
+def tree_digest(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def optimize_json(capsys, *argv, script: list[str]) -> tuple[int, dict | None, str]:
+    code = main(["optimize", *argv, "--format", "json", "--timing-budget", "1", "--", "python", *script])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if captured.out else None, captured.err
+
+
+def test_a_gpt_generation_script_gets_its_attention_patch_verified_without_a_workload_function(tmp_path, capsys):
+    shutil.copyfile(SCRIPT, tmp_path / "generate.py")
+    before = tree_digest(tmp_path)
+    code, result, err = optimize_json(capsys, "--report", str(tmp_path / "report"),
+                                      script=[str(tmp_path / "generate.py"), "--prompt", "64", "--tokens", "5"])
+    assert code in (0, 1), err
+    [patch] = result["patches"]
+    assert patch["rule"] == "ADV101" and patch["function"] == "CausalSelfAttention.forward"
+    assert patch["verdict"] in ("verified", "no-gain") and not patch["applied"]
+    # three recorded calls of the generation loop (prompt 64, 65, 66 tokens) are the parity inputs
+    assert patch["parity"]["seeds"] == 3 and patch["parity"]["outputs_compared"] == 3
+    assert patch["state_dict"] == {"missing": [], "unexpected": []}
+    assert "captured GPT and the inputs of 3 call(s); the script stopped at the model's call 3" in result["notes"]
+    assert result["target"].endswith("generate.py --prompt 64 --tokens 5")
+    report = {p: d for p, d in tree_digest(tmp_path).items() if not p.startswith("report/")}
+    assert report == before  # without --apply nothing of the user's tree is written
+
+
+SCRIPT_PRELUDE = "import sys, time, torch\nfrom torch import nn\n"
+BAD_SCRIPTS = {
+    "no_module": ("print(torch.ones(2).sum())", "no model captured: the script ran to its end without calling an "
+                                                "nn.Module"),
+    "two_models": ("a, b = nn.Linear(4, 4), nn.Linear(4, 2)\nx = torch.ones(1, 4)\nb(a(x)); b(a(x))",
+                   "several unrelated models were called at the top level: Linear (2 call(s)), Linear (2 call(s))"),
+    "unpicklable": ("class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                    "        self.l = nn.Linear(2, 2)\n    def forward(self, x, hook):\n        return self.l(x)\n"
+                    "M()(torch.ones(1, 2), hook=lambda: 0)",
+                    "captured M, but the inputs of its call 1 cannot be sent to another process"),
+    "stdin": ("n = int(input())\nnn.Linear(n, n)(torch.ones(1, n))",
+              "the script raised EOFError: EOF when reading a line (it reads stdin, which advisor closes"),
+    "forever": ("while True:\n    time.sleep(0.1)",
+                "did not finish running the script to its model's call 3 within 3 s (--timeout)"),
+    "crash": ("raise ValueError('no data')", "the script raised ValueError: no data without calling an nn.Module"),
+    "exits": ("sys.exit(3)", "the script exited with code 3 without calling an nn.Module"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SCRIPTS))
+def test_a_script_without_one_capturable_model_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case):
+    body, expected = BAD_SCRIPTS[case]
+    (tmp_path / "user.py").write_text(SCRIPT_PRELUDE + body + "\n")
+    before = tree_digest(tmp_path)
+    code, result, err = optimize_json(capsys, "--timeout", "3", "--report", str(tmp_path.parent / f"r-{case}"),
+                                      script=[str(tmp_path / "user.py")])
+    lines = err.strip().splitlines()
+    assert code == 2 and result is None
+    assert lines[-1].startswith("advisor: error:") and expected in lines[-1], lines
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["optimize", "--", "python"], "nothing after `--`"),
+    (["optimize", "--", "python", "-c", "pass"], "`python -c ...` is not supported"),
+    (["optimize", "--", "python", "-m"], "`python -m` needs a module name"),
+    (["optimize", "--", "python", "missing.py"], "missing.py: no such script"),
+    (["profile", "x.py:f", "--", "python", "y.py"], "give a TARGET or a script after `--`, not both"),
+])
+def test_a_bad_script_command_is_one_line_exit_2(capsys, argv, expected):
+    assert main(argv) == 2
+    assert expected in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_profile_runs_a_script_and_reports_its_attention(tmp_path, capsys):
+    code = main(["profile", "--format", "json", "--", "python", str(SCRIPT), "--prompt", "64", "--tokens", "1"])
+    captured = capsys.readouterr()
+    rules = {finding["rule"] for finding in json.loads(captured.out)["findings"]}
+    assert code == 1 and "ADV110" in rules
+    assert "captured GPT and the inputs of 1 call(s)" in captured.err
+
+
+def test_only_the_verbs_that_run_a_workload_take_a_script_after_the_double_dash():
+    assert split_script(["optimize", "--apply", "--", "python", "t.py", "--lr", "1"]) == \
+        (["optimize", "--apply"], ["python", "t.py", "--lr", "1"])
+    assert split_script(["--debug", "profile", "--", "t.py"]) == (["--debug", "profile"], ["t.py"])
+    assert split_script(["scan", "--", "-odd.py"]) == (["scan", "--", "-odd.py"], None)
+
+
+class Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+
+    def forward(self, x, scale=1.0):
+        return self.inner(x) * scale
+
+
+def test_capture_records_the_outermost_call_with_its_keyword_inputs_and_ignores_a_parameterless_loss():
+    model, loss = Pair(), nn.MSELoss()
+    x = torch.ones(2, 3)
+    with advisor.capture() as captured:
+        loss(model(x, scale=2.0), torch.zeros(2, 3))
+        x.add_(1)  # an in-place change after the call does not reach the recorded copy
+    found, calls = captured.model()
+    assert found is model and len(calls) == 1 and calls[0].kwargs == {"scale": 2.0}
+    assert torch.equal(calls[0].args[0], torch.ones(2, 3))
+    assert [type(m) for m in captured.modules] == [Pair, nn.MSELoss]  # the inner Linear was never outermost
+    workload = captured.workload()
+    assert workload.model is model and workload.kwargs == {"scale": 2.0} and workload.device == "cpu"
+
+
+def test_capture_with_a_limit_stops_the_block_at_the_models_nth_call_past_the_users_except():
+    model, ran = Pair(), []
+    with advisor.capture(limit=2) as captured:
+        for step in range(10):
+            try:
+                model(torch.ones(1, 3))
+            except Exception:  # noqa: BLE001 - the user's own handler must not swallow the stop
+                pass
+            ran.append(step)
+    assert ran == [0] and len(captured.model()[1]) == 2
+
+
+def test_capture_restores_module_call_after_the_block():
+    original = nn.Module.__call__
+    with pytest.raises(ValueError), advisor.capture():
+        raise ValueError
+    assert nn.Module.__call__ is original
+
+
+def test_inputs_recorded_under_inference_mode_are_normal_tensors_that_train_mode_can_use():
+    model = nn.Linear(2, 2)
+    with torch.inference_mode(), advisor.capture() as captured:
+        model(torch.ones(1, 2))
+    [call] = captured.model()[1]
+    assert not call.args[0].is_inference()
+    model(call.args[0]).sum().backward()  # --train on a script that generated under inference_mode
+
+
+def test_python_dash_m_runs_a_package_module_with_its_relative_imports(tmp_path, capsys, monkeypatch):
+    package = tmp_path / "tools"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "net.py").write_text("import torch\nclass Net(torch.nn.Linear):\n    pass\n")
+    (package / "run.py").write_text("import sys, torch\nfrom .net import Net\nn = int(sys.argv[1])\n"
+                                    "assert sys.argv[0].endswith('run.py') and __name__ == '__main__'\n"
+                                    "Net(n, n)(torch.ones(1, n))\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["profile", "--format", "json", "--", "python", "-m", "tools.run", "3"])
+    captured = capsys.readouterr()
+    assert code in (0, 1) and "captured Net and the inputs of 1 call(s)" in captured.err, captured.err
+    assert json.loads(captured.out)["target"] == "-m tools.run 3"
+    assert main(["profile", "--", "python", "-m", "tools.nothing"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "advisor: error: -m tools.nothing: no module named 'tools.nothing'" in line and "current directory" in line
