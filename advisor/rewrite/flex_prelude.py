@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from string import Template
 
-HELPER_NAME = "advisor_flex_attention"
+from advisor.contracts.emitted_names import FLEX_HELPER_NAME
+
+HELPER_NAME = FLEX_HELPER_NAME
 
 # `$torch` is the user's module's spelling of torch; nothing else in the template uses `$`
 _PRELUDE = Template('''\

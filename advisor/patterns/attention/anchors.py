@@ -17,7 +17,7 @@ from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_th
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
-from advisor.rewrite.flex_prelude import HELPER_NAME as FLEX_HELPER
+from advisor.contracts.emitted_names import FLEX_HELPER_NAME as FLEX_HELPER
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children, walk
