@@ -1,6 +1,6 @@
 """What FlexAttention buys for the attention SDPA cannot express, side by side in one run.
 
-For each form (tanh soft-capping as in Gemma-2, ALiBi, a T5-style bucketed relative bias, a sliding window of 256,
+For each form (tanh soft-capping, alone and with Gemma-2's causal mask, ALiBi, a T5-style bucketed relative bias, a sliding window of 256,
 a document mask over packed sequences) three versions of the same attention are timed alternately with
 torch.utils.benchmark in one process (no grad, fixed threads):
 
@@ -75,6 +75,22 @@ def soft_cap_form(q, cap: float = 50.0) -> Form:
         return torch.tanh(score / cap) * cap
 
     return Form("soft_cap", hand_written, None, dict(score_mod=soft_cap))
+
+
+def soft_cap_causal_form(q, cap: float = 50.0) -> Form:
+    """Gemma-2 as written: soft-capped scores, then its causal mask (flex skips the masked blocks)."""
+    length = q.size(-2)
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+
+    def hand_written(q, k, v):
+        scores = torch.tanh(scores_of(q, k) / cap) * cap
+        return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    return Form("soft_cap_causal", hand_written, None,
+                dict(score_mod=soft_cap_form(q, cap).mods["score_mod"], mask_mod=causal_mask, mask_key="causal"))
 
 
 def alibi_form(q) -> Form:
@@ -168,7 +184,7 @@ def document_form(q, documents: int = 4) -> Form:
                 dict(mask_mod=document_causal, mask_key="document"))
 
 
-FORMS = {"soft_cap": soft_cap_form, "alibi": alibi_form, "t5_bias": t5_form, "window": sliding_window_form,
+FORMS = {"soft_cap": soft_cap_form, "soft_cap_causal": soft_cap_causal_form, "alibi": alibi_form, "t5_bias": t5_form, "window": sliding_window_form,
          "document": document_form}
 
 
