@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,10 @@ LAYER_DIRS = sorted(path for path in TESTS_DIR.iterdir() if path.is_dir() and ne
 for entry in map(str, (REPO_ROOT, TESTS_DIR, *LAYER_DIRS)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
+
+# every attention proof the suite runs (in this process and in the CLI processes it starts) checks each step against
+# what it declares it reads and writes (patterns/attention/proof_steps.py)
+os.environ["ADVISOR_CHECK_PROOF"] = "1"
 
 
 @pytest.fixture(autouse=True)

@@ -89,12 +89,14 @@ def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
 
 @step()
 def softmax_is_read(c: Candidate) -> None:
+    """The softmax's result is read (an unread one is refused with what it computes)."""
     if c.softmax.params.get("unread"):
         raise Refusal(anchors.unread_softmax(c, c.softmax))
 
 
 @step(reads="flow", writes="chain.twin chain.twin_input")
 def twin_softmax(c: Candidate) -> None:
+    """The softmax of the other branch of an `if` that ends in one too (read as one block)."""
     twin = anchors.twin_softmax(c, c.softmax)
     if twin is not None:
         c.chain.twin, c.chain.twin_input = twin
@@ -104,18 +106,21 @@ def twin_softmax(c: Candidate) -> None:
       writes=("absorbed chain.definitions chain.factor_guards chain.guard_negated chain.negated_factors "
               "chain.ops chain.reads core dtype_changes flow inlined values"))
 def score_chain(c: Candidate) -> None:
+    """The scores walked back to Q·K^T: the ops on the way, their guards, the casts, the helpers entered."""
     c.core = scores.peel_scores(c, c.softmax.operands[0])
 
 
 @step(reads="core flow inlined values",
       writes="factors has_ellipsis layout leaf_nodes match.key match.masks match.query ndim")
 def core_roles(c: Candidate) -> None:
+    """Q and K from Q·K^T (with baddbmm's factor and bias), the scores' rank, a softmax over the keys."""
     c.ndim = products.core_roles(c, c.core)
     products.check_softmax_dim(c, c.softmax, c.ndim)
 
 
 @step(writes="dtype_changes softmax_dropouts")
 def softmax_stages(c: Candidate) -> None:
+    """The modules of an `nn.Sequential` softmax: dropout only; a softmax `dtype=` is a cast."""
     softmax = c.softmax
     stages = softmax.params.get("stages", [])[1:] if softmax.name == "sequential" else []
     c.softmax_dropouts = [stage for stage in stages if stage.name == "dropout"]
@@ -127,6 +132,7 @@ def softmax_stages(c: Candidate) -> None:
 
 @step(reads="chain.twin ndim", writes="absorbed dtype_changes flow home inlined match.escapes values weights")
 def weight_path(c: Candidate) -> None:
+    """The weights walked forward to the value product: what they pass through, where they leave."""
     c.weights = path = weights.follow_weights(c, c.softmax.node, c.ndim)
     buffer = scope.out_argument(path.output.node)
     if buffer is not None:
@@ -136,11 +142,13 @@ def weight_path(c: Candidate) -> None:
 
 @step(reads="core has_ellipsis inlined layout values weights", writes="leaf_nodes match.output_methods match.value")
 def value_roles(c: Candidate) -> None:
+    """V, and the output's layout when the product is `V @ P^T`."""
     weights.value_roles(c, c.core)
 
 
 @step(reads="flow inlined softmax_dropouts weights", writes="identity_ok leaf_nodes match.dropout_p")
 def dropout_role(c: Candidate) -> None:
+    """SDPA's `dropout_p`, under the original's training flag."""
     weights.dropout_role(c, c.softmax_dropouts + c.weights.dropouts)
 
 
@@ -149,6 +157,7 @@ def dropout_role(c: Candidate) -> None:
       writes=("absorbed chain.views dtype_roots factors leaf_nodes match.facts match.masks match.scale "
               "match.sdpa_refusal match.softcap tensor_factors"))
 def scale_and_masks(c: Candidate) -> None:
+    """The score chain's ops as scale factors, mask terms and a soft-cap."""
     scale_and_mask_roles(c)
 
 
@@ -156,6 +165,7 @@ def scale_and_masks(c: Candidate) -> None:
              "weights"),
       writes="consumed match.renamed")
 def block_reads(c: Candidate) -> None:
+    """Every read of a deleted intermediate is inside the block (or of the scores' shape, read from Q, K)."""
     c.consumed = c.chain.definitions + c.weights.definitions
     check_reads(c, c.consumed, c.chain.reads | c.weights.reads | c.absorbed)
 
@@ -164,6 +174,7 @@ def block_reads(c: Candidate) -> None:
       writes=("match.attn_mask match.facts match.hoist_anchor match.hoist_init match.hoisted "
               "match.is_causal match.masks"))
 def mask(c: Candidate) -> None:
+    """The mask terms as one `attn_mask` (or `is_causal`), evaluated where the original applied them."""
     assemble_mask(c)
 
 
@@ -171,12 +182,14 @@ def mask(c: Candidate) -> None:
              "values weights"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:
+    """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do."""
     mask_and_dtype_facts(c, c.ndim)
 
 
 @step(reads="consumed home inlined match.hoisted match.renamed weights",
       writes="match.end_line match.function match.line match.output_node match.removed output_statement")
 def extent(c: Candidate) -> None:
+    """The block's statements, its output, its lines and its function's dotted name."""
     match, parsed = c.match, c.parsed
     c.output_statement = output_statement = statement_of(parsed, c.weights.output.node)
     match.output_node = c.weights.output.node
@@ -192,6 +205,7 @@ def extent(c: Candidate) -> None:
 
 @step(reads="chain.definitions flow inlined leaf_nodes match.masks match.renamed output_statement")
 def bindings(c: Candidate) -> None:
+    """Every name the SDPA call reads holds, at the call, what the original read."""
     check_bindings(c, c.output_statement)
 
 
@@ -199,17 +213,20 @@ def bindings(c: Candidate) -> None:
              "output_statement"),
       writes="match.facts")
 def block_scope(c: Candidate) -> None:
+    """Nothing around the block changes what it computes: scope, writes, dispatch, hooks."""
     check_scope(c, c.output_statement, c.consumed)
 
 
 @step(reads="flow home inlined match.output_node", writes="match.facts match.output_methods")
 def layout(c: Candidate) -> None:
+    """`.contiguous()` where a reader of the output needs the original's strides."""
     weights.layout_role(c)
 
 
 @step(reads="chain.definitions flow home inlined match.escapes weights",
       writes="match.dropped match.reason match.unsafe_reason")
 def escapes(c: Candidate) -> None:
+    """The weights do not leave the block, or the reason (and the claim where callers drop them)."""
     check_escapes(c)
 
 
@@ -217,12 +234,14 @@ def escapes(c: Candidate) -> None:
              "tensor_factors values weights"),
       writes="match.facts match.query tensor_scale_reads")
 def tensor_scale(c: Candidate) -> None:
+    """A tensor scale factor folded into q, with its broadcast and dtype facts."""
     fold_into_query(c, c.ndim)
 
 
 @step(reads="flow home inlined match.hoist_anchor match.hoisted match.removed output_statement",
       writes="match.facts match.flag_test match.guard_checks match.guard_span match.unwrap")
 def flag(c: Candidate) -> None:
+    """An `if <flag>:` that asks for the weights: the SDPA path where it is off."""
     flags.plan_flag(c, c.output_statement)
 
 
@@ -231,6 +250,7 @@ def flag(c: Candidate) -> None:
              "tensor_scale_reads values weights"),
       writes="match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
+    """A run-time check for each assumed metadata fact that can be checked."""
     plan_guards(c, c.output_statement)
 
 
@@ -240,6 +260,7 @@ def guards(c: Candidate) -> None:
              "match.softcap match.unwrap values weights"),
       writes="match.flex match.flex_refusal")
 def flex(c: Candidate) -> None:
+    """The proved roles as FlexAttention's `score_mod`/`mask_mod`, or why flex cannot take them."""
     flex_roles(c)
 
 

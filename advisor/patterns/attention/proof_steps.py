@@ -45,6 +45,8 @@ ACCUMULATED = {
     "match.guard_checks": "the flag's check, then the metadata checks",
     "match.guard_span": "the flag's span, then the guards'",
 }
+
+
 class ProofOrderError(AssertionError):
     """A step read a field no earlier step produced, or wrote one it does not declare: a bug of ours."""
 
@@ -56,6 +58,10 @@ class Step:
     reads: frozenset[str]
     writes: frozenset[str]
 
+    @property
+    def doc(self) -> str:
+        return " ".join((self.run.__doc__ or "").split())
+
 
 def step(reads: str = "", writes: str = "") -> Callable[[Callable[[Candidate], None]], Step]:
     """Declare a step named after its function; `reads` and `writes` are space-separated field names."""
@@ -63,7 +69,7 @@ def step(reads: str = "", writes: str = "") -> Callable[[Callable[[Candidate], N
 
 
 def run_steps(steps: tuple[Step, ...], c: Candidate) -> None:
-    if not CHECKED:
+    if os.environ.get("ADVISOR_CHECK_PROOF") != "1":
         for each in steps:
             each.run(c)
         return
@@ -80,7 +86,8 @@ def check_declarations(steps: tuple[Step, ...]) -> list[str]:
         problems += [f"{each.name}: unknown field `{name}`" for name in sorted((each.reads | each.writes) - FIELDS)]
         problems += [f"{each.name}: reads `{name}`, which no earlier step produces"
                      for name in sorted(each.reads - produced - each.writes)]
-        problems += [f"{each.name}: declares reading `{name}`, which is read freely" for name in sorted(each.reads & free)]
+        problems += [f"{each.name}: declares reading `{name}`, which is read freely"
+                     for name in sorted(each.reads & free)]
         for name in sorted(each.writes.difference(ACCUMULATED)):
             if name in producer:
                 problems.append(f"{each.name}: produces `{name}`, which {producer[name]} already produced")
@@ -145,7 +152,8 @@ class _Watching:
             reads, _Watching.reads = _Watching.reads, outer
             after = _state(c)
             written = {name for name in FIELDS if before[name] != after[name]}
-            problems = [f"reads `{name}` without declaring it" for name in sorted(reads - each.reads - each.writes - self.free)]
+            undeclared = reads - each.reads - each.writes - self.free
+            problems = [f"reads `{name}` without declaring it" for name in sorted(undeclared)]
             problems += [f"writes `{name}` without declaring it" for name in sorted(written - each.writes)]
             if problems:
                 raise ProofOrderError(f"proof step {each.name}: " + "; ".join(problems))
@@ -182,5 +190,3 @@ def _fingerprint(value: object, depth: int = 0) -> object:
         return id(value), tuple(_fingerprint(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value))
     return id(value)
 
-
-CHECKED = os.environ.get("ADVISOR_CHECK_PROOF") == "1"
