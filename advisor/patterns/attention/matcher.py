@@ -16,7 +16,7 @@ from advisor.patterns.attention.block_checks import check_bindings, check_escape
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
 from advisor.patterns.attention.guards import plan_guards
 from advisor.patterns.attention.helpers import dotted_name
-from advisor.patterns.attention.proof_steps import run_steps, step
+from advisor.patterns.attention.proof_steps import ProofOrderError, run_steps, step
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.attention.scale import scale_and_mask_roles
@@ -78,7 +78,7 @@ def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
         leaves = anchors.weights_leave(c, softmax)
         match.reason = str(refusal) if leaves is None or leaves in str(refusal) else f"{refusal}; also, {leaves}"
         match.output_node = None
-    except (RecursionError, MemoryError):
+    except (RecursionError, MemoryError, ProofOrderError):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
         match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
