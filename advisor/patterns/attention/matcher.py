@@ -104,7 +104,7 @@ def twin_softmax(c: Candidate) -> None:
 
 @step(reads="chain.twin chain.twin_input home",
       writes=("absorbed chain.definitions chain.factor_guards chain.guard_negated chain.negated_factors "
-              "chain.ops chain.reads core dtype_changes flow inlined values"))
+              "chain.ops chain.reads core dtype_changes flow inlined match.facts values"))
 def score_chain(c: Candidate) -> None:
     """The scores walked back to Q·K^T: the ops on the way, their guards, the casts, the helpers entered."""
     c.core = scores.peel_scores(c, c.softmax.operands[0])
@@ -140,7 +140,8 @@ def weight_path(c: Candidate) -> None:
     c.match.escapes = path.escapes
 
 
-@step(reads="core has_ellipsis inlined layout values weights", writes="leaf_nodes match.output_methods match.value")
+@step(reads="core flow has_ellipsis inlined layout values weights",
+      writes="leaf_nodes match.output_methods match.value")
 def value_roles(c: Candidate) -> None:
     """V, and the output's layout when the product is `V @ P^T`."""
     weights.value_roles(c, c.core)
@@ -230,8 +231,8 @@ def escapes(c: Candidate) -> None:
     check_escapes(c)
 
 
-@step(reads=("chain.factor_guards chain.ops dtype_changes dtype_roots flow inlined leaf_nodes ndim "
-             "tensor_factors values weights"),
+@step(reads=("chain.factor_guards chain.negated_factors chain.ops dtype_changes dtype_roots flow home inlined "
+             "leaf_nodes ndim tensor_factors values weights"),
       writes="match.facts match.query tensor_scale_reads")
 def tensor_scale(c: Candidate) -> None:
     """A tensor scale factor folded into q, with its broadcast and dtype facts."""
