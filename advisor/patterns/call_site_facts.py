@@ -23,7 +23,7 @@ from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
 from advisor.static.call_sites import CallSite, Tree, bound_argument
-from advisor.patterns.module_values import module_value
+from advisor.patterns.module_values import local_reads_leave_alone, module_value
 from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 
@@ -215,6 +215,8 @@ class SiteScope:
         if not definitions or flow.sees_undefined(name) or any(d.kind != "assign" or d.index is not None
                                                                   for d in definitions):
             return None
+        if not local_reads_leave_alone(self.parsed, function, name.value):
+            return None  # an alias, a view or a callee may write the tensor the assignment built
         return [d.value for d in definitions]
 
     def _resolved(self, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:

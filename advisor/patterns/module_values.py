@@ -9,6 +9,8 @@ comparisons, `torch.where`, `masked_fill`, ...) or reads its metadata. A read th
 (an in-place method, an element write, `out=`, `.data`, `nn.Parameter(...)`, a container, a return, a call of
 anything not known to leave it alone) makes the value unknown. Other modules that import the file and write the
 tensor are not seen: a fact proved here assumes none does (the per-file scan cache drops it when this file changes).
+A local tensor of a function (`mask = torch.zeros(...)`, read by call-site facts) is held to the same reads, except
+that a function imported from another module may be passed it (the callee the facts are about is one).
 """
 
 from __future__ import annotations
@@ -96,12 +98,12 @@ def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name, dept
     return _leaves_alone(parsed, node, depth)
 
 
-def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int) -> bool:
+def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, trust: bool = False) -> bool:
     """The expression `node` may hold the tensor: what encloses it only reads it, or computes a new tensor."""
     if depth > MAX_DEPTH:
         return False
     parent = parsed.parents.get(node)
-    again = lambda outer: _leaves_alone(parsed, outer, depth + 1)  # noqa: E731 - the result may share memory
+    again = lambda outer: _leaves_alone(parsed, outer, depth + 1, trust)  # noqa: E731 - it may share memory
     if isinstance(parent, (cst.BinaryOperation, cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation,
                            cst.BooleanOperation, cst.Index, cst.Expr)):
         return True  # a new tensor (or a bool), or an index that reads it
@@ -120,9 +122,9 @@ def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int) ->
             return False
         return parent.attr.value in METADATA or parent.attr.value in ("T", "mT") and again(parent)
     if isinstance(parent, cst.Arg) and parent.value is node:
-        return _argument_left_alone(parsed, parent, depth)
+        return _argument_left_alone(parsed, parent, depth, trust)
     if isinstance(parent, cst.Assign) and parent.value is node:
-        return _alias_left_alone(parsed, parent, depth)
+        return _alias_left_alone(parsed, parent, depth, trust)
     return False  # returned, stored in a container or an attribute, yielded, ...
 
 
@@ -132,7 +134,7 @@ def _is_target(parsed: ParsedModule, node: cst.CSTNode) -> bool:
         and parent.target is node
 
 
-def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int) -> bool:
+def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, trust: bool) -> bool:
     call = parsed.parents.get(arg)
     if not isinstance(call, cst.Call) or arg.star or arg.keyword is not None and arg.keyword.value in ("out",
                                                                                                        "inplace"):
@@ -141,15 +143,16 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int) -> bool
     if dotted in TORCH_FRESH or dotted in HARMLESS_BUILTINS:
         return True
     if dotted in TORCH_SHARING:
-        return _leaves_alone(parsed, call, depth + 1)
+        return _leaves_alone(parsed, call, depth + 1, trust)
     forward = _submodule_forward(parsed, call)
     if forward is not None:
-        return _parameter_left_alone(parsed, forward, call, arg, depth, skip=1)
+        return _parameter_left_alone(parsed, forward, call, arg, depth, trust, skip=1)
     if isinstance(call.func, cst.Attribute) and not dotted:
         return call.func.attr.value in ARGUMENT_READING_METHODS and call.func.value is not arg.value
     if isinstance(call.func, cst.Name) and call.func.value in parsed.module_functions:
-        return _parameter_left_alone(parsed, parsed.module_functions[call.func.value], call, arg, depth)
-    return False
+        return _parameter_left_alone(parsed, parsed.module_functions[call.func.value], call, arg, depth, trust)
+    # a function of another module: trusted not to write what it is passed only for a local (see the docstring)
+    return trust and not dotted.startswith("torch.") and isinstance(call.func, (cst.Name, cst.Attribute))
 
 
 def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef | None:
@@ -180,7 +183,7 @@ def _module_statements(parsed: ParsedModule) -> set[cst.CSTNode]:
 
 
 def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg,
-                          depth: int, skip: int = 0) -> bool:
+                          depth: int, trust: bool, skip: int = 0) -> bool:
     """The function of this file the tensor is passed to only reads the parameter that receives it (`skip`: the
     leading parameters the call does not pass, `self` of a module's `forward`)."""
     params = function.params
@@ -194,10 +197,10 @@ def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call:
         if position >= len(positional):
             return False
         name = positional[position].name.value
-    return _local_reads_left_alone(parsed, function, name, depth)
+    return _local_reads_left_alone(parsed, function, name, depth, trust)
 
 
-def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int) -> bool:
+def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int, trust: bool) -> bool:
     """`alias = MASK` (or a view of it): every read of the alias leaves it alone too."""
     if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
         return False
@@ -206,18 +209,27 @@ def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int) -> b
     if isinstance(scope, cst.ClassDef):
         return False  # a class attribute, read as `self.name` too
     if scope is None:
-        return all(_leaves_alone(parsed, node, depth + 1) for node in _loads(parsed, parsed.module, name))
-    return _local_reads_left_alone(parsed, scope, name, depth)
+        return all(_leaves_alone(parsed, node, depth + 1, trust) for node in _loads(parsed, parsed.module, name))
+    return _local_reads_left_alone(parsed, scope, name, depth, trust)
 
 
-def _local_reads_left_alone(parsed: ParsedModule, scope: cst.CSTNode, name: str, depth: int) -> bool:
+def local_reads_leave_alone(parsed: ParsedModule, function: cst.FunctionDef, name: str) -> bool:
+    """Every read of the local `name` in `function` leaves the tensor it holds alone, as every read of a module-level
+    tensor must (an alias written in place, `self.m = mask` then `self.m.fill_(...)`, would change it unseen), except
+    that a function of another module it is passed to is trusted not to write it (call-site facts rest on that)."""
+    return _local_reads_left_alone(parsed, function, name, 0, trust=True)
+
+
+def _local_reads_left_alone(parsed: ParsedModule, scope: cst.CSTNode, name: str, depth: int,
+                            trust: bool = False) -> bool:
     """Every read of `name` inside `scope` (all of them, whatever else the name is bound to there)."""
     for node in _occurrences(parsed, scope, name):
         parent = parsed.parents.get(node)
         if isinstance(parent, (cst.Param, cst.AssignTarget)) or isinstance(parent, cst.Attribute) and \
                 parent.attr is node or isinstance(parent, cst.Arg) and parent.keyword is node:
             continue  # rebinding a local leaves the tensor alone
-        if isinstance(parent, (cst.AugAssign, cst.NameItem, cst.Del)) or not _leaves_alone(parsed, node, depth + 1):
+        if isinstance(parent, (cst.AugAssign, cst.NameItem, cst.Del)) or \
+                not _leaves_alone(parsed, node, depth + 1, trust):
             return False
     return True
 

@@ -104,3 +104,46 @@ def test_generated_programs_get_safe_patches_and_none_is_wrong():
              o.status == SAFE_OK and p.hazard != "none"]
     assert not wrong
     assert sum(o.status == SAFE_OK for _, o in outcomes) >= SAFE_FLOOR
+
+
+def test_a_causal_fill_read_with_its_rows_rearranged_proves_no_row():
+    source = render(Program(definition="causal_fill"))
+    for rearranged in ("MASK[:, None]", "MASK.unsqueeze(-1)", "MASK.t()"):
+        assert "fully-masked-rows" in {f["name"] for f in _facts(source.replace("+ MASK", f"+ {rearranged}"))["assumed"]}
+
+
+LOCAL = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        mask = torch.zeros(1, 1, 5, 5)
+        {write}
+        scores = torch.matmul(q, k.transpose(-2, -1)) * 0.5
+        scores = scores + mask
+        attn = torch.softmax(scores, dim=-1)
+        return torch.matmul(attn, v).transpose(1, 2).reshape(2, 5, 8)
+
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    return Model(), (torch.randn(2, 5, 8),)
+'''
+
+
+def test_a_local_mask_built_in_the_function_is_read_where_it_is_built():
+    assert check(LOCAL.format(write="pass"), as_file=True).status == SAFE_OK
+
+
+@pytest.mark.parametrize("write", ["mask[..., 0] = -1e9", "alias = mask; alias.fill_(-1e9)",
+                                   "row = mask[0]; row[0] = -1e9", "self.m = mask; self.m.fill_(-1e9)",
+                                   "torch.add(mask, -1e9, out=mask)"])
+def test_a_local_mask_written_through_any_alias_proves_nothing(write):
+    assert "fully-masked-rows" in {f["name"] for f in _facts(LOCAL.format(write=write))["assumed"]}

@@ -19,6 +19,7 @@ from advisor.static.module_index import ParsedModule
 CAUSAL_EXTENT = "causal-extent"  # the triangle is (L, S): `is_causal` is exact only then
 # what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
 TRIANGLE_KEEPING = {"view", "reshape", "unsqueeze", "expand", *CAST_METHODS, "bool", "byte", "int", "long"}
+ROW_KEEPING = {"expand", *CAST_METHODS, "bool", "byte", "int", "long"}  # and each row of the last two dims a row
 
 
 def mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
@@ -150,18 +151,25 @@ def added_keeps_first_key(c: Candidate, mask: cst.BaseExpression) -> bool:
 
 
 def _under_views(node: cst.BaseExpression) -> cst.BaseExpression:
-    """The tensor under views, broadcasts, casts and None-indexing, which keep every row's values in that row (a
-    fill cast to a narrower float stays a fill, or becomes -inf)."""
+    """The tensor under casts, `expand` and leading None-indexing (`m[None, None]`), which keep each row of the
+    last two dims a row (a fill cast to a narrower float stays a fill, or becomes -inf); a reshape, an `unsqueeze`
+    or a None between the last two dims would not."""
     while True:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-                node.func.attr.value in TRIANGLE_KEEPING - {"view", "reshape"}:
+                node.func.attr.value in ROW_KEEPING:
             node = node.func.value
-        elif isinstance(node, cst.Subscript) and all(
-                isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
-                or _is_full_slice(e) for e in node.slice):
+        elif isinstance(node, cst.Subscript) and _leading_nones(node.slice):
             node = node.value
         else:
             return node
+
+
+def _leading_nones(elements) -> bool:
+    """`[None, None]`, `[None, :, :]`: new leading dims, then whole ones."""
+    nones = [isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
+             for e in elements]
+    whole = [_is_full_slice(e) for e in elements]
+    return all(n or w for n, w in zip(nones, whole)) and nones == sorted(nones, reverse=True)
 
 
 def _zero_on_and_below_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
