@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome = check(source, as_file=True)
         counts["generated"] += 1
         counts[outcome.status] += 1
+        group = "no hazard" if program.hazard == "none" else "hazard"
+        counts[(group, outcome.status)] += 1
+        counts[group] += 1
         wrong = outcome.status == COUNTEREXAMPLE or outcome.status == SAFE_OK and program.hazard != "none"
         if wrong:
             counts["wrong"] += 1
@@ -66,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     print(f"{counts['generated']} programs in {elapsed:.0f} s, seed {args.seed}"
           f"{', hazards only' if args.hazards else ''}")
-    for key in ("safe-ok", "unsafe-only", "refused", "no-finding", "invalid", COUNTEREXAMPLE, "wrong"):
-        print(f"  {key:16s} {counts[key]}")
+    statuses = ("safe-ok", "unsafe-only", "refused", "no-finding", "invalid", COUNTEREXAMPLE)
+    print(f"  {'':16s} {'all':>6s} {'no hazard':>10s} {'hazard':>7s}")
+    for key in statuses:
+        print(f"  {key:16s} {counts[key]:6d} {counts[('no hazard', key)]:10d} {counts[('hazard', key)]:7d}")
+    print(f"  {'programs':16s} {counts['generated']:6d} {counts['no hazard']:10d} {counts['hazard']:7d}")
+    print(f"  wrong (a safe patch that changed a value, or a safe patch of a hazardous program): {counts['wrong']}")
     print("facts left assumed (findings):")
     for name, number in assumed.most_common():
         print(f"  {number:5d}  {name}")
