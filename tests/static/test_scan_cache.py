@@ -18,6 +18,7 @@ import advisor.engine.static as static
 from advisor.cli import main
 from advisor.engine.static import scan_paths
 from advisor.static.scan_cache import cache_root
+from fixture_models import fixture_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 POSITIVE = REPO / "fixtures" / "attention" / "positive"
@@ -68,9 +69,8 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 def _fixture_tree(tmp_path: Path, count: int = 4) -> Path:
     root = tmp_path / "tree"
     root.mkdir()
-    for source in sorted(POSITIVE.glob("*.py"))[:count]:
-        if not source.name.endswith(".fixed.py"):
-            (root / source.name).write_text(source.read_text())
+    for source in fixture_inputs(POSITIVE)[:count]:
+        (root / source.name).write_text(source.read_text())
     return root
 
 
