@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from advisor.engine.static import analyze_source
-from advisor.static.call_sites import Tree
+from advisor.static.tree_facts import tree_context
 from fixture_models import build, iter_tensors, load_module_from_source
 
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -68,7 +68,7 @@ def analyze(source: str, as_file: bool = False, unsafe_fixes: bool = False):
         path = os.path.join(folder, "variant.py")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(source)
-        return analyze_source(source, path, unsafe_fixes=unsafe_fixes, tree=Tree([path]))
+        return analyze_source(source, path, unsafe_fixes=unsafe_fixes, tree_context=tree_context([path]))
 
 
 @contextmanager
