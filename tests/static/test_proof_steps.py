@@ -4,6 +4,7 @@ step that reads or writes what it does not declare, and ARCHITECTURE.md's table 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +14,8 @@ from advisor.patterns.attention.proof_steps import ProofOrderError, Step, check_
 from advisor.patterns.attention.result import AttentionMatch
 from advisor.report.proof_doc import with_proof_table
 from advisor.static.module_index import ParsedModule
-from conftest import REPO_ROOT
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = """
 import torch
 
