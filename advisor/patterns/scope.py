@@ -377,6 +377,29 @@ def hook_registration(parsed: ParsedModule) -> str | None:
     return None
 
 
+def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> str | None:
+    """Why a torch function or tensor method the rewrite deletes may not be torch's when the code runs (None: no
+    file of the scan assigns one): a training script's `F.softmax = tempered_softmax` changes what the eager block
+    computes, and the SDPA call never calls it."""
+    replaced = {name for name in parsed.outside_attribute_writes[0] if name.startswith("torch.")}
+    if not replaced:
+        return None
+    found: list[str] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            name = parsed.imported_name(node.func)
+            method = f"torch.Tensor.{node.func.attr.value}" if isinstance(node.func, cst.Attribute) else None
+            found.extend(n for n in (name, method) if n in replaced)
+
+    for node in nodes:
+        visit_tree(node, Calls())
+    if not found:
+        return None
+    return (f"`{found[0]}`, which the rewrite deletes a call of, is assigned in {parsed.outside_writer(found[0])}: "
+            "it may not be torch's when the code runs")
+
+
 # TorchScript ----------------------------------------------------------------------------------------------------
 
 def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None) -> bool:

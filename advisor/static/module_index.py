@@ -564,8 +564,16 @@ class _OutsideWriteCollector(cst.CSTVisitor):
         for attribute in _written_attributes(target):
             if not _is_self_attribute(attribute):
                 self.write(attribute.attr.value, elements_only or table is None and _element_store(target))
+        self._torch_function(target)
         if table is not None and not _is_self(table[0]):
             self.write(_literal_name(table[1]) or self._any(value))
+
+    def _torch_function(self, target: cst.BaseExpression, name: str | None = None) -> None:
+        """`F.softmax = tempered` (or `setattr(torch, "matmul", f)`): torch's function replaced for the process,
+        recorded under its dotted name."""
+        dotted = self.parsed.imported_name(target)
+        if dotted is not None and dotted.startswith("torch.") or dotted == "torch":
+            self.write(f"{dotted}.{name}" if name else dotted)
 
     def _any(self, value: cst.BaseExpression | None) -> str:
         """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
@@ -589,6 +597,8 @@ class _OutsideWriteCollector(cst.CSTVisitor):
             receiver, name = binding
             if not _is_self(receiver):
                 self.write(_literal_name(name) or self._any(_bound_value(node)))
+                if _literal_name(name):
+                    self._torch_function(receiver, _literal_name(name))
             elif isinstance(func, cst.Name) and _literal_name(name):  # `setattr(self, "x", v)`: counted here too
                 self.write(_literal_name(name))
         elif is_inplace_method(func):  # `m.bias.fill_(1)`: an in-place method of the attribute

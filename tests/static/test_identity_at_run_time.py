@@ -309,6 +309,11 @@ ELSEWHERE = {
                                  "def swap(module):\n    for name, child in list(module.named_children()):\n"
                                  "        if isinstance(child, nn.Dropout):\n            setattr(module, name, Half())\n\n"
                                  "def change(model):\n    model.apply(swap)\n    return lambda out: out", "dropout"),
+    "softmax_replaced_for_the_process": ("import torch.nn.functional as F\n_softmax = F.softmax\n\n"
+                                         "def tempered(x, dim=None, **kw):\n    return _softmax(x / 2.0, dim=dim, **kw)\n\n"
+                                         "def change(model):\n    F.softmax = tempered\n\n"
+                                         "    def restore(out):\n        F.softmax = _softmax\n        return out\n"
+                                         "    return restore", "softmax"),
 }
 
 
@@ -328,7 +333,7 @@ def _outputs(folder, seed=0):
 @pytest.mark.parametrize("change", sorted(ELSEWHERE))
 def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_path, change) -> None:
     """Each change made a safe patch differ (band: max error 0.18 through `is_causal=True`; swapped dropout:
-    AttributeError on `.p`; hook: no attention maps saved). Now the tree's writes and hooks count as the model file's
+    AttributeError on `.p`; hook: no attention maps saved; `F.softmax` replaced: max error 0.04). Now the tree's writes and hooks count as the model file's
     own: the patch is unsafe or keeps what the change needs, and whatever stays safe computes what the original does."""
     import shutil
 
