@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.contracts.finding import display_path
-from advisor.static.module_index import REGISTRATION_HOOKS, ParsedModule, outside_writes
+from advisor.static.module_index import REGISTRATION_HOOKS, ParsedModule
+from advisor.static.outside_writes import outside_writes_of_source
 
 # hooks that fire around every module call: a deleted module call loses them
 GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_forward_pre_hook",
@@ -94,18 +95,19 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
     its registering function's name, and the attributes it writes on other objects ([] for a file that cannot be
     parsed: the scan reports it)."""
-    hooks = TOKEN in text or any(name in text for name in HOOK_METHODS)
-    writes = MAY_WRITE_ATTRIBUTES.search(text) is not None
-    if not (hooks or writes):
-        return []
-    try:
-        parsed = ParsedModule(text, path)
-        found: list = [(HookSite(path, parsed.line(call), name), name) for call, name in
-                       global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS)] if hooks else []
-        names, reshaped = outside_writes(parsed) if writes else ((), ())
-        return found + ([AttributeWrites(path, frozenset(names), frozenset(reshaped))] if names else [])
-    except (cst.ParserSyntaxError, RecursionError, MemoryError):
-        return []
+    found: list = []
+    if TOKEN in text or any(name in text for name in HOOK_METHODS):
+        try:
+            parsed = ParsedModule(text, path)
+            found = [(HookSite(path, parsed.line(call), name), name) for call, name in
+                     global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS)]
+        except (cst.ParserSyntaxError, RecursionError, MemoryError):
+            return []
+    if MAY_WRITE_ATTRIBUTES.search(text) is not None:
+        names, reshaped = outside_writes_of_source(text)
+        if names:
+            found.append(AttributeWrites(path, frozenset(names), frozenset(reshaped)))
+    return found
 
 
 def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites]) -> ProjectFacts:

@@ -354,3 +354,17 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     advisor.fix(str(patched), apply=True, cache=False)
     expected, got = _outputs(original), _outputs(patched)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_tree_reads_another_file_s_writes_as_the_file_s_own_analysis_does() -> None:
+    """The other files of a scan are read with CPython's parser (static.outside_writes), the analysed file with
+    libcst (module_index.outside_writes): both must name the same attributes, written the same way."""
+    from advisor.static.module_index import ParsedModule, outside_writes
+    from advisor.static.outside_writes import outside_writes_of_source
+    sources = [attention(CAUSAL_BLOCK, **write) for write in BUFFER_WRITES.values()]
+    sources += [attention(CAUSAL_BLOCK, after=SWAP_HELPERS[name]) for name in sorted(SWAP_HELPERS)]
+    sources += [HEAD + "\n" + train for train, _ in ELSEWHERE.values()]
+    sources += [HEAD + "def f(m, n):\n    m._modules[n] = nn.Identity()\n    setattr(torch, 'matmul', n)\n"
+                "    m.a.b[0] += 1\n    m.c.resize_(2)\n    object.__setattr__(m, 'd', 1)\n    m.load_state_dict({})\n"]
+    for source in sources:
+        assert outside_writes_of_source(source) == outside_writes(ParsedModule(source, "m.py")), source
