@@ -296,3 +296,26 @@ def test_compiled_path_compiles_once_for_a_repeated_shape(monkeypatch):
     reference = torch.softmax(scores.masked_fill(~dense_mask(causal, 128), float("-inf")), dim=-1) @ v
     assert torch.equal(first, second)
     assert (first - reference).abs().max().item() <= TOL
+
+
+def test_no_mask_mod_runs_with_an_all_true_block_mask_of_128_token_blocks(compile_is_identity, block_mask_builds,
+                                                                          monkeypatch):
+    """Without a mask, block_mask=None makes torch 2.13's CPU kernel take the whole sequence as one tile (an
+    Lq x Lkv fp32 buffer per thread: +134 MiB at 4,096 tokens, and slower); the helper passes an all-true BlockMask
+    of 128-token blocks instead, one per (Lq, Lkv, device), broadcast over batch and heads."""
+    passed = []
+    original = flex_module.flex_attention
+
+    def recording(q, k, v, block_mask=None, **options):
+        passed.append(None if block_mask is None else (block_mask.BLOCK_SIZE, tuple(block_mask.shape)))
+        return original(q, k, v, block_mask=block_mask, **options)
+
+    monkeypatch.setattr(flex_module, "flex_attention", recording)
+    helper = load_helper()[HELPER_NAME]
+    q, k, v = (t.detach() for t in qkv(length=256))
+    first = helper(q, k, v, score_mod=soft_cap)
+    helper(q[:1], k[:1], v[:1], score_mod=soft_cap)
+    helper(*(t.detach() for t in qkv(length=200)))
+    assert passed == [((128, 128), (1, 1, 256, 256))] * 2 + [((128, 128), (1, 1, 200, 200))]
+    assert block_mask_builds == [("noop_mask", None, None, 256, 256), ("noop_mask", None, None, 200, 200)]
+    assert (first - hand_written_soft_cap(q, k, v)).abs().max().item() <= TOL
