@@ -47,24 +47,38 @@ def _advisor_flex_dense(q, k, v, score_mod, mask_mod, scale, enable_gqa):
 def _advisor_flex_block_mask(q, k, mask_mod, mask_key):
     """mask_mod's BlockMask, cached per (mask_key, B, H, Lq, Lkv, device) when mask_key is given (the last 32 kept).
 
-    No mask_mod is an all-true mask of 128-token blocks, not block_mask=None: torch 2.13's CPU kernel takes None as
-    one Lq x Lkv tile, an fp32 buffer that size per thread (64 MiB each at 4,096 tokens), and runs slower.
+    No mask_mod is an all-true mask of 128-token blocks, cached per (Lq, Lkv, device), not block_mask=None: torch
+    2.13's CPU kernel takes None as one Lq x Lkv tile, an fp32 buffer that size per thread (64 MiB each at 4,096
+    tokens), and runs slower.
     """
-    from torch.nn.attention.flex_attention import create_block_mask, noop_mask
+    from torch.nn.attention.flex_attention import create_block_mask
 
-    batch, heads = q.size(0), q.size(1)
-    if mask_mod is None:
-        mask_mod, mask_key, batch, heads = noop_mask, noop_mask, None, None
-    key = (mask_key, batch, heads, q.size(-2), k.size(-2), q.device)
+    lengths = (q.size(-2), k.size(-2))
+    key = (None, *lengths, q.device) if mask_mod is None else (mask_key, q.size(0), q.size(1), *lengths, q.device)
     cache = _advisor_flex_state["block_masks"]
-    block_mask = cache.get(key) if mask_key is not None else None
+    block_mask = cache.get(key) if mask_mod is None or mask_key is not None else None
     if block_mask is None:
-        block_mask = create_block_mask(mask_mod, batch, heads, key[3], key[4], device=q.device)
-        if mask_key is not None:
+        if mask_mod is None:
+            block_mask = _advisor_flex_all_true(*lengths, q.device)
+        else:
+            block_mask = create_block_mask(mask_mod, key[1], key[2], *lengths, device=q.device)
+        if mask_mod is None or mask_key is not None:
             if len(cache) >= 32:
                 cache.pop(next(iter(cache)))
             cache[key] = block_mask
     return block_mask
+
+
+def _advisor_flex_all_true(q_len, kv_len, device):
+    """Every 128-token block full, built from the block counts (create_block_mask would evaluate all Lq x Lkv
+    pairs); the kernels mask the ragged ends of the sequences themselves."""
+    from torch.nn.attention.flex_attention import BlockMask, noop_mask
+
+    rows, columns = -(-q_len // 128), -(-kv_len // 128)
+    counts = $torch.full((1, 1, rows), columns, dtype=$torch.int32, device=device)
+    indices = $torch.arange(columns, dtype=$torch.int32, device=device).expand(1, 1, rows, columns).contiguous()
+    return BlockMask.from_kv_blocks($torch.zeros_like(counts), $torch.zeros_like(indices), counts, indices,
+                                    BLOCK_SIZE=128, mask_mod=noop_mask, seq_lengths=(q_len, kv_len))
 
 
 def advisor_flex_attention(q, k, v, score_mod=None, mask_mod=None, mask_key=None, scale=None, enable_gqa=False):
