@@ -10,7 +10,8 @@ the scores, does not, unless the fill swallows them. An added float mask of valu
 the same case (HF's `(1 - m) * finfo.min` on a padded sample swallows the row: the original's weights are uniform,
 SDPA's fused backward gives other gradients, and the mask cast to a bf16 query overflows to -inf). So a finite
 fill or an added mask is exact only where no row is fully masked, which the source proves only for causal masks:
-a lower triangle of ones sliced from its first column keeps key 0 in every row.
+a lower triangle of ones sliced from its first column keeps key 0 in every row. An added bias read from a learned
+table is a score term, not a mask (`attention.learned_bias`): its fact is accepted, the other masks judged alone.
 """
 
 from __future__ import annotations
@@ -39,15 +40,18 @@ UNKNOWN: Bounds = (0, None)
 class RankBounds:
     """Bounds on the rank of a mask expression. `known_rank(node)` is the exact rank when the source states
     it, `reaching_values(name)` the values assigned to a read (or None), `returned(call)` what a helper of
-    this file returns (or None), `is_scalar(node)` proves a Python number (rank 0)."""
+    this file returns (or None), `is_scalar(node)` proves a Python number (rank 0), `integer(node)` an integer
+    tensor (indexing by it gathers: one dim read, the index's dims given)."""
 
     def __init__(self, parsed: ParsedModule, owner: ClassInfo | None, reader: OpReader,
                  known_rank: Callable[[cst.BaseExpression], int | None],
                  reaching_values: Callable[[cst.Name], list[cst.BaseExpression] | None],
                  returned: Callable[[cst.Call], cst.BaseExpression | None],
-                 is_scalar: Callable[[cst.BaseExpression], bool]) -> None:
+                 is_scalar: Callable[[cst.BaseExpression], bool],
+                 integer: Callable[[cst.BaseExpression], bool] = lambda node: False) -> None:
         self.parsed, self.owner, self.reader, self.is_scalar = parsed, owner, reader, is_scalar
         self.known_rank, self.reaching_values, self.returned = known_rank, reaching_values, returned
+        self.integer = integer
 
     def bounds(self, node: cst.BaseExpression, depth: int = 0) -> Bounds:
         if depth > 12:
@@ -68,7 +72,7 @@ class RankBounds:
         if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
             return below(node.value)
         if isinstance(node, cst.Subscript):
-            return _subscript_bounds(node, below(node.value))
+            return _subscript_bounds(node, below(node.value), self._gathered)
         if isinstance(node, cst.UnaryOperation):
             return below(node.expression)
         if isinstance(node, cst.Comparison):
@@ -79,8 +83,15 @@ class RankBounds:
             return self._call_bounds(node, below)
         return UNKNOWN
 
+    def _gathered(self, index: cst.BaseExpression) -> int | None:
+        """The rank of an integer tensor index, when the source states it."""
+        if not self.integer(index):
+            return None
+        low, high = self.bounds(index)
+        return low if low == high else None
+
     def _call_bounds(self, node: cst.Call, below: Callable[[cst.BaseExpression], Bounds]) -> Bounds:
-        args = [a for a in node.args if a.keyword is None]
+        args = [a for a in node.args if a.keyword is None and a.star != "**"]  # `**dd` passes keywords only
         dotted = self.parsed.imported_name(node.func) or ""
         if dotted in CREATORS and args and not any(a.star for a in args):
             sizes = args[:1] if dotted == "torch.full" else args[-1:] if dotted == "torch.randint" else args
@@ -123,9 +134,12 @@ def broadcast_bounds(operands: list[Bounds]) -> Bounds:
     return max(low for low, _ in operands), None if None in highs else max(highs)
 
 
-def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
-    """`m[:, None, None, :]`: rank(m) - integers + Nones, and m has at least as many dims as are indexed."""
-    indexed = nones = integers = 0
+def _subscript_bounds(node: cst.Subscript, base: Bounds,
+                      gathered: Callable[[cst.BaseExpression], int | None] = lambda index: None) -> Bounds:
+    """`m[:, None, None, :]`: rank(m) - integers + Nones, and m has at least as many dims as are indexed; one
+    integer tensor index of known rank r (`table[:, idx]`, a gather) reads one dim and gives r."""
+    indexed = nones = integers = given = 0
+    tensors = 0
     for element in node.slice:
         index = element.slice
         if isinstance(index, cst.Slice):
@@ -137,11 +151,16 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
         elif int_value(index.value) is not None:
             indexed += 1
             integers += 1
+        elif tensors == 0 and gathered(index.value) is not None:
+            tensors = 1
+            indexed += 1
+            integers += 1
+            given = gathered(index.value)
         else:
-            return UNKNOWN  # a tensor or a computed index: advanced indexing, rank unknown
+            return UNKNOWN  # a boolean or computed index, or several tensors: advanced indexing, rank unknown
     low, high = base
     low = max(low, indexed)
-    return low - integers + nones, None if high is None else high - integers + nones
+    return low - integers + nones + given, None if high is None else high - integers + nones + given
 
 
 def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = ()) -> None:
@@ -149,6 +168,16 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     what every call must pass for added masks of parameters to swallow no row (values the call sites may show)."""
     if not terms:
         return
+    learned = [term for term in terms if term.learned]
+    if learned:
+        facts.accepted(ROWS, "no learned bias swallows a query row's scores",
+                       f"`{parsed.code(learned[0].source)}` is read from the learned table `{learned[0].learned}` (an "
+                       f"`nn.Parameter` no code here fills with a mask value): a score term, which SDPA adds as the "
+                       f"original does; only entries about 2^24 times a row's scores (fp32), which no trained table "
+                       f"holds, would swallow the row and give SDPA's fused backward other gradients")
+        terms = [term for term in terms if not term.learned]
+        if not terms:
+            return
     if all(term.keeps_first_key for term in terms):
         facts.proved(ROWS, "no query row is fully masked", "every mask is a lower triangle of ones sliced from "
                      "its first column (causal), which keeps the first key of every row")
