@@ -41,17 +41,20 @@ class RankBounds:
     """Bounds on the rank of a mask expression. `known_rank(node)` is the exact rank when the source states
     it, `reaching_values(name)` the values assigned to a read (or None), `returned(call)` what a helper of
     this file returns (or None), `is_scalar(node)` proves a Python number (rank 0), `integer(node)` an integer
-    tensor (indexing by it gathers: one dim read, the index's dims given)."""
+    tensor (indexing by it gathers: one dim read, the index's dims given), `followed(node)` the values a call of a
+    helper with several returns, or a read of a memo, may give (or None)."""
 
     def __init__(self, parsed: ParsedModule, owner: ClassInfo | None, reader: OpReader,
                  known_rank: Callable[[cst.BaseExpression], int | None],
                  reaching_values: Callable[[cst.Name], list[cst.BaseExpression] | None],
                  returned: Callable[[cst.Call], cst.BaseExpression | None],
                  is_scalar: Callable[[cst.BaseExpression], bool],
-                 integer: Callable[[cst.BaseExpression], bool] = lambda node: False) -> None:
+                 integer: Callable[[cst.BaseExpression], bool] = lambda node: False,
+                 followed: Callable[[cst.BaseExpression], list[cst.BaseExpression] | None] = lambda node: None) -> None:
         self.parsed, self.owner, self.reader, self.is_scalar = parsed, owner, reader, is_scalar
         self.known_rank, self.reaching_values, self.returned = known_rank, reaching_values, returned
-        self.integer = integer
+        self.integer, self.followed = integer, followed
+        self._following: set[cst.CSTNode] = set()
 
     def bounds(self, node: cst.BaseExpression, depth: int = 0) -> Bounds:
         if depth > 12:
@@ -59,6 +62,12 @@ class RankBounds:
         known = self.known_rank(node)
         if known is not None:
             return known, known
+        values = self.followed(node) if node not in self._following else None
+        if values is not None:  # one of the values a helper returns or a memo holds
+            self._following.add(node)
+            found = _union([self.bounds(value, depth + 1) for value in values])
+            self._following.discard(node)
+            return found
         if self.is_scalar(node):
             return 0, 0
         below = lambda child: self.bounds(child, depth + 1)  # noqa: E731
@@ -67,8 +76,10 @@ class RankBounds:
             return _union([below(value) for value in values]) if values else UNKNOWN
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
                 and self.owner is not None:
-            built = self.owner.shape_value(node.attr.value)  # element writes keep the rank
-            return below(built) if built is not None else UNKNOWN
+            built = self.owner.shape_values(node.attr.value)  # element writes keep the rank
+            if built is None:
+                return UNKNOWN
+            return _union([below(value) for value in built])
         if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
             return below(node.value)
         if isinstance(node, cst.Subscript):
@@ -84,7 +95,9 @@ class RankBounds:
         return UNKNOWN
 
     def _gathered(self, index: cst.BaseExpression) -> int | None:
-        """The rank of an integer tensor index, when the source states it."""
+        """The rank of an integer tensor index, when the source states it (0 for a Python number: `x[i]`)."""
+        if self.is_scalar(index) and not (isinstance(index, cst.Name) and index.value in ("True", "False")):
+            return 0  # an int reads one dim (a float raises); a bool would add one, but no number proof gives one
         if not self.integer(index):
             return None
         low, high = self.bounds(index)
@@ -102,6 +115,12 @@ class RankBounds:
             return below(args[0].value)
         if isinstance(node.func, cst.Attribute):
             method, receiver = node.func.attr.value, node.func.value
+            if method in ("new_empty", "new_zeros", "new_ones", "new_full") and args and not any(a.star for a in args):
+                sizes = args[0].value
+                if isinstance(sizes, (cst.Tuple, cst.List)):
+                    return _exact(len(sizes.elements))
+                varargs = method != "new_full" and (len(args) > 1 or int_value(sizes) is not None)
+                return _exact(len(args)) if varargs else UNKNOWN  # one name may hold a whole size
             if method in ("unsqueeze", "unsqueeze_"):
                 low, high = below(receiver)
                 return low + 1, None if high is None else high + 1

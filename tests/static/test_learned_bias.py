@@ -37,6 +37,12 @@ class Attention(nn.Module):
         super().train(mode)
         self.cache = {{}}
         return self
+
+    def resize(self, n):
+        self.n = n
+        self.table = nn.Parameter(self.table.new_zeros(2 * n - 1, self.heads))
+        self.register_buffer("index", self.index.new_empty((n, n)), persistent=False)
+        self.reset_parameters()
 {helper}
     def forward(self, x{extra}):
         b, n, c = x.shape
@@ -112,6 +118,53 @@ def test_outputs_and_gradients_match_the_table_included(form, dtype):
     tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
     torch.testing.assert_close(results[1], results[0], **tolerance)
     assert uses_sdpa(dispatched_ops(patched, (x,)))
+
+
+PER_HEAD = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    """One head at a time (3-D scores), each adding its own slice of the table's gather."""
+
+    def __init__(self, dim=16, heads=2, n=5):
+        super().__init__()
+        self.heads, self.n, self.scale = heads, n, (dim // heads) ** -0.5
+        self.qkv = nn.ModuleList([nn.Linear(dim, 3 * dim // heads) for _ in range(heads)])
+        self.table = nn.Parameter(torch.randn(heads, 2 * n - 1))
+        self.register_buffer("index", torch.empty(n, n, dtype=torch.long))
+        positions = torch.arange(n)
+        self.index.copy_(positions[:, None] - positions[None, :] + n - 1)
+
+    def forward(self, x):
+        biases = self.table[:, self.index]
+        outputs = []
+        for head, project in enumerate(self.qkv):
+            q, k, v = project(x).chunk(3, dim=-1)
+            scores = (q * self.scale) @ k.transpose(-2, -1)
+            scores = scores + biases[head]
+            outputs.append(scores.softmax(dim=-1) @ v)
+        return torch.cat(outputs, dim=-1)
+'''
+
+
+def test_a_slice_per_head_taken_by_a_loop_counter_has_a_proved_rank():
+    finding = _finding(PER_HEAD)
+    assert finding.fix_safety == "safe" and finding.fixable, finding.reason
+    assert "mask-rank" in _facts(finding, "proved")
+    fixed = analyze_source(PER_HEAD, "case.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(PER_HEAD, "case").Attention()
+    patched = load_module_from_source(fixed, "case_fixed").Attention()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16)
+    results = []
+    for model in (original, patched):
+        out = model(x)
+        out.square().sum().backward()
+        results.append((out, model.table.grad))
+    torch.testing.assert_close(results[1], results[0])
 
 
 def test_a_bias_the_caller_passes_gets_what_it_got_before():

@@ -229,6 +229,13 @@ INTEGER_CASTS = {"long", "int", "short"}
 CREATORS = {f"torch.{name}" for name in ("empty", "zeros", "ones", "full", "arange", "tensor", "as_tensor")}
 
 
+def _new_of(value: cst.BaseExpression, attribute: str) -> bool:
+    """`self.<attribute>.new_empty(...)` (or `new_zeros`, ...): a tensor of the attribute's own dtype."""
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+        value.func.attr.value.startswith("new_") and "dtype" not in {a.keyword.value for a in value.args if a.keyword} \
+        and _self_attribute(value.func.value) and value.func.value.attr.value == attribute
+
+
 def integer_index(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bool:
     """`node` is an integer tensor, so indexing by it gathers (one dim read, the index's dims given) rather than
     selects by a boolean mask: created with an integer `dtype=` (a registered index buffer), `torch.randint`, cast
@@ -240,8 +247,10 @@ def integer_index(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> boo
         definitions = _reaching(c, node)
         return bool(definitions) and all(below(value) for value in definitions)
     if _self_attribute(node) and c.owner is not None:
-        value = c.owner.shape_value(node.attr.value)  # element writes (`.copy_`) keep the dtype
-        return value is not None and below(value)
+        values = c.owner.shape_values(node.attr.value)  # element writes (`.copy_`) keep the dtype
+        # a rebinding `self.index.new_empty(...)` keeps the dtype the other bindings give it
+        others = [value for value in values or [] if not _new_of(value, node.attr.value)]
+        return bool(others) and all(below(value) for value in others)
     if not isinstance(node, cst.Call):
         return False
     dotted = c.parsed.imported_name(node.func)

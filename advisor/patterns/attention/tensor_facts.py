@@ -174,26 +174,9 @@ def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
 
 def rank_bounds(c: Candidate) -> mk.RankBounds:
     """Bounds on the rank of the block's tensors, as far as the source shows them."""
-    following: set[cst.CSTNode] = set()
-
-    def known(node: cst.BaseExpression) -> int | None:
-        """The rank the source states, else the one every value a helper returns or a memo holds has."""
-        stated = rank(c, node)
-        if stated is not None or node in following:
-            return stated
-        values = values_of(c, node)
-        if values is None:
-            return None
-        following.add(node)
-        found = {ranks.bounds(value) for value in values}
-        following.discard(node)
-        low, high = found.pop() if len(found) == 1 else (None, None)
-        return low if low == high else None
-
-    ranks = mk.RankBounds(c.parsed, c.owner, c.reader, known, lambda name: reaching_values(c, name),
-                          lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar,
-                          lambda index: integer_index(c, index))
-    return ranks
+    return mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node), lambda name: reaching_values(c, name),
+                         lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar,
+                         lambda index: integer_index(c, index), lambda node: values_of(c, node))
 
 
 def _output_rank(c: Candidate) -> int | None:
