@@ -41,7 +41,7 @@ class RankBounds:
     """Bounds on the rank of a mask expression. `known_rank(node)` is the exact rank when the source states
     it, `reaching_values(name)` the values assigned to a read (or None), `returned(call)` what a helper of
     this file returns (or None), `is_scalar(node)` proves a Python number (rank 0), `integer(node)` an integer
-    tensor (indexing by it gathers: one dim read, the index's dims given), `followed(node)` the values a call of a
+    tensor or int (indexing by it reads one dim and gives the index's dims), `followed(node)` the values a call of a
     helper with several returns, or a read of a memo, may give (or None)."""
 
     def __init__(self, parsed: ParsedModule, owner: ClassInfo | None, reader: OpReader,
@@ -95,9 +95,7 @@ class RankBounds:
         return UNKNOWN
 
     def _gathered(self, index: cst.BaseExpression) -> int | None:
-        """The rank of an integer tensor index, when the source states it (0 for a Python number: `x[i]`)."""
-        if self.is_scalar(index) and not (isinstance(index, cst.Name) and index.value in ("True", "False")):
-            return 0  # an int reads one dim (a float raises); a bool would add one, but no number proof gives one
+        """The rank of an integer index (a tensor, or a loop counter: 0), when the source states it."""
         if not self.integer(index):
             return None
         low, high = self.bounds(index)

@@ -22,7 +22,7 @@ import libcst as cst
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, flow_for, function_of
 from advisor.patterns.attention.helpers import argument_of, helper_named
-from advisor.patterns.values import ValueProver
+from advisor.patterns.values import ValueProver, is_loop_counter
 from advisor.static.walk import children, walk
 
 PARAMETERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
@@ -239,13 +239,17 @@ def _new_of(value: cst.BaseExpression, attribute: str) -> bool:
 def integer_index(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bool:
     """`node` is an integer tensor, so indexing by it gathers (one dim read, the index's dims given) rather than
     selects by a boolean mask: created with an integer `dtype=` (a registered index buffer), `torch.randint`, cast
-    by `.long()`, or a view of one."""
+    by `.long()`, or a view of one; or a loop counter (`for head, ... in enumerate(...)`), an int."""
     if depth > MAX_DEPTH:
         return False
     below = lambda child: integer_index(c, child, depth + 1)  # noqa: E731
-    if isinstance(node, cst.Name):
-        definitions = _reaching(c, node)
-        return bool(definitions) and all(below(value) for value in definitions)
+    if isinstance(node, cst.Name):  # a loop counter (an int), or assigned integer tensors
+        flow = flow_for(c, node)
+        definitions = flow.definitions_of(node)
+        if definitions and not flow.sees_undefined(node) and all(is_loop_counter(c.parsed, d) for d in definitions):
+            return True
+        values = _reaching(c, node)
+        return bool(values) and all(below(value) for value in values)
     if _self_attribute(node) and c.owner is not None:
         values = c.owner.shape_values(node.attr.value)  # element writes (`.copy_`) keep the dtype
         # a rebinding `self.index.new_empty(...)` keeps the dtype the other bindings give it
