@@ -24,13 +24,11 @@ from advisor.contracts.evidence import RuntimeEvidence
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
-from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
-from advisor.static.project import ProjectFacts
 from advisor.static.scan_cache import ScanCache
-from advisor.static.tree_facts import TreeContext, TreeFacts, tree_context
+from advisor.static.tree_facts import TreeContext, tree_context
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -122,17 +120,13 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True, tree_context: TreeContext | None = None, *, tree: Tree | None = None,
-                   project: ProjectFacts | None = None, tree_facts: TreeFacts | None = None) -> FileResult:
+                   patches: bool = True, tree_context: TreeContext | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
     (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff;
     `tree_context`: what the rest of the scanned tree says (static.tree_facts.TreeContext: the hooks it registers on
-    every module, what it asks of autograd, the calls of this file's functions; None: the file alone). `tree`,
-    `project` and `tree_facts` are that value's parts passed one by one, as verify/optimize_pipeline.py still
-    passes them; they go when it passes the one value."""
-    if tree_context is None:
-        tree_context = TreeContext(project, tree_facts, tree)
+    every module, what it asks of autograd, the calls of this file's functions; None: the file alone)."""
+    tree_context = tree_context or TreeContext()
     parsed = ParsedModule(source, path, tree_context.project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
