@@ -182,9 +182,11 @@ def test_a_bias_the_caller_passes_gets_what_it_got_before():
      "self.register_buffer('table', torch.zeros(2 * n - 1, heads).masked_fill(torch.rand(2 * n - 1, heads) > .5, "
      "float('-inf')))"),
     ("nn.init.trunc_normal_(self.table, std=0.5)", "self.table.data.fill_(-1e9)"),
+    ("nn.init.trunc_normal_(self.table, std=0.5)", "nn.init.constant_(self.table.data, float('-inf'))"),
     ("self.cache = {}\n        self.reset_parameters()", "self.cache = {}\n        self.reset_parameters()\n"
      "        self.table = torch.full((2 * n - 1, heads), -1e4)"),
 ], ids=["a -inf Parameter", "initialised to finfo.min", "a buffer holding -inf", "filled in place",
+        "initialised through .data",
         "rebound to a tensor"])
 def test_a_table_that_may_hold_a_mask_value_is_no_learned_bias(old, new):
     source = _source()

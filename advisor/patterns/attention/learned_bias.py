@@ -145,12 +145,13 @@ def _is_learned(c: Candidate, attribute: str) -> bool:
 
 
 def _calls_passing(method: cst.FunctionDef, attribute: str) -> list[cst.Call]:
-    """Calls that take `self.<attribute>` as an argument (`trunc_normal_(self.table, std=.02)`)."""
+    """Calls with an argument that reads `self.<attribute>` (`trunc_normal_(self.table, std=.02)`,
+    `constant_(self.table.data, v)`)."""
     found = []
 
     class Calls(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
-            if any(_self_attribute(a.value) and a.value.attr.value == attribute for a in node.args):
+            if any(_uses(a.value, attribute) for a in node.args):
                 found.append(node)
 
     walk(method, Calls())
@@ -207,7 +208,8 @@ def _memo_values(c: Candidate, attribute: str) -> list[cst.BaseExpression] | Non
     return stored or None
 
 
-def _uses(method: cst.FunctionDef, attribute: str) -> list[cst.Attribute]:
+def _uses(node: cst.CSTNode, attribute: str) -> list[cst.Attribute]:
+    """Every `self.<attribute>` in `node`."""
     found = []
 
     class Uses(cst.CSTVisitor):
@@ -215,7 +217,7 @@ def _uses(method: cst.FunctionDef, attribute: str) -> list[cst.Attribute]:
             if _self_attribute(node) and node.attr.value == attribute:
                 found.append(node)
 
-    walk(method, Uses())
+    walk(node, Uses())
     return found
 
 
