@@ -104,10 +104,16 @@ class ClassInfo:
         """The one expression the class binds the attribute to, whose rank and dtype every instance's attribute
         keeps as far as this file shows, its values aside: writes into its elements (`m.bias.data[..., :p] = 1`,
         `self.mask[0] = 0`, `m.bias.fill_(1)`) are allowed, since they change values, never rank or dtype."""
+        values = self.shape_values(attribute)
+        return values[0] if values is not None and len(values) == 1 else None
+
+    def shape_values(self, attribute: str) -> list[cst.BaseExpression] | None:
+        """Every expression the class binds the attribute to (`__init__` and a resizing method), as `shape_value`
+        reads one: the attribute has the rank and dtype of one of them."""
         values = self.attributes.get(attribute, [])
-        if len(values) != 1 or attribute in self._collected.reshaped or attribute in self.unfollowed:
+        if not values or attribute in self._collected.reshaped or attribute in self.unfollowed:
             return None
-        return values[0] if self.rebound(attribute, elements_ok=True) is None else None
+        return values if self.rebound(attribute, elements_ok=True) is None else None
 
 
 class ParsedModule:
