@@ -496,11 +496,12 @@ def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, wri
     f = c.finding
     verdict = trial.verdict if trial is not None else NOT_RUN
     reason = c.reason or (trial.error if trial is not None else None) or session.nondeterministic
+    reasons = (reason,) if reason else ()
     if trial is not None and trial.error is None and verdict == PARITY_FAILED:
-        reason = "; ".join(trial.parity.failures[:3])
+        reasons = tuple(trial.parity.failures[:3])
     elif verdict == NO_GAIN:
         lo, hi = trial.paired.speedup_ci()
-        reason = f"no measurable gain: the speedup's 95% interval [{lo:.3f}, {hi:.3f}] does not clear 1.0"
+        reasons = (f"no measurable gain: the speedup's 95% interval [{lo:.3f}, {hi:.3f}] does not clear 1.0",)
     applied, written_to, write_reason = written or (False, None, None)
     parity = trial.parity if trial is not None else None
     return PatchVerdict(
@@ -518,7 +519,7 @@ def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, wri
             "grads": session.options.train, "not_compared": parity.skipped},
         speedup=round(trial.paired.speedup(), 4) if trial is not None and trial.paired else None,
         speedup_ci=[round(v, 4) for v in trial.paired.speedup_ci()] if trial is not None and trial.paired else None,
-        reason=write_reason or reason, applied=applied, written_to=written_to,
+        reasons=(write_reason,) if write_reason else reasons, applied=applied, written_to=written_to,
         state_dict=trial.state_dict.to_json() if trial is not None and trial.state_dict is not None else None,
         unsafe_facts_checked_on=(f"{len(session.inputs)} input(s) of {session.options.target}"
                                  if f.fix_safety == "unsafe" and trial is not None and trial.parity else None),
