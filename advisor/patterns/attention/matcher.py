@@ -153,8 +153,8 @@ def dropout_role(c: Candidate) -> None:
     weights.dropout_role(c, c.softmax_dropouts + c.weights.dropouts)
 
 
-@step(reads=("chain.definitions chain.factor_guards chain.negated_factors chain.ops flow inlined match.key "
-             "match.query values"),
+@step(reads=("chain.definitions chain.factor_guards chain.negated_factors chain.ops flow home inlined "
+             "match.key match.query values"),
       writes=("absorbed chain.views dtype_roots factors leaf_nodes match.facts match.masks match.scale "
               "match.sdpa_refusal match.softcap tensor_factors"))
 def scale_and_masks(c: Candidate) -> None:
