@@ -28,7 +28,7 @@ class ConfigMatch:
     node: cst.CSTNode  # where the finding points
     function: str
     message: str | None = None  # replaces the rule title when the site adds something (a flash_attention_2 hint)
-    reason: str | None = None  # why there is no fix, or what an unsafe fix assumes
+    reasons: tuple[str, ...] = ()  # why there is no fix, or what an unsafe fix assumes
     edit: SourceEdit | None = None
     unsafe: bool = False
 
