@@ -47,7 +47,10 @@ TORCH_FRESH = {f"torch.{name}" for name in (
 TORCH_SHARING = {f"torch.{name}" for name in ("reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten",
                                               "broadcast_to", "t", "narrow", "select", "detach")}
 HARMLESS_BUILTINS = {"isinstance", "len", "print", "repr", "str"}
-ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals"}
+ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"}
+# what reaches a module object or any object's namespace without naming the attribute in the source
+NAMESPACE_ATTRIBUTES = {"__dict__", "__setattr__", "__getattribute__", "__delattr__"}
+MODULE_OBJECT_SOURCES = {"sys.modules", "importlib.import_module", "importlib.reload"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
 
 def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     bindings = parsed.bindings.get(name, [])
-    if len(bindings) != 1 or name in parsed.imports or _escape_hatch(parsed):
+    if len(bindings) != 1 or name in parsed.imports or _escape_hatch(parsed, name):
         return None
     target = parsed.parents.get(bindings[0])
     assign = parsed.parents.get(target)
@@ -76,10 +79,19 @@ def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     return ModuleValue(assign.value, parsed.line(assign))
 
 
-def _escape_hatch(parsed: ParsedModule) -> bool:
-    """The file reaches module names some way other than by name (`globals()["MASK"] = ...`)."""
-    return any(isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ESCAPE_HATCHES
-               for node in parsed.parents)
+def _escape_hatch(parsed: ParsedModule, name: str) -> bool:
+    """The file reaches module names some way other than by name: `globals()["MASK"] = ...`, a namespace
+    (`sys.modules[__name__].__dict__[...]`), the module object by import machinery (whose attributes a computed
+    string can name), or a string naming the tensor (`getattr(module, "MASK")`)."""
+    for node in parsed.parents:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ESCAPE_HATCHES:
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value in NAMESPACE_ATTRIBUTES or \
+                isinstance(node, (cst.Attribute, cst.Name)) and parsed.imported_name(node) in MODULE_OBJECT_SOURCES:
+            return True
+        if isinstance(node, cst.SimpleString) and node.evaluated_value == name:
+            return True
+    return False
 
 
 def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name, depth: int) -> bool:

@@ -71,7 +71,13 @@ BASE = render(Program(definition="zeros", use="fn_global"))
     "\nVIEW = MASK.view(25)\nVIEW[0] = -1e9\n",  # a view written
     "\ntorch.add(MASK, -1e9, out=MASK)\n",
     "\nfor MASK in [torch.full((5, 5), -1e9)]:\n    pass\n",
-], ids=["write-through-function", "class-alias", "sys-modules", "globals", "library", "view-write", "out", "loop"])
+    # the module's names reached by a string or its namespace, never by the name itself
+    "\nimport sys\nsys.modules[__name__].__dict__['MASK'].fill_(-1e9)\n",
+    "\nimport sys\ngetattr(sys.modules[__name__], 'MASK').fill_(-1e9)\n",
+    "\nimport sys\nsys.modules[__name__].__setattr__('MA' + 'SK', torch.full((5, 5), -1e9))\n",
+    "\nimport importlib\nimportlib.import_module(__name__).__dict__.update(MASK=torch.full((5, 5), -1e9))\n",
+], ids=["write-through-function", "class-alias", "sys-modules", "globals", "library", "view-write", "out", "loop",
+        "namespace-dict", "getattr-string", "setattr-dunder", "import-module"])
 def test_any_other_way_the_file_may_change_the_global_leaves_the_facts_assumed(extra):
     source = BASE.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
     assert all(f.fix_safety != "safe" for f in analyze(source, as_file=True).findings)
