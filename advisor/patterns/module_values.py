@@ -66,7 +66,8 @@ def module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
 
 def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     bindings = parsed.bindings.get(name, [])
-    if len(bindings) != 1 or name in parsed.imports or _escape_hatch(parsed, name):
+    if len(bindings) != 1 or name in parsed.imports or _escape_hatch(parsed, name) or \
+            name in parsed.outside_attribute_writes[0]:  # `program.MASK.fill_(...)` here or in another file
         return None
     target = parsed.parents.get(bindings[0])
     assign = parsed.parents.get(target)

@@ -571,6 +571,10 @@ class _OutsideWriteCollector(cst.CSTVisitor):
             if not _is_self_attribute(attribute):
                 self.write(attribute.attr.value, elements_only or table is None and _element_store(target))
         self._torch_function(target)
+        imported = _imported_root(target)
+        if imported is not None and imported.value in self.parsed.imports:  # `from m import MASK; MASK[0] = v`
+            self.write(self.parsed.imports[imported.value].rsplit(".", 1)[-1],
+                       elements_only or _element_store(target))
         if table is not None and not _is_self(table[0]):
             self.write(_literal_name(table[1]) or self._any(value))
 
@@ -706,6 +710,15 @@ def _written_attributes(target: cst.BaseExpression) -> list[cst.Attribute]:
             found.append(target)
         target = target.value
     return found
+
+
+def _imported_root(target: cst.BaseExpression) -> cst.Name | None:
+    """The name a write to `target` changes the object of, where it goes only through elements and `.data`
+    (`MASK[0] = v`, `MASK.data = t`, `MASK.sub_(1)`): the caller asks whether an import bound it, as
+    `from program import MASK` binds another module's attribute."""
+    while isinstance(target, cst.Subscript) or isinstance(target, cst.Attribute) and target.attr.value == "data":
+        target = target.value
+    return target if isinstance(target, cst.Name) else None
 
 
 def _element_store(target: cst.BaseExpression) -> bool:

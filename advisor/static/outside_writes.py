@@ -99,6 +99,11 @@ class _Writes(ast.NodeVisitor):
                 self.write(walked.attr, into)
             walked = walked.value
         self.torch_function(node)
+        root = node
+        while isinstance(root, ast.Subscript) or isinstance(root, ast.Attribute) and root.attr == "data":
+            root = root.value
+        if isinstance(root, ast.Name) and root.id in self.imports:  # `from m import MASK; MASK[0] = v`
+            self.write(self.imports[root.id].rsplit(".", 1)[-1], into)
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:

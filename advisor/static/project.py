@@ -36,7 +36,8 @@ HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", 
 MAY_WRITE_ATTRIBUTES = re.compile(
     r"(?m)^[ \t]*(?!self\.)[\w.]+(?:\[[^\n]*\])?\.\w+[^\n=]*?[-+*/@%&|^]?=(?!=)|setattr\(|__setattr__|register_buffer|"
     r"register_parameter|add_module|register_module\(|_modules\[|_buffers\[|_parameters\[|__dict__\[|\.\w+_\(|"
-    r"load_state_dict|_load_from_state_dict")
+    r"load_state_dict|_load_from_state_dict|"
+    r"^[ \t]*\w+\[[^\n]*\][ \t]*[-+*/@%&|^]?=(?!=)")  # `MASK[0] = v` on a name another module's import bound
 
 
 @dataclass(frozen=True)

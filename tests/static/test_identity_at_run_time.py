@@ -366,5 +366,6 @@ def test_the_tree_reads_another_file_s_writes_as_the_file_s_own_analysis_does() 
     sources += [HEAD + "\n" + train for train, _ in ELSEWHERE.values()]
     sources += [HEAD + "def f(m, n):\n    m._modules[n] = nn.Identity()\n    setattr(torch, 'matmul', n)\n"
                 "    m.a.b[0] += 1\n    m.c.resize_(2)\n    object.__setattr__(m, 'd', 1)\n    m.load_state_dict({})\n"]
+    sources += ["from program import MASK, BIAS as B, TABLE\nMASK[0] = 1\nB.data = B * 2\nTABLE.sub_(1)\n"]
     for source in sources:
         assert outside_writes_of_source(source) == outside_writes(ParsedModule(source, "m.py")), source

@@ -93,6 +93,20 @@ def test_an_edit_that_writes_the_global_is_seen_by_the_next_scan(tmp_path):
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
 
 
+
+@pytest.mark.parametrize("writer", [
+    "import program\n\nprogram.MASK.fill_(-1e9)\n",
+    "import program as p\n\np.MASK.data[:] = -1e9\n",
+    "import program\n\nprogram.MASK = program.MASK - 1e9\n",
+    "from program import MASK\n\nMASK.sub_(1e9)\n",
+    "from program import MASK as M\n\nM[..., 1:] = -1e9\n",
+], ids=["module-attribute", "data-elements", "rebound", "from-import", "from-import-elements"])
+def test_another_file_of_the_tree_that_writes_the_global_leaves_the_facts_assumed(tmp_path, writer):
+    (tmp_path / "program.py").write_text(BASE)
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]
+    (tmp_path / "train.py").write_text(writer)
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
+
 SAFE_FLOOR = 13  # safe patches over the 30 drawn programs below, as measured (a drop is a regression)
 
 
