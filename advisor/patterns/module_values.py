@@ -42,10 +42,13 @@ TORCH_FRESH = {f"torch.{name}" for name in (
     "where", "softmax", "log_softmax", "matmul", "bmm", "baddbmm", "tril", "triu", "masked_fill", "add", "sub", "mul",
     "div", "cat", "stack", "zeros_like", "ones_like", "full_like", "randn_like", "rand_like", "empty_like", "exp",
     "isinf", "isnan", "isfinite", "logical_not", "logical_and", "logical_or", "eq", "ne", "lt", "le", "gt", "ge",
-    "einsum", "clone", "maximum", "minimum", "clamp", "abs", "nn.functional.softmax", "nn.functional.pad",
-    "nn.functional.scaled_dot_product_attention", "nn.functional.dropout", "is_tensor", "numel")}
+    "clone", "maximum", "minimum", "clamp", "abs", "nn.functional.softmax", "nn.functional.pad",
+    "nn.functional.scaled_dot_product_attention", "is_tensor", "numel")}
+# `einsum("ij->ji", m)` is a view, and dropout returns its input itself when not training
 TORCH_SHARING = {f"torch.{name}" for name in ("reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten",
-                                              "broadcast_to", "t", "narrow", "select", "detach")}
+                                              "broadcast_to", "t", "narrow", "select", "detach", "einsum",
+                                              "nn.functional.dropout")}
+INPLACE_POSITION = {"torch.nn.functional.dropout": 3}  # `F.dropout(m, p, training, inplace)`
 HARMLESS_BUILTINS = {"isinstance", "len", "print", "repr", "str"}
 ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"}
 # what reaches a module object or any object's namespace without naming the attribute in the source
@@ -153,6 +156,8 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, trust: 
                                                                                                        "inplace"):
         return False
     dotted = parsed.imported_name(call.func) or ""
+    if len([a for a in call.args if a.keyword is None]) > INPLACE_POSITION.get(dotted, len(call.args)):
+        return False
     if dotted in TORCH_FRESH or dotted in HARMLESS_BUILTINS:
         return True
     if dotted in TORCH_SHARING:

@@ -76,8 +76,13 @@ BASE = render(Program(definition="zeros", use="fn_global"))
     "\nimport sys\ngetattr(sys.modules[__name__], 'MASK').fill_(-1e9)\n",
     "\nimport sys\nsys.modules[__name__].__setattr__('MA' + 'SK', torch.full((5, 5), -1e9))\n",
     "\nimport importlib\nimportlib.import_module(__name__).__dict__.update(MASK=torch.full((5, 5), -1e9))\n",
+    # torch functions that may return the tensor itself or a view of it, or write it when told positionally
+    "\nVIEW = torch.einsum('abij->abji', MASK)\nVIEW[..., 0] = -1e9\n",
+    "\nimport torch.nn.functional as F\nF.dropout(MASK, 0.5, False).sub_(1e9)\n",
+    "\nimport torch.nn.functional as F\nF.dropout(MASK, 0.5, True, True)\n",
 ], ids=["write-through-function", "class-alias", "sys-modules", "globals", "library", "view-write", "out", "loop",
-        "namespace-dict", "getattr-string", "setattr-dunder", "import-module"])
+        "namespace-dict", "getattr-string", "setattr-dunder", "import-module", "einsum-view", "dropout-identity",
+        "dropout-inplace-positional"])
 def test_any_other_way_the_file_may_change_the_global_leaves_the_facts_assumed(extra):
     source = BASE.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
     assert all(f.fix_safety != "safe" for f in analyze(source, as_file=True).findings)
