@@ -55,6 +55,7 @@ class FileResult:
     detected: list[Detected] = field(default_factory=list, repr=False)  # in-process only: dropped when pickled
     parsed: ParsedModule | None = field(default=None, repr=False)
     notebook: NotebookCode | None = field(default=None, repr=False)  # a notebook: `source` is its code cells
+    digest: str = field(default="", repr=False)  # of the bytes analysed (SourceFile.digest): the scan cache's key
     _applied: Applied | None = field(default=None, repr=False)
 
     def applicable(self, unsafe_fixes: bool | None = None) -> list[Finding]:
@@ -281,9 +282,14 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
     if isinstance(source, ScanError):
         return source
     if source.notebook is not None:
-        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree, project,
-                                       tree_facts), source.notebook, patches)
-    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project, tree_facts)
+        outcome = _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree, project,
+                                          tree_facts), source.notebook, patches)
+    else:
+        outcome = _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project,
+                                tree_facts)
+    if isinstance(outcome, FileResult):
+        outcome.digest = source.digest
+    return outcome
 
 
 def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runtime: RuntimeEvidence | None,
