@@ -79,7 +79,8 @@ class FileResult:
     def fixed_with(self, chosen: list[Finding]) -> Applied:
         """The source with the fixes of `chosen` (findings of this result) applied in one pass of the rewrite
         layer; a fix that conflicts with an earlier chosen one is left out and named."""
-        picked = [d for d in self.detected if d.fix is not None and any(d.finding is f for f in chosen)]
+        chosen_ids = {id(finding) for finding in chosen}  # by identity: one set lookup per finding, not a scan
+        picked = [d for d in self.detected if d.fix is not None and id(d.finding) in chosen_ids]
         if len(picked) != len(chosen):
             raise ValueError("fixed_with takes findings of this result that have a fix")
         if not picked:

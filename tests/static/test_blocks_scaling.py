@@ -17,10 +17,13 @@ OURS = (str(ROOT / "advisor"), str(ROOT / "rules"))
 
 
 def _calls(blocks: int) -> dict[tuple, int]:
-    """Calls of each function of advisor and its rule units while one file of `blocks` blocks is analysed."""
+    """Calls of each function of advisor and its rule units while one file of `blocks` blocks is analysed and its
+    fixes applied together (what `fix` writes)."""
+    source = module_with_blocks(blocks)
     profiler = cProfile.Profile()
-    result = profiler.runcall(analyze_source, module_with_blocks(blocks), "m.py")
-    assert len(result.findings) == blocks
+    result = profiler.runcall(lambda: analyze_source(source, "m.py"))
+    fixed = profiler.runcall(lambda: result.fixed)
+    assert len(result.findings) == blocks and fixed.count("scaled_dot_product_attention(") == blocks
     return {key: calls for key, (_, calls, *_) in pstats.Stats(profiler).stats.items() if key[0].startswith(OURS)}
 
 
