@@ -12,11 +12,14 @@ torch.utils.benchmark in one process (no grad, fixed threads):
 Compile time (first call minus a steady call) is reported apart, with the calls it takes to pay for itself against
 the hand-written block; it is cold (a fresh inductor cache, as on a new machine) unless `--keep-cache`, and the first
 form also pays inductor's start-up. Errors are max abs differences from the hand-written output. Each form starts from a reset
-dynamo cache, as a process with one attention form would. `--recompiles` calls the helper with a new sequence
-length every call and counts the graphs dynamo compiles, for the helper's default and for dynamic=True.
+dynamo cache, as a process with one attention form would. `--recompiles` calls the helper over 3 sequence lengths
+and 2 batch sizes in turn and counts the graphs dynamo compiles (soft-capping alone and with a causal BlockMask;
+the causal form again with dynamic=True). `--overhead` times soft-capping alone through a bare
+`torch.compile(flex_attention)` (with block_mask=None and with an all-true BlockMask) next to the helper and the
+hand-written block, to tell the helper's own cost from FlexAttention's. `--forms` with no name runs no form.
 
     python benchmarks/flex_attention.py [--threads 2] [--seq 1024] [--window-seq 4096] [--forms soft_cap ...]
-                                        [--recompiles] [--keep-cache]
+                                        [--recompiles] [--overhead] [--keep-cache]
 """
 
 from __future__ import annotations
@@ -238,12 +241,14 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def recompiles(lengths: list[int], shape: tuple[int, int, int], device: str = "cpu") -> list[dict]:
-    """Graphs dynamo compiles when every call has a new sequence length: the helper as pasted, and dynamic=True."""
+def recompiles(lengths: list[int], batches: list[int], shape: tuple[int, int], device: str = "cpu") -> list[dict]:
+    """Graphs dynamo compiles through the helper as pasted when (batch, length) change, for soft-capping alone and with
+    a causal BlockMask; the causal form again under dynamic=True. Each shape is called twice."""
     from torch._dynamo.utils import counters
 
+    causal = {"mask_mod": lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, "mask_key": "causal"}
     rows = []
-    for dynamic in (None, True):
+    for form, dynamic in (("soft_cap", None), ("soft_cap_causal", None), ("soft_cap_causal", True)):
         torch._dynamo.reset()
         counters.clear()
         compile_fn = torch.compile
@@ -251,27 +256,61 @@ def recompiles(lengths: list[int], shape: tuple[int, int, int], device: str = "c
         try:
             namespace = helper_namespace()
             helper = namespace[HELPER_NAME]
-            form_q = torch.randn(shape[0], shape[1], max(lengths), shape[2], device=device)
-            mods = {**soft_cap_form(form_q).mods, "mask_mod": lambda b, h, q_idx, kv_idx: q_idx >= kv_idx,
-                    "mask_key": "causal"}
-            for length in lengths:
-                q = torch.randn(shape[0], shape[1], length, shape[2], device=device)
-                with torch.no_grad(), warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # a compile failure is reported as `eager` below
-                    started = time.perf_counter()
-                    helper(q, q, q, **mods)
-                    synchronize(device)
-                    first = time.perf_counter() - started
-                    started = time.perf_counter()
-                    helper(q, q, q, **mods)
-                    synchronize(device)
-                    again = time.perf_counter() - started
-                rows.append({"dynamic": dynamic, "length": length, "graphs": counters["stats"]["unique_graphs"],
-                             "first_call_s": first, "second_call_ms": again * 1e3,
-                             "eager": namespace["_advisor_flex_state"]["eager_reason"]})
+            mods = {**soft_cap_form(None).mods, **(causal if form == "soft_cap_causal" else {})}
+            for batch in batches:
+                for length in lengths:
+                    q = torch.randn(batch, shape[0], length, shape[1], device=device)
+                    with torch.no_grad(), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")  # a compile failure is reported as `eager` below
+                        started = time.perf_counter()
+                        helper(q, q, q, **mods)
+                        synchronize(device)
+                        first = time.perf_counter() - started
+                        started = time.perf_counter()
+                        helper(q, q, q, **mods)
+                        synchronize(device)
+                        again = time.perf_counter() - started
+                    rows.append({"form": form, "dynamic": dynamic, "batch": batch, "length": length,
+                                 "graphs": counters["stats"]["unique_graphs"], "first_call_s": first,
+                                 "second_call_ms": again * 1e3,
+                                 "block_masks": len(namespace["_advisor_flex_state"]["block_masks"]),
+                                 "eager": namespace["_advisor_flex_state"]["eager_reason"]})
         finally:
             torch.compile = compile_fn
     return rows
+
+
+def overhead(shape: tuple[int, int, int, int], threads: int, rounds: int = 5, min_run_time: float = 0.3) -> dict:
+    """Soft-capping alone, side by side: the hand-written block, a bare `torch.compile(flex_attention)` called with
+    the score_mod (block_mask=None, as a user writes it first), the same with an all-true BlockMask of 128-token
+    blocks, and the helper as the patch calls it. Ratios are hand-written over each, per round, then the median."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention, noop_mask
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape) for _ in range(3))
+    form = soft_cap_form(q)
+    torch._dynamo.reset()
+    bare = torch.compile(flex_attention)
+    all_true = create_block_mask(noop_mask, None, None, shape[2], shape[2], device="cpu")
+    candidates = {"hand_written": form.hand_written,
+                  "bare_no_block_mask": functools.partial(bare, **form.mods),
+                  "bare_all_true_block_mask": functools.partial(bare, **form.mods, block_mask=all_true),
+                  "helper": functools.partial(helper_namespace()[HELPER_NAME], **form.mods)}
+    record: dict = {}
+    with torch.no_grad():
+        gold = form.hand_written(q, k, v)
+        for side, fn in candidates.items():
+            record[f"{side}_max_err"] = (fn(q, k, v) - gold).abs().max().item()  # compiles the flex sides
+        timers = {side: benchmark.Timer("fn(*inputs)", globals={"fn": fn, "inputs": (q, k, v)}, num_threads=threads)
+                  for side, fn in candidates.items()}
+        times: dict = {side: [] for side in candidates}
+        for _ in range(rounds):
+            for side, timer in timers.items():
+                times[side].append(timer.blocked_autorange(min_run_time=min_run_time).median * 1e3)
+    for side in candidates:
+        ratios = sorted(hand / mine for hand, mine in zip(times["hand_written"], times[side]))
+        record[side] = {"ms": sorted(times[side])[rounds // 2], "speedup": ratios[rounds // 2]}
+    return record
 
 
 def main() -> None:
@@ -283,8 +322,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024, help="sequence length of every form but the window")
     parser.add_argument("--window-seq", type=int, default=4096, help="sequence length of the sliding window")
     parser.add_argument("--window-batch", type=int, default=1)
-    parser.add_argument("--forms", nargs="+", choices=sorted(FORMS), default=list(FORMS))
-    parser.add_argument("--recompiles", action="store_true", help="count recompiles over changing lengths")
+    parser.add_argument("--forms", nargs="*", choices=sorted(FORMS), default=list(FORMS))
+    parser.add_argument("--recompiles", action="store_true", help="count recompiles over changing shapes")
+    parser.add_argument("--overhead", action="store_true",
+                        help="soft-capping: bare compiled flex_attention next to the helper and hand-written")
     parser.add_argument("--keep-cache", action="store_true", help="use the inductor cache of earlier runs")
     args = parser.parse_args()
     if args.keep_cache:
@@ -300,8 +341,9 @@ def report(args) -> None:
     print(f"torch {torch.__version__}, CPU, {args.threads} threads, fp32, no grad; "
           f"errors are max |x - hand-written|; compile = first call minus a steady call, "
           f"{'inductor cache kept' if args.keep_cache else 'fresh inductor cache'}")
-    print(f"{'form':10s} {'B,H,L,D':>15s} {'hand ms':>9s} {'sdpa ms':>9s} {'flex ms':>9s} {'flex/hand':>9s} "
-          f"{'flex/sdpa':>9s} {'sdpa err':>9s} {'flex err':>9s} {'compile s':>9s} {'break-even':>10s}")
+    if args.forms:
+        print(f"{'form':15s} {'B,H,L,D':>15s} {'hand ms':>9s} {'sdpa ms':>9s} {'flex ms':>9s} {'flex/hand':>9s} "
+              f"{'flex/sdpa':>9s} {'sdpa err':>9s} {'flex err':>9s} {'compile s':>9s} {'break-even':>10s}")
     for name in args.forms:
         window = name == "window"
         shape = (args.window_batch if window else args.batch, args.heads, args.window_seq if window else args.seq,
@@ -309,20 +351,26 @@ def report(args) -> None:
         r = run_form(name, shape, threads=args.threads)
         sdpa = (f"{r['sdpa_ms']:9.1f}", f"{r['flex_vs_sdpa']:8.2f}x", f"{r['sdpa_max_err']:9.1e}") if "sdpa_ms" in r \
             else (f"{'n/a':>9s}",) * 3
-        print(f"{r['form']:10s} {','.join(map(str, shape)):>15s} {r['hand_written_ms']:9.1f} {sdpa[0]} "
+        print(f"{r['form']:15s} {','.join(map(str, shape)):>15s} {r['hand_written_ms']:9.1f} {sdpa[0]} "
               f"{r['flex_ms']:9.1f} {r['flex_speedup']:8.2f}x {sdpa[1]} {sdpa[2]} {r['flex_max_err']:9.1e} "
               f"{r['compile_s']:9.1f} {r['break_even_calls'] or '-':>10}", flush=True)
         for message in r["helper_warnings"]:
             print(f"  warning: {message}")
+    if args.overhead:
+        shape = (args.batch, args.heads, args.seq, args.dim)
+        record = overhead(shape, args.threads)
+        print(f"\nsoft-capping alone, {','.join(map(str, shape))}: hand-written / each, median of per-round ratios")
+        for side in ("hand_written", "bare_no_block_mask", "bare_all_true_block_mask", "helper"):
+            print(f"{side:26s} {record[side]['ms']:9.1f} ms {record[side]['speedup']:7.2f}x  "
+                  f"max err {record[side + '_max_err']:.1e}", flush=True)
     if args.recompiles:
-        lengths = [512, 640, 700, 1000, 1024, 1536]
-        print(f"\nrecompiles, soft-cap + causal BlockMask, a new length every call (B,H,D = {args.batch},"
-              f"{args.heads},{args.dim}):")
-        print(f"{'dynamic':>8s} {'length':>7s} {'graphs':>7s} {'1st call s':>10s} {'2nd call ms':>11s}  eager since")
-        for row in recompiles(lengths, (args.batch, args.heads, args.dim)):
-            print(f"{str(row['dynamic']):>8s} {row['length']:7d} {row['graphs']:7d} {row['first_call_s']:10.2f} "
-                  f"{row['second_call_ms']:11.1f}  {(row['eager'] or '-')[:70]}", flush=True)
-
+        print(f"\nrecompiles through the helper, 3 lengths x 2 batch sizes in turn (H,D = {args.heads},{args.dim}):")
+        print(f"{'form':16s} {'dynamic':>8s} {'B':>3s} {'length':>7s} {'graphs':>7s} {'1st call s':>10s} "
+              f"{'2nd call ms':>11s} {'masks':>6s}  eager since")
+        for row in recompiles([512, 768, 1024], [1, 2], (args.heads, args.dim)):
+            print(f"{row['form']:16s} {str(row['dynamic']):>8s} {row['batch']:3d} {row['length']:7d} "
+                  f"{row['graphs']:7d} {row['first_call_s']:10.2f} {row['second_call_ms']:11.1f} "
+                  f"{row['block_masks']:6d}  {(row['eager'] or '-')[:60]}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -6,11 +6,10 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS_DIR = Path(__file__).resolve().parent
 
-# `advisor` importable without an install, the shared helpers (tests/fixture_models.py) importable by name, and
-# each layer's folder too: a few tests reuse another test module's source builders (`from test_optimize import
-# write_model`), whichever folder runs first.
-LAYER_DIRS = sorted(path for path in TESTS_DIR.iterdir() if path.is_dir() and next(path.glob("test_*.py"), None))
-for entry in map(str, (REPO_ROOT, TESTS_DIR, *LAYER_DIRS)):
+# `advisor` importable without an install, and the shared helpers at the top of tests/ (fixture_models.py,
+# optimize_models.py, ...) importable by name from every layer's folder. No test module imports another
+# (tests/static/test_architecture.py checks it): what two tests share lives in a helper here.
+for entry in map(str, (REPO_ROOT, TESTS_DIR)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
 

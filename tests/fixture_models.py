@@ -27,7 +27,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_ROOT = REPO_ROOT / "fixtures" / "attention"
 POSITIVE_DIR = FIXTURE_ROOT / "positive"
 NEGATIVE_DIR = FIXTURE_ROOT / "negative"
-GOLDEN_DIR = FIXTURE_ROOT / "golden"
 
 _EXPECT = re.compile(r"^EXPECT:\s*(ADV\d{3})\s*$")
 _ASSUMES = re.compile(r"^ASSUMES:\s*(.+?)\s*$", re.M)
@@ -35,14 +34,20 @@ _counter = itertools.count()
 _module_dir: str | None = None
 
 
+def fixture_inputs(directory: Path) -> list[Path]:
+    """The fixtures of a folder, sorted by name: its `.py` files but the goldens beside them (`x.fixed.py`, the
+    expected rewrite of `x.py`) and private modules (`_x.py`)."""
+    return sorted(p for p in directory.glob("*.py") if not p.name.endswith(".fixed.py") and not p.name.startswith("_"))
+
+
 def fixture_paths(kind: str) -> list[Path]:
     """The fixture files of one kind ('positive' or 'negative'), sorted by name."""
-    directory = FIXTURE_ROOT / kind
-    return sorted(p for p in directory.glob("*.py") if not p.name.startswith("_"))
+    return fixture_inputs(FIXTURE_ROOT / kind)
 
 
-def golden_path(positive: Path) -> Path:
-    return GOLDEN_DIR / positive.name
+def golden_path(fixture: Path) -> Path:
+    """The reviewed rewrite of a fixture: `x.fixed.py` beside `x.py` (as TorchFix keeps its goldens)."""
+    return fixture.with_name(fixture.stem + ".fixed.py")
 
 
 def docstring_first_line(source: str) -> str:

@@ -12,9 +12,8 @@ if TYPE_CHECKING:
     from advisor.contracts.evidence import FileEvidence
     from advisor.rewrite.apply import NodeEdits
     from advisor.rewrite.splice import Edit
-    from advisor.static.call_sites import Tree
     from advisor.static.module_index import ParsedModule
-    from advisor.static.tree_facts import TreeFacts
+    from advisor.static.tree_facts import TreeContext
 
 
 @dataclass
@@ -30,12 +29,11 @@ class Detected:
 @dataclass
 class StaticContext:
     """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
-    for this file, the findings earlier families kept (selected, not suppressed), and the scanned tree whose
-    calls may prove facts (None: facts come from the file alone)."""
+    for this file, the findings earlier families kept (selected, not suppressed), and what the rest of the scanned
+    tree says (its hooks, its autograd requests, its call sites; None: the file alone)."""
 
     parsed: ParsedModule
     backend: str = "sdpa"
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
-    tree: Tree | None = None
-    tree_facts: TreeFacts | None = None  # what the scanned tree asks of autograd (None: the file alone)
+    tree: TreeContext | None = None

@@ -24,13 +24,11 @@ from advisor.contracts.evidence import RuntimeEvidence
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
-from advisor.static.call_sites import Tree
 from advisor.static.discover import discover, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
-from advisor.static.project import ProjectFacts
 from advisor.static.scan_cache import ScanCache
-from advisor.static.tree_facts import TreeFacts, tree_wide_facts
+from advisor.static.tree_facts import TreeContext, tree_context
 
 PARALLEL_FROM = 16  # files; below this, process start-up costs more than it saves
 PYTHON_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -124,18 +122,17 @@ def might_match(source: str) -> bool:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None,
-                   tree_facts: TreeFacts | None = None) -> FileResult:
+                   patches: bool = True, tree_context: TreeContext | None = None) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
-    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff; `tree`: the
-    scanned files, whose calls of this file's functions may prove facts (None: the file alone); `project`: what
-    the other files of the scanned tree register (hooks on every module); `tree_facts`: what the scanned files ask
-    of autograd (None: this file alone)."""
-    parsed = ParsedModule(source, path, project)
+    (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff;
+    `tree_context`: what the rest of the scanned tree says (static.tree_facts.TreeContext: the hooks it registers on
+    every module, what it asks of autograd, the calls of this file's functions; None: the file alone)."""
+    tree_context = tree_context or TreeContext()
+    parsed = ParsedModule(source, path, tree_context.project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence, tree=tree, tree_facts=tree_facts)
+    context = StaticContext(parsed, backend, evidence, tree=tree_context)
     lowered = source.lower()
     detected: list[Detected] = []
     for family in families():
@@ -179,8 +176,9 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
     With jobs=1 the results keep their node edits, for a verb that picks fixes afterwards. `call_site_facts`: the
     discovered files' calls may prove facts of the functions they call (off for a library whose callers live
-    outside the tree). Hooks that fire on every module are collected from all the files first (static.project):
-    each file's analysis must see them, whatever `call_site_facts` says. `path_rules` (advisor.config.PathRules):
+    outside the tree). What the tree says is gathered from all the files first, into one value every file's
+    analysis reads (static.tree_facts.TreeContext): hooks that fire on every module (static.project) and autograd
+    requests are collected whatever `call_site_facts` says. `path_rules` (advisor.config.PathRules):
     the configuration's exclude globs and per-file ignores. `on_file(path, total)` is called as each file's result
     arrives (for a progress bar). `cache`: reuse and keep each file's result on disk (static.scan_cache; not for a
     run with runtime evidence, nor with jobs=1, whose results keep their node edits)."""
@@ -190,16 +188,12 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
                            fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
         if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    project, tree_facts = tree_wide_facts(files, call_site_facts, cache=store)
-    project = project if len(files) > 1 else None
-    tree = Tree(files) if call_site_facts else None
+    tree = tree_context(files, call_site_facts, cache=store)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
-                       runtime=runtime, patches=patches, fixed=fixed, tree=tree, project=project,
-                       path_rules=path_rules, tree_facts=tree_facts)
+                       runtime=runtime, patches=patches, fixed=fixed, tree=tree, path_rules=path_rules)
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
     run = partial(_scan_all, jobs=jobs, done=done)
-    outcomes = run(files, scan_one) if store is None else \
-        store.scan(files, scan_one, run, done, tree, (project, tree_facts))
+    outcomes = run(files, scan_one) if store is None else store.scan(files, scan_one, run, done, tree)
     for outcome in outcomes:
         (result.errors if isinstance(outcome, ScanError) else result.files).append(outcome)
     return result
@@ -251,8 +245,7 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
                runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, tree: Tree | None = None, project: ProjectFacts | None = None,
-               path_rules=None, tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
+               fixed: bool = True, tree: TreeContext | None = None, path_rules=None) -> FileResult | ScanError:
     """One file's result or its one error entry, whatever happens while reading or analysing it. User code's
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     if path_rules and path_rules.ignored_codes(path):
@@ -261,8 +254,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
-            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project,
-                                   tree_facts)
+            result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
             if fixed and isinstance(result, FileResult):
                 result.applied  # noqa: B018 - computed here, where the node edits are
             return result
@@ -277,25 +269,22 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
                   runtime: RuntimeEvidence | None, patches: bool = True,
-                  tree: Tree | None = None, project: ProjectFacts | None = None,
-                  tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
+                  tree: TreeContext | None = None) -> FileResult | ScanError:
     source = read_source(path)
     if isinstance(source, ScanError):
         return source
     if source.notebook is not None:
-        outcome = _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree, project,
-                                          tree_facts), source.notebook, patches)
+        outcome = _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree),
+                            source.notebook, patches)
     else:
-        outcome = _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree, project,
-                                tree_facts)
+        outcome = _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
     if isinstance(outcome, FileResult):
         outcome.digest = source.digest
     return outcome
 
 
 def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runtime: RuntimeEvidence | None,
-                  patches: bool, tree: Tree | None, project: ProjectFacts | None,
-                  tree_facts: TreeFacts | None = None) -> FileResult | ScanError:
+                  patches: bool, tree: TreeContext | None) -> FileResult | ScanError:
     """One module's text (a file's, or a notebook's code cells) checked, prefiltered and analysed."""
     path = source.path
     error = _syntax_error(source.text, path)  # always the running interpreter's verdict, so one file gets one answer
@@ -306,7 +295,7 @@ def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runt
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
-                              patches=patches, tree=tree, project=project, tree_facts=tree_facts)
+                              patches=patches, tree_context=tree)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
         return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
 

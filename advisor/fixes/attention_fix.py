@@ -22,9 +22,8 @@ from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_
 from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
 from advisor.rewrite.guard import guarded
 from advisor.rewrite.sdpa_call import functional_name, sdpa_call
-from advisor.static.call_sites import Tree
 from advisor.static.module_index import ParsedModule
-from advisor.static.tree_facts import TreeFacts
+from advisor.static.tree_facts import TreeContext, TreeFacts
 
 
 def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: bool,
@@ -107,24 +106,25 @@ class AttentionRules:
 
 
 def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules, calls: list[BlockCall] = (),
-                       tree: Tree | None = None, tree_facts: TreeFacts | None = None) -> list[Detected]:
+                       tree: TreeContext | None = None) -> list[Detected]:
     """Every attention match of the module as a finding of one of `rules`, with its fix where it has one; `calls`
-    are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`). With
-    `tree` (the scanned files), facts assumed about a parameter are proved where every call in it proves them;
-    `tree_facts` is what those files ask of autograd (None: this file alone)."""
-    tree_facts = tree_facts if tree_facts is not None else TreeFacts.of_file(parsed)
+    are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`).
+    `tree`: the rest of the scanned tree (None: this file alone); where it has call sites, facts assumed about a
+    parameter are proved where every call proves them, and its autograd requests decide the autograd-order fact."""
+    tree = tree or TreeContext()
+    autograd = tree.autograd if tree.autograd is not None else TreeFacts.of_file(parsed)
     matches = find_attention(parsed)
     for match in matches:
         choose_backend_proof(match, backend)
-    if tree is not None:
-        tree.adopt(parsed)
+    if tree.calls is not None:
+        tree.calls.adopt(parsed)
         for match in matches:
-            settle_from_call_sites(tree, parsed, match.facts)
-            settle_dropped_weights(tree, parsed, match)
+            settle_from_call_sites(tree.calls, parsed, match.facts)
+            settle_dropped_weights(tree.calls, parsed, match)
     for match in matches:  # what call sites left assumed about metadata is checked at run time where it can be
         settle_guards(match)
     return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
-                      tree_facts, rules) for match in matches]
+                      autograd, rules) for match in matches]
 
 
 def choose_backend_proof(match: AttentionMatch, backend: str) -> None:

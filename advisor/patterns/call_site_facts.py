@@ -23,8 +23,9 @@ from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
 from advisor.static.call_sites import CallSite, Tree, bound_argument
-from advisor.static.dataflow import UNDEFINED, is_inplace_method
-from advisor.static.module_index import ParsedModule, _assigned_names
+from advisor.patterns.module_values import local_reads_leave_alone, module_value
+from advisor.static.dataflow import UNDEFINED
+from advisor.static.module_index import ParsedModule
 
 RANK, NOT_FLOAT, SMALL, NUMBER, DROPS = "rank", "not-float", "small-values", "number", "drops-result"
 SMALL_LIMIT = 10.0  # |values| of an added mask that leave a row masked everywhere as precise as the scores
@@ -214,6 +215,8 @@ class SiteScope:
         if not definitions or flow.sees_undefined(name) or any(d.kind != "assign" or d.index is not None
                                                                   for d in definitions):
             return None
+        if not local_reads_leave_alone(self.parsed, function, name.value):
+            return None  # an alias, a view or a callee may write the tensor the assignment built
         return [d.value for d in definitions]
 
     def _resolved(self, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
@@ -374,22 +377,9 @@ def _arithmetic(node: cst.BinaryOperation, left: Interval | None, right: Interva
 
 
 def _module_value(parsed: ParsedModule, name: str) -> list[cst.BaseExpression] | None:
-    """A module-level `name = value` that is the file's only binding of `name` and is never written in place."""
-    bindings = [n for n in _assigned_names(parsed.parents.items()) if n.value == name]
-    if len(bindings) != 1:
-        return None
-    target = parsed.parents.get(bindings[0])
-    assign = parsed.parents.get(target)
-    if not isinstance(target, cst.AssignTarget) or not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
-            or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef)) is not None:
-        return None
-    for node in parsed.parents:
-        written = node.value if isinstance(node, cst.Subscript) and isinstance(parsed.parents.get(node),
-                                                                               cst.AssignTarget) else \
-            node.func.value if isinstance(node, cst.Call) and is_inplace_method(node.func) else None
-        if isinstance(written, cst.Name) and written.value == name:
-            return None
-    return [assign.value]
+    """A module-level tensor's one definition, when every read in the file sees it unchanged (`module_values`)."""
+    found = module_value(parsed, name)
+    return [found.value] if found is not None else None
 
 
 def describe(claim: Claim) -> str:

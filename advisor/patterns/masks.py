@@ -144,9 +144,11 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
     return low - integers + nones, None if high is None else high - integers + nones
 
 
-def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = ()) -> None:
+def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = (),
+                     bounded: str | None = None) -> None:
     """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring). `added_claims`:
-    what every call must pass for added masks of parameters to swallow no row (values the call sites may show)."""
+    what every call must pass for added masks of parameters to swallow no row (values the call sites may show);
+    `bounded`: why every mask is added and its values, visible where it is built, are too small to swallow a row."""
     if not terms:
         return
     if all(term.keeps_first_key for term in terms):
@@ -166,6 +168,9 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
                       f"fp16's or `-1e4` do not), even then with other gradients for that row (SDPA's backward "
                       f"recomputes the weights from a log-sum-exp the fill swallowed too); nothing proves every row "
                       f"keeps a key")
+        return
+    if bounded is not None:
+        facts.proved(ROWS, "no query row is fully masked", bounded)
         return
     if any(term.fill_kind == ADDITIVE for term in terms):
         facts.assumed(ROWS, "no query row is fully masked",

@@ -44,6 +44,43 @@ def _advisor_flex_dense(q, k, v, score_mod, mask_mod, scale, enable_gqa):
     return ($torch.softmax(scores.masked_fill(~live, 0.0), dim=-1) * live) @ v
 
 
+def _advisor_flex_block_mask(q, k, mask_mod, mask_key):
+    """mask_mod's BlockMask, cached per (mask_key, B, H, Lq, Lkv, device) when mask_key is given (the last 32 kept).
+
+    No mask_mod is an all-true mask of 128-token blocks, cached per (Lq, Lkv, device), not block_mask=None: torch
+    2.13's CPU kernel takes None as one Lq x Lkv tile, an fp32 buffer that size per thread (64 MiB each at 4,096
+    tokens), and runs slower.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    lengths = (q.size(-2), k.size(-2))
+    key = (None, *lengths, q.device) if mask_mod is None else (mask_key, q.size(0), q.size(1), *lengths, q.device)
+    cache = _advisor_flex_state["block_masks"]
+    block_mask = cache.get(key) if mask_mod is None or mask_key is not None else None
+    if block_mask is None:
+        if mask_mod is None:
+            block_mask = _advisor_flex_all_true(*lengths, q.device)
+        else:
+            block_mask = create_block_mask(mask_mod, key[1], key[2], *lengths, device=q.device)
+        if mask_mod is None or mask_key is not None:
+            if len(cache) >= 32:
+                cache.pop(next(iter(cache)))
+            cache[key] = block_mask
+    return block_mask
+
+
+def _advisor_flex_all_true(q_len, kv_len, device):
+    """Every 128-token block full, built from the block counts (create_block_mask would evaluate all Lq x Lkv
+    pairs); the kernels mask the ragged ends of the sequences themselves."""
+    from torch.nn.attention.flex_attention import BlockMask, noop_mask
+
+    rows, columns = -(-q_len // 128), -(-kv_len // 128)
+    counts = $torch.full((1, 1, rows), columns, dtype=$torch.int32, device=device)
+    indices = $torch.arange(columns, dtype=$torch.int32, device=device).expand(1, 1, rows, columns).contiguous()
+    return BlockMask.from_kv_blocks($torch.zeros_like(counts), $torch.zeros_like(indices), counts, indices,
+                                    BLOCK_SIZE=128, mask_mod=noop_mask, seq_lengths=(q_len, kv_len))
+
+
 def advisor_flex_attention(q, k, v, score_mod=None, mask_mod=None, mask_key=None, scale=None, enable_gqa=False):
     """FlexAttention with score_mod/mask_mod, inserted by advisor (`--backend flex`) for a hand-written block.
 
@@ -52,11 +89,12 @@ def advisor_flex_attention(q, k, v, score_mod=None, mask_mod=None, mask_key=None
     materialised scores (what uncompiled flex_attention does, minus its own use of torch.compile): it runs, after
     one warning naming why, when torch.compile is unavailable or fails, and where FlexAttention has no backward
     (inputs that require grad on CPU/MPS); ADVISOR_FLEX_EAGER=1 forces it for debugging. mask_mod becomes a
-    BlockMask, cached per (mask_key, B, H, Lq, Lkv, device) when mask_key is given (the last 32 kept).
+    BlockMask, cached per (mask_key, B, H, Lq, Lkv, device) when mask_key is given (the last 32 kept); no mask_mod
+    is an all-true BlockMask, cached per (Lq, Lkv, device).
     """
     import os
 
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     state = _advisor_flex_state
     eager = (score_mod, mask_mod, scale, enable_gqa)
@@ -65,16 +103,7 @@ def advisor_flex_attention(q, k, v, score_mod=None, mask_mod=None, mask_key=None
     if q.device.type in ("cpu", "mps") and (q.requires_grad or k.requires_grad or v.requires_grad):
         _advisor_flex_warn_once("backward", f"FlexAttention has no backward on {q.device.type}; running eager")
         return _advisor_flex_dense(q, k, v, *eager)
-    block_mask = None
-    if mask_mod is not None:
-        key = (mask_key, q.size(0), q.size(1), q.size(-2), k.size(-2), q.device)
-        block_mask = state["block_masks"].get(key) if mask_key is not None else None
-        if block_mask is None:
-            block_mask = create_block_mask(mask_mod, key[1], key[2], key[3], key[4], device=q.device)
-            if mask_key is not None:
-                if len(state["block_masks"]) >= 32:
-                    state["block_masks"].pop(next(iter(state["block_masks"])))
-                state["block_masks"][key] = block_mask
+    block_mask = _advisor_flex_block_mask(q, k, mask_mod, mask_key)
     try:
         if state["compiled"] is None:
             state["compiled"] = $torch.compile(flex_attention)

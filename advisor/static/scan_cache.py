@@ -112,11 +112,12 @@ class ScanCache:
         return value
 
     # -- each file's result ---------------------------------------------------------------------------------------
-    def scan(self, files: list[str], scan_one, run, done, tree, tree_wide) -> list:
+    def scan(self, files: list[str], scan_one, run, done, tree) -> list:
         """Outcomes in the order of `files`: kept results where still valid, the others from `run(todo, one)`
         (which runs `one` on each path of `todo` and returns the outcomes in order), stored as they come.
-        `tree_wide`: the tree-wide facts every file's analysis reads."""
-        scope = _digest(self.salt, tree_wide)
+        `tree` (static.tree_facts.TreeContext): what every file's analysis reads of the tree; its facts key every
+        entry, and its call sites (`tree.calls`) record the other files each analysis reads."""
+        scope = _digest(self.salt, tree.cache_key())
         real = {path: os.path.realpath(path) for path in files}
         members = _digest(sorted(real.values()))
         keys = {path: self._key(scope, path, real[path]) for path in files}
@@ -128,7 +129,7 @@ class ScanCache:
                 done(path)
         todo = [path for path in files if path not in outcomes]
         if todo:
-            for path, recorded in zip(todo, run(todo, _Recording(scan_one, tree))):
+            for path, recorded in zip(todo, run(todo, _Recording(scan_one, tree.calls))):
                 if not isinstance(recorded, Recorded):  # the error entry of a file that killed its process
                     outcomes[path] = recorded
                     continue

@@ -2,9 +2,10 @@
 
 Files are analysed one by one (in worker processes), but some facts depend on code anywhere in the tree: a
 training loop in `train.py` that takes a gradient penalty through the attention of `model.py`. Those facts are
-gathered once, before the per-file analysis, and handed to every file's analysis. Cheap filters keep the cost
-to reading the files: a word prefilter, then CPython's parser on the few files that pass it; libcst parses only
-the files that hold a relevant name.
+gathered once, before the per-file analysis, and handed to every file's analysis as one value, `TreeContext`,
+with the tree's call sites (static.call_sites). Cheap filters keep the cost to reading the files: a word
+prefilter, then CPython's parser on the few files that pass it; libcst parses only the files that hold a
+relevant name.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from advisor.contracts.finding import ScanError
 from advisor.static.autograd_use import AutogradSite, autograd_sites, uses_name, worth_resolving
+from advisor.static.call_sites import Tree
 from advisor.static.discover import SourceFile, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.project import ProjectFacts, hook_sites, project_facts
@@ -33,6 +35,29 @@ class TreeFacts:
     def of_file(cls, parsed: ParsedModule) -> TreeFacts:
         """A file analysed on its own is the whole tree."""
         return cls(1, *_callers_decide(autograd_sites(parsed), lambda name: uses_name(parsed.source, name)))
+
+
+@dataclass(frozen=True)
+class TreeContext:
+    """All that one file's analysis reads of the rest of the scanned tree, built once per scan (`tree_context`) and
+    handed down whole. A field left None: the file alone (its own hooks, its own autograd requests, no call
+    sites)."""
+
+    project: ProjectFacts | None = None  # process-wide hooks registered in the tree (static.project)
+    autograd: TreeFacts | None = None  # what the tree asks of autograd
+    calls: Tree | None = None  # the files whose calls may prove facts (None: the call-site-facts setting is off)
+
+    def cache_key(self) -> tuple:
+        """What keys every scan-cache entry: the facts. Not the call-site reader, which is new each scan: an entry
+        keeps instead the digests of the files its analysis read through it (static.scan_cache)."""
+        return (self.project, self.autograd)
+
+
+def tree_context(paths: list[str], call_site_facts: bool = True, cache=None) -> TreeContext:
+    """The scanned tree's context (`tree_wide_facts`, then the call sites when `call_site_facts`). One file is its own
+    tree: its hooks are its parse's own."""
+    project, autograd = tree_wide_facts(paths, call_site_facts, cache)
+    return TreeContext(project if len(paths) > 1 else None, autograd, Tree(paths) if call_site_facts else None)
 
 
 def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) -> tuple[ProjectFacts, TreeFacts]:

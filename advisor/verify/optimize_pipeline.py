@@ -26,8 +26,7 @@ from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
-from advisor.static.project import ProjectFacts
-from advisor.static.tree_facts import TreeFacts, tree_wide_facts
+from advisor.static.tree_facts import TreeContext, tree_wide_facts
 from advisor.verify.overlay import original_path
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
@@ -273,18 +272,17 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
     candidates: dict[str, PatchCandidate] = {}
     # hooks on every module, and what the files ask of autograd
     project, tree_facts = tree_wide_facts(files, call_site_facts)
-    tree = Tree(list(files)) if call_site_facts else None
-    tree_facts = tree_facts.with_observed(list(autograd_requests))
+    tree = TreeContext(project, tree_facts.with_observed(list(autograd_requests)),
+                       Tree(list(files)) if call_site_facts else None)
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, project=project, tree_facts=tree_facts)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree)
         if result is None:
             continue
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, project,
-                               tree_facts) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree) or result
         for finding in result.findings:
             if not finding.patch:
                 continue
@@ -299,11 +297,10 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
 
 
 def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, runtime: RuntimeEvidence | None = None,
-              tree: Tree | None = None, project: ProjectFacts | None = None,
-              tree_facts: TreeFacts | None = None) -> FileResult | None:
+              tree: TreeContext | None = None) -> FileResult | None:
     try:
-        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime, tree=tree,
-                              project=project, tree_facts=tree_facts)
+        return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime,
+                              tree_context=tree)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 

@@ -17,7 +17,7 @@ from advisor.cli import main
 from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding
 from advisor.results import FixReport, OptimizeReport, ProfileReport, ScanReport
-from test_optimize import write_model
+from optimize_models import write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"

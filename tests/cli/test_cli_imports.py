@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from test_analyze_input import trace
+from trace_files import trace
 
 HEAVY = ("torch", "transformers", "libcst", "networkx")
 SCRIPT = """

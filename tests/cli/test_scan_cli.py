@@ -13,6 +13,7 @@ import pytest
 
 from advisor.cli import main
 from advisor.rewrite.patch import FileChanged, write_atomically
+from fixture_models import fixture_inputs, golden_path
 
 ROOT = Path(__file__).resolve().parents[2]
 POSITIVE = ROOT / "fixtures" / "attention" / "positive"
@@ -90,7 +91,7 @@ def test_fix_shows_diff_without_writing_then_apply_writes_and_is_idempotent(caps
     code, out, _ = run_cli(capsys, "fix", "model.py", "--apply")
     after = target.read_text()
     assert code == 0 and after != before and "scaled_dot_product_attention" in after
-    assert after == (ROOT / "fixtures" / "attention" / "golden" / NANOGPT.name).read_text()
+    assert after == golden_path(NANOGPT).read_text()
     code, _, _ = run_cli(capsys, "fix", "model.py", "--apply")
     assert code == 0 and target.read_text() == after
 
@@ -180,7 +181,7 @@ def test_interactive_review_applies_only_accepted_patches(workdir):
 def test_parallel_scan_matches_serial(workdir):
     from advisor.engine.static import scan_paths
 
-    for index, fixture in enumerate(sorted(POSITIVE.glob("*.py"))):
+    for index, fixture in enumerate(fixture_inputs(POSITIVE)):
         shutil.copy(fixture, workdir / f"m{index:02d}.py")
     serial = scan_paths(["."], jobs=1)
     parallel = scan_paths(["."], jobs=2)
@@ -195,7 +196,7 @@ def test_a_worker_that_dies_is_one_error_entry_and_the_scan_goes_on(workdir, mon
 
     from advisor.engine import static as scan
 
-    for index, fixture in enumerate(sorted(POSITIVE.glob("*.py"))[:20]):
+    for index, fixture in enumerate(fixture_inputs(POSITIVE)[:20]):
         shutil.copy(fixture, workdir / f"m{index:02d}.py")
     (workdir / "m05.py").write_text((workdir / "m05.py").read_text() + "\n# crash here\n")
     real = scan._analyze_file

@@ -11,7 +11,7 @@ import pytest
 
 from advisor.engine.static import analyze_source
 from fixture_models import parity
-from test_sound_flow import HEAD, MAKE, attention, the_finding
+from attention_sources import HEAD, MAKE, attention, the_finding
 
 BHID_OUT = "return torch.einsum('bhij,bhjd->bhid', attn, v).transpose(1, 2).reshape(B, T, C)"
 MATMUL_OUT = "return (attn @ v).transpose(1, 2).reshape(B, T, C)"

@@ -4,8 +4,8 @@ A `Variant` is one choice per axis (Q·K^T product, K transpose, scale placement
 polarity, fill and application, softmax spelling, dropout, value product, output layout, dtype) plus at most one
 `hazard`: a neighbour of the supported forms that changes what a rewrite must prove (fully masked rows, non-bool
 masks, tensor scales, loops, aliasing, dynamic dispatch, ...). `render(variant)` writes a small runnable module
-whose `make(seed)` returns `(model, inputs)`; `FAMILIES` groups the hazards by the issue-6 class they probe, so a
-test can expect one family to be clean and another to hold a known bug.
+whose `make(seed)` returns `(model, inputs)`; `FAMILIES` groups the hazards by the class of fault they probe
+(a letter), so a test can expect one family to be clean and another to hold a known bug.
 
 Shapes are tiny (batch 2, 2 heads of 4 channels, 5 queries, 5 or 7 keys) so that thousands of variants run in
 minutes; left padding of 3 keys together with a causal mask fully masks some query rows, on purpose.

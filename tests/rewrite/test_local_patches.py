@@ -3,8 +3,6 @@ rewrite and diff would give, and the work per finding does not grow with the siz
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import libcst as cst
 import pytest
 
@@ -17,9 +15,9 @@ from advisor.rewrite.splice import apply_edits
 from advisor.engine.static import analyze_source
 from advisor.static.module_index import ParsedModule
 from benchmarks.scan_scaling import module_with_blocks
+from fixture_models import fixture_paths
 
-ROOT = Path(__file__).resolve().parents[2]
-POSITIVE = sorted((ROOT / "fixtures" / "attention" / "positive").glob("*.py"))
+POSITIVE = fixture_paths("positive")
 
 
 def _whole_module_rewrite(source: str, drop_weights: bool = False, pick=None) -> str:

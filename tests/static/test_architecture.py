@@ -1,5 +1,6 @@
 """The layering of ARCHITECTURE.md, computed from the code: each module's layer comes from that file's table, and
-no import runs up a layer; only the registry loads the rule units; no two modules share a file name."""
+no import runs up a layer; only the registry loads the rule units; no two modules share a file name. In tests/, no
+test module imports another."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "advisor"
+TESTS = ROOT / "tests"
 LOADERS = {"import_module", "lazy_import", "__import__"}
 # Imports that still run up, each named in ARCHITECTURE.md; the list only shrinks.
 KNOWN_UPWARD: set[tuple[str, str]] = set()
@@ -121,3 +123,28 @@ def test_one_class_per_name_where_two_roles_once_shared_one():
                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                if isinstance(node, ast.ClassDef) and node.name == "Candidate"]
     assert defined == ["patterns/attention/candidate.py"]
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    """Every dotted part of every name a module imports, by statement or through a loader call."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {part for alias in node.names for part in alias.name.split(".")}
+        elif isinstance(node, ast.ImportFrom):
+            names |= set((node.module or "").split(".")) | {alias.name for alias in node.names}
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in LOADERS \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            names |= set(node.args[0].value.split("."))
+    return names
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in helper modules (tests/fixture_models.py and its neighbours), never in a test
+    module: importing one runs its collection-time code, and finds it only where pytest already put its folder on
+    sys.path."""
+    test_modules = {path.stem for path in TESTS.rglob("test_*.py")}
+    importing = {path.relative_to(TESTS).as_posix(): sorted(_imported_names(ast.parse(path.read_text(encoding="utf-8")))
+                                                            & test_modules)
+                 for path in sorted(TESTS.rglob("*.py"))}
+    assert {path: names for path, names in importing.items() if names} == {}

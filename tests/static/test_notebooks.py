@@ -10,10 +10,11 @@ import pytest
 
 from advisor.cli import main
 from advisor.static.notebook import notebook_code
+from fixture_models import golden_path
 
 ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
-GOLDEN = ROOT / "fixtures" / "attention" / "golden" / "01_nanogpt_causal.py"
+GOLDEN = golden_path(NANOGPT)
 
 
 def cell(kind: str, text: str) -> dict:

@@ -18,6 +18,7 @@ import advisor.engine.static as static
 from advisor.cli import main
 from advisor.engine.static import scan_paths
 from advisor.static.scan_cache import cache_root
+from fixture_models import fixture_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 POSITIVE = REPO / "fixtures" / "attention" / "positive"
@@ -68,9 +69,8 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 def _fixture_tree(tmp_path: Path, count: int = 4) -> Path:
     root = tmp_path / "tree"
     root.mkdir()
-    for source in sorted(POSITIVE.glob("*.py"))[:count]:
-        if not source.name.endswith(".fixed.py"):
-            (root / source.name).write_text(source.read_text())
+    for source in fixture_inputs(POSITIVE)[:count]:
+        (root / source.name).write_text(source.read_text())
     return root
 
 
@@ -115,6 +115,39 @@ def test_an_edit_of_a_caller_drops_the_fact_it_proved_in_the_callee(tmp_path, an
     assert "attn.py" in analysed
     assert not {"mask-dtype", "fully-masked-rows"} & {f["name"] for f in after.extra["facts"].get("from_call_sites", [])}
     assert after.fix_safety == "unsafe"
+
+
+PLAIN_STEP = '''
+def step(loss):
+    loss.backward()
+'''
+
+PENALTY_STEP = '''
+import torch
+
+
+def step(loss, x):
+    (grad,) = torch.autograd.grad(loss, x, create_graph=True)
+    grad.square().sum().backward()
+'''
+
+
+def test_what_another_file_asks_of_autograd_keys_an_unchanged_files_result(tmp_path, analysed):
+    """The tree's facts key every entry: a double backward asked for in another file, which this file's analysis
+    never reads, still takes its result out of the cache, and its fact turns from proved to assumed."""
+    root = _tree(tmp_path / "tree", {"attn.py": ATTEND, "train.py": PLAIN_STEP})
+
+    def autograd_fact() -> str:
+        (found,) = [f for f in scan_paths([str(root)], call_site_facts=False).findings if f.kind == "attention"]
+        return next(status for status, facts in found.extra["facts"].items()
+                    if any(fact["name"] == "first-order-autograd" for fact in facts))
+
+    assert autograd_fact() == "proved"
+    analysed.clear()
+    assert autograd_fact() == "proved" and analysed == []  # unchanged: taken from the cache
+    (root / "train.py").write_text(textwrap.dedent(PENALTY_STEP))
+    assert autograd_fact() == "assumed"
+    assert "attn.py" in analysed
 
 
 def test_a_corrupt_or_foreign_entry_is_ignored_and_rebuilt(tmp_path, analysed):

@@ -14,39 +14,8 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
-from fixture_models import load_module_from_source, parity
-
-HEAD = "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
-MAKE = '''
-
-def make(seed: int = 0):
-    torch.manual_seed(seed)
-    model = Attn()
-    return model, (torch.randn(2, 6, 16),)
-'''
-
-
-def attention(forward: str, init: str = "", methods: str = "", after: str = "") -> str:
-    """A module `Attn` with two heads of width 8 over (2, 6, 16) inputs; `forward` continues after q, k, v."""
-    init = textwrap.indent(textwrap.dedent(init), " " * 8)
-    forward = textwrap.indent(textwrap.dedent(forward), " " * 8)
-    methods = textwrap.indent(textwrap.dedent(methods), " " * 4)
-    return HEAD + f'''
-class Attn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(16, 48)
-{init}
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, 2, 8).permute(2, 0, 3, 1, 4)
-{forward}
-{methods}
-{textwrap.dedent(after)}''' + MAKE
-
-
-def findings(source: str):
-    return analyze_source(source, "m.py").findings
+from attention_sources import HEAD, MAKE, attention, findings, the_finding
+from fixture_models import parity
 
 
 def safe_findings(source: str):
@@ -69,11 +38,6 @@ def assert_patch_exact(source: str, name: str) -> str:
     assert fixed != source, "no patch was offered"
     parity(source, fixed, name=name)
     return fixed
-
-
-def the_finding(source: str):
-    (finding,) = findings(source)
-    return finding
 
 
 # E: a triangle whose contents change later is not causal ----------------------------------------------------

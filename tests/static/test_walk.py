@@ -1,16 +1,15 @@
 """static.walk calls a visitor's methods exactly as libcst's own visit does (same nodes, same order, children
 skipped where visit_X returns False), over every fixture and every node type they hold."""
 
-from pathlib import Path
-
 import libcst as cst
 from libcst.metadata import PositionProvider
 import pytest
 
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import walk
+from fixture_models import fixture_paths
 
-FIXTURES = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "positive").glob("*.py"))
+FIXTURES = fixture_paths("positive")
 ODD_FORMS = '''from os import *
 from . import (a as b, c)
 @decorate(lambda x: x if x else -x)

@@ -4,7 +4,7 @@ this workload and never timed, however many patches its file offers."""
 import json
 
 from advisor.cli import main
-from test_optimize import write_blocks
+from optimize_models import write_blocks
 
 
 def test_a_patch_to_code_the_workload_never_ran_is_not_exercised_and_never_timed(tmp_path, capsys):

@@ -19,12 +19,13 @@ from fuzz.differential import COUNTEREXAMPLE, INVALID, SAFE_OK, check, compare
 
 CORE_EXAMPLES, FAMILY_EXAMPLES = 24, 6
 
-# family -> why it still fails (issue-6 class and the reproduction in fixtures/attention/regressions/)
+# family -> why it still fails (its class of fault, as FAMILIES names it, and the reproduction in
+# fixtures/attention/regressions/)
 KNOWN_BUGS: dict[str, str] = {}
 
 
 REGRESSIONS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "regressions").glob("*.py"))
-# regression fixtures whose wrong safe patch is not fixed yet (number prefix -> issue-6 class)
+# regression fixtures whose wrong safe patch is not fixed yet (number prefix -> class of fault)
 OPEN_REGRESSIONS: dict[str, str] = {}
 
 

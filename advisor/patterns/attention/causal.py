@@ -11,12 +11,15 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
+from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 
 CAUSAL_EXTENT = "causal-extent"  # the triangle is (L, S): `is_causal` is exact only then
 # what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
 TRIANGLE_KEEPING = {"view", "reshape", "unsqueeze", "expand", *CAST_METHODS, "bool", "byte", "int", "long"}
+ROW_KEEPING = {"expand", *CAST_METHODS, "bool", "byte", "int", "long"}  # and each row of the last two dims a row
 
 
 def mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
@@ -134,9 +137,62 @@ def _linear(node: cst.BaseExpression) -> dict[str, float] | None:
 
 def added_keeps_first_key(c: Candidate, mask: cst.BaseExpression) -> bool:
     """An added mask `self.buf` or `self.buf[..., :L, :S]` (columns from 0) whose buffer is a square of -inf
-    strictly above the diagonal and 0 elsewhere: row r keeps keys 0..r, so no query row is fully masked."""
+    strictly above the diagonal and 0 elsewhere: row r keeps keys 0..r, so no query row is fully masked. So does a
+    module-level tensor (`module_values`), under views and casts, built as 0 on and below the diagonal and a mask
+    fill above it (`torch.zeros(n, n).masked_fill(torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of
+    the triangle, 0.0 and the fill): every row keeps key 0 at 0, which no fill can swallow."""
     built = _buffer_from_first_column(c, mask, sliced=False)
-    return built is not None and _neginf_above_diagonal(c, built)
+    if built is not None:
+        return _neginf_above_diagonal(c, built)
+    base = _under_views(mask)
+    found = module_value(c.parsed, base.value) if isinstance(base, cst.Name) and \
+        c.flow.reaching.get(base) == frozenset({UNDEFINED}) else None
+    return found is not None and _zero_on_and_below_diagonal(c, _under_views(found.value))
+
+
+def _under_views(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor under casts, `expand` and leading None-indexing (`m[None, None]`), which keep each row of the
+    last two dims a row (a fill cast to a narrower float stays a fill, or becomes -inf); a reshape, an `unsqueeze`
+    or a None between the last two dims would not."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in ROW_KEEPING:
+            node = node.func.value
+        elif isinstance(node, cst.Subscript) and _leading_nones(node.slice):
+            node = node.value
+        else:
+            return node
+
+
+def _leading_nones(elements) -> bool:
+    """`[None, None]`, `[None, :, :]`: new leading dims, then whole ones."""
+    nones = [isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
+             for e in elements]
+    whole = [_is_full_slice(e) for e in elements]
+    return all(n or w for n, w in zip(nones, whole)) and nones == sorted(nones, reverse=True)
+
+
+def _zero_on_and_below_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
+    """`torch.zeros(n, n).masked_fill(<strict upper triangle>, fill)` or `torch.where(<lower triangle>, 0.0, fill)`,
+    the fill -inf or a large negative number."""
+    if not isinstance(node, cst.Call):
+        return False
+    args = [a.value for a in node.args if a.keyword is None]
+    if len(args) != len(node.args):
+        return False
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "masked_fill" and len(args) == 2:
+        zeros = node.func.value
+        square = isinstance(zeros, cst.Call) and c.parsed.imported_name(zeros.func) == "torch.zeros" and \
+            not any(a.keyword for a in zeros.args) and _is_square(c.parsed, list(zeros.args))
+        condition, fill, keep_given = args[0], args[1], False
+    elif c.parsed.imported_name(node.func) == "torch.where" and len(args) == 3:
+        square, (condition, zero, fill), keep_given = True, args, True
+        if number_value(zero) != 0:
+            return False
+    else:
+        return False
+    return square and c.values.fill_kind(fill) is not None and \
+        _causal_polarity(c, triangle(c.parsed, mask_base(c, condition)), condition, keep_given)
 
 
 def _buffer_from_first_column(c: Candidate, node: cst.BaseExpression, sliced: bool) -> cst.BaseExpression | None:

@@ -25,6 +25,7 @@ from advisor.patterns.attention.result import AttentionMatch, MaskTerm
 from advisor.patterns.attention.tensor_facts import rank_bounds
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copy_cast_roles import cast_dtype
+from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import int_value
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
@@ -157,7 +158,7 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
                 torch_name: str) -> cst.BaseExpression | None:
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
-    mask = term.source if name == MASK_DTYPE else _peeled(term.source, SAME_RANK)
+    mask = _peeled(term.source, DTYPE_KEEPING_VIEWS if name == MASK_DTYPE else SAME_RANK)
     base = mask
     while isinstance(base, cst.Subscript):
         base = base.value
@@ -322,6 +323,8 @@ def holds_at(c: Candidate, first: cst.BaseStatement, last: cst.CSTNode, nodes: l
             if name.value in ("None", "True", "False") or _line_binding(c, name) in lifted:
                 continue
             seen = c.flow.reaching.get(name)
+            if seen == frozenset({UNDEFINED}) and module_value(c.parsed, name.value) is not None:
+                continue  # a module-level tensor that nothing in the file rebinds or writes
             if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen:
                 return False
     paths = scope.attribute_paths(c.parsed, nodes)

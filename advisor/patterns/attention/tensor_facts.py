@@ -22,7 +22,8 @@ from advisor.patterns.attention.result import MaskTerm
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.ops import int_value
-from advisor.static.dataflow import UNDEFINED, Definition
+from advisor.patterns.module_values import module_value
+from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 
 def roots(c: Candidate) -> DtypeRoots:
@@ -42,9 +43,43 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     _mask_rank_fact(c, ndim)
     _precision_fact(c)
     added = [term for term in c.match.masks if term.fill_kind == mk.ADDITIVE]
-    small = parameter_claims(c, [term.source for term in added], sf.SMALL, [term.guard for term in added]) \
-        if added and len(added) == len(c.match.masks) else ()
-    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small)
+    every_added = added and len(added) == len(c.match.masks)
+    small = parameter_claims(c, [_values_of(term.source) for term in added], sf.SMALL,
+                             [term.guard for term in added]) if every_added else ()
+    bounded = _bounded_here(c, added) if every_added else None
+    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded)
+
+
+def _values_of(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor whose values `node` holds, some of them, or casts of them (`mask[None, None]`, `mask.expand(...)`,
+    `mask.to(q.dtype)`): what a bound on values needs proved."""
+    while True:
+        if isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in sf.KEEP_VALUES:
+            node = node.func.value
+        else:
+            return node
+
+
+def _bounded_here(c: Candidate, terms: list[MaskTerm]) -> str | None:
+    """Why the added masks' values are small where the block reads them (a module-level `torch.randn(...)`, a
+    local `torch.zeros(...)`), read as call sites are (`call_site_facts.SiteScope`); None when one is not."""
+    for term in terms:
+        bounds = sf.SiteScope(c.parsed, term.source).interval(term.source)
+        if bounds is None or max(abs(bounds[0]), abs(bounds[1])) > sf.SMALL_LIMIT:
+            return None
+    return f"{sf.SHOWS[sf.SMALL]}; shown where it is built{_definitions(c, terms)}"
+
+
+def _definitions(c: Candidate, terms: list[MaskTerm]) -> str:
+    """` (MASK = torch.randn(5, 5), line 9)`: the module-level definitions the masks read, for the fact's reason."""
+    sites = [f"`{name.value} = {short(c.parsed, found.value)}`, line {found.line}"
+             for term in terms for name in loaded_names(term.source)
+             if (found := module_value(c.parsed, name.value)) is not None]
+    return f" ({'; '.join(dict.fromkeys(sites))}: bound once at module level, never written or handed on in this " \
+           f"file; assumes no other module writes it)" if sites else ""
 
 
 def _precision_fact(c: Candidate) -> None:
@@ -114,6 +149,11 @@ def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
         if plain_query(c) is None:
             match.facts.assumed("mask-dtype", f"the additive mask `{short(c.parsed, term.source)}` is a float of "
                                 f"the query's dtype", "the query is not a plain name to cast the mask to")
+        elif roots(c).same(term.source, c.leaf_nodes[0]):
+            match.facts.proved("mask-dtype", mask_statement, "it is cast to the query's dtype where it is added")
+        elif sf.SiteScope(c.parsed, term.source).not_float(term.source):
+            match.facts.proved("mask-dtype", mask_statement, f"a bool or integer tensor where it is built"
+                               f"{_definitions(c, [term])}")
         elif c.dtype_changes:
             match.facts.assumed("mask-dtype", mask_statement, "a cast in the block hides its dtype (SDPA gets it "
                                 "cast to q's dtype, which changes a wider float mask)")
@@ -212,6 +252,9 @@ def weights_rank(c: Candidate) -> int | None:
 
 def reaching_values(c: Candidate, name: cst.Name) -> list[cst.BaseExpression] | None:
     ids = flow_for(c, name).reaching.get(name)
+    if ids == frozenset({UNDEFINED}):  # a global read: the module-level tensor, where nothing changes it
+        found = module_value(c.parsed, name.value)
+        return [found.value] if found is not None else None
     if not ids or UNDEFINED in ids:
         return None
     definitions = [flow_for(c, name).definitions[i] for i in ids]
