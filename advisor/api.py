@@ -36,7 +36,7 @@ def profile(target: str, **options) -> ProfileReport:
     from advisor.commands.profile import profiled_target
 
     args = _arguments("profile", [target], options)
-    return ProfileReport.from_json(_ending_left_processes(profiled_target, args)[1]["json"])
+    return ProfileReport.from_json(_ending_left_processes(profiled_target, args)[1].document)
 
 
 def optimize(target: str | None = None, apply: bool = False, **options) -> OptimizeReport:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from advisor.contracts.finding import Finding, ScanError, display_path
+from advisor.contracts.finding import Finding, ScanError, display_path, joined
 
 
 @dataclass
@@ -99,7 +99,7 @@ class PatchVerdict:
     """One patch of `optimize`: where it is, its facts and diff, and what the run made of it (the verdict, parity,
     speedup and interval, whether it was applied). `diff_file` is set only when the report folder holds its diff,
     and only then is it a key of the JSON. Reading it as a mapping (`patch["verdict"]`) is kept for the Python API,
-    whose patches were dicts."""
+    whose patches were dicts. `reasons` (why it is not verified, or not written) is JSON's `reason`, one line."""
 
     id: str
     rule: str
@@ -118,7 +118,7 @@ class PatchVerdict:
     parity: dict | None
     speedup: float | None
     speedup_ci: list[float] | None
-    reason: str | None
+    reasons: tuple[str, ...]
     applied: bool
     written_to: str | None
     state_dict: dict | None
@@ -127,10 +127,18 @@ class PatchVerdict:
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> PatchVerdict:
-        return cls(**document)
+        """From the JSON (the API's patches): its `reason` line is kept as one reason."""
+        document = dict(document)
+        reason = document.pop("reason")
+        return cls(**document, reasons=() if reason is None else (reason,))
+
+    @property
+    def reason(self) -> str | None:
+        return joined(self.reasons)
 
     def to_json(self) -> dict[str, Any]:
-        document = {f.name: getattr(self, f.name) for f in fields(self)}
+        document = {("reason" if f.name == "reasons" else f.name): getattr(self, f.name) for f in fields(self)}
+        document["reason"] = self.reason
         if self.diff_file is None:
             del document["diff_file"]
         return document

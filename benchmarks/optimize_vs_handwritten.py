@@ -140,16 +140,17 @@ def swap(model, attention_class, forward) -> None:
 def harness_speedups(target: str, variants: dict[str, str], budget_s: float) -> dict[str, tuple[float, list]]:
     """optimize's own timing harness on each variant: a live original worker and a variant worker given the
     original's weights and inputs, timed in interleaved rounds. Label -> (speedup, 95% interval)."""
-    from advisor.verify.process import start_worker
     from advisor.verify.ab_timing import interleave
+    from advisor.verify.messages import Export, Load
+    from advisor.verify.process import start_worker
 
     measured = {}
     with start_worker("original") as original:
-        original.call("load", target=target)
-        state = original.call("export")
+        original.call(Load(target))
+        state = original.call(Export())
         for label, variant in variants.items():
             with start_worker(label) as worker:
-                worker.call("load", target=variant, state=state)
+                worker.call(Load(variant, state=state))
                 paired = interleave(original, worker, budget_s)
                 measured[label] = (paired.speedup(), [round(v, 2) for v in paired.speedup_ci()])
     return measured

@@ -4,7 +4,7 @@ SDPA's fallback to its math kernel, and masks rebuilt every step, in a profile o
 
 from __future__ import annotations
 
-from advisor.contracts.family import Family
+from advisor.contracts.family import Family, Screen
 from advisor.contracts.rule import Rule, negative, positive, workload_module
 
 SDPA_DOCS = "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html"
@@ -171,5 +171,7 @@ def _trace(view, rules):
 FAMILY = Family(
     name="attention", rules=(SAFE, ESCAPING, UNPROVED, MEASURED, MATH_FALLBACK, MASK_REBUILT),
     prefilter=("softmax",),  # every attention matcher anchors on a softmax
+    # ... and runs only in a function that says softmax, or whose class does (anchors.mentions_softmax)
+    screen=Screen(words=("softmax",)),
     static=_detect, graph=_graph, trace=_trace,
 )

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 for entry in map(str, (REPO_ROOT, TESTS_DIR)):
     if entry not in sys.path:
         sys.path.insert(0, entry)
+
+# every attention proof the suite runs (in this process and in the CLI processes it starts) checks each step against
+# what it declares it reads and writes (patterns/attention/proof_steps.py)
+os.environ["ADVISOR_CHECK_PROOF"] = "1"
 
 
 @pytest.fixture(autouse=True)

@@ -156,4 +156,4 @@ def _ask(console, findings):
 def _profiled(target: str):
     """The runtime evidence of one profiled run of TARGET (in a worker process, as `scan --profile` runs it),
     joined to the scanned files by realpath and line."""
-    return profile_in_child(target)["evidence"]
+    return profile_in_child(target).evidence

@@ -16,6 +16,7 @@ from advisor.contracts.finding import display_path
 from advisor.report.profile_console import print_measured, print_top_lines
 from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
+from advisor.verify.messages import Load, Profile, Profiled
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker, take_left_running
 
 
@@ -62,8 +63,8 @@ def _seconds(text: str) -> float:
 
 def profile_in_child(target: str, device: str | None = None, dtype: str | None = None, train: bool = False,
                      trace_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     script: list[str] | None = None) -> dict:
-    """Profile TARGET in a worker process: {"json", "findings", "summary", "ops", "files"} (see Worker.profile)."""
+                     script: list[str] | None = None) -> Profiled:
+    """Profile TARGET in a worker process (see Worker.profile)."""
     if device:
         from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
 
@@ -71,11 +72,11 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
     with Console(stderr=True).status("starting the workload process") as status, \
             start_worker("workload", timeout_s, on_progress=status.update) as worker:
         status.update("loading the workload")
-        loaded = worker.call("load", target=target, device=device, dtype=dtype, train=train, script=script,
+        loaded = worker.call(Load(target, device, dtype, train, script=script),
                              doing="running the script to its model's first call" if script else None)
-        if loaded["captured"]:
-            status.console.print(f"advisor: {shown(loaded['captured'])}", highlight=False)
-        return worker.call("profile", trace_path=trace_path)
+        if loaded.captured:
+            status.console.print(f"advisor: {shown(loaded.captured)}", highlight=False)
+        return worker.call(Profile(trace_path))
 
 
 def ends_what_the_workload_left(run_verb):
@@ -94,7 +95,7 @@ def ends_what_the_workload_left(run_verb):
     return run
 
 
-def profiled_target(args) -> tuple[str, dict]:
+def profiled_target(args) -> tuple[str, Profiled]:
     """(TARGET as shown, its profile): the CLI's and advisor.profile's one path, the trace written where asked."""
     target, script = workload_source(args)
     trace = check_trace_path(args.trace)
@@ -107,19 +108,19 @@ def profiled_target(args) -> tuple[str, dict]:
 @ends_what_the_workload_left
 def run(args) -> int:
     target, profiled = profiled_target(args)
-    findings, summary = profiled["findings"], profiled["summary"]
+    findings, summary = profiled.findings, profiled.summary
     if args.format == "json":
-        print(json.dumps(profiled["json"], indent=2))
+        print(json.dumps(profiled.document, indent=2))
     else:
         lines = [
-            f"{shown(target)}: {summary['device']}, {summary['dtype']}, {'train' if args.train else 'eval'}; "
-            f"step {summary['step_us'] / 1000:.2f} ms median (unprofiled, IQR {summary['step_iqr_us'] / 1000:.2f} "
-            f"ms); measured op time {summary['op_us'] / 1000:.2f} ms/step",
-            f"op time on a user source line: {summary['statement_share']:.1%} (statement), "
-            f"{summary['attributed_share']:.1%} (statement or function)"]
+            f"{shown(target)}: {summary.device}, {summary.dtype}, {'train' if args.train else 'eval'}; "
+            f"step {summary.step_us / 1000:.2f} ms median (unprofiled, IQR {summary.step_iqr_us / 1000:.2f} "
+            f"ms); measured op time {summary.op_us / 1000:.2f} ms/step",
+            f"op time on a user source line: {summary.statement_share:.1%} (statement), "
+            f"{summary.attributed_share:.1%} (statement or function)"]
         if args.trace:
             lines.append(f"Chrome trace written to {shown(display_path(args.trace))}")
         console = stdout_console()
         print_measured(console, "advisor profile: measured findings", findings, lines)
-        print_top_lines(console, profiled["json"].get("top_lines") or [])
+        print_top_lines(console, profiled.document.get("top_lines") or [])
     return 1 if findings else 0

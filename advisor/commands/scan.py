@@ -44,10 +44,10 @@ def scanned(args, patches: bool = True) -> tuple[ScanResult, list[Finding]]:
     """The scan (the CLI's and advisor.scan's one path) and its findings, each joined to its measured cost when
     args.profile names a workload."""
     profiled = profile_in_child(args.profile) if args.profile else None
-    result = run_scan(args, runtime=profiled and profiled["evidence"], patches=patches, fixed=False)
+    result = run_scan(args, runtime=profiled.evidence if profiled else None, patches=patches, fixed=False)
     findings = result.findings
     if profiled:
-        findings = annotate_findings(findings, profiled["findings"])
+        findings = annotate_findings(findings, profiled.findings)
     return result, findings
 
 

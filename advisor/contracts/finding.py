@@ -20,16 +20,24 @@ class Finding:
     message: str
     fixable: bool = False
     fix_safety: FixSafety = FixSafety.SAFE
-    reason: str | None = None
+    reasons: tuple[str, ...] = ()  # why there is no patch, or what an unsafe one assumes; each one sentence
     patch: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fix_safety = FixSafety(self.fix_safety)  # an engine may pass the plain string
+        self.reasons = tuple(self.reasons)
+
+    @property
+    def reason(self) -> str | None:
+        """The reasons as the one line every report prints (and JSON's `reason`): joined by "; ", None if none."""
+        return joined(self.reasons)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        extra = data.pop("extra")
+        copied = asdict(self)
+        extra = copied.pop("extra")
+        data = {("reason" if name == "reasons" else name): value for name, value in copied.items()}
+        data["reason"] = self.reason  # in the place of `reasons`: the JSON field is the joined line
         data["path"] = display_path(self.path)
         data.update(extra)
         return data
@@ -43,6 +51,11 @@ class ScanError:
 
     def to_json(self) -> dict[str, str]:
         return {"path": display_path(self.path), "message": as_text(self.message)}
+
+
+def joined(reasons: tuple[str, ...]) -> str | None:
+    """Reasons as one line of text, where text is rendered (JSON's `reason` fields, reports): None when none."""
+    return "; ".join(reasons) if reasons else None
 
 
 def display_path(path: str) -> str:

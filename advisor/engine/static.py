@@ -21,10 +21,11 @@ from advisor.child_lifetime import end_with_parent
 from advisor.contracts.detected import Detected, StaticContext
 from advisor.contracts.finding import Finding, ScanError, display_path
 from advisor.contracts.evidence import RuntimeEvidence
+from advisor.contracts.family import Family
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
-from advisor.static.discover import discover, read_source
+from advisor.static.discover import discover, is_library_file, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
 from advisor.static.scan_cache import ScanCache
@@ -120,6 +121,15 @@ def might_match(source: str) -> bool:
     return any(family.might_match(lowered) for family in families())
 
 
+def static_families(source: str, path: str, evidence=None) -> list[Family]:
+    """The families whose static hook can find anything in this file, in order: those whose screen (or, without
+    one, prefilter tokens) admits its text, and those that read the profile's evidence for it. A file with none is
+    never parsed by libcst."""
+    lowered, library = source.lower(), is_library_file(path)
+    return [family for family in families() if family.static is not None and
+            (family.might_find(source, lowered, library) or family.uses_evidence and evidence)]
+
+
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
                    patches: bool = True, tree_context: TreeContext | None = None) -> FileResult:
@@ -133,11 +143,8 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
     context = StaticContext(parsed, backend, evidence, tree=tree_context)
-    lowered = source.lower()
     detected: list[Detected] = []
-    for family in families():
-        if family.static is None or not (family.might_match(lowered) or family.uses_evidence and evidence):
-            continue
+    for family in static_families(source, path, evidence):
         for found in family.static(context, family.rules):
             rule = found.finding.rule
             if is_selected(rule, select, ignore) and not _is_suppressed(suppressed, found.finding, rule):
@@ -291,7 +298,7 @@ def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runt
     if error is not None:
         return error
     measured = runtime is not None and runtime.for_path(path) is not None
-    if not measured and not might_match(source.text):
+    if not measured and not static_families(source.text, path):
         return FileResult(path, source.text)
     try:
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,

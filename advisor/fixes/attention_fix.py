@@ -154,7 +154,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     """The finding, and its fix's edits; both cost the size of the block. A patch whose proof left a fact assumed
     (or only observed on a run) is unsafe whatever the rule's default: it names those facts."""
     rule = _rule_for(match, rules)
-    reason, fix, edits = match.reason, None, None
+    reasons, fix, edits = [match.reason] if match.reason is not None else [], None, None
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     if plan is not None:
         autograd_order_fact(match.facts, tree_facts, plan.verdicts if plan.emitted != "flex" else {})
@@ -164,12 +164,12 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
             fix = attention_edits(parsed, match, drop_weights=bool(match.escapes), backend=backend)
             edits = render(parsed, fix)
         except RewriteFailed as exc:
-            fixable, reason, fix, edits = False, str(exc), None, None
+            fixable, reasons, fix, edits = False, [str(exc)], None, None
         except Exception as exc:  # noqa: BLE001 - a bug of ours on one patch must not lose the file's findings
             fixable, fix, edits = False, None, None
-            reason = f"internal error while rewriting this block ({type(exc).__name__}: {exc}); please report it"
+            reasons = [f"internal error while rewriting this block ({type(exc).__name__}: {exc}); please report it"]
     elif match.unsafe_reason:
-        reason = f"{match.reason}; {match.unsafe_reason}"
+        reasons.append(match.unsafe_reason)
     safety = rule.fix_safety
     contradicted = discharge(match.facts, calls)
     assumed = match.facts.assumptions + (plan.assumptions if plan else [])
@@ -179,23 +179,24 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
         unproved = "unproved: " + "; ".join(f"{fact.statement} ({fact.why})" for fact in assumed)
         if contradicted:
             unproved += f" (the run: {'; '.join(contradicted)})"
-        reason = unproved if rule is rules.safe or reason is None else f"{reason}; {unproved}"
+        reasons = [unproved] if rule is rules.safe else reasons + [unproved]
     elif observed and match.output_node is not None:
         safety = "unsafe"
         held = ("held on every recorded call of the run, not proved (`advisor optimize` verifies it on that "
                 "workload): " + "; ".join(fact.statement for fact in observed))
-        reason = held if rule is rules.safe or reason is None else f"{reason}; {held}"
+        reasons = [held] if rule is rules.safe else reasons + [held]
     extra = {"roles": _roles(parsed, match), "facts": match.facts.to_json()} if match.output_node is not None else {}
     if observed and not assumed and rule is rules.safe and match.output_node is not None:
         extra["discharged"] = "observed"  # every unproved fact held on the run: `optimize` tries this patch
     if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted
         extra.update(plan.to_json())
-    reason = reason if rule is not rules.safe or assumed or observed else None
+    if rule is rules.safe and not assumed and not observed:
+        reasons = []
     if match.note:
-        reason = f"{reason}; {match.note}" if reason else match.note
+        reasons.append(match.note)
     finding = Finding(rule=rule.code, kind=rule.kind, path=parsed.path, line=match.line, end_line=match.end_line,
                       function=match.function, message=rule.title, fixable=fixable, fix_safety=safety,
-                      reason=reason, extra=extra)
+                      reasons=tuple(reasons), extra=extra)
     return Detected(finding, fix, edits)
 
 

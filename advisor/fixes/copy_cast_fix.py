@@ -244,5 +244,5 @@ def _finding(parsed: ParsedModule, plan: Plan) -> Detected:
                       function=plan.site.function if plan.site is not None else plan.hit.function,
                       message=plan.hit.message if plan.hit is not None else rule.title, fixable=fix is not None,
                       fix_safety=("unsafe" if assumed else "safe") if fix is not None else rule.fix_safety,
-                      reason=reason, extra=extra)
+                      reasons=(reason,) if reason is not None else (), extra=extra)
     return Detected(finding, fix, edits)

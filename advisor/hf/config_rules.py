@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import PurePath
 
 import libcst as cst
 
 from advisor.rewrite.apply import SourceEdit
+from advisor.static.discover import is_library_file
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import walk
 
-LIBRARY_DIRS = ("site-packages", "dist-packages")
 LOADERS = ("from_pretrained", "from_config", "_from_config")
 INFERENCE_CONTEXTS = ("torch.no_grad", "torch.inference_mode", "torch.autograd.grad_mode.no_grad")
 
@@ -29,7 +28,7 @@ class ConfigMatch:
     node: cst.CSTNode  # where the finding points
     function: str
     message: str | None = None  # replaces the rule title when the site adds something (a flash_attention_2 hint)
-    reason: str | None = None  # why there is no fix, or what an unsafe fix assumes
+    reasons: tuple[str, ...] = ()  # why there is no fix, or what an unsafe fix assumes
     edit: SourceEdit | None = None
     unsafe: bool = False
 
@@ -66,10 +65,6 @@ class Site:
 
     def match(self, rule, **details) -> ConfigMatch:
         return ConfigMatch(rule.code, self.node, self.function, **details)
-
-
-def is_library_file(path: str) -> bool:
-    return any(part in LIBRARY_DIRS for part in PurePath(path).parts)
 
 
 def literal_bool(node: cst.BaseExpression | None) -> bool | None:

@@ -69,14 +69,15 @@ def eager_attention_findings(model, target: str, measured: list[Finding],
     if chosen is not None:
         return [Finding(rule=rule.code, kind=rule.kind, path=path, line=chosen.line, end_line=chosen.end_line,
                         function=chosen.function, message=rule.title, fixable=chosen.fixable,
-                        fix_safety=chosen.fix_safety, reason=chosen.reason, patch=chosen.patch, extra=cost)]
+                        fix_safety=chosen.fix_safety, reasons=chosen.reasons, patch=chosen.patch,
+                        extra=cost)]
     line, end_line = _building_line(parsed, function)
     supports = getattr(type(model), "_supports_sdpa", False) is True
     reason = ('nothing in this file sets attn_implementation="eager": pass attn_implementation="sdpa" where the '
               "model is built" if supports else
               f"{type(model).__name__} does not declare SDPA support, so transformers defaulted to eager")
     return [Finding(rule=rule.code, kind=rule.kind, path=path, line=line, end_line=end_line, function=function,
-                    message=rule.title, fixable=False, fix_safety=rule.fix_safety, reason=reason, extra=cost)]
+                    message=rule.title, fixable=False, fix_safety=rule.fix_safety, reasons=(reason,), extra=cost)]
 
 
 def _in_library(finding: Finding) -> bool:

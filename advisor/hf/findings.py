@@ -16,16 +16,16 @@ def config_findings(parsed: ParsedModule, rules) -> list[Detected]:
     for match in find_config_issues(parsed, rules):
         rule = load_rules()[match.rule]
         fix = match.edit.as_edits() if match.edit is not None else None
-        reason, edits = match.reason, None
+        reasons, edits = match.reasons, None
         if fix is not None:
             try:
                 edits = render(parsed, fix)
             except RewriteFailed as exc:
-                fix, reason = None, str(exc)
+                fix, reasons = None, (str(exc),)
         safety = ("unsafe" if match.unsafe else "safe") if fix is not None else rule.fix_safety
         finding = Finding(rule=match.rule, kind=rule.kind, path=parsed.path, line=parsed.line(match.node),
                           end_line=parsed.end_line(match.node), function=match.function,
                           message=match.message or rule.title, fixable=fix is not None, fix_safety=safety,
-                          reason=reason)
+                          reasons=reasons)
         results.append(Detected(finding, fix, edits))
     return results

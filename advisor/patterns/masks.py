@@ -10,7 +10,8 @@ the scores, does not, unless the fill swallows them. An added float mask of valu
 the same case (HF's `(1 - m) * finfo.min` on a padded sample swallows the row: the original's weights are uniform,
 SDPA's fused backward gives other gradients, and the mask cast to a bf16 query overflows to -inf). So a finite
 fill or an added mask is exact only where no row is fully masked, which the source proves only for causal masks:
-a lower triangle of ones sliced from its first column keeps key 0 in every row.
+a lower triangle of ones sliced from its first column keeps key 0 in every row. An added bias read from a learned
+table is a score term, not a mask (`attention.learned_bias`): its fact is accepted, the other masks judged alone.
 """
 
 from __future__ import annotations
@@ -39,15 +40,21 @@ UNKNOWN: Bounds = (0, None)
 class RankBounds:
     """Bounds on the rank of a mask expression. `known_rank(node)` is the exact rank when the source states
     it, `reaching_values(name)` the values assigned to a read (or None), `returned(call)` what a helper of
-    this file returns (or None), `is_scalar(node)` proves a Python number (rank 0)."""
+    this file returns (or None), `is_scalar(node)` proves a Python number (rank 0), `integer(node)` an integer
+    tensor or int (indexing by it reads one dim and gives the index's dims), `followed(node)` the values a call of a
+    helper with several returns, or a read of a memo, may give (or None)."""
 
     def __init__(self, parsed: ParsedModule, owner: ClassInfo | None, reader: OpReader,
                  known_rank: Callable[[cst.BaseExpression], int | None],
                  reaching_values: Callable[[cst.Name], list[cst.BaseExpression] | None],
                  returned: Callable[[cst.Call], cst.BaseExpression | None],
-                 is_scalar: Callable[[cst.BaseExpression], bool]) -> None:
+                 is_scalar: Callable[[cst.BaseExpression], bool],
+                 integer: Callable[[cst.BaseExpression], bool] = lambda node: False,
+                 followed: Callable[[cst.BaseExpression], list[cst.BaseExpression] | None] = lambda node: None) -> None:
         self.parsed, self.owner, self.reader, self.is_scalar = parsed, owner, reader, is_scalar
         self.known_rank, self.reaching_values, self.returned = known_rank, reaching_values, returned
+        self.integer, self.followed = integer, followed
+        self._following: set[cst.CSTNode] = set()
 
     def bounds(self, node: cst.BaseExpression, depth: int = 0) -> Bounds:
         if depth > 12:
@@ -55,6 +62,12 @@ class RankBounds:
         known = self.known_rank(node)
         if known is not None:
             return known, known
+        values = self.followed(node) if node not in self._following else None
+        if values is not None:  # one of the values a helper returns or a memo holds
+            self._following.add(node)
+            found = _union([self.bounds(value, depth + 1) for value in values])
+            self._following.discard(node)
+            return found
         if self.is_scalar(node):
             return 0, 0
         below = lambda child: self.bounds(child, depth + 1)  # noqa: E731
@@ -63,12 +76,14 @@ class RankBounds:
             return _union([below(value) for value in values]) if values else UNKNOWN
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
                 and self.owner is not None:
-            built = self.owner.shape_value(node.attr.value)  # element writes keep the rank
-            return below(built) if built is not None else UNKNOWN
+            built = self.owner.shape_values(node.attr.value)  # element writes keep the rank
+            if built is None:
+                return UNKNOWN
+            return _union([below(value) for value in built])
         if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT", "H", "mH"):  # transposes keep rank
             return below(node.value)
         if isinstance(node, cst.Subscript):
-            return _subscript_bounds(node, below(node.value))
+            return _subscript_bounds(node, below(node.value), self._gathered)
         if isinstance(node, cst.UnaryOperation):
             return below(node.expression)
         if isinstance(node, cst.Comparison):
@@ -79,8 +94,15 @@ class RankBounds:
             return self._call_bounds(node, below)
         return UNKNOWN
 
+    def _gathered(self, index: cst.BaseExpression) -> int | None:
+        """The rank of an integer index (a tensor, or a loop counter: 0), when the source states it."""
+        if not self.integer(index):
+            return None
+        low, high = self.bounds(index)
+        return low if low == high else None
+
     def _call_bounds(self, node: cst.Call, below: Callable[[cst.BaseExpression], Bounds]) -> Bounds:
-        args = [a for a in node.args if a.keyword is None]
+        args = [a for a in node.args if a.keyword is None and a.star != "**"]  # `**dd` passes keywords only
         dotted = self.parsed.imported_name(node.func) or ""
         if dotted in CREATORS and args and not any(a.star for a in args):
             sizes = args[:1] if dotted == "torch.full" else args[-1:] if dotted == "torch.randint" else args
@@ -91,6 +113,12 @@ class RankBounds:
             return below(args[0].value)
         if isinstance(node.func, cst.Attribute):
             method, receiver = node.func.attr.value, node.func.value
+            if method in ("new_empty", "new_zeros", "new_ones", "new_full") and args and not any(a.star for a in args):
+                sizes = args[0].value
+                if isinstance(sizes, (cst.Tuple, cst.List)):
+                    return _exact(len(sizes.elements))
+                varargs = method != "new_full" and (len(args) > 1 or int_value(sizes) is not None)
+                return _exact(len(args)) if varargs else UNKNOWN  # one name may hold a whole size
             if method in ("unsqueeze", "unsqueeze_"):
                 low, high = below(receiver)
                 return low + 1, None if high is None else high + 1
@@ -123,9 +151,12 @@ def broadcast_bounds(operands: list[Bounds]) -> Bounds:
     return max(low for low, _ in operands), None if None in highs else max(highs)
 
 
-def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
-    """`m[:, None, None, :]`: rank(m) - integers + Nones, and m has at least as many dims as are indexed."""
-    indexed = nones = integers = 0
+def _subscript_bounds(node: cst.Subscript, base: Bounds,
+                      gathered: Callable[[cst.BaseExpression], int | None] = lambda index: None) -> Bounds:
+    """`m[:, None, None, :]`: rank(m) - integers + Nones, and m has at least as many dims as are indexed; one
+    integer tensor index of known rank r (`table[:, idx]`, a gather) reads one dim and gives r."""
+    indexed = nones = integers = given = 0
+    tensors = 0
     for element in node.slice:
         index = element.slice
         if isinstance(index, cst.Slice):
@@ -137,11 +168,16 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds) -> Bounds:
         elif int_value(index.value) is not None:
             indexed += 1
             integers += 1
+        elif tensors == 0 and gathered(index.value) is not None:
+            tensors = 1
+            indexed += 1
+            integers += 1
+            given = gathered(index.value)
         else:
-            return UNKNOWN  # a tensor or a computed index: advanced indexing, rank unknown
+            return UNKNOWN  # a boolean or computed index, or several tensors: advanced indexing, rank unknown
     low, high = base
     low = max(low, indexed)
-    return low - integers + nones, None if high is None else high - integers + nones
+    return low - integers + nones + given, None if high is None else high - integers + nones + given
 
 
 def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = (),
@@ -151,6 +187,16 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     `bounded`: why every mask is added and its values, visible where it is built, are too small to swallow a row."""
     if not terms:
         return
+    learned = [term for term in terms if term.learned]
+    if learned:
+        facts.accepted(ROWS, "no learned bias swallows a query row's scores",
+                       f"`{parsed.code(learned[0].source)}` is read from the learned table `{learned[0].learned}` (an "
+                       f"`nn.Parameter` no code here fills with a mask value): a score term, which SDPA adds as the "
+                       f"original does; only entries about 2^24 times a row's scores (fp32), which no trained table "
+                       f"holds, would swallow the row and give SDPA's fused backward other gradients")
+        terms = [term for term in terms if not term.learned]
+        if not terms:
+            return
     if all(term.keeps_first_key for term in terms):
         facts.proved(ROWS, "no query row is fully masked", "every mask is a lower triangle of ones sliced from "
                      "its first column (causal), which keeps the first key of every row")

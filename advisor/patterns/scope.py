@@ -17,17 +17,15 @@ from functools import cached_property
 import libcst as cst
 import networkx as nx
 
+from advisor.contracts.finding import display_path
 from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.project import GLOBAL_CALL_HOOKS, HookSite, global_hook_calls
+from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 CONTEXTS = (cst.With, cst.Try)
-HOOK_METHODS = {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-                "register_full_backward_pre_hook", "register_backward_hook"}
-SCRIPT_DECORATORS = {"torch.jit.script", "torch.jit.script_method"}
 
 
 def enclosing_contexts(parsed: ParsedModule, node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
@@ -362,8 +360,9 @@ def _forward_returns_input(node: cst.ClassDef) -> bool:
 def hook_registration(parsed: ParsedModule) -> str | None:
     """Why a deleted module call may carry a hook (None: nothing registers one that this scan sees): a hook on
     every module (`register_module_forward_hook` and its variants) in this file or in any file of the scanned
-    tree, or a module hook registered anywhere in this file. Read from the whole file once, whatever the number
-    of blocks that ask."""
+    tree, or a module hook registered anywhere in this file or another file of the tree (a training script's
+    `model.blocks[0].attn.attn_drop.register_forward_hook(save_map)`). Read from the whole file once, whatever the
+    number of blocks that ask."""
     return parsed.derived(_hook_registration, _hook_registration)
 
 
@@ -377,7 +376,33 @@ def _hook_registration(parsed: ParsedModule) -> str | None:
     if any(isinstance(call.func, cst.Attribute) and call.func.attr.value in HOOK_METHODS
            for call in parsed.calls_and_classes[0]):
         return "this file registers module hooks"
+    elsewhere = parsed.project.module_hook_elsewhere(parsed.path) if parsed.project is not None else None
+    if elsewhere is not None:
+        return f"`{display_path(elsewhere.path)}` registers module hooks (`{elsewhere.name}`, line {elsewhere.line})"
     return None
+
+
+def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> str | None:
+    """Why a torch function or tensor method the rewrite deletes may not be torch's when the code runs (None: no
+    file of the scan assigns one): a training script's `F.softmax = tempered_softmax` changes what the eager block
+    computes, and the SDPA call never calls it."""
+    replaced = {name for name in parsed.outside_attribute_writes[0] if name.startswith("torch.")}
+    if not replaced:
+        return None
+    found: list[str] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            name = parsed.imported_name(node.func)
+            method = f"torch.Tensor.{node.func.attr.value}" if isinstance(node.func, cst.Attribute) else None
+            found.extend(n for n in (name, method) if n in replaced)
+
+    for node in nodes:
+        visit_tree(node, Calls())
+    if not found:
+        return None
+    return (f"`{found[0]}`, which the rewrite deletes a call of, is assigned in {parsed.outside_writer(found[0])}: "
+            "it may not be torch's when the code runs")
 
 
 # TorchScript ----------------------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ class ValueProver:
             elif definition.kind == "aug":
                 if not self.is_scalar(definition.value, depth + 1):
                     return False
-            else:
+            elif not is_loop_counter(self.parsed, definition):
                 return False
         return True
 
@@ -367,3 +367,18 @@ class ValueProver:
                 and self.owner is not None):
             return self.literal_number(self.owner.only_value(node.attr.value), depth + 1)
         return None
+
+
+def is_loop_counter(parsed: ParsedModule, definition) -> bool:
+    """`i` of `for i in range(n)` or `for i, x in enumerate(xs)`: an int (the builtins, unless the file binds their
+    names)."""
+    loop = definition.statement
+    if definition.kind != "other" or not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call) or \
+            not isinstance(loop.iter.func, cst.Name) or loop.iter.func.value in parsed.bindings or \
+            loop.iter.func.value in parsed.imports:
+        return False
+    target, builtin = loop.target, loop.iter.func.value
+    if builtin == "range":
+        return isinstance(target, cst.Name) and target.value == definition.name
+    first = target.elements[0].value if isinstance(target, (cst.Tuple, cst.List)) and target.elements else None
+    return builtin == "enumerate" and isinstance(first, cst.Name) and first.value == definition.name

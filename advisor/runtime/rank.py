@@ -33,7 +33,7 @@ def to_findings(detections: list[Detection], timing: Timing) -> list[Finding]:
         findings.append(Finding(
             rule=code, kind=rule.kind, path=path, line=line, end_line=end_line, function=group[0].loc.function,
             message=group[0].message, fixable=False, fix_safety=rule.fix_safety,
-            reason="runtime finding: `advisor fix PATH --profile TARGET` fixes it where the source allows",
+            reasons=("runtime finding: `advisor fix PATH --profile TARGET` fixes it where the source allows",),
             extra={"self_us": round(self_us, 3), "share": round(share, 5), "calls": len(group),
                    "negligible": negligible, "evidence": evidence}))
     return rank(findings)

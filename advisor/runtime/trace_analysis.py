@@ -125,7 +125,7 @@ def _aggregate(results: list[_TraceResult]) -> tuple[list[Finding], list[dict]]:
         share = self_us / entry["total"] if entry["total"] else 0.0
         findings.append(Finding(
             rule=code, kind=rule.kind, path=path_, line=line, end_line=line, function=entry["function"],
-            message=hit.message, reason="from a trace: no patch (run `advisor scan`/`fix` on the source)",
+            message=hit.message, reasons=("from a trace: no patch (run `advisor scan`/`fix` on the source)",),
             extra={"self_us": round(self_us, 3), "share": round(share, 5), "calls": round(entry["calls"], 3),
                    "negligible": share < rule.threshold_share, "evidence": hit.evidence | {
                        "per_rank_us": {str(r): round(v, 3) for r, v in sorted(entry["ranks"].items())}}}))

@@ -61,6 +61,9 @@ class AutogradSite:
     # The site passes on its function's own parameter (off by default, never rebound): it asks only where a call of
     # that function turns it on. The name whose uses hold those calls: the function's, or its class's for a method.
     caller_decides: str | None = None
+    # A reverse transform applied to a parameter of the module-level function around it (`def derivative(fn):
+    # return torch.func.grad(fn)`): that function is a transform too, used once per use of its name.
+    wrapper: str | None = None
 
 
 def might_ask(source: str) -> bool:
@@ -100,6 +103,8 @@ def _identifiers(node: ast.AST) -> list[str]:
         return [node.arg] if node.arg else []
     if isinstance(node, ast.alias):
         return node.name.split(".")
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+        return [node.value]  # `getattr(F, "hvp")`, `{"create_graph": True}`
     if isinstance(node, ast.ImportFrom) and node.module:
         return node.module.split(".")
     return []
@@ -111,10 +116,18 @@ def _leaf(node: ast.AST) -> str | None:
 
 def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
     """Every place in the file that asks for double backward or forward-mode AD, in source order."""
+    requests, reverse = autograd_uses(parsed)
+    return sorted(requests + nested(reverse, lambda name: name_uses(parsed.source, name)), key=lambda s: s.line)
+
+
+def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[AutogradSite]]:
+    """(the file's requests but for nesting, its uses of reverse-mode transforms): a reverse transform asks for
+    double backward only where another one may nest it, which may be in another file of the tree (`derivative(f)`
+    a helper of `utils.py` returning `torch.func.grad(f)`, applied twice in `train.py`): see `nested`."""
     if not might_ask(parsed.source):
-        return []
+        return [], []
     found: list[tuple[cst.CSTNode, str]] = []
-    reverse: list[tuple[cst.CSTNode, str]] = []
+    reverse: list[AutogradSite] = []
     for node, parent in parsed.parents.items():
         if isinstance(node, (cst.Name, cst.Attribute)) and not _inside_dotted_name(node, parent) and \
                 not isinstance(parent, (cst.ImportAlias, cst.ImportFrom, cst.AsName)):
@@ -122,20 +135,88 @@ def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
             if what is not None:
                 found.append((node, what))
             elif qualified(parsed, node) in REVERSE_TRANSFORMS:
-                reverse.append((node, qualified(parsed, node)))
+                reverse.append(AutogradSite(qualified(parsed, node), parsed.path, parsed.line(node),
+                                            wrapper=_wrapper(parsed, node, parent)))
         elif isinstance(node, cst.Call):
-            asked = _create_graph(parsed, node)
+            asked = _create_graph(parsed, node) or _getattr_transform(parsed, node)
             if asked is not None:
                 found.append((node, asked))
-    if len(reverse) > 1:
-        (_, first), (node, second) = reverse[:2]
-        found.append((node, f"`{first}` and `{second}` in one file may nest, which asks for {DOUBLE_BACKWARD}"))
+        elif isinstance(node, cst.DictElement):
+            asked = _create_graph_entry(parsed, node)
+            if asked is not None:
+                found.append((node, asked))
     sites = []
     for node, asked in found:
         what, value = asked if isinstance(asked, tuple) else (asked, None)
         decides = _passed_on_parameter(parsed, node, value) if value is not None else None
         sites.append(AutogradSite(what, parsed.path, parsed.line(node), decides))
-    return sorted(sites, key=lambda s: s.line)
+    return sites, reverse
+
+
+def nested(reverse: list[AutogradSite], uses) -> list[AutogradSite]:
+    """Two uses of reverse-mode transforms (`autograd_uses`), in one file or in two, may nest: the composition can
+    go through any function. A wrapper's transform counts once per use of the wrapper's name (`uses(name)`, over the
+    same files): `derivative(derivative(f))` nests it. The request, at the second use."""
+    direct = [site for site in reverse if site.wrapper is None]
+    wrapped = [site for site in reverse if site.wrapper is not None for _ in range(uses(site.wrapper))]
+    if len(direct) + len(wrapped) < 2:
+        return []
+    first, second = (direct + wrapped)[:2]
+    via = "".join(f" (through `{s.wrapper}`)" for s in (first, second) if s.wrapper)[:200]
+    return [AutogradSite(f"`{first.what}` and `{second.what}` in the scanned files may nest{via}, which asks for "
+                         f"{DOUBLE_BACKWARD}", second.path, second.line)]
+
+
+def _wrapper(parsed: ParsedModule, node: cst.CSTNode, parent: cst.CSTNode | None) -> str | None:
+    """The module-level function that returns the transform `node` of one of its own parameters, if any."""
+    function = parsed.innermost(node, cst.FunctionDef)
+    if not (isinstance(parent, cst.Call) and parent.func is node and parent.args and function is not None and
+            isinstance(parsed.parents.get(parent), cst.Return) and
+            parsed.module_functions.get(function.name.value) is function):
+        return None
+    first = parent.args[0].value
+    params = function.params
+    names = {p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]}
+    return function.name.value if isinstance(first, cst.Name) and first.value in names else None
+
+
+def name_uses(source: str, name: str) -> int:
+    """How many times the file reads `name` (a name or an attribute of that name; not its definition or import)."""
+    if name not in source:
+        return 0
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 1
+    return sum(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load) or
+               isinstance(node, ast.Attribute) and node.attr == name for node in ast.walk(tree))
+
+
+def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
+    """`getattr(torch.autograd.functional, "hvp")`: an attribute named by a string is that attribute."""
+    args = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if not (isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(args) >= 2 and
+            isinstance(args[1].value, cst.SimpleString)):
+        return None
+    owner = qualified(parsed, args[0].value)
+    if owner is None:
+        return None
+    name = f"{owner}.{args[1].value.evaluated_value}"
+    for prefix, asks in TRANSFORMS.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return f"`{parsed.code(call)}` asks for {asks}"
+    if name in REVERSE_TRANSFORMS or name == "torch.autograd.functional.jacobian":
+        return f"`{parsed.code(call)}` may ask for {DOUBLE_BACKWARD} (a transform looked up by name)"
+    return None
+
+
+def _create_graph_entry(parsed: ParsedModule, entry: cst.DictElement) -> tuple[str, cst.BaseExpression] | None:
+    """`{"create_graph": True}`: options a call receives through `**`, which ask as the keyword does."""
+    key = entry.key
+    if isinstance(key, cst.SimpleString) and key.evaluated_value == "create_graph" and not _is_off(entry.value):
+        return (f"`{{{parsed.code(key)}: {parsed.code(entry.value)}}}` passes create_graph to a call and asks for "
+                f"{DOUBLE_BACKWARD}", entry.value)
+    return None
 
 
 def _passed_on_parameter(parsed: ParsedModule, call: cst.Call, value: cst.BaseExpression) -> str | None:

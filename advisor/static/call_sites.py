@@ -42,7 +42,8 @@ class CallSite:
 STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
                  "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
 PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may replace what forward receives
-_CACHES: dict[str, tuple[dict, dict]] = {}  # scan token -> (texts, parsed modules): this process's, one scan
+_CACHES: dict[str, tuple[dict, dict, dict]] = {}  # scan token -> (texts, parsed modules, words): this process's
+WORD = re.compile(r"\w+")
 
 
 @dataclass(eq=False)
@@ -68,7 +69,7 @@ class Tree:
     def _caches(self) -> tuple[dict, dict]:
         if self.token not in _CACHES:
             _CACHES.clear()
-            _CACHES[self.token] = ({}, {})
+            _CACHES[self.token] = ({}, {}, {})
         return _CACHES[self.token]
 
     @property
@@ -107,8 +108,21 @@ class Tree:
         return self._parsed[key]
 
     def mentioning(self, word: str) -> list[str]:
-        pattern = re.compile(rf"\b{re.escape(word)}\b")
-        return [path for path in self.paths if pattern.search(self.text(path) or "")]
+        """The files where `word` occurs as a whole word (`\\bword\\b`), each noted as read. A name made of word
+        characters is looked up in each file's set of words, built once per scan and process: searching every
+        file's text for every name asked about grew with the files times the names."""
+        if not WORD.fullmatch(word):  # a combining mark in the name: not one word of the index
+            pattern = re.compile(rf"\b{re.escape(word)}\b")
+            return [path for path in self.paths if pattern.search(self.text(path) or "")]
+        return [path for path in self.paths if word in self._words_of(path)]
+
+    def _words_of(self, path: str) -> frozenset[str]:
+        text = self.text(path)  # noted as read, whether or not its words are known already
+        words = self._caches()[2]
+        key = os.path.realpath(path)
+        if key not in words:
+            words[key] = frozenset(WORD.findall(text or ""))
+        return words[key]
 
     def sites(self, parsed: ParsedModule, function: cst.FunctionDef, parameter: str) -> list[CallSite] | None:
         """Every call of `function` (a module-level function or a method of `parsed`) in the tree, each with the

@@ -7,7 +7,7 @@ import hashlib
 import os
 import stat
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from advisor.contracts.finding import ScanError
 from advisor.static.notebook import NotebookCode, notebook_code
@@ -18,6 +18,7 @@ SKIP_DIRS = {
     "build", "dist", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
 }
 
+LIBRARY_DIRS = ("site-packages", "dist-packages")  # where installed packages live
 
 MISSING, BROKEN_LINK, LINK_LOOP = "no such file or directory", "broken symbolic link", "symbolic link loop"
 FILE_KINDS = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "a FIFO"),
@@ -30,6 +31,11 @@ class SourceFile:
     text: str
     notebook: NotebookCode | None = None  # a notebook's cells: `text` is their code as one module
     digest: str = ""  # of the bytes read (the notebook's whole JSON): what the scan cache keys the file by
+
+
+def is_library_file(path: str) -> bool:
+    """A file of an installed package (what `optimize` may patch when a workload ran it)."""
+    return any(part in LIBRARY_DIRS for part in PurePath(path).parts)
 
 
 def _is_skipped_dir(name: str) -> bool:

@@ -6,11 +6,12 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
+from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
@@ -46,6 +47,7 @@ class ClassInfo:
     methods: dict[str, cst.FunctionDef] = field(default_factory=dict)
     outside: frozenset[str] = frozenset()  # attribute names the file writes on objects other than `self`
     outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
+    writer: Callable[[str], str] = lambda attribute: "this file"  # where such a name is written (a file's name)
 
     @cached_property
     def _collected(self) -> "_SelfAttributeCollector":
@@ -76,11 +78,13 @@ class ClassInfo:
         its place (a dropout whose probability is read with a default); `elements_ok`: it reads only what writes
         into the value's elements keep (rank, dtype)."""
         if attribute in (self.outside_reshaped if elements_ok else self.outside):
-            return f"`.{attribute}` is also assigned outside the class in this file"
+            return f"`.{attribute}` is also assigned outside the class in {self.writer(attribute)}"
         if ANY_ATTRIBUTE in self.outside:
-            return "this file sets attributes by computed names on other objects (`setattr(m, name, ...)`)"
+            return (f"{self.writer(ANY_ATTRIBUTE)} sets attributes by computed names on other objects (`setattr(m, "
+                    "name, ...)`)")
         if ANY_TO_IDENTITY in self.outside and not identity_ok:
-            return "this file replaces modules by `nn.Identity()` under computed names (`setattr(m, name, ...)`)"
+            return (f"{self.writer(ANY_TO_IDENTITY)} replaces modules by `nn.Identity()` under computed names "
+                    "(`setattr(m, name, ...)`)")
         if self._collected.computed:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         return None
@@ -100,10 +104,16 @@ class ClassInfo:
         """The one expression the class binds the attribute to, whose rank and dtype every instance's attribute
         keeps as far as this file shows, its values aside: writes into its elements (`m.bias.data[..., :p] = 1`,
         `self.mask[0] = 0`, `m.bias.fill_(1)`) are allowed, since they change values, never rank or dtype."""
+        values = self.shape_values(attribute)
+        return values[0] if values is not None and len(values) == 1 else None
+
+    def shape_values(self, attribute: str) -> list[cst.BaseExpression] | None:
+        """Every expression the class binds the attribute to (`__init__` and a resizing method), as `shape_value`
+        reads one: the attribute has the rank and dtype of one of them."""
         values = self.attributes.get(attribute, [])
-        if len(values) != 1 or attribute in self._collected.reshaped or attribute in self.unfollowed:
+        if not values or attribute in self._collected.reshaped or attribute in self.unfollowed:
             return None
-        return values[0] if self.rebound(attribute, elements_ok=True) is None else None
+        return values if self.rebound(attribute, elements_ok=True) is None else None
 
 
 class ParsedModule:
@@ -329,7 +339,7 @@ class ParsedModule:
         walk(self.module, collector)
         outside, reshaped = self.outside_attribute_writes
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
-            info.outside, info.outside_reshaped = outside, reshaped
+            info.outside, info.outside_reshaped, info.writer = outside, reshaped, self.outside_writer
         return collector.found
 
     def package_module(self, dotted: str) -> "ParsedModule | None":
@@ -354,13 +364,40 @@ class ParsedModule:
         those of them written otherwise than into their elements (`m.bias = t`, `m.bias.data = t`,
         `m.bias.unsqueeze_(0)`). Any instance's attribute of a name in the first set may then hold another value
         than its class assigns, so no proof may read the class's own assignment as the value; one in the first
-        set only keeps its rank and dtype. Writes from other files are not seen."""
-        collector = _OutsideWriteCollector(self)
-        walk(self.module, collector)
-        if self.project is not None and self.project.registration_hooks:
-            collector.write(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
-        return frozenset(collector.names), frozenset(collector.reshaped)
+        set only keeps its rank and dtype. The other files of the scanned tree count as this one (static.project):
+        a training script's `blk.attn.bias.data = band` rebinds the buffer the model file's class assigns."""
+        names, reshaped = set(self.own_outside_writes[0]), set(self.own_outside_writes[1])
+        if self.project is not None:
+            if self.project.registration_hooks:
+                names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
+                reshaped.add(ANY_ATTRIBUTE)
+            for writes in self.project.writes_elsewhere(self.path):
+                names |= writes.names
+                reshaped |= writes.reshaped
+        return frozenset(names), frozenset(reshaped)
 
+    @cached_property
+    def own_outside_writes(self) -> tuple[frozenset[str], frozenset[str]]:
+        """`outside_writes` of this file alone."""
+        names, reshaped = outside_writes(self)
+        return frozenset(names), frozenset(reshaped)
+
+    def outside_writer(self, attribute: str) -> str:
+        """Where an attribute written outside its class is written: this file, or the first other file of the
+        tree that writes it."""
+        elsewhere = self.project.writes_elsewhere(self.path) if self.project is not None else ()
+        if attribute in self.own_outside_writes[0]:
+            return "this file"
+        return next((f"`{display_path(w.path)}`" for w in elsewhere if attribute in w.names), "this file")
+
+
+
+def outside_writes(parsed: ParsedModule) -> tuple[set[str], set[str]]:
+    """(the attribute names `parsed` writes on objects other than a method's own `self`, those of them written
+    otherwise than into their elements); ANY_ATTRIBUTE or ANY_TO_IDENTITY for names it computes."""
+    collector = _OutsideWriteCollector(parsed)
+    walk(parsed.module, collector)
+    return set(collector.names), set(collector.reshaped)
 
 
 def _package_file(path: str, dotted: str) -> str | None:
@@ -533,8 +570,16 @@ class _OutsideWriteCollector(cst.CSTVisitor):
         for attribute in _written_attributes(target):
             if not _is_self_attribute(attribute):
                 self.write(attribute.attr.value, elements_only or table is None and _element_store(target))
+        self._torch_function(target)
         if table is not None and not _is_self(table[0]):
             self.write(_literal_name(table[1]) or self._any(value))
+
+    def _torch_function(self, target: cst.BaseExpression, name: str | None = None) -> None:
+        """`F.softmax = tempered` (or `setattr(torch, "matmul", f)`): torch's function replaced for the process,
+        recorded under its dotted name."""
+        dotted = self.parsed.imported_name(target)
+        if dotted is not None and dotted.startswith("torch.") or dotted == "torch":
+            self.write(f"{dotted}.{name}" if name else dotted)
 
     def _any(self, value: cst.BaseExpression | None) -> str:
         """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
@@ -558,6 +603,8 @@ class _OutsideWriteCollector(cst.CSTVisitor):
             receiver, name = binding
             if not _is_self(receiver):
                 self.write(_literal_name(name) or self._any(_bound_value(node)))
+                if _literal_name(name):
+                    self._torch_function(receiver, _literal_name(name))
             elif isinstance(func, cst.Name) and _literal_name(name):  # `setattr(self, "x", v)`: counted here too
                 self.write(_literal_name(name))
         elif is_inplace_method(func):  # `m.bias.fill_(1)`: an in-place method of the attribute

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.contracts.finding import ScanError
-from advisor.static.autograd_use import AutogradSite, autograd_sites, uses_name, worth_resolving
+from advisor.static.autograd_use import (AutogradSite, autograd_sites, autograd_uses, name_uses, nested, uses_name,
+                                          worth_resolving)
 from advisor.static.call_sites import Tree
 from advisor.static.discover import SourceFile, read_source
 from advisor.static.module_index import ParsedModule
@@ -68,25 +69,29 @@ def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) 
     (advisor.static.scan_cache.ScanCache) keeps each file's part by its content, and learns each file's digest."""
     hooks: list = []
     autograd: list[AutogradSite] = []
+    reverse: list[AutogradSite] = []
     for path in paths:
         source = read_source(path)
         if isinstance(source, ScanError):
             continue
-        found_hooks, found_autograd = file_contribution(source) if cache is None else \
+        found_hooks, (found_autograd, found_reverse) = file_contribution(source) if cache is None else \
             cache.contribution(source, file_contribution)
         hooks += found_hooks
         autograd += found_autograd
+        reverse += found_reverse
+    autograd += nested(reverse, lambda name: _uses(paths, name))  # reverse transforms in two files may nest as in one
     if not callers_in_tree:
         return project_facts(hooks), TreeFacts(len(paths), tuple(autograd))
     return project_facts(hooks), TreeFacts(len(paths), *_callers_decide(autograd, lambda name: _used(paths, name)))
 
 
-def file_contribution(source: SourceFile) -> tuple[list, list[AutogradSite]]:
-    """One file's part of the tree-wide facts: its hook registrations and its autograd requests."""
-    autograd: list[AutogradSite] = []
+def file_contribution(source: SourceFile) -> tuple[list, tuple[list[AutogradSite], list[AutogradSite]]]:
+    """One file's part of the tree-wide facts: its hook registrations and attribute writes (static.project), and its
+    autograd requests with its uses of reverse-mode transforms (autograd_use.autograd_uses)."""
+    autograd: tuple[list[AutogradSite], list[AutogradSite]] = ([], [])
     if worth_resolving(source.text):
         try:
-            autograd = autograd_sites(ParsedModule(source.text, source.path))
+            autograd = autograd_uses(ParsedModule(source.text, source.path))
         except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
             pass
     return hook_sites(source.path, source.text), autograd
@@ -99,6 +104,12 @@ def _callers_decide(sites: list[AutogradSite], used) -> tuple[tuple[AutogradSite
     unused = {name for name in names if not used(name)}
     return (tuple(site for site in sites if site.caller_decides not in unused),
             tuple(site for site in sites if site.caller_decides in unused))
+
+
+def _uses(paths: list[str], name: str) -> int:
+    """How many times the tree's files read `name`."""
+    sources = [read_source(path) for path in paths]
+    return sum(name_uses(source.text, name) for source in sources if not isinstance(source, ScanError))
 
 
 def _used(paths: list[str], name: str) -> bool:

@@ -12,6 +12,8 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from advisor.verify.messages import Time
+
 WARMUP_STEPS = 2
 ROUND_US = 20_000.0  # steps per round: about this much work per side, at least one step
 MIN_ROUNDS, MAX_ROUNDS = 12, 80
@@ -59,8 +61,8 @@ def _percentiles(values: list[float]) -> tuple[float, float]:
 
 def interleave(a, b, budget_s: float) -> Paired:
     """Time workers `a` and `b` (WorkerProcess) in alternating rounds within about `budget_s` seconds."""
-    step_a = min(a.call("time", steps=2, warmup=WARMUP_STEPS))
-    step_b = min(b.call("time", steps=2, warmup=WARMUP_STEPS))
+    step_a = min(a.call(Time(2, WARMUP_STEPS)).us)
+    step_b = min(b.call(Time(2, WARMUP_STEPS)).us)
     per_round = max(1, int(ROUND_US / max(step_a, step_b, 1.0)))
     round_us = per_round * (step_a + step_b)
     rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(budget_s * 1e6 / round_us)))
@@ -68,5 +70,5 @@ def interleave(a, b, budget_s: float) -> Paired:
     for r in range(rounds):
         order = ((a, paired.rounds_a), (b, paired.rounds_b))
         for worker, into in (order if r % 2 == 0 else order[::-1]):
-            into.append(worker.call("time", steps=per_round))
+            into.append(worker.call(Time(per_round)).us)
     return paired

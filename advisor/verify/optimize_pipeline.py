@@ -2,7 +2,8 @@
 in its own patched worker (parity on several inputs, interleaved timing against the live original), combine the
 verified ones (leave-one-out when the combination breaks parity), re-profile the combination, apply.
 
-The result is a plain dict (the JSON of `--format json`, and what every report renderer reads).
+The result is an OptimizeReport (its `to_json()` is the JSON of `--format json`, and what every report renderer
+reads); the workers are driven with the requests of `advisor.verify.messages`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
 from advisor.static.tree_facts import TreeContext, tree_wide_facts
 from advisor.verify.overlay import original_path
+from advisor.verify.messages import (AutogradRequests, Export, InputSet, Inputs, Load, Loaded, MemoryPeak,
+                                     ModelState, Observe, OpTotal, PeakMemory, Profile, Profiled, Run, RunOutputs,
+                                     StateKeys, Time)
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
 from advisor.verify.ab_timing import Paired, interleave, summary
@@ -58,15 +62,20 @@ class Options:
     timing_budget_s: float = 4.0
     script: list[str] | None = None  # script mode: the command after `--` (target is then how it is shown)
 
-    def load_request(self, original: bool) -> dict:
-        """What a worker's `load` needs: the TARGET, or the script run to the model's Nth call (the patched side
-        only needs the model built, then takes the original's weights and inputs)."""
-        request = {"target": self.target, "device": self.device, "dtype": self.dtype, "train": self.train,
-                   "roots": [self.root]}
-        if self.script is not None:
-            calls = self.seeds if original else 1
-            request.update(script=self.script, calls=calls, doing=f"running the script to its model's call {calls}")
-        return request
+    def load_request(self, state: ModelState | None = None) -> Load:
+        """What a worker's `load` needs: the TARGET, or the script run to the model's Nth call (the patched side,
+        given the original's `state`, only needs the model built, then takes the original's weights and inputs)."""
+        return Load(self.target, self.device, self.dtype, self.train, state=state, script=self.script,
+                    calls=self._script_calls(state), roots=(self.root,))
+
+    def loading(self, state: ModelState | None = None) -> str | None:
+        """How error messages name that request (None: by its name)."""
+        if self.script is None:
+            return None
+        return f"running the script to its model's call {self._script_calls(state)}"
+
+    def _script_calls(self, state: ModelState | None) -> int:
+        return self.seeds if self.script is not None and state is None else 1
 
 
 @dataclass
@@ -94,8 +103,8 @@ class Trial:
     worker: WorkerProcess | None = None
     parity: Comparison | None = None
     paired: Paired | None = None
-    state_dict: dict | None = None
-    peak: dict | None = None
+    state_dict: StateKeys | None = None
+    peak: MemoryPeak | None = None
     error: str | None = None
     overlay_root: str = ""
 
@@ -119,8 +128,8 @@ class Session:
     report: ReportFolder
     original: WorkerProcess | None = None
     candidates: dict[str, PatchCandidate] = field(default_factory=dict)
-    inputs: list[dict | None] = field(default_factory=list)  # None: the workload's own inputs
-    references: list = field(default_factory=list)
+    inputs: list[InputSet | None] = field(default_factory=list)  # None: the workload's own inputs
+    references: list[RunOutputs] = field(default_factory=list)
     nondeterministic: str | None = None
     notes: list[str] = field(default_factory=list)
     observed: RuntimeEvidence | None = None  # what the attention blocks saw on every input, once asked
@@ -130,38 +139,38 @@ class Session:
         self.scratch = tempfile.mkdtemp(prefix="advisor-overlay-")
 
     # -- the original side ---------------------------------------------------------------------------------------
-    def start_original(self) -> dict:
+    def start_original(self) -> Loaded:
         o = self.options
         self.progress("starting the original workload")
         self.original = start_worker("original", o.timeout_s, self.progress,
                                      log_path=self.report.create("original.log"))
-        self.info = self.original.call("load", **o.load_request(original=True))
+        self.info = self.original.call(o.load_request(), doing=o.loading())
         self.progress("profiling the original")
         self.profile_before = self.profile(self.original, "trace_before.json")
-        self.state = self.original.call("export")
-        self.autograd_requests = self.original.call("autograd_requests")
+        self.state = self.original.call(Export())
+        self.autograd_requests = self.original.call(AutogradRequests())
         self.inputs = [None]
-        if self.info["captured"]:
-            self.notes.append(self.info["captured"])
-            self.inputs += [self.original.call("inputs", seed=index) for index in range(1, self.info["inputs"])]
-        elif self.info["accepts_seed"]:
-            self.inputs += [self.original.call("inputs", seed=seed) for seed in range(1, o.seeds)]
+        if self.info.captured:
+            self.notes.append(self.info.captured)
+            self.inputs += [self.original.call(Inputs(index)) for index in range(1, self.info.inputs)]
+        elif self.info.accepts_seed:
+            self.inputs += [self.original.call(Inputs(seed)) for seed in range(1, o.seeds)]
         else:
             self.notes.append("the TARGET function takes no `seed` argument: parity is checked on its one input")
         self.progress(f"reference outputs on {len(self.inputs)} input(s)")
         self.references = [self.run(self.original, inputs) for inputs in self.inputs]
-        nans = sum(_nan_count(reference) for reference in self.references)
+        nans = sum(_nan_count(reference.tree()) for reference in self.references)
         if nans:
             self.notes.append(f"the original's outputs hold {nans} NaN value(s): compared position by position "
                               "(NaN on both sides counts as equal)")
         self._check_determinism()
         return self.info
 
-    def profile(self, worker: WorkerProcess, trace_name: str) -> dict:
+    def profile(self, worker: WorkerProcess, trace_name: str) -> Profiled:
         """The worker's profile; its Chrome trace is written in this session's private folder, then copied into the
         report folder (which the profiler would write through a link)."""
         trace = os.path.join(self.scratch, trace_name)
-        profiled = worker.call("profile", trace_path=trace)
+        profiled = worker.call(Profile(trace))
         if os.path.exists(trace):
             self.report.copy_in(trace, trace_name)
         return profiled
@@ -173,9 +182,8 @@ class Session:
             self.observed = RuntimeEvidence(self.options.target)
             try:
                 for inputs in self.inputs:
-                    inputs = inputs or {}
-                    add_block_calls(self.observed, self.original.call("observe", args=inputs.get("args"),
-                                                                      kwargs=inputs.get("kwargs")))
+                    add_block_calls(self.observed, self.original.call(
+                        Observe() if inputs is None else Observe(inputs.args, inputs.kwargs)))
             except WorkerFailed as exc:
                 if self.original.closed:
                     raise
@@ -183,19 +191,18 @@ class Session:
                 self.notes.append(f"what the attention blocks saw could not be recorded: {exc}")
         return self.observed
 
-    def run(self, worker: WorkerProcess, inputs: dict | None, rng_seed: int = 0):
-        inputs = inputs or {}
-        return worker.call("run", args=inputs.get("args"), kwargs=inputs.get("kwargs"), grads=self.options.train,
-                           rng_seed=rng_seed)
+    def run(self, worker: WorkerProcess, inputs: InputSet | None, rng_seed: int = 0) -> RunOutputs:
+        args, kwargs = (None, None) if inputs is None else (inputs.args, inputs.kwargs)
+        return worker.call(Run(args, kwargs, grads=self.options.train, rng_seed=rng_seed))
 
     def _check_determinism(self) -> None:
         """Patches are only judged on a model that repeats itself with the same inputs and RNG seed."""
-        again = compare(self.references[0], self.run(self.original, None))
+        again = compare(self.references[0].tree(), self.run(self.original, None).tree())
         if not again.ok:
             self.nondeterministic = ("the original model is not deterministic: two runs on the same inputs and RNG "
                                      f"seed differ ({again.failures[0]}; max abs {again.max_abs_err:.3g})")
             return
-        if not compare(self.references[0], self.run(self.original, None, rng_seed=1)).ok:
+        if not compare(self.references[0].tree(), self.run(self.original, None, rng_seed=1).tree()).ok:
             self.notes.append("the model draws random numbers in eval mode: both sides are compared with the same "
                               "RNG seed")
 
@@ -214,15 +221,15 @@ class Session:
             trial.worker = start_worker(f"patched ({label})", o.timeout_s, self.progress, overlay=overlay,
                                         overlay_root=trial.overlay_root,
                                         log_path=self.report.create(f"patched-{label}.log"))
-            loaded = trial.worker.call("load", **o.load_request(original=False), state=self.state)
-            trial.state_dict = loaded["state_dict"]
+            loaded = trial.worker.call(o.load_request(self.state), doing=o.loading(self.state))
+            trial.state_dict = loaded.state_dict
             trial.parity = Comparison()
             for inputs, reference in zip(self.inputs, self.references):
-                trial.parity.merge(compare(reference, self.run(trial.worker, inputs)))
+                trial.parity.merge(compare(reference.tree(), self.run(trial.worker, inputs).tree()))
             if trial.parity.ok:
                 self.progress(f"timing {label} against the original")
                 trial.paired = interleave(self.original, trial.worker, o.timing_budget_s)
-                trial.peak = trial.worker.call("peak_memory")
+                trial.peak = trial.worker.call(PeakMemory())
         except WorkerFailed as exc:
             if self.original.closed:
                 raise
@@ -366,11 +373,11 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
     final = None
     try:
         info = session.start_original()
-        session.candidates = collect_candidates(session.profile_before["files"], options.unsafe_fixes,
+        session.candidates = collect_candidates(session.profile_before.files, options.unsafe_fixes,
                                                 options.backend,
                                                 session.observations if session.nondeterministic is None else None,
                                                 options.call_site_facts, session.autograd_requests)
-        set_aside_unexercised(session.candidates, session.profile_before["lines"])
+        set_aside_unexercised(session.candidates, session.profile_before.lines)
         for pid, candidate in session.candidates.items():
             if candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
@@ -388,28 +395,28 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         session.close()
 
 
-def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial | None,
+def _result(session: Session, info: Loaded, trials: dict[str, Trial], final: Trial | None,
             progress) -> OptimizeReport:
     o = session.options
-    before_peak = session.original.call("peak_memory")
+    before_peak = session.original.call(PeakMemory())
     if final is not None:
-        before = summary(final.paired.a, before_peak["bytes"])
-        after = summary(final.paired.b, final.peak["bytes"])
+        before = summary(final.paired.a, before_peak.bytes)
+        after = summary(final.paired.b, final.peak.bytes)
         progress("profiling the patched side")
         profile_after = session.profile(final.worker, "trace_after.json")
     else:
-        before = summary(session.original.call("time", steps=10, warmup=2), before_peak["bytes"])
+        before = summary(session.original.call(Time(10, warmup=2)).us, before_peak.bytes)
         after = profile_after = None
     written = _apply_reviewed(session, trials, final) if final else {}
     patches = [_patch_verdict(session, c, trials.get(pid), written.get(pid), final) for pid, c in
                session.candidates.items()]
-    ops_before = session.profile_before["ops"]
-    ops_after = profile_after["ops"] if profile_after else []
+    ops_before = session.profile_before.ops
+    ops_after = profile_after.ops if profile_after else []
     return OptimizeReport(
         version=1, target=o.target,
-        environment={"torch": torch.__version__, "device": info["device"], "dtype": info["dtype"],
+        environment={"torch": torch.__version__, "device": info.device, "dtype": info.dtype,
                      "threads": torch.get_num_threads(), "python": platform.python_version(),
-                     "peak_memory_method": before_peak["method"],
+                     "peak_memory_method": before_peak.method,
                      "sdpa_kernels": {"before": _sdpa_ops(ops_before), "after": _sdpa_ops(ops_after)}},
         mode="train" if o.train else "eval",
         before=before, after=after,
@@ -417,15 +424,15 @@ def _result(session: Session, info: dict, trials: dict[str, Trial], final: Trial
         speedup_ci=[round(v, 4) for v in final.paired.speedup_ci()] if final else None,
         speedup_method="median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
         patches=patches,
-        unpatched=unpatched(session.profile_before["json"]["findings"], session.candidates, o.unsafe_fixes,
+        unpatched=unpatched(session.profile_before.document["findings"], session.candidates, o.unsafe_fixes,
                             o.backend),
-        ops={"before": ops_before, "after": ops_after},
-        findings_before=session.profile_before["json"]["findings"],
-        findings_after=_unmirrored(profile_after["json"]["findings"], final) if profile_after else [],
+        ops={"before": [op.to_json() for op in ops_before], "after": [op.to_json() for op in ops_after]},
+        findings_before=session.profile_before.document["findings"],
+        findings_after=_unmirrored(profile_after.document["findings"], final) if profile_after else [],
         traces={"before": os.path.join(o.report_dir, "trace_before.json"),
                 "after": os.path.join(o.report_dir, "trace_after.json") if profile_after else None},
         report=None,
-        state_dict=final.state_dict if final else {"missing": [], "unexpected": []},
+        state_dict=(final.state_dict if final else StateKeys()).to_json(),
         notes=session.notes + ([session.nondeterministic] if session.nondeterministic else []),
     )
 
@@ -486,11 +493,12 @@ def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, wri
     f = c.finding
     verdict = trial.verdict if trial is not None else NOT_RUN
     reason = c.reason or (trial.error if trial is not None else None) or session.nondeterministic
+    reasons = (reason,) if reason else ()
     if trial is not None and trial.error is None and verdict == PARITY_FAILED:
-        reason = "; ".join(trial.parity.failures[:3])
+        reasons = tuple(trial.parity.failures[:3])
     elif verdict == NO_GAIN:
         lo, hi = trial.paired.speedup_ci()
-        reason = f"no measurable gain: the speedup's 95% interval [{lo:.3f}, {hi:.3f}] does not clear 1.0"
+        reasons = (f"no measurable gain: the speedup's 95% interval [{lo:.3f}, {hi:.3f}] does not clear 1.0",)
     applied, written_to, write_reason = written or (False, None, None)
     parity = trial.parity if trial is not None else None
     return PatchVerdict(
@@ -508,8 +516,8 @@ def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, wri
             "grads": session.options.train, "not_compared": parity.skipped},
         speedup=round(trial.paired.speedup(), 4) if trial is not None and trial.paired else None,
         speedup_ci=[round(v, 4) for v in trial.paired.speedup_ci()] if trial is not None and trial.paired else None,
-        reason=write_reason or reason, applied=applied, written_to=written_to,
-        state_dict=trial.state_dict if trial is not None else None,
+        reasons=(write_reason,) if write_reason else reasons, applied=applied, written_to=written_to,
+        state_dict=trial.state_dict.to_json() if trial is not None and trial.state_dict is not None else None,
         unsafe_facts_checked_on=(f"{len(session.inputs)} input(s) of {session.options.target}"
                                  if f.fix_safety == "unsafe" and trial is not None and trial.parity else None),
     )
@@ -534,5 +542,5 @@ def _nan_count(tree) -> int:
     return sum(_nan_count(v) for v in values)
 
 
-def _sdpa_ops(ops: list[dict]) -> list[str]:
-    return sorted(op["op"] for op in ops if any(marker in op["op"] for marker in SDPA_OP_MARKERS))
+def _sdpa_ops(ops: list[OpTotal]) -> list[str]:
+    return sorted(op.op for op in ops if any(marker in op.op for marker in SDPA_OP_MARKERS))

@@ -1,8 +1,9 @@
 """Parent side of a workload worker: a child Python process that runs user code behind a pipe.
 
 User code can print, raise, call sys.exit()/os._exit(), hang or crash the interpreter; none of that may reach
-advisor's own stdout or end advisor. The child's stdout/stderr go to a log file, requests and replies travel as
-pickles over a private pipe pair, and every way the child can fail becomes a WorkerFailed with one line.
+advisor's own stdout or end advisor. The child's stdout/stderr go to a log file, requests and replies
+(`advisor.verify.messages`) travel as pickles over a private pipe pair, and every way the child can fail becomes a
+WorkerFailed with one line.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from advisor.errors import AdvisorError
+from advisor.verify.messages import Failed, Hello, Ok, Progress, Request
 
 DEFAULT_TIMEOUT_S = 600.0
 STARTUP_TIMEOUT_S = 300.0  # starting Python and importing torch is ours, not the workload's: --timeout does not apply
@@ -67,14 +69,15 @@ class WorkerProcess:
         self._send, self._receive = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
         self.closed = False
 
-    def call(self, command: str, timeout_s: float | None = None, doing: str | None = None, **payload):
-        """Send a request; return its value, or raise WorkerFailed (the worker is then closed). `doing` names the
-        request in those messages (default: its command)."""
-        doing = doing or f"`{command}`"
+    def call(self, request: Request, timeout_s: float | None = None, doing: str | None = None):
+        """Send a request; return its reply's value (the type each request's class names), or raise WorkerFailed
+        (on a Failed reply the worker stays usable; on anything else it is closed). `doing` names the request in
+        those messages (default: its name)."""
+        doing = doing or f"`{request.name}`"
         if self.closed:
             raise WorkerFailed(f"the {self.label} process is no longer running")
         try:
-            self._send.send_bytes(pickle.dumps((command, payload)))
+            self._send.send_bytes(pickle.dumps(request))
         except (BrokenPipeError, OSError):
             self._fail(f"the {self.label} process exited before {doing}" + self._exit_text())
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
@@ -84,19 +87,22 @@ class WorkerProcess:
                 self._fail(f"the {self.label} process did not finish {doing} within "
                            f"{timeout_s or self.timeout_s:g} s (--timeout); it was stopped")
             try:
-                kind, value = pickle.loads(self._receive.recv_bytes())
+                reply = pickle.loads(self._receive.recv_bytes())
             except (EOFError, OSError):
                 self._fail(f"the {self.label} process ended during {doing}" + self._exit_text())
             except Exception as exc:  # noqa: BLE001 - a reply we cannot read (a class only the child has)
                 self._fail(f"the {self.label} process's reply to {doing} could not be read "
                            f"({type(exc).__name__}: {exc})")
-            if kind == "progress":
-                self.on_progress(value)
-            elif kind == "ok":
-                return value
-            else:  # "error": user code raised; the worker is still usable
+            if isinstance(reply, Progress):
+                self.on_progress(reply.text)
+            elif isinstance(reply, Ok):
+                return reply.value
+            elif isinstance(reply, Failed):  # user code raised; the worker is still usable
                 self.failed = True
-                raise WorkerFailed(value)
+                raise WorkerFailed(reply.line)
+            else:
+                self._fail(f"the {self.label} process answered {doing} with a message advisor does not know "
+                           f"({type(reply).__name__})")
 
     def _exit_text(self) -> str:
         try:
@@ -199,8 +205,8 @@ def start_worker(label: str, timeout_s: float = DEFAULT_TIMEOUT_S, on_progress: 
     """A worker that imports like this process (same sys.path), optionally with patched files overlaid."""
     worker = WorkerProcess(label, timeout_s, log_path, on_progress)
     try:
-        worker.call("hello", timeout_s=max(timeout_s, STARTUP_TIMEOUT_S), sys_path=list(sys.path), threads=threads,
-                    overlay=overlay, overlay_root=overlay_root)
+        worker.call(Hello(tuple(sys.path), threads, overlay, overlay_root),
+                    timeout_s=max(timeout_s, STARTUP_TIMEOUT_S))
     except BaseException:
         worker.close()
         raise

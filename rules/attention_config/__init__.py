@@ -26,5 +26,7 @@ def _after_profile(model, target, ranked, rules):
     return with_eager_attention_finding(model, target, ranked, EagerAttentionRules(MEASURED_EAGER, EAGER, MEASURED))
 
 
-FAMILY = Family(name="attention_config", rules=RULES, static=_detect,  # prefilter: the rules' tokens
-                post_profile=_after_profile)
+# prefilter: the rules' tokens; no screen, since an import anywhere in the file can name the callable a rule looks
+# for; never in library files, which advisor.hf.config_rules does not report
+FAMILY = Family(name="attention_config", rules=RULES, static=_detect, post_profile=_after_profile,
+                library_files=False)

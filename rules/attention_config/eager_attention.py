@@ -34,16 +34,15 @@ def _eager(site, value):
     quote = value.value[0]
     hint = ' (or "flash_attention_2" with the flash_attn package: this script runs on CUDA in fp16/bf16)' \
         if _on_cuda_half(site.parsed.source) else ""
-    reason = None if _declares_sdpa(site.dotted) else (
+    reasons = () if _declares_sdpa(site.dotted) else (
         "assumes the model family supports SDPA (the loaded class is not a concrete transformers class declaring it; "
-        "transformers raises at load time otherwise)")
+        "transformers raises at load time otherwise)",)
     wants_weights = _output_attentions_lines(site.parsed)
     if wants_weights:
-        reason = "; ".join(filter(None, (reason, f"output_attentions=True at line {wants_weights[0]} needs the eager "
-                                                 "attention weights")))
+        reasons += (f"output_attentions=True at line {wants_weights[0]} needs the eager attention weights",)
     return site.match(RULE, message=f'transformers model loaded with eager attention: use attn_implementation="sdpa"'
-                                    f'{hint}', reason=reason, edit=config.SourceEdit(value, f"{quote}sdpa{quote}"),
-                      unsafe=reason is not None)
+                                    f'{hint}', reasons=reasons, edit=config.SourceEdit(value, f"{quote}sdpa{quote}"),
+                      unsafe=bool(reasons))
 
 
 def _output_attentions_lines(parsed) -> list[int]:

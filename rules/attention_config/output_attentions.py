@@ -14,8 +14,8 @@ def check(site):
     """A call under no_grad/inference_mode, a loader or `generate` that asks for the attention weights."""
     if config.is_true(site.keyword("output_attentions")) and \
             (site.is_loader or site.method == "generate" or site.in_inference):
-        return [site.match(RULE, reason="returning attention weights forces the eager path; drop "
-                                        "output_attentions=True where they are not used")]
+        return [site.match(RULE, reasons=("returning attention weights forces the eager path; drop "
+                                          "output_attentions=True where they are not used",))]
     return []
 
 

@@ -21,10 +21,10 @@ def check(site):
         return []
     flags = _flags(site.node)
     if isinstance(flags, str):
-        return [site.match(RULE, reason=flags)]
+        return [site.match(RULE, reasons=(flags,))]
     names = backends.kernel_names(site.parsed)
     if isinstance(names, str):
-        return [site.match(RULE, reason=f"no fix: {names}")]
+        return [site.match(RULE, reasons=(f"no fix: {names}",))]
     listed = ", ".join(f"{names.backend}.{backend}" for backend in BACKEND_ORDER if flags[backend])
     edit = config.SourceEdit(site.node, f"{names.sdpa_kernel}([{listed}])",
                              (names.import_line,) if names.import_line else ())

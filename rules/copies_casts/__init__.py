@@ -7,6 +7,7 @@ call on that line. Each fix states its safety and why. A rule that can be seen i
 
 from __future__ import annotations
 
+from advisor.contracts.call_rule import method_screen
 from advisor.contracts.family import Family, unit_rules
 
 RULES = unit_rules(__name__)
@@ -18,5 +19,6 @@ def _detect(context, rules):
     return copy_cast_findings(context.parsed, context.evidence, context.earlier, rules)
 
 
-# the static detector runs where one of the rules' tokens occurs; a profile's evidence for the file bypasses them
-FAMILY = Family(name="copies_casts", rules=RULES, static=_detect, uses_evidence=True)
+# the static detector runs where a call of a method some rule proves occurs; a profile's evidence for the file
+# bypasses that
+FAMILY = Family(name="copies_casts", rules=RULES, static=_detect, uses_evidence=True, screen=method_screen(RULES))

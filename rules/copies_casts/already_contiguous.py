@@ -66,4 +66,5 @@ RULE = CallRule(
               not_profiled("return x.transpose(1, 2).contiguous().view(2, -1)")),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.contiguous.html",), threshold_share=0.005,
     tokens=("contiguous",), prove=prove, join=join, graph=detect, redundant_call="contiguous", trace=trace,
+    methods=("contiguous",),
 )

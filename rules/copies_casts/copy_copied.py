@@ -62,5 +62,5 @@ RULE = CallRule(
                        "return x.transpose(1, 2).clone(memory_format=torch.contiguous_format).sum(-1)"),
               not_profiled("return x.transpose(1, 2).contiguous() @ x")),
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.clone.html",), threshold_share=0.005,
-    tokens=("contiguous",), prove=prove, join=join, graph=detect,
+    tokens=("contiguous",), methods=("contiguous", "clone"), prove=prove, join=join, graph=detect,
 )

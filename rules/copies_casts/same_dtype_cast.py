@@ -102,5 +102,6 @@ RULE = CallRule(
     references=("https://pytorch.org/docs/stable/generated/torch.Tensor.to.html",), threshold_share=0.005,
     # every spelling of a cast: its method or dtype name holds one of these, or it is `.to(`
     tokens=("float", "half", "double", "long", "int", "short", "char", "byte", "bool", ".to("),
+    methods=("float", "half", "bfloat16", "double", "long", "int", "short", "char", "byte", "bool", "to"),
     prove=prove, join=join, graph=detect, redundant_call="cast", trace=trace,
 )

@@ -93,5 +93,7 @@ RULE = CallRule(
                        "h = x.half() * 2\nreturn F.softmax(h, dim=-1, dtype=torch.float32)"),
               not_profiled("u = (x.half() * 2).float()\nreturn F.softmax(u, dim=-1) + u")),
     references=("https://pytorch.org/docs/stable/generated/torch.nn.functional.softmax.html",), threshold_share=0.005,
-    tokens=("softmax",), prove=prove, join=join, graph=detect,
+    tokens=("softmax",), prove=prove,
+    methods=("float", "half", "bfloat16", "double", "to"),  # the upcast of its input: `x.float()`, `x.to(torch.float32)`
+    join=join, graph=detect,
 )

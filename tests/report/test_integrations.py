@@ -74,7 +74,7 @@ def test_github_format_annotates_each_finding_and_unscanned_file(capsys, workdir
 
 
 def test_github_escapes_data_and_properties_as_github_documents():
-    finding = Finding("ADV101", "attention", "dir,x/a:b.py", 3, 5, "f", "100% of\r\nthe time", reason=None)
+    finding = Finding("ADV101", "attention", "dir,x/a:b.py", 3, 5, "f", "100% of\r\nthe time", reasons=())
     error = ScanError("c.py", "line one\nline two, 50%")
     assert github_annotations([finding], [error]) == [
         "::warning file=dir%2Cx/a%3Ab.py,line=3,endLine=5,title=advisor ADV101::100%25 of%0D%0Athe time",

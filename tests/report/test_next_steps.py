@@ -23,7 +23,8 @@ def test_the_apply_command_repeats_the_run_with_apply_before_the_script():
 
 def test_each_verified_patch_gets_a_diff_file_and_the_reports_say_how_to_apply(tmp_path):
     document = optimize_results.typical()  # hand-built: its patches leave out the fields the reports never read
-    every_field = dict.fromkeys(f.name for f in dataclasses.fields(PatchVerdict))
+    every_field = dict.fromkeys("reason" if f.name == "reasons" else f.name  # the JSON's names
+                                for f in dataclasses.fields(PatchVerdict))
     typed = OptimizeReport.from_json({**document, "patches": [{**every_field, **p} for p in document["patches"]]})
     typed.apply_command = "advisor optimize demo/model.py:workload --apply"
     _write_reports(typed, str(tmp_path))

@@ -337,3 +337,64 @@ def test_heads_folded_into_the_batch_run_the_math_kernel_so_a_penalty_keeps_work
     again = rewritten.Attn()
     again.load_state_dict(model.state_dict())
     torch.testing.assert_close(rewritten.penalty(again, x.clone()), original.penalty(model, x.clone()))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Requests spelled as real projects spell them: options passed through `**`, a transform looked up by name, and a
+# reverse transform wrapped in a helper of another file that the training file applies to its own result. Each left
+# the patch safe, and the second derivative through it then raised RuntimeError ("derivative for
+# aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented") where the original ran.
+
+HIDDEN_REQUESTS = {
+    "options_dict": ({}, '''
+        import torch
+        GRAD_OPTIONS = {"create_graph": True, "retain_graph": True}
+
+
+        def penalty(model, x):
+            (gx,) = torch.autograd.grad(model(x).sum(), x, **GRAD_OPTIONS)
+            return gx.pow(2).sum()
+    '''),
+    "getattr_of_the_module": ({}, '''
+        import torch.autograd.functional as AF
+
+
+        def curvature(model, x, v):
+            return getattr(AF, "hvp")(lambda t: model(t).sum(), x, v)[1]
+    '''),
+    "helper_of_another_file_applied_twice": ({"gradutil.py": '''
+        import torch.func
+
+
+        def derivative(fn):
+            return torch.func.grad(fn)
+    '''}, '''
+        from gradutil import derivative
+
+
+        def second(model, x, s):
+            return derivative(derivative(lambda s: model(x * s).sum()))(s)
+    '''),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HIDDEN_REQUESTS))
+def test_a_request_spelled_indirectly_makes_the_fact_assumed(tmp_path, name):
+    helpers, train = HIDDEN_REQUESTS[name]
+    for file, text in helpers.items():
+        (tmp_path / file).write_text(textwrap.dedent(text), encoding="utf-8")
+    finding = _model_finding([_tree(tmp_path, train)])
+    assert finding.fix_safety == "unsafe" and _fact(finding, "assumed") is not None
+
+
+def test_one_reverse_transform_wrapped_by_a_helper_used_once_asks_nothing(tmp_path):
+    (tmp_path / "gradutil.py").write_text("import torch.func\n\n\ndef derivative(fn):\n"
+                                          "    return torch.func.grad(fn)\n", encoding="utf-8")
+    finding = _model_finding([_tree(tmp_path, '''
+        from gradutil import derivative
+
+
+        def first(model, x, s):
+            return derivative(lambda s: model(x * s).sum())(s)
+    ''')])
+    assert finding.fix_safety == "safe"

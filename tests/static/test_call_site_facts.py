@@ -485,3 +485,26 @@ def test_generated_call_sites_keep_every_safe_patch_exact(tmp_path_factory, base
             _assert_parity(tmp_path, root, result, "modules")
         return
     _assert_parity(tmp_path, root, result, "modules")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(alphabet="attend_x2é\u0301 .(#\n", max_size=30), min_size=1, max_size=4),
+       word=st.sampled_from(["attend", "attend_x", "x2", "é", "e\u0301"]))
+def test_the_files_mentioning_a_name_are_those_its_word_boundary_pattern_finds(tmp_path, texts, word):
+    """The tree's index of each file's words answers `mentioning` as the regex `\\bname\\b` over every file did
+    (names with combining marks, which are not `\\w`, included), and notes every file as read."""
+    import re
+
+    from advisor.static.call_sites import Tree
+
+    paths = []
+    for index, text in enumerate(texts):
+        path = tmp_path / f"m{index}.py"
+        path.write_text(text, encoding="utf-8")
+        paths.append(str(path))
+    tree = Tree(paths)
+    read = tree.recording()
+    expected = [p for p, text in zip(paths, texts) if re.search(rf"\b{re.escape(word)}\b", text)]
+    assert tree.mentioning(word) == expected
+    assert tree.mentioning(word) == expected  # asked again, from the index
+    assert len(read) == len(paths)

@@ -289,3 +289,82 @@ def test_scores_bound_to_a_global_name_are_refused() -> None:
                        .replace("F.softmax(att", "F.softmax(SCORES"), after=READER + "\nSCORES = None\n")
     [finding] = _attention_findings(source)
     assert not finding.fixable and "SCORES" in finding.reason
+
+
+# 6. what another file of the tree does to the model at run time -------------------------------------------------
+# A training script changes the model another file defines: attention maps saved by a hook on its dropout, a
+# sliding-window band written into its causal buffer, its dropout swapped by `model.apply`. Each change, in
+# `train.py`, made the `model.py` patch proved from `model.py` alone compute something else, or raise.
+
+ELSEWHERE = {
+    "hook_on_the_dropout": ("maps = []\n\ndef change(model):\n"
+                            "    model.attn_drop.register_forward_hook(lambda m, a, o: maps.append(o))\n"
+                            "    return lambda out: (out, len(maps))", "no-hooks"),
+    "band_into_the_buffer_data": (f"def change(model):\n    model.bias.data = ({BAND}).view(1, 1, 8, 8)\n"
+                                  "    return lambda out: out", "is_causal"),
+    "band_registered_again": (f"def change(model):\n    model.register_buffer('bias', ({BAND}).view(1, 1, 8, 8))\n"
+                              "    return lambda out: out", "is_causal"),
+    "dropout_swapped_by_apply": ("import torch.nn as nn\n\nclass Half(nn.Module):\n"
+                                 "    def forward(self, x):\n        return x * 0.5\n\n"
+                                 "def swap(module):\n    for name, child in list(module.named_children()):\n"
+                                 "        if isinstance(child, nn.Dropout):\n            setattr(module, name, Half())\n\n"
+                                 "def change(model):\n    model.apply(swap)\n    return lambda out: out", "dropout"),
+    "softmax_replaced_for_the_process": ("import torch.nn.functional as F\n_softmax = F.softmax\n\n"
+                                         "def tempered(x, dim=None, **kw):\n    return _softmax(x / 2.0, dim=dim, **kw)\n\n"
+                                         "def change(model):\n    F.softmax = tempered\n\n"
+                                         "    def restore(out):\n        F.softmax = _softmax\n        return out\n"
+                                         "    return restore", "softmax"),
+}
+
+
+def _outputs(folder, seed=0):
+    """`train.change(model)` then the model's output (and what the change collects), in eval mode."""
+    import torch
+    from fixture_models import load_module_from_source
+    model_module = load_module_from_source((folder / "model.py").read_text(), "model")
+    train = load_module_from_source((folder / "train.py").read_text(), "train")
+    model, inputs = model_module.make(seed)
+    model.eval()
+    collect = train.change(model)
+    with torch.no_grad():
+        return collect(model(*inputs))
+
+
+@pytest.mark.parametrize("change", sorted(ELSEWHERE))
+def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_path, change) -> None:
+    """Each change made a safe patch differ (band: max error 0.18 through `is_causal=True`; swapped dropout:
+    AttributeError on `.p`; hook: no attention maps saved; `F.softmax` replaced: max error 0.04). Now the tree's writes and hooks count as the model file's
+    own: the patch is unsafe or keeps what the change needs, and whatever stays safe computes what the original does."""
+    import shutil
+
+    import advisor
+    import torch
+    train, concern = ELSEWHERE[change]
+    original = tmp_path / "original"
+    original.mkdir()
+    (original / "model.py").write_text(attention(CAUSAL_BLOCK), encoding="utf-8")
+    (original / "train.py").write_text("import torch\n\n" + train + "\n", encoding="utf-8")
+    alone = [f for f in scan_paths([str(original / "model.py")], jobs=1).findings if f.kind == "attention"]
+    assert alone[0].fix_safety == "safe"  # the model file alone proves the patch
+    [finding] = [f for f in scan_paths([str(original)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety != "safe" or concern == "is_causal" and "is_causal=True" not in finding.patch, \
+        finding.patch
+    patched = tmp_path / "patched"
+    shutil.copytree(original, patched)
+    advisor.fix(str(patched), apply=True, cache=False)
+    expected, got = _outputs(original), _outputs(patched)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_tree_reads_another_file_s_writes_as_the_file_s_own_analysis_does() -> None:
+    """The other files of a scan are read with CPython's parser (static.outside_writes), the analysed file with
+    libcst (module_index.outside_writes): both must name the same attributes, written the same way."""
+    from advisor.static.module_index import ParsedModule, outside_writes
+    from advisor.static.outside_writes import outside_writes_of_source
+    sources = [attention(CAUSAL_BLOCK, **write) for write in BUFFER_WRITES.values()]
+    sources += [attention(CAUSAL_BLOCK, after=SWAP_HELPERS[name]) for name in sorted(SWAP_HELPERS)]
+    sources += [HEAD + "\n" + train for train, _ in ELSEWHERE.values()]
+    sources += [HEAD + "def f(m, n):\n    m._modules[n] = nn.Identity()\n    setattr(torch, 'matmul', n)\n"
+                "    m.a.b[0] += 1\n    m.c.resize_(2)\n    object.__setattr__(m, 'd', 1)\n    m.load_state_dict({})\n"]
+    for source in sources:
+        assert outside_writes_of_source(source) == outside_writes(ParsedModule(source, "m.py")), source

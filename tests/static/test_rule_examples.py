@@ -118,6 +118,25 @@ def test_the_copy_cast_prefilter_passes_every_cast_the_static_proofs_read():
 
     for spelling in [*CAST_METHODS, *DTYPES]:
         assert FAMILY.might_match(f"x.{spelling}()"), spelling
+    casts = [f"x.{method}()" for method in CAST_METHODS] + [f"x.to(torch.{dtype})" for dtype in DTYPES]
+    for call in casts + ["x.contiguous()", "x.clone()"]:
+        for spelling in (call, call.replace(".", " . ", 1).replace("(", " (", 1),  # every gap a call may have
+                         call.replace(".", ".\\\n", 1), call.replace(".", ".  # comment\n  ", 1),
+                         f"({call.replace('(', ')(', 1)}"):  # (x.float)()
+            assert FAMILY.might_find(spelling, spelling.lower(), library_file=False), spelling
+
+
+def test_every_call_rule_that_proves_names_the_methods_its_screen_looks_for():
+    """A static proof is screened by the methods its rule names: one that names none leaves its family unscreened
+    (a rule added without them is never skipped)."""
+    from advisor.contracts.call_rule import CallRule, method_screen
+    from advisor.rules.copies_casts import FAMILY
+
+    assert FAMILY.screen is not None
+    for rule in FAMILY.rules:
+        assert rule.prove is None or rule.methods, rule.code
+    unnamed = CallRule(**{**vars(FAMILY.rules[0]), "code": "ADV299", "methods": ()})
+    assert method_screen((*FAMILY.rules, unnamed)) is None
 
 
 def test_rules_explain_documents_every_code(capsys):

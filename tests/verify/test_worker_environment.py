@@ -3,13 +3,14 @@ OpenMP threads sleep, and glibc keeps freed memory (fixed thresholds) unless the
 
 import sys
 
+from advisor.verify.messages import Hello
 from advisor.verify.process import WORKER_ENVIRONMENT, WorkerProcess
 
 
 def _environment() -> dict:
     worker = WorkerProcess("env-check")
     try:
-        return worker.call("hello", sys_path=sys.path)["environment"]
+        return worker.call(Hello(tuple(sys.path))).environment
     finally:
         worker.close()
 

@@ -183,6 +183,9 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     """The `self.` methods and modules the proof resolved are the ones that run, and deleting a module
     call loses nothing but its computation (no hooks)."""
     owner, match = c.owner, c.match
+    replaced = scope.replaced_torch_function(c.parsed, block)
+    if replaced is not None:
+        raise Refusal(replaced)
     if owner is None:
         return
     names = scope.self_names(block + kept) | {f.name.value for f in c.inlined if f in owner.methods.values()}

@@ -97,6 +97,12 @@ class Candidate:
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None
     off: frozenset[cst.If] = frozenset()  # `if <flag>:` statements read as not taken (see attention.flags)
+    # what one proof step hands a later one (matcher.PROOF)
+    core: Op | None = None  # the Q·K^T product the scores come from
+    ndim: int | None = None  # the scores' rank
+    softmax_dropouts: list[Op] = field(default_factory=list)  # dropout modules of the softmax's nn.Sequential
+    consumed: list[Definition] = field(default_factory=list)  # the definitions the rewrite replaces
+    output_statement: cst.CSTNode | None = None  # the statement of the value product
 
     @classmethod
     def start(cls, scope_: FunctionScope, off: frozenset[cst.If] = frozenset()) -> Candidate:

@@ -16,6 +16,7 @@ from advisor.patterns.attention.block_checks import check_bindings, check_escape
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
 from advisor.patterns.attention.guards import plan_guards
 from advisor.patterns.attention.helpers import dotted_name
+from advisor.patterns.attention.proof_steps import ProofOrderError, run_steps, step
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.attention.scale import scale_and_mask_roles
@@ -72,12 +73,12 @@ def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
     match = AttentionMatch(c.scope.name, c.parsed.line(statement), c.parsed.end_line(statement))
     c.match, c.softmax = match, softmax
     try:
-        _prove(c)
+        run_steps(PROOF, c)
     except Refusal as refusal:
         leaves = anchors.weights_leave(c, softmax)
         match.reason = str(refusal) if leaves is None or leaves in str(refusal) else f"{refusal}; also, {leaves}"
         match.output_node = None
-    except (RecursionError, MemoryError):
+    except (RecursionError, MemoryError, ProofOrderError):
         raise
     except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
         match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
@@ -86,53 +87,188 @@ def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
     return match
 
 
-def _prove(c: Candidate) -> None:
-    match, softmax, parsed = c.match, c.softmax, c.parsed
-    if softmax.params.get("unread"):
-        raise Refusal(anchors.unread_softmax(c, softmax))
-    twin = anchors.twin_softmax(c, softmax)
+@step()
+def softmax_is_read(c: Candidate) -> None:
+    """The softmax's result is read (an unread one is refused with what it computes)."""
+    if c.softmax.params.get("unread"):
+        raise Refusal(anchors.unread_softmax(c, c.softmax))
+
+
+@step(reads="flow", writes="chain.twin chain.twin_input")
+def twin_softmax(c: Candidate) -> None:
+    """The softmax of the other branch of an `if` that ends in one too (read as one block)."""
+    twin = anchors.twin_softmax(c, c.softmax)
     if twin is not None:
         c.chain.twin, c.chain.twin_input = twin
-    core = scores.peel_scores(c, softmax.operands[0])
-    ndim = products.core_roles(c, core)
-    products.check_softmax_dim(c, softmax, ndim)
+
+
+@step(reads="chain.twin chain.twin_input home",
+      writes=("absorbed chain.definitions chain.factor_guards chain.guard_negated chain.negated_factors "
+              "chain.ops chain.reads core dtype_changes flow inlined match.facts values"))
+def score_chain(c: Candidate) -> None:
+    """The scores walked back to Q·K^T: the ops on the way, their guards, the casts, the helpers entered."""
+    c.core = scores.peel_scores(c, c.softmax.operands[0])
+
+
+@step(reads="core flow inlined values",
+      writes="factors has_ellipsis layout leaf_nodes match.key match.masks match.query ndim")
+def core_roles(c: Candidate) -> None:
+    """Q and K from Q·K^T (with baddbmm's factor and bias), the scores' rank, a softmax over the keys."""
+    c.ndim = products.core_roles(c, c.core)
+    products.check_softmax_dim(c, c.softmax, c.ndim)
+
+
+@step(writes="dtype_changes softmax_dropouts")
+def softmax_stages(c: Candidate) -> None:
+    """The modules of an `nn.Sequential` softmax: dropout only; a softmax `dtype=` is a cast."""
+    softmax = c.softmax
     stages = softmax.params.get("stages", [])[1:] if softmax.name == "sequential" else []
-    dropouts = [stage for stage in stages if stage.name == "dropout"]
-    if len(dropouts) != len(stages):
+    c.softmax_dropouts = [stage for stage in stages if stage.name == "dropout"]
+    if len(c.softmax_dropouts) != len(stages):
         raise Refusal("the softmax module is followed by a module that is not dropout")
     if (softmax.params["stages"][0] if softmax.name == "sequential" else softmax).params.get("dtype") is not None:
         c.dtype_changes.append(softmax)
-    c.weights = path = weights.follow_weights(c, softmax.node, ndim)
+
+
+@step(reads="chain.twin ndim", writes="absorbed dtype_changes flow home inlined match.escapes values weights")
+def weight_path(c: Candidate) -> None:
+    """The weights walked forward to the value product: what they pass through, where they leave."""
+    c.weights = path = weights.follow_weights(c, c.softmax.node, c.ndim)
     buffer = scope.out_argument(path.output.node)
     if buffer is not None:
-        raise Refusal(f"the value product writes into `out={short(parsed, buffer)}`, which SDPA cannot fill")
-    dropouts += path.dropouts
-    match.escapes = path.escapes
-    weights.value_roles(c, core)
-    weights.dropout_role(c, dropouts)
+        raise Refusal(f"the value product writes into `out={short(c.parsed, buffer)}`, which SDPA cannot fill")
+    c.match.escapes = path.escapes
+
+
+@step(reads="core flow has_ellipsis inlined layout values weights",
+      writes="leaf_nodes match.output_methods match.value")
+def value_roles(c: Candidate) -> None:
+    """V, and the output's layout when the product is `V @ P^T`."""
+    weights.value_roles(c, c.core)
+
+
+@step(reads="flow inlined softmax_dropouts weights", writes="identity_ok leaf_nodes match.dropout_p")
+def dropout_role(c: Candidate) -> None:
+    """SDPA's `dropout_p`, under the original's training flag."""
+    weights.dropout_role(c, c.softmax_dropouts + c.weights.dropouts)
+
+
+@step(reads=("chain.definitions chain.factor_guards chain.negated_factors chain.ops flow home inlined "
+             "match.key match.query values"),
+      writes=("absorbed chain.views dtype_roots factors leaf_nodes match.facts match.masks match.scale "
+              "match.sdpa_refusal match.softcap tensor_factors"))
+def scale_and_masks(c: Candidate) -> None:
+    """The score chain's ops as scale factors, mask terms and a soft-cap."""
     scale_and_mask_roles(c)
-    consumed = c.chain.definitions + path.definitions
-    check_reads(c, consumed, c.chain.reads | path.reads | c.absorbed)
+
+
+@step(reads=("absorbed chain.definitions chain.reads chain.views flow match.escapes match.key match.query "
+             "weights"),
+      writes="consumed match.renamed")
+def block_reads(c: Candidate) -> None:
+    """Every read of a deleted intermediate is inside the block (or of the scores' shape, read from Q, K)."""
+    c.consumed = c.chain.definitions + c.weights.definitions
+    check_reads(c, c.consumed, c.chain.reads | c.weights.reads | c.absorbed)
+
+
+@step(reads="flow home inlined leaf_nodes match.key match.query match.renamed",
+      writes=("match.attn_mask match.facts match.hoist_anchor match.hoist_init match.hoisted "
+              "match.is_causal match.masks"))
+def mask(c: Candidate) -> None:
+    """The mask terms as one `attn_mask` (or `is_causal`), evaluated where the original applied them."""
     assemble_mask(c)
-    mask_and_dtype_facts(c, ndim)
-    output_statement = statement_of(parsed, path.output.node)
-    match.output_node = path.output.node
+
+
+@step(reads=("dtype_changes flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks ndim "
+             "values weights"),
+      writes="dtype_roots match.facts")
+def mask_and_dtypes(c: Candidate) -> None:
+    """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do."""
+    mask_and_dtype_facts(c, c.ndim)
+
+
+@step(reads="consumed home inlined match.hoisted match.renamed weights",
+      writes="match.end_line match.function match.line match.output_node match.removed output_statement")
+def extent(c: Candidate) -> None:
+    """The block's statements, its output, its lines and its function's dotted name."""
+    match, parsed = c.match, c.parsed
+    c.output_statement = output_statement = statement_of(parsed, c.weights.output.node)
+    match.output_node = c.weights.output.node
     kept = {output_statement} | set(match.hoisted)
-    match.removed = _unique([d.statement for d in consumed
+    match.removed = _unique([d.statement for d in c.consumed
                              if d.statement not in kept and not in_inlined(c, d.statement)])
     if any(in_inlined(c, node) for node in match.renamed):
         raise Refusal("a helper reads the scores' shape or dtype, and helpers are never edited")
     match.function = dotted_name(c, c.home)
     lines = [parsed.line(s) for s in match.removed] + [parsed.line(output_statement)]
     match.line, match.end_line = min(lines), parsed.end_line(output_statement)
-    check_bindings(c, output_statement)
-    check_scope(c, output_statement, consumed)
+
+
+@step(reads="chain.definitions flow inlined leaf_nodes match.masks match.renamed output_statement")
+def bindings(c: Candidate) -> None:
+    """Every name the SDPA call reads holds, at the call, what the original read."""
+    check_bindings(c, c.output_statement)
+
+
+@step(reads=("consumed flow home identity_ok inlined leaf_nodes match.masks match.output_node match.removed "
+             "output_statement"),
+      writes="match.facts")
+def block_scope(c: Candidate) -> None:
+    """Nothing around the block changes what it computes: scope, writes, dispatch, hooks."""
+    check_scope(c, c.output_statement, c.consumed)
+
+
+@step(reads="flow home inlined match.output_node", writes="match.facts match.output_methods")
+def layout(c: Candidate) -> None:
+    """`.contiguous()` where a reader of the output needs the original's strides."""
     weights.layout_role(c)
+
+
+@step(reads="chain.definitions flow home inlined match.escapes weights",
+      writes="match.dropped match.reason match.unsafe_reason")
+def escapes(c: Candidate) -> None:
+    """The weights do not leave the block, or the reason (and the claim where callers drop them)."""
     check_escapes(c)
-    fold_into_query(c, ndim)
-    flags.plan_flag(c, output_statement)
-    plan_guards(c, output_statement)
+
+
+@step(reads=("chain.factor_guards chain.negated_factors chain.ops dtype_changes dtype_roots flow home inlined "
+             "leaf_nodes ndim tensor_factors values weights"),
+      writes="match.facts match.query tensor_scale_reads")
+def tensor_scale(c: Candidate) -> None:
+    """A tensor scale factor folded into q, with its broadcast and dtype facts."""
+    fold_into_query(c, c.ndim)
+
+
+@step(reads="flow home inlined match.hoist_anchor match.hoisted match.removed output_statement",
+      writes="match.facts match.flag_test match.guard_checks match.guard_span match.unwrap")
+def flag(c: Candidate) -> None:
+    """An `if <flag>:` that asks for the weights: the SDPA path where it is off."""
+    flags.plan_flag(c, c.output_statement)
+
+
+@step(reads=("factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted match.key "
+             "match.masks match.query match.removed match.renamed match.unwrap output_statement "
+             "tensor_scale_reads values weights"),
+      writes="match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
+def guards(c: Candidate) -> None:
+    """A run-time check for each assumed metadata fact that can be checked."""
+    plan_guards(c, c.output_statement)
+
+
+@step(reads=("flow has_ellipsis home inlined layout leaf_nodes match.attn_mask match.dropout_p match.facts "
+             "match.flag_test match.function match.guard_checks match.hoist_anchor match.hoisted "
+             "match.is_causal match.key match.line match.masks match.output_node match.query match.removed "
+             "match.softcap match.unwrap values weights"),
+      writes="match.flex match.flex_refusal")
+def flex(c: Candidate) -> None:
+    """The proved roles as FlexAttention's `score_mod`/`mask_mod`, or why flex cannot take them."""
     flex_roles(c)
+
+
+# the order of the proof: each step may read what the steps before it produced (see proof_steps)
+PROOF = (softmax_is_read, twin_softmax, score_chain, core_roles, softmax_stages, weight_path, value_roles,
+         dropout_role, scale_and_masks, block_reads, mask, mask_and_dtypes, extent, bindings, block_scope, layout,
+         escapes, tensor_scale, flag, guards, flex)
 
 
 def _unique(items: list) -> list:

@@ -40,6 +40,7 @@ class MaskTerm:
     bottom_right: bool = False
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
     optional: bool = False  # added only where it is not None (`maybe_add_mask(s, m)`): SDPA's attn_mask=None
+    learned: str | None = None  # added, and read from this learned table (`self.table`): a score term, not a mask
 
 
 @dataclass

@@ -16,6 +16,7 @@ from advisor.patterns import call_site_facts as sf
 from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of, \
     parameter_claims
 from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
+from advisor.patterns.attention.learned_bias import integer_index, values_of
 from advisor.patterns.attention.products import rank, spec
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm
@@ -42,8 +43,9 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     _mask_dtype_facts(c, v_like_q)
     _mask_rank_fact(c, ndim)
     _precision_fact(c)
-    added = [term for term in c.match.masks if term.fill_kind == mk.ADDITIVE]
-    every_added = added and len(added) == len(c.match.masks)
+    masks = [term for term in c.match.masks if not term.learned]  # a learned bias is no mask (see `masks`)
+    added = [term for term in masks if term.fill_kind == mk.ADDITIVE]
+    every_added = added and len(added) == len(masks)
     small = parameter_claims(c, [_values_of(term.source) for term in added], sf.SMALL,
                              [term.guard for term in added]) if every_added else ()
     bounded = _bounded_here(c, added) if every_added else None
@@ -212,9 +214,9 @@ def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
 
 def rank_bounds(c: Candidate) -> mk.RankBounds:
     """Bounds on the rank of the block's tensors, as far as the source shows them."""
-    return mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node),
-                         lambda name: reaching_values(c, name),
-                         lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar)
+    return mk.RankBounds(c.parsed, c.owner, c.reader, lambda node: rank(c, node), lambda name: reaching_values(c, name),
+                         lambda call: returned_by(c, call) or helper_return(c, call), c.values.is_scalar,
+                         lambda index: integer_index(c, index), lambda node: values_of(c, node))
 
 
 def _output_rank(c: Candidate) -> int | None:

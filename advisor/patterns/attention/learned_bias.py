@@ -1,0 +1,276 @@
+"""Learned biases: an added term whose values are entries of a learned table (Swin's, BEiT's, LeViT's relative-position
+biases: `self.table[self.index.view(-1)].view(N, N, -1).permute(2, 0, 1).unsqueeze(0)`).
+
+Such a term is a score, not a mask: its values are trained through the same softmax as q·k^T, and SDPA adds it as a
+float `attn_mask` exactly as the original adds it (its gradient, SDPA's mask gradient, reaches the table). It is read
+through the roles that keep a table's values: gathers and views of the table, local names, this class's helper
+methods (every `return`), and a dictionary attribute that memoises it (every store). The table is an attribute every
+binding in its class makes an `nn.Parameter` (or None, whose gather raises in both versions), that the class never
+writes in place, that no subclass in the file rebinds, and whose creation and initialisation name no mask value
+(-inf, `finfo.min`, -1e4): a table filled with one is a mask, which `patterns.masks` judges as any other.
+
+What is not proved: that no entry is large enough to swallow a row's scores (about 2^24 times them in fp32), where
+SDPA's fused backward, which recomputes the weights from a log-sum-exp, gives other gradients. That is a property
+of trained values, like the scores' own magnitude, which no rewrite checks either: the fact is accepted, and named.
+The rank of such a term through helpers with several returns and memo dictionaries is `rank_bounds`' business.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns import scope
+from advisor.patterns.attention.candidate import Candidate, flow_for, function_of
+from advisor.patterns.attention.helpers import argument_of, helper_named
+from advisor.patterns.values import ValueProver, is_loop_counter
+from advisor.static.walk import children, walk
+
+PARAMETERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
+# methods whose result holds only elements of their receiver (indexing reads them too)
+VALUE_KEEPING = {"view", "reshape", "permute", "transpose", "contiguous", "unsqueeze", "squeeze", "flatten",
+                 "expand", "expand_as", "clone", "detach", "index_select", "gather", "movedim", "unflatten"}
+MAX_DEPTH = 16
+
+
+def learned_table(c: Candidate, node: cst.BaseExpression) -> str | None:
+    """`self.<table>` when every value `node` can hold is read from learned tables of this class (the first one
+    named); None otherwise."""
+    if c.owner is None:
+        return None
+    read: set[str] = set()  # every `self.` name followed: no subclass may redefine one
+    tables = _tables(c, node, read, 0)
+    if not tables or scope.overridden(c.scope.classes(), c.owner, read) is not None:
+        return None
+    return f"self.{sorted(tables)[0]}"
+
+
+def values_of(c: Candidate, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+    """What a call of this class's helper method (every `return`) or a read of a memo dictionary (`self.cache[k]`:
+    every value stored) can give; None for anything else or when one of them cannot be followed."""
+    if c.owner is None:
+        return None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        function = helper_named(c, node.func)
+        if function is None or function is c.function or function.decorators or function.asynchronous:
+            return None
+        returned = _returns(function)
+        return returned if returned and None not in returned else None
+    if isinstance(node, cst.Subscript) and _self_attribute(node.value):
+        return _memo_values(c, node.value.attr.value)
+    return None
+
+
+def _tables(c: Candidate, node: cst.BaseExpression, read: set[str], depth: int) -> set[str] | None:
+    """The learned tables `node`'s values come from (the attribute names), or None."""
+    if depth > MAX_DEPTH:
+        return None
+    below = lambda child: _tables(c, child, read, depth + 1)  # noqa: E731
+    followed = values_of(c, node)
+    if followed is not None:
+        read.add((node.func if isinstance(node, cst.Call) else node.value).attr.value)
+        return _all(below(value) for value in followed)
+    if isinstance(node, cst.Subscript):  # a gather: elements of the table, whatever the index
+        return below(node.value)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in VALUE_KEEPING:
+        return below(node.func.value)
+    if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT"):
+        return below(node.value)
+    if isinstance(node, cst.Name):
+        argument = argument_of(c, node)
+        if argument is not None:
+            return below(argument)
+        definitions = _reaching(c, node)
+        return _all(below(value) for value in definitions) if definitions else None
+    if _self_attribute(node) and _is_learned(c, node.attr.value):
+        read.add(node.attr.value)
+        return {node.attr.value}
+    return None
+
+
+def _all(found) -> set[str] | None:
+    tables: set[str] = set()
+    for one in found:
+        if not one:
+            return None
+        tables |= one
+    return tables
+
+
+def _reaching(c: Candidate, name: cst.Name) -> list[cst.BaseExpression] | None:
+    flow = flow_for(c, name)
+    ids = flow.reaching.get(name)
+    if not ids or flow.sees_undefined(name):
+        return None
+    definitions = [flow.definitions[i] for i in ids]
+    if any(d.kind != "assign" or d.index is not None for d in definitions):
+        return None
+    return [d.value for d in definitions]
+
+
+def _returns(function: cst.FunctionDef) -> list[cst.BaseExpression | None]:
+    """The value of every `return` of the function itself (not of functions nested in it)."""
+    found: list[cst.BaseExpression | None] = []
+
+    class Returns(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function
+
+        def visit_Lambda(self, node: cst.Lambda) -> bool:
+            return False
+
+        def visit_Return(self, node: cst.Return) -> None:
+            found.append(node.value)
+
+    walk(function, Returns())
+    return found
+
+
+def _self_attribute(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+
+
+def _is_learned(c: Candidate, attribute: str) -> bool:
+    """Every binding of `self.<attribute>` in the class is `nn.Parameter(t)` (or None), never written in place nor
+    from outside the class, and no mask value appears where it is created or passed to a function (an `init`)."""
+    owner = c.owner
+    values = owner.attributes.get(attribute, [])
+    if not values or attribute in owner.mutated or attribute in owner.unfollowed or owner.rebound(attribute):
+        return False
+    parameters = [v for v in values if not (isinstance(v, cst.Name) and v.value == "None")]
+    if not parameters or not all(isinstance(v, cst.Call) and c.parsed.imported_name(v.func) in PARAMETERS
+                                 for v in parameters):
+        return False
+    calls = [call for method in owner.methods.values() for call in _calls_passing(method, attribute)]
+    return not any(_names_mask_value(c, part) for part in parameters + calls)
+
+
+def _calls_passing(method: cst.FunctionDef, attribute: str) -> list[cst.Call]:
+    """Calls with an argument that reads `self.<attribute>` (`trunc_normal_(self.table, std=.02)`,
+    `constant_(self.table.data, v)`)."""
+    found = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if any(_uses(a.value, attribute) for a in node.args):
+                found.append(node)
+
+    walk(method, Calls())
+    return found
+
+
+def _names_mask_value(c: Candidate, expression: cst.BaseExpression) -> bool:
+    """Some part of `expression` is -inf or a large negative number (in its own function's flow)."""
+    function = function_of(c.parsed, expression)
+    if function is None:
+        return True
+    values = ValueProver(c.parsed, c.parsed.flow(function), c.owner)
+    pending: list[cst.CSTNode] = [expression]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, cst.BaseExpression) and values.fill_kind(node) is not None:
+            return True
+        pending.extend(children(node))
+    return False
+
+
+def _memo_values(c: Candidate, attribute: str) -> list[cst.BaseExpression] | None:
+    """The values a dictionary attribute memoises (`self.cache[key] = value`), when the class only ever binds it to
+    an empty dictionary, stores into it by key, reads it by key and tests it (`key in self.cache`, `if self.cache:`),
+    and nothing outside the class binds it."""
+    owner = c.owner
+    bindings = owner.attributes.get(attribute, [])
+    if not bindings or attribute in owner.unfollowed or owner.rebound(attribute) or \
+            not all(_empty_dict(c, value) for value in bindings):
+        return None
+    stored: list[cst.BaseExpression] = []
+    for method in owner.methods.values():
+        for use in _uses(method, attribute):
+            parent = c.parsed.parents.get(use)
+            if isinstance(parent, cst.AssignTarget) and parent.target is use:
+                continue  # `self.cache = {}`, checked above
+            if isinstance(parent, cst.Subscript) and parent.value is use:
+                holder = c.parsed.parents.get(parent)
+                if isinstance(holder, cst.AssignTarget):  # `self.cache[key] = value`
+                    statement = c.parsed.parents.get(holder)
+                    if len(statement.targets) != 1:
+                        return None
+                    stored.append(statement.value)
+                elif isinstance(holder, (cst.AugAssign, cst.AnnAssign, cst.Element, cst.StarredElement, cst.For,
+                                         cst.WithItem, cst.CompFor)):
+                    return None  # stored by a form whose value is not followed
+                continue
+            if isinstance(parent, cst.ComparisonTarget) and isinstance(parent.operator, (cst.In, cst.NotIn)):
+                continue
+            if isinstance(parent, (cst.If, cst.While)) or \
+                    isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+                continue
+            return None  # passed on, or a method of the dictionary (`update`, `setdefault`) that may store anything
+    return stored or None
+
+
+def _uses(node: cst.CSTNode, attribute: str) -> list[cst.Attribute]:
+    """Every `self.<attribute>` in `node`."""
+    found = []
+
+    class Uses(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if _self_attribute(node) and node.attr.value == attribute:
+                found.append(node)
+
+    walk(node, Uses())
+    return found
+
+
+def _empty_dict(c: Candidate, value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Dict) and not value.elements or \
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "dict" and not value.args
+
+
+INTEGER_DTYPES = {f"torch.{name}" for name in ("long", "int64", "int", "int32", "int16", "int8")}
+INTEGER_CASTS = {"long", "int", "short"}
+CREATORS = {f"torch.{name}" for name in ("empty", "zeros", "ones", "full", "arange", "tensor", "as_tensor")}
+
+
+def _new_of(value: cst.BaseExpression, attribute: str) -> bool:
+    """`self.<attribute>.new_empty(...)` (or `new_zeros`, ...): a tensor of the attribute's own dtype."""
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+        value.func.attr.value.startswith("new_") and "dtype" not in {a.keyword.value for a in value.args if a.keyword} \
+        and _self_attribute(value.func.value) and value.func.value.attr.value == attribute
+
+
+def integer_index(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """`node` is an integer tensor, so indexing by it gathers (one dim read, the index's dims given) rather than
+    selects by a boolean mask: created with an integer `dtype=` (a registered index buffer), `torch.randint`, cast
+    by `.long()`, or a view of one; or a loop counter (`for head, ... in enumerate(...)`), an int."""
+    if depth > MAX_DEPTH:
+        return False
+    below = lambda child: integer_index(c, child, depth + 1)  # noqa: E731
+    if isinstance(node, cst.Name):  # a loop counter (an int), or assigned integer tensors
+        flow = flow_for(c, node)
+        definitions = flow.definitions_of(node)
+        if definitions and not flow.sees_undefined(node) and all(is_loop_counter(c.parsed, d) for d in definitions):
+            return True
+        values = _reaching(c, node)
+        return bool(values) and all(below(value) for value in values)
+    if _self_attribute(node) and c.owner is not None:
+        values = c.owner.shape_values(node.attr.value)  # element writes (`.copy_`) keep the dtype
+        # a rebinding `self.index.new_empty(...)` keeps the dtype the other bindings give it
+        others = [value for value in values or [] if not _new_of(value, node.attr.value)]
+        return bool(others) and all(below(value) for value in others)
+    if not isinstance(node, cst.Call):
+        return False
+    dotted = c.parsed.imported_name(node.func)
+    dtype = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "dtype"), None)
+    if dotted == "torch.randint":
+        return dtype is None or c.parsed.imported_name(dtype) in INTEGER_DTYPES
+    if dotted in CREATORS:
+        return dtype is not None and c.parsed.imported_name(dtype) in INTEGER_DTYPES
+    if isinstance(node.func, cst.Attribute) and dotted is None:
+        method = node.func.attr.value
+        if method in INTEGER_CASTS and not node.args:
+            return True
+        if method == "to" and len(node.args) == 1 and node.args[0].keyword is None:
+            return c.parsed.imported_name(node.args[0].value) in INTEGER_DTYPES
+        if method in VALUE_KEEPING - {"gather", "index_select"}:
+            return below(node.func.value)
+    return False

@@ -1,0 +1,219 @@
+"""An added bias read from a learned table (a relative-position bias: an `nn.Parameter` gathered by an index buffer,
+reshaped, permuted) is a score term, not a mask: the patch passes it as SDPA's float `attn_mask`, its rank is proved
+from the table's and the index's, and "no row is swallowed" is accepted (named), so the patch is safe. Outputs and
+gradients, the table's included, match in fp32 and fp64. A bias the caller passes, or a table that holds a mask
+value, gets what it got before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
+
+TEMPLATE = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2, n=5):
+        super().__init__()
+        self.heads, self.n = heads, n
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))
+        self.register_buffer("index", torch.empty(n, n, dtype=torch.long), persistent=False)
+        self.cache = {{}}
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.trunc_normal_(self.table, std=0.5)
+        positions = torch.arange(self.n)
+        self.index.copy_(positions[:, None] - positions[None, :] + self.n - 1)
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.cache = {{}}
+        return self
+
+    def resize(self, n):
+        self.n = n
+        self.table = nn.Parameter(self.table.new_zeros(2 * n - 1, self.heads))
+        self.register_buffer("index", self.index.new_empty((n, n)), persistent=False)
+        self.reset_parameters()
+{helper}
+    def forward(self, x{extra}):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q * self.scale) @ k.transpose(-2, -1)
+        {use}
+        weights = scores.softmax(dim=-1)
+        return (weights @ v).transpose(1, 2).reshape(b, n, c)
+'''
+FORMS = {
+    "a helper method": (
+        "\n    def _bias(self):\n"
+        "        bias = self.table[self.index.view(-1)].view(self.n, self.n, -1)\n"
+        "        return bias.permute(2, 0, 1).contiguous().unsqueeze(0)\n",
+        "scores = scores + self._bias()"),
+    "gathered in place, heads first": (
+        "",
+        "bias = self.table.T[:, self.index]\n        scores = scores + bias"),
+    "memoised per device outside training": (
+        "\n    def biases(self, device):\n"
+        "        if self.training:\n"
+        "            return self.table.T[:, self.index]\n"
+        "        key = str(device)\n"
+        "        if key not in self.cache:\n"
+        "            self.cache[key] = self.table.T[:, self.index]\n"
+        "        return self.cache[key]\n",
+        "scores = scores + self.biases(x.device)"),
+}
+
+
+def _source(form: str = "a helper method", extra: str = "") -> str:
+    helper, use = FORMS[form]
+    return TEMPLATE.format(helper=helper, use=use, extra=extra)
+
+
+def _finding(source: str):
+    (finding,) = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    return finding
+
+
+def _facts(finding, status: str) -> dict[str, str]:
+    return {fact["name"]: fact["statement"] for fact in finding.extra["facts"].get(status, [])}
+
+
+@pytest.mark.parametrize("form", list(FORMS), ids=list(FORMS))
+def test_a_learned_table_bias_is_a_safe_float_mask(form):
+    finding = _finding(_source(form))
+    assert finding.fix_safety == "safe" and finding.fixable, finding.reason
+    assert not _facts(finding, "assumed")
+    assert "learned bias" in _facts(finding, "accepted")["fully-masked-rows"]
+    assert "mask-rank" in _facts(finding, "proved") and "mask-dtype" in _facts(finding, "proved")
+    assert "attn_mask=" in finding.patch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("form", list(FORMS), ids=list(FORMS))
+def test_outputs_and_gradients_match_the_table_included(form, dtype):
+    source = _source(form)
+    fixed = analyze_source(source, "case.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "case").Attention().to(dtype)
+    patched = load_module_from_source(fixed, "case_fixed").Attention().to(dtype)
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    results = []
+    for model in (original, patched):
+        model.train(form != "memoised per device outside training")  # the memo serves eval calls
+        leaf = x.clone().requires_grad_()
+        out = model(leaf)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
+        results.append((out, leaf.grad, model.table.grad))
+    assert results[0][2] is not None and results[0][2].abs().sum() > 0
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
+    torch.testing.assert_close(results[1], results[0], **tolerance)
+    assert uses_sdpa(dispatched_ops(patched, (x,)))
+
+
+PER_HEAD = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    """One head at a time (3-D scores), each adding its own slice of the table's gather."""
+
+    def __init__(self, dim=16, heads=2, n=5):
+        super().__init__()
+        self.heads, self.n, self.scale = heads, n, (dim // heads) ** -0.5
+        self.qkv = nn.ModuleList([nn.Linear(dim, 3 * dim // heads) for _ in range(heads)])
+        self.table = nn.Parameter(torch.randn(heads, 2 * n - 1))
+        self.register_buffer("index", torch.empty(n, n, dtype=torch.long))
+        positions = torch.arange(n)
+        self.index.copy_(positions[:, None] - positions[None, :] + n - 1)
+
+    def forward(self, x):
+        biases = self.table[:, self.index]
+        outputs = []
+        for head, project in enumerate(self.qkv):
+            q, k, v = project(x).chunk(3, dim=-1)
+            scores = (q * self.scale) @ k.transpose(-2, -1)
+            scores = scores + biases[head]
+            outputs.append(scores.softmax(dim=-1) @ v)
+        return torch.cat(outputs, dim=-1)
+'''
+
+
+def test_a_slice_per_head_taken_by_a_loop_counter_has_a_proved_rank():
+    finding = _finding(PER_HEAD)
+    assert finding.fix_safety == "safe" and finding.fixable, finding.reason
+    assert "mask-rank" in _facts(finding, "proved")
+    fixed = analyze_source(PER_HEAD, "case.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(PER_HEAD, "case").Attention()
+    patched = load_module_from_source(fixed, "case_fixed").Attention()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16)
+    results = []
+    for model in (original, patched):
+        out = model(x)
+        out.square().sum().backward()
+        results.append((out, model.table.grad))
+    torch.testing.assert_close(results[1], results[0])
+
+
+def test_a_bias_the_caller_passes_gets_what_it_got_before():
+    source = _source(extra=", bias").replace("scores = scores + self._bias()", "scores = scores + bias")
+    finding = _finding(source)
+    assert finding.fix_safety == "unsafe"
+    assert "fully-masked-rows" in _facts(finding, "assumed")
+    assert "learned bias" not in str(finding.extra["facts"])
+
+
+@pytest.mark.parametrize("old,new", [
+    ("nn.Parameter(torch.zeros(2 * n - 1, heads))", "nn.Parameter(torch.full((2 * n - 1, heads), float('-inf')))"),
+    ("nn.init.trunc_normal_(self.table, std=0.5)", "nn.init.constant_(self.table, torch.finfo(torch.float32).min)"),
+    ("self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))",
+     "self.register_buffer('table', torch.zeros(2 * n - 1, heads).masked_fill(torch.rand(2 * n - 1, heads) > .5, "
+     "float('-inf')))"),
+    ("nn.init.trunc_normal_(self.table, std=0.5)", "self.table.data.fill_(-1e9)"),
+    ("nn.init.trunc_normal_(self.table, std=0.5)", "nn.init.constant_(self.table.data, float('-inf'))"),
+    ("self.cache = {}\n        self.reset_parameters()", "self.cache = {}\n        self.reset_parameters()\n"
+     "        self.table = torch.full((2 * n - 1, heads), -1e4)"),
+], ids=["a -inf Parameter", "initialised to finfo.min", "a buffer holding -inf", "filled in place",
+        "initialised through .data",
+        "rebound to a tensor"])
+def test_a_table_that_may_hold_a_mask_value_is_no_learned_bias(old, new):
+    source = _source()
+    assert old in source
+    finding = _finding(source.replace(old, new))
+    assert "fully-masked-rows" in _facts(finding, "assumed"), finding.extra["facts"]
+    assert finding.fix_safety == "unsafe" or not finding.fixable
+
+
+def test_a_subclass_that_redefines_the_helper_is_no_learned_bias():
+    source = _source() + '''
+
+class Masked(Attention):
+    def _bias(self):
+        return torch.full((1, self.heads, self.n, self.n), float("-inf"))
+'''
+    findings = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    assert findings and all(f.fix_safety == "unsafe" or not f.fixable for f in findings)
+
+
+@pytest.mark.parametrize("store", ["self.cache.update({key: bias})", "self.cache[key] = bias"],
+                         ids=["a dictionary method", "a value the caller passes"])
+def test_a_memo_that_may_hold_other_values_is_no_learned_bias(store):
+    source = _source("memoised per device outside training", extra=", bias=None").replace(
+        "self.cache[key] = self.table.T[:, self.index]", "self.cache[key] = self.table.T[:, self.index]\n"
+        "        if bias is not None:\n            " + store).replace(
+        "def biases(self, device):", "def biases(self, device, bias=None):").replace(
+        "self.biases(x.device)", "self.biases(x.device, bias)")
+    finding = _finding(source)
+    assert "fully-masked-rows" in _facts(finding, "assumed")
