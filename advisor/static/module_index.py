@@ -174,10 +174,15 @@ class ParsedModule:
 
     def mentions(self, node: cst.CSTNode, word: str) -> bool:
         """Whether `word` (lower case) occurs in the node's code, in any case; remembered, since every method of a
-        class asks it of the class."""
+        class asks it of the class. Read from the source lines of its top-level statement (positions.region), so
+        the node's code is regenerated only where those lines say the word and hold more than the node."""
         key = (node, word)
         if key not in self._mentions:
-            self._mentions[key] = word in self.code(node).lower()
+            region = self.positions.region(node)
+            if region is not None and (word not in region[0].lower() or region[1]):
+                self._mentions[key] = word in region[0].lower()  # the source's lines: no code regenerated
+            else:
+                self._mentions[key] = word in self.code(node).lower()
         return self._mentions[key]
 
     @cached_property
