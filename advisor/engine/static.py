@@ -140,7 +140,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     parsed = ParsedModule(source, path, tree_context.project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence, tree=tree_context)
+    context = StaticContext(parsed, backend, evidence, tree=tree_context, unsafe_fixes=unsafe_fixes)
     detected: list[Detected] = []
     for family in static_families(source, path, evidence):
         for found in family.static(context, family.rules):

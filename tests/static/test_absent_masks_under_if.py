@@ -1,0 +1,113 @@
+"""Masks the caller's own `if <name> is not None:` applies (timm's BEiT `shared_rel_pos_bias`, a padding mask that
+is None unless the batch is padded): where only facts about those masks are still assumed, the patch takes SDPA
+where every such mask is None and runs the original block otherwise, so it is safe and exact for every input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
+
+BEIT = '''
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, shared_rel_pos_bias: Optional[torch.Tensor] = None,
+                attn_mask: Optional[torch.Tensor] = None):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        q = q * self.scale
+        attn = q @ k.transpose(-2, -1)
+        if shared_rel_pos_bias is not None:
+            attn = attn + shared_rel_pos_bias
+        if attn_mask is not None:
+            attn = attn + attn_mask
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B, N, C)
+'''
+
+
+def _finding(source: str = BEIT):
+    (finding,) = [f for f in analyze_source(source, "beit.py").findings if f.kind == "attention"]
+    return finding
+
+
+def _models(source: str = BEIT):
+    fixed = analyze_source(source, "beit.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "beit").Attention().double()
+    patched = load_module_from_source(fixed, "beit_fixed").Attention().double()
+    patched.load_state_dict(original.state_dict())
+    return original, patched
+
+
+def test_masks_under_their_own_if_are_guarded_by_their_absence():
+    finding = _finding()
+    facts = finding.extra["facts"]
+    assert finding.fix_safety == "safe" and finding.fixable, finding.reason
+    assert not facts["assumed"] and "fully-masked-rows" in {f["name"] for f in facts["guarded"]}
+    assert "if shared_rel_pos_bias is None and attn_mask is None:" in finding.patch
+    assert "attn_mask=" not in finding.patch.split("else:")[0]
+
+
+def test_unsafe_fixes_pass_the_masks_to_sdpa_with_their_facts_assumed():
+    finding = [f for f in analyze_source(BEIT, "beit.py", unsafe_fixes=True).findings if f.kind == "attention"][0]
+    assert finding.fix_safety == "unsafe" and "attn_mask=" in finding.patch
+    assert "fully-masked-rows" in {f["name"] for f in finding.extra["facts"]["assumed"]}
+
+
+@pytest.mark.parametrize("bias,mask", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["none: SDPA", "bias: the original", "mask: the original", "both: the original"])
+def test_outputs_and_gradients_match_with_the_masks_absent_and_present(bias, mask):
+    original, patched = _models()
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 5, 16, dtype=torch.float64, generator=generator)
+    rel = torch.randn(1, 2, 5, 5, dtype=torch.float64, generator=generator) if bias else None
+    pad = None
+    if mask:
+        pad = torch.zeros(2, 1, 1, 5, dtype=torch.float64)
+        pad[0, ..., 3:] = float("-inf")
+    results = []
+    for model in (original, patched):
+        leaf = x.clone().requires_grad_()
+        out = model(leaf, rel, pad)
+        out.sum().backward()
+        results.append((out, leaf.grad, model.qkv.weight.grad))
+    torch.testing.assert_close(results[1], results[0])
+    assert uses_sdpa(dispatched_ops(patched, (x, rel, pad))) is not (bias or mask)
+
+
+def test_the_guard_never_swallows_a_shape_error():
+    original, patched = _models()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    wrong = torch.zeros(2, 1, 1, 4, dtype=torch.float64)
+    for model in (original, patched):
+        with pytest.raises(RuntimeError, match="size"):
+            model(x, None, wrong)
+
+
+def test_the_guarded_patch_scripts_like_the_original():
+    original, patched = _models()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    for rel in (None, torch.randn(1, 2, 5, 5, dtype=torch.float64)):
+        torch.testing.assert_close(torch.jit.script(patched)(x, rel, None), torch.jit.script(original)(x, rel, None))
+
+
+@pytest.mark.parametrize("test", ["if shared_rel_pos_bias is not None and N > 1:", "if N > 1:"],
+                         ids=["another test as well", "another test"])
+def test_a_mask_under_another_test_keeps_its_facts_assumed(test):
+    finding = _finding(BEIT.replace("if shared_rel_pos_bias is not None:", test))
+    assert finding.fix_safety == "unsafe" and "fully-masked-rows" in {
+        f["name"] for f in finding.extra["facts"]["assumed"]}
