@@ -111,3 +111,37 @@ def test_a_mask_under_another_test_keeps_its_facts_assumed(test):
     finding = _finding(BEIT.replace("if shared_rel_pos_bias is not None:", test))
     assert finding.fix_safety == "unsafe" and "fully-masked-rows" in {
         f["name"] for f in finding.extra["facts"]["assumed"]}
+
+
+# -- optimize: the masks the run saw present are passed to SDPA where that patch verifies --------------------------
+WORKLOAD = BEIT.replace("from torch import nn\n", "from torch import nn\n\nimport advisor\n") + '''
+
+def workload(seed=0):
+    """Every call adds a relative bias and a padding mask that keeps at least one key per row."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 64, 16, generator=generator)
+    rel = torch.randn(1, 2, 64, 64, generator=generator)
+    pad = torch.zeros(2, 1, 1, 64)
+    pad[0, ..., 40:] = float("-inf")
+    return advisor.Workload(Attention().eval(), (x, rel, pad))
+'''
+
+
+def test_optimize_tries_the_patch_that_passes_the_masks_it_saw_and_keeps_the_guarded_one_behind(tmp_path, capsys):
+    import json
+
+    from advisor.cli import main
+
+    (tmp_path / "beit_run.py").write_text(WORKLOAD)
+    main(["optimize", f"{tmp_path / 'beit_run.py'}:workload", "--format", "json", "--timing-budget", "0.5",
+          "--report", str(tmp_path / "report")])
+    observed, guarded = json.loads(capsys.readouterr().out)["patches"]
+    assert observed["discharged"] == "observed" and observed["fix_safety"] == "unsafe"
+    assert "attn_mask=" in observed["diff"] and observed["parity"] is not None, observed["reason"]
+    assert {f["name"] for f in observed["facts"]["observed"]} == {"fully-masked-rows"}
+    assert guarded["fix_safety"] == "safe" and "if shared_rel_pos_bias is None and attn_mask is None:" in guarded["diff"]
+    if observed["verdict"] == "verified":  # preferred: the guarded patch would only ever run the original here
+        assert guarded["verdict"] == "not-run" and observed["id"] in guarded["reason"]
+    else:
+        assert guarded["verdict"] != "not-run"
