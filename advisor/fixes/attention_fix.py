@@ -106,14 +106,16 @@ class AttentionRules:
 
 
 def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules, calls: list[BlockCall] = (),
-                       tree: TreeContext | None = None, masks_passed: bool = False) -> list[Detected]:
+                       tree: TreeContext | None = None, masks_passed: bool = False,
+                       observed_masks: bool = False) -> list[Detected]:
     """Every attention match of the module as a finding of one of `rules`, with its fix where it has one; `calls`
     are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`).
     `tree`: the rest of the scanned tree (None: this file alone); where it has call sites, facts assumed about a
     parameter are proved where every call proves them, and its autograd requests decide the autograd-order fact.
     Masks each under its own `if m is not None:` are passed to SDPA (their facts assumed, or observed) with
-    `masks_passed` (`--unsafe-fixes`) or where the run saw them present with their facts holding on every call;
-    else the patch is guarded by their absence (attention.guards.settle_guards)."""
+    `masks_passed` (`--unsafe-fixes`), or with `observed_masks` (optimize) where `calls` saw them present with
+    their facts holding on every call; else the patch is guarded by their absence (attention.guards.settle_guards).
+    """
     tree = tree or TreeContext()
     autograd = tree.autograd if tree.autograd is not None else TreeFacts.of_file(parsed)
     matches = find_attention(parsed)
@@ -126,7 +128,7 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
             settle_dropped_weights(tree.calls, parsed, match)
     joined = [calls_in(list(calls), parsed.path, match.line, match.end_line) for match in matches]
     for match, seen in zip(matches, joined):  # what call sites left assumed about metadata is checked at run time
-        settle_guards(match, masks_passed or masks_held(match.facts, seen))
+        settle_guards(match, masks_passed or observed_masks and masks_held(match.facts, seen))
     return [_detected(parsed, match, backend, seen, autograd, rules) for match, seen in zip(matches, joined)]
 
 

@@ -294,7 +294,7 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
             continue
         static = result
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, True) or result
         # a safe patch guarded by its masks' absence, where the run saw them present: tried if the observed one fails
         guarded = {f.line: f for f in static.findings if result is not static and f.fix_safety == "safe" and
                    _observable(f)}
@@ -320,10 +320,10 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
 
 
 def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, runtime: RuntimeEvidence | None = None,
-              tree: TreeContext | None = None) -> FileResult | None:
+              tree: TreeContext | None = None, observed_masks: bool = False) -> FileResult | None:
     try:
         return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime,
-                              tree_context=tree)
+                              tree_context=tree, observed_masks=observed_masks)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 

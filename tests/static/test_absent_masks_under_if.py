@@ -68,6 +68,32 @@ def test_unsafe_fixes_pass_the_masks_to_sdpa_with_their_facts_assumed():
     assert "fully-masked-rows" in {f["name"] for f in finding.extra["facts"]["assumed"]}
 
 
+def _evidence(path: str, rows: int = 0):
+    from advisor.contracts.evidence import BlockCall, MaskSeen, RuntimeEvidence, add_block_calls
+
+    lines = BEIT.splitlines()
+    first = next(i for i, line in enumerate(lines, 1) if "attn = q @ k" in line)
+    last = next(i for i, line in enumerate(lines, 1) if "(attn @ v)" in line)
+    masks = (MaskSeen("additive", "float32", 4), MaskSeen("additive", "float32", 4))
+    evidence = RuntimeEvidence("t")
+    add_block_calls(evidence, [BlockCall(path, first, last, "float32", "float32", "float32", 4, masks, False, rows)])
+    return evidence
+
+
+@pytest.mark.parametrize("observed_masks,rows,safety", [(False, 0, "safe"), (True, 0, "unsafe"), (True, 3, "safe")],
+                         ids=["fix --profile: guarded", "optimize: observed", "optimize, rows masked: guarded"])
+def test_a_run_that_saw_the_masks_hold_gives_optimize_the_patch_that_passes_them(tmp_path, observed_masks, rows,
+                                                                                  safety):
+    path = tmp_path / "beit.py"
+    path.write_text(BEIT)
+    evidence = _evidence(str(path.resolve()), rows)
+    [finding] = [f for f in analyze_source(BEIT, str(path), runtime=evidence, observed_masks=observed_masks).findings
+                 if f.kind == "attention"]
+    assert finding.fix_safety == safety, finding.reason
+    assert (finding.extra.get("discharged") == "observed") is (safety == "unsafe")
+    assert ("attn_mask=" in finding.patch) is (safety == "unsafe")
+
+
 @pytest.mark.parametrize("bias,mask", [(False, False), (True, False), (False, True), (True, True)],
                          ids=["none: SDPA", "bias: the original", "mask: the original", "both: the original"])
 def test_outputs_and_gradients_match_with_the_masks_absent_and_present(bias, mask):
