@@ -4,9 +4,12 @@ comment after every logical line, three renamed copies in one file, no final new
 then with unsafe fixes. Every file's fixed text (its fixes applied together) and every finding's own patch,
 applied to a copy of the source as `git apply` reads a diff (lines end at `\\n`), must parse and compile.
 
-    python benchmarks/scale_check.py [--only transformers|generated] [--limit N] [--unsafe-only] [--keep DIR]
+    python benchmarks/scale_check.py [--only transformers|generated] [--limit N] [--shard I/N] [--unsafe-only]
+                                     [--keep DIR]
 
---limit N takes N files spread evenly over each tree (a quick run).
+--limit N takes N files spread evenly over each tree (a quick run). --shard I/N takes every Nth file from the Ith
+(1 <= I <= N; after --limit), to run a slow machine's check in N chunks (each chunk is scanned as its own tree, so
+facts proved from call sites in other chunks are not).
 
 Prints files, lines, findings, patches, failures and seconds per tree and pass; each failure is listed (file,
 rule, what failed) and the exit code is 1 when there is any. No cache is read or written.
@@ -179,10 +182,19 @@ def check(paths: list[str], unsafe: bool) -> dict:
             "not_compiling": not_compiling, "failures": failures, "seconds": seconds}
 
 
+def _shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/N with 1 <= I <= N")
+    return int(index), int(count)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("transformers", "generated"), default=None)
     parser.add_argument("--limit", type=int, default=None, help="only N files of each tree, spread over it")
+    parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N",
+                        help="every Nth file of each tree, from the Ith (a chunk of a long run)")
     parser.add_argument("--unsafe-only", action="store_true",
                         help="one pass, with unsafe fixes (every patch one by one, all fixes together), not the safe "
                              "pass first")
@@ -197,6 +209,7 @@ def main() -> int:
             trees["generated"] = generated_tree(Path(args.keep or scratch))
         for name, paths in trees.items():
             paths = paths[:: max(1, len(paths) // args.limit)][: args.limit] if args.limit else paths
+            paths = paths[args.shard[0] - 1:: args.shard[1]]
             for unsafe in (True,) if args.unsafe_only else (False, True):
                 numbers = check(paths, unsafe)
                 failed |= bool(numbers["failures"])

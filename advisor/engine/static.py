@@ -54,6 +54,7 @@ class FileResult:
     detected: list[Detected] = field(default_factory=list, repr=False)  # in-process only: dropped when pickled
     parsed: ParsedModule | None = field(default=None, repr=False)
     notebook: NotebookCode | None = field(default=None, repr=False)  # a notebook: `source` is its code cells
+    digest: str = field(default="", repr=False)  # of the bytes analysed (SourceFile.digest): the scan cache's key
     _applied: Applied | None = field(default=None, repr=False)
 
     def applicable(self, unsafe_fixes: bool | None = None) -> list[Finding]:
@@ -77,7 +78,8 @@ class FileResult:
     def fixed_with(self, chosen: list[Finding]) -> Applied:
         """The source with the fixes of `chosen` (findings of this result) applied in one pass of the rewrite
         layer; a fix that conflicts with an earlier chosen one is left out and named."""
-        picked = [d for d in self.detected if d.fix is not None and any(d.finding is f for f in chosen)]
+        chosen_ids = {id(finding) for finding in chosen}  # by identity: one set lookup per finding, not a scan
+        picked = [d for d in self.detected if d.fix is not None and id(d.finding) in chosen_ids]
         if len(picked) != len(chosen):
             raise ValueError("fixed_with takes findings of this result that have a fix")
         if not picked:
@@ -283,9 +285,13 @@ def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,
     if isinstance(source, ScanError):
         return source
     if source.notebook is not None:
-        return _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree),
-                         source.notebook, patches)
-    return _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
+        outcome = _in_cells(_analyze_code(source, unsafe_fixes, select, ignore, backend, None, False, tree),
+                            source.notebook, patches)
+    else:
+        outcome = _analyze_code(source, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
+    if isinstance(outcome, FileResult):
+        outcome.digest = source.digest
+    return outcome
 
 
 def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runtime: RuntimeEvidence | None,

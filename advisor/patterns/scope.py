@@ -361,7 +361,12 @@ def hook_registration(parsed: ParsedModule) -> str | None:
     """Why a deleted module call may carry a hook (None: nothing registers one that this scan sees): a hook on
     every module (`register_module_forward_hook` and its variants) in this file or in any file of the scanned
     tree, or a module hook registered anywhere in this file or another file of the tree (a training script's
-    `model.blocks[0].attn.attn_drop.register_forward_hook(save_map)`)."""
+    `model.blocks[0].attn.attn_drop.register_forward_hook(save_map)`). Read from the whole file once, whatever the
+    number of blocks that ask."""
+    return parsed.derived(_hook_registration, _hook_registration)
+
+
+def _hook_registration(parsed: ParsedModule) -> str | None:
     calls = global_hook_calls(parsed, GLOBAL_CALL_HOOKS)
     if calls:
         call, name = calls[0]

@@ -11,8 +11,9 @@ Entries are pickles behind a header (format, key): a result carries a notebook's
 whose `extra` nests values, which the JSON output writes one way only (display paths, flattened fields). They are
 written atomically (a temporary file, then os.replace), so a concurrent run reads a whole entry or none; an entry
 that is truncated, foreign or of another format is ignored and rebuilt. The cache lives in the user's own cache
-folder, trusted as Python trusts its own `__pycache__`. A file that changed while it was analysed is not stored
-(its digest is taken again after the analysis); a file changed and changed back during one scan is not detected.
+folder, trusted as Python trusts its own `__pycache__`. A result is stored only when the bytes its analysis read
+(their digest travels with the result, `digest`) are the bytes its key holds (read by the tree-wide pass): a file
+edited in between is not stored, and one edited after the analysis read it is stored under the bytes analysed.
 """
 
 from __future__ import annotations
@@ -39,15 +40,6 @@ def cache_root() -> Path:
 
 def _digest(*parts) -> str:
     return hashlib.blake2b(repr(parts).encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
-
-
-def file_digest(path: str) -> str | None:
-    """The digest static.discover.read_source gives the file's bytes now (None: unreadable)."""
-    try:
-        with open(path, "rb") as handle:
-            return hashlib.blake2b(handle.read(), digest_size=16).hexdigest()
-    except OSError:
-        return None
 
 
 @lru_cache(maxsize=1)
@@ -81,8 +73,8 @@ def rule_set() -> tuple:
 
 @dataclass(frozen=True)
 class Recorded:
-    """What a worker hands back for one file: its outcome, the file's digest after the analysis, and the files of
-    the tree that analysis read (real paths; empty when it read none)."""
+    """What a worker hands back for one file: its outcome, the digest of the bytes the analysis read (None: no
+    result to keep), and the files of the tree that analysis read (real paths; empty when it read none)."""
 
     outcome: object
     digest: str | None
@@ -90,10 +82,11 @@ class Recorded:
 
 
 def record(scan_one, tree, path: str) -> Recorded:
-    """`scan_one(path)`, noting the files of `tree` (static.call_sites.Tree, or None) it reads."""
+    """`scan_one(path)`, noting the files of `tree` (static.call_sites.Tree, or None) it reads. A result carries
+    the digest of the bytes it was found in (engine.static.FileResult.digest); the file is not read again."""
     read = tree.recording() if tree is not None else set()
     outcome = scan_one(path)
-    return Recorded(outcome, file_digest(path), frozenset(read))
+    return Recorded(outcome, getattr(outcome, "digest", None) or None, frozenset(read))
 
 
 class ScanCache:

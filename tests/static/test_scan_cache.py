@@ -206,3 +206,49 @@ def test_the_cache_lives_under_xdg_cache_home_else_home(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_root() == tmp_path / "home" / ".cache" / "advisor"
+
+
+def _edit_when_analysed(monkeypatch, path: Path, text: str, before_read: bool) -> None:
+    """The next time the analysis reads `path`, the file becomes `text`: just before that read, or just after."""
+    real = static.read_source
+    pending = [True]
+
+    def reading(where, *args, **kwargs):
+        edit = pending and Path(where) == path
+        if edit and before_read:
+            path.write_text(text)
+        source = real(where, *args, **kwargs)
+        if edit:
+            pending.clear()
+            path.write_text(text)
+        return source
+
+    monkeypatch.setattr(static, "read_source", reading)
+
+
+def test_a_file_edited_before_its_analysis_read_it_is_not_kept(tmp_path, monkeypatch, analysed):
+    """The tree-wide pass read the old bytes, the analysis the new: the key (old bytes) and the result (new bytes)
+    disagree, so nothing is kept."""
+    root = _tree(tmp_path / "tree", {"attn.py": ATTEND})
+    target = root / "attn.py"
+    _edit_when_analysed(monkeypatch, target, "import torch\n", before_read=True)
+    assert scan_paths([str(root)]).findings == []  # the new bytes' result
+    target.write_text(textwrap.dedent(ATTEND))
+    analysed.clear()
+    assert scan_paths([str(root)]).findings and analysed == ["attn.py"]  # the old bytes: analysed again
+
+
+def test_a_file_edited_after_its_analysis_read_it_is_kept_under_the_bytes_analysed_alone(tmp_path, monkeypatch,
+                                                                                          analysed):
+    """The result is kept under the bytes the analysis read (its own digest, not a second read of the file): the
+    edited bytes are analysed afresh, and the bytes analysed, once back, are served from the cache."""
+    root = _tree(tmp_path / "tree", {"attn.py": ATTEND})
+    target = root / "attn.py"
+    _edit_when_analysed(monkeypatch, target, "import torch\n", before_read=False)
+    cold = _json(scan_paths([str(root)]))
+    assert cold and target.read_text() == "import torch\n"
+    analysed.clear()
+    assert scan_paths([str(root)]).findings == [] and analysed == ["attn.py"]  # never the old result for new bytes
+    target.write_text(textwrap.dedent(ATTEND))
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold and analysed == []
