@@ -402,8 +402,9 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         for pid, candidate in session.candidates.items():
             preferred = trials.get(candidate.fallback_for)
             if preferred is not None and preferred.verdict == VERIFIED:
-                candidate.reason = (f"not run: {candidate.fallback_for}, the patch of this block that passes the masks "
-                                    "the run saw to SDPA, verified (this one runs the original wherever they are present)")
+                candidate.reason = (f"not run: {candidate.fallback_for}, the patch of this block that passes the "
+                                    "masks the run saw to SDPA, verified (this one runs the original wherever they "
+                                    "are present)")
             elif candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
         verified = [pid for pid, t in trials.items() if t.verdict == VERIFIED]

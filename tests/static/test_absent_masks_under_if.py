@@ -166,7 +166,8 @@ def test_optimize_tries_the_patch_that_passes_the_masks_it_saw_and_keeps_the_gua
     assert observed["discharged"] == "observed" and observed["fix_safety"] == "unsafe"
     assert "attn_mask=" in observed["diff"] and observed["parity"] is not None, observed["reason"]
     assert {f["name"] for f in observed["facts"]["observed"]} == {"fully-masked-rows"}
-    assert guarded["fix_safety"] == "safe" and "if shared_rel_pos_bias is None and attn_mask is None:" in guarded["diff"]
+    assert guarded["fix_safety"] == "safe"
+    assert "if shared_rel_pos_bias is None and attn_mask is None:" in guarded["diff"]
     if observed["verdict"] == "verified":  # preferred: the guarded patch would only ever run the original here
         assert guarded["verdict"] == "not-run" and observed["id"] in guarded["reason"]
     else:
