@@ -26,6 +26,7 @@ from advisor.static.walk import walk as visit_tree
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 CONTEXTS = (cst.With, cst.Try)
+SCRIPT_DECORATORS = {"torch.jit.script", "torch.jit.script_method"}
 
 
 def enclosing_contexts(parsed: ParsedModule, node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:

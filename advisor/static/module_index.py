@@ -89,6 +89,16 @@ class ClassInfo:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         return None
 
+    def rebound_only_by_names_computed_elsewhere(self, attribute: str, identity_ok: bool = False) -> bool:
+        """Whether `rebound`'s only reasons are other files of the tree binding attributes by computed names
+        (`setattr(m, name, ...)` in a utility that may never touch this class): weaker evidence than a write of this
+        very name or a computed write in this file, so a caller may assume the class's value rather than refuse."""
+        if attribute in self.outside or self._collected.computed:
+            return False
+        computed = [name for name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY)
+                    if name in self.outside and not (name == ANY_TO_IDENTITY and identity_ok)]
+        return bool(computed) and all(self.writer(name) != "this file" for name in computed)
+
     def class_value(self, attribute: str) -> cst.BaseExpression | None:
         """The one expression the class binds the attribute to (never rebound or updated by the class itself);
         other code may still rebind it (see `rebound`)."""
@@ -164,10 +174,15 @@ class ParsedModule:
 
     def mentions(self, node: cst.CSTNode, word: str) -> bool:
         """Whether `word` (lower case) occurs in the node's code, in any case; remembered, since every method of a
-        class asks it of the class."""
+        class asks it of the class. Read from the source lines of its top-level statement (positions.region), so
+        the node's code is regenerated only where those lines say the word and hold more than the node."""
         key = (node, word)
         if key not in self._mentions:
-            self._mentions[key] = word in self.code(node).lower()
+            region = self.positions.region(node)
+            if region is not None and (word not in region[0].lower() or region[1]):
+                self._mentions[key] = word in region[0].lower()  # the source's lines: no code regenerated
+            else:
+                self._mentions[key] = word in self.code(node).lower()
         return self._mentions[key]
 
     @cached_property

@@ -28,6 +28,7 @@ class StatementPositions:
         self.whole = False
         self._starts: dict[cst.CSTNode, int] | None = None
         self._line_offsets: list[int] | None = None
+        self._ends: dict[cst.CSTNode, int | None] | None = None  # top-level statement -> the next one's first line
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
         if node not in self.computed and not self.whole:
@@ -48,6 +49,22 @@ class StatementPositions:
         if self._starts is None:
             self._starts = _statement_starts(self.module, self.source)
         return self._starts
+
+    def region(self, node: cst.CSTNode) -> tuple[str, bool] | None:
+        """The source lines from the first line of the top-level statement holding `node` to the next one's first
+        line, as `ast` places them, and whether they are exactly `node`'s code (a top-level statement other than
+        the last, whose lines run on into the module's footer); None where `ast` gives no lines. Every line of
+        the statement's code lies in them, so a word missing from them is missing from the code, without
+        regenerating it."""
+        statement = self._top_level(node)
+        if statement is None:
+            return None
+        if self._ends is None:
+            lines = list(self.starts.values())
+            self._ends = dict(zip(self.starts, lines[1:] + [None]))
+        end = self._ends[statement]
+        text = self.source[self._offset(self.starts[statement]):None if end is None else self._offset(end)]
+        return text, statement is node and end is not None
 
     def _one_statement(self, statement: cst.CSTNode) -> bool:
         provider = PositionProvider()

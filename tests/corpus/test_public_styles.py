@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from advisor.static.outside_writes import outside_writes_of_source
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures" / "attention" / "public4"
 
@@ -119,8 +121,15 @@ PATCH_XFAIL = {
 }
 
 NAMES = sorted(p.stem for p in FIXTURES.glob("p*.py"))
-TREE_WIDE_WORDS = ("register_module_", "create_graph", "hessian", "jvp", "jacfwd", "forward_ad")
+TREE_WIDE_WORDS = ("register_module_", "create_graph", "hessian", "jvp", "jacfwd", "forward_ad", "setattr(",
+                   "_modules[", "add_module(", "_hook(")
 ATTENTION_RULES = ("ADV101", "ADV102")
+
+
+def _reaches_other_files(text: str) -> bool:
+    """Whether a fixture says something of every file of a scan: a tree-wide word, or an attribute it writes on
+    another object (`m.bias.data[..., :p] = 1` is read as a write of every scanned class's `bias`)."""
+    return any(word in text for word in TREE_WIDE_WORDS) or any(outside_writes_of_source(text))
 
 
 def _advisor(*args: str) -> subprocess.Popen:
@@ -135,11 +144,11 @@ def cli(tmp_path_factory):
     copies = {kind: root / kind for kind in ("original", "safe", "unsafe")}
     for folder in copies.values():
         shutil.copytree(FIXTURES, folder)
-    # Each fixture is its own program: one that registers a hook on every module (p32) or asks for double backward or
-    # forward AD (p36, p47) would reach every file of a shared scan (as it should in one program: the no-hooks and
-    # first-order-autograd facts hold for the whole scanned tree), so it is scanned and fixed on its own.
-    alone = {name for name in NAMES if any(word in (FIXTURES / f"{name}.py").read_text()
-                                           for word in TREE_WIDE_WORDS)}
+    # Each fixture is its own program: one that registers hooks (p31, p32), asks for double backward or
+    # forward AD (p36, p47) or writes attributes of other objects (p24's buffer, p45's computed names) would reach
+    # every file of a shared scan (as it should in one program: the no-hooks, first-order-autograd and identity facts
+    # hold for the whole scanned tree), so it is scanned and fixed on its own.
+    alone = {name for name in NAMES if _reaches_other_files((FIXTURES / f"{name}.py").read_text())}
     groups = [[name for name in NAMES if name not in alone]] + [[name] for name in sorted(alone)]
     runs, scans = [], []
     for group in groups:

@@ -368,3 +368,23 @@ def test_the_tree_reads_another_file_s_writes_as_the_file_s_own_analysis_does() 
                 "    m.a.b[0] += 1\n    m.c.resize_(2)\n    object.__setattr__(m, 'd', 1)\n    m.load_state_dict({})\n"]
     for source in sources:
         assert outside_writes_of_source(source) == outside_writes(ParsedModule(source, "m.py")), source
+
+
+SWAP_BY_COMPUTED_NAME = ("import torch.nn as nn\n\n\nclass Half(nn.Module):\n    def forward(self, x):\n"
+                         "        return x * 0.5\n\n\ndef swap(module):\n"
+                         "    for name, child in list(module.named_children()):\n"
+                         "        if isinstance(child, nn.Dropout):\n            setattr(module, name, Half())\n")
+
+
+def test_another_file_binding_attributes_by_computed_names_makes_the_deleted_module_assumed(tmp_path) -> None:
+    """A utility elsewhere in the tree that swaps submodules by computed names may never touch this class: the
+    deleted dropout's identity is an assumed fact naming that file (unsafe, `optimize` can verify it), not a
+    refusal. The same utility in the model's own file still refuses."""
+    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK), encoding="utf-8")
+    (tmp_path / "utils.py").write_text(SWAP_BY_COMPUTED_NAME, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assumed = {fact["name"]: fact for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and finding.patch, finding.reason
+    assert "utils.py" in assumed["module-identity"]["why"]
+    [alone] = _attention_findings(attention(CAUSAL_BLOCK) + "\n\n" + SWAP_BY_COMPUTED_NAME)
+    assert alone.rule == "ADV103" and not alone.patch and "computed names" in alone.reason

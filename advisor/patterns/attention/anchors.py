@@ -115,6 +115,29 @@ def looks_like_attention(c: Candidate, softmax: Op) -> bool:
 
 def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> bool:
     """Some op named in `names` computes (part of) `node`, through names, helpers and subexpressions."""
+    return _reaches(c, node, names, depth, {})
+
+
+def _reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int, known: dict[int, list]) -> bool:
+    """`reaches`, remembering each node's answer for the rest of one walk: a name read twice, or defined by
+    `x = x + x` chains, is walked once, not once per path to it (exponential in the chain's length otherwise).
+    The answer is monotone in the depth left (MAX_CHAIN cuts deeper walks), so `known[id(node)]` keeps the
+    deepest depth that answered True and the shallowest that answered False; only a depth between them is walked."""
+    bounds = known.get(id(node))
+    if bounds is not None and depth <= bounds[0]:
+        return True
+    if bounds is not None and depth >= bounds[1]:
+        return False
+    found = _walk_reaches(c, node, names, depth, known)
+    bounds = known.setdefault(id(node), [-1, MAX_CHAIN + 1])
+    if found:
+        bounds[0] = max(bounds[0], depth)
+    else:
+        bounds[1] = min(bounds[1], depth)
+    return found
+
+
+def _walk_reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int, known: dict[int, list]) -> bool:
     if depth > MAX_CHAIN:
         return False
     op = c.reader.read(node)
@@ -123,14 +146,15 @@ def reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int) -> boo
     function = callee(c, node) if op is None else None
     if function is not None:  # a helper that returns the scores, or its argument (after masking it in place)
         returned = single_return(function).value
-        return reaches(c, returned, names, depth + 1) or \
-            any(reaches(c, argument, names, depth + 1) for argument in _returned_arguments(c, function, node, returned))
+        return _reaches(c, returned, names, depth + 1, known) or \
+            any(_reaches(c, argument, names, depth + 1, known)
+                for argument in _returned_arguments(c, function, node, returned))
     if isinstance(node, cst.Name):
         flow = flow_for(c, node)
-        return any(_written_value(d) is not None and reaches(c, _written_value(d), names, depth + 1)
-                   or any(_reaches_definition(c, flow, p, names, depth + 1) for p in d.previous)
+        return any(_written_value(d) is not None and _reaches(c, _written_value(d), names, depth + 1, known)
+                   or any(_reaches_definition(c, flow, p, names, depth + 1, known) for p in d.previous)
                    for d in flow.definitions_of(node) if d.kind in ("assign", "aug", "inplace", "store"))
-    return any(reaches(c, child, names, depth + 1) for child in children(node)
+    return any(_reaches(c, child, names, depth + 1, known) for child in children(node)
                if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
 
 
@@ -155,11 +179,12 @@ def _returned_arguments(c: Candidate, function: cst.FunctionDef, call: cst.Call,
     return [argument] if argument is not None else []
 
 
-def _reaches_definition(c: Candidate, flow: FunctionFlow, def_id: int, names: set[str], depth: int) -> bool:
+def _reaches_definition(c: Candidate, flow: FunctionFlow, def_id: int, names: set[str], depth: int,
+                        known: dict[int, list]) -> bool:
     if def_id == UNDEFINED:
         return False
     definition = flow.definitions[def_id]
-    return definition.value is not None and reaches(c, definition.value, names, depth)
+    return definition.value is not None and _reaches(c, definition.value, names, depth, known)
 
 
 def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:

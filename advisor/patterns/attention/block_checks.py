@@ -197,10 +197,16 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
                            "checked for the subclasses in this file")
     deleted = scope.deleted_module_calls(c.parsed, owner, block, kept)
     for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
-        rebound = owner.rebound(attribute, identity_ok=attribute in c.identity_ok)
-        if rebound is not None:
-            raise Refusal(f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class "
-                          f"builds when the code runs: {rebound}")
+        identity_ok = attribute in c.identity_ok
+        rebound = owner.rebound(attribute, identity_ok=identity_ok)
+        if rebound is None:
+            continue
+        if owner.rebound_only_by_names_computed_elsewhere(attribute, identity_ok):
+            match.facts.assumed("module-identity", f"`self.{attribute}`, whose call the rewrite deletes, is the "
+                                "module the class builds when the code runs", rebound)
+            continue
+        raise Refusal(f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class "
+                      f"builds when the code runs: {rebound}")
     hooked = scope.hook_registration(c.parsed)
     for attribute in deleted:
         statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"

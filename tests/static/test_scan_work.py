@@ -1,0 +1,64 @@
+"""Work a cold scan does once, counted (not timed): repeated work shows up as a count that grows with the input."""
+
+from advisor.patterns.attention.matcher import find_attention
+from advisor.patterns.ops import OpReader
+from advisor.static.module_index import ParsedModule
+
+
+def _doubling_chain(links: int) -> str:
+    """A softmax whose operand is `s = s + s` repeated: each link reads `s` twice, so a def-use walk that does not
+    remember what it saw goes down 2**links paths (the chain ends in no matrix product, so every path is walked)."""
+    chain = "".join("    s = s + s\n" for _ in range(links))
+    return f"import torch\n\n\ndef f(q, k, v):\n    s = q + k\n{chain}    w = torch.softmax(s, dim=-1)\n" \
+           "    return w @ v\n"
+
+
+def test_softmax_screen_walks_each_operand_once(monkeypatch):
+    reads = []
+    original = OpReader.read
+
+    def counted(self, node):
+        reads.append(node)
+        return original(self, node)
+
+    monkeypatch.setattr(OpReader, "read", counted)
+    assert find_attention(ParsedModule(_doubling_chain(12), "chain.py")) == []
+    assert len(reads) <= 3 * len({id(node) for node in reads}), len(reads)
+
+
+CLASSES = '''import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+
+class Mlp(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def helper(x):
+    return x + 1
+
+
+__all__ = ["Attention", "Mlp"]
+'''
+
+
+def test_matcher_prefilter_reads_source_not_regenerated_code(monkeypatch):
+    """Whether a class or function says softmax is read from the source's lines: no class or function's code is
+    regenerated for it (once per class, it cost as much as regenerating the file)."""
+    generated = []
+    original = ParsedModule.code
+
+    def counted(self, node):
+        generated.append(type(node).__name__)
+        return original(self, node)
+
+    monkeypatch.setattr(ParsedModule, "code", counted)
+    parsed = ParsedModule(CLASSES, "classes.py")
+    assert [parsed.mentions(node, "softmax") for node in parsed.module.body[2:5]] == [True, False, False]
+    assert not {"ClassDef", "FunctionDef"} & set(generated), generated
