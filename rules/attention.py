@@ -149,7 +149,8 @@ def _detect(context, rules):
 
     blocks = context.evidence.blocks if context.evidence is not None else []
     return attention_findings(context.parsed, context.backend, AttentionRules(SAFE, ESCAPING, UNPROVED), blocks,
-                              context.tree)
+                              context.tree, masks_passed=context.unsafe_fixes,
+                              observed_masks=context.observed_masks)
 
 
 def _graph(op_graph, device, rules):

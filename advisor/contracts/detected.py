@@ -30,10 +30,14 @@ class Detected:
 class StaticContext:
     """What a static detector may read: the parsed file, the requested attention backend, the profile's evidence
     for this file, the findings earlier families kept (selected, not suppressed), and what the rest of the scanned
-    tree says (its hooks, its autograd requests, its call sites; None: the file alone)."""
+    tree says (its hooks, its autograd requests, its call sites; None: the file alone); `unsafe_fixes`: the user
+    takes unsafe patches, so masks that may be None are passed to SDPA rather than guarded by their absence;
+    `observed_masks` (optimize): so are masks the profile's evidence saw present with their facts holding."""
 
     parsed: ParsedModule
     backend: str = "sdpa"
     evidence: FileEvidence | None = None
     earlier: list[Finding] = field(default_factory=list)
     tree: TreeContext | None = None
+    unsafe_fixes: bool = False
+    observed_masks: bool = False

@@ -132,17 +132,21 @@ def static_families(source: str, path: str, evidence=None) -> list[Family]:
 
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
-                   patches: bool = True, tree_context: TreeContext | None = None) -> FileResult:
+                   patches: bool = True, tree_context: TreeContext | None = None,
+                   observed_masks: bool = False) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
     (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff;
     `tree_context`: what the rest of the scanned tree says (static.tree_facts.TreeContext: the hooks it registers on
-    every module, what it asks of autograd, the calls of this file's functions; None: the file alone)."""
+    every module, what it asks of autograd, the calls of this file's functions; None: the file alone);
+    `observed_masks`: masks under `if m is not None:` that `runtime` saw present, their facts holding on every call,
+    are passed to SDPA (an observed patch, for `optimize`) rather than guarded by their absence."""
     tree_context = tree_context or TreeContext()
     parsed = ParsedModule(source, path, tree_context.project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
-    context = StaticContext(parsed, backend, evidence, tree=tree_context)
+    context = StaticContext(parsed, backend, evidence, tree=tree_context, unsafe_fixes=unsafe_fixes,
+                            observed_masks=observed_masks)
     detected: list[Detected] = []
     for family in static_families(source, path, evidence):
         for found in family.static(context, family.rules):

@@ -12,7 +12,7 @@ from advisor.contracts.detected import Detected
 from advisor.contracts.finding import Finding
 from advisor.contracts.rule import Rule
 from advisor.contracts.evidence import BlockCall
-from advisor.fixes.observed import calls_in, discharge
+from advisor.fixes.observed import calls_in, discharge, masks_held
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.attention.guards import settle_guards
@@ -106,11 +106,16 @@ class AttentionRules:
 
 
 def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules, calls: list[BlockCall] = (),
-                       tree: TreeContext | None = None) -> list[Detected]:
+                       tree: TreeContext | None = None, masks_passed: bool = False,
+                       observed_masks: bool = False) -> list[Detected]:
     """Every attention match of the module as a finding of one of `rules`, with its fix where it has one; `calls`
     are what a run recorded at this file's attention blocks (their facts from the run, see `fixes.observed`).
     `tree`: the rest of the scanned tree (None: this file alone); where it has call sites, facts assumed about a
-    parameter are proved where every call proves them, and its autograd requests decide the autograd-order fact."""
+    parameter are proved where every call proves them, and its autograd requests decide the autograd-order fact.
+    Masks each under its own `if m is not None:` are passed to SDPA (their facts assumed, or observed) with
+    `masks_passed` (`--unsafe-fixes`), or with `observed_masks` (optimize) where `calls` saw them present with
+    their facts holding on every call; else the patch is guarded by their absence (attention.guards.settle_guards).
+    """
     tree = tree or TreeContext()
     autograd = tree.autograd if tree.autograd is not None else TreeFacts.of_file(parsed)
     matches = find_attention(parsed)
@@ -121,10 +126,10 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
         for match in matches:
             settle_from_call_sites(tree.calls, parsed, match.facts)
             settle_dropped_weights(tree.calls, parsed, match)
-    for match in matches:  # what call sites left assumed about metadata is checked at run time where it can be
-        settle_guards(match)
-    return [_detected(parsed, match, backend, calls_in(list(calls), parsed.path, match.line, match.end_line),
-                      autograd, rules) for match in matches]
+    joined = [calls_in(list(calls), parsed.path, match.line, match.end_line) for match in matches]
+    for match, seen in zip(matches, joined):  # what call sites left assumed about metadata is checked at run time
+        settle_guards(match, masks_passed or observed_masks and masks_held(match.facts, seen))
+    return [_detected(parsed, match, backend, seen, autograd, rules) for match, seen in zip(matches, joined)]
 
 
 def choose_backend_proof(match: AttentionMatch, backend: str) -> None:

@@ -76,6 +76,13 @@ def discharge(facts: FactSheet, calls: list[BlockCall]) -> list[str]:
     return failures
 
 
+def masks_held(facts: FactSheet, calls: list[BlockCall]) -> bool:
+    """Every recorded call applied a mask, and every assumed fact about masks that the run observes held on each:
+    the patch that passes the masks to SDPA is then what `optimize` tries (see attention.guards.settle_guards)."""
+    names = {fact.name for fact in facts.assumptions} & {"fully-masked-rows", "mask-dtype", "mask-rank"}
+    return bool(calls) and all(call.masks and all(OBSERVERS[name].holds(call) for name in names) for call in calls)
+
+
 def _masks(calls: list[BlockCall]):
     return (mask for call in calls for mask in call.masks)
 

@@ -89,6 +89,7 @@ class PatchCandidate:
     reason: str | None = None  # why it is not run
     file: FileResult | None = None  # the analysis it came from, whose fixes patches of one file combine from
     exercised: bool = True  # whether the profile saw the patched lines run
+    fallback_for: str | None = None  # the observed patch of the same block, tried first (this one runs if it fails)
 
     @property
     def path(self) -> str:
@@ -261,6 +262,9 @@ def combined_text(chosen: list[PatchCandidate]) -> str:
     if len(chosen) == 1:
         return chosen[0].patched
     first = chosen[0]
+    if any(c.file is not first.file for c in chosen):  # a guarded fallback comes from the analysis without the run
+        raise AdvisorError(f"{display_path(first.path)}: these patches come from two analyses of the file and are "
+                           "not combined in one rewrite")
     applied = first.file.fixed_with([c.finding for c in chosen])
     if applied.problems or applied.text == first.source:
         why = "; ".join(applied.problems) or "no change"
@@ -288,12 +292,24 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
         result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree)
         if result is None:
             continue
+        static = result
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, True) or result
+        # a safe patch guarded by its masks' absence, where the run saw them present: tried if the observed one fails
+        guarded = {f.line: f for f in static.findings if result is not static and f.fix_safety == "safe" and
+                   _observable(f)}
         for finding in result.findings:
             if not finding.patch:
                 continue
             pid = f"P{len(candidates) + 1}"
+            fallback = guarded.get(finding.line) if finding.extra.get("discharged") == "observed" else None
+            if fallback is not None:
+                fid = f"P{len(candidates) + 2}"
+                candidates[pid] = PatchCandidate(pid, finding, source.text, result.fixed_with([finding]).text,
+                                                 file=result)
+                candidates[fid] = PatchCandidate(fid, fallback, source.text, static.fixed_with([fallback]).text,
+                                                 file=static, fallback_for=pid)
+                continue
             if finding.fix_safety != "safe" and not unsafe_fixes and finding.extra.get("discharged") != "observed":
                 candidates[pid] = PatchCandidate(pid, finding, source.text, None,
                                             f"unsafe fix ({finding.reason or 'see the rule'}): rerun with "
@@ -304,19 +320,24 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
 
 
 def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, runtime: RuntimeEvidence | None = None,
-              tree: TreeContext | None = None) -> FileResult | None:
+              tree: TreeContext | None = None, observed_masks: bool = False) -> FileResult | None:
     try:
         return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime,
-                              tree_context=tree)
+                              tree_context=tree, observed_masks=observed_masks)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 
 
 def _observable(finding: Finding) -> bool:
-    """An unsafe attention patch with an assumed fact the run can observe."""
-    assumed = (finding.extra.get("facts") or {}).get("assumed") or []
-    return finding.kind == "attention" and finding.fix_safety == "unsafe" and finding.patch is not None and \
-        any(fact["name"] in OBSERVERS for fact in assumed)
+    """An unsafe attention patch with an assumed fact the run can observe, or a safe one whose guard runs the
+    original wherever a mask is present (`fully-masked-rows` guarded): where the run saw the masks present with
+    their facts holding, the patch that passes them to SDPA is tried first."""
+    facts = finding.extra.get("facts") or {}
+    if finding.kind != "attention" or finding.patch is None:
+        return False
+    if finding.fix_safety == "safe":
+        return any(fact["name"] == "fully-masked-rows" for fact in facts.get("guarded") or [])
+    return finding.fix_safety == "unsafe" and any(fact["name"] in OBSERVERS for fact in facts.get("assumed") or [])
 
 
 def set_aside_unexercised(candidates: dict[str, PatchCandidate], lines: list[list]) -> None:
@@ -379,7 +400,12 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
                                                 options.call_site_facts, session.autograd_requests)
         set_aside_unexercised(session.candidates, session.profile_before.lines)
         for pid, candidate in session.candidates.items():
-            if candidate.patched is not None and session.nondeterministic is None:
+            preferred = trials.get(candidate.fallback_for)
+            if preferred is not None and preferred.verdict == VERIFIED:
+                candidate.reason = (f"not run: {candidate.fallback_for}, the patch of this block that passes the "
+                                    "masks the run saw to SDPA, verified (this one runs the original wherever they "
+                                    "are present)")
+            elif candidate.patched is not None and session.nondeterministic is None:
                 trials[pid] = session.trial((pid,))
         verified = [pid for pid, t in trials.items() if t.verdict == VERIFIED]
         final = choose_final(session, trials, verified)

@@ -43,10 +43,12 @@ JUDGEMENTS = {
     "p03_xtransformers_attend": (REFUSED, "pre/post-softmax intermediates are returned"),
     "p04_lucid_einsum_mask": (UNSAFE, "finite fill on a fully padded sample: fully-masked-rows"),
     "p05_lucid_causal_triu": (SAFE, "triu(j - i + 1) with i == j (q and k from one x): every row keeps key 0"),
-    "p06_audiocraft_streaming_mha": (UNSAFE, "constant layout strings; additive 0/-inf mask from a helper"),
+    "p06_audiocraft_streaming_mha": (SAFE, "constant layout strings; additive 0/-inf mask from a helper, under "
+                                     "`if m is not None:`: guarded by its absence"),
     "p07_hybrid_ssm_shared_attn": (SAFE, "nanoGPT causal block shared across layers in a loop"),
     "p08_diffusers_attnprocessor": (REFUSED, "probabilities come from a method called on another object"),
-    "p09_diffusers_crossattention_attention": (UNSAFE, "q/k upcast to fp32 while v keeps its dtype: qkv-dtype"),
+    "p09_diffusers_crossattention_attention": (SAFE, "q/k upcast to fp32 while v keeps its dtype: qkv-dtype "
+                                               "guarded; mask under `if m is not None:`: by its absence"),
     "p10_hf_gpt_neox_attn": (REFUSED, "tensor alpha, head mask, weights returned"),
     "p11_megatron_neox_baddbmm": (SAFE, "baddbmm(beta=0) of an empty buffer, causal mask filled in place with "
                                         "-10000 by a helper (no fully masked row), folded heads"),
@@ -57,11 +59,13 @@ JUDGEMENTS = {
     "p16_timm_eva_attention": (UNSAFE, "mask parameter of unknown rank `[:, None, None, :]`"),
     "p17_perceiver_cross_attention": (UNSAFE, "finite fill on a fully padded sample: fully-masked-rows"),
     "p18_qformer_cross_attention": (REFUSED, "probabilities saved and hooked; head mask"),
-    "p19_hf_detr_attention": (UNSAFE, "additive mask from the caller; weights returned when output_attentions"),
+    "p19_hf_detr_attention": (SAFE, "additive mask from the caller under `if m is not None:`: guarded by its "
+                              "absence; weights returned only when output_attentions"),
     "p20_local_band_buffer": (SAFE, "bool band buffer sliced [:T, :T]; the diagonal is always kept"),
     "p21_sliding_window_causal": (SAFE, "tril & ~tril(-w) built in forward; fp32 softmax upcast accepted"),
     "p22_gpt2_past_bottom_right": (SAFE, "`w * b - 1e4 * (1 - b)` with a 0/1 tril buffer sliced bottom-right"),
-    "p23_llama_kv_cache_decode": (UNSAFE, "additive mask from the caller (rank/dtype unknown)"),
+    "p23_llama_kv_cache_decode": (SAFE, "additive mask from the caller (rank/dtype unknown) under "
+                                  "`if m is not None:`: guarded by its absence"),
     "p24_prefix_lm_data_write": (SAFE, "bool mask from the buffer; NOT is_causal: the file opens a prefix via .data"),
     "p25_mc_dropout_eval": (SAFE, "dropout_p must follow the dropout module's own mode (MC dropout)"),
     "p26_dropout_schedule": (SAFE, "dropout_p must be read from the module at call time"),

@@ -31,6 +31,7 @@ from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
+MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
 GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
@@ -56,6 +57,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         return
     for name in wanted:
         absent = _absent_checks(c, match.masks) if name == mk.ROWS else []
+        if name == mk.ROWS and not absent:
+            _plan_absent_under_if(c, span, output_statement, query)
         if name == QKV_DTYPE:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
             reads = [node for node in (query, key, value) if _plain(c, node)]
@@ -95,9 +98,19 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     match.guard_span = span
 
 
-def settle_guards(match: AttentionMatch) -> None:
+def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
     """Guard the facts planned for it that are still assumed; the patch then runs the SDPA path behind their
-    check (`match.guard`) and the original block where it fails."""
+    check (`match.guard`) and the original block where it fails. Masks each under its own `if m is not None:` are
+    guarded by their absence where only facts about them would stay assumed, unless `masks_seen` (a run saw them
+    present with those facts holding on every call: the patch then passes them to SDPA, see fixes.observed)."""
+    assumed = {fact.name for fact in match.facts.assumptions}
+    if match.absent_under_if is not None and not masks_seen and mk.ROWS in assumed and \
+            all(name in MASK_FACTS or name in match.guard_checks for name in assumed):
+        absent, lifted = match.absent_under_if
+        match.guard_checks.update({name: absent for name in assumed & set(MASK_FACTS)})
+        match.guard_lifted.extend(line for line in lifted if line not in match.guard_lifted)
+        match.masks_absent = True
+        _drop_conditional_masks(match)
     checks = {name: parts for name, parts in match.guard_checks.items()
               if any(fact.name == name for fact in match.facts.assumptions)}
     if mk.ROWS in checks and match.masks_absent:  # SDPA runs where every mask is None: no mask, no fact about one
@@ -117,11 +130,59 @@ def settle_guards(match: AttentionMatch) -> None:
 def _absent_checks(c: Candidate, terms: list[MaskTerm]) -> list[cst.BaseExpression]:
     """`m is None` for each mask, where every mask is added only when it is not None (`maybe_add_mask(s, m)`): where
     they are all None no row is masked, so SDPA without a mask is exact; else the original runs. Empty when a mask
-    is applied otherwise or is not a plain name or attribute. (A mask under the caller's own `if m is not None:`
-    keeps its assumed facts, which call sites or a run may still settle with the mask passed to SDPA.)"""
+    is applied otherwise or is not a plain name or attribute. (Masks under the caller's own `if m is not None:` are
+    planned apart, `_plan_absent_under_if`: call sites or a run may still settle their facts with them passed.)"""
     if not terms or not all(term.optional and _plain(c, term.source) for term in terms):
         return []
     return [cst.Comparison(term.source, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]) for term in terms]
+
+
+def _drop_conditional_masks(match: AttentionMatch) -> None:
+    """The SDPA path runs only where every mask is None, so there the `if`s that apply them are never taken: it
+    drops them rather than hoist their masks into an `attn_mask` it does not pass."""
+    for term in match.masks:
+        if term.guard is not None:
+            match.hoisted.pop(term.statement, None)
+            if not any(term.guard is node for node in match.removed):
+                match.removed.append(term.guard)
+    match.hoist_anchor = match.hoist_init = None
+
+
+def _plan_absent_under_if(c: Candidate, span: list[cst.BaseStatement], output_statement: cst.CSTNode,
+                          query: cst.BaseExpression) -> None:
+    """`m is None` for each mask applied only under its own `if m is not None:` (no `else:`, `m` a plain name or
+    attribute that the mask is, up to constant indexing and views), or added by an optional mask helper. Where they
+    are all None the original applies no mask, so SDPA without one is exact; else the original runs, indexing and
+    broadcasting the mask as before (the check reads only `is None`, so it raises nothing the original would not).
+    Kept aside in `match.absent_under_if`: such a mask's facts may still be settled with the mask passed to SDPA."""
+    tests = [_absence_test(c, term) for term in c.match.masks]
+    if not tests or None in tests:
+        return
+    reads = [query] + tests
+    lifted = _lifted(c, span, reads)
+    if lifted is not None and holds_at(c, span[0], output_statement, reads, lifted):
+        unique = {c.parsed.code(test): test for test in tests}
+        c.match.absent_under_if = ([cst.Comparison(test, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))])
+                                    for test in unique.values()], lifted)
+
+
+def _absence_test(c: Candidate, term: MaskTerm) -> cst.BaseExpression | None:
+    """The plain name or attribute whose None means the original does not apply this mask, if there is one."""
+    if term.source is None:
+        return None
+    if term.optional:
+        return term.source if _plain(c, term.source) else None
+    guard = term.guard
+    test = guard.test if guard is not None and guard.orelse is None else None
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and
+            isinstance(test.comparisons[0].operator, cst.IsNot) and
+            isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None"):
+        return None
+    base = _peeled(term.source, DTYPE_KEEPING_VIEWS)
+    while isinstance(base, cst.Subscript):
+        base = base.value
+    same = c.parsed.code(base).replace(" ", "") == c.parsed.code(test.left).replace(" ", "")
+    return test.left if same and _plain(c, test.left) else None
 
 
 def _dtype_of(c: Candidate, node: cst.BaseExpression, torch_name: str) -> cst.BaseExpression | None:

@@ -249,7 +249,7 @@ def flag(c: Candidate) -> None:
 @step(reads=("factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted match.key "
              "match.masks match.query match.removed match.renamed match.unwrap output_statement "
              "tensor_scale_reads values weights"),
-      writes="match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
+      writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
     """A run-time check for each assumed metadata fact that can be checked."""
     plan_guards(c, c.output_statement)

@@ -78,6 +78,9 @@ class AttentionMatch:
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
     guard_lifted: list[cst.SimpleStatementLine] = field(default_factory=list)  # run above the check (it reads them)
     masks_absent: bool = False  # the fully-masked-rows check is `m is None` for every mask: SDPA needs no mask
+    # `m is None` for masks each under its own `if m is not None:`, and the statements it lifts: used where only
+    # mask facts are still assumed and no run saw the masks present with their facts holding (see settle_guards)
+    absent_under_if: tuple[list[cst.BaseExpression], list[cst.SimpleStatementLine]] | None = None
     guard: cst.BaseExpression | None = None
     # weights that leave only on request (attention.flags): the `if <flag>:` statements the SDPA path replaces by
     # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)
