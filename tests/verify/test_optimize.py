@@ -212,10 +212,11 @@ def test_interactive_part_of_several_patches_is_checked_together_before_it_is_wr
 
 
 def test_double_backward_seen_in_the_profiled_run_makes_the_patch_unsafe(tmp_path, capsys):
-    """A gradient penalty the static scan cannot read (the keyword passed through `**`) is seen while the
-    step runs: the first-order-autograd fact is not proved, so the patch is not run without --unsafe-fixes."""
+    """A gradient penalty the static scan cannot read (the keyword read from a configuration text and passed
+    through `**`) is seen while the step runs: the first-order-autograd fact is not proved, so the patch is not run
+    without --unsafe-fixes."""
     penalty = ('if torch.is_grad_enabled():\n'
-               '            options = {"create_graph": True}\n'
+               '            options = __import__("json").loads(\'{"create_graph": true}\')\n'
                '            (g,) = getattr(torch.autograd, "grad")(out.sum(), self.qkv.weight, **options)\n'
                '            out = out + g.pow(2).sum()')
     model = write_model(tmp_path, forward_epilogue=penalty)
