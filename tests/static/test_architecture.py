@@ -1,12 +1,14 @@
 """The layering of ARCHITECTURE.md, computed from the code: each module's layer comes from that file's table, and
-no import runs up a layer; only the registry loads the rule units; no two modules share a file name. In tests/, no
-test module imports another."""
+no import runs up a layer and module-level imports make no cycle; only the registry loads the rule units; no two
+modules share a file name. In tests/, no test module imports another."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "advisor"
@@ -60,7 +62,10 @@ def _type_checking_only(tree: ast.Module) -> set[int]:
 
 def _imports(path: Path) -> list[str]:
     """The advisor modules a file imports when it runs (by statement, or by name through a loader call)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return _module_imports(ast.parse(path.read_text(encoding="utf-8")))
+
+
+def _module_imports(tree: ast.Module) -> list[str]:
     skipped = _type_checking_only(tree)
     found = []
     for node in ast.walk(tree):
@@ -94,6 +99,23 @@ def test_no_import_runs_up_a_layer():
             if theirs > mine and (relative, name) not in KNOWN_UPWARD:
                 upward.append(f"{relative} ({TABLE[mine][0]}) imports {name} ({TABLE[theirs][0]})")
     assert upward == []
+
+
+def test_no_module_level_import_cycle():
+    """Imports a module runs when it loads (module level, not type-checking only) make no cycle between advisor's
+    modules; the rule units' lazy imports of the engines sit inside their hooks, after everything has loaded. The
+    package itself (`import advisor`, read for its path) is no edge."""
+    graph = nx.DiGraph()
+    for path in _modules():
+        relative = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module_level = ast.Module(body=[node for node in tree.body if not isinstance(node, ast.If)
+                                        or getattr(node.test, "id", None) != "TYPE_CHECKING"], type_ignores=[])
+        for name in _module_imports(module_level):
+            target = _file_of(name)
+            if name != "advisor" and target is not None and target != relative:
+                graph.add_edge(relative, target)
+    assert list(nx.simple_cycles(graph)) == []
 
 
 def test_only_the_registry_loads_the_rule_units():
