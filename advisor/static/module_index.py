@@ -585,7 +585,8 @@ class _OutsideWriteCollector(cst.CSTVisitor):
         for attribute in _written_attributes(target):
             if not _is_self_attribute(attribute):
                 self.write(attribute.attr.value, elements_only or table is None and _element_store(target))
-        self._torch_function(target)
+        if isinstance(target, cst.Attribute):  # `matmul = torch.matmul` binds a name of this file, not torch's
+            self._torch_function(target)
         imported = _imported_root(target)
         if imported is not None and imported.value in self.parsed.imports:  # `from m import MASK; MASK[0] = v`
             self.write(self.parsed.imports[imported.value].rsplit(".", 1)[-1],

@@ -98,7 +98,8 @@ class _Writes(ast.NodeVisitor):
             if isinstance(walked, ast.Attribute) and not _is_self(walked.value):
                 self.write(walked.attr, into)
             walked = walked.value
-        self.torch_function(node)
+        if isinstance(node, ast.Attribute):  # `matmul = torch.matmul` binds a name of this file, not torch's
+            self.torch_function(node)
         root = node
         while isinstance(root, ast.Subscript) or isinstance(root, ast.Attribute) and root.attr == "data":
             root = root.value

@@ -20,13 +20,14 @@ from fixture_models import fixture_paths
 POSITIVE = fixture_paths("positive")
 
 
-def _whole_module_rewrite(source: str, drop_weights: bool = False, pick=None) -> str:
-    """The reference: render the whole module (what render does when statements do not render back)."""
+def _whole_module_rewrite(source: str, drop_weights: bool = False, pick=None, masks_passed: bool = False) -> str:
+    """The reference: render the whole module (what render does when statements do not render back).
+    `masks_passed`: as with --unsafe-fixes, optional masks go to SDPA rather than behind their absence."""
     parsed = ParsedModule(source, "m.py")
     parsed.__dict__["statement_spans"] = None
     matches = [m for m in find_attention(parsed) if m.output_node is not None]
     for match in matches:  # as the pipeline does: what stays assumed about metadata is guarded where it can be
-        settle_guards(match)
+        settle_guards(match, masks_passed)
     (edit,) = _rewrite_edits(parsed, matches if pick is None else [matches[pick]], drop_weights)
     return edit.text
 
@@ -43,7 +44,7 @@ def test_local_patch_equals_the_whole_module_diff(fixture):
     source = fixture.read_text()
     result = analyze_source(source, "m.py", unsafe_fixes=True)  # some positives' patches are unsafe (ASSUMES:)
     (finding,) = result.findings
-    assert result.fixed == _whole_module_rewrite(source)
+    assert result.fixed == _whole_module_rewrite(source, masks_passed=True)
     assert finding.patch == unified_diff("m.py", source, result.fixed)
 
 

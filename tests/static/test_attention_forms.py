@@ -370,9 +370,6 @@ FAMILIES = {  # family -> what the reason must say (None: not softmax(QK^T)V att
     "ibert": "IntSoftmax",
     "longformer": "torch.cat",
     "sew_d": "XSoftmax.apply",
-    # the scores leave only under `if output_attentions:`: a patch behind the flag's check, unsafe
-    # only for the caller's mask values
-    "squeezebert": "no query row is fully masked",
     "superpoint": None,  # a softmax over a conv's channels (keypoint heatmap), no product with values
     "swiftformer": None,  # additive attention: softmax of q·w_g, then a weighted sum, no key axis
 }
@@ -389,3 +386,16 @@ def test_transformers_family_is_reported_with_its_reason(family):
         return
     assert attention and all(f.fix_safety != "safe" or not f.fixable for f in attention)
     assert any(FAMILIES[family] in (f.reason or "") for f in attention), [f.reason for f in attention]
+
+
+def test_squeezebert_is_patched_behind_the_flag_and_the_absent_mask():
+    """The scores leave only under `if output_attentions:` and the mask is added only under `if attention_mask is
+    not None:`: SDPA runs where the flag is off and the mask absent, the original block verbatim otherwise, so the
+    patch is exact for every input and the mask's facts are guarded, not assumed."""
+    transformers = pytest.importorskip("transformers")
+    path = Path(transformers.__file__).parent / "models" / "squeezebert" / "modeling_squeezebert.py"
+    [finding] = [f for f in analyze_source(path.read_text(encoding="utf-8"), str(path)).findings
+                 if f.kind == "attention"]
+    guarded = {fact["name"]: fact["why"] for fact in finding.extra["facts"].get("guarded", [])}
+    assert finding.fix_safety == "safe" and finding.patch
+    assert "`attention_mask is None`" in guarded["fully-masked-rows"] and "output_attentions" in guarded["flag-is-bool"]
