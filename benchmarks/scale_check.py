@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import ast
 import io
+import json
+import os
 import re
 import sys
 import tempfile
@@ -28,6 +30,7 @@ import tokenize
 import warnings
 from pathlib import Path
 
+ROUNDS = 5  # fix rounds an idempotency check follows, for fixes left out by a conflict
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "attention"
 HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -144,29 +147,37 @@ def compiles(text: str, path: str) -> str | None:
 
 
 # -- one pass ---------------------------------------------------------------------------------------------------
-def check(paths: list[str], unsafe: bool) -> dict:
+def check(paths: list[str], unsafe: bool, backend: str = "sdpa") -> dict:
+    """One scan of `paths` (`backend`, safe or also unsafe fixes) and every promise about its output checked."""
     from advisor.engine.static import scan_paths
 
     started = time.perf_counter()
-    result = scan_paths(paths, unsafe_fixes=unsafe, patches=True, fixed=True, cache=False)
+    result = scan_paths(paths, unsafe_fixes=unsafe, backend=backend, patches=True, fixed=True, cache=False)
     seconds = time.perf_counter() - started
     failures = [f"{e.path}: scan error: {e.message}" for e in result.errors if e.internal]
-    patches = fixed_files = not_compiling = 0
+    safe_patches = unsafe_patches = fixed_files = not_compiling = 0
+    tree = None
     for file in result.files:
         applicable = file.applicable()
+        failures += untouched(file) if not applicable else []
         if applicable and compiles(file.source, file.path) is not None:
             not_compiling += 1
             continue  # the file itself does not compile (an error only `compile` finds): nothing to compare
         if applicable:
             fixed_files += 1
-            why = compiles(file.fixed, file.path)
+            why = compiles(file.fixed, file.path) or encodes(file)
+            if why is None:
+                tree = tree or _tree(paths)
+                why = idempotent(file, unsafe, backend, tree)
             if why:
-                failures.append(f"{file.path}: the fixed file ({len(applicable)} fixes together) does not compile: "
-                                f"{why}")
+                failures.append(f"{file.path}: the fixed file ({len(applicable)} fixes together): {why}")
         for finding in file.findings:
             if not finding.patch or not (finding.fix_safety == "safe" or unsafe):
                 continue
-            patches += 1
+            if finding.fix_safety == "safe":
+                safe_patches += 1
+            else:
+                unsafe_patches += 1
             try:
                 patched = apply_patch(file.source, finding.patch)
                 why = compiles(patched, file.path)
@@ -177,9 +188,71 @@ def check(paths: list[str], unsafe: bool) -> dict:
             if why:
                 failures.append(f"{file.path}:{finding.line} {finding.rule} ({finding.fix_safety}): {why}")
     return {"files": len(result.files), "lines": sum(f.source.count("\n") + 1 for f in result.files),
-            "findings": len(result.findings), "patches": patches, "fixed_files": fixed_files,
-            "errors": len(result.errors), "internal": sum(e.internal for e in result.errors),
-            "not_compiling": not_compiling, "failures": failures, "seconds": seconds}
+            "findings": len(result.findings), "safe_patches": safe_patches, "unsafe_patches": unsafe_patches,
+            "fixed_files": fixed_files, "errors": len(result.errors), "internal": sum(e.internal for e in result.errors),
+            "not_compiling": not_compiling, "failures": failures, "seconds": round(seconds, 2)}
+
+
+def untouched(file) -> list[str]:
+    """A file with nothing to apply keeps its text (the writer then leaves it alone: `fix --apply` writes only a
+    changed text)."""
+    return [] if file.fixed == file.source else [f"{file.path}: no fix applies, yet its fixed text differs"]
+
+
+def encodes(file) -> str | None:
+    """None when the fixed text, encoded as the file's own bytes are (BOM, coding line), reads back as that text,
+    and keeps the file's line endings: a CRLF file gets no bare LF line."""
+    from advisor.static.source_encoding import SourceDecodeError, decode_source, encode_source
+
+    data = Path(file.path).read_bytes()
+    text, codec = decode_source(data)
+    if text != file.source:
+        return "the scanned text is not the file's decoded bytes"
+    try:
+        written = encode_source(file.fixed, codec)
+    except SourceDecodeError as exc:
+        return str(exc)
+    if decode_source(written) != (file.fixed, codec):
+        return "its bytes, once written, do not read back as the fixed text"
+    if _bare_newlines(file.source) == 0 < file.source.count("\r\n") and _bare_newlines(file.fixed):
+        return f"{_bare_newlines(file.fixed)} lines end in a bare LF in a CRLF file"
+    return None
+
+
+def _bare_newlines(text: str) -> int:
+    return text.count("\n") - text.count("\r\n")
+
+
+def idempotent(file, unsafe: bool, backend: str, tree) -> str | None:
+    """None when the fixed text, analysed again at its path with the same tree's facts and options, offers no fix
+    (a fix left out for a conflict with another may be offered once more: `fix` applies it on the next run, so
+    the rounds must reach a text that offers nothing)."""
+    from advisor.engine.static import analyze_source
+
+    text, left_out = file.fixed, file.applied.not_applied
+    for _ in range(ROUNDS):
+        try:
+            again = analyze_source(text, file.path, unsafe, backend=backend, patches=False, tree_context=tree)
+        except Exception as exc:  # noqa: BLE001 - the check reports any failure of the second analysis
+            return f"analysing the fixed text fails ({type(exc).__name__}: {exc})"
+        offered = again.applicable()
+        if not offered:
+            return None
+        if not left_out:
+            return "fixing it again offers " + ", ".join(f"{f.rule} at line {f.line}" for f in offered)
+        text, left_out = again.applied.text, again.applied.not_applied
+        why = compiles(text, file.path)
+        if why:
+            return f"the next round of fixes does not compile: {why}"
+    return f"still offers fixes after {ROUNDS} rounds"
+
+
+def _tree(paths: list[str]):
+    """The tree context the scan computed (the same files, the same call-site setting), for analysing fixed texts."""
+    from advisor.static.discover import discover
+    from advisor.static.tree_facts import tree_context
+
+    return tree_context(discover(paths)[0])
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -195,11 +268,19 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="only N files of each tree, spread over it")
     parser.add_argument("--shard", type=_shard, default=(1, 1), metavar="I/N",
                         help="every Nth file of each tree, from the Ith (a chunk of a long run)")
+    parser.add_argument("--backend", nargs="+", choices=("sdpa", "flex"), default=["sdpa", "flex"],
+                        help="the attention backends the rewrites target, one pass each (default: both)")
     parser.add_argument("--unsafe-only", action="store_true",
                         help="one pass, with unsafe fixes (every patch one by one, all fixes together), not the safe "
                              "pass first")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="record each pass here and skip the passes it holds (a long run resumed chunk by chunk)")
     parser.add_argument("--keep", metavar="DIR", default=None, help="write the generated tree here and keep it")
     args = parser.parse_args()
+    record = Record(Path(args.json), {"limit": args.limit, "shards": args.shard[1]}) if args.json else None
+    if record is not None and record.problem:
+        print(f"scale_check: {record.problem}", file=sys.stderr)
+        return 2
     failed = False
     with tempfile.TemporaryDirectory(prefix="advisor-scale-") as scratch:
         trees = {}
@@ -210,18 +291,61 @@ def main() -> int:
         for name, paths in trees.items():
             paths = paths[:: max(1, len(paths) // args.limit)][: args.limit] if args.limit else paths
             paths = paths[args.shard[0] - 1:: args.shard[1]]
-            for unsafe in (True,) if args.unsafe_only else (False, True):
-                numbers = check(paths, unsafe)
-                failed |= bool(numbers["failures"])
-                print(f"{name} ({'safe and unsafe' if unsafe else 'safe'} fixes): {numbers['files']} files, "
-                      f"{numbers['lines']} lines, {numbers['findings']} findings, {numbers['patches']} patches "
-                      f"applied one by one, {numbers['fixed_files']} files with their fixes together, "
-                      f"{numbers['errors']} scan errors ({numbers['internal']} internal), "
-                      f"{numbers['not_compiling']} files with fixes that do not compile as they are (skipped), "
-                      f"{len(numbers['failures'])} failures, {numbers['seconds']:.1f} s", flush=True)
-                for failure in numbers["failures"]:
-                    print(f"  FAIL {failure}", flush=True)
+            for backend in args.backend:
+                for unsafe in (True,) if args.unsafe_only else (False, True):
+                    key = f"{name} {backend} {'unsafe' if unsafe else 'safe'} {args.shard[0]}/{args.shard[1]}"
+                    numbers = record.runs.get(key) if record is not None else None
+                    if numbers is None:
+                        numbers = check(paths, unsafe, backend)
+                        if record is not None:
+                            record.add(key, numbers)
+                        print(_line(key, numbers), flush=True)
+                        for failure in numbers["failures"]:
+                            print(f"  FAIL {failure}", flush=True)
+                    failed |= bool(numbers["failures"])
+    if record is not None:
+        print(record.totals(), flush=True)
     return 1 if failed else 0
+
+
+def _line(key: str, numbers: dict) -> str:
+    return (f"{key}: {numbers['files']} files, {numbers['lines']} lines, {numbers['findings']} findings, "
+            f"{numbers['safe_patches']} safe and {numbers['unsafe_patches']} unsafe patches applied one by one, "
+            f"{numbers['fixed_files']} files with their fixes together, {numbers['errors']} scan errors "
+            f"({numbers['internal']} internal), {numbers['not_compiling']} files with fixes that do not compile as "
+            f"they are (skipped), {len(numbers['failures'])} failures, {numbers['seconds']:.1f} s")
+
+
+class Record:
+    """The passes of a long run, one JSON entry each ("TREE BACKEND safe|unsafe I/N"), written after each pass so
+    that the next run, of this shard or another, skips what is done. The options that change what a shard holds
+    (--limit, the shard count) must match the file's."""
+
+    def __init__(self, path: Path, options: dict):
+        self.path, self.options, self.runs, self.problem = path, options, {}, None
+        if path.exists():
+            data = json.loads(path.read_text())
+            if data["options"] != options:
+                self.problem = f"{path} holds a run with {data['options']}, not {options}: use another file"
+            self.runs = data["runs"]
+
+    def add(self, key: str, numbers: dict) -> None:
+        self.runs[key] = numbers
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps({"options": self.options, "runs": self.runs}, indent=1))
+        os.replace(partial, self.path)
+
+    def totals(self) -> str:
+        """The recorded passes summed per tree, backend and pass, with how many of the shards they cover."""
+        groups: dict[str, list[dict]] = {}
+        for key, numbers in self.runs.items():
+            groups.setdefault(key.rsplit(" ", 1)[0], []).append(numbers)
+        lines = [f"recorded in {self.path} ({self.options['shards']} shards):"]
+        for group, runs in sorted(groups.items()):
+            summed = {field: sum(run[field] for run in runs) for field in runs[0] if field != "failures"}
+            summed["failures"] = [failure for run in runs for failure in run["failures"]]
+            lines.append(_line(f"{group} ({len(runs)} of {self.options['shards']} shards)", summed))
+        return "\n".join(lines)
 
 
 if __name__ == "__main__":

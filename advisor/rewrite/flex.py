@@ -72,11 +72,13 @@ def prelude(parsed: ParsedModule) -> tuple[cst.BaseStatement, ...] | str:
         return f"the name `{HELPER_NAME}` is already used in this module"
     if torch_name is None:
         return "the module does not import torch as a module, which the flex helper calls"
-    return _prelude_statements(torch_name)
+    return _prelude_statements(torch_name, parsed.module.default_newline)
 
 
 @functools.cache
-def _prelude_statements(torch_name: str) -> tuple[cst.BaseStatement, ...]:
-    body = cst.parse_module(prelude_source(torch_name)).body
+def _prelude_statements(torch_name: str, newline: str) -> tuple[cst.BaseStatement, ...]:
+    """Parsed with the module's newline: the line breaks inside the helper's docstrings are source text that the
+    module's rendering keeps as they are, so a CRLF file gets CRLF docstrings, not bare LFs."""
+    body = cst.parse_module(prelude_source(torch_name).replace("\n", newline)).body
     first = body[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
     return (first, *body[1:])

@@ -19,6 +19,31 @@ def test_crlf_line_endings_are_kept():
     assert fixed.count("\n") == fixed.count("\r\n")  # no bare LF introduced
 
 
+SOFT_CAPPED = """\
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, cap=50.0):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, q, k, v):
+        scores = torch.matmul(q, k.transpose(-2, -1)) * 0.125
+        scores = torch.tanh(scores / self.cap) * self.cap
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+"""
+
+
+def test_crlf_line_endings_are_kept_in_the_pasted_flex_helper():
+    """The flex helper's docstrings span lines: pasted into a CRLF file, their line breaks are the file's too."""
+    source = SOFT_CAPPED.replace("\n", "\r\n")
+    fixed = analyze_source(source, "m.py", unsafe_fixes=True, backend="flex").fixed
+    assert "advisor_flex_attention(" in fixed and '"""' in fixed
+    assert fixed.count("\n") == fixed.count("\r\n")  # no bare LF introduced
+
+
 def test_tab_indentation_compiles_and_is_kept():
     source = NANOGPT.replace("    ", "\t")
     fixed = analyze_source(source, "m.py").fixed
