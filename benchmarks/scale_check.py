@@ -23,6 +23,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -294,9 +295,9 @@ def main() -> int:
             for backend in args.backend:
                 for unsafe in (True,) if args.unsafe_only else (False, True):
                     key = f"{name} {backend} {'unsafe' if unsafe else 'safe'} {args.shard[0]}/{args.shard[1]}"
-                    numbers = record.runs.get(key) if record is not None else None
+                    numbers = record.done(key) if record is not None else None
                     if numbers is None:
-                        numbers = check(paths, unsafe, backend)
+                        numbers = {**check(paths, unsafe, backend), "commit": _commit()}
                         if record is not None:
                             record.add(key, numbers)
                         print(_line(key, numbers), flush=True)
@@ -316,6 +317,13 @@ def _line(key: str, numbers: dict) -> str:
             f"they are (skipped), {len(numbers['failures'])} failures, {numbers['seconds']:.1f} s")
 
 
+def _commit() -> str:
+    """advisor's commit the pass ran on (`+` when the work tree had changes), so a resumed run says what it mixes."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 class Record:
     """The passes of a long run, one JSON entry each ("TREE BACKEND safe|unsafe I/N"), written after each pass so
     that the next run, of this shard or another, skips what is done. The options that change what a shard holds
@@ -328,6 +336,11 @@ class Record:
             if data["options"] != options:
                 self.problem = f"{path} holds a run with {data['options']}, not {options}: use another file"
             self.runs = data["runs"]
+
+    def done(self, key: str) -> dict | None:
+        """The pass's numbers when it is recorded without failures (one with failures runs again, after a fix)."""
+        numbers = self.runs.get(key)
+        return numbers if numbers is not None and not numbers["failures"] else None
 
     def add(self, key: str, numbers: dict) -> None:
         self.runs[key] = numbers
@@ -342,9 +355,12 @@ class Record:
             groups.setdefault(key.rsplit(" ", 1)[0], []).append(numbers)
         lines = [f"recorded in {self.path} ({self.options['shards']} shards):"]
         for group, runs in sorted(groups.items()):
-            summed = {field: sum(run[field] for run in runs) for field in runs[0] if field != "failures"}
+            summed = {field: sum(run[field] for run in runs) for field in runs[0]
+                      if field not in ("failures", "commit")}
             summed["failures"] = [failure for run in runs for failure in run["failures"]]
-            lines.append(_line(f"{group} ({len(runs)} of {self.options['shards']} shards)", summed))
+            commits = ", ".join(sorted({run.get("commit", "?") for run in runs}))
+            lines.append(_line(f"{group} ({len(runs)} of {self.options['shards']} shards)", summed) +
+                         f", on {commits}")
         return "\n".join(lines)
 
 
