@@ -1,15 +1,18 @@
 """Never crash, never damage, at scale. Scans every `.py` file of the installed transformers package
 and a generated tree (each attention fixture in several variants: CRLF line endings, a BOM and coding line, a
-comment after every logical line, three renamed copies in one file, no final newline), twice: safe fixes only,
-then with unsafe fixes. Every file's fixed text (its fixes applied together) and every finding's own patch,
-applied to a copy of the source as `git apply` reads a diff (lines end at `\\n`), must parse and compile.
+comment after every logical line, three renamed copies in one file, no final newline), for each backend: safe
+fixes only, then with unsafe fixes. Every file's fixed text (its fixes applied together) and every finding's own
+patch, applied to a copy of the source as `git apply` reads a diff (lines end at `\\n`), must parse and compile;
+the fixed text must encode as the file does and keep a CRLF file's line endings, and offer no fix when analysed
+again (idempotent); a file with nothing to apply keeps its text.
 
-    python benchmarks/scale_check.py [--only transformers|generated] [--limit N] [--shard I/N] [--unsafe-only]
-                                     [--keep DIR]
+    python benchmarks/scale_check.py [--only transformers|generated] [--limit N] [--shard I/N]
+                                     [--backend sdpa flex] [--unsafe-only] [--json FILE] [--keep DIR]
 
 --limit N takes N files spread evenly over each tree (a quick run). --shard I/N takes every Nth file from the Ith
 (1 <= I <= N; after --limit), to run a slow machine's check in N chunks (each chunk is scanned as its own tree, so
-facts proved from call sites in other chunks are not).
+facts proved from call sites in other chunks are not). --json FILE records each pass as it ends and skips those
+it holds without failures, so a check too long for one run goes on shard by shard, one process each.
 
 Prints files, lines, findings, patches, failures and seconds per tree and pass; each failure is listed (file,
 rule, what failed) and the exit code is 1 when there is any. No cache is read or written.
