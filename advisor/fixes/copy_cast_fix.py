@@ -22,6 +22,7 @@ from advisor.fixes.aliasing import layout_or_escape, writes_in_place
 from advisor.contracts.call_rule import CallRule
 from advisor.contracts.evidence import FileEvidence, RuntimeHit
 from advisor.patterns import copy_cast_roles as roles
+from advisor.patterns.attention.anchors import is_guarded_fallback
 from advisor.patterns.facts import FactSheet
 from advisor.registry import load_rules
 from advisor.rewrite.apply import RewriteFailed, SourceEdit, render
@@ -80,7 +81,8 @@ def copy_cast_findings(parsed: ParsedModule, evidence: FileEvidence | None, earl
                        rules: tuple[CallRule, ...]) -> list[Detected]:
     """Each finding of `rules` with its fix. Within the span of an earlier attention finding a static finding is
     left to it (the attention rule reports the block), a runtime one is reported without a patch where the
-    attention rewrite replaces it."""
+    attention rewrite replaces it. The original a guarded attention patch keeps under its `else:` is no static
+    finding either, as it is no attention finding: fixing a fixed file offers nothing."""
     covered = [(f.line, f.end_line, f.rule, f.fixable) for f in earlier if f.kind == "attention"]
     sites = roles.sites(parsed)
     plans = _static_plans(parsed, sites, rules)
@@ -90,7 +92,7 @@ def copy_cast_findings(parsed: ParsedModule, evidence: FileEvidence | None, earl
     # where two fixes overlap, the one proved without assumptions (safe) takes the expression first
     for plan in sorted(plans, key=lambda p: (p.line, bool(p.facts.assumptions), p.rule)):
         span = _covering(covered, plan)
-        if span is not None and plan.hit is None:
+        if plan.hit is None and (span is not None or is_guarded_fallback(parsed, plan.site.call)):
             continue
         if span is not None and span[3]:
             plan.rewrite, plan.reason = None, f"inside the attention block at lines {span[0]}-{span[1]}, which the " \

@@ -103,6 +103,31 @@ def test_upcast_inside_an_attention_block_is_left_to_the_attention_rule():
     assert [f.rule for f in result.findings] == ["ADV101"]
 
 
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_upcast_in_the_original_a_guarded_patch_keeps_is_left_alone(unsafe):
+    """The attention fix keeps the block under `else:` of its guard; fixing the fixed file again offers nothing
+    (the upcast was the attention rule's before, and the kept original is no finding after)."""
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class Attention(nn.Module):
+            def __init__(self, scale):
+                super().__init__()
+                self.scale = scale
+
+            def forward(self, q, k, v):
+                scores = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+                weights = F.softmax(scores.float(), dim=-1).to(v.dtype)
+                return torch.matmul(weights, v)
+        """)
+    fixed = analyze_source(source, "block.py", unsafe_fixes=unsafe).fixed
+    assert "else:" in fixed and "F.softmax(scores.float(), dim=-1)" in fixed
+    assert analyze_source(fixed, "block.py", unsafe_fixes=unsafe).findings == []
+
+
 def test_select_and_suppression_apply_to_copy_cast_rules():
     source, result = _analyze("x.contiguous().clone()  # advisor: ignore[ADV204]")
     assert result.findings == []
