@@ -3,8 +3,8 @@ and a generated tree (each attention fixture in several variants: CRLF line endi
 comment after every logical line, three renamed copies in one file, no final newline), for each backend: safe
 fixes only, then with unsafe fixes. Every file's fixed text (its fixes applied together) and every finding's own
 patch, applied to a copy of the source as `git apply` reads a diff (lines end at `\\n`), must parse and compile;
-the fixed text must encode as the file does and keep a CRLF file's line endings, and offer no fix when analysed
-again (idempotent); a file with nothing to apply keeps its text.
+the fixed text must encode as the file does and keep a CRLF file's line endings, and analysed again it must add
+no finding and offer no fix (idempotent); a file with nothing to apply keeps its text.
 
     python benchmarks/scale_check.py [--only transformers|generated] [--limit N] [--shard I/N]
                                      [--backend sdpa flex] [--unsafe-only] [--json FILE] [--keep DIR]
@@ -32,6 +32,7 @@ import tempfile
 import time
 import tokenize
 import warnings
+from collections import Counter
 from pathlib import Path
 
 ROUNDS = 5  # fix rounds an idempotency check follows, for fixes left out by a conflict
@@ -228,9 +229,9 @@ def _bare_newlines(text: str) -> int:
 
 
 def idempotent(file, unsafe: bool, backend: str, tree) -> str | None:
-    """None when the fixed text, analysed again at its path with the same tree's facts and options, offers no fix
-    (a fix left out for a conflict with another may be offered once more: `fix` applies it on the next run, so
-    the rounds must reach a text that offers nothing)."""
+    """None when the fixed text, analysed again at its path with the same tree's facts and options, has no more
+    findings of a rule than the original had, and offers no fix (a fix left out for a conflict with another may be
+    offered once more: `fix` applies it on the next run, so the rounds must reach a text that offers nothing)."""
     from advisor.engine.static import analyze_source
 
     text, left_out = file.fixed, file.applied.not_applied
@@ -239,6 +240,10 @@ def idempotent(file, unsafe: bool, backend: str, tree) -> str | None:
             again = analyze_source(text, file.path, unsafe, backend=backend, patches=False, tree_context=tree)
         except Exception as exc:  # noqa: BLE001 - the check reports any failure of the second analysis
             return f"analysing the fixed text fails ({type(exc).__name__}: {exc})"
+        added = Counter(f.rule for f in again.findings) - Counter(f.rule for f in file.findings)
+        if added and text == file.fixed:
+            return "fixing it adds findings: " + ", ".join(f"{f.rule} at line {f.line} ({f.function})"
+                                                           for f in again.findings if f.rule in added)
         offered = again.applicable()
         if not offered:
             return None

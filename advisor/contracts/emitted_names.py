@@ -2,3 +2,10 @@
 wrote on a second pass. Both sides import them from here, so neither imports the other."""
 
 FLEX_HELPER_NAME = "advisor_flex_attention"
+FLEX_PRELUDE_PREFIX = "_advisor_flex_"  # the helper's private module-level names (its state and its functions)
+
+
+def is_flex_prelude_function(name: str) -> bool:
+    """A top-level function of the flex helper's prelude, by name: its dense path is attention written by hand, and
+    advisor's own, so a second pass does not report it."""
+    return name == FLEX_HELPER_NAME or name.startswith(FLEX_PRELUDE_PREFIX)

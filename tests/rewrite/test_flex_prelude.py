@@ -338,3 +338,15 @@ def test_compiled_all_true_block_mask_keeps_ragged_sequence_ends_exact(monkeypat
         out = helper(q, k, v, score_mod=soft_cap)
     assert not [w for w in caught if "advisor_flex_attention" in str(w.message)], "compile fell back to eager"
     assert (out - hand_written_soft_cap(q, k, v)).abs().max().item() <= TOL
+
+
+def test_every_top_level_name_of_the_prelude_is_recognised_as_advisors():
+    """A second pass skips the prelude's functions by name (contracts.emitted_names): a function added to the
+    helper under another name would be scanned as the user's hand-written attention."""
+    import ast
+
+    from advisor.contracts.emitted_names import is_flex_prelude_function
+
+    names = [node.name for node in ast.parse(prelude_source()).body if isinstance(node, ast.FunctionDef)]
+    assert HELPER_NAME in names and "_advisor_flex_dense" in names
+    assert all(is_flex_prelude_function(name) for name in names)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.contracts.emitted_names import FLEX_HELPER_NAME, is_flex_prelude_function
 from advisor.patterns import scope
 from advisor.patterns.attention import anchors, flags, products, scores, weights
 from advisor.patterns.attention.attn_mask import assemble_mask
@@ -28,8 +29,12 @@ from advisor.static.module_index import ClassInfo, ParsedModule
 
 
 def find_attention(parsed: ParsedModule) -> list[AttentionMatch]:
+    """The attention blocks of the module's functions, but for the flex helper a patch pasted into it."""
     matches: list[AttentionMatch] = []
+    patched = FLEX_HELPER_NAME in parsed.module_functions
     for function, owner, name in parsed.functions:
+        if patched and owner is None and is_flex_prelude_function(name.split(".")[0]):  # nested defs too
+            continue
         if not anchors.mentions_softmax(parsed, owner.node if owner is not None else function):
             continue
         matches.extend(_match_function(parsed, function, owner, name))
