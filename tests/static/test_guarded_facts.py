@@ -142,6 +142,15 @@ def test_a_leaf_cast_to_a_literal_dtype_is_compared_as_that_dtype():
         assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa
 
 
+def test_a_guard_comparing_with_a_literal_dtype_is_idempotent():
+    """`if q.dtype == k.dtype == torch.float32:` reads metadata only: the block under its else is the kept
+    original, not a block to patch again (it was nested once more on every run)."""
+    fixed = analyze_source(_source(FLOAT_VALUE_PRODUCT), "case.py").fixed
+    assert "== torch.float32:" in fixed
+    again = analyze_source(fixed, "case.py")
+    assert again.fixed == fixed and not [f for f in again.findings if f.kind == "attention"]
+
+
 def test_a_guard_compiles_without_a_graph_break():
     """`torch.compile(fullgraph=True)` raises on any graph break: the check reads metadata only, on both paths."""
     source = "import math\nimport torch\n\n\ndef attend(q, k, v, mask):\n" + textwrap.indent(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns import scope
+from advisor.patterns.dtypes import DTYPE_NAMES
 from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
                                                   flow_for, function_of, statement_of)
 from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_through_objects, calls_to,
@@ -343,8 +344,8 @@ def _asked_in(parsed: ParsedModule, flag: cst.BaseExpression, fallback: cst.Base
 def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
     if isinstance(node, (cst.Integer, cst.Name)):
         return True
-    if isinstance(node, cst.Attribute):
-        return node.attr.value == "dtype"
+    if isinstance(node, cst.Attribute):  # `x.dtype`, or a dtype constant (`torch.float32`, as a guard compares)
+        return node.attr.value == "dtype" or parsed.imported_name(node) in DTYPE_NAMES
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
         return _metadata_operand(parsed, node.expression)
     if isinstance(node, cst.Subscript):
