@@ -112,7 +112,8 @@ def _submodule(c: Candidate, func: cst.BaseExpression) -> str | None:
     if not built:
         return None
     dotted = c.parsed.imported_name(built[0].func)
-    layer = f"`nn.{dotted.rsplit('.', 1)[-1]}`" if dotted else f"`{c.parsed.code(built[0].func)}`"
+    torch_layer = dotted is not None and dotted.startswith("torch.nn.")
+    layer = f"`nn.{dotted.rsplit('.', 1)[-1]}`" if torch_layer else f"`{c.parsed.code(built[0].func)}`"
     if dotted in MIXING_LAYERS:
         return (f"built as {layer}: a learned layer over the scores mixes them across {MIXING_LAYERS[dotted]}, "
                 f"which no SDPA mask expresses")
