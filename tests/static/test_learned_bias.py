@@ -316,3 +316,81 @@ def test_a_learned_table_another_file_may_rebind_by_computed_names_is_assumed_na
     assert "self.attention_biases" in why and "prune.py" in why and "computed names" in why, why
     assert "not visible" not in why
     assert "self.attention_biases" in assumed["mask-rank"] and "prune.py" in assumed["mask-rank"]
+
+
+BIAS_MODULE = '''
+import torch
+from torch import nn
+
+
+class RelPosBias(nn.Module):
+    """A relative-position bias module: its forward adds a gathered table to the scores it is given."""
+
+    def __init__(self, heads=2, n=5):
+        super().__init__()
+        self.n = n
+        self.table = nn.Parameter(torch.randn(2 * n - 1, heads))
+        positions = torch.arange(n)
+        self.register_buffer("index", positions[:, None] - positions[None, :] + n - 1, persistent=False)
+
+    def get_bias(self):
+        return self.table[self.index.view(-1)].view(self.n, self.n, -1).permute(2, 0, 1).unsqueeze(0)
+
+    def forward(self, attn, shared_rel_pos=None):
+        {forward}
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2, n=5):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.rel_pos = RelPosBias(heads, n, **{{}})
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = self.rel_pos(attn)
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B, N, C)
+'''
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("forward", ["return attn + self.get_bias()", "return self.get_bias() + attn"])
+def test_a_module_whose_forward_adds_a_bias_is_a_score_term_read_on_the_module(forward, dtype):
+    """`attn = self.rel_pos(attn)` where the module's forward only adds a term that reads no argument (gcvit's and
+    vit_relpos' `RelPosBias`): the term, read on the module (`self.rel_pos.get_bias()`), is SDPA's attn_mask, the
+    deleted call gets its identity and hooks facts; outputs and gradients (the table's included) match. The term's
+    rank and values are not read through the module yet: the patch is unsafe (`optimize` verifies it on a run)."""
+    source = BIAS_MODULE.format(forward=forward)
+    finding = _finding(source)
+    assert finding.fixable and "attn_mask=self.rel_pos.get_bias()" in finding.patch, finding.reason
+    assert "no-hooks" in _facts(finding, "proved")
+    # what the source does not show of the module's term (its rank, its values) stays assumed: an unsafe patch
+    assert set(_facts(finding, "assumed")) == {"mask-rank", "fully-masked-rows"}
+    fixed = analyze_source(source, "case.py", unsafe_fixes=True).fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "case").Attention().to(dtype)
+    patched = load_module_from_source(fixed, "case_fixed").Attention().to(dtype)
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    results = []
+    for model in (original, patched):
+        leaf = x.clone().requires_grad_()
+        out = model(leaf)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
+        results.append((out, leaf.grad, model.rel_pos.table.grad))
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
+    torch.testing.assert_close(results[1], results[0], **tolerance)
+    assert uses_sdpa(dispatched_ops(patched, (x,)))
+
+
+@pytest.mark.parametrize("forward", ["return attn + attn.mean(-1, keepdim=True)",
+                                     "return attn + self.get_bias() * shared_rel_pos",
+                                     "attn = attn + self.get_bias()\n        return attn"],
+                         ids=["a term of the scores", "a term of another argument", "not one return"])
+def test_a_module_forward_that_is_not_a_bias_of_the_module_alone_is_not_followed(forward):
+    finding = _finding(BIAS_MODULE.format(forward=forward))
+    assert not finding.fixable and "forward is not followed" in finding.reason, finding.reason

@@ -1,6 +1,6 @@
 """Scores passed through something the walk does not read get a refusal that says what it is: a learned layer over
 the scores (talking heads: `nn.Conv2d(heads, heads, 1)` mixes the heads), a submodule whose forward is not followed
-(a relative-position bias module), and a helper called under an `if` that writes into the scores in place (MViTv2's
+(one that is not a bias added to the scores), and a helper called under an `if` that writes into the scores in place (MViTv2's
 decomposed relative positions on a slice), instead of "not a recognised operation"."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 
-class RelPosBias(nn.Module):
-    def __init__(self, heads, n):
+class Temperature(nn.Module):
+    def __init__(self, heads):
         super().__init__()
-        self.table = nn.Parameter(torch.zeros(heads, n, n))
+        self.gain = nn.Parameter(torch.ones(heads, 1, 1))
 
     def forward(self, attn):
-        return attn + self.table
+        return attn * self.gain
 
 
 def add_rel_pos(attn, q, table):
@@ -35,7 +35,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3)
         self.mix = nn.Conv2d(heads, heads, kernel_size=1)
         self.project = nn.Linear(n, n)
-        self.rel_pos = RelPosBias(heads, n)
+        self.temperature = Temperature(heads)
         self.rel_table = nn.Parameter(torch.zeros(n - 1, dim // heads))
 
     def forward(self, x):
@@ -49,7 +49,7 @@ class Attention(nn.Module):
 USES = {
     "talking heads (conv over the heads)": ("attn = self.mix(attn)", ["`self.mix`", "nn.Conv2d", "dim 1", "heads"]),
     "a linear layer over the keys": ("attn = self.project(attn)", ["`self.project`", "nn.Linear", "last dim"]),
-    "a bias submodule": ("attn = self.rel_pos(attn)", ["`self.rel_pos`", "`RelPosBias`", "forward is not followed"]),
+    "a submodule": ("attn = self.temperature(attn)", ["`self.temperature`", "`Temperature`", "forward is not followed"]),
     "a helper under an if writing a slice": (
         "if self.spatial:\n            attn = add_rel_pos(attn, q, self.rel_table)",
         ["`add_rel_pos", "under `if self.spatial:`", "in place", "`attn[:, :, 1:, 1:] = "]),
