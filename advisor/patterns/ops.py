@@ -14,6 +14,7 @@ import libcst as cst
 from advisor.patterns.signatures import bind, signature_of
 from advisor.patterns.mask_helpers import optional_add, package_definition, package_function
 from advisor.patterns.softmax_helpers import summarise
+from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children
 
@@ -409,6 +410,8 @@ def _bias_forward(forward: cst.FunctionDef, call: cst.Call) -> Op | None:
     if bound is None or scores not in bound or _reads_any(term, set(params[1:]) | {p.name.value for p in
                                                                                     forward.params.kwonly_params}):
         return None
+    if any(contains_call(arg.value) for arg in call.args if arg.value is not bound[scores]):
+        return None  # the deleted call would no longer evaluate an argument that may run code
     on_module = _on_module(term, owner, call.func)
     if on_module is None:
         return None

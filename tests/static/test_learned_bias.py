@@ -394,3 +394,12 @@ def test_a_module_whose_forward_adds_a_bias_is_a_score_term_read_on_the_module(f
 def test_a_module_forward_that_is_not_a_bias_of_the_module_alone_is_not_followed(forward):
     finding = _finding(BIAS_MODULE.format(forward=forward))
     assert not finding.fixable and "forward is not followed" in finding.reason, finding.reason
+
+
+def test_a_bias_module_called_with_an_argument_that_runs_code_is_not_followed():
+    """Deleting the call would skip evaluating `shared_rel_pos=self.shared()`, which may run anything."""
+    source = BIAS_MODULE.format(forward="return attn + self.get_bias()").replace(
+        "attn = self.rel_pos(attn)", "attn = self.rel_pos(attn, shared_rel_pos=self.shared())") + \
+        "\n    def shared(self):\n        return None\n"
+    finding = _finding(source)
+    assert not finding.fixable and "forward is not followed" in finding.reason, finding.reason
