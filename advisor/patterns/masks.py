@@ -10,8 +10,10 @@ the scores, does not, unless the fill swallows them. An added float mask of valu
 the same case (HF's `(1 - m) * finfo.min` on a padded sample swallows the row: the original's weights are uniform,
 SDPA's fused backward gives other gradients, and the mask cast to a bf16 query overflows to -inf). So a finite
 fill or an added mask is exact only where no row is fully masked, which the source proves only for causal masks:
-a lower triangle of ones sliced from its first column keeps key 0 in every row. An added bias read from a learned
-table is a score term, not a mask (`attention.learned_bias`): its fact is accepted, the other masks judged alone.
+a lower triangle of ones sliced from its first column keeps key 0 in every row. Where every mask is one finite fill,
+the patch makes the fully masked rows uniform as the original does (`attention.uniform_rows`): proved. An added
+bias read from a learned table is a score term, not a mask (`attention.learned_bias`): its fact is accepted, the
+other masks judged alone.
 """
 
 from __future__ import annotations
