@@ -212,3 +212,15 @@ def test_where_the_row_is_not_constant_the_fact_stays_assumed(masking, why):
         .format(masking=masking)
     finding = _finding(source)
     assert "fully-masked-rows" in _facts(finding, "assumed"), why
+
+
+def test_the_fixup_compiles_under_torchscript_and_matches():
+    source = FUNCTION.replace("def attend", "@torch.jit.script\ndef attend").format(
+        masking="scores.masked_fill(mask == 0, -1e9)")
+    fixed = analyze_source(source, "case.py").fixed
+    assert "attn_rows" in fixed
+    original = load_module_from_source(source, "rows_scripted").attend
+    patched = load_module_from_source(fixed, "rows_scripted_fixed").attend
+    _, keep = _keep_masks(torch.Generator().manual_seed(6))["padding_rank4"]
+    q, k, v = (torch.randn(B, H, n, E) for n in (L, S, S))
+    torch.testing.assert_close(patched(q, k, v, keep.float()), original(q, k, v, keep.float()))
