@@ -29,7 +29,10 @@ def assemble_mask(c: Candidate) -> None:
     if not terms:
         return
     for term in terms:
-        term.expression = _metadata_translated(c, term.expression)
+        term.expression = metadata_translated(c, term.expression)
+    if match.row_fixup is not None:  # one finite fill: the keep mask, its fully masked rows made uniform
+        match.attn_mask = match.row_fixup.keep
+        return
     mixed = next((term for term in terms if term.number_paths is not None), None)
     if mixed is not None and len(terms) > 1:
         raise Refusal(f"`{c.parsed.code(mixed.source)}` is a Python number on one path and a tensor on another, "
@@ -60,7 +63,7 @@ def assemble_mask(c: Candidate) -> None:
     _hoist_masks(c, terms)
 
 
-def _metadata_translated(c: Candidate, mask: cst.BaseExpression) -> cst.BaseExpression:
+def metadata_translated(c: Candidate, mask: cst.BaseExpression) -> cst.BaseExpression:
     """The mask with its reads of the scores' metadata (`torch.ones(i, j, device=s.device)`) reading Q and K
     instead (see `block_checks.check_reads`): the emitted mask is a new expression, which the in-place renames of
     the original statements do not reach."""
