@@ -101,17 +101,18 @@ def _step_definitions(c: Candidate, ids: frozenset[int]):
     if UNDEFINED in ids or not definitions:
         raise Refusal("the scores are not defined on every path")
     if len(definitions) >= 2:
-        deepest = max(definitions, key=lambda d: (len(d.guards), d.id))  # the last update
-        guard = deepest.guards[-1] if deepest.guards else None
+        live = {d.id: tuple(g for g in d.guards if g not in c.off) for d in definitions}  # an off `if`'s else runs
+        deepest = max(definitions, key=lambda d: (len(live[d.id]), d.id))  # the last update
+        guard = live[deepest.id][-1] if live[deepest.id] else None
         inside = [d for d in definitions if guard in d.guards]
         outside = [d for d in definitions if guard not in d.guards]
         if (len(inside) == 1 and outside and deepest.kind in ("assign", "aug", "inplace")
-                and deepest.index is None and all(d.guards[:len(deepest.guards) - 1] ==
-                                                  deepest.guards[:-1] for d in outside)):
+                and deepest.index is None and all(live[d.id][:len(live[deepest.id]) - 1] ==
+                                                  live[deepest.id][:-1] for d in outside)):
             c.chain.definitions.append(deepest)
             return _definition_input(c, deepest), guard, frozenset(d.id for d in outside)
     if len(definitions) != 1:
-        raise Refusal("the scores are assigned on several paths")
+        raise Refusal(_several_paths(c, definitions))
     definition = definitions[0]
     if definition.kind == "store":
         raise Refusal(f"the scores are written in place by `{short(c.parsed, definition.statement)}`")
@@ -119,6 +120,14 @@ def _step_definitions(c: Candidate, ids: frozenset[int]):
         raise Refusal(f"the scores come from `{definition.name}`, which is not computed in this function")
     c.chain.definitions.append(definition)
     return _definition_input(c, definition), None, None
+
+
+def _several_paths(c: Candidate, definitions: list[Definition]) -> str:
+    """Why the walk stops where several assignments reach the scores: each is named, with its line."""
+    named = ", ".join(f"`{short(c.parsed, d.statement)}` (line {c.parsed.line(d.statement)})" for d in definitions
+                      if d.statement is not None)
+    return (f"the scores are assigned on several paths ({named}); a path SDPA does not express is skipped only "
+            f"behind an `if` whose test runs no code (a flag, `x is None`), where every other path is one it does")
 
 
 def _definition_input(c: Candidate, definition: Definition) -> cst.BaseExpression | Op:
