@@ -260,3 +260,21 @@ def test_paths_no_test_separates_are_refused_naming_the_path(body, says):
     finding, fixed = _attention(source)
     assert finding.fix_safety != "safe" and fixed == source
     assert finding.reason.startswith(says), finding.reason
+
+
+def test_a_mask_in_the_else_of_its_own_not_none_test_is_not_passed_where_the_test_holds():
+    """`if m is not None: pass else: s = s.masked_fill(~m, -inf)` masks only where m is None (and raises there):
+    the mask applies on the `else:` path, so SDPA gets it only there, never `attn_mask=m` outright."""
+    source = _source("""
+attn = q @ k.transpose(-2, -1) * self.scale
+if bias is not None:
+    pass
+else:
+    attn = attn.masked_fill(~bias, float("-inf"))
+out = attn.softmax(dim=-1) @ v
+""")
+    finding, fixed = _attention(source)
+    assert "attn_mask=bias" not in finding.patch
+    original, patched = _pair(source, fixed, torch.float64, None, OFF)
+    x, keep = torch.randn(2, 5, 16, dtype=torch.float64), torch.rand(2, 2, 5, 5) > 0.5
+    torch.testing.assert_close(patched(x, bias=keep), original(x, bias=keep), atol=1e-10, rtol=1e-10)

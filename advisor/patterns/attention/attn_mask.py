@@ -54,7 +54,8 @@ def assemble_mask(c: Candidate) -> None:
         else:
             match.attn_mask = joined(cst.Add, [atomic(_additive(c, term)) for term in terms])
         return
-    if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, term_mask(c, terms[0])):
+    if len(terms) == 1 and (terms[0].guard, False) in _branches(c, terms[0].statement) and \
+            _tests_not_none(c, terms[0].guard.test, term_mask(c, terms[0])):
         match.attn_mask = _sole_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
         return
     _hoist_masks(c, terms)
