@@ -253,7 +253,8 @@ out = attn.softmax(-1) @ v
 @pytest.mark.parametrize("body, says", [
     (CALLED_TEST, "under `if self.uses_jitter()`, the scores are assigned by `attn = self.jitter(attn)`, which is no "
                   "mask"),
-    (NEITHER_PATH, "under `if self.use_table`, the scores are assigned by `attn = self.jitter(attn)`, which is no mask"),
+    (NEITHER_PATH, "under `if self.use_table`, the scores are assigned by `attn = self.jitter(attn)`, which is no "
+                   "mask"),
 ], ids=["called-test", "neither-path"])
 def test_paths_no_test_separates_are_refused_naming_the_path(body, says):
     source = _source(body)

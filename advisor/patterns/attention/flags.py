@@ -6,12 +6,13 @@ where the test holds, and the other paths (`elif bias is not None: attn = attn +
 
 The block is then proved in the function as it runs with the flag off: the flow reads the `if <flag>:` statements
 after the softmax, or one `if` before it that binds a name the softmax reads, as not taken (`Candidate.off`); every
-path left is proved as any other (a bias added under `elif x is not None:` becomes the mask SDPA gets). The patch branches on the flag where the block starts: the SDPA
-path, with those statements replaced by their `else:` (`match.unwrap`), where the flag is off, and the original
-statements, verbatim, where it is on. The flag must hold the same value at the branch and at each `if`, and its
-truth test must run no code and read no tensor: proved where every binding that reaches it is a `bool`-annotated
-parameter or a bool/None literal, or where the test is an identity comparison with None (`x is not None`, a bool
-whatever x is), otherwise checked at run time (`flag is None or flag is False`).
+path left is proved as any other (a bias added under `elif x is not None:` becomes the mask SDPA gets). The patch
+branches on the flag where the block starts: the SDPA path, with those statements replaced by their `else:`
+(`match.unwrap`), where the flag is off, and the original statements, verbatim, where it is on. The flag must hold
+the same value at the branch and at each `if`, and its truth test must run no code and read no tensor: proved where
+every binding that reaches it is a `bool`-annotated parameter or a bool/None literal, or where the test is an
+identity comparison with None (`x is not None`, a bool whatever x is), otherwise checked at run time (`flag is None
+or flag is False`).
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ def _bool_binding(c: Candidate, definition: Definition) -> str | None:
 
 
 class _FlagIfs(cst.CSTVisitor):
-    """`if <name or attribute chain>:` and `if <chain> is (not) None:` statements of one function body (not `elif`s, which cannot be replaced by
-    their `else:` alone; not in nested functions)."""
+    """`if <name or attribute chain>:` and `if <chain> is (not) None:` statements of one function body (not
+    `elif`s, which cannot be replaced by their `else:` alone; not in nested functions)."""
 
     def __init__(self) -> None:
         self.found: list[cst.If] = []
