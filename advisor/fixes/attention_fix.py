@@ -92,7 +92,9 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
 
 
 def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
-    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+    """The statement of a block that holds `node`: an `elif` is part of its first `if`, where a statement can go."""
+    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) or \
+            isinstance(parsed.parents.get(node), cst.If) and parsed.parents[node].orelse is node:
         node = parsed.parents[node]
     return node
 

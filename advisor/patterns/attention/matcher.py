@@ -246,7 +246,7 @@ def tensor_scale(c: Candidate) -> None:
 @step(reads="flow home inlined match.hoist_anchor match.hoisted match.removed output_statement",
       writes="match.facts match.flag_test match.guard_checks match.guard_span match.unwrap")
 def flag(c: Candidate) -> None:
-    """An `if <flag>:` that asks for the weights: the SDPA path where it is off."""
+    """An `if <flag>:` that asks for the weights or picks a score path SDPA lacks: the SDPA path where it is off."""
     flags.plan_flag(c, c.output_statement)
 
 
