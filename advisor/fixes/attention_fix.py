@@ -118,7 +118,8 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
     parameter are proved where every call proves them, and its autograd requests decide the autograd-order fact.
     Masks each under its own `if m is not None:` are passed to SDPA (their facts assumed, or observed) with
     `masks_passed` (`--unsafe-fixes`), or with `observed_masks` (optimize) where `calls` saw them present with
-    their facts holding on every call; else the patch is guarded by their absence (attention.guards.settle_guards).
+    their facts holding on every call; else the patch is guarded by their absence (attention.guards.settle_guards),
+    except under `--backend flex`, whose score_mod and mask_mod read the masks on every path.
     """
     tree = tree or TreeContext()
     autograd = tree.autograd if tree.autograd is not None else TreeFacts.of_file(parsed)
@@ -132,7 +133,8 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
             settle_dropped_weights(tree.calls, parsed, match)
     joined = [calls_in(list(calls), parsed.path, match.line, match.end_line) for match in matches]
     for match, seen in zip(matches, joined):  # what call sites left assumed about metadata is checked at run time
-        settle_guards(match, masks_passed or observed_masks and masks_held(match.facts, seen))
+        flex_masks = backend == "flex" and match.flex is not None  # its score_mod reads the hoisted masks
+        settle_guards(match, flex_masks or masks_passed or observed_masks and masks_held(match.facts, seen))
     return [_detected(parsed, match, backend, seen, autograd, rules) for match, seen in zip(matches, joined)]
 
 

@@ -258,3 +258,43 @@ def test_multi_query_keys_run_as_grouped_query_flex_attention():
     result = analyze_source(source, str(path), unsafe_fixes=True, backend="flex")
     assert "enable_gqa=True" in result.fixed.split("class ", 1)[1]
     _compare(source, result.fixed, "palm_mqa", grad=False)
+
+
+OPTIONAL_BIAS = """
+import torch
+from torch import nn
+
+
+class Biased(nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, bias=None):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5
+        if bias is not None:
+            attn = attn + bias
+        attn = attn.softmax(dim=-1)
+        x = attn @ v
+        return x.transpose(1, 2).reshape(B, N, C)
+"""
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_a_bias_under_its_own_if_runs_on_both_paths_of_the_flex_patch(unsafe):
+    """The SDPA proof guards such a bias by its absence and drops its `if`; flex's score_mod reads the bias on
+    every path, so under flex the patch passes it (once offered safe, it raised NameError where bias was None)."""
+    result = analyze_source(OPTIONAL_BIAS, "biased.py", unsafe_fixes=unsafe, backend="flex")
+    (finding,) = result.findings
+    assert finding.fix_safety != "safe"
+    if not unsafe:
+        return
+    original = load_module_from_source(OPTIONAL_BIAS, "biased_original").Biased()
+    patched = load_module_from_source(result.fixed, "biased_flex").Biased()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    for bias in (None, torch.randn(2, 1, 5, 5)):
+        assert torch.allclose(patched(x, bias), original(x, bias), atol=1e-5)
