@@ -409,22 +409,38 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
 # TorchScript ----------------------------------------------------------------------------------------------------
 
 def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None) -> bool:
-    """Whether TorchScript compiles this function: decorated `@torch.jit.script(_method)`, a method of a
-    `torch.jit.ScriptModule`, or a method of a module the file passes to `torch.jit.script(...)` (which
-    compiles forward and everything it calls, submodules included: any class of the file may be reached)."""
+    """Whether TorchScript may compile this function: decorated `@torch.jit.script(_method)`, a method of a
+    `torch.jit.ScriptModule`, a method of a module the file passes to `torch.jit.script(...)` (which compiles
+    forward and everything it calls, submodules included: any class of the file may be reached), a module-level
+    function where the file scripts one (it compiles the functions it calls), or any function where another file
+    of the scanned tree uses TorchScript's compiler (static.project: a scripted model or function may reach it)."""
     if any(parsed.imported_name(_decorator_callee(d.decorator)) in SCRIPT_DECORATORS for d in function.decorators):
         return True
     if owner is not None and any(parsed.imported_name(base.value) == "torch.jit.ScriptModule"
                                  for base in owner.node.bases):
         return True
-    return owner is not None and parsed.derived(_scripts_a_module, _scripts_a_module)
+    modules, functions = parsed.derived(_what_the_file_scripts, _what_the_file_scripts)
+    if owner is not None and modules:
+        return True
+    if owner is None and functions and parsed.module_functions.get(function.name.value) is function:
+        return True
+    return parsed.project is not None and parsed.project.script_elsewhere(parsed.path) is not None
 
 
-def _scripts_a_module(parsed: ParsedModule) -> bool:
-    """Whether the file passes anything but one of its module-level functions to `torch.jit.script(...)`."""
-    return any(parsed.imported_name(call.func) == "torch.jit.script" and call.args
-               and not (isinstance(call.args[0].value, cst.Name) and call.args[0].value.value in parsed.module_functions)
-               for call in parsed.calls_and_classes[0])
+def _what_the_file_scripts(parsed: ParsedModule) -> tuple[bool, bool]:
+    """(whether the file passes anything but one of its module-level functions to `torch.jit.script(...)`, whether
+    it scripts one of them: passed to it or decorated)."""
+    modules = functions = False
+    for call in parsed.calls_and_classes[0]:
+        if parsed.imported_name(call.func) == "torch.jit.script" and call.args:
+            argument = call.args[0].value
+            if isinstance(argument, cst.Name) and argument.value in parsed.module_functions:
+                functions = True
+            else:
+                modules = True
+    functions = functions or any(parsed.imported_name(_decorator_callee(d.decorator)) == "torch.jit.script"
+                                 for f in parsed.module_functions.values() for d in f.decorators)
+    return modules, functions
 
 
 def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:

@@ -1,5 +1,5 @@
 """What other files of the scanned tree tell about one file's code: torch's process-wide module hooks, hooks on
-single modules, and attributes written on objects other than `self`.
+single modules, attributes written on objects other than `self`, and TorchScript compiling code.
 
 `torch.nn.modules.module.register_module_forward_hook` (and its pre-hook, backward and registration variants)
 installs a hook on every module of the process, wherever it is called: a hook registered in `train.py` fires on
@@ -8,7 +8,8 @@ as it is assigned. So a scan of several files first collects these calls from al
 file's imports), and each file's analysis reads them as if they were its own. The same holds for what a training
 script does to the model another file defines: `model.blocks[0].attn.attn_drop.register_forward_hook(save)`
 (attention maps), `blk.attn.bias.data = band` or `m.apply(swap_dropout)`: a hook or a write in any file of the
-tree counts as one in the file that defines the class.
+tree counts as one in the file that defines the class. So does `torch.jit.script(model)` in an export script: it
+compiles the model's classes, and every function they or a scripted function call, wherever they are defined.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_
                                "register_module_full_backward_hook", "register_module_full_backward_pre_hook",
                                "register_module_backward_hook"})
 TOKEN = "register_module_"  # every one of them starts so: files without it are not parsed
+# what makes TorchScript compile code: the functions or modules passed to it, and everything they call
+SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torch.jit.ScriptModule"})
+# files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
+MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript")
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                           "register_full_backward_pre_hook", "register_backward_hook"})
@@ -52,6 +57,18 @@ class HookSite:
 
 
 @dataclass(frozen=True)
+class ScriptSite:
+    """A use of TorchScript's compiler (`torch.jit.script(...)`, its decorators, `torch.jit.ScriptModule`)."""
+
+    path: str
+    line: int
+    code: str
+
+    def describe(self) -> str:
+        return f"`{display_path(self.path)}` compiles code with TorchScript (`{self.code}`, line {self.line})"
+
+
+@dataclass(frozen=True)
 class AttributeWrites:
     """The names of the attributes one file writes on objects other than a method's own `self`
     (module_index.outside_writes: `*` for names it computes)."""
@@ -69,6 +86,12 @@ class ProjectFacts:
     registration_hooks: tuple[HookSite, ...] = ()
     module_hooks: tuple[HookSite, ...] = ()  # `m.register_forward_hook(...)` and its variants, on any module
     attribute_writes: tuple[AttributeWrites, ...] = ()
+    scripts: tuple[ScriptSite, ...] = ()  # TorchScript compiling what it is given and all it calls
+
+    def script_elsewhere(self, here: str) -> ScriptSite | None:
+        """The first use of TorchScript's compiler in a file other than `here`: any function of `here` may be
+        compiled (a scripted model's classes, the functions a scripted function calls)."""
+        return next((site for site in self.scripts if site.path != here), None)
 
     def module_hook_elsewhere(self, here: str) -> HookSite | None:
         """The first hook on a single module that a file other than `here` registers."""
@@ -92,16 +115,26 @@ def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple
     return found
 
 
-def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites]:
+def script_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
+    """The file's references to TorchScript's compiler (SCRIPT_ENTRIES), resolved through its imports: calls,
+    decorators and base classes alike."""
+    return [node for node in parsed.parents if isinstance(node, (cst.Name, cst.Attribute)) and
+            not (isinstance(parsed.parents[node], cst.Attribute) and parsed.parents[node].value is node) and
+            parsed.imported_name(node) in SCRIPT_ENTRIES]
+
+
+def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | ScriptSite]:
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
-    its registering function's name, and the attributes it writes on other objects ([] for a file that cannot be
-    parsed: the scan reports it)."""
+    its registering function's name, the attributes it writes on other objects, and its uses of TorchScript's
+    compiler ([] for a file that cannot be parsed: the scan reports it)."""
     found: list = []
-    if TOKEN in text or any(name in text for name in HOOK_METHODS):
+    scripts = MAY_SCRIPT.search(text) is not None
+    if TOKEN in text or any(name in text for name in HOOK_METHODS) or scripts:
         try:
             parsed = ParsedModule(text, path)
             found = [(HookSite(path, parsed.line(call), name), name) for call, name in
                      global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS)]
+            found += [ScriptSite(path, parsed.line(node), parsed.code(node)) for node in script_uses(parsed)]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
     if MAY_WRITE_ATTRIBUTES.search(text) is not None:
@@ -117,4 +150,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites]) -> Projec
     return ProjectFacts(tuple(site for site, name in hooks if name in GLOBAL_CALL_HOOKS),
                         tuple(site for site, name in hooks if name in REGISTRATION_HOOKS),
                         tuple(site for site, name in hooks if name in HOOK_METHODS),
-                        tuple(site for site in sites if isinstance(site, AttributeWrites)))
+                        tuple(site for site in sites if isinstance(site, AttributeWrites)),
+                        tuple(site for site in sites if isinstance(site, ScriptSite)))
