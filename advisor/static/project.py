@@ -1,5 +1,6 @@
 """What other files of the scanned tree tell about one file's code: torch's process-wide module hooks, hooks on
-single modules, attributes written on objects other than `self`, and TorchScript compiling code.
+single modules, attributes written on objects other than `self`, TorchScript compiling code, and calls that run a
+module with other parameters and buffers (`torch.func.functional_call`).
 
 `torch.nn.modules.module.register_module_forward_hook` (and its pre-hook, backward and registration variants)
 installs a hook on every module of the process, wherever it is called: a hook registered in `train.py` fires on
@@ -9,7 +10,8 @@ file's imports), and each file's analysis reads them as if they were its own. Th
 script does to the model another file defines: `model.blocks[0].attn.attn_drop.register_forward_hook(save)`
 (attention maps), `blk.attn.bias.data = band` or `m.apply(swap_dropout)`: a hook or a write in any file of the
 tree counts as one in the file that defines the class. So does `torch.jit.script(model)` in an export script: it
-compiles the model's classes, and every function they or a scripted function call, wherever they are defined.
+compiles the model's classes, and every function they or a scripted function call, wherever they are defined; and
+`functional_call(model, {"attn.bias": ones}, (x,))` runs any class with a buffer it did not build.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ TOKEN = "register_module_"  # every one of them starts so: files without it are 
 SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torch.jit.ScriptModule"})
 # files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
 MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript")
+# what runs a module with parameters and buffers given by name (any of them may be another tensor at that call)
+STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless.functional_call",
+                         "torch._functorch.functional_call.functional_call",
+                         "functorch.make_functional_with_buffers"})
+MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers")
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                           "register_full_backward_pre_hook", "register_backward_hook"})
@@ -57,15 +64,16 @@ class HookSite:
 
 
 @dataclass(frozen=True)
-class ScriptSite:
-    """A use of TorchScript's compiler (`torch.jit.script(...)`, its decorators, `torch.jit.ScriptModule`)."""
+class UseSite:
+    """A use of one of torch's names that changes how code of the whole tree runs: TorchScript's compiler
+    (SCRIPT_ENTRIES), or a call running modules with state given by name (STATE_SWAPS)."""
 
     path: str
     line: int
     code: str
 
     def describe(self) -> str:
-        return f"`{display_path(self.path)}` compiles code with TorchScript (`{self.code}`, line {self.line})"
+        return f"`{display_path(self.path)}` uses `{self.code}` (line {self.line})"
 
 
 @dataclass(frozen=True)
@@ -86,12 +94,18 @@ class ProjectFacts:
     registration_hooks: tuple[HookSite, ...] = ()
     module_hooks: tuple[HookSite, ...] = ()  # `m.register_forward_hook(...)` and its variants, on any module
     attribute_writes: tuple[AttributeWrites, ...] = ()
-    scripts: tuple[ScriptSite, ...] = ()  # TorchScript compiling what it is given and all it calls
+    scripts: tuple[UseSite, ...] = ()  # TorchScript compiling what it is given and all it calls
+    state_swaps: tuple[UseSite, ...] = ()  # modules run with parameters and buffers given by name
 
-    def script_elsewhere(self, here: str) -> ScriptSite | None:
+    def script_elsewhere(self, here: str) -> UseSite | None:
         """The first use of TorchScript's compiler in a file other than `here`: any function of `here` may be
         compiled (a scripted model's classes, the functions a scripted function calls)."""
         return next((site for site in self.scripts if site.path != here), None)
+
+    def state_swap_elsewhere(self, here: str) -> UseSite | None:
+        """The first call in a file other than `here` that may run this file's classes with another tensor in
+        place of any parameter or buffer."""
+        return next((site for site in self.state_swaps if site.path != here), None)
 
     def module_hook_elsewhere(self, here: str) -> HookSite | None:
         """The first hook on a single module that a file other than `here` registers."""
@@ -115,26 +129,30 @@ def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple
     return found
 
 
-def script_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
-    """The file's references to TorchScript's compiler (SCRIPT_ENTRIES), resolved through its imports: calls,
-    decorators and base classes alike."""
+def uses_of(parsed: ParsedModule, names: frozenset[str]) -> list[cst.BaseExpression]:
+    """The file's references to any of `names` (qualified), resolved through its imports: calls, decorators, base
+    classes and values passed on alike."""
     return [node for node in parsed.parents if isinstance(node, (cst.Name, cst.Attribute)) and
             not (isinstance(parsed.parents[node], cst.Attribute) and parsed.parents[node].value is node) and
-            parsed.imported_name(node) in SCRIPT_ENTRIES]
+            not isinstance(parsed.parents[node], (cst.ImportAlias, cst.AsName)) and
+            parsed.imported_name(node) in names]
 
 
-def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | ScriptSite]:
+def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str]]:
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
     its registering function's name, the attributes it writes on other objects, and its uses of TorchScript's
-    compiler ([] for a file that cannot be parsed: the scan reports it)."""
+    compiler and of calls that swap a module's state, each with its kind ([] for a file that cannot be parsed: the
+    scan reports it)."""
     found: list = []
-    scripts = MAY_SCRIPT.search(text) is not None
-    if TOKEN in text or any(name in text for name in HOOK_METHODS) or scripts:
+    uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None
+    if TOKEN in text or any(name in text for name in HOOK_METHODS) or uses:
         try:
             parsed = ParsedModule(text, path)
             found = [(HookSite(path, parsed.line(call), name), name) for call, name in
                      global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS)]
-            found += [ScriptSite(path, parsed.line(node), parsed.code(node)) for node in script_uses(parsed)]
+            found += [(UseSite(path, parsed.line(node), parsed.code(node)), kind)
+                      for kind, names in (("script", SCRIPT_ENTRIES), ("swap", STATE_SWAPS))
+                      for node in uses_of(parsed, names)]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
     if MAY_WRITE_ATTRIBUTES.search(text) is not None:
@@ -151,4 +169,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites]) -> Projec
                         tuple(site for site, name in hooks if name in REGISTRATION_HOOKS),
                         tuple(site for site, name in hooks if name in HOOK_METHODS),
                         tuple(site for site in sites if isinstance(site, AttributeWrites)),
-                        tuple(site for site in sites if isinstance(site, ScriptSite)))
+                        tuple(site for site, kind in hooks if kind == "script"),
+                        tuple(site for site, kind in hooks if kind == "swap"))
