@@ -20,7 +20,7 @@ import networkx as nx
 from advisor.contracts.finding import display_path
 from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, STATE_SWAPS, HookSite, global_hook_calls, uses_of
+from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls, state_swaps
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -407,17 +407,17 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
 
 
 def state_swapped(parsed: ParsedModule) -> str | None:
-    """Why any parameter or buffer of the file's classes may hold another tensor than the class assigned when the
-    code runs (None: nothing shows it): this file or another of the tree runs modules with state given by name
-    (`torch.func.functional_call(model, {"bias": ones}, (x,))`), so a value read from the class's assignment
-    (a causal triangle) is not the one the call sees. Rank and dtype are not kept either."""
-    own = parsed.derived(state_swapped, lambda p: next(iter(uses_of(p, STATE_SWAPS)), None))
+    """Why any buffer of the file's classes may hold another tensor than the class assigned when the code runs
+    (None: nothing shows it): this file or another of the tree runs modules with state given by name
+    (`torch.func.functional_call(model, {"bias": ones}, (x,))`) or writes into buffers reached by name
+    (`named_buffers()`, `state_dict()`), so a value read from the class's assignment (a causal triangle) is not the
+    one the code sees (static.project.state_swaps)."""
+    own = parsed.derived(state_swapped, lambda p: next(iter(state_swaps(p)), None))
     if own is not None:
-        return f"this file runs modules with parameters and buffers given by name (`{parsed.code(own)}`, line " \
-               f"{parsed.line(own)})"
+        return f"this file replaces or writes modules' buffers by name (line {parsed.line(own)})"
     elsewhere = parsed.project.state_swap_elsewhere(parsed.path) if parsed.project is not None else None
     if elsewhere is not None:
-        return f"{elsewhere.describe()}, which runs modules with parameters and buffers given by name"
+        return f"{elsewhere.describe()}, which replaces or writes modules' buffers by name"
     return None
 
 

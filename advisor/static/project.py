@@ -38,7 +38,9 @@ MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\
 STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless.functional_call",
                          "torch._functorch.functional_call.functional_call",
                          "functorch.make_functional_with_buffers"})
-MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers")
+# methods returning a module's buffers themselves (not copies): writing into what they return writes the buffers
+STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
+MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers|buffers\(|state_dict\(")
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                           "register_full_backward_pre_hook", "register_backward_hook"})
@@ -138,6 +140,65 @@ def uses_of(parsed: ParsedModule, names: frozenset[str]) -> list[cst.BaseExpress
             parsed.imported_name(node) in names]
 
 
+def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
+    """Where the file may run or leave modules with other tensors in their buffers' places: a call of STATE_SWAPS,
+    or a write into a tensor reached through STATE_VIEWS (`for n, b in m.named_buffers(): b.copy_(band)`,
+    `sd = m.state_dict(); sd["attn.bias"].fill_(1)`, `m.state_dict()[k][...] = 0`)."""
+    found: list[cst.CSTNode] = list(uses_of(parsed, STATE_SWAPS))
+    views = _names_bound_to_state_views(parsed)
+    for node in parsed.parents:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_") and \
+                node.func.attr.value not in ("requires_grad_", "share_memory_") and \
+                _reaches_state_view(node.func.value, views):
+            found.append(node)
+        elif isinstance(node, (cst.AssignTarget, cst.AugAssign)) and \
+                isinstance(node.target, (cst.Subscript, cst.Attribute)) and _reaches_state_view(node.target, views):
+            found.append(node)
+    return found
+
+
+def _names_bound_to_state_views(parsed: ParsedModule) -> set[str]:
+    """Names a loop or an assignment binds from an expression that calls a STATE_VIEWS method (anywhere in the
+    file: a scope-blind over-approximation)."""
+    names: set[str] = set()
+    for node in parsed.parents:
+        if isinstance(node, cst.For) and _calls_state_view(node.iter):
+            names.update(_target_names(node.target))
+        elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
+            for target in node.targets:
+                names.update(_target_names(target.target))
+    return names
+
+
+def _calls_state_view(node: cst.CSTNode) -> bool:
+    found = False
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            nonlocal found
+            found = found or isinstance(call.func, cst.Attribute) and call.func.attr.value in STATE_VIEWS
+
+    node.visit(Calls())
+    return found
+
+
+def _target_names(target: cst.CSTNode) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _target_names(element.value)]
+    return []
+
+
+def _reaches_state_view(node: cst.BaseExpression, views: set[str]) -> bool:
+    """Whether `node` (a receiver or an assignment target) is, up to indexing and attributes (`.data`), a name
+    bound to a STATE_VIEWS result or such a call itself."""
+    while isinstance(node, (cst.Subscript, cst.Attribute)):
+        node = node.value
+    return isinstance(node, cst.Name) and node.value in views or _calls_state_view(node) and isinstance(node, cst.Call)
+
+
 def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str]]:
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
     its registering function's name, the attributes it writes on other objects, and its uses of TorchScript's
@@ -150,9 +211,9 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
             parsed = ParsedModule(text, path)
             found = [(HookSite(path, parsed.line(call), name), name) for call, name in
                      global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS)]
-            found += [(UseSite(path, parsed.line(node), parsed.code(node)), kind)
-                      for kind, names in (("script", SCRIPT_ENTRIES), ("swap", STATE_SWAPS))
-                      for node in uses_of(parsed, names)]
+            found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
+                      for kind, nodes in (("script", uses_of(parsed, SCRIPT_ENTRIES)), ("swap", state_swaps(parsed)))
+                      for node in nodes]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
     if MAY_WRITE_ATTRIBUTES.search(text) is not None:
