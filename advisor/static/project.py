@@ -145,30 +145,31 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     or a write into a tensor reached through STATE_VIEWS (`for n, b in m.named_buffers(): b.copy_(band)`,
     `sd = m.state_dict(); sd["attn.bias"].fill_(1)`, `m.state_dict()[k][...] = 0`)."""
     found: list[cst.CSTNode] = list(uses_of(parsed, STATE_SWAPS))
-    views = _names_bound_to_state_views(parsed)
+    tensors, containers = _names_bound_to_state_views(parsed)
     for node in parsed.parents:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
                 node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_") and \
                 node.func.attr.value not in ("requires_grad_", "share_memory_") and \
-                _reaches_state_view(node.func.value, views):
+                _reaches_state_view(node.func.value, tensors, containers, 0):
             found.append(node)
         elif isinstance(node, (cst.AssignTarget, cst.AugAssign)) and \
-                isinstance(node.target, (cst.Subscript, cst.Attribute)) and _reaches_state_view(node.target, views):
+                _reaches_state_view(node.target, tensors, containers, 1):
             found.append(node)
     return found
 
 
-def _names_bound_to_state_views(parsed: ParsedModule) -> set[str]:
-    """Names a loop or an assignment binds from an expression that calls a STATE_VIEWS method (anywhere in the
-    file: a scope-blind over-approximation)."""
-    names: set[str] = set()
+def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str]]:
+    """(names a loop binds from an expression that calls a STATE_VIEWS method: the tensors, names an assignment
+    binds from one: the dict or list holding them), anywhere in the file (a scope-blind over-approximation)."""
+    tensors: set[str] = set()
+    containers: set[str] = set()
     for node in parsed.parents:
         if isinstance(node, cst.For) and _calls_state_view(node.iter):
-            names.update(_target_names(node.target))
+            tensors.update(_target_names(node.target))
         elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
             for target in node.targets:
-                names.update(_target_names(target.target))
-    return names
+                containers.update(_target_names(target.target))
+    return tensors, containers
 
 
 def _calls_state_view(node: cst.CSTNode) -> bool:
@@ -191,12 +192,19 @@ def _target_names(target: cst.CSTNode) -> list[str]:
     return []
 
 
-def _reaches_state_view(node: cst.BaseExpression, views: set[str]) -> bool:
-    """Whether `node` (a receiver or an assignment target) is, up to indexing and attributes (`.data`), a name
-    bound to a STATE_VIEWS result or such a call itself."""
+def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers: set[str], beyond: int) -> bool:
+    """Whether `node` (a receiver, or an assignment target with `beyond` = 1) reaches a buffer itself through more
+    than `beyond` indexings and attributes (`.data`) of a loop's tensor, or one more of a container name or a
+    STATE_VIEWS call: `b[0] = 1` and `sd["bias"][0] = 1` write a buffer, `sd["bias"] = t` only the dict."""
+    depth = 0
     while isinstance(node, (cst.Subscript, cst.Attribute)):
-        node = node.value
-    return isinstance(node, cst.Name) and node.value in views or _calls_state_view(node) and isinstance(node, cst.Call)
+        node, depth = node.value, depth + 1
+    if isinstance(node, cst.Name) and node.value in tensors:
+        return depth >= beyond
+    if isinstance(node, cst.Name) and node.value in containers or isinstance(node, cst.Call) and \
+            _calls_state_view(node):
+        return depth >= beyond + 1
+    return False
 
 
 def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str]]:

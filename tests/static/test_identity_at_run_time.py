@@ -452,3 +452,9 @@ def test_reading_the_state_views_keeps_is_causal() -> None:
     """Saving a checkpoint or counting parameters writes nothing."""
     make = "torch.save(model.state_dict(), '/dev/null')\nsize = sum(b.numel() for b in model.buffers())\n"
     assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
+
+
+def test_rebinding_an_entry_of_a_state_dict_copy_keeps_is_causal() -> None:
+    """`sd[k] = t` rebinds the dict's entry, not the buffer (checkpoint filters write so)."""
+    make = "sd = model.state_dict()\nsd['bias'] = torch.ones(1, 1, 8, 8)\n"
+    assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
