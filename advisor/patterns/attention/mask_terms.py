@@ -57,7 +57,7 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
                         keeps_first_key=first, bottom_right=bottom_right)
     masked_only = _negate(masked) if keep_given else at_home(c, masked)
     return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
-                    fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right)
+                    fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right, keep=keep)
 
 
 def reshape_term(c: Candidate, term: MaskTerm) -> None:

@@ -49,7 +49,9 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     small = parameter_claims(c, [_values_of(term.source) for term in added], sf.SMALL,
                              [term.guard for term in added]) if every_added else ()
     bounded = _bounded_here(c, added) if every_added else None
-    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded)
+    fixup = c.match.row_fixup
+    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded,
+                        None if fixup is None else fixup.unfit)
 
 
 def _values_of(node: cst.BaseExpression) -> cst.BaseExpression:
