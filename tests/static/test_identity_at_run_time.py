@@ -12,8 +12,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 
 from advisor.engine.static import analyze_source, scan_paths
+from fixture_models import load_module_from_source
 from fuzz.differential import COUNTEREXAMPLE, INVALID, check
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
@@ -389,3 +391,70 @@ def test_another_file_binding_attributes_by_computed_names_makes_the_deleted_mod
     assert "utils.py" in assumed["module-identity"]["why"]
     [alone] = _attention_findings(attention(CAUSAL_BLOCK) + "\n\n" + SWAP_BY_COMPUTED_NAME)
     assert alone.rule == "ADV103" and not alone.patch and "computed names" in alone.reason
+
+
+# 3b. buffers passed in at call time ----------------------------------------------------------------------------
+# Found by attacking safe patches (s17): `torch.func.functional_call(model, {"bias": ones}, (x,))` runs the model with
+# another buffer under the class's name, and the patch's `is_causal=True` kept the triangle (max error 0.64).
+
+FUNCTIONAL_CALL = """\
+def bidirectional(model, x):
+    return torch.func.functional_call(model, {"bias": torch.ones(1, 1, 8, 8)}, (x,))
+"""
+
+
+def test_a_buffer_functional_call_passes_in_is_not_read_as_the_class_built_it() -> None:
+    source = attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", ""), after=FUNCTIONAL_CALL)
+    result = analyze_source(source, "m.py")
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "is_causal=True" not in finding.patch
+    original = load_module_from_source(source, "functional_call_original")
+    patched = load_module_from_source(result.fixed, "functional_call_patched")
+    model, (x,) = original.make()
+    again, _ = patched.make()
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(patched.bidirectional(again.eval(), x), original.bidirectional(model.eval(), x))
+
+
+def test_a_functional_call_elsewhere_in_the_scanned_tree_defeats_the_causal_proof(tmp_path) -> None:
+    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", "")),
+                                       encoding="utf-8")
+    (tmp_path / "ensemble.py").write_text("from torch.func import functional_call\n\n\n"
+                                          "def run(model, state, x):\n    return functional_call(model, state, (x,))\n",
+                                          encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "is_causal=True" not in finding.patch
+
+
+# ... and buffers written through what `named_buffers()`, `buffers()` and `state_dict()` return (the tensors
+# themselves): each got `is_causal=True` from the triangle the class built (max errors 0.43 to 0.64).
+STATE_VIEW_WRITES = {
+    "named_buffers_loop": """\
+        for name, buf in model.named_buffers():
+            if name.endswith("bias"):
+                buf.copy_(torch.ones_like(buf).triu(-2).tril())
+        """,
+    "buffers_fill": "for b in model.buffers():\n    b.fill_(1.0)\n",
+    "state_dict_entry": "sd = model.state_dict()\nsd['bias'].fill_(1.0)\n",
+    "state_dict_elements": "model.state_dict()['bias'][..., 0, :] = 1.0\n",
+}
+
+
+@pytest.mark.parametrize("write", sorted(STATE_VIEW_WRITES))
+def test_a_buffer_written_through_the_module_s_state_views_is_not_is_causal(write: str) -> None:
+    source = attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", ""), make=STATE_VIEW_WRITES[write])
+    assert "is_causal=True" not in _patch(source)
+    if write in ("named_buffers_loop", "state_dict_entry"):  # the differential run, on two of them (time)
+        _assert_sound(source)
+
+
+def test_reading_the_state_views_keeps_is_causal() -> None:
+    """Saving a checkpoint or counting parameters writes nothing."""
+    make = "torch.save(model.state_dict(), '/dev/null')\nsize = sum(b.numel() for b in model.buffers())\n"
+    assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
+
+
+def test_rebinding_an_entry_of_a_state_dict_copy_keeps_is_causal() -> None:
+    """`sd[k] = t` rebinds the dict's entry, not the buffer (checkpoint filters write so)."""
+    make = "sd = model.state_dict()\nsd['bias'] = torch.ones(1, 1, 8, 8)\n"
+    assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
