@@ -74,7 +74,8 @@ JUDGEMENTS = {
     "p29_sagan_gradient_penalty": (SAFE, "gradient penalty through 3-D (bmm) attention: SDPA takes the math "
                                          "path for 3-D inputs, which is twice differentiable"),
     "p30_rwkv_time_mix": (REFUSED, "a recurrence, not softmax attention"),
-    "p31_vit_attention_map_hook": (UNSAFE, "the file hooks attn_drop to read the maps: no-hooks"),
+    "p31_vit_attention_map_hook": (SAFE, "the file hooks attn_drop to read the maps: no-hooks is checked when "
+                                         "the block runs, so the hooked call runs the original and saves them"),
     "p32_global_softmax_hook": (UNSAFE, "the file registers a global module hook: no-hooks"),
     "p33_falcon_multiquery": (SAFE, "one K/V head broadcast; -1e9 causal fill, no fully masked row"),
     "p34_deformable_detr_msda": (REFUSED, "softmax over learned weights and grid_sample: no QK^T"),

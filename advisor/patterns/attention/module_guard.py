@@ -1,0 +1,64 @@
+"""Guarded `module-identity` and `no-hooks`: a patch deletes module calls (`attn = self.attn_drop(attn)`), which is
+exact only where each module is, when the code runs, a class whose call the emitted code stands for (the Dropout
+`__init__` builds, whose `p` and `training` the SDPA call reads at run time) and no hook would fire on it. Both are
+metadata, so the patch checks them (`_advisor_module_runs_plain(self.attn_drop, (torch.nn.Dropout,))`: the exact
+class, no subclass, and none of the module's or the process's forward and backward hooks) and runs the original
+block where the check fails.
+
+The check runs before the guarded `if` as `ok = False` / `if not torch.jit.is_scripting(): ok = <check>`:
+TorchScript compiles neither a module passed to a function nor `type(...)`, but skips the body of that `if`, so a
+scripted patch always runs the original (exact); `torch.compile` guards on the hooks the check reads.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.contracts.emitted_names import MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
+from advisor.patterns.attention.candidate import Candidate
+from advisor.static.codegen import dotted
+
+MODULE_IDENTITY, NO_HOOKS = "module-identity", "no-hooks"
+MODULE_FACTS = (MODULE_IDENTITY, NO_HOOKS)
+# torch's module classes whose deleted call the emitted code stands for, whatever their state when they run
+DROPOUT = frozenset({"torch.nn.Dropout", "torch.nn.modules.dropout.Dropout"})
+IDENTITY = frozenset({"torch.nn.Identity", "torch.nn.modules.linear.Identity"})
+
+
+def module_kinds(c: Candidate, attribute: str) -> tuple[str, ...] | None:
+    """The classes (as `nn.X`) for which the patch computes what a call of `self.<attribute>` computes: a Dropout
+    the class builds (its `p` and `training` read when the SDPA call runs; also an Identity where the patch reads
+    `p` with a default), an Identity (a hook point: nothing to compute). None where the class builds anything else
+    (a softmax module's `dim` is read from its constructor, not at run time)."""
+    built = c.owner.class_value(attribute) if c.owner is not None else None
+    dotted = c.parsed.imported_name(built.func) if isinstance(built, cst.Call) else None
+    if dotted in DROPOUT:
+        return ("nn.Dropout", "nn.Identity") if attribute in c.identity_ok else ("nn.Dropout",)
+    if dotted in IDENTITY:
+        return ("nn.Identity",)
+    return None
+
+
+def module_checks(c: Candidate, torch_name: str) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
+    """(what the checks read, one `_advisor_module_runs_plain(self.x, (torch.nn.X,))` per deleted module call), or
+    two empty lists where a module's classes are unknown or the emitted names could mean something of the user's."""
+    modules = list(c.deleted_modules.values())
+    if not modules or any(classes is None for _, classes in modules) or not emitted_names_free(c):
+        return [], []
+    parts = [cst.Call(cst.Name(MODULE_CHECK_HELPER), [
+        cst.Arg(read), cst.Arg(cst.Tuple([cst.Element(dotted(f"{torch_name}.{kind}")) for kind in classes]))])
+        for read, classes in modules]
+    return [read for read, _ in modules], parts
+
+
+def is_module_check(part: cst.BaseExpression) -> bool:
+    return isinstance(part, cst.Call) and isinstance(part.func, cst.Name) and part.func.value == MODULE_CHECK_HELPER
+
+
+def emitted_names_free(c: Candidate) -> bool:
+    """The helper's name is unbound in the module, or bound to the helper a previous pass emitted; the local's
+    name is unused in the function."""
+    helper = c.parsed.module_functions.get(MODULE_CHECK_HELPER)
+    bound = MODULE_CHECK_HELPER in c.parsed.bound_names or MODULE_CHECK_HELPER in c.parsed.imports
+    return (helper is not None or not bound) and not c.parsed.mentions(c.home, MODULE_CHECK_LOCAL.lower())
+
