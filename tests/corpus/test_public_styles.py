@@ -76,7 +76,8 @@ JUDGEMENTS = {
     "p30_rwkv_time_mix": (REFUSED, "a recurrence, not softmax attention"),
     "p31_vit_attention_map_hook": (SAFE, "the file hooks attn_drop to read the maps: no-hooks is checked when "
                                          "the block runs, so the hooked call runs the original and saves them"),
-    "p32_global_softmax_hook": (UNSAFE, "the file registers a global module hook: no-hooks"),
+    "p32_global_softmax_hook": (SAFE, "the file registers a global module hook: no-hooks is checked when the "
+                                      "block runs, so the recorded call runs the original softmax module"),
     "p33_falcon_multiquery": (SAFE, "one K/V head broadcast; -1e9 causal fill, no fully masked row"),
     "p34_deformable_detr_msda": (REFUSED, "softmax over learned weights and grid_sample: no QK^T"),
     "p35_chunked_prefill_bottom_right": (SAFE, "v = cat(past_value, new): q/k/v dtypes checked at run time, and the "

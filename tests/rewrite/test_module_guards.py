@@ -271,3 +271,53 @@ def test_a_second_pass_changes_nothing(tmp_path) -> None:
     again = [f for f in scan_paths([str(tmp_path / "patched")], jobs=1).findings
              if f.kind == "attention" and f.patch]
     assert not again
+
+
+SOFTMAX_MODULE = MODEL.replace("        self.attn_drop = nn.Dropout(0.1)\n", "        self.attn_drop = nn.Dropout(0.1)\n"
+                               "        self.softmax = nn.Softmax(dim=-1)\n").replace(
+    "attn = attn.softmax(dim=-1)", "attn = self.softmax(attn)")
+
+
+def test_a_softmax_module_is_guarded_where_nothing_rebinds_it_and_refused_where_something_may(tmp_path) -> None:
+    """The SDPA call stands for the softmax over the dim the constructor gave: an exact `nn.Softmax` with no hook
+    computes it only if it is the class's own module (another `nn.Softmax(dim=1)` in its place would not)."""
+    (tmp_path / "softmax").mkdir()
+    (tmp_path / "softmax" / "model.py").write_text(SOFTMAX_MODULE, encoding="utf-8")
+    (tmp_path / "softmax" / "utils.py").write_text(UTILS, encoding="utf-8")
+    finding = _finding(tmp_path / "softmax")
+    assert finding.fix_safety == "unsafe" and "self.softmax" in finding.reason  # computed names may rebind it
+    (tmp_path / "softmax" / "utils.py").write_text(UTILS.replace("def swap", "def unused").replace(
+        "setattr(module, name, Half())", "pass"), encoding="utf-8")
+    finding = _finding(tmp_path / "softmax")
+    assert finding.fix_safety == "safe", finding.reason
+    assert "_advisor_module_runs_plain(self.softmax, (torch.nn.Softmax,))" in finding.patch
+
+
+CONDITIONAL = MODEL.replace("def __init__(self, dim: int = 16, heads: int = 2):",
+                            "def __init__(self, dim: int = 16, heads: int = 2, attn_drop: float = 0.1):").replace(
+    "self.attn_drop = nn.Dropout(0.1)", "self.attn_drop = nn.Dropout(attn_drop) if attn_drop > 0 else nn.Identity()")
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_a_dropout_built_as_dropout_or_identity_is_read_as_either(tmp_path, hooks: bool) -> None:
+    """`nn.Dropout(p) if p else nn.Identity()` was not read as a dropout (refused): the patch reads `p` with a
+    default, exact for both classes, and where the tree registers hooks checks for either class."""
+    original = _tree(tmp_path, model=CONDITIONAL, utils=UTILS.replace("Half()", "nn.Identity()") if hooks else "")
+    finding = _finding(original)
+    assert finding.fix_safety == "safe", finding.reason
+    assert 'getattr(self.attn_drop, "p", 0.0)' in finding.patch
+    assert ("(torch.nn.Dropout, torch.nn.Identity)" in finding.patch) == hooks
+    source, fixed = load_module_from_source(CONDITIONAL, "model"), load_module_from_source(
+        _patched(tmp_path, original), "model_fixed")
+    x = torch.randn(2, 6, 16)
+    for p in (0.1, 0.0):
+        torch.manual_seed(0)
+        reference = source.Attn(attn_drop=p).eval()
+        patched = fixed.Attn(attn_drop=p).eval()
+        patched.load_state_dict(reference.state_dict())
+        seen_reference, seen_patched = [], []
+        if hooks:
+            HOOKS["forward"](reference.attn_drop, seen_reference)
+            HOOKS["forward"](patched.attn_drop, seen_patched)
+        torch.testing.assert_close(_run(patched, x), _run(reference, x), atol=1e-5, rtol=1e-5)
+        assert len(seen_patched) == len(seen_reference)

@@ -6,7 +6,8 @@ assumed. Each fact is guarded whole or not at all (then it stays assumed).
 
 A check reads dtypes, ranks and `isinstance` only: no data-dependent branch, no host sync, nothing
 `torch.compile` breaks its graph on, and nothing TorchScript cannot compile (it refines an Optional through
-`is None` and `isinstance`), so scripted functions are guarded too. It reads names at the start of the guarded
+`is None` and `isinstance`), so scripted functions are guarded too. Deleted module calls are checked by a helper
+computed above the `if` out of TorchScript's sight (attention.module_guard). It reads names at the start of the guarded
 statements that must hold there what the block read (same reaching definitions, no attribute written
 in between), and it cannot raise: a value that is not a tensor fails the check and runs the original.
 """

@@ -23,19 +23,31 @@ MODULE_FACTS = (MODULE_IDENTITY, NO_HOOKS)
 # torch's module classes whose deleted call the emitted code stands for, whatever their state when they run
 DROPOUT = frozenset({"torch.nn.Dropout", "torch.nn.modules.dropout.Dropout"})
 IDENTITY = frozenset({"torch.nn.Identity", "torch.nn.modules.linear.Identity"})
+SOFTMAX = frozenset({"torch.nn.Softmax", "torch.nn.modules.activation.Softmax"})
 
 
 def module_kinds(c: Candidate, attribute: str) -> tuple[str, ...] | None:
     """The classes (as `nn.X`) for which the patch computes what a call of `self.<attribute>` computes: a Dropout
     the class builds (its `p` and `training` read when the SDPA call runs; also an Identity where the patch reads
-    `p` with a default), an Identity (a hook point: nothing to compute). None where the class builds anything else
-    (a softmax module's `dim` is read from its constructor, not at run time)."""
-    built = c.owner.class_value(attribute) if c.owner is not None else None
+    `p` with a default), an Identity (a hook point: nothing to compute), either for a conditional build
+    (`nn.Dropout(p) if p else nn.Identity()`), a Softmax that nothing rebinds (its `dim` is read from the
+    constructor, so another Softmax in its place may differ). None for anything else."""
+    built = _built_classes(c, c.owner.class_value(attribute) if c.owner is not None else None)
+    if built is None or "nn.Softmax" in built and (len(built) > 1 or c.owner.rebound(attribute) is not None):
+        return None
+    if "nn.Dropout" in built and attribute in c.identity_ok:
+        built.add("nn.Identity")
+    return tuple(kind for kind in ("nn.Dropout", "nn.Identity", "nn.Softmax") if kind in built)
+
+
+def _built_classes(c: Candidate, built: cst.BaseExpression | None) -> set[str] | None:
+    if isinstance(built, cst.IfExp):
+        sides = [_built_classes(c, side) for side in (built.body, built.orelse)]
+        return None if None in sides else sides[0] | sides[1]
     dotted = c.parsed.imported_name(built.func) if isinstance(built, cst.Call) else None
-    if dotted in DROPOUT:
-        return ("nn.Dropout", "nn.Identity") if attribute in c.identity_ok else ("nn.Dropout",)
-    if dotted in IDENTITY:
-        return ("nn.Identity",)
+    for kind, names in (("nn.Dropout", DROPOUT), ("nn.Identity", IDENTITY), ("nn.Softmax", SOFTMAX)):
+        if dotted in names:
+            return {kind}
     return None
 
 
