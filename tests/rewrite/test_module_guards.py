@@ -278,19 +278,21 @@ SOFTMAX_MODULE = MODEL.replace("        self.attn_drop = nn.Dropout(0.1)\n", "  
     "attn = attn.softmax(dim=-1)", "attn = self.softmax(attn)")
 
 
-def test_a_softmax_module_is_guarded_where_nothing_rebinds_it_and_refused_where_something_may(tmp_path) -> None:
-    """The SDPA call stands for the softmax over the dim the constructor gave: an exact `nn.Softmax` with no hook
-    computes it only if it is the class's own module (another `nn.Softmax(dim=1)` in its place would not)."""
-    (tmp_path / "softmax").mkdir()
-    (tmp_path / "softmax" / "model.py").write_text(SOFTMAX_MODULE, encoding="utf-8")
-    (tmp_path / "softmax" / "utils.py").write_text(UTILS, encoding="utf-8")
-    finding = _finding(tmp_path / "softmax")
-    assert finding.fix_safety == "unsafe" and "self.softmax" in finding.reason  # computed names may rebind it
-    (tmp_path / "softmax" / "utils.py").write_text(UTILS.replace("def swap", "def unused").replace(
-        "setattr(module, name, Half())", "pass"), encoding="utf-8")
-    finding = _finding(tmp_path / "softmax")
+def test_a_softmax_module_that_may_be_rebound_is_checked_with_its_dim(tmp_path) -> None:
+    """The SDPA call stands for the softmax over the dim the constructor gave, so another `nn.Softmax(dim=1)` in its
+    place (computed names may put one there) computes something else: the check also compares its dim."""
+    original = _tree(tmp_path, model=SOFTMAX_MODULE)
+    finding = _finding(original)
     assert finding.fix_safety == "safe", finding.reason
-    assert "_advisor_module_runs_plain(self.softmax, (torch.nn.Softmax,))" in finding.patch
+    assert "_advisor_module_runs_plain(self.softmax, (torch.nn.Softmax,)) and self.softmax.dim == -1" in finding.patch
+    source = load_module_from_source(SOFTMAX_MODULE, "model")
+    fixed = load_module_from_source(_patched(tmp_path, original), "model_fixed")
+    reference, patched = _models((source, fixed))
+    x = torch.randn(2, 6, 16)
+    for swapped in (torch.nn.Softmax(dim=-1), torch.nn.Softmax(dim=1), torch.nn.Identity()):
+        for model in (reference, patched):
+            model.softmax = swapped
+        torch.testing.assert_close(_run(patched, x), _run(reference, x), atol=1e-5, rtol=1e-5)
 
 
 CONDITIONAL = MODEL.replace("def __init__(self, dim: int = 16, heads: int = 2):",

@@ -16,6 +16,7 @@ import libcst as cst
 
 from advisor.contracts.emitted_names import MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
 from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.ops import int_value
 from advisor.static.codegen import dotted
 
 MODULE_IDENTITY, NO_HOOKS = "module-identity", "no-hooks"
@@ -30,10 +31,12 @@ def module_kinds(c: Candidate, attribute: str) -> tuple[str, ...] | None:
     """The classes (as `nn.X`) for which the patch computes what a call of `self.<attribute>` computes: a Dropout
     the class builds (its `p` and `training` read when the SDPA call runs; also an Identity where the patch reads
     `p` with a default), an Identity (a hook point: nothing to compute), either for a conditional build
-    (`nn.Dropout(p) if p else nn.Identity()`), a Softmax that nothing rebinds (its `dim` is read from the
-    constructor, so another Softmax in its place may differ). None for anything else."""
+    (`nn.Dropout(p) if p else nn.Identity()`), a Softmax (its `dim` is read from the constructor: another Softmax
+    in its place may differ, so where something may rebind it, only a literal dim the check compares). None for
+    anything else."""
     built = _built_classes(c, c.owner.class_value(attribute) if c.owner is not None else None)
-    if built is None or "nn.Softmax" in built and (len(built) > 1 or c.owner.rebound(attribute) is not None):
+    if built is None or "nn.Softmax" in built and (len(built) > 1 or c.owner.rebound(attribute) is not None and
+                                                   softmax_dim(c, attribute) is None):
         return None
     if "nn.Dropout" in built and attribute in c.identity_ok:
         built.add("nn.Identity")
@@ -51,19 +54,37 @@ def _built_classes(c: Candidate, built: cst.BaseExpression | None) -> set[str] |
     return None
 
 
+def softmax_dim(c: Candidate, attribute: str) -> cst.BaseExpression | None:
+    """The integer literal an `nn.Softmax(dim)` the class builds is given (`-1` of `nn.Softmax(dim=-1)`)."""
+    built = c.owner.class_value(attribute)
+    if not isinstance(built, cst.Call):
+        return None
+    given = [arg.value for arg in built.args if arg.keyword is not None and arg.keyword.value == "dim"] or \
+        [arg.value for arg in built.args[:1] if arg.keyword is None and not arg.star]
+    return given[0] if given and int_value(given[0]) is not None else None
+
+
 def module_checks(c: Candidate, torch_name: str) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
     """(what the checks read, one `_advisor_module_runs_plain(self.x, (torch.nn.X,))` per deleted module call), or
     two empty lists where a module's classes are unknown or the emitted names could mean something of the user's."""
     modules = list(c.deleted_modules.values())
     if not modules or any(classes is None for _, classes in modules) or not emitted_names_free(c):
         return [], []
-    parts = [cst.Call(cst.Name(MODULE_CHECK_HELPER), [
-        cst.Arg(read), cst.Arg(cst.Tuple([cst.Element(dotted(f"{torch_name}.{kind}")) for kind in classes]))])
-        for read, classes in modules]
+    parts = []
+    for attribute, (read, classes) in c.deleted_modules.items():
+        part = cst.Call(cst.Name(MODULE_CHECK_HELPER), [
+            cst.Arg(read), cst.Arg(cst.Tuple([cst.Element(dotted(f"{torch_name}.{kind}")) for kind in classes]))])
+        dim = softmax_dim(c, attribute) if classes == ("nn.Softmax",) else None
+        if dim is not None:  # `... and self.softmax.dim == -1`: read only once the module is exactly a Softmax
+            part = cst.BooleanOperation(part, cst.And(), cst.Comparison(cst.Attribute(read, cst.Name("dim")), [
+                cst.ComparisonTarget(cst.Equal(), dim)]))
+        parts.append(part)
     return [read for read, _ in modules], parts
 
 
 def is_module_check(part: cst.BaseExpression) -> bool:
+    if isinstance(part, cst.BooleanOperation):
+        return is_module_check(part.left)
     return isinstance(part, cst.Call) and isinstance(part.func, cst.Name) and part.func.value == MODULE_CHECK_HELPER
 
 
