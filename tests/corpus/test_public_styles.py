@@ -97,10 +97,11 @@ JUDGEMENTS = {
                                              "buffer's rank/values are not proved"),
     "p43_dropkey": (REFUSED, "scores-shaped random mask built from the scores (`ones_like(attn)`)"),
     "p44_float_zero_bias": (UNSAFE, "additive bias of unknown rank; it is the float 0.0 on the default call"),
-    "p45_softmax_swapped_via_modules_dict": (REFUSED, "`model._modules[name] = QuietSoftmax(...)` replaces the "
-                                                      "softmax: the module call is not a softmax at runtime"),
-    "p46_softmax_swapped_via_add_module": (REFUSED, "`model.add_module(name, QuietSoftmax(...))` replaces the "
-                                                    "softmax"),
+    "p45_softmax_swapped_via_modules_dict": (SAFE, "`model._modules[name] = QuietSoftmax(...)` replaces the "
+                                                   "softmax: the patch checks the module's exact class (and dim) "
+                                                   "when it runs, so the replacement runs the original block"),
+    "p46_softmax_swapped_via_add_module": (SAFE, "`model.add_module(name, QuietSoftmax(...))` replaces the "
+                                                 "softmax: checked as in p45"),
     "p47_pinn_hessian_through_attention": (UNSAFE, "hessian(create_graph=True) through 4-D attention: double "
                                                    "backward of SDPA's fused CPU kernel is not implemented"),
     "p48_functional_causal_device_of_scores": (SAFE, "float-annotated scale; causal mask on `sim.device` (q's)"),

@@ -121,12 +121,16 @@ REPLACING_HELPERS = {
 
 
 @pytest.mark.parametrize("helper", sorted(REPLACING_HELPERS))
-def test_a_module_a_helper_may_replace_by_something_else_is_refused(helper: str) -> None:
+def test_a_module_a_helper_may_replace_by_something_else_is_checked_when_the_block_runs(helper: str) -> None:
+    """Refused before; now the patch takes SDPA only where each deleted module is exactly the class's (the
+    softmax's dim compared too), so the replacement runs the original block."""
     block = CAUSAL_BLOCK.replace("F.softmax(att, dim=-1)", "self.softmax(att)")
     source = attention(block, init="self.softmax = nn.Softmax(dim=-1)", after=REPLACING_HELPERS[helper],
                        make="model.apply(strip_dropout)")
     [finding] = _attention_findings(source)
-    assert not finding.fixable and "whose call the rewrite deletes, may not be the module" in finding.reason
+    guarded = {fact["name"] for fact in finding.extra["facts"].get("guarded", [])}
+    assert finding.fixable and "module-identity" in guarded, finding.reason
+    assert "self.softmax.dim == -1" in finding.patch
     _assert_sound(source)
 
 
