@@ -215,6 +215,14 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
                       f"recomputes the weights from a log-sum-exp the fill swallowed too); nothing proves every row "
                       f"keeps a key")
         return
+    rebound = next((term for term in terms if term.learned_rebound), None)
+    if rebound is not None:
+        table, why = rebound.learned_rebound
+        facts.assumed(ROWS, "no query row is fully masked",
+                      f"`{parsed.code(rebound.source)}` reads the learned table `{table}` as its class builds it "
+                      f"(a score term), but {why}, so an instance's table, index or memo may be another value, "
+                      f"a mask among them")  # no call site can show an attribute's value: no claims
+        return
     if bounded is not None:
         facts.proved(ROWS, "no query row is fully masked", bounded)
         return

@@ -41,6 +41,8 @@ class MaskTerm:
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
     optional: bool = False  # added only where it is not None (`maybe_add_mask(s, m)`): SDPA's attn_mask=None
     learned: str | None = None  # added, and read from this learned table (`self.table`): a score term, not a mask
+    # (table, why): read from that learned table as far as its class shows, but an instance's may be another (why)
+    learned_rebound: tuple[str, str] | None = None
 
 
 @dataclass

@@ -57,7 +57,7 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
             cursor = enter_callee(c, cursor)  # the scores are computed by a helper method
             continue
         if op is None:
-            raise Refusal(_why_unrecognised(c, cursor))
+            raise Refusal(_why_unrecognised(c, cursor, guard))
         if op.name in CORE_OPS:
             if guard is not None:
                 raise Refusal("the Q·K^T product itself is computed conditionally")
@@ -77,7 +77,7 @@ def _through_parameter(c: Candidate, parameter: cst.Name) -> str:
             f"`{parameter.value}` and {how}; the walk does not follow a parameter back to the call")
 
 
-def _why_unrecognised(c: Candidate, node: cst.CSTNode) -> str:
+def _why_unrecognised(c: Candidate, node: cst.CSTNode, guard: cst.If | None) -> str:
     """Why the score walk stops at `node`, naming the form when it is a known one."""
     text = short(c.parsed, node)
     if isinstance(node, cst.Call):
@@ -87,7 +87,50 @@ def _why_unrecognised(c: Candidate, node: cst.CSTNode) -> str:
         helper = helper_named(c, node.func)
         if helper is not None and single_return(helper) is None:
             return f"the scores come from `{text}`, a helper with more than one `return`, which is not inlined"
+        if helper is not None and guard is not None:
+            return (f"the scores come from `{text}`, a helper called under `if {c.parsed.code(guard.test)}:`, "
+                    f"which the walk does not enter{_writes_in_place(c, helper)}")
+        module = _submodule(c, node.func)
+        if module is not None:
+            return f"the scores pass through `{c.parsed.code(node.func)}`, {module}"
     return f"the scores come from `{text}`, which is not a recognised operation"
+
+
+# torch layers applied to the scores: the axis each one mixes (reads as its channels or features)
+MIXING_LAYERS = {**{f"torch.nn.Conv{n}d": "dim 1 (the heads, for (B, heads, L, S) scores: talking heads)"
+                    for n in (1, 2, 3)},
+                 "torch.nn.Linear": "the last dim (the keys)", "torch.nn.Bilinear": "the last dim (the keys)"}
+
+
+def _submodule(c: Candidate, func: cst.BaseExpression) -> str | None:
+    """What `self.<name>`, a module the class builds and calls on the scores, is: a torch layer and the axis it
+    mixes, which no SDPA mask expresses, or a module whose forward the walk does not follow."""
+    if c.owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and
+                               func.value.value == "self") or func.attr.value in c.owner.methods:
+        return None
+    built = [value for value in c.owner.attributes.get(func.attr.value, []) if isinstance(value, cst.Call)]
+    if not built:
+        return None
+    dotted = c.parsed.imported_name(built[0].func)
+    torch_layer = dotted is not None and dotted.startswith("torch.nn.")
+    layer = f"`nn.{dotted.rsplit('.', 1)[-1]}`" if torch_layer else f"`{c.parsed.code(built[0].func)}`"
+    if dotted in MIXING_LAYERS:
+        return (f"built as {layer}: a learned layer over the scores mixes them across {MIXING_LAYERS[dotted]}, "
+                f"which no SDPA mask expresses")
+    return (f"built as {layer}: a module's forward is not followed (the rewrite reads terms added to the scores, "
+            f"and a module may compute anything from them)")
+
+
+def _writes_in_place(c: Candidate, helper: cst.FunctionDef) -> str:
+    """`; it writes into ... in place (`stmt`)` where the helper stores into one of its parameters' elements."""
+    params = {p.name.value for p in helper.params.params}
+    flow = c.parsed.flow(helper)
+    stores = [d for d in flow.definitions.values() if d.kind == "store" and d.name in params]
+    if not stores:
+        return ""
+    statement = min(stores, key=lambda d: c.parsed.line(d.statement)).statement
+    return (f"; it writes into its parameter `{stores[0].name}` in place (`{short(c.parsed, statement)}`), a term on "
+            f"part of the scores that no single added mask is read from")
 
 
 def _inside(c: Candidate, ids: frozenset[int], guard: cst.If) -> bool:

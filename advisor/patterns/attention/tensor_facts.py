@@ -200,7 +200,12 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     unproved = _unique(few + many)
     claims = parameter_claims(c, [term.source for term in unproved], sf.RANK, [term.guard for term in unproved],
                               needed, c.leaf_nodes[:2])
-    if few:
+    if few and few[0].learned_rebound:
+        table, why = few[0].learned_rebound
+        match.facts.assumed("mask-rank", statement, f"the rank of `{short(c.parsed, few[0].source)}` is not proved: "
+                            f"it reads the learned table `{table}`, and {why}, so an instance's table, index or memo "
+                            f"may have other ranks (SDPA rejects a 1-D mask on 4-D inputs)", claims)
+    elif few:
         match.facts.assumed("mask-rank", statement, f"the rank of `{short(c.parsed, few[0].source)}` is not "
                             f"visible here, and SDPA rejects a 1-D mask on 4-D inputs", claims)
     else:
