@@ -7,7 +7,9 @@ block where the check fails.
 
 The check runs before the guarded `if` as `ok = False` / `if not torch.jit.is_scripting(): ok = <check>`:
 TorchScript compiles neither a module passed to a function nor `type(...)`, but skips the body of that `if`, so a
-scripted patch always runs the original (exact); `torch.compile` guards on the hooks the check reads.
+scripted patch always runs the original (exact). Under `torch.compile` the check breaks no graph; dynamo guards on
+the hooks it reads where it guards on module hooks at all (`skip_nnmodule_hook_guards=False`), and otherwise
+ignores a hook added after compiling in the original too.
 """
 
 from __future__ import annotations
