@@ -273,7 +273,7 @@ def test_a_second_pass_changes_nothing(tmp_path) -> None:
     assert not again
 
 
-SOFTMAX_MODULE = MODEL.replace("        self.attn_drop = nn.Dropout(0.1)\n", "        self.attn_drop = nn.Dropout(0.1)\n"
+SOFTMAX_MODULE = MODEL.replace("self.attn_drop = nn.Dropout(0.1)\n", "self.attn_drop = nn.Dropout(0.1)\n"
                                "        self.softmax = nn.Softmax(dim=-1)\n").replace(
     "attn = attn.softmax(dim=-1)", "attn = self.softmax(attn)")
 
