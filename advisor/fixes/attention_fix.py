@@ -9,6 +9,7 @@ import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.contracts.detected import Detected
+from advisor.contracts.emitted_names import MODULE_CHECK_HELPER
 from advisor.contracts.finding import Finding
 from advisor.contracts.rule import Rule
 from advisor.contracts.evidence import BlockCall
@@ -20,7 +21,7 @@ from advisor.patterns.call_site_facts import settle_dropped_weights, settle_from
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
-from advisor.rewrite.guard import guarded
+from advisor.rewrite.guard import guarded, module_check_helper, module_check_statements
 from advisor.rewrite.sdpa_call import functional_name, row_fixup_statements, sdpa_call
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeContext, TreeFacts
@@ -86,8 +87,14 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         span = match.flex.span
     if any(line not in span for line in match.guard_lifted):
         raise RewriteFailed("a statement the check reads lies outside the statements it guards")
+    above = ()
+    if match.module_check is not None:  # deleted module calls: their check, computed above the `if`
+        torch_name = parsed.module_aliases["torch"]
+        above = module_check_statements(torch_name, match.module_check)
+        if MODULE_CHECK_HELPER not in parsed.module_functions:
+            edits.definitions = edits.definitions + (module_check_helper(torch_name),)
     if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
-        return guarded(parsed, edits, test, span, match.guard_lifted)
+        return guarded(parsed, edits, test, span, match.guard_lifted, above)
     return edits
 
 

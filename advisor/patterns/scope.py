@@ -314,21 +314,21 @@ def _base_name(node: cst.BaseExpression) -> str | None:
 # hooks ----------------------------------------------------------------------------------------------------------
 
 def deleted_module_calls(parsed: ParsedModule, owner: ClassInfo | None, nodes: list[cst.CSTNode],
-                         kept: list[cst.CSTNode]) -> list[str]:
-    """Attributes `x` of the deleted `self.x(...)` module calls (those not inside an expression the SDPA call
-    keeps): their forward hooks stop firing."""
+                         kept: list[cst.CSTNode]) -> dict[str, cst.Attribute]:
+    """Attribute `x` -> the first `self.x` of the deleted `self.x(...)` module calls (those not inside an
+    expression the SDPA call keeps): their forward hooks stop firing."""
     if owner is None:
-        return []
+        return {}
     kept_ids = set()
     for node in kept:
         kept_ids.update(id(n) for n in walk(node))
-    found: list[str] = []
+    found: dict[str, cst.Attribute] = {}
     for node in nodes:
         for call in walk(node):
             if isinstance(call, cst.Call) and id(call) not in kept_ids and isinstance(call.func, cst.Attribute) \
                     and isinstance(call.func.value, cst.Name) and call.func.value.value == "self" \
-                    and call.func.attr.value not in owner.methods and call.func.attr.value not in found:
-                found.append(call.func.attr.value)
+                    and call.func.attr.value not in owner.methods:
+                found.setdefault(call.func.attr.value, call.func)
     return found
 
 

@@ -123,12 +123,16 @@ REPLACING_HELPERS = {
 
 
 @pytest.mark.parametrize("helper", sorted(REPLACING_HELPERS))
-def test_a_module_a_helper_may_replace_by_something_else_is_refused(helper: str) -> None:
+def test_a_module_a_helper_may_replace_by_something_else_is_checked_when_the_block_runs(helper: str) -> None:
+    """Refused before; now the patch takes SDPA only where each deleted module is exactly the class's (the
+    softmax's dim compared too), so the replacement runs the original block."""
     block = CAUSAL_BLOCK.replace("F.softmax(att, dim=-1)", "self.softmax(att)")
     source = attention(block, init="self.softmax = nn.Softmax(dim=-1)", after=REPLACING_HELPERS[helper],
                        make="model.apply(strip_dropout)")
     [finding] = _attention_findings(source)
-    assert not finding.fixable and "whose call the rewrite deletes, may not be the module" in finding.reason
+    guarded = {fact["name"] for fact in finding.extra["facts"].get("guarded", [])}
+    assert finding.fixable and "module-identity" in guarded, finding.reason
+    assert "self.softmax.dim == -1" in finding.patch
     _assert_sound(source)
 
 
@@ -211,25 +215,28 @@ def restore_global_hooks():
 
 
 @pytest.mark.parametrize("hook", sorted(GLOBAL_HOOKS))
-def test_a_global_module_hook_in_the_file_makes_no_hooks_assumed(hook: str, restore_global_hooks) -> None:
+def test_a_global_module_hook_in_the_file_makes_no_hooks_guarded(hook: str, restore_global_hooks) -> None:
+    """The patch runs the original block wherever a hook of the process (or of the module) is registered when it
+    runs (tests/rewrite/test_module_guards.py)."""
     head, register = GLOBAL_HOOKS[hook]
     source = attention(CAUSAL_BLOCK, head=head, make=register)
     [finding] = _attention_findings(source)
-    assumed = {fact["name"] for fact in finding.extra["facts"].get("assumed", [])}
-    assert "no-hooks" in assumed and finding.fix_safety == "unsafe"
+    guarded = {fact["name"] for fact in finding.extra["facts"].get("guarded", [])}
+    assert "no-hooks" in guarded and finding.fix_safety == "safe"
     _assert_sound(source)
 
 
-def test_a_global_module_hook_elsewhere_in_the_scanned_tree_makes_no_hooks_assumed(tmp_path) -> None:
-    """The hook fires on every module of the process, wherever it is registered."""
+def test_a_global_module_hook_elsewhere_in_the_scanned_tree_makes_no_hooks_guarded(tmp_path) -> None:
+    """The hook fires on every module of the process, wherever it is registered: checked when the block runs."""
     (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK), encoding="utf-8")
     (tmp_path / "train.py").write_text(
         "from torch.nn.modules import module\n\n"
         "def watch():\n"
         "    module.register_module_forward_hook(lambda m, a, o: o)\n", encoding="utf-8")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
-    [fact] = [f for f in finding.extra["facts"]["assumed"] if f["name"] == "no-hooks"]
-    assert "train.py" in fact["why"] and finding.fix_safety == "unsafe"
+    [fact] = [f for f in finding.extra["facts"]["guarded"] if f["name"] == "no-hooks"]
+    assert "train.py" in fact["why"] and "_advisor_module_runs_plain(self.attn_drop" in fact["why"]
+    assert finding.fix_safety == "safe"
     alone = [f for f in scan_paths([str(tmp_path / "model.py")], jobs=1).findings if f.kind == "attention"]
     assert alone[0].fix_safety == "safe"
 
@@ -349,8 +356,9 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     alone = [f for f in scan_paths([str(original / "model.py")], jobs=1).findings if f.kind == "attention"]
     assert alone[0].fix_safety == "safe"  # the model file alone proves the patch
     [finding] = [f for f in scan_paths([str(original)], jobs=1).findings if f.kind == "attention"]
-    assert finding.fix_safety != "safe" or concern == "is_causal" and "is_causal=True" not in finding.patch, \
-        finding.patch
+    guarded = {fact["name"] for fact in finding.extra.get("facts", {}).get("guarded", [])}
+    assert finding.fix_safety != "safe" or concern == "is_causal" and "is_causal=True" not in finding.patch or \
+        concern == "no-hooks" and "no-hooks" in guarded, finding.patch
     patched = tmp_path / "patched"
     shutil.copytree(original, patched)
     advisor.fix(str(patched), apply=True, cache=False)
@@ -379,18 +387,24 @@ SWAP_BY_COMPUTED_NAME = ("import torch.nn as nn\n\n\nclass Half(nn.Module):\n   
                          "        if isinstance(child, nn.Dropout):\n            setattr(module, name, Half())\n")
 
 
-def test_another_file_binding_attributes_by_computed_names_makes_the_deleted_module_assumed(tmp_path) -> None:
-    """A utility elsewhere in the tree that swaps submodules by computed names may never touch this class: the
-    deleted dropout's identity is an assumed fact naming that file (unsafe, `optimize` can verify it), not a
-    refusal. The same utility in the model's own file still refuses."""
-    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK), encoding="utf-8")
+def test_a_dropout_swapped_by_computed_names_is_checked_when_the_block_runs(tmp_path) -> None:
+    """A utility that swaps submodules by computed names, elsewhere in the tree (assumed before) or in the model's
+    own file (refused before): the patch takes SDPA only where the module is exactly the Dropout the class builds,
+    with no hook, so the deleted dropout's identity is guarded and the patch safe."""
+    # without the causal buffer, which computed names may rebind (its rank is then assumed)
+    block = CAUSAL_BLOCK.replace('att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))\n', "")
+    (tmp_path / "model.py").write_text(attention(block), encoding="utf-8")
     (tmp_path / "utils.py").write_text(SWAP_BY_COMPUTED_NAME, encoding="utf-8")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
-    assumed = {fact["name"]: fact for fact in finding.extra["facts"]["assumed"]}
-    assert finding.fix_safety == "unsafe" and finding.patch, finding.reason
-    assert "utils.py" in assumed["module-identity"]["why"]
-    [alone] = _attention_findings(attention(CAUSAL_BLOCK) + "\n\n" + SWAP_BY_COMPUTED_NAME)
-    assert alone.rule == "ADV103" and not alone.patch and "computed names" in alone.reason
+    guarded = {fact["name"]: fact for fact in finding.extra["facts"]["guarded"]}
+    assert finding.fix_safety == "safe" and finding.patch, finding.reason
+    assert "utils.py" in guarded["module-identity"]["why"]
+    source = attention(block, make="model.apply(swap)") + "\n\n" + SWAP_BY_COMPUTED_NAME
+    [alone] = _attention_findings(source)
+    assert alone.fix_safety == "safe" and "computed names" in \
+        {fact["name"]: fact for fact in alone.extra["facts"]["guarded"]}["module-identity"]["why"]
+    _assert_sound(source)
+
 
 
 # 3b. buffers passed in at call time ----------------------------------------------------------------------------
