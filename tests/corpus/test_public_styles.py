@@ -55,7 +55,8 @@ JUDGEMENTS = {
     "p12_mpt_alibi_function": (UNSAFE, "ALiBi bias and masks as attn_mask; weights returned when needs_weights"),
     "p13_bloom_alibi_baddbmm": (REFUSED, "head mask multiplies the probabilities"),
     "p14_gemma2_softcap": (REFUSED, "tanh soft-capping of the logits"),
-    "p15_sam_decomposed_relpos": (REFUSED, "decomposed rel-pos added by a helper (SDPA without it is wrong)"),
+    "p15_sam_decomposed_relpos": (SAFE, "decomposed rel-pos added by a helper (SDPA without it is wrong) only under "
+                                        "`if self.use_rel_pos:`: SDPA where the flag is off, the original where on"),
     "p16_timm_eva_attention": (UNSAFE, "mask parameter of unknown rank `[:, None, None, :]`"),
     "p17_perceiver_cross_attention": (UNSAFE, "finite fill on a fully padded sample: fully-masked-rows"),
     "p18_qformer_cross_attention": (REFUSED, "probabilities saved and hooked; head mask"),
@@ -74,8 +75,10 @@ JUDGEMENTS = {
     "p29_sagan_gradient_penalty": (SAFE, "gradient penalty through 3-D (bmm) attention: SDPA takes the math "
                                          "path for 3-D inputs, which is twice differentiable"),
     "p30_rwkv_time_mix": (REFUSED, "a recurrence, not softmax attention"),
-    "p31_vit_attention_map_hook": (UNSAFE, "the file hooks attn_drop to read the maps: no-hooks"),
-    "p32_global_softmax_hook": (UNSAFE, "the file registers a global module hook: no-hooks"),
+    "p31_vit_attention_map_hook": (SAFE, "the file hooks attn_drop to read the maps: no-hooks is checked when "
+                                         "the block runs, so the hooked call runs the original and saves them"),
+    "p32_global_softmax_hook": (SAFE, "the file registers a global module hook: no-hooks is checked when the "
+                                      "block runs, so the recorded call runs the original softmax module"),
     "p33_falcon_multiquery": (SAFE, "one K/V head broadcast; -1e9 causal fill, no fully masked row"),
     "p34_deformable_detr_msda": (REFUSED, "softmax over learned weights and grid_sample: no QK^T"),
     "p35_chunked_prefill_bottom_right": (SAFE, "v = cat(past_value, new): q/k/v dtypes checked at run time, and the "
@@ -93,12 +96,14 @@ JUDGEMENTS = {
                                        "not visible"),
     "p42_alibi_plus_causal_buffer": (UNSAFE, "ALiBi buffer plus -inf causal fill: one float attn_mask; the "
                                              "buffer's rank/values are not proved"),
-    "p43_dropkey": (REFUSED, "scores-shaped random mask built from the scores (`ones_like(attn)`)"),
+    "p43_dropkey": (SAFE, "scores-shaped random mask built from the scores (`ones_like(attn)`), only under "
+                          "`if self.training:`: SDPA in eval, the original in training"),
     "p44_float_zero_bias": (UNSAFE, "additive bias of unknown rank; it is the float 0.0 on the default call"),
-    "p45_softmax_swapped_via_modules_dict": (REFUSED, "`model._modules[name] = QuietSoftmax(...)` replaces the "
-                                                      "softmax: the module call is not a softmax at runtime"),
-    "p46_softmax_swapped_via_add_module": (REFUSED, "`model.add_module(name, QuietSoftmax(...))` replaces the "
-                                                    "softmax"),
+    "p45_softmax_swapped_via_modules_dict": (SAFE, "`model._modules[name] = QuietSoftmax(...)` replaces the "
+                                                   "softmax: the patch checks the module's exact class (and dim) "
+                                                   "when it runs, so the replacement runs the original block"),
+    "p46_softmax_swapped_via_add_module": (SAFE, "`model.add_module(name, QuietSoftmax(...))` replaces the "
+                                                 "softmax: checked as in p45"),
     "p47_pinn_hessian_through_attention": (UNSAFE, "hessian(create_graph=True) through 4-D attention: double "
                                                    "backward of SDPA's fused CPU kernel is not implemented"),
     "p48_functional_causal_device_of_scores": (SAFE, "float-annotated scale; causal mask on `sim.device` (q's)"),

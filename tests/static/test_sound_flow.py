@@ -86,7 +86,10 @@ def test_scale_in_else_branch_keeps_its_polarity(flag):
     assert "(1.0 if self.unscaled else 0.5)" in analyze_source(source, "m.py").fixed
 
 
-def test_scale_in_elif_is_not_rewritten_with_one_guard():
+@pytest.mark.parametrize("unscaled, half", [(False, True), (False, False), (True, True)])
+def test_scale_in_elif_keeps_both_tests(unscaled, half):
+    """The factor applies where the first test is false and the `elif`'s true: the SDPA path runs where the first
+    test is false (the original where it is true), with the factor under the `elif`'s test."""
     source = attention("""
         s = q @ k.transpose(-2, -1)
         if self.unscaled:
@@ -94,8 +97,9 @@ def test_scale_in_elif_is_not_rewritten_with_one_guard():
         elif self.half:
             s = s * 0.5
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-    """, init="self.unscaled = False\nself.half = True")
-    assert not assert_exact_or_not_safe(source, "elif_scale")
+    """, init=f"self.unscaled = {unscaled}\nself.half = {half}")
+    assert assert_exact_or_not_safe(source, "elif_scale")
+    assert "(0.5 if self.half else 1.0)" in analyze_source(source, "m.py").fixed
 
 
 # G: a tensor is never proved a Python-number scale -----------------------------------------------------------
@@ -385,7 +389,9 @@ def test_subclass_replacing_the_softmax_module_is_refused():
 
 
 @pytest.mark.parametrize("module", ["nn.Identity()", "HookPoint()"])
-def test_hook_point_inside_the_block_makes_the_patch_unsafe(module):
+def test_hook_point_inside_the_block_is_checked_or_refused(module):
+    """An `nn.Identity` hook point is deleted only behind a check that it is exactly an Identity with no hook when
+    the block runs (guarded); a HookPoint class of the file is not an op at all."""
     source = attention("""
         s = q @ k.transpose(-2, -1) / math.sqrt(8)
         p = self.hook_pattern(s.softmax(dim=-1))
@@ -396,14 +402,15 @@ def test_hook_point_inside_the_block_makes_the_patch_unsafe(module):
             return x
     """)
     finding = the_finding(source)
-    assert finding.fix_safety == "unsafe"
     if finding.rule == "ADV101":  # nn.Identity is read as an identity op; a HookPoint class is not an op at all
-        assert [f["name"] for f in finding.extra["facts"]["assumed"]] == ["no-hooks"]
+        assert finding.fix_safety == "safe" and not finding.extra["facts"]["assumed"]
+        [fact] = [f for f in finding.extra["facts"]["guarded"] if f["name"] == "no-hooks"]
+        assert "(torch.nn.Identity,)" in fact["why"]
     else:
         assert finding.rule == "ADV103" and "hook_pattern" in finding.reason
 
 
-def test_dropout_module_without_hooks_in_the_file_is_proved():
+def test_dropout_module_without_hooks_in_the_file_is_proved_and_with_hooks_guarded():
     source = attention("""
         s = q @ k.transpose(-2, -1) / math.sqrt(8)
         p = self.drop(s.softmax(dim=-1))
@@ -413,7 +420,8 @@ def test_dropout_module_without_hooks_in_the_file_is_proved():
     assert finding.fix_safety == "safe"
     assert any(f["name"] == "no-hooks" for f in finding.extra["facts"]["proved"])
     hooked = source.replace("def make(", "def hooked(model):\n    model.drop.register_forward_hook(print)\n\n\ndef make(")
-    assert the_finding(hooked).fix_safety == "unsafe"
+    finding = the_finding(hooked)
+    assert finding.fix_safety == "safe" and "no-hooks" in {f["name"] for f in finding.extra["facts"]["guarded"]}
 
 
 # a crash on one block never loses the file's other findings ----------------------------------------------------
