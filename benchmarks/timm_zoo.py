@@ -7,7 +7,8 @@ unsafe fixes) are applied to one copy through the Python API; each model below i
 the original copy (random weights, eval mode, fp32, one small input) and again from the patched copy with the
 original's weights and input, and the two outputs are compared (max |patched - original| <= RTOL * max |original|).
 
-Per model: the safe patches in the classes it runs, whether its output matches, and the reason every unsafe or
+Per model: the safe patches in the classes it runs, whether its output matches, how many SDPA calls the patched
+model made (a guarded patch whose SDPA path is not taken is exact but buys nothing), and the reason every unsafe or
 refused attention finding in those classes gives. A model counts once, by its best finding: `safe` (and then
 `parity` or `WRONG`), `unsafe`, `refused` or `no finding`. timm is not a dependency of advisor: without it the
 script prints one line and exits 0.
@@ -125,6 +126,7 @@ def run_side(root: str, out: str, models_json: str) -> int:
     assert os.path.realpath(timm.__file__).startswith(os.path.realpath(root)), timm.__file__
     torch.set_num_threads(1)
     side = "original" if root.rstrip("/").endswith("original") else "patched"
+    sdpa_calls = count_sdpa_calls(torch)
     results = {}
     for name, size in json.loads(models_json):
         saved = Path(out) / f"{name}.pt"
@@ -137,24 +139,39 @@ def run_side(root: str, out: str, models_json: str) -> int:
             if side == "original":
                 torch.manual_seed(1)
                 x = torch.randn(2, 3, size, size)
+                sdpa_calls.clear()
                 with torch.no_grad():
                     y = model(x)
                 torch.save({"state": model.state_dict(), "x": x, "y": y}, saved)
-                results[name] = {"classes": classes}
+                results[name] = {"classes": classes, "sdpa_calls": len(sdpa_calls)}
             else:
                 ref = torch.load(saved)
                 model.load_state_dict(ref["state"])
+                sdpa_calls.clear()
                 with torch.no_grad():
                     y = model(ref["x"])
                 err = (y - ref["y"]).abs().max().item()
                 scale = ref["y"].abs().max().item()
                 results[name] = {"classes": classes, "max_abs_err": err, "max_abs": scale,
-                                 "parity": err <= RTOL * max(scale, 1.0)}
+                                 "parity": err <= RTOL * max(scale, 1.0), "sdpa_calls": len(sdpa_calls)}
         except Exception as exc:  # noqa: BLE001 - one model that fails to build or run is one row
             results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else ''}"}
         print(f"  {side} {name}: {'error' if 'error' in results[name] else 'ok'}", file=sys.stderr, flush=True)
     (Path(out) / f"{side}.json").write_text(json.dumps(results))
     return 0
+
+
+def count_sdpa_calls(torch) -> list:
+    """A list that grows by one at each `F.scaled_dot_product_attention` call (timm and the patches call it through
+    the module attribute): a safe patch whose SDPA path never runs on the model is exact but buys nothing."""
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = counted
+    return calls
 
 
 def judge(name: str, original: dict | None, patched: dict | None, findings: list[dict], package: Path) -> dict:
@@ -177,6 +194,7 @@ def judge(name: str, original: dict | None, patched: dict | None, findings: list
     row["reasons"] = [f"{f['function']} ({'unsafe' if f['fixable'] else 'refused'}): {short_reason(f)}"
                       for f in mine if not (f["fix_safety"] == "safe" and f["fixable"])]
     row["max_abs_err"], row["max_abs"] = patched["max_abs_err"], patched["max_abs"]
+    row["sdpa_calls"] = patched["sdpa_calls"] - original["sdpa_calls"]  # the patches' own calls
     if row["safe"]:
         row["verdict"] = "parity" if patched["parity"] else "WRONG"
     elif not patched["parity"]:
@@ -199,7 +217,7 @@ def report(rows: list[dict]) -> None:
     for row in rows:
         line = f"{row['model']:34} {row['verdict']:10} safe={row['safe']}"
         if "max_abs_err" in row:
-            line += f" err={row['max_abs_err']:.1e} (of max {row['max_abs']:.1e})"
+            line += f" err={row['max_abs_err']:.1e} (of max {row['max_abs']:.1e}) sdpa_calls={row['sdpa_calls']}"
         print(line + (f"  {row['error']}" if "error" in row else ""))
         for reason in row["reasons"]:
             print(f"    {reason}")
@@ -207,6 +225,8 @@ def report(rows: list[dict]) -> None:
     print(f"\n{len(rows)} models: safe with parity {verdicts['parity']}, wrong {verdicts['WRONG']}, unsafe "
           f"{verdicts['unsafe']}, refused {verdicts['refused']}, no finding {verdicts['no finding']}, "
           f"not built {verdicts['error']}")
+    ran = sum(row["verdict"] == "parity" and row["sdpa_calls"] > 0 for row in rows)
+    print(f"safe with parity and SDPA run on the model's input: {ran} (the others' SDPA path was not taken)")
     reasons = collections.Counter(reason.split(": ", 1)[1] for row in rows if row["verdict"] in ("unsafe", "refused")
                                   for reason in row["reasons"])
     print("reasons keeping models from a safe patch (findings, counted per model):")
