@@ -37,8 +37,21 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set(), set()
-    collector = _Writes(_Names(tree), own)
-    collector.visit(tree)
+    imports: list[ast.Import | ast.ImportFrom] = []
+    bound: list[str] = []
+    writes: list[ast.AST] = []
+    for node in ast.walk(tree):  # one pass over the tree, in no particular order
+        kind = type(node)
+        if kind in _WRITES:
+            writes.append(node)
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            imports.append(node)
+        elif kind is ast.Name and type(node.ctx) is ast.Store or kind is ast.arg or kind is ast.ExceptHandler:
+            bound.extend(_bound(node))
+    imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
+    collector = _Writes(_Names(tree.body, imports, bound), own)
+    for node in writes:
+        _WRITES[type(node)](collector, node)
     return collector.names, collector.reshaped
 
 
@@ -47,10 +60,9 @@ class _Names:
     order, the first binding winning; relative ones with their dots), the names it binds otherwise (which hide an
     import), and its module-level aliases of imported objects (`matmul = torch.matmul`, bound once)."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, body: list[ast.stmt], imports: list[ast.Import | ast.ImportFrom], bound: list[str]) -> None:
         self.imports: dict[str, str] = {}
-        counts: dict[str, int] = {}
-        for node in _in_source_order(tree):
+        for node in imports:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     head = alias.name.split(".")[0]
@@ -60,11 +72,11 @@ class _Names:
                 for alias in node.names:
                     self.imports.setdefault(alias.asname or alias.name,
                                             f"{base}{alias.name}" if base.endswith(".") else f"{base}.{alias.name}")
-            for name in _bound(node):
-                counts[name] = counts.get(name, 0) + 1
+        counts: dict[str, int] = {}
+        for name in bound:
+            counts[name] = counts.get(name, 0) + 1
         self.bound = frozenset(counts)
         self.aliases: dict[str, str] = {}
-        body = tree.body
         for index, statement in enumerate(body):
             alone = (index == 0 or body[index - 1].end_lineno != statement.lineno) and \
                 (index + 1 == len(body) or body[index + 1].lineno != statement.end_lineno)  # no `a = b; c = d`
@@ -96,15 +108,6 @@ class _Names:
         return self.through_imports(node)
 
 
-def _in_source_order(node: ast.AST):
-    """The nodes under `node`, each before its children, children in field order (libcst's order for statements)."""
-    pending = [node]
-    while pending:
-        node = pending.pop()
-        yield node
-        pending.extend(reversed(list(ast.iter_child_nodes(node))))
-
-
 def _bound(node: ast.AST) -> list[str]:
     """The names `node` binds other than by an import, a `def` or a `class` (module_index._assigned_names)."""
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -124,7 +127,7 @@ def _literal(node: ast.AST | None) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-class _Writes(ast.NodeVisitor):
+class _Writes:
     def __init__(self, names: _Names, own: bool) -> None:
         self.resolve, self.own = names, own
         self.imports = names.imports
@@ -170,20 +173,14 @@ class _Writes(ast.NodeVisitor):
         if isinstance(root, ast.Name) and root.id in self.imports:  # `from m import MASK; MASK[0] = v`
             self.write(self.imports[root.id].rsplit(".", 1)[-1], into)
 
-    def visit_Assign(self, node: ast.Assign) -> None:
+    def assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             self.target(target, value=node.value)
-        self.generic_visit(node)
 
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+    def augmented(self, node: ast.AugAssign | ast.AnnAssign) -> None:
         self.target(node.target)
-        self.generic_visit(node)
 
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
+    def call(self, node: ast.Call) -> None:
         func, args = node.func, [a for a in node.args if not isinstance(a, ast.Starred)]
         binding = None
         if isinstance(func, ast.Name) and func.id == "setattr" and len(args) >= 2:
@@ -212,4 +209,7 @@ class _Writes(ast.NodeVisitor):
             self.write(ANY_ATTRIBUTE)
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
-        self.generic_visit(node)
+
+
+_WRITES = {ast.Assign: _Writes.assign, ast.AugAssign: _Writes.augmented, ast.AnnAssign: _Writes.augmented,
+           ast.Call: _Writes.call}
