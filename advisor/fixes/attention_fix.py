@@ -21,7 +21,7 @@ from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
 from advisor.rewrite.guard import guarded
-from advisor.rewrite.sdpa_call import functional_name, sdpa_call
+from advisor.rewrite.sdpa_call import functional_name, row_fixup_statements, sdpa_call
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeContext, TreeFacts
 
@@ -52,6 +52,8 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         edits.definitions = (flash_attn_helper(helper, functional.prefix),)
     else:
         call = sdpa_call(parsed.module, match, functional.prefix, indent + 4 * (target == "flash"))
+        if row_fixup_statements(match):
+            edits.insert_before[statement] = row_fixup_statements(match)
     if target == "flash":
         flash = kernel_names(parsed)
         if isinstance(flash, str):
@@ -90,7 +92,9 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
 
 
 def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:
-    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+    """The statement of a block that holds `node`: an `elif` is part of its first `if`, where a statement can go."""
+    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) or \
+            isinstance(parsed.parents.get(node), cst.If) and parsed.parents[node].orelse is node:
         node = parsed.parents[node]
     return node
 

@@ -78,11 +78,17 @@ def package_function(home, name: str) -> tuple[object, cst.FunctionDef] | None:
     """(the module that defines it, the module-level function) that `name` refers to in `home`: its own, or one
     imported from (or re-exported by) another file of the package (`from .attention import maybe_add_mask` in a
     package's `__init__`)."""
+    return package_definition(home, name, lambda module: module.module_functions)
+
+
+def package_definition(home, name: str, defined) -> tuple[object, object] | None:
+    """(the module, what `defined(module)` holds under the name) for the definition `name` refers to in `home`,
+    as `package_function` finds a function (`defined`: a module's functions, or its top-level classes)."""
     for _ in range(MAX_REEXPORTS):
         if name in home.bound_names:
             return None
-        if name in home.module_functions:
-            return home, home.module_functions[name]
+        if name in defined(home):
+            return home, defined(home)[name]
         dotted = home.imports.get(name)
         if dotted is None or "." not in dotted.lstrip("."):
             return None

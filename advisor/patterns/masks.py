@@ -10,8 +10,10 @@ the scores, does not, unless the fill swallows them. An added float mask of valu
 the same case (HF's `(1 - m) * finfo.min` on a padded sample swallows the row: the original's weights are uniform,
 SDPA's fused backward gives other gradients, and the mask cast to a bf16 query overflows to -inf). So a finite
 fill or an added mask is exact only where no row is fully masked, which the source proves only for causal masks:
-a lower triangle of ones sliced from its first column keeps key 0 in every row. An added bias read from a learned
-table is a score term, not a mask (`attention.learned_bias`): its fact is accepted, the other masks judged alone.
+a lower triangle of ones sliced from its first column keeps key 0 in every row. Where every mask is one finite fill,
+the patch makes the fully masked rows uniform as the original does (`attention.uniform_rows`): proved. An added
+bias read from a learned table is a score term, not a mask (`attention.learned_bias`): its fact is accepted, the
+other masks judged alone.
 """
 
 from __future__ import annotations
@@ -181,11 +183,16 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds,
 
 
 def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = (),
-                     bounded: str | None = None) -> None:
+                     bounded: str | None = None, uniform: tuple[str, ...] | None = None) -> None:
     """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring). `added_claims`:
     what every call must pass for added masks of parameters to swallow no row (values the call sites may show);
-    `bounded`: why every mask is added and its values, visible where it is built, are too small to swallow a row."""
+    `bounded`: why every mask is added and its values, visible where it is built, are too small to swallow a row;
+    `uniform`: every mask is one finite fill whose fully masked rows the patch makes uniform
+    (`attention.uniform_rows`), with the float dtypes the fill overflows."""
     if not terms:
+        return
+    if uniform is not None:
+        _record_uniform_rows(parsed, facts, terms[0].fill, uniform)
         return
     learned = [term for term in terms if term.learned]
     if learned:
@@ -215,6 +222,14 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
                       f"recomputes the weights from a log-sum-exp the fill swallowed too); nothing proves every row "
                       f"keeps a key")
         return
+    rebound = next((term for term in terms if term.learned_rebound), None)
+    if rebound is not None:
+        table, why = rebound.learned_rebound
+        facts.assumed(ROWS, "no query row is fully masked",
+                      f"`{parsed.code(rebound.source)}` reads the learned table `{table}` as its class builds it "
+                      f"(a score term), but {why}, so an instance's table, index or memo may be another value, "
+                      f"a mask among them")  # no call site can show an attribute's value: no claims
+        return
     if bounded is not None:
         facts.proved(ROWS, "no query row is fully masked", bounded)
         return
@@ -227,3 +242,23 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
         return
     facts.accepted(ROWS, "a fully masked query row gives 0 where the original gives NaN",
                    "SDPA's softmax returns 0 for a row of -inf and the original NaN, which no working model reads")
+
+
+UNIFORM = "a fully masked query row comes out as in the original: uniform weights, the mean of v"
+
+
+def _record_uniform_rows(parsed: ParsedModule, facts: FactSheet, fill: cst.BaseExpression,
+                         unfit: tuple[str, ...]) -> None:
+    why = (f"every mask replaces the scores with the one finite fill `{parsed.code(fill)}` (masked_fill/where), so "
+           f"a row masked everywhere is constant and the original's weights there are exactly uniform; the patch "
+           f"passes SDPA the boolean keep mask with such rows opened to every key and their query zeroed "
+           f"(`where(rows, q, 0)`, `keep | ~rows`, rows = `keep.any(-1, keepdim=True)`), so SDPA's weights there "
+           f"are uniform too (softmax of zeros; dropout drops them as it drops the original's) and q and k get no "
+           f"gradient from the row, as masked_fill passes none. On the other rows a masked key's weight is 0 in "
+           f"SDPA and exp(fill - row max) in the original, which underflows to 0 wherever the row's largest kept "
+           f"score exceeds the fill by more than about 104 (float32, bfloat16) or 745 (float64)")
+    if unfit:
+        facts.assumed(ROWS, UNIFORM, f"{why}; the fill overflows {', '.join(unfit)}, where the original's "
+                      f"masked_fill raises and the patch, which no longer fills, must too")
+    else:
+        facts.proved(ROWS, UNIFORM, why)

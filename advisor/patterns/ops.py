@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.patterns.signatures import bind, signature_of
-from advisor.patterns.mask_helpers import optional_add, package_function
+from advisor.patterns.mask_helpers import optional_add, package_definition, package_function
 from advisor.patterns.softmax_helpers import summarise
+from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children
 
@@ -157,16 +158,23 @@ class OpReader:
 
     def _module_forward(self, built: cst.Call, call: cst.Call) -> Op | None:
         """`self.matmul_qk(q, k)` with `self.matmul_qk = MatMulWrapper()`, a plain `nn.Module` subclass of this
-        file (no `__call__` of its own): its `forward` read as a helper."""
-        if not isinstance(built.func, cst.Name) or built.func.value in self.parsed.bound_names:
+        file (no `__call__` of its own): its `forward` read as a helper; or a bias module of the package whose
+        forward adds a term to the scores (`_bias_forward`)."""
+        if not isinstance(built.func, cst.Name):
             return None
-        module_class = self.parsed.top_level_classes.get(built.func.value)
-        if module_class is None or "__call__" in module_class.methods or "forward" not in module_class.methods:
+        found = package_definition(self.parsed, built.func.value, lambda module: module.top_level_classes)
+        if found is None:
+            return None
+        home, module_class = found
+        if "__call__" in module_class.methods or "forward" not in module_class.methods:
             return None
         bases = module_class.node.bases
-        if len(bases) != 1 or self.parsed.imported_name(bases[0].value) != "torch.nn.Module":
+        if len(bases) != 1 or home.imported_name(bases[0].value) != "torch.nn.Module":
             return None
-        return self._helper_op(module_class.methods["forward"], call, True, module_class)
+        forward = module_class.methods["forward"]
+        op = self._helper_op(forward, call, True, module_class) if home is self.parsed and not _has_star(built) \
+            else None
+        return op or _bias_forward(forward, call)  # the class is what the constructor's arguments never change
 
     def _function(self, dotted: str, call: cst.Call) -> Op | None:
         short = dotted.rsplit(".", 1)[-1]
@@ -235,7 +243,7 @@ class OpReader:
             return self._function(self.parsed.imported_name(built), call)  # `self.matmul = torch.matmul`
         if isinstance(built, cst.Call) and self.parsed.imported_name(built.func) == "functools.partial":
             return self._partial_call(built, call)
-        if isinstance(built, cst.Call) and not _has_star(built):
+        if isinstance(built, cst.Call):
             op = self._module_forward(built, call)
             if op is not None:
                 return op
@@ -381,6 +389,61 @@ def _helper_kind(function: cst.FunctionDef) -> str | None:
     if not names:
         return "instance"
     return "static" if names == ["staticmethod"] else None
+
+
+def _bias_forward(forward: cst.FunctionDef, call: cst.Call) -> Op | None:
+    """`self.rel_pos(attn)` where the module's `forward` is `return attn + <term>` and the term reads no parameter
+    but `self` (a relative-position bias module): an add of the term, read on the module (`self.rel_pos.get_bias()`),
+    to the call's argument. The deleted module call gets the module-identity and no-hooks facts (block_checks)."""
+    returned = _only_return(forward)
+    params = [p.name.value for p in forward.params.params]
+    if _helper_kind(forward) != "instance" or len(params) < 2 or forward.asynchronous or \
+            not isinstance(returned, cst.BinaryOperation) or not isinstance(returned.operator, cst.Add):
+        return None
+    owner, scores = params[0], params[1]
+    sides = [returned.left, returned.right]
+    chain = [isinstance(side, cst.Name) and side.value == scores for side in sides]
+    if sum(chain) != 1:
+        return None
+    term = sides[chain.index(False)]
+    bound = bound_parameters(forward, call, skip_first=True)
+    if bound is None or scores not in bound or _reads_any(term, set(params[1:]) | {p.name.value for p in
+                                                                                    forward.params.kwonly_params}):
+        return None
+    if any(contains_call(arg.value) for arg in call.args if arg.value is not bound[scores]):
+        return None  # the deleted call would no longer evaluate an argument that may run code
+    on_module = _on_module(term, owner, call.func)
+    if on_module is None:
+        return None
+    operands = [bound[scores], on_module] if chain[0] else [on_module, bound[scores]]
+    return Op("add", call, operands, {"module_bias": True})
+
+
+def _on_module(term: cst.BaseExpression, owner: str, module: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The term with the forward's `self` read as the module expression (`self.get_bias()` on `self.rel_pos`);
+    None where `self` is used otherwise than as the object of an attribute."""
+
+    class OnModule(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.other_use = False
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            if isinstance(node.value, cst.Name) and node.value.value == owner:
+                return False  # its `attr` is a name of the module's, not a read of `self`
+            return True
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.BaseExpression:
+            if isinstance(original.value, cst.Name) and original.value.value == owner:
+                return updated.with_changes(value=module)
+            return updated
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == owner:
+                self.other_use = True
+
+    transformer = OnModule()
+    rewritten = term.visit(transformer)
+    return None if transformer.other_use else rewritten
 
 
 def _optional_add_op(helper: cst.FunctionDef, call: cst.Call, scores: str, mask: str) -> Op | None:

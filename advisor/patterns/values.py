@@ -24,6 +24,9 @@ SCALAR_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "numpy.sqrt
 NUMBER_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "float", "int", "len"}
 SIZE_METHODS = {"size", "dim", "numel", "ndimension", "__len__"}
 MASK_FILL_FLOOR = -1e3  # a literal fill at or below this is a "large negative" mask value
+# the largest finite value of each float dtype (torch.finfo(d).max): `masked_fill` raises on a fill beyond it
+FLOAT_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+             "float": 3.4028234663852886e38, "float64": 1.7976931348623157e308, "double": 1.7976931348623157e308}
 
 
 class ValueProver:
@@ -348,6 +351,40 @@ class ValueProver:
                 and self.owner is not None):
             value = self.owner.only_value(node.attr.value)
             return self.fill_kind(value, depth + 1) if value is not None else None
+        return None
+
+    def fill_value(self, node: cst.BaseExpression, depth: int = 0) -> float | cst.BaseExpression | None:
+        """What a finite fill holds: its number (`-1e9`, `torch.finfo(torch.float16).min`), or the tensor whose
+        dtype's extreme it is (`torch.finfo(scores.dtype).min` gives `scores`); None when the source does not show
+        it. Names and `self.` attributes are followed to their one value, as `fill_kind` follows them."""
+        if depth > 8:
+            return None
+        number = number_value(node)
+        if number is not None:
+            return number
+        negated = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
+        extreme = node.expression if negated else node
+        if isinstance(extreme, cst.Attribute) and extreme.attr.value in ("min", "max") and \
+                isinstance(extreme.value, cst.Call) and self.parsed.imported_name(extreme.value.func) == "torch.finfo" \
+                and len(extreme.value.args) == 1:
+            argument = extreme.value.args[0].value
+            dtype = (self.parsed.imported_name(argument) or "").removeprefix("torch.")
+            if dtype in FLOAT_MAX:
+                return -FLOAT_MAX[dtype]
+            is_dtype = isinstance(argument, cst.Attribute) and argument.attr.value == "dtype"
+            return argument.value if is_dtype else None
+        if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.tensor" and node.args:
+            return self.fill_value(node.args[0].value, depth + 1)
+        if isinstance(node, cst.Name):
+            definitions = self.flow.definitions_of(node)
+            if len(definitions) != 1 or self.flow.sees_undefined(node) or definitions[0].kind != "assign" or \
+                    definitions[0].index is not None:
+                return None
+            return self.fill_value(definitions[0].value, depth + 1)
+        if (isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+                and self.owner is not None):
+            value = self.owner.only_value(node.attr.value)
+            return self.fill_value(value, depth + 1) if value is not None else None
         return None
 
     def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:

@@ -246,11 +246,14 @@ class _Editor(cst.CSTTransformer):
 
     def leave_If(self, original_node, updated_node):
         if original_node in self.edits.unwrap:  # its test is false where this code runs: its `else:` is what runs
+            inserted = list(self.edits.insert_before.get(original_node, ()))
             if isinstance(updated_node.orelse, cst.If):  # `elif`: now the first test
-                return updated_node.orelse.with_changes(leading_lines=updated_node.leading_lines)
-            if isinstance(updated_node.orelse, cst.Else) and updated_node.orelse.body.body:
-                return cst.FlattenSentinel(updated_node.orelse.body.body)
-            return cst.RemoveFromParent()
+                kept = [updated_node.orelse.with_changes(leading_lines=updated_node.leading_lines)]
+            elif isinstance(updated_node.orelse, cst.Else):
+                kept = list(updated_node.orelse.body.body)
+            else:
+                kept = []
+            return cst.FlattenSentinel(inserted + kept) if inserted + kept else cst.RemoveFromParent()
         if isinstance(updated_node.orelse, cst.Else) and _is_empty(updated_node.orelse.body):
             updated_node = updated_node.with_changes(orelse=None)  # `else:` left with nothing to do
         if _is_empty(updated_node.body) and updated_node.orelse is None and not contains_call(original_node.test):

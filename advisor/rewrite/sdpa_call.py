@@ -6,9 +6,10 @@ import itertools
 from dataclasses import dataclass
 
 import libcst as cst
+from libcst.helpers import parse_template_expression
 
 from advisor.patterns.attention import AttentionMatch
-from advisor.static.codegen import MethodStep, dotted, keyword, with_methods
+from advisor.static.codegen import MethodStep, assignment, dotted, keyword, with_methods
 from advisor.static.module_index import ParsedModule
 
 WRAP_AT = 100
@@ -39,9 +40,16 @@ def functional_name(parsed: ParsedModule) -> FunctionalName:
 
 def sdpa_call(module: cst.Module, match: AttentionMatch, functional: str, indent: int) -> cst.BaseExpression:
     """`F.scaled_dot_product_attention(q, k, v, ...)` with only the arguments that differ from defaults."""
-    args = [cst.Arg(match.query), cst.Arg(match.key), cst.Arg(match.value)]
-    if match.attn_mask is not None:
-        args.append(keyword("attn_mask", match.attn_mask))
+    query, attn_mask = match.query, match.attn_mask
+    fixup = match.row_fixup
+    if fixup is not None and attn_mask is not None:  # fully masked rows: every key, a zero query (uniform weights)
+        rows = cst.Name(fixup.rows_name)
+        query = parse_template_expression("{torch}.where({rows}, {q}, 0)", torch=cst.Name(fixup.torch), rows=rows,
+                                          q=query)
+        attn_mask = parse_template_expression("{keep} | ~{rows}", keep=cst.Name(fixup.keep_name), rows=rows)
+    args = [cst.Arg(query), cst.Arg(match.key), cst.Arg(match.value)]
+    if attn_mask is not None:
+        args.append(keyword("attn_mask", attn_mask))
     if match.dropout_p is not None:
         args.append(keyword("dropout_p", match.dropout_p))
     if match.is_causal:
@@ -66,3 +74,13 @@ def call(module: cst.Module, function: cst.BaseExpression, args: list[cst.Arg], 
 def _line_break(indented: bool) -> cst.ParenthesizedWhitespace:
     """A new line inside the call's parentheses; libcst indents it to the statement, and the arguments 4 more."""
     return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace("    " if indented else ""))
+
+
+def row_fixup_statements(match: AttentionMatch) -> tuple[cst.SimpleStatementLine, ...]:
+    """The keep mask and its rows that keep a key, bound before the call that reads them (see `sdpa_call`)."""
+    fixup = match.row_fixup
+    if fixup is None or match.attn_mask is None:
+        return ()
+    rows = parse_template_expression("{keep}.any(-1, keepdim=True)", keep=cst.Name(fixup.keep_name))
+    return (cst.SimpleStatementLine([assignment(fixup.keep_name, fixup.keep)]),
+            cst.SimpleStatementLine([assignment(fixup.rows_name, rows)]))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from contextlib import contextmanager
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper
@@ -343,8 +344,11 @@ class ParsedModule:
 
     def package_module(self, dotted: str) -> "ParsedModule | None":
         """Another file of this file's package, by the module name an import gives it ('fairseq.utils', or '.utils'
-        relative to this file); None outside the package or for a file that cannot be read or parsed."""
+        relative to this file); None outside the package or for a file that cannot be read or parsed. The file is
+        noted while an analysis is recorded (`noting_package_reads`)."""
         path = _package_file(self.path, dotted)
+        if path is not None and _NOTED:
+            _NOTED[-1].add(os.path.realpath(path))
         return _parse_file(path) if path is not None else None
 
     @cached_property
@@ -412,6 +416,21 @@ def _package_file(path: str, dotted: str) -> str | None:
         if parts and os.path.isfile(candidate):
             return candidate
     return None
+
+
+_NOTED: list[set[str]] = []  # while an analysis is recorded: the package files it read (innermost last)
+
+
+@contextmanager
+def noting_package_reads() -> Iterator[set[str]]:
+    """The real paths of the package files `package_module` reads inside the block (a helper read as a softmax or an
+    optional mask add): a result kept by the scan cache is valid only while they are unchanged."""
+    found: set[str] = set()
+    _NOTED.append(found)
+    try:
+        yield found
+    finally:
+        _NOTED.pop()
 
 
 def _parse_file(path: str) -> "ParsedModule | None":

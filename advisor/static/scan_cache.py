@@ -3,9 +3,10 @@
 A result is reused only when nothing that could change it changed. Its key holds the file's bytes (digest), its
 path (findings and patches name it), the advisor code and rule set, the scan's options, and the tree-wide facts
 every file's analysis reads (process-wide hooks, autograd requests, the number of files). Facts proved from call
-sites read other files of the tree (static.call_sites.Tree): the entry keeps the digest of each file that analysis
-read, and the tree's file list, and is reused only while those are unchanged, so an edit of a caller invalidates
-the callee's result. Each file's part of the tree-wide facts is kept by its content too (`contribution`).
+sites read other files of the tree (static.call_sites.Tree), and helpers read as one op come from other files of the
+package (`ParsedModule.package_module`): the entry keeps the digest of each file that analysis read, and the tree's
+file list, and is reused only while those are unchanged (a file outside the scan has no digest: never reused), so an
+edit of a caller invalidates the callee's result, and an edit of a helper the result of the file that calls it. Each file's part of the tree-wide facts is kept by its content too (`contribution`).
 
 Entries are pickles behind a header (format, key): a result carries a notebook's JSON, the fixed text and findings
 whose `extra` nests values, which the JSON output writes one way only (display paths, flattened fields). They are
@@ -84,9 +85,12 @@ class Recorded:
 def record(scan_one, tree, path: str) -> Recorded:
     """`scan_one(path)`, noting the files of `tree` (static.call_sites.Tree, or None) it reads. A result carries
     the digest of the bytes it was found in (engine.static.FileResult.digest); the file is not read again."""
+    from advisor.static.module_index import noting_package_reads  # libcst: loaded only when a scan runs
+
     read = tree.recording() if tree is not None else set()
-    outcome = scan_one(path)
-    return Recorded(outcome, getattr(outcome, "digest", None) or None, frozenset(read))
+    with noting_package_reads() as package:  # helpers read from other files of the package
+        outcome = scan_one(path)
+    return Recorded(outcome, getattr(outcome, "digest", None) or None, frozenset(read | package))
 
 
 class ScanCache:

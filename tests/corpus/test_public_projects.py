@@ -72,8 +72,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "vitpytorch_cait": Judgement(
         False, "talking heads: heads mixed before and after the softmax", cause=r"head",
     ),
-    "vitpytorch_lsa": Judgement(False, "the learned temperature (temperature.exp(), 0-d) folds into q; the diagonal "
-                                       "keep-mask's finite fill and rank are not proved", cause=r"finite fill"),
+    "vitpytorch_lsa": Judgement(True, "the learned temperature (temperature.exp(), 0-d) folds into q; the diagonal "
+                                      "keep-mask's one finite fill: its fully masked rows made uniform as the "
+                                      "original's"),
     "vitpytorch_navit": Judgement(False, "finite-fill keep-masks can mask a whole row (mean of V, not SDPA's)"),
     "timm_attention": Judgement(True, "maybe_add_mask is an optional added mask and resolve_self_attn_mask reads "
                                       "only the scores' dtype and device: SDPA where the bias is None, the original "
@@ -127,8 +128,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "ngvideo_head": Judgement(True, "single-head 3-D causal attention, v projected between dropout and product"),
     "ngvideo_head_embd_scale": Judgement(True, "as ngvideo_head, scaled by the embedding width C**-0.5 (not the "
                                                "head size: SDPA's default scale would be wrong)"),
-    "palm_mqa_attention": Judgement(False, "causal mask from a caching helper (rows keep the diagonal, not provable "
-                                           "from the source); single K/V head; detached row max subtracted"),
+    "palm_mqa_attention": Judgement(True, "causal mask from a caching helper, one finite fill (a row it masks "
+                                          "everywhere is made uniform as the original's); single K/V head; detached "
+                                          "row max subtracted"),
 }
 
 
@@ -139,7 +141,6 @@ FACTS_HOLD_ON: dict[str, tuple[int, ...]] = {
     "vitpytorch_navit": (1,),
     "ldm_crossattention": (0,),
     "perceiver_attention": (0, 1),
-    "palm_mqa_attention": (0,),
     "beit_attention": (0, 1),
     "swin_window_attention": (0,),
     "maxvit_attention": (0,),

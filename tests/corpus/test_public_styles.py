@@ -55,7 +55,8 @@ JUDGEMENTS = {
     "p12_mpt_alibi_function": (UNSAFE, "ALiBi bias and masks as attn_mask; weights returned when needs_weights"),
     "p13_bloom_alibi_baddbmm": (REFUSED, "head mask multiplies the probabilities"),
     "p14_gemma2_softcap": (REFUSED, "tanh soft-capping of the logits"),
-    "p15_sam_decomposed_relpos": (REFUSED, "decomposed rel-pos added by a helper (SDPA without it is wrong)"),
+    "p15_sam_decomposed_relpos": (SAFE, "decomposed rel-pos added by a helper (SDPA without it is wrong) only under "
+                                        "`if self.use_rel_pos:`: SDPA where the flag is off, the original where on"),
     "p16_timm_eva_attention": (UNSAFE, "mask parameter of unknown rank `[:, None, None, :]`"),
     "p17_perceiver_cross_attention": (UNSAFE, "finite fill on a fully padded sample: fully-masked-rows"),
     "p18_qformer_cross_attention": (REFUSED, "probabilities saved and hooked; head mask"),
@@ -93,7 +94,8 @@ JUDGEMENTS = {
                                        "not visible"),
     "p42_alibi_plus_causal_buffer": (UNSAFE, "ALiBi buffer plus -inf causal fill: one float attn_mask; the "
                                              "buffer's rank/values are not proved"),
-    "p43_dropkey": (REFUSED, "scores-shaped random mask built from the scores (`ones_like(attn)`)"),
+    "p43_dropkey": (SAFE, "scores-shaped random mask built from the scores (`ones_like(attn)`), only under "
+                          "`if self.training:`: SDPA in eval, the original in training"),
     "p44_float_zero_bias": (UNSAFE, "additive bias of unknown rank; it is the float 0.0 on the default call"),
     "p45_softmax_swapped_via_modules_dict": (REFUSED, "`model._modules[name] = QuietSoftmax(...)` replaces the "
                                                       "softmax: the module call is not a softmax at runtime"),

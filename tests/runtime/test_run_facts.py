@@ -144,7 +144,9 @@ def _findings(report):
 def test_every_unproved_fact_held_on_the_profiled_run_is_observed_but_the_patch_stays_unsafe(profiles):
     findings = _findings(profiles["workload"])
     assert [f.rule for f in findings] == ["ADV101", "ADV101"]
-    for finding in findings:
+    filled, added = findings  # the finite fill's rows are made uniform by the patch: proved, nothing to observe
+    assert filled.fix_safety == "safe" and "discharged" not in filled.extra and "observed" not in filled.extra["facts"]
+    for finding in [added]:
         facts = finding.extra["facts"]
         assert finding.fix_safety == "unsafe" and finding.extra["discharged"] == "observed"
         assert facts["assumed"] == [] and [f["name"] for f in facts["guarded"]] == ["mask-rank"]
@@ -152,14 +154,16 @@ def test_every_unproved_fact_held_on_the_profiled_run_is_observed_but_the_patch_
         assert all("held on all 1 recorded call(s) of the run" in f["why"] for f in facts["observed"])
         assert "not proved" in facts["observed"][0]["why"] and "held on every recorded call" in finding.reason
     measured = by_rule(profiles["workload"], "ADV110")
-    assert {f.line for f in measured} == {f.line for f in findings}
+    assert {f.line for f in measured} == {f.line for f in findings}  # the profile still records both blocks
     for finding in measured:  # `profile` shows what every call saw
         [seen] = finding.extra["evidence"]["observed"]
         assert seen["fully_masked_rows"] == 0 and seen["scale"] == "number" and seen["query"] == "float32"
 
 
 def test_a_fully_padded_sample_leaves_fully_masked_rows_assumed(profiles):
-    for finding in _findings(profiles["fully_padded"]):
+    filled, added = _findings(profiles["fully_padded"])
+    assert filled.fix_safety == "safe"  # its fully padded sample's rows are uniform in both
+    for finding in [added]:
         facts = finding.extra["facts"]
         assert "discharged" not in finding.extra
         assert [f["name"] for f in facts["assumed"]] == ["fully-masked-rows"]
@@ -172,9 +176,9 @@ def test_calls_that_disagree_earn_no_observed_fact(profiles):
     evidence = RuntimeEvidence("t")
     for name in ("workload", "fully_padded"):
         add_block_calls(evidence, evidence_from_report(profiles[name]).for_path(str(PADDING)).blocks)
-    for finding in analyze_source(PADDING.read_text(), str(PADDING), runtime=evidence).findings:
-        assert "discharged" not in finding.extra
-        assert "fully-masked-rows was not seen to hold on 1 of 2 recorded call(s)" in finding.reason
+    _, added = analyze_source(PADDING.read_text(), str(PADDING), runtime=evidence).findings
+    assert "discharged" not in added.extra
+    assert "fully-masked-rows was not seen to hold on 1 of 2 recorded call(s)" in added.reason
 
 
 def test_a_static_scan_has_no_observed_group():
@@ -185,10 +189,11 @@ def test_a_static_scan_has_no_observed_group():
 def test_only_calls_inside_the_block_are_joined():
     path = str(PADDING.resolve())
     other = BlockCall(path, 1, 2, "float32", "float32", "float32", 4, (), False, 0)
-    mixed = BlockCall(path, 27, 30, "float32", "float32", "float32", 4, (MaskSeen("fill", "bool", 1),), False, 0)
+    mixed = BlockCall(path, 42, 45, "float32", "float32", "float32", 4, (MaskSeen("additive", "float32", 1),), False,
+                      0)
     evidence = RuntimeEvidence("t")
     add_block_calls(evidence, [other, mixed])
-    [filled, _] = analyze_source(PADDING.read_text(), str(PADDING), runtime=evidence).findings
+    [_, filled] = analyze_source(PADDING.read_text(), str(PADDING), runtime=evidence).findings
     # only the call inside the block is joined; its 1-D mask breaks no fact, since mask-rank is guarded (a 1-D mask
     # runs the original block), so the fact its rows showed is all the patch needed
     assert [f["name"] for f in filled.extra["facts"]["observed"]] == ["fully-masked-rows"]
@@ -198,13 +203,13 @@ def test_only_calls_inside_the_block_are_joined():
 
 
 def test_weights_that_leave_the_block_keep_the_patch_behind_unsafe_fixes_whatever_the_run_saw():
-    returned = "        return (weights @ v).transpose(1, 2).reshape(B, T, C)\n\n\nclass Added"
+    returned = "        return (weights @ v).transpose(1, 2).reshape(B, T, C)\n\n\nclass Encoder"
     source = PADDING.read_text().replace(returned, "        self.weights = weights\n" + returned)
-    call = BlockCall(str(PADDING.resolve()), 27, 30, "float32", "float32", "float32", 4,
-                     (MaskSeen("fill", "bool", 4),), False, 0)
+    call = BlockCall(str(PADDING.resolve()), 42, 45, "float32", "float32", "float32", 4,
+                     (MaskSeen("additive", "float32", 4),), False, 0)
     evidence = RuntimeEvidence("t")
     add_block_calls(evidence, [call])
-    stored = analyze_source(source, str(PADDING), runtime=evidence).findings[0]
+    stored = analyze_source(source, str(PADDING), runtime=evidence).findings[1]
     assert stored.rule == "ADV102" and stored.extra["facts"]["observed"] and "discharged" not in stored.extra
 
 
@@ -212,7 +217,8 @@ def test_fix_with_profile_never_applies_an_observed_patch(tmp_path, capsys):
     path = tmp_path / "padding_mask.py"
     shutil.copyfile(PADDING, path)
     code = main(["fix", str(path), "--profile", f"{path}:workload", "--apply"])
-    assert code == 1 and path.read_text() == PADDING.read_text()
+    added = PADDING.read_text().split("class AddedAttention")[1]
+    assert code == 1 and added in path.read_text()  # the filled block's safe patch is written, the added one not
     assert "its unproved facts held on every call of the profiled run" in capsys.readouterr().err
 
 
@@ -227,7 +233,9 @@ def _optimize(tmp_path, capsys, function):
 def test_optimize_tries_a_padding_mask_patch_without_unsafe_fixes_and_labels_it(tmp_path, capsys):
     result = _optimize(tmp_path, capsys, "workload")
     assert len(result["patches"]) == 2
-    for patch in result["patches"]:
+    filled, added = sorted(result["patches"], key=lambda patch: patch["line"])
+    assert filled["fix_safety"] == "safe" and filled["discharged"] is None
+    for patch in [added]:
         assert patch["discharged"] == "observed" and patch["fix_safety"] == "unsafe"
         assert patch["verdict"] in ("verified", "no-gain"), patch["reason"]
         assert patch["parity"]["seeds"] == 3 and patch["parity"]["max_abs_err"] <= patch["parity"]["atol"]
@@ -241,7 +249,9 @@ def test_optimize_tries_a_padding_mask_patch_without_unsafe_fixes_and_labels_it(
 
 def test_optimize_does_not_try_it_when_a_sample_is_fully_padded(tmp_path, capsys):
     result = _optimize(tmp_path, capsys, "fully_padded")
-    for patch in result["patches"]:
+    filled, added = sorted(result["patches"], key=lambda patch: patch["line"])
+    assert filled["fix_safety"] == "safe" and filled["verdict"] != "not-run"  # its rows are uniform in both
+    for patch in [added]:
         assert patch["discharged"] is None and patch["verdict"] == "not-run"
         assert "fully-masked-rows was not seen to hold" in patch["reason"] and "--unsafe-fixes" in patch["reason"]
         assert view.safety_label(patch) == "unsafe fix"

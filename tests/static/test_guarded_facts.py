@@ -225,9 +225,15 @@ def test_a_bottom_right_triangle_is_guarded_by_the_sequence_lengths(keys):
 
 
 def test_the_triangle_needs_exactly_the_bottom_right_diagonal():
+    """A shifted triangle is no bottom-right one (no shape guard); its one finite fill makes the rows it masks
+    everywhere uniform, which the patch reproduces (`attention.uniform_rows`) on every shape."""
     shifted = BOTTOM_RIGHT.replace("triu(j - i + 1)", "triu(j - i + 2)")
     (finding,) = [f for f in analyze_source(shifted, "case.py").findings if f.kind == "attention"]
-    assert "fully-masked-rows" in _names(finding, "assumed") and finding.fix_safety == "unsafe"
+    assert "q.shape[-2] <= k.shape[-2]" not in finding.patch and "fully-masked-rows" in _names(finding, "proved")
+    original = load_module_from_source(shifted, "shifted").attend
+    patched = load_module_from_source(analyze_source(shifted, "case.py").fixed, "shifted_fixed").attend
+    q, k, v = (torch.randn(2, 2, n, 4, generator=torch.Generator().manual_seed(4)) for n in (5, 3, 3))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v))
 
 
 # GPT-2's buffer slice has 4 dims wherever it is built; the scores' rank is q's (a parameter): `q.dim() >= 4`

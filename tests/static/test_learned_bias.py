@@ -217,3 +217,189 @@ def test_a_memo_that_may_hold_other_values_is_no_learned_bias(store):
         "self.biases(x.device)", "self.biases(x.device, bias)")
     finding = _finding(source)
     assert "fully-masked-rows" in _facts(finding, "assumed")
+
+
+LEVIT_STYLE = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    """LeViT's style: a per-head table gathered by a 2-D index buffer, cached per device outside training."""
+
+    def __init__(self, dim=16, heads=2, side=2):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        n = side * side
+        self.attention_biases = nn.Parameter(torch.empty(heads, n))
+        self.register_buffer("attention_bias_idxs", torch.empty((n, n), dtype=torch.long), persistent=False)
+        self.attention_bias_cache = {}
+        nn.init.normal_(self.attention_biases)
+        points = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")).flatten(1)
+        offsets = (points[..., :, None] - points[..., None, :]).abs()
+        self.attention_bias_idxs.copy_(offsets[0] * side + offsets[1])
+
+    @torch.no_grad()
+    def train(self, mode=True):
+        super().train(mode)
+        if self.attention_bias_cache:
+            self.attention_bias_cache = {}
+        return self
+
+    def get_attention_biases(self, device: torch.device) -> torch.Tensor:
+        if torch.jit.is_tracing() or self.training:
+            return self.attention_biases[:, self.attention_bias_idxs]
+        else:
+            device_key = str(device)
+            if device_key not in self.attention_bias_cache:
+                self.attention_bias_cache[device_key] = self.attention_biases[:, self.attention_bias_idxs]
+            return self.attention_bias_cache[device_key]
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).view(B, N, self.heads, -1).split([C // self.heads] * 3, dim=3)
+        q, k, v = q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3)
+        attn = q @ k * self.scale + self.get_attention_biases(x.device)
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B, N, C)
+'''
+# a utility elsewhere in the tree that binds attributes by names it computes (timm's `_prune.set_layer`)
+SET_BY_PATH = ("def set_layer(model, path, value):\n    *parents, last = path.split('.')\n"
+               "    for name in parents:\n        model = getattr(model, name)\n    setattr(model, last, value)\n")
+
+
+def test_a_levit_style_cached_bias_is_safe_and_its_stale_cache_matches():
+    """The eval cache holds the bias gathered at the first eval call: an in-place update of the table afterwards is
+    not seen in eval until `train()` clears the cache, in the original as in the patch (the SDPA call reads the same
+    helper at the same point), and training reads the table afresh, its gradient included."""
+    finding = _finding(LEVIT_STYLE)
+    assert finding.fix_safety == "safe" and finding.fixable, finding.reason
+    assert "learned bias" in _facts(finding, "accepted")["fully-masked-rows"]
+    fixed = analyze_source(LEVIT_STYLE, "case.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(LEVIT_STYLE, "case").Attention()
+    patched = load_module_from_source(fixed, "case_fixed").Attention()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 4, 16)
+    results = []
+    for model in (original, patched):
+        model.eval()
+        first = model(x)
+        with torch.no_grad():
+            table = model.attention_biases  # the cache goes stale: eval still reads the old gather
+            table.add_(torch.linspace(0, 3, table.numel()).view_as(table))
+        stale = model(x)
+        model.train()
+        fresh = model(x)
+        fresh.square().sum().backward()
+        results.append((first, stale, fresh, model.attention_biases.grad))
+    torch.testing.assert_close(results[1], results[0])
+    torch.testing.assert_close(results[0][0], results[0][1])  # stale in both
+    assert not torch.allclose(results[0][1], results[0][2])
+    assert uses_sdpa(dispatched_ops(patched.eval(), (x,)))
+
+
+def test_a_learned_table_another_file_may_rebind_by_computed_names_is_assumed_naming_both(tmp_path):
+    """A utility elsewhere in the tree that binds attributes by computed names (`setattr(model, last, value)`) may
+    rebind the table, its index or the cache on an instance, so the class's table is not proved to be what the
+    block reads (as for every attribute: README's Identity at run time): the facts stay assumed, and the reason
+    names the learned table and the file, not "values not visible"."""
+    from advisor.engine.static import scan_paths
+
+    (tmp_path / "model.py").write_text(LEVIT_STYLE, encoding="utf-8")
+    (tmp_path / "prune.py").write_text(SET_BY_PATH, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe"
+    why = assumed["fully-masked-rows"]
+    assert "self.attention_biases" in why and "prune.py" in why and "computed names" in why, why
+    assert "not visible" not in why
+    assert "self.attention_biases" in assumed["mask-rank"] and "prune.py" in assumed["mask-rank"]
+
+
+BIAS_MODULE = '''
+import torch
+from torch import nn
+
+
+class RelPosBias(nn.Module):
+    """A relative-position bias module: its forward adds a gathered table to the scores it is given."""
+
+    def __init__(self, heads=2, n=5):
+        super().__init__()
+        self.n = n
+        self.table = nn.Parameter(torch.randn(2 * n - 1, heads))
+        positions = torch.arange(n)
+        self.register_buffer("index", positions[:, None] - positions[None, :] + n - 1, persistent=False)
+
+    def get_bias(self):
+        return self.table[self.index.view(-1)].view(self.n, self.n, -1).permute(2, 0, 1).unsqueeze(0)
+
+    def forward(self, attn, shared_rel_pos=None):
+        {forward}
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2, n=5):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.rel_pos = RelPosBias(heads, n, **{{}})
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        attn = self.rel_pos(attn)
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B, N, C)
+'''
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("forward", ["return attn + self.get_bias()", "return self.get_bias() + attn"])
+def test_a_module_whose_forward_adds_a_bias_is_a_score_term_read_on_the_module(forward, dtype):
+    """`attn = self.rel_pos(attn)` where the module's forward only adds a term that reads no argument (gcvit's and
+    vit_relpos' `RelPosBias`): the term, read on the module (`self.rel_pos.get_bias()`), is SDPA's attn_mask, the
+    deleted call gets its identity and hooks facts; outputs and gradients (the table's included) match. The term's
+    rank and values are not read through the module yet: the patch is unsafe (`optimize` verifies it on a run)."""
+    source = BIAS_MODULE.format(forward=forward)
+    finding = _finding(source)
+    assert finding.fixable and "attn_mask=self.rel_pos.get_bias()" in finding.patch, finding.reason
+    assert "no-hooks" in _facts(finding, "proved")
+    # what the source does not show of the module's term (its rank, its values) stays assumed: an unsafe patch
+    assert set(_facts(finding, "assumed")) == {"mask-rank", "fully-masked-rows"}
+    fixed = analyze_source(source, "case.py", unsafe_fixes=True).fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "case").Attention().to(dtype)
+    patched = load_module_from_source(fixed, "case_fixed").Attention().to(dtype)
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    results = []
+    for model in (original, patched):
+        leaf = x.clone().requires_grad_()
+        out = model(leaf)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
+        results.append((out, leaf.grad, model.rel_pos.table.grad))
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
+    torch.testing.assert_close(results[1], results[0], **tolerance)
+    assert uses_sdpa(dispatched_ops(patched, (x,)))
+
+
+@pytest.mark.parametrize("forward", ["return attn + attn.mean(-1, keepdim=True)",
+                                     "return attn + self.get_bias() * shared_rel_pos",
+                                     "attn = attn + self.get_bias()\n        return attn"],
+                         ids=["a term of the scores", "a term of another argument", "not one return"])
+def test_a_module_forward_that_is_not_a_bias_of_the_module_alone_is_not_followed(forward):
+    finding = _finding(BIAS_MODULE.format(forward=forward))
+    assert not finding.fixable and "forward is not followed" in finding.reason, finding.reason
+
+
+def test_a_bias_module_called_with_an_argument_that_runs_code_is_not_followed():
+    """Deleting the call would skip evaluating `shared_rel_pos=self.shared()`, which may run anything."""
+    source = BIAS_MODULE.format(forward="return attn + self.get_bias()").replace(
+        "attn = self.rel_pos(attn)", "attn = self.rel_pos(attn, shared_rel_pos=self.shared())") + \
+        "\n    def shared(self):\n        return None\n"
+    finding = _finding(source)
+    assert not finding.fixable and "forward is not followed" in finding.reason, finding.reason

@@ -80,18 +80,18 @@ out = scores.softmax(dim=-1) @ v
 """
 
 
-def test_a_finite_fill_is_unsafe_and_names_fully_masked_rows():
+def test_a_finite_fill_is_safe_and_its_fully_masked_rows_match():
+    """The fully masked batch is uniform weights (the mean of v) in the original; the patch opens those rows to
+    every key with a zero query (`attention.uniform_rows`), so they match too (before: unsafe, they differed)."""
     finding = _finding(_module_source(FINITE_FILL))
-    assert finding.fix_safety == "unsafe"
-    assert "fully-masked-rows" in _facts(finding, "assumed")
-    original, patched = _outputs(FINITE_FILL, _key_padding(), unsafe=True)
-    # the fact is real: the fully masked batch differs (uniform weights vs softmax of the scores) ...
-    assert not torch.allclose(original[1], patched[1], atol=1e-4)
-    # ... and the rows that keep a key agree
-    torch.testing.assert_close(original[0], patched[0], atol=1e-5, rtol=1e-5)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "fully-masked-rows" in _facts(finding, "proved")
+    original, patched = _outputs(FINITE_FILL, _key_padding())
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
-def test_a_two_finite_masks_are_unsafe():
+def test_a_two_finite_masks_of_one_fill_are_safe():
+    """Two masks of one fill add nothing up to -inf: the patch passes their keep masks joined by `&`."""
     body = """
     scores = (q @ k.transpose(-2, -1)) * 0.5
     scores = scores.masked_fill(~mask[:, None, None, :], -torch.finfo(scores.dtype).max)
@@ -99,7 +99,9 @@ def test_a_two_finite_masks_are_unsafe():
     out = scores.softmax(dim=-1) @ v
     """
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "unsafe" and "fully-masked-rows" in _facts(finding, "assumed")
+    assert finding.fix_safety == "safe" and "fully-masked-rows" in _facts(finding, "proved"), finding.reason
+    original, patched = _outputs(body, _key_padding())
+    torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
 
 def test_a_fill_dtype_read_after_an_upcast_is_refused():
@@ -279,7 +281,7 @@ def test_b_rows_of_a_causal_buffer_sliced_from_the_first_column_keep_a_key():
 
 def test_b_flipped_causal_buffer_read_through_a_name_is_not_a_keep_mask():
     """`masked = self.bias[...] == 0` used as `where(masked, s, fill)` keeps the *upper* triangle: row 0 of it
-    is not the first key's, so nothing proves a key is kept."""
+    is not the first key's, so nothing proves a key is kept; its one finite fill makes the rows uniform instead."""
     source = _module_source("""
     L, S = q.size(-2), k.size(-2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
@@ -288,7 +290,8 @@ def test_b_flipped_causal_buffer_read_through_a_name_is_not_a_keep_mask():
     out = scores.softmax(dim=-1) @ v
     """).replace("        self.qkv = nn.Linear(dim, dim * 3)\n", "        self.qkv = nn.Linear(dim, dim * 3)\n"
                  "        self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))\n")
-    assert "fully-masked-rows" in _facts(_finding(source), "assumed")
+    (proved,) = [fact for fact in _finding(source).extra["facts"]["proved"] if fact["name"] == "fully-masked-rows"]
+    assert "first key" not in proved["why"] and "one finite fill" in proved["why"]  # made uniform, not kept
 
 
 @pytest.mark.parametrize("cast,dtype", [(".half()", "float16"), (".to(torch.bfloat16)", "bfloat16")])

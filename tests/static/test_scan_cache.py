@@ -252,3 +252,42 @@ def test_a_file_edited_after_its_analysis_read_it_is_kept_under_the_bytes_analys
     target.write_text(textwrap.dedent(ATTEND))
     analysed.clear()
     assert _json(scan_paths([str(root)])) == cold and analysed == []
+
+
+HELPER = '''
+import torch
+
+
+def softmax(x, dim):
+    return torch.softmax({argument}, dim=dim)
+'''
+USES_HELPER = '''
+from torch import nn
+
+from pkg import utils
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-2, -1) * (q.size(-1) ** -0.5)
+        return utils.softmax(scores, dim=-1) @ v
+'''
+
+
+def test_an_edit_of_a_package_helper_the_block_reads_drops_the_kept_result(tmp_path, analysed):
+    """A softmax helper read from another file of the package (`utils.softmax(s, dim=-1)`) is part of the proof:
+    when it stops being a plain softmax, the kept safe patch of the file that calls it must not come back."""
+    root = _tree(tmp_path / "pkg", {"__init__.py": "", "utils.py": HELPER.format(argument="x"),
+                                    "model.py": USES_HELPER})
+
+    def attention():
+        [found] = [f for f in scan_paths([str(root)]).findings if f.kind == "attention"]
+        return found
+
+    assert attention().fix_safety == "safe"
+    analysed.clear()
+    assert attention().fix_safety == "safe" and analysed == []  # unchanged: taken from the cache
+    (root / "utils.py").write_text(textwrap.dedent(HELPER.format(argument="x * 2.0")))
+    after = attention()
+    assert "model.py" in analysed
+    assert after.fix_safety != "safe" and "utils.softmax" in after.reason

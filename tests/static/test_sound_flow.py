@@ -86,7 +86,10 @@ def test_scale_in_else_branch_keeps_its_polarity(flag):
     assert "(1.0 if self.unscaled else 0.5)" in analyze_source(source, "m.py").fixed
 
 
-def test_scale_in_elif_is_not_rewritten_with_one_guard():
+@pytest.mark.parametrize("unscaled, half", [(False, True), (False, False), (True, True)])
+def test_scale_in_elif_keeps_both_tests(unscaled, half):
+    """The factor applies where the first test is false and the `elif`'s true: the SDPA path runs where the first
+    test is false (the original where it is true), with the factor under the `elif`'s test."""
     source = attention("""
         s = q @ k.transpose(-2, -1)
         if self.unscaled:
@@ -94,8 +97,9 @@ def test_scale_in_elif_is_not_rewritten_with_one_guard():
         elif self.half:
             s = s * 0.5
         return (s.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-    """, init="self.unscaled = False\nself.half = True")
-    assert not assert_exact_or_not_safe(source, "elif_scale")
+    """, init=f"self.unscaled = {unscaled}\nself.half = {half}")
+    assert assert_exact_or_not_safe(source, "elif_scale")
+    assert "(0.5 if self.half else 1.0)" in analyze_source(source, "m.py").fixed
 
 
 # G: a tensor is never proved a Python-number scale -----------------------------------------------------------

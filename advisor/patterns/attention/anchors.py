@@ -328,6 +328,8 @@ def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallbac
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
             isinstance(test.comparisons[0].operator, cst.Is) and _asked_in(parsed, test.left, fallback):
         return True
+    if _none_identity_asked_otherwise(parsed, test, fallback):
+        return True
     if isinstance(test, cst.Comparison):
         return all(_metadata_operand(parsed, part) for part in [test.left] + [t.comparator for t in test.comparisons])
     return isinstance(test, cst.Call) and parsed.imported_name(test.func) is None and \
@@ -338,6 +340,17 @@ def _asked_in(parsed: ParsedModule, flag: cst.BaseExpression, fallback: cst.Base
     """`fallback` holds a statement `if <flag>:` (the weights asked for on request)."""
     text = parsed.code(flag)
     return any(isinstance(node, cst.If) and parsed.code(node.test) == text for node in scope.walk(fallback))
+
+
+def _none_identity_asked_otherwise(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
+    """`x is None` where the fallback holds `if x is not None:` (or the reverse): the branch on a path of the scores
+    that SDPA does not express (see attention.flags)."""
+    if not (isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and
+            isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot))):
+        return False
+    target = test.comparisons[0]
+    flipped = cst.IsNot() if isinstance(target.operator, cst.Is) else cst.Is()
+    return _asked_in(parsed, test.with_changes(comparisons=[target.with_changes(operator=flipped)]), fallback)
 
 
 def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:

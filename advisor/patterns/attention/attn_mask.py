@@ -29,7 +29,10 @@ def assemble_mask(c: Candidate) -> None:
     if not terms:
         return
     for term in terms:
-        term.expression = _metadata_translated(c, term.expression)
+        term.expression = metadata_translated(c, term.expression)
+    if match.row_fixup is not None:  # one finite fill: the keep mask, its fully masked rows made uniform
+        match.attn_mask = match.row_fixup.keep
+        return
     mixed = next((term for term in terms if term.number_paths is not None), None)
     if mixed is not None and len(terms) > 1:
         raise Refusal(f"`{c.parsed.code(mixed.source)}` is a Python number on one path and a tensor on another, "
@@ -54,13 +57,14 @@ def assemble_mask(c: Candidate) -> None:
         else:
             match.attn_mask = joined(cst.Add, [atomic(_additive(c, term)) for term in terms])
         return
-    if len(terms) == 1 and _tests_not_none(c, terms[0].guard.test, term_mask(c, terms[0])):
+    if len(terms) == 1 and (terms[0].guard, False) in _branches(c, terms[0].statement) and \
+            _tests_not_none(c, terms[0].guard.test, term_mask(c, terms[0])):
         match.attn_mask = _sole_mask(c, terms[0])  # SDPA takes attn_mask=None as "no mask"
         return
     _hoist_masks(c, terms)
 
 
-def _metadata_translated(c: Candidate, mask: cst.BaseExpression) -> cst.BaseExpression:
+def metadata_translated(c: Candidate, mask: cst.BaseExpression) -> cst.BaseExpression:
     """The mask with its reads of the scores' metadata (`torch.ones(i, j, device=s.device)`) reading Q and K
     instead (see `block_checks.check_reads`): the emitted mask is a new expression, which the in-place renames of
     the original statements do not reach."""
@@ -89,8 +93,8 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
     for position, term in enumerate(terms):
         if len(terms) == 1:
             value = _sole_mask(c, term)
-        elif position == 0:
-            value = _additive(c, term)
+        elif all(_exclusive(c, term.statement, earlier.statement) for earlier in terms[:position]):
+            value = _additive(c, term)  # the first on every path that reaches it (another branch of an `if`)
         elif first.guard is None:  # assigned unconditionally by the first term
             value = cst.BinaryOperation(variable, cst.Add(), atomic(_additive(c, term)))
         else:
@@ -100,6 +104,23 @@ def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
         match.hoisted[term.statement] = assignment(name, value)
         term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
     match.attn_mask = variable
+
+
+def _exclusive(c: Candidate, one: cst.CSTNode, other: cst.CSTNode) -> bool:
+    """No run executes both: they lie in different branches of one `if` (an `elif` is in its `else:`)."""
+    sides = dict(_branches(c, one))
+    return any(node in sides and sides[node] != side for node, side in _branches(c, other))
+
+
+def _branches(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.If, bool]]:
+    """(an `if` holding `node`, whether in its `else:`), innermost first."""
+    found = []
+    parent = c.parsed.parents.get(node)
+    while parent is not None:
+        if isinstance(parent, cst.If) and node is not parent.test:
+            found.append((parent, node is parent.orelse))
+        node, parent = parent, c.parsed.parents.get(parent)
+    return found
 
 
 def _no_mask_yet(c: Candidate, name: str) -> cst.BaseSmallStatement:

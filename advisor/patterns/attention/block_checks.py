@@ -118,7 +118,7 @@ def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
     nodes.extend(mask_nodes)
     for call, _ in c.inlined.values():
         nodes.extend(arg.value for arg in call.args)
-    # the emitted masks read the scores' metadata from Q and K instead (`attn_mask._metadata_translated`)
+    # the emitted masks read the scores' metadata from Q and K instead (`attn_mask.metadata_translated`)
     translated = {id(name) for read in c.match.renamed for name in loaded_names(read)}
     mask_ids = {id(node) for node in mask_nodes}
     for node in nodes:

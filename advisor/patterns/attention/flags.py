@@ -1,12 +1,18 @@
-"""Weights that leave only on request: `if output_attentions:` (fairseq's `if need_weights:`) reshapes, keeps or
-returns the weights, so with the flag on the block cannot be SDPA, but with it off the weights never leave.
+"""Weights that leave only on request, and scores changed on one path only: `if output_attentions:` (fairseq's
+`if need_weights:`) reshapes, keeps or returns the weights, so with the flag on the block cannot be SDPA, but with
+it off the weights never leave; `if self.rel_pos is not None: attn = self.rel_pos(attn)` (a module applied to the
+scores, which no role reads) or `if self.training: attn = attn + noise(attn)` changes the scores before the softmax
+where the test holds, and the other paths (`elif bias is not None: attn = attn + bias`, or none) may be SDPA's.
 
 The block is then proved in the function as it runs with the flag off: the flow reads the `if <flag>:` statements
-after the softmax as not taken (`Candidate.off`). The patch branches on the flag where the block starts: the SDPA
-path, with those statements replaced by their `else:` (`match.unwrap`), where the flag is off, and the original
-statements, verbatim, where it is on. The flag must hold the same value at the branch and at each `if`, and its
-truth test must run no code and read no tensor: proved where every binding that reaches it is a `bool`-annotated
-parameter or a bool/None literal, otherwise checked at run time (`flag is None or flag is False`).
+after the softmax, or one `if` before it that binds a name the softmax reads, as not taken (`Candidate.off`); every
+path left is proved as any other (a bias added under `elif x is not None:` becomes the mask SDPA gets). The patch
+branches on the flag where the block starts: the SDPA path, with those statements replaced by their `else:`
+(`match.unwrap`), where the flag is off, and the original statements, verbatim, where it is on. The flag must hold
+the same value at the branch and at each `if`, and its truth test must run no code and read no tensor: proved where
+every binding that reaches it is a `bool`-annotated parameter or a bool/None literal, or where the test is an
+identity comparison with None (`x is not None`, a bool whatever x is), otherwise checked at run time (`flag is None
+or flag is False`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from advisor.patterns.attention.candidate import Candidate, FunctionScope, state
 from advisor.patterns.attention.guards import holds_at, span_of
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.ops import Op
-from advisor.static.dataflow import Definition
+from advisor.static.dataflow import Definition, loaded_names
 
 FLAG = "flag-is-bool"
 MAX_FLAGS = 3  # flags tried per softmax: each try is one more proof of the block
@@ -28,16 +34,22 @@ BOOL_ANNOTATIONS = {"bool", "Optional[bool]", "typing.Optional[bool]", "bool|Non
 
 def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If]]:
     """Per flag (a name or attribute chain tested alone by an `if` statement after the softmax), those `if`
-    statements: read as not taken, they give the function as it runs with that flag off."""
+    statements: read as not taken, they give the function as it runs with that flag off. Then each `if` before
+    the softmax whose test runs no code (a flag, or `x is None`, `x is not None`) and that binds a name the
+    softmax reads: read as not taken, it gives the function on the paths where the scores skip that branch."""
     parsed = shared.parsed
-    after = parsed.line(statement_of(parsed, softmax.node))
+    at = parsed.line(statement_of(parsed, softmax.node))
     collector = _FlagIfs()
     shared.function.body.visit(collector)
     groups: dict[str, list[cst.If]] = {}
     for node in collector.found:
-        if parsed.line(node) > after:
+        if parsed.line(node) > at and _plain(node.test):
             groups.setdefault(parsed.code(node.test), []).append(node)
-    return [frozenset(group) for group in groups.values()][:MAX_FLAGS]
+    read = {name.value for name in loaded_names(softmax.operands[0])}
+    flow = parsed.flow(shared.function)
+    paths = [frozenset({node}) for node in collector.found if parsed.end_line(node) < at and any(
+        node in d.guards and d.name in read for d in flow.definitions.values())]
+    return ([frozenset(group) for group in groups.values()] + paths)[:MAX_FLAGS]
 
 
 def stays_inside(match: AttentionMatch | None) -> bool:
@@ -68,14 +80,25 @@ def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
     proof = _bool_proof(c, tests)
     if proof is not None:
         match.facts.proved(FLAG, statement, proof)
-        match.flag_test = cst.UnaryOperation(cst.Not(), flag)
+        match.flag_test = _negated(flag)
     else:
         match.facts.assumed(FLAG, statement, "it is neither annotated `bool` nor bound to a bool literal")
         match.guard_checks[FLAG] = [parse_template_expression("{f} is None or {f} is False", f=flag)]
 
 
+def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
+    """`x is None` for `x is not None` (and back), else `not test`."""
+    if _none_identity(test):
+        target = test.comparisons[0]
+        flipped = cst.IsNot() if isinstance(target.operator, cst.Is) else cst.Is()
+        return test.with_changes(comparisons=[target.with_changes(operator=flipped)])
+    return cst.UnaryOperation(cst.Not(), test)
+
+
 def _bool_proof(c: Candidate, tests: list[cst.BaseExpression]) -> str | None:
     """How every binding of the flag that reaches the tests is a bool or None, or None when one is not."""
+    if all(_none_identity(test) for test in tests):
+        return "an identity comparison with None is a bool and calls no `__bool__` or `__eq__`"
     if not all(isinstance(test, cst.Name) for test in tests):
         return None
     bindings = {d.id: d for test in tests for d in c.flow.definitions_of(test)}
@@ -96,14 +119,14 @@ def _bool_binding(c: Candidate, definition: Definition) -> str | None:
 
 
 class _FlagIfs(cst.CSTVisitor):
-    """`if <name or attribute chain>:` statements of one function body (not `elif`s, which cannot be replaced by
-    their `else:` alone; not in nested functions)."""
+    """`if <name or attribute chain>:` and `if <chain> is (not) None:` statements of one function body (not
+    `elif`s, which cannot be replaced by their `else:` alone; not in nested functions)."""
 
     def __init__(self) -> None:
         self.found: list[cst.If] = []
 
     def visit_If(self, node: cst.If) -> bool:
-        if _plain(node.test):
+        if _plain(node.test) or _none_identity(node.test):
             self.found.append(node)
         self._branches(node)
         return False
@@ -129,3 +152,10 @@ def _plain(test: cst.BaseExpression) -> bool:
     while isinstance(test, cst.Attribute):
         test = test.value
     return isinstance(test, cst.Name) and test.value not in ("True", "False", "None")
+
+
+def _none_identity(test: cst.BaseExpression) -> bool:
+    """`<name or attribute chain> is None` or `... is not None`: no code runs but the chain's reads."""
+    return isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and not test.lpar and \
+        isinstance(test.comparisons[0].operator, (cst.Is, cst.IsNot)) and _plain(test.left) and \
+        isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None"

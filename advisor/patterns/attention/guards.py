@@ -63,6 +63,10 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
             reads = [node for node in (query, key, value) if _plain(c, node)]
             parts = [joined_comparison(dtypes)] if None not in dtypes else []
+        elif name == mk.ROWS and match.row_fixup is not None:  # the fill overflows these: the original raises
+            reads = [query]
+            parts = [parse_template_expression(f"{{q}}.dtype != {{torch}}.{dtype}", q=query, torch=cst.Name(torch_name))
+                     for dtype in match.row_fixup.unfit]
         elif absent:  # SDPA without a mask where every mask is None
             reads, parts = [query] + [t.source for t in match.masks], absent
         elif name == mk.ROWS:  # bottom-right causal triangles keep key 0 wherever S >= L

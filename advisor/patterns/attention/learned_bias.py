@@ -9,6 +9,11 @@ binding in its class makes an `nn.Parameter` (or None, whose gather raises in bo
 writes in place, that no subclass in the file rebinds, and whose creation and initialisation name no mask value
 (-inf, `finfo.min`, -1e4): a table filled with one is a mask, which `patterns.masks` judges as any other.
 
+Where the only evidence that an instance's attribute may hold another value is another file of the tree binding
+attributes by computed names (`setattr(model, name, value)` in a utility that may never touch this class), the
+reading stands but is not proved: `learned_reading` names the table and that file, and the fact stays assumed
+(README's Identity at run time: such an attribute is never read as the class's own assignment).
+
 What is not proved: that no entry is large enough to swallow a row's scores (about 2^24 times them in fp32), where
 SDPA's fused backward, which recomputes the weights from a log-sum-exp, gives other gradients. That is a property
 of trained values, like the scores' own magnitude, which no rewrite checks either: the fact is accepted, and named.
@@ -32,21 +37,41 @@ VALUE_KEEPING = {"view", "reshape", "permute", "transpose", "contiguous", "unsqu
 MAX_DEPTH = 16
 
 
-def learned_table(c: Candidate, node: cst.BaseExpression) -> str | None:
-    """`self.<table>` when every value `node` can hold is read from learned tables of this class (the first one
-    named); None otherwise."""
+def learned_reading(c: Candidate, node: cst.BaseExpression) -> tuple[str, str | None] | None:
+    """(`self.<table>`, None) when every value `node` can hold is read from learned tables of this class (the first
+    one named); (`self.<table>`, why) where that holds as far as the class shows but other files of the tree bind
+    attributes by computed names, so an instance's table, index or memo may not be the class's; None otherwise."""
+    found = _learned(c, node)
+    return None if found is None else (found[0], found[1][0] if found[1] else None)
+
+
+def _learned(c: Candidate, node: cst.BaseExpression) -> tuple[str, list[str]] | None:
+    """The first learned table `node` reads, and the reasons (computed names bound elsewhere) it may be another."""
     if c.owner is None:
         return None
     read: set[str] = set()  # every `self.` name followed: no subclass may redefine one
-    tables = _tables(c, node, read, 0)
+    elsewhere: list[str] = []
+    tables = _tables(c, node, read, 0, elsewhere)
     if not tables or scope.overridden(c.scope.classes(), c.owner, read) is not None:
         return None
-    return f"self.{sorted(tables)[0]}"
+    return f"self.{sorted(tables)[0]}", elsewhere
 
 
-def values_of(c: Candidate, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+def _rebound(c: Candidate, attribute: str, elsewhere: list[str]) -> bool:
+    """An instance's attribute may hold another value than the class binds. Where the only evidence is other files
+    binding attributes by computed names, the reading goes on and the reason is kept in `elsewhere`."""
+    why = c.owner.rebound(attribute)
+    if why is not None and c.owner.rebound_only_by_names_computed_elsewhere(attribute):
+        elsewhere.append(why)
+        return False
+    return why is not None
+
+
+def values_of(c: Candidate, node: cst.BaseExpression,
+              elsewhere: list[str] | None = None) -> list[cst.BaseExpression] | None:
     """What a call of this class's helper method (every `return`) or a read of a memo dictionary (`self.cache[k]`:
-    every value stored) can give; None for anything else or when one of them cannot be followed."""
+    every value stored) can give; None for anything else or when one of them cannot be followed. `elsewhere`: see
+    `_rebound` (None: such a memo is not followed)."""
     if c.owner is None:
         return None
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
@@ -56,16 +81,17 @@ def values_of(c: Candidate, node: cst.BaseExpression) -> list[cst.BaseExpression
         returned = _returns(function)
         return returned if returned and None not in returned else None
     if isinstance(node, cst.Subscript) and _self_attribute(node.value):
-        return _memo_values(c, node.value.attr.value)
+        return _memo_values(c, node.value.attr.value, elsewhere)
     return None
 
 
-def _tables(c: Candidate, node: cst.BaseExpression, read: set[str], depth: int) -> set[str] | None:
+def _tables(c: Candidate, node: cst.BaseExpression, read: set[str], depth: int,
+            elsewhere: list[str]) -> set[str] | None:
     """The learned tables `node`'s values come from (the attribute names), or None."""
     if depth > MAX_DEPTH:
         return None
-    below = lambda child: _tables(c, child, read, depth + 1)  # noqa: E731
-    followed = values_of(c, node)
+    below = lambda child: _tables(c, child, read, depth + 1, elsewhere)  # noqa: E731
+    followed = values_of(c, node, elsewhere)
     if followed is not None:
         read.add((node.func if isinstance(node, cst.Call) else node.value).attr.value)
         return _all(below(value) for value in followed)
@@ -81,7 +107,7 @@ def _tables(c: Candidate, node: cst.BaseExpression, read: set[str], depth: int) 
             return below(argument)
         definitions = _reaching(c, node)
         return _all(below(value) for value in definitions) if definitions else None
-    if _self_attribute(node) and _is_learned(c, node.attr.value):
+    if _self_attribute(node) and _is_learned(c, node.attr.value, elsewhere):
         read.add(node.attr.value)
         return {node.attr.value}
     return None
@@ -129,12 +155,13 @@ def _self_attribute(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
 
 
-def _is_learned(c: Candidate, attribute: str) -> bool:
+def _is_learned(c: Candidate, attribute: str, elsewhere: list[str]) -> bool:
     """Every binding of `self.<attribute>` in the class is `nn.Parameter(t)` (or None), never written in place nor
     from outside the class, and no mask value appears where it is created or passed to a function (an `init`)."""
     owner = c.owner
     values = owner.attributes.get(attribute, [])
-    if not values or attribute in owner.mutated or attribute in owner.unfollowed or owner.rebound(attribute):
+    if not values or attribute in owner.mutated or attribute in owner.unfollowed or \
+            _rebound(c, attribute, elsewhere):
         return False
     parameters = [v for v in values if not (isinstance(v, cst.Name) and v.value == "None")]
     if not parameters or not all(isinstance(v, cst.Call) and c.parsed.imported_name(v.func) in PARAMETERS
@@ -173,14 +200,15 @@ def _names_mask_value(c: Candidate, expression: cst.BaseExpression) -> bool:
     return False
 
 
-def _memo_values(c: Candidate, attribute: str) -> list[cst.BaseExpression] | None:
+def _memo_values(c: Candidate, attribute: str,
+                 elsewhere: list[str] | None) -> list[cst.BaseExpression] | None:
     """The values a dictionary attribute memoises (`self.cache[key] = value`), when the class only ever binds it to
     an empty dictionary, stores into it by key, reads it by key and tests it (`key in self.cache`, `if self.cache:`),
     and nothing outside the class binds it."""
     owner = c.owner
     bindings = owner.attributes.get(attribute, [])
-    if not bindings or attribute in owner.unfollowed or owner.rebound(attribute) or \
-            not all(_empty_dict(c, value) for value in bindings):
+    rebound = owner.rebound(attribute) is not None if elsewhere is None else _rebound(c, attribute, elsewhere)
+    if not bindings or attribute in owner.unfollowed or rebound or not all(_empty_dict(c, v) for v in bindings):
         return None
     stored: list[cst.BaseExpression] = []
     for method in owner.methods.values():

@@ -14,7 +14,7 @@ from advisor.patterns import masks as mk
 from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.causal import added_keeps_first_key, is_causal_keep, keeps_first_key, \
     keeps_first_key_bottom_right
-from advisor.patterns.attention.learned_bias import learned_table
+from advisor.patterns.attention.learned_bias import learned_reading
 from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
@@ -26,9 +26,11 @@ from advisor.static.dataflow import loaded_names
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
+        table, rebound = learned_reading(c, mask) or (None, None)
         return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace,
                         keeps_first_key=added_keeps_first_key(c, mask), number_paths=op.params.get("number_paths"),
-                        optional=op.params.get("optional", False), learned=learned_table(c, mask))
+                        optional=op.params.get("optional", False), learned=None if rebound else table,
+                        learned_rebound=(table, rebound) if rebound else None)
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False
@@ -55,7 +57,7 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
                         keeps_first_key=first, bottom_right=bottom_right)
     masked_only = _negate(masked) if keep_given else at_home(c, masked)
     return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
-                    fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right)
+                    fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right, keep=keep)
 
 
 def reshape_term(c: Candidate, term: MaskTerm) -> None:

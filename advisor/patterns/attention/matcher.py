@@ -23,6 +23,7 @@ from advisor.patterns.attention.scale import scale_and_mask_roles
 from advisor.patterns.attention.score_mods import flex_roles
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
 from advisor.patterns.attention.tensor_scale import fold_into_query
+from advisor.patterns.attention.uniform_rows import plan_row_fixup
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -171,16 +172,19 @@ def block_reads(c: Candidate) -> None:
     check_reads(c, c.consumed, c.chain.reads | c.weights.reads | c.absorbed)
 
 
-@step(reads="flow home inlined leaf_nodes match.key match.query match.renamed",
+@step(reads=("chain.definitions dtype_changes flow home inlined leaf_nodes match.key match.query match.renamed "
+             "values weights"),
       writes=("match.attn_mask match.facts match.hoist_anchor match.hoist_init match.hoisted "
-              "match.is_causal match.masks"))
+              "match.is_causal match.masks match.row_fixup"))
 def mask(c: Candidate) -> None:
-    """The mask terms as one `attn_mask` (or `is_causal`), evaluated where the original applied them."""
+    """The mask terms as one `attn_mask` (or `is_causal`), evaluated where the original applied them; one finite
+    fill as the keep mask, its fully masked rows made uniform as the fill made them."""
+    c.match.row_fixup = plan_row_fixup(c)
     assemble_mask(c)
 
 
-@step(reads=("dtype_changes flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks ndim "
-             "values weights"),
+@step(reads=("dtype_changes flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks "
+             "match.row_fixup ndim values weights"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:
     """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do."""
@@ -242,12 +246,12 @@ def tensor_scale(c: Candidate) -> None:
 @step(reads="flow home inlined match.hoist_anchor match.hoisted match.removed output_statement",
       writes="match.facts match.flag_test match.guard_checks match.guard_span match.unwrap")
 def flag(c: Candidate) -> None:
-    """An `if <flag>:` that asks for the weights: the SDPA path where it is off."""
+    """An `if <flag>:` that asks for the weights or picks a score path SDPA lacks: the SDPA path where it is off."""
     flags.plan_flag(c, c.output_statement)
 
 
 @step(reads=("factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted match.key "
-             "match.masks match.query match.removed match.renamed match.unwrap output_statement "
+             "match.masks match.query match.removed match.renamed match.row_fixup match.unwrap output_statement "
              "tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:

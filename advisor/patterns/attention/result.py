@@ -41,6 +41,22 @@ class MaskTerm:
     number_paths: list[float] | None = None  # added, and a Python number on some paths (`bias = 0.0`)
     optional: bool = False  # added only where it is not None (`maybe_add_mask(s, m)`): SDPA's attn_mask=None
     learned: str | None = None  # added, and read from this learned table (`self.table`): a score term, not a mask
+    # (table, why): read from that learned table as far as its class shows, but an instance's may be another (why)
+    learned_rebound: tuple[str, str] | None = None
+    keep: cst.BaseExpression | None = None  # a finite fill's mask in SDPA's polarity (True = attend)
+
+
+@dataclass
+class RowFixup:
+    """Fully masked rows made exact under one finite fill (see `attention.uniform_rows`): `keep` (the boolean keep
+    mask) and its rows that keep a key are bound to fresh names before the call, which gets `torch.where(rows, q, 0)`
+    and `keep | ~rows`: a row masked everywhere attends to every key with a zero query, so its weights are uniform,
+    as the original's fill made them."""
+    torch: str  # how the module spells torch
+    keep: cst.BaseExpression
+    keep_name: str
+    rows_name: str
+    unfit: tuple[str, ...] = ()  # float dtypes the fill overflows: `masked_fill` raises there, the patch must too
 
 
 @dataclass
@@ -77,6 +93,7 @@ class AttentionMatch:
     guard_checks: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     guard_span: list[cst.BaseStatement] = field(default_factory=list)
     guard_lifted: list[cst.SimpleStatementLine] = field(default_factory=list)  # run above the check (it reads them)
+    row_fixup: RowFixup | None = None  # fully masked rows made uniform, as the original's finite fill makes them
     masks_absent: bool = False  # the fully-masked-rows check is `m is None` for every mask: SDPA needs no mask
     # `m is None` for masks each under its own `if m is not None:`, and the statements it lifts: used where only
     # mask facts are still assumed and no run saw the masks present with their facts holding (see settle_guards)

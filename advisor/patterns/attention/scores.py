@@ -44,6 +44,10 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
                 guard = entry = None
             elif guard is not None and not _inside(c, cursor, guard):
                 raise Refusal("a conditional update of the scores does not update the same value")
+            before = _branch_masks(c, cursor) if guard is None else None
+            if before is not None:  # each branch of an `if` chain masked the same scores: go on from them
+                cursor = before
+                continue
             cursor, new_guard, new_entry = _step_definitions(c, cursor)
             if new_guard is not None:
                 if guard is not None:
@@ -57,7 +61,7 @@ def peel_scores(c: Candidate, node: cst.BaseExpression) -> Op:
             cursor = enter_callee(c, cursor)  # the scores are computed by a helper method
             continue
         if op is None:
-            raise Refusal(_why_unrecognised(c, cursor))
+            raise Refusal(_why_unrecognised(c, cursor, guard))
         if op.name in CORE_OPS:
             if guard is not None:
                 raise Refusal("the Q·K^T product itself is computed conditionally")
@@ -77,7 +81,7 @@ def _through_parameter(c: Candidate, parameter: cst.Name) -> str:
             f"`{parameter.value}` and {how}; the walk does not follow a parameter back to the call")
 
 
-def _why_unrecognised(c: Candidate, node: cst.CSTNode) -> str:
+def _why_unrecognised(c: Candidate, node: cst.CSTNode, guard: cst.If | None) -> str:
     """Why the score walk stops at `node`, naming the form when it is a known one."""
     text = short(c.parsed, node)
     if isinstance(node, cst.Call):
@@ -87,7 +91,50 @@ def _why_unrecognised(c: Candidate, node: cst.CSTNode) -> str:
         helper = helper_named(c, node.func)
         if helper is not None and single_return(helper) is None:
             return f"the scores come from `{text}`, a helper with more than one `return`, which is not inlined"
+        if helper is not None and guard is not None:
+            return (f"the scores come from `{text}`, a helper called under `if {c.parsed.code(guard.test)}:`, "
+                    f"which the walk does not enter{_writes_in_place(c, helper)}")
+        module = _submodule(c, node.func)
+        if module is not None:
+            return f"the scores pass through `{c.parsed.code(node.func)}`, {module}"
     return f"the scores come from `{text}`, which is not a recognised operation"
+
+
+# torch layers applied to the scores: the axis each one mixes (reads as its channels or features)
+MIXING_LAYERS = {**{f"torch.nn.Conv{n}d": "dim 1 (the heads, for (B, heads, L, S) scores: talking heads)"
+                    for n in (1, 2, 3)},
+                 "torch.nn.Linear": "the last dim (the keys)", "torch.nn.Bilinear": "the last dim (the keys)"}
+
+
+def _submodule(c: Candidate, func: cst.BaseExpression) -> str | None:
+    """What `self.<name>`, a module the class builds and calls on the scores, is: a torch layer and the axis it
+    mixes, which no SDPA mask expresses, or a module whose forward the walk does not follow."""
+    if c.owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and
+                               func.value.value == "self") or func.attr.value in c.owner.methods:
+        return None
+    built = [value for value in c.owner.attributes.get(func.attr.value, []) if isinstance(value, cst.Call)]
+    if not built:
+        return None
+    dotted = c.parsed.imported_name(built[0].func)
+    torch_layer = dotted is not None and dotted.startswith("torch.nn.")
+    layer = f"`nn.{dotted.rsplit('.', 1)[-1]}`" if torch_layer else f"`{c.parsed.code(built[0].func)}`"
+    if dotted in MIXING_LAYERS:
+        return (f"built as {layer}: a learned layer over the scores mixes them across {MIXING_LAYERS[dotted]}, "
+                f"which no SDPA mask expresses")
+    return (f"built as {layer}: a module's forward is not followed (the rewrite reads terms added to the scores, "
+            f"and a module may compute anything from them)")
+
+
+def _writes_in_place(c: Candidate, helper: cst.FunctionDef) -> str:
+    """`; it writes into ... in place (`stmt`)` where the helper stores into one of its parameters' elements."""
+    params = {p.name.value for p in helper.params.params}
+    flow = c.parsed.flow(helper)
+    stores = [d for d in flow.definitions.values() if d.kind == "store" and d.name in params]
+    if not stores:
+        return ""
+    statement = min(stores, key=lambda d: c.parsed.line(d.statement)).statement
+    return (f"; it writes into its parameter `{stores[0].name}` in place (`{short(c.parsed, statement)}`), a term on "
+            f"part of the scores that no single added mask is read from")
 
 
 def _inside(c: Candidate, ids: frozenset[int], guard: cst.If) -> bool:
@@ -101,17 +148,18 @@ def _step_definitions(c: Candidate, ids: frozenset[int]):
     if UNDEFINED in ids or not definitions:
         raise Refusal("the scores are not defined on every path")
     if len(definitions) >= 2:
-        deepest = max(definitions, key=lambda d: (len(d.guards), d.id))  # the last update
-        guard = deepest.guards[-1] if deepest.guards else None
+        live = {d.id: tuple(g for g in d.guards if g not in c.off) for d in definitions}  # an off `if`'s else runs
+        deepest = max(definitions, key=lambda d: (len(live[d.id]), d.id))  # the last update
+        guard = live[deepest.id][-1] if live[deepest.id] else None
         inside = [d for d in definitions if guard in d.guards]
         outside = [d for d in definitions if guard not in d.guards]
         if (len(inside) == 1 and outside and deepest.kind in ("assign", "aug", "inplace")
-                and deepest.index is None and all(d.guards[:len(deepest.guards) - 1] ==
-                                                  deepest.guards[:-1] for d in outside)):
+                and deepest.index is None and all(live[d.id][:len(live[deepest.id]) - 1] ==
+                                                  live[deepest.id][:-1] for d in outside)):
             c.chain.definitions.append(deepest)
             return _definition_input(c, deepest), guard, frozenset(d.id for d in outside)
     if len(definitions) != 1:
-        raise Refusal("the scores are assigned on several paths")
+        raise Refusal(_several_paths(c, definitions))
     definition = definitions[0]
     if definition.kind == "store":
         raise Refusal(f"the scores are written in place by `{short(c.parsed, definition.statement)}`")
@@ -119,6 +167,71 @@ def _step_definitions(c: Candidate, ids: frozenset[int]):
         raise Refusal(f"the scores come from `{definition.name}`, which is not computed in this function")
     c.chain.definitions.append(definition)
     return _definition_input(c, definition), None, None
+
+
+def _branch_masks(c: Candidate, ids: frozenset[int]) -> frozenset[int] | None:
+    """`if a: s = s + x elif b: s = s.masked_fill(m, -inf) else: ...`: two or more branches of one `if`/`elif` chain
+    each mask the scores the chain starts from (adds, fills, `where`s, nothing else), so on every path SDPA gets that
+    path's masks. Records each branch's ops under its own `if` (hoisted where the branch applies them, see
+    `attn_mask`) and returns the definitions the chain starts from; None where the definitions are not that form."""
+    if UNDEFINED in ids:
+        return None
+    definitions = [c.flow.definitions[i] for i in sorted(ids)]
+    live = {d.id: tuple(g for g in d.guards if g not in c.off) for d in definitions}  # an off `if`'s else runs
+    deepest = max(live.values(), key=len)
+    for depth, head in enumerate(deepest):  # the `if` whose chain's branches hold the updates
+        updates = [d for d in definitions if live[d.id][depth:depth + 1] == (head,)]
+        if len(updates) >= 2 and all(live[d.id][:depth] == deepest[:depth] for d in definitions) and \
+                all(set(live[d.id][depth:]) <= set(_elif_chain(head)) for d in updates) and \
+                all(len(live[d.id]) == depth for d in definitions if d not in updates):
+            break
+    else:
+        return None
+    starts = {_peel_branch(c, update, live[update.id][-1]) for update in updates}
+    skipped = frozenset(d.id for d in definitions if d not in updates)  # the paths no branch takes
+    if len(starts | ({skipped} if skipped else set())) != 1:
+        raise Refusal(f"the branches of `if {short(c.parsed, head.test)}` update different values")
+    return starts.pop()
+
+
+def _elif_chain(head: cst.If) -> list[cst.If]:
+    chain = [head]
+    while isinstance(chain[-1].orelse, cst.If):
+        chain.append(chain[-1].orelse)
+    return chain
+
+
+def _peel_branch(c: Candidate, update: Definition, branch: cst.If) -> frozenset[int]:
+    """Record one branch's mask ops, from its last update back to the scores the chain starts from (returned)."""
+    where = ("under the `else:` of" if branch in update.negated else "under") + f" `if {short(c.parsed, branch.test)}`"
+    definition = update
+    for _ in range(MAX_CHAIN):
+        value = _definition_input(c, definition) if definition.kind in ("assign", "aug", "inplace") and \
+            definition.index is None else None
+        op = value if isinstance(value, Op) else c.reader.read(value) if value is not None else None
+        if op is None or op.name not in ("add", "masked_fill", "where"):
+            raise Refusal(f"{where}, the scores are assigned by `{short(c.parsed, definition.statement)}`, which is "
+                          f"no mask; SDPA takes the other paths only where an `if` whose test runs no code (a flag, "
+                          f"`x is None`) skips this one")
+        c.chain.definitions.append(definition)
+        operand = _peel_one(c, op, branch)
+        if not isinstance(operand, cst.Name):
+            raise Refusal(f"{where}, the scores are `{short(c.parsed, operand)}`, not a name this walk follows")
+        c.chain.reads.add(operand)
+        ids = frozenset(c.flow.reaching.get(operand, ()))
+        inner = c.flow.definitions.get(next(iter(ids))) if len(ids) == 1 else None
+        if inner is None or inner.guards != update.guards or inner.negated != update.negated:
+            return ids  # left the branch
+        definition = inner
+    raise Refusal("the score computation is too long to follow")
+
+
+def _several_paths(c: Candidate, definitions: list[Definition]) -> str:
+    """Why the walk stops where several assignments reach the scores: each is named, with its line."""
+    named = ", ".join(f"`{short(c.parsed, d.statement)}` (line {c.parsed.line(d.statement)})" for d in definitions
+                      if d.statement is not None)
+    return (f"the scores are assigned on several paths ({named}); a path SDPA does not express is skipped only "
+            f"behind an `if` whose test runs no code (a flag, `x is None`), where every other path is one it does")
 
 
 def _definition_input(c: Candidate, definition: Definition) -> cst.BaseExpression | Op:

@@ -49,7 +49,9 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     small = parameter_claims(c, [_values_of(term.source) for term in added], sf.SMALL,
                              [term.guard for term in added]) if every_added else ()
     bounded = _bounded_here(c, added) if every_added else None
-    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded)
+    fixup = c.match.row_fixup
+    mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded,
+                        None if fixup is None else fixup.unfit)
 
 
 def _values_of(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -200,7 +202,12 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     unproved = _unique(few + many)
     claims = parameter_claims(c, [term.source for term in unproved], sf.RANK, [term.guard for term in unproved],
                               needed, c.leaf_nodes[:2])
-    if few:
+    if few and few[0].learned_rebound:
+        table, why = few[0].learned_rebound
+        match.facts.assumed("mask-rank", statement, f"the rank of `{short(c.parsed, few[0].source)}` is not proved: "
+                            f"it reads the learned table `{table}`, and {why}, so an instance's table, index or memo "
+                            f"may have other ranks (SDPA rejects a 1-D mask on 4-D inputs)", claims)
+    elif few:
         match.facts.assumed("mask-rank", statement, f"the rank of `{short(c.parsed, few[0].source)}` is not "
                             f"visible here, and SDPA rejects a 1-D mask on 4-D inputs", claims)
     else:

@@ -1,0 +1,93 @@
+"""Fully masked rows made exact where every mask replaces the scores with one finite fill.
+
+`masked_fill(m, F)` and `where(keep, s, F)` replace a masked score by F, so a query row masked everywhere is F at
+every key: the original's weights there are exactly uniform (its output the mean of v). SDPA given the keep mask
+gives such a row 0 (safe softmax), and given F as a float mask softmax(s + F). The patch opens those rows to every
+key and zeroes their query instead: with `rows = keep.any(-1, keepdim=True)` it passes `torch.where(rows, q, 0)` and
+`keep | ~rows`, so SDPA's scores on such a row are 0 and its weights uniform (dropout applied to them as the
+original applies it), and q and k get no gradient from the row, as `masked_fill` passes none. No host sync and no
+branch on data; the masks broadcast as before (`any` over a broadcast key axis is the same for every copy).
+
+Only where the row is constant in the original: every term a finite fill of one value, applied unconditionally
+(an added term, or a second fill of another value, breaks it; a term under `if` has no keep mask at the call), in
+a statement that evaluates its value product every time it runs. `masked_fill` raises on a fill beyond the scores'
+dtype (-1e9 in float16); the patch no longer fills, so those dtypes are recorded for a guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+from advisor.patterns import masks as mk
+from advisor.patterns.attention.attn_mask import fresh_name, metadata_translated, term_mask
+from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.result import MaskTerm, RowFixup
+from advisor.patterns.values import FLOAT_MAX
+from advisor.static.codegen import atomic, joined
+
+OWN = "own"  # a fill that is its own tensor's dtype's extreme (`torch.finfo(scores.dtype).min`): it always fits
+NARROW = ("float16", "bfloat16", "float32")  # dtypes a fill may overflow (float64 holds every Python float)
+# evaluated only on some paths, or in another scope than the statement: a name bound before it may not be read there
+CONDITIONAL = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.IfExp, cst.BooleanOperation)
+
+
+def plan_row_fixup(c: Candidate) -> RowFixup | None:
+    """The fixup of the block's masks, or None where a fully masked row is not provably constant in the original
+    (the row fact then stays as `masks.record_row_facts` judges it)."""
+    terms = c.match.masks
+    if not terms or all(term.keeps_first_key or term.bottom_right for term in terms) or \
+            any(not _replaces(term) for term in terms):
+        return None  # causal triangles keep key 0 in every row (bottom-right ones where S >= L: a shape guard)
+    torch_name = c.parsed.module_aliases.get("torch")
+    fills = [_fill(c, term) for term in terms]
+    if torch_name is None or None in fills or len(set(fills)) > 1 or not _evaluated_once(c):
+        return None
+    unfit = () if fills[0] == OWN else tuple(name for name in NARROW if abs(fills[0]) > FLOAT_MAX[name])
+    if (unfit or fills[0] == OWN) and c.dtype_changes:
+        return None  # a cast in the block: the scores' dtype at the fill is not visibly the query's
+    keeps = [term_mask(c, _keep_term(c, term)) for term in terms]
+    keep = keeps[0] if len(keeps) == 1 else joined(cst.BitAnd, [atomic(keep) for keep in keeps])
+    return RowFixup(torch_name, keep, fresh_name(c, "attn_keep"), fresh_name(c, "attn_rows"), unfit)
+
+
+def _replaces(term: MaskTerm) -> bool:
+    """A finite fill applied wherever the block runs, with its keep mask."""
+    return term.fill_kind == mk.FINITE and term.guard is None and term.number_paths is None and \
+        not term.optional and not term.learned and (term.keep is not None or term.kind in ("causal", "keep"))
+
+
+def _keep_term(c: Candidate, term: MaskTerm) -> MaskTerm:
+    """The term as a keep mask (True = attend) in SDPA's layout, its reads of the scores' metadata reading q, k."""
+    keep = term.keep if term.kind == "finite" else term.expression
+    return dataclasses.replace(term, kind="keep", expression=metadata_translated(c, keep))
+
+
+def _fill(c: Candidate, term: MaskTerm) -> float | str | None:
+    """The fill's number, OWN for its own tensor's dtype's extreme, None when the source does not show it."""
+    value = c.values.fill_value(term.fill)
+    if isinstance(value, (int, float)):
+        return float(value)
+    query = c.leaf_nodes[0]
+    if value is query and not c.dtype_changes:  # `finfo(scores.dtype)` read from the query (`_fill_at_home`)
+        return OWN
+    if not isinstance(value, cst.Name) or c.dtype_changes:
+        return None
+    reaching = c.flow.reaching.get(value)
+    chain = {definition.id for definition in c.chain.definitions}
+    same_query = isinstance(query, cst.Name) and query.value == value.value and reaching == c.flow.reaching.get(query)
+    return OWN if reaching and (reaching <= chain or same_query) else None
+
+
+def _evaluated_once(c: Candidate) -> bool:
+    """The value product runs whenever its statement does, in that statement's scope: the fixup's names, bound
+    just before it, hold there what the call reads."""
+    node = c.weights.output.node
+    while not isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        if isinstance(node, CONDITIONAL):
+            return False
+        node = c.parsed.parents.get(node)
+        if node is None:
+            return False
+    return True
