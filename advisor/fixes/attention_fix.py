@@ -9,6 +9,7 @@ import libcst as cst
 
 from advisor.backends.site import plan_backend
 from advisor.contracts.detected import Detected
+from advisor.contracts.emitted_names import MODULE_CHECK_HELPER
 from advisor.contracts.finding import Finding
 from advisor.contracts.rule import Rule
 from advisor.contracts.evidence import BlockCall
@@ -20,7 +21,7 @@ from advisor.patterns.call_site_facts import settle_dropped_weights, settle_from
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
-from advisor.rewrite.guard import guarded
+from advisor.rewrite.guard import guarded, module_check_helper, module_check_statements
 from advisor.rewrite.sdpa_call import functional_name, row_fixup_statements, sdpa_call
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeContext, TreeFacts
@@ -86,8 +87,14 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         span = match.flex.span
     if any(line not in span for line in match.guard_lifted):
         raise RewriteFailed("a statement the check reads lies outside the statements it guards")
+    above = ()
+    if match.module_check is not None:  # deleted module calls: their check, computed above the `if`
+        torch_name = parsed.module_aliases["torch"]
+        above = module_check_statements(torch_name, match.module_check)
+        if MODULE_CHECK_HELPER not in parsed.module_functions:
+            edits.definitions = edits.definitions + (module_check_helper(torch_name),)
     if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
-        return guarded(parsed, edits, test, span, match.guard_lifted)
+        return guarded(parsed, edits, test, span, match.guard_lifted, above)
     return edits
 
 
@@ -118,7 +125,8 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
     parameter are proved where every call proves them, and its autograd requests decide the autograd-order fact.
     Masks each under its own `if m is not None:` are passed to SDPA (their facts assumed, or observed) with
     `masks_passed` (`--unsafe-fixes`), or with `observed_masks` (optimize) where `calls` saw them present with
-    their facts holding on every call; else the patch is guarded by their absence (attention.guards.settle_guards).
+    their facts holding on every call; else the patch is guarded by their absence (attention.guards.settle_guards),
+    except under `--backend flex`, whose score_mod and mask_mod read the masks on every path.
     """
     tree = tree or TreeContext()
     autograd = tree.autograd if tree.autograd is not None else TreeFacts.of_file(parsed)
@@ -132,7 +140,8 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
             settle_dropped_weights(tree.calls, parsed, match)
     joined = [calls_in(list(calls), parsed.path, match.line, match.end_line) for match in matches]
     for match, seen in zip(matches, joined):  # what call sites left assumed about metadata is checked at run time
-        settle_guards(match, masks_passed or observed_masks and masks_held(match.facts, seen))
+        flex_masks = backend == "flex" and match.flex is not None  # its score_mod reads the hoisted masks
+        settle_guards(match, flex_masks or masks_passed or observed_masks and masks_held(match.facts, seen))
     return [_detected(parsed, match, backend, seen, autograd, rules) for match, seen in zip(matches, joined)]
 
 

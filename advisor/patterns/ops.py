@@ -277,6 +277,8 @@ class OpReader:
         return Op(op.name, call, op.operands, op.params)
 
     def _module_op(self, built, prefix: str, call, operand) -> Op | None:
+        if isinstance(built, cst.IfExp):
+            return self._conditional_module_op(built, prefix, call, operand)
         if not isinstance(built, cst.Call):
             return None
         dotted = self.parsed.imported_name(built.func) or ""
@@ -297,6 +299,19 @@ class OpReader:
                 stages.append(stage)
             return Op("sequential", call, [operand], {"stages": stages})
         return None
+
+
+    def _conditional_module_op(self, built: cst.IfExp, prefix: str, call, operand) -> Op | None:
+        """`nn.Dropout(p) if p else nn.Identity()`: an identity where both sides are one; a dropout where either
+        side is one and the other an identity (its `p` then read with a default: `maybe_identity`)."""
+        sides = [self._module_op(side, prefix, call, operand) for side in (built.body, built.orelse)]
+        names = {side.name if side is not None else None for side in sides}
+        if names == {"identity"}:
+            return Op("identity", call, [operand])
+        if not names <= {"dropout", "identity"}:
+            return None
+        dropout = next(side for side in sides if side.name == "dropout")
+        return Op("dropout", call, [operand], {**dropout.params, "maybe_identity": "identity" in names})
 
 
 BOUND_OPS = {"matmul", "bmm", "baddbmm", "softmax", "log_softmax", "masked_fill", "where", "add", "mul", "div",

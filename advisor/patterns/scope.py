@@ -20,7 +20,7 @@ import networkx as nx
 from advisor.contracts.finding import display_path
 from advisor.static.dataflow import FunctionFlow, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls
+from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls, state_swaps
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -314,21 +314,21 @@ def _base_name(node: cst.BaseExpression) -> str | None:
 # hooks ----------------------------------------------------------------------------------------------------------
 
 def deleted_module_calls(parsed: ParsedModule, owner: ClassInfo | None, nodes: list[cst.CSTNode],
-                         kept: list[cst.CSTNode]) -> list[str]:
-    """Attributes `x` of the deleted `self.x(...)` module calls (those not inside an expression the SDPA call
-    keeps): their forward hooks stop firing."""
+                         kept: list[cst.CSTNode]) -> dict[str, cst.Attribute]:
+    """Attribute `x` -> the first `self.x` of the deleted `self.x(...)` module calls (those not inside an
+    expression the SDPA call keeps): their forward hooks stop firing."""
     if owner is None:
-        return []
+        return {}
     kept_ids = set()
     for node in kept:
         kept_ids.update(id(n) for n in walk(node))
-    found: list[str] = []
+    found: dict[str, cst.Attribute] = {}
     for node in nodes:
         for call in walk(node):
             if isinstance(call, cst.Call) and id(call) not in kept_ids and isinstance(call.func, cst.Attribute) \
                     and isinstance(call.func.value, cst.Name) and call.func.value.value == "self" \
-                    and call.func.attr.value not in owner.methods and call.func.attr.value not in found:
-                found.append(call.func.attr.value)
+                    and call.func.attr.value not in owner.methods:
+                found.setdefault(call.func.attr.value, call.func)
     return found
 
 
@@ -406,25 +406,56 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
             "it may not be torch's when the code runs")
 
 
+def state_swapped(parsed: ParsedModule) -> str | None:
+    """Why any buffer of the file's classes may hold another tensor than the class assigned when the code runs
+    (None: nothing shows it): this file or another of the tree runs modules with state given by name
+    (`torch.func.functional_call(model, {"bias": ones}, (x,))`) or writes into buffers reached by name
+    (`named_buffers()`, `state_dict()`), so a value read from the class's assignment (a causal triangle) is not the
+    one the code sees (static.project.state_swaps)."""
+    own = parsed.derived(state_swapped, lambda p: next(iter(state_swaps(p)), None))
+    if own is not None:
+        return f"this file replaces or writes modules' buffers by name (line {parsed.line(own)})"
+    elsewhere = parsed.project.state_swap_elsewhere(parsed.path) if parsed.project is not None else None
+    if elsewhere is not None:
+        return f"{elsewhere.describe()}, which replaces or writes modules' buffers by name"
+    return None
+
+
 # TorchScript ----------------------------------------------------------------------------------------------------
 
 def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None) -> bool:
-    """Whether TorchScript compiles this function: decorated `@torch.jit.script(_method)`, a method of a
-    `torch.jit.ScriptModule`, or a method of a module the file passes to `torch.jit.script(...)` (which
-    compiles forward and everything it calls, submodules included: any class of the file may be reached)."""
+    """Whether TorchScript may compile this function: decorated `@torch.jit.script(_method)`, a method of a
+    `torch.jit.ScriptModule`, a method of a module the file passes to `torch.jit.script(...)` (which compiles
+    forward and everything it calls, submodules included: any class of the file may be reached), a module-level
+    function where the file scripts one (it compiles the functions it calls), or any function where another file
+    of the scanned tree uses TorchScript's compiler (static.project: a scripted model or function may reach it)."""
     if any(parsed.imported_name(_decorator_callee(d.decorator)) in SCRIPT_DECORATORS for d in function.decorators):
         return True
     if owner is not None and any(parsed.imported_name(base.value) == "torch.jit.ScriptModule"
                                  for base in owner.node.bases):
         return True
-    return owner is not None and parsed.derived(_scripts_a_module, _scripts_a_module)
+    modules, functions = parsed.derived(_what_the_file_scripts, _what_the_file_scripts)
+    if owner is not None and modules:
+        return True
+    if owner is None and functions and parsed.module_functions.get(function.name.value) is function:
+        return True
+    return parsed.project is not None and parsed.project.script_elsewhere(parsed.path) is not None
 
 
-def _scripts_a_module(parsed: ParsedModule) -> bool:
-    """Whether the file passes anything but one of its module-level functions to `torch.jit.script(...)`."""
-    return any(parsed.imported_name(call.func) == "torch.jit.script" and call.args
-               and not (isinstance(call.args[0].value, cst.Name) and call.args[0].value.value in parsed.module_functions)
-               for call in parsed.calls_and_classes[0])
+def _what_the_file_scripts(parsed: ParsedModule) -> tuple[bool, bool]:
+    """(whether the file passes anything but one of its module-level functions to `torch.jit.script(...)`, whether
+    it scripts one of them: passed to it or decorated)."""
+    modules = functions = False
+    for call in parsed.calls_and_classes[0]:
+        if parsed.imported_name(call.func) == "torch.jit.script" and call.args:
+            argument = call.args[0].value
+            if isinstance(argument, cst.Name) and argument.value in parsed.module_functions:
+                functions = True
+            else:
+                modules = True
+    functions = functions or any(parsed.imported_name(_decorator_callee(d.decorator)) == "torch.jit.script"
+                                 for f in parsed.module_functions.values() for d in f.decorators)
+    return modules, functions
 
 
 def _decorator_callee(node: cst.BaseExpression) -> cst.BaseExpression:

@@ -81,6 +81,20 @@ def _advisor_flex_all_true(q_len, kv_len, device):
                                     BLOCK_SIZE=128, mask_mod=noop_mask, seq_lengths=(q_len, kv_len))
 
 
+def _advisor_flex_traced(q, k, v, score_mod, mask_mod, scale, enable_gqa):
+    """The call as the caller's torch.compile traces it: no cache, no warning, no compile of its own (each would
+    break the caller's graph, and `fullgraph=True` raises), the BlockMask built in the graph."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if q.device.type in ("cpu", "mps") and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _advisor_flex_dense(q, k, v, score_mod, mask_mod, scale, enable_gqa)
+    if mask_mod is None:
+        block_mask = _advisor_flex_all_true(q.size(-2), k.size(-2), q.device)
+    else:
+        block_mask = create_block_mask(mask_mod, q.size(0), q.size(1), q.size(-2), k.size(-2), device=q.device)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
 def advisor_flex_attention(q, k, v, score_mod=None, mask_mod=None, mask_key=None, scale=None, enable_gqa=False):
     """FlexAttention with score_mod/mask_mod, inserted by advisor (`--backend flex`) for a hand-written block.
 
@@ -90,7 +104,8 @@ def advisor_flex_attention(q, k, v, score_mod=None, mask_mod=None, mask_key=None
     one warning naming why, when torch.compile is unavailable or fails, and where FlexAttention has no backward
     (inputs that require grad on CPU/MPS); ADVISOR_FLEX_EAGER=1 forces it for debugging. mask_mod becomes a
     BlockMask, cached per (mask_key, B, H, Lq, Lkv, device) when mask_key is given (the last 32 kept); no mask_mod
-    is an all-true BlockMask, cached per (Lq, Lkv, device).
+    is an all-true BlockMask, cached per (Lq, Lkv, device). Inside the caller's own torch.compile (or export) the
+    call is traced into that graph instead, and under torch.jit.trace the eager path is recorded.
     """
     import os
 
@@ -98,6 +113,10 @@ def advisor_flex_attention(q, k, v, score_mod=None, mask_mod=None, mask_key=None
 
     state = _advisor_flex_state
     eager = (score_mod, mask_mod, scale, enable_gqa)
+    if $torch.jit.is_tracing():  # a trace records the dense path's ops (building a BlockMask cannot be traced)
+        return _advisor_flex_dense(q, k, v, *eager)
+    if $torch.compiler.is_compiling():  # inside the caller's torch.compile or export: flex_attention joins its graph
+        return _advisor_flex_traced(q, k, v, *eager)
     if os.environ.get("ADVISOR_FLEX_EAGER") == "1" or state["eager_reason"] is not None:
         return _advisor_flex_dense(q, k, v, *eager)
     if q.device.type in ("cpu", "mps") and (q.requires_grad or k.requires_grad or v.requires_grad):

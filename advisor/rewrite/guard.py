@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.contracts.emitted_names import MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
 from advisor.rewrite.apply import NodeEdits, edited_statements
 from advisor.static.module_index import ParsedModule
 
 
 def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
-            span: list[cst.BaseStatement], lifted: list[cst.BaseStatement] = ()) -> NodeEdits:
+            span: list[cst.BaseStatement], lifted: list[cst.BaseStatement] = (),
+            above: tuple[cst.BaseStatement, ...] = ()) -> NodeEdits:
     """`edits` with the part inside `span` (consecutive statements of one block) moved under `if test:`, the
     original statements under its `else:`; the statements of `lifted` (in the span, binding what `test` reads)
-    run, edited, above the `if`."""
+    run, edited, above the `if`, then the new statements `above`."""
     members = set(span)
 
     def inside(node: cst.CSTNode) -> bool:
@@ -38,8 +40,35 @@ def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
     fast = edited_statements(rest, inner)
     original = [statement.deep_clone() for statement in rest]  # new nodes: no edit reaches them
     fast[0], original[0] = (statements[0].with_changes(leading_lines=()) for statements in (fast, original))
-    if lifted:
-        outer.insert_before[span[0]] = tuple(edited_statements(list(lifted), inner))
+    if lifted or above:
+        outer.insert_before[span[0]] = tuple(edited_statements(list(lifted), inner)) + tuple(above)
     outer.replace[span[0]] = cst.If(test=test, body=cst.IndentedBlock(fast),
                                     orelse=cst.Else(cst.IndentedBlock(original)), leading_lines=span[0].leading_lines)
     return outer
+
+
+def module_check_statements(torch_name: str, check: cst.BaseExpression) -> tuple[cst.BaseStatement, ...]:
+    """`<local> = False` / `if not torch.jit.is_scripting(): <local> = <check>`: TorchScript skips that `if`'s body
+    (it compiles neither `type(...)` nor a module passed to a function), so a scripted patch runs the original."""
+    local = cst.Name(MODULE_CHECK_LOCAL)
+    first = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(local)], cst.Name("False"))])
+    test = cst.UnaryOperation(cst.Not(), cst.parse_expression(f"{torch_name}.jit.is_scripting()"))
+    body = cst.IndentedBlock([cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(local)], check)])])
+    return first, cst.If(test=test, body=body)
+
+
+def module_check_helper(torch_name: str) -> cst.FunctionDef:
+    """The module-level helper the check calls (one per module, whatever the number of blocks)."""
+    return cst.parse_statement(_MODULE_CHECK.format(name=MODULE_CHECK_HELPER, torch=torch_name)) \
+        .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+
+
+_MODULE_CHECK = '''def {name}(module, kinds):
+    """Whether calling `module` runs exactly the forward of one of `kinds` (not a subclass's) and no hook of its own
+    or of the process (written by advisor: a patch that skips the call is exact only then)."""
+    hooks = {torch}.nn.modules.module
+    return type(module) in kinds and not (
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+        or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
+        or hooks._global_backward_pre_hooks)
+'''

@@ -21,7 +21,7 @@ from advisor.static.module_index import ParsedModule
 # A file in which none of these occur asks for nothing here ("autograd" and "backward(" for a create_graph passed by
 # position); substring tests, since one regular expression of all of them is several times slower.
 TOKENS = ("create_graph", "forward_ad", "forward-mode", "jvp", "jacfwd", "hessian", "hvp", "vhp", "gradgradcheck",
-          "functorch", "autograd", "backward(")
+          "functorch", "autograd", "backward(", "forward_grad")
 FUNC_MODULE = re.compile(r"(?:torch\.|import |, *)func\b")  # torch.func, `from torch import func` or `nn, func`
 
 DOUBLE_BACKWARD, FORWARD_MODE = "double backward", "forward-mode AD"
@@ -39,16 +39,24 @@ TRANSFORMS = {
     "torch.autograd.functional.jvp": DOUBLE_BACKWARD,  # computed as a backward of a backward
     "torch.autograd.gradgradcheck": DOUBLE_BACKWARD,
 }
+# Options that make a call (`torch.autograd.gradcheck`, or a wrapper passing them on) run forward-mode AD.
+FORWARD_MODE_OPTIONS = ("check_forward_ad", "check_batched_forward_grad")
 # Reverse-mode transforms: first order alone, double backward when one transforms a function that calls another
 # (`grad(grad(f))`, `jacrev(lambda x: grad(f)(x))`, `grad(g)` with `def g` or `g = grad(f)` anywhere): a file that
-# uses them twice is taken to nest them, since the composition can go through any function of the file.
+# uses them twice is taken to nest them, since the composition can go through any function of the file. So does one
+# use with a plain backward pass anywhere in the tree (`PLAIN_PASS`): a transform's result is differentiable, and
+# second-order MAML written with torch.func takes `grad` inside and `.backward()` outside.
 REVERSE_TRANSFORMS = {"torch.func.grad", "torch.func.grad_and_value", "torch.func.jacrev", "torch.func.vjp"}
+# A reverse pass of plain autograd, read as text (a comment or string that matches only makes the fact assumed).
+PLAIN_PASS = re.compile(r"\.backward\s*\(|\bautograd\.(?:grad|backward)\s*\(|\bautograd\.functional\.(?:vjp|jacobian)\s*\(|"
+                        r"\bfrom\s+torch\.autograd\s+import\b[^\n]*\b(?:grad|backward)\b")
 # Where `create_graph` sits among the positional arguments of the calls that take it.
 CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3,
                          "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
 TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
 # What `worth_resolving` looks for, by the last part of each name.
-TRIGGER_NAMES = {name.rsplit(".", 1)[1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian"}
+TRIGGER_NAMES = {name.rsplit(".", 1)[1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian",
+                                                                   *FORWARD_MODE_OPTIONS}
 CALLS_WITH_CREATE_GRAPH = {name.rsplit(".", 1)[1] for name in CREATE_GRAPH_POSITION}
 FEWEST_POSITIONAL = min([*CREATE_GRAPH_POSITION.values(), TENSOR_BACKWARD_POSITION])
 
@@ -62,8 +70,12 @@ class AutogradSite:
     # that function turns it on. The name whose uses hold those calls: the function's, or its class's for a method.
     caller_decides: str | None = None
     # A reverse transform applied to a parameter of the module-level function around it (`def derivative(fn):
-    # return torch.func.grad(fn)`): that function is a transform too, used once per use of its name.
+    # return torch.func.grad(fn)`), or bound to a name (`d = torch.func.grad`): that name is a transform too, used
+    # once per use of it.
     wrapper: str | None = None
+    # A reverse transform that may be applied more than once by itself (to its own result in a loop, or passed on
+    # as a value): why, and so it may nest with itself.
+    repeats: str | None = None
 
 
 def might_ask(source: str) -> bool:
@@ -117,7 +129,8 @@ def _leaf(node: ast.AST) -> str | None:
 def autograd_sites(parsed: ParsedModule) -> list[AutogradSite]:
     """Every place in the file that asks for double backward or forward-mode AD, in source order."""
     requests, reverse = autograd_uses(parsed)
-    return sorted(requests + nested(reverse, lambda name: name_uses(parsed.source, name)), key=lambda s: s.line)
+    return sorted(requests + nested(reverse, lambda name: name_uses(parsed.source, name),
+                                    lambda: plain_pass(parsed.source, parsed.path)), key=lambda s: s.line)
 
 
 def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[AutogradSite]]:
@@ -135,10 +148,10 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
             if what is not None:
                 found.append((node, what))
             elif qualified(parsed, node) in REVERSE_TRANSFORMS:
-                reverse.append(AutogradSite(qualified(parsed, node), parsed.path, parsed.line(node),
-                                            wrapper=_wrapper(parsed, node, parent)))
+                reverse.append(_reverse_use(parsed, node, parent))
         elif isinstance(node, cst.Call):
-            asked = _create_graph(parsed, node) or _getattr_transform(parsed, node)
+            asked = _create_graph(parsed, node) or _forward_mode_option(parsed, node) or \
+                _getattr_transform(parsed, node)
             if asked is not None:
                 found.append((node, asked))
         elif isinstance(node, cst.DictElement):
@@ -153,18 +166,110 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
     return sites, reverse
 
 
-def nested(reverse: list[AutogradSite], uses) -> list[AutogradSite]:
+def nested(reverse: list[AutogradSite], uses, plain_pass) -> list[AutogradSite]:
     """Two uses of reverse-mode transforms (`autograd_uses`), in one file or in two, may nest: the composition can
     go through any function. A wrapper's transform counts once per use of the wrapper's name (`uses(name)`, over the
-    same files): `derivative(derivative(f))` nests it. The request, at the second use."""
+    same files): `derivative(derivative(f))` nests it. One use that repeats itself nests alone, and one use nests
+    with a plain reverse pass (`plain_pass()`: the first in the same files, as `AutogradSite`, or None). The
+    request, at the second use."""
+    repeating = next((site for site in reverse if site.repeats is not None), None)
+    if repeating is not None:
+        return [AutogradSite(f"`{repeating.what}` {repeating.repeats}, which may nest it and asks for "
+                             f"{DOUBLE_BACKWARD}", repeating.path, repeating.line)]
     direct = [site for site in reverse if site.wrapper is None]
     wrapped = [site for site in reverse if site.wrapper is not None for _ in range(uses(site.wrapper))]
-    if len(direct) + len(wrapped) < 2:
+    if not direct + wrapped:
         return []
+    if len(direct) + len(wrapped) < 2:
+        (only,) = direct + wrapped
+        backward = plain_pass()
+        if backward is None:
+            return []
+        return [AutogradSite(f"`{only.what}` and {backward.what} in the scanned files may nest (a transform's result "
+                             f"is differentiable), which asks for {DOUBLE_BACKWARD}", only.path, only.line)]
     first, second = (direct + wrapped)[:2]
     via = "".join(f" (through `{s.wrapper}`)" for s in (first, second) if s.wrapper)[:200]
     return [AutogradSite(f"`{first.what}` and `{second.what}` in the scanned files may nest{via}, which asks for "
                          f"{DOUBLE_BACKWARD}", second.path, second.line)]
+
+
+def plain_pass(source: str, path: str | None) -> AutogradSite | None:
+    """The file's first reverse pass of plain autograd (`loss.backward()`, `torch.autograd.grad(...)`), if any."""
+    match = PLAIN_PASS.search(source)
+    if match is None:
+        return None
+    return AutogradSite(f"a backward pass (`{match.group(0).strip()}`)", path, source.count("\n", 0, match.start()) + 1)
+
+
+def _reverse_use(parsed: ParsedModule, node: cst.CSTNode, parent: cst.CSTNode | None) -> AutogradSite:
+    """A use of a reverse transform: applied once where it is called, once per use of a wrapper or alias name, or
+    repeatedly where it is applied to its own result in a loop or passed on as a value."""
+    name, line = qualified(parsed, node), parsed.line(node)
+    if not (isinstance(parent, cst.Call) and parent.func is node):
+        alias = _alias(parsed, node, parent)
+        if alias is not None:
+            return AutogradSite(name, parsed.path, line, wrapper=alias)
+        return AutogradSite(name, parsed.path, line, repeats="is passed on as a value (it may be applied any number "
+                                                             "of times)")
+    if _reapplied_in_loop(parsed, parent):
+        return AutogradSite(name, parsed.path, line, repeats="is applied to its own result in a loop")
+    return AutogradSite(name, parsed.path, line, wrapper=_wrapper(parsed, node, parent))
+
+
+def _alias(parsed: ParsedModule, node: cst.CSTNode, parent: cst.CSTNode | None) -> str | None:
+    """`d = torch.func.grad`: the one name the transform itself is bound to."""
+    if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1 and \
+            isinstance(parent.targets[0].target, cst.Name):
+        return parent.targets[0].target.value
+    return None
+
+
+def _reapplied_in_loop(parsed: ParsedModule, call: cst.Call) -> bool:
+    """`for _ in range(n): f = grad(f)`: the call's function argument is a name rebound inside a loop around the
+    call (in the same function), so a later iteration may transform the earlier one's result."""
+    argument = call.args[0].value if call.args and call.args[0].keyword is None else None
+    if not isinstance(argument, cst.Name):
+        return False
+    node = parsed.parents.get(call)
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Lambda, cst.Module)):
+        if isinstance(node, (cst.For, cst.While)) and argument.value in _bound_names(node.body):
+            return True
+        node = parsed.parents.get(node)
+    return False
+
+
+def _bound_names(body: cst.CSTNode) -> set[str]:
+    """Names assigned anywhere in `body` (plain, augmented, annotated, walrus and loop targets)."""
+    found: set[str] = set()
+
+    class Binds(cst.CSTVisitor):
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            found.update(n.value for n in _names_in(node.target))
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            found.update(n.value for n in _names_in(node.target))
+
+        def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+            found.update(n.value for n in _names_in(node.target))
+
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            found.update(n.value for n in _names_in(node.target))
+
+        def visit_For(self, node: cst.For) -> None:
+            found.update(n.value for n in _names_in(node.target))
+
+    body.visit(Binds())
+    return found
+
+
+def _names_in(target: cst.CSTNode) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for element in target.elements for n in _names_in(element.value)]
+    if isinstance(target, cst.StarredElement):
+        return _names_in(target.value)
+    return []
 
 
 def _wrapper(parsed: ParsedModule, node: cst.CSTNode, parent: cst.CSTNode | None) -> str | None:
@@ -207,6 +312,16 @@ def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
             return f"`{parsed.code(call)}` asks for {asks}"
     if name in REVERSE_TRANSFORMS or name == "torch.autograd.functional.jacobian":
         return f"`{parsed.code(call)}` may ask for {DOUBLE_BACKWARD} (a transform looked up by name)"
+    return None
+
+
+def _forward_mode_option(parsed: ParsedModule, call: cst.Call) -> str | None:
+    """`torch.autograd.gradcheck(f, x, check_forward_ad=True)`: an option, passed by keyword to any callee, that
+    runs forward-mode AD."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value in FORWARD_MODE_OPTIONS and not _is_off(arg.value):
+            return (f"`{parsed.code(call.func)}(..., {arg.keyword.value}={parsed.code(arg.value)})` asks for "
+                    f"{FORWARD_MODE}")
     return None
 
 

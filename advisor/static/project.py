@@ -1,5 +1,6 @@
 """What other files of the scanned tree tell about one file's code: torch's process-wide module hooks, hooks on
-single modules, and attributes written on objects other than `self`.
+single modules, attributes written on objects other than `self`, TorchScript compiling code, and calls that run a
+module with other parameters and buffers (`torch.func.functional_call`).
 
 `torch.nn.modules.module.register_module_forward_hook` (and its pre-hook, backward and registration variants)
 installs a hook on every module of the process, wherever it is called: a hook registered in `train.py` fires on
@@ -8,7 +9,9 @@ as it is assigned. So a scan of several files first collects these calls from al
 file's imports), and each file's analysis reads them as if they were its own. The same holds for what a training
 script does to the model another file defines: `model.blocks[0].attn.attn_drop.register_forward_hook(save)`
 (attention maps), `blk.attn.bias.data = band` or `m.apply(swap_dropout)`: a hook or a write in any file of the
-tree counts as one in the file that defines the class.
+tree counts as one in the file that defines the class. So does `torch.jit.script(model)` in an export script: it
+compiles the model's classes, and every function they or a scripted function call, wherever they are defined; and
+`functional_call(model, {"attn.bias": ones}, (x,))` runs any class with a buffer it did not build.
 """
 
 from __future__ import annotations
@@ -27,6 +30,17 @@ GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_
                                "register_module_full_backward_hook", "register_module_full_backward_pre_hook",
                                "register_module_backward_hook"})
 TOKEN = "register_module_"  # every one of them starts so: files without it are not parsed
+# what makes TorchScript compile code: the functions or modules passed to it, and everything they call
+SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torch.jit.ScriptModule"})
+# files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
+MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript")
+# what runs a module with parameters and buffers given by name (any of them may be another tensor at that call)
+STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless.functional_call",
+                         "torch._functorch.functional_call.functional_call",
+                         "functorch.make_functional_with_buffers"})
+# methods returning a module's buffers themselves (not copies): writing into what they return writes the buffers
+STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
+MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers|buffers\(|state_dict\(")
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                           "register_full_backward_pre_hook", "register_backward_hook"})
@@ -52,6 +66,19 @@ class HookSite:
 
 
 @dataclass(frozen=True)
+class UseSite:
+    """A use of one of torch's names that changes how code of the whole tree runs: TorchScript's compiler
+    (SCRIPT_ENTRIES), or a call running modules with state given by name (STATE_SWAPS)."""
+
+    path: str
+    line: int
+    code: str
+
+    def describe(self) -> str:
+        return f"`{display_path(self.path)}` uses `{self.code}` (line {self.line})"
+
+
+@dataclass(frozen=True)
 class AttributeWrites:
     """The names of the attributes one file writes on objects other than a method's own `self`
     (static.outside_writes: `*` for names it computes)."""
@@ -69,6 +96,18 @@ class ProjectFacts:
     registration_hooks: tuple[HookSite, ...] = ()
     module_hooks: tuple[HookSite, ...] = ()  # `m.register_forward_hook(...)` and its variants, on any module
     attribute_writes: tuple[AttributeWrites, ...] = ()
+    scripts: tuple[UseSite, ...] = ()  # TorchScript compiling what it is given and all it calls
+    state_swaps: tuple[UseSite, ...] = ()  # modules run with parameters and buffers given by name
+
+    def script_elsewhere(self, here: str) -> UseSite | None:
+        """The first use of TorchScript's compiler in a file other than `here`: any function of `here` may be
+        compiled (a scripted model's classes, the functions a scripted function calls)."""
+        return next((site for site in self.scripts if site.path != here), None)
+
+    def state_swap_elsewhere(self, here: str) -> UseSite | None:
+        """The first call in a file other than `here` that may run this file's classes with another tensor in
+        place of any parameter or buffer."""
+        return next((site for site in self.state_swaps if site.path != here), None)
 
     def module_hook_elsewhere(self, here: str) -> HookSite | None:
         """The first hook on a single module that a file other than `here` registers."""
@@ -92,16 +131,97 @@ def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple
     return found
 
 
-def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites]:
+def uses_of(parsed: ParsedModule, names: frozenset[str]) -> list[cst.BaseExpression]:
+    """The file's references to any of `names` (qualified), resolved through its imports: calls, decorators, base
+    classes and values passed on alike."""
+    return [node for node in parsed.parents if isinstance(node, (cst.Name, cst.Attribute)) and
+            not (isinstance(parsed.parents[node], cst.Attribute) and parsed.parents[node].value is node) and
+            not isinstance(parsed.parents[node], (cst.ImportAlias, cst.AsName)) and
+            parsed.imported_name(node) in names]
+
+
+def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
+    """Where the file may run or leave modules with other tensors in their buffers' places: a call of STATE_SWAPS,
+    or a write into a tensor reached through STATE_VIEWS (`for n, b in m.named_buffers(): b.copy_(band)`,
+    `sd = m.state_dict(); sd["attn.bias"].fill_(1)`, `m.state_dict()[k][...] = 0`)."""
+    found: list[cst.CSTNode] = list(uses_of(parsed, STATE_SWAPS))
+    tensors, containers = _names_bound_to_state_views(parsed)
+    for node in parsed.parents:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_") and \
+                node.func.attr.value not in ("requires_grad_", "share_memory_") and \
+                _reaches_state_view(node.func.value, tensors, containers, 0):
+            found.append(node)
+        elif isinstance(node, (cst.AssignTarget, cst.AugAssign)) and \
+                _reaches_state_view(node.target, tensors, containers, 1):
+            found.append(node)
+    return found
+
+
+def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str]]:
+    """(names a loop binds from an expression that calls a STATE_VIEWS method: the tensors, names an assignment
+    binds from one: the dict or list holding them), anywhere in the file (a scope-blind over-approximation)."""
+    tensors: set[str] = set()
+    containers: set[str] = set()
+    for node in parsed.parents:
+        if isinstance(node, cst.For) and _calls_state_view(node.iter):
+            tensors.update(_target_names(node.target))
+        elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
+            for target in node.targets:
+                containers.update(_target_names(target.target))
+    return tensors, containers
+
+
+def _calls_state_view(node: cst.CSTNode) -> bool:
+    found = False
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            nonlocal found
+            found = found or isinstance(call.func, cst.Attribute) and call.func.attr.value in STATE_VIEWS
+
+    node.visit(Calls())
+    return found
+
+
+def _target_names(target: cst.CSTNode) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _target_names(element.value)]
+    return []
+
+
+def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers: set[str], beyond: int) -> bool:
+    """Whether `node` (a receiver, or an assignment target with `beyond` = 1) reaches a buffer itself through more
+    than `beyond` indexings and attributes (`.data`) of a loop's tensor, or one more of a container name or a
+    STATE_VIEWS call: `b[0] = 1` and `sd["bias"][0] = 1` write a buffer, `sd["bias"] = t` only the dict."""
+    depth = 0
+    while isinstance(node, (cst.Subscript, cst.Attribute)):
+        node, depth = node.value, depth + 1
+    if isinstance(node, cst.Name) and node.value in tensors:
+        return depth >= beyond
+    if isinstance(node, cst.Name) and node.value in containers or isinstance(node, cst.Call) and \
+            _calls_state_view(node):
+        return depth >= beyond + 1
+    return False
+
+
+def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str]]:
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
-    its registering function's name, and the attributes it writes on other objects ([] for a file that cannot be
-    parsed: the scan reports it)."""
+    its registering function's name, the attributes it writes on other objects, and its uses of TorchScript's
+    compiler and of calls that swap a module's state, each with its kind ([] for a file that cannot be parsed: the
+    scan reports it)."""
     found: list = []
-    if TOKEN in text or any(name in text for name in HOOK_METHODS):
+    uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None
+    if TOKEN in text or any(name in text for name in HOOK_METHODS) or uses:
         try:
             parsed = ParsedModule(text, path)
             found = [(HookSite(path, parsed.line(call), name), name) for call, name in
                      global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS)]
+            found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
+                      for kind, nodes in (("script", uses_of(parsed, SCRIPT_ENTRIES)), ("swap", state_swaps(parsed)))
+                      for node in nodes]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
     if MAY_WRITE_ATTRIBUTES.search(text) is not None:
@@ -117,4 +237,6 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites]) -> Projec
     return ProjectFacts(tuple(site for site, name in hooks if name in GLOBAL_CALL_HOOKS),
                         tuple(site for site, name in hooks if name in REGISTRATION_HOOKS),
                         tuple(site for site, name in hooks if name in HOOK_METHODS),
-                        tuple(site for site in sites if isinstance(site, AttributeWrites)))
+                        tuple(site for site in sites if isinstance(site, AttributeWrites)),
+                        tuple(site for site, kind in hooks if kind == "script"),
+                        tuple(site for site, kind in hooks if kind == "swap"))

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from advisor.contracts.finding import ScanError
-from advisor.static.autograd_use import (AutogradSite, autograd_sites, autograd_uses, name_uses, nested, uses_name,
-                                          worth_resolving)
+from advisor.static.autograd_use import (AutogradSite, autograd_sites, autograd_uses, name_uses, nested, plain_pass,
+                                          uses_name, worth_resolving)
 from advisor.static.call_sites import Tree
 from advisor.static.collector import collector_paused
 from advisor.static.discover import SourceFile, read_source
@@ -81,7 +81,8 @@ def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) 
         hooks += found_hooks
         autograd += found_autograd
         reverse += found_reverse
-    autograd += nested(reverse, lambda name: _uses(paths, name))  # reverse transforms in two files may nest as in one
+    # reverse transforms in two files may nest as in one
+    autograd += nested(reverse, lambda name: _uses(paths, name), lambda: _first_plain_pass(paths))
     if not callers_in_tree:
         return project_facts(hooks), TreeFacts(len(paths), tuple(autograd))
     return project_facts(hooks), TreeFacts(len(paths), *_callers_decide(autograd, lambda name: _used(paths, name)))
@@ -112,6 +113,16 @@ def _uses(paths: list[str], name: str) -> int:
     """How many times the tree's files read `name`."""
     sources = [read_source(path) for path in paths]
     return sum(name_uses(source.text, name) for source in sources if not isinstance(source, ScanError))
+
+
+def _first_plain_pass(paths: list[str]) -> AutogradSite | None:
+    """The tree's first reverse pass of plain autograd (autograd_use.plain_pass)."""
+    for path in paths:
+        source = read_source(path)
+        found = None if isinstance(source, ScanError) else plain_pass(source.text, source.path)
+        if found is not None:
+            return found
+    return None
 
 
 def _used(paths: list[str], name: str) -> bool:

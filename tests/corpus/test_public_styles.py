@@ -75,8 +75,10 @@ JUDGEMENTS = {
     "p29_sagan_gradient_penalty": (SAFE, "gradient penalty through 3-D (bmm) attention: SDPA takes the math "
                                          "path for 3-D inputs, which is twice differentiable"),
     "p30_rwkv_time_mix": (REFUSED, "a recurrence, not softmax attention"),
-    "p31_vit_attention_map_hook": (UNSAFE, "the file hooks attn_drop to read the maps: no-hooks"),
-    "p32_global_softmax_hook": (UNSAFE, "the file registers a global module hook: no-hooks"),
+    "p31_vit_attention_map_hook": (SAFE, "the file hooks attn_drop to read the maps: no-hooks is checked when "
+                                         "the block runs, so the hooked call runs the original and saves them"),
+    "p32_global_softmax_hook": (SAFE, "the file registers a global module hook: no-hooks is checked when the "
+                                      "block runs, so the recorded call runs the original softmax module"),
     "p33_falcon_multiquery": (SAFE, "one K/V head broadcast; -1e9 causal fill, no fully masked row"),
     "p34_deformable_detr_msda": (REFUSED, "softmax over learned weights and grid_sample: no QK^T"),
     "p35_chunked_prefill_bottom_right": (SAFE, "v = cat(past_value, new): q/k/v dtypes checked at run time, and the "
@@ -97,10 +99,11 @@ JUDGEMENTS = {
     "p43_dropkey": (SAFE, "scores-shaped random mask built from the scores (`ones_like(attn)`), only under "
                           "`if self.training:`: SDPA in eval, the original in training"),
     "p44_float_zero_bias": (UNSAFE, "additive bias of unknown rank; it is the float 0.0 on the default call"),
-    "p45_softmax_swapped_via_modules_dict": (REFUSED, "`model._modules[name] = QuietSoftmax(...)` replaces the "
-                                                      "softmax: the module call is not a softmax at runtime"),
-    "p46_softmax_swapped_via_add_module": (REFUSED, "`model.add_module(name, QuietSoftmax(...))` replaces the "
-                                                    "softmax"),
+    "p45_softmax_swapped_via_modules_dict": (SAFE, "`model._modules[name] = QuietSoftmax(...)` replaces the "
+                                                   "softmax: the patch checks the module's exact class (and dim) "
+                                                   "when it runs, so the replacement runs the original block"),
+    "p46_softmax_swapped_via_add_module": (SAFE, "`model.add_module(name, QuietSoftmax(...))` replaces the "
+                                                 "softmax: checked as in p45"),
     "p47_pinn_hessian_through_attention": (UNSAFE, "hessian(create_graph=True) through 4-D attention: double "
                                                    "backward of SDPA's fused CPU kernel is not implemented"),
     "p48_functional_causal_device_of_scores": (SAFE, "float-annotated scale; causal mask on `sim.device` (q's)"),

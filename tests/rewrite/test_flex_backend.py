@@ -258,3 +258,92 @@ def test_multi_query_keys_run_as_grouped_query_flex_attention():
     result = analyze_source(source, str(path), unsafe_fixes=True, backend="flex")
     assert "enable_gqa=True" in result.fixed.split("class ", 1)[1]
     _compare(source, result.fixed, "palm_mqa", grad=False)
+
+
+OPTIONAL_BIAS = """
+import torch
+from torch import nn
+
+
+class Biased(nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, bias=None):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * (C // self.heads) ** -0.5
+        if bias is not None:
+            attn = attn + bias
+        attn = attn.softmax(dim=-1)
+        x = attn @ v
+        return x.transpose(1, 2).reshape(B, N, C)
+"""
+
+
+@pytest.mark.parametrize("unsafe", [False, True])
+def test_a_bias_under_its_own_if_runs_on_both_paths_of_the_flex_patch(unsafe):
+    """The SDPA proof guards such a bias by its absence and drops its `if`; flex's score_mod reads the bias on
+    every path, so under flex the patch passes it (once offered safe, it raised NameError where bias was None)."""
+    result = analyze_source(OPTIONAL_BIAS, "biased.py", unsafe_fixes=unsafe, backend="flex")
+    (finding,) = result.findings
+    assert finding.fix_safety != "safe"
+    if not unsafe:
+        return
+    original = load_module_from_source(OPTIONAL_BIAS, "biased_original").Biased()
+    patched = load_module_from_source(result.fixed, "biased_flex").Biased()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0))
+    for bias in (None, torch.randn(2, 1, 5, 5)):
+        assert torch.allclose(patched(x, bias), original(x, bias), atol=1e-5)
+
+
+SCRIPTED_CAUSAL = '''
+import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd=16, n_head=2, block_size=8):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.n_head = n_head
+        self.n_embd = n_embd
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = att @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+def export(model):
+    return torch.jit.script(model)
+'''
+
+
+def test_a_module_the_file_scripts_keeps_sdpa_which_torchscript_compiles():
+    """Found by attacking safe flex patches (s17): TorchScript compiles neither the nested mask_mod nor the helper,
+    so `torch.jit.script` of the patched module raised where the original's compiled."""
+    result = analyze_source(SCRIPTED_CAUSAL, "scripted.py", backend="flex")
+    (finding,) = result.findings
+    assert finding.fix_safety == "safe" and finding.extra["emission"]["emitted"] == "sdpa"
+    assert "TorchScript" in finding.extra["backends"]["flex"]["reason"]
+    original = load_module_from_source(SCRIPTED_CAUSAL, "scripted_original")
+    patched = load_module_from_source(result.fixed, "scripted_patched")
+    torch.manual_seed(0)
+    model, x = original.CausalSelfAttention().eval(), torch.randn(2, 5, 16)
+    again = patched.CausalSelfAttention().eval()
+    again.load_state_dict(model.state_dict())
+    assert torch.allclose(patched.export(again)(x), original.export(model)(x), atol=1e-5)

@@ -338,3 +338,39 @@ def test_compiled_all_true_block_mask_keeps_ragged_sequence_ends_exact(monkeypat
         out = helper(q, k, v, score_mod=soft_cap)
     assert not [w for w in caught if "advisor_flex_attention" in str(w.message)], "compile fell back to eager"
     assert (out - hand_written_soft_cap(q, k, v)).abs().max().item() <= TOL
+
+
+# The caller's own transformations (found by attacking safe flex patches, s17): inside the caller's
+# `torch.compile(fullgraph=True)` the helper's cache, warnings and compile broke the graph ("Attempted to call function
+# marked as skipped"), and under `torch.jit.trace` building the BlockMask raised ("Unsupported value kind: Tensor");
+# the hand-written block runs under both.
+
+class _Attend(torch.nn.Module):
+    def __init__(self, helper):
+        super().__init__()
+        self.helper = helper
+
+    def forward(self, q, k, v):
+        return self.helper(q, k, v, mask_mod=causal, mask_key="traced")
+
+
+def test_the_callers_full_graph_compile_traces_the_call(monkeypatch):
+    """With inputs that require grad (a model's parameters do), the eager path used to warn inside the graph."""
+    monkeypatch.delenv("ADVISOR_FLEX_EAGER", raising=False)
+    helper = load_helper()[HELPER_NAME]
+    q, k, v = (t.detach().requires_grad_(True) for t in qkv(length=8))
+    compiled = torch.compile(_Attend(helper), fullgraph=True, backend="eager")
+    got, want = compiled(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (got - want).abs().max().item() <= TOL
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+        assert (a - b).abs().max().item() <= TOL
+
+
+def test_a_jit_trace_records_the_eager_path(monkeypatch):
+    monkeypatch.delenv("ADVISOR_FLEX_EAGER", raising=False)
+    helper = load_helper()[HELPER_NAME]
+    q, k, v = (t.detach() for t in qkv(length=8))
+    traced = torch.jit.trace(_Attend(helper), (q, k, v), check_trace=False)
+    q2, k2, v2 = (t.detach() for t in qkv(length=8, seed=1))
+    got = traced(q2, k2, v2)
+    assert (got - F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)).abs().max().item() <= TOL

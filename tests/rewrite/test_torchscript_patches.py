@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 
+import advisor
 from advisor.engine.static import analyze_source
 from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
 
@@ -141,3 +142,46 @@ def test_a_scripted_function_is_patched_into_code_torchscript_compiles():
     q, k, v = (torch.randn(3, 2, 6, 8, generator=generator) for _ in range(3))
     for mask in ((~_padding())[:, None, None, :].long(), (~_padding()[0]).long(), None):  # SDPA, original, SDPA
         torch.testing.assert_close(patched(q, k, v, mask), original(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+# Found by attacking safe patches (s17): TorchScript also compiles what it is not given by name, and the hoisted mask
+# variable (`attn_mask = None`, then a tensor) did not compile there, where the original block did.
+
+CALLED_BY_A_SCRIPTED_FUNCTION = FUNCTION.replace("@torch.jit.script\n", "") + '''
+
+def run(q, k, v, mask: Optional[torch.Tensor] = None):
+    return attention(q, k, v, mask)
+
+
+def make():
+    return torch.jit.script(run)
+'''
+
+
+def test_a_function_a_scripted_function_calls_is_patched_into_code_torchscript_compiles():
+    finding, fixed = _patched(CALLED_BY_A_SCRIPTED_FUNCTION)
+    original, patched = (load_module_from_source(code, name).make()
+                         for code, name in ((CALLED_BY_A_SCRIPTED_FUNCTION, "called"), (fixed, "called_fixed")))
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(3, 2, 6, 8, generator=generator) for _ in range(3))
+    for mask in ((~_padding())[:, None, None, :].long(), None):
+        torch.testing.assert_close(patched(q, k, v, mask), original(q, k, v, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_a_module_another_file_of_the_tree_scripts_is_patched_into_code_torchscript_compiles(tmp_path):
+    model = MODULE.format(body=textwrap.indent(textwrap.dedent(PADDING_VIEWED).strip("\n"), " " * 8))
+    model = model.replace("def make():\n    return torch.jit.script(Attention())\n", "")
+    (tmp_path / "tree_model.py").write_text(model, encoding="utf-8")
+    (tmp_path / "export.py").write_text("import torch\nfrom tree_model import Attention\n\n\ndef make():\n"
+                                        "    return torch.jit.script(Attention())\n", encoding="utf-8")
+    report = advisor.fix(str(tmp_path), apply=True, cache=False)
+    assert [f.path for f in report.files if f.written] == [str(tmp_path / "tree_model.py")]
+    fixed = (tmp_path / "tree_model.py").read_text(encoding="utf-8")
+    torch.manual_seed(0)
+    original = torch.jit.script(load_module_from_source(model, "tree_original").Attention()).eval()
+    patched = torch.jit.script(load_module_from_source(fixed, "tree_fixed").Attention()).eval()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for mask in (_padding(), None):
+            torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)

@@ -145,14 +145,14 @@ def test_assumed_when_another_file_of_the_scan_asks_for_it(tmp_path):
 def test_proved_over_a_tree_that_only_takes_first_order_gradients(tmp_path):
     root = _tree(tmp_path, '''
         import torch
-        from torch.func import jacrev
+        from torch.func import vmap
 
 
         def step(model, x, opt):
             loss = model(x).sum()
             loss.backward(create_graph=False)
             torch.autograd.grad(loss, x, retain_graph=True)
-            return jacrev(model)(x)
+            return vmap(model)(x)
     ''')
     finding = _model_finding([root])
     assert finding.fix_safety == "safe"
@@ -375,6 +375,54 @@ HIDDEN_REQUESTS = {
         def second(model, x, s):
             return derivative(derivative(lambda s: model(x * s).sum()))(s)
     '''),
+    # Found by attacking safe patches (s17): each left the patch safe, and the patched model then raised where the
+    # original ran (NotImplementedError for forward AD, the RuntimeError above for a second derivative).
+    "gradcheck_of_forward_mode": ({}, '''
+        import torch
+
+
+        def check(model, x):
+            return torch.autograd.gradcheck(model, (x,), check_forward_ad=True, check_backward_ad=False)
+    '''),
+    "transform_bound_to_a_name_and_applied_twice": ({}, '''
+        import torch.func
+
+
+        def second(model, x, s):
+            d = torch.func.grad
+            return d(d(lambda s: model(x * s).sum()))(s)
+    '''),
+    "transform_applied_to_its_own_result_in_a_loop": ({}, '''
+        from torch.func import grad
+
+
+        def nth(model, x, s, order=2):
+            f = lambda s: model(x * s).sum()
+            for _ in range(order):
+                f = grad(f)
+            return f(s)
+    '''),
+    "reverse_transform_then_backward": ({}, '''
+        from torch.func import functional_call, grad
+
+
+        def maml_step(model, x):
+            params = dict(model.named_parameters())
+            inner = grad(lambda p: functional_call(model, p, (x,)).pow(2).mean())(params)
+            fast = {name: p - 0.1 * inner[name] for name, p in params.items()}
+            functional_call(model, fast, (x,)).pow(2).mean().backward()
+    '''),
+    "vjp_then_backward_in_another_file": ({"penalty.py": '''
+        def penalize(g):
+            g.pow(2).sum().backward()
+    '''}, '''
+        import torch
+
+
+        def input_gradient(model, x):
+            out, pullback = torch.func.vjp(model, x)
+            return pullback(torch.ones_like(out))[0]
+    '''),
 }
 
 
@@ -385,6 +433,19 @@ def test_a_request_spelled_indirectly_makes_the_fact_assumed(tmp_path, name):
         (tmp_path / file).write_text(textwrap.dedent(text), encoding="utf-8")
     finding = _model_finding([_tree(tmp_path, train)])
     assert finding.fix_safety == "unsafe" and _fact(finding, "assumed") is not None
+
+
+def test_one_reverse_transform_applied_in_a_loop_to_a_fixed_function_asks_nothing(tmp_path):
+    """Per-sample gradients over batches: the loop applies `grad` to the same loss each time, never to its result."""
+    finding = _model_finding([_tree(tmp_path, '''
+        from torch.func import grad, vmap
+
+
+        def per_sample(params, loss, batches):
+            for x in batches:
+                yield vmap(grad(loss), in_dims=(None, 0))(params, x)
+    ''')])
+    assert finding.fix_safety == "safe"
 
 
 def test_one_reverse_transform_wrapped_by_a_helper_used_once_asks_nothing(tmp_path):

@@ -12,8 +12,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 
 from advisor.engine.static import analyze_source, scan_paths
+from fixture_models import load_module_from_source
 from fuzz.differential import COUNTEREXAMPLE, INVALID, check
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
@@ -121,12 +123,16 @@ REPLACING_HELPERS = {
 
 
 @pytest.mark.parametrize("helper", sorted(REPLACING_HELPERS))
-def test_a_module_a_helper_may_replace_by_something_else_is_refused(helper: str) -> None:
+def test_a_module_a_helper_may_replace_by_something_else_is_checked_when_the_block_runs(helper: str) -> None:
+    """Refused before; now the patch takes SDPA only where each deleted module is exactly the class's (the
+    softmax's dim compared too), so the replacement runs the original block."""
     block = CAUSAL_BLOCK.replace("F.softmax(att, dim=-1)", "self.softmax(att)")
     source = attention(block, init="self.softmax = nn.Softmax(dim=-1)", after=REPLACING_HELPERS[helper],
                        make="model.apply(strip_dropout)")
     [finding] = _attention_findings(source)
-    assert not finding.fixable and "whose call the rewrite deletes, may not be the module" in finding.reason
+    guarded = {fact["name"] for fact in finding.extra["facts"].get("guarded", [])}
+    assert finding.fixable and "module-identity" in guarded, finding.reason
+    assert "self.softmax.dim == -1" in finding.patch
     _assert_sound(source)
 
 
@@ -209,25 +215,28 @@ def restore_global_hooks():
 
 
 @pytest.mark.parametrize("hook", sorted(GLOBAL_HOOKS))
-def test_a_global_module_hook_in_the_file_makes_no_hooks_assumed(hook: str, restore_global_hooks) -> None:
+def test_a_global_module_hook_in_the_file_makes_no_hooks_guarded(hook: str, restore_global_hooks) -> None:
+    """The patch runs the original block wherever a hook of the process (or of the module) is registered when it
+    runs (tests/rewrite/test_module_guards.py)."""
     head, register = GLOBAL_HOOKS[hook]
     source = attention(CAUSAL_BLOCK, head=head, make=register)
     [finding] = _attention_findings(source)
-    assumed = {fact["name"] for fact in finding.extra["facts"].get("assumed", [])}
-    assert "no-hooks" in assumed and finding.fix_safety == "unsafe"
+    guarded = {fact["name"] for fact in finding.extra["facts"].get("guarded", [])}
+    assert "no-hooks" in guarded and finding.fix_safety == "safe"
     _assert_sound(source)
 
 
-def test_a_global_module_hook_elsewhere_in_the_scanned_tree_makes_no_hooks_assumed(tmp_path) -> None:
-    """The hook fires on every module of the process, wherever it is registered."""
+def test_a_global_module_hook_elsewhere_in_the_scanned_tree_makes_no_hooks_guarded(tmp_path) -> None:
+    """The hook fires on every module of the process, wherever it is registered: checked when the block runs."""
     (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK), encoding="utf-8")
     (tmp_path / "train.py").write_text(
         "from torch.nn.modules import module\n\n"
         "def watch():\n"
         "    module.register_module_forward_hook(lambda m, a, o: o)\n", encoding="utf-8")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
-    [fact] = [f for f in finding.extra["facts"]["assumed"] if f["name"] == "no-hooks"]
-    assert "train.py" in fact["why"] and finding.fix_safety == "unsafe"
+    [fact] = [f for f in finding.extra["facts"]["guarded"] if f["name"] == "no-hooks"]
+    assert "train.py" in fact["why"] and "_advisor_module_runs_plain(self.attn_drop" in fact["why"]
+    assert finding.fix_safety == "safe"
     alone = [f for f in scan_paths([str(tmp_path / "model.py")], jobs=1).findings if f.kind == "attention"]
     assert alone[0].fix_safety == "safe"
 
@@ -347,8 +356,9 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     alone = [f for f in scan_paths([str(original / "model.py")], jobs=1).findings if f.kind == "attention"]
     assert alone[0].fix_safety == "safe"  # the model file alone proves the patch
     [finding] = [f for f in scan_paths([str(original)], jobs=1).findings if f.kind == "attention"]
-    assert finding.fix_safety != "safe" or concern == "is_causal" and "is_causal=True" not in finding.patch, \
-        finding.patch
+    guarded = {fact["name"] for fact in finding.extra.get("facts", {}).get("guarded", [])}
+    assert finding.fix_safety != "safe" or concern == "is_causal" and "is_causal=True" not in finding.patch or \
+        concern == "no-hooks" and "no-hooks" in guarded, finding.patch
     patched = tmp_path / "patched"
     shutil.copytree(original, patched)
     advisor.fix(str(patched), apply=True, cache=False)
@@ -381,15 +391,88 @@ SWAP_BY_COMPUTED_NAME = ("import torch.nn as nn\n\n\nclass Half(nn.Module):\n   
                          "        if isinstance(child, nn.Dropout):\n            setattr(module, name, Half())\n")
 
 
-def test_another_file_binding_attributes_by_computed_names_makes_the_deleted_module_assumed(tmp_path) -> None:
-    """A utility elsewhere in the tree that swaps submodules by computed names may never touch this class: the
-    deleted dropout's identity is an assumed fact naming that file (unsafe, `optimize` can verify it), not a
-    refusal. The same utility in the model's own file still refuses."""
-    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK), encoding="utf-8")
+def test_a_dropout_swapped_by_computed_names_is_checked_when_the_block_runs(tmp_path) -> None:
+    """A utility that swaps submodules by computed names, elsewhere in the tree (assumed before) or in the model's
+    own file (refused before): the patch takes SDPA only where the module is exactly the Dropout the class builds,
+    with no hook, so the deleted dropout's identity is guarded and the patch safe."""
+    # without the causal buffer, which computed names may rebind (its rank is then assumed)
+    block = CAUSAL_BLOCK.replace('att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))\n', "")
+    (tmp_path / "model.py").write_text(attention(block), encoding="utf-8")
     (tmp_path / "utils.py").write_text(SWAP_BY_COMPUTED_NAME, encoding="utf-8")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
-    assumed = {fact["name"]: fact for fact in finding.extra["facts"]["assumed"]}
-    assert finding.fix_safety == "unsafe" and finding.patch, finding.reason
-    assert "utils.py" in assumed["module-identity"]["why"]
-    [alone] = _attention_findings(attention(CAUSAL_BLOCK) + "\n\n" + SWAP_BY_COMPUTED_NAME)
-    assert alone.rule == "ADV103" and not alone.patch and "computed names" in alone.reason
+    guarded = {fact["name"]: fact for fact in finding.extra["facts"]["guarded"]}
+    assert finding.fix_safety == "safe" and finding.patch, finding.reason
+    assert "utils.py" in guarded["module-identity"]["why"]
+    source = attention(block, make="model.apply(swap)") + "\n\n" + SWAP_BY_COMPUTED_NAME
+    [alone] = _attention_findings(source)
+    assert alone.fix_safety == "safe" and "computed names" in \
+        {fact["name"]: fact for fact in alone.extra["facts"]["guarded"]}["module-identity"]["why"]
+    _assert_sound(source)
+
+
+
+# 3b. buffers passed in at call time ----------------------------------------------------------------------------
+# Found by attacking safe patches (s17): `torch.func.functional_call(model, {"bias": ones}, (x,))` runs the model with
+# another buffer under the class's name, and the patch's `is_causal=True` kept the triangle (max error 0.64).
+
+FUNCTIONAL_CALL = """\
+def bidirectional(model, x):
+    return torch.func.functional_call(model, {"bias": torch.ones(1, 1, 8, 8)}, (x,))
+"""
+
+
+def test_a_buffer_functional_call_passes_in_is_not_read_as_the_class_built_it() -> None:
+    source = attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", ""), after=FUNCTIONAL_CALL)
+    result = analyze_source(source, "m.py")
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "is_causal=True" not in finding.patch
+    original = load_module_from_source(source, "functional_call_original")
+    patched = load_module_from_source(result.fixed, "functional_call_patched")
+    model, (x,) = original.make()
+    again, _ = patched.make()
+    again.load_state_dict(model.state_dict())
+    torch.testing.assert_close(patched.bidirectional(again.eval(), x), original.bidirectional(model.eval(), x))
+
+
+def test_a_functional_call_elsewhere_in_the_scanned_tree_defeats_the_causal_proof(tmp_path) -> None:
+    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", "")),
+                                       encoding="utf-8")
+    (tmp_path / "ensemble.py").write_text("from torch.func import functional_call\n\n\n"
+                                          "def run(model, state, x):\n    return functional_call(model, state, (x,))\n",
+                                          encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "is_causal=True" not in finding.patch
+
+
+# ... and buffers written through what `named_buffers()`, `buffers()` and `state_dict()` return (the tensors
+# themselves): each got `is_causal=True` from the triangle the class built (max errors 0.43 to 0.64).
+STATE_VIEW_WRITES = {
+    "named_buffers_loop": """\
+        for name, buf in model.named_buffers():
+            if name.endswith("bias"):
+                buf.copy_(torch.ones_like(buf).triu(-2).tril())
+        """,
+    "buffers_fill": "for b in model.buffers():\n    b.fill_(1.0)\n",
+    "state_dict_entry": "sd = model.state_dict()\nsd['bias'].fill_(1.0)\n",
+    "state_dict_elements": "model.state_dict()['bias'][..., 0, :] = 1.0\n",
+}
+
+
+@pytest.mark.parametrize("write", sorted(STATE_VIEW_WRITES))
+def test_a_buffer_written_through_the_module_s_state_views_is_not_is_causal(write: str) -> None:
+    source = attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", ""), make=STATE_VIEW_WRITES[write])
+    assert "is_causal=True" not in _patch(source)
+    if write in ("named_buffers_loop", "state_dict_entry"):  # the differential run, on two of them (time)
+        _assert_sound(source)
+
+
+def test_reading_the_state_views_keeps_is_causal() -> None:
+    """Saving a checkpoint or counting parameters writes nothing."""
+    make = "torch.save(model.state_dict(), '/dev/null')\nsize = sum(b.numel() for b in model.buffers())\n"
+    assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
+
+
+def test_rebinding_an_entry_of_a_state_dict_copy_keeps_is_causal() -> None:
+    """`sd[k] = t` rebinds the dict's entry, not the buffer (checkpoint filters write so)."""
+    make = "sd = model.state_dict()\nsd['bias'] = torch.ones(1, 1, 8, 8)\n"
+    assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))

@@ -389,7 +389,9 @@ def test_subclass_replacing_the_softmax_module_is_refused():
 
 
 @pytest.mark.parametrize("module", ["nn.Identity()", "HookPoint()"])
-def test_hook_point_inside_the_block_makes_the_patch_unsafe(module):
+def test_hook_point_inside_the_block_is_checked_or_refused(module):
+    """An `nn.Identity` hook point is deleted only behind a check that it is exactly an Identity with no hook when
+    the block runs (guarded); a HookPoint class of the file is not an op at all."""
     source = attention("""
         s = q @ k.transpose(-2, -1) / math.sqrt(8)
         p = self.hook_pattern(s.softmax(dim=-1))
@@ -400,14 +402,15 @@ def test_hook_point_inside_the_block_makes_the_patch_unsafe(module):
             return x
     """)
     finding = the_finding(source)
-    assert finding.fix_safety == "unsafe"
     if finding.rule == "ADV101":  # nn.Identity is read as an identity op; a HookPoint class is not an op at all
-        assert [f["name"] for f in finding.extra["facts"]["assumed"]] == ["no-hooks"]
+        assert finding.fix_safety == "safe" and not finding.extra["facts"]["assumed"]
+        [fact] = [f for f in finding.extra["facts"]["guarded"] if f["name"] == "no-hooks"]
+        assert "(torch.nn.Identity,)" in fact["why"]
     else:
         assert finding.rule == "ADV103" and "hook_pattern" in finding.reason
 
 
-def test_dropout_module_without_hooks_in_the_file_is_proved():
+def test_dropout_module_without_hooks_in_the_file_is_proved_and_with_hooks_guarded():
     source = attention("""
         s = q @ k.transpose(-2, -1) / math.sqrt(8)
         p = self.drop(s.softmax(dim=-1))
@@ -417,7 +420,8 @@ def test_dropout_module_without_hooks_in_the_file_is_proved():
     assert finding.fix_safety == "safe"
     assert any(f["name"] == "no-hooks" for f in finding.extra["facts"]["proved"])
     hooked = source.replace("def make(", "def hooked(model):\n    model.drop.register_forward_hook(print)\n\n\ndef make(")
-    assert the_finding(hooked).fix_safety == "unsafe"
+    finding = the_finding(hooked)
+    assert finding.fix_safety == "safe" and "no-hooks" in {f["name"] for f in finding.extra["facts"]["guarded"]}
 
 
 # a crash on one block never loses the file's other findings ----------------------------------------------------

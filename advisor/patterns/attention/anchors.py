@@ -17,7 +17,7 @@ from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_th
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
-from advisor.contracts.emitted_names import FLEX_HELPER_NAME as FLEX_HELPER
+from advisor.contracts.emitted_names import FLEX_HELPER_NAME as FLEX_HELPER, MODULE_CHECK_LOCAL
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children, walk
@@ -332,6 +332,8 @@ def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallbac
         return True
     if isinstance(test, cst.Comparison):
         return all(_metadata_operand(parsed, part) for part in [test.left] + [t.comparator for t in test.comparisons])
+    if isinstance(test, cst.Name) and test.value == MODULE_CHECK_LOCAL:  # the deleted modules' check
+        return True
     return isinstance(test, cst.Call) and parsed.imported_name(test.func) is None and \
         isinstance(test.func, cst.Name) and test.func.value == "isinstance"
 

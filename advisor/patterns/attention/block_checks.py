@@ -13,6 +13,7 @@ from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined
+from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, module_kinds
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
@@ -196,26 +197,30 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
         match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
                            "checked for the subclasses in this file")
     deleted = scope.deleted_module_calls(c.parsed, owner, block, kept)
+    c.deleted_modules = {attribute: (read, module_kinds(c, attribute)) for attribute, read in deleted.items()}
     for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
         identity_ok = attribute in c.identity_ok
         rebound = owner.rebound(attribute, identity_ok=identity_ok)
         if rebound is None:
             continue
-        if owner.rebound_only_by_names_computed_elsewhere(attribute, identity_ok):
-            match.facts.assumed("module-identity", f"`self.{attribute}`, whose call the rewrite deletes, is the "
-                                "module the class builds when the code runs", rebound)
-            continue
-        raise Refusal(f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class "
-                      f"builds when the code runs: {rebound}")
+        refusal = (f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class builds "
+                   f"when the code runs: {rebound}")
+        elsewhere = owner.rebound_only_by_names_computed_elsewhere(attribute, identity_ok)
+        if not elsewhere and c.deleted_modules[attribute][1] is None:
+            raise Refusal(refusal)
+        if not elsewhere:  # exact where a run-time check finds the class's module there: else refused (guards)
+            c.module_refusal = c.module_refusal or refusal
+        match.facts.assumed(MODULE_IDENTITY, f"`self.{attribute}`, whose call the rewrite deletes, is the module "
+                            "the class builds when the code runs", rebound)
     hooked = scope.hook_registration(c.parsed)
     for attribute in deleted:
         statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"
         if scope.is_hook_point(c.parsed, owner, attribute):
-            match.facts.assumed("no-hooks", statement, "it computes nothing, so it exists to carry hooks")
+            match.facts.assumed(NO_HOOKS, statement, "it computes nothing, so it exists to carry hooks")
         elif hooked:
-            match.facts.assumed("no-hooks", statement, hooked)
+            match.facts.assumed(NO_HOOKS, statement, hooked)
         else:
-            match.facts.proved("no-hooks", statement, "no hook is registered in this file")
+            match.facts.proved(NO_HOOKS, statement, "no hook is registered in this file")
 
 
 def check_escapes(c: Candidate) -> None:

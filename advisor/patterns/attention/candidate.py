@@ -93,6 +93,10 @@ class Candidate:
     tensor_scale_reads: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     leaf_nodes: list[cst.BaseExpression] = field(default_factory=list)  # q, k, v, then what else SDPA reads
     identity_ok: set[str] = field(default_factory=set)  # deleted `self.x(...)` calls read right if x is an Identity
+    # the deleted `self.x(...)` module calls: x -> (the block's `self.x`, the classes the patch stands for, None:
+    # unknown), and why a call would be refused unless a run-time check guards it (see attention.module_guard)
+    deleted_modules: dict[str, tuple[cst.Attribute, tuple[str, ...] | None]] = field(default_factory=dict)
+    module_refusal: str | None = None
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None

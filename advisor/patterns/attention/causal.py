@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
@@ -212,7 +213,14 @@ def _buffer_from_first_column(c: Candidate, node: cst.BaseExpression, sliced: bo
     if not (isinstance(base, cst.Attribute) and isinstance(base.value, cst.Name) and base.value.value == "self"
             and c.owner):
         return None
-    return c.owner.only_value(base.attr.value)
+    return _class_tensor(c, base.attr.value)
+
+
+def _class_tensor(c: Candidate, attribute: str) -> cst.BaseExpression | None:
+    """What the class binds a tensor attribute to, where every instance holds it when the code runs: not where
+    another file writes it (`only_value`) nor where the tree runs modules with state given by name
+    (`functional_call`), which may pass any tensor in its place."""
+    return c.owner.only_value(attribute) if scope.state_swapped(c.parsed) is None else None
 
 
 def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
@@ -296,7 +304,7 @@ def is_causal_keep(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -
         return _causal_polarity(c, triangle(c.parsed, definitions[0].value), masked, keep_given)
     if isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) \
             and isinstance(base.value.value, cst.Name) and base.value.value.value == "self" and c.owner:
-        built = c.owner.only_value(base.value.attr.value)
+        built = _class_tensor(c, base.value.attr.value)
         slices = base.slice
         if built is None or len(slices) < 2:
             return False

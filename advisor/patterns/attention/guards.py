@@ -6,7 +6,8 @@ assumed. Each fact is guarded whole or not at all (then it stays assumed).
 
 A check reads dtypes, ranks and `isinstance` only: no data-dependent branch, no host sync, nothing
 `torch.compile` breaks its graph on, and nothing TorchScript cannot compile (it refines an Optional through
-`is None` and `isinstance`), so scripted functions are guarded too. It reads names at the start of the guarded
+`is None` and `isinstance`), so scripted functions are guarded too. Deleted module calls are checked by a helper
+computed above the `if` out of TorchScript's sight (attention.module_guard). It reads names at the start of the guarded
 statements that must hold there what the block read (same reaching definitions, no attribute written
 in between), and it cannot raise: a value that is not a tensor fails the check and runs the original.
 """
@@ -20,8 +21,10 @@ from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
+from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
-from advisor.patterns.attention.result import AttentionMatch, MaskTerm
+from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, is_module_check, module_checks
+from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copy_cast_roles import cast_dtype
@@ -32,7 +35,7 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT)
+GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -53,9 +56,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
     query, key, value = (_peeled(node, DTYPE_KEEPING_VIEWS) for node in leaves)
-    if span is None or not _plain(c, query):
+    if span is None:
         return
     for name in wanted:
+        if not _plain(c, query) and name not in MODULE_FACTS:
+            continue
         absent = _absent_checks(c, match.masks) if name == mk.ROWS else []
         if name == mk.ROWS and not absent:
             _plan_absent_under_if(c, span, output_statement, query)
@@ -81,6 +86,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
                                                torch=cst.Name(torch_name)) for scale in reads[1:]] \
                 if all(_plain(c, scale) for scale in reads[1:]) else []
+        elif name in MODULE_FACTS:
+            reads, parts = module_checks(c, torch_name)
         elif name == SCALE:
             reads = [c.values.scalar_expression(factor) for _, factor in c.factors
                      if c.values.scalar_guess(factor) is not None]
@@ -100,6 +107,12 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             match.guard_lifted.extend(line for line in lifted if line not in match.guard_lifted)
             match.masks_absent = match.masks_absent or bool(absent)
     match.guard_span = span
+
+
+def refuse_unguarded_modules(c: Candidate) -> None:
+    """A deleted module call that the file itself may rebind is exact only behind its check: refused without one."""
+    if c.module_refusal is not None and MODULE_IDENTITY not in c.match.guard_checks:
+        raise Refusal(c.module_refusal)
 
 
 def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
@@ -126,6 +139,10 @@ def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
         match.facts.guard(name, " and ".join(code(part) for part in parts))
     parts = ([match.flag_test] if match.flag_test is not None else []) + \
         list({code(part): part for group in checks.values() for part in group}.values())
+    modules = [part for part in parts if is_module_check(part)]
+    if modules:  # computed above the `if`, out of TorchScript's sight (see attention.module_guard)
+        match.module_check = modules[0] if len(modules) == 1 else joined(cst.And, modules)
+        parts = [cst.Name(MODULE_CHECK_LOCAL)] + [part for part in parts if not is_module_check(part)]
     if not parts:
         return
     match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])

@@ -14,7 +14,7 @@ from advisor.patterns.attention import anchors, flags, products, scores, weights
 from advisor.patterns.attention.attn_mask import assemble_mask
 from advisor.patterns.attention.block_checks import check_bindings, check_escapes, check_reads, check_scope
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
-from advisor.patterns.attention.guards import plan_guards
+from advisor.patterns.attention.guards import plan_guards, refuse_unguarded_modules
 from advisor.patterns.attention.helpers import dotted_name
 from advisor.patterns.attention.proof_steps import ProofOrderError, run_steps, step
 from advisor.patterns.attention.rendering import short
@@ -216,7 +216,7 @@ def bindings(c: Candidate) -> None:
 
 @step(reads=("consumed flow home identity_ok inlined leaf_nodes match.masks match.output_node match.removed "
              "output_statement"),
-      writes="match.facts")
+      writes="deleted_modules match.facts module_refusal")
 def block_scope(c: Candidate) -> None:
     """Nothing around the block changes what it computes: scope, writes, dispatch, hooks."""
     check_scope(c, c.output_statement, c.consumed)
@@ -250,13 +250,15 @@ def flag(c: Candidate) -> None:
     flags.plan_flag(c, c.output_statement)
 
 
-@step(reads=("factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted match.key "
-             "match.masks match.query match.removed match.renamed match.row_fixup match.unwrap output_statement "
-             "tensor_scale_reads values weights"),
+@step(reads=("deleted_modules factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted "
+             "match.key match.masks match.query match.removed match.renamed match.row_fixup match.unwrap "
+             "module_refusal output_statement tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
-    """A run-time check for each assumed metadata fact that can be checked."""
+    """A run-time check for each assumed metadata fact that can be checked (a deleted module the file may rebind:
+    refused without one)."""
     plan_guards(c, c.output_statement)
+    refuse_unguarded_modules(c)
 
 
 @step(reads=("flow has_ellipsis home inlined layout leaf_nodes match.attn_mask match.dropout_p match.facts "

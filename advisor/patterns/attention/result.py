@@ -99,6 +99,8 @@ class AttentionMatch:
     # mask facts are still assumed and no run saw the masks present with their facts holding (see settle_guards)
     absent_under_if: tuple[list[cst.BaseExpression], list[cst.SimpleStatementLine]] | None = None
     guard: cst.BaseExpression | None = None
+    # the deleted modules' check, computed into a local above the guard's `if` (see attention.module_guard)
+    module_check: cst.BaseExpression | None = None
     # weights that leave only on request (attention.flags): the `if <flag>:` statements the SDPA path replaces by
     # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)
     unwrap: list[cst.If] = field(default_factory=list)

@@ -248,21 +248,23 @@ def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
         return probability if training.value == "True" else None
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
-    elif _stripped_to_identity(c, op.node):  # `getattr(self.attn_drop, "p", 0.0)`: an Identity drops nothing
+    elif _may_be_identity(c, op):  # `getattr(self.attn_drop, "p", 0.0)`: an Identity drops nothing
         probability = cst.Call(func=cst.Name("getattr"), args=[
             cst.Arg(probability.value), cst.Arg(cst.SimpleString('"p"')), cst.Arg(number(0.0))])
     return cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
 
 
-def _stripped_to_identity(c: Candidate, call: cst.Call) -> bool:
-    """`self.attn_drop(w)` where the file may swap dropout modules for `nn.Identity()` under computed names (an
-    export helper) and nothing else rebinds `attn_drop`: the call is a dropout or an identity when it runs."""
-    func = call.func
+def _may_be_identity(c: Candidate, op: Op) -> bool:
+    """`self.attn_drop(w)` where the class builds `nn.Dropout(p) if p else nn.Identity()`, or where the file may
+    swap dropout modules for `nn.Identity()` under computed names (an export helper) and nothing else rebinds
+    `attn_drop`: the call is a dropout or an identity when it runs."""
+    func = op.node.func
     if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
             and c.owner is not None):
         return False
     attribute = func.attr.value
-    if c.owner.rebound(attribute) is None or c.owner.rebound(attribute, identity_ok=True) is not None:
+    if not op.params.get("maybe_identity") and (c.owner.rebound(attribute) is None or
+                                                c.owner.rebound(attribute, identity_ok=True) is not None):
         return False
     c.identity_ok.add(attribute)
     return True

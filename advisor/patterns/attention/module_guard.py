@@ -1,0 +1,99 @@
+"""Guarded `module-identity` and `no-hooks`: a patch deletes module calls (`attn = self.attn_drop(attn)`), which is
+exact only where each module is, when the code runs, a class whose call the emitted code stands for (the Dropout
+`__init__` builds, whose `p` and `training` the SDPA call reads at run time) and no hook would fire on it. Both are
+metadata, so the patch checks them (`_advisor_module_runs_plain(self.attn_drop, (torch.nn.Dropout,))`: the exact
+class, no subclass, and none of the module's or the process's forward and backward hooks) and runs the original
+block where the check fails.
+
+The check runs before the guarded `if` as `ok = False` / `if not torch.jit.is_scripting(): ok = <check>`:
+TorchScript compiles neither a module passed to a function nor `type(...)`, but skips the body of that `if`, so a
+scripted patch always runs the original (exact). Under `torch.compile` the check breaks no graph; dynamo guards on
+the hooks it reads where it guards on module hooks at all (`skip_nnmodule_hook_guards=False`), and otherwise
+ignores a hook added after compiling in the original too.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.contracts.emitted_names import MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
+from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.ops import int_value
+from advisor.static.codegen import dotted
+
+MODULE_IDENTITY, NO_HOOKS = "module-identity", "no-hooks"
+MODULE_FACTS = (MODULE_IDENTITY, NO_HOOKS)
+# torch's module classes whose deleted call the emitted code stands for, whatever their state when they run
+DROPOUT = frozenset({"torch.nn.Dropout", "torch.nn.modules.dropout.Dropout"})
+IDENTITY = frozenset({"torch.nn.Identity", "torch.nn.modules.linear.Identity"})
+SOFTMAX = frozenset({"torch.nn.Softmax", "torch.nn.modules.activation.Softmax"})
+
+
+def module_kinds(c: Candidate, attribute: str) -> tuple[str, ...] | None:
+    """The classes (as `nn.X`) for which the patch computes what a call of `self.<attribute>` computes: a Dropout
+    the class builds (its `p` and `training` read when the SDPA call runs; also an Identity where the patch reads
+    `p` with a default), an Identity (a hook point: nothing to compute), either for a conditional build
+    (`nn.Dropout(p) if p else nn.Identity()`), a Softmax (its `dim` is read from the constructor: another Softmax
+    in its place may differ, so where something may rebind it, only a literal dim the check compares). None for
+    anything else."""
+    built = _built_classes(c, c.owner.class_value(attribute) if c.owner is not None else None)
+    if built is None or "nn.Softmax" in built and (len(built) > 1 or c.owner.rebound(attribute) is not None and
+                                                   softmax_dim(c, attribute) is None):
+        return None
+    if "nn.Dropout" in built and attribute in c.identity_ok:
+        built.add("nn.Identity")
+    return tuple(kind for kind in ("nn.Dropout", "nn.Identity", "nn.Softmax") if kind in built)
+
+
+def _built_classes(c: Candidate, built: cst.BaseExpression | None) -> set[str] | None:
+    if isinstance(built, cst.IfExp):
+        sides = [_built_classes(c, side) for side in (built.body, built.orelse)]
+        return None if None in sides else sides[0] | sides[1]
+    dotted = c.parsed.imported_name(built.func) if isinstance(built, cst.Call) else None
+    for kind, names in (("nn.Dropout", DROPOUT), ("nn.Identity", IDENTITY), ("nn.Softmax", SOFTMAX)):
+        if dotted in names:
+            return {kind}
+    return None
+
+
+def softmax_dim(c: Candidate, attribute: str) -> cst.BaseExpression | None:
+    """The integer literal an `nn.Softmax(dim)` the class builds is given (`-1` of `nn.Softmax(dim=-1)`)."""
+    built = c.owner.class_value(attribute)
+    if not isinstance(built, cst.Call):
+        return None
+    given = [arg.value for arg in built.args if arg.keyword is not None and arg.keyword.value == "dim"] or \
+        [arg.value for arg in built.args[:1] if arg.keyword is None and not arg.star]
+    return given[0] if given and int_value(given[0]) is not None else None
+
+
+def module_checks(c: Candidate, torch_name: str) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
+    """(what the checks read, one `_advisor_module_runs_plain(self.x, (torch.nn.X,))` per deleted module call), or
+    two empty lists where a module's classes are unknown or the emitted names could mean something of the user's."""
+    modules = list(c.deleted_modules.values())
+    if not modules or any(classes is None for _, classes in modules) or not emitted_names_free(c):
+        return [], []
+    parts = []
+    for attribute, (read, classes) in c.deleted_modules.items():
+        part = cst.Call(cst.Name(MODULE_CHECK_HELPER), [
+            cst.Arg(read), cst.Arg(cst.Tuple([cst.Element(dotted(f"{torch_name}.{kind}")) for kind in classes]))])
+        dim = softmax_dim(c, attribute) if classes == ("nn.Softmax",) else None
+        if dim is not None:  # `... and self.softmax.dim == -1`: read only once the module is exactly a Softmax
+            part = cst.BooleanOperation(part, cst.And(), cst.Comparison(cst.Attribute(read, cst.Name("dim")), [
+                cst.ComparisonTarget(cst.Equal(), dim)]))
+        parts.append(part)
+    return [read for read, _ in modules], parts
+
+
+def is_module_check(part: cst.BaseExpression) -> bool:
+    if isinstance(part, cst.BooleanOperation):
+        return is_module_check(part.left)
+    return isinstance(part, cst.Call) and isinstance(part.func, cst.Name) and part.func.value == MODULE_CHECK_HELPER
+
+
+def emitted_names_free(c: Candidate) -> bool:
+    """The helper's name is unbound in the module, or bound to the helper a previous pass emitted; the local's
+    name is unused in the function."""
+    helper = c.parsed.module_functions.get(MODULE_CHECK_HELPER)
+    bound = MODULE_CHECK_HELPER in c.parsed.bound_names or MODULE_CHECK_HELPER in c.parsed.imports
+    return (helper is not None or not bound) and not c.parsed.mentions(c.home, MODULE_CHECK_LOCAL.lower())
+
