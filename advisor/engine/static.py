@@ -25,6 +25,7 @@ from advisor.contracts.family import Family
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
+from advisor.static.collector import collector_paused
 from advisor.static.discover import discover, is_library_file, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
@@ -141,7 +142,14 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
     every module, what it asks of autograd, the calls of this file's functions; None: the file alone);
     `observed_masks`: masks under `if m is not None:` that `runtime` saw present, their facts holding on every call,
     are passed to SDPA (an observed patch, for `optimize`) rather than guarded by their absence."""
-    tree_context = tree_context or TreeContext()
+    with collector_paused():
+        return _analyze_source(source, path, unsafe_fixes, select, ignore, backend, runtime, patches,
+                               tree_context or TreeContext(), observed_masks)
+
+
+def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str] | None, ignore: list[str] | None,
+                    backend: str, runtime: RuntimeEvidence | None, patches: bool, tree_context: TreeContext,
+                    observed_masks: bool) -> FileResult:
     parsed = ParsedModule(source, path, tree_context.project)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
@@ -262,7 +270,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
     if path_rules and path_rules.ignored_codes(path):
         ignore = [*(ignore or []), *path_rules.ignored_codes(path)]
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), collector_paused():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)

@@ -14,30 +14,14 @@ from libcst.metadata import MetadataWrapper
 
 from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
+from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, NAMED_BINDERS,
+                                          RESHAPING_IN_PLACE, STATE_LOADERS, outside_writes_of_source)
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
 from advisor.static.walk import is_node, walk
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
-
-
-ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
-ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
-IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
-# methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
-NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
-# dictionaries that hold a module's attributes: a store into one binds the attribute its key names
-ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
-# process-wide hooks that may replace any submodule, parameter or buffer as it is assigned (see static.project)
-REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_module_buffer_registration_hook",
-                      "register_module_parameter_registration_hook"}
-# what rewrites any buffer or parameter of a module when a state dict is loaded into it
-STATE_LOADERS = {"_register_load_state_dict_pre_hook", "register_load_state_dict_pre_hook",
-                 "register_load_state_dict_post_hook", "_load_from_state_dict"}
-# in-place methods that change their receiver's shape or dtype; every other one writes its elements only
-RESHAPING_IN_PLACE = {"resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_",
-                      "swapaxes_", "as_strided_"}
 
 
 @dataclass(eq=False)
@@ -398,7 +382,7 @@ class ParsedModule:
     @cached_property
     def own_outside_writes(self) -> tuple[frozenset[str], frozenset[str]]:
         """`outside_writes` of this file alone."""
-        names, reshaped = outside_writes(self)
+        names, reshaped = outside_writes_of_source(self.source, own=True)
         return frozenset(names), frozenset(reshaped)
 
     def outside_writer(self, attribute: str) -> str:
@@ -409,14 +393,6 @@ class ParsedModule:
             return "this file"
         return next((f"`{display_path(w.path)}`" for w in elsewhere if attribute in w.names), "this file")
 
-
-
-def outside_writes(parsed: ParsedModule) -> tuple[set[str], set[str]]:
-    """(the attribute names `parsed` writes on objects other than a method's own `self`, those of them written
-    otherwise than into their elements); ANY_ATTRIBUTE or ANY_TO_IDENTITY for names it computes."""
-    collector = _OutsideWriteCollector(parsed)
-    walk(parsed.module, collector)
-    return set(collector.names), set(collector.reshaped)
 
 
 def _package_file(path: str, dotted: str) -> str | None:
@@ -580,80 +556,6 @@ class _FunctionCollector(cst.CSTVisitor):
         return False  # no function or class is defined inside a simple statement
 
 
-class _OutsideWriteCollector(cst.CSTVisitor):
-    """Attribute names written through a receiver other than the bare name `self` (ANY_ATTRIBUTE where the name
-    is computed)."""
-
-    def __init__(self, parsed: "ParsedModule") -> None:
-        self.parsed = parsed
-        self.names: set[str] = set()
-        self.reshaped: set[str] = set()  # written otherwise than into the elements
-
-    def write(self, name: str, elements_only: bool = False) -> None:
-        self.names.add(name)
-        if not elements_only:
-            self.reshaped.add(name)
-
-    def _target(self, target: cst.BaseExpression, value: cst.BaseExpression | None = None,
-                elements_only: bool = False) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                self._target(element.value)
-            return
-        table = _attribute_table_key(target)
-        for attribute in _written_attributes(target):
-            if not _is_self_attribute(attribute):
-                self.write(attribute.attr.value, elements_only or table is None and _element_store(target))
-        if isinstance(target, cst.Attribute):  # `matmul = torch.matmul` binds a name of this file, not torch's
-            self._torch_function(target)
-        imported = _imported_root(target)
-        if imported is not None and imported.value in self.parsed.imports:  # `from m import MASK; MASK[0] = v`
-            self.write(self.parsed.imports[imported.value].rsplit(".", 1)[-1],
-                       elements_only or _element_store(target))
-        if table is not None and not _is_self(table[0]):
-            self.write(_literal_name(table[1]) or self._any(value))
-
-    def _torch_function(self, target: cst.BaseExpression, name: str | None = None) -> None:
-        """`F.softmax = tempered` (or `setattr(torch, "matmul", f)`): torch's function replaced for the process,
-        recorded under its dotted name."""
-        dotted = self.parsed.imported_name(target)
-        if dotted is not None and dotted.startswith("torch.") or dotted == "torch":
-            self.write(f"{dotted}.{name}" if name else dotted)
-
-    def _any(self, value: cst.BaseExpression | None) -> str:
-        """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
-        identity = isinstance(value, cst.Call) and not value.args and self.parsed.imported_name(value.func) in IDENTITY
-        return ANY_TO_IDENTITY if identity else ANY_ATTRIBUTE
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._target(target.target, node.value)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._target(node.target)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        self._target(node.target)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        func = node.func
-        binding = named_binding(node)
-        if binding is not None:
-            receiver, name = binding
-            if not _is_self(receiver):
-                self.write(_literal_name(name) or self._any(_bound_value(node)))
-                if _literal_name(name):
-                    self._torch_function(receiver, _literal_name(name))
-            elif isinstance(func, cst.Name) and _literal_name(name):  # `setattr(self, "x", v)`: counted here too
-                self.write(_literal_name(name))
-        elif is_inplace_method(func):  # `m.bias.fill_(1)`: an in-place method of the attribute
-            self._target(func.value, elements_only=func.attr.value not in RESHAPING_IN_PLACE)
-        elif isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and not _is_self(func.value):
-            self.write(ANY_ATTRIBUTE)
-        elif _callee_name(func) in REGISTRATION_HOOKS:  # may replace any buffer or submodule as it is set
-            self.write(ANY_ATTRIBUTE)
-
-
 class _SelfAttributeCollector(cst.CSTVisitor):
     def __init__(self) -> None:
         self.attributes: dict[str, list[cst.BaseExpression]] = {}
@@ -745,15 +647,6 @@ def _written_attributes(target: cst.BaseExpression) -> list[cst.Attribute]:
             found.append(target)
         target = target.value
     return found
-
-
-def _imported_root(target: cst.BaseExpression) -> cst.Name | None:
-    """The name a write to `target` changes the object of, where it goes only through elements and `.data`
-    (`MASK[0] = v`, `MASK.data = t`, `MASK.sub_(1)`): the caller asks whether an import bound it, as
-    `from program import MASK` binds another module's attribute."""
-    while isinstance(target, cst.Subscript) or isinstance(target, cst.Attribute) and target.attr.value == "data":
-        target = target.value
-    return target if isinstance(target, cst.Name) else None
 
 
 def _element_store(target: cst.BaseExpression) -> bool:

@@ -1,47 +1,122 @@
-"""What one file writes on objects other than a method's own `self`, read with CPython's parser: the tree-wide part
-of the run-time identity facts (static.project), for every file of a scan.
-
-`ParsedModule.outside_attribute_writes` reads the analysed file itself with libcst; the other files of the tree
-are read here instead, since most files of a real tree write some attribute (`module.weight.data.normal_()` in
-weight init) and a libcst parse of each costs about 13x `ast.parse` (100 files of transformers: 38 s against
-2.8 s). It reads the same writes, with the same names: `m.a = v`, `m.a.data = v` (both `a` and `data`), `m.a[i] = v`
-(into the elements), in-place methods (`m.a.fill_(1)`; `set_`/`resize_`... reshape), bindings by name (`setattr`,
-`register_buffer`, `add_module`, attribute tables: a computed name is `*`, or `*identity` where it binds only a
-fresh `nn.Identity()`), state-dict loaders, and a torch function replaced (`F.softmax = f`: its dotted name).
-"""
+"""What one file writes on objects other than a method's own `self`, read with CPython's parser: the analysed file's
+own writes (`ParsedModule.own_outside_writes`) and the tree-wide part of the run-time identity facts
+(static.project), for every file of a scan (a libcst walk of the analysed file for them cost 15% of a cold scan).
+Names resolve as `ParsedModule.imported_name` resolves them. It reads `m.a = v`, `m.a.data = v` (both `a` and
+`data`), `m.a[i] = v` (into the elements), in-place methods (`m.a.fill_(1)`; `set_`/`resize_`... reshape),
+bindings by name (`setattr`, `register_buffer`, `add_module`, attribute tables: a computed name is `*`, or
+`*identity` where it binds only a fresh `nn.Identity()`), state-dict loaders, and a torch function replaced
+(`F.softmax = f`: its dotted name)."""
 
 from __future__ import annotations
 
 import ast
 
-from advisor.static.module_index import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, IDENTITY, NAMED_BINDERS,
-                                         REGISTRATION_HOOKS, RESHAPING_IN_PLACE, STATE_LOADERS)
+ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
+ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
+IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
+# methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
+NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
+# dictionaries that hold a module's attributes: a store into one binds the attribute its key names
+ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
+# process-wide hooks that may replace any submodule, parameter or buffer as it is assigned (see static.project)
+REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_module_buffer_registration_hook",
+                      "register_module_parameter_registration_hook"}
+# what rewrites any buffer or parameter of a module when a state dict is loaded into it
+STATE_LOADERS = {"_register_load_state_dict_pre_hook", "register_load_state_dict_pre_hook",
+                 "register_load_state_dict_post_hook", "_load_from_state_dict"}
+# in-place methods that change their receiver's shape or dtype; every other one writes its elements only
+RESHAPING_IN_PLACE = {"resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_",
+                      "swapaxes_", "as_strided_"}
 
 
-def outside_writes_of_source(text: str) -> tuple[set[str], set[str]]:
+def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], set[str]]:
     """(names written on other objects, those written otherwise than into their elements); empty for source
-    CPython cannot parse (the scan reports it)."""
+    CPython cannot parse (the scan reports it). `own`: the file read is the one analysed, where `setattr(self, "x",
+    v)` counts too (a class's attribute bound by a name the analysis of that class does not pair with a value)."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set(), set()
-    collector = _Writes(_imports(tree))
-    collector.visit(tree)
+    imports: list[ast.Import | ast.ImportFrom] = []
+    bound: list[str] = []
+    writes: list[ast.AST] = []
+    for node in ast.walk(tree):  # one pass over the tree, in no particular order
+        kind = type(node)
+        if kind in _WRITES:
+            writes.append(node)
+        elif kind is ast.Import or kind is ast.ImportFrom:
+            imports.append(node)
+        elif kind is ast.Name and type(node.ctx) is ast.Store or kind is ast.arg or kind is ast.ExceptHandler:
+            bound.extend(_bound(node))
+    imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
+    collector = _Writes(_Names(tree.body, imports, bound), own)
+    for node in writes:
+        _WRITES[type(node)](collector, node)
     return collector.names, collector.reshaped
 
 
-def _imports(tree: ast.Module) -> dict[str, str]:
-    """Local name -> dotted module or object (the first binding wins), as module_index reads them."""
-    found: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                found.setdefault(alias.asname or alias.name.split(".")[0],
-                                 alias.name if alias.asname else alias.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:
-                found.setdefault(alias.asname or alias.name, f"{node.module}.{alias.name}")
-    return found
+class _Names:
+    """How the file's names resolve, as module_index.ParsedModule.imported_name resolves them: its imports (in source
+    order, the first binding winning; relative ones with their dots), the names it binds otherwise (which hide an
+    import), and its module-level aliases of imported objects (`matmul = torch.matmul`, bound once)."""
+
+    def __init__(self, body: list[ast.stmt], imports: list[ast.Import | ast.ImportFrom], bound: list[str]) -> None:
+        self.imports: dict[str, str] = {}
+        for node in imports:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    head = alias.name.split(".")[0]
+                    self.imports.setdefault(alias.asname or head, alias.name if alias.asname else head)
+            elif isinstance(node, ast.ImportFrom) and node.names[0].name != "*":
+                base = "." * node.level + (node.module or "")
+                for alias in node.names:
+                    self.imports.setdefault(alias.asname or alias.name,
+                                            f"{base}{alias.name}" if base.endswith(".") else f"{base}.{alias.name}")
+        counts: dict[str, int] = {}
+        for name in bound:
+            counts[name] = counts.get(name, 0) + 1
+        self.bound = frozenset(counts)
+        self.aliases: dict[str, str] = {}
+        for index, statement in enumerate(body):
+            alone = (index == 0 or body[index - 1].end_lineno != statement.lineno) and \
+                (index + 1 == len(body) or body[index + 1].lineno != statement.end_lineno)  # no `a = b; c = d`
+            if alone and isinstance(statement, ast.Assign) and len(statement.targets) == 1 and \
+                    isinstance(statement.targets[0], ast.Name):
+                name, dotted = statement.targets[0].id, self.through_imports(statement.value)
+                if dotted is not None and counts.get(name) == 1 and name not in self.imports:
+                    self.aliases[name] = dotted
+
+    def through_imports(self, node: ast.AST) -> str | None:
+        """`torch.matmul` -> 'torch.matmul' through the import statements alone."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id not in self.imports or node.id in self.bound:
+            return None
+        return ".".join([self.imports[node.id], *parts[::-1]])
+
+    def dotted(self, node: ast.AST) -> str | None:
+        """The dotted name an expression refers to through imports and aliases (None for anything else)."""
+        parts: list[str] = []
+        root = node
+        while isinstance(root, ast.Attribute):
+            parts.append(root.attr)
+            root = root.value
+        if isinstance(root, ast.Name) and root.id not in self.imports and root.id in self.aliases:
+            return ".".join([self.aliases[root.id], *parts[::-1]])
+        return self.through_imports(node)
+
+
+def _bound(node: ast.AST) -> list[str]:
+    """The names `node` binds other than by an import, a `def` or a `class` (module_index._assigned_names)."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+        return [node.id]
+    if isinstance(node, ast.arg):
+        return [node.arg]
+    if isinstance(node, ast.ExceptHandler) and node.name:
+        return [node.name]
+    return []
 
 
 def _is_self(node: ast.AST) -> bool:
@@ -52,9 +127,10 @@ def _literal(node: ast.AST | None) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
-class _Writes(ast.NodeVisitor):
-    def __init__(self, imports: dict[str, str]) -> None:
-        self.imports = imports
+class _Writes:
+    def __init__(self, names: _Names, own: bool) -> None:
+        self.resolve, self.own = names, own
+        self.imports = names.imports
         self.names: set[str] = set()
         self.reshaped: set[str] = set()
 
@@ -63,24 +139,15 @@ class _Writes(ast.NodeVisitor):
         if not elements_only:
             self.reshaped.add(name)
 
-    def dotted(self, node: ast.AST) -> str | None:
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name) or node.id not in self.imports:
-            return None
-        return ".".join([self.imports[node.id], *parts[::-1]])
-
     def torch_function(self, node: ast.AST, name: str | None = None) -> None:
-        dotted = self.dotted(node)
+        dotted = self.resolve.dotted(node)
         if dotted is not None and (dotted == "torch" or dotted.startswith("torch.")):
             self.write(f"{dotted}.{name}" if name else dotted)
 
     def any_name(self, value: ast.AST | None) -> str:
         """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
         identity = isinstance(value, ast.Call) and not value.args and \
-            self.dotted(value.func) in IDENTITY
+            self.resolve.dotted(value.func) in IDENTITY
         return ANY_TO_IDENTITY if identity else ANY_ATTRIBUTE
 
     def target(self, node: ast.AST, elements_only: bool = False, value: ast.AST | None = None) -> None:
@@ -89,7 +156,7 @@ class _Writes(ast.NodeVisitor):
                 self.target(element)
             return
         table = isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and \
-            node.value.attr in ATTRIBUTE_TABLES
+            node.value.attr in ATTRIBUTE_TABLES and not isinstance(node.slice, (ast.Slice, ast.Tuple))
         if table and not _is_self(node.value.value):
             self.write(_literal(node.slice) or self.any_name(value))
         into = elements_only or not table and isinstance(node, ast.Subscript)  # `m._modules[n] = v` rebinds
@@ -106,20 +173,14 @@ class _Writes(ast.NodeVisitor):
         if isinstance(root, ast.Name) and root.id in self.imports:  # `from m import MASK; MASK[0] = v`
             self.write(self.imports[root.id].rsplit(".", 1)[-1], into)
 
-    def visit_Assign(self, node: ast.Assign) -> None:
+    def assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             self.target(target, value=node.value)
-        self.generic_visit(node)
 
-    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+    def augmented(self, node: ast.AugAssign | ast.AnnAssign) -> None:
         self.target(node.target)
-        self.generic_visit(node)
 
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
-        self.target(node.target)
-        self.generic_visit(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
+    def call(self, node: ast.Call) -> None:
         func, args = node.func, [a for a in node.args if not isinstance(a, ast.Starred)]
         binding = None
         if isinstance(func, ast.Name) and func.id == "setattr" and len(args) >= 2:
@@ -139,10 +200,16 @@ class _Writes(ast.NodeVisitor):
                 self.torch_function(receiver, literal)
             else:
                 self.write(self.any_name(value))
+        elif binding is not None:
+            if self.own and isinstance(func, ast.Name) and _literal(binding[1]):  # `setattr(self, "x", v)`
+                self.write(_literal(binding[1]))
         elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
         elif isinstance(func, ast.Attribute) and func.attr in STATE_LOADERS and not _is_self(func.value):
             self.write(ANY_ATTRIBUTE)
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
-        self.generic_visit(node)
+
+
+_WRITES = {ast.Assign: _Writes.assign, ast.AugAssign: _Writes.augmented, ast.AnnAssign: _Writes.augmented,
+           ast.Call: _Writes.call}

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.contracts.finding import display_path
-from advisor.static.module_index import REGISTRATION_HOOKS, ParsedModule
-from advisor.static.outside_writes import outside_writes_of_source
+from advisor.static.module_index import ParsedModule
+from advisor.static.outside_writes import REGISTRATION_HOOKS, outside_writes_of_source
 
 # hooks that fire around every module call: a deleted module call loses them
 GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_forward_pre_hook",
@@ -81,7 +81,7 @@ class UseSite:
 @dataclass(frozen=True)
 class AttributeWrites:
     """The names of the attributes one file writes on objects other than a method's own `self`
-    (module_index.outside_writes: `*` for names it computes)."""
+    (static.outside_writes: `*` for names it computes)."""
 
     path: str
     names: frozenset[str]

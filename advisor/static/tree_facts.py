@@ -16,6 +16,7 @@ from advisor.contracts.finding import ScanError
 from advisor.static.autograd_use import (AutogradSite, autograd_sites, autograd_uses, name_uses, nested, plain_pass,
                                           uses_name, worth_resolving)
 from advisor.static.call_sites import Tree
+from advisor.static.collector import collector_paused
 from advisor.static.discover import SourceFile, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.project import ProjectFacts, hook_sites, project_facts
@@ -74,8 +75,9 @@ def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) 
         source = read_source(path)
         if isinstance(source, ScanError):
             continue
-        found_hooks, (found_autograd, found_reverse) = file_contribution(source) if cache is None else \
-            cache.contribution(source, file_contribution)
+        with collector_paused():
+            found_hooks, (found_autograd, found_reverse) = file_contribution(source) if cache is None else \
+                cache.contribution(source, file_contribution)
         hooks += found_hooks
         autograd += found_autograd
         reverse += found_reverse

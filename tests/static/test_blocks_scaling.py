@@ -6,6 +6,7 @@ instead, and must grow by the same number for each block added: work that reads 
 from __future__ import annotations
 
 import cProfile
+import gc
 import pstats
 from pathlib import Path
 
@@ -33,3 +34,15 @@ def test_each_block_adds_the_same_calls_to_every_function():
     grows = {f"{Path(key[0]).relative_to(ROOT)}:{key[1]} {key[2]}": (two.get(key, 0), three.get(key, 0), calls)
              for key, calls in four.items() if calls - three.get(key, 0) != three.get(key, 0) - two.get(key, 0)}
     assert grows == {}, "calls for 2, 3 and 4 blocks, not growing by the same number for each block"
+
+
+def test_the_cyclic_collector_runs_once_for_a_files_analysis():
+    """Its passes over the live trees found nothing and grew with the file (static.collector): it runs once, as the
+    analysis ends (87 passes for this file before), and stays on."""
+    source, passes = module_with_blocks(3), []
+    gc.callbacks.append(lambda phase, info: passes.append(info["generation"]) if phase == "start" else None)
+    try:
+        analyze_source(source, "m.py")
+    finally:
+        gc.callbacks.pop()
+    assert len(passes) <= 1 and gc.isenabled()
