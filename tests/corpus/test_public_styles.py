@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from advisor.static.outside_writes import outside_writes_of_source
+from advisor.static.project import MAY_SCRIPT, MAY_SWAP
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures" / "attention" / "public4"
@@ -132,9 +133,11 @@ ATTENTION_RULES = ("ADV101", "ADV102")
 
 
 def _reaches_other_files(text: str) -> bool:
-    """Whether a fixture says something of every file of a scan: a tree-wide word, or an attribute it writes on
-    another object (`m.bias.data[..., :p] = 1` is read as a write of every scanned class's `bias`)."""
-    return any(word in text for word in TREE_WIDE_WORDS) or any(outside_writes_of_source(text))
+    """Whether a fixture says something of every file of a scan: a tree-wide word, an attribute it writes on
+    another object (`m.bias.data[..., :p] = 1` is read as a write of every scanned class's `bias`), TorchScript's
+    compiler (any scanned function may be compiled) or a call that swaps modules' buffers by name."""
+    return any(word in text for word in TREE_WIDE_WORDS) or any(outside_writes_of_source(text)) or \
+        MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None
 
 
 def _advisor(*args: str) -> subprocess.Popen:

@@ -51,8 +51,8 @@ USES = {
     "a linear layer over the keys": ("attn = self.project(attn)", ["`self.project`", "nn.Linear", "last dim"]),
     "a submodule": ("attn = self.temperature(attn)", ["`self.temperature`", "`Temperature`", "forward is not followed"]),
     "a helper under an if writing a slice": (
-        "if self.spatial:\n            attn = add_rel_pos(attn, q, self.rel_table)",
-        ["`add_rel_pos", "under `if self.spatial:`", "in place", "`attn[:, :, 1:, 1:] = "]),
+        "if N > 1:\n            attn = add_rel_pos(attn, q, self.rel_table)",
+        ["`add_rel_pos", "under `if N > 1:`", "in place", "`attn[:, :, 1:, 1:] = "]),
 }
 
 
