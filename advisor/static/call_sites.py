@@ -42,7 +42,8 @@ class CallSite:
 STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
                  "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
 PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may replace what forward receives
-_CACHES: dict[str, tuple[dict, dict, dict]] = {}  # scan token -> (texts, parsed modules, words): this process's
+# scan token -> (texts, parsed modules, words, real paths): this process's caches for the current scan
+_CACHES: dict[str, tuple[dict, dict, dict, dict]] = {}
 WORD = re.compile(r"\w+")
 
 
@@ -69,7 +70,7 @@ class Tree:
     def _caches(self) -> tuple[dict, dict]:
         if self.token not in _CACHES:
             _CACHES.clear()
-            _CACHES[self.token] = ({}, {}, {})
+            _CACHES[self.token] = ({}, {}, {}, {})
         return _CACHES[self.token]
 
     @property
@@ -80,12 +81,20 @@ class Tree:
     def _parsed(self) -> dict[str, ParsedModule | None]:
         return self._caches()[1]
 
+    def _real(self, path: str) -> str:
+        """`os.path.realpath(path)`, once per path and scan: `mentioning` asks it of every file for every name, and
+        each call stats the path's folders (a third of a 600-file scan's time before)."""
+        reals = self._caches()[3]
+        if path not in reals:
+            reals[path] = os.path.realpath(path)
+        return reals[path]
+
     def adopt(self, parsed: ParsedModule) -> None:
         """The file being analysed: its own nodes are the ones the matcher holds."""
-        self._parsed[os.path.realpath(parsed.path)] = parsed
+        self._parsed[self._real(parsed.path)] = parsed
 
     def text(self, path: str) -> str | None:
-        key = os.path.realpath(path)
+        key = self._real(path)
         self._note(key)
         if key in self._parsed and self._parsed[key] is not None:
             return self._parsed[key].source
@@ -97,7 +106,7 @@ class Tree:
         return self._texts[key]
 
     def parsed(self, path: str) -> ParsedModule | None:
-        key = os.path.realpath(path)
+        key = self._real(path)
         self._note(key)
         if key not in self._parsed:
             text = self.text(path)
@@ -119,7 +128,7 @@ class Tree:
     def _words_of(self, path: str) -> frozenset[str]:
         text = self.text(path)  # noted as read, whether or not its words are known already
         words = self._caches()[2]
-        key = os.path.realpath(path)
+        key = self._real(path)
         if key not in words:
             words[key] = frozenset(WORD.findall(text or ""))
         return words[key]
@@ -158,7 +167,7 @@ class Tree:
         name, calls = defined.value, []
         module = re.compile(rf"\b{re.escape(_module_stem(parsed.path))}\b")
         for path in self.mentioning(name):
-            if os.path.realpath(path) != os.path.realpath(parsed.path) and not module.search(self.text(path) or ""):
+            if self._real(path) != self._real(parsed.path) and not module.search(self.text(path) or ""):
                 continue  # another file that never names the module cannot import from it
             other = self.parsed(path)
             if other is None:
@@ -199,7 +208,7 @@ class Tree:
         calls = []
         accessed = re.compile(rf"\.\s*{re.escape(name)}\b")
         for path in self.mentioning(name):
-            if os.path.realpath(path) != os.path.realpath(parsed.path):
+            if self._real(path) != self._real(parsed.path):
                 if accessed.search(self.text(path) or ""):
                     return None  # `.name` read in another file: not a call this index follows
                 continue
