@@ -67,7 +67,7 @@ class Tree:
         if self._read is not None:
             self._read.add(key)
 
-    def _caches(self) -> tuple[dict, dict]:
+    def _caches(self) -> tuple[dict, dict, dict, dict]:
         if self.token not in _CACHES:
             _CACHES.clear()
             _CACHES[self.token] = ({}, {}, {}, {})

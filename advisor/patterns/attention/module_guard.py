@@ -95,5 +95,5 @@ def emitted_names_free(c: Candidate) -> bool:
     name is unused in the function."""
     helper = c.parsed.module_functions.get(MODULE_CHECK_HELPER)
     bound = MODULE_CHECK_HELPER in c.parsed.bound_names or MODULE_CHECK_HELPER in c.parsed.imports
-    return (helper is not None or not bound) and not c.parsed.mentions(c.home, MODULE_CHECK_LOCAL.lower())
+    return (helper is not None or not bound) and not c.parsed.mentions(c.home, MODULE_CHECK_LOCAL)
 
