@@ -53,8 +53,9 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         edits.definitions = (flash_attn_helper(helper, functional.prefix),)
     else:
         call = sdpa_call(parsed.module, match, functional.prefix, indent + 4 * (target == "flash"))
-        if row_fixup_statements(match):
-            edits.insert_before[statement] = row_fixup_statements(match)
+        fixup = row_fixup_statements(match)
+        if fixup:
+            edits.insert_before[statement] = fixup
     if target == "flash":
         flash = kernel_names(parsed)
         if isinstance(flash, str):
