@@ -5,7 +5,6 @@ once per file, for the findings a verb chooses (`FileResult.fixed_with`). Many f
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import sys
@@ -29,6 +28,7 @@ from advisor.static.collector import collector_paused
 from advisor.static.discover import discover, is_library_file, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
+from advisor.static.python_ast import python_tree
 from advisor.static.scan_cache import ScanCache
 from advisor.static.tree_facts import TreeContext, tree_context
 
@@ -352,7 +352,7 @@ def _syntax_error(text: str, path: str) -> ScanError | None:
         return ScanError(path, f"syntax error at line {line}: a null byte (\\x00) is not allowed in source code "
                                f"({parser})")
     try:
-        ast.parse(text, path)
+        python_tree(text, path)
     except SyntaxError as exc:
         return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} ({parser})")
     except MemoryError:  # CPython's parser raises it when its stack is full, at any amount of free memory

@@ -77,7 +77,7 @@ def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     if not isinstance(target, cst.AssignTarget) or not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
             or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is not None:
         return None
-    names = [node for node in parsed.parents if isinstance(node, cst.Name) and node.value == name]
+    names = [node for node in parsed.nodes_of(cst.Name) if node.value == name]
     if not all(_read_only_use(parsed, node, bindings[0], 0) for node in names):
         return None
     return ModuleValue(assign.value, parsed.line(assign))
@@ -87,7 +87,7 @@ def _escape_hatch(parsed: ParsedModule, name: str) -> bool:
     """The file reaches module names some way other than by name: `globals()["MASK"] = ...`, a namespace
     (`sys.modules[__name__].__dict__[...]`), the module object by import machinery (whose attributes a computed
     string can name), or a string naming the tensor (`getattr(module, "MASK")`)."""
-    for node in parsed.parents:
+    for node in parsed.nodes_of(cst.Call, cst.Attribute, cst.Name, cst.SimpleString):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ESCAPE_HATCHES:
             return True
         if isinstance(node, cst.Attribute) and node.attr.value in NAMESPACE_ATTRIBUTES or \

@@ -131,15 +131,35 @@ class ParsedModule:
         equality).
         Its keys come depth first, each node before its children, fields in declaration order."""
         parents: dict[cst.CSTNode, cst.CSTNode] = {}
-        pending: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(self.module, None)]
-        while pending:
-            node, parent = pending.pop()
+        nodes: list[cst.CSTNode] = [self.module]  # a stack of nodes and, beside it, of their parents
+        above: list[cst.CSTNode | None] = [None]
+        while nodes:
+            node, parent = nodes.pop(), above.pop()
             if parent is not None:
                 parents[node] = parent  # on the way down, so the keys come in libcst's visiting order
-            children = [child for name in _child_fields(type(node))
-                        for child in _as_sequence(getattr(node, name)) if is_node(child)]
-            pending.extend((child, node) for child in reversed(children))
+            children = []
+            for name in _child_fields(type(node)):
+                value = getattr(node, name)
+                kind = type(value)
+                if kind is list or kind is tuple:
+                    children.extend(child for child in value if is_node(child))
+                elif is_node(value):
+                    children.append(value)
+            if children:
+                children.reverse()
+                nodes.extend(children)
+                above.extend([node] * len(children))
         return parents
+
+    def nodes_of(self, *kinds: type) -> list[cst.CSTNode]:
+        """The file's nodes that are instances of `kinds`, in the parent map's (visiting) order, remembered: each
+        node's type is looked up in the set of the file's node types that are `kinds`, as libcst's node classes
+        are ABCs, whose isinstance check costs several times more over every node of a file."""
+        key = ("nodes_of", kinds)
+        if key not in self._derived:
+            wanted = {kind for kind in set(map(type, self.parents)) if issubclass(kind, kinds)}
+            self._derived[key] = [node for node in self.parents if type(node) in wanted]
+        return self._derived[key]
 
     @cached_property
     def positions(self) -> StatementPositions:
@@ -295,8 +315,7 @@ class ParsedModule:
     def calls_and_classes(self) -> tuple[list[cst.Call], list[cst.ClassDef]]:
         """Every call and every class statement of the file, in one walk (for file-wide questions: hooks
         registered, modules scripted, subclasses)."""
-        nodes = self.parents  # in visiting order
-        return [n for n in nodes if isinstance(n, cst.Call)], [n for n in nodes if isinstance(n, cst.ClassDef)]
+        return self.nodes_of(cst.Call), self.nodes_of(cst.ClassDef)
 
     @cached_property
     def calls_by_name(self) -> dict[str, list[cst.Call]]:
@@ -455,7 +474,7 @@ def _imports(parsed: "ParsedModule") -> dict[str, str]:
     """Local name -> dotted module or object, from the file's import statements in source order (the first binding
     of a name wins)."""
     imports: dict[str, str] = {}
-    for node in parsed.parents:
+    for node in parsed.nodes_of(cst.Import, cst.ImportFrom):
         if isinstance(node, cst.Import):
             for alias in node.names:
                 dotted = _name_code(parsed, alias.name)
@@ -487,10 +506,6 @@ def _name_code(parsed: "ParsedModule", node: cst.CSTNode) -> str:
 def _tight(dot: cst.Dot) -> bool:
     return all(isinstance(space, cst.SimpleWhitespace) and not space.value
                for space in (dot.whitespace_before, dot.whitespace_after))
-
-
-def _as_sequence(value) -> tuple | list:
-    return value if isinstance(value, (list, tuple)) else (value,)
 
 
 @lru_cache(maxsize=None)

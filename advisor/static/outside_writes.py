@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 
+from advisor.static.python_ast import python_tree
+
 ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
 ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
@@ -34,7 +36,7 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     CPython cannot parse (the scan reports it). `own`: the file read is the one analysed, where `setattr(self, "x",
     v)` counts too (a class's attribute bound by a name the analysis of that class does not pair with a value)."""
     try:
-        tree = ast.parse(text)
+        tree = python_tree(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set(), set()
     imports: list[ast.Import | ast.ImportFrom] = []

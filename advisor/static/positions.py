@@ -6,7 +6,6 @@ used; where the check fails (or `ast` cannot read the file) the whole file's pos
 
 from __future__ import annotations
 
-import ast
 import re
 import warnings
 from collections.abc import Callable
@@ -14,6 +13,8 @@ from collections.abc import Callable
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from libcst.metadata.position_provider import PositionProvidingCodegenState
+
+from advisor.static.python_ast import python_tree
 
 NEWLINE = re.compile(r"\r\n?|\n")  # what libcst counts as a line break
 
@@ -96,7 +97,7 @@ def _statement_starts(module: cst.Module, source: str) -> dict[cst.CSTNode, int]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            body = ast.parse(source).body
+            body = python_tree(source).body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return {}
     starts, index = {}, 0

@@ -16,11 +16,18 @@ import libcst as cst
 def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     """`node.visit(visitor)` for a visitor that only reads: visit_X(node) returning False skips the children, and
     leave_X(node) follows them. Attribute-level hooks (visit_X_field) are not called."""
+    _walk(node, visitor, _handler_table(type(visitor)))
+
+
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, table: dict) -> None:
     kind = type(node)
-    visit, leave = _handlers(type(visitor), kind)
+    handlers = table.get(kind)
+    if handlers is None:
+        handlers = table[kind] = _handlers(type(visitor), kind)
+    visit, leave = handlers
     if visit is None or visit(visitor, node) is not False:
         for child in children(node):
-            walk(child, visitor)
+            _walk(child, visitor, table)
     if leave is not None:
         leave(visitor, node)
 
@@ -28,7 +35,11 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """`node.children` (its child nodes in libcst's visiting order), without libcst's copy of the node."""
     found = []
-    for name in child_fields(type(node)):
+    kind = type(node)
+    fields = _FIELDS.get(kind)
+    if fields is None:
+        fields = _FIELDS[kind] = child_fields(kind)
+    for name in fields:
         value = getattr(node, name)
         if type(value) in _SEQUENCES:
             found.extend(child for child in value if is_node(child))
@@ -49,6 +60,15 @@ def is_node(value) -> bool:
     if known is None:
         known = _NODE_TYPES[kind] = isinstance(value, cst.CSTNode)
     return known
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}  # child_fields by node type, read without lru_cache's call per node
+
+
+@lru_cache(maxsize=None)
+def _handler_table(visitor_type: type) -> dict:
+    """Node type -> its (visit, leave) handlers for one visitor type, filled as the walks meet node types."""
+    return {}
 
 
 @lru_cache(maxsize=None)

@@ -19,6 +19,19 @@ def test_parent_map_equals_libcsts_provider(path):
 
 
 @pytest.mark.parametrize("path", SOURCES[:3], ids=lambda p: p.name)
+def test_nodes_of_a_kind_are_the_parent_maps_instances_in_order(path):
+    """`nodes_of` reads node types, not isinstance: the same nodes in the same order, for concrete kinds, several
+    at once, and abstract bases."""
+    import libcst as cst
+
+    parsed = ParsedModule(path.read_text(), str(path))
+    for kinds in [(cst.Call,), (cst.Import, cst.ImportFrom), (cst.Name, cst.Attribute, cst.SimpleString),
+                  (cst.BaseSmallStatement, cst.BaseCompoundStatement), (cst.BaseExpression,)]:
+        expected = [node for node in parsed.parents if isinstance(node, kinds)]
+        assert expected and parsed.nodes_of(*kinds) == expected, kinds
+
+
+@pytest.mark.parametrize("path", SOURCES[:3], ids=lambda p: p.name)
 def test_parent_map_keys_keep_the_statements_in_source_order(path):
     """`imports` reads the map in order (the first import of a name wins): statements, imports among them, must
     come in libcst's visiting order (whitespace nodes may come elsewhere)."""

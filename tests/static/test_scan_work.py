@@ -62,3 +62,27 @@ def test_matcher_prefilter_reads_source_not_regenerated_code(monkeypatch):
     parsed = ParsedModule(CLASSES, "classes.py")
     assert [parsed.mentions(node, "softmax") for node in parsed.module.body[2:5]] == [True, False, False]
     assert not {"ClassDef", "FunctionDef"} & set(generated), generated
+
+
+def test_an_analysed_file_is_parsed_by_cpython_once(monkeypatch, tmp_path):
+    """The syntax check, the statements' first lines (positions) and the file's writes on other objects read one
+    `ast` tree of the file: CPython parses each scanned file once, however many of them read it."""
+    import ast
+
+    from advisor.engine.static import scan_paths
+
+    parsed = []
+    original = ast.parse
+
+    def counted(source, *args, **kwargs):
+        parsed.append(source)
+        return original(source, *args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", counted)
+    files = [tmp_path / "one.py", tmp_path / "two.py"]
+    for number, path in enumerate(files):
+        path.write_text(CLASSES.replace("Mlp", f"Mlp{number}"))
+    result = scan_paths([str(path) for path in files], jobs=1, cache=False)
+    assert len(result.findings) == 2 and any(f.patch for f in result.findings)
+    sources = [text for text in parsed if "class Attention" in str(text)]
+    assert sorted(map(str, sources)) == sorted(path.read_text() for path in files), len(sources)
