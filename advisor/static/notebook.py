@@ -90,6 +90,9 @@ def notebook_code(raw: str) -> NotebookCode:
     except json.JSONDecodeError as exc:
         raise ValueError(f"not a Jupyter notebook: invalid JSON at line {exc.lineno} ({exc.msg})") from None
     cells = document.get("cells") if isinstance(document, dict) else None
+    if not isinstance(cells, list) and isinstance(document, dict) and "worksheets" in document:
+        raise ValueError("not a Jupyter notebook advisor reads: nbformat 3 (`jupyter nbconvert --to notebook "
+                         "--inplace` converts it to nbformat 4)")
     if not isinstance(cells, list):
         raise ValueError("not a Jupyter notebook: no list of cells (nbformat 4)")
     lines: list[str] = []

@@ -115,6 +115,7 @@ def test_a_syntax_error_names_its_cell_and_line(capsys, workdir):
 @pytest.mark.parametrize("raw, says", [
     ("{", "invalid JSON"), ('{"cells": 3}', "no list of cells"), ('[]', "no list of cells"),
     ('{"cells": [{"cell_type": "code", "source": 5}]}', "cell 1 has a source that is not text"),
+    ('{"nbformat": 3, "worksheets": [{"cells": []}]}', "nbformat 3 (`jupyter nbconvert"),
 ])
 def test_a_broken_notebook_is_one_error_entry(capsys, workdir, raw, says):
     (workdir / "x.ipynb").write_text(raw)
