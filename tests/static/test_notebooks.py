@@ -156,3 +156,11 @@ def test_ipython_syntax_is_masked_only_where_a_statement_starts():
     compile(code.text, "nb", "exec")
     changed = json.loads(code.with_code(code.text.replace("y = (a", "y = (c")))
     assert "".join(changed["cells"][0]["source"]) == source.replace("y = (a", "y = (c")
+
+
+def test_the_text_table_places_a_notebook_finding_in_its_cell(capsys, workdir, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    write_notebook(workdir / "nb.ipynb", [cell("markdown", "# m\n"), cell("code", NANOGPT.read_text())])
+    [expected] = python_findings(capsys, NANOGPT)
+    main(["scan", "nb.ipynb"])
+    assert f"nb.ipynb:cell 2:{expected['line']}" in capsys.readouterr().out
