@@ -72,21 +72,54 @@ def _paths(paths) -> list[str]:
 def _arguments(verb: str, positional: list[str], options: dict, **fixed):
     """The verb's argparse namespace as the CLI builds it (its defaults, then the configuration file), with the
     keyword options in place of flags."""
-    from advisor.backends import REQUESTABLE
     from advisor.cli import build_parser
     from advisor.config import configure
     from advisor.registry import parse_selectors
 
-    args = build_parser().parse_args([verb, "--", *positional] if positional else [verb])
+    parser = build_parser()
+    args = parser.parse_args([verb, "--", *positional] if positional else [verb])
+    actions = _verb_actions(parser, verb)
     for name, value in {**options, **fixed}.items():
         if name not in vars(args) and name not in fixed:
             raise TypeError(f"{verb}() got an unexpected option {name!r}")
+        value = _checked(verb, name, value, actions.get(name))
         if name in ("select", "ignore") and value is not None:
             value = parse_selectors(value if isinstance(value, str) else ",".join(value))
-        if name == "backend" and value is not None and value not in REQUESTABLE:
-            raise ValueError(f"backend must be one of {', '.join(REQUESTABLE)}, not {value!r}")
         setattr(args, name, value)
     args.quiet = True
     args.argv = [verb, *positional]  # what optimize's `apply_command` repeats
     configure(args)
     return args
+
+
+def _verb_actions(parser, verb: str) -> dict:
+    """The verb's argparse actions by destination: what the CLI would accept for each option."""
+    import argparse
+
+    [subparsers] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {action.dest: action for action in subparsers.choices[verb]._actions}
+
+
+def _checked(verb: str, name: str, value, action):
+    """`value` as the flag's own parser would take it: a switch takes a bool (`cache="no"` would be true), a
+    choice one of its choices, a number flag a number its check accepts (`timeout=-1` is refused, as
+    `--timeout -1` is). select/ignore are read below (a list or "ADV1,ADV2")."""
+    import argparse
+
+    if value is None or action is None or name in ("select", "ignore"):
+        return value
+    if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{verb}() option {name!r} must be a bool, not {type(value).__name__}")
+    elif action.choices is not None:
+        if value not in action.choices:
+            raise ValueError(f"{name} must be one of {', '.join(action.choices)}, not {value!r}")
+    elif action.type is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{verb}() option {name!r} must be a number, not {type(value).__name__}")
+        try:
+            return action.type(str(value))
+        except ValueError:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{verb}() option {name!r} takes no {value!r}, as {flag} takes none") from None
+    return value

@@ -101,6 +101,8 @@ def _read_toml(path: Path) -> dict:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise AdvisorError(f"{path}: invalid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; tomllib lets the decoder's error through
+        raise AdvisorError(f"{path}: invalid TOML (not UTF-8: byte {exc.start})") from None
     except OSError as exc:
         raise AdvisorError(f"{path}: {exc.strerror or exc}") from None
 
@@ -181,7 +183,7 @@ def settle(args, start: str | None) -> Path | None:
     if args.config:
         path = Path(args.config)
         if not path.is_file():
-            raise AdvisorError(f"--config {args.config}: no such file")
+            raise AdvisorError(f"--config {args.config}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     else:
         path = find_config(start) if start else None
         path = path or find_config(".")

@@ -58,6 +58,14 @@ def joined(reasons: tuple[str, ...]) -> str | None:
     return "; ".join(reasons) if reasons else None
 
 
+def located_message(finding: "Finding") -> str:
+    """The finding's message (and reason) for a format that points at lines of the file: a notebook's lines are
+    its cells', not the JSON file's, so there the cell and lines lead the message and no file line is given."""
+    text = finding.message if finding.reason is None else f"{finding.message} ({finding.reason})"
+    cell = finding.extra.get("cell")
+    return text if cell is None else f"cell {cell}, lines {finding.line}-{finding.end_line}: {text}"
+
+
 def display_path(path: str) -> str:
     """Relative to the current directory when the file is under it, else absolute (as Ruff prints it); bytes of a
     name that are not UTF-8 written as `\\xNN` (see as_text)."""

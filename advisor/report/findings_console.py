@@ -27,7 +27,8 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
             if "self_us" in finding.extra:
                 what += (f"\n[bold]measured: {finding.extra['self_us'] / 1000:.3f} ms/step, "
                          f"{finding.extra['share']:.1%} of the step[/bold]")
-            location = f"{short_path(finding.path)}:{finding.line}\n[dim]{shown(finding.function)}[/dim]"
+            cell = f":cell {finding.extra['cell']}" if "cell" in finding.extra else ""  # a notebook's lines are a cell's
+            location = f"{short_path(finding.path)}{cell}:{finding.line}\n[dim]{shown(finding.function)}[/dim]"
             table.add_row(location, finding.rule, fix, what)
         console.print(table)
     else:

@@ -4,14 +4,15 @@ actions/toolkit `issueCommand`): `%`, CR and LF in the message; those and `:` an
 
 from __future__ import annotations
 
-from advisor.contracts.finding import Finding, ScanError, display_path
+from advisor.contracts.finding import Finding, ScanError, display_path, located_message
 
 
 def github_annotations(findings: list[Finding], errors: list[ScanError]) -> list[str]:
     """One line per finding (`warning`, the level SARIF gives them) and per file that could not be scanned
     (`error`)."""
-    lines = [_command("warning", f.message if f.reason is None else f"{f.message} ({f.reason})",
-                      file=display_path(f.path), line=f.line, endLine=f.end_line, title=f"advisor {f.rule}")
+    lines = [_command("warning", located_message(f), file=display_path(f.path),
+                      **({} if "cell" in f.extra else {"line": f.line, "endLine": f.end_line}),
+                      title=f"advisor {f.rule}")
              for f in findings]
     lines += [_command("error", e.message, file=display_path(e.path), title="advisor: not scanned") for e in errors]
     return lines

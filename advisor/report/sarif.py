@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from urllib.parse import quote
 
-from advisor.contracts.finding import Finding, ScanError, as_text, relative_path
+from advisor.contracts.finding import Finding, ScanError, as_text, located_message, relative_path
 from advisor.registry import load_rules
 
 
@@ -25,10 +25,10 @@ def to_sarif(findings: list[Finding], errors: list[ScanError], files_scanned: in
             "results": [{
                 "ruleId": f.rule,
                 "level": "warning",
-                "message": {"text": f.message if f.reason is None else f"{f.message} ({f.reason})"},
+                "message": {"text": located_message(f)},
                 "locations": [{"physicalLocation": {
                     "artifactLocation": {"uri": _uri(f.path)},
-                    "region": {"startLine": f.line, "endLine": f.end_line}}}],
+                    **({} if "cell" in f.extra else {"region": {"startLine": f.line, "endLine": f.end_line}})}}],
             } for f in findings],
             "invocations": [{
                 "executionSuccessful": files_scanned > 0 and not any(e.internal for e in errors),

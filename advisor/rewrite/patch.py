@@ -58,9 +58,13 @@ def write_atomically(path: str, expected_before: str, new_text: str, force_reado
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
         raise WriteRefused(f"cannot open it to write the fix ({exc.strerror})") from None
-    with os.fdopen(descriptor, "rb") as original:
+    try:  # before fdopen, which raises IsADirectoryError for a folder put at the file's name
         status = os.fstat(descriptor)
         _refuse_unsafe(path, status, force_readonly)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    with os.fdopen(descriptor, "rb") as original:
         before = original.read()
         try:
             current, codec = decode_source(before)

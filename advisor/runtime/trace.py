@@ -132,6 +132,7 @@ class _Reader:
 
     def read(self, handle) -> None:
         parsers = [ijson.items_coro(self._events, "traceEvents.item", use_float=True),
+                   ijson.items_coro(self._events, "item", use_float=True),  # the Trace Event Format's array form
                    ijson.items_coro(self.info, "distributedInfo", use_float=True)]
         for chunk in iter(partial(handle.read, _CHUNK_BYTES), b""):
             for parser in parsers:

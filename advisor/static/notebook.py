@@ -7,12 +7,17 @@ was read in (only the changed cells' sources differ)."""
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import re
+import tokenize
 from bisect import bisect_right
 from dataclasses import dataclass
 
-MAGIC_LINE = re.compile(r"^(\s*)(%|!)")  # a line magic or shell escape (IPython reads them at any indentation)
+# IPython's line syntax (at any indentation): a line magic or shell escape, one assigned (`files = !ls`,
+# `t = %timeit -o f()`), or a help request (`obj?`, `??obj`); none of them is Python.
+MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|[\w.]+(?:\s*,\s*[\w.]+)*\s*=\s*[%!]|\?{1,2}[\w.]|[\w.]+\?{1,2}\s*$)")
+CODE_NEWLINE = re.compile(r"\r\n|\r|\n")  # the newlines Python's tokenizer reads (not str.splitlines' \f, \u2028, ...)
 CELL_MAGIC = re.compile(r"^\s*%%")
 BOUNDARY = "# advisor: notebook cell boundary"
 LINE_MAGIC_MASK, CELL_MAGIC_MASK = "pass  # (IPython magic)", "# (IPython cell magic)"
@@ -42,7 +47,7 @@ class NotebookCode:
         layout = _layout(document, self.raw)
         for cell, text in zip(_code_cells(document), self._cell_texts(fixed)):
             source = _joined(cell.get("source", ""))
-            if text != "\n".join(source.splitlines()):
+            if text != "\n".join(_code_lines(source)):
                 text += "\n" if source.endswith("\n") else ""
                 cell["source"] = text.splitlines(keepends=True) if isinstance(cell.get("source"), list) else text
         return layout(document)
@@ -85,6 +90,9 @@ def notebook_code(raw: str) -> NotebookCode:
     except json.JSONDecodeError as exc:
         raise ValueError(f"not a Jupyter notebook: invalid JSON at line {exc.lineno} ({exc.msg})") from None
     cells = document.get("cells") if isinstance(document, dict) else None
+    if not isinstance(cells, list) and isinstance(document, dict) and "worksheets" in document:
+        raise ValueError("not a Jupyter notebook advisor reads: nbformat 3 (`jupyter nbconvert --to notebook "
+                         "--inplace` converts it to nbformat 4)")
     if not isinstance(cells, list):
         raise ValueError("not a Jupyter notebook: no list of cells (nbformat 4)")
     lines: list[str] = []
@@ -99,7 +107,7 @@ def notebook_code(raw: str) -> NotebookCode:
             lines.append(BOUNDARY)
         starts.append(len(lines) + 1)
         numbers.append(number)
-        cell_lines = source.splitlines()
+        cell_lines = _code_lines(source)
         masked = _masked(cell_lines) or [""]
         magics.append(tuple(o for o, m in zip(cell_lines, masked) if o != m))
         lines.extend(masked)
@@ -108,6 +116,12 @@ def notebook_code(raw: str) -> NotebookCode:
 
 def _joined(source):
     return "".join(source) if isinstance(source, list) and all(isinstance(s, str) for s in source) else source
+
+
+def _code_lines(source: str) -> list[str]:
+    """The source's lines as Python reads them: a form feed or U+2028 inside a string literal splits no line."""
+    lines = CODE_NEWLINE.split(source)
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 def _code_cells(document: dict) -> list[dict]:
@@ -130,11 +144,25 @@ def _layout(document: dict, raw: str):
 
 def _masked(cell_lines: list[str]) -> list[str]:
     """A cell magic makes the whole cell IPython's (`%%bash`, `%%timeit`): every line becomes a comment. A line
-    magic or shell escape becomes `pass` at its indentation, so a block that holds only it still parses."""
+    magic or shell escape becomes `pass` at its indentation, so a block that holds only it still parses; only
+    where a statement starts, as IPython reads them (`% b)` continuing a bracket, or a string's line, is Python)."""
     if cell_lines and CELL_MAGIC.match(cell_lines[0]):
         return [CELL_MAGIC_MASK] * len(cell_lines)
     masked = []
     for line in cell_lines:
         magic = MAGIC_LINE.match(line)
-        masked.append(f"{magic.group(1)}{LINE_MAGIC_MASK}" if magic else line)
+        starts = magic and _statement_ends(masked)
+        masked.append(f"{magic.group(1)}{LINE_MAGIC_MASK}" if starts else line)
     return masked
+
+
+def _statement_ends(lines: list[str]) -> bool:
+    """Whether `lines` end between statements: no bracket, string or backslash continuation left open."""
+    try:
+        for _ in tokenize.generate_tokens(io.StringIO("".join(f"{line}\n" for line in lines)).readline):
+            pass
+    except tokenize.TokenError:
+        return False
+    except SyntaxError:  # a dedent that matches no block: the parse reports it; the line starts a statement
+        return True
+    return True

@@ -34,8 +34,11 @@ FORMAT = b"advisor-scan-cache 1\n"  # bump when the entries' layout changes
 
 
 def cache_root() -> Path:
-    """`$XDG_CACHE_HOME/advisor`, else `~/.cache/advisor` (the XDG base directory default)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """`$XDG_CACHE_HOME/advisor`, else `~/.cache/advisor` (the XDG base directory default). A relative
+    `XDG_CACHE_HOME` is ignored, as the XDG spec says: it would put a cache folder in every tree scanned from."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "advisor"
 
 

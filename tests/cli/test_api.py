@@ -68,6 +68,22 @@ def test_scan_options_and_configuration_are_the_clis(workdir):
         advisor.scan("model.py")
 
 
+@pytest.mark.parametrize("verb, options, error, says", [
+    ("fix", {"apply": "no"}, TypeError, "'apply' must be a bool"),  # a truthy string would have written the file
+    ("scan", {"cache": "false"}, TypeError, "'cache' must be a bool"),
+    ("profile", {"timeout": -1}, ValueError, "as --timeout takes none"),
+    ("profile", {"timeout": "5"}, TypeError, "must be a number"),
+    ("profile", {"device": "gpu"}, ValueError, "device must be one of cpu, cuda"),
+    ("optimize", {"calls": 0}, ValueError, "as --calls takes none"),
+])
+def test_an_option_the_flag_would_refuse_is_refused_before_anything_runs(workdir, verb, options, error, says):
+    shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
+    before = (workdir / "model.py").read_bytes()
+    with pytest.raises(error, match=says):
+        getattr(advisor, verb)("model.py:workload" if verb in ("profile", "optimize") else "model.py", **options)
+    assert (workdir / "model.py").read_bytes() == before
+
+
 def test_fix_shows_then_applies_and_says_what_remains(workdir):
     model = workdir / "model.py"
     shutil.copy(COPIES_AND_CASTS, model)

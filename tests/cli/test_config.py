@@ -38,7 +38,8 @@ def project(tmp_path, monkeypatch):
 
 def write_config(folder: Path, body: str, name: str = "pyproject.toml") -> Path:
     path = folder / name
-    path.write_text(("[tool.advisor]\n" if name == "pyproject.toml" else "") + body)
+    text = ("[tool.advisor]\n" if name == "pyproject.toml" else "") + body
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))  # "\udcff" in a body is the byte 0xff
     return path
 
 
@@ -128,6 +129,7 @@ def test_unsafe_fixes_and_backend_from_the_file_and_the_no_flag(capsys, project)
     ('backend = "cudnn"\n', "backend must be one of sdpa, flash, flash-attn"),
     ('per-file-ignores = ["x"]\n', "per-file-ignores must be a table"),
     ('select = [\n', "invalid TOML"),
+    ('select = ["ADV1"]  # caf\udcff\n', "invalid TOML (not UTF-8"),  # a latin-1 byte: was a UnicodeDecodeError
 ])
 def test_a_mistake_in_the_file_is_one_line_and_exit_2(capsys, project, body, says):
     write_config(project, body)
@@ -140,6 +142,8 @@ def test_a_mistake_in_the_file_is_one_line_and_exit_2(capsys, project, body, say
 def test_a_missing_config_file_is_a_usage_error(capsys, project):
     assert main(["scan", "src", "--config", "nope.toml"]) == 2
     assert "--config nope.toml: no such file" in capsys.readouterr().err
+    assert main(["scan", "src", "--config", "src"]) == 2
+    assert "--config src: a folder, not a file" in capsys.readouterr().err
 
 
 def test_optimize_reads_backend_and_unsafe_fixes_starting_at_the_target_file(project, tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ import pytest
 from advisor.cli import main
 from advisor.contracts.finding import Finding, ScanError
 from advisor.report.github import github_annotations
+from advisor.report.sarif import to_sarif
 from fixture_models import fixture_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +81,19 @@ def test_github_escapes_data_and_properties_as_github_documents():
         "::warning file=dir%2Cx/a%3Ab.py,line=3,endLine=5,title=advisor ADV101::100%25 of%0D%0Athe time",
         "::error file=c.py,title=advisor%3A not scanned::line one%0Aline two, 50%25"]
 
+
+
+def test_a_notebook_finding_names_its_cell_and_points_at_no_line_of_the_json():
+    """Its lines are the cell's: as a line of the .ipynb file they annotated some unrelated JSON line."""
+    finding = Finding("ADV101", "attention", "nb.ipynb", 38, 42, "f", "attention", reasons=())
+    finding.extra["cell"] = 4
+    [annotation] = github_annotations([finding], [])
+    assert annotation == "::warning file=nb.ipynb,title=advisor ADV101::cell 4, lines 38-42: attention"
+    sarif = to_sarif([finding], [], 1)
+    [result] = sarif["runs"][0]["results"]
+    assert result["message"]["text"].startswith("cell 4, lines 38-42: ")
+    assert result["locations"] == [{"physicalLocation": {"artifactLocation": {"uri": "nb.ipynb"}}}]
+    assert jsonschema.Draft4Validator(json.loads(SCHEMA.read_text())).is_valid(sarif)
 
 def _git_env(tmp_path: Path) -> dict[str, str]:
     """pre-commit's cache in the test's folder, this interpreter's `advisor` first on PATH, a git identity."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from advisor.cli import main
-from advisor.rewrite.patch import FileChanged, write_atomically
+from advisor.rewrite.patch import FileChanged, WriteRefused, write_atomically
 from advisor.static.discover import discover
 from fixture_models import fixture_paths, golden_path
 from processes import HAS_PROC, children, running
@@ -128,6 +128,15 @@ def test_an_edit_while_the_temporary_file_is_written_is_not_lost(monkeypatch, tm
         write_atomically(str(target), "a = 1\n", "a = 2\n")
     assert target.read_text() == "a = 9\n" and leftovers(tmp_path) == []
 
+
+
+def test_a_folder_put_at_the_files_name_after_the_scan_is_refused_with_its_reason(tmp_path):
+    """It was an internal error ("IsADirectoryError: ... 3", exit 2, no file named), before the regular-file check."""
+    target = tmp_path / "m.py"
+    target.mkdir()
+    with pytest.raises(WriteRefused, match="not a regular file"):
+        write_atomically(str(target), "a = 1\n", "a = 2\n")
+    assert target.is_dir() and leftovers(tmp_path) == []
 
 def test_an_edit_into_the_file_just_before_the_rename_is_put_back(monkeypatch, tmp_path):
     target = tmp_path / "m.py"

@@ -59,6 +59,13 @@ def test_sdpa_fallback_reason_from_trace_shapes(tmp_path, capsys):
     assert any("dropout" in reason for reason in fallback["evidence"]["reasons"])
 
 
+def test_a_trace_in_the_json_array_format_reads_as_its_object_form(trace_file, tmp_path, capsys):
+    """The Trace Event Format's other form, a bare list of events, was "not a Chrome/Kineto trace"."""
+    (tmp_path / "array.json").write_text(json.dumps(json.loads(trace_file.read_text())["traceEvents"]))
+    code, as_array = _analyze(capsys, tmp_path / "array.json")
+    _, as_object = _analyze(capsys, trace_file)
+    assert code == 1 and as_array["findings"] and as_array["findings"] == as_object["findings"]
+
 def test_trace_without_stacks_says_so(trace_file, tmp_path, capsys):
     data = json.loads(trace_file.read_text())
     for event in data["traceEvents"]:

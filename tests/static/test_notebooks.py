@@ -115,6 +115,7 @@ def test_a_syntax_error_names_its_cell_and_line(capsys, workdir):
 @pytest.mark.parametrize("raw, says", [
     ("{", "invalid JSON"), ('{"cells": 3}', "no list of cells"), ('[]', "no list of cells"),
     ('{"cells": [{"cell_type": "code", "source": 5}]}', "cell 1 has a source that is not text"),
+    ('{"nbformat": 3, "worksheets": [{"cells": []}]}', "nbformat 3 (`jupyter nbconvert"),
 ])
 def test_a_broken_notebook_is_one_error_entry(capsys, workdir, raw, says):
     (workdir / "x.ipynb").write_text(raw)
@@ -142,3 +143,24 @@ def test_a_fix_that_moves_a_boundary_or_a_masked_line_is_never_written_back():
         code.with_code(code.text.replace("pass  # (IPython magic)\n", ""))
     changed = json.loads(code.with_code(code.text.replace("b = 2", "b = 3")))
     assert changed["cells"][1]["source"] == ["b = 3\n"] and changed["cells"][0]["source"] == ["a = 1\n", "!ls\n"]
+
+
+def test_ipython_syntax_is_masked_only_where_a_statement_starts():
+    """IPython's assigned magics and help requests are masked; a `%` or `!` that continues a bracket, or starts a
+    line of a string, is Python and kept; a form feed or U+2028 in a string splits no line."""
+    source = ("files = !ls\nt, u = %timeit -o f()\nlen?\n??len\ny = (a\n     % b)\nz = x \\\n  != 2\n"
+              "s = '''\n!not a shell line\n'''\nw = 'a\fb\u2028c'\n")
+    code = notebook_code(json.dumps({"cells": [cell("code", source)]}))
+    masked = ["pass  # (IPython magic)"] * 4
+    assert code.text.split("\n")[:-1] == masked + source.split("\n")[4:-1]
+    compile(code.text, "nb", "exec")
+    changed = json.loads(code.with_code(code.text.replace("y = (a", "y = (c")))
+    assert "".join(changed["cells"][0]["source"]) == source.replace("y = (a", "y = (c")
+
+
+def test_the_text_table_places_a_notebook_finding_in_its_cell(capsys, workdir, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    write_notebook(workdir / "nb.ipynb", [cell("markdown", "# m\n"), cell("code", NANOGPT.read_text())])
+    [expected] = python_findings(capsys, NANOGPT)
+    main(["scan", "nb.ipynb"])
+    assert f"nb.ipynb:cell 2:{expected['line']}" in capsys.readouterr().out

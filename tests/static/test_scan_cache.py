@@ -206,6 +206,8 @@ def test_the_cache_lives_under_xdg_cache_home_else_home(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_root() == tmp_path / "home" / ".cache" / "advisor"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative")  # the XDG spec: ignored, never a folder in the scanned tree
+    assert cache_root() == tmp_path / "home" / ".cache" / "advisor"
 
 
 def _edit_when_analysed(monkeypatch, path: Path, text: str, before_read: bool) -> None:
