@@ -130,6 +130,9 @@ def load_config(path: Path) -> dict:
         key = KEYS.get(name)
         if key is None:
             raise AdvisorError(f"{where}: unknown key {name!r} (known: {', '.join(KEYS)})")
+        if key.dest == "select" and value == []:
+            # Ruff reads an empty select as "no rule"; a scan that checks nothing is never what was meant.
+            raise AdvisorError(f"{where} select = [] selects no rule (leave the key out to select every rule)")
         values[key.dest] = _checked(key.kind, value, f"{where} {name}")
     return values
 

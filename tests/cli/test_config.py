@@ -125,6 +125,7 @@ def test_unsafe_fixes_and_backend_from_the_file_and_the_no_flag(capsys, project)
     ('selct = ["ADV1"]\n', "unknown key 'selct'"),
     ('select = "ADV1"\n', "select must be a list of strings"),
     ('select = ["ADV9999"]\n', "unknown rule code or prefix: ADV9999"),
+    ('select = []\n', "select = [] selects no rule"),  # it selected every rule, unlike Ruff and --select ''
     ('unsafe-fixes = "yes"\n', "unsafe-fixes must be true or false"),
     ('backend = "cudnn"\n', "backend must be one of sdpa, flash, flash-attn"),
     ('per-file-ignores = ["x"]\n', "per-file-ignores must be a table"),
