@@ -3,6 +3,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Wall-clock limits fail a test on a loaded machine (CI shares 2 cores), never on a behaviour: hypothesis' 200 ms
+# deadline and its too-slow health check are off for every property test; each still sets its own examples.
+settings.register_profile("advisor", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("advisor")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTS_DIR = Path(__file__).resolve().parent

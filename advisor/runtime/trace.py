@@ -152,7 +152,9 @@ class _Reader:
         del self._events[:]
 
     def _keep_event(self, event) -> None:
-        if not isinstance(event, dict) or event.get("ph") != "X":
+        if not isinstance(event, dict):
+            raise _Malformed(f"an event is not an object ({event!r:.40})")
+        if event.get("ph") != "X":
             return
         cat, name, args = event.get("cat", ""), event.get("name", ""), event.get("args") or {}
         if not isinstance(cat, str) or not isinstance(name, str) or not isinstance(args, dict):

@@ -72,6 +72,7 @@ MALFORMED = {
     "rank-a-string": dict(distributedInfo={"rank": "one"}),
     "distributedInfo-a-list": dict(distributedInfo=[0]),
     "step-marker-without-a-number": dict(step={"name": "ProfilerStep#last"}),
+    "events-not-objects": dict(extra=[None, 1, "x"]),  # were skipped: the trace read as clean
     "correlation-beyond-64-bits": dict(extra=[{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7,
                                                "ts": 101.0, "dur": 2.0, "args": {"correlation": 1 << 64}}]),
 }
