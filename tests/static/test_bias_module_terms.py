@@ -117,6 +117,12 @@ def test_a_bias_module_term_is_proved_in_its_class_and_passed_as_the_mask(forwar
     _assert_same(original, patched, dtype, monkeypatch, sdpa_expected=True)
 
 
+def test_a_bias_module_patch_is_idempotent():
+    """The original kept under `else:` and the emitted check are no new finding."""
+    fixed = _analysed(TEMPLATE.format(forward=ADD)).fixed
+    assert analyze_source(fixed, "case.py").fixed == fixed
+
+
 @pytest.mark.parametrize("hook", ["forward", "forward_pre", "global"])
 def test_a_hook_on_the_bias_module_runs_the_original(hook, monkeypatch):
     """A hook changes what the module's call gives (here it doubles the scores or the bias): only the original,
