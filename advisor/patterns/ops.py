@@ -443,10 +443,15 @@ def _module_class(parsed: ParsedModule, name: str) -> tuple[ParsedModule, ClassI
 
 
 def _module_classes(parsed: ParsedModule) -> dict[str, tuple[ParsedModule, ClassInfo]]:
-    """The plain module classes the file defines or imports by name (once per file)."""
+    """The plain module classes the file defines, or imports by name and passes to a call (`partial(RelPosBias,
+    ...)`, `Block(rel_pos_cls=RelPosMlp)`): a class a caller may hand to the constructor (once per file; only those
+    imported names are resolved, which parses the modules defining them)."""
 
     def build(module: ParsedModule) -> dict[str, tuple[ParsedModule, ClassInfo]]:
-        names = list(module.top_level_classes) + [n for n, dotted in module.imports.items() if "." in dotted]
+        passed = {arg.value.value for call in module.calls_and_classes[0] for arg in call.args
+                  if isinstance(arg.value, cst.Name)}
+        names = list(module.top_level_classes) + [n for n, dotted in module.imports.items()
+                                                  if "." in dotted and n in passed]
         found = {name: _module_class(module, name) for name in names}
         return {name: value for name, value in found.items() if value is not None}
 
