@@ -210,3 +210,29 @@ def test_a_bias_module_called_with_an_argument_that_runs_code_is_not_followed():
         "\n    def shared(self):\n        return None\n"
     finding = _finding(source)
     assert not finding.fixable and "forward is not followed" in finding.reason, finding.reason
+
+
+def test_a_bias_module_table_of_another_dtype_than_q_runs_the_original(monkeypatch):
+    """q, k and v passed in (as GCViT's global query): nothing ties the term's dtype to q's, so the patch checks the
+    table's dtype (a gather keeps it): equal, SDPA; a wider table, the original (which promotes the scores, then
+    raises at the value product, as the patch must)."""
+    source = TEMPLATE.format(forward=ADD).replace("def forward(self, x):", "def forward(self, q, k, v):").replace(
+        "        B, N, C = x.shape\n        q, k, v = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads)"
+        ".permute(2, 0, 3, 1, 4).unbind(0)\n", "").replace(
+        "return (attn @ v).transpose(1, 2).reshape(B, N, C)", "return attn @ v")
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and "mask-dtype" in _facts(finding, "guarded"), finding.reason
+    assert "self.rel_pos.table.dtype == q.dtype" in finding.patch
+    original, patched, _ = _pair(source, torch.float32)
+    q, k, v = torch.randn(3, 2, 2, 5, 8).unbind(0)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v), atol=1e-5, rtol=1e-5)
+    assert calls == [1]
+    for model in (original, patched):
+        model.rel_pos.double()
+        with pytest.raises(RuntimeError):
+            model(q, k, v)
+    assert calls == [1]

@@ -23,7 +23,8 @@ from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
-from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, is_module_check, module_checks
+from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
+    is_module_check, module_checks
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
@@ -96,10 +97,13 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         else:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
             ranks = [_known_rank(c, t) if name == MASK_RANK else None for t in terms]
-            reads = [query] + [t.source for t, known in zip(terms, ranks) if known is None]
-            parts = [_mask_check(c, name, term, query, torch_name) if known is None else
+            tabled = [name == MASK_DTYPE and bool(t.tables) for t in terms]
+            reads = [query] + [t.source for t, known, by in zip(terms, ranks, tabled) if known is None and not by] + \
+                [table for t, by in zip(terms, tabled) if by for table in t.tables]
+            parts = [_tables_dtype_check(c, term, query) if by else
+                     _mask_check(c, name, term, query, torch_name) if known is None else
                      parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
-                     for term, known in zip(terms, ranks)]
+                     for term, known, by in zip(terms, ranks, tabled)]
         lifted = _lifted(c, span, reads) if parts else None
         if parts and None not in parts and lifted is not None and \
                 holds_at(c, span[0], output_statement, reads, lifted):
@@ -258,6 +262,16 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
     if term.guard is not None:
         template = "{base} is None or " + template
     return parse_template_expression(template, m=mask, q=query, base=base, torch=cst.Name(torch_name))
+
+
+def _tables_dtype_check(c: Candidate, term: MaskTerm, query: cst.BaseExpression) -> cst.BaseExpression:
+    """`self.rel_pos.table.dtype == q.dtype` for each table a bias module's term gathers (its dtype is theirs), read
+    after the module's class check (`self.rel_pos is None or ...` where the module is called only if not None)."""
+    checks = [parse_template_expression("{t}.dtype == {q}.dtype", t=table, q=query) for table in term.tables]
+    check = checks[0] if len(checks) == 1 else joined(cst.And, checks)
+    if not called_only_if_not_none(c, term.module[0], term.module[2]):
+        return check
+    return parse_template_expression("{m} is None or {check}", m=term.module[2], check=parenthesized(check))
 
 
 def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpression:

@@ -35,7 +35,8 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
                         optional=op.params.get("optional", False), learned=None if rebound else table,
                         learned_rebound=(table, rebound) if rebound else None,
                         rank=module.rank if module else None,
-                        module=(op.node.func.attr.value, module.classes, op.node.func) if module else None)
+                        module=(op.node.func.attr.value, module.classes, op.node.func) if module else None,
+                        tables=tuple(cst.Attribute(op.node.func, cst.Name(t)) for t in module.tables) if module else ())
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False

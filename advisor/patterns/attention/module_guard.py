@@ -104,14 +104,14 @@ def module_checks(c: Candidate, torch_name: str) -> tuple[list[cst.BaseExpressio
         if dim is not None:  # `... and self.softmax.dim == -1`: read only once the module is exactly a Softmax
             part = cst.BooleanOperation(part, cst.And(), cst.Comparison(cst.Attribute(read, cst.Name("dim")), [
                 cst.ComparisonTarget(cst.Equal(), dim)]))
-        if _called_only_if_not_none(c, attribute, read):  # `self.rel_pos is None or ...`: no call to stand for
+        if called_only_if_not_none(c, attribute, read):  # `self.rel_pos is None or ...`: no call to stand for
             part = cst.BooleanOperation(cst.Comparison(read, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
                                         cst.Or(), part)
         parts.append(part)
     return [read for read, _ in modules], parts
 
 
-def _called_only_if_not_none(c: Candidate, attribute: str, read: cst.BaseExpression) -> bool:
+def called_only_if_not_none(c: Candidate, attribute: str, read: cst.BaseExpression) -> bool:
     """A bias module called only under `if self.<attribute> is not None:`: where it is None the block runs no call
     of it, and the patch reads its term on the same path only."""
     term = _bias_term(c, attribute)

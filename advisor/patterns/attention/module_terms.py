@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate, FunctionScope
-from advisor.patterns.attention.learned_bias import learned_reading
+from advisor.patterns.attention.learned_bias import learned_tables
 from advisor.patterns.attention.tensor_facts import rank_bounds
 from advisor.patterns.ops import BiasModule, Op, OpReader
 
@@ -25,6 +25,8 @@ class ModuleTerm:
     table: str | None  # the learned table every such class's term reads, on the module (`self.rel_pos.table`)
     rank: tuple[int, int | None]
     classes: tuple[str, ...]  # the classes, as this file names them: the run-time check accepts exactly these
+    tables: tuple[str, ...]  # the tables' attribute names where every such class reads the same ones (the term has
+    #                          the dtype of one of them), else none
 
 
 def module_term(op: Op) -> ModuleTerm | None:
@@ -35,16 +37,18 @@ def module_term(op: Op) -> ModuleTerm | None:
     if found is None:
         return None
     module_expression = cst.Module([]).code_for_node(op.node.func)
-    read = [(module, learned_reading(inside, term), rank_bounds(inside).bounds(term))
+    read = [(module, learned_tables(inside, term), rank_bounds(inside).bounds(term))
             for module, inside, term in ((module, _candidate_in(module, forward), term)
                                          for module, forward, term in found)]
-    learned = [(module, reading, rank) for module, reading, rank in read if reading and reading[1] is None]
+    learned = [(module, tables, rank) for module, tables, rank in read if tables]
     kept = learned or read
     ranks = [rank for _, _, rank in kept]
     highs = [high for _, high in ranks]
     table = module_expression + learned[0][1][0].removeprefix("self") if learned else None
+    names = {tuple(tables) for _, tables, _ in learned}
     return ModuleTerm(table, (min(low for low, _ in ranks), None if None in highs else max(highs)),
-                      tuple(module.built_as for module, _, _ in kept))
+                      tuple(module.built_as for module, _, _ in kept),
+                      tuple(t.removeprefix("self.") for t in names.pop()) if len(names) == 1 else ())
 
 
 def _candidate_in(module: BiasModule, forward: cst.FunctionDef) -> Candidate:

@@ -46,6 +46,7 @@ class MaskTerm:
     rank: tuple[int, int | None] | None = None  # bounds read where the term is written (a bias module's class)
     # a bias module's term: (`self.<attr>`'s attr, the classes the term is read for, the `self.<attr>` called)
     module: tuple[str, tuple[str, ...], cst.Attribute] | None = None
+    tables: tuple[cst.BaseExpression, ...] = ()  # the learned tables the term reads, as plain attributes to check
     keep: cst.BaseExpression | None = None  # a finite fill's mask in SDPA's polarity (True = attend)
 
 
