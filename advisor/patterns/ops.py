@@ -162,19 +162,29 @@ class OpReader:
         forward adds a term to the scores (`_bias_forward`)."""
         if not isinstance(built.func, cst.Name):
             return None
-        found = package_definition(self.parsed, built.func.value, lambda module: module.top_level_classes)
+        found = _module_class(self.parsed, built.func.value)
         if found is None:
             return None
         home, module_class = found
-        if "__call__" in module_class.methods or "forward" not in module_class.methods:
-            return None
-        bases = module_class.node.bases
-        if len(bases) != 1 or home.imported_name(bases[0].value) != "torch.nn.Module":
-            return None
         forward = module_class.methods["forward"]
         op = self._helper_op(forward, call, True, module_class) if home is self.parsed and not _has_star(built) \
             else None
-        return op or _bias_forward(forward, call)  # the class is what the constructor's arguments never change
+        return op or _bias_forward([(BiasModule(home, module_class, built.func.value), forward)], call)
+
+    def _chosen_bias_module(self, built: cst.BaseExpression | None, call: cst.Call) -> Op | None:
+        """`self.rel_pos(attn)` with `self.rel_pos = rel_pos_cls(heads) if rel_pos_cls else None`: the class is the
+        caller's, so the call is read as a bias module's add only where every bias module class this file names
+        (defines or imports from its package) adds the same term (`self.get_bias()`); the patch runs for exactly
+        those classes (`attention.module_guard`), the original for any other."""
+        if isinstance(built, cst.IfExp) and _is_none(built.orelse):
+            built = built.body
+        init = self.owner.methods.get("__init__") if self.owner is not None else None
+        if not isinstance(built, cst.Call) or not isinstance(built.func, cst.Name) or init is None or \
+                built.func.value not in {p.name.value for p in init.params.params + init.params.kwonly_params}:
+            return None
+        modules = [(BiasModule(home, module_class, name), module_class.methods["forward"])
+                   for name, (home, module_class) in _module_classes(self.parsed).items()]
+        return _bias_forward(modules, call) if modules else None
 
     def _function(self, dotted: str, call: cst.Call) -> Op | None:
         short = dotted.rsplit(".", 1)[-1]
@@ -247,6 +257,9 @@ class OpReader:
             op = self._module_forward(built, call)
             if op is not None:
                 return op
+        op = self._chosen_bias_module(built, call)
+        if op is not None:
+            return op
         args = _positional(call)
         if len(args) != 1 or len(call.args) != 1 or built is None:
             return None
@@ -406,10 +419,71 @@ def _helper_kind(function: cst.FunctionDef) -> str | None:
     return "static" if names == ["staticmethod"] else None
 
 
-def _bias_forward(forward: cst.FunctionDef, call: cst.Call) -> Op | None:
+@dataclass(frozen=True)
+class BiasModule:
+    """The class a bias module's term is read in: its file, its class, and the name it is built by in the caller's
+    file (the class is what the constructor's arguments never change)."""
+
+    home: ParsedModule
+    owner: ClassInfo
+    built_as: str
+
+
+def _module_class(parsed: ParsedModule, name: str) -> tuple[ParsedModule, ClassInfo] | None:
+    """(its file, the class) for a plain `nn.Module` subclass `name` names in `parsed` (defined there or imported from
+    the package): one base, a `forward`, no `__call__` of its own."""
+    found = package_definition(parsed, name, lambda module: module.top_level_classes)
+    if found is None:
+        return None
+    home, module_class = found
+    if "__call__" in module_class.methods or "forward" not in module_class.methods:
+        return None
+    bases = module_class.node.bases
+    return found if len(bases) == 1 and home.imported_name(bases[0].value) == "torch.nn.Module" else None
+
+
+def _module_classes(parsed: ParsedModule) -> dict[str, tuple[ParsedModule, ClassInfo]]:
+    """The plain module classes the file defines, or imports by name and passes to a call (`partial(RelPosBias,
+    ...)`, `Block(rel_pos_cls=RelPosMlp)`): a class a caller may hand to the constructor (once per file; only those
+    imported names are resolved, which parses the modules defining them)."""
+
+    def build(module: ParsedModule) -> dict[str, tuple[ParsedModule, ClassInfo]]:
+        passed = {arg.value.value for call in module.calls_and_classes[0] for arg in call.args
+                  if isinstance(arg.value, cst.Name)}
+        names = list(module.top_level_classes) + [n for n, dotted in module.imports.items()
+                                                  if "." in dotted and n in passed]
+        found = {name: _module_class(module, name) for name in names}
+        return {name: value for name, value in found.items() if value is not None}
+
+    return parsed.derived(_module_classes, build)
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
+
+
+def _bias_forward(modules: list[tuple[BiasModule, cst.FunctionDef]], call: cst.Call) -> Op | None:
     """`self.rel_pos(attn)` where the module's `forward` is `return attn + <term>` and the term reads no parameter
     but `self` (a relative-position bias module): an add of the term, read on the module (`self.rel_pos.get_bias()`),
-    to the call's argument. The deleted module call gets the module-identity and no-hooks facts (block_checks)."""
+    to the call's argument. The deleted module call gets the module-identity and no-hooks facts (block_checks); the
+    op keeps each class whose forward adds that term (`module_bias`: the module, its forward, the term as the forward
+    writes it, `self.get_bias()`), in which the term's rank and values are read (`attention.module_terms`). Where the
+    module may be of several classes, those whose forward adds another term or is no such add are left out."""
+    read = [(module, forward, _forward_term(forward, call)) for module, forward in modules]
+    read = [(module, forward, found) for module, forward, found in read if found is not None]
+    if not read or len({(cst.Module([]).code_for_node(on_module), id(scores), first)
+                        for _, _, (_, on_module, scores, first) in read}) != 1:
+        return None
+    _, on_module, scores, first = read[0][2]
+    operands = [scores, on_module] if first else [on_module, scores]
+    return Op("add", call, operands, {"module_bias": tuple((module, forward, found[0])
+                                                           for module, forward, found in read)})
+
+
+def _forward_term(forward: cst.FunctionDef, call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression,
+                                                                    cst.BaseExpression, bool] | None:
+    """(the term as the forward writes it, the term read on the called module, the call's scores argument, whether
+    the scores come first)."""
     returned = _only_return(forward)
     params = [p.name.value for p in forward.params.params]
     if _helper_kind(forward) != "instance" or len(params) < 2 or forward.asynchronous or \
@@ -428,10 +502,7 @@ def _bias_forward(forward: cst.FunctionDef, call: cst.Call) -> Op | None:
     if any(contains_call(arg.value) for arg in call.args if arg.value is not bound[scores]):
         return None  # the deleted call would no longer evaluate an argument that may run code
     on_module = _on_module(term, owner, call.func)
-    if on_module is None:
-        return None
-    operands = [bound[scores], on_module] if chain[0] else [on_module, bound[scores]]
-    return Op("add", call, operands, {"module_bias": True})
+    return None if on_module is None else (term, on_module, bound[scores], chain[0])
 
 
 def _on_module(term: cst.BaseExpression, owner: str, module: cst.BaseExpression) -> cst.BaseExpression | None:

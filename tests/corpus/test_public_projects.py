@@ -122,7 +122,8 @@ JUDGEMENTS: dict[str, Judgement] = {
         False, "weights returned by attention() and stored in self.attn", cause=r"used outside|returned",
     ),
     "taming_attnblock": Judgement(True, "single-head channel-major bmm with permuted q and weights"),
-    "beit_attention": Judgement(False, "caller's rel_pos_bias has no visible rank (a 1-D bias would make SDPA raise)"),
+    "beit_attention": Judgement(True, "its learned table is the mask; SDPA where the caller's rel_pos_bias (no visible "
+                                      "rank or values) is None, the original where it is passed"),
     "vitpytorch_mobilevit": Judgement(True, "five-dimensional q/k/v (batch, patch, heads, tokens, dim)"),
     "espnet_multiheaded_attention": Judgement(False, "weights re-masked after the softmax and stored in self.attn"),
     "ngvideo_head": Judgement(True, "single-head 3-D causal attention, v projected between dropout and product"),
@@ -141,7 +142,6 @@ FACTS_HOLD_ON: dict[str, tuple[int, ...]] = {
     "vitpytorch_navit": (1,),
     "ldm_crossattention": (0,),
     "perceiver_attention": (0, 1),
-    "beit_attention": (0, 1),
     "swin_window_attention": (0,),
     "maxvit_attention": (0,),
     "hf_llama_eager": (0,),

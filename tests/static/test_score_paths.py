@@ -164,9 +164,11 @@ CASES = {
     "two-tables": (TWO_TABLES, [(None, TABLE, False, True), (None, OFF, False, True)]),
     "bias-elif-causal": (BIAS_ELIF_CAUSAL, [(None, TABLE, False, True), (None, CAUSAL, False, True),
                                             (None, OFF, False, True)]),
+    # the bias module's term is SDPA's mask where the module is exactly an `AddedBias` (a class of the file whose
+    # forward adds a table of its own) and the caller passes no bias; any other module runs the original
     "module-else-optional-bias": (MODULE_ELSE_OPTIONAL_BIAS, [
-        ("AddedBias", OFF, True, False), ("HeadMixing", OFF, False, False), (None, OFF, True, False),
-        (None, OFF, False, True)]),
+        ("AddedBias", OFF, True, False), ("AddedBias", OFF, False, True), ("HeadMixing", OFF, False, False),
+        (None, OFF, True, False), (None, OFF, False, True)]),
     "training-only": (TRAINING_ONLY, [(None, TRAINING, False, False), (None, OFF, False, True)]),
     "flag-selected-bias": (FLAG_SELECTED_BIAS, [(None, TABLE, False, False), (None, OFF, False, True)]),
 }
@@ -179,8 +181,9 @@ def test_every_path_is_exact_and_sdpa_runs_on_each_path_proved(name, dtype, monk
     source = _source(body)
     finding, fixed = _attention(source)
     assert finding.rule == "ADV101" and finding.fix_safety == "safe", finding.reason
-    branched = "flag-is-bool" in _facts(finding, "proved") | _facts(finding, "guarded")
-    assert branched == any(not sdpa for *_, sdpa in ways)  # the original kept only where a path needs it
+    branched = {"flag-is-bool", "fully-masked-rows", "module-identity"} & _facts(finding, "guarded") or \
+        "flag-is-bool" in _facts(finding, "proved")
+    assert bool(branched) == any(not sdpa for *_, sdpa in ways)  # the original kept only where a path needs it
     _assert_every_path_exact(source, fixed, ways, dtype, monkeypatch)
     assert analyze_source(fixed, "case.py").fixed == fixed  # the original kept under `else:` is no new finding
 
@@ -221,13 +224,15 @@ def test_a_caller_bias_on_one_branch_leaves_an_unsafe_patch_exact_on_every_path(
 def test_a_mask_of_an_elif_is_hoisted_above_its_first_if_in_the_unsafe_patch(monkeypatch):
     """With --unsafe-fixes the bias is passed to SDPA (its fully-masked-rows fact assumed) rather than guarded by
     its absence: hoisted where the `elif` adds it, with `attn_mask = None` above the whole `if` chain, which the
-    SDPA path replaces by its `elif`."""
+    SDPA path replaces by its `elif`; the bias module's term is hoisted where its `if` calls it, behind the module's
+    check (an `AddedBias` exactly, or None)."""
     source = _source(MODULE_ELSE_OPTIONAL_BIAS)
     finding, fixed = _attention(source, unsafe_fixes=True)
     assert finding.fixable and finding.fix_safety == "unsafe", finding.reason
     assert _facts(finding, "assumed") == {"fully-masked-rows"}
-    _assert_every_path_exact(source, fixed, [("AddedBias", OFF, True, False), (None, OFF, True, True),
-                                             (None, OFF, False, True)], torch.float64, monkeypatch)
+    _assert_every_path_exact(source, fixed, [("AddedBias", OFF, True, True), ("HeadMixing", OFF, True, False),
+                                             (None, OFF, True, True), (None, OFF, False, True)], torch.float64,
+                             monkeypatch)
 
 
 # must NOT be rewritten: the test calls a function (it could change what it selects), or both paths are ones SDPA

@@ -13,9 +13,9 @@ from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined
-from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, module_kinds
+from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.attention.result import Refusal
+from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
 from advisor.patterns.mask_helpers import package_function
 from advisor.patterns.ops import bound_parameters, int_value
@@ -197,8 +197,14 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
         match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
                            "checked for the subclasses in this file")
     deleted = scope.deleted_module_calls(c.parsed, owner, block, kept)
+    for term in match.masks:  # a bias module's call, also where a hoisted branch replaces it by its term
+        if term.module is not None:
+            deleted.setdefault(term.module[0], term.module[2])
     c.deleted_modules = {attribute: (read, module_kinds(c, attribute)) for attribute, read in deleted.items()}
     for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
+        if is_bias_module(c, attribute):
+            _bias_module_facts(match, attribute)
+            continue
         identity_ok = attribute in c.identity_ok
         rebound = owner.rebound(attribute, identity_ok=identity_ok)
         if rebound is None:
@@ -214,6 +220,8 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
                             "the class builds when the code runs", rebound)
     hooked = scope.hook_registration(c.parsed)
     for attribute in deleted:
+        if is_bias_module(c, attribute):
+            continue
         statement = f"no forward hook is registered on `self.{attribute}`, whose call the rewrite deletes"
         if scope.is_hook_point(c.parsed, owner, attribute):
             match.facts.assumed(NO_HOOKS, statement, "it computes nothing, so it exists to carry hooks")
@@ -221,6 +229,16 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
             match.facts.assumed(NO_HOOKS, statement, hooked)
         else:
             match.facts.proved(NO_HOOKS, statement, "no hook is registered in this file")
+
+
+def _bias_module_facts(match: AttentionMatch, attribute: str) -> None:
+    """A bias module's term is read in its class (`module_terms`): exact for a module of that class exactly on which
+    no hook fires, which only a run-time check shows (another class, a subclass, a hook added anywhere)."""
+    match.facts.assumed(MODULE_IDENTITY, f"`self.{attribute}`, whose call the rewrite replaces by its term, is of a "
+                        "class the term is read in", "its class is read from the source, the instance's only at run "
+                        "time")
+    match.facts.assumed(NO_HOOKS, f"no forward hook is registered on `self.{attribute}`, whose call the rewrite "
+                        "replaces by its term", "hooks are registered at run time")
 
 
 def check_escapes(c: Candidate) -> None:

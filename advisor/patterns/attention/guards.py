@@ -23,9 +23,10 @@ from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
-from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, is_module_check, module_checks
+from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
+    is_module_check, module_checks
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
-from advisor.patterns.attention.tensor_facts import rank_bounds
+from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
@@ -96,10 +97,13 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         else:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
             ranks = [_known_rank(c, t) if name == MASK_RANK else None for t in terms]
-            reads = [query] + [t.source for t, known in zip(terms, ranks) if known is None]
-            parts = [_mask_check(c, name, term, query, torch_name) if known is None else
+            tabled = [name == MASK_DTYPE and bool(t.tables) for t in terms]
+            reads = [query] + [t.source for t, known, by in zip(terms, ranks, tabled) if known is None and not by] + \
+                [table for t, by in zip(terms, tabled) if by for table in t.tables]
+            parts = [_tables_dtype_check(c, term, query) if by else
+                     _mask_check(c, name, term, query, torch_name) if known is None else
                      parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
-                     for term, known in zip(terms, ranks)]
+                     for term, known, by in zip(terms, ranks, tabled)]
         lifted = _lifted(c, span, reads) if parts else None
         if parts and None not in parts and lifted is not None and \
                 holds_at(c, span[0], output_statement, reads, lifted):
@@ -123,11 +127,12 @@ def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
     assumed = {fact.name for fact in match.facts.assumptions}
     if match.absent_under_if is not None and not masks_seen and mk.ROWS in assumed and \
             all(name in MASK_FACTS or name in match.guard_checks for name in assumed):
-        absent, lifted = match.absent_under_if
+        absent, lifted, learned_kept = match.absent_under_if
         match.guard_checks.update({name: absent for name in assumed & set(MASK_FACTS)})
         match.guard_lifted.extend(line for line in lifted if line not in match.guard_lifted)
-        match.masks_absent = True
-        _drop_conditional_masks(match)
+        if not learned_kept:  # else a learned term stays passed: the facts left are the absent masks' alone
+            match.masks_absent = True
+            _drop_conditional_masks(match)
     checks = {name: parts for name, parts in match.guard_checks.items()
               if any(fact.name == name for fact in match.facts.assumptions)}
     if mk.ROWS in checks and match.masks_absent:  # SDPA runs where every mask is None: no mask, no fact about one
@@ -175,8 +180,10 @@ def _plan_absent_under_if(c: Candidate, span: list[cst.BaseStatement], output_st
     attribute that the mask is, up to constant indexing and views), or added by an optional mask helper. Where they
     are all None the original applies no mask, so SDPA without one is exact; else the original runs, indexing and
     broadcasting the mask as before (the check reads only `is None`, so it raises nothing the original would not).
-    Kept aside in `match.absent_under_if`: such a mask's facts may still be settled with the mask passed to SDPA."""
-    tests = [_absence_test(c, term) for term in c.match.masks]
+    Kept aside in `match.absent_under_if`: such a mask's facts may still be settled with the mask passed to SDPA.
+    A learned score term (a table, a bias module's) needs no absence: its facts are proved, and it is passed where the
+    others are None (the check then guards only the facts about them)."""
+    tests = [_absence_test(c, term) for term in c.match.masks if not term.learned]
     if not tests or None in tests:
         return
     reads = [query] + tests
@@ -184,7 +191,8 @@ def _plan_absent_under_if(c: Candidate, span: list[cst.BaseStatement], output_st
     if lifted is not None and holds_at(c, span[0], output_statement, reads, lifted):
         unique = {c.parsed.code(test): test for test in tests}
         c.match.absent_under_if = ([cst.Comparison(test, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))])
-                                    for test in unique.values()], lifted)
+                                    for test in unique.values()], lifted,
+                                   any(term.learned for term in c.match.masks))
 
 
 def _absence_test(c: Candidate, term: MaskTerm) -> cst.BaseExpression | None:
@@ -224,7 +232,7 @@ def _known_rank(c: Candidate, term: MaskTerm) -> int | None:
     """The most dims a mask of at least 2 can have, when its source bounds them (`self.bias[:, :, a:b, :c]` of a
     4-D buffer): then the rank fact needs only scores of at least that rank, which `q.dim()` shows (the check
     reads no mask, so it also holds where the mask is built inside the guarded statements)."""
-    low, high = rank_bounds(c).bounds(term.source)
+    low, high = term_rank(rank_bounds(c), term)
     return high if low >= 2 and high is not None else None
 
 
@@ -254,6 +262,16 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
     if term.guard is not None:
         template = "{base} is None or " + template
     return parse_template_expression(template, m=mask, q=query, base=base, torch=cst.Name(torch_name))
+
+
+def _tables_dtype_check(c: Candidate, term: MaskTerm, query: cst.BaseExpression) -> cst.BaseExpression:
+    """`self.rel_pos.table.dtype == q.dtype` for each table a bias module's term gathers (its dtype is theirs), read
+    after the module's class check (`self.rel_pos is None or ...` where the module is called only if not None)."""
+    checks = [parse_template_expression("{t}.dtype == {q}.dtype", t=table, q=query) for table in term.tables]
+    check = checks[0] if len(checks) == 1 else joined(cst.And, checks)
+    if not called_only_if_not_none(c, term.module[0], term.module[2]):
+        return check
+    return parse_template_expression("{m} is None or {check}", m=term.module[2], check=parenthesized(check))
 
 
 def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpression:

@@ -42,11 +42,19 @@ def learned_reading(c: Candidate, node: cst.BaseExpression) -> tuple[str, str | 
     one named); (`self.<table>`, why) where that holds as far as the class shows but other files of the tree bind
     attributes by computed names, so an instance's table, index or memo may not be the class's; None otherwise."""
     found = _learned(c, node)
-    return None if found is None else (found[0], found[1][0] if found[1] else None)
+    return None if found is None else (found[0][0], found[1][0] if found[1] else None)
 
 
-def _learned(c: Candidate, node: cst.BaseExpression) -> tuple[str, list[str]] | None:
-    """The first learned table `node` reads, and the reasons (computed names bound elsewhere) it may be another."""
+def learned_tables(c: Candidate, node: cst.BaseExpression) -> list[str] | None:
+    """Every learned table (`self.<table>`) `node` reads, where `learned_reading` proves it without reservation: the
+    term has the dtype of one of them (gathers and views keep it)."""
+    found = _learned(c, node)
+    return found[0] if found is not None and not found[1] else None
+
+
+def _learned(c: Candidate, node: cst.BaseExpression) -> tuple[list[str], list[str]] | None:
+    """The learned tables `node` reads (sorted), and the reasons (computed names bound elsewhere) they may be
+    others."""
     if c.owner is None:
         return None
     read: set[str] = set()  # every `self.` name followed: no subclass may redefine one
@@ -54,7 +62,7 @@ def _learned(c: Candidate, node: cst.BaseExpression) -> tuple[str, list[str]] | 
     tables = _tables(c, node, read, 0, elsewhere)
     if not tables or scope.overridden(c.scope.classes(), c.owner, read) is not None:
         return None
-    return f"self.{sorted(tables)[0]}", elsewhere
+    return [f"self.{table}" for table in sorted(tables)], elsewhere
 
 
 def _rebound(c: Candidate, attribute: str, elsewhere: list[str]) -> bool:

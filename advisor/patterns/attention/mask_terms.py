@@ -15,6 +15,7 @@ from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.causal import added_keeps_first_key, is_causal_keep, keeps_first_key, \
     keeps_first_key_bottom_right
 from advisor.patterns.attention.learned_bias import learned_reading
+from advisor.patterns.attention.module_terms import module_term
 from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
@@ -27,10 +28,15 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
         table, rebound = learned_reading(c, mask) or (None, None)
+        module = module_term(op)
+        table = table or (module.table if module else None)
         return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace,
                         keeps_first_key=added_keeps_first_key(c, mask), number_paths=op.params.get("number_paths"),
                         optional=op.params.get("optional", False), learned=None if rebound else table,
-                        learned_rebound=(table, rebound) if rebound else None)
+                        learned_rebound=(table, rebound) if rebound else None,
+                        rank=module.rank if module else None,
+                        module=(op.node.func.attr.value, module.classes, op.node.func) if module else None,
+                        tables=tuple(cst.Attribute(op.node.func, cst.Name(t)) for t in module.tables) if module else ())
     if op.name == "masked_fill":
         masked, fill = op.params["mask"], op.params["fill"]
         keep_given = False

@@ -18,6 +18,7 @@ import libcst as cst
 
 from advisor.contracts.emitted_names import MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
 from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.result import MaskTerm
 from advisor.patterns.ops import int_value
 from advisor.static.codegen import dotted
 
@@ -34,8 +35,12 @@ def module_kinds(c: Candidate, attribute: str) -> tuple[str, ...] | None:
     the class builds (its `p` and `training` read when the SDPA call runs; also an Identity where the patch reads
     `p` with a default), an Identity (a hook point: nothing to compute), either for a conditional build
     (`nn.Dropout(p) if p else nn.Identity()`), a Softmax (its `dim` is read from the constructor: another Softmax
-    in its place may differ, so where something may rebind it, only a literal dim the check compares). None for
-    anything else."""
+    in its place may differ, so where something may rebind it, only a literal dim the check compares); for a bias
+    module whose term the patch reads on it (`module_terms`), the classes the term is read for, as this file names
+    them. None for anything else."""
+    bias = bias_module_classes(c, attribute)
+    if bias is not None:
+        return bias
     built = _built_classes(c, c.owner.class_value(attribute) if c.owner is not None else None)
     if built is None or "nn.Softmax" in built and (len(built) > 1 or c.owner.rebound(attribute) is not None and
                                                    softmax_dim(c, attribute) is None):
@@ -43,6 +48,24 @@ def module_kinds(c: Candidate, attribute: str) -> tuple[str, ...] | None:
     if "nn.Dropout" in built and attribute in c.identity_ok:
         built.add("nn.Identity")
     return tuple(kind for kind in ("nn.Dropout", "nn.Identity", "nn.Softmax") if kind in built)
+
+
+def is_bias_module(c: Candidate, attribute: str) -> bool:
+    """`self.<attribute>` is a bias module whose term the patch adds in place of its call (`module_terms`)."""
+    return _bias_term(c, attribute) is not None
+
+
+def bias_module_classes(c: Candidate, attribute: str) -> tuple[str, ...] | None:
+    """The classes of such a module the term is read for; None where it is none, or where the name of one could
+    mean something else in the function the check runs in."""
+    term = _bias_term(c, attribute)
+    names = term.module[1] if term is not None else ()
+    return names if names and not any(c.parsed.mentions(c.home, name.lower()) for name in names) else None
+
+
+def _bias_term(c: Candidate, attribute: str) -> MaskTerm | None:
+    masks = c.match.masks if c.match is not None else ()
+    return next((term for term in masks if term.module is not None and term.module[0] == attribute), None)
 
 
 def _built_classes(c: Candidate, built: cst.BaseExpression | None) -> set[str] | None:
@@ -75,18 +98,33 @@ def module_checks(c: Candidate, torch_name: str) -> tuple[list[cst.BaseExpressio
     parts = []
     for attribute, (read, classes) in c.deleted_modules.items():
         part = cst.Call(cst.Name(MODULE_CHECK_HELPER), [
-            cst.Arg(read), cst.Arg(cst.Tuple([cst.Element(dotted(f"{torch_name}.{kind}")) for kind in classes]))])
+            cst.Arg(read), cst.Arg(cst.Tuple([cst.Element(dotted(f"{torch_name}.{kind}" if kind.startswith("nn.")
+                                                                 else kind)) for kind in classes]))])
         dim = softmax_dim(c, attribute) if classes == ("nn.Softmax",) else None
         if dim is not None:  # `... and self.softmax.dim == -1`: read only once the module is exactly a Softmax
             part = cst.BooleanOperation(part, cst.And(), cst.Comparison(cst.Attribute(read, cst.Name("dim")), [
                 cst.ComparisonTarget(cst.Equal(), dim)]))
+        if called_only_if_not_none(c, attribute, read):  # `self.rel_pos is None or ...`: no call to stand for
+            part = cst.BooleanOperation(cst.Comparison(read, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
+                                        cst.Or(), part)
         parts.append(part)
     return [read for read, _ in modules], parts
 
 
+def called_only_if_not_none(c: Candidate, attribute: str, read: cst.BaseExpression) -> bool:
+    """A bias module called only under `if self.<attribute> is not None:`: where it is None the block runs no call
+    of it, and the patch reads its term on the same path only."""
+    term = _bias_term(c, attribute)
+    test = term.guard.test if term is not None and term.guard is not None else None
+    return isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+        isinstance(test.comparisons[0].operator, cst.IsNot) and \
+        c.parsed.code(test.comparisons[0].comparator) == "None" and \
+        c.parsed.code(test.left).replace(" ", "") == cst.Module([]).code_for_node(read).replace(" ", "")
+
+
 def is_module_check(part: cst.BaseExpression) -> bool:
     if isinstance(part, cst.BooleanOperation):
-        return is_module_check(part.left)
+        return is_module_check(part.left) or is_module_check(part.right)
     return isinstance(part, cst.Call) and isinstance(part.func, cst.Name) and part.func.value == MODULE_CHECK_HELPER
 
 

@@ -43,6 +43,10 @@ class MaskTerm:
     learned: str | None = None  # added, and read from this learned table (`self.table`): a score term, not a mask
     # (table, why): read from that learned table as far as its class shows, but an instance's may be another (why)
     learned_rebound: tuple[str, str] | None = None
+    rank: tuple[int, int | None] | None = None  # bounds read where the term is written (a bias module's class)
+    # a bias module's term: (`self.<attr>`'s attr, the classes the term is read for, the `self.<attr>` called)
+    module: tuple[str, tuple[str, ...], cst.Attribute] | None = None
+    tables: tuple[cst.BaseExpression, ...] = ()  # the learned tables the term reads, as plain attributes to check
     keep: cst.BaseExpression | None = None  # a finite fill's mask in SDPA's polarity (True = attend)
 
 
@@ -97,7 +101,8 @@ class AttentionMatch:
     masks_absent: bool = False  # the fully-masked-rows check is `m is None` for every mask: SDPA needs no mask
     # `m is None` for masks each under its own `if m is not None:`, and the statements it lifts: used where only
     # mask facts are still assumed and no run saw the masks present with their facts holding (see settle_guards)
-    absent_under_if: tuple[list[cst.BaseExpression], list[cst.SimpleStatementLine]] | None = None
+    # (`m is None` checks, statements they read, whether a learned term is passed where they hold)
+    absent_under_if: tuple[list[cst.BaseExpression], list[cst.SimpleStatementLine], bool] | None = None
     guard: cst.BaseExpression | None = None
     # the deleted modules' check, computed into a local above the guard's `if` (see attention.module_guard)
     module_check: cst.BaseExpression | None = None

@@ -182,7 +182,7 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     if not sources or match.is_causal:
         return
     ranks = rank_bounds(c)
-    bounds = [ranks.bounds(term.source) for term in sources]
+    bounds = [term_rank(ranks, term) for term in sources]
     # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
     leaves = [ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]]
     low, high = (ndim, ndim) if ndim else mk.broadcast_bounds(leaves)
@@ -217,6 +217,11 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
 
 def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
     return [term for index, term in enumerate(terms) if all(term is not other for other in terms[:index])]
+
+
+def term_rank(ranks: mk.RankBounds, term: MaskTerm) -> tuple[int, int | None]:
+    """A term's rank bounds: read where it is written (a bias module's class) or in this block."""
+    return term.rank or ranks.bounds(term.source)
 
 
 def rank_bounds(c: Candidate) -> mk.RankBounds:
