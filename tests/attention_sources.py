@@ -43,3 +43,15 @@ def findings(source: str):
 def the_finding(source: str):
     (finding,) = findings(source)
     return finding
+
+
+def attention_finding_and_fix(source: str, **options):
+    """The one attention finding of a source (there must be one) and the source as `fix` patches it."""
+    result = analyze_source(source, "case.py", **options)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    return finding, result.fixed
+
+
+def fact_names(finding, status: str) -> set[str]:
+    """The names of a finding's facts of one status (proved, guarded, accepted, assumed): none where it has none."""
+    return {fact["name"] for fact in finding.extra.get("facts", {}).get(status, [])}

@@ -30,3 +30,10 @@ def _scan_cache_in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Scans keep results in $XDG_CACHE_HOME/advisor: the suite's go to a folder of its own, never ~/.cache, and
     each test starts cold (a result kept by an earlier test would hide what this one's analysis does)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A fresh folder that is the current directory for the test (commands run in it as a user runs them there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

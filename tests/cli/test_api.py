@@ -25,12 +25,6 @@ COPIES_AND_CASTS = ROOT / "fixtures" / "profile" / "copies_and_casts.py"
 HEAVY = ("torch", "transformers", "libcst", "networkx")
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def test_import_advisor_and_naming_the_api_import_no_heavy_library():
     script = ("import sys, advisor\nf = (advisor.scan, advisor.fix, advisor.profile, advisor.optimize)\n"
               f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")

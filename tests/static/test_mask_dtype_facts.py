@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
+from attention_sources import fact_names
 from fixture_models import load_module_from_source
 
 TEMPLATE = '''
@@ -43,10 +44,6 @@ def _finding(source: str):
     findings = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
     assert len(findings) == 1, [(f.rule, f.reason) for f in findings]
     return findings[0]
-
-
-def _facts(finding, status: str) -> set[str]:
-    return {fact["name"] for fact in finding.extra.get("facts", {}).get(status, [])}
 
 
 def _run(source: str, x: torch.Tensor, mask: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -85,7 +82,7 @@ def test_a_finite_fill_is_safe_and_its_fully_masked_rows_match():
     every key with a zero query (`attention.uniform_rows`), so they match too (before: unsafe, they differed)."""
     finding = _finding(_module_source(FINITE_FILL))
     assert finding.fix_safety == "safe", finding.reason
-    assert "fully-masked-rows" in _facts(finding, "proved")
+    assert "fully-masked-rows" in fact_names(finding, "proved")
     original, patched = _outputs(FINITE_FILL, _key_padding())
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
@@ -99,7 +96,7 @@ def test_a_two_finite_masks_of_one_fill_are_safe():
     out = scores.softmax(dim=-1) @ v
     """
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "safe" and "fully-masked-rows" in _facts(finding, "proved"), finding.reason
+    assert finding.fix_safety == "safe" and "fully-masked-rows" in fact_names(finding, "proved"), finding.reason
     original, patched = _outputs(body, _key_padding())
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
@@ -121,7 +118,7 @@ NEGINF_FILL = FINITE_FILL.replace("-1e4", 'float("-inf")')
 def test_b_neginf_fill_is_safe_with_the_accepted_divergence():
     finding = _finding(_module_source(NEGINF_FILL))
     assert finding.fix_safety == "safe", finding.reason
-    assert "fully-masked-rows" in _facts(finding, "accepted")
+    assert "fully-masked-rows" in fact_names(finding, "accepted")
     original, patched = _outputs(NEGINF_FILL, _key_padding())
     assert torch.isnan(original[1]).all() and torch.isfinite(patched[1]).all()  # the divergence, and only it
     torch.testing.assert_close(original[0], patched[0], atol=1e-5, rtol=1e-5)
@@ -136,7 +133,7 @@ def test_b_causal_mask_proves_no_row_is_fully_masked():
     out = scores.softmax(dim=-1) @ v
     """
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "safe" and "fully-masked-rows" in _facts(finding, "proved")
+    assert finding.fix_safety == "safe" and "fully-masked-rows" in fact_names(finding, "proved")
 
 
 # -- C: polarity of non-bool masks -----------------------------------------------------------------------------
@@ -166,8 +163,8 @@ def test_d_additive_masks_of_other_dtypes_match(mask):
     """The dtype and rank facts are proved; only the fully-masked-row fact of an added mask is assumed (its values
     are not visible: a padded sample's row swallowed by `finfo.min` differs in SDPA's gradients)."""
     finding = _finding(_module_source(ADDITIVE))
-    assert finding.fix_safety == "unsafe" and _facts(finding, "assumed") == {"fully-masked-rows"}, finding.reason
-    assert {"mask-dtype", "qkv-dtype", "mask-rank"} <= _facts(finding, "proved")
+    assert finding.fix_safety == "unsafe" and fact_names(finding, "assumed") == {"fully-masked-rows"}, finding.reason
+    assert {"mask-dtype", "qkv-dtype", "mask-rank"} <= fact_names(finding, "proved")
     original, patched = _outputs(ADDITIVE, mask, unsafe=True)
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
@@ -177,7 +174,7 @@ def test_d_mask_of_unknown_rank_is_guarded():
     checked before the SDPA call, so the 1-D mask runs the original block: safe and exact."""
     body = NEGINF_FILL.replace("~mask[:, None, None, :]", "~mask")
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "safe" and "mask-rank" in _facts(finding, "guarded")
+    assert finding.fix_safety == "safe" and "mask-rank" in fact_names(finding, "guarded")
     keys = torch.ones(5, dtype=torch.bool)
     keys[3:] = False
     original, patched = _outputs(body, keys)
@@ -186,7 +183,7 @@ def test_d_mask_of_unknown_rank_is_guarded():
 
 def test_d_rank_from_indexing_and_output_permute_is_proved():
     """`mask[:, None, None, :]` has at least 4 dims, and the output's permute(0, 2, 1, 3) at most 4."""
-    assert "mask-rank" in _facts(_finding(_module_source(NEGINF_FILL)), "proved")
+    assert "mask-rank" in fact_names(_finding(_module_source(NEGINF_FILL)), "proved")
 
 
 def test_d_mask_of_more_dims_than_the_scores_is_guarded():
@@ -195,7 +192,7 @@ def test_d_mask_of_more_dims_than_the_scores_is_guarded():
     sees the 5-D mask and runs the original block."""
     source = _module_source(NEGINF_FILL).replace("out.permute(0, 2, 1, 3)", "out.transpose(1, 2)")
     finding = _finding(source)
-    assert finding.fix_safety == "safe" and "mask-rank" in _facts(finding, "guarded")
+    assert finding.fix_safety == "safe" and "mask-rank" in fact_names(finding, "guarded")
     assert "more dims than the scores" in finding.extra["facts"]["guarded"][0]["why"]
     keep = _key_padding()[:1, None]  # (1, 1, S): one dim more than the scores need
     x = torch.randn(2, 5, 16)
@@ -213,7 +210,7 @@ def test_j_upcast_scores_with_value_of_another_dtype_is_unsafe():
     out = weights.to(v.dtype) @ v
     """
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "unsafe" and "qkv-dtype" in _facts(finding, "assumed")
+    assert finding.fix_safety == "unsafe" and "qkv-dtype" in fact_names(finding, "assumed")
 
 
 def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_guarded():
@@ -224,7 +221,7 @@ def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_guarded():
     out = (weights.float() @ v.float()).to(q.dtype)
     """
     finding = _finding(_module_source(body))
-    assert finding.fix_safety == "safe" and "qkv-dtype" in _facts(finding, "guarded")
+    assert finding.fix_safety == "safe" and "qkv-dtype" in fact_names(finding, "guarded")
     original, patched = _outputs(body, _key_padding())
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
@@ -236,7 +233,7 @@ def test_j_weights_cast_back_to_the_query_dtype_is_proved():
     out = weights @ v
     """
     finding = _finding(_module_source(body))
-    assert "qkv-dtype" in _facts(finding, "proved")
+    assert "qkv-dtype" in fact_names(finding, "proved")
 
 
 def test_d_additive_mask_with_a_computed_query_is_not_cast_and_assumed():
@@ -245,7 +242,7 @@ def test_d_additive_mask_with_a_computed_query_is_not_cast_and_assumed():
                                               "scores = (self.qkv(x)[..., :16].view(b, n, 2, 8).transpose(1, 2) "
                                               "@ k.transpose(-2, -1))")
     finding = _finding(source)
-    assert finding.fix_safety == "unsafe" and "mask-dtype" in _facts(finding, "assumed")
+    assert finding.fix_safety == "unsafe" and "mask-dtype" in fact_names(finding, "assumed")
     added = [line for line in finding.patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert not [line for line in added if ".dtype" in line], added
 
@@ -255,8 +252,8 @@ def test_d_mask_added_in_place_is_rounded_to_the_scores_dtype(mask_dtype):
     """`s.add_(m)` keeps s's dtype: the original rounds s + m to it, SDPA rounds m; a wider (fp64) mask too."""
     body = ADDITIVE.replace("scores = scores + mask[:, None, None, :]", "scores.add_(mask[:, None, None, :])")
     finding = _finding(_module_source(body))
-    assert _facts(finding, "assumed") == {"fully-masked-rows"} and {"qkv-dtype", "mask-dtype"} <= _facts(finding,
-                                                                                                         "proved")
+    assert fact_names(finding, "assumed") == {"fully-masked-rows"}
+    assert {"qkv-dtype", "mask-dtype"} <= fact_names(finding, "proved")
     original, patched = _outputs(body, (1 - _key_padding(torch.int64)).to(mask_dtype) * -10000, unsafe=True)
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
 
@@ -272,7 +269,7 @@ def test_b_rows_of_a_causal_buffer_sliced_from_the_first_column_keep_a_key():
     """).replace("        self.qkv = nn.Linear(dim, dim * 3)\n", "        self.qkv = nn.Linear(dim, dim * 3)\n"
                  "        self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))\n")
     finding = _finding(source)
-    assert "fully-masked-rows" in _facts(finding, "proved"), finding.reason
+    assert "fully-masked-rows" in fact_names(finding, "proved"), finding.reason
     x = torch.randn(2, 5, 16)
     original = _run(source, x, None)
     torch.testing.assert_close(original, _run(analyze_source(source, "case.py", unsafe_fixes=True).fixed, x, None),

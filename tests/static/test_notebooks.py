@@ -28,12 +28,6 @@ def write_notebook(path: Path, cells: list[dict]) -> Path:
     return path
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def python_findings(capsys, path) -> list[dict]:
     main(["scan", str(path), "--format", "json"])
     return json.loads(capsys.readouterr().out)["findings"]

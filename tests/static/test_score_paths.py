@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
+from attention_sources import attention_finding_and_fix, fact_names
 from fixture_models import load_module_from_source
 
 TEMPLATE = '''
@@ -126,16 +127,6 @@ def _source(body: str) -> str:
     return TEMPLATE.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
-def _attention(source: str, **options):
-    result = analyze_source(source, "case.py", **options)
-    (finding,) = [f for f in result.findings if f.kind == "attention"]
-    return finding, result.fixed
-
-
-def _facts(finding, status: str) -> set[str]:
-    return {fact["name"] for fact in finding.extra.get("facts", {}).get(status, [])}
-
-
 def _pair(source: str, fixed: str, dtype: torch.dtype, rel: str | None, flags: dict):
     original_module, patched_module = load_module_from_source(source, "case"), load_module_from_source(fixed, "fixed")
     models = []
@@ -179,10 +170,10 @@ CASES = {
 def test_every_path_is_exact_and_sdpa_runs_on_each_path_proved(name, dtype, monkeypatch):
     body, ways = CASES[name]
     source = _source(body)
-    finding, fixed = _attention(source)
+    finding, fixed = attention_finding_and_fix(source)
     assert finding.rule == "ADV101" and finding.fix_safety == "safe", finding.reason
-    branched = {"flag-is-bool", "fully-masked-rows", "module-identity"} & _facts(finding, "guarded") or \
-        "flag-is-bool" in _facts(finding, "proved")
+    branched = {"flag-is-bool", "fully-masked-rows", "module-identity"} & fact_names(finding, "guarded") or \
+        "flag-is-bool" in fact_names(finding, "proved")
     assert bool(branched) == any(not sdpa for *_, sdpa in ways)  # the original kept only where a path needs it
     _assert_every_path_exact(source, fixed, ways, dtype, monkeypatch)
     assert analyze_source(fixed, "case.py").fixed == fixed  # the original kept under `else:` is no new finding
@@ -208,15 +199,15 @@ def _assert_every_path_exact(source: str, fixed: str, ways: list, dtype: torch.d
 
 
 def test_each_branch_assigns_its_own_mask_where_no_other_can_have_run():
-    finding, _ = _attention(_source(BIAS_ELIF_CAUSAL))
+    finding, _ = attention_finding_and_fix(_source(BIAS_ELIF_CAUSAL))
     assert "attn_mask = self.table.to(q.dtype)\n" in finding.patch and "attn_mask is None" not in finding.patch
     assert "flag-is-bool" not in str(finding.extra["facts"])  # no branch on the flag: SDPA on every path
 
 
 def test_a_caller_bias_on_one_branch_leaves_an_unsafe_patch_exact_on_every_path(monkeypatch):
     source = _source(TABLE_OR_CALLER_BIAS)
-    finding, fixed = _attention(source, unsafe_fixes=True)
-    assert finding.fixable and finding.fix_safety == "unsafe" and "fully-masked-rows" in _facts(finding, "assumed")
+    finding, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
+    assert finding.fixable and finding.fix_safety == "unsafe" and "fully-masked-rows" in fact_names(finding, "assumed")
     _assert_every_path_exact(source, fixed, [(None, TABLE, True, True), (None, OFF, True, True),
                                              (None, OFF, False, True)], torch.float64, monkeypatch)
 
@@ -227,9 +218,9 @@ def test_a_mask_of_an_elif_is_hoisted_above_its_first_if_in_the_unsafe_patch(mon
     SDPA path replaces by its `elif`; the bias module's term is hoisted where its `if` calls it, behind the module's
     check (an `AddedBias` exactly, or None)."""
     source = _source(MODULE_ELSE_OPTIONAL_BIAS)
-    finding, fixed = _attention(source, unsafe_fixes=True)
+    finding, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
     assert finding.fixable and finding.fix_safety == "unsafe", finding.reason
-    assert _facts(finding, "assumed") == {"fully-masked-rows"}
+    assert fact_names(finding, "assumed") == {"fully-masked-rows"}
     _assert_every_path_exact(source, fixed, [("AddedBias", OFF, True, True), ("HeadMixing", OFF, True, False),
                                              (None, OFF, True, True), (None, OFF, False, True)], torch.float64,
                              monkeypatch)
@@ -263,7 +254,7 @@ out = attn.softmax(-1) @ v
 ], ids=["called-test", "neither-path"])
 def test_paths_no_test_separates_are_refused_naming_the_path(body, says):
     source = _source(body)
-    finding, fixed = _attention(source)
+    finding, fixed = attention_finding_and_fix(source)
     assert finding.fix_safety != "safe" and fixed == source
     assert finding.reason.startswith(says), finding.reason
 
@@ -279,7 +270,7 @@ else:
     attn = attn.masked_fill(~bias, float("-inf"))
 out = attn.softmax(dim=-1) @ v
 """)
-    finding, fixed = _attention(source)
+    finding, fixed = attention_finding_and_fix(source)
     assert "attn_mask=bias" not in finding.patch
     original, patched = _pair(source, fixed, torch.float64, None, OFF)
     x, keep = torch.randn(2, 5, 16, dtype=torch.float64), torch.rand(2, 2, 5, 5) > 0.5
