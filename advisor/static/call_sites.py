@@ -172,8 +172,7 @@ class Tree:
             other = self.parsed(path)
             if other is None:
                 return None
-            uses = [node for node in other.parents if isinstance(node, cst.Name) and node.value == name] \
-                if other is parsed else _imported_uses(other, parsed, name)
+            uses = other.names_spelled(name) if other is parsed else _imported_uses(other, parsed, name)
             if uses is None:
                 return None
             for use in uses:
@@ -213,17 +212,16 @@ class Tree:
                     return None  # `.name` read in another file: not a call this index follows
                 continue
             other = parsed
-            for node in other.parents:
-                if isinstance(node, cst.Attribute) and node.attr.value == name:
-                    if assigned_ok and isinstance(other.parents.get(node), cst.AssignTarget):
-                        continue  # `self.X = C(...)`: the only value, checked by the caller
-                    found = [(other, _called(other, node))] if _called(other, node) is not None else \
-                        _element_calls(other, node) if assigned_ok else None
-                    if other is not parsed or not _on_self(node) or found is None:
-                        if not _is_definition_name(other, node):
-                            return None
-                        continue
-                    calls.extend(found)
+            for node in other.attributes_named(name):
+                if assigned_ok and isinstance(other.parents.get(node), cst.AssignTarget):
+                    continue  # `self.X = C(...)`: the only value, checked by the caller
+                found = [(other, _called(other, node))] if _called(other, node) is not None else \
+                    _element_calls(other, node) if assigned_ok else None
+                if other is not parsed or not _on_self(node) or found is None:
+                    if not _is_definition_name(other, node):
+                        return None
+                    continue
+                calls.extend(found)
         return calls
 
     def _parent_calls(self, parsed: ParsedModule, owner: ClassInfo) -> list | None:
@@ -420,7 +418,7 @@ def _imported_uses(other: ParsedModule, target: ParsedModule, name: str) -> list
     """The expressions of `other` that name `target`'s `name` through an import (`g` after `from mod import f as
     g`, `m.f` after `import mod as m`); None when `other` imports all of `target`'s names (`import *`)."""
     uses: list[cst.CSTNode] = []
-    for node in other.parents:
+    for node in other.nodes_of(cst.Import, cst.ImportFrom):
         if isinstance(node, cst.ImportFrom) and _resolves(other, node, target):
             if isinstance(node.names, cst.ImportStar):
                 return None
@@ -430,16 +428,14 @@ def _imported_uses(other: ParsedModule, target: ParsedModule, name: str) -> list
                         return None  # a package re-exports it: its importers name the package, not the module
                     local = other.code(alias.asname.name) if alias.asname else name
                     uses.extend(_name_reads(other, local))
-        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+        else:
             for local in _module_aliases(other, node, target):
-                uses.extend(a for a in other.parents if isinstance(a, cst.Attribute) and a.attr.value == name
-                            and other.code(a.value) == local)
+                uses.extend(a for a in other.attributes_named(name) if other.code(a.value) == local)
     return uses
 
 
 def _name_reads(parsed: ParsedModule, local: str) -> list[cst.Name]:
-    return [n for n in parsed.parents if isinstance(n, cst.Name) and n.value == local
-            and not _is_import_name(parsed, n)]
+    return [n for n in parsed.names_spelled(local) if not _is_import_name(parsed, n)]
 
 
 def _module_aliases(other: ParsedModule, node: cst.Import | cst.ImportFrom, target: ParsedModule) -> list[str]:

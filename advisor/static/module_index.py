@@ -161,6 +161,24 @@ class ParsedModule:
             self._derived[key] = [node for node in self.parents if type(node) in wanted]
         return self._derived[key]
 
+    def names_spelled(self, value: str) -> list[cst.Name]:
+        """The file's `Name` nodes spelled `value`, in visiting order: call-site questions ask one name at a time,
+        and filtering every node of the file for each made a tree's scan grow with files x names."""
+        return self._by_key(cst.Name, lambda node: node.value).get(value, [])
+
+    def attributes_named(self, attr: str) -> list[cst.Attribute]:
+        """The file's `x.attr` nodes, in visiting order (see names_spelled)."""
+        return self._by_key(cst.Attribute, lambda node: node.attr.value).get(attr, [])
+
+    def _by_key(self, kind: type, key_of) -> dict[str, list]:
+        key = ("by_key", kind)
+        if key not in self._derived:
+            groups: dict[str, list] = {}
+            for node in self.nodes_of(kind):
+                groups.setdefault(key_of(node), []).append(node)
+            self._derived[key] = groups
+        return self._derived[key]
+
     @cached_property
     def positions(self) -> StatementPositions:
         """Resolved only when a finding needs a line number, and only for the top-level statements that hold the

@@ -134,7 +134,7 @@ def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple
 def uses_of(parsed: ParsedModule, names: frozenset[str]) -> list[cst.BaseExpression]:
     """The file's references to any of `names` (qualified), resolved through its imports: calls, decorators, base
     classes and values passed on alike."""
-    return [node for node in parsed.parents if isinstance(node, (cst.Name, cst.Attribute)) and
+    return [node for node in parsed.nodes_of(cst.Name, cst.Attribute) if
             not (isinstance(parsed.parents[node], cst.Attribute) and parsed.parents[node].value is node) and
             not isinstance(parsed.parents[node], (cst.ImportAlias, cst.AsName)) and
             parsed.imported_name(node) in names]

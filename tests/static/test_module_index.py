@@ -32,6 +32,22 @@ def test_nodes_of_a_kind_are_the_parent_maps_instances_in_order(path):
 
 
 @pytest.mark.parametrize("path", SOURCES[:3], ids=lambda p: p.name)
+def test_names_and_attributes_by_spelling_are_the_filtered_nodes_in_order(path):
+    """Call sites ask for the nodes spelled one name (an index built once per file, not a walk per name): the
+    same nodes, in the same order, as filtering the whole parent map; a name the file never spells gives none."""
+    import libcst as cst
+
+    parsed = ParsedModule(path.read_text(), str(path))
+    names = [node for node in parsed.parents if isinstance(node, cst.Name)]
+    attributes = [node for node in parsed.parents if isinstance(node, cst.Attribute)]
+    assert names and attributes
+    for value in {node.value for node in names}:
+        assert parsed.names_spelled(value) == [node for node in names if node.value == value]
+        assert parsed.attributes_named(value) == [node for node in attributes if node.attr.value == value]
+    assert parsed.names_spelled("never_spelled_anywhere") == parsed.attributes_named("never_spelled_anywhere") == []
+
+
+@pytest.mark.parametrize("path", SOURCES[:3], ids=lambda p: p.name)
 def test_parent_map_keys_keep_the_statements_in_source_order(path):
     """`imports` reads the map in order (the first import of a name wins): statements, imports among them, must
     come in libcst's visiting order (whitespace nodes may come elsewhere)."""
