@@ -18,6 +18,7 @@ from dataclasses import dataclass
 # `t = %timeit -o f()`), or a help request (`obj?`, `??obj`); none of them is Python.
 MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|[\w.]+(?:\s*,\s*[\w.]+)*\s*=\s*[%!]|\?{1,2}[\w.]|[\w.]+\?{1,2}\s*$)")
 CODE_NEWLINE = re.compile(r"\r\n|\r|\n")  # the newlines Python's tokenizer reads (not str.splitlines' \f, \u2028, ...)
+CODE_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # one line of a cell's source list, its newline kept
 CELL_MAGIC = re.compile(r"^\s*%%")
 BOUNDARY = "# advisor: notebook cell boundary"
 LINE_MAGIC_MASK, CELL_MAGIC_MASK = "pass  # (IPython magic)", "# (IPython cell magic)"
@@ -48,8 +49,9 @@ class NotebookCode:
         for cell, text in zip(_code_cells(document), self._cell_texts(fixed)):
             source = _joined(cell.get("source", ""))
             if text != "\n".join(_code_lines(source)):
-                text += "\n" if source.endswith("\n") else ""
-                cell["source"] = text.splitlines(keepends=True) if isinstance(cell.get("source"), list) else text
+                newline = _newline(source)
+                text = text.replace("\n", newline) + (newline if source.endswith(("\n", "\r")) else "")
+                cell["source"] = CODE_LINE.findall(text) if isinstance(cell.get("source"), list) else text
         return layout(document)
 
     def cell_diffs(self, path: str, fixed: str) -> str:
@@ -122,6 +124,12 @@ def _code_lines(source: str) -> list[str]:
     """The source's lines as Python reads them: a form feed or U+2028 inside a string literal splits no line."""
     lines = CODE_NEWLINE.split(source)
     return lines[:-1] if lines[-1] == "" else lines
+
+
+def _newline(source: str) -> str:
+    """The newline a cell's source is written with, so a rewritten cell keeps its CRs."""
+    first = CODE_NEWLINE.search(source)
+    return first.group() if first else "\n"
 
 
 def _code_cells(document: dict) -> list[dict]:

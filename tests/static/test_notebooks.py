@@ -89,6 +89,23 @@ def test_fixes_keep_magics_outputs_and_a_layout_they_cannot_reproduce_is_refused
     assert "not laid out as json.dumps writes it" in capsys.readouterr().err and odd.read_bytes() == before
 
 
+@pytest.mark.parametrize("newline", ["\r\n", "\r"])
+def test_a_rewritten_cell_keeps_its_own_newlines(capsys, workdir, newline):
+    """A cell written on Windows (CRLF) or old Mac (CR) keeps those newlines where advisor rewrites it."""
+    text = NANOGPT.read_text().replace("\n", newline)
+    lines = [line for line in text.split(newline)[:-1]]
+    document = {"cells": [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                           "source": [line + newline for line in lines]}],
+                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    notebook = workdir / "crlf.ipynb"
+    notebook.write_text(json.dumps(document, indent=1), newline="")
+    assert main(["fix", "crlf.ipynb", "--apply"]) == 0
+    source = json.loads(notebook.read_bytes())["cells"][0]["source"]
+    assert all(line.endswith(newline) and "\n" not in line.removesuffix(newline) for line in source)
+    assert "".join(source) == GOLDEN.read_text().replace("\n", newline)
+    capsys.readouterr()
+
+
 def test_the_walk_reads_notebooks_but_not_their_checkpoints(capsys, workdir):
     write_notebook(workdir / "a.ipynb", [cell("code", NANOGPT.read_text())])
     (workdir / ".ipynb_checkpoints").mkdir()
