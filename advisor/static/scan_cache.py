@@ -11,8 +11,9 @@ edit of a caller invalidates the callee's result, and an edit of a helper the re
 Entries are pickles behind a header (format, key): a result carries a notebook's JSON, the fixed text and findings
 whose `extra` nests values, which the JSON output writes one way only (display paths, flattened fields). They are
 written atomically (a temporary file, then os.replace), so a concurrent run reads a whole entry or none; an entry
-that is truncated, foreign or of another format is ignored and rebuilt. The cache lives in the user's own cache
-folder, trusted as Python trusts its own `__pycache__`. A result is stored only when the bytes its analysis read
+that is truncated, foreign or of another format is ignored and rebuilt. Loading a pickle runs code, so the cache
+is used only from folders that no other user can write: advisor creates them private (0700), and a folder owned by
+another user or writable by group or others is neither read nor written. A result is stored only when the bytes its analysis read
 (their digest travels with the result, `digest`) are the bytes its key holds (read by the tree-wide pass): a file
 edited in between is not stored, and one edited after the analysis read it is stored under the bytes analysed.
 """
@@ -96,6 +97,20 @@ def record(scan_one, tree, path: str) -> Recorded:
     return Recorded(outcome, getattr(outcome, "digest", None) or None, frozenset(read | package))
 
 
+def _private(folder: Path) -> bool:
+    """Whether only this user can write `folder` (a folder not there yet is created private); always true where
+    the system has no user ids."""
+    if not hasattr(os, "getuid"):
+        return True
+    try:
+        status = folder.stat()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return status.st_uid == os.getuid() and not status.st_mode & 0o022
+
+
 class ScanCache:
     """One scan's view of the cache: the options that key every entry, and the digest of each file as the
     tree-wide pass read it."""
@@ -104,7 +119,7 @@ class ScanCache:
         self.folder = (root or cache_root()) / "scan"
         self.salt = _digest(FORMAT, code_digest(), rule_set(), sorted(options.items()), os.getcwd())
         self.digests: dict[str, str] = {}  # real path -> digest of the bytes read
-        self._written_ok = True
+        self._written_ok = self._trusted = _private(self.folder.parent) and _private(self.folder)
 
     # -- each file's part of the tree-wide facts ---------------------------------------------------------------
     def contribution(self, source, compute):
@@ -163,7 +178,10 @@ class ScanCache:
         return self.folder / key[:2] / key
 
     def _load(self, key: str):
-        """The value stored under `key`, or None: missing, truncated, foreign, of another format or version."""
+        """The value stored under `key`, or None: missing, truncated, foreign, of another format or version, or in a
+        folder others can write."""
+        if not self._trusted:
+            return None
         try:
             data = self._path(key).read_bytes()
         except OSError:
@@ -186,7 +204,8 @@ class ScanCache:
             return
         target = self._path(key)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            for folder in (self.folder.parent, self.folder, target.parent):
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
             try:
                 with os.fdopen(handle, "wb") as out:

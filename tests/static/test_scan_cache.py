@@ -181,6 +181,25 @@ def test_concurrent_runs_share_the_cache_safely(tmp_path, monkeypatch, capsys, a
     assert not [p for p in cache_root().rglob(".tmp-*")]  # no partial entry left behind
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no user ids: folder ownership is not checked")
+def test_a_cache_folder_others_can_write_is_neither_read_nor_written(tmp_path, analysed):
+    """Entries are pickles (loading one runs code): only a folder no other user can write is trusted."""
+    root = _fixture_tree(tmp_path, count=2)
+    cold = _json(scan_paths([str(root)]))
+    assert cache_root().stat().st_mode & 0o777 == 0o700 and (cache_root() / "scan").stat().st_mode & 0o777 == 0o700
+    entries = sorted(_entries())
+    cache_root().chmod(0o777)
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold and len(analysed) == 2  # nothing read
+    (root / "new.py").write_text("x = 1\n")
+    scan_paths([str(root)])
+    assert sorted(_entries()) == entries  # nothing written
+    cache_root().chmod(0o700)
+    analysed.clear()
+    scan_paths([str(root)])
+    assert "new.py" in analysed
+
+
 def test_no_cache_neither_reads_nor_writes(tmp_path, capsys, monkeypatch, analysed):
     root = _fixture_tree(tmp_path, count=2)
     monkeypatch.chdir(tmp_path)
