@@ -64,10 +64,11 @@ def module_check_helper(torch_name: str) -> cst.FunctionDef:
 
 
 _MODULE_CHECK = '''def {name}(module, kinds):
-    """Whether calling `module` runs exactly the forward of one of `kinds` (not a subclass's) and no hook of its own
-    or of the process (written by advisor: a patch that skips the call is exact only then)."""
+    """Whether calling `module` runs exactly the forward of one of `kinds` (not a subclass's, not one set on the
+    instance) and no hook of its own or of the process (written by advisor: a patch that skips the call is exact
+    only then)."""
     hooks = {torch}.nn.modules.module
-    return type(module) in kinds and not (
+    return type(module) in kinds and "forward" not in vars(module) and not (
         module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
         or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
         or hooks._global_backward_pre_hooks)

@@ -190,6 +190,7 @@ SWAPS = {
     "setattr_by_computed_name": lambda model, utils: setattr(model, "_".join(["attn", "drop"]), utils.Half()),
     "dropout_subclass": lambda model, utils: setattr(model, "attn_drop", Doubling(0.1)),
     "identity_in_training_mode": lambda model, utils: setattr(model, "attn_drop", torch.nn.Identity()),
+    "forward_replaced_on_the_instance": lambda model, utils: setattr(model.attn_drop, "forward", lambda x: x * 0.5),
 }
 
 
