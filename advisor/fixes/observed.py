@@ -22,8 +22,10 @@ def _qkv_dtype(call: BlockCall) -> bool:
 
 
 def _mask_dtype(call: BlockCall) -> bool:
-    """Strict: an added mask of exactly the query's dtype is what SDPA adds unchanged."""
-    return all(mask.dtype == call.query for mask in call.masks if mask.how == "additive")
+    """Strict: an added mask of exactly the query's dtype is what SDPA adds unchanged, and a bool fill mask is what
+    SDPA reads as one (where() also runs on a uint8 condition, which SDPA rejects)."""
+    return all(mask.dtype == call.query if mask.how == "additive" else mask.dtype.endswith("bool")
+               for mask in call.masks if mask.how in ("additive", "fill"))
 
 
 def _mask_rank(call: BlockCall) -> bool:
@@ -45,8 +47,8 @@ class Observer(NamedTuple):
 
 OBSERVERS: dict[str, Observer] = {  # fact name -> its observation
     "qkv-dtype": Observer(_qkv_dtype, lambda calls: f"q, k and v were {_distinct(c.query for c in calls)}"),
-    "mask-dtype": Observer(_mask_dtype, lambda calls: "every added mask had the query's dtype "
-                           f"({_distinct(m.dtype for m in _masks(calls) if m.how == 'additive') or 'none ran'})"),
+    "mask-dtype": Observer(_mask_dtype, lambda calls: "every added mask had the query's dtype and every filling "
+                           f"one was bool ({_distinct(m.dtype for m in _masks(calls)) or 'none ran'})"),
     "mask-rank": Observer(_mask_rank, lambda calls: "every mask had 2 to the scores' dims "
                           f"({_distinct(str(m.ndim) for m in _masks(calls)) or 'none ran'})"),
     "fully-masked-rows": Observer(_no_fully_masked_row, lambda calls: "no query row was fully masked"),

@@ -27,12 +27,13 @@ from advisor.patterns.module_values import local_reads_leave_alone, module_value
 from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 
-RANK, NOT_FLOAT, SMALL, NUMBER, DROPS = "rank", "not-float", "small-values", "number", "drops-result"
+RANK, NOT_FLOAT, BOOL, SMALL, NUMBER, DROPS = "rank", "not-float", "bool", "small-values", "number", "drops-result"
 SMALL_LIMIT = 10.0  # |values| of an added mask that leave a row masked everywhere as precise as the scores
 MAX_DEPTH = 4  # callers followed through parameters passed on
 NON_FLOAT_DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64"}
 NON_FLOAT_METHODS = {"bool", "long", "int", "byte", "short", "char", "logical_not", "logical_and", "logical_or",
                      "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isfinite"}
+INTEGER_METHODS = {"long", "int", "byte", "short", "char"}  # the non-float methods whose result is not bool
 KEEP_VALUES = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous", "clone", "detach",
                "unsqueeze", "view", "reshape", "expand", "expand_as", "transpose", "permute", "repeat", "flatten",
                "squeeze", "__getitem__", "long", "int", "flip", "roll"}
@@ -43,6 +44,7 @@ BOUNDED_CREATORS = {"torch.zeros": (0.0, 0.0), "torch.zeros_like": (0.0, 0.0), "
 BOUNDED_METHODS = {"new_zeros": (0.0, 0.0), "new_ones": (1.0, 1.0), "zero_": (0.0, 0.0)}
 SHOWS = {RANK: "a mask whose indexing, reshaping or creation gives it a rank SDPA takes",
          NOT_FLOAT: "a bool or integer mask (SDPA gets its values exactly as q's dtype)",
+         BOOL: "a bool mask (SDPA reads any other dtype as added values or rejects it)",
          SMALL: f"a mask whose values are at most {SMALL_LIMIT:g} in magnitude (zeros, 0/1, a comparison times a "
                 f"small constant, a bounded random draw), which swallows no row: a row masked everywhere is "
                 f"softmax(scores + mask) in both", NUMBER: "a Python number",
@@ -136,8 +138,8 @@ def _holds(site: CallSite, claim: Claim) -> bool:
         if need_high is not None:
             need_high = max([need_high] + [ranks.bounds(peer)[0] for peer in _peer_arguments(site, claim)])
         return low >= need_low and (need_high is None or (high is not None and high <= need_high))
-    if claim.check == NOT_FLOAT:
-        return scope.not_float(argument)
+    if claim.check in (NOT_FLOAT, BOOL):
+        return scope.not_float(argument, bool_only=claim.check == BOOL)
     if claim.check == SMALL:
         bounds = scope.interval(argument)
         return bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT
@@ -250,11 +252,14 @@ class SiteScope:
         prover = self.prover()
         return prover is not None and prover.is_size(node)
 
-    def not_float(self, node: cst.BaseExpression, depth: int = 0) -> bool:
-        """A bool or integer tensor (SDPA gets it as q's dtype: its values exactly)."""
+    def not_float(self, node: cst.BaseExpression, depth: int = 0, bool_only: bool = False) -> bool:
+        """A bool or integer tensor (SDPA gets it as q's dtype: its values exactly); with `bool_only`, a bool one."""
         if depth > 12:
             return False
-        below: Callable[[cst.BaseExpression], bool] = lambda child: self.not_float(child, depth + 1)  # noqa: E731
+        below: Callable[[cst.BaseExpression], bool] = \
+            lambda child: self.not_float(child, depth + 1, bool_only)  # noqa: E731
+        kinds = {"bool"} if bool_only else NON_FLOAT_DTYPES
+        methods = NON_FLOAT_METHODS - INTEGER_METHODS if bool_only else NON_FLOAT_METHODS
         if isinstance(node, cst.Comparison):
             return True
         resolved = self._resolved(node)
@@ -272,20 +277,20 @@ class SiteScope:
                       and a.keyword.value == "dtype"), None)
         dotted = self.parsed.imported_name(node.func) or ""
         if dtype is not None:
-            return dtype in NON_FLOAT_DTYPES
-        if dotted in ("torch.randint", "torch.randint_like") or dotted.split(".")[-1] in NON_FLOAT_METHODS and \
-                dotted.startswith("torch."):
+            return dtype in kinds
+        if dotted in ("torch.randint", "torch.randint_like") and not bool_only or \
+                dotted.split(".")[-1] in methods and dotted.startswith("torch."):
             return True
         if dotted in ("torch.tril", "torch.triu") and node.args:
             return below(node.args[0].value)
         if isinstance(node.func, cst.Attribute):
             method = node.func.attr.value
-            if method in NON_FLOAT_METHODS:
+            if method in methods:
                 return True
             if method == "to" and node.args and dtype_name(self.parsed, node.args[0].value) is not None:
-                return dtype_name(self.parsed, node.args[0].value) in NON_FLOAT_DTYPES
-            if method in KEEP_VALUES - {"float", "double", "half", "bfloat16", "to", "type_as", "type"} or \
-                    method in ("tril", "triu", "masked_fill"):
+                return dtype_name(self.parsed, node.args[0].value) in kinds
+            if method in KEEP_VALUES - {"float", "double", "half", "bfloat16", "to", "type_as", "type"} - \
+                    INTEGER_METHODS or method in ("tril", "triu", "masked_fill"):
                 return below(node.func.value)
         return False
 

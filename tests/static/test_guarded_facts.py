@@ -72,8 +72,8 @@ def _models(source: str, dtype=torch.float32):
 def test_a_mask_of_unknown_rank_is_guarded_and_the_patch_is_safe():
     finding = _finding(_source(KEEP_MASK_OF_ANY_RANK))
     assert finding.fix_safety == "safe" and finding.rule == "ADV101"
-    assert _names(finding, "guarded") == {"mask-rank"} and not _names(finding, "assumed")
-    assert "mask.dim()" in finding.patch and "else:" in finding.patch
+    assert _names(finding, "guarded") == {"mask-rank", "mask-dtype"} and not _names(finding, "assumed")
+    assert "mask.dim()" in finding.patch and "mask.dtype == torch.bool" in finding.patch and "else:" in finding.patch
 
 
 @pytest.mark.parametrize("shape", [(2, 1, 1, 5), (5,)], ids=["4-D mask: SDPA", "1-D mask: the original"])
@@ -113,7 +113,7 @@ def test_a_function_torchscript_compiles_is_guarded_too():
     """The check compiles under TorchScript (tests/rewrite/test_torchscript_patches.py scripts it and compares
     values)."""
     finding = _finding(_source(KEEP_MASK_OF_ANY_RANK) + SCRIPTED)
-    assert _names(finding, "guarded") == {"mask-rank"} and not _names(finding, "assumed")
+    assert _names(finding, "guarded") == {"mask-rank", "mask-dtype"} and not _names(finding, "assumed")
     assert finding.fix_safety == "safe"
 
 

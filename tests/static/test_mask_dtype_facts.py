@@ -193,7 +193,8 @@ def test_d_mask_of_more_dims_than_the_scores_is_guarded():
     source = _module_source(NEGINF_FILL).replace("out.permute(0, 2, 1, 3)", "out.transpose(1, 2)")
     finding = _finding(source)
     assert finding.fix_safety == "safe" and "mask-rank" in fact_names(finding, "guarded")
-    assert "more dims than the scores" in finding.extra["facts"]["guarded"][0]["why"]
+    [rank] = [fact for fact in finding.extra["facts"]["guarded"] if fact["name"] == "mask-rank"]
+    assert "more dims than the scores" in rank["why"]
     keep = _key_padding()[:1, None]  # (1, 1, S): one dim more than the scores need
     x = torch.randn(2, 5, 16)
     original = _run(source, x, keep)

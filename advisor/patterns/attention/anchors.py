@@ -360,7 +360,7 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
     if isinstance(node, (cst.Integer, cst.Name)):
         return True
     if isinstance(node, cst.Attribute):  # `x.dtype`, or a dtype constant (`torch.float32`, as a guard compares)
-        return node.attr.value == "dtype" or parsed.imported_name(node) in DTYPE_NAMES
+        return node.attr.value == "dtype" or parsed.imported_name(node) in DTYPE_NAMES | {"torch.bool"}
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
         return _metadata_operand(parsed, node.expression)
     if isinstance(node, cst.Subscript):

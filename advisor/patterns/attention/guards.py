@@ -98,7 +98,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
             ranks = [_known_rank(c, t) if name == MASK_RANK else None for t in terms]
             tabled = [name == MASK_DTYPE and bool(t.tables) for t in terms]
-            reads = [query] + [t.source for t, known, by in zip(terms, ranks, tabled) if known is None and not by] + \
+            reads = [query] + [_checked(name, t) for t, known, by in zip(terms, ranks, tabled)
+                               if known is None and not by] + \
                 [table for t, by in zip(terms, tabled) if by for table in t.tables]
             parts = [_tables_dtype_check(c, term, query) if by else
                      _mask_check(c, name, term, query, torch_name) if known is None else
@@ -143,7 +144,8 @@ def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
     for name, parts in checks.items():
         match.facts.guard(name, " and ".join(code(part) for part in parts))
     parts = ([match.flag_test] if match.flag_test is not None else []) + \
-        list({code(part): part for group in checks.values() for part in group}.values())
+        list({code(atom): atom for group in checks.values() for part in group
+              for atom in ([part] if is_module_check(part) else _conjuncts(part))}.values())
     modules = [part for part in parts if is_module_check(part)]
     if modules:  # computed above the `if`, out of TorchScript's sight (see attention.module_guard)
         match.module_check = modules[0] if len(modules) == 1 else joined(cst.And, modules)
@@ -151,6 +153,14 @@ def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
     if not parts:
         return
     match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
+
+
+def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The operands of an unparenthesised `a and b and ...`, so checks that share one (`isinstance(m, torch.Tensor)`
+    of a mask's dtype and rank checks) read it once, in its first place."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And) and not test.lpar:
+        return _conjuncts(test.left) + _conjuncts(test.right)
+    return [test]
 
 
 def _absent_checks(c: Candidate, terms: list[MaskTerm]) -> list[cst.BaseExpression]:
@@ -240,15 +250,21 @@ def _needs(name: str, term: MaskTerm) -> bool:
     """The terms each fact is about: added float masks whose dtype the original leaves open, masks of any kind
     passed as they are (not reshaped) for the rank."""
     if name == MASK_DTYPE:
-        return term.kind == "float" and not term.same_dtype
+        return term.kind == "float" and not term.same_dtype or term.dtype_subject is not None
     return term.reshape is None
+
+
+def _checked(name: str, term: MaskTerm) -> cst.BaseExpression:
+    """The tensor a fact's check reads: the mask as the original passes it, or for a bool mask's dtype the tensor
+    that dtype is about (MaskTerm.dtype_subject)."""
+    return term.dtype_subject[0] if name == MASK_DTYPE and term.dtype_subject is not None else term.source
 
 
 def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpression,
                 torch_name: str) -> cst.BaseExpression | None:
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
-    mask = _peeled(term.source, DTYPE_KEEPING_VIEWS if name == MASK_DTYPE else SAME_RANK)
+    mask = _peeled(_checked(name, term), DTYPE_KEEPING_VIEWS if name == MASK_DTYPE else SAME_RANK)
     base = mask
     while isinstance(base, cst.Subscript):
         base = base.value
@@ -257,11 +273,13 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
         f"{c.parsed.code(base)}isnotNone".replace(" ", "")
     if not _plain(c, mask, indexed=indexed):
         return None
-    check = "{m}.dtype == {q}.dtype" if name == MASK_DTYPE else "2 <= {m}.dim() <= {q}.dim()"
+    check = "2 <= {m}.dim() <= {q}.dim()" if name != MASK_DTYPE else "{m}.dtype == {torch}.bool" \
+        if term.dtype_subject is not None else "{m}.dtype == {q}.dtype"
     template = "isinstance({base}, {torch}.Tensor) and " + check
     if term.guard is not None:
         template = "{base} is None or " + template
-    return parse_template_expression(template, m=mask, q=query, base=base, torch=cst.Name(torch_name))
+    fields = dict(m=mask, q=query, base=base, torch=cst.Name(torch_name))
+    return parse_template_expression(template, **{k: v for k, v in fields.items() if f"{{{k}}}" in template})
 
 
 def _tables_dtype_check(c: Candidate, term: MaskTerm, query: cst.BaseExpression) -> cst.BaseExpression:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns import call_site_facts as sf
 from advisor.patterns import masks as mk
+from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.causal import added_keeps_first_key, is_causal_keep, keeps_first_key, \
     keeps_first_key_bottom_right
@@ -58,12 +60,31 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
                         fill_kind=fill_kind, source=source, keeps_first_key=True)
     first = keeps_first_key(c, masked, keep_given)
     bottom_right = not first and keeps_first_key_bottom_right(c, masked, keep_given)
+    subject = _dtype_subject(c, masked, op.name == "where")
     if kind == "neginf":
         return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=source,
-                        keeps_first_key=first, bottom_right=bottom_right)
+                        keeps_first_key=first, bottom_right=bottom_right, dtype_subject=subject)
     masked_only = _negate(masked) if keep_given else at_home(c, masked)
     return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
-                    fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right, keep=keep)
+                    fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right, keep=keep,
+                    dtype_subject=subject)
+
+
+def _dtype_subject(c: Candidate, masked: cst.BaseExpression, where: bool) -> tuple[cst.BaseExpression, str] | None:
+    """The tensor whose dtype the patch needs (MaskTerm.dtype_subject), unless the source shows it. `masked_fill`
+    takes only a bool mask, so the patch raises wherever the original does, except where it drops a `~`: `~m` of a
+    float raises, while SDPA adds a float `m`. `where` also takes a uint8 condition (as bool), which SDPA rejects,
+    and the patch passes the condition (or its operand under `~`) where `where` raised on a float one."""
+    inverted = isinstance(masked, cst.UnaryOperation) and isinstance(masked.operator, cst.BitInvert)
+    if not (where or inverted):
+        return None
+    subject = masked.expression if inverted else masked
+    while isinstance(subject, cst.Subscript) or isinstance(subject, cst.Call) and \
+            isinstance(subject.func, cst.Attribute) and subject.func.attr.value in DTYPE_KEEPING_VIEWS:
+        subject = subject.value if isinstance(subject, cst.Subscript) else subject.func.value  # same dtype
+    if sf.SiteScope(c.parsed, subject).not_float(subject, bool_only=where):
+        return None
+    return subject, sf.BOOL if where else sf.NOT_FLOAT
 
 
 def reshape_term(c: Candidate, term: MaskTerm) -> None:
@@ -96,8 +117,8 @@ def _fill_at_home(c: Candidate, fill: cst.BaseExpression) -> cst.BaseExpression:
 
 def _negate(node: cst.BaseExpression) -> cst.BaseExpression:
     """The complement of a boolean mask (masked_fill and where raise on any other), written as simply as its
-    form allows. `~m` running proves m bool (`~` raises on floats, and an int result would make the original
-    raise); `m.logical_not()` is bool whatever m is."""
+    form allows: `~m` becomes `m`, which is exact where m is not a float (see `_dtype_subject`); `m.logical_not()`
+    is bool whatever m is."""
     if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
         target = node.comparisons[0]
         flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.LessThan: cst.GreaterThanEqual,

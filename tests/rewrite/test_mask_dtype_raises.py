@@ -1,0 +1,127 @@
+"""A boolean mask's dtype where the patch would not raise as the original does.
+
+`masked_fill` takes only a bool mask, so a patch that passes that mask (or its complement) to SDPA raises wherever
+the original does, except where it drops a `~`: `~m` raises on a float `m`, while SDPA would add a float `m` to the
+scores. `torch.where` also takes a uint8 condition (read as bool), which SDPA rejects. Where the source does not
+show the dtype, the patch checks it (`m.dtype == torch.bool`) and runs the original block otherwise, so every
+dtype gives what the original gives: the same values, or the same exception. Where the callers in the tree show
+it, it is proved from their call sites and nothing is checked.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source, scan_paths
+from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
+
+TEMPLATE = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, mask):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = (q @ k.transpose(-2, -1)) * 0.25
+{mask}
+        out = scores.softmax(dim=-1) @ v
+        return out.permute(0, 2, 1, 3).reshape(b, n, c)
+'''
+FORMS = {  # how the mask is applied; `mask` is a (b, 1, 1, n) keep mask of the dtype under test (1 = attend)
+    "masked_fill(~mask)": 'scores = scores.masked_fill(~mask, float("-inf"))',
+    "masked_fill(~mask) finite": "scores = scores.masked_fill(~mask, -1e9)",
+    "where(mask, s, fill)": 'scores = torch.where(mask, scores, float("-inf"))',
+    "where(mask, s, fill) finite": "scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)",
+    "where(~mask, fill, s)": 'scores = torch.where(~mask, float("-inf"), scores)',
+    "under if": 'if mask is not None:\n    scores = scores.masked_fill(~mask[:, :, :, :], float("-inf"))',
+}
+DTYPES = [torch.bool, torch.uint8, torch.int64, torch.float32]
+
+
+def _source(form: str) -> str:
+    return TEMPLATE.format(mask=textwrap.indent(FORMS[form], " " * 8))
+
+
+def _outcome(model, x, mask):
+    """The output, or the exception's type: what a caller sees."""
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # where() warns that a uint8 condition is deprecated
+            return model(x, mask)
+    except (RuntimeError, TypeError) as error:
+        return type(error)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_every_mask_dtype_gives_what_the_original_gives(form):
+    source = _source(form)
+    [finding] = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe", finding.reason
+    assert "mask-dtype" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
+    assert "mask.dtype == torch.bool" in finding.patch
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "case").Attention().eval()
+    patched = load_module_from_source(analyze_source(source, "case.py").fixed, "case_fixed").Attention().eval()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    for dtype in DTYPES:
+        mask = torch.ones(2, 1, 1, 5, dtype=dtype)
+        mask[0, ..., 3:] = 0
+        expected, got = _outcome(original, x, mask), _outcome(patched, x, mask)
+        if isinstance(expected, type):
+            assert got is expected, (dtype, got)
+        else:
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+        assert uses_sdpa(dispatched_ops(patched, (x, mask.bool()))) and \
+            (dtype is torch.bool or not uses_sdpa(dispatched_ops(patched, (x, mask)))
+             if not isinstance(got, type) else True)
+
+
+CALLER = '''
+import torch
+from torch import nn
+
+from attn import Attention
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 16)
+        self.attn = Attention()
+
+    def forward(self, ids):
+        return self.attn(self.embed(ids), {mask})
+'''
+
+
+@pytest.mark.parametrize(("mask", "proved"), [("(ids != 0)[:, None, None, :]", True),
+                                              ("(ids != 0).float()[:, None, None, :]", False)])
+def test_a_caller_that_passes_a_comparison_proves_the_dtype(tmp_path, mask, proved):
+    (tmp_path / "attn.py").write_text(_source("masked_fill(~mask)"))
+    (tmp_path / "model.py").write_text(CALLER.format(mask=mask))
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    from_sites = {fact["name"] for fact in finding.extra["facts"].get("from_call_sites", [])}
+    guarded = {fact["name"] for fact in finding.extra["facts"].get("guarded", [])}
+    assert finding.fix_safety == "safe"
+    assert ("mask-dtype" in from_sites) == proved and ("mask-dtype" in guarded) == (not proved)
+
+
+def test_a_mask_built_as_bool_in_the_block_needs_no_check():
+    source = _source("masked_fill(~mask)").replace("    def forward(self, x, mask):\n",
+                                                   "    def forward(self, x, ids):\n        mask = ids.ne(0)[:, None, None, :]\n")
+    [finding] = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "mask.dtype" not in finding.patch
+    assert "mask-dtype" not in {fact["name"] for status in ("guarded", "assumed")
+                                for fact in finding.extra["facts"].get(status, [])}
