@@ -36,6 +36,33 @@ class Attn(nn.Module):
 {textwrap.dedent(after)}''' + MAKE
 
 
+MASKED_MODULE = '''
+import math
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x, mask):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+{body}
+        return out.permute(0, 2, 1, 3).reshape(b, n, c)
+'''
+
+
+def masked_module(body: str) -> str:
+    """A module `Attention` whose `forward(x, mask)` runs `body` after q, k, v (b, heads, n, 8) and returns `out`
+    (b, heads, n, 8) as (b, n, 16): the block under test and the mask its caller passes."""
+    return MASKED_MODULE.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+
+
 def findings(source: str):
     return analyze_source(source, "m.py").findings
 

@@ -10,34 +10,15 @@ it, it is proved from their call sites and nothing is checked.
 
 from __future__ import annotations
 
-import textwrap
 import warnings
 
 import pytest
 import torch
 
 from advisor.engine.static import analyze_source, scan_paths
+from attention_sources import masked_module
 from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
 
-TEMPLATE = '''
-import torch
-from torch import nn
-
-
-class Attention(nn.Module):
-    def __init__(self, dim=16, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, dim * 3)
-
-    def forward(self, x, mask):
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        scores = (q @ k.transpose(-2, -1)) * 0.25
-{mask}
-        out = scores.softmax(dim=-1) @ v
-        return out.permute(0, 2, 1, 3).reshape(b, n, c)
-'''
 FORMS = {  # how the mask is applied; `mask` is a (b, 1, 1, n) keep mask of the dtype under test (1 = attend)
     "masked_fill(~mask)": 'scores = scores.masked_fill(~mask, float("-inf"))',
     "masked_fill(~mask) finite": "scores = scores.masked_fill(~mask, -1e9)",
@@ -50,7 +31,7 @@ DTYPES = [torch.bool, torch.uint8, torch.int64, torch.float32]
 
 
 def _source(form: str) -> str:
-    return TEMPLATE.format(mask=textwrap.indent(FORMS[form], " " * 8))
+    return masked_module(f"scores = (q @ k.transpose(-2, -1)) * 0.25\n{FORMS[form]}\nout = scores.softmax(dim=-1) @ v")
 
 
 def _outcome(model, x, mask):

@@ -10,26 +10,9 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
+from attention_sources import masked_module
 from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
 
-TEMPLATE = '''
-import math
-import torch
-from torch import nn
-
-
-class Attention(nn.Module):
-    def __init__(self, dim=16, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, dim * 3)
-
-    def forward(self, x, mask):
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-{body}
-        return out.permute(0, 2, 1, 3).reshape(b, n, c)
-'''
 SCRIPTED = "\n\ndef make():\n    return torch.jit.script(Attention())\n"
 
 KEEP_MASK_OF_ANY_RANK = """
@@ -44,10 +27,6 @@ scores = (q @ k.transpose(-2, -1)) * 0.25
 weights = scores.softmax(dim=-1).to(v.dtype)
 out = weights @ v
 """
-
-
-def _source(body: str) -> str:
-    return TEMPLATE.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
 def _finding(source: str):
@@ -70,7 +49,7 @@ def _models(source: str, dtype=torch.float32):
 
 
 def test_a_mask_of_unknown_rank_is_guarded_and_the_patch_is_safe():
-    finding = _finding(_source(KEEP_MASK_OF_ANY_RANK))
+    finding = _finding(masked_module(KEEP_MASK_OF_ANY_RANK))
     assert finding.fix_safety == "safe" and finding.rule == "ADV101"
     assert _names(finding, "guarded") == {"mask-rank", "mask-dtype"} and not _names(finding, "assumed")
     assert "mask.dim()" in finding.patch and "mask.dtype == torch.bool" in finding.patch and "else:" in finding.patch
@@ -78,7 +57,7 @@ def test_a_mask_of_unknown_rank_is_guarded_and_the_patch_is_safe():
 
 @pytest.mark.parametrize("shape", [(2, 1, 1, 5), (5,)], ids=["4-D mask: SDPA", "1-D mask: the original"])
 def test_the_guarded_patch_is_exact_on_masks_that_pass_and_fail_the_check(shape):
-    original, patched = _models(_source(KEEP_MASK_OF_ANY_RANK))
+    original, patched = _models(masked_module(KEEP_MASK_OF_ANY_RANK))
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
     mask = torch.ones(shape, dtype=torch.bool)
     mask[..., 3:] = False
@@ -89,7 +68,7 @@ def test_the_guarded_patch_is_exact_on_masks_that_pass_and_fail_the_check(shape)
 
 def test_a_guard_does_not_swallow_the_originals_error():
     """A 4-D mask that does not broadcast passes the check; SDPA then raises, as the original does."""
-    original, patched = _models(_source(KEEP_MASK_OF_ANY_RANK))
+    original, patched = _models(masked_module(KEEP_MASK_OF_ANY_RANK))
     x, mask = torch.randn(2, 5, 16), torch.ones(2, 1, 1, 4, dtype=torch.bool)
     for model in (original, patched):
         with pytest.raises(RuntimeError):
@@ -97,13 +76,13 @@ def test_a_guard_does_not_swallow_the_originals_error():
 
 
 def test_q_k_and_v_sharing_a_dtype_is_guarded():
-    finding = _finding(_source(UPCAST_QK))
+    finding = _finding(masked_module(UPCAST_QK))
     assert finding.fix_safety == "safe"
     assert "qkv-dtype" in _names(finding, "guarded") and not _names(finding, "assumed")
     assert "q.dtype == k.dtype == v.dtype" in finding.patch
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
     for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, False)):  # bf16: q, k float32 and v bf16
-        original, patched = _models(_source(UPCAST_QK), dtype)
+        original, patched = _models(masked_module(UPCAST_QK), dtype)
         with torch.no_grad():
             torch.testing.assert_close(patched(x.to(dtype), None), original(x.to(dtype), None), atol=1e-5, rtol=1e-5)
         assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa
@@ -112,13 +91,13 @@ def test_q_k_and_v_sharing_a_dtype_is_guarded():
 def test_a_function_torchscript_compiles_is_guarded_too():
     """The check compiles under TorchScript (tests/rewrite/test_torchscript_patches.py scripts it and compares
     values)."""
-    finding = _finding(_source(KEEP_MASK_OF_ANY_RANK) + SCRIPTED)
+    finding = _finding(masked_module(KEEP_MASK_OF_ANY_RANK) + SCRIPTED)
     assert _names(finding, "guarded") == {"mask-rank", "mask-dtype"} and not _names(finding, "assumed")
     assert finding.fix_safety == "safe"
 
 
 def test_a_guarded_patch_is_idempotent():
-    fixed = analyze_source(_source(KEEP_MASK_OF_ANY_RANK), "case.py").fixed
+    fixed = analyze_source(masked_module(KEEP_MASK_OF_ANY_RANK), "case.py").fixed
     again = analyze_source(fixed, "case.py")
     assert again.fixed == fixed and not [f for f in again.findings if f.kind == "attention"]
 
@@ -131,12 +110,12 @@ out = (weights.float() @ v.float()).to(x.dtype)
 
 
 def test_a_leaf_cast_to_a_literal_dtype_is_compared_as_that_dtype():
-    finding = _finding(_source(FLOAT_VALUE_PRODUCT))
+    finding = _finding(masked_module(FLOAT_VALUE_PRODUCT))
     assert "qkv-dtype" in _names(finding, "guarded") and finding.fix_safety == "safe"
     assert "q.dtype == k.dtype == torch.float32" in finding.patch
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
     for dtype, sdpa in ((torch.float32, True), (torch.bfloat16, False)):
-        original, patched = _models(_source(FLOAT_VALUE_PRODUCT), dtype)
+        original, patched = _models(masked_module(FLOAT_VALUE_PRODUCT), dtype)
         with torch.no_grad():
             torch.testing.assert_close(patched(x.to(dtype), None), original(x.to(dtype), None), atol=1e-5, rtol=1e-5)
         assert uses_sdpa(dispatched_ops(patched, (x.to(dtype), None))) == sdpa
@@ -145,7 +124,7 @@ def test_a_leaf_cast_to_a_literal_dtype_is_compared_as_that_dtype():
 def test_a_guard_comparing_with_a_literal_dtype_is_idempotent():
     """`if q.dtype == k.dtype == torch.float32:` reads metadata only: the block under its else is the kept
     original, not a block to patch again (it was nested once more on every run)."""
-    fixed = analyze_source(_source(FLOAT_VALUE_PRODUCT), "case.py").fixed
+    fixed = analyze_source(masked_module(FLOAT_VALUE_PRODUCT), "case.py").fixed
     assert "== torch.float32:" in fixed
     again = analyze_source(fixed, "case.py")
     assert again.fixed == fixed and not [f for f in again.findings if f.kind == "attention"]
@@ -173,9 +152,9 @@ def test_a_mask_indexed_under_its_not_none_test_is_guarded():
         scores = scores.masked_fill(~mask[0], float("-inf"))
     out = scores.softmax(dim=-1) @ v
     """
-    finding = _finding(_source(body))
+    finding = _finding(masked_module(body))
     assert "mask-rank" in _names(finding, "guarded") and "mask is None or" in finding.patch
-    original, patched = _models(_source(body))
+    original, patched = _models(masked_module(body))
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
     for mask in (torch.ones(1, 5, dtype=torch.bool), torch.ones(1, 2, 1, 1, 5, dtype=torch.bool), None):
         with torch.no_grad():  # a 1-D mask[0] runs the original; a 4-D one, and None, SDPA
@@ -193,7 +172,7 @@ out = scores.softmax(dim=-1) @ v
 
 @pytest.mark.parametrize("scale", [0.25, torch.tensor(0.25)], ids=["number: SDPA", "tensor: the original"])
 def test_a_scale_computed_from_a_parameter_is_guarded(scale):
-    source = _source(ARITHMETIC_SCALE).replace("def forward(self, x, mask):", "def forward(self, x, scale):")
+    source = masked_module(ARITHMETIC_SCALE).replace("def forward(self, x, mask):", "def forward(self, x, scale):")
     finding = _finding(source)
     assert finding.fix_safety == "safe" and "scale-is-number" in _names(finding, "guarded")
     assert "isinstance((1.0 / scale), (int, float))" in finding.patch

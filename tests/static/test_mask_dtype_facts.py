@@ -6,38 +6,14 @@ matches, or that the patch is unsafe and names the fact that the inputs break.""
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 import torch
 
 from advisor.engine.static import analyze_source
-from attention_sources import fact_names
+from attention_sources import fact_names, masked_module
 from fixture_models import load_module_from_source
 
-TEMPLATE = '''
-import math
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-class Attention(nn.Module):
-    def __init__(self, dim=16, heads=2):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, dim * 3)
-
-    def forward(self, x, mask):
-        b, n, c = x.shape
-        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-{body}
-        return out.permute(0, 2, 1, 3).reshape(b, n, c)
-'''
-
-
-def _module_source(body: str) -> str:
-    return TEMPLATE.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
 def _finding(source: str):
@@ -54,7 +30,7 @@ def _run(source: str, x: torch.Tensor, mask: torch.Tensor, seed: int = 0) -> tor
 
 
 def _outputs(body: str, mask: torch.Tensor, unsafe: bool = False):
-    source = _module_source(body)
+    source = masked_module(body)
     fixed = analyze_source(source, "case.py", unsafe_fixes=unsafe).fixed
     assert "scaled_dot_product_attention" in fixed, "no patch was applied"
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
@@ -80,7 +56,7 @@ out = scores.softmax(dim=-1) @ v
 def test_a_finite_fill_is_safe_and_its_fully_masked_rows_match():
     """The fully masked batch is uniform weights (the mean of v) in the original; the patch opens those rows to
     every key with a zero query (`attention.uniform_rows`), so they match too (before: unsafe, they differed)."""
-    finding = _finding(_module_source(FINITE_FILL))
+    finding = _finding(masked_module(FINITE_FILL))
     assert finding.fix_safety == "safe", finding.reason
     assert "fully-masked-rows" in fact_names(finding, "proved")
     original, patched = _outputs(FINITE_FILL, _key_padding())
@@ -95,7 +71,7 @@ def test_a_two_finite_masks_of_one_fill_are_safe():
     scores = scores.masked_fill(mask[:, None, :, None], -torch.finfo(scores.dtype).max)
     out = scores.softmax(dim=-1) @ v
     """
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert finding.fix_safety == "safe" and "fully-masked-rows" in fact_names(finding, "proved"), finding.reason
     original, patched = _outputs(body, _key_padding())
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
@@ -107,7 +83,7 @@ def test_a_fill_dtype_read_after_an_upcast_is_refused():
     scores = scores.masked_fill(~mask[:, None, None, :], torch.finfo(scores.dtype).min)
     out = scores.softmax(dim=-1).to(q.dtype) @ v
     """
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert finding.rule == "ADV103" and "dtype" in finding.reason and "scores" in finding.reason
 
 
@@ -116,7 +92,7 @@ NEGINF_FILL = FINITE_FILL.replace("-1e4", 'float("-inf")')
 
 
 def test_b_neginf_fill_is_safe_with_the_accepted_divergence():
-    finding = _finding(_module_source(NEGINF_FILL))
+    finding = _finding(masked_module(NEGINF_FILL))
     assert finding.fix_safety == "safe", finding.reason
     assert "fully-masked-rows" in fact_names(finding, "accepted")
     original, patched = _outputs(NEGINF_FILL, _key_padding())
@@ -132,7 +108,7 @@ def test_b_causal_mask_proves_no_row_is_fully_masked():
     scores = scores.masked_fill(causal == 0, float("-inf"))
     out = scores.softmax(dim=-1) @ v
     """
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert finding.fix_safety == "safe" and "fully-masked-rows" in fact_names(finding, "proved")
 
 
@@ -140,7 +116,7 @@ def test_b_causal_mask_proves_no_row_is_fully_masked():
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.bool])
 def test_c_logical_not_of_a_non_bool_mask(dtype):
     body = NEGINF_FILL.replace("~mask[:, None, None, :]", "mask[:, None, None, :].logical_not()")
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert finding.fix_safety == "safe", finding.reason
     original, patched = _outputs(body, _key_padding(dtype))
     torch.testing.assert_close(original[0], patched[0], atol=1e-5, rtol=1e-5)
@@ -162,7 +138,7 @@ out = scores.softmax(dim=-1) @ v
 def test_d_additive_masks_of_other_dtypes_match(mask):
     """The dtype and rank facts are proved; only the fully-masked-row fact of an added mask is assumed (its values
     are not visible: a padded sample's row swallowed by `finfo.min` differs in SDPA's gradients)."""
-    finding = _finding(_module_source(ADDITIVE))
+    finding = _finding(masked_module(ADDITIVE))
     assert finding.fix_safety == "unsafe" and fact_names(finding, "assumed") == {"fully-masked-rows"}, finding.reason
     assert {"mask-dtype", "qkv-dtype", "mask-rank"} <= fact_names(finding, "proved")
     original, patched = _outputs(ADDITIVE, mask, unsafe=True)
@@ -173,7 +149,7 @@ def test_d_mask_of_unknown_rank_is_guarded():
     """A (S,) key mask: eager broadcasting accepts it, SDPA rejects a 1-D mask on 4-D inputs. The rank is
     checked before the SDPA call, so the 1-D mask runs the original block: safe and exact."""
     body = NEGINF_FILL.replace("~mask[:, None, None, :]", "~mask")
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert finding.fix_safety == "safe" and "mask-rank" in fact_names(finding, "guarded")
     keys = torch.ones(5, dtype=torch.bool)
     keys[3:] = False
@@ -183,14 +159,14 @@ def test_d_mask_of_unknown_rank_is_guarded():
 
 def test_d_rank_from_indexing_and_output_permute_is_proved():
     """`mask[:, None, None, :]` has at least 4 dims, and the output's permute(0, 2, 1, 3) at most 4."""
-    assert "mask-rank" in fact_names(_finding(_module_source(NEGINF_FILL)), "proved")
+    assert "mask-rank" in fact_names(_finding(masked_module(NEGINF_FILL)), "proved")
 
 
 def test_d_mask_of_more_dims_than_the_scores_is_guarded():
     """Without the permute, a 3-D `mask` makes `mask[:, None, None, :]` 5-D: eager broadcasting gives a 5-D
     output (which `.transpose(1, 2).reshape(...)` accepts when the extra dim is 1); SDPA would raise. The guard
     sees the 5-D mask and runs the original block."""
-    source = _module_source(NEGINF_FILL).replace("out.permute(0, 2, 1, 3)", "out.transpose(1, 2)")
+    source = masked_module(NEGINF_FILL).replace("out.permute(0, 2, 1, 3)", "out.transpose(1, 2)")
     finding = _finding(source)
     assert finding.fix_safety == "safe" and "mask-rank" in fact_names(finding, "guarded")
     [rank] = [fact for fact in finding.extra["facts"]["guarded"] if fact["name"] == "mask-rank"]
@@ -210,7 +186,7 @@ def test_j_upcast_scores_with_value_of_another_dtype_is_unsafe():
     weights = scores.softmax(dim=-1)
     out = weights.to(v.dtype) @ v
     """
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert finding.fix_safety == "unsafe" and "qkv-dtype" in fact_names(finding, "assumed")
 
 
@@ -221,7 +197,7 @@ def test_j_upcast_weights_and_value_with_query_of_another_dtype_is_guarded():
     weights = (q @ k.transpose(-2, -1) * 0.5).softmax(dim=-1)
     out = (weights.float() @ v.float()).to(q.dtype)
     """
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert finding.fix_safety == "safe" and "qkv-dtype" in fact_names(finding, "guarded")
     original, patched = _outputs(body, _key_padding())
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
@@ -233,13 +209,13 @@ def test_j_weights_cast_back_to_the_query_dtype_is_proved():
     weights = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
     out = weights @ v
     """
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert "qkv-dtype" in fact_names(finding, "proved")
 
 
 def test_d_additive_mask_with_a_computed_query_is_not_cast_and_assumed():
     """Casting the mask to `self.q(x).dtype` would run the projection twice: the dtype is assumed instead."""
-    source = _module_source(ADDITIVE).replace("scores = (q @ k.transpose(-2, -1))",
+    source = masked_module(ADDITIVE).replace("scores = (q @ k.transpose(-2, -1))",
                                               "scores = (self.qkv(x)[..., :16].view(b, n, 2, 8).transpose(1, 2) "
                                               "@ k.transpose(-2, -1))")
     finding = _finding(source)
@@ -252,7 +228,7 @@ def test_d_additive_mask_with_a_computed_query_is_not_cast_and_assumed():
 def test_d_mask_added_in_place_is_rounded_to_the_scores_dtype(mask_dtype):
     """`s.add_(m)` keeps s's dtype: the original rounds s + m to it, SDPA rounds m; a wider (fp64) mask too."""
     body = ADDITIVE.replace("scores = scores + mask[:, None, None, :]", "scores.add_(mask[:, None, None, :])")
-    finding = _finding(_module_source(body))
+    finding = _finding(masked_module(body))
     assert fact_names(finding, "assumed") == {"fully-masked-rows"}
     assert {"qkv-dtype", "mask-dtype"} <= fact_names(finding, "proved")
     original, patched = _outputs(body, (1 - _key_padding(torch.int64)).to(mask_dtype) * -10000, unsafe=True)
@@ -261,7 +237,7 @@ def test_d_mask_added_in_place_is_rounded_to_the_scores_dtype(mask_dtype):
 
 def test_b_rows_of_a_causal_buffer_sliced_from_the_first_column_keep_a_key():
     """GPT-2's `bias[:, :, S - L:S, :S]` with a finite fill: row r keeps keys 0..r, so none is fully masked."""
-    source = _module_source("""
+    source = masked_module("""
     L, S = q.size(-2), k.size(-2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
     keep = self.bias[:, :, S - L:S, :S].bool()
@@ -280,7 +256,7 @@ def test_b_rows_of_a_causal_buffer_sliced_from_the_first_column_keep_a_key():
 def test_b_flipped_causal_buffer_read_through_a_name_is_not_a_keep_mask():
     """`masked = self.bias[...] == 0` used as `where(masked, s, fill)` keeps the *upper* triangle: row 0 of it
     is not the first key's, so nothing proves a key is kept; its one finite fill makes the rows uniform instead."""
-    source = _module_source("""
+    source = masked_module("""
     L, S = q.size(-2), k.size(-2)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
     masked = self.bias[:, :, S - L:S, :S] == 0
@@ -300,7 +276,7 @@ def test_a_narrowing_cast_inside_the_block_makes_the_patch_unsafe(cast, dtype):
         s = (q @ k.transpose(-2, -1)) * 0.25
         out = F.softmax(s{cast}, dim=-1).float() @ v
     """
-    [finding] = analyze_source(_module_source(body), "narrow.py").findings
+    [finding] = analyze_source(masked_module(body), "narrow.py").findings
     assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
     assert finding.fix_safety == "unsafe" and dtype in assumed["precision"]
 
@@ -312,7 +288,7 @@ def test_a_float32_upcast_inside_the_block_is_a_stated_divergence_of_a_safe_patc
         s = (q @ k.transpose(-2, -1)) * 0.25
         out = F.softmax(s.float(), dim=-1).type_as(s) @ v
     """
-    [finding] = analyze_source(_module_source(body), "widen.py").findings
+    [finding] = analyze_source(masked_module(body), "widen.py").findings
     accepted = [fact["name"] for fact in finding.extra["facts"]["accepted"]]
     assert finding.fix_safety == "safe" and "precision" in accepted
 
@@ -321,7 +297,7 @@ def test_d_an_added_mask_that_swallows_a_padded_sample_is_why_the_row_fact_is_as
     """The evidence for assuming `fully-masked-rows` on an added mask: HF's `(1 - m) * finfo.min` on a sample that
     is all padding. The outputs agree (the row is uniform either way), but the input gradients do not: SDPA's fused
     CPU backward differs from autograd through the eager softmax on a row the mask swallows."""
-    source = _module_source(ADDITIVE)
+    source = masked_module(ADDITIVE)
     fixed = analyze_source(source, "case.py", unsafe_fixes=True).fixed
     padding = torch.ones(2, 5)
     padding[1] = 0  # the second sample is all padding
