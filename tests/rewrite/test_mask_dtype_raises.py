@@ -19,12 +19,13 @@ from advisor.engine.static import analyze_source, scan_paths
 from attention_sources import masked_module
 from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
 
-FORMS = {  # how the mask is applied; `mask` is a (b, 1, 1, n) keep mask of the dtype under test (1 = attend)
+FORMS = {  # how the mask is applied; `mask` is a (b, 1, 1, n) 0/1 mask of the dtype under test
     "masked_fill(~mask)": 'scores = scores.masked_fill(~mask, float("-inf"))',
     "masked_fill(~mask) finite": "scores = scores.masked_fill(~mask, -1e9)",
     "where(mask, s, fill)": 'scores = torch.where(mask, scores, float("-inf"))',
     "where(mask, s, fill) finite": "scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)",
     "where(~mask, fill, s)": 'scores = torch.where(~mask, float("-inf"), scores)',
+    "masked_fill(mask) finite": "scores = scores.masked_fill(mask, -1e9)",  # 1 = masked here
     "under if": 'if mask is not None:\n    scores = scores.masked_fill(~mask[:, :, :, :], float("-inf"))',
 }
 DTYPES = [torch.bool, torch.uint8, torch.int64, torch.float32]
@@ -106,3 +107,73 @@ def test_a_mask_built_as_bool_in_the_block_needs_no_check():
     assert finding.fix_safety == "safe" and "mask.dtype" not in finding.patch
     assert "mask-dtype" not in {fact["name"] for status in ("guarded", "assumed")
                                 for fact in finding.extra["facts"].get(status, [])}
+
+
+LUCIDRAINS = '''
+import torch
+from torch import nn, einsum
+from einops import rearrange
+
+
+def exists(v):
+    return v is not None
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.to_qkv = nn.Linear(dim, dim * 3, bias=False)
+
+    def forward(self, x, mask=None):
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        q, k, v = map(lambda t: rearrange(t, 'b n (h d) -> b h n d', h=self.heads), (q, k, v))
+        sim = einsum('b h i d, b h j d -> b h i j', q, k) * 0.25
+        if exists(mask):
+            mask = rearrange(mask, 'b j -> b 1 1 j')
+            sim = sim.masked_fill(~mask, float('-inf'))
+        out = einsum('b h i j, b h j d -> b h i d', sim.softmax(dim=-1), v)
+        return rearrange(out, 'b h n d -> b n (h d)')
+'''
+PADDED_CALLER = '''
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 16)
+        self.attn = Attention()
+
+    def forward(self, ids):
+        return self.attn(self.embed(ids), mask=ids != 0)
+'''
+
+
+@pytest.mark.parametrize("caller", [False, True], ids=["no caller: guarded", "a caller passes ids != 0: proved"])
+def test_a_mask_rebound_by_rearrange_is_read_as_the_parameter_it_views(tmp_path, caller):
+    """`mask = rearrange(mask, ...)` keeps the parameter's dtype: the guard checks the parameter, and a caller that
+    passes a comparison proves it."""
+    source = LUCIDRAINS + (PADDED_CALLER if caller else "")
+    (tmp_path / "attn.py").write_text(source)
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    facts = finding.extra["facts"]
+    assert finding.fix_safety == "safe", finding.reason
+    assert "mask-dtype" in {f["name"] for f in facts.get("from_call_sites" if caller else "guarded", [])}
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "luc").Attention().eval()
+    patched = load_module_from_source(finding_fixed(tmp_path), "luc_fixed").Attention().eval()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16)
+    for dtype in [torch.bool] if caller else DTYPES:  # proved from call sites: for what the tree's callers pass
+        mask = torch.ones(2, 5, dtype=dtype)
+        mask[0, 3:] = 0
+        expected, got = _outcome(original, x, mask), _outcome(patched, x, mask)
+        if isinstance(expected, type):
+            assert got is expected, (dtype, got)
+        else:
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, torch.ones(2, 5, dtype=torch.bool))))
+
+
+def finding_fixed(root) -> str:
+    [result] = [f for f in scan_paths([str(root)], jobs=1, fixed=True).files]
+    return result.fixed

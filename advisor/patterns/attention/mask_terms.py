@@ -25,6 +25,10 @@ from advisor.patterns.ops import Op, number_value
 from advisor.static.codegen import atomic, method
 from advisor.static.dataflow import loaded_names
 
+MAX_REBINDINGS = 8
+DTYPE_KEEPING_FUNCTIONS = frozenset({"einops.rearrange", "einops.repeat", "torch.unsqueeze", "torch.reshape",
+                                     "torch.transpose", "torch.permute"})
+
 
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
@@ -60,7 +64,7 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
                         fill_kind=fill_kind, source=source, keeps_first_key=True)
     first = keeps_first_key(c, masked, keep_given)
     bottom_right = not first and keeps_first_key_bottom_right(c, masked, keep_given)
-    subject = _dtype_subject(c, masked, op.name == "where")
+    subject = _dtype_subject(c, masked, op.name == "where", kind != "neginf")
     if kind == "neginf":
         return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=source,
                         keeps_first_key=first, bottom_right=bottom_right, dtype_subject=subject)
@@ -70,21 +74,54 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
                     dtype_subject=subject)
 
 
-def _dtype_subject(c: Candidate, masked: cst.BaseExpression, where: bool) -> tuple[cst.BaseExpression, str] | None:
-    """The tensor whose dtype the patch needs (MaskTerm.dtype_subject), unless the source shows it. `masked_fill`
-    takes only a bool mask, so the patch raises wherever the original does, except where it drops a `~`: `~m` of a
-    float raises, while SDPA adds a float `m`. `where` also takes a uint8 condition (as bool), which SDPA rejects,
-    and the patch passes the condition (or its operand under `~`) where `where` raised on a float one."""
+def _dtype_subject(c: Candidate, masked: cst.BaseExpression, where: bool, finite: bool) -> tuple[cst.BaseExpression, str] | None:
+    """The tensor that must be bool for the patch to raise wherever the original does (MaskTerm.dtype_subject),
+    unless the source shows it is. `masked_fill` takes only a bool mask, and so does SDPA's boolean attn_mask, except
+    where the patch drops a `~` (`~m` of a float raises; SDPA would add the float `m`) or passes the mask through
+    `torch.where` (a finite fill's float mask), which also takes uint8. `where(c, ...)` itself takes a uint8 `c`."""
     inverted = isinstance(masked, cst.UnaryOperation) and isinstance(masked.operator, cst.BitInvert)
-    if not (where or inverted):
+    if not (where or inverted or finite):
         return None
-    subject = masked.expression if inverted else masked
-    while isinstance(subject, cst.Subscript) or isinstance(subject, cst.Call) and \
-            isinstance(subject.func, cst.Attribute) and subject.func.attr.value in DTYPE_KEEPING_VIEWS:
-        subject = subject.value if isinstance(subject, cst.Subscript) else subject.func.value  # same dtype
-    if sf.SiteScope(c.parsed, subject).not_float(subject, bool_only=where):
+    subject = _dtype_origin(c, masked.expression if inverted else masked)
+    if sf.SiteScope(c.parsed, subject).not_float(subject, bool_only=True):
         return None
-    return subject, sf.BOOL if where else sf.NOT_FLOAT
+    why = ("`where()` also takes a uint8 condition, which SDPA rejects, and raises on a float one, which SDPA would "
+           "add" if where else f"`masked_fill` raises unless its mask is bool, but the patch "
+           f"{'drops the `~` (`~` of an integer is an integer; of a float it raises, and SDPA would add the float)' if inverted else 'passes the mask through `torch.where`, which also takes uint8'}")
+    return subject, why
+
+
+def _dtype_origin(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
+    """The read whose dtype `node` has: under indexing and views, and back through names rebound by them
+    (`mask = rearrange(mask, 'b j -> b 1 1 j')`, `mask = mask[:, None, None, :]`), so that a parameter reshaped
+    before use is checked, or proved at its call sites, as the caller passes it."""
+    for _ in range(MAX_REBINDINGS):
+        node = _view_base(c, node)
+        if not isinstance(node, cst.Name) or c.flow.sees_undefined(node):
+            return node
+        definitions = c.flow.definitions_of(node)
+        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+            return node
+        below = _view_base(c, definitions[0].value)
+        if below is definitions[0].value:  # not a view of another tensor
+            return node
+        node = below
+    return node
+
+
+def _view_base(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor under indexing, view methods and einops' `rearrange`/`repeat`, which keep its dtype."""
+    while True:
+        if isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in DTYPE_KEEPING_VIEWS:
+            node = node.func.value
+        elif isinstance(node, cst.Call) and node.args and node.args[0].keyword is None and \
+                c.parsed.imported_name(node.func) in DTYPE_KEEPING_FUNCTIONS:
+            node = node.args[0].value
+        else:
+            return node
 
 
 def reshape_term(c: Candidate, term: MaskTerm) -> None:

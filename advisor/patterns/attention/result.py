@@ -48,9 +48,9 @@ class MaskTerm:
     module: tuple[str, tuple[str, ...], cst.Attribute] | None = None
     tables: tuple[cst.BaseExpression, ...] = ()  # the learned tables the term reads, as plain attributes to check
     keep: cst.BaseExpression | None = None  # a finite fill's mask in SDPA's polarity (True = attend)
-    # (tensor, claim): the tensor whose dtype decides whether the original raises where the patch would not (`m` of
-    # `masked_fill(~m, f)`, whose `~` the patch drops: call_site_facts.NOT_FLOAT; a `where` condition: BOOL), when
-    # its source does not show that dtype; None when it does, or when the patch raises wherever the original does
+    # (tensor, why): the tensor that must be bool for the patch to raise wherever the original does (`m` of
+    # `masked_fill(~m, f)`, whose `~` the patch drops; a `where` condition), when its source does not show that it
+    # is; None when it does, or when the patch raises wherever the original does
     dtype_subject: tuple[cst.BaseExpression, str] | None = None
 
 

@@ -150,18 +150,10 @@ def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
                                f"dtype", "baddbmm raises unless its input has its batches' dtype")
     for term in match.masks:
         if term.dtype_subject is not None:
-            subject, claim = term.dtype_subject
-            named = short(c.parsed, subject)
-            if claim == sf.BOOL:
-                match.facts.assumed("mask-dtype", f"the where() condition `{named}` is a bool tensor",
-                                    "where() also takes uint8 (SDPA rejects it) and raises on a float (SDPA would "
-                                    "add it); its dtype is not visible here",
-                                    parameter_claims(c, [subject], sf.BOOL, [term.guard]))
-            else:
-                match.facts.assumed("mask-dtype", f"`{named}` is not a float tensor",
-                                    f"`~{named}` raises on a float; the patch drops the `~` and SDPA would add a "
-                                    "float mask; its dtype is not visible here",
-                                    parameter_claims(c, [subject], sf.NOT_FLOAT, [term.guard]))
+            subject, why = term.dtype_subject
+            match.facts.assumed("mask-dtype", f"the mask `{short(c.parsed, subject)}` is a bool tensor",
+                                f"{why}; its dtype is not visible here",
+                                parameter_claims(c, [subject], sf.BOOL, [term.guard]))
     for term in _float_masks(c):
         mask_statement = f"the additive mask `{short(c.parsed, term.source)}` is not a float wider than the query"
         if plain_query(c) is None:
