@@ -125,6 +125,12 @@ class Tree:
             return [path for path in self.paths if pattern.search(self.text(path) or "")]
         return [path for path in self.paths if word in self._words_of(path)]
 
+    def says(self, path: str, word: str) -> bool:
+        """Whether `word` occurs in the file as a whole word (noted as read), from its set of words where it can."""
+        if not WORD.fullmatch(word):
+            return re.search(rf"\b{re.escape(word)}\b", self.text(path) or "") is not None
+        return word in self._words_of(path)
+
     def _words_of(self, path: str) -> frozenset[str]:
         text = self.text(path)  # noted as read, whether or not its words are known already
         words = self._caches()[2]
@@ -164,10 +170,9 @@ class Tree:
     def _uses(self, parsed: ParsedModule, defined: cst.Name, calls_of) -> list | None:
         """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
         own file, or imported elsewhere), joined; None when one gives None or a file imports the module's `*`."""
-        name, calls = defined.value, []
-        module = re.compile(rf"\b{re.escape(_module_stem(parsed.path))}\b")
+        name, calls, module = defined.value, [], _module_stem(parsed.path)
         for path in self.mentioning(name):
-            if self._real(path) != self._real(parsed.path) and not module.search(self.text(path) or ""):
+            if self._real(path) != self._real(parsed.path) and not self.says(path, module):
                 continue  # another file that never names the module cannot import from it
             other = self.parsed(path)
             if other is None:
