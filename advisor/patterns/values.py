@@ -33,11 +33,14 @@ class ValueProver:
     """Answers questions about expressions inside one function."""
 
     def __init__(self, parsed: ParsedModule, flow: FunctionFlow, owner: ClassInfo | None,
-                 guesses: list[str] | None = None) -> None:
+                 guesses: list[str] | None = None,
+                 constructor_guesses: list[tuple[cst.FunctionDef, str, str]] | None = None) -> None:
         self.parsed = parsed
         self.flow = flow
         self.owner = owner
         self.guesses = [] if guesses is None else guesses  # why a value was taken for a number without proof
+        # the guesses that are `__init__` parameters defaulting to a number: (that `__init__`, parameter, why)
+        self.constructor_guesses = [] if constructor_guesses is None else constructor_guesses
         self.unfollowed: list[str] = []  # forms met that the analysis does not follow (why a proof failed)
 
     def why_not_scalar(self, node: cst.BaseExpression) -> str | None:
@@ -50,10 +53,23 @@ class ValueProver:
         """None when `node` is proved a Python number from the source alone; else the first guess that
         `is_scalar` had to make (a name that suggests a number, an unannotated parameter, ...)."""
         self.guesses.clear()
+        self.constructor_guesses.clear()
         proved = self.is_scalar(node)
         guess = self.guesses[0] if self.guesses else (None if proved else "it is not provably a number")
         self.guesses.clear()
         return guess
+
+    def constructor_parameters(self, node: cst.BaseExpression) -> list[tuple[cst.FunctionDef, str]]:
+        """The `__init__` parameters (each defaulting to a number) that are all `node` was taken for a number on,
+        so that every construction passing a number there proves it; [] when it rests on anything else."""
+        self.guesses.clear()
+        self.constructor_guesses.clear()
+        self.is_scalar(node)
+        found = [(function, name) for function, name, _ in self.constructor_guesses]
+        only = found and {why for *_, why in self.constructor_guesses} == set(self.guesses)
+        self.guesses.clear()
+        self.constructor_guesses.clear()
+        return found if only else []
 
     def _guess(self, why: str) -> bool:
         self.guesses.append(why)
@@ -175,7 +191,11 @@ class ValueProver:
                         return False
                 elif definition.default is not None and number_value(definition.default) is not None and \
                         self._is_constructor(definition):
-                    continue  # a construction hyperparameter whose default is a number
+                    why = f"the constructor parameter `{definition.name}` defaults to a number, but a caller may " \
+                          f"pass a tensor"
+                    self.constructor_guesses.append((self.parsed.innermost(definition.statement, cst.FunctionDef),
+                                                     definition.name, why))
+                    self._guess(why)
                 elif not (SCALAR_NAME.search(definition.name)
                           or (definition.default is not None and number_value(definition.default) is not None)):
                     return False
@@ -274,7 +294,8 @@ class ValueProver:
         function = self.parsed.innermost(value, cst.FunctionDef)
         if function is None:
             return False
-        prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses)
+        prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses,
+                             self.constructor_guesses)
         return prover.is_scalar(value, depth + 1) and not self._holds_tensor(value)
 
     def _holds_tensor(self, value: cst.BaseExpression) -> bool:
