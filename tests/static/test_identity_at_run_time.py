@@ -194,6 +194,39 @@ def test_the_untouched_causal_buffer_is_still_is_causal() -> None:
     assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK))
 
 
+# a scale bound through the instance's namespace, which no `self.scale = ...` or `m.scale = ...` shows
+SCALED_BLOCK = """\
+att = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+return (att @ v).transpose(1, 2).reshape(B, T, C)
+"""
+PER_HEAD = "torch.full((2, 1, 1), 0.3)"
+NAMESPACE_WRITES = {
+    "dict_update_in_method": dict(methods=f"def retune(self, **kw):\n    self.__dict__.update(kw)\n",
+                                  make=f"model.retune(scale={PER_HEAD})"),
+    "vars_update_in_method": dict(methods=f"def retune(self):\n    vars(self).update(scale={PER_HEAD})\n",
+                                  make="model.retune()"),
+    "vars_store_in_method": dict(methods=f"def retune(self, name='scale'):\n    vars(self)[name] = {PER_HEAD}\n",
+                                 make="model.retune()"),
+    "dict_update_outside": dict(make=f"model.__dict__.update(scale={PER_HEAD})"),
+    "vars_update_outside": dict(make=f"vars(model).update({{'scale': {PER_HEAD}}})"),
+    "vars_store_outside": dict(make=f"vars(model)['scale'] = {PER_HEAD}"),
+}
+
+
+@pytest.mark.parametrize("write", sorted(NAMESPACE_WRITES))
+def test_a_scale_bound_through_the_instance_namespace_is_not_the_class_s_number(write: str) -> None:
+    """`vars(model).update(scale=t)` and its twins bound a per-head tensor where the class assigns
+    `self.scale = 0.25`: the safe patch passed it to SDPA's `scale=`, which raises on a tensor."""
+    source = attention(SCALED_BLOCK, init="self.scale = 0.25", **NAMESPACE_WRITES[write])
+    assert "isinstance(self.scale, (int, float))" in _patch(source)
+    _assert_sound(source)
+
+
+def test_reading_the_instance_namespace_keeps_the_scale_proved() -> None:
+    source = attention(SCALED_BLOCK, init="self.scale = 0.25", make="print(vars(model).get('scale'))")
+    assert "scale=self.scale" in _patch(source) and "isinstance" not in _patch(source)
+
+
 # 4. hooks registered for every module ---------------------------------------------------------------------------
 
 GLOBAL_HOOKS = {
