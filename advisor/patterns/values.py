@@ -10,6 +10,7 @@ import libcst.matchers as m
 from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.outside_writes import ANY_ATTRIBUTE
 
 # Names that real code gives to Python-number scale factors; used only where nothing better is known
 # (an unannotated parameter, an attribute set outside this class). A name is not a proof: a value accepted
@@ -242,7 +243,21 @@ class ValueProver:
         if setters:
             return self._guess(f"the module-level `{name}` is a number here, but `{setters[0]}` rebinds it "
                                f"(`global {name}`) to a value whose type is not visible")
+        rebound = self._rebound_as_attribute(name)
+        if rebound is not None:
+            return self._guess(f"the module-level `{name}` is a number here, but {rebound}")
         return True
+
+    def _rebound_as_attribute(self, name: str) -> str | None:
+        """Why a module-level name may hold another value when the code runs: a file of the scan assigns an
+        attribute of that name on some object (`attn.SCALE = t` after `import attn`, `setattr(mod, "SCALE", t)`),
+        or attributes by computed names; None when none does."""
+        names = self.parsed.outside_attribute_writes[0]
+        if name in names:
+            return f"{self.parsed.outside_writer(name)} assigns `.{name}` on another object (this module's, maybe)"
+        if ANY_ATTRIBUTE in names:
+            return f"{self.parsed.outside_writer(ANY_ATTRIBUTE)} assigns attributes by computed names"
+        return None
 
     def _unpacked_is_scalar(self, definition, depth: int) -> bool:
         """`h, w = x.shape`; `a, b = d ** -0.5, 2`; `b, n, d, h = *q.shape, self.heads` (every item a number)."""

@@ -509,3 +509,28 @@ def test_rebinding_an_entry_of_a_state_dict_copy_keeps_is_causal() -> None:
     """`sd[k] = t` rebinds the dict's entry, not the buffer (checkpoint filters write so)."""
     make = "sd = model.state_dict()\nsd['bias'] = torch.ones(1, 1, 8, 8)\n"
     assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
+
+
+MODULE_SCALE = '''import torch
+
+SCALE = 0.25
+
+
+def attend(q, k, v):
+    s = (q @ k.transpose(-2, -1)) * SCALE
+    return s.softmax(-1) @ v
+'''
+
+
+@pytest.mark.parametrize("rebind", ["import attn\n\nattn.SCALE = torch.full((2, 1, 1), 0.3)\n",
+                                    "import attn as a\n\n\ndef setup():\n    setattr(a, 'SCALE', torch.ones(2, 1, 1))\n"])
+def test_a_module_level_number_another_file_rebinds_is_not_proved(tmp_path, rebind) -> None:
+    """`SCALE = 0.25` was proved a number although a training script of the scan rebinds `attn.SCALE` to a
+    per-head tensor: the safe patch passed it to SDPA's `scale=`, which raises on a tensor."""
+    (tmp_path / "attn.py").write_text(MODULE_SCALE, encoding="utf-8")
+    (tmp_path / "train.py").write_text("import torch\n" + rebind, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and "train.py" in assumed["scale-is-number"]
+    [alone] = [f for f in scan_paths([str(tmp_path / "attn.py")], jobs=1).findings if f.kind == "attention"]
+    assert alone.fix_safety == "safe"
