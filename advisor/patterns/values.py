@@ -10,6 +10,7 @@ import libcst.matchers as m
 from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.outside_writes import ANY_ATTRIBUTE
 
 # Names that real code gives to Python-number scale factors; used only where nothing better is known
 # (an unannotated parameter, an attribute set outside this class). A name is not a proof: a value accepted
@@ -33,11 +34,14 @@ class ValueProver:
     """Answers questions about expressions inside one function."""
 
     def __init__(self, parsed: ParsedModule, flow: FunctionFlow, owner: ClassInfo | None,
-                 guesses: list[str] | None = None) -> None:
+                 guesses: list[str] | None = None,
+                 constructor_guesses: list[tuple[cst.FunctionDef, str, str]] | None = None) -> None:
         self.parsed = parsed
         self.flow = flow
         self.owner = owner
         self.guesses = [] if guesses is None else guesses  # why a value was taken for a number without proof
+        # the guesses that are `__init__` parameters defaulting to a number: (that `__init__`, parameter, why)
+        self.constructor_guesses = [] if constructor_guesses is None else constructor_guesses
         self.unfollowed: list[str] = []  # forms met that the analysis does not follow (why a proof failed)
 
     def why_not_scalar(self, node: cst.BaseExpression) -> str | None:
@@ -50,10 +54,23 @@ class ValueProver:
         """None when `node` is proved a Python number from the source alone; else the first guess that
         `is_scalar` had to make (a name that suggests a number, an unannotated parameter, ...)."""
         self.guesses.clear()
+        self.constructor_guesses.clear()
         proved = self.is_scalar(node)
         guess = self.guesses[0] if self.guesses else (None if proved else "it is not provably a number")
         self.guesses.clear()
         return guess
+
+    def constructor_parameters(self, node: cst.BaseExpression) -> list[tuple[cst.FunctionDef, str]]:
+        """The `__init__` parameters (each defaulting to a number) that are all `node` was taken for a number on,
+        so that every construction passing a number there proves it; [] when it rests on anything else."""
+        self.guesses.clear()
+        self.constructor_guesses.clear()
+        self.is_scalar(node)
+        found = [(function, name) for function, name, _ in self.constructor_guesses]
+        only = found and {why for *_, why in self.constructor_guesses} == set(self.guesses)
+        self.guesses.clear()
+        self.constructor_guesses.clear()
+        return found if only else []
 
     def _guess(self, why: str) -> bool:
         self.guesses.append(why)
@@ -175,7 +192,11 @@ class ValueProver:
                         return False
                 elif definition.default is not None and number_value(definition.default) is not None and \
                         self._is_constructor(definition):
-                    continue  # a construction hyperparameter whose default is a number
+                    why = f"the constructor parameter `{definition.name}` defaults to a number, but a caller may " \
+                          f"pass a tensor"
+                    self.constructor_guesses.append((self.parsed.innermost(definition.statement, cst.FunctionDef),
+                                                     definition.name, why))
+                    self._guess(why)
                 elif not (SCALAR_NAME.search(definition.name)
                           or (definition.default is not None and number_value(definition.default) is not None)):
                     return False
@@ -222,7 +243,21 @@ class ValueProver:
         if setters:
             return self._guess(f"the module-level `{name}` is a number here, but `{setters[0]}` rebinds it "
                                f"(`global {name}`) to a value whose type is not visible")
+        rebound = self._rebound_as_attribute(name)
+        if rebound is not None:
+            return self._guess(f"the module-level `{name}` is a number here, but {rebound}")
         return True
+
+    def _rebound_as_attribute(self, name: str) -> str | None:
+        """Why a module-level name may hold another value when the code runs: a file of the scan assigns an
+        attribute of that name on some object (`attn.SCALE = t` after `import attn`, `setattr(mod, "SCALE", t)`),
+        or attributes by computed names; None when none does."""
+        names = self.parsed.outside_attribute_writes[0]
+        if name in names:
+            return f"{self.parsed.outside_writer(name)} assigns `.{name}` on another object (this module's, maybe)"
+        if ANY_ATTRIBUTE in names:
+            return f"{self.parsed.outside_writer(ANY_ATTRIBUTE)} assigns attributes by computed names"
+        return None
 
     def _unpacked_is_scalar(self, definition, depth: int) -> bool:
         """`h, w = x.shape`; `a, b = d ** -0.5, 2`; `b, n, d, h = *q.shape, self.heads` (every item a number)."""
@@ -274,7 +309,8 @@ class ValueProver:
         function = self.parsed.innermost(value, cst.FunctionDef)
         if function is None:
             return False
-        prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses)
+        prover = ValueProver(self.parsed, self.parsed.flow(function), self.owner, self.guesses,
+                             self.constructor_guesses)
         return prover.is_scalar(value, depth + 1) and not self._holds_tensor(value)
 
     def _holds_tensor(self, value: cst.BaseExpression) -> bool:

@@ -15,7 +15,8 @@ from libcst.metadata import MetadataWrapper
 from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
 from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, NAMED_BINDERS,
-                                          RESHAPING_IN_PLACE, STATE_LOADERS, outside_writes_of_source)
+                                           NAMESPACE_READS, RESHAPING_IN_PLACE, STATE_LOADERS,
+                                           outside_writes_of_source)
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
 from advisor.static.walk import is_node, walk
@@ -655,6 +656,13 @@ class _SelfAttributeCollector(cst.CSTVisitor):
             self._written(func.value, elements_only=func.attr.value not in RESHAPING_IN_PLACE)
         if isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and _is_self(func.value):
             self.computed = True
+        if isinstance(func, cst.Attribute) and func.attr.value not in NAMESPACE_READS and \
+                _is_self(_namespace_owner(func.value)):  # `self.__dict__.update(kw)`, `vars(self).update(scale=t)`
+            names = [arg.keyword.value for arg in node.args if arg.keyword is not None]
+            self.computed |= not names or len(names) < len(node.args)
+            self.mutated.update(names)
+            self.reshaped.update(names)
+            return
         binding = named_binding(node)
         if binding is None or not _is_self(binding[0]):
             return
@@ -716,10 +724,22 @@ def _bound_value(call: cst.Call) -> cst.BaseExpression | None:
 def _attribute_table_key(target: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """(owner, key) of a store into a module's attribute table: `m._modules[name] = child`,
     `self.__dict__["bias"] = t`."""
-    if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Attribute) and \
-            target.value.attr.value in ATTRIBUTE_TABLES and len(target.slice) == 1 and \
-            isinstance(target.slice[0].slice, cst.Index):
-        return target.value.value, target.slice[0].slice.value
+    if not (isinstance(target, cst.Subscript) and len(target.slice) == 1 and
+            isinstance(target.slice[0].slice, cst.Index)):
+        return None
+    table = target.value
+    owner = table.value if isinstance(table, cst.Attribute) and table.attr.value in ATTRIBUTE_TABLES else \
+        _namespace_owner(table)
+    return (owner, target.slice[0].slice.value) if owner is not None else None
+
+
+def _namespace_owner(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`m` of `m.__dict__` or `vars(m)`: the dictionary that holds m's attributes."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "__dict__":
+        return node.value
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "vars" and \
+            len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star:
+        return node.args[0].value
     return None
 
 

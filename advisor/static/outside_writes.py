@@ -20,6 +20,10 @@ IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
 # dictionaries that hold a module's attributes: a store into one binds the attribute its key names
 ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
+# methods of an object's namespace (`m.__dict__`, `vars(m)`) that bind nothing; any other (`update`, `setdefault`,
+# `pop`) binds or unbinds the attributes its keywords name, or any attribute
+NAMESPACE_READS = {"get", "keys", "values", "items", "copy", "__getitem__", "__contains__", "__len__", "__iter__"}
+KEYED_NAMESPACE_METHODS = {"pop", "setdefault", "__setitem__", "__delitem__"}  # their first argument is the key
 # process-wide hooks that may replace any submodule, parameter or buffer as it is assigned (see static.project)
 REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_module_buffer_registration_hook",
                       "register_module_parameter_registration_hook"}
@@ -157,9 +161,10 @@ class _Writes:
             for element in node.elts:
                 self.target(element)
             return
-        table = isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and \
-            node.value.attr in ATTRIBUTE_TABLES and not isinstance(node.slice, (ast.Slice, ast.Tuple))
-        if table and not _is_self(node.value.value):
+        owner = _table_owner(node.value) if isinstance(node, ast.Subscript) and \
+            not isinstance(node.slice, (ast.Slice, ast.Tuple)) else None
+        table = owner is not None
+        if table and not _is_self(owner):
             self.write(_literal(node.slice) or self.any_name(value))
         into = elements_only or not table and isinstance(node, ast.Subscript)  # `m._modules[n] = v` rebinds
         walked = node
@@ -205,12 +210,43 @@ class _Writes:
         elif binding is not None:
             if self.own and isinstance(func, ast.Name) and _literal(binding[1]):  # `setattr(self, "x", v)`
                 self.write(_literal(binding[1]))
+        elif isinstance(func, ast.Attribute) and func.attr not in NAMESPACE_READS and \
+                _namespace_owner(func.value) is not None:  # `m.__dict__.update(scale=t)`, `vars(m).update(kw)`
+            if not _is_self(_namespace_owner(func.value)):
+                for name in _namespace_keys(func.attr, node):
+                    self.write(name)
         elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
         elif isinstance(func, ast.Attribute) and func.attr in STATE_LOADERS and not _is_self(func.value):
             self.write(ANY_ATTRIBUTE)
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
+
+
+def _namespace_keys(method: str, call: ast.Call) -> list[str]:
+    """The attribute names a namespace method binds or unbinds: its literal key (`pop("x")`, `setdefault("x", v)`),
+    its keywords (`update(x=v)`), else any."""
+    if method in KEYED_NAMESPACE_METHODS and call.args and _literal(call.args[0]):
+        return [_literal(call.args[0])]
+    names = [keyword.arg for keyword in call.keywords]
+    return names if names and None not in names and not call.args else [ANY_ATTRIBUTE]
+
+
+def _namespace_owner(node: ast.AST) -> ast.AST | None:
+    """`m` of `m.__dict__` or `vars(m)`: the dictionary that holds m's attributes."""
+    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+        return node.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars" and \
+            len(node.args) == 1 and not node.keywords:
+        return node.args[0]
+    return None
+
+
+def _table_owner(node: ast.AST) -> ast.AST | None:
+    """`m` of an attribute table (`m._modules`, `m.__dict__`, `vars(m)`), whose keys are m's attribute names."""
+    if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTE_TABLES:
+        return node.value
+    return _namespace_owner(node)
 
 
 _WRITES = {ast.Assign: _Writes.assign, ast.AugAssign: _Writes.augmented, ast.AnnAssign: _Writes.augmented,

@@ -45,11 +45,11 @@ MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers|buffers\(|s
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                           "register_full_backward_pre_hook", "register_backward_hook"})
 # A file none of whose lines may write an attribute of another object is not parsed for them: an assignment or
-# augmented assignment to a dotted target not starting at `self.`, a call that binds by name, an attribute table, an
-# in-place method, a state-dict loader.
+# augmented assignment to a dotted target not starting at `self.`, a call that binds by name, an attribute table or
+# namespace (`vars(m)`), an in-place method, a state-dict loader.
 MAY_WRITE_ATTRIBUTES = re.compile(
     r"(?m)^[ \t]*(?!self\.)[\w.]+(?:\[[^\n]*\])?\.\w+[^\n=]*?[-+*/@%&|^]?=(?!=)|setattr\(|__setattr__|register_buffer|"
-    r"register_parameter|add_module|register_module\(|_modules\[|_buffers\[|_parameters\[|__dict__\[|\.\w+_\(|"
+    r"register_parameter|add_module|register_module\(|_modules\[|_buffers\[|_parameters\[|__dict__\W|vars\(|\.\w+_\(|"
     r"load_state_dict|_load_from_state_dict|"
     r"^[ \t]*\w+\[[^\n]*\][ \t]*[-+*/@%&|^]?=(?!=)")  # `MASK[0] = v` on a name another module's import bound
 

@@ -4,6 +4,7 @@ it is safe, exact for every input, and lists those facts as `guarded`."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -265,3 +266,77 @@ class _Call(torch.nn.Module):
 
     def forward(self, *inputs):
         return self.function(*inputs)
+
+
+# an `__init__` parameter that defaults to a number may still be given a tensor (a per-head temperature)
+CONSTRUCTOR_SCALE = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2, scale=0.25):
+        super().__init__()
+        self.heads = heads
+        self.scale = scale
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        out = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1) @ v
+        return out.permute(0, 2, 1, 3).reshape(b, n, c)
+'''
+
+
+@pytest.mark.parametrize("scale", [0.5, torch.full((2, 1, 1), 0.3)], ids=["number: SDPA", "tensor: the original"])
+def test_a_constructor_parameter_defaulting_to_a_number_is_guarded(scale):
+    """It was proved a number from its default alone: `Attention(scale=torch.full((2, 1, 1), 0.3))` then made the
+    safe patch raise (SDPA's `scale=` takes no tensor) where the original ran."""
+    finding = _finding(CONSTRUCTOR_SCALE)
+    assert finding.fix_safety == "safe" and "scale-is-number" in _names(finding, "guarded")
+    fixed = analyze_source(CONSTRUCTOR_SCALE, "case.py").fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(CONSTRUCTOR_SCALE, "case").Attention(scale=scale)
+    patched = load_module_from_source(fixed, "case_fixed").Attention(scale=scale)
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x), original(x), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x,))) == isinstance(scale, float)
+
+
+def test_constructions_that_pass_numbers_prove_the_constructor_scale(tmp_path, capsys):
+    from in_process_cli import run_cli
+
+    (tmp_path / "model.py").write_text(CONSTRUCTOR_SCALE + "\n\ndef build():\n    return Attention(), "
+                                       "Attention(scale=0.1)\n")
+    code, out, _ = run_cli(capsys, "scan", tmp_path / "model.py", "--format", "json", "--no-cache")
+    (finding,) = json.loads(out)["findings"]
+    assert finding["fix_safety"] == "safe" and "isinstance" not in finding["patch"]
+    assert [f["name"] for f in finding["facts"]["from_call_sites"]] == ["scale-is-number"]
+
+
+# softmax in float32 feeding the value product uncast: the original raises unless v is float32
+FLOAT32_WEIGHTS = """
+scores = (q @ k.transpose(-2, -1)) * 0.25
+out = torch.softmax(scores, dim=-1, dtype=torch.float32) @ v
+"""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_weights_of_a_named_dtype_reach_the_value_product_only_in_that_dtype(dtype):
+    """SDPA ran on float64 and bfloat16 inputs, where the original's float32 weights @ v raises."""
+    finding = _finding(masked_module(FLOAT32_WEIGHTS))
+    assert finding.fix_safety == "safe" and "qkv-dtype" in _names(finding, "guarded")
+    assert "q.dtype == k.dtype == v.dtype == torch.float32" in finding.patch
+    original, patched = _models(masked_module(FLOAT32_WEIGHTS), dtype)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    if dtype != torch.float32:
+        for model in (original, patched):
+            with pytest.raises(RuntimeError):
+                model(x, None)
+        return
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x, None), original(x, None), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, None)))

@@ -194,6 +194,43 @@ def test_the_untouched_causal_buffer_is_still_is_causal() -> None:
     assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK))
 
 
+# a scale bound through the instance's namespace, which no `self.scale = ...` or `m.scale = ...` shows
+SCALED_BLOCK = """\
+att = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+return (att @ v).transpose(1, 2).reshape(B, T, C)
+"""
+PER_HEAD = "torch.full((2, 1, 1), 0.3)"
+NAMESPACE_WRITES = {
+    "dict_update_in_method": dict(methods=f"def retune(self, **kw):\n    self.__dict__.update(kw)\n",
+                                  make=f"model.retune(scale={PER_HEAD})"),
+    "vars_update_in_method": dict(methods=f"def retune(self):\n    vars(self).update(scale={PER_HEAD})\n",
+                                  make="model.retune()"),
+    "vars_store_in_method": dict(methods=f"def retune(self, name='scale'):\n    vars(self)[name] = {PER_HEAD}\n",
+                                 make="model.retune()"),
+    "dict_update_outside": dict(make=f"model.__dict__.update(scale={PER_HEAD})"),
+    "vars_update_outside": dict(make=f"vars(model).update({{'scale': {PER_HEAD}}})"),
+    "vars_store_outside": dict(make=f"vars(model)['scale'] = {PER_HEAD}"),
+}
+
+
+@pytest.mark.parametrize("write", sorted(NAMESPACE_WRITES))
+def test_a_scale_bound_through_the_instance_namespace_is_not_the_class_s_number(write: str) -> None:
+    """`vars(model).update(scale=t)` and its twins bound a per-head tensor where the class assigns
+    `self.scale = 0.25`: the safe patch passed it to SDPA's `scale=`, which raises on a tensor."""
+    source = attention(SCALED_BLOCK, init="self.scale = 0.25", **NAMESPACE_WRITES[write])
+    assert "isinstance(self.scale, (int, float))" in _patch(source)
+    _assert_sound(source)
+
+
+@pytest.mark.parametrize("make", ["print(vars(model).get('scale'))", "vars(model).pop('unrelated', None)",
+                                  "model.__dict__.setdefault('other', 1)"])
+def test_reading_or_naming_another_key_of_the_instance_namespace_keeps_the_scale_proved(make: str) -> None:
+    """A literal key names the one attribute a namespace method binds or unbinds (nanoGPT's test setup pops
+    `F.__dict__['scaled_dot_product_attention']`): it is not a write of every attribute."""
+    source = attention(SCALED_BLOCK, init="self.scale = 0.25", make=make)
+    assert "scale=self.scale" in _patch(source) and "isinstance" not in _patch(source)
+
+
 # 4. hooks registered for every module ---------------------------------------------------------------------------
 
 GLOBAL_HOOKS = {
@@ -476,3 +513,28 @@ def test_rebinding_an_entry_of_a_state_dict_copy_keeps_is_causal() -> None:
     """`sd[k] = t` rebinds the dict's entry, not the buffer (checkpoint filters write so)."""
     make = "sd = model.state_dict()\nsd['bias'] = torch.ones(1, 1, 8, 8)\n"
     assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
+
+
+MODULE_SCALE = '''import torch
+
+SCALE = 0.25
+
+
+def attend(q, k, v):
+    s = (q @ k.transpose(-2, -1)) * SCALE
+    return s.softmax(-1) @ v
+'''
+
+
+@pytest.mark.parametrize("rebind", ["import attn\n\nattn.SCALE = torch.full((2, 1, 1), 0.3)\n",
+                                    "import attn as a\n\n\ndef setup():\n    setattr(a, 'SCALE', torch.ones(2, 1, 1))\n"])
+def test_a_module_level_number_another_file_rebinds_is_not_proved(tmp_path, rebind) -> None:
+    """`SCALE = 0.25` was proved a number although a training script of the scan rebinds `attn.SCALE` to a
+    per-head tensor: the safe patch passed it to SDPA's `scale=`, which raises on a tensor."""
+    (tmp_path / "attn.py").write_text(MODULE_SCALE, encoding="utf-8")
+    (tmp_path / "train.py").write_text("import torch\n" + rebind, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and "train.py" in assumed["scale-is-number"]
+    [alone] = [f for f in scan_paths([str(tmp_path / "attn.py")], jobs=1).findings if f.kind == "attention"]
+    assert alone.fix_safety == "safe"

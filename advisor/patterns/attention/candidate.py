@@ -70,6 +70,7 @@ class WeightPath:
     dropouts: list[Op]
     reads: set[cst.Name]
     transposed: bool  # `V @ P^T` (channel-major VAE blocks) instead of `P @ V`
+    casts: list[Op] = field(default_factory=list)  # the casts met, in order: the last sets the weights' dtype
 
 
 @dataclass

@@ -26,7 +26,7 @@ from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
-from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank
+from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank, weights_dtype
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
@@ -67,6 +67,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             _plan_absent_under_if(c, span, output_statement, query)
         if name == QKV_DTYPE:
             dtypes = [_dtype_of(c, node, torch_name) for node in (query, key, value)]
+            named = weights_dtype(c)
+            dtypes += [parse_template_expression(f"{{torch}}.{named}", torch=cst.Name(torch_name))] if named else []
             reads = [node for node in (query, key, value) if _plain(c, node)]
             parts = [joined_comparison(dtypes)] if None not in dtypes else []
         elif name == mk.ROWS and match.row_fixup is not None:  # the fill overflows these: the original raises

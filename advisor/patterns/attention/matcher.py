@@ -255,7 +255,7 @@ def flag(c: Candidate) -> None:
     flags.plan_flag(c, c.output_statement)
 
 
-@step(reads=("deleted_modules factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted "
+@step(reads=("deleted_modules dtype_changes factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted "
              "match.key match.masks match.query match.removed match.renamed match.row_fixup match.unwrap "
              "module_refusal output_statement tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")

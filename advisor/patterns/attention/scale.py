@@ -18,7 +18,7 @@ from advisor.patterns.attention.mask_terms import mask_term, reshape_term
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.tensor_scale import check_placement
-from advisor.patterns.call_site_facts import NUMBER
+from advisor.patterns.call_site_facts import NUMBER, Claim
 from advisor.static.codegen import atomic, joined, number, parenthesized
 
 
@@ -100,7 +100,9 @@ def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
         c.match.facts.proved("scale-is-number", statement, "built from literals, sizes, math functions and "
                                                            "int/float values")
     else:
-        c.match.facts.assumed("scale-is-number", statement, guess, parameter_claims(c, [factor], NUMBER))
+        claims = parameter_claims(c, [factor], NUMBER) or tuple(
+            Claim(function, name, NUMBER) for function, name in c.values.constructor_parameters(factor))
+        c.match.facts.assumed("scale-is-number", statement, guess, claims)
 
 
 def _scale(c: Candidate) -> cst.BaseExpression | None:

@@ -111,15 +111,38 @@ def _cast_target(c: Candidate, op) -> str | None:
     return dtype_name(c.parsed, stage.params["dtype"]) if stage.params.get("dtype") is not None else None
 
 
+def weights_dtype(c: Candidate) -> str | None:
+    """The dtype the weights reach the value product in where the block names it (`softmax(s, -1,
+    dtype=torch.float32) @ v`, `w.float() @ v`, `s.float().softmax(-1) @ v`): the last such change before it is
+    a literal one. None where they keep the scores' dtype or are cast back to a tensor's (`.type_as(q)`)."""
+    last = _last_dtype_change(c)
+    return _cast_target(c, last) if last is not None else None
+
+
+def _last_dtype_change(c: Candidate):
+    """The cast or softmax(dtype=) nearest the value product (the score chain's casts are listed from softmax
+    back, then softmax's own, then the weights' in order)."""
+    score_casts = [op for op in c.dtype_changes if op is not c.softmax and op not in c.weights.casts]
+    last = c.weights.casts[-1:] or [op for op in c.dtype_changes if op is c.softmax] or score_casts[:1]
+    return last[0] if last else None
+
+
 def _qkv_dtype_fact(c: Candidate) -> bool:
-    """Record whether q, k and v provably share a dtype; returns whether v's dtype root is q's or k's."""
+    """Record whether q, k and v provably share a dtype; returns whether v's dtype root is q's or k's. Where the
+    weights reach the value product in a dtype the block names, the original raises unless v has it, and with
+    it the fact is that all three have that dtype (a guard checks it; SDPA would run, not raise, on others)."""
     match, output, value_node = c.match, c.weights.output, c.weights.value_node
     dtypes = roots(c)
     query, key = c.leaf_nodes[0], c.leaf_nodes[1]
     weights = next(o for o in output.operands if o is not value_node)
     v_like_q = dtypes.same(value_node, query) or dtypes.same(value_node, key)
     statement = "q, k and v have one dtype"
-    if v_like_q:
+    named = weights_dtype(c)
+    if named is not None:
+        match.facts.assumed("qkv-dtype", f"q, k and v have dtype {named}", f"the weights reach the value product "
+                            f"as {named} (`{short(c.parsed, _last_dtype_change(c).node)}`), where the original "
+                            f"raises unless v is {named}; SDPA would not")
+    elif v_like_q:
         match.facts.proved("qkv-dtype", statement, "q and v come from one tensor, or one input through Linear "
                                                    "layers (which raise on another dtype)")
     elif dtypes.same(weights, query) or dtypes.same(weights, key):

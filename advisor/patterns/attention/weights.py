@@ -30,7 +30,7 @@ STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "exp
 
 def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> WeightPath:
     """Walk from the softmax output to the value product; the walk may leave to the caller (`c.home`)."""
-    node, dropouts, definitions, escapes, reads = start, [], [], [], set()
+    node, dropouts, definitions, escapes, reads, casts = start, [], [], [], set(), []
     transposed = False
     for _ in range(MAX_CHAIN):
         parent = c.parsed.parents.get(node)
@@ -53,6 +53,7 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
             absorb(c, op)
             if op.name == "cast":
                 c.dtype_changes.append(op)
+                casts.append(op)
             node = op.node
         elif op.name == "dropout":
             dropouts.append(op)
@@ -61,10 +62,10 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
             transposed = not transposed
             node = op.node
         elif op.name in ("matmul", "bmm") and op.operands[int(transposed)] is node:
-            return WeightPath(op, op.operands[1 - int(transposed)], definitions, escapes, dropouts, reads, transposed)
+            return WeightPath(op, op.operands[1 - int(transposed)], definitions, escapes, dropouts, reads, transposed, casts)
         elif op.name == "einsum" and node in op.operands:
             other = op.operands[1] if op.operands[0] is node else op.operands[0]
-            return WeightPath(op, other, definitions, escapes, dropouts, reads, transposed)
+            return WeightPath(op, other, definitions, escapes, dropouts, reads, transposed, casts)
         elif op.name == "mul":
             raise Refusal(f"the attention weights are multiplied by "
                           f"`{short(c.parsed, op.operands[1] if op.operands[0] is node else op.operands[0])}` "
