@@ -160,3 +160,76 @@ def test_flex_refuses_a_fill_under_if():
     finding = _attention_finding(_source("exists_inverted_finfo_max"), backend="flex")
     emission = finding.extra["emission"]
     assert emission["emitted"] == "sdpa" and "finite fill applied under `if`" in emission["reason"]
+
+
+LUCIDRAINS = '''
+import torch
+from torch import nn, einsum
+
+
+def exists(val):
+    return val is not None
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads=2, dim_head=4):
+        super().__init__()
+        self.heads = heads
+        self.scale = dim_head ** -0.5
+        self.to_qkv = nn.Linear(dim, heads * dim_head * 3, bias=False)
+        self.to_out = nn.Linear(heads * dim_head, dim)
+
+    def forward(self, x, mask=None):
+        b, n, _ = x.shape
+        q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        q, k, v = (t.reshape(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        q = q * self.scale
+        sim = einsum('b h i d, b h j d -> b h i j', q, k)
+        max_neg_value = -torch.finfo(sim.dtype).max
+        if exists(mask):
+            mask = mask[:, None, None, :]
+            sim = sim.masked_fill(~mask, max_neg_value)
+        attn = sim.softmax(dim=-1)
+        out = einsum('b h i j, b h j d -> b h i d', attn, v)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+'''
+
+
+def test_a_lucidrains_module_with_a_padding_mask_matches_on_both_paths():
+    """The mask reshaped inside the `if` before the fill; a sample all padding; x and parameter gradients."""
+    finding = _attention_finding(LUCIDRAINS)
+    assert finding.fix_safety == "safe" and "fully-masked-rows" in _facts(finding, "proved"), finding.reason
+    fixed = analyze_source(LUCIDRAINS, "case.py").fixed
+    original = load_module_from_source(LUCIDRAINS, "cond_lucidrains").Attention(8)
+    patched = load_module_from_source(fixed, "cond_lucidrains_fixed").Attention(8)
+    patched.load_state_dict(original.state_dict())
+    generator = torch.Generator().manual_seed(2)
+    keep = torch.rand(3, 5, generator=generator) > 0.4
+    keep[1] = False
+    for dtype, tolerance in TOLERANCE.items():
+        x = torch.randn(3, 5, 8, generator=generator).to(dtype)
+        for mask in (None, keep):
+            grads = []
+            for model in (original, patched):
+                model.to(dtype).zero_grad()
+                inputs = x.clone().requires_grad_()
+                out = model(inputs, mask)
+                out.square().sum().backward()
+                grads.append((out.detach(), inputs.grad, [p.grad for p in model.parameters()]))
+            (out_o, grad_o, params_o), (out_p, grad_p, params_p) = grads
+            torch.testing.assert_close(out_p, out_o, atol=tolerance, rtol=tolerance)
+            torch.testing.assert_close(grad_p, grad_o, atol=tolerance * 10, rtol=tolerance * 10)
+            for ours, theirs in zip(params_p, params_o):
+                torch.testing.assert_close(ours, theirs, atol=tolerance * 10, rtol=tolerance * 10)
+
+
+def test_a_mask_the_fill_rejects_raises_in_the_patch_too():
+    """`~mask` on an int mask, then `masked_fill` with it, raise in the original; the patch must not run quietly."""
+    fixed = analyze_source(LUCIDRAINS, "case.py").fixed
+    original = load_module_from_source(LUCIDRAINS, "cond_lucidrains_raise").Attention(8)
+    patched = load_module_from_source(fixed, "cond_lucidrains_raise_fixed").Attention(8)
+    x, keep = torch.randn(2, 5, 8), torch.ones(2, 5)
+    for mask in (keep.long(), keep):
+        for model in (original, patched):
+            with pytest.raises((RuntimeError, TypeError, NotImplementedError)):
+                model(x, mask)
