@@ -43,10 +43,14 @@ def sdpa_call(module: cst.Module, match: AttentionMatch, functional: str, indent
     query, attn_mask = match.query, match.attn_mask
     fixup = match.row_fixup
     if fixup is not None and attn_mask is not None:  # fully masked rows: every key, a zero query (uniform weights)
-        rows = cst.Name(fixup.rows_name)
+        rows, keep = cst.Name(fixup.rows_name), cst.Name(fixup.keep_name)
         query = parse_template_expression("{torch}.where({rows}, {q}, 0)", torch=cst.Name(fixup.torch), rows=rows,
                                           q=query)
-        attn_mask = parse_template_expression("{keep} | ~{rows}", keep=cst.Name(fixup.keep_name), rows=rows)
+        attn_mask = parse_template_expression("{keep} | ~{rows}", keep=keep, rows=rows)
+        if fixup.conditional:  # a run that skipped the fill: q and no mask, the plain scores' softmax
+            query = parse_template_expression("{q} if {keep} is None else {fixed}", q=match.query, keep=keep,
+                                              fixed=query)
+            attn_mask = parse_template_expression("None if {keep} is None else {fixed}", keep=keep, fixed=attn_mask)
     args = [cst.Arg(query), cst.Arg(match.key), cst.Arg(match.value)]
     if attn_mask is not None:
         args.append(keyword("attn_mask", attn_mask))
@@ -81,6 +85,10 @@ def row_fixup_statements(match: AttentionMatch) -> tuple[cst.SimpleStatementLine
     fixup = match.row_fixup
     if fixup is None or match.attn_mask is None:
         return ()
-    rows = parse_template_expression("{keep}.any(-1, keepdim=True)", keep=cst.Name(fixup.keep_name))
+    keep = cst.Name(fixup.keep_name)
+    rows = parse_template_expression("{keep}.any(-1, keepdim=True)", keep=keep)
+    if fixup.conditional:  # the keep mask was bound where the original fills (see `attn_mask.assemble_mask`)
+        rows = parse_template_expression("None if {keep} is None else {rows}", keep=keep, rows=rows)
+        return (cst.SimpleStatementLine([assignment(fixup.rows_name, rows)]),)
     return (cst.SimpleStatementLine([assignment(fixup.keep_name, fixup.keep)]),
             cst.SimpleStatementLine([assignment(fixup.rows_name, rows)]))

@@ -79,7 +79,7 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p30_audiocraft_einsum": J((REFUSED,), ("`pre_w`", "line 32"),
                                "MISS, reason accurate: torch.full_like(pre_w, -inf) reads only the scores' shape "
                                "(it claimed the -inf fill unprovable before this round)"),
-    "p31_jadore_sdpa_module": J((UNSAFE,), ("line 23", "fully masked"), "right: ADV102, the helper returns attn"),
+    "p31_jadore_sdpa_module": J((UNSAFE,), ("line 23",), "right: ADV102, the helper returns attn"),
     "p32_t2t_token_transformer": J((SAFE,)),
     "p33_esm_inplace": J((SAFE,)),
     "p34_attention_maps_list": J((REFUSED,), ("line 23",), "right: the weights are appended to a list"),

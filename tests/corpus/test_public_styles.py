@@ -42,7 +42,7 @@ JUDGEMENTS = {
     "p02_esm_rotary_mha": (SAFE, "rotary q/k, folded heads, -inf key padding (NaN->0 accepted); "
                                  "`x.type_as(x)` is the identity"),
     "p03_xtransformers_attend": (REFUSED, "pre/post-softmax intermediates are returned"),
-    "p04_lucid_einsum_mask": (UNSAFE, "finite fill on a fully padded sample: fully-masked-rows"),
+    "p04_lucid_einsum_mask": (SAFE, "finite fill under `if`: its fully masked rows made uniform, as the original"),
     "p05_lucid_causal_triu": (SAFE, "triu(j - i + 1) with i == j (q and k from one x): every row keeps key 0"),
     "p06_audiocraft_streaming_mha": (SAFE, "constant layout strings; additive 0/-inf mask from a helper, under "
                                      "`if m is not None:`: guarded by its absence"),
@@ -59,7 +59,7 @@ JUDGEMENTS = {
     "p15_sam_decomposed_relpos": (SAFE, "decomposed rel-pos added by a helper (SDPA without it is wrong) only under "
                                         "`if self.use_rel_pos:`: SDPA where the flag is off, the original where on"),
     "p16_timm_eva_attention": (UNSAFE, "mask parameter of unknown rank `[:, None, None, :]`"),
-    "p17_perceiver_cross_attention": (UNSAFE, "finite fill on a fully padded sample: fully-masked-rows"),
+    "p17_perceiver_cross_attention": (SAFE, "finite fill under `if`: its fully masked rows made uniform, as the original"),
     "p18_qformer_cross_attention": (REFUSED, "probabilities saved and hooked; head mask"),
     "p19_hf_detr_attention": (SAFE, "additive mask from the caller under `if m is not None:`: guarded by its "
                               "absence; weights returned only when output_attentions"),

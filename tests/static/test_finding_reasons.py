@@ -20,7 +20,10 @@ def _findings(source: str, path: str = "m.py") -> list[Finding]:
 
 def test_escaping_weights_with_an_unproved_fact_are_two_reasons_and_one_json_line():
     path = FIXTURES / "attention" / "negative" / "03_helper_returns_attention.py"
-    (finding,) = _findings(path.read_text(), str(path))
+    # a fill plus an added mask: the rows fact stays unproved (one fill under `if` alone has it proved)
+    source = path.read_text().replace("    if mask is not None:\n        attn_logits = attn_logits.masked_fill(",
+                                      "    attn_logits = attn_logits + mask\n    attn_logits = attn_logits.masked_fill(")
+    (finding,) = _findings(source, str(path))
     escape, unproved = finding.reasons
     assert escape.startswith("the attention weights are used outside the block (line 20)")
     assert unproved.startswith("unproved: no query row is fully masked") and "; the attention weights" not in unproved

@@ -30,8 +30,17 @@ def assemble_mask(c: Candidate) -> None:
         return
     for term in terms:
         term.expression = metadata_translated(c, term.expression)
-    if match.row_fixup is not None:  # one finite fill: the keep mask, its fully masked rows made uniform
-        match.attn_mask = match.row_fixup.keep
+    fixup = match.row_fixup
+    if fixup is not None and fixup.conditional:  # bound where the original fills, None where it does not
+        (term,) = terms
+        match.hoist_anchor = term.guard
+        match.hoist_init = cst.SimpleStatementLine([assignment(fixup.keep_name, cst.Name("None"))])
+        match.hoisted[term.statement] = assignment(fixup.keep_name, fixup.keep)
+        term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
+        match.attn_mask = cst.Name(fixup.keep_name)
+        return
+    if fixup is not None:  # one finite fill: the keep mask, its fully masked rows made uniform
+        match.attn_mask = fixup.keep
         return
     mixed = next((term for term in terms if term.number_paths is not None), None)
     if mixed is not None and len(terms) > 1:

@@ -269,7 +269,7 @@ def guards(c: Candidate) -> None:
 @step(reads=("flow has_ellipsis home inlined layout leaf_nodes match.attn_mask match.dropout_p match.facts "
              "match.flag_test match.function match.guard_checks match.hoist_anchor match.hoisted "
              "match.is_causal match.key match.line match.masks match.output_node match.query match.removed "
-             "match.softcap match.unwrap values weights"),
+             "match.row_fixup match.softcap match.unwrap values weights"),
       writes="match.flex match.flex_refusal")
 def flex(c: Candidate) -> None:
     """The proved roles as FlexAttention's `score_mod`/`mask_mod`, or why flex cannot take them."""

@@ -65,6 +65,9 @@ class RowFixup:
     keep_name: str
     rows_name: str
     unfit: tuple[str, ...] = ()  # float dtypes the fill overflows: `masked_fill` raises there, the patch must too
+    # the fill is applied under an `if`: `keep_name` starts as None and is bound where the original fills, so a
+    # run that skips the fill reaches SDPA with q and no mask
+    conditional: bool = False
 
 
 @dataclass

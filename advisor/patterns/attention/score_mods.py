@@ -50,6 +50,9 @@ def _plan(c: Candidate) -> FlexPlan:
     if scope.is_scripted(c.parsed, c.home, c.owner):
         raise Refusal("the function is compiled by TorchScript, which compiles neither the nested score_mod and "
                       "mask_mod functions nor the flex helper")
+    if match.row_fixup is not None and match.row_fixup.conditional:
+        raise Refusal("a finite fill applied under `if`: the flex patch does not make its fully masked rows uniform "
+                      "as the original does (the SDPA patch does)")
     conditional = bool(match.hoisted) or any(term.guard is not None or term.number_paths is not None
                                              for term in match.masks)
     if any(term.reshape is not None for term in match.masks):

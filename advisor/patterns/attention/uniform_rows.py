@@ -8,9 +8,12 @@ key and zeroes their query instead: with `rows = keep.any(-1, keepdim=True)` it 
 original applies it), and q and k get no gradient from the row, as `masked_fill` passes none. No host sync and no
 branch on data; the masks broadcast as before (`any` over a broadcast key axis is the same for every copy).
 
-Only where the row is constant in the original: every term a finite fill of one value, applied unconditionally
-(an added term, or a second fill of another value, breaks it; a term under `if` has no keep mask at the call), in
-a statement that evaluates its value product every time it runs. `masked_fill` raises on a fill beyond the scores'
+Only where the row is constant in the original: every term a finite fill of one value (an added term, or a second
+fill of another value, breaks it), in a statement that evaluates its value product every time it runs. One fill
+applied under an `if` (`if exists(mask): s = s.masked_fill(~mask, -1e9)`) has its keep mask bound where the
+original fills, to a name that starts as None: a run that fills gets the fixup, one that does not gets q and no
+mask, as the original softmaxes the plain scores (not where TorchScript compiles the function, which would type the
+name at its first assignment). `masked_fill` raises on a fill beyond the scores'
 dtype (-1e9 in float16); the patch no longer fills, so those dtypes are recorded for a guard.
 """
 
@@ -21,8 +24,9 @@ import dataclasses
 import libcst as cst
 
 from advisor.patterns import masks as mk
+from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import fresh_name, metadata_translated, term_mask
-from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import MaskTerm, RowFixup
 from advisor.patterns.values import FLOAT_MAX
 from advisor.static.codegen import atomic, joined
@@ -44,17 +48,21 @@ def plan_row_fixup(c: Candidate) -> RowFixup | None:
     fills = [_fill(c, term) for term in terms]
     if torch_name is None or None in fills or len(set(fills)) > 1 or not _evaluated_once(c):
         return None
+    conditional = any(term.guard is not None for term in terms)
+    if conditional and (len(terms) > 1 or in_inlined(c, terms[0].statement) or
+                        scope.is_scripted(c.parsed, c.home, c.owner)):
+        return None  # the keep mask is bound where the original fills: one statement, in the function edited
     unfit = () if fills[0] == OWN else tuple(name for name in NARROW if abs(fills[0]) > FLOAT_MAX[name])
     if (unfit or fills[0] == OWN) and c.dtype_changes:
         return None  # a cast in the block: the scores' dtype at the fill is not visibly the query's
     keeps = [term_mask(c, _keep_term(c, term)) for term in terms]
     keep = keeps[0] if len(keeps) == 1 else joined(cst.BitAnd, [atomic(keep) for keep in keeps])
-    return RowFixup(torch_name, keep, fresh_name(c, "attn_keep"), fresh_name(c, "attn_rows"), unfit)
+    return RowFixup(torch_name, keep, fresh_name(c, "attn_keep"), fresh_name(c, "attn_rows"), unfit, conditional)
 
 
 def _replaces(term: MaskTerm) -> bool:
-    """A finite fill applied wherever the block runs, with its keep mask."""
-    return term.fill_kind == mk.FINITE and term.guard is None and term.number_paths is None and \
+    """A finite fill with its keep mask, applied wherever the block runs or under an `if`."""
+    return term.fill_kind == mk.FINITE and term.number_paths is None and \
         not term.optional and not term.learned and (term.keep is not None or term.kind in ("causal", "keep"))
 
 
