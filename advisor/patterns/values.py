@@ -7,6 +7,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
+from advisor.patterns.helper_bodies import branches
 from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
@@ -369,6 +370,8 @@ class ValueProver:
             return "neginf"
         if re.fullmatch(r"-?torch\.finfo\(.*\)\.(min|max)", code):
             return "finite" if code.endswith(".min") != code.startswith("-") else None
+        if self.dtype_extreme_helper_argument(node) is not None:
+            return "finite"
         value = number_value(node)
         if value is not None:
             return "neginf" if value == float("-inf") else ("finite" if value <= MASK_FILL_FLOOR else None)
@@ -398,6 +401,9 @@ class ValueProver:
         number = number_value(node)
         if number is not None:
             return number
+        helper_argument = self.dtype_extreme_helper_argument(node)
+        if helper_argument is not None:
+            return helper_argument
         negated = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
         extreme = node.expression if negated else node
         if isinstance(extreme, cst.Attribute) and extreme.attr.value in ("min", "max") and \
@@ -422,6 +428,30 @@ class ValueProver:
             value = self.owner.only_value(node.attr.value)
             return self.fill_value(value, depth + 1) if value is not None else None
         return None
+
+    def dtype_extreme_helper_argument(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """`t` of `max_neg_value(t)` where `max_neg_value` is this file's undecorated one-parameter function whose
+        body is `return -torch.finfo(p.dtype).max` (or `.min`) of that parameter (lucidrains' helper): the call is
+        the most negative finite number of t's dtype, as if written in place. None for any other call."""
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name) or len(node.args) != 1 or \
+                node.args[0].keyword is not None or node.args[0].star != "":
+            return None
+        helper = self.parsed.module_functions.get(node.func.value)
+        if helper is None or node.func.value in self.parsed.bound_names or helper.decorators:
+            return None
+        params = helper.params
+        if len(params.params) != 1 or isinstance(params.star_arg, cst.Param) or params.kwonly_params or \
+                params.star_kwarg or params.posonly_params:
+            return None
+        shape = branches(helper)
+        if shape is None or shape[0] is not None:
+            return None
+        parameter = params.params[0].name.value
+        code = self.parsed.code(shape[1][0]).replace(" ", "")
+        if code not in (f"-torch.finfo({parameter}.dtype).max", f"torch.finfo({parameter}.dtype).min") or \
+                self.parsed.imported_name(cst.Name("torch")) != "torch":
+            return None
+        return node.args[0].value
 
     def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
         """The number a literal, a local name assigned only that literal, or a `self.` attribute assigned only

@@ -24,6 +24,10 @@ import torch
 import torch.nn.functional as F
 
 
+def max_neg_value(t):
+    return -torch.finfo(t.dtype).max
+
+
 def attend(q, k, v, mask):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     scores = {masking}
@@ -43,7 +47,7 @@ MASKINGS = {
     "where_masked": ("torch.where(mask == 0, {fill}, scores)", lambda keep: keep.float()),
 }
 FILLS = {"1e9": "-1e9", "1e4": "-10000.0", "finfo_scores": "torch.finfo(scores.dtype).min",
-         "finfo_fp16": "torch.finfo(torch.float16).min"}
+         "finfo_fp16": "torch.finfo(torch.float16).min", "finfo_helper": "max_neg_value(scores)"}
 TOLERANCE = {torch.float32: 2e-5, torch.float64: 1e-10, torch.bfloat16: 3e-2}
 B, H, L, S, E = 3, 2, 5, 6, 4
 

@@ -1,0 +1,53 @@
+"""A mask fill read through a helper of the file (lucidrains' `def max_neg_value(t): return
+-torch.finfo(t.dtype).max`, DALLE-pytorch, stable-diffusion): the call is read as the finfo extreme written in place.
+Parity on fully masked rows is in tests/rewrite/test_fully_masked_rows.py (`finfo_helper`); here, every helper that
+does not return exactly its parameter's dtype's most negative number leaves the fill unread (a refusal)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.engine.static import analyze_source
+
+SOURCE = '''
+import torch
+import torch.nn.functional as F
+
+
+{helper}
+
+
+def attend(q, k, v, keep):
+    scores = q @ k.transpose(-2, -1) * q.size(-1) ** -0.5
+    scores = scores.masked_fill(~keep, {call})
+    return F.softmax(scores, dim=-1) @ v
+'''
+
+HELPER = "def max_neg_value(t):\n    return -torch.finfo(t.dtype).max"
+
+
+def _attention(helper: str, call: str = "max_neg_value(scores)"):
+    (finding,) = [f for f in analyze_source(SOURCE.format(helper=helper, call=call), "case.py").findings
+                  if f.kind == "attention"]
+    return finding
+
+
+@pytest.mark.parametrize("helper", [HELPER, "def max_neg_value(t):\n    return torch.finfo(t.dtype).min",
+                                    'def max_neg_value(t):\n    """Docstring."""\n    return -torch.finfo(t.dtype).max'])
+def test_the_helper_reads_as_the_dtype_extreme(helper):
+    finding = _attention(helper)
+    assert finding.fix_safety == "safe" and finding.patch, finding.reason
+
+
+@pytest.mark.parametrize("helper, call", [
+    ("def max_neg_value(t):\n    return torch.finfo(t.dtype).max", "max_neg_value(scores)"),  # positive
+    ("def max_neg_value(t):\n    return -torch.finfo(t.dtype).tiny", "max_neg_value(scores)"),  # not large
+    ("def max_neg_value(t, s=1.0):\n    return -torch.finfo(t.dtype).max * s", "max_neg_value(scores)"),
+    (HELPER + "\n\n\nmax_neg_value = lambda t: 0.0", "max_neg_value(scores)"),  # rebound
+    ("@torch.no_grad()\n" + HELPER, "max_neg_value(scores)"),  # a decorator may replace it
+    (HELPER, "max_neg_value(t=scores)"),
+])
+def test_other_helpers_leave_the_fill_unread(helper, call):
+    finding = _attention(helper, call)
+    assert finding.fix_safety != "safe"
+    assert "is not provably -inf or a large negative number" in (finding.reason or "")
