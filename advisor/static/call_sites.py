@@ -46,6 +46,7 @@ PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may
 # caches for the current scan
 _CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict]] = {}
 WORD = re.compile(r"\w+")
+PARSED_KEPT = 32  # parsed files a process holds between two analyses
 ACCESSED = re.compile(r"\.\s*(\w+)")  # `.name`: an attribute read or written
 
 
@@ -104,7 +105,12 @@ class Tree:
         return reals[path]
 
     def adopt(self, parsed: ParsedModule) -> None:
-        """The file being analysed: its own nodes are the ones the matcher holds."""
+        """The file being analysed: its own nodes are the ones the matcher holds. The files parsed for earlier
+        analyses are let go once PARSED_KEPT are held (between two analyses, so no analysis sees a file parsed
+        twice): keeping every analysed file's tree grew the process by its nodes, and the collector's work with
+        them, as the scan went on."""
+        if len(self._parsed) >= PARSED_KEPT:
+            self._parsed.clear()
         self._parsed[self._real(parsed.path)] = parsed
 
     def text(self, path: str) -> str | None:
