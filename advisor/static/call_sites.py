@@ -42,9 +42,12 @@ class CallSite:
 STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
                  "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
 PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may replace what forward receives
-# scan token -> (texts, parsed modules, words, real paths): this process's caches for the current scan
-_CACHES: dict[str, tuple[dict, dict, dict, dict]] = {}
+# scan token -> (texts, parsed modules, words, real paths, attribute words, tree-wide indexes): this process's
+# caches for the current scan
+_CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict]] = {}
 WORD = re.compile(r"\w+")
+PARSED_KEPT = 32  # parsed files a process holds between two analyses
+ACCESSED = re.compile(r"\.\s*(\w+)")  # `.name`: an attribute read or written
 
 
 @dataclass(eq=False)
@@ -67,11 +70,23 @@ class Tree:
         if self._read is not None:
             self._read.add(key)
 
-    def _caches(self) -> tuple[dict, dict, dict, dict]:
+    def _caches(self) -> tuple[dict, dict, dict, dict, dict, dict]:
         if self.token not in _CACHES:
             _CACHES.clear()
-            _CACHES[self.token] = ({}, {}, {}, {})
+            _CACHES[self.token] = ({}, {}, {}, {}, {}, {})
         return _CACHES[self.token]
+
+    def _note_all(self, keys: list[str]) -> None:
+        if self._read is not None:
+            self._read.update(keys)
+
+    def _indexed(self, name: str, build):
+        """A tree-wide index, built once per scan and process by `build()`: asking every file the same question
+        for every name (or every method) grew with the files times the questions."""
+        indexes = self._caches()[5]
+        if name not in indexes:
+            indexes[name] = build()
+        return indexes[name]
 
     @property
     def _texts(self) -> dict[str, str | None]:
@@ -90,7 +105,12 @@ class Tree:
         return reals[path]
 
     def adopt(self, parsed: ParsedModule) -> None:
-        """The file being analysed: its own nodes are the ones the matcher holds."""
+        """The file being analysed: its own nodes are the ones the matcher holds. The files parsed for earlier
+        analyses are let go once PARSED_KEPT are held (between two analyses, so no analysis sees a file parsed
+        twice): keeping every analysed file's tree grew the process by its nodes, and the collector's work with
+        them, as the scan went on."""
+        if len(self._parsed) >= PARSED_KEPT:
+            self._parsed.clear()
         self._parsed[self._real(parsed.path)] = parsed
 
     def text(self, path: str) -> str | None:
@@ -123,7 +143,17 @@ class Tree:
         if not WORD.fullmatch(word):  # a combining mark in the name: not one word of the index
             pattern = re.compile(rf"\b{re.escape(word)}\b")
             return [path for path in self.paths if pattern.search(self.text(path) or "")]
-        return [path for path in self.paths if word in self._words_of(path)]
+        index, keys = self._indexed("words", self._word_index)
+        self._note_all(keys)  # every file was asked, as the search of each file's words did
+        return list(index.get(word, ()))
+
+    def _word_index(self) -> tuple[dict[str, list[str]], list[str]]:
+        """Each word -> the files holding it (in `paths`' order), and every file's real path."""
+        index: dict[str, list[str]] = {}
+        for path in self.paths:
+            for word in self._words_of(path):
+                index.setdefault(word, []).append(path)
+        return index, [self._real(path) for path in self.paths]
 
     def says(self, path: str, word: str) -> bool:
         """Whether `word` occurs in the file as a whole word (noted as read), from its set of words where it can."""
@@ -201,19 +231,41 @@ class Tree:
             return None
         if name != "forward":
             return own
-        if any(PRE_HOOKS.search(self.text(path) or "") for path in self.paths):
+        hooked, consulted = self._indexed("pre-hooks", self._first_pre_hook)
+        self._note_all(consulted)
+        if hooked:
             return None
         parents = self._parent_calls(parsed, owner)
         return None if parents is None else own + parents
+
+    def _first_pre_hook(self) -> tuple[bool, list[str]]:
+        """Whether a file of the tree registers a pre-hook, and the files read to know it (up to the first)."""
+        consulted = []
+        for path in self.paths:
+            consulted.append(self._real(path))
+            if PRE_HOOKS.search(self.text(path) or ""):
+                return True, consulted
+        return False, consulted
+
+    def accesses(self, path: str, name: str) -> bool:
+        """Whether the file reads or writes an attribute `name` (`.name`, `. name`), from its set of such names
+        (built once per scan and process) when `name` is one word."""
+        text = self.text(path) or ""
+        if not WORD.fullmatch(name):
+            return re.search(rf"\.\s*{re.escape(name)}\b", text) is not None
+        accessed = self._caches()[4]
+        key = self._real(path)
+        if key not in accessed:
+            accessed[key] = frozenset(ACCESSED.findall(text))
+        return name in accessed[key]
 
     def _self_calls(self, parsed: ParsedModule, name: str, assigned_ok: bool = False) -> list | None:
         """`self.name(...)` in the function's file; any other read of `.name` in the tree is a use not seen
         (`assigned_ok`: `self.name = ...` is the instance's construction, not a use)."""
         calls = []
-        accessed = re.compile(rf"\.\s*{re.escape(name)}\b")
         for path in self.mentioning(name):
             if self._real(path) != self._real(parsed.path):
-                if accessed.search(self.text(path) or ""):
+                if self.accesses(path, name):
                     return None  # `.name` read in another file: not a call this index follows
                 continue
             other = parsed
@@ -359,7 +411,7 @@ def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) ->
         return None
     reads = _reads_of_binding(parsed, assign, assign.targets[0].target)
     module_level = parsed.innermost(assign, cst.FunctionDef) is None
-    if reads is None or module_level and any(os.path.realpath(path) != os.path.realpath(parsed.path)
+    if reads is None or module_level and any(tree._real(path) != tree._real(parsed.path)
                                               for path in tree.mentioning(assign.targets[0].target.value)):
         return None  # a module-level instance another file may import
     calls = []

@@ -412,9 +412,9 @@ class ParsedModule:
             if self.project.registration_hooks:
                 names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
                 reshaped.add(ANY_ATTRIBUTE)
-            for writes in self.project.writes_elsewhere(self.path):
-                names |= writes.names
-                reshaped |= writes.reshaped
+            elsewhere, reshaped_elsewhere = self.project.names_written_elsewhere(self.path)
+            names |= elsewhere
+            reshaped |= reshaped_elsewhere
         return frozenset(names), frozenset(reshaped)
 
     @cached_property

@@ -17,7 +17,9 @@ compiles the model's classes, and every function they or a scripted function cal
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 import libcst as cst
 
@@ -115,6 +117,28 @@ class ProjectFacts:
 
     def writes_elsewhere(self, here: str) -> tuple[AttributeWrites, ...]:
         return tuple(writes for writes in self.attribute_writes if writes.path != here)
+
+    def names_written_elsewhere(self, here: str) -> tuple[frozenset[str], frozenset[str]]:
+        """The names, and the reshaped names, that files other than `here` write (those of `writes_elsewhere`,
+        joined), from counts over the tree made once: joining every other file's names for each file grew with
+        the files squared."""
+        names, reshaped, by_path = self._write_counts
+        own = by_path.get(here, ())
+        return _written_by_others(names, [w.names for w in own]), _written_by_others(reshaped, [w.reshaped for w in own])
+
+    @cached_property
+    def _write_counts(self) -> tuple[Counter, Counter, dict[str, list[AttributeWrites]]]:
+        by_path: dict[str, list[AttributeWrites]] = {}
+        for writes in self.attribute_writes:
+            by_path.setdefault(writes.path, []).append(writes)
+        return (Counter(name for writes in self.attribute_writes for name in writes.names),
+                Counter(name for writes in self.attribute_writes for name in writes.reshaped), by_path)
+
+
+def _written_by_others(counts: Counter, own: list[frozenset[str]]) -> frozenset[str]:
+    """The names of `counts` (how many files' entries hold each) that an entry other than `own` holds."""
+    mine = Counter(name for names in own for name in names)
+    return frozenset(name for name in counts if counts[name] > mine[name])
 
 
 def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple[cst.Call, str]]:
