@@ -111,6 +111,7 @@ def test_a_mask_built_as_bool_in_the_block_needs_no_check():
 
 LUCIDRAINS = '''
 import torch
+import torch.nn.functional as F
 from torch import nn, einsum
 from einops import rearrange
 
@@ -130,6 +131,7 @@ class Attention(nn.Module):
         q, k, v = map(lambda t: rearrange(t, 'b n (h d) -> b h n d', h=self.heads), (q, k, v))
         sim = einsum('b h i d, b h j d -> b h i j', q, k) * 0.25
         if exists(mask):
+            mask = F.pad(mask, (1, 0), value=True)[:, 1:]  # imagen pads a null key's mask
             mask = rearrange(mask, 'b j -> b 1 1 j')
             sim = sim.masked_fill(~mask, float('-inf'))
         out = einsum('b h i j, b h j d -> b h i d', sim.softmax(dim=-1), v)
@@ -150,7 +152,7 @@ class Model(nn.Module):
 
 @pytest.mark.parametrize("caller", [False, True], ids=["no caller: guarded", "a caller passes ids != 0: proved"])
 def test_a_mask_rebound_by_rearrange_is_read_as_the_parameter_it_views(tmp_path, caller):
-    """`mask = rearrange(mask, ...)` keeps the parameter's dtype: the guard checks the parameter, and a caller that
+    """`mask = F.pad(mask, ...)`, `mask = rearrange(mask, ...)` keep the parameter's dtype: the guard checks the parameter, and a caller that
     passes a comparison proves it."""
     source = LUCIDRAINS + (PADDED_CALLER if caller else "")
     (tmp_path / "attn.py").write_text(source)

@@ -26,8 +26,8 @@ from advisor.static.codegen import atomic, method
 from advisor.static.dataflow import loaded_names
 
 MAX_REBINDINGS = 8
-DTYPE_KEEPING_FUNCTIONS = frozenset({"einops.rearrange", "einops.repeat", "torch.unsqueeze", "torch.reshape",
-                                     "torch.transpose", "torch.permute"})
+DTYPE_KEEPING_FUNCTIONS = frozenset({"einops.rearrange", "einops.repeat", "torch.nn.functional.pad", "torch.unsqueeze",
+                                     "torch.reshape", "torch.transpose", "torch.permute"})
 
 
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
