@@ -24,7 +24,7 @@ def _qkv_dtype(call: BlockCall) -> bool:
 def _mask_dtype(call: BlockCall) -> bool:
     """Strict: an added mask of exactly the query's dtype is what SDPA adds unchanged, and a bool fill mask is what
     SDPA reads as one (where() also runs on a uint8 condition, which SDPA rejects)."""
-    return all(mask.dtype == call.query if mask.how == "additive" else mask.dtype.endswith("bool")
+    return all(mask.dtype == call.query if mask.how == "additive" else mask.dtype == "bool"
                for mask in call.masks if mask.how in ("additive", "fill"))
 
 

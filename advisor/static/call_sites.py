@@ -141,8 +141,7 @@ class Tree:
         characters is looked up in each file's set of words, built once per scan and process: searching every
         file's text for every name asked about grew with the files times the names."""
         if not WORD.fullmatch(word):  # a combining mark in the name: not one word of the index
-            pattern = re.compile(rf"\b{re.escape(word)}\b")
-            return [path for path in self.paths if pattern.search(self.text(path) or "")]
+            return [path for path in self.paths if self.says(path, word)]
         index, keys = self._indexed("words", self._word_index)
         self._note_all(keys)  # every file was asked, as the search of each file's words did
         return list(index.get(word, ()))

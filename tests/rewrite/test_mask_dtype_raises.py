@@ -45,6 +45,25 @@ def _outcome(model, x, mask):
         return type(error)
 
 
+def _pair(source: str, fixed: str, name: str):
+    """The original and the patched module, with the same weights."""
+    torch.manual_seed(0)
+    original = load_module_from_source(source, name).Attention().eval()
+    patched = load_module_from_source(fixed, f"{name}_fixed").Attention().eval()
+    patched.load_state_dict(original.state_dict())
+    return original, patched
+
+
+def _assert_same_outcome(original, patched, x, mask, equal_nan: bool = False):
+    """The same values, or the same exception type."""
+    expected, got = _outcome(original, x, mask), _outcome(patched, x, mask)
+    if isinstance(expected, type):
+        assert got is expected, (mask.dtype, got)
+    else:
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, equal_nan=equal_nan)
+    return got
+
+
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_every_mask_dtype_gives_what_the_original_gives(form):
     source = _source(form)
@@ -52,19 +71,12 @@ def test_every_mask_dtype_gives_what_the_original_gives(form):
     assert finding.fix_safety == "safe", finding.reason
     assert "mask-dtype" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
     assert "mask.dtype == torch.bool" in finding.patch
-    torch.manual_seed(0)
-    original = load_module_from_source(source, "case").Attention().eval()
-    patched = load_module_from_source(analyze_source(source, "case.py").fixed, "case_fixed").Attention().eval()
-    patched.load_state_dict(original.state_dict())
+    original, patched = _pair(source, analyze_source(source, "case.py").fixed, "case")
     x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
     for dtype in DTYPES:
         mask = torch.ones(2, 1, 1, 5, dtype=dtype)
         mask[0, ..., 3:] = 0
-        expected, got = _outcome(original, x, mask), _outcome(patched, x, mask)
-        if isinstance(expected, type):
-            assert got is expected, (dtype, got)
-        else:
-            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, equal_nan=True)
+        got = _assert_same_outcome(original, patched, x, mask, equal_nan=True)
         assert uses_sdpa(dispatched_ops(patched, (x, mask.bool()))) and \
             (dtype is torch.bool or not uses_sdpa(dispatched_ops(patched, (x, mask)))
              if not isinstance(got, type) else True)
@@ -152,30 +164,23 @@ class Model(nn.Module):
 
 @pytest.mark.parametrize("caller", [False, True], ids=["no caller: guarded", "a caller passes ids != 0: proved"])
 def test_a_mask_rebound_by_rearrange_is_read_as_the_parameter_it_views(tmp_path, caller):
-    """`mask = F.pad(mask, ...)`, `mask = rearrange(mask, ...)` keep the parameter's dtype: the guard checks the parameter, and a caller that
-    passes a comparison proves it."""
+    """`mask = F.pad(mask, ...)` and `mask = rearrange(mask, ...)` keep the parameter's dtype: the guard checks
+    the parameter, and a caller that passes a comparison proves it."""
     source = LUCIDRAINS + (PADDED_CALLER if caller else "")
     (tmp_path / "attn.py").write_text(source)
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
     facts = finding.extra["facts"]
     assert finding.fix_safety == "safe", finding.reason
     assert "mask-dtype" in {f["name"] for f in facts.get("from_call_sites" if caller else "guarded", [])}
-    torch.manual_seed(0)
-    original = load_module_from_source(source, "luc").Attention().eval()
-    patched = load_module_from_source(finding_fixed(tmp_path), "luc_fixed").Attention().eval()
-    patched.load_state_dict(original.state_dict())
+    original, patched = _pair(source, _fixed(tmp_path), "luc")
     x = torch.randn(2, 5, 16)
     for dtype in [torch.bool] if caller else DTYPES:  # proved from call sites: for what the tree's callers pass
         mask = torch.ones(2, 5, dtype=dtype)
         mask[0, 3:] = 0
-        expected, got = _outcome(original, x, mask), _outcome(patched, x, mask)
-        if isinstance(expected, type):
-            assert got is expected, (dtype, got)
-        else:
-            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        _assert_same_outcome(original, patched, x, mask)
     assert uses_sdpa(dispatched_ops(patched, (x, torch.ones(2, 5, dtype=torch.bool))))
 
 
-def finding_fixed(root) -> str:
+def _fixed(root) -> str:
     [result] = [f for f in scan_paths([str(root)], jobs=1, fixed=True).files]
     return result.fixed

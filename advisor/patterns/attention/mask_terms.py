@@ -21,13 +21,14 @@ from advisor.patterns.attention.module_terms import module_term
 from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
+from advisor.patterns.dtypes import EINOPS
 from advisor.patterns.ops import Op, number_value
 from advisor.static.codegen import atomic, method
 from advisor.static.dataflow import loaded_names
 
 MAX_REBINDINGS = 8
-DTYPE_KEEPING_FUNCTIONS = frozenset({"einops.rearrange", "einops.repeat", "torch.nn.functional.pad", "torch.unsqueeze",
-                                     "torch.reshape", "torch.transpose", "torch.permute"})
+DTYPE_KEEPING_FUNCTIONS = frozenset(EINOPS | {"torch.nn.functional.pad", "torch.unsqueeze", "torch.reshape",
+                                              "torch.transpose", "torch.permute"})
 
 
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
