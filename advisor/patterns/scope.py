@@ -119,19 +119,40 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
                             last_line: int) -> str | None:
     """`kt = k.transpose(-2, -1)`, then `k.add_(1)` after the scores: the name the SDPA call reads is not
     rebound, but a tensor it was computed from (a view may share its storage) is written in place."""
-    sources: set[int] = set()
-    for leaf in leaves:
-        for name in loaded_names(leaf):
-            for def_id in flow.reaching.get(name, ()):
-                if def_id in flow.graph:
-                    sources |= nx.ancestors(flow.graph, def_id) | {def_id}
-    names = {flow.definitions[i].name for i in sources if i in flow.definitions}
+    names = {flow.definitions[i].name for i in _storage_sources(parsed, flow, leaves)}
     for definition in flow.definitions.values():
         if definition.kind in ("store", "inplace", "aug") and definition.name in names and \
                 first_line < parsed.line(definition.statement) < last_line:
             return (f"`{definition.name}`, which the SDPA call's inputs are computed from, is written in place at "
                     f"line {parsed.line(definition.statement)}, between the scores and the value product")
     return None
+
+
+# reads of a tensor that give a new value, never a view of its storage (`torch.zeros(..., device=s.device)`)
+METADATA_READS = frozenset({"dtype", "device", "shape", "ndim", "layout", "size", "dim", "is_cuda"})
+
+
+def _storage_sources(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode]) -> set[int]:
+    """The definitions whose tensors `leaves` may share storage with: followed back through each definition's
+    reads, but not through reads of metadata alone (T5's bias built with `device=scores.device` is not the
+    scores' storage, so `scores += bias` does not write it)."""
+    found: set[int] = set()
+    pending = [name for leaf in leaves for name in loaded_names(leaf)]
+    while pending:
+        name = pending.pop()
+        parent = parsed.parents.get(name)
+        if isinstance(parent, cst.Attribute) and parent.value is name and parent.attr.value in METADATA_READS:
+            continue
+        for def_id in flow.reaching.get(name, ()):
+            definition = flow.definitions.get(def_id)
+            if definition is None or def_id in found:
+                continue
+            found.add(def_id)
+            if definition.value is not None and definition.kind == "assign":
+                pending.extend(loaded_names(definition.value))
+            else:
+                found |= nx.ancestors(flow.graph, def_id) if def_id in flow.graph else set()
+    return found
 
 
 def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]]:

@@ -41,7 +41,7 @@ class NodeEdits:
     remove: set[cst.CSTNode] = field(default_factory=set)
     insert_before: dict[cst.CSTNode, tuple[cst.BaseStatement, ...]] = field(default_factory=dict)  # new ones above
     wrap: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)  # statement -> `with <it>:` around it
-    unwrap: set[cst.If] = field(default_factory=set)  # `if` statements replaced by their `else:` (test known false)
+    unwrap: set[cst.If | cst.IfExp] = field(default_factory=set)  # replaced by their `else` (test known false)
     imports: tuple[str, ...] = ()  # lines, added once after the module's imports
     definitions: tuple[cst.BaseStatement, ...] = ()  # module-level statements added after those imports
 
@@ -243,6 +243,12 @@ class _Editor(cst.CSTTransformer):
             return cst.RemoveFromParent()
         kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
         return updated_node.with_changes(body=kept)
+
+    def leave_IfExp(self, original_node, updated_node):
+        if original_node in self.edits.unwrap:  # `a if flag else b` where the flag is off: `b`, in the parentheses
+            orelse = updated_node.orelse  # the expression had (an IfExp binds more loosely than anything in it)
+            return orelse.with_changes(lpar=[*updated_node.lpar, *orelse.lpar], rpar=[*orelse.rpar, *updated_node.rpar])
+        return updated_node
 
     def leave_If(self, original_node, updated_node):
         if original_node in self.edits.unwrap:  # its test is false where this code runs: its `else:` is what runs

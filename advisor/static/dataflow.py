@@ -183,9 +183,12 @@ def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
 class _FlowBuilder:
     """Walks a function body once, in order, threading the environment of reaching definitions."""
 
-    def __init__(self, function: cst.FunctionDef, first_id: int, off: frozenset[cst.If] = frozenset()) -> None:
+    def __init__(self, function: cst.FunctionDef, first_id: int,
+                 off: frozenset[cst.If | cst.IfExp] = frozenset()) -> None:
         self.flow = FunctionFlow(function)
         self._off = off
+        self._hidden = frozenset(name for node in off if isinstance(node, cst.IfExp)
+                                 for name in loaded_names(node.body))  # read only where the test holds
         self._next_id = first_id
         self._made: dict[tuple[int, str, int | None], Definition] = {}  # a loop body is walked more than once
         self._in_else: set[cst.If] = set()
@@ -217,13 +220,18 @@ class _FlowBuilder:
         return definition
 
     def _read(self, node: cst.CSTNode, env: Env) -> None:
-        for name in loaded_names(node):
+        for name in self._loads(node):
             seen = env.get(name.value, frozenset({UNDEFINED}))
             before = self.flow.reaching.get(name, frozenset())
             self.flow.reaching[name] = seen | before  # a loop's later walk only adds definitions
             for def_id in seen - before:
                 if def_id != UNDEFINED:
                     self.flow.reads.setdefault(def_id, []).append(name)
+
+    def _loads(self, node: cst.CSTNode) -> list[cst.Name]:
+        """The names `node` reads, but those in the branch of an `off` conditional expression (never taken)."""
+        names = loaded_names(node)
+        return [name for name in names if name not in self._hidden] if self._hidden else names
 
     def _link(self, definition: Definition, sources: list[cst.Name]) -> None:
         for name in sources:
@@ -334,7 +342,7 @@ class _FlowBuilder:
             self._read(small.value, env)
             for target in small.targets:
                 self._read_target_parts(target.target, env)
-            sources = loaded_names(small.value)
+            sources = self._loads(small.value)
             for target in small.targets:
                 self._bind(target.target, small.value, small, env, if_guards, sources)
                 self._stores(target.target, small, env, if_guards)
@@ -345,7 +353,7 @@ class _FlowBuilder:
         elif isinstance(small, cst.AnnAssign):
             if small.value is not None:
                 self._read(small.value, env)
-                self._bind(small.target, small.value, small, env, if_guards, loaded_names(small.value))
+                self._bind(small.target, small.value, small, env, if_guards, self._loads(small.value))
         elif isinstance(small, cst.AugAssign):
             self._read(small.value, env)
             self._read(small.target, env)
@@ -355,7 +363,7 @@ class _FlowBuilder:
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,
                                           value=small.value, previous=previous)
-                self._link(definition, loaded_names(small.value) + [small.target])
+                self._link(definition, self._loads(small.value) + [small.target])
         elif isinstance(small, cst.Expr):
             self._read(small.value, env)
             receiver = _inplace_receiver(small.value)
@@ -363,7 +371,7 @@ class _FlowBuilder:
                 previous = env.get(receiver.value, frozenset())
                 definition = self._define(receiver.value, "inplace", small, env, if_guards,
                                           value=small.value, previous=previous)
-                self._link(definition, loaded_names(small.value))
+                self._link(definition, self._loads(small.value))
         elif isinstance(small, (cst.Continue, cst.Break)) and self._jumps:
             jumps = self._jumps[-1]
             jumps[type(small)] = _merge(jumps[type(small)], env) if type(small) in jumps else dict(env)
@@ -448,8 +456,10 @@ def _merge(left: Env, right: Env) -> Env:
     return merged
 
 
-def build_flow(function: cst.FunctionDef, first_id: int = 0, off: frozenset[cst.If] = frozenset()) -> FunctionFlow:
+def build_flow(function: cst.FunctionDef, first_id: int = 0,
+               off: frozenset[cst.If | cst.IfExp] = frozenset()) -> FunctionFlow:
     """Definition ids start at `first_id`: give each function of a file its own range, so that flows of a
-    caller and a callee can be merged into one view when attention is split across them. The `if` statements in
-    `off` are never taken (the flow of the function where their test is false; their bodies are not read)."""
+    caller and a callee can be merged into one view when attention is split across them. The `if` statements and
+    conditional expressions in `off` are never taken (the flow of the function where their test is false; their
+    bodies are not read)."""
     return _FlowBuilder(function, first_id, off).build()

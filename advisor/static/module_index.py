@@ -362,8 +362,8 @@ class ParsedModule:
                 counts[function.name.value] = counts.get(function.name.value, 0) + 1
         return counts
 
-    def flow(self, function: cst.FunctionDef, off: frozenset[cst.If] = frozenset()) -> FunctionFlow:
-        """`off`: `if` statements of `function` read as never taken (see `build_flow`)."""
+    def flow(self, function: cst.FunctionDef, off: frozenset[cst.If | cst.IfExp] = frozenset()) -> FunctionFlow:
+        """`off`: `if` statements and conditional expressions of `function` read as never taken (see `build_flow`)."""
         key = (function, off)
         if key not in self._flows:
             first_id = 1_000_000 * len(self._flows)  # file-unique ids: flows of two functions can merge

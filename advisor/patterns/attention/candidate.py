@@ -101,7 +101,7 @@ class Candidate:
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None
-    off: frozenset[cst.If] = frozenset()  # `if <flag>:` statements read as not taken (see attention.flags)
+    off: frozenset[cst.If | cst.IfExp] = frozenset()  # `if <flag>:` (and `a if <flag> else b`) read as not taken
     # what one proof step hands a later one (matcher.PROOF)
     core: Op | None = None  # the Q·K^T product the scores come from
     ndim: int | None = None  # the scores' rank
@@ -110,7 +110,7 @@ class Candidate:
     output_statement: cst.CSTNode | None = None  # the statement of the value product
 
     @classmethod
-    def start(cls, scope_: FunctionScope, off: frozenset[cst.If] = frozenset()) -> Candidate:
+    def start(cls, scope_: FunctionScope, off: frozenset[cst.If | cst.IfExp] = frozenset()) -> Candidate:
         flow = scope_.parsed.flow(scope_.function, off)
         return cls(scope_, flow, ValueProver(scope_.parsed, flow, scope_.owner), scope_.function, off=off)
 

@@ -5,7 +5,9 @@ scores, which no role reads) or `if self.training: attn = attn + noise(attn)` ch
 where the test holds, and the other paths (`elif bias is not None: attn = attn + bias`, or none) may be SDPA's.
 
 The block is then proved in the function as it runs with the flag off: the flow reads the `if <flag>:` statements
-after the softmax, or one `if` before it that binds a name the softmax reads, as not taken (`Candidate.off`); every
+after the softmax (`if head_mask is not None: w = w * head_mask` too: with no head mask it is not taken), those of
+every flag at once (T5 multiplies by a head mask and returns the weights under `if output_attentions:`), or one
+`if` before the softmax that binds a name the softmax reads, as not taken (`Candidate.off`); every
 path left is proved as any other (a bias added under `elif x is not None:` becomes the mask SDPA gets). The patch
 branches on the flag where the block starts: the SDPA path, with those statements replaced by their `else:`
 (`match.unwrap`), where the flag is off, and the original statements, verbatim, where it is on. The flag must hold
@@ -25,16 +27,19 @@ from advisor.patterns.attention.candidate import Candidate, FunctionScope, state
 from advisor.patterns.attention.guards import holds_at, span_of
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.ops import Op
+from advisor.static.codegen import joined
 from advisor.static.dataflow import Definition, loaded_names
+from advisor.static.module_index import ParsedModule
 
 FLAG = "flag-is-bool"
 MAX_FLAGS = 3  # flags tried per softmax: each try is one more proof of the block
 BOOL_ANNOTATIONS = {"bool", "Optional[bool]", "typing.Optional[bool]", "bool|None", "None|bool"}
 
 
-def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If]]:
-    """Per flag (a name or attribute chain tested alone by an `if` statement after the softmax), those `if`
-    statements: read as not taken, they give the function as it runs with that flag off. Then each `if` before
+def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If | cst.IfExp]]:
+    """Per flag (a name or attribute chain tested alone, or compared with None, by an `if` statement after the
+    softmax), those `if` statements: read as not taken, they give the function as it runs with that flag off; then
+    all of them at once, where there are several flags. Then each `if` before
     the softmax whose test runs no code (a flag, or `x is None`, `x is not None`) and that binds a name the
     softmax reads: read as not taken, it gives the function on the paths where the scores skip that branch."""
     parsed = shared.parsed
@@ -43,13 +48,23 @@ def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If]]:
     shared.function.body.visit(collector)
     groups: dict[str, list[cst.If]] = {}
     for node in collector.found:
-        if parsed.line(node) > at and _plain(node.test):
+        if parsed.line(node) > at:
             groups.setdefault(parsed.code(node.test), []).append(node)
     read = {name.value for name in loaded_names(softmax.operands[0])}
     flow = parsed.flow(shared.function)
     paths = [frozenset({node}) for node in collector.found if parsed.end_line(node) < at and any(
         node in d.guards and d.name in read for d in flow.definitions.values())]
-    return ([frozenset(group) for group in groups.values()] + paths)[:MAX_FLAGS]
+    alone = [frozenset(group) for group in groups.values()][:MAX_FLAGS]
+    together = [frozenset(node for group in groups.values() for node in group)] if len(groups) > 1 else []
+    return (alone + together + paths)[:MAX_FLAGS + 1]
+
+
+def by_flag(parsed: ParsedModule, off: frozenset[cst.If | cst.IfExp]) -> list[frozenset[cst.If | cst.IfExp]]:
+    """The statements and expressions of `off` grouped by the flag they test."""
+    groups: dict[str, set[cst.If | cst.IfExp]] = {}
+    for node in off:
+        groups.setdefault(parsed.code(node.test), set()).add(node)
+    return [frozenset(group) for _, group in sorted(groups.items())]
 
 
 def stays_inside(match: AttentionMatch | None) -> bool:
@@ -74,16 +89,23 @@ def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
         raise Refusal("the flag's `if` statements and the block are not one run of statements with the flag "
                       "unchanged")
     match.guard_span = span
-    flag = tests[0]
-    text = parsed.code(flag)
-    statement = f"`{text}` is a Python bool or None, so its truth test runs no code and reads no tensor"
-    proof = _bool_proof(c, tests)
-    if proof is not None:
-        match.facts.proved(FLAG, statement, proof)
-        match.flag_test = _negated(flag)
-    else:
-        match.facts.assumed(FLAG, statement, "it is neither annotated `bool` nor bound to a bool literal")
-        match.guard_checks[FLAG] = [parse_template_expression("{f} is None or {f} is False", f=flag)]
+    by_text: dict[str, list[cst.BaseExpression]] = {}
+    for test in tests:
+        by_text.setdefault(parsed.code(test), []).append(test)
+    branch, checks = [], []
+    for text, same in by_text.items():
+        statement = f"`{text}` is a Python bool or None, so its truth test runs no code and reads no tensor"
+        proof = _bool_proof(c, same)
+        if proof is not None:
+            match.facts.proved(FLAG, statement, proof)
+            branch.append(_negated(same[0]))
+        else:
+            match.facts.assumed(FLAG, statement, "it is neither annotated `bool` nor bound to a bool literal")
+            checks.append(parse_template_expression("{f} is None or {f} is False", f=same[0]))
+    if branch:
+        match.flag_test = branch[0] if len(branch) == 1 else joined(cst.And, branch)
+    if checks:
+        match.guard_checks[FLAG] = checks
 
 
 def _negated(test: cst.BaseExpression) -> cst.BaseExpression:
@@ -120,16 +142,22 @@ def _bool_binding(c: Candidate, definition: Definition) -> str | None:
 
 class _FlagIfs(cst.CSTVisitor):
     """`if <name or attribute chain>:` and `if <chain> is (not) None:` statements of one function body (not
-    `elif`s, which cannot be replaced by their `else:` alone; not in nested functions)."""
+    `elif`s, which cannot be replaced by their `else:` alone; not in nested functions), and conditional expressions
+    with such a test (BERT's `outputs = (context, probs) if output_attentions else (context,)`)."""
 
     def __init__(self) -> None:
-        self.found: list[cst.If] = []
+        self.found: list[cst.If | cst.IfExp] = []
 
     def visit_If(self, node: cst.If) -> bool:
         if _plain(node.test) or _none_identity(node.test):
             self.found.append(node)
+        node.test.visit(self)
         self._branches(node)
         return False
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        if _plain(node.test) or _none_identity(node.test):
+            self.found.append(node)
 
     def _branches(self, node: cst.If) -> None:
         node.body.visit(self)

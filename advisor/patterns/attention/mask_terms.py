@@ -125,10 +125,20 @@ def _view_base(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
             return node
 
 
-def reshape_term(c: Candidate, term: MaskTerm) -> None:
+def enclosing_views(c: Candidate, position: int) -> tuple[Op, Op] | None:
+    """The view-and-back pair of the score chain that the op applied at `position` sits inside (CLIP views its
+    folded scores as (b, h, L, S) and back once per mask it adds), or None."""
+    views = c.chain.views
+    for (start, expand), (end, collapse) in zip(views[::2], views[1::2]):
+        if start < position < end:
+            return expand, collapse
+    return None
+
+
+def reshape_term(c: Candidate, term: MaskTerm, views: tuple[Op, Op]) -> None:
     """A mask added while the scores were viewed as (b, h, L, S) and viewed back to (b*h, L, S)
     becomes `mask.expand(b, h, L, S).reshape(b*h, L, S)`: the same values in SDPA's layout."""
-    (_, expand), (_, collapse) = c.chain.views
+    expand, collapse = views
     shapes = [expand.params["shape"], collapse.params["shape"]]
     if term.kind == "causal":
         term.kind = "keep"

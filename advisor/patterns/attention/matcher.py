@@ -65,7 +65,18 @@ def _match(shared: FunctionScope, softmax: Op) -> AttentionMatch | None:
     for off in flags.flag_worlds(shared, softmax):
         flagged = _attempt(Candidate.start(shared, off), softmax)
         if flags.stays_inside(flagged):
-            return flagged
+            return _fewest_flags(shared, softmax, off, flagged)
+    return match
+
+
+def _fewest_flags(shared: FunctionScope, softmax: Op, off: frozenset, match: AttentionMatch) -> AttentionMatch:
+    """The proof with every flag turned off that need not be (BERT's `if self.is_decoder:` beside its head mask and
+    `output_attentions`): the SDPA path then runs whatever those flags say."""
+    for group in flags.by_flag(shared.parsed, off):
+        if len(group) < len(off):
+            fewer = _attempt(Candidate.start(shared, off - group), softmax)
+            if flags.stays_inside(fewer):
+                off, match = off - group, fewer
     return match
 
 

@@ -14,7 +14,7 @@ import re
 import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate, parameter_claims, statement_of
-from advisor.patterns.attention.mask_terms import mask_term, reshape_term
+from advisor.patterns.attention.mask_terms import enclosing_views, mask_term, reshape_term
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.tensor_scale import check_placement
@@ -27,7 +27,7 @@ def scale_and_mask_roles(c: Candidate) -> None:
     applied = list(reversed(chain.ops))  # in the order the original applies them
     scale_positions = [i for i, (op, _) in enumerate(applied) if op.name in ("mul", "div")]
     chain.views = [(i, op) for i, (op, _) in enumerate(applied) if op.name == "view"]
-    if len(chain.views) not in (0, 2):
+    if len(chain.views) % 2:
         raise Refusal("the scores are reshaped without being reshaped back before softmax")
     capped = next((i for i, (op, _) in enumerate(applied) if op.name == "tanh"), None)
     post_cap: list[tuple[str, cst.BaseExpression]] = []
@@ -49,8 +49,9 @@ def scale_and_mask_roles(c: Candidate) -> None:
             raise Refusal(f"a mask is applied before the soft-cap `{short(c.parsed, applied[capped][0].node)}`, "
                           f"where it is no longer a mask")
         term = mask_term(c, op, guard)
-        if chain.views and chain.views[0][0] < position < chain.views[1][0]:
-            reshape_term(c, term)
+        views = enclosing_views(c, position)
+        if views is not None:
+            reshape_term(c, term, views)
         term.statement = statement_of(c.parsed, op.node)
         term.scaled_after = any(p > position for p in scale_positions)
         match.masks.append(term)

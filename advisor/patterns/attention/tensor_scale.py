@@ -16,6 +16,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.mask_terms import enclosing_views
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds, reaching_values, roots
@@ -73,7 +74,7 @@ def check_placement(c: Candidate, applied: list[tuple[Op, object]]) -> None:
         if first_mask is not None and position > first_mask:
             raise Refusal(f"the scores are scaled by the tensor `{text}` after a mask, and SDPA masks after "
                           f"scaling (a filled score times a tensor that may hold 0 or a negative is not the fill)")
-        if c.chain.views and c.chain.views[0][0] < position < c.chain.views[1][0]:
+        if enclosing_views(c, position) is not None:
             raise Refusal(f"the scores are scaled by the tensor `{text}` while reshaped, so its axes are not the "
                           f"query's")
         if not _movable(c, factor):
