@@ -209,7 +209,7 @@ def test_clip_two_view_pairs_under_the_weights_flag():
 
 @pytest.mark.parametrize("head_mask", [False, True])
 def test_head_mask_fixture_runs_the_original_where_a_head_mask_is_passed(head_mask):
-    path = FIXTURE_ROOT / "positive" / "26_hf_head_mask_optional.py"
+    path = FIXTURE_ROOT / "positive" / "32_hf_head_mask_optional.py"
     source = path.read_text()
     finding, fixed = attention_finding_and_fix(source)
     assert finding.fix_safety == "safe"
