@@ -97,6 +97,10 @@ KEYWORD_FORMS = {
     "bmm_input_mat2_kw": "q, k, v = (t.reshape(6, 5, 8) for t in (q, k, v))\n"
                          "s = torch.bmm(input=q, mat2=k.transpose(1, 2)) * 0.125\n"
                          "w = s.softmax(dim=-1)\nreturn torch.bmm(input=w, mat2=v).reshape(2, 3, 5, 8)",
+    "einsum_operand_list": "s = torch.einsum('bhlk,bhtk->bhlt', [q, k]) * 0.125\nw = F.softmax(s, dim=-1)\n"
+                           "return torch.einsum('bhlt,bhtv->bhlv', [w, v])",  # CvT
+    "einsum_operand_tuple": "s = torch.einsum('bhlk,bhtk->bhlt', (q, k)) * 0.125\nw = s.softmax(-1)\n"
+                            "return torch.einsum('bhlt,bhtv->bhlv', (w, v))",
     "masked_fill_value_kw": "s = q @ k.transpose(-2, -1) * 0.125\n"
                             "s = s.masked_fill(mask=torch.ones(5, 5, dtype=torch.bool).triu(1), value=float('-inf'))\n"
                             "w = s.softmax(dim=-1)\nreturn w @ v",

@@ -12,7 +12,7 @@ import libcst as cst
 from advisor.patterns import scope
 from advisor.patterns.dtypes import DTYPE_NAMES
 from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
-                                                  flow_for, function_of, statement_of)
+                                                  flow_for, function_of, listed_operand_of, statement_of)
 from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_through_objects, calls_to,
                                                 helper_named, single_return)
 from advisor.patterns.attention.rendering import short
@@ -208,7 +208,7 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
             frontier.extend(read for d in flow.definitions.values() if d.statement is parent
                             for read in flow.reads_of(d))
             continue
-        if isinstance(parent, cst.Element):  # `a, b = w[..., :n], w[..., n:]`
+        if isinstance(parent, cst.Element) and listed_operand_of(c, current) is None:  # `a, b = w[..., :n], ...`
             frontier.extend(_unpacked_reads(c, parent))
             continue
         if isinstance(parent, cst.Arg) and _parameter_reads(c, parent):  # into a helper: `self._pv(w, v)`

@@ -181,9 +181,23 @@ def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None,
         return [(parent, c.reader.read(parent))]
     if isinstance(parent, cst.BinaryOperation):
         return [(parent, c.reader.read(parent))]
+    listed = listed_operand_of(c, node)
+    if listed is not None:
+        return [listed]
     definition = definition_of_value(c, node)
     reads = flow_for(c, node).reads_of(definition) if definition is not None else []
     return [(read, None) for read in reads] or [(None, None)]  # `saved = w` with saved never read: nowhere
+
+
+def listed_operand_of(c: Candidate, node: cst.CSTNode) -> tuple[cst.Call, Op] | None:
+    """CvT's `torch.einsum('bhlt,bhtv->bhlv', [attn, v])`: the call (and its Op) that reads `node` as one operand
+    of a list or tuple passed whole; None for any other element."""
+    element = c.parsed.parents.get(node)
+    listed = c.parsed.parents.get(element) if isinstance(element, cst.Element) else None
+    argument = c.parsed.parents.get(listed) if isinstance(listed, (cst.List, cst.Tuple)) else None
+    call = c.parsed.parents.get(argument) if isinstance(argument, cst.Arg) else None
+    op = c.reader.read(call) if isinstance(call, cst.Call) else None
+    return (call, op) if op is not None and any(operand is node for operand in op.operands) else None
 
 
 def parameter_claims(c: Candidate, nodes: list[cst.BaseExpression], check: str, guards: list[cst.If | None] = (),
