@@ -251,6 +251,9 @@ class _FlowBuilder:
             for small in statement.body:
                 self._small(small, env, guards)
             return env
+        if isinstance(statement, cst.BaseSmallStatement):  # the body of a one-line `if f: x = v` (a suite)
+            self._small(statement, env, guards)
+            return env
         if isinstance(statement, cst.If):
             self._mark(statement, env, guards)
             self._read(statement.test, env)

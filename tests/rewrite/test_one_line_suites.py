@@ -1,0 +1,78 @@
+"""One-line suites (`if mask is not None: s = s + mask`, `if flag: out = w`, `for ...: s = s * c`) bind names like
+any block. The flow once skipped the small statements of a suite, so a mask added on one line was dropped by a safe
+patch and a weights read on one line after the product read a deleted name (NameError where the original ran).
+
+Each form is patched with safe fixes only and run original against patched on every path its tests can take:
+the same values, or the same exception type.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import load_module_from_source
+
+HEAD = "import torch\n\n\ndef f(q, k, v, mask=None, flag: bool = False):\n"
+FORMS = {
+    "mask_added": ["s = q @ k.transpose(-2, -1) * 0.35", "if mask is not None: s = s + mask",
+                   "w = s.softmax(-1)", "return w @ v"],
+    "mask_filled": ["s = q @ k.transpose(-2, -1) * 0.35",
+                    "if mask is not None: s = s.masked_fill(mask < -1, float('-inf'))",
+                    "w = s.softmax(-1)", "return w @ v"],
+    "else_on_one_line": ["s = q @ k.transpose(-2, -1) * 0.35", "if mask is None: pass", "else: s = s + mask",
+                         "w = s.softmax(-1)", "return w @ v"],
+    "scale_on_flag": ["s = q @ k.transpose(-2, -1)", "if flag: s = s * 0.5", "w = s.softmax(-1)", "return w @ v"],
+    "weights_after_product": ["s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)", "out = w @ v",
+                              "if flag: out = w", "return out"],
+    "weights_zeroed_before_product": ["s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)",
+                                      "if flag: w = w * 0", "return w @ v"],
+    "scaled_in_a_loop": ["s = q @ k.transpose(-2, -1)", "for _ in range(2): s = s * 0.5", "w = s.softmax(-1)",
+                         "return w @ v"],
+    "scores_in_a_with": ["with torch.no_grad(): s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)",
+                         "return w @ v"],
+    "semicolons": ["s = q @ k.transpose(-2, -1); s = s * 0.35", "if flag: s = s + 1.0; s = s * 2",
+                   "w = s.softmax(-1); return w @ v"],
+}
+
+
+def _source(lines: list[str]) -> str:
+    return HEAD + "".join(f"    {line}\n" for line in lines)
+
+
+def _outcome(function, *args):
+    try:
+        return function(*args)
+    except Exception as exc:  # noqa: BLE001 - the exception type is the outcome compared
+        return type(exc)
+
+
+@pytest.mark.parametrize("name", sorted(FORMS))
+def test_one_line_suites_keep_their_bindings(name):
+    source = _source(FORMS[name])
+    fixed = analyze_source(source, "m.py").fixed
+    original = load_module_from_source(source, f"suite_{name}").f
+    patched = load_module_from_source(fixed, f"suite_{name}_fixed").f
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64) for _ in range(3))
+    mask = torch.randn(5, 5, dtype=torch.float64)
+    mask[:, 0] = 0.0  # every row keeps a key
+    for given, flag in itertools.product((None, mask), (False, True)):
+        expected, got = _outcome(original, q, k, v, given, flag), _outcome(patched, q, k, v, given, flag)
+        if isinstance(expected, type):
+            assert got is expected, f"{name} mask={given is not None} flag={flag}: {got}"
+        else:
+            assert not isinstance(got, type), f"{name} mask={given is not None} flag={flag}: raised {got}"
+            torch.testing.assert_close(got, expected, msg=lambda m: f"{name} mask={given is not None} "
+                                                                    f"flag={flag}: {m}")
+
+
+def test_a_one_line_mask_still_gets_a_safe_patch():
+    """Reach kept: the mask added on one line is read like one in a block (the SDPA path runs where no mask is
+    passed, since nothing proves the rows a passed one keeps)."""
+    result = analyze_source(_source(FORMS["mask_added"]), "m.py")
+    assert [f.fix_safety for f in result.findings] == ["safe"]
+    assert "if mask is None:" in result.fixed and "scaled_dot_product_attention" in result.fixed
