@@ -74,7 +74,7 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         anchor = _enclosing_statement(parsed, match.hoist_anchor)
         edits.insert_before[anchor] = (match.hoist_init,)
     edits.replace.update(match.renamed)
-    edits.unwrap = set(match.unwrap)
+    edits.unwrap, edits.take = set(match.unwrap), set(match.take)
     if drop_weights:
         edits.replace.update({node: cst.Name("None") for node in match.escapes if node not in edits.replace})
     if functional.import_line is not None:

@@ -42,12 +42,13 @@ class NodeEdits:
     insert_before: dict[cst.CSTNode, tuple[cst.BaseStatement, ...]] = field(default_factory=dict)  # new ones above
     wrap: dict[cst.CSTNode, cst.BaseExpression] = field(default_factory=dict)  # statement -> `with <it>:` around it
     unwrap: set[cst.If | cst.IfExp] = field(default_factory=set)  # replaced by their `else` (test known false)
+    take: set[cst.If | cst.IfExp] = field(default_factory=set)  # replaced by their body (test known true)
     imports: tuple[str, ...] = ()  # lines, added once after the module's imports
     definitions: tuple[cst.BaseStatement, ...] = ()  # module-level statements added after those imports
 
     def targets(self) -> set[cst.CSTNode]:
         """The nodes whose code this fix replaces or deletes: another fix must not touch them or what they hold."""
-        return set(self.replace) | self.remove | self.unwrap
+        return set(self.replace) | self.remove | self.unwrap | self.take
 
 
 @dataclass
@@ -80,6 +81,7 @@ def combine(parsed: ParsedModule, fixes: list[NodeEdits]) -> tuple[NodeEdits, li
             merged.insert_before[statement] = _union(merged.insert_before.get(statement, ()), new)
         merged.wrap.update(fix.wrap)
         merged.unwrap |= fix.unwrap
+        merged.take |= fix.take
         merged.imports = tuple(dict.fromkeys(merged.imports + fix.imports))
         merged.definitions = _union(merged.definitions, fix.definitions)
     return merged, conflicts
@@ -120,7 +122,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     module is rendered instead)."""
     editor = _Editor(edits)
     added = [cst.parse_statement(line + "\n") for line in edits.imports] + list(edits.definitions)
-    touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap, *edits.unwrap]
+    touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap, *edits.unwrap, *edits.take]
     if not touched and not added:
         return []
     spans = parsed.statement_spans
@@ -245,18 +247,25 @@ class _Editor(cst.CSTTransformer):
         return updated_node.with_changes(body=kept)
 
     def leave_IfExp(self, original_node, updated_node):
-        if original_node in self.edits.unwrap:  # `a if flag else b` where the flag is off: `b`, in the parentheses
-            orelse = updated_node.orelse  # the expression had (an IfExp binds more loosely than anything in it)
-            return orelse.with_changes(lpar=[*updated_node.lpar, *orelse.lpar], rpar=[*orelse.rpar, *updated_node.rpar])
-        return updated_node
+        kept = updated_node.orelse if original_node in self.edits.unwrap else \
+            updated_node.body if original_node in self.edits.take else None
+        if kept is None:
+            return updated_node
+        # `a if flag else b` where the test's value is known: that branch, in the parentheses the expression had
+        # (an IfExp binds more loosely than anything in it)
+        return kept.with_changes(lpar=[*updated_node.lpar, *kept.lpar], rpar=[*kept.rpar, *updated_node.rpar])
 
     def leave_If(self, original_node, updated_node):
+        if original_node in self.edits.take:  # its test holds where this code runs: its body is what runs
+            inserted = list(self.edits.insert_before.get(original_node, ()))
+            kept = _statements(updated_node.body)
+            return cst.FlattenSentinel(inserted + kept) if inserted + kept else cst.RemoveFromParent()
         if original_node in self.edits.unwrap:  # its test is false where this code runs: its `else:` is what runs
             inserted = list(self.edits.insert_before.get(original_node, ()))
             if isinstance(updated_node.orelse, cst.If):  # `elif`: now the first test
                 kept = [updated_node.orelse.with_changes(leading_lines=updated_node.leading_lines)]
             elif isinstance(updated_node.orelse, cst.Else):
-                kept = list(updated_node.orelse.body.body)
+                kept = _statements(updated_node.orelse.body)
             else:
                 kept = []
             return cst.FlattenSentinel(inserted + kept) if inserted + kept else cst.RemoveFromParent()
@@ -306,3 +315,10 @@ def _import_position(body) -> int:
                 and isinstance(item.body[0].value, cst.SimpleString):
             position = 1
     return position
+
+
+def _statements(block: cst.BaseSuite) -> list[cst.BaseStatement]:
+    """The statements of a block, a one-line suite (`if f: w = None`) as one statement line."""
+    if isinstance(block, cst.SimpleStatementSuite):
+        return [cst.SimpleStatementLine(body=list(block.body))]
+    return list(block.body)

@@ -30,12 +30,13 @@ def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
                       remove={n for n in edits.remove if inside(n)},
                       insert_before={n: new for n, new in edits.insert_before.items() if inside(n)},
                       wrap={n: new for n, new in edits.wrap.items() if inside(n)},
-                      unwrap={n for n in edits.unwrap if inside(n)})
+                      unwrap={n for n in edits.unwrap if inside(n)}, take={n for n in edits.take if inside(n)})
     outer = NodeEdits(replace={n: new for n, new in edits.replace.items() if not inside(n)},
                       remove={n for n in edits.remove if not inside(n)} | set(span[1:]),
                       insert_before={n: new for n, new in edits.insert_before.items() if not inside(n)},
                       wrap={n: new for n, new in edits.wrap.items() if not inside(n)},
-                      unwrap={n for n in edits.unwrap if not inside(n)}, imports=edits.imports, definitions=edits.definitions)
+                      unwrap={n for n in edits.unwrap if not inside(n)}, take={n for n in edits.take if not inside(n)},
+                      imports=edits.imports, definitions=edits.definitions)
     rest = [statement for statement in span if statement not in lifted]
     fast = edited_statements(rest, inner)
     original = [statement.deep_clone() for statement in rest]  # new nodes: no edit reaches them

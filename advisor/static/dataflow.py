@@ -183,12 +183,12 @@ def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
 class _FlowBuilder:
     """Walks a function body once, in order, threading the environment of reaching definitions."""
 
-    def __init__(self, function: cst.FunctionDef, first_id: int,
-                 off: frozenset[cst.If | cst.IfExp] = frozenset()) -> None:
+    def __init__(self, function: cst.FunctionDef, first_id: int, off: frozenset[cst.If | cst.IfExp] = frozenset(),
+                 on: frozenset[cst.If | cst.IfExp] = frozenset()) -> None:
         self.flow = FunctionFlow(function)
-        self._off = off
-        self._hidden = frozenset(name for node in off if isinstance(node, cst.IfExp)
-                                 for name in loaded_names(node.body))  # read only where the test holds
+        self._off, self._on = off, on
+        self._hidden = frozenset(name for node in off | on if isinstance(node, cst.IfExp)  # the branch never taken
+                                 for name in loaded_names(node.orelse if node in on else node.body))
         self._next_id = first_id
         self._made: dict[tuple[int, str, int | None], Definition] = {}  # a loop body is walked more than once
         self._in_else: set[cst.If] = set()
@@ -259,6 +259,8 @@ class _FlowBuilder:
             self._read(statement.test, env)
             inner = guards + (statement,)
             taken = None if statement in self._off else self._block(statement.body, dict(env), inner)
+            if statement in self._on:  # its test holds where this flow runs: its `else:` never does
+                return taken
             self._in_else.add(statement)
             if statement.orelse is None:
                 other = env
@@ -459,10 +461,10 @@ def _merge(left: Env, right: Env) -> Env:
     return merged
 
 
-def build_flow(function: cst.FunctionDef, first_id: int = 0,
-               off: frozenset[cst.If | cst.IfExp] = frozenset()) -> FunctionFlow:
+def build_flow(function: cst.FunctionDef, first_id: int = 0, off: frozenset[cst.If | cst.IfExp] = frozenset(),
+               on: frozenset[cst.If | cst.IfExp] = frozenset()) -> FunctionFlow:
     """Definition ids start at `first_id`: give each function of a file its own range, so that flows of a
     caller and a callee can be merged into one view when attention is split across them. The `if` statements and
     conditional expressions in `off` are never taken (the flow of the function where their test is false; their
-    bodies are not read)."""
-    return _FlowBuilder(function, first_id, off).build()
+    bodies are not read), those in `on` always are (their `else` is not read)."""
+    return _FlowBuilder(function, first_id, off, on).build()

@@ -362,12 +362,14 @@ class ParsedModule:
                 counts[function.name.value] = counts.get(function.name.value, 0) + 1
         return counts
 
-    def flow(self, function: cst.FunctionDef, off: frozenset[cst.If | cst.IfExp] = frozenset()) -> FunctionFlow:
-        """`off`: `if` statements and conditional expressions of `function` read as never taken (see `build_flow`)."""
-        key = (function, off)
+    def flow(self, function: cst.FunctionDef, off: frozenset[cst.If | cst.IfExp] = frozenset(),
+             on: frozenset[cst.If | cst.IfExp] = frozenset()) -> FunctionFlow:
+        """`off` / `on`: `if` statements and conditional expressions of `function` read as never / always taken
+        (see `build_flow`)."""
+        key = (function, off, on)
         if key not in self._flows:
             first_id = 1_000_000 * len(self._flows)  # file-unique ids: flows of two functions can merge
-            self._flows[key] = build_flow(function, first_id, off)
+            self._flows[key] = build_flow(function, first_id, off, on)
         return self._flows[key]
 
     @cached_property

@@ -7,6 +7,8 @@
 - Old HF CLIP: the folded (b*h, L, S) scores viewed as (b, h, L, S) and back once per added mask (two pairs).
 - HF BERT: `outputs = (context, probs) if output_attentions else (context,)`, a head mask, and `if self.is_decoder:`
   beside them, which the SDPA path need not turn off.
+- HF Llama 4.36: `if not output_attentions: attn_weights = None` after the value product (taken with the flag off),
+  on one line or as a block, and `None if not output_attentions else w`.
 
 Each case compares the patched module with the original on every flag combination: outputs (weights included)
 and gradients, fp32 and fp64.
@@ -162,6 +164,45 @@ def make(seed: int = 0, head_mask: bool = False, output_attentions: bool = False
 '''
 
 
+LLAMA_STYLE = '''
+import math
+import torch
+from torch import nn
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, hidden_size=16, num_heads=2):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.k_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.v_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+
+    def forward(self, hidden_states, attention_mask=None, output_attentions: bool = False):
+        bsz, q_len, _ = hidden_states.size()
+        query_states = self.q_proj(hidden_states).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(bsz, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if attention_mask is not None:
+            attn_weights = attn_weights + attention_mask[:, :, :, : key_states.shape[-2]]
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
+        attn_output = torch.matmul(attn_weights, value_states)
+        attn_output = attn_output.transpose(1, 2).reshape(bsz, q_len, -1)
+        DROP
+        return attn_output, attn_weights
+
+
+def make(seed: int = 0, mask: bool = False, output_attentions: bool = False):
+    torch.manual_seed(seed)
+    causal = torch.full((5, 5), -1e4).triu(1)[None, None] if mask else None
+    return LlamaAttention(), (torch.randn(2, 5, 16), causal, output_attentions)
+'''
+DROPS = {"block": "if not output_attentions:\n            attn_weights = None",
+         "one_line": "if not output_attentions: attn_weights = None",
+         "conditional": "attn_weights = None if not output_attentions else attn_weights"}
+
+
 def _outputs_and_grads(module, options, dtype):
     model, inputs = build(module, 0, **options)
     model = model.to(dtype)
@@ -229,3 +270,13 @@ def test_bert_weights_under_a_conditional_expression():
     assert "outputs = (context_layer,)" in fixed
     runs = _check_every_combination(BERT_STYLE, fixed, "bert_style", ("head_mask", "output_attentions", "decoder"))
     assert runs == 2  # neither a head mask nor the weights asked for, encoder or decoder
+
+
+@pytest.mark.parametrize("form", sorted(DROPS))
+def test_llama_weights_dropped_unless_asked(form):
+    source = LLAMA_STYLE.replace("DROP", DROPS[form])
+    finding, fixed = attention_finding_and_fix(source)
+    assert finding.rule == "ADV101" and finding.fix_safety == "safe", finding.reason
+    assert "if not output_attentions" in fixed
+    runs = _check_every_combination(source, fixed, f"llama_{form}", ("mask", "output_attentions"))
+    assert runs == 1  # SDPA without a mask (its rows are guarded by its absence) and without the weights asked for

@@ -101,7 +101,9 @@ class Candidate:
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None
-    off: frozenset[cst.If | cst.IfExp] = frozenset()  # `if <flag>:` (and `a if <flag> else b`) read as not taken
+    # the conditionals of a flag read as the flag off: `if <flag>:` (and `a if <flag> else b`) not taken, `if not
+    # <flag>:` taken (see attention.flags)
+    off: frozenset[cst.If | cst.IfExp] = frozenset()
     # what one proof step hands a later one (matcher.PROOF)
     core: Op | None = None  # the Q·K^T product the scores come from
     ndim: int | None = None  # the scores' rank
@@ -111,7 +113,8 @@ class Candidate:
 
     @classmethod
     def start(cls, scope_: FunctionScope, off: frozenset[cst.If | cst.IfExp] = frozenset()) -> Candidate:
-        flow = scope_.parsed.flow(scope_.function, off)
+        taken = frozenset(node for node in off if is_negation(node.test))
+        flow = scope_.parsed.flow(scope_.function, off - taken, taken)
         return cls(scope_, flow, ValueProver(scope_.parsed, flow, scope_.owner), scope_.function, off=off)
 
     @property
@@ -187,6 +190,11 @@ def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None,
     definition = definition_of_value(c, node)
     reads = flow_for(c, node).reads_of(definition) if definition is not None else []
     return [(read, None) for read in reads] or [(None, None)]  # `saved = w` with saved never read: nowhere
+
+
+def is_negation(test: cst.BaseExpression) -> bool:
+    """`not x`: a conditional that, read with x's flag off, is taken."""
+    return isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
 
 
 def listed_operand_of(c: Candidate, node: cst.CSTNode) -> tuple[cst.Call, Op] | None:

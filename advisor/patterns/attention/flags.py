@@ -23,7 +23,7 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
-from advisor.patterns.attention.candidate import Candidate, FunctionScope, statement_of
+from advisor.patterns.attention.candidate import Candidate, FunctionScope, is_negation, statement_of
 from advisor.patterns.attention.guards import holds_at, span_of
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.ops import Op
@@ -49,11 +49,12 @@ def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If | c
     groups: dict[str, list[cst.If]] = {}
     for node in collector.found:
         if parsed.line(node) > at:
-            groups.setdefault(parsed.code(node.test), []).append(node)
+            groups.setdefault(parsed.code(flag_of(node)), []).append(node)
     read = {name.value for name in loaded_names(softmax.operands[0])}
     flow = parsed.flow(shared.function)
-    paths = [frozenset({node}) for node in collector.found if parsed.end_line(node) < at and any(
-        node in d.guards and d.name in read for d in flow.definitions.values())]
+    paths = [frozenset({node}) for node in collector.found
+             if parsed.end_line(node) < at and not is_negation(node.test) and any(
+                 node in d.guards and d.name in read for d in flow.definitions.values())]
     alone = [frozenset(group) for group in groups.values()][:MAX_FLAGS]
     together = [frozenset(node for group in groups.values() for node in group)] if len(groups) > 1 else []
     return (alone + together + paths)[:MAX_FLAGS + 1]
@@ -63,7 +64,7 @@ def by_flag(parsed: ParsedModule, off: frozenset[cst.If | cst.IfExp]) -> list[fr
     """The statements and expressions of `off` grouped by the flag they test."""
     groups: dict[str, set[cst.If | cst.IfExp]] = {}
     for node in off:
-        groups.setdefault(parsed.code(node.test), set()).add(node)
+        groups.setdefault(parsed.code(flag_of(node)), set()).add(node)
     return [frozenset(group) for _, group in sorted(groups.items())]
 
 
@@ -82,9 +83,10 @@ def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
         raise Refusal("the block leaves its function, where the flag's branch cannot follow it")
     if scope.is_scripted(parsed, c.home, c.owner):
         raise Refusal("the function is compiled by TorchScript, where each branch must bind the same names")
-    match.unwrap = sorted(c.off, key=parsed.line)
+    match.unwrap = sorted((node for node in c.off if not is_negation(node.test)), key=parsed.line)
+    match.take = sorted((node for node in c.off if is_negation(node.test)), key=parsed.line)
     span = span_of(c, output_statement)
-    tests = [node.test for node in match.unwrap]
+    tests = [flag_of(node) for node in sorted(c.off, key=parsed.line)]
     if span is None or not holds_at(c, span[0], span[-1], tests):
         raise Refusal("the flag's `if` statements and the block are not one run of statements with the flag "
                       "unchanged")
@@ -149,14 +151,14 @@ class _FlagIfs(cst.CSTVisitor):
         self.found: list[cst.If | cst.IfExp] = []
 
     def visit_If(self, node: cst.If) -> bool:
-        if _plain(node.test) or _none_identity(node.test):
+        if _is_flag_test(node.test):
             self.found.append(node)
         node.test.visit(self)
         self._branches(node)
         return False
 
     def visit_IfExp(self, node: cst.IfExp) -> None:
-        if _plain(node.test) or _none_identity(node.test):
+        if _is_flag_test(node.test):
             self.found.append(node)
 
     def _branches(self, node: cst.If) -> None:
@@ -174,6 +176,16 @@ class _FlagIfs(cst.CSTVisitor):
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         return False
+
+
+def flag_of(node: cst.If | cst.IfExp) -> cst.BaseExpression:
+    """The flag a conditional tests: `f` of `if f:` and of `if not f:` (which the flag off takes), the comparison
+    of `if x is not None:`."""
+    return node.test.expression if is_negation(node.test) else node.test
+
+
+def _is_flag_test(test: cst.BaseExpression) -> bool:
+    return _plain(test) or _none_identity(test) or is_negation(test) and not test.lpar and _plain(test.expression)
 
 
 def _plain(test: cst.BaseExpression) -> bool:

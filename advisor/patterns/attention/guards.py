@@ -402,7 +402,7 @@ def span_of(c: Candidate, output_statement: cst.CSTNode, extra: list = ()) -> li
     statement the rewrite changes (and `extra`); None when they are not all in one function's blocks."""
     match = c.match
     members = [s for s in [*match.removed, *match.hoisted, match.hoist_anchor, output_statement, *match.unwrap,
-                           *extra] if s is not None and not in_inlined(c, s)]
+                           *match.take, *extra] if s is not None and not in_inlined(c, s)]
     chains = [_blocks_around(c, member) for member in members]
     if any(chain is None for chain in chains):
         return None

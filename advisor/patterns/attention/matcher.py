@@ -260,15 +260,15 @@ def tensor_scale(c: Candidate) -> None:
 
 
 @step(reads="flow home inlined match.hoist_anchor match.hoisted match.removed output_statement",
-      writes="match.facts match.flag_test match.guard_checks match.guard_span match.unwrap")
+      writes="match.facts match.flag_test match.guard_checks match.guard_span match.take match.unwrap")
 def flag(c: Candidate) -> None:
     """An `if <flag>:` that asks for the weights or picks a score path SDPA lacks: the SDPA path where it is off."""
     flags.plan_flag(c, c.output_statement)
 
 
-@step(reads=("deleted_modules dtype_changes factors flow home inlined leaf_nodes match.facts match.hoist_anchor match.hoisted "
-             "match.key match.masks match.query match.removed match.renamed match.row_fixup match.unwrap "
-             "module_refusal output_statement tensor_scale_reads values weights"),
+@step(reads=("deleted_modules dtype_changes factors flow home inlined leaf_nodes match.facts match.hoist_anchor "
+             "match.hoisted match.key match.masks match.query match.removed match.renamed match.row_fixup match.take "
+             "match.unwrap module_refusal output_statement tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
     """A run-time check for each assumed metadata fact that can be checked (a deleted module the file may rebind:
@@ -280,7 +280,7 @@ def guards(c: Candidate) -> None:
 @step(reads=("flow has_ellipsis home inlined layout leaf_nodes match.attn_mask match.dropout_p match.facts "
              "match.flag_test match.function match.guard_checks match.hoist_anchor match.hoisted "
              "match.is_causal match.key match.line match.masks match.output_node match.query match.removed "
-             "match.row_fixup match.softcap match.unwrap values weights"),
+             "match.row_fixup match.softcap match.take match.unwrap values weights"),
       writes="match.flex match.flex_refusal")
 def flex(c: Candidate) -> None:
     """The proved roles as FlexAttention's `score_mod`/`mask_mod`, or why flex cannot take them."""

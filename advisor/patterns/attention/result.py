@@ -115,7 +115,8 @@ class AttentionMatch:
     module_check: cst.BaseExpression | None = None
     # weights that leave only on request (attention.flags): the `if <flag>:` statements the SDPA path replaces by
     # their `else:`, and the test that selects that path where the flag is proved a bool (else a guard check)
-    unwrap: list[cst.If | cst.IfExp] = field(default_factory=list)
+    unwrap: list[cst.If | cst.IfExp] = field(default_factory=list)  # replaced by their `else` on the SDPA path
+    take: list[cst.If | cst.IfExp] = field(default_factory=list)  # replaced by their body on the SDPA path
     flag_test: cst.BaseExpression | None = None
     # weights returned in a tuple: what every caller must do for None to stand in for them (call_site_facts.Claim)
     dropped: tuple = ()
