@@ -193,6 +193,7 @@ class _FlowBuilder:
         self._made: dict[tuple[int, str, int | None], Definition] = {}  # a loop body is walked more than once
         self._in_else: set[cst.If] = set()
         self._jumps: list[dict[type, Env]] = []  # per enclosing loop: bindings at its `continue`s and `break`s
+        self._at: tuple = (function, ())  # the statement being walked, and its `if` guards
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -227,6 +228,9 @@ class _FlowBuilder:
             for def_id in seen - before:
                 if def_id != UNDEFINED:
                     self.flow.reads.setdefault(def_id, []).append(name)
+        for target in _walrus_targets(node):  # `(q := q * 2)` rebinds q for the rest of the function
+            statement, guards = self._at
+            self._define(target.value, "other", statement, env, guards)
 
     def _loads(self, node: cst.CSTNode) -> list[cst.Name]:
         """The names `node` reads, but those in the branch of an `off` conditional expression (never taken)."""
@@ -339,6 +343,7 @@ class _FlowBuilder:
     def _mark(self, statement, env: Env, guards) -> None:
         before = self.flow.env_before.get(statement, {})
         self.flow.env_before[statement] = _merge(before, env) if before else dict(env)
+        self._at = (statement, tuple(g for g in guards if isinstance(g, cst.If)))  # where `(x := v)` binds
 
     def _small(self, small: cst.BaseSmallStatement, env: Env, guards) -> None:
         self._mark(small, env, guards)
@@ -459,6 +464,26 @@ def _merge(left: Env, right: Env) -> Env:
     for name in set(left) | set(right):
         merged[name] = left.get(name, frozenset({UNDEFINED})) | right.get(name, frozenset({UNDEFINED}))
     return merged
+
+
+def _walrus_targets(node: cst.CSTNode) -> list[cst.Name]:
+    """The names `node`'s assignment expressions bind in the function (those in comprehensions too, as Python
+    binds them; not those of a lambda's own scope), in source order."""
+    collector = _WalrusCollector()
+    walk(node, collector)
+    return collector.targets
+
+
+class _WalrusCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.targets: list[cst.Name] = []
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        if isinstance(node.target, cst.Name):
+            self.targets.append(node.target)
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
 
 
 def build_flow(function: cst.FunctionDef, first_id: int = 0, off: frozenset[cst.If | cst.IfExp] = frozenset(),

@@ -1,6 +1,8 @@
-"""One-line suites (`if mask is not None: s = s + mask`, `if flag: out = w`, `for ...: s = s * c`) bind names like
-any block. The flow once skipped the small statements of a suite, so a mask added on one line was dropped by a safe
-patch and a weights read on one line after the product read a deleted name (NameError where the original ran).
+"""Bindings the flow once missed. One-line suites (`if mask is not None: s = s + mask`, `if flag: out = w`,
+`for ...: s = s * c`) bind names like any block: the flow skipped their small statements, so a mask added on one
+line was dropped by a safe patch and a weights read on one line after the product read a deleted name (NameError
+where the original ran). Assignment expressions (`(q := q * 2)`) bind names too: one that rebinds q between the
+scores and the product made the SDPA call read the new q.
 
 Each form is patched with safe fixes only and run original against patched on every path its tests can take:
 the same values, or the same exception type.
@@ -34,6 +36,13 @@ FORMS = {
                          "return w @ v"],
     "scores_in_a_with": ["with torch.no_grad(): s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)",
                          "return w @ v"],
+    "walrus_rebinds_query": ["s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)",
+                             "if (q := q * 2).sum() > 1e9: print('big')", "return w @ v"],
+    "walrus_binds_mask": ["s = q @ k.transpose(-2, -1) * 0.35", "if (m := mask) is not None: s = s + m",
+                          "w = s.softmax(-1)", "return w @ v"],
+    "walrus_scales_scores": ["s = q @ k.transpose(-2, -1)", "w = (s := s * 0.35).softmax(-1)", "return w @ v"],
+    "walrus_in_a_comprehension": ["s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)",
+                                  "_ = [(v := v + 1) for _ in range(1) if flag]", "return w @ v"],
     "semicolons": ["s = q @ k.transpose(-2, -1); s = s * 0.35", "if flag: s = s + 1.0; s = s * 2",
                    "w = s.softmax(-1); return w @ v"],
 }
