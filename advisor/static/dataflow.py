@@ -284,14 +284,20 @@ class _FlowBuilder:
                     for name in _target_names(item.asname.name):
                         self._define(name.value, "other", statement, env, guards)
             return self._block(statement.body, env, guards)
-        if isinstance(statement, cst.Try):
+        if isinstance(statement, (cst.Try, cst.TryStar)):
             self._mark(statement, env, guards)
             merged, current = dict(env), dict(env)
             for inner in statement.body.body:  # an exception may leave the body after any statement
                 current = self._statement(inner, current, guards + (statement,))
                 merged = _merge(merged, current)
             for handler in statement.handlers:
-                merged = _merge(merged, self._block(handler.body, dict(merged), guards + (statement,)))
+                caught, name = dict(merged), handler.name.name if handler.name is not None else None
+                if isinstance(name, cst.Name):  # `except E as q:` binds q, and unbinds it when the handler ends
+                    self._define(name.value, "other", statement, caught, guards + (statement,))
+                caught = self._block(handler.body, caught, guards + (statement,))
+                if isinstance(name, cst.Name):
+                    caught[name.value] = frozenset({UNDEFINED})
+                merged = _merge(merged, caught)
             for extra in (statement.orelse, statement.finalbody):
                 if extra is not None:
                     merged = self._block(extra.body, merged, guards)

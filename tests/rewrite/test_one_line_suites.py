@@ -2,7 +2,7 @@
 `for ...: s = s * c`) bind names like any block: the flow skipped their small statements, so a mask added on one
 line was dropped by a safe patch and a weights read on one line after the product read a deleted name (NameError
 where the original ran). Assignment expressions (`(q := q * 2)`) bind names too: one that rebinds q between the
-scores and the product made the SDPA call read the new q.
+scores and the product made the SDPA call read the new q. So does `except E as q:`, which unbinds q as it ends.
 
 Each form is patched with safe fixes only and run original against patched on every path its tests can take:
 the same values, or the same exception type.
@@ -43,6 +43,8 @@ FORMS = {
     "walrus_scales_scores": ["s = q @ k.transpose(-2, -1)", "w = (s := s * 0.35).softmax(-1)", "return w @ v"],
     "walrus_in_a_comprehension": ["s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)",
                                   "_ = [(v := v + 1) for _ in range(1) if flag]", "return w @ v"],
+    "except_as_query": ["s = q @ k.transpose(-2, -1) * 0.35", "w = s.softmax(-1)",
+                        "try: assert not flag", "except AssertionError as q: pass", "return w @ v"],
     "semicolons": ["s = q @ k.transpose(-2, -1); s = s * 0.35", "if flag: s = s + 1.0; s = s * 2",
                    "w = s.softmax(-1); return w @ v"],
 }
