@@ -391,8 +391,13 @@ class _FlowBuilder:
         elif isinstance(small, (cst.Continue, cst.Break)) and self._jumps:
             jumps = self._jumps[-1]
             jumps[type(small)] = _merge(jumps[type(small)], env) if type(small) in jumps else dict(env)
-        elif isinstance(small, (cst.Import, cst.ImportFrom)):
-            pass  # module-level names only matter for qualified-name resolution, done by libcst
+        elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+            for alias in small.names:  # `import math as q` inside the function rebinds q there
+                bound = alias.asname.name if alias.asname is not None else alias.name
+                while isinstance(bound, cst.Attribute):  # `import a.b` binds a
+                    bound = bound.value
+                if isinstance(bound, cst.Name):
+                    self._define(bound.value, "other", small, env, if_guards)
         else:
             for child in children(small):
                 if isinstance(child, cst.BaseExpression):

@@ -172,6 +172,8 @@ def attend(q, k, v, scale):
     ("k.add_(1.0)", "written in place"),
     ("torch.mul(k, 2.0, out=k)", "written in place"),
     ("k[0] += 1", "written in place"),
+    ("import math as q", "reassigned"),  # an import in the function binds its name there
+    ("import q.linalg", "reassigned"),
 ])
 def test_inputs_changed_after_the_scores_are_refused(statement, how):
     source = attention(f"""
