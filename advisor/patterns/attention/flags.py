@@ -7,14 +7,15 @@ where the test holds, and the other paths (`elif bias is not None: attn = attn +
 The block is then proved in the function as it runs with the flag off: the flow reads the `if <flag>:` statements
 after the softmax (`if head_mask is not None: w = w * head_mask` too: with no head mask it is not taken), those of
 every flag at once (T5 multiplies by a head mask and returns the weights under `if output_attentions:`), or one
-`if` before the softmax that binds a name the softmax reads, as not taken (`Candidate.off`); every
+`if` before the softmax that binds a name the softmax reads, as not taken, and an `if not <flag>:` after the
+softmax (Llama's `if not output_attentions: attn_weights = None`) as taken (`Candidate.off` holds them all); every
 path left is proved as any other (a bias added under `elif x is not None:` becomes the mask SDPA gets). The patch
 branches on the flag where the block starts: the SDPA path, with those statements replaced by their `else:`
-(`match.unwrap`), where the flag is off, and the original statements, verbatim, where it is on. The flag must hold
-the same value at the branch and at each `if`, and its truth test must run no code and read no tensor: proved where
-every binding that reaches it is a `bool`-annotated parameter or a bool/None literal, or where the test is an
-identity comparison with None (`x is not None`, a bool whatever x is), otherwise checked at run time (`flag is None
-or flag is False`).
+(`match.unwrap`) or body (`match.take`), where the flag is off, and the original statements, verbatim, where it
+is on. The flag must hold the same value at the branch and at each `if`, and its truth test must run no code and
+read no tensor: proved where every binding that reaches it is a `bool`-annotated parameter or a bool/None literal,
+or where the test is an identity comparison with None (`x is not None`, a bool whatever x is), otherwise checked at
+run time (`flag is None or flag is False`).
 """
 
 from __future__ import annotations
