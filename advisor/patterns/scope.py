@@ -18,7 +18,7 @@ import libcst as cst
 import networkx as nx
 
 from advisor.contracts.finding import display_path
-from advisor.static.dataflow import FunctionFlow, loaded_names
+from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls, state_swaps
 from advisor.static.walk import children
@@ -118,14 +118,171 @@ def _writes_of_called_methods(function: cst.FunctionDef, owner: ClassInfo | None
 def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode], first_line: int,
                             last_line: int) -> str | None:
     """`kt = k.transpose(-2, -1)`, then `k.add_(1)` after the scores: the name the SDPA call reads is not
-    rebound, but a tensor it was computed from (a view may share its storage) is written in place."""
-    names = {flow.definitions[i].name for i in _storage_sources(parsed, flow, leaves)}
+    rebound, but a tensor it was computed from (a view may share its storage) is written in place; so is one
+    written through a name bound from it (`alias = q; alias.mul_(2)`, `row = q[0]`, `qs = [q]; qs[0].mul_(2)`,
+    `self.kept = q; self.kept.zero_()`), where the original had read it already."""
+    sources = {flow.definitions[i].name for i in _storage_sources(parsed, flow, leaves)}
+    names = sources | _bound_from(parsed, flow, sources)
     for definition in flow.definitions.values():
         if definition.kind in ("store", "inplace", "aug") and definition.name in names and \
                 first_line < parsed.line(definition.statement) < last_line:
-            return (f"`{definition.name}`, which the SDPA call's inputs are computed from, is written in place at "
-                    f"line {parsed.line(definition.statement)}, between the scores and the value product")
+            how = "the SDPA call's inputs are computed from" if definition.name in sources else \
+                "may share storage with the SDPA call's inputs"
+            return (f"`{definition.name}`, which {how}, is written in place at line "
+                    f"{parsed.line(definition.statement)}, between the scores and the value product")
+    kept_on = _attributes_bound_from(parsed, flow.function, names)
+    for receiver in _written_in_place(flow.function):
+        line = parsed.line(receiver)
+        root = receiver
+        while isinstance(root, (cst.Subscript, cst.Attribute)) and parsed.code(root) not in kept_on:
+            root = root.value
+        if first_line < line < last_line and (isinstance(root, cst.Name) and root.value in names or
+                                             parsed.code(root) in kept_on):
+            return (f"`{parsed.code(receiver)}`, which may share storage with the SDPA call's inputs, is written in "
+                    f"place at line {line}, between the scores and the value product")
     return None
+
+
+# tensor methods and functions whose result never shares its operands' storage (arithmetic, reductions, copies)
+FRESH_TENSOR_OPS = frozenset({
+    "add", "sub", "mul", "div", "matmul", "bmm", "baddbmm", "einsum", "softmax", "log_softmax", "exp", "log",
+    "sqrt", "rsqrt", "pow", "clone", "sum", "mean", "amax", "amin", "norm", "masked_fill", "where", "cat", "stack",
+    "zeros_like", "ones_like", "full_like", "empty_like", "randn_like", "rand_like", "tril", "triu", "abs", "neg",
+    "sigmoid", "tanh", "relu", "gelu", "dropout", "outer", "mm", "scaled_dot_product_attention", "cumsum", "eq",
+    "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "repeat", "repeat_interleave"})
+
+
+def _may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
+    """The names whose storage `node`'s value may share: itself for a name, the operand of an index, an attribute
+    (`x.T`), a view or any method or function not known to return a new tensor, every element of a container and
+    every argument of a call of anything else (`self.drop(q)` may be an identity); none for arithmetic, comparisons
+    and the ops of FRESH_TENSOR_OPS. `self` is not followed (its attributes are checked apart)."""
+    if isinstance(node, cst.Name):
+        return [] if node.value == "self" else [node]
+    if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.BooleanOperation,
+                         cst.BaseNumber, cst.BaseString)):
+        return []
+    if isinstance(node, (cst.Subscript, cst.Attribute)):
+        return _may_alias(parsed, node.value)
+    if isinstance(node, cst.IfExp):
+        return _may_alias(parsed, node.body) + _may_alias(parsed, node.orelse)
+    if isinstance(node, cst.Call):
+        name = node.func.attr.value if isinstance(node.func, cst.Attribute) else \
+            node.func.value if isinstance(node.func, cst.Name) else None
+        if name in FRESH_TENSOR_OPS or name in METADATA_READS or name in ("item", "tolist", "numel", "stride"):
+            return []
+        arguments = [alias for arg in node.args for alias in _may_alias(parsed, arg.value)]
+        if not isinstance(node.func, cst.Attribute) or parsed.imported_name(node.func) is not None:
+            return arguments  # a function (`torch.transpose(q, 0, 1)`, a helper) may return an argument or a view
+        receiver = node.func.value
+        while isinstance(receiver, (cst.Attribute, cst.Subscript)):
+            receiver = receiver.value
+        if isinstance(receiver, cst.Name) and receiver.value == "self":
+            return arguments  # a method or module of the object (`self.drop(q)` may be an identity)
+        return _may_alias(parsed, node.func.value)  # a tensor's method: a view of it, or itself
+    elements = (cst.BaseElement, cst.BaseDictElement)  # a container holds references to its values
+    return [alias for child in children(node) if isinstance(child, (cst.BaseExpression, *elements))
+            for alias in _may_alias(parsed, child.value if isinstance(child, elements) else child)]
+
+
+def _bound_from(parsed: ParsedModule, flow: FunctionFlow, names: set[str]) -> set[str]:
+    """The names bound, anywhere in the function, to a value that may share the storage of one of `names` or of
+    these (`_may_alias`: an alias, a view, a container, a loop variable over it)."""
+    found = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for definition in flow.definitions.values():
+            if definition.name in found or definition.kind == "param":
+                continue
+            if any(name.value in found for origin in _origins(definition) for name in _may_alias(parsed, origin)):
+                found.add(definition.name)
+                changed = True
+    return found - set(names)
+
+
+def _origins(definition: Definition) -> list[cst.CSTNode]:
+    """What a binding takes its value from: an assignment's value, a loop's iterable, a `with` item, the value of
+    a `(x := v)` in its statement; nothing for writes into a value that exists, an import or an exception."""
+    statement = definition.statement
+    if definition.kind == "assign":
+        return [definition.value] if definition.value is not None else []
+    if definition.kind != "other" or statement is None:
+        return []
+    if isinstance(statement, cst.For):
+        return [statement.iter]
+    if isinstance(statement, cst.With):
+        return [item.item for item in statement.items]
+    found: list[cst.CSTNode] = []
+
+    class Walrus(cst.CSTVisitor):
+        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+            if isinstance(node.target, cst.Name) and node.target.value == definition.name:
+                found.append(node.value)
+
+    visit_tree(statement, Walrus())
+    return found
+
+
+def _attributes_bound_from(parsed: ParsedModule, function: cst.FunctionDef, names: set[str]) -> set[str]:
+    """`self.kept` of `self.kept = q` in the function, for q among `names`: the attribute holds q's storage."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            if any(name.value in names for name in _may_alias(parsed, node.value)):
+                found.update(parsed.code(t.target) for t in node.targets if isinstance(t.target, cst.Attribute))
+
+    visit_tree(function, Visitor())
+    return found
+
+
+def _written_in_place(function: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """The receivers the function writes in place: of `x.add_(1)` (an in-place method), `x[i] = v`, `x[i] += v`
+    and `out=x`, whatever expression x is."""
+    found: list[cst.BaseExpression] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if is_inplace_method(node.func):
+                found.append(node.func.value)
+            found.extend(arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "out")
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+            if isinstance(node.target, cst.Subscript):
+                found.append(node.target.value)
+
+        def visit_AugAssign(self, node: cst.AugAssign) -> None:
+            if isinstance(node.target, cst.Subscript):
+                found.append(node.target.value)
+
+    visit_tree(function, Visitor())
+    return found
+
+
+def rebound_by_nested_function(function: cst.FunctionDef, names: set[str]) -> str | None:
+    """A function nested in this one that declares one of `names` nonlocal: a call of it (anywhere, even inside a
+    module the block calls) may rebind that name between the scores and the value product."""
+    found: list[tuple[str, str]] = []
+
+    class Visitor(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.inner: list[str] = []
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            self.inner.append(node.name.value)
+
+        def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+            self.inner.pop()
+
+        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+            found.extend((item.name.value, self.inner[-1]) for item in node.names if item.name.value in names)
+
+    visit_tree(function.body, Visitor())
+    if not found:
+        return None
+    name, inner = found[0]
+    return f"`{name}` is declared nonlocal by the nested function `{inner}`, whose calls may rebind it"
 
 
 # reads of a tensor that give a new value, never a view of its storage (`torch.zeros(..., device=s.device)`)

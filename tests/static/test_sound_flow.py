@@ -174,6 +174,13 @@ def attend(q, k, v, scale):
     ("k[0] += 1", "written in place"),
     ("import math as q", "reassigned"),  # an import in the function binds its name there
     ("import q.linalg", "reassigned"),
+    ("alias = q; alias.mul_(2.0)", "written in place"),  # through a name bound from q: the same storage
+    ("row = k[0]; row.zero_()", "written in place"),
+    ("ks = [k]; ks[0].mul_(2.0)", "written in place"),
+    ("self.kept = v; self.kept.zero_()", "written in place"),
+    ("for row in q: row.mul_(2.0)", "written in place"),
+    ("cache = {'k': k}; cache['k'].zero_()", "written in place"),
+    ("kt = k.transpose(-2, -1) if True else k; kt.zero_()", "written in place"),
 ])
 def test_inputs_changed_after_the_scores_are_refused(statement, how):
     source = attention(f"""
@@ -184,6 +191,22 @@ def test_inputs_changed_after_the_scores_are_refused(statement, how):
     """)
     finding = the_finding(source)
     assert finding.rule == "ADV103" and how in finding.reason, finding.reason
+
+
+def test_a_nested_function_that_rebinds_an_input_is_refused():
+    """`nonlocal q` in a function defined in the block's function: calling it between the scores and the product
+    rebinds q, which the original had read already."""
+    source = attention("""
+        def bump():
+            nonlocal q
+            q = q * 2
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        bump()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "nonlocal" in finding.reason, finding.reason
 
 
 def test_scores_written_in_place_are_refused():

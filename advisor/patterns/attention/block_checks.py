@@ -173,6 +173,8 @@ def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Defi
     reason = scope.attribute_written_between(parsed, c.home, c.owner, paths, first, parsed.line(output_statement))
     if reason is None:
         reason = scope.storage_written_between(parsed, c.flow, kept, first, parsed.line(output_statement))
+    if reason is None:
+        reason = scope.rebound_by_nested_function(c.home, {name.value for node in kept for name in loaded_names(node)})
     if reason is not None:
         raise Refusal(reason)
     if paths:
