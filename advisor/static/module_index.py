@@ -17,6 +17,7 @@ from advisor.static.line_index import LineIndex
 from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, NAMED_BINDERS,
                                            NAMESPACE_READS, RESHAPING_IN_PLACE, STATE_LOADERS,
                                            outside_writes_of_source)
+from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
 from advisor.static.walk import is_node, walk
@@ -119,7 +120,7 @@ class ParsedModule:
         self.source = source
         self.path = path
         self.project = project  # what the other files of the scanned tree register (None: this file alone)
-        self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
+        self.wrapper = MetadataWrapper(parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._flows: dict[tuple[cst.FunctionDef, frozenset[cst.If]], FunctionFlow] = {}
         self._mentions: dict[tuple[cst.CSTNode, str], bool] = {}
