@@ -116,14 +116,18 @@ def _ancestors(parsed: ParsedModule, node: cst.CSTNode):
 def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     """The edits as character edits of the source (splice.apply_edits gives the new text), checked to compile.
     Only the top-level statements holding a change are rendered and compiled, so the cost is that of the changed
-    code, not of the module (when the module's statements do not render back to their exact source, the whole
-    module is rendered instead)."""
+    code, not of the module (when those statements do not render back to their exact source, the whole module is
+    rendered instead)."""
     editor = _Editor(edits)
     added = [cst.parse_statement(line + "\n") for line in edits.imports] + list(edits.definitions)
     touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap, *edits.unwrap]
     if not touched and not added:
         return []
-    spans = parsed.statement_spans
+    statements = _top_level_statements(parsed, touched)
+    body = parsed.module.body
+    position = _import_position(body)
+    anchor = ([body[position]] if position < len(body) else body[-1:]) if added else []
+    spans = parsed.statement_spans(statements + anchor)
     deleted = bound_names([*edits.remove, *edits.replace])
     if spans is None:
         module = parsed.module.visit(editor)
@@ -134,7 +138,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
         _check_compiles(module.code, parsed.path)
         return [Edit(0, len(parsed.source), _faithful(parsed.source, module.code))]
     changes = []
-    for statement in _top_level_statements(parsed, touched):
+    for statement in statements:
         result = statement.visit(editor)
         code = _rendered(parsed.module, result)
         _check_compiles(code, parsed.path)
@@ -142,8 +146,6 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
             _check_reads(statement, result, deleted)
         changes.append(Edit(*spans[statement], code))
     if added:
-        body = parsed.module.body
-        position = _import_position(body)
         offset = spans[body[position]][0] if position < len(body) else spans[body[-1]][1]
         code = "".join(parsed.module.code_for_node(statement) for statement in added)
         _check_compiles(code, parsed.path)

@@ -210,11 +210,24 @@ class ParsedModule:
                 self._mentions[key] = word in self.code(node).lower()
         return self._mentions[key]
 
-    @cached_property
-    def statement_spans(self) -> dict[cst.CSTNode, tuple[int, int]] | None:
-        """Where each top-level statement's code (leading comments and blank lines included) lies in the source,
-        so a rewrite can regenerate only the statements it changes. Checked, not assumed: each statement must
-        render to exactly its slice of the source; None when any does not (then rewrites render the module)."""
+    def statement_spans(self, statements: list[cst.CSTNode]) -> dict[cst.CSTNode, tuple[int, int]] | None:
+        """Where each of `statements` (top-level statements) lies in the source, its leading comments and blank
+        lines included, so a rewrite can regenerate only the statements it changes. Checked, not assumed: each must
+        render to exactly its slice of the source; None when one does not (then rewrites render the module). Each
+        slice starts at the statement's first line as `ast` places it (positions.starts), so only the statements
+        asked about are regenerated; without those lines every statement is, one after another from the top."""
+        starts = self.positions.starts
+        if not starts:
+            return self._spans_from_the_top(statements)
+        spans = {}
+        for statement in statements:
+            start, code = self.positions.offset(starts[statement]), self.code(statement)
+            if not self.source.startswith(code, start):
+                return None
+            spans[statement] = (start, start + len(code))
+        return spans
+
+    def _spans_from_the_top(self, statements: list[cst.CSTNode]) -> dict[cst.CSTNode, tuple[int, int]] | None:
         header = "".join(self.code(line) for line in self.module.header)
         if not self.source.startswith(header):
             return None
@@ -225,7 +238,7 @@ class ParsedModule:
                 return None
             spans[statement] = (cursor, cursor + len(code))
             cursor += len(code)
-        return spans
+        return {statement: spans[statement] for statement in statements}
 
     @cached_property
     def lines(self) -> LineIndex:
