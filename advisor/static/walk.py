@@ -15,25 +15,27 @@ import libcst as cst
 
 def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     """`node.visit(visitor)` for a visitor that only reads: visit_X(node) returning False skips the children, and
-    leave_X(node) follows them. Attribute-level hooks (visit_X_field) are not called."""
-    _walk(node, visitor, _handler_table(type(visitor)))
+    leave_X(node) follows them. Attribute-level hooks (visit_X_field) are not called. The layout nodes the visitor
+    has no method for (`unseen_layout`) are not entered: nothing in them could call one."""
+    _walk(node, visitor, _handler_table(type(visitor)), unseen_layout(type(visitor)))
 
 
-def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, table: dict) -> None:
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, table: dict, skip: frozenset[type]) -> None:
     kind = type(node)
     handlers = table.get(kind)
     if handlers is None:
         handlers = table[kind] = _handlers(type(visitor), kind)
     visit, leave = handlers
     if visit is None or visit(visitor, node) is not False:
-        for child in children(node):
-            _walk(child, visitor, table)
+        for child in children(node, skip):
+            _walk(child, visitor, table, skip)
     if leave is not None:
         leave(visitor, node)
 
 
-def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """`node.children` (its child nodes in libcst's visiting order), without libcst's copy of the node."""
+def children(node: cst.CSTNode, skip: frozenset[type] = frozenset()) -> list[cst.CSTNode]:
+    """`node.children` (its child nodes in libcst's visiting order), without libcst's copy of the node, less those
+    whose type is in `skip`."""
     found = []
     kind = type(node)
     fields = _FIELDS.get(kind)
@@ -42,10 +44,32 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     for name in fields:
         value = getattr(node, name)
         if type(value) in _SEQUENCES:
-            found.extend(child for child in value if is_node(child))
-        elif is_node(value):
+            found.extend(child for child in value if is_node(child) and type(child) not in skip)
+        elif is_node(value) and type(value) not in skip:
             found.append(value)
     return found
+
+
+# Layout: whitespace and comments, which hold only each other, and the tokens (operators, punctuation), which hold
+# only whitespace. Over half of a file's nodes; no analysis reads them.
+WHITESPACE = frozenset({cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine,
+                        cst.Comment, cst.Newline})
+TOKENS = frozenset(kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.CSTNode)
+                   and kind.__module__ == "libcst._nodes.op" and not kind.__name__.startswith(("Base", "_"))) | \
+    {cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
+     cst.RightCurlyBrace}
+
+
+@lru_cache(maxsize=None)
+def unseen_layout(visitor_type: type) -> frozenset[type]:
+    """The layout node types a walk with this visitor need not enter: none when it reads some whitespace node,
+    else every token type it has no method for, and the whitespace."""
+    def seen(kind: type) -> bool:
+        return _handlers(visitor_type, kind) != (None, None)
+
+    if any(seen(kind) for kind in WHITESPACE):
+        return frozenset()
+    return WHITESPACE | {kind for kind in TOKENS if not seen(kind)}
 
 
 _SEQUENCES = (list, tuple)
@@ -76,7 +100,13 @@ def _handlers(visitor_type: type, node_type: type):
     if visitor_type.on_visit is not cst.CSTVisitor.on_visit or visitor_type.on_leave is not cst.CSTVisitor.on_leave:
         raise TypeError(f"{visitor_type.__name__} overrides on_visit/on_leave: walk it with node.visit")
     name = node_type.__name__
-    return getattr(visitor_type, f"visit_{name}", None), getattr(visitor_type, f"leave_{name}", None)
+    return _own(getattr(visitor_type, f"visit_{name}", None)), _own(getattr(visitor_type, f"leave_{name}", None))
+
+
+def _own(method):
+    """The method, or None for libcst's empty stub (marked `_is_no_op`, as libcst's batched visitor skips them):
+    calling it for every node of the walk does nothing."""
+    return None if method is None or getattr(method, "_is_no_op", False) else method
 
 
 @lru_cache(maxsize=None)
