@@ -6,9 +6,19 @@ import pytest
 
 from advisor.static.cst_parse import parse_module
 from fixture_models import fixture_paths
-from test_walk import ODD_FORMS
 
-SOURCES = [ODD_FORMS, "x = 1", "", "# only a comment\n", *(path.read_text() for path in fixture_paths("positive"))]
+ODD = """from . import (a as b, c)
+@decorate(lambda x: x if x else -x)
+async def f(*args, key: int = 1, **kwargs) -> "T":
+    async with a as (b, c):
+        yield [y async for y in z if (w := y)]
+    match key:
+        case {"k": [1, *rest]} | Point(x=0) if rest:
+            print(f"{x!r:>{width}}", *args, sep="")
+class C[T](Base, metaclass=M):
+    x: int = 0; y = x @ y  # a comment
+"""
+SOURCES = [ODD, "x = 1\r\ny = 2", "x = 1", "", "# only a comment\n", *(path.read_text() for path in fixture_paths("positive"))]
 
 
 @pytest.mark.parametrize("source", SOURCES)
