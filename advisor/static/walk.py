@@ -64,8 +64,11 @@ TOKENS = frozenset(kind for kind in vars(cst).values() if isinstance(kind, type)
 def unseen_layout(visitor_type: type) -> frozenset[type]:
     """The layout node types a walk with this visitor need not enter: none when it reads some whitespace node,
     else every token type it has no method for, and the whitespace."""
+    methods = {name for klass in visitor_type.__mro__ if not klass.__module__.startswith("libcst.")
+               for name in vars(klass) if name.startswith(("visit_", "leave_"))}  # libcst's are its stubs
+
     def seen(kind: type) -> bool:
-        return _handlers(visitor_type, kind) != (None, None)
+        return f"visit_{kind.__name__}" in methods or f"leave_{kind.__name__}" in methods
 
     if any(seen(kind) for kind in WHITESPACE):
         return frozenset()
