@@ -26,6 +26,7 @@ from advisor.patterns.attention.guards import holds_at, span_of
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.ops import Op
 from advisor.static.dataflow import Definition, loaded_names
+from advisor.static.walk import walk
 
 FLAG = "flag-is-bool"
 MAX_FLAGS = 3  # flags tried per softmax: each try is one more proof of the block
@@ -40,7 +41,7 @@ def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If]]:
     parsed = shared.parsed
     at = parsed.line(statement_of(parsed, softmax.node))
     collector = _FlagIfs()
-    shared.function.body.visit(collector)
+    walk(shared.function.body, collector)
     groups: dict[str, list[cst.If]] = {}
     for node in collector.found:
         if parsed.line(node) > at and _plain(node.test):
@@ -132,9 +133,9 @@ class _FlagIfs(cst.CSTVisitor):
         return False
 
     def _branches(self, node: cst.If) -> None:
-        node.body.visit(self)
+        walk(node.body, self)
         if isinstance(node.orelse, cst.Else):
-            node.orelse.body.visit(self)
+            walk(node.orelse.body, self)
         elif isinstance(node.orelse, cst.If):
             self._branches(node.orelse)
 
