@@ -20,7 +20,7 @@ from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRI
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
-from advisor.static.walk import WHITESPACE, is_node, walk
+from advisor.static.walk import TOKENS, WHITESPACE, is_node, walk
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
@@ -600,8 +600,19 @@ class _FunctionCollector(cst.CSTVisitor):
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.path.pop()
 
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        return False  # no function or class is defined inside a simple statement
+
+
+def _holds_no_definition(self, node: cst.CSTNode) -> bool:
+    return False
+
+
+# a function or class is defined only as a statement: the walk enters only what holds statements
+_HOLD_STATEMENTS = {cst.Module, cst.IndentedBlock, cst.If, cst.Else, cst.For, cst.While, cst.Try, cst.TryStar,
+                    cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.With, cst.FunctionDef, cst.ClassDef,
+                    cst.Match, cst.MatchCase}
+for _kind in {kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.CSTNode)} - \
+        _HOLD_STATEMENTS - WHITESPACE - TOKENS:
+    setattr(_FunctionCollector, f"visit_{_kind.__name__}", _holds_no_definition)
 
 
 class _SelfAttributeCollector(cst.CSTVisitor):

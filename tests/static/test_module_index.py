@@ -66,3 +66,51 @@ def test_parent_map_keys_keep_the_statements_in_source_order(path):
     parsed.module.visit(Order())
     kinds = (cst.BaseSmallStatement, cst.BaseCompoundStatement)
     assert [n for n in parsed.parents if isinstance(n, kinds)] == [n for n in visited if isinstance(n, kinds)]
+
+
+NESTED = '''
+class A:
+    def f(self):
+        def g():
+            class B:
+                def h(self): pass
+        return lambda: 0
+    if flag:
+        def i(self): pass
+    else:
+        try:
+            def j(self): pass
+        except* E:
+            def k(self): pass
+        finally:
+            with c:
+                def l(self): pass
+match x:
+    case 1:
+        for y in z:
+            while w:
+                @decorated(lambda: 1)
+                def m(a=lambda: 2): pass
+'''
+
+
+@pytest.mark.parametrize("source", [NESTED, *(path.read_text() for path in SOURCES)])
+def test_functions_are_those_a_walk_of_every_node_finds(source):
+    """The collector enters only what holds statements; a walk of every node finds the same functions, owners
+    and dotted names, in the same order."""
+    import libcst as cst
+
+    from advisor.static.module_index import _FunctionCollector
+    from advisor.static.walk import walk
+
+    class EveryNode(cst.CSTVisitor):
+        __init__ = _FunctionCollector.__init__
+        visit_ClassDef, leave_ClassDef = _FunctionCollector.visit_ClassDef, _FunctionCollector.leave_ClassDef
+        visit_FunctionDef, leave_FunctionDef = _FunctionCollector.visit_FunctionDef, _FunctionCollector.leave_FunctionDef
+
+    parsed = ParsedModule(source, "m.py")
+    reference = EveryNode()
+    walk(parsed.module, reference)
+    found = [(function, owner.node if owner else None, name) for function, owner, name in parsed.functions]
+    assert found == [(function, owner.node if owner else None, name) for function, owner, name in reference.found]
+    assert len(found) >= (8 if source is NESTED else 1)
