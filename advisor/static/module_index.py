@@ -20,7 +20,7 @@ from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRI
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
-from advisor.static.walk import TOKENS, WHITESPACE, is_node, walk
+from advisor.static.walk import TOKENS, WHITESPACE, fields_not_only, is_node, walk
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
@@ -543,7 +543,9 @@ def _tight(dot: cst.Dot) -> bool:
 
 @lru_cache(maxsize=None)
 def _child_fields(node_type: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(node_type))
+    """The fields that can hold a node of the parent map (not whitespace), in declaration order."""
+    wanted = set(fields_not_only(node_type, WHITESPACE))
+    return tuple(f.name for f in dataclasses.fields(node_type) if f.name in wanted)
 
 
 # Where a name is bound, by node type: the field holding the target (`with ... as`/`except ... as` one level down)

@@ -7,40 +7,47 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import sys
 import textwrap
+import typing
 from functools import lru_cache
 
 import libcst as cst
+from libcst import MaybeSentinel
 
 
 def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     """`node.visit(visitor)` for a visitor that only reads: visit_X(node) returning False skips the children, and
     leave_X(node) follows them. Attribute-level hooks (visit_X_field) are not called. The layout nodes the visitor
     has no method for (`unseen_layout`) are not entered: nothing in them could call one."""
-    _walk(node, visitor, _handler_table(type(visitor)), unseen_layout(type(visitor)))
+    skip = unseen_layout(type(visitor))
+    _walk(node, visitor, _handler_table(type(visitor)), skip, fields_holding(skip))
 
 
-def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, table: dict, skip: frozenset[type]) -> None:
+def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, table: dict, skip: frozenset[type], fields: dict) -> None:
     kind = type(node)
     handlers = table.get(kind)
     if handlers is None:
         handlers = table[kind] = _handlers(type(visitor), kind)
     visit, leave = handlers
     if visit is None or visit(visitor, node) is not False:
-        for child in children(node, skip):
-            _walk(child, visitor, table, skip)
+        for child in children(node, skip, fields):
+            _walk(child, visitor, table, skip, fields)
     if leave is not None:
         leave(visitor, node)
 
 
-def children(node: cst.CSTNode, skip: frozenset[type] = frozenset()) -> list[cst.CSTNode]:
+def children(node: cst.CSTNode, skip: frozenset[type] = frozenset(), fields_of: dict | None = None) \
+        -> list[cst.CSTNode]:
     """`node.children` (its child nodes in libcst's visiting order), without libcst's copy of the node, less those
-    whose type is in `skip`."""
+    whose type is in `skip` (`fields_of`: `fields_holding(skip)`, so that fields that hold nothing else are not
+    even read)."""
     found = []
     kind = type(node)
-    fields = _FIELDS.get(kind)
+    table = _FIELDS if fields_of is None else fields_of
+    fields = table.get(kind)
     if fields is None:
-        fields = _FIELDS[kind] = child_fields(kind)
+        fields = table[kind] = child_fields(kind) if fields_of is None else fields_not_only(kind, skip)
     for name in fields:
         value = getattr(node, name)
         if type(value) in _SEQUENCES:
@@ -58,6 +65,49 @@ TOKENS = frozenset(kind for kind in vars(cst).values() if isinstance(kind, type)
                    and kind.__module__ == "libcst._nodes.op" and not kind.__name__.startswith(("Base", "_"))) | \
     {cst.LeftParen, cst.RightParen, cst.LeftSquareBracket, cst.RightSquareBracket, cst.LeftCurlyBrace,
      cst.RightCurlyBrace}
+
+
+@lru_cache(maxsize=None)
+def fields_holding(skip: frozenset[type]) -> dict[type, tuple[str, ...]]:
+    """Node type -> the fields of `child_fields` that can hold a node whose type is not in `skip`, as libcst declares
+    the field's type (a whitespace field, `leading_lines`, a `Comma`): filled as walks meet node types."""
+    return {}
+
+
+def fields_not_only(kind: type, skip: frozenset[type]) -> tuple[str, ...]:
+    """The fields of `child_fields(kind)` that can hold a node whose type is not in `skip`."""
+    hints = typing.get_type_hints(kind)
+    return tuple(name for name in child_fields(kind) if not _holds_only(hints[name], skip))
+
+
+def _holds_only(declared, skip: frozenset[type]) -> bool:
+    """Whether a field declared `declared` (a class, Optional, Union, Sequence, Literal) holds no node but those of
+    `skip`: every concrete node class it admits is in `skip`."""
+    origin = typing.get_origin(declared)
+    if origin is typing.Literal:
+        return True
+    if origin is not None:
+        return all(_holds_only(argument, skip) for argument in typing.get_args(declared))
+    if declared in (type(None), str, bool, int) or declared is MaybeSentinel:
+        return True
+    if isinstance(declared, type) and issubclass(declared, cst.CSTNode):
+        return all(kind in skip for kind in _concrete(declared))
+    return False
+
+
+@lru_cache(maxsize=None)
+def _concrete(base: type) -> tuple[type, ...]:
+    """`base` and its subclasses that the parser builds: not libcst's bases (`BaseExpression`, `_BaseOneTokenOp`),
+    nor a class with an abstract method left, nor the class a decorator replaced (libcst's `add_slots` makes each
+    node class anew; the first stays among the subclasses)."""
+    found, pending = [], [base]
+    while pending:
+        kind = pending.pop()
+        if not kind.__name__.startswith(("Base", "_")) and not getattr(kind, "__abstractmethods__", None) and \
+                getattr(sys.modules.get(kind.__module__), kind.__qualname__, None) is kind:
+            found.append(kind)
+        pending.extend(kind.__subclasses__())
+    return tuple(found)
 
 
 @lru_cache(maxsize=None)
