@@ -118,14 +118,18 @@ def _ancestors(parsed: ParsedModule, node: cst.CSTNode):
 def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     """The edits as character edits of the source (splice.apply_edits gives the new text), checked to compile.
     Only the top-level statements holding a change are rendered and compiled, so the cost is that of the changed
-    code, not of the module (when the module's statements do not render back to their exact source, the whole
-    module is rendered instead)."""
-    editor = _Editor(edits)
+    code, not of the module (when those statements do not render back to their exact source, the whole module is
+    rendered instead)."""
     added = [cst.parse_statement(line + "\n") for line in edits.imports] + list(edits.definitions)
     touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap, *edits.unwrap, *edits.take]
     if not touched and not added:
         return []
-    spans = parsed.statement_spans
+    editor = _Editor(edits, parsed, _on_the_way(parsed, touched))
+    statements = _top_level_statements(parsed, touched)
+    body = parsed.module.body
+    position = _import_position(body)
+    anchor = ([body[position]] if position < len(body) else body[-1:]) if added else []
+    spans = parsed.statement_spans(statements + anchor)
     deleted = bound_names([*edits.remove, *edits.replace])
     if spans is None:
         module = parsed.module.visit(editor)
@@ -136,7 +140,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
         _check_compiles(module.code, parsed.path)
         return [Edit(0, len(parsed.source), _faithful(parsed.source, module.code))]
     changes = []
-    for statement in _top_level_statements(parsed, touched):
+    for statement in statements:
         result = statement.visit(editor)
         code = _rendered(parsed.module, result)
         _check_compiles(code, parsed.path)
@@ -144,8 +148,6 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
             _check_reads(statement, result, deleted)
         changes.append(Edit(*spans[statement], code))
     if added:
-        body = parsed.module.body
-        position = _import_position(body)
         offset = spans[body[position]][0] if position < len(body) else spans[body[-1]][1]
         code = "".join(parsed.module.code_for_node(statement) for statement in added)
         _check_compiles(code, parsed.path)
@@ -209,10 +211,32 @@ def _check_reads(original: cst.CSTNode, patched, deleted: set[str]) -> None:
             raise RewriteFailed(f"the rewrite would read `{name}`, which it no longer binds")
 
 
+def _on_the_way(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[cst.CSTNode]:
+    """`nodes` and every node above them: where an edit can change anything."""
+    found: set[cst.CSTNode] = set()
+    for node in nodes:
+        while node is not None and node not in found:
+            found.add(node)
+            node = parsed.parents.get(node)
+    return found
+
+
 class _Editor(cst.CSTTransformer):
-    def __init__(self, edits: NodeEdits) -> None:
+    """Applies node edits. Given the file (`parsed`) and the nodes on the way to an edit (`enter`), it does not
+    enter the file's other nodes: nothing in them changes, and libcst's visit rebuilds every node it enters. It
+    enters every node an edit brings (a replacement's new code, and the user nodes it quotes on the way to
+    another edit)."""
+
+    def __init__(self, edits: NodeEdits, parsed: ParsedModule | None = None,
+                 enter: set[cst.CSTNode] | None = None) -> None:
         self.edits = edits
         self.active: set[cst.CSTNode] = set()
+        self.parsed, self.enter = parsed, enter
+
+    def on_visit(self, node) -> bool:
+        if self.enter is not None and node not in self.enter and node in self.parsed.parents:
+            return False
+        return super().on_visit(node)
 
     def on_leave(self, original_node, updated_node):
         if original_node in self.edits.remove and isinstance(original_node, cst.BaseStatement):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 # A file in which none of these occur asks for nothing here ("autograd" and "backward(" for a create_graph passed by
 # position); substring tests, since one regular expression of all of them is several times slower.
@@ -258,7 +259,7 @@ def _bound_names(body: cst.CSTNode) -> set[str]:
         def visit_For(self, node: cst.For) -> None:
             found.update(n.value for n in _names_in(node.target))
 
-    body.visit(Binds())
+    walk(body, Binds())
     return found
 
 

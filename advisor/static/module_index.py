@@ -17,9 +17,10 @@ from advisor.static.line_index import LineIndex
 from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, NAMED_BINDERS,
                                            NAMESPACE_READS, RESHAPING_IN_PLACE, STATE_LOADERS,
                                            outside_writes_of_source)
+from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
-from advisor.static.walk import is_node, walk
+from advisor.static.walk import TOKENS, WHITESPACE, fields_not_only, is_node, walk
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
@@ -119,7 +120,7 @@ class ParsedModule:
         self.source = source
         self.path = path
         self.project = project  # what the other files of the scanned tree register (None: this file alone)
-        self.wrapper = MetadataWrapper(cst.parse_module(source), unsafe_skip_copy=True)
+        self.wrapper = MetadataWrapper(parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._flows: dict[tuple[cst.FunctionDef, frozenset[cst.If]], FunctionFlow] = {}
         self._mentions: dict[tuple[cst.CSTNode, str], bool] = {}
@@ -127,10 +128,10 @@ class ParsedModule:
 
     @cached_property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode]:
-        """Node -> parent, the map libcst's ParentNodeProvider gives, built by reading the node dataclasses' fields
+        """Node -> parent, the map libcst's ParentNodeProvider gives less its whitespace and comments (walk.WHITESPACE:
+        about half of a file's nodes, which no analysis asks about), built by reading the node dataclasses' fields
         directly (7x faster than the provider's visitor on a large file; tests/static/test_module_index checks
-        equality).
-        Its keys come depth first, each node before its children, fields in declaration order."""
+        equality). Its keys come depth first, each node before its children, fields in declaration order."""
         parents: dict[cst.CSTNode, cst.CSTNode] = {}
         nodes: list[cst.CSTNode] = [self.module]  # a stack of nodes and, beside it, of their parents
         above: list[cst.CSTNode | None] = [None]
@@ -143,8 +144,8 @@ class ParsedModule:
                 value = getattr(node, name)
                 kind = type(value)
                 if kind is list or kind is tuple:
-                    children.extend(child for child in value if is_node(child))
-                elif is_node(value):
+                    children.extend(child for child in value if is_node(child) and type(child) not in WHITESPACE)
+                elif kind not in WHITESPACE and is_node(value):
                     children.append(value)
             if children:
                 children.reverse()
@@ -209,11 +210,24 @@ class ParsedModule:
                 self._mentions[key] = word in self.code(node).lower()
         return self._mentions[key]
 
-    @cached_property
-    def statement_spans(self) -> dict[cst.CSTNode, tuple[int, int]] | None:
-        """Where each top-level statement's code (leading comments and blank lines included) lies in the source,
-        so a rewrite can regenerate only the statements it changes. Checked, not assumed: each statement must
-        render to exactly its slice of the source; None when any does not (then rewrites render the module)."""
+    def statement_spans(self, statements: list[cst.CSTNode]) -> dict[cst.CSTNode, tuple[int, int]] | None:
+        """Where each of `statements` (top-level statements) lies in the source, its leading comments and blank
+        lines included, so a rewrite can regenerate only the statements it changes. Checked, not assumed: each must
+        render to exactly its slice of the source; None when one does not (then rewrites render the module). Each
+        slice starts at the statement's first line as `ast` places it (positions.starts), so only the statements
+        asked about are regenerated; without those lines every statement is, one after another from the top."""
+        starts = self.positions.starts
+        if not starts:
+            return self._spans_from_the_top(statements)
+        spans = {}
+        for statement in statements:
+            start, code = self.positions.offset(starts[statement]), self.code(statement)
+            if not self.source.startswith(code, start):
+                return None
+            spans[statement] = (start, start + len(code))
+        return spans
+
+    def _spans_from_the_top(self, statements: list[cst.CSTNode]) -> dict[cst.CSTNode, tuple[int, int]] | None:
         header = "".join(self.code(line) for line in self.module.header)
         if not self.source.startswith(header):
             return None
@@ -224,7 +238,7 @@ class ParsedModule:
                 return None
             spans[statement] = (cursor, cursor + len(code))
             cursor += len(code)
-        return spans
+        return {statement: spans[statement] for statement in statements}
 
     @cached_property
     def lines(self) -> LineIndex:
@@ -531,7 +545,9 @@ def _tight(dot: cst.Dot) -> bool:
 
 @lru_cache(maxsize=None)
 def _child_fields(node_type: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(node_type))
+    """The fields that can hold a node of the parent map (not whitespace), in declaration order."""
+    wanted = set(fields_not_only(node_type, WHITESPACE))
+    return tuple(f.name for f in dataclasses.fields(node_type) if f.name in wanted)
 
 
 # Where a name is bound, by node type: the field holding the target (`with ... as`/`except ... as` one level down)
@@ -588,8 +604,19 @@ class _FunctionCollector(cst.CSTVisitor):
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.path.pop()
 
-    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        return False  # no function or class is defined inside a simple statement
+
+
+def _holds_no_definition(self, node: cst.CSTNode) -> bool:
+    return False
+
+
+# a function or class is defined only as a statement: the walk enters only what holds statements
+_HOLD_STATEMENTS = {cst.Module, cst.IndentedBlock, cst.If, cst.Else, cst.For, cst.While, cst.Try, cst.TryStar,
+                    cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.With, cst.FunctionDef, cst.ClassDef,
+                    cst.Match, cst.MatchCase}
+for _kind in {kind for kind in vars(cst).values() if isinstance(kind, type) and issubclass(kind, cst.CSTNode)} - \
+        _HOLD_STATEMENTS - WHITESPACE - TOKENS:
+    setattr(_FunctionCollector, f"visit_{_kind.__name__}", _holds_no_definition)
 
 
 class _SelfAttributeCollector(cst.CSTVisitor):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from advisor.static.python_ast import python_tree
+from advisor.static.python_ast import nodes, python_tree
 
 ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
 ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
@@ -46,7 +46,7 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     imports: list[ast.Import | ast.ImportFrom] = []
     bound: list[str] = []
     writes: list[ast.AST] = []
-    for node in ast.walk(tree):  # one pass over the tree, in no particular order
+    for node in nodes(tree):  # one pass over the tree, in no particular order
         kind = type(node)
         if kind in _WRITES:
             writes.append(node)

@@ -64,7 +64,7 @@ class StatementPositions:
             lines = list(self.starts.values())
             self._ends = dict(zip(self.starts, lines[1:] + [None]))
         end = self._ends[statement]
-        text = self.source[self._offset(self.starts[statement]):None if end is None else self._offset(end)]
+        text = self.source[self.offset(self.starts[statement]):None if end is None else self.offset(end)]
         return text, statement is node and end is not None
 
     def _one_statement(self, statement: cst.CSTNode) -> bool:
@@ -74,13 +74,14 @@ class StatementPositions:
                                               default_newline=self.module.default_newline, provider=provider,
                                               line=self.starts[statement])
         statement._codegen(state)
-        if not self.source.startswith("".join(state.tokens), self._offset(self.starts[statement])):
+        if not self.source.startswith("".join(state.tokens), self.offset(self.starts[statement])):
             return False
         self.computed.update(provider._computed)
         self.done.add(statement)
         return True
 
-    def _offset(self, line: int) -> int:
+    def offset(self, line: int) -> int:
+        """Where line `line` (1-based) starts in the source; past its end for a line it does not have."""
         if self._line_offsets is None:
             self._line_offsets = [0] + [match.end() for match in NEWLINE.finditer(self.source)]
         return self._line_offsets[line - 1] if 0 < line <= len(self._line_offsets) else len(self.source) + 1

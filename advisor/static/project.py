@@ -26,6 +26,7 @@ import libcst as cst
 from advisor.contracts.finding import display_path
 from advisor.static.module_index import ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS, outside_writes_of_source
+from advisor.static.walk import walk
 
 # hooks that fire around every module call: a deleted module call loses them
 GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_forward_pre_hook",
@@ -204,7 +205,7 @@ def _calls_state_view(node: cst.CSTNode) -> bool:
             nonlocal found
             found = found or isinstance(call.func, cst.Attribute) and call.func.attr.value in STATE_VIEWS
 
-    node.visit(Calls())
+    walk(node, Calls())
     return found
 
 

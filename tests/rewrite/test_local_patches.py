@@ -24,7 +24,7 @@ def _whole_module_rewrite(source: str, drop_weights: bool = False, pick=None, ma
     """The reference: render the whole module (what render does when statements do not render back).
     `masks_passed`: as with --unsafe-fixes, optional masks go to SDPA rather than behind their absence."""
     parsed = ParsedModule(source, "m.py")
-    parsed.__dict__["statement_spans"] = None
+    parsed.statement_spans = lambda statements: None
     matches = [m for m in find_attention(parsed) if m.output_node is not None]
     for match in matches:  # as the pipeline does: what stays assumed about metadata is guarded where it can be
         settle_guards(match, masks_passed)
@@ -70,11 +70,26 @@ def test_new_import_and_blocks_close_together_share_hunks():
     assert local_diff("m.py", parsed.lines, edits) == unified_diff("m.py", source, apply_edits(source, edits))
 
 
-def test_a_module_that_does_not_render_back_by_statement_falls_back_to_the_whole_module():
-    source = POSITIVE[0].read_text().rstrip("\n")  # no final newline: the last statement renders one
-    assert ParsedModule(source, "m.py").statement_spans is None
+def test_a_changed_statement_that_does_not_render_back_falls_back_to_the_whole_module():
+    source = POSITIVE[0].read_text().split("\n\ndef make")[0].rstrip("\n")  # the class last, no final newline
+    parsed = ParsedModule(source, "m.py")
+    assert parsed.statement_spans([parsed.module.body[-1]]) is None
     result = analyze_source(source, "m.py")
     assert "scaled_dot_product_attention" in result.fixed and not result.fixed.endswith("\n")
+    assert result.fixed == _whole_module_rewrite(source)
+    assert result.findings[0].patch == unified_diff("m.py", source, result.fixed)
+
+
+def test_an_unchanged_statement_that_does_not_render_back_leaves_the_patch_local():
+    """Only the statements a fix changes are checked against the source: the last one (no final newline) keeps
+    its bytes, and the patch is the whole-module rewrite's."""
+    source = POSITIVE[0].read_text().rstrip("\n")
+    parsed = ParsedModule(source, "m.py")
+    assert parsed.statement_spans([parsed.module.body[-1]]) is None
+    assert parsed.statement_spans(list(parsed.module.body[:-1])) is not None
+    result = analyze_source(source, "m.py")
+    assert "scaled_dot_product_attention" in result.fixed and result.fixed.endswith(source[source.index("\n\ndef make"):])
+    assert result.fixed == _whole_module_rewrite(source)
     assert result.findings[0].patch == unified_diff("m.py", source, result.fixed)
 
 

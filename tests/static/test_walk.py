@@ -6,7 +6,7 @@ from libcst.metadata import PositionProvider
 import pytest
 
 from advisor.static.module_index import ParsedModule
-from advisor.static.walk import walk
+from advisor.static.walk import unseen_layout, walk
 from fixture_models import fixture_paths
 
 FIXTURES = fixture_paths("positive")
@@ -79,6 +79,39 @@ def test_walk_visits_as_libcst_does(source):
     module.visit(expected)
     walk(module, walked)
     assert walked.events == expected.events and expected.functions > 0
+
+
+class _CodeOnly(cst.CSTVisitor):
+    """Methods for a few code node types and one token type only: the walk skips the rest of the layout."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.functions = 0
+
+    def visit_FunctionDef(self, node) -> bool:
+        self.events.append(("visit", id(node)))
+        self.functions += 1
+        return self.functions % 2 == 1
+
+    def visit_Name(self, node) -> None:
+        self.events.append(("visit", id(node)))
+
+    def leave_Call(self, original_node) -> None:
+        self.events.append(("leave", id(original_node)))
+
+    def visit_Comma(self, node) -> None:
+        self.events.append(("visit", id(node)))
+
+
+@pytest.mark.parametrize("source", [ODD_FORMS, *(path.read_text() for path in FIXTURES)])
+def test_a_walk_that_skips_layout_calls_what_libcst_calls(source):
+    module = cst.parse_module(source)
+    expected, walked = _CodeOnly(), _CodeOnly()
+    module.visit(expected)
+    walk(module, walked)
+    assert walked.events == expected.events and expected.functions > 0
+    assert cst.Comma not in unseen_layout(_CodeOnly) and cst.SimpleWhitespace in unseen_layout(_CodeOnly)
+    assert unseen_layout(_Generic) == frozenset()
 
 
 def test_a_visitor_that_overrides_on_visit_is_refused():

@@ -16,6 +16,7 @@ from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 CAUSAL_EXTENT = "causal-extent"  # the triangle is (L, S): `is_causal` is exact only then
 # what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
@@ -418,5 +419,5 @@ def triangle_side(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpressio
                     isinstance(sizes[0], (cst.Tuple, cst.List)) else sizes
 
     ones = _Ones()
-    base.visit(ones)
+    walk(base, ones)
     return ones.sides[0] if ones.sides else None

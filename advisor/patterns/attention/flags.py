@@ -31,6 +31,7 @@ from advisor.patterns.ops import Op
 from advisor.static.codegen import joined
 from advisor.static.dataflow import Definition, loaded_names
 from advisor.static.module_index import ParsedModule
+from advisor.static.walk import walk
 
 FLAG = "flag-is-bool"
 MAX_FLAGS = 3  # flags tried per softmax: each try is one more proof of the block
@@ -46,7 +47,7 @@ def flag_worlds(shared: FunctionScope, softmax: Op) -> list[frozenset[cst.If | c
     parsed = shared.parsed
     at = parsed.line(statement_of(parsed, softmax.node))
     collector = _FlagIfs()
-    shared.function.body.visit(collector)
+    walk(shared.function.body, collector)
     groups: dict[str, list[cst.If]] = {}
     for node in collector.found:
         if parsed.line(node) > at:
@@ -154,7 +155,7 @@ class _FlagIfs(cst.CSTVisitor):
     def visit_If(self, node: cst.If) -> bool:
         if _is_flag_test(node.test):
             self.found.append(node)
-        node.test.visit(self)
+        walk(node.test, self)
         self._branches(node)
         return False
 
@@ -163,9 +164,9 @@ class _FlagIfs(cst.CSTVisitor):
             self.found.append(node)
 
     def _branches(self, node: cst.If) -> None:
-        node.body.visit(self)
+        walk(node.body, self)
         if isinstance(node.orelse, cst.Else):
-            node.orelse.body.visit(self)
+            walk(node.orelse.body, self)
         elif isinstance(node.orelse, cst.If):
             self._branches(node.orelse)
 

@@ -29,6 +29,7 @@ from advisor.patterns.facts import FactSheet
 from advisor.patterns.ops import int_value
 from advisor.static.codegen import atomic, joined, parenthesized
 from advisor.static.dataflow import Definition, contains_call
+from advisor.static.walk import walk
 
 MASK_TENSOR_FACTS = ("mask-rank", "mask-dtype")  # about the tensor SDPA would be passed as attn_mask
 INDICES = (cst.Name("b"), cst.Name("h"), cst.Name("q_idx"), cst.Name("kv_idx"))
@@ -159,7 +160,7 @@ def _pure_length(node: cst.BaseExpression) -> bool:
                 self.pure = False
 
     calls = _Calls()
-    node.visit(calls)
+    walk(node, calls)
     return calls.pure
 
 
