@@ -14,6 +14,8 @@ import tokenize
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from advisor.errors import diff_name
+
 # IPython's line syntax (at any indentation): a line magic or shell escape, one assigned (`files = !ls`,
 # `t = %timeit -o f()`), or a help request (`obj?`, `??obj`); none of them is Python.
 MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|[\w.]+(?:\s*,\s*[\w.]+)*\s*=\s*[%!]|\?{1,2}[\w.]|[\w.]+\?{1,2}\s*$)")
@@ -63,7 +65,8 @@ class NotebookCode:
             if old != new:
                 diffs.extend(difflib.unified_diff([f"{line}\n" for line in old.split("\n")],
                                                   [f"{line}\n" for line in new.split("\n")],
-                                                  f"a/{path}:cell {number}", f"b/{path}:cell {number}"))
+                                                  diff_name("a", f"{path}:cell {number}"),
+                                                  diff_name("b", f"{path}:cell {number}")))
         return "".join(diffs)
 
     def _cell_texts(self, module: str) -> list[str]:
