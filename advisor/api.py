@@ -64,9 +64,15 @@ def _ending_left_processes(produce, args):
 
 
 def _paths(paths) -> list[str]:
+    """The PATH arguments; none at all is refused here, since argparse would print its usage error and exit."""
     if isinstance(paths, (str, PathLike)):
         return [str(paths)]
-    return [str(path) for path in paths]
+    if not isinstance(paths, Iterable) or isinstance(paths, bytes):
+        raise TypeError(f"paths must be a path or an iterable of paths, not {type(paths).__name__}")
+    listed = [str(path) for path in paths]
+    if not listed:
+        raise ValueError("no paths given: name at least one file or folder")
+    return listed
 
 
 def _arguments(verb: str, positional: list[str], options: dict, **fixed):

@@ -14,3 +14,19 @@ class AdvisorError(Exception):
 def visible(text: object) -> str:
     """User-controlled text for a terminal: control characters written as `\\xNN`, so a file name cannot drive it."""
     return CONTROL.sub(lambda hit: f"\\x{ord(hit.group()):02x}", str(text))
+
+
+_GIT_ESCAPES = {ord("\a"): "\\a", ord("\b"): "\\b", ord("\t"): "\\t", ord("\n"): "\\n", ord("\v"): "\\v",
+                ord("\f"): "\\f", ord("\r"): "\\r", ord('"'): '\\"', ord("\\"): "\\\\"}
+
+
+def diff_name(side: str, path: str) -> str:
+    """A diff header's file name (`a/PATH`): quoted as git quotes one when it holds a control character (or a tab,
+    which ends the name in a header), so the header neither drives a terminal nor stops `git apply` reading it."""
+    name = f"{side}/{path}"
+    if not CONTROL.search(name) and "\t" not in name:
+        return name
+    quoted = "".join(_GIT_ESCAPES.get(byte, chr(byte)) if byte < 0x80 and (byte >= 0x20 and byte != 0x7f
+                                                                              or byte in _GIT_ESCAPES)
+                     else f"\\{byte:03o}" for byte in name.encode("utf-8", "surrogateescape"))
+    return f'"{quoted}"'

@@ -50,7 +50,7 @@ class FixReport:
 
     version: int
     files_scanned: int
-    applied: bool
+    applied: bool  # `apply` was asked; what was written is each file's `written`
     files: list[FileFix]
     remaining: int
     errors: list[ScanError]

@@ -1,10 +1,12 @@
 """GitHub Actions workflow commands (`::warning file=...::message`): each finding becomes an annotation on its lines
 in the pull request's diff, with no upload step (SARIF needs code scanning). Escaping is GitHub's own (the
-actions/toolkit `issueCommand`): `%`, CR and LF in the message; those and `:` and `,` in a property."""
+actions/toolkit `issueCommand`): `%`, CR and LF in the message; those and `:` and `,` in a property. Other terminal
+control characters (a file name's ESC) are then written `\\xNN`, as in every other format, so none reaches the log."""
 
 from __future__ import annotations
 
 from advisor.contracts.finding import Finding, ScanError, display_path, located_message
+from advisor.errors import visible
 
 
 def github_annotations(findings: list[Finding], errors: list[ScanError]) -> list[str]:
@@ -24,7 +26,7 @@ def _command(level: str, message: str, **properties) -> str:
 
 
 def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return visible(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def _escape_property(text: str) -> str:

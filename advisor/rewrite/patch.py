@@ -22,7 +22,7 @@ import tempfile
 import threading
 from contextlib import contextmanager
 
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, diff_name
 from advisor.static.source_encoding import SourceDecodeError, decode_source, encode_source
 
 TEMP_PREFIX, TEMP_SUFFIX = ".advisor-", ".tmp"  # never *.py, so a scan can never take one for source
@@ -39,7 +39,7 @@ class FileChanged(WriteRefused):
 
 def unified_diff(path: str, before: str, after: str) -> str:
     return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+                                        fromfile=diff_name("a", path), tofile=diff_name("b", path)))
 
 
 def resolve_inside(path: str, roots: list[str]) -> str:

@@ -11,6 +11,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from advisor.errors import diff_name
 from advisor.static.line_index import LineIndex
 
 CONTEXT = 3  # lines of context in a hunk, as `diff -u` and difflib's default
@@ -53,7 +54,7 @@ def local_diff(path: str, index: LineIndex, edits: list[Edit]) -> str:
         shift += len(after) - len(before)
     if not hunks:
         return ""
-    return f"--- a/{path}\n+++ b/{path}\n" + "".join(hunks)
+    return f"--- {diff_name('a', path)}\n+++ {diff_name('b', path)}\n" + "".join(hunks)
 
 
 def _regions(index: LineIndex, edits: list[Edit]) -> list[tuple[int, int, list[Edit]]]:

@@ -14,6 +14,8 @@ import tokenize
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from advisor.errors import diff_name
+
 # IPython's line syntax (at any indentation): a line magic or shell escape, one assigned (`files = !ls`,
 # `t = %timeit -o f()`), or a help request (`obj?`, `??obj`); none of them is Python.
 MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|[\w.]+(?:\s*,\s*[\w.]+)*\s*=\s*[%!]|\?{1,2}[\w.]|[\w.]+\?{1,2}\s*$)")
@@ -63,7 +65,8 @@ class NotebookCode:
             if old != new:
                 diffs.extend(difflib.unified_diff([f"{line}\n" for line in old.split("\n")],
                                                   [f"{line}\n" for line in new.split("\n")],
-                                                  f"a/{path}:cell {number}", f"b/{path}:cell {number}"))
+                                                  diff_name("a", f"{path}:cell {number}"),
+                                                  diff_name("b", f"{path}:cell {number}")))
         return "".join(diffs)
 
     def _cell_texts(self, module: str) -> list[str]:
@@ -138,15 +141,19 @@ def _code_cells(document: dict) -> list[dict]:
 
 def _layout(document: dict, raw: str):
     """The json.dumps settings that write `raw` back byte for byte (nbformat's: indent 1, sorted keys, UTF-8, a
-    final newline), so a fix changes nothing but the cells it rewrites; ValueError when none does."""
+    final newline), so a fix changes nothing but the cells it rewrites; ValueError when none does. Its newlines
+    may be CRLF (git's autocrlf checkout on Windows): json.dumps writes a newline only between tokens (one in a
+    string is escaped), so CRLF is its text with every newline replaced."""
+    newline = "\r\n" if "\r\n" in raw else "\n"
     for indent in (1, 2, 4, None):
         for sort_keys in (True, False):
             for ensure_ascii in (False, True):
                 text = json.dumps(document, indent=indent, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
-                if raw in (text, text + "\n"):
+                text = text.replace("\n", newline)
+                if raw in (text, text + newline):
                     end = raw[len(text):]
                     return lambda changed: json.dumps(changed, indent=indent, sort_keys=sort_keys,
-                                                      ensure_ascii=ensure_ascii) + end
+                                                      ensure_ascii=ensure_ascii).replace("\n", newline) + end
     raise ValueError("the notebook's JSON is not laid out as json.dumps writes it (nbformat does); not written")
 
 

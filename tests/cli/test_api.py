@@ -114,3 +114,14 @@ def test_optimize_returns_each_patch_verdict_and_writes_the_reports(tmp_path):
         "patches"] == [p.to_json() for p in report.patches]
     assert patch.verdict == "not-run" and patch.fix_safety == "unsafe"
     assert list(report.to_json()) == [f.name for f in dataclasses.fields(OptimizeReport)]
+
+
+@pytest.mark.parametrize("paths, error, says", [
+    ([], ValueError, "no paths given"),  # argparse printed its usage line and raised SystemExit
+    (123, TypeError, "paths must be a path or an iterable of paths, not int"),
+])
+def test_no_paths_is_a_bad_argument_not_an_exit(capsys, paths, error, says):
+    for verb in (advisor.scan, advisor.fix):
+        with pytest.raises(error, match=says):
+            verb(paths)
+    assert capsys.readouterr() == ("", "")

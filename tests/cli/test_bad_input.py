@@ -137,6 +137,20 @@ def test_markup_and_escape_sequences_in_names_are_shown_as_text(capsys, workdir)
     assert code == 1 and "fixed x[/]y.py" in out and "fixed e\\x1b[31mvil.py" in out and "\x1b" not in out
 
 
+def test_a_diff_quotes_a_name_with_control_characters_as_git_does(capsys, workdir):
+    """`scan --format diff` and `fix` printed `--- a/e<ESC>[31mvil.py` raw (a colour sequence in the terminal) and a
+    tab ended the name for `git apply`; git's quoted form is text and applies."""
+    for name in ("e\x1b[31mvil.py", "t\tab.py"):
+        shutil.copy(NANOGPT, workdir / name)
+    for verb in (["scan", ".", "--format", "diff"], ["fix", "."]):
+        code, out, _ = run_cli(capsys, *verb)
+        assert "\x1b" not in out and '--- "a/e\\033[31mvil.py"\n+++ "b/e\\033[31mvil.py"\n' in out
+        assert '--- "a/t\\tab.py"\n+++ "b/t\\tab.py"\n' in out
+    subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
+    checked = subprocess.run(["git", "apply", "--check", "-"], cwd=workdir, input=out, text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+
+
 def test_stack_frames_with_markup_do_not_crash_measured_output(capsys):
     finding = Finding(rule="ADV110", kind="attention", path="m[/]odel.py", line=3, end_line=4,
                       function="Block[/].forward\x1b[2J", message="use SDPA [/i]", extra={"self_us": 10.0})

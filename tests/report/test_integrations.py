@@ -71,6 +71,14 @@ def test_github_escapes_data_and_properties_as_github_documents():
         "::error file=c.py,title=advisor%3A not scanned::line one%0Aline two, 50%25"]
 
 
+def test_github_writes_a_file_names_control_characters_as_text():
+    """A raw ESC in the file property reached the CI log as a colour sequence (the other formats escape it)."""
+    finding = Finding("ADV101", "attention", "red\x1b[31m.py", 3, 5, "f", "in red\x1b[31m.py\x07", reasons=())
+    [annotation] = github_annotations([finding], [])
+    assert annotation == ("::warning file=red\\x1b[31m.py,line=3,endLine=5,title=advisor ADV101::"
+                          "in red\\x1b[31m.py\\x07")
+
+
 
 def test_a_notebook_finding_names_its_cell_and_points_at_no_line_of_the_json():
     """Its lines are the cell's: as a line of the .ipynb file they annotated some unrelated JSON line."""

@@ -89,6 +89,20 @@ def test_fixes_keep_magics_outputs_and_a_layout_they_cannot_reproduce_is_refused
     assert "not laid out as json.dumps writes it" in capsys.readouterr().err and odd.read_bytes() == before
 
 
+def test_a_notebook_whose_json_has_crlf_newlines_is_written_back_in_them(capsys, workdir):
+    """git's autocrlf checkout on Windows turns the JSON's own newlines into CRLF; that was refused as a layout
+    json.dumps cannot write, though it is json.dumps' text with each newline replaced."""
+    other = cell("markdown", "# notes\n")
+    document = {"cells": [other, cell("code", NANOGPT.read_text())], "metadata": {}, "nbformat": 4,
+                "nbformat_minor": 5}
+    notebook = workdir / "win.ipynb"
+    notebook.write_text(json.dumps(document, indent=1) + "\n", newline="\r\n")
+    assert main(["fix", "win.ipynb", "--apply"]) == 0, capsys.readouterr().err
+    document["cells"][1] = cell("code", GOLDEN.read_text())
+    assert notebook.read_bytes() == (json.dumps(document, indent=1) + "\n").replace("\n", "\r\n").encode()
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("newline", ["\r\n", "\r"])
 def test_a_rewritten_cell_keeps_its_own_newlines(capsys, workdir, newline):
     """A cell written on Windows (CRLF) or old Mac (CR) keeps those newlines where advisor rewrites it."""
