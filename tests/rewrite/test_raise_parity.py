@@ -60,3 +60,41 @@ def test_dropout_literal_out_of_range_is_refused():
     [finding] = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
     assert finding.fix_safety == "refused" or finding.patch is None, finding.fix_safety
     assert "outside [0, 1]" in (finding.reason or "")
+
+
+DIVIDED = '''
+import torch
+
+
+def attend(q, k, v, t: float):
+    s = q @ k.transpose(-2, -1) / t
+    return s.softmax(-1) @ v
+'''
+
+
+def test_number_divisor_zero_or_nan_runs_the_original():
+    """`1.0 / t` raised ZeroDivisionError where the original divides by 0 (NaN); a NaN `t` gave other values."""
+    original, patched, finding = _pair(DIVIDED, "divisor")
+    assert "scale-nonzero" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
+    q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    for t in (0, 0.0, -0.0, float("nan"), float("inf"), 2.5):
+        torch.testing.assert_close(_outcome(patched.attend, q, k, v, t), _outcome(original.attend, q, k, v, t),
+                                   equal_nan=True)
+
+
+def test_tensor_divisor_is_unsafe_unless_a_nonzero_constant():
+    """A learned temperature may hold 0: `(q / t)·kᵀ` is not `(q·kᵀ) / t` there, and no metadata check shows it."""
+    learned = DIVIDED.replace("t: float", "t: torch.Tensor")
+    [finding] = [f for f in analyze_source(learned, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "unsafe" and "holds no 0" in finding.reason
+    constant = learned.replace("def attend(q, k, v, t: torch.Tensor):", "def attend(q, k, v):\n    t = torch.tensor(8.0)")
+    [finding] = [f for f in analyze_source(constant, "case.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe", finding.reason
+
+
+def test_per_key_factor_is_refused():
+    """`(q·kᵀ) * ‖k‖` scales each key's column: folded into q it raised on the shapes (S against E)."""
+    source = DIVIDED.replace("/ t", "* k.norm(dim=-1).unsqueeze(-2)").replace(", t: float", "")
+    [finding] = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    assert finding.patch is None and "per-key factor" in finding.reason, finding.reason
