@@ -72,15 +72,19 @@ def attend(q, k, v, t: float):
 '''
 
 
-def test_number_divisor_zero_or_nan_runs_the_original():
-    """`1.0 / t` raised ZeroDivisionError where the original divides by 0 (NaN); a NaN `t` gave other values."""
-    original, patched, finding = _pair(DIVIDED, "divisor")
+@pytest.mark.parametrize("scripted", [False, True])
+def test_number_divisor_zero_or_nan_runs_the_original(scripted):
+    """`1.0 / t` raised ZeroDivisionError where the original divides by 0 (NaN); a NaN `t` gave other values (also
+    under TorchScript, whose float `t == t` is True for NaN)."""
+    source = DIVIDED.replace("def attend", "@torch.jit.script\ndef attend") if scripted else DIVIDED
+    original, patched, finding = _pair(source, "divisor")
     assert "scale-nonzero" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
     q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
                for i in range(3))
     for t in (0, 0.0, -0.0, float("nan"), float("inf"), 2.5):
-        torch.testing.assert_close(_outcome(patched.attend, q, k, v, t), _outcome(original.attend, q, k, v, t),
-                                   equal_nan=True)
+        expected, got = _outcome(original.attend, q, k, v, t), _outcome(patched.attend, q, k, v, t)
+        assert not isinstance(got, type), (t, got)
+        torch.testing.assert_close(got, expected, equal_nan=True)
 
 
 def test_tensor_divisor_is_unsafe_unless_a_nonzero_constant():

@@ -365,6 +365,8 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
             _attribute_chain(node)
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
         return _metadata_operand(parsed, node.expression)
+    if isinstance(node, cst.BinaryOperation):  # `t * 0.0 == 0.0`: a number's finiteness (attention.guards)
+        return _metadata_operand(parsed, node.left) and _metadata_operand(parsed, node.right)
     if isinstance(node, cst.Subscript):
         return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
             all(isinstance(e.slice, cst.Index) and _metadata_operand(parsed, e.slice.value) for e in node.slice)

@@ -93,9 +93,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 if all(_plain(c, scale) for scale in reads[1:]) else []
         elif name in MODULE_FACTS:
             reads, parts = module_checks(c, torch_name)
-        elif name == SCALE_NONZERO:  # where it is 0, NaN or not a number the original runs (and divides by it)
+        elif name == SCALE_NONZERO:  # where it is 0, NaN, inf or not a number the original runs (TorchScript's
+            # float `t == t` is True for NaN, `t * 0.0 == 0.0` is not)
             reads = divisors_read(c, c.factors)
-            parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} != 0 and {s} == {s}", s=s) for s in reads] \
+            parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} != 0 and {s} * 0.0 == 0.0", s=s)
+                     for s in reads] \
                 if reads and all(_plain(c, s) for s in reads) else []
         elif name == DROPOUT_RANGE:  # a Python number in range; anything else (a tensor too) runs the original
             reads = c.dropout_reads

@@ -119,7 +119,7 @@ def divisors_read(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -
 def _divisor_fact(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -> None:
     """The original divides the scores by a number, and a zero (or NaN) gives infinities and NaN there; the patch
     would compute `1.0 / t`, which raises ZeroDivisionError (and SDPA reads a NaN scale otherwise). A divisor that
-    is a read of a parameter or attribute is assumed nonzero and not NaN (guarded `isinstance(t, (int, float)) and t != 0 and t == t`, see
+    is a read of a parameter or attribute is assumed nonzero and not NaN (guarded `isinstance(t, (int, float)) and t != 0 and t * 0.0 == 0.0`, see
     attention.guards); one built from literals, sizes and math functions is taken as the head size shows it."""
     reads = divisors_read(c, factors)
     if reads:
