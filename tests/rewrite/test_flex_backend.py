@@ -170,9 +170,10 @@ def test_transformers_gemma2_with_optional_soft_cap_mask_and_dropout_runs_flex_i
     result = analyze_source(source, str(path), unsafe_fixes=True, backend="flex")
     (finding,) = result.findings
     assert finding.fixable and finding.extra["emission"]["emitted"] == "flex"
-    # the two constructor numbers (a caller may pass tensors) are checked with the dropout
-    assert [fact["name"] for fact in finding.extra["facts"]["guarded"]] == ["scale-is-number", "scale-is-number",
-                                                                           "flex-dropout"]
+    # the two constructor numbers (a caller may pass tensors) are checked with the dropout, its probability's range
+    # and the soft-cap divisor's (not 0, not NaN)
+    assert [fact["name"] for fact in finding.extra["facts"]["guarded"]] == [
+        "dropout-range", "scale-is-number", "scale-is-number", "scale-nonzero", "flex-dropout"]
     assert "return (torch.tanh(score) * self.attn_logit_softcapping if self.attn_logit_softcapping is not None " \
            "else score)" in result.fixed
     original, patched = (load_module_from_source(text, f"p14_{name}")

@@ -357,17 +357,27 @@ def _none_identity_asked_otherwise(parsed: ParsedModule, test: cst.BaseExpressio
 
 
 def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
-    if isinstance(node, (cst.Integer, cst.Name)):
+    if isinstance(node, (cst.Integer, cst.Float, cst.Name)):
         return True
-    if isinstance(node, cst.Attribute):  # `x.dtype`, or a dtype constant (`torch.float32`, as a guard compares)
-        return node.attr.value == "dtype" or parsed.imported_name(node) in DTYPE_NAMES | {"torch.bool"}
+    if isinstance(node, cst.Attribute):  # `x.dtype`, a dtype constant (`torch.float32`, as a guard compares), or
+        # a number read off a module (`0.0 <= self.dropout <= 1.0`, `self.temperature != 0`: see attention.guards)
+        return node.attr.value == "dtype" or parsed.imported_name(node) in DTYPE_NAMES | {"torch.bool"} or \
+            _attribute_chain(node)
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
         return _metadata_operand(parsed, node.expression)
+    if isinstance(node, cst.BinaryOperation):  # `t * 0.0 == 0.0`: a number's finiteness (attention.guards)
+        return _metadata_operand(parsed, node.left) and _metadata_operand(parsed, node.right)
     if isinstance(node, cst.Subscript):
         return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
             all(isinstance(e.slice, cst.Index) and _metadata_operand(parsed, e.slice.value) for e in node.slice)
     return isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute) and \
         node.func.attr.value == "dim"
+
+
+def _attribute_chain(node: cst.BaseExpression) -> bool:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name)
 
 
 def _returns_last(block: cst.BaseSuite) -> bool:

@@ -98,6 +98,8 @@ class Candidate:
     # unknown), and why a call would be refused unless a run-time check guards it (see attention.module_guard)
     deleted_modules: dict[str, tuple[cst.Attribute, tuple[str, ...] | None]] = field(default_factory=dict)
     module_refusal: str | None = None
+    # dropout probabilities whose range [0, 1] (F.dropout raises outside it, even when not training) is assumed
+    dropout_reads: list[cst.BaseExpression] = field(default_factory=list)
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None

@@ -27,7 +27,9 @@ from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTIT
     is_module_check, module_checks
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank, weights_dtype
+from advisor.patterns.attention.scale import SCALE_NONZERO, divisors_read
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
+from advisor.patterns.attention.weights import DROPOUT_RANGE
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import int_value
@@ -36,7 +38,7 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
+GUARDABLE = (SCALE, SCALE_NONZERO, DROPOUT_RANGE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -91,6 +93,16 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 if all(_plain(c, scale) for scale in reads[1:]) else []
         elif name in MODULE_FACTS:
             reads, parts = module_checks(c, torch_name)
+        elif name == SCALE_NONZERO:  # where it is 0, NaN, inf or not a number the original runs (TorchScript's
+            # float `t == t` is True for NaN, `t * 0.0 == 0.0` is not)
+            reads = divisors_read(c, c.factors)
+            parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} != 0 and {s} * 0.0 == 0.0", s=s)
+                     for s in reads] \
+                if reads and all(_plain(c, s) for s in reads) else []
+        elif name == DROPOUT_RANGE:  # a Python number in range; anything else (a tensor too) runs the original
+            reads = c.dropout_reads
+            parts = [parse_template_expression("isinstance({p}, (int, float)) and 0.0 <= {p} <= 1.0", p=p)
+                     for p in reads] if all(_plain(c, p) for p in reads) else []
         elif name == SCALE:
             reads = [c.values.scalar_expression(factor) for _, factor in c.factors
                      if c.values.scalar_guess(factor) is not None]

@@ -164,7 +164,8 @@ def value_roles(c: Candidate) -> None:
     weights.value_roles(c, c.core)
 
 
-@step(reads="flow inlined softmax_dropouts weights", writes="identity_ok leaf_nodes match.dropout_p")
+@step(reads="flow inlined softmax_dropouts weights",
+      writes="dropout_reads identity_ok leaf_nodes match.dropout_p match.facts")
 def dropout_role(c: Candidate) -> None:
     """SDPA's `dropout_p`, under the original's training flag."""
     weights.dropout_role(c, c.softmax_dropouts + c.weights.dropouts)
@@ -266,9 +267,9 @@ def flag(c: Candidate) -> None:
     flags.plan_flag(c, c.output_statement)
 
 
-@step(reads=("deleted_modules dtype_changes factors flow home inlined leaf_nodes match.facts match.hoist_anchor "
-             "match.hoisted match.key match.masks match.query match.removed match.renamed match.row_fixup match.take "
-             "match.unwrap module_refusal output_statement tensor_scale_reads values weights"),
+@step(reads=("deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes match.facts "
+             "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
+             "match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
     """A run-time check for each assumed metadata fact that can be checked (a deleted module the file may rebind:

@@ -62,6 +62,7 @@ def scale_and_mask_roles(c: Candidate) -> None:
     for factor in c.factors + post_cap:
         c.leaf_nodes.append(c.values.scalar_expression(factor[1]))
         _scale_fact(c, factor[1])
+    _divisor_fact(c, c.factors)
     c.leaf_nodes.extend(guard.test for guard in chain.factor_guards.values())
     for term in match.masks:
         if term.scaled_after and term.kind != "keep" and term.kind != "causal":
@@ -104,6 +105,28 @@ def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
         claims = parameter_claims(c, [factor], NUMBER) or tuple(
             Claim(function, name, NUMBER) for function, name in c.values.constructor_parameters(factor))
         c.match.facts.assumed("scale-is-number", statement, guess, claims)
+
+
+SCALE_NONZERO = "scale-nonzero"
+
+
+def divisors_read(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -> list[cst.BaseExpression]:
+    """The divisors that are a read of a name or attribute holding no literal (`/ t`, `/ self.temperature`)."""
+    found = [c.values.scalar_expression(factor) for kind, factor in factors if kind == "div"]
+    return [node for node in found if isinstance(node, (cst.Name, cst.Attribute))
+            and c.values.literal_number(node) is None]
+
+
+def _divisor_fact(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -> None:
+    """The original divides the scores by a number, and a zero (or NaN) gives infinities and NaN there; the patch
+    would compute `1.0 / t`, which raises ZeroDivisionError (and SDPA reads a NaN scale otherwise). A divisor that
+    is a read of a parameter or attribute is assumed nonzero and not NaN (guarded `isinstance(t, (int, float)) and t != 0 and t * 0.0 == 0.0`, see
+    attention.guards); one built from literals, sizes and math functions is taken as the head size shows it."""
+    reads = divisors_read(c, factors)
+    if reads:
+        c.match.facts.assumed(SCALE_NONZERO, f"the divisor `{short(c.parsed, reads[0])}` is neither 0 nor NaN",
+                              "it is read from a parameter or attribute (a 0 would make the patch raise "
+                              "ZeroDivisionError where the original gives NaN)")
 
 
 def _scale(c: Candidate) -> cst.BaseExpression | None:

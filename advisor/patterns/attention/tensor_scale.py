@@ -23,8 +23,9 @@ from advisor.patterns.attention.tensor_facts import rank_bounds, reaching_values
 from advisor.patterns.masks import _subscript_bounds
 from advisor.patterns.ops import Op, int_value
 from advisor.static.codegen import atomic, parenthesized
+from advisor.static.dataflow import loaded_names
 
-BROADCAST, DTYPE = "scale-broadcast", "scale-dtype"
+BROADCAST, DTYPE, TENSOR_NONZERO = "scale-broadcast", "scale-dtype", "scale-divisor-nonzero"
 # elementwise: the result has the broadcast shape of the tensors among the arguments
 ELEMENTWISE = {"exp", "log", "clamp", "clamp_min", "clamp_max", "clip", "sigmoid", "softplus", "abs", "neg", "sqrt",
                "rsqrt", "reciprocal", "tanh", "pow", "mul", "div", "add", "sub", "square", "relu", "exp2", "log1p"}
@@ -49,6 +50,7 @@ def fold_into_query(c: Candidate, ndim: int | None) -> None:
     shapes = [_shape(c, factor) for _, factor in c.tensor_factors]
     _broadcast_fact(c, shapes, q_low)
     _dtype_fact(c, shapes)
+    _divisor_fact(c)
     query = c.match.query
     for kind, factor in c.tensor_factors:
         scaled = cst.BinaryOperation(atomic(query), cst.Multiply() if kind == "mul" else cst.Divide(),
@@ -90,6 +92,12 @@ def _broadcast_fact(c: Candidate, shapes: list[Shape], q_low: int) -> None:
             raise Refusal(f"the scores are multiplied by `{short(c.parsed, factor)}`, whose last axis has size "
                           f"{last}, not 1: each score gets its own factor (a multiplicative mask), which SDPA "
                           f"cannot express")
+    key_names = {name.value for name in loaded_names(c.leaf_nodes[1])}
+    for (_, factor), (last, _) in zip(c.tensor_factors, shapes):
+        if last is None and key_names & {name.value for name in loaded_names(factor)}:
+            raise Refusal(f"the scores are multiplied by `{short(c.parsed, factor)}`, computed from the keys with a "
+                          f"last axis of unknown size: a per-key factor does not broadcast over the query rows, "
+                          f"and SDPA's query cannot carry it")
     unknown = [factor for (_, factor), (last, most) in zip(c.tensor_factors, shapes)
                if last is None or most is None or most > q_low]
     if not unknown:
@@ -99,6 +107,45 @@ def _broadcast_fact(c: Candidate, shapes: list[Shape], q_low: int) -> None:
     c.tensor_scale_reads[BROADCAST] = unknown
     c.match.facts.assumed(BROADCAST, statement, f"the shape of `{short(c.parsed, unknown[0])}` is not visible here "
                           f"(a last axis of another size would make it a multiplicative mask)")
+
+
+def _divisor_fact(c: Candidate) -> None:
+    """`(q·kᵀ) / s` is ±inf or NaN where `s` holds a 0, and `(q / s)·kᵀ` is not the same (a 0 of q gives NaN, the
+    product mixes infinities): exact only where `s` holds no 0, which no metadata check shows. Proved for a
+    constant built from a nonzero literal (`torch.tensor(8 ** 0.5)`), else assumed (a learned temperature)."""
+    divisors = [factor for kind, factor in c.tensor_factors if kind == "div"]
+    unknown = [factor for factor in divisors if not _nonzero_constant(c, factor, 0)]
+    if unknown:
+        c.match.facts.assumed(TENSOR_NONZERO, f"the tensor divisor `{short(c.parsed, unknown[0])}` holds no 0",
+                              "its values are not constants of the source (a 0 gives the original NaN, the "
+                              "folded query other values)")
+    elif divisors:
+        c.match.facts.proved(TENSOR_NONZERO, "the tensor divisors hold no 0", "built from nonzero literals")
+
+
+def _nonzero_constant(c: Candidate, node: cst.BaseExpression, depth: int) -> bool:
+    """`torch.tensor(x)`, `torch.full(size, x)`, `torch.ones(...)` with x a nonzero finite literal, read through
+    names, `self.` attributes assigned only that, and dtype changes; never a parameter (it learns)."""
+    if depth > 8:
+        return False
+    if isinstance(node, cst.Name):
+        values = reaching_values(c, node)
+        return bool(values) and all(_nonzero_constant(c, v, depth + 1) for v in values)
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
+            and c.owner is not None:
+        built = c.owner.only_value(node.attr.value)
+        return built is not None and _nonzero_constant(c, built, depth + 1)
+    if not isinstance(node, cst.Call):
+        return False
+    dotted = c.parsed.imported_name(node.func) or ""
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    if dotted == "torch.ones":
+        return True
+    if dotted in ("torch.tensor", "torch.full") and len(positional) >= (1 if dotted == "torch.tensor" else 2):
+        value = c.values.literal_number(positional[-1 if dotted == "torch.tensor" else 1])
+        return value is not None and value != 0 and value == value and abs(value) != float("inf")
+    return isinstance(node.func, cst.Attribute) and node.func.attr.value in SHAPE_KEEPING and \
+        _nonzero_constant(c, node.func.value, depth + 1)
 
 
 def _dtype_fact(c: Candidate, shapes: list[Shape]) -> None:

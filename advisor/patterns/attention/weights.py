@@ -213,6 +213,8 @@ def value_roles(c: Candidate, core: Op) -> None:
     elif core.name == "einsum" and c.layout.ndim != (rank(c, value_node) or c.layout.ndim):
         raise Refusal("V's rank differs from the scores' rank")
 
+DROPOUT_RANGE = "dropout-range"
+
 
 def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
     """SDPA's dropout_p: the probability when dropout runs, under the original's training flag (and under the
@@ -238,6 +240,7 @@ def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
     else:
         probability = at_home(c, p)
         c.leaf_nodes.append(p)
+        _range_fact(c, op, p)
     if number_value(p) == 0:
         return None
     training = op.params.get("training")
@@ -253,6 +256,21 @@ def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
         probability = cst.Call(func=cst.Name("getattr"), args=[
             cst.Arg(probability.value), cst.Arg(cst.SimpleString('"p"')), cst.Arg(number(0.0))])
     return cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
+
+
+def _range_fact(c: Candidate, op: Op, p: cst.BaseExpression) -> None:
+    """F.dropout raises for a probability outside [0, 1] even where it does not train, and the patch drops it there:
+    a literal is read, a dropout module's `p` was checked when it was built; any other is assumed (guarded
+    `0.0 <= p <= 1.0` where it can be read again, see attention.guards). A literal outside the range is refused."""
+    value = number_value(p)
+    if value is not None and not 0.0 <= value <= 1.0:
+        raise Refusal(f"dropout's probability {short(c.parsed, p)} is outside [0, 1]: the original raises")
+    if value is not None or op.params.get("module"):
+        return
+    c.dropout_reads.append(p)
+    c.match.facts.assumed(DROPOUT_RANGE, f"dropout's probability `{short(c.parsed, p)}` lies in [0, 1]",
+                          "it is not a literal (the original's dropout raises outside that range, even when not "
+                          "training; the patch would not)")
 
 
 def _may_be_identity(c: Candidate, op: Op) -> bool:
