@@ -226,9 +226,27 @@ def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int, trus
     scope = parsed.innermost(assign, (cst.FunctionDef, cst.Lambda, cst.ClassDef))
     if isinstance(scope, cst.ClassDef):
         return False  # a class attribute, read as `self.name` too
+    if _rebinds_itself(parsed, assign, scope, name):
+        return True  # `m = m.to(torch.bool)`: the reads of `m` here are the ones whose loop reached this one
     if scope is None:
         return all(_leaves_alone(parsed, node, depth + 1, trust) for node in _loads(parsed, parsed.module, name))
     return _local_reads_left_alone(parsed, scope, name, depth, trust)
+
+
+def _rebinds_itself(parsed: ParsedModule, assign: cst.Assign, scope: cst.CSTNode | None, name: str) -> bool:
+    """`name = name.view(...)[...]`: the value is a chain of methods and indexing on the same local, so the alias's
+    reads are reads of `name` in `scope`, every one of which the loop that reached this assignment checks (each
+    entry walks every occurrence of a name in a scope that holds this one); walking them again would only recurse."""
+    node = assign.value
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            node = node.func.value
+        elif isinstance(node, (cst.Subscript, cst.Attribute)):
+            node = node.value
+        else:
+            break
+    return isinstance(node, cst.Name) and node.value == name and \
+        parsed.innermost(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) is scope
 
 
 def local_reads_leave_alone(parsed: ParsedModule, function: cst.FunctionDef, name: str) -> bool:

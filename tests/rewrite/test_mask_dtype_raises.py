@@ -184,3 +184,38 @@ def test_a_mask_rebound_by_rearrange_is_read_as_the_parameter_it_views(tmp_path,
 def _fixed(root) -> str:
     [result] = [f for f in scan_paths([str(root)], jobs=1, fixed=True).files]
     return result.fixed
+
+
+MPT_CAUSAL = """
+s = max(q.size(-2), k.size(-2))
+causal_mask = q.new_ones(s, s, dtype=torch.float32)
+causal_mask = causal_mask.tril()
+causal_mask = causal_mask.to(torch.bool)
+causal_mask = ~causal_mask
+causal_mask = causal_mask[-q.size(-2):, -k.size(-2):]
+scores = (q @ k.transpose(-2, -1)) * 0.25
+scores = scores.masked_fill(causal_mask.view(1, 1, q.size(-2), k.size(-2)), torch.finfo(q.dtype).min)
+out = scores.softmax(dim=-1) @ v"""
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["rebound by views and casts", "an alias written in place"])
+def test_a_mask_rebound_from_itself_keeps_the_dtype_it_was_cast_to(written):
+    """MPT's causal mask is rebound from itself four times (`m = m.tril()`, `m = m.to(torch.bool)`, `m = ~m`,
+    `m = m[...]`): each rebinding is a read of the same local, so its bool dtype is read through the chain, while
+    any read that may write the tensor (an alias written in place) still keeps what it holds unproved."""
+    body = MPT_CAUSAL.replace("scores = (q", "alias = causal_mask\nalias.logical_not_()\nscores = (q") \
+        if written else MPT_CAUSAL
+    source = masked_module(body)
+    [finding] = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    facts = {status: {fact["name"] for fact in finding.extra["facts"].get(status, [])}
+             for status in ("guarded", "assumed")}
+    if written:
+        assert finding.fix_safety == "unsafe" and "mask-dtype" in facts["assumed"]
+        return
+    assert finding.fix_safety == "safe", finding.reason
+    assert "mask-dtype" not in facts["guarded"] | facts["assumed"]
+    original, patched = _pair(source, analyze_source(source, "case.py").fixed, "mpt")
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    _assert_same_outcome(original, patched, x, mask)
+    assert uses_sdpa(dispatched_ops(patched, (x, mask)))
