@@ -403,3 +403,51 @@ def test_squeezebert_is_patched_behind_the_flag_and_the_absent_mask():
     guarded = {fact["name"]: fact["why"] for fact in finding.extra["facts"].get("guarded", [])}
     assert finding.fix_safety == "safe" and finding.patch
     assert "`attention_mask is None`" in guarded["fully-masked-rows"] and "output_attentions" in guarded["flag-is-bool"]
+
+
+SPLIT = HEAD + '''
+import math
+
+
+class MultiHeadedAttention(nn.Module):
+    def __init__(self, store=False):
+        super().__init__()
+        self.store = store
+        self.dropout = nn.Dropout(0.0)
+
+    def forward_attention(self, value, scores, mask):
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+            attn = torch.softmax(scores, dim=-1).masked_fill(mask, 0.0)
+        else:
+            attn = torch.softmax(scores, dim=-1)
+        return torch.matmul(self.dropout(attn), value)
+
+    def forward(self, q, k, v, mask=None):
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+        return self.forward_attention(v, scores, mask)
+'''
+
+
+def test_attention_split_across_methods_is_reported_once_with_its_caller():
+    """ESPnet and wenet compute the scores in `forward` and pass them to `forward_attention`, which applies the
+    softmax and the value product: one finding (not one per softmax of its `if`/`else`), naming the parameter and
+    the call; a softmax of a parameter no caller computes from a product is no attention and no finding."""
+    [finding] = analyze_source(SPLIT, "m.py").findings
+    assert finding.rule == "ADV103" and not finding.fixable
+    assert "the scores are the parameter `scores`, which `MultiHeadedAttention.forward` computes" in finding.reason
+    assert "(line 24)" in finding.reason and "split across functions" in finding.reason
+    uncalled = SPLIT.replace("return self.forward_attention(v, scores, mask)", "return scores")
+    assert analyze_source(uncalled, "m.py").findings == []
+
+
+def test_weights_stored_on_the_module_are_reported_as_stored():
+    """ESPnet's `self.attn = torch.softmax(scores, dim=-1)` then `matmul(self.dropout(self.attn), value)`: code
+    outside the block may read `self.attn`, so it is not rewritten, and the reason says where they are stored."""
+    source = module("""
+        s = q @ k.transpose(-2, -1) * 0.125
+        self.attn = torch.softmax(s, dim=-1)
+        return torch.matmul(self.attn, v)
+    """)
+    [finding] = analyze_source(source, "m.py").findings
+    assert not finding.fixable and "the attention weights are stored in `self.attn`" in finding.reason

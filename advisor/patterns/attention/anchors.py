@@ -11,8 +11,9 @@ import libcst as cst
 
 from advisor.patterns import scope
 from advisor.patterns.dtypes import DTYPE_NAMES
-from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, consumers, definition_of_value,
-                                                  flow_for, function_of, listed_operand_of, statement_of)
+from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, FunctionScope, consumers,
+                                                  definition_of_value, flow_for, function_of, listed_operand_of,
+                                                  statement_of)
 from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_through_objects, calls_to,
                                                 helper_named, single_return)
 from advisor.patterns.attention.rendering import short
@@ -159,6 +160,56 @@ def _walk_reaches(c: Candidate, node: cst.CSTNode, names: set[str], depth: int, 
                if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement)))
 
 
+def scores_from_caller(c: Candidate, softmax: Op) -> str | None:
+    """Attention split across functions (ESPnet's `forward_attention(value, scores, mask)`, called by a `forward` that
+    computes `scores = q @ k^T / sqrt(d)`): the softmax's input is a parameter that a caller in this file computes
+    from a matrix product. SDPA needs q and k where the softmax is, so such a block is reported with that reason
+    rather than passed over as no attention; None for anything else."""
+    if not feeds_product(c, softmax.node, through_returns=False):
+        return None  # a softmax helper (`def stable_softmax(t): return F.softmax(t, -1)`) is part of its caller's block
+    parameters = _parameters_reached(c, softmax.operands[0], 0, set())
+    for call in calls_to(c.parsed, c.function, c.owner) if parameters else ():
+        try:
+            bound = bind_arguments(c, c.function, call)
+        except Refusal:
+            continue
+        caller = function_of(c.parsed, call)
+        entry = next(((owner, name) for function, owner, name in c.parsed.functions if function is caller), None)
+        if entry is None:
+            continue
+        at_caller = Candidate.start(FunctionScope(c.parsed, caller, entry[0], entry[1], OpReader(c.parsed, entry[0])))
+        for parameter in sorted(parameters):
+            argument = bound.get(parameter)
+            if argument is not None and reaches(at_caller, argument, CORE_OPS, depth=0):
+                return (f"the scores are the parameter `{parameter}`, which `{entry[1]}` computes from a matrix "
+                        f"product and passes here (line {c.parsed.line(call)}): attention split across functions is "
+                        f"not rewritten (SDPA needs q and k where the softmax is)")
+    return None
+
+
+def _parameters_reached(c: Candidate, node: cst.CSTNode, depth: int, seen: set[int]) -> set[str]:
+    """The parameters of the function whose values `node` is computed from, through names and updates."""
+    if depth > MAX_CHAIN:
+        return set()
+    if not isinstance(node, cst.Name):
+        return {name for child in children(node) if isinstance(child, (cst.BaseExpression, cst.Arg, cst.BaseElement))
+                for name in _parameters_reached(c, child, depth + 1, seen)}
+    flow, found = flow_for(c, node), set()
+    pending = [d.id for d in flow.definitions_of(node)]
+    while pending:
+        definition = flow.definitions.get(pending.pop())
+        if definition is None or definition.id in seen:
+            continue
+        seen.add(definition.id)
+        if definition.kind == "param":
+            found.add(definition.name)
+        elif definition.kind in ("assign", "aug", "inplace", "store"):
+            value = _written_value(definition)
+            found |= _parameters_reached(c, value, depth + 1, seen) if value is not None else set()
+            pending.extend(definition.previous)
+    return found
+
+
 def _written_value(definition: Definition) -> cst.CSTNode | None:
     """What a definition puts in its name: its value, or for `x[i] = v` (a store) the v written into x."""
     if definition.kind == "store" and isinstance(definition.statement, (cst.Assign, cst.AugAssign)):
@@ -188,14 +239,17 @@ def _reaches_definition(c: Candidate, flow: FunctionFlow, def_id: int, names: se
     return definition.value is not None and _reaches(c, definition.value, names, depth, known)
 
 
-def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
-    """The value of `node` reaches a matmul, bmm or einsum (through reads, slices, unpacking and returns)."""
+def feeds_product(c: Candidate, node: cst.CSTNode, through_returns: bool = True) -> bool:
+    """The value of `node` reaches a matmul, bmm or einsum (through reads, slices, unpacking and, unless told
+    not to, returns to this function's callers)."""
     frontier, seen, visited = [node], 0, {id(node)}  # visited: a loop makes the def-use graph cyclic
     while frontier and seen < MAX_CHAIN:
         seen += 1
         current = frontier.pop(0)
         parent = c.parsed.parents.get(current)
         if isinstance(parent, cst.Return):
+            if not through_returns:
+                continue
             frontier.extend(calls_to(c.parsed, c.function, c.owner) +
                             calls_through_objects(c.parsed, c.function, c.owner))
             continue
@@ -207,6 +261,9 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
             flow = flow_for(c, parent)
             frontier.extend(read for d in flow.definitions.values() if d.statement is parent
                             for read in flow.reads_of(d))
+            continue
+        if isinstance(parent, cst.Assign) and parent.value is current and _self_attribute(parent.targets[0].target):
+            frontier.extend(_attribute_reads(c, parent.targets[0].target))  # ESPnet's `self.attn = softmax(s)`
             continue
         if isinstance(parent, cst.Element) and listed_operand_of(c, current) is None:  # `a, b = w[..., :n], ...`
             frontier.extend(_unpacked_reads(c, parent))
@@ -221,6 +278,25 @@ def feeds_product(c: Candidate, node: cst.CSTNode) -> bool:
                 visited.add(id(consumer))
                 frontier.append(consumer)
     return False
+
+
+def _self_attribute(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+
+
+def _attribute_reads(c: Candidate, target: cst.Attribute) -> list[cst.Attribute]:
+    """The reads of `self.<attr>` in this function: where weights stored on the module go next (the screen's
+    walk only; the proof refuses weights that are stored)."""
+    found: list[cst.Attribute] = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            if node is not target and _self_attribute(node) and node.attr.value == target.attr.value and \
+                    not isinstance(c.parsed.parents.get(node), cst.AssignTarget):
+                found.append(node)
+
+    walk(c.function, _Reads())
+    return found
 
 
 def _parameter_reads(c: Candidate, arg: cst.Arg) -> list[cst.Name]:

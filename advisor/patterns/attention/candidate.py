@@ -35,6 +35,7 @@ class FunctionScope:
     name: str
     reader: OpReader
     taken_names: set[str] = field(default_factory=set)  # fresh names earlier matches of this function chose
+    split_reported: set[str] = field(default_factory=set)  # reasons given for attention split across functions
     _classes: scope.ClassTable | None = None
 
     def classes(self) -> scope.ClassTable:

@@ -82,9 +82,13 @@ def _fewest_flags(shared: FunctionScope, softmax: Op, off: frozenset, match: Att
 
 def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
     """One candidate: None when it does not look like attention, else a match or the reason there is none."""
-    if not anchors.looks_like_attention(c, softmax):
-        return None
     statement = statement_of(c.parsed, softmax.node)
+    if not anchors.looks_like_attention(c, softmax):
+        split = anchors.scores_from_caller(c, softmax)
+        if split is None or split in c.scope.split_reported:
+            return None  # not attention, or a softmax of a block already reported (`if mask: ... else: ...`)
+        c.scope.split_reported.add(split)
+        return AttentionMatch(c.scope.name, c.parsed.line(statement), c.parsed.end_line(statement), reason=split)
     if anchors.is_guarded_fallback(c.parsed, statement):
         return None
     match = AttentionMatch(c.scope.name, c.parsed.line(statement), c.parsed.end_line(statement))

@@ -46,6 +46,9 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
             continue
         consumer, op = consumers(c, node)[0]
         if op is None:
+            if isinstance(parent, cst.Assign) and isinstance(parent.targets[0].target, cst.Attribute):
+                raise Refusal(f"the attention weights are stored in `{short(c.parsed, parent.targets[0].target)}` "
+                              f"(line {c.parsed.line(parent)}), where code outside the block may read them")
             if isinstance(parent, (cst.Element, cst.Return)) or consumer is None:
                 raise Refusal("the attention weights are returned before any value product")
             raise Refusal(f"the attention weights flow into `{short(c.parsed, consumer)}`")
