@@ -133,11 +133,48 @@ def test_where_the_row_is_not_constant_under_if_no_uniform_fixup_is_emitted(mask
     _assert_no_uniform_fixup(source, why)
 
 
-def test_two_fills_under_two_ifs_get_no_uniform_fixup():
-    source = FUNCTION.replace("mask=None)", "mask=None, pad=None)").format(
+def _two_fills(second_fill: str) -> str:
+    return FUNCTION.replace("mask=None)", "mask=None, pad=None)").format(
         test="mask is not None", masking="scores.masked_fill(mask == 0, -1e9)\n"
-        "    if pad is not None:\n        scores = scores.masked_fill(pad, -1e9)")
-    _assert_no_uniform_fixup(source, "two fills")
+        f"    if pad is not None:\n        scores = scores.masked_fill(pad, {second_fill})")
+
+
+def test_two_fills_of_one_value_under_two_ifs_share_one_keep_mask():
+    """MPT fills padding and the causal triangle with one value, each under its own `if`: a row masked by either is
+    that value everywhere, so the keep mask is each fill's keep mask ANDed where it runs. Every path (neither, one,
+    the other, both) against the original, with a sample all padding and a row the two masks cover only together."""
+    source = _two_fills("-1e9")
+    finding = _attention_finding(source)
+    assert finding.fix_safety == "safe" and not _facts(finding, "assumed"), finding.reason
+    fixed = analyze_source(source, "case.py").fixed
+    assert "attn_keep = None" in fixed and "attn_keep is None else attn_keep &" in fixed
+    original = load_module_from_source(source, "two_fills").attend
+    patched = load_module_from_source(fixed, "two_fills_fixed").attend
+    generator = torch.Generator().manual_seed(5)
+    keep = torch.ones(B, 1, 1, S)
+    keep[0, ..., :3] = 0  # with the causal pad below, sample 0's first rows keep no key
+    keep[2] = 0  # a sample all padding
+    pad = torch.ones(L, S, dtype=torch.bool).triu(1)
+    for dtype, tolerance in TOLERANCE.items():
+        q, k, v = (torch.randn(B, H, n, E, generator=generator).to(dtype) for n in (L, S, S))
+        upstream = torch.randn(B, H, L, E, generator=generator).to(dtype)
+        for masks in ((None, None), (keep, None), (None, pad), (keep, pad)):
+            results = []
+            for function in (original, patched):
+                inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+                out = function(*inputs, *masks)
+                out.backward(upstream)
+                results.append((out.detach(), [t.grad for t in inputs]))
+            where = f"{dtype}, mask {masks[0] is not None}, pad {masks[1] is not None}"
+            torch.testing.assert_close(results[1][0], results[0][0], atol=tolerance, rtol=tolerance,
+                                       msg=lambda m: f"{where}: {m}")
+            for ours, theirs in zip(results[1][1], results[0][1]):
+                torch.testing.assert_close(ours, theirs, atol=tolerance * 10, rtol=tolerance * 10,
+                                           msg=lambda m: f"{where}, gradients: {m}")
+
+
+def test_two_fills_of_different_values_get_no_uniform_fixup():
+    _assert_no_uniform_fixup(_two_fills("-1e4"), "two fills of two values")
 
 
 def _assert_no_uniform_fixup(source: str, why: str) -> None:

@@ -32,12 +32,8 @@ def assemble_mask(c: Candidate) -> None:
         term.expression = metadata_translated(c, term.expression)
     fixup = match.row_fixup
     if fixup is not None and fixup.conditional:  # bound where the original fills, None where it does not
-        (term,) = terms
-        match.hoist_anchor = term.guard
-        match.hoist_init = cst.SimpleStatementLine([assignment(fixup.keep_name, cst.Name("None"))])
-        match.hoisted[term.statement] = assignment(fixup.keep_name, fixup.keep)
-        term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
-        match.attn_mask = cst.Name(fixup.keep_name)
+        match.attn_mask = _hoist(c, terms, list(fixup.keeps), cst.BitAnd, fixup.keep_name,
+                                 assignment(fixup.keep_name, cst.Name("None")))
         return
     if fixup is not None:  # one finite fill: the keep mask, its fully masked rows made uniform
         match.attn_mask = fixup.keep
@@ -88,31 +84,37 @@ def _tests_not_none(c: Candidate, test: cst.BaseExpression, mask: cst.BaseExpres
 def _hoist_masks(c: Candidate, terms: list[MaskTerm]) -> None:
     """Masks applied under `if`s are evaluated where the original applied them, into one variable that
     starts as None (SDPA's "no mask") and accumulates each term; several terms are added as floats."""
+    name = fresh_name(c, "attn_mask")
+    values = [_sole_mask(c, terms[0])] if len(terms) == 1 else [_additive(c, term) for term in terms]
+    c.match.attn_mask = _hoist(c, terms, values, cst.Add, name, _no_mask_yet(c, name))
+
+
+def _hoist(c: Candidate, terms: list[MaskTerm], values: list[cst.BaseExpression], operator: type[cst.BaseBinaryOp],
+           name: str, init: cst.BaseSmallStatement) -> cst.Name:
+    """Each term's value (an additive mask, or a finite fill's keep mask) bound to `name` where the original
+    applies the term, combined by `operator` with the terms bound before it on the same run; `name` starts as
+    None above the first where that one is conditional. Returns the name SDPA reads."""
     match = c.match
     if len({id(term.statement) for term in terms}) != len(terms):
         raise Refusal("two conditional masks are applied in one statement")
     if any(in_inlined(c, term.statement) for term in terms):
         raise Refusal("a conditional mask is applied inside a helper, and helpers are never edited")
-    name = fresh_name(c, "attn_mask")
     variable = cst.Name(name)
     first = terms[0]
     if first.guard is not None:  # the variable must exist when that `if` is not taken
         match.hoist_anchor = first.guard
-        match.hoist_init = cst.SimpleStatementLine([_no_mask_yet(c, name)])
-    for position, term in enumerate(terms):
-        if len(terms) == 1:
-            value = _sole_mask(c, term)
-        elif all(_exclusive(c, term.statement, earlier.statement) for earlier in terms[:position]):
-            value = _additive(c, term)  # the first on every path that reaches it (another branch of an `if`)
+        match.hoist_init = cst.SimpleStatementLine([init])
+    for position, (term, value) in enumerate(zip(terms, values)):
+        if position == 0 or all(_exclusive(c, term.statement, earlier.statement) for earlier in terms[:position]):
+            bound = value  # the first on every path that reaches it (another branch of an `if`)
         elif first.guard is None:  # assigned unconditionally by the first term
-            value = cst.BinaryOperation(variable, cst.Add(), atomic(_additive(c, term)))
+            bound = cst.BinaryOperation(variable, operator(), atomic(value))
         else:
-            added = atomic(_additive(c, term))
-            value = cst.IfExp(test=cst.Comparison(variable, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
-                              body=added, orelse=cst.BinaryOperation(variable, cst.Add(), added))
-        match.hoisted[term.statement] = assignment(name, value)
+            bound = cst.IfExp(test=cst.Comparison(variable, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
+                              body=atomic(value), orelse=cst.BinaryOperation(variable, operator(), atomic(value)))
+        match.hoisted[term.statement] = assignment(name, bound)
         term.nodes = []  # evaluated in place: their names need not stay bound until the SDPA call
-    match.attn_mask = variable
+    return variable
 
 
 def _exclusive(c: Candidate, one: cst.CSTNode, other: cst.CSTNode) -> bool:

@@ -68,6 +68,7 @@ class RowFixup:
     # the fill is applied under an `if`: `keep_name` starts as None and is bound where the original fills, so a
     # run that skips the fill reaches SDPA with q and no mask
     conditional: bool = False
+    keeps: tuple[cst.BaseExpression, ...] = ()  # each fill's keep mask, as `match.masks` orders them
 
 
 @dataclass

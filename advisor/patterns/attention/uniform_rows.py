@@ -9,10 +9,11 @@ original applies it), and q and k get no gradient from the row, as `masked_fill`
 branch on data; the masks broadcast as before (`any` over a broadcast key axis is the same for every copy).
 
 Only where the row is constant in the original: every term a finite fill of one value (an added term, or a second
-fill of another value, breaks it), in a statement that evaluates its value product every time it runs. One fill
-applied under an `if` (`if exists(mask): s = s.masked_fill(~mask, -1e9)`) has its keep mask bound where the
-original fills, to a name that starts as None: a run that fills gets the fixup, one that does not gets q and no
-mask, as the original softmaxes the plain scores (not where TorchScript compiles the function, which would type the
+fill of another value, breaks it), in a statement that evaluates its value product every time it runs. Fills
+applied under an `if` (`if exists(mask): s = s.masked_fill(~mask, -1e9)`; MPT's padding and causal fills, each under
+its own `if`) have their keep masks bound where the original fills, to a name that starts as None and is ANDed with
+each later fill's: a run that fills gets the fixup of the fills it ran, one that does not gets q and no mask, as the
+original softmaxes the plain scores (not where TorchScript compiles the function, which would type the
 name at its first assignment). `masked_fill` raises on a fill beyond the scores'
 dtype (-1e9 in float16); the patch no longer fills, so those dtypes are recorded for a guard.
 """
@@ -49,15 +50,17 @@ def plan_row_fixup(c: Candidate) -> RowFixup | None:
     if torch_name is None or None in fills or len(set(fills)) > 1 or not _evaluated_once(c):
         return None
     conditional = any(term.guard is not None for term in terms)
-    if conditional and (len(terms) > 1 or in_inlined(c, terms[0].statement) or
+    if conditional and (len({id(term.statement) for term in terms}) < len(terms) or
+                        any(in_inlined(c, term.statement) for term in terms) or
                         scope.is_scripted(c.parsed, c.home, c.owner)):
-        return None  # the keep mask is bound where the original fills: one statement, in the function edited
+        return None  # the keep mask is bound where the original fills: one statement each, in the function edited
     unfit = () if fills[0] == OWN else tuple(name for name in NARROW if abs(fills[0]) > FLOAT_MAX[name])
     if (unfit or fills[0] == OWN) and c.dtype_changes:
         return None  # a cast in the block: the scores' dtype at the fill is not visibly the query's
     keeps = [term_mask(c, _keep_term(c, term)) for term in terms]
     keep = keeps[0] if len(keeps) == 1 else joined(cst.BitAnd, [atomic(keep) for keep in keeps])
-    return RowFixup(torch_name, keep, fresh_name(c, "attn_keep"), fresh_name(c, "attn_rows"), unfit, conditional)
+    return RowFixup(torch_name, keep, fresh_name(c, "attn_keep"), fresh_name(c, "attn_rows"), unfit, conditional,
+                    tuple(keeps))
 
 
 def _replaces(term: MaskTerm) -> bool:
