@@ -55,6 +55,10 @@ class TreeContext:
         return (self.project, self.autograd)
 
 
+OUTSIDE_CALLERS = ("call-site facts are off (`--no-call-site-facts`), so callers outside the scanned tree may ask "
+                   "for double backward or forward-mode AD")
+
+
 def tree_context(paths: list[str], call_site_facts: bool = True, cache=None) -> TreeContext:
     """The scanned tree's context (`tree_wide_facts`, then the call sites when `call_site_facts`). One file is its own
     tree: its hooks are its parse's own."""
@@ -66,7 +70,7 @@ def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) 
     """What the whole tree says, with each file read once: the process-wide hooks it registers (static.project) and
     what it asks of autograd. An unreadable or unparsable file adds nothing: the scan reports it. `callers_in_tree`
     (the call-site-facts setting): a site passing on its function's parameter asks nothing where nothing in the tree
-    uses that function; off, every such site asks (the callers may live outside the tree). `cache`
+    uses that function; off, every such site asks, and so do the callers outside the tree (OUTSIDE_CALLERS). `cache`
     (advisor.static.scan_cache.ScanCache) keeps each file's part by its content, and learns each file's digest."""
     hooks: list = []
     autograd: list[AutogradSite] = []
@@ -83,8 +87,8 @@ def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) 
         reverse += found_reverse
     # reverse transforms in two files may nest as in one
     autograd += nested(reverse, lambda name: _uses(paths, name), lambda: _first_plain_pass(paths))
-    if not callers_in_tree:
-        return project_facts(hooks), TreeFacts(len(paths), tuple(autograd))
+    if not callers_in_tree:  # a library's callers may take double backward through it whatever the tree says
+        return project_facts(hooks), TreeFacts(len(paths), (*autograd, AutogradSite(OUTSIDE_CALLERS)))
     return project_facts(hooks), TreeFacts(len(paths), *_callers_decide(autograd, lambda name: _used(paths, name)))
 
 

@@ -9,6 +9,7 @@ is assumed (in this file, in another file of the scan), and how names are resolv
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -459,3 +460,18 @@ def test_one_reverse_transform_wrapped_by_a_helper_used_once_asks_nothing(tmp_pa
             return derivative(lambda s: model(x * s).sum())(s)
     ''')])
     assert finding.fix_safety == "safe"
+
+
+def test_with_call_site_facts_off_callers_outside_the_tree_may_ask(tmp_path):
+    """A library author turns call-site facts off because the callers live outside the scanned tree; a user there
+    may take a gradient penalty through the block, which the fused kernel's patch would break. The fact is then
+    assumed, naming the setting, except where no fused kernel takes the call (the math kernel has both)."""
+    (tmp_path / "attn.py").write_text(MODEL)
+    (tmp_path / "folded.py").write_text(FOLDED)
+    library = {Path(f.path).name: f for f in scan_paths([str(tmp_path)], jobs=1, call_site_facts=False).findings
+               if f.kind == "attention"}
+    assert library["attn.py"].fix_safety == "unsafe"
+    assert "callers outside the scanned tree may ask" in _fact(library["attn.py"], "assumed")["why"]
+    assert library["folded.py"].fix_safety == "safe" and "math kernel" in _fact(library["folded.py"], "proved")["why"]
+    tree = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert [f.fix_safety for f in tree] == ["safe", "safe"]

@@ -138,7 +138,7 @@ def test_what_another_file_asks_of_autograd_keys_an_unchanged_files_result(tmp_p
     root = _tree(tmp_path / "tree", {"attn.py": ATTEND, "train.py": PLAIN_STEP})
 
     def autograd_fact() -> str:
-        (found,) = [f for f in scan_paths([str(root)], call_site_facts=False).findings if f.kind == "attention"]
+        (found,) = [f for f in scan_paths([str(root)]).findings if f.kind == "attention"]
         return next(status for status, facts in found.extra["facts"].items()
                     if any(fact["name"] == "first-order-autograd" for fact in facts))
 
