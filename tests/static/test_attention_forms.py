@@ -441,6 +441,23 @@ def test_attention_split_across_methods_is_reported_once_with_its_caller():
     assert analyze_source(uncalled, "m.py").findings == []
 
 
+def test_an_expectation_over_bins_the_function_builds_is_not_split_attention():
+    """ESMFold's `softmax(logits) @ bin_centers`, the logits an einsum of its caller: the value operand is built in
+    the function, not passed in beside the scores, so it is no attention and no finding."""
+    source = HEAD + """
+
+def categorical_mean(logits, start: float, end: float):
+    edges = torch.linspace(start, end, logits.shape[-1] + 1)
+    centers = (edges[:-1] + edges[1:]) / 2
+    return (logits.softmax(-1) @ centers.unsqueeze(1)).squeeze(-1)
+
+
+def head(x, w):
+    return categorical_mean(torch.einsum("...c,...cb->...b", x, w), 0.0, 1.0)
+"""
+    assert [f for f in analyze_source(source, "m.py").findings if f.kind == "attention"] == []
+
+
 def test_weights_stored_on_the_module_are_reported_as_stored():
     """ESPnet's `self.attn = torch.softmax(scores, dim=-1)` then `matmul(self.dropout(self.attn), value)`: code
     outside the block may read `self.attn`, so it is not rewritten, and the reason says where they are stored."""

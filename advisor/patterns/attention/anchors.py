@@ -168,7 +168,9 @@ def scores_from_caller(c: Candidate, softmax: Op) -> str | None:
     if not feeds_product(c, softmax.node, through_returns=False):
         return None  # a softmax helper (`def stable_softmax(t): return F.softmax(t, -1)`) is part of its caller's block
     parameters = _parameters_reached(c, softmax.operands[0], 0, set())
-    for call in calls_to(c.parsed, c.function, c.owner) if parameters else ():
+    if not parameters or not _value_passed_in(c, parameters):
+        return None  # `softmax(logits) @ bin_centers`: an expectation over bins the function builds, not attention
+    for call in calls_to(c.parsed, c.function, c.owner):
         try:
             bound = bind_arguments(c, c.function, call)
         except Refusal:
@@ -185,6 +187,43 @@ def scores_from_caller(c: Candidate, softmax: Op) -> str | None:
                         f"product and passes here (line {c.parsed.line(call)}): attention split across functions is "
                         f"not rewritten (SDPA needs q and k where the softmax is)")
     return None
+
+
+VALUE_VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "unsqueeze", "flatten", "expand",
+                         "to", "type_as", "float", "half", "bfloat16"})
+
+
+def _value_passed_in(c: Candidate, scores: set[str]) -> bool:
+    """A matrix product of the function takes, as one operand, another parameter (or a view of one): the values
+    the caller passes beside its scores, as `forward_attention(value, scores, mask)` takes them."""
+    products: list[Op] = []
+
+    class _Products(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            self.keep(node)
+
+        def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+            self.keep(node)
+
+        def keep(self, node: cst.CSTNode) -> None:
+            op = c.reader.read(node)
+            if op is not None and op.name in ("matmul", "bmm", "einsum"):
+                products.append(op)
+
+    walk(c.function, _Products())
+    return any(_viewed_parameter(c, operand) - scores for op in products for operand in op.operands)
+
+
+def _viewed_parameter(c: Candidate, node: cst.BaseExpression) -> set[str]:
+    """{the parameter} when `node` is one read as is or through views and casts; empty otherwise."""
+    while isinstance(node, cst.Subscript) or isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+            and node.func.attr.value in VALUE_VIEWS:
+        node = node.value if isinstance(node, cst.Subscript) else node.func.value
+    if not isinstance(node, cst.Name):
+        return set()
+    definitions = flow_for(c, node).definitions_of(node)
+    return {node.value} if definitions and all(d.kind == "param" for d in definitions) and node.value != "self" \
+        else set()
 
 
 def _parameters_reached(c: Candidate, node: cst.CSTNode, depth: int, seen: set[int]) -> set[str]:
