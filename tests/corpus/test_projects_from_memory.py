@@ -50,9 +50,9 @@ JUDGEMENTS: dict[str, Judgement] = {
                          "MISS, reason misleading: the weights reach bmm through a (b, h) -> (b*h) view (before "
                          "this round it was silent: alibi.baddbmm(batch1=, batch2=) and beta=self.beta were unread)"),
     "p12_opt": J((REFUSED, REFUSED), ("torch.max",), "right: the clamp torch.max(scores, finfo.min)"),
-    "p13_mpt": J((UNSAFE,), ("fully masked",),
-                 "right: dropout under `if dropout_p:` is dropout; the finite fill on key padding is an assumption "
-                 "(the unannotated scale is guarded)"),
+    "p13_mpt": J((SAFE,), (),
+                 "right since the padding and causal fills of one finite value share a keep mask (was UNSAFE on "
+                 "fully masked rows): dropout under `if dropout_p:` is dropout, the unannotated scale is guarded"),
     "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
     "p15_blip_saved_map": J((UNSAFE,), ("fully masked",),
                             "right: the map is saved and hooked only under `if self.save_attention:`, "
