@@ -28,6 +28,7 @@ from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 
 RANK, NOT_FLOAT, BOOL, SMALL, NUMBER, DROPS = "rank", "not-float", "bool", "small-values", "number", "drops-result"
+KEEPS_A_KEY = "small-values-or-causal"  # SMALL, or a causal additive mask (the block reads the rows as they are)
 SMALL_LIMIT = 10.0  # |values| of an added mask that leave a row masked everywhere as precise as the scores
 MAX_DEPTH = 4  # callers followed through parameters passed on
 NON_FLOAT_DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64"}
@@ -48,6 +49,9 @@ SHOWS = {RANK: "a mask whose indexing, reshaping or creation gives it a rank SDP
          SMALL: f"a mask whose values are at most {SMALL_LIMIT:g} in magnitude (zeros, 0/1, a comparison times a "
                 f"small constant, a bounded random draw), which swallows no row: a row masked everywhere is "
                 f"softmax(scores + mask) in both", NUMBER: "a Python number",
+         KEEPS_A_KEY: f"a mask whose values are at most {SMALL_LIMIT:g} in magnitude, or a causal additive mask "
+                      f"(-inf or a mask fill above the diagonal, 0 on and below it: key 0 of every row is 0), which "
+                      f"swallows no row",
          DROPS: "nothing for the weights: each call's result is unused, indexed at another position, or unpacked "
                 "into a name never read there"}
 
@@ -140,9 +144,11 @@ def _holds(site: CallSite, claim: Claim) -> bool:
         return low >= need_low and (need_high is None or (high is not None and high <= need_high))
     if claim.check in (NOT_FLOAT, BOOL):
         return scope.not_float(argument, bool_only=claim.check == BOOL)
-    if claim.check == SMALL:
+    if claim.check in (SMALL, KEEPS_A_KEY):
         bounds = scope.interval(argument)
-        return bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT
+        if bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT:
+            return True
+        return claim.check == KEEPS_A_KEY and scope.causal_additive(argument)
     if claim.check == NUMBER:
         return scope.python_number(argument)
     return False
@@ -185,6 +191,16 @@ def _peer_arguments(site: CallSite, claim: Claim) -> list[cst.BaseExpression]:
     return found
 
 
+@dataclass(frozen=True)
+class MaskReader:
+    """What the causal-mask readers (`attention.causal`) ask of where a mask is read, at a call site."""
+
+    parsed: ParsedModule
+    owner: object  # the caller's class (`module_index.ClassInfo`), or None
+    reader: OpReader
+    values: ValueProver
+
+
 class SiteScope:
     """An expression at a call site: what its names hold there (assignments in its function, a module-level
     tensor assigned once, an attribute its class assigns once), read without running anything."""
@@ -202,6 +218,16 @@ class SiteScope:
 
     def prover(self) -> ValueProver | None:
         return ValueProver(self.parsed, self.parsed.flow(self.function), self.owner) if self.function else None
+
+    def causal_additive(self, node: cst.BaseExpression) -> bool:
+        """`node` is a causal additive mask, 0 at key 0 of every row, as the block's own would be proved
+        (`causal.reads_causal_additive`), reading names as they are here (a module-level call reads globals)."""
+        from advisor.patterns.attention.causal import reads_causal_additive
+
+        flow = self.parsed.flow(self.function) if self.function else None
+        reader = MaskReader(self.parsed, self.owner, OpReader(self.parsed, self.owner),
+                            ValueProver(self.parsed, flow, self.owner))
+        return reads_causal_additive(reader, node, self.values)
 
     def values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
         """The values assigned to `name` that reach this read; None when anything else may (a parameter, an

@@ -34,7 +34,7 @@ FLOAT_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355
 class ValueProver:
     """Answers questions about expressions inside one function."""
 
-    def __init__(self, parsed: ParsedModule, flow: FunctionFlow, owner: ClassInfo | None,
+    def __init__(self, parsed: ParsedModule, flow: FunctionFlow | None, owner: ClassInfo | None,
                  guesses: list[str] | None = None,
                  constructor_guesses: list[tuple[cst.FunctionDef, str, str]] | None = None) -> None:
         self.parsed = parsed
@@ -380,7 +380,7 @@ class ValueProver:
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) in ("torch.full", "torch.full_like") \
                 and len(node.args) > 1 and (node.args[1].keyword is None or node.args[1].keyword.value == "fill_value"):
             return self.fill_kind(node.args[1].value, depth + 1)
-        if isinstance(node, cst.Name):
+        if isinstance(node, cst.Name) and self.flow is not None:  # no flow: a module-level expression
             definitions = self.flow.definitions_of(node)
             kinds = {self.fill_kind(d.value, depth + 1) if d.kind == "assign" and d.index is None
                      else (self.fill_kind(d.default, depth + 1) if d.kind == "param" and d.default else None)

@@ -467,6 +467,60 @@ def test_a_forward_pre_hook_may_change_the_arguments(tmp_path, statement):
     assert _attention(_tree(tmp_path, {"script.py": source}))[0].fix_safety == "unsafe"
 
 
+# -- a causal additive mask passed in: key 0 of every row is 0, so no fill swallows a row --------------------------
+CAUSAL_BUFFER = '        self.register_buffer("causal", torch.full((8, 8), float("-inf")).triu(1), persistent=False)\n'
+
+
+@pytest.mark.parametrize("mask", [
+    'torch.full((n, n), float("-inf")).triu(1)',
+    "torch.zeros(n, n).masked_fill(torch.tril(torch.ones(n, n)) == 0, -1e9)",
+    'torch.where(torch.tril(torch.ones(n, n)).bool(), 0.0, float("-inf"))[None, None]',
+    "self.causal[:n, :n]",  # a buffer built as one, sliced from column 0
+])
+def test_a_causal_additive_mask_from_every_call_site_proves_no_row_is_swallowed(tmp_path, mask):
+    model = MODEL.format(module="attn", mask=mask, scale="0.25").replace(
+        "        self.embed = nn.Embedding(20, dim)\n", "        self.embed = nn.Embedding(20, dim)\n" + CAUSAL_BUFFER)
+    root = _tree(tmp_path, {"attn.py": ATTEND, "model.py": model})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "fully-masked-rows" in _names(finding, "from_call_sites")
+    assert "causal additive mask" in next(f["why"] for f in finding.extra["facts"]["from_call_sites"]
+                                          if f["name"] == "fully-masked-rows")
+    _assert_parity(tmp_path, root, result, "model")
+    _assert_gradient_parity(tmp_path / "patched", root, "model")
+
+
+@pytest.mark.parametrize("mask, attend", [
+    ('torch.full((n, n), float("-inf")).triu(0)', ATTEND),  # the diagonal masked too: row 0 masks every key
+    ('torch.full((n, n), float("-inf")).tril(-1)', ATTEND),  # key 0 masked below the first row
+    ('torch.full((n, n), float("-inf")).triu(1)', ATTEND.replace("+ mask", "+ mask.roll(1, -1)")),  # columns moved
+    ('torch.full((n, n + 1), float("-inf")).triu(1)', ATTEND),  # not a square: its own extent
+])
+def test_a_mask_that_may_mask_a_whole_row_or_is_read_through_columns_proves_nothing(tmp_path, mask, attend):
+    root = _tree(tmp_path, {"attn.py": attend, "model.py": MODEL.format(module="attn", mask=mask, scale="0.25")})
+    finding, _ = _attention(root)
+    assert "fully-masked-rows" in _names(finding, "assumed") and finding.fix_safety == "unsafe"
+
+
+def _assert_gradient_parity(patched: Path, root: Path, module: str) -> None:
+    """Float64 gradients of every parameter, the original's against the patch's, on the same weights."""
+    grads = []
+    for folder in (root, patched):
+        sys.path.insert(0, str(folder))
+        try:
+            torch.manual_seed(0)
+            model = importlib.import_module(module).Model().double()
+            model(_padded_ids()).square().sum().backward()
+            grads.append({name: p.grad for name, p in model.named_parameters()})
+        finally:
+            sys.path.remove(str(folder))
+            for name in [n for n in sys.modules if n in ("attn", "model", "modules")]:
+                del sys.modules[name]
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-10, rtol=1e-10, msg=name)
+
+
 # -- generated call sites: every safe patch must compute what the original computes --------------------------
 BASES = ["(ids == self.pad)", "(ids != self.pad)", "torch.zeros(b, n)", "torch.rand(b, n)", "torch.randn(b, n)"]
 SHAPES = [".view(b, 1, 1, n)", "[:, None, None, :]", ".view(b, n)", ".view(b, 1, n)", ".view(1, b, 1, 1, n)",

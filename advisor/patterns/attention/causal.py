@@ -8,15 +8,20 @@ buffer of -inf strictly above the diagonal and 0 elsewhere (CLIP's and Whisper's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
 from advisor.patterns import scope
-from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import walk
+
+if TYPE_CHECKING:  # annotations only: call sites read masks here too (`call_site_facts`), without a Candidate
+    from advisor.patterns.attention.candidate import Candidate
 
 CAUSAL_EXTENT = "causal-extent"  # the triangle is (L, S): `is_causal` is exact only then
 # what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
@@ -138,21 +143,42 @@ def _linear(node: cst.BaseExpression) -> dict[str, float] | None:
 
 
 def added_keeps_first_key(c: Candidate, mask: cst.BaseExpression) -> bool:
-    """An added mask `self.buf` or `self.buf[..., :L, :S]` (columns from 0) whose buffer is a square of -inf
-    strictly above the diagonal and 0 elsewhere: row r keeps keys 0..r, so no query row is fully masked. So does a
-    module-level tensor (`module_values`), under views and casts, built as 0 on and below the diagonal and a mask
-    fill above it (`torch.zeros(n, n).masked_fill(torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of
-    the triangle, 0.0 and the fill): every row keeps key 0 at 0, which no fill can swallow."""
-    built = _buffer_from_first_column(c, mask, sliced=False)
+    """An added mask, under views and casts that keep its rows (`under_row_views`), that is 0 at key 0 of every row:
+    the class's buffer `self.buf` or `self.buf[..., :L, :S]` (columns from 0), or a module-level tensor
+    (`module_values`), built as a causal additive mask (`built_keeps_first_key`). No fill can swallow such a row."""
+    def module_level(name: cst.Name) -> list[cst.BaseExpression] | None:
+        found = module_value(c.parsed, name.value) if c.flow.reaching.get(name) == frozenset({UNDEFINED}) else None
+        return [found.value] if found is not None else None
+
+    return reads_causal_additive(c, mask, module_level)
+
+
+def reads_causal_additive(c, mask: cst.BaseExpression,
+                          values_of: Callable[[cst.Name], list[cst.BaseExpression] | None]) -> bool:
+    """`mask` reads a causal additive mask, 0 at key 0 of every row: a buffer of the class of `c` (a `Candidate`,
+    or any reader with its `parsed`, `owner`, `reader` and `values`) read from column 0, an expression built as
+    one, or a name whose every value `values_of` gives (None: not all are visible) is built as one. Call sites ask this too
+    (`call_site_facts`), with what the names hold there."""
+    base = under_row_views(mask)
+    built = _buffer_from_first_column(c, base, sliced=False)
     if built is not None:
-        return _neginf_above_diagonal(c, built)
-    base = _under_views(mask)
-    found = module_value(c.parsed, base.value) if isinstance(base, cst.Name) and \
-        c.flow.reaching.get(base) == frozenset({UNDEFINED}) else None
-    return found is not None and _zero_on_and_below_diagonal(c, _under_views(found.value))
+        return built_keeps_first_key(c, built)
+    if not isinstance(base, cst.Name):
+        return built_keeps_first_key(c, base)  # built where it is read
+    values = values_of(base)
+    return bool(values) and all(built_keeps_first_key(c, value) for value in values)
 
 
-def _under_views(node: cst.BaseExpression) -> cst.BaseExpression:
+def built_keeps_first_key(c, node: cst.BaseExpression) -> bool:
+    """A square built -inf strictly above the diagonal and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a
+    helper of this file that builds one, CLIP's and Whisper's causal masks), or 0 on and below it and a mask fill
+    above (`torch.zeros(n, n).masked_fill(torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of the
+    triangle, 0.0 and the fill), under views and casts that keep its rows: column 0 is 0 in every row."""
+    node = under_row_views(node)
+    return _neginf_above_diagonal(c, node) or _zero_on_and_below_diagonal(c, node)
+
+
+def under_row_views(node: cst.BaseExpression) -> cst.BaseExpression:
     """The tensor under casts, `expand` and leading None-indexing (`m[None, None]`), which keep each row of the
     last two dims a row (a fill cast to a narrower float stays a fill, or becomes -inf); a reshape, an `unsqueeze`
     or a None between the last two dims would not."""

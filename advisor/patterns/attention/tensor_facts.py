@@ -13,6 +13,7 @@ import libcst as cst
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.attn_mask import plain_query
 from advisor.patterns import call_site_facts as sf
+from advisor.patterns.attention.causal import under_row_views
 from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of, \
     parameter_claims
 from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
@@ -46,12 +47,26 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     masks = [term for term in c.match.masks if not term.learned]  # a learned bias is no mask (see `masks`)
     added = [term for term in masks if term.fill_kind == mk.ADDITIVE]
     every_added = added and len(added) == len(masks)
-    small = parameter_claims(c, [_values_of(term.source) for term in added], sf.SMALL,
-                             [term.guard for term in added]) if every_added else ()
+    small = _no_row_swallowed_claims(c, added) if every_added else ()
     bounded = _bounded_here(c, added) if every_added else None
     fixup = c.match.row_fixup
     mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded,
                         None if fixup is None else fixup.unfit)
+
+
+def _no_row_swallowed_claims(c: Candidate, added: list[MaskTerm]) -> tuple:
+    """What every call must pass for the added masks of parameters to swallow no row: small values, or, where the
+    block reads the mask's rows as they are (views and casts that keep them, `causal.under_row_views`), small
+    values or a causal additive mask; () when one mask is not a parameter."""
+    claims = []
+    for term in added:
+        values = _values_of(term.source)
+        check = sf.KEEPS_A_KEY if under_row_views(term.source) is values else sf.SMALL
+        found = parameter_claims(c, [values], check, [term.guard])
+        if not found:
+            return ()
+        claims.extend(found)
+    return tuple(claims)
 
 
 def _values_of(node: cst.BaseExpression) -> cst.BaseExpression:
