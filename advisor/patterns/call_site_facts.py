@@ -23,8 +23,7 @@ from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
 from advisor.static.call_sites import CallSite, Tree, bound_argument
-from advisor.patterns.module_values import local_reads_leave_alone, module_value
-from advisor.static.dataflow import UNDEFINED
+from advisor.patterns.module_values import assigned_values
 from advisor.static.module_index import ParsedModule
 
 RANK, NOT_FLOAT, BOOL, SMALL, NUMBER, DROPS = "rank", "not-float", "bool", "small-values", "number", "drops-result"
@@ -145,13 +144,31 @@ def _holds(site: CallSite, claim: Claim) -> bool:
     if claim.check in (NOT_FLOAT, BOOL):
         return scope.not_float(argument, bool_only=claim.check == BOOL)
     if claim.check in (SMALL, KEEPS_A_KEY):
-        bounds = scope.interval(argument)
-        if bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT:
-            return True
-        return claim.check == KEEPS_A_KEY and scope.causal_additive(argument)
+        return all(_swallows_no_row(scope, claim, value) for value in _unless_none(scope, argument, claim))
     if claim.check == NUMBER:
         return scope.python_number(argument)
     return False
+
+
+def _swallows_no_row(scope: "SiteScope", claim: Claim, node: cst.BaseExpression) -> bool:
+    bounds = scope.interval(node)
+    if bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT:
+        return True
+    return claim.check == KEEPS_A_KEY and scope.causal_additive(node)
+
+
+def _unless_none(scope: "SiteScope", argument: cst.BaseExpression, claim: Claim) -> list[cst.BaseExpression]:
+    """What the claim is about at this call: the argument, or, where the block uses the parameter only when it is
+    not None and the argument is a name that may hold None (`mask = None` then `if n > 1: mask = ...`), the other
+    values it may hold (none: it is always None)."""
+    values = scope.values(argument) if claim.none_ok and isinstance(argument, cst.Name) else None
+    if not values or not any(_is_none(value) for value in values):
+        return [argument]
+    return [value for value in values if not _is_none(value)]
+
+
+def _is_none(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "None"
 
 
 def _drops(site: CallSite, position: int) -> bool:
@@ -230,22 +247,8 @@ class SiteScope:
         return reads_causal_additive(reader, node, self.values)
 
     def values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
-        """The values assigned to `name` that reach this read; None when anything else may (a parameter, an
-        in-place write, an unpacking)."""
-        function = self.parsed.innermost(name, cst.FunctionDef)
-        if function is None:
-            return _module_value(self.parsed, name.value)
-        flow = self.parsed.flow(function)
-        ids = flow.reaching.get(name)
-        if ids == frozenset({UNDEFINED}):
-            return _module_value(self.parsed, name.value)  # a global read
-        definitions = flow.definitions_of(name)
-        if not definitions or flow.sees_undefined(name) or any(d.kind != "assign" or d.index is not None
-                                                                  for d in definitions):
-            return None
-        if not local_reads_leave_alone(self.parsed, function, name.value):
-            return None  # an alias, a view or a callee may write the tensor the assignment built
-        return [d.value for d in definitions]
+        """The values assigned to `name` that reach this read (`module_values.assigned_values`)."""
+        return assigned_values(self.parsed, name)
 
     def _resolved(self, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
         if isinstance(node, cst.Name):
@@ -405,12 +408,6 @@ def _arithmetic(node: cst.BinaryOperation, left: Interval | None, right: Interva
         products = [a / right[0] for a in left]
         return min(products), max(products)
     return None
-
-
-def _module_value(parsed: ParsedModule, name: str) -> list[cst.BaseExpression] | None:
-    """A module-level tensor's one definition, when every read in the file sees it unchanged (`module_values`)."""
-    found = module_value(parsed, name)
-    return [found.value] if found is not None else None
 
 
 def describe(claim: Claim) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import walk
 
@@ -40,10 +41,11 @@ ARGUMENT_READING_METHODS = FRESH_METHODS | {"masked_fill_", "add_", "sub_", "mul
                                             "type_as", "expand_as", "view_as", "reshape_as", "masked_scatter"}
 TORCH_FRESH = {f"torch.{name}" for name in (
     "where", "softmax", "log_softmax", "matmul", "bmm", "baddbmm", "tril", "triu", "masked_fill", "add", "sub", "mul",
-    "div", "cat", "stack", "zeros_like", "ones_like", "full_like", "randn_like", "rand_like", "empty_like", "exp",
+    "div", "cat", "concat", "concatenate", "hstack", "vstack", "stack", "zeros_like", "ones_like", "full_like", "randn_like", "rand_like", "empty_like", "exp",
     "isinf", "isnan", "isfinite", "logical_not", "logical_and", "logical_or", "eq", "ne", "lt", "le", "gt", "ge",
     "clone", "maximum", "minimum", "clamp", "abs", "nn.functional.softmax", "nn.functional.pad",
     "nn.functional.scaled_dot_product_attention", "is_tensor", "numel")}
+JOINS = {f"torch.{name}" for name in ("cat", "concat", "concatenate", "hstack", "vstack", "stack")}  # lists -> new
 # `einsum("ij->ji", m)` is a view, and dropout returns its input itself when not training
 TORCH_SHARING = {f"torch.{name}" for name in ("reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten",
                                               "broadcast_to", "t", "narrow", "select", "detach", "einsum",
@@ -139,6 +141,12 @@ def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, tr
         return parent.attr.value in METADATA or parent.attr.value in ("T", "mT") and again(parent)
     if isinstance(parent, cst.Arg) and parent.value is node:
         return _argument_left_alone(parsed, parent, depth, trust)
+    if isinstance(parent, cst.Element) and parent.value is node:  # `torch.cat([a, MASK])`: a new tensor
+        literal = parsed.parents.get(parent)
+        arg = parsed.parents.get(literal)
+        call = parsed.parents.get(arg)
+        return isinstance(arg, cst.Arg) and arg.value is literal and not arg.star and arg.keyword is None and \
+            isinstance(call, cst.Call) and call.args[0] is arg and parsed.imported_name(call.func) in JOINS
     if isinstance(parent, cst.Assign) and parent.value is node:
         return _alias_left_alone(parsed, parent, depth, trust)
     return False  # returned, stored in a container or an attribute, yielded, ...
@@ -249,17 +257,41 @@ def _rebinds_itself(parsed: ParsedModule, assign: cst.Assign, scope: cst.CSTNode
         parsed.innermost(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) is scope
 
 
-def local_reads_leave_alone(parsed: ParsedModule, function: cst.FunctionDef, name: str) -> bool:
+def local_reads_leave_alone(parsed: ParsedModule, function: cst.FunctionDef, name: str,
+                            followed: cst.Name | None = None) -> bool:
     """Every read of the local `name` in `function` leaves the tensor it holds alone, as every read of a module-level
     tensor must (an alias written in place, `self.m = mask` then `self.m.fill_(...)`, would change it unseen), except
-    that a function of another module it is passed to is trusted not to write it (call-site facts rest on that)."""
-    return _local_reads_left_alone(parsed, function, name, 0, trust=True)
+    that a function of another module it is passed to is trusted not to write it (call-site facts rest on that), and
+    the read `followed`, where the caller takes the tensor on (the buffer `register_buffer("m", m)` registers)."""
+    return _local_reads_left_alone(parsed, function, name, 0, trust=True, followed=followed)
+
+
+def assigned_values(parsed: ParsedModule, name: cst.Name,
+                    followed: cst.Name | None = None) -> list[cst.BaseExpression] | None:
+    """What the read `name` can hold: the plain assignments of its function that reach it, when every other read
+    there leaves the tensor alone (`local_reads_leave_alone`, `followed` as there), or a module-level tensor's one
+    definition (`module_value`); None when anything else may reach it (a parameter, an unpacking, an in-place
+    write, an alias)."""
+    function = parsed.innermost(name, cst.FunctionDef)
+    flow = parsed.flow(function) if function is not None else None
+    if flow is None or flow.reaching.get(name) == frozenset({UNDEFINED}):  # a global read
+        found = module_value(parsed, name.value)
+        return [found.value] if found is not None else None
+    definitions = flow.definitions_of(name)
+    if not definitions or flow.sees_undefined(name) or any(d.kind != "assign" or d.index is not None
+                                                              for d in definitions):
+        return None
+    if not local_reads_leave_alone(parsed, function, name.value, followed):
+        return None  # an alias, a view or a callee may write the tensor the assignment built
+    return [d.value for d in definitions]
 
 
 def _local_reads_left_alone(parsed: ParsedModule, scope: cst.CSTNode, name: str, depth: int,
-                            trust: bool = False) -> bool:
+                            trust: bool = False, followed: cst.Name | None = None) -> bool:
     """Every read of `name` inside `scope` (all of them, whatever else the name is bound to there)."""
     for node in _occurrences(parsed, scope, name):
+        if node is followed:
+            continue
         parent = parsed.parents.get(node)
         if isinstance(parent, (cst.Param, cst.AssignTarget)) or isinstance(parent, cst.Attribute) and \
                 parent.attr is node or isinstance(parent, cst.Arg) and parent.keyword is node:

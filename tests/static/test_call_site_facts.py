@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from advisor.engine.static import scan_paths
+from fixture_models import load_module_from_source
 
 ATTEND = '''
 import torch
@@ -156,7 +157,7 @@ def _padded_ids() -> torch.Tensor:
 def _run(root: Path, module: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     sys.path.insert(0, str(root))
     try:
-        for name in [n for n in sys.modules if n in ("attn", "model", "modules")]:
+        for name in [n for n in sys.modules if n in ("attn", "model", "modules", "llama")]:
             del sys.modules[name]
         torch.manual_seed(0)
         model = importlib.import_module(module).Model().to(dtype).eval()
@@ -164,19 +165,20 @@ def _run(root: Path, module: str, ids: torch.Tensor, dtype: torch.dtype) -> torc
             return model(ids)
     finally:
         sys.path.remove(str(root))
-        for name in [n for n in sys.modules if n in ("attn", "model", "modules")]:
+        for name in [n for n in sys.modules if n in ("attn", "model", "modules", "llama")]:
             del sys.modules[name]
 
 
-def _assert_parity(tmp_path: Path, root: Path, result, module: str) -> None:
-    """The safe patch, applied as `fix --apply` would, computes what the original computes."""
+def _assert_parity(tmp_path: Path, root: Path, result, module: str, fp64: float = 1e-10) -> None:
+    """The safe patch, applied as `fix --apply` would, computes what the original computes (`fp64`: the float64
+    tolerance, float32 rounding where the original upcasts to it, the accepted precision divergence)."""
     patched = tmp_path / "patched"
     patched.mkdir()
     for file in result.files:
         (patched / Path(file.path).name).write_text(file.fixed)
     assert any("scaled_dot_product_attention" in p.read_text() for p in patched.iterdir())
     ids = _padded_ids()
-    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, fp64)):
         original, rewritten = _run(root, module, ids, dtype), _run(patched, module, ids, dtype)
         torch.testing.assert_close(rewritten, original, atol=tolerance, rtol=tolerance)
 
@@ -502,7 +504,85 @@ def test_a_mask_that_may_mask_a_whole_row_or_is_read_through_columns_proves_noth
     assert "fully-masked-rows" in _names(finding, "assumed") and finding.fix_safety == "unsafe"
 
 
-def _assert_gradient_parity(patched: Path, root: Path, module: str) -> None:
+# the reference Llama: `mask = None`, then, for more than one token, -inf above the diagonal beside a block of zeros
+# for the cached keys, passed through each block to the attention, which adds it under `if mask is not None:`
+LLAMA = '''
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.wq, self.wk, self.wv = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q, k, v = (w(x).view(b, n, self.heads, -1).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores + mask
+        scores = F.softmax(scores.float(), dim=-1).type_as(q)
+        return torch.matmul(scores, v).transpose(1, 2).reshape(b, n, -1)
+
+
+class Block(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.attention = Attention(dim)
+
+    def forward(self, x, mask):
+        return x + self.attention(x, mask)
+
+
+class Model(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.embed = nn.Embedding(20, dim)
+        self.layers = nn.ModuleList([Block(dim) for _ in range(2)])
+
+    def forward(self, ids, start_pos=0):
+        n = ids.shape[1]
+        h = self.embed(ids)
+        mask = None
+        if n > 1:
+            mask = torch.full((n, n), float("-inf"), device=ids.device)
+            mask = torch.triu(mask, diagonal=1)
+            mask = torch.hstack([torch.zeros((n, start_pos), device=ids.device), mask]).type_as(h)
+        for layer in self.layers:
+            h = layer(h, mask)
+        return h
+'''
+
+
+@pytest.mark.parametrize("built, proved", [
+    ("torch.hstack([torch.zeros((n, start_pos), device=ids.device), mask])", True),
+    ("torch.cat([torch.zeros(n, start_pos), mask], dim=-1)", True),
+    ("torch.cat([torch.zeros(n, start_pos), mask], dim=0)", False),  # joined along the queries
+    ('torch.hstack([torch.full((n, start_pos), float("-inf")), mask])', False),  # the cached keys masked too
+    ("torch.hstack([torch.zeros((n, start_pos)), mask.flip(-1)])", False),  # the causal part reordered
+])
+def test_the_reference_llama_mask_beside_cached_keys_proves_no_row_is_swallowed(tmp_path, built, proved):
+    source = LLAMA.replace("torch.hstack([torch.zeros((n, start_pos), device=ids.device), mask])", built)
+    root = _tree(tmp_path, {"llama.py": source})
+    finding, result = _attention(root)
+    assert ("fully-masked-rows" in _names(finding, "from_call_sites")) is proved, finding.reason
+    if not proved:
+        assert "fully-masked-rows" in _unproved(finding)
+        return
+    assert finding.fix_safety == "safe", finding.reason
+    line = source.splitlines().index("            h = layer(h, mask)") + 1  # through Block's call of its attention
+    assert _sites(finding, "fully-masked-rows") == [f"{root / 'llama.py'}:{line}"]
+    assert "precision" in _names(finding, "accepted")  # `scores.float()`: float64 rounds through float32
+    _assert_parity(tmp_path, root, result, "llama", fp64=1e-6)
+    _assert_gradient_parity(tmp_path / "patched", root, "llama", tolerance=1e-6)
+
+
+def _assert_gradient_parity(patched: Path, root: Path, module: str, tolerance: float = 1e-10) -> None:
     """Float64 gradients of every parameter, the original's against the patch's, on the same weights."""
     grads = []
     for folder in (root, patched):
@@ -514,11 +594,11 @@ def _assert_gradient_parity(patched: Path, root: Path, module: str) -> None:
             grads.append({name: p.grad for name, p in model.named_parameters()})
         finally:
             sys.path.remove(str(folder))
-            for name in [n for n in sys.modules if n in ("attn", "model", "modules")]:
+            for name in [n for n in sys.modules if n in ("attn", "model", "modules", "llama")]:
                 del sys.modules[name]
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
-        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-10, rtol=1e-10, msg=name)
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=tolerance, rtol=tolerance, msg=name)
 
 
 # -- generated call sites: every safe patch must compute what the original computes --------------------------
@@ -569,3 +649,37 @@ def test_the_files_mentioning_a_name_are_those_its_word_boundary_pattern_finds(t
     assert tree.mentioning(word) == expected
     assert tree.mentioning(word) == expected  # asked again, from the index
     assert len(read) == len(paths)
+
+
+# -- OpenAI Whisper: the decoder's -inf buffer reaches qkv_attention through two calls and is sliced there -----------
+WHISPER = Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "positive" / \
+    "20_whisper_split_scale_prepermuted.py"
+
+
+@pytest.mark.parametrize("sliced, proved", [
+    ("mask[:n_ctx, :n_ctx]", True),  # any rows, columns from 0: each row keeps key 0
+    ("mask[1:n_ctx + 1, :n_ctx]", True),
+    ("mask[:n_ctx, 1:n_ctx + 1]", False),  # key 0 dropped: row 0 of the slice masks every key
+    ("mask[:n_ctx, :n_ctx].flip(0)", False),  # rows reordered: read as values, which are not small
+])
+def test_whisper_buffer_through_two_calls_and_a_slice(tmp_path, sliced, proved):
+    source = WHISPER.read_text(encoding="utf-8").replace("mask[:n_ctx, :n_ctx]", sliced)
+    root = _tree(tmp_path, {"whisper.py": source})
+    finding, result = _attention(root)
+    assert ("fully-masked-rows" in _names(finding, "from_call_sites")) is proved, finding.reason
+    if not proved:  # SDPA only where the mask is None (guarded by its absence)
+        assert "fully-masked-rows" in _unproved(finding)
+        return
+    assert finding.fix_safety == "safe", finding.reason
+    fixed = result.files[0].fixed
+    outputs = []
+    for index, code in enumerate((source, fixed)):
+        module = load_module_from_source(code, f"whisper_{index}")
+        torch.manual_seed(0)
+        model, (x,) = module.make()
+        model = model.double()
+        x = x.double().requires_grad_()
+        out = model(x)
+        outputs.append((out, *torch.autograd.grad(out.square().sum(), [x, *model.parameters()])))
+    for got, want in zip(outputs[1], outputs[0]):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)  # float64 through the block's float32 softmax

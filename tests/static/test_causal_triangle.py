@@ -102,3 +102,72 @@ def test_an_added_neginf_triangle_keeps_the_first_key(helper, built, sliced, pro
         outputs = [load_module_from_source(code, f"added_{i}").Attention()(q, k, v)
                    for i, code in enumerate((source, fixed))]
         torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
+
+
+REGISTERED = '''import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, n=6):
+        super().__init__()
+{build}
+        self.register_buffer("causal", mask)
+
+    def forward(self, q, k, v):
+        L, S = q.size(-2), k.size(-2)
+        w = (q @ k.transpose(-2, -1) + self.causal[:, :, :L, :S]).softmax(dim=-1)
+        return w @ v
+{extra}'''
+
+
+@pytest.mark.parametrize(("build", "extra", "proved"), [
+    # llama2.c: the buffer built through a local rebound from itself, a stack of squares
+    ('mask = torch.full((1, 1, n, n), float("-inf"))\nmask = torch.triu(mask, diagonal=1)', "", True),
+    ('mask = torch.full((1, 1, n, n), float("-inf")).triu(1)', "", True),
+    ('mask = torch.full((1, 1, n, n), float("-inf"))\nmask = torch.triu(mask, diagonal=1)\n'
+     'mask[..., 0] = float("-inf")', "", False),  # key 0 masked after it is built: row 0 keeps nothing
+    ('mask = torch.full((1, 1, n, n), float("-inf"))\nmask = mask.triu(1)\nmask.fill_(float("-inf"))', "", False),
+    ('mask = torch.full((1, 1, n, n), float("-inf"))\nif n > 4:\n    mask = torch.triu(mask, diagonal=1)', "",
+     False),  # all -inf where n <= 4
+    ('mask = torch.full((1, 1, n, n), float("-inf"))\nmask = torch.triu(mask, diagonal=1)',
+     '\n    def block_first_key(self):\n        self.causal[..., 0] = float("-inf")\n', False),
+    ('mask = torch.full((1, 1, n, n + 1), float("-inf"))\nmask = torch.triu(mask, diagonal=1)', "", False),
+])
+def test_a_buffer_registered_from_a_local_is_read_where_the_local_is_built(build, extra, proved):
+    """`self.register_buffer("mask", mask)` after `mask = torch.full(...)` and `mask = torch.triu(mask, 1)`: the
+    buffer is what the local holds at that read, read through its assignments as long as no other read of the
+    local, nor the class, writes it."""
+    from advisor.engine.static import analyze_source
+
+    body = "\n".join("        " + line for line in build.splitlines())
+    source = REGISTERED.format(build=body, extra=extra)
+    (finding,) = [f for f in analyze_source(source, "model.py").findings if f.kind == "attention"]
+    facts = finding.extra["facts"]
+    assert ("fully-masked-rows" in {f["name"] for f in facts["proved"]}) == proved, finding.reason
+    if not proved:
+        assert "fully-masked-rows" in {f["name"] for f in facts["assumed"]}
+        return
+    from unittest import mock
+
+    import torch
+
+    from fixture_models import load_module_from_source
+
+    assert finding.fix_safety == "safe", finding.reason  # the buffer's dtype is checked where the patch runs
+    fixed = analyze_source(source, "model.py").fixed
+    modules = [load_module_from_source(code, f"registered_{i}").Attention() for i, code in enumerate((source, fixed))]
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-10)):
+        inputs = [torch.randn(2, 3, 6, 4, generator=torch.Generator().manual_seed(i), dtype=dtype,
+                              requires_grad=True) for i in range(3)]
+        results = []
+        for module in modules:
+            with mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
+                                   wraps=torch.nn.functional.scaled_dot_product_attention) as sdpa:
+                out = module.to(dtype)(*inputs)
+            assert sdpa.call_count == (module is modules[1])  # the patch takes SDPA on these inputs
+            results.append((out, torch.autograd.grad(out.square().sum(), inputs)))
+        torch.testing.assert_close(results[1][0], results[0][0], atol=tolerance, rtol=tolerance)
+        for got, want in zip(results[1][1], results[0][1]):
+            torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    assert "scaled_dot_product_attention" in fixed

@@ -14,15 +14,16 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.patterns import scope
-from advisor.patterns.module_values import module_value
+from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
-from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import walk
 
 if TYPE_CHECKING:  # annotations only: call sites read masks here too (`call_site_facts`), without a Candidate
     from advisor.patterns.attention.candidate import Candidate
 
+Resolve = Callable[[cst.Name], "list[cst.BaseExpression] | None"]  # what a name read holds
+MAX_NAME_DEPTH = 8  # names followed from one mask
 CAUSAL_EXTENT = "causal-extent"  # the triangle is (L, S): `is_causal` is exact only then
 # what keeps a triangle of ones one: views, broadcasts and casts (0 and 1 survive every dtype)
 TRIANGLE_KEEPING = {"view", "reshape", "unsqueeze", "expand", *CAST_METHODS, "bool", "byte", "int", "long"}
@@ -143,39 +144,80 @@ def _linear(node: cst.BaseExpression) -> dict[str, float] | None:
 
 
 def added_keeps_first_key(c: Candidate, mask: cst.BaseExpression) -> bool:
-    """An added mask, under views and casts that keep its rows (`under_row_views`), that is 0 at key 0 of every row:
-    the class's buffer `self.buf` or `self.buf[..., :L, :S]` (columns from 0), or a module-level tensor
-    (`module_values`), built as a causal additive mask (`built_keeps_first_key`). No fill can swallow such a row."""
-    def module_level(name: cst.Name) -> list[cst.BaseExpression] | None:
-        found = module_value(c.parsed, name.value) if c.flow.reaching.get(name) == frozenset({UNDEFINED}) else None
-        return [found.value] if found is not None else None
-
-    return reads_causal_additive(c, mask, module_level)
+    """An added mask, under views and casts that keep its rows (`under_row_views`), that is 0 at a key of every
+    row: the class's buffer `self.buf` or `self.buf[..., :L, :S]` (columns from 0), or a tensor built as a causal
+    additive mask (`built_keeps_first_key`) where it is added, in a local or a module-level name. No fill can
+    swallow such a row."""
+    return reads_causal_additive(c, mask, lambda name: assigned_values(c.parsed, name))
 
 
-def reads_causal_additive(c, mask: cst.BaseExpression,
-                          values_of: Callable[[cst.Name], list[cst.BaseExpression] | None]) -> bool:
-    """`mask` reads a causal additive mask, 0 at key 0 of every row: a buffer of the class of `c` (a `Candidate`,
+def reads_causal_additive(c, mask: cst.BaseExpression, values_of: Resolve) -> bool:
+    """`mask` reads a causal additive mask, 0 at a key of every row: a buffer of the class of `c` (a `Candidate`,
     or any reader with its `parsed`, `owner`, `reader` and `values`) read from column 0, an expression built as
-    one, or a name whose every value `values_of` gives (None: not all are visible) is built as one. Call sites ask this too
-    (`call_site_facts`), with what the names hold there."""
+    one, or a name whose every value `values_of` gives (None: not all are visible) is built as one. Call sites ask
+    this too (`call_site_facts`), with what the names hold there."""
     base = under_row_views(mask)
     built = _buffer_from_first_column(c, base, sliced=False)
-    if built is not None:
-        return built_keeps_first_key(c, built)
-    if not isinstance(base, cst.Name):
-        return built_keeps_first_key(c, base)  # built where it is read
-    values = values_of(base)
-    return bool(values) and all(built_keeps_first_key(c, value) for value in values)
+    if built is None:
+        return built_keeps_first_key(c, under_row_reads(base), values_of)
+    if isinstance(built, cst.Name):  # `self.register_buffer("mask", mask)`: what the local holds there, that read
+        return built_keeps_first_key(c, built, lambda name: assigned_values(c.parsed, name, followed=built))
+    return built_keeps_first_key(c, built, values_of)
 
 
-def built_keeps_first_key(c, node: cst.BaseExpression) -> bool:
-    """A square built -inf strictly above the diagonal and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a
-    helper of this file that builds one, CLIP's and Whisper's causal masks), or 0 on and below it and a mask fill
-    above (`torch.zeros(n, n).masked_fill(torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of the
-    triangle, 0.0 and the fill), under views and casts that keep its rows: column 0 is 0 in every row."""
+def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth: int = 0) -> bool:
+    """A square (or a stack of squares, `torch.full((1, 1, n, n), -inf)`) built -inf strictly above the diagonal
+    and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a helper of this file that builds one, CLIP's and
+    Whisper's causal masks), or 0 on and below it and a mask fill above (`torch.zeros(n, n).masked_fill(
+    torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of the triangle, 0.0 and the fill): column 0 is 0
+    in every row. So is one joined beside zeros along the keys (`torch.hstack([torch.zeros((n, p)), causal])`,
+    the reference Llama's cache prefix): every row keeps the causal part's key at 0. Under views and casts that
+    keep its rows; names read through `values_of` (every value must be one)."""
     node = under_row_views(node)
-    return _neginf_above_diagonal(c, node) or _zero_on_and_below_diagonal(c, node)
+    if depth > MAX_NAME_DEPTH:
+        return False
+    if isinstance(node, cst.Name):
+        values = values_of(node)
+        return bool(values) and all(built_keeps_first_key(c, value, values_of, depth + 1) for value in values)
+    return _neginf_above_diagonal(c, node, values_of) or _zero_on_and_below_diagonal(c, node) or \
+        _joined_beside_zeros(c, node, values_of, depth)
+
+
+def _joined_beside_zeros(c, node: cst.BaseExpression, values_of: Resolve, depth: int) -> bool:
+    """`torch.cat([...], dim=-1)`, or `torch.hstack([...])` / `torch.cat([...], dim=1)` of 2-D pieces (one of them
+    a 2-size `torch.zeros`, so the others are 2-D too or the join raises): pieces side by side along the keys,
+    each `torch.zeros(...)` or a causal additive mask, one of them causal: its key at 0 is in every row."""
+    if not isinstance(node, cst.Call):
+        return False
+    dotted = c.parsed.imported_name(node.func)
+    args = [a for a in node.args if a.keyword is None]
+    dim = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "dim"),
+               args[1].value if len(args) == 2 else None)
+    if dotted not in ("torch.cat", "torch.concat", "torch.hstack") or not args or \
+            not isinstance(args[0].value, (cst.List, cst.Tuple)) or dotted == "torch.hstack" and len(node.args) != 1:
+        return False
+    pieces = [element.value for element in args[0].value.elements if not isinstance(element, cst.StarredElement)]
+    if len(pieces) != len(args[0].value.elements):
+        return False
+    zeros = [piece for piece in pieces if isinstance(piece, cst.Call) and
+             c.parsed.imported_name(piece.func) == "torch.zeros"]
+    plane = any(_sizes_count(zero) == 2 for zero in zeros)  # the pieces are 2-D
+    last = number_value(dim) == -1 if dotted != "torch.hstack" else plane
+    if dotted != "torch.hstack" and number_value(dim) == 1:
+        last = plane
+    causal = [piece for piece in pieces if piece not in zeros]
+    return last and bool(causal) and all(built_keeps_first_key(c, piece, values_of, depth + 1) for piece in causal)
+
+
+def _sizes_count(creator: cst.Call) -> int | None:
+    """How many sizes a creator call names (`torch.zeros(a, b)`, `torch.zeros((a, b))`); None for `*sizes`."""
+    sizes = [a for a in creator.args if a.keyword is None]
+    if any(a.star for a in sizes):
+        return None
+    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
+        elements = sizes[0].value.elements
+        return None if any(isinstance(e, cst.StarredElement) for e in elements) else len(elements)
+    return len(sizes)
 
 
 def under_row_views(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -190,6 +232,28 @@ def under_row_views(node: cst.BaseExpression) -> cst.BaseExpression:
             node = node.value
         else:
             return node
+
+
+def under_row_reads(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor under `under_row_views` and indexings that keep column 0 in each row they keep (`m[:T, :T]`,
+    `m[..., S - L:S, :S]`: any rows, columns sliced from 0): a mask that is 0 at a key of every row, read so, still
+    is (Whisper's `mask[:n_ctx, :n_ctx]`)."""
+    while True:
+        node = under_row_views(node)
+        if not (isinstance(node, cst.Subscript) and _first_column_kept(node.slice)):
+            return node
+        node = node.value
+
+
+def _first_column_kept(elements) -> bool:
+    """`[..., rows, :S]`: leading whole dims (or `...`), a slice of rows, columns sliced from 0 without a step."""
+    if len(elements) < 2:
+        return False
+    *leading, rows, columns = (element.slice for element in elements)
+    whole = all(isinstance(s, cst.Slice) and s.lower is None and s.upper is None and s.step is None or
+                isinstance(s, cst.Index) and isinstance(s.value, cst.Ellipsis) for s in leading)
+    return whole and isinstance(rows, cst.Slice) and isinstance(columns, cst.Slice) and columns.step is None and \
+        (columns.lower is None or int_value(columns.lower) == 0)
 
 
 def _leading_nones(elements) -> bool:
@@ -250,7 +314,7 @@ def _class_tensor(c: Candidate, attribute: str) -> cst.BaseExpression | None:
     return c.owner.only_value(attribute) if scope.state_swapped(c.parsed) is None else None
 
 
-def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
+def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression, values_of: Resolve | None = None) -> bool:
     """`torch.full((n, n), -inf).triu(1)`, `torch.triu(..., diagonal=1)`, `torch.empty(n, n).fill_(-inf).triu_(1)`,
     or a call of a function of this file that builds one in straight-line statements (`m = torch.empty(n, n)`,
     `m.fill_(-inf)`, `m.triu_(1)`, `return m`)."""
@@ -259,14 +323,19 @@ def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
     helper = c.parsed.module_functions.get(node.func.value) if isinstance(node.func, cst.Name) else None
     if helper is not None:
         return _built_by_statements(c, helper) == "upper"
-    return _state(c, node) == "upper"
+    return _state(c, node, values_of=values_of) == "upper"
 
 
-def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, named: str | None = None) -> str | None:
+def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, named: str | None = None,
+           values_of: Resolve | None = None, depth: int = 0) -> str | None:
     """What an expression holds: "square" (any n x n tensor), "neginf" (n x n of -inf), "upper" (-inf strictly
-    above the diagonal, 0 elsewhere), or None. `name` read as the state `named`."""
+    above the diagonal, 0 elsewhere), or None; a stack of such squares (`torch.full((1, 1, n, n), -inf)`) holds
+    the same. `name` read as the state `named`; other names read through `values_of` (one value)."""
     if isinstance(node, cst.Name) and node.value == name:
         return named
+    if isinstance(node, cst.Name) and values_of is not None and depth < MAX_NAME_DEPTH:
+        values = values_of(node)
+        return _state(c, values[0], name, named, values_of, depth + 1) if values and len(values) == 1 else None
     if not isinstance(node, cst.Call):
         return None
     dotted = c.parsed.imported_name(node.func)
@@ -276,7 +345,8 @@ def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, name
             if len(args) != 2 or not isinstance(args[0].value, (cst.Tuple, cst.List)):
                 return None
             fill, args = args[1].value, args[:1]
-        if not _is_square(c.parsed, args) or any(a.keyword and a.keyword.value != "device" for a in node.args):
+        if not _stacked_squares(c.parsed, args) or any(a.keyword and a.keyword.value != "device"
+                                                       for a in node.args):
             return None
         return ("neginf" if c.values.fill_kind(fill) == "neginf" else None) if dotted == "torch.full" else "square"
     if dotted == "torch.triu" and node.args:
@@ -286,14 +356,14 @@ def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, name
         inner, options = node.func.value, node.args
         if node.func.attr.value == "fill_":
             fill = options[0].value if len(options) == 1 and options[0].keyword is None else None
-            held = _state(c, inner, name, named)
+            held = _state(c, inner, name, named, values_of, depth)
             return "neginf" if held in ("square", "neginf") and fill is not None and \
                 c.values.fill_kind(fill) == "neginf" else None
     else:
         return None
     if _diagonal(options) != 1:
         return None
-    return "upper" if _state(c, inner, name, named) == "neginf" else None
+    return "upper" if _state(c, inner, name, named, values_of, depth) == "neginf" else None
 
 
 def _built_by_statements(c: Candidate, function: cst.FunctionDef) -> str | None:
@@ -413,6 +483,16 @@ def _diagonal(options: list[cst.Arg] | tuple[cst.Arg, ...], default: int | None 
     """The `diagonal` a tril/triu call passes (positionally or by keyword), or `default` when it passes none."""
     diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
     return number_value(diagonal) if diagonal is not None else default
+
+
+def _stacked_squares(parsed: ParsedModule, sizes: list[cst.Arg]) -> bool:
+    """A creator's sizes whose last two are equal (`n, n`, `(1, 1, n, n)`): squares, stacked along any leading dims,
+    which `triu`/`tril` treat one by one."""
+    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
+        sizes = sizes[0].value.elements
+    if len(sizes) < 2 or any(isinstance(size, cst.StarredElement) or getattr(size, "star", "") for size in sizes):
+        return False
+    return _is_square(parsed, list(sizes[-2:]))
 
 
 def _is_square(parsed: ParsedModule, sizes: list[cst.Arg]) -> bool:

@@ -270,8 +270,19 @@ def _needs(name: str, term: MaskTerm) -> bool:
 
 def _checked(name: str, term: MaskTerm) -> cst.BaseExpression:
     """The tensor a fact's check reads: the mask as the original passes it, or for a bool mask's dtype the tensor
-    that dtype is about (MaskTerm.dtype_subject)."""
-    return term.dtype_subject[0] if name == MASK_DTYPE and term.dtype_subject is not None else term.source
+    that dtype is about (MaskTerm.dtype_subject); for a float mask's dtype, the tensor it indexes (`self.mask` of
+    `self.mask[:, :, :T, :T]`: indexing keeps the dtype, and its indices may be names the block binds)."""
+    if name != MASK_DTYPE:
+        return term.source
+    if term.dtype_subject is not None:
+        return term.dtype_subject[0]
+    return _unindexed(_peeled(term.source, DTYPE_KEEPING_VIEWS))
+
+
+def _unindexed(node: cst.BaseExpression) -> cst.BaseExpression:
+    while isinstance(node, cst.Subscript):
+        node = node.value
+    return node
 
 
 def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpression,
@@ -279,9 +290,7 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
     mask = _peeled(_checked(name, term), DTYPE_KEEPING_VIEWS if name == MASK_DTYPE else SAME_RANK)
-    base = mask
-    while isinstance(base, cst.Subscript):
-        base = base.value
+    base = _unindexed(mask)
     # the original indexes the mask whenever it is not None, unless an `if` of another test guards it
     indexed = term.guard is None or c.parsed.code(term.guard.test).replace(" ", "") == \
         f"{c.parsed.code(base)}isnotNone".replace(" ", "")

@@ -13,7 +13,7 @@ import libcst as cst
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.attn_mask import plain_query
 from advisor.patterns import call_site_facts as sf
-from advisor.patterns.attention.causal import under_row_views
+from advisor.patterns.attention.causal import under_row_reads
 from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of, \
     parameter_claims
 from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
@@ -56,12 +56,12 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
 
 def _no_row_swallowed_claims(c: Candidate, added: list[MaskTerm]) -> tuple:
     """What every call must pass for the added masks of parameters to swallow no row: small values, or, where the
-    block reads the mask's rows as they are (views and casts that keep them, `causal.under_row_views`), small
+    block reads the mask's rows as they are (views, casts and slices that keep them, `causal.under_row_reads`), small
     values or a causal additive mask; () when one mask is not a parameter."""
     claims = []
     for term in added:
         values = _values_of(term.source)
-        check = sf.KEEPS_A_KEY if under_row_views(term.source) is values else sf.SMALL
+        check = sf.KEEPS_A_KEY if under_row_reads(term.source) is values else sf.SMALL
         found = parameter_claims(c, [values], check, [term.guard])
         if not found:
             return ()
