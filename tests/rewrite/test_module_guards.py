@@ -324,3 +324,61 @@ def test_a_dropout_built_as_dropout_or_identity_is_read_as_either(tmp_path, hook
             HOOKS["forward"](patched.attn_drop, seen_patched)
         torch.testing.assert_close(_run(patched, x), _run(reference, x), atol=1e-5, rtol=1e-5)
         assert len(seen_patched) == len(seen_reference)
+
+
+OPTIONAL_BIAS = MODEL.replace("        self.proj = nn.Linear(dim, dim)\n", """        self.proj = nn.Linear(dim, dim)
+        self.rel_pos = RelPosBias(heads)
+""").replace("        attn = (q @ k.transpose(-2, -1)) * 0.25\n", """        attn = (q @ k.transpose(-2, -1)) * 0.25
+        if self.rel_pos is not None:
+            attn = self.rel_pos(attn)
+""").replace("class Attn(nn.Module):", """class RelPosBias(nn.Module):
+    def __init__(self, heads: int, n: int = 6):
+        super().__init__()
+        self.relative_position_bias_table = nn.Parameter(torch.randn(2 * n - 1, heads))
+        index = torch.arange(n)[:, None] - torch.arange(n)[None, :] + n - 1
+        self.register_buffer("relative_position_index", index, persistent=False)
+        self.bias_shape = (n, n, -1)
+
+    def get_bias(self):
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        return bias.view(self.bias_shape).permute(2, 0, 1).unsqueeze(0).contiguous()
+
+    def forward(self, attn):
+        return attn + self.get_bias()
+
+
+class Attn(nn.Module):""")
+
+
+def test_a_check_of_a_module_called_only_if_present_is_grouped_inside_the_others(tmp_path) -> None:
+    """timm's relative-position ViT: `self.rel_pos` is called only when not None, so its check reads
+    `self.rel_pos is None or <its class check>`; joined to the dropout's check it must stay one operand
+    (`A and (B or C)`), or a plain bias would let a swapped dropout through to the SDPA path (it did: timm's
+    `vit_relpos` with `attn_drop` replaced took SDPA and raised on the replacement's missing `p`)."""
+    original = _tree(tmp_path, model=OPTIONAL_BIAS, utils="")
+    finding = _finding(original)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "and (self.rel_pos is None or _advisor_module_runs_plain(self.rel_pos, (RelPosBias,)))" in finding.patch
+    source = load_module_from_source(OPTIONAL_BIAS, "model")
+    fixed = load_module_from_source(_patched(tmp_path, original), "model_fixed")
+    x = torch.randn(2, 6, 16)
+    for without_bias in (False, True):
+        for swapped in (None, "attn_drop", "rel_pos"):
+            reference, patched = _models((source, fixed))
+            for model in (reference, patched):
+                if without_bias:
+                    model.rel_pos = None
+                if swapped == "attn_drop":
+                    model.attn_drop = _Doubled()
+                elif swapped == "rel_pos" and not without_bias:
+                    model.rel_pos.forward = lambda attn: attn * 2
+            torch.testing.assert_close(_run(patched, x), _run(reference, x), atol=1e-5, rtol=1e-5)
+            sdpa = uses_sdpa(dispatched_ops(patched, (x,)))
+            assert sdpa == (swapped is None or swapped == "rel_pos" and without_bias), (without_bias, swapped)
+
+
+class _Doubled(torch.nn.Module):
+    """A module in a dropout's place that is no dropout (no `p`): the original block must run."""
+
+    def forward(self, x):
+        return x * 2

@@ -162,7 +162,7 @@ def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
               for atom in ([part] if is_module_check(part) else _conjuncts(part))}.values())
     modules = [part for part in parts if is_module_check(part)]
     if modules:  # computed above the `if`, out of TorchScript's sight (see attention.module_guard)
-        match.module_check = modules[0] if len(modules) == 1 else joined(cst.And, modules)
+        match.module_check = modules[0] if len(modules) == 1 else joined(cst.And, [_grouped(m) for m in modules])
         parts = [cst.Name(MODULE_CHECK_LOCAL)] + [part for part in parts if not is_module_check(part)]
     if not parts:
         return
