@@ -73,7 +73,8 @@ HELPER = '''def build(n):
     ("", 'torch.empty(n, n).fill_(float("-inf")).triu_(1)', "[S - L:S, :S]", True),
     (HELPER, "build(n)", "", True),  # CLIP's build_attention_mask
     ("", 'torch.full((n, n), float("-inf")).triu(0)', "", False),  # masks the diagonal: row 0 keeps nothing
-    ("", 'torch.full((n, n), -1e9).triu(1)', "", False),  # a finite fill: not -inf
+    ("", 'torch.full((n, n), -1e9).triu(1)', "", True),  # a finite fill: each row keeps key 0 at 0 all the same
+    ("", 'torch.full((n, n), -1e9).triu(0)', "", False),  # the finite fill on the diagonal too: row 0 swallowed
     ("", 'torch.empty(n, n).triu_(1)', "", False),  # never filled: any values
     ("", 'torch.full((n, n), float("-inf")).triu(1)', "[:L, 1:S]", False),  # drops key 0
     (HELPER.replace("    mask.triu_(1)\n", "    mask.triu_(1)\n    mask[0] = float('-inf')\n"), "build(n)", "",

@@ -166,8 +166,8 @@ def reads_causal_additive(c, mask: cst.BaseExpression, values_of: Resolve) -> bo
 
 
 def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth: int = 0) -> bool:
-    """A square (or a stack of squares, `torch.full((1, 1, n, n), -inf)`) built -inf strictly above the diagonal
-    and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a helper of this file that builds one, CLIP's and
+    """A square (or a stack of squares, `torch.full((1, 1, n, n), -inf)`) built -inf or a mask fill (-1e9,
+    `finfo.min`) strictly above the diagonal and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a helper of this file that builds one, CLIP's and
     Whisper's causal masks), or 0 on and below it and a mask fill above (`torch.zeros(n, n).masked_fill(
     torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of the triangle, 0.0 and the fill): column 0 is 0
     in every row. So is one joined beside zeros along the keys (`torch.hstack([torch.zeros((n, p)), causal])`,
@@ -315,8 +315,9 @@ def _class_tensor(c: Candidate, attribute: str) -> cst.BaseExpression | None:
 
 
 def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression, values_of: Resolve | None = None) -> bool:
-    """`torch.full((n, n), -inf).triu(1)`, `torch.triu(..., diagonal=1)`, `torch.empty(n, n).fill_(-inf).triu_(1)`,
-    or a call of a function of this file that builds one in straight-line statements (`m = torch.empty(n, n)`,
+    """`torch.full((n, n), -inf).triu(1)`, `torch.triu(..., diagonal=1)`, `torch.empty(n, n).fill_(-inf).triu_(1)`
+    (or a finite mask fill in place of -inf: row r keeps keys 0..r at 0, where no fill swallows it), or a call of a
+    function of this file that builds one in straight-line statements (`m = torch.empty(n, n)`,
     `m.fill_(-inf)`, `m.triu_(1)`, `return m`)."""
     if not isinstance(node, cst.Call):
         return False
@@ -328,8 +329,8 @@ def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression, values_of: Re
 
 def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, named: str | None = None,
            values_of: Resolve | None = None, depth: int = 0) -> str | None:
-    """What an expression holds: "square" (any n x n tensor), "neginf" (n x n of -inf), "upper" (-inf strictly
-    above the diagonal, 0 elsewhere), or None; a stack of such squares (`torch.full((1, 1, n, n), -inf)`) holds
+    """What an expression holds: "square" (any n x n tensor), "filled" (n x n of -inf or a mask fill), "upper" (the
+    fill strictly above the diagonal, 0 elsewhere), or None; a stack of such squares (`torch.full((1, 1, n, n), -inf)`) holds
     the same. `name` read as the state `named`; other names read through `values_of` (one value)."""
     if isinstance(node, cst.Name) and node.value == name:
         return named
@@ -348,7 +349,7 @@ def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, name
         if not _stacked_squares(c.parsed, args) or any(a.keyword and a.keyword.value != "device"
                                                        for a in node.args):
             return None
-        return ("neginf" if c.values.fill_kind(fill) == "neginf" else None) if dotted == "torch.full" else "square"
+        return ("filled" if c.values.fill_kind(fill) is not None else None) if dotted == "torch.full" else "square"
     if dotted == "torch.triu" and node.args:
         inner, options = node.args[0].value, node.args[1:]
     elif isinstance(node.func, cst.Attribute) and dotted is None and node.func.attr.value in ("triu", "triu_",
@@ -357,13 +358,13 @@ def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, name
         if node.func.attr.value == "fill_":
             fill = options[0].value if len(options) == 1 and options[0].keyword is None else None
             held = _state(c, inner, name, named, values_of, depth)
-            return "neginf" if held in ("square", "neginf") and fill is not None and \
-                c.values.fill_kind(fill) == "neginf" else None
+            return "filled" if held in ("square", "filled") and fill is not None and \
+                c.values.fill_kind(fill) is not None else None
     else:
         return None
     if _diagonal(options) != 1:
         return None
-    return "upper" if _state(c, inner, name, named, values_of, depth) == "neginf" else None
+    return "upper" if _state(c, inner, name, named, values_of, depth) == "filled" else None
 
 
 def _built_by_statements(c: Candidate, function: cst.FunctionDef) -> str | None:
