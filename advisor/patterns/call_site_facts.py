@@ -17,7 +17,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from advisor.patterns import masks as mk
-from advisor.patterns.scope import outer_names
+from advisor.patterns.scope import nested_names, outer_names
 from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
@@ -191,11 +191,22 @@ def _drops(site: CallSite, position: int) -> bool:
         return False
     function = parsed.innermost(call, cst.FunctionDef)
     name = elements[position].value.value
-    if function is None or name in outer_names(function):
+    if function is None or name in outer_names(function) or name in nested_names(function) or \
+            _reads_frame(parsed, function):
         return False
     flow = parsed.flow(function)
     bound = [d for d in flow.definitions.values() if d.statement is parent and d.name == name]
     return len(bound) == 1 and not flow.reads_of(bound[0])
+
+
+FRAME_READERS = ("locals", "vars", "eval", "exec", "_getframe", "currentframe")
+
+
+def _reads_frame(parsed: ParsedModule, function: cst.FunctionDef) -> bool:
+    """The function reads its locals by other means than their names (`locals()["w"]`, `eval("w")`,
+    `sys._getframe().f_locals`)."""
+    return any(parsed.innermost(call, cst.FunctionDef) is function
+               for name in FRAME_READERS for call in parsed.calls_by_name.get(name, []))
 
 
 def _peer_arguments(site: CallSite, claim: Claim) -> list[cst.BaseExpression]:

@@ -41,7 +41,8 @@ ARGUMENT_READING_METHODS = FRESH_METHODS | {"masked_fill_", "add_", "sub_", "mul
                                             "type_as", "expand_as", "view_as", "reshape_as", "masked_scatter"}
 TORCH_FRESH = {f"torch.{name}" for name in (
     "where", "softmax", "log_softmax", "matmul", "bmm", "baddbmm", "tril", "triu", "masked_fill", "add", "sub", "mul",
-    "div", "cat", "concat", "concatenate", "hstack", "vstack", "stack", "zeros_like", "ones_like", "full_like", "randn_like", "rand_like", "empty_like", "exp",
+    "div", "cat", "concat", "concatenate", "hstack", "vstack", "stack", "zeros_like", "ones_like", "full_like",
+    "randn_like", "rand_like", "empty_like", "exp",
     "isinf", "isnan", "isfinite", "logical_not", "logical_and", "logical_or", "eq", "ne", "lt", "le", "gt", "ge",
     "clone", "maximum", "minimum", "clamp", "abs", "nn.functional.softmax", "nn.functional.pad",
     "nn.functional.scaled_dot_product_attention", "is_tensor", "numel")}
@@ -255,6 +256,12 @@ def _rebinds_itself(parsed: ParsedModule, assign: cst.Assign, scope: cst.CSTNode
             break
     return isinstance(node, cst.Name) and node.value == name and \
         parsed.innermost(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) is scope
+
+
+def read_leaves_alone(parsed: ParsedModule, node: cst.Name) -> bool:
+    """The one read `node` leaves the tensor it holds alone (see `_leaves_alone`), trusting no callee it does not
+    read: `reset(mask)` is followed into `reset`, `torch.nn.init.zeros_(q)` is not known to read only."""
+    return _leaves_alone(parsed, node, 0)
 
 
 def local_reads_leave_alone(parsed: ParsedModule, function: cst.FunctionDef, name: str,

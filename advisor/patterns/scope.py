@@ -18,6 +18,7 @@ import libcst as cst
 import networkx as nx
 
 from advisor.contracts.finding import display_path
+from advisor.patterns.module_values import read_leaves_alone
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls, state_swaps
@@ -59,6 +60,26 @@ def same_context(parsed: ParsedModule, nodes: list[cst.CSTNode], output: cst.CST
                     f"({where}) that the rest of the block is not in, so SDPA would not run as often as the "
                     f"original's steps")
         return f"the block spans a `{kind.lower()}` statement ({where}) whose context would no longer apply to all of it"
+    return None
+
+
+# calls that switch grad mode or autocast for every statement after them (not as a `with` item, which is a context)
+MODE_SETTERS = frozenset({"set_grad_enabled", "_set_grad_enabled", "set_autocast_enabled", "set_autocast_dtype",
+                          "set_autocast_cpu_enabled", "set_autocast_gpu_dtype", "set_autocast_cpu_dtype",
+                          "_set_fwd_grad_enabled", "set_default_dtype", "_set_autocast_enabled"})
+
+
+def mode_switched(parsed: ParsedModule, functions: list[cst.FunctionDef]) -> str | None:
+    """`torch.set_grad_enabled(False)` called as a statement in a function of the block: the statements after it
+    run without grad (or under another autocast) and those before it do not, which the `with`-based context check
+    does not see; the deleted statements and the SDPA call would not run under the same mode."""
+    calls = [call for name in MODE_SETTERS for call in parsed.calls_by_name.get(name, [])]
+    for function in functions:
+        for call in calls:
+            if parsed.innermost(call, cst.FunctionDef) is function and \
+                    not isinstance(parsed.parents.get(call), cst.WithItem):
+                return (f"`{parsed.code(call)}` (line {parsed.line(call)}) switches grad mode or autocast for the "
+                        f"statements after it, which the block's statements would no longer all run under")
     return None
 
 
@@ -140,7 +161,50 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
                                              parsed.code(root) in kept_on):
             return (f"`{parsed.code(receiver)}`, which may share storage with the SDPA call's inputs, is written in "
                     f"place at line {line}, between the scores and the value product")
+    for node in _reads_of(flow.function, names - {"self"}):  # its attributes are checked apart
+        line = parsed.line(node)
+        if first_line < line < last_line and _passed_to_a_call_statement(parsed, node) and \
+                not read_leaves_alone(parsed, node):
+            return (f"`{node.value}`, which may share storage with the SDPA call's inputs, is handed at line {line} "
+                    f"to code that may write it in place, between the scores and the value product")
     return None
+
+
+def _passed_to_a_call_statement(parsed: ParsedModule, node: cst.Name) -> bool:
+    """`reset(mask)`, `torch.nn.init.zeros_(q)`, `torch._foreach_zero_([q])`: the name is an argument (or an element of
+    one) of a call made for its effect alone, whose result nothing reads."""
+    current = parsed.parents.get(node)
+    while isinstance(current, (cst.Element, cst.List, cst.Tuple)):
+        current = parsed.parents.get(current)
+    call = parsed.parents.get(current) if isinstance(current, cst.Arg) else None
+    return isinstance(call, cst.Call) and isinstance(parsed.parents.get(call), cst.Expr)
+
+
+def _reads_of(function: cst.FunctionDef, names: set[str]) -> list[cst.Name]:
+    """The reads of `names` in the function's own body (not the names bound, nor attribute names)."""
+    found: list[cst.Name] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            visit_tree(node.value, self)
+            return False
+
+        def visit_Param(self, node: cst.Param) -> bool:
+            return False
+
+        def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
+            return not isinstance(node.target, cst.Name)
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            visit_tree(node.value, self)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value in names:
+                found.append(node)
+
+    visit_tree(function.body, Visitor())
+    return found
 
 
 # tensor methods and functions whose result never shares its operands' storage (arithmetic, reductions, copies)
@@ -395,6 +459,37 @@ def outer_names(function: cst.FunctionDef) -> frozenset[str]:
 
         def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
             found.update(item.name.value for item in node.names)
+
+    visit_tree(function, Visitor())
+    return frozenset(found)
+
+
+def nested_names(function: cst.FunctionDef) -> frozenset[str]:
+    """Names that occur in the functions, lambdas, classes and comprehensions nested in `function`: a closure may
+    read a local of it there (`def peek(): return w`), which its own flow does not count as a read."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.depth = 0
+
+        def _enter(self, node: cst.CSTNode) -> bool:
+            if node is not function:
+                self.depth += 1
+            return True
+
+        def _leave(self, node: cst.CSTNode) -> None:
+            if node is not function:
+                self.depth -= 1
+
+        visit_FunctionDef = visit_Lambda = visit_ClassDef = _enter
+        visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _enter
+        leave_FunctionDef = leave_Lambda = leave_ClassDef = _leave
+        leave_ListComp = leave_SetComp = leave_DictComp = leave_GeneratorExp = _leave
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if self.depth:
+                found.add(node.value)
 
     visit_tree(function, Visitor())
     return frozenset(found)

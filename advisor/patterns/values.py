@@ -191,6 +191,11 @@ class ValueProver:
                     if self.parsed.code(annotation).replace(" ", "") not in ("float", "int", "float|None",
                                                                              "Optional[float]", "int|float"):
                         return False
+                    if self.parsed.code(annotation).replace(" ", "") != "int":  # a size; a float may be a
+                        # learned temperature passed as a tensor (Python does not enforce the annotation)
+                        self._guess(f"the parameter `{definition.name}` is annotated "
+                                    f"`{self.parsed.code(annotation)}`, which Python does not enforce: a caller may "
+                                    f"still pass a tensor")
                 elif definition.default is not None and number_value(definition.default) is not None and \
                         self._is_constructor(definition):
                     why = f"the constructor parameter `{definition.name}` defaults to a number, but a caller may " \

@@ -336,11 +336,16 @@ class ParsedModule:
     @cached_property
     def module_aliases(self) -> dict[str, str]:
         """Dotted module -> the local name it is bound to at module level: {'torch.nn.functional': 'F'}. A name
-        also bound otherwise (`F = ...`, `for torch in ...`) is left out: code emitted with it could mean another
-        object."""
+        also bound otherwise (`F = ...`, `for torch in ...`, an import of something else in a function) is left
+        out, as is one imported only inside a function (`def f(): import torch.nn.functional as F`): code emitted
+        with it elsewhere could mean another object, or nothing."""
         aliases: dict[str, str] = {}
-        for local, dotted in self.imports.items():
-            if local not in self.bound_names:
+        everywhere = _imports(self, every_binding=True)
+        deleted = {name.value for statement in self.nodes_of(cst.Del) for name in
+                   ([statement.target] if isinstance(statement.target, cst.Name) else
+                    [e.value for e in getattr(statement.target, "elements", ()) if isinstance(e.value, cst.Name)])}
+        for local, dotted in _imports(self, module_level=True).items():
+            if local not in self.bound_names and local not in deleted and everywhere[local] == {dotted}:
                 aliases.setdefault(dotted, local)
         return aliases
 
@@ -505,27 +510,44 @@ def _parse_cached(path: str, mtime_ns: int, size: int) -> "ParsedModule":
 BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
 
 
-def _imports(parsed: "ParsedModule") -> dict[str, str]:
+def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: bool = False) -> dict:
     """Local name -> dotted module or object, from the file's import statements in source order (the first binding
-    of a name wins)."""
-    imports: dict[str, str] = {}
+    of a name wins); `module_level`: only statements outside functions and classes; `every_binding`: local name ->
+    the set of everything any statement binds it to."""
+    imports: dict = {}
+    bind = (lambda local, dotted: imports.setdefault(local, set()).add(dotted)) if every_binding else \
+        imports.setdefault
     for node in parsed.nodes_of(cst.Import, cst.ImportFrom):
+        if module_level and (parsed.innermost(node, (cst.FunctionDef, cst.ClassDef)) is not None or
+                             _under_type_checking(parsed, node)):
+            continue
         if isinstance(node, cst.Import):
             for alias in node.names:
                 dotted = _name_code(parsed, alias.name)
                 if alias.asname is not None:
-                    imports.setdefault(_name_code(parsed, alias.asname.name), dotted)
+                    bind(_name_code(parsed, alias.asname.name), dotted)
                 else:
                     head = dotted.split(".")[0]
-                    imports.setdefault(head, head)
+                    bind(head, head)
         elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
             base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
             for alias in node.names:
                 local = alias.asname.name if alias.asname else alias.name
                 name = _name_code(parsed, alias.name)
                 dotted = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
-                imports.setdefault(_name_code(parsed, local), dotted)
+                bind(_name_code(parsed, local), dotted)
     return imports
+
+
+def _under_type_checking(parsed: "ParsedModule", node: cst.CSTNode) -> bool:
+    """Inside `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`), which never runs."""
+    while node is not None:
+        parent = parsed.parents.get(node)
+        if isinstance(parent, cst.If) and node is parent.body and \
+                parsed.code(parent.test).replace(" ", "").split(".")[-1] == "TYPE_CHECKING":
+            return True
+        node = parent
+    return False
 
 
 def _name_code(parsed: "ParsedModule", node: cst.CSTNode) -> str:

@@ -160,6 +160,8 @@ def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Defi
     if reason is None and inlined:  # a helper's step runs once per call only at its top level
         reason = (f"a step of the helper `{function_of(parsed, inlined[0]).name.value}` runs inside a loop or "
                   f"`with` block (line {parsed.line(inlined[0])})")
+    if reason is None:
+        reason = scope.mode_switched(parsed, [c.home, *c.inlined])
     if reason is not None:
         raise Refusal(reason)
     match.facts.proved("scope", "the deleted statements run exactly when the value product runs",

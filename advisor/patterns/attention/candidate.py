@@ -101,6 +101,8 @@ class Candidate:
     module_refusal: str | None = None
     # dropout probabilities whose range [0, 1] (F.dropout raises outside it, even when not training) is assumed
     dropout_reads: list[cst.BaseExpression] = field(default_factory=list)
+    # scale factors applied after a mask, whose sign (positive: -inf stays -inf) is assumed (see `scale`)
+    positive_reads: list[cst.BaseExpression] = field(default_factory=list)
     layout: es.ScoreLayout | None = None  # the Q·K^T einsum's axes
     has_ellipsis: bool = False
     dtype_roots: DtypeRoots | None = None

@@ -167,12 +167,13 @@ def reads_causal_additive(c, mask: cst.BaseExpression, values_of: Resolve) -> bo
 
 def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth: int = 0) -> bool:
     """A square (or a stack of squares, `torch.full((1, 1, n, n), -inf)`) built -inf or a mask fill (-1e9,
-    `finfo.min`) strictly above the diagonal and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a helper of this file that builds one, CLIP's and
-    Whisper's causal masks), or 0 on and below it and a mask fill above (`torch.zeros(n, n).masked_fill(
-    torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of the triangle, 0.0 and the fill): column 0 is 0
-    in every row. So is one joined beside zeros along the keys (`torch.hstack([torch.zeros((n, p)), causal])`,
-    the reference Llama's cache prefix): every row keeps the causal part's key at 0. Under views and casts that
-    keep its rows; names read through `values_of` (every value must be one)."""
+    `finfo.min`) strictly above the diagonal and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a helper of
+    this file that builds one, CLIP's and Whisper's causal masks), or 0 on and below it and a mask fill above
+    (`torch.zeros(n, n).masked_fill(torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of the triangle,
+    0.0 and the fill): column 0 is 0 in every row. So is one joined beside zeros along the keys
+    (`torch.hstack([torch.zeros((n, p)), causal])`, the reference Llama's cache prefix): every row keeps the causal
+    part's key at 0. Under views and casts that keep its rows; names read through `values_of` (every value must be
+    one)."""
     node = under_row_views(node)
     if depth > MAX_NAME_DEPTH:
         return False
@@ -330,8 +331,8 @@ def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression, values_of: Re
 def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, named: str | None = None,
            values_of: Resolve | None = None, depth: int = 0) -> str | None:
     """What an expression holds: "square" (any n x n tensor), "filled" (n x n of -inf or a mask fill), "upper" (the
-    fill strictly above the diagonal, 0 elsewhere), or None; a stack of such squares (`torch.full((1, 1, n, n), -inf)`) holds
-    the same. `name` read as the state `named`; other names read through `values_of` (one value)."""
+    fill strictly above the diagonal, 0 elsewhere), or None; a stack of such squares (`torch.full((1, 1, n, n),
+    -inf)`) holds the same. `name` read as the state `named`; other names read through `values_of` (one value)."""
     if isinstance(node, cst.Name) and node.value == name:
         return named
     if isinstance(node, cst.Name) and values_of is not None and depth < MAX_NAME_DEPTH:

@@ -27,7 +27,7 @@ from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTIT
     is_module_check, module_checks
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank, weights_dtype
-from advisor.patterns.attention.scale import SCALE_NONZERO, divisors_read
+from advisor.patterns.attention.scale import SCALE_NONZERO, SCALE_POSITIVE, divisors_read
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
 from advisor.patterns.attention.weights import DROPOUT_RANGE
 from advisor.patterns.copy_cast_roles import cast_dtype
@@ -38,7 +38,7 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, SCALE_NONZERO, DROPOUT_RANGE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
+GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -98,6 +98,10 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             reads = divisors_read(c, c.factors)
             parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} != 0 and {s} * 0.0 == 0.0", s=s)
                      for s in reads] \
+                if reads and all(_plain(c, s) for s in reads) else []
+        elif name == SCALE_POSITIVE:  # a Python number above 0 (NaN is not); anything else runs the original
+            reads = c.positive_reads
+            parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} > 0", s=s) for s in reads] \
                 if reads and all(_plain(c, s) for s in reads) else []
         elif name == DROPOUT_RANGE:  # a Python number in range; anything else (a tensor too) runs the original
             reads = c.dropout_reads

@@ -17,11 +17,28 @@ from advisor.static.walk import walk
 
 
 def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | None:
-    """The function `self.name` (a method of this class) or `name` (a function of this file) calls."""
+    """The function `self.name` (a method of this class) or `name` (a function of this file) calls; None where the
+    name may hold something else when the call runs: a method the file also sets on an instance by that name
+    (`m.scores = lambda q, k: ...`), a function it rebinds (`scores = torch.no_grad()(scores)`)."""
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
             and c.owner is not None:
-        return c.owner.methods.get(func.attr.value)
-    return c.parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
+        name = func.attr.value
+        rebound = name in c.owner.outside or _class_body_binds(c.owner.node, name)
+        return c.owner.methods.get(name) if not rebound else None
+    if not isinstance(func, cst.Name) or func.value in c.parsed.bound_names:
+        return None
+    return c.parsed.module_functions.get(func.value)
+
+
+def _class_body_binds(cls: cst.ClassDef, name: str) -> bool:
+    """The class body assigns the name besides its `def` (`scores = twice(scores)`: a wrapper applied by a call)."""
+    for statement in cls.body.body:
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
+                [small.target] if isinstance(small, (cst.AugAssign, cst.AnnAssign)) else []
+            if any(isinstance(target, cst.Name) and target.value == name for target in targets):
+                return True
+    return False
 
 
 def callee(c: Candidate, node: cst.CSTNode) -> cst.FunctionDef | None:

@@ -165,13 +165,13 @@ def _fill_at_home(c: Candidate, fill: cst.BaseExpression) -> cst.BaseExpression:
 
 def _negate(node: cst.BaseExpression) -> cst.BaseExpression:
     """The complement of a boolean mask (masked_fill and where raise on any other), written as simply as its
-    form allows: `~m` becomes `m`, which is exact where m is not a float (see `_dtype_subject`); `m.logical_not()`
+    form allows: `m == 0` becomes `m != 0` (not `m < 0.5` into `m >= 0.5`: a NaN fails both), `~m` becomes `m`, which is exact where m is not a float (see `_dtype_subject`); `m.logical_not()`
     is bool whatever m is."""
     if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
         target = node.comparisons[0]
-        flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal, cst.LessThan: cst.GreaterThanEqual,
-                   cst.GreaterThanEqual: cst.LessThan, cst.GreaterThan: cst.LessThanEqual,
-                   cst.LessThanEqual: cst.GreaterThan}.get(type(target.operator))
+        # `==` and `!=` are complements for every value; `<` and `>=` are not for NaN (both False), so an ordering
+        # is negated with `~` below
+        flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}.get(type(target.operator))
         if flipped is not None:
             return cst.Comparison(node.left, [cst.ComparisonTarget(flipped(), target.comparator)])
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):

@@ -178,7 +178,7 @@ def dropout_role(c: Candidate) -> None:
 @step(reads=("chain.definitions chain.factor_guards chain.negated_factors chain.ops flow home inlined "
              "match.key match.query values"),
       writes=("absorbed chain.views dtype_roots factors leaf_nodes match.facts match.masks match.scale "
-              "match.sdpa_refusal match.softcap tensor_factors"))
+              "match.sdpa_refusal match.softcap positive_reads tensor_factors"))
 def scale_and_masks(c: Candidate) -> None:
     """The score chain's ops as scale factors, mask terms and a soft-cap."""
     scale_and_mask_roles(c)
@@ -272,6 +272,7 @@ def flag(c: Candidate) -> None:
 
 
 @step(reads=("deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes match.facts "
+             "positive_reads "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
              "match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")

@@ -31,6 +31,7 @@ def scale_and_mask_roles(c: Candidate) -> None:
         raise Refusal("the scores are reshaped without being reshaped back before softmax")
     capped = next((i for i, (op, _) in enumerate(applied) if op.name == "tanh"), None)
     post_cap: list[tuple[str, cst.BaseExpression]] = []
+    masked_at = None  # where the first mask is applied
     for position, (op, guard) in enumerate(applied):
         if op.name == "tanh":
             if position != capped:
@@ -55,6 +56,7 @@ def scale_and_mask_roles(c: Candidate) -> None:
         term.statement = statement_of(c.parsed, op.node)
         term.scaled_after = any(p > position for p in scale_positions)
         match.masks.append(term)
+        masked_at = position if masked_at is None else masked_at
     check_placement(c, applied)
     match.scale = _scale(c)
     if capped is not None:
@@ -63,6 +65,8 @@ def scale_and_mask_roles(c: Candidate) -> None:
         c.leaf_nodes.append(c.values.scalar_expression(factor[1]))
         _scale_fact(c, factor[1])
     _divisor_fact(c, c.factors)
+    _sign_fact(c, [op for position, (op, _) in enumerate(applied) if masked_at is not None and position > masked_at
+                   and op.name in ("mul", "div")])
     c.leaf_nodes.extend(guard.test for guard in chain.factor_guards.values())
     for term in match.masks:
         if term.scaled_after and term.kind != "keep" and term.kind != "causal":
@@ -127,6 +131,61 @@ def _divisor_fact(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -
         c.match.facts.assumed(SCALE_NONZERO, f"the divisor `{short(c.parsed, reads[0])}` is neither 0 nor NaN",
                               "it is read from a parameter or attribute (a 0 would make the patch raise "
                               "ZeroDivisionError where the original gives NaN)")
+
+
+SCALE_POSITIVE = "scale-positive"
+POSITIVE_FUNCTIONS = {"math.sqrt", "math.exp", "torch.exp", "numpy.sqrt", "numpy.exp"}
+
+
+def _sign_fact(c: Candidate, late: list) -> None:
+    """A factor applied after a -inf mask multiplies -inf: a positive one keeps it -inf (SDPA's mask, added after its
+    scale, is the same), 0 makes it NaN and a negative one +inf, where SDPA still masks. A factor positive by its form
+    (a positive literal, a square root, an exponential, a size) needs nothing; a literal that is not positive is
+    refused; a read of a parameter or attribute is assumed positive (guarded `isinstance(s, (int, float)) and s >
+    0`, see attention.guards), anything else, a tensor factor included, assumed."""
+    unknown, guardable = [], True
+    for op in late:
+        factor = op.params["factor"]
+        tensor = "tensor_factor" in op.params
+        value = factor if tensor else c.values.scalar_expression(factor)
+        literal = None if tensor else c.values.literal_number(value)
+        if literal is not None:
+            if not literal > 0:
+                raise Refusal(f"the masked scores are scaled by `{short(c.parsed, factor)}`, which is not positive "
+                              f"(-inf times it is NaN or +inf, where SDPA masks)")
+            continue
+        if not _positive_form(c, value):
+            unknown.append(value)
+            guardable = guardable and not tensor and isinstance(value, (cst.Name, cst.Attribute))
+    if not unknown:
+        return
+    c.positive_reads = unknown if guardable else []
+    c.match.facts.assumed(SCALE_POSITIVE, f"`{short(c.parsed, unknown[0])}`, which scales the masked scores, is "
+                          f"positive", "its sign is not visible here (-inf times 0 is NaN, times a negative number "
+                          "+inf, where SDPA still masks)")
+
+
+def _positive_form(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """Positive by its form: a positive literal, `math.sqrt`/`exp` of anything, `x.exp()`, a size (`q.size(-1)`),
+    a local assigned one, and products, quotients and powers of those (a zero size is a degenerate head)."""
+    if depth > 8:
+        return False
+    literal = c.values.literal_number(node)
+    if literal is not None:
+        return literal > 0
+    if isinstance(node, cst.Call):
+        dotted = c.parsed.imported_name(node.func) or ""
+        return dotted in POSITIVE_FUNCTIONS or isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value == "exp" and not node.args
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
+        return _positive_form(c, node.left, depth + 1) and _positive_form(c, node.right, depth + 1)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+        return _positive_form(c, node.left, depth + 1)
+    if isinstance(node, cst.Name):
+        definitions = c.flow.definitions_of(node)
+        return len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None and \
+            not c.flow.sees_undefined(node) and _positive_form(c, definitions[0].value, depth + 1)
+    return c.values.is_size(node)
 
 
 def _scale(c: Candidate) -> cst.BaseExpression | None:

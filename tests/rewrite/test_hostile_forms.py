@@ -1,0 +1,286 @@
+"""Forms an outside breaker wrote, without reading our fixtures, on which a safe patch was wrong: each is held to
+the original's float64 outputs and input gradients (or must no longer be offered as safe)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import load_module_from_source
+
+
+def _safe_fixed(source: str) -> str:
+    result = analyze_source(source, "hostile.py")
+    safe = [f for f in result.findings if f.kind == "attention" and f.fixable and f.fix_safety == "safe"]
+    assert safe, [(f.rule, f.fix_safety, f.reason) for f in result.findings]
+    return result.fixed_with(safe).text
+
+
+def _assert_same(source: str, fixed: str, inputs: tuple) -> None:
+    outputs = []
+    for index, code in enumerate((source, fixed)):
+        module = load_module_from_source(code, f"hostile_{index}")
+        torch.manual_seed(0)
+        model = module.Attn().double()
+        args = [x.double().requires_grad_() if x.is_floating_point() else x for x in inputs]
+        out = model(*args)
+        grads = torch.autograd.grad(out.square().sum(), [a for a in args if a.requires_grad], allow_unused=True)
+        outputs.append((out, *grads))
+    for got, want in zip(outputs[1], outputs[0]):
+        if want is None or got is None:
+            assert want is None and got is None
+            continue
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10, equal_nan=True)
+
+
+def _qkv() -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(3)
+    return tuple(torch.randn(2, 2, 5, 8, generator=generator) for _ in range(3))
+
+
+def test_a_module_imported_only_inside_another_function_is_not_used_by_the_patch():
+    """`import torch.nn.functional as F` in another method binds F there only: the patch once called
+    `F.scaled_dot_product_attention` in `forward`, a NameError."""
+    source = textwrap.dedent('''\
+        import math
+        import torch
+        import torch.nn as nn
+
+
+        class Attn(nn.Module):
+            def forward(self, q, k, v):
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                return att.softmax(dim=-1) @ v
+
+            def extra(self, x):
+                import torch.nn.functional as F
+                return F.relu(x)
+        ''')
+    fixed = _safe_fixed(source)
+    assert "F.scaled_dot_product_attention" not in fixed
+    _assert_same(source, fixed, _qkv())
+
+
+@pytest.mark.parametrize("test", ["mask < 0.5", "mask <= 0.5", "mask > 0.5", "mask >= 0.5"])
+def test_an_ordering_of_a_float_mask_is_negated_as_a_whole(test):
+    """`masked_fill(mask < 0.5, -inf)` keeps where `mask < 0.5` is False, NaN entries included; `mask >= 0.5` is also
+    False there, so the keep mask is `~(mask < 0.5)`, not the flipped comparison."""
+    source = textwrap.dedent(f'''\
+        import math
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+
+        class Attn(nn.Module):
+            def forward(self, q, k, v, mask):
+                att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+                att = att.masked_fill({test}, float("-inf"))
+                return F.softmax(att, dim=-1) @ v
+        ''')
+    mask = torch.ones(5, 5)
+    mask[:, 3] = float("nan")
+    mask[:, 1] = 0.0
+    _assert_same(source, _safe_fixed(source), (*_qkv(), mask))
+
+
+RETURNS_WEIGHTS = '''\
+import math
+import torch
+import torch.nn as nn
+
+
+def attention(q, k, v):
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    att = att.softmax(-1)
+    return att @ v, att
+
+
+class Attn(nn.Module):
+    def forward(self, q, k, v):
+        out, w = attention(q, k, v)
+{reads}
+'''
+
+
+@pytest.mark.parametrize("reads", [
+    "\n        def peek():\n            return w\n        return out, peek()",  # a closure reads it
+    "        return out, locals()[\"w\"]",  # the frame's locals read it
+])
+def test_weights_read_other_than_by_name_are_not_dropped(tmp_path, reads):
+    """`out, w = attention(q, k, v)` where `w` is read only in a nested function, or through `locals()`: the
+    caller's own flow has no read of `w`, so None may not stand in for the weights."""
+    from advisor.engine.static import scan_paths
+
+    (tmp_path / "model.py").write_text(RETURNS_WEIGHTS.format(reads=reads))
+    findings = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert findings and not any(f.fixable and f.fix_safety == "safe" for f in findings), \
+        [(f.rule, f.fix_safety, f.reason) for f in findings]
+
+
+SCORES_HELPER = '''\
+import math
+import torch
+import torch.nn as nn
+
+
+{before}
+
+
+class Attn(nn.Module):
+{method}
+    def forward(self, q, k, v):
+{body}
+        att = att.softmax(-1)
+        return att @ v
+
+
+def build():
+    m = Attn()
+{after}
+    return m
+'''
+
+
+@pytest.mark.parametrize("before, method, body, after", [
+    # grad switched off by a statement around the scores: the original gives q and k no gradient
+    ("", "", "        torch.set_grad_enabled(False)\n        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))\n"
+             "        torch.set_grad_enabled(True)", ""),
+    # a helper the file rebinds (wrapped in no_grad): the name is no longer the function read
+    ("def scores(q, k):\n    return (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))\n\n\nscores = "
+     "torch.no_grad()(scores)", "", "        att = scores(q, k)", ""),
+    # a method the file replaces on an instance
+    ("", "    def scores(self, q, k):\n        return (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))\n",
+     "        att = self.scores(q, k)", "    m.scores = lambda q, k: (q @ k.transpose(-2, -1)) * 2"),
+])
+def test_what_runs_in_place_of_the_scores_code_at_run_time_stops_the_safe_patch(before, method, body, after):
+    source = SCORES_HELPER.format(before=before, method=method, body=body, after=after or "    pass")
+    findings = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert not any(f.fixable and f.fix_safety == "safe" for f in findings), \
+        [(f.rule, f.fix_safety, f.reason) for f in findings]  # the helper is not read: no finding, or no safe one
+    module = load_module_from_source(source, "hostile_helper")  # the original itself runs
+    q, k, v = _qkv()
+    module.build()(q, k, v)
+
+
+@pytest.mark.parametrize("scale, safe", [(0.3, True), (-0.3, True), (0.0, True), ("-0.3", False), ("0.0", False)])
+def test_a_factor_after_a_neginf_mask_must_be_positive(scale, safe):
+    """`masked_fill(~mask, -inf)` then `* self.scale`: -inf times a positive number stays -inf, times 0 is NaN and
+    times a negative number +inf, where SDPA (which scales, then masks) still masks. A literal that is not positive
+    is refused; a scale read from an attribute is checked at run time (`self.scale > 0`), the original running
+    otherwise."""
+    value = scale if isinstance(scale, str) else "scale"
+    source = textwrap.dedent(f'''\
+        import torch
+        import torch.nn as nn
+
+
+        class Attn(nn.Module):
+            def __init__(self, scale=0.3):
+                super().__init__()
+                self.scale = scale
+
+            def forward(self, q, k, v, mask):
+                att = q @ k.transpose(-2, -1)
+                att = att.masked_fill(~mask, float("-inf"))
+                att = att * {"self.scale" if value == "scale" else value}
+                return att.softmax(dim=-1) @ v
+        ''')
+    findings = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    if not safe:
+        assert findings and not any(f.fixable for f in findings), [(f.fix_safety, f.reason) for f in findings]
+        return
+    fixed = _safe_fixed(source)
+    assert "self.scale > 0" in fixed
+    outputs = []
+    for index, code in enumerate((source, fixed)):
+        module = load_module_from_source(code, f"hostile_scale_{index}")
+        model = module.Attn(scale).double()
+        q, k, v = (x.double().requires_grad_() for x in _qkv())
+        mask = torch.ones(5, 5, dtype=torch.bool).tril()
+        out = model(q, k, v, mask)
+        outputs.append((out, *torch.autograd.grad(out.nan_to_num().square().sum(), (q, k, v))))
+    for got, want in zip(outputs[1], outputs[0]):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10, equal_nan=True)
+
+
+@pytest.mark.parametrize("imports", [
+    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch.nn.functional as F",  # never runs
+    "import torch.nn.functional as F\ndel F",  # deleted at module level
+])
+def test_an_alias_the_module_does_not_hold_at_run_time_is_not_used_by_the_patch(imports):
+    source = textwrap.dedent('''\
+        import math
+        import torch
+        import torch.nn as nn
+        {imports}
+
+
+        class Attn(nn.Module):
+            def forward(self, q, k, v):
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                return att.softmax(dim=-1) @ v
+        ''').format(imports=imports)
+    fixed = _safe_fixed(source)
+    assert "F.scaled_dot_product_attention" not in fixed
+    _assert_same(source, fixed, _qkv())
+
+
+@pytest.mark.parametrize("write", [
+    "reset(keep)",  # a function of this file that fills it
+    "torch.nn.init.zeros_(q)",  # a function not known to only read
+    "torch.nn.init.constant_(k, 0.0)",
+])
+def test_a_tensor_handed_to_code_that_may_write_it_between_the_scores_and_the_value_product(write):
+    source = textwrap.dedent('''\
+        import math
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+
+        def reset(m):
+            m.fill_(True)
+
+
+        class Attn(nn.Module):
+            def forward(self, q, k, v, keep):
+                att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+                att = att.masked_fill(~keep, float("-inf"))
+                {write}
+                att = F.softmax(att, dim=-1)
+                return att @ v
+        ''').format(write=write)
+    findings = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert findings and not any(f.fixable for f in findings), [(f.fix_safety, f.reason) for f in findings]
+    assert "may write it in place" in findings[0].reason
+
+
+def test_a_method_the_class_body_rebinds_is_not_read_from_its_def():
+    source = textwrap.dedent('''\
+        import math
+        import torch
+        import torch.nn as nn
+
+
+        def twice(f):
+            def g(*a):
+                return f(*a) * 2
+            return g
+
+
+        class Attn(nn.Module):
+            def scores(self, q, k):
+                return (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+            scores = twice(scores)
+
+            def forward(self, q, k, v):
+                att = self.scores(q, k)
+                att = att.softmax(-1)
+                return att @ v
+        ''')
+    findings = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert not any(f.fixable and f.fix_safety == "safe" for f in findings)
