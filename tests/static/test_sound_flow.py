@@ -158,10 +158,13 @@ def attend(q, k, v, scale):
     q, k, v = torch.randn(3, 2, 4, 8).unbind(0)
     for scale in (0.3, torch.tensor(0.3)):  # a tensor scale runs the original block
         torch.testing.assert_close(namespace["attend"](q, k, v, scale), (q @ k.mT * scale).softmax(-1) @ v)
-    annotated = source.replace("scale):", "scale: float):")
-    proved = the_finding(annotated)
-    assert proved.fix_safety == "safe"
-    assert "scale-is-number" in [f["name"] for f in proved.extra["facts"]["proved"]]  # beside the dtype facts
+    # Python does not enforce `scale: float` (a learned temperature passed there is a tensor): still guarded
+    annotated = the_finding(source.replace("scale):", "scale: float):"))
+    assert annotated.fix_safety == "safe"
+    assert "does not enforce" in next(f["why"] for f in annotated.extra["facts"]["guarded"]
+                                      if f["name"] == "scale-is-number")
+    sized = the_finding(source.replace("scale):", "scale: int):"))  # an int is a size: taken as annotated
+    assert "scale-is-number" in [f["name"] for f in sized.extra["facts"]["proved"]]  # beside the dtype facts
 
 
 # I: in-place writes and deletions between the scores and the value product -----------------------------------
