@@ -62,4 +62,9 @@ def print_errors(console: Console, errors: list[ScanError]) -> None:
 
 
 def print_diff(console: Console, diff: str) -> None:
-    console.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default", word_wrap=False))
+    """Highlighted on a terminal; elsewhere (a pipe, a file) the patch text as it is, no line cut at the console's
+    width, so `git apply` takes it."""
+    if not console.is_terminal:
+        console.file.write(diff if diff.endswith("\n") or not diff else diff + "\n")
+        return
+    console.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default", word_wrap=False), crop=False)

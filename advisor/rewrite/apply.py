@@ -221,6 +221,36 @@ def _on_the_way(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[cst.CSTNo
     return found
 
 
+def _carried_comments(parsed: ParsedModule, edits: NodeEdits) -> dict[cst.CSTNode, list[cst.EmptyLine]]:
+    """The lines above each statement the edits delete, when they hold a comment, keyed by the next statement of
+    its block that stays: libcst keeps the comments (and blank lines) above a statement as its `leading_lines`,
+    which would leave with it (a license header or a `# scaled dot-product attention` note above the scores)."""
+    removed = [node for node in edits.remove if isinstance(node, cst.BaseStatement)] + \
+        [line for line in {parsed.parents.get(small) for small in edits.remove}
+         if isinstance(line, cst.SimpleStatementLine) and all(small in edits.remove for small in line.body)]
+    carried: dict[cst.CSTNode, list[cst.EmptyLine]] = {}
+    for statement in sorted(set(removed), key=parsed.line):
+        if not any(line.comment is not None for line in statement.leading_lines):
+            continue
+        block = parsed.parents.get(statement)
+        body = list(getattr(block, "body", ()))
+        later = body[body.index(statement) + 1:] if statement in body else []
+        target = next((s for s in later if s not in removed), None)
+        if target is not None:
+            carried.setdefault(target, []).extend(statement.leading_lines)
+    return carried
+
+
+def _with_leading_lines(result, lines: list[cst.EmptyLine]):
+    """`result` (a statement, several, or none) with `lines` above its first statement."""
+    if isinstance(result, cst.FlattenSentinel) and result.nodes:
+        first, *rest = result.nodes
+        return cst.FlattenSentinel([_with_leading_lines(first, lines), *rest])
+    if hasattr(result, "leading_lines"):
+        return result.with_changes(leading_lines=[*lines, *result.leading_lines])
+    return result
+
+
 class _Editor(cst.CSTTransformer):
     """Applies node edits. Given the file (`parsed`) and the nodes on the way to an edit (`enter`), it does not
     enter the file's other nodes: nothing in them changes, and libcst's visit rebuilds every node it enters. It
@@ -232,6 +262,7 @@ class _Editor(cst.CSTTransformer):
         self.edits = edits
         self.active: set[cst.CSTNode] = set()
         self.parsed, self.enter = parsed, enter
+        self.carried = _carried_comments(parsed, edits) if parsed is not None else {}
 
     def on_visit(self, node) -> bool:
         if self.enter is not None and node not in self.enter and node in self.parsed.parents:
@@ -239,6 +270,11 @@ class _Editor(cst.CSTTransformer):
         return super().on_visit(node)
 
     def on_leave(self, original_node, updated_node):
+        result = self._left(original_node, updated_node)
+        lines = self.carried.get(original_node)
+        return _with_leading_lines(result, lines) if lines else result
+
+    def _left(self, original_node, updated_node):
         if original_node in self.edits.remove and isinstance(original_node, cst.BaseStatement):
             return cst.RemoveFromParent()  # a whole statement (a guarded fix moves it under an `else:`)
         if original_node in self.edits.replace and original_node not in self.active:

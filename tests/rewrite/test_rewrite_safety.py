@@ -103,3 +103,46 @@ def test_several_blocks_in_one_file_and_one_function_are_all_rewritten():
     q, k, v = (torch.randn(2, 3, 5, 4) for _ in range(3))
     for name in ("first", "both"):
         torch.testing.assert_close(namespace[name](q, k, v), original[name](q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_comments_above_deleted_statements_stay_in_the_file():
+    """libcst keeps the comment lines above a statement as that statement's own; deleting the statement took them
+    with it (a license block above the scores, a `# TODO` between two of the block's statements)."""
+    source = (
+        "import torch\n\n\n"
+        "def attend(q, k, v, proj):\n"
+        "    q = proj(q)\n\n"
+        "    # ------------------------------------------\n"
+        "    # Copyright (c) 2024 ACME. Apache-2.0.\n"
+        "    # ------------------------------------------\n\n"
+        "    s = q @ k.transpose(-2, -1) / 8.0\n"
+        "    # TODO: masks\n"
+        "    w = s.softmax(dim=-1)\n"
+        "    return w @ v\n")
+    fixed = analyze_source(source, "m.py").fixed
+    assert "scaled_dot_product_attention" in fixed
+    for line in source.splitlines():
+        if line.strip().startswith("#"):
+            assert line in fixed.splitlines(), line
+    assert analyze_source(fixed, "m.py").fixed == fixed  # idempotent
+
+
+def test_a_diff_printed_to_a_pipe_keeps_long_lines_and_applies(tmp_path):
+    """The diff on stdout went through the console at its width: a 165-column line was cut, and `git apply` refused
+    the patch."""
+    import shutil
+    import subprocess
+    import sys
+
+    long = "    # " + "x" * 160
+    source = f"import torch\n\n\ndef attend(q, k, v):\n{long}\n    s = q @ k.transpose(-2, -1) / 8.0\n" \
+             f"    return s.softmax(dim=-1) @ v\n"
+    (tmp_path / "m.py").write_text(source)
+    shown = subprocess.run([sys.executable, "-m", "advisor", "fix", "m.py"], cwd=tmp_path, capture_output=True,
+                           text=True)
+    assert long in shown.stdout.splitlines() or " " + long in shown.stdout.splitlines(), shown.stdout
+    if shutil.which("git"):
+        (tmp_path / "fix.diff").write_text(shown.stdout)
+        applied = subprocess.run(["git", "apply", "--check", "fix.diff"], cwd=tmp_path, capture_output=True,
+                                 text=True)
+        assert applied.returncode == 0, applied.stderr
