@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from importlib import import_module
 
 from advisor.errors import AdvisorError, visible
@@ -61,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         configure(args)
         return args.run(args)
     except AdvisorError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, with the exit code the error has without --debug
+            traceback.print_exc()
+            return EXIT_ERROR
         print(f"advisor: error: {visible(exc)}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # the reader left before the verb could say how it ended
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - the contract is one line, never a traceback
         if debug:
-            raise
+            traceback.print_exc()
+            return EXIT_ERROR
         print(f"advisor: error: {type(exc).__name__}: {visible(exc)} (run with --debug for the traceback)",
               file=sys.stderr)
         return EXIT_ERROR

@@ -40,7 +40,7 @@ def run(args) -> int:
     findings' own fixes, which the rewrite layer then applies together."""
     console = stdout_console()
     report, scanned = fix_paths(args, ask=partial(_ask, console) if args.interactive else None,
-                       on_scanned=lambda result: print_errors(console, result.errors))
+                       on_scanned=lambda result: print_errors(result.errors))
     for file in report.files:
         if not (args.apply or args.interactive):
             print_diff(console, file.diff)

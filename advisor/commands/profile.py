@@ -75,7 +75,7 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
         loaded = worker.call(Load(target, device, dtype, train, script=script),
                              doing="running the script to its model's first call" if script else None)
         if loaded.captured:
-            status.console.print(f"advisor: {shown(loaded.captured)}", highlight=False)
+            status.console.print(f"advisor: {shown(loaded.captured)}", highlight=False, soft_wrap=True)
         return worker.call(Profile(trace_path))
 
 

@@ -36,8 +36,8 @@ def run(args) -> int:
     """With --profile, the workload runs first: its measured copies and casts are joined to the source as
     `fix --profile` joins them (the same findings, with the same patches), and every finding gets its cost."""
     result, findings = scanned(args, patches=args.format != "text")  # the text table shows no patch
-    return write_report(lambda: _render(args.format, result, findings, args.unsafe_fixes),
-                        exit_code(result, bool(findings)))
+    return write_report(lambda: _render(args.format, result, findings, args.unsafe_fixes,
+                                        getattr(args, "quiet", False)), exit_code(result, bool(findings)))
 
 
 def scanned(args, patches: bool = True) -> tuple[ScanResult, list[Finding]]:
@@ -51,7 +51,8 @@ def scanned(args, patches: bool = True) -> tuple[ScanResult, list[Finding]]:
     return result, findings
 
 
-def _render(output_format: str, result: ScanResult, findings: list[Finding], unsafe_fixes: bool) -> None:
+def _render(output_format: str, result: ScanResult, findings: list[Finding], unsafe_fixes: bool,
+            quiet: bool = False) -> None:
     """Every format carries the errors: in the document (JSON, SARIF), or on stderr beside a patch (diff). The
     diffs are the patches `fix` would apply: unsafe ones only with --unsafe-fixes, each under a comment line that
     says so and why (`patch` and `git apply` skip such lines). JSON lists every patch with its fix_safety."""
@@ -63,7 +64,7 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding], uns
         for line in github_annotations(findings, result.errors):
             print(line)
     elif output_format == "diff":
-        print_errors(Console(stderr=True, highlight=False), result.errors)
+        print_errors(result.errors)
         console = stdout_console()
         for finding in findings:
             if finding.patch and finding.fix_safety == "safe":
@@ -73,4 +74,4 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding], uns
                               highlight=False, soft_wrap=True)
                 print_diff(console, finding.patch)
     else:
-        print_findings(stdout_console(), findings, result.errors, len(result.files))
+        print_findings(stdout_console(), findings, result.errors, len(result.files), quiet)

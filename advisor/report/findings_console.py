@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
@@ -10,10 +12,13 @@ from advisor.contracts.finding import Finding, ScanError
 from advisor.report.terminal import short_path, shown
 
 
-def print_findings(console: Console, findings: list[Finding], errors: list[ScanError], files_scanned: int) -> None:
-    print_errors(console, errors)
+def print_findings(console: Console, findings: list[Finding], errors: list[ScanError], files_scanned: int,
+                   quiet: bool = False) -> None:
+    """The errors, then the findings' table; `quiet` (-q): no summary line, neither the table's title nor "no
+    findings"."""
+    print_errors(errors)
     if findings:
-        table = Table(title=f"advisor: {len(findings)} finding(s) in {files_scanned} file(s)")
+        table = Table(title=None if quiet else f"advisor: {len(findings)} finding(s) in {files_scanned} file(s)")
         for column in ("location", "rule", "fix", "what"):
             table.add_column(column, overflow="fold")
         for finding in findings:
@@ -31,7 +36,7 @@ def print_findings(console: Console, findings: list[Finding], errors: list[ScanE
             location = f"{short_path(finding.path)}{cell}:{finding.line}\n[dim]{shown(finding.function)}[/dim]"
             table.add_row(location, finding.rule, fix, what)
         console.print(table)
-    else:
+    elif not quiet:
         console.print(f"advisor: no findings in {files_scanned} file(s)")
 
 
@@ -56,9 +61,12 @@ def backends_summary(backends: dict, emission: dict | None) -> str:
     return "\n".join(lines)
 
 
-def print_errors(console: Console, errors: list[ScanError]) -> None:
+def print_errors(errors: list[ScanError]) -> None:
+    """On stderr, one line each however long the path (not wrapped at the console's width)."""
+    console = Console(file=sys.stderr, highlight=False, emoji=False)
     for error in errors:
-        console.print(f"[red]error[/red] {short_path(error.path)}: {shown(error.message)}", highlight=False)
+        console.print(f"[red]error[/red] {short_path(error.path)}: {shown(error.message)}", highlight=False,
+                      soft_wrap=True)
 
 
 def print_diff(console: Console, diff: str) -> None:

@@ -112,10 +112,10 @@ def test_user_code_warnings_stay_silent(workdir):
 def test_fix_prints_errors_and_exits_non_zero_on_bad_files(capsys, workdir):
     (workdir / "syntax.py").write_text("def broken(:\n")
     (workdir / "plain.py").write_text("x = 1\n")
-    code, out, _ = run_cli(capsys, "fix", ".")
-    assert code == 1 and "syntax.py" in out and "syntax error" in out
-    code, out, _ = run_cli(capsys, "fix", ".", "--apply")
-    assert code == 1 and "syntax.py" in out
+    code, out, err = run_cli(capsys, "fix", ".")  # errors on stderr, one line each (README's Exit codes)
+    assert code == 1 and "syntax.py" in err and "syntax error" in err and "syntax.py" not in out
+    code, out, err = run_cli(capsys, "fix", ".", "--apply")
+    assert code == 1 and "syntax.py" in err
 
 
 @pytest.mark.parametrize("option", [("--select", "FOO,BAR"), ("--ignore", "ADV1;DROP"), ("--select", ",")])
@@ -130,9 +130,10 @@ def test_markup_and_escape_sequences_in_names_are_shown_as_text(capsys, workdir)
     for name in ("x[/]y.py", "e\x1b[31mvil.py", "[bold]z.py"):
         shutil.copy(NANOGPT, workdir / name)
     (workdir / "bad[red]x.py").write_text("def broken(:\n")
-    code, out, _ = run_cli(capsys, "scan", ".")
-    assert code == 1 and "\x1b" not in out
-    assert "x[/]y.py" in out and "[bold]z.py" in out and "e\\x1b[31mvil.py" in out and "bad[red]x.py" in out
+    code, out, err = run_cli(capsys, "scan", ".")
+    assert code == 1 and "\x1b" not in out + err
+    shown = out + err  # the findings on stdout, the unreadable file's error on stderr
+    assert "x[/]y.py" in shown and "[bold]z.py" in shown and "e\\x1b[31mvil.py" in shown and "bad[red]x.py" in shown
     code, out, _ = run_cli(capsys, "fix", ".", "--apply")
     assert code == 1 and "fixed x[/]y.py" in out and "fixed e\\x1b[31mvil.py" in out and "\x1b" not in out
 
@@ -196,6 +197,16 @@ def test_interactive_review_at_end_of_input_quits_cleanly(workdir):
     result = run_advisor("fix", "a.py", "--interactive", cwd=workdir, stdin="")
     assert result.returncode == 1 and "Traceback" not in result.stderr and "EOFError" not in result.stderr
     assert (workdir / "a.py").read_text() == before
+
+
+def test_quiet_prints_no_summary_line(capsys, workdir):
+    """`-q` prints the findings (or diffs) and errors only: neither "no findings in ..." nor the table's title."""
+    (workdir / "plain.py").write_text("x = 1\n")
+    code, out, _ = run_cli(capsys, "scan", "-q", "plain.py")
+    assert code == 0 and out.strip() == ""
+    (workdir / "att.py").write_text("def attend(q, k, v):\n    return (q @ k.transpose(-2, -1) / 8.0).softmax(-1) @ v\n")
+    code, out, _ = run_cli(capsys, "scan", "-q", "att.py")
+    assert code == 1 and "att.py" in out and "finding(s) in" not in out
 
 
 def test_debug_is_accepted_after_the_verb(capsys, workdir):

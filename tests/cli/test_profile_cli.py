@@ -38,10 +38,14 @@ def test_cuda_without_gpu_is_one_line_exit_2(monkeypatch, capsys):
     assert code == 2 and len(err) == 1 and "no CUDA GPU" in err[0]
 
 
-def test_debug_shows_the_traceback(tmp_path):
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys):
+    """--debug adds the traceback; the exit code stays the error's (2), not Python's 1 for an uncaught one."""
     (tmp_path / "raises.py").write_text(BAD_TARGETS["raises.py"])
-    with pytest.raises(Exception, match="boom"):
-        main(["--debug", "profile", f"{tmp_path / 'raises.py'}:workload"])
+    code = main(["--debug", "profile", f"{tmp_path / 'raises.py'}:workload"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" in err and "boom" in err
+    assert main(["scan", str(tmp_path / "missing.py"), "--debug"]) == 2
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_json_is_one_object_on_stdout_and_trace_is_written(tmp_path, capsys):
