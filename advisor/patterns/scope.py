@@ -73,13 +73,11 @@ def mode_switched(parsed: ParsedModule, functions: list[cst.FunctionDef]) -> str
     """`torch.set_grad_enabled(False)` called as a statement in a function of the block: the statements after it
     run without grad (or under another autocast) and those before it do not, which the `with`-based context check
     does not see; the deleted statements and the SDPA call would not run under the same mode."""
-    calls = [call for name in MODE_SETTERS for call in parsed.calls_by_name.get(name, [])]
-    for function in functions:
-        for call in calls:
-            if parsed.innermost(call, cst.FunctionDef) is function and \
-                    not isinstance(parsed.parents.get(call), cst.WithItem):
-                return (f"`{parsed.code(call)}` (line {parsed.line(call)}) switches grad mode or autocast for the "
-                        f"statements after it, which the block's statements would no longer all run under")
+    for call in (call for name in MODE_SETTERS for call in parsed.calls_by_name.get(name, [])):
+        if parsed.innermost(call, cst.FunctionDef) in functions and \
+                not isinstance(parsed.parents.get(call), cst.WithItem):
+            return (f"`{parsed.code(call)}` (line {parsed.line(call)}) switches grad mode or autocast for the "
+                    f"statements after it, which the block's statements would no longer all run under")
     return None
 
 
@@ -161,7 +159,8 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
                                              parsed.code(root) in kept_on):
             return (f"`{parsed.code(receiver)}`, which may share storage with the SDPA call's inputs, is written in "
                     f"place at line {line}, between the scores and the value product")
-    for node in _reads_of(flow.function, names - {"self"}):  # its attributes are checked apart
+    handed = names - {"self"}  # its attributes are checked apart
+    for node in (name for name in loaded_names(flow.function.body) if name.value in handed):
         line = parsed.line(node)
         if first_line < line < last_line and _passed_to_a_call_statement(parsed, node) and \
                 not read_leaves_alone(parsed, node):
@@ -178,33 +177,6 @@ def _passed_to_a_call_statement(parsed: ParsedModule, node: cst.Name) -> bool:
         current = parsed.parents.get(current)
     call = parsed.parents.get(current) if isinstance(current, cst.Arg) else None
     return isinstance(call, cst.Call) and isinstance(parsed.parents.get(call), cst.Expr)
-
-
-def _reads_of(function: cst.FunctionDef, names: set[str]) -> list[cst.Name]:
-    """The reads of `names` in the function's own body (not the names bound, nor attribute names)."""
-    found: list[cst.Name] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            visit_tree(node.value, self)
-            return False
-
-        def visit_Param(self, node: cst.Param) -> bool:
-            return False
-
-        def visit_AssignTarget(self, node: cst.AssignTarget) -> bool:
-            return not isinstance(node.target, cst.Name)
-
-        def visit_Arg(self, node: cst.Arg) -> bool:
-            visit_tree(node.value, self)
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value in names:
-                found.append(node)
-
-    visit_tree(function.body, Visitor())
-    return found
 
 
 # tensor methods and functions whose result never shares its operands' storage (arithmetic, reductions, copies)

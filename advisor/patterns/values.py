@@ -188,11 +188,11 @@ class ValueProver:
             if definition.kind == "param":
                 annotation = definition.annotation
                 if annotation is not None:
-                    if self.parsed.code(annotation).replace(" ", "") not in ("float", "int", "float|None",
-                                                                             "Optional[float]", "int|float"):
+                    annotated = self.parsed.code(annotation).replace(" ", "")
+                    if annotated not in ("float", "int", "float|None", "Optional[float]", "int|float"):
                         return False
-                    if self.parsed.code(annotation).replace(" ", "") != "int":  # a size; a float may be a
-                        # learned temperature passed as a tensor (Python does not enforce the annotation)
+                    if annotated != "int":  # a size; a float may be a learned temperature passed as a tensor
+                        # (Python does not enforce the annotation)
                         self._guess(f"the parameter `{definition.name}` is annotated "
                                     f"`{self.parsed.code(annotation)}`, which Python does not enforce: a caller may "
                                     f"still pass a tensor")

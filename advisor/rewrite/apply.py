@@ -225,11 +225,11 @@ def _carried_comments(parsed: ParsedModule, edits: NodeEdits) -> dict[cst.CSTNod
     """The lines above each statement the edits delete, when they hold a comment, keyed by the next statement of
     its block that stays: libcst keeps the comments (and blank lines) above a statement as its `leading_lines`,
     which would leave with it (a license header or a `# scaled dot-product attention` note above the scores)."""
-    removed = [node for node in edits.remove if isinstance(node, cst.BaseStatement)] + \
-        [line for line in {parsed.parents.get(small) for small in edits.remove}
-         if isinstance(line, cst.SimpleStatementLine) and all(small in edits.remove for small in line.body)]
+    removed = {node for node in edits.remove if isinstance(node, cst.BaseStatement)} | \
+        {line for line in {parsed.parents.get(small) for small in edits.remove}
+         if isinstance(line, cst.SimpleStatementLine) and all(small in edits.remove for small in line.body)}
     carried: dict[cst.CSTNode, list[cst.EmptyLine]] = {}
-    for statement in sorted(set(removed), key=parsed.line):
+    for statement in sorted(removed, key=parsed.line):
         if not any(line.comment is not None for line in statement.leading_lines):
             continue
         block = parsed.parents.get(statement)

@@ -203,11 +203,9 @@ def _joined_beside_zeros(c, node: cst.BaseExpression, values_of: Resolve, depth:
     zeros = [piece for piece in pieces if isinstance(piece, cst.Call) and
              c.parsed.imported_name(piece.func) == "torch.zeros"]
     plane = any(_sizes_count(zero) == 2 for zero in zeros)  # the pieces are 2-D
-    last = number_value(dim) == -1 if dotted != "torch.hstack" else plane
-    if dotted != "torch.hstack" and number_value(dim) == 1:
-        last = plane
+    along_keys = plane if dotted == "torch.hstack" or number_value(dim) == 1 else number_value(dim) == -1
     causal = [piece for piece in pieces if piece not in zeros]
-    return last and bool(causal) and all(built_keeps_first_key(c, piece, values_of, depth + 1) for piece in causal)
+    return along_keys and bool(causal) and all(built_keeps_first_key(c, piece, values_of, depth + 1) for piece in causal)
 
 
 def _sizes_count(creator: cst.Call) -> int | None:
