@@ -762,8 +762,9 @@ def test_a_zero_one_buffer_mask_written_as_arithmetic_is_a_finite_fill():
     init = "self.register_buffer('bias', torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))"
     source = attention(ZERO_ONE_MASK, init=init)
     filled = attention(ZERO_ONE_MASK.replace("s * b - 1e4 * (1 - b)", "s.masked_fill(b == 0, -1e4)"), init=init)
-    def facts(finding):
-        return {status: [fact["name"] for fact in group] for status, group in finding.to_json()["facts"].items()}
+    def facts(finding):  # no-writes is stated only where the SDPA call reads an attribute (`self.bias` here)
+        return {status: [fact["name"] for fact in group if fact["name"] != "no-writes"]
+                for status, group in finding.to_json()["facts"].items()}
     assert facts(the_finding(source)) == facts(the_finding(filled))
     assert_patch_exact(source, "zero_one_mask")
 

@@ -89,6 +89,7 @@ class Candidate:
     weights: WeightPath | None = None
     absorbed: set[cst.Name] = field(default_factory=set)  # reads that vanish with the rewrite (cast targets, ...)
     dtype_changes: list[Op] = field(default_factory=list)  # casts and softmax(dtype=) inside the block
+    product_casts: list[Op] = field(default_factory=list)  # those on Q·K^T's operands (`q.float() @ k.float().mT`)
     factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # ("mul" | "div", Python number)
     tensor_factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # folded into the query
     # the tensor factors each scale fact leaves unproved, which a guard may check (see `tensor_scale`)

@@ -132,7 +132,8 @@ def score_chain(c: Candidate) -> None:
 
 
 @step(reads="core flow inlined values",
-      writes="factors has_ellipsis layout leaf_nodes match.key match.masks match.query ndim")
+      writes="dtype_changes factors has_ellipsis layout leaf_nodes match.key match.masks match.query ndim "
+             "product_casts")
 def core_roles(c: Candidate) -> None:
     """Q and K from Q·K^T (with baddbmm's factor and bias), the scores' rank, a softmax over the keys."""
     c.ndim = products.core_roles(c, c.core)
@@ -205,7 +206,7 @@ def mask(c: Candidate) -> None:
 
 
 @step(reads=("dtype_changes flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks "
-             "match.row_fixup ndim values weights"),
+             "match.row_fixup ndim product_casts values weights"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:
     """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do."""

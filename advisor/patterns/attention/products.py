@@ -16,8 +16,11 @@ from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.scores import tensor_and_factor
+from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.ops import Op, int_value
 from advisor.static.dataflow import Definition
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def core_roles(c: Candidate, core: Op) -> int | None:
@@ -28,10 +31,11 @@ def core_roles(c: Candidate, core: Op) -> int | None:
     left, right = core.operands
     q_leaf, q_factors = _strip_factors(c, left)
     k_leaf, k_factors = _strip_factors(c, right)
+    q_leaf, k_leaf = _strip_float_cast(c, q_leaf), _strip_float_cast(c, k_leaf)
     c.factors = q_factors + k_factors
     ndim = 3 if core.name in ("bmm", "baddbmm") else (rank(c, q_leaf) or rank(c, k_leaf))
     match.query = at_home(c, q_leaf)
-    match.key = _key_from_transposed(c, k_leaf, ndim)
+    match.key, k_leaf = _key_from_transposed(c, k_leaf, ndim)
     c.leaf_nodes = [q_leaf, k_leaf]
     if core.name == "baddbmm":
         _baddbmm_terms(c, core)
@@ -66,22 +70,39 @@ def _strip_factors(c: Candidate, node: cst.BaseExpression):
         node = tensor
 
 
-def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | None) -> cst.BaseExpression:
-    """SDPA wants K as (..., S, E); the product used K^T. Undo a provable last-two-dims transpose,
-    else transpose back explicitly (a view, always exact)."""
+def _strip_float_cast(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
+    """`q.float() @ k.float().mT`: a cast of an operand to a literal float dtype is a cast of the scores, so it
+    goes with the block like one (the precision fact judges it) and SDPA gets the operand uncast. Left on the
+    operand, it would give SDPA a q and k of another dtype than the v the original multiplies by the weights
+    cast back. Recorded in `product_casts`: the product no longer ties q's dtype to k's (see `_qkv_dtype_fact`)."""
+    op = c.reader.read(node)
+    if op is None or op.name != "cast" or cast_dtype(c.parsed, node) not in FLOAT_DTYPES:
+        return node
+    c.dtype_changes.append(op)
+    c.product_casts.append(op)
+    return op.operands[0]
+
+
+def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | None):
+    """SDPA wants K as (..., S, E); the product used K^T. Undo a provable last-two-dims transpose (and strip a
+    float cast under it, `k.float().mT`), else transpose back explicitly (a view, always exact). Returns the key
+    SDPA gets and the tensor it is a view of."""
     op = c.reader.read(node)
     if op is not None and op.name == "mT":
-        return at_home(c, op.operands[0])
+        leaf = _strip_float_cast(c, op.operands[0])
+        return at_home(c, leaf), leaf
     if op is not None and op.name == "transpose":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and last_two(dims, ndim):
-            return at_home(c, op.operands[0])
+            leaf = _strip_float_cast(c, op.operands[0])
+            return at_home(c, leaf), leaf
     if op is not None and op.name == "permute":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and len(dims) >= 2 and sorted(dims) == list(range(len(dims))):
             order = dims[:-2] + [dims[-1], dims[-2]]
-            return at_home(c, op.operands[0], es.permutation_steps(order, False))
-    return at_home(c, node, [("transpose", (-2, -1))])
+            leaf = _strip_float_cast(c, op.operands[0])
+            return at_home(c, leaf, es.permutation_steps(order, False)), leaf
+    return at_home(c, node, [("transpose", (-2, -1))]), node
 
 
 def rank(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> int | None:
@@ -139,6 +160,7 @@ def _einsum_roles(c: Candidate, core: Op) -> int:
     c.has_ellipsis = es.ELLIPSIS in out_axes
     q_leaf, q_factors = _strip_factors(c, query)
     k_leaf, k_factors = _strip_factors(c, key)
+    q_leaf, k_leaf = _strip_float_cast(c, q_leaf), _strip_float_cast(c, k_leaf)
     c.factors = q_factors + k_factors
     q_steps = es.permutation_steps(layout.q_order, c.has_ellipsis)
     k_steps = es.permutation_steps(layout.k_order, c.has_ellipsis)

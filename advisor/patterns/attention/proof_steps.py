@@ -34,7 +34,7 @@ ACCUMULATED = {
     "values": "rebuilt over each merged flow",
     "inlined": "the helpers each walk enters",
     "absorbed": "reads each role takes over (cast targets, mask names)",
-    "dtype_changes": "casts met by each walk",
+    "dtype_changes": "casts met by each walk (the score chain's, the product operands', the weights')",
     "factors": "scale factors of the product, then of the score chain",
     "leaf_nodes": "what SDPA reads, role by role",
     "dtype_roots": "built by the first step that asks a dtype",

@@ -153,7 +153,11 @@ def _qkv_dtype_fact(c: Candidate) -> bool:
     v_like_q = dtypes.same(value_node, query) or dtypes.same(value_node, key)
     statement = "q, k and v have one dtype"
     named = weights_dtype(c)
-    if named is not None:
+    unlinked = c.product_casts and not dtypes.same(query, key)
+    if unlinked and named is None:
+        match.facts.assumed("qkv-dtype", statement, f"q and k are cast before their product "
+                            f"(`{short(c.parsed, c.product_casts[0].node)}`), so it does not tie their dtypes")
+    elif named is not None:
         match.facts.assumed("qkv-dtype", f"q, k and v have dtype {named}", f"the weights reach the value product "
                             f"as {named} (`{short(c.parsed, _last_dtype_change(c).node)}`), where the original "
                             f"raises unless v is {named}; SDPA would not")

@@ -1,0 +1,94 @@
+"""Casts on Q·K^T's operands (`q.float() @ k.float().mT`, an fp32 upcast written on the inputs): the patch once
+kept them on q and k and gave SDPA an uncast v, so it raised on bf16 inputs where the original ran. The casts now
+go with the block like a cast of the scores, and q, k and v sharing a dtype is checked where the product no
+longer ties them."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import load_module_from_source
+
+CAST_BACK = textwrap.dedent('''\
+    import torch
+
+
+    def attend(q, k, v):
+        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) / 8.0
+        p = torch.softmax(s, dim=-1).to(q.dtype)
+        return torch.matmul(p, v)
+    ''')
+UPCAST_ONLY = textwrap.dedent('''\
+    import torch
+
+
+    def attend(q, k, v):
+        s = (q.float() * 0.125) @ k.float().mT
+        return s.softmax(dim=-1) @ v
+    ''')
+EINSUM = textwrap.dedent('''\
+    import torch
+
+
+    def attend(q, k, v):
+        s = torch.einsum("bhid,bhjd->bhij", q.to(torch.float32), k.to(torch.float32)) * 0.125
+        return torch.einsum("bhij,bhjd->bhid", s.softmax(-1).type_as(v), v)
+    ''')
+
+
+def _patched(source: str) -> tuple[object, object, str]:
+    result = analyze_source(source, "casts.py")
+    safe = [f for f in result.findings if f.kind == "attention" and f.fixable and f.fix_safety == "safe"]
+    assert safe, [(f.rule, f.fix_safety, f.reason) for f in result.findings]
+    fixed = result.fixed_with(safe).text
+    return (load_module_from_source(source, "casts_original").attend,
+            load_module_from_source(fixed, "casts_patched").attend, fixed)
+
+
+def _inputs(*dtypes: torch.dtype) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(5)
+    return [torch.randn(2, 3, 6, 16, generator=generator).to(dtype) for dtype in dtypes]
+
+
+@pytest.mark.parametrize("source", [CAST_BACK, UPCAST_ONLY, EINSUM], ids=["cast-back", "upcast-only", "einsum"])
+def test_the_patch_gives_sdpa_the_uncast_operands_and_checks_their_dtypes(source):
+    _, _, fixed = _patched(source)
+    assert "scaled_dot_product_attention(q, k, v" in fixed
+    assert ".dtype == k.dtype == v.dtype" in fixed
+
+
+@pytest.mark.parametrize("source", [CAST_BACK, EINSUM], ids=["cast-back", "einsum"])
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 2e-2), (torch.float32, 1e-5), (torch.float64, 1e-5)])
+def test_one_input_dtype_takes_sdpa_with_the_original_values(source, dtype, tol):
+    original, patched, _ = _patched(source)
+    args = _inputs(dtype, dtype, dtype)
+    want, got = original(*args), patched(*args)
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_float64_inputs_hold_gradients_to_the_original():
+    original, patched, _ = _patched(CAST_BACK)
+    grads = []
+    for attend in (original, patched):
+        args = [x.requires_grad_() for x in _inputs(torch.float64, torch.float64, torch.float64)]
+        out = attend(*args)
+        grads.append((out, *torch.autograd.grad(out.square().sum(), args)))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # the original rounds through float32
+
+
+@pytest.mark.parametrize("source, dtypes", [
+    (CAST_BACK, (torch.bfloat16, torch.float32, torch.bfloat16)),  # k of another dtype: the original runs
+    (UPCAST_ONLY, (torch.bfloat16, torch.bfloat16, torch.float32)),  # v float32, q and k not: the original runs
+    (EINSUM, (torch.float16, torch.bfloat16, torch.float16)),
+], ids=["k-other", "v-float32", "einsum-k-other"])
+def test_mixed_input_dtypes_run_the_original_block(source, dtypes):
+    original, patched, _ = _patched(source)
+    args = _inputs(*dtypes)
+    want = original(*args)
+    torch.testing.assert_close(patched(*args), want, atol=0, rtol=0)
