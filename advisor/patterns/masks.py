@@ -33,6 +33,7 @@ CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "rand
 RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
                           "torch.logical_not", "torch.clone", "torch.nn.functional.normalize"}
 ROWS = "fully-masked-rows"
+FINITE_FILL = "finite-fill"  # a masked key's weight: 0 in SDPA, exp(fill - row max) in the original
 
 
 Bounds = tuple[int, int | None]  # (fewest, most) dims; most is None when unbounded
@@ -191,6 +192,12 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     (`attention.uniform_rows`), with the float dtypes the fill overflows."""
     if not terms:
         return
+    finite = next((term for term in terms if term.fill_kind == FINITE), None)
+    if finite is not None:
+        facts.accepted(FINITE_FILL, f"a key the finite fill `{parsed.code(finite.fill)}` masks weighs 0, as in "
+                       f"the original", "SDPA gives it 0; the original exp(fill - row max), which underflows to 0 "
+                       "wherever the row's largest kept score exceeds the fill by more than about 104 (float32, "
+                       "bfloat16) or 745 (float64)")
     if uniform is not None:
         _record_uniform_rows(parsed, facts, terms[0].fill, uniform)
         return
@@ -254,9 +261,7 @@ def _record_uniform_rows(parsed: ParsedModule, facts: FactSheet, fill: cst.BaseE
            f"passes SDPA the boolean keep mask with such rows opened to every key and their query zeroed "
            f"(`where(rows, q, 0)`, `keep | ~rows`, rows = `keep.any(-1, keepdim=True)`), so SDPA's weights there "
            f"are uniform too (softmax of zeros; dropout drops them as it drops the original's) and q and k get no "
-           f"gradient from the row, as masked_fill passes none. On the other rows a masked key's weight is 0 in "
-           f"SDPA and exp(fill - row max) in the original, which underflows to 0 wherever the row's largest kept "
-           f"score exceeds the fill by more than about 104 (float32, bfloat16) or 745 (float64)")
+           f"gradient from the row, as masked_fill passes none (the other rows: {FINITE_FILL})")
     if unfit:
         facts.assumed(ROWS, UNIFORM, f"{why}; the fill overflows {', '.join(unfit)}, where the original's "
                       f"masked_fill raises and the patch, which no longer fills, must too")

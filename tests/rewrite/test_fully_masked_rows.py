@@ -105,6 +105,8 @@ def test_a_finite_fill_patch_is_safe_with_its_rows_fact_proved_or_guarded(fill):
     status = "guarded" if fill == "1e9" else "proved"  # -1e9 does not fit float16: masked_fill raises there
     assert "fully-masked-rows" in _facts(finding, status), finding.extra["facts"]
     assert "fully-masked-rows" not in _facts(finding, "assumed")
+    # the kept rows' divergence (a masked key weighs exp(fill - row max) in the original) is named, not hidden
+    assert "finite-fill" in _facts(finding, "accepted"), finding.extra["facts"]
 
 
 # the matcher does not read `where(c, torch.finfo(scores.dtype).min, scores)` (the fill reads the scores it replaces)
