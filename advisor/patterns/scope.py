@@ -372,6 +372,10 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
             if isinstance(node.func, cst.Attribute) and node.func.attr.value.endswith("_") \
                     and not node.func.attr.value.startswith("_"):
                 self._target(node, node.func.value)
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("train", "eval"):
+                module = _dotted(node.func.value)  # `self.train()` writes the `training` of self and every child
+                if module is not None:
+                    writes.append((node, module))
             for arg in node.args:
                 if arg.keyword is not None and arg.keyword.value == "out":
                     self._target(node, arg.value)

@@ -284,3 +284,30 @@ def test_a_method_the_class_body_rebinds_is_not_read_from_its_def():
         ''')
     findings = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
     assert not any(f.fixable and f.fix_safety == "safe" for f in findings)
+
+
+@pytest.mark.parametrize("switch", ["self.train()", "self.drop.train(True)", "self.drop.eval()"])
+def test_a_mode_switch_between_the_dropout_and_the_value_product_stops_the_safe_patch(switch):
+    """The patch reads the dropout's `training` flag at the SDPA call; `self.train()` between the original's dropout
+    and its value product flips it after the original read it (eval model: no dropout there, p=0.5 in the patch)."""
+    source = textwrap.dedent(f'''\
+        import math
+        import torch
+        import torch.nn as nn
+
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.drop = nn.Dropout(0.5)
+
+            def forward(self, q, k, v):
+                att = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+                att = self.drop(att.softmax(-1))
+                {switch}
+                return att @ v
+        ''')
+    findings = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert findings and not any(f.fixable and f.fix_safety == "safe" for f in findings), \
+        [(f.rule, f.fix_safety, f.reason) for f in findings]
+    assert "is written at line 14, between the scores and the value product" in findings[0].reason
