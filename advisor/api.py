@@ -35,7 +35,7 @@ def profile(target: str, **options) -> ProfileReport:
     timeout (seconds)."""
     from advisor.commands.profile import profiled_target
 
-    args = _arguments("profile", [target], options)
+    args = _arguments("profile", [_target("profile", target)], options)
     return ProfileReport.from_json(_ending_left_processes(profiled_target, args)[1].document)
 
 
@@ -44,7 +44,7 @@ def optimize(target: str | None = None, apply: bool = False, **options) -> Optim
     report folder), unsafe_fixes, backend, config, root, device, dtype, train, timeout, timing_budget."""
     from advisor.commands.optimize import optimized
 
-    args = _arguments("optimize", [target] if target is not None else [], options, apply=apply)
+    args = _arguments("optimize", [_target("optimize", target)] if target is not None else [], options, apply=apply)
     return _ending_left_processes(optimized, args)
 
 
@@ -73,6 +73,13 @@ def _paths(paths) -> list[str]:
     if not listed:
         raise ValueError("no paths given: name at least one file or folder")
     return listed
+
+
+def _target(verb: str, target) -> str:
+    """TARGET as the CLI gets it: a path or a `module:attribute` string."""
+    if not isinstance(target, (str, PathLike)):
+        raise TypeError(f"{verb}() target must be a path or 'module:attribute' string, not {type(target).__name__}")
+    return str(target)
 
 
 def _arguments(verb: str, positional: list[str], options: dict, **fixed):
@@ -128,4 +135,8 @@ def _checked(verb: str, name: str, value, action):
         except ValueError:
             flag = "--" + name.replace("_", "-")
             raise ValueError(f"{verb}() option {name!r} takes no {value!r}, as {flag} takes none") from None
+    elif isinstance(action, argparse._StoreAction) and action.nargs is None:  # a path or a name, as typed
+        if not isinstance(value, (str, PathLike)):
+            raise TypeError(f"{verb}() option {name!r} must be a str or path, not {type(value).__name__}")
+        return str(value)
     return value

@@ -93,7 +93,10 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
     if verbose:
         stderr.print(f"advisor: {len(result.files)} file(s) scanned, {len(result.errors)} not, in "
                      f"{time.monotonic() - started:.2f} s")
-    if not result.files and not _is_machine_format(args):
+    if result.all_excluded:
+        if not getattr(args, "quiet", False):
+            stderr.print("advisor: every path named is excluded (`exclude` with force-exclude): nothing to scan")
+    elif not result.files and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result
@@ -131,8 +134,9 @@ def _is_machine_format(args) -> bool:
 
 def exit_code(result: ScanResult, findings_remain: bool) -> int:
     """2 when nothing could be scanned or advisor itself failed on a file (results are still printed), else 1 when
-    findings remain or a file could not be read or parsed (a CI gate must not pass over an unchecked file), else 0."""
-    if not result.files or any(error.internal for error in result.errors):
+    findings remain or a file could not be read or parsed (a CI gate must not pass over an unchecked file), else 0
+    (also when every path named was excluded: there was nothing to check)."""
+    if not (result.files or result.all_excluded) or any(error.internal for error in result.errors):
         return EXIT_ERROR
     return EXIT_FINDINGS if findings_remain or result.errors else EXIT_CLEAN
 

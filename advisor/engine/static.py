@@ -110,6 +110,9 @@ def _where(finding: Finding) -> str:
 class ScanResult:
     files: list[FileResult] = field(default_factory=list)
     errors: list[ScanError] = field(default_factory=list)
+    # every path named was dropped by force-exclude: nothing to scan, and nothing wrong (pre-commit naming only
+    # excluded files must pass, as Ruff's hook does)
+    all_excluded: bool = False
 
     @property
     def findings(self) -> list[Finding]:
@@ -202,7 +205,8 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     arrives (for a progress bar). `cache`: reuse and keep each file's result on disk (static.scan_cache; not for a
     run with runtime evidence, nor with jobs=1, whose results keep their node edits)."""
     files, errors = discover(paths, path_rules)
-    result = ScanResult(errors=errors)
+    result = ScanResult(errors=errors, all_excluded=bool(paths) and path_rules is not None and
+                        all(path_rules.excludes_named(path) for path in paths))
     store = ScanCache(dict(unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend, patches=patches,
                            fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
         if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits

@@ -69,6 +69,8 @@ def test_scan_options_and_configuration_are_the_clis(workdir):
     ("profile", {"timeout": "5"}, TypeError, "must be a number"),
     ("profile", {"device": "gpu"}, ValueError, "device must be one of cpu, cuda"),
     ("optimize", {"calls": 0}, ValueError, "as --calls takes none"),
+    ("scan", {"profile": 123}, TypeError, "'profile' must be a str or path, not int"),  # was sent to the worker
+    ("fix", {"config": ["a.toml"]}, TypeError, "'config' must be a str or path, not list"),
 ])
 def test_an_option_the_flag_would_refuse_is_refused_before_anything_runs(workdir, verb, options, error, says):
     shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
@@ -125,3 +127,10 @@ def test_no_paths_is_a_bad_argument_not_an_exit(capsys, paths, error, says):
         with pytest.raises(error, match=says):
             verb(paths)
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("verb", [advisor.profile, advisor.optimize])
+def test_a_target_that_is_no_path_or_name_is_a_bad_argument(verb):
+    """`advisor.profile(123)` was sent to the worker and came back as an AdvisorError about `rpartition`."""
+    with pytest.raises(TypeError, match="target must be a path or 'module:attribute' string, not int"):
+        verb(123)

@@ -98,6 +98,20 @@ def test_exclude_prunes_the_walk_and_force_exclude_also_explicit_paths(capsys, p
     assert scan_json(capsys, explicit)[1]["files_scanned"] == 0
 
 
+@pytest.mark.parametrize("verb", [["scan"], ["fix", "--apply", "--quiet"]])
+def test_naming_only_excluded_files_passes_as_the_pre_commit_hooks_need(capsys, project, verb):
+    """pre-commit names the staged files; a commit touching only excluded ones exited 2 ('nothing could be
+    scanned') and failed, where Ruff's hook passes. A named path that does not exist still fails."""
+    (project / "generated").mkdir()
+    shutil.copy(NANOGPT, project / "generated" / "attn.py")
+    before = (project / "generated" / "attn.py").read_bytes()
+    write_config(project, 'exclude = ["generated"]\n')
+    assert main([*verb, "--force-exclude", "generated/attn.py"]) == 0
+    assert "every path named is excluded" in capsys.readouterr().err or "--quiet" in verb
+    assert (project / "generated" / "attn.py").read_bytes() == before
+    assert main([*verb, "--force-exclude", "generated/attn.py", "missing.py"]) == 2
+
+
 def test_per_file_ignores(capsys, project):
     (project / "legacy").mkdir()
     shutil.copy(COPIES_AND_CASTS, project / "legacy" / "old.py")
