@@ -39,6 +39,12 @@ FOLDED = {
         attn = (q @ k.transpose(-2, -1)) * self.temperature
         out = attn.softmax(dim=-1) @ v
     """),
+    # timm 1.0's factory keywords (`dd = dict(device=device, dtype=dtype)`): `**dd` cannot pass a size
+    "edgenext_factory_keywords": ("dd = dict(device=None, dtype=None)\n"
+                                  "self.temperature = nn.Parameter(torch.ones(heads, 1, 1, **dd))", """
+        attn = (F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)) * self.temperature
+        out = attn.softmax(dim=-1) @ v
+    """),
     "swin_v2_cosine": ("self.logit_scale = nn.Parameter(torch.log(10 * torch.ones((heads, 1, 1))))", """
         attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
         logit_scale = torch.clamp(self.logit_scale, max=math.log(1.0 / 0.01)).exp()

@@ -205,8 +205,8 @@ def _own_shape(c: Candidate, node: cst.BaseExpression, depth: int) -> Shape:
 def _call_shape(c: Candidate, node: cst.Call, below) -> Shape:
     dotted = c.parsed.imported_name(node.func) or ""
     positional = [a.value for a in node.args if a.keyword is None and not a.star]
-    if any(a.star for a in node.args):
-        return UNKNOWN
+    if any(a.star == "*" for a in node.args) or any(a.star for a in node.args) and dotted not in CREATORS:
+        return UNKNOWN  # `**dd` passes a creator keywords only (device, dtype): its sizes stay positional
     if dotted == "torch.tensor" and positional and c.values.is_scalar(positional[0]):
         return NUMBER
     if dotted in CREATORS and positional:
