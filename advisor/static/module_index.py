@@ -57,6 +57,11 @@ class ClassInfo:
     def unfollowed(self) -> set[str]:
         return self._collected.unfollowed
 
+    @property
+    def persistent_buffers(self) -> set[str]:
+        """Buffers a state dict saves and loads (registered without `persistent=False`)."""
+        return self._collected.persistent
+
     def rebound(self, attribute: str, identity_ok: bool = False, elements_ok: bool = False) -> str | None:
         """Why an instance's attribute may hold another value than the class's assignments (None: it cannot,
         as far as this file shows): the file writes that name on another object, or binds attributes by names
@@ -648,6 +653,7 @@ class _SelfAttributeCollector(cst.CSTVisitor):
         self.reshaped: set[str] = set()  # mutated otherwise than by writes into the elements
         self.unfollowed: set[str] = set()  # bound by an unpacking whose values are not paired with targets
         self.computed = False  # some method binds `self` attributes by a name computed at run time
+        self.persistent: set[str] = set()  # buffers registered without `persistent=False`: a state dict loads them
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if node.name.value == "_load_from_state_dict":  # an override that may load any buffer its own way
@@ -723,6 +729,8 @@ class _SelfAttributeCollector(cst.CSTVisitor):
             self.computed = True
         elif value is not None and isinstance(func, cst.Attribute) and func.attr.value != "__setattr__":
             self.attributes.setdefault(name, []).append(value)  # `self.register_buffer("bias", torch.tril(...))`
+            if func.attr.value == "register_buffer" and not _not_persistent(node):
+                self.persistent.add(name)
         else:  # `setattr(self, "bias", v)`: read as a write the analysis does not pair
             self.mutated.add(name)
             self.reshaped.add(name)
@@ -761,6 +769,14 @@ def named_binding(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpressio
         name = args[0].value if args else keyword
         return (func.value, name) if name is not None else None
     return None
+
+
+def _not_persistent(call: cst.Call) -> bool:
+    """`register_buffer(name, t, persistent=False)` (or `False` third): the buffer is left out of state dicts."""
+    flag = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "persistent"), None)
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    flag = flag if flag is not None or len(positional) < 3 else positional[2].value
+    return isinstance(flag, cst.Name) and flag.value == "False"
 
 
 def _bound_value(call: cst.Call) -> cst.BaseExpression | None:

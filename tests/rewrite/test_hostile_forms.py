@@ -311,3 +311,36 @@ def test_a_mode_switch_between_the_dropout_and_the_value_product_stops_the_safe_
     assert findings and not any(f.fixable and f.fix_safety == "safe" for f in findings), \
         [(f.rule, f.fix_safety, f.reason) for f in findings]
     assert "is written at line 14, between the scores and the value product" in findings[0].reason
+
+
+@pytest.mark.parametrize("register, loaded", [
+    ('self.register_buffer("bias", torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16))', True),
+    ('self.register_buffer("bias", torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16), persistent=False)', False),
+    ('self.register_buffer("bias", torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16), False)', False),
+])
+def test_a_proof_from_a_persistent_buffer_names_the_state_dict_it_trusts(register, loaded):
+    """The causal proof reads what `register_buffer` stored; `load_state_dict` may put other values in a persistent
+    buffer (an outside breaker loaded all-ones: the patch kept the triangle). The finding says so (accepted)."""
+    source = textwrap.dedent(f'''\
+        import math
+        import torch
+        import torch.nn as nn
+
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                {register}
+
+            def forward(self, q, k, v):
+                T = q.size(-2)
+                mask = self.bias[:, :, :T, :T]
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(mask == 0, float("-inf"))
+                return att.softmax(dim=-1) @ v
+        ''')
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    accepted = {fact["name"]: fact for fact in finding.extra["facts"]["accepted"]}
+    assert finding.fix_safety == "safe" and ("loaded-buffers" in accepted) == loaded, finding.extra["facts"]
+    if loaded:
+        assert "`self.bias`" in accepted["loaded-buffers"]["statement"]

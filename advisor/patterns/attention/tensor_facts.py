@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns import masks as mk
+from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import plain_query
 from advisor.patterns import call_site_facts as sf
 from advisor.patterns.attention.causal import under_row_reads
@@ -26,6 +27,8 @@ from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.ops import int_value
 from advisor.patterns.module_values import module_value
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
+
+LOADED_BUFFERS = "loaded-buffers"
 
 
 def roots(c: Candidate) -> DtypeRoots:
@@ -52,6 +55,35 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     fixup = c.match.row_fixup
     mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded,
                         None if fixup is None else fixup.unfit)
+    _loaded_buffer_fact(c, [t for t in masks if t.kind == "causal" or t.keeps_first_key] + (added if bounded else []))
+
+
+def _attributes_read(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> set[str]:
+    """The attributes `node` reads, through the locals it reads (`mask = self.bias[...]`, then `mask`)."""
+    paths = scope.attribute_paths(c.parsed, [node])
+    for name in loaded_names(node) if depth < 4 else ():
+        for definition in c.flow.definitions_of(name):
+            if definition.kind == "assign" and definition.value is not None:
+                paths |= _attributes_read(c, definition.value, depth + 1)
+    return paths
+
+
+def _loaded_buffer_fact(c: Candidate, read_for_values: list[MaskTerm]) -> None:
+    """A proof that read a buffer's values where the class registers it (a causal triangle, a bounded mask)
+    holds for what a state dict loads into it only if that is the same: accepted, and said, for a persistent
+    buffer (a checkpoint this model saved holds what it built)."""
+    if c.owner is None:
+        return
+    persistent = c.owner.persistent_buffers
+    names = sorted({path.split(".")[1] for term in read_for_values if term.source is not None
+                    for path in _attributes_read(c, term.source)
+                    if path.startswith("self.") and path.split(".")[1] in persistent})
+    if names:
+        buffers = ", ".join(f"`self.{name}`" for name in names)
+        c.match.facts.accepted(LOADED_BUFFERS, f"a state dict loaded into {buffers} holds what the class builds",
+                               "the proof reads the values `register_buffer` stores, and the buffer is persistent "
+                               "(saved in checkpoints and loaded back by `load_state_dict`): a checkpoint this model "
+                               "saved holds the same values; register it with `persistent=False` to leave it out")
 
 
 def _no_row_swallowed_claims(c: Candidate, added: list[MaskTerm]) -> tuple:
