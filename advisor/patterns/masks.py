@@ -263,7 +263,8 @@ def _record_uniform_rows(parsed: ParsedModule, facts: FactSheet, fill: cst.BaseE
            f"are uniform too (softmax of zeros; dropout drops them as it drops the original's) and q and k get no "
            f"gradient from the row, as masked_fill passes none (the other rows: {FINITE_FILL})")
     if unfit:
-        facts.assumed(ROWS, UNIFORM, f"{why}; the fill overflows {', '.join(unfit)}, where the original's "
-                      f"masked_fill raises and the patch, which no longer fills, must too")
+        facts.assumed(ROWS, UNIFORM, f"{why}; the fill overflows {', '.join(unfit)} (the original's masked_fill "
+                      f"raises, or a cast before its softmax makes the fill -inf and its fully masked rows NaN), so "
+                      f"the original must run there")
     else:
         facts.proved(ROWS, UNIFORM, why)

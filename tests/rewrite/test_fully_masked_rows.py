@@ -230,3 +230,52 @@ def test_the_fixup_compiles_under_torchscript_and_matches():
     _, keep = _keep_masks(torch.Generator().manual_seed(6))["padding_rank4"]
     q, k, v = (torch.randn(B, H, n, E) for n in (L, S, S))
     torch.testing.assert_close(patched(q, k, v, keep.float()), original(q, k, v, keep.float()))
+
+
+# a softmax upcast after the fill (fairseq's `softmax(s.float()).type_as(s)`, HF's `softmax(s, dtype=float32)`)
+UPCASTS = {
+    "float_type_as": "F.softmax(scores.float(), dim=-1).type_as(scores)",
+    "dtype_to": "F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)",
+}
+
+
+@pytest.mark.parametrize("upcast", UPCASTS)
+@pytest.mark.parametrize("fill", ["1e9", "finfo_scores"])
+def test_a_softmax_upcast_after_the_fill_keeps_the_fixup(upcast, fill):
+    """The scores' dtype at the fill is the query's when every cast comes after it, so the fixup (and, for a fill
+    beyond float16, the guard) still holds; before, any cast in the block left the row fact assumed (unsafe)."""
+    source = FUNCTION.format(masking=MASKINGS["fill_eq0_bool"][0].format(fill=FILLS[fill])).replace(
+        "F.softmax(scores, dim=-1)", UPCASTS[upcast])
+    finding = _finding(source)
+    assert finding.fix_safety == "safe", finding.reason
+    # -1e9 overflows float16 (masked_fill raises); finfo(float64).min becomes -inf in the float32 softmax (the
+    # original's fully masked rows are NaN): either way a guard runs the original there
+    assert "fully-masked-rows" in _facts(finding, "guarded")
+    fixed = analyze_source(source, "case.py").fixed
+    original = load_module_from_source(source, f"upcast_{upcast}_{fill}").attend
+    patched = load_module_from_source(fixed, f"upcast_{upcast}_{fill}_fixed").attend
+    generator = torch.Generator().manual_seed(4)
+    for case, (batch, keep) in _keep_masks(generator).items():
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            q, k, v = (torch.randn(*batch, n, E, generator=generator).to(dtype) for n in (L, S, S))
+            upstream = torch.randn(*batch, L, E, generator=generator).to(dtype)
+            if dtype == torch.float16 and fill == "1e9":  # masked_fill raises: so must the patch
+                for function in (original, patched):
+                    with pytest.raises(RuntimeError, match="overflow"):
+                        function(q, k, v, keep)
+                continue
+            (out_o, grads_o), (out_p, grads_p) = (_run(f, q, k, v, keep, upstream) for f in (original, patched))
+            # float64 scores go through the original's float32 softmax (`.float()`, dtype=float32): its rounding
+            tolerance = 2e-5 if dtype == torch.float64 else TOLERANCE.get(dtype, 3e-3)
+            # (finfo(float64).min is -inf in float32: the original's rows are NaN, and the guard runs the original)
+            torch.testing.assert_close(out_p, out_o, atol=tolerance, rtol=tolerance, equal_nan=True,
+                                       msg=lambda m: f"{case} {dtype}: {m}")
+            for ours, theirs in zip(grads_p, grads_o):
+                torch.testing.assert_close(ours, theirs, atol=tolerance * 10, rtol=tolerance * 10, equal_nan=True)
+
+
+def test_a_cast_before_the_fill_still_leaves_the_row_fact_assumed():
+    """`s.float().masked_fill(..., finfo(s.dtype).min)`: the fill reads the float32 scores, the query may be bf16."""
+    source = FUNCTION.format(masking="scores.float().masked_fill(mask == 0, -1e9)").replace(
+        "F.softmax(scores, dim=-1)", "F.softmax(scores, dim=-1).to(q.dtype)")
+    assert "fully-masked-rows" in _facts(_finding(source), "assumed")

@@ -194,8 +194,8 @@ def block_reads(c: Candidate) -> None:
     check_reads(c, c.consumed, c.chain.reads | c.weights.reads | c.absorbed)
 
 
-@step(reads=("chain.definitions dtype_changes flow home inlined leaf_nodes match.key match.query match.renamed "
-             "values weights"),
+@step(reads=("chain.definitions chain.ops dtype_changes flow home inlined leaf_nodes match.key match.query "
+             "match.renamed product_casts values weights"),
       writes=("match.attn_mask match.facts match.hoist_anchor match.hoist_init match.hoisted "
               "match.is_causal match.masks match.row_fixup"))
 def mask(c: Candidate) -> None:

@@ -258,6 +258,8 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
         absorb(c, op)
         if op.name == "cast":
             c.dtype_changes.append(op)
+            for later, _ in chain.ops:  # walked already: applied after this cast, to scores of its dtype
+                later.params["cast_before"] = True
         return op.operands[0]
     if op.name in ("mul", "div"):
         tensor, factor = tensor_and_factor(c, op)

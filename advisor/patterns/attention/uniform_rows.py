@@ -29,6 +29,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import fresh_name, metadata_translated, term_mask
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import MaskTerm, RowFixup
+from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.values import FLOAT_MAX
 from advisor.static.codegen import atomic, joined
 
@@ -55,8 +56,12 @@ def plan_row_fixup(c: Candidate) -> RowFixup | None:
                         scope.is_scripted(c.parsed, c.home, c.owner)):
         return None  # the keep mask is bound where the original fills: one statement each, in the function edited
     unfit = () if fills[0] == OWN else tuple(name for name in NARROW if abs(fills[0]) > FLOAT_MAX[name])
-    if (unfit or fills[0] == OWN) and c.dtype_changes:
-        return None  # a cast in the block: the scores' dtype at the fill is not visibly the query's
+    if (unfit or fills[0] == OWN) and _cast_before_a_fill(c):
+        return None  # the scores' dtype at the fill is not visibly the query's
+    overflowed = _overflowed_after(c, fills[0])
+    if overflowed is None:
+        return None
+    unfit += tuple(name for name in overflowed if name not in unfit)
     keeps = [term_mask(c, _keep_term(c, term)) for term in terms]
     keep = keeps[0] if len(keeps) == 1 else joined(cst.BitAnd, [atomic(keep) for keep in keeps])
     return RowFixup(torch_name, keep, fresh_name(c, "attn_keep"), fresh_name(c, "attn_rows"), unfit, conditional,
@@ -81,14 +86,44 @@ def _fill(c: Candidate, term: MaskTerm) -> float | str | None:
     if isinstance(value, (int, float)):
         return float(value)
     query = c.leaf_nodes[0]
-    if value is query and not c.dtype_changes:  # `finfo(scores.dtype)` read from the query (`_fill_at_home`)
+    if value is query and not _cast_before_a_fill(c):  # `finfo(scores.dtype)` read from the query (`_fill_at_home`)
         return OWN
-    if not isinstance(value, cst.Name) or c.dtype_changes:
+    if not isinstance(value, cst.Name) or _cast_before_a_fill(c):
         return None
     reaching = c.flow.reaching.get(value)
     chain = {definition.id for definition in c.chain.definitions}
     same_query = isinstance(query, cst.Name) and query.value == value.value and reaching == c.flow.reaching.get(query)
     return OWN if reaching and (reaching <= chain or same_query) else None
+
+
+def _overflowed_after(c: Candidate, fill: float | str) -> tuple[str, ...] | None:
+    """The query dtypes whose fill a cast of the scores after it makes -inf (`finfo(s.dtype).min` of float64 scores
+    in `softmax(s.float())`): the original's fully masked rows are NaN there, so a guard runs the original. None
+    where such a cast's target is not a literal float dtype, or the fill overflows it whatever the query's dtype."""
+    if fill != OWN and abs(fill) <= FLOAT_MAX["float16"]:
+        return ()  # fits every float dtype a cast could give
+    targets = []
+    for op in c.dtype_changes:
+        if op in c.weights.casts or op in c.product_casts:
+            continue  # the weights' casts come after the softmax; the operands' before every fill
+        stage = op.params["stages"][0] if op.name == "sequential" else op
+        target = cast_dtype(c.parsed, op.node) if op.name == "cast" else \
+            dtype_name(c.parsed, stage.params["dtype"]) if stage.params.get("dtype") is not None else None
+        if target not in FLOAT_MAX:
+            return None
+        targets.append(FLOAT_MAX[target])
+    if not targets:
+        return ()
+    if fill == OWN:
+        return tuple(name for name in (*NARROW, "float64") if FLOAT_MAX[name] > min(targets))
+    return None if abs(fill) > min(targets) else ()
+
+
+def _cast_before_a_fill(c: Candidate) -> bool:
+    """A cast between Q·K^T and a fill (`q.float() @ k.mT`, `s.float().masked_fill(...)`): the scores there may not
+    have the query's dtype. Casts after every fill (`softmax(s.float())`, the weights') leave it the query's."""
+    return bool(c.product_casts) or any(op.params.get("cast_before") for op, _ in c.chain.ops
+                                        if op.name not in ("mul", "div", "view", "tanh"))
 
 
 def _evaluated_once(c: Candidate) -> bool:
