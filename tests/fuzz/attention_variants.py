@@ -78,6 +78,7 @@ class Variant:
     output: str = "transpose_reshape"
     dtype: str = "float32"
     names: tuple[str, str] = ("scores", "attn")
+    operand_cast: bool = False  # `q.float() @ k.float().mT` (`.double()` in float64), the weights cast back to v's
     hazard: str = "none"
 
     @property
@@ -291,6 +292,9 @@ def _k_transposed(v: Variant, src: _Source, k: str) -> str:
 def _write_scores(v: Variant, src: _Source, q: str, k: str) -> None:
     s, p = v.scores, v.product
     b, h, i, j, d = v.letters
+    if v.operand_cast:
+        cast = "double" if v.dtype == "float64" else "float"
+        q, k = f"{q}.{cast}()", f"{k}.{cast}()"
     if v.spec_form == "fstring":
         src.body.append(f'batch = "{b}"')
     if v.layout == "channel":
@@ -486,6 +490,8 @@ def _write_softmax(v: Variant, src: _Source) -> None:
     if v.softmax == "module":
         src.init.append("self.softmax = nn.Softmax(dim=-1)")
     src.body.append(f"{w} = {expr}")
+    if v.operand_cast:
+        src.body.append(f"{w} = {w}.to(v.dtype)")
 
 
 def _write_dropout(v: Variant, src: _Source) -> None:
@@ -857,7 +863,8 @@ def core_variants(draw, *, fp32_masks_only: bool = True) -> Variant:
         causal_too=draw(st.booleans()) if mask in ("key_padding", "additive", "hf_extended") else False,
         softmax=draw(st.sampled_from(SOFTMAXES)), dropout=draw(st.sampled_from(DROPOUTS)),
         value_product=draw(st.sampled_from(VALUE_PRODUCTS[layout])),
-        output=draw(st.sampled_from(OUTPUTS[layout])), dtype=dtype, names=draw(st.sampled_from(NAMES)))
+        output=draw(st.sampled_from(OUTPUTS[layout])), dtype=dtype, names=draw(st.sampled_from(NAMES)),
+        operand_cast=layout != "channel" and draw(st.sampled_from((False, False, False, True))))
 
 
 def _with(base: st.SearchStrategy, **fixed) -> st.SearchStrategy:
