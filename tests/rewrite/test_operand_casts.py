@@ -40,6 +40,16 @@ EINSUM = textwrap.dedent('''\
     ''')
 
 
+ALL_THREE = textwrap.dedent('''\
+    import torch
+
+
+    def attend(q, k, v):
+        s = (q.float() @ k.float().transpose(-2, -1)) * 0.125
+        return (s.softmax(dim=-1) @ v.float()).to(q.dtype)
+    ''')
+
+
 def _patched(source: str) -> tuple[object, object, str]:
     result = analyze_source(source, "casts.py")
     safe = [f for f in result.findings if f.kind == "attention" and f.fixable and f.fix_safety == "safe"]
@@ -92,3 +102,15 @@ def test_mixed_input_dtypes_run_the_original_block(source, dtypes):
     args = _inputs(*dtypes)
     want = original(*args)
     torch.testing.assert_close(patched(*args), want, atol=0, rtol=0)
+
+
+def test_q_k_and_v_cast_alike_keep_their_casts_and_need_no_guard():
+    """All three computed in float32 in the original: SDPA gets them cast and computes in float32 too, for any input
+    dtype (stripping the operands' casts would leave SDPA only the float32 inputs, behind a guard)."""
+    original, patched, fixed = _patched(ALL_THREE)
+    assert "scaled_dot_product_attention(q.float(), k.float(), v.float()" in fixed and " if " not in fixed
+    for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float16, 1e-3), (torch.float64, 1e-5)):
+        args = _inputs(dtype, dtype, dtype)
+        want, got = original(*args), patched(*args)
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)

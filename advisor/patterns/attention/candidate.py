@@ -90,6 +90,8 @@ class Candidate:
     absorbed: set[cst.Name] = field(default_factory=set)  # reads that vanish with the rewrite (cast targets, ...)
     dtype_changes: list[Op] = field(default_factory=list)  # casts and softmax(dtype=) inside the block
     product_casts: list[Op] = field(default_factory=list)  # those on Q·K^T's operands (`q.float() @ k.float().mT`)
+    # (query, key, q operand, k operand) with those casts kept, for v cast alike (products.keep_casts_with_value)
+    operands_as_written: tuple | None = None
     factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # ("mul" | "div", Python number)
     tensor_factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # folded into the query
     # the tensor factors each scale fact leaves unproved, which a guard may check (see `tensor_scale`)

@@ -133,7 +133,7 @@ def score_chain(c: Candidate) -> None:
 
 @step(reads="core flow inlined values",
       writes="dtype_changes factors has_ellipsis layout leaf_nodes match.key match.masks match.query ndim "
-             "product_casts")
+             "operands_as_written product_casts")
 def core_roles(c: Candidate) -> None:
     """Q and K from Q·K^T (with baddbmm's factor and bias), the scores' rank, a softmax over the keys."""
     c.ndim = products.core_roles(c, c.core)
@@ -167,6 +167,13 @@ def weight_path(c: Candidate) -> None:
 def value_roles(c: Candidate) -> None:
     """V, and the output's layout when the product is `V @ P^T`."""
     weights.value_roles(c, c.core)
+
+
+@step(reads="operands_as_written product_casts weights",
+      writes="dtype_changes leaf_nodes match.key match.query product_casts")
+def operand_casts(c: Candidate) -> None:
+    """Q·K^T's operands keep their float casts where v is cast alike (all three compute in that dtype)."""
+    products.keep_casts_with_value(c)
 
 
 @step(reads="flow inlined softmax_dropouts weights",
@@ -296,8 +303,8 @@ def flex(c: Candidate) -> None:
 
 # the order of the proof: each step may read what the steps before it produced (see proof_steps)
 PROOF = (softmax_is_read, twin_softmax, score_chain, core_roles, softmax_stages, weight_path, value_roles,
-         dropout_role, scale_and_masks, block_reads, mask, mask_and_dtypes, extent, bindings, block_scope, layout,
-         escapes, tensor_scale, flag, guards, flex)
+         operand_casts, dropout_role, scale_and_masks, block_reads, mask, mask_and_dtypes, extent, bindings,
+         block_scope, layout, escapes, tensor_scale, flag, guards, flex)
 
 
 def _unique(items: list) -> list:

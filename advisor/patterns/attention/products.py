@@ -25,21 +25,49 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 def core_roles(c: Candidate, core: Op) -> int | None:
     """Fill in the match's query and key (and baddbmm's terms); returns the scores' rank when known."""
-    match = c.match
     if core.name == "einsum":
         return _einsum_roles(c, core)
     left, right = core.operands
     q_leaf, q_factors = _strip_factors(c, left)
     k_leaf, k_factors = _strip_factors(c, right)
-    q_leaf, k_leaf = _strip_float_cast(c, q_leaf), _strip_float_cast(c, k_leaf)
     c.factors = q_factors + k_factors
     ndim = 3 if core.name in ("bmm", "baddbmm") else (rank(c, q_leaf) or rank(c, k_leaf))
-    match.query = at_home(c, q_leaf)
-    match.key, k_leaf = _key_from_transposed(c, k_leaf, ndim)
-    c.leaf_nodes = [q_leaf, k_leaf]
+
+    def placed(strip: bool):
+        query, q_cast = _uncast(c, q_leaf) if strip else (q_leaf, None)
+        key, k_operand, k_cast = _key_from_transposed(c, k_leaf, ndim, strip)
+        return at_home(c, query), key, query, k_operand, [op for op in (q_cast, k_cast) if op is not None]
+
+    _place_operands(c, placed)
     if core.name == "baddbmm":
         _baddbmm_terms(c, core)
     return ndim
+
+
+def _place_operands(c: Candidate, placed) -> None:
+    """SDPA's query and key, `placed(strip)` giving (query, key, q operand, k operand, casts stripped). Float casts
+    on the operands (`q.float() @ k.float().mT`) are casts of the scores: they go with the block (the precision
+    fact judges them) and SDPA gets the operands uncast, or it would get a q and k of another dtype than the v the
+    original multiplies by the weights cast back. Recorded in `product_casts`: the product then no longer ties
+    q's dtype to k's (see `tensor_facts._qkv_dtype_fact`). Where v is cast alike, the operands as written are kept
+    (`keep_casts_with_value`)."""
+    query, key, q_operand, k_operand, casts = placed(True)
+    c.match.query, c.match.key, c.leaf_nodes = query, key, [q_operand, k_operand]
+    c.product_casts = casts
+    c.dtype_changes.extend(casts)
+    c.operands_as_written = placed(False)[:4] if casts else None
+
+
+def keep_casts_with_value(c: Candidate) -> None:
+    """`softmax(q.float() @ k.float().mT) @ v.float()`: q, k and v all cast to one float dtype compute in it in
+    SDPA as in the original, whatever the inputs' dtypes (no guard): the operands keep their casts."""
+    target = cast_dtype(c.parsed, c.weights.value_node)
+    if c.operands_as_written is None or len(c.product_casts) != 2 or \
+            any(cast_dtype(c.parsed, op.node) != target for op in c.product_casts):
+        return
+    c.match.query, c.match.key, c.leaf_nodes[0], c.leaf_nodes[1] = c.operands_as_written
+    c.dtype_changes = [op for op in c.dtype_changes if op not in c.product_casts]
+    c.product_casts = []
 
 
 def _baddbmm_terms(c: Candidate, core: Op) -> None:
@@ -70,39 +98,35 @@ def _strip_factors(c: Candidate, node: cst.BaseExpression):
         node = tensor
 
 
-def _strip_float_cast(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
-    """`q.float() @ k.float().mT`: a cast of an operand to a literal float dtype is a cast of the scores, so it
-    goes with the block like one (the precision fact judges it) and SDPA gets the operand uncast. Left on the
-    operand, it would give SDPA a q and k of another dtype than the v the original multiplies by the weights
-    cast back. Recorded in `product_casts`: the product no longer ties q's dtype to k's (see `_qkv_dtype_fact`)."""
+def _uncast(c: Candidate, node: cst.BaseExpression) -> tuple[cst.BaseExpression, Op | None]:
+    """The operand under a cast to a literal float dtype, and that cast (None: no such cast)."""
     op = c.reader.read(node)
     if op is None or op.name != "cast" or cast_dtype(c.parsed, node) not in FLOAT_DTYPES:
-        return node
-    c.dtype_changes.append(op)
-    c.product_casts.append(op)
-    return op.operands[0]
+        return node, None
+    return op.operands[0], op
 
 
-def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | None):
-    """SDPA wants K as (..., S, E); the product used K^T. Undo a provable last-two-dims transpose (and strip a
-    float cast under it, `k.float().mT`), else transpose back explicitly (a view, always exact). Returns the key
-    SDPA gets and the tensor it is a view of."""
+def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | None, strip: bool):
+    """SDPA wants K as (..., S, E); the product used K^T. Undo a provable last-two-dims transpose (and, with
+    `strip`, a float cast under it, `k.float().mT`), else transpose back explicitly (a view, always exact).
+    Returns the key SDPA gets, the tensor it is a view of, and the cast stripped."""
     op = c.reader.read(node)
     if op is not None and op.name == "mT":
-        leaf = _strip_float_cast(c, op.operands[0])
-        return at_home(c, leaf), leaf
+        leaf, cast = _uncast(c, op.operands[0]) if strip else (op.operands[0], None)
+        return at_home(c, leaf), leaf, cast
     if op is not None and op.name == "transpose":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and last_two(dims, ndim):
-            leaf = _strip_float_cast(c, op.operands[0])
-            return at_home(c, leaf), leaf
+            leaf, cast = _uncast(c, op.operands[0]) if strip else (op.operands[0], None)
+            return at_home(c, leaf), leaf, cast
     if op is not None and op.name == "permute":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and len(dims) >= 2 and sorted(dims) == list(range(len(dims))):
             order = dims[:-2] + [dims[-1], dims[-2]]
-            leaf = _strip_float_cast(c, op.operands[0])
-            return at_home(c, leaf, es.permutation_steps(order, False)), leaf
-    return at_home(c, node, [("transpose", (-2, -1))]), node
+            leaf, cast = _uncast(c, op.operands[0]) if strip else (op.operands[0], None)
+            return at_home(c, leaf, es.permutation_steps(order, False)), leaf, cast
+    leaf, cast = _uncast(c, node) if strip else (node, None)
+    return at_home(c, leaf, [("transpose", (-2, -1))]), leaf, cast
 
 
 def rank(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> int | None:
@@ -160,15 +184,19 @@ def _einsum_roles(c: Candidate, core: Op) -> int:
     c.has_ellipsis = es.ELLIPSIS in out_axes
     q_leaf, q_factors = _strip_factors(c, query)
     k_leaf, k_factors = _strip_factors(c, key)
-    q_leaf, k_leaf = _strip_float_cast(c, q_leaf), _strip_float_cast(c, k_leaf)
     c.factors = q_factors + k_factors
     q_steps = es.permutation_steps(layout.q_order, c.has_ellipsis)
     k_steps = es.permutation_steps(layout.k_order, c.has_ellipsis)
     if q_steps is None or k_steps is None:
         raise Refusal("the einsum moves an ellipsis axis")
     k_steps += es.broadcast_steps(layout.k_unsqueeze)
-    c.match.query, c.match.key = at_home(c, q_leaf, q_steps), at_home(c, k_leaf, k_steps)
-    c.leaf_nodes = [q_leaf, k_leaf]
+
+    def placed(strip: bool):
+        (query, q_cast), (key, k_cast) = (_uncast(c, leaf) if strip else (leaf, None) for leaf in (q_leaf, k_leaf))
+        return at_home(c, query, q_steps), at_home(c, key, k_steps), query, key, \
+            [op for op in (q_cast, k_cast) if op is not None]
+
+    _place_operands(c, placed)
     return None if c.has_ellipsis else layout.ndim
 
 
