@@ -21,7 +21,8 @@ from advisor.contracts.finding import display_path
 from advisor.patterns.module_values import read_leaves_alone
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls, state_swaps
+from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, MAY_HOOK_BY_NAME, HookSite, global_hook_calls, \
+    hooks_by_computed_name, state_swaps
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -373,9 +374,12 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
                     and not node.func.attr.value.startswith("_"):
                 self._target(node, node.func.value)
             if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("train", "eval"):
-                module = _dotted(node.func.value)  # `self.train()` writes the `training` of self and every child
-                if module is not None:
-                    writes.append((node, module))
+                writes.append((node, _module_written(node.func.value)))  # the `training` of it and every child
+            if isinstance(node.func, cst.Name) and node.func.value == "setattr" and len(node.args) >= 2:
+                name = node.args[1].value  # `setattr(self.drop, "training", v)`: a write of that attribute
+                owner = _dotted(node.args[0].value)
+                literal = name.evaluated_value if isinstance(name, cst.SimpleString) else None
+                writes.append((node, f"{owner}.{literal}" if owner and isinstance(literal, str) else "self"))
             for arg in node.args:
                 if arg.keyword is not None and arg.keyword.value == "out":
                     self._target(node, arg.value)
@@ -388,11 +392,25 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
             while isinstance(target, cst.Subscript):
                 target = target.value
             path = _dotted(target) if isinstance(target, cst.Attribute) else None
+            if path is not None and (path.split(".")[-1] in MODULE_STATE or not path.startswith("self")):
+                path = _module_written(target) if path.split(".")[-1] in MODULE_STATE else path
             if path is not None:
                 writes.append((node, path))
 
     visit_tree(function, Visitor())
     return writes
+
+
+MODULE_STATE = {"training", "__dict__", "_modules", "_parameters", "_buffers"}  # what a module runs with
+
+
+def _module_written(node: cst.BaseExpression) -> str:
+    """What a mode switch or a write of module state changes, as a path: the `self.` module it names, or, on a
+    module it does not name (`m` of `self.apply(lambda m: m.train())`, `nn.Module.train(self)`), all of `self`."""
+    if isinstance(node, cst.Attribute) and node.attr.value in MODULE_STATE:
+        node = node.value
+    path = _dotted(node)
+    return path if path is not None and (path == "self" or path.startswith("self.")) else "self"
 
 
 def _dotted(node: cst.BaseExpression) -> str | None:
@@ -617,7 +635,8 @@ def hook_registration(parsed: ParsedModule) -> str | None:
 
 
 def _hook_registration(parsed: ParsedModule) -> str | None:
-    calls = global_hook_calls(parsed, GLOBAL_CALL_HOOKS)
+    calls = global_hook_calls(parsed, GLOBAL_CALL_HOOKS) + \
+        (hooks_by_computed_name(parsed) if MAY_HOOK_BY_NAME.search(parsed.source) else [])
     if calls:
         call, name = calls[0]
         return HookSite(parsed.path, parsed.line(call), name).describe(parsed.path)

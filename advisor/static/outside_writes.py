@@ -18,6 +18,8 @@ ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity(
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
+# methods that return a module's submodule, buffer or parameter by its dotted name (a write through them writes it)
+GETTERS = {"get_submodule", "get_buffer", "get_parameter"}
 # dictionaries that hold a module's attributes: a store into one binds the attribute its key names
 ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
 # methods of an object's namespace (`m.__dict__`, `vars(m)`) that bind nothing; any other (`update`, `setdefault`,
@@ -167,11 +169,7 @@ class _Writes:
         if table and not _is_self(owner):
             self.write(_literal(node.slice) or self.any_name(value))
         into = elements_only or not table and isinstance(node, ast.Subscript)  # `m._modules[n] = v` rebinds
-        walked = node
-        while isinstance(walked, (ast.Subscript, ast.Attribute)):
-            if isinstance(walked, ast.Attribute) and not _is_self(walked.value):
-                self.write(walked.attr, into)
-            walked = walked.value
+        self.chain(node, into)
         if isinstance(node, ast.Attribute):  # `matmul = torch.matmul` binds a name of this file, not torch's
             self.torch_function(node)
         root = node
@@ -179,6 +177,22 @@ class _Writes:
             root = root.value
         if isinstance(root, ast.Name) and root.id in self.imports:  # `from m import MASK; MASK[0] = v`
             self.write(self.imports[root.id].rsplit(".", 1)[-1], into)
+
+    def chain(self, node: ast.AST, into: bool = False) -> None:
+        """The attributes a write through `node` changes: each one it goes through (`x.a.b = v` changes what `x.a`
+        holds), and those a getter names (`m.get_submodule("attn.softmax").dim = v`, `m.get_buffer("bias")[0] = 1`)."""
+        walked = node
+        while isinstance(walked, (ast.Subscript, ast.Attribute, ast.Call)):
+            if isinstance(walked, ast.Attribute) and not _is_self(walked.value):
+                self.write(walked.attr, into)
+            if isinstance(walked, ast.Call):
+                if not (isinstance(walked.func, ast.Attribute) and walked.func.attr in GETTERS):
+                    return
+                target = _literal(walked.args[0]) if walked.args else None
+                for name in target.split(".") if target else [ANY_ATTRIBUTE]:
+                    self.write(name, into and name == target.split(".")[-1] if target else False)
+                walked = walked.func
+            walked = walked.value
 
     def assign(self, node: ast.Assign) -> None:
         for target in node.targets:
@@ -199,6 +213,10 @@ class _Writes:
                 keyword = next((k.value for k in node.keywords if k.arg == "name"), None)
                 name = args[0] if args else keyword
                 binding = (func.value, name, args[1] if len(args) > 1 else None) if name is not None else None
+        if isinstance(func, ast.Attribute) and func.attr == "set_submodule" and args:  # `m.set_submodule("a.b", x)`
+            target = _literal(args[0])
+            for name in target.split(".") if target else [self.any_name(args[1] if len(args) > 1 else None)]:
+                self.write(name)
         if binding is not None and not _is_self(binding[0]):
             receiver, name, value = binding
             literal = _literal(name)
@@ -207,6 +225,7 @@ class _Writes:
                 self.torch_function(receiver, literal)
             else:
                 self.write(self.any_name(value))
+            self.chain(receiver)  # `setattr(m.softmax, "dim", v)` changes what `m.softmax` holds
         elif binding is not None:
             if self.own and isinstance(func, ast.Name) and _literal(binding[1]):  # `setattr(self, "x", v)`
                 self.write(_literal(binding[1]))

@@ -33,6 +33,8 @@ GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_
                                "register_module_full_backward_hook", "register_module_full_backward_pre_hook",
                                "register_module_backward_hook"})
 TOKEN = "register_module_"  # every one of them starts so: files without it are not parsed
+# a hook registered by a computed method name, or written into torch's process-wide tables (hooks_by_computed_name)
+MAY_HOOK_BY_NAME = re.compile(r"getattr\([^\n]*hook|_global_\w*hooks")
 # what makes TorchScript compile code: the functions or modules passed to it, and everything they call
 SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torch.jit.ScriptModule"})
 # files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
@@ -156,6 +158,22 @@ def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple
     return found
 
 
+def hooks_by_computed_name(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]]:
+    """Hooks registered where no call names them: `getattr(m, f"register_{kind}_hook")(fn)` (a computed name that
+    mentions a hook, read as one on a single module: the patch checks at run time) and a write into torch's
+    process-wide hook tables (`module._global_forward_hooks[i] = fn`, read as `register_module_forward_hook`)."""
+    found: list[tuple[cst.CSTNode, str]] = []
+    for call in parsed.calls_and_classes[0]:
+        getter = call.func
+        if isinstance(getter, cst.Call) and isinstance(getter.func, cst.Name) and getter.func.value == "getattr" and \
+                len(getter.args) >= 2 and "hook" in parsed.code(getter.args[1].value).lower():
+            found.append((call, "register_forward_hook"))
+    found += [(node, "register_module_forward_hook") for node in parsed.nodes_of(cst.Name, cst.Attribute)
+              if (node.value if isinstance(node, cst.Name) else node.attr.value).startswith("_global_")
+              and (node.value if isinstance(node, cst.Name) else node.attr.value).endswith("hooks")]
+    return found
+
+
 def uses_of(parsed: ParsedModule, names: frozenset[str]) -> list[cst.BaseExpression]:
     """The file's references to any of `names` (qualified), resolved through its imports: calls, decorators, base
     classes and values passed on alike."""
@@ -239,11 +257,13 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     scan reports it)."""
     found: list = []
     uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None
-    if TOKEN in text or any(name in text for name in HOOK_METHODS) or uses:
+    computed = MAY_HOOK_BY_NAME.search(text) is not None
+    if TOKEN in text or any(name in text for name in HOOK_METHODS) or uses or computed:
         try:
             parsed = ParsedModule(text, path)
             found = [(HookSite(path, parsed.line(call), name), name) for call, name in
-                     global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS)]
+                     global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS) +
+                     (hooks_by_computed_name(parsed) if computed else [])]
             found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
                       for kind, nodes in (("script", uses_of(parsed, SCRIPT_ENTRIES)), ("swap", state_swaps(parsed)))
                       for node in nodes]

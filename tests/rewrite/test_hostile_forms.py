@@ -344,3 +344,121 @@ def test_a_proof_from_a_persistent_buffer_names_the_state_dict_it_trusts(registe
     assert finding.fix_safety == "safe" and ("loaded-buffers" in accepted) == loaded, finding.extra["facts"]
     if loaded:
         assert "`self.bias`" in accepted["loaded-buffers"]["statement"]
+
+
+def _safe_findings(source: str) -> list:
+    return [f for f in analyze_source(source, "hostile.py").findings
+            if f.kind == "attention" and f.fixable and f.fix_safety == "safe"]
+
+
+DROPOUT_BLOCK = '''\
+import math
+import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn_drop = nn.Dropout(0.5)
+
+    def forward(self, q, k, v):
+        a = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
+        a = self.attn_drop(a.softmax(-1))
+        {switch}
+        return a @ v
+'''
+
+
+@pytest.mark.parametrize("switch", [
+    "self.apply(lambda m: m.train(not m.training))",
+    "nn.Module.train(self, not self.training)",
+    "type(self).train(self, not self.training)",
+    "for m in self.modules(): m.training = not m.training",
+    'setattr(self.attn_drop, "training", not self.attn_drop.training)',
+    'self.__dict__["_modules"]["attn_drop"] = nn.Identity()',
+])
+def test_every_spelling_of_a_mode_switch_between_dropout_and_value_product_stops_the_safe_patch(switch):
+    """A second breaker's spellings of the training-flag flip the first fix (`self.train()`) did not see."""
+    assert not _safe_findings(DROPOUT_BLOCK.format(switch=switch))
+
+
+@pytest.mark.parametrize("after", [
+    'model.set_submodule("softmax", Other())',
+    'setattr(model.softmax, "dim", -2)',
+    'model.get_submodule("softmax").dim = -2',
+])
+def test_a_softmax_module_changed_by_name_from_outside_is_checked_at_run_time(after):
+    source = textwrap.dedent(f'''\
+        import torch
+        import torch.nn as nn
+
+
+        class Other(nn.Module):
+            def forward(self, x):
+                return x.relu() / x.relu().sum(-1, keepdim=True).clamp_min(1e-6)
+
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.softmax = nn.Softmax(dim=-1)
+
+            def forward(self, q, k, v):
+                return self.softmax((q @ k.transpose(-2, -1)) * 0.125) @ v
+
+
+        model = Attn()
+        {after}
+        ''')
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert finding.fix_safety != "safe" or "module-identity" in {
+        fact["name"] for fact in finding.extra["facts"]["guarded"]}, finding.extra["facts"]
+    module = load_module_from_source(source, "hostile_softmax_original")
+    patched = load_module_from_source(analyze_source(source, "hostile.py").fixed, "hostile_softmax_patched")
+    q, k, v = _qkv()
+    torch.testing.assert_close(patched.model(q, k, v), module.model(q, k, v))
+
+
+def test_a_hook_registered_by_a_computed_method_name_is_checked_at_run_time():
+    source = DROPOUT_BLOCK.format(switch="pass") + textwrap.dedent('''\
+
+
+        def instrument(model, fn, kind="forward"):
+            for m in model.modules():
+                if isinstance(m, nn.Dropout):
+                    getattr(m, f"register_{kind}_hook")(fn)
+            return model
+        ''')
+    [finding] = _safe_findings(source)
+    assert "no-hooks" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
+
+
+def test_a_buffer_written_through_get_buffer_is_not_read_as_registered():
+    source = textwrap.dedent('''\
+        import math
+        import torch
+        import torch.nn as nn
+
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8), persistent=False)
+
+            def forward(self, q, k, v):
+                T = q.size(-2)
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+                return att.softmax(dim=-1) @ v
+
+
+        model = Attn()
+        model.get_buffer("bias").fill_(1)
+        ''')
+    fixed = analyze_source(source, "hostile.py").fixed
+    assert "is_causal" not in fixed
+    original = load_module_from_source(source, "hostile_buffer_original")
+    patched = load_module_from_source(fixed, "hostile_buffer_patched")
+    q, k, v = _qkv()
+    torch.testing.assert_close(patched.model(q, k, v), original.model(q, k, v))

@@ -114,3 +114,23 @@ def test_q_k_and_v_cast_alike_keep_their_casts_and_need_no_guard():
         want, got = original(*args), patched(*args)
         assert got.dtype == want.dtype == dtype
         torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_integer_inputs_run_the_original():
+    """The original casts int64 operands to float32 and the weights back; SDPA takes floats only (a guard)."""
+    original, patched, fixed = _patched(CAST_BACK.replace("p = torch.softmax(s, dim=-1).to(q.dtype)",
+                                                          "p = torch.softmax(s, dim=-1).to(v.dtype)"))
+    assert "q.is_floating_point()" in fixed
+    args = [torch.randint(-3, 3, (2, 3, 6, 16)) for _ in range(3)]
+    torch.testing.assert_close(patched(*args), original(*args), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("product", ["q.float() @ (k.float() * 0.25).transpose(-2, -1)",
+                                     "q.type(torch.float32) @ k.type(torch.float32).transpose(-2, -1)"])
+def test_a_cast_left_inside_an_operand_is_named_by_the_dtype_fact(product):
+    """Where a cast stays on an operand (inside a scaled one, a spelling not stripped), SDPA gets the operands as
+    written: the fact names them, so it fails where the patch would raise (bf16 inputs)."""
+    source = CAST_BACK.replace("torch.matmul(q.float(), k.float().transpose(-1, -2)) / 8.0", f"({product}) / 8.0")
+    [finding] = [f for f in analyze_source(source, "casts.py").findings if f.kind == "attention"]
+    facts = {fact["name"]: fact["statement"] for group in finding.extra["facts"].values() for fact in group}
+    assert "`q" in facts["qkv-dtype"] and "`v` have one dtype" in facts["qkv-dtype"], facts

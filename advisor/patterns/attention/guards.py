@@ -73,6 +73,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             dtypes += [parse_template_expression(f"{{torch}}.{named}", torch=cst.Name(torch_name))] if named else []
             reads = [node for node in (query, key, value) if _plain(c, node)]
             parts = [joined_comparison(dtypes)] if None not in dtypes else []
+            if parts and c.product_casts:  # the original casts integer operands to float; SDPA takes floats only
+                parts.append(parse_template_expression("{q}.is_floating_point()", q=query))
         elif name == mk.ROWS and match.row_fixup is not None:  # the fill overflows these: the original raises
             reads = [query]
             parts = [parse_template_expression(f"{{q}}.dtype != {{torch}}.{dtype}", q=query, torch=cst.Name(torch_name))

@@ -280,7 +280,7 @@ def flag(c: Candidate) -> None:
 
 
 @step(reads=("deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes match.facts "
-             "positive_reads "
+             "positive_reads product_casts "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
              "match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")

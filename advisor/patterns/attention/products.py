@@ -10,6 +10,7 @@ softmax and transpose dims.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from advisor.patterns import einsum as es
 from advisor.patterns.attention.candidate import Candidate
@@ -17,7 +18,7 @@ from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.scores import tensor_and_factor
 from advisor.patterns.copy_cast_roles import cast_dtype
-from advisor.patterns.ops import Op, int_value
+from advisor.patterns.ops import CAST_METHODS, Op, int_value
 from advisor.static.dataflow import Definition
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -52,6 +53,8 @@ def _place_operands(c: Candidate, placed) -> None:
     q's dtype to k's (see `tensor_facts._qkv_dtype_fact`). Where v is cast alike, the operands as written are kept
     (`keep_casts_with_value`)."""
     query, key, q_operand, k_operand, casts = placed(True)
+    if casts and (has_cast(q_operand) or has_cast(k_operand)):  # `q.float() @ (k.float() * s).mT`: one kept
+        query, key, q_operand, k_operand, casts = *placed(False)[:4], []
     c.match.query, c.match.key, c.leaf_nodes = query, key, [q_operand, k_operand]
     c.product_casts = casts
     c.dtype_changes.extend(casts)
@@ -96,6 +99,12 @@ def _strip_factors(c: Candidate, node: cst.BaseExpression):
             return node, factors
         factors.append((op.name, factor))
         node = tensor
+
+
+def has_cast(node: cst.BaseExpression) -> bool:
+    """`node` casts somewhere inside (`k.float() * s`, `q.type(torch.float32)`, `torch.Tensor.float(q)`): a
+    tensor whose dtype its name does not give."""
+    return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(name) for name in CAST_METHODS))))))
 
 
 def _uncast(c: Candidate, node: cst.BaseExpression) -> tuple[cst.BaseExpression, Op | None]:

@@ -19,7 +19,7 @@ from advisor.patterns.attention.candidate import Candidate, definition_of_value,
     parameter_claims
 from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
 from advisor.patterns.attention.learned_bias import integer_index, values_of
-from advisor.patterns.attention.products import rank, spec
+from advisor.patterns.attention.products import has_cast, rank, spec
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
@@ -147,7 +147,8 @@ def _precision_fact(c: Candidate) -> None:
     elif c.dtype_changes:
         c.match.facts.accepted("precision", statement, f"`{short(c.parsed, c.dtype_changes[0].node)}` widens "
                                "or casts back; on float64 inputs the original rounds through float32 there and the "
-                               "patch does not (more precise, by float32 rounding)")
+                               "patch does not (more precise by float32 rounding, and finite where values beyond "
+                               "float32's range make the original inf or NaN)")
 
 
 def _cast_target(c: Candidate, op) -> str | None:
@@ -184,6 +185,9 @@ def _qkv_dtype_fact(c: Candidate) -> bool:
     weights = next(o for o in output.operands if o is not value_node)
     v_like_q = dtypes.same(value_node, query) or dtypes.same(value_node, key)
     statement = "q, k and v have one dtype"
+    if any(has_cast(node) for node in (query, key, value_node)):  # SDPA gets them as written: say which
+        statement = f"`{short(c.parsed, query)}`, `{short(c.parsed, key)}` and `{short(c.parsed, value_node)}` " \
+                    f"have one dtype"
     named = weights_dtype(c)
     unlinked = c.product_casts and not dtypes.same(query, key)
     if unlinked and named is None:
