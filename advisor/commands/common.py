@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError
 from advisor.registry import parse_selectors
-from advisor.contracts.finding import display_path
+from advisor.contracts.finding import ScanError, display_path
 from advisor.report.terminal import shown
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
@@ -96,7 +96,9 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
     if result.all_excluded:
         if not getattr(args, "quiet", False):
             stderr.print("advisor: every path named is excluded (`exclude` with force-exclude): nothing to scan")
-    elif not result.files and not _is_machine_format(args):
+    elif not result.files and not result.errors:  # the JSON's `errors` say why, as the text's line does
+        result.errors.extend(ScanError(path, "no Python files found") for path in args.paths)
+    if not result.files and not result.all_excluded and not _is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result

@@ -54,9 +54,12 @@ def workload_source(args) -> tuple[str, list[str] | None]:
     return args.target, None
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it (inf, 1e10) the deadline overflows the clock
+
+
 def _seconds(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not 0 < value <= MAX_TIMEOUT_S:
         raise ValueError(text)
     return value
 

@@ -209,8 +209,8 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
         extra["discharged"] = "observed"  # every unproved fact held on the run: `optimize` tries this patch
     if plan is not None:  # backend eligibility of the SDPA call and what --backend emitted
         extra.update(plan.to_json())
-    if rule is rules.safe and not assumed and not observed:
-        reasons = []
+    if rule is rules.safe and not assumed and not observed and fixable:
+        reasons = []  # a proved patch needs no reason; one that could not be written keeps why (RewriteFailed)
     if match.note:
         reasons.append(match.note)
     finding = Finding(rule=rule.code, kind=rule.kind, path=parsed.path, line=match.line, end_line=match.end_line,

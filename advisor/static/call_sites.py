@@ -204,8 +204,8 @@ class Tree:
             if self._real(path) != self._real(parsed.path) and not self.says(path, module):
                 continue  # another file that never names the module cannot import from it
             other = self.parsed(path)
-            if other is None:
-                return None
+            if other is None or _named_in_a_string(other, name):
+                return None  # `getattr(sys.modules[__name__], "attention")(...)`: a call no use shows
             uses = other.names_spelled(name) if other is parsed else _imported_uses(other, parsed, name)
             if uses is None:
                 return None
@@ -291,6 +291,22 @@ class Tree:
             return _named_instance_calls(self, other, use)
 
         return self._uses(parsed, owner.node.name, instance_calls)
+
+
+def _named_in_a_string(parsed: ParsedModule, name: str) -> bool:
+    """A string literal spelling the name (`getattr(module, "attention")`, `globals()["attention"]`): the function
+    may be reached by it, at a call site no use of the name shows."""
+    return any(isinstance(node.evaluated_value, str) and node.evaluated_value == name and
+               not _in_all(parsed, node) for node in parsed.nodes_of(cst.SimpleString))
+
+
+def _in_all(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    """An entry of `__all__ = [...]` (or `+=`): it exports the name, which importers then spell as a name."""
+    while node is not None and not isinstance(node, (cst.Assign, cst.AugAssign, cst.SimpleStatementLine)):
+        node = parsed.parents.get(node)
+    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else \
+        [node.target] if isinstance(node, cst.AugAssign) else []
+    return any(isinstance(target, cst.Name) and target.value == "__all__" for target in targets)
 
 
 def _owner_of(parsed: ParsedModule, function: cst.FunctionDef) -> ClassInfo | None:

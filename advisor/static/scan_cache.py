@@ -146,7 +146,8 @@ class ScanCache:
         outcomes: dict[str, object] = {}
         for path in files:
             entry = self._load(keys[path]) if keys[path] is not None else None
-            if isinstance(entry, tuple) and len(entry) == 3 and self._still_valid(entry, members):
+            if isinstance(entry, tuple) and len(entry) == 3 and hasattr(entry[2], "findings") and \
+                    self._still_valid(entry, members):  # a foreign or damaged entry is a miss
                 outcomes[path] = entry[2]
                 done(path)
         todo = [path for path in files if path not in outcomes]

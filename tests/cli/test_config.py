@@ -192,3 +192,21 @@ def test_the_readme_example_is_a_valid_config(tmp_path):
     path.write_text("\n".join(line.strip() for line in block.splitlines()))
     assert set(load_config(path)) == {"select", "ignore", "exclude", "force_exclude", "backend", "unsafe_fixes",
                                       "call_site_facts", "cache", "per_file_ignores"}
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif", "github"])
+def test_a_folder_with_no_python_file_says_why_in_every_machine_format(capsys, tmp_path, fmt):
+    """`--format json` prints one object 'also when nothing could be scanned (its errors say why)': its errors
+    were empty (SARIF had no notification, the github format printed nothing)."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("no code here\n")
+    assert main(["scan", str(tmp_path / "docs"), "--format", fmt]) == 2
+    out = capsys.readouterr().out
+    assert "no Python files found" in out
+
+
+@pytest.mark.parametrize("value", ["inf", "1e10", "nan", "0"])
+def test_a_timeout_the_clock_cannot_hold_is_a_usage_error(capsys, value):
+    """`--timeout inf` passed the parser and failed as an internal OverflowError once the worker ran."""
+    assert main(["profile", "x.py:workload", "--timeout", value]) == 2
+    assert "argument --timeout" in capsys.readouterr().err

@@ -4,11 +4,13 @@ the original's float64 outputs and input gradients (or must no longer be offered
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from advisor.engine.static import analyze_source
+from advisor.static.tree_facts import tree_context
 from fixture_models import load_module_from_source
 
 
@@ -462,3 +464,55 @@ def test_a_buffer_written_through_get_buffer_is_not_read_as_registered():
     patched = load_module_from_source(fixed, "hostile_buffer_patched")
     q, k, v = _qkv()
     torch.testing.assert_close(patched.model(q, k, v), original.model(q, k, v))
+
+
+def test_a_function_reached_by_a_string_of_its_name_has_a_caller_no_use_shows(tmp_path):
+    """`getattr(sys.modules[__name__], "attention")(q, k, v)` reads the weights the function returns, although the
+    one call spelled by name drops them: the weights are not dropped (the patch returned None for them)."""
+    source = textwrap.dedent('''\
+        import math
+        import sys
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        __all__ = ["attention"]
+
+
+        def attention(q, k, v):
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+            w = F.softmax(s, dim=-1)
+            return w @ v, w
+
+
+        class A(nn.Module):
+            def forward(self, q, k, v):
+                out, _ = attention(q, k, v)
+                return out
+
+
+        class B(nn.Module):
+            def forward(self, q, k, v):
+                out, w = getattr(sys.modules[__name__], "attention")(q, k, v)
+                return out, w
+        ''')
+    def safe_in_tree(text: str) -> list:
+        path = tmp_path / "program.py"
+        path.write_text(text)
+        result = analyze_source(text, str(path), tree_context=tree_context([str(path)]))
+        return [f for f in result.findings if f.kind == "attention" and f.fixable and f.fix_safety == "safe"]
+
+    assert not safe_in_tree(source)
+    dropped = source.replace('getattr(sys.modules[__name__], "attention")', "attention").replace(
+        "out, w = attention(q, k, v)\n        return out, w", "out, _ = attention(q, k, v)\n        return out")
+    assert safe_in_tree(dropped)  # every caller drops them, `__all__` naming the function notwithstanding
+
+
+def test_a_block_libcst_cannot_render_back_says_why_it_has_no_patch():
+    """A form feed before the block's first line (valid Python): the rewrite fails (RewriteFailed) and the finding
+    was `safe`, not fixable, with no reason at all; it now carries the rewrite's reason."""
+    nanogpt = Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py"
+    source = nanogpt.read_text().replace("        att = (q @ k", "\x0c        att = (q @ k")
+    compile(source, "hostile.py", "exec")
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert finding.fixable or finding.reason, finding

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -165,6 +166,21 @@ def test_a_corrupt_or_foreign_entry_is_ignored_and_rebuilt(tmp_path, analysed):
     assert sorted(analysed) == sorted(p.name for p in root.iterdir())
     analysed.clear()
     assert _json(scan_paths([str(root)])) == cold and analysed == []  # rebuilt
+
+
+def test_an_entry_with_the_right_key_but_a_foreign_value_is_a_miss(tmp_path, analysed):
+    """The header and key right, the pickled value not a file's result (`(None, {}, "garbage")`): the scan used it
+    and died on `.findings`; now it is analysed again and the entry rewritten."""
+    root = _fixture_tree(tmp_path)
+    cold = _json(scan_paths([str(root)]))
+    for entry in _entries():
+        data = entry.read_bytes()
+        header = data[: data.index(b"\n") + 1]
+        entry.write_bytes(header + pickle.dumps((None, {}, "garbage")))
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold and analysed
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold and analysed == []
 
 
 def test_concurrent_runs_share_the_cache_safely(tmp_path, monkeypatch, capsys, analysed):
