@@ -99,7 +99,7 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
     elif not result.files and not result.errors:  # the JSON's `errors` say why, as the text's line does
         result.errors.extend(ScanError(path, "no Python files found") for path in args.paths)
     if not result.files and not result.all_excluded and not _is_machine_format(args):
-        reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors) or "no Python files found"
+        reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors)
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result
 

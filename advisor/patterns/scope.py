@@ -21,7 +21,7 @@ from advisor.contracts.finding import display_path
 from advisor.patterns.module_values import read_leaves_alone
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, MAY_HOOK_BY_NAME, HookSite, global_hook_calls, \
+from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls, \
     hooks_by_computed_name, state_swaps
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
@@ -392,8 +392,8 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
             while isinstance(target, cst.Subscript):
                 target = target.value
             path = _dotted(target) if isinstance(target, cst.Attribute) else None
-            if path is not None and (path.split(".")[-1] in MODULE_STATE or not path.startswith("self")):
-                path = _module_written(target) if path.split(".")[-1] in MODULE_STATE else path
+            if path is not None and path.split(".")[-1] in MODULE_STATE:
+                path = _module_written(target)
             if path is not None:
                 writes.append((node, path))
 
@@ -635,8 +635,7 @@ def hook_registration(parsed: ParsedModule) -> str | None:
 
 
 def _hook_registration(parsed: ParsedModule) -> str | None:
-    calls = global_hook_calls(parsed, GLOBAL_CALL_HOOKS) + \
-        (hooks_by_computed_name(parsed) if MAY_HOOK_BY_NAME.search(parsed.source) else [])
+    calls = global_hook_calls(parsed, GLOBAL_CALL_HOOKS) + hooks_by_computed_name(parsed)
     if calls:
         call, name = calls[0]
         return HookSite(parsed.path, parsed.line(call), name).describe(parsed.path)

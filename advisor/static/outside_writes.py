@@ -189,8 +189,9 @@ class _Writes:
                 if not (isinstance(walked.func, ast.Attribute) and walked.func.attr in GETTERS):
                     return
                 target = _literal(walked.args[0]) if walked.args else None
-                for name in target.split(".") if target else [ANY_ATTRIBUTE]:
-                    self.write(name, into and name == target.split(".")[-1] if target else False)
+                names = target.split(".") if target else [ANY_ATTRIBUTE]
+                for name in names:  # into the elements of the last one only (the others hold what changed)
+                    self.write(name, into and target is not None and name == names[-1])
                 walked = walked.func
             walked = walked.value
 

@@ -162,15 +162,16 @@ def hooks_by_computed_name(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]
     """Hooks registered where no call names them: `getattr(m, f"register_{kind}_hook")(fn)` (a computed name that
     mentions a hook, read as one on a single module: the patch checks at run time) and a write into torch's
     process-wide hook tables (`module._global_forward_hooks[i] = fn`, read as `register_module_forward_hook`)."""
+    if MAY_HOOK_BY_NAME.search(parsed.source) is None:
+        return []
     found: list[tuple[cst.CSTNode, str]] = []
     for call in parsed.calls_and_classes[0]:
         getter = call.func
         if isinstance(getter, cst.Call) and isinstance(getter.func, cst.Name) and getter.func.value == "getattr" and \
                 len(getter.args) >= 2 and "hook" in parsed.code(getter.args[1].value).lower():
             found.append((call, "register_forward_hook"))
-    found += [(node, "register_module_forward_hook") for node in parsed.nodes_of(cst.Name, cst.Attribute)
-              if (node.value if isinstance(node, cst.Name) else node.attr.value).startswith("_global_")
-              and (node.value if isinstance(node, cst.Name) else node.attr.value).endswith("hooks")]
+    found += [(node, "register_module_forward_hook") for node in parsed.nodes_of(cst.Name)  # `x._global_..` too
+              if node.value.startswith("_global_") and node.value.endswith("hooks")]
     return found
 
 
@@ -263,7 +264,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
             parsed = ParsedModule(text, path)
             found = [(HookSite(path, parsed.line(call), name), name) for call, name in
                      global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS) +
-                     (hooks_by_computed_name(parsed) if computed else [])]
+                     hooks_by_computed_name(parsed)]
             found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
                       for kind, nodes in (("script", uses_of(parsed, SCRIPT_ENTRIES)), ("swap", state_swaps(parsed)))
                       for node in nodes]

@@ -35,7 +35,7 @@ def core_roles(c: Candidate, core: Op) -> int | None:
     ndim = 3 if core.name in ("bmm", "baddbmm") else (rank(c, q_leaf) or rank(c, k_leaf))
 
     def placed(strip: bool):
-        query, q_cast = _uncast(c, q_leaf) if strip else (q_leaf, None)
+        query, q_cast = _uncast(c, q_leaf, strip)
         key, k_operand, k_cast = _key_from_transposed(c, k_leaf, ndim, strip)
         return at_home(c, query), key, query, k_operand, [op for op in (q_cast, k_cast) if op is not None]
 
@@ -107,9 +107,9 @@ def has_cast(node: cst.BaseExpression) -> bool:
     return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(name) for name in CAST_METHODS))))))
 
 
-def _uncast(c: Candidate, node: cst.BaseExpression) -> tuple[cst.BaseExpression, Op | None]:
-    """The operand under a cast to a literal float dtype, and that cast (None: no such cast)."""
-    op = c.reader.read(node)
+def _uncast(c: Candidate, node: cst.BaseExpression, strip: bool) -> tuple[cst.BaseExpression, Op | None]:
+    """With `strip`, the operand under a cast to a literal float dtype, and that cast (None: no such cast)."""
+    op = c.reader.read(node) if strip else None
     if op is None or op.name != "cast" or cast_dtype(c.parsed, node) not in FLOAT_DTYPES:
         return node, None
     return op.operands[0], op
@@ -120,22 +120,20 @@ def _key_from_transposed(c: Candidate, node: cst.BaseExpression, ndim: int | Non
     `strip`, a float cast under it, `k.float().mT`), else transpose back explicitly (a view, always exact).
     Returns the key SDPA gets, the tensor it is a view of, and the cast stripped."""
     op = c.reader.read(node)
+    operand, steps = node, [("transpose", (-2, -1))]
     if op is not None and op.name == "mT":
-        leaf, cast = _uncast(c, op.operands[0]) if strip else (op.operands[0], None)
-        return at_home(c, leaf), leaf, cast
-    if op is not None and op.name == "transpose":
+        operand, steps = op.operands[0], []
+    elif op is not None and op.name == "transpose":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and last_two(dims, ndim):
-            leaf, cast = _uncast(c, op.operands[0]) if strip else (op.operands[0], None)
-            return at_home(c, leaf), leaf, cast
-    if op is not None and op.name == "permute":
+            operand, steps = op.operands[0], []
+    elif op is not None and op.name == "permute":
         dims = [int_value(d) for d in op.params["dims"]]
         if None not in dims and len(dims) >= 2 and sorted(dims) == list(range(len(dims))):
             order = dims[:-2] + [dims[-1], dims[-2]]
-            leaf, cast = _uncast(c, op.operands[0]) if strip else (op.operands[0], None)
-            return at_home(c, leaf, es.permutation_steps(order, False)), leaf, cast
-    leaf, cast = _uncast(c, node) if strip else (node, None)
-    return at_home(c, leaf, [("transpose", (-2, -1))]), leaf, cast
+            operand, steps = op.operands[0], es.permutation_steps(order, False)
+    leaf, cast = _uncast(c, operand, strip)
+    return at_home(c, leaf, steps), leaf, cast
 
 
 def rank(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> int | None:
@@ -201,7 +199,7 @@ def _einsum_roles(c: Candidate, core: Op) -> int:
     k_steps += es.broadcast_steps(layout.k_unsqueeze)
 
     def placed(strip: bool):
-        (query, q_cast), (key, k_cast) = (_uncast(c, leaf) if strip else (leaf, None) for leaf in (q_leaf, k_leaf))
+        (query, q_cast), (key, k_cast) = (_uncast(c, leaf, strip) for leaf in (q_leaf, k_leaf))
         return at_home(c, query, q_steps), at_home(c, key, k_steps), query, key, \
             [op for op in (q_cast, k_cast) if op is not None]
 

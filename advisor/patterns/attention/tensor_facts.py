@@ -139,11 +139,11 @@ def _precision_fact(c: Candidate) -> None:
     and for float64 inputs the patch skips a float32 rounding of the original, a documented divergence. A cast to
     float16 or bfloat16 inside the block rounds more than the inputs' dtype may: the patch could be more precise
     than the original by more than the tolerance, so that is assumed not to matter (unsafe)."""
-    narrowing = [op for op in c.dtype_changes if _cast_target(c, op) in ("float16", "bfloat16")]
+    narrowing = [op for op in c.dtype_changes if cast_target(c, op) in ("float16", "bfloat16")]
     statement = "the casts inside the block change no value beyond the inputs' dtype's rounding"
     if narrowing:
         c.match.facts.assumed("precision", statement, f"`{short(c.parsed, narrowing[0].node)}` rounds to "
-                              f"{_cast_target(c, narrowing[0])}, which the patch does not")
+                              f"{cast_target(c, narrowing[0])}, which the patch does not")
     elif c.dtype_changes:
         c.match.facts.accepted("precision", statement, f"`{short(c.parsed, c.dtype_changes[0].node)}` widens "
                                "or casts back; on float64 inputs the original rounds through float32 there and the "
@@ -151,7 +151,7 @@ def _precision_fact(c: Candidate) -> None:
                                "float32's range make the original inf or NaN)")
 
 
-def _cast_target(c: Candidate, op) -> str | None:
+def cast_target(c: Candidate, op) -> str | None:
     """The dtype a cast or softmax(dtype=) names literally (float32, float16, ...); None when it follows a tensor."""
     if op.name == "cast":
         return cast_dtype(c.parsed, op.node)
@@ -164,7 +164,7 @@ def weights_dtype(c: Candidate) -> str | None:
     dtype=torch.float32) @ v`, `w.float() @ v`, `s.float().softmax(-1) @ v`): the last such change before it is
     a literal one. None where they keep the scores' dtype or are cast back to a tensor's (`.type_as(q)`)."""
     last = _last_dtype_change(c)
-    return _cast_target(c, last) if last is not None else None
+    return cast_target(c, last) if last is not None else None
 
 
 def _last_dtype_change(c: Candidate):

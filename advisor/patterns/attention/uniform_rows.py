@@ -29,7 +29,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import fresh_name, metadata_translated, term_mask
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.result import MaskTerm, RowFixup
-from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
+from advisor.patterns.attention.tensor_facts import cast_target
 from advisor.patterns.values import FLOAT_MAX
 from advisor.static.codegen import atomic, joined
 
@@ -106,9 +106,7 @@ def _overflowed_after(c: Candidate, fill: float | str) -> tuple[str, ...] | None
     for op in c.dtype_changes:
         if op in c.weights.casts or op in c.product_casts:
             continue  # the weights' casts come after the softmax; the operands' before every fill
-        stage = op.params["stages"][0] if op.name == "sequential" else op
-        target = cast_dtype(c.parsed, op.node) if op.name == "cast" else \
-            dtype_name(c.parsed, stage.params["dtype"]) if stage.params.get("dtype") is not None else None
+        target = cast_target(c, op)
         if target not in FLOAT_MAX:
             return None
         targets.append(FLOAT_MAX[target])
