@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from advisor.contracts.finding import current_folder
 from advisor.errors import AdvisorError
 
 SECTION = ("tool", "advisor")
@@ -51,32 +52,45 @@ class PathRules:
     force_exclude: bool = False
 
     def excludes(self, path: str) -> bool:
-        return any(_glob_matches(pattern, path, self.root) for pattern in self.exclude)
+        relative = self.relative(path)
+        return any(_glob_matches(pattern, relative, self.root) for pattern in self.exclude)
 
     def excludes_named(self, path: str) -> bool:
         """Whether force-exclude drops a path named on the command line: it or a folder above it (up to the
         config's folder) is excluded, as Ruff checks a named path's ancestors."""
         if not self.force_exclude:
             return False
-        absolute = Path(os.path.abspath(path))
-        inside = [absolute, *(p for p in absolute.parents if p.is_relative_to(self.root) and str(p) != self.root)]
-        return any(self.excludes(str(p)) for p in inside)
+        relative = self.relative(path)
+        if relative.startswith("../") or relative == "..":
+            return self.excludes(path)
+        parts = relative.split("/")
+        return any(self.excludes(os.path.join(self.root, *parts[:end])) for end in range(1, len(parts) + 1))
 
     def ignored_codes(self, path: str) -> list[str]:
-        return [code for pattern, codes in self.per_file_ignores if _glob_matches(pattern, path, self.root)
+        relative = self.relative(path)
+        return [code for pattern, codes in self.per_file_ignores if _glob_matches(pattern, relative, self.root)
                 for code in codes]
+
+    def relative(self, path: str) -> str:
+        """`path` relative to the config's folder, `/`-separated. A project reached through a symbolic link (a
+        linked checkout, macOS's /tmp) is read through the link first and then with links resolved, so a path
+        named either way is inside the folder of a config found either way."""
+        relative = os.path.relpath(os.path.abspath(path), self.root)
+        if relative == ".." or relative.startswith(".." + os.sep):
+            resolved = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root))
+            relative = relative if resolved == ".." or resolved.startswith(".." + os.sep) else resolved
+        return relative.replace(os.sep, "/")
 
     def __bool__(self) -> bool:
         return bool(self.exclude or self.per_file_ignores)
 
 
-def _glob_matches(pattern: str, path: str, root: str) -> bool:
+def _glob_matches(pattern: str, relative: str, root: str) -> bool:
     """Ruff's reading of a path glob: one without `/` matches the file or folder's own name; one with `/` matches
-    its path relative to the config's folder (`*` also matches `/`). The walk tests each folder before entering
-    it, so a pattern that names a folder excludes everything under it."""
+    its path `relative` to the config's folder `root` (`*` also matches `/`). The walk tests each folder before
+    entering it, so a pattern that names a folder excludes everything under it."""
     if "/" not in pattern.rstrip("/"):
-        return fnmatchcase(os.path.basename(os.path.normpath(path)), pattern.rstrip("/"))
-    relative = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+        return fnmatchcase(relative.rstrip("/").rpartition("/")[2], pattern.rstrip("/"))
     if os.path.isabs(pattern):
         pattern = os.path.relpath(pattern, root).replace(os.sep, "/")
     return fnmatchcase(relative, pattern.removeprefix("./").rstrip("/"))
@@ -183,13 +197,14 @@ def settle(args, start: str | None) -> Path | None:
     """Fill every configurable option the command line left unset (None) from the config file, then from the
     defaults, and set `args.path_rules`; returns the file read (None: none found). `--select` replaces the file's
     selection (its `ignore` too, as a later `select` does in Ruff); `--ignore` adds to the file's `ignore`."""
+    here = current_folder()
     if args.config:
         path = Path(args.config)
         if not path.is_file():
             raise AdvisorError(f"--config {args.config}: {'a folder, not a file' if path.is_dir() else 'no such file'}")
     else:
         path = find_config(start) if start else None
-        path = path or find_config(".")
+        path = path or (find_config(here) if here else None)
     values = load_config(path) if path else {}
     if getattr(args, "select", None) is not None:
         values.pop("select", None)
@@ -199,7 +214,7 @@ def settle(args, start: str | None) -> Path | None:
     for dest, default in DEFAULTS.items():
         if hasattr(args, dest) and getattr(args, dest) is None:
             setattr(args, dest, values.get(dest, default))
-    root = str(path.parent.resolve()) if path else os.getcwd()
+    root = os.path.abspath(path.parent) if path else (here or os.sep)
     per_file = tuple((glob, tuple(codes)) for glob, codes in values.get("per_file_ignores", {}).items())
     args.path_rules = PathRules(root, tuple(values.get("exclude", ())), per_file,
                                 bool(getattr(args, "force_exclude", False)))

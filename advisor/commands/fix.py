@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
-from advisor.report.terminal import shown, stdout_console
+from advisor.report.terminal import shown, stdout_console, write_report
 from advisor.errors import AdvisorError, visible
 from advisor.contracts.finding import display_path
 from advisor.report.findings_console import print_diff, print_errors
@@ -41,6 +41,13 @@ def run(args) -> int:
     console = stdout_console()
     report, scanned = fix_paths(args, ask=partial(_ask, console) if args.interactive else None,
                        on_scanned=lambda result: print_errors(result.errors))
+    failures = [file for file in report.files if file.error]
+    code = EXIT_ERROR if failures else exit_code(scanned, report.remaining > 0)
+    return write_report(partial(_print_report, args, console, report, failures), code)
+
+
+def _print_report(args, console, report: FixReport, failures: list[FileFix]) -> None:
+    """The diffs (or what was written) and the errors; a reader that leaves early (`fix | head`) keeps the code."""
     for file in report.files:
         if not (args.apply or args.interactive):
             print_diff(console, file.diff)
@@ -49,14 +56,12 @@ def run(args) -> int:
             print(f"advisor: {visible(problem)}", file=sys.stderr)
         if file.written and not args.quiet:
             console.print(f"fixed {shown(display_path(file.written))}")
-    failures = [file for file in report.files if file.error]
     for failure in failures:
         print(f"advisor: error: {visible(display_path(failure.path))}: {visible(failure.error)}", file=sys.stderr)
     if (args.apply or args.interactive) and not args.quiet:
         not_written = f", {len(failures)} file(s) not written" if failures else ""
         written = sum(1 for file in report.files if file.written)
         console.print(f"advisor: {written} file(s) rewritten, {report.remaining} finding(s) remain{not_written}")
-    return EXIT_ERROR if failures else exit_code(scanned, report.remaining > 0)
 
 
 def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport, ScanResult]:

@@ -74,11 +74,22 @@ def display_path(path: str) -> str:
 
 def relative_path(path: str) -> str:
     """display_path's choice of path, as the file system's name (not escaped)."""
+    cwd = current_folder()
+    if cwd is None:
+        return path
     absolute = os.path.abspath(path)
-    cwd = os.getcwd()
     if absolute == cwd or absolute.startswith(cwd + os.sep):
         return os.path.relpath(absolute, cwd)
     return absolute
+
+
+def current_folder() -> str | None:
+    """The working directory, or None where it was deleted under a running shell (a removed build folder): absolute
+    paths are still scanned and shown from there."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return None
 
 
 def as_text(text: str) -> str:

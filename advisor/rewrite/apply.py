@@ -306,6 +306,16 @@ class _Editor(cst.CSTTransformer):
         kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
         return updated_node.with_changes(body=kept)
 
+    def leave_SimpleStatementSuite(self, original_node, updated_node):
+        """A body on its block's own line (`def f(q, k, v): s = ...; return p @ v`): its removed statements go
+        as on a line of their own; `pass` stays where none is left."""
+        kept = [small for small, original in zip(updated_node.body, original_node.body)
+                if original not in self.edits.remove]
+        if len(kept) == len(updated_node.body):
+            return updated_node
+        kept = [*kept[:-1], kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)] if kept else [cst.Pass()]
+        return updated_node.with_changes(body=kept)
+
     def leave_IfExp(self, original_node, updated_node):
         kept = updated_node.orelse if original_node in self.edits.unwrap else \
             updated_node.body if original_node in self.edits.take else None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from advisor.contracts.finding import ScanError, display_path
+from advisor.contracts.finding import ScanError, current_folder, display_path
 
 FORMAT = b"advisor-scan-cache 1\n"  # bump when the entries' layout changes
 
@@ -117,7 +117,7 @@ class ScanCache:
 
     def __init__(self, options: dict, root: Path | None = None):
         self.folder = (root or cache_root()) / "scan"
-        self.salt = _digest(FORMAT, code_digest(), rule_set(), sorted(options.items()), os.getcwd())
+        self.salt = _digest(FORMAT, code_digest(), rule_set(), sorted(options.items()), current_folder())
         self.digests: dict[str, str] = {}  # real path -> digest of the bytes read
         self._written_ok = self._trusted = _private(self.folder.parent) and _private(self.folder)
 

@@ -181,10 +181,12 @@ def test_sarif_and_diff_keep_errors(capsys, workdir):
     assert code == 1 and "+++ b/" in out and "syntax.py" in err and "syntax.py" not in out
 
 
-def test_a_reader_that_leaves_early_keeps_the_exit_code(workdir):
+@pytest.mark.parametrize("verb", [["scan", "--format", "json"], ["fix"]])
+def test_a_reader_that_leaves_early_keeps_the_exit_code(workdir, verb):
+    """`fix | head` once exited 0 ("nothing found") while every finding remained."""
     for index in range(3):
         shutil.copy(NANOGPT, workdir / f"m{index}.py")
-    process = subprocess.Popen([sys.executable, "-m", "advisor", "scan", ".", "--format", "json"], cwd=workdir,
+    process = subprocess.Popen([sys.executable, "-m", "advisor", verb[0], ".", *verb[1:]], cwd=workdir,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     process.stdout.close()  # like `| head` exiting before advisor writes
     _, err = process.communicate(timeout=120)

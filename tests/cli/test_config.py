@@ -210,3 +210,34 @@ def test_a_timeout_the_clock_cannot_hold_is_a_usage_error(capsys, value):
     """`--timeout inf` passed the parser and failed as an internal OverflowError once the worker ran."""
     assert main(["profile", "x.py:workload", "--timeout", value]) == 2
     assert "argument --timeout" in capsys.readouterr().err
+
+
+def test_globs_with_a_slash_hold_through_a_symbolic_link(capsys, project, tmp_path, monkeypatch):
+    """A project reached through a link (a linked checkout; macOS's /tmp) was read against its config's resolved
+    folder: every glob with a `/` stopped matching, so excluded files were scanned and ignored codes reported."""
+    (project / "third_party").mkdir()
+    shutil.copy(NANOGPT, project / "third_party" / "vendored.py")
+    (project / "tests").mkdir()
+    shutil.copy(NANOGPT, project / "tests" / "t.py")
+    write_config(project, 'exclude = ["third_party/*"]\n[tool.advisor.per-file-ignores]\n"tests/*" = ["ADV1"]\n')
+    link = tmp_path / "link"
+    link.symlink_to(project)
+    monkeypatch.chdir(tmp_path)
+    for root in ("project", "link"):
+        assert rules_found(scan_json(capsys, root)[1]) == [(f"{root}/src/model.py", "ADV101"),
+                                                            (f"{root}/src/model.py", "ADV204")]
+        named = f"{root}/third_party/vendored.py"
+        assert scan_json(capsys, named, "--force-exclude")[1]["files_scanned"] == 0
+
+
+def test_a_deleted_working_directory_still_scans_absolute_paths(capsys, project, tmp_path, monkeypatch):
+    """A shell left in a removed build folder: the fallback config lookup read the working directory and every
+    scan died with an internal FileNotFoundError, printing no result."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    code, data = scan_json(capsys, project / "src" / "model.py", "--no-cache")
+    assert code == 1 and sorted(f["rule"] for f in data["findings"]) == ["ADV101", "ADV204"]
+    assert main(["fix", str(project / "src" / "model.py"), "--no-cache"]) == 1
+    assert "+++ b/" in capsys.readouterr().out  # the safe ADV204 patch's diff

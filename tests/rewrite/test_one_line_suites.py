@@ -87,3 +87,21 @@ def test_a_one_line_mask_still_gets_a_safe_patch():
     result = analyze_source(_source(FORMS["mask_added"]), "m.py")
     assert [f.fix_safety for f in result.findings] == ["safe"]
     assert "if mask is None:" in result.fixed and "scaled_dot_product_attention" in result.fixed
+
+
+@pytest.mark.parametrize("body", [
+    "s = q @ k.transpose(-2, -1) * 0.35; w = s.softmax(-1); return w @ v",
+    "s = q @ k.transpose(-2, -1) * 0.35; w = s.softmax(-1); out = w @ v; return out",
+])
+def test_a_body_on_the_def_line_is_rewritten_whole(body):
+    """`def f(q, k, v): s = ...; w = ...; return w @ v` is a suite on the `def` line: the patch removed the
+    scores and weights only from statement lines, so this one kept computing them before the SDPA call."""
+    source = f"import torch\n\n\ndef f(q, k, v): {body}\n"
+    result = analyze_source(source, "m.py")
+    assert [f.fix_safety for f in result.findings] == ["safe"]
+    patched_line = result.fixed.splitlines()[3]
+    assert "softmax" not in patched_line and "transpose" not in patched_line, patched_line
+    original = load_module_from_source(source, "def_line").f
+    patched = load_module_from_source(result.fixed, "def_line_fixed").f
+    q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v))
