@@ -14,9 +14,9 @@ from libcst.metadata import MetadataWrapper
 
 from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
-from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, NAMED_BINDERS,
-                                           NAMESPACE_READS, RESHAPING_IN_PLACE, STATE_LOADERS,
-                                           outside_writes_of_source)
+from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, FINITE_DRAW,
+                                           NAMED_BINDERS, NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE,
+                                           STATE_LOADERS, outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
@@ -24,6 +24,21 @@ from advisor.static.walk import TOKENS, WHITESPACE, fields_not_only, is_node, wa
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
+
+
+TORCH_MODULE = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+
+
+@lru_cache(maxsize=64)
+def _qualified_writes(names: frozenset[str]) -> dict[str, list[tuple[str, bool, bool]]]:
+    """The qualified entries of a set of outside writes by attribute: (entry, a finite draw, narrowed)."""
+    found: dict[str, list[tuple[str, bool, bool]]] = {}
+    for name in names:
+        base, narrowed, _ = name.partition(NARROWED)
+        if narrowed or base.endswith(FINITE_DRAW):
+            found.setdefault(base.removesuffix(FINITE_DRAW), []).append(
+                (name, base.endswith(FINITE_DRAW), bool(narrowed)))
+    return found
 
 
 @dataclass(eq=False)
@@ -35,6 +50,7 @@ class ClassInfo:
     outside: frozenset[str] = frozenset()  # attribute names the file writes on objects other than `self`
     outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
     writer: Callable[[str], str] = lambda attribute: "this file"  # where such a name is written (a file's name)
+    plain_module: bool = False  # its bases are torch.nn.Module alone: no `isinstance(m, nn.Linear)` holds for it
 
     @cached_property
     def _collected(self) -> "_SelfAttributeCollector":
@@ -62,20 +78,24 @@ class ClassInfo:
         """Buffers a state dict saves and loads (registered without `persistent=False`)."""
         return self._collected.persistent
 
-    def rebound(self, attribute: str, identity_ok: bool = False, elements_ok: bool = False) -> str | None:
+    def rebound(self, attribute: str, identity_ok: bool = False, elements_ok: bool = False,
+                finite_ok: bool = False) -> str | None:
         """Why an instance's attribute may hold another value than the class's assignments (None: it cannot,
         as far as this file shows): the file writes that name on another object, or binds attributes by names
         it computes (`setattr(m, name, v)`, `m._modules[name] = v`, a state-dict loading hook), on this class's
         instances or on any object. `identity_ok`: the caller's reading also holds for an `nn.Identity()` in
         its place (a dropout whose probability is read with a default); `elements_ok`: it reads only what writes
-        into the value's elements keep (rank, dtype)."""
-        if attribute in (self.outside_reshaped if elements_ok else self.outside):
-            return f"`.{attribute}` is also assigned outside the class in {self.writer(attribute)}"
-        if ANY_ATTRIBUTE in self.outside:
-            return (f"{self.writer(ANY_ATTRIBUTE)} sets attributes by computed names on other objects (`setattr(m, "
+        into the value's elements keep (rank, dtype); `finite_ok`: ... and draws of finite values."""
+        written = self.written_outside(attribute, elements_ok, finite_ok)
+        if written is not None:
+            return f"`.{attribute}` is also assigned outside the class in {self.writer(written)}"
+        written = self.written_outside(ANY_ATTRIBUTE)
+        if written is not None:
+            return (f"{self.writer(written)} sets attributes by computed names on other objects (`setattr(m, "
                     "name, ...)`)")
-        if ANY_TO_IDENTITY in self.outside and not identity_ok:
-            return (f"{self.writer(ANY_TO_IDENTITY)} replaces modules by `nn.Identity()` under computed names "
+        written = self.written_outside(ANY_TO_IDENTITY)
+        if written is not None and not identity_ok:
+            return (f"{self.writer(written)} replaces modules by `nn.Identity()` under computed names "
                     "(`setattr(m, name, ...)`)")
         if self._collected.computed:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
@@ -85,11 +105,26 @@ class ClassInfo:
         """Whether `rebound`'s only reasons are other files of the tree binding attributes by computed names
         (`setattr(m, name, ...)` in a utility that may never touch this class): weaker evidence than a write of this
         very name or a computed write in this file, so a caller may assume the class's value rather than refuse."""
-        if attribute in self.outside or self._collected.computed:
+        if self.written_outside(attribute) is not None or self._collected.computed:
             return False
-        computed = [name for name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY)
-                    if name in self.outside and not (name == ANY_TO_IDENTITY and identity_ok)]
+        computed = [written for name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY)
+                    if (written := self.written_outside(name)) is not None and
+                    not (name == ANY_TO_IDENTITY and identity_ok)]
         return bool(computed) and all(self.writer(name) != "this file" for name in computed)
+
+    def written_outside(self, attribute: str, elements_ok: bool = False, finite_ok: bool = False) -> str | None:
+        """How the file names a write of the attribute on objects other than `self` that may be this class's
+        instances (None: no such write): itself; `attribute~drawn` for a torch.nn.init draw of its elements;
+        `attribute@torch.nn.Linear` for a write on an object an `isinstance` test narrows to torch.nn classes, unless
+        this class derives from torch.nn.Module alone. `elements_ok`: writes into the value's elements do not count;
+        `finite_ok`: draws of finite values do not (a learned table's values are any finite ones)."""
+        names = self.outside_reshaped if elements_ok else self.outside
+        if attribute in names:
+            return attribute
+        for name, drawn, narrowed in _qualified_writes(names).get(attribute, ()):
+            if not (drawn and finite_ok or narrowed and self.plain_module):
+                return name
+        return None
 
     def class_value(self, attribute: str) -> cst.BaseExpression | None:
         """The one expression the class binds the attribute to (never rebound or updated by the class itself);
@@ -404,6 +439,8 @@ class ParsedModule:
         outside, reshaped = self.outside_attribute_writes
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
             info.outside, info.outside_reshaped, info.writer = outside, reshaped, self.outside_writer
+            info.plain_module = bool(info.node.bases) and all(
+                not base.keyword and self.imported_name(base.value) in TORCH_MODULE for base in info.node.bases)
         return collector.found
 
     def package_module(self, dotted: str) -> "ParsedModule | None":

@@ -5,7 +5,11 @@ Names resolve as `ParsedModule.imported_name` resolves them. It reads `m.a = v`,
 `data`), `m.a[i] = v` (into the elements), in-place methods (`m.a.fill_(1)`; `set_`/`resize_`... reshape),
 bindings by name (`setattr`, `register_buffer`, `add_module`, attribute tables: a computed name is `*`, or
 `*identity` where it binds only a fresh `nn.Identity()`), state-dict loaders, and a torch function replaced
-(`F.softmax = f`: its dotted name)."""
+(`F.softmax = f`: its dotted name). In-place torch functions write their first argument (`nn.init.ones_(m.bias)`,
+`torch.fill_(m.bias, 1)`, timm's `trunc_normal_(m.table)`), `vector_to_parameters` the tensors it is given; a
+torch.nn.init draw with moderate arguments is `name~drawn` (FINITE_DRAW: a learned table stays finite). A write on an object an enclosing
+`if isinstance(m, nn.Linear):` narrows to a torch.nn class is `name@torch.nn.Linear` (NARROWED): it reaches only
+instances of that class (nanoGPT's `_init_weights` zeroes Linear biases, not the attention's causal `bias`)."""
 
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_modu
 # what rewrites any buffer or parameter of a module when a state dict is loaded into it
 STATE_LOADERS = {"_register_load_state_dict_pre_hook", "register_load_state_dict_pre_hook",
                  "register_load_state_dict_post_hook", "_load_from_state_dict"}
+NARROWED = "@"  # `name@torch.nn.Linear`: written only on objects an `isinstance` test narrows to that torch.nn class
+FINITE_DRAW = "~drawn"  # `name~drawn`: its elements drawn by torch.nn.init with moderate arguments (finite values)
+# torch functions that write the data of every tensor in their second argument (`param.data = ...`)
+REBINDS_TENSORS_GIVEN = {"torch.nn.utils.vector_to_parameters", "torch.nn.utils.convert_parameters.vector_to_parameters"}
 # in-place methods that change their receiver's shape or dtype; every other one writes its elements only
 RESHAPING_IN_PLACE = {"resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_",
                       "swapaxes_", "as_strided_"}
@@ -48,6 +56,7 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     imports: list[ast.Import | ast.ImportFrom] = []
     bound: list[str] = []
     writes: list[ast.AST] = []
+    tests: list[ast.If] = []
     for node in nodes(tree):  # one pass over the tree, in no particular order
         kind = type(node)
         if kind in _WRITES:
@@ -56,10 +65,13 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
             imports.append(node)
         elif kind is ast.Name and type(node.ctx) is ast.Store or kind is ast.arg or kind is ast.ExceptHandler:
             bound.extend(_bound(node))
+        elif kind is ast.If and type(node.test) is ast.Call and getattr(node.test.func, "id", None) == "isinstance":
+            tests.append(node)
     imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
-    collector = _Writes(_Names(tree.body, imports, bound), own)
+    names = _Names(tree.body, imports, bound)
+    collector = _Writes(names, own, _narrowings(tests, names))
     for node in writes:
-        _WRITES[type(node)](collector, node)
+        collector.read(node)
     return collector.names, collector.reshaped
 
 
@@ -116,6 +128,33 @@ class _Names:
         return self.through_imports(node)
 
 
+def _narrowings(tests: list[ast.If], names: _Names) -> list[tuple[str, str, int, int]]:
+    """(name, the torch.nn classes it is narrowed to, first and last line of the body) for each `if isinstance(name,
+    C):` whose classes are all torch.nn classes but Module, and whose body does not rebind the name."""
+    found = []
+    for test in tests:
+        args = test.test.args
+        if len(args) != 2 or test.test.keywords or not isinstance(args[0], ast.Name):
+            continue
+        classes = args[1].elts if isinstance(args[1], ast.Tuple) else [args[1]]
+        dotted = [names.dotted(c) for c in classes]
+        if not all(d and d.startswith("torch.nn.") and d.rsplit(".", 1)[-1] != "Module" for d in dotted):
+            continue
+        name = args[0].id
+        if any(isinstance(n, ast.Name) and n.id == name and type(n.ctx) is ast.Store or
+               isinstance(n, (ast.arg, ast.ExceptHandler)) and name in _bound(n)
+               for statement in test.body for n in nodes(statement)):
+            continue
+        found.append((name, "|".join(sorted(dotted)), test.body[0].lineno, test.body[-1].end_lineno))
+    return found
+
+
+def _root_name(node: ast.AST) -> ast.Name | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node if isinstance(node, ast.Name) else None
+
+
 def _bound(node: ast.AST) -> list[str]:
     """The names `node` binds other than by an import, a `def` or a `class` (module_index._assigned_names)."""
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -136,16 +175,62 @@ def _literal(node: ast.AST | None) -> str | None:
 
 
 class _Writes:
-    def __init__(self, names: _Names, own: bool) -> None:
-        self.resolve, self.own = names, own
+    def __init__(self, names: _Names, own: bool, narrowings: list[tuple[str, str, int, int]]) -> None:
+        self.resolve, self.own, self.narrowings = names, own, narrowings
         self.imports = names.imports
         self.names: set[str] = set()
         self.reshaped: set[str] = set()
+        self.narrowed = ""  # NARROWED and the classes, while the write read is on a narrowed object
+        self.finite = False  # while the write read is a torch.nn.init draw of moderate values (FINITE_DRAW)
 
     def write(self, name: str, elements_only: bool = False) -> None:
+        name += (FINITE_DRAW if self.finite and elements_only else "") + self.narrowed
         self.names.add(name)
         if not elements_only:
             self.reshaped.add(name)
+
+    def narrowing(self, node: ast.AST | None) -> str:
+        """NARROWED and the torch.nn classes an enclosing `isinstance` test narrows every object `node` reaches
+        from to (the elements of a tuple target too); "" where none does."""
+        if node is None or not self.narrowings:
+            return ""
+        if isinstance(node, (ast.Tuple, ast.List)):
+            found = {self.narrowing(element) for element in node.elts}
+            return found.pop() if len(found) == 1 else ""
+        root = _root_name(node)
+        if root is None:
+            return ""
+        return next((NARROWED + classes for name, classes, first, last in self.narrowings
+                     if name == root.id and first <= root.lineno <= last), "")
+
+    def read(self, node: ast.AST) -> None:
+        """Reads one write node, noting whether it writes on a narrowed object."""
+        if isinstance(node, ast.Assign) and len(node.targets) > 1:  # `a.x = b.y = v`: each on its own
+            for target in node.targets:
+                self.read(ast.Assign(targets=[target], value=node.value))
+            return
+        self.narrowed = self.narrowing(self._written_object(node))
+        try:
+            _WRITES[type(node)](self, node)
+        finally:
+            self.narrowed = ""
+
+    def _written_object(self, node: ast.AST) -> ast.AST | None:
+        """What a write node writes on: an assignment's target, the receiver of a method (`m.bias.fill_(1)`,
+        `m.register_buffer(..)`), the object `setattr` is given, the tensors a torch function writes."""
+        if isinstance(node, ast.Assign):
+            return node.targets[0]
+        if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            return node.target
+        args = [a for a in node.args if not isinstance(a, ast.Starred)]
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "setattr" or \
+                isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "object":
+            return args[0] if args else None
+        dotted = self.resolve.dotted(func)
+        if dotted is not None or isinstance(func, ast.Name):  # a function: it writes what it is passed
+            return args[1] if dotted in REBINDS_TENSORS_GIVEN and len(args) >= 2 else args[0] if args else None
+        return func.value if isinstance(func, ast.Attribute) else None
 
     def torch_function(self, node: ast.AST, name: str | None = None) -> None:
         dotted = self.resolve.dotted(node)
@@ -235,12 +320,55 @@ class _Writes:
             if not _is_self(_namespace_owner(func.value)):
                 for name in _namespace_keys(func.attr, node):
                     self.write(name)
+        elif self._function_call(node, args):
+            return
         elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
         elif isinstance(func, ast.Attribute) and func.attr in STATE_LOADERS and not _is_self(func.value):
             self.write(ANY_ATTRIBUTE)
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
+
+
+    def _function_call(self, node: ast.Call, args: list[ast.AST]) -> bool:
+        """Reads a call of a function (not a method: an imported or a local name) that writes tensors it is
+        passed: in place, by the `_` convention, on its first argument (`torch.nn.init.ones_(m.bias)`,
+        `torch.Tensor.fill_(m.bias, 1)`, timm's `trunc_normal_(m.table)`), or the data of each tensor of its second
+        (`vector_to_parameters(v, [m.bias])`; any attribute where they are not listed). False: not such a call."""
+        func = node.func
+        dotted = self.resolve.dotted(func)
+        if dotted is None and not isinstance(func, ast.Name):
+            return False
+        if dotted in REBINDS_TENSORS_GIVEN and len(args) >= 2:
+            given = args[1]
+            for tensor in given.elts if isinstance(given, (ast.List, ast.Tuple)) else [given]:
+                if isinstance(tensor, (ast.Attribute, ast.Subscript)):
+                    self.target(tensor)
+                else:
+                    self.write(ANY_ATTRIBUTE)
+            return True
+        function = (dotted or func.id).rsplit(".", 1)[-1]
+        if not (function.endswith("_") and not function.startswith("_") and args):
+            return False
+        drawn = dotted is not None and dotted.startswith("torch.nn.init.") and \
+            all(_moderate_number(value) for value in [*args[1:], *(k.value for k in node.keywords)])
+        self.finite = drawn
+        try:
+            self.target(args[0], elements_only=function not in RESHAPING_IN_PLACE)
+        finally:
+            self.finite = False
+        if isinstance(func, ast.Attribute) and not dotted.startswith("torch."):
+            # `program.MASK.fill_(v)` may be a method of a module-level tensor: the receiver rule reads it too
+            self.narrowed = self.narrowing(func.value)
+            return False
+        return True
+
+
+def _moderate_number(node: ast.AST) -> bool:
+    """A numeric literal below 1000 in magnitude (an init's `std=0.02`, `a=-2.0`): no mask value (-inf, -1e9)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float) and abs(node.value) < 1000
 
 
 def _namespace_keys(method: str, call: ast.Call) -> list[str]:

@@ -204,12 +204,17 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
 
 def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str]]:
     """(names a loop binds from an expression that calls a STATE_VIEWS method: the tensors, names an assignment
-    binds from one: the dict or list holding them), anywhere in the file (a scope-blind over-approximation)."""
+    binds from one: the dict or list holding them), anywhere in the file (a scope-blind over-approximation). A
+    comprehension's `for` is a loop; so is a lambda passed beside one (`map(lambda b: b.fill_(1), m.buffers())`)."""
     tensors: set[str] = set()
     containers: set[str] = set()
     for node in parsed.parents:
-        if isinstance(node, cst.For) and _calls_state_view(node.iter):
+        if isinstance(node, (cst.For, cst.CompFor)) and _calls_state_view(node.iter):
             tensors.update(_target_names(node.target))
+        elif isinstance(node, cst.Call) and any(_calls_state_view(a.value) for a in node.args):
+            for argument in node.args:
+                if isinstance(argument.value, cst.Lambda):
+                    tensors.update(p.name.value for p in argument.value.params.params)
         elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
             for target in node.targets:
                 containers.update(_target_names(target.target))

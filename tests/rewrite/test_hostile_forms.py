@@ -436,32 +436,81 @@ def test_a_hook_registered_by_a_computed_method_name_is_checked_at_run_time():
     assert "no-hooks" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
 
 
-def test_a_buffer_written_through_get_buffer_is_not_read_as_registered():
-    source = textwrap.dedent('''\
-        import math
-        import torch
-        import torch.nn as nn
+CAUSAL_BUFFER_BLOCK = textwrap.dedent('''\
+    import math
+    import torch
+    import torch.nn as nn
+    from torch.nn.utils import vector_to_parameters
 
 
-        class Attn(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8), persistent=False)
+    class Attn({base}):
+        def __init__(self):
+            super().__init__({init})
+            self.register_buffer("{name}", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8), persistent=False)
 
-            def forward(self, q, k, v):
-                T = q.size(-2)
-                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-                att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-                return att.softmax(dim=-1) @ v
+        def forward(self, q, k, v):
+            T = q.size(-2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.{name}[:, :, :T, :T] == 0, float("-inf"))
+            return att.softmax(dim=-1) @ v
 
 
-        model = Attn()
-        model.get_buffer("bias").fill_(1)
-        ''')
+    model = Attn()
+    ''')
+
+
+@pytest.mark.parametrize("write", [
+    'model.get_buffer("bias").fill_(1)',
+    "[b.fill_(1) for b in model.buffers()]",
+    "_ = any(b.fill_(1) is None for n, b in model.named_buffers() if n)",
+    "list(map(lambda b: b.fill_(1), model.buffers()))",
+    "torch.fill_(model.bias, 1)",
+    "torch.Tensor.fill_(model.bias, 1)",
+    "nn.init.ones_(model.bias)",
+    "vector_to_parameters(torch.ones(64), [model.bias])",
+])
+def test_a_causal_buffer_the_caller_overwrites_is_not_read_as_registered(write):
+    """A `persistent=False` causal buffer filled with ones by the caller: each spelling made the safe patch pass
+    `is_causal=True` where the original attends to every key (fp64 output error 3.18)."""
+    source = CAUSAL_BUFFER_BLOCK.format(base="nn.Module", init="", name="bias") + write + "\n"
     fixed = analyze_source(source, "hostile.py").fixed
     assert "is_causal" not in fixed
     original = load_module_from_source(source, "hostile_buffer_original")
     patched = load_module_from_source(fixed, "hostile_buffer_patched")
+    q, k, v = _qkv()
+    torch.testing.assert_close(patched.model(q, k, v), original.model(q, k, v))
+
+
+INIT_WEIGHTS = textwrap.dedent('''\
+
+
+    def init_weights(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+
+
+    model.apply(init_weights)
+    ''')
+
+
+def test_an_init_narrowed_to_torch_layers_keeps_the_causal_proof():
+    """nanoGPT's `_init_weights` zeroes `module.bias` only where `isinstance(module, nn.Linear)`: an attention
+    class deriving from nn.Module alone is never such a module, so its causal `bias` keeps its proof."""
+    source = CAUSAL_BUFFER_BLOCK.format(base="nn.Module", init="", name="bias") + INIT_WEIGHTS
+    [finding] = _safe_findings(source)
+    assert "is_causal=True" in analyze_source(source, "hostile.py").fixed
+
+
+def test_an_init_narrowed_to_a_layer_the_attention_derives_from_counts():
+    """The same init on an attention class that is itself an nn.Linear writes its buffer (ones everywhere)."""
+    source = CAUSAL_BUFFER_BLOCK.format(base="nn.Linear", init="8, 8", name="mask") + INIT_WEIGHTS.replace("torch.nn.init.zeros_(module.bias)", "torch.nn.init.ones_(module.mask)").replace(
+            "if module.bias is not None", "if hasattr(module, 'mask')")
+    fixed = analyze_source(source, "hostile.py").fixed
+    assert "is_causal" not in fixed
+    original = load_module_from_source(source, "hostile_linear_original")
+    patched = load_module_from_source(fixed, "hostile_linear_patched")
     q, k, v = _qkv()
     torch.testing.assert_close(patched.model(q, k, v), original.model(q, k, v))
 

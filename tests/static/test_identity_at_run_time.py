@@ -405,7 +405,8 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
 
 @pytest.mark.parametrize("source, own, expected", [
     ("from .. import initialization as init\n\n\ndef _init_weights(module):\n    init.normal_(module.weight)\n",
-     False, ({"initialization"}, set())),  # a relative import: transformers' weight init, in most of its files
+     False, ({"weight", "initialization"}, set())),  # a relative import: transformers' weight init writes what it
+    # is passed (and, as far as the file shows, `init` may be a tensor whose method `normal_` is)
     ("import torch\n\nfunctional = torch.nn.functional\nfunctional.softmax = f\n", False,
      ({"softmax", "torch.nn.functional.softmax"},) * 2),  # a module-level alias of torch's module
     ("import torch\n\nfunctional = torch.nn.functional; x = 1\nfunctional.softmax = f\n", False,
@@ -413,6 +414,23 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     ("import torch\n\ntorch = load()\ntorch.matmul = f\n", False, ({"torch", "matmul"},) * 2),  # not torch's
     ("class A:\n    def __init__(self):\n        setattr(self, 'bias', 1)\n", True, ({"bias"},) * 2),
     ("class A:\n    def __init__(self):\n        setattr(self, 'bias', 1)\n", False, (set(), set())),
+    # in-place torch functions write their first argument, not the `init` module
+    ("import torch.nn as nn\n\n\ndef f(m):\n    nn.init.ones_(m.bias)\n", False, ({"bias~drawn"}, set())),
+    ("import torch.nn as nn\n\n\ndef f(m):\n    nn.init.constant_(m.bias, -1e9)\n", False, ({"bias"}, set())),
+    ("from timm.layers import trunc_normal_\n\n\ndef f(m):\n    trunc_normal_(m.table, std=.02)\n", False,
+     ({"table"}, set())),
+    ("import torch\n\n\ndef f(m):\n    torch.Tensor.resize_(m.bias, 1)\n", False, ({"bias"},) * 2),
+    # an isinstance test narrowing to torch.nn layers ...
+    ("import torch.nn as nn\n\n\ndef f(m):\n    if isinstance(m, (nn.Linear, nn.Embedding)):\n"
+     "        m.bias.data.zero_()\n", False,
+     ({"bias@torch.nn.Embedding|torch.nn.Linear", "data@torch.nn.Embedding|torch.nn.Linear"}, set())),
+    ("import torch.nn as nn\n\n\ndef f(m):\n    if isinstance(m, nn.Linear):\n        nn.init.zeros_(m.bias)\n",
+     False, ({"bias~drawn@torch.nn.Linear"}, set())),
+    # ... but not to nn.Module, nor where the body rebinds the name
+    ("import torch.nn as nn\n\n\ndef f(m):\n    if isinstance(m, nn.Module):\n        m.bias.zero_()\n", False,
+     ({"bias"}, set())),
+    ("import torch.nn as nn\n\n\ndef f(m, n):\n    if isinstance(m, nn.Linear):\n        m = n\n"
+     "        m.bias.zero_()\n", False, ({"bias"}, set())),
 ])
 def test_writes_on_other_objects_resolve_names_as_the_analysis_does(source, own, expected) -> None:
     """One reader for the analysed file (own) and the rest of the tree, resolving names as

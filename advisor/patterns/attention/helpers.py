@@ -23,7 +23,7 @@ def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | No
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
             and c.owner is not None:
         name = func.attr.value
-        rebound = name in c.owner.outside or _class_body_binds(c.owner.node, name)
+        rebound = c.owner.written_outside(name) is not None or _class_body_binds(c.owner.node, name)
         return c.owner.methods.get(name) if not rebound else None
     if not isinstance(func, cst.Name) or func.value in c.parsed.bound_names:
         return None

@@ -68,7 +68,7 @@ def _learned(c: Candidate, node: cst.BaseExpression) -> tuple[list[str], list[st
 def _rebound(c: Candidate, attribute: str, elsewhere: list[str]) -> bool:
     """An instance's attribute may hold another value than the class binds. Where the only evidence is other files
     binding attributes by computed names, the reading goes on and the reason is kept in `elsewhere`."""
-    why = c.owner.rebound(attribute)
+    why = c.owner.rebound(attribute, finite_ok=True)  # an init draw elsewhere leaves a learned table finite
     if why is not None and c.owner.rebound_only_by_names_computed_elsewhere(attribute):
         elsewhere.append(why)
         return False
