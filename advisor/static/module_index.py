@@ -14,7 +14,7 @@ from libcst.metadata import MetadataWrapper
 
 from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
-from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, FINITE_DRAW,
+from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, FINITE_DRAW,
                                            NAMED_BINDERS, NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE,
                                            STATE_LOADERS, outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
@@ -79,16 +79,22 @@ class ClassInfo:
         return self._collected.persistent
 
     def rebound(self, attribute: str, identity_ok: bool = False, elements_ok: bool = False,
-                finite_ok: bool = False) -> str | None:
+                finite_ok: bool = False, parameter: bool = False) -> str | None:
         """Why an instance's attribute may hold another value than the class's assignments (None: it cannot,
         as far as this file shows): the file writes that name on another object, or binds attributes by names
         it computes (`setattr(m, name, v)`, `m._modules[name] = v`, a state-dict loading hook), on this class's
         instances or on any object. `identity_ok`: the caller's reading also holds for an `nn.Identity()` in
         its place (a dropout whose probability is read with a default); `elements_ok`: it reads only what writes
-        into the value's elements keep (rank, dtype); `finite_ok`: ... and draws of finite values."""
+        into the value's elements keep (rank, dtype); `finite_ok`: ... and draws of finite values; `parameter`:
+        the class registers the attribute as an `nn.Parameter` and derives from nn.Module alone, whose
+        `__setattr__` (behind `setattr`, `add_module`, `register_buffer`) puts only a Parameter or None there, so
+        only computed bindings that bypass it (ANY_RAW) count."""
         written = self.written_outside(attribute, elements_ok, finite_ok)
         if written is not None:
             return f"`.{attribute}` is also assigned outside the class in {self.writer(written)}"
+        if parameter and self.plain_module and self.written_outside(ANY_RAW) is None:
+            return None if not self._collected.computed else \
+                f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         written = self.written_outside(ANY_ATTRIBUTE)
         if written is not None:
             return (f"{self.writer(written)} sets attributes by computed names on other objects (`setattr(m, "
@@ -473,8 +479,8 @@ class ParsedModule:
         names, reshaped = set(self.own_outside_writes[0]), set(self.own_outside_writes[1])
         if self.project is not None:
             if self.project.registration_hooks:
-                names.add(ANY_ATTRIBUTE)  # a hook elsewhere may replace any submodule or buffer as it is set
-                reshaped.add(ANY_ATTRIBUTE)
+                names |= {ANY_ATTRIBUTE, ANY_RAW}  # a hook elsewhere may replace any submodule, parameter or
+                reshaped |= {ANY_ATTRIBUTE, ANY_RAW}  # buffer as it is set, with any value
             elsewhere, reshaped_elsewhere = self.project.names_written_elsewhere(self.path)
             names |= elsewhere
             reshaped |= reshaped_elsewhere

@@ -5,11 +5,12 @@ Names resolve as `ParsedModule.imported_name` resolves them. It reads `m.a = v`,
 `data`), `m.a[i] = v` (into the elements), in-place methods (`m.a.fill_(1)`; `set_`/`resize_`... reshape),
 bindings by name (`setattr`, `register_buffer`, `add_module`, attribute tables: a computed name is `*`, or
 `*identity` where it binds only a fresh `nn.Identity()`), state-dict loaders, and a torch function replaced
-(`F.softmax = f`: its dotted name). In-place torch functions write their first argument (`nn.init.ones_(m.bias)`,
+(`F.softmax = f`: its dotted name). In-place functions write their first argument (`nn.init.ones_(m.bias)`,
 `torch.fill_(m.bias, 1)`, timm's `trunc_normal_(m.table)`), `vector_to_parameters` the tensors it is given; a
-torch.nn.init draw with moderate arguments is `name~drawn` (FINITE_DRAW: a learned table stays finite). A write on an object an enclosing
-`if isinstance(m, nn.Linear):` narrows to a torch.nn class is `name@torch.nn.Linear` (NARROWED): it reaches only
-instances of that class (nanoGPT's `_init_weights` zeroes Linear biases, not the attention's causal `bias`)."""
+torch.nn.init draw with moderate arguments is `name~drawn` (FINITE_DRAW: a learned table stays finite). A write on
+an object an enclosing `if isinstance(m, nn.Linear):` narrows to a torch.nn class is `name@torch.nn.Linear`
+(NARROWED): it reaches only instances of that class (nanoGPT's `_init_weights` zeroes Linear biases, not the
+attention's causal `bias`). A computed binding that bypasses `nn.Module.__setattr__` adds ANY_RAW."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from advisor.static.python_ast import nodes, python_tree
 
 ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
 ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
+# ... and some such write bypasses `nn.Module.__setattr__` (an attribute table, `object.__setattr__`, a state-dict
+# loader): only then may a registered parameter hold anything but an `nn.Parameter` (or None)
+ANY_RAW = "*raw"
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
@@ -39,7 +43,8 @@ STATE_LOADERS = {"_register_load_state_dict_pre_hook", "register_load_state_dict
 NARROWED = "@"  # `name@torch.nn.Linear`: written only on objects an `isinstance` test narrows to that torch.nn class
 FINITE_DRAW = "~drawn"  # `name~drawn`: its elements drawn by torch.nn.init with moderate arguments (finite values)
 # torch functions that write the data of every tensor in their second argument (`param.data = ...`)
-REBINDS_TENSORS_GIVEN = {"torch.nn.utils.vector_to_parameters", "torch.nn.utils.convert_parameters.vector_to_parameters"}
+REBINDS_TENSORS_GIVEN = {"torch.nn.utils.vector_to_parameters",
+                         "torch.nn.utils.convert_parameters.vector_to_parameters"}
 # in-place methods that change their receiver's shape or dtype; every other one writes its elements only
 RESHAPING_IN_PLACE = {"resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_",
                       "swapaxes_", "as_strided_"}
@@ -167,7 +172,9 @@ def _bound(node: ast.AST) -> list[str]:
 
 
 def _is_self(node: ast.AST) -> bool:
-    return isinstance(node, ast.Name) and node.id == "self"
+    """`self`, or `super()` in a method (`super()._load_from_state_dict(...)` acts on the instance itself)."""
+    return isinstance(node, ast.Name) and node.id == "self" or \
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super" and not node.args
 
 
 def _literal(node: ast.AST | None) -> str | None:
@@ -182,12 +189,24 @@ class _Writes:
         self.reshaped: set[str] = set()
         self.narrowed = ""  # NARROWED and the classes, while the write read is on a narrowed object
         self.finite = False  # while the write read is a torch.nn.init draw of moderate values (FINITE_DRAW)
+        self.through_setattr = False  # while the binding read goes through nn.Module.__setattr__ (not ANY_RAW)
 
     def write(self, name: str, elements_only: bool = False) -> None:
+        if name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY) and not self.through_setattr:
+            self.write(ANY_RAW, elements_only)
         name += (FINITE_DRAW if self.finite and elements_only else "") + self.narrowed
         self.names.add(name)
         if not elements_only:
             self.reshaped.add(name)
+
+    def bind_through_setattr(self, name: str) -> None:
+        """A binding by `nn.Module.__setattr__` (`setattr`, `register_buffer`, `add_module`, `set_submodule`):
+        torch lets it put only an `nn.Parameter` or None where a parameter is registered."""
+        self.through_setattr = True
+        try:
+            self.write(name)
+        finally:
+            self.through_setattr = False
 
     def narrowing(self, node: ast.AST | None) -> str:
         """NARROWED and the torch.nn classes an enclosing `isinstance` test narrows every object `node` reaches
@@ -274,7 +293,10 @@ class _Writes:
                 if not (isinstance(walked.func, ast.Attribute) and walked.func.attr in GETTERS):
                     return
                 target = _literal(walked.args[0]) if walked.args else None
-                names = target.split(".") if target else [ANY_ATTRIBUTE]
+                if target is None and walked.func.attr == "get_submodule":
+                    self.bind_through_setattr(ANY_ATTRIBUTE)  # a module, whose attributes are written by name
+                computed = [] if walked.func.attr == "get_submodule" else [ANY_ATTRIBUTE]  # a tensor's values
+                names = target.split(".") if target else computed
                 for name in names:  # into the elements of the last one only (the others hold what changed)
                     self.write(name, into and target is not None and name == names[-1])
                 walked = walked.func
@@ -302,15 +324,17 @@ class _Writes:
         if isinstance(func, ast.Attribute) and func.attr == "set_submodule" and args:  # `m.set_submodule("a.b", x)`
             target = _literal(args[0])
             for name in target.split(".") if target else [self.any_name(args[1] if len(args) > 1 else None)]:
-                self.write(name)
+                self.bind_through_setattr(name)
         if binding is not None and not _is_self(binding[0]):
             receiver, name, value = binding
             literal = _literal(name)
             if literal:
                 self.write(literal)
                 self.torch_function(receiver, literal)
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "object":
+                self.write(self.any_name(value))  # `object.__setattr__(m, name, v)` bypasses the module's
             else:
-                self.write(self.any_name(value))
+                self.bind_through_setattr(self.any_name(value))
             self.chain(receiver)  # `setattr(m.softmax, "dim", v)` changes what `m.softmax` holds
         elif binding is not None:
             if self.own and isinstance(func, ast.Name) and _literal(binding[1]):  # `setattr(self, "x", v)`
@@ -325,10 +349,9 @@ class _Writes:
         elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
         elif isinstance(func, ast.Attribute) and func.attr in STATE_LOADERS and not _is_self(func.value):
-            self.write(ANY_ATTRIBUTE)
+            self.bind_through_setattr(ANY_ATTRIBUTE)  # a loaded state dict is copied into the registered tensors
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
-
 
     def _function_call(self, node: ast.Call, args: list[ast.AST]) -> bool:
         """Reads a call of a function (not a method: an imported or a local name) that writes tensors it is

@@ -420,6 +420,12 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     ("from timm.layers import trunc_normal_\n\n\ndef f(m):\n    trunc_normal_(m.table, std=.02)\n", False,
      ({"table"}, set())),
     ("import torch\n\n\ndef f(m):\n    torch.Tensor.resize_(m.bias, 1)\n", False, ({"bias"},) * 2),
+    # bindings by computed names: through nn.Module.__setattr__, or bypassing it (ANY_RAW too)
+    ("def f(m, n, v):\n    setattr(m, n, v)\n    m.add_module(n, v)\n    m.get_submodule(n).add_module(n, v)\n",
+     False, ({"*"},) * 2),
+    ("def f(m, n, v):\n    m.__dict__[n] = v\n", False, ({"*", "*raw", "__dict__"}, {"*", "*raw", "__dict__"})),
+    ("def f(m, n, v):\n    object.__setattr__(m, n, v)\n", False, ({"*", "*raw"},) * 2),
+    ("def f(m, n):\n    m.get_parameter(n).fill_(1)\n", False, ({"*", "*raw"},) * 2),
     # an isinstance test narrowing to torch.nn layers ...
     ("import torch.nn as nn\n\n\ndef f(m):\n    if isinstance(m, (nn.Linear, nn.Embedding)):\n"
      "        m.bias.data.zero_()\n", False,

@@ -321,3 +321,91 @@ def test_a_learned_table_another_file_may_rebind_by_computed_names_is_assumed_na
     assert "self.attention_biases" in why and "prune.py" in why and "computed names" in why, why
     assert "not visible" not in why
     assert "self.attention_biases" in assumed["mask-rank"] and "prune.py" in assumed["mask-rank"]
+
+
+RAW_BY_NAME = "def set_raw(model, name, value):\n    model.__dict__[name] = value\n"
+
+
+@pytest.mark.parametrize("writer, checked", [
+    (SET_BY_PATH, False),  # through nn.Module.__setattr__: only a Parameter (or None) replaces a parameter
+    (RAW_BY_NAME, True),  # the instance's namespace: anything shadows it, so the patch checks it when it runs
+    ("def set_any(model, name, value):\n    object.__setattr__(model, name, value)\n", True),
+])
+def test_a_table_bound_only_as_a_parameter_keeps_its_proof_beside_bindings_by_computed_names(tmp_path, writer,
+                                                                                             checked):
+    """Swin's tables (a class that binds the table only as an `nn.Parameter`, deriving from nn.Module alone)
+    beside timm's `setattr(model, last, value)` utilities: torch's `Module.__setattr__` raises for anything but a
+    Parameter or None there, so the table is a learned one whatever the utility binds. A write that bypasses it
+    (`__dict__`, `object.__setattr__`) makes the patch check `isinstance(self.table, torch.nn.Parameter)`."""
+    from advisor.engine.static import scan_paths
+
+    (tmp_path / "model.py").write_text(_source(), encoding="utf-8")
+    (tmp_path / "prune.py").write_text(writer, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe", finding.extra["facts"]
+    guarded = _facts_why(finding, "guarded")
+    assert ("isinstance(self.table, torch.nn.Parameter)" in guarded.get("fully-masked-rows", "")) == checked
+    original, patched = _folder_original_and_patched(tmp_path)
+    prune = load_module_from_source(writer, "prune")
+    setter = getattr(prune, "set_layer", None) or getattr(prune, "set_raw", None) or prune.set_any
+    for model in (original, patched):  # another Parameter: a learned table like the class's
+        torch.manual_seed(1)
+        setter(model, "table", torch.nn.Parameter(torch.randn_like(model.table)))
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(patched(x), original(x))
+    if not checked:
+        with pytest.raises(TypeError):
+            prune.set_layer(original, "table", torch.full_like(original.table, float("-inf")))
+        return
+    for model in (original, patched):  # a plain tensor of -inf shadowing it: the original block runs
+        setter(model, "table", torch.full_like(model.table, float("-inf")).detach())
+    torch.testing.assert_close(patched(x), original(x), equal_nan=True)
+    assert not uses_sdpa(dispatched_ops(patched, (x,)))
+
+
+def test_a_table_some_binding_leaves_none_is_checked_to_be_a_parameter_when_the_block_runs(tmp_path):
+    """`self.table = None` on one branch (BEiT without a window) binds a plain attribute, which `setattr` may
+    rebind to any tensor: beside a utility binding attributes by computed names, the patch takes SDPA only where
+    the table is an `nn.Parameter` when the block runs (then it is learned, as the class's), else the original."""
+    from advisor.engine.static import scan_paths
+
+    source = _source().replace("self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))",
+                               "self.table = None\n        if n:\n"
+                               "            self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))")
+    (tmp_path / "model.py").write_text(source, encoding="utf-8")
+    (tmp_path / "prune.py").write_text(SET_BY_PATH, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe", finding.extra["facts"]
+    assert "isinstance(self.table, torch.nn.Parameter)" in _facts_why(finding, "guarded")["fully-masked-rows"]
+    original, patched = _folder_original_and_patched(tmp_path)
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(patched(x), original(x))
+    assert uses_sdpa(dispatched_ops(patched, (x,)))
+    for model in (original, patched):  # a plain tensor where the table was: the original block runs
+        table = model.table.detach().clone()
+        del model.table
+        model.table = table.fill_(float("-inf"))
+    torch.testing.assert_close(patched(x), original(x), equal_nan=True)
+    assert not uses_sdpa(dispatched_ops(patched, (x,)))
+
+
+def _facts_why(finding, status: str) -> dict[str, str]:
+    return {fact["name"]: fact["why"] for fact in finding.extra["facts"].get(status, [])}
+
+
+def _folder_original_and_patched(folder):
+    """The folder's `Attention` as written and as `fix --apply` patches the folder, with the original's weights."""
+    import shutil
+
+    import advisor
+
+    copy = folder.with_name(folder.name + "_patched")
+    shutil.copytree(folder, copy)
+    advisor.fix(str(copy), apply=True, cache=False)
+    torch.manual_seed(0)
+    original = load_module_from_source((folder / "model.py").read_text(), "folder_case").Attention()
+    patched_source = (copy / "model.py").read_text()
+    assert "scaled_dot_product_attention" in patched_source
+    patched = load_module_from_source(patched_source, "folder_case_fixed").Attention()
+    patched.load_state_dict(original.state_dict())
+    return original, patched

@@ -81,6 +81,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                      for dtype in match.row_fixup.unfit]
         elif absent:  # SDPA without a mask where every mask is None
             reads, parts = [query] + [t.source for t in match.masks], absent
+        elif name == mk.ROWS and _tables_in_doubt(match):  # a learned table wherever it is an nn.Parameter
+            owner = _self_read(match)
+            reads = [cst.Attribute(owner, cst.Name(table)) for table in _tables_in_doubt(match)] if owner else []
+            parts = [parse_template_expression("isinstance({t}, {torch}.nn.Parameter)", t=table,
+                                               torch=cst.Name(torch_name)) for table in reads]
         elif name == mk.ROWS:  # bottom-right causal triangles keep key 0 wherever S >= L
             reads = [match.query, match.key]
             parts = [parse_template_expression("{q}.shape[-2] <= {k}.shape[-2]", q=match.query, k=match.key)] \
@@ -132,6 +137,25 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             match.guard_lifted.extend(line for line in lifted if line not in match.guard_lifted)
             match.masks_absent = match.masks_absent or bool(absent)
     match.guard_span = span
+
+
+def _tables_in_doubt(match: AttentionMatch) -> list[str]:
+    """The learned tables whose identity alone keeps `fully-masked-rows` assumed (bindings by computed names
+    elsewhere may put a plain tensor where the class binds an `nn.Parameter` or None): every term not proved
+    learned reads only such tables. Where each is an `nn.Parameter` when the block runs, it is a learned table as
+    any the class builds (trained values: the accepted fact of learned biases); [] where anything else is in
+    doubt."""
+    doubted = [term for term in match.masks if not term.learned]
+    if not doubted or not all(term.learned_rebound and term.checked_tables for term in doubted):
+        return []
+    return list(dict.fromkeys(table for term in doubted for table in term.checked_tables))
+
+
+def _self_read(match: AttentionMatch) -> cst.Name | None:
+    """A read of `self` in the block's own mask terms (the check reads the tables through it, so the flow knows it
+    holds the instance the block reads)."""
+    return next((name for term in match.masks if term.source is not None for name in loaded_names(term.source)
+                 if name.value == "self"), None)
 
 
 def refuse_unguarded_modules(c: Candidate) -> None:

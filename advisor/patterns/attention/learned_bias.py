@@ -12,7 +12,9 @@ writes in place, that no subclass in the file rebinds, and whose creation and in
 Where the only evidence that an instance's attribute may hold another value is another file of the tree binding
 attributes by computed names (`setattr(model, name, value)` in a utility that may never touch this class), the
 reading stands but is not proved: `learned_reading` names the table and that file, and the fact stays assumed
-(README's Identity at run time: such an attribute is never read as the class's own assignment).
+(README's Identity at run time: such an attribute is never read as the class's own assignment). A table the class
+binds only as an `nn.Parameter` is the exception: such bindings, through `nn.Module.__setattr__`, can put only a
+Parameter there (`ClassInfo.rebound`'s `parameter`).
 
 What is not proved: that no entry is large enough to swallow a row's scores (about 2^24 times them in fp32), where
 SDPA's fused backward, which recomputes the weights from a log-sum-exp, gives other gradients. That is a property
@@ -37,12 +39,18 @@ VALUE_KEEPING = {"view", "reshape", "permute", "transpose", "contiguous", "unsqu
 MAX_DEPTH = 16
 
 
-def learned_reading(c: Candidate, node: cst.BaseExpression) -> tuple[str, str | None] | None:
-    """(`self.<table>`, None) when every value `node` can hold is read from learned tables of this class (the first
-    one named); (`self.<table>`, why) where that holds as far as the class shows but other files of the tree bind
-    attributes by computed names, so an instance's table, index or memo may not be the class's; None otherwise."""
+def learned_reading(c: Candidate, node: cst.BaseExpression) -> tuple[str, str | None, tuple[str, ...]] | None:
+    """(`self.<table>`, None, ()) when every value `node` can hold is read from learned tables of this class (the
+    first one named); (`self.<table>`, why, tables) where that holds as far as the class shows but other files of the
+    tree bind attributes by computed names, so an instance's table, index or memo may not be the class's: `tables`
+    are the attributes to check at run time (`isinstance(self.<t>, nn.Parameter)`) where only tables are in doubt,
+    () where a memo is (anything may be stored in one); None otherwise."""
     found = _learned(c, node)
-    return None if found is None else (found[0][0], found[1][0] if found[1] else None)
+    if found is None:
+        return None
+    doubts = found[1]
+    tables = tuple(dict.fromkeys(t for _, t in doubts)) if doubts and all(t for _, t in doubts) else ()
+    return found[0][0], doubts[0][0] if doubts else None, tables
 
 
 def learned_tables(c: Candidate, node: cst.BaseExpression) -> list[str] | None:
@@ -52,31 +60,32 @@ def learned_tables(c: Candidate, node: cst.BaseExpression) -> list[str] | None:
     return found[0] if found is not None and not found[1] else None
 
 
-def _learned(c: Candidate, node: cst.BaseExpression) -> tuple[list[str], list[str]] | None:
+def _learned(c: Candidate, node: cst.BaseExpression) -> tuple[list[str], list[tuple[str, str | None]]] | None:
     """The learned tables `node` reads (sorted), and the reasons (computed names bound elsewhere) they may be
-    others."""
+    others, each with the table it is about (None: a memo)."""
     if c.owner is None:
         return None
     read: set[str] = set()  # every `self.` name followed: no subclass may redefine one
-    elsewhere: list[str] = []
+    elsewhere: list[tuple[str, str | None]] = []
     tables = _tables(c, node, read, 0, elsewhere)
     if not tables or scope.overridden(c.scope.classes(), c.owner, read) is not None:
         return None
     return [f"self.{table}" for table in sorted(tables)], elsewhere
 
 
-def _rebound(c: Candidate, attribute: str, elsewhere: list[str]) -> bool:
+def _rebound(c: Candidate, attribute: str, elsewhere: list, parameter: bool = False, table: bool = False) -> bool:
     """An instance's attribute may hold another value than the class binds. Where the only evidence is other files
-    binding attributes by computed names, the reading goes on and the reason is kept in `elsewhere`."""
-    why = c.owner.rebound(attribute, finite_ok=True)  # an init draw elsewhere leaves a learned table finite
+    binding attributes by computed names, the reading goes on and the reason is kept in `elsewhere`, with the
+    attribute where it is a table (`table`). `parameter`: see ClassInfo.rebound."""
+    why = c.owner.rebound(attribute, finite_ok=True, parameter=parameter)  # an init draw keeps a table finite
     if why is not None and c.owner.rebound_only_by_names_computed_elsewhere(attribute):
-        elsewhere.append(why)
+        elsewhere.append((why, attribute if table else None))
         return False
     return why is not None
 
 
 def values_of(c: Candidate, node: cst.BaseExpression,
-              elsewhere: list[str] | None = None) -> list[cst.BaseExpression] | None:
+              elsewhere: list | None = None) -> list[cst.BaseExpression] | None:
     """What a call of this class's helper method (every `return`) or a read of a memo dictionary (`self.cache[k]`:
     every value stored) can give; None for anything else or when one of them cannot be followed. `elsewhere`: see
     `_rebound` (None: such a memo is not followed)."""
@@ -94,7 +103,7 @@ def values_of(c: Candidate, node: cst.BaseExpression,
 
 
 def _tables(c: Candidate, node: cst.BaseExpression, read: set[str], depth: int,
-            elsewhere: list[str]) -> set[str] | None:
+            elsewhere: list) -> set[str] | None:
     """The learned tables `node`'s values come from (the attribute names), or None."""
     if depth > MAX_DEPTH:
         return None
@@ -163,17 +172,18 @@ def _self_attribute(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
 
 
-def _is_learned(c: Candidate, attribute: str, elsewhere: list[str]) -> bool:
+def _is_learned(c: Candidate, attribute: str, elsewhere: list) -> bool:
     """Every binding of `self.<attribute>` in the class is `nn.Parameter(t)` (or None), never written in place nor
     from outside the class, and no mask value appears where it is created or passed to a function (an `init`)."""
     owner = c.owner
     values = owner.attributes.get(attribute, [])
-    if not values or attribute in owner.mutated or attribute in owner.unfollowed or \
-            _rebound(c, attribute, elsewhere):
-        return False
     parameters = [v for v in values if not (isinstance(v, cst.Name) and v.value == "None")]
     if not parameters or not all(isinstance(v, cst.Call) and c.parsed.imported_name(v.func) in PARAMETERS
                                  for v in parameters):
+        return False
+    # where no binding is None the attribute is always a registered parameter, which only a Parameter replaces
+    if attribute in owner.mutated or attribute in owner.unfollowed or \
+            _rebound(c, attribute, elsewhere, parameter=len(parameters) == len(values), table=True):
         return False
     calls = [call for method in owner.methods.values() for call in _calls_passing(method, attribute)]
     return not any(_names_mask_value(c, part) for part in parameters + calls)
@@ -209,14 +219,15 @@ def _names_mask_value(c: Candidate, expression: cst.BaseExpression) -> bool:
 
 
 def _memo_values(c: Candidate, attribute: str,
-                 elsewhere: list[str] | None) -> list[cst.BaseExpression] | None:
+                 elsewhere: list | None) -> list[cst.BaseExpression] | None:
     """The values a dictionary attribute memoises (`self.cache[key] = value`), when the class only ever binds it to
     an empty dictionary, stores into it by key, reads it by key and tests it (`key in self.cache`, `if self.cache:`),
     and nothing outside the class binds it."""
     owner = c.owner
     bindings = owner.attributes.get(attribute, [])
-    rebound = owner.rebound(attribute) is not None if elsewhere is None else _rebound(c, attribute, elsewhere)
-    if not bindings or attribute in owner.unfollowed or rebound or not all(_empty_dict(c, v) for v in bindings):
+    if not bindings or attribute in owner.unfollowed or not all(_empty_dict(c, v) for v in bindings):
+        return None  # not a memo (a learned table read by index): no reason about it is kept
+    if owner.rebound(attribute) is not None if elsewhere is None else _rebound(c, attribute, elsewhere):
         return None
     stored: list[cst.BaseExpression] = []
     for method in owner.methods.values():

@@ -34,13 +34,13 @@ DTYPE_KEEPING_FUNCTIONS = frozenset(EINOPS | {"torch.nn.functional.pad", "torch.
 def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if op.name == "add":
         mask = op.operands[1] if op.params["chain_operand"] is op.operands[0] else op.operands[0]
-        table, rebound = learned_reading(c, mask) or (None, None)
+        table, rebound, checked_tables = learned_reading(c, mask) or (None, None, ())
         module = module_term(op)
         table = table or (module.table if module else None)
         return MaskTerm("float", at_home(c, mask), guard=guard, nodes=[mask], source=mask, in_place=op.inplace,
                         keeps_first_key=added_keeps_first_key(c, mask), number_paths=op.params.get("number_paths"),
                         optional=op.params.get("optional", False), learned=None if rebound else table,
-                        learned_rebound=(table, rebound) if rebound else None,
+                        learned_rebound=(table, rebound) if rebound else None, checked_tables=checked_tables,
                         rank=module.rank if module else None,
                         module=(op.node.func.attr.value, module.classes, op.node.func) if module else None,
                         tables=tuple(cst.Attribute(op.node.func, cst.Name(t)) for t in module.tables) if module else ())

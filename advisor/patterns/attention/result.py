@@ -43,6 +43,8 @@ class MaskTerm:
     learned: str | None = None  # added, and read from this learned table (`self.table`): a score term, not a mask
     # (table, why): read from that learned table as far as its class shows, but an instance's may be another (why)
     learned_rebound: tuple[str, str] | None = None
+    # ... where only the tables themselves are in doubt: their attributes, each an `nn.Parameter` when it is learned
+    checked_tables: tuple[str, ...] = ()
     rank: tuple[int, int | None] | None = None  # bounds read where the term is written (a bias module's class)
     # a bias module's term: (`self.<attr>`'s attr, the classes the term is read for, the `self.<attr>` called)
     module: tuple[str, tuple[str, ...], cst.Attribute] | None = None
