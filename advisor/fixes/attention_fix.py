@@ -23,6 +23,8 @@ from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_
 from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
 from advisor.rewrite.guard import guarded, module_check_helper, module_check_statements
 from advisor.rewrite.sdpa_call import functional_name, row_fixup_statements, sdpa_call
+from advisor.patterns.attention.candidate import function_of
+from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeContext, TreeFacts
 
@@ -74,6 +76,7 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
         anchor = _enclosing_statement(parsed, match.hoist_anchor)
         edits.insert_before[anchor] = (match.hoist_init,)
     edits.replace.update(match.renamed)
+    _drop_stale_deletions(parsed, match, edits)
     edits.unwrap, edits.take = set(match.unwrap), set(match.take)
     if drop_weights:
         edits.replace.update({node: cst.Name("None") for node in match.escapes if node not in edits.replace})
@@ -97,6 +100,38 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     if test is not None:  # guarded facts: the SDPA path where the check holds, the original elsewhere
         return guarded(parsed, edits, test, span, match.guard_lifted, above)
     return edits
+
+
+def _drop_stale_deletions(parsed: ParsedModule, match: AttentionMatch, edits: NodeEdits) -> None:
+    """`del w, s` of names only the removed statements bound (a memory idiom after the block): the patch never
+    binds them, so those targets go, and the statement where none is left (`del` of an unbound name raised
+    UnboundLocalError on every call). A name that may be unbound there keeps its `del`, which the original raises
+    at too."""
+    function = function_of(parsed, match.output_node)
+    if function is None:
+        return
+    flow = parsed.flow(function)
+    removed = set(match.removed) | {small for line in match.removed if isinstance(line, cst.SimpleStatementLine)
+                                    for small in line.body}
+    for node in parsed.nodes_of(cst.Del):
+        env = flow.env_before.get(node)
+        if env is None or node in removed:
+            continue
+        targets = list(node.target.elements) if isinstance(node.target, (cst.Tuple, cst.List)) else \
+            [cst.Element(node.target)]
+
+        def stale(element: cst.BaseElement) -> bool:
+            ids = env.get(element.value.value, frozenset({UNDEFINED})) if isinstance(element.value, cst.Name) \
+                else frozenset({UNDEFINED})
+            return UNDEFINED not in ids and all(flow.definitions[i].statement in removed for i in ids)
+
+        kept = [element for element in targets if not stale(element)]
+        if not kept:
+            edits.remove.add(node)
+        elif len(kept) < len(targets):
+            kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            edits.replace[node] = node.with_changes(
+                target=kept[0].value if len(kept) == 1 else node.target.with_changes(elements=kept))
 
 
 def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:

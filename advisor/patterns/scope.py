@@ -105,7 +105,7 @@ def attribute_written_between(parsed: ParsedModule, function: cst.FunctionDef, o
     the write, the SDPA call would read it after."""
     if not paths:
         return None
-    for node, written in _attribute_writes(function) + _writes_of_called_methods(function, owner):
+    for node, written in _attribute_writes(parsed, function) + _writes_of_called_methods(parsed, function, owner):
         line = parsed.line(node)
         if first_line < line < last_line and any(_overlaps(path, written) for path in paths):
             return f"`{written}` is written at line {line}, between the scores and the value product"
@@ -116,7 +116,8 @@ def _overlaps(path: str, written: str) -> bool:
     return path == written or path.startswith(written + ".") or written.startswith(path + ".")
 
 
-def _writes_of_called_methods(function: cst.FunctionDef, owner: ClassInfo | None) -> list[tuple[cst.CSTNode, str]]:
+def _writes_of_called_methods(parsed: ParsedModule, function: cst.FunctionDef,
+                              owner: ClassInfo | None) -> list[tuple[cst.CSTNode, str]]:
     """`self.update_cache(k)`: the `self.` attributes the called method writes, located at the call."""
     if owner is None:
         return []
@@ -128,7 +129,7 @@ def _writes_of_called_methods(function: cst.FunctionDef, owner: ClassInfo | None
             if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
                 method = owner.methods.get(func.attr.value)
                 if method is not None and method is not function:
-                    found.extend((node, written) for _, written in _attribute_writes(method)
+                    found.extend((node, written) for _, written in _attribute_writes(parsed, method)
                                  if written.startswith("self."))
 
     visit_tree(function, Visitor())
@@ -349,7 +350,21 @@ def _storage_sources(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.
     return found
 
 
-def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]]:
+# builtins that read their arguments only: passing `self` to them writes nothing
+READING_BUILTINS = frozenset({"isinstance", "hasattr", "getattr", "len", "id", "type", "print", "repr", "str",
+                              "callable", "issubclass", "iter", "bool", "int", "float", "max", "min", "range",
+                              "tuple", "list", "sum", "abs", "round", "divmod", "format"})
+# library modules whose functions call what they are given (`functools.partial(nn.Module.train, m)`)
+HIGHER_ORDER_MODULES = frozenset({"functools", "operator", "builtins"})
+
+
+def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]]:
+    """The attribute paths each statement of `function` may write. Beyond assignments and in-place methods, a
+    call that may change what `self` holds counts as a write of it (or of the `self.` attribute it is given): one
+    given `self` or a `self.` attribute (`freeze(self)`, `methodcaller("train", False)(self.drop)`), a method looked
+    up by name (`getattr(self.drop, "train")(False)`), `apply`, a method of a module's namespace or attribute tables
+    (`self.drop.__dict__.update(p=1.0)`), `exec`/`eval`; an attribute written on any other object may be one of
+    `self`'s modules (`for m in self.modules(): m.p = 1.0`)."""
     writes: list[tuple[cst.CSTNode, str]] = []
 
     class Visitor(cst.CSTVisitor):
@@ -370,11 +385,30 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
             self._target(node, node.target)
 
         def visit_Call(self, node: cst.Call) -> None:
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value.endswith("_") \
-                    and not node.func.attr.value.startswith("_"):
-                self._target(node, node.func.value)
-            if isinstance(node.func, cst.Attribute) and node.func.attr.value in ("train", "eval"):
-                writes.append((node, _module_written(node.func.value)))  # the `training` of it and every child
+            func = node.func
+            while isinstance(func, cst.Attribute) and func.attr.value == "__call__":  # `self.drop.train.__call__()`
+                func = func.value
+            if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") \
+                    and not func.attr.value.startswith("_"):
+                self._target(node, func.value)
+            if isinstance(func, cst.Attribute) and func.attr.value in ("train", "eval", "apply", "__setattr__"):
+                writes.append((node, _module_written(func.value)))  # the `training` of it and every child
+            if isinstance(func, cst.Attribute) and _namespace_of(func.value) is not None:
+                writes.append((node, _module_written(_namespace_of(func.value))))
+            if isinstance(func, cst.Call) and isinstance(func.func, cst.Name) and func.func.value == "getattr" and \
+                    func.args:  # a method looked up by name and called
+                writes.append((node, _module_written(func.args[0].value)))
+            callee = parsed.imported_name(func) or ""
+            if isinstance(func, cst.Name) and func.value in ("exec", "eval"):
+                writes.append((node, "self"))
+            elif (callee.split(".")[0] in HIGHER_ORDER_MODULES or
+                  not callee and isinstance(func, (cst.Name, cst.Call))) and \
+                    not (isinstance(func, cst.Name) and func.value in READING_BUILTINS and
+                         func.value not in parsed.bound_names):
+                # a library function (`math.sqrt`) or a tensor's method cannot know `self`'s modules; a function
+                # of this file, or a callable built at run time (`methodcaller("train", False)`), may
+                given = [arg.value for arg in node.args if _self_rooted(arg.value)]
+                writes.extend((node, _module_written(value)) for value in given)
             if isinstance(node.func, cst.Name) and node.func.value == "setattr" and len(node.args) >= 2:
                 name = node.args[1].value  # `setattr(self.drop, "training", v)`: a write of that attribute
                 owner = _dotted(node.args[0].value)
@@ -391,9 +425,14 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
                 return
             while isinstance(target, cst.Subscript):
                 target = target.value
+            if isinstance(target, cst.Call) and _namespace_of(target) is not None:  # `vars(self.drop)["p"] = v`
+                writes.append((node, _module_written(_namespace_of(target))))
+                return
             path = _dotted(target) if isinstance(target, cst.Attribute) else None
             if path is not None and path.split(".")[-1] in MODULE_STATE:
                 path = _module_written(target)
+            if path is not None and path.split(".")[0] not in ("self",) + tuple(parsed.imports):
+                path = "self"  # another object, which may be one of `self`'s modules
             if path is not None:
                 writes.append((node, path))
 
@@ -402,6 +441,22 @@ def _attribute_writes(function: cst.FunctionDef) -> list[tuple[cst.CSTNode, str]
 
 
 MODULE_STATE = {"training", "__dict__", "_modules", "_parameters", "_buffers"}  # what a module runs with
+
+
+def _self_rooted(node: cst.BaseExpression) -> bool:
+    """`self` or a `self.` attribute, passed as it is."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name) and node.value == "self"
+
+
+def _namespace_of(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`x` of `vars(x)` or of `x.__dict__` (`x._modules`, `x._buffers`, `x._parameters` alike)."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "vars" and node.args:
+        return node.args[0].value
+    if isinstance(node, cst.Attribute) and node.attr.value in MODULE_STATE - {"training"}:
+        return node.value
+    return None
 
 
 def _module_written(node: cst.BaseExpression) -> str:
@@ -528,6 +583,22 @@ class ClassTable:
                     derived.setdefault(base, []).append(name)
         return derived
 
+    def mixed_into(self, subclasses: list[ClassInfo], owner: ClassInfo) -> list[ClassInfo]:
+        """The classes of this file that a subclass of `owner` also derives from (`class Sub(Mix, Attn)`), with
+        their bases in the file: in the subclass's method resolution order they may come before `owner`."""
+        found, pending, seen = [], [], {owner.node.name.value} | {sub.node.name.value for sub in subclasses}
+        for sub in subclasses:
+            pending.extend(_base_name(base.value) for base in sub.node.bases)
+        while pending:
+            name = pending.pop()
+            if name is None or name in seen or name not in self.classes:
+                continue
+            seen.add(name)
+            for info in self.classes[name]:
+                found.append(info)
+                pending.extend(_base_name(base.value) for base in info.node.bases)
+        return found
+
     def subclasses(self, owner: ClassInfo) -> list[ClassInfo]:
         """Classes of this file that derive from `owner`, directly or not (by name)."""
         found, frontier = [], [owner.node.name.value]
@@ -547,7 +618,8 @@ def overridden(table: ClassTable, owner: ClassInfo | None, names: set[str]) -> s
     instances of that subclass would run the base's rewritten code with the base's meaning."""
     if owner is None or not names:
         return None
-    for sub in table.subclasses(owner):
+    subclasses = table.subclasses(owner)
+    for sub in subclasses + table.mixed_into(subclasses, owner):
         for name in sorted(names):
             if name in sub.methods:
                 return f"`{sub.node.name.value}` overrides `{name}`, which this rewrite inlines from the base class"
@@ -671,6 +743,24 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
         return None
     return (f"`{found[0]}`, which the rewrite deletes a call of, is assigned in {parsed.outside_writer(found[0])}: "
             "it may not be torch's when the code runs")
+
+
+def replaced_module_class(parsed: ParsedModule, kinds: tuple[str, ...]) -> str | None:
+    """Why a deleted call of a module of torch's `kinds` (`nn.Dropout`) may not run torch's code (None: no file of
+    the scan replaces it): a method of that class or of `nn.Module` assigned (`nn.Dropout.forward = f`,
+    `nn.Module.__call__ = f`), or the functional it calls (`F.dropout = f`). The run-time module check reads the
+    instance, not the class, so this refuses."""
+    replaced = sorted(name for name in parsed.outside_attribute_writes[0] if name.startswith("torch."))
+    functional = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax": "torch.nn.functional.softmax"}
+    for kind in kinds:
+        cls = kind.rsplit(".", 1)[-1]
+        for name in replaced:
+            owner = name.rsplit(".", 1)[0]
+            if owner.rsplit(".", 1)[-1] in (cls, "Module") and owner.startswith("torch.nn") or \
+                    name == functional.get(kind):
+                return (f"`{name}` is assigned in {parsed.outside_writer(name)}: a `{kind}` call may not run "
+                        f"torch's code")
+    return None
 
 
 def state_swapped(parsed: ParsedModule) -> str | None:

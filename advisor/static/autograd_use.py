@@ -99,6 +99,11 @@ def worth_resolving(source: str) -> bool:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and len(node.args) > FEWEST_POSITIONAL:
             long_calls.add(_leaf(node.func))
+        elif isinstance(node, (ast.Assign, ast.keyword)) and _leaf(node.value) in CALLS_WITH_CREATE_GRAPH:
+            return True  # `g = torch.autograd.grad`: a call through the alias may pass create_graph by position
+        elif isinstance(node, ast.Call) and _leaf(node.func) == "getattr" and len(node.args) >= 2 and \
+                not isinstance(node.args[1], ast.Constant) and _leaf(node.args[0]) in ("func", "functorch"):
+            return True  # `getattr(torch.func, name)`: any transform
         elif isinstance(node, ast.alias) and node.asname and node.name.rsplit(".", 1)[-1] in CALLS_WITH_CREATE_GRAPH:
             takes_create_graph.add(node.asname)
         names.update(_identifiers(node))
@@ -145,7 +150,7 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
     for node, parent in parsed.parents.items():
         if isinstance(node, (cst.Name, cst.Attribute)) and not _inside_dotted_name(node, parent) and \
                 not isinstance(parent, (cst.ImportAlias, cst.ImportFrom, cst.AsName)):
-            what = _transform_use(parsed, node, parent)
+            what = _transform_use(parsed, node, parent) or _passed_as_value(parsed, node, parent)
             if what is not None:
                 found.append((node, what))
             elif qualified(parsed, node) in REVERSE_TRANSFORMS:
@@ -301,12 +306,14 @@ def name_uses(source: str, name: str) -> int:
 def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
     """`getattr(torch.autograd.functional, "hvp")`: an attribute named by a string is that attribute."""
     args = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    if not (isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(args) >= 2 and
-            isinstance(args[1].value, cst.SimpleString)):
+    if not (isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(args) >= 2):
         return None
     owner = qualified(parsed, args[0].value)
     if owner is None:
         return None
+    if not isinstance(args[1].value, cst.SimpleString):  # a computed name on an autograd module: any transform
+        autograd_modules = {prefix.rsplit(".", 1)[0] for prefix in TRANSFORMS} | {"torch.func", "functorch"}
+        return f"`{parsed.code(call)}` may look up a transform by name" if owner in autograd_modules else None
     name = f"{owner}.{args[1].value.evaluated_value}"
     for prefix, asks in TRANSFORMS.items():
         if name == prefix or name.startswith(prefix + "."):
@@ -423,7 +430,28 @@ def _create_graph(parsed: ParsedModule, call: cst.Call) -> tuple[str, cst.BaseEx
     if position is not None and len(positional) > position and not _is_off(positional[position].value):
         return (f"`{parsed.code(call.func)}(...)` passes create_graph by position and asks for {DOUBLE_BACKWARD}",
                 positional[position].value)
+    if position is not None and any(arg.star for arg in call.args):  # `grad(y, x, **opts)`, `*[None, None, True]`
+        return f"`{parsed.code(call.func)}(...)` passes unpacked arguments, which may hold create_graph"
+    if name == "torch.autograd.functional.jacobian" and _forward_strategy(call):
+        return f"`{parsed.code(call.func)}(...)` may pick the forward-mode strategy and ask for {FORWARD_MODE}"
     return None
+
+
+def _passed_as_value(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.CSTNode) -> str | None:
+    """`g = torch.autograd.grad`, `partial(torch.autograd.grad, ...)`: a call through the value may pass
+    create_graph by position, out of sight."""
+    name = qualified(parsed, node)
+    if name not in CREATE_GRAPH_POSITION or isinstance(parent, cst.Call) and parent.func is node:
+        return None
+    return f"`{parsed.code(node)}` is passed on as a value; a call through it may ask for {DOUBLE_BACKWARD}"
+
+
+def _forward_strategy(call: cst.Call) -> bool:
+    """`jacobian`'s `strategy` (keyword or sixth positional argument) is not the literal 'reverse-mode'."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    given = next((arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == "strategy"),
+                 positional[5].value if len(positional) > 5 else None)
+    return given is not None and not (isinstance(given, cst.SimpleString) and given.evaluated_value == "reverse-mode")
 
 
 def _is_off(value: cst.BaseExpression) -> bool:

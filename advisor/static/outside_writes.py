@@ -45,6 +45,9 @@ FINITE_DRAW = "~drawn"  # `name~drawn`: its elements drawn by torch.nn.init with
 # torch functions that write the data of every tensor in their second argument (`param.data = ...`)
 REBINDS_TENSORS_GIVEN = {"torch.nn.utils.vector_to_parameters",
                          "torch.nn.utils.convert_parameters.vector_to_parameters"}
+# operator methods that write their receiver (`t.__setitem__(i, v)`, `t.__iadd__(1)`)
+IN_PLACE_DUNDERS = {"__setitem__", "__delitem__"} | {f"__i{op}__" for op in (
+    "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")}
 # in-place methods that change their receiver's shape or dtype; every other one writes its elements only
 RESHAPING_IN_PLACE = {"resize_", "resize_as_", "set_", "squeeze_", "unsqueeze_", "t_", "transpose_", "swapdims_",
                       "swapaxes_", "as_strided_"}
@@ -62,10 +65,18 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     bound: list[str] = []
     writes: list[ast.AST] = []
     tests: list[ast.If] = []
+    bindings: list[tuple[ast.AST, ast.AST]] = []  # (target, value) pairs that may alias an attribute
+    functions: list[ast.FunctionDef] = []
     for node in nodes(tree):  # one pass over the tree, in no particular order
         kind = type(node)
         if kind in _WRITES:
             writes.append(node)
+            if kind is ast.Assign:
+                bindings.extend((target, node.value) for target in node.targets)
+        elif kind is ast.NamedExpr or kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
+            bindings.append((node.target, node.value if kind is ast.NamedExpr else node.iter))
+        elif kind is ast.FunctionDef:
+            functions.append(node)
         elif kind is ast.Import or kind is ast.ImportFrom:
             imports.append(node)
         elif kind is ast.Name and type(node.ctx) is ast.Store or kind is ast.arg or kind is ast.ExceptHandler:
@@ -74,7 +85,8 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
             tests.append(node)
     imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
     names = _Names(tree.body, imports, bound)
-    collector = _Writes(names, own, _narrowings(tests, names))
+    collector = _Writes(names, own, _narrowings(tests, names), _aliases(bindings, names.imports))
+    collector.writers = _parameter_writers(functions)
     for node in writes:
         collector.read(node)
     return collector.names, collector.reshaped
@@ -154,6 +166,79 @@ def _narrowings(tests: list[ast.If], names: _Names) -> list[tuple[str, str, int,
     return found
 
 
+def _aliases(bindings: list[tuple[ast.AST, ast.AST]], imports: dict[str, str]) -> dict[str, set[str]]:
+    """Local names that may hold (a view of) another object's attribute, and the attributes: `b = m.bias`,
+    `(x := m.bias)`, `for row in m.bias:`, `(x,) = (m.bias,)`, anywhere in the file (scope-blind: a write through
+    such a name may write those attributes)."""
+    found: dict[str, set[str]] = {}
+    pending = list(bindings)
+    while pending:
+        target, value = pending.pop()
+        if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and \
+                len(target.elts) == len(value.elts):
+            pending.extend(zip(target.elts, value.elts))
+            continue
+        attributes = _attributes_on_the_way(value, imports)
+        if not attributes or not isinstance(target, (ast.Name, ast.Tuple, ast.List, ast.Starred)):
+            continue  # `self.matmul = torch.matmul` binds no local name
+        for name in (n.id for n in nodes(target) if isinstance(n, ast.Name)):
+            found.setdefault(name, set()).update(attributes)
+    return found
+
+
+def _parameter_writers(functions: list[ast.FunctionDef]) -> dict[str, set[int]]:
+    """The file's functions by name, with the positions of the parameters each writes into (`def w(t):
+    t.fill_(1)`, `t[...] = 1`): a call `w(m.bias)` writes `m.bias`. Scope-blind, like the aliases."""
+    found: dict[str, set[int]] = {}
+    for function in functions:
+        parameters = [arg.arg for arg in function.args.posonlyargs + function.args.args]
+        for node in nodes(function):
+            written = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    (node.func.attr.endswith("_") and not node.func.attr.startswith("_") or
+                     node.func.attr in IN_PLACE_DUNDERS):
+                written = node.func.value
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                written = next((t for t in targets if isinstance(t, ast.Subscript)), None)
+            root = _root_name(written) if written is not None else None
+            if root is not None and root.id in parameters:
+                found.setdefault(function.name, set()).add(parameters.index(root.id))
+    return found
+
+
+def _attributes_on_the_way(node: ast.AST, imports: dict[str, str]) -> list[str]:
+    """The attributes of other objects than `self` an expression reads its value through, down views and
+    indexing (`m.bias`, `m.bias.view(-1)`, `getattr(m, "bias")[0]`); [] for anything else, and for a module's
+    (`torch.nn.functional`: an import's)."""
+    found = []
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Call):
+            getter = _literal_getattr(node)
+            if getter is not None:
+                found.append(getter[1])
+                node = getter[0]
+                continue
+            if not isinstance(node.func, ast.Attribute):
+                return []
+            node = node.func.value  # a method of the value: a view of it, maybe
+            continue
+        if isinstance(node, ast.Attribute):
+            if _is_self(node.value):
+                return []
+            found.append(node.attr)
+        node = node.value
+    return found if isinstance(node, ast.Name) and node.id not in imports else []
+
+
+def _literal_getattr(call: ast.Call) -> tuple[ast.AST, str] | None:
+    """(`m`, "bias") of `getattr(m, "bias")`."""
+    if isinstance(call.func, ast.Name) and call.func.id == "getattr" and len(call.args) >= 2 and \
+            _literal(call.args[1]):
+        return call.args[0], _literal(call.args[1])
+    return None
+
+
 def _root_name(node: ast.AST) -> ast.Name | None:
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
         node = node.func if isinstance(node, ast.Call) else node.value
@@ -182,12 +267,14 @@ def _literal(node: ast.AST | None) -> str | None:
 
 
 class _Writes:
-    def __init__(self, names: _Names, own: bool, narrowings: list[tuple[str, str, int, int]]) -> None:
-        self.resolve, self.own, self.narrowings = names, own, narrowings
+    def __init__(self, names: _Names, own: bool, narrowings: list[tuple[str, str, int, int]],
+                 aliases: dict[str, set[str]]) -> None:
+        self.resolve, self.own, self.narrowings, self.aliases = names, own, narrowings, aliases
         self.imports = names.imports
         self.names: set[str] = set()
         self.reshaped: set[str] = set()
         self.narrowed = ""  # NARROWED and the classes, while the write read is on a narrowed object
+        self.writers: dict[str, set[int]] = {}  # the file's functions that write their parameters (positions)
         self.finite = False  # while the write read is a torch.nn.init draw of moderate values (FINITE_DRAW)
         self.through_setattr = False  # while the binding read goes through nn.Module.__setattr__ (not ANY_RAW)
 
@@ -262,10 +349,12 @@ class _Writes:
             self.resolve.dotted(value.func) in IDENTITY
         return ANY_TO_IDENTITY if identity else ANY_ATTRIBUTE
 
-    def target(self, node: ast.AST, elements_only: bool = False, value: ast.AST | None = None) -> None:
+    def target(self, node: ast.AST, elements_only: bool = False, value: ast.AST | None = None,
+               rebinding: bool = False) -> None:
+        """`rebinding`: an assignment's target, where a bare name binds a new value (not a write through it)."""
         if isinstance(node, (ast.Tuple, ast.List)):
             for element in node.elts:
-                self.target(element)
+                self.target(element, rebinding=rebinding)
             return
         owner = _table_owner(node.value) if isinstance(node, ast.Subscript) and \
             not isinstance(node.slice, (ast.Slice, ast.Tuple)) else None
@@ -281,17 +370,35 @@ class _Writes:
             root = root.value
         if isinstance(root, ast.Name) and root.id in self.imports:  # `from m import MASK; MASK[0] = v`
             self.write(self.imports[root.id].rsplit(".", 1)[-1], into)
+        while isinstance(root, (ast.Subscript, ast.Attribute, ast.Call)):  # `b = m.bias; b.view(-1)[0] = 1`
+            root = root.func.value if isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute) else \
+                root.value if not isinstance(root, ast.Call) else None
+        if isinstance(root, ast.Name) and root.id in self.aliases and not (rebinding and root is node):
+            for name in self.aliases[root.id]:
+                self.write(name, elements_only=True)
 
     def chain(self, node: ast.AST, into: bool = False) -> None:
         """The attributes a write through `node` changes: each one it goes through (`x.a.b = v` changes what `x.a`
         holds), and those a getter names (`m.get_submodule("attn.softmax").dim = v`, `m.get_buffer("bias")[0] = 1`)."""
         walked = node
-        while isinstance(walked, (ast.Subscript, ast.Attribute, ast.Call)):
+        while isinstance(walked, (ast.Subscript, ast.Attribute, ast.Call, ast.NamedExpr)):
+            if isinstance(walked, ast.NamedExpr):  # `(x := m.bias).fill_(1)`
+                walked = walked.value
+                continue
             if isinstance(walked, ast.Attribute) and not _is_self(walked.value):
                 self.write(walked.attr, into)
+            if isinstance(walked, ast.Call) and _literal_getattr(walked) is not None:  # `getattr(m, "bias")`
+                receiver, name = _literal_getattr(walked)
+                if not _is_self(receiver):
+                    self.write(name, into)
+                walked = receiver
+                continue
             if isinstance(walked, ast.Call):
-                if not (isinstance(walked.func, ast.Attribute) and walked.func.attr in GETTERS):
+                if not isinstance(walked.func, ast.Attribute):
                     return
+                if walked.func.attr not in GETTERS:  # a method's result may be a view (`m.bias.diagonal(1)`):
+                    walked, into = walked.func.value, True  # a write into it writes the elements it views
+                    continue
                 target = _literal(walked.args[0]) if walked.args else None
                 if target is None and walked.func.attr == "get_submodule":
                     self.bind_through_setattr(ANY_ATTRIBUTE)  # a module, whose attributes are written by name
@@ -304,7 +411,7 @@ class _Writes:
 
     def assign(self, node: ast.Assign) -> None:
         for target in node.targets:
-            self.target(target, value=node.value)
+            self.target(target, value=node.value, rebinding=True)
 
     def augmented(self, node: ast.AugAssign | ast.AnnAssign) -> None:
         self.target(node.target)
@@ -346,7 +453,8 @@ class _Writes:
                     self.write(name)
         elif self._function_call(node, args):
             return
-        elif isinstance(func, ast.Attribute) and func.attr.endswith("_") and not func.attr.startswith("_"):
+        elif isinstance(func, ast.Attribute) and (func.attr.endswith("_") and not func.attr.startswith("_") or
+                                                  func.attr in IN_PLACE_DUNDERS):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
         elif isinstance(func, ast.Attribute) and func.attr in STATE_LOADERS and not _is_self(func.value):
             self.bind_through_setattr(ANY_ATTRIBUTE)  # a loaded state dict is copied into the registered tensors
@@ -362,6 +470,10 @@ class _Writes:
         dotted = self.resolve.dotted(func)
         if dotted is None and not isinstance(func, ast.Name):
             return False
+        if isinstance(func, ast.Name) and func.id in self.writers:  # a function of this file writing a parameter
+            for position in self.writers[func.id]:
+                if position < len(args):
+                    self.target(args[position], elements_only=True)
         if dotted in REBINDS_TENSORS_GIVEN and len(args) >= 2:
             given = args[1]
             for tensor in given.elts if isinstance(given, (ast.List, ast.Tuple)) else [given]:
@@ -404,19 +516,22 @@ def _namespace_keys(method: str, call: ast.Call) -> list[str]:
 
 
 def _namespace_owner(node: ast.AST) -> ast.AST | None:
-    """`m` of `m.__dict__` or `vars(m)`: the dictionary that holds m's attributes."""
+    """`m` of `m.__dict__` or `vars(m)` (the dictionary that holds m's attributes), or of one of its attribute
+    tables (`m._modules`, `m.__dict__["_buffers"]`), whose keys are m's attribute names too."""
     if isinstance(node, ast.Attribute) and node.attr == "__dict__":
         return node.value
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars" and \
             len(node.args) == 1 and not node.keywords:
         return node.args[0]
+    if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTE_TABLES:
+        return node.value
+    if isinstance(node, ast.Subscript) and _literal(node.slice) in ATTRIBUTE_TABLES:  # `vars(m)["_modules"]`
+        return _namespace_owner(node.value)
     return None
 
 
 def _table_owner(node: ast.AST) -> ast.AST | None:
     """`m` of an attribute table (`m._modules`, `m.__dict__`, `vars(m)`), whose keys are m's attribute names."""
-    if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTE_TABLES:
-        return node.value
     return _namespace_owner(node)
 
 

@@ -34,7 +34,7 @@ GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_
                                "register_module_backward_hook"})
 TOKEN = "register_module_"  # every one of them starts so: files without it are not parsed
 # a hook registered by a computed method name, or written into torch's process-wide tables (hooks_by_computed_name)
-MAY_HOOK_BY_NAME = re.compile(r"getattr\([^\n]*hook|_global_\w*hooks")
+MAY_HOOK_BY_NAME = re.compile(r"getattr\([^\n]*hook|_global_\w*hooks|register_\w*hook\b(?!\s*\()")
 # what makes TorchScript compile code: the functions or modules passed to it, and everything they call
 SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torch.jit.ScriptModule"})
 # files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
@@ -160,8 +160,10 @@ def global_hook_calls(parsed: ParsedModule, names: frozenset[str]) -> list[tuple
 
 def hooks_by_computed_name(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]]:
     """Hooks registered where no call names them: `getattr(m, f"register_{kind}_hook")(fn)` (a computed name that
-    mentions a hook, read as one on a single module: the patch checks at run time) and a write into torch's
-    process-wide hook tables (`module._global_forward_hooks[i] = fn`, read as `register_module_forward_hook`)."""
+    mentions a hook, read as one on a single module: the patch checks at run time), a registration method passed on
+    as a value (`r = m.drop.register_forward_hook; r(h)`, `partial(nn.Module.register_forward_hook, m)`), and a
+    write into torch's process-wide hook tables (`module._global_forward_hooks[i] = fn`, read as
+    `register_module_forward_hook`)."""
     if MAY_HOOK_BY_NAME.search(parsed.source) is None:
         return []
     found: list[tuple[cst.CSTNode, str]] = []
@@ -172,6 +174,9 @@ def hooks_by_computed_name(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]
             found.append((call, "register_forward_hook"))
     found += [(node, "register_module_forward_hook") for node in parsed.nodes_of(cst.Name)  # `x._global_..` too
               if node.value.startswith("_global_") and node.value.endswith("hooks")]
+    found += [(node, "register_forward_hook") for node in parsed.nodes_of(cst.Attribute)  # a bound method passed
+              if node.attr.value in HOOK_METHODS | GLOBAL_CALL_HOOKS and  # on (`r = m.register_forward_hook`)
+              not (isinstance(parsed.parents.get(node), cst.Call) and parsed.parents[node].func is node)]
     return found
 
 

@@ -379,19 +379,39 @@ class Attn(nn.Module):
     "for m in self.modules(): m.training = not m.training",
     'setattr(self.attn_drop, "training", not self.attn_drop.training)',
     'self.__dict__["_modules"]["attn_drop"] = nn.Identity()',
+    # a fourth breaker's: through a helper given `self`, a method looked up by name, the namespace, `__call__`, a
+    # loop over modules setting `p`
+    "switch_off(self)",
+    'getattr(self.attn_drop, "train")(False)',
+    "self.attn_drop.__dict__.update(training=False)",
+    'vars(self.attn_drop)["training"] = False',
+    '__import__("operator").methodcaller("train", False)(self.attn_drop)',
+    "self.attn_drop.train.__call__(False)",
+    "for m in self.modules(): m.p = 0.0",
 ])
 def test_every_spelling_of_a_mode_switch_between_dropout_and_value_product_stops_the_safe_patch(switch):
     """A second breaker's spellings of the training-flag flip the first fix (`self.train()`) did not see."""
-    assert not _safe_findings(DROPOUT_BLOCK.format(switch=switch))
+    helper = "\n\ndef switch_off(module):\n    module.eval()\n"
+    assert not _safe_findings(DROPOUT_BLOCK.format(switch=switch) + helper)
 
 
 @pytest.mark.parametrize("after", [
     'model.set_submodule("softmax", Other())',
     'setattr(model.softmax, "dim", -2)',
     'model.get_submodule("softmax").dim = -2',
+    # a fourth breaker's: through an alias, a loop over modules, the namespace, an attribute table in it
+    "sm = model.softmax; sm.dim = -2",
+    '[setattr(m, "dim", -2) for m in model.modules() if isinstance(m, nn.Softmax)]',
+    "for m in model.modules(): m.dim = -2",
+    'vars(model.softmax)["dim"] = -2',
+    'model.__dict__["_modules"]["softmax"] = Other()',
+    "model._modules.update(softmax=Other())",
+    "for m in list(model.modules())[1:]: m.forward = lambda x: x.softmax(-2)",
+    # narrowed to Softmax modules, which the deleted `self.softmax` is: the write counts for it
+    "for m in model.modules():\n    if isinstance(m, nn.Softmax):\n        m.dim = -2",
 ])
 def test_a_softmax_module_changed_by_name_from_outside_is_checked_at_run_time(after):
-    source = textwrap.dedent(f'''\
+    source = textwrap.dedent('''\
         import torch
         import torch.nn as nn
 
@@ -411,8 +431,7 @@ def test_a_softmax_module_changed_by_name_from_outside_is_checked_at_run_time(af
 
 
         model = Attn()
-        {after}
-        ''')
+        ''') + after + "\n"
     [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
     assert finding.fix_safety != "safe" or "module-identity" in {
         fact["name"] for fact in finding.extra["facts"]["guarded"]}, finding.extra["facts"]
@@ -420,6 +439,22 @@ def test_a_softmax_module_changed_by_name_from_outside_is_checked_at_run_time(af
     patched = load_module_from_source(analyze_source(source, "hostile.py").fixed, "hostile_softmax_patched")
     q, k, v = _qkv()
     torch.testing.assert_close(patched.model(q, k, v), module.model(q, k, v))
+
+
+@pytest.mark.parametrize("register", [
+    "hook = model.attn_drop.register_forward_hook\nhook(lambda m, i, o: o * 2)",
+    "functools.partial(nn.Module.register_forward_hook, model.attn_drop)(lambda m, i, o: o * 2)",
+])
+def test_a_hook_registration_passed_on_as_a_value_is_checked_at_run_time(register):
+    """A bound registration method called through a name (a fourth breaker's): the deleted dropout's hook never
+    ran (fp64 output error 1.86)."""
+    source = f"import functools\n{DROPOUT_BLOCK.format(switch='pass')}\n\nmodel = Attn().eval()\n{register}\n"
+    [finding] = _safe_findings(source)
+    assert "no-hooks" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
+    original = load_module_from_source(source, "hook_value_original")
+    patched = load_module_from_source(analyze_source(source, "hostile.py").fixed, "hook_value_patched")
+    q, k, v = _qkv()
+    torch.testing.assert_close(patched.model(q, k, v), original.model(q, k, v))
 
 
 def test_a_hook_registered_by_a_computed_method_name_is_checked_at_run_time():
@@ -468,6 +503,16 @@ CAUSAL_BUFFER_BLOCK = textwrap.dedent('''\
     "torch.Tensor.fill_(model.bias, 1)",
     "nn.init.ones_(model.bias)",
     "vector_to_parameters(torch.ones(64), [model.bias])",
+    # a fourth breaker's: through an alias, a view, a getattr, an operator method, the namespace's tables
+    "b = model.bias\nb[...] = 1",
+    "(x := model.bias).fill_(1)",
+    "for row in model.bias:\n    row.fill_(1)",
+    "model.bias.diagonal(1).fill_(1)",
+    "model.bias.view(-1)[:] = 1",
+    'getattr(model, "bias").fill_(1)',
+    "model.bias.__setitem__(Ellipsis, 1)",
+    'model.__dict__["_buffers"]["bias"] = torch.ones(1, 1, 8, 8)',
+    "def fill(t):\n    t.fill_(1)\n\n\nfill(model.bias)",  # a function of the file that writes what it is given
 ])
 def test_a_causal_buffer_the_caller_overwrites_is_not_read_as_registered(write):
     """A `persistent=False` causal buffer filled with ones by the caller: each spelling made the safe patch pass
@@ -565,3 +610,70 @@ def test_a_block_libcst_cannot_render_back_says_why_it_has_no_patch():
     compile(source, "hostile.py", "exec")
     [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
     assert finding.fixable or finding.reason, finding
+
+
+WEIGHTS_READ_LATER = {
+    "deleted": ("    if output_attentions:\n        return y, att\n    del att, s\n    return y\n", True),
+    "deleted_with_a_kept_name": ("    t = y * 2\n    del att, t\n    return y\n", True),
+    "nested_function": ("    def weights():\n        return att\n    if output_attentions:\n"
+                        "        return y, weights()\n    return y\n", False),
+    "locals": ("    if output_attentions:\n        return y, locals()['att']\n    return y\n", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTS_READ_LATER))
+def test_weights_read_or_deleted_after_the_block_keep_working(name):
+    """`del att` after the block raised UnboundLocalError on every call of the patch (the memory idiom), and a
+    nested `def` or `locals()` reading the weights raised NameError/KeyError: a `del` of names only the deleted
+    statements bound goes with them; the other two reads refuse the patch."""
+    tail, patched_expected = WEIGHTS_READ_LATER[name]
+    source = ("import torch\nimport torch.nn.functional as F\n\n\ndef f(q, k, v, output_attentions=False):\n"
+              "    s = q @ k.transpose(-2, -1) * 0.125\n    att = F.softmax(s, dim=-1)\n    y = att @ v\n" + tail)
+    result = analyze_source(source, "hostile.py")
+    assert ("scaled_dot_product_attention" in result.fixed) == patched_expected, result.findings[0].reason
+    original = load_module_from_source(source, f"later_{name}").f
+    patched = load_module_from_source(result.fixed, f"later_{name}_fixed").f
+    q, k, v = _qkv()
+    for flag in (False, True):
+        torch.testing.assert_close(patched(q, k, v, flag), original(q, k, v, flag))
+
+
+def test_a_mixin_before_the_class_in_a_subclass_overriding_a_helper_refuses():
+    """`class Sub(Mix, Attn)`: Mix's `scores` comes first in Sub's method resolution order, so the inlined helper
+    is not what Sub's instances run (fp64 output error 1.29 before); a direct override was already refused."""
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+
+
+        class Attn(nn.Module):
+            def scores(self, q, k):
+                return (q @ k.transpose(-2, -1)) * 0.125
+
+            def forward(self, q, k, v):
+                return self.scores(q, k).softmax(-1) @ v
+
+
+        class Mix:
+            def scores(self, q, k):
+                return (q @ k.transpose(-2, -1)) * 0.5
+
+
+        class Sub(Mix, Attn):
+            pass
+        ''')
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert finding.fix_safety != "safe" and "Mix" in (finding.reason or ""), finding.reason
+
+
+@pytest.mark.parametrize("replacement", [
+    "nn.Dropout.forward = lambda self, x: x * 2",
+    "nn.Dropout.__call__ = lambda self, x: x * 2",
+    "torch.nn.functional.dropout = lambda x, p=0.5, training=True, inplace=False: x * 2",
+])
+def test_a_torch_module_class_replaced_in_the_file_refuses_deleting_its_calls(replacement):
+    """The run-time module check reads the instance, not its class: a class-level replacement (a fourth
+    breaker's, fp64 output error 1.86) is seen in the source or not at all."""
+    source = DROPOUT_BLOCK.format(switch="pass") + "\n\n" + replacement + "\n"
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert finding.fix_safety != "safe" and "may not run torch's code" in (finding.reason or ""), finding.reason

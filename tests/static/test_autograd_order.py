@@ -221,6 +221,14 @@ ASKS = {
     "func_hessian": "from torch.func import hessian\nh = hessian(f)(x)",
     "func_module_alias": "from torch import func as tf\nj = tf.jacfwd(f)(x)",
     "functorch": "import functorch\nfunctorch.jvp(f, (x,), (t,))",
+    # spellings a breaker found proved: options unpacked, an alias called by position, a computed lookup, the
+    # forward-mode jacobian strategy by position
+    "grad_unpacked_options": "import torch\nopts = {}\nopts['create_graph'] = True\ntorch.autograd.grad(y, x, **opts)",
+    "grad_unpacked_positional": "import torch\ntorch.autograd.grad(y, x, *[None, None, True])",
+    "grad_local_alias": "import torch\ndef f():\n    g_ = torch.autograd.grad\n    g_(y, q, None, None, True)",
+    "func_computed_name": "import torch\nj = getattr(torch.func, 'j' + 'vp')",
+    "jacobian_strategy_positional": "import torch\ntorch.autograd.functional.jacobian(f, x, False, False, True, "
+                                    "'forward-mode')",
     "nested_grad": "from torch.func import grad\ngg = grad(grad(f))(x)",
     "grad_of_named_grad": "from torch.func import grad, jacrev\ng = grad(f)\nh = jacrev(g)(x)",
     "grad_of_lambda": "from torch.func import grad\nh = grad(lambda x: grad(f)(x).sum())(x)",

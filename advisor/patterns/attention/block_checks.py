@@ -21,6 +21,7 @@ from advisor.patterns.mask_helpers import package_function
 from advisor.patterns.ops import bound_parameters, int_value
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
+from advisor.static.outside_writes import NARROWED
 
 
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
@@ -205,12 +206,17 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
         if term.module is not None:
             deleted.setdefault(term.module[0], term.module[2])
     c.deleted_modules = {attribute: (read, module_kinds(c, attribute)) for attribute, read in deleted.items()}
+    for _, kinds in c.deleted_modules.values():
+        replaced = scope.replaced_module_class(c.parsed, kinds or ())
+        if replaced is not None:
+            raise Refusal(replaced)
     for attribute in deleted:  # the emitted code reads the module as the class builds it (`self.drop.p`)
         if is_bias_module(c, attribute):
             _bias_module_facts(match, attribute)
             continue
         identity_ok = attribute in c.identity_ok
-        rebound = owner.rebound(attribute, identity_ok=identity_ok)
+        rebound = owner.rebound(attribute, identity_ok=identity_ok) or \
+            _module_state_written(owner, c.deleted_modules[attribute][1] or ())
         if rebound is None:
             continue
         refusal = (f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class builds "
@@ -235,6 +241,22 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
             match.facts.proved(NO_HOOKS, statement, "no hook is registered in this file")
 
 
+# what a module's call runs on besides its class: written on any module reached otherwise than through the class
+# (`for m in model.modules(): m.forward = f`, `sm = m.softmax; sm.dim = -2`), it may change the deleted call
+MODULE_CALL_STATE = ("forward", "__call__", "__class__")
+
+
+def _module_state_written(owner, kinds: tuple[str, ...]) -> str | None:
+    """Why a deleted module call may run other code than its class's: the file (or the tree) writes `forward`,
+    `__call__`, `__class__` (or, for a Softmax, `dim`) on some object, which may be that module."""
+    for name in MODULE_CALL_STATE + (("dim",) if "nn.Softmax" in kinds else ()):
+        # narrowed writes count: `if isinstance(m, nn.Softmax): m.dim = -2` is about such modules exactly
+        written = next((entry for entry in owner.outside if entry.partition(NARROWED)[0] == name), None)
+        if written is not None:
+            return f"`.{name}` is assigned on some object in {owner.writer(written)}, which may be this module"
+    return None
+
+
 def _bias_module_facts(match: AttentionMatch, attribute: str) -> None:
     """A bias module's term is read in its class (`module_terms`): exact for a module of that class exactly on which
     no hook fires, which only a run-time check shows (another class, a subclass, a hook added anywhere)."""
@@ -249,6 +271,9 @@ def check_escapes(c: Candidate) -> None:
     """Weights read outside the block: the fix becomes unsafe (SDPA does not return them), and unavailable
     when they flow back into the scores or where None cannot stand in for them."""
     match = c.match
+    hidden = _hidden_read(c)
+    if hidden is not None:
+        raise Refusal(f"{hidden}: the rewrite would delete them")
     if not match.escapes:
         return
     where = ", ".join(sorted({str(c.parsed.line(read)) for read in match.escapes}))
@@ -273,6 +298,45 @@ def check_escapes(c: Candidate) -> None:
             match.unsafe_reason = _why_not_none(c, read, parent)
             return
     match.dropped = _dropped_claims(c)
+
+
+NAMESPACE_READERS = frozenset({"locals", "vars", "eval", "exec"})  # builtins that read a function's locals
+
+
+def _hidden_read(c: Candidate) -> str | None:
+    """A read of the weights the flow does not follow: a nested `def` or class body that names them (it runs
+    whenever it is called), or `locals()`, `vars()`, `eval` or `exec` in the function (any local by name)."""
+    names = {definition.name for definition in c.weights.definitions}
+    readers = c.parsed.derived(_hidden_readers, _hidden_readers)
+    for node in (node for function in {c.home, c.function} for node in readers.get(function, ())):
+        if isinstance(node, cst.Call):
+            return (f"`{node.func.value}(...)` at line {c.parsed.line(node)} may read the weights "
+                    f"`{sorted(names)[0]}` by name")
+        read = next((name for name in loaded_names(node) if name.value in names), None)
+        if read is not None:
+            return (f"the weights `{read.value}` are read by the nested `{node.name.value}` (line "
+                    f"{c.parsed.line(read)}), which may run after the block")
+    return None
+
+
+def _hidden_readers(parsed) -> dict[cst.FunctionDef, list[cst.CSTNode]]:
+    """For each function of the file, its nested `def`s and classes, and its calls of `locals()`, `vars()`,
+    `eval` or `exec` (builtins the file does not rebind): what reads its locals out of the flow's sight. Once per
+    file."""
+    found: dict[cst.FunctionDef, list[cst.CSTNode]] = {}
+    for node in parsed.nodes_of(cst.FunctionDef, cst.ClassDef, cst.Call):
+        if isinstance(node, cst.Call):
+            func = node.func
+            if not (isinstance(func, cst.Name) and func.value in NAMESPACE_READERS and
+                    func.value not in parsed.bound_names and func.value not in parsed.imports and
+                    not (func.value == "vars" and node.args)):
+                continue
+            outer = function_of(parsed, node)
+        else:
+            outer = function_of(parsed, parsed.parents.get(node))
+        if outer is not None:
+            found.setdefault(outer, []).append(node)
+    return found
 
 
 def _dropped_claims(c: Candidate) -> tuple:
