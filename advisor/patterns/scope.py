@@ -681,9 +681,18 @@ def is_hook_point(parsed: ParsedModule, owner: ClassInfo, attribute: str) -> boo
     name = dotted or (value.func.value if isinstance(value.func, cst.Name) else "")
     if dotted == "torch.nn.Identity" or name.endswith("HookPoint"):
         return True
-    local = next((node for node in parsed.calls_and_classes[1] if isinstance(value.func, cst.Name)
-                  and node.name.value == value.func.value), None)
+    first_by_name = parsed.derived(_classes_by_name, _classes_by_name)
+    local = first_by_name.get(value.func.value) if isinstance(value.func, cst.Name) else None
     return local is not None and _forward_returns_input(local)
+
+
+def _classes_by_name(parsed: ParsedModule) -> dict[str, cst.ClassDef]:
+    """The file's first class of each name (once per file: one walk of the classes per block grew with their
+    square)."""
+    found: dict[str, cst.ClassDef] = {}
+    for node in parsed.calls_and_classes[1]:
+        found.setdefault(node.name.value, node)
+    return found
 
 
 def _forward_returns_input(node: cst.ClassDef) -> bool:

@@ -127,7 +127,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     editor = _Editor(edits, parsed, _on_the_way(parsed, touched))
     statements = _top_level_statements(parsed, touched)
     body = parsed.module.body
-    position = _import_position(body)
+    position = parsed.derived(_import_position, lambda p: _import_position(p.module.body))  # once per file
     anchor = ([body[position]] if position < len(body) else body[-1:]) if added else []
     spans = parsed.statement_spans(statements + anchor)
     deleted = bound_names([*edits.remove, *edits.replace])
@@ -178,7 +178,8 @@ def _top_level_statements(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> lis
         while parsed.parents[node] is not parsed.module:
             node = parsed.parents[node]
         found.add(node)
-    return [statement for statement in parsed.module.body if statement in found]
+    order = parsed.derived(_top_level_statements, lambda p: {id(s): i for i, s in enumerate(p.module.body)})
+    return sorted(found, key=lambda statement: order[id(statement)])  # not a walk of the body per block
 
 
 def _rendered(module: cst.Module, result) -> str:
