@@ -45,6 +45,8 @@ FINITE_DRAW = "~drawn"  # `name~drawn`: its elements drawn by torch.nn.init with
 # torch functions that write the data of every tensor in their second argument (`param.data = ...`)
 REBINDS_TENSORS_GIVEN = {"torch.nn.utils.vector_to_parameters",
                          "torch.nn.utils.convert_parameters.vector_to_parameters"}
+# functions that rebind the tensors they are given (`torch.utils.swap_tensors(m.bias, t)`)
+SWAPS = {"torch.utils.swap_tensors", "torch.utils._python_dispatch.swap_tensors"}
 # operator methods that write their receiver (`t.__setitem__(i, v)`, `t.__iadd__(1)`)
 IN_PLACE_DUNDERS = {"__setitem__", "__delitem__"} | {f"__i{op}__" for op in (
     "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")}
@@ -418,6 +420,9 @@ class _Writes:
 
     def call(self, node: ast.Call) -> None:
         func, args = node.func, [a for a in node.args if not isinstance(a, ast.Starred)]
+        for keyword in node.keywords:  # `torch.add(a, b, out=m.bias)`: written, maybe resized
+            if keyword.arg == "out":
+                self.target(keyword.value)
         binding = None
         if isinstance(func, ast.Name) and func.id == "setattr" and len(args) >= 2:
             binding = (args[0], args[1], args[2] if len(args) > 2 else None)
@@ -456,6 +461,8 @@ class _Writes:
         elif isinstance(func, ast.Attribute) and (func.attr.endswith("_") and not func.attr.startswith("_") or
                                                   func.attr in IN_PLACE_DUNDERS):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
+            if args and _a_class(func.value):  # `t.__class__.copy_(m.bias, src)`: the method unbound
+                self.target(args[0], elements_only=func.attr not in RESHAPING_IN_PLACE)
         elif isinstance(func, ast.Attribute) and func.attr in STATE_LOADERS and not _is_self(func.value):
             self.bind_through_setattr(ANY_ATTRIBUTE)  # a loaded state dict is copied into the registered tensors
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
@@ -482,7 +489,15 @@ class _Writes:
                 else:
                     self.write(ANY_ATTRIBUTE)
             return True
+        if dotted in SWAPS:
+            for tensor in args[:2]:
+                self.target(tensor)
+            return True
         function = (dotted or func.id).rsplit(".", 1)[-1]
+        if dotted is not None and dotted.startswith("operator.") and args and \
+                (f"__{function.strip('_')}__" in IN_PLACE_DUNDERS):  # `operator.iadd(m.bias, 1)`, `setitem`
+            self.target(args[0], elements_only=True)
+            return True
         if not (function.endswith("_") and not function.startswith("_") and args):
             return False
         drawn = dotted is not None and dotted.startswith("torch.nn.init.") and \
@@ -506,6 +521,12 @@ def _moderate_number(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and type(node.value) in (int, float) and abs(node.value) < 1000
 
 
+def _a_class(node: ast.AST) -> bool:
+    """`x.__class__` or `type(x)`: a method read on it is unbound, and its first argument is the receiver."""
+    return isinstance(node, ast.Attribute) and node.attr == "__class__" or \
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+
+
 def _namespace_keys(method: str, call: ast.Call) -> list[str]:
     """The attribute names a namespace method binds or unbinds: its literal key (`pop("x")`, `setdefault("x", v)`),
     its keywords (`update(x=v)`), else any."""
@@ -527,6 +548,9 @@ def _namespace_owner(node: ast.AST) -> ast.AST | None:
         return node.value
     if isinstance(node, ast.Subscript) and _literal(node.slice) in ATTRIBUTE_TABLES:  # `vars(m)["_modules"]`
         return _namespace_owner(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
+            node.args and _literal(node.args[0]) in ATTRIBUTE_TABLES:  # `m.__dict__.get("_buffers")`
+        return _namespace_owner(node.func.value)
     return None
 
 

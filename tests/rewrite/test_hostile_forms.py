@@ -513,6 +513,12 @@ CAUSAL_BUFFER_BLOCK = textwrap.dedent('''\
     "model.bias.__setitem__(Ellipsis, 1)",
     'model.__dict__["_buffers"]["bias"] = torch.ones(1, 1, 8, 8)',
     "def fill(t):\n    t.fill_(1)\n\n\nfill(model.bias)",  # a function of the file that writes what it is given
+    "torch.add(model.bias, 1, out=model.bias)",
+    "import operator\noperator.iadd(model.bias, 1)",
+    "import operator\noperator.setitem(model.bias, Ellipsis, 1)",
+    "torch.utils.swap_tensors(model.bias, torch.ones(1, 1, 8, 8))",
+    "model.bias.__class__.fill_(model.bias, 1)",
+    'model.__dict__.get("_buffers")["bias"] = torch.ones(1, 1, 8, 8)',
 ])
 def test_a_causal_buffer_the_caller_overwrites_is_not_read_as_registered(write):
     """A `persistent=False` causal buffer filled with ones by the caller: each spelling made the safe patch pass
