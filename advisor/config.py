@@ -61,7 +61,7 @@ class PathRules:
         if not self.force_exclude:
             return False
         relative = self.relative(path)
-        if relative.startswith("../") or relative == "..":
+        if _outside(relative):
             return self.excludes(path)
         parts = relative.split("/")
         return any(self.excludes(os.path.join(self.root, *parts[:end])) for end in range(1, len(parts) + 1))
@@ -75,14 +75,23 @@ class PathRules:
         """`path` relative to the config's folder, `/`-separated. A project reached through a symbolic link (a
         linked checkout, macOS's /tmp) is read through the link first and then with links resolved, so a path
         named either way is inside the folder of a config found either way."""
-        relative = os.path.relpath(os.path.abspath(path), self.root)
-        if relative == ".." or relative.startswith(".." + os.sep):
-            resolved = os.path.relpath(os.path.realpath(path), os.path.realpath(self.root))
-            relative = relative if resolved == ".." or resolved.startswith(".." + os.sep) else resolved
-        return relative.replace(os.sep, "/")
+        relative = _relative(os.path.abspath(path), self.root)
+        if _outside(relative):
+            resolved = _relative(os.path.realpath(path), os.path.realpath(self.root))
+            relative = relative if _outside(resolved) else resolved
+        return relative
 
     def __bool__(self) -> bool:
         return bool(self.exclude or self.per_file_ignores)
+
+
+def _relative(path: str, root: str) -> str:
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def _outside(relative: str) -> bool:
+    """A `/`-separated relative path that leaves its folder."""
+    return relative == ".." or relative.startswith("../")
 
 
 def _glob_matches(pattern: str, relative: str, root: str) -> bool:
@@ -92,7 +101,7 @@ def _glob_matches(pattern: str, relative: str, root: str) -> bool:
     if "/" not in pattern.rstrip("/"):
         return fnmatchcase(relative.rstrip("/").rpartition("/")[2], pattern.rstrip("/"))
     if os.path.isabs(pattern):
-        pattern = os.path.relpath(pattern, root).replace(os.sep, "/")
+        pattern = _relative(pattern, root)
     return fnmatchcase(relative, pattern.removeprefix("./").rstrip("/"))
 
 

@@ -388,8 +388,7 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
             func = node.func
             while isinstance(func, cst.Attribute) and func.attr.value == "__call__":  # `self.drop.train.__call__()`
                 func = func.value
-            if isinstance(func, cst.Attribute) and func.attr.value.endswith("_") \
-                    and not func.attr.value.startswith("_"):
+            if is_inplace_method(func):
                 self._target(node, func.value)
             if isinstance(func, cst.Attribute) and func.attr.value in ("train", "eval", "apply", "__setattr__"):
                 writes.append((node, _module_written(func.value)))  # the `training` of it and every child
@@ -754,19 +753,22 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
             "it may not be torch's when the code runs")
 
 
+# the functional each of torch's modules whose calls a patch deletes calls in its forward
+MODULE_FUNCTIONALS = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax": "torch.nn.functional.softmax"}
+
+
 def replaced_module_class(parsed: ParsedModule, kinds: tuple[str, ...]) -> str | None:
     """Why a deleted call of a module of torch's `kinds` (`nn.Dropout`) may not run torch's code (None: no file of
     the scan replaces it): a method of that class or of `nn.Module` assigned (`nn.Dropout.forward = f`,
     `nn.Module.__call__ = f`), or the functional it calls (`F.dropout = f`). The run-time module check reads the
     instance, not the class, so this refuses."""
     replaced = sorted(name for name in parsed.outside_attribute_writes[0] if name.startswith("torch."))
-    functional = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax": "torch.nn.functional.softmax"}
     for kind in kinds:
         cls = kind.rsplit(".", 1)[-1]
         for name in replaced:
             owner = name.rsplit(".", 1)[0]
             if owner.rsplit(".", 1)[-1] in (cls, "Module") and owner.startswith("torch.nn") or \
-                    name == functional.get(kind):
+                    name == MODULE_FUNCTIONALS.get(kind):
                 return (f"`{name}` is assigned in {parsed.outside_writer(name)}: a `{kind}` call may not run "
                         f"torch's code")
     return None

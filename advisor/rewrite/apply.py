@@ -295,27 +295,28 @@ class _Editor(cst.CSTTransformer):
         finally:
             self.active.discard(original_node)
 
-    def leave_SimpleStatementLine(self, original_node, updated_node):
+    def _kept(self, original_node, updated_node) -> list | None:
+        """The small statements of a line or one-line suite the edits keep, the last without its `;` (None:
+        the edits remove none)."""
         kept = [small for small, original in zip(updated_node.body, original_node.body)
                 if original not in self.edits.remove]
         if len(kept) == len(updated_node.body):
+            return None
+        return [*kept[:-1], kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)] if kept else []
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        kept = self._kept(original_node, updated_node)
+        if kept is None:
             if original_node in self.edits.wrap:
                 updated_node = self._wrapped(updated_node, self.edits.wrap[original_node])
             return self._with_insertion(original_node, updated_node)
-        if not kept:
-            return cst.RemoveFromParent()
-        kept[-1] = kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-        return updated_node.with_changes(body=kept)
+        return updated_node.with_changes(body=kept) if kept else cst.RemoveFromParent()
 
     def leave_SimpleStatementSuite(self, original_node, updated_node):
         """A body on its block's own line (`def f(q, k, v): s = ...; return p @ v`): its removed statements go
         as on a line of their own; `pass` stays where none is left."""
-        kept = [small for small, original in zip(updated_node.body, original_node.body)
-                if original not in self.edits.remove]
-        if len(kept) == len(updated_node.body):
-            return updated_node
-        kept = [*kept[:-1], kept[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)] if kept else [cst.Pass()]
-        return updated_node.with_changes(body=kept)
+        kept = self._kept(original_node, updated_node)
+        return updated_node if kept is None else updated_node.with_changes(body=kept or [cst.Pass()])
 
     def leave_IfExp(self, original_node, updated_node):
         kept = updated_node.orelse if original_node in self.edits.unwrap else \

@@ -40,6 +40,8 @@ TRANSFORMS = {
     "torch.autograd.functional.jvp": DOUBLE_BACKWARD,  # computed as a backward of a backward
     "torch.autograd.gradgradcheck": DOUBLE_BACKWARD,
 }
+# The modules those transforms live in: a name computed on one (`getattr(torch.func, "j" + "vp")`) may be any.
+TRANSFORM_MODULES = {prefix.rsplit(".", 1)[0] for prefix in TRANSFORMS} | {"torch.func", "functorch"}
 # Options that make a call (`torch.autograd.gradcheck`, or a wrapper passing them on) run forward-mode AD.
 FORWARD_MODE_OPTIONS = ("check_forward_ad", "check_batched_forward_grad")
 # Reverse-mode transforms: first order alone, double backward when one transforms a function that calls another
@@ -312,8 +314,7 @@ def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
     if owner is None:
         return None
     if not isinstance(args[1].value, cst.SimpleString):  # a computed name on an autograd module: any transform
-        autograd_modules = {prefix.rsplit(".", 1)[0] for prefix in TRANSFORMS} | {"torch.func", "functorch"}
-        return f"`{parsed.code(call)}` may look up a transform by name" if owner in autograd_modules else None
+        return f"`{parsed.code(call)}` may look up a transform by name" if owner in TRANSFORM_MODULES else None
     name = f"{owner}.{args[1].value.evaluated_value}"
     for prefix, asks in TRANSFORMS.items():
         if name == prefix or name.startswith(prefix + "."):

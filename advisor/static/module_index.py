@@ -92,17 +92,15 @@ class ClassInfo:
         written = self.written_outside(attribute, elements_ok, finite_ok)
         if written is not None:
             return f"`.{attribute}` is also assigned outside the class in {self.writer(written)}"
-        if parameter and self.plain_module and self.written_outside(ANY_RAW) is None:
-            return None if not self._collected.computed else \
-                f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
-        written = self.written_outside(ANY_ATTRIBUTE)
-        if written is not None:
-            return (f"{self.writer(written)} sets attributes by computed names on other objects (`setattr(m, "
-                    "name, ...)`)")
-        written = self.written_outside(ANY_TO_IDENTITY)
-        if written is not None and not identity_ok:
-            return (f"{self.writer(written)} replaces modules by `nn.Identity()` under computed names "
-                    "(`setattr(m, name, ...)`)")
+        if not (parameter and self.plain_module) or self.written_outside(ANY_RAW) is not None:
+            written = self.written_outside(ANY_ATTRIBUTE)
+            if written is not None:
+                return (f"{self.writer(written)} sets attributes by computed names on other objects (`setattr(m, "
+                        "name, ...)`)")
+            written = self.written_outside(ANY_TO_IDENTITY)
+            if written is not None and not identity_ok:
+                return (f"{self.writer(written)} replaces modules by `nn.Identity()` under computed names "
+                        "(`setattr(m, name, ...)`)")
         if self._collected.computed:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         return None
@@ -118,17 +116,19 @@ class ClassInfo:
                     not (name == ANY_TO_IDENTITY and identity_ok)]
         return bool(computed) and all(self.writer(name) != "this file" for name in computed)
 
-    def written_outside(self, attribute: str, elements_ok: bool = False, finite_ok: bool = False) -> str | None:
+    def written_outside(self, attribute: str, elements_ok: bool = False, finite_ok: bool = False,
+                        any_class: bool = False) -> str | None:
         """How the file names a write of the attribute on objects other than `self` that may be this class's
         instances (None: no such write): itself; `attribute~drawn` for a torch.nn.init draw of its elements;
         `attribute@torch.nn.Linear` for a write on an object an `isinstance` test narrows to torch.nn classes, unless
         this class derives from torch.nn.Module alone. `elements_ok`: writes into the value's elements do not count;
-        `finite_ok`: draws of finite values do not (a learned table's values are any finite ones)."""
+        `finite_ok`: draws of finite values do not (a learned table's values are any finite ones); `any_class`: the
+        attribute is read on an object of any class (a submodule's `forward`), so narrowed writes always count."""
         names = self.outside_reshaped if elements_ok else self.outside
         if attribute in names:
             return attribute
         for name, drawn, narrowed in _qualified_writes(names).get(attribute, ()):
-            if not (drawn and finite_ok or narrowed and self.plain_module):
+            if not (drawn and finite_ok or narrowed and self.plain_module and not any_class):
                 return name
         return None
 

@@ -197,8 +197,7 @@ def _parameter_writers(functions: list[ast.FunctionDef]) -> dict[str, set[int]]:
         for node in nodes(function):
             written = None
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    (node.func.attr.endswith("_") and not node.func.attr.startswith("_") or
-                     node.func.attr in IN_PLACE_DUNDERS):
+                    _writes_its_receiver(node.func.attr):
                 written = node.func.value
             elif isinstance(node, (ast.Assign, ast.AugAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -358,7 +357,7 @@ class _Writes:
             for element in node.elts:
                 self.target(element, rebinding=rebinding)
             return
-        owner = _table_owner(node.value) if isinstance(node, ast.Subscript) and \
+        owner = _namespace_owner(node.value) if isinstance(node, ast.Subscript) and \
             not isinstance(node.slice, (ast.Slice, ast.Tuple)) else None
         table = owner is not None
         if table and not _is_self(owner):
@@ -458,8 +457,7 @@ class _Writes:
                     self.write(name)
         elif self._function_call(node, args):
             return
-        elif isinstance(func, ast.Attribute) and (func.attr.endswith("_") and not func.attr.startswith("_") or
-                                                  func.attr in IN_PLACE_DUNDERS):
+        elif isinstance(func, ast.Attribute) and _writes_its_receiver(func.attr):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
             if args and _a_class(func.value):  # `t.__class__.copy_(m.bias, src)`: the method unbound
                 self.target(args[0], elements_only=func.attr not in RESHAPING_IN_PLACE)
@@ -498,7 +496,7 @@ class _Writes:
                 (f"__{function.strip('_')}__" in IN_PLACE_DUNDERS):  # `operator.iadd(m.bias, 1)`, `setitem`
             self.target(args[0], elements_only=True)
             return True
-        if not (function.endswith("_") and not function.startswith("_") and args):
+        if not (_in_place(function) and args):
             return False
         drawn = dotted is not None and dotted.startswith("torch.nn.init.") and \
             all(_moderate_number(value) for value in [*args[1:], *(k.value for k in node.keywords)])
@@ -512,6 +510,16 @@ class _Writes:
             self.narrowed = self.narrowing(func.value)
             return False
         return True
+
+
+def _in_place(name: str) -> bool:
+    """torch's naming for what writes in place: a trailing underscore (`fill_`, `nn.init.ones_`)."""
+    return name.endswith("_") and not name.startswith("_")
+
+
+def _writes_its_receiver(method: str) -> bool:
+    """An in-place method, or an operator method that writes its receiver (`__setitem__`, `__iadd__`)."""
+    return _in_place(method) or method in IN_PLACE_DUNDERS
 
 
 def _moderate_number(node: ast.AST) -> bool:
@@ -539,24 +547,17 @@ def _namespace_keys(method: str, call: ast.Call) -> list[str]:
 def _namespace_owner(node: ast.AST) -> ast.AST | None:
     """`m` of `m.__dict__` or `vars(m)` (the dictionary that holds m's attributes), or of one of its attribute
     tables (`m._modules`, `m.__dict__["_buffers"]`), whose keys are m's attribute names too."""
-    if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+    if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTE_TABLES:  # `__dict__` among them
         return node.value
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars" and \
             len(node.args) == 1 and not node.keywords:
         return node.args[0]
-    if isinstance(node, ast.Attribute) and node.attr in ATTRIBUTE_TABLES:
-        return node.value
     if isinstance(node, ast.Subscript) and _literal(node.slice) in ATTRIBUTE_TABLES:  # `vars(m)["_modules"]`
         return _namespace_owner(node.value)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
             node.args and _literal(node.args[0]) in ATTRIBUTE_TABLES:  # `m.__dict__.get("_buffers")`
         return _namespace_owner(node.func.value)
     return None
-
-
-def _table_owner(node: ast.AST) -> ast.AST | None:
-    """`m` of an attribute table (`m._modules`, `m.__dict__`, `vars(m)`), whose keys are m's attribute names."""
-    return _namespace_owner(node)
 
 
 _WRITES = {ast.Assign: _Writes.assign, ast.AugAssign: _Writes.augmented, ast.AnnAssign: _Writes.augmented,

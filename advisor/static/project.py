@@ -174,8 +174,9 @@ def hooks_by_computed_name(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]
             found.append((call, "register_forward_hook"))
     found += [(node, "register_module_forward_hook") for node in parsed.nodes_of(cst.Name)  # `x._global_..` too
               if node.value.startswith("_global_") and node.value.endswith("hooks")]
+    registrations = HOOK_METHODS | GLOBAL_CALL_HOOKS
     found += [(node, "register_forward_hook") for node in parsed.nodes_of(cst.Attribute)  # a bound method passed
-              if node.attr.value in HOOK_METHODS | GLOBAL_CALL_HOOKS and  # on (`r = m.register_forward_hook`)
+              if node.attr.value in registrations and  # on (`r = m.register_forward_hook`)
               not (isinstance(parsed.parents.get(node), cst.Call) and parsed.parents[node].func is node)]
     return found
 

@@ -523,7 +523,12 @@ CAUSAL_BUFFER_BLOCK = textwrap.dedent('''\
 def test_a_causal_buffer_the_caller_overwrites_is_not_read_as_registered(write):
     """A `persistent=False` causal buffer filled with ones by the caller: each spelling made the safe patch pass
     `is_causal=True` where the original attends to every key (fp64 output error 3.18)."""
-    source = CAUSAL_BUFFER_BLOCK.format(base="nn.Module", init="", name="bias") + write + "\n"
+    _assert_the_buffer_is_read_as_it_is(CAUSAL_BUFFER_BLOCK.format(base="nn.Module", init="", name="bias") + write +
+                                        "\n")
+
+
+def _assert_the_buffer_is_read_as_it_is(source: str) -> None:
+    """No `is_causal` from the class's triangle, and the patched model's output is the original's."""
     fixed = analyze_source(source, "hostile.py").fixed
     assert "is_causal" not in fixed
     original = load_module_from_source(source, "hostile_buffer_original")
@@ -556,14 +561,9 @@ def test_an_init_narrowed_to_torch_layers_keeps_the_causal_proof():
 
 def test_an_init_narrowed_to_a_layer_the_attention_derives_from_counts():
     """The same init on an attention class that is itself an nn.Linear writes its buffer (ones everywhere)."""
-    source = CAUSAL_BUFFER_BLOCK.format(base="nn.Linear", init="8, 8", name="mask") + INIT_WEIGHTS.replace("torch.nn.init.zeros_(module.bias)", "torch.nn.init.ones_(module.mask)").replace(
-            "if module.bias is not None", "if hasattr(module, 'mask')")
-    fixed = analyze_source(source, "hostile.py").fixed
-    assert "is_causal" not in fixed
-    original = load_module_from_source(source, "hostile_linear_original")
-    patched = load_module_from_source(fixed, "hostile_linear_patched")
-    q, k, v = _qkv()
-    torch.testing.assert_close(patched.model(q, k, v), original.model(q, k, v))
+    init = INIT_WEIGHTS.replace("torch.nn.init.zeros_(module.bias)", "torch.nn.init.ones_(module.mask)").replace(
+        "if module.bias is not None", "if hasattr(module, 'mask')")
+    _assert_the_buffer_is_read_as_it_is(CAUSAL_BUFFER_BLOCK.format(base="nn.Linear", init="8, 8", name="mask") + init)
 
 
 def test_a_function_reached_by_a_string_of_its_name_has_a_caller_no_use_shows(tmp_path):

@@ -21,7 +21,6 @@ from advisor.patterns.mask_helpers import package_function
 from advisor.patterns.ops import bound_parameters, int_value
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
-from advisor.static.outside_writes import NARROWED
 
 
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
@@ -251,7 +250,7 @@ def _module_state_written(owner, kinds: tuple[str, ...]) -> str | None:
     `__call__`, `__class__` (or, for a Softmax, `dim`) on some object, which may be that module."""
     for name in MODULE_CALL_STATE + (("dim",) if "nn.Softmax" in kinds else ()):
         # narrowed writes count: `if isinstance(m, nn.Softmax): m.dim = -2` is about such modules exactly
-        written = next((entry for entry in owner.outside if entry.partition(NARROWED)[0] == name), None)
+        written = owner.written_outside(name, any_class=True)
         if written is not None:
             return f"`.{name}` is assigned on some object in {owner.writer(written)}, which may be this module"
     return None

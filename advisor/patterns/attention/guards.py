@@ -81,9 +81,9 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                      for dtype in match.row_fixup.unfit]
         elif absent:  # SDPA without a mask where every mask is None
             reads, parts = [query] + [t.source for t in match.masks], absent
-        elif name == mk.ROWS and _tables_in_doubt(match):  # a learned table wherever it is an nn.Parameter
+        elif name == mk.ROWS and (tables := _tables_in_doubt(match)):  # learned wherever it is an nn.Parameter
             owner = _self_read(match)
-            reads = [cst.Attribute(owner, cst.Name(table)) for table in _tables_in_doubt(match)] if owner else []
+            reads = [cst.Attribute(owner, cst.Name(table)) for table in tables] if owner else []
             parts = [parse_template_expression("isinstance({t}, {torch}.nn.Parameter)", t=table,
                                                torch=cst.Name(torch_name)) for table in reads]
         elif name == mk.ROWS:  # bottom-right causal triangles keep key 0 wherever S >= L
