@@ -239,8 +239,8 @@ def _scan_in_pool(files: list[str], scan_one, jobs: int, done) -> list[FileResul
     process becomes that file's error entry and every other file still gets its result."""
     outcomes: dict[str, FileResult | ScanError] = {}
     try:
-        with _pool(jobs) as pool:
-            for path, outcome in zip(files, pool.map(scan_one, files, chunksize=4)):
+        with _pool(jobs, scan_one) as pool:
+            for path, outcome in zip(files, pool.map(_scan_in_worker, files, chunksize=4)):
                 outcomes[path] = outcome
                 done(path)
     except BrokenProcessPool:
@@ -261,9 +261,24 @@ def _scan_isolated(path: str, scan_one) -> FileResult | ScanError:
                                "report it", internal=True)
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    """Workers that end with this process, whatever ends it (README "Writes": a signal while scanning)."""
-    return ProcessPoolExecutor(max_workers=workers, initializer=end_with_parent, initargs=(os.getpid(),))
+def _pool(workers: int, scan_one=None) -> ProcessPoolExecutor:
+    """Workers that end with this process, whatever ends it (README "Writes": a signal while scanning), each given
+    `scan_one` once as it starts: sent with every task, its tree context (megabytes on a large tree) was pickled
+    and unpickled once per chunk of files, which cost more than the analysis."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(os.getpid(), scan_one))
+
+
+_WORKER_SCAN = None  # in a pool's worker: what it runs on each path (`_start_worker`)
+
+
+def _start_worker(parent_pid: int, scan_one) -> None:
+    global _WORKER_SCAN
+    end_with_parent(parent_pid)
+    _WORKER_SCAN = scan_one
+
+
+def _scan_in_worker(path: str) -> FileResult | ScanError:
+    return _WORKER_SCAN(path)
 
 
 def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sdpa",
