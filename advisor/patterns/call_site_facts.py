@@ -235,6 +235,7 @@ class SiteScope:
 
     def __init__(self, parsed: ParsedModule, node: cst.CSTNode) -> None:
         self.parsed = parsed
+        self.argument = node  # the call site's argument, which the callee (the block's function) takes on
         self.function = parsed.innermost(node, cst.FunctionDef)
         self.owner = next((o for f, o, _ in parsed.functions if f is self.function), None)
 
@@ -259,7 +260,7 @@ class SiteScope:
 
     def values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
         """The values assigned to `name` that reach this read (`module_values.assigned_values`)."""
-        return assigned_values(self.parsed, name)
+        return assigned_values(self.parsed, name, followed=(name, self.argument))
 
     def _resolved(self, node: cst.BaseExpression) -> list[cst.BaseExpression] | None:
         if isinstance(node, cst.Name):

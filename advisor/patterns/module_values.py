@@ -117,12 +117,12 @@ def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name, dept
     return _leaves_alone(parsed, node, depth)
 
 
-def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, trust: bool = False) -> bool:
+def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int) -> bool:
     """The expression `node` may hold the tensor: what encloses it only reads it, or computes a new tensor."""
     if depth > MAX_DEPTH:
         return False
     parent = parsed.parents.get(node)
-    again = lambda outer: _leaves_alone(parsed, outer, depth + 1, trust)  # noqa: E731 - it may share memory
+    again = lambda outer: _leaves_alone(parsed, outer, depth + 1)  # noqa: E731 - it may share memory
     if isinstance(parent, (cst.BinaryOperation, cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation,
                            cst.BooleanOperation, cst.Index, cst.Expr)):
         return True  # a new tensor (or a bool), or an index that reads it
@@ -141,7 +141,7 @@ def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, tr
             return False
         return parent.attr.value in METADATA or parent.attr.value in ("T", "mT") and again(parent)
     if isinstance(parent, cst.Arg) and parent.value is node:
-        return _argument_left_alone(parsed, parent, depth, trust)
+        return _argument_left_alone(parsed, parent, depth)
     if isinstance(parent, cst.Element) and parent.value is node:  # `torch.cat([a, MASK])`: a new tensor
         literal = parsed.parents.get(parent)
         arg = parsed.parents.get(literal)
@@ -149,7 +149,7 @@ def _leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, tr
         return isinstance(arg, cst.Arg) and arg.value is literal and not arg.star and arg.keyword is None and \
             isinstance(call, cst.Call) and call.args[0] is arg and parsed.imported_name(call.func) in JOINS
     if isinstance(parent, cst.Assign) and parent.value is node:
-        return _alias_left_alone(parsed, parent, depth, trust)
+        return _alias_left_alone(parsed, parent, depth)
     return False  # returned, stored in a container or an attribute, yielded, ...
 
 
@@ -159,7 +159,7 @@ def _is_target(parsed: ParsedModule, node: cst.CSTNode) -> bool:
         and parent.target is node
 
 
-def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, trust: bool) -> bool:
+def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int) -> bool:
     call = parsed.parents.get(arg)
     if not isinstance(call, cst.Call) or arg.star or arg.keyword is not None and arg.keyword.value in ("out",
                                                                                                        "inplace"):
@@ -170,16 +170,15 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, trust: 
     if dotted in TORCH_FRESH or dotted in HARMLESS_BUILTINS:
         return True
     if dotted in TORCH_SHARING:
-        return _leaves_alone(parsed, call, depth + 1, trust)
+        return _leaves_alone(parsed, call, depth + 1)
     forward = _submodule_forward(parsed, call)
     if forward is not None:
-        return _parameter_left_alone(parsed, forward, call, arg, depth, trust, skip=1)
+        return _parameter_left_alone(parsed, forward, call, arg, depth, skip=1)
     if isinstance(call.func, cst.Attribute) and not dotted:
         return call.func.attr.value in ARGUMENT_READING_METHODS and call.func.value is not arg.value
     if isinstance(call.func, cst.Name) and call.func.value in parsed.module_functions:
-        return _parameter_left_alone(parsed, parsed.module_functions[call.func.value], call, arg, depth, trust)
-    # a function of another module: trusted not to write what it is passed only for a local (see the docstring)
-    return trust and not dotted.startswith("torch.") and isinstance(call.func, (cst.Name, cst.Attribute))
+        return _parameter_left_alone(parsed, parsed.module_functions[call.func.value], call, arg, depth)
+    return False  # a function of another module, a callable built at run time: it may write what it is passed
 
 
 def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef | None:
@@ -210,7 +209,7 @@ def _module_statements(parsed: ParsedModule) -> set[cst.CSTNode]:
 
 
 def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg,
-                          depth: int, trust: bool, skip: int = 0) -> bool:
+                          depth: int, skip: int = 0) -> bool:
     """The function of this file the tensor is passed to only reads the parameter that receives it (`skip`: the
     leading parameters the call does not pass, `self` of a module's `forward`)."""
     params = function.params
@@ -224,10 +223,10 @@ def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call:
         if position >= len(positional):
             return False
         name = positional[position].name.value
-    return _local_reads_left_alone(parsed, function, name, depth, trust)
+    return _local_reads_left_alone(parsed, function, name, depth)
 
 
-def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int, trust: bool) -> bool:
+def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int) -> bool:
     """`alias = MASK` (or a view of it): every read of the alias leaves it alone too."""
     if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
         return False
@@ -238,8 +237,8 @@ def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int, trus
     if _rebinds_itself(parsed, assign, scope, name):
         return True  # `m = m.to(torch.bool)`: the reads of `m` here are the ones whose loop reached this one
     if scope is None:
-        return all(_leaves_alone(parsed, node, depth + 1, trust) for node in _loads(parsed, parsed.module, name))
-    return _local_reads_left_alone(parsed, scope, name, depth, trust)
+        return all(_leaves_alone(parsed, node, depth + 1) for node in _loads(parsed, parsed.module, name))
+    return _local_reads_left_alone(parsed, scope, name, depth)
 
 
 def _rebinds_itself(parsed: ParsedModule, assign: cst.Assign, scope: cst.CSTNode | None, name: str) -> bool:
@@ -265,16 +264,16 @@ def read_leaves_alone(parsed: ParsedModule, node: cst.Name) -> bool:
 
 
 def local_reads_leave_alone(parsed: ParsedModule, function: cst.FunctionDef, name: str,
-                            followed: cst.Name | None = None) -> bool:
+                            followed: tuple[cst.CSTNode, ...] = ()) -> bool:
     """Every read of the local `name` in `function` leaves the tensor it holds alone, as every read of a module-level
-    tensor must (an alias written in place, `self.m = mask` then `self.m.fill_(...)`, would change it unseen), except
-    that a function of another module it is passed to is trusted not to write it (call-site facts rest on that), and
-    the read `followed`, where the caller takes the tensor on (the buffer `register_buffer("m", m)` registers)."""
-    return _local_reads_left_alone(parsed, function, name, 0, trust=True, followed=followed)
+    tensor must (an alias written in place, `self.m = mask` then `self.m.fill_(...)`, would change it unseen; so
+    would a function of another module it is passed to, `corrupt(m)`), except the reads `followed`, where the caller
+    takes the tensor on (the buffer `register_buffer("m", m)` registers, the argument of the call site read)."""
+    return _local_reads_left_alone(parsed, function, name, 0, followed=followed)
 
 
 def assigned_values(parsed: ParsedModule, name: cst.Name,
-                    followed: cst.Name | None = None) -> list[cst.BaseExpression] | None:
+                    followed: tuple[cst.CSTNode, ...] = ()) -> list[cst.BaseExpression] | None:
     """What the read `name` can hold: the plain assignments of its function that reach it, when every other read
     there leaves the tensor alone (`local_reads_leave_alone`, `followed` as there), or a module-level tensor's one
     definition (`module_value`); None when anything else may reach it (a parameter, an unpacking, an in-place
@@ -294,17 +293,17 @@ def assigned_values(parsed: ParsedModule, name: cst.Name,
 
 
 def _local_reads_left_alone(parsed: ParsedModule, scope: cst.CSTNode, name: str, depth: int,
-                            trust: bool = False, followed: cst.Name | None = None) -> bool:
+                            followed: tuple[cst.CSTNode, ...] = ()) -> bool:
     """Every read of `name` inside `scope` (all of them, whatever else the name is bound to there)."""
     for node in _occurrences(parsed, scope, name):
-        if node is followed:
+        if any(node is read for read in followed):
             continue
         parent = parsed.parents.get(node)
         if isinstance(parent, (cst.Param, cst.AssignTarget)) or isinstance(parent, cst.Attribute) and \
                 parent.attr is node or isinstance(parent, cst.Arg) and parent.keyword is node:
             continue  # rebinding a local leaves the tensor alone
         if isinstance(parent, (cst.AugAssign, cst.NameItem, cst.Del)) or \
-                not _leaves_alone(parsed, node, depth + 1, trust):
+                not _leaves_alone(parsed, node, depth + 1):
             return False
     return True
 

@@ -19,10 +19,11 @@ import networkx as nx
 
 from advisor.contracts.finding import display_path
 from advisor.patterns.module_values import read_leaves_alone
-from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, loaded_names
+from advisor.static.class_sites import ANY_NAME, class_sites
+from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, global_hook_calls, \
-    hooks_by_computed_name, state_swaps
+from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, global_hook_calls, \
+    hooks_by_computed_name, state_swaps, uses_of
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -152,15 +153,17 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
             return (f"`{definition.name}`, which {how}, is written in place at line "
                     f"{parsed.line(definition.statement)}, between the scores and the value product")
     kept_on = _attributes_bound_from(parsed, flow.function, names)
-    for receiver in _written_in_place(flow.function):
+    names |= _comprehension_targets(parsed, flow.function, names)
+    for receiver, deferred in _written_in_place(flow.function):
         line = parsed.line(receiver)
         root = receiver
         while isinstance(root, (cst.Subscript, cst.Attribute)) and parsed.code(root) not in kept_on:
             root = root.value
-        if first_line < line < last_line and (isinstance(root, cst.Name) and root.value in names or
-                                             parsed.code(root) in kept_on):
+        shared = any(name.value in names for name in _may_alias(parsed, receiver)) or parsed.code(root) in kept_on
+        if shared and (deferred or first_line < line < last_line):
+            where = "in a function defined in this one, which may run" if deferred else f"at line {line}"
             return (f"`{parsed.code(receiver)}`, which may share storage with the SDPA call's inputs, is written in "
-                    f"place at line {line}, between the scores and the value product")
+                    f"place {where}, between the scores and the value product")
     handed = names - {"self"}  # its attributes are checked apart
     for node in (name for name in loaded_names(flow.function.body) if name.value in handed):
         line = parsed.line(node)
@@ -275,24 +278,55 @@ def _attributes_bound_from(parsed: ParsedModule, function: cst.FunctionDef, name
     return found
 
 
-def _written_in_place(function: cst.FunctionDef) -> list[cst.BaseExpression]:
+def _written_in_place(function: cst.FunctionDef) -> list[tuple[cst.BaseExpression, bool]]:
     """The receivers the function writes in place: of `x.add_(1)` (an in-place method), `x[i] = v`, `x[i] += v`
-    and `out=x`, whatever expression x is."""
-    found: list[cst.BaseExpression] = []
+    and `out=x`, whatever expression x is; each with whether the write is deferred, inside a function or lambda
+    defined in this one (`def f(): m.fill_(1)`), which a call anywhere may run."""
+    found: list[tuple[cst.BaseExpression, bool]] = []
 
     class Visitor(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.depth = 0
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            self.depth += node is not function
+
+        def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+            self.depth -= original_node is not function
+
+        def visit_Lambda(self, node: cst.Lambda) -> None:
+            self.depth += 1
+
+        def leave_Lambda(self, original_node: cst.Lambda) -> None:
+            self.depth -= 1
+
         def visit_Call(self, node: cst.Call) -> None:
             if is_inplace_method(node.func):
-                found.append(node.func.value)
-            found.extend(arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "out")
+                found.append((node.func.value, self.depth > 0))
+            found.extend((arg.value, self.depth > 0) for arg in node.args
+                         if arg.keyword is not None and arg.keyword.value == "out")
 
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
             if isinstance(node.target, cst.Subscript):
-                found.append(node.target.value)
+                found.append((node.target.value, self.depth > 0))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             if isinstance(node.target, cst.Subscript):
-                found.append(node.target.value)
+                found.append((node.target.value, self.depth > 0))
+
+    visit_tree(function, Visitor())
+    return found
+
+
+def _comprehension_targets(parsed: ParsedModule, function: cst.FunctionDef, names: set[str]) -> set[str]:
+    """The targets of comprehensions over a value that may share the storage of one of `names` (`[x.fill_(1) for x
+    in m]`: each `x` a view of `m`); the function's flow does not bind them. Scope-blind."""
+    found: set[str] = set()
+
+    class Visitor(cst.CSTVisitor):
+        def visit_CompFor(self, node: cst.CompFor) -> None:
+            if any(alias.value in names for alias in _may_alias(parsed, node.iter)):
+                found.update(name.value for name in loaded_names(node.target))
 
     visit_tree(function, Visitor())
     return found
@@ -392,6 +426,8 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
                 self._target(node, func.value)
             if isinstance(func, cst.Attribute) and func.attr.value in ("train", "eval", "apply", "__setattr__"):
                 writes.append((node, _module_written(func.value)))  # the `training` of it and every child
+            elif is_self_attribute(func) and func.attr.value in parsed.derived("stored methods", _stored_methods):
+                writes.append((node, "self"))  # `self.tf = self.train` in __init__, `self.tf(False)` here
             if isinstance(func, cst.Attribute) and _namespace_of(func.value) is not None:
                 writes.append((node, _module_written(_namespace_of(func.value))))
             if isinstance(func, cst.Call) and isinstance(func.func, cst.Name) and func.func.value == "getattr" and \
@@ -428,6 +464,8 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
                 writes.append((node, _module_written(_namespace_of(target))))
                 return
             path = _dotted(target) if isinstance(target, cst.Attribute) else None
+            if isinstance(target, cst.Attribute) and path is None:
+                path = "self"  # `getattr(self, "drop").p = v`: on an object found at run time
             if path is not None and path.split(".")[-1] in MODULE_STATE:
                 path = _module_written(target)
             if path is not None and path.split(".")[0] not in ("self",) + tuple(parsed.imports):
@@ -440,6 +478,14 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
 
 
 MODULE_STATE = {"training", "__dict__", "_modules", "_parameters", "_buffers"}  # what a module runs with
+
+
+def _stored_methods(parsed: ParsedModule) -> frozenset[str]:
+    """Attributes of `self` bound to an attribute read, not a call (`self.tf = self.train`, `self.f = nn.Module.eval`):
+    a method stored there, which a call of it (`self.tf(False)`) runs on whatever object it was read from."""
+    return frozenset(target.target.attr.value for node in parsed.nodes_of(cst.Assign)
+                     if isinstance(node.value, cst.Attribute) for target in node.targets
+                     if isinstance(target.target, cst.Attribute) and is_self_attribute(target.target))
 
 
 def _self_rooted(node: cst.BaseExpression) -> bool:
@@ -613,8 +659,10 @@ class ClassTable:
 
 
 def overridden(table: ClassTable, owner: ClassInfo | None, names: set[str]) -> str | None:
-    """A subclass in this file that redefines a method the block inlines, or rebinds an attribute it reads:
-    instances of that subclass would run the base's rewritten code with the base's meaning."""
+    """A subclass that redefines a method the block inlines, or rebinds an attribute it reads: instances of that
+    subclass would run the base's rewritten code with the base's meaning. Looked for in this file (with the classes
+    mixed into a subclass before the owner) and, by name, anywhere in the scanned tree: a class statement, a
+    `type(...)` call, a class defining `__getattribute__` or `__getattr__` (any name may resolve otherwise)."""
     if owner is None or not names:
         return None
     subclasses = table.subclasses(owner)
@@ -624,7 +672,28 @@ def overridden(table: ClassTable, owner: ClassInfo | None, names: set[str]) -> s
                 return f"`{sub.node.name.value}` overrides `{name}`, which this rewrite inlines from the base class"
             if name in sub.attributes or name in sub.mutated:
                 return f"`{sub.node.name.value}` rebinds `self.{name}`, which this rewrite reads as the base class sets it"
+    parsed = table.parsed
+    project = parsed.project if parsed.project is not None else parsed.derived("class sites", _own_classes)
+    sites = project.subclasses(owner.node.name.value)
+    for site in sites:
+        redefined = sorted(site.defines & (names | LOOKUP_HOOKS | {ANY_NAME}))
+        if redefined:
+            what = "any name" if redefined[0] == ANY_NAME else f"`{redefined[0]}`"
+            return (f"`{site.name}` ({display_path(site.path)}:{site.line}) derives from "
+                    f"`{owner.node.name.value}` and defines {what}, which this rewrite inlines or reads as the base "
+                    f"class binds it")
+    for name in sorted(names & set(owner.methods)):
+        if owner.written_outside(name) is not None:
+            return f"`{name}`, a method this rewrite inlines, is assigned on another object (a class or an instance)"
     return None
+
+
+def _own_classes(parsed: ParsedModule) -> ProjectFacts:
+    """A file scanned alone is its own tree."""
+    return ProjectFacts(classes=tuple(class_sites(parsed.path, parsed.source)))
+
+
+LOOKUP_HOOKS = frozenset({"__getattribute__", "__getattr__"})  # a class defining one may resolve any name otherwise
 
 
 def self_names(nodes: list[cst.CSTNode]) -> set[str]:
@@ -807,7 +876,25 @@ def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInf
         return True
     if owner is None and functions and parsed.module_functions.get(function.name.value) is function:
         return True
+    if parsed.derived(_announces_torchscript, _announces_torchscript):
+        return True
     return parsed.project is not None and parsed.project.script_elsewhere(parsed.path) is not None
+
+
+# torch.jit's names that never compile the code they touch: tracing records what runs, save and load take archives
+NOT_COMPILING = frozenset({"torch.jit.trace", "torch.jit.trace_module", "torch.jit.is_tracing", "torch.jit.save",
+                           "torch.jit.load"})
+
+
+def _announces_torchscript(parsed: ParsedModule) -> bool:
+    """Whether the file says its code is meant for TorchScript, wherever the compiler is called (a user's script
+    outside the tree): it reads anything of `torch.jit` but tracing (`torch.jit.Final`, `@torch.jit.ignore`,
+    `torch.jit.is_scripting()`, `getattr(torch.jit, "script")`) or declares a class's `__constants__`."""
+    if "jit" not in parsed.source and "__constants__" not in parsed.source:
+        return False
+    return "__constants__" in parsed.bound_names or any(
+        (parsed.imported_name(node) or "").startswith("torch.jit") and parsed.imported_name(node) not in NOT_COMPILING
+        for node in uses_of(parsed, None))
 
 
 def _what_the_file_scripts(parsed: ParsedModule) -> tuple[bool, bool]:

@@ -48,9 +48,12 @@ def sdpa_call(module: cst.Module, match: AttentionMatch, functional: str, indent
                                           q=query)
         attn_mask = parse_template_expression("{keep} | ~{rows}", keep=keep, rows=rows)
         if fixup.conditional:  # a run that skipped the fill: q and no mask, the plain scores' softmax
-            query = parse_template_expression("{q} if {keep} is None else {fixed}", q=match.query, keep=keep,
+            # rows is None exactly where keep is; each test names the variables its branch reads, which TorchScript
+            # needs to refine their Optional types
+            query = parse_template_expression("{q} if {rows} is None else {fixed}", q=match.query, rows=rows,
                                               fixed=query)
-            attn_mask = parse_template_expression("None if {keep} is None else {fixed}", keep=keep, fixed=attn_mask)
+            attn_mask = parse_template_expression("None if {keep} is None or {rows} is None else {fixed}", keep=keep,
+                                                  rows=rows, fixed=attn_mask)
     args = [cst.Arg(query), cst.Arg(match.key), cst.Arg(match.value)]
     if attn_mask is not None:
         args.append(keyword("attn_mask", attn_mask))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.contracts.finding import display_path
+from advisor.static.dataflow import is_self_attribute
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 
 
@@ -41,11 +42,16 @@ class CallSite:
 
 STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
                  "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
+CODE_RUNNERS = frozenset({"eval", "exec"})  # builtins that run code from a string, where any call may hide
 PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may replace what forward receives
-# scan token -> (texts, parsed modules, words, real paths, attribute words, tree-wide indexes): this process's
-# caches for the current scan
-_CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict]] = {}
+# scan token -> (texts, parsed modules, words, real paths, attribute words, tree-wide indexes, words of notebooks'
+# masked lines): this process's caches for the current scan
+_CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict, dict]] = {}
 WORD = re.compile(r"\w+")
+STAR_IMPORT = re.compile(r"\bimport\s*\*")
+# an instance built through another's class (`type(m.attn)(8, s)`, `m.attn.__class__(8, s)`): a construction no use
+# of the class's name shows
+CLASS_OF_CALL = re.compile(r"__class__\s*\(|\btype\s*\([^()]*\)\s*\(")
 PARSED_KEPT = 32  # parsed files a process holds between two analyses
 ACCESSED = re.compile(r"\.\s*(\w+)")  # `.name`: an attribute read or written
 
@@ -70,10 +76,10 @@ class Tree:
         if self._read is not None:
             self._read.add(key)
 
-    def _caches(self) -> tuple[dict, dict, dict, dict, dict, dict]:
+    def _caches(self) -> tuple[dict, dict, dict, dict, dict, dict, dict]:
         if self.token not in _CACHES:
             _CACHES.clear()
-            _CACHES[self.token] = ({}, {}, {}, {}, {}, {})
+            _CACHES[self.token] = ({}, {}, {}, {}, {}, {}, {})
         return _CACHES[self.token]
 
     def _note_all(self, keys: list[str]) -> None:
@@ -123,7 +129,19 @@ class Tree:
 
             source = read_source(path)
             self._texts[key] = getattr(source, "text", None)
+            notebook = getattr(source, "notebook", None)
+            if notebook is not None:  # IPython's lines, masked out of the code (`%%time` cells hide whole calls)
+                self._caches()[6][key] = frozenset(WORD.findall("\n".join(
+                    line for lines in notebook.magics for line in lines)))
         return self._texts[key]
+
+    def hidden(self, word: str) -> bool:
+        """Whether a notebook of the tree says `word` in a line the scan masks as IPython's (a `%%time` cell, a
+        `%time f(x)` line): a use there is a call no parse shows."""
+        notebooks = [path for path in self.paths if path.endswith(".ipynb")]
+        for path in notebooks:
+            self.text(path)
+        return any(word in self._caches()[6].get(self._real(path), ()) for path in notebooks)
 
     def parsed(self, path: str) -> ParsedModule | None:
         key = self._real(path)
@@ -174,6 +192,8 @@ class Tree:
         owner = _owner_of(parsed, function)
         if owner is None and parsed.module_functions.get(function.name.value) is not function:
             return None  # a nested function: reachable only through its enclosing one
+        if self.hidden(function.name.value) or owner is not None and self.hidden(owner.node.name.value):
+            return None
         if _is_decorated(function):
             return None  # staticmethod, classmethod, a wrapper: the call does not bind as written
         calls = self._function_calls(parsed, function) if owner is None else self._method_calls(parsed, owner,
@@ -200,11 +220,16 @@ class Tree:
         """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
         own file, or imported elsewhere), joined; None when one gives None or a file imports the module's `*`."""
         name, calls, module = defined.value, [], _module_stem(parsed.path)
+        for path in self.mentioning(module):  # `from attn import *` in a package's `__init__.py`, never naming it
+            if STAR_IMPORT.search(self.text(path) or "") is not None and not self.says(path, name):
+                other = self.parsed(path)
+                if other is None or _imported_uses(other, parsed, name) is None:
+                    return None
         for path in self.mentioning(name):
             if self._real(path) != self._real(parsed.path) and not self.says(path, module):
                 continue  # another file that never names the module cannot import from it
             other = self.parsed(path)
-            if other is None or _named_in_a_string(other, name):
+            if other is None or _named_in_a_string(other, name) or _reached_unseen(other, name):
                 return None  # `getattr(sys.modules[__name__], "attention")(...)`: a call no use shows
             uses = other.names_spelled(name) if other is parsed else _imported_uses(other, parsed, name)
             if uses is None:
@@ -224,25 +249,28 @@ class Tree:
             return None
         name = method.name.value
         if name == "__init__":
-            return self._uses(parsed, owner.node.name, _direct_call)
+            built_by_class, consulted = self._indexed("class-of calls",
+                                                      lambda: self._first_file_matching(CLASS_OF_CALL))
+            self._note_all(consulted)
+            return None if built_by_class else self._uses(parsed, owner.node.name, _direct_call)
         own = self._self_calls(parsed, name)
         if own is None:
             return None
         if name != "forward":
             return own
-        hooked, consulted = self._indexed("pre-hooks", self._first_pre_hook)
+        hooked, consulted = self._indexed("pre-hooks", lambda: self._first_file_matching(PRE_HOOKS))
         self._note_all(consulted)
         if hooked:
             return None
         parents = self._parent_calls(parsed, owner)
         return None if parents is None else own + parents
 
-    def _first_pre_hook(self) -> tuple[bool, list[str]]:
-        """Whether a file of the tree registers a pre-hook, and the files read to know it (up to the first)."""
+    def _first_file_matching(self, pattern: re.Pattern) -> tuple[bool, list[str]]:
+        """Whether a file of the tree matches `pattern`, and the files read to know it (up to the first)."""
         consulted = []
         for path in self.paths:
             consulted.append(self._real(path))
-            if PRE_HOOKS.search(self.text(path) or ""):
+            if pattern.search(self.text(path) or ""):
                 return True, consulted
         return False, consulted
 
@@ -263,6 +291,8 @@ class Tree:
         (`assigned_ok`: `self.name = ...` is the instance's construction, not a use)."""
         calls = []
         for path in self.mentioning(name):
+            if re.search(rf"""(['"]){re.escape(name)}\1""", self.text(path) or "") is not None:
+                return None  # `getattr(blk, "attn")`, `blk.get_submodule("attn")`, `blk._modules["attn"]`
             if self._real(path) != self._real(parsed.path):
                 if self.accesses(path, name):
                     return None  # `.name` read in another file: not a call this index follows
@@ -273,7 +303,7 @@ class Tree:
                     continue  # `self.X = C(...)`: the only value, checked by the caller
                 found = [(other, _called(other, node))] if _called(other, node) is not None else \
                     _element_calls(other, node) if assigned_ok else None
-                if other is not parsed or not _on_self(node) or found is None:
+                if other is not parsed or not is_self_attribute(node) or found is None:
                     if not _is_definition_name(other, node):
                         return None
                     continue
@@ -298,6 +328,22 @@ def _named_in_a_string(parsed: ParsedModule, name: str) -> bool:
     may be reached by it, at a call site no use of the name shows."""
     return any(isinstance(node.evaluated_value, str) and node.evaluated_value == name and
                not _in_all(parsed, node) for node in parsed.nodes_of(cst.SimpleString))
+
+
+def _reached_unseen(parsed: ParsedModule, name: str) -> bool:
+    """`.name` read from something that is neither `self`, `cls`, `super()` nor an imported name
+    (`importlib.import_module("attn").attend(...)`, `sys.modules["attn"].attend`, `m.attend` for a module bound at
+    run time), or code run from a string (`eval`, `exec`): a call of the function no import shows."""
+    for access in parsed.attributes_named(name):
+        receiver = access.value
+        if isinstance(receiver, cst.Name) and receiver.value in ("self", "cls"):
+            continue
+        if isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Name) and receiver.func.value == "super":
+            continue
+        if parsed.imported_name(receiver) is None:
+            return True
+    return any(isinstance(call.func, cst.Name) and call.func.value in CODE_RUNNERS and
+               call.func.value not in parsed.bound_names for call in parsed.nodes_of(cst.Call))
 
 
 def _in_all(parsed: ParsedModule, node: cst.CSTNode) -> bool:
@@ -329,10 +375,6 @@ def _direct_call(parsed: ParsedModule, use: cst.CSTNode) -> list[tuple[ParsedMod
     return [(parsed, call)] if call is not None else None
 
 
-def _on_self(node: cst.Attribute) -> bool:
-    return isinstance(node.value, cst.Name) and node.value.value == "self"
-
-
 def _is_definition_name(parsed: ParsedModule, node: cst.CSTNode) -> bool:
     return isinstance(parsed.parents.get(node), (cst.FunctionDef, cst.ClassDef))
 
@@ -353,7 +395,7 @@ def _built_into(parsed: ParsedModule, use: cst.CSTNode, call: cst.Call | None = 
     if not isinstance(assign, cst.Assign) or len(assign.targets) != 1 or assign.value is not call:
         return None
     target = assign.targets[0].target
-    if not (isinstance(target, cst.Attribute) and _on_self(target)):
+    if not (isinstance(target, cst.Attribute) and is_self_attribute(target)):
         return None
     method = parsed.innermost(assign, cst.FunctionDef)
     owner = _owner_of(parsed, method) if method is not None else None

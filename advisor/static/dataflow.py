@@ -441,6 +441,11 @@ class _FlowBuilder:
                     self._link(definition, sources)
 
 
+def is_self_attribute(node: cst.CSTNode) -> bool:
+    """`self.x`: an attribute of the instance a method runs on."""
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+
+
 def is_inplace_method(func: cst.BaseExpression) -> bool:
     """`x.fill_`, `x.add_`: a trailing underscore is torch's naming for methods that write their receiver."""
     return isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_")

@@ -47,6 +47,10 @@ REBINDS_TENSORS_GIVEN = {"torch.nn.utils.vector_to_parameters",
                          "torch.nn.utils.convert_parameters.vector_to_parameters"}
 # functions that rebind the tensors they are given (`torch.utils.swap_tensors(m.bias, t)`)
 SWAPS = {"torch.utils.swap_tensors", "torch.utils._python_dispatch.swap_tensors"}
+# modules whose functions turn a module's tensor, named by their second argument ("weight" by default), into a
+# property computed at each read (`register_parametrization(m, "bias", Band())`, `weight_norm(m)`)
+PARAMETRIZERS = ("torch.nn.utils.parametrize.", "torch.nn.utils.parametrizations.", "torch.nn.utils.weight_norm",
+                 "torch.nn.utils.spectral_norm")
 # operator methods that write their receiver (`t.__setitem__(i, v)`, `t.__iadd__(1)`)
 IN_PLACE_DUNDERS = {"__setitem__", "__delitem__"} | {f"__i{op}__" for op in (
     "add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")}
@@ -77,7 +81,7 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
                 bindings.extend((target, node.value) for target in node.targets)
         elif kind is ast.NamedExpr or kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
             bindings.append((node.target, node.value if kind is ast.NamedExpr else node.iter))
-        elif kind is ast.FunctionDef:
+        elif kind is ast.FunctionDef or kind is ast.Lambda:
             functions.append(node)
         elif kind is ast.Import or kind is ast.ImportFrom:
             imports.append(node)
@@ -88,7 +92,7 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
     names = _Names(tree.body, imports, bound)
     collector = _Writes(names, own, _narrowings(tests, names), _aliases(bindings, names.imports))
-    collector.writers = _parameter_writers(functions)
+    collector.writers = _parameter_writers(functions, bindings)
     for node in writes:
         collector.read(node)
     return collector.names, collector.reshaped
@@ -170,7 +174,8 @@ def _narrowings(tests: list[ast.If], names: _Names) -> list[tuple[str, str, int,
 
 def _aliases(bindings: list[tuple[ast.AST, ast.AST]], imports: dict[str, str]) -> dict[str, set[str]]:
     """Local names that may hold (a view of) another object's attribute, and the attributes: `b = m.bias`,
-    `(x := m.bias)`, `for row in m.bias:`, `(x,) = (m.bias,)`, anywhere in the file (scope-blind: a write through
+    `(x := m.bias)`, `for row in m.bias:`, `(x,) = (m.bias,)`,
+    `ts = [m.bias]`, anywhere in the file (scope-blind: a write through
     such a name may write those attributes)."""
     found: dict[str, set[str]] = {}
     pending = list(bindings)
@@ -180,7 +185,8 @@ def _aliases(bindings: list[tuple[ast.AST, ast.AST]], imports: dict[str, str]) -
                 len(target.elts) == len(value.elts):
             pending.extend(zip(target.elts, value.elts))
             continue
-        attributes = _attributes_on_the_way(value, imports)
+        elements = value.elts if isinstance(value, (ast.Tuple, ast.List, ast.Set)) else [value]  # `ts = [m.bias]`
+        attributes = [name for element in elements for name in _attributes_on_the_way(element, imports)]
         if not attributes or not isinstance(target, (ast.Name, ast.Tuple, ast.List, ast.Starred)):
             continue  # `self.matmul = torch.matmul` binds no local name
         for name in (n.id for n in nodes(target) if isinstance(n, ast.Name)):
@@ -188,10 +194,12 @@ def _aliases(bindings: list[tuple[ast.AST, ast.AST]], imports: dict[str, str]) -
     return found
 
 
-def _parameter_writers(functions: list[ast.FunctionDef]) -> dict[str, set[int]]:
-    """The file's functions by name, with the positions of the parameters each writes into (`def w(t):
-    t.fill_(1)`, `t[...] = 1`): a call `w(m.bias)` writes `m.bias`. Scope-blind, like the aliases."""
-    found: dict[str, set[int]] = {}
+def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda],
+                       bindings: list[tuple[ast.AST, ast.AST]]) -> dict[str | ast.Lambda, set[int]]:
+    """The file's functions by name (a lambda by itself, and by each name it is bound to), with the positions of
+    the parameters each writes into (`def w(t): t.fill_(1)`, `t[...] = 1`, `lambda t: t.zero_()`): a call
+    `w(m.bias)` writes `m.bias`. Scope-blind, like the aliases."""
+    found: dict[str | ast.Lambda, set[int]] = {}
     for function in functions:
         parameters = [arg.arg for arg in function.args.posonlyargs + function.args.args]
         for node in nodes(function):
@@ -204,14 +212,18 @@ def _parameter_writers(functions: list[ast.FunctionDef]) -> dict[str, set[int]]:
                 written = next((t for t in targets if isinstance(t, ast.Subscript)), None)
             root = _root_name(written) if written is not None else None
             if root is not None and root.id in parameters:
-                found.setdefault(function.name, set()).add(parameters.index(root.id))
+                key = function if isinstance(function, ast.Lambda) else function.name
+                found.setdefault(key, set()).add(parameters.index(root.id))
+    for target, value in bindings:  # `w = lambda t: t.fill_(1)`
+        if isinstance(target, ast.Name) and value in found:
+            found.setdefault(target.id, set()).update(found[value])
     return found
 
 
 def _attributes_on_the_way(node: ast.AST, imports: dict[str, str]) -> list[str]:
     """The attributes of other objects than `self` an expression reads its value through, down views and
-    indexing (`m.bias`, `m.bias.view(-1)`, `getattr(m, "bias")[0]`); [] for anything else, and for a module's
-    (`torch.nn.functional`: an import's)."""
+    indexing (`m.bias`, `m.bias.view(-1)`, `getattr(m, "bias")[0]`, `attn.CAUSAL` of an imported module); [] for
+    anything else, and for torch's (`torch.nn.functional`)."""
     found = []
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
         if isinstance(node, ast.Call):
@@ -229,7 +241,7 @@ def _attributes_on_the_way(node: ast.AST, imports: dict[str, str]) -> list[str]:
                 return []
             found.append(node.attr)
         node = node.value
-    return found if isinstance(node, ast.Name) and node.id not in imports else []
+    return found if isinstance(node, ast.Name) and not imports.get(node.id, "").startswith("torch") else []
 
 
 def _literal_getattr(call: ast.Call) -> tuple[ast.AST, str] | None:
@@ -275,7 +287,7 @@ class _Writes:
         self.names: set[str] = set()
         self.reshaped: set[str] = set()
         self.narrowed = ""  # NARROWED and the classes, while the write read is on a narrowed object
-        self.writers: dict[str, set[int]] = {}  # the file's functions that write their parameters (positions)
+        self.writers: dict[str | ast.Lambda, set[int]] = {}  # functions writing their parameters (positions)
         self.finite = False  # while the write read is a torch.nn.init draw of moderate values (FINITE_DRAW)
         self.through_setattr = False  # while the binding read goes through nn.Module.__setattr__ (not ANY_RAW)
 
@@ -466,12 +478,32 @@ class _Writes:
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
 
+    def _writer_passed_on(self, args: list[ast.AST]) -> None:
+        """A function writing its parameters given to another call (`map(lambda t: t.fill_(1), [m.bias])`): it may
+        be called on each tensor the call is given beside it, listed or, where not listed, any attribute's."""
+        if not any(arg in self.writers or isinstance(arg, ast.Name) and arg.id in self.writers for arg in args):
+            return
+        for given in args:
+            if given in self.writers or isinstance(given, ast.Name) and given.id in self.writers:
+                continue
+            for tensor in given.elts if isinstance(given, (ast.List, ast.Tuple)) else [given]:
+                if isinstance(tensor, (ast.Attribute, ast.Subscript)):
+                    self.target(tensor, elements_only=True)
+                else:
+                    self.write(ANY_ATTRIBUTE, elements_only=True)
+
     def _function_call(self, node: ast.Call, args: list[ast.AST]) -> bool:
         """Reads a call of a function (not a method: an imported or a local name) that writes tensors it is
         passed: in place, by the `_` convention, on its first argument (`torch.nn.init.ones_(m.bias)`,
         `torch.Tensor.fill_(m.bias, 1)`, timm's `trunc_normal_(m.table)`), or the data of each tensor of its second
         (`vector_to_parameters(v, [m.bias])`; any attribute where they are not listed). False: not such a call."""
         func = node.func
+        self._writer_passed_on(args + [keyword.value for keyword in node.keywords])
+        if isinstance(func, ast.Lambda) and func in self.writers:  # `(lambda t: t.fill_(1))(m.bias)`
+            for position in self.writers[func]:
+                if position < len(args):
+                    self.target(args[position], elements_only=True)
+            return True
         dotted = self.resolve.dotted(func)
         if dotted is None and not isinstance(func, ast.Name):
             return False
@@ -490,6 +522,11 @@ class _Writes:
         if dotted in SWAPS:
             for tensor in args[:2]:
                 self.target(tensor)
+            return True
+        if dotted is not None and dotted.startswith(PARAMETRIZERS):
+            named = args[1] if len(args) > 1 else next((k.value for k in node.keywords if k.arg in ("name",
+                                                                                               "tensor_name")), None)
+            self.write(_literal(named) or (self.any_name(None) if named is not None else "weight"))
             return True
         function = (dotted or func.id).rsplit(".", 1)[-1]
         if dotted is not None and dotted.startswith("operator.") and args and \

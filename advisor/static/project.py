@@ -24,6 +24,7 @@ from functools import cached_property
 import libcst as cst
 
 from advisor.contracts.finding import display_path
+from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.module_index import ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS, outside_writes_of_source
 from advisor.static.walk import walk
@@ -37,11 +38,13 @@ TOKEN = "register_module_"  # every one of them starts so: files without it are 
 MAY_HOOK_BY_NAME = re.compile(r"getattr\([^\n]*hook|_global_\w*hooks|register_\w*hook\b(?!\s*\()")
 # what makes TorchScript compile code: the functions or modules passed to it, and everything they call
 SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torch.jit.ScriptModule"})
+SCRIPT_PRIVATE = "torch.jit._script."  # the compiler's own module (`torch.jit._script.script`)
 # files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
-MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript")
+MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript|\bjit\b[^\n]*script")
 # what runs a module with parameters and buffers given by name (any of them may be another tensor at that call)
 STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless.functional_call",
                          "torch._functorch.functional_call.functional_call",
+                         "torch.nn.utils.stateless._reparametrize_module",
                          "functorch.make_functional_with_buffers"})
 # methods returning a module's buffers themselves (not copies): writing into what they return writes the buffers
 STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
@@ -103,6 +106,30 @@ class ProjectFacts:
     attribute_writes: tuple[AttributeWrites, ...] = ()
     scripts: tuple[UseSite, ...] = ()  # TorchScript compiling what it is given and all it calls
     state_swaps: tuple[UseSite, ...] = ()  # modules run with parameters and buffers given by name
+    classes: tuple[ClassSite, ...] = ()  # every class of the tree that derives from something (static.class_sites)
+
+    def subclasses(self, name: str) -> list[ClassSite]:
+        """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
+        class of another file with the same name counts too)."""
+        found: list[ClassSite] = []
+        names, pending = {name}, [name]
+        while pending:
+            base = pending.pop()
+            for site in self._derived.get(base, []) + self._derived.get(UNNAMED_BASE, []):
+                if site not in found:
+                    found.append(site)
+                    if site.name not in names:
+                        names.add(site.name)
+                        pending.append(site.name)
+        return found
+
+    @cached_property
+    def _derived(self) -> dict[str, list[ClassSite]]:
+        derived: dict[str, list[ClassSite]] = {}
+        for site in self.classes:
+            for base in set(site.bases):
+                derived.setdefault(base, []).append(site)
+        return derived
 
     def script_elsewhere(self, here: str) -> UseSite | None:
         """The first use of TorchScript's compiler in a file other than `here`: any function of `here` may be
@@ -181,13 +208,20 @@ def hooks_by_computed_name(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]
     return found
 
 
-def uses_of(parsed: ParsedModule, names: frozenset[str]) -> list[cst.BaseExpression]:
-    """The file's references to any of `names` (qualified), resolved through its imports: calls, decorators, base
-    classes and values passed on alike."""
+def uses_of(parsed: ParsedModule, names: frozenset[str] | None) -> list[cst.BaseExpression]:
+    """The file's references to any of `names` (qualified; None: to anything imported), resolved through its
+    imports: calls, decorators, base classes and values passed on alike."""
     return [node for node in parsed.nodes_of(cst.Name, cst.Attribute) if
             not (isinstance(parsed.parents[node], cst.Attribute) and parsed.parents[node].value is node) and
             not isinstance(parsed.parents[node], (cst.ImportAlias, cst.AsName)) and
-            parsed.imported_name(node) in names]
+            (parsed.imported_name(node) in names if names is not None else parsed.imported_name(node) is not None)]
+
+
+def script_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
+    """Where the file may hand code to TorchScript's compiler: SCRIPT_ENTRIES, the compiler's own module
+    (`torch.jit._script.script`), and `torch.jit` itself taken as a value (`getattr(torch.jit, "script")`)."""
+    return [node for node in uses_of(parsed, None) if parsed.imported_name(node) in SCRIPT_ENTRIES or
+            parsed.imported_name(node) == "torch.jit" or parsed.imported_name(node).startswith(SCRIPT_PRIVATE)]
 
 
 def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
@@ -262,11 +296,11 @@ def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers:
     return False
 
 
-def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str]]:
+def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str] | ClassSite]:
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
-    its registering function's name, the attributes it writes on other objects, and its uses of TorchScript's
-    compiler and of calls that swap a module's state, each with its kind ([] for a file that cannot be parsed: the
-    scan reports it)."""
+    its registering function's name, the attributes it writes on other objects, its uses of TorchScript's compiler
+    and of calls that swap a module's state, each with its kind, and its derived classes ([] for a file that cannot
+    be parsed: the scan reports it)."""
     found: list = []
     uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None
     computed = MAY_HOOK_BY_NAME.search(text) is not None
@@ -277,7 +311,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
                      global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS) +
                      hooks_by_computed_name(parsed)]
             found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
-                      for kind, nodes in (("script", uses_of(parsed, SCRIPT_ENTRIES)), ("swap", state_swaps(parsed)))
+                      for kind, nodes in (("script", script_uses(parsed)), ("swap", state_swaps(parsed)))
                       for node in nodes]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
@@ -285,15 +319,17 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
         names, reshaped = outside_writes_of_source(text)
         if names:
             found.append(AttributeWrites(path, frozenset(names), frozenset(reshaped)))
-    return found
+    return found + class_sites(path, text)
 
 
-def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites]) -> ProjectFacts:
-    """The hooks registered and the attributes written in the scanned tree, from every file's `hook_sites`."""
+def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite]) -> ProjectFacts:
+    """The hooks registered, the attributes written and the classes derived in the scanned tree, from every file's
+    `hook_sites`."""
     hooks = [site for site in sites if isinstance(site, tuple)]
     return ProjectFacts(tuple(site for site, name in hooks if name in GLOBAL_CALL_HOOKS),
                         tuple(site for site, name in hooks if name in REGISTRATION_HOOKS),
                         tuple(site for site, name in hooks if name in HOOK_METHODS),
                         tuple(site for site in sites if isinstance(site, AttributeWrites)),
                         tuple(site for site, kind in hooks if kind == "script"),
-                        tuple(site for site, kind in hooks if kind == "swap"))
+                        tuple(site for site, kind in hooks if kind == "swap"),
+                        tuple(site for site in sites if isinstance(site, ClassSite)))

@@ -25,7 +25,7 @@ import os
 import pickle
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -44,7 +44,21 @@ def cache_root() -> Path:
 
 
 def _digest(*parts) -> str:
-    return hashlib.blake2b(repr(parts).encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
+    return hashlib.blake2b(repr(_canonical(parts)).encode("utf-8", "surrogatepass"), digest_size=20).hexdigest()
+
+
+def _canonical(value):
+    """`value` with its sets sorted, so that its repr is the same in every process: a set's order follows the
+    strings' hashes, which differ from one process to the next (the tree's facts hold sets of names)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(item) for item in value), key=repr)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_canonical(item) for item in value)
+    if isinstance(value, dict):
+        return sorted(((repr(_canonical(key)), _canonical(item)) for key, item in value.items()), key=repr)
+    if is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, *(_canonical(getattr(value, f.name)) for f in fields(value)))
+    return value
 
 
 @lru_cache(maxsize=1)

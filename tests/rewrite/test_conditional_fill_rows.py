@@ -87,7 +87,7 @@ def test_the_fill_under_if_is_safe_with_its_rows_fact_settled(form):
 def test_both_paths_of_the_if_match_the_original_with_gradients(form):
     source = _source(form)
     fixed = analyze_source(source, "case.py").fixed
-    assert "attn_keep = None" in fixed and "scaled_dot_product_attention" in fixed
+    assert "attn_keep: torch.Tensor | None = None" in fixed and "scaled_dot_product_attention" in fixed
     original = load_module_from_source(source, f"cond_{form}").attend
     patched = load_module_from_source(fixed, f"cond_{form}_fixed").attend
     generator = torch.Generator().manual_seed(11)
@@ -147,7 +147,7 @@ def test_two_fills_of_one_value_under_two_ifs_share_one_keep_mask():
     finding = _attention_finding(source)
     assert finding.fix_safety == "safe" and not _facts(finding, "assumed"), finding.reason
     fixed = analyze_source(source, "case.py").fixed
-    assert "attn_keep = None" in fixed and "attn_keep is None else attn_keep &" in fixed
+    assert "attn_keep: torch.Tensor | None = None" in fixed and "attn_keep is None else attn_keep &" in fixed
     original = load_module_from_source(source, "two_fills").attend
     patched = load_module_from_source(fixed, "two_fills_fixed").attend
     generator = torch.Generator().manual_seed(5)

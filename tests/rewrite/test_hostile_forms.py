@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 from advisor.static.tree_facts import tree_context
 from fixture_models import load_module_from_source
 
@@ -363,6 +363,7 @@ class Attn(nn.Module):
     def __init__(self):
         super().__init__()
         self.attn_drop = nn.Dropout(0.5)
+        self.switch = self.train
 
     def forward(self, q, k, v):
         a = (q @ k.transpose(-2, -1)) * q.size(-1) ** -0.5
@@ -388,6 +389,9 @@ class Attn(nn.Module):
     '__import__("operator").methodcaller("train", False)(self.attn_drop)',
     "self.attn_drop.train.__call__(False)",
     "for m in self.modules(): m.p = 0.0",
+    # through a method stored on the instance, and on a module looked up by name
+    "self.switch(False)",
+    'getattr(self, "attn_drop").p = 0.0',
 ])
 def test_every_spelling_of_a_mode_switch_between_dropout_and_value_product_stops_the_safe_patch(switch):
     """A second breaker's spellings of the training-flag flip the first fix (`self.train()`) did not see."""
@@ -519,6 +523,13 @@ CAUSAL_BUFFER_BLOCK = textwrap.dedent('''\
     "torch.utils.swap_tensors(model.bias, torch.ones(1, 1, 8, 8))",
     "model.bias.__class__.fill_(model.bias, 1)",
     'model.__dict__.get("_buffers")["bias"] = torch.ones(1, 1, 8, 8)',
+    # a lambda writing what it is given: called at once, bound to a name, or passed on with the tensors
+    "(lambda t: t.fill_(1))(model.bias)",
+    "fill = lambda t: t.fill_(1)\nfill(model.bias)",
+    "list(map(lambda t: t.fill_(1), [model.bias]))",
+    "def fill(t):\n    t.fill_(1)\n\n\nlist(map(fill, (model.bias,)))",
+    # a fifth breaker's: a parametrization turns the buffer into a property computed at each read
+    'torch.nn.utils.parametrize.register_parametrization(model, "bias", nn.Identity())',
 ])
 def test_a_causal_buffer_the_caller_overwrites_is_not_read_as_registered(write):
     """A `persistent=False` causal buffer filled with ones by the caller: each spelling made the safe patch pass
@@ -670,6 +681,57 @@ def test_a_mixin_before_the_class_in_a_subclass_overriding_a_helper_refuses():
         ''')
     [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
     assert finding.fix_safety != "safe" and "Mix" in (finding.reason or ""), finding.reason
+
+
+HELPER_BLOCK = textwrap.dedent('''\
+    import torch
+    import torch.nn as nn
+
+
+    class Attn(nn.Module):
+        def scores(self, q, k):
+            return (q @ k.transpose(-2, -1)) * 0.125
+
+        def norm(self, s):
+            return s.softmax(-1)
+
+        def forward(self, q, k, v):
+            return self.norm(self.scores(q, k)) @ v
+    ''')
+
+
+@pytest.mark.parametrize("subclass", [
+    "Sub = type('Sub', (Attn,), {'scores': lambda self, q, k: q @ k.transpose(-2, -1)})",
+    "model = Attn()\nmodel.__class__ = type('S2', (Attn,), dict(scores=lambda self, q, k: q @ k.mT))",
+    "def make(ns):\n    return type('Sub', (Attn,), ns)",  # a namespace no display shows
+    "def twice(cls):\n    cls.norm = lambda self, s: (s * 2).softmax(-1)\n    return cls\n\n\n"
+    "Sub = twice(type('Sub', (Attn,), {}))",
+    "model = Attn()\nvars(model).update(norm=lambda s: (s * 2).softmax(-1))",
+    "class Sub(Attn):\n    def __getattribute__(self, name):\n        return super().__getattribute__(name)",
+])
+def test_a_subclass_built_at_run_time_or_a_method_replaced_refuses_inlining(subclass):
+    """A fourth breaker's: subclasses made by `type()`, a class decorator, a method swapped into an instance's
+    namespace, a `__getattribute__` (fp64 output errors 0.88 to 1.29): the inlined helper is not what runs."""
+    source = HELPER_BLOCK + "\n\n" + subclass + "\n"
+    assert not _safe_findings(source)
+
+
+@pytest.mark.parametrize("subclass, safe", [
+    ("class Sub(Attn):\n    def scores(self, q, k):\n        return q @ k.transpose(-2, -1)", False),
+    ("class Sub(attn.Attn):\n    def __init__(self):\n        super().__init__()\n        self.scores = None", False),
+    ("class Deeper(Sub):\n    def scores(self, q, k):\n        return q @ k.mT\n\n\nclass Sub(Attn):\n    pass", False),
+    ("class Sub(Attn):\n    def extra(self):\n        return 1", True),  # redefines nothing the block uses
+])
+def test_a_subclass_in_another_file_that_redefines_an_inlined_helper_refuses(tmp_path, subclass, safe):
+    """Only subclasses in the block's own file were read: `class Sub(Attn)` in another file overriding the inlined
+    `scores` left a safe patch whose Sub instances ran the base's helper."""
+    (tmp_path / "attn.py").write_text(HELPER_BLOCK)
+    (tmp_path / "sub.py").write_text("import attn\nfrom attn import Attn\n\n\n" + subclass + "\n")
+    result = scan_paths([str(tmp_path)], jobs=1)
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    assert (finding.fix_safety == "safe") == safe, finding.reason
+    if not safe:
+        assert "sub.py" in finding.reason
 
 
 @pytest.mark.parametrize("replacement", [

@@ -134,3 +134,20 @@ def test_a_cast_left_inside_an_operand_is_named_by_the_dtype_fact(product):
     [finding] = [f for f in analyze_source(source, "casts.py").findings if f.kind == "attention"]
     facts = {fact["name"]: fact["statement"] for group in finding.extra["facts"].values() for fact in group}
     assert "`q" in facts["qkv-dtype"] and "`v` have one dtype" in facts["qkv-dtype"], facts
+
+
+def test_operand_casts_to_two_dtypes_are_kept_where_the_original_always_raises():
+    """`q.float() @ k.double().mT` raises on every input; stripping both casts gave SDPA one dtype, and a patch that
+    returned a tensor (bug_19). Casts to two dtypes stay on the operands, so the patch raises as the original does."""
+    source = CAST_BACK.replace("q.float(), k.float()", "q.float(), k.double()")
+    result = analyze_source(source, "casts.py", unsafe_fixes=True)
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    fixed = result.fixed_with([finding]).text
+    assert "scaled_dot_product_attention(q, k, v" not in fixed
+    original = load_module_from_source(source, "casts_two_original").attend
+    patched = load_module_from_source(fixed, "casts_two_patched").attend
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        args = _inputs(dtype, dtype, dtype)
+        for attend in (original, patched):
+            with pytest.raises(RuntimeError):
+                attend(*args)

@@ -185,3 +185,54 @@ def test_a_module_another_file_of_the_tree_scripts_is_patched_into_code_torchscr
     with torch.no_grad():
         for mask in (_padding(), None):
             torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
+
+
+# A fifth breaker's: TorchScript compiling a patch the scan never saw scripted (a user's script outside the tree), an
+# int scale where the file scripts itself by a spelling not read before.
+
+@pytest.mark.parametrize("body", [PADDING_VIEWED, FINITE_FILL], ids=["hoisted mask", "conditional finite fill"])
+def test_a_patch_compiles_where_a_user_outside_the_tree_scripts_the_original(body):
+    """No `torch.jit` in the file: the hoisted mask variable is annotated `torch.Tensor | None` all the same, and
+    each conditional expression tests the variable its branch reads, so TorchScript refines its Optional type."""
+    source = MODULE.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
+    source = source.replace("def make():\n    return torch.jit.script(Attention())\n", "")
+    _, fixed = _patched(source)
+    assert "jit" not in fixed
+    torch.manual_seed(0)
+    original = torch.jit.script(load_module_from_source(source, "outside_original").Attention()).eval()
+    patched = torch.jit.script(load_module_from_source(fixed, "outside_fixed").Attention()).eval()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1))
+    mask = _padding() if body is PADDING_VIEWED else (~_padding())[:, None, None, :].long()
+    with torch.no_grad():
+        for inputs in ((x, mask), (x, None)):
+            torch.testing.assert_close(patched(*inputs), original(*inputs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scripting", ['getattr(torch.jit, "script")(Attention())',
+                                       "torch.jit._script.script(Attention())"])
+def test_an_int_scale_is_passed_as_a_float_where_the_file_scripts_itself(scripting):
+    """TorchScript's SDPA takes a `float?` scale: `* self.heads` (an int) compiled in the original's product, and
+    the patch's `scale=self.heads` did not."""
+    body = "s = (q @ k.transpose(-2, -1)) * self.heads\nout = s.softmax(dim=-1) @ v\n"
+    source = MODULE.format(body=textwrap.indent(body, " " * 8)).replace("torch.jit.script(Attention())", scripting)
+    _, fixed = _patched(source)
+    assert "scale=float(self.heads)" in fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "int_scale").make().eval()
+    patched = load_module_from_source(fixed, "int_scale_fixed").make().eval()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x), original(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_file_that_announces_torchscript_is_patched_as_scripted():
+    """`torch.jit.Final` and its like say the module is meant to be scripted, wherever the compiler is called."""
+    body = "s = (q @ k.transpose(-2, -1)) * self.heads\nout = s.softmax(dim=-1) @ v\n"
+    source = MODULE.format(body=textwrap.indent(body, " " * 8)).replace(
+        "def make():\n    return torch.jit.script(Attention())\n", "").replace(
+        "class Attention(nn.Module):\n", "class Attention(nn.Module):\n    heads: torch.jit.Final[int]\n\n")
+    _, fixed = _patched(source)
+    assert "scale=float(self.heads)" in fixed
+    torch.jit.script(load_module_from_source(fixed, "announced_fixed").Attention())  # compiles

@@ -105,7 +105,10 @@ def test_an_edit_that_writes_the_global_is_seen_by_the_next_scan(tmp_path):
     "import program\n\nprogram.MASK = program.MASK - 1e9\n",
     "from program import MASK\n\nMASK.sub_(1e9)\n",
     "from program import MASK as M\n\nM[..., 1:] = -1e9\n",
-], ids=["module-attribute", "data-elements", "rebound", "from-import", "from-import-elements"])
+    # a fifth breaker's: through a local alias of the module's attribute, and through a list holding it
+    "import program\n\nt = program.MASK\nt.fill_(-1e9)\n",
+    "import program\n\nts = [program.MASK]\nts[0].fill_(-1e9)\n",
+], ids=["module-attribute", "data-elements", "rebound", "from-import", "from-import-elements", "alias", "list"])
 def test_another_file_of_the_tree_that_writes_the_global_leaves_the_facts_assumed(tmp_path, writer):
     (tmp_path / "program.py").write_text(BASE)
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]

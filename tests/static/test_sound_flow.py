@@ -184,6 +184,11 @@ def attend(q, k, v, scale):
     ("for row in q: row.mul_(2.0)", "written in place"),
     ("cache = {'k': k}; cache['k'].zero_()", "written in place"),
     ("kt = k.transpose(-2, -1) if True else k; kt.zero_()", "written in place"),
+    # a fourth breaker's: through a view, a walrus, a comprehension over it, numpy, a closure or a lambda called here
+    ("k.view(-1)[:] = 0", "written in place"),
+    ("(kk := k).zero_()", "written in place"),
+    ("[row.zero_() for row in k]", "written in place"),
+    ("q.detach().numpy()[...] *= 2", "written in place"),
 ])
 def test_inputs_changed_after_the_scores_are_refused(statement, how):
     source = attention(f"""
@@ -194,6 +199,24 @@ def test_inputs_changed_after_the_scores_are_refused(statement, how):
     """)
     finding = the_finding(source)
     assert finding.rule == "ADV103" and how in finding.reason, finding.reason
+
+
+@pytest.mark.parametrize("defined, called", [
+    ("def reset():\n    k.zero_()", "reset()"),
+    ("clear = lambda: q.mul_(2.0)", "clear()"),
+])
+def test_a_nested_function_that_writes_an_input_in_place_is_refused(defined, called):
+    """Defined before the scores, called between them and the product (a fourth breaker's): the write's own line
+    lies outside the window, its call inside."""
+    source = attention(f"""
+        {textwrap.indent(defined, "        ").strip()}
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        {called}
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "in a function defined in this one" in finding.reason, finding.reason
 
 
 def test_a_nested_function_that_rebinds_an_input_is_refused():

@@ -33,7 +33,7 @@ def assemble_mask(c: Candidate) -> None:
     fixup = match.row_fixup
     if fixup is not None and fixup.conditional:  # bound where the original fills, None where it does not
         match.attn_mask = _hoist(c, terms, list(fixup.keeps), cst.BitAnd, fixup.keep_name,
-                                 assignment(fixup.keep_name, cst.Name("None")))
+                                 _no_mask_yet(c, fixup.keep_name))
         return
     if fixup is not None:  # one finite fill: the keep mask, its fully masked rows made uniform
         match.attn_mask = fixup.keep
@@ -135,11 +135,13 @@ def _branches(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.If, bool]]:
 
 
 def _no_mask_yet(c: Candidate, name: str) -> cst.BaseSmallStatement:
-    """`name = None`, or `name: torch.Tensor | None = None` where TorchScript compiles the function (SDPA's
-    attn_mask is `Optional[Tensor]` there too; Python never evaluates a local variable's annotation)."""
-    if not scope.is_scripted(c.parsed, c.home, c.owner):
-        return assignment(name, cst.Name("None"))
+    """`name: torch.Tensor | None = None`: TorchScript types a variable by its first binding, so a plain `name =
+    None` later bound to a tensor fails to compile, and a user may script the function from outside the scanned
+    tree (SDPA's attn_mask is `Optional[Tensor]` there too; Python never evaluates a local variable's annotation).
+    A plain `name = None` where torch is not imported as a module, unless TorchScript is seen compiling it."""
     torch_name = c.parsed.module_aliases.get("torch")
+    if torch_name is None and not scope.is_scripted(c.parsed, c.home, c.owner):
+        return assignment(name, cst.Name("None"))
     if torch_name is None:
         raise Refusal("the function is compiled by TorchScript, where the merged mask variable must be annotated "
                       "`torch.Tensor | None`, and torch is not imported as a module")

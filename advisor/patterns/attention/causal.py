@@ -161,7 +161,7 @@ def reads_causal_additive(c, mask: cst.BaseExpression, values_of: Resolve) -> bo
     if built is None:
         return built_keeps_first_key(c, under_row_reads(base), values_of)
     if isinstance(built, cst.Name):  # `self.register_buffer("mask", mask)`: what the local holds there, that read
-        return built_keeps_first_key(c, built, lambda name: assigned_values(c.parsed, name, followed=built))
+        return built_keeps_first_key(c, built, lambda name: assigned_values(c.parsed, name, followed=(built,)))
     return built_keeps_first_key(c, built, values_of)
 
 

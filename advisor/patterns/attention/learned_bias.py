@@ -30,6 +30,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, flow_for, function_of
 from advisor.patterns.attention.helpers import argument_of, helper_named
 from advisor.patterns.values import ValueProver, is_loop_counter
+from advisor.static.dataflow import is_self_attribute
 from advisor.static.walk import children, walk
 
 PARAMETERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
@@ -97,7 +98,7 @@ def values_of(c: Candidate, node: cst.BaseExpression,
             return None
         returned = _returns(function)
         return returned if returned and None not in returned else None
-    if isinstance(node, cst.Subscript) and _self_attribute(node.value):
+    if isinstance(node, cst.Subscript) and is_self_attribute(node.value):
         return _memo_values(c, node.value.attr.value, elsewhere)
     return None
 
@@ -124,7 +125,7 @@ def _tables(c: Candidate, node: cst.BaseExpression, read: set[str], depth: int,
             return below(argument)
         definitions = _reaching(c, node)
         return _all(below(value) for value in definitions) if definitions else None
-    if _self_attribute(node) and _is_learned(c, node.attr.value, elsewhere):
+    if is_self_attribute(node) and _is_learned(c, node.attr.value, elsewhere):
         read.add(node.attr.value)
         return {node.attr.value}
     return None
@@ -166,10 +167,6 @@ def _returns(function: cst.FunctionDef) -> list[cst.BaseExpression | None]:
 
     walk(function, Returns())
     return found
-
-
-def _self_attribute(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
 
 
 def _is_learned(c: Candidate, attribute: str, elsewhere: list) -> bool:
@@ -261,7 +258,7 @@ def _uses(node: cst.CSTNode, attribute: str) -> list[cst.Attribute]:
 
     class Uses(cst.CSTVisitor):
         def visit_Attribute(self, node: cst.Attribute) -> None:
-            if _self_attribute(node) and node.attr.value == attribute:
+            if is_self_attribute(node) and node.attr.value == attribute:
                 found.append(node)
 
     walk(node, Uses())
@@ -282,7 +279,7 @@ def _new_of(value: cst.BaseExpression, attribute: str) -> bool:
     """`self.<attribute>.new_empty(...)` (or `new_zeros`, ...): a tensor of the attribute's own dtype."""
     return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
         value.func.attr.value.startswith("new_") and "dtype" not in {a.keyword.value for a in value.args if a.keyword} \
-        and _self_attribute(value.func.value) and value.func.value.attr.value == attribute
+        and is_self_attribute(value.func.value) and value.func.value.attr.value == attribute
 
 
 def integer_index(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bool:
@@ -299,7 +296,7 @@ def integer_index(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> boo
             return True
         values = _reaching(c, node)
         return bool(values) and all(below(value) for value in values)
-    if _self_attribute(node) and c.owner is not None:
+    if is_self_attribute(node) and c.owner is not None:
         values = c.owner.shape_values(node.attr.value)  # element writes (`.copy_`) keep the dtype
         # a rebinding `self.index.new_empty(...)` keeps the dtype the other bindings give it
         others = [value for value in values or [] if not _new_of(value, node.attr.value)]

@@ -49,11 +49,13 @@ def _place_operands(c: Candidate, placed) -> None:
     """SDPA's query and key, `placed(strip)` giving (query, key, q operand, k operand, casts stripped). Float casts
     on the operands (`q.float() @ k.float().mT`) are casts of the scores: they go with the block (the precision
     fact judges them) and SDPA gets the operands uncast, or it would get a q and k of another dtype than the v the
-    original multiplies by the weights cast back. Recorded in `product_casts`: the product then no longer ties
+    original multiplies by the weights cast back. Casts to two dtypes stay (the original raises on every input, and
+so does SDPA). Recorded in `product_casts`: the product then no longer ties
     q's dtype to k's (see `tensor_facts._qkv_dtype_fact`). Where v is cast alike, the operands as written are kept
     (`keep_casts_with_value`)."""
     query, key, q_operand, k_operand, casts = placed(True)
-    if casts and (has_cast(q_operand) or has_cast(k_operand)):  # `q.float() @ (k.float() * s).mT`: one kept
+    if casts and (has_cast(q_operand) or has_cast(k_operand) or  # `q.float() @ (k.float() * s).mT`: one kept
+                  len({cast_dtype(c.parsed, op.node) for op in casts}) > 1):  # `q.float() @ k.double().mT` raises
         query, key, q_operand, k_operand, casts = *placed(False)[:4], []
     c.match.query, c.match.key, c.leaf_nodes = query, key, [q_operand, k_operand]
     c.product_casts = casts

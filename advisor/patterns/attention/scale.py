@@ -13,6 +13,7 @@ import re
 
 import libcst as cst
 
+from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, parameter_claims, statement_of
 from advisor.patterns.attention.mask_terms import enclosing_views, mask_term, reshape_term
 from advisor.patterns.attention.rendering import at_home, short
@@ -189,12 +190,30 @@ def _positive_form(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bo
 
 
 def _scale(c: Candidate) -> cst.BaseExpression | None:
-    """The product of the factors over the divisors; a factor applied under an `if` is 1.0 when it is not."""
+    """The product of the factors over the divisors; a factor applied under an `if` is 1.0 when it is not. Where
+    TorchScript compiles the function, a product that may be an int is passed as `float(...)`: its SDPA takes a
+    `float?` scale only."""
     if not c.factors:
         return number(1.0)
     if len(c.factors) == 1 and not c.chain.factor_guards and _is_default_scale(c, *c.factors[0]):
         return None
-    return _product(c, c.factors)
+    product = _product(c, c.factors)
+    if _surely_float(product) or not scope.is_scripted(c.parsed, c.home, c.owner):
+        return product
+    return cst.Call(cst.Name("float"), [cst.Arg(product)])
+
+
+def _surely_float(node: cst.BaseExpression) -> bool:
+    """A float literal, a true division, or a product or sum with one such operand."""
+    while isinstance(node, cst.UnaryOperation):
+        node = node.operand
+    if isinstance(node, cst.Float):
+        return True
+    if isinstance(node, cst.BinaryOperation):
+        return isinstance(node.operator, cst.Divide) or \
+            isinstance(node.operator, (cst.Multiply, cst.Add, cst.Subtract)) and \
+            (_surely_float(node.left) or _surely_float(node.right))
+    return False
 
 
 def _same_guard(c: Candidate, node: cst.CSTNode, other: cst.CSTNode) -> bool:

@@ -1,0 +1,138 @@
+"""The classes of a file as the rest of the tree sees them: what each derives from and what it defines.
+
+A rewrite inlines a class's helper methods and reads its attributes as the class binds them. A subclass anywhere in
+the scanned tree that redefines one (`class Sub(Attn): def norm(...)` in another file, `type("S", (Attn,), {...})`,
+a `__getattribute__`) runs the rewritten base with another meaning. Every file is read with CPython's parser (the
+parse outside_writes shares), and its classes travel with the tree-wide facts (static.project.ProjectFacts).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from advisor.static.python_ast import nodes, python_tree
+
+ANY_NAME = "*"  # what a class whose namespace is computed may define
+UNNAMED_BASE = "?"  # a base no name gives (`type(name, bases, ns)` with computed bases): may be any class
+# a class statement's bases (up to the first closing parenthesis), and the bases that derive from no class of a tree
+CLASS_BASES = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.MULTILINE)
+PLAIN_BASES = re.compile(r"\s*(?:(?:torch\.)?nn\.Module|object)?\s*,?\s*")
+PLAIN_BASE_NAMES = frozenset({"Module", "object"})  # `nn.Module`, `torch.nn.Module`, `object` by their last names
+MAY_BUILD_CLASS = re.compile(r"\btype\s*\([^()]*,")  # `type(name, bases, namespace)`, not `type(x)`
+REGISTRARS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
+
+
+@dataclass(frozen=True)
+class ClassSite:
+    """A class statement with bases, or a three-argument `type(...)` call: the last name of each base, and the names
+    it defines (methods, class attributes, `self.` attributes its methods bind; ANY_NAME for a computed one)."""
+
+    path: str
+    line: int
+    name: str
+    bases: tuple[str, ...]
+    defines: frozenset[str]
+
+    def derives_from(self, names: set[str]) -> bool:
+        return UNNAMED_BASE in self.bases or not names.isdisjoint(self.bases)
+
+
+def class_sites(path: str, text: str) -> list[ClassSite]:
+    """The file's classes that derive from something other than `nn.Module` or `object` ([] for source CPython
+    cannot parse: the scan reports it). A file whose classes all derive from those alone, and that builds none
+    with `type`, is not parsed: none of its classes derives from a class of the tree."""
+    builds = MAY_BUILD_CLASS.search(text) is not None
+    if not builds and all(PLAIN_BASES.fullmatch(bases) for bases in CLASS_BASES.findall(text)):
+        return []
+    try:
+        tree = python_tree(text, path)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found = [ClassSite(path, node.lineno, node.name, bases, _defined(node)) for node in _class_statements(tree.body)
+             for bases in [tuple(name for base in node.bases for name in _base_names(base))]
+             if bases and not set(bases) <= PLAIN_BASE_NAMES]
+    for node in nodes(tree) if builds else ():
+        if type(node) is ast.Call and type(node.func) is ast.Name and node.func.id == "type" and \
+                len(node.args) == 3 and not node.keywords:
+            name, bases, namespace = node.args
+            found.append(ClassSite(path, node.lineno, name.value if _string(name) else UNNAMED_BASE,
+                                   tuple(n for b in bases.elts for n in _base_names(b)) if type(bases) is ast.Tuple
+                                   else (UNNAMED_BASE,), _namespace_keys(namespace)))
+    return found
+
+
+def _class_statements(body: list[ast.stmt]) -> list[ast.ClassDef]:
+    """The class statements among `body` and the statements nested in it (under `if`, `try`, in functions and
+    classes): a walk of statements alone, not of every expression."""
+    found, pending = [], list(body)
+    while pending:
+        statement = pending.pop()
+        if type(statement) is ast.ClassDef:
+            found.append(statement)
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(statement, name, None)
+            if type(inner) is list:
+                pending.extend(inner)
+    return found
+
+
+def _base_names(node: ast.AST) -> list[str]:
+    """`Attn`, `mod.Attn` -> ['Attn']; `Generic[T]` -> ['Generic']; a call (`with_metaclass(Meta, Attn)`) -> the
+    names it is given, and its own; anything else may be any class."""
+    if type(node) is ast.Subscript:
+        node = node.value
+    if type(node) is ast.Call:
+        return [name for part in [node.func, *node.args] for name in _base_names(part)
+                if name != UNNAMED_BASE or part is node.func]
+    return [node.id if type(node) is ast.Name else node.attr if type(node) is ast.Attribute else UNNAMED_BASE]
+
+
+def _string(node: ast.AST) -> bool:
+    return type(node) is ast.Constant and isinstance(node.value, str)
+
+
+def _namespace_keys(node: ast.AST) -> frozenset[str]:
+    """The names a `type(...)` namespace defines: a dict display's string keys; any name for anything else."""
+    if type(node) is ast.Dict and all(key is not None and _string(key) for key in node.keys):
+        return frozenset(key.value for key in node.keys)
+    if type(node) is ast.Call and type(node.func) is ast.Name and node.func.id == "dict" and not node.args and \
+            all(keyword.arg is not None for keyword in node.keywords):
+        return frozenset(keyword.arg for keyword in node.keywords)
+    return frozenset({ANY_NAME})
+
+
+def _defined(node: ast.ClassDef) -> frozenset[str]:
+    """What the class body binds, and what its methods bind on `self` (assigned, set by a literal name, registered);
+    ANY_NAME where a method sets one by a computed name."""
+    found: set[str] = set()
+    for statement in node.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(statement.name)
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            found.update(name.id for target in targets for name in ast.walk(target) if type(name) is ast.Name)
+    for inner in nodes(node):
+        kind = type(inner)
+        if kind is ast.Attribute and type(inner.ctx) is not ast.Load and _is_self(inner.value):
+            found.add(inner.attr)
+        elif kind is ast.Call and inner.args and _binds_on_self(inner):
+            found.add(inner.args[1].value if inner.args[1:] and _string(inner.args[1]) and _setattr(inner) else
+                      inner.args[0].value if not _setattr(inner) and _string(inner.args[0]) else ANY_NAME)
+    return frozenset(found)
+
+
+def _is_self(node: ast.AST) -> bool:
+    return type(node) is ast.Name and node.id == "self"
+
+
+def _setattr(call: ast.Call) -> bool:
+    return type(call.func) is ast.Name and call.func.id == "setattr"
+
+
+def _binds_on_self(call: ast.Call) -> bool:
+    """`setattr(self, ...)`, `self.register_buffer(...)` and the like."""
+    if _setattr(call):
+        return _is_self(call.args[0])
+    return type(call.func) is ast.Attribute and call.func.attr in REGISTRARS and _is_self(call.func.value)
