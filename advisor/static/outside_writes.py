@@ -45,6 +45,8 @@ FINITE_DRAW = "~drawn"  # `name~drawn`: its elements drawn by torch.nn.init with
 # torch functions that write the data of every tensor in their second argument (`param.data = ...`)
 REBINDS_TENSORS_GIVEN = {"torch.nn.utils.vector_to_parameters",
                          "torch.nn.utils.convert_parameters.vector_to_parameters"}
+# methods giving a module's tensors themselves, each of which a function mapped over them may write
+TENSOR_LISTS = frozenset({"buffers", "named_buffers", "parameters", "named_parameters", "state_dict", "values"})
 # functions that rebind the tensors they are given (`torch.utils.swap_tensors(m.bias, t)`)
 SWAPS = {"torch.utils.swap_tensors", "torch.utils._python_dispatch.swap_tensors"}
 # modules whose functions turn a module's tensor, named by their second argument ("weight" by default), into a
@@ -480,16 +482,18 @@ class _Writes:
 
     def _writer_passed_on(self, args: list[ast.AST]) -> None:
         """A function writing its parameters given to another call (`map(lambda t: t.fill_(1), [m.bias])`): it may
-        be called on each tensor the call is given beside it, listed or, where not listed, any attribute's."""
+        be called on each tensor the call is given beside it (an attribute, listed or not, or a name aliasing one),
+        or on any of a module's tensors where it is given them (`map(fill, m.buffers())`)."""
         if not any(arg in self.writers or isinstance(arg, ast.Name) and arg.id in self.writers for arg in args):
             return
         for given in args:
             if given in self.writers or isinstance(given, ast.Name) and given.id in self.writers:
                 continue
             for tensor in given.elts if isinstance(given, (ast.List, ast.Tuple)) else [given]:
-                if isinstance(tensor, (ast.Attribute, ast.Subscript)):
+                if isinstance(tensor, (ast.Attribute, ast.Subscript, ast.Name)):
                     self.target(tensor, elements_only=True)
-                else:
+                elif isinstance(tensor, ast.Call) and isinstance(tensor.func, ast.Attribute) and \
+                        tensor.func.attr in TENSOR_LISTS:
                     self.write(ANY_ATTRIBUTE, elements_only=True)
 
     def _function_call(self, node: ast.Call, args: list[ast.AST]) -> bool:

@@ -437,6 +437,11 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
      ({"bias"}, set())),
     ("import torch.nn as nn\n\n\ndef f(m, n):\n    if isinstance(m, nn.Linear):\n        m = n\n"
      "        m.bias.zero_()\n", False, ({"bias"}, set())),
+    # a function writing its parameter, handed on: the tensors given beside it (a list, a module's buffers), but
+    # not a number given to `partial` with it (timm's `named_apply(partial(_init_weights, scale=s), self)`)
+    ("def w(t):\n    t.zero_()\n\n\ndef f(m, s):\n    map(w, [m.bias])\n    partial(w, scale=s)\n", False,
+     ({"bias"}, set())),
+    ("def f(m):\n    list(map(lambda t: t.zero_(), m.buffers()))\n", False, ({"*", "*raw"}, set())),
 ])
 def test_writes_on_other_objects_resolve_names_as_the_analysis_does(source, own, expected) -> None:
     """One reader for the analysed file (own) and the rest of the tree, resolving names as
