@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 WATCH_INTERVAL_S = 0.2
@@ -43,3 +44,15 @@ def _end(group: bool) -> None:
     if group:
         os.killpg(os.getpgrp(), signal.SIGKILL)
     os._exit(1)
+
+
+def worker_pool(workers: int, start=None, *args) -> ProcessPoolExecutor:
+    """A process pool whose workers end with this process (`end_with_parent`), each running `start(*args)` once as
+    it starts (what every task needs, sent once rather than with each task)."""
+    return ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(os.getpid(), start, args))
+
+
+def _start_worker(parent_pid: int, start, args: tuple) -> None:
+    end_with_parent(parent_pid)
+    if start is not None:
+        start(*args)

@@ -16,7 +16,7 @@ from functools import partial
 
 import libcst as cst
 
-from advisor.child_lifetime import end_with_parent
+from advisor.child_lifetime import worker_pool
 from advisor.contracts.detected import Detected, StaticContext
 from advisor.contracts.finding import Finding, ScanError, display_path
 from advisor.contracts.evidence import RuntimeEvidence
@@ -211,7 +211,7 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
                            fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
         if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    tree = tree_context(files, call_site_facts, cache=store)
+    tree = tree_context(files, call_site_facts, cache=store, jobs=jobs)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, tree=tree, path_rules=path_rules)
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)
@@ -265,15 +265,14 @@ def _pool(workers: int, scan_one=None) -> ProcessPoolExecutor:
     """Workers that end with this process, whatever ends it (README "Writes": a signal while scanning), each given
     `scan_one` once as it starts: sent with every task, its tree context (megabytes on a large tree) was pickled
     and unpickled once per chunk of files, which cost more than the analysis."""
-    return ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(os.getpid(), scan_one))
+    return worker_pool(workers, _keep_scan, scan_one)
 
 
-_WORKER_SCAN = None  # in a pool's worker: what it runs on each path (`_start_worker`)
+_WORKER_SCAN = None  # in a pool's worker: what it runs on each path (`_keep_scan`)
 
 
-def _start_worker(parent_pid: int, scan_one) -> None:
+def _keep_scan(scan_one) -> None:
     global _WORKER_SCAN
-    end_with_parent(parent_pid)
     _WORKER_SCAN = scan_one
 
 

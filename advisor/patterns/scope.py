@@ -481,11 +481,20 @@ MODULE_STATE = {"training", "__dict__", "_modules", "_parameters", "_buffers"}  
 
 
 def _stored_methods(parsed: ParsedModule) -> frozenset[str]:
-    """Attributes of `self` bound to an attribute read, not a call (`self.tf = self.train`, `self.f = nn.Module.eval`):
-    a method stored there, which a call of it (`self.tf(False)`) runs on whatever object it was read from."""
+    """Attributes of `self` bound to an attribute read of `self` or of an import, not a call (`self.tf = self.train`,
+    `self.f = nn.Module.eval`): a method stored there, which a call of it (`self.tf(False)`) runs on whatever object
+    it was read from (`self.dropout = config.p` stores a number, read from neither)."""
     return frozenset(target.target.attr.value for node in parsed.nodes_of(cst.Assign)
-                     if isinstance(node.value, cst.Attribute) for target in node.targets
+                     if isinstance(node.value, cst.Attribute) and _self_or_imported(parsed, node.value)
+                     for target in node.targets
                      if isinstance(target.target, cst.Attribute) and is_self_attribute(target.target))
+
+
+def _self_or_imported(parsed: ParsedModule, node: cst.Attribute) -> bool:
+    root = node
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    return isinstance(root, cst.Name) and root.value == "self" or parsed.imported_name(node) is not None
 
 
 def _self_rooted(node: cst.BaseExpression) -> bool:

@@ -94,7 +94,7 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
     names = _Names(tree.body, imports, bound)
     collector = _Writes(names, own, _narrowings(tests, names), _aliases(bindings, names.imports))
-    collector.writers = _parameter_writers(functions, bindings)
+    collector.writers = _parameter_writers(functions, writes, bindings)
     for node in writes:
         collector.read(node)
     return collector.names, collector.reshaped
@@ -196,22 +196,20 @@ def _aliases(bindings: list[tuple[ast.AST, ast.AST]], imports: dict[str, str]) -
     return found
 
 
-def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda],
+def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda], writes: list[ast.AST],
                        bindings: list[tuple[ast.AST, ast.AST]]) -> dict[str | ast.Lambda, set[int]]:
     """The file's functions by name (a lambda by itself, and by each name it is bound to), with the positions of
     the parameters each writes into (`def w(t): t.fill_(1)`, `t[...] = 1`, `lambda t: t.zero_()`): a call
-    `w(m.bias)` writes `m.bias`. Scope-blind, like the aliases."""
+    `w(m.bias)` writes `m.bias`. Scope-blind, like the aliases. Only functions with a parameter named like the root
+    of one of the file's `writes` are walked."""
     found: dict[str | ast.Lambda, set[int]] = {}
+    rooted = {root.id for root in map(_root_name, filter(None, map(_written_in_place, writes))) if root is not None}
     for function in functions:
         parameters = [arg.arg for arg in function.args.posonlyargs + function.args.args]
+        if rooted.isdisjoint(parameters):
+            continue
         for node in nodes(function):
-            written = None
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    _writes_its_receiver(node.func.attr):
-                written = node.func.value
-            elif isinstance(node, (ast.Assign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                written = next((t for t in targets if isinstance(t, ast.Subscript)), None)
+            written = _written_in_place(node)
             root = _root_name(written) if written is not None else None
             if root is not None and root.id in parameters:
                 key = function if isinstance(function, ast.Lambda) else function.name
@@ -220,6 +218,16 @@ def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda],
         if isinstance(target, ast.Name) and value in found:
             found.setdefault(target.id, set()).update(found[value])
     return found
+
+
+def _written_in_place(node: ast.AST) -> ast.AST | None:
+    """What `node` writes into: the receiver of an in-place method (`t.fill_(1)`), a subscripted target."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _writes_its_receiver(node.func.attr):
+        return node.func.value
+    if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return next((t for t in targets if isinstance(t, ast.Subscript)), None)
+    return None
 
 
 def _attributes_on_the_way(node: ast.AST, imports: dict[str, str]) -> list[str]:

@@ -136,16 +136,20 @@ class ScanCache:
         self._written_ok = self._trusted = _private(self.folder.parent) and _private(self.folder)
 
     # -- each file's part of the tree-wide facts ---------------------------------------------------------------
-    def contribution(self, source, compute):
-        """`compute(source)`, kept by the file's content and path (the parts name the file)."""
+    def kept_contribution(self, source):
+        """The file's part of the tree-wide facts as kept for its content and path (the parts name the file), or
+        None; the file's digest is learnt either way."""
         self.digests[os.path.realpath(source.path)] = source.digest
-        key = _digest("tree", FORMAT, code_digest(), source.path, source.digest)  # whatever the options
-        found = self._load(key)
-        if isinstance(found, tuple) and len(found) == 2:
-            return found
-        value = compute(source)
-        self._store(key, value)
-        return value
+        found = self._load(self._contribution_key(source.path, source.digest))
+        return found if isinstance(found, tuple) and len(found) == 2 else None
+
+    def keep_contribution(self, path: str, digest: str, value) -> None:
+        self.digests[os.path.realpath(path)] = digest
+        self._store(self._contribution_key(path, digest), value)
+
+    @staticmethod
+    def _contribution_key(path: str, digest: str) -> str:
+        return _digest("tree", FORMAT, code_digest(), path, digest)  # whatever the options
 
     # -- each file's result ---------------------------------------------------------------------------------------
     def scan(self, files: list[str], scan_one, run, done, tree) -> list:

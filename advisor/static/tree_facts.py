@@ -10,8 +10,10 @@ relevant name.
 
 from __future__ import annotations
 
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from advisor.child_lifetime import worker_pool
 from advisor.contracts.finding import ScanError
 from advisor.static.autograd_use import (AutogradSite, autograd_sites, autograd_uses, name_uses, nested, plain_pass,
                                           uses_name, worth_resolving)
@@ -55,33 +57,30 @@ class TreeContext:
         return (self.project, self.autograd)
 
 
+PARALLEL_FROM = 64  # files; a smaller tree's parts cost less than starting the workers
 OUTSIDE_CALLERS = ("call-site facts are off (`--no-call-site-facts`), so callers outside the scanned tree may ask "
                    "for double backward or forward-mode AD")
 
 
-def tree_context(paths: list[str], call_site_facts: bool = True, cache=None) -> TreeContext:
+def tree_context(paths: list[str], call_site_facts: bool = True, cache=None, jobs: int = 1) -> TreeContext:
     """The scanned tree's context (`tree_wide_facts`, then the call sites when `call_site_facts`). One file is its own
     tree: its hooks are its parse's own."""
-    project, autograd = tree_wide_facts(paths, call_site_facts, cache)
+    project, autograd = tree_wide_facts(paths, call_site_facts, cache, jobs)
     return TreeContext(project if len(paths) > 1 else None, autograd, Tree(paths) if call_site_facts else None)
 
 
-def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) -> tuple[ProjectFacts, TreeFacts]:
-    """What the whole tree says, with each file read once: the process-wide hooks it registers (static.project) and
-    what it asks of autograd. An unreadable or unparsable file adds nothing: the scan reports it. `callers_in_tree`
-    (the call-site-facts setting): a site passing on its function's parameter asks nothing where nothing in the tree
-    uses that function; off, every such site asks, and so do the callers outside the tree (OUTSIDE_CALLERS). `cache`
-    (advisor.static.scan_cache.ScanCache) keeps each file's part by its content, and learns each file's digest."""
+def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None,
+                    jobs: int = 1) -> tuple[ProjectFacts, TreeFacts]:
+    """What the whole tree says, from each file's `file_contribution`: the process-wide hooks it registers
+    (static.project) and what it asks of autograd. An unreadable or unparsable file adds nothing: the scan reports
+    it. `callers_in_tree` (the call-site-facts setting): a site passing on its function's parameter asks nothing
+    where nothing in the tree uses that function; off, every such site asks, and so do the callers outside the tree
+    (OUTSIDE_CALLERS). `cache` (advisor.static.scan_cache.ScanCache) keeps each file's part by its content, and
+    learns each file's digest. `jobs` > 1: the parts not kept are computed in that many processes."""
     hooks: list = []
     autograd: list[AutogradSite] = []
     reverse: list[AutogradSite] = []
-    for path in paths:
-        source = read_source(path)
-        if isinstance(source, ScanError):
-            continue
-        with collector_paused():
-            found_hooks, (found_autograd, found_reverse) = file_contribution(source) if cache is None else \
-                cache.contribution(source, file_contribution)
+    for found_hooks, (found_autograd, found_reverse) in _contributions(paths, cache, jobs):
         hooks += found_hooks
         autograd += found_autograd
         reverse += found_reverse
@@ -90,6 +89,51 @@ def tree_wide_facts(paths: list[str], callers_in_tree: bool = True, cache=None) 
     if not callers_in_tree:  # a library's callers may take double backward through it whatever the tree says
         return project_facts(hooks), TreeFacts(len(paths), (*autograd, AutogradSite(OUTSIDE_CALLERS)))
     return project_facts(hooks), TreeFacts(len(paths), *_callers_decide(autograd, lambda name: _used(paths, name)))
+
+
+def _contributions(paths: list[str], cache, jobs: int) -> list:
+    """Each readable file's `file_contribution`, in the order of `paths`: kept ones from the cache, the others
+    computed here or, for a large tree, in a pool (each worker reads the file itself: the texts are not sent)."""
+    parts: dict[str, tuple] = {}
+    todo: list[str] = []
+    for path in paths:
+        source = read_source(path)
+        if isinstance(source, ScanError):
+            continue
+        kept = cache.kept_contribution(source) if cache is not None else None
+        if kept is not None:
+            parts[path] = kept
+        elif jobs > 1 and len(paths) >= PARALLEL_FROM:
+            todo.append(path)
+        else:
+            with collector_paused():
+                _keep(parts, cache, path, (source.digest, file_contribution(source)))
+    if todo:
+        try:
+            with worker_pool(jobs) as pool:
+                for path, found in zip(todo, pool.map(_contribution_at, todo, chunksize=16)):
+                    _keep(parts, cache, path, found)
+        except BrokenProcessPool:  # a worker died: what it left is read here, as a scan of one process would
+            for path in todo:
+                if path not in parts:
+                    _keep(parts, cache, path, _contribution_at(path))
+    return [parts[path] for path in paths if path in parts]
+
+
+def _keep(parts: dict[str, tuple], cache, path: str, found: tuple[str, tuple] | None) -> None:
+    if found is not None:
+        parts[path] = found[1]
+        if cache is not None:
+            cache.keep_contribution(path, *found)
+
+
+def _contribution_at(path: str) -> tuple[str, tuple] | None:
+    """(the digest of the bytes read, `file_contribution`) of the file at `path`; None where it cannot be read."""
+    source = read_source(path)
+    if isinstance(source, ScanError):
+        return None
+    with collector_paused():
+        return source.digest, file_contribution(source)
 
 
 def file_contribution(source: SourceFile) -> tuple[list, tuple[list[AutogradSite], list[AutogradSite]]]:

@@ -399,6 +399,20 @@ def test_every_spelling_of_a_mode_switch_between_dropout_and_value_product_stops
     assert not _safe_findings(DROPOUT_BLOCK.format(switch=switch) + helper)
 
 
+def test_an_attribute_holding_a_number_read_from_elsewhere_is_no_stored_method():
+    """transformers' `self.dropout = config.attention_probs_dropout_prob` in one class, `self.dropout(probs)` (a
+    module) in another: a value read from `config` is no method of `self`, and the call switches no flag."""
+    source = DROPOUT_BLOCK.format(switch="pass").replace("self.attn_drop(", "self.dropout(").replace(
+        "self.attn_drop = nn.Dropout(0.5)", "self.dropout = nn.Dropout(0.5)") + textwrap.dedent('''\
+
+
+        class Settings:
+            def __init__(self, config):
+                self.dropout = config.attention_probs_dropout_prob
+        ''')
+    assert _safe_findings(source)
+
+
 @pytest.mark.parametrize("after", [
     'model.set_submodule("softmax", Other())',
     'setattr(model.softmax, "dim", -2)',

@@ -37,3 +37,26 @@ def test_names_written_elsewhere_is_the_join_of_the_other_files_writes():
         others = facts.writes_elsewhere(here)
         assert facts.names_written_elsewhere(here) == (frozenset().union(*(w.names for w in others)),
                                                       frozenset().union(*(w.reshaped for w in others)))
+
+
+def test_the_tree_wide_facts_computed_in_a_pool_are_those_computed_in_process(tmp_path):
+    """A tree of PARALLEL_FROM files or more reads its files' parts in worker processes: the same facts, hooks,
+    writes, classes and autograd requests, in the order of the files, with a cache learning the same digests."""
+    from advisor.static.scan_cache import ScanCache
+    from advisor.static.tree_facts import PARALLEL_FROM, tree_wide_facts
+
+    kinds = ["import torch\n\n\ndef f(m):\n    m.drop.register_forward_hook(print)\n",
+             "import torch.nn as nn\n\n\nclass Sub{i}(Base):\n    def norm(self, s):\n        return s\n",
+             "import torch\n\n\ndef f(m, t):\n    m.bias.fill_(1)\n    return torch.autograd.grad(t, m, create_graph=True)\n",
+             "def broken(:\n"]
+    paths = []
+    for i in range(PARALLEL_FROM + 4):
+        (tmp_path / f"f{i}.py").write_text(kinds[i % len(kinds)].format(i=i))
+        paths.append(str(tmp_path / f"f{i}.py"))
+    in_process = tree_wide_facts(paths, jobs=1)
+    in_pool = tree_wide_facts(paths, jobs=2)
+    assert in_pool == in_process and len(in_process[0].classes) == len(paths) // len(kinds)
+    caches = [ScanCache({}) for _ in range(2)]
+    for cache, jobs in zip(caches, (1, 2)):
+        assert tree_wide_facts(paths, cache=cache, jobs=jobs) == in_process
+    assert caches[0].digests == caches[1].digests and len(caches[0].digests) == len(paths)
