@@ -236,3 +236,21 @@ def test_a_file_that_announces_torchscript_is_patched_as_scripted():
     _, fixed = _patched(source)
     assert "scale=float(self.heads)" in fixed
     torch.jit.script(load_module_from_source(fixed, "announced_fixed").Attention())  # compiles
+
+
+def test_a_product_of_ints_is_passed_as_a_float_wherever_the_module_is_scripted():
+    """`* self.mult` with `self.mult = 2`: eager SDPA takes the int, TorchScript's does not, and a user may script
+    the module from outside the tree (a fifth breaker's generated programs)."""
+    body = "s = (q @ k.transpose(-2, -1)) * self.mult\nout = s.softmax(dim=-1) @ v\n"
+    source = MODULE.format(body=textwrap.indent(body, " " * 8)).replace(
+        "def make():\n    return torch.jit.script(Attention())\n", "").replace(
+        "self.causal = True", "self.causal = True\n        self.mult = 2")
+    _, fixed = _patched(source)
+    assert "scale=float(self.mult)" in fixed
+    torch.manual_seed(0)
+    original = torch.jit.script(load_module_from_source(source, "int_product").Attention()).eval()
+    patched = torch.jit.script(load_module_from_source(fixed, "int_product_fixed").Attention()).eval()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x), original(x), atol=1e-5, rtol=1e-5)

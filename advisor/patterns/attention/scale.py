@@ -190,17 +190,36 @@ def _positive_form(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bo
 
 
 def _scale(c: Candidate) -> cst.BaseExpression | None:
-    """The product of the factors over the divisors; a factor applied under an `if` is 1.0 when it is not. Where
-    TorchScript compiles the function, a product that may be an int is passed as `float(...)`: its SDPA takes a
-    `float?` scale only."""
+    """The product of the factors over the divisors; a factor applied under an `if` is 1.0 when it is not. A product
+    of ints (`* self.mult` with `self.mult = 2`), and, where TorchScript compiles the function, any product that may
+    be an int, is passed as `float(...)`: TorchScript's SDPA takes a `float?` scale only, and a user may script the
+    module from outside the scanned tree."""
     if not c.factors:
         return number(1.0)
     if len(c.factors) == 1 and not c.chain.factor_guards and _is_default_scale(c, *c.factors[0]):
         return None
     product = _product(c, c.factors)
-    if _surely_float(product) or not scope.is_scripted(c.parsed, c.home, c.owner):
+    ints = all(kind == "mul" and _int_literal(c, c.values.scalar_expression(factor)) for kind, factor in c.factors)
+    if not ints and (_surely_float(product) or not scope.is_scripted(c.parsed, c.home, c.owner)):
         return product
     return cst.Call(cst.Name("float"), [cst.Arg(product)])
+
+
+def _int_literal(c: Candidate, node: cst.BaseExpression | None, depth: int = 0) -> bool:
+    """An int literal, or a local name or `self.` attribute assigned only int literals (`self.mult = 2`)."""
+    while isinstance(node, cst.UnaryOperation):
+        node = node.operand
+    if isinstance(node, cst.Integer):
+        return True
+    if depth > 4:
+        return False
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+        return c.owner is not None and _int_literal(c, c.owner.only_value(node.attr.value), depth + 1)
+    if isinstance(node, cst.Name):
+        definitions = c.values.flow.definitions_of(node)
+        return bool(definitions) and not c.values.flow.sees_undefined(node) and all(
+            d.kind == "assign" and d.index is None and _int_literal(c, d.value, depth + 1) for d in definitions)
+    return False
 
 
 def _surely_float(node: cst.BaseExpression) -> bool:
