@@ -15,6 +15,7 @@ attention's causal `bias`). A computed binding that bypasses `nn.Module.__setatt
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from advisor.static.python_ast import nodes, python_tree
 
@@ -65,10 +66,37 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     """(names written on other objects, those written otherwise than into their elements); empty for source
     CPython cannot parse (the scan reports it). `own`: the file read is the one analysed, where `setattr(self, "x",
     v)` counts too (a class's attribute bound by a name the analysis of that class does not pair with a value)."""
+    collector = _collected(text, own)
+    return (collector.names, collector.reshaped) if collector is not None else (set(), set())
+
+
+@dataclass(frozen=True)
+class FileWrites:
+    """What one file of the tree writes on other objects, and what another file's functions may: its functions
+    that write a parameter in place (name, position), and the attributes it hands to an imported function (that
+    function's dotted name as imported, position, the attribute's name): `util.w(attn.CAUSAL)` writes `CAUSAL` where
+    `util`'s `w` writes its first parameter."""
+
+    names: frozenset[str]
+    reshaped: frozenset[str]
+    writers: frozenset[tuple[str, int]]
+    handed: frozenset[tuple[str, int, str]]
+
+
+def file_writes(text: str) -> FileWrites:
+    collector = _collected(text, False)
+    if collector is None:
+        return FileWrites(frozenset(), frozenset(), frozenset(), frozenset())
+    writers = frozenset((name, position) for name, positions in collector.writers.items() if isinstance(name, str)
+                        for position in positions)
+    return FileWrites(frozenset(collector.names), frozenset(collector.reshaped), writers, frozenset(collector.handed))
+
+
+def _collected(text: str, own: bool) -> "_Writes | None":
     try:
         tree = python_tree(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set(), set()
+        return None
     imports: list[ast.Import | ast.ImportFrom] = []
     bound: list[str] = []
     writes: list[ast.AST] = []
@@ -97,7 +125,7 @@ def outside_writes_of_source(text: str, own: bool = False) -> tuple[set[str], se
     collector.writers = _parameter_writers(functions, writes, bindings)
     for node in writes:
         collector.read(node)
-    return collector.names, collector.reshaped
+    return collector
 
 
 class _Names:
@@ -300,6 +328,7 @@ class _Writes:
         self.writers: dict[str | ast.Lambda, set[int]] = {}  # functions writing their parameters (positions)
         self.finite = False  # while the write read is a torch.nn.init draw of moderate values (FINITE_DRAW)
         self.through_setattr = False  # while the binding read goes through nn.Module.__setattr__ (not ANY_RAW)
+        self.handed: set[tuple[str, int, str]] = set()  # FileWrites.handed
 
     def write(self, name: str, elements_only: bool = False) -> None:
         if name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY) and not self.through_setattr:
@@ -519,6 +548,9 @@ class _Writes:
         dotted = self.resolve.dotted(func)
         if dotted is None and not isinstance(func, ast.Name):
             return False
+        if dotted is not None and not dotted.startswith(("torch.", "operator.")):  # maybe a writer of another file
+            self.handed.update((dotted, position, name) for position, arg in enumerate(args)
+                               for name in _attributes_on_the_way(arg, self.imports))
         if isinstance(func, ast.Name) and func.id in self.writers:  # a function of this file writing a parameter
             for position in self.writers[func.id]:
                 if position < len(args):

@@ -20,13 +20,14 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import PurePath
 
 import libcst as cst
 
 from advisor.contracts.finding import display_path
 from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.module_index import ParsedModule
-from advisor.static.outside_writes import REGISTRATION_HOOKS, outside_writes_of_source
+from advisor.static.outside_writes import REGISTRATION_HOOKS, file_writes
 from advisor.static.walk import walk
 
 # hooks that fire around every module call: a deleted module call loses them
@@ -54,11 +55,12 @@ HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", 
                           "register_full_backward_pre_hook", "register_backward_hook"})
 # A file none of whose lines may write an attribute of another object is not parsed for them: an assignment or
 # augmented assignment to a dotted target not starting at `self.`, a call that binds by name, an attribute table or
-# namespace (`vars(m)`), an in-place method, a state-dict loader.
+# namespace (`vars(m)`), an in-place method, a state-dict loader, an attribute handed to a function.
 MAY_WRITE_ATTRIBUTES = re.compile(
     r"(?m)^[ \t]*(?!self\.)[\w.]+(?:\[[^\n]*\])?\.\w+[^\n=]*?[-+*/@%&|^]?=(?!=)|setattr\(|__setattr__|register_buffer|"
     r"register_parameter|add_module|register_module\(|_modules\[|_buffers\[|_parameters\[|__dict__\W|vars\(|\.\w+_\(|"
     r"load_state_dict|_load_from_state_dict|"
+    r"^(?![ \t]*(?:class|def)\b)[^\n]*?\w\([^()\n]*\b(?!self\.)[A-Za-z_]\w*\.\w+\s*[,)]|"  # `util.w(attn.CAUSAL)`
     r"^[ \t]*\w+\[[^\n]*\][ \t]*[-+*/@%&|^]?=(?!=)")  # `MASK[0] = v` on a name another module's import bound
 
 
@@ -94,6 +96,16 @@ class AttributeWrites:
     path: str
     names: frozenset[str]
     reshaped: frozenset[str]  # ... written otherwise than into their elements
+    writers: frozenset[tuple[str, int]] = frozenset()  # outside_writes.FileWrites
+    handed: frozenset[tuple[str, int, str]] = frozenset()
+
+    def with_handed_written(self, writers: dict[tuple[str, str], set[int]]) -> "AttributeWrites":
+        """These writes and the attributes this file hands to a function another file defines writing that
+        parameter (`writers`: (module stem, function name) -> positions; a module is known by its stem alone)."""
+        written = {name for callee, position, name in self.handed
+                   if position in writers.get(tuple(callee.lstrip(".").split(".")[-2:]), ())}
+        return AttributeWrites(self.path, self.names | written, self.reshaped, self.writers, self.handed) \
+            if written - self.names else self
 
 
 @dataclass(frozen=True)
@@ -316,20 +328,31 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
     if MAY_WRITE_ATTRIBUTES.search(text) is not None:
-        names, reshaped = outside_writes_of_source(text)
-        if names:
-            found.append(AttributeWrites(path, frozenset(names), frozenset(reshaped)))
+        writes = file_writes(text)
+        if writes.names or writes.writers or writes.handed:
+            found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed))
     return found + class_sites(path, text)
+
+
+def _module_stem(path: str) -> str:
+    """The last part of the module name a file is imported by (its package's for an `__init__.py`)."""
+    parts = PurePath(path).parts
+    return parts[-2] if parts[-1] == "__init__.py" and len(parts) > 1 else PurePath(path).stem
 
 
 def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite]) -> ProjectFacts:
     """The hooks registered, the attributes written and the classes derived in the scanned tree, from every file's
     `hook_sites`."""
     hooks = [site for site in sites if isinstance(site, tuple)]
+    writes = [site for site in sites if isinstance(site, AttributeWrites)]
+    writers: dict[tuple[str, str], set[int]] = {}
+    for site in writes:
+        for function, position in site.writers:
+            writers.setdefault((_module_stem(site.path), function), set()).add(position)
     return ProjectFacts(tuple(site for site, name in hooks if name in GLOBAL_CALL_HOOKS),
                         tuple(site for site, name in hooks if name in REGISTRATION_HOOKS),
                         tuple(site for site, name in hooks if name in HOOK_METHODS),
-                        tuple(site for site in sites if isinstance(site, AttributeWrites)),
+                        tuple(site.with_handed_written(writers) for site in writes),
                         tuple(site for site, kind in hooks if kind == "script"),
                         tuple(site for site, kind in hooks if kind == "swap"),
                         tuple(site for site in sites if isinstance(site, ClassSite)))

@@ -115,6 +115,18 @@ def test_another_file_of_the_tree_that_writes_the_global_leaves_the_facts_assume
     (tmp_path / "train.py").write_text(writer)
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
 
+def test_a_function_of_a_third_file_that_writes_what_it_is_handed_leaves_the_facts_assumed(tmp_path):
+    """`util.w(program.MASK)`, `util.w` filling its parameter in place (a fifth breaker's: gradients differed by 45):
+    the functions writing their parameters and the attributes handed to imported functions are joined across
+    files."""
+    (tmp_path / "program.py").write_text(BASE)
+    (tmp_path / "util.py").write_text("def w(t):\n    t.fill_(-1e9)\n\n\ndef r(t):\n    return t.sum()\n")
+    (tmp_path / "train.py").write_text("import program\nimport util\n\nutil.r(program.MASK)\n")
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]  # a function that reads
+    (tmp_path / "train.py").write_text("import program\nimport util\n\nutil.w(program.MASK)\n")
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
+
+
 SAFE_FLOOR = 13  # safe patches over the 30 drawn programs below, as measured (a drop is a regression)
 
 
