@@ -51,14 +51,14 @@ def class_sites(path: str, text: str) -> list[ClassSite]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     found = [ClassSite(path, node.lineno, node.name, bases, _defined(node)) for node in _class_statements(tree.body)
-             for bases in [tuple(name for base in node.bases for name in _base_names(base))]
+             for bases in [tuple(_base_name(base) for base in node.bases)]
              if bases and not set(bases) <= PLAIN_BASE_NAMES]
     for node in nodes(tree) if builds else ():
         if type(node) is ast.Call and type(node.func) is ast.Name and node.func.id == "type" and \
                 len(node.args) == 3 and not node.keywords:
             name, bases, namespace = node.args
             found.append(ClassSite(path, node.lineno, name.value if _string(name) else UNNAMED_BASE,
-                                   tuple(n for b in bases.elts for n in _base_names(b)) if type(bases) is ast.Tuple
+                                   tuple(_base_name(base) for base in bases.elts) if type(bases) is ast.Tuple
                                    else (UNNAMED_BASE,), _namespace_keys(namespace)))
     return found
 
@@ -78,15 +78,12 @@ def _class_statements(body: list[ast.stmt]) -> list[ast.ClassDef]:
     return found
 
 
-def _base_names(node: ast.AST) -> list[str]:
-    """`Attn`, `mod.Attn` -> ['Attn']; `Generic[T]` -> ['Generic']; a call (`with_metaclass(Meta, Attn)`) -> the
-    names it is given, and its own; anything else may be any class."""
+def _base_name(node: ast.AST) -> str:
+    """`Attn`, `mod.Attn` -> ['Attn']; `Generic[T]` -> ['Generic']; anything else (a call's result,
+    `with_metaclass(Meta, Attn)`, `bases()[0]`) may be any class."""
     if type(node) is ast.Subscript:
         node = node.value
-    if type(node) is ast.Call:
-        return [name for part in [node.func, *node.args] for name in _base_names(part)
-                if name != UNNAMED_BASE or part is node.func]
-    return [node.id if type(node) is ast.Name else node.attr if type(node) is ast.Attribute else UNNAMED_BASE]
+    return node.id if type(node) is ast.Name else node.attr if type(node) is ast.Attribute else UNNAMED_BASE
 
 
 def _string(node: ast.AST) -> bool:

@@ -1,0 +1,58 @@
+"""The classes of a file as the rest of the scanned tree sees them (static.class_sites): what each derives from,
+what it defines, and which subclasses a class has across files (ProjectFacts.subclasses)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.static.class_sites import ANY_NAME, UNNAMED_BASE, class_sites
+from advisor.static.project import ProjectFacts
+
+
+def _site(source: str):
+    [site] = class_sites("m.py", source)
+    return site
+
+
+@pytest.mark.parametrize("source, bases", [
+    ("class S(Attn):\n    pass\n", ("Attn",)),
+    ("class S(attn.Attn, Mix):\n    pass\n", ("Attn", "Mix")),
+    ("class S(Generic[T], Attn):\n    pass\n", ("Generic", "Attn")),
+    ("class S(with_metaclass(Meta, Attn)):\n    pass\n", (UNNAMED_BASE,)),  # what a call returns
+    ("class S(bases()[0]):\n    pass\n", (UNNAMED_BASE,)),
+    ("S = type('S', (Attn,), {})\n", ("Attn",)),
+    ("S = type('S', make_bases(), {})\n", (UNNAMED_BASE,)),
+])
+def test_the_bases_are_named_by_their_last_name(source, bases):
+    assert _site(source).bases == bases
+
+
+@pytest.mark.parametrize("source, defines", [
+    ("class S(Attn):\n    scale = 2\n\n    def norm(self, s):\n        return s\n", {"scale", "norm"}),
+    ("class S(Attn):\n    def __init__(self):\n        self.scale = 2\n        self.register_buffer('bias', b)\n",
+     {"__init__", "scale", "bias"}),
+    ("class S(Attn):\n    def __init__(self, n):\n        setattr(self, n, 1)\n", {"__init__", ANY_NAME}),
+    ("S = type('S', (Attn,), {'norm': f})\n", {"norm"}),
+    ("S = type('S', (Attn,), dict(norm=f, scale=2))\n", {"norm", "scale"}),
+    ("S = type('S', (Attn,), namespace)\n", {ANY_NAME}),
+])
+def test_what_a_class_defines(source, defines):
+    assert _site(source).defines == defines
+
+
+@pytest.mark.parametrize("source", [
+    "import torch.nn as nn\n\n\nclass A(nn.Module):\n    pass\n",
+    "class A(object):\n    pass\n\n\nclass B(torch.nn.Module):\n    pass\n",
+    "x = type(y)\n",
+])
+def test_classes_deriving_from_no_class_of_a_tree_are_left_out(source):
+    assert class_sites("m.py", source) == []
+
+
+def test_subclasses_are_followed_through_the_tree_by_name():
+    sites = [*class_sites("a.py", "class Sub(Attn):\n    pass\n"),
+             *class_sites("b.py", "class Deeper(Sub):\n    def norm(self):\n        pass\n"),
+             *class_sites("c.py", "class Other(Base):\n    pass\n")]
+    facts = ProjectFacts(classes=tuple(sites))
+    assert [site.name for site in facts.subclasses("Attn")] == ["Sub", "Deeper"]
+    assert facts.subclasses("Deeper") == []
