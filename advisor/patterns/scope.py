@@ -19,7 +19,7 @@ import networkx as nx
 
 from advisor.contracts.finding import display_path
 from advisor.patterns.module_values import read_leaves_alone
-from advisor.static.class_sites import ANY_NAME, class_sites
+from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, global_hook_calls, \
@@ -684,6 +684,7 @@ def overridden(table: ClassTable, owner: ClassInfo | None, names: set[str]) -> s
     parsed = table.parsed
     project = parsed.project if parsed.project is not None else parsed.derived("class sites", _own_classes)
     sites = project.subclasses(owner.node.name.value)
+    chain = {owner.node.name.value} | {site.name for site in sites}
     for site in sites:
         redefined = sorted(site.defines & (names | LOOKUP_HOOKS | {ANY_NAME}))
         if redefined:
@@ -691,9 +692,32 @@ def overridden(table: ClassTable, owner: ClassInfo | None, names: set[str]) -> s
             return (f"`{site.name}` ({display_path(site.path)}:{site.line}) derives from "
                     f"`{owner.node.name.value}` and defines {what}, which this rewrite inlines or reads as the base "
                     f"class binds it")
+        own = set(table.classes) if site.path == parsed.path else set()  # the class table read the file's own
+        mixed = _mixed_in(project, site, chain | own, names | LOOKUP_HOOKS | {ANY_NAME})
+        if mixed is not None:
+            return (f"`{site.name}` ({display_path(site.path)}:{site.line}) derives from "
+                    f"`{owner.node.name.value}` and mixes in `{mixed}`, which may define what this rewrite inlines")
     for name in sorted(names & set(owner.methods)):
         if owner.written_outside(name) is not None:
             return f"`{name}`, a method this rewrite inlines, is assigned on another object (a class or an instance)"
+    return None
+
+
+def _mixed_in(project: ProjectFacts, site, chain: set[str], names: set[str]) -> str | None:
+    """A base of `site` off the chain down from the owner, which may come before the owner in the subclass's method
+    resolution order: one no class site of the tree describes (`class Mixin:` derives from nothing, so none does),
+    or one that, or a base of which, defines one of `names`. A base no name gives (a call's result) is not
+    followed: it stands for any class, which would make every class of such a tree a mixin."""
+    pending, seen = [base for base in site.bases if base not in chain | PLAIN_BASE_NAMES | {UNNAMED_BASE}], set()
+    while pending:
+        base = pending.pop()
+        if base in seen:
+            continue
+        seen.add(base)
+        described = project.named(base)
+        if not described or any(found.defines & names for found in described):
+            return base
+        pending.extend(b for found in described for b in found.bases if b not in PLAIN_BASE_NAMES | {UNNAMED_BASE})
     return None
 
 

@@ -49,9 +49,19 @@ PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may
 _CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict, dict]] = {}
 WORD = re.compile(r"\w+")
 STAR_IMPORT = re.compile(r"\bimport\s*\*")
-# an instance built through another's class (`type(m.attn)(8, s)`, `m.attn.__class__(8, s)`): a construction no use
-# of the class's name shows
-CLASS_OF_CALL = re.compile(r"__class__\s*\(|\btype\s*\([^()]*\)\s*\(")
+# an instance built through another's class (`type(m.attn)(8, s)`, `m.attn.__class__(8, s)`), or initialised again
+# (`m.__init__(t)`, `type(m).__init__(m, t)`, `getattr(m, "__init__")`; not `super().__init__`, `nn.Module.__init__`):
+# a construction no use of the class's name shows
+CLASS_OF_CALL = re.compile(r"__class__\s*\(|\btype\s*\([^()]*\)\s*\(|['\"]__init__['\"]")
+INIT_READ = re.compile(r"\.__init__\b")
+BASE_INIT = re.compile(r"(?:super\([^()]*\)|Module)$")  # what `.__init__` is read from in a base's initialisation
+
+
+def builds_unseen(text: str) -> bool:
+    """Whether the text builds or initialises an instance as CLASS_OF_CALL says, or reads `.__init__` from anything
+    but `super()` or `nn.Module`."""
+    return CLASS_OF_CALL.search(text) is not None or any(
+        BASE_INIT.search(text[max(0, read.start() - 40):read.start()]) is None for read in INIT_READ.finditer(text))
 PARSED_KEPT = 32  # parsed files a process holds between two analyses
 ACCESSED = re.compile(r"\.\s*(\w+)")  # `.name`: an attribute read or written
 
@@ -250,7 +260,7 @@ class Tree:
         name = method.name.value
         if name == "__init__":
             built_by_class, consulted = self._indexed("class-of calls",
-                                                      lambda: self._first_file_matching(CLASS_OF_CALL))
+                                                      lambda: self._first_file_matching(builds_unseen))
             self._note_all(consulted)
             return None if built_by_class else self._uses(parsed, owner.node.name, _direct_call)
         own = self._self_calls(parsed, name)
@@ -258,19 +268,19 @@ class Tree:
             return None
         if name != "forward":
             return own
-        hooked, consulted = self._indexed("pre-hooks", lambda: self._first_file_matching(PRE_HOOKS))
+        hooked, consulted = self._indexed("pre-hooks", lambda: self._first_file_matching(PRE_HOOKS.search))
         self._note_all(consulted)
         if hooked:
             return None
         parents = self._parent_calls(parsed, owner)
         return None if parents is None else own + parents
 
-    def _first_file_matching(self, pattern: re.Pattern) -> tuple[bool, list[str]]:
-        """Whether a file of the tree matches `pattern`, and the files read to know it (up to the first)."""
+    def _first_file_matching(self, matches) -> tuple[bool, list[str]]:
+        """Whether `matches(text)` holds for a file of the tree, and the files read to know it (up to the first)."""
         consulted = []
         for path in self.paths:
             consulted.append(self._real(path))
-            if pattern.search(self.text(path) or ""):
+            if matches(self.text(path) or ""):
                 return True, consulted
         return False, consulted
 

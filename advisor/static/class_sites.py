@@ -16,18 +16,23 @@ from advisor.static.python_ast import nodes, python_tree
 
 ANY_NAME = "*"  # what a class whose namespace is computed may define
 UNNAMED_BASE = "?"  # a base no name gives (`type(name, bases, ns)` with computed bases): may be any class
-# a class statement's bases (up to the first closing parenthesis), and the bases that derive from no class of a tree
-CLASS_BASES = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*\(([^)]*)\)", re.MULTILINE)
+# a class statement's bases (up to the first closing parenthesis; none without), and the bases that derive from no
+# class of a tree; a file with a class statement not so read (`class S\` continued on the next line) is parsed
+CLASS_BASES = re.compile(r"^[ \t]*class[ \t]+\w+[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.MULTILINE)
+CLASS_LINE = re.compile(r"^[ \t]*class\b", re.MULTILINE)
 PLAIN_BASES = re.compile(r"\s*(?:(?:torch\.)?nn\.Module|object)?\s*,?\s*")
 PLAIN_BASE_NAMES = frozenset({"Module", "object"})  # `nn.Module`, `torch.nn.Module`, `object` by their last names
-MAY_BUILD_CLASS = re.compile(r"\btype\s*\([^()]*,")  # `type(name, bases, namespace)`, not `type(x)`
+# `type(name, bases, namespace)` (not `type(x)`), or a name and bases given to any other class factory
+# (`types.new_class("S", (Attn,))`, a metaclass `M("S", (Attn,), {})`, `type.__new__(type, "S", (Attn,), {})`)
+MAY_BUILD_CLASS = re.compile(r"\btype\s*\([^\n]*,|[\"']\s*,\s*\(")
 REGISTRARS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
 
 
 @dataclass(frozen=True)
 class ClassSite:
     """A class statement with bases, or a three-argument `type(...)` call: the last name of each base, and the names
-    it defines (methods, class attributes, `self.` attributes its methods bind; ANY_NAME for a computed one)."""
+    it defines (methods, class attributes, `self.` attributes its methods bind; ANY_NAME for a computed one). A name
+    bound to a base (`Base = attn.Attn`) is one too, deriving from what it names and defining nothing."""
 
     path: str
     line: int
@@ -44,33 +49,46 @@ def class_sites(path: str, text: str) -> list[ClassSite]:
     cannot parse: the scan reports it). A file whose classes all derive from those alone, and that builds none
     with `type`, is not parsed: none of its classes derives from a class of the tree."""
     builds = MAY_BUILD_CLASS.search(text) is not None
-    if not builds and all(PLAIN_BASES.fullmatch(bases) for bases in CLASS_BASES.findall(text)):
+    headers = CLASS_BASES.findall(text)
+    if not builds and all(PLAIN_BASES.fullmatch(bases) for bases in headers) and \
+            len(headers) == len(CLASS_LINE.findall(text)):
         return []
     try:
         tree = python_tree(text, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
-    found = [ClassSite(path, node.lineno, node.name, bases, _defined(node)) for node in _class_statements(tree.body)
-             for bases in [tuple(_base_name(base) for base in node.bases)]
+    statements = _statements(tree.body)
+    found = [ClassSite(path, node.lineno, node.name, bases, _defined(node)) for node in statements
+             if type(node) is ast.ClassDef for bases in [tuple(_base_name(base) for base in node.bases)]
              if bases and not set(bases) <= PLAIN_BASE_NAMES]
+    named = {base for site in found for base in site.bases}
+    found += [ClassSite(path, node.lineno, target.id, (_base_name(node.value),), frozenset())  # `Base = attn.Attn`
+              for node in statements if type(node) is ast.Assign and type(node.value) in (ast.Name, ast.Attribute)
+              for target in node.targets if type(target) is ast.Name and target.id in named]
     for node in nodes(tree) if builds else ():
-        if type(node) is ast.Call and type(node.func) is ast.Name and node.func.id == "type" and \
-                len(node.args) == 3 and not node.keywords:
+        if type(node) is not ast.Call:
+            continue
+        if type(node.func) is ast.Name and node.func.id == "type" and len(node.args) == 3 and not node.keywords:
             name, bases, namespace = node.args
             found.append(ClassSite(path, node.lineno, name.value if _string(name) else UNNAMED_BASE,
                                    tuple(_base_name(base) for base in bases.elts) if type(bases) is ast.Tuple
                                    else (UNNAMED_BASE,), _namespace_keys(namespace)))
+            continue
+        for name, bases in zip(node.args, node.args[1:]):  # a name, then bases: any other factory, any namespace
+            if _string(name) and type(bases) is ast.Tuple and bases.elts and \
+                    all(type(base) in (ast.Name, ast.Attribute) for base in bases.elts):  # not `("k", (0, 1))`
+                found.append(ClassSite(path, node.lineno, name.value, tuple(_base_name(b) for b in bases.elts),
+                                       frozenset({ANY_NAME})))
     return found
 
 
-def _class_statements(body: list[ast.stmt]) -> list[ast.ClassDef]:
-    """The class statements among `body` and the statements nested in it (under `if`, `try`, in functions and
-    classes): a walk of statements alone, not of every expression."""
+def _statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements of `body` and those nested in it (under `if`, `try`, in functions and classes): a walk of
+    statements alone, not of every expression."""
     found, pending = [], list(body)
     while pending:
         statement = pending.pop()
-        if type(statement) is ast.ClassDef:
-            found.append(statement)
+        found.append(statement)
         for name in ("body", "orelse", "finalbody", "handlers", "cases"):
             inner = getattr(statement, name, None)
             if type(inner) is list:
@@ -79,7 +97,8 @@ def _class_statements(body: list[ast.stmt]) -> list[ast.ClassDef]:
 
 
 def _base_name(node: ast.AST) -> str:
-    """`Attn`, `mod.Attn` -> ['Attn']; `Generic[T]` -> ['Generic']; anything else (a call's result,
+    """`Attn`, `mod.Attn` -> 'Attn'; `Generic[T]`, `Sampler[int]` -> 'Generic', 'Sampler' (a class's own
+    `__class_getitem__` returning another class is not followed); anything else (a call's result,
     `with_metaclass(Meta, Attn)`, `bases()[0]`) may be any class."""
     if type(node) is ast.Subscript:
         node = node.value

@@ -28,6 +28,11 @@ def parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
+def nonzero(node: cst.BaseExpression) -> cst.Comparison:
+    """`node != 0`: what `node.bool()` computes (NaN is nonzero too), in a spelling TorchScript compiles."""
+    return cst.Comparison(atomic(node), [cst.ComparisonTarget(cst.NotEqual(), cst.Integer("0"))])
+
+
 def number(value: int | float) -> cst.BaseExpression:
     """A literal: `2`, `-1`, `0.5`."""
     literal = cst.Integer(str(abs(value))) if isinstance(value, int) else cst.Float(repr(abs(value)))

@@ -33,6 +33,9 @@ GETTERS = {"get_submodule", "get_buffer", "get_parameter"}
 ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
 # methods of an object's namespace (`m.__dict__`, `vars(m)`) that bind nothing; any other (`update`, `setdefault`,
 # `pop`) binds or unbinds the attributes its keywords name, or any attribute
+# builtins that only read a namespace they are given (`dict(vars(m))` copies it)
+NAMESPACE_READERS = frozenset({"dict", "list", "len", "print", "repr", "str", "sorted", "set", "tuple", "iter",
+                               "any", "all", "isinstance", "id", "hash", "bool"})
 NAMESPACE_READS = {"get", "keys", "values", "items", "copy", "__getitem__", "__contains__", "__len__", "__iter__"}
 KEYED_NAMESPACE_METHODS = {"pop", "setdefault", "__setitem__", "__delitem__"}  # their first argument is the key
 # process-wide hooks that may replace any submodule, parameter or buffer as it is assigned (see static.project)
@@ -466,10 +469,14 @@ class _Writes:
             self.target(target, value=node.value, rebinding=True)
 
     def augmented(self, node: ast.AugAssign | ast.AnnAssign) -> None:
+        owner = _namespace_owner(node.target)
+        if isinstance(node, ast.AugAssign) and owner is not None and not _is_self(owner):
+            self.write(ANY_ATTRIBUTE)  # `m.__dict__ |= {...}`: any of m's attributes
         self.target(node.target)
 
     def call(self, node: ast.Call) -> None:
         func, args = node.func, [a for a in node.args if not isinstance(a, ast.Starred)]
+        self._state_handed_on(node, func)
         for keyword in node.keywords:  # `torch.add(a, b, out=m.bias)`: written, maybe resized
             if keyword.arg == "out":
                 self.target(keyword.value)
@@ -516,6 +523,26 @@ class _Writes:
             self.bind_through_setattr(ANY_ATTRIBUTE)  # a loaded state dict is copied into the registered tensors
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
+
+    def _state_handed_on(self, node: ast.Call, func: ast.AST) -> None:
+        """Any attribute of another object may be written where its namespace is handed to a call that may write it
+        (`dict.update(m.__dict__, scale=t)`, `operator.setitem(vars(m), "scale", t)`), where its state is set
+        (`m.__setstate__(d)`), wherever `setattr` is passed on as a value (`map(setattr, [m], names, values)`) or
+        given its arguments unpacked (`setattr(o, *kv)`)."""
+        values = [*node.args, *(keyword.value for keyword in node.keywords)]
+        if isinstance(func, ast.Attribute) and func.attr == "__setstate__" and not _is_self(func.value) and \
+                not (isinstance(func.value, ast.Call) and getattr(func.value.func, "id", None) == "super"):
+            self.write(ANY_ATTRIBUTE)  # not a class's own `super().__setstate__(state)`
+        reader = isinstance(func, ast.Name) and func.id in NAMESPACE_READERS
+        for value in values:
+            value = value.value if isinstance(value, ast.Starred) else value
+            owner = _namespace_owner(value)
+            if owner is not None and not _is_self(owner) and not reader:
+                self.write(ANY_ATTRIBUTE)
+            if isinstance(value, ast.Name) and value.id == "setattr":
+                self.write(ANY_ATTRIBUTE)
+        if isinstance(func, ast.Name) and func.id == "setattr" and any(isinstance(a, ast.Starred) for a in node.args):
+            self.write(ANY_ATTRIBUTE)  # `setattr(o, *kv)`: what it binds, and on what, is not shown
 
     def _writer_passed_on(self, args: list[ast.AST]) -> None:
         """A function writing its parameters given to another call (`map(lambda t: t.fill_(1), [m.bias])`): it may

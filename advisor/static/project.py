@@ -57,7 +57,8 @@ HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", 
 # augmented assignment to a dotted target not starting at `self.`, a call that binds by name, an attribute table or
 # namespace (`vars(m)`), an in-place method, a state-dict loader, an attribute handed to a function.
 MAY_WRITE_ATTRIBUTES = re.compile(
-    r"(?m)^[ \t]*(?!self\.)[\w.]+(?:\[[^\n]*\])?\.\w+[^\n=]*?[-+*/@%&|^]?=(?!=)|setattr\(|__setattr__|register_buffer|"
+    r"(?m)^[ \t]*(?!self\.)[\w.]+(?:\[[^\n]*\])?\.\w+[^\n=]*?[-+*/@%&|^]?=(?!=)|\bsetattr\b|__setattr__|__setstate__|"
+    r"register_buffer|"
     r"register_parameter|add_module|register_module\(|_modules\[|_buffers\[|_parameters\[|__dict__\W|vars\(|\.\w+_\(|"
     r"load_state_dict|_load_from_state_dict|"
     r"^(?![ \t]*(?:class|def)\b)[^\n]*?\w\([^()\n]*\b(?!self\.)[A-Za-z_]\w*\.\w+\s*[,)]|"  # `util.w(attn.CAUSAL)`
@@ -133,6 +134,17 @@ class ProjectFacts:
                     if site.name not in names:
                         names.add(site.name)
                         pending.append(site.name)
+        return found
+
+    def named(self, name: str) -> list[ClassSite]:
+        """The class sites of the tree with that name."""
+        return self._by_name.get(name, [])
+
+    @cached_property
+    def _by_name(self) -> dict[str, list[ClassSite]]:
+        found: dict[str, list[ClassSite]] = {}
+        for site in self.classes:
+            found.setdefault(site.name, []).append(site)
         return found
 
     @cached_property

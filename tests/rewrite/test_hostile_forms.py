@@ -735,11 +735,16 @@ def test_a_subclass_built_at_run_time_or_a_method_replaced_refuses_inlining(subc
     ("class Sub(attn.Attn):\n    def __init__(self):\n        super().__init__()\n        self.scores = None", False),
     ("class Deeper(Sub):\n    def scores(self, q, k):\n        return q @ k.mT\n\n\nclass Sub(Attn):\n    pass", False),
     ("class Sub(Attn):\n    def extra(self):\n        return 1", True),  # redefines nothing the block uses
+    # a sixth breaker's: a name bound to the class, a header continued on the next line, a mixin of a third file
+    ("Base = attn.Attn\n\n\nclass Sub(Base):\n    def norm(self, s):\n        return s.sigmoid()", False),
+    ("class Sub\\\n(Attn):\n    def norm(self, s):\n        return s.sigmoid()", False),
+    ("from mixin import Mixin\n\n\nclass Sub(Mixin, Attn):\n    pass", False),
 ])
 def test_a_subclass_in_another_file_that_redefines_an_inlined_helper_refuses(tmp_path, subclass, safe):
     """Only subclasses in the block's own file were read: `class Sub(Attn)` in another file overriding the inlined
     `scores` left a safe patch whose Sub instances ran the base's helper."""
     (tmp_path / "attn.py").write_text(HELPER_BLOCK)
+    (tmp_path / "mixin.py").write_text("class Mixin:\n    def norm(self, s):\n        return s.sigmoid()\n")
     (tmp_path / "sub.py").write_text("import attn\nfrom attn import Attn\n\n\n" + subclass + "\n")
     result = scan_paths([str(tmp_path)], jobs=1)
     [finding] = [f for f in result.findings if f.kind == "attention"]

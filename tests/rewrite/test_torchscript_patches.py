@@ -198,15 +198,8 @@ def test_a_patch_compiles_where_a_user_outside_the_tree_scripts_the_original(bod
     source = source.replace("def make():\n    return torch.jit.script(Attention())\n", "")
     _, fixed = _patched(source)
     assert "jit" not in fixed
-    torch.manual_seed(0)
-    original = torch.jit.script(load_module_from_source(source, "outside_original").Attention()).eval()
-    patched = torch.jit.script(load_module_from_source(fixed, "outside_fixed").Attention()).eval()
-    patched.load_state_dict(original.state_dict())
-    x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1))
     mask = _padding() if body is PADDING_VIEWED else (~_padding())[:, None, None, :].long()
-    with torch.no_grad():
-        for inputs in ((x, mask), (x, None)):
-            torch.testing.assert_close(patched(*inputs), original(*inputs), atol=1e-5, rtol=1e-5)
+    _assert_scripted_alike(source, fixed, "outside", [mask, None])
 
 
 @pytest.mark.parametrize("scripting", ['getattr(torch.jit, "script")(Attention())',
@@ -229,9 +222,7 @@ def test_an_int_scale_is_passed_as_a_float_where_the_file_scripts_itself(scripti
 
 def test_a_file_that_announces_torchscript_is_patched_as_scripted():
     """`torch.jit.Final` and its like say the module is meant to be scripted, wherever the compiler is called."""
-    body = "s = (q @ k.transpose(-2, -1)) * self.heads\nout = s.softmax(dim=-1) @ v\n"
-    source = MODULE.format(body=textwrap.indent(body, " " * 8)).replace(
-        "def make():\n    return torch.jit.script(Attention())\n", "").replace(
+    source = _unscripted("self.heads").replace(
         "class Attention(nn.Module):\n", "class Attention(nn.Module):\n    heads: torch.jit.Final[int]\n\n")
     _, fixed = _patched(source)
     assert "scale=float(self.heads)" in fixed
@@ -241,16 +232,26 @@ def test_a_file_that_announces_torchscript_is_patched_as_scripted():
 def test_a_product_of_ints_is_passed_as_a_float_wherever_the_module_is_scripted():
     """`* self.mult` with `self.mult = 2`: eager SDPA takes the int, TorchScript's does not, and a user may script
     the module from outside the tree (a fifth breaker's generated programs)."""
-    body = "s = (q @ k.transpose(-2, -1)) * self.mult\nout = s.softmax(dim=-1) @ v\n"
-    source = MODULE.format(body=textwrap.indent(body, " " * 8)).replace(
-        "def make():\n    return torch.jit.script(Attention())\n", "").replace(
-        "self.causal = True", "self.causal = True\n        self.mult = 2")
+    source = _unscripted("self.mult").replace("self.causal = True", "self.causal = True\n        self.mult = 2")
     _, fixed = _patched(source)
     assert "scale=float(self.mult)" in fixed
+    _assert_scripted_alike(source, fixed, "int_product", [None])
+
+
+def _unscripted(factor: str) -> str:
+    """MODULE with scores scaled by `factor`, no `make()`: nothing in the file calls TorchScript's compiler."""
+    body = f"s = (q @ k.transpose(-2, -1)) * {factor}\nout = s.softmax(dim=-1) @ v\n"
+    return MODULE.format(body=textwrap.indent(body, " " * 8)).replace(
+        "def make():\n    return torch.jit.script(Attention())\n", "")
+
+
+def _assert_scripted_alike(source: str, fixed: str, name: str, masks: list) -> None:
+    """Both modules scripted as a user would script them, outside the file; the same outputs for each mask."""
     torch.manual_seed(0)
-    original = torch.jit.script(load_module_from_source(source, "int_product").Attention()).eval()
-    patched = torch.jit.script(load_module_from_source(fixed, "int_product_fixed").Attention()).eval()
+    original = torch.jit.script(load_module_from_source(source, f"{name}_original").Attention()).eval()
+    patched = torch.jit.script(load_module_from_source(fixed, f"{name}_fixed").Attention()).eval()
     patched.load_state_dict(original.state_dict())
     x = torch.randn(3, 6, 16, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(patched(x), original(x), atol=1e-5, rtol=1e-5)
+        for mask in masks:
+            torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)

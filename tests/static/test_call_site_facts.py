@@ -422,7 +422,10 @@ def test_a_scale_every_construction_passes_as_a_number_is_proved(tmp_path):
             sys.modules.pop(name, None)
 
 
-@pytest.mark.parametrize("build", ["type(model.first)(16, sc)", "model.first.__class__(16, sc)"])
+@pytest.mark.parametrize("build", ["type(model.first)(16, sc)", "model.first.__class__(16, sc)",
+                                   # a sixth breaker's: initialised again
+                                   "model.first.__init__(16, sc)", "type(model.first).__init__(model.first, 16, sc)",
+                                   "getattr(model.first, '__init__')(16, sc)"])
 def test_an_instance_built_through_another_ones_class_proves_no_scale(tmp_path, build):
     """`type(model.first)(16, torch.ones(2, 1, 1))` names no class: the patch raised TypeError on its tensor scale
     (a fifth breaker's)."""
@@ -430,6 +433,23 @@ def test_an_instance_built_through_another_ones_class_proves_no_scale(tmp_path, 
     root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale="16 ** -0.5"), "other.py": other})
     finding, _ = _attention(root)
     assert "scale-is-number" not in _names(finding, "from_call_sites")
+
+
+@pytest.mark.parametrize("write", [
+    "model.first.__setstate__({**model.first.__dict__, 'scale': sc})",
+    "model.first.__dict__ |= {'scale': sc}",
+    "dict.update(model.first.__dict__, scale=sc)",
+    "operator.setitem(vars(model.first), 'scale', sc)",
+    "list(map(setattr, [model.first], ['scale'], [sc]))",
+    "functools.reduce(lambda o, kv: (setattr(o, *kv), o)[1], [('scale', sc)], model.first)",
+])
+def test_a_scale_written_through_the_instance_state_is_not_proved_from_its_construction(tmp_path, write):
+    """A sixth breaker's: each spelling stored a tensor where the construction passed a number, and the unguarded
+    patch raised TypeError."""
+    other = f"import functools\nimport operator\n\n\ndef swap(model, sc):\n    {write}\n"
+    root = _tree(tmp_path, {"scaled.py": SCALED, "model.py": BUILDER.format(scale="16 ** -0.5"), "other.py": other})
+    finding, _ = _attention(root)
+    assert "scale-is-number" not in _names(finding, "from_call_sites") | _names(finding, "proved")
 
 
 @pytest.mark.parametrize("scale", ["torch.tensor(0.25)", "torch.nn.Parameter(torch.ones(()))"])

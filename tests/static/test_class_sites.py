@@ -20,8 +20,14 @@ def _site(source: str):
     ("class S(Generic[T], Attn):\n    pass\n", ("Generic", "Attn")),
     ("class S(with_metaclass(Meta, Attn)):\n    pass\n", (UNNAMED_BASE,)),  # what a call returns
     ("class S(bases()[0]):\n    pass\n", (UNNAMED_BASE,)),
+    ("class S(Sampler[List[int]]):\n    pass\n", ("Sampler",)),
     ("S = type('S', (Attn,), {})\n", ("Attn",)),
     ("S = type('S', make_bases(), {})\n", (UNNAMED_BASE,)),
+    # a sixth breaker's: other class factories, a name not a literal
+    ("S = types.new_class('S', (Attn,))\n", ("Attn",)),
+    ("S = Meta('S', (Attn,), {})\n", ("Attn",)),
+    ("S = type.__new__(type, 'S', (Attn,), {})\n", ("Attn",)),
+    ("S = type(str('S'), (Attn,), {})\n", ("Attn",)),
 ])
 def test_the_bases_are_named_by_their_last_name(source, bases):
     assert _site(source).bases == bases
@@ -56,3 +62,10 @@ def test_subclasses_are_followed_through_the_tree_by_name():
     facts = ProjectFacts(classes=tuple(sites))
     assert [site.name for site in facts.subclasses("Attn")] == ["Sub", "Deeper"]
     assert facts.subclasses("Deeper") == []
+
+
+def test_a_subclass_of_a_name_bound_to_the_class_derives_from_it():
+    """`Base = attn.Attn; class S(Base)` (a sixth breaker's: S's override of an inlined helper went unseen)."""
+    source = "import attn\n\nBase = attn.Attn\n\n\nclass S(Base):\n    def norm(self):\n        pass\n"
+    sites = class_sites("b.py", source)
+    assert [site.name for site in ProjectFacts(classes=tuple(sites)).subclasses("Attn")] == ["Base", "S"]

@@ -442,6 +442,10 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     ("def w(t):\n    t.zero_()\n\n\ndef f(m, s):\n    map(w, [m.bias])\n    partial(w, scale=s)\n", False,
      ({"bias"}, set())),
     ("def f(m):\n    list(map(lambda t: t.zero_(), m.buffers()))\n", False, ({"*", "*raw"}, set())),
+    # state set wholesale on another object, but not a class's own `super().__setstate__`
+    ("def f(m, d):\n    m.__setstate__(d)\n", False, ({"*", "*raw"},) * 2),
+    ("class A(B):\n    def __setstate__(self, state):\n        super(A, self).__setstate__(state)\n", False,
+     (set(), set())),
 ])
 def test_writes_on_other_objects_resolve_names_as_the_analysis_does(source, own, expected) -> None:
     """One reader for the analysed file (own) and the rest of the tree, resolving names as

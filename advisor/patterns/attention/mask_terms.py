@@ -23,7 +23,7 @@ from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
 from advisor.patterns.dtypes import EINOPS
 from advisor.patterns.ops import Op, number_value
-from advisor.static.codegen import atomic, method
+from advisor.static.codegen import atomic, method, nonzero
 from advisor.static.dataflow import loaded_names
 
 MAX_REBINDINGS = 8
@@ -177,6 +177,6 @@ def _negate(node: cst.BaseExpression) -> cst.BaseExpression:
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
         return node.expression
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "logical_not" \
-            and not node.args:  # `m` may be an int or float 0/1 mask: its complement's complement is `m.bool()`
-        return method(node.func.value, "bool")
+            and not node.args:  # `m` may be an int or float 0/1 mask: its complement's complement is `m != 0`
+        return nonzero(node.func.value)
     return cst.UnaryOperation(cst.BitInvert(), atomic(node))

@@ -18,6 +18,7 @@ from advisor.patterns.attention.helpers import argument_of, callee, enter_callee
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, int_value, number_value
+from advisor.static.codegen import nonzero
 from advisor.static.dataflow import UNDEFINED, Definition, contains_call, loaded_names
 
 
@@ -352,7 +353,7 @@ def _zero_one_fill(c: Candidate, op: Op) -> Op | None:
         scores, factor = factor, scores
     if c.parsed.code(factor) != c.parsed.code(mask) or contains_call(mask) or not reaches(c, scores, CORE_OPS, 0):
         return None
-    keep = cst.Call(func=cst.Attribute(value=factor, attr=cst.Name("bool")))
+    keep = nonzero(factor)
     if not keeps_first_key(c, keep, True):  # b is a lower triangle of ones, so only 0 and 1
         return None
     c.absorbed.update(loaded_names(mask))
