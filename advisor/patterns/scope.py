@@ -220,6 +220,8 @@ def _may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
             receiver = receiver.value
         if isinstance(receiver, cst.Name) and receiver.value == "self":
             return arguments  # a method or module of the object (`self.drop(q)` may be an identity)
+        if name == "set_":  # `torch.empty(0).set_(k)`: the receiver now holds k's storage
+            return _may_alias(parsed, node.func.value) + arguments
         return _may_alias(parsed, node.func.value)  # a tensor's method: a view of it, or itself
     elements = (cst.BaseElement, cst.BaseDictElement)  # a container holds references to its values
     return [alias for child in children(node) if isinstance(child, (cst.BaseExpression, *elements))

@@ -189,6 +189,7 @@ def attend(q, k, v, scale):
     ("(kk := k).zero_()", "written in place"),
     ("[row.zero_() for row in k]", "written in place"),
     ("q.detach().numpy()[...] *= 2", "written in place"),
+    ("kd = torch.empty(0).set_(k); kd.mul_(2.0)", "written in place"),  # a sixth breaker's: set_ shares storage
 ])
 def test_inputs_changed_after_the_scores_are_refused(statement, how):
     source = attention(f"""
