@@ -147,11 +147,18 @@ class Tree:
 
     def hidden(self, word: str) -> bool:
         """Whether a notebook of the tree says `word` in a line the scan masks as IPython's (a `%%time` cell, a
-        `%time f(x)` line): a use there is a call no parse shows."""
+        `%time f(x)` line): a use there is a call no parse shows. The notebooks' masked words are joined once per
+        scan and process."""
+        words, consulted = self._indexed("masked words", self._masked_words)
+        self._note_all(consulted)
+        return word in words
+
+    def _masked_words(self) -> tuple[frozenset[str], list[str]]:
         notebooks = [path for path in self.paths if path.endswith(".ipynb")]
         for path in notebooks:
             self.text(path)
-        return any(word in self._caches()[6].get(self._real(path), ()) for path in notebooks)
+        keys = [self._real(path) for path in notebooks]
+        return frozenset().union(*(self._caches()[6].get(key, ()) for key in keys)), keys
 
     def parsed(self, path: str) -> ParsedModule | None:
         key = self._real(path)
@@ -229,7 +236,7 @@ class Tree:
     def _uses(self, parsed: ParsedModule, defined: cst.Name, calls_of) -> list | None:
         """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
         own file, or imported elsewhere), joined; None when one gives None or a file imports the module's `*`."""
-        name, calls, module = defined.value, [], _module_stem(parsed.path)
+        name, calls, module = defined.value, [], module_stem(parsed.path)
         for path in self.mentioning(module):  # `from attn import *` in a package's `__init__.py`, never naming it
             if STAR_IMPORT.search(self.text(path) or "") is not None and not self.says(path, name):
                 other = self.parsed(path)
@@ -596,7 +603,7 @@ def _resolves(other: ParsedModule, node: cst.ImportFrom, target: ParsedModule) -
     return base is not None and bool(base) and _module_matches(base, target.path)
 
 
-def _module_stem(path: str) -> str:
+def module_stem(path: str) -> str:
     """The name an import of the file's module ends with: `b` for `a/b.py` and for `a/b/__init__.py`."""
     real = os.path.realpath(path)
     stem = os.path.splitext(os.path.basename(real))[0]

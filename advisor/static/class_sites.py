@@ -40,9 +40,6 @@ class ClassSite:
     bases: tuple[str, ...]
     defines: frozenset[str]
 
-    def derives_from(self, names: set[str]) -> bool:
-        return UNNAMED_BASE in self.bases or not names.isdisjoint(self.bases)
-
 
 def class_sites(path: str, text: str) -> list[ClassSite]:
     """The file's classes that derive from something other than `nn.Module` or `object` ([] for source CPython

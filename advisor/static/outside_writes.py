@@ -234,13 +234,13 @@ def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda], writes: li
     `w(m.bias)` writes `m.bias`. Scope-blind, like the aliases. Only functions with a parameter named like the root
     of one of the file's `writes` are walked."""
     found: dict[str | ast.Lambda, set[int]] = {}
-    rooted = {root.id for root in map(_root_name, filter(None, map(_written_in_place, writes))) if root is not None}
+    rooted = {root.id for root in map(_root_name, filter(None, map(_write_receiver, writes))) if root is not None}
     for function in functions:
         parameters = [arg.arg for arg in function.args.posonlyargs + function.args.args]
         if rooted.isdisjoint(parameters):
             continue
         for node in nodes(function):
-            written = _written_in_place(node)
+            written = _write_receiver(node)
             root = _root_name(written) if written is not None else None
             if root is not None and root.id in parameters:
                 key = function if isinstance(function, ast.Lambda) else function.name
@@ -251,7 +251,7 @@ def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda], writes: li
     return found
 
 
-def _written_in_place(node: ast.AST) -> ast.AST | None:
+def _write_receiver(node: ast.AST) -> ast.AST | None:
     """What `node` writes into: the receiver of an in-place method (`t.fill_(1)`), a subscripted target."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _writes_its_receiver(node.func.attr):
         return node.func.value

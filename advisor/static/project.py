@@ -20,11 +20,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import PurePath
 
 import libcst as cst
 
 from advisor.contracts.finding import display_path
+from advisor.static.call_sites import module_stem
 from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.module_index import ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS, file_writes
@@ -346,12 +346,6 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     return found + class_sites(path, text)
 
 
-def _module_stem(path: str) -> str:
-    """The last part of the module name a file is imported by (its package's for an `__init__.py`)."""
-    parts = PurePath(path).parts
-    return parts[-2] if parts[-1] == "__init__.py" and len(parts) > 1 else PurePath(path).stem
-
-
 def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite]) -> ProjectFacts:
     """The hooks registered, the attributes written and the classes derived in the scanned tree, from every file's
     `hook_sites`."""
@@ -360,7 +354,7 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
     writers: dict[tuple[str, str], set[int]] = {}
     for site in writes:
         for function, position in site.writers:
-            writers.setdefault((_module_stem(site.path), function), set()).add(position)
+            writers.setdefault((module_stem(site.path), function), set()).add(position)
     return ProjectFacts(tuple(site for site, name in hooks if name in GLOBAL_CALL_HOOKS),
                         tuple(site for site, name in hooks if name in REGISTRATION_HOOKS),
                         tuple(site for site, name in hooks if name in HOOK_METHODS),
