@@ -74,6 +74,11 @@ class ClassInfo:
         return self._collected.unfollowed
 
     @property
+    def binds_computed_names(self) -> bool:
+        """Whether a method binds the instance's attributes by names it computes (`setattr(self, name, v)`)."""
+        return bool(self._collected.computed)
+
+    @property
     def persistent_buffers(self) -> set[str]:
         """Buffers a state dict saves and loads (registered without `persistent=False`)."""
         return self._collected.persistent

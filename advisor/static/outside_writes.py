@@ -24,9 +24,15 @@ ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity(
 # ... and some such write bypasses `nn.Module.__setattr__` (an attribute table, `object.__setattr__`, a state-dict
 # loader): only then may a registered parameter hold anything but an `nn.Parameter` (or None)
 ANY_RAW = "*raw"
+# ... on an object that may be a class (`setattr(Attn, name, f)`, `type.__setattr__(cls, name, f)`): any method
+# of any class may then be another function
+ANY_ON_CLASS = "*class"
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
+# classes whose unbound `__setattr__` takes the object first and bypasses `nn.Module.__setattr__`:
+# `object.__setattr__(m, name, v)` on an instance, `type.__setattr__(Attn, "norm", f)` on a class
+RAW_SETTERS = ("object", "type")
 # methods that return a module's submodule, buffer or parameter by its dotted name (a write through them writes it)
 GETTERS = {"get_submodule", "get_buffer", "get_parameter"}
 # dictionaries that hold a module's attributes: a store into one binds the attribute its key names
@@ -182,6 +188,24 @@ class _Names:
         if isinstance(root, ast.Name) and root.id not in self.imports and root.id in self.aliases:
             return ".".join([self.aliases[root.id], *parts[::-1]])
         return self.through_imports(node)
+
+
+# names that hold a class by convention (`for cls in classes: setattr(cls, name, f)`)
+CLASS_NAMES = frozenset({"cls", "klass", "kls", "class_", "owner_class"})
+
+
+def _may_be_class(node: ast.AST, imports: dict[str, str]) -> bool:
+    """Whether the receiver of a binding by a computed name may be a class rather than an instance: `type(m)`,
+    `m.__class__`, a name spelled as a class is (`Attn`, `attn.Attn`, `cls`), or imported as one. Instances are
+    written through names like `model` or `m`, whose computed bindings stay instance attributes."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id == "type"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "__class__" or node.attr[:1].isupper()
+    if isinstance(node, ast.Name):
+        imported = imports.get(node.id, "").rsplit(".", 1)[-1]
+        return node.id[:1].isupper() or node.id in CLASS_NAMES or imported[:1].isupper()
+    return False
 
 
 def _narrowings(tests: list[ast.If], names: _Names) -> list[tuple[str, str, int, int]]:
@@ -386,7 +410,7 @@ class _Writes:
         args = [a for a in node.args if not isinstance(a, ast.Starred)]
         func = node.func
         if isinstance(func, ast.Name) and func.id == "setattr" or \
-                isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "object":
+                isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS:
             return args[0] if args else None
         dotted = self.resolve.dotted(func)
         if dotted is not None or isinstance(func, ast.Name):  # a function: it writes what it is passed
@@ -484,7 +508,7 @@ class _Writes:
         if isinstance(func, ast.Name) and func.id == "setattr" and len(args) >= 2:
             binding = (args[0], args[1], args[2] if len(args) > 2 else None)
         elif isinstance(func, ast.Attribute) and func.attr in NAMED_BINDERS:
-            if isinstance(func.value, ast.Name) and func.value.id == "object" and len(args) >= 2:
+            if isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS and len(args) >= 2:
                 binding = (args[0], args[1], args[2] if len(args) > 2 else None)
             else:
                 keyword = next((k.value for k in node.keywords if k.arg == "name"), None)
@@ -500,10 +524,13 @@ class _Writes:
             if literal:
                 self.write(literal)
                 self.torch_function(receiver, literal)
-            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "object":
+            elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS:
                 self.write(self.any_name(value))  # `object.__setattr__(m, name, v)` bypasses the module's
             else:
                 self.bind_through_setattr(self.any_name(value))
+            on_type = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "type"
+            if not literal and (on_type or _may_be_class(receiver, self.imports)):
+                self.write(ANY_ON_CLASS)
             self.chain(receiver)  # `setattr(m.softmax, "dim", v)` changes what `m.softmax` holds
         elif binding is not None:
             if self.own and isinstance(func, ast.Name) and _literal(binding[1]):  # `setattr(self, "x", v)`

@@ -753,6 +753,34 @@ def test_a_subclass_in_another_file_that_redefines_an_inlined_helper_refuses(tmp
         assert "sub.py" in finding.reason
 
 
+@pytest.mark.parametrize("rebinding, refused", [
+    ("for name in ['norm']:\n    setattr(Attn, name, lambda self, s: s.sigmoid())", False),
+    ("type.__setattr__(Attn, 'norm', lambda self, s: s.sigmoid())", True),
+    ("type.__setattr__(Attn, NAME, lambda self, s: s.sigmoid())", False),
+])
+def test_a_method_bound_on_the_class_by_a_computed_name_elsewhere_is_not_proved(tmp_path, rebinding, refused):
+    """A sixth breaker's bug_05: a method the block inlines, rebound on the class by a name computed in another file
+    (`setattr(Attn, name, f)` in a loop) or by `type.__setattr__` (fp32 output error 2.876), kept a safe patch. A
+    computed name there is an assumption, as it is for the attributes the block reads; the method's own name
+    refuses."""
+    (tmp_path / "attn.py").write_text(HELPER_BLOCK)
+    (tmp_path / "sub.py").write_text("from attn import Attn\nNAME = 'norm'\n\n" + rebinding + "\n")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety != "safe", finding.reason
+    if refused:
+        assert not finding.fixable and "norm" in finding.reason, finding.reason
+    else:
+        assert "dispatch" in {fact["name"] for fact in finding.extra["facts"]["assumed"]}, finding.extra["facts"]
+
+
+def test_a_method_of_a_class_that_binds_its_attributes_by_computed_names_is_not_proved():
+    """`setattr(self, name, f)` in the class itself may shadow the method the block inlines."""
+    source = HELPER_BLOCK.replace("    def scores", "    def __init__(self, name, f):\n        super().__init__()\n"
+                                  "        setattr(self, name, f)\n\n    def scores", 1)
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert not finding.fixable and "computed names" in finding.reason, finding.reason
+
+
 @pytest.mark.parametrize("replacement", [
     "nn.Dropout.forward = lambda self, x: x * 2",
     "nn.Dropout.__call__ = lambda self, x: x * 2",

@@ -446,6 +446,13 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     ("def f(m, d):\n    m.__setstate__(d)\n", False, ({"*", "*raw"},) * 2),
     ("class A(B):\n    def __setstate__(self, state):\n        super(A, self).__setstate__(state)\n", False,
      (set(), set())),
+    # computed names on what may be a class (any method may become another function), not on an instance
+    ("from attn import Attn\n\n\ndef f(n, g):\n    setattr(Attn, n, g)\n", False, ({"*", "*class"},) * 2),
+    ("def f(m, n, g):\n    for cls in type(m).__mro__:\n        setattr(cls, n, g)\n", False,
+     ({"*", "*class"},) * 2),
+    ("def f(m, n, g):\n    setattr(type(m), n, g)\n", False, ({"*", "*class"},) * 2),
+    ("def f(t, n, g):\n    type.__setattr__(t, n, g)\n", False, ({"*", "*raw", "*class"},) * 2),
+    ("def f(m, n, g):\n    setattr(m, n, g)\n", False, ({"*"},) * 2),
 ])
 def test_writes_on_other_objects_resolve_names_as_the_analysis_does(source, own, expected) -> None:
     """One reader for the analysed file (own) and the rest of the tree, resolving names as

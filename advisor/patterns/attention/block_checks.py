@@ -21,6 +21,7 @@ from advisor.patterns.mask_helpers import package_function
 from advisor.patterns.ops import bound_parameters, int_value
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
+from advisor.static.outside_writes import ANY_ON_CLASS
 
 
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
@@ -197,6 +198,7 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     reason = scope.overridden(c.scope.classes(), owner, names)
     if reason is not None:
         raise Refusal(reason)
+    _methods_bound_by_computed_names(c, names & set(owner.methods))
     if c.scope.classes().subclasses(owner):
         match.facts.proved("dispatch", "no subclass overrides a method or attribute the block uses",
                            "checked for the subclasses in this file")
@@ -238,6 +240,30 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
             match.facts.assumed(NO_HOOKS, statement, hooked)
         else:
             match.facts.proved(NO_HOOKS, statement, "no hook is registered in this file")
+
+
+def _methods_bound_by_computed_names(c: Candidate, methods: set[str]) -> None:
+    """A method the block calls or inlines may be another function when the code runs where the class binds its
+    attributes by computed names (`setattr(self, name, f)`: refused), or where a file binds them so on what may be
+    a class (`setattr(Attn, name, f)` in a loop, `type.__setattr__(cls, name, f)`): refused in this file, assumed
+    where only other files of the tree do (as for the attributes the block reads). Computed bindings on instances
+    elsewhere (`setattr(model, name, layer)`, a pruning utility's) are not read as replacing methods. A write of
+    the method's own name is `scope.overridden`'s."""
+    if not methods:
+        return
+    name = sorted(methods)[0]
+    if c.owner.binds_computed_names:
+        raise Refusal(f"`self.{name}`, a method the block runs, may be another function when the code runs: "
+                      f"`{c.owner.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)")
+    written = c.owner.written_outside(ANY_ON_CLASS)
+    if written is None:
+        return
+    rebound = f"{c.owner.writer(written)} sets attributes by computed names on what may be a class"
+    if c.owner.writer(written) == "this file":
+        raise Refusal(f"`self.{name}`, a method the block runs, may be another function when the code runs: "
+                      f"{rebound}")
+    c.match.facts.assumed("dispatch", f"the methods the block runs (`self.{name}`) are the class's when the code "
+                          "runs", rebound)
 
 
 # what a module's call runs on besides its class: written on any module reached otherwise than through the class
