@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 import re
+import struct
 
 import libcst as cst
 import libcst.matchers as m
@@ -18,6 +20,10 @@ from advisor.static.outside_writes import ANY_ATTRIBUTE
 # on its name alone is a guess, and a rewrite relying on it is unsafe (see `ValueProver.scalar_guess`).
 SCALAR_NAME = re.compile(r"(^|_)(scale|scaling|scale_factor|softmax_scale|norm_factor|inv_norm_factor|"
                          r"head_dim|dim_head|d_k|d_head|dk|head_size|sqrt\w*|temperature_scalar)$", re.I)
+# constructor parameters that size a layer (`def __init__(self, dim, num_heads)`): numbers by every sane call, and
+# taken for one as a guess that the constructions of the tree (call-site facts) or a run-time check prove
+SIZE_NAME = re.compile(r"(^|_)(dim|dims|d_model|embed_dim|embed_size|hidden_size|hidden_dim|n_embd|n_embed|"
+                       r"heads|num_heads|n_heads|n_head|nhead|num_attention_heads|head_count)$", re.I)
 # Objects that carry hyperparameters (`config.hidden_size`): their attributes are numbers by convention only.
 CONFIG_NAME = re.compile(r"(^|_)(config|cfg|conf|args|opt|opts|hparams|hps|settings)$", re.I)
 SCALAR_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "numpy.sqrt", "float", "int", "len", "max",
@@ -94,7 +100,7 @@ class ValueProver:
             return self._is_scalar_or_none(node.left, depth + 1) and self.is_scalar(node.right, depth + 1)
         if isinstance(node, cst.Call):
             dotted = self.parsed.imported_name(node.func)
-            if self.scalar_expression(node) is not node:
+            if depth == 0 and self.scalar_expression(node) is not node:  # inside an expression it stays a tensor
                 return self.is_scalar(self.scalar_expression(node), depth + 1)
             if dotted in NUMBER_FUNCTIONS:
                 return True
@@ -120,10 +126,27 @@ class ValueProver:
         return self.is_scalar(node, depth)
 
     def scalar_expression(self, node: cst.BaseExpression) -> cst.BaseExpression:
-        """The Python number inside a 0-dim tensor built from it (`torch.full([], x, ...)`,
-        `torch.tensor(x)`): SDPA's scale must be that number, not the tensor."""
-        if not isinstance(node, cst.Call):
+        """The Python number inside a 0-dim tensor built from it (`torch.full([], x, ...)`, `torch.tensor(x)`):
+        SDPA's scale must be that number, not the tensor. Only where the tensor holds the number exactly (an int
+        literal, a literal float32 represents, a float64 tensor) or rounded as the computation rounds (a tensor's
+        dtype): `torch.tensor(0.1)` holds float32's 0.1, which the original's float64 scores are scaled by, so
+        that one stays a tensor (folded into q)."""
+        number = self._tensor_of_number(node)
+        if number is None:
             return node
+        value = number_value(number)
+        exact = value is not None and (isinstance(number, cst.Integer) or _float32_holds(value))
+        dtypes = [a.value for a in node.args if a.keyword is not None and a.keyword.value == "dtype"]
+        # float64, or the dtype of a tensor (GPT-2's `torch.full([], d ** 0.5, dtype=attn_weights.dtype)`: the
+        # scores', whose rounding the computation has anyway)
+        held = any(self.parsed.imported_name(d) in ("torch.float64", "torch.double") or
+                   isinstance(d, cst.Attribute) and d.attr.value == "dtype" for d in dtypes)
+        return number if exact or held else node
+
+    def _tensor_of_number(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """x of `torch.full([], x, ...)` or `torch.tensor(x, ...)` (a 0-dim tensor built from one number)."""
+        if not isinstance(node, cst.Call):
+            return None
         dotted = self.parsed.imported_name(node.func)
         positional = [a.value for a in node.args if a.keyword is None]
         if dotted == "torch.full" and len(positional) >= 2 and isinstance(positional[0], (cst.List, cst.Tuple)) \
@@ -131,7 +154,7 @@ class ValueProver:
             return positional[1]
         if dotted == "torch.tensor" and len(positional) == 1:
             return positional[0]
-        return node
+        return None
 
     @staticmethod
     def _is_shape(node: cst.BaseExpression) -> bool:
@@ -203,6 +226,13 @@ class ValueProver:
                     self.constructor_guesses.append((self.parsed.innermost(definition.statement, cst.FunctionDef),
                                                      definition.name, why))
                     self._guess(why)
+                elif definition.default is None and SIZE_NAME.search(definition.name) and \
+                        self._is_constructor(definition):
+                    why = f"the constructor parameter `{definition.name}` is named as a size, but a caller may pass " \
+                          f"a tensor"
+                    self.constructor_guesses.append((self.parsed.innermost(definition.statement, cst.FunctionDef),
+                                                     definition.name, why))
+                    self._guess(why)
                 elif not (SCALAR_NAME.search(definition.name)
                           or (definition.default is not None and number_value(definition.default) is not None)):
                     return False
@@ -240,8 +270,7 @@ class ValueProver:
                 continue  # else a local of that function
             if self.parsed.innermost(target, cst.ClassDef) is not None:
                 continue  # a class attribute
-            assign = self.parsed.parents.get(self.parsed.parents.get(target))
-            if not (isinstance(assign, cst.Assign) and number_value(assign.value) is not None):
+            if self._module_literal(target) is None:
                 return False
             literal = True
         if not literal:
@@ -253,6 +282,31 @@ class ValueProver:
         if rebound is not None:
             return self._guess(f"the module-level `{name}` is a number here, but {rebound}")
         return True
+
+    def _module_literal(self, target: cst.CSTNode) -> float | None:
+        """The number literal a module-level binding target is given: `T = 9`, or unpacked, `H, T = 4, 9`."""
+        return number_value(self._module_value(target))
+
+    def _module_value(self, target: cst.CSTNode) -> cst.BaseExpression | None:
+        """The expression a module-level binding target is given: `T = 9`, or unpacked, `H, T = 4, 9` (None for
+        any other binding)."""
+        parents = self.parsed.parents
+        owner = parents.get(target)
+        if isinstance(owner, cst.AssignTarget):
+            assign = parents.get(owner)
+            return assign.value if isinstance(assign, cst.Assign) else None
+        if not isinstance(owner, cst.Element) or any(isinstance(e, cst.StarredElement) for e in
+                                                      getattr(parents.get(owner), "elements", [])):
+            return None
+        packed, bound = parents.get(owner), parents.get(parents.get(owner))
+        assign = parents.get(bound)
+        if not (isinstance(packed, (cst.Tuple, cst.List)) and isinstance(bound, cst.AssignTarget) and
+                isinstance(assign, cst.Assign) and len(assign.targets) == 1 and
+                isinstance(assign.value, (cst.Tuple, cst.List)) and
+                len(assign.value.elements) == len(packed.elements) and
+                not any(isinstance(e, cst.StarredElement) for e in assign.value.elements)):
+            return None
+        return assign.value.elements[packed.elements.index(owner)].value
 
     def _rebound_as_attribute(self, name: str) -> str | None:
         """Why a module-level name may hold another value when the code runs: a file of the scan assigns an
@@ -323,7 +377,7 @@ class ValueProver:
         """`torch.tensor(0.5)` bound to a name: its number is SDPA's scale only where the call is written inline
         (`scalar_expression`); the name holds the 0-d tensor, which SDPA's `scale=` rejects when it requires grad
         (and reads with a host sync otherwise)."""
-        return self.scalar_expression(value) is not value
+        return self._tensor_of_number(value) is not None
 
     # -- strings ------------------------------------------------------------------------------------
     def constant_string(self, node: cst.BaseExpression, depth: int = 0) -> str | None:
@@ -377,7 +431,7 @@ class ValueProver:
             return "finite" if code.endswith(".min") != code.startswith("-") else None
         if self.dtype_extreme_helper_argument(node) is not None:
             return "finite"
-        value = number_value(node)
+        value = self.constant_number(node)
         if value is not None:
             return "neginf" if value == float("-inf") else ("finite" if value <= MASK_FILL_FLOOR else None)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.tensor" and node.args:
@@ -403,7 +457,7 @@ class ValueProver:
         it. Names and `self.` attributes are followed to their one value, as `fill_kind` follows them."""
         if depth > 8:
             return None
-        number = number_value(node)
+        number = self.constant_number(node)
         if number is not None:
             return number
         helper_argument = self.dtype_extreme_helper_argument(node)
@@ -458,6 +512,56 @@ class ValueProver:
             return None
         return node.args[0].value
 
+    def constant_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
+        """The number an expression the source fixes holds: literals and arithmetic of them (`-2 ** 32 + 1`),
+        `float("-1e20")`, `float(x)` and `int(x)` of one, and a module-level name bound only to one
+        (`NEG_INF = -1e9`, not rebound by any function or by a write of another file); None otherwise."""
+        if node is None or depth > 8:
+            return None
+        value = number_value(node)
+        if value is not None:
+            return value
+        below = lambda child: self.constant_number(child, depth + 1)  # noqa: E731
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+            inner = below(node.expression)
+            return None if inner is None else -inner if isinstance(node.operator, cst.Minus) else inner
+        if isinstance(node, cst.BinaryOperation) and type(node.operator) in _ARITHMETIC:
+            left, right = below(node.left), below(node.right)
+            try:
+                return None if left is None or right is None else float(_ARITHMETIC[type(node.operator)](left, right))
+            except (OverflowError, ZeroDivisionError, TypeError):  # TypeError: a complex power
+                return None
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ("float", "int") \
+                and node.func.value not in self.parsed.bindings and node.func.value not in self.parsed.imports and \
+                len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star:
+            text = literal_string(node.args[0].value)
+            try:
+                number = float(text) if text is not None and node.func.value == "float" else below(node.args[0].value)
+                return None if number is None else float(int(number)) if node.func.value == "int" else number
+            except (ValueError, OverflowError):
+                return None
+        if isinstance(node, cst.Name) and (self.flow is None or not self.flow.definitions_of(node)) and \
+                not any(d.name == node.value for d in (self.flow.definitions.values() if self.flow else ())):
+            return self._global_number(node.value, depth)
+        return None
+
+    def _global_number(self, name: str, depth: int) -> float | None:
+        """The number every module-level binding of `name` gives it, where no function rebinds it (`global`) and no
+        file of the scan assigns it as an attribute."""
+        if name in self.parsed.imports or self._rebound_as_attribute(name) is not None:
+            return None
+        values = set()
+        for target in self.parsed.bindings.get(name, []):
+            function = self.parsed.innermost(target, cst.FunctionDef)
+            if function is not None:
+                if any(item.name.value == name for g in m.findall(function, m.Global()) for item in g.names):
+                    return None
+                continue  # a local of that function
+            if self.parsed.innermost(target, cst.ClassDef) is not None:
+                continue
+            values.add(self.constant_number(self._module_value(target), depth + 1))
+        return values.pop() if len(values) == 1 else None
+
     def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
         """The number a literal, a local name assigned only that literal, or a `self.` attribute assigned only
         that literal in its class (`self.beta = 1.0`, BLOOM) holds; None when it is not such a literal."""
@@ -475,6 +579,18 @@ class ValueProver:
                 and self.owner is not None):
             return self.literal_number(self.owner.only_value(node.attr.value), depth + 1)
         return None
+
+
+_ARITHMETIC = {cst.Add: operator.add, cst.Subtract: operator.sub, cst.Multiply: operator.mul,
+               cst.Divide: operator.truediv, cst.Power: operator.pow}
+
+
+def _float32_holds(value: float) -> bool:
+    """Whether float32 represents `value` exactly (what `torch.tensor(value)` holds by default)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0] == value
+    except OverflowError:
+        return False
 
 
 def is_loop_counter(parsed: ParsedModule, definition) -> bool:

@@ -774,3 +774,53 @@ def test_whisper_buffer_through_two_calls_and_a_slice(tmp_path, sliced, proved):
         outputs.append((out, *torch.autograd.grad(out.square().sum(), [x, *model.parameters()])))
     for got, want in zip(outputs[1], outputs[0]):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)  # float64 through the block's float32 softmax
+
+
+# -- torch's own causal builder -------------------------------------------------------------------------------
+TRANSFORMER_MASK = '''
+import math
+import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model=16, nhead=2):
+        super().__init__()
+        self.nhead = nhead
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, x, src_mask):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.nhead, -1).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        s = s + src_mask
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 16)
+        self.layer = Attention()
+
+    def forward(self, ids):
+        src_mask = {builder}(ids.size(1))
+        return self.layer(self.embed(ids), src_mask)
+'''
+
+
+@pytest.mark.parametrize("builder, proved", [
+    ("nn.Transformer.generate_square_subsequent_mask", True),
+    ("torch.nn.Transformer.generate_square_subsequent_mask", True),
+    ("nn.Transformer.generate_subsequent_mask", False),  # no such builder of torch's: nothing known of it
+])
+def test_torchs_causal_mask_builder_keeps_a_key_in_every_row(tmp_path, builder, proved):
+    """The PyTorch tutorial's `nn.Transformer.generate_square_subsequent_mask(n)` (-inf above the diagonal, 0 on
+    and below it) passed by every caller: no row is fully masked, proved from the call sites (a reach round's
+    p119: assumed before)."""
+    root = _tree(tmp_path, {"model.py": TRANSFORMER_MASK.replace("{builder}", builder)})
+    finding, result = _attention(root)
+    assert ("fully-masked-rows" in _names(finding, "from_call_sites")) == proved, finding.extra["facts"]
+    if proved:
+        assert finding.fix_safety == "safe", finding.extra["facts"]
+        _assert_parity(tmp_path, root, result, "model")

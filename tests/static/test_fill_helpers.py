@@ -51,3 +51,41 @@ def test_other_helpers_leave_the_fill_unread(helper, call):
     finding = _attention(helper, call)
     assert finding.fix_safety != "safe"
     assert "is not provably -inf or a large negative number" in (finding.reason or "")
+
+
+@pytest.mark.parametrize("helper, fill", [
+    ("", 'float("-1e20")'),  # aladdinpersson's tutorial
+    ("", "float('-1e9')"),
+    ("", "float(-1e9)"),
+    ("", "int(-1e9)"),
+    ("", "-2 ** 32 + 1"),  # DeepCTR's
+    ("NEG_INF = -1e9", "NEG_INF"),
+    ("NEG_INF = -1e4 * 1e5", "NEG_INF"),
+])
+def test_fills_the_source_fixes_as_constants_are_read(helper, fill):
+    """A reach round's p124-p126, p613: each fill is a large negative number once folded, and was refused as "not
+    provably -inf or a large negative number"."""
+    finding = _attention(helper, fill)
+    assert finding.fix_safety == "safe" and finding.patch, finding.reason
+    import torch
+    from fixture_models import load_module_from_source
+
+    source = SOURCE.format(helper=helper, call=fill)
+    original = load_module_from_source(source, "fill_constant")
+    patched = load_module_from_source(analyze_source(source, "case.py").fixed, "fill_constant_fixed")
+    q, k, v = (torch.randn(2, 2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    keep = torch.rand(2, 1, 1, 5, generator=torch.Generator().manual_seed(3)) > 0.3
+    keep[..., 0] = True
+    torch.testing.assert_close(patched.attend(q, k, v, keep), original.attend(q, k, v, keep))
+
+
+@pytest.mark.parametrize("helper, fill", [
+    ("NEG_INF = -1e9\n\n\ndef reset():\n    global NEG_INF\n    NEG_INF = 0.0", "NEG_INF"),  # rebound
+    ("NEG_INF = -1e9\nNEG_INF = -1.0", "NEG_INF"),  # two values, one not a mask fill
+    ("", 'float("-1")'),  # not large
+    ("float = lambda s: 0.0", 'float("-1e9")'),  # not the builtin
+    ("", "-2 ** 0.5"),
+])
+def test_other_constants_leave_the_fill_unread(helper, fill):
+    finding = _attention(helper, fill)
+    assert not finding.fixable or finding.fix_safety != "safe", finding.reason

@@ -162,6 +162,110 @@ def test_a_mask_indexed_under_its_not_none_test_is_guarded():
             torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
 
 
+UNSQUEEZED_PADDING = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, embed_dim=16, num_heads=2):
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)
+
+    def forward(self, x, key_padding_mask):
+        b, n, c = x.shape
+        q, k, v = self.in_proj(x).view(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        attn_weights = torch.matmul(q, k.transpose(-1, -2)) * 0.3535533905932738
+        attn_weights = attn_weights.masked_fill(key_padding_mask.unsqueeze(1).unsqueeze(dim=2).bool(),
+                                                float("-inf"))
+        attn_weights = F.softmax(attn_weights, dim=-1)
+        return torch.matmul(attn_weights, v).transpose(1, 2).reshape(b, n, c)
+"""
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (1, 1, 5)], ids=["2-D: SDPA", "3-D, broadcast to 5-D: the original"])
+def test_a_mask_unsqueezed_in_the_block_is_guarded_by_its_rank_plus_the_dims_added(shape):
+    """fairseq's `key_padding_mask.unsqueeze(1).unsqueeze(2)` (a reach round's p129: mask-rank assumed, so the patch
+    was unsafe): the check reads the mask's own rank plus one per `unsqueeze`, without running them."""
+    finding = _finding(UNSQUEEZED_PADDING)
+    assert finding.fix_safety == "safe" and "mask-rank" in _names(finding, "guarded"), finding.extra["facts"]
+    assert "key_padding_mask.dim() + 2 <= 4" in finding.patch  # q is unpacked from a 5-D permute: 4-D
+    original, patched = _models(UNSQUEEZED_PADDING)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask[..., 3:] = True
+    with torch.no_grad():
+        torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, mask))) == (len(shape) <= 2)
+    for model in (original, patched):  # a 0-d mask: both raise at the second unsqueeze (`2 <= 0 + 2`: the patch's)
+        with pytest.raises(IndexError):
+            model(x, torch.tensor(True))
+
+
+def test_a_query_scaled_before_its_view_is_checked_by_the_rank_the_view_gives():
+    """fairseq's `q = q * self.scaling` then `q = q.view(...).transpose(1, 2)`: where the guarded statements begin, q
+    is not yet the query SDPA gets, so `q.dim()` could not be read there (mask-rank stayed assumed); the view fixes
+    its rank at 4, which the check reads instead."""
+    source = UNSQUEEZED_PADDING.replace(
+        "        q, k, v = self.in_proj(x).view(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)\n",
+        "        q, k, v = self.in_proj(x).chunk(3, dim=-1)\n        q = q * 0.3535533905932738\n"
+        "        q = q.contiguous().view(b, n, self.num_heads, -1).transpose(1, 2)\n"
+        "        k = k.contiguous().view(b, n, self.num_heads, -1).transpose(1, 2)\n"
+        "        v = v.contiguous().view(b, n, self.num_heads, -1).transpose(1, 2)\n").replace(
+        "torch.matmul(q, k.transpose(-1, -2)) * 0.3535533905932738", "torch.matmul(q, k.transpose(2, 3))")
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and "mask-rank" in _names(finding, "guarded"), finding.extra["facts"]
+    assert "key_padding_mask.dim() + 2 <= 4" in finding.patch and "q.dim()" not in finding.patch
+    original, patched = _models(source)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    for mask in (torch.zeros(2, 5, dtype=torch.bool), torch.zeros(1, 1, 5, dtype=torch.bool)):
+        mask[..., 3:] = True
+        with torch.no_grad():
+            torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
+
+
+PRE_SCALED_QUERY = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, temperature=8 ** 0.5):
+        super().__init__()
+        self.temperature = temperature
+
+    def forward(self, q, k, v, mask):
+        attn = torch.matmul(q / self.temperature, k.transpose(2, 3))
+        attn = attn.masked_fill(mask == 0, -1e9)
+        attn = F.softmax(attn, dim=-1)
+        return torch.matmul(attn, v)
+"""
+
+
+@pytest.mark.parametrize("temperature", [8 ** 0.5, torch.tensor(8 ** 0.5), torch.full((1, 1, 1, 1, 1), 8 ** 0.5)],
+                         ids=["number: SDPA", "0-d tensor: the original", "5-D tensor: the original"])
+def test_a_query_divided_by_an_attribute_is_checked_through_the_attribute(temperature):
+    """jadore801120's `matmul(q / self.temperature, k.transpose(2, 3))` (a reach round's p219: mask-rank and the
+    rows assumed, since `q / self.temperature` cannot be read again without dividing): where the temperature is a
+    number, q's rank and dtype are the query's, so the check reads q after checking the temperature is one."""
+    finding = _finding(PRE_SCALED_QUERY)
+    assert finding.fix_safety == "safe" and {"mask-rank", "fully-masked-rows"} <= _names(finding, "guarded"), \
+        finding.extra["facts"]
+    assert "isinstance(self.temperature, (int, float))" in finding.patch
+    fixed = analyze_source(PRE_SCALED_QUERY, "case.py").fixed
+    original = load_module_from_source(PRE_SCALED_QUERY, "case").Attention(temperature)
+    patched = load_module_from_source(fixed, "case_fixed").Attention(temperature)
+    q, k, v = (torch.randn(2, 2, 5, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    mask = torch.ones(2, 1, 5, 5)
+    mask[1] = 0  # a padded sample: every row fully masked
+    mask[0, ..., 3:] = 0
+    torch.testing.assert_close(patched(q, k, v, mask), original(q, k, v, mask), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (q, k, v, mask))) == isinstance(temperature, float)
+
+
 # A scale that reaches the scores through arithmetic on a parameter (`x / (1.0 / temperature)`): the check
 # evaluates that arithmetic again, which runs no user code (the fuzzer's scale_argument family found it unguarded:
 # an unsafe patch that raised on a tensor scale)

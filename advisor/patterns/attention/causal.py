@@ -165,6 +165,12 @@ def reads_causal_additive(c, mask: cst.BaseExpression, values_of: Resolve) -> bo
     return built_keeps_first_key(c, built, values_of)
 
 
+# torch's own builders of a causal additive mask: `torch.triu(torch.full((sz, sz), -inf), diagonal=1)`
+TORCH_CAUSAL_MASKS = frozenset({"torch.nn.Transformer.generate_square_subsequent_mask",
+                                "torch.nn.modules.transformer.Transformer.generate_square_subsequent_mask",
+                                "torch.nn.modules.transformer._generate_square_subsequent_mask"})
+
+
 def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth: int = 0) -> bool:
     """A square (or a stack of squares, `torch.full((1, 1, n, n), -inf)`) built -inf or a mask fill (-1e9,
     `finfo.min`) strictly above the diagonal and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a helper of
@@ -180,6 +186,8 @@ def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth
     if isinstance(node, cst.Name):
         values = values_of(node)
         return bool(values) and all(built_keeps_first_key(c, value, values_of, depth + 1) for value in values)
+    if isinstance(node, cst.Call) and c.parsed.imported_name(node.func) in TORCH_CAUSAL_MASKS:
+        return True
     return _neginf_above_diagonal(c, node, values_of) or _zero_on_and_below_diagonal(c, node) or \
         _joined_beside_zeros(c, node, values_of, depth)
 

@@ -59,9 +59,12 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
     query, key, value = (_peeled(node, DTYPE_KEEPING_VIEWS) for node in leaves)
+    leaves_query = query
     if span is None:
         return
+    scaled_from, numbers = _under_number_scale(c, query)
     for name in wanted:
+        query = scaled_from if name in (MASK_RANK, mk.ROWS) else leaves_query
         if not _plain(c, query) and name not in MODULE_FACTS:
             continue
         absent = _absent_checks(c, match.masks) if name == mk.ROWS else []
@@ -123,13 +126,20 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             terms = [t for t in match.masks if t.source is not None and _needs(name, t)]
             ranks = [_known_rank(c, t) if name == MASK_RANK else None for t in terms]
             tabled = [name == MASK_DTYPE and bool(t.tables) for t in terms]
-            reads = [query] + [_checked(name, t) for t, known, by in zip(terms, ranks, tabled)
-                               if known is None and not by] + \
+            # the query's rank where the source fixes it: the check then reads no query, which may not yet be the
+            # one SDPA gets where the guarded statements begin (`q = q * s` before `q = q.view(...)`, fairseq's)
+            q_rank = _exact_rank(c, query) if name == MASK_RANK and all(k is None for k in ranks) else None
+            reads = ([query] if q_rank is None else []) + \
+                [_rank_subject(_checked(name, t))[0] if name == MASK_RANK else _checked(name, t)
+                 for t, known, by in zip(terms, ranks, tabled) if known is None and not by] + \
                 [table for t, by in zip(terms, tabled) if by for table in t.tables]
             parts = [_tables_dtype_check(c, term, query) if by else
-                     _mask_check(c, name, term, query, torch_name) if known is None else
+                     _mask_check(c, name, term, query, torch_name, q_rank) if known is None else
                      parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
                      for term, known, by in zip(terms, ranks, tabled)]
+        if parts and query is not leaves_query:  # the check reads q itself where the factors are numbers
+            parts = [parse_template_expression("isinstance({s}, (int, float))", s=s) for s in numbers] + parts
+            reads = reads + numbers
         lifted = _lifted(c, span, reads) if parts else None
         if parts and None not in parts and lifted is not None and \
                 holds_at(c, span[0], output_statement, reads, lifted):
@@ -315,19 +325,45 @@ def _unindexed(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
+def _under_number_scale(c: Candidate, query: cst.BaseExpression) -> tuple[cst.BaseExpression, list]:
+    """q of `q / self.temperature` or `q * 0.125` (a pre-scaled query, jadore801120's), and the factors the source
+    does not prove numbers: a Python number keeps q's rank and float dtype, so the rank and row checks may read q
+    itself, after checking each such factor is one (`isinstance(self.temperature, (int, float))`: a tensor there
+    runs the original). A factor neither proved nor a plain read ends the peeling."""
+    unproved: list[cst.BaseExpression] = []
+    while isinstance(query, cst.BinaryOperation) and isinstance(query.operator, (cst.Multiply, cst.Divide)):
+        sides = [(query.right, query.left)] + ([(query.left, query.right)]
+                                               if isinstance(query.operator, cst.Multiply) else [])
+        factor, rest = next(((f, r) for f, r in sides if c.values.scalar_guess(f) is None or _plain(c, f)),
+                            (None, None))
+        if factor is None:
+            break
+        if c.values.scalar_guess(factor) is not None:
+            unproved.append(factor)
+        query = rest
+    return query, unproved
+
+
+def _exact_rank(c: Candidate, node: cst.BaseExpression) -> int | None:
+    low, high = rank_bounds(c).bounds(node)
+    return low if low == high else None
+
+
 def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpression,
-                torch_name: str) -> cst.BaseExpression | None:
+                torch_name: str, q_rank: int | None = None) -> cst.BaseExpression | None:
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
-    mask = _peeled(_checked(name, term), DTYPE_KEEPING_VIEWS if name == MASK_DTYPE else SAME_RANK)
+    mask, added = _rank_subject(_checked(name, term)) if name == MASK_RANK else \
+        (_peeled(_checked(name, term), DTYPE_KEEPING_VIEWS), 0)
     base = _unindexed(mask)
     # the original indexes the mask whenever it is not None, unless an `if` of another test guards it
     indexed = term.guard is None or c.parsed.code(term.guard.test).replace(" ", "") == \
         f"{c.parsed.code(base)}isnotNone".replace(" ", "")
     if not _plain(c, mask, indexed=indexed):
         return None
-    check = "2 <= {m}.dim() <= {q}.dim()" if name != MASK_DTYPE else "{m}.dtype == {torch}.bool" \
-        if term.dtype_subject is not None else "{m}.dtype == {q}.dtype"
+    most = "{q}.dim()" if q_rank is None else str(q_rank)
+    check = f"2 <= {{m}}.dim(){f' + {added}' if added else ''} <= {most}" if name != MASK_DTYPE else \
+        "{m}.dtype == {torch}.bool" if term.dtype_subject is not None else "{m}.dtype == {q}.dtype"
     template = "isinstance({base}, {torch}.Tensor) and " + check
     if term.guard is not None:
         template = "{base} is None or " + template
@@ -362,6 +398,26 @@ def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpres
             node = node.left
         else:
             return node
+
+
+def _rank_subject(mask: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
+    """The tensor whose rank the check reads, under calls that keep the rank, and the dims the block's
+    `.unsqueeze(i)` calls add to it (fairseq's `m.unsqueeze(1).unsqueeze(2).to(torch.bool)`: `m`, 2)."""
+    mask, added = _peeled(mask, SAME_RANK), 0
+    while _unsqueeze_of(mask) is not None:
+        mask, added = _peeled(_unsqueeze_of(mask), SAME_RANK), added + 1
+    return mask, added
+
+
+def _unsqueeze_of(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """t of `t.unsqueeze(i)` (i an int literal): one dim more than t, whatever i (or an IndexError, raised by the
+    patch's mask as by the original's)."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "unsqueeze" \
+            and len(node.args) == 1 and not node.args[0].star and \
+            (node.args[0].keyword is None or node.args[0].keyword.value == "dim") and \
+            int_value(node.args[0].value) is not None:
+        return node.func.value
+    return None
 
 
 def _grouped(part: cst.BaseExpression) -> cst.BaseExpression:

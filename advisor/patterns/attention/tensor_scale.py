@@ -13,6 +13,9 @@ And the expression `s` moves to the SDPA call, so it must be a read or a pure to
 
 from __future__ import annotations
 
+import math
+import struct
+
 import libcst as cst
 
 from advisor.patterns.attention.candidate import Candidate
@@ -135,6 +138,10 @@ def _nonzero_constant(c: Candidate, node: cst.BaseExpression, depth: int) -> boo
             and c.owner is not None:
         built = c.owner.only_value(node.attr.value)
         return built is not None and _nonzero_constant(c, built, depth + 1)
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power) or \
+            isinstance(node, cst.Call) and c.parsed.imported_name(node.func) == "torch.sqrt":
+        value = _constant_value(c, node)
+        return value is not None and value != 0 and math.isfinite(value)
     if not isinstance(node, cst.Call):
         return False
     dotted = c.parsed.imported_name(node.func) or ""
@@ -146,6 +153,39 @@ def _nonzero_constant(c: Candidate, node: cst.BaseExpression, depth: int) -> boo
         return value is not None and value != 0 and value == value and abs(value) != float("inf")
     return isinstance(node.func, cst.Attribute) and node.func.attr.value in SHAPE_KEEPING and \
         _nonzero_constant(c, node.func.value, depth + 1)
+
+
+def _constant_value(c: Candidate, node: cst.BaseExpression) -> float | None:
+    """The value of `torch.tensor(x) ** p`, `torch.sqrt(torch.tensor(x))` (x, p literals), rounded to float32 as the
+    tensor holds it (a power that underflows to 0 is 0); None for anything else."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
+        base, exponent = _constant_value(c, node.left), c.values.literal_number(node.right)
+        if base is None or exponent is None:
+            return None
+        try:
+            return _as_float32(base ** exponent)
+        except (OverflowError, ZeroDivisionError, TypeError):  # a complex root of a negative base is no scale
+            return None
+    if not isinstance(node, cst.Call):
+        return None
+    dotted = c.parsed.imported_name(node.func) or ""
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    if dotted == "torch.sqrt" and len(positional) == 1:
+        base = _constant_value(c, positional[0])
+        return _as_float32(math.sqrt(base)) if base is not None and base >= 0 else None
+    if dotted == "torch.tensor" and len(positional) == 1 and not any(a.keyword for a in node.args):
+        value = c.values.literal_number(positional[0])
+        return _as_float32(float(value)) if value is not None else None
+    return None
+
+
+def _as_float32(value: float) -> float | None:
+    if isinstance(value, complex):
+        return None
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return float("inf")
 
 
 def _dtype_fact(c: Candidate, shapes: list[Shape]) -> None:
