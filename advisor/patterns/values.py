@@ -219,20 +219,8 @@ class ValueProver:
                         self._guess(f"the parameter `{definition.name}` is annotated "
                                     f"`{self.parsed.code(annotation)}`, which Python does not enforce: a caller may "
                                     f"still pass a tensor")
-                elif definition.default is not None and number_value(definition.default) is not None and \
-                        self._is_constructor(definition):
-                    why = f"the constructor parameter `{definition.name}` defaults to a number, but a caller may " \
-                          f"pass a tensor"
-                    self.constructor_guesses.append((self.parsed.innermost(definition.statement, cst.FunctionDef),
-                                                     definition.name, why))
-                    self._guess(why)
-                elif definition.default is None and SIZE_NAME.search(definition.name) and \
-                        self._is_constructor(definition):
-                    why = f"the constructor parameter `{definition.name}` is named as a size, but a caller may pass " \
-                          f"a tensor"
-                    self.constructor_guesses.append((self.parsed.innermost(definition.statement, cst.FunctionDef),
-                                                     definition.name, why))
-                    self._guess(why)
+                elif self._constructor_guess(definition):
+                    continue
                 elif not (SCALAR_NAME.search(definition.name)
                           or (definition.default is not None and number_value(definition.default) is not None)):
                     return False
@@ -331,6 +319,21 @@ class ValueProver:
             return len(items) > definition.index and self.is_scalar(items[definition.index].value, depth + 1)
         return all(self._is_shape(item.value) if isinstance(item, cst.StarredElement)
                    else self.is_scalar(item.value, depth + 1) for item in items)
+
+    def _constructor_guess(self, definition) -> bool:
+        """An unannotated `__init__` parameter defaulting to a number, or without a default but named as a size: a
+        number as a guess every construction of the tree (call-site facts) or a run-time check may prove."""
+        if not self._is_constructor(definition):
+            return False
+        if definition.default is not None and number_value(definition.default) is not None:
+            why = f"the constructor parameter `{definition.name}` defaults to a number, but a caller may pass a tensor"
+        elif definition.default is None and SIZE_NAME.search(definition.name):
+            why = f"the constructor parameter `{definition.name}` is named as a size, but a caller may pass a tensor"
+        else:
+            return False
+        self.constructor_guesses.append((self.parsed.innermost(definition.statement, cst.FunctionDef),
+                                         definition.name, why))
+        return self._guess(why)
 
     def _is_constructor(self, definition) -> bool:
         function = self.parsed.innermost(definition.statement, cst.FunctionDef)
