@@ -22,7 +22,7 @@ from advisor.static.walk import walk
 # A file in which none of these occur asks for nothing here ("autograd" and "backward(" for a create_graph passed by
 # position); substring tests, since one regular expression of all of them is several times slower.
 TOKENS = ("create_graph", "forward_ad", "forward-mode", "jvp", "jacfwd", "hessian", "hvp", "vhp", "gradgradcheck",
-          "functorch", "autograd", "backward(", "forward_grad")
+          "functorch", "autograd", "backward(", "forward_grad", "learn2learn", "higher", "torchopt", "torchmeta")
 FUNC_MODULE = re.compile(r"(?:torch\.|import |, *)func\b")  # torch.func, `from torch import func` or `nn, func`
 
 DOUBLE_BACKWARD, FORWARD_MODE = "double backward", "forward-mode AD"
@@ -40,6 +40,12 @@ TRANSFORMS = {
     "torch.autograd.functional.jvp": DOUBLE_BACKWARD,  # computed as a backward of a backward
     "torch.autograd.gradgradcheck": DOUBLE_BACKWARD,
 }
+# Libraries outside the tree whose use differentiates through gradients: MAML's second-order step (learn2learn's
+# `MAML(..., first_order=False)` by default, torchmeta's `gradient_update_parameters`), differentiable optimizers
+# (higher, torchopt), Hessian tools (PyHessian, hessian-eigenthings). Any name under them may ask.
+HIGHER_ORDER_LIBRARIES = {name: DOUBLE_BACKWARD for name in ("learn2learn", "higher", "torchopt", "torchmeta",
+                                                             "pyhessian", "hessian_eigenthings")}
+TRANSFORMS.update(HIGHER_ORDER_LIBRARIES)
 # The modules those transforms live in: a name computed on one (`getattr(torch.func, "j" + "vp")`) may be any.
 TRANSFORM_MODULES = {prefix.rsplit(".", 1)[0] for prefix in TRANSFORMS} | {"torch.func", "functorch"}
 # Options that make a call (`torch.autograd.gradcheck`, or a wrapper passing them on) run forward-mode AD.
@@ -58,8 +64,8 @@ CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3,
                          "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
 TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
 # What `worth_resolving` looks for, by the last part of each name.
-TRIGGER_NAMES = {name.rsplit(".", 1)[1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian",
-                                                                   *FORWARD_MODE_OPTIONS}
+TRIGGER_NAMES = {name.rsplit(".", 1)[-1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian",
+                                                                    *FORWARD_MODE_OPTIONS}
 CALLS_WITH_CREATE_GRAPH = {name.rsplit(".", 1)[1] for name in CREATE_GRAPH_POSITION}
 FEWEST_POSITIONAL = min([*CREATE_GRAPH_POSITION.values(), TENSOR_BACKWARD_POSITION])
 
@@ -99,8 +105,8 @@ def worth_resolving(source: str) -> bool:
     long_calls: set[str | None] = set()  # callees given enough positional arguments to pass create_graph
     takes_create_graph = set(CALLS_WITH_CREATE_GRAPH)  # and the local names they are imported as
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and len(node.args) > FEWEST_POSITIONAL:
-            long_calls.add(_leaf(node.func))
+        if isinstance(node, ast.Call) and (len(node.args) > FEWEST_POSITIONAL or _unpacks(node)):
+            long_calls.add(_leaf(node.func))  # `grad(y, x, **opts)`: the options may hold create_graph
         elif isinstance(node, (ast.Assign, ast.keyword)) and _leaf(node.value) in CALLS_WITH_CREATE_GRAPH:
             return True  # `g = torch.autograd.grad`: a call through the alias may pass create_graph by position
         elif isinstance(node, ast.Call) and _leaf(node.func) == "getattr" and len(node.args) >= 2 and \
@@ -108,10 +114,25 @@ def worth_resolving(source: str) -> bool:
             return True  # `getattr(torch.func, name)`: any transform
         elif isinstance(node, ast.alias) and node.asname and node.name.rsplit(".", 1)[-1] in CALLS_WITH_CREATE_GRAPH:
             takes_create_graph.add(node.asname)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                module.split(".")[0] in HIGHER_ORDER_LIBRARIES for module in _imported_modules(node)):
+            return True  # `from learn2learn.algorithms import MAML`: its names may ask
         names.update(_identifiers(node))
     reverse = {name.rsplit(".", 1)[1] for name in REVERSE_TRANSFORMS}
     return bool(names & TRIGGER_NAMES or long_calls & takes_create_graph or
                 names & reverse and names & {"func", "functorch"})
+
+
+def _imported_modules(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The absolute modules an import statement reads (none for a relative `from . import x`)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return [node.module] if node.level == 0 and node.module else []
+
+
+def _unpacks(call: ast.Call) -> bool:
+    """`f(*args)` or `f(**options)`: what it passes is not shown."""
+    return any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
 
 
 def _identifiers(node: ast.AST) -> list[str]:

@@ -421,6 +421,39 @@ HIDDEN_REQUESTS = {
             fast = {name: p - 0.1 * inner[name] for name, p in params.items()}
             functional_call(model, fast, (x,)).pow(2).mean().backward()
     '''),
+    # A seventh breaker's: options read from a config and spread into the call (bug_07), and a meta-learning
+    # library outside the tree that differentiates through the inner gradient step (bug_04, learn2learn's MAML)
+    "options_spread_from_a_config": ({}, '''
+        import json
+        import torch
+
+
+        def penalty(model, x, path):
+            options = json.load(open(path))
+            (gx,) = torch.autograd.grad(model(x).sum(), x, **options)
+            return gx.pow(2).sum()
+    '''),
+    "backward_given_options": ({}, '''
+        def step(model, x, options):
+            model(x).sum().backward(**options)
+    '''),
+    "maml_of_a_library": ({}, '''
+        from learn2learn.algorithms import MAML
+
+
+        def meta_step(model, x):
+            learner = MAML(model, lr=0.1).clone()
+            learner.adapt(model(x).pow(2).mean())
+            learner(x).pow(2).mean().backward()
+    '''),
+    "differentiable_optimizer": ({}, '''
+        import higher
+
+
+        def inner(model, opt, x):
+            with higher.innerloop_ctx(model, opt) as (fmodel, diffopt):
+                diffopt.step(fmodel(x).sum())
+    '''),
     "vjp_then_backward_in_another_file": ({"penalty.py": '''
         def penalize(g):
             g.pow(2).sum().backward()
