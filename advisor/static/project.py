@@ -49,6 +49,11 @@ STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless
                          "functorch.make_functional_with_buffers"})
 # methods returning a module's buffers themselves (not copies): writing into what they return writes the buffers
 STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
+# what traces modules symbolically (torch.fx, and the libraries built on it: torchvision's feature extraction,
+# FX quantization, timm's FX features)
+FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torchvision.models.feature_extraction",
+              "timm.models._features_fx", "timm.models.features_fx")
+MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx|quantize_fx")
 MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers|buffers\(|state_dict\(")
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
@@ -120,6 +125,7 @@ class ProjectFacts:
     scripts: tuple[UseSite, ...] = ()  # TorchScript compiling what it is given and all it calls
     state_swaps: tuple[UseSite, ...] = ()  # modules run with parameters and buffers given by name
     classes: tuple[ClassSite, ...] = ()  # every class of the tree that derives from something (static.class_sites)
+    fx_traces: tuple[UseSite, ...] = ()  # torch.fx symbolic tracing, which runs the code on Proxies
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -159,6 +165,11 @@ class ProjectFacts:
         """The first use of TorchScript's compiler in a file other than `here`: any function of `here` may be
         compiled (a scripted model's classes, the functions a scripted function calls)."""
         return next((site for site in self.scripts if site.path != here), None)
+
+    def fx_trace_elsewhere(self, here: str) -> UseSite | None:
+        """A use of torch.fx's symbolic tracing in another file of the tree: any module it is given, and all it
+        calls, runs on Proxies, whose dtypes and dims cannot decide an `if`."""
+        return next((site for site in self.fx_traces if site.path != here), None)
 
     def state_swap_elsewhere(self, here: str) -> UseSite | None:
         """The first call in a file other than `here` that may run this file's classes with another tensor in
@@ -248,6 +259,13 @@ def script_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
             parsed.imported_name(node) == "torch.jit" or parsed.imported_name(node).startswith(SCRIPT_PRIVATE)]
 
 
+def fx_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
+    """Where the file reads torch.fx or a library that traces with it (FX_TRACERS)."""
+    return [node for node in uses_of(parsed, None) if any(
+        (parsed.imported_name(node) or "") == tracer or (parsed.imported_name(node) or "").startswith(tracer + ".")
+        for tracer in FX_TRACERS)]
+
+
 def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     """Where the file may run or leave modules with other tensors in their buffers' places: a call of STATE_SWAPS,
     or a write into a tensor reached through STATE_VIEWS (`for n, b in m.named_buffers(): b.copy_(band)`,
@@ -326,7 +344,8 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     and of calls that swap a module's state, each with its kind, and its derived classes ([] for a file that cannot
     be parsed: the scan reports it)."""
     found: list = []
-    uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None
+    uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None or \
+        MAY_FX_TRACE.search(text) is not None
     computed = MAY_HOOK_BY_NAME.search(text) is not None
     if TOKEN in text or any(name in text for name in HOOK_METHODS) or uses or computed:
         try:
@@ -335,7 +354,8 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
                      global_hook_calls(parsed, GLOBAL_CALL_HOOKS | REGISTRATION_HOOKS | HOOK_METHODS) +
                      hooks_by_computed_name(parsed)]
             found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
-                      for kind, nodes in (("script", script_uses(parsed)), ("swap", state_swaps(parsed)))
+                      for kind, nodes in (("script", script_uses(parsed)), ("swap", state_swaps(parsed)),
+                                          ("fx", fx_trace_uses(parsed)))
                       for node in nodes]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
@@ -361,4 +381,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site.with_handed_written(writers) for site in writes),
                         tuple(site for site, kind in hooks if kind == "script"),
                         tuple(site for site, kind in hooks if kind == "swap"),
-                        tuple(site for site in sites if isinstance(site, ClassSite)))
+                        tuple(site for site in sites if isinstance(site, ClassSite)),
+                        tuple(site for site, kind in hooks if kind == "fx"))

@@ -63,6 +63,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None:
         return
     scaled_from, numbers = _under_number_scale(c, query)
+    if scope.fx_traced(c.parsed) is not None:  # a dtype or dim compared on a Proxy raises TraceError
+        wanted = [name for name in wanted if name in MODULE_FACTS]
     for name in wanted:
         query = scaled_from if name in (MASK_RANK, mk.ROWS) else leaves_query
         if not _plain(c, query) and name not in MODULE_FACTS:
