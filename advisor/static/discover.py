@@ -17,6 +17,9 @@ SKIP_DIRS = {
     ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".venv", "venv", "env", ".env", ".tox", ".nox",
     "build", "dist", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
 }
+# ... of which these also name source packages (RL code's `env/`): walked where they hold an `__init__.py` and are
+# no virtual environment (`pyvenv.cfg`), since a caller there decides what the tree's call sites prove
+PACKAGE_NAMES = {"env", "venv", "build", "dist"}
 
 LIBRARY_DIRS = ("site-packages", "dist-packages")  # where installed packages live
 
@@ -38,7 +41,10 @@ def is_library_file(path: str) -> bool:
     return any(part in LIBRARY_DIRS for part in PurePath(path).parts)
 
 
-def _is_skipped_dir(name: str) -> bool:
+def _is_skipped_dir(name: str, path: str) -> bool:
+    if name in PACKAGE_NAMES and os.path.isfile(os.path.join(path, "__init__.py")) and \
+            not os.path.exists(os.path.join(path, "pyvenv.cfg")):
+        return False
     return name in SKIP_DIRS or name.endswith(".egg-info")
 
 
@@ -104,7 +110,8 @@ def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
             dirnames[:] = []
             continue
         visited.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not (_is_skipped_dir(d) or excluded(os.path.join(dirpath, d))))
+        dirnames[:] = sorted(d for d in dirnames
+                             if not (_is_skipped_dir(d, os.path.join(dirpath, d)) or excluded(os.path.join(dirpath, d))))
         for name in [d for d in dirnames if _encloses(os.path.join(dirpath, d), real)]:
             errors.append(ScanError(os.path.join(dirpath, name), f"{LINK_LOOP} (to an enclosing folder)"))
             dirnames.remove(name)

@@ -1,0 +1,57 @@
+"""Which folders a scan walks: tool and environment folders are skipped, but a source package that happens to be
+named like one (`env/`, `build/`, RL code's environment package) is walked, since a caller there decides what the
+tree's call sites prove (a seventh breaker's bug_12: a caller in `env/` reading the weights was never read, and the
+patch that dropped them was safe)."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.engine.static import scan_paths
+from advisor.static.discover import discover
+
+
+@pytest.mark.parametrize("name", ["env", "build", "dist", "venv"])
+def test_a_package_named_like_a_tool_folder_is_walked(tmp_path, name):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "step.py").write_text("x = 1\n")
+    files, _ = discover([str(tmp_path)])
+    assert str(tmp_path / name / "step.py") in files
+
+
+@pytest.mark.parametrize("layout", [{}, {"pyvenv.cfg": "home = /usr/bin\n", "__init__.py": ""}])
+@pytest.mark.parametrize("name", ["env", "build", ".venv", "node_modules", "__pycache__"])
+def test_tool_folders_and_virtual_environments_are_skipped(tmp_path, name, layout):
+    folder = tmp_path / name
+    folder.mkdir()
+    for file, text in layout.items():
+        (folder / file).write_text(text)
+    (folder / "mod.py").write_text("x = 1\n")
+    files, _ = discover([str(tmp_path)])
+    assert not any(name in path for path in files), files
+
+
+ATTEND = '''
+import torch
+
+
+def attend(q, k, v):
+    w = (q @ k.transpose(-2, -1) * 0.125).softmax(-1)
+    return w @ v, w
+'''
+
+
+def test_a_caller_in_an_env_package_decides_what_is_proved(tmp_path):
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "attention.py").write_text(ATTEND)
+    (tmp_path / "model.py").write_text("from .attention import attend\n\n\ndef run(q, k, v):\n"
+                                       "    out, _ = attend(q, k, v)\n    return out\n")
+    [alone] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert alone.fix_safety == "safe", alone.reason  # the only caller drops the weights
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "__init__.py").write_text("")
+    (tmp_path / "env" / "observe.py").write_text("from ..attention import attend\n\n\ndef observe(q):\n"
+                                                 "    return attend(q, q, q)[1].mean(dim=1)\n")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety != "safe", finding.extra["facts"]
