@@ -2,6 +2,7 @@
 wrote on a second pass. Both sides import them from here, so neither imports the other."""
 
 FLEX_HELPER_NAME = "advisor_flex_attention"
+FLASH_HELPER_NAME = "flash_attn_or_sdpa"  # `--backend flash-attn`'s helper (a suffix `_1`, ... where the name is taken)
 # the guard of a patch that deletes module calls (see attention.guards.module_checks): a module-level helper that
 # says whether a module runs exactly its class's forward with no hooks, and the local that holds its answer
 MODULE_CHECK_HELPER = "_advisor_module_runs_plain"

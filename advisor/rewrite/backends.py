@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from advisor.contracts.emitted_names import FLASH_HELPER_NAME
 from advisor.patterns.attention import AttentionMatch
 from advisor.rewrite.sdpa_call import call
 from advisor.static.codegen import dotted, keyword
 from advisor.static.module_index import ParsedModule
 
 KERNEL_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
-HELPER_NAME = "flash_attn_or_sdpa"
+HELPER_NAME = FLASH_HELPER_NAME
 
 # renamed, and pointed at the module's spelling of torch.nn.functional, by `flash_attn_helper`
 _HELPER = '''def flash_attn_or_sdpa(q, k, v, dropout_p=0.0, scale=None, causal=False):

@@ -173,6 +173,63 @@ def test_flash_attn_keeps_sdpa_for_masked_sites():
     assert "flash_attn_or_sdpa" not in result.fixed
 
 
+CONDITIONAL_MASKS = """
+import torch
+
+
+def optional_mask(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / 8.0
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return s.softmax(dim=-1) @ v
+
+
+def optional_causal(q, k, v, causal: bool = True):
+    t = q.size(-2)
+    s = q @ k.transpose(-2, -1) * 0.25
+    if causal:
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return s.softmax(dim=-1) @ v
+
+
+def added_on_request(q, k, v, bias=None):
+    s = q @ k.transpose(-2, -1) * 0.25
+    if bias is not None:
+        s = s + bias
+    return s.softmax(dim=-1) @ v
+"""
+
+
+def test_flash_attn_keeps_sdpa_where_a_mask_is_built_under_an_if():
+    """A third promises round: the helper call passes no attn_mask, so a mask applied under `if mask is not None:`
+    or `if causal:` was dropped by a safe patch (outputs off by up to 2.04); the mask is kept with SDPA."""
+    result = analyze_source(CONDITIONAL_MASKS, "conditional.py", backend="flash-attn", unsafe_fixes=True)
+    assert len(result.findings) == 3
+    for finding in result.findings:
+        assert finding.extra["emission"]["emitted"] == "sdpa", finding.extra["emission"]
+        assert "flash_attn_func takes no mask" in finding.extra["emission"]["reason"]
+    original = load_module_from_source(CONDITIONAL_MASKS, "conditional")
+    patched = load_module_from_source(result.fixed, "conditional_fixed")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    mask = torch.rand(1, 1, 8, 8) > 0.5
+    mask[..., 0] = True
+    bias = torch.randn(1, 1, 8, 8)
+    for name, args in (("optional_mask", (mask,)), ("optional_causal", ()), ("added_on_request", (bias,))):
+        torch.testing.assert_close(getattr(patched, name)(q, k, v, *args), getattr(original, name)(q, k, v, *args))
+
+
+def test_a_guarded_flash_attn_patch_is_fixed_once():
+    """The guarded fallback under a flash-attn patch is advisor's own: a second pass left it a finding and pasted a
+    second helper (`flash_attn_or_sdpa_1`)."""
+    source = "import torch\n\n\ndef scaled(q, k, v, scale):\n    s = q @ k.transpose(-2, -1) * scale\n" \
+             "    return s.softmax(dim=-1) @ v\n"
+    once = analyze_source(source, "guarded.py", backend="flash-attn").fixed
+    assert "flash_attn_or_sdpa(" in once and "isinstance(scale, (int, float))" in once
+    again = analyze_source(once, "guarded.py", backend="flash-attn")
+    assert not again.findings and again.fixed == once
+
+
 def test_optimize_verifies_the_flash_patch_on_the_workloads_inputs(tmp_path, capsys):
     """The unsafe flash wrap is what `optimize` exists for: checked on real inputs (CPU flash kernel here)."""
     import json

@@ -19,7 +19,7 @@ from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_th
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
-from advisor.contracts.emitted_names import FLEX_HELPER_NAME as FLEX_HELPER, MODULE_CHECK_LOCAL
+from advisor.contracts.emitted_names import FLASH_HELPER_NAME, FLEX_HELPER_NAME as FLEX_HELPER, MODULE_CHECK_LOCAL
 from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children, walk
@@ -426,7 +426,9 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
             walk(node.body, finder)
             # the module's own flex helper: only a flex patch writes its call in an `if` with the original after
             flex = FLEX_HELPER in parsed.module_functions and FLEX_HELPER in finder.plain_calls
-            return flex or finder.found and _reads_metadata_only(parsed, node.test, node.orelse.body)
+            flash = any(name.startswith(FLASH_HELPER_NAME) and name in parsed.module_functions
+                        for name in finder.plain_calls)  # `--backend flash-attn`'s helper, which calls SDPA
+            return flex or (finder.found or flash) and _reads_metadata_only(parsed, node.test, node.orelse.body)
         child, node = node, parsed.parents.get(node)
     return False
 
