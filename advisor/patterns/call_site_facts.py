@@ -17,7 +17,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from advisor.patterns import masks as mk
-from advisor.patterns.scope import nested_names, outer_names
+from advisor.patterns.scope import ClassTable, nested_names, outer_names, overridden, self_names
 from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
@@ -253,10 +253,19 @@ class SiteScope:
         (`causal.reads_causal_additive`), reading names as they are here (a module-level call reads globals)."""
         from advisor.patterns.attention.causal import reads_causal_additive
 
+        if self._subclass_binds(self_names([node])):
+            return False
         flow = self.parsed.flow(self.function) if self.function else None
         reader = MaskReader(self.parsed, self.owner, OpReader(self.parsed, self.owner),
                             ValueProver(self.parsed, flow, self.owner))
         return reads_causal_additive(reader, node, self.values)
+
+    def _subclass_binds(self, attributes: set[str]) -> bool:
+        """Whether a subclass of the caller's class (in its file or the tree) binds or overrides one of `self`'s
+        `attributes`: at the call, `self` may be its instance, holding another value than the class assigns."""
+        if self.owner is None or not attributes:
+            return False
+        return overridden(self.parsed.derived(ClassTable, ClassTable.of), self.owner, attributes) is not None
 
     def values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
         """The values assigned to `name` that reach this read (`module_values.assigned_values`)."""
@@ -267,6 +276,8 @@ class SiteScope:
             return self.values(node)
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" \
                 and self.owner is not None:
+            if self._subclass_binds({node.attr.value}):
+                return None  # a subclass binds it otherwise: `self` may be its instance
             value = self.owner.only_value(node.attr.value)
             return [value] if value is not None else None
         return None

@@ -49,12 +49,71 @@ PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may
 _CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict, dict]] = {}
 WORD = re.compile(r"\w+")
 STAR_IMPORT = re.compile(r"\bimport\s*\*")
+RELATIVE_IMPORT = re.compile(r"\bfrom\s+\.")
+# a lookup on a module by a name the code computes: `getattr(attention, f"{impl}_attention")`, `vars(m)[k]`
+COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(|\bvars\s*\(|__dict__")
 # an instance built through another's class (`type(m.attn)(8, s)`, `m.attn.__class__(8, s)`), or initialised again
 # (`m.__init__(t)`, `type(m).__init__(m, t)`, `getattr(m, "__init__")`; not `super().__init__`, `nn.Module.__init__`):
 # a construction no use of the class's name shows
 CLASS_OF_CALL = re.compile(r"__class__\s*\(|\btype\s*\([^()]*\)\s*\(|['\"]__init__['\"]")
 INIT_READ = re.compile(r"\.__init__\b")
 BASE_INIT = re.compile(r"(?:super\([^()]*\)|Module)$")  # what `.__init__` is read from in a base's initialisation
+
+
+# submodules reached by enumeration: `for layer in self.children():`, `for name, m in model.named_modules():`
+ENUMERATED = re.compile(r"\bfor\s+(?:\w+\s*,\s*)?(\w+)\s+in\s+[^\n]*\.(?:named_)?(?:children|modules)\(\)")
+# ... spread into a container that calls them (`nn.Sequential(*model.children())`), indexed, or mapped over
+ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:children|modules)\(\)|"
+                            r"\.(?:children|modules)\(\)\s*\)?\s*\[|\bmap\s*\([^\n]*\.(?:children|modules)\(\)")
+
+
+ENUMERATIONS = frozenset({"children", "modules", "named_children", "named_modules"})
+
+
+LOOP_HEADER = re.compile(r"^[ \t]*(?:async[ \t]+)?for\b[^\n]*$", re.M)
+
+
+def _without_loop_headers(text: str) -> str:
+    """The text less its `for` lines: an enumeration a loop iterates (`for s in list(self.children())[1:-1]:`) is
+    read as the loop's (`enumerated_calls`), not as a spread or an indexing."""
+    return LOOP_HEADER.sub("", text)
+
+
+def calls_enumerated_modules(text: str) -> bool:
+    """Whether the text may call a submodule it reached by enumeration (a loop variable over `.children()` or
+    `.modules()` that is called, those spread into `nn.Sequential(*...)`, indexed or mapped): a module's `forward`
+    then has calls no use of its class shows. Loops that only inspect or initialise (`for m in self.modules(): if
+    isinstance(m, nn.Linear): ...`) call nothing."""
+    if ENUMERATED_USE.search(_without_loop_headers(text)) is not None:
+        return True
+    return any(re.search(rf"\b{re.escape(loop.group(1))}\s*\(", text[loop.end():]) is not None
+               for loop in ENUMERATED.finditer(text))
+
+
+def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
+    """The calls of a loop's variable over `.children()`, `.modules()` or their named forms (`enumerate` of them too)
+    inside that loop, closures included; None where the file spreads, indexes or maps such an enumeration (calls
+    no node shows: `nn.Sequential(*model.children())`)."""
+    if ENUMERATED_USE.search(_without_loop_headers(parsed.source)) is not None:
+        return None
+    found = []
+    for loop in parsed.nodes_of(cst.For):
+        if not any(node.attr.value in ENUMERATIONS and isinstance(parsed.parents.get(node), cst.Call) and
+                   _inside(parsed, node, loop.iter) for node in parsed.nodes_of(cst.Attribute)):
+            continue
+        target = loop.target.elements[-1].value if isinstance(loop.target, (cst.Tuple, cst.List)) and \
+            loop.target.elements else loop.target
+        if not isinstance(target, cst.Name):
+            return None
+        found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
+                  call.func.value == target.value and _inside(parsed, call, loop.body)]
+    return found
+
+
+def _inside(parsed: ParsedModule, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+    while node is not None and node is not ancestor:
+        node = parsed.parents.get(node)
+    return node is ancestor
 
 
 def builds_unseen(text: str) -> bool:
@@ -237,19 +296,26 @@ class Tree:
         """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
         own file, or imported elsewhere), joined; None when one gives None or a file imports the module's `*`."""
         name, calls, module = defined.value, [], module_stem(parsed.path)
-        for path in self.mentioning(module):  # `from attn import *` in a package's `__init__.py`, never naming it
-            if STAR_IMPORT.search(self.text(path) or "") is not None and not self.says(path, name):
-                other = self.parsed(path)
-                if other is None or _imported_uses(other, parsed, name) is None:
+        for path in self.mentioning(module):
+            text = self.text(path) or ""
+            if STAR_IMPORT.search(text) is not None and not self.says(path, name) or \
+                    COMPUTED_LOOKUP.search(text) is not None:
+                other = self.parsed(path)  # `from attn import *` in a package's `__init__.py`, never naming it;
+                # `getattr(attention, f"{impl}_attention")`, a name no text spells
+                if other is None or _imported_uses(other, parsed, name) is None or \
+                        _computed_lookup_on(other, parsed):
                     return None
         for path in self.mentioning(name):
-            if self._real(path) != self._real(parsed.path) and not self.says(path, module):
-                continue  # another file that never names the module cannot import from it
+            if self._real(path) != self._real(parsed.path) and not self.says(path, module) and \
+                    RELATIVE_IMPORT.search(self.text(path) or "") is None:
+                continue  # another file that never names the module cannot import from it (`from . import f` of
+                # a package's `__init__.py` does not name it)
             other = self.parsed(path)
             if other is None or _named_in_a_string(other, name) or _reached_unseen(other, name):
                 return None  # `getattr(sys.modules[__name__], "attention")(...)`: a call no use shows
             uses = other.names_spelled(name) if other is parsed else _imported_uses(other, parsed, name)
-            if uses is None:
+            if uses is None or other is not parsed and (_module_reads_unresolved(other, parsed, name, uses) or
+                                                       self._reexported(other, parsed, name)):
                 return None
             for use in uses:
                 if use is defined or _is_import_name(other, use):
@@ -259,6 +325,23 @@ class Tree:
                     return None
                 calls.extend(found)
         return calls
+
+    def _reexported(self, other: ParsedModule, target: ParsedModule, name: str) -> bool:
+        """Whether `other` binds `target`'s `name` by an import that a third file of the tree imports from it
+        (`layers.py`: `from .attention import Attention`; `main.py`: `from .layers import Attention`): that file's
+        calls are the function's too, under a module no text of it names."""
+        locals_ = _bound_by_import(other, target, name)
+        for local in locals_:
+            for path in self.mentioning(local):
+                if self._real(path) in (self._real(other.path), self._real(target.path)):
+                    continue
+                if not self.says(path, module_stem(other.path)) and RELATIVE_IMPORT.search(self.text(path) or "") \
+                        is None:
+                    continue
+                third = self.parsed(path)
+                if third is None or _imported_uses(third, other, local) != []:
+                    return True
+        return False
 
     # -- methods ---------------------------------------------------------------------------------------------
     def _method_calls(self, parsed: ParsedModule, owner: ClassInfo, method: cst.FunctionDef) -> list | None:
@@ -279,8 +362,29 @@ class Tree:
         self._note_all(consulted)
         if hooked:
             return None
+        enumerated, consulted = self._indexed("enumerated calls", self._enumerated_calls)
+        self._note_all(consulted)
         parents = self._parent_calls(parsed, owner)
-        return None if parents is None else own + parents
+        if parents is None or enumerated is None or not own + parents:
+            return None  # enumerated calls reach any module, but never stand for a class no visible call builds
+        return own + parents + enumerated
+
+    def _enumerated_calls(self) -> tuple[list | None, list[str]]:
+        """Every call of a submodule reached by enumeration in the tree (`for layer in self.children(): x =
+        layer(x, mask=m)`): a call of any module's `forward`, with the arguments it shows (None where a file reaches
+        modules so in a way whose calls are not shown), and the files read to know it."""
+        found: list = []
+        consulted = []
+        for path in self.paths:
+            consulted.append(self._real(path))
+            if not calls_enumerated_modules(self.text(path) or ""):
+                continue
+            other = self.parsed(path)
+            calls = enumerated_calls(other) if other is not None else None
+            if calls is None:
+                return None, consulted
+            found += [(other, call) for call in calls]
+        return found, consulted
 
     def _first_file_matching(self, matches) -> tuple[bool, list[str]]:
         """Whether `matches(text)` holds for a file of the tree, and the files read to know it (up to the first)."""
@@ -341,10 +445,14 @@ class Tree:
 
 
 def _named_in_a_string(parsed: ParsedModule, name: str) -> bool:
-    """A string literal spelling the name (`getattr(module, "attention")`, `globals()["attention"]`): the function
-    may be reached by it, at a call site no use of the name shows."""
-    return any(isinstance(node.evaluated_value, str) and node.evaluated_value == name and
-               not _in_all(parsed, node) for node in parsed.nodes_of(cst.SimpleString))
+    """A string literal spelling the name (`getattr(module, "attention")`, `globals()["attention"]`), or a call of it
+    given to a call (`get_ipython().run_line_magic("time", "w = attention(q, k, v)[1]")`, a notebook exported as a
+    script; `timeit("attention(q, k, v)")`): the function may be reached by it, at a call site no use shows."""
+    called = re.compile(rf"\b{re.escape(name)}\s*\(")
+    return any(isinstance(node.evaluated_value, str) and (
+        node.evaluated_value == name and not _in_all(parsed, node) or
+        called.search(node.evaluated_value) is not None and isinstance(parsed.parents.get(node), cst.Arg))
+        for node in parsed.nodes_of(cst.SimpleString))
 
 
 def _reached_unseen(parsed: ParsedModule, name: str) -> bool:
@@ -361,6 +469,46 @@ def _reached_unseen(parsed: ParsedModule, name: str) -> bool:
             return True
     return any(isinstance(call.func, cst.Name) and call.func.value in CODE_RUNNERS and
                call.func.value not in parsed.bound_names for call in parsed.nodes_of(cst.Call))
+
+
+def _module_reads_unresolved(other: ParsedModule, target: ParsedModule, name: str, uses: list) -> bool:
+    """A `.name` read on an expression that names `target`'s module through imports, that the import bindings
+    did not resolve (`from . import layers`, then `layers.attention.f(...)` through the package's own import)."""
+    resolved = {id(use) for use in uses}
+    for access in other.attributes_named(name):
+        dotted = other.imported_name(access.value)
+        if dotted is not None and id(access) not in resolved and _module_matches(dotted.split("."), target.path):
+            return True
+    return False
+
+
+def _computed_lookup_on(other: ParsedModule, target: ParsedModule) -> bool:
+    """`getattr(m, <not a literal>)`, `vars(m)[...]` or `m.__dict__[...]` where `m` names `target`'s module: any of
+    its functions may be reached there."""
+    for call in other.nodes_of(cst.Call):
+        func, args = call.func, [a.value for a in call.args]
+        if not (isinstance(func, cst.Name) and func.value in ("getattr", "vars") and args) or \
+                func.value in other.bound_names:
+            continue
+        if func.value == "getattr" and len(args) >= 2 and isinstance(args[1], cst.SimpleString):
+            continue
+        dotted = other.imported_name(args[0])
+        if dotted is not None and _module_matches(dotted.split("."), target.path):
+            return True
+    for node in other.attributes_named("__dict__"):
+        dotted = other.imported_name(node.value)
+        if dotted is not None and _module_matches(dotted.split("."), target.path):
+            return True
+    return False
+
+
+def _bound_by_import(other: ParsedModule, target: ParsedModule, name: str) -> list[str]:
+    """The names under which `other` binds `target`'s `name` by `from <target> import name [as local]`."""
+    found = []
+    for node in other.nodes_of(cst.ImportFrom):
+        if _resolves(other, node, target) and not isinstance(node.names, cst.ImportStar):
+            found += [other.code(a.asname.name) if a.asname else name for a in node.names if other.code(a.name) == name]
+    return found
 
 
 def _in_all(parsed: ParsedModule, node: cst.CSTNode) -> bool:

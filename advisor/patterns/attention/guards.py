@@ -63,8 +63,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None:
         return
     scaled_from, numbers = _under_number_scale(c, query)
-    if scope.fx_traced(c.parsed) is not None:  # a dtype or dim compared on a Proxy raises TraceError
-        wanted = [name for name in wanted if name in MODULE_FACTS]
+    traced = scope.fx_traced(c.parsed) is not None
     for name in wanted:
         query = scaled_from if name in (MASK_RANK, mk.ROWS) else leaves_query
         if not _plain(c, query) and name not in MODULE_FACTS:
@@ -142,6 +141,10 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         if parts and query is not leaves_query:  # the check reads q itself where the factors are numbers
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=s) for s in numbers] + parts
             reads = reads + numbers
+        if parts and traced and name not in MODULE_FACTS:  # under torch.fx q is a Proxy: the original is traced
+            parts = [parse_template_expression("isinstance({q}, {torch}.Tensor)", q=query,
+                                               torch=cst.Name(torch_name))] + parts
+            reads = reads + [query]
         lifted = _lifted(c, span, reads) if parts else None
         if parts and None not in parts and lifted is not None and \
                 holds_at(c, span[0], output_statement, reads, lifted):
