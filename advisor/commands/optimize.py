@@ -20,7 +20,7 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.commands.common import add_backend_argument, add_call_site_argument
-from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, workload_source
+from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, seconds, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.results import OptimizeReport
 from advisor.verify.report_folder import ReportFolder
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     parser.add_argument("--unsafe-fixes", action=argparse.BooleanOptionalAction, default=None,
                         help="also verify patches marked unsafe")
-    parser.add_argument("--timing-budget", type=float, default=4.0, metavar="S",
+    parser.add_argument("--timing-budget", type=seconds, default=4.0, metavar="S",
                         help="seconds of interleaved timing per comparison (default 4; at least 12 rounds run)")
     add_backend_argument(parser, "attention patches target sdpa, flash (SDPA pinned to the flash kernel) or flash-attn")
     add_call_site_argument(parser)

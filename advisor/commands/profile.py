@@ -36,7 +36,7 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: the workload's, else cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
     parser.add_argument("--train", action="store_true", help="forward + backward instead of inference")
-    parser.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
+    parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"stop a workload request that takes longer (default {DEFAULT_TIMEOUT_S:g} s)")
     parser.set_defaults(script=None)
 
@@ -57,7 +57,8 @@ def workload_source(args) -> tuple[str, list[str] | None]:
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it (inf, 1e10) the deadline overflows the clock
 
 
-def _seconds(text: str) -> float:
+def seconds(text: str) -> float:
+    """A number of seconds above 0 and at most a week (nan, inf and negatives are usage errors)."""
     value = float(text)
     if not 0 < value <= MAX_TIMEOUT_S:
         raise ValueError(text)

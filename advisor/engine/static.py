@@ -5,9 +5,11 @@ once per file, for the findings a verb chooses (`FileResult.fixed_with`). Many f
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
+import tokenize
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -173,10 +175,18 @@ def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str
 
 
 def _suppressions(source: str) -> dict[int, set[str] | None]:
-    """Line -> codes ignored there (None: all codes), from `# advisor: ignore[CODE]` comments."""
+    """Line -> codes ignored there (None: all codes), from `# advisor: ignore[CODE]` comments: comments only, as
+    the tokenizer finds them (a string holding the words suppresses nothing)."""
     found: dict[int, set[str] | None] = {}
-    for number, line in enumerate(source.splitlines(), start=1):
-        hit = IGNORE_COMMENT.search(line)
+    if IGNORE_COMMENT.search(source) is None:
+        return found
+    try:
+        comments = [(token.start[0], token.string) for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                    if token.type == tokenize.COMMENT]
+    except (tokenize.TokenError, SyntaxError):  # CPython parsed it (the syntax check): not reached in practice
+        return found
+    for number, comment in comments:
+        hit = IGNORE_COMMENT.search(comment)
         if hit:
             found[number] = {c.strip() for c in hit.group(1).split(",")} if hit.group(1) else None
     return found

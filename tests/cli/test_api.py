@@ -69,6 +69,10 @@ def test_scan_options_and_configuration_are_the_clis(workdir):
     ("profile", {"timeout": "5"}, TypeError, "must be a number"),
     ("profile", {"device": "gpu"}, ValueError, "device must be one of cpu, cuda"),
     ("optimize", {"calls": 0}, ValueError, "as --calls takes none"),
+    # a third promises round: nan, inf and negative budgets ran the workload, then failed (OverflowError) or not
+    ("optimize", {"timing_budget": float("inf")}, ValueError, "as --timing-budget takes none"),
+    ("optimize", {"timing_budget": float("nan")}, ValueError, "as --timing-budget takes none"),
+    ("optimize", {"timing_budget": -5}, ValueError, "as --timing-budget takes none"),
     ("scan", {"profile": 123}, TypeError, "'profile' must be a str or path, not int"),  # was sent to the worker
     ("fix", {"config": ["a.toml"]}, TypeError, "'config' must be a str or path, not list"),
 ])

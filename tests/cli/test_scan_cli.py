@@ -126,6 +126,18 @@ def test_select_ignore_and_inline_suppression(capsys, workdir):
     assert rules() == ["ADV102"]
 
 
+def test_a_string_holding_the_suppression_words_suppresses_nothing():
+    """A third promises round: a string literal (not a comment) saying `# advisor: ignore` on a line of the block
+    hid the finding; only comments suppress."""
+    from advisor.engine.static import analyze_source
+
+    source = Path(NANOGPT).read_text()
+    commented = source.replace("att = F.softmax(att, dim=-1)", "att = F.softmax(att, dim=-1)  # advisor: ignore")
+    quoted = source.replace("att = F.softmax(att, dim=-1)", "att = F.softmax(att, dim=-1); _ = '# advisor: ignore'")
+    assert not [f for f in analyze_source(commented, "a.py").findings if f.rule == "ADV101"]
+    assert [f for f in analyze_source(quoted, "a.py").findings if f.rule == "ADV101"]
+
+
 def test_sarif_and_diff_formats(capsys, workdir):
     shutil.copy(NANOGPT, workdir / "a.py")
     _, out, _ = run_cli(capsys, "scan", "a.py", "--format", "sarif")

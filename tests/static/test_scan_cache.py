@@ -168,6 +168,18 @@ def test_a_corrupt_or_foreign_entry_is_ignored_and_rebuilt(tmp_path, analysed):
     assert _json(scan_paths([str(root)])) == cold and analysed == []  # rebuilt
 
 
+def test_an_entry_that_is_no_regular_file_is_a_miss(tmp_path, analysed):
+    """A third promises round: entries replaced by FIFOs blocked the scan forever (a read of a FIFO waits for a
+    writer); a FIFO, a link or a folder in an entry's place is a miss, and the scan's result the same."""
+    root = _fixture_tree(tmp_path)
+    cold = _json(scan_paths([str(root)]))
+    for number, entry in enumerate(sorted(_entries())):
+        entry.unlink()
+        [lambda: os.mkfifo(entry), lambda: entry.symlink_to("/dev/zero"), lambda: entry.mkdir()][number % 3]()
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold and analysed
+
+
 def test_an_entry_with_the_right_key_but_a_foreign_value_is_a_miss(tmp_path, analysed):
     """The header and key right, the pickled value not a file's result (`(None, {}, "garbage")`): the scan used it
     and died on `.findings`; now it is analysed again and the entry rewritten."""
