@@ -27,6 +27,7 @@ class ScriptCommand:
     path: str | None  # absolute; None for `-m module`, found where it runs (`located`)
     args: tuple[str, ...]
     module: str | None = None  # `python -m module`
+    spelled: str | None = None  # the script's path as the command gave it: its argv[0], as `python` keeps it
 
     @property
     def shown(self) -> str:
@@ -55,7 +56,7 @@ def parse_command(argv: list[str]) -> ScriptCommand:
     path = os.path.abspath(words[0])
     if not os.path.isfile(path):
         raise AdvisorError(f"{words[0]}: no such script")
-    return ScriptCommand(path, tuple(words[1:]))
+    return ScriptCommand(path, tuple(words[1:]), spelled=words[0])
 
 
 def located(command: ScriptCommand) -> tuple[str, str | None]:
@@ -115,7 +116,8 @@ def _stopped(recorder: capture) -> bool:
 
 def _execute(command: ScriptCommand, path: str, package: str | None, loader) -> None:
     """Run the script's code (its patched copy under an overlay) as `__main__`, as `python script.py` (or
-    `python -m`) would: argv[0] the file, its folder (the current directory for -m) first on sys.path."""
+    `python -m`) would: argv[0] the file as the command spelled it, its folder (the current directory for -m)
+    first on sys.path."""
     patched = loader(path) if loader else None
     source_path = patched.copy if patched is not None else path
     with open(source_path, encoding="utf-8") as handle:
@@ -126,7 +128,7 @@ def _execute(command: ScriptCommand, path: str, package: str | None, loader) -> 
     main.__builtins__ = __builtins__
     # the script stays `__main__` in this worker: its classes pickle and resolve by module name, as in a real run
     sys.modules["__main__"] = main
-    sys.argv[:] = [path, *command.args]
+    sys.argv[:] = [command.spelled or path, *command.args]  # `__file__` is absolute, as Python 3.9+ makes it
     if command.module is None:
         sys.path.insert(0, os.path.dirname(path))
     exec(code, main.__dict__)  # noqa: S102 - the user's own script, as `python script.py` would run it

@@ -119,6 +119,27 @@ def _rank(info: list, default: int) -> int:
     return int(rank)
 
 
+MAX_NESTING = 100  # arrays and objects inside each other; a trace nests a handful (args' input shapes)
+
+
+class _DepthLimit:
+    """A target of ijson's event parser that refuses JSON nested deeper than `limit`: the item parsers build each
+    event whole, and `[[[[...]]]]` of a few tens of KB grew memory with the square of its depth (5 GB at 80 KB)
+    before a RecursionError."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.depth = limit, 0
+
+    def send(self, event: tuple) -> None:
+        kind = event[0]
+        if kind in ("start_map", "start_array"):
+            self.depth += 1
+            if self.depth > self.limit:
+                raise _Malformed(f"values nested deeper than {self.limit} levels")
+        elif kind in ("end_map", "end_array"):
+            self.depth -= 1
+
+
 class _Reader:
     """Feeds the file in chunks to two incremental parsers (the events, and distributedInfo, which may come
     before or after them) and keeps only the events analysis uses."""
@@ -131,7 +152,8 @@ class _Reader:
         self._stacks: dict[str, tuple[str, ...]] = {}  # each "Call stack" text split once
 
     def read(self, handle) -> None:
-        parsers = [ijson.items_coro(self._events, "traceEvents.item", use_float=True),
+        parsers = [ijson.basic_parse_coro(_DepthLimit(MAX_NESTING), use_float=True),  # first: before any is built
+                   ijson.items_coro(self._events, "traceEvents.item", use_float=True),
                    ijson.items_coro(self._events, "item", use_float=True),  # the Trace Event Format's array form
                    ijson.items_coro(self.info, "distributedInfo", use_float=True)]
         for chunk in iter(partial(handle.read, _CHUNK_BYTES), b""):

@@ -90,6 +90,18 @@ def test_malformed_values_are_errors_naming_the_file(capsys, tmp_path, changes):
     assert code == 2 and data["ranks"] == [0] and [e["path"] for e in data["errors"]] == [str(bad)]
 
 
+@pytest.mark.parametrize("text", ["[" * 40000 + "]" * 40000,
+                                  '{"traceEvents": [{"ph": "X", "args": ' + "[" * 5000 + "]" * 5000 + "}]}"])
+def test_deep_nesting_is_one_error_not_a_memory_blowup(capsys, tmp_path, text):
+    """A third promises round: `[[[[...]]]]` of 80 KB took 5 GB and 11 s, then an internal RecursionError; values
+    nested beyond a trace's depth are a malformed trace, found while streaming, before any is built."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    assert main(["analyze", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nested deeper than" in err[0] and "internal error" not in err[0], err
+
+
 @pytest.mark.parametrize("duration", ["NaN", "Infinity", "1e400"])
 def test_non_finite_durations_never_reach_the_output(capsys, tmp_path, duration):
     (tmp_path / "good.json").write_text(json.dumps(trace(0)))

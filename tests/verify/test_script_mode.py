@@ -7,6 +7,7 @@ written are."""
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,20 @@ def test_python_dash_m_runs_a_package_module_with_its_relative_imports(tmp_path,
     assert main(["profile", "--", "python", "-m", "tools.nothing"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "advisor: error: -m tools.nothing: no module named 'tools.nothing'" in line and "current directory" in line
+
+
+def test_the_script_sees_its_argv_as_the_command_spelled_it(tmp_path, monkeypatch):
+    """A third promises round: `-- python ../s.py a 'b c'` ran with argv[0] made absolute; `python` keeps it as
+    given (and makes `__main__.__file__` absolute, since 3.9)."""
+    from advisor.script import _execute, parse_command
+
+    (tmp_path / "s.py").write_text("import sys, json\nseen = [sys.argv, __file__]\n")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    command = parse_command(["python", "../s.py", "a", "b c"])
+    _execute(command, command.path, None, None)
+    argv, file = sys.modules["__main__"].seen
+    assert argv == ["../s.py", "a", "b c"] and file == str(tmp_path / "s.py")
