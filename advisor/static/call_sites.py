@@ -49,9 +49,23 @@ PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may
 _CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict, dict]] = {}
 WORD = re.compile(r"\w+")
 STAR_IMPORT = re.compile(r"\bimport\s*\*")
-RELATIVE_IMPORT = re.compile(r"\bfrom\s+\.")
-# a lookup on a module by a name the code computes: `getattr(attention, f"{impl}_attention")`, `vars(m)[k]`
-COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(|\bvars\s*\(|__dict__")
+PACKAGE_IMPORT = re.compile(r"\bfrom\s+\.+\s+import\b")  # `from . import f`: names of a package's `__init__`
+# a lookup on an object by a name the code computes: `getattr(attention, f"{impl}_attention")`, `vars(m)[k]`,
+# `m.__dict__[k]`, with the object's root name
+COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w+)[\w.]*\s*,\s*(?![\s'\"])|\bvars\s*\(\s*(\w+)|(\w+)[\w.]*\.__dict__")
+IMPORT_LINE = re.compile(r"^[ \t]*(?:from|import)\b[^\n]*", re.M)
+
+
+def _may_look_up_by_computed_name(text: str, stem: str) -> bool:
+    """Whether the text may look a name up by computing it on a module named `stem`: a lookup whose object's root
+    is a name an import statement mentioning `stem` binds (a cheap screen before the parse `_computed_lookup_on`
+    decides)."""
+    roots = {root for match in COMPUTED_LOOKUP.finditer(text) for root in match.groups() if root}
+    if not roots:
+        return False
+    bound = {word for line in IMPORT_LINE.findall(text) if re.search(rf"\b{re.escape(stem)}\b", line)
+             for word in WORD.findall(line)}
+    return bool(roots & bound)
 # an instance built through another's class (`type(m.attn)(8, s)`, `m.attn.__class__(8, s)`), or initialised again
 # (`m.__init__(t)`, `type(m).__init__(m, t)`, `getattr(m, "__init__")`; not `super().__init__`, `nn.Module.__init__`):
 # a construction no use of the class's name shows
@@ -299,7 +313,7 @@ class Tree:
         for path in self.mentioning(module):
             text = self.text(path) or ""
             if STAR_IMPORT.search(text) is not None and not self.says(path, name) or \
-                    COMPUTED_LOOKUP.search(text) is not None:
+                    _may_look_up_by_computed_name(text, module):
                 other = self.parsed(path)  # `from attn import *` in a package's `__init__.py`, never naming it;
                 # `getattr(attention, f"{impl}_attention")`, a name no text spells
                 if other is None or _imported_uses(other, parsed, name) is None or \
@@ -307,9 +321,9 @@ class Tree:
                     return None
         for path in self.mentioning(name):
             if self._real(path) != self._real(parsed.path) and not self.says(path, module) and \
-                    RELATIVE_IMPORT.search(self.text(path) or "") is None:
-                continue  # another file that never names the module cannot import from it (`from . import f` of
-                # a package's `__init__.py` does not name it)
+                    not self._imports_package_names(path, parsed):
+                continue  # another file that never names the module cannot import from it (but `from . import f`
+                # of a package's `__init__.py` does not name it)
             other = self.parsed(path)
             if other is None or _named_in_a_string(other, name) or _reached_unseen(other, name):
                 return None  # `getattr(sys.modules[__name__], "attention")(...)`: a call no use shows
@@ -326,6 +340,12 @@ class Tree:
                 calls.extend(found)
         return calls
 
+    def _imports_package_names(self, path: str, target: ParsedModule) -> bool:
+        """Whether the file may import names of `target` without spelling its module: `target` is a package's
+        `__init__.py` and the file says `from . import` (or `from .. import`)."""
+        return os.path.basename(target.path) == "__init__.py" and \
+            PACKAGE_IMPORT.search(self.text(path) or "") is not None
+
     def _reexported(self, other: ParsedModule, target: ParsedModule, name: str) -> bool:
         """Whether `other` binds `target`'s `name` by an import that a third file of the tree imports from it
         (`layers.py`: `from .attention import Attention`; `main.py`: `from .layers import Attention`): that file's
@@ -335,8 +355,7 @@ class Tree:
             for path in self.mentioning(local):
                 if self._real(path) in (self._real(other.path), self._real(target.path)):
                     continue
-                if not self.says(path, module_stem(other.path)) and RELATIVE_IMPORT.search(self.text(path) or "") \
-                        is None:
+                if not self.says(path, module_stem(other.path)) and not self._imports_package_names(path, other):
                     continue
                 third = self.parsed(path)
                 if third is None or _imported_uses(third, other, local) != []:

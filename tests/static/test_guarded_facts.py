@@ -472,3 +472,35 @@ def test_where_the_tree_traces_modules_with_fx_the_guard_first_asks_for_a_tensor
     torch.testing.assert_close(traced(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
     assert uses_sdpa(dispatched_ops(patched, (x, mask)))
+
+
+VIEWED_BY_A_SHAPE_NAME = """
+import math
+import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.head_size = dim // heads
+        self.query, self.key, self.value = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, attention_mask=None):
+        shape = (*x.shape[:-1], -1, self.head_size)
+        q = self.query(x).view(shape).transpose(1, 2)
+        k = self.key(x).view(shape).transpose(1, 2)
+        v = self.value(x).view(shape).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.head_size)
+        if attention_mask is not None:
+            scores = scores + attention_mask.to(scores.device)
+        out = torch.matmul(nn.Softmax(dim=-1)(scores), v)
+        return out.permute(0, 2, 1, 3).flatten(2)
+"""
+
+
+def test_a_view_given_one_name_holding_the_shape_has_no_known_rank():
+    """BLIP's `view(hidden_shape)`: one argument naming a whole shape was counted as one dim, so q's rank read 1 and
+    the mask check became `2 <= m.dim() <= 1` (never true: SDPA never ran)."""
+    finding = _finding(VIEWED_BY_A_SHAPE_NAME)
+    assert "<= attention_mask.dim() <= q.dim()" in finding.patch and "dim() <= 1" not in finding.patch, finding.patch

@@ -150,7 +150,8 @@ def rank(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> int | None:
         if method in ("view", "reshape") and args and not any(a.star for a in args):
             if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
                 return len(args[0].value.elements)
-            return len(args)
+            # one name may hold a whole shape (`x.view(hidden_shape)`, BLIP's): only one size is one dim
+            return len(args) if len(args) > 1 or int_value(args[0].value) is not None else None
         if method == "permute" and args:
             return len(args) if len(args) > 1 else None
         if method in ("transpose", "contiguous", "float", "half", "to", "type_as", "clone", "mul", "div"):
