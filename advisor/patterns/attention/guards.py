@@ -141,7 +141,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         if parts and query is not leaves_query:  # the check reads q itself where the factors are numbers
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=s) for s in numbers] + parts
             reads = reads + numbers
-        if parts and traced and name not in MODULE_FACTS:  # under torch.fx q is a Proxy: the original is traced
+        if parts and traced and name not in MODULE_FACTS and not all(_is_none_test(part) for part in parts):
+            # under torch.fx q is a Proxy, whose dtypes and dims decide no `if`: the original is traced
             parts = [parse_template_expression("isinstance({q}, {torch}.Tensor)", q=query,
                                                torch=cst.Name(torch_name))] + parts
             reads = reads + [query]
@@ -328,6 +329,13 @@ def _unindexed(node: cst.BaseExpression) -> cst.BaseExpression:
     while isinstance(node, cst.Subscript):
         node = node.value
     return node
+
+
+def _is_none_test(part: cst.BaseExpression) -> bool:
+    """`m is None`: decided on a Proxy too (it is not None), so torch.fx traces either branch."""
+    return isinstance(part, cst.Comparison) and len(part.comparisons) == 1 and \
+        isinstance(part.comparisons[0].operator, (cst.Is, cst.IsNot)) and \
+        isinstance(part.comparisons[0].comparator, cst.Name) and part.comparisons[0].comparator.value == "None"
 
 
 def _under_number_scale(c: Candidate, query: cst.BaseExpression) -> tuple[cst.BaseExpression, list]:
