@@ -137,11 +137,20 @@ class ValueProver:
         value = number_value(number)
         exact = value is not None and (isinstance(number, cst.Integer) or _float32_holds(value))
         dtypes = [a.value for a in node.args if a.keyword is not None and a.keyword.value == "dtype"]
-        # float64, or the dtype of a tensor (GPT-2's `torch.full([], d ** 0.5, dtype=attn_weights.dtype)`: the
-        # scores', whose rounding the computation has anyway)
+        # float64, or the dtype of the tensor it scales (GPT-2's `s / torch.full([], d ** 0.5, dtype=s.dtype)`: the
+        # scores', whose rounding the computation has anyway; another tensor's may be an integer dtype)
         held = any(self.parsed.imported_name(d) in ("torch.float64", "torch.double") or
-                   isinstance(d, cst.Attribute) and d.attr.value == "dtype" for d in dtypes)
+                   isinstance(d, cst.Attribute) and d.attr.value == "dtype" and self._scales(node, d.value)
+                   for d in dtypes)
         return number if exact or held else node
+
+    def _scales(self, factor: cst.BaseExpression, tensor: cst.BaseExpression) -> bool:
+        """`factor` multiplies or divides `tensor` itself (`s / factor`, `factor * s`): the same name."""
+        product = self.parsed.parents.get(factor)
+        if not isinstance(product, cst.BinaryOperation) or not isinstance(tensor, cst.Name):
+            return False
+        other = product.left if product.right is factor else product.right
+        return isinstance(other, cst.Name) and other.value == tensor.value
 
     def _tensor_of_number(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """x of `torch.full([], x, ...)` or `torch.tensor(x, ...)` (a 0-dim tensor built from one number)."""
@@ -257,12 +266,17 @@ class ValueProver:
                     setters.append(function.name.value)
                 continue  # else a local of that function
             if self.parsed.innermost(target, cst.ClassDef) is not None:
-                continue  # a class attribute
+                if self._declared_global(name):
+                    setters.append(self.parsed.innermost(target, cst.ClassDef).name.value)
+                continue  # a class attribute, unless the class body declares it global
             if self._module_literal(target) is None:
                 return False
             literal = True
         if not literal:
             return None if not setters else False
+        if self._globals_open():
+            return self._guess(f"the module-level `{name}` is a number here, but the file may rebind its globals by "
+                               f"name (`globals()`, a star import)")
         if setters:
             return self._guess(f"the module-level `{name}` is a number here, but `{setters[0]}` rebinds it "
                                f"(`global {name}`) to a value whose type is not visible")
@@ -551,8 +565,10 @@ class ValueProver:
     def _global_number(self, name: str, depth: int) -> float | None:
         """The number every module-level binding of `name` gives it, where no function rebinds it (`global`) and no
         file of the scan assigns it as an attribute."""
-        if name in self.parsed.imports or self._rebound_as_attribute(name) is not None:
+        if name in self.parsed.imports or self._rebound_as_attribute(name) is not None or self._globals_open():
             return None
+        if self._declared_global(name):
+            return None  # `global NEG_INF` in a function or a class body rebinds it
         values = set()
         for target in self.parsed.bindings.get(name, []):
             function = self.parsed.innermost(target, cst.FunctionDef)
@@ -564,6 +580,16 @@ class ValueProver:
                 continue
             values.add(self.constant_number(self._module_value(target), depth + 1))
         return values.pop() if len(values) == 1 else None
+
+    def _declared_global(self, name: str) -> bool:
+        return any(item.name.value == name for node in self.parsed.nodes_of(cst.Global) for item in node.names)
+
+    def _globals_open(self) -> bool:
+        """Whether the file may rebind any of its globals by name: `globals()` (`globals()["NEG_INF"] = 0.0`,
+        `.update(...)`) or a star import (`from consts import *`, whose names replace the file's)."""
+        return any(isinstance(call.func, cst.Name) and call.func.value == "globals" for call in
+                   self.parsed.nodes_of(cst.Call)) or \
+            any(isinstance(node.names, cst.ImportStar) for node in self.parsed.nodes_of(cst.ImportFrom))
 
     def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
         """The number a literal, a local name assigned only that literal, or a `self.` attribute assigned only

@@ -78,7 +78,23 @@ BASE_INIT = re.compile(r"(?:super\([^()]*\)|Module)$")  # what `.__init__` is re
 ENUMERATED = re.compile(r"\bfor\s+(?:\w+\s*,\s*)?(\w+)\s+in\s+[^\n]*\.(?:named_)?(?:children|modules)\(\)")
 # ... spread into a container that calls them (`nn.Sequential(*model.children())`), indexed, or mapped over
 ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:children|modules)\(\)|"
-                            r"\.(?:children|modules)\(\)\s*\)?\s*\[|\bmap\s*\([^\n]*\.(?:children|modules)\(\)")
+                            r"\.(?:children|modules)\(\)\s*\)?\s*\[|\bmap\s*\([^\n]*\.(?:children|modules)\(\)|"
+                            r"\bnext\s*\([^\n]*\.(?:named_)?(?:children|modules)\(\)|"  # `next(self.children())`
+                            r"=\s*[\w.(]*\.(?:named_)?(?:children|modules)\(\)")  # `attn, = self.children()`
+# a lookup by a name the code computes (not a string literal), called at once (`getattr(self, f"attn{i}")(x, m)`)
+# or bound to a name (`layer = getattr(self, f"layer{i}")`)
+_COMPUTED_GETATTR = r"\bgetattr\s*\(\s*[\w.]+\s*,(?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])"
+CALLED_BY_COMPUTED_NAME = re.compile(_COMPUTED_GETATTR + r"[^()\n]*\)\s*\(")
+BOUND_BY_COMPUTED_NAME = re.compile(r"(\w+)\s*=\s*" + _COMPUTED_GETATTR)
+
+
+def calls_by_computed_name(text: str) -> bool:
+    """Whether the text may call an attribute it looked up by a computed name: a submodule called so is a call of
+    its `forward` that no use of its class shows."""
+    if CALLED_BY_COMPUTED_NAME.search(text) is not None:
+        return True
+    return any(re.search(rf"\b{re.escape(bound.group(1))}\s*\(", text[bound.end():]) is not None
+               for bound in BOUND_BY_COMPUTED_NAME.finditer(text))
 
 
 ENUMERATIONS = frozenset({"children", "modules", "named_children", "named_modules"})
@@ -121,6 +137,23 @@ def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
             return None
         found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
                   call.func.value == target.value and _inside(parsed, call, loop.body)]
+    return found
+
+
+def computed_lookup_calls(parsed: ParsedModule) -> list[cst.Call]:
+    """The calls of what `getattr(obj, <not a string literal>)` returns: at once (`getattr(self, f"attn{i}")(x)`),
+    or through a name bound to it in the same function (`layer = getattr(self, name)`, then `layer(x)`)."""
+    def computed(node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "getattr" and \
+            "getattr" not in parsed.bound_names and len(node.args) >= 2 and \
+            not isinstance(node.args[1].value, cst.SimpleString)
+
+    found = [call for call in parsed.nodes_of(cst.Call) if computed(call.func)]
+    bound = {(parsed.innermost(assign, cst.FunctionDef), target.target.value)
+             for assign in parsed.nodes_of(cst.Assign) if computed(assign.value)
+             for target in assign.targets if isinstance(target.target, cst.Name)}
+    found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
+              (parsed.innermost(call, cst.FunctionDef), call.func.value) in bound]
     return found
 
 
@@ -367,6 +400,8 @@ class Tree:
         if _subclassed(self, owner.node.name.value):
             return None
         name = method.name.value
+        if owner.node.decorators:
+            return None  # a class decorator may store the class (a registry) and build it out of sight
         if name == "__init__":
             built_by_class, consulted = self._indexed("class-of calls",
                                                       lambda: self._first_file_matching(builds_unseen))
@@ -381,28 +416,31 @@ class Tree:
         self._note_all(consulted)
         if hooked:
             return None
-        enumerated, consulted = self._indexed("enumerated calls", self._enumerated_calls)
+        enumerated, consulted = self._indexed("unnamed module calls", self._unnamed_module_calls)
         self._note_all(consulted)
         parents = self._parent_calls(parsed, owner)
         if parents is None or enumerated is None or not own + parents:
             return None  # enumerated calls reach any module, but never stand for a class no visible call builds
         return own + parents + enumerated
 
-    def _enumerated_calls(self) -> tuple[list | None, list[str]]:
-        """Every call of a submodule reached by enumeration in the tree (`for layer in self.children(): x =
-        layer(x, mask=m)`): a call of any module's `forward`, with the arguments it shows (None where a file reaches
-        modules so in a way whose calls are not shown), and the files read to know it."""
+    def _unnamed_module_calls(self) -> tuple[list | None, list[str]]:
+        """Every call in the tree of a submodule no name shows: reached by enumeration (`for layer in
+        self.children(): x = layer(x, mask=m)`) or looked up by a computed name (`getattr(self, f"attn{i}")(x, m)`,
+        `layer = getattr(self, name)` then `layer(x)`). Each is a call of any module's `forward`, with the arguments
+        it shows (None where a file reaches modules so in a way whose calls are not shown); and the files read."""
         found: list = []
         consulted = []
         for path in self.paths:
             consulted.append(self._real(path))
-            if not calls_enumerated_modules(self.text(path) or ""):
+            text = self.text(path) or ""
+            enumerates, looks_up = calls_enumerated_modules(text), calls_by_computed_name(text)
+            if not (enumerates or looks_up):
                 continue
             other = self.parsed(path)
-            calls = enumerated_calls(other) if other is not None else None
+            calls = enumerated_calls(other) if other is not None and enumerates else [] if other is not None else None
             if calls is None:
                 return None, consulted
-            found += [(other, call) for call in calls]
+            found += [(other, call) for call in calls + (computed_lookup_calls(other) if looks_up else [])]
         return found, consulted
 
     def _first_file_matching(self, matches) -> tuple[bool, list[str]]:

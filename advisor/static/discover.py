@@ -17,9 +17,11 @@ SKIP_DIRS = {
     ".git", ".hg", ".svn", "__pycache__", ".ipynb_checkpoints", ".venv", "venv", "env", ".env", ".tox", ".nox",
     "build", "dist", "node_modules", ".mypy_cache", ".pytest_cache", ".ruff_cache", "site-packages", ".eggs",
 }
-# ... of which these also name source packages (RL code's `env/`): walked where they hold an `__init__.py` and are
-# no virtual environment (`pyvenv.cfg`), since a caller there decides what the tree's call sites prove
+# ... of which these also name source folders (RL code's `env/`): walked where they hold Python files of their own
+# (a package, or scripts) and are no environment (`pyvenv.cfg`, `conda-meta`), since a caller there decides what
+# the tree's call sites prove; a build's output keeps its modules deeper (`build/lib/...`)
 PACKAGE_NAMES = {"env", "venv", "build", "dist"}
+ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")
 
 LIBRARY_DIRS = ("site-packages", "dist-packages")  # where installed packages live
 
@@ -42,10 +44,17 @@ def is_library_file(path: str) -> bool:
 
 
 def _is_skipped_dir(name: str, path: str) -> bool:
-    if name in PACKAGE_NAMES and os.path.isfile(os.path.join(path, "__init__.py")) and \
-            not os.path.exists(os.path.join(path, "pyvenv.cfg")):
+    if name in PACKAGE_NAMES and _holds_python_files(path) and \
+            not any(os.path.exists(os.path.join(path, marker)) for marker in ENVIRONMENT_MARKERS):
         return False
     return name in SKIP_DIRS or name.endswith(".egg-info")
+
+
+def _holds_python_files(path: str) -> bool:
+    try:
+        return any(entry.endswith(".py") for entry in os.listdir(path))
+    except OSError:
+        return False
 
 
 def discover(paths: list[str], path_rules=None) -> tuple[list[str], list[ScanError]]:
@@ -110,8 +119,8 @@ def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
             dirnames[:] = []
             continue
         visited.add(real)
-        dirnames[:] = sorted(d for d in dirnames
-                             if not (_is_skipped_dir(d, os.path.join(dirpath, d)) or excluded(os.path.join(dirpath, d))))
+        dirnames[:] = sorted(d for d in dirnames if not (_is_skipped_dir(d, os.path.join(dirpath, d)) or
+                                                         excluded(os.path.join(dirpath, d))))
         for name in [d for d in dirnames if _encloses(os.path.join(dirpath, d), real)]:
             errors.append(ScanError(os.path.join(dirpath, name), f"{LINK_LOOP} (to an enclosing folder)"))
             dirnames.remove(name)

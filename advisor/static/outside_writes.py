@@ -24,8 +24,8 @@ ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity(
 # ... and some such write bypasses `nn.Module.__setattr__` (an attribute table, `object.__setattr__`, a state-dict
 # loader): only then may a registered parameter hold anything but an `nn.Parameter` (or None)
 ANY_RAW = "*raw"
-# ... on an object that may be a class (`setattr(Attn, name, f)`, `type.__setattr__(cls, name, f)`): any method
-# of any class may then be another function
+# ... on an object that may be a class (`setattr(Attn, name, f)`, `type.__setattr__(cls, name, f)`), or a function
+# on any object (`setattr(m, name, types.MethodType(f, m))`): any method of any class may then be another function
 ANY_ON_CLASS = "*class"
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
@@ -192,6 +192,21 @@ class _Names:
 
 # names that hold a class by convention (`for cls in classes: setattr(cls, name, f)`)
 CLASS_NAMES = frozenset({"cls", "klass", "kls", "class_", "owner_class"})
+
+
+# calls that make a function or a bound method: bound by a computed name, one may replace a method of an instance
+FUNCTION_MAKERS = frozenset({"MethodType", "partial", "partialmethod", "wraps"})
+
+
+def _function_like(value: ast.AST | None) -> bool:
+    """A value that is a function: a lambda, `types.MethodType(f, m)`, `functools.partial(f, ...)`."""
+    if isinstance(value, ast.Lambda):
+        return True
+    if not isinstance(value, ast.Call):
+        return False
+    func = value.func.func if isinstance(value.func, ast.Call) else value.func  # `wraps(f)(g)`
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in FUNCTION_MAKERS
 
 
 def _may_be_class(node: ast.AST, imports: dict[str, str]) -> bool:
@@ -501,6 +516,7 @@ class _Writes:
     def call(self, node: ast.Call) -> None:
         func, args = node.func, [a for a in node.args if not isinstance(a, ast.Starred)]
         self._state_handed_on(node, func)
+        self._patched(func, args)
         for keyword in node.keywords:  # `torch.add(a, b, out=m.bias)`: written, maybe resized
             if keyword.arg == "out":
                 self.target(keyword.value)
@@ -529,7 +545,7 @@ class _Writes:
             else:
                 self.bind_through_setattr(self.any_name(value))
             on_type = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "type"
-            if not literal and (on_type or _may_be_class(receiver, self.imports)):
+            if not literal and (on_type or _may_be_class(receiver, self.imports) or _function_like(value)):
                 self.write(ANY_ON_CLASS)
             self.chain(receiver)  # `setattr(m.softmax, "dim", v)` changes what `m.softmax` holds
         elif binding is not None:
@@ -550,6 +566,19 @@ class _Writes:
             self.bind_through_setattr(ANY_ATTRIBUTE)  # a loaded state dict is copied into the registered tensors
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
+
+    def _patched(self, func: ast.AST, args: list[ast.AST]) -> None:
+        """unittest.mock's and pytest's patches of a named attribute: `patch("attn.NEG_INF", 0.0)`,
+        `patch.object(attn, "NEG_INF", 0.0)`, `monkeypatch.setattr(attn, "NEG_INF", 0.0)` or
+        `monkeypatch.setattr("attn.NEG_INF", 0.0)`: the attribute (a module's global among them) is written."""
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in ("patch", "object", "setattr", "delattr", "setitem") or not args:
+            return
+        target = _literal(args[0])
+        if target and "." in target:  # a dotted path to the attribute
+            self.write(target.rsplit(".", 1)[1])
+        elif len(args) >= 2 and _literal(args[1]) and isinstance(func, ast.Attribute):  # (object, "name", value)
+            self.write(_literal(args[1]))
 
     def _state_handed_on(self, node: ast.Call, func: ast.AST) -> None:
         """Any attribute of another object may be written where its namespace is handed to a call that may write it

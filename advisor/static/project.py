@@ -65,7 +65,7 @@ MAY_WRITE_ATTRIBUTES = re.compile(
     r"(?m)^[ \t]*(?!self\.)[\w.]+(?:\[[^\n]*\])?\.\w+[^\n=]*?[-+*/@%&|^]?=(?!=)|\bsetattr\b|__setattr__|__setstate__|"
     r"register_buffer|"
     r"register_parameter|add_module|register_module\(|_modules\[|_buffers\[|_parameters\[|__dict__\W|vars\(|\.\w+_\(|"
-    r"load_state_dict|_load_from_state_dict|"
+    r"load_state_dict|_load_from_state_dict|\bpatch\b|"
     r"^(?![ \t]*(?:class|def)\b)[^\n]*?\w\([^()\n]*\b(?!self\.)[A-Za-z_]\w*\.\w+\s*[,)]|"  # `util.w(attn.CAUSAL)`
     r"^[ \t]*\w+\[[^\n]*\][ \t]*[-+*/@%&|^]?=(?!=)")  # `MASK[0] = v` on a name another module's import bound
 

@@ -773,6 +773,16 @@ def test_a_method_bound_on_the_class_by_a_computed_name_elsewhere_is_not_proved(
         assert "dispatch" in {fact["name"] for fact in finding.extra["facts"]["assumed"]}, finding.extra["facts"]
 
 
+@pytest.mark.parametrize("binding", ["setattr(m, name, types.MethodType(lambda self, s: s.sigmoid(), m))",
+                                     "setattr(m, name, lambda s: s.sigmoid())"])
+def test_a_function_bound_on_an_instance_by_a_computed_name_is_not_proved(binding):
+    """An eighth breaker's bug_10: `setattr(m, name, types.MethodType(f, m))` replaced the inlined method on the
+    instance (output 0.400 off); a function bound by a computed name may replace any method."""
+    source = "import types\n" + HELPER_BLOCK + f"\n\ndef swap(m, name):\n    {binding}\n"
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert not finding.fixable and "computed names" in finding.reason, finding.reason
+
+
 def test_a_method_of_a_class_that_binds_its_attributes_by_computed_names_is_not_proved():
     """`setattr(self, name, f)` in the class itself may shadow the method the block inlines."""
     source = HELPER_BLOCK.replace("    def scores", "    def __init__(self, name, f):\n        super().__init__()\n"

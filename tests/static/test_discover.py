@@ -20,14 +20,25 @@ def test_a_package_named_like_a_tool_folder_is_walked(tmp_path, name):
     assert str(tmp_path / name / "step.py") in files
 
 
-@pytest.mark.parametrize("layout", [{}, {"pyvenv.cfg": "home = /usr/bin\n", "__init__.py": ""}])
+@pytest.mark.parametrize("name", ["env", "venv", "build", "dist"])
+def test_a_script_folder_named_like_a_tool_folder_is_walked(tmp_path, name):
+    """Python 3 needs no `__init__.py`: scripts in `env/` are callers too (an eighth breaker's bug_07)."""
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "run.py").write_text("x = 1\n")
+    assert str(tmp_path / name / "run.py") in discover([str(tmp_path)])[0]
+
+
+@pytest.mark.parametrize("layout", [{"lib/pkg/mod.py": "x = 1\n"},  # a build's output
+                                    {"pyvenv.cfg": "home = /usr/bin\n", "mod.py": "x = 1\n"},  # a virtualenv
+                                    {"conda-meta/history": "", "mod.py": "x = 1\n"}])  # a conda environment
 @pytest.mark.parametrize("name", ["env", "build", ".venv", "node_modules", "__pycache__"])
-def test_tool_folders_and_virtual_environments_are_skipped(tmp_path, name, layout):
+def test_tool_folders_and_environments_are_skipped(tmp_path, name, layout):
     folder = tmp_path / name
-    folder.mkdir()
     for file, text in layout.items():
+        (folder / file).parent.mkdir(parents=True, exist_ok=True)
         (folder / file).write_text(text)
-    (folder / "mod.py").write_text("x = 1\n")
+    (folder / "sub").mkdir(exist_ok=True)
+    (folder / "sub" / "deep.py").write_text("x = 1\n")
     files, _ = discover([str(tmp_path)])
     assert not any(name in path for path in files), files
 

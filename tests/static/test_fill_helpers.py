@@ -85,7 +85,25 @@ def test_fills_the_source_fixes_as_constants_are_read(helper, fill):
     ("", 'float("-1")'),  # not large
     ("float = lambda s: 0.0", 'float("-1e9")'),  # not the builtin
     ("", "-2 ** 0.5"),
+    # an eighth breaker's: rebound by name through globals(), a class body's `global`, a star import
+    ("NEG_INF = -1e9\nglobals()['NEG_INF'] = 0.0", "NEG_INF"),
+    ("NEG_INF = -1e9\n\n\nclass Reset:\n    global NEG_INF\n    NEG_INF = 0.0", "NEG_INF"),
+    ("NEG_INF = -1e9\nfrom consts import *", "NEG_INF"),
 ])
 def test_other_constants_leave_the_fill_unread(helper, fill):
     finding = _attention(helper, fill)
     assert not finding.fixable or finding.fix_safety != "safe", finding.reason
+
+
+@pytest.mark.parametrize("patcher", ["from unittest import mock\nimport attn\nmock.patch.object(attn, 'NEG_INF', 0.0).start()",
+                                     "from unittest import mock\nmock.patch('attn.NEG_INF', 0.0).start()",
+                                     "def test(monkeypatch):\n    monkeypatch.setattr('attn.NEG_INF', 0.0)"])
+def test_a_fill_constant_patched_by_name_in_another_file_is_unread(tmp_path, patcher):
+    """An eighth breaker's bug_05: `mock.patch.object(attn, "NEG_INF", 0.0)` made the fill 0 (the original masked
+    nothing; the patch masked: output 0.749 off)."""
+    from advisor.engine.static import scan_paths
+
+    (tmp_path / "attn.py").write_text(SOURCE.format(helper="NEG_INF = -1e9", call="NEG_INF"))
+    (tmp_path / "other.py").write_text(patcher + "\n")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert not finding.fixable or finding.fix_safety != "safe", finding.extra.get("facts")

@@ -47,7 +47,7 @@ def _scanned(folder, source: str):
 
 
 def _names(finding, status: str) -> set[str]:
-    return {fact["name"] for fact in finding.extra["facts"].get(status, [])}
+    return {fact["name"] for fact in finding.extra.get("facts", {}).get(status, [])}
 
 
 def _parity(source: str, fixed: str, build, x: torch.Tensor) -> None:
@@ -159,7 +159,6 @@ class Attention(nn.Module):
     ("/ torch.sqrt(torch.tensor(8.0))", False),
     ("* torch.tensor(0.125)", True),  # float32 holds it exactly
     ("* torch.tensor(0.1, dtype=torch.float64)", True),
-    ("/ torch.full([], 80 ** 0.5, dtype=q.dtype)", True),  # GPT-2's: rounded as the scores are
 ])
 def test_a_tensor_built_from_a_literal_scales_as_the_original_does_in_float64(scale, as_number):
     """A reach round's p220: `/ torch.tensor(8.0) ** 0.5` was taken for the number sqrt(8) (SDPA's `scale=` got
@@ -181,3 +180,12 @@ def test_sizes_proved_across_files(tmp_path):
                                        BUILT.format(arguments="64, 8"))
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
     assert "scale-is-number" in _names(finding, "from_call_sites"), finding.extra["facts"]
+
+
+@pytest.mark.parametrize("scale", ["/ torch.full([], 80 ** 0.5, dtype=q.dtype)",  # another tensor's dtype
+                                   "/ torch.full([], 6 ** 0.5, dtype=torch.long)"])  # it holds 2
+def test_a_tensor_of_another_dtype_is_no_number(scale):
+    """An eighth breaker's bug_01: `dtype=lengths.dtype` (int64) was read as the scores' rounding, and the patch
+    scaled by 2.449 where the original divided by 2 (output 0.109 off)."""
+    finding = _attention(TENSOR_LITERAL.format(scale=scale), "literal.py")
+    assert "scale-is-number" not in _names(finding, "proved") if "facts" in finding.extra else not finding.fixable

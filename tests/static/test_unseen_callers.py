@@ -132,6 +132,16 @@ class Causal(nn.Module):
      "\n    def forward(self, x):\n        for name, layer in self.named_children():\n            x = layer(x)\n"
      "        return x\n", True),
     ("\n\ndef trunk(model):\n    return nn.Sequential(*list(model.children()))\n", False),
+    # an eighth breaker's: a submodule called by a computed name, and an enumeration consumed by next() or unpacking
+    ("\n\nclass Stack(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.attn0 = Attention()\n"
+     "\n    def forward(self, x, mask, i=0):\n        return getattr(self, f'attn{i}')(x, mask)\n", False),
+    ("\n\nclass Stack(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.attn0 = Attention()\n"
+     "\n    def forward(self, x, mask, name):\n        layer = getattr(self, name)\n        return layer(x)\n",
+     True),  # called with the input only: the bias is its default, None
+    ("\n\nclass Stack(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.a = Attention()\n"
+     "\n    def forward(self, x, mask):\n        return next(self.children())(x, mask)\n", False),
+    ("\n\nclass Stack(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.a = Attention()\n"
+     "\n    def forward(self, x, mask):\n        attn, = self.children()\n        return attn(x, mask)\n", False),
     # a subclass of the caller rebinding the buffer it passes: its row 0 masks every key
     ("\n\nclass Strict(Causal):\n    def __init__(self, dim=8, n=16):\n        super().__init__(dim, n)\n"
      "        self.causal = torch.full((n, n), float('-inf')).triu(0)\n", False),
@@ -141,3 +151,40 @@ def test_module_calls_the_reader_did_not_see(tmp_path, extra, proved):
     finding = _attention(tmp_path)
     from_sites = {fact["name"] for fact in finding.extra["facts"].get("from_call_sites", [])}
     assert ("fully-masked-rows" in from_sites) == proved, finding.extra["facts"]
+
+
+SCALED = '''
+import torch
+from torch import nn
+
+
+{decorator}class Attention(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return (q @ k.transpose(-2, -1) * self.head_dim ** -0.5).softmax(dim=-1) @ v
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention(8, 2)
+
+    def forward(self, x):
+        return self.attn(x)
+'''
+REGISTER = "REG = {}\n\n\ndef register(c):\n    REG['attn'] = c\n    return c\n\n\n@register\n"
+
+
+@pytest.mark.parametrize("decorator, proved", [("", True), (REGISTER, False)])
+def test_a_class_its_decorator_may_store_proves_nothing_from_its_constructions(tmp_path, decorator, proved):
+    """An eighth breaker's bug_06: `@register` stored the class in a registry that built it with a tensor where the
+    visible construction passed numbers; the scale was proved a number and the patch raised TypeError."""
+    (tmp_path / "model.py").write_text(SCALED.format(decorator=decorator))
+    finding = _attention(tmp_path)
+    from_sites = {f["name"] for f in finding.extra["facts"].get("from_call_sites", [])}
+    assert ("scale-is-number" in from_sites) == proved, finding.extra["facts"]

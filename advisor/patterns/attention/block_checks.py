@@ -258,7 +258,7 @@ def _methods_bound_by_computed_names(c: Candidate, methods: set[str]) -> None:
     written = c.owner.written_outside(ANY_ON_CLASS)
     if written is None:
         return
-    rebound = f"{c.owner.writer(written)} sets attributes by computed names on what may be a class"
+    rebound = f"{c.owner.writer(written)} sets attributes by computed names on what may be a class, or functions"
     if c.owner.writer(written) == "this file":
         raise Refusal(f"`self.{name}`, a method the block runs, may be another function when the code runs: "
                       f"{rebound}")
