@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 import struct
@@ -571,13 +572,8 @@ class ValueProver:
             return None  # `global NEG_INF` in a function or a class body rebinds it
         values = set()
         for target in self.parsed.bindings.get(name, []):
-            function = self.parsed.innermost(target, cst.FunctionDef)
-            if function is not None:
-                if any(item.name.value == name for g in m.findall(function, m.Global()) for item in g.names):
-                    return None
-                continue  # a local of that function
-            if self.parsed.innermost(target, cst.ClassDef) is not None:
-                continue
+            if self.parsed.innermost(target, (cst.FunctionDef, cst.ClassDef)) is not None:
+                continue  # a local of a function or a class attribute (no `global` declares it, above)
             values.add(self.constant_number(self._module_value(target), depth + 1))
         return values.pop() if len(values) == 1 else None
 
@@ -614,12 +610,17 @@ _ARITHMETIC = {cst.Add: operator.add, cst.Subtract: operator.sub, cst.Multiply: 
                cst.Divide: operator.truediv, cst.Power: operator.pow}
 
 
-def _float32_holds(value: float) -> bool:
-    """Whether float32 represents `value` exactly (what `torch.tensor(value)` holds by default)."""
+def float32(value: float) -> float:
+    """`value` rounded to float32 (what `torch.tensor(value)` holds by default); ±inf beyond its range."""
     try:
-        return struct.unpack("f", struct.pack("f", value))[0] == value
+        return struct.unpack("f", struct.pack("f", value))[0]
     except OverflowError:
-        return False
+        return math.copysign(math.inf, value)
+
+
+def _float32_holds(value: float) -> bool:
+    """Whether float32 represents `value` exactly."""
+    return float32(value) == value
 
 
 def is_loop_counter(parsed: ParsedModule, definition) -> bool:

@@ -91,10 +91,13 @@ BOUND_BY_COMPUTED_NAME = re.compile(r"(\w+)\s*=\s*" + _COMPUTED_GETATTR)
 def calls_by_computed_name(text: str) -> bool:
     """Whether the text may call an attribute it looked up by a computed name: a submodule called so is a call of
     its `forward` that no use of its class shows."""
-    if CALLED_BY_COMPUTED_NAME.search(text) is not None:
-        return True
+    return CALLED_BY_COMPUTED_NAME.search(text) is not None or _called_after(BOUND_BY_COMPUTED_NAME, text)
+
+
+def _called_after(binding: re.Pattern, text: str) -> bool:
+    """Whether a name `binding` binds (its first group) is called later in the text (`name(`)."""
     return any(re.search(rf"\b{re.escape(bound.group(1))}\s*\(", text[bound.end():]) is not None
-               for bound in BOUND_BY_COMPUTED_NAME.finditer(text))
+               for bound in binding.finditer(text))
 
 
 ENUMERATIONS = frozenset({"children", "modules", "named_children", "named_modules"})
@@ -114,10 +117,7 @@ def calls_enumerated_modules(text: str) -> bool:
     `.modules()` that is called, those spread into `nn.Sequential(*...)`, indexed or mapped): a module's `forward`
     then has calls no use of its class shows. Loops that only inspect or initialise (`for m in self.modules(): if
     isinstance(m, nn.Linear): ...`) call nothing."""
-    if ENUMERATED_USE.search(_without_loop_headers(text)) is not None:
-        return True
-    return any(re.search(rf"\b{re.escape(loop.group(1))}\s*\(", text[loop.end():]) is not None
-               for loop in ENUMERATED.finditer(text))
+    return ENUMERATED_USE.search(_without_loop_headers(text)) is not None or _called_after(ENUMERATED, text)
 
 
 def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
@@ -437,7 +437,7 @@ class Tree:
             if not (enumerates or looks_up):
                 continue
             other = self.parsed(path)
-            calls = enumerated_calls(other) if other is not None and enumerates else [] if other is not None else None
+            calls = None if other is None else enumerated_calls(other) if enumerates else []
             if calls is None:
                 return None, consulted
             found += [(other, call) for call in calls + (computed_lookup_calls(other) if looks_up else [])]
@@ -532,11 +532,14 @@ def _module_reads_unresolved(other: ParsedModule, target: ParsedModule, name: st
     """A `.name` read on an expression that names `target`'s module through imports, that the import bindings
     did not resolve (`from . import layers`, then `layers.attention.f(...)` through the package's own import)."""
     resolved = {id(use) for use in uses}
-    for access in other.attributes_named(name):
-        dotted = other.imported_name(access.value)
-        if dotted is not None and id(access) not in resolved and _module_matches(dotted.split("."), target.path):
-            return True
-    return False
+    return any(id(access) not in resolved and _names_module(other, access.value, target)
+               for access in other.attributes_named(name))
+
+
+def _names_module(other: ParsedModule, node: cst.BaseExpression, target: ParsedModule) -> bool:
+    """Whether `node` names `target`'s module through `other`'s imports."""
+    dotted = other.imported_name(node)
+    return dotted is not None and _module_matches(dotted.split("."), target.path)
 
 
 def _computed_lookup_on(other: ParsedModule, target: ParsedModule) -> bool:
@@ -549,14 +552,9 @@ def _computed_lookup_on(other: ParsedModule, target: ParsedModule) -> bool:
             continue
         if func.value == "getattr" and len(args) >= 2 and isinstance(args[1], cst.SimpleString):
             continue
-        dotted = other.imported_name(args[0])
-        if dotted is not None and _module_matches(dotted.split("."), target.path):
+        if _names_module(other, args[0], target):
             return True
-    for node in other.attributes_named("__dict__"):
-        dotted = other.imported_name(node.value)
-        if dotted is not None and _module_matches(dotted.split("."), target.path):
-            return True
-    return False
+    return any(_names_module(other, node.value, target) for node in other.attributes_named("__dict__"))
 
 
 def _bound_by_import(other: ParsedModule, target: ParsedModule, name: str) -> list[str]:

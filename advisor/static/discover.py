@@ -144,21 +144,25 @@ def _encloses(folder: str, real_parent: str) -> bool:
     return real_parent == target or real_parent.startswith(target.rstrip(os.sep) + os.sep)
 
 
+def regular_file_bytes(path: str | Path, follow_links: bool = True) -> bytes:
+    """The bytes of the regular file at `path`, opened without blocking (a FIFO would wait for a writer forever, a
+    device never ends) and checked after opening; OSError for anything else (`not a regular file`) or a read that
+    fails. `follow_links=False`: a link is refused too."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(os.open(path, flags), "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError("not a regular file")
+        return handle.read()
+
+
 def read_source(path: str) -> SourceFile | ScanError:
     """The file's text (decoded as its coding line or BOM says; the BOM is not part of it), or the one-line
     reason it cannot be read as Python source. Opened without blocking and checked again after opening, so a
     file replaced by a FIFO or a device since discovery is refused, not read."""
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        data = regular_file_bytes(path)
     except OSError as exc:
         return ScanError(path, exc.strerror or str(exc))
-    with os.fdopen(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            return ScanError(path, "not a regular file")
-        try:
-            data = handle.read()
-        except OSError as exc:
-            return ScanError(path, exc.strerror or str(exc))
     digest = hashlib.blake2b(data, digest_size=16).hexdigest()
     try:
         text, _ = decode_source(data)

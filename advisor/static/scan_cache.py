@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import stat
 import sys
 import tempfile
 from dataclasses import dataclass, fields, is_dataclass
@@ -31,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from advisor.contracts.finding import ScanError, current_folder, display_path
+from advisor.static.discover import regular_file_bytes
 
 FORMAT = b"advisor-scan-cache 1\n"  # bump when the entries' layout changes
 
@@ -202,8 +202,9 @@ class ScanCache:
         folder others can write."""
         if not self._trusted:
             return None
-        data = _regular_file_bytes(self._path(key))
-        if data is None:
+        try:
+            data = regular_file_bytes(self._path(key), follow_links=False)
+        except OSError:  # missing, unreadable, or no regular file (a FIFO, a link, a folder)
             return None
         header = FORMAT + key.encode() + b"\n"
         if not data.startswith(header):
@@ -246,21 +247,3 @@ class _Recording:
 
     def __call__(self, path: str) -> Recorded:
         return record(self.scan_one, self.tree, path)
-
-
-def _regular_file_bytes(path: Path) -> bytes | None:
-    """The bytes of a regular file at `path`, not followed through a link; None for anything else (a FIFO an entry
-    was replaced by would block the read forever, a device never ends) or a file that cannot be read."""
-    try:
-        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(handle).st_mode):
-            return None
-        with os.fdopen(handle, "rb", closefd=False) as entry:
-            return entry.read()
-    except OSError:
-        return None
-    finally:
-        os.close(handle)

@@ -14,7 +14,6 @@ And the expression `s` moves to the SDPA call, so it must be a read or a pure to
 from __future__ import annotations
 
 import math
-import struct
 
 import libcst as cst
 
@@ -25,6 +24,7 @@ from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds, reaching_values, roots
 from advisor.patterns.masks import _subscript_bounds
 from advisor.patterns.ops import Op, int_value
+from advisor.patterns.values import float32
 from advisor.static.codegen import atomic, parenthesized
 from advisor.static.dataflow import loaded_names
 
@@ -179,13 +179,8 @@ def _constant_value(c: Candidate, node: cst.BaseExpression) -> float | None:
     return None
 
 
-def _as_float32(value: float) -> float | None:
-    if isinstance(value, complex):
-        return None
-    try:
-        return struct.unpack("f", struct.pack("f", value))[0]
-    except OverflowError:
-        return float("inf")
+def _as_float32(value: float | complex) -> float | None:
+    return None if isinstance(value, complex) else float32(value)
 
 
 def _dtype_fact(c: Candidate, shapes: list[Shape]) -> None:
