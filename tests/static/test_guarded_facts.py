@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import textwrap
+from unittest.mock import patch
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from advisor.engine.static import analyze_source
 from attention_sources import masked_module
@@ -504,3 +506,59 @@ def test_a_view_given_one_name_holding_the_shape_has_no_known_rank():
     the mask check became `2 <= m.dim() <= 1` (never true: SDPA never ran)."""
     finding = _finding(VIEWED_BY_A_SHAPE_NAME)
     assert "<= attention_mask.dim() <= q.dim()" in finding.patch and "dim() <= 1" not in finding.patch, finding.patch
+
+
+INDEXED_CALLER_MASK = '''
+import math
+import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v, causal_mask):
+    T = q.size(-2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(causal_mask[INDEX] == 0, float("-inf"))
+    return F.softmax(att, dim=-1) @ v
+'''
+
+
+@pytest.mark.parametrize("index, check, shapes", [
+    (":, :, :T, :T", "2 <= causal_mask.dim() <= q.dim()", [(1, 1, 8, 8), (8, 8, 1, 1, 1)]),
+    ("0, :, :T, :T", "2 <= causal_mask.dim() - 1 <= q.dim()", [(2, 1, 8, 8), (1, 8, 8)]),
+    ("None, :T, :T", "2 <= causal_mask.dim() + 1 <= q.dim()", [(8, 8), (1, 1, 1, 8, 8)]),
+    ("..., :T, :T", "2 <= causal_mask.dim() <= q.dim()", [(1, 8, 8), (8,)]),
+])
+def test_a_caller_mask_indexed_in_the_block_is_guarded_by_the_rank_indexing_gives(index, check, shapes):
+    """nanoGPT's buffer passed in and sliced by the block (`causal_mask[:, :, :T, :T]`, a reach round's p115:
+    mask-rank assumed): slices keep a dim whatever their bounds, an int drops one, None adds one; the check reads
+    the passed tensor's rank, without the slice (whose bounds the block binds). A mask failing it runs the original,
+    one too small to index raises in both."""
+    source = INDEXED_CALLER_MASK.replace("INDEX", index)
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and _names(finding, "guarded") == {"mask-rank"}, finding.extra["facts"]
+    assert check in finding.patch
+    original = load_module_from_source(source, "case").attend
+    patched = load_module_from_source(finding_fixed := analyze_source(source, "case.py").fixed, "fixed").attend
+    assert finding_fixed != source
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    fits, too_many = torch.ones(8, 8).tril().expand(shapes[0]), torch.ones(shapes[1])
+    torch.testing.assert_close(patched(q, k, v, fits), original(q, k, v, fits))
+    with patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
+        patched(q, k, v, fits)
+    assert sdpa.call_count == 1
+    outcomes = []
+    for attend in (original, patched):
+        try:
+            outcomes.append(attend(q, k, v, too_many))
+        except (IndexError, RuntimeError) as error:
+            outcomes.append(type(error))
+    if isinstance(outcomes[0], torch.Tensor):
+        torch.testing.assert_close(outcomes[1], outcomes[0])
+    else:
+        assert outcomes[0] is outcomes[1]
+
+
+def test_a_mask_indexed_by_a_name_is_not_guarded_by_its_rank():
+    """`m[idx]` with a name may be advanced indexing by a tensor, whose rank the mask's rank does not give."""
+    finding = _finding(INDEXED_CALLER_MASK.replace("INDEX", "idx").replace("causal_mask):", "causal_mask, idx):"))
+    assert "mask-rank" not in _names(finding, "guarded")

@@ -375,13 +375,18 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
     if not _plain(c, mask, indexed=indexed):
         return None
     most = "{q}.dim()" if q_rank is None else str(q_rank)
-    check = f"2 <= {{m}}.dim(){f' + {added}' if added else ''} <= {most}" if name != MASK_DTYPE else \
+    check = f"2 <= {{m}}.dim(){f' {_signed(added)}' if added else ''} <= {most}" if name != MASK_DTYPE else \
         "{m}.dtype == {torch}.bool" if term.dtype_subject is not None else "{m}.dtype == {q}.dtype"
     template = "isinstance({base}, {torch}.Tensor) and " + check
     if term.guard is not None:
         template = "{base} is None or " + template
     fields = dict(m=mask, q=query, base=base, torch=cst.Name(torch_name))
     return parse_template_expression(template, **{k: v for k, v in fields.items() if f"{{{k}}}" in template})
+
+
+def _signed(added: int) -> str:
+    """`+ 2` or `- 1`, as the check adds dims to the mask's rank."""
+    return f"+ {added}" if added > 0 else f"- {-added}"
 
 
 def _tables_dtype_check(c: Candidate, term: MaskTerm, query: cst.BaseExpression) -> cst.BaseExpression:
@@ -415,11 +420,36 @@ def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpres
 
 def _rank_subject(mask: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
     """The tensor whose rank the check reads, under calls that keep the rank, and the dims the block's
-    `.unsqueeze(i)` calls add to it (fairseq's `m.unsqueeze(1).unsqueeze(2).to(torch.bool)`: `m`, 2)."""
+    `.unsqueeze(i)` calls and basic indexing add to it (fairseq's `m.unsqueeze(1).unsqueeze(2).to(torch.bool)`: `m`,
+    2; nanoGPT's `bias[:, :, :T, :T]` passed in: `bias`, 0)."""
     mask, added = _peeled(mask, SAME_RANK), 0
-    while _unsqueeze_of(mask) is not None:
-        mask, added = _peeled(_unsqueeze_of(mask), SAME_RANK), added + 1
-    return mask, added
+    while True:
+        if _unsqueeze_of(mask) is not None:
+            mask, added = _peeled(_unsqueeze_of(mask), SAME_RANK), added + 1
+        elif _basic_index_change(mask) is not None:
+            mask, added = _peeled(mask.value, SAME_RANK), added + _basic_index_change(mask)
+        else:
+            return mask, added
+
+
+def _basic_index_change(node: cst.BaseExpression) -> int | None:
+    """The dims `t[...]` adds to t where every index is a slice (any bounds: it keeps its dim), `...`, None (adds
+    one) or an int literal (drops one); None for any other index (a name may hold a tensor: advanced indexing). Where
+    t has too few dims the patch's mask raises as the original's does."""
+    if not isinstance(node, cst.Subscript):
+        return None
+    change = 0
+    for element in node.slice:
+        index = element.slice
+        if isinstance(index, cst.Slice) or isinstance(index.value, cst.Ellipsis):
+            continue
+        if isinstance(index.value, cst.Name) and index.value.value == "None":
+            change += 1
+        elif int_value(index.value) is not None:
+            change -= 1
+        else:
+            return None
+    return change
 
 
 def _unsqueeze_of(node: cst.BaseExpression) -> cst.BaseExpression | None:
