@@ -99,8 +99,17 @@ def test_a_buffer_opened_through_an_element_write_is_a_safe_mask_not_is_causal(m
     torch.testing.assert_close(patched(x), original(x), atol=1e-5, rtol=1e-5)
 
 
-def test_a_rebound_buffer_leaves_the_rank_unproved():
-    finding = next(f for f in analyze_source(_source(RESHAPING_WRITES["`.data` rebinding"]), "m.py").findings
-                   if f.kind == "attention")
-    assert finding.fix_safety != "safe"
-    assert "mask-rank" in {fact["name"] for fact in finding.extra["facts"]["assumed"]}
+def test_a_rebound_buffer_leaves_the_rank_unproved_so_it_is_checked():
+    """`model.bias.data = torch.ones(8)`: the class's 4-D buffer says nothing of the rank; the patch checks the
+    buffer's rank before the SDPA call, and the rebound 1-D buffer runs the original, which raises as before."""
+    source = _source(RESHAPING_WRITES["`.data` rebinding"])
+    result = analyze_source(source, "m.py")
+    finding = next(f for f in result.findings if f.kind == "attention")
+    assert "mask-rank" not in {fact["name"] for fact in finding.extra["facts"]["proved"]}
+    assert "mask-rank" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
+    assert "2 <= self.bias.dim() <= 4" in finding.patch
+    module, patched = load_module_from_source(source, "rebound"), load_module_from_source(result.fixed, "fixed")
+    x = torch.randn(2, 6, 16)
+    for model in (module.opened(module.CausalSelfAttention()), module.opened(patched.CausalSelfAttention())):
+        with pytest.raises(IndexError):
+            model(x)

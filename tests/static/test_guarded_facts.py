@@ -562,3 +562,61 @@ def test_a_mask_indexed_by_a_name_is_not_guarded_by_its_rank():
     """`m[idx]` with a name may be advanced indexing by a tensor, whose rank the mask's rank does not give."""
     finding = _finding(INDEXED_CALLER_MASK.replace("INDEX", "idx").replace("causal_mask):", "causal_mask, idx):"))
     assert "mask-rank" not in _names(finding, "guarded")
+
+
+NUMPY_ROOT_SCALE = '''
+import numpy as np
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_k):
+        super().__init__()
+        self.d_k = d_k
+
+    def forward(self, q, k, v):
+        scores = torch.matmul(q, k.transpose(-1, -2)) / np.sqrt(self.d_k)
+        return torch.matmul(nn.Softmax(dim=-1)(scores), v)
+'''
+
+
+@pytest.mark.parametrize("d_k", [4, 4.0, torch.tensor(4.0)], ids=["int: SDPA", "float: SDPA", "tensor: original"])
+def test_a_numpy_root_of_a_size_parameter_is_guarded(d_k):
+    """The nlp-tutorial's `/ np.sqrt(self.d_k)` (a reach round's p213): `d_k` is named as a size, so a number
+    only as a guess; `np.sqrt` of a number is a float, of a tensor a tensor, so the check reads the root itself
+    (numpy's code, no user code, no device sync), and the patch is safe and exact for both."""
+    finding = _finding(NUMPY_ROOT_SCALE)
+    assert finding.fix_safety == "safe" and "scale-is-number" in _names(finding, "guarded"), finding.extra["facts"]
+    assert "isinstance(np.sqrt(self.d_k), (int, float))" in finding.patch
+    fixed = analyze_source(NUMPY_ROOT_SCALE, "case.py").fixed
+    original = load_module_from_source(NUMPY_ROOT_SCALE, "case").Attention(d_k)
+    patched = load_module_from_source(fixed, "case_fixed").Attention(d_k)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v))
+    with patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
+        patched(q, k, v)
+    assert sdpa.call_count == (0 if isinstance(d_k, torch.Tensor) else 1)
+
+
+TENSOR_ROOT_SCALE = NUMPY_ROOT_SCALE.replace("np.sqrt(self.d_k)",
+                                             "torch.sqrt(torch.tensor(self.d_k, dtype=torch.float32))")
+
+
+@pytest.mark.parametrize("d_k", [4, 0, 4.0], ids=["int: SDPA", "0: the original", "float: the original"])
+def test_a_root_of_a_tensor_of_a_size_is_guarded_nonzero(d_k):
+    """A tutorial's `/ torch.sqrt(torch.tensor(self.d_k, dtype=torch.float32))` (a reach round's p212): the tensor
+    divisor holds a 0 exactly where the int it is built from is 0, so that is checked; a 0 keeps the original (NaN
+    scores), as does any other value the check cannot read."""
+    finding = _finding(TENSOR_ROOT_SCALE)
+    assert finding.fix_safety == "safe" and "scale-divisor-nonzero" in _names(finding, "guarded"), \
+        finding.extra["facts"]
+    assert "isinstance(self.d_k, int) and self.d_k != 0" in finding.patch
+    fixed = analyze_source(TENSOR_ROOT_SCALE, "case.py").fixed
+    original = load_module_from_source(TENSOR_ROOT_SCALE, "case").Attention(d_k)
+    patched = load_module_from_source(fixed, "case_fixed").Attention(d_k)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    torch.testing.assert_close(patched(q, k, v), original(q, k, v), equal_nan=True)
+    with patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
+        patched(q, k, v)
+    assert sdpa.call_count == (1 if d_k == 4 and isinstance(d_k, int) else 0)

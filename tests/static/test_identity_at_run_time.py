@@ -380,7 +380,7 @@ def _outputs(folder, seed=0):
 def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_path, change) -> None:
     """Each change made a safe patch differ (band: max error 0.18 through `is_causal=True`; swapped dropout:
     AttributeError on `.p`; hook: no attention maps saved; `F.softmax` replaced: max error 0.04). Now the tree's writes and hooks count as the model file's
-    own: the patch is unsafe or keeps what the change needs, and whatever stays safe computes what the original does."""
+    own: the patch is unsafe or keeps what the change needs (a check of the dropout module's class, of hooks), and whatever stays safe computes what the original does."""
     import shutil
 
     import advisor
@@ -395,7 +395,8 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     [finding] = [f for f in scan_paths([str(original)], jobs=1).findings if f.kind == "attention"]
     guarded = {fact["name"] for fact in finding.extra.get("facts", {}).get("guarded", [])}
     assert finding.fix_safety != "safe" or concern == "is_causal" and "is_causal=True" not in finding.patch or \
-        concern == "no-hooks" and "no-hooks" in guarded, finding.patch
+        concern == "no-hooks" and "no-hooks" in guarded or concern == "dropout" and "module-identity" in guarded, \
+        finding.patch
     patched = tmp_path / "patched"
     shutil.copytree(original, patched)
     advisor.fix(str(patched), apply=True, cache=False)

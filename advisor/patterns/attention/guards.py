@@ -28,7 +28,7 @@ from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTIT
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank, weights_dtype
 from advisor.patterns.attention.scale import SCALE_NONZERO, SCALE_POSITIVE, divisors_read
-from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE
+from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE, TENSOR_NONZERO
 from advisor.patterns.attention.weights import DROPOUT_RANGE
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
@@ -38,12 +38,15 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
+GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
                "and ({s}.dim() == 0 or {s}.shape[-1] == 1)",
     DTYPE: "not isinstance({s}, {torch}.Tensor) or {s}.dim() == 0 or {s}.dtype == {q}.dtype"}
+# library functions that compute a number of numbers, and run no code of the user's on a tensor, nor sync a device
+# (`np.sqrt(self.d_k)`: a tensor there gives a tensor, or raises as the original would); not `max`/`min` (compare)
+PURE_ARITHMETIC = frozenset({"numpy.sqrt", "abs", "pow", "round"})
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
 
@@ -102,6 +105,10 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
                                                torch=cst.Name(torch_name)) for scale in reads[1:]] \
                 if all(_plain(c, scale) for scale in reads[1:]) else []
+        elif name == TENSOR_NONZERO:  # a tensor of an int: nonzero exactly where the int is
+            reads = c.tensor_scale_reads.get(name, [])
+            parts = [parse_template_expression("isinstance({n}, int) and {n} != 0", n=n) for n in reads] \
+                if reads and all(_arithmetic_of_plain(c, n) for n in reads) else []
         elif name in MODULE_FACTS:
             reads, parts = module_checks(c, torch_name)
         elif name == SCALE_NONZERO:  # where it is 0, NaN, inf or not a number the original runs (TorchScript's
@@ -535,6 +542,9 @@ def _arithmetic_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:
         return _arithmetic_of_plain(c, node.left) and _arithmetic_of_plain(c, node.right)
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
         return _arithmetic_of_plain(c, node.expression)
+    if isinstance(node, cst.Call) and c.parsed.imported_name(node.func) in PURE_ARITHMETIC and \
+            all(not arg.star and arg.keyword is None and _arithmetic_of_plain(c, arg.value) for arg in node.args):
+        return True
     return _plain(c, node)
 
 
@@ -593,8 +603,9 @@ def holds_at(c: Candidate, first: cst.BaseStatement, last: cst.CSTNode, nodes: l
             if name.value in ("None", "True", "False") or _line_binding(c, name) in lifted:
                 continue
             seen = c.flow.reaching.get(name)
-            if seen == frozenset({UNDEFINED}) and module_value(c.parsed, name.value) is not None:
-                continue  # a module-level tensor that nothing in the file rebinds or writes
+            if seen == frozenset({UNDEFINED}) and (module_value(c.parsed, name.value) is not None or
+                                                   c.parsed.imported_name(name) is not None):
+                continue  # a module-level tensor that nothing in the file rebinds or writes, an import, a builtin
             if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen:
                 return False
     paths = scope.attribute_paths(c.parsed, nodes)

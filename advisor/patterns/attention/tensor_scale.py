@@ -118,12 +118,30 @@ def _divisor_fact(c: Candidate) -> None:
     constant built from a nonzero literal (`torch.tensor(8 ** 0.5)`), else assumed (a learned temperature)."""
     divisors = [factor for kind, factor in c.tensor_factors if kind == "div"]
     unknown = [factor for factor in divisors if not _nonzero_constant(c, factor, 0)]
+    held = [_tensor_of(c, factor) for factor in unknown]
+    c.tensor_scale_reads[TENSOR_NONZERO] = held if None not in held else []
     if unknown:
         c.match.facts.assumed(TENSOR_NONZERO, f"the tensor divisor `{short(c.parsed, unknown[0])}` holds no 0",
                               "its values are not constants of the source (a 0 gives the original NaN, the "
                               "folded query other values)")
     elif divisors:
         c.match.facts.proved(TENSOR_NONZERO, "the tensor divisors hold no 0", "built from nonzero literals")
+
+
+def _tensor_of(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """x of `torch.tensor(x, ...)`, or of its square root (`torch.sqrt(torch.tensor(x))`, `.sqrt()`): a tutorial's
+    `/ torch.sqrt(torch.tensor(self.d_k, dtype=torch.float32))`, which holds a 0 exactly where an int x is 0 (a
+    guard checks that, see attention.guards); None for any other divisor."""
+    if isinstance(node, cst.Call) and c.parsed.imported_name(node.func) == "torch.sqrt" and len(node.args) == 1:
+        node = node.args[0].value
+    elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "sqrt" \
+            and not node.args:
+        node = node.func.value
+    if not (isinstance(node, cst.Call) and c.parsed.imported_name(node.func) == "torch.tensor"):
+        return None
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    others = [a.keyword.value for a in node.args if a.keyword is not None]
+    return positional[0] if len(positional) == 1 and set(others) <= {"dtype", "device"} else None
 
 
 def _nonzero_constant(c: Candidate, node: cst.BaseExpression, depth: int) -> bool:
