@@ -391,6 +391,10 @@ class SiteScope:
             return BOUNDED_METHODS[method]
         if method in ("new_full", "fill_") and args:
             return below(args[-1])
+        if method == "uniform_" and len(args) == len(node.args) <= 2:  # every element drawn in [from, to]
+            low, high = [*args, None, None][:2]
+            return _union([below(low) if low is not None else (0.0, 0.0),
+                           below(high) if high is not None else (1.0, 1.0)])
         if method in ("tril", "triu"):
             return _union([below(receiver), (0.0, 0.0)])
         if method == "masked_fill" and len(args) == 2:

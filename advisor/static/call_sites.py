@@ -69,14 +69,15 @@ def _may_look_up_by_computed_name(text: str, stem: str) -> bool:
     return bool(roots & bound)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=4096)
 def _computed_lookup_roots(text: str) -> frozenset[str]:
-    """The root names of a text's lookups by computed names, read once per text: a file is asked once for every
-    function of every module it mentions (a third of a cold scan of transformers when searched each time)."""
+    """The root names of a text's lookups by computed names, read once per text (of a tree's files: each is asked
+    for every function of every module it mentions, and transformers' "Copied from" comments mention a model's
+    module in hundreds of files; searched each time, this was a sixth of a cold scan's CPU)."""
     return frozenset(root for match in COMPUTED_LOOKUP.finditer(text) for root in match.groups() if root)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=4096)
 def _import_lines(text: str) -> tuple[str, ...]:
     return tuple(IMPORT_LINE.findall(text))
 # an instance built through another's class (`type(m.attn)(8, s)`, `m.attn.__class__(8, s)`), or initialised again

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from advisor.engine.static import scan_paths
+from advisor.engine.static import analyze_source, scan_paths
 from fuzz.differential import COUNTEREXAMPLE, SAFE_OK, analyze, check
 from fuzz.module_masks import HAZARDS, USES, Program, programs, render
 
@@ -187,3 +187,38 @@ def test_a_local_mask_built_in_the_function_is_read_where_it_is_built():
                                    "torch.add(mask, -1e9, out=mask)"])
 def test_a_local_mask_written_through_any_alias_proves_nothing(write):
     assert "fully-masked-rows" in {f["name"] for f in _facts(LOCAL.format(write=write))["assumed"]}
+
+
+@pytest.mark.parametrize("draw, safe", [("uniform_(-1, 1)", True), ("uniform_()", True), ("uniform_(-1e4, 0)", False)],
+                         ids=["in [-1, 1]", "in [0, 1]", "down to -1e4"])
+def test_a_module_level_mask_drawn_in_place_from_small_bounds_swallows_no_row(draw, safe):
+    """A reach round's p408, `NOISE = torch.empty(1, 2, 5, 5).uniform_(-1, 1)`: every element is drawn between the
+    bounds, so a row masked everywhere is `softmax(s + m)` in both (fully-masked-rows proved); bounds beyond 10
+    prove nothing."""
+    source = f'''
+import torch
+import torch.nn.functional as F
+
+NOISE = torch.empty(1, 2, 5, 5).{draw}
+
+
+def attend(q, k, v):
+    s = q @ k.transpose(-1, -2) * 0.5
+    return F.softmax(s + NOISE, dim=-1) @ v
+'''
+    result = analyze_source(source, "m.py")
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    proved = {fact["name"] for fact in finding.extra["facts"].get("proved", [])}
+    assert ("fully-masked-rows" in proved) == safe, finding.extra["facts"]
+    if safe:
+        import torch
+        from fixture_models import load_module_from_source
+
+        torch.manual_seed(0)
+        original = load_module_from_source(source, "drawn")
+        patched = load_module_from_source(result.fixed, "drawn_fixed")
+        patched.NOISE = original.NOISE
+        q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        expected, got = original.attend(q, k, v), patched.attend(q, k, v)
+        torch.testing.assert_close(got, expected)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), q), torch.autograd.grad(expected.sum(), q))
