@@ -51,6 +51,19 @@ def _models(source: str, dtype=torch.float32):
     return original, patched
 
 
+def _constructed(source: str, *args):
+    """The original's and the patch's `Attention(*args)`."""
+    fixed = analyze_source(source, "case.py").fixed
+    return (load_module_from_source(source, "case").Attention(*args),
+            load_module_from_source(fixed, "case_fixed").Attention(*args))
+
+
+def _sdpa_calls(function, *inputs) -> int:
+    with patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
+        function(*inputs)
+    return sdpa.call_count
+
+
 def test_a_mask_of_unknown_rank_is_guarded_and_the_patch_is_safe():
     finding = _finding(masked_module(KEEP_MASK_OF_ANY_RANK))
     assert finding.fix_safety == "safe" and finding.rule == "ADV101"
@@ -257,9 +270,7 @@ def test_a_query_divided_by_an_attribute_is_checked_through_the_attribute(temper
     assert finding.fix_safety == "safe" and {"mask-rank", "fully-masked-rows"} <= _names(finding, "guarded"), \
         finding.extra["facts"]
     assert "isinstance(self.temperature, (int, float))" in finding.patch
-    fixed = analyze_source(PRE_SCALED_QUERY, "case.py").fixed
-    original = load_module_from_source(PRE_SCALED_QUERY, "case").Attention(temperature)
-    patched = load_module_from_source(fixed, "case_fixed").Attention(temperature)
+    original, patched = _constructed(PRE_SCALED_QUERY, temperature)
     q, k, v = (torch.randn(2, 2, 5, 8, generator=torch.Generator().manual_seed(i)) for i in range(3))
     mask = torch.ones(2, 1, 5, 5)
     mask[1] = 0  # a padded sample: every row fully masked
@@ -543,9 +554,7 @@ def test_a_caller_mask_indexed_in_the_block_is_guarded_by_the_rank_indexing_give
     q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
     fits, too_many = torch.ones(8, 8).tril().expand(shapes[0]), torch.ones(shapes[1])
     torch.testing.assert_close(patched(q, k, v, fits), original(q, k, v, fits))
-    with patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
-        patched(q, k, v, fits)
-    assert sdpa.call_count == 1
+    assert _sdpa_calls(patched, q, k, v, fits) == 1
     outcomes = []
     for attend in (original, patched):
         try:
@@ -589,14 +598,10 @@ def test_a_numpy_root_of_a_size_parameter_is_guarded(d_k):
     finding = _finding(NUMPY_ROOT_SCALE)
     assert finding.fix_safety == "safe" and "scale-is-number" in _names(finding, "guarded"), finding.extra["facts"]
     assert "isinstance(np.sqrt(self.d_k), (int, float))" in finding.patch
-    fixed = analyze_source(NUMPY_ROOT_SCALE, "case.py").fixed
-    original = load_module_from_source(NUMPY_ROOT_SCALE, "case").Attention(d_k)
-    patched = load_module_from_source(fixed, "case_fixed").Attention(d_k)
+    original, patched = _constructed(NUMPY_ROOT_SCALE, d_k)
     q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
     torch.testing.assert_close(patched(q, k, v), original(q, k, v))
-    with patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
-        patched(q, k, v)
-    assert sdpa.call_count == (0 if isinstance(d_k, torch.Tensor) else 1)
+    assert _sdpa_calls(patched, q, k, v) == (0 if isinstance(d_k, torch.Tensor) else 1)
 
 
 TENSOR_ROOT_SCALE = NUMPY_ROOT_SCALE.replace("np.sqrt(self.d_k)",
@@ -612,11 +617,7 @@ def test_a_root_of_a_tensor_of_a_size_is_guarded_nonzero(d_k):
     assert finding.fix_safety == "safe" and "scale-divisor-nonzero" in _names(finding, "guarded"), \
         finding.extra["facts"]
     assert "isinstance(self.d_k, int) and self.d_k != 0" in finding.patch
-    fixed = analyze_source(TENSOR_ROOT_SCALE, "case.py").fixed
-    original = load_module_from_source(TENSOR_ROOT_SCALE, "case").Attention(d_k)
-    patched = load_module_from_source(fixed, "case_fixed").Attention(d_k)
+    original, patched = _constructed(TENSOR_ROOT_SCALE, d_k)
     q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
     torch.testing.assert_close(patched(q, k, v), original(q, k, v), equal_nan=True)
-    with patch.object(F, "scaled_dot_product_attention", wraps=F.scaled_dot_product_attention) as sdpa:
-        patched(q, k, v)
-    assert sdpa.call_count == (1 if d_k == 4 and isinstance(d_k, int) else 0)
+    assert _sdpa_calls(patched, q, k, v) == (1 if d_k == 4 and isinstance(d_k, int) else 0)
