@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.patterns import scope
+from advisor.patterns.attention.triangles import square_parts
 from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.module_index import ParsedModule
@@ -188,8 +189,10 @@ def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth
         return bool(values) and all(built_keeps_first_key(c, value, values_of, depth + 1) for value in values)
     if isinstance(node, cst.Call) and c.parsed.imported_name(node.func) in TORCH_CAUSAL_MASKS:
         return True
-    return _neginf_above_diagonal(c, node, values_of) or _zero_on_and_below_diagonal(c, node) or \
-        _joined_beside_zeros(c, node, values_of, depth)
+    if _joined_beside_zeros(c, node, values_of, depth):
+        return True
+    parts = square_parts(c, node, values_of)  # a square 0 on and below its diagonal, however it is spelled
+    return parts is not None and parts.keeps_first_key
 
 
 def _joined_beside_zeros(c, node: cst.BaseExpression, values_of: Resolve, depth: int) -> bool:
@@ -271,29 +274,6 @@ def _leading_nones(elements) -> bool:
     return all(n or w for n, w in zip(nones, whole)) and nones == sorted(nones, reverse=True)
 
 
-def _zero_on_and_below_diagonal(c: Candidate, node: cst.BaseExpression) -> bool:
-    """`torch.zeros(n, n).masked_fill(<strict upper triangle>, fill)` or `torch.where(<lower triangle>, 0.0, fill)`,
-    the fill -inf or a large negative number."""
-    if not isinstance(node, cst.Call):
-        return False
-    args = [a.value for a in node.args if a.keyword is None]
-    if len(args) != len(node.args):
-        return False
-    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "masked_fill" and len(args) == 2:
-        zeros = node.func.value
-        square = isinstance(zeros, cst.Call) and c.parsed.imported_name(zeros.func) == "torch.zeros" and \
-            not any(a.keyword for a in zeros.args) and _is_square(c.parsed, list(zeros.args))
-        condition, fill, keep_given = args[0], args[1], False
-    elif c.parsed.imported_name(node.func) == "torch.where" and len(args) == 3:
-        square, (condition, zero, fill), keep_given = True, args, True
-        if number_value(zero) != 0:
-            return False
-    else:
-        return False
-    return square and c.values.fill_kind(fill) is not None and \
-        _causal_polarity(c, triangle(c.parsed, mask_base(c, condition)), condition, keep_given)
-
-
 def _buffer_from_first_column(c: Candidate, node: cst.BaseExpression, sliced: bool) -> cst.BaseExpression | None:
     """What the class's only assignment of `self.buf` built, when `node` reads it as `self.buf[..., rows, :S]`
     (any rows, columns from 0; leading dims whole) or, unless `sliced`, as `self.buf` itself; else None."""
@@ -319,84 +299,6 @@ def _class_tensor(c: Candidate, attribute: str) -> cst.BaseExpression | None:
     another file writes it (`only_value`) nor where the tree runs modules with state given by name
     (`functional_call`), which may pass any tensor in its place."""
     return c.owner.only_value(attribute) if scope.state_swapped(c.parsed) is None else None
-
-
-def _neginf_above_diagonal(c: Candidate, node: cst.BaseExpression, values_of: Resolve | None = None) -> bool:
-    """`torch.full((n, n), -inf).triu(1)`, `torch.triu(..., diagonal=1)`, `torch.empty(n, n).fill_(-inf).triu_(1)`
-    (or a finite mask fill in place of -inf: row r keeps keys 0..r at 0, where no fill swallows it), or a call of a
-    function of this file that builds one in straight-line statements (`m = torch.empty(n, n)`,
-    `m.fill_(-inf)`, `m.triu_(1)`, `return m`)."""
-    if not isinstance(node, cst.Call):
-        return False
-    helper = c.parsed.module_functions.get(node.func.value) if isinstance(node.func, cst.Name) else None
-    if helper is not None:
-        return _built_by_statements(c, helper) == "upper"
-    return _state(c, node, values_of=values_of) == "upper"
-
-
-def _state(c: Candidate, node: cst.BaseExpression, name: str | None = None, named: str | None = None,
-           values_of: Resolve | None = None, depth: int = 0) -> str | None:
-    """What an expression holds: "square" (any n x n tensor), "filled" (n x n of -inf or a mask fill), "upper" (the
-    fill strictly above the diagonal, 0 elsewhere), or None; a stack of such squares (`torch.full((1, 1, n, n),
-    -inf)`) holds the same. `name` read as the state `named`; other names read through `values_of` (one value)."""
-    if isinstance(node, cst.Name) and node.value == name:
-        return named
-    if isinstance(node, cst.Name) and values_of is not None and depth < MAX_NAME_DEPTH:
-        values = values_of(node)
-        return _state(c, values[0], name, named, values_of, depth + 1) if values and len(values) == 1 else None
-    if not isinstance(node, cst.Call):
-        return None
-    dotted = c.parsed.imported_name(node.func)
-    args = [a for a in node.args if a.keyword is None]
-    if dotted in ("torch.empty", "torch.zeros", "torch.ones", "torch.full"):
-        if dotted == "torch.full":
-            if len(args) != 2 or not isinstance(args[0].value, (cst.Tuple, cst.List)):
-                return None
-            fill, args = args[1].value, args[:1]
-        if not _stacked_squares(c.parsed, args) or any(a.keyword and a.keyword.value != "device"
-                                                       for a in node.args):
-            return None
-        return ("filled" if c.values.fill_kind(fill) is not None else None) if dotted == "torch.full" else "square"
-    if dotted == "torch.triu" and node.args:
-        inner, options = node.args[0].value, node.args[1:]
-    elif isinstance(node.func, cst.Attribute) and dotted is None and node.func.attr.value in ("triu", "triu_",
-                                                                                             "fill_"):
-        inner, options = node.func.value, node.args
-        if node.func.attr.value == "fill_":
-            fill = options[0].value if len(options) == 1 and options[0].keyword is None else None
-            held = _state(c, inner, name, named, values_of, depth)
-            return "filled" if held in ("square", "filled") and fill is not None and \
-                c.values.fill_kind(fill) is not None else None
-    else:
-        return None
-    if _diagonal(options) != 1:
-        return None
-    return "upper" if _state(c, inner, name, named, values_of, depth) == "filled" else None
-
-
-def _built_by_statements(c: Candidate, function: cst.FunctionDef) -> str | None:
-    """The state a helper returns when its body is `m = <tensor>`, then in-place `m.fill_(...)`/`m.triu_(...)`
-    calls, then `return m` (nothing else: any other statement could change m)."""
-    statements = list(function.body.body)
-    if len(statements) < 2 or not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1
-                                      for s in statements):
-        return None
-    first, *middle, last = [s.body[0] for s in statements]
-    if not (isinstance(first, cst.Assign) and len(first.targets) == 1 and isinstance(first.targets[0].target, cst.Name)
-            and isinstance(last, cst.Return) and isinstance(last.value, cst.Name)):
-        return None
-    name = first.targets[0].target.value
-    if last.value.value != name:
-        return None
-    held = _state(c, first.value)
-    for small in middle:
-        call = small.value if isinstance(small, cst.Expr) else None
-        if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and
-                isinstance(call.func.value, cst.Name) and call.func.value.value == name and
-                call.func.attr.value in ("fill_", "triu_")):
-            return None
-        held = _state(c, call, name, held)
-    return held
 
 
 def is_causal_keep(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
@@ -491,16 +393,6 @@ def _diagonal(options: list[cst.Arg] | tuple[cst.Arg, ...], default: int | None 
     """The `diagonal` a tril/triu call passes (positionally or by keyword), or `default` when it passes none."""
     diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
     return number_value(diagonal) if diagonal is not None else default
-
-
-def _stacked_squares(parsed: ParsedModule, sizes: list[cst.Arg]) -> bool:
-    """A creator's sizes whose last two are equal (`n, n`, `(1, 1, n, n)`): squares, stacked along any leading dims,
-    which `triu`/`tril` treat one by one."""
-    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
-        sizes = sizes[0].value.elements
-    if len(sizes) < 2 or any(isinstance(size, cst.StarredElement) or getattr(size, "star", "") for size in sizes):
-        return False
-    return _is_square(parsed, list(sizes[-2:]))
 
 
 def _is_square(parsed: ParsedModule, sizes: list[cst.Arg]) -> bool:

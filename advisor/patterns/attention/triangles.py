@@ -1,0 +1,320 @@
+"""Square masks built from triangles, read as the values of their three parts: below the diagonal, on it, above it.
+
+Causal additive masks are spelled many ways: `torch.full((n, n), -inf).triu(1)`, `torch.where(tril, 0.0, -inf)`,
+`torch.zeros(n, n).masked_fill(tril == 0, -1e4)`, `(1 - tril) * -1e9`, CLIP's helper (`m = torch.empty(n, n)`,
+`m.fill_(-inf)`, `m.triu_(1)`, `return m`), or the PyTorch tutorial's helper (`mask = (torch.triu(torch.ones(n,
+n)) == 1).transpose(0, 1)`, then `mask.float().masked_fill(mask == 0, -inf).masked_fill(mask == 1, 0.0)`). Each is
+constant in each part of every square, so evaluating the operations on the three values (`Parts`) reads them all,
+where matching each spelling misses the next one. A mask 0 on and below the diagonal keeps key 0 of every row at 0:
+no row is fully masked, whatever the part above holds (-inf or a fill).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import libcst as cst
+
+from advisor.patterns.ops import int_value
+from advisor.patterns.values import float32
+from advisor.static.dataflow import loaded_names
+
+MAX_DEPTH = 24  # operations followed from one mask
+UNKNOWN = math.nan  # a part whose values the source does not fix (`torch.empty`)
+CREATORS = {"torch.ones": 1.0, "torch.zeros": 0.0, "torch.empty": UNKNOWN}
+SAME_VALUES = {"contiguous", "clone", "detach", "expand"}  # an n x n square stays one (n = 1 spreads its one value)
+IN_PLACE = {"fill_", "zero_", "tril_", "triu_", "masked_fill_"}
+# the largest finite value of each float dtype (a cast rounds beyond it to ±inf); None: an integer dtype
+DTYPES = {"float32": 3.4028234663852886e38, "float": 3.4028234663852886e38, "float64": math.inf,
+          "double": math.inf, "float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355e38,
+          "bool": 1.0, "uint8": None, "int8": None, "int16": None, "int32": None, "int64": None, "int": None,
+          "long": None, "short": None}
+CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "bool": "bool",
+                "long": "int64", "int": "int32", "byte": "uint8", "short": "int16"}
+ARITHMETIC = {cst.Add: operator.add, cst.Subtract: operator.sub, cst.Multiply: operator.mul}
+COMPARISONS = {cst.Equal: operator.eq, cst.NotEqual: operator.ne, cst.LessThan: operator.lt,
+               cst.GreaterThan: operator.gt, cst.LessThanEqual: operator.le, cst.GreaterThanEqual: operator.ge}
+
+Resolve = Callable[[cst.Name], "list[cst.BaseExpression] | None"]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The value below the diagonal, on it and above it of every square in the last two dims (NaN: not fixed by
+    the source, or NaN), the tensor's `ndim`, and the side of its squares as the source spells it."""
+
+    below: float
+    diagonal: float
+    above: float
+    ndim: int
+    side: str
+
+    @property
+    def values(self) -> tuple[float, float, float]:
+        return self.below, self.diagonal, self.above
+
+    def map(self, function) -> Parts | None:
+        """Each known value through `function` (None from it: no parts); unknown ones stay unknown."""
+        values = [value if math.isnan(value) else function(value) for value in self.values]
+        return None if None in values else replace(self, below=values[0], diagonal=values[1], above=values[2])
+
+    @property
+    def keeps_first_key(self) -> bool:
+        """0 on and below the diagonal (key 0 of row r is below it, of row 0 on it), nothing positive above."""
+        return self.below == 0 and self.diagonal == 0 and self.above <= 0
+
+
+def square_parts(c, node: cst.BaseExpression, values_of: Resolve) -> Parts | None:
+    """The parts of the square mask `node` builds, reading names through `values_of` (exactly one value each) and
+    helpers of the file whose body is straight-line (`_Reader.helper`); None where the source does not build a
+    square. `c`: a Candidate, or any reader with its `parsed` and `values`."""
+    return _Reader(c, values_of).parts(node, {}, 0)
+
+
+class _Reader:
+    def __init__(self, c, values_of: Resolve) -> None:
+        self.c, self.parsed, self.values_of = c, c.parsed, values_of
+
+    def parts(self, node: cst.BaseExpression, local: dict[str, Parts | None], depth: int) -> Parts | None:
+        if depth > MAX_DEPTH:
+            return None
+        below = lambda child: self.parts(child, local, depth + 1)  # noqa: E731
+        if isinstance(node, cst.Name):
+            if node.value in local:
+                return local[node.value]
+            values = self.values_of(node)
+            return below(values[0]) if values and len(values) == 1 else None
+        if isinstance(node, cst.Subscript):
+            return _leading_nones(node, below(node.value))
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert) and \
+                _is_bool(node.expression):  # `~` of an integer tensor is bitwise
+            inner = below(node.expression)
+            return inner.map(lambda v: 1.0 - v) if inner is not None else None
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            inner = below(node.expression)
+            return inner.map(operator.neg) if inner is not None else None
+        if isinstance(node, cst.Attribute) and node.attr.value in ("T", "mT"):
+            return _transposed(below(node.value), 2 if node.attr.value == "T" else None)
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and \
+                type(node.comparisons[0].operator) in COMPARISONS:
+            compare, number = COMPARISONS[type(node.comparisons[0].operator)], self._number(node.comparisons[0].comparator)
+            inner = below(node.left)
+            return inner.map(lambda v: float(compare(v, number))) if inner is not None and number is not None \
+                else None
+        if isinstance(node, cst.BinaryOperation) and type(node.operator) in ARITHMETIC:
+            return self._arithmetic(ARITHMETIC[type(node.operator)], node.left, node.right, below)
+        if isinstance(node, cst.Call) and not any(a.star for a in node.args):
+            return self._call(node, below, depth)
+        return None
+
+    def _number(self, node: cst.BaseExpression) -> float | None:
+        """A number the source fixes, a fill of a named dtype's extreme (`torch.finfo(torch.float32).min`)
+        included; not one of a tensor's dtype, whose magnitude no part could add to."""
+        number = self.c.values.constant_number(node)
+        if number is None and self.c.values.fill_kind(node) == "neginf":  # `-np.inf`, `-math.inf`, ...
+            return -math.inf
+        fill = self.c.values.fill_value(node) if number is None else None
+        return number if number is not None else fill if isinstance(fill, float) else None
+
+    def _arithmetic(self, apply, left_node, right_node, below) -> Parts | None:
+        """Elementwise arithmetic in float32 (the default dtype: a product beyond its range is ±inf there)."""
+        left, right = below(left_node), below(right_node)
+        if left is not None and right is not None:
+            if (left.ndim, left.side) != (right.ndim, right.side):
+                return None
+            values = [_rounded(apply, a, b) for a, b in zip(left.values, right.values)]
+            return replace(left, below=values[0], diagonal=values[1], above=values[2])
+        number = self._number(right_node if left is not None else left_node)
+        if number is None or left is None and right is None:
+            return None
+        return left.map(lambda v: _rounded(apply, v, number)) if left is not None else \
+            right.map(lambda v: _rounded(apply, number, v))
+
+    def _call(self, node: cst.Call, below, depth: int) -> Parts | None:
+        dotted = self.parsed.imported_name(node.func)
+        args = [a.value for a in node.args if a.keyword is None]
+        keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+        if dotted in CREATORS or dotted == "torch.full":
+            return self._created(dotted, args, keywords)
+        if dotted in ("torch.tril", "torch.triu") and args:
+            return _triangle(below(args[0]), dotted[-4:], _diagonal(args[1:], keywords))
+        if dotted == "torch.where" and len(args) == 3:
+            return _where(below(args[0]), self._value(args[1], below), self._value(args[2], below))
+        if isinstance(node.func, cst.Name) and node.func.value in self.parsed.module_functions:
+            return self.helper(self.parsed.module_functions[node.func.value], depth)
+        if not isinstance(node.func, cst.Attribute) or dotted is not None:
+            return None
+        method, receiver = node.func.attr.value, node.func.value
+        inner = below(receiver)
+        if inner is None:
+            return None
+        if method in ("tril", "triu", "tril_", "triu_"):
+            return _triangle(inner, method[:4], _diagonal(args, keywords))
+        if method in ("fill_", "zero_"):
+            value = self._number(args[0]) if method == "fill_" and len(args) == 1 and not keywords else \
+                0.0 if method == "zero_" and not args else None
+            return None if value is None else replace(inner, below=value, diagonal=value, above=value)
+        if method == "t" and not args:
+            return _transposed(inner, 2)
+        if method == "transpose" and len(args) == 2:
+            dims = sorted(int_value(arg) for arg in args if int_value(arg) is not None)
+            return _transposed(inner, None if dims == [-2, -1] else 2 if dims == [0, 1] else -1)
+        if method in ("masked_fill", "masked_fill_") and len(args) == 2:
+            return _where(below(args[0]), self._value(args[1], below), inner)
+        if method in CAST_METHODS and not args or method in ("to", "type") and len(args) == 1 and not keywords:
+            return _cast(inner, CAST_METHODS.get(method) or (self.parsed.imported_name(args[0]) or "")
+                         .removeprefix("torch."))
+        if method in ("view", "reshape") and not keywords:
+            return self._viewed(inner, args)
+        if method in SAME_VALUES or method == "unsqueeze" and len(args) == 1 and int_value(args[0]) == 0:
+            return replace(inner, ndim=inner.ndim + (method == "unsqueeze"))
+        return None
+
+    def _value(self, node: cst.BaseExpression, below) -> Parts | float | None:
+        """A tensor's parts, or a number (`torch.where(m, 0.0, fill)`, `m.masked_fill(c, -inf)`)."""
+        number = self._number(node)
+        return number if number is not None else below(node)
+
+    def _created(self, dotted: str, args: list, keywords: dict) -> Parts | None:
+        if set(keywords) - {"dtype", "device", "fill_value"}:
+            return None
+        sizes, value = args, CREATORS.get(dotted)
+        if dotted == "torch.full":
+            fill = args[1] if len(args) == 2 else keywords.get("fill_value")
+            sizes, value = args[:1], self._number(fill) if fill is not None else None
+        if value is None:
+            return None
+        if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+            sizes = [element.value for element in sizes[0].elements]
+        codes = [self.parsed.code(size).replace(" ", "") for size in sizes]
+        if len(codes) < 2 or codes[-1] != codes[-2] or any("*" in code for code in codes):
+            return None
+        parts = Parts(value, value, value, len(codes), codes[-1])
+        dtype = keywords.get("dtype")
+        return parts if dtype is None else _cast(parts, (self.parsed.imported_name(dtype) or "").removeprefix("torch."))
+
+    def _viewed(self, inner: Parts, sizes: list) -> Parts | None:
+        """`view(1, 1, n, n)` of an n x n square: leading 1s (or one -1, then 1), the same square last."""
+        if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+            sizes = [element.value for element in sizes[0].elements]
+        codes = [self.parsed.code(size).replace(" ", "") for size in sizes]
+        if inner.ndim != 2 or len(codes) < 2 or codes[-2:] != [inner.side] * 2 or \
+                not all(code in ("1", "-1") for code in codes[:-2]) or codes.count("-1") > 1:
+            return None
+        return replace(inner, ndim=len(codes))
+
+    def helper(self, function: cst.FunctionDef, depth: int) -> Parts | None:
+        """What a function of the file returns, where its body is a docstring, single-name assignments, in-place
+        calls on a local no assignment reads (no other name can share its storage), then `return <expr>`,
+        evaluated in order. Its parameters are unknown (they only name sizes, which squares compare by text)."""
+        params = function.params
+        local: dict[str, Parts | None] = {p.name.value: None for p in (*params.posonly_params, *params.params,
+                                                                         *params.kwonly_params)}
+        body = list(function.body.body)
+        if body and _is_docstring(body[0]):
+            body = body[1:]
+        if not body or not all(isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 for s in body):
+            return None
+        *steps, last = [s.body[0] for s in body]
+        read_by_assignments = {name.value for step in steps if isinstance(step, cst.Assign)
+                               for name in loaded_names(step.value)}
+        for step in steps:
+            if isinstance(step, cst.Assign) and len(step.targets) == 1 and isinstance(step.targets[0].target, cst.Name):
+                local[step.targets[0].target.value] = self.parts(step.value, dict(local), depth + 1)
+            elif isinstance(step, cst.Expr) and isinstance(call := step.value, cst.Call) and \
+                    isinstance(call.func, cst.Attribute) and call.func.attr.value in IN_PLACE and \
+                    isinstance(call.func.value, cst.Name) and call.func.value.value not in read_by_assignments:
+                local[call.func.value.value] = self.parts(call, dict(local), depth + 1)
+            else:
+                return None
+        return self.parts(last.value, local, depth + 1) if isinstance(last, cst.Return) and last.value else None
+
+
+def _triangle(inner: Parts | None, kind: str, diagonal: int | None) -> Parts | None:
+    """`tril(x, d)` keeps what is on or below diagonal d and zeroes the rest, `triu(x, d)` what is on or above it;
+    `tril(x, 1)` and `triu(x, -1)` keep part of a part (None)."""
+    if inner is None:
+        return None
+    if kind == "tril" and diagonal in (0, -1):
+        return replace(inner, diagonal=inner.diagonal if diagonal == 0 else 0.0, above=0.0)
+    if kind == "triu" and diagonal in (0, 1):
+        return replace(inner, below=0.0, diagonal=inner.diagonal if diagonal == 0 else 0.0)
+    return None
+
+
+def _diagonal(args: list, keywords: dict) -> int | None:
+    diagonal = args[0] if args else keywords.get("diagonal")
+    return 0 if diagonal is None else int_value(diagonal)
+
+
+def _transposed(inner: Parts | None, rank: int | None) -> Parts | None:
+    """The squares transposed, where the dims swapped are the last two (`rank`: the only rank at which they are;
+    None: any; -1: none)."""
+    if inner is None or rank is not None and inner.ndim != rank:
+        return None
+    return replace(inner, below=inner.above, above=inner.below)
+
+
+def _where(condition: Parts | None, chosen: Parts | float | None, other: Parts | float | None) -> Parts | None:
+    """`torch.where(condition, chosen, other)` part by part (a part whose test is unknown is unknown)."""
+    if condition is None or chosen is None or other is None or any(
+            isinstance(p, Parts) and (p.side, p.ndim) != (condition.side, condition.ndim) for p in (chosen, other)):
+        return None
+    picked = []
+    for index, test in enumerate(condition.values):
+        options = [option if isinstance(option, float) else option.values[index] for option in (chosen, other)]
+        picked.append(UNKNOWN if math.isnan(test) else options[0] if test else options[1])
+    return replace(condition, below=picked[0], diagonal=picked[1], above=picked[2])
+
+
+def _cast(inner: Parts | None, dtype: str) -> Parts | None:
+    """The values a cast to `dtype` gives: nonzero is 1 in bool, a float rounds to ±inf beyond its dtype's range, an
+    integer dtype truncates finite values (an infinity has no value there); None for a dtype not named."""
+    if inner is None or dtype not in DTYPES:
+        return None
+    largest = DTYPES[dtype]
+    if dtype == "bool":
+        return inner.map(lambda v: float(v != 0))
+    if largest is None:
+        return inner.map(lambda v: float(int(v)) if math.isfinite(v) else None)
+    return inner.map(lambda v: v if abs(v) <= largest else math.copysign(math.inf, v))
+
+
+def _leading_nones(node: cst.Subscript, inner: Parts | None) -> Parts | None:
+    """`m[None, None]`, `m[None, :, :]`: new leading dims, then whole ones."""
+    if inner is None:
+        return None
+    added = 0
+    for position, element in enumerate(node.slice):
+        index = element.slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.Name) and index.value.value == "None" \
+                and added == position:
+            added += 1
+        elif not (isinstance(index, cst.Slice) and index.lower is None and index.upper is None and index.step is None):
+            return None
+    return replace(inner, ndim=inner.ndim + added)
+
+
+def _rounded(apply, a: float, b: float) -> float:
+    """`apply(a, b)` as float32 computes it (NaN where it is undefined: 0 * inf, inf - inf)."""
+    try:
+        return float32(float(apply(a, b)))
+    except (OverflowError, ValueError):
+        return UNKNOWN
+
+
+def _is_bool(node: cst.BaseExpression) -> bool:
+    """An expression whose dtype is bool by its form: a comparison, `.bool()`, `~` of one."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
+        return _is_bool(node.expression)
+    return isinstance(node, cst.Comparison) or isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+        and node.func.attr.value == "bool" and not node.args
+
+
+def _is_docstring(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
+        isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.SimpleString)
+
