@@ -28,6 +28,10 @@ CONCRETE = {"float": "torch.float32", "half": "torch.float16", "bfloat16": "torc
 DTYPE_NAMES = {f"torch.{name}" for name in ("float32", "float", "float16", "half", "bfloat16", "float64", "double")}
 CANONICAL = {"torch.float": "torch.float32", "torch.half": "torch.float16", "torch.double": "torch.float64"}
 MAX_DEPTH = 30
+# torch.nn layers whose output is floating (their float parameters raise on integer inputs, or embed them)
+FLOAT_LAYERS = {f"torch.nn.{name}" for name in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+                                                 "ConvTranspose2d", "ConvTranspose3d", "Embedding", "LayerNorm",
+                                                 "GroupNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d")}
 
 
 class DtypeRoots:
@@ -45,10 +49,19 @@ class DtypeRoots:
         self.parsed, self.owner, self.reader, self.is_scalar = parsed, owner, reader, is_scalar
         self.flow_for, self.argument_of, self.helper, self.function_of = flow_for, argument_of, helper, function_of
         self._bound: dict[cst.FunctionDef, dict[str, cst.BaseExpression]] = {}  # helpers being followed
+        self._through_float_layer = False  # the walk passed a layer that takes float inputs only (`is_floating`)
 
     def same(self, *nodes: cst.BaseExpression) -> bool:
         roots = [self.root(node) for node in nodes]
         return all(_equal(roots[0], other) for other in roots[1:])
+
+    def is_floating(self, node: cst.BaseExpression) -> bool:
+        """Whether the source shows `node` floating: its dtype root is a float dtype, or a float layer's output
+        (`self.q(h)` of an `nn.Conv2d`), or the walk to it passes an `nn.Linear` (which raises on other inputs)."""
+        self._through_float_layer = False
+        found = self.root(node)
+        return self._through_float_layer or isinstance(found, str) and found in DTYPE_NAMES | set(CANONICAL.values()) \
+            or isinstance(found, cst.Call) and self._layer_class(found) in FLOAT_LAYERS
 
     def root(self, node: cst.BaseExpression, depth: int = 0) -> Root:
         """The dtype root of `node`: itself when no dtype-keeping step leads further back."""
@@ -230,6 +243,7 @@ class DtypeRoots:
             dtype = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "dtype"), None)
             return self._dtype_argument(dtype, depth) if dtype is not None else None
         if self._is_linear_call(call):  # F.linear raises unless input and weight share a dtype
+            self._through_float_layer = True
             return self.root(call.args[0].value, depth + 1)
         entered = self.helper(call)
         if entered is None:
@@ -254,12 +268,16 @@ class DtypeRoots:
             self._bound[function] = bound
 
     def _is_linear_call(self, call: cst.Call) -> bool:
+        return self._layer_class(call) == "torch.nn.Linear"
+
+    def _layer_class(self, call: cst.Call) -> str | None:
+        """The torch.nn class of `self.layer(x)`, where the class builds `self.layer` once as one."""
         func = call.func
         if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
                 and self.owner is not None and len(call.args) == 1 and call.args[0].keyword is None):
-            return False
+            return None
         built = self.owner.only_value(func.attr.value)
-        return isinstance(built, cst.Call) and self.parsed.imported_name(built.func) == "torch.nn.Linear"
+        return self.parsed.imported_name(built.func) if isinstance(built, cst.Call) else None
 
 
 def _layout_receiver(node: cst.BaseExpression) -> cst.BaseExpression | None:

@@ -621,3 +621,27 @@ def test_a_root_of_a_tensor_of_a_size_is_guarded_nonzero(d_k):
     q, k, v = (torch.randn(2, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
     torch.testing.assert_close(patched(q, k, v), original(q, k, v), equal_nan=True)
     assert _sdpa_calls(patched, q, k, v) == (1 if d_k == 4 and isinstance(d_k, int) else 0)
+
+
+INTEGER_SCORES = '''
+import torch
+
+
+def attend(q, k, v):
+    attn = torch.matmul(q, k.transpose(-2, -1)) * 0.125
+    return torch.matmul(attn.softmax(dim=-1), v)
+'''
+
+
+def test_a_number_scale_that_makes_integer_scores_float_is_an_accepted_fact():
+    """A breaker round's bug_07: `* 0.125` makes int64 scores float32, so the original runs on integer q and k with
+    float v, where SDPA raises; the proof that q, k and v share a dtype holds for a float query only, which the
+    finding now says (`floating-query`, accepted); a query from a float layer proves it."""
+    finding = _finding(INTEGER_SCORES)
+    assert "floating-query" in _names(finding, "accepted") and finding.fix_safety == "safe"
+    from_layer = INTEGER_SCORES.replace("def attend(q, k, v):\n", "class Attention(torch.nn.Module):\n"
+                                        "    def __init__(self):\n        super().__init__()\n"
+                                        "        self.q = torch.nn.Linear(8, 8)\n\n"
+                                        "    def forward(self, x, k, v):\n        q = self.q(x)\n").replace(
+        "    attn =", "        attn =").replace("    return", "        return")
+    assert "floating-query" not in _names(_finding(from_layer), "accepted")

@@ -212,7 +212,7 @@ def mask(c: Candidate) -> None:
     assemble_mask(c)
 
 
-@step(reads=("dtype_changes flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks "
+@step(reads=("dtype_changes factors flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks "
              "match.row_fixup ndim product_casts values weights"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:

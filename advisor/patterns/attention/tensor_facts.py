@@ -203,6 +203,12 @@ def _qkv_dtype_fact(c: Candidate) -> bool:
     elif dtypes.same(weights, query) or dtypes.same(weights, key):
         match.facts.proved("qkv-dtype", statement, "the weights reach the value product in the query's dtype, "
                                                    "and the value product raises unless v has theirs")
+        promoting = _promoting_factor(c)
+        if promoting is not None and not dtypes.is_floating(query):
+            match.facts.accepted(FLOAT_QUERY, "q and k are floating tensors", f"`{short(c.parsed, promoting)}` "
+                                 f"makes integer scores float32, so the original also runs on integer q and k (on "
+                                 f"the CPU only: no GPU multiplies them), with float v, where SDPA raises: a loud "
+                                 f"failure on inputs no attention takes, not another value")
     elif _float_masks(c) and not c.dtype_changes:
         match.facts.proved("qkv-dtype", statement, "the value product gives v the scores' dtype, which is the "
                                                    "query's given the mask-dtype fact")
@@ -212,6 +218,15 @@ def _qkv_dtype_fact(c: Candidate) -> bool:
                             f"nothing links v's dtype to q's" if c.dtype_changes else
                             "nothing links v's dtype to q's")
     return v_like_q
+
+
+FLOAT_QUERY = "floating-query"
+
+
+def _promoting_factor(c: Candidate) -> cst.BaseExpression | None:
+    """A scale factor that turns integer scores into float ones (`/ d`, `* 0.125`; not `* 2`): only a float query
+    keeps its dtype through it, which the source does not show."""
+    return next((factor for kind, factor in c.factors if kind == "div" or int_value(factor) is None), None)
 
 
 def _float_masks(c: Candidate) -> list[MaskTerm]:
