@@ -72,7 +72,7 @@ def module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
 
 def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     bindings = parsed.bindings.get(name, [])
-    if len(bindings) != 1 or name in parsed.imports or _escape_hatch(parsed, name) or \
+    if len(bindings) != 1 or name in parsed.imports or reached_by_name(parsed, name) or \
             name in parsed.outside_attribute_writes[0]:  # `program.MASK.fill_(...)` here or in another file
         return None
     target = parsed.parents.get(bindings[0])
@@ -86,10 +86,15 @@ def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     return ModuleValue(assign.value, parsed.line(assign))
 
 
-def _escape_hatch(parsed: ParsedModule, name: str) -> bool:
-    """The file reaches module names some way other than by name: `globals()["MASK"] = ...`, a namespace
-    (`sys.modules[__name__].__dict__[...]`), the module object by import machinery (whose attributes a computed
-    string can name), or a string naming the tensor (`getattr(module, "MASK")`)."""
+def reached_by_name(parsed: ParsedModule, name: str) -> bool:
+    """Whether the file may reach its global `name` otherwise than by spelling it: `globals()["MASK"] = ...`,
+    `vars()`, `exec`/`eval`, a namespace (`sys.modules[__name__].__dict__[...]`), the module object by import
+    machinery (whose attributes a computed string can name), or a string naming it (`getattr(module, "MASK")`).
+    Once per file and name."""
+    return parsed.derived(("reached-by-name", name), lambda p: _reached_by_name(p, name))
+
+
+def _reached_by_name(parsed: ParsedModule, name: str) -> bool:
     for node in parsed.nodes_of(cst.Call, cst.Attribute, cst.Name, cst.SimpleString):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ESCAPE_HATCHES:
             return True

@@ -89,6 +89,9 @@ def test_fills_the_source_fixes_as_constants_are_read(helper, fill):
     ("NEG_INF = -1e9\nglobals()['NEG_INF'] = 0.0", "NEG_INF"),
     ("NEG_INF = -1e9\n\n\nclass Reset:\n    global NEG_INF\n    NEG_INF = 0.0", "NEG_INF"),
     ("NEG_INF = -1e9\nfrom consts import *", "NEG_INF"),
+    # a ninth's: module-level `vars()` is `globals()`; `exec` runs any assignment
+    ("NEG_INF = -1e9\nvars()['NEG_INF'] = -1.0", "NEG_INF"),
+    ("NEG_INF = -1e9\nexec('NEG_INF = -1.0')", "NEG_INF"),
 ])
 def test_other_constants_leave_the_fill_unread(helper, fill):
     finding = _attention(helper, fill)
