@@ -40,6 +40,10 @@ TRANSFORMS = {
     "torch.autograd.functional.jvp": DOUBLE_BACKWARD,  # computed as a backward of a backward
     "torch.autograd.gradgradcheck": DOUBLE_BACKWARD,
 }
+# Where the transforms are also defined: functorch's old name, torch's private modules, gradcheck's own module
+ALIASES = {"functorch.": "torch.func.", "torch._functorch.eager_transforms.": "torch.func.",
+           "torch._functorch.apis.": "torch.func.", "torch._functorch.functional_call.": "torch.func.",
+           "torch.autograd.gradcheck.gradgradcheck": "torch.autograd.gradgradcheck"}
 # Libraries outside the tree whose use differentiates through gradients: MAML's second-order step (learn2learn's
 # `MAML(..., first_order=False)` by default, torchmeta's `gradient_update_parameters`), differentiable optimizers
 # (higher, torchopt), Hessian tools (PyHessian, hessian-eigenthings). Any name under them may ask.
@@ -60,7 +64,7 @@ REVERSE_TRANSFORMS = {"torch.func.grad", "torch.func.grad_and_value", "torch.fun
 PLAIN_PASS = re.compile(r"\.backward\s*\(|\bautograd\.(?:grad|backward)\s*\(|\bautograd\.functional\.(?:vjp|jacobian)\s*\(|"
                         r"\bfrom\s+torch\.autograd\s+import\b[^\n]*\b(?:grad|backward)\b")
 # Where `create_graph` sits among the positional arguments of the calls that take it.
-CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3,
+CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3, "torch.Tensor.backward": 3,
                          "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
 TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
 # What `worth_resolving` looks for, by the last part of each name.
@@ -120,7 +124,7 @@ def worth_resolving(source: str) -> bool:
         names.update(_identifiers(node))
     reverse = {name.rsplit(".", 1)[1] for name in REVERSE_TRANSFORMS}
     return bool(names & TRIGGER_NAMES or long_calls & takes_create_graph or
-                names & reverse and names & {"func", "functorch"})
+                names & reverse and names & {"func", "functorch", "_functorch"})
 
 
 def _imported_modules(node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -187,12 +191,34 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
             asked = _create_graph_entry(parsed, node)
             if asked is not None:
                 found.append((node, asked))
+    found.extend(_star_imported_uses(parsed))
     sites = []
     for node, asked in found:
         what, value = asked if isinstance(asked, tuple) else (asked, None)
         decides = _passed_on_parameter(parsed, node, value) if value is not None else None
         sites.append(AutogradSite(what, parsed.path, parsed.line(node), decides))
     return sites, reverse
+
+
+def _star_imported_uses(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]]:
+    """`from torch.func import *` then `jvp(...)`: a name the file reads that a star import of an autograd module
+    may bind to one of its transforms (or to a call taking create_graph by position) is taken to ask; a reverse
+    transform too (`grad`), whose uses are not counted for nesting when the name is not resolved."""
+    found = []
+    read = {node.value for node in parsed.nodes_of(cst.Name)}
+    for statement in parsed.nodes_of(cst.ImportFrom):
+        if not isinstance(statement.names, cst.ImportStar) or statement.relative or statement.module is None:
+            continue
+        module = parsed.code(statement.module)
+        module = next((public.rstrip(".") for home, public in ALIASES.items() if f"{module}." == home), module)
+        leaves = {name.rsplit(".", 1)[1] for name in (*TRANSFORMS, *REVERSE_TRANSFORMS, *CREATE_GRAPH_POSITION)
+                  if name.rsplit(".", 1)[0] == module or name == module}
+        used = sorted(leaves & read) or [f"{module}.*"] * any(module == prefix or module.startswith(prefix + ".")
+                                                              for prefix in TRANSFORMS)
+        if used:
+            found.append((statement, f"`from {module} import *` may bind `{used[0]}`, which may ask for "
+                                     f"{DOUBLE_BACKWARD} or {FORWARD_MODE}"))
+    return found
 
 
 def nested(reverse: list[AutogradSite], uses, plain_pass) -> list[AutogradSite]:
@@ -414,10 +440,12 @@ def _inside_dotted_name(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:
 
 
 def qualified(parsed: ParsedModule, node: cst.CSTNode) -> str | None:
-    """The imported name, with functorch's transforms under their torch.func names."""
+    """The imported name, with the transforms' other homes under their public names (`functorch.jvp`,
+    `torch._functorch.eager_transforms.jvp`: `torch.func.jvp`; `torch.autograd.gradcheck.gradgradcheck`)."""
     name = parsed.imported_name(node)
-    if name is not None and name.startswith("functorch."):
-        return "torch.func." + name.removeprefix("functorch.")
+    for home, public in ALIASES.items():
+        if name is not None and name.startswith(home):
+            return public + name.removeprefix(home)
     return name
 
 

@@ -239,6 +239,14 @@ ASKS = {
     "functional_jacobian_cg": "import torch\ntorch.autograd.functional.jacobian(f, x, create_graph=True)",
     "jacobian_forward_mode": "import torch\ntorch.autograd.functional.jacobian(f, x, vectorize=True, "
                              "strategy='forward-mode')",
+    # a ninth breaker's: star imports, the transforms' other homes, the unbound backward
+    "star_func_jvp": "from torch.func import *\nj = jvp(f, (x,), (t,))",
+    "star_functional_hvp": "from torch.autograd.functional import *\nh = hvp(f, x, v)",
+    "star_forward_ad": "from torch.autograd.forward_ad import *\nd = make_dual(x, t)",
+    "gradcheck_module": "from torch.autograd.gradcheck import gradgradcheck\ngradgradcheck(f, (x,))",
+    "private_jvp": "from torch._functorch.eager_transforms import jvp\njvp(f, (x,), (t,))",
+    "private_nested_grad": "from torch._functorch.apis import grad\ngg = grad(grad(f))(x)",
+    "unbound_backward": "import torch\ntorch.Tensor.backward(y, None, True, True)",
 }
 
 FIRST_ORDER = {
@@ -251,6 +259,7 @@ FIRST_ORDER = {
     "jacobian": "import torch\ntorch.autograd.functional.jacobian(f, x, strategy='reverse-mode')",
     "import_only": "import torch.autograd.forward_ad as fwAD\nfrom torch.func import jvp",
     "functools": "import functools\nfunctools.partial(f, 1)",
+    "unbound_backward_plain": "import torch\ntorch.Tensor.backward(y, None, True)",
 }
 
 
