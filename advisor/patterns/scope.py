@@ -23,7 +23,7 @@ from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE,
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, global_hook_calls, \
-    fx_trace_uses, hooks_by_computed_name, state_swaps, uses_of
+    fx_trace_uses, hooks_by_computed_name, jit_trace_uses, state_swaps, uses_of
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -897,11 +897,21 @@ def fx_traced(parsed: ParsedModule) -> str | None:
     """Why the file's modules may be traced by torch.fx (None: nothing in the tree shows it): the file or another of
     the tree reads torch.fx or a library tracing with it (static.project.fx_trace_uses). Traced code runs on
     Proxies, so a check of dtypes or dims raises TraceError where the original traced."""
-    own = parsed.derived(fx_traced, lambda p: next(iter(fx_trace_uses(p)), None))
+    return _traced(parsed, fx_traced, fx_trace_uses, "fx_trace_elsewhere", "torch.fx")
+
+
+def jit_traced(parsed: ParsedModule) -> str | None:
+    """Why the file's modules may be traced by torch.jit.trace or ONNX export (None: nothing in the tree shows
+    it): a check is decided once, by the example inputs, and the recorded branch then runs on any input."""
+    return _traced(parsed, jit_traced, jit_trace_uses, "jit_trace_elsewhere", "torch.jit.trace")
+
+
+def _traced(parsed: ParsedModule, key, uses, elsewhere_of: str, tracer: str) -> str | None:
+    own = parsed.derived(key, lambda p: next(iter(uses(p)), None))
     if own is not None:
-        return f"this file traces modules with torch.fx (line {parsed.line(own)})"
-    elsewhere = parsed.project.fx_trace_elsewhere(parsed.path) if parsed.project is not None else None
-    return f"{elsewhere.describe()}, which traces modules with torch.fx" if elsewhere is not None else None
+        return f"this file traces modules with {tracer} (line {parsed.line(own)})"
+    elsewhere = getattr(parsed.project, elsewhere_of)(parsed.path) if parsed.project is not None else None
+    return f"{elsewhere.describe()}, which traces modules with {tracer}" if elsewhere is not None else None
 
 
 # TorchScript ----------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import warnings
 from unittest.mock import patch
 
 import pytest
@@ -486,6 +487,35 @@ def test_where_the_tree_traces_modules_with_fx_the_guard_first_asks_for_a_tensor
     torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
     assert uses_sdpa(dispatched_ops(patched, (x, mask)))
 
+
+
+@pytest.mark.parametrize("tracer", ["import torch\n\n\ndef export(m, x, mask):\n    return torch.jit.trace(m, (x, mask))\n",
+                                    "from torch.onnx import export\n\n\ndef save(m, x, mask):\n"
+                                    "    export(m, (x, mask), 'm.onnx')\n"],
+                         ids=["torch.jit.trace", "ONNX export"])
+def test_where_the_tree_traces_modules_with_jit_trace_the_original_is_recorded(tmp_path, tracer):
+    """A ninth breaker's bug_01: torch.jit.trace decides the guard once, by its example inputs, and the recorded
+    SDPA branch then raised on a 1-D mask the original's traced graph broadcasts. With a tracer in the tree the
+    guard first asks `not torch.jit.is_tracing()`: tracing records the original block, eager runs SDPA."""
+    from advisor.engine.static import scan_paths
+
+    (tmp_path / "model.py").write_text(masked_module(KEEP_MASK_OF_ANY_RANK))
+    (tmp_path / "export.py").write_text(tracer)
+    [result] = [r for r in scan_paths([str(tmp_path)], jobs=1).files if r.path.endswith("model.py")]
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and "if not torch.jit.is_tracing() and" in finding.patch
+    torch.manual_seed(0)
+    original = load_module_from_source(masked_module(KEEP_MASK_OF_ANY_RANK), "case").Attention()
+    patched = load_module_from_source(result.fixed, "case_fixed").Attention()
+    patched.load_state_dict(original.state_dict())
+    x, mask = torch.randn(2, 5, 16), torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    flat = torch.ones(5, dtype=torch.bool)
+    flat[3:] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's own warnings about the original's Python values
+        traced = torch.jit.trace(patched, (x, mask))
+    torch.testing.assert_close(traced(x, flat), original(x, flat), atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, mask)))
 
 VIEWED_BY_A_SHAPE_NAME = """
 import math

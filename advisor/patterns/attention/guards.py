@@ -67,6 +67,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         return
     scaled_from, numbers = _under_number_scale(c, query)
     traced = scope.fx_traced(c.parsed) is not None
+    recorded = scope.jit_traced(c.parsed) is not None
     for name in wanted:
         query = scaled_from if name in (MASK_RANK, mk.ROWS) else leaves_query
         if not _plain(c, query) and name not in MODULE_FACTS:
@@ -153,6 +154,9 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             parts = [parse_template_expression("isinstance({q}, {torch}.Tensor)", q=query,
                                                torch=cst.Name(torch_name))] + parts
             reads = reads + [query]
+        if parts and recorded and name not in MODULE_FACTS:  # torch.jit.trace would keep the branch its example
+            # inputs took for every later input: while tracing, the original is recorded
+            parts = [parse_template_expression("not {torch}.jit.is_tracing()", torch=cst.Name(torch_name))] + parts
         lifted = _lifted(c, span, reads) if parts else None
         if parts and None not in parts and lifted is not None and \
                 holds_at(c, span[0], output_statement, reads, lifted):
