@@ -63,6 +63,8 @@ def plan_backend(parsed: ParsedModule, match: AttentionMatch, requested: str = "
         return BackendPlan(requested, "flex", verdicts, reason=NOT_ON_GPU)
     key = "sdpa-flash" if requested == "flash" else "flash-attn"
     verdict = verdicts[key]
+    if key == "flash-attn" and match.flash_attn_refusal is not None:
+        return BackendPlan(requested, "sdpa", verdicts, reason=f"kept SDPA: {match.flash_attn_refusal}")
     if key == "flash-attn" and (facts.mask not in ("none", "causal") or facts.mask_conditional):
         # the helper call passes no attn_mask: a mask built under an `if` would be dropped wherever it is built
         return BackendPlan(requested, "sdpa", verdicts, reason=f"kept SDPA: flash_attn_func takes no mask, and this "

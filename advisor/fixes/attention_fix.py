@@ -52,7 +52,7 @@ def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: b
     elif target == "flash-attn":
         helper = helper_name(parsed)
         call = flash_attn_call(parsed.module, match, helper, indent)
-        edits.definitions = (flash_attn_helper(helper, functional.prefix),)
+        edits.definitions = flash_attn_helper(helper, functional.prefix)
     else:
         call = sdpa_call(parsed.module, match, functional.prefix, indent + 4 * (target == "flash"))
         fixup = row_fixup_statements(match)

@@ -23,7 +23,7 @@ from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE,
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, global_hook_calls, \
-    fx_trace_uses, hooks_by_computed_name, jit_trace_uses, state_swaps, uses_of
+    func_transform_uses, fx_trace_uses, hooks_by_computed_name, jit_trace_uses, state_swaps, uses_of
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -904,6 +904,12 @@ def jit_traced(parsed: ParsedModule) -> str | None:
     """Why the file's modules may be traced by torch.jit.trace or ONNX export (None: nothing in the tree shows
     it): a check is decided once, by the example inputs, and the recorded branch then runs on any input."""
     return _traced(parsed, jit_traced, jit_trace_uses, "jit_trace_elsewhere", "torch.jit.trace")
+
+
+def func_transformed(parsed: ParsedModule) -> str | None:
+    """Why the file's modules may run under torch.func's transforms (vmap, grad, ...; None: nothing in the tree
+    shows it), which an autograd.Function without their support (flash_attn's) cannot run under."""
+    return _traced(parsed, func_transformed, func_transform_uses, "func_transform_elsewhere", "torch.func")
 
 
 def _traced(parsed: ParsedModule, key, uses, elsewhere_of: str, tracer: str) -> str | None:

@@ -1,14 +1,13 @@
 """Code for the attention backends `--backend` asks for, on top of the SDPA call of `sdpa_call.py`.
 
 * `flash`: the statement holding the SDPA call runs inside `sdpa_kernel(SDPBackend.FLASH_ATTENTION)`.
-* `flash-attn`: a module-level helper calls the `flash_attn` package's `flash_attn_func` with its
-  (batch, seq, heads, dim) layout (q/k/v transposed in, the output transposed back) and falls back to the same
-  SDPA call, with a warning naming why, when the package, a CUDA tensor or a supported shape/dtype is missing.
+* `flash-attn`: a module-level helper calls the `flash_attn` package's `flash_attn_func` (imported with the
+  module) with its (batch, seq, heads, dim) layout (q/k/v transposed in, the output transposed back) and falls
+  back to the same SDPA call where the package, a CUDA tensor or a shape/dtype flash_attn takes is missing.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import libcst as cst
@@ -22,34 +21,31 @@ from advisor.static.module_index import ParsedModule
 KERNEL_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
 HELPER_NAME = FLASH_HELPER_NAME
 
-# renamed, and pointed at the module's spelling of torch.nn.functional, by `flash_attn_helper`
-_HELPER = '''def flash_attn_or_sdpa(q, k, v, dropout_p=0.0, scale=None, causal=False):
-    """flash_attn_func where it can run (CUDA, fp16/bf16, 4-D, head dim <= 256), else the same SDPA call.
+# imported once, with the module (an import inside the helper broke torch.compile(fullgraph=True) where the package
+# is missing), under the name `flash_attn_helper` gives it
+_IMPORT = '''try:
+    from flash_attn import flash_attn_func as {kernel}
+except ImportError:  # {name} then runs scaled_dot_product_attention
+    {kernel} = None
+'''
+# named, and pointed at the module's spelling of torch.nn.functional, by `flash_attn_helper`
+_HELPER = '''def {name}(q, k, v, dropout_p=0.0, scale=None, causal=False):
+    """flash_attn_func where it can run (the package installed; 4-D float16/bfloat16 CUDA tensors of one batch
+    size, head dims of at most 256, k and v of one shape with the query's heads or one), else the same SDPA call.
 
     flash_attn takes (batch, seq, heads, dim): q/k/v are transposed in and the output back. Its `causal` is
-    aligned bottom-right, which equals SDPA's is_causal for the square attention passed here. Inserted by
+    aligned bottom-right, which equals SDPA's is_causal for the square attention passed here; one k/v head is
+    shared by every query head (multi-query), as the original's broadcasting does. Inserted by
     `advisor fix --backend flash-attn`; advisor has not run the flash_attn path on a GPU.
     """
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError:
-        flash_attn_func = None
-    if flash_attn_func is None:
-        why = "the flash_attn package is not installed"
-    elif not (q.is_cuda and q.dim() == 4 and q.is_floating_point() and q.element_size() == 2):
-        why = "inputs are not 4-D float16/bfloat16 CUDA tensors"
-    elif not (q.size(-1) == k.size(-1) == v.size(-1) <= 256 and q.size(0) == k.size(0) == v.size(0)):
-        why = "head dims differ or exceed 256, or batch sizes differ"
-    else:
-        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p,
+    if {kernel} is not None and q.is_cuda and q.dim() == k.dim() == v.dim() == 4 and \\
+            q.is_floating_point() and q.element_size() == 2 and k.shape == v.shape and \\
+            q.size(0) == k.size(0) and k.size(1) in (1, q.size(1)) and q.size(-1) == k.size(-1) <= 256:
+        out = {kernel}(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout_p=dropout_p,
                               softmax_scale=scale, causal=causal)
         return out.transpose(1, 2)
-    import warnings
-
-    warnings.warn(f"flash_attn_func not used ({why}); running scaled_dot_product_attention", stacklevel=2)
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+    return {functional}.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
 '''
-
 
 @dataclass
 class KernelNames:
@@ -78,28 +74,27 @@ def kernel_names(parsed: ParsedModule) -> KernelNames | str:
 
 
 def helper_name(parsed: ParsedModule) -> str:
-    """A module-level name for the flash_attn helper that nothing in the module uses yet."""
+    """A module-level name for the flash_attn helper that nothing in the module uses yet (nor its kernel's)."""
     used = set(parsed.imports) | parsed.bound_names | set(parsed.module_functions)
     name, suffix = HELPER_NAME, 0
-    while name in used:
+    while name in used or kernel_name(name) in used:
         suffix += 1
         name = f"{HELPER_NAME}_{suffix}"
     return name
 
 
-def flash_attn_helper(name: str, functional: str) -> cst.FunctionDef:
-    """The helper as a module-level statement named `name`, two blank lines above it, its fallback calling SDPA
-    through `functional` (how this module spells torch.nn.functional)."""
-    helper = _helper_template()
-    fallback = helper.body.body[-1].body[0].value  # `return F.scaled_dot_product_attention(...)`
-    return helper.with_changes(name=cst.Name(name), leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) \
-        .with_deep_changes(fallback, func=dotted(f"{functional}.scaled_dot_product_attention"))
+def kernel_name(helper: str) -> str:
+    """The module-level name the helper `helper` reads flash_attn_func from."""
+    return f"{helper}_kernel"
 
 
-@functools.cache
-def _helper_template() -> cst.FunctionDef:
-    """The helper's fixed code, parsed once (nodes are immutable: every use shares it)."""
-    return cst.parse_statement(_HELPER)
+def flash_attn_helper(name: str, functional: str) -> tuple[cst.Try, cst.FunctionDef]:
+    """The kernel's import and the helper, module-level statements with two blank lines above each: the helper
+    named `name`, its fallback calling SDPA through `functional` (how this module spells torch.nn.functional)."""
+    names = dict(name=name, kernel=kernel_name(name), functional=functional)
+    blank = [cst.EmptyLine(), cst.EmptyLine()]
+    return tuple(cst.parse_statement(template.format(**names)).with_changes(leading_lines=blank)
+                 for template in (_IMPORT, _HELPER))
 
 
 def flash_attn_call(module: cst.Module, match: AttentionMatch, name: str, indent: int) -> cst.BaseExpression:

@@ -57,6 +57,10 @@ MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx
 # tracers that run the code once on example inputs and record the ops it ran: every `if` is decided then, for good
 JIT_TRACERS = ("torch.jit.trace", "torch.jit.trace_module", "torch.onnx.export")
 MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b")
+# torch.func's transforms (vmap, grad, jacrev, ...), which need every autograd.Function they run through to
+# support them (flash_attn's does not)
+FUNC_TRANSFORMS = ("torch.func", "functorch", "torch.vmap")
+MAY_FUNC_TRANSFORM = re.compile(r"(?:torch\.|import |, *)func\b|functorch|\bvmap\b")
 MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers|buffers\(|state_dict\(")
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
@@ -130,6 +134,7 @@ class ProjectFacts:
     classes: tuple[ClassSite, ...] = ()  # every class of the tree that derives from something (static.class_sites)
     fx_traces: tuple[UseSite, ...] = ()  # torch.fx symbolic tracing, which runs the code on Proxies
     jit_traces: tuple[UseSite, ...] = ()  # torch.jit.trace and ONNX export, which record one run's ops
+    func_transforms: tuple[UseSite, ...] = ()  # torch.func's transforms of modules and functions
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -174,6 +179,10 @@ class ProjectFacts:
         """A use of torch.fx's symbolic tracing in another file of the tree: any module it is given, and all it
         calls, runs on Proxies, whose dtypes and dims cannot decide an `if`."""
         return next((site for site in self.fx_traces if site.path != here), None)
+
+    def func_transform_elsewhere(self, here: str) -> UseSite | None:
+        """A use of torch.func's transforms in another file of the tree: any module may run under them."""
+        return next((site for site in self.func_transforms if site.path != here), None)
 
     def jit_trace_elsewhere(self, here: str) -> UseSite | None:
         """A use of torch.jit.trace (or ONNX export) in another file of the tree: any module it is given records
@@ -275,6 +284,13 @@ def fx_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
         for tracer in FX_TRACERS)]
 
 
+def func_transform_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
+    """Where the file reads torch.func, functorch or torch.vmap (FUNC_TRANSFORMS)."""
+    return [node for node in uses_of(parsed, None) if any(
+        (parsed.imported_name(node) or "") == name or (parsed.imported_name(node) or "").startswith(name + ".")
+        for name in FUNC_TRANSFORMS)]
+
+
 def jit_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file reads torch.jit.trace or ONNX export (JIT_TRACERS)."""
     return [node for node in uses_of(parsed, None) if parsed.imported_name(node) in JIT_TRACERS]
@@ -359,7 +375,8 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     be parsed: the scan reports it)."""
     found: list = []
     uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None or \
-        MAY_FX_TRACE.search(text) is not None or MAY_JIT_TRACE.search(text) is not None
+        MAY_FX_TRACE.search(text) is not None or MAY_JIT_TRACE.search(text) is not None or \
+        MAY_FUNC_TRANSFORM.search(text) is not None
     computed = MAY_HOOK_BY_NAME.search(text) is not None
     if TOKEN in text or any(name in text for name in HOOK_METHODS) or uses or computed:
         try:
@@ -369,7 +386,8 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
                      hooks_by_computed_name(parsed)]
             found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
                       for kind, nodes in (("script", script_uses(parsed)), ("swap", state_swaps(parsed)),
-                                          ("fx", fx_trace_uses(parsed)), ("jit", jit_trace_uses(parsed)))
+                                          ("fx", fx_trace_uses(parsed)), ("jit", jit_trace_uses(parsed)),
+                                          ("func", func_transform_uses(parsed)))
                       for node in nodes]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
@@ -397,4 +415,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site, kind in hooks if kind == "swap"),
                         tuple(site for site in sites if isinstance(site, ClassSite)),
                         tuple(site for site, kind in hooks if kind == "fx"),
-                        tuple(site for site, kind in hooks if kind == "jit"))
+                        tuple(site for site, kind in hooks if kind == "jit"),
+                        tuple(site for site, kind in hooks if kind == "func"))

@@ -14,6 +14,7 @@ import types
 import warnings
 from pathlib import Path
 
+import libcst as cst
 import pytest
 import torch
 
@@ -151,18 +152,66 @@ def test_flash_attn_layout_and_arguments_against_sdpa():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_flash_attn_falls_back_to_sdpa_and_says_why(monkeypatch):
+def test_flash_attn_falls_back_to_sdpa_without_the_package_and_without_a_warning(monkeypatch):
+    """A ninth breaker's bug_14: the fallback warned on every forward, which raised under warnings-as-errors
+    (pytest's filterwarnings=error) where the original ran; the emission's reason says what the helper does."""
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # `import flash_attn` raises ImportError
     source, result = _flash_attn_rewrite("01_")
-    with pytest.warns(UserWarning, match="flash_attn package is not installed"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         parity(source, result.fixed, atol=1e-5, rtol=1e-5, name="fa_fallback")
 
 
 def test_flash_attn_falls_back_on_cpu_tensors(fake_flash_attn):
     source, result = _flash_attn_rewrite("01_")
-    with pytest.warns(UserWarning, match="not 4-D float16/bfloat16 CUDA tensors"):
-        parity(source, result.fixed, atol=1e-5, rtol=1e-5, name="fa_cpu")
+    parity(source, result.fixed, atol=1e-5, rtol=1e-5, name="fa_cpu")
     assert not fake_flash_attn
+
+
+def _helper_module(name: str):
+    """The emitted kernel import and helper alone, in a module of their own (loaded with flash_attn as it is)."""
+    from advisor.rewrite.backends import flash_attn_helper
+
+    statements = flash_attn_helper("attend", "F")
+    code = "import torch\nimport torch.nn.functional as F\n" + "".join(
+        cst.Module([statement]).code for statement in statements)
+    return load_module_from_source(code, name)
+
+
+@pytest.mark.parametrize("q_heads, kv_shapes, flash", [
+    (4, [(2, 1, 6, 8), (2, 1, 6, 8)], True),  # one k/v head for every query head: multi-query, as broadcast
+    (4, [(2, 4, 6, 8), (2, 4, 6, 8)], True),
+    (1, [(2, 2, 6, 8), (2, 2, 6, 8)], False),  # the query's one head broadcast against two: flash_attn rejects it
+    (2, [(2, 2, 6, 8), (2, 1, 6, 8)], False),  # k and v of other shapes
+    (2, [(6, 8), (6, 8)], False),  # 2-D learned slots (batch 2 == 2 slots read k's first axis as its batch)
+], ids=["multi-query", "same heads", "query head broadcast", "k and v differ", "2-D k and v"])
+def test_the_flash_attn_helper_takes_only_what_flash_attn_func_takes(fake_flash_attn, q_heads, kv_shapes, flash):
+    """A ninth breaker's bugs 02 and 03: the helper checked q alone, and handed flash_attn_func heads it rejects
+    or a 2-D k it cannot transpose, where the original (and SDPA) broadcast them."""
+    helper = _helper_module("fa_helper")
+    torch.manual_seed(0)
+    q = torch.randn(2, q_heads, 6, 8).to(torch.bfloat16).as_subclass(_PretendCuda)
+    k, v = (torch.randn(shape).to(torch.bfloat16).as_subclass(_PretendCuda) for shape in kv_shapes)
+    got = helper.attend(q, k, v, scale=0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(*(t.as_subclass(torch.Tensor).float() for t in (q, k, v)),
+                                                            scale=0.3)
+    torch.testing.assert_close(got.as_subclass(torch.Tensor).float(), want, atol=2e-2, rtol=2e-2)
+    assert bool(fake_flash_attn) == flash
+
+
+def test_the_flash_attn_helper_compiles_whole_and_scripted_functions_keep_sdpa(monkeypatch):
+    """A ninth breaker's bugs 04 and 05: the helper imported flash_attn inside a `try` (TorchScript has none;
+    torch.compile(fullgraph=True) failed on the import where the package is missing). The import runs with the
+    module now, and a function TorchScript compiles keeps SDPA."""
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    helper = _helper_module("fa_compiled")
+    q = torch.randn(2, 2, 5, 8)
+    compiled = torch.compile(helper.attend, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, q, q), torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    scripted = _by_name("01_").read_text(encoding="utf-8") + "\n\ndef make():\n    return torch.jit.script(model)\n"
+    (finding,) = [f for f in analyze_source(scripted, "scripted.py", backend="flash-attn").findings
+                  if "emission" in f.extra]
+    assert finding.extra["emission"]["emitted"] == "sdpa" and "TorchScript" in finding.extra["emission"]["reason"]
 
 
 def test_flash_attn_keeps_sdpa_for_masked_sites():

@@ -295,9 +295,15 @@ def guards(c: Candidate) -> None:
              "match.flag_test match.function match.guard_checks match.hoist_anchor match.hoisted "
              "match.is_causal match.key match.line match.masks match.output_node match.query match.removed "
              "match.row_fixup match.softcap match.take match.unwrap values weights"),
-      writes="match.flex match.flex_refusal")
+      writes="match.flash_attn_refusal match.flex match.flex_refusal match.scripted")
 def flex(c: Candidate) -> None:
-    """The proved roles as FlexAttention's `score_mod`/`mask_mod`, or why flex cannot take them."""
+    """The proved roles as FlexAttention's `score_mod`/`mask_mod`, or why flex cannot take them; why the flash_attn
+    helper cannot run here (TorchScript, torch.func's transforms)."""
+    c.match.scripted = scope.is_scripted(c.parsed, c.home, c.owner)
+    transformed = scope.func_transformed(c.parsed)
+    c.match.flash_attn_refusal = "TorchScript may compile this function, and the flash_attn helper is Python only" \
+        if c.match.scripted else f"{transformed}, whose transforms flash_attn_func's autograd.Function does not " \
+        f"support" if transformed is not None else None
     flex_roles(c)
 
 

@@ -129,6 +129,9 @@ class AttentionMatch:
     sdpa_refusal: str | None = None
     flex: "FlexPlan | None" = None  # what `--backend flex` emits (score_mods), or None with `flex_refusal`
     flex_refusal: str | None = None
+    # TorchScript may compile the block's function: only SDPA is emitted (the flex and flash_attn helpers are Python)
+    scripted: bool = False
+    flash_attn_refusal: str | None = None  # why `--backend flash-attn` keeps SDPA here, whatever the site
 
 
 @dataclass

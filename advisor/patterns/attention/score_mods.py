@@ -17,7 +17,6 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import masks as mk
-from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import fresh_name, term_mask
 from advisor.patterns.attention.candidate import Candidate, in_inlined, statement_of
 from advisor.patterns.attention.guards import span_of, holds_at
@@ -48,7 +47,7 @@ def _plan(c: Candidate) -> FlexPlan:
     torch_name = c.parsed.module_aliases.get("torch")
     if torch_name is None:
         raise Refusal("the module does not import torch, which the score_mod calls")
-    if scope.is_scripted(c.parsed, c.home, c.owner):
+    if match.scripted:
         raise Refusal("the function is compiled by TorchScript, which compiles neither the nested score_mod and "
                       "mask_mod functions nor the flex helper")
     if match.row_fixup is not None and match.row_fixup.conditional:
