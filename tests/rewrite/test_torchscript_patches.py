@@ -255,3 +255,52 @@ def _assert_scripted_alike(source: str, fixed: str, name: str, masks: list) -> N
     with torch.no_grad():
         for mask in masks:
             torch.testing.assert_close(patched(x, mask), original(x, mask), atol=1e-5, rtol=1e-5)
+
+
+DROPOUT_SWAPPED_THEN_SCRIPTED = '''
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self, n_embd=16, n_head=2, block_size=8):
+        super().__init__()
+        self.n_head = n_head
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.attn_dropout = nn.Dropout(0.1)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        return (att @ v).transpose(1, 2).reshape(B, T, C)
+
+
+def for_inference(model):
+    model.attn_dropout = nn.Identity()
+    return torch.jit.script(model.eval())
+'''
+
+
+def test_a_dropout_module_swapped_for_identity_in_a_scripted_file_compiles_in_the_sdpa_branch():
+    """A ninth breaker's bug_13: the module check sends a swapped Identity to the original, but TorchScript compiles
+    the SDPA branch too, whose `self.attn_dropout.p` an Identity lacks ("Module 'Identity' has no attribute 'p'").
+    Where TorchScript may compile the function the probability is read `getattr(..., "p", 0.0)`."""
+    result = analyze_source(DROPOUT_SWAPPED_THEN_SCRIPTED, "model.py")
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe" and 'getattr(self.attn_dropout, "p", 0.0)' in finding.patch
+    torch.manual_seed(0)
+    original = load_module_from_source(DROPOUT_SWAPPED_THEN_SCRIPTED, "swapped")
+    patched = load_module_from_source(result.fixed, "swapped_fixed")
+    model = original.Attn()
+    twin = patched.Attn()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(patched.for_inference(twin)(x), original.for_inference(model)(x))
+    torch.testing.assert_close(twin.eval()(x), model.eval()(x))

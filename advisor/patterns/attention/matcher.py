@@ -176,7 +176,7 @@ def operand_casts(c: Candidate) -> None:
     products.keep_casts_with_value(c)
 
 
-@step(reads="flow inlined softmax_dropouts weights",
+@step(reads="flow home inlined softmax_dropouts weights",
       writes="dropout_reads identity_ok leaf_nodes match.dropout_p match.facts")
 def dropout_role(c: Candidate) -> None:
     """SDPA's `dropout_p`, under the original's training flag."""

@@ -255,7 +255,9 @@ def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
         return probability if training.value == "True" else None
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
-    elif _may_be_identity(c, op):  # `getattr(self.attn_drop, "p", 0.0)`: an Identity drops nothing
+    elif _may_be_identity(c, op) or scope.is_scripted(c.parsed, c.home, c.owner):
+        # `getattr(self.attn_drop, "p", 0.0)`: an Identity drops nothing; TorchScript compiles the SDPA branch of a
+        # guarded patch too, where the module may be an Identity with no `p` (the check sends it to the original)
         probability = cst.Call(func=cst.Name("getattr"), args=[
             cst.Arg(probability.value), cst.Arg(cst.SimpleString('"p"')), cst.Arg(number(0.0))])
     return cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
