@@ -25,7 +25,8 @@ SCALAR_NAME = re.compile(r"(^|_)(scale|scaling|scale_factor|softmax_scale|norm_f
 # constructor parameters that size a layer (`def __init__(self, dim, num_heads)`): numbers by every sane call, and
 # taken for one as a guess that the constructions of the tree (call-site facts) or a run-time check prove
 SIZE_NAME = re.compile(r"(^|_)(dim|dims|d_model|embed_dim|embed_size|hidden_size|hidden_dim|n_embd|n_embed|"
-                       r"heads|num_heads|n_heads|n_head|nhead|num_attention_heads|head_count|d_k|d_v|dk|d_head|head_size)$", re.I)
+                       r"heads|num_heads|n_heads|n_head|nhead|num_attention_heads|head_count|d_k|d_v|dk|d_head|"
+                       r"head_size)$", re.I)
 # Objects that carry hyperparameters (`config.hidden_size`): their attributes are numbers by convention only.
 CONFIG_NAME = re.compile(r"(^|_)(config|cfg|conf|args|opt|opts|hparams|hps|settings)$", re.I)
 SCALAR_FUNCTIONS = {"math.sqrt", "math.pow", "math.log", "math.exp", "numpy.sqrt", "float", "int", "len", "max",

@@ -38,7 +38,8 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
+GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE,
+             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "

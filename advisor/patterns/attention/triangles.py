@@ -100,7 +100,8 @@ class _Reader:
             return _transposed(below(node.value), 2 if node.attr.value == "T" else None)
         if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and \
                 type(node.comparisons[0].operator) in COMPARISONS:
-            compare, number = COMPARISONS[type(node.comparisons[0].operator)], self._number(node.comparisons[0].comparator)
+            test = node.comparisons[0]
+            compare, number = COMPARISONS[type(test.operator)], self._number(test.comparator)
             inner = below(node.left)
             return inner.map(lambda v: float(compare(v, number))) if inner is not None and number is not None \
                 else None
