@@ -16,6 +16,7 @@ compiles the model's classes, and every function they or a scripted function cal
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from advisor.static.call_sites import module_stem
 from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.module_index import ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS, file_writes
+from advisor.static.python_ast import nodes, python_tree
 from advisor.static.walk import walk
 
 # hooks that fire around every module call: a deleted module call loses them
@@ -56,7 +58,7 @@ FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torchvision.mode
 MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx|quantize_fx")
 # tracers that run the code once on example inputs and record the ops it ran: every `if` is decided then, for good
 JIT_TRACERS = ("torch.jit.trace", "torch.jit.trace_module", "torch.onnx.export")
-MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b")
+MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b")  # then `_may_jit_trace` (comments say it often)
 # torch.func's transforms (vmap, grad, jacrev, ...), which need every autograd.Function they run through to
 # support them (flash_attn's does not)
 FUNC_TRANSFORMS = ("torch.func", "functorch", "torch.vmap")
@@ -368,6 +370,28 @@ def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers:
     return False
 
 
+def _may_jit_trace(text: str) -> bool:
+    """A screen for JIT_TRACERS before libcst's parse: the words, then CPython's tree holding a `.trace` or
+    `.trace_module` attribute, or an import from torch.jit or torch.onnx (transformers' files mention
+    `torch.jit.trace` in comments: a third of the tree phase's parses were for those)."""
+    if MAY_JIT_TRACE.search(text) is None:
+        return False
+    try:
+        tree = python_tree(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return any(type(node) is ast.Attribute and node.attr in ("trace", "trace_module", "export") or
+               type(node) in (ast.Import, ast.ImportFrom) and any(
+                   name in ("torch.jit", "torch.onnx") for name in _import_names(node)) for node in nodes(tree))
+
+
+def _import_names(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The modules an import reads, and the dotted names it binds (`from torch import jit`: `torch.jit`)."""
+    if type(node) is ast.Import:
+        return [alias.name for alias in node.names]
+    return [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+
+
 def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str] | ClassSite]:
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
     its registering function's name, the attributes it writes on other objects, its uses of TorchScript's compiler
@@ -375,7 +399,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     be parsed: the scan reports it)."""
     found: list = []
     uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None or \
-        MAY_FX_TRACE.search(text) is not None or MAY_JIT_TRACE.search(text) is not None or \
+        MAY_FX_TRACE.search(text) is not None or _may_jit_trace(text) or \
         MAY_FUNC_TRANSFORM.search(text) is not None
     computed = MAY_HOOK_BY_NAME.search(text) is not None
     if TOKEN in text or any(name in text for name in HOOK_METHODS) or uses or computed:
