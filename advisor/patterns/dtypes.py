@@ -60,8 +60,8 @@ class DtypeRoots:
         (`self.q(h)` of an `nn.Conv2d`), or the walk to it passes an `nn.Linear` (which raises on other inputs)."""
         self._through_float_layer = False
         found = self.root(node)
-        return self._through_float_layer or isinstance(found, str) and found in DTYPE_NAMES | set(CANONICAL.values()) \
-            or isinstance(found, cst.Call) and self._layer_class(found) in FLOAT_LAYERS
+        return self._through_float_layer or isinstance(found, str) and found in DTYPE_NAMES or \
+            isinstance(found, cst.Call) and self._layer_class(found) in FLOAT_LAYERS
 
     def root(self, node: cst.BaseExpression, depth: int = 0) -> Root:
         """The dtype root of `node`: itself when no dtype-keeping step leads further back."""

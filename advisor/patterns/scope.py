@@ -22,8 +22,9 @@ from advisor.patterns.module_values import read_leaves_alone
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, global_hook_calls, \
-    func_transform_uses, fx_trace_uses, hooks_by_computed_name, jit_trace_uses, state_swaps, uses_of
+from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
+    func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses, state_swaps, \
+    uses_of
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -828,7 +829,7 @@ def _hook_registration(parsed: ParsedModule) -> str | None:
     if any(isinstance(call.func, cst.Attribute) and call.func.attr.value in HOOK_METHODS
            for call in parsed.calls_and_classes[0]):
         return "this file registers module hooks"
-    elsewhere = parsed.project.module_hook_elsewhere(parsed.path) if parsed.project is not None else None
+    elsewhere = first_elsewhere(parsed.project.module_hooks, parsed.path) if parsed.project is not None else None
     if elsewhere is not None:
         return f"`{display_path(elsewhere.path)}` registers module hooks (`{elsewhere.name}`, line {elsewhere.line})"
     return None
@@ -887,7 +888,7 @@ def state_swapped(parsed: ParsedModule) -> str | None:
     own = parsed.derived(state_swapped, lambda p: next(iter(state_swaps(p)), None))
     if own is not None:
         return f"this file replaces or writes modules' buffers by name (line {parsed.line(own)})"
-    elsewhere = parsed.project.state_swap_elsewhere(parsed.path) if parsed.project is not None else None
+    elsewhere = first_elsewhere(parsed.project.state_swaps, parsed.path) if parsed.project is not None else None
     if elsewhere is not None:
         return f"{elsewhere.describe()}, which replaces or writes modules' buffers by name"
     return None
@@ -897,26 +898,29 @@ def fx_traced(parsed: ParsedModule) -> str | None:
     """Why the file's modules may be traced by torch.fx (None: nothing in the tree shows it): the file or another of
     the tree reads torch.fx or a library tracing with it (static.project.fx_trace_uses). Traced code runs on
     Proxies, so a check of dtypes or dims raises TraceError where the original traced."""
-    return _traced(parsed, fx_traced, fx_trace_uses, "fx_trace_elsewhere", "torch.fx")
+    return _traced(parsed, fx_traced, fx_trace_uses, lambda project: project.fx_traces, "torch.fx")
 
 
 def jit_traced(parsed: ParsedModule) -> str | None:
     """Why the file's modules may be traced by torch.jit.trace or ONNX export (None: nothing in the tree shows
     it): a check is decided once, by the example inputs, and the recorded branch then runs on any input."""
-    return _traced(parsed, jit_traced, jit_trace_uses, "jit_trace_elsewhere", "torch.jit.trace")
+    return _traced(parsed, jit_traced, jit_trace_uses, lambda project: project.jit_traces, "torch.jit.trace")
 
 
 def func_transformed(parsed: ParsedModule) -> str | None:
     """Why the file's modules may run under torch.func's transforms (vmap, grad, ...; None: nothing in the tree
     shows it), which an autograd.Function without their support (flash_attn's) cannot run under."""
-    return _traced(parsed, func_transformed, func_transform_uses, "func_transform_elsewhere", "torch.func")
+    return _traced(parsed, func_transformed, func_transform_uses, lambda project: project.func_transforms,
+                   "torch.func")
 
 
-def _traced(parsed: ParsedModule, key, uses, elsewhere_of: str, tracer: str) -> str | None:
+def _traced(parsed: ParsedModule, key, uses, sites_of, tracer: str) -> str | None:
+    """Where the file (`uses`, memoised under `key`) or another of the tree (the ProjectFacts field `sites_of`
+    gives) uses `tracer`, in words; None where none does."""
     own = parsed.derived(key, lambda p: next(iter(uses(p)), None))
     if own is not None:
         return f"this file traces modules with {tracer} (line {parsed.line(own)})"
-    elsewhere = getattr(parsed.project, elsewhere_of)(parsed.path) if parsed.project is not None else None
+    elsewhere = first_elsewhere(sites_of(parsed.project), parsed.path) if parsed.project is not None else None
     return f"{elsewhere.describe()}, which traces modules with {tracer}" if elsewhere is not None else None
 
 
@@ -940,7 +944,7 @@ def is_scripted(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInf
         return True
     if parsed.derived(_announces_torchscript, _announces_torchscript):
         return True
-    return parsed.project is not None and parsed.project.script_elsewhere(parsed.path) is not None
+    return parsed.project is not None and first_elsewhere(parsed.project.scripts, parsed.path) is not None
 
 
 # torch.jit's names that never compile the code they touch: tracing records what runs, save and load take archives

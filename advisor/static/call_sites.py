@@ -73,7 +73,7 @@ def _may_look_up_by_computed_name(text: str, stem: str) -> bool:
 def _computed_lookup_roots(text: str) -> frozenset[str]:
     """The root names of a text's lookups by computed names, read once per text (of a tree's files: each is asked
     for every function of every module it mentions, and transformers' "Copied from" comments mention a model's
-    module in hundreds of files; searched each time, this was a sixth of a cold scan's CPU)."""
+    module in hundreds of files; searched each time, this took 33 of the 358 s of a profiled cold scan)."""
     return frozenset(root for match in COMPUTED_LOOKUP.finditer(text) for root in match.groups() if root)
 
 

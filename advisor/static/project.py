@@ -172,34 +172,6 @@ class ProjectFacts:
                 derived.setdefault(base, []).append(site)
         return derived
 
-    def script_elsewhere(self, here: str) -> UseSite | None:
-        """The first use of TorchScript's compiler in a file other than `here`: any function of `here` may be
-        compiled (a scripted model's classes, the functions a scripted function calls)."""
-        return next((site for site in self.scripts if site.path != here), None)
-
-    def fx_trace_elsewhere(self, here: str) -> UseSite | None:
-        """A use of torch.fx's symbolic tracing in another file of the tree: any module it is given, and all it
-        calls, runs on Proxies, whose dtypes and dims cannot decide an `if`."""
-        return next((site for site in self.fx_traces if site.path != here), None)
-
-    def func_transform_elsewhere(self, here: str) -> UseSite | None:
-        """A use of torch.func's transforms in another file of the tree: any module may run under them."""
-        return next((site for site in self.func_transforms if site.path != here), None)
-
-    def jit_trace_elsewhere(self, here: str) -> UseSite | None:
-        """A use of torch.jit.trace (or ONNX export) in another file of the tree: any module it is given records
-        the branch its example inputs took, then runs it on other inputs."""
-        return next((site for site in self.jit_traces if site.path != here), None)
-
-    def state_swap_elsewhere(self, here: str) -> UseSite | None:
-        """The first call in a file other than `here` that may run this file's classes with another tensor in
-        place of any parameter or buffer."""
-        return next((site for site in self.state_swaps if site.path != here), None)
-
-    def module_hook_elsewhere(self, here: str) -> HookSite | None:
-        """The first hook on a single module that a file other than `here` registers."""
-        return next((site for site in self.module_hooks if site.path != here), None)
-
     def writes_elsewhere(self, here: str) -> tuple[AttributeWrites, ...]:
         return tuple(writes for writes in self.attribute_writes if writes.path != here)
 
@@ -279,23 +251,35 @@ def script_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
             parsed.imported_name(node) == "torch.jit" or parsed.imported_name(node).startswith(SCRIPT_PRIVATE)]
 
 
+def first_elsewhere(sites: tuple[UseSite | HookSite, ...], here: str) -> UseSite | HookSite | None:
+    """The first of `sites` (a ProjectFacts field: hooks on single modules, TorchScript's compiler, a state swap, a
+    tracer, torch.func) in a file other than `here`: what it is given may be any of `here`'s modules or functions."""
+    return next((site for site in sites if site.path != here), None)
+
+
 def fx_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file reads torch.fx or a library that traces with it (FX_TRACERS)."""
-    return [node for node in uses_of(parsed, None) if any(
-        (parsed.imported_name(node) or "") == tracer or (parsed.imported_name(node) or "").startswith(tracer + ".")
-        for tracer in FX_TRACERS)]
+    return _uses_under(parsed, FX_TRACERS)
 
 
 def func_transform_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file reads torch.func, functorch or torch.vmap (FUNC_TRANSFORMS)."""
-    return [node for node in uses_of(parsed, None) if any(
-        (parsed.imported_name(node) or "") == name or (parsed.imported_name(node) or "").startswith(name + ".")
-        for name in FUNC_TRANSFORMS)]
+    return _uses_under(parsed, FUNC_TRANSFORMS)
 
 
 def jit_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file reads torch.jit.trace or ONNX export (JIT_TRACERS)."""
-    return [node for node in uses_of(parsed, None) if parsed.imported_name(node) in JIT_TRACERS]
+    return _uses_under(parsed, JIT_TRACERS)
+
+
+def _uses_under(parsed: ParsedModule, names: tuple[str, ...]) -> list[cst.BaseExpression]:
+    """The file's reads of one of `names` (dotted, through its imports), or of a name under one."""
+    found = []
+    for node in uses_of(parsed, None):
+        dotted = parsed.imported_name(node) or ""
+        if any(dotted == name or dotted.startswith(name + ".") for name in names):
+            found.append(node)
+    return found
 
 
 def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
@@ -373,7 +357,7 @@ def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers:
 def _may_jit_trace(text: str) -> bool:
     """A screen for JIT_TRACERS before libcst's parse: the words, then CPython's tree holding a `.trace` or
     `.trace_module` attribute, or an import from torch.jit or torch.onnx (transformers' files mention
-    `torch.jit.trace` in comments: a third of the tree phase's parses were for those)."""
+    `torch.jit.trace` in comments, and libcst's parses of those took the tree phase from 27 s to 41 s CPU)."""
     if MAY_JIT_TRACE.search(text) is None:
         return False
     try:

@@ -436,10 +436,10 @@ def _rank_subject(mask: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
     2; nanoGPT's `bias[:, :, :T, :T]` passed in: `bias`, 0)."""
     mask, added = _peeled(mask, SAME_RANK), 0
     while True:
-        if _unsqueeze_of(mask) is not None:
-            mask, added = _peeled(_unsqueeze_of(mask), SAME_RANK), added + 1
-        elif _basic_index_change(mask) is not None:
-            mask, added = _peeled(mask.value, SAME_RANK), added + _basic_index_change(mask)
+        if (inner := _unsqueeze_of(mask)) is not None:
+            mask, added = _peeled(inner, SAME_RANK), added + 1
+        elif (change := _basic_index_change(mask)) is not None:
+            mask, added = _peeled(mask.value, SAME_RANK), added + change
         else:
             return mask, added
 

@@ -300,11 +300,17 @@ def flex(c: Candidate) -> None:
     """The proved roles as FlexAttention's `score_mod`/`mask_mod`, or why flex cannot take them; why the flash_attn
     helper cannot run here (TorchScript, torch.func's transforms)."""
     c.match.scripted = scope.is_scripted(c.parsed, c.home, c.owner)
-    transformed = scope.func_transformed(c.parsed)
-    c.match.flash_attn_refusal = "TorchScript may compile this function, and the flash_attn helper is Python only" \
-        if c.match.scripted else f"{transformed}, whose transforms flash_attn_func's autograd.Function does not " \
-        f"support" if transformed is not None else None
+    c.match.flash_attn_refusal = _flash_attn_refusal(c)
     flex_roles(c)
+
+
+def _flash_attn_refusal(c: Candidate) -> str | None:
+    if c.match.scripted:
+        return "TorchScript may compile this function, and the flash_attn helper is Python only"
+    transformed = scope.func_transformed(c.parsed)
+    if transformed is not None:
+        return f"{transformed}, whose transforms flash_attn_func's autograd.Function does not support"
+    return None
 
 
 # the order of the proof: each step may read what the steps before it produced (see proof_steps)

@@ -29,6 +29,7 @@ from advisor.patterns.module_values import module_value
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 LOADED_BUFFERS = "loaded-buffers"
+FLOAT_QUERY = "floating-query"  # accepted: integer q and k, which a number scale makes float scores
 
 
 def roots(c: Candidate) -> DtypeRoots:
@@ -218,9 +219,6 @@ def _qkv_dtype_fact(c: Candidate) -> bool:
                             f"nothing links v's dtype to q's" if c.dtype_changes else
                             "nothing links v's dtype to q's")
     return v_like_q
-
-
-FLOAT_QUERY = "floating-query"
 
 
 def _promoting_factor(c: Candidate) -> cst.BaseExpression | None:

@@ -123,13 +123,15 @@ class _Reader:
     def _arithmetic(self, apply, left_node, right_node, below) -> Parts | None:
         """Elementwise arithmetic in float32 (the default dtype: a product beyond its range is ±inf there)."""
         left, right = below(left_node), below(right_node)
+        if left is None and right is None:
+            return None
         if left is not None and right is not None:
             if (left.ndim, left.side) != (right.ndim, right.side):
                 return None
             values = [_rounded(apply, a, b) for a, b in zip(left.values, right.values)]
             return replace(left, below=values[0], diagonal=values[1], above=values[2])
         number = self._number(right_node if left is not None else left_node)
-        if number is None or left is None and right is None:
+        if number is None:
             return None
         return left.map(lambda v: _rounded(apply, v, number)) if left is not None else \
             right.map(lambda v: _rounded(apply, number, v))
@@ -188,20 +190,23 @@ class _Reader:
             sizes, value = args[:1], self._number(fill) if fill is not None else None
         if value is None:
             return None
-        if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
-            sizes = [element.value for element in sizes[0].elements]
-        codes = [self.parsed.code(size).replace(" ", "") for size in sizes]
+        codes = self._size_codes(sizes)
         if len(codes) < 2 or codes[-1] != codes[-2] or any("*" in code for code in codes):
             return None
         parts = Parts(value, value, value, len(codes), codes[-1])
         dtype = keywords.get("dtype")
         return parts if dtype is None else _cast(parts, (self.parsed.imported_name(dtype) or "").removeprefix("torch."))
 
-    def _viewed(self, inner: Parts, sizes: list) -> Parts | None:
-        """`view(1, 1, n, n)` of an n x n square: leading 1s (or one -1, then 1), the same square last."""
+    def _size_codes(self, sizes: list) -> list[str]:
+        """The sizes a creator or a view is given (`n, n`, or one tuple or list of them), each as its source
+        spells it (squares compare their sides by text)."""
         if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
             sizes = [element.value for element in sizes[0].elements]
-        codes = [self.parsed.code(size).replace(" ", "") for size in sizes]
+        return [self.parsed.code(size).replace(" ", "") for size in sizes]
+
+    def _viewed(self, inner: Parts, sizes: list) -> Parts | None:
+        """`view(1, 1, n, n)` of an n x n square: leading 1s (or one -1, then 1), the same square last."""
+        codes = self._size_codes(sizes)
         if inner.ndim != 2 or len(codes) < 2 or codes[-2:] != [inner.side] * 2 or \
                 not all(code in ("1", "-1") for code in codes[:-2]) or codes.count("-1") > 1:
             return None
