@@ -89,12 +89,14 @@ def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
 def reached_by_name(parsed: ParsedModule, name: str) -> bool:
     """Whether the file may reach its global `name` otherwise than by spelling it: `globals()["MASK"] = ...`,
     `vars()`, `exec`/`eval`, a namespace (`sys.modules[__name__].__dict__[...]`), the module object by import
-    machinery (whose attributes a computed string can name), or a string naming it (`getattr(module, "MASK")`).
-    Once per file and name."""
+    machinery (whose attributes a computed string can name), a string naming it (`getattr(module, "MASK")`), or a
+    star import (`from consts import *`, whose names replace the file's). Once per file and name."""
     return parsed.derived(("reached-by-name", name), lambda p: _reached_by_name(p, name))
 
 
 def _reached_by_name(parsed: ParsedModule, name: str) -> bool:
+    if any(isinstance(node.names, cst.ImportStar) for node in parsed.nodes_of(cst.ImportFrom)):
+        return True
     for node in parsed.nodes_of(cst.Call, cst.Attribute, cst.Name, cst.SimpleString):
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ESCAPE_HATCHES:
             return True

@@ -277,9 +277,9 @@ class ValueProver:
             literal = True
         if not literal:
             return None if not setters else False
-        if self._globals_open(name):
-            return self._guess(f"the module-level `{name}` is a number here, but the file may rebind its globals by "
-                               f"name (`globals()`, a star import)")
+        if reached_by_name(self.parsed, name):
+            return self._guess(f"the module-level `{name}` is a number here, but the file may rebind it by name "
+                               f"(`globals()`, `vars()`, `exec`, a star import)")
         if setters:
             return self._guess(f"the module-level `{name}` is a number here, but `{setters[0]}` rebinds it "
                                f"(`global {name}`) to a value whose type is not visible")
@@ -568,7 +568,8 @@ class ValueProver:
     def _global_number(self, name: str, depth: int) -> float | None:
         """The number every module-level binding of `name` gives it, where no function rebinds it (`global`) and no
         file of the scan assigns it as an attribute."""
-        if name in self.parsed.imports or self._rebound_as_attribute(name) is not None or self._globals_open(name):
+        if name in self.parsed.imports or self._rebound_as_attribute(name) is not None or \
+                reached_by_name(self.parsed, name):
             return None
         if self._declared_global(name):
             return None  # `global NEG_INF` in a function or a class body rebinds it
@@ -581,14 +582,6 @@ class ValueProver:
 
     def _declared_global(self, name: str) -> bool:
         return any(item.name.value == name for node in self.parsed.nodes_of(cst.Global) for item in node.names)
-
-    def _globals_open(self, name: str) -> bool:
-        """Whether the file may rebind the global `name` otherwise than by an assignment of it: by name
-        (`globals()["NEG_INF"] = 0.0`, module-level `vars()[...]`, `exec("NEG_INF = -1.0")`, a string naming it:
-        module_values.reached_by_name, as for module-level tensors) or by a star import (`from consts import *`,
-        whose names replace the file's)."""
-        return reached_by_name(self.parsed, name) or \
-            any(isinstance(node.names, cst.ImportStar) for node in self.parsed.nodes_of(cst.ImportFrom))
 
     def literal_number(self, node: cst.BaseExpression | None, depth: int = 0) -> float | None:
         """The number a literal, a local name assigned only that literal, or a `self.` attribute assigned only

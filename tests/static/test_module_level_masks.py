@@ -80,9 +80,11 @@ BASE = render(Program(definition="zeros", use="fn_global"))
     "\nVIEW = torch.einsum('abij->abji', MASK)\nVIEW[..., 0] = -1e9\n",
     "\nimport torch.nn.functional as F\nF.dropout(MASK, 0.5, False).sub_(1e9)\n",
     "\nimport torch.nn.functional as F\nF.dropout(MASK, 0.5, True, True)\n",
+    # a star import may bind the name anew (module-level numbers were read so; tensors were not)
+    "\nfrom consts import *\n",
 ], ids=["write-through-function", "class-alias", "sys-modules", "globals", "library", "view-write", "out", "loop",
         "namespace-dict", "getattr-string", "setattr-dunder", "import-module", "einsum-view", "dropout-identity",
-        "dropout-inplace-positional"])
+        "dropout-inplace-positional", "star-import"])
 def test_any_other_way_the_file_may_change_the_global_leaves_the_facts_assumed(extra):
     source = BASE.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
     assert all(f.fix_safety != "safe" for f in analyze(source, as_file=True).findings)
