@@ -23,7 +23,7 @@ from typing import Callable
 import libcst as cst
 
 from advisor.patterns.facts import FactSheet
-from advisor.patterns.ops import OpReader, int_value
+from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, OpReader, int_value
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: fill -inf, finite fill, added
@@ -131,9 +131,14 @@ class RankBounds:
                 return _exact(len(args)) if len(args) > 1 or int_value(args[0].value) is not None else UNKNOWN
             if method in RANK_KEEPING:
                 return below(receiver)
+            if method in SHAPE_ONLY_ARGUMENT and len(args) == 1 and not args[0].star:
+                return below(args[0].value)
         op = self.reader.read(node)
         if op is not None and op.name == "where":
             return broadcast_bounds([below(operand) for operand in op.operands])
+        if op is not None and op.name in ("matmul", "bmm"):  # of operands of 2 dims or more: their broadcast rank
+            found = [below(operand) for operand in op.operands]
+            return broadcast_bounds(found) if all(low >= 2 for low, _ in found) else UNKNOWN
         returned = self.returned(node)
         return below(returned) if returned is not None else UNKNOWN
 

@@ -18,6 +18,9 @@ from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children
 
+# methods that read only the shape of their argument: `x.expand_as(s)` is a view of x, never of s, and has its rank
+SHAPE_ONLY_ARGUMENT = frozenset({"reshape_as", "view_as", "expand_as"})
+
 CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type", "type_as"}
 IDENTITY_METHODS = {"contiguous", "clone"}
 

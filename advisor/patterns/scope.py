@@ -19,6 +19,7 @@ import networkx as nx
 
 from advisor.contracts.finding import display_path
 from advisor.patterns.module_values import read_leaves_alone
+from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
@@ -364,6 +365,17 @@ def rebound_by_nested_function(function: cst.FunctionDef, names: set[str]) -> st
 METADATA_READS = frozenset({"dtype", "device", "shape", "ndim", "layout", "size", "dim", "is_cuda"})
 
 
+def shape_argument(parsed: ParsedModule, name: cst.Name) -> cst.Call | None:
+    """The call `x.expand_as(name)` (or `reshape_as`, `view_as`) when `name` is its one argument."""
+    argument = parsed.parents.get(name)
+    call = parsed.parents.get(argument)
+    if isinstance(argument, cst.Arg) and argument.value is name and argument.keyword is None and \
+            not argument.star and isinstance(call, cst.Call) and len(call.args) == 1 and \
+            isinstance(call.func, cst.Attribute) and call.func.attr.value in SHAPE_ONLY_ARGUMENT:
+        return call
+    return None
+
+
 def _storage_sources(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode]) -> set[int]:
     """The definitions whose tensors `leaves` may share storage with: followed back through each definition's
     reads, but not through reads of metadata alone (T5's bias built with `device=scores.device` is not the
@@ -373,7 +385,8 @@ def _storage_sources(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.
     while pending:
         name = pending.pop()
         parent = parsed.parents.get(name)
-        if isinstance(parent, cst.Attribute) and parent.value is name and parent.attr.value in METADATA_READS:
+        if isinstance(parent, cst.Attribute) and parent.value is name and parent.attr.value in METADATA_READS or \
+                shape_argument(parsed, name):
             continue
         for def_id in flow.reaching.get(name, ()):
             definition = flow.definitions.get(def_id)

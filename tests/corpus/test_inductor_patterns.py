@@ -18,11 +18,12 @@ SOURCE_PATH = Path(fuse_attention.__file__)
 SCALARS = {"inv_scale": 2.5, "inv_scale_factor": 2.5, "scale_factor": 0.4, "dropout_p": 0.0}
 
 
-def _arguments(parameters, batch: tuple[int, ...]) -> list:
+def _arguments(parameters, batch: tuple[int, ...], padding_mask: bool = False) -> list:
     """All trailing dims equal, so every permutation a pattern applies keeps the shapes compatible;
-    `batch` is (2, 6) for 4-D patterns and (12,) for the bmm ones."""
-    tensors = {"query": batch + (6, 6), "key": batch + (6, 6), "value": batch + (6, 6),
-               "attn_mask": batch[:1] + (1,) * (len(batch) - 1) + (6, 6)}
+    `batch` is (2, 6) for 4-D patterns and (12,) for the bmm ones; `padding_mask`: (batch, keys), which
+    DistilBert's pattern views as (bs, 1, 1, k_len)."""
+    mask = batch[:1] + (6,) if padding_mask else batch[:1] + (1,) * (len(batch) - 1) + (6, 6)
+    tensors = {"query": batch + (6, 6), "key": batch + (6, 6), "value": batch + (6, 6), "attn_mask": mask}
     tensors["attention_mask"] = tensors["attn_mask"]
     out = []
     for name in parameters:
@@ -62,8 +63,8 @@ def test_each_rewritten_pattern_matches_the_original(rewritten):
         code = getattr(original, name).__code__
         parameters = code.co_varnames[:code.co_argcount]
         torch.manual_seed(0)
-        batch = (12,) if "bmm" in inspect.getsource(getattr(original, name)) else (2, 6)
-        arguments = _arguments(parameters, batch)
+        text = inspect.getsource(getattr(original, name))
+        arguments = _arguments(parameters, (12,) if "bmm" in text else (2, 6), "(bs, 1, 1, k_len)" in text)
         expected = getattr(original, name)(*arguments)
         actual = getattr(candidate, name)(*arguments)
         expected, actual = (x[0] if isinstance(x, tuple) else x for x in (expected, actual))

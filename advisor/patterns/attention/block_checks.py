@@ -12,13 +12,13 @@ import networkx as nx
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
-from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined
+from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined, product_read
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
 from advisor.patterns.mask_helpers import package_function
-from advisor.patterns.ops import bound_parameters, int_value
+from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, bound_parameters, int_value
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 from advisor.static.outside_writes import ANY_ON_CLASS
@@ -58,6 +58,9 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
     parent = c.parsed.parents.get(read)
     if isinstance(parent, cst.Arg) and _metadata_argument(c, read, parent):
         return read, atomic(c.match.query)
+    call = scope.shape_argument(c.parsed, read)
+    if call is not None:
+        return _shape_of_product(c, read, call)
     if not (isinstance(parent, cst.Attribute) and parent.value is read):
         return None
     query, key = atomic(c.match.query), atomic(c.match.key)
@@ -103,13 +106,39 @@ def _metadata_argument(c: Candidate, read: cst.Name, argument: cst.Arg) -> bool:
     return len(names) == 1 and reads_only_metadata(found[1], names[0], METADATA_ATTRIBUTES)
 
 
+SHAPE_TAKING = {name: name.removesuffix("_as") for name in SHAPE_ONLY_ARGUMENT}  # `expand_as` -> `expand`
+# views that read no data: the shape of `k.transpose(1, 2)` costs what the shape of `k` does
+SHAPE_FREE_VIEWS = frozenset({"transpose", "permute", "view", "unsqueeze", "expand", "squeeze"})
+
+
+def _shape_of_product(c: Candidate, read: cst.Name, call: cst.Call):
+    """`bias.reshape_as(s)`, `mask.expand_as(s)`, `x.view_as(s)` (SAM's decomposed relative positions, XLM's mask)
+    where `s` is the Q·K^T product itself: `other.size()` is all those methods read, and a matmul's is Q's and K's
+    batch dims broadcast, then (L, S). Read from the SDPA call's Q and K where their shapes cost no compute."""
+    op = product_read(c, read)
+    torch_name = c.parsed.module_aliases.get("torch")
+    query, key = c.match.query, c.match.key
+    if op is None or op.name not in ("matmul", "bmm") or torch_name is None or \
+            not (_shape_free(query) and _shape_free(key)) or scope.is_scripted(c.parsed, c.home, c.owner):
+        return None  # TorchScript compiles no torch.broadcast_shapes
+    shape = parse_template_expression(
+        "{torch}.broadcast_shapes({query}.shape[:-2], {key}.shape[:-2]) + ({query}.shape[-2], {key}.shape[-2])",
+        torch=cst.Name(torch_name), query=atomic(query), key=atomic(key))
+    return call, call.with_changes(func=call.func.with_changes(attr=cst.Name(SHAPE_TAKING[call.func.attr.value])),
+                                   args=[cst.Arg(shape)])
+
+
+def _shape_free(node: cst.BaseExpression) -> bool:
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in SHAPE_FREE_VIEWS:
+        node = node.func.value
+    return isinstance(node, (cst.Name, cst.Attribute))
+
+
 def _reads_bmm_product(c: Candidate, read: cst.Name) -> bool:
     """`read` sees only the score product itself, a `bmm` of the block's Q and K (3-D, one batch size)."""
-    definitions = c.flow.definitions_of(read)
-    if len(definitions) != 1 or c.flow.sees_undefined(read) or definitions[0].kind != "assign":
-        return False
-    op = c.reader.read(definitions[0].value)
-    return op is not None and op.name == "bmm" and definitions[0] in c.chain.definitions
+    op = product_read(c, read)
+    return op is not None and op.name == "bmm"
 
 
 def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:

@@ -179,6 +179,16 @@ def definition_of_value(c: Candidate, node: cst.CSTNode) -> Definition | None:
     return None
 
 
+def product_read(c: Candidate, read: cst.Name) -> Op | None:
+    """The op of the score product `read` sees, where it sees only that step of the block's scores (the Q·K^T
+    product, whose shape is Q's and K's)."""
+    definitions = c.flow.definitions_of(read)
+    if len(definitions) != 1 or c.flow.sees_undefined(read) or definitions[0].kind != "assign" or \
+            definitions[0] not in c.chain.definitions:
+        return None
+    return c.reader.read(definitions[0].value)
+
+
 def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None, Op | None]]:
     """Where a value goes: (the expression that consumes it, that expression's Op if it is one)."""
     parent = c.parsed.parents.get(node)

@@ -192,7 +192,7 @@ def scale_and_masks(c: Candidate) -> None:
     scale_and_mask_roles(c)
 
 
-@step(reads=("absorbed chain.definitions chain.reads chain.views flow match.escapes match.key match.query "
+@step(reads=("absorbed chain.definitions chain.reads chain.views flow home match.escapes match.key match.query "
              "weights"),
       writes="consumed match.renamed")
 def block_reads(c: Candidate) -> None:
@@ -212,7 +212,7 @@ def mask(c: Candidate) -> None:
     assemble_mask(c)
 
 
-@step(reads=("dtype_changes factors flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks "
+@step(reads=("chain.definitions dtype_changes factors flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks "
              "match.row_fixup ndim product_casts values weights"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:

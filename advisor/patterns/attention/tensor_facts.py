@@ -16,7 +16,7 @@ from advisor.patterns.attention.attn_mask import plain_query
 from advisor.patterns import call_site_facts as sf
 from advisor.patterns.attention.causal import under_row_reads
 from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of, \
-    parameter_claims
+    parameter_claims, product_read
 from advisor.patterns.attention.helpers import argument_of, helper_at, helper_return, returned_by
 from advisor.patterns.attention.learned_bias import integer_index, values_of
 from advisor.patterns.attention.products import has_cast, rank, spec
@@ -24,7 +24,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
-from advisor.patterns.ops import int_value
+from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, int_value
 from advisor.patterns.module_values import module_value
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
@@ -278,6 +278,10 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     sources = [term for term in match.masks if term.source is not None and term.reshape is None]
     if not sources or match.is_causal:
         return
+    if all(_shaped_as_scores(c, term.source) for term in sources):
+        match.facts.proved("mask-rank", "the mask has 2 to the scores' number of dims", "it is the scores' shape "
+                           "(`expand_as`, `view_as` or `reshape_as` of the Q·K^T product)")
+        return
     ranks = rank_bounds(c)
     bounds = [term_rank(ranks, term) for term in sources]
     # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
@@ -310,6 +314,22 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     else:
         match.facts.assumed("mask-rank", statement, f"`{short(c.parsed, many[0].source)}` may have more dims than "
                             f"the scores (eager broadcasting then gives a higher-rank output; SDPA raises)", claims)
+
+
+def _shaped_as_scores(c: Candidate, node: cst.BaseExpression) -> bool:
+    """XLM's `mask = (mask == 0).view(shape).expand_as(scores)` of the matmul product: the scores' rank exactly."""
+    for _ in range(4):
+        values = reaching_values(c, node) if isinstance(node, cst.Name) else [node]
+        if not values or len(values) != 1:
+            return False
+        if values[0] is node:
+            break
+        node = values[0]
+    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and len(node.args) == 1 and
+            node.func.attr.value in SHAPE_ONLY_ARGUMENT and isinstance(node.args[0].value, cst.Name)):
+        return False
+    op = product_read(c, node.args[0].value)
+    return op is not None and op.name in ("matmul", "bmm")
 
 
 def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
