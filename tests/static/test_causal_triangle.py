@@ -37,6 +37,14 @@ def _read(expression: str) -> str | None:
     ("torch.tril(torch.ones(n, n)).cumsum(0)", None),  # changes the values
     ("torch.tril(torch.ones(n, n))[1:, :]", None),  # drops a row
     ("mask.tril()", None),  # not built here
+    ("torch.tril(torch.ones(n, n)).reshape(-1, n, n).expand(b, h, -1, -1)", "lower"),
+    ("torch.tril(torch.ones(8, 8)).view(1, 1, 4, 16)", None),  # the same values, another mask
+    ("torch.tril(torch.ones(n, n)).view(n, 1, n)", None),
+    ("torch.tril(torch.ones(n, n))[:, None]", None),  # (n, 1, n): rows are no longer the second-to-last dim
+    ("torch.tril(torch.ones(n, n))[None, :, None]", None),
+    ("torch.tril(torch.ones(n, n)).unsqueeze(-1)", None),
+    ("torch.tril(torch.ones(n, n)).unsqueeze(1)", None),
+    ("torch.tril(torch.ones(n, n)).expand(b, m, m)", None),  # only a 1 x 1 triangle expands to m x m: all ones
 ])
 def test_triangle_of_ones(expression, expected):
     """'lower' keeps keys up to the query's position, 'upper' masks the keys after it; None is no triangle."""
@@ -172,3 +180,37 @@ def test_a_buffer_registered_from_a_local_is_read_where_the_local_is_built(build
         for got, want in zip(results[1][1], results[0][1]):
             torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
     assert "scaled_dot_product_attention" in fixed
+
+
+def test_a_triangle_viewed_as_another_shape_is_not_causal():
+    """An 8 x 8 triangle viewed as (1, 1, 4, 16) lets row i see keys 0..2i: never `is_causal`."""
+    from attention_sources import attention_finding_and_fix
+    from fixture_models import load_module_from_source
+    import torch
+
+    source = '''import math
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.register_buffer("mask", torch.tril(torch.ones(8, 8)).view(1, 1, 4, 16))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(4)
+        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
+        return (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+'''
+    finding, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
+    assert "is_causal=True" not in fixed
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "viewed_triangle").Attn().double()
+    patched = load_module_from_source(fixed, "viewed_triangle_fixed").Attn().double()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    torch.testing.assert_close(patched(x), original(x), atol=1e-10, rtol=1e-10)

@@ -73,9 +73,7 @@ def keeps_first_key_bottom_right(c: Candidate, masked: cst.BaseExpression, keep_
         if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
             return False
         via, base = [definitions[0].value], mask_base(c, definitions[0].value)
-    while isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and \
-            base.func.attr.value in TRIANGLE_KEEPING:
-        base = base.func.value
+    base, outer = _under_views(base)
     if not (isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and base.func.attr.value == "triu"
             and c.parsed.imported_name(base.func) is None):
         return False
@@ -83,10 +81,9 @@ def keeps_first_key_bottom_right(c: Candidate, masked: cst.BaseExpression, keep_
                                             or a.keyword.value == "diagonal"), None)
     if not (isinstance(ones, cst.Call) and c.parsed.imported_name(ones.func) == "torch.ones") or diagonal is None:
         return False
-    sizes = [a.value for a in ones.args if a.keyword is None]
-    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
-        sizes = [element.value for element in sizes[0].elements]
-    if len(sizes) != 2 or not all(isinstance(size, cst.Name) for size in sizes):
+    sizes = _sizes([a.value for a in ones.args if a.keyword is None])
+    if len(sizes) != 2 or not all(isinstance(size, cst.Name) for size in sizes) or \
+            not _keeps_last_two(c.parsed, outer, [size.value for size in sizes]):
         return False
     rows, columns = sizes
     if [_scores_size(c, rows), _scores_size(c, columns)] != ["query", "key"] or rows.value == columns.value:
@@ -360,16 +357,7 @@ def triangle(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
     views, casts and None-indexing (they keep the 0/1 values where they are); None for anything else, including
     non-squares and other diagonals. The matcher's causal proof and the flash backend's bottom-right check both
     read a mask's triangle here."""
-    while True:
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-                node.func.attr.value in TRIANGLE_KEEPING:
-            node = node.func.value
-        elif isinstance(node, cst.Subscript) and all(
-                isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
-                or _is_full_slice(e) for e in node.slice):
-            node = node.value
-        else:
-            break
+    node, outer = _under_views(node)
     if not isinstance(node, cst.Call):
         return None
     dotted = parsed.imported_name(node.func)
@@ -384,9 +372,77 @@ def triangle(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
         return None
     if not (isinstance(inner, cst.Call) and parsed.imported_name(inner.func) == "torch.ones"):
         return None
-    if not _is_square(parsed, [a for a in inner.args if a.keyword is None]):
+    sizes = [a for a in inner.args if a.keyword is None]
+    if not _is_square(parsed, sizes) or \
+            not _keeps_last_two(parsed, outer, [parsed.code(size).replace(" ", "") for size in _sizes(
+                [a.value for a in sizes])] if sizes else []):
         return None
     return "lower" if kind == "tril" else "upper"
+
+
+def _under_views(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.CSTNode]]:
+    """The tensor under views, broadcasts, casts and None-indexing (`m.view(1, 1, n, n).bool()`, `m[None, None]`),
+    and those steps, innermost first (`_keeps_last_two` checks what each does to the last two dims)."""
+    steps = []
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value in TRIANGLE_KEEPING:
+            steps.append(node)
+            node = node.func.value
+        elif isinstance(node, cst.Subscript) and all(
+                isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.Name) and e.slice.value.value == "None"
+                or _is_full_slice(e) for e in node.slice):
+            steps.append(node)
+            node = node.value
+        else:
+            return node, steps[::-1]
+
+
+def _sizes(sizes: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """A creator's or a view's sizes: given one by one, or as one tuple or list."""
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        return [element.value for element in sizes[0].elements]
+    return sizes
+
+
+def _keeps_last_two(parsed: ParsedModule, steps: list[cst.CSTNode], last_two: list[str]) -> bool:
+    """Whether the steps (innermost first) applied to a 2-D tensor of sizes `last_two` (as the source spells them)
+    leave those two its last dims, in place: a view adds leading 1s only (`view(1, 1, n, n)`; `view(1, 1, 4, 16)` of
+    an 8 x 8 triangle is another mask), `expand` keeps them (-1 or the same size), `unsqueeze` and None-indexing
+    insert dims before them only (`m[:, None]` of a square is (n, 1, n)), casts change no dim."""
+    ndim = 2
+    for step in steps:
+        if isinstance(step, cst.Subscript):
+            ndim = _indexed_ndim(step, ndim)
+        elif step.func.attr.value in ("view", "reshape", "expand"):
+            codes = [parsed.code(size).replace(" ", "") for size in _sizes([a.value for a in step.args])]
+            if any(a.keyword is not None or a.star for a in step.args) or len(codes) < max(ndim, 2):
+                return False
+            if step.func.attr.value == "expand":
+                ok = all(code in ("-1", size) for code, size in zip(codes[-2:], last_two))
+            else:
+                ok = codes[-2:] == last_two and all(code in ("1", "-1") for code in codes[:-2]) and \
+                    codes.count("-1") <= 1
+            ndim = len(codes) if ok else None
+        elif step.func.attr.value == "unsqueeze":
+            dims = [a.value for a in step.args if a.keyword is None or a.keyword.value == "dim"]
+            dim = int_value(dims[0]) if len(dims) == 1 else None
+            dim = None if dim is None else dim + ndim + 1 if dim < 0 else dim
+            ndim = ndim + 1 if dim is not None and 0 <= dim <= ndim - 2 else None
+        if ndim is None:
+            return False
+    return True
+
+
+def _indexed_ndim(index: cst.Subscript, ndim: int) -> int | None:
+    """The dims after full slices and Nones, where every None comes before the slice of the second-to-last dim."""
+    sliced = 0
+    for element in index.slice:
+        if _is_full_slice(element):
+            sliced += 1
+        elif sliced >= ndim - 1:
+            return None  # a None between the last two dims, or after them
+    return ndim + len(index.slice) - sliced if sliced <= ndim else None
 
 
 def _diagonal(options: list[cst.Arg] | tuple[cst.Arg, ...], default: int | None = None) -> float | None:
