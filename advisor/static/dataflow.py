@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import networkx as nx
 
+from advisor.static.tensor_views import storage_roots, view_aliases
 from advisor.static.walk import children, walk
 
 UNDEFINED = -1  # marks "on some path this name is not bound here"
@@ -194,6 +195,7 @@ class _FlowBuilder:
         self._in_else: set[cst.If] = set()
         self._jumps: list[dict[type, Env]] = []  # per enclosing loop: bindings at its `continue`s and `break`s
         self._at: tuple = (function, ())  # the statement being walked, and its `if` guards
+        self._aliases = view_aliases(function)  # a write through one name writes the tensors it may view
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -380,6 +382,7 @@ class _FlowBuilder:
                 definition = self._define(small.target.value, "aug", small, env, if_guards,
                                           value=small.value, previous=previous)
                 self._link(definition, self._loads(small.value) + [small.target])
+                self._written_through([small.target.value], small, env, if_guards)
         elif isinstance(small, cst.Expr):
             self._read(small.value, env)
             receiver = _inplace_receiver(small.value)
@@ -388,6 +391,9 @@ class _FlowBuilder:
                 definition = self._define(receiver.value, "inplace", small, env, if_guards,
                                           value=small.value, previous=previous)
                 self._link(definition, self._loads(small.value))
+                self._written_through([receiver.value], small, env, if_guards)
+            elif isinstance(small.value, cst.Call) and is_inplace_method(small.value.func):  # `m[:, :p].fill_(1)`
+                self._store(small.value.func.value, small, env, if_guards)
         elif isinstance(small, (cst.Continue, cst.Break)) and self._jumps:
             jumps = self._jumps[-1]
             jumps[type(small)] = _merge(jumps[type(small)], env) if type(small) in jumps else dict(env)
@@ -406,13 +412,20 @@ class _FlowBuilder:
             self._store(written, small, env, if_guards)
 
     def _store(self, target, statement, env: Env, guards) -> None:
-        """`x[i] = v`, `x[i] += v`, `out=x`: the tensor x is written in place, which is a new value of x (for
-        a name; writes through attributes are checked where they matter, see patterns.scope)."""
-        while isinstance(target, cst.Subscript):
-            target = target.value
-        if isinstance(target, cst.Name) and target.value in env:
-            previous = env.get(target.value, frozenset())
-            self._define(target.value, "store", statement, env, guards, previous=previous)
+        """`x[i] = v`, `x[i] += v`, `out=x`, `x.narrow(0, 0, 2).fill_(1)`: the tensor x is written in place, which
+        is a new value of x (for a name; writes through attributes are checked where they matter, see
+        patterns.scope), and of every name x may view or be viewed by."""
+        names = [root.value for root in storage_roots(target)]
+        for name in names:
+            if name in env:
+                self._define(name, "store", statement, env, guards, previous=env.get(name, frozenset()))
+        self._written_through(names, statement, env, guards)
+
+    def _written_through(self, names: list[str], statement, env: Env, guards) -> None:
+        """The names whose storage a write of `names` may change besides them (`m2 = mask[:, :p]; m2 += 1`)."""
+        for name in sorted({alias for written in names for alias in self._aliases.get(written, ())} - set(names)):
+            if name in env:
+                self._define(name, "store", statement, env, guards, previous=env.get(name, frozenset()))
 
     def _read_target_parts(self, target, env: Env) -> None:
         """`self.x[i] = v` and `obj.attr = v` read names on the left-hand side too; `x[i] = v` also writes x."""

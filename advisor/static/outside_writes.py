@@ -464,12 +464,20 @@ class _Writes:
             root = root.value
         if isinstance(root, ast.Name) and root.id in self.imports:  # `from m import MASK; MASK[0] = v`
             self.write(self.imports[root.id].rsplit(".", 1)[-1], into)
-        while isinstance(root, (ast.Subscript, ast.Attribute, ast.Call)):  # `b = m.bias; b.view(-1)[0] = 1`
-            root = root.func.value if isinstance(root, ast.Call) and isinstance(root.func, ast.Attribute) else \
-                root.value if not isinstance(root, ast.Call) else None
-        if isinstance(root, ast.Name) and root.id in self.aliases and not (rebinding and root is node):
-            for name in self.aliases[root.id]:
-                self.write(name, elements_only=True)
+        for root in self._viewed_roots(root):  # `b = m.bias; b.view(-1)[0] = 1`, `torch.narrow(b, 0, 0, 1).fill_(1)`
+            if root.id in self.aliases and not (rebinding and root is node):
+                for name in self.aliases[root.id]:
+                    self.write(name, elements_only=True)
+
+    def _viewed_roots(self, node: ast.AST) -> list[ast.Name]:
+        """The names whose tensors a write through `node` may write: down indexing, attributes and methods, and into
+        the arguments of a function, whose result may view them."""
+        while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
+            if isinstance(node, ast.Call) and (not isinstance(node.func, ast.Attribute) or
+                                               self.resolve.dotted(node.func) is not None):
+                return [root for argument in node.args for root in self._viewed_roots(argument)]
+            node = node.func.value if isinstance(node, ast.Call) else node.value
+        return [node] if isinstance(node, ast.Name) else []
 
     def chain(self, node: ast.AST, into: bool = False) -> None:
         """The attributes a write through `node` changes: each one it goes through (`x.a.b = v` changes what `x.a`
@@ -488,7 +496,9 @@ class _Writes:
                 walked = receiver
                 continue
             if isinstance(walked, ast.Call):
-                if not isinstance(walked.func, ast.Attribute):
+                if not isinstance(walked.func, ast.Attribute) or self.resolve.dotted(walked.func) is not None:
+                    for argument in walked.args:  # a function's result may view what it is given
+                        self.chain(argument, True)  # (`torch.narrow(m.bias, -1, 0, 2)`, `rearrange(m.bias, ...)`)
                     return
                 if walked.func.attr not in GETTERS:  # a method's result may be a view (`m.bias.diagonal(1)`):
                     walked, into = walked.func.value, True  # a write into it writes the elements it views

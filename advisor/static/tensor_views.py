@@ -1,0 +1,101 @@
+"""Which local names an expression's tensor may share storage with: a write through `mask[:, :p].fill_(1)`,
+`torch.narrow(mask, 1, 0, p).fill_(1)`, or an alias `m2 = mask[:, :p]; m2 += 1` changes `mask`'s values as surely as
+`mask[0] = 1` does, and a proof that reads `mask` from its one assignment must see it.
+
+torch's view ops (the "Tensor Views" page of its docs) return views of their input; casts, `.contiguous()`,
+`reshape` and the in-place methods may return the input itself. A call of anything else of torch's is a fresh
+tensor (`q.matmul(k)`, `F.softmax(s)`). A call this module cannot place (a helper of the user's, a module
+`self.drop(x)`, einops) may return any tensor it is given, so its arguments count.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import networkx as nx
+
+VIEW_OPS = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "expand", "expand_as", "broadcast_to",
+    "transpose", "t", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "adjoint", "squeeze", "unsqueeze",
+    "narrow", "select", "diagonal", "unfold", "unbind", "split", "split_with_sizes", "chunk", "tensor_split",
+    "hsplit", "vsplit", "dsplit", "as_strided", "detach", "view_as_real", "view_as_complex", "atleast_1d",
+    "atleast_2d", "atleast_3d", "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16",
+    "bool", "byte", "char", "short", "int", "long", "cpu", "cuda", "rearrange",
+})
+VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
+# library namespaces whose other functions return fresh tensors
+LIBRARIES = frozenset({"torch", "F", "nn", "functional", "np", "numpy", "math", "einops", "th"})
+# builtins whose result holds no tensor of its arguments
+SCALAR_BUILTINS = frozenset({"len", "int", "float", "bool", "str", "repr", "isinstance", "hasattr", "range", "print",
+                             "id", "hash", "type", "abs", "round", "divmod", "format", "callable", "getattr"})
+
+
+def storage_roots(expression: cst.BaseExpression) -> list[cst.Name]:
+    """The names whose tensors the value of `expression` may be, or view."""
+    if isinstance(expression, cst.Name):
+        return [expression]
+    if isinstance(expression, cst.Subscript):
+        return storage_roots(expression.value)
+    if isinstance(expression, cst.Attribute):
+        return storage_roots(expression.value) if expression.attr.value in VIEW_ATTRIBUTES else []
+    if isinstance(expression, (cst.Tuple, cst.List)):
+        return [root for element in expression.elements for root in storage_roots(element.value)]
+    if isinstance(expression, cst.IfExp):
+        return storage_roots(expression.body) + storage_roots(expression.orelse)
+    if isinstance(expression, cst.NamedExpr):
+        return storage_roots(expression.value)
+    if not isinstance(expression, cst.Call):
+        return []
+    func, positional = expression.func, [arg.value for arg in expression.args if arg.keyword is None]
+    if isinstance(func, cst.Name):
+        if func.value in SCALAR_BUILTINS:
+            return []
+        viewed = positional[:1] if func.value in VIEW_OPS else positional
+        return [root for value in viewed for root in storage_roots(value)]
+    if not isinstance(func, cst.Attribute):
+        return [root for value in positional for root in storage_roots(value)]
+    name, receiver = func.attr.value, func.value
+    if _library(receiver):  # `torch.narrow(mask, ...)`: a view of its first argument; `torch.matmul` a new tensor
+        return [root for value in positional[:1] for root in storage_roots(value)] if name in VIEW_OPS else []
+    if isinstance(receiver, cst.Name) and receiver.value == "self":  # a module or method of the user's
+        return [root for value in positional for root in storage_roots(value)]
+    if name in VIEW_OPS or name.endswith("_") and not name.startswith("_"):  # in place: returns its receiver
+        return storage_roots(receiver)
+    return []
+
+
+def _library(node: cst.BaseExpression) -> bool:
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return isinstance(node, cst.Name) and node.value in LIBRARIES
+
+
+def view_aliases(function: cst.FunctionDef) -> dict[str, frozenset[str]]:
+    """Each local name -> the other names that may share its storage, through the function's assignments and loop
+    targets (`m2 = mask[:, :p]`, `a, b = x.chunk(2)`, `for row in mask:`), either way and transitively. Read once
+    for the whole function, whatever the order: a write through one of them is a write of them all."""
+    shared = nx.Graph()
+
+    class Bindings(cst.CSTVisitor):
+        def visit_Assign(self, node: cst.Assign) -> None:
+            roots = storage_roots(node.value)
+            for target in node.targets:
+                _join(target.target, roots)
+
+        def visit_For(self, node: cst.For) -> None:
+            _join(node.target, storage_roots(node.iter))
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return node is function  # a nested function's own locals are its own
+
+    def _join(target: cst.BaseExpression, roots: list[cst.Name]) -> None:
+        if isinstance(target, cst.Name):
+            shared.add_edges_from((target.value, root.value) for root in roots if root.value != target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                _join(element.value, roots)
+        elif isinstance(target, cst.StarredElement):
+            _join(target.value, roots)
+
+    function.visit(Bindings())
+    return {name: frozenset(component - {name}) for component in nx.connected_components(shared)
+            for name in component}

@@ -1,0 +1,76 @@
+"""A causal mask changed through a view is no longer causal: `torch.narrow(m.mask, -1, 0, 2).fill_(1)` (a
+prefix-LM's first keys made visible to every query), einops' `rearrange(m.mask, ...)`, `mask[:, :p].fill_(1)`,
+`m2 = mask[:, :p]; m2 += 1`, a loop over its rows. Each write goes through a value that may share the mask's storage,
+which the source shows as clearly as `mask[0] = 1` (breaker round 10, bugs 02-05: up to 5.4 in fp32). Each program
+runs original against patch, fp64, values and gradients; none may take `is_causal`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention_sources import attention_finding_and_fix
+from fixture_models import load_module_from_source
+
+MODEL = '''import math
+import einops
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.register_buffer("mask", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, x, prefix=2):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        {local}
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(4)
+        att = att.masked_fill({mask} == 0, float("-inf"))
+        return (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+
+
+def build():
+    m = Attn()
+    {outside}
+    return m
+'''
+
+BUFFER = "self.mask[:, :, :T, :T]"
+LOCAL = "mask = torch.tril(torch.ones(T, T))"
+
+
+@pytest.mark.parametrize("local, mask, outside", [
+    ("pass", BUFFER, "torch.narrow(m.mask, -1, 0, 2).fill_(1)"),
+    ("pass", BUFFER, "torch.split(m.mask, 2, dim=-1)[0].fill_(1)"),
+    ("pass", BUFFER, "torch.flatten(m.mask)[:16].fill_(1)"),
+    ("pass", BUFFER, 'einops.rearrange(m.mask, "a b c d -> (a b c d)")[:16].fill_(1)'),
+    ("pass", BUFFER, "b = m.mask\n    torch.narrow(b, -1, 0, 2).fill_(1)"),
+    (f"{LOCAL}\n        mask[:, :prefix].fill_(1)", "mask", "pass"),
+    (f"{LOCAL}\n        mask.narrow(1, 0, prefix).fill_(1)", "mask", "pass"),
+    (f"{LOCAL}\n        torch.narrow(mask, 1, 0, prefix).fill_(1)", "mask", "pass"),
+    (f"{LOCAL}\n        m2 = mask[:, :prefix]\n        m2 += 1", "mask", "pass"),
+    (f"{LOCAL}\n        first, rest = mask.split([prefix, T - prefix], dim=1)\n        first.fill_(1)", "mask", "pass"),
+    (f"{LOCAL}\n        for row in mask:\n            row[:prefix] = 1", "mask", "pass"),
+], ids=["narrow", "split", "flatten", "einops", "alias", "local-index", "local-method", "local-function",
+        "local-alias", "local-unpacked", "local-rows"])
+def test_a_mask_written_through_a_view_is_not_causal(local, mask, outside):
+    source = MODEL.format(local=local, mask=mask, outside=outside)
+    finding, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
+    assert "is_causal=True" not in fixed, finding.extra.get("facts")
+    torch.manual_seed(0)
+    original = load_module_from_source(source, "viewed_write").build().double()
+    patched = load_module_from_source(fixed, "viewed_write_fixed").build().double()
+    patched.load_state_dict(original.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    results = []
+    for model in (original, patched):
+        inputs = x.clone().requires_grad_(True)
+        out = model(inputs)
+        (out * torch.cos(torch.arange(out.numel(), dtype=out.dtype).view(out.shape))).sum().backward()
+        results.append([out, inputs.grad] + [p.grad for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-10, equal_nan=True)
