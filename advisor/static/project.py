@@ -57,8 +57,11 @@ FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torchvision.mode
               "timm.models._features_fx", "timm.models.features_fx")
 MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx|quantize_fx")
 # tracers that run the code once on example inputs and record the ops it ran: every `if` is decided then, for good
-JIT_TRACERS = ("torch.jit.trace", "torch.jit.trace_module", "torch.onnx.export")
-MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b")  # then `_may_jit_trace` (comments say it often)
+# and their defining module (`torch.jit._trace.trace`); `torch.jit` or `torch.onnx` taken as a value counts too
+JIT_TRACERS = ("torch.jit.trace", "torch.jit.trace_module", "torch.jit._trace", "torch.onnx.export")
+TRACER_MODULES = ("torch.jit", "torch.onnx")  # `getattr(torch.jit, "tra" + "ce")` may be any of them
+# then `_may_jit_trace` (comments say them often)
+MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b|\bjit\b(?!\s*\.)")
 # torch.func's transforms (vmap, grad, jacrev, ...), which need every autograd.Function they run through to
 # support them (flash_attn's does not)
 FUNC_TRANSFORMS = ("torch.func", "functorch", "torch.vmap")
@@ -268,8 +271,8 @@ def func_transform_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
 
 
 def jit_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
-    """Where the file reads torch.jit.trace or ONNX export (JIT_TRACERS)."""
-    return _uses_under(parsed, JIT_TRACERS)
+    """Where the file reads torch.jit.trace or ONNX export (JIT_TRACERS), or takes their module as a value."""
+    return _uses_under(parsed, JIT_TRACERS) + [node for node in uses_of(parsed, frozenset(TRACER_MODULES))]
 
 
 def _uses_under(parsed: ParsedModule, names: tuple[str, ...]) -> list[cst.BaseExpression]:
@@ -366,7 +369,10 @@ def _may_jit_trace(text: str) -> bool:
         return False
     return any(type(node) is ast.Attribute and node.attr in ("trace", "trace_module", "export") or
                type(node) in (ast.Import, ast.ImportFrom) and any(
-                   name in ("torch.jit", "torch.onnx") for name in _import_names(node)) for node in nodes(tree))
+                   name in TRACER_MODULES for name in _import_names(node)) or
+               type(node) in (ast.Call, ast.Assign) and any(  # `getattr(torch.jit, name)`, `j = torch.jit`
+                   type(value) is ast.Attribute and value.attr in ("jit", "onnx")
+                   for value in (node.args if type(node) is ast.Call else [node.value])) for node in nodes(tree))
 
 
 def _import_names(node: ast.Import | ast.ImportFrom) -> list[str]:

@@ -491,8 +491,12 @@ def test_where_the_tree_traces_modules_with_fx_the_guard_first_asks_for_a_tensor
 
 @pytest.mark.parametrize("tracer", ["import torch\n\n\ndef export(m, x, mask):\n    return torch.jit.trace(m, (x, mask))\n",
                                     "from torch.onnx import export\n\n\ndef save(m, x, mask):\n"
-                                    "    export(m, (x, mask), 'm.onnx')\n"],
-                         ids=["torch.jit.trace", "ONNX export"])
+                                    "    export(m, (x, mask), 'm.onnx')\n",
+                                    "import torch\n\n\ndef export(m, x, mask):\n"
+                                    "    return torch.jit._trace.trace(m, (x, mask))\n",
+                                    "import torch\n\n\ndef export(m, x, mask, how='trace'):\n"
+                                    "    return getattr(torch.jit, how)(m, (x, mask))\n"],
+                         ids=["torch.jit.trace", "ONNX export", "its defining module", "a computed name"])
 def test_where_the_tree_traces_modules_with_jit_trace_the_original_is_recorded(tmp_path, tracer):
     """A ninth breaker's bug_01: torch.jit.trace decides the guard once, by its example inputs, and the recorded
     SDPA branch then raised on a 1-D mask the original's traced graph broadcasts. With a tracer in the tree the
