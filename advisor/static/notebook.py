@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import io
 import json
+import keyword
 import re
 import tokenize
 from bisect import bisect_right
@@ -24,6 +25,11 @@ CODE_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # one line of a cel
 CELL_MAGIC = re.compile(r"^\s*%%")
 BOUNDARY = "# advisor: notebook cell boundary"
 LINE_MAGIC_MASK, CELL_MAGIC_MASK = "pass  # (IPython magic)", "# (IPython cell magic)"
+# a line magic that names Python values (`%time print(s.shape)`, `!echo {s}`) runs code that may read them: it is
+# masked as a call of them all, so a rewrite that deletes `s` sees the read (`_advisor_ipython(time, print, s, shape)`)
+READ_MASK_CALL = "_advisor_ipython"
+MASKED_LINE = re.compile(rf"^(?:pass|{READ_MASK_CALL}\([\w, ]*\))  # \(IPython magic\)$|^# \(IPython cell magic\)$")
+IDENTIFIER = re.compile(r"[^\W\d]\w*")
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ class NotebookCode:
         for part, magics in zip(parts, self.magics):
             lines, pending = part.split("\n"), list(magics)
             for index, line in enumerate(lines):
-                if line.strip() in (LINE_MAGIC_MASK, CELL_MAGIC_MASK):
+                if MASKED_LINE.match(line.strip()):
                     if not pending:
                         raise ValueError("the fix changed a masked IPython line; not written")
                     lines[index] = pending.pop(0)
@@ -167,8 +173,15 @@ def _masked(cell_lines: list[str]) -> list[str]:
     for line in cell_lines:
         magic = MAGIC_LINE.match(line)
         starts = magic and _statement_ends(masked)
-        masked.append(f"{magic.group(1)}{LINE_MAGIC_MASK}" if starts else line)
+        masked.append(f"{magic.group(1)}{_line_mask(line)}" if starts else line)
     return masked
+
+
+def _line_mask(line: str) -> str:
+    """`pass`, or a call reading every name the line spells (keywords aside), on one line."""
+    names = [name for name in dict.fromkeys(IDENTIFIER.findall(line)) if not keyword.iskeyword(name) and
+             name.isascii()]
+    return f"{READ_MASK_CALL}({', '.join(names)})  # (IPython magic)" if names else LINE_MAGIC_MASK
 
 
 def _statement_ends(lines: list[str]) -> bool:

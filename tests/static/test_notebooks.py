@@ -153,7 +153,8 @@ def test_masking_keeps_every_line_and_maps_back():
     raw = json.dumps({"cells": [cell("code", "a = 1\n!ls\n"), cell("markdown", "m"),
                                 cell("code", "%%time\nb = (\n")]})
     code = notebook_code(raw)
-    assert code.text.splitlines() == ["a = 1", "pass  # (IPython magic)", "# advisor: notebook cell boundary",
+    assert code.text.splitlines() == ["a = 1", "_advisor_ipython(ls)  # (IPython magic)",
+                                      "# advisor: notebook cell boundary",
                                       "# (IPython cell magic)", "# (IPython cell magic)"]
     assert code.locate(1) == (1, 1) and code.locate(2) == (1, 2) and code.locate(5) == (3, 2)
     assert json.loads(code.with_code(code.text)) == json.loads(raw)  # nothing changed: the same cells
@@ -165,7 +166,7 @@ def test_a_fix_that_moves_a_boundary_or_a_masked_line_is_never_written_back():
     with pytest.raises(ValueError, match="boundary"):
         code.with_code(code.text.replace("# advisor: notebook cell boundary\n", ""))
     with pytest.raises(ValueError, match="masked IPython line"):
-        code.with_code(code.text.replace("pass  # (IPython magic)\n", ""))
+        code.with_code(code.text.replace("_advisor_ipython(ls)  # (IPython magic)\n", ""))
     changed = json.loads(code.with_code(code.text.replace("b = 2", "b = 3")))
     assert changed["cells"][1]["source"] == ["b = 3\n"] and changed["cells"][0]["source"] == ["a = 1\n", "!ls\n"]
 
@@ -176,7 +177,8 @@ def test_ipython_syntax_is_masked_only_where_a_statement_starts():
     source = ("files = !ls\nt, u = %timeit -o f()\nlen?\n??len\ny = (a\n     % b)\nz = x \\\n  != 2\n"
               "s = '''\n!not a shell line\n'''\nw = 'a\fb\u2028c'\n")
     code = notebook_code(json.dumps({"cells": [cell("code", source)]}))
-    masked = ["pass  # (IPython magic)"] * 4
+    masked = [f"_advisor_ipython({names})  # (IPython magic)" for names in ("files, ls", "t, u, timeit, o, f", "len",
+                                                                              "len")]
     assert code.text.split("\n")[:-1] == masked + source.split("\n")[4:-1]
     compile(code.text, "nb", "exec")
     changed = json.loads(code.with_code(code.text.replace("y = (a", "y = (c")))
@@ -189,3 +191,16 @@ def test_the_text_table_places_a_notebook_finding_in_its_cell(capsys, workdir, m
     [expected] = python_findings(capsys, NANOGPT)
     main(["scan", "nb.ipynb"])
     assert f"nb.ipynb:cell 2:{expected['line']}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("magic", ["%time print(s.shape)", "!echo {s.shape}", "%time s = s * 0"])
+def test_a_magic_line_that_names_an_intermediate_keeps_it(capsys, workdir, magic):
+    """IPython runs a magic's Python (`%time print(s.shape)`, `!echo {s.shape}`): masked as a call reading every
+    name it spells, so the scores it reads are used outside the block and no fix deletes them (a round-4 promise
+    breaker's notebook: the fix deleted `s` and the cell raised NameError)."""
+    source = f"import torch\ndef attend(q, k, v):\n    s = q @ k.transpose(-2, -1) / 8.0\n    {magic}\n" \
+             "    return s.softmax(dim=-1) @ v\n"
+    write_notebook(workdir / "nb.ipynb", [cell("code", source)])
+    main(["scan", "nb.ipynb", "--format", "json"])
+    [finding] = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["rule"] == "ADV103" and "`s` is also used" in finding["reason"], finding
