@@ -82,6 +82,10 @@ def _target(verb: str, target) -> str:
     return str(target)
 
 
+# the CLI's prompts: the API asks nothing (it would have applied every verified patch unasked)
+PROMPTS = {"interactive": " (the API asks nothing: read the result's patches, then pass apply=True)"}
+
+
 def _arguments(verb: str, positional: list[str], options: dict, **fixed):
     """The verb's argparse namespace as the CLI builds it (its defaults, then the configuration file), with the
     keyword options in place of flags."""
@@ -93,8 +97,8 @@ def _arguments(verb: str, positional: list[str], options: dict, **fixed):
     args = parser.parse_args([verb, "--", *positional] if positional else [verb])
     actions = _verb_actions(parser, verb)
     for name, value in {**options, **fixed}.items():
-        if name not in vars(args) and name not in fixed:
-            raise TypeError(f"{verb}() got an unexpected option {name!r}")
+        if name not in vars(args) and name not in fixed or name in PROMPTS:
+            raise TypeError(f"{verb}() got an unexpected option {name!r}" + PROMPTS.get(name, ""))
         value = _checked(verb, name, value, actions.get(name))
         if name in ("select", "ignore") and value is not None:
             value = parse_selectors(value if isinstance(value, str) else ",".join(value))

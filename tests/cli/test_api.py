@@ -75,6 +75,9 @@ def test_scan_options_and_configuration_are_the_clis(workdir):
     ("optimize", {"timing_budget": -5}, ValueError, "as --timing-budget takes none"),
     ("scan", {"profile": 123}, TypeError, "'profile' must be a str or path, not int"),  # was sent to the worker
     ("fix", {"config": ["a.toml"]}, TypeError, "'config' must be a str or path, not list"),
+    # a fourth promises round: the API asked nothing and applied every verified patch
+    ("optimize", {"interactive": True}, TypeError, "the API asks nothing"),
+    ("fix", {"interactive": True}, TypeError, "the API asks nothing"),
 ])
 def test_an_option_the_flag_would_refuse_is_refused_before_anything_runs(workdir, verb, options, error, says):
     shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
