@@ -24,7 +24,8 @@ from advisor.workload import Workload
 
 class EnoughCalls(BaseException):
     """Raised from the wrapper once the model's calls are recorded: a BaseException, so the user code's own
-    `except Exception` does not swallow it and nothing after that call runs."""
+    `except Exception` does not swallow it and nothing after that call runs. A bare `except:` may: then every later
+    outermost module call raises it again without running (`capture.stopped`, `capture.stop_reached_the_end`)."""
 
 
 @dataclass
@@ -67,6 +68,8 @@ class capture:  # noqa: N801 - used as `with advisor.capture():`, like torch.no_
     def __init__(self, limit: int | None = None):
         self.limit = limit
         self.captured = Captured()
+        self.stopped = False  # the limit was reached and EnoughCalls raised
+        self.stop_reached_the_end = False  # it left the block (no code of the block caught it)
         self._local = threading.local()
         self._original = None
 
@@ -89,9 +92,12 @@ class capture:  # noqa: N801 - used as `with advisor.capture():`, like torch.no_
 
     def __exit__(self, kind, value, traceback) -> bool:
         torch.nn.Module.__call__ = self._original
+        self.stop_reached_the_end = kind is EnoughCalls
         return kind is EnoughCalls  # the block stopped because it had run far enough
 
     def _record(self, module, args, kwargs) -> None:
+        if self.stopped:  # the block caught the stop and calls a module again: it runs no further model code
+            raise EnoughCalls
         captured = self.captured
         calls = captured.calls.get(id(module))
         if calls is None:
@@ -99,6 +105,7 @@ class capture:  # noqa: N801 - used as `with advisor.capture():`, like torch.no_
             calls = captured.calls[id(module)] = []
         calls.append(Call(_copy(args), _copy(kwargs)))
         if self.limit is not None and len(calls) >= self.limit and _owns_parameters(module):
+            self.stopped = True
             raise EnoughCalls
 
 

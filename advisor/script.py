@@ -86,17 +86,21 @@ def run_script(command: ScriptCommand, calls: int, loader=None) -> tuple[Workloa
     one line on how the script ended). `loader(path)` gives the overlay's patched copy of a file, if it has one."""
     path, package = located(command)
     recorder = capture(limit=calls)
-    ended = f"stopped at the model's call {calls}"
     try:
         with recorder:
             _execute(command, path, package, loader)
-        ended = ended if _stopped(recorder) else "ran to its end"
+        ended = "ran to its end"
     except SystemExit as exc:
         ended = f"exited with code {exc.code!r}"
     except EOFError as exc:
         ended = f"raised EOFError: {exc} (it reads stdin, which advisor closes: pass its input as arguments)"
     except Exception as exc:  # noqa: BLE001 - user code: its crash is one line
         ended = f"raised {type(exc).__name__}: {exc}"
+    if recorder.stop_reached_the_end:
+        ended = f"stopped at the model's call {calls}"
+    elif recorder.stopped:
+        ended = (f"caught advisor's stop at the model's call {calls} (a bare `except:`) and went on, each later "
+                 f"model call stopped again before it ran; then it {ended}")
     captured = recorder.captured
     if not captured.modules:
         raise AdvisorError(f"{command.shown}: no model captured: the script {ended} without calling an nn.Module")
@@ -107,11 +111,6 @@ def run_script(command: ScriptCommand, calls: int, loader=None) -> tuple[Workloa
     _check_picklable(command, model, recorded)
     return captured.workload(), recorded, (f"captured {type(model).__name__} and the inputs of "
                                            f"{len(recorded)} call(s); the script {ended}")
-
-
-def _stopped(recorder: capture) -> bool:
-    model_calls = [len(calls) for calls in recorder.captured.calls.values()]
-    return recorder.limit is not None and max(model_calls, default=0) >= recorder.limit
 
 
 def _execute(command: ScriptCommand, path: str, package: str | None, loader) -> None:

@@ -143,6 +143,24 @@ def test_capture_with_a_limit_stops_the_block_at_the_models_nth_call_past_the_us
     assert ran == [0] and len(captured.model()[1]) == 2
 
 
+def test_a_script_that_catches_the_stop_runs_no_further_model_call_and_is_told_so(tmp_path, monkeypatch):
+    """A fourth promises round: a bare `except:` caught the stop; the script called its model three more times,
+    six calls were kept, and the line still said it stopped at call 3. Every later call now stops again before it
+    runs, only the first N are kept, and the line says what happened."""
+    from advisor.script import parse_command, run_script
+
+    (tmp_path / "s.py").write_text(SCRIPT_PRELUDE + "model = nn.Linear(3, 3)\nran = 0\nfor step in range(6):\n"
+                                   "    try:\n        model(torch.ones(1, 3))\n        ran += 1\n"
+                                   "    except:\n        pass\nopen('after.txt', 'w').write(str(ran))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    _, recorded, ended = run_script(parse_command(["python", "s.py"]), 3)
+    assert len(recorded) == 3 and (tmp_path / "after.txt").read_text() == "2"  # calls 3 to 6 never ran
+    assert "caught advisor's stop at the model's call 3" in ended and "then it ran to its end" in ended, ended
+
+
 def test_capture_restores_module_call_after_the_block():
     original = nn.Module.__call__
     with pytest.raises(ValueError), advisor.capture():
