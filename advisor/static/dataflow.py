@@ -195,7 +195,7 @@ class _FlowBuilder:
         self._in_else: set[cst.If] = set()
         self._jumps: list[dict[type, Env]] = []  # per enclosing loop: bindings at its `continue`s and `break`s
         self._at: tuple = (function, ())  # the statement being walked, and its `if` guards
-        self._aliases = view_aliases(function)  # a write through one name writes the tensors it may view
+        self._aliases: dict[str, frozenset[str]] | None = None  # read at the first write: `_written_through`
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -423,6 +423,8 @@ class _FlowBuilder:
 
     def _written_through(self, names: list[str], statement, env: Env, guards) -> None:
         """The names whose storage a write of `names` may change besides them (`m2 = mask[:, :p]; m2 += 1`)."""
+        if self._aliases is None:
+            self._aliases = view_aliases(self.flow.function)  # a write through one name writes what it may view
         for name in sorted({alias for written in names for alias in self._aliases.get(written, ())} - set(names)):
             if name in env:
                 self._define(name, "store", statement, env, guards, previous=env.get(name, frozenset()))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import libcst as cst
 import networkx as nx
 
+from advisor.static.walk import walk
+
 VIEW_OPS = frozenset({
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "expand", "expand_as", "broadcast_to",
     "transpose", "t", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "adjoint", "squeeze", "unsqueeze",
@@ -73,29 +75,32 @@ def view_aliases(function: cst.FunctionDef) -> dict[str, frozenset[str]]:
     """Each local name -> the other names that may share its storage, through the function's assignments and loop
     targets (`m2 = mask[:, :p]`, `a, b = x.chunk(2)`, `for row in mask:`), either way and transitively. Read once
     for the whole function, whatever the order: a write through one of them is a write of them all."""
-    shared = nx.Graph()
+    bindings = _Bindings(function)
+    walk(function, bindings)
+    return {name: frozenset(component - {name}) for component in nx.connected_components(bindings.shared)
+            for name in component}
 
-    class Bindings(cst.CSTVisitor):
-        def visit_Assign(self, node: cst.Assign) -> None:
-            roots = storage_roots(node.value)
-            for target in node.targets:
-                _join(target.target, roots)
 
-        def visit_For(self, node: cst.For) -> None:
-            _join(node.target, storage_roots(node.iter))
+class _Bindings(cst.CSTVisitor):
+    def __init__(self, function: cst.FunctionDef) -> None:
+        self.function, self.shared = function, nx.Graph()
 
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is function  # a nested function's own locals are its own
+    def visit_Assign(self, node: cst.Assign) -> None:
+        roots = storage_roots(node.value)
+        for target in node.targets:
+            self._join(target.target, roots)
 
-    def _join(target: cst.BaseExpression, roots: list[cst.Name]) -> None:
+    def visit_For(self, node: cst.For) -> None:
+        self._join(node.target, storage_roots(node.iter))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.function  # a nested function's own locals are its own
+
+    def _join(self, target: cst.BaseExpression, roots: list[cst.Name]) -> None:
         if isinstance(target, cst.Name):
-            shared.add_edges_from((target.value, root.value) for root in roots if root.value != target.value)
+            self.shared.add_edges_from((target.value, root.value) for root in roots if root.value != target.value)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
-                _join(element.value, roots)
+                self._join(element.value, roots)
         elif isinstance(target, cst.StarredElement):
-            _join(target.value, roots)
-
-    function.visit(Bindings())
-    return {name: frozenset(component - {name}) for component in nx.connected_components(shared)
-            for name in component}
+            self._join(target.value, roots)
