@@ -421,20 +421,28 @@ def _union(options: list[Interval | None]) -> Interval | None:
     return min(low for low, _ in options), max(high for _, high in options)
 
 
+EXACT_MAGNITUDE = 256.0  # bfloat16 holds every integer up to here: beyond, a sum may round, or overflow in float16
+
+
 def _arithmetic(node: cst.BinaryOperation, left: Interval | None, right: Interval | None) -> Interval | None:
-    if left is None or right is None:
+    """Bounds on a sum, difference, product or quotient, computed exactly; only where every bound stays within
+    EXACT_MAGNITUDE, since the tensor may hold its values in float16 or bfloat16 (`full(-6e4, dtype=half) * 2` is
+    -inf there, and adding 1.2e5 back leaves -inf, not 0)."""
+    if left is None or right is None or max(map(abs, (*left, *right))) > EXACT_MAGNITUDE:
         return None
     if isinstance(node.operator, cst.Add):
-        return left[0] + right[0], left[1] + right[1]
-    if isinstance(node.operator, cst.Subtract):
-        return left[0] - right[1], left[1] - right[0]
-    if isinstance(node.operator, cst.Multiply):
+        found = left[0] + right[0], left[1] + right[1]
+    elif isinstance(node.operator, cst.Subtract):
+        found = left[0] - right[1], left[1] - right[0]
+    elif isinstance(node.operator, cst.Multiply):
         products = [a * b for a in left for b in right]
-        return min(products), max(products)
-    if isinstance(node.operator, cst.Divide) and right[0] == right[1] and right[0] != 0:
+        found = min(products), max(products)
+    elif isinstance(node.operator, cst.Divide) and right[0] == right[1] and right[0] != 0:
         products = [a / right[0] for a in left]
-        return min(products), max(products)
-    return None
+        found = min(products), max(products)
+    else:
+        return None
+    return found if max(map(abs, found)) <= EXACT_MAGNITUDE else None
 
 
 def describe(claim: Claim) -> str:

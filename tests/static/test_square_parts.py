@@ -70,6 +70,9 @@ MASKS_A_ROW = {
     "one plus tril, times a fill": ("(1.0 + torch.tril(torch.ones(5, 5))) * -1e9", ""),
     "half overflow then added back": ("torch.full((5, 5), -1e9).half().triu(1) + 1e9", ""),
     "not of an integer triangle": ("torch.where(~torch.ones(5, 5).triu(1).long() == 0, 0.0, -1e9)", ""),
+    # float16 arithmetic: -6e4 * 2 is -inf there, and adding 1.2e5 back leaves -inf everywhere (0 in float32)
+    "half doubled past its range": ("torch.full((5, 5), -6e4, dtype=torch.half) * 2 + 1.2e5", ""),
+    "half filled past its range": ("torch.zeros(5, 5).half().masked_fill(torch.ones(5, 5) > 0, -1e5) + 1e5", ""),
 }
 
 

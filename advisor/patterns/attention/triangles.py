@@ -32,6 +32,8 @@ DTYPES = {"float32": 3.4028234663852886e38, "float": 3.4028234663852886e38, "flo
           "double": math.inf, "float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355e38,
           "bool": 1.0, "uint8": None, "int8": None, "int16": None, "int32": None, "int64": None, "int": None,
           "long": None, "short": None}
+CANONICAL = {"float": "float32", "double": "float64", "half": "float16", "int": "int32", "long": "int64",
+             "short": "int16"}
 CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "bool": "bool",
                 "long": "int64", "int": "int32", "byte": "uint8", "short": "int16"}
 ARITHMETIC = {cst.Add: operator.add, cst.Subtract: operator.sub, cst.Multiply: operator.mul}
@@ -44,13 +46,14 @@ Resolve = Callable[[cst.Name], "list[cst.BaseExpression] | None"]
 @dataclass(frozen=True)
 class Parts:
     """The value below the diagonal, on it and above it of every square in the last two dims (NaN: not fixed by
-    the source, or NaN), the tensor's `ndim`, and the side of its squares as the source spells it."""
+    the source, or NaN), the tensor's `ndim`, the side of its squares as the source spells it, and its dtype."""
 
     below: float
     diagonal: float
     above: float
     ndim: int
     side: str
+    dtype: str = "float32"  # what holds the values: arithmetic and fills round to it (float16 overflows at 65504)
 
     @property
     def values(self) -> tuple[float, float, float]:
@@ -103,8 +106,9 @@ class _Reader:
             test = node.comparisons[0]
             compare, number = COMPARISONS[type(test.operator)], self._number(test.comparator)
             inner = below(node.left)
-            return inner.map(lambda v: float(compare(v, number))) if inner is not None and number is not None \
+            compared = inner.map(lambda v: float(compare(v, number))) if inner is not None and number is not None \
                 else None
+            return replace(compared, dtype="bool") if compared is not None else None
         if isinstance(node, cst.BinaryOperation) and type(node.operator) in ARITHMETIC:
             return self._arithmetic(ARITHMETIC[type(node.operator)], node.left, node.right, below)
         if isinstance(node, cst.Call) and not any(a.star for a in node.args):
@@ -121,7 +125,8 @@ class _Reader:
         return number if number is not None else fill if isinstance(fill, float) else None
 
     def _arithmetic(self, apply, left_node, right_node, below) -> Parts | None:
-        """Elementwise arithmetic in float32 (the default dtype: a product beyond its range is ±inf there)."""
+        """Elementwise arithmetic in float32, the result held in the dtype torch promotes to (a float16 sum beyond
+        65504 is ±inf there; an integer one that could wrap is not read)."""
         left, right = below(left_node), below(right_node)
         if left is None and right is None:
             return None
@@ -129,12 +134,16 @@ class _Reader:
             if (left.ndim, left.side) != (right.ndim, right.side):
                 return None
             values = [_rounded(apply, a, b) for a, b in zip(left.values, right.values)]
-            return replace(left, below=values[0], diagonal=values[1], above=values[2])
-        number = self._number(right_node if left is not None else left_node)
+            return _held(replace(left, below=values[0], diagonal=values[1], above=values[2]),
+                         _promoted(left.dtype, right.dtype))
+        number_node = right_node if left is not None else left_node
+        number = self._number(number_node)
         if number is None:
             return None
-        return left.map(lambda v: _rounded(apply, v, number)) if left is not None else \
-            right.map(lambda v: _rounded(apply, number, v))
+        tensor = left if left is not None else right
+        dtype = _with_number(tensor.dtype, _is_integer_literal(number_node))
+        return _held(left.map(lambda v: _rounded(apply, v, number)) if left is not None else
+                     right.map(lambda v: _rounded(apply, number, v)), dtype)
 
     def _call(self, node: cst.Call, below, depth: int) -> Parts | None:
         dotted = self.parsed.imported_name(node.func)
@@ -159,14 +168,16 @@ class _Reader:
         if method in ("fill_", "zero_"):
             value = self._number(args[0]) if method == "fill_" and len(args) == 1 and not keywords else \
                 0.0 if method == "zero_" and not args else None
-            return None if value is None else replace(inner, below=value, diagonal=value, above=value)
+            return None if value is None else _held(replace(inner, below=value, diagonal=value, above=value),
+                                                    inner.dtype)
         if method == "t" and not args:
             return _transposed(inner, 2)
         if method == "transpose" and len(args) == 2:
             dims = sorted(int_value(arg) for arg in args if int_value(arg) is not None)
             return _transposed(inner, None if dims == [-2, -1] else 2 if dims == [0, 1] else -1)
-        if method in ("masked_fill", "masked_fill_") and len(args) == 2:
-            return _where(below(args[0]), self._value(args[1], below), inner)
+        if method in ("masked_fill", "masked_fill_") and len(args) == 2:  # the fill is held in the tensor's dtype
+            filled = _where(below(args[0]), self._value(args[1], below), inner)
+            return _held(filled, inner.dtype) if filled is not None else None
         if method in CAST_METHODS and not args or method in ("to", "type") and len(args) == 1 and not keywords:
             return _cast(inner, CAST_METHODS.get(method) or (self.parsed.imported_name(args[0]) or "")
                          .removeprefix("torch."))
@@ -193,7 +204,9 @@ class _Reader:
         codes = self._size_codes(sizes)
         if len(codes) < 2 or codes[-1] != codes[-2] or any("*" in code for code in codes):
             return None
-        parts = Parts(value, value, value, len(codes), codes[-1])
+        fill = args[1] if dotted == "torch.full" and len(args) == 2 else keywords.get("fill_value")
+        inferred = "int64" if dotted == "torch.full" and _is_integer_literal(fill) else "float32"  # full(s, 1)
+        parts = Parts(value, value, value, len(codes), codes[-1], inferred)
         dtype = keywords.get("dtype")
         return parts if dtype is None else _cast(parts, (self.parsed.imported_name(dtype) or "").removeprefix("torch."))
 
@@ -273,7 +286,9 @@ def _where(condition: Parts | None, chosen: Parts | float | None, other: Parts |
     for index, test in enumerate(condition.values):
         options = [option if isinstance(option, float) else option.values[index] for option in (chosen, other)]
         picked.append(UNKNOWN if math.isnan(test) else options[0] if test else options[1])
-    return replace(condition, below=picked[0], diagonal=picked[1], above=picked[2])
+    tensors = [option.dtype for option in (chosen, other) if isinstance(option, Parts)]
+    dtype = _promoted(*tensors) if len(tensors) == 2 else tensors[0] if tensors else "float32"
+    return _held(replace(condition, below=picked[0], diagonal=picked[1], above=picked[2]), dtype)
 
 
 def _cast(inner: Parts | None, dtype: str) -> Parts | None:
@@ -281,12 +296,55 @@ def _cast(inner: Parts | None, dtype: str) -> Parts | None:
     integer dtype truncates finite values (an infinity has no value there); None for a dtype not named."""
     if inner is None or dtype not in DTYPES:
         return None
-    largest = DTYPES[dtype]
+    largest, dtype = DTYPES[dtype], CANONICAL.get(dtype, dtype)
     if dtype == "bool":
-        return inner.map(lambda v: float(v != 0))
-    if largest is None:
-        return inner.map(lambda v: float(int(v)) if math.isfinite(v) else None)
-    return inner.map(lambda v: v if abs(v) <= largest else math.copysign(math.inf, v))
+        cast = inner.map(lambda v: float(v != 0))
+    elif largest is None:
+        cast = inner.map(lambda v: float(int(v)) if math.isfinite(v) else None)
+    else:
+        cast = inner.map(lambda v: v if abs(v) <= largest else math.copysign(math.inf, v))
+    return replace(cast, dtype=dtype) if cast is not None else None
+
+
+def _held(parts: Parts | None, dtype: str) -> Parts | None:
+    """Values computed in float32 as a tensor of `dtype` holds them: a narrower float overflows to ±inf, an integer
+    that could have wrapped (beyond 2**31) is not read, nor a non-finite one (no integer holds it)."""
+    if parts is None:
+        return None
+    if dtype in ("float16", "bfloat16"):
+        return _cast(parts, dtype)
+    if DTYPES.get(dtype, 0.0) is None and any(not math.isnan(v) and not abs(v) < 2 ** 31 for v in parts.values):
+        return None
+    return replace(parts, dtype=dtype)
+
+
+FLOAT_WIDTH = {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}
+
+
+def _promoted(first: str, second: str) -> str:
+    """torch's type promotion of two tensors' dtypes (integers taken as int64, the widest they reach here)."""
+    if first == second:
+        return first
+    floats = [dtype for dtype in (first, second) if dtype in FLOAT_WIDTH]
+    if len(floats) == 2:
+        return "float32" if set(floats) == {"float16", "bfloat16"} else max(floats, key=FLOAT_WIDTH.get)
+    if floats:
+        return floats[0]
+    return second if first == "bool" else first if second == "bool" else "int64"
+
+
+def _with_number(dtype: str, integer: bool) -> str:
+    """A tensor's dtype with a Python number: a float makes a bool or integer tensor float32, an int a bool one
+    int64; otherwise the tensor's dtype holds the result."""
+    if dtype in FLOAT_WIDTH:
+        return dtype
+    return "int64" if integer else "float32"
+
+
+def _is_integer_literal(node: cst.BaseExpression | None) -> bool:
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        node = node.expression
+    return isinstance(node, cst.Integer)
 
 
 def _leading_nones(node: cst.Subscript, inner: Parts | None) -> Parts | None:
