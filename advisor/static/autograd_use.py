@@ -472,14 +472,21 @@ def _create_graph(parsed: ParsedModule, call: cst.Call) -> tuple[str, cst.BaseEx
             return (f"`{parsed.code(call.func)}(..., create_graph={parsed.code(arg.value)})` asks for "
                     f"{DOUBLE_BACKWARD}", arg.value)
     name = qualified(parsed, call.func)
-    position = CREATE_GRAPH_POSITION.get(name)
-    if position is None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" and \
-            name is None:
-        position = TENSOR_BACKWARD_POSITION
+    positions = (CREATE_GRAPH_POSITION[name],) if name in CREATE_GRAPH_POSITION else ()
+    if not positions and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward" and \
+            name is None:  # `loss.backward(g, retain, create)`, or unbound through `type(loss).backward(loss, ...)`
+        receiver = call.func.value
+        unbound = isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Name) and \
+            receiver.func.value == "type" or isinstance(receiver, cst.Attribute) and receiver.attr.value == "__class__"
+        # a receiver no name shows may be the class too (`T = type(loss)`): create_graph at either position
+        positions = (TENSOR_BACKWARD_POSITION + 1,) if unbound else (TENSOR_BACKWARD_POSITION,
+                                                                        TENSOR_BACKWARD_POSITION + 1)
     positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    if position is not None and len(positional) > position and not _is_off(positional[position].value):
-        return (f"`{parsed.code(call.func)}(...)` passes create_graph by position and asks for {DOUBLE_BACKWARD}",
-                positional[position].value)
+    for position in positions:
+        if len(positional) > position and not _is_off(positional[position].value):
+            return (f"`{parsed.code(call.func)}(...)` passes create_graph by position and asks for "
+                    f"{DOUBLE_BACKWARD}", positional[position].value)
+    position = positions[0] if positions else None
     if position is not None and any(arg.star for arg in call.args):  # `grad(y, x, **opts)`, `*[None, None, True]`
         return f"`{parsed.code(call.func)}(...)` passes unpacked arguments, which may hold create_graph"
     if name == "torch.autograd.functional.jacobian" and _forward_strategy(call):

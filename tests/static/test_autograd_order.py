@@ -247,6 +247,8 @@ ASKS = {
     "private_jvp": "from torch._functorch.eager_transforms import jvp\njvp(f, (x,), (t,))",
     "private_nested_grad": "from torch._functorch.apis import grad\ngg = grad(grad(f))(x)",
     "unbound_backward": "import torch\ntorch.Tensor.backward(y, None, True, True)",
+    # a tenth breaker's: the unbound method reached through the tensor's type
+    "type_backward": "type(loss).backward(loss, None, None, True)",
 }
 
 FIRST_ORDER = {
@@ -260,6 +262,7 @@ FIRST_ORDER = {
     "import_only": "import torch.autograd.forward_ad as fwAD\nfrom torch.func import jvp",
     "functools": "import functools\nfunctools.partial(f, 1)",
     "unbound_backward_plain": "import torch\ntorch.Tensor.backward(y, None, True)",
+    "type_backward_plain": "type(loss).backward(loss, None, True)",
 }
 
 
