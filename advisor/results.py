@@ -124,6 +124,7 @@ class PatchVerdict:
     state_dict: dict | None
     unsafe_facts_checked_on: str | None
     diff_file: str | None = None
+    emission: dict | None = None  # --backend flash|flash-attn|flex: what was emitted, and whether its kernel ran
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> PatchVerdict:
@@ -141,6 +142,8 @@ class PatchVerdict:
         document["reason"] = self.reason
         if self.diff_file is None:
             del document["diff_file"]
+        if self.emission is None:
+            del document["emission"]
         return document
 
     def __getitem__(self, key: str) -> Any:

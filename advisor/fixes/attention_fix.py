@@ -212,6 +212,8 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
     plan = plan_backend(parsed, match, backend) if match.output_node is not None else None
     if plan is not None:
         autograd_order_fact(match.facts, tree_facts, plan.verdicts if plan.emitted != "flex" else {})
+        for fact in plan.assumptions:  # listed with the proof's own (`flash-eligible`), in every report
+            match.facts.assumed(fact.name, fact.statement, fact.why)
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:
@@ -226,7 +228,7 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
         reasons.append(match.unsafe_reason)
     safety = rule.fix_safety
     contradicted = discharge(match.facts, calls)
-    assumed = match.facts.assumptions + (plan.assumptions if plan else [])
+    assumed = match.facts.assumptions
     observed = match.facts.observations
     if assumed and match.output_node is not None:
         safety = "unsafe"

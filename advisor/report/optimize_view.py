@@ -157,7 +157,13 @@ def safety_label(patch: dict) -> str:
         held = "; ".join(str(fact.get("statement", "?")) for fact in (patch.get("facts") or {}).get("observed") or [])
         state = "verified on this workload" if patch.get("verified") else "held on every call of this workload"
         return printable(f"{state}; assumes: {held}")
-    return "unsafe fix" if patch.get("fix_safety") != "safe" else ""
+    label = "unsafe fix" if patch.get("fix_safety") != "safe" else ""
+    emission = patch.get("emission") or {}
+    if emission.get("kernel_ran") is False:  # parity and speed are the fallback's, not the backend's
+        fallback = (f"the {emission.get('emitted')} kernel did not run on this {emission.get('device', '?')} run: "
+                    "parity and speed are its SDPA fallback's")
+        label = f"{label}; {fallback}" if label else fallback
+    return printable(label)
 
 
 def assumed_facts(patch: dict) -> list[str]:

@@ -434,10 +434,10 @@ def _result(session: Session, info: Loaded, trials: dict[str, Trial], final: Tri
         before = summary(session.original.call(Time(10, warmup=2)).us, before_peak.bytes)
         after = profile_after = None
     written = _apply_reviewed(session, trials, final) if final else {}
-    patches = [_patch_verdict(session, c, trials.get(pid), written.get(pid), final) for pid, c in
-               session.candidates.items()]
     ops_before = session.profile_before.ops
     ops_after = profile_after.ops if profile_after else []
+    patches = [_patch_verdict(session, c, trials.get(pid), written.get(pid), final, ops_after, info.device)
+               for pid, c in session.candidates.items()]
     return OptimizeReport(
         version=1, target=o.target,
         environment={"torch": torch.__version__, "device": info.device, "dtype": info.dtype,
@@ -515,7 +515,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
 
 
 def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, written,
-                   final: Trial | None) -> PatchVerdict:
+                   final: Trial | None, ops_after: list[OpTotal] = (), device: str = "cpu") -> PatchVerdict:
     f = c.finding
     verdict = trial.verdict if trial is not None else NOT_RUN
     reason = c.reason or (trial.error if trial is not None else None) or session.nondeterministic
@@ -546,7 +546,27 @@ def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, wri
         state_dict=trial.state_dict.to_json() if trial is not None and trial.state_dict is not None else None,
         unsafe_facts_checked_on=(f"{len(session.inputs)} input(s) of {session.options.target}"
                                  if f.fix_safety == "unsafe" and trial is not None and trial.parity else None),
+        emission=_emission(f.extra.get("emission"), ops_after if final is not None else None, device),
     )
+
+
+# the ops that show each backend's own kernel ran (the CPU's SDPA flash op is not the CUDA one)
+BACKEND_KERNELS = {"flash": ("_scaled_dot_product_flash_attention",), "flash-attn": ("flash_attn",),
+                   "flex": ("flex_attention",)}
+
+
+def _emission(emission: dict | None, ops_after: list[OpTotal] | None, device: str) -> dict | None:
+    """What `--backend` emitted, and whether the patched run's profile shows that backend's kernel: a flash or
+    flex patch on a machine without it runs its SDPA fallback, and then that is what parity and speed measured."""
+    if not emission or emission.get("emitted") in (None, "sdpa"):
+        return emission
+    markers = BACKEND_KERNELS.get(emission["emitted"], ())
+    ran = None if ops_after is None else any(
+        marker in op.op.lower() and not op.op.endswith("_for_cpu") for op in ops_after for marker in markers)
+    if emission["emitted"] in ("flash", "flash-attn") and not device.startswith("cuda"):
+        ran = False  # CUDA kernels: whatever was profiled (or not, for a patch that did not verify)
+    return {**emission, "kernel_ran": ran, "device": device,
+            "gpu_verified": bool(ran) and device.startswith("cuda")}
 
 
 def _unmirrored(findings: list[dict], final: Trial) -> list[dict]:

@@ -43,6 +43,9 @@ def test_flash_wrap_runs_the_cpu_flash_kernel_with_parity(path):
     assert "from torch.nn.attention import SDPBackend, sdpa_kernel" in result.fixed
     flashed = [f for f in result.findings if f.extra.get("emission", {}).get("emitted") == "flash"]
     assert all(f.fix_safety == "unsafe" and "flash kernel accepts" in f.reason for f in flashed)
+    # listed with the proof's own facts, so every report of `optimize --unsafe-fixes` names it (a fourth promises
+    # round: the JSON had `facts.assumed: []` and no reason)
+    assert all("flash-eligible" in {fact["name"] for fact in f.extra["facts"]["assumed"]} for f in flashed)
     # as the plain SDPA rewrite is judged: fully masked rows in the inputs unless the patch assumes none, and an
     # original NaN may be SDPA's 0 where the finding accepts that (both kernels give 0 there)
     (finding,) = flashed

@@ -91,6 +91,20 @@ def test_without_unsafe_fixes_an_unsafe_patch_is_not_run_with_the_reason(tmp_pat
     assert code == 0 and patch["verdict"] == "not-run" and "--unsafe-fixes" in patch["reason"]
 
 
+def test_a_flash_attn_patch_whose_kernel_did_not_run_says_its_fallback_was_measured(tmp_path, capsys):
+    """A fourth promises round: on a machine without flash_attn or CUDA the patch was `verified` with no word that
+    its SDPA fallback, not flash_attn, was what parity and speed measured."""
+    model = write_model(tmp_path)
+    code, result, _ = run_json(capsys, f"{model}:workload", "--backend", "flash-attn", "--report",
+                               str(tmp_path / "report"))
+    [patch] = result["patches"]
+    emission = patch["emission"]
+    assert emission["emitted"] == "flash-attn" and emission["kernel_ran"] is False
+    assert emission["gpu_verified"] is False and emission["device"] == "cpu"
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "the flash-attn kernel did not run on this cpu run: parity and speed are its SDPA fallback's" in report
+
+
 def test_a_patched_module_that_fails_to_import_is_not_run_and_never_written(tmp_path, capsys):
     refuse = ('if "scaled_dot_" + "product_attention(" in open(sys._getframe().f_code.co_filename).read():\n'
               '    raise ImportError("the patched copy refuses to import")')
