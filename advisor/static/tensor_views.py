@@ -31,10 +31,14 @@ SCALAR_BUILTINS = frozenset({"len", "int", "float", "bool", "str", "repr", "isin
                              "id", "hash", "type", "abs", "round", "divmod", "format", "callable", "getattr"})
 
 
+CONSTANTS = frozenset({"None", "True", "False", "Ellipsis"})
+SIZE_METHODS = frozenset({"size", "dim", "numel", "item", "tolist", "stride", "nelement", "element_size"})
+
+
 def storage_roots(expression: cst.BaseExpression) -> list[cst.Name]:
     """The names whose tensors the value of `expression` may be, or view."""
     if isinstance(expression, cst.Name):
-        return [expression]
+        return [] if expression.value in CONSTANTS else [expression]
     if isinstance(expression, cst.Subscript):
         return storage_roots(expression.value)
     if isinstance(expression, cst.Attribute):
@@ -65,6 +69,19 @@ def storage_roots(expression: cst.BaseExpression) -> list[cst.Name]:
     return []
 
 
+def _is_size(value: cst.BaseExpression) -> bool:
+    """A number, or the sizes of a tensor: `4`, `x.size()`, `x.size(-1)`, `x.shape`, `x.shape[-1]`, `len(x)`."""
+    if isinstance(value, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(value, cst.Subscript):
+        value = value.value
+    if isinstance(value, cst.Attribute):
+        return value.attr.value in ("shape", "ndim")
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        return value.func.attr.value in SIZE_METHODS
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("len", "int")
+
+
 def _library(node: cst.BaseExpression) -> bool:
     while isinstance(node, cst.Attribute):
         node = node.value
@@ -77,18 +94,32 @@ def view_aliases(function: cst.FunctionDef) -> dict[str, frozenset[str]]:
     for the whole function, whatever the order: a write through one of them is a write of them all."""
     bindings = _Bindings(function)
     walk(function, bindings)
+    bindings.shared.remove_nodes_from(bindings.sizes - bindings.tensors)  # ints hold no storage
     return {name: frozenset(component - {name}) for component in nx.connected_components(bindings.shared)
             for name in component}
 
 
 class _Bindings(cst.CSTVisitor):
+    """The may-share-storage graph of a function's names; `sizes`, the names some binding gives a size or a number
+    (`b, n, c = x.size()`, `d = q.shape[-1]`, `n = 4`), and `tensors`, those some other binding gives anything
+    else: a name only ever a size views nothing (a helper `self._shape(k, -1, bsz)` is passed one)."""
+
     def __init__(self, function: cst.FunctionDef) -> None:
         self.function, self.shared = function, nx.Graph()
+        self.sizes: set[str] = set()
+        self.tensors: set[str] = set()
 
     def visit_Assign(self, node: cst.Assign) -> None:
         roots = storage_roots(node.value)
         for target in node.targets:
             self._join(target.target, roots)
+            self._note_kind(target.target, node.value)
+
+    def _note_kind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        names = [target.value] if isinstance(target, cst.Name) else [
+            element.value.value for element in target.elements if isinstance(element.value, cst.Name)] \
+            if isinstance(target, (cst.Tuple, cst.List)) else []
+        (self.sizes if _is_size(value) else self.tensors).update(names)
 
     def visit_For(self, node: cst.For) -> None:
         self._join(node.target, storage_roots(node.iter))

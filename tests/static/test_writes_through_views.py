@@ -74,3 +74,30 @@ def test_a_mask_written_through_a_view_is_not_causal(local, mask, outside):
         results.append([out, inputs.grad] + [p.grad for p in model.parameters()])
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, atol=1e-10, rtol=1e-10, equal_nan=True)
+
+
+def test_names_that_share_no_storage_are_not_aliased():
+    """A constant (`else None`), a size (`b, n, c = x.size()`) or a fresh product joins nothing: mask2former's
+    `attn_weights += attention_mask` had written q, k and v through `None` and `batch_size`, and lost its patch."""
+    import libcst as cst
+
+    from advisor.static.tensor_views import view_aliases
+
+    function = cst.parse_module('''
+def forward(self, x, pos=None, mask=None, flag=False):
+    x = x.permute(1, 0, 2) if x is not None else None
+    b, n, c = x.size()
+    q = self.q(x) * 0.5
+    k = self._shape(self.k(x), -1, b)
+    w = torch.bmm(q, k.transpose(1, 2))
+    w += mask
+    if flag:
+        shown = w.view(b, 2, n, n)
+        w = shown.view(b * 2, n, n)
+    else:
+        shown = None
+    return torch.bmm(w.softmax(-1), k), shown
+''').body[0]
+    aliases = view_aliases(function)
+    assert aliases["w"] == {"shown"} and "w" not in aliases.get("k", set()) and "b" not in aliases
+    assert "None" not in aliases and aliases["k"] == {"x"}  # a helper of the class may return what it is given
