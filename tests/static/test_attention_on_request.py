@@ -305,31 +305,15 @@ class Block(nn.Module):
 '''
 
 
-def test_weights_a_forward_returns_to_parents_that_drop_them_are_proved_from_the_call_sites(tmp_path):
-    source = FORWARD.replace("{second}", "y = y + self.attn(y)[0]")
-    finding, fixed = _scanned(tmp_path, source)
-    assert finding.rule == "ADV101" and finding.fix_safety == "safe", finding.reason
-    (fact,) = finding.extra["facts"]["from_call_sites"]
-    assert fact["name"] == "weights-dropped" and [site.split(":")[-1] for site in fact["sites"]] == ["26", "27"]
-    assert "return (nn.functional.scaled_dot_product_attention(" in fixed and ", None\n" in fixed
-    torch.manual_seed(0)
-    original = load_module_from_source(source, "forward_drops").Block().double()
-    patched = load_module_from_source(fixed, "forward_drops_fixed").Block().double()
-    patched.load_state_dict(original.state_dict())
-    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
-    for model in (original, patched):  # TorchScript and tracing take the None the parents drop
-        assert torch.jit.script(model)(x).shape == torch.jit.trace(model, (x,))(x).shape == x.shape
-    (gx_a,), (gx_b,) = (torch.autograd.grad(m(x).sin().sum(), [x]) for m in (original, patched))
-    torch.testing.assert_close(patched(x), original(x), atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(gx_b, gx_a, atol=1e-10, rtol=1e-10)
-
-
 @pytest.mark.parametrize("second, viz", [
+    # every parent drops them, and still: an eleventh breaker round reached the module through `_modules`,
+    # `model.apply`, its own `__call__`, a hook written into `_forward_hooks` and IPython magics, and read them
+    ("y = y + self.attn(y)[0]", None),
     ("_, self.maps = self.attn(y)", None),  # a parent keeps them
     ("pass", "self.attn.register_forward_hook(lambda m, i, o: print(o[1]))"),  # a hook in the same file reads them
     ("pass", "other"),  # a visualiser elsewhere in the tree hooks the module
-], ids=["stored", "hook-here", "hook-elsewhere"])
-def test_weights_a_forward_returns_stay_unsafe_where_a_parent_or_a_hook_may_read_them(tmp_path, second, viz):
+], ids=["parents-drop", "stored", "hook-here", "hook-elsewhere"])
+def test_weights_a_forward_returns_stay_unsafe(tmp_path, second, viz):
     source = FORWARD.replace("{second}", second)
     if viz is not None and viz != "other":
         source = source.replace("self.attn = Attention()", f"self.attn = Attention()\n        {viz}")

@@ -396,13 +396,12 @@ def _hidden_readers(parsed) -> dict[cst.FunctionDef, list[cst.CSTNode]]:
 def _dropped_claims(c: Candidate) -> tuple:
     """Where the weights leave only as one element of the tuples the function returns: the claim that every call
     drops that element (then None stands in for them exactly, see `call_site_facts.settle_dropped_weights`). None
-    for `__call__`, and for a `forward` where the tree registers a module hook: a forward hook reads what forward
-    returns (a saliency map's `register_forward_hook`), as a caller would."""
+    for `forward` and `__call__`: a module is called in more ways than any index of its calls sees (hooks written
+    into `_forward_hooks`, `model.apply`, `_modules.values()`, a class's own `__call__`, IPython magics)."""
     from advisor.patterns.call_site_facts import DROPS, Claim
 
     function, parsed = c.function, c.parsed
-    if c.home is not function or c.inlined or function.name.value == "__call__" or \
-            function.name.value == "forward" and scope.hook_registration(parsed) is not None:
+    if c.home is not function or c.inlined or function.name.value in ("forward", "__call__"):
         return ()
     positions = set()
     for read in c.match.escapes:
