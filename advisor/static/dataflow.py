@@ -415,17 +415,16 @@ class _FlowBuilder:
         """`x[i] = v`, `x[i] += v`, `out=x`, `x.narrow(0, 0, 2).fill_(1)`: the tensor x is written in place, which
         is a new value of x (for a name; writes through attributes are checked where they matter, see
         patterns.scope), and of every name x may view or be viewed by."""
-        names = [root.value for root in storage_roots(target)]
-        for name in names:
-            if name in env:
-                self._define(name, "store", statement, env, guards, previous=env.get(name, frozenset()))
-        self._written_through(names, statement, env, guards)
+        self._written_through([root.value for root in storage_roots(target)], statement, env, guards,
+                              themselves=True)
 
-    def _written_through(self, names: list[str], statement, env: Env, guards) -> None:
-        """The names whose storage a write of `names` may change besides them (`m2 = mask[:, :p]; m2 += 1`)."""
+    def _written_through(self, names: list[str], statement, env: Env, guards, themselves: bool = False) -> None:
+        """A "store" definition of each name whose storage a write of `names` may change besides them (`m2 =
+        mask[:, :p]; m2 += 1`), and of `names` themselves unless the write defines them already (`x += v`)."""
         if self._aliases is None:
             self._aliases = view_aliases(self.flow.function)  # a write through one name writes what it may view
-        for name in sorted({alias for written in names for alias in self._aliases.get(written, ())} - set(names)):
+        shared = {alias for written in names for alias in self._aliases.get(written, ())} - set(names)
+        for name in [*names, *sorted(shared)] if themselves else sorted(shared):
             if name in env:
                 self._define(name, "store", statement, env, guards, previous=env.get(name, frozenset()))
 

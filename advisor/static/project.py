@@ -272,7 +272,7 @@ def func_transform_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
 
 def jit_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file reads torch.jit.trace or ONNX export (JIT_TRACERS), or takes their module as a value."""
-    return _uses_under(parsed, JIT_TRACERS) + [node for node in uses_of(parsed, frozenset(TRACER_MODULES))]
+    return _uses_under(parsed, JIT_TRACERS) + uses_of(parsed, frozenset(TRACER_MODULES))
 
 
 def _uses_under(parsed: ParsedModule, names: tuple[str, ...]) -> list[cst.BaseExpression]:

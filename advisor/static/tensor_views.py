@@ -29,9 +29,7 @@ LIBRARIES = frozenset({"torch", "F", "nn", "functional", "np", "numpy", "math", 
 # builtins whose result holds no tensor of its arguments
 SCALAR_BUILTINS = frozenset({"len", "int", "float", "bool", "str", "repr", "isinstance", "hasattr", "range", "print",
                              "id", "hash", "type", "abs", "round", "divmod", "format", "callable", "getattr"})
-
-
-CONSTANTS = frozenset({"None", "True", "False", "Ellipsis"})
+CONSTANTS = frozenset({"None", "True", "False", "Ellipsis"})  # names that hold no tensor
 SIZE_METHODS = frozenset({"size", "dim", "numel", "item", "tolist", "stride", "nelement", "element_size"})
 
 

@@ -515,7 +515,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
 
 
 def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, written,
-                   final: Trial | None, ops_after: list[OpTotal] = (), device: str = "cpu") -> PatchVerdict:
+                   final: Trial | None, ops_after: list[OpTotal], device: str) -> PatchVerdict:
     f = c.finding
     verdict = trial.verdict if trial is not None else NOT_RUN
     reason = c.reason or (trial.error if trial is not None else None) or session.nondeterministic
@@ -561,10 +561,12 @@ def _emission(emission: dict | None, ops_after: list[OpTotal] | None, device: st
     if not emission or emission.get("emitted") in (None, "sdpa"):
         return emission
     markers = BACKEND_KERNELS.get(emission["emitted"], ())
-    ran = None if ops_after is None else any(
-        marker in op.op.lower() and not op.op.endswith("_for_cpu") for op in ops_after for marker in markers)
     if emission["emitted"] in ("flash", "flash-attn") and not device.startswith("cuda"):
         ran = False  # CUDA kernels: whatever was profiled (or not, for a patch that did not verify)
+    elif ops_after is None:
+        ran = None
+    else:
+        ran = any(marker in op.op.lower() and not op.op.endswith("_for_cpu") for op in ops_after for marker in markers)
     return {**emission, "kernel_ran": ran, "device": device,
             "gpu_verified": bool(ran) and device.startswith("cuda")}
 

@@ -115,10 +115,9 @@ def _shape_of_product(c: Candidate, read: cst.Name, call: cst.Call):
     """`bias.reshape_as(s)`, `mask.expand_as(s)`, `x.view_as(s)` (SAM's decomposed relative positions, XLM's mask)
     where `s` is the Q·K^T product itself: `other.size()` is all those methods read, and a matmul's is Q's and K's
     batch dims broadcast, then (L, S). Read from the SDPA call's Q and K where their shapes cost no compute."""
-    op = product_read(c, read)
     torch_name = c.parsed.module_aliases.get("torch")
     query, key = c.match.query, c.match.key
-    if op is None or op.name not in ("matmul", "bmm") or torch_name is None or \
+    if product_read(c, read) is None or torch_name is None or \
             not (_shape_free(query) and _shape_free(key)) or scope.is_scripted(c.parsed, c.home, c.owner):
         return None  # TorchScript compiles no torch.broadcast_shapes
     shape = parse_template_expression(
@@ -137,8 +136,7 @@ def _shape_free(node: cst.BaseExpression) -> bool:
 
 def _reads_bmm_product(c: Candidate, read: cst.Name) -> bool:
     """`read` sees only the score product itself, a `bmm` of the block's Q and K (3-D, one batch size)."""
-    op = product_read(c, read)
-    return op is not None and op.name == "bmm"
+    return product_read(c, read, ("bmm",)) is not None
 
 
 def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:

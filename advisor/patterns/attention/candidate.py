@@ -179,14 +179,15 @@ def definition_of_value(c: Candidate, node: cst.CSTNode) -> Definition | None:
     return None
 
 
-def product_read(c: Candidate, read: cst.Name) -> Op | None:
-    """The op of the score product `read` sees, where it sees only that step of the block's scores (the Q·K^T
-    product, whose shape is Q's and K's)."""
+def product_read(c: Candidate, read: cst.Name, names: tuple[str, ...] = ("matmul", "bmm")) -> Op | None:
+    """The op of the score product `read` sees, where it sees only that step of the block's scores and the op is
+    one of `names` (a `matmul`'s shape is Q's and K's batch dims broadcast, then L and S)."""
     definitions = c.flow.definitions_of(read)
     if len(definitions) != 1 or c.flow.sees_undefined(read) or definitions[0].kind != "assign" or \
             definitions[0] not in c.chain.definitions:
         return None
-    return c.reader.read(definitions[0].value)
+    op = c.reader.read(definitions[0].value)
+    return op if op is not None and op.name in names else None
 
 
 def consumers(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.CSTNode | None, Op | None]]:

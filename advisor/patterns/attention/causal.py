@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.patterns import scope
-from advisor.patterns.attention.triangles import square_parts
+from advisor.patterns.attention.triangles import size_codes, size_nodes, square_parts, view_keeps
 from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.module_index import ParsedModule
@@ -81,7 +81,7 @@ def keeps_first_key_bottom_right(c: Candidate, masked: cst.BaseExpression, keep_
                                             or a.keyword.value == "diagonal"), None)
     if not (isinstance(ones, cst.Call) and c.parsed.imported_name(ones.func) == "torch.ones") or diagonal is None:
         return False
-    sizes = _sizes([a.value for a in ones.args if a.keyword is None])
+    sizes = size_nodes([a.value for a in ones.args if a.keyword is None])
     if len(sizes) != 2 or not all(isinstance(size, cst.Name) for size in sizes) or \
             not _keeps_last_two(c.parsed, outer, [size.value for size in sizes]):
         return False
@@ -372,10 +372,8 @@ def triangle(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
         return None
     if not (isinstance(inner, cst.Call) and parsed.imported_name(inner.func) == "torch.ones"):
         return None
-    sizes = [a for a in inner.args if a.keyword is None]
-    if not _is_square(parsed, sizes) or \
-            not _keeps_last_two(parsed, outer, [parsed.code(size).replace(" ", "") for size in _sizes(
-                [a.value for a in sizes])] if sizes else []):
+    codes = size_codes(parsed, [a.value for a in inner.args if a.keyword is None])
+    if len(codes) != 2 or codes[0] != codes[1] or not _keeps_last_two(parsed, outer, codes):
         return None
     return "lower" if kind == "tril" else "upper"
 
@@ -398,13 +396,6 @@ def _under_views(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst
             return node, steps[::-1]
 
 
-def _sizes(sizes: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
-    """A creator's or a view's sizes: given one by one, or as one tuple or list."""
-    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
-        return [element.value for element in sizes[0].elements]
-    return sizes
-
-
 def _keeps_last_two(parsed: ParsedModule, steps: list[cst.CSTNode], last_two: list[str]) -> bool:
     """Whether the steps (innermost first) applied to a 2-D tensor of sizes `last_two` (as the source spells them)
     leave those two its last dims, in place: a view adds leading 1s only (`view(1, 1, n, n)`; `view(1, 1, 4, 16)` of
@@ -415,14 +406,11 @@ def _keeps_last_two(parsed: ParsedModule, steps: list[cst.CSTNode], last_two: li
         if isinstance(step, cst.Subscript):
             ndim = _indexed_ndim(step, ndim)
         elif step.func.attr.value in ("view", "reshape", "expand"):
-            codes = [parsed.code(size).replace(" ", "") for size in _sizes([a.value for a in step.args])]
+            codes = size_codes(parsed, [a.value for a in step.args])
             if any(a.keyword is not None or a.star for a in step.args) or len(codes) < max(ndim, 2):
                 return False
-            if step.func.attr.value == "expand":
-                ok = all(code in ("-1", size) for code, size in zip(codes[-2:], last_two))
-            else:
-                ok = codes[-2:] == last_two and all(code in ("1", "-1") for code in codes[:-2]) and \
-                    codes.count("-1") <= 1
+            ok = all(code in ("-1", size) for code, size in zip(codes[-2:], last_two)) \
+                if step.func.attr.value == "expand" else view_keeps(codes, last_two)
             ndim = len(codes) if ok else None
         elif step.func.attr.value == "unsqueeze":
             dims = [a.value for a in step.args if a.keyword is None or a.keyword.value == "dim"]
@@ -449,14 +437,6 @@ def _diagonal(options: list[cst.Arg] | tuple[cst.Arg, ...], default: int | None 
     """The `diagonal` a tril/triu call passes (positionally or by keyword), or `default` when it passes none."""
     diagonal = next((a.value for a in options if a.keyword is None or a.keyword.value == "diagonal"), None)
     return number_value(diagonal) if diagonal is not None else default
-
-
-def _is_square(parsed: ParsedModule, sizes: list[cst.Arg]) -> bool:
-    """A creator's positional sizes (`n, n`, or one tuple/list `(n, n)`) name two equal sizes."""
-    if len(sizes) == 1 and isinstance(sizes[0].value, (cst.Tuple, cst.List)):
-        sizes = sizes[0].value.elements
-    codes = [parsed.code(size.value).replace(" ", "") for size in sizes]
-    return len(codes) == 2 and codes[0] == codes[1]
 
 
 def triangle_side(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression | None:

@@ -24,7 +24,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
-from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, int_value
+from advisor.patterns.ops import int_value
 from advisor.patterns.module_values import module_value
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
@@ -325,11 +325,9 @@ def _shaped_as_scores(c: Candidate, node: cst.BaseExpression) -> bool:
         if values[0] is node:
             break
         node = values[0]
-    if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and len(node.args) == 1 and
-            node.func.attr.value in SHAPE_ONLY_ARGUMENT and isinstance(node.args[0].value, cst.Name)):
-        return False
-    op = product_read(c, node.args[0].value)
-    return op is not None and op.name in ("matmul", "bmm")
+    shaped_as = node.args[0].value if isinstance(node, cst.Call) and node.args else None
+    return isinstance(shaped_as, cst.Name) and scope.shape_argument(c.parsed, shaped_as) is node and \
+        product_read(c, shaped_as) is not None
 
 
 def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:

@@ -195,35 +195,24 @@ class _Reader:
     def _created(self, dotted: str, args: list, keywords: dict) -> Parts | None:
         if set(keywords) - {"dtype", "device", "fill_value"}:
             return None
-        sizes, value = args, CREATORS.get(dotted)
+        sizes, value, fill = args, CREATORS.get(dotted), None
         if dotted == "torch.full":
             fill = args[1] if len(args) == 2 else keywords.get("fill_value")
             sizes, value = args[:1], self._number(fill) if fill is not None else None
         if value is None:
             return None
-        codes = self._size_codes(sizes)
+        codes = size_codes(self.parsed, sizes)
         if len(codes) < 2 or codes[-1] != codes[-2] or any("*" in code for code in codes):
             return None
-        fill = args[1] if dotted == "torch.full" and len(args) == 2 else keywords.get("fill_value")
-        inferred = "int64" if dotted == "torch.full" and _is_integer_literal(fill) else "float32"  # full(s, 1)
+        inferred = "int64" if _is_integer_literal(fill) else "float32"  # `torch.full(s, 1)` is int64
         parts = Parts(value, value, value, len(codes), codes[-1], inferred)
         dtype = keywords.get("dtype")
         return parts if dtype is None else _cast(parts, (self.parsed.imported_name(dtype) or "").removeprefix("torch."))
 
-    def _size_codes(self, sizes: list) -> list[str]:
-        """The sizes a creator or a view is given (`n, n`, or one tuple or list of them), each as its source
-        spells it (squares compare their sides by text)."""
-        if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
-            sizes = [element.value for element in sizes[0].elements]
-        return [self.parsed.code(size).replace(" ", "") for size in sizes]
-
     def _viewed(self, inner: Parts, sizes: list) -> Parts | None:
-        """`view(1, 1, n, n)` of an n x n square: leading 1s (or one -1, then 1), the same square last."""
-        codes = self._size_codes(sizes)
-        if inner.ndim != 2 or len(codes) < 2 or codes[-2:] != [inner.side] * 2 or \
-                not all(code in ("1", "-1") for code in codes[:-2]) or codes.count("-1") > 1:
-            return None
-        return replace(inner, ndim=len(codes))
+        """`view(1, 1, n, n)` of an n x n square."""
+        codes = size_codes(self.parsed, sizes)
+        return replace(inner, ndim=len(codes)) if inner.ndim == 2 and view_keeps(codes, [inner.side] * 2) else None
 
     def helper(self, function: cst.FunctionDef, depth: int) -> Parts | None:
         """What a function of the file returns, where its body is a docstring, single-name assignments, in-place
@@ -250,6 +239,24 @@ class _Reader:
             else:
                 return None
         return self.parts(last.value, local, depth + 1) if isinstance(last, cst.Return) and last.value else None
+
+
+def size_nodes(sizes: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """The sizes a creator or a view is given: one by one (`n, n`), or as one tuple or list."""
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        return [element.value for element in sizes[0].elements]
+    return sizes
+
+
+def size_codes(parsed, sizes: list[cst.BaseExpression]) -> list[str]:
+    """Those sizes as the source spells them (squares compare their sides by text)."""
+    return [parsed.code(size).replace(" ", "") for size in size_nodes(sizes)]
+
+
+def view_keeps(codes: list[str], last_two: list[str]) -> bool:
+    """A view of a 2-D tensor to `codes` keeps its two sizes as the last dims: leading 1s only (or one -1, then 1)."""
+    return len(codes) >= 2 and codes[-2:] == last_two and all(code in ("1", "-1") for code in codes[:-2]) and \
+        codes.count("-1") <= 1
 
 
 def _triangle(inner: Parts | None, kind: str, diagonal: int | None) -> Parts | None:
