@@ -18,7 +18,7 @@ import libcst as cst
 import networkx as nx
 
 from advisor.contracts.finding import display_path
-from advisor.patterns.module_values import read_leaves_alone
+from advisor.static.tensor_reads import read_leaves_alone
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names

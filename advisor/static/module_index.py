@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TO_IDENTI
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
 from advisor.static.positions import StatementPositions
+from advisor.static.attribute_escapes import attribute_escape
 from advisor.static.walk import TOKENS, WHITESPACE, fields_not_only, is_node, walk
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ class ClassInfo:
     outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
     writer: Callable[[str], str] = lambda attribute: "this file"  # where such a name is written (a file's name)
     plain_module: bool = False  # its bases are torch.nn.Module alone: no `isinstance(m, nn.Linear)` holds for it
+    # the line of a read of the tensor it builds for an attribute that may write it or hand it on (static.tensor_reads)
+    escape: Callable[[str, bool, bool], int | None] = lambda attribute, elements_ok, finite_ok: None
 
     @cached_property
     def _collected(self) -> "_SelfAttributeCollector":
@@ -97,6 +101,10 @@ class ClassInfo:
         written = self.written_outside(attribute, elements_ok, finite_ok)
         if written is not None:
             return f"`.{attribute}` is also assigned outside the class in {self.writer(written)}"
+        escape = self.escape(attribute, elements_ok, finite_ok)
+        if escape is not None:
+            return (f"a read of `.{attribute}` on line {escape} may write the tensor or hand it on (an alias, a "
+                    "container, a call), so it may not hold what the class built")
         if not (parameter and self.plain_module) or self.written_outside(ANY_RAW) is not None:
             written = self.written_outside(ANY_ATTRIBUTE)
             if written is not None:
@@ -450,6 +458,7 @@ class ParsedModule:
         outside, reshaped = self.outside_attribute_writes
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
             info.outside, info.outside_reshaped, info.writer = outside, reshaped, self.outside_writer
+            info.escape = functools.partial(attribute_escape, self, info)
             info.plain_module = bool(info.node.bases) and all(
                 not base.keyword and self.imported_name(base.value) in TORCH_MODULE for base in info.node.bases)
         return collector.found

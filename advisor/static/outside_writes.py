@@ -190,6 +190,7 @@ class _Names:
         return self.through_imports(node)
 
 
+CODE_RUNNERS = frozenset({"exec", "eval"})  # builtins that run the code in a string given them
 # names that hold a class by convention (`for cls in classes: setattr(cls, name, f)`)
 CLASS_NAMES = frozenset({"cls", "klass", "kls", "class_", "owner_class"})
 
@@ -525,6 +526,8 @@ class _Writes:
 
     def call(self, node: ast.Call) -> None:
         func, args = node.func, [a for a in node.args if not isinstance(a, ast.Starred)]
+        if isinstance(func, ast.Name) and func.id in CODE_RUNNERS and func.id not in self.imports:
+            self._code_run(args[0] if args else None)
         self._state_handed_on(node, func)
         self._patched(func, args)
         for keyword in node.keywords:  # `torch.add(a, b, out=m.bias)`: written, maybe resized
@@ -576,6 +579,16 @@ class _Writes:
             self.bind_through_setattr(ANY_ATTRIBUTE)  # a loaded state dict is copied into the registered tensors
         elif (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in REGISTRATION_HOOKS:
             self.write(ANY_ATTRIBUTE)
+
+    def _code_run(self, code: ast.AST | None) -> None:
+        """`exec("m.bias[0] = 1")` writes what the code in the string writes; code computed at run time may write
+        anything."""
+        written = _collected(code.value, self.own) if _literal(code) else None
+        if written is None:
+            self.write(ANY_ATTRIBUTE)
+            return
+        for name in written.names:
+            self.write(name, elements_only=name not in written.reshaped)
 
     def _patched(self, func: ast.AST, args: list[ast.AST]) -> None:
         """unittest.mock's and pytest's patches of a named attribute: `patch("attn.NEG_INF", 0.0)`,

@@ -1,0 +1,180 @@
+"""Whether a tensor a class builds for an attribute (a causal buffer, a learned table) still holds what the class
+built when a block reads it: every read of the attribute in the file is followed (static/tensor_reads.py) until it
+only computes a new tensor or reads metadata. A read that hands it on or writes through what holds it (`d =
+{"b": m.bias}`, `lst.append(self.bias)`, `b = self.bias; b[0] = 1`, `.numpy()`, a call of a function no file shows)
+may change it unseen by any reading of writes on `.bias` itself (breaker round 11). Reads on `self` count in the
+class and the classes related to it by inheritance; reads on any other object count for every class.
+
+Linear in the file: the reads of one attribute name are classified once (by the class whose `self` they read, or
+none), whatever the number of classes that ask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+import networkx as nx
+
+from advisor.static.tensor_reads import builds_tensor, is_self, leaves_alone, registers_buffer
+
+if TYPE_CHECKING:
+    from advisor.static.module_index import ClassInfo, ParsedModule
+
+
+def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, elements_ok: bool = False,
+                     finite_ok: bool = False) -> int | None:
+    """The line of a read of the tensor `owner` builds for `attribute` that may write it or hand it on (None: every
+    read leaves it alone, or the class builds no tensor there): a read of `.attribute` or `getattr(x, "attribute")`
+    on any object but `self` (outside an `isinstance` test that narrows it to torch.nn classes, which an
+    nn.Module-only class is not), or on `self` in a method of `owner` or a class related to it by inheritance.
+    Writes through the name itself (`self.bias[0] = 1`) count where the receiver is `self` (on another object,
+    static.outside_writes reads them), unless `elements_ok`: the caller reads only what writes into the elements
+    keep (rank, dtype; the class's collector reads the writes that reshape). `finite_ok`: a torch.nn.init draw of
+    moderate values into it does not count (`nn.init.trunc_normal_(self.table, std=.02)`: a learned table's values
+    are any finite ones)."""
+    if not any(builds_tensor(parsed, value) for value in owner.attributes.get(attribute, [])) and \
+            (owner.node, attribute) not in _registered_buffers(parsed):
+        return None
+    escapes = parsed.derived(("attribute-escapes", attribute, elements_ok, finite_ok),
+                             lambda p: _escapes(p, attribute, elements_ok, finite_ok))
+    lines = [escapes.on_self.get(cls) for cls in _families(parsed).get(owner.node, (owner.node,))]
+    lines.append(escapes.elsewhere_unnarrowed if owner.plain_module else escapes.elsewhere)
+    found = [line for line in lines if line is not None]
+    return min(found) if found else None
+
+
+@dataclass
+class _Escapes:
+    """The first line of an escaping read of one attribute name: on `self`, by the class it is read in; on other
+    objects; on other objects outside `isinstance` tests narrowing them to torch.nn classes."""
+
+    on_self: dict[cst.ClassDef, int] = field(default_factory=dict)
+    elsewhere: int | None = None
+    elsewhere_unnarrowed: int | None = None
+
+
+def _escapes(parsed: ParsedModule, attribute: str, elements_ok: bool, finite_ok: bool) -> _Escapes:
+    found = _Escapes()
+    getters = [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
+               call.func.value == "getattr" and len(call.args) >= 2 and
+               isinstance(call.args[1].value, cst.SimpleString) and call.args[1].value.evaluated_value == attribute]
+    reads = [(node, node.value) for node in parsed.attributes_named(attribute)] + \
+        [(call, call.args[0].value) for call in getters]
+    for read, receiver in reads:
+        if _binds(parsed, read) or finite_ok and _finite_draw_into(parsed, read):
+            continue  # `self.bias = t`, `del m.bias`: a binding, which the class's collectors read
+        on_self = is_self(receiver)
+        if leaves_alone(parsed, read, 0, writes_seen=elements_ok or not on_self):
+            continue
+        line = parsed.line(read)
+        if on_self:
+            cls = parsed.innermost(read, cst.ClassDef)
+            found.on_self[cls] = min(line, found.on_self.get(cls, line))
+            continue
+        found.elsewhere = min(line, found.elsewhere or line)
+        if not _narrowed_to_torch_nn(parsed, read, receiver):
+            found.elsewhere_unnarrowed = min(line, found.elsewhere_unnarrowed or line)
+    return found
+
+
+def _registered_buffers(parsed: ParsedModule) -> frozenset[tuple[cst.ClassDef, str]]:
+    """(class, name) of each `self.register_buffer("name", ...)`: whatever it is given, the attribute holds a
+    tensor."""
+    def build(parsed: ParsedModule) -> frozenset[tuple[cst.ClassDef, str]]:
+        found = set()
+        for node in parsed.attributes_named("register_buffer"):
+            call = parsed.parents.get(node)
+            if isinstance(call, cst.Call) and call.args and isinstance(call.args[0].value, cst.SimpleString):
+                name = call.args[0].value.evaluated_value
+                if registers_buffer(call, name):
+                    found.add((parsed.innermost(call, cst.ClassDef), name))
+        return frozenset(found)
+    return parsed.derived("registered-buffers", build)
+
+
+def _families(parsed: ParsedModule) -> dict[cst.ClassDef, frozenset[cst.ClassDef]]:
+    """Each class of the file -> the classes joined to it by inheritance within the file, by their base names (every
+    class of its connected component: the classes it derives from and those deriving from it among them)."""
+    def build(parsed: ParsedModule) -> dict[cst.ClassDef, frozenset[cst.ClassDef]]:
+        classes = parsed.nodes_of(cst.ClassDef)
+        by_name: dict[str, list[cst.ClassDef]] = {}
+        for cls in classes:
+            by_name.setdefault(cls.name.value, []).append(cls)
+        graph = nx.Graph()
+        graph.add_nodes_from(classes)
+        graph.add_edges_from((cls, base) for cls in classes for arg in cls.bases
+                             for base in by_name.get(_base_name(arg.value), ()))
+        return {cls: frozenset(component) for component in nx.connected_components(graph) for cls in component}
+    return parsed.derived("class-families", build)
+
+
+def _binds(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    parent = parsed.parents.get(node)
+    return isinstance(parent, (cst.AssignTarget, cst.Del)) or isinstance(parent, cst.AnnAssign) and \
+        parent.target is node
+
+
+def _finite_draw_into(parsed: ParsedModule, read: cst.CSTNode) -> bool:
+    """`read` is what a torch.nn.init function draws into, every other argument a number below 1000 in magnitude."""
+    arg = parsed.parents.get(read)
+    call = parsed.parents.get(arg)
+    return isinstance(arg, cst.Arg) and isinstance(call, cst.Call) and call.args[0] is arg and \
+        (parsed.imported_name(call.func) or "").startswith("torch.nn.init.") and \
+        all(_moderate_number(other.value) for other in call.args[1:])
+
+
+def _moderate_number(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.Float)) and abs(float(node.evaluated_value)) < 1000
+
+
+def _base_name(node: cst.BaseExpression) -> str | None:
+    return node.attr.value if isinstance(node, cst.Attribute) else node.value if isinstance(node, cst.Name) else None
+
+
+def _narrowed_to_torch_nn(parsed: ParsedModule, read: cst.CSTNode, receiver: cst.BaseExpression) -> bool:
+    """`read` sits in the body of `if isinstance(module, nn.Linear):` and reads an attribute of `module` (or of what
+    it indexes): the object is an instance of torch.nn classes other than Module (nanoGPT's `_init_weights`)."""
+    while isinstance(receiver, (cst.Attribute, cst.Subscript)):
+        receiver = receiver.value
+    if not isinstance(receiver, cst.Name):
+        return False
+    node, above = read, parsed.parents.get(read)
+    while above is not None:
+        if isinstance(above, cst.If) and node is above.body and \
+                _isinstance_torch_nn(parsed, above.test, receiver.value) and \
+                not _rebound_within(parsed, above.body, receiver.value):
+            return True
+        node, above = above, parsed.parents.get(above)
+    return False
+
+
+def _isinstance_torch_nn(parsed: ParsedModule, test: cst.BaseExpression, name: str) -> bool:
+    if not (isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and test.func.value == "isinstance" and
+            len(test.args) == 2 and isinstance(test.args[0].value, cst.Name) and test.args[0].value.value == name):
+        return False
+    classes = test.args[1].value
+    listed = [element.value for element in classes.elements] if isinstance(classes, cst.Tuple) else [classes]
+    dotted = [parsed.imported_name(cls) or "" for cls in listed]
+    return all(d.startswith("torch.nn.") and d.rsplit(".", 1)[-1] != "Module" for d in dotted)
+
+
+def _rebound_within(parsed: ParsedModule, body: cst.CSTNode, name: str) -> bool:
+    """Whether `name` is bound anew somewhere inside `body` (an assignment, a loop, a walrus)."""
+    for node in parsed.names_spelled(name):
+        parent = parsed.parents.get(node)
+        binding = isinstance(parent, cst.AssignTarget) or \
+            isinstance(parent, (cst.For, cst.CompFor, cst.NamedExpr, cst.AugAssign, cst.AnnAssign)) and \
+            parent.target is node
+        if binding and parsed.innermost(node, cst.If) is not None and _within(parsed, node, body):
+            return True
+    return False
+
+
+def _within(parsed: ParsedModule, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+    while node is not None and node is not ancestor:
+        node = parsed.parents.get(node)
+    return node is ancestor

@@ -1,0 +1,353 @@
+"""Whether a read of a tensor leaves it alone: followed through the names it is assigned to, the views taken of it
+and the parameters of the file's functions and module `forward`s it is passed to, it only computes new tensors from
+it (arithmetic, comparisons, `torch.where`, `masked_fill`, ...) or reads its metadata. A read that could write it or
+let it escape (an in-place method, an element write, `out=`, `.data`, `nn.Parameter(...)`, a container, a return, a
+call of anything not known to leave it alone) does not. Module-level and local tensors are held to it
+(patterns/module_values.py), and so is a tensor a class builds for an attribute (static/attribute_escapes.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from advisor.static.outside_writes import IN_PLACE_DUNDERS
+from advisor.static.walk import walk
+
+if TYPE_CHECKING:
+    from advisor.static.module_index import ParsedModule
+
+MAX_DEPTH = 6  # names and parameters followed from one read
+METADATA = {"dtype", "shape", "device", "ndim", "is_cuda", "is_floating_point", "size", "dim", "numel"}
+# methods whose result may share the receiver's memory (a view, or the receiver itself when nothing changes)
+SHARING_METHODS = {"to", "float", "half", "bfloat16", "double", "type", "type_as", "bool", "long", "int", "byte",
+                   "expand", "expand_as", "view", "view_as", "reshape", "reshape_as", "unsqueeze", "squeeze",
+                   "transpose", "permute", "contiguous", "flatten", "unflatten", "detach", "t", "narrow", "select",
+                   "T", "mT"}
+# methods whose result is a new tensor (or a number), leaving the receiver alone
+FRESH_METHODS = {"clone", "masked_fill", "add", "sub", "mul", "div", "neg", "exp", "eq", "ne", "lt", "le", "gt", "ge",
+                 "logical_not", "logical_and", "logical_or", "sum", "mean", "amax", "amin", "max", "min", "abs",
+                 "tril", "triu", "matmul", "bmm", "softmax", "isinf", "isnan", "isfinite", "all", "any",
+                 "new_zeros", "new_ones", "new_full", "new_empty", "repeat", "where", "item", "tolist",
+                 "is_floating_point", "size", "dim", "numel"}
+# methods of another tensor that read an argument without keeping it
+ARGUMENT_READING_METHODS = FRESH_METHODS | {"masked_fill_", "add_", "sub_", "mul_", "div_", "copy_", "to",
+                                            "type_as", "expand_as", "view_as", "reshape_as", "masked_scatter"}
+TORCH_FRESH = {f"torch.{name}" for name in (
+    "where", "softmax", "log_softmax", "matmul", "bmm", "baddbmm", "tril", "triu", "masked_fill", "add", "sub", "mul",
+    "div", "cat", "concat", "concatenate", "hstack", "vstack", "stack", "zeros_like", "ones_like", "full_like",
+    "randn_like", "rand_like", "empty_like", "exp",
+    "isinf", "isnan", "isfinite", "logical_not", "logical_and", "logical_or", "eq", "ne", "lt", "le", "gt", "ge",
+    "clone", "maximum", "minimum", "clamp", "abs", "nn.functional.softmax", "nn.functional.pad",
+    "nn.functional.scaled_dot_product_attention", "is_tensor", "numel")}
+JOINS = {f"torch.{name}" for name in ("cat", "concat", "concatenate", "hstack", "vstack", "stack")}  # lists -> new
+# `einsum("ij->ji", m)` is a view, and dropout returns its input itself when not training
+TORCH_SHARING = {f"torch.{name}" for name in ("reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten",
+                                              "broadcast_to", "t", "narrow", "select", "detach", "einsum",
+                                              "nn.functional.dropout")}
+INPLACE_POSITION = {"torch.nn.functional.dropout": 3}  # `F.dropout(m, p, training, inplace)`
+NUMBER_METHODS = {"item", "tolist", "size", "dim", "numel", "is_floating_point"}  # tensor methods giving numbers
+HARMLESS_BUILTINS = {"isinstance", "len", "print", "repr", "str", "float", "int", "bool", "round", "abs"}
+# what a class may assign an attribute that holds a tensor: a Parameter or Buffer (the other torch.nn classes are
+# modules, whose own state is another question), besides any other torch function's result
+NUMBER_INFO = {"torch.finfo", "torch.iinfo"}  # torch calls whose attributes are numbers
+TENSOR_CLASSES = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer",
+                  "torch.nn.parameter.Buffer"}
+
+def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, writes_seen: bool = False) -> bool:
+    """The expression `node` may hold the tensor: what encloses it only reads it, or computes a new tensor.
+    `writes_seen`: a write straight through `node` (into its elements, by an in-place method or function, `.data =`,
+    on it or on a view a method or torch function takes of it) is read elsewhere (static.outside_writes, for
+    another object's attribute), so only what hands the tensor on counts."""
+    if depth > MAX_DEPTH:
+        return False
+    parent = parsed.parents.get(node)
+    again = lambda outer: leaves_alone(parsed, outer, depth + 1, writes_seen)  # noqa: E731 - it may share memory
+    if isinstance(parent, (cst.BinaryOperation, cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation,
+                           cst.Index, cst.Expr)):
+        return True  # a new tensor (or a bool), or an index that reads it
+    if isinstance(parent, cst.BooleanOperation):
+        return again(parent)  # `m or other` is `m` itself
+    if isinstance(parent, cst.Call) and parent.func is node:
+        return True  # a tensor called raises; a call hands nothing it is not given
+    if isinstance(parent, cst.AugAssign):
+        return parent.value is node or writes_seen  # `scores += MASK` writes scores
+    if isinstance(parent, cst.IfExp):
+        return parent.test is node or again(parent)
+    if isinstance(parent, cst.Subscript) and parent.value is node:
+        if _is_target(parsed, parent):
+            return writes_seen
+        return _indexed_by_tensor(parsed, parent) or again(parent)  # advanced indexing copies
+    if isinstance(parent, cst.Attribute) and parent.value is node:
+        outer = parsed.parents.get(parent)
+        if isinstance(outer, cst.Call) and outer.func is parent:
+            method = parent.attr.value
+            return method in FRESH_METHODS or (method in SHARING_METHODS or writes_seen) and again(outer)
+        if _is_target(parsed, parent):
+            return writes_seen
+        return parent.attr.value in METADATA or parent.attr.value in ("T", "mT", "data") and again(parent)
+    if isinstance(parent, cst.Arg) and parent.value is node:
+        return _argument_left_alone(parsed, parent, depth, writes_seen)
+    if isinstance(parent, cst.Element) and parent.value is node:  # `torch.cat([a, MASK])`: a new tensor
+        literal = parsed.parents.get(parent)
+        arg = parsed.parents.get(literal)
+        call = parsed.parents.get(arg)
+        return isinstance(arg, cst.Arg) and arg.value is literal and not arg.star and arg.keyword is None and \
+            isinstance(call, cst.Call) and call.args[0] is arg and parsed.imported_name(call.func) in JOINS
+    if isinstance(parent, cst.Assign) and parent.value is node:
+        return _alias_left_alone(parsed, parent, depth)
+    if isinstance(parent, cst.Return) and parent.value is node:
+        return _calls_left_alone(parsed, parsed.innermost(parent, (cst.FunctionDef, cst.Lambda)), depth)
+    return False  # stored in a container or an attribute, yielded, ...
+
+
+def _indexed_by_tensor(parsed: ParsedModule, subscript: cst.Subscript) -> bool:
+    """`table[index.view(-1)]`, `x[:, torch.arange(n)]`: an index that is a tensor (a tensor method's or a torch
+    function's result) gathers a copy, not a view."""
+    for element in subscript.slice:
+        index = element.slice
+        value = index.value if isinstance(index, cst.Index) else None
+        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+                value.func.attr.value in (SHARING_METHODS | FRESH_METHODS) - NUMBER_METHODS:
+            return True
+        if isinstance(value, cst.Call) and (parsed.imported_name(value.func) or "").startswith("torch.") and \
+                parsed.imported_name(value.func) not in NUMBER_INFO:
+            return True
+        if isinstance(value, cst.Attribute) and is_self(value.value) and _tensor_attribute(parsed, value.attr.value):
+            return True
+    return False
+
+
+def _tensor_attribute(parsed: ParsedModule, name: str) -> bool:
+    """Some class of the file registers `name` as a buffer or assigns `self.name` a tensor it builds, and none
+    assigns it anything else."""
+    values = [(parsed.parents.get(node), node) for node in parsed.attributes_named(name) if is_self(node.value)]
+    assigned = [parsed.parents.get(target).value for target, node in values
+                if isinstance(target, cst.AssignTarget) and target.target is node]
+    registered = any(registers_buffer(parsed.parents.get(node), name) for node in parsed.attributes_named("register_buffer"))
+    return (bool(assigned) or registered) and all(builds_tensor(parsed, value) for value in assigned)
+
+
+def _calls_left_alone(parsed: ParsedModule, function: cst.CSTNode | None, depth: int) -> bool:
+    """A function or method of this file returning the tensor (`return self.table[...].unsqueeze(0)`): every call
+    of it, by name or as `x.name(...)`, leaves the result alone, and it is used no other way. A module's `forward`
+    and `__call__` are called through `nn.Module.__call__`, whose result no read here follows."""
+    if not isinstance(function, cst.FunctionDef) or function.name.value in ("forward", "__call__"):
+        return False
+    name = function.name.value
+    uses = [node for node in parsed.names_spelled(name) if parsed.parents.get(node) is not function] + \
+        parsed.attributes_named(name)
+    for use in uses:
+        if isinstance(use, cst.Name) and isinstance(parsed.parents.get(use), cst.Attribute):
+            continue  # the attribute's own name: read with the attribute
+        call = parsed.parents.get(use)
+        if not (isinstance(call, cst.Call) and call.func is use and leaves_alone(parsed, call, depth + 1)):
+            return False
+    return True
+
+
+def _is_target(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    parent = parsed.parents.get(node)
+    return isinstance(parent, (cst.AssignTarget, cst.Del)) or isinstance(parent, (cst.AugAssign, cst.AnnAssign)) \
+        and parent.target is node
+
+
+def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_seen: bool = False) -> bool:
+    call = parsed.parents.get(arg)
+    if not isinstance(call, cst.Call) or arg.star or arg.keyword is not None and arg.keyword.value == "inplace":
+        return False
+    dotted = parsed.imported_name(call.func) or ""
+    if len([a for a in call.args if a.keyword is None]) > INPLACE_POSITION.get(dotted, len(call.args)):
+        return False
+    out = arg.keyword is not None and arg.keyword.value == "out"
+    if writes_seen and (out or dotted.startswith(("torch.", "operator."))):
+        function = dotted.rsplit(".", 1)[-1]  # `nn.init.normal_(m.table)`, `operator.setitem(m.bias, i, v)`
+        written = out or function.endswith("_") and not function.startswith("_") or \
+            dotted.startswith("operator.") and f"__{function.strip('_')}__" in IN_PLACE_DUNDERS
+        return written or leaves_alone(parsed, call, depth + 1, writes_seen)  # else its result may be a view
+    if out:
+        return False
+    if dotted in TORCH_FRESH or dotted in HARMLESS_BUILTINS or dotted.startswith("math."):
+        return True
+    if dotted in TORCH_SHARING:
+        return leaves_alone(parsed, call, depth + 1, writes_seen)
+    forward = _submodule_forward(parsed, call)
+    if forward is not None:
+        return _parameter_left_alone(parsed, forward, call, arg, depth, skip=1)
+    methods = _methods_called(parsed, call)
+    if methods:
+        return all(_parameter_left_alone(parsed, method, call, arg, depth, skip=1) for method in methods)
+    if isinstance(call.func, cst.Attribute) and not dotted:
+        return call.func.attr.value in ARGUMENT_READING_METHODS and call.func.value is not arg.value
+    if isinstance(call.func, cst.Name) and call.func.value in parsed.module_functions:
+        return _parameter_left_alone(parsed, parsed.module_functions[call.func.value], call, arg, depth)
+    return False  # a function of another module, a callable built at run time: it may write what it is passed
+
+
+def _methods_called(parsed: ParsedModule, call: cst.Call) -> list[cst.FunctionDef]:
+    """`self.helper(x, mask)`: every method of that name the file's classes define (a subclass may override it);
+    [] for any other call, and where the file registers hooks or names a method it may replace."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and is_self(func.value)) or "hook" in parsed.source:
+        return []
+    name = func.attr.value
+    found = [function for function, owner, _ in parsed.functions if owner is not None and function.name.value == name]
+    stored = any(not (isinstance(parsed.parents.get(node), cst.Call) and parsed.parents[node].func is node)
+                 for node in parsed.attributes_named(name))
+    return [] if stored or name in ("forward", "__call__") else found
+
+
+def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef | None:
+    """`self.block(x, mask)` where the class builds `self.block` once, or `model(x, mask)` where the file binds
+    `model` once at module level, as an instance of a module class of this file: its `forward` (None where the
+    file registers hooks, which would see the arguments too, or names a `forward` attribute it may replace)."""
+    func = call.func
+    if "hook" in parsed.source or ".forward" in parsed.source:
+        return None
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        caller = parsed.innermost(call, cst.FunctionDef)
+        owner = next((o for f, o, _ in parsed.functions if f is caller), None)
+        built = owner.only_value(func.attr.value) if owner is not None else None
+    elif isinstance(func, cst.Name) and len(parsed.bindings.get(func.value, [])) == 1:
+        assign = parsed.parents.get(parsed.parents.get(parsed.bindings[func.value][0]))
+        built = assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) else None
+    else:
+        return None
+    if not (isinstance(built, cst.Call) and isinstance(built.func, cst.Name)):
+        return None
+    cls = parsed.top_level_classes.get(built.func.value)
+    return cls.methods.get("forward") if cls is not None else None
+
+
+def _module_statements(parsed: ParsedModule) -> set[cst.CSTNode]:
+    """The small statements at the module's top level (not in an `if`, a loop or a function)."""
+    return {small for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body}
+
+
+def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg,
+                          depth: int, skip: int = 0) -> bool:
+    """The function of this file the tensor is passed to only reads the parameter that receives it (`skip`: the
+    leading parameters the call does not pass, `self` of a module's `forward`)."""
+    params = function.params
+    if isinstance(params.star_arg, cst.Param) or isinstance(params.star_kwarg, cst.Param):
+        return False
+    if arg.keyword is not None:
+        name = arg.keyword.value
+    else:
+        position = [a for a in call.args if a.keyword is None].index(arg) + skip
+        positional = list(params.posonly_params) + list(params.params)
+        if position >= len(positional):
+            return False
+        name = positional[position].name.value
+    return _local_reads_left_alone(parsed, function, name, depth)
+
+
+def _alias_left_alone(parsed: ParsedModule, assign: cst.Assign, depth: int) -> bool:
+    """`alias = MASK` (or a view of it): every read of the alias leaves it alone too."""
+    if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
+        return False
+    name = assign.targets[0].target.value
+    scope = parsed.innermost(assign, (cst.FunctionDef, cst.Lambda, cst.ClassDef))
+    if isinstance(scope, cst.ClassDef):
+        return False  # a class attribute, read as `self.name` too
+    if _rebinds_itself(parsed, assign, scope, name):
+        return True  # `m = m.to(torch.bool)`: the reads of `m` here are the ones whose loop reached this one
+    if scope is None:
+        return all(leaves_alone(parsed, node, depth + 1) for node in _loads(parsed, parsed.module, name))
+    return _local_reads_left_alone(parsed, scope, name, depth)
+
+
+def _rebinds_itself(parsed: ParsedModule, assign: cst.Assign, scope: cst.CSTNode | None, name: str) -> bool:
+    """`name = name.view(...)[...]`: the value is a chain of methods and indexing on the same local, so the alias's
+    reads are reads of `name` in `scope`, every one of which the loop that reached this assignment checks (each
+    entry walks every occurrence of a name in a scope that holds this one); walking them again would only recurse."""
+    node = assign.value
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            node = node.func.value
+        elif isinstance(node, (cst.Subscript, cst.Attribute)):
+            node = node.value
+        else:
+            break
+    return isinstance(node, cst.Name) and node.value == name and \
+        parsed.innermost(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) is scope
+
+
+def read_leaves_alone(parsed: ParsedModule, node: cst.Name) -> bool:
+    """The one read `node` leaves the tensor it holds alone (see `leaves_alone`), trusting no callee it does not
+    read: `reset(mask)` is followed into `reset`, `torch.nn.init.zeros_(q)` is not known to read only."""
+    return leaves_alone(parsed, node, 0)
+
+
+def local_reads_leave_alone(parsed: ParsedModule, function: cst.FunctionDef, name: str,
+                            followed: tuple[cst.CSTNode, ...] = ()) -> bool:
+    """Every read of the local `name` in `function` leaves the tensor it holds alone, as every read of a module-level
+    tensor must (an alias written in place, `self.m = mask` then `self.m.fill_(...)`, would change it unseen; so
+    would a function of another module it is passed to, `corrupt(m)`), except the reads `followed`, where the caller
+    takes the tensor on (the buffer `register_buffer("m", m)` registers, the argument of the call site read)."""
+    return _local_reads_left_alone(parsed, function, name, 0, followed=followed)
+
+
+def _local_reads_left_alone(parsed: ParsedModule, scope: cst.CSTNode, name: str, depth: int,
+                            followed: tuple[cst.CSTNode, ...] = ()) -> bool:
+    """Every read of `name` inside `scope` (all of them, whatever else the name is bound to there)."""
+    for node in _occurrences(parsed, scope, name):
+        if any(node is read for read in followed):
+            continue
+        parent = parsed.parents.get(node)
+        if isinstance(parent, (cst.Param, cst.AssignTarget)) or isinstance(parent, cst.Attribute) and \
+                parent.attr is node or isinstance(parent, cst.Arg) and parent.keyword is node:
+            continue  # rebinding a local leaves the tensor alone
+        if isinstance(parent, (cst.AugAssign, cst.NameItem, cst.Del)) or \
+                not leaves_alone(parsed, node, depth + 1):
+            return False
+    return True
+
+
+def _occurrences(parsed: ParsedModule, scope: cst.CSTNode, name: str) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class _Names(cst.CSTVisitor):
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                found.append(node)
+
+    walk(scope, _Names())
+    return found
+
+
+def _loads(parsed: ParsedModule, scope: cst.CSTNode, name: str) -> list[cst.Name]:
+    return [node for node in _occurrences(parsed, scope, name)
+            if not isinstance(parsed.parents.get(node), (cst.AssignTarget, cst.Param))
+            and not (isinstance(parsed.parents.get(node), cst.Attribute) and parsed.parents[node].attr is node)]
+
+
+def builds_tensor(parsed: ParsedModule, value: cst.BaseExpression) -> bool:
+    """Whether a class's value for an attribute is a tensor it builds: a torch function's result (a Parameter or a
+    Buffer among torch.nn's classes, whose others are modules), a view, method or element of one, arithmetic on
+    one. A name or a number is not read as one (`self.head_dim = dim // heads`)."""
+    if isinstance(value, cst.Call):
+        dotted = parsed.imported_name(value.func) or ""
+        if dotted.startswith("torch."):
+            return dotted not in NUMBER_INFO and (not dotted.startswith("torch.nn.") or dotted in TENSOR_CLASSES or
+                                                  dotted.startswith("torch.nn.functional."))
+        return isinstance(value.func, cst.Attribute) and builds_tensor(parsed, value.func.value)
+    if isinstance(value, (cst.Subscript, cst.Attribute)):
+        return builds_tensor(parsed, value.value)
+    if isinstance(value, cst.BinaryOperation):
+        return builds_tensor(parsed, value.left) or builds_tensor(parsed, value.right)
+    if isinstance(value, cst.UnaryOperation):
+        return builds_tensor(parsed, value.expression)
+    return False
+
+
+def registers_buffer(call: cst.CSTNode | None, attribute: str) -> bool:
+    """`call` is `self.register_buffer("attribute", ...)`."""
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
+        call.func.attr.value == "register_buffer" and is_self(call.func.value) and bool(call.args) and \
+        isinstance(call.args[0].value, cst.SimpleString) and call.args[0].value.evaluated_value == attribute
+
+
+def is_self(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "self"
