@@ -33,6 +33,8 @@ MAX_DEPTH = 4  # callers followed through parameters passed on
 NON_FLOAT_DTYPES = {"bool", "int8", "uint8", "int16", "int32", "int64"}
 NON_FLOAT_METHODS = {"bool", "long", "int", "byte", "short", "char", "logical_not", "logical_and", "logical_or",
                      "logical_xor", "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isfinite"}
+NARROW_INTEGERS = {"uint8", "int8", "int16"}  # integer dtypes whose arithmetic wraps within a mask's values
+NARROW_INTEGER_METHODS = {"byte", "char", "short"}
 INTEGER_METHODS = {"long", "int", "byte", "short", "char"}  # the non-float methods whose result is not bool
 KEEP_VALUES = {"float", "double", "half", "bfloat16", "to", "type_as", "type", "contiguous", "clone", "detach",
                "unsqueeze", "view", "reshape", "expand", "expand_as", "transpose", "permute", "repeat", "flatten",
@@ -371,6 +373,8 @@ class SiteScope:
         return None
 
     def _call_interval(self, node: cst.Call, below) -> Interval | None:
+        if self._narrow_integer(node):
+            return None  # its arithmetic wraps: `(ids == 0).byte() * -10` is 246
         dotted = self.parsed.imported_name(node.func) or ""
         args = [a.value for a in node.args if a.keyword is None]
         if dotted in BOUNDED_CREATORS:
@@ -402,6 +406,14 @@ class SiteScope:
         if method in KEEP_VALUES:
             return below(receiver)
         return None
+
+
+    def _narrow_integer(self, node: cst.Call) -> bool:
+        """A call whose result is an integer tensor narrower than int32 (`.byte()`, `.to(torch.uint8)`,
+        `torch.ones(..., dtype=torch.int8)`)."""
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in NARROW_INTEGER_METHODS:
+            return True
+        return any(dtype_name(self.parsed, arg.value) in NARROW_INTEGERS for arg in node.args)
 
 
 def _is_bool(node: cst.BaseExpression) -> bool:

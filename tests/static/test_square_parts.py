@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
+from advisor.patterns.attention.triangles import Parts, _held
 from fixture_models import load_module_from_source
 
 TUTORIAL_HELPER = '''
@@ -100,3 +101,13 @@ def test_a_mask_zero_on_and_below_the_diagonal_keeps_every_row(mask, helper):
 @pytest.mark.parametrize("mask, helper", MASKS_A_ROW.values(), ids=MASKS_A_ROW)
 def test_a_mask_that_may_mask_a_whole_row_proves_nothing(mask, helper):
     assert not _proved(mask, helper)[0]
+
+
+def test_integer_values_outside_their_dtype_are_not_read():
+    """uint8 holds `0 - 1` as 255 and int16 `-40000` as 25536: a value past an integer dtype's range is not the one
+    the tensor holds (breaker round 11, bug 12)."""
+    parts = Parts(below=0.0, diagonal=0.0, above=-100.0, ndim=2, side="5")
+    assert _held(parts, "uint8") is None
+    assert _held(parts, "int8").above == -100.0
+    assert _held(Parts(below=0.0, diagonal=0.0, above=-40000.0, ndim=2, side="5"), "int16") is None
+    assert _held(Parts(below=0.0, diagonal=0.0, above=-40000.0, ndim=2, side="5"), "int32").dtype == "int32"

@@ -32,6 +32,9 @@ DTYPES = {"float32": 3.4028234663852886e38, "float": 3.4028234663852886e38, "flo
           "double": math.inf, "float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355e38,
           "bool": 1.0, "uint8": None, "int8": None, "int16": None, "int32": None, "int64": None, "int": None,
           "long": None, "short": None}
+# what each integer dtype holds without wrapping (int64 read no further than float32 arithmetic stays exact-ish)
+INTEGER_RANGES = {"uint8": (0, 255), "int8": (-128, 127), "int16": (-2 ** 15, 2 ** 15 - 1),
+                  "int32": (-2 ** 31, 2 ** 31 - 1), "int64": (-2 ** 31, 2 ** 31 - 1)}
 CANONICAL = {"float": "float32", "double": "float64", "half": "float16", "int": "int32", "long": "int64",
              "short": "int16"}
 CAST_METHODS = {"float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16", "bool": "bool",
@@ -315,13 +318,16 @@ def _cast(inner: Parts | None, dtype: str) -> Parts | None:
 
 def _held(parts: Parts | None, dtype: str) -> Parts | None:
     """Values computed in float32 as a tensor of `dtype` holds them: a narrower float overflows to ±inf, an integer
-    that could have wrapped (beyond 2**31) is not read, nor a non-finite one (no integer holds it)."""
+    outside its dtype's range (which wraps: uint8's `0 - 1` is 255) is not read, nor a non-finite one (no integer
+    holds it)."""
     if parts is None:
         return None
     if dtype in ("float16", "bfloat16"):
         return _cast(parts, dtype)
-    if DTYPES.get(dtype, 0.0) is None and any(not math.isnan(v) and not abs(v) < 2 ** 31 for v in parts.values):
-        return None
+    if DTYPES.get(dtype, 0.0) is None:
+        low, high = INTEGER_RANGES[CANONICAL.get(dtype, dtype)]
+        if any(not math.isnan(v) and not low <= v <= high for v in parts.values):
+            return None
     return replace(parts, dtype=dtype)
 
 
