@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import networkx as nx
 
+from advisor.static.outside_writes import ATTRIBUTE_TABLES, GETTERS
 from advisor.static.tensor_reads import builds_tensor, is_self, leaves_alone, registers_buffer
 
 if TYPE_CHECKING:
@@ -57,16 +58,13 @@ class _Escapes:
 
 def _escapes(parsed: ParsedModule, attribute: str, elements_ok: bool, finite_ok: bool) -> _Escapes:
     found = _Escapes()
-    getters = [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
-               call.func.value == "getattr" and len(call.args) >= 2 and
-               isinstance(call.args[1].value, cst.SimpleString) and call.args[1].value.evaluated_value == attribute]
-    reads = [(node, node.value) for node in parsed.attributes_named(attribute)] + \
-        [(call, call.args[0].value) for call in getters]
-    for read, receiver in reads:
+    reads = [(node, node.value, False) for node in parsed.attributes_named(attribute)] + \
+        _reads_by_name(parsed, attribute)
+    for read, receiver, unseen in reads:
         if _binds(parsed, read) or finite_ok and _finite_draw_into(parsed, read):
             continue  # `self.bias = t`, `del m.bias`: a binding, which the class's collectors read
         on_self = is_self(receiver)
-        if leaves_alone(parsed, read, 0, writes_seen=elements_ok or not on_self):
+        if leaves_alone(parsed, read, 0, writes_seen=elements_ok or not (on_self or unseen)):
             continue
         line = parsed.line(read)
         if on_self:
@@ -77,6 +75,46 @@ def _escapes(parsed: ParsedModule, attribute: str, elements_ok: bool, finite_ok:
         if not _narrowed_to_torch_nn(parsed, read, receiver):
             found.elsewhere_unnarrowed = min(line, found.elsewhere_unnarrowed or line)
     return found
+
+
+def _reads_by_name(parsed: ParsedModule, attribute: str) -> list[tuple[cst.BaseExpression, cst.BaseExpression, bool]]:
+    """Reads that name the attribute in a string, with their receivers and whether a write straight through them goes
+    unseen by static.outside_writes: `getattr(m, "bias")` (seen), `m.get_buffer("bias")`, `m._buffers["bias"]`,
+    `m.state_dict()["attn.bias"]` (whose tensors share the buffers' storage), `vars(m)["bias"]`."""
+    found = []
+    for string in _strings(parsed).get(attribute, []):
+        arg = parsed.parents.get(string)
+        call = parsed.parents.get(arg)
+        if isinstance(arg, cst.Arg) and isinstance(call, cst.Call) and call.args:
+            func = call.func
+            if isinstance(func, cst.Name) and func.value == "getattr" and len(call.args) >= 2 and \
+                    call.args[1] is arg:
+                found.append((call, call.args[0].value, False))
+            elif isinstance(func, cst.Attribute) and func.attr.value in GETTERS and call.args[0] is arg:
+                found.append((call, func.value, True))
+            continue
+        subscript = parsed.parents.get(parsed.parents.get(arg))
+        if isinstance(arg, cst.Index) and isinstance(subscript, cst.Subscript):
+            table = subscript.value
+            owner = table.value if isinstance(table, cst.Attribute) and table.attr.value in ATTRIBUTE_TABLES else \
+                table.args[0].value if isinstance(table, cst.Call) and isinstance(table.func, cst.Name) and \
+                table.func.value == "vars" and table.args else table
+            found.append((subscript, owner, True))
+    return found
+
+
+def _strings(parsed: ParsedModule) -> dict[str, list[cst.SimpleString]]:
+    """The file's string literals by the attribute name they end with (`"bias"`, `"attn.bias"`), once per file."""
+    def build(parsed: ParsedModule) -> dict[str, list[cst.SimpleString]]:
+        found: dict[str, list[cst.SimpleString]] = {}
+        for node in parsed.nodes_of(cst.SimpleString):
+            if len(node.value) > 80 or " " in node.value:
+                continue  # a docstring or a message names no attribute
+            value = node.evaluated_value
+            if isinstance(value, str) and value.isascii() and value.replace(".", "").replace("_", "").isalnum():
+                found.setdefault(value.rsplit(".", 1)[-1], []).append(node)
+        return found
+    return parsed.derived("strings-by-attribute", build)
 
 
 def _registered_buffers(parsed: ParsedModule) -> frozenset[tuple[cst.ClassDef, str]]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.static.outside_writes import IN_PLACE_DUNDERS
+from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
 from advisor.static.walk import walk
 
 if TYPE_CHECKING:
@@ -20,11 +21,9 @@ if TYPE_CHECKING:
 
 MAX_DEPTH = 6  # names and parameters followed from one read
 METADATA = {"dtype", "shape", "device", "ndim", "is_cuda", "is_floating_point", "size", "dim", "numel"}
-# methods whose result may share the receiver's memory (a view, or the receiver itself when nothing changes)
-SHARING_METHODS = {"to", "float", "half", "bfloat16", "double", "type", "type_as", "bool", "long", "int", "byte",
-                   "expand", "expand_as", "view", "view_as", "reshape", "reshape_as", "unsqueeze", "squeeze",
-                   "transpose", "permute", "contiguous", "flatten", "unflatten", "detach", "t", "narrow", "select",
-                   "T", "mT"}
+# methods whose result may share the receiver's memory (a view, or the receiver itself when nothing changes): torch's
+# view ops and casts (static.tensor_views)
+SHARING_METHODS = VIEW_OPS - {"rearrange"}
 # methods whose result is a new tensor (or a number), leaving the receiver alone
 FRESH_METHODS = {"clone", "masked_fill", "add", "sub", "mul", "div", "neg", "exp", "eq", "ne", "lt", "le", "gt", "ge",
                  "logical_not", "logical_and", "logical_or", "sum", "mean", "amax", "amin", "max", "min", "abs",
@@ -42,10 +41,8 @@ TORCH_FRESH = {f"torch.{name}" for name in (
     "clone", "maximum", "minimum", "clamp", "abs", "nn.functional.softmax", "nn.functional.pad",
     "nn.functional.scaled_dot_product_attention", "is_tensor", "numel")}
 JOINS = {f"torch.{name}" for name in ("cat", "concat", "concatenate", "hstack", "vstack", "stack")}  # lists -> new
-# `einsum("ij->ji", m)` is a view, and dropout returns its input itself when not training
-TORCH_SHARING = {f"torch.{name}" for name in ("reshape", "transpose", "permute", "unsqueeze", "squeeze", "flatten",
-                                              "broadcast_to", "t", "narrow", "select", "detach", "einsum",
-                                              "nn.functional.dropout")}
+# the same as torch functions; `einsum("ij->ji", m)` is a view, and dropout returns its input itself when not training
+TORCH_SHARING = {f"torch.{name}" for name in SHARING_METHODS} | {"torch.einsum", "torch.nn.functional.dropout"}
 INPLACE_POSITION = {"torch.nn.functional.dropout": 3}  # `F.dropout(m, p, training, inplace)`
 NUMBER_METHODS = {"item", "tolist", "size", "dim", "numel", "is_floating_point"}  # tensor methods giving numbers
 HARMLESS_BUILTINS = {"isinstance", "len", "print", "repr", "str", "float", "int", "bool", "round", "abs"}
@@ -54,6 +51,7 @@ HARMLESS_BUILTINS = {"isinstance", "len", "print", "repr", "str", "float", "int"
 NUMBER_INFO = {"torch.finfo", "torch.iinfo"}  # torch calls whose attributes are numbers
 TENSOR_CLASSES = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.nn.Buffer",
                   "torch.nn.parameter.Buffer"}
+
 
 def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, writes_seen: bool = False) -> bool:
     """The expression `node` may hold the tensor: what encloses it only reads it, or computes a new tensor.
@@ -86,7 +84,7 @@ def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, wri
             return method in FRESH_METHODS or (method in SHARING_METHODS or writes_seen) and again(outer)
         if _is_target(parsed, parent):
             return writes_seen
-        return parent.attr.value in METADATA or parent.attr.value in ("T", "mT", "data") and again(parent)
+        return parent.attr.value in METADATA or parent.attr.value in VIEW_ATTRIBUTES and again(parent)
     if isinstance(parent, cst.Arg) and parent.value is node:
         return _argument_left_alone(parsed, parent, depth, writes_seen)
     if isinstance(parent, cst.Element) and parent.value is node:  # `torch.cat([a, MASK])`: a new tensor

@@ -50,6 +50,9 @@ OUTSIDE = {
     "namespace": "ns = types.SimpleNamespace(b=m.mask)\n    ns.b[0, 0, 0, 1] = 1",
     "zip-loop": "for t, in zip([m.mask]):\n        t[0, 0, 0, 1] = 1",
     "numpy": "m.mask.numpy()[0, 0, 0, 1] = 1",
+    "buffers-table": 'held = [m._buffers["mask"]]\n    held[0][0, 0, 0, 1] = 1',
+    "get-buffer": 'held = {"b": m.get_buffer("mask")}\n    held["b"][0, 0, 0, 1] = 1',
+    "state-dict": 'held = [m.state_dict()["mask"]]\n    held[0][0, 0, 0, 1] = 1',
     "exec-literal": 'exec("m.mask[0, 0, 0, 1] = 1")',
     "exec-computed": 'exec("m.mask[0, 0, 0, 1] = " + "1")',
 }
@@ -64,6 +67,7 @@ INSIDE = {
     "dunder": "self.mask.__setitem__((0, 0, 0, 1), 1)",
     "walrus": "(b := self.mask)[0, 0, 0, 1] = 1",
     "kept": "self.keep = [self.mask]\n        self.keep[0][0, 0, 0, 1] = 1",
+    "own-table": 'held = [self._buffers["mask"]]\n        held[0][0, 0, 0, 1] = 1',
     "returned": "self.held()[0, 0, 0, 1] = 1\n\n    def held(self):\n        return self.mask",
 }
 CASES = [("pass", code) for code in OUTSIDE.values()] + [(code, "pass") for code in INSIDE.values()]
