@@ -9,6 +9,7 @@ afterwards cannot be expressed (SDPA adds the mask after scaling).
 
 from __future__ import annotations
 
+import math
 import re
 
 import libcst as cst
@@ -20,6 +21,7 @@ from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.tensor_scale import check_placement
 from advisor.patterns.call_site_facts import NUMBER, Claim
+from advisor.patterns.values import MASK_FILL_FLOOR, ValueProver
 from advisor.static.codegen import atomic, joined, number, parenthesized
 
 
@@ -69,9 +71,95 @@ def scale_and_mask_roles(c: Candidate) -> None:
     _sign_fact(c, [op for position, (op, _) in enumerate(applied) if masked_at is not None and position > masked_at
                    and op.name in ("mul", "div")])
     c.leaf_nodes.extend(guard.test for guard in chain.factor_guards.values())
+    late = [op for position, (op, _) in enumerate(applied) if masked_at is not None and position > masked_at
+            and op.name in ("mul", "div")]
     for term in match.masks:
-        if term.scaled_after and term.kind != "keep" and term.kind != "causal":
+        if term.scaled_after and term.kind not in ("keep", "causal") and \
+                not (term.kind == "finite" and _fill_stays_large(c, term, late)):
             raise Refusal("the scores are scaled after a finite or additive mask, which SDPA cannot express")
+
+
+LARGEST_SIZE = 2 ** 31  # a bound on any one size of a tensor (a dim of 2**31 elements or more is taken not to occur)
+SCALED_FILL = "scaled-fill"
+
+
+def _fill_stays_large(c: Candidate, term, late: list) -> bool:
+    """A finite fill the scores are scaled after (`s.masked_fill(m == 0, -1e9)`, then `softmax(s / d ** 0.5)`):
+    the original's masked scores are `fill * scale`, which still mask wherever the fill times the smallest the scale
+    can be stays at or below MASK_FILL_FLOOR, as the fill alone must; the patch adds the fill after the scale (both
+    give those keys no weight, and the same uniform rows where every key is masked, as the `fully-masked-rows` fact
+    says). The scale's bounds are read from literals and sizes (at most LARGEST_SIZE) through `*`, `/`, `//`, `**`
+    and square roots; its sign is `_sign_fact`'s."""
+    fill = c.values.fill_value(term.fill) if term.fill is not None else None
+    if not isinstance(fill, float) or any("tensor_factor" in op.params for op in late):
+        return False
+    smallest = 1.0
+    for op in late:
+        bounds = _magnitude(c, c.values.scalar_expression(op.params["factor"]))
+        if bounds is None or bounds[0] <= 0:
+            return False
+        smallest *= bounds[0] if op.name == "mul" else 1.0 / bounds[1]
+    if not fill * smallest <= MASK_FILL_FLOOR:
+        return False
+    c.match.facts.proved(SCALED_FILL, f"the masked scores stay at or below {MASK_FILL_FLOOR:g} after the scale",
+                         f"the fill {fill:g} times the scale's least magnitude {smallest:.3g} (sizes below 2**31)")
+    return True
+
+
+def _magnitude(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> tuple[float, float] | None:
+    """Bounds on the magnitude of a scale factor: a number (a `self.` attribute assigned one among them), a size (1 to
+    LARGEST_SIZE), a local assigned those, and products, quotients, floor quotients, powers and square roots of them;
+    None for anything else (an attribute computed from constructor arguments, whose values no call fixes here)."""
+    if depth > 8:
+        return None
+    number = c.values.literal_number(node)
+    if number is None:
+        number = c.values.constant_number(node)
+    if number is not None:
+        return abs(number), abs(number)
+    if c.values.is_size(node):
+        return 1.0, float(LARGEST_SIZE)
+    below = lambda child: _magnitude(c, child, depth + 1)  # noqa: E731
+    if isinstance(node, cst.Call) and (c.parsed.imported_name(node.func) or "") in SQUARE_ROOTS and \
+            len(node.args) == 1:
+        inner = below(node.args[0].value)
+        return None if inner is None else (math.sqrt(inner[0]), math.sqrt(inner[1]))
+    if isinstance(node, cst.BinaryOperation):
+        return _combined(node, below(node.left), below(node.right), c.values.constant_number(node.right))
+    if isinstance(node, cst.Name):
+        definitions = c.flow.definitions_of(node)
+        found = [below(d.value) if d.kind == "assign" and d.index is None else
+                 (1.0, float(LARGEST_SIZE)) if d.kind == "assign" and ValueProver._is_shape(d.value) else None
+                 for d in definitions]  # `b, n, c = x.shape`: sizes
+        if not found or None in found or c.flow.sees_undefined(node):
+            return None
+        return min(low for low, _ in found), max(high for _, high in found)
+    return None
+
+
+SQUARE_ROOTS = {"math.sqrt", "numpy.sqrt"}
+
+
+def _combined(node: cst.BinaryOperation, left: tuple[float, float] | None, right: tuple[float, float] | None,
+              exponent: float | None) -> tuple[float, float] | None:
+    """The bounds of a product, quotient or floor quotient of two bounded magnitudes, or of a power with a constant
+    exponent."""
+    if left is None:
+        return None
+    if isinstance(node.operator, cst.Power):  # `d ** 0.5`, `d ** -0.5`
+        if exponent is None or exponent == 0 or exponent < 0 and not left[0] > 0:
+            return None
+        powers = sorted((left[0] ** exponent, left[1] ** exponent))
+        return powers[0], powers[1]
+    if right is None:
+        return None
+    if isinstance(node.operator, cst.Multiply):
+        return left[0] * right[0], left[1] * right[1]
+    if isinstance(node.operator, cst.Divide) and right[0] > 0:
+        return left[0] / right[1], left[1] / right[0]
+    if isinstance(node.operator, cst.FloorDivide) and right[0] > 0:
+        return math.floor(left[0] / right[1]), left[1] / right[0]
+    return None
 
 
 def _soft_cap(c: Candidate, tanh, post_cap: list[tuple[str, cst.BaseExpression]]) -> None:
@@ -177,15 +265,17 @@ def _positive_form(c: Candidate, node: cst.BaseExpression, depth: int = 0) -> bo
     if isinstance(node, cst.Call):
         dotted = c.parsed.imported_name(node.func) or ""
         return dotted in POSITIVE_FUNCTIONS or isinstance(node.func, cst.Attribute) and \
-            node.func.attr.value == "exp" and not node.args
+            node.func.attr.value == "exp" and not node.args or c.values.is_size(node)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
         return _positive_form(c, node.left, depth + 1) and _positive_form(c, node.right, depth + 1)
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Power):
         return _positive_form(c, node.left, depth + 1)
     if isinstance(node, cst.Name):
         definitions = c.flow.definitions_of(node)
-        return len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None and \
-            not c.flow.sees_undefined(node) and _positive_form(c, definitions[0].value, depth + 1)
+        if len(definitions) != 1 or definitions[0].kind != "assign" or c.flow.sees_undefined(node):
+            return False
+        value = definitions[0].value  # `b, n, c = x.shape`: a size
+        return ValueProver._is_shape(value) if definitions[0].index is not None else _positive_form(c, value, depth + 1)
     return c.values.is_size(node)
 
 
