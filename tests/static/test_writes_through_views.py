@@ -55,8 +55,19 @@ LOCAL = "mask = torch.tril(torch.ones(T, T))"
     (f"{LOCAL}\n        m2 = mask[:, :prefix]\n        m2 += 1", "mask", "pass"),
     (f"{LOCAL}\n        first, rest = mask.split([prefix, T - prefix], dim=1)\n        first.fill_(1)", "mask", "pass"),
     (f"{LOCAL}\n        for row in mask:\n            row[:prefix] = 1", "mask", "pass"),
+    # breaker round 12: writes the dataflow does not read as statements of their own, followed as every read of
+    # the local mask must be (causal.local_value)
+    (f"{LOCAL}\n        y = mask.add_(1)", "mask", "pass"),
+    (f"{LOCAL}\n        (lambda m: m.fill_(1))(mask)", "mask", "pass"),
+    (f"{LOCAL}\n        torch.Tensor.fill_(mask, 1)", "mask", "pass"),
+    (f"{LOCAL}\n        mask.__setitem__(0, 1)", "mask", "pass"),
+    (f"{LOCAL}\n        y = torch.as_tensor(mask)\n        y.fill_(1)", "mask", "pass"),
+    (f"{LOCAL}\n        y = {{'m': mask}}\n        y['m'].fill_(1)", "mask", "pass"),
+    (f"{LOCAL}\n        cb = mask.fill_\n        cb(1)", "mask", "pass"),
+    (f"{LOCAL}\n        m2 = mask.__getitem__(0)\n        m2.fill_(1)", "mask", "pass"),
 ], ids=["narrow", "split", "flatten", "einops", "alias", "local-index", "local-method", "local-function",
-        "local-alias", "local-unpacked", "local-rows"])
+        "local-alias", "local-unpacked", "local-rows", "nested-in-place", "lambda", "unbound-method", "dunder",
+        "as-tensor", "container", "bound-method", "dunder-view"])
 def test_a_mask_written_through_a_view_is_not_causal(local, mask, outside):
     source = MODEL.format(local=local, mask=mask, outside=outside)
     finding, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
@@ -101,3 +112,48 @@ def forward(self, x, pos=None, mask=None, flag=False):
     aliases = view_aliases(function)
     assert aliases["w"] == {"shown"} and "w" not in aliases.get("k", set()) and "b" not in aliases
     assert "None" not in aliases and aliases["k"] == {"x"}  # a helper of the class may return what it is given
+
+
+POLARITY = '''import math
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def forward(self, q, k, v):
+        T = q.size(-2)
+        mask = torch.tril(torch.ones(T, T))
+        w = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        w = {masking}
+        return torch.softmax(w, dim=-1) @ v
+'''
+
+
+@pytest.mark.parametrize("masking, causal", [
+    ('w.masked_fill(mask == 0, float("-inf"))', True),
+    ('w.masked_fill(mask != 1, float("-inf"))', True),
+    ('w.masked_fill(mask <= 0, float("-inf"))', True),
+    ('w.masked_fill(mask < 1, float("-inf"))', True),
+    ('torch.where(mask == 1.0, w, float("-inf"))', True),
+    ('torch.where(mask > 0, w, float("-inf"))', True),
+    # breaker round 12: each flip counts once, and a test that is no polarity of a 0/1 mask proves nothing
+    ('w.masked_fill(~(mask == 0), float("-inf"))', False),  # masks the lower triangle
+    ('w.masked_fill((mask == 0) == 0, float("-inf"))', False),
+    ('torch.where(mask != 1, w, float("-inf"))', False),
+    ('torch.where(mask <= 0, w, float("-inf"))', False),
+    ('torch.where(mask == 0.0, w, float("-inf"))', False),
+    ('w.masked_fill(mask > 1, float("-inf"))', False),  # masks nothing
+])
+def test_the_polarity_of_a_causal_mask_is_read_from_every_flip(masking, causal):
+    source = POLARITY.format(masking=masking)
+    finding, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
+    assert ("is_causal=True" in fixed) == causal, finding.extra.get("facts")
+    original = load_module_from_source(source, "polarity").Attn()
+    patched = load_module_from_source(fixed, "polarity_fixed").Attn()
+    q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    expected, got = original(q, k, v), patched(q, k, v)
+    rows = ~expected.isnan().any(-1)  # a fully masked row: NaN in the original, accepted as 0 where listed
+    torch.testing.assert_close(got[rows], expected[rows], atol=1e-10, rtol=1e-10)
+    if not rows.all():
+        assert "fully-masked-rows" in {f["name"] for f in finding.extra["facts"].get("accepted", [])}

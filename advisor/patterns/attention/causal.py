@@ -18,6 +18,7 @@ from advisor.patterns.attention.triangles import size_codes, size_nodes, square_
 from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.module_index import ParsedModule
+from advisor.static.tensor_reads import local_reads_leave_alone
 from advisor.static.walk import walk
 
 if TYPE_CHECKING:  # annotations only: call sites read masks here too (`call_site_facts`), without a Candidate
@@ -33,13 +34,28 @@ ROW_KEEPING = {"expand", *CAST_METHODS, "bool", "byte", "int", "long"}  # and ea
 
 def mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
     """The tensor a mask expression tests: `bias[...] == 0`, `~m`, `m.bool()` all read their operand."""
-    base = masked
+    return _peeled(c, masked)[0]
+
+
+# whether a comparison of a 0/1 tensor with 0 or 1 flips it (`== 0`, `!= 1`, `< 1`, `<= 0`) or keeps it (`!= 0`,
+# `== 1`, `> 0`, `>= 1`); any other (`> 1`, `>= 0`) is no polarity of it
+FLIPS = {(cst.Equal, 0): True, (cst.NotEqual, 1): True, (cst.LessThan, 1): True, (cst.LessThanEqual, 0): True,
+         (cst.NotEqual, 0): False, (cst.Equal, 1): False, (cst.GreaterThan, 0): False, (cst.GreaterThanEqual, 1): False}
+
+
+def _peeled(c: Candidate, masked: cst.BaseExpression) -> tuple[cst.BaseExpression, bool | None]:
+    """The tensor a mask expression tests, and whether the expression flips its 0/1 values (each `~` and each
+    flipping comparison once; None where a comparison is no polarity of a 0/1 tensor)."""
+    base, flipped = masked, False
     while True:
         op = c.reader.read(base)
         if isinstance(base, cst.Comparison) and len(base.comparisons) == 1 and \
                 number_value(base.comparisons[0].comparator) in (0, 1):
+            flip = FLIPS.get((type(base.comparisons[0].operator), number_value(base.comparisons[0].comparator)))
+            flipped = None if flip is None or flipped is None else flipped != flip
             base = base.left
         elif isinstance(base, cst.UnaryOperation) and isinstance(base.operator, cst.BitInvert):
+            flipped = None if flipped is None else not flipped
             base = base.expression
         elif op is not None and op.name in ("cast", "identity"):
             base = op.operands[0]
@@ -47,17 +63,17 @@ def mask_base(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpression:
                 and base.func.attr.value == "bool":  # nonzero is True: a 0/1 mask means the same
             base = base.func.value
         else:
-            return base
+            return base, flipped
 
 
 def keeps_first_key(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
     """`self.bias[:, :, S - L:S, :S]` (GPT-2): any rows of a lower triangle of ones, its columns sliced from
     0, keep key 0 in every row (row r keeps keys 0..r), so no query row is fully masked."""
     base, via = mask_base(c, masked), []
-    definitions = c.flow.definitions_of(base) if isinstance(base, cst.Name) else []
-    if len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None:
-        via = [definitions[0].value]  # `mask = self.bias[...].bool()`: its own `== 0` flips it too
-        base = mask_base(c, definitions[0].value)
+    value = local_value(c, base) if isinstance(base, cst.Name) else None
+    if value is not None:
+        via = [value]  # `mask = self.bias[...].bool()`: its own `== 0` flips it too
+        base = mask_base(c, value)
     built = _buffer_from_first_column(c, base, sliced=True)
     return built is not None and _causal_polarity(c, triangle(c.parsed, built), masked, keep_given, *via)
 
@@ -69,10 +85,10 @@ def keeps_first_key_bottom_right(c: Candidate, masked: cst.BaseExpression, keep_
     base = mask_base(c, masked)
     via = []
     if isinstance(base, cst.Name):
-        definitions = c.flow.definitions_of(base)
-        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+        value = local_value(c, base)
+        if value is None:
             return False
-        via, base = [definitions[0].value], mask_base(c, definitions[0].value)
+        via, base = [value], mask_base(c, value)
     base, outer = _under_views(base)
     if not (isinstance(base, cst.Call) and isinstance(base.func, cst.Attribute) and base.func.attr.value == "triu"
             and c.parsed.imported_name(base.func) is None):
@@ -298,14 +314,26 @@ def _class_tensor(c: Candidate, attribute: str) -> cst.BaseExpression | None:
     return c.owner.only_value(attribute) if scope.state_swapped(c.parsed) is None else None
 
 
+def local_value(c: Candidate, name: cst.Name) -> cst.BaseExpression | None:
+    """What a local mask's one plain assignment reaching this read built, where every read of the name in its
+    function leaves the tensor alone: `y = mask.add_(1)`, `zap(mask)`, `torch.Tensor.fill_(mask, 1)`,
+    `mask.__setitem__(0, 1)`, `torch.as_tensor(mask).fill_(1)`, `{"m": mask}` may write it after it was built
+    (breaker round 12)."""
+    definitions = c.flow.definitions_of(name)
+    if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+        return None
+    function = c.parsed.innermost(name, cst.FunctionDef)
+    if function is None or not local_reads_leave_alone(c.parsed, function, name.value):
+        return None
+    return definitions[0].value
+
+
 def is_causal_keep(c: Candidate, masked: cst.BaseExpression, keep_given: bool) -> bool:
     """The keep mask is a lower-triangular square of ones sliced [..., :T, :T]: `is_causal` is exact."""
     base = mask_base(c, masked)
     if isinstance(base, cst.Name):
-        definitions = c.flow.definitions_of(base)
-        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
-            return False
-        return _causal_polarity(c, triangle(c.parsed, definitions[0].value), masked, keep_given)
+        value = local_value(c, base)
+        return value is not None and _causal_polarity(c, triangle(c.parsed, value), masked, keep_given)
     if isinstance(base, cst.Subscript) and isinstance(base.value, cst.Attribute) \
             and isinstance(base.value.value, cst.Name) and base.value.value.value == "self" and c.owner:
         built = _class_tensor(c, base.value.attr.value)
@@ -329,13 +357,10 @@ def _causal_polarity(c: Candidate, kind: str | None, masked: cst.BaseExpression,
     """A lower triangle of ones marks attended positions, an upper one (diagonal=1) masked ones; the
     original must use it in the matching polarity (`== 0` and `~` flip it, in the mask expression or in
     the assignments `via` which it reads the triangle)."""
-    if kind is None:
+    flips = [_peeled(c, expression)[1] for expression in (masked, *via)]
+    if kind is None or None in flips:
         return False
-    flipped = False
-    for expression in (masked, *via):
-        text = c.parsed.code(expression).replace(" ", "")
-        flipped ^= text.endswith("==0") or text.startswith("~") or text.endswith("<1")
-    true_means_attend = (kind == "lower") != flipped
+    true_means_attend = (kind == "lower") != (sum(flips) % 2 == 1)
     return true_means_attend == keep_given
 
 
@@ -444,11 +469,8 @@ def triangle_side(c: Candidate, masked: cst.BaseExpression) -> cst.BaseExpressio
     one local name), which the `causal-extent` check compares with the scores' sizes; None for a buffer."""
     base = mask_base(c, masked)
     if isinstance(base, cst.Name):
-        definitions = c.flow.definitions_of(base)
-        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
-            return None
-        base = definitions[0].value
-    if triangle(c.parsed, base) is None:
+        base = local_value(c, base)
+    if base is None or triangle(c.parsed, base) is None:
         return None
 
     class _Ones(cst.CSTVisitor):
