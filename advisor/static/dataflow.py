@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import networkx as nx
 
-from advisor.static.tensor_views import storage_roots, view_aliases
+from advisor.static.tensor_views import is_library, storage_roots, view_aliases, writes_its_receiver
 from advisor.static.walk import children, walk
 
 UNDEFINED = -1  # marks "on some path this name is not bound here"
@@ -375,8 +375,8 @@ class _FlowBuilder:
         elif isinstance(small, cst.AugAssign):
             self._read(small.value, env)
             self._read(small.target, env)
-            if isinstance(small.target, cst.Subscript):  # `x += v` on a name is the "aug" definition below
-                self._store(small.target, small, env, if_guards)
+            if isinstance(small.target, (cst.Subscript, cst.Attribute)):  # `x[i] += v`, `x.data *= 2`; on a name,
+                self._store(small.target, small, env, if_guards)  # the "aug" definition below
             if isinstance(small.target, cst.Name):
                 previous = env.get(small.target.value, frozenset())
                 definition = self._define(small.target.value, "aug", small, env, if_guards,
@@ -408,8 +408,11 @@ class _FlowBuilder:
             for child in children(small):
                 if isinstance(child, cst.BaseExpression):
                     self._read(child, env)
-        for written in _out_arguments(small):  # `torch.mul(a, b, out=x)` writes x's storage
-            self._store(written, small, env, if_guards)
+        written, called = _written_in(small)
+        if called and self._aliases is None:
+            self._aliases = view_aliases(self.flow.function)
+        for target in written + [c for c in called if not isinstance(c, cst.Name) or self._aliases.get(c.value)]:
+            self._store(target, small, env, if_guards)  # `out=x`, `y = x.add_(1)`, `cb = x.mul_; cb(2)`
 
     def _store(self, target, statement, env: Env, guards) -> None:
         """`x[i] = v`, `x[i] += v`, `out=x`, `x.narrow(0, 0, 2).fill_(1)`: the tensor x is written in place, which
@@ -461,8 +464,9 @@ def is_self_attribute(node: cst.CSTNode) -> bool:
 
 
 def is_inplace_method(func: cst.BaseExpression) -> bool:
-    """`x.fill_`, `x.add_`: a trailing underscore is torch's naming for methods that write their receiver."""
-    return isinstance(func, cst.Attribute) and func.attr.value.endswith("_") and not func.attr.value.startswith("_")
+    """`x.fill_`, `x.add_`: a trailing underscore is torch's naming for methods that write their receiver; so do
+    the operator methods `x.__setitem__`, `x.__imul__`."""
+    return isinstance(func, cst.Attribute) and writes_its_receiver(func.attr.value)
 
 
 def _inplace_receiver(expression: cst.BaseExpression) -> cst.Name | None:
@@ -473,20 +477,36 @@ def _inplace_receiver(expression: cst.BaseExpression) -> cst.Name | None:
     return None
 
 
-def _out_arguments(small: cst.BaseSmallStatement) -> list[cst.BaseExpression]:
-    """The `out=` arguments of every call in a statement."""
+def _written_in(small: cst.BaseSmallStatement) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
+    """What the calls of a statement may write in place, besides a statement that is itself one in-place call (read
+    above): `out=` arguments, the receiver of an in-place method called inside an expression (`y = x.add_(1)`,
+    `x.__imul__(2)`) and the first argument of one called unbound (`torch.Tensor.fill_(x, 1)`), and what a call of
+    a value may be (`cb(2)` where `cb = x.mul_`, `partial(torch.Tensor.mul_, x)(2)`: tensor_views joins a bound
+    in-place method to its tensor): (what is written, the values called)."""
     found: list[cst.BaseExpression] = []
+    called: list[cst.BaseExpression] = []
+    own = small.value if isinstance(small, cst.Expr) else None
 
     class Visitor(cst.CSTVisitor):
         def visit_Arg(self, node: cst.Arg) -> None:
             if node.keyword is not None and node.keyword.value == "out":
                 found.append(node.value)
 
+        def visit_Call(self, node: cst.Call) -> None:
+            func = node.func
+            if is_inplace_method(func):
+                if is_library(func.value):
+                    found.extend(arg.value for arg in node.args[:1] if arg.keyword is None)
+                elif node is not own:
+                    found.append(func.value)
+            elif isinstance(func, (cst.Name, cst.Call)):
+                called.append(func)
+
         def visit_Lambda(self, node: cst.Lambda) -> bool:
             return False
 
     walk(small, Visitor())
-    return found
+    return found, called
 
 
 def _merge(left: Env, right: Env) -> Env:

@@ -293,7 +293,7 @@ def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda], writes: li
 
 def _write_receiver(node: ast.AST) -> ast.AST | None:
     """What `node` writes into: the receiver of an in-place method (`t.fill_(1)`), a subscripted target."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _writes_its_receiver(node.func.attr):
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and writes_its_receiver(node.func.attr):
         return node.func.value
     if isinstance(node, (ast.Assign, ast.AugAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -571,7 +571,7 @@ class _Writes:
                     self.write(name)
         elif self._function_call(node, args):
             return
-        elif isinstance(func, ast.Attribute) and _writes_its_receiver(func.attr):
+        elif isinstance(func, ast.Attribute) and writes_its_receiver(func.attr):
             self.target(func.value, elements_only=func.attr not in RESHAPING_IN_PLACE)
             if args and _a_class(func.value):  # `t.__class__.copy_(m.bias, src)`: the method unbound
                 self.target(args[0], elements_only=func.attr not in RESHAPING_IN_PLACE)
@@ -704,7 +704,7 @@ def _in_place(name: str) -> bool:
     return name.endswith("_") and not name.startswith("_")
 
 
-def _writes_its_receiver(method: str) -> bool:
+def writes_its_receiver(method: str) -> bool:
     """An in-place method, or an operator method that writes its receiver (`__setitem__`, `__iadd__`)."""
     return _in_place(method) or method in IN_PLACE_DUNDERS
 

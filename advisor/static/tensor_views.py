@@ -13,6 +13,7 @@ from __future__ import annotations
 import libcst as cst
 import networkx as nx
 
+from advisor.static.outside_writes import writes_its_receiver
 from advisor.static.walk import walk
 
 VIEW_OPS = frozenset({
@@ -39,14 +40,17 @@ def storage_roots(expression: cst.BaseExpression) -> list[cst.Name]:
         return [] if expression.value in CONSTANTS else [expression]
     if isinstance(expression, cst.Subscript):
         return storage_roots(expression.value)
-    if isinstance(expression, cst.Attribute):
-        return storage_roots(expression.value) if expression.attr.value in VIEW_ATTRIBUTES else []
+    if isinstance(expression, cst.Attribute):  # a view, or a bound in-place method (`cb = x.mul_`) that writes x
+        viewing = expression.attr.value in VIEW_ATTRIBUTES or writes_its_receiver(expression.attr.value)
+        return storage_roots(expression.value) if viewing else []
     if isinstance(expression, (cst.Tuple, cst.List)):
         return [root for element in expression.elements for root in storage_roots(element.value)]
     if isinstance(expression, cst.IfExp):
         return storage_roots(expression.body) + storage_roots(expression.orelse)
     if isinstance(expression, cst.NamedExpr):
         return storage_roots(expression.value)
+    if isinstance(expression, cst.BooleanOperation):  # `a and b` is one of them
+        return storage_roots(expression.left) + storage_roots(expression.right)
     if not isinstance(expression, cst.Call):
         return []
     func, positional = expression.func, [arg.value for arg in expression.args if arg.keyword is None]
@@ -58,11 +62,11 @@ def storage_roots(expression: cst.BaseExpression) -> list[cst.Name]:
     if not isinstance(func, cst.Attribute):
         return [root for value in positional for root in storage_roots(value)]
     name, receiver = func.attr.value, func.value
-    if _library(receiver):  # `torch.narrow(mask, ...)`: a view of its first argument; `torch.matmul` a new tensor
+    if is_library(receiver):  # `torch.narrow(mask, ...)`: a view of its first argument; `torch.matmul` a new tensor
         return [root for value in positional[:1] for root in storage_roots(value)] if name in VIEW_OPS else []
     if isinstance(receiver, cst.Name) and receiver.value == "self":  # a module or method of the user's
         return [root for value in positional for root in storage_roots(value)]
-    if name in VIEW_OPS or name.endswith("_") and not name.startswith("_"):  # in place: returns its receiver
+    if name in VIEW_OPS or writes_its_receiver(name) or name == "__getitem__":  # in place: returns its receiver
         return storage_roots(receiver)
     return []
 
@@ -80,7 +84,8 @@ def _is_size(value: cst.BaseExpression) -> bool:
     return isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("len", "int")
 
 
-def _library(node: cst.BaseExpression) -> bool:
+def is_library(node: cst.BaseExpression) -> bool:
+    """`torch`, `torch.Tensor`, `F`, `np`: a namespace of functions, not a tensor."""
     while isinstance(node, cst.Attribute):
         node = node.value
     return isinstance(node, cst.Name) and node.value in LIBRARIES

@@ -190,6 +190,14 @@ def attend(q, k, v, scale):
     ("[row.zero_() for row in k]", "written in place"),
     ("q.detach().numpy()[...] *= 2", "written in place"),
     ("kd = torch.empty(0).set_(k); kd.mul_(2.0)", "written in place"),  # a sixth breaker's: set_ shares storage
+    # a twelfth breaker's: through `.data`, operator methods, an in-place call inside an expression, a bound method
+    ("q.data *= 2", "written in place"),
+    ("q.__imul__(2)", "written in place"),
+    ("k.__setitem__(0, 0.0)", "written in place"),
+    ("y = q.mul_(2)", "written in place"),
+    ("torch.Tensor.mul_(q, 2)", "written in place"),
+    ("cb = q.mul_; cb(2)", "written in place"),
+    ("q2 = q.tolist() and q.unbind(); q2[0].mul_(2)", "written in place"),
 ])
 def test_inputs_changed_after_the_scores_are_refused(statement, how):
     source = attention(f"""

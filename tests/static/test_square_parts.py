@@ -74,6 +74,9 @@ MASKS_A_ROW = {
     # float16 arithmetic: -6e4 * 2 is -inf there, and adding 1.2e5 back leaves -inf everywhere (0 in float32)
     "half doubled past its range": ("torch.full((5, 5), -6e4, dtype=torch.half) * 2 + 1.2e5", ""),
     "half filled past its range": ("torch.zeros(5, 5).half().masked_fill(torch.ones(5, 5) > 0, -1e5) + 1e5", ""),
+    # an in-place call inside an assignment overwrites the whole square (breaker round 12, bug 19)
+    "helper filled in place inside an assignment": ("build_causal_mask(5)", CLIP_HELPER.replace(
+        "    mask.triu_(1)\n", "    mask.triu_(1)\n    z = mask.fill_(-1e9)\n")),
 }
 
 
