@@ -376,7 +376,51 @@ class ParsedModule:
 
     @cached_property
     def module_functions(self) -> dict[str, cst.FunctionDef]:
-        return {s.name.value: s for s in self.module.body if isinstance(s, cst.FunctionDef)}
+        """The file's top-level functions that are the one value of their name when the module has run: none is
+        defined or bound again at module scope (a `def` in a module-level `if True:`, `for` or `with` block runs
+        after the first one, breaker round 12), imported over, or replaced through `globals()`, `setattr` on an
+        object other than `self`, its `__code__`, `exec` or `eval`."""
+        defined: dict[str, int] = {}
+        for node in self.nodes_of(cst.FunctionDef, cst.ClassDef):
+            if self.innermost(self.parents.get(node), (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is None:
+                defined[node.name.value] = defined.get(node.name.value, 0) + 1
+        replaced = self._replaced_by_name
+        return {s.name.value: s for s in self.module.body if isinstance(s, cst.FunctionDef)
+                and defined[s.name.value] == 1 and s.name.value not in self.imports
+                and ANY_ATTRIBUTE not in replaced and s.name.value not in replaced
+                and not any(self.innermost(self.parents.get(name), (cst.FunctionDef, cst.ClassDef, cst.Lambda,
+                                                                    cst.CompFor)) is None
+                            for name in self.bindings.get(s.name.value, []))}
+
+    @cached_property
+    def _replaced_by_name(self) -> frozenset[str]:
+        """Module names the file may rebind without a binding statement: `f.__code__ = g` (f), `setattr(obj, "f",
+        g)` on anything but `self` (f; any name where computed), `globals()` used otherwise than read by a literal
+        key, `vars()`, `exec` and `eval` (any name: ANY_ATTRIBUTE)."""
+        found: set[str] = set()
+        for node in self.attributes_named("__code__"):
+            target = self.parents.get(node)
+            if isinstance(target, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.value, cst.Name):
+                found.add(node.value.value)
+        for call in self.nodes_of(cst.Call):
+            func = call.func.value if isinstance(call.func, cst.Name) else None
+            if func in ("exec", "eval") or func == "vars" and not call.args:
+                found.add(ANY_ATTRIBUTE)
+            elif func == "globals" and not self._literal_read(call):
+                found.add(ANY_ATTRIBUTE)
+            elif func == "setattr" and len(call.args) >= 2 and not _is_self(call.args[0].value):
+                key = call.args[1].value
+                found.add(key.evaluated_value if isinstance(key, cst.SimpleString) else ANY_ATTRIBUTE)
+        return frozenset(found)
+
+    def _literal_read(self, call: cst.Call) -> bool:
+        """`globals()["__file__"]`: the namespace read by a literal key, nothing bound."""
+        index = self.parents.get(call)
+        subscript = index if isinstance(index, cst.Subscript) and index.value is call else None
+        return subscript is not None and len(subscript.slice) == 1 and \
+            isinstance(subscript.slice[0].slice, cst.Index) and \
+            isinstance(subscript.slice[0].slice.value, cst.SimpleString) and \
+            not isinstance(self.parents.get(subscript), (cst.AssignTarget, cst.AugAssign, cst.Del))
 
     @cached_property
     def bindings(self) -> dict[str, list[cst.Name]]:
@@ -670,8 +714,9 @@ class _FunctionCollector(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         info = ClassInfo(node)
+        bound = _class_scope_bindings(node)
         for statement in node.body.body:
-            if isinstance(statement, cst.FunctionDef):
+            if isinstance(statement, cst.FunctionDef) and bound.get(statement.name.value) == 1:
                 info.methods[statement.name.value] = statement
         self.classes.append(info)
         self.path.append(node.name.value)
@@ -688,6 +733,29 @@ class _FunctionCollector(cst.CSTVisitor):
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self.path.pop()
 
+
+
+def _class_scope_bindings(node: cst.ClassDef) -> dict[str, int]:
+    """How often the class body binds each name (a `def`, anywhere in its `if`/`for`/`with`/`try` blocks, an
+    assignment, a loop): a method defined again in `if True:` is the one the class holds (breaker round 12).
+    `locals()` or `exec` in the body may bind any name: then every count is 2."""
+    counts: dict[str, int] = {}
+    pending: list[cst.CSTNode] = list(node.body.body)
+    hatch = False
+    while pending:
+        current = pending.pop()
+        if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            counts[current.name.value] = counts.get(current.name.value, 0) + 1
+            continue  # its body is its own scope
+        if isinstance(current, cst.Lambda):
+            continue
+        if isinstance(current, cst.Call) and isinstance(current.func, cst.Name) and \
+                current.func.value in ("locals", "exec", "eval", "vars"):
+            hatch = True
+        for name in _assigned_names([(current, None)]):
+            counts[name.value] = counts.get(name.value, 0) + 1
+        pending.extend(child for child in current.children if is_node(child))
+    return {name: 2 for name in counts} if hatch else counts
 
 
 def _holds_no_definition(self, node: cst.CSTNode) -> bool:
