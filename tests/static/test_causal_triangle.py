@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import libcst as cst
 import pytest
+import torch
+
+from advisor.engine.static import analyze_source
 
 from advisor.patterns.attention.causal import triangle
 from advisor.static.module_index import ParsedModule
+from fixture_models import load_module_from_source
 
 
 def _read(expression: str) -> str | None:
@@ -25,7 +29,9 @@ def _read(expression: str) -> str | None:
     ("torch.ones(n, n).tril_()", "lower"),
     ("torch.tril(torch.ones(n, n)).view(1, 1, n, n)", "lower"),
     ("torch.tril(torch.ones(n, n, dtype=torch.bool))[None, None, :, :]", "lower"),
-    ("torch.ones(n, n).tril().long().unsqueeze(0).expand(b, n, n)", "lower"),
+    # expanded to leading sizes other than 1, it may broadcast the scores up in the original (breaker round 12)
+    ("torch.ones(n, n).tril().long().unsqueeze(0).expand(b, n, n)", None),
+    ("torch.ones(n, n).tril().long().unsqueeze(0).expand(1, n, n)", "lower"),
     ("torch.tril(torch.ones(n, n)).to(torch.uint8).half()", "lower"),
     ("torch.triu(torch.ones(n, n), diagonal=1)", "upper"),
     ("torch.ones(n, n).triu(1).bool()", "upper"),
@@ -37,7 +43,8 @@ def _read(expression: str) -> str | None:
     ("torch.tril(torch.ones(n, n)).cumsum(0)", None),  # changes the values
     ("torch.tril(torch.ones(n, n))[1:, :]", None),  # drops a row
     ("mask.tril()", None),  # not built here
-    ("torch.tril(torch.ones(n, n)).reshape(-1, n, n).expand(b, h, -1, -1)", "lower"),
+    ("torch.tril(torch.ones(n, n)).reshape(-1, n, n).expand(b, h, -1, -1)", None),
+    ("torch.tril(torch.ones(n, n)).reshape(-1, n, n).expand(-1, -1, -1)", "lower"),
     ("torch.tril(torch.ones(8, 8)).view(1, 1, 4, 16)", None),  # the same values, another mask
     ("torch.tril(torch.ones(n, n)).view(n, 1, n)", None),
     ("torch.tril(torch.ones(n, n))[:, None]", None),  # (n, 1, n): rows are no longer the second-to-last dim
@@ -214,3 +221,38 @@ class Attn(nn.Module):
     patched.load_state_dict(original.state_dict())
     x = torch.randn(2, 4, 8, dtype=torch.float64)
     torch.testing.assert_close(patched(x), original(x), atol=1e-10, rtol=1e-10)
+
+
+RANKED = '''import math
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def forward(self, q, k, v):
+        q, k, v = q.view(1, 4, 5, 4), k.view(1, 4, 5, 4), v.view(1, 4, 5, 4)
+        T = q.size(-2)
+        mask = {mask}
+        w = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        w = w.masked_fill(mask == 0, float("-inf"))
+        return torch.softmax(w, dim=-1) @ v
+'''
+
+
+@pytest.mark.parametrize("mask, causal", [
+    ("torch.tril(torch.ones(T, T))[None, None]", True),
+    ("torch.tril(torch.ones(T, T))[None, None, None]", False),  # 5-D: the original's weights are 5-D
+    ("torch.tril(torch.ones(T, T)).view(1, 1, 1, T, T)", False),
+])
+def test_a_causal_mask_of_more_dims_than_the_scores_is_not_is_causal(mask, causal):
+    """`is_causal` drops the mask; the original broadcasts the scores up to a mask of more dims (breaker round 12,
+    bug 12: 5-D weights against the patch's 4-D; a larger leading size, `expand(3, 1, T, T)`, is no triangle:
+    test_triangle_of_ones)."""
+    source = RANKED.format(mask=mask)
+    result = analyze_source(source, "ranked.py")
+    assert ("is_causal=True" in result.fixed) == causal
+    q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    expected = load_module_from_source(source, "ranked").Attn()(q, k, v)
+    got = load_module_from_source(result.fixed, "ranked_fixed").Attn()(q, k, v)
+    torch.testing.assert_close(got, expected)

@@ -79,3 +79,18 @@ def test_the_shape_of_masked_scores_is_not_read_as_the_products():
                                                              "bias = (")
     finding, _ = attention_finding_and_fix(masked_module(body))
     assert "also used" in (finding.reason or ""), finding.reason
+
+
+def test_a_file_that_fx_traces_keeps_the_product_s_shape_read():
+    """torch.fx cannot trace `torch.broadcast_shapes` of Proxy sizes (breaker round 12, bug 13): where the file
+    traces its modules the shape read is not translated, and the patched module still traces and matches."""
+    source = masked_module(SAM.format(method="expand_as")) + \
+        "\n\ndef traced():\n    return torch.fx.symbolic_trace(Attention())\n"
+    _, fixed = attention_finding_and_fix(source, unsafe_fixes=True)
+    assert "broadcast_shapes" not in fixed
+    torch.manual_seed(0)
+    model = load_module_from_source(source, "fx_shape").Attention().double()
+    twin = load_module_from_source(fixed, "fx_shape_fixed").Attention().double()
+    twin.load_state_dict(model.state_dict())
+    x, mask = torch.randn(3, 5, 16, dtype=torch.float64), _padding(False).double()
+    torch.testing.assert_close(torch.fx.symbolic_trace(twin)(x, mask), model(x, mask))

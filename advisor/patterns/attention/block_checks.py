@@ -117,9 +117,9 @@ def _shape_of_product(c: Candidate, read: cst.Name, call: cst.Call):
     batch dims broadcast, then (L, S). Read from the SDPA call's Q and K where their shapes cost no compute."""
     torch_name = c.parsed.module_aliases.get("torch")
     query, key = c.match.query, c.match.key
-    if product_read(c, read) is None or torch_name is None or \
-            not (_shape_free(query) and _shape_free(key)) or scope.is_scripted(c.parsed, c.home, c.owner):
-        return None  # TorchScript compiles no torch.broadcast_shapes
+    if product_read(c, read) is None or torch_name is None or not (_shape_free(query) and _shape_free(key)) or \
+            scope.is_scripted(c.parsed, c.home, c.owner) or scope.fx_traced(c.parsed) is not None:
+        return None  # TorchScript compiles no torch.broadcast_shapes, torch.fx traces none of Proxies
     shape = parse_template_expression(
         "{torch}.broadcast_shapes({query}.shape[:-2], {key}.shape[:-2]) + ({query}.shape[-2], {key}.shape[-2])",
         torch=cst.Name(torch_name), query=atomic(query), key=atomic(key))

@@ -434,7 +434,9 @@ def _keeps_last_two(parsed: ParsedModule, steps: list[cst.CSTNode], last_two: li
             codes = size_codes(parsed, [a.value for a in step.args])
             if any(a.keyword is not None or a.star for a in step.args) or len(codes) < max(ndim, 2):
                 return False
-            ok = all(code in ("-1", size) for code, size in zip(codes[-2:], last_two)) \
+            # `expand` to leading sizes other than 1 broadcasts the scores up in the original (breaker round 12)
+            ok = all(code in ("-1", size) for code, size in zip(codes[-2:], last_two)) and \
+                all(code in ("-1", "1") for code in codes[:-2]) \
                 if step.func.attr.value == "expand" else view_keeps(codes, last_two)
             ndim = len(codes) if ok else None
         elif step.func.attr.value == "unsqueeze":

@@ -21,7 +21,7 @@ from advisor.patterns.attention.helpers import argument_of, helper_at, helper_re
 from advisor.patterns.attention.learned_bias import integer_index, values_of
 from advisor.patterns.attention.products import has_cast, rank, spec
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.attention.result import MaskTerm
+from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.ops import int_value
@@ -276,7 +276,10 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
     also takes a 1-D mask, and a mask of more dims (giving a higher-rank output)."""
     match = c.match
     sources = [term for term in match.masks if term.source is not None and term.reshape is None]
-    if not sources or match.is_causal:
+    if not sources:
+        return
+    if match.is_causal:
+        _causal_rank(c, sources)
         return
     if all(_shaped_as_scores(c, term.source) for term in sources):
         match.facts.proved("mask-rank", "the mask has 2 to the scores' number of dims", "it is the scores' shape "
@@ -332,6 +335,19 @@ def _shaped_as_scores(c: Candidate, node: cst.BaseExpression) -> bool:
 
 def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
     return [term for index, term in enumerate(terms) if all(term is not other for other in terms[:index])]
+
+
+def _causal_rank(c: Candidate, sources: list[MaskTerm]) -> None:
+    """`is_causal` drops the mask, whose leading dims are all 1; in the original a mask of more dims than the scores
+    broadcasts them up (`tril(ones(T, T))[None, None, None]` gives 5-D weights), so the mask must have at most the
+    scores' least rank (breaker round 12)."""
+    ranks = rank_bounds(c)
+    least = mk.broadcast_bounds([ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]])[0]
+    for term in sources:
+        most = term_rank(ranks, term)[1]
+        if most is None or most > max(least, 2):
+            raise Refusal(f"the causal mask `{short(c.parsed, term.source)}` may have more dims than the scores, "
+                          f"which the original broadcasts up to them and `is_causal` does not")
 
 
 def term_rank(ranks: mk.RankBounds, term: MaskTerm) -> tuple[int, int | None]:
