@@ -802,3 +802,28 @@ def test_a_torch_module_class_replaced_in_the_file_refuses_deleting_its_calls(re
     source = DROPOUT_BLOCK.format(switch="pass") + "\n\n" + replacement + "\n"
     [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
     assert finding.fix_safety != "safe" and "may not run torch's code" in (finding.reason or ""), finding.reason
+
+
+def test_a_one_dim_query_is_refused():
+    """Attention pooling with one learned query vector: matmul takes the 1-D query, SDPA raises (breaker round 12,
+    bug 03)."""
+    source = textwrap.dedent('''\
+        import math
+        import torch
+        import torch.nn as nn
+
+
+        class AttnPool(nn.Module):
+            def __init__(self, d=8):
+                super().__init__()
+                self.query = nn.Parameter(torch.randn(d))
+                self.key = nn.Linear(d, d)
+                self.value = nn.Linear(d, d)
+
+            def forward(self, x):
+                k, v = self.key(x), self.value(x)
+                scores = torch.matmul(self.query, k.transpose(-1, -2)) / math.sqrt(k.size(-1))
+                return torch.matmul(scores.softmax(dim=-1), v)
+        ''')
+    (finding,) = [f for f in analyze_source(source, "pool.py").findings if f.kind == "attention"]
+    assert not finding.fixable and "has one dim" in finding.reason

@@ -44,6 +44,7 @@ def roots(c: Candidate) -> DtypeRoots:
 def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     """SDPA needs q, k, v of one dtype and masks of a rank and dtype it accepts; record what the source
     proves about them, and what fully masked rows do (see `masks`)."""
+    _operand_ranks(c)
     v_like_q = _qkv_dtype_fact(c)
     _mask_dtype_facts(c, v_like_q)
     _mask_rank_fact(c, ndim)
@@ -335,6 +336,16 @@ def _shaped_as_scores(c: Candidate, node: cst.BaseExpression) -> bool:
 
 def _unique(terms: list[MaskTerm]) -> list[MaskTerm]:
     return [term for index, term in enumerate(terms) if all(term is not other for other in terms[:index])]
+
+
+def _operand_ranks(c: Candidate) -> None:
+    """SDPA takes q and k of at least 2 dims; matmul also takes a 1-D query (attention pooling with one learned
+    vector, `nn.Parameter(torch.randn(d))`: breaker round 12), where the patch would raise."""
+    ranks = rank_bounds(c)
+    for role, leaf in zip(("query", "key"), c.leaf_nodes[:2]):
+        most = ranks.bounds(leaf)[1]
+        if most is not None and most < 2:
+            raise Refusal(f"the {role} `{short(c.parsed, leaf)}` has one dim, which matmul takes and SDPA does not")
 
 
 def _causal_rank(c: Candidate, sources: list[MaskTerm]) -> None:
