@@ -256,3 +256,34 @@ def test_a_causal_mask_of_more_dims_than_the_scores_is_not_is_causal(mask, causa
     expected = load_module_from_source(source, "ranked").Attn()(q, k, v)
     got = load_module_from_source(result.fixed, "ranked_fixed").Attn()(q, k, v)
     torch.testing.assert_close(got, expected)
+
+
+BUFFER_OF_FOUR_DIMS = '''import math
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, q, k, v):
+        T = q.size(-2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        return att.softmax(dim=-1) @ v
+'''
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 5, 4), (4, 5, 4)], ids=["4-D", "heads folded, 3-D"])
+def test_a_causal_buffer_of_more_dims_than_scores_of_unknown_rank_is_checked_at_run_time(shape):
+    """q, k, v of any rank: the causal-extent check compares the buffer's dims with q's, so 3-D scores, which the
+    4-D buffer broadcasts up to 4-D in the original, run the original."""
+    result = analyze_source(BUFFER_OF_FOUR_DIMS, "buffer.py")
+    assert "is_causal=True" in result.fixed and ".dim() <= q.dim()" in result.fixed
+    q, k, v = (torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    expected = load_module_from_source(BUFFER_OF_FOUR_DIMS, "buffer").Attn()(q, k, v)
+    got = load_module_from_source(result.fixed, "buffer_fixed").Attn()(q, k, v)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected)

@@ -46,10 +46,11 @@ def assemble_mask(c: Candidate) -> None:
         raise Refusal("a mask that may be None is added beside other masks")
     if len(terms) == 1 and terms[0].kind == "causal" and terms[0].guard is None:
         match.is_causal = True
-        match.facts.assumed(CAUSAL_EXTENT, "the causal triangle has the scores' (L, S) shape",
+        match.facts.assumed(CAUSAL_EXTENT, "the causal triangle has the scores' (L, S) shape and at most their dims",
                             "a square triangle of another side broadcasts (a (1, 1) one keeps every key of a single "
-                            "query, as in a decode step against a KV cache) or raises in the original, where "
-                            "`is_causal` is always the scores' own triangle")
+                            "query, as in a decode step against a KV cache) or raises in the original, and one of "
+                            "more dims broadcasts the scores up, where `is_causal` is always the scores' own "
+                            "triangle")
         return
     if all(term.guard is None for term in terms):
         kinds = {"keep" if term.kind == "causal" else term.kind for term in terms}

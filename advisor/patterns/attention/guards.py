@@ -26,7 +26,7 @@ from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
-from advisor.patterns.attention.tensor_facts import rank_bounds, term_rank, weights_dtype
+from advisor.patterns.attention.tensor_facts import causal_rank_unproved, rank_bounds, term_rank, weights_dtype
 from advisor.patterns.attention.scale import SCALE_NONZERO, SCALE_POSITIVE, divisors_read
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE, TENSOR_NONZERO
 from advisor.patterns.attention.weights import DROPOUT_RANGE
@@ -502,14 +502,18 @@ def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statemen
     reads, parts = [q, k], []
     for term in (t for t in match.masks if t.kind == "causal"):
         mask, side = mask_base(c, term.source), triangle_side(c, term.source)
+        open_rank, most = causal_rank_unproved(c, term)  # more dims than the scores: the original broadcasts up
         if _sliced_plain(c, mask) and holds_at(c, first, output_statement, [mask]):
             reads.append(mask)
             parts.append(parse_template_expression("{m}.shape[-2] == {q}.shape[-2] and {m}.shape[-1] == "
-                                                   "{k}.shape[-2]", m=mask, q=q, k=k))
-        elif side is not None and _arithmetic_of_plain(c, side):
+                                                   "{k}.shape[-2]" + (" and {m}.dim() <= {q}.dim()" if open_rank
+                                                                      else ""), m=mask, q=q, k=k))
+        elif side is not None and _arithmetic_of_plain(c, side) and (not open_rank or most is not None):
             reads.append(side)
             side = side if isinstance(side, (cst.Name, cst.Attribute, cst.Integer)) else parenthesized(side)
-            parts.append(parse_template_expression("{n} == {q}.shape[-2] and {n} == {k}.shape[-2]", n=side, q=q, k=k))
+            parts.append(parse_template_expression("{n} == {q}.shape[-2] and {n} == {k}.shape[-2]" +
+                                                   (f" and {{q}}.dim() >= {most}" if open_rank else ""),
+                                                   n=side, q=q, k=k))
         else:
             return [], []
     return reads, parts

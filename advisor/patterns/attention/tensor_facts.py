@@ -350,15 +350,24 @@ def _operand_ranks(c: Candidate) -> None:
 
 def _causal_rank(c: Candidate, sources: list[MaskTerm]) -> None:
     """`is_causal` drops the mask, whose leading dims are all 1; in the original a mask of more dims than the scores
-    broadcasts them up (`tril(ones(T, T))[None, None, None]` gives 5-D weights), so the mask must have at most the
-    scores' least rank (breaker round 12)."""
+    broadcasts them up (`tril(ones(T, T))[None, None, None]` gives 5-D weights: breaker round 12). Refused where the
+    mask has more dims than the scores can have; where neither rank shows it, the causal-extent check compares them
+    at run time (`causal_rank_unproved`)."""
     ranks = rank_bounds(c)
-    least = mk.broadcast_bounds([ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]])[0]
+    most_scores = mk.broadcast_bounds([ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]])[1]
     for term in sources:
-        most = term_rank(ranks, term)[1]
-        if most is None or most > max(least, 2):
-            raise Refusal(f"the causal mask `{short(c.parsed, term.source)}` may have more dims than the scores, "
-                          f"which the original broadcasts up to them and `is_causal` does not")
+        least = term_rank(ranks, term)[0]
+        if most_scores is not None and least > most_scores:
+            raise Refusal(f"the causal mask `{short(c.parsed, term.source)}` has more dims than the scores, which "
+                          f"the original broadcasts up to them and `is_causal` does not")
+
+
+def causal_rank_unproved(c: Candidate, term: MaskTerm) -> tuple[bool, int | None]:
+    """Whether the source leaves open that a causal mask has more dims than the scores, and its most dims."""
+    ranks = rank_bounds(c)
+    least_scores = mk.broadcast_bounds([ranks.bounds(leaf) for leaf in c.leaf_nodes[:2]])[0]
+    most = term_rank(ranks, term)[1]
+    return most is None or most > max(least_scores, 2), most
 
 
 def term_rank(ranks: mk.RankBounds, term: MaskTerm) -> tuple[int, int | None]:
