@@ -378,14 +378,18 @@ class ParsedModule:
     def module_functions(self) -> dict[str, cst.FunctionDef]:
         """The file's top-level functions that are the one value of their name when the module has run: none is
         defined or bound again at module scope (a `def` in a module-level `if True:`, `for` or `with` block runs
-        after the first one, breaker round 12), imported over, or replaced through `globals()`, `setattr` on an
-        object other than `self`, its `__code__`, `exec` or `eval`."""
+        after the first one, breaker round 12), imported over (a star import after it too), or replaced through
+        `globals()`, `setattr` on an object other than `self`, its `__code__`, `exec` or `eval`."""
         defined: dict[str, int] = {}
         for node in self.nodes_of(cst.FunctionDef, cst.ClassDef):
             if self.innermost(self.parents.get(node), (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is None:
                 defined[node.name.value] = defined.get(node.name.value, 0) + 1
         replaced = self._replaced_by_name
-        return {s.name.value: s for s in self.module.body if isinstance(s, cst.FunctionDef)
+        stars = [line for line, node in enumerate(self.module.body) if isinstance(node, cst.SimpleStatementLine)
+                 and any(isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
+                         for small in node.body)]  # a star import after a def may replace it
+        return {s.name.value: s for line, s in enumerate(self.module.body) if isinstance(s, cst.FunctionDef)
+                and not any(star > line for star in stars)
                 and defined[s.name.value] == 1 and s.name.value not in self.imports
                 and ANY_ATTRIBUTE not in replaced and s.name.value not in replaced
                 and not any(self.innermost(self.parents.get(name), (cst.FunctionDef, cst.ClassDef, cst.Lambda,

@@ -48,6 +48,7 @@ REPLACED = {
                               'setattr(sys.modules[__name__], "softmax", lambda x: torch.softmax(x * 3.0, -1))\n'),
     "__code__": (MODULE_HELPER, "def _tripled(x):\n    return torch.softmax(x * 3.0, dim=-1)\n\n\n"
                                 "softmax.__code__ = _tripled.__code__\n"),
+    "star import after it": (MODULE_HELPER, "from tripled_softmax import *\n"),
     "class body if block": (METHOD_HELPER, "\n    if True:\n        def scores(self, q, k):\n"
                                            "            return q @ k.transpose(-1, -2)\n"),
 }
@@ -60,7 +61,10 @@ def _run(source: str, name: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("template, again", REPLACED.values(), ids=REPLACED)
-def test_a_helper_bound_again_gets_no_patch_that_changes_values(template, again):
+def test_a_helper_bound_again_gets_no_patch_that_changes_values(template, again, tmp_path, monkeypatch):
+    (tmp_path / "tripled_softmax.py").write_text("import torch\n\n\ndef softmax(x):\n"
+                                                 "    return torch.softmax(x * 3.0, dim=-1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     source = template.format(again=again)
     result = analyze_source(source, "helper.py")
     torch.testing.assert_close(_run(result.fixed, "helper_fixed"), _run(source, "helper"))
