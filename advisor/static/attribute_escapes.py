@@ -61,7 +61,7 @@ def _escapes(parsed: ParsedModule, attribute: str, elements_ok: bool, finite_ok:
     reads = [(node, node.value, False) for node in parsed.attributes_named(attribute)] + \
         _reads_by_name(parsed, attribute)
     for read, receiver, unseen in reads:
-        if _binds(parsed, read) or finite_ok and _finite_draw_into(parsed, read):
+        if _binds(parsed, read) or finite_ok and _finite_draw_into(parsed, read) or _rebinding_itself(parsed, read):
             continue  # `self.bias = t`, `del m.bias`: a binding, which the class's collectors read
         on_self = is_self(receiver)
         if leaves_alone(parsed, read, 0, writes_seen=elements_ok or not (on_self or unseen)):
@@ -148,18 +148,38 @@ def _families(parsed: ParsedModule) -> dict[cst.ClassDef, frozenset[cst.ClassDef
     return parsed.derived("class-families", build)
 
 
+def _rebinding_itself(parsed: ParsedModule, read: cst.CSTNode) -> bool:
+    """`self.table = nn.Parameter(resize(self.table, ...))` (timm's `set_window_size`): the statement binds the
+    attribute anew, so what the call does to the old tensor is never what the attribute holds afterwards (the new
+    value is one more of the class's bindings, which its collectors read)."""
+    statement = parsed.innermost(read, (cst.Assign, cst.BaseSmallStatement))
+    if not (isinstance(statement, cst.Assign) and len(statement.targets) == 1 and
+            isinstance(statement.targets[0].target, cst.Attribute) and isinstance(read, cst.Attribute)):
+        return False
+    target = statement.targets[0].target
+    return target.attr.value == read.attr.value and parsed.code(target.value) == parsed.code(read.value)
+
+
 def _binds(parsed: ParsedModule, node: cst.CSTNode) -> bool:
     parent = parsed.parents.get(node)
     return isinstance(parent, (cst.AssignTarget, cst.Del)) or isinstance(parent, cst.AnnAssign) and \
         parent.target is node
 
 
+# torch.nn.init's draws, which libraries mirror under the same names (timm's `trunc_normal_`)
+INIT_DRAWS = frozenset({"trunc_normal_", "normal_", "uniform_", "zeros_", "ones_", "constant_", "xavier_normal_",
+                        "xavier_uniform_", "kaiming_normal_", "kaiming_uniform_", "orthogonal_", "eye_", "dirac_"})
+
+
 def _finite_draw_into(parsed: ParsedModule, read: cst.CSTNode) -> bool:
-    """`read` is what a torch.nn.init function draws into, every other argument a number below 1000 in magnitude."""
+    """`read` is what an init draw (torch.nn.init's, or a function of its names) draws into, every other argument a
+    number below 1000 in magnitude."""
     arg = parsed.parents.get(read)
     call = parsed.parents.get(arg)
-    return isinstance(arg, cst.Arg) and isinstance(call, cst.Call) and call.args[0] is arg and \
-        (parsed.imported_name(call.func) or "").startswith("torch.nn.init.") and \
+    if not (isinstance(arg, cst.Arg) and isinstance(call, cst.Call) and call.args[0] is arg):
+        return False
+    dotted = parsed.imported_name(call.func) or ""
+    return (dotted.startswith("torch.nn.init.") or dotted.rsplit(".", 1)[-1] in INIT_DRAWS) and \
         all(_moderate_number(other.value) for other in call.args[1:])
 
 

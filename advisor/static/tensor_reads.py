@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from advisor.static.module_index import ParsedModule
 
 MAX_DEPTH = 6  # names and parameters followed from one read
-METADATA = {"dtype", "shape", "device", "ndim", "is_cuda", "is_floating_point", "size", "dim", "numel"}
+METADATA = {"dtype", "shape", "device", "ndim", "is_cuda", "is_floating_point", "size", "dim", "numel",
+            "requires_grad", "is_leaf", "layout"}
 # methods whose result may share the receiver's memory (a view, or the receiver itself when nothing changes): torch's
 # view ops and casts (static.tensor_views)
 SHARING_METHODS = VIEW_OPS - {"rearrange"}

@@ -120,3 +120,37 @@ def init(module):
 '''
     finding, fixed = attention_finding_and_fix(source)
     assert "is_causal=True" in fixed, finding.extra.get("facts")
+
+
+TABLE = '''import torch
+from torch import nn
+from timm.layers import trunc_normal_, resize_rel_pos_bias_table
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(9, 2))
+        {init}
+
+    def set_window_size(self, size):
+        self.table = nn.Parameter(resize_rel_pos_bias_table(self.table, size),
+                                  requires_grad=self.table.requires_grad)
+'''
+
+
+@pytest.mark.parametrize("init, finite", [
+    ("trunc_normal_(self.table, std=.02)", True),  # timm's draw, by torch.nn.init's name: finite values
+    ("nn.init.normal_(self.table, std=.02)", True),
+    ("nn.init.constant_(self.table, -1e9)", False),  # a mask value, not a draw of moderate ones
+    ("hand_on(self.table)", False),  # a function of another module may keep it
+])
+def test_a_learned_table_drawn_in_place_or_rebuilt_from_itself_stays_finite(init, finite):
+    """timm's relative position tables: drawn by `trunc_normal_` and rebuilt by `set_window_size` as
+    `self.table = nn.Parameter(resize(self.table, ...))`, whose call's effect on the old tensor the new binding
+    replaces."""
+    from advisor.static.module_index import ParsedModule
+
+    parsed = ParsedModule(TABLE.format(init=init), "table.py")
+    (owner,) = {id(o): o for _, o, _ in parsed.functions if o is not None}.values()
+    assert (owner.rebound("table", finite_ok=True) is None) == finite
