@@ -69,3 +69,43 @@ def test_a_subclass_of_a_name_bound_to_the_class_derives_from_it():
     source = "import attn\n\nBase = attn.Attn\n\n\nclass S(Base):\n    def norm(self):\n        pass\n"
     sites = class_sites("b.py", source)
     assert [site.name for site in ProjectFacts(classes=tuple(sites)).subclasses("Attn")] == ["Base", "S"]
+
+
+ATTN_WITH_CAUSAL_BUFFER = '''import math
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self, n=8):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))
+
+    def forward(self, q, k, v):
+        T = q.size(-2)
+        w = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+        w = w.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        return torch.softmax(w, dim=-1) @ v
+'''
+
+
+@pytest.mark.parametrize("write", [
+    "self.bias.fill_(1)", "self.bias.copy_(torch.ones(1, 1, n, n))", "self.bias.data = torch.ones(1, 1, n, n)",
+    'self._buffers["bias"] = torch.ones(1, 1, n, n)', 'vars(self)["_buffers"]["bias"] = torch.ones(1, 1, n, n)',
+    "self.bias[..., 1] = 1", "torch.fill_(self.bias, 1)",
+])
+def test_a_subclass_in_another_file_writing_the_buffer_in_place_leaves_no_causal_patch(tmp_path, write):
+    """A subclass in another file of the tree writes the causal buffer through `self` (breaker round 12, bug 26:
+    3.18 in fp32): what the class built is not what its instances hold."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "attn.py").write_text(ATTN_WITH_CAUSAL_BUFFER)
+    (package / "other.py").write_text(f"import torch\nfrom pkg.attn import Attn\n\n\nclass Bi(Attn):\n"
+                                      f"    def __init__(self, n=8):\n        super().__init__(n)\n        {write}\n")
+    import advisor
+
+    advisor.fix([str(tmp_path)], apply=True)  # applies the safe patches only
+    patched = (package / "attn.py").read_text()
+    assert "is_causal=True" not in patched
+    assert "scaled_dot_product_attention" not in patched or "attn_mask" in patched
