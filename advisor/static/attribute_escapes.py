@@ -18,7 +18,8 @@ import libcst as cst
 import networkx as nx
 
 from advisor.static.outside_writes import ATTRIBUTE_TABLES, GETTERS
-from advisor.static.tensor_reads import builds_tensor, is_self, leaves_alone, registers_buffer
+from advisor.static.dataflow import is_self
+from advisor.static.tensor_reads import builds_tensor, leaves_alone, registered_buffers
 
 if TYPE_CHECKING:
     from advisor.static.module_index import ClassInfo, ParsedModule
@@ -36,7 +37,7 @@ def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, ele
     moderate values into it does not count (`nn.init.trunc_normal_(self.table, std=.02)`: a learned table's values
     are any finite ones)."""
     if not any(builds_tensor(parsed, value) for value in owner.attributes.get(attribute, [])) and \
-            (owner.node, attribute) not in _registered_buffers(parsed):
+            (owner.node, attribute) not in registered_buffers(parsed):
         return None
     escapes = parsed.derived(("attribute-escapes", attribute, elements_ok, finite_ok),
                              lambda p: _escapes(p, attribute, elements_ok, finite_ok))
@@ -115,21 +116,6 @@ def _strings(parsed: ParsedModule) -> dict[str, list[cst.SimpleString]]:
                 found.setdefault(value.rsplit(".", 1)[-1], []).append(node)
         return found
     return parsed.derived("strings-by-attribute", build)
-
-
-def _registered_buffers(parsed: ParsedModule) -> frozenset[tuple[cst.ClassDef, str]]:
-    """(class, name) of each `self.register_buffer("name", ...)`: whatever it is given, the attribute holds a
-    tensor."""
-    def build(parsed: ParsedModule) -> frozenset[tuple[cst.ClassDef, str]]:
-        found = set()
-        for node in parsed.attributes_named("register_buffer"):
-            call = parsed.parents.get(node)
-            if isinstance(call, cst.Call) and call.args and isinstance(call.args[0].value, cst.SimpleString):
-                name = call.args[0].value.evaluated_value
-                if registers_buffer(call, name):
-                    found.add((parsed.innermost(call, cst.ClassDef), name))
-        return frozenset(found)
-    return parsed.derived("registered-buffers", build)
 
 
 def _families(parsed: ParsedModule) -> dict[cst.ClassDef, frozenset[cst.ClassDef]]:
@@ -227,12 +213,6 @@ def _rebound_within(parsed: ParsedModule, body: cst.CSTNode, name: str) -> bool:
         binding = isinstance(parent, cst.AssignTarget) or \
             isinstance(parent, (cst.For, cst.CompFor, cst.NamedExpr, cst.AugAssign, cst.AnnAssign)) and \
             parent.target is node
-        if binding and parsed.innermost(node, cst.If) is not None and _within(parsed, node, body):
+        if binding and parsed.within(node, body):
             return True
     return False
-
-
-def _within(parsed: ParsedModule, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
-    while node is not None and node is not ancestor:
-        node = parsed.parents.get(node)
-    return node is ancestor

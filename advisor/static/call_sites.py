@@ -143,14 +143,14 @@ def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
     found = []
     for loop in parsed.nodes_of(cst.For):
         if not any(node.attr.value in ENUMERATIONS and isinstance(parsed.parents.get(node), cst.Call) and
-                   _inside(parsed, node, loop.iter) for node in parsed.nodes_of(cst.Attribute)):
+                   parsed.within(node, loop.iter) for node in parsed.nodes_of(cst.Attribute)):
             continue
         target = loop.target.elements[-1].value if isinstance(loop.target, (cst.Tuple, cst.List)) and \
             loop.target.elements else loop.target
         if not isinstance(target, cst.Name):
             return None
         found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
-                  call.func.value == target.value and _inside(parsed, call, loop.body)]
+                  call.func.value == target.value and parsed.within(call, loop.body)]
     return found
 
 
@@ -169,12 +169,6 @@ def computed_lookup_calls(parsed: ParsedModule) -> list[cst.Call]:
     found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
               (parsed.innermost(call, cst.FunctionDef), call.func.value) in bound]
     return found
-
-
-def _inside(parsed: ParsedModule, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
-    while node is not None and node is not ancestor:
-        node = parsed.parents.get(node)
-    return node is ancestor
 
 
 def builds_unseen(text: str) -> bool:

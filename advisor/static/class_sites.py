@@ -12,7 +12,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from advisor.static.outside_writes import writes_its_receiver
+from advisor.static.outside_writes import ATTRIBUTE_TABLES, writes_its_receiver
 from advisor.static.python_ast import nodes, python_tree
 
 ANY_NAME = "*"  # what a class whose namespace is computed may define
@@ -137,7 +137,7 @@ def _defined(node: ast.ClassDef) -> frozenset[str]:
                 writes_its_receiver(_function_name(inner.func)):
             # `self.bias.fill_(1)`, `self.bias.data.copy_(t)`; unbound, `torch.fill_(self.bias, 1)`, `nn.init.ones_`
             through_receiver = _self_attributes_under(inner.func.value) if type(inner.func) is ast.Attribute else []
-            found.update(through_receiver or [name for first in inner.args[:1] for name in _self_attributes_under(first)])
+            found.update(through_receiver or [name for arg in inner.args[:1] for name in _self_attributes_under(arg)])
         elif kind is ast.Call and inner.args and _binds_on_self(inner):
             found.add(inner.args[1].value if inner.args[1:] and _string(inner.args[1]) and _setattr(inner) else
                       inner.args[0].value if not _setattr(inner) and _string(inner.args[0]) else ANY_NAME)
@@ -152,20 +152,17 @@ def _self_attributes_under(node: ast.AST) -> list[str]:
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
         if type(node) is ast.Call:
             if type(node.func) is ast.Name and node.func.id == "vars" and node.args and _is_self(node.args[0]):
-                keys = keys[:-1] if keys and keys[-1] in TABLES else keys  # `vars(self)["_buffers"]`
+                keys = keys[:-1] if keys and keys[-1] in ATTRIBUTE_TABLES else keys  # `vars(self)["_buffers"]`
                 return [keys[-1]] if keys and keys[-1] else []
             node = node.func
         elif type(node) is ast.Subscript:
             keys.append(node.slice.value if _string(node.slice) else None)
             node = node.value
         elif _is_self(node.value):
-            return ([keys[-1]] if keys and keys[-1] else []) if node.attr in TABLES else [node.attr]
+            return ([keys[-1]] if keys and keys[-1] else []) if node.attr in ATTRIBUTE_TABLES else [node.attr]
         else:
             node = node.value
     return []
-
-
-TABLES = ("_buffers", "_parameters", "_modules", "__dict__")  # a module's attribute tables, keyed by name
 
 
 def _function_name(func: ast.AST) -> str:

@@ -195,7 +195,7 @@ class _FlowBuilder:
         self._in_else: set[cst.If] = set()
         self._jumps: list[dict[type, Env]] = []  # per enclosing loop: bindings at its `continue`s and `break`s
         self._at: tuple = (function, ())  # the statement being walked, and its `if` guards
-        self._aliases: dict[str, frozenset[str]] | None = None  # read at the first write: `_written_through`
+        self._aliases: dict[str, frozenset[str]] | None = None  # read at the first write: `aliases`
 
     def build(self) -> FunctionFlow:
         env: Env = {}
@@ -409,9 +409,7 @@ class _FlowBuilder:
                 if isinstance(child, cst.BaseExpression):
                     self._read(child, env)
         written, called = _written_in(small)
-        if called and self._aliases is None:
-            self._aliases = view_aliases(self.flow.function)
-        for target in written + [c for c in called if not isinstance(c, cst.Name) or self._aliases.get(c.value)]:
+        for target in written + [c for c in called if not isinstance(c, cst.Name) or self.aliases.get(c.value)]:
             self._store(target, small, env, if_guards)  # `out=x`, `y = x.add_(1)`, `cb = x.mul_; cb(2)`
 
     def _store(self, target, statement, env: Env, guards) -> None:
@@ -421,12 +419,17 @@ class _FlowBuilder:
         self._written_through([root.value for root in storage_roots(target)], statement, env, guards,
                               themselves=True)
 
+    @property
+    def aliases(self) -> dict[str, frozenset[str]]:
+        """The function's names that may share storage (a write through one writes what it may view), read once."""
+        if self._aliases is None:
+            self._aliases = view_aliases(self.flow.function)
+        return self._aliases
+
     def _written_through(self, names: list[str], statement, env: Env, guards, themselves: bool = False) -> None:
         """A "store" definition of each name whose storage a write of `names` may change besides them (`m2 =
         mask[:, :p]; m2 += 1`), and of `names` themselves unless the write defines them already (`x += v`)."""
-        if self._aliases is None:
-            self._aliases = view_aliases(self.flow.function)  # a write through one name writes what it may view
-        shared = {alias for written in names for alias in self._aliases.get(written, ())} - set(names)
+        shared = {alias for written in names for alias in self.aliases.get(written, ())} - set(names)
         for name in [*names, *sorted(shared)] if themselves else sorted(shared):
             if name in env:
                 self._define(name, "store", statement, env, guards, previous=env.get(name, frozenset()))
@@ -458,9 +461,14 @@ class _FlowBuilder:
                     self._link(definition, sources)
 
 
+def is_self(node: cst.BaseExpression) -> bool:
+    """`self`: the instance a method runs on."""
+    return isinstance(node, cst.Name) and node.value == "self"
+
+
 def is_self_attribute(node: cst.CSTNode) -> bool:
     """`self.x`: an attribute of the instance a method runs on."""
-    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+    return isinstance(node, cst.Attribute) and is_self(node.value)
 
 
 def is_inplace_method(func: cst.BaseExpression) -> bool:

@@ -19,7 +19,7 @@ from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TO_IDENTI
                                            NAMED_BINDERS, NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE,
                                            STATE_LOADERS, outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
-from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method
+from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method, is_self, is_self_attribute
 from advisor.static.positions import StatementPositions
 from advisor.static.attribute_escapes import attribute_escape
 from advisor.static.walk import TOKENS, WHITESPACE, fields_not_only, is_node, walk
@@ -53,7 +53,8 @@ class ClassInfo:
     outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
     writer: Callable[[str], str] = lambda attribute: "this file"  # where such a name is written (a file's name)
     plain_module: bool = False  # its bases are torch.nn.Module alone: no `isinstance(m, nn.Linear)` holds for it
-    # the line of a read of the tensor it builds for an attribute that may write it or hand it on (static.tensor_reads)
+    # the line of a read of the tensor it builds for an attribute that may write it or hand it on
+    # (static.attribute_escapes)
     escape: Callable[[str, bool, bool], int | None] = lambda attribute, elements_ok, finite_ok: None
 
     @cached_property
@@ -308,6 +309,12 @@ class ParsedModule:
         """Whitespace-separated tokens of the source (computed once; rewrites ask per finding)."""
         return frozenset(self.source.split())
 
+    def within(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+        """Whether `node` is `ancestor` or lies inside it."""
+        while node is not None and node is not ancestor:
+            node = self.parents.get(node)
+        return node is ancestor
+
     def innermost(self, node: cst.CSTNode, kind: type | tuple[type, ...]) -> cst.CSTNode | None:
         """`node` itself when it is a `kind`, else its nearest ancestor that is one (None at the module)."""
         while node is not None and not isinstance(node, kind):
@@ -380,21 +387,15 @@ class ParsedModule:
         defined or bound again at module scope (a `def` in a module-level `if True:`, `for` or `with` block runs
         after the first one, breaker round 12), imported over (a star import after it too), or replaced through
         `globals()`, `setattr` on an object other than `self`, its `__code__`, `exec` or `eval`."""
-        defined: dict[str, int] = {}
-        for node in self.nodes_of(cst.FunctionDef, cst.ClassDef):
-            if self.innermost(self.parents.get(node), (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is None:
-                defined[node.name.value] = defined.get(node.name.value, 0) + 1
+        bound, _ = _scope_bindings(self.module.body)
         replaced = self._replaced_by_name
         stars = [line for line, node in enumerate(self.module.body) if isinstance(node, cst.SimpleStatementLine)
                  and any(isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar)
                          for small in node.body)]  # a star import after a def may replace it
         return {s.name.value: s for line, s in enumerate(self.module.body) if isinstance(s, cst.FunctionDef)
-                and not any(star > line for star in stars)
-                and defined[s.name.value] == 1 and s.name.value not in self.imports
-                and ANY_ATTRIBUTE not in replaced and s.name.value not in replaced
-                and not any(self.innermost(self.parents.get(name), (cst.FunctionDef, cst.ClassDef, cst.Lambda,
-                                                                    cst.CompFor)) is None
-                            for name in self.bindings.get(s.name.value, []))}
+                and not any(star > line for star in stars) and bound.get(s.name.value) == 1
+                and s.name.value not in self.imports and ANY_ATTRIBUTE not in replaced
+                and s.name.value not in replaced}
 
     @cached_property
     def _replaced_by_name(self) -> frozenset[str]:
@@ -412,7 +413,7 @@ class ParsedModule:
                 found.add(ANY_ATTRIBUTE)
             elif func == "globals" and not self._literal_read(call):
                 found.add(ANY_ATTRIBUTE)
-            elif func == "setattr" and len(call.args) >= 2 and not _is_self(call.args[0].value):
+            elif func == "setattr" and len(call.args) >= 2 and not is_self(call.args[0].value):
                 key = call.args[1].value
                 found.add(key.evaluated_value if isinstance(key, cst.SimpleString) else ANY_ATTRIBUTE)
         return frozenset(found)
@@ -718,9 +719,9 @@ class _FunctionCollector(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         info = ClassInfo(node)
-        bound = _class_scope_bindings(node)
+        bound, any_name = _scope_bindings(node.body.body)  # `locals()` or `exec` in the body may bind any name
         for statement in node.body.body:
-            if isinstance(statement, cst.FunctionDef) and bound.get(statement.name.value) == 1:
+            if isinstance(statement, cst.FunctionDef) and bound.get(statement.name.value) == 1 and not any_name:
                 info.methods[statement.name.value] = statement
         self.classes.append(info)
         self.path.append(node.name.value)
@@ -739,27 +740,28 @@ class _FunctionCollector(cst.CSTVisitor):
 
 
 
-def _class_scope_bindings(node: cst.ClassDef) -> dict[str, int]:
-    """How often the class body binds each name (a `def`, anywhere in its `if`/`for`/`with`/`try` blocks, an
-    assignment, a loop): a method defined again in `if True:` is the one the class holds (breaker round 12).
-    `locals()` or `exec` in the body may bind any name: then every count is 2."""
+def _scope_bindings(statements) -> tuple[dict[str, int], bool]:
+    """How often a scope's statements bind each name: a `def` or `class` (in the scope's `if`/`for`/`with`/`try`
+    blocks too: a function defined again in `if True:` is the one the scope holds, breaker round 12), an assignment,
+    a loop, a walrus; not inside functions, classes, lambdas and comprehensions, which are scopes of their own. And
+    whether the statements call `locals`, `exec`, `eval` or `vars`, which may bind any name."""
     counts: dict[str, int] = {}
-    pending: list[cst.CSTNode] = list(node.body.body)
-    hatch = False
+    pending: list[tuple[cst.CSTNode, cst.CSTNode | None]] = [(statement, None) for statement in statements]
+    any_name = False
     while pending:
-        current = pending.pop()
+        current, parent = pending.pop()
         if isinstance(current, (cst.FunctionDef, cst.ClassDef)):
             counts[current.name.value] = counts.get(current.name.value, 0) + 1
-            continue  # its body is its own scope
-        if isinstance(current, cst.Lambda):
+            continue
+        if isinstance(current, (cst.Lambda, cst.CompFor)):
             continue
         if isinstance(current, cst.Call) and isinstance(current.func, cst.Name) and \
                 current.func.value in ("locals", "exec", "eval", "vars"):
-            hatch = True
-        for name in _assigned_names([(current, None)]):
+            any_name = True
+        for name in _assigned_names([(current, parent)]):
             counts[name.value] = counts.get(name.value, 0) + 1
-        pending.extend(child for child in current.children if is_node(child))
-    return {name: 2 for name in counts} if hatch else counts
+        pending.extend((child, current) for child in current.children if is_node(child))
+    return counts, any_name
 
 
 def _holds_no_definition(self, node: cst.CSTNode) -> bool:
@@ -790,7 +792,7 @@ class _SelfAttributeCollector(cst.CSTVisitor):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            if _is_self_attribute(target.target):
+            if is_self_attribute(target.target):
                 self.attributes.setdefault(target.target.attr.value, []).append(node.value)
             elif isinstance(target.target, (cst.Tuple, cst.List)):
                 self._unpacked(target.target, node.value)
@@ -804,7 +806,7 @@ class _SelfAttributeCollector(cst.CSTVisitor):
         paired = values is not None and len(values) == len(elements) and \
             not any(isinstance(v, cst.StarredElement) for v in values)
         for position, element in enumerate(elements):
-            if _is_self_attribute(element):
+            if is_self_attribute(element):
                 if paired:
                     self.attributes.setdefault(element.attr.value, []).append(values[position].value)
                 else:
@@ -821,11 +823,11 @@ class _SelfAttributeCollector(cst.CSTVisitor):
 
     def _written(self, target: cst.BaseExpression, elements_only: bool = False) -> None:
         table = _attribute_table_key(target)
-        names = {a.attr.value for a in _written_attributes(target) if _is_self_attribute(a)}
+        names = {a.attr.value for a in _written_attributes(target) if is_self_attribute(a)}
         self.mutated.update(names)
         if not (elements_only or table is None and _element_store(target)):
             self.reshaped.update(names)
-        if table is not None and _is_self(table[0]):
+        if table is not None and is_self(table[0]):
             name = _literal_name(table[1])
             self.computed |= name is None
             if name is not None:
@@ -833,24 +835,24 @@ class _SelfAttributeCollector(cst.CSTVisitor):
                 self.reshaped.add(name)
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None and _is_self_attribute(node.target):
+        if node.value is not None and is_self_attribute(node.target):
             self.attributes.setdefault(node.target.attr.value, []).append(node.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         if is_inplace_method(func):  # `self.mask.fill_(...)`, `self.bias.data.copy_(...)`
             self._written(func.value, elements_only=func.attr.value not in RESHAPING_IN_PLACE)
-        if isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and _is_self(func.value):
+        if isinstance(func, cst.Attribute) and func.attr.value in STATE_LOADERS and is_self(func.value):
             self.computed = True
         if isinstance(func, cst.Attribute) and func.attr.value not in NAMESPACE_READS and \
-                _is_self(_namespace_owner(func.value)):  # `self.__dict__.update(kw)`, `vars(self).update(scale=t)`
+                is_self(_namespace_owner(func.value)):  # `self.__dict__.update(kw)`, `vars(self).update(scale=t)`
             names = [arg.keyword.value for arg in node.args if arg.keyword is not None]
             self.computed |= not names or len(names) < len(node.args)
             self.mutated.update(names)
             self.reshaped.update(names)
             return
         binding = named_binding(node)
-        if binding is None or not _is_self(binding[0]):
+        if binding is None or not is_self(binding[0]):
             return
         name = _literal_name(binding[1])
         value = _bound_value(node)
@@ -947,11 +949,3 @@ def _literal_name(node: cst.BaseExpression) -> str | None:
 def _callee_name(func: cst.BaseExpression) -> str | None:
     """`f` for `f(...)` and `m.f(...)`."""
     return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else None
-
-
-def _is_self(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "self"
-
-
-def _is_self_attribute(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from advisor.static.dataflow import is_self
 from advisor.static.outside_writes import IN_PLACE_DUNDERS
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
 from advisor.static.walk import walk
@@ -124,7 +125,7 @@ def _tensor_attribute(parsed: ParsedModule, name: str) -> bool:
     values = [(parsed.parents.get(node), node) for node in parsed.attributes_named(name) if is_self(node.value)]
     assigned = [parsed.parents.get(target).value for target, node in values
                 if isinstance(target, cst.AssignTarget) and target.target is node]
-    registered = any(registers_buffer(parsed.parents.get(node), name) for node in parsed.attributes_named("register_buffer"))
+    registered = any(buffer == name for _, buffer in registered_buffers(parsed))
     return (bool(assigned) or registered) and all(builds_tensor(parsed, value) for value in assigned)
 
 
@@ -341,12 +342,15 @@ def builds_tensor(parsed: ParsedModule, value: cst.BaseExpression) -> bool:
     return False
 
 
-def registers_buffer(call: cst.CSTNode | None, attribute: str) -> bool:
-    """`call` is `self.register_buffer("attribute", ...)`."""
-    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
-        call.func.attr.value == "register_buffer" and is_self(call.func.value) and bool(call.args) and \
-        isinstance(call.args[0].value, cst.SimpleString) and call.args[0].value.evaluated_value == attribute
-
-
-def is_self(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "self"
+def registered_buffers(parsed: ParsedModule) -> frozenset[tuple[cst.ClassDef | None, str]]:
+    """(class, name) of each `self.register_buffer("name", ...)`: whatever it is given, the attribute holds a
+    tensor. Once per file."""
+    def build(parsed: ParsedModule) -> frozenset[tuple[cst.ClassDef | None, str]]:
+        found = set()
+        for node in parsed.attributes_named("register_buffer"):
+            call = parsed.parents.get(node)
+            if isinstance(call, cst.Call) and call.func is node and is_self(node.value) and call.args and \
+                    isinstance(call.args[0].value, cst.SimpleString):
+                found.add((parsed.innermost(call, cst.ClassDef), call.args[0].value.evaluated_value))
+        return frozenset(found)
+    return parsed.derived("registered-buffers", build)

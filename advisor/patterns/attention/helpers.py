@@ -166,7 +166,7 @@ def calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo |
         return []
     return [call for call in parsed.calls_by_name.get(name, ())
             if _is_call_site(call, name, is_method, through_object=False) and (not is_method or
-                                                                              _inside(parsed, call, owner.node))]
+                                                                              parsed.within(call, owner.node))]
 
 
 def calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:
@@ -204,12 +204,6 @@ def _is_call_site(call: cst.Call, name: str, is_method: bool, through_object: bo
         return isinstance(func, cst.Attribute) and func.attr.value == name and \
             isinstance(func.value, cst.Name) and func.value.value == "self"
     return isinstance(func, cst.Name) and func.value == name
-
-
-def _inside(parsed: ParsedModule, node: cst.CSTNode, scope: cst.CSTNode) -> bool:
-    while node is not None and node is not scope:
-        node = parsed.parents.get(node)
-    return node is scope
 
 
 def _method_kind(function: cst.FunctionDef) -> str:
