@@ -155,7 +155,7 @@ def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: l
 def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str] | None, ignore: list[str] | None,
                     backend: str, runtime: RuntimeEvidence | None, patches: bool, tree_context: TreeContext,
                     observed_masks: bool) -> FileResult:
-    parsed = ParsedModule(source, path, tree_context.project)
+    parsed = ParsedModule(source, path, tree_context.project, tree_context.calls)
     suppressed = _suppressions(source)
     evidence = runtime.for_path(path) if runtime is not None else None
     context = StaticContext(parsed, backend, evidence, tree=tree_context, unsafe_fixes=unsafe_fixes,

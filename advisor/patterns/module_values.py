@@ -4,11 +4,11 @@ exactly what its one definition built.
 Facts read from that definition (a mask's dtype, rank, values) hold at a read only when nothing else can have
 changed the tensor: the name is bound once in the whole file, at module level, and never imported over, deleted,
 declared `global` or reached through `globals()`/`setattr`; and every read of it leaves it alone
-(static/tensor_reads.py: it only computes new tensors from it or reads its metadata). Other modules that import the
-file and write the tensor are not seen: a fact proved here assumes none does (the per-file scan cache drops it when
-this file changes). A local tensor of a function (`mask = torch.zeros(...)`, read by call-site facts) is held to the
-same reads, except that a function imported from another module may be passed it (the callee the facts are about is
-one).
+(static/tensor_reads.py: it only computes new tensors from it or reads its metadata). The other files of the
+scanned tree that import it are held to the same reads (static/global_writes.py); modules outside the tree are not
+seen: a fact proved here assumes none of them writes the tensor. A local tensor of a function (`mask =
+torch.zeros(...)`, read by call-site facts) is held to the same reads, except that a function imported from another
+module may be passed it (the callee the facts are about is one).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.dataflow import UNDEFINED
+from advisor.static.global_writes import MODULE_OBJECT_SOURCES, written_elsewhere
 from advisor.static.module_index import ParsedModule
 from advisor.static.tensor_reads import local_reads_leave_alone, read_leaves_alone
 
 ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"}
 # what reaches a module object or any object's namespace without naming the attribute in the source
 NAMESPACE_ATTRIBUTES = {"__dict__", "__setattr__", "__getattribute__", "__delattr__"}
-MODULE_OBJECT_SOURCES = {"sys.modules", "importlib.import_module", "importlib.reload"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,25 @@ def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     names = [node for node in parsed.nodes_of(cst.Name) if node.value == name]
     if not all(_read_only_use(parsed, node, bindings[0]) for node in names):
         return None
+    if parsed.tree is not None and not _immutable(assign.value) and \
+            written_elsewhere(parsed, parsed.tree, name) is not None:
+        return None
     return ModuleValue(assign.value, parsed.line(assign))
+
+
+def _immutable(value: cst.BaseExpression) -> bool:
+    """A number, a string or arithmetic of them (a tuple of them too): no other module can change it in place, only
+    rebind its own name or this module's attribute (static.outside_writes reads the latter)."""
+    if isinstance(value, (cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString, cst.ConcatenatedString)):
+        return True
+    if isinstance(value, cst.Name):
+        return value.value in ("True", "False", "None")
+    if isinstance(value, cst.UnaryOperation):
+        return _immutable(value.expression)
+    if isinstance(value, cst.BinaryOperation):
+        return _immutable(value.left) and _immutable(value.right)
+    return isinstance(value, cst.Tuple) and all(isinstance(e, cst.Element) and _immutable(e.value)
+                                                for e in value.elements)
 
 
 def reached_by_name(parsed: ParsedModule, name: str) -> bool:

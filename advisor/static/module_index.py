@@ -176,10 +176,11 @@ class ClassInfo:
 class ParsedModule:
     """A file parsed once; every analysis of it shares this metadata."""
 
-    def __init__(self, source: str, path: str, project: "ProjectFacts | None" = None) -> None:
+    def __init__(self, source: str, path: str, project: "ProjectFacts | None" = None, tree=None) -> None:
         self.source = source
         self.path = path
         self.project = project  # what the other files of the scanned tree register (None: this file alone)
+        self.tree = tree  # static.call_sites.Tree: the scanned files, read on demand (None: this file alone)
         self.wrapper = MetadataWrapper(parse_module(source), unsafe_skip_copy=True)
         self.module = self.wrapper.module
         self._flows: dict[tuple[cst.FunctionDef, frozenset[cst.If]], FunctionFlow] = {}

@@ -110,7 +110,17 @@ def test_an_edit_that_writes_the_global_is_seen_by_the_next_scan(tmp_path):
     # a fifth breaker's: through a local alias of the module's attribute, and through a list holding it
     "import program\n\nt = program.MASK\nt.fill_(-1e9)\n",
     "import program\n\nts = [program.MASK]\nts[0].fill_(-1e9)\n",
-], ids=["module-attribute", "data-elements", "rebound", "from-import", "from-import-elements", "alias", "list"])
+    # a twelfth breaker's (bug 15): by a star import, by an in-place operator on an alias, through `__globals__`,
+    # the module object used whole, the import machinery
+    "from program import *\n\nMASK[0] = -1e9\n",
+    "import program\n\nt = program.MASK\nt -= 1e9\n",
+    "from program import MASK\n\n\ndef later():\n    global_mask = MASK\n    global_mask *= 0\n",
+    "import program\n\nprogram.attend.__globals__['MASK'][0] = -1e9\n",
+    "import program\n\nvars(program)['MASK'].fill_(-1e9)\n",
+    "import sys\n\nsys.modules['program'].MASK.fill_(-1e9)\n",
+    "import program\nimport numpy\n\nnumpy.copyto(program.MASK.numpy(), -1e9)\n",
+], ids=["module-attribute", "data-elements", "rebound", "from-import", "from-import-elements", "alias", "list",
+        "star-import", "alias-in-place-operator", "local-alias", "globals", "vars", "sys-modules", "foreign-callee"])
 def test_another_file_of_the_tree_that_writes_the_global_leaves_the_facts_assumed(tmp_path, writer):
     (tmp_path / "program.py").write_text(BASE)
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]
@@ -126,6 +136,19 @@ def test_a_function_of_a_third_file_that_writes_what_it_is_handed_leaves_the_fac
     (tmp_path / "train.py").write_text("import program\nimport util\n\nutil.r(program.MASK)\n")
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]  # a function that reads
     (tmp_path / "train.py").write_text("import program\nimport util\n\nutil.w(program.MASK)\n")
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
+
+
+def test_a_package_that_re_exports_the_global_is_followed_to_its_importers(tmp_path):
+    """`from .program import *` in the package's `__init__`, then `from pkg import MASK` elsewhere: the same tensor
+    under another module's name (a twelfth breaker's bug 15)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "program.py").write_text(BASE)
+    (package / "__init__.py").write_text("from .program import *\n")
+    (tmp_path / "train.py").write_text("from pkg import MASK\n\nprint(MASK.sum(), MASK.shape)\n")
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]  # reads only
+    (tmp_path / "train.py").write_text("from pkg import MASK\n\nMASK.masked_fill_(MASK == 0, -1e9)\n")
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
 
 
