@@ -34,6 +34,7 @@ RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", 
                           "torch.logical_not", "torch.clone", "torch.nn.functional.normalize"}
 ROWS = "fully-masked-rows"
 FINITE_FILL = "finite-fill"  # a masked key's weight: 0 in SDPA, exp(fill - row max) in the original
+REPLACED_SCORES = "replaced-scores"  # masked_fill/where discards a masked score; SDPA adds its mask, keeping a NaN
 
 
 Bounds = tuple[int, int | None]  # (fewest, most) dims; most is None when unbounded
@@ -197,6 +198,14 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     (`attention.uniform_rows`), with the float dtypes the fill overflows."""
     if not terms:
         return
+    replacing = next((term for term in terms if term.fill_kind != ADDITIVE and not term.learned), None)
+    if replacing is not None:
+        applied = parsed.code(replacing.statement or replacing.expression).strip().splitlines()[0]
+        facts.accepted(REPLACED_SCORES, "the scores a mask replaces are numbers: q and k hold no NaN or inf at "
+                       "masked positions", f"`{applied}` "
+                       "discards whatever a masked score is, while SDPA adds its mask to the score (a boolean one as "
+                       "-inf), which keeps a NaN: a NaN or inf key at a padded position gives the patch NaN rows "
+                       "where the original has none")
     finite = next((term for term in terms if term.fill_kind == FINITE), None)
     if finite is not None:
         facts.accepted(FINITE_FILL, f"a key the finite fill `{parsed.code(finite.fill)}` masks weighs 0, as in "

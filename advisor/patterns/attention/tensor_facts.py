@@ -30,6 +30,8 @@ from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
 LOADED_BUFFERS = "loaded-buffers"
 FLOAT_QUERY = "floating-query"  # accepted: integer q and k, which a number scale makes float scores
+QUERY_RANK = "query-rank"  # accepted: a 1-D query of unknown rank (matmul takes it; SDPA raises)
+MASK_SIZES = "mask-sizes"  # accepted: a mask whose sizes grow the scores (the original broadcasts up; SDPA raises)
 
 
 def roots(c: Candidate) -> DtypeRoots:
@@ -286,6 +288,12 @@ def _mask_rank_fact(c: Candidate, ndim: int | None) -> None:
         match.facts.proved("mask-rank", "the mask has 2 to the scores' number of dims", "it is the scores' shape "
                            "(`expand_as`, `view_as` or `reshape_as` of the Q·K^T product)")
         return
+    sized = next(term for term in sources if not _shaped_as_scores(c, term.source))
+    match.facts.accepted(MASK_SIZES, "the mask's sizes broadcast to the scores' without growing them",
+                         f"where a size of `{short(c.parsed, sized.source)}` exceeds the scores' (masks for more "
+                         f"samples than the queries have, more mask rows than queries), the original broadcasts the "
+                         f"scores up to a larger output and SDPA raises a shape error: a loud failure, not another "
+                         f"value")
     ranks = rank_bounds(c)
     bounds = [term_rank(ranks, term) for term in sources]
     # the Q·K^T product broadcasts its batch dims: it has the rank of its larger operand
@@ -346,6 +354,11 @@ def _operand_ranks(c: Candidate) -> None:
         most = ranks.bounds(leaf)[1]
         if most is not None and most < 2:
             raise Refusal(f"the {role} `{short(c.parsed, leaf)}` has one dim, which matmul takes and SDPA does not")
+    query = c.leaf_nodes[0]
+    if ranks.bounds(query)[0] < 2:
+        c.match.facts.accepted(QUERY_RANK, "the query has at least 2 dims",
+                               f"the rank of `{short(c.parsed, query)}` is not visible here: a 1-D query (one vector "
+                               f"attending, which matmul takes) makes SDPA raise: a loud failure, not another value")
 
 
 def _causal_rank(c: Candidate, sources: list[MaskTerm]) -> None:

@@ -1,0 +1,108 @@
+"""The accepted facts a safe patch names for inputs where SDPA does not do what the original does (breaker round 12):
+`query-rank` (a 1-D query the source does not show: matmul takes it, SDPA raises), `mask-sizes` (a mask whose sizes
+grow the scores: the original broadcasts up, SDPA raises) and `replaced-scores` (a NaN key at a masked position:
+masked_fill discards its score, SDPA adds -inf to it). Each is measured here as stated, on the patch the scan
+offers, and is absent where the source rules it out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import load_module_from_source
+
+HELPER = '''import math
+import torch
+
+
+def attend(q, k, v, keep):
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    {apply}
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+'''
+MASKED_FILL = "scores = scores.masked_fill(keep == 0, float('-inf'))"
+ADDED = "scores = scores + keep"  # an additive mask: the original adds it too, so a NaN key is NaN in both
+NO_MASK = "del keep"
+
+VISIBLE_QUERY = '''import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x, keep):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-2, -1)).masked_fill(keep == 0, float('-inf')) * 0.5
+        return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, n, 8)
+'''
+
+
+def _scan(source: str, name: str):
+    result = analyze_source(source, f"{name}.py")
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe", finding.reason
+    return {fact["name"] for fact in finding.extra["facts"]["accepted"]}, \
+        load_module_from_source(source, name), load_module_from_source(result.fixed, f"{name}_fixed")
+
+
+def _qkv(*shapes):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(*shape, dtype=torch.float64, generator=generator) for shape in shapes]
+
+
+def test_a_query_of_no_visible_rank_is_accepted_as_2_d_and_a_1_d_one_raises_in_the_patch_only():
+    accepted, original, patched = _scan(HELPER.format(apply=NO_MASK), "query_rank")
+    assert "query-rank" in accepted
+    q, k, v = _qkv((4,), (5, 4), (5, 4))  # one vector attending over five keys
+    assert original.attend(q, k, v, None).shape == (4,)  # matmul takes the 1-D query
+    with pytest.raises(RuntimeError):
+        patched.attend(q, k, v, None)
+    q, k, v = _qkv((2, 3, 4), (2, 5, 4), (2, 5, 4))  # any query of 2 dims or more: equal
+    torch.testing.assert_close(patched.attend(q, k, v, None), original.attend(q, k, v, None))
+
+
+def test_a_mask_that_grows_the_scores_is_accepted_and_makes_the_patch_raise_where_the_original_grows():
+    accepted, original, patched = _scan(HELPER.format(apply=MASKED_FILL), "mask_sizes")
+    assert "mask-sizes" in accepted
+    q, k, v = _qkv((1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4))
+    keep = torch.ones(3, 1, 1, 5, dtype=torch.bool)  # three samples' masks for one sample's queries
+    assert original.attend(q, k, v, keep).shape == (3, 2, 5, 4)
+    with pytest.raises(RuntimeError):
+        patched.attend(q, k, v, keep)
+    keep = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    torch.testing.assert_close(patched.attend(q, k, v, keep), original.attend(q, k, v, keep))
+
+
+def test_a_nan_key_at_a_masked_position_is_nan_in_the_patch_only_where_the_mask_replaces_scores():
+    accepted, original, patched = _scan(HELPER.format(apply=MASKED_FILL), "replaced")
+    assert "replaced-scores" in accepted
+    q, k, v = _qkv((1, 2, 5, 4), (1, 2, 5, 4), (1, 2, 5, 4))
+    k[..., 4, :] = float("nan")  # the padded key
+    keep = torch.tensor([[[[1, 1, 1, 1, 0]]]], dtype=torch.bool)
+    assert not original.attend(q, k, v, keep).isnan().any()
+    assert patched.attend(q, k, v, keep).isnan().all()
+    k[..., 4, :] = 0.0
+    torch.testing.assert_close(patched.attend(q, k, v, keep), original.attend(q, k, v, keep))
+
+
+def test_an_added_mask_keeps_a_nan_in_both_and_names_no_replaced_scores():
+    result = analyze_source(HELPER.format(apply=ADDED), "added.py")
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    names = {fact["name"] for group in finding.extra["facts"].values() for fact in group}
+    assert "mask-sizes" in names and "replaced-scores" not in names
+
+
+def test_a_query_the_source_shapes_names_no_query_rank():
+    accepted, original, patched = _scan(VISIBLE_QUERY, "visible_query")
+    assert "query-rank" not in accepted and "mask-sizes" in accepted
+    torch.manual_seed(0)
+    model, twin = original.Attention().double(), patched.Attention().double()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
+    torch.testing.assert_close(twin(x, keep), model(x, keep))
