@@ -77,11 +77,14 @@ def _reads_of(other: ParsedModule, stem: str, name: str) -> tuple[list[cst.BaseE
                 if dotted.split(".")[-1] == stem:
                     modules.add(_bound(other, alias) if alias.asname is not None else dotted)
     reads: list[cst.BaseExpression] = []
+    roots = {module.split(".")[0] for module in modules}
     for node in other.nodes_of(cst.Name, cst.Attribute):
         parent = other.parents.get(node)
         if isinstance(node, cst.Attribute):
             if other.imported_name(node) in MODULE_OBJECT_SOURCES and not _own_module(other, node):
                 return None, exports
+            if _root(node) not in roots:
+                continue  # no module alias of it: generating the attribute's code costs more than this
             if other.code(node).strip() in modules and not (isinstance(parent, cst.Attribute) and
                                                             parent.value is node):
                 return None, exports  # `vars(pkg.attn)`
@@ -119,6 +122,13 @@ def _handed_to_reader(other: ParsedModule, tree: Tree, node: cst.BaseExpression)
             params = [*definition.params.posonly_params, *definition.params.params]
             return position < len(params) and local_reads_leave_alone(callee, definition, params[position].name.value)
     return False
+
+
+def _root(node: cst.Attribute) -> str | None:
+    """`a` of `a.b.c`."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
 
 
 def _bound(other: ParsedModule, alias: cst.ImportAlias) -> str:
