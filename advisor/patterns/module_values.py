@@ -18,13 +18,10 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.dataflow import UNDEFINED
-from advisor.static.global_writes import MODULE_OBJECT_SOURCES, written_elsewhere
+from advisor.static.global_writes import reached_by_name, through_globals, written_elsewhere
 from advisor.static.module_index import ParsedModule
 from advisor.static.tensor_reads import local_reads_leave_alone, read_leaves_alone
 
-ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"}
-# what reaches a module object or any object's namespace without naming the attribute in the source
-NAMESPACE_ATTRIBUTES = {"__dict__", "__setattr__", "__getattribute__", "__delattr__"}
 
 
 @dataclass(frozen=True)
@@ -51,8 +48,8 @@ def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     names = [node for node in parsed.nodes_of(cst.Name) if node.value == name]
     if not all(_read_only_use(parsed, node, bindings[0]) for node in names):
         return None
-    if parsed.tree is not None and not _immutable(assign.value) and \
-            written_elsewhere(parsed, parsed.tree, name) is not None:
+    if parsed.tree is not None and (through_globals(parsed, parsed.tree) if _immutable(assign.value) else
+                                    written_elsewhere(parsed, parsed.tree, name)) is not None:
         return None
     return ModuleValue(assign.value, parsed.line(assign))
 
@@ -70,28 +67,6 @@ def _immutable(value: cst.BaseExpression) -> bool:
         return _immutable(value.left) and _immutable(value.right)
     return isinstance(value, cst.Tuple) and all(isinstance(e, cst.Element) and _immutable(e.value)
                                                 for e in value.elements)
-
-
-def reached_by_name(parsed: ParsedModule, name: str) -> bool:
-    """Whether the file may reach its global `name` otherwise than by spelling it: `globals()["MASK"] = ...`,
-    `vars()`, `exec`/`eval`, a namespace (`sys.modules[__name__].__dict__[...]`), the module object by import
-    machinery (whose attributes a computed string can name), a string naming it (`getattr(module, "MASK")`), or a
-    star import (`from consts import *`, whose names replace the file's). Once per file and name."""
-    return parsed.derived(("reached-by-name", name), lambda p: _reached_by_name(p, name))
-
-
-def _reached_by_name(parsed: ParsedModule, name: str) -> bool:
-    if any(isinstance(node.names, cst.ImportStar) for node in parsed.nodes_of(cst.ImportFrom)):
-        return True
-    for node in parsed.nodes_of(cst.Call, cst.Attribute, cst.Name, cst.SimpleString):
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ESCAPE_HATCHES:
-            return True
-        if isinstance(node, cst.Attribute) and node.attr.value in NAMESPACE_ATTRIBUTES or \
-                isinstance(node, (cst.Attribute, cst.Name)) and parsed.imported_name(node) in MODULE_OBJECT_SOURCES:
-            return True
-        if isinstance(node, cst.SimpleString) and node.evaluated_value == name:
-            return True
-    return False
 
 
 def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name) -> bool:

@@ -11,7 +11,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from advisor.patterns.helper_bodies import branches
-from advisor.patterns.module_values import reached_by_name
+from advisor.contracts.finding import display_path
+from advisor.static.global_writes import reached_by_name, through_globals
 from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
@@ -322,6 +323,9 @@ class ValueProver:
             return f"{self.parsed.outside_writer(name)} assigns `.{name}` on another object (this module's, maybe)"
         if ANY_ATTRIBUTE in names:
             return f"{self.parsed.outside_writer(ANY_ATTRIBUTE)} assigns attributes by computed names"
+        through = through_globals(self.parsed, self.parsed.tree) if self.parsed.tree is not None else None
+        if through is not None:
+            return f"`{display_path(through)}` reads a function's `__globals__`, which rebind any global"
         return None
 
     def _unpacked_is_scalar(self, definition, depth: int) -> bool:

@@ -547,7 +547,7 @@ def _module_reads_unresolved(other: ParsedModule, target: ParsedModule, name: st
 def _names_module(other: ParsedModule, node: cst.BaseExpression, target: ParsedModule) -> bool:
     """Whether `node` names `target`'s module through `other`'s imports."""
     dotted = other.imported_name(node)
-    return dotted is not None and _module_matches(dotted.split("."), target.path)
+    return dotted is not None and module_matches(dotted.split("."), target.path)
 
 
 def _computed_lookup_on(other: ParsedModule, target: ParsedModule) -> bool:
@@ -786,14 +786,14 @@ def _module_aliases(other: ParsedModule, node: cst.Import | cst.ImportFrom, targ
     if isinstance(node, cst.Import):
         for alias in node.names:
             dotted = other.code(alias.name)
-            if _module_matches(dotted.split("."), target.path) and alias.asname is not None:
+            if module_matches(dotted.split("."), target.path) and alias.asname is not None:
                 found.append(other.code(alias.asname.name))
-            elif _module_matches(dotted.split("."), target.path):
+            elif module_matches(dotted.split("."), target.path):
                 found.append(dotted)
     elif not isinstance(node.names, cst.ImportStar):
         base = _base_parts(other, node)
         for alias in node.names:
-            if base is not None and _module_matches(base + [other.code(alias.name)], target.path):
+            if base is not None and module_matches(base + [other.code(alias.name)], target.path):
                 found.append(other.code(alias.asname.name) if alias.asname else other.code(alias.name))
     return found
 
@@ -811,7 +811,7 @@ def _base_parts(other: ParsedModule, node: cst.ImportFrom) -> list[str] | None:
 
 def _resolves(other: ParsedModule, node: cst.ImportFrom, target: ParsedModule) -> bool:
     base = _base_parts(other, node)
-    return base is not None and bool(base) and _module_matches(base, target.path)
+    return base is not None and bool(base) and module_matches(base, target.path)
 
 
 def module_stem(path: str) -> str:
@@ -821,7 +821,7 @@ def module_stem(path: str) -> str:
     return os.path.basename(os.path.dirname(real)) if stem == "__init__" else stem
 
 
-def _module_matches(parts: list[str], path: str) -> bool:
+def module_matches(parts: list[str], path: str) -> bool:
     """Whether the dotted module `parts` can be the file `path` (`a.b` is `.../a/b.py` or `.../a/b/__init__.py`)."""
     real = os.path.realpath(path)
     stem = real[:-3] if real.endswith(".py") else real

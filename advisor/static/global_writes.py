@@ -17,60 +17,113 @@ import os
 
 import libcst as cst
 
-from advisor.static.call_sites import Tree, module_stem
+from advisor.static.call_sites import Tree, module_matches, module_stem
 from advisor.static.module_index import ParsedModule
 from advisor.static.tensor_reads import leaves_alone, local_reads_leave_alone
 
 MODULE_OBJECT_SOURCES = {"sys.modules", "importlib.import_module", "importlib.reload"}
-REBINDING_PARENTS = (cst.AssignTarget, cst.Param, cst.ImportAlias, cst.AsName, cst.Del, cst.NameItem,
-                     cst.FunctionDef, cst.ClassDef)
+ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"}
+# what reaches a module object or any object's namespace without naming the attribute in the source
+NAMESPACE_ATTRIBUTES = {"__dict__", "__setattr__", "__getattribute__", "__delattr__"}
 
 
 def written_elsewhere(parsed: ParsedModule, tree: Tree, name: str) -> str | None:
     """The first other file of `tree` that may write (or let escape) the module-level tensor `name` of `parsed`,
     as a path; None where every file importing it only reads it."""
     here = os.path.realpath(parsed.path)
-    through_globals = [path for path in tree.mentioning("__globals__") if os.path.realpath(path) != here]
-    if through_globals:  # `f.__globals__["BIAS"]` of any function of the module
-        return through_globals[0]
-    stems, done = [module_stem(parsed.path)], {here}
-    while stems:  # the module, then each module that re-exports the name
-        stem = stems.pop()
-        for path in tree.mentioning(stem):
+    through = through_globals(parsed, tree)
+    if through is not None:
+        return through
+    pending = [(parsed.path, {name} | _module_level_aliases(parsed, {name}))]
+    done = {here}
+    while pending:  # the module, then each module that re-exports the tensor, under each name it has there
+        module, names = pending.pop()
+        stem = module_stem(module)
+        for path in _importers(tree, module):
             real = os.path.realpath(path)
             other = tree.parsed(path) if real not in done else None
             if other is None:
                 continue
-            reaches, exports = _reads_of(other, stem, name)
+            reaches, exports = _reads_of(other, stem, names)
             if reaches is None or not all(leaves_alone(other, node, 0) or _handed_to_reader(other, tree, node)
                                           for node in reaches):
                 return path
             if exports:
                 done.add(real)
-                stems.append(module_stem(path))
+                pending.append((path, exports))
     return None
 
 
-def _reads_of(other: ParsedModule, stem: str, name: str) -> tuple[list[cst.BaseExpression] | None, bool]:
-    """The reads in `other` of the global `name` of a module whose import ends with `stem`, and whether `other`
-    binds the name at its module level by importing it (it re-exports it); None for the reads where `other` may
-    reach any global of that module (the module object used whole, the import machinery)."""
-    locals_, modules, exports = set(), set(), False
+def _importers(tree: Tree, module: str) -> list[str]:
+    """The files of the tree that may import `module`: those naming its stem and, for a package's `__init__`, every
+    file inside the package (`from . import *` names nothing)."""
+    found = tree.mentioning(module_stem(module))
+    if os.path.basename(module) == "__init__.py":
+        folder = os.path.dirname(os.path.realpath(module)) + os.sep
+        found = found + [path for path in tree.paths if os.path.realpath(path).startswith(folder) and path not in found]
+    return found
+
+
+def reached_by_name(parsed: ParsedModule, name: str, star: bool = True) -> bool:
+    """Whether the file may reach its global `name` otherwise than by spelling it: `globals()["MASK"] = ...`,
+    `vars()`, `exec`/`eval`, `__import__`, a namespace (`sys.modules[__name__].__dict__[...]`), the module object by
+    import machinery (whose attributes a computed string can name), a string naming it (`getattr(module, "MASK")`),
+    or, with `star`, a star import (`from consts import *`, whose names replace the file's: a file reading an
+    imported tensor rebinds only its own name so). Once per file and name."""
+    return parsed.derived(("reached-by-name", name, star), lambda p: _reached_by_name(p, name, star))
+
+
+def _reached_by_name(parsed: ParsedModule, name: str, star: bool) -> bool:
+    if star and any(isinstance(node.names, cst.ImportStar) for node in parsed.nodes_of(cst.ImportFrom)):
+        return True
+    for node in parsed.nodes_of(cst.Call, cst.Attribute, cst.Name, cst.SimpleString):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ESCAPE_HATCHES:
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value in NAMESPACE_ATTRIBUTES or \
+                isinstance(node, (cst.Attribute, cst.Name)) and parsed.imported_name(node) in MODULE_OBJECT_SOURCES:
+            return True
+        if isinstance(node, cst.SimpleString) and node.evaluated_value == name and not _in_all(parsed, node):
+            return True
+    return False
+
+
+def _in_all(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    """A string of `__all__ = [...]` (or `+=`): it names what a star import takes, and reaches nothing."""
+    statement = parsed.innermost(node, (cst.Assign, cst.AugAssign))
+    targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else \
+        [statement.target] if isinstance(statement, cst.AugAssign) else []
+    return any(isinstance(target, cst.Name) and target.value == "__all__" for target in targets)
+
+
+def through_globals(parsed: ParsedModule, tree: Tree) -> str | None:
+    """Another file of the tree that reads a function's `__globals__`, which rebinds any global of its module, a
+    number's too (`attention.__globals__["NEG"] = 0.0`), whatever names it uses to reach the function."""
+    here = os.path.realpath(parsed.path)
+    return next((path for path in tree.mentioning("__globals__") if os.path.realpath(path) != here), None)
+
+
+def _reads_of(other: ParsedModule, stem: str, names: set[str]) -> tuple[list[cst.BaseExpression] | None, set[str]]:
+    """The reads in `other` of the globals `names` of a module whose import ends with `stem`, and the names `other`
+    binds them to at its module level (by importing them, `from .attn import MASK as PAD`, or assigning them, `PAD =
+    MASK`): it re-exports them. None for the reads where `other` may reach any global of that module (the module
+    object used whole, the import machinery)."""
+    locals_, modules, exports = set(), set(), set()
     for node in other.nodes_of(cst.ImportFrom, cst.Import):
+        at_module_level = other.innermost(node, (cst.FunctionDef, cst.ClassDef)) is None
         if isinstance(node, cst.ImportFrom):
-            source = other.code(node.module).strip() if node.module is not None else ""
+            source = _source(other, node)
             if isinstance(node.names, cst.ImportStar):
                 if source.split(".")[-1] == stem:
-                    locals_.add(name)
-                    exports = True
+                    locals_ |= names
+                    exports |= names
                 continue
             for alias in node.names:
                 imported, bound = other.code(alias.name).strip(), _bound(other, alias)
                 if imported == stem:  # `from pkg import attn`: the module itself
                     modules.add(bound)
-                elif imported == name and source.split(".")[-1] == stem:
+                elif imported in names and source.split(".")[-1] == stem:
                     locals_.add(bound)
-                    exports = exports or other.innermost(node, (cst.FunctionDef, cst.ClassDef)) is None
+                    exports |= {bound} if at_module_level else set()
         else:
             for alias in node.names:
                 dotted = other.code(alias.name).strip()
@@ -89,12 +142,12 @@ def _reads_of(other: ParsedModule, stem: str, name: str) -> tuple[list[cst.BaseE
                                                             parent.value is node):
                 return None, exports  # `vars(pkg.attn)`
             if other.code(node.value).strip() in modules:
-                if node.attr.value == name:
+                if node.attr.value in names:
                     reads.append(node)
                 elif node.attr.value.startswith("__"):  # `a.__dict__`, `a.__getattribute__`
                     return None, exports
             continue
-        if isinstance(parent, cst.Attribute) and parent.attr is node or isinstance(parent, REBINDING_PARENTS):
+        if isinstance(parent, cst.Attribute) and parent.attr is node or _binds(parent, node):
             continue  # an attribute's name, or a binding of the other file's own name
         if isinstance(parent, cst.Arg) and parent.keyword is node:
             continue
@@ -102,12 +155,29 @@ def _reads_of(other: ParsedModule, stem: str, name: str) -> tuple[list[cst.BaseE
             return None, exports  # `vars(a)`, `getattr(a, "BIAS")`, `f(a)`
         if node.value in locals_:
             reads.append(node)
-    return reads, exports
+    if (locals_ or modules) and any(reached_by_name(other, name, star=False) for name in names | {stem}):
+        return None, exports  # `globals()["MASK"]`, `exec("MASK[1] = 0")`, `__import__("pkg.attn")`
+    return reads, exports | _module_level_aliases(other, locals_ | {f"{m}.{n}" for m in modules for n in names})
+
+
+def _module_level_aliases(parsed: ParsedModule, names: set[str]) -> set[str]:
+    """The module-level names assigned a value that reads one of `names` (`PAD = MASK`, `M2 = MASK[None]`,
+    `P = attn.MASK`): another module may import the tensor, or a view of it, under them."""
+    found: set[str] = set()
+    for assign in parsed.nodes_of(cst.Assign, cst.AnnAssign, cst.AugAssign):
+        if assign.value is None or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is not None:
+            continue
+        read = {parsed.code(node).strip() for node in _under(assign.value)
+                if isinstance(node, (cst.Name, cst.Attribute))}
+        if read & names:
+            targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+            found |= {node.value for target in targets for node in _under(target) if isinstance(node, cst.Name)}
+    return found
 
 
 def _handed_to_reader(other: ParsedModule, tree: Tree, node: cst.BaseExpression) -> bool:
-    """`util.r(program.MASK)`: passed by position to a module-level function of another file of the tree (found by
-    the import's last name and the function's), every read of whose parameter there leaves the tensor alone."""
+    """`util.r(program.MASK)`: passed by position to an undecorated module-level function of the one file of the
+    tree the import can name, every read of whose parameter there leaves the tensor alone."""
     arg, call = other.parents.get(node), other.parents.get(other.parents.get(node))
     if not (isinstance(arg, cst.Arg) and isinstance(call, cst.Call) and arg.keyword is None and not arg.star):
         return False
@@ -115,13 +185,44 @@ def _handed_to_reader(other: ParsedModule, tree: Tree, node: cst.BaseExpression)
     position = call.args.index(arg)
     if not module or any(a.keyword is not None or a.star for a in call.args[:position]):
         return False
-    for path in tree.mentioning(function):
-        callee = tree.parsed(path) if module_stem(path) == module.split(".")[-1] else None
-        definition = callee.module_functions.get(function) if callee is not None else None
-        if definition is not None:
-            params = [*definition.params.posonly_params, *definition.params.params]
-            return position < len(params) and local_reads_leave_alone(callee, definition, params[position].name.value)
-    return False
+    parts = [part for part in module.split(".") if part]
+    files = [path for path in tree.mentioning(function) if module_matches(parts, path)]
+    callee = tree.parsed(files[0]) if len(files) == 1 else None  # two files it may be: neither is read
+    definition = callee.module_functions.get(function) if callee is not None else None
+    if definition is None or definition.decorators:  # a decorator's wrapper runs, not the body read
+        return False
+    params = [*definition.params.posonly_params, *definition.params.params]
+    return position < len(params) and local_reads_leave_alone(callee, definition, params[position].name.value)
+
+
+def _under(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node` and every node below it."""
+    found, pending = [], [node]
+    while pending:
+        found.append(current := pending.pop())
+        pending.extend(current.children)
+    return found
+
+
+def _binds(parent: cst.CSTNode | None, node: cst.Name) -> bool:
+    """`node` is the name a binding binds (not a parameter's default, nor a value deleted by subscript)."""
+    if isinstance(parent, (cst.AssignTarget, cst.Del)):
+        return parent.target is node
+    if isinstance(parent, (cst.Param, cst.AsName, cst.FunctionDef, cst.ClassDef, cst.NameItem)):
+        return parent.name is node
+    return isinstance(parent, cst.ImportAlias)
+
+
+def _source(other: ParsedModule, node: cst.ImportFrom) -> str:
+    """The module an import reads from, dotted; a relative one from the folders above the file (`from . import *`
+    in `pkg/setup.py`: `pkg`)."""
+    module = other.code(node.module).strip() if node.module is not None else ""
+    if not node.relative:
+        return module
+    folder = os.path.dirname(os.path.abspath(other.path))
+    for _ in range(len(node.relative) - 1):
+        folder = os.path.dirname(folder)
+    return ".".join(part for part in (os.path.basename(folder), module) if part)
 
 
 def _root(node: cst.Attribute) -> str | None:

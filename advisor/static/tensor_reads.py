@@ -32,8 +32,8 @@ FRESH_METHODS = {"clone", "masked_fill", "add", "sub", "mul", "div", "neg", "exp
                  "tril", "triu", "matmul", "bmm", "softmax", "isinf", "isnan", "isfinite", "all", "any",
                  "new_zeros", "new_ones", "new_full", "new_empty", "repeat", "where", "item", "tolist",
                  "is_floating_point", "size", "dim", "numel"}
-# methods of another tensor that read an argument without keeping it
-ARGUMENT_READING_METHODS = FRESH_METHODS | {"masked_fill_", "add_", "sub_", "mul_", "div_", "copy_", "to",
+# methods of another tensor that read an argument without keeping it (not `add`: a set's keeps it, `REG.add(MASK)`)
+ARGUMENT_READING_METHODS = FRESH_METHODS - {"add"} | {"masked_fill_", "add_", "sub_", "mul_", "div_", "copy_", "to",
                                             "type_as", "expand_as", "view_as", "reshape_as", "masked_scatter"}
 TORCH_FRESH = {f"torch.{name}" for name in (
     "where", "softmax", "log_softmax", "matmul", "bmm", "baddbmm", "tril", "triu", "masked_fill", "add", "sub", "mul",
@@ -46,6 +46,17 @@ JOINS = {f"torch.{name}" for name in ("cat", "concat", "concatenate", "hstack", 
 # the same as torch functions; `einsum("ij->ji", m)` is a view, and dropout returns its input itself when not training
 TORCH_SHARING = {f"torch.{name}" for name in SHARING_METHODS} | {"torch.einsum", "torch.nn.functional.dropout"}
 INPLACE_POSITION = {"torch.nn.functional.dropout": 3}  # `F.dropout(m, p, training, inplace)`
+# calls whose result has at least one dim (an index of them gathers a copy): methods, torch functions, and torch
+# functions given a non-empty list
+DIMMED_METHODS = frozenset({"view", "reshape", "flatten", "unsqueeze", "nonzero", "argsort"})
+DIMMED_TORCH = frozenset({"torch.arange", "torch.randperm", "torch.nonzero", "torch.argsort", "torch.stack",
+                          "torch.tril_indices", "torch.triu_indices"})
+LISTED_TORCH = frozenset({"torch.tensor", "torch.as_tensor", "torch.LongTensor"})
+SIZED_TORCH = frozenset({"torch.empty", "torch.zeros", "torch.ones", "torch.rand", "torch.randn", "torch.full"})
+SIZED_METHODS = frozenset({"new_empty", "new_zeros", "new_ones", "new_full"})
+CONTAINER_DISPLAYS = (cst.List, cst.Tuple, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.DictComp,
+                      cst.GeneratorExp)
+CONTAINER_BUILDERS = frozenset({"list", "tuple", "set", "dict", "sorted", "reversed", "collections.deque"})
 NUMBER_METHODS = {"item", "tolist", "size", "dim", "numel", "is_floating_point"}  # tensor methods giving numbers
 HARMLESS_BUILTINS = {"isinstance", "len", "print", "repr", "str", "float", "int", "bool", "round", "abs"}
 # what a class may assign an attribute that holds a tensor: a Parameter or Buffer (the other torch.nn classes are
@@ -71,8 +82,8 @@ def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, wri
         return again(parent)  # `m or other` is `m` itself
     if isinstance(parent, cst.Call) and parent.func is node:
         return True  # a tensor called raises; a call hands nothing it is not given
-    if isinstance(parent, cst.AugAssign):
-        return parent.value is node or writes_seen  # `scores += MASK` writes scores
+    if isinstance(parent, cst.AugAssign):  # `scores += MASK` writes scores
+        return parent.value is node and _augments_a_tensor(parsed, parent) or parent.target is node and writes_seen
     if isinstance(parent, cst.IfExp):
         return parent.test is node or again(parent)
     if isinstance(parent, cst.Subscript) and parent.value is node:
@@ -102,31 +113,98 @@ def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, wri
     return False  # stored in a container or an attribute, yielded, ...
 
 
+def _augments_a_tensor(parsed: ParsedModule, augmented: cst.AugAssign) -> bool:
+    """`scores += MASK` adds into a tensor, reading MASK; `rows += MASK` on a list extends it with MASK's rows, which
+    are views (a thirteenth breaker's). `+=` reads its value only into a name its scope binds by plain assignments
+    alone, none of them a container."""
+    if not isinstance(augmented.operator, cst.AddAssign):
+        return True
+    target = augmented.target
+    if not isinstance(target, cst.Name):
+        return False
+    scope = parsed.innermost(augmented, (cst.FunctionDef, cst.Lambda, cst.ClassDef))
+    for name in parsed.names_spelled(target.value):
+        if parsed.innermost(name, (cst.FunctionDef, cst.Lambda, cst.ClassDef)) is not scope:
+            continue
+        parent = parsed.parents.get(name)
+        if isinstance(parent, cst.AssignTarget) and parent.target is name:
+            value = parsed.parents.get(parent).value
+            if isinstance(value, CONTAINER_DISPLAYS) or isinstance(value, cst.Call) and \
+                    parsed.imported_name(value.func) in CONTAINER_BUILDERS:
+                return False
+        elif isinstance(parent, (cst.Param, cst.For, cst.CompFor, cst.AsName, cst.NameItem, cst.AnnAssign,
+                                 cst.NamedExpr, cst.ImportAlias)) or isinstance(parent, (cst.Tuple, cst.List,
+                                                                                          cst.Element)):
+            return False
+    return True
+
+
 def _indexed_by_tensor(parsed: ParsedModule, subscript: cst.Subscript) -> bool:
-    """`table[index.view(-1)]`, `x[:, torch.arange(n)]`: an index that is a tensor (a tensor method's or a torch
-    function's result) gathers a copy, not a view."""
+    """`table[index.view(-1)]`, `x[:, torch.arange(n)]`: an index that is a tensor of at least one dim gathers a copy,
+    not a view. A 0-dim integer tensor indexes as an int does (`MASK[torch.tensor(1)]` is a view: a thirteenth
+    breaker's), so an index of no visible rank is read as one."""
     for element in subscript.slice:
         index = element.slice
         value = index.value if isinstance(index, cst.Index) else None
-        if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
-                value.func.attr.value in (SHARING_METHODS | FRESH_METHODS) - NUMBER_METHODS:
+        if has_dims(parsed, value):
             return True
-        if isinstance(value, cst.Call) and (parsed.imported_name(value.func) or "").startswith("torch.") and \
-                parsed.imported_name(value.func) not in NUMBER_INFO:
-            return True
-        if isinstance(value, cst.Attribute) and is_self(value.value) and _tensor_attribute(parsed, value.attr.value):
+        if isinstance(value, cst.Attribute) and is_self(value.value) and _dimmed_attribute(parsed, value.attr.value):
             return True
     return False
 
 
-def _tensor_attribute(parsed: ParsedModule, name: str) -> bool:
-    """Some class of the file registers `name` as a buffer or assigns `self.name` a tensor it builds, and none
-    assigns it anything else."""
+def has_dims(parsed: ParsedModule, value: cst.BaseExpression | None) -> bool:
+    """A call whose result has at least one dim: `x.view(-1)`, `x.flatten()`, `torch.arange(n)`, `torch.tensor([...])`
+    (not `x.view(())`, nor a shape given by `*args`)."""
+    if not isinstance(value, cst.Call) or any(arg.star for arg in value.args):
+        return False
+    if isinstance(value.func, cst.Attribute) and parsed.imported_name(value.func) is None:
+        method = value.func.attr.value
+        empty = [arg for arg in value.args if isinstance(arg.value, (cst.Tuple, cst.List)) and not arg.value.elements]
+        if method in SIZED_METHODS:
+            return _sized(value, method != "new_full")
+        return method in DIMMED_METHODS and (method not in ("view", "reshape") or bool(value.args) and not empty)
+    dotted = parsed.imported_name(value.func)
+    if dotted in SIZED_TORCH:
+        return _sized(value, dotted != "torch.full")
+    if dotted in LISTED_TORCH:
+        return bool(value.args) and isinstance(value.args[0].value, (cst.List, cst.Tuple)) and \
+            bool(value.args[0].value.elements)
+    return dotted in DIMMED_TORCH
+
+
+def _sized(call: cst.Call, sizes_spread: bool) -> bool:
+    """A creation call's shape has a dim: a non-empty tuple or list, an int literal, or (`sizes_spread`: each
+    positional argument a size, `torch.zeros(n, n)`) two sizes or more."""
+    positional = [arg.value for arg in call.args if arg.keyword is None]
+    if not positional:
+        return False
+    first = positional[0]
+    return isinstance(first, (cst.Tuple, cst.List)) and bool(first.elements) or isinstance(first, cst.Integer) or \
+        sizes_spread and len(positional) >= 2
+
+
+def _dimmed_attribute(parsed: ParsedModule, name: str) -> bool:
+    """Every value the file's classes give `self.name` (assigned or registered as a buffer) has at least one dim."""
     values = [(parsed.parents.get(node), node) for node in parsed.attributes_named(name) if is_self(node.value)]
     assigned = [parsed.parents.get(target).value for target, node in values
                 if isinstance(target, cst.AssignTarget) and target.target is node]
-    registered = any(buffer == name for _, buffer in registered_buffers(parsed))
-    return (bool(assigned) or registered) and all(builds_tensor(parsed, value) for value in assigned)
+    calls = _buffer_registrations(parsed, name)
+    if any(len(call.args) < 2 or call.args[1].keyword is not None or call.args[1].star for call in calls):
+        return False  # registered with a value not given positionally
+    registered = [call.args[1].value for call in calls]
+    return bool(assigned or registered) and all(has_dims(parsed, value) for value in assigned + registered)
+
+
+def _buffer_registrations(parsed: ParsedModule, name: str) -> list[cst.Call]:
+    """Every `self.register_buffer("name", ...)` call."""
+    found = []
+    for node in parsed.attributes_named("register_buffer"):
+        call = parsed.parents.get(node)
+        if isinstance(call, cst.Call) and call.func is node and call.args and \
+                isinstance(call.args[0].value, cst.SimpleString) and call.args[0].value.evaluated_value == name:
+            found.append(call)
+    return found
 
 
 def _calls_left_alone(parsed: ParsedModule, function: cst.CSTNode | None, depth: int) -> bool:

@@ -82,9 +82,14 @@ BASE = render(Program(definition="zeros", use="fn_global"))
     "\nimport torch.nn.functional as F\nF.dropout(MASK, 0.5, True, True)\n",
     # a star import may bind the name anew (module-level numbers were read so; tensors were not)
     "\nfrom consts import *\n",
+    # a thirteenth breaker's: a 0-dim integer tensor indexes as an int does (a view), a set keeps what it is given,
+    # `list += tensor` keeps its rows (views)
+    "\nMASK[torch.tensor(0)].fill_(-1e9)\n",
+    "\nREG = set()\nREG.add(MASK)\nfor t in REG:\n    t[0] = -1e9\n",
+    "\nrows = []\nrows += MASK\nrows[0].fill_(-1e9)\n",
 ], ids=["write-through-function", "class-alias", "sys-modules", "globals", "library", "view-write", "out", "loop",
         "namespace-dict", "getattr-string", "setattr-dunder", "import-module", "einsum-view", "dropout-identity",
-        "dropout-inplace-positional", "star-import"])
+        "dropout-inplace-positional", "star-import", "zero-dim-index", "set-add", "list-extended"])
 def test_any_other_way_the_file_may_change_the_global_leaves_the_facts_assumed(extra):
     source = BASE.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
     assert all(f.fix_safety != "safe" for f in analyze(source, as_file=True).findings)
@@ -119,8 +124,15 @@ def test_an_edit_that_writes_the_global_is_seen_by_the_next_scan(tmp_path):
     "import program\n\nvars(program)['MASK'].fill_(-1e9)\n",
     "import sys\n\nsys.modules['program'].MASK.fill_(-1e9)\n",
     "import program\nimport numpy\n\nnumpy.copyto(program.MASK.numpy(), -1e9)\n",
+    # a thirteenth breaker's: a default argument, the other file's own `globals()`, `__import__`, `exec`, a set
+    "from program import MASK\n\n\ndef pad_row(row, m=MASK):\n    m[row] = -1e9\n\n\npad_row(0)\n",
+    "from program import MASK\n\nglobals()['MASK'][0] = -1e9\n",
+    "mod = __import__('program')\ngetattr(mod, 'MASK')[0] = -1e9\n",
+    "from program import MASK\n\nexec('MASK[0] = -1e9')\n",
+    "from program import MASK\n\nREG = set()\nREG.add(MASK)\nfor t in REG:\n    t[0] = -1e9\n",
 ], ids=["module-attribute", "data-elements", "rebound", "from-import", "from-import-elements", "alias", "list",
-        "star-import", "alias-in-place-operator", "local-alias", "globals", "vars", "sys-modules", "foreign-callee"])
+        "star-import", "alias-in-place-operator", "local-alias", "globals", "vars", "sys-modules", "foreign-callee",
+        "default-argument", "own-globals", "dunder-import", "exec", "set-add"])
 def test_another_file_of_the_tree_that_writes_the_global_leaves_the_facts_assumed(tmp_path, writer):
     (tmp_path / "program.py").write_text(BASE)
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]
@@ -150,6 +162,39 @@ def test_a_package_that_re_exports_the_global_is_followed_to_its_importers(tmp_p
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]  # reads only
     (tmp_path / "train.py").write_text("from pkg import MASK\n\nMASK.masked_fill_(MASK == 0, -1e9)\n")
     assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
+
+
+@pytest.mark.parametrize("files", [
+    {"pkg/__init__.py": "from .program import MASK as PAD\n", "train.py": "from pkg import PAD\n\nPAD[0] = -1e9\n"},
+    {"pkg/__init__.py": "from .program import MASK\nPAD = MASK\n",
+     "train.py": "from pkg import PAD\n\nPAD[0] = -1e9\n"},
+    {"pkg/__init__.py": "from .program import *\n", "pkg/setup.py": "from . import *\n\nMASK[0] = -1e9\n"},
+    {"pkg/__init__.py": "", "pkg/a/__init__.py": "", "pkg/a/util.py": "def reset(m):\n    return m.sum()\n",
+     "pkg/b/__init__.py": "", "pkg/b/util.py": "def reset(m):\n    m[0] = -1e9\n",
+     "train.py": "from pkg.b.util import reset\nfrom pkg.program import MASK\n\nreset(MASK)\n"},
+    {"pkg/__init__.py": "", "tools.py": "def padded(fn):\n    def wrapper(m):\n        m[0] = -1e9\n"
+     "        return fn(m)\n    return wrapper\n\n\n@padded\ndef show(m):\n    return m.shape\n",
+     "train.py": "from tools import show\nfrom pkg.program import MASK\n\nshow(MASK)\n"},
+], ids=["re-exported-renamed", "re-exported-alias", "relative-star", "same-stem-callee", "decorated-callee"])
+def test_a_write_through_another_name_or_module_of_the_package_leaves_the_facts_assumed(tmp_path, files):
+    """A thirteenth breaker's: the tensor re-exported under another name, a package module reaching it by a
+    relative star import, a callee of the same stem as a reading one, a decorated callee."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "program.py").write_text(BASE)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["unsafe"]
+
+
+def test_a_number_rebound_through_a_function_s_globals_elsewhere_is_not_read(tmp_path):
+    """`attend.__globals__["SCALE"] = 0.0` in another file (a thirteenth breaker's, with a fill): a number can be
+    rebound only, and `__globals__` rebinds any global of the function's module."""
+    (tmp_path / "program.py").write_text(BASE.replace("torch.manual_seed(0)", "torch.manual_seed(0)\nSCALE = 0.5")
+                                         .replace("* 0.5", "* SCALE"))
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] == ["safe"]
+    (tmp_path / "train.py").write_text("import program\n\nprogram.attend.__globals__['SCALE'] = 0.0\n")
+    assert [f.fix_safety for f in scan_paths([str(tmp_path)], jobs=1).findings] != ["safe"]
 
 
 SAFE_FLOOR = 13  # safe patches over the 30 drawn programs below, as measured (a drop is a regression)
