@@ -82,3 +82,40 @@ def attention_finding_and_fix(source: str, **options):
 def fact_names(finding, status: str) -> set[str]:
     """The names of a finding's facts of one status (proved, guarded, accepted, assumed): none where it has none."""
     return {fact["name"] for fact in finding.extra.get("facts", {}).get(status, [])}
+
+
+# nanoGPT's block with its causal buffer, ending in `{use}` (what the caller does with the output `y`), with a
+# module function and a method that view their argument
+CAUSAL_BUFFER_BLOCK = '''import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+T = 8
+
+
+def merge(t):
+    return t.view(t.size(0) * t.size(1), t.size(2), t.size(3))
+
+
+class Attn(nn.Module):
+    def __init__(self, d=16, h=2):
+        super().__init__()
+        self.h = h
+        self.qkv = nn.Linear(d, 3 * d)
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T), persistent=False)
+
+    def _merge(self, t):
+        return t.view(t.size(0) * t.size(1), t.size(2), t.size(3))
+
+    def forward(self, x):
+        B, L, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, L, self.h, C // self.h).transpose(1, 2)
+        k = k.view(B, L, self.h, C // self.h).transpose(1, 2)
+        v = v.view(B, L, self.h, C // self.h).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :L, :L] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        {use}
+'''

@@ -692,7 +692,7 @@ def overridden(table: ClassTable, owner: ClassInfo | None, names: set[str]) -> s
         return None
     subclasses = table.subclasses(owner)
     for sub in subclasses + table.mixed_into(subclasses, owner):
-        for name in sorted(names):
+        for name in sorted(names | LOOKUP_HOOKS):
             if name in sub.methods:
                 return f"`{sub.node.name.value}` overrides `{name}`, which this rewrite inlines from the base class"
             if name in sub.attributes or name in sub.mutated:
@@ -742,7 +742,10 @@ def _own_classes(parsed: ParsedModule) -> ProjectFacts:
     return ProjectFacts(classes=tuple(class_sites(parsed.path, parsed.source)))
 
 
-LOOKUP_HOOKS = frozenset({"__getattribute__", "__getattr__"})  # a class defining one may resolve any name otherwise
+# a class defining one may resolve any name otherwise, or bind any attribute otherwise than the base's code reads
+# (`def register_buffer(self, name, t): super().register_buffer(name, torch.ones_like(t))`, `_apply`: breaker 13)
+LOOKUP_HOOKS = frozenset({"__getattribute__", "__getattr__", "__setattr__", "register_buffer", "register_parameter",
+                          "register_module", "add_module", "_apply"})
 
 
 def self_names(nodes: list[cst.CSTNode]) -> set[str]:

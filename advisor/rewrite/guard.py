@@ -66,10 +66,11 @@ def module_check_helper(torch_name: str) -> cst.FunctionDef:
 
 _MODULE_CHECK = '''def {name}(module, kinds):
     """Whether calling `module` runs exactly the forward of one of `kinds` (not a subclass's, not one set on the
-    instance) and no hook of its own or of the process (written by advisor: a patch that skips the call is exact
-    only then)."""
+    instance, nor a call implementation: `nn.Module.compile()` sets one) and no hook of its own or of the process
+    (written by advisor: a patch that skips the call is exact only then)."""
     hooks = {torch}.nn.modules.module
-    return type(module) in kinds and "forward" not in vars(module) and not (
+    replaced = {{"forward", "_call_impl", "_compiled_call_impl"}} & vars(module).keys()
+    return type(module) in kinds and not replaced and not (
         module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
         or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
         or hooks._global_backward_pre_hooks)

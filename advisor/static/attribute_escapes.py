@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import networkx as nx
 
-from advisor.static.outside_writes import ATTRIBUTE_TABLES, GETTERS
+from advisor.static.outside_writes import ANY_TENSOR, ATTRIBUTE_TABLES, GETTERS
 from advisor.static.dataflow import is_self
 from advisor.static.tensor_reads import builds_tensor, leaves_alone, registered_buffers
 
@@ -26,16 +26,17 @@ if TYPE_CHECKING:
 
 
 def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, elements_ok: bool = False,
-                     finite_ok: bool = False) -> int | None:
-    """The line of a read of the tensor `owner` builds for `attribute` that may write it or hand it on (None: every
-    read leaves it alone, or the class builds no tensor there): a read of `.attribute` or `getattr(x, "attribute")`
+                     finite_ok: bool = False) -> str | None:
+    """Where a read of the tensor `owner` builds for `attribute` may write it or hand it on (None: every read leaves
+    it alone, or the class builds no tensor there): a read of `.attribute` or `getattr(x, "attribute")`
     on any object but `self` (outside an `isinstance` test that narrows it to torch.nn classes, which an
     nn.Module-only class is not), or on `self` in a method of `owner` or a class related to it by inheritance.
     Writes through the name itself (`self.bias[0] = 1`) count where the receiver is `self` (on another object,
     static.outside_writes reads them), unless `elements_ok`: the caller reads only what writes into the elements
     keep (rank, dtype; the class's collector reads the writes that reshape). `finite_ok`: a torch.nn.init draw of
     moderate values into it does not count (`nn.init.trunc_normal_(self.table, std=.02)`: a learned table's values
-    are any finite ones)."""
+    are any finite ones). Another file of the tree that hands a module's tensors on whole (ANY_TENSOR,
+    static.escaping_reads) counts for every such attribute."""
     if not any(builds_tensor(parsed, value) for value in owner.attributes.get(attribute, [])) and \
             (owner.node, attribute) not in registered_buffers(parsed):
         return None
@@ -44,7 +45,10 @@ def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, ele
     lines = [escapes.on_self.get(cls) for cls in _families(parsed).get(owner.node, (owner.node,))]
     lines.append(escapes.elsewhere_unnarrowed if owner.plain_module else escapes.elsewhere)
     found = [line for line in lines if line is not None]
-    return min(found) if found else None
+    if found:
+        return f"a read of `.{attribute}` on line {min(found)}"
+    listed = owner.written_outside(ANY_TENSOR)  # `ema.load_state_dict(m.state_dict())`, `m._apply(f)` elsewhere
+    return f"{owner.writer(listed)}, which hands on a module's tensors listed whole," if listed is not None else None
 
 
 @dataclass

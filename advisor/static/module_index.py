@@ -53,9 +53,9 @@ class ClassInfo:
     outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
     writer: Callable[[str], str] = lambda attribute: "this file"  # where such a name is written (a file's name)
     plain_module: bool = False  # its bases are torch.nn.Module alone: no `isinstance(m, nn.Linear)` holds for it
-    # the line of a read of the tensor it builds for an attribute that may write it or hand it on
+    # where a read of the tensor it builds for an attribute may write it or hand it on
     # (static.attribute_escapes)
-    escape: Callable[[str, bool, bool], int | None] = lambda attribute, elements_ok, finite_ok: None
+    escape: Callable[[str, bool, bool], str | None] = lambda attribute, elements_ok, finite_ok: None
 
     @cached_property
     def _collected(self) -> "_SelfAttributeCollector":
@@ -104,8 +104,8 @@ class ClassInfo:
             return f"`.{attribute}` is also assigned outside the class in {self.writer(written)}"
         escape = self.escape(attribute, elements_ok, finite_ok)
         if escape is not None:
-            return (f"a read of `.{attribute}` on line {escape} may write the tensor or hand it on (an alias, a "
-                    "container, a call), so it may not hold what the class built")
+            return (f"{escape} may write the tensor or hand it on (an alias, a container, a call), so it may not "
+                    "hold what the class built")
         if not (parameter and self.plain_module) or self.written_outside(ANY_RAW) is not None:
             written = self.written_outside(ANY_ATTRIBUTE)
             if written is not None:

@@ -27,6 +27,9 @@ ANY_RAW = "*raw"
 # ... on an object that may be a class (`setattr(Attn, name, f)`, `type.__setattr__(cls, name, f)`), or a function
 # on any object (`setattr(m, name, types.MethodType(f, m))`): any method of any class may then be another function
 ANY_ON_CLASS = "*class"
+# ... and, read in another file of the tree, a module's tensors listed whole are handed on (`m.state_dict()`,
+# `next(m.buffers())`, `m._apply(f)`: static.escaping_reads): any tensor a class builds may be written there
+ANY_TENSOR = "*tensor"
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
@@ -92,13 +95,18 @@ class FileWrites:
     handed: frozenset[tuple[str, int, str]]
 
 
-def file_writes(text: str) -> FileWrites:
+def file_writes(text: str, handed_on=None) -> FileWrites:
+    """A file's writes on other objects as another file of the tree sees them, with the attributes
+    `handed_on(tree, dotted, narrowing)` names (static.escaping_reads: read where they may be handed on, and then
+    written unseen; it reads the file's names as this module resolves them)."""
     collector = _collected(text, False)
     if collector is None:
         return FileWrites(frozenset(), frozenset(), frozenset(), frozenset())
     writers = frozenset((name, position) for name, positions in collector.writers.items() if isinstance(name, str)
                         for position in positions)
-    return FileWrites(frozenset(collector.names), frozenset(collector.reshaped), writers, frozenset(collector.handed))
+    escaping = handed_on(python_tree(text), collector.resolve.dotted, collector.narrowing) if handed_on else set()
+    return FileWrites(frozenset(collector.names | escaping), frozenset(collector.reshaped | escaping), writers,
+                      frozenset(collector.handed))
 
 
 def _collected(text: str, own: bool) -> "_Writes | None":
@@ -434,9 +442,24 @@ class _Writes:
         return func.value if isinstance(func, ast.Attribute) else None
 
     def torch_function(self, node: ast.AST, name: str | None = None) -> None:
-        dotted = self.resolve.dotted(node)
+        dotted = self.module_path(node)
         if dotted is not None and (dotted == "torch" or dotted.startswith("torch.")):
             self.write(f"{dotted}.{name}" if name else dotted)
+
+    def module_path(self, node: ast.AST) -> str | None:
+        """The dotted name `node` refers to through imports, or through the module objects the import machinery
+        gives by a literal name (`sys.modules["torch.nn.functional"].softmax`, `importlib.import_module(...)`)."""
+        parts: list[str] = []
+        root = node
+        while isinstance(root, ast.Attribute):
+            parts.append(root.attr)
+            root = root.value
+        base = None
+        if isinstance(root, ast.Subscript) and self.resolve.dotted(root.value) == "sys.modules":
+            base = _literal(root.slice)
+        elif isinstance(root, ast.Call) and root.args and self.resolve.dotted(root.func) == "importlib.import_module":
+            base = _literal(root.args[0])
+        return ".".join([base, *parts[::-1]]) if base else self.resolve.dotted(node)
 
     def any_name(self, value: ast.AST | None) -> str:
         """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
@@ -456,6 +479,8 @@ class _Writes:
         table = owner is not None
         if table and not _is_self(owner):
             self.write(_literal(node.slice) or self.any_name(value))
+            if _literal(node.slice):  # `vars(F)["softmax"] = f`
+                self.torch_function(owner, _literal(node.slice))
         into = elements_only or not table and isinstance(node, ast.Subscript)  # `m._modules[n] = v` rebinds
         self.chain(node, into)
         if isinstance(node, ast.Attribute):  # `matmul = torch.matmul` binds a name of this file, not torch's
@@ -569,6 +594,7 @@ class _Writes:
             if not _is_self(_namespace_owner(func.value)):
                 for name in _namespace_keys(func.attr, node):
                     self.write(name)
+                    self.torch_function(_namespace_owner(func.value), name)  # `F.__dict__.update(softmax=f)`
         elif self._function_call(node, args):
             return
         elif isinstance(func, ast.Attribute) and writes_its_receiver(func.attr):

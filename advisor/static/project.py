@@ -27,6 +27,7 @@ import libcst as cst
 from advisor.contracts.finding import display_path
 from advisor.static.call_sites import module_stem
 from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
+from advisor.static.escaping_reads import escaping_reads
 from advisor.static.module_index import ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS, file_writes
 from advisor.static.python_ast import nodes, python_tree
@@ -66,21 +67,13 @@ MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b|\bjit\b(?!\s*\.)")
 # support them (flash_attn's does not)
 FUNC_TRANSFORMS = ("torch.func", "functorch", "torch.vmap")
 MAY_FUNC_TRANSFORM = re.compile(r"(?:torch\.|import |, *)func\b|functorch|\bvmap\b")
-MAY_SWAP = re.compile(r"functional_call|make_functional_with_buffers|buffers\(|state_dict\(")
+MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(")
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                           "register_full_backward_pre_hook", "register_backward_hook"})
 # A file none of whose lines may write an attribute of another object is not parsed for them: an assignment or
 # augmented assignment to a dotted target not starting at `self.`, a call that binds by name, an attribute table or
 # namespace (`vars(m)`), an in-place method, a state-dict loader, an attribute handed to a function.
-MAY_WRITE_ATTRIBUTES = re.compile(
-    r"(?m)^[ \t]*(?!self\.)[\w.]+(?:\[[^\n]*\])?\.\w+[^\n=]*?[-+*/@%&|^]?=(?!=)|\bsetattr\b|__setattr__|__setstate__|"
-    r"register_buffer|"
-    r"register_parameter|add_module|register_module\(|_modules\[|_buffers\[|_parameters\[|__dict__\W|vars\(|\.\w+_\(|"
-    r"load_state_dict|_load_from_state_dict|\bpatch\b|"
-    r"^(?![ \t]*(?:class|def)\b)[^\n]*?\w\([^()\n]*\b(?!self\.)[A-Za-z_]\w*\.\w+\s*[,)]|"  # `util.w(attn.CAUSAL)`
-    r"^[ \t]*\w+\[[^\n]*\][ \t]*[-+*/@%&|^]?=(?!=)")  # `MASK[0] = v` on a name another module's import bound
-
 
 @dataclass(frozen=True)
 class HookSite:
@@ -405,10 +398,9 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
                       for node in nodes]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
-    if MAY_WRITE_ATTRIBUTES.search(text) is not None:
-        writes = file_writes(text)
-        if writes.names or writes.writers or writes.handed:
-            found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed))
+    writes = file_writes(text, escaping_reads)  # every file: any may hand on an attribute it reads
+    if writes.names or writes.writers or writes.handed:
+        found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed))
     return found + class_sites(path, text)
 
 

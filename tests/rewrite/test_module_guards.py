@@ -191,6 +191,10 @@ SWAPS = {
     "dropout_subclass": lambda model, utils: setattr(model, "attn_drop", Doubling(0.1)),
     "identity_in_training_mode": lambda model, utils: setattr(model, "attn_drop", torch.nn.Identity()),
     "forward_replaced_on_the_instance": lambda model, utils: setattr(model.attn_drop, "forward", lambda x: x * 0.5),
+    # a thirteenth breaker's: `nn.Module.__call__` runs the call implementation it finds on the instance
+    "call_impl_set_on_the_instance": lambda model, utils: setattr(model.attn_drop, "_call_impl", lambda x: x * 0.5),
+    "compiled_call_impl_set_on_the_instance": lambda model, utils: setattr(model.attn_drop, "_compiled_call_impl",
+                                                                           lambda x: x * 0.5),
 }
 
 

@@ -413,6 +413,15 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     ("import torch\n\nfunctional = torch.nn.functional; x = 1\nfunctional.softmax = f\n", False,
      ({"softmax"},) * 2),  # ... not read as one when it shares its line (as ParsedModule.name_aliases)
     ("import torch\n\ntorch = load()\ntorch.matmul = f\n", False, ({"torch", "matmul"},) * 2),  # not torch's
+    # torch's module reached by the import machinery or through its namespace (a thirteenth breaker's)
+    ("import sys\n\nsys.modules['torch.nn.functional'].softmax = f\n", False,
+     ({"modules", "softmax", "torch.nn.functional.softmax"},) * 2),
+    ("import importlib\n\nimportlib.import_module('torch.nn.functional').softmax = f\n", False,
+     ({"softmax", "torch.nn.functional.softmax"},) * 2),
+    ("import torch.nn.functional as F\n\nvars(F)['softmax'] = f\n", False,
+     ({"softmax", "torch.nn.functional.softmax"},) * 2),
+    ("import torch.nn.functional as F\n\nF.__dict__.update(softmax=f)\n", False,
+     ({"softmax", "torch.nn.functional.softmax"},) * 2),
     ("class A:\n    def __init__(self):\n        setattr(self, 'bias', 1)\n", True, ({"bias"},) * 2),
     ("class A:\n    def __init__(self):\n        setattr(self, 'bias', 1)\n", False, (set(), set())),
     # in-place torch functions write their first argument, not the `init` module
