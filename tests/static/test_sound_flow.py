@@ -228,6 +228,20 @@ def test_a_nested_function_that_writes_an_input_in_place_is_refused(defined, cal
     assert finding.rule == "ADV103" and "in a function defined in this one" in finding.reason, finding.reason
 
 
+@pytest.mark.parametrize("reader", ["self.probs = lambda: p.detach()", "def probs():\n    return p.detach()"])
+def test_a_closure_defined_before_the_block_that_reads_the_weights_is_refused(reader):
+    """A visualisation callback defined before the block (a thirteenth breaker's): the patch deletes every binding
+    of the weights, so calling it afterwards raises NameError where the original returns them."""
+    source = attention(f"""
+        {textwrap.indent(reader, "        ").strip()}
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = the_finding(source)
+    assert finding.rule == "ADV103" and "read by the nested" in finding.reason, finding.reason
+
+
 def test_a_nested_function_that_rebinds_an_input_is_refused():
     """`nonlocal q` in a function defined in the block's function: calling it between the scores and the product
     rebinds q, which the original had read already."""

@@ -356,7 +356,7 @@ NAMESPACE_READERS = frozenset({"locals", "vars", "eval", "exec"})  # builtins th
 
 
 def _hidden_read(c: Candidate) -> str | None:
-    """A read of the weights the flow does not follow: a nested `def` or class body that names them (it runs
+    """A read of the weights the flow does not follow: a nested `def`, lambda or class body that names them (it runs
     whenever it is called), or `locals()`, `vars()`, `eval` or `exec` in the function (any local by name)."""
     names = {definition.name for definition in c.weights.definitions}
     readers = c.parsed.derived(_hidden_readers, _hidden_readers)
@@ -366,17 +366,18 @@ def _hidden_read(c: Candidate) -> str | None:
                     f"`{sorted(names)[0]}` by name")
         read = next((name for name in loaded_names(node) if name.value in names), None)
         if read is not None:
-            return (f"the weights `{read.value}` are read by the nested `{node.name.value}` (line "
+            nested = "lambda" if isinstance(node, cst.Lambda) else f"`{node.name.value}`"
+            return (f"the weights `{read.value}` are read by the nested {nested} (line "
                     f"{c.parsed.line(read)}), which may run after the block")
     return None
 
 
 def _hidden_readers(parsed) -> dict[cst.FunctionDef, list[cst.CSTNode]]:
-    """For each function of the file, its nested `def`s and classes, and its calls of `locals()`, `vars()`,
+    """For each function of the file, its nested `def`s, lambdas and classes, and its calls of `locals()`, `vars()`,
     `eval` or `exec` (builtins the file does not rebind): what reads its locals out of the flow's sight. Once per
     file."""
     found: dict[cst.FunctionDef, list[cst.CSTNode]] = {}
-    for node in parsed.nodes_of(cst.FunctionDef, cst.ClassDef, cst.Call):
+    for node in parsed.nodes_of(cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.Call):
         if isinstance(node, cst.Call):
             func = node.func
             if not (isinstance(func, cst.Name) and func.value in NAMESPACE_READERS and

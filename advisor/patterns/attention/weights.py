@@ -26,6 +26,16 @@ from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains
 
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
+READS_STRIDES, KEEPS_STRIDES, VALUES_ONLY = "reads strides", "keeps strides", "values only"  # see _layout_use
+# what reads a tensor's memory layout, or builds a tensor from it
+STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "untyped_storage", "storage_offset",
+                          "as_strided", "set_", "numpy", "unfold"})
+# methods whose result keeps the receiver's strides (elementwise ops and casts preserve the memory format)
+SAME_STRIDES = frozenset({"float", "half", "double", "bfloat16", "to", "type", "type_as", "clone", "detach", "mul",
+                          "add", "sub", "div", "neg", "abs", "exp", "masked_fill", "relu", "gelu", "sigmoid",
+                          "tanh", "sqrt", "pow", "data", "requires_grad_", "mul_", "add_", "div_", "sub_"})
+RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
+CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 
 
 def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> WeightPath:
@@ -317,16 +327,73 @@ def layout_role(c: Candidate) -> None:
             frontier.append(parent)
             continue
         for consumer, _ in consumers(c, node):
-            method = _method_on(consumer, node)
-            if method in ("view", "view_as"):
-                reader = f"is read by `.{method}` at line {c.parsed.line(consumer)}"
-            elif method in STRIDED_VIEWS or isinstance(consumer, cst.Name):
+            use = _layout_use(c, consumer, node)
+            if use == READS_STRIDES:
+                where = consumer if consumer is not None else c.parsed.parents.get(node)
+                reader = f"is read by `{short(c.parsed, where)}` at line {c.parsed.line(where)}"
+            elif use == KEEPS_STRIDES:
                 frontier.append(consumer)
     if reader is None:
         match.facts.proved("layout", "no `.view` or caller depends on the output's strides")
         return
     match.output_methods.append(("contiguous", ()))
     match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -> str:
+    """How `consumer` uses the tensor `node` holds: READS_STRIDES (a `.view`, a stride read, `as_strided`, a call of
+    anything this file does not show to read values only, a container), KEEPS_STRIDES (a view, an elementwise op or
+    a cast, whose result has the same strides: breaker round 13's `y = y * 2.0` then `.view`, followed), or
+    VALUES_ONLY (a fresh tensor, `.contiguous()`, `.reshape`, a metadata read, a torch.nn layer of the class)."""
+    if consumer is None:  # never read, or held by a container (`ys = [y]`), whose reads are not followed
+        held = isinstance(c.parsed.parents.get(node), (cst.Element, cst.DictElement, cst.StarredElement))
+        return READS_STRIDES if held else VALUES_ONLY
+    if isinstance(consumer, (cst.Name, cst.BinaryOperation, cst.UnaryOperation)):
+        return KEEPS_STRIDES
+    method = _method_on(consumer, node)
+    if method is not None:
+        if method in ("view", "view_as") or method in STRIDE_READS:
+            return READS_STRIDES
+        return KEEPS_STRIDES if method in STRIDED_VIEWS or method in SAME_STRIDES else VALUES_ONLY
+    if not isinstance(consumer, cst.Call):
+        return READS_STRIDES
+    dotted = c.parsed.imported_name(consumer.func) or ""
+    if dotted.startswith("einops."):
+        return KEEPS_STRIDES  # rearranged by views where it can be
+    if dotted.startswith("torch."):
+        name = dotted.rsplit(".", 1)[-1]
+        return READS_STRIDES if name in ("view", "view_as") or name in STRIDE_READS else KEEPS_STRIDES
+    layer = _torch_layer(c, consumer.func)
+    if layer is not None:
+        return KEEPS_STRIDES if layer in RETURNS_INPUT else VALUES_ONLY
+    return READS_STRIDES
+
+
+def _torch_layer(c: Candidate, func: cst.BaseExpression) -> str | None:
+    """The torch.nn class every assignment of the class builds `self.<attr>` with (`self.proj = nn.Linear(...)`),
+    for a call `self.<attr>(...)`; None for anything else."""
+    if c.owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and
+                               func.value.value == "self"):
+        return None
+    values = c.owner.attributes.get(func.attr.value, [])
+    layers = {_layer(c, value) for value in values}
+    if len(layers) != 1 or c.owner.rebound(func.attr.value) is not None:
+        return None
+    return layers.pop()
+
+
+def _layer(c: Candidate, value: cst.BaseExpression) -> str | None:
+    """The torch.nn class `value` builds; an `nn.Sequential` of torch.nn layers as its one that makes a new tensor
+    (as an `nn.Identity` where every one returns its input)."""
+    layer = c.parsed.imported_name(value.func) if isinstance(value, cst.Call) else None
+    if layer is None or not layer.startswith("torch.nn.") or layer.rsplit(".", 1)[-1] not in CONTAINER_LAYERS:
+        return layer if layer is not None and layer.startswith("torch.nn.") else None
+    if layer.rsplit(".", 1)[-1] != "Sequential" or any(arg.star or arg.keyword for arg in value.args):
+        return None
+    inner = [_layer(c, arg.value) for arg in value.args]
+    if not inner or None in inner:
+        return None
+    return next((found for found in inner if found not in RETURNS_INPUT), "torch.nn.Identity")
 
 
 def _method_on(consumer: cst.CSTNode | None, receiver: cst.CSTNode) -> str | None:
