@@ -106,3 +106,28 @@ def test_a_query_the_source_shapes_names_no_query_rank():
     x = torch.randn(2, 5, 8, dtype=torch.float64)
     keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
     torch.testing.assert_close(twin(x, keep), model(x, keep))
+
+
+TEMPERATURE = '''import torch
+
+
+def attend(q, k, v, temperature):
+    scores = torch.matmul(q, k.transpose(-2, -1)) * temperature
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+'''
+
+
+def test_a_tensor_scale_folded_into_q_names_the_float16_range_it_may_leave():
+    """`q * s` in float16 overflows where `(q·kᵀ)·s` does not (a thirteenth breaker's): the accepted `fold-range`,
+    measured; in float32 the same inputs agree."""
+    accepted, original, patched = _scan(TEMPERATURE, "fold_range")
+    assert "fold-range" in accepted
+    generator = torch.Generator().manual_seed(0)
+    q = 300 + torch.rand(1, 2, 4, 8, generator=generator)
+    k = 0.01 * torch.rand(1, 2, 4, 8, generator=generator)
+    v = torch.randn(1, 2, 4, 8, generator=generator)
+    temperature = torch.full((1, 2, 1, 1), 300.0)
+    half = [t.half() for t in (q, k, v, temperature)]
+    assert original.attend(*half).isfinite().all()
+    assert not patched.attend(*half).isfinite().all()
+    torch.testing.assert_close(patched.attend(q, k, v, temperature), original.attend(q, k, v, temperature))

@@ -33,6 +33,7 @@ BROADCAST, DTYPE, TENSOR_NONZERO = "scale-broadcast", "scale-dtype", "scale-divi
 ELEMENTWISE = {"exp", "log", "clamp", "clamp_min", "clamp_max", "clip", "sigmoid", "softplus", "abs", "neg", "sqrt",
                "rsqrt", "reciprocal", "tanh", "pow", "mul", "div", "add", "sub", "square", "relu", "exp2", "log1p"}
 # the receiver's shape, whatever the arguments (dtype and device changes, copies)
+FOLD_RANGE = "fold-range"  # accepted: q * s in q's dtype, which in float16 can overflow where (q·kᵀ)·s does not
 SHAPE_KEEPING = {"to", "float", "half", "bfloat16", "double", "type_as", "detach", "clone", "contiguous"}
 WRAPPERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
 CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "randn", "rand", "full")}
@@ -54,6 +55,12 @@ def fold_into_query(c: Candidate, ndim: int | None) -> None:
     _broadcast_fact(c, shapes, q_low)
     _dtype_fact(c, shapes)
     _divisor_fact(c)
+    c.match.facts.accepted(FOLD_RANGE, "`q * s` stays within the query dtype's range where the scaled scores do",
+                           "the fold rounds and bounds `q * s` in q's dtype, where the original scales `q·kᵀ`: in "
+                           "float16 (largest 65504) a query times a large scale can overflow to inf while the "
+                           "scaled scores do not (queries of about 300 with a scale of 300 against keys of 0.01), "
+                           "giving NaN rows; float32, bfloat16 and float64 share float32's range or wider, which "
+                           "no scaled query of a working model reaches")
     query = c.match.query
     for kind, factor in c.tensor_factors:
         scaled = cst.BinaryOperation(atomic(query), cst.Multiply() if kind == "mul" else cst.Divide(),
