@@ -72,7 +72,7 @@ ESCAPING = Rule(
     return weights @ v, weights
 ''', unsafe=True, fixed='''import torch.nn.functional as F
 def attend(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, scale=1.0), None
+    return F.scaled_dot_product_attention(q, k, v, scale=1.0).contiguous(), None
 '''),
     ),
     references=("https://huggingface.co/docs/transformers/main/en/attention_interface",),

@@ -314,7 +314,7 @@ def layout_role(c: Candidate) -> None:
     while frontier and steps < MAX_CHAIN and reader is None:
         steps += 1
         node = frontier.pop()
-        parent = c.parsed.parents.get(node)
+        parent = _returned(c, node)
         if isinstance(parent, cst.Return):
             function = function_of(c.parsed, parent)
             owner = c.owner if function is c.function or function is c.home else None
@@ -338,6 +338,15 @@ def layout_role(c: Candidate) -> None:
         return
     match.output_methods.append(("contiguous", ()))
     match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _returned(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
+    """What holds `node`: the `return` of a tuple it is an element of (`return out, None`: its callers take it
+    apart), else its parent."""
+    parent = c.parsed.parents.get(node)
+    row = c.parsed.parents.get(parent) if isinstance(parent, cst.Element) else None
+    statement = c.parsed.parents.get(row) if isinstance(row, cst.Tuple) else None
+    return statement if isinstance(statement, cst.Return) else parent
 
 
 def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -> str:
