@@ -85,7 +85,7 @@ def fact_names(finding, status: str) -> set[str]:
 
 
 # nanoGPT's block with its causal buffer, ending in `{use}` (what the caller does with the output `y`), with a
-# module function and a method that view their argument
+# module function and a method that view their argument, and an accessor of the buffer
 CAUSAL_BUFFER_BLOCK = '''import math
 import torch
 import torch.nn as nn
@@ -107,6 +107,9 @@ class Attn(nn.Module):
 
     def _merge(self, t):
         return t.view(t.size(0) * t.size(1), t.size(2), t.size(3))
+
+    def causal_mask(self):
+        return self.bias
 
     def forward(self, x):
         B, L, C = x.shape

@@ -8,6 +8,7 @@ call of anything not known to leave it alone) does not. Module-level and local t
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -214,6 +215,8 @@ def _calls_left_alone(parsed: ParsedModule, function: cst.CSTNode | None, depth:
     if not isinstance(function, cst.FunctionDef) or function.name.value in ("forward", "__call__"):
         return False
     name = function.name.value
+    if _called_elsewhere(parsed, name):
+        return False  # `model.causal_mask().fill_(1)` in another file of the tree (a thirteenth breaker's)
     uses = [node for node in parsed.names_spelled(name) if parsed.parents.get(node) is not function] + \
         parsed.attributes_named(name)
     for use in uses:
@@ -223,6 +226,15 @@ def _calls_left_alone(parsed: ParsedModule, function: cst.CSTNode | None, depth:
         if not (isinstance(call, cst.Call) and call.func is use and leaves_alone(parsed, call, depth + 1)):
             return False
     return True
+
+
+def _called_elsewhere(parsed: ParsedModule, name: str) -> bool:
+    """Another file of the scanned tree names `name` (a function or method of this file whose result it may
+    write: its calls there are not followed)."""
+    if parsed.tree is None:
+        return False
+    here = os.path.realpath(parsed.path)
+    return any(os.path.realpath(path) != here for path in parsed.tree.mentioning(name))
 
 
 def _is_target(parsed: ParsedModule, node: cst.CSTNode) -> bool:

@@ -23,6 +23,7 @@ HANDED_ON = {
     "_buffers.get": "model._buffers.get('bias').fill_(1.0)",
     "reduce(getattr)": "functools.reduce(getattr, ['bias'], model).fill_(1.0)",
     "_apply": "model._apply(lambda t: torch.ones_like(t) if t.dim() == 4 else t)",
+    "the class's accessor": "model.causal_mask().fill_(1.0)",
 }
 READ_ONLY = {
     "metadata": "print(model.bias.shape, model.bias.dtype)",
