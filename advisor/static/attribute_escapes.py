@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 import networkx as nx
 
-from advisor.static.outside_writes import ANY_TENSOR, ATTRIBUTE_TABLES, GETTERS
+from advisor.contracts.finding import display_path
+from advisor.static.outside_writes import ANY_TENSOR, ATTRIBUTE_TABLES, GETTERS, NARROWED
 from advisor.static.dataflow import is_self
 from advisor.static.tensor_reads import builds_tensor, leaves_alone, registered_buffers
 
@@ -47,8 +48,19 @@ def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, ele
     found = [line for line in lines if line is not None]
     if found:
         return f"a read of `.{attribute}` on line {min(found)}"
-    listed = owner.written_outside(ANY_TENSOR)  # `ema.load_state_dict(m.state_dict())`, `m._apply(f)` elsewhere
-    return f"{owner.writer(listed)}, which hands on a module's tensors listed whole," if listed is not None else None
+    return _handed_on_elsewhere(owner, attribute, finite_ok)
+
+
+def _handed_on_elsewhere(owner: ClassInfo, attribute: str, finite_ok: bool) -> str | None:
+    """Where another file of the tree reads the attribute on an object that may be this class's instance in a way
+    that may hand its tensor on, or hands a module's tensors on listed whole (`model.state_dict()` into a
+    function: not for a learned table, `finite_ok`, whose loaded values are trained ones)."""
+    for name, path in owner.handed_on.items():
+        base, narrowed, _ = name.partition(NARROWED)
+        if base == attribute and not (narrowed and owner.plain_module) or base == ANY_TENSOR and not finite_ok:
+            what = f"a read of `.{attribute}`" if base == attribute else "a module's tensors listed whole, read"
+            return f"{what} in `{display_path(path)}`"
+    return None
 
 
 @dataclass

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import ast
 
-from advisor.static.outside_writes import ANY_ATTRIBUTE, ANY_TENSOR
+from advisor.static.outside_writes import ANY_TENSOR
 from advisor.static.tensor_reads import FRESH_METHODS, HARMLESS_BUILTINS, METADATA, SHARING_METHODS, TORCH_SHARING
 
 # methods whose result is the tensor's own data or a view of it: followed to what encloses them
 VIEWING = SHARING_METHODS | {"data", "T", "mT", "H", "mH", "real", "imag"}
 # access by a string: (`getattr(m, "bias")`, `m.__getattr__("bias")`, `m._buffers.get("bias")`)
+# (not `get_submodule`: a module handed on is written by the names of its attributes, which outside_writes reads)
 NAMED_GETTERS = frozenset({"__getattr__", "__getattribute__", "get", "pop", "get_buffer", "get_parameter",
-                           "get_submodule", "__getitem__"})
+                           "__getitem__"})
 # a module's tensors listed whole (its parameters are trained: their values are no proof's)
 TENSOR_LISTINGS = ("buffers", "named_buffers", "state_dict")
 NAMESPACES = ("_buffers", "_parameters", "__dict__", "_modules")
@@ -65,7 +66,7 @@ class _Reader:
             func = node.func
             if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2 and \
                     not _on_self(node.args[0]):
-                return _name(node.args[1]) or ANY_ATTRIBUTE
+                return _name(node.args[1]) or ANY_TENSOR
             if isinstance(func, ast.Attribute) and func.attr in NAMED_GETTERS and node.args and \
                     (func.attr.startswith(("get_", "__get")) or _namespace(func.value)) and \
                     not _on_self(_owner(func.value)):
@@ -75,11 +76,13 @@ class _Reader:
                 return ANY_TENSOR
             if any(isinstance(arg, ast.Name) and arg.id == "getattr" or self.dotted(arg) == "operator.attrgetter"
                    for arg in node.args):  # `reduce(getattr, ["bias"], m)`: names as data
-                return ANY_ATTRIBUTE
+                return ANY_TENSOR
             if self.dotted(func) == "operator.attrgetter" or isinstance(func, ast.Call) and \
                     self.dotted(func.func) == "operator.attrgetter":
-                return ANY_ATTRIBUTE if not isinstance(func, ast.Call) else \
-                    next((_name(arg) for arg in func.args if _name(arg)), ANY_ATTRIBUTE)
+                return ANY_TENSOR if not isinstance(func, ast.Call) else \
+                    next((_name(arg) for arg in func.args if _name(arg)), ANY_TENSOR)
+            if isinstance(func, ast.Attribute) and not _on_self(func.value) and self.dotted(func) is None:
+                return f"{func.attr}()"  # a method's result (`model.causal_mask().fill_(1)`): what it returns
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _namespace(node.value) and \
                 not _on_self(_owner(node.value)):
             return _name(node.slice) or ANY_TENSOR

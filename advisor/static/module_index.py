@@ -52,6 +52,9 @@ class ClassInfo:
     outside: frozenset[str] = frozenset()  # attribute names the file writes on objects other than `self`
     outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
     writer: Callable[[str], str] = lambda attribute: "this file"  # where such a name is written (a file's name)
+    # attribute names other files of the tree read where their tensors may be handed on, with the file
+    # (static.escaping_reads; qualified as `outside`)
+    handed_on: dict[str, str] = field(default_factory=dict)
     plain_module: bool = False  # its bases are torch.nn.Module alone: no `isinstance(m, nn.Linear)` holds for it
     # where a read of the tensor it builds for an attribute may write it or hand it on
     # (static.attribute_escapes)
@@ -508,10 +511,17 @@ class ParsedModule:
         outside, reshaped = self.outside_attribute_writes
         for info in {id(owner): owner for _, owner, _ in collector.found if owner is not None}.values():
             info.outside, info.outside_reshaped, info.writer = outside, reshaped, self.outside_writer
+            info.handed_on = self.handed_on_elsewhere
             info.escape = functools.partial(attribute_escape, self, info)
             info.plain_module = bool(info.node.bases) and all(
                 not base.keyword and self.imported_name(base.value) in TORCH_MODULE for base in info.node.bases)
         return collector.found
+
+    @cached_property
+    def handed_on_elsewhere(self) -> dict[str, str]:
+        """The attributes (and `name()` for the results of methods) other files of the tree read where a tensor
+        they hold may be handed on, each with the first such file (static.escaping_reads)."""
+        return self.project.escaping_elsewhere(self.path) if self.project is not None else {}
 
     def package_module(self, dotted: str) -> "ParsedModule | None":
         """Another file of this file's package, by the module name an import gives it ('fairseq.utils', or '.utils'

@@ -93,6 +93,7 @@ class FileWrites:
     reshaped: frozenset[str]
     writers: frozenset[tuple[str, int]]
     handed: frozenset[tuple[str, int, str]]
+    escaping: frozenset[str] = frozenset()  # attributes read where their tensors may be handed on
 
 
 def file_writes(text: str, handed_on=None) -> FileWrites:
@@ -105,8 +106,8 @@ def file_writes(text: str, handed_on=None) -> FileWrites:
     writers = frozenset((name, position) for name, positions in collector.writers.items() if isinstance(name, str)
                         for position in positions)
     escaping = handed_on(python_tree(text), collector.resolve.dotted, collector.narrowing) if handed_on else set()
-    return FileWrites(frozenset(collector.names | escaping), frozenset(collector.reshaped | escaping), writers,
-                      frozenset(collector.handed))
+    return FileWrites(frozenset(collector.names), frozenset(collector.reshaped), writers, frozenset(collector.handed),
+                      frozenset(escaping))
 
 
 def _collected(text: str, own: bool) -> "_Writes | None":

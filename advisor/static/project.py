@@ -109,14 +109,15 @@ class AttributeWrites:
     reshaped: frozenset[str]  # ... written otherwise than into their elements
     writers: frozenset[tuple[str, int]] = frozenset()  # outside_writes.FileWrites
     handed: frozenset[tuple[str, int, str]] = frozenset()
+    escaping: frozenset[str] = frozenset()  # read where their tensors may be handed on (static.escaping_reads)
 
     def with_handed_written(self, writers: dict[tuple[str, str], set[int]]) -> "AttributeWrites":
         """These writes and the attributes this file hands to a function another file defines writing that
         parameter (`writers`: (module stem, function name) -> positions; a module is known by its stem alone)."""
         written = {name for callee, position, name in self.handed
                    if position in writers.get(tuple(callee.lstrip(".").split(".")[-2:]), ())}
-        return AttributeWrites(self.path, self.names | written, self.reshaped, self.writers, self.handed) \
-            if written - self.names else self
+        return AttributeWrites(self.path, self.names | written, self.reshaped, self.writers, self.handed,
+                               self.escaping) if written - self.names else self
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,15 @@ class ProjectFacts:
         names, reshaped, by_path = self._write_counts
         own = by_path.get(here, ())
         return _written_by_others(names, [w.names for w in own]), _written_by_others(reshaped, [w.reshaped for w in own])
+
+    def escaping_elsewhere(self, here: str) -> dict[str, str]:
+        """Each attribute (qualified as outside_writes qualifies writes) a file other than `here` reads where its
+        tensor may be handed on, with the first such file."""
+        found: dict[str, str] = {}
+        for writes in self.attribute_writes:
+            for name in writes.escaping if writes.path != here else ():
+                found.setdefault(name, writes.path)
+        return found
 
     @cached_property
     def _write_counts(self) -> tuple[Counter, Counter, dict[str, list[AttributeWrites]]]:
@@ -399,8 +409,9 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
     writes = file_writes(text, escaping_reads)  # every file: any may hand on an attribute it reads
-    if writes.names or writes.writers or writes.handed:
-        found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed))
+    if writes.names or writes.writers or writes.handed or writes.escaping:
+        found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed,
+                                     writes.escaping))
     return found + class_sites(path, text)
 
 

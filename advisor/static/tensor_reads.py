@@ -8,7 +8,6 @@ call of anything not known to leave it alone) does not. Module-level and local t
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -163,26 +162,41 @@ def has_dims(parsed: ParsedModule, value: cst.BaseExpression | None) -> bool:
         method = value.func.attr.value
         empty = [arg for arg in value.args if isinstance(arg.value, (cst.Tuple, cst.List)) and not arg.value.elements]
         if method in SIZED_METHODS:
-            return _sized(value, method != "new_full")
+            return _sized(parsed, value, method != "new_full")
         return method in DIMMED_METHODS and (method not in ("view", "reshape") or bool(value.args) and not empty)
     dotted = parsed.imported_name(value.func)
     if dotted in SIZED_TORCH:
-        return _sized(value, dotted != "torch.full")
+        return _sized(parsed, value, dotted != "torch.full")
     if dotted in LISTED_TORCH:
         return bool(value.args) and isinstance(value.args[0].value, (cst.List, cst.Tuple)) and \
             bool(value.args[0].value.elements)
     return dotted in DIMMED_TORCH
 
 
-def _sized(call: cst.Call, sizes_spread: bool) -> bool:
-    """A creation call's shape has a dim: a non-empty tuple or list, an int literal, or (`sizes_spread`: each
-    positional argument a size, `torch.zeros(n, n)`) two sizes or more."""
+def _sized(parsed: ParsedModule, call: cst.Call, sizes_spread: bool) -> bool:
+    """A creation call's shape has a dim: a non-empty tuple or list, a number (an int literal, arithmetic, a local
+    bound once to one: timm's `index_size = (area + prefix) ** 2`), or (`sizes_spread`: each positional argument a
+    size, `torch.zeros(n, n)`) two sizes or more."""
     positional = [arg.value for arg in call.args if arg.keyword is None]
     if not positional:
         return False
-    first = positional[0]
-    return isinstance(first, (cst.Tuple, cst.List)) and bool(first.elements) or isinstance(first, cst.Integer) or \
-        sizes_spread and len(positional) >= 2
+    return _a_size(parsed, positional[0]) or sizes_spread and len(positional) >= 2
+
+
+def _a_size(parsed: ParsedModule, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """`node` is a non-empty shape or a number (arithmetic on numbers stays one; on a tuple, `(n,) * 2`, stays a
+    non-empty tuple)."""
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return bool(node.elements)
+    if isinstance(node, (cst.Integer, cst.BinaryOperation, cst.UnaryOperation)):
+        return not isinstance(node, cst.BinaryOperation) or not any(
+            isinstance(side, (cst.Tuple, cst.List)) and not side.elements for side in (node.left, node.right))
+    function = parsed.innermost(node, cst.FunctionDef)
+    if not isinstance(node, cst.Name) or function is None or depth > 2:
+        return False
+    definitions = parsed.flow(function).definitions_of(node)
+    return len(definitions) == 1 and definitions[0].kind == "assign" and definitions[0].index is None and \
+        definitions[0].value is not None and _a_size(parsed, definitions[0].value, depth + 1)
 
 
 def _dimmed_attribute(parsed: ParsedModule, name: str) -> bool:
@@ -229,12 +243,9 @@ def _calls_left_alone(parsed: ParsedModule, function: cst.CSTNode | None, depth:
 
 
 def _called_elsewhere(parsed: ParsedModule, name: str) -> bool:
-    """Another file of the scanned tree names `name` (a function or method of this file whose result it may
-    write: its calls there are not followed)."""
-    if parsed.tree is None:
-        return False
-    here = os.path.realpath(parsed.path)
-    return any(os.path.realpath(path) != here for path in parsed.tree.mentioning(name))
+    """Another file of the scanned tree calls a method `name` on an object and hands its result on (it may write
+    what a method of this file returns: static.escaping_reads)."""
+    return any(entry.partition("@")[0] == f"{name}()" for entry in parsed.handed_on_elsewhere)
 
 
 def _is_target(parsed: ParsedModule, node: cst.CSTNode) -> bool:

@@ -292,3 +292,28 @@ def attend(q, k, v):
         expected, got = original.attend(q, k, v), patched.attend(q, k, v)
         torch.testing.assert_close(got, expected)
         torch.testing.assert_close(torch.autograd.grad(got.sum(), q), torch.autograd.grad(expected.sum(), q))
+
+
+@pytest.mark.parametrize("built, copies", [
+    ("torch.empty(size, dtype=torch.long)", True),  # `size = n * n`: a number, so one dim (timm's index buffers)
+    ("torch.empty((n, n), dtype=torch.long)", True),
+    ("torch.empty((), dtype=torch.long)", False),  # 0-dim: it indexes as an int does, a view
+    ("torch.tensor(1)", False),
+    ("torch.empty(shape, dtype=torch.long)", False),  # a parameter: its shape may be ()
+])
+def test_an_index_buffer_gathers_a_copy_only_where_it_has_a_dim(built, copies):
+    """`self.table[self.index]` is advanced indexing (a copy the reads may write freely) only where the index has
+    a dim; a 0-dim integer index is basic indexing, a view of the table (a thirteenth breaker's)."""
+    import libcst as cst
+
+    from advisor.static.module_index import ParsedModule
+    from advisor.static.tensor_reads import _indexed_by_tensor
+
+    source = ("import torch\nfrom torch import nn\n\n\nclass Bias(nn.Module):\n"
+              "    def __init__(self, n, shape):\n        super().__init__()\n        size = n * n\n"
+              "        self.table = nn.Parameter(torch.zeros(2 * n - 1))\n"
+              f"        self.register_buffer('index', {built})\n\n"
+              "    def forward(self):\n        b = self.table[self.index]\n        return b.fill_(0)\n")
+    parsed = ParsedModule(source, "bias.py")
+    (gathered,) = [node for node in parsed.nodes_of(cst.Subscript) if parsed.code(node.value) == "self.table"]
+    assert _indexed_by_tensor(parsed, gathered) is copies
