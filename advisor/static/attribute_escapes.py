@@ -55,12 +55,11 @@ def _handed_on_elsewhere(owner: ClassInfo, attribute: str, finite_ok: bool) -> s
     """Where another file of the tree reads the attribute on an object that may be this class's instance in a way
     that may hand its tensor on, or hands a module's tensors on listed whole (`model.state_dict()` into a
     function: not for a learned table, `finite_ok`, whose loaded values are trained ones)."""
-    for name, path in owner.handed_on.items():
-        base, narrowed, _ = name.partition(NARROWED)
-        if base == attribute and not (narrowed and owner.plain_module) or base == ANY_TENSOR and not finite_ok:
-            what = f"a read of `.{attribute}`" if base == attribute else "a module's tensors listed whole, read"
-            return f"{what} in `{display_path(path)}`"
-    return None
+    for entry, path in owner.handed_on(attribute):
+        if not (NARROWED in entry and owner.plain_module):
+            return f"a read of `.{attribute}` in `{display_path(path)}`"
+    listed = owner.handed_on(ANY_TENSOR) if not finite_ok else []
+    return f"a module's tensors listed whole, read in `{display_path(listed[0][1])}`" if listed else None
 
 
 @dataclass

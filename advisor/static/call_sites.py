@@ -791,14 +791,14 @@ def _module_aliases(other: ParsedModule, node: cst.Import | cst.ImportFrom, targ
             elif module_matches(dotted.split("."), target.path):
                 found.append(dotted)
     elif not isinstance(node.names, cst.ImportStar):
-        base = _base_parts(other, node)
+        base = base_parts(other, node)
         for alias in node.names:
             if base is not None and module_matches(base + [other.code(alias.name)], target.path):
                 found.append(other.code(alias.asname.name) if alias.asname else other.code(alias.name))
     return found
 
 
-def _base_parts(other: ParsedModule, node: cst.ImportFrom) -> list[str] | None:
+def base_parts(other: ParsedModule, node: cst.ImportFrom) -> list[str] | None:
     """The module an ImportFrom reads from, as path parts (relative imports resolved against `other`'s folder)."""
     parts = other.code(node.module).split(".") if node.module is not None else []
     if not node.relative:
@@ -810,7 +810,7 @@ def _base_parts(other: ParsedModule, node: cst.ImportFrom) -> list[str] | None:
 
 
 def _resolves(other: ParsedModule, node: cst.ImportFrom, target: ParsedModule) -> bool:
-    base = _base_parts(other, node)
+    base = base_parts(other, node)
     return base is not None and bool(base) and module_matches(base, target.path)
 
 

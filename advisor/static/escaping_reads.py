@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 
 from advisor.static.outside_writes import ANY_TENSOR
+from advisor.static.python_ast import parent_map
 from advisor.static.tensor_reads import FRESH_METHODS, HARMLESS_BUILTINS, METADATA, SHARING_METHODS, TORCH_SHARING
 
 # methods whose result is the tensor's own data or a view of it: followed to what encloses them
@@ -37,7 +38,7 @@ def escaping_reads(tree: ast.Module, dotted, narrowing) -> set[str]:
     """The attribute names (`*` for any) the file reads on other objects in ways that may hand their tensors on,
     each with the `isinstance` narrowing of the object read (`narrowing(node)`: outside_writes' suffix, "" for
     none). `dotted(node)`: the dotted name an expression refers to through the file's imports, or None."""
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    parents = parent_map(tree)
     reader = _Reader(parents, dotted)
     found: set[str] = set()
     for node in parents:

@@ -17,7 +17,7 @@ import os
 
 import libcst as cst
 
-from advisor.static.call_sites import Tree, module_matches, module_stem
+from advisor.static.call_sites import Tree, base_parts, module_matches, module_stem
 from advisor.static.module_index import ParsedModule
 from advisor.static.tensor_reads import leaves_alone, local_reads_leave_alone
 
@@ -111,9 +111,9 @@ def _reads_of(other: ParsedModule, stem: str, names: set[str]) -> tuple[list[cst
     for node in other.nodes_of(cst.ImportFrom, cst.Import):
         at_module_level = other.innermost(node, (cst.FunctionDef, cst.ClassDef)) is None
         if isinstance(node, cst.ImportFrom):
-            source = _source(other, node)
+            source = (base_parts(other, node) or [""])[-1]  # the last name of the module it imports from
             if isinstance(node.names, cst.ImportStar):
-                if source.split(".")[-1] == stem:
+                if source == stem:
                     locals_ |= names
                     exports |= names
                 continue
@@ -121,7 +121,7 @@ def _reads_of(other: ParsedModule, stem: str, names: set[str]) -> tuple[list[cst
                 imported, bound = other.code(alias.name).strip(), _bound(other, alias)
                 if imported == stem:  # `from pkg import attn`: the module itself
                     modules.add(bound)
-                elif imported in names and source.split(".")[-1] == stem:
+                elif imported in names and source == stem:
                     locals_.add(bound)
                     exports |= {bound} if at_module_level else set()
         else:
@@ -211,18 +211,6 @@ def _binds(parent: cst.CSTNode | None, node: cst.Name) -> bool:
     if isinstance(parent, (cst.Param, cst.AsName, cst.FunctionDef, cst.ClassDef, cst.NameItem)):
         return parent.name is node
     return isinstance(parent, cst.ImportAlias)
-
-
-def _source(other: ParsedModule, node: cst.ImportFrom) -> str:
-    """The module an import reads from, dotted; a relative one from the folders above the file (`from . import *`
-    in `pkg/setup.py`: `pkg`)."""
-    module = other.code(node.module).strip() if node.module is not None else ""
-    if not node.relative:
-        return module
-    folder = os.path.dirname(os.path.abspath(other.path))
-    for _ in range(len(node.relative) - 1):
-        folder = os.path.dirname(folder)
-    return ".".join(part for part in (os.path.basename(folder), module) if part)
 
 
 def _root(node: cst.Attribute) -> str | None:

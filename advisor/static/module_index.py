@@ -52,9 +52,9 @@ class ClassInfo:
     outside: frozenset[str] = frozenset()  # attribute names the file writes on objects other than `self`
     outside_reshaped: frozenset[str] = frozenset()  # ... by writes other than into their elements
     writer: Callable[[str], str] = lambda attribute: "this file"  # where such a name is written (a file's name)
-    # attribute names other files of the tree read where their tensors may be handed on, with the file
-    # (static.escaping_reads; qualified as `outside`)
-    handed_on: dict[str, str] = field(default_factory=dict)
+    # (entry, file) for each other file of the tree reading an attribute name where its tensor may be handed on
+    # (static.escaping_reads; the entry qualified as `outside`'s)
+    handed_on: Callable[[str], list[tuple[str, str]]] = lambda name: []
     plain_module: bool = False  # its bases are torch.nn.Module alone: no `isinstance(m, nn.Linear)` holds for it
     # where a read of the tensor it builds for an attribute may write it or hand it on
     # (static.attribute_escapes)
@@ -517,11 +517,10 @@ class ParsedModule:
                 not base.keyword and self.imported_name(base.value) in TORCH_MODULE for base in info.node.bases)
         return collector.found
 
-    @cached_property
-    def handed_on_elsewhere(self) -> dict[str, str]:
-        """The attributes (and `name()` for the results of methods) other files of the tree read where a tensor
-        they hold may be handed on, each with the first such file (static.escaping_reads)."""
-        return self.project.escaping_elsewhere(self.path) if self.project is not None else {}
+    def handed_on_elsewhere(self, name: str) -> list[tuple[str, str]]:
+        """(entry, file) for each other file of the tree that reads the attribute `name` (or, as `name()`, the result
+        of a method) where a tensor it holds may be handed on (static.escaping_reads)."""
+        return self.project.escaping_elsewhere(name, self.path) if self.project is not None else []
 
     def package_module(self, dotted: str) -> "ParsedModule | None":
         """Another file of this file's package, by the module name an import gives it ('fairseq.utils', or '.utils'

@@ -29,7 +29,7 @@ from advisor.static.call_sites import module_stem
 from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.module_index import ParsedModule
-from advisor.static.outside_writes import REGISTRATION_HOOKS, file_writes
+from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, file_writes
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.walk import walk
 
@@ -180,13 +180,18 @@ class ProjectFacts:
         own = by_path.get(here, ())
         return _written_by_others(names, [w.names for w in own]), _written_by_others(reshaped, [w.reshaped for w in own])
 
-    def escaping_elsewhere(self, here: str) -> dict[str, str]:
-        """Each attribute (qualified as outside_writes qualifies writes) a file other than `here` reads where its
-        tensor may be handed on, with the first such file."""
-        found: dict[str, str] = {}
+    def escaping_elsewhere(self, name: str, here: str) -> list[tuple[str, str]]:
+        """(entry, file) for each file other than `here` that reads the attribute `name` where its tensor may be
+        handed on, the entry qualified as outside_writes qualifies writes (`bias@torch.nn.Linear`), from an index
+        built once per tree (a join for each file grew with the files squared, as `names_written_elsewhere`)."""
+        return [(entry, path) for entry, path in self._escaping.get(name, ()) if path != here]
+
+    @cached_property
+    def _escaping(self) -> dict[str, list[tuple[str, str]]]:
+        found: dict[str, list[tuple[str, str]]] = {}
         for writes in self.attribute_writes:
-            for name in writes.escaping if writes.path != here else ():
-                found.setdefault(name, writes.path)
+            for entry in writes.escaping:
+                found.setdefault(entry.partition(NARROWED)[0], []).append((entry, writes.path))
         return found
 
     @cached_property

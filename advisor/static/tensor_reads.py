@@ -52,6 +52,7 @@ DIMMED_METHODS = frozenset({"view", "reshape", "flatten", "unsqueeze", "nonzero"
 DIMMED_TORCH = frozenset({"torch.arange", "torch.randperm", "torch.nonzero", "torch.argsort", "torch.stack",
                           "torch.tril_indices", "torch.triu_indices"})
 LISTED_TORCH = frozenset({"torch.tensor", "torch.as_tensor", "torch.LongTensor"})
+# torch's creations from sizes (all of them given positionally, but `torch.full`'s)
 SIZED_TORCH = frozenset({"torch.empty", "torch.zeros", "torch.ones", "torch.rand", "torch.randn", "torch.full"})
 SIZED_METHODS = frozenset({"new_empty", "new_zeros", "new_ones", "new_full"})
 CONTAINER_DISPLAYS = (cst.List, cst.Tuple, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.DictComp,
@@ -245,7 +246,7 @@ def _calls_left_alone(parsed: ParsedModule, function: cst.CSTNode | None, depth:
 def _called_elsewhere(parsed: ParsedModule, name: str) -> bool:
     """Another file of the scanned tree calls a method `name` on an object and hands its result on (it may write
     what a method of this file returns: static.escaping_reads)."""
-    return any(entry.partition("@")[0] == f"{name}()" for entry in parsed.handed_on_elsewhere)
+    return bool(parsed.handed_on_elsewhere(f"{name}()"))
 
 
 def _is_target(parsed: ParsedModule, node: cst.CSTNode) -> bool:

@@ -27,6 +27,7 @@ from advisor.patterns.ops import Op, int_value
 from advisor.patterns.values import float32
 from advisor.static.codegen import atomic, parenthesized
 from advisor.static.dataflow import loaded_names
+from advisor.static.tensor_reads import SIZED_TORCH
 
 BROADCAST, DTYPE, TENSOR_NONZERO = "scale-broadcast", "scale-dtype", "scale-divisor-nonzero"
 # elementwise: the result has the broadcast shape of the tensors among the arguments
@@ -36,7 +37,6 @@ ELEMENTWISE = {"exp", "log", "clamp", "clamp_min", "clamp_max", "clip", "sigmoid
 FOLD_RANGE = "fold-range"  # accepted: q * s in q's dtype, which in float16 can overflow where (q·kᵀ)·s does not
 SHAPE_KEEPING = {"to", "float", "half", "bfloat16", "double", "type_as", "detach", "clone", "contiguous"}
 WRAPPERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
-CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "randn", "rand", "full")}
 REDUCTIONS = {"sum", "mean", "amax", "amin", "norm", "logsumexp"}
 SHAPE_KEYWORDS = {"input", "other", "min", "max", "exponent"}  # keyword arguments that are operands
 
@@ -265,11 +265,11 @@ def _own_shape(c: Candidate, node: cst.BaseExpression, depth: int) -> Shape:
 def _call_shape(c: Candidate, node: cst.Call, below) -> Shape:
     dotted = c.parsed.imported_name(node.func) or ""
     positional = [a.value for a in node.args if a.keyword is None and not a.star]
-    if any(a.star == "*" for a in node.args) or any(a.star for a in node.args) and dotted not in CREATORS:
+    if any(a.star == "*" for a in node.args) or any(a.star for a in node.args) and dotted not in SIZED_TORCH:
         return UNKNOWN  # `**dd` passes a creator keywords only (device, dtype): its sizes stay positional
     if dotted == "torch.tensor" and positional and c.values.is_scalar(positional[0]):
         return NUMBER
-    if dotted in CREATORS and positional:
+    if dotted in SIZED_TORCH and positional:
         sizes = positional[:1] if dotted == "torch.full" else positional
         if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
             sizes = [element.value for element in sizes[0].elements]
