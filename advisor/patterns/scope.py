@@ -23,6 +23,7 @@ from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.op_overrides import op_overrides
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
     func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses, state_swaps, \
     uses_of
@@ -908,6 +909,22 @@ def state_swapped(parsed: ParsedModule) -> str | None:
     if elsewhere is not None:
         return f"{elsewhere.describe()}, which replaces or writes modules' buffers by name"
     return None
+
+
+def ops_overridden(parsed: ParsedModule) -> str | None:
+    """Why torch's ops may not compute what torch's kernels do when the block runs (None: nothing in the tree shows
+    it): this file or another of the tree defines a `__torch_function__` or `__torch_dispatch__` (a mode entered
+    anywhere sees every call; a tensor subclass every call on its instances), or registers a kernel for an `aten`
+    op (static.op_overrides)."""
+    own = parsed.derived(ops_overridden, lambda p: next(iter(op_overrides(p.source)), None))
+    if own is not None:
+        where = f"this file defines `{own[1]}` (line {own[0]})"
+    else:
+        elsewhere = first_elsewhere(parsed.project.op_overrides, parsed.path) if parsed.project is not None else None
+        if elsewhere is None:
+            return None
+        where = f"`{display_path(elsewhere.path)}` defines `{elsewhere.code}` (line {elsewhere.line})"
+    return f"{where}, which may change what the block's torch ops compute where it is in force"
 
 
 def fx_traced(parsed: ParsedModule) -> str | None:

@@ -29,6 +29,7 @@ from advisor.static.call_sites import module_stem
 from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.module_index import ParsedModule
+from advisor.static.op_overrides import op_overrides
 from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, file_writes
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.walk import walk
@@ -134,6 +135,7 @@ class ProjectFacts:
     fx_traces: tuple[UseSite, ...] = ()  # torch.fx symbolic tracing, which runs the code on Proxies
     jit_traces: tuple[UseSite, ...] = ()  # torch.jit.trace and ONNX export, which record one run's ops
     func_transforms: tuple[UseSite, ...] = ()  # torch.func's transforms of modules and functions
+    op_overrides: tuple[UseSite, ...] = ()  # modes, tensor subclasses and kernels changing torch's ops
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -393,8 +395,8 @@ def _import_names(node: ast.Import | ast.ImportFrom) -> list[str]:
 def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWrites | tuple[UseSite, str] | ClassSite]:
     """One file's part of the project facts: its hook registrations (process-wide and on single modules), each with
     its registering function's name, the attributes it writes on other objects, its uses of TorchScript's compiler
-    and of calls that swap a module's state, each with its kind, and its derived classes ([] for a file that cannot
-    be parsed: the scan reports it)."""
+    and of calls that swap a module's state, each with its kind, what may change torch's ops (static.op_overrides),
+    and its derived classes ([] for a file that cannot be parsed: the scan reports it)."""
     found: list = []
     uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None or \
         MAY_FX_TRACE.search(text) is not None or _may_jit_trace(text) or \
@@ -417,6 +419,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     if writes.names or writes.writers or writes.handed or writes.escaping:
         found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed,
                                      writes.escaping))
+    found += [(UseSite(path, line, code), "ops") for line, code in op_overrides(text)]
     return found + class_sites(path, text)
 
 
@@ -438,4 +441,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site in sites if isinstance(site, ClassSite)),
                         tuple(site for site, kind in hooks if kind == "fx"),
                         tuple(site for site, kind in hooks if kind == "jit"),
-                        tuple(site for site, kind in hooks if kind == "func"))
+                        tuple(site for site, kind in hooks if kind == "func"),
+                        tuple(site for site, kind in hooks if kind == "ops"))

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source, scan_paths
+from advisor.static.op_overrides import op_overrides
 from fixture_models import load_module_from_source
 from fuzz.differential import COUNTEREXAMPLE, INVALID, check
 
@@ -588,3 +589,78 @@ def test_a_module_level_number_another_file_rebinds_is_not_proved(tmp_path, rebi
     assert finding.fix_safety == "unsafe" and "train.py" in assumed["scale-is-number"]
     [alone] = [f for f in scan_paths([str(tmp_path / "attn.py")], jobs=1).findings if f.kind == "attention"]
     assert alone.fix_safety == "safe"
+
+
+# 3c. torch's ops changed where the block runs -------------------------------------------------------------------
+# Breaker round 13, bug 37: a TorchFunctionMode defined and entered by a training script scaled softmax's output; it
+# sees the eager block's softmax and not SDPA (max error 0.39 in the forward, 4.4 in the gradients, fp32).
+
+TEMPERED_MODE = '''import torch
+from torch.overrides import TorchFunctionMode
+
+
+class Tempered(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 0.5 if func in (torch.softmax, torch.nn.functional.softmax, torch.Tensor.softmax) else out
+'''
+
+
+def test_a_mode_defined_elsewhere_in_the_tree_leaves_the_patch_unproved_and_the_mode_shows_why(tmp_path) -> None:
+    (tmp_path / "model.py").write_text(attention(CAUSAL_BLOCK.replace("att = self.attn_drop(att)\n", ""),
+                                                 make="model.eval()\n"), encoding="utf-8")
+    (tmp_path / "setup.py").write_text(TEMPERED_MODE, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1, unsafe_fixes=True).findings
+                 if f.kind == "attention"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and "setup.py" in assumed["torch-ops"]
+    [alone] = [f for f in scan_paths([str(tmp_path / "model.py")], jobs=1).findings if f.kind == "attention"]
+    assert alone.fix_safety == "safe"
+    # the fact is needed: under the mode the patch computes another value (outside it, the same)
+    source = (tmp_path / "model.py").read_text(encoding="utf-8")
+    original = load_module_from_source(source, "mode_original")
+    patched = load_module_from_source(analyze_source(source, "model.py").fixed, "mode_patched")
+    mode = load_module_from_source(TEMPERED_MODE, "mode_setup")
+    model, (x,) = original.make()
+    again, _ = patched.make()
+    again.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x))
+        with mode.Tempered():
+            assert (again(x) - model(x)).abs().max() > 0.05
+
+
+OP_OVERRIDES = {
+    "tensor_subclass": "class Logged(torch.Tensor):\n    @classmethod\n"
+                       "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+                       "        return super().__torch_function__(func, types, args, kwargs)\n",
+    "dispatch_mode": "from torch.utils._python_dispatch import TorchDispatchMode\n\n\nclass M(TorchDispatchMode):\n"
+                     "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):\n"
+                     "        return func(*args, **(kwargs or {}))\n",
+    "assigned": "def handler(func, types, args=(), kwargs=None):\n    return func(*args, **(kwargs or {}))\n\n\n"
+                "class Wrapped(torch.Tensor):\n    __torch_function__ = classmethod(handler)\n",
+    "aten_library": "lib = torch.library.Library('aten', 'IMPL')\nlib.impl('softmax', lambda *a: a[0], 'CPU')\n",
+    "aten_impl": "@torch.library.impl('aten::_softmax', 'CPU')\ndef fast(x, dim, half):\n    return x\n",
+}
+
+
+def test_a_tensor_subclass_in_the_same_file_leaves_the_patch_unproved() -> None:
+    source = attention(CAUSAL_BLOCK, head=OP_OVERRIDES["tensor_subclass"])
+    [finding] = _attention_findings(source)
+    assert finding.fix_safety == "unsafe" and any(
+        fact["name"] == "torch-ops" and "this file" in fact["why"] for fact in finding.extra["facts"]["assumed"])
+
+
+@pytest.mark.parametrize("kind", sorted(OP_OVERRIDES))
+def test_what_may_change_torch_s_ops_is_found(kind: str) -> None:
+    assert op_overrides("import torch\n\n" + OP_OVERRIDES[kind])
+
+
+@pytest.mark.parametrize("text", [
+    "class Plain(torch.Tensor):\n    __torch_function__ = torch._C._disabled_torch_function_impl\n",
+    "@torch.library.custom_op('mylib::attend', mutates_args=())\ndef attend(x: torch.Tensor) -> torch.Tensor:\n"
+    "    return x.clone()\n",
+    "# a comment naming __torch_function__ and torch.library\nx = '__torch_dispatch__'\n",
+])
+def test_what_leaves_torch_s_ops_alone_is_not_found(text: str) -> None:
+    assert op_overrides("import torch\n\n" + text) == []

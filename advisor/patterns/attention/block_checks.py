@@ -26,6 +26,7 @@ from advisor.static.outside_writes import ANY_ON_CLASS
 
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
 METADATA_ATTRIBUTES = frozenset({"dtype", "device", *NEW_TENSOR_METHODS})
+TORCH_OPS = "torch-ops"  # assumed where the tree defines a mode, a `__torch_function__` or an aten kernel
 
 
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
@@ -219,6 +220,10 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     replaced = scope.replaced_torch_function(c.parsed, block)
     if replaced is not None:
         raise Refusal(replaced)
+    overridden = scope.ops_overridden(c.parsed)
+    if overridden is not None:
+        match.facts.assumed(TORCH_OPS, "torch's ops compute as torch's kernels do (no mode, tensor subclass or "
+                            "registered kernel changes softmax, matmul or SDPA)", overridden)
     if owner is None:
         return
     names = scope.self_names(block + kept) | {f.name.value for f in c.inlined if f in owner.methods.values()}

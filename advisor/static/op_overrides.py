@@ -1,0 +1,69 @@
+"""Code that changes what torch's own ops compute, wherever in the tree it is defined.
+
+A `TorchFunctionMode` (or `TorchDispatchMode`) entered by a training script sees every torch call the model makes,
+and a tensor subclass's `__torch_function__` every call on its instances: a mode that scales softmax's output
+(breaker round 13, bug 37) changes the eager block and not the SDPA call that replaces it. So does a kernel
+registered for an `aten` op through `torch.library`. Neither is visible where the attention is: a mode is entered
+through a method call (`mode.__enter__()`, `with mode:`) on an object of any name. So any such definition in the
+scanned tree leaves the patches of every block unproved (`torch-ops`, assumed: `advisor optimize` still measures
+them on the user's run, where the mode is entered as it is).
+
+Read with CPython's parser, on the files whose text names one of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from advisor.static.python_ast import nodes, python_tree
+
+OVERRIDES = frozenset({"__torch_function__", "__torch_dispatch__"})
+# a no-op `__torch_function__`: it turns a subclass's handling off, and ops then compute as torch's
+DISABLED = "_disabled_torch_function_impl"
+# torch.library's registrations of kernels (for an `aten::` op: torch's own)
+REGISTRARS = frozenset({"Library", "impl", "register_kernel", "register_torch_dispatch", "register_autograd"})
+MAY_OVERRIDE = re.compile(r"__torch_(?:function|dispatch)__|\blibrary\b|\bLibrary\b")
+
+
+def op_overrides(text: str) -> list[tuple[int, str]]:
+    """(line, what: a short code) for each definition in `text` that may change what a torch op computes: a `__torch_function__`
+    or `__torch_dispatch__` defined or assigned (a mode's or a tensor subclass's), and a torch.library registration
+    naming an `aten` op or namespace. [] for source CPython cannot parse (the scan reports it)."""
+    if MAY_OVERRIDE.search(text) is None:
+        return []
+    try:
+        tree = python_tree(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found: list[tuple[int, str]] = []
+    for node in nodes(tree):
+        kind = type(node)
+        if kind in (ast.FunctionDef, ast.AsyncFunctionDef) and node.name in OVERRIDES:
+            found.append((node.lineno, node.name))
+        elif kind in (ast.Assign, ast.AnnAssign) and _assigns_override(node):
+            found.append((node.lineno, "__torch_function__ = ..."))
+        elif kind is ast.Call and _registers_aten_kernel(node):
+            found.append((node.lineno, "torch.library kernel for aten"))
+    return sorted(found)
+
+
+def _assigns_override(node: ast.Assign | ast.AnnAssign) -> bool:
+    targets = node.targets if type(node) is ast.Assign else [node.target]
+    named = any((target.id if type(target) is ast.Name else getattr(target, "attr", None)) in OVERRIDES
+                for target in targets)
+    value = node.value
+    disabled = value is not None and (getattr(value, "attr", None) == DISABLED or getattr(value, "id", None) == DISABLED)
+    return named and not disabled
+
+
+def _registers_aten_kernel(node: ast.Call) -> bool:
+    """`torch.library.Library("aten", "IMPL")`, `@torch.library.impl("aten::softmax", ...)`, `lib.impl(...)` on
+    such a library, `register_kernel("aten::...")`: a call of a REGISTRARS name with a string argument naming
+    `aten`."""
+    name = node.func.attr if type(node.func) is ast.Attribute else getattr(node.func, "id", None)
+    if name not in REGISTRARS:
+        return False
+    strings = [argument.value for argument in node.args + [keyword.value for keyword in node.keywords]
+               if type(argument) is ast.Constant and isinstance(argument.value, str)]
+    return any(text == "aten" or text.startswith("aten::") for text in strings)
