@@ -166,11 +166,12 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
     """
     tree = tree or TreeContext()
     autograd = tree.autograd if tree.autograd is not None else TreeFacts.of_file(parsed)
+    if tree.calls is not None:
+        tree.calls.adopt(parsed)  # before the matcher, which reads this file's calls through the tree too
     matches = find_attention(parsed)
     for match in matches:
         choose_backend_proof(match, backend)
     if tree.calls is not None:
-        tree.calls.adopt(parsed)
         for match in matches:
             settle_from_call_sites(tree.calls, parsed, match.facts)
             settle_dropped_weights(tree.calls, parsed, match)

@@ -35,6 +35,7 @@ RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", 
 ROWS = "fully-masked-rows"
 FINITE_FILL = "finite-fill"  # a masked key's weight: 0 in SDPA, exp(fill - row max) in the original
 REPLACED_SCORES = "replaced-scores"  # masked_fill/where discards a masked score; SDPA adds its mask, keeping a NaN
+REPLACED_STATEMENT = "the scores a mask replaces are numbers: q and k hold no NaN or inf at masked positions"
 
 
 Bounds = tuple[int, int | None]  # (fewest, most) dims; most is None when unbounded
@@ -201,8 +202,7 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     replacing = next((term for term in terms if term.fill_kind != ADDITIVE and not term.learned), None)
     if replacing is not None:
         applied = parsed.code(replacing.statement or replacing.expression).strip().splitlines()[0]
-        facts.accepted(REPLACED_SCORES, "the scores a mask replaces are numbers: q and k hold no NaN or inf at "
-                       "masked positions", f"`{applied}` "
+        facts.accepted(REPLACED_SCORES, REPLACED_STATEMENT, f"`{applied}` "
                        "discards whatever a masked score is, while SDPA adds its mask to the score (a boolean one as "
                        "-inf), which keeps a NaN: a NaN or inf key at a padded position gives the patch NaN rows "
                        "where the original has none")

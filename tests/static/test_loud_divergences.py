@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import load_module_from_source
 
 HELPER = '''import math
@@ -131,3 +131,72 @@ def test_a_tensor_scale_folded_into_q_names_the_float16_range_it_may_leave():
     assert original.attend(*half).isfinite().all()
     assert not patched.attend(*half).isfinite().all()
     torch.testing.assert_close(patched.attend(q, k, v, temperature), original.attend(q, k, v, temperature))
+
+
+# `replaced-scores` is not accepted where the source shows a NaN key (breaker round 13, bug 21): cosine keys divided
+# by their norm are 0/0 on the zero vectors of padding, exactly where the padding mask masks.
+COSINE = '''import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def attend(q, k, v, keep):
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(keep == 0, -1e9)
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
+class Cosine(nn.Module):
+    def forward(self, q, x, keep):
+        {keys}
+        return attend(q, k, x, keep)
+'''
+DIVIDED_KEYS = {
+    "norm": "k = x / x.norm(dim=-1, keepdim=True)",
+    "rsqrt": "k = x * x.pow(2).sum(-1, keepdim=True).rsqrt()",
+    "div_method": "n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)\n        k = x.div(n)",
+}
+BOUNDED_KEYS = {
+    "eps": "k = x / (x.norm(dim=-1, keepdim=True) + 1e-6)",
+    "clamp": "k = x / x.norm(dim=-1, keepdim=True).clamp(min=1e-6)",
+    "normalize": "k = F.normalize(x, dim=-1)",
+    "number": "k = x / math.sqrt(x.size(-1))",
+}
+
+
+def _cosine_findings(tmp_path, keys: str):
+    (tmp_path / "cosine.py").write_text(COSINE.format(keys=keys), encoding="utf-8")
+    (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1, cache=False).findings if f.kind == "attention"]
+    return finding
+
+
+@pytest.mark.parametrize("kind", sorted(DIVIDED_KEYS))
+def test_keys_a_caller_divides_by_what_may_be_zero_leave_replaced_scores_assumed(tmp_path, kind: str):
+    finding = _cosine_findings(tmp_path, DIVIDED_KEYS[kind])
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and "cosine.py:" in assumed["replaced-scores"]
+
+
+@pytest.mark.parametrize("kind", sorted(BOUNDED_KEYS))
+def test_keys_divided_by_what_is_kept_from_zero_keep_replaced_scores_accepted(tmp_path, kind: str):
+    finding = _cosine_findings(tmp_path, BOUNDED_KEYS[kind])
+    assert finding.fix_safety == "safe"
+    assert "replaced-scores" in {fact["name"] for fact in finding.extra["facts"]["accepted"]}
+
+
+def test_the_cosine_key_s_padding_is_what_makes_the_patch_nan(tmp_path):
+    """Measured: the original is finite on padded zero vectors, the unsafe patch NaN; keys in the block's own
+    function are read too."""
+    source = COSINE.replace("    scores = torch.matmul(q, k", "    k = k / k.norm(dim=-1, keepdim=True)\n"
+                                                             "    scores = torch.matmul(q, k")
+    result = analyze_source(source.format(keys="k = x"), "own.py", unsafe_fixes=True)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fix_safety == "unsafe"
+    original = load_module_from_source(source.format(keys="k = x"), "cosine_original")
+    patched = load_module_from_source(result.fixed, "cosine_patched")
+    q, x = _qkv((2, 2, 5, 4), (2, 2, 5, 4))
+    keep = torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool).view(1, 1, 1, 5)
+    x[..., 4, :] = 0.0  # the padded token: a zero vector
+    assert not original.Cosine()(q, x, keep).isnan().any()
+    assert patched.Cosine()(q, x, keep).isnan().all()

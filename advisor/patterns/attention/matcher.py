@@ -22,6 +22,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.attention.scale import scale_and_mask_roles
 from advisor.patterns.attention.score_mods import flex_roles
+from advisor.patterns.attention.nan_keys import nan_key_fact
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
 from advisor.patterns.attention.tensor_scale import fold_into_query
 from advisor.patterns.attention.uniform_rows import plan_row_fixup
@@ -216,8 +217,10 @@ def mask(c: Candidate) -> None:
              "match.row_fixup ndim product_casts values weights"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:
-    """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do."""
+    """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do, whether
+    masked keys may be NaN."""
     mask_and_dtype_facts(c, c.ndim)
+    nan_key_fact(c)
 
 
 @step(reads="consumed home inlined match.hoisted match.renamed weights",
