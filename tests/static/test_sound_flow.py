@@ -430,6 +430,47 @@ def test_output_reshaped_only_needs_no_copy():
     assert ".contiguous()" not in analyze_source(source, "m.py").fixed
 
 
+MERGE_HEADS = {  # a helper of the class the output is handed to, and whether its body needs contiguous strides
+    "permute_contiguous_view": ("x = x.permute(0, 2, 1, 3).contiguous()\n        return x.view(B, T, C)", False),
+    "transpose_reshape": ("return x.transpose(1, 2).reshape(x.size(0), x.size(2), -1)", False),
+    "view_directly": ("return x.view(B, 2 * T, 8)", True),
+    "returned_then_viewed": ("return x * 2.0", True),  # the helper's result is viewed by the caller
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MERGE_HEADS))
+def test_a_helper_the_output_is_handed_to_is_followed_for_the_strides_it_reads(kind):
+    """GPT-2's `a = self.merge_heads(a)`: the helper's uses of its parameter (and its result at the call) are
+    followed as the block's own, so a helper that copies first costs no `.contiguous()` and one that views keeps
+    it."""
+    body, needs_copy = MERGE_HEADS[kind]
+    after = "return o.view(B, 2 * T, 8).reshape(B, T, C)" if kind == "returned_then_viewed" else "return o"
+    source = attention(f"""
+        o = self.merge_heads((q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v, B, T, C)
+        {after}
+    """, methods=f"""
+    def merge_heads(self, x, B, T, C):
+        {body}
+    """)
+    fixed = analyze_source(source, "m.py").fixed
+    assert (".contiguous()" in fixed.split("def merge_heads")[0]) is needs_copy
+    assert assert_exact_or_not_safe(source, f"merge_heads_{kind}")
+
+
+def test_a_helper_a_subclass_overrides_is_not_followed():
+    source = attention("""
+        return self.merge_heads((q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v, B, T, C)
+    """, methods="""
+    def merge_heads(self, x, B, T, C):
+        return x.transpose(1, 2).reshape(B, T, C)
+    """, after="""
+    class Sub(Attn):
+        def merge_heads(self, x, B, T, C):
+            return x.view(B, 2 * T, 8).reshape(B, T, C)
+    """)
+    assert ".contiguous()" in analyze_source(source, "m.py").fixed.split("def merge_heads")[0]
+
+
 # N: dynamic dispatch and hook points ---------------------------------------------------------------------------
 
 def test_subclass_overriding_the_scores_helper_is_refused():

@@ -15,7 +15,7 @@ from advisor.patterns.attention.anchors import feeds_product
 from advisor.patterns.attention.candidate import (
     MAX_CHAIN, Candidate, WeightPath, consumers, definition_of_value, function_of,
 )
-from advisor.patterns.attention.helpers import calls_to, leave_to_caller
+from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to, leave_to_caller
 from advisor.patterns.attention.products import last_two, rank, spec
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
@@ -311,10 +311,14 @@ def layout_role(c: Candidate) -> None:
     (a no-op when already contiguous). Every other use reads values only."""
     match = c.match
     frontier, steps, reader = [match.output_node], 0, None
+    entered: dict[cst.FunctionDef, cst.Call] = {}  # helpers followed into, each with the call that entered it
     while frontier and steps < MAX_CHAIN and reader is None:
         steps += 1
         node = frontier.pop()
         parent = _returned(c, node)
+        if isinstance(parent, cst.Return) and function_of(c.parsed, parent) in entered:
+            frontier.append(entered[function_of(c.parsed, parent)])  # the helper's result: its call's value
+            continue
         if isinstance(parent, cst.Return):
             function = function_of(c.parsed, parent)
             owner = c.owner if function is c.function or function is c.home else None
@@ -328,7 +332,11 @@ def layout_role(c: Candidate) -> None:
             continue
         for consumer, _ in consumers(c, node):
             use = _layout_use(c, consumer, node)
-            if use == READS_STRIDES:
+            helper = _helper_reads(c, consumer, node) if use == READS_STRIDES else None
+            if helper is not None:
+                entered[helper[0]] = consumer
+                frontier.extend(helper[1])
+            elif use == READS_STRIDES:
                 where = consumer if consumer is not None else c.parsed.parents.get(node)
                 reader = f"is read by `{short(c.parsed, where)}` at line {c.parsed.line(where)}"
             elif use == KEEPS_STRIDES:
@@ -338,6 +346,25 @@ def layout_role(c: Candidate) -> None:
         return
     match.output_methods.append(("contiguous", ()))
     match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _helper_reads(c: Candidate, call: cst.CSTNode | None, node: cst.CSTNode) \
+        -> tuple[cst.FunctionDef, list[cst.Name]] | None:
+    """(the helper, its parameter's reads) for a call of a function or method of this file that takes `node` as one
+    parameter (GPT-2's `self._merge_heads(a)`): its uses there are followed as the block's own, and its return as
+    the call's value. None for anything else, and for a method a subclass may override."""
+    function = callee(c, call) if isinstance(call, cst.Call) else None
+    if function is None or c.owner is not None and function in c.owner.methods.values() and \
+            scope.overridden(c.scope.classes(), c.owner, {function.name.value}) is not None:
+        return None
+    try:
+        bound = bind_arguments(c, function, call)
+    except Refusal:
+        return None
+    names = [name for name, value in bound.items() if value is node]
+    flow = c.parsed.flow(function)
+    parameters = [d for d in flow.definitions.values() if d.kind == "param" and d.name in names]
+    return (function, flow.reads_of(parameters[0])) if len(names) == len(parameters) == 1 else None
 
 
 def _returned(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
