@@ -16,6 +16,7 @@ import torch
 from advisor.engine.static import analyze_source
 from attention_sources import HEAD, MAKE, attention, findings, the_finding
 from fixture_models import parity
+from fuzz.differential import COUNTEREXAMPLE, INVALID, check
 
 
 def safe_findings(source: str):
@@ -469,6 +470,41 @@ def test_a_helper_a_subclass_overrides_is_not_followed():
             return x.view(B, 2 * T, 8).reshape(B, T, C)
     """)
     assert ".contiguous()" in analyze_source(source, "m.py").fixed.split("def merge_heads")[0]
+
+
+IN_PLACE_WRITES = {  # the output, or what may share its storage, written after the block (breaker round 14)
+    "method": "o.mul_(2.0)\n        return o.transpose(1, 2).reshape(B, T, C)",
+    "through_contiguous": "y = o.contiguous()\n        y.mul_(2.0)\n"
+                          "        return (o + y).transpose(1, 2).reshape(B, T, C)",
+    "augmented": "o += 1.0\n        return o.transpose(1, 2).reshape(B, T, C)",
+    "element_store": "o[..., 0] = 0.0\n        return o.transpose(1, 2).reshape(B, T, C)",
+    "through_a_view": "o.transpose(1, 2).add_(1.0)\n        return o.transpose(1, 2).reshape(B, T, C)",
+    "out_keyword": "torch.mul(o, 2.0, out=o)\n        return o.transpose(1, 2).reshape(B, T, C)",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(IN_PLACE_WRITES))
+def test_an_output_written_in_place_is_a_fresh_contiguous_tensor(kind):
+    """SDPA's CPU flash kernel saves its output for the backward (a write then raises there), and its output is not
+    contiguous where the product is (`.contiguous()` then copies where the original aliased): the patch's output
+    gets `.contiguous().clone()`, and the training step's values and gradients match."""
+    source = attention(f"""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        {IN_PLACE_WRITES[kind]}
+    """)
+    assert ".contiguous().clone()" in analyze_source(source, "m.py").fixed
+    outcome = check(source)
+    assert outcome.status not in (INVALID, COUNTEREXAMPLE), f"{outcome.kind}: {outcome.detail}"
+
+
+def test_an_output_only_read_gets_no_clone():
+    source = attention("""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        y = (o * 2.0).contiguous()
+        y.mul_(2.0)
+        return (o + y).transpose(1, 2).reshape(B, T, C)
+    """)
+    assert ".clone()" not in analyze_source(source, "m.py").fixed
 
 
 # N: dynamic dispatch and hook points ---------------------------------------------------------------------------

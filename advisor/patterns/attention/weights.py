@@ -34,6 +34,11 @@ STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "unt
 SAME_STRIDES = frozenset({"float", "half", "double", "bfloat16", "to", "type", "type_as", "clone", "detach", "mul",
                           "add", "sub", "div", "neg", "abs", "exp", "masked_fill", "relu", "gelu", "sigmoid",
                           "tanh", "sqrt", "pow", "data", "requires_grad_", "mul_", "add_", "div_", "sub_"})
+# methods whose result may share the receiver's storage: a write through it writes the output (`.contiguous()` and
+# `.reshape` return the receiver itself, or a view, where its strides allow)
+ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "contiguous", "detach", "data", "flatten",
+                      "unflatten", "narrow", "select", "diagonal", "as_strided", "real"}) | STRIDED_VIEWS
+NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
 RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
 CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 
@@ -310,6 +315,12 @@ def layout_role(c: Candidate) -> None:
     contiguous strides, and so may a caller the output is returned to: emit `.contiguous()` for those
     (a no-op when already contiguous). Every other use reads values only."""
     match = c.match
+    written = _written_in_place(c)
+    if written is not None:  # a fresh contiguous tensor: aliases as the product's do, and autograd saved none of it
+        match.output_methods += [("contiguous", ()), ("clone", ())]
+        match.facts.proved("layout", "the output is a fresh contiguous tensor, as the original's product is, where "
+                           f"it or a view of it {written} (SDPA's kernels save their output for the backward)")
+        return
     frontier, steps, reader = [match.output_node], 0, None
     entered: dict[cst.FunctionDef, cst.Call] = {}  # helpers followed into, each with the call that entered it
     while frontier and steps < MAX_CHAIN and reader is None:
@@ -346,6 +357,53 @@ def layout_role(c: Candidate) -> None:
         return
     match.output_methods.append(("contiguous", ()))
     match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _written_in_place(c: Candidate) -> str | None:
+    """Where the output, or a tensor that may share its storage (names, views, `.contiguous()`, `.reshape`,
+    `.detach()`, basic indexing; in this file's callers where it is returned), is written in place: an in-place
+    method, `x += y`, `x[i] = y`, `out=x`. Breaker round 14: `o.mul_(2.0)` after the block broke the patch's
+    backward (SDPA's CPU flash kernel saves its output), and `y = o.contiguous(); y.mul_(2.0)` wrote the original's
+    contiguous product through `y` but a copy of the patch's transposed output. None where nothing writes."""
+    frontier, seen, steps = [c.match.output_node], set(), 0
+    while frontier and steps < 4 * MAX_CHAIN:
+        steps += 1
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        parent = _returned(c, node)
+        if isinstance(parent, cst.Return):
+            function = function_of(c.parsed, parent)
+            owner = c.owner if function is c.function or function is c.home else None
+            frontier.extend(calls_to(c.parsed, function, owner) if function is not None else [])
+            continue
+        write = _write_of(c, node, parent)
+        if write is not None:
+            return f"is written by `{short(c.parsed, write)}` at line {c.parsed.line(write)}"
+        if isinstance(parent, cst.Subscript) and parent.value is node:
+            frontier.append(parent)
+            continue
+        for consumer, _ in consumers(c, node):
+            method = _method_on(consumer, node)
+            if isinstance(consumer, cst.Name) or method in ALIASING:
+                frontier.append(consumer)
+    return None
+
+
+def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cst.CSTNode | None:
+    """The statement or call writing the tensor `node` holds in place, if its parent is one."""
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value.endswith("_") and \
+            not parent.attr.value.startswith("_") and parent.attr.value not in NOT_WRITES:
+        return c.parsed.parents.get(parent)
+    if isinstance(parent, cst.AugAssign) and parent.target is node:
+        return parent
+    holder = c.parsed.parents.get(parent) if isinstance(parent, cst.Subscript) and parent.value is node else None
+    if isinstance(holder, cst.AssignTarget) or isinstance(holder, cst.AugAssign) and holder.target is parent:
+        return c.parsed.parents.get(holder) if isinstance(holder, cst.AssignTarget) else holder
+    if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "out":
+        return c.parsed.parents.get(parent)
+    return None
 
 
 def _helper_reads(c: Candidate, call: cst.CSTNode | None, node: cst.CSTNode) \
