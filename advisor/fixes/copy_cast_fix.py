@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.contracts.detected import Detected
-from advisor.contracts.finding import Finding
+from advisor.contracts.finding import Finding, display_path
 from advisor.fixes.aliasing import layout_or_escape, writes_in_place
 from advisor.contracts.call_rule import CallRule
 from advisor.contracts.evidence import FileEvidence, RuntimeHit
@@ -27,6 +27,8 @@ from advisor.patterns.facts import FactSheet
 from advisor.registry import load_rules
 from advisor.rewrite.apply import RewriteFailed, SourceEdit, render
 from advisor.static.module_index import ParsedModule
+from advisor.static.project import tensor_method_definitions
+from advisor.static.walk import walk
 
 
 @dataclass
@@ -114,11 +116,35 @@ def _static_plans(parsed: ParsedModule, sites: list[roles.Site], rules: tuple[Ca
             if rewrite is not None:
                 plan = Plan(rule.code, site, call_line(parsed, site.call), rewrite)
                 plan.facts.proved("equal-values", "the rewrite computes the same tensor", rewrite.proof)
-                plan.facts.accepted("tensor-receiver", "the receiver of the rewritten calls is a tensor",
-                                    "a static proof reads calls, not types: an object of another class whose "
-                                    "own .float()/.contiguous()/.clone() does something else is not seen")
+                _receiver_fact(parsed, plan.facts, rewrite.node)
                 plans.append(plan)
     return plans
+
+
+TENSOR_RECEIVER = "the receiver of the rewritten calls is a tensor"
+
+
+def _receiver_fact(parsed: ParsedModule, facts: FactSheet, node: cst.CSTNode) -> None:
+    """`tensor-receiver`: accepted (a static proof reads calls, not types), unless a class of the file or of the
+    scanned tree defines a method of a name the rewrite reads (`def contiguous(self)`): its objects would run it."""
+    called: set[str] = set()
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            if isinstance(call.func, cst.Attribute):
+                called.add(call.func.attr.value)
+
+    walk(node, Calls())
+    defined = [site for site in tensor_method_definitions(parsed.path, parsed.source) +
+               list(parsed.project.tensor_methods if parsed.project is not None else ()) if site.code in called]
+    if defined:
+        site = defined[0]
+        facts.assumed("tensor-receiver", TENSOR_RECEIVER, f"`{display_path(site.path)}` defines a method "
+                      f"`{site.code}` (line {site.line}): an object of that class may be the receiver")
+    else:
+        facts.accepted("tensor-receiver", TENSOR_RECEIVER, "a static proof reads calls, not types: an object of a "
+                       "class outside the scanned tree whose own .float()/.contiguous()/.clone() does something "
+                       "else is not seen")
 
 
 def _runtime_plans(parsed: ParsedModule, sites: list[roles.Site], evidence: FileEvidence,

@@ -69,6 +69,12 @@ MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b|\bjit\b(?!\s*\.)")
 FUNC_TRANSFORMS = ("torch.func", "functorch", "torch.vmap")
 MAY_FUNC_TRANSFORM = re.compile(r"(?:torch\.|import |, *)func\b|functorch|\bvmap\b")
 MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(")
+# methods of torch.Tensor that copy and cast rewrites read on a receiver of unknown type; a class of the tree defining
+# one (`def contiguous(self)` on a box of tensors) may be that receiver (breaker round 14)
+TENSOR_METHOD_NAMES = ("contiguous", "clone", "float", "half", "double", "bfloat16", "to", "type", "type_as", "int",
+                       "long", "bool", "detach", "cpu", "cuda")
+TENSOR_METHOD_DEFS = re.compile(rf"^[ \t]+(?:async[ \t]+)?def[ \t]+({'|'.join(TENSOR_METHOD_NAMES)})[ \t]*\(",
+                                re.MULTILINE)
 # hooks registered on one module (its call, and so a deleted call of it, runs them)
 HOOK_METHODS = frozenset({"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                           "register_full_backward_pre_hook", "register_backward_hook"})
@@ -136,6 +142,7 @@ class ProjectFacts:
     jit_traces: tuple[UseSite, ...] = ()  # torch.jit.trace and ONNX export, which record one run's ops
     func_transforms: tuple[UseSite, ...] = ()  # torch.func's transforms of modules and functions
     op_overrides: tuple[UseSite, ...] = ()  # modes, tensor subclasses and kernels changing torch's ops
+    tensor_methods: tuple[UseSite, ...] = ()  # methods named as torch.Tensor's (TENSOR_METHOD_NAMES) defined
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -420,7 +427,15 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
         found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed,
                                      writes.escaping))
     found += [(UseSite(path, line, code), "ops") for line, code in op_overrides(text)]
+    found += [(site, "methods") for site in tensor_method_definitions(path, text)]
     return found + class_sites(path, text)
+
+
+def tensor_method_definitions(path: str, text: str) -> list[UseSite]:
+    """The methods of the file named as a torch.Tensor method a copy or cast rewrite reads (TENSOR_METHOD_DEFS),
+    each as a site whose code is the name."""
+    return [UseSite(path, text.count("\n", 0, match.start()) + 1, match.group(1))
+            for match in TENSOR_METHOD_DEFS.finditer(text)]
 
 
 def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite]) -> ProjectFacts:
@@ -442,4 +457,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site, kind in hooks if kind == "fx"),
                         tuple(site for site, kind in hooks if kind == "jit"),
                         tuple(site for site, kind in hooks if kind == "func"),
-                        tuple(site for site, kind in hooks if kind == "ops"))
+                        tuple(site for site, kind in hooks if kind == "ops"),
+                        tuple(site for site, kind in hooks if kind == "methods"))

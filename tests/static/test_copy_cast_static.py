@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 
 HEADER = "import torch\nimport torch.nn.functional as F\n\n\ndef f(x):\n    return {}\n"
 
@@ -133,3 +133,36 @@ def test_select_and_suppression_apply_to_copy_cast_rules():
     assert result.findings == []
     source, result = _analyze("x.contiguous().clone()", ignore=["ADV2"])
     assert result.findings == [] and result.fixed == source
+
+
+BOXES = '''import torch
+
+
+class Boxes:
+    def __init__(self, t):
+        self.t = t
+
+    def contiguous(self):
+        return Boxes(self.t.contiguous())
+
+    def clone(self):
+        return Boxes(self.t.clone())
+'''
+RUN = "\n\ndef run(b):\n    return b.contiguous().clone()\n"
+
+
+def test_a_class_of_the_file_defining_a_tensor_method_the_rewrite_reads_leaves_the_receiver_assumed():
+    """Breaker round 14: `b.contiguous().clone()` on a box of tensors became `b.clone(memory_format=...)`, which its
+    own `clone` does not take (TypeError)."""
+    [finding] = [f for f in analyze_source(BOXES + RUN, "boxes.py").findings if f.rule == "ADV204"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and "`contiguous`" in assumed["tensor-receiver"]
+
+
+def test_a_class_of_another_file_of_the_tree_counts_too(tmp_path):
+    (tmp_path / "boxes.py").write_text(BOXES, encoding="utf-8")
+    (tmp_path / "run.py").write_text("import torch" + RUN, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1, cache=False).findings if f.rule == "ADV204"]
+    assert finding.fix_safety == "unsafe" and "boxes.py" in finding.extra["facts"]["assumed"][0]["why"]
+    [alone] = [f for f in scan_paths([str(tmp_path / "run.py")], jobs=1, cache=False).findings if f.rule == "ADV204"]
+    assert alone.fix_safety == "safe"
