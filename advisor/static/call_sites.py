@@ -12,6 +12,7 @@ through the `Tree` (`recording`), so an edit of a caller is always seen.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import uuid
@@ -21,8 +22,10 @@ from functools import lru_cache
 import libcst as cst
 
 from advisor.contracts.finding import display_path
+from advisor.static.class_sites import class_sites
 from advisor.static.dataflow import is_self_attribute
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
+from advisor.static.python_ast import nodes, python_tree
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,12 @@ class CallSite:
 STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
                  "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
 CODE_RUNNERS = frozenset({"eval", "exec"})  # builtins that run code from a string, where any call may hide
-PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook")  # a pre-hook may replace what forward receives
+# a pre-hook may replace what forward receives: registered, or written into a module's (or torch's) hook table
+PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook|_forward_pre_hooks")
+# what a class defines to run its own code between a module call and forward (breaker round 14: a `__call__`
+# turning the caller's 0/1 keep mask into an additive one before `super().__call__`)
+CALL_OVERRIDES = frozenset({"__call__", "_call_impl", "_wrapped_call_impl"})
+MAY_OVERRIDE_CALL = re.compile(r"\b(?:__call__|_call_impl|_wrapped_call_impl)\b")
 # scan token -> (texts, parsed modules, words, real paths, attribute words, tree-wide indexes, words of notebooks'
 # masked lines): this process's caches for the current scan
 _CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict, dict]] = {}
@@ -422,7 +430,7 @@ class Tree:
             return own
         hooked, consulted = self._indexed("pre-hooks", lambda: self._first_file_matching(PRE_HOOKS.search))
         self._note_all(consulted)
-        if hooked:
+        if hooked or self._call_overridden(parsed, owner):
             return None
         enumerated, consulted = self._indexed("unnamed module calls", self._unnamed_module_calls)
         self._note_all(consulted)
@@ -430,6 +438,56 @@ class Tree:
         if parents is None or enumerated is None or not own + parents:
             return None  # enumerated calls reach any module, but never stand for a class no visible call builds
         return own + parents + enumerated
+
+    def _call_overridden(self, parsed: ParsedModule, owner: ClassInfo) -> bool:
+        """Whether the class, a class it derives from or one deriving from it (by name, through the classes of the
+        tree) defines or assigns one of CALL_OVERRIDES: a module call of it may hand forward other arguments."""
+        overriders, consulted = self._indexed("call overrides", self._call_overriders)
+        self._note_all(consulted)
+        if not overriders:
+            return False
+        sites = parsed.project.classes if parsed.project is not None else class_sites(parsed.path, parsed.source)
+        bases: dict[str, set[str]] = {}
+        for site in sites:
+            bases.setdefault(site.name, set()).update(site.bases)
+        for node in parsed.calls_and_classes[1]:
+            bases.setdefault(node.name.value, set()).update(
+                base.value.attr.value if isinstance(base.value, cst.Attribute) else getattr(base.value, "value", "?")
+                for base in node.bases)
+        related, pending = set(), [owner.node.name.value]
+        while pending:  # the ancestors
+            name = pending.pop()
+            if name not in related:
+                related.add(name)
+                pending.extend(bases.get(name, ()))
+        descendants = {owner.node.name.value}
+        grown = True
+        while grown:
+            found = {name for name, names in bases.items() if names & descendants} - descendants
+            descendants |= found
+            grown = bool(found)
+        return bool((related | descendants) & overriders)
+
+    def _call_overriders(self) -> tuple[frozenset[str], list[str]]:
+        """The names of the tree's classes whose body defines or assigns one of CALL_OVERRIDES, and the files
+        read."""
+        names: set[str] = set()
+        keys = []
+        for path in self.paths:
+            keys.append(self._real(path))
+            text = self.text(path) or ""
+            if MAY_OVERRIDE_CALL.search(text) is None:
+                continue
+            try:
+                tree = python_tree(text)
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                continue
+            names.update(node.name for node in nodes(tree) if type(node) is ast.ClassDef and any(
+                type(statement) in (ast.FunctionDef, ast.AsyncFunctionDef) and statement.name in CALL_OVERRIDES or
+                type(statement) is ast.Assign and any(getattr(t, "id", None) in CALL_OVERRIDES
+                                                      for t in statement.targets)
+                for statement in node.body))
+        return frozenset(names), keys
 
     def _unnamed_module_calls(self) -> tuple[list | None, list[str]]:
         """Every call in the tree of a submodule no name shows: reached by enumeration (`for layer in

@@ -560,6 +560,34 @@ def test_a_forward_pre_hook_may_change_the_arguments(tmp_path, statement):
     assert _attention(_tree(tmp_path, {"script.py": source}))[0].fix_safety == "unsafe"
 
 
+CALL_OVERRIDES = {  # what runs between a module call and forward, which may hand forward another mask (round 14)
+    "own_call": ("modules.py", "class Attention(nn.Module):\n",
+                 "class Attention(nn.Module):\n    def __call__(self, x, mask=None):\n"
+                 "        return super().__call__(x, None if mask is None else (1.0 - mask) * -1e9)\n\n"),
+    "base_elsewhere": ("base.py", "class Attention(nn.Module):\n", "from base import Base\n\n\n"
+                       "class Attention(Base):\n"),
+    "pre_hook_table": ("modules.py", "        self.heads = heads\n",
+                       "        self.heads = heads\n        self._forward_pre_hooks[0] = lambda m, a: a\n"),
+}
+BASE_WITH_CALL = "from torch import nn\n\n\nclass Base(nn.Module):\n    _call_impl = nn.Module._call_impl\n"
+
+
+@pytest.mark.parametrize("kind", sorted(CALL_OVERRIDES))
+def test_a_module_call_that_may_not_hand_forward_what_it_shows_proves_nothing(tmp_path, kind):
+    """A `__call__` of the class (or of a class it derives from, in any file), or a write into its pre-hook table,
+    runs before forward: breaker round 14's `__call__` turned the parent's 0/1 keep mask into an additive one, and
+    the mask proved small from the call was not (grad 41)."""
+    _, old, new = CALL_OVERRIDES[kind]
+    files = {"modules.py": MODULES.format(mask="torch.zeros(b, 1, 1, n)").replace(old, new, 1),
+             "base.py": BASE_WITH_CALL}
+    finding, _ = _attention(_tree(tmp_path, files))
+    assert "fully-masked-rows" not in _names(finding, "from_call_sites")
+    files["base.py"] = BASE_WITH_CALL.replace("_call_impl = nn.Module._call_impl", "pass")
+    if kind == "base_elsewhere":  # the same tree with a base that runs nothing of its own proves it
+        finding, _ = _attention(_tree(tmp_path / "plain", files))
+        assert "fully-masked-rows" in _names(finding, "from_call_sites")
+
+
 # -- a causal additive mask passed in: key 0 of every row is 0, so no fill swallows a row --------------------------
 CAUSAL_BUFFER = '        self.register_buffer("causal", torch.full((8, 8), float("-inf")).triu(1), persistent=False)\n'
 
