@@ -155,7 +155,8 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
                 "may share storage with the SDPA call's inputs"
             return (f"`{definition.name}`, which {how}, is written in place at line "
                     f"{parsed.line(definition.statement)}, between the scores and the value product")
-    kept_on = _attributes_bound_from(parsed, flow.function, names)
+    kept_on = _attributes_bound_from(parsed, flow.function, names) | _attribute_roots(
+        parsed, [origin for i in _storage_sources(parsed, flow, leaves) for origin in _origins(flow.definitions[i])])
     names |= _comprehension_targets(parsed, flow.function, names)
     for receiver, deferred in _written_in_place(flow.function):
         line = parsed.line(receiver)
@@ -248,11 +249,13 @@ def _bound_from(parsed: ParsedModule, flow: FunctionFlow, names: set[str]) -> se
 
 
 def _origins(definition: Definition) -> list[cst.CSTNode]:
-    """What a binding takes its value from: an assignment's value, a loop's iterable, a `with` item, the value of
-    a `(x := v)` in its statement; nothing for writes into a value that exists, an import or an exception."""
+    """What a binding takes its value from: an assignment's value (also one stored into it, `d["k"] = q`), a loop's
+    iterable, a `with` item, the value of a `(x := v)` in its statement; nothing for an import or an exception."""
     statement = definition.statement
     if definition.kind == "assign":
         return [definition.value] if definition.value is not None else []
+    if definition.kind == "store" and isinstance(statement, cst.Assign):  # `d["k"] = q`: d now holds q
+        return [statement.value]
     if definition.kind != "other" or statement is None:
         return []
     if isinstance(statement, cst.For):
@@ -271,15 +274,41 @@ def _origins(definition: Definition) -> list[cst.CSTNode]:
 
 
 def _attributes_bound_from(parsed: ParsedModule, function: cst.FunctionDef, names: set[str]) -> set[str]:
-    """`self.kept` of `self.kept = q` in the function, for q among `names`: the attribute holds q's storage."""
+    """`self.kept` of `self.kept = q` (or `self.kept["k"] = q`) in the function, for q among `names`: the attribute
+    holds q's storage."""
     found: set[str] = set()
 
     class Visitor(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             if any(name.value in names for name in _may_alias(parsed, node.value)):
-                found.update(parsed.code(t.target) for t in node.targets if isinstance(t.target, cst.Attribute))
+                for target in (t.target for t in node.targets):
+                    while isinstance(target, cst.Subscript):  # `self.store["k"] = q`: the container holds q
+                        target = target.value
+                    if isinstance(target, cst.Attribute):
+                        found.add(parsed.code(target))
 
     visit_tree(function, Visitor())
+    return found
+
+
+def _attribute_roots(parsed: ParsedModule, origins: list[cst.CSTNode]) -> set[str]:
+    """The `self.X` attributes whose storage the values of `origins` may share: `self.cache_k` of
+    `self.cache_k[:, :, :n].transpose(-2, -1)` (indexing and a tensor's methods keep it; a fresh op does not)."""
+    found: set[str] = set()
+    pending = list(origins)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, cst.Subscript):
+            pending.append(node.value)
+        elif isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self":
+            found.add(parsed.code(node))
+        elif isinstance(node, cst.Attribute):
+            pending.append(node.value)
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value not in FRESH_TENSOR_OPS and parsed.imported_name(node.func) is None:
+            pending.append(node.func.value)
+        elif isinstance(node, cst.IfExp):
+            pending += [node.body, node.orelse]
     return found
 
 
@@ -307,20 +336,41 @@ def _written_in_place(function: cst.FunctionDef) -> list[tuple[cst.BaseExpressio
 
         def visit_Call(self, node: cst.Call) -> None:
             if is_inplace_method(node.func):
-                found.append((node.func.value, self.depth > 0))
+                receiver = node.func.value  # `torch.Tensor.mul_(q, 2)` writes its first argument
+                unbound = getattr(receiver, "attr", receiver).value == "Tensor" if isinstance(
+                    receiver, (cst.Name, cst.Attribute)) else False
+                found.append((node.args[0].value if unbound and node.args else receiver, self.depth > 0))
+            elif _computed_method(node) and node.func.args:  # `getattr(q, "zero_")()`, `getattr(q, name)()`
+                found.append((node.func.args[0].value, self.depth > 0))
             found.extend((arg.value, self.depth > 0) for arg in node.args
                          if arg.keyword is not None and arg.keyword.value == "out")
 
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            if isinstance(node.target, cst.Subscript):
+            if isinstance(node.target, cst.Subscript) or _data_attribute(node.target):
                 found.append((node.target.value, self.depth > 0))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            if isinstance(node.target, cst.Subscript):
+            if isinstance(node.target, cst.Subscript) or _data_attribute(node.target):
                 found.append((node.target.value, self.depth > 0))
 
     visit_tree(function, Visitor())
     return found
+
+
+def _computed_method(node: cst.Call) -> bool:
+    """`getattr(x, "zero_")(...)` or `getattr(x, name)(...)`: a method looked up by a name that is in place or
+    not visible."""
+    getter = node.func
+    if not (isinstance(getter, cst.Call) and isinstance(getter.func, cst.Name) and getter.func.value == "getattr"
+            and len(getter.args) >= 2):
+        return False
+    name = getter.args[1].value
+    return not isinstance(name, cst.SimpleString) or name.evaluated_value.endswith("_")
+
+
+def _data_attribute(target: cst.BaseExpression) -> bool:
+    """`x.data = y` (or `x.data += y`): x's values are replaced in place."""
+    return isinstance(target, cst.Attribute) and target.attr.value == "data"
 
 
 def _comprehension_targets(parsed: ParsedModule, function: cst.FunctionDef, names: set[str]) -> set[str]:

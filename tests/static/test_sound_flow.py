@@ -199,6 +199,11 @@ def attend(q, k, v, scale):
     ("torch.Tensor.mul_(q, 2)", "written in place"),
     ("cb = q.mul_; cb(2)", "written in place"),
     ("q2 = q.tolist() and q.unbind(); q2[0].mul_(2)", "written in place"),
+    # a fourteenth breaker's: `.data` replaced, an in-place method by name, a container element stored then written
+    ("q.data = torch.zeros_like(q)", "written in place"),
+    ("getattr(q, 'zero_')()", "written in place"),
+    ("self.store['k'] = k; self.store['k'].mul_(0)", "written in place"),
+    ("store = {}; store['k'] = k; store['k'].mul_(0)", "written in place"),
 ])
 def test_inputs_changed_after_the_scores_are_refused(statement, how):
     source = attention(f"""
@@ -209,6 +214,34 @@ def test_inputs_changed_after_the_scores_are_refused(statement, how):
     """)
     finding = the_finding(source)
     assert finding.rule == "ADV103" and how in finding.reason, finding.reason
+
+
+KV_CACHE = HEAD + '''
+
+class KVCache(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache_k", torch.zeros(2, 2, 8, 8))
+        self.register_buffer("cache_v", torch.zeros(2, 2, 8, 8))
+
+    def forward(self, q, k_new, v_new, pos: int):
+        T = k_new.size(2)
+        self.cache_k[:, :, pos:pos + T] = k_new
+        self.cache_v[:, :, pos:pos + T] = v_new
+        k = self.cache_k[:, :, :pos + T]
+        v = self.cache_v[:, :, :pos + T]
+        s = q @ k.transpose(-2, -1) * 0.25
+        p = s.softmax(-1)
+        self.cache_k[:, :, :pos + T].mul_(0.5)
+        return p @ v
+'''
+
+
+def test_a_buffer_an_input_is_a_view_of_written_after_the_scores_is_refused():
+    """A fourteenth breaker's: k is a slice of a cache buffer, and the buffer is written between the scores and the
+    value product (0.23 before)."""
+    finding = the_finding(KV_CACHE)
+    assert finding.rule == "ADV103" and "self.cache_k" in finding.reason, finding.reason
 
 
 @pytest.mark.parametrize("defined, called", [
