@@ -24,9 +24,10 @@ from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_pre
 from advisor.rewrite.guard import guarded, module_check_helper, module_check_statements
 from advisor.rewrite.sdpa_call import functional_name, row_fixup_statements, sdpa_call
 from advisor.patterns.attention.candidate import function_of
-from advisor.static.dataflow import UNDEFINED
+from advisor.static.dataflow import UNDEFINED, Definition, bound_names
 from advisor.static.module_index import ParsedModule
 from advisor.static.tree_facts import TreeContext, TreeFacts
+from advisor.static.walk import walk
 
 
 def attention_edits(parsed: ParsedModule, match: AttentionMatch, drop_weights: bool,
@@ -123,7 +124,8 @@ def _drop_stale_deletions(parsed: ParsedModule, match: AttentionMatch, edits: No
         def stale(element: cst.BaseElement) -> bool:
             ids = env.get(element.value.value, frozenset({UNDEFINED})) if isinstance(element.value, cst.Name) \
                 else frozenset({UNDEFINED})
-            return UNDEFINED not in ids and all(flow.definitions[i].statement in removed for i in ids)
+            return UNDEFINED not in ids and all(_unbound_by_patch(parsed, match, removed, flow.definitions[i])
+                                                for i in ids)
 
         kept = [element for element in targets if not stale(element)]
         if not kept:
@@ -132,6 +134,38 @@ def _drop_stale_deletions(parsed: ParsedModule, match: AttentionMatch, edits: No
             kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             edits.replace[node] = node.with_changes(
                 target=kept[0].value if len(kept) == 1 else node.target.with_changes(elements=kept))
+
+
+def _unbound_by_patch(parsed: ParsedModule, match: AttentionMatch, removed: set[cst.CSTNode],
+                      definition: Definition) -> bool:
+    """Whether the patch no longer runs the definition's binding: its statement is removed, or written anew as a
+    mask bound under another name (`if m is not None: s = s.masked_fill(...)` hoisted to `attn_mask = ...`;
+    breaker round 14: a `del s` after a guarded patch raised UnboundLocalError on the SDPA path)."""
+    node = definition.statement
+    while node is not None:
+        if node in removed:
+            return True
+        if node in match.hoisted:
+            return definition.name not in _names_bound_in(match.hoisted[node])
+        node = parsed.parents.get(node)
+    return False
+
+
+def _names_bound_in(node: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+
+    class Bindings(cst.CSTVisitor):
+        def visit_Assign(self, statement: cst.Assign) -> None:
+            found.update(name.value for name in bound_names(statement))
+
+        def visit_AnnAssign(self, statement: cst.AnnAssign) -> None:
+            found.update(name.value for name in bound_names(statement))
+
+        def visit_AugAssign(self, statement: cst.AugAssign) -> None:
+            found.update(name.value for name in bound_names(statement))
+
+    walk(node, Bindings())
+    return found
 
 
 def _enclosing_statement(parsed: ParsedModule, node: cst.CSTNode) -> cst.CSTNode:

@@ -669,6 +669,38 @@ def test_weights_read_or_deleted_after_the_block_keep_working(name):
         torch.testing.assert_close(patched(q, k, v, flag), original(q, k, v, flag))
 
 
+MASKED_THEN_DELETED = """import torch
+
+
+def attend(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / 4.0
+    if mask is not None:
+        {apply}
+    probs = scores.softmax(-1)
+    out = probs @ v
+    del scores, probs
+    return out
+"""
+
+
+@pytest.mark.parametrize("apply", ["scores = scores.masked_fill(mask == 0, -1e9)",
+                                   "scores = scores.masked_fill(mask == 0, float('-inf'))",
+                                   "scores = scores + mask"])
+def test_a_deleted_name_a_hoisted_mask_statement_no_longer_binds_goes_from_the_del(apply):
+    """A fourteenth breaker's: the mask statement under `if mask is not None:` becomes the mask bound for SDPA,
+    which binds `scores` no more, and the `del scores` kept after the (guarded) patch raised UnboundLocalError."""
+    source = MASKED_THEN_DELETED.format(apply=apply)
+    result = analyze_source(source, "hostile.py", unsafe_fixes=True)
+    assert "scaled_dot_product_attention" in result.fixed
+    original = load_module_from_source(source, "masked_deleted").attend
+    patched = load_module_from_source(result.fixed, "masked_deleted_fixed").attend
+    q, k, v = _qkv()
+    keep = torch.ones(q.shape[-2], k.shape[-2])
+    keep[:, -1] = 0
+    for mask in (None, keep if "+" not in apply else keep - 1):
+        torch.testing.assert_close(patched(q, k, v, mask), original(q, k, v, mask))
+
+
 def test_a_mixin_before_the_class_in_a_subclass_overriding_a_helper_refuses():
     """`class Sub(Mix, Attn)`: Mix's `scores` comes first in Sub's method resolution order, so the inlined helper
     is not what Sub's instances run (fp64 output error 1.29 before); a direct override was already refused."""
