@@ -22,11 +22,20 @@ _GIT_ESCAPES = {ord("\a"): "\\a", ord("\b"): "\\b", ord("\t"): "\\t", ord("\n"):
 
 def diff_name(side: str, path: str) -> str:
     """A diff header's file name (`a/PATH`): quoted as git quotes one when it holds a control character (or a tab,
-    which ends the name in a header), so the header neither drives a terminal nor stops `git apply` reading it."""
+    which ends the name in a header) or bytes that are not UTF-8 (a latin-1 `café.py`, read as surrogate escapes),
+    so the header neither drives a terminal nor stops `git apply` reading it."""
     name = f"{side}/{path}"
-    if not CONTROL.search(name) and "\t" not in name:
+    if not CONTROL.search(name) and "\t" not in name and _utf8(name):
         return name
     quoted = "".join(_GIT_ESCAPES.get(byte, chr(byte)) if byte < 0x80 and (byte >= 0x20 and byte != 0x7f
                                                                               or byte in _GIT_ESCAPES)
                      else f"\\{byte:03o}" for byte in name.encode("utf-8", "surrogateescape"))
     return f'"{quoted}"'
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

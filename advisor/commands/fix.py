@@ -11,7 +11,7 @@ from advisor.commands.profile import ends_what_the_workload_left, profile_in_chi
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.terminal import shown, stdout_console, write_report
 from advisor.errors import AdvisorError, visible
-from advisor.contracts.finding import display_path
+from advisor.contracts.finding import display_path, relative_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.results import FileFix, FixReport
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
@@ -110,10 +110,10 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
 def _diff(file, new_text: str) -> str:
     if file.notebook is not None:
         try:
-            return file.notebook.cell_diffs(display_path(file.path), new_text)
+            return file.notebook.cell_diffs(relative_path(file.path), new_text)
         except ValueError as exc:
             raise AdvisorError(str(exc)) from None
-    return unified_diff(display_path(file.path), file.source, new_text)
+    return unified_diff(relative_path(file.path), file.source, new_text)
 
 
 def _write(file, new_text: str, args, written: set[str]) -> str | None:

@@ -20,7 +20,7 @@ import libcst as cst
 
 from advisor.child_lifetime import worker_pool
 from advisor.contracts.detected import Detected, StaticContext
-from advisor.contracts.finding import Finding, ScanError, display_path
+from advisor.contracts.finding import Finding, ScanError, display_path, relative_path
 from advisor.contracts.evidence import RuntimeEvidence
 from advisor.contracts.family import Family
 from advisor.registry import families, is_selected
@@ -170,7 +170,7 @@ def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str
     if patches:
         for found in detected:
             if found.edits is not None:
-                found.finding.patch = local_diff(display_path(path), parsed.lines, found.edits)
+                found.finding.patch = local_diff(relative_path(path), parsed.lines, found.edits)
     return FileResult(path, source, [d.finding for d in detected], unsafe_fixes, detected, parsed)
 
 
@@ -360,7 +360,7 @@ def _in_cells(outcome: FileResult | ScanError, notebook: NotebookCode, patches: 
     for found in outcome.detected:
         if patches and found.edits is not None:
             fixed = apply_edits(outcome.source, found.edits)
-            found.finding.patch = notebook.cell_diffs(display_path(outcome.path), fixed)
+            found.finding.patch = notebook.cell_diffs(relative_path(outcome.path), fixed)
     for finding in outcome.findings:
         cell, finding.line = notebook.locate(finding.line)
         end_cell, finding.end_line = notebook.locate(finding.end_line)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from advisor.contracts.finding import Finding, display_path
+from advisor.contracts.finding import Finding, relative_path
 from advisor.hf.config_rules import LOADERS
 from advisor.hf.findings import config_findings
 from advisor.contracts.rule import Rule
@@ -101,7 +101,7 @@ def _choosing_finding(parsed: ParsedModule, function: str, setting: Rule) -> Fin
     for found in config_findings(parsed, (setting,)):
         if found.finding.rule == setting.code:
             if found.edits is not None:
-                found.finding.patch = local_diff(display_path(parsed.path), parsed.lines, found.edits)
+                found.finding.patch = local_diff(relative_path(parsed.path), parsed.lines, found.edits)
             eager.append(found.finding)
     inside = [finding for finding in eager if finding.function.split(".")[0] == function]
     return (inside or eager or [None])[0]

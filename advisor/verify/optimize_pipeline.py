@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from advisor.errors import AdvisorError
-from advisor.contracts.finding import Finding, display_path
+from advisor.contracts.finding import Finding, display_path, relative_path
 from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
 from advisor.results import OptimizeReport, PatchVerdict
@@ -507,7 +507,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
                 result = (False, None, str(exc))
         else:
             diff_name = "patches/" + os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff"
-            diff_path = session.report.write_text(diff_name, unified_diff(display_path(path), source, text))
+            diff_path = session.report.write_text(diff_name, unified_diff(relative_path(path), source, text))
             result = (False, diff_path, f"outside --root {display_path(o.root)}: the verified diff was written to "
                                         f"{diff_path}")
         outcome.update({c.id: result for c in chosen})

@@ -140,13 +140,15 @@ def test_markup_and_escape_sequences_in_names_are_shown_as_text(capsys, workdir)
 
 def test_a_diff_quotes_a_name_with_control_characters_as_git_does(capsys, workdir):
     """`scan --format diff` and `fix` printed `--- a/e<ESC>[31mvil.py` raw (a colour sequence in the terminal) and a
-    tab ended the name for `git apply`; git's quoted form is text and applies."""
-    for name in ("e\x1b[31mvil.py", "t\tab.py"):
+    tab ended the name for `git apply`; git's quoted form is text and applies. So does a name that is not UTF-8 (a
+    fourteenth breaker's latin-1 `café.py`, printed `a/caf\\xe9.py`, which git could not find)."""
+    for name in ("e\x1b[31mvil.py", "t\tab.py", os.fsdecode(b"caf\xe9.py")):
         shutil.copy(NANOGPT, workdir / name)
     for verb in (["scan", ".", "--format", "diff"], ["fix", "."]):
         code, out, _ = run_cli(capsys, *verb)
         assert "\x1b" not in out and '--- "a/e\\033[31mvil.py"\n+++ "b/e\\033[31mvil.py"\n' in out
         assert '--- "a/t\\tab.py"\n+++ "b/t\\tab.py"\n' in out
+        assert '--- "a/caf\\351.py"\n+++ "b/caf\\351.py"\n' in out
     subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
     checked = subprocess.run(["git", "apply", "--check", "-"], cwd=workdir, input=out, text=True, capture_output=True)
     assert checked.returncode == 0, checked.stderr
