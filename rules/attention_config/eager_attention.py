@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+from advisor.contracts.finding import display_path
 from advisor.contracts.site_rule import SiteRule
 from advisor.lazy import lazy_import
 from advisor.contracts.rule import negative, positive
@@ -40,15 +43,36 @@ def _eager(site, value):
     wants_weights = _output_attentions_lines(site.parsed)
     if wants_weights:
         reasons += (f"output_attentions=True at line {wants_weights[0]} needs the eager attention weights",)
+    elsewhere = _output_attentions_elsewhere(site.parsed)
+    if elsewhere is not None:
+        reasons += (f"`{elsewhere}` mentions output_attentions: the model may be asked for the eager attention "
+                    "weights there (transformers raises under sdpa)",)
     return site.match(RULE, message=f'transformers model loaded with eager attention: use attn_implementation="sdpa"'
                                     f'{hint}', reasons=reasons, edit=config.SourceEdit(value, f"{quote}sdpa{quote}"),
                       unsafe=bool(reasons))
 
 
 def _output_attentions_lines(parsed) -> list[int]:
-    return sorted(parsed.line(call) for call in parsed.calls_and_classes[0]
-                  if any(arg.keyword is not None and arg.keyword.value == "output_attentions"
-                         and config.is_true(arg.value) for arg in call.args))
+    """The lines asking for the weights: `output_attentions=True` passed, or set on a config
+    (`model.config.output_attentions = True`)."""
+    import libcst as cst
+
+    passed = [parsed.line(call) for call in parsed.calls_and_classes[0]
+              if any(arg.keyword is not None and arg.keyword.value == "output_attentions"
+                     and config.is_true(arg.value) for arg in call.args)]
+    assigned = [parsed.line(node) for node in parsed.nodes_of(cst.Assign) if config.is_true(node.value) and any(
+        isinstance(target.target, cst.Attribute) and target.target.attr.value == "output_attentions"
+        for target in node.targets)]
+    return sorted(passed + assigned)
+
+
+def _output_attentions_elsewhere(parsed) -> str | None:
+    """Another file of the scanned tree that names output_attentions (it may pass the model or its config there,
+    and ask for the weights: breaker round 14, `out = m(ids, output_attentions=True)` in the training script)."""
+    tree = parsed.tree
+    others = [path for path in tree.mentioning("output_attentions")
+              if os.path.realpath(path) != os.path.realpath(parsed.path)] if tree is not None else []
+    return display_path(others[0]) if others else None
 
 
 def _on_cuda_half(text: str) -> bool:
@@ -79,7 +103,7 @@ RULE = SiteRule(
             "`_attn_implementation =`, `set_attn_implementation`)",
     fix="attn-implementation-sdpa", fix_safety="unsafe",
     fix_summary="`\"sdpa\"`: safe for a concrete class declaring SDPA support and no `output_attentions=True` in the "
-                "file, else unsafe",
+                "file (nor a mention of it in another file of the scan), else unsafe",
     what="Finds attn_implementation=\"eager\" in from_pretrained, from_config, a model config, "
          "config._attn_implementation or set_attn_implementation.",
     why="Every attention layer of the model then runs the hand-written matmul + softmax path: the L x S weights are "
@@ -87,7 +111,8 @@ RULE = SiteRule(
         "kernels) with the same function; on a CUDA script in fp16/bf16, \"flash_attention_2\" is faster still.",
     fix_doc="Replaces \"eager\" by \"sdpa\" in the user's own code, never in library files. Safe only when the "
             "loaded class is a concrete transformers class that declares SDPA support and nothing in the file asks "
-            "for the attention weights (output_attentions=True); otherwise unsafe, saying which it could not prove.",
+            "for the attention weights (output_attentions=True, or set on a config) and no other file of the scan "
+            "names output_attentions; otherwise unsafe, saying which it could not prove.",
     examples=(
         positive('from transformers import LlamaForCausalLM\n'
                  'm = LlamaForCausalLM.from_pretrained("x", attn_implementation="eager")\n',

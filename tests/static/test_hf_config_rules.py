@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from advisor.cli import main
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 
 SERVING_SCRIPT = textwrap.dedent('''\
     """Serve a causal LM over HTTP (the model is loaded once at start-up)."""
@@ -110,6 +110,24 @@ def test_concrete_class_with_sdpa_support_gets_a_safe_fix_unless_weights_are_req
     with_weights = loader + "out = m(ids, output_attentions=True)\n"
     (finding,) = _findings(with_weights)
     assert finding.fix_safety == "unsafe" and "output_attentions=True at line 3" in finding.reason
+    (finding,) = _findings(loader + "m.config.output_attentions = True\n")
+    assert finding.fix_safety == "unsafe" and "output_attentions=True at line 3" in finding.reason
+
+
+@pytest.mark.parametrize("asks", ["out = build('x')(ids, output_attentions=True)\n",
+                                  "m = build('x')\nm.config.output_attentions = True\n"])
+def test_weights_asked_for_in_another_file_of_the_scan_leave_the_fix_unsafe(tmp_path, asks):
+    """A fourteenth breaker's: the loader in `model.py`, `output_attentions=True` in the training script; under
+    sdpa transformers returns no weights (None) or raises at the config assignment."""
+    (tmp_path / "model.py").write_text('from transformers import LlamaForCausalLM\n\n\ndef build(path):\n'
+                                       '    return LlamaForCausalLM.from_pretrained(path, attn_implementation="eager")'
+                                       '\n', encoding="utf-8")
+    (tmp_path / "main.py").write_text("from model import build\n" + asks, encoding="utf-8")
+    (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1, cache=False).findings if f.rule == "ADV601"]
+    assert finding.fix_safety == "unsafe" and "main.py" in finding.reason
+    (tmp_path / "main.py").write_text("from model import build\nm = build('x')\n", encoding="utf-8")
+    (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1, cache=False).findings if f.rule == "ADV601"]
+    assert finding.fix_safety == "safe"
 
 
 def test_output_attentions_on_inference_paths():
