@@ -15,7 +15,7 @@ import torch
 
 from advisor.engine.static import analyze_source
 from attention_sources import HEAD, MAKE, attention, findings, the_finding
-from fixture_models import parity
+from fixture_models import load_module_from_source, parity
 from fuzz.differential import COUNTEREXAMPLE, INVALID, check
 
 
@@ -489,6 +489,38 @@ def test_a_helper_the_output_is_handed_to_is_followed_for_the_strides_it_reads(k
     fixed = analyze_source(source, "m.py").fixed
     assert (".contiguous()" in fixed.split("def merge_heads")[0]) is needs_copy
     assert assert_exact_or_not_safe(source, f"merge_heads_{kind}")
+
+
+UNPACKED_CALLERS = {  # a function returning (output, weights), its caller unpacking the output (breaker round 14)
+    "viewed": ("o, _ = attention(q, k, v)\n    return o.view(o.size(0), -1)", True),
+    "reshaped": ("o, _ = attention(q, k, v)\n    return o.reshape(o.size(0), -1)", False),
+    "indexed_then_viewed": ("return attention(q, k, v)[0].view(q.size(0), -1)", True),
+    "written": ("o, _ = attention(q, k, v)\n    o.mul_(2.0)\n    return o.reshape(o.size(0), -1)", True),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(UNPACKED_CALLERS))
+def test_an_output_returned_in_a_tuple_is_followed_into_the_name_its_caller_unpacks(kind):
+    tail, copies = UNPACKED_CALLERS[kind]
+    source = HEAD + f'''
+
+def attention(q, k, v):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    p_attn = scores.softmax(dim=-1)
+    return p_attn @ v, p_attn
+
+
+def run(x):
+    B, N, C = x.shape
+    q, k, v = x.view(B, N, 3, 2, C // 6).permute(2, 0, 3, 1, 4)
+    {tail}
+'''
+    result = analyze_source(source, "m.py", unsafe_fixes=True)
+    assert ("scaled_dot_product_attention" in result.fixed) and (".contiguous()" in result.fixed) is copies
+    original = load_module_from_source(source, f"unpacked_{kind}").run
+    patched = load_module_from_source(result.fixed, f"unpacked_{kind}_fixed").run
+    x = torch.randn(2, 5, 48, dtype=torch.float64)
+    torch.testing.assert_close(patched(x), original(x))
 
 
 def test_a_helper_a_subclass_overrides_is_not_followed():

@@ -13,7 +13,7 @@ from advisor.patterns import einsum as es
 from advisor.patterns import scope
 from advisor.patterns.attention.anchors import feeds_product
 from advisor.patterns.attention.candidate import (
-    MAX_CHAIN, Candidate, WeightPath, consumers, definition_of_value, function_of,
+    MAX_CHAIN, Candidate, WeightPath, consumers, definition_of_value, flow_for, function_of,
 )
 from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to, leave_to_caller
 from advisor.patterns.attention.products import last_two, rank, spec
@@ -331,12 +331,10 @@ def layout_role(c: Candidate) -> None:
             frontier.append(entered[function_of(c.parsed, parent)])  # the helper's result: its call's value
             continue
         if isinstance(parent, cst.Return):
-            function = function_of(c.parsed, parent)
-            owner = c.owner if function is c.function or function is c.home else None
-            sites = calls_to(c.parsed, function, owner) if function is not None else []
-            if not sites:
-                reader = "is returned to a caller outside this file"
-            frontier.extend(sites)  # a helper of this file: follow its callers
+            held = _held_by_callers(c, node, parent)
+            if held is None:
+                reader = "is returned to a caller outside this file, or one unpacking it out of sight"
+            frontier.extend(held or ())  # a helper of this file: follow its callers
             continue
         if isinstance(parent, cst.Subscript) and parent.value is node:
             frontier.append(parent)
@@ -374,9 +372,7 @@ def _written_in_place(c: Candidate) -> str | None:
         seen.add(node)
         parent = _returned(c, node)
         if isinstance(parent, cst.Return):
-            function = function_of(c.parsed, parent)
-            owner = c.owner if function is c.function or function is c.home else None
-            frontier.extend(calls_to(c.parsed, function, owner) if function is not None else [])
+            frontier.extend(_held_by_callers(c, node, parent) or ())
             continue
         write = _write_of(c, node, parent)
         if write is not None:
@@ -389,6 +385,49 @@ def _written_in_place(c: Candidate) -> str | None:
             if isinstance(consumer, cst.Name) or method in ALIASING:
                 frontier.append(consumer)
     return None
+
+
+def _held_by_callers(c: Candidate, node: cst.CSTNode, returned: cst.Return) -> list[cst.CSTNode] | None:
+    """What holds `node`'s value in the callers of the function of this file returning it: its calls, or where it
+    is an element of a returned tuple, the reads of the names a call unpacks that element into (breaker round 14:
+    `o, _ = attention(q, k, v)` then `o.view(...)`); None where a caller is outside the file, or a call unpacks it
+    into something other than names."""
+    function = function_of(c.parsed, returned)
+    owner = c.owner if function is c.function or function is c.home else None
+    sites = calls_to(c.parsed, function, owner) if function is not None else []
+    if not sites:
+        return None
+    element = c.parsed.parents.get(node)
+    row = c.parsed.parents.get(element) if isinstance(element, cst.Element) else None
+    if not isinstance(row, cst.Tuple) or row is not returned.value:
+        return list(sites)
+    position = row.elements.index(element)
+    held: list[cst.CSTNode] = []
+    for call in sites:
+        assign = c.parsed.parents.get(call)
+        targets = assign.targets if isinstance(assign, cst.Assign) and assign.value is call else []
+        unpacked = [t.target for t in targets if isinstance(t.target, (cst.Tuple, cst.List))]
+        if not unpacked:
+            held.append(call)  # used whole: `res = f(...)` then `res[0]`, followed as any value
+            continue
+        names = [_element_reads(c, assign, target, position) for target in unpacked]
+        if None in names:
+            return None
+        held += [read for reads in names for read in reads]
+    return held
+
+
+def _element_reads(c: Candidate, assign: cst.Assign, target: cst.Tuple | cst.List,
+                   position: int) -> list[cst.Name] | None:
+    """The reads of the name `target` (a tuple or list of an assignment) binds at `position`; None where that is
+    not a plain name (a starred element, an attribute, a subscript)."""
+    if any(isinstance(element, cst.StarredElement) for element in target.elements) or \
+            position >= len(target.elements) or not isinstance(target.elements[position].value, cst.Name):
+        return None
+    name = target.elements[position].value.value
+    flow = flow_for(c, assign)
+    bound = [d for d in flow.definitions.values() if d.name == name and d.statement is assign]
+    return [read for definition in bound for read in flow.reads_of(definition)] if bound else None
 
 
 def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cst.CSTNode | None:
