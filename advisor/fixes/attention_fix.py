@@ -17,7 +17,8 @@ from advisor.fixes.observed import calls_in, discharge, masks_held
 from advisor.patterns.attention import AttentionMatch, find_attention
 from advisor.patterns.attention.autograd_order import autograd_order_fact
 from advisor.patterns.attention.guards import settle_guards
-from advisor.patterns.call_site_facts import settle_dropped_weights, settle_from_call_sites, weights_dropped
+from advisor.patterns.call_site_facts import WEIGHTS_DROPPED, settle_dropped_weights, settle_from_call_sites, \
+    weights_dropped
 from advisor.rewrite.apply import NodeEdits, RewriteFailed, render
 from advisor.rewrite.backends import flash_attn_call, flash_attn_helper, helper_name, kernel_names
 from advisor.rewrite.flex import flex_call, flex_statements, prelude as flex_prelude
@@ -249,6 +250,9 @@ def _detected(parsed: ParsedModule, match: AttentionMatch, backend: str, calls: 
         autograd_order_fact(match.facts, tree_facts, plan.verdicts if plan.emitted != "flex" else {})
         for fact in plan.assumptions:  # listed with the proof's own (`flash-eligible`), in every report
             match.facts.assumed(fact.name, fact.statement, fact.why)
+    if rule is rules.escaping:  # the patch puts None where the weights went: what reads them there breaks
+        match.facts.assumed(WEIGHTS_DROPPED, "nothing reads the attention weights where they leave the block (the "
+                            "patch puts None there)", "SDPA returns no weights, and no call site proves them unread")
     fixable = match.output_node is not None and match.unsafe_reason is None
     if fixable:
         try:

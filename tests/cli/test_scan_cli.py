@@ -258,7 +258,8 @@ def test_non_utf8_file_names_are_escaped_in_json_and_percent_encoded_in_sarif(ca
     code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
     data = strict_json(out)
     [finding] = data["findings"]
-    assert finding["path"] == "model_\\xff.py" and finding["patch"].startswith("--- a/model_\\xff.py")
+    assert finding["path"] == "model_\\xff.py"  # the patch's header names it as git does, for `git apply`
+    assert finding["patch"].startswith('--- "a/model_\\377.py"\n+++ "b/model_\\377.py"\n')
     assert [e["path"] for e in data["errors"]] == ["broken_\\xfe.py"]
     code, out, _ = run_cli(capsys, "scan", ".", "--format", "sarif")
     run = strict_json(out)["runs"][0]
