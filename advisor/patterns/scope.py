@@ -160,14 +160,15 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     names |= _comprehension_targets(parsed, flow.function, names)
     for receiver, deferred in _written_in_place(flow.function):
         line = parsed.line(receiver)
-        root = receiver
-        while isinstance(root, (cst.Subscript, cst.Attribute)) and parsed.code(root) not in kept_on:
-            root = root.value
-        shared = any(name.value in names for name in _may_alias(parsed, receiver)) or parsed.code(root) in kept_on
+        shared = any(name.value in names for name in _may_alias(parsed, receiver)) or \
+            _root_code(parsed, receiver, kept_on) in kept_on
         if shared and (deferred or first_line < line < last_line):
             where = "in a function defined in this one, which may run" if deferred else f"at line {line}"
             return (f"`{parsed.code(receiver)}`, which may share storage with the SDPA call's inputs, is written in "
                     f"place {where}, between the scores and the value product")
+    reason = _kept_attribute_written_by_a_method(parsed, flow.function, kept_on, first_line, last_line)
+    if reason is not None:
+        return reason
     handed = names - {"self"}  # its attributes are checked apart
     for node in (name for name in loaded_names(flow.function.body) if name.value in handed):
         line = parsed.line(node)
@@ -176,6 +177,35 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
             return (f"`{node.value}`, which may share storage with the SDPA call's inputs, is handed at line {line} "
                     f"to code that may write it in place, between the scores and the value product")
     return None
+
+
+def _kept_attribute_written_by_a_method(parsed: ParsedModule, function: cst.FunctionDef, kept_on: set[str],
+                                        first_line: int, last_line: int) -> str | None:
+    """A `self.` call between the scores and the value product where an attribute holds an input's storage
+    (`self.k_cache = k`, then `self.decay_cache()` writing `self.k_cache` in place: breaker round 14): refused
+    unless it calls a method of the class that writes none of those attributes in place."""
+    if not kept_on:
+        return None
+    owner = next((o for f, o, _ in parsed.functions if f is function), None)
+    for call in parsed.calls_and_classes[0]:
+        line = parsed.line(call)
+        if not (first_line < line < last_line and isinstance(call.func, cst.Attribute) and
+                isinstance(call.func.value, cst.Name) and call.func.value.value == "self" and
+                parsed.innermost(call, cst.FunctionDef) is function):
+            continue
+        method = owner.methods.get(call.func.attr.value) if owner is not None else None
+        writes = _written_in_place(method) if method is not None else None
+        if writes is None or any(_root_code(parsed, receiver, kept_on) in kept_on for receiver, _ in writes):
+            return (f"`{parsed.code(call)}` at line {line}, between the scores and the value product, may write in "
+                    f"place `{sorted(kept_on)[0]}`, which holds the SDPA call's inputs")
+    return None
+
+
+def _root_code(parsed: ParsedModule, node: cst.CSTNode, kept_on: set[str]) -> str:
+    """The code of `node`, or of the attribute of `kept_on` it indexes or reads into."""
+    while isinstance(node, (cst.Subscript, cst.Attribute)) and parsed.code(node) not in kept_on:
+        node = node.value
+    return parsed.code(node)
 
 
 def _passed_to_a_call_statement(parsed: ParsedModule, node: cst.Name) -> bool:

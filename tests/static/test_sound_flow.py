@@ -244,6 +244,24 @@ def test_a_buffer_an_input_is_a_view_of_written_after_the_scores_is_refused():
     assert finding.rule == "ADV103" and "self.cache_k" in finding.reason, finding.reason
 
 
+@pytest.mark.parametrize("method, refused", [("self.k_cache.mul_(0.5)", True), ("return self.k_cache.sum()", False)])
+def test_a_method_writing_an_attribute_that_holds_an_input_is_refused(method, refused):
+    """A fourteenth breaker's: `self.k_cache = k`, then `self.decay_cache()` writes it in place before the value
+    product (0.66 before); a method that only reads it changes nothing."""
+    source = attention("""
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        p = s.softmax(dim=-1)
+        self.k_cache = k
+        self.decay_cache()
+        return (p @ v).transpose(1, 2).reshape(B, T, C)
+    """, methods=f"""
+    def decay_cache(self):
+        {method}
+    """)
+    finding = the_finding(source)
+    assert (finding.rule == "ADV103" and "decay_cache" in finding.reason) is refused, finding.reason
+
+
 @pytest.mark.parametrize("defined, called", [
     ("def reset():\n    k.zero_()", "reset()"),
     ("clear = lambda: q.mul_(2.0)", "clear()"),
