@@ -115,6 +115,15 @@ def _ancestors(parsed: ParsedModule, node: cst.CSTNode):
         node = parsed.parents.get(node)
 
 
+def _printed_as_source(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    """Whether `node` is inside `f"{expr=}"`, whose output holds the expression's text (breaker round 14)."""
+    while node is not None:
+        if isinstance(node, cst.FormattedStringExpression) and node.equal is not None:
+            return True
+        node = parsed.parents.get(node)
+    return False
+
+
 def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     """The edits as character edits of the source (splice.apply_edits gives the new text), checked to compile.
     Only the top-level statements holding a change are rendered and compiled, so the cost is that of the changed
@@ -124,6 +133,10 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     touched = [*edits.replace, *edits.remove, *edits.insert_before, *edits.wrap, *edits.unwrap, *edits.take]
     if not touched and not added:
         return []
+    printed = next((node for node in touched if _printed_as_source(parsed, node)), None)
+    if printed is not None:
+        raise RewriteFailed(f"line {parsed.line(printed)} is inside an f-string's `=` specifier, which prints its "
+                            "source text: a rewrite there would change what the program prints")
     editor = _Editor(edits, parsed, _on_the_way(parsed, touched))
     statements = _top_level_statements(parsed, touched)
     body = parsed.module.body

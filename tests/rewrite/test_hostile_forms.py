@@ -859,3 +859,14 @@ def test_a_one_dim_query_is_refused():
         ''')
     (finding,) = [f for f in analyze_source(source, "pool.py").findings if f.kind == "attention"]
     assert not finding.fixable and "has one dim" in finding.reason
+
+
+def test_a_block_inside_an_f_string_s_self_documenting_specifier_is_not_rewritten():
+    """A fourteenth breaker's: `f"{(p @ v).sum()=}"` prints the expression's own text, which a rewrite changes."""
+    source = ("import torch\n\n\ndef attend(q, k, v):\n    s = q @ k.transpose(-2, -1) * 0.125\n    p = s.softmax(-1)\n"
+              "    return f\"{(p @ v).sum()=:.3f}\"\n")
+    result = analyze_source(source, "hostile.py")
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    assert result.fixed == source and not finding.fixable and "`=` specifier" in finding.reason
+    plain = source.replace("=:.3f", ":.3f")
+    assert "scaled_dot_product_attention" in analyze_source(plain, "hostile.py").fixed
