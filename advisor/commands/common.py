@@ -113,7 +113,7 @@ class _ProgressAfterAMoment:
     def __init__(self, console: Console, enabled: bool):
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                   TimeElapsedColumn(), console=console, transient=True,
-                                  disable=not (enabled and console.is_terminal))
+                                  disable=not (enabled and _is_a_terminal(console)))
         self._task = self._progress.add_task("scanning", total=None)
         self._started = time.monotonic()
 
@@ -127,6 +127,15 @@ class _ProgressAfterAMoment:
 
     def __exit__(self, *exc) -> None:
         self._progress.stop()
+
+
+def _is_a_terminal(console: Console) -> bool:
+    """The console's file is a terminal: not rich's `is_terminal`, which FORCE_COLOR (set by many CI systems for
+    colour) turns on for a pipe or a log file too, where a bar's cursor codes are noise."""
+    try:
+        return console.file.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _is_machine_format(args) -> bool:

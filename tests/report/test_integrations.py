@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
+import pty
 import re
 import shutil
 import subprocess
@@ -140,18 +141,41 @@ def _scan_in_a_terminal_like_stderr(paths, *options, env_extra=None) -> subproce
                           timeout=300)
 
 
+def _scan_with_stderr_on_a_terminal(paths, *options) -> tuple[str, str]:
+    """(stdout, stderr) of a scan whose stderr is a pseudo-terminal, its stdout a pipe."""
+    main, side = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TTY_COMPATIBLE", "FORCE_COLOR")}
+    process = subprocess.Popen([ADVISOR, "scan", *map(str, paths), *options], env=env, stdout=subprocess.PIPE,
+                               stderr=side, text=True)
+    os.close(side)
+    written = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # EIO: the terminal's other side is closed
+            break
+        if not chunk:
+            break
+        written += chunk
+    stdout = process.communicate(timeout=300)[0]
+    os.close(main)
+    return stdout, written.decode("utf-8", "replace")
+
+
 def test_progress_bar_on_a_terminal_for_a_scan_longer_than_a_moment_and_never_with_quiet(tmp_path):
     for source in fixture_paths("positive")[:12]:  # > 0.5 s, serial
         shutil.copy(source, tmp_path)
-    shown = _scan_in_a_terminal_like_stderr([tmp_path])
-    assert "scanned " in shown.stderr and "/12" in shown.stderr  # files done of all
-    quiet = _scan_in_a_terminal_like_stderr([tmp_path], "--quiet")
-    title = shown.stdout.splitlines()[0]  # `-q`: the findings without the summary line above them
-    assert "finding(s) in" in title and quiet.stderr == "" and quiet.stdout.splitlines() == \
-        shown.stdout.splitlines()[1:]
+    stdout, stderr = _scan_with_stderr_on_a_terminal([tmp_path])
+    assert "scanned " in stderr and "/12" in stderr  # files done of all
+    quiet_stdout, quiet_stderr = _scan_with_stderr_on_a_terminal([tmp_path], "--quiet")
+    title = stdout.splitlines()[0]  # `-q`: the findings without the summary line above them
+    assert "finding(s) in" in title and quiet_stderr == "" and quiet_stdout.splitlines() == stdout.splitlines()[1:]
     piped = subprocess.run([ADVISOR, "scan", str(tmp_path)], capture_output=True, text=True, timeout=300,
                            env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")})
     assert piped.stderr == "" and piped.returncode == 1
+    # a fourteenth breaker's: FORCE_COLOR (set by CI systems for colour) drew the bar into a pipe or a log file
+    coloured = _scan_in_a_terminal_like_stderr([tmp_path])
+    assert coloured.stderr == "" and "\x1b[" in coloured.stdout
 
 
 def _has_colour(text: str) -> bool:
