@@ -14,6 +14,7 @@ from advisor.errors import AdvisorError, visible
 from advisor.contracts.finding import display_path, relative_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.results import FileFix, FixReport
+from advisor.fixes.copy_cast_fix import NESTED
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
@@ -64,16 +65,42 @@ def _print_report(args, console, report: FixReport, failures: list[FileFix]) -> 
         console.print(f"advisor: {written} file(s) rewritten, {report.remaining} finding(s) remain{not_written}")
 
 
+APPLY_ROUNDS = 4  # fixes nested in one expression (`x.float().float().contiguous().contiguous()`) take a round each
+
+
 def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport, ScanResult]:
     """The fixes of the scanned files (the CLI's and advisor.fix's one path): each file's applicable fixes (safe,
     and unsafe with args.unsafe_fixes), or those `ask(findings) -> (chosen, quit)` picks, applied together by the
-    rewrite layer and written when args.apply. Returns the report and the scan it came from (for the exit code)."""
+    rewrite layer and written when args.apply. Returns the report and the scan it came from (for the exit code).
+    With args.apply, the tree is scanned again (the cache keeps the unchanged files' results) while a round writes
+    something, up to APPLY_ROUNDS: a fix nested in another's expression waits for the next round, and a second
+    `fix --apply` then changes nothing (breaker round 14: three runs to settle a chain of redundant casts)."""
+    report, result, results, texts, deferred = _fix_round(args, ask, on_scanned)
+    for _ in range(APPLY_ROUNDS - 1):
+        if not args.apply or ask is not None or not deferred or not any(file.written for file in report.files):
+            break
+        again, result, _, newer, deferred = _fix_round(args, None, lambda scanned: None)
+        if not any(file.written for file in again.files):
+            report = FixReport(1, report.files_scanned, report.applied, report.files, again.remaining, report.errors)
+            break
+        texts.update(newer)
+        files = {file.path: file for file in report.files} | {file.path: file for file in again.files if file.written}
+        for path, file in files.items():  # one diff from the text first read to the text last written
+            if path in results and path in texts and file.written:
+                file.diff = _diff(results[path], texts[path])
+        report = FixReport(1, again.files_scanned, True, list(files.values()), again.remaining, report.errors)
+    return report, result
+
+
+def _fix_round(args, ask, on_scanned) -> tuple[FixReport, ScanResult, dict, dict, int]:
+    """One scan and its fixes; also each fixed file's scan result and new text, by path, and how many chosen fixes
+    were left for a later round (nested in another's expression)."""
     runtime = _profiled(args.profile) if args.profile else None
     interactive = ask is not None
     result = run_scan(args, runtime=runtime, patches=interactive, fixed=not interactive,
                       jobs=1 if interactive else None)
     on_scanned(result)
-    remaining, files = 0, []
+    remaining, files, results, texts, deferred = 0, [], {}, {}, 0
     quit_requested = False
     written: set[str] = set()
     for file in result.files:
@@ -98,13 +125,16 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
                 remaining += len(applicable)
             else:
                 remaining += outcome.not_applied
+                deferred += outcome.not_applied + sum(NESTED in finding.reasons for finding in file.findings)
                 fixed.written = _write(file, outcome.text, args, written) if outcome.text != file.source else None
         except AdvisorError as exc:
             fixed.error = str(exc)
             remaining += len(chosen)
         if outcome.text != file.source or fixed.error:
             files.append(fixed)
-    return FixReport(1, len(result.files), bool(args.apply or interactive), files, remaining, result.errors), result
+            results[file.path], texts[file.path] = file, outcome.text
+    report = FixReport(1, len(result.files), bool(args.apply or interactive), files, remaining, result.errors)
+    return report, result, results, texts, deferred
 
 
 def _diff(file, new_text: str) -> str:

@@ -31,6 +31,9 @@ from advisor.static.project import tensor_method_definitions
 from advisor.static.walk import walk
 
 
+NESTED = "overlaps another copy/cast fix in the same expression; run fix again"  # `fix --apply` runs again itself
+
+
 @dataclass
 class Plan:
     """What one rule makes of one call: the rewrite (None: no patch, `reason` says why), and the facts it rests on."""
@@ -100,7 +103,7 @@ def copy_cast_findings(parsed: ParsedModule, evidence: FileEvidence | None, earl
             plan.rewrite, plan.reason = None, f"inside the attention block at lines {span[0]}-{span[1]}, which the " \
                                               f"{span[2]} rewrite replaces"
         if plan.rewrite is not None and any(_overlaps(parsed, plan.rewrite.node, node) for node in taken):
-            plan.rewrite, plan.reason = None, "overlaps another copy/cast fix in the same expression; run fix again"
+            plan.rewrite, plan.reason = None, NESTED
         if plan.rewrite is not None:
             taken.append(plan.rewrite.node)
         results.append(_finding(parsed, plan))

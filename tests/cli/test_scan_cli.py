@@ -84,6 +84,19 @@ def test_fix_shows_diff_without_writing_then_apply_writes_and_is_idempotent(caps
     assert code == 0 and target.read_text() == after
 
 
+def test_fixes_nested_in_one_expression_settle_in_one_apply(capsys, workdir):
+    """A fourteenth breaker's: each `fix --apply` took one layer of a chain of redundant copies and casts (three runs
+    to settle, and a pre-commit hook failing each commit); one run now applies them all, the next changes nothing."""
+    target = workdir / "m.py"
+    target.write_text("import torch\n\n\ndef g(x):\n"
+                      "    return torch.softmax(x.float(), -1).float().float().contiguous().contiguous()\n")
+    code, out, _ = run_cli(capsys, "fix", "m.py", "--apply")
+    after = target.read_text()
+    assert code == 0 and "softmax(x, -1, dtype=torch.float32).float().contiguous()\n" in after
+    code, out, _ = run_cli(capsys, "fix", "m.py", "--apply")
+    assert code == 0 and target.read_text() == after and "0 file(s) rewritten" in out
+
+
 def test_apply_refuses_a_file_changed_since_it_was_read(tmp_path):
     target = tmp_path / "m.py"
     target.write_text("a = 1\n")
