@@ -71,7 +71,7 @@ MAY_FUNC_TRANSFORM = re.compile(r"(?:torch\.|import |, *)func\b|functorch|\bvmap
 MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(")
 # methods of torch.Tensor that copy and cast rewrites read on a receiver of unknown type; a class of the tree defining
 # one (`def contiguous(self)` on a box of tensors) may be that receiver (breaker round 14)
-TENSOR_METHOD_NAMES = ("contiguous", "clone", "softmax", "float", "half", "double", "bfloat16", "to", "type",
+TENSOR_METHOD_NAMES = ("contiguous", "clone", "float", "half", "double", "bfloat16", "to", "type",
                        "type_as", "int", "long", "bool", "detach", "cpu", "cuda")
 TENSOR_METHOD_DEFS = re.compile(rf"^[ \t]+(?:async[ \t]+)?def[ \t]+({'|'.join(TENSOR_METHOD_NAMES)})[ \t]*\(",
                                 re.MULTILINE)

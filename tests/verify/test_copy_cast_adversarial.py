@@ -32,6 +32,18 @@ from advisor.engine.profiling import evidence_from_report, profile_workload
 from advisor.engine.static import analyze_source
 from advisor.workload_loader import load_workload
 
+COUNTER = '''
+
+class _Counter:
+    """Not a tensor: its `.float()` has an effect."""
+
+    n = 0
+
+    def float(self):
+        self.n += 1
+        return self
+'''
+
 # Inputs a caller may pass: (shape of the random base, dtype, layout applied to it).
 INPUTS = {
     "contiguous": ((2, 4, 4), torch.float32, lambda t: t),
@@ -65,16 +77,6 @@ class _Ops:
     @staticmethod
     def softmax(t, dim):
         return t * 2
-
-
-class _Counter:
-    """Not a tensor: its `.float()` has an effect."""
-
-    n = 0
-
-    def float(self):
-        self.n += 1
-        return self
 
 
 def _twist(t):
@@ -656,12 +658,17 @@ def test_rebound_torch_or_F_keeps_behaviour(rebinding: Fixed, name: str):
     assert not _differences(rebinding.original, rebinding.patched, name)
 
 
-def test_a_static_fix_declares_that_it_takes_the_receiver_for_a_tensor(tmp_path):
-    """`t.float().float()` on an object whose .float() counts its calls is not a tensor cast; a static proof reads
-    calls, not types, so the safe patch states that it takes the receiver for a tensor (an accepted fact)."""
+def test_a_static_fix_takes_the_receiver_for_a_tensor_unless_a_class_of_the_file_defines_the_method(tmp_path):
+    """`t.float().float()` on an object whose .float() counts its calls is not a tensor cast. A static proof reads
+    calls, not types: where no class of the scan defines `float`, the safe patch states that it takes the receiver
+    for a tensor (an accepted fact); where one does, as `_Counter` here, that is assumed and the patch unsafe."""
     body = "t = _Counter()\nt.float().float()\nreturn x * t.n"
-    fixed = Fixed(tmp_path, PRELUDE + _function_source("counter", body), name="counter_case")
+    fixed = Fixed(tmp_path, PRELUDE + COUNTER + _function_source("counter", body), name="counter_case")
     [finding] = [f for f in fixed.result.findings if f.function == "counter" and f.rule == "ADV301"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and "`float`" in assumed["tensor-receiver"]
+    plain = analyze_source(PRELUDE + _function_source("plain", "return x.float().float()"), "plain.py")
+    [finding] = [f for f in plain.findings if f.function == "plain" and f.rule == "ADV301"]
     accepted = finding.extra["facts"]["accepted"]
     assert finding.fix_safety == "safe" and any("tensor" in fact["statement"] for fact in accepted), accepted
 
