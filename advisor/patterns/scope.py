@@ -181,9 +181,10 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
 
 def _kept_attribute_written_by_a_method(parsed: ParsedModule, function: cst.FunctionDef, kept_on: set[str],
                                         first_line: int, last_line: int) -> str | None:
-    """A `self.` call between the scores and the value product where an attribute holds an input's storage
+    """A `self.` method call between the scores and the value product where an attribute holds an input's storage
     (`self.k_cache = k`, then `self.decay_cache()` writing `self.k_cache` in place: breaker round 14): refused
-    unless it calls a method of the class that writes none of those attributes in place."""
+    unless it is a method of the class writing none of those attributes in place, or a submodule the class assigns
+    (what it is handed is checked apart)."""
     if not kept_on:
         return None
     owner = next((o for f, o, _ in parsed.functions if f is function), None)
@@ -193,7 +194,10 @@ def _kept_attribute_written_by_a_method(parsed: ParsedModule, function: cst.Func
                 isinstance(call.func.value, cst.Name) and call.func.value.value == "self" and
                 parsed.innermost(call, cst.FunctionDef) is function):
             continue
-        method = owner.methods.get(call.func.attr.value) if owner is not None else None
+        name = call.func.attr.value
+        if owner is not None and name not in owner.methods and name in owner.attributes:
+            continue  # a submodule or callable the class assigns: it reaches the class's attributes only if given
+        method = owner.methods.get(name) if owner is not None else None
         writes = _written_in_place(method) if method is not None else None
         if writes is None or any(_root_code(parsed, receiver, kept_on) in kept_on for receiver, _ in writes):
             return (f"`{parsed.code(call)}` at line {line}, between the scores and the value product, may write in "

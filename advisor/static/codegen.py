@@ -10,7 +10,7 @@ from __future__ import annotations
 import libcst as cst
 
 # (method name, integer arguments): `("transpose", (-2, -1))` is `.transpose(-2, -1)` on whatever it follows
-MethodStep = tuple[str, tuple[int, ...]]
+MethodStep = tuple[str, tuple["int | cst.Arg", ...]]  # a method's name and its arguments: numbers, or Args as given
 
 
 def is_atomic(node: cst.CSTNode) -> bool:
@@ -67,7 +67,7 @@ def attribute(receiver: cst.BaseExpression, name: str) -> cst.Attribute:
 def with_methods(node: cst.BaseExpression, steps: list[MethodStep] | tuple[MethodStep, ...]) -> cst.BaseExpression:
     """`node.m1(...).m2(...)` for each step in order; the node itself when there is none."""
     for name, args in steps:
-        node = method(node, name, *map(number, args))
+        node = method(node, name, *(arg if isinstance(arg, cst.Arg) else number(arg) for arg in args))
     return node
 
 

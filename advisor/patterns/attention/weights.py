@@ -21,7 +21,8 @@ from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.ops import Op, int_value, number_value
-from advisor.static.codegen import atomic, number
+from advisor.static.codegen import atomic, dotted, keyword, number
+from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
 from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, loaded_names
 
 # methods whose result shares the input's storage with strides derived from the input's
@@ -317,7 +318,9 @@ def layout_role(c: Candidate) -> None:
     match = c.match
     written = _written_in_place(c)
     if written is not None:  # a fresh contiguous tensor: aliases as the product's do, and autograd saved none of it
-        match.output_methods += [("contiguous", ()), ("clone", ())]
+        torch = c.parsed.module_aliases.get("torch")  # one copy, as ADV204 would fold `.contiguous().clone()`
+        match.output_methods += [("clone", (keyword("memory_format", dotted(f"{torch}.contiguous_format")),))] \
+            if torch is not None else [("contiguous", ()), ("clone", ())]
         match.facts.proved("layout", "the output is a fresh contiguous tensor, as the original's product is, where "
                            f"it or a view of it {written} (SDPA's kernels save their output for the backward)")
         return
@@ -380,11 +383,38 @@ def _written_in_place(c: Candidate) -> str | None:
         if isinstance(parent, cst.Subscript) and parent.value is node:
             frontier.append(parent)
             continue
+        if _copied_into_a_tensor(c, parent, node):
+            continue
         for consumer, _ in consumers(c, node):
             method = _method_on(consumer, node)
             if isinstance(consumer, cst.Name) or method in ALIASING:
                 frontier.append(consumer)
     return None
+
+
+def _copied_into_a_tensor(c: Candidate, parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    """`r[:, i:j] = node` where every value of `r` is a tensor torch creates from sizes (`torch.zeros(...)`,
+    `x.new_zeros(...)`): the element store copies the values, so writes to `r` are not writes to the output (a
+    container's element store would keep a reference: not this)."""
+    if not (isinstance(parent, cst.Assign) and parent.value is node and parent.targets):
+        return False
+    for target in parent.targets:
+        base = target.target.value if isinstance(target.target, cst.Subscript) else None
+        if not isinstance(base, cst.Name):
+            return False
+        flow = flow_for(c, base)
+        bindings = [flow.definitions[i] for i in flow.reaching.get(base, ()) if i in flow.definitions]
+        created = [d for d in bindings if d.kind not in ("store", "inplace", "aug")]  # those write r itself
+        if not created or any(d.kind != "assign" or not _sized_creation(c, d.value) for d in created):
+            return False
+    return True
+
+
+def _sized_creation(c: Candidate, value: cst.BaseExpression) -> bool:
+    if not isinstance(value, cst.Call):
+        return False
+    return c.parsed.imported_name(value.func) in SIZED_TORCH or \
+        isinstance(value.func, cst.Attribute) and value.func.attr.value in SIZED_METHODS
 
 
 def _held_by_callers(c: Candidate, node: cst.CSTNode, returned: cst.Return) -> list[cst.CSTNode] | None:
