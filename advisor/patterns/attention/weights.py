@@ -26,7 +26,9 @@ from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
 from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, loaded_names
 
 # methods whose result shares the input's storage with strides derived from the input's
-STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim"}
+STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim",
+                 "chunk", "split", "unbind", "tensor_split", "narrow", "select", "diagonal", "flatten", "unflatten",
+                 "expand_as"}  # the last ones return views (or tuples of views) of the input's storage as well
 READS_STRIDES, KEEPS_STRIDES, VALUES_ONLY = "reads strides", "keeps strides", "values only"  # see _layout_use
 # what reads a tensor's memory layout, or builds a tensor from it
 STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "untyped_storage", "storage_offset",
@@ -385,6 +387,9 @@ def _written_in_place(c: Candidate) -> str | None:
             continue
         if _copied_into_a_tensor(c, parent, node):
             continue
+        if isinstance(parent, cst.Assign) and parent.value is node and not all(
+                isinstance(target, cst.Name) for target in _assigned_targets(parent)):
+            return f"is stored by `{short(c.parsed, parent)}` at line {c.parsed.line(parent)}, where it may be written"
         for consumer, _ in consumers(c, node):
             method = _method_on(consumer, node)
             if isinstance(consumer, cst.Name) or method in ALIASING:
@@ -508,8 +513,11 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     anything this file does not show to read values only, a container), KEEPS_STRIDES (a view, an elementwise op or
     a cast, whose result has the same strides: breaker round 13's `y = y * 2.0` then `.view`, followed), or
     VALUES_ONLY (a fresh tensor, `.contiguous()`, `.reshape`, a metadata read, a torch.nn layer of the class)."""
-    if consumer is None:  # never read, or held by a container (`ys = [y]`), whose reads are not followed
-        held = isinstance(c.parsed.parents.get(node), (cst.Element, cst.DictElement, cst.StarredElement))
+    if consumer is None:  # never read, or held by a container (`ys = [y]`) or an attribute (`self.cache = y`, read
+        parent = c.parsed.parents.get(node)  # by another method: breaker round 14), whose reads are not followed
+        held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement)) or \
+            isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and parent.value is node and not all(
+                isinstance(target, cst.Name) for target in _assigned_targets(parent))
         return READS_STRIDES if held else VALUES_ONLY
     if isinstance(consumer, (cst.Name, cst.BinaryOperation, cst.UnaryOperation)):
         return KEEPS_STRIDES
@@ -530,6 +538,10 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     if layer is not None:
         return KEEPS_STRIDES if layer in RETURNS_INPUT else VALUES_ONLY
     return READS_STRIDES
+
+
+def _assigned_targets(statement: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[cst.BaseExpression]:
+    return [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
 
 
 def _torch_layer(c: Candidate, func: cst.BaseExpression) -> str | None:
