@@ -37,6 +37,10 @@ def add_selection_arguments(parser) -> None:
                              "each file's results ($XDG_CACHE_HOME/advisor)")
     parser.add_argument("--force-exclude", action=argparse.BooleanOptionalAction, default=None,
                         help="apply the configuration's `exclude` to paths named on the command line too")
+    parser.add_argument("--tree", metavar="DIR", default=None,
+                        help="read what the whole tree says (hooks, autograd requests, callers, writes elsewhere) "
+                             "from every Python file under DIR, and scan or fix only PATH (pre-commit's hooks pass "
+                             "the staged files and `--tree .`)")
     talk = parser.add_mutually_exclusive_group()
     talk.add_argument("-q", "--quiet", action="store_true",
                       help="print the findings (or diffs) and errors only: no progress bar, notes or summary lines")
@@ -89,7 +93,8 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
         result = scan_paths(args.paths, unsafe_fixes=args.unsafe_fixes, select=args.select, ignore=args.ignore,
                             backend=args.backend, runtime=runtime, patches=patches, fixed=fixed, jobs=jobs,
                             call_site_facts=args.call_site_facts, path_rules=getattr(args, "path_rules", None),
-                            cache=getattr(args, "cache", True) is not False, on_file=on_file)
+                            cache=getattr(args, "cache", True) is not False, on_file=on_file,
+                            tree_paths=[args.tree] if getattr(args, "tree", None) else None)
     if verbose:
         stderr.print(f"advisor: {len(result.files)} file(s) scanned, {len(result.errors)} not, in "
                      f"{time.monotonic() - started:.2f} s")

@@ -202,7 +202,8 @@ def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule:
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
-               fixed: bool = True, call_site_facts: bool = True, path_rules=None, cache: bool = True) -> ScanResult:
+               fixed: bool = True, call_site_facts: bool = True, path_rules=None, cache: bool = True,
+               tree_paths: list[str] | None = None) -> ScanResult:
     """Scan files, in parallel processes when there are many; one bad file becomes an error entry and never
     stops the scan. Results keep the discovery order, so output is deterministic. `patches`: build each finding's
     diff; `fixed`: apply each file's fixes in the worker (a result from another process keeps no node edits).
@@ -213,7 +214,9 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     requests are collected whatever `call_site_facts` says. `path_rules` (advisor.config.PathRules):
     the configuration's exclude globs and per-file ignores. `on_file(path, total)` is called as each file's result
     arrives (for a progress bar). `cache`: reuse and keep each file's result on disk (static.scan_cache; not for a
-    run with runtime evidence, nor with jobs=1, whose results keep their node edits)."""
+    run with runtime evidence, nor with jobs=1, whose results keep their node edits). `tree_paths`: the tree whose
+    files the facts are gathered from, beside `paths` (pre-commit names the staged files only: a training script
+    left out of the commit still asks for double backward)."""
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors, all_excluded=bool(paths) and path_rules is not None and
                         all(path_rules.excludes_named(path) for path in paths))
@@ -221,7 +224,10 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
                            fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
         if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits
     jobs = jobs or min(os.cpu_count() or 1, 8)
-    tree = tree_context(files, call_site_facts, cache=store, jobs=jobs)
+    seen = {os.path.realpath(path) for path in files}
+    whole = files + [path for path in (discover(tree_paths, path_rules)[0] if tree_paths else [])
+                     if os.path.realpath(path) not in seen]
+    tree = tree_context(whole, call_site_facts, cache=store, jobs=jobs)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, tree=tree, path_rules=path_rules)
     done = (lambda path: on_file(path, len(files))) if on_file is not None else (lambda path: None)

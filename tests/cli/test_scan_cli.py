@@ -97,6 +97,21 @@ def test_fixes_nested_in_one_expression_settle_in_one_apply(capsys, workdir):
     assert code == 0 and target.read_text() == after and "0 file(s) rewritten" in out
 
 
+def test_the_tree_option_reads_the_whole_tree_s_facts_for_the_files_named(capsys, workdir):
+    """A fourteenth breaker's: pre-commit names the staged files only, and a commit touching only the model proved
+    `first-order-autograd` without the training script's gradient penalty; `--tree .` (the hooks' entries) reads
+    it, and still scans only the file named."""
+    shutil.copy(NANOGPT, workdir / "model.py")
+    (workdir / "train.py").write_text("import torch\n\n\ndef penalty(y, x):\n"
+                                      "    return torch.autograd.grad(y, x, create_graph=True)\n")
+    code, out, _ = run_cli(capsys, "scan", "model.py", "--format", "json")
+    assert [f["fix_safety"] for f in json.loads(out)["findings"]] == ["safe"]
+    code, out, _ = run_cli(capsys, "scan", "model.py", "--tree", ".", "--format", "json")
+    report = json.loads(out)
+    assert report["files_scanned"] == 1 and [f["fix_safety"] for f in report["findings"]] == ["unsafe"]
+    assert "train.py" in report["findings"][0]["reason"]
+
+
 def test_apply_refuses_a_file_changed_since_it_was_read(tmp_path):
     target = tmp_path / "m.py"
     target.write_text("a = 1\n")
