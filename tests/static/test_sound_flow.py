@@ -542,7 +542,18 @@ def run(x):
     torch.testing.assert_close(patched(x), original(x))
 
 
+O = "    o = (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v\n"
 STORED_OR_SPLIT = {  # a fourteenth breaker's: the output reached a `.view` where the follower had stopped
+    **{name: f"def run(x):\n    q, k, v = split(x)\n{O}    return {use}.view(2, -1)\n" for name, use in [
+        ("negated", "(-o)"), ("clamped", "o.clamp(-1, 1)"), ("flipped", "o.flip(1)"),
+        ("rounded", "o.round(decimals=3)"), ("unbound", "o.unbind(1)[0]"),
+        ("conditional", "(o if x.dtype == torch.float32 else q)")]},
+    "global": f"OUT = None\n\n\ndef attend(x):\n    global OUT\n    q, k, v = split(x)\n{O}    OUT = o\n\n\n"
+              "def run(x):\n    attend(x)\n    return OUT.view(2, -1)\n",
+    "yielded": f"def attend(x):\n    q, k, v = split(x)\n{O}    yield o\n\n\n"
+               "def run(x):\n    return next(attend(x)).view(2, -1)\n",
+    "walrus": "def run(x):\n    q, k, v = split(x)\n    if (o := (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v) "
+              "is not None:\n        return o.view(2, -1)\n    return x\n",
     "chunked": ("def run(x):\n    q, k, v = split(x)\n    o = (q @ k.transpose(-2, -1) * 0.25).softmax(-1) @ v\n"
                 "    return o.chunk(2, dim=1)[0].view(2, -1)\n"),
     "stored_on_self": ("class A(nn.Module):\n    def forward(self, x):\n        q, k, v = split(x)\n"

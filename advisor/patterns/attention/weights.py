@@ -23,6 +23,7 @@ from advisor.patterns.attention.scores import absorb
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, dotted, keyword, number
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
+from advisor.static.walk import walk as visit_tree
 from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, loaded_names
 
 # methods whose result shares the input's storage with strides derived from the input's
@@ -42,6 +43,13 @@ SAME_STRIDES = frozenset({"float", "half", "double", "bfloat16", "to", "type", "
 ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "contiguous", "detach", "data", "flatten",
                       "unflatten", "narrow", "select", "diagonal", "as_strided", "real"}) | STRIDED_VIEWS
 NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
+# methods whose result is a fresh tensor of torch's default (contiguous) layout, or no tensor: the output's strides
+# end there; any other method may keep them (`.clamp`, `.flip`, `.nan_to_num`, `.real`: breaker round 14)
+FRESH_LAYOUT = frozenset({"contiguous", "reshape", "reshape_as", "sum", "mean", "amax", "amin", "max", "min",
+                          "norm", "std", "var", "prod", "logsumexp", "all", "any", "argmax", "argmin", "item",
+                          "tolist", "size", "dim", "numel", "shape", "dtype", "device", "is_floating_point",
+                          "matmul", "mm", "bmm", "repeat", "masked_select", "nonzero", "element_size", "ndim",
+                          "requires_grad", "is_cuda", "register_hook", "backward"})
 RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
 CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 
@@ -341,8 +349,9 @@ def layout_role(c: Candidate) -> None:
                 reader = "is returned to a caller outside this file, or one unpacking it out of sight"
             frontier.extend(held or ())  # a helper of this file: follow its callers
             continue
-        if isinstance(parent, cst.Subscript) and parent.value is node:
-            frontier.append(parent)
+        if isinstance(parent, cst.Subscript) and parent.value is node or isinstance(parent, cst.UnaryOperation) or \
+                isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
+            frontier.append(parent)  # `o[0]`, `-o`, `o if c else q`: the expression holds its strides
             continue
         for consumer, _ in consumers(c, node):
             use = _layout_use(c, consumer, node)
@@ -382,7 +391,8 @@ def _written_in_place(c: Candidate) -> str | None:
         write = _write_of(c, node, parent)
         if write is not None:
             return f"is written by `{short(c.parsed, write)}` at line {c.parsed.line(write)}"
-        if isinstance(parent, cst.Subscript) and parent.value is node:
+        if isinstance(parent, cst.Subscript) and parent.value is node or \
+                isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
             frontier.append(parent)
             continue
         if _copied_into_a_tensor(c, parent, node):
@@ -513,11 +523,12 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     anything this file does not show to read values only, a container), KEEPS_STRIDES (a view, an elementwise op or
     a cast, whose result has the same strides: breaker round 13's `y = y * 2.0` then `.view`, followed), or
     VALUES_ONLY (a fresh tensor, `.contiguous()`, `.reshape`, a metadata read, a torch.nn layer of the class)."""
-    if consumer is None:  # never read, or held by a container (`ys = [y]`) or an attribute (`self.cache = y`, read
-        parent = c.parsed.parents.get(node)  # by another method: breaker round 14), whose reads are not followed
-        held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement)) or \
+    if consumer is None:  # never read, or held where its reads are not followed: a container (`ys = [y]`), an
+        parent = c.parsed.parents.get(node)  # attribute (`self.cache = y`, read by another method), a global name,
+        held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement, cst.Yield, cst.NamedExpr)) or \
             isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and parent.value is node and not all(
-                isinstance(target, cst.Name) for target in _assigned_targets(parent))
+                isinstance(target, cst.Name) and target.value not in _declared_outside(c, node)
+                for target in _assigned_targets(parent))  # `yield y`, `(o := y)`: breaker round 14
         return READS_STRIDES if held else VALUES_ONLY
     if isinstance(consumer, (cst.Name, cst.BinaryOperation, cst.UnaryOperation)):
         return KEEPS_STRIDES
@@ -525,7 +536,7 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     if method is not None:
         if method in ("view", "view_as") or method in STRIDE_READS:
             return READS_STRIDES
-        return KEEPS_STRIDES if method in STRIDED_VIEWS or method in SAME_STRIDES else VALUES_ONLY
+        return VALUES_ONLY if method in FRESH_LAYOUT else KEEPS_STRIDES  # any other method may keep them
     if not isinstance(consumer, cst.Call):
         return READS_STRIDES
     dotted = c.parsed.imported_name(consumer.func) or ""
@@ -538,6 +549,23 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     if layer is not None:
         return KEEPS_STRIDES if layer in RETURNS_INPUT else VALUES_ONLY
     return READS_STRIDES
+
+
+def _declared_outside(c: Candidate, node: cst.CSTNode) -> set[str]:
+    """The names the function holding `node` declares `global` or `nonlocal` (read by other functions)."""
+    function = function_of(c.parsed, node)
+    found: set[str] = set()
+
+    class Declarations(cst.CSTVisitor):
+        def visit_Global(self, statement: cst.Global) -> None:
+            found.update(item.name.value for item in statement.names)
+
+        def visit_Nonlocal(self, statement: cst.Nonlocal) -> None:
+            found.update(item.name.value for item in statement.names)
+
+    if function is not None:
+        visit_tree(function, Declarations())
+    return found
 
 
 def _assigned_targets(statement: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[cst.BaseExpression]:
