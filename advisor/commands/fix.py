@@ -14,7 +14,6 @@ from advisor.errors import AdvisorError, visible
 from advisor.contracts.finding import display_path, relative_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.results import FileFix, FixReport
-from advisor.fixes.copy_cast_fix import NESTED
 from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
@@ -95,6 +94,8 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
 def _fix_round(args, ask, on_scanned) -> tuple[FixReport, ScanResult, dict, dict, int]:
     """One scan and its fixes; also each fixed file's scan result and new text, by path, and how many chosen fixes
     were left for a later round (nested in another's expression)."""
+    from advisor.fixes.copy_cast_fix import NESTED  # libcst: loaded by the verbs that fix, not by argument parsing
+
     runtime = _profiled(args.profile) if args.profile else None
     interactive = ask is not None
     result = run_scan(args, runtime=runtime, patches=interactive, fixed=not interactive,
