@@ -17,6 +17,7 @@ from advisor.patterns.attention.block_checks import check_bindings, check_escape
 from advisor.patterns.attention.candidate import Candidate, FunctionScope, in_inlined, statement_of
 from advisor.patterns.attention.guards import plan_guards, refuse_unguarded_modules
 from advisor.patterns.attention.helpers import dotted_name
+from advisor.patterns.attention.layout import layout_role
 from advisor.patterns.attention.proof_steps import ProofOrderError, run_steps, step
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
@@ -257,7 +258,7 @@ def block_scope(c: Candidate) -> None:
 @step(reads="flow home inlined match.output_node", writes="match.facts match.output_methods")
 def layout(c: Candidate) -> None:
     """`.contiguous()` where a reader of the output needs the original's strides."""
-    weights.layout_role(c)
+    layout_role(c)
 
 
 @step(reads="chain.definitions flow home inlined match.escapes weights",

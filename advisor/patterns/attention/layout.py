@@ -1,0 +1,334 @@
+"""The layout the output must keep, and the writes it must survive: SDPA's output has the product's values, not
+always its strides (CPU and flash kernels follow the query's layout), and its fused kernels save it for the backward
+where the eager product's matmul saved its operands.
+
+The output's uses are followed (names, views, any method not known to make a fresh contiguous tensor, helpers of
+the file, callers it is returned to, the names a caller unpacks it into): a `.view` or a stride read there, or a
+reader out of sight, gets `.contiguous()` on the call; a write in place through it, or through what may share its
+storage, gets a fresh contiguous copy.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns import scope
+from advisor.patterns.attention.candidate import MAX_CHAIN, Candidate, consumers, flow_for, function_of
+from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import Refusal
+from advisor.static.codegen import dotted, keyword
+from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
+from advisor.static.walk import walk as visit_tree
+
+# methods whose result shares the input's storage with strides derived from the input's
+STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim",
+                 "chunk", "split", "unbind", "tensor_split", "narrow", "select", "diagonal", "flatten", "unflatten",
+                 "expand_as"}  # the last ones return views (or tuples of views) of the input's storage as well
+READS_STRIDES, KEEPS_STRIDES, VALUES_ONLY = "reads strides", "keeps strides", "values only"  # see _layout_use
+# what reads a tensor's memory layout, or builds a tensor from it
+STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "untyped_storage", "storage_offset",
+                          "as_strided", "set_", "numpy", "unfold"})
+# methods whose result keeps the receiver's strides (elementwise ops and casts preserve the memory format)
+# methods whose result may share the receiver's storage: a write through it writes the output (`.contiguous()` and
+# `.reshape` return the receiver itself, or a view, where its strides allow)
+ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "contiguous", "detach", "data", "flatten",
+                      "unflatten", "narrow", "select", "diagonal", "as_strided", "real"}) | STRIDED_VIEWS
+NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
+# methods whose result is a fresh tensor of torch's default (contiguous) layout, or no tensor: the output's strides
+# end there; any other method may keep them (`.clamp`, `.flip`, `.nan_to_num`, `.real`: breaker round 14)
+FRESH_LAYOUT = frozenset({"contiguous", "reshape", "reshape_as", "sum", "mean", "amax", "amin", "max", "min",
+                          "norm", "std", "var", "prod", "logsumexp", "all", "any", "argmax", "argmin", "item",
+                          "tolist", "size", "dim", "numel", "shape", "dtype", "device", "is_floating_point",
+                          "matmul", "mm", "bmm", "repeat", "masked_select", "nonzero", "element_size", "ndim",
+                          "requires_grad", "is_cuda", "register_hook", "backward"})
+RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
+CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
+
+
+def layout_role(c: Candidate) -> None:
+    """SDPA's output has a fresh matmul's values but not always its strides (CPU and flash kernels return a
+    transposed layout). A `.view` that reads the output, directly or through views, needs the original's
+    contiguous strides, and so may a caller the output is returned to: emit `.contiguous()` for those
+    (a no-op when already contiguous). Every other use reads values only."""
+    match = c.match
+    written = _written_in_place(c)
+    if written is not None:  # a fresh contiguous tensor: aliases as the product's do, and autograd saved none of it
+        torch = c.parsed.module_aliases.get("torch")  # one copy, as ADV204 would fold `.contiguous().clone()`
+        match.output_methods += [("clone", (keyword("memory_format", dotted(f"{torch}.contiguous_format")),))] \
+            if torch is not None else [("contiguous", ()), ("clone", ())]
+        match.facts.proved("layout", "the output is a fresh contiguous tensor, as the original's product is, where "
+                           f"it or a view of it {written} (SDPA's kernels save their output for the backward)")
+        return
+    frontier, steps, reader = [match.output_node], 0, None
+    entered: dict[cst.FunctionDef, cst.Call] = {}  # helpers followed into, each with the call that entered it
+    while frontier and steps < MAX_CHAIN and reader is None:
+        steps += 1
+        node = frontier.pop()
+        parent = _returned(c, node)
+        if isinstance(parent, cst.Return) and function_of(c.parsed, parent) in entered:
+            frontier.append(entered[function_of(c.parsed, parent)])  # the helper's result: its call's value
+            continue
+        if isinstance(parent, cst.Return):
+            held = _held_by_callers(c, node, parent)
+            if held is None:
+                reader = "is returned to a caller outside this file, or one unpacking it out of sight"
+            frontier.extend(held or ())  # a helper of this file: follow its callers
+            continue
+        if isinstance(parent, cst.Subscript) and parent.value is node or isinstance(parent, cst.UnaryOperation) or \
+                isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
+            frontier.append(parent)  # `o[0]`, `-o`, `o if c else q`: the expression holds its strides
+            continue
+        for consumer, _ in consumers(c, node):
+            use = _layout_use(c, consumer, node)
+            helper = _helper_reads(c, consumer, node) if use == READS_STRIDES else None
+            if helper is not None:
+                entered[helper[0]] = consumer
+                frontier.extend(helper[1])
+            elif use == READS_STRIDES:
+                where = consumer if consumer is not None else c.parsed.parents.get(node)
+                reader = f"is read by `{short(c.parsed, where)}` at line {c.parsed.line(where)}"
+            elif use == KEEPS_STRIDES:
+                frontier.append(consumer)
+    if reader is None:
+        match.facts.proved("layout", "no `.view` or caller depends on the output's strides")
+        return
+    match.output_methods.append(("contiguous", ()))
+    match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _written_in_place(c: Candidate) -> str | None:
+    """Where the output, or a tensor that may share its storage (names, views, `.contiguous()`, `.reshape`,
+    `.detach()`, basic indexing; in this file's callers where it is returned), is written in place: an in-place
+    method, `x += y`, `x[i] = y`, `out=x`. Breaker round 14: `o.mul_(2.0)` after the block broke the patch's
+    backward (SDPA's CPU flash kernel saves its output), and `y = o.contiguous(); y.mul_(2.0)` wrote the original's
+    contiguous product through `y` but a copy of the patch's transposed output. None where nothing writes."""
+    frontier, seen, steps = [c.match.output_node], set(), 0
+    while frontier and steps < 4 * MAX_CHAIN:
+        steps += 1
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        parent = _returned(c, node)
+        if isinstance(parent, cst.Return):
+            frontier.extend(_held_by_callers(c, node, parent) or ())
+            continue
+        write = _write_of(c, node, parent)
+        if write is not None:
+            return f"is written by `{short(c.parsed, write)}` at line {c.parsed.line(write)}"
+        if isinstance(parent, cst.Subscript) and parent.value is node or \
+                isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
+            frontier.append(parent)
+            continue
+        if _copied_into_a_tensor(c, parent, node):
+            continue
+        if isinstance(parent, cst.Assign) and parent.value is node and not all(
+                isinstance(target, cst.Name) for target in _assigned_targets(parent)):
+            return f"is stored by `{short(c.parsed, parent)}` at line {c.parsed.line(parent)}, where it may be written"
+        for consumer, _ in consumers(c, node):
+            method = _method_on(consumer, node)
+            if isinstance(consumer, cst.Name) or method in ALIASING:
+                frontier.append(consumer)
+    return None
+
+
+def _copied_into_a_tensor(c: Candidate, parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    """`r[:, i:j] = node` where every value of `r` is a tensor torch creates from sizes (`torch.zeros(...)`,
+    `x.new_zeros(...)`): the element store copies the values, so writes to `r` are not writes to the output (a
+    container's element store would keep a reference: not this)."""
+    if not (isinstance(parent, cst.Assign) and parent.value is node and parent.targets):
+        return False
+    for target in parent.targets:
+        base = target.target.value if isinstance(target.target, cst.Subscript) else None
+        if not isinstance(base, cst.Name):
+            return False
+        flow = flow_for(c, base)
+        bindings = [flow.definitions[i] for i in flow.reaching.get(base, ()) if i in flow.definitions]
+        created = [d for d in bindings if d.kind not in ("store", "inplace", "aug")]  # those write r itself
+        if not created or any(d.kind != "assign" or not _sized_creation(c, d.value) for d in created):
+            return False
+    return True
+
+
+def _sized_creation(c: Candidate, value: cst.BaseExpression) -> bool:
+    if not isinstance(value, cst.Call):
+        return False
+    return c.parsed.imported_name(value.func) in SIZED_TORCH or \
+        isinstance(value.func, cst.Attribute) and value.func.attr.value in SIZED_METHODS
+
+
+def _held_by_callers(c: Candidate, node: cst.CSTNode, returned: cst.Return) -> list[cst.CSTNode] | None:
+    """What holds `node`'s value in the callers of the function of this file returning it: its calls, or where it
+    is an element of a returned tuple, the reads of the names a call unpacks that element into (breaker round 14:
+    `o, _ = attention(q, k, v)` then `o.view(...)`); None where a caller is outside the file, or a call unpacks it
+    into something other than names."""
+    function = function_of(c.parsed, returned)
+    owner = c.owner if function is c.function or function is c.home else None
+    sites = calls_to(c.parsed, function, owner) if function is not None else []
+    if not sites:
+        return None
+    element = c.parsed.parents.get(node)
+    row = c.parsed.parents.get(element) if isinstance(element, cst.Element) else None
+    if not isinstance(row, cst.Tuple) or row is not returned.value:
+        return list(sites)
+    position = row.elements.index(element)
+    held: list[cst.CSTNode] = []
+    for call in sites:
+        assign = c.parsed.parents.get(call)
+        targets = assign.targets if isinstance(assign, cst.Assign) and assign.value is call else []
+        unpacked = [t.target for t in targets if isinstance(t.target, (cst.Tuple, cst.List))]
+        if not unpacked:
+            held.append(call)  # used whole: `res = f(...)` then `res[0]`, followed as any value
+            continue
+        names = [_element_reads(c, assign, target, position) for target in unpacked]
+        if None in names:
+            return None
+        held += [read for reads in names for read in reads]
+    return held
+
+
+def _element_reads(c: Candidate, assign: cst.Assign, target: cst.Tuple | cst.List,
+                   position: int) -> list[cst.Name] | None:
+    """The reads of the name `target` (a tuple or list of an assignment) binds at `position`; None where that is
+    not a plain name (a starred element, an attribute, a subscript)."""
+    if any(isinstance(element, cst.StarredElement) for element in target.elements) or \
+            position >= len(target.elements) or not isinstance(target.elements[position].value, cst.Name):
+        return None
+    name = target.elements[position].value.value
+    flow = flow_for(c, assign)
+    bound = [d for d in flow.definitions.values() if d.name == name and d.statement is assign]
+    return [read for definition in bound for read in flow.reads_of(definition)] if bound else None
+
+
+def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cst.CSTNode | None:
+    """The statement or call writing the tensor `node` holds in place, if its parent is one."""
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value.endswith("_") and \
+            not parent.attr.value.startswith("_") and parent.attr.value not in NOT_WRITES:
+        return c.parsed.parents.get(parent)
+    if isinstance(parent, cst.AugAssign) and parent.target is node:
+        return parent
+    holder = c.parsed.parents.get(parent) if isinstance(parent, cst.Subscript) and parent.value is node else None
+    if isinstance(holder, cst.AssignTarget) or isinstance(holder, cst.AugAssign) and holder.target is parent:
+        return c.parsed.parents.get(holder) if isinstance(holder, cst.AssignTarget) else holder
+    if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "out":
+        return c.parsed.parents.get(parent)
+    return None
+
+
+def _helper_reads(c: Candidate, call: cst.CSTNode | None, node: cst.CSTNode) \
+        -> tuple[cst.FunctionDef, list[cst.Name]] | None:
+    """(the helper, its parameter's reads) for a call of a function or method of this file that takes `node` as one
+    parameter (GPT-2's `self._merge_heads(a)`): its uses there are followed as the block's own, and its return as
+    the call's value. None for anything else, and for a method a subclass may override."""
+    function = callee(c, call) if isinstance(call, cst.Call) else None
+    if function is None or c.owner is not None and function in c.owner.methods.values() and \
+            scope.overridden(c.scope.classes(), c.owner, {function.name.value}) is not None:
+        return None
+    try:
+        bound = bind_arguments(c, function, call)
+    except Refusal:
+        return None
+    names = [name for name, value in bound.items() if value is node]
+    flow = c.parsed.flow(function)
+    parameters = [d for d in flow.definitions.values() if d.kind == "param" and d.name in names]
+    return (function, flow.reads_of(parameters[0])) if len(names) == len(parameters) == 1 else None
+
+
+def _returned(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
+    """What holds `node`: the `return` of a tuple it is an element of (`return out, None`: its callers take it
+    apart), else its parent."""
+    parent = c.parsed.parents.get(node)
+    row = c.parsed.parents.get(parent) if isinstance(parent, cst.Element) else None
+    statement = c.parsed.parents.get(row) if isinstance(row, cst.Tuple) else None
+    return statement if isinstance(statement, cst.Return) else parent
+
+
+def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -> str:
+    """How `consumer` uses the tensor `node` holds: READS_STRIDES (a `.view`, a stride read, `as_strided`, a call of
+    anything this file does not show to read values only, a container), KEEPS_STRIDES (a view, an elementwise op or
+    a cast, whose result has the same strides: breaker round 13's `y = y * 2.0` then `.view`, followed), or
+    VALUES_ONLY (a fresh tensor, `.contiguous()`, `.reshape`, a metadata read, a torch.nn layer of the class)."""
+    if consumer is None:  # never read, or held where its reads are not followed: a container (`ys = [y]`), an
+        parent = c.parsed.parents.get(node)  # attribute (`self.cache = y`, read by another method), a global name,
+        held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement, cst.Yield, cst.NamedExpr)) or \
+            isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and parent.value is node and not all(
+                isinstance(target, cst.Name) and target.value not in _declared_outside(c, node)
+                for target in _assigned_targets(parent))  # `yield y`, `(o := y)`: breaker round 14
+        return READS_STRIDES if held else VALUES_ONLY
+    if isinstance(consumer, (cst.Name, cst.BinaryOperation, cst.UnaryOperation)):
+        return KEEPS_STRIDES
+    method = _method_on(consumer, node)
+    if method is not None:
+        if method in ("view", "view_as") or method in STRIDE_READS:
+            return READS_STRIDES
+        return VALUES_ONLY if method in FRESH_LAYOUT else KEEPS_STRIDES  # any other method may keep them
+    if not isinstance(consumer, cst.Call):
+        return READS_STRIDES
+    dotted = c.parsed.imported_name(consumer.func) or ""
+    if dotted.startswith("einops."):
+        return KEEPS_STRIDES  # rearranged by views where it can be
+    if dotted.startswith("torch."):
+        name = dotted.rsplit(".", 1)[-1]
+        return READS_STRIDES if name in ("view", "view_as") or name in STRIDE_READS else KEEPS_STRIDES
+    layer = _torch_layer(c, consumer.func)
+    if layer is not None:
+        return KEEPS_STRIDES if layer in RETURNS_INPUT else VALUES_ONLY
+    return READS_STRIDES
+
+
+def _declared_outside(c: Candidate, node: cst.CSTNode) -> set[str]:
+    """The names the function holding `node` declares `global` or `nonlocal` (read by other functions)."""
+    function = function_of(c.parsed, node)
+    found: set[str] = set()
+
+    class Declarations(cst.CSTVisitor):
+        def visit_Global(self, statement: cst.Global) -> None:
+            found.update(item.name.value for item in statement.names)
+
+        def visit_Nonlocal(self, statement: cst.Nonlocal) -> None:
+            found.update(item.name.value for item in statement.names)
+
+    if function is not None:
+        visit_tree(function, Declarations())
+    return found
+
+
+def _assigned_targets(statement: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[cst.BaseExpression]:
+    return [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else [statement.target]
+
+
+def _torch_layer(c: Candidate, func: cst.BaseExpression) -> str | None:
+    """The torch.nn class every assignment of the class builds `self.<attr>` with (`self.proj = nn.Linear(...)`),
+    for a call `self.<attr>(...)`; None for anything else."""
+    if c.owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and
+                               func.value.value == "self"):
+        return None
+    values = c.owner.attributes.get(func.attr.value, [])
+    layers = {_layer(c, value) for value in values}
+    if len(layers) != 1 or c.owner.rebound(func.attr.value) is not None:
+        return None
+    return layers.pop()
+
+
+def _layer(c: Candidate, value: cst.BaseExpression) -> str | None:
+    """The torch.nn class `value` builds; an `nn.Sequential` of torch.nn layers as its one that makes a new tensor
+    (as an `nn.Identity` where every one returns its input)."""
+    layer = c.parsed.imported_name(value.func) if isinstance(value, cst.Call) else None
+    if layer is None or not layer.startswith("torch.nn.") or layer.rsplit(".", 1)[-1] not in CONTAINER_LAYERS:
+        return layer if layer is not None and layer.startswith("torch.nn.") else None
+    if layer.rsplit(".", 1)[-1] != "Sequential" or any(arg.star or arg.keyword for arg in value.args):
+        return None
+    inner = [_layer(c, arg.value) for arg in value.args]
+    if not inner or None in inner:
+        return None
+    return next((found for found in inner if found not in RETURNS_INPUT), "torch.nn.Identity")
+
+
+def _method_on(consumer: cst.CSTNode | None, receiver: cst.CSTNode) -> str | None:
+    """`view` for `receiver.view(...)`, `mT` for `receiver.mT`; None when `consumer` is no method of it."""
+    if isinstance(consumer, cst.Call) and isinstance(consumer.func, cst.Attribute) and consumer.func.value is receiver:
+        return consumer.func.attr.value
+    if isinstance(consumer, cst.Attribute) and consumer.value is receiver:
+        return consumer.attr.value
+    return None
