@@ -598,6 +598,8 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
     "element_store": "o[..., 0] = 0.0\n        return o.transpose(1, 2).reshape(B, T, C)",
     "through_a_view": "o.transpose(1, 2).add_(1.0)\n        return o.transpose(1, 2).reshape(B, T, C)",
     "out_keyword": "torch.mul(o, 2.0, out=o)\n        return o.transpose(1, 2).reshape(B, T, C)",
+    "inplace_keyword": "return F.relu(o.transpose(1, 2).reshape(B, T, C), inplace=True)",
+    "torch_function": "y = o.transpose(1, 2).reshape(B, T, C)\n        torch.relu_(y)\n        return y",
 }
 
 

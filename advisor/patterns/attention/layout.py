@@ -213,7 +213,33 @@ def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cs
         return c.parsed.parents.get(holder) if isinstance(holder, cst.AssignTarget) else holder
     if isinstance(parent, cst.Arg) and parent.keyword is not None and parent.keyword.value == "out":
         return c.parsed.parents.get(parent)
+    call = c.parsed.parents.get(parent) if isinstance(parent, cst.Arg) and parent.keyword is None else None
+    if isinstance(call, cst.Call) and call.args and call.args[0] is parent and _writes_first_argument(c, call):
+        return call  # `F.relu(x, inplace=True)`, `torch.relu_(x)`, `self.act(x)` with `nn.ReLU(inplace=True)`
     return None
+
+
+def _writes_first_argument(c: Candidate, call: cst.Call) -> bool:
+    """A call that writes its first argument in place: an `inplace=` keyword not visibly False, a torch function
+    whose name ends in `_`, or a module of the class every assignment of which is built with `inplace=True`
+    (breaker round 14: `F.relu(x, inplace=True)` on a view of the output broke the patch's backward)."""
+    if any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value) for arg in call.args):
+        return True
+    dotted = c.parsed.imported_name(call.func) or ""
+    name = dotted.rsplit(".", 1)[-1]
+    if dotted.startswith("torch.") and name.endswith("_") and not name.startswith("_"):
+        return True
+    func = call.func
+    if c.owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and
+                               func.value.value == "self"):
+        return False
+    return any(isinstance(value, cst.Call) and any(arg.keyword is not None and arg.keyword.value == "inplace" and
+                                                   not _false(arg.value) for arg in value.args)
+               for value in c.owner.attributes.get(func.attr.value, []))
+
+
+def _false(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
 
 
 def _helper_reads(c: Candidate, call: cst.CSTNode | None, node: cst.CSTNode) \
