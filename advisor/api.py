@@ -13,7 +13,8 @@ from advisor.results import FixReport, OptimizeReport, ProfileReport, ScanReport
 
 def scan(paths: str | PathLike | Iterable[str | PathLike], **options) -> ScanReport:
     """`advisor scan PATH... --format json`. Options: select, ignore (codes or prefixes, a list or "ADV1,ADV2"),
-    unsafe_fixes, backend, config, force_exclude, profile (a TARGET whose measured costs join the findings)."""
+    unsafe_fixes, backend, config, force_exclude, tree (a folder whose files the tree-wide facts are read from, as
+    `--tree`), profile (a TARGET whose measured costs join the findings)."""
     from advisor.commands.scan import scanned
 
     args = _arguments("scan", _paths(paths), options, format="json")

@@ -51,6 +51,7 @@ def test_scan_options_and_configuration_are_the_clis(workdir):
     assert [f.rule for f in advisor.scan(["model.py"], ignore="ADV2,ADV3").findings] == ["ADV101"]
     (workdir / "pyproject.toml").write_text('[tool.advisor]\nselect = ["ADV2"]\n')
     assert [f.rule for f in advisor.scan(workdir / "model.py").findings] == ["ADV204"]
+    assert [f.rule for f in advisor.scan("model.py", tree=workdir).findings] == ["ADV204"]  # `--tree`
     with pytest.raises(ValueError, match="ADV9"):
         advisor.scan("model.py", select=["ADV9"])
     with pytest.raises(TypeError, match="selct"):
@@ -74,6 +75,7 @@ def test_scan_options_and_configuration_are_the_clis(workdir):
     ("optimize", {"timing_budget": float("nan")}, ValueError, "as --timing-budget takes none"),
     ("optimize", {"timing_budget": -5}, ValueError, "as --timing-budget takes none"),
     ("scan", {"profile": 123}, TypeError, "'profile' must be a str or path, not int"),  # was sent to the worker
+    ("fix", {"tree": 1}, TypeError, "'tree' must be a str or path, not int"),
     ("fix", {"config": ["a.toml"]}, TypeError, "'config' must be a str or path, not list"),
     # a fourth promises round: the API asked nothing and applied every verified patch
     ("optimize", {"interactive": True}, TypeError, "the API asks nothing"),
