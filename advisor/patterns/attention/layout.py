@@ -18,8 +18,9 @@ from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.static.codegen import dotted, keyword
+from advisor.static.dataflow import is_inplace_method
+from advisor.static.outside_writes import writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
-from advisor.static.walk import walk as visit_tree
 
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim",
@@ -203,8 +204,8 @@ def _element_reads(c: Candidate, assign: cst.Assign, target: cst.Tuple | cst.Lis
 
 def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cst.CSTNode | None:
     """The statement or call writing the tensor `node` holds in place, if its parent is one."""
-    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value.endswith("_") and \
-            not parent.attr.value.startswith("_") and parent.attr.value not in NOT_WRITES:
+    if isinstance(parent, cst.Attribute) and parent.value is node and is_inplace_method(parent) and \
+            parent.attr.value not in NOT_WRITES:
         return c.parsed.parents.get(parent)
     if isinstance(parent, cst.AugAssign) and parent.target is node:
         return parent
@@ -221,21 +222,25 @@ def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cs
 
 def _writes_first_argument(c: Candidate, call: cst.Call) -> bool:
     """A call that writes its first argument in place: an `inplace=` keyword not visibly False, a torch function
-    whose name ends in `_`, or a module of the class every assignment of which is built with `inplace=True`
-    (breaker round 14: `F.relu(x, inplace=True)` on a view of the output broke the patch's backward)."""
-    if any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value) for arg in call.args):
+    whose name says it writes in place (`torch.relu_`), or a module of the class every assignment of which is built
+    with `inplace=True` (breaker round 14: `F.relu(x, inplace=True)` on a view of the output broke the patch's
+    backward)."""
+    if _inplace_keyword(call):
         return True
     dotted = c.parsed.imported_name(call.func) or ""
-    name = dotted.rsplit(".", 1)[-1]
-    if dotted.startswith("torch.") and name.endswith("_") and not name.startswith("_"):
+    if dotted.startswith("torch.") and writes_its_receiver(dotted.rsplit(".", 1)[-1]):
         return True
     func = call.func
     if c.owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and
                                func.value.value == "self"):
         return False
-    return any(isinstance(value, cst.Call) and any(arg.keyword is not None and arg.keyword.value == "inplace" and
-                                                   not _false(arg.value) for arg in value.args)
+    return any(isinstance(value, cst.Call) and _inplace_keyword(value)
                for value in c.owner.attributes.get(func.attr.value, []))
+
+
+def _inplace_keyword(call: cst.Call) -> bool:
+    return any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value)
+               for arg in call.args)
 
 
 def _false(node: cst.BaseExpression) -> bool:
@@ -279,7 +284,7 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
         parent = c.parsed.parents.get(node)  # attribute (`self.cache = y`, read by another method), a global name,
         held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement, cst.Yield, cst.NamedExpr)) or \
             isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and parent.value is node and not all(
-                isinstance(target, cst.Name) and target.value not in _declared_outside(c, node)
+                isinstance(target, cst.Name) and target.value not in _outer_names(c, node)
                 for target in _assigned_targets(parent))  # `yield y`, `(o := y)`: breaker round 14
         return READS_STRIDES if held else VALUES_ONLY
     if isinstance(consumer, (cst.Name, cst.BinaryOperation, cst.UnaryOperation)):
@@ -303,21 +308,10 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     return READS_STRIDES
 
 
-def _declared_outside(c: Candidate, node: cst.CSTNode) -> set[str]:
-    """The names the function holding `node` declares `global` or `nonlocal` (read by other functions)."""
+def _outer_names(c: Candidate, node: cst.CSTNode) -> frozenset[str]:
+    """What the function holding `node` declares `global` or `nonlocal` (read by other functions)."""
     function = function_of(c.parsed, node)
-    found: set[str] = set()
-
-    class Declarations(cst.CSTVisitor):
-        def visit_Global(self, statement: cst.Global) -> None:
-            found.update(item.name.value for item in statement.names)
-
-        def visit_Nonlocal(self, statement: cst.Nonlocal) -> None:
-            found.update(item.name.value for item in statement.names)
-
-    if function is not None:
-        visit_tree(function, Declarations())
-    return found
+    return scope.outer_names(function) if function is not None else frozenset()
 
 
 def _assigned_targets(statement: cst.Assign | cst.AnnAssign | cst.AugAssign) -> list[cst.BaseExpression]:
