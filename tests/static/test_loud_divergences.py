@@ -200,3 +200,105 @@ def test_the_cosine_key_s_padding_is_what_makes_the_patch_nan(tmp_path):
     x[..., 4, :] = 0.0  # the padded token: a zero vector
     assert not original.Cosine()(q, x, keep).isnan().any()
     assert patched.Cosine()(q, x, keep).isnan().all()
+
+
+# Keys normalised by a helper (stop 37's noticed item): the helper's return is read as the key's definition, in the
+# file or in another file of its package.
+HELPER_MODEL = '''import torch
+import torch.nn as nn
+from . import utils
+from .utils import l2norm
+
+
+class Norm(nn.Module):
+    def forward(self, t):
+        return utils.divided(t)
+
+
+class Attend(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = Norm()
+
+    def _normed(self, t):
+        return utils.divided(t)
+
+    def forward(self, q, x, v, keep):
+        {keys}
+        scores = q @ k.transpose(-2, -1)
+        scores = scores.masked_fill(~keep, float("-inf"))
+        return scores.softmax(dim=-1) @ v
+'''
+HELPER_KEYS = {
+    "imported_function": "k = l2norm(x)",
+    "module_function": "k = utils.l2norm(x)",
+    "method": "k = self._normed(x)",
+    "module_of_the_class": "k = self.norm(x)",
+    "lambda": "normed = lambda t: t / t.norm(dim=-1, keepdim=True)\n        k = normed(x)",
+}
+
+
+def _helper_finding(tmp_path, keys: str, divided: str, cache: bool = False):
+    package = tmp_path / "pkg"
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    utils = f"def l2norm(t):\n    return divided(t)\n\n\ndef divided(t):\n    return {divided}\n"
+    (package / "utils.py").write_text(utils, encoding="utf-8")
+    (package / "model.py").write_text(HELPER_MODEL.format(keys=keys), encoding="utf-8")
+    (finding,) = [f for f in scan_paths([str(package / "model.py")], jobs=1, cache=cache).findings
+                  if f.kind == "attention"]
+    return finding
+
+
+@pytest.mark.parametrize("kind", sorted(HELPER_KEYS))
+def test_keys_a_helper_divides_by_what_may_be_zero_leave_replaced_scores_assumed(tmp_path, kind: str):
+    finding = _helper_finding(tmp_path, HELPER_KEYS[kind], "t / t.norm(dim=-1, keepdim=True)")
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+    assert finding.fix_safety == "unsafe" and "(in this function)" in assumed["replaced-scores"]
+
+
+@pytest.mark.parametrize("kind", sorted(set(HELPER_KEYS) - {"lambda"}))
+def test_keys_a_helper_keeps_from_zero_keep_replaced_scores_accepted(tmp_path, kind: str):
+    finding = _helper_finding(tmp_path, HELPER_KEYS[kind], "t / t.norm(dim=-1, keepdim=True).clamp(min=1e-6)")
+    assert finding.fix_safety == "safe"
+    assert "replaced-scores" in {fact["name"] for fact in finding.extra["facts"]["accepted"]}
+
+
+def test_an_edit_of_the_helper_s_file_reaches_a_cached_scan(tmp_path, monkeypatch):
+    """The helper's file is read during the analysis, so the cached result of the model's file goes stale with it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    bounded = _helper_finding(tmp_path, HELPER_KEYS["imported_function"], "t / (t.norm(dim=-1, keepdim=True) + 1e-6)",
+                              cache=True)
+    divided = _helper_finding(tmp_path, HELPER_KEYS["imported_function"], "t / t.norm(dim=-1, keepdim=True)",
+                              cache=True)
+    assert (bounded.fix_safety, divided.fix_safety) == ("safe", "unsafe")
+
+
+def test_a_helper_s_divided_key_is_what_makes_the_patch_nan(tmp_path):
+    """Measured: with padding keys of zeros, the original is finite and the unsafe patch NaN."""
+    import importlib
+    import sys
+
+    finding = _helper_finding(tmp_path, HELPER_KEYS["method"], "t / t.norm(dim=-1, keepdim=True)")
+    assert finding.fix_safety == "unsafe"
+    original = (tmp_path / "pkg" / "model.py").read_text(encoding="utf-8")
+    patched = analyze_source(original, str(tmp_path / "pkg" / "model.py"), unsafe_fixes=True).fixed
+    assert patched != original
+    root = str(tmp_path)
+    sys.path.insert(0, root)
+    try:
+        outputs = []
+        for text in (original, patched):
+            (tmp_path / "pkg" / "model.py").write_text(text, encoding="utf-8")
+            for name in ("pkg", "pkg.utils", "pkg.model"):
+                sys.modules.pop(name, None)
+            module = importlib.import_module("pkg.model")
+            q, x = _qkv((2, 2, 5, 4), (2, 2, 5, 4))
+            x[..., 4, :] = 0.0
+            keep = torch.tensor([1, 1, 1, 1, 0], dtype=torch.bool).view(1, 1, 1, 5)
+            outputs.append(module.Attend()(q, x, x.clone(), keep))
+    finally:
+        sys.path.remove(root)
+        for name in ("pkg", "pkg.utils", "pkg.model"):
+            sys.modules.pop(name, None)
+    assert not outputs[0].isnan().any() and outputs[1].isnan().all()

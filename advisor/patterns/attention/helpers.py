@@ -153,9 +153,15 @@ def single_return(function: cst.FunctionDef) -> cst.Return | None:
     if not body or not isinstance(body[-1], cst.SimpleStatementLine) or not isinstance(body[-1].body[-1], cst.Return):
         return None
     last = body[-1].body[-1]
+    returns = returns_of(function)
+    return last if returns == [last] and last.value is not None else None
+
+
+def returns_of(function: cst.FunctionDef) -> list[cst.Return]:
+    """Every `return` of the function itself (not of a function or lambda nested in it)."""
     finder = _ReturnFinder(function)
     walk(function, finder)
-    return last if finder.returns == [last] and last.value is not None else None
+    return finder.returns
 
 
 def calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:

@@ -7,7 +7,8 @@ masks (breaker round 13), and the patch would give NaN rows to a model that work
 function divide by a tensor not bounded away from 0 (no `eps` added, no `clamp(min=...)`), the fact is assumed.
 `F.normalize` clamps its norm, and a NaN query or value also makes the original's row NaN: only keys matter. A key
 taken as a parameter is read at its calls in the scanned tree (as call-site facts read them): one call passing a key
-so built is enough.
+so built is enough. A key built by a helper (`l2norm(k)`, `utils.l2norm(k)`, `self.normalize(k)`, a module of the
+class, a lambda) is read through what the helper returns, in this file or another of its package.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import libcst as cst
 
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.helpers import returns_of
 from advisor.patterns.attention.tensor_facts import reaching_values
 from advisor.patterns.call_site_facts import MAX_DEPTH as CALLERS_DEPTH, SiteScope, parameter_of
+from advisor.patterns.mask_helpers import package_definition, package_function
 from advisor.patterns.ops import number_value
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import children
@@ -77,14 +80,18 @@ def _division_at_callers(parsed: ParsedModule, node: cst.BaseExpression, depth: 
             if deeper is not None:
                 return deeper
             continue
-        scope = SiteScope(site.scope, site.argument)
-        prover = scope.prover()
-        reader = Reader(site.scope, scope.values, prover.is_scalar if prover is not None else
-                        lambda value: number_value(value) is not None)
-        division = _division(reader, site.argument, 0, set())
+        division = _division(_reader_at(site.scope, site.argument), site.argument, 0, set())
         if division is not None:
             return site.scope, division, f"at {site.where}"
     return None
+
+
+def _reader_at(parsed: ParsedModule, node: cst.CSTNode) -> Reader:
+    """How names read at `node`, a node of `parsed` outside the block's function (a call site, a helper)."""
+    scope = SiteScope(parsed, node)
+    prover = scope.prover()
+    return Reader(parsed, scope.values, prover.is_scalar if prover is not None else
+                  lambda value: number_value(value) is not None)
 
 
 def _base(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -108,11 +115,42 @@ def _division(reader: Reader, node: cst.CSTNode, depth: int, seen: set[cst.CSTNo
     divisor = _divisor(reader, node)
     if divisor is not None and not _bounded(reader, divisor, 0):
         return node
+    if isinstance(node, cst.Call) and any(_division(_reader_at(home, value), value, depth + 1, seen) is not None
+                                          for home, value in _helper_values(reader, node)):
+        return node
     for child in children(node):
         found = _division(reader, child, depth, seen)
         if found is not None:
             return found
     return None
+
+
+def _helper_values(reader: Reader, call: cst.Call) -> list[tuple[ParsedModule, cst.BaseExpression]]:
+    """(file, expression) for each value a helper the call may run returns: a function of the file or its package
+    (by name or through an imported module), any method of the file so named (`self.normalize(k)`: a subclass may
+    override it), the `forward` of a module class the class assigns to the attribute, a lambda bound to the name."""
+    func, parsed = call.func, reader.parsed
+    found: list[tuple[ParsedModule, cst.FunctionDef]] = []
+    if isinstance(func, cst.Name):
+        lambdas = [value for value in reader.values(func) or () if isinstance(value, cst.Lambda)]
+        if lambdas:
+            return [(parsed, value.body) for value in lambdas]
+        found = [package_function(parsed, func.value)]
+    elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        name = func.attr.value
+        found = [(parsed, function) for function, owner, _ in parsed.functions if owner is not None and
+                 function.name.value == name]
+        owner = SiteScope(parsed, call).owner
+        built = owner.only_value(name) if owner is not None else None
+        if isinstance(built, cst.Call) and isinstance(built.func, cst.Name):
+            module_class = package_definition(parsed, built.func.value, lambda module: module.top_level_classes)
+            found.append((module_class[0], module_class[1].methods.get("forward")) if module_class else None)
+    elif (dotted := parsed.imported_name(func)) is not None and "." in dotted and not dotted.startswith("torch."):
+        module, name = dotted.rsplit(".", 1)
+        home = parsed.package_module(module)
+        found = [package_function(home, name) if home is not None else None]
+    return [(home, node.value) for home, function in filter(None, found) if function is not None
+            for node in returns_of(function) if node.value is not None]
 
 
 def _divisor(reader: Reader, node: cst.CSTNode) -> cst.BaseExpression | None:
