@@ -271,7 +271,7 @@ def test_a_package_softmax_helper_is_read_and_rewritten(package, imports, call):
     result = scan_in(package, "mha", source)
     (finding,) = result.findings
     assert finding.fix_safety == "safe", finding.reason
-    assert [fact["name"] for fact in finding.extra["facts"]["accepted"]] == ["precision"]
+    assert [fact["name"] for fact in finding.extra["facts"]["accepted"]] == ["precision", "output-writes"]
     (package / "modules" / "mha_fixed.py").write_text(result.fixed)
     original = importlib.import_module("pkg.modules.mha")
     patched = importlib.import_module("pkg.modules.mha_fixed")

@@ -43,6 +43,16 @@ FRESH_LAYOUT = frozenset({"contiguous", "reshape", "reshape_as", "sum", "mean", 
                           "tolist", "size", "dim", "numel", "shape", "dtype", "device", "is_floating_point",
                           "matmul", "mm", "bmm", "repeat", "masked_select", "nonzero", "element_size", "ndim",
                           "requires_grad", "is_cuda", "register_hook", "backward"})
+# accepted where the output is returned out of sight: the original returns its product (or a copy of it), which
+# autograd did not save; the patch may return SDPA's output, which its kernels save for the backward
+OUT_OF_SIGHT_WRITES = "output-writes"
+OUT_OF_SIGHT_WHY = ("as `out += x`, while autograd records the block makes the patch's backward raise (SDPA saves "
+                    "its output): a loud failure, not another value, and the forward's values are the original's")
+# reads of a tensor's metadata, which no write of its values changes
+METADATA = frozenset({"size", "shape", "dim", "ndim", "numel", "dtype", "device", "is_floating_point", "is_cuda",
+                      "element_size", "requires_grad"})
+READING_BUILTINS = frozenset({"print", "len", "isinstance", "type", "id", "repr", "str", "float", "int", "bool",
+                              "hash", "format", "callable", "hasattr"})
 RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
 CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 
@@ -103,8 +113,14 @@ def _written_in_place(c: Candidate) -> str | None:
     `.detach()`, basic indexing; in this file's callers where it is returned), is written in place: an in-place
     method, `x += y`, `x[i] = y`, `out=x`. Breaker round 14: `o.mul_(2.0)` after the block broke the patch's
     backward (SDPA's CPU flash kernel saves its output), and `y = o.contiguous(); y.mul_(2.0)` wrote the original's
-    contiguous product through `y` but a copy of the patch's transposed output. None where nothing writes."""
-    frontier, seen, steps = [c.match.output_node], set(), 0
+    contiguous product through `y` but a copy of the patch's transposed output. None where nothing writes.
+
+    A callee not shown to leave its argument unwritten (a function of another file, a module of the user's) counts
+    as a write where the output is read anywhere else too (breaker round 15: `scale_(o.contiguous())` then `o`
+    read), since aliases the original shares and the patch may not could then show the write; where it is the
+    output's one use down a chain of single reads, a write there can only make the backward raise (`output-writes`,
+    accepted as for callers out of sight)."""
+    frontier, seen, steps, unseen, branched = [c.match.output_node], set(), 0, [], False
     while frontier and steps < 4 * MAX_CHAIN:
         steps += 1
         node = frontier.pop()
@@ -113,11 +129,24 @@ def _written_in_place(c: Candidate) -> str | None:
         seen.add(node)
         parent = _returned(c, node)
         if isinstance(parent, cst.Return):
-            frontier.extend(_held_by_callers(c, node, parent) or ())
+            held = _held_by_callers(c, node, parent)
+            if held is None:  # a caller or a forward hook out of sight may write it in place: loud
+                _accept_writes_out_of_sight(c, "a caller outside this file (or a forward hook)")
+            branched |= held is not None and len(held) > 1
+            frontier.extend(held or ())
             continue
         write = _write_of(c, node, parent)
         if write is not None:
             return f"is written by `{short(c.parsed, write)}` at line {c.parsed.line(write)}"
+        call = c.parsed.parents.get(parent) if isinstance(parent, cst.Arg) and parent.value is node else None
+        if isinstance(call, cst.Call) and call.func is not node:
+            helper = _helper_reads(c, call, node)
+            if helper is not None:  # a helper of this file: its parameter's reads are followed as the block's own
+                frontier.extend(helper[1])
+                branched |= len(helper[1]) > 1
+                continue
+            if not _reads_arguments_only(c, call):
+                unseen.append(call)
         if isinstance(parent, cst.Subscript) and parent.value is node or \
                 isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
             frontier.append(parent)
@@ -127,11 +156,35 @@ def _written_in_place(c: Candidate) -> str | None:
         if isinstance(parent, cst.Assign) and parent.value is node and not all(
                 isinstance(target, cst.Name) for target in _assigned_targets(parent)):
             return f"is stored by `{short(c.parsed, parent)}` at line {c.parsed.line(parent)}, where it may be written"
-        for consumer, _ in consumers(c, node):
+        uses = consumers(c, node)
+        branched |= sum(_reads_values(c, consumer, node) for consumer, _ in uses) > 1
+        for consumer, _ in uses:
             method = _method_on(consumer, node)
             if isinstance(consumer, cst.Name) or method in ALIASING:
                 frontier.append(consumer)
+    if unseen and branched:
+        return (f"is passed to `{short(c.parsed, unseen[0])}` at line {c.parsed.line(unseen[0])}, which this file "
+                "does not show to leave it unwritten, and read elsewhere too")
+    if unseen:
+        _accept_writes_out_of_sight(c, f"`{short(c.parsed, unseen[0])}` (line {c.parsed.line(unseen[0])})")
     return None
+
+
+def _reads_values(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    """Whether `consumer` may read the values `node` holds: not a metadata read (`o.size()`, or a name read only
+    for that, as BERT's `c.size()[:-2]` before `c.view(...)`)."""
+    if _method_on(consumer, node) in METADATA:
+        return False
+    if not isinstance(consumer, cst.Name):
+        return True
+    parent = c.parsed.parents.get(consumer)
+    call = c.parsed.parents.get(parent) if isinstance(parent, cst.Attribute) else None
+    return _method_on(call if isinstance(call, cst.Call) and call.func is parent else parent, consumer) not in METADATA
+
+
+def _accept_writes_out_of_sight(c: Candidate, writer: str) -> None:
+    c.match.facts.accepted(OUT_OF_SIGHT_WRITES, "nothing out of sight writes the output in place while autograd "
+                           "records the block", f"{writer} writing it in place, {OUT_OF_SIGHT_WHY}")
 
 
 def _copied_into_a_tensor(c: Candidate, parent: cst.CSTNode | None, node: cst.CSTNode) -> bool:
@@ -218,6 +271,17 @@ def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cs
     if isinstance(call, cst.Call) and call.args and call.args[0] is parent and _writes_first_argument(c, call):
         return call  # `F.relu(x, inplace=True)`, `torch.relu_(x)`, `self.act(x)` with `nn.ReLU(inplace=True)`
     return None
+
+
+def _reads_arguments_only(c: Candidate, call: cst.Call) -> bool:
+    """A callee that writes no argument but as `_write_of` reads (an `inplace=` keyword, `out=`, a name ending in
+    `_`): a torch function, einops, a torch.nn layer of the class, a builtin that only reads. Any other (a function
+    of another file, a module class of the user's, a list's `append`) may write what it is given in place (breaker
+    round 15: `scale_(o)` of another file wrote SDPA's saved output)."""
+    dotted = c.parsed.imported_name(call.func) or ""
+    if dotted.startswith(("torch.", "einops.")) or _torch_layer(c, call.func) is not None:
+        return True
+    return dotted in READING_BUILTINS  # a builtin's name where the file binds it nowhere (imported_name)
 
 
 def _writes_first_argument(c: Candidate, call: cst.Call) -> bool:
