@@ -603,6 +603,9 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
     # breaker round 15: a function or module the file does not show to leave its argument unwritten
     "helper_of_the_file": "scale_(o)\n        return o.transpose(1, 2).reshape(B, T, C)",
     "module_of_the_user": "self.post(o)\n        return o.transpose(1, 2).reshape(B, T, C)",
+    "positional_inplace": "return F.relu(o.transpose(1, 2).reshape(B, T, C), True)",
+    "sequential_inplace": "y = self.seq(o.transpose(1, 2).reshape(B, T, C))\n"
+                          "        return y + o.transpose(1, 2).reshape(B, T, C)",
     "list_then_written": "kept = []\n        kept.append(o)\n        kept[0].mul_(2.0)\n"
                          "        return o.transpose(1, 2).reshape(B, T, C)",
 }
@@ -627,7 +630,7 @@ def test_an_output_written_in_place_is_a_fresh_contiguous_tensor(kind):
     source = attention(f"""
         o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
         {IN_PLACE_WRITES[kind]}
-    """, init="self.post = Post()", after=WRITERS)
+    """, init="self.post = Post()\nself.seq = nn.Sequential(nn.ReLU(inplace=True))", after=WRITERS)
     assert ".clone(memory_format=torch.contiguous_format)" in analyze_source(source, "m.py").fixed
     outcome = check(source)
     assert outcome.status not in (INVALID, COUNTEREXAMPLE), f"{outcome.kind}: {outcome.detail}"

@@ -54,6 +54,19 @@ METADATA = frozenset({"size", "shape", "dim", "ndim", "numel", "dtype", "device"
 READING_BUILTINS = frozenset({"print", "len", "isinstance", "type", "id", "repr", "str", "float", "int", "bool",
                               "hash", "format", "callable", "hasattr"})
 RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
+# where `inplace` is passed by position: a torch.nn layer's constructor (`nn.ReLU(True)`, `nn.Dropout(0.1, True)`)
+# and a torch.nn.functional function, its input first (`F.relu(x, True)`, `F.dropout(x, 0.1, True, True)`)
+INPLACE_POSITIONS = {
+    **dict.fromkeys(("ReLU", "ReLU6", "SELU", "SiLU", "Mish", "Hardswish", "Hardsigmoid"), 0),
+    **dict.fromkeys(("LeakyReLU", "ELU", "CELU", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
+                     "FeatureAlphaDropout"), 1),
+    **dict.fromkeys(("Threshold", "Hardtanh", "RReLU"), 2),
+    **dict.fromkeys(("relu", "relu6", "selu", "silu", "mish", "hardswish", "hardsigmoid"), 1),
+    **dict.fromkeys(("leaky_relu", "elu", "celu"), 2),
+    **dict.fromkeys(("threshold", "hardtanh", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                     "feature_alpha_dropout"), 3),
+    "rrelu": 4,
+}
 CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 
 
@@ -285,11 +298,12 @@ def _reads_arguments_only(c: Candidate, call: cst.Call) -> bool:
 
 
 def _writes_first_argument(c: Candidate, call: cst.Call) -> bool:
-    """A call that writes its first argument in place: an `inplace=` keyword not visibly False, a torch function
-    whose name says it writes in place (`torch.relu_`), or a module of the class every assignment of which is built
-    with `inplace=True` (breaker round 14: `F.relu(x, inplace=True)` on a view of the output broke the patch's
-    backward)."""
-    if _inplace_keyword(call):
+    """A call that writes its first argument in place: an `inplace` argument not visibly False (`F.relu(x, True)`,
+    `inplace=True`), a torch function whose name says it writes in place (`torch.relu_`), or a module of the class
+    built so (`nn.ReLU(True)`, inside an `nn.Sequential` too). Breaker round 14: `F.relu(x, inplace=True)` on a view
+    of the output broke the patch's backward; round 15: `nn.Sequential(nn.ReLU(inplace=True))` wrote through a
+    reshape that is a copy in the original and a view in the patch (0.75 in the forward)."""
+    if _inplace_argument(c, call):
         return True
     dotted = c.parsed.imported_name(call.func) or ""
     if dotted.startswith("torch.") and writes_its_receiver(dotted.rsplit(".", 1)[-1]):
@@ -298,13 +312,29 @@ def _writes_first_argument(c: Candidate, call: cst.Call) -> bool:
     if c.owner is None or not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and
                                func.value.value == "self"):
         return False
-    return any(isinstance(value, cst.Call) and _inplace_keyword(value)
-               for value in c.owner.attributes.get(func.attr.value, []))
+    return any(_built_inplace(c, value) for value in c.owner.attributes.get(func.attr.value, []))
 
 
-def _inplace_keyword(call: cst.Call) -> bool:
-    return any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value)
-               for arg in call.args)
+def _built_inplace(c: Candidate, value: cst.BaseExpression) -> bool:
+    """A module built to write its input in place, or a container of torch.nn layers holding one."""
+    if not isinstance(value, cst.Call):
+        return False
+    layer = c.parsed.imported_name(value.func) or ""
+    if layer.startswith("torch.nn.") and layer.rsplit(".", 1)[-1] in CONTAINER_LAYERS:
+        return any(_built_inplace(c, arg.value) for arg in value.args)
+    return _inplace_argument(c, value)
+
+
+def _inplace_argument(c: Candidate, call: cst.Call) -> bool:
+    """An `inplace` argument not visibly False: by keyword, or at its position in a torch.nn layer's constructor or
+    a torch.nn.functional function (INPLACE_POSITIONS)."""
+    if any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value) for arg in call.args):
+        return True
+    dotted = c.parsed.imported_name(call.func) or ""
+    family, _, name = dotted.rpartition(".")
+    position = INPLACE_POSITIONS.get(name) if family in ("torch.nn", "torch.nn.functional") else None
+    positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
+    return position is not None and len(positional) > position and not _false(positional[position])
 
 
 def _false(node: cst.BaseExpression) -> bool:
