@@ -603,6 +603,8 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
     # breaker round 15: a function or module the file does not show to leave its argument unwritten
     "helper_of_the_file": "scale_(o)\n        return o.transpose(1, 2).reshape(B, T, C)",
     "module_of_the_user": "self.post(o)\n        return o.transpose(1, 2).reshape(B, T, C)",
+    "through_a_cast": "y = o.transpose(1, 2).contiguous().float()\n        y.mul_(2.0)\n"
+                      "        return y.reshape(B, T, C) + o.transpose(1, 2).reshape(B, T, C)",
     "positional_inplace": "return F.relu(o.transpose(1, 2).reshape(B, T, C), True)",
     "sequential_inplace": "y = self.seq(o.transpose(1, 2).reshape(B, T, C))\n"
                           "        return y + o.transpose(1, 2).reshape(B, T, C)",

@@ -34,7 +34,10 @@ STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "unt
 # methods whose result may share the receiver's storage: a write through it writes the output (`.contiguous()` and
 # `.reshape` return the receiver itself, or a view, where its strides allow)
 ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "contiguous", "detach", "data", "flatten",
-                      "unflatten", "narrow", "select", "diagonal", "as_strided", "real"}) | STRIDED_VIEWS
+                      "unflatten", "narrow", "select", "diagonal", "as_strided", "real", "conj", "resolve_conj",
+                      "resolve_neg", "unfold", "movedim", "moveaxis", "swapdims", "mH", "H", "requires_grad_",
+                      # casts and moves return the receiver itself where it already has that dtype or device
+                      "to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda"}) | STRIDED_VIEWS
 NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
 # methods whose result is a fresh tensor of torch's default (contiguous) layout, or no tensor: the output's strides
 # end there; any other method may keep them (`.clamp`, `.flip`, `.nan_to_num`, `.real`: breaker round 14)
