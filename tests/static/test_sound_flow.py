@@ -605,6 +605,15 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
     "module_of_the_user": "self.post(o)\n        return o.transpose(1, 2).reshape(B, T, C)",
     "through_a_cast": "y = o.transpose(1, 2).contiguous().float()\n        y.mul_(2.0)\n"
                       "        return y.reshape(B, T, C) + o.transpose(1, 2).reshape(B, T, C)",
+    # the function's flow sees these writes through names that may alias the output (breaker round 15)
+    "torch_reshape": "y = torch.reshape(o.transpose(1, 2), (B, T, C))\n        y.mul_(2.0)\n"
+                     "        return y + o.transpose(1, 2).reshape(B, T, C)",
+    "iterated": "y = o.transpose(1, 2).contiguous()\n        for t in y:\n            t.mul_(2.0)\n"
+                "        return o.transpose(1, 2).reshape(B, T, C) + y.reshape(B, T, C)",
+    "listed": "y = o.transpose(1, 2).contiguous()\n        ys = list(y)\n        ys[0].mul_(3.0)\n"
+              "        return y.reshape(B, T, C) + o.transpose(1, 2).reshape(B, T, C)",
+    "walrus": "(y := o.transpose(1, 2).contiguous()).mul_(2.0)\n"
+              "        return o.transpose(1, 2).reshape(B, T, C) + y.reshape(B, T, C)",
     "positional_inplace": "return F.relu(o.transpose(1, 2).reshape(B, T, C), True)",
     "sequential_inplace": "y = self.seq(o.transpose(1, 2).reshape(B, T, C))\n"
                           "        return y + o.transpose(1, 2).reshape(B, T, C)",

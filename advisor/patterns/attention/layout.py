@@ -13,7 +13,8 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns import scope
-from advisor.patterns.attention.candidate import MAX_CHAIN, Candidate, consumers, flow_for, function_of
+from advisor.patterns.attention.candidate import MAX_CHAIN, Candidate, consumers, definition_of_value, flow_for, \
+    function_of
 from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
@@ -151,7 +152,7 @@ def _written_in_place(c: Candidate) -> str | None:
             branched |= held is not None and len(held) > 1
             frontier.extend(held or ())
             continue
-        write = _write_of(c, node, parent)
+        write = _write_of(c, node, parent) or _written_through_aliases(c, node)
         if write is not None:
             return f"is written by `{short(c.parsed, write)}` at line {c.parsed.line(write)}"
         call = c.parsed.parents.get(parent) if isinstance(parent, cst.Arg) and parent.value is node else None
@@ -287,6 +288,20 @@ def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cs
     if isinstance(call, cst.Call) and call.args and call.args[0] is parent and _writes_first_argument(c, call):
         return call  # `F.relu(x, inplace=True)`, `torch.relu_(x)`, `self.act(x)` with `nn.ReLU(inplace=True)`
     return None
+
+
+def _written_through_aliases(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The statement writing in place the value a name is bound to from `node`, where the function's flow sees the
+    write through a name that may alias it (`for t in y: t.mul_(2)`, `ys = list(y); ys[0].mul_(3)`,
+    `torch.reshape(o, ...)`, a `:=` binding: breaker round 15, each 0.9 to 1.2 in the forward)."""
+    definition = definition_of_value(c, node)
+    if definition is None:
+        return None
+    flow = flow_for(c, node)
+    return next((later.statement for later in flow.definitions.values()
+                 if later.name == definition.name and later.kind in ("store", "inplace", "aug") and
+                 (definition.id in later.previous or not later.previous) and
+                 c.parsed.line(later.statement) >= c.parsed.line(definition.statement)), None)
 
 
 def _reads_arguments_only(c: Candidate, call: cst.Call) -> bool:
