@@ -614,6 +614,10 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
               "        return y.reshape(B, T, C) + o.transpose(1, 2).reshape(B, T, C)",
     "walrus": "(y := o.transpose(1, 2).contiguous()).mul_(2.0)\n"
               "        return o.transpose(1, 2).reshape(B, T, C) + y.reshape(B, T, C)",
+    "listed_display": "ys = [o.transpose(1, 2).contiguous()]\n        scale_(ys[0])\n"
+                      "        return o.transpose(1, 2).reshape(B, T, C) + ys[0].reshape(B, T, C)",
+    "starred_display": "y = o.transpose(1, 2).contiguous()\n        scale_(*[y])\n"
+                       "        return o.transpose(1, 2).reshape(B, T, C) + y.reshape(B, T, C)",
     "positional_inplace": "return F.relu(o.transpose(1, 2).reshape(B, T, C), True)",
     "sequential_inplace": "y = self.seq(o.transpose(1, 2).reshape(B, T, C))\n"
                           "        return y + o.transpose(1, 2).reshape(B, T, C)",
@@ -652,7 +656,7 @@ def test_an_output_only_read_gets_no_clone():
         o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
         y = (o * 2.0).contiguous()
         y.mul_(2.0)
-        print(total(o), len(o))
+        print(total(o), len(o), torch.cat([o, o]).sum())
         return (o + y).transpose(1, 2).reshape(B, T, C)
     """, after="""
     def total(t):

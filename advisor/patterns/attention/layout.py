@@ -168,6 +168,9 @@ def _written_in_place(c: Candidate) -> str | None:
                 isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
             frontier.append(parent)
             continue
+        held = _held_in_a_container(c, parent)
+        if held is not None:
+            return f"is held in `{short(c.parsed, held)}` at line {c.parsed.line(held)}, where it may be written"
         if _copied_into_a_tensor(c, parent, node):
             continue
         if isinstance(parent, cst.Assign) and parent.value is node and not all(
@@ -288,6 +291,21 @@ def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cs
     if isinstance(call, cst.Call) and call.args and call.args[0] is parent and _writes_first_argument(c, call):
         return call  # `F.relu(x, inplace=True)`, `torch.relu_(x)`, `self.act(x)` with `nn.ReLU(inplace=True)`
     return None
+
+
+def _held_in_a_container(c: Candidate, parent: cst.CSTNode | None) -> cst.CSTNode | None:
+    """The list, tuple, set or dict display an alias of the output is an element of, where its elements are not
+    followed (`ys = [o.contiguous()]; scale_(ys[0])`, `f(*[y])`: breaker round 15, 0.92 in the forward); None
+    outside one, or for one a torch function only reads (`torch.cat([o, x])`)."""
+    if not isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement)):
+        return None
+    container = c.parsed.parents.get(parent)
+    argument = c.parsed.parents.get(container)
+    call = c.parsed.parents.get(argument) if isinstance(argument, cst.Arg) else None
+    if isinstance(call, cst.Call) and argument.value is container and \
+            (c.parsed.imported_name(call.func) or "").startswith(("torch.", "einops.")):
+        return None
+    return container
 
 
 def _written_through_aliases(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
