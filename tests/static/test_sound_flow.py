@@ -618,6 +618,10 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
                       "        return o.transpose(1, 2).reshape(B, T, C) + ys[0].reshape(B, T, C)",
     "starred_display": "y = o.transpose(1, 2).contiguous()\n        scale_(*[y])\n"
                        "        return o.transpose(1, 2).reshape(B, T, C) + y.reshape(B, T, C)",
+    "global_name": "global CACHE\n        CACHE = o.transpose(1, 2).contiguous()\n        bump()\n"
+                   "        return o.transpose(1, 2).reshape(B, T, C)",
+    "closure": "y = o.transpose(1, 2).contiguous()\n        def g():\n            y.mul_(2.0)\n        g()\n"
+               "        return o.transpose(1, 2).reshape(B, T, C)",
     "positional_inplace": "return F.relu(o.transpose(1, 2).reshape(B, T, C), True)",
     "sequential_inplace": "y = self.seq(o.transpose(1, 2).reshape(B, T, C))\n"
                           "        return y + o.transpose(1, 2).reshape(B, T, C)",
@@ -625,6 +629,13 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
                          "        return o.transpose(1, 2).reshape(B, T, C)",
 }
 WRITERS = """
+CACHE = None
+
+
+def bump():
+    CACHE.mul_(2.0)
+
+
 def scale_(t):
     t.mul_(2.0)
     return t

@@ -19,7 +19,7 @@ from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.static.codegen import dotted, keyword
-from advisor.static.dataflow import is_inplace_method
+from advisor.static.dataflow import is_inplace_method, loaded_names
 from advisor.static.outside_writes import writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
 
@@ -168,7 +168,7 @@ def _written_in_place(c: Candidate) -> str | None:
                 isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
             frontier.append(parent)
             continue
-        held = _held_in_a_container(c, parent)
+        held = _held_in_a_container(c, parent) or _bound_for_other_functions(c, node)
         if held is not None:
             return f"is held in `{short(c.parsed, held)}` at line {c.parsed.line(held)}, where it may be written"
         if _copied_into_a_tensor(c, parent, node):
@@ -306,6 +306,24 @@ def _held_in_a_container(c: Candidate, parent: cst.CSTNode | None) -> cst.CSTNod
             (c.parsed.imported_name(call.func) or "").startswith(("torch.", "einops.")):
         return None
     return container
+
+
+def _bound_for_other_functions(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The assignment binding `node` to a name other functions may read and write: a `global` or `nonlocal` one, or
+    one a function or lambda nested in this one reads (its writes are not in this function's flow: breaker round 15,
+    `def g(): y.mul_(2)` then `g()`, 0.92 in the forward)."""
+    definition = definition_of_value(c, node)
+    function = function_of(c.parsed, node)
+    if definition is None or function is None:
+        return None
+    if definition.name in scope.outer_names(function):
+        return definition.statement
+    nested = [inner for inner in c.parsed.nodes_of(cst.FunctionDef, cst.Lambda)
+              if inner is not function and c.parsed.within(inner, function) and definition.name not in
+              {param.name.value for param in (*inner.params.params, *inner.params.kwonly_params,
+                                              *inner.params.posonly_params)}]  # a parameter of its own
+    return definition.statement if any(name.value == definition.name for inner in nested
+                                       for name in loaded_names(inner)) else None
 
 
 def _written_through_aliases(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
