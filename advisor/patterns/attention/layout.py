@@ -168,7 +168,10 @@ def _written_in_place(c: Candidate) -> str | None:
                 isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
             frontier.append(parent)
             continue
-        held = _held_in_a_container(c, parent) or _bound_for_other_functions(c, node)
+        if isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement)):
+            frontier.append(c.parsed.parents.get(parent))  # a display holding it: its uses are the output's
+            continue
+        held = _bound_for_other_functions(c, node)
         if held is not None:
             return f"is held in `{short(c.parsed, held)}` at line {c.parsed.line(held)}, where it may be written"
         if _copied_into_a_tensor(c, parent, node):
@@ -291,21 +294,6 @@ def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cs
     if isinstance(call, cst.Call) and call.args and call.args[0] is parent and _writes_first_argument(c, call):
         return call  # `F.relu(x, inplace=True)`, `torch.relu_(x)`, `self.act(x)` with `nn.ReLU(inplace=True)`
     return None
-
-
-def _held_in_a_container(c: Candidate, parent: cst.CSTNode | None) -> cst.CSTNode | None:
-    """The list, tuple, set or dict display an alias of the output is an element of, where its elements are not
-    followed (`ys = [o.contiguous()]; scale_(ys[0])`, `f(*[y])`: breaker round 15, 0.92 in the forward); None
-    outside one, or for one a torch function only reads (`torch.cat([o, x])`)."""
-    if not isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement)):
-        return None
-    container = c.parsed.parents.get(parent)
-    argument = c.parsed.parents.get(container)
-    call = c.parsed.parents.get(argument) if isinstance(argument, cst.Arg) else None
-    if isinstance(call, cst.Call) and argument.value is container and \
-            (c.parsed.imported_name(call.func) or "").startswith(("torch.", "einops.")):
-        return None
-    return container
 
 
 def _bound_for_other_functions(c: Candidate, node: cst.CSTNode) -> cst.CSTNode | None:
