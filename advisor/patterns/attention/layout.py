@@ -11,6 +11,7 @@ storage, gets a fresh contiguous copy.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import MAX_CHAIN, Candidate, consumers, definition_of_value, flow_for, \
@@ -306,8 +307,8 @@ def _bound_for_other_functions(c: Candidate, node: cst.CSTNode) -> cst.CSTNode |
         return None
     if definition.name in scope.outer_names(function):
         return definition.statement
-    nested = [inner for inner in c.parsed.nodes_of(cst.FunctionDef, cst.Lambda)
-              if inner is not function and c.parsed.within(inner, function) and definition.name not in
+    nested = [inner for inner in m.findall(function.body, m.FunctionDef() | m.Lambda())
+              if definition.name not in
               {param.name.value for param in (*inner.params.params, *inner.params.kwonly_params,
                                               *inner.params.posonly_params)}]  # a parameter of its own
     return definition.statement if any(name.value == definition.name for inner in nested
