@@ -216,7 +216,8 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     arrives (for a progress bar). `cache`: reuse and keep each file's result on disk (static.scan_cache; not for a
     run with runtime evidence, nor with jobs=1, whose results keep their node edits). `tree_paths`: the tree whose
     files the facts are gathered from, beside `paths` (pre-commit names the staged files only: a training script
-    left out of the commit still asks for double backward)."""
+    left out of the commit still asks for double backward); the files `path_rules` excludes count for the facts
+    too."""
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors, all_excluded=bool(paths) and path_rules is not None and
                         all(path_rules.excludes_named(path) for path in paths))
@@ -224,9 +225,12 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
                            fixed=fixed, call_site_facts=call_site_facts, path_rules=path_rules)) \
         if cache and runtime is None and jobs != 1 else None  # jobs=1: the caller wants the node edits
     jobs = jobs or min(os.cpu_count() or 1, 8)
+    # excluded files are still the model's users (a test taking a gradient penalty through it): they count for the
+    # tree's facts, and only their findings are dropped
     seen = {os.path.realpath(path) for path in files}
-    whole = files + [path for path in (discover(tree_paths, path_rules)[0] if tree_paths else [])
-                     if os.path.realpath(path) not in seen]
+    whole = files + [path for path in (discover(paths)[0] if path_rules is not None and path_rules.exclude else []) +
+                     (discover(tree_paths)[0] if tree_paths else [])
+                     if os.path.realpath(path) not in seen and not seen.add(os.path.realpath(path))]
     tree = tree_context(whole, call_site_facts, cache=store, jobs=jobs)
     scan_one = partial(_scan_file, unsafe_fixes=unsafe_fixes, select=select, ignore=ignore, backend=backend,
                        runtime=runtime, patches=patches, fixed=fixed, tree=tree, path_rules=path_rules)

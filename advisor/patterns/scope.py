@@ -24,9 +24,9 @@ from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE,
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.op_overrides import op_overrides
+from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
-    func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses, state_swaps, \
-    uses_of
+    func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses
 from advisor.static.walk import children
 from advisor.static.walk import walk as visit_tree
 
@@ -936,31 +936,65 @@ def _hook_registration(parsed: ParsedModule) -> str | None:
     return None
 
 
+# what the emitted call runs: a file of the tree that replaces it (`F.scaled_dot_product_attention = f`, for the
+# project's own fused layers) changes the patched block and not the original
+INTRODUCED = {"torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.scaled_dot_product_attention"}
+# the modules the emitted call is reached through: another file rebinding the name this file imports them as
+# (`import model; model.F = shim.F`) makes both the block's calls and the emitted one read that object instead
+EMITTED_THROUGH = ("torch", "torch.nn.functional", "torch.nn")
+
+
 def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> str | None:
-    """Why a torch function or tensor method the rewrite deletes may not be torch's when the code runs (None: no
-    file of the scan assigns one): a training script's `F.softmax = tempered_softmax` changes what the eager block
-    computes, and the SDPA call never calls it."""
-    replaced = {name for name in parsed.outside_attribute_writes[0] if name.startswith("torch.")}
-    if not replaced:
+    """Why a torch function or tensor method the rewrite deletes or introduces may not be torch's when the code runs
+    (None: no file of the scan assigns one): a training script's `F.softmax = tempered_softmax` changes what the
+    eager block computes, and the SDPA call never calls it; `F.scaled_dot_product_attention = f` changes what the
+    patched block computes; another file's `model.F = shim.F` rebinds the module-level name the block's calls (and
+    the emitted one) are read through."""
+    written = parsed.outside_attribute_writes[0]
+    replaced = {name for name in written if name.startswith("torch.")}
+    introduced = sorted(replaced & INTRODUCED)
+    if introduced:
+        return (f"`{introduced[0]}`, which the rewrite introduces a call of, is assigned in "
+                f"{parsed.outside_writer(introduced[0])}: it may not be torch's when the code runs")
+    imported = {name for name in parsed.imports if name in written and name not in parsed.bound_names and
+                not _inside_a_torch_write(parsed.imports[name], name, replaced)}
+    if not replaced and not imported:
         return None
     found: list[str] = []
+    roots: set[str] = {name for name in imported if parsed.imports[name] in EMITTED_THROUGH}
 
     class Calls(cst.CSTVisitor):
         def visit_Call(self, node: cst.Call) -> None:
             name = parsed.imported_name(node.func)
             method = f"torch.Tensor.{node.func.attr.value}" if isinstance(node.func, cst.Attribute) else None
             found.extend(n for n in (name, method) if n in replaced)
+            root = node.func
+            while isinstance(root, cst.Attribute):
+                root = root.value
+            if isinstance(root, cst.Name) and root.value in imported:
+                roots.add(root.value)
 
     for node in nodes:
         visit_tree(node, Calls())
-    if not found:
-        return None
-    return (f"`{found[0]}`, which the rewrite deletes a call of, is assigned in {parsed.outside_writer(found[0])}: "
-            "it may not be torch's when the code runs")
+    if found:
+        return (f"`{found[0]}`, which the rewrite deletes a call of, is assigned in "
+                f"{parsed.outside_writer(found[0])}: it may not be torch's when the code runs")
+    if roots:
+        root = min(roots)
+        return (f"`{root}` (this file's `{parsed.imports[root]}`) is assigned on this module in "
+                f"{parsed.outside_writer(root)}: the block's calls, and the one the rewrite introduces, may not be "
+                "torch's when the code runs")
+    return None
 
 
 # the functional each of torch's modules whose calls a patch deletes calls in its forward
 MODULE_FUNCTIONALS = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax": "torch.nn.functional.softmax"}
+
+
+def _inside_a_torch_write(module: str, name: str, replaced: set[str]) -> bool:
+    """`nn` (torch.nn) among the names written where a dotted write of torch's names it on the way
+    (`torch.nn.functional.dropout = f` writes `nn`, `functional` and `dropout` of their receivers)."""
+    return module.rsplit(".", 1)[-1] == name and any(written.startswith(module + ".") for written in replaced)
 
 
 def replaced_module_class(parsed: ParsedModule, kinds: tuple[str, ...]) -> str | None:
@@ -980,18 +1014,17 @@ def replaced_module_class(parsed: ParsedModule, kinds: tuple[str, ...]) -> str |
     return None
 
 
-def state_swapped(parsed: ParsedModule) -> str | None:
-    """Why any buffer of the file's classes may hold another tensor than the class assigned when the code runs
-    (None: nothing shows it): this file or another of the tree runs modules with state given by name
-    (`torch.func.functional_call(model, {"bias": ones}, (x,))`) or writes into buffers reached by name
-    (`named_buffers()`, `state_dict()`), so a value read from the class's assignment (a causal triangle) is not the
-    one the code sees (static.project.state_swaps)."""
-    own = parsed.derived(state_swapped, lambda p: next(iter(state_swaps(p)), None))
+def sdpa_kernels_restricted(parsed: ParsedModule) -> str | None:
+    """Why the SDPA call a patch introduces may find no kernel that takes it (None: nothing in the tree restricts
+    SDPA's kernels without its math kernel): `with sdpa_kernel(SDPBackend.FLASH_ATTENTION):` or
+    `enable_math_sdp(False)` in this file or another of the tree (static.sdpa_kernels)."""
+    own = parsed.derived(sdpa_kernels_restricted, lambda p: next(iter(math_kernel_excluded(p.source)), None))
     if own is not None:
-        return f"this file replaces or writes modules' buffers by name (line {parsed.line(own)})"
-    elsewhere = first_elsewhere(parsed.project.state_swaps, parsed.path) if parsed.project is not None else None
+        return f"this file has `{own[1]}` (line {own[0]})"
+    sites = parsed.project.sdpa_restrictions if parsed.project is not None else ()
+    elsewhere = first_elsewhere(sites, parsed.path)
     if elsewhere is not None:
-        return f"{elsewhere.describe()}, which replaces or writes modules' buffers by name"
+        return f"`{display_path(elsewhere.path)}` has `{elsewhere.code}` (line {elsewhere.line})"
     return None
 
 
@@ -1002,12 +1035,12 @@ def ops_overridden(parsed: ParsedModule) -> str | None:
     op (static.op_overrides)."""
     own = parsed.derived(ops_overridden, lambda p: next(iter(op_overrides(p.source)), None))
     if own is not None:
-        where = f"this file defines `{own[1]}` (line {own[0]})"
+        where = f"this file has `{own[1]}` (line {own[0]})"
     else:
         elsewhere = first_elsewhere(parsed.project.op_overrides, parsed.path) if parsed.project is not None else None
         if elsewhere is None:
             return None
-        where = f"`{display_path(elsewhere.path)}` defines `{elsewhere.code}` (line {elsewhere.line})"
+        where = f"`{display_path(elsewhere.path)}` has `{elsewhere.code}` (line {elsewhere.line})"
     return f"{where}, which may change what the block's torch ops compute where it is in force"
 
 
@@ -1077,7 +1110,7 @@ def _announces_torchscript(parsed: ParsedModule) -> bool:
         return False
     return "__constants__" in parsed.bound_names or any(
         (parsed.imported_name(node) or "").startswith("torch.jit") and parsed.imported_name(node) not in NOT_COMPILING
-        for node in uses_of(parsed, None))
+        for node in parsed.uses_of(None))
 
 
 def _what_the_file_scripts(parsed: ParsedModule) -> tuple[bool, bool]:

@@ -66,10 +66,15 @@ def module_check_helper(torch_name: str) -> cst.FunctionDef:
 
 _MODULE_CHECK = '''def {name}(module, kinds):
     """Whether calling `module` runs exactly the forward of one of `kinds` (not a subclass's, not one set on the
-    instance, nor a call implementation: `nn.Module.compile()` sets one) and no hook of its own or of the process
-    (written by advisor: a patch that skips the call is exact only then)."""
+    instance or, for torch's classes, on the class, nor a call implementation: `nn.Module.compile()` sets one) and
+    no hook of its own or of the process (written by advisor: a patch that skips the call is exact only then)."""
     hooks = {torch}.nn.modules.module
     replaced = {{"forward", "_call_impl", "_compiled_call_impl"}} & vars(module).keys()
+    torch_files = hooks.__file__[:-len("module.py")]
+    torch_class = type(module).__module__.startswith("torch.")
+    methods = ("__call__", "_call_impl", "forward") if torch_class else ("__call__", "_call_impl")
+    code = [getattr(getattr(type(module), method, None), "__code__", None) for method in methods]
+    replaced = replaced or not all(c is not None and c.co_filename.startswith(torch_files) for c in code)
     return type(module) in kinds and not replaced and not (
         module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
         or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks

@@ -20,6 +20,7 @@ import networkx as nx
 from advisor.contracts.finding import display_path
 from advisor.static.outside_writes import ANY_TENSOR, ATTRIBUTE_TABLES, GETTERS, NARROWED
 from advisor.static.dataflow import is_self
+from advisor.static.state_swaps import state_swapped
 from advisor.static.tensor_reads import builds_tensor, leaves_alone, registered_buffers
 
 if TYPE_CHECKING:
@@ -37,7 +38,9 @@ def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, ele
     keep (rank, dtype; the class's collector reads the writes that reshape). `finite_ok`: a torch.nn.init draw of
     moderate values into it does not count (`nn.init.trunc_normal_(self.table, std=.02)`: a learned table's values
     are any finite ones). Another file of the tree that hands a module's tensors on whole (ANY_TENSOR,
-    static.escaping_reads) counts for every such attribute."""
+    static.escaping_reads), and this file or another running modules with state given by name (`functional_call`,
+    static.state_swaps: not for a learned table, whose loaded values are trained ones), count for every such
+    attribute."""
     if not any(builds_tensor(parsed, value) for value in owner.attributes.get(attribute, [])) and \
             (owner.node, attribute) not in registered_buffers(parsed):
         return None
@@ -48,6 +51,9 @@ def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, ele
     found = [line for line in lines if line is not None]
     if found:
         return f"a read of `.{attribute}` on line {min(found)}"
+    swapped = state_swapped(parsed) if not finite_ok else None
+    if swapped is not None:
+        return f"{swapped}, which may put any tensor in `.{attribute}`'s place"
     return _handed_on_elsewhere(owner, attribute, finite_ok)
 
 

@@ -52,20 +52,32 @@ HIGHER_ORDER_LIBRARIES = {name: DOUBLE_BACKWARD for name in ("learn2learn", "hig
 TRANSFORMS.update(HIGHER_ORDER_LIBRARIES)
 # The modules those transforms live in: a name computed on one (`getattr(torch.func, "j" + "vp")`) may be any.
 TRANSFORM_MODULES = {prefix.rsplit(".", 1)[0] for prefix in TRANSFORMS} | {"torch.func", "functorch"}
+# ... those torch's (a string naming one is an import at run time; "higher" may be any word)
+TORCH_TRANSFORM_MODULES = frozenset({name for name in TRANSFORM_MODULES if name.startswith(("torch.", "functorch"))} |
+                                    {"torch.autograd.forward_ad"})
 # Options that make a call (`torch.autograd.gradcheck`, or a wrapper passing them on) run forward-mode AD.
 FORWARD_MODE_OPTIONS = ("check_forward_ad", "check_batched_forward_grad")
+GRADCHECKS = {"torch.autograd.gradcheck", "torch.autograd.gradcheck.gradcheck"}  # `**options` may hold them
+# builtins that run code given as a string: a literal one is read as the file's own code, any other may ask
+CODE_RUNNERS = ("exec", "eval", "compile")
 # Reverse-mode transforms: first order alone, double backward when one transforms a function that calls another
 # (`grad(grad(f))`, `jacrev(lambda x: grad(f)(x))`, `grad(g)` with `def g` or `g = grad(f)` anywhere): a file that
 # uses them twice is taken to nest them, since the composition can go through any function of the file. So does one
 # use with a plain backward pass anywhere in the tree (`PLAIN_PASS`): a transform's result is differentiable, and
 # second-order MAML written with torch.func takes `grad` inside and `.backward()` outside.
 REVERSE_TRANSFORMS = {"torch.func.grad", "torch.func.grad_and_value", "torch.func.jacrev", "torch.func.vjp"}
-# A reverse pass of plain autograd, read as text (a comment or string that matches only makes the fact assumed).
-PLAIN_PASS = re.compile(r"\.backward\s*\(|\bautograd\.(?:grad|backward)\s*\(|\bautograd\.functional\.(?:vjp|jacobian)\s*\(|"
-                        r"\bfrom\s+torch\.autograd\s+import\b[^\n]*\b(?:grad|backward)\b")
+# A reverse pass of plain autograd, read as text (a comment or string that matches only makes the fact assumed): the
+# word `backward` in any spelling (`loss.backward()`, `getattr(loss, "backward")()`, `methodcaller("backward")`),
+# `autograd.grad` or `autograd.functional` named, imported or aliased (`import torch.autograd as ag; ag.grad(...)`,
+# breaker round 15), or torch.autograd reached by its name as a string (`importlib.import_module("torch.autograd")`).
+PLAIN_PASS = re.compile(r"\bbackward\b|\bautograd\.(?:grad|functional)\b|"
+                        r"\bfrom\s+torch\.autograd\s+import\b[^\n]*\b(?:grad|functional)\b|"
+                        r"\bimport\s+torch\.autograd\b[^\n]*\bas\b|\bfrom\s+torch\s+import\b[^\n]*\bautograd\s+as\b|"
+                        r"[\"']torch\.autograd\b")
 # Where `create_graph` sits among the positional arguments of the calls that take it.
 CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3, "torch.Tensor.backward": 3,
                          "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
+COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(|\bvars\s*\(|__dict__")  # what `_looks_up_module_attributes` reads
 TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
 # What `worth_resolving` looks for, by the last part of each name.
 TRIGGER_NAMES = {name.rsplit(".", 1)[-1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian",
@@ -121,10 +133,17 @@ def worth_resolving(source: str) -> bool:
         elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
                 module.split(".")[0] in HIGHER_ORDER_LIBRARIES for module in _imported_modules(node)):
             return True  # `from learn2learn.algorithms import MAML`: its names may ask
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CODE_RUNNERS or \
+                isinstance(node, ast.Constant) and node.value in TORCH_TRANSFORM_MODULES:
+            return True  # code run from a string; `import_module("torch.func")`
+        elif isinstance(node, ast.Attribute) and node.attr == "__dict__" or \
+                isinstance(node, ast.Call) and _leaf(node.func) == "vars":
+            names.add("__dict__")  # `vars(torch.func)[name]`: any transform, where the module is named too
         names.update(_identifiers(node))
     reverse = {name.rsplit(".", 1)[1] for name in REVERSE_TRANSFORMS}
-    return bool(names & TRIGGER_NAMES or long_calls & takes_create_graph or
-                names & reverse and names & {"func", "functorch", "_functorch"})
+    modules = {"func", "functorch", "_functorch"}
+    return bool(names & TRIGGER_NAMES or long_calls & (takes_create_graph | {"gradcheck"}) or
+                names & reverse and names & modules or "__dict__" in names and names & (modules | {"autograd"}))
 
 
 def _imported_modules(node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -184,13 +203,25 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
                 reverse.append(_reverse_use(parsed, node, parent))
         elif isinstance(node, cst.Call):
             asked = _create_graph(parsed, node) or _forward_mode_option(parsed, node) or \
-                _getattr_transform(parsed, node)
+                _getattr_transform(parsed, node) or _namespace_transform(parsed, node)
             if asked is not None:
                 found.append((node, asked))
+            elif _runs_code(parsed, node):
+                requests, uses = _uses_in_code_string(parsed, node)
+                found.extend(requests)
+                reverse.extend(uses)
         elif isinstance(node, cst.DictElement):
             asked = _create_graph_entry(parsed, node)
             if asked is not None:
                 found.append((node, asked))
+        elif isinstance(node, cst.SimpleString):
+            asked = _option_or_module_named(parsed, node, parent)
+            if asked is not None:
+                found.append((node, asked))
+        elif isinstance(node, cst.Attribute) and node.attr.value == "__dict__" and \
+                qualified(parsed, node.value) in TRANSFORM_MODULES:
+            found.append((node, f"`{parsed.code(node)}` holds every transform of the module, which may ask for "
+                                f"{DOUBLE_BACKWARD} or {FORWARD_MODE}"))
     found.extend(_star_imported_uses(parsed))
     sites = []
     for node, asked in found:
@@ -371,13 +402,66 @@ def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
     return None
 
 
+def _namespace_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
+    """`vars(torch.func)[name]`: a module's namespace holds every transform of it."""
+    args = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    if isinstance(call.func, cst.Name) and call.func.value == "vars" and len(args) == 1 and \
+            qualified(parsed, args[0].value) in TRANSFORM_MODULES:
+        return f"`{parsed.code(call)}` holds every transform of the module, which may ask for {DOUBLE_BACKWARD} or " \
+               f"{FORWARD_MODE}"
+    return None
+
+
+def _option_or_module_named(parsed: ParsedModule, node: cst.SimpleString, parent: cst.CSTNode | None) -> str | None:
+    """A string naming a forward-mode option (`{"check_forward_ad": True}`, `opts["check_forward_ad"] = True`: the
+    options a call receives through `**`) or a module of transforms (`importlib.import_module("torch.func")`,
+    `sys.modules["torch.func"]`: the module obtained at run time may be used for any of them)."""
+    try:
+        value = node.evaluated_value
+    except (SyntaxError, ValueError):
+        return None
+    if value in FORWARD_MODE_OPTIONS and not (isinstance(parent, cst.DictElement) and _is_off(parent.value)):
+        return f"`{parsed.code(node)}` names an option that asks for {FORWARD_MODE}"
+    if value in TORCH_TRANSFORM_MODULES:
+        return f"`{parsed.code(node)}` names a module whose transforms may ask for {DOUBLE_BACKWARD} or {FORWARD_MODE}"
+    return None
+
+
+def _runs_code(parsed: ParsedModule, call: cst.Call) -> bool:
+    return isinstance(call.func, cst.Name) and call.func.value in CODE_RUNNERS and bool(call.args) and \
+        call.func.value not in parsed.bound_names and call.func.value not in parsed.imports
+
+
+def _uses_in_code_string(parsed: ParsedModule, call: cst.Call) -> tuple[list, list[AutogradSite]]:
+    """What `exec(...)`, `eval(...)` or `compile(...)` asks: a literal string read as code of this file (its
+    requests and reverse transforms, at the call's line); anything else may hold any request."""
+    code = call.args[0].value
+    text = code.evaluated_value if isinstance(code, (cst.SimpleString, cst.ConcatenatedString)) else None
+    if isinstance(text, str) and might_ask(text):
+        try:
+            inner = ParsedModule(text, parsed.path)
+        except Exception:  # noqa: BLE001 - a string that does not parse raises when run; it asks nothing
+            return [], []
+        requests, uses = autograd_uses(inner)
+        line = parsed.line(call)
+        return ([(call, site.what) for site in requests],
+                [AutogradSite(site.what, site.path, line, site.caller_decides, site.wrapper, site.repeats)
+                 for site in uses])
+    if isinstance(text, str):
+        return [], []
+    return [(call, f"`{parsed.code(call.func)}` runs code this scan does not see, which may ask for "
+                   f"{DOUBLE_BACKWARD} or {FORWARD_MODE}")], []
+
+
 def _forward_mode_option(parsed: ParsedModule, call: cst.Call) -> str | None:
     """`torch.autograd.gradcheck(f, x, check_forward_ad=True)`: an option, passed by keyword to any callee, that
-    runs forward-mode AD."""
+    runs forward-mode AD; `gradcheck(f, x, **options)`, whose options may hold one."""
     for arg in call.args:
         if arg.keyword is not None and arg.keyword.value in FORWARD_MODE_OPTIONS and not _is_off(arg.value):
             return (f"`{parsed.code(call.func)}(..., {arg.keyword.value}={parsed.code(arg.value)})` asks for "
                     f"{FORWARD_MODE}")
+    if qualified(parsed, call.func) in GRADCHECKS and any(arg.star == "**" for arg in call.args):
+        return f"`{parsed.code(call.func)}(..., **...)` may be given an option that asks for {FORWARD_MODE}"
     return None
 
 
@@ -412,14 +496,21 @@ def _passed_on_parameter(parsed: ParsedModule, call: cst.Call, value: cst.BaseEx
 
 def uses_name(source: str, name: str) -> bool:
     """Whether the file may use `name` other than by defining it or importing it under that name: a read of it, an
-    attribute of that name, an import under another name, or the name as a string (a `getattr`) outside `__all__`.
-    An unparsable file that mentions the word counts as a use."""
-    if not re.search(rf"\b{re.escape(name)}\b", source):
+    attribute of that name, an import under another name, or the name as a string (a `getattr`) outside `__all__`;
+    or any name, where the file looks up an imported module's attribute by a name it computes
+    (`getattr(steps, cfg["backward"])(loss, True)`, the name held in a config file: breaker round 15). An
+    unparsable file that mentions the word counts as a use."""
+    mentioned = re.search(rf"\b{re.escape(name)}\b", source) is not None
+    if not mentioned and COMPUTED_LOOKUP.search(source) is None:
         return False
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return mentioned
+    if _looks_up_module_attributes(tree):
         return True
+    if not mentioned:
+        return False
     exported = {id(node) for statement in ast.walk(tree) if isinstance(statement, ast.Assign) and
                 any(isinstance(t, ast.Name) and t.id == "__all__" for t in statement.targets)
                 for node in ast.walk(statement.value)}
@@ -430,6 +521,26 @@ def uses_name(source: str, name: str) -> bool:
             return True
         if isinstance(node, ast.Constant) and node.value == name and id(node) not in exported:
             return True
+    return False
+
+
+def _looks_up_module_attributes(tree: ast.Module) -> bool:
+    """`getattr(module, name)`, `vars(module)[name]` or `module.__dict__[name]` with a computed name, on a name the
+    file binds by an import (a module, or anything imported: what it holds may be any function of the tree)."""
+    imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _leaf(node.func) == "getattr" and len(node.args) >= 2 and \
+                isinstance(node.args[0], ast.Name) and node.args[0].id in imported and \
+                not isinstance(node.args[1], ast.Constant):
+            return True
+        if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+            namespace = node.value
+            owner = namespace.args[0] if isinstance(namespace, ast.Call) and _leaf(namespace.func) == "vars" and \
+                namespace.args else namespace.value if isinstance(namespace, ast.Attribute) and \
+                namespace.attr == "__dict__" else None
+            if isinstance(owner, ast.Name) and owner.id in imported:
+                return True
     return False
 
 

@@ -47,8 +47,15 @@ class CallSite:
 STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
                  "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
 CODE_RUNNERS = frozenset({"eval", "exec"})  # builtins that run code from a string, where any call may hide
-# a pre-hook may replace what forward receives: registered, or written into a module's (or torch's) hook table
-PRE_HOOKS = re.compile(r"register_(module_)?forward_pre_hook|_forward_pre_hooks")
+# a pre-hook may replace what forward receives: registered, or written into a module's (or torch's) hook table, or
+# registered through a name the file computes (breaker round 15: `operator.methodcaller("register_forward_" + kind +
+# "hook", hook, with_kwargs=True)(m)`): `methodcaller`, a string that starts a `register_` name and is added to or
+# formatted, one that ends a hook's name after a `+`, an f-string that names either, a `getattr` whose name is
+# computed and mentions hooks. Not a literal name (`getattr(self, "fine_acoustics_hook")`), nor a state-dict hook.
+PRE_HOOKS = re.compile(r"""register_(module_)?forward_pre_hook|_forward_pre_hooks|methodcaller|"""
+                       r"""["']register_\w*["']\s*(?:[+%]|\.format)|\+\s*["']\w*hooks?["']|"""
+                       r"""\bf["'][^"'\n]*register_[^"'\n]*\{|\bf["'][^"'\n]*\}[^"'\n]*hooks?["']|"""
+                       r"""getattr\([^\n]*(?:\bf["'][^"'\n]*hook|\+[^\n]*hook|hook[^\n]*\+)""")
 # what a class defines to run its own code between a module call and forward (breaker round 14: a `__call__`
 # turning the caller's 0/1 keep mask into an additive one before `super().__call__`)
 CALL_OVERRIDES = frozenset({"__call__", "_call_impl", "_wrapped_call_impl"})

@@ -227,6 +227,14 @@ class ParsedModule:
             self._derived[key] = [node for node in self.parents if type(node) in wanted]
         return self._derived[key]
 
+    def uses_of(self, names: frozenset[str] | None) -> list[cst.BaseExpression]:
+        """The file's references to any of `names` (qualified; None: to anything imported), resolved through its
+        imports: calls, decorators, base classes and values passed on alike."""
+        return [node for node in self.nodes_of(cst.Name, cst.Attribute) if
+                not (isinstance(self.parents[node], cst.Attribute) and self.parents[node].value is node) and
+                not isinstance(self.parents[node], (cst.ImportAlias, cst.AsName)) and
+                (self.imported_name(node) in names if names is not None else self.imported_name(node) is not None)]
+
     def names_spelled(self, value: str) -> list[cst.Name]:
         """The file's `Name` nodes spelled `value`, in visiting order: call-site questions ask one name at a time,
         and filtering every node of the file for each made a tree's scan grow with files x names."""

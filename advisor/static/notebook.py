@@ -23,6 +23,9 @@ MAGIC_LINE = re.compile(r"^(\s*)(?:[%!]|[\w.]+(?:\s*,\s*[\w.]+)*\s*=\s*[%!]|\?{1
 CODE_NEWLINE = re.compile(r"\r\n|\r|\n")  # the newlines Python's tokenizer reads (not str.splitlines' \f, \u2028, ...)
 CODE_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # one line of a cell's source list, its newline kept
 CELL_MAGIC = re.compile(r"^\s*%%")
+# cell magics that run their body as Python code (IPython's own, and the profilers' most used)
+PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug", "python", "python3", "memit", "mprun",
+                                "snakeviz", "lprun"})
 BOUNDARY = "# advisor: notebook cell boundary"
 LINE_MAGIC_MASK, CELL_MAGIC_MASK = "pass  # (IPython magic)", "# (IPython cell magic)"
 # a line magic that names Python values (`%time print(s.shape)`, `!echo {s}`) runs code that may read them: it is
@@ -164,10 +167,17 @@ def _layout(document: dict, raw: str):
 
 
 def _masked(cell_lines: list[str]) -> list[str]:
-    """A cell magic makes the whole cell IPython's (`%%bash`, `%%timeit`): every line becomes a comment. A line
-    magic or shell escape becomes `pass` at its indentation, so a block that holds only it still parses; only
-    where a statement starts, as IPython reads them (`% b)` continuing a bracket, or a string's line, is Python)."""
+    """A cell magic makes the whole cell IPython's (`%%bash`, `%%html`): every line becomes a comment, except under
+    the magics that run their body as Python (`%%time`, `%%capture`: PYTHON_CELL_MAGICS), whose body is read as any
+    cell (a gradient penalty timed by `%%time` still asks autograd for double backward) and whose magic line reads
+    the names it spells. A line magic or shell escape becomes `pass` at its indentation, so a block that holds only
+    it still parses; only where a statement starts, as IPython reads them (`% b)` continuing a bracket, or a
+    string's line, is Python)."""
     if cell_lines and CELL_MAGIC.match(cell_lines[0]):
+        magic = CELL_MAGIC.match(cell_lines[0])
+        name = cell_lines[0][magic.end():].split(maxsplit=1)[0] if cell_lines[0][magic.end():].strip() else ""
+        if name in PYTHON_CELL_MAGICS:
+            return [_line_mask(cell_lines[0])] + _masked(cell_lines[1:])
         return [CELL_MAGIC_MASK] * len(cell_lines)
     masked = []
     for line in cell_lines:

@@ -32,7 +32,8 @@ from advisor.static.module_index import ParsedModule
 from advisor.static.op_overrides import op_overrides
 from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, file_writes
 from advisor.static.python_ast import nodes, python_tree
-from advisor.static.walk import walk
+from advisor.static.sdpa_kernels import math_kernel_excluded
+from advisor.static.state_swaps import may_swap, state_swaps
 
 # hooks that fire around every module call: a deleted module call loses them
 GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_forward_pre_hook",
@@ -46,13 +47,6 @@ SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torc
 SCRIPT_PRIVATE = "torch.jit._script."  # the compiler's own module (`torch.jit._script.script`)
 # files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
 MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript|\bjit\b[^\n]*script")
-# what runs a module with parameters and buffers given by name (any of them may be another tensor at that call)
-STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless.functional_call",
-                         "torch._functorch.functional_call.functional_call",
-                         "torch.nn.utils.stateless._reparametrize_module",
-                         "functorch.make_functional_with_buffers"})
-# methods returning a module's buffers themselves (not copies): writing into what they return writes the buffers
-STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
 # what traces modules symbolically (torch.fx, and the libraries built on it: torchvision's feature extraction,
 # FX quantization, timm's FX features)
 FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torchvision.models.feature_extraction",
@@ -68,7 +62,6 @@ MAY_JIT_TRACE = re.compile(r"\btrace(?:_module)?\b|\bonnx\b|\bjit\b(?!\s*\.)")
 # support them (flash_attn's does not)
 FUNC_TRANSFORMS = ("torch.func", "functorch", "torch.vmap")
 MAY_FUNC_TRANSFORM = re.compile(r"(?:torch\.|import |, *)func\b|functorch|\bvmap\b")
-MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(")
 # methods of torch.Tensor that copy and cast rewrites read on a receiver of unknown type; a class of the tree defining
 # one (`def contiguous(self)` on a box of tensors) may be that receiver (breaker round 14)
 TENSOR_METHOD_NAMES = ("contiguous", "clone", "float", "half", "double", "bfloat16", "to", "type",
@@ -143,6 +136,7 @@ class ProjectFacts:
     func_transforms: tuple[UseSite, ...] = ()  # torch.func's transforms of modules and functions
     op_overrides: tuple[UseSite, ...] = ()  # modes, tensor subclasses and kernels changing torch's ops
     tensor_methods: tuple[UseSite, ...] = ()  # methods named as torch.Tensor's (TENSOR_METHOD_NAMES) defined
+    sdpa_restrictions: tuple[UseSite, ...] = ()  # SDPA's kernels restricted without its math kernel
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -255,19 +249,10 @@ def hooks_by_computed_name(parsed: ParsedModule) -> list[tuple[cst.CSTNode, str]
     return found
 
 
-def uses_of(parsed: ParsedModule, names: frozenset[str] | None) -> list[cst.BaseExpression]:
-    """The file's references to any of `names` (qualified; None: to anything imported), resolved through its
-    imports: calls, decorators, base classes and values passed on alike."""
-    return [node for node in parsed.nodes_of(cst.Name, cst.Attribute) if
-            not (isinstance(parsed.parents[node], cst.Attribute) and parsed.parents[node].value is node) and
-            not isinstance(parsed.parents[node], (cst.ImportAlias, cst.AsName)) and
-            (parsed.imported_name(node) in names if names is not None else parsed.imported_name(node) is not None)]
-
-
 def script_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file may hand code to TorchScript's compiler: SCRIPT_ENTRIES, the compiler's own module
     (`torch.jit._script.script`), and `torch.jit` itself taken as a value (`getattr(torch.jit, "script")`)."""
-    return [node for node in uses_of(parsed, None) if parsed.imported_name(node) in SCRIPT_ENTRIES or
+    return [node for node in parsed.uses_of(None) if parsed.imported_name(node) in SCRIPT_ENTRIES or
             parsed.imported_name(node) == "torch.jit" or parsed.imported_name(node).startswith(SCRIPT_PRIVATE)]
 
 
@@ -289,89 +274,17 @@ def func_transform_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
 
 def jit_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file reads torch.jit.trace or ONNX export (JIT_TRACERS), or takes their module as a value."""
-    return _uses_under(parsed, JIT_TRACERS) + uses_of(parsed, frozenset(TRACER_MODULES))
+    return _uses_under(parsed, JIT_TRACERS) + parsed.uses_of(frozenset(TRACER_MODULES))
 
 
 def _uses_under(parsed: ParsedModule, names: tuple[str, ...]) -> list[cst.BaseExpression]:
     """The file's reads of one of `names` (dotted, through its imports), or of a name under one."""
     found = []
-    for node in uses_of(parsed, None):
+    for node in parsed.uses_of(None):
         dotted = parsed.imported_name(node) or ""
         if any(dotted == name or dotted.startswith(name + ".") for name in names):
             found.append(node)
     return found
-
-
-def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
-    """Where the file may run or leave modules with other tensors in their buffers' places: a call of STATE_SWAPS,
-    or a write into a tensor reached through STATE_VIEWS (`for n, b in m.named_buffers(): b.copy_(band)`,
-    `sd = m.state_dict(); sd["attn.bias"].fill_(1)`, `m.state_dict()[k][...] = 0`)."""
-    found: list[cst.CSTNode] = list(uses_of(parsed, STATE_SWAPS))
-    tensors, containers = _names_bound_to_state_views(parsed)
-    for node in parsed.parents:
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-                node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_") and \
-                node.func.attr.value not in ("requires_grad_", "share_memory_") and \
-                _reaches_state_view(node.func.value, tensors, containers, 0):
-            found.append(node)
-        elif isinstance(node, (cst.AssignTarget, cst.AugAssign)) and \
-                _reaches_state_view(node.target, tensors, containers, 1):
-            found.append(node)
-    return found
-
-
-def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str]]:
-    """(names a loop binds from an expression that calls a STATE_VIEWS method: the tensors, names an assignment
-    binds from one: the dict or list holding them), anywhere in the file (a scope-blind over-approximation). A
-    comprehension's `for` is a loop; so is a lambda passed beside one (`map(lambda b: b.fill_(1), m.buffers())`)."""
-    tensors: set[str] = set()
-    containers: set[str] = set()
-    for node in parsed.parents:
-        if isinstance(node, (cst.For, cst.CompFor)) and _calls_state_view(node.iter):
-            tensors.update(_target_names(node.target))
-        elif isinstance(node, cst.Call) and any(_calls_state_view(a.value) for a in node.args):
-            for argument in node.args:
-                if isinstance(argument.value, cst.Lambda):
-                    tensors.update(p.name.value for p in argument.value.params.params)
-        elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
-            for target in node.targets:
-                containers.update(_target_names(target.target))
-    return tensors, containers
-
-
-def _calls_state_view(node: cst.CSTNode) -> bool:
-    found = False
-
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            nonlocal found
-            found = found or isinstance(call.func, cst.Attribute) and call.func.attr.value in STATE_VIEWS
-
-    walk(node, Calls())
-    return found
-
-
-def _target_names(target: cst.CSTNode) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _target_names(element.value)]
-    return []
-
-
-def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers: set[str], beyond: int) -> bool:
-    """Whether `node` (a receiver, or an assignment target with `beyond` = 1) reaches a buffer itself through more
-    than `beyond` indexings and attributes (`.data`) of a loop's tensor, or one more of a container name or a
-    STATE_VIEWS call: `b[0] = 1` and `sd["bias"][0] = 1` write a buffer, `sd["bias"] = t` only the dict."""
-    depth = 0
-    while isinstance(node, (cst.Subscript, cst.Attribute)):
-        node, depth = node.value, depth + 1
-    if isinstance(node, cst.Name) and node.value in tensors:
-        return depth >= beyond
-    if isinstance(node, cst.Name) and node.value in containers or isinstance(node, cst.Call) and \
-            _calls_state_view(node):
-        return depth >= beyond + 1
-    return False
 
 
 def _may_jit_trace(text: str) -> bool:
@@ -405,7 +318,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     and of calls that swap a module's state, each with its kind, what may change torch's ops (static.op_overrides),
     and its derived classes ([] for a file that cannot be parsed: the scan reports it)."""
     found: list = []
-    uses = MAY_SCRIPT.search(text) is not None or MAY_SWAP.search(text) is not None or \
+    uses = MAY_SCRIPT.search(text) is not None or may_swap(text) or \
         MAY_FX_TRACE.search(text) is not None or _may_jit_trace(text) or \
         MAY_FUNC_TRANSFORM.search(text) is not None
     computed = MAY_HOOK_BY_NAME.search(text) is not None
@@ -427,6 +340,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
         found.append(AttributeWrites(path, writes.names, writes.reshaped, writes.writers, writes.handed,
                                      writes.escaping))
     found += [(UseSite(path, line, code), "ops") for line, code in op_overrides(text)]
+    found += [(UseSite(path, line, code), "sdpa") for line, code in math_kernel_excluded(text)]
     found += [(site, "methods") for site in tensor_method_definitions(path, text)]
     return found + class_sites(path, text)
 
@@ -458,4 +372,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site, kind in hooks if kind == "jit"),
                         tuple(site for site, kind in hooks if kind == "func"),
                         tuple(site for site, kind in hooks if kind == "ops"),
-                        tuple(site for site, kind in hooks if kind == "methods"))
+                        tuple(site for site, kind in hooks if kind == "methods"),
+                        tuple(site for site, kind in hooks if kind == "sdpa"))

@@ -11,6 +11,7 @@ computed names (timm's `FeatureHooks` and `setattr` helpers), which made both fa
 
 from __future__ import annotations
 
+import functools
 import shutil
 import textwrap
 
@@ -209,6 +210,33 @@ def test_a_module_swapped_at_run_time_gives_the_original_values(pair, swap: str)
     for model in (original, patched):
         SWAPS[swap](model, utils)
     torch.testing.assert_close(_run(patched, x), _run(original, x), atol=1e-5, rtol=1e-5)
+
+
+def _halving_forward(self, x):
+    return x * 0.5
+
+
+@functools.wraps(torch.nn.Dropout.forward)
+def _wrapped_halving_forward(self, x):
+    return x * 0.5
+
+
+@pytest.mark.parametrize("replacement", [_halving_forward, _wrapped_halving_forward])
+def test_a_forward_replaced_on_torchs_class_runs_the_original_block(pair, replacement) -> None:
+    """Round 15's ninth: `for cls in (nn.Dropout,): setattr(cls, "forward", f)` in another file is no write the
+    scan names; the check reads where the class's forward was compiled from (a `functools.wraps` copy keeps torch's
+    name and module, not its code), so the patch runs the original block, which calls the replacement."""
+    original, patched = _models(pair)
+    x = torch.randn(2, 6, 16)
+    torch_forward = torch.nn.Dropout.forward
+    for cls in (torch.nn.Dropout,):
+        setattr(cls, "forward", replacement)
+    try:
+        expected, got = _run(original, x), _run(patched, x)
+    finally:
+        torch.nn.Dropout.forward = torch_forward
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(expected[0], _run(original, x)[0])  # the replacement changed the original's values
 
 
 def test_the_patched_class_compiles_under_torchscript_and_matches(pair) -> None:

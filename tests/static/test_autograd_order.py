@@ -477,6 +477,89 @@ HIDDEN_REQUESTS = {
             out, pullback = torch.func.vjp(model, x)
             return pullback(torch.ones_like(out))[0]
     '''),
+    # Breaker round 15: a transform with the outer pass through an alias of torch.autograd (bug 01), forward-mode
+    # options spread from a dict (02), a penalty in a string run by `exec` (03), the transforms' module obtained at
+    # run time (04), a create_graph passer called by a name held in a config file (14). Each raised in the patch.
+    "transform_then_an_aliased_autograd_pass": ({}, '''
+        import torch.autograd as ag
+        from torch.func import grad
+
+
+        def penalty(model, x, s):
+            g = grad(lambda s: model(x * s).sum())(s)
+            return ag.grad(g.pow(2).sum(), list(model.parameters()))
+    '''),
+    "transform_then_a_backward_looked_up_by_name": ({}, '''
+        from torch.func import grad
+
+
+        def penalty(model, x, s):
+            g = grad(lambda s: model(x * s).sum())(s)
+            getattr(g.pow(2).sum(), "backward")()
+    '''),
+    "gradcheck_options_spread_from_a_dict": ({}, '''
+        import torch
+
+        CHECKS = {"check_forward_ad": True, "check_backward_ad": False}
+
+
+        def check(model, x):
+            return torch.autograd.gradcheck(model, (x,), **CHECKS)
+    '''),
+    "gradcheck_options_spread_from_elsewhere": ({}, '''
+        import torch
+
+
+        def check(model, x, options):
+            return torch.autograd.gradcheck(model, (x,), **options)
+    '''),
+    "penalty_in_an_exec_string": ({}, '''
+        import torch
+
+        PENALTY = "(gx,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)\\nloss = gx.pow(2).sum()"
+
+
+        def penalty(model, x):
+            exec("(gx,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)")
+    '''),
+    "code_from_a_file_run_by_exec": ({}, '''
+        import torch
+
+
+        def run(path, model, x):
+            exec(open(path).read())
+            torch.autograd.grad(model(x).sum(), x)
+    '''),
+    "transforms_module_imported_at_run_time": ({}, '''
+        import importlib
+
+
+        def tangent(model, x, t):
+            return importlib.import_module("torch.func").jvp(model, (x,), (t,))
+    '''),
+    "transform_read_from_the_module_namespace": ({}, '''
+        import torch.func
+
+
+        def tangent(model, x, t, name):
+            return vars(torch.func)[name](model, (x,), (t,))
+    '''),
+    "passer_called_by_a_name_from_a_config": ({"steps.py": '''
+        import torch
+
+
+        def graph_backward(loss, create_graph=False):
+            return torch.autograd.grad(loss, [loss], create_graph=create_graph)
+    '''}, '''
+        import json
+
+        import steps
+
+
+        def step(loss, path):
+            cfg = json.load(open(path))
+            return getattr(steps, cfg["backward"])(loss, True)
+    '''),
 }
 
 
@@ -487,6 +570,38 @@ def test_a_request_spelled_indirectly_makes_the_fact_assumed(tmp_path, name):
         (tmp_path / file).write_text(textwrap.dedent(text), encoding="utf-8")
     finding = _model_finding([_tree(tmp_path, train)])
     assert finding.fix_safety == "unsafe" and _fact(finding, "assumed") is not None
+
+
+PENALTY_LINES = "(gx,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)\nloss = gx.pow(2).sum()\n"
+
+
+@pytest.mark.parametrize("magic, asks", [("%%time", True), ("%%capture out", True), ("%%writefile penalty.txt", False)])
+def test_a_notebook_cell_magic_that_runs_python_is_read_as_code(tmp_path, magic, asks):
+    """Breaker round 15, bug 08: a gradient penalty in a `%%time` cell was masked as a comment, so the tree asked
+    nothing and the patch broke the notebook's second derivative."""
+    import json
+    cells = [{"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": source}
+             for source in ("import torch\nfrom model import Attn\nmodel = Attn()\nx = torch.randn(2, 4, 16)\n",
+                            f"{magic}\n{PENALTY_LINES}")]
+    (tmp_path / "model.py").write_text(MODEL, encoding="utf-8")
+    (tmp_path / "train.ipynb").write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                                      "nbformat_minor": 5}), encoding="utf-8")
+    assert (_model_finding([tmp_path]).fix_safety == "unsafe") == asks
+
+
+def test_an_excluded_file_still_counts_for_the_tree_s_facts(tmp_path):
+    """Breaker round 15, bug 12: `exclude = ["tests"]` (do not lint the tests) dropped the tests' gradient penalty
+    from the tree's facts; the excluded test then broke on the patched model. Exclusion drops findings only."""
+    from advisor.config import PathRules
+    root = _tree(tmp_path, "")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_smooth.py").write_text("import torch\n\n\ndef test_penalty(model, x):\n"
+                                                    "    " + PENALTY_LINES.replace("\n", "\n    "), encoding="utf-8")
+    rules = PathRules(str(root), ("tests",))
+    result = scan_paths([str(root)], jobs=1, path_rules=rules)
+    assert all("test_smooth" not in f.path for f in [*result.findings, *result.files])
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert finding.fix_safety == "unsafe" and "test_smooth.py" in _fact(finding, "assumed")["why"]
 
 
 def test_one_reverse_transform_applied_in_a_loop_to_a_fixed_function_asks_nothing(tmp_path):

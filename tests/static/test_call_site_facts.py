@@ -284,8 +284,10 @@ def test_a_mask_handed_to_another_module_before_the_call_proves_nothing(tmp_path
 @pytest.mark.parametrize("cell", [["%%time\n", "y = attend(q, k, v, bad, 0.5)\n"],
                                   ["%time y = attend(q, k, v, bad, 0.5)\n"]])
 def test_a_call_in_a_notebook_line_the_scan_masks_proves_nothing(tmp_path, cell):
-    """IPython runs the body of a `%%time` cell and the statement of a `%time` line; the scan masks both out of the
-    notebook's code, so a call there was not counted (a fifth breaker's: gradients differed by 15.4)."""
+    """IPython runs the body of a `%%time` cell and the statement of a `%time` line; the scan masked both out of the
+    notebook's code, so a call there was not counted (a fifth breaker's: gradients differed by 15.4). The line is
+    still masked, as a read of every name it spells; the cell's body is read as code (breaker round 15), so its
+    call is a call site, whose unknown mask proves nothing."""
     import json
 
     code = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": []}
@@ -294,7 +296,7 @@ def test_a_call_in_a_notebook_line_the_scan_masks_proves_nothing(tmp_path, cell)
     root = _tree(tmp_path, {"attn.py": ATTEND, "nb.ipynb": json.dumps(notebook, indent=1),
                             "model.py": MODEL.format(module="attn", mask="keep.view(b, 1, 1, n)", scale="0.25")})
     finding, _ = _attention(root)
-    assert "from_call_sites" not in finding.extra["facts"] and finding.fix_safety == "unsafe"
+    assert "fully-masked-rows" not in _names(finding, "from_call_sites") and finding.fix_safety == "unsafe"
 
 
 def test_a_function_with_no_caller_in_the_tree_gets_nothing(tmp_path):
@@ -553,11 +555,32 @@ def test_a_package_that_re_exports_the_function_proves_nothing(tmp_path):
     assert _attention(root)[0].fix_safety == "unsafe"
 
 
-@pytest.mark.parametrize("statement", ["model.register_forward_pre_hook(lambda m, args: args)",
-                                       "torch.nn.modules.module.register_module_forward_pre_hook(print)"])
+@pytest.mark.parametrize("statement", [
+    "model.register_forward_pre_hook(lambda m, args: args)",
+    "torch.nn.modules.module.register_module_forward_pre_hook(print)",
+])
 def test_a_forward_pre_hook_may_change_the_arguments(tmp_path, statement):
     source = SCRIPT.format(mask="torch.rand(1, 1, 8, 8) > 0.5").replace("model.eval()", statement)
     assert _attention(_tree(tmp_path, {"script.py": source}))[0].fix_safety == "unsafe"
+
+
+# a helper registering hooks on every module by a name it computes, where the text never spells a pre-hook (breaker
+# round 15: its kwargs pre-hook made the caller's -5 padding -1e9, and the gradients of padded samples 2.25 apart)
+COMPUTED_REGISTRATIONS = {
+    "methodcaller": 'operator.methodcaller("register_forward_" + kind + "hook", print, with_kwargs=True)(module)',
+    "formatted": 'operator.methodcaller("register_forward_%shook" % kind, print)(module)',
+    "getattr_f_string": 'getattr(module, f"register_forward_{kind}hook")(print)',
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(COMPUTED_REGISTRATIONS))
+def test_a_forward_pre_hook_registered_by_a_computed_name_elsewhere_may_change_the_arguments(tmp_path, spelling):
+    hooks = ("import operator\n\n\ndef install(net, kind='pre_'):\n    for module in net.modules():\n"
+             f"        {COMPUTED_REGISTRATIONS[spelling]}\n")
+    source = SCRIPT.format(mask="torch.rand(1, 1, 8, 8) > 0.5")
+    assert _attention(_tree(tmp_path / "alone", {"script.py": source, "hooks.py": "import operator\n"}))[0] \
+        .fix_safety == "safe"
+    assert _attention(_tree(tmp_path / "hooked", {"script.py": source, "hooks.py": hooks}))[0].fix_safety == "unsafe"
 
 
 CALL_OVERRIDES = {  # what runs between a module call and forward, which may hand forward another mask (round 14)

@@ -566,6 +566,55 @@ def test_rebinding_an_entry_of_a_state_dict_copy_keeps_is_causal() -> None:
     assert "is_causal=True" in _patch(attention(CAUSAL_BLOCK, make=make))
 
 
+# Breaker round 15, bug 10: a zeros prior buffer read as "swallows no row" while `functional_call` passed a -1e9
+# prior in its place; the outputs agreed but SDPA's fused backward on the swallowed rows gave other gradients (d/dx
+# 0.86 apart). A tensor attribute's construction is no proof where the tree runs modules with state given by name.
+PRIOR_BLOCK = """\
+att = (q @ k.transpose(-2, -1)) * 8 ** -0.5 + self.prior[:, :, :T, :T]
+y = F.softmax(att, dim=-1) @ v
+return y.transpose(1, 2).reshape(B, T, C)
+"""
+SWALLOWING_PRIOR = """\
+def with_prior(model, x):
+    prior = torch.zeros(1, 1, 8, 8)
+    prior[..., :2, :] = -1e9
+    return torch.func.functional_call(model, {**dict(model.named_parameters()), "prior": prior}, (x,))
+"""
+
+
+def test_a_zeros_buffer_functional_call_replaces_proves_nothing_about_its_values() -> None:
+    source = attention(PRIOR_BLOCK, init='self.register_buffer("prior", torch.zeros(1, 1, 8, 8))\n',
+                       after=SWALLOWING_PRIOR)
+    [finding] = _attention_findings(source)
+    assumed = {fact["name"] for fact in finding.extra["facts"]["assumed"]}
+    assert "fully-masked-rows" in assumed
+    [alone] = _attention_findings(source.replace(SWALLOWING_PRIOR, ""))
+    assert "fully-masked-rows" not in {fact["name"] for fact in alone.extra["facts"]["assumed"]}
+
+
+# Breaker round 15, bugs 07 and 11: another file replaces the op the patch introduces (`F.scaled_dot_product_attention
+# = sharpened`, forward 0.17 apart) or rebinds the name the model file reads torch's functions through (`import model;
+# model.F = shim.F`, whose softmax is tempered: 0.076 apart). The block is refused, with the file that does it.
+ELSEWHERE_REBINDS = {
+    "sdpa_replaced": ("import torch.nn.functional as F\n\n\ndef sharpened(q, k, v, **kw):\n    return q\n\n\n"
+                      "F.scaled_dot_product_attention = sharpened\n", "introduces"),
+    "module_global_rebound": ("import types\nimport model\n\nmodel.F = types.SimpleNamespace(softmax=None)\n", "`F`"),
+    "module_global_set_by_name": ("import model as m\n\n\ndef setup(shim):\n    setattr(m, 'F', shim)\n", "`F`"),
+}
+
+
+@pytest.mark.parametrize("rebind", sorted(ELSEWHERE_REBINDS))
+def test_what_the_patch_calls_rebound_by_another_file_refuses_the_block(tmp_path, rebind) -> None:
+    text, why = ELSEWHERE_REBINDS[rebind]
+    (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
+                                                 'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
+    [alone] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert alone.fix_safety == "safe"
+    (tmp_path / "other.py").write_text(text, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.rule == "ADV103" and finding.patch is None and why in finding.reason and "other.py" in finding.reason
+
+
 MODULE_SCALE = '''import torch
 
 SCALE = 0.25
@@ -641,6 +690,12 @@ OP_OVERRIDES = {
                 "class Wrapped(torch.Tensor):\n    __torch_function__ = classmethod(handler)\n",
     "aten_library": "lib = torch.library.Library('aten', 'IMPL')\nlib.impl('softmax', lambda *a: a[0], 'CPU')\n",
     "aten_impl": "@torch.library.impl('aten::_softmax', 'CPU')\ndef fast(x, dim, half):\n    return x\n",
+    # breaker round 15, bug 13: a mode torch ships, entered in the tree, sees other ops after the rewrite (the CPU
+    # flash kernel has no FLOP formula: 11.0 M FLOPs counted a step before, 4.7 M after)
+    "flop_counter": "from torch.utils.flop_counter import FlopCounterMode\n\n\ndef step(m, x):\n"
+                    "    with FlopCounterMode(display=False) as counter:\n        m(x).sum().backward()\n"
+                    "    return counter.get_total_flops()\n",
+    "debug_mode": "import torch.utils._debug_mode\n\nmode = torch.utils._debug_mode.DebugMode()\n",
 }
 
 
@@ -649,6 +704,42 @@ def test_a_tensor_subclass_in_the_same_file_leaves_the_patch_unproved() -> None:
     [finding] = _attention_findings(source)
     assert finding.fix_safety == "unsafe" and any(
         fact["name"] == "torch-ops" and "this file" in fact["why"] for fact in finding.extra["facts"]["assumed"])
+
+
+# Breaker round 15, bug 05: the patch introduces an SDPA call, so a restriction of SDPA's kernels in the tree is in
+# force for it: under `sdpa_kernel(SDPBackend.FLASH_ATTENTION)` a call with dropout in training (or 3-D inputs)
+# raised `No available kernel` where the eager block ran.
+RESTRICTIONS = {
+    "flash_only": ("from torch.nn.attention import SDPBackend, sdpa_kernel\n\n\ndef run(m, x):\n"
+                   "    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):\n        return m(x)\n", True),
+    "computed_backends": ("import torch\n\n\ndef run(m, x, backends):\n"
+                          "    with torch.nn.attention.sdpa_kernel(backends):\n        return m(x)\n", True),
+    "math_switched_off": ("import torch\n\ntorch.backends.cuda.enable_math_sdp(False)\n", True),
+    "old_context": ("import torch\n\nwith torch.backends.cuda.sdp_kernel(enable_math=False):\n    pass\n", True),
+    "math_kept": ("from torch.nn.attention import SDPBackend, sdpa_kernel\n\n\ndef run(m, x):\n"
+                  "    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):\n        return m(x)\n", False),
+    "flash_switched_off": ("import torch\n\ntorch.backends.cuda.enable_flash_sdp(False)\n", False),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RESTRICTIONS))
+def test_sdpa_kernels_restricted_without_math_in_the_tree_leave_the_patch_assumed(tmp_path, kind) -> None:
+    text, restricts = RESTRICTIONS[kind]
+    (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
+                                                 'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
+    (tmp_path / "run.py").write_text(text, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"].get("assumed", [])}
+    assert ("sdpa-kernels" in assumed and "run.py" in assumed["sdpa-kernels"]) == restricts
+    assert (finding.fix_safety == "safe") != restricts
+
+
+def test_a_flash_only_restriction_refuses_what_the_math_kernel_takes() -> None:
+    """What the fact guards against, measured: dropout in training under a flash-only restriction on CPU."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(2, 2, 6, 8)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="No available kernel"):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
 
 
 @pytest.mark.parametrize("kind", sorted(OP_OVERRIDES))
@@ -661,6 +752,7 @@ def test_what_may_change_torch_s_ops_is_found(kind: str) -> None:
     "@torch.library.custom_op('mylib::attend', mutates_args=())\ndef attend(x: torch.Tensor) -> torch.Tensor:\n"
     "    return x.clone()\n",
     "# a comment naming __torch_function__ and torch.library\nx = '__torch_dispatch__'\n",
+    "from torch.utils.flop_counter import FlopCounterMode  # imported, never built\n",
 ])
 def test_what_leaves_torch_s_ops_alone_is_not_found(text: str) -> None:
     assert op_overrides("import torch\n\n" + text) == []

@@ -151,13 +151,19 @@ def test_a_broken_notebook_is_one_error_entry(capsys, workdir, raw, says):
 
 def test_masking_keeps_every_line_and_maps_back():
     raw = json.dumps({"cells": [cell("code", "a = 1\n!ls\n"), cell("markdown", "m"),
-                                cell("code", "%%time\nb = (\n")]})
+                                cell("code", "%%bash\nb = (\n"), cell("code", "%%time -o t\nc = 2\n%pwd\n")]})
     code = notebook_code(raw)
     assert code.text.splitlines() == ["a = 1", "_advisor_ipython(ls)  # (IPython magic)",
                                       "# advisor: notebook cell boundary",
-                                      "# (IPython cell magic)", "# (IPython cell magic)"]
+                                      "# (IPython cell magic)", "# (IPython cell magic)",
+                                      "# advisor: notebook cell boundary",  # `%%time` runs its body as Python
+                                      "_advisor_ipython(time, o, t)  # (IPython magic)", "c = 2",
+                                      "_advisor_ipython(pwd)  # (IPython magic)"]
     assert code.locate(1) == (1, 1) and code.locate(2) == (1, 2) and code.locate(5) == (3, 2)
+    assert code.locate(8) == (4, 2)
     assert json.loads(code.with_code(code.text)) == json.loads(raw)  # nothing changed: the same cells
+    changed = json.loads(code.with_code(code.text.replace("c = 2", "c = 3")))
+    assert changed["cells"][3]["source"] == ["%%time -o t\n", "c = 3\n", "%pwd\n"]
 
 
 def test_a_fix_that_moves_a_boundary_or_a_masked_line_is_never_written_back():

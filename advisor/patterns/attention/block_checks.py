@@ -27,6 +27,7 @@ from advisor.static.outside_writes import ANY_ON_CLASS
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
 METADATA_ATTRIBUTES = frozenset({"dtype", "device", *NEW_TENSOR_METHODS})
 TORCH_OPS = "torch-ops"  # assumed where the tree defines a mode, a `__torch_function__` or an aten kernel
+SDPA_KERNELS = "sdpa-kernels"  # assumed where the tree restricts SDPA's kernels without the math kernel
 
 
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
@@ -220,6 +221,11 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     replaced = scope.replaced_torch_function(c.parsed, block)
     if replaced is not None:
         raise Refusal(replaced)
+    restricted = scope.sdpa_kernels_restricted(c.parsed)
+    if restricted is not None:
+        match.facts.assumed(SDPA_KERNELS, "SDPA may pick any of its kernels where the block runs (its math kernel "
+                            "takes every call; a fused one refuses dropout in training on CPU, 3-D inputs or a mask "
+                            "that requires grad, and then `No available kernel` raises)", restricted)
     overridden = scope.ops_overridden(c.parsed)
     if overridden is not None:
         match.facts.assumed(TORCH_OPS, "torch's ops compute as torch's kernels do (no mode, tensor subclass or "

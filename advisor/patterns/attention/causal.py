@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from advisor.patterns import scope
 from advisor.patterns.attention.triangles import size_codes, size_nodes, square_parts, view_keeps
 from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
@@ -309,9 +308,9 @@ def _buffer_from_first_column(c: Candidate, node: cst.BaseExpression, sliced: bo
 
 def _class_tensor(c: Candidate, attribute: str) -> cst.BaseExpression | None:
     """What the class binds a tensor attribute to, where every instance holds it when the code runs: not where
-    another file writes it (`only_value`) nor where the tree runs modules with state given by name
-    (`functional_call`), which may pass any tensor in its place."""
-    return c.owner.only_value(attribute) if scope.state_swapped(c.parsed) is None else None
+    another file writes it nor where the tree runs modules with state given by name (`functional_call`), which may
+    pass any tensor in its place (`only_value`)."""
+    return c.owner.only_value(attribute)
 
 
 def local_value(c: Candidate, name: cst.Name) -> cst.BaseExpression | None:

@@ -23,7 +23,7 @@ from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
 from advisor.patterns.dtypes import EINOPS
 from advisor.patterns.ops import Op, number_value
-from advisor.static.codegen import atomic, method, nonzero
+from advisor.static.codegen import atomic, nonzero
 from advisor.static.dataflow import loaded_names
 
 MAX_REBINDINGS = 8

@@ -52,7 +52,7 @@ def drop_shift(c: Candidate, node: cst.BaseExpression, numbers: list[float]) -> 
     nonzero = [value for value in numbers if value != 0]
     if nonzero:
         c.match.facts.assumed("constant-shift", statement,
-                              f"softmax is shift-invariant, but the shifted scores are rounded in their dtype (and "
-                              f"a half-precision score near its range overflows)")
+                              "softmax is shift-invariant, but the shifted scores are rounded in their dtype (and "
+                              "a half-precision score near its range overflows)")
     else:
         c.match.facts.proved("constant-shift", statement, "adding 0 leaves every score as it is")
