@@ -77,7 +77,10 @@ PLAIN_PASS = re.compile(r"\bbackward\b|\bautograd\.(?:grad|functional)\b|"
 # Where `create_graph` sits among the positional arguments of the calls that take it.
 CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3, "torch.Tensor.backward": 3,
                          "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
-COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(|\bvars\s*\(|__dict__")  # what `_looks_up_module_attributes` reads
+# a screen for `_looks_up_module_attributes`: a getattr whose name is no literal on anything but self/cls, a
+# namespace subscripted
+COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(?!self\b|cls\b)\w+\s*,\s*[^\"'\s)]|\bvars\s*\(\s*\w+\s*\)\s*\[|"
+                             r"\b\w+\.__dict__\s*\[")
 TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
 # What `worth_resolving` looks for, by the last part of each name.
 TRIGGER_NAMES = {name.rsplit(".", 1)[-1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian",
