@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from advisor.static.outside_writes import outside_writes_of_source
-from advisor.static.project import MAY_SCRIPT, MAY_SWAP
+from advisor.static.project import MAY_SCRIPT
+from advisor.static.state_swaps import MAY_SWAP
 from cli_processes import results_of, start_in_one_process
 
 REPO = Path(__file__).resolve().parents[2]
