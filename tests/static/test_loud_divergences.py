@@ -97,6 +97,32 @@ def test_an_added_mask_keeps_a_nan_in_both_and_names_no_replaced_scores():
     assert "mask-sizes" in names and "replaced-scores" not in names
 
 
+def test_a_float_mask_refilled_in_place_before_backward_raises_in_the_patch_only():
+    """Breaker round 15's U01: micro-batches sharing one additive mask buffer, refilled in place between their
+    forwards, then one backward. SDPA's fused CPU kernel saved the mask; `scores + mask` did not. Named as the
+    accepted `mask-writes`, and measured here on the patch the scan offers (unsafe: the mask's values are unseen)."""
+    source = HELPER.format(apply=ADDED)
+    result = analyze_source(source, "mask_writes.py", unsafe_fixes=True)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert "mask-writes" in {fact["name"] for fact in finding.extra["facts"]["accepted"]}
+    outcomes = []
+    for text, name in ((source, "mask_writes"), (result.fixed, "mask_writes_fixed")):
+        attend = load_module_from_source(text, name).attend
+        q, k, v = (t.float().requires_grad_(True) for t in _qkv((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)))
+        mask = torch.zeros(2, 1, 1, 5)
+        loss = 0.0
+        for padded in (4, 3):  # one buffer for both micro-batches
+            mask.zero_()
+            mask[..., padded:] = -1e4
+            loss = loss + attend(q, k, v, mask).square().sum()
+        try:
+            loss.backward()
+            outcomes.append(q.grad)
+        except RuntimeError as error:
+            outcomes.append(str(error))
+    assert isinstance(outcomes[0], torch.Tensor) and "modified by an inplace operation" in outcomes[1]
+
+
 def test_a_query_the_source_shapes_names_no_query_rank():
     accepted, original, patched = _scan(VISIBLE_QUERY, "visible_query")
     assert "query-rank" not in accepted and "mask-sizes" in accepted

@@ -1141,3 +1141,52 @@ def test_an_output_handed_on_once_to_a_callee_out_of_sight_is_accepted_as_unwrit
     model, (x,) = load_module_from_source(source, f"handed_once_{kind}").make()
     patched, _ = load_module_from_source(result.fixed, f"handed_once_{kind}_fixed").make()
     torch.testing.assert_close(patched(x), model(x))
+
+
+CHOSEN_ACTIVATION = '''import functools
+import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2, act_layer=nn.Identity):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.act = act_layer()
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        o = (q @ k.transpose(-2, -1) * 0.25).softmax(dim=-1) @ v
+        o = self.act(o)
+        return o.transpose(1, 2).reshape(B, T, C)
+
+
+def make():
+    torch.manual_seed(0)
+    return Attention(act_layer={chosen})
+'''
+
+
+@pytest.mark.parametrize("chosen, written", [("functools.partial(nn.ReLU, inplace=True)", True),
+                                             ("lambda: nn.ReLU(inplace=True)", True), ("nn.GELU", False)])
+def test_an_output_handed_to_a_module_of_the_class_its_caller_chooses(tmp_path, chosen, written):
+    """Breaker round 15, bug 15: `self.act = act_layer()` with a caller's `partial(nn.ReLU, inplace=True)` wrote the
+    output SDPA saved for its backward, which raised. A construction in the tree that makes the chosen class write
+    in place now gets the output a fresh copy; one that does not leaves the accepted `output-writes`."""
+    from advisor.engine.static import scan_paths
+    source = CHOSEN_ACTIVATION.replace("{chosen}", chosen)
+    (tmp_path / "model.py").write_text(source, encoding="utf-8")
+    result = scan_paths([str(tmp_path)], jobs=1)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    fixed = result.files[0].fixed
+    assert finding.fix_safety == "safe" and (".clone(memory_format=torch.contiguous_format)" in fixed) == written
+    runs = []
+    for text, name in ((source, f"chosen_{written}"), (fixed, f"chosen_{written}_fixed")):
+        model = load_module_from_source(text, name).make()
+        x = torch.randn(2, 6, 16, requires_grad=True)
+        out = model(x)
+        out.square().sum().backward()
+        runs.append((out.detach(), x.grad))
+    torch.testing.assert_close(runs[1], runs[0])

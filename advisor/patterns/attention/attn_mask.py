@@ -154,6 +154,12 @@ def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     """The one mask SDPA gets; an added value that is a Python number on some paths (`bias = 0.0`) is a shift
     there, which softmax ignores (see `shifts`), so SDPA gets no mask on those paths."""
     mask = term_mask(c, term)
+    if term.kind == "float":
+        c.match.facts.accepted(MASK_WRITES, "the float mask is not written in place between the forward and its "
+                               "backward", "SDPA's fused kernels save the mask they are given for the backward, "
+                               "while the original's `scores + mask` saves nothing of it: a mask buffer refilled in "
+                               "place before `backward()` (micro-batches sharing one) makes the patched backward "
+                               "raise, a loud failure; the forward's values are the original's")
     if term.number_paths is None:
         return mask
     shifts.drop_shift(c, term.source, term.number_paths)
@@ -170,6 +176,10 @@ def _additive(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     torch_name, query = _torch_and_query(c)
     return parse_template_expression('{torch}.where({mask}, 0.0, float("-inf")).to({query}.dtype)',
                                      torch=torch_name, mask=mask, query=query)
+
+
+# accepted where a float mask reaches SDPA as the tensor the code holds (breaker round 15's U01)
+MASK_WRITES = "mask-writes"
 
 
 DTYPE_KEEPING_VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "unsqueeze", "flatten",

@@ -163,6 +163,10 @@ def _written_in_place(c: Candidate) -> str | None:
                 frontier.extend(helper[1])
                 branched |= len(helper[1]) > 1
                 continue
+            chosen = _built_in_place_by_a_caller(c, call)
+            if chosen is not None:
+                return (f"is passed to `{short(c.parsed, call)}` at line {c.parsed.line(call)}, a module built from "
+                        f"the class its caller chooses, which {chosen} makes write its input in place")
             if not _reads_arguments_only(c, call):
                 unseen.append(call)
         if isinstance(parent, cst.Subscript) and parent.value is node or \
@@ -356,6 +360,35 @@ def _writes_first_argument(c: Candidate, call: cst.Call) -> bool:
                                func.value.value == "self"):
         return False
     return any(_built_inplace(c, value) for value in c.owner.attributes.get(func.attr.value, []))
+
+
+def _built_in_place_by_a_caller(c: Candidate, call: cst.Call) -> str | None:
+    """Where a construction of the class in the tree makes `self.<attr>(...)` write its input in place, `self.<attr>`
+    being built from a class `__init__` is given (`self.act = act_layer()` with a caller's `act_layer=partial(
+    nn.ReLU, inplace=True)`: breaker round 15, the patch's backward raised); None where no call in the tree shows
+    one (callers out of sight stay the accepted `output-writes`)."""
+    func, init = call.func, c.owner.methods.get("__init__") if c.owner is not None else None
+    if init is None or c.parsed.tree is None or not (isinstance(func, cst.Attribute) and
+                                                     isinstance(func.value, cst.Name) and func.value.value == "self"):
+        return None
+    parameters = {p.name.value for p in [*init.params.params, *init.params.kwonly_params]}
+    for built in c.owner.attributes.get(func.attr.value, []):
+        if not (isinstance(built, cst.Call) and isinstance(built.func, cst.Name) and built.func.value in parameters):
+            continue
+        for site in c.parsed.tree.sites(c.parsed, init, built.func.value) or ():
+            if site.argument is not None and _makes_in_place(site.argument, built):
+                return f"the call at {site.where}"
+    return None
+
+
+def _makes_in_place(chosen: cst.BaseExpression, built: cst.Call) -> bool:
+    """Whether `chosen`, a class (or factory) the constructor calls as `built`, yields a module writing its input in
+    place: `built` passes `inplace` itself, or `chosen` is a call (`partial(nn.ReLU, inplace=True)`) or a lambda's
+    (`lambda: nn.ReLU(inplace=True)`) that passes it."""
+    if isinstance(chosen, cst.Lambda):
+        chosen = chosen.body
+    given = [*built.args, *(chosen.args if isinstance(chosen, cst.Call) else ())]
+    return any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value) for arg in given)
 
 
 def _built_inplace(c: Candidate, value: cst.BaseExpression) -> bool:
