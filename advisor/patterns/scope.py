@@ -17,13 +17,15 @@ from functools import cached_property
 import libcst as cst
 import networkx as nx
 
-from advisor.contracts.finding import display_path
+from advisor.contracts.finding import ScanError, display_path
 from advisor.static.tensor_reads import read_leaves_alone
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.discover import read_source
 from advisor.static.op_overrides import op_overrides
+from advisor.static.op_restores import replaces
 from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
     func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses
@@ -952,7 +954,7 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
     the emitted one) are read through."""
     written = parsed.outside_attribute_writes[0]
     replaced = {name for name in written if name.startswith("torch.")}
-    introduced = sorted(replaced & INTRODUCED)
+    introduced = sorted(name for name in replaced & INTRODUCED if _replaced_not_restored(parsed, name))
     if introduced:
         return (f"`{introduced[0]}`, which the rewrite introduces a call of, is assigned in "
                 f"{parsed.outside_writer(introduced[0])}: it may not be torch's when the code runs")
@@ -989,6 +991,18 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
 
 # the functional each of torch's modules whose calls a patch deletes calls in its forward
 MODULE_FUNCTIONALS = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax": "torch.nn.functional.softmax"}
+
+
+def _replaced_not_restored(parsed: ParsedModule, name: str) -> bool:
+    """Whether a file writing torch's `name` may put another function there: not where each only puts back what it
+    took (`sdpa = F.__dict__.pop(...)` ... `setattr(F, ..., sdpa)`, hiding the op while a model is built)."""
+    paths = [parsed.path] if name in parsed.own_outside_writes[0] else []
+    if parsed.project is not None:
+        paths += [w.path for w in parsed.project.writes_elsewhere(parsed.path) if name in w.names]
+    sources = [parsed.source if path == parsed.path else read_source(path) for path in paths]
+    texts = [source if isinstance(source, str) else None if isinstance(source, ScanError) else source.text
+             for source in sources]
+    return any(text is None or replaces(text, name.rsplit(".", 1)[-1]) for text in texts)  # unreadable: may
 
 
 def _inside_a_torch_write(module: str, name: str, replaced: set[str]) -> bool:

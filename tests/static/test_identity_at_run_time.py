@@ -706,6 +706,24 @@ def test_a_tensor_subclass_in_the_same_file_leaves_the_patch_unproved() -> None:
         fact["name"] == "torch-ops" and "this file" in fact["why"] for fact in finding.extra["facts"]["assumed"])
 
 
+@pytest.mark.parametrize("restore", [
+    "sdpa = F.__dict__.pop('scaled_dot_product_attention')\ntry:\n    pass\nfinally:\n"
+    "    setattr(F, 'scaled_dot_product_attention', sdpa)\n",
+    "kept = F.scaled_dot_product_attention\nF.scaled_dot_product_attention = kept\n",
+])
+def test_torch_s_op_hidden_and_put_back_is_no_replacement(tmp_path, restore) -> None:
+    """A fixture hiding SDPA while it builds a model (to force its manual path) puts torch's own function back."""
+    (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
+                                                 'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
+    (tmp_path / "other.py").write_text("import torch.nn.functional as F\n\n" + restore, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe"
+    (tmp_path / "other.py").write_text("import torch.nn.functional as F\n\n" + restore.replace("sdpa)", "print)")
+                                       .replace("= kept", "= print"), encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.rule == "ADV103" and "introduces" in finding.reason
+
+
 # Breaker round 15, bug 05: the patch introduces an SDPA call, so a restriction of SDPA's kernels in the tree is in
 # force for it: under `sdpa_kernel(SDPBackend.FLASH_ATTENTION)` a call with dropout in training (or 3-D inputs)
 # raised `No available kernel` where the eager block ran.
