@@ -23,6 +23,7 @@ import threading
 from contextlib import contextmanager
 
 from advisor.errors import AdvisorError, diff_name
+from advisor.static.line_index import diff_lines, marked
 from advisor.static.source_encoding import SourceDecodeError, decode_source, encode_source
 
 TEMP_PREFIX, TEMP_SUFFIX = ".advisor-", ".tmp"  # never *.py, so a scan can never take one for source
@@ -38,8 +39,9 @@ class FileChanged(WriteRefused):
 
 
 def unified_diff(path: str, before: str, after: str) -> str:
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        fromfile=diff_name("a", path), tofile=diff_name("b", path)))
+    """A patch `git apply` and `patch -p1` read: lines split at "\n" only, a last line without one marked."""
+    return "".join(map(marked, difflib.unified_diff(diff_lines(before), diff_lines(after),
+                                                    fromfile=diff_name("a", path), tofile=diff_name("b", path))))
 
 
 def resolve_inside(path: str, roots: list[str]) -> str:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from advisor.errors import diff_name
-from advisor.static.line_index import LineIndex
+from advisor.static.line_index import LineIndex, diff_lines, marked
 
 CONTEXT = 3  # lines of context in a hunk, as `diff -u` and difflib's default
 HUNK_HEADER = re.compile(r"@@ -(\d+)((?:,\d+)?) \+(\d+)((?:,\d+)?) @@")
@@ -47,10 +47,10 @@ def local_diff(path: str, index: LineIndex, edits: list[Edit]) -> str:
     for first, last, region_edits in regions:
         start, end = index.starts[first], index.starts[last]
         before = index.lines[first:last]
-        after = apply_edits(index.text[start:end], [Edit(e.start - start, e.end - start, e.text)
-                                                    for e in region_edits]).splitlines(keepends=True)
+        after = diff_lines(apply_edits(index.text[start:end], [Edit(e.start - start, e.end - start, e.text)
+                                                               for e in region_edits]))
         for line in list(difflib.unified_diff(before, after, n=CONTEXT))[2:]:  # [2:]: its ---/+++ lines
-            hunks.append(_shifted(line, first, first + shift))
+            hunks.append(marked(_shifted(line, first, first + shift)))
         shift += len(after) - len(before)
     if not hunks:
         return ""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from advisor.cli import main
 from advisor.engine.static import analyze_source
 
@@ -146,3 +148,40 @@ def test_a_diff_printed_to_a_pipe_keeps_long_lines_and_applies(tmp_path):
         applied = subprocess.run(["git", "apply", "--check", "fix.diff"], cwd=tmp_path, capture_output=True,
                                  text=True)
         assert applied.returncode == 0, applied.stderr
+
+
+DIFF_LAYOUTS = {  # breaker round 16: each printed diff was a corrupt patch for git apply and patch -p1
+    "no_final_newline": ("import torch\n\n\ndef f(x):\n    y = x.contiguous().contiguous()\n    return y", "\n"),
+    "form_feed_in_a_comment": ("import torch\n\x0c\n\ndef f(x):\n    # a page break \x0c here\n"
+                               "    y = x.contiguous().contiguous()\n    return y\n", "\n"),
+    "cr_only": ("import torch\r\r\rdef f(x):\r    y = x.contiguous().contiguous()\r    return y\r", "\r"),
+    "crlf": ("import torch\r\n\r\n\r\ndef f(x):\r\n    y = x.contiguous().contiguous()\r\n    return y\r\n", "\r\n"),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(DIFF_LAYOUTS))
+def test_every_printed_diff_applies_with_git_and_patch_as_fix_apply_writes(tmp_path, layout):
+    """`scan --format diff` and `fix`'s diff split lines where git and patch do (at "\\n" only) and mark a last line
+    without a newline; applied, each gives the bytes `fix --apply` writes."""
+    import shutil
+    import subprocess
+    import sys
+
+    source, _ = DIFF_LAYOUTS[layout]
+    for folder in ("git", "patch", "applied"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "m.py").write_bytes(source.encode())
+    run = [sys.executable, "-m", "advisor"]
+    diff = subprocess.run([*run, "scan", "--no-cache", "--format", "diff", "m.py"], cwd=tmp_path / "git",
+                          capture_output=True).stdout
+    shown = subprocess.run([*run, "fix", "--no-cache", "m.py"], cwd=tmp_path / "patch", capture_output=True).stdout
+    subprocess.run([*run, "fix", "--no-cache", "--apply", "-q", "m.py"], cwd=tmp_path / "applied", check=True)
+    expected = (tmp_path / "applied" / "m.py").read_bytes()
+    assert expected != source.encode()
+    assert shutil.which("git") and shutil.which("patch"), "the check needs git and patch"
+    subprocess.run(["git", "init", "-q", "."], cwd=tmp_path / "git", check=True)
+    applied = subprocess.run(["git", "apply", "-"], cwd=tmp_path / "git", input=diff, capture_output=True)
+    assert applied.returncode == 0, applied.stderr
+    patched = subprocess.run(["patch", "-p1", "-s"], cwd=tmp_path / "patch", input=shown, capture_output=True)
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+    assert (tmp_path / "git" / "m.py").read_bytes() == expected == (tmp_path / "patch" / "m.py").read_bytes()
