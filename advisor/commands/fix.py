@@ -72,13 +72,14 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
     and unsafe with args.unsafe_fixes), or those `ask(findings) -> (chosen, quit)` picks, applied together by the
     rewrite layer and written when args.apply. Returns the report and the scan it came from (for the exit code).
     With args.apply, the tree is scanned again (the cache keeps the unchanged files' results) while a round writes
-    something, up to APPLY_ROUNDS: a fix nested in another's expression waits for the next round, and a second
-    `fix --apply` then changes nothing (breaker round 14: three runs to settle a chain of redundant casts)."""
-    report, result, results, texts, deferred = _fix_round(args, ask, on_scanned)
+    something, up to APPLY_ROUNDS: a fix nested in another's expression waits for the next round, and one fix may
+    make another (`x.contiguous().float().contiguous().float()`: the copy removed, two casts meet), so a second
+    `fix --apply` then changes nothing (breaker rounds 14 and 16)."""
+    report, result, results, texts = _fix_round(args, ask, on_scanned)
     for _ in range(APPLY_ROUNDS - 1):
-        if not args.apply or ask is not None or not deferred or not any(file.written for file in report.files):
+        if not args.apply or ask is not None or not any(file.written for file in report.files):
             break
-        again, result, _, newer, deferred = _fix_round(args, None, lambda scanned: None)
+        again, result, _, newer = _fix_round(args, None, lambda scanned: None)
         if not any(file.written for file in again.files):
             report = FixReport(1, report.files_scanned, report.applied, report.files, again.remaining, report.errors)
             break
@@ -91,17 +92,14 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
     return report, result
 
 
-def _fix_round(args, ask, on_scanned) -> tuple[FixReport, ScanResult, dict, dict, int]:
-    """One scan and its fixes; also each fixed file's scan result and new text, by path, and how many chosen fixes
-    were left for a later round (nested in another's expression)."""
-    from advisor.fixes.copy_cast_fix import NESTED  # libcst: loaded by the verbs that fix, not by argument parsing
-
+def _fix_round(args, ask, on_scanned) -> tuple[FixReport, ScanResult, dict, dict]:
+    """One scan and its fixes; also each fixed file's scan result and new text, by path."""
     runtime = _profiled(args.profile) if args.profile else None
     interactive = ask is not None
     result = run_scan(args, runtime=runtime, patches=interactive, fixed=not interactive,
                       jobs=1 if interactive else None)
     on_scanned(result)
-    remaining, files, results, texts, deferred = 0, [], {}, {}, 0
+    remaining, files, results, texts = 0, [], {}, {}
     quit_requested = False
     written: set[str] = set()
     for file in result.files:
@@ -126,7 +124,6 @@ def _fix_round(args, ask, on_scanned) -> tuple[FixReport, ScanResult, dict, dict
                 remaining += len(applicable)
             else:
                 remaining += outcome.not_applied
-                deferred += outcome.not_applied + sum(NESTED in finding.reasons for finding in file.findings)
                 fixed.written = _write(file, outcome.text, args, written) if outcome.text != file.source else None
         except AdvisorError as exc:
             fixed.error = str(exc)
@@ -135,7 +132,7 @@ def _fix_round(args, ask, on_scanned) -> tuple[FixReport, ScanResult, dict, dict
             files.append(fixed)
             results[file.path], texts[file.path] = file, outcome.text
     report = FixReport(1, len(result.files), bool(args.apply or interactive), files, remaining, result.errors)
-    return report, result, results, texts, deferred
+    return report, result, results, texts
 
 
 def _diff(file, new_text: str) -> str:

@@ -8,6 +8,7 @@ reported or patched: a one-line setting in the user's script switches the whole 
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -65,6 +66,21 @@ class Site:
 
     def match(self, rule, **details) -> ConfigMatch:
         return ConfigMatch(rule.code, self.node, self.function, **details)
+
+
+def installed_class(name: str) -> object | None:
+    """A class of the installed transformers package, imported only from a library folder: the current folder
+    leads `sys.path` for `python -m advisor` and the API, and a repository's own `transformers/` (a vendored fork,
+    a hostile checkout) must never run in a static scan (breaker round 16). None where it is not so installed."""
+    try:
+        spec = importlib.util.find_spec("transformers")
+        if spec is None or spec.origin is None or not is_library_file(spec.origin):
+            return None
+        import transformers
+
+        return getattr(transformers, name, None)
+    except Exception:  # noqa: BLE001 - a broken install means "not proved", never a crash of the scan
+        return None
 
 
 def literal_bool(node: cst.BaseExpression | None) -> bool | None:

@@ -29,7 +29,7 @@ def functional_name(parsed: ParsedModule) -> FunctionalName:
         return FunctionalName(f"{aliases['torch.nn']}.functional", None)
     if "torch" in aliases:
         return FunctionalName(f"{aliases['torch']}.nn.functional", None)
-    taken = "F" in parsed.words  # crude but conservative: any token "F" means the name may be used
+    taken = "F" in parsed.words  # crude but conservative: any word "F" means the name may be used
     if not taken:
         return FunctionalName("F", "import torch.nn.functional as F")
     if "torch" not in parsed.bound_names:

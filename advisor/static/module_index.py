@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from dataclasses import dataclass, field
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
@@ -41,6 +42,9 @@ def _qualified_writes(names: frozenset[str]) -> dict[str, list[tuple[str, bool, 
             found.setdefault(base.removesuffix(FINITE_DRAW), []).append(
                 (name, base.endswith(FINITE_DRAW), bool(narrowed)))
     return found
+
+
+IDENTIFIER = re.compile(r"[^\W\d]\w*")  # a name's spelling, for `ParsedModule.words`
 
 
 @dataclass(eq=False)
@@ -318,8 +322,10 @@ class ParsedModule:
 
     @cached_property
     def words(self) -> frozenset[str]:
-        """Whitespace-separated tokens of the source (computed once; rewrites ask per finding)."""
-        return frozenset(self.source.split())
+        """Every identifier-like word of the source, in code, strings and comments alike (computed once; rewrites
+        ask per finding whether a name they would add may be used: `B, H, F, D = q.shape` binds `F`, which
+        whitespace-separated tokens (`F,`) did not show, and the added `import ... as F` was shadowed)."""
+        return frozenset(IDENTIFIER.findall(self.source))
 
     def within(self, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
         """Whether `node` is `ancestor` or lies inside it."""

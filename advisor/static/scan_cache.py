@@ -21,6 +21,8 @@ edited in between is not stored, and one edited after the analysis read it is st
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import pickle
 import sys
@@ -65,21 +67,37 @@ def _canonical(value):
 @lru_cache(maxsize=1)
 def code_digest() -> str:
     """advisor's version and the text of its modules and rule units (the rules package may live beside it, as in
-    an editable install), the interpreter (its parser decides syntax errors) and libcst: a result is never reused
-    by other code."""
+    an editable install), the interpreter (its parser decides syntax errors), libcst, and the installed torch and
+    transformers (ADV601 reads a model class's `_supports_sdpa` from the installed transformers: two environments
+    sharing one cache gave one's verdict to the other, breaker round 16): a result is never reused by other code."""
     import libcst
 
     import advisor
     from advisor.registry import rules_package_paths
 
     hasher = hashlib.blake2b(digest_size=20)
-    hasher.update(repr((advisor.__version__, sys.version, getattr(libcst, "__version__", ""))).encode())
+    hasher.update(repr((advisor.__version__, sys.version, getattr(libcst, "__version__", ""),
+                        *map(_installed_version, ("torch", "transformers")))).encode())
     roots = [Path(advisor.__file__).parent, *map(Path, rules_package_paths())]
     modules = sorted({module.resolve() for root in roots for module in root.rglob("*.py")})
     for module in modules:
         hasher.update(str(module).encode())
         hasher.update(module.read_bytes())
     return hasher.hexdigest()
+
+
+def _installed_version(distribution: str) -> tuple[str | None, str | None]:
+    """The distribution's version, read from its metadata, and where its package would be imported from (found,
+    never imported: another folder on `sys.path` may shadow the installed one)."""
+    try:
+        version = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    try:
+        spec = importlib.util.find_spec(distribution)
+    except (ImportError, ValueError):
+        spec = None
+    return version, spec.origin if spec is not None else None
 
 
 def rule_set() -> tuple:

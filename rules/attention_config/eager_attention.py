@@ -82,19 +82,14 @@ def _on_cuda_half(text: str) -> bool:
 
 
 def _declares_sdpa(dotted: str) -> bool:
-    """A concrete transformers model class whose `_supports_sdpa` is True (imports transformers, never user code)."""
+    """A concrete transformers model class whose `_supports_sdpa` is True (imports the installed transformers,
+    never user code)."""
     if not dotted.startswith("transformers.") or not dotted.endswith(config.LOADERS):
         return False
     class_name = dotted.split(".")[-2]
     if class_name.startswith(("Auto", "TF", "Flax")):
         return False
-    try:
-        import transformers
-
-        model_class = getattr(transformers, class_name, None)
-    except Exception:  # noqa: BLE001 - a broken install means "not proved", never a crash of the scan
-        return False
-    return getattr(model_class, "_supports_sdpa", False) is True
+    return getattr(config.installed_class(class_name), "_supports_sdpa", False) is True
 
 
 RULE = SiteRule(

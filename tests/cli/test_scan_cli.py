@@ -84,15 +84,20 @@ def test_fix_shows_diff_without_writing_then_apply_writes_and_is_idempotent(caps
     assert code == 0 and target.read_text() == after
 
 
-def test_fixes_nested_in_one_expression_settle_in_one_apply(capsys, workdir):
+@pytest.mark.parametrize("chain, settled", [
+    ("torch.softmax(x.float(), -1).float().float().contiguous().contiguous()",
+     "softmax(x, -1, dtype=torch.float32).float().contiguous()\n"),
+    # breaker round 16: removing the copy makes the two casts meet, a fix no first scan sees
+    ("x.contiguous().float().contiguous().float()", "return x.contiguous().float()\n"),
+])
+def test_fixes_nested_in_one_expression_settle_in_one_apply(capsys, workdir, chain, settled):
     """A fourteenth breaker's: each `fix --apply` took one layer of a chain of redundant copies and casts (three runs
     to settle, and a pre-commit hook failing each commit); one run now applies them all, the next changes nothing."""
     target = workdir / "m.py"
-    target.write_text("import torch\n\n\ndef g(x):\n"
-                      "    return torch.softmax(x.float(), -1).float().float().contiguous().contiguous()\n")
+    target.write_text(f"import torch\n\n\ndef g(x):\n    return {chain}\n")
     code, out, _ = run_cli(capsys, "fix", "m.py", "--apply")
     after = target.read_text()
-    assert code == 0 and "softmax(x, -1, dtype=torch.float32).float().contiguous()\n" in after
+    assert code == 0 and settled in after
     code, out, _ = run_cli(capsys, "fix", "m.py", "--apply")
     assert code == 0 and target.read_text() == after and "0 file(s) rewritten" in out
 

@@ -185,3 +185,20 @@ def test_every_printed_diff_applies_with_git_and_patch_as_fix_apply_writes(tmp_p
     patched = subprocess.run(["patch", "-p1", "-s"], cwd=tmp_path / "patch", input=shown, capture_output=True)
     assert patched.returncode == 0, patched.stdout + patched.stderr
     assert (tmp_path / "git" / "m.py").read_bytes() == expected == (tmp_path / "patch" / "m.py").read_bytes()
+
+
+@pytest.mark.parametrize("binding", ["B, H, F, D = q.shape", "F = q.shape[-2]"])
+def test_an_added_import_is_never_shadowed_by_a_name_the_function_binds(binding):
+    """Breaker round 16: no torch alias in the module, so the fix added `import torch.nn.functional as F`; `B, H, F,
+    D = q.shape` (audio code's frequency bins) bound `F` locally, and the fixed function raised AttributeError."""
+    from fixture_models import load_module_from_source
+    import torch
+
+    source = ("from math import sqrt\n\nfrom torch import softmax\n\n\ndef attend(q, k, v):\n"
+              f"    {binding}\n    att = (q @ k.transpose(-2, -1)) / sqrt(q.shape[-1])\n"
+              "    return softmax(att, dim=-1) @ v\n")
+    fixed = analyze_source(source, "m.py").fixed
+    assert "scaled_dot_product_attention" in fixed and " as F\n" not in fixed
+    q = torch.randn(1, 2, 4, 8)
+    torch.testing.assert_close(load_module_from_source(fixed, "shadowed_fixed").attend(q, q, q),
+                               load_module_from_source(source, "shadowed").attend(q, q, q))

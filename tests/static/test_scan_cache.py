@@ -340,3 +340,28 @@ def test_an_edit_of_a_package_helper_the_block_reads_drops_the_kept_result(tmp_p
     after = attention()
     assert "model.py" in analysed
     assert after.fix_safety != "safe" and "utils.softmax" in after.reason
+
+
+EAGER_LOAD = 'from transformers import LlamaForCausalLM\n\nmodel = LlamaForCausalLM.from_pretrained("x", attn_implementation="eager")\n'
+
+
+def _adv601(tmp_path: Path, env: dict, *options: str) -> list:
+    scanned = subprocess.run([sys.executable, "-m", "advisor", "scan", *options, "m.py", "--format", "json"],
+                             cwd=tmp_path, capture_output=True, text=True, env=env)
+    return [(f["rule"], f["fix_safety"]) for f in json.loads(scanned.stdout)["findings"]]
+
+
+def test_a_transformers_shadowing_the_installed_one_is_never_run_nor_shares_cached_verdicts(tmp_path):
+    """Breaker round 16: ADV601 reads `_supports_sdpa` from the importable transformers. A repository's own
+    `transformers/` (the current folder leads sys.path) ran during a static scan, and two environments sharing one
+    cache got each other's verdict: the installed package's `safe` reached one whose transformers says nothing."""
+    (tmp_path / "m.py").write_text(EAGER_LOAD)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    installed = _adv601(tmp_path, env)
+    assert installed == [("ADV601", "safe")]  # the installed LlamaForCausalLM supports SDPA
+    (tmp_path / "other" / "transformers").mkdir(parents=True)
+    (tmp_path / "other" / "transformers" / "__init__.py").write_text(
+        "import pathlib\npathlib.Path('RAN').write_text('x')\n\n\nclass LlamaForCausalLM:\n    _supports_sdpa = True\n")
+    shadowed = {**env, "PYTHONPATH": str(tmp_path / "other")}
+    assert _adv601(tmp_path, shadowed) == _adv601(tmp_path, shadowed, "--no-cache") == [("ADV601", "unsafe")]
+    assert not (tmp_path / "RAN").exists()
