@@ -43,6 +43,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--apply", action="store_true", help="write the verified patches")
     parser.add_argument("--interactive", action="store_true",
                         help="ask before writing each verified patch (implies --apply)")
+    parser.add_argument("--force-readonly", action="store_true",
+                        help="also rewrite read-only files (their mode, owner and group are kept)")
     parser.add_argument("--report", metavar="DIR", help="folder for the reports, traces and logs (default: a new "
                                                         "temporary folder)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text")
@@ -87,6 +89,7 @@ def optimized(args, progress=lambda message: None, review=None, say=lambda messa
     options = Options(target=target, report_dir=report_dir, root=root, device=args.device, dtype=args.dtype,
                       train=args.train, unsafe_fixes=args.unsafe_fixes, backend=args.backend,
                       call_site_facts=args.call_site_facts, apply=args.apply or args.interactive,
+                      force_readonly=args.force_readonly,
                       timeout_s=args.timeout, timing_budget_s=args.timing_budget, script=script,
                       seeds=(args.calls or Options.seeds) if script is not None else Options.seeds, review=review)
     result = optimize(options, progress=progress)

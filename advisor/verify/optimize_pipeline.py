@@ -23,7 +23,7 @@ from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
 from advisor.results import OptimizeReport, PatchVerdict
 from advisor.verify.report_folder import ReportFolder
-from advisor.rewrite.patch import FileChanged, unified_diff, write_atomically
+from advisor.rewrite.patch import WriteRefused, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
 from advisor.static.discover import read_source
@@ -56,6 +56,7 @@ class Options:
     backend: str = "sdpa"  # what attention patches target: sdpa, flash, flash-attn
     call_site_facts: bool = True  # the profiled files' calls may prove facts of the functions they call
     apply: bool = False
+    force_readonly: bool = False  # --apply also rewrites read-only files
     review: Callable[[list[dict]], list[str]] | None = None  # --interactive: verified patches -> the ids to apply
     timeout_s: float = DEFAULT_TIMEOUT_S
     seeds: int = 3  # parity inputs: seeds of a TARGET function, or recorded calls of a script's model
@@ -501,10 +502,10 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
         text, source = combined_text(chosen), chosen[0].source
         if os.path.realpath(path).startswith(root + os.sep):
             try:
-                write_atomically(path, source, text)
+                write_atomically(path, source, text, force_readonly=o.force_readonly)
                 result = (True, path, None)
-            except FileChanged as exc:
-                result = (False, None, str(exc))
+            except WriteRefused as exc:  # changed since read, read-only, ...: this file only; the others are written
+                result = (False, None, f"{display_path(path)} {exc}")
         else:
             diff_name = "patches/" + os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff"
             diff_path = session.report.write_text(diff_name, unified_diff(relative_path(path), source, text))

@@ -242,3 +242,32 @@ def test_double_backward_seen_in_the_profiled_run_makes_the_patch_unsafe(tmp_pat
     [patch] = result["patches"]
     assert patch["verdict"] == "not-run"
     assert "create_graph=True" in patch["reason"] and "profiled run" in patch["reason"]
+
+
+def test_a_read_only_file_is_reported_by_name_and_the_others_are_still_written(tmp_path):
+    """Breaker round 16: with one of two patched files read-only, `optimize --apply` wrote the other, then ended on
+    one error line naming no file (and a flag optimize lacked), with no report. Each file's refusal is now that
+    patch's reason, naming the file; `--force-readonly` writes it, keeping its mode."""
+    import os
+    import stat
+    from types import SimpleNamespace
+
+    from advisor.verify.optimize_pipeline import Options, apply_patches
+
+    paths = {name: tmp_path / f"{name}.py" for name in ("a", "b")}
+    for path in paths.values():
+        path.write_text("x = 1\n")
+    os.chmod(paths["b"], stat.S_IRUSR | stat.S_IRGRP)
+    candidates = {name: SimpleNamespace(id=name, path=str(path), source="x = 1\n", patched="x = 2\n")
+                  for name, path in paths.items()}
+    session = SimpleNamespace(candidates=candidates,
+                              by_file=lambda ids: {candidates[i].path: [candidates[i]] for i in ids})
+    outcome = apply_patches(session, ("a", "b"), Options(target="w.py:f", report_dir=str(tmp_path), root=str(tmp_path), apply=True))
+    assert outcome["a"] == (True, str(paths["a"]), None) and paths["a"].read_text() == "x = 2\n"
+    applied, written_to, reason = outcome["b"]
+    assert not applied and written_to is None and "b.py" in reason and "read-only" in reason
+    assert paths["b"].read_text() == "x = 1\n"
+    outcome = apply_patches(session, ("b",), Options(target="w.py:f", report_dir=str(tmp_path), root=str(tmp_path), apply=True,
+                                                      force_readonly=True))
+    assert outcome["b"][0] and paths["b"].read_text() == "x = 2\n"
+    assert stat.S_IMODE(os.stat(paths["b"]).st_mode) == stat.S_IRUSR | stat.S_IRGRP
