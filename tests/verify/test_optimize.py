@@ -248,6 +248,7 @@ def test_a_read_only_file_is_reported_by_name_and_the_others_are_still_written(t
     """Breaker round 16: with one of two patched files read-only, `optimize --apply` wrote the other, then ended on
     one error line naming no file (and a flag optimize lacked), with no report. Each file's refusal is now that
     patch's reason, naming the file; `--force-readonly` writes it, keeping its mode."""
+    import dataclasses
     import os
     import stat
     from types import SimpleNamespace
@@ -262,12 +263,12 @@ def test_a_read_only_file_is_reported_by_name_and_the_others_are_still_written(t
                   for name, path in paths.items()}
     session = SimpleNamespace(candidates=candidates,
                               by_file=lambda ids: {candidates[i].path: [candidates[i]] for i in ids})
-    outcome = apply_patches(session, ("a", "b"), Options(target="w.py:f", report_dir=str(tmp_path), root=str(tmp_path), apply=True))
+    options = Options(target="w.py:f", report_dir=str(tmp_path), root=str(tmp_path), apply=True)
+    outcome = apply_patches(session, ("a", "b"), options)
     assert outcome["a"] == (True, str(paths["a"]), None) and paths["a"].read_text() == "x = 2\n"
     applied, written_to, reason = outcome["b"]
     assert not applied and written_to is None and "b.py" in reason and "read-only" in reason
     assert paths["b"].read_text() == "x = 1\n"
-    outcome = apply_patches(session, ("b",), Options(target="w.py:f", report_dir=str(tmp_path), root=str(tmp_path), apply=True,
-                                                      force_readonly=True))
+    outcome = apply_patches(session, ("b",), dataclasses.replace(options, force_readonly=True))
     assert outcome["b"][0] and paths["b"].read_text() == "x = 2\n"
     assert stat.S_IMODE(os.stat(paths["b"]).st_mode) == stat.S_IRUSR | stat.S_IRGRP
