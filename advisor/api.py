@@ -6,7 +6,7 @@ ValueError/TypeError for a bad argument; files that cannot be scanned are the re
 from __future__ import annotations
 
 from collections.abc import Iterable
-from os import PathLike
+from os import PathLike, fspath
 
 from advisor.results import FixReport, OptimizeReport, ProfileReport, ScanReport
 
@@ -70,7 +70,11 @@ def _paths(paths) -> list[str]:
         return [str(paths)]
     if not isinstance(paths, Iterable) or isinstance(paths, bytes):
         raise TypeError(f"paths must be a path or an iterable of paths, not {type(paths).__name__}")
-    listed = [str(path) for path in paths]
+    listed = list(paths)
+    for path in listed:  # `str(None)` was scanned as a missing file named "None" (breaker round 16)
+        if not isinstance(path, (str, PathLike)) or not isinstance(fspath(path), str):
+            raise TypeError(f"each path must be a str or an os.PathLike of str, not {path!r}")
+    listed = [fspath(path) for path in listed]
     if not listed:
         raise ValueError("no paths given: name at least one file or folder")
     return listed

@@ -13,6 +13,7 @@ from advisor.rewrite.deleted_names import bound_names, read_of_deleted
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
+from advisor.static.notebook import READ_MASK_CALL
 
 
 class RewriteFailed(Exception):
@@ -390,16 +391,25 @@ def _filled(block):
 
 
 def _import_position(body) -> int:
-    """Index for a new import: after the last top-level import (or at the top, after a docstring)."""
+    """Index for a new import: after the imports that open the module (and its docstring), before any other
+    statement. Not after its last import: a module-level call of the fixed function above a late import (a
+    script's `# noqa: E402`, a notebook importing in a later cell) ran before the added name was bound (breaker
+    round 16). A notebook's masked IPython lines there count as imports: a `%%capture` cell's magic stays first."""
     position = 0
     for index, item in enumerate(body):
-        if isinstance(item, cst.SimpleStatementLine) and any(
-                isinstance(s, (cst.Import, cst.ImportFrom)) for s in item.body):
-            position = index + 1
-        elif index == 0 and isinstance(item, cst.SimpleStatementLine) and isinstance(item.body[0], cst.Expr) \
-                and isinstance(item.body[0].value, cst.SimpleString):
-            position = 1
+        docstring = index == 0 and isinstance(item, cst.SimpleStatementLine) and \
+            isinstance(item.body[0], cst.Expr) and isinstance(item.body[0].value, cst.SimpleString)
+        if not (docstring or isinstance(item, cst.SimpleStatementLine) and all(
+                isinstance(s, (cst.Import, cst.ImportFrom, cst.Pass)) or _ipython_mask(s) for s in item.body)):
+            break
+        position = index + 1
     return position
+
+
+def _ipython_mask(statement: cst.BaseSmallStatement) -> bool:
+    """`_advisor_ipython(names)`: a notebook's IPython line as the scan reads it (advisor.static.notebook)."""
+    return isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call) and \
+        isinstance(statement.value.func, cst.Name) and statement.value.func.value == READ_MASK_CALL
 
 
 def _statements(block: cst.BaseSuite) -> list[cst.BaseStatement]:

@@ -60,8 +60,7 @@ class NotebookCode:
         for cell, text in zip(_code_cells(document), self._cell_texts(fixed)):
             source = _joined(cell.get("source", ""))
             if text != "\n".join(_code_lines(source)):
-                newline = _newline(source)
-                text = text.replace("\n", newline) + (newline if source.endswith(("\n", "\r")) else "")
+                text = _with_newlines_of(source, text.split("\n"))
                 cell["source"] = CODE_LINE.findall(text) if isinstance(cell.get("source"), list) else text
         return layout(document)
 
@@ -93,6 +92,9 @@ class NotebookCode:
                     lines[index] = pending.pop(0)
             if pending:
                 raise ValueError("the fix removed a masked IPython line; not written")
+            if magics and CELL_MAGIC.match(magics[0]) and lines[0] != magics[0]:
+                raise ValueError(f"the fix put code above `{magics[0].strip()[:40]}`, which must stay its cell's "
+                                 "first line; not written")
             texts.append("\n".join(lines))
         return texts
 
@@ -136,6 +138,25 @@ def _code_lines(source: str) -> list[str]:
     """The source's lines as Python reads them: a form feed or U+2028 inside a string literal splits no line."""
     lines = CODE_NEWLINE.split(source)
     return lines[:-1] if lines[-1] == "" else lines
+
+
+def _with_newlines_of(source: str, lines: list[str]) -> str:
+    """`lines` (a fixed cell) joined with the newlines `source` has where its lines are kept or rewritten one for
+    one, and the cell's first newline on the lines the fix added: a cell of mixed CRLF and LF lines keeps each
+    untouched line's own (breaker round 16: every newline of a fixed cell became its first)."""
+    old = CODE_LINE.findall(source)
+    bare = [line.rstrip("\r\n") for line in old]
+    ends = [None] * len(lines)
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, bare, lines, autojunk=False).get_opcodes():
+        if tag == "equal" or tag == "replace" and i2 - i1 == j2 - j1:  # kept, or rewritten line for line
+            for offset in range(j2 - j1):
+                ends[j1 + offset] = old[i1 + offset][len(bare[i1 + offset]):]
+    newline, final = _newline(source), source.endswith(("\n", "\r"))
+    joined = [line + (end if end else newline if index < len(lines) - 1 or final else "")
+              for index, (line, end) in enumerate(zip(lines, ends))]
+    if not final and joined and ends[-1]:  # the cell's last line had no newline, and keeps none
+        joined[-1] = lines[-1]
+    return "".join(joined)
 
 
 def _newline(source: str) -> str:

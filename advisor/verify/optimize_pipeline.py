@@ -500,7 +500,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
     outcome = {}
     for path, chosen in session.by_file(ids).items():
         text, source = combined_text(chosen), chosen[0].source
-        if os.path.realpath(path).startswith(root + os.sep):
+        if os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep):  # `--root /` too
             try:
                 write_atomically(path, source, text, force_readonly=o.force_readonly)
                 result = (True, path, None)

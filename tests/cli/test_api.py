@@ -143,3 +143,11 @@ def test_a_target_that_is_no_path_or_name_is_a_bad_argument(verb):
     """`advisor.profile(123)` was sent to the worker and came back as an AdvisorError about `rpartition`."""
     with pytest.raises(TypeError, match="target must be a path or 'module:attribute' string, not int"):
         verb(123)
+
+
+@pytest.mark.parametrize("paths", [["model.py", None], [3], [b"model.py"]])
+def test_a_path_that_is_no_str_or_pathlike_is_refused(workdir, paths):
+    """Breaker round 16: `advisor.scan(["m.py", None])` scanned a missing file named "None" and raised nothing."""
+    shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
+    with pytest.raises(TypeError, match="each path must be a str or an os.PathLike of str"):
+        advisor.scan(paths)

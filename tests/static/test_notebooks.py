@@ -210,3 +210,52 @@ def test_a_magic_line_that_names_an_intermediate_keeps_it(capsys, workdir, magic
     main(["scan", "nb.ipynb", "--format", "json"])
     [finding] = json.loads(capsys.readouterr().out)["findings"]
     assert finding["rule"] == "ADV103" and "`s` is also used" in finding["reason"], finding
+
+
+PLAIN_ATTENTION = ("from math import sqrt\nfrom torch import softmax\n\n\ndef attend(q, k, v):\n"
+                   "    att = (q @ k.transpose(-2, -1)) / sqrt(q.shape[-1])\n    return softmax(att, dim=-1) @ v\n")
+
+
+@pytest.mark.parametrize("first", ["%%capture\n%pip install torch\n", "%%bash\necho hi\n"])
+def test_an_added_import_never_goes_above_a_cell_magic(capsys, workdir, first):
+    """Breaker round 16: the fix's `import torch.nn.functional as F` went to the top of cell 1, above its
+    `%%capture`, which IPython then ran as a line magic (UsageError). Masked IPython lines count as the module's
+    opening imports, so the import joins the imports after them; a fix that still put code above a cell magic is
+    refused, not written."""
+    notebook = write_notebook(workdir / "nb.ipynb", [cell("code", first), cell("code", PLAIN_ATTENTION)])
+    assert main(["fix", "nb.ipynb", "--apply"]) == 0
+    capsys.readouterr()
+    cells = ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]]
+    assert cells[0] == first and "import torch.nn.functional" in cells[1]
+    assert "scaled_dot_product_attention" in cells[1]
+    code = notebook_code(json.dumps({"cells": [cell("code", first), cell("code", "x = 1\n")]}))
+    with pytest.raises(ValueError, match="must stay its cell's first line"):
+        code.with_code("import os\n" + code.text)
+
+
+def test_an_added_import_is_bound_before_a_module_level_call_above_a_late_import(workdir):
+    """Breaker round 16: the import went after the module's last import; a script calling the fixed function
+    above a late `import` (a `# noqa: E402`) raised NameError."""
+    import subprocess
+    import sys
+
+    script = workdir / "late.py"
+    script.write_text(PLAIN_ATTENTION + "\n\nimport torch\nq = torch.randn(1, 2, 4, 8)\nprint(attend(q, q, q).shape)\n"
+                      "import json  # noqa: E402\n")
+    assert main(["fix", "late.py", "--apply"]) == 0
+    ran = subprocess.run([sys.executable, "late.py"], cwd=workdir, capture_output=True, text=True)
+    assert "scaled_dot_product_attention" in script.read_text() and ran.returncode == 0, ran.stderr
+
+
+def test_a_fixed_cell_of_mixed_newlines_keeps_each_line_s_own(workdir, capsys):
+    """Breaker round 16: every newline of a fixed cell became the cell's first (CRLF and LF mixed by a paste), so
+    lines the fix never touched changed; a `.py` file of the same lines kept them."""
+    source = ["import torch\r\n", "\n", "\r\n", "def f(x):\n", "    a = 1\r\n", "    y = x.contiguous().contiguous()\n",
+              "    return y, a\r\n"]
+    notebook = workdir / "nb.ipynb"
+    notebook.write_text(json.dumps({"cells": [{**cell("code", ""), "source": source}], "metadata": {}, "nbformat": 4,
+                                    "nbformat_minor": 5}, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+    assert main(["fix", "nb.ipynb", "--apply"]) == 0
+    capsys.readouterr()
+    after = json.loads(notebook.read_text())["cells"][0]["source"]
+    assert after == [*source[:5], "    y = x.contiguous()\n", source[6]]

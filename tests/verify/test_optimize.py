@@ -247,7 +247,8 @@ def test_double_backward_seen_in_the_profiled_run_makes_the_patch_unsafe(tmp_pat
 def test_a_read_only_file_is_reported_by_name_and_the_others_are_still_written(tmp_path):
     """Breaker round 16: with one of two patched files read-only, `optimize --apply` wrote the other, then ended on
     one error line naming no file (and a flag optimize lacked), with no report. Each file's refusal is now that
-    patch's reason, naming the file; `--force-readonly` writes it, keeping its mode."""
+    patch's reason, naming the file; `--force-readonly` writes it, keeping its mode (and `--root /` holds every
+    file: it had held none)."""
     import dataclasses
     import os
     import stat
@@ -269,6 +270,6 @@ def test_a_read_only_file_is_reported_by_name_and_the_others_are_still_written(t
     applied, written_to, reason = outcome["b"]
     assert not applied and written_to is None and "b.py" in reason and "read-only" in reason
     assert paths["b"].read_text() == "x = 1\n"
-    outcome = apply_patches(session, ("b",), dataclasses.replace(options, force_readonly=True))
+    outcome = apply_patches(session, ("b",), dataclasses.replace(options, force_readonly=True, root=os.sep))
     assert outcome["b"][0] and paths["b"].read_text() == "x = 2\n"
     assert stat.S_IMODE(os.stat(paths["b"]).st_mode) == stat.S_IRUSR | stat.S_IRGRP
