@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from advisor.backends import REQUESTABLE
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, visible
 from advisor.registry import parse_selectors
 from advisor.contracts.finding import ScanError, display_path
 from advisor.report.terminal import shown
@@ -77,6 +78,9 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
     `patches`, `fixed` and `jobs` are scan_paths' (what the verb shows, and whether it picks fixes afterwards)."""
     from advisor.engine.static import scan_paths  # libcst: loaded by the verbs that scan, not by argument parsing
 
+    tree = getattr(args, "tree", None)
+    if tree and not os.path.isdir(tree):  # a typo in a hook's `--tree` dropped the tree's facts, silently
+        raise AdvisorError(f"--tree {visible(tree)}: no such folder")
     stderr = Console(stderr=True, highlight=False, soft_wrap=True)
     verbose = getattr(args, "verbose", False)
     if verbose:

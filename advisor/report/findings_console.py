@@ -9,7 +9,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from advisor.contracts.finding import Finding, ScanError
-from advisor.report.terminal import short_path, shown
+from advisor.report.terminal import printable, short_path, shown
 
 
 def print_findings(console: Console, findings: list[Finding], errors: list[ScanError], files_scanned: int,
@@ -70,9 +70,20 @@ def print_errors(errors: list[ScanError]) -> None:
 
 
 def print_diff(console: Console, diff: str) -> None:
-    """Highlighted on a terminal; elsewhere (a pipe, a file) the patch text as it is, no line cut at the console's
-    width, so `git apply` takes it."""
-    if not console.is_terminal:
+    """Highlighted on a terminal; elsewhere (a pipe, a file, also with FORCE_COLOR set) the patch text as it is, so
+    `git apply` takes it. On a terminal no line is cut at its width (a change past column 80 showed identical `-`
+    and `+` lines) and control characters are shown as `\\xNN`, never sent (breaker round 16)."""
+    if not _is_tty(console.file):
         console.file.write(diff if diff.endswith("\n") or not diff else diff + "\n")
         return
-    console.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default", word_wrap=False), crop=False)
+    text = printable(diff.replace("\r\n", "\n"))
+    width = max([console.width, *(len(line) + 1 for line in text.splitlines())])
+    console.print(Syntax(text, "diff", theme="ansi_dark", background_color="default", word_wrap=False,
+                         code_width=width), crop=False, soft_wrap=True)
+
+
+def _is_tty(file) -> bool:
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False

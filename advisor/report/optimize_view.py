@@ -6,11 +6,10 @@ Every string that comes from the user's code or the profile (paths, op names, di
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from advisor.report.terminal import short_path
+from advisor.report.terminal import printable, short_path
 from advisor.runtime.trace_analysis import OP_KINDS, op_category
 
 VERDICTS = {"verified": "verified", "parity-failed": "parity failed", "no-gain": "no measurable gain",
@@ -18,22 +17,6 @@ VERDICTS = {"verified": "verified", "parity-failed": "parity failed", "no-gain":
 NONE = "—"
 OP_COLUMNS = ("op", "kind", "count before", "count after", "time before", "time after", "change")
 PATCH_COLUMNS = ("patch", "rule", "location", "verdict", "parity (max error, tolerance)", "speedup", "applied")
-
-# C0/C1 controls (terminal escapes) and the bidirectional overrides that make a diff read differently from what
-# it does ("Trojan Source", CVE-2021-42574).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escaped(match: re.Match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def printable(value: object) -> str:
-    """The text with control and bidi-override characters shown as `\\xNN`/`\\uNNNN`: a terminal escape in a file
-    or op name must not recolor the terminal, and a reviewer must see the code as it runs. Newlines, tabs stay."""
-    return _CONTROL.sub(_escaped, str(value))
-
 
 def duration(us: float | None) -> str:
     if us is None:

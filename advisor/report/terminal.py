@@ -4,6 +4,7 @@ as text (never as rich markup or raw terminal control sequences), and a reader t
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Callable
 
@@ -19,6 +20,22 @@ PIPED_WIDTH = 140  # rich falls back to 80 columns when stdout is not a terminal
 def stdout_console() -> Console:
     return Console(file=sys.stdout, highlight=False, emoji=False,
                    width=None if sys.stdout.isatty() else PIPED_WIDTH)
+
+
+# C0/C1 controls (terminal escapes) and the bidirectional overrides that make a diff read differently from what
+# it does ("Trojan Source", CVE-2021-42574).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(value: object) -> str:
+    """The text with control and bidi-override characters shown as `\\xNN`/`\\uNNNN`: a terminal escape in a file
+    or op name must not recolor the terminal, and a reviewer must see the code as it runs. Newlines, tabs stay."""
+    return _CONTROL.sub(_escaped, str(value))
 
 
 def shown(text: object) -> str:

@@ -258,3 +258,52 @@ def test_the_profilers_native_log_lines_stay_off_stderr_and_other_lines_stay(cap
         os.write(2, b"WARNING:2026-01-01 00:00:00 1:1 CudaDeviceProperties.cpp:27] gpuGetDeviceCount failed\n")
     err = capfd.readouterr().err
     assert err == "a line from the workload\n"
+
+
+@pytest.mark.parametrize("verb", ["scan", "fix"])
+def test_a_tree_that_is_no_folder_is_a_one_line_error(capsys, workdir, verb):
+    """Breaker round 16: `--tree srcc` (a typo in a hook) was accepted, the tree's facts silently missing, and a
+    patch the real tree calls unsafe was written."""
+    shutil.copy(NANOGPT, workdir / "model.py")
+    before = (workdir / "model.py").read_bytes()
+    code, out, err = run_cli(capsys, verb, "model.py", "--tree", "srcc", *(["--apply"] if verb == "fix" else []))
+    assert code == 2 and err.strip() == "advisor: error: --tree srcc: no such folder" and "Traceback" not in err
+    assert (workdir / "model.py").read_bytes() == before
+
+
+class _Terminal:
+    """A stream that says it is a terminal."""
+
+    def __init__(self) -> None:
+        import io
+        self.buffer = io.StringIO()
+
+    def write(self, text: str) -> int:
+        return self.buffer.write(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_diff_shown_on_a_terminal_is_whole_and_sends_no_control_sequence(monkeypatch):
+    """Breaker round 16: on an 80-column terminal each diff line was cut at the width (a change past column 80
+    showed identical `-` and `+` lines), a source's ESC sequence reached the terminal, and with FORCE_COLOR set a
+    diff written to a file was highlighted, which `git apply` refuses."""
+    import io
+
+    from rich.console import Console
+
+    from advisor.report.findings_console import print_diff
+
+    diff = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-" + "x" * 100 + "old\x1b[2J\n+" + "x" * 100 + "new\n"
+    terminal = _Terminal()
+    print_diff(Console(file=terminal, width=80, force_terminal=True), diff)
+    shown = terminal.buffer.getvalue()
+    assert "old" in shown and "new" in shown and "\x1b[2J" not in shown and "\\x1b[2J" in shown
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    piped = io.StringIO()
+    print_diff(Console(file=piped), diff)
+    assert piped.getvalue() == diff
