@@ -1028,6 +1028,27 @@ def replaced_module_class(parsed: ParsedModule, kinds: tuple[str, ...]) -> str |
     return None
 
 
+# hooks that attach to the grad_fn of a module's output (torch's deprecated, non-full backward hooks)
+LEGACY_BACKWARD_HOOKS = frozenset({"register_backward_hook", "register_module_backward_hook"})
+
+
+def legacy_backward_hooks(parsed: ParsedModule) -> str | None:
+    """Where a legacy backward hook is registered in this file or another of the tree (None: nowhere): it sees the
+    gradients of the last autograd node of a module's forward, which the rewrite may replace (SDPA's backward gives
+    dq, dk and dv where the eager product gave one gradient: breaker round 16, grads 0.29 apart)."""
+    own = next((call for call in parsed.calls_and_classes[0] if isinstance(call.func, cst.Attribute) and
+                call.func.attr.value in LEGACY_BACKWARD_HOOKS), None)
+    if own is not None:
+        return f"this file registers a legacy backward hook (`{parsed.code(own.func)}`, line {parsed.line(own)})"
+    sites = (*parsed.project.module_hooks, *parsed.project.call_hooks) if parsed.project is not None else ()
+    elsewhere = next((site for site in sites if site.name in LEGACY_BACKWARD_HOOKS and site.path != parsed.path),
+                     None)
+    if elsewhere is not None:
+        return (f"`{display_path(elsewhere.path)}` registers a legacy backward hook (`{elsewhere.name}`, line "
+                f"{elsewhere.line})")
+    return None
+
+
 def sdpa_kernels_restricted(parsed: ParsedModule) -> str | None:
     """Why the SDPA call a patch introduces may find no kernel that takes it (None: nothing in the tree restricts
     SDPA's kernels without its math kernel): `with sdpa_kernel(SDPBackend.FLASH_ATTENTION):` or

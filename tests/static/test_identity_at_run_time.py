@@ -724,6 +724,44 @@ def test_torch_s_op_hidden_and_put_back_is_no_replacement(tmp_path, restore) -> 
     assert finding.rule == "ADV103" and "introduces" in finding.reason
 
 
+@pytest.mark.parametrize("register, legacy", [("register_backward_hook", True),
+                                              ("register_full_backward_hook", False)])
+def test_a_legacy_backward_hook_in_the_tree_leaves_the_patch_assumed(tmp_path, register, legacy) -> None:
+    """Breaker round 16: `m.register_backward_hook(clip)` (torch's deprecated non-full hook) takes the gradients of
+    the last node of the module's forward: the eager product's one, SDPA's three (dq, dk, dv), so a clipping hook
+    changed the weights' gradients (0.29). A full backward hook sees the module's inputs and outputs, as before."""
+    (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
+                                                 'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
+    (tmp_path / "train.py").write_text(f"def clip(model):\n    model.{register}(lambda m, gi, go: gi)\n",
+                                       encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"].get("assumed", [])}
+    assert ("legacy-backward-hooks" in assumed and "train.py" in assumed["legacy-backward-hooks"]) == legacy
+    assert (finding.fix_safety == "safe") != legacy
+
+
+def test_a_legacy_backward_hook_sees_other_gradients_where_sdpa_ends_the_forward() -> None:
+    """What the fact guards against, measured on torch: the hook's grad_input is the last node's."""
+    import warnings
+
+    class Eager(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+
+    class Fused(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
+
+    seen = {}
+    for module in (Eager(), Fused()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module.register_backward_hook(lambda m, gi, go: seen.setdefault(type(m).__name__, len(gi)) and None)
+            q = torch.randn(1, 2, 4, 8, requires_grad=True)
+            module(q, q, q).sum().backward()
+    assert seen["Eager"] != seen["Fused"]
+
+
 # Breaker round 15, bug 05: the patch introduces an SDPA call, so a restriction of SDPA's kernels in the tree is in
 # force for it: under `sdpa_kernel(SDPBackend.FLASH_ATTENTION)` a call with dropout in training (or 3-D inputs)
 # raised `No available kernel` where the eager block ran.

@@ -28,6 +28,7 @@ NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_ten
 METADATA_ATTRIBUTES = frozenset({"dtype", "device", *NEW_TENSOR_METHODS})
 TORCH_OPS = "torch-ops"  # assumed where the tree defines a mode, a `__torch_function__` or an aten kernel
 SDPA_KERNELS = "sdpa-kernels"  # assumed where the tree restricts SDPA's kernels without the math kernel
+LEGACY_HOOKS = "legacy-backward-hooks"  # assumed where the tree registers a non-full backward hook
 
 
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
@@ -221,6 +222,11 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     replaced = scope.replaced_torch_function(c.parsed, block)
     if replaced is not None:
         raise Refusal(replaced)
+    legacy = scope.legacy_backward_hooks(c.parsed)
+    if legacy is not None:
+        match.facts.assumed(LEGACY_HOOKS, "no legacy (non-full) backward hook sees the block's autograd nodes (it "
+                            "takes the gradients of a module output's last node, which the rewrite may replace)",
+                            legacy)
     restricted = scope.sdpa_kernels_restricted(c.parsed)
     if restricted is not None:
         match.facts.assumed(SDPA_KERNELS, "SDPA may pick any of its kernels where the block runs (its math kernel "
