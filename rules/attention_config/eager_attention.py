@@ -53,8 +53,8 @@ def _eager(site, value):
 
 
 def _output_attentions_lines(parsed) -> list[int]:
-    """The lines asking for the weights: `output_attentions=True` passed, or set on a config
-    (`model.config.output_attentions = True`)."""
+    """The lines that may ask for the weights: `output_attentions=True` passed, set on a config
+    (`model.config.output_attentions = True`), or the name as a string (a kwargs dict, `setattr`)."""
     import libcst as cst
 
     passed = [parsed.line(call) for call in parsed.calls_and_classes[0]
@@ -63,7 +63,9 @@ def _output_attentions_lines(parsed) -> list[int]:
     assigned = [parsed.line(node) for node in parsed.nodes_of(cst.Assign) if config.is_true(node.value) and any(
         isinstance(target.target, cst.Attribute) and target.target.attr.value == "output_attentions"
         for target in node.targets)]
-    return sorted(passed + assigned)
+    named = [parsed.line(node) for node in parsed.nodes_of(cst.SimpleString)  # `{"output_attentions": True}`,
+             if node.value.strip("\"'") == "output_attentions"]  # `setattr(cfg, "output_attentions", True)`: round 16
+    return sorted(passed + assigned + named)
 
 
 def _output_attentions_elsewhere(parsed) -> str | None:

@@ -112,6 +112,12 @@ def test_concrete_class_with_sdpa_support_gets_a_safe_fix_unless_weights_are_req
     assert finding.fix_safety == "unsafe" and "output_attentions=True at line 3" in finding.reason
     (finding,) = _findings(loader + "m.config.output_attentions = True\n")
     assert finding.fix_safety == "unsafe" and "output_attentions=True at line 3" in finding.reason
+    # breaker round 16: the same file asking through a kwargs dict or setattr (the patched script's
+    # `out.attentions[0]` raised IndexError)
+    for asks in ('extra = {"output_attentions": True}\nout = m(ids, **extra)\n',
+                 'setattr(m.config, "output_attentions", True)\n'):
+        (finding,) = _findings(loader + asks)
+        assert finding.fix_safety == "unsafe" and "at line 3" in finding.reason
 
 
 @pytest.mark.parametrize("asks", ["out = build('x')(ids, output_attentions=True)\n",

@@ -1190,3 +1190,24 @@ def test_an_output_handed_to_a_module_of_the_class_its_caller_chooses(tmp_path, 
         out.square().sum().backward()
         runs.append((out.detach(), x.grad))
     torch.testing.assert_close(runs[1], runs[0])
+
+
+@pytest.mark.parametrize("draw", ["self.drop(o)", "F.dropout(o, 0.5, self.training)", "o * torch.rand_like(o)"])
+def test_random_draws_over_the_output_see_the_product_s_memory_order(draw):
+    """Breaker round 16: dropout over the per-head output `(B, H, T, D)` draws its mask in memory order; SDPA's CPU
+    output has the query's permuted strides, so the same seed dropped other elements (0.29 in training). A random
+    op reading the output gets it contiguous, as the product is."""
+    source = attention(f"""
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        o = {draw}
+        return o.transpose(1, 2).reshape(B, T, C)
+    """, init="self.drop = nn.Dropout(0.5)")
+    fixed = analyze_source(source, "m.py").fixed
+    assert "scaled_dot_product_attention" in fixed and ".contiguous()" in fixed
+    outputs = []
+    for text, name in ((source, "draws"), (fixed, "draws_fixed")):
+        model, (x,) = load_module_from_source(text, name).make()
+        model.train()
+        torch.manual_seed(7)
+        outputs.append(model(x))
+    torch.testing.assert_close(outputs[1], outputs[0])

@@ -59,6 +59,13 @@ METADATA = frozenset({"size", "shape", "dim", "ndim", "numel", "dtype", "device"
 READING_BUILTINS = frozenset({"print", "len", "isinstance", "type", "id", "repr", "str", "float", "int", "bool",
                               "hash", "format", "callable", "hasattr"})
 RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
+# what draws random numbers in the tensor's memory order: the same seed gives another mask over SDPA's (permuted)
+# output than over the product's contiguous one (breaker round 16: dropout on the per-head output, 0.29 apart)
+RANDOM_LAYERS = frozenset({"torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d", "torch.nn.Dropout3d",
+                           "torch.nn.AlphaDropout", "torch.nn.FeatureAlphaDropout"})
+RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+                        "rand_like", "randn_like", "randint_like", "bernoulli", "native_dropout", "poisson",
+                        "multinomial"})
 # where `inplace` is passed by position: a torch.nn layer's constructor (`nn.ReLU(True)`, `nn.Dropout(0.1, True)`)
 # and a torch.nn.functional function, its input first (`F.relu(x, True)`, `F.dropout(x, 0.1, True, True)`)
 INPLACE_POSITIONS = {
@@ -461,7 +468,7 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
         return KEEPS_STRIDES
     method = _method_on(consumer, node)
     if method is not None:
-        if method in ("view", "view_as") or method in STRIDE_READS:
+        if method in ("view", "view_as") or method in STRIDE_READS or method in RANDOM_OPS:
             return READS_STRIDES
         return VALUES_ONLY if method in FRESH_LAYOUT else KEEPS_STRIDES  # any other method may keep them
     if not isinstance(consumer, cst.Call):
@@ -471,10 +478,11 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
         return KEEPS_STRIDES  # rearranged by views where it can be
     if dotted.startswith("torch."):
         name = dotted.rsplit(".", 1)[-1]
-        return READS_STRIDES if name in ("view", "view_as") or name in STRIDE_READS else KEEPS_STRIDES
+        return READS_STRIDES if name in ("view", "view_as") or name in STRIDE_READS or name in RANDOM_OPS \
+            else KEEPS_STRIDES
     layer = _torch_layer(c, consumer.func)
     if layer is not None:
-        return KEEPS_STRIDES if layer in RETURNS_INPUT else VALUES_ONLY
+        return READS_STRIDES if layer in RANDOM_LAYERS else KEEPS_STRIDES if layer in RETURNS_INPUT else VALUES_ONLY
     return READS_STRIDES
 
 
@@ -512,7 +520,8 @@ def _layer(c: Candidate, value: cst.BaseExpression) -> str | None:
     inner = [_layer(c, arg.value) for arg in value.args]
     if not inner or None in inner:
         return None
-    return next((found for found in inner if found not in RETURNS_INPUT), "torch.nn.Identity")
+    return next((found for found in inner if found in RANDOM_LAYERS), None) or \
+        next((found for found in inner if found not in RETURNS_INPUT), "torch.nn.Identity")
 
 
 def _method_on(consumer: cst.CSTNode | None, receiver: cst.CSTNode) -> str | None:
