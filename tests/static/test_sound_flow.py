@@ -1211,3 +1211,31 @@ def test_random_draws_over_the_output_see_the_product_s_memory_order(draw):
         torch.manual_seed(7)
         outputs.append(model(x))
     torch.testing.assert_close(outputs[1], outputs[0])
+
+
+def test_an_elementwise_layer_passes_the_output_s_strides_on_to_a_view():
+    """Breaker round 16: `self.act = nn.GELU()` was taken to make a fresh contiguous tensor (every torch.nn layer
+    but Identity and Dropout was); GELU keeps SDPA's permuted strides, and the `.view` after it raised."""
+    source = attention("""
+        o = self.act((q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v)
+        return o.view(B * 2, T, 8)
+    """, init="self.act = nn.GELU()")
+    fixed = analyze_source(source, "m.py").fixed
+    assert ".contiguous()" in fixed
+    model, (x,) = load_module_from_source(source, "gelu_view").make()
+    patched, _ = load_module_from_source(fixed, "gelu_view_fixed").make()
+    torch.testing.assert_close(patched(x), model(x))
+
+
+def test_a_hook_on_a_gradient_in_the_block_s_function_leaves_the_patch_assumed():
+    """Breaker round 16: `v.register_hook(self.record)` viewing the gradient per head; the product's backward gives
+    v a contiguous gradient, SDPA's the inputs' layout, and the view raised in the patch's backward."""
+    source = attention("""
+        if v.requires_grad:
+            v.register_hook(lambda g: g.view(g.size(0), g.size(1), -1))
+        o = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1) @ v
+        return o.transpose(1, 2).reshape(B, T, C)
+    """)
+    (finding,) = [f for f in analyze_source(source, "m.py").findings if f.kind == "attention"]
+    assert finding.fix_safety == "unsafe" and "input-gradient-layout" in {
+        fact["name"] for fact in finding.extra["facts"]["assumed"]}

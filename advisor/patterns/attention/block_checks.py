@@ -8,6 +8,7 @@ Weights used outside the block make the fix unsafe, or unavailable when even Non
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 import networkx as nx
 from libcst.helpers import parse_template_expression
 
@@ -29,6 +30,9 @@ METADATA_ATTRIBUTES = frozenset({"dtype", "device", *NEW_TENSOR_METHODS})
 TORCH_OPS = "torch-ops"  # assumed where the tree defines a mode, a `__torch_function__` or an aten kernel
 SDPA_KERNELS = "sdpa-kernels"  # assumed where the tree restricts SDPA's kernels without the math kernel
 LEGACY_HOOKS = "legacy-backward-hooks"  # assumed where the tree registers a non-full backward hook
+GRADIENT_LAYOUT = "input-gradient-layout"  # assumed where the function hooks a tensor's gradient
+GRADIENT_READERS = m.Call(func=m.Attribute(attr=m.Name("register_hook") | m.Name("retain_grad") |
+                                           m.Name("register_post_accumulate_grad_hook")))
 
 
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
@@ -222,6 +226,11 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     replaced = scope.replaced_torch_function(c.parsed, block)
     if replaced is not None:
         raise Refusal(replaced)
+    hooked = next((call for function in (c.home, *c.inlined) for call in m.findall(function, GRADIENT_READERS)), None)
+    if hooked is not None:
+        match.facts.assumed(GRADIENT_LAYOUT, "nothing reads the strides of the gradients q, k and v get (SDPA's "
+                            "backward gives them the inputs' layout, the product's backward contiguous ones: a hook "
+                            "viewing one raised)", f"`{short(c.parsed, hooked)}` at line {c.parsed.line(hooked)}")
     legacy = scope.legacy_backward_hooks(c.parsed)
     if legacy is not None:
         match.facts.assumed(LEGACY_HOOKS, "no legacy (non-full) backward hook sees the block's autograd nodes (it "

@@ -59,6 +59,10 @@ METADATA = frozenset({"size", "shape", "dim", "ndim", "numel", "dtype", "device"
 READING_BUILTINS = frozenset({"print", "len", "isinstance", "type", "id", "repr", "str", "float", "int", "bool",
                               "hash", "format", "callable", "hasattr"})
 RETURNS_INPUT = frozenset({"torch.nn.Identity", "torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d"})
+# torch.nn layers whose output is a fresh contiguous tensor whatever their input's strides; any other (GELU, SiLU,
+# Tanh: elementwise, `empty_like` keeps the permuted layout) passes them on (breaker round 16: `.view` after GELU)
+FRESH_LAYERS = frozenset({"torch.nn.Linear", "torch.nn.LazyLinear", "torch.nn.Bilinear", "torch.nn.LayerNorm",
+                          "torch.nn.RMSNorm", "torch.nn.GroupNorm"})
 # what draws random numbers in the tensor's memory order: the same seed gives another mask over SDPA's (permuted)
 # output than over the product's contiguous one (breaker round 16: dropout on the per-head output, 0.29 apart)
 RANDOM_LAYERS = frozenset({"torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d", "torch.nn.Dropout3d",
@@ -456,7 +460,8 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     """How `consumer` uses the tensor `node` holds: READS_STRIDES (a `.view`, a stride read, `as_strided`, a call of
     anything this file does not show to read values only, a container), KEEPS_STRIDES (a view, an elementwise op or
     a cast, whose result has the same strides: breaker round 13's `y = y * 2.0` then `.view`, followed), or
-    VALUES_ONLY (a fresh tensor, `.contiguous()`, `.reshape`, a metadata read, a torch.nn layer of the class)."""
+    VALUES_ONLY (a fresh tensor, `.contiguous()`, `.reshape`, a metadata read, a torch.nn layer of the class making
+    a fresh tensor: FRESH_LAYERS)."""
     if consumer is None:  # never read, or held where its reads are not followed: a container (`ys = [y]`), an
         parent = c.parsed.parents.get(node)  # attribute (`self.cache = y`, read by another method), a global name,
         held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement, cst.Yield, cst.NamedExpr)) or \
@@ -482,7 +487,7 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
             else KEEPS_STRIDES
     layer = _torch_layer(c, consumer.func)
     if layer is not None:
-        return READS_STRIDES if layer in RANDOM_LAYERS else KEEPS_STRIDES if layer in RETURNS_INPUT else VALUES_ONLY
+        return READS_STRIDES if layer in RANDOM_LAYERS else VALUES_ONLY if layer in FRESH_LAYERS else KEEPS_STRIDES
     return READS_STRIDES
 
 
@@ -510,8 +515,9 @@ def _torch_layer(c: Candidate, func: cst.BaseExpression) -> str | None:
 
 
 def _layer(c: Candidate, value: cst.BaseExpression) -> str | None:
-    """The torch.nn class `value` builds; an `nn.Sequential` of torch.nn layers as its one that makes a new tensor
-    (as an `nn.Identity` where every one returns its input)."""
+    """The torch.nn class `value` builds; an `nn.Sequential` of torch.nn layers as the first of them that draws
+    random numbers or makes a fresh tensor (what the output meets before its layout is gone), else its first that
+    does not return its input (an `nn.Identity` where every one does)."""
     layer = c.parsed.imported_name(value.func) if isinstance(value, cst.Call) else None
     if layer is None or not layer.startswith("torch.nn.") or layer.rsplit(".", 1)[-1] not in CONTAINER_LAYERS:
         return layer if layer is not None and layer.startswith("torch.nn.") else None
@@ -520,8 +526,8 @@ def _layer(c: Candidate, value: cst.BaseExpression) -> str | None:
     inner = [_layer(c, arg.value) for arg in value.args]
     if not inner or None in inner:
         return None
-    return next((found for found in inner if found in RANDOM_LAYERS), None) or \
-        next((found for found in inner if found not in RETURNS_INPUT), "torch.nn.Identity")
+    first = next((found for found in inner if found in RANDOM_LAYERS | FRESH_LAYERS), None)  # what the output
+    return first or next((found for found in inner if found not in RETURNS_INPUT), "torch.nn.Identity")  # meets
 
 
 def _method_on(consumer: cst.CSTNode | None, receiver: cst.CSTNode) -> str | None:
