@@ -67,9 +67,13 @@ class PathRules:
         return any(self.excludes(os.path.join(self.root, *parts[:end])) for end in range(1, len(parts) + 1))
 
     def ignored_codes(self, path: str) -> list[str]:
+        """The codes per-file-ignores turns off for `path`: a glob matching it or a folder above it (up to the
+        config's folder), as `exclude` reads a folder name at any depth (`"tests" = [...]` for `tests/unit/t.py`)."""
         relative = self.relative(path)
-        return [code for pattern, codes in self.per_file_ignores if _glob_matches(pattern, relative, self.root)
-                for code in codes]
+        parts = relative.split("/")
+        scopes = [relative] if _outside(relative) else ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]
+        return [code for pattern, codes in self.per_file_ignores
+                if any(_glob_matches(pattern, scope, self.root) for scope in scopes) for code in codes]
 
     def relative(self, path: str) -> str:
         """`path` relative to the config's folder, `/`-separated. A project reached through a symbolic link (a

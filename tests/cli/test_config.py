@@ -119,6 +119,15 @@ def test_per_file_ignores(capsys, project):
     assert rules_found(scan_json(capsys, ".")[1]) == [("legacy/old.py", "ADV204"), ("src/model.py", "ADV101")]
 
 
+def test_per_file_ignores_name_a_folder_at_any_depth(capsys, project):
+    """Breaker round 16: `"tests" = [...]` (a glob without `/`, a name at any depth as `exclude` reads it) left
+    `tests/unit/t.py` reported."""
+    (project / "tests" / "unit").mkdir(parents=True)
+    shutil.copy(COPIES_AND_CASTS, project / "tests" / "unit" / "t.py")
+    write_config(project, '[tool.advisor.per-file-ignores]\n"tests" = ["ADV1", "ADV2", "ADV3"]\n')
+    assert {path for path, _ in rules_found(scan_json(capsys, ".")[1])} == {"src/model.py"}
+
+
 def test_unsafe_fixes_and_backend_from_the_file_and_the_no_flag(capsys, project):
     write_config(project, 'unsafe-fixes = true\nbackend = "flash"\n')
     model = project / "src" / "model.py"
