@@ -536,13 +536,19 @@ class ParsedModule:
         of a method) where a tensor it holds may be handed on (static.escaping_reads)."""
         return self.project.escaping_elsewhere(name, self.path) if self.project is not None else []
 
+    def note_read(self, path: str) -> None:
+        """A file besides this one the analysis read: a result the scan cache keeps is valid only while it is
+        unchanged (`noting_package_reads`)."""
+        if _NOTED:
+            _NOTED[-1].add(os.path.realpath(path))
+
     def package_module(self, dotted: str) -> "ParsedModule | None":
         """Another file of this file's package, by the module name an import gives it ('fairseq.utils', or '.utils'
         relative to this file); None outside the package or for a file that cannot be read or parsed. The file is
         noted while an analysis is recorded (`noting_package_reads`)."""
         path = _package_file(self.path, dotted)
-        if path is not None and _NOTED:
-            _NOTED[-1].add(os.path.realpath(path))
+        if path is not None:
+            self.note_read(path)
         return _parse_file(path) if path is not None else None
 
     @cached_property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 from advisor.contracts.finding import display_path
@@ -43,6 +44,9 @@ def _eager(site, value):
     wants_weights = _output_attentions_lines(site.parsed)
     if wants_weights:
         reasons += (f"output_attentions=True at line {wants_weights[0]} needs the eager attention weights",)
+    checkpoint = _checkpoint_asking(site.parsed)
+    if checkpoint is not None:
+        reasons += (f"`{checkpoint}` sets output_attentions: transformers refuses to load it under sdpa",)
     elsewhere = _output_attentions_elsewhere(site.parsed)
     if elsewhere is not None:
         reasons += (f"`{elsewhere}` mentions output_attentions: the model may be asked for the eager attention "
@@ -59,13 +63,43 @@ def _output_attentions_lines(parsed) -> list[int]:
 
     passed = [parsed.line(call) for call in parsed.calls_and_classes[0]
               if any(arg.keyword is not None and arg.keyword.value == "output_attentions"
-                     and config.is_true(arg.value) for arg in call.args)]
-    assigned = [parsed.line(node) for node in parsed.nodes_of(cst.Assign) if config.is_true(node.value) and any(
+                     and not _off(arg.value) for arg in call.args)]  # a variable may be True (breaker round 16)
+    assigned = [parsed.line(node) for node in parsed.nodes_of(cst.Assign) if not _off(node.value) and any(
         isinstance(target.target, cst.Attribute) and target.target.attr.value == "output_attentions"
         for target in node.targets)]
     named = [parsed.line(node) for node in parsed.nodes_of(cst.SimpleString)  # `{"output_attentions": True}`,
              if node.value.strip("\"'") == "output_attentions"]  # `setattr(cfg, "output_attentions", True)`: round 16
     return sorted(passed + assigned + named)
+
+
+def _off(value) -> bool:
+    """A literal False or None: the only values that surely ask for no weights."""
+    return config.literal_bool(value) is False or getattr(value, "value", None) == "None"
+
+
+def _checkpoint_asking(parsed) -> str | None:
+    """A checkpoint folder beside the file that it names (`from_pretrained("ckpt")`) whose config.json sets
+    output_attentions: transformers then refuses to load it under sdpa (breaker round 16). The config is noted as
+    read, so an edit of it drops a cached result."""
+    import libcst as cst
+
+    folder = os.path.dirname(os.path.abspath(parsed.path))
+    for node in parsed.nodes_of(cst.SimpleString):
+        name = node.evaluated_value if isinstance(node.evaluated_value, str) else ""
+        config_file = os.path.join(folder, name, "config.json") if name and len(name) < 4096 else ""
+        if config_file and os.path.isfile(config_file):
+            parsed.note_read(config_file)
+            if _asks_for_weights(config_file):
+                return display_path(config_file)
+    return None
+
+
+def _asks_for_weights(config_file: str) -> bool:
+    try:
+        with open(config_file, encoding="utf-8") as handle:
+            return bool(json.load(handle).get("output_attentions"))
+    except (OSError, ValueError, AttributeError):
+        return True  # unreadable: it may
 
 
 def _output_attentions_elsewhere(parsed) -> str | None:

@@ -115,9 +115,27 @@ def test_concrete_class_with_sdpa_support_gets_a_safe_fix_unless_weights_are_req
     # breaker round 16: the same file asking through a kwargs dict or setattr (the patched script's
     # `out.attentions[0]` raised IndexError)
     for asks in ('extra = {"output_attentions": True}\nout = m(ids, **extra)\n',
-                 'setattr(m.config, "output_attentions", True)\n'):
+                 'setattr(m.config, "output_attentions", True)\n', "out = m(ids, output_attentions=save_maps)\n",
+                 "m.config.output_attentions = flag\n"):  # a variable may be True when the script runs
         (finding,) = _findings(loader + asks)
         assert finding.fix_safety == "unsafe" and "at line 3" in finding.reason
+    (finding,) = _findings(loader + "out = m(ids, output_attentions=False)\n")
+    assert finding.fix_safety == "safe"
+
+
+@pytest.mark.parametrize("asks", [True, False])
+def test_a_checkpoint_beside_the_file_whose_config_asks_for_the_weights_leaves_the_fix_unsafe(tmp_path, asks):
+    """Breaker round 16: `from_pretrained("ckpt", attn_implementation="eager")` of a checkpoint saved with
+    `output_attentions: true` in its config.json: under sdpa transformers refuses to load it."""
+    import json
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama", "output_attentions": asks}))
+    source = 'from transformers import LlamaForCausalLM\nm = LlamaForCausalLM.from_pretrained("ckpt", ' \
+             'attn_implementation="eager")\n'
+    (finding,) = _findings(source, str(tmp_path / "load.py"))
+    assert (finding.fix_safety == "unsafe") == asks
+    assert ("config.json" in (finding.reason or "")) == asks
 
 
 @pytest.mark.parametrize("asks", ["out = build('x')(ids, output_attentions=True)\n",
