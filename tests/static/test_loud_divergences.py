@@ -328,3 +328,41 @@ def test_a_helper_s_divided_key_is_what_makes_the_patch_nan(tmp_path):
         for name in ("pkg", "pkg.utils", "pkg.model"):
             sys.modules.pop(name, None)
     assert not outputs[0].isnan().any() and outputs[1].isnan().all()
+
+
+CACHED_BIAS = '''import functools
+import math
+import torch
+
+
+@functools.lru_cache
+def causal_bias(n):
+    return torch.triu(torch.full((n, n), float("-inf")), 1)
+
+
+def attend(q, k, v):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + causal_bias(q.size(-2))
+    return torch.softmax(scores, dim=-1) @ v
+'''
+
+
+def test_a_float_mask_cached_as_an_inference_tensor_raises_in_the_patch_s_backward_only():
+    """Breaker round 16: a validation pass under `torch.inference_mode()` filled an `lru_cache` helper with an
+    inference tensor; SDPA saves its mask for the backward (and may not save an inference tensor), the original's
+    `scores + bias` saves nothing of it. Named by the accepted `mask-writes`."""
+    result = analyze_source(CACHED_BIAS, "cached_bias.py", unsafe_fixes=True)  # q's dtype is the caller's here
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert "mask-writes" in {f["name"] for f in finding.extra["facts"]["accepted"]}
+    outcomes = []
+    for text, name in ((CACHED_BIAS, "cached_bias"), (result.fixed, "cached_bias_fixed")):
+        attend = load_module_from_source(text, name).attend
+        q = torch.randn(1, 2, 5, 4)
+        with torch.inference_mode():
+            attend(q, q, q)  # the validation pass fills the cache
+        q.requires_grad_(True)
+        try:
+            attend(q, q, q).sum().backward()
+            outcomes.append(q.grad)
+        except RuntimeError as error:
+            outcomes.append(str(error))
+    assert isinstance(outcomes[0], torch.Tensor) and "Inference tensors cannot be saved" in outcomes[1]

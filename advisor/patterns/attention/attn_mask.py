@@ -156,10 +156,12 @@ def _sole_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     mask = term_mask(c, term)
     if term.kind == "float":
         c.match.facts.accepted(MASK_WRITES, "the float mask is not written in place between the forward and its "
-                               "backward", "SDPA's fused kernels save the mask they are given for the backward, "
-                               "while the original's `scores + mask` saves nothing of it: a mask buffer refilled in "
-                               "place before `backward()` (micro-batches sharing one) makes the patched backward "
-                               "raise, a loud failure; the forward's values are the original's")
+                               "backward, nor an inference tensor", "SDPA's fused kernels save the mask they are "
+                               "given for the backward, while the original's `scores + mask` saves nothing of it: a "
+                               "mask buffer refilled in place before `backward()` (micro-batches sharing one), or a "
+                               "mask cached under `torch.inference_mode()` (an `lru_cache` helper filled by a "
+                               "validation pass), makes the patched backward raise, a loud failure; the forward's "
+                               "values are the original's")
     if term.number_paths is None:
         return mask
     shifts.drop_shift(c, term.source, term.number_paths)
