@@ -627,8 +627,12 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
                           "        return y + o.transpose(1, 2).reshape(B, T, C)",
     "list_then_written": "kept = []\n        kept.append(o)\n        kept[0].mul_(2.0)\n"
                          "        return o.transpose(1, 2).reshape(B, T, C)",
+    # breaker round 16: einops' rearrange is a view of SDPA's output (a copy of the product), then `+=`
+    "einops_rearrange": "y = rearrange(o, 'b h n d -> b n (h d)')\n        y += 1.0\n        return y",
 }
 WRITERS = """
+from einops import rearrange
+
 CACHE = None
 
 

@@ -199,7 +199,7 @@ def _written_in_place(c: Candidate) -> str | None:
         branched |= sum(_reads_values(c, consumer, node) for consumer, _ in uses) > 1
         for consumer, _ in uses:
             method = _method_on(consumer, node)
-            if isinstance(consumer, cst.Name) or method in ALIASING:
+            if isinstance(consumer, cst.Name) or method in ALIASING or _einops_of(c, consumer, node):
                 frontier.append(consumer)
     if unseen and branched:
         return (f"is passed to `{short(c.parsed, unseen[0])}` at line {c.parsed.line(unseen[0])}, which this file "
@@ -207,6 +207,13 @@ def _written_in_place(c: Candidate) -> str | None:
     if unseen:
         _accept_writes_out_of_sight(c, f"`{short(c.parsed, unseen[0])}` (line {c.parsed.line(unseen[0])})")
     return None
+
+
+def _einops_of(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    """`rearrange(o, "b h n d -> b n (h d)")` and einops' other reshapes: a view of the output where its memory
+    order allows, so a write through the result writes it (breaker round 16: `out += x` after `rearrange`)."""
+    return isinstance(consumer, cst.Call) and bool(consumer.args) and consumer.args[0].value is node and \
+        (c.parsed.imported_name(consumer.func) or "").startswith("einops.")
 
 
 def _reads_values(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -> bool:
