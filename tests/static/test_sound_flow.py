@@ -627,8 +627,6 @@ IN_PLACE_WRITES = {  # the output, or what may share its storage, written after 
                           "        return y + o.transpose(1, 2).reshape(B, T, C)",
     "list_then_written": "kept = []\n        kept.append(o)\n        kept[0].mul_(2.0)\n"
                          "        return o.transpose(1, 2).reshape(B, T, C)",
-    # breaker round 16: einops' rearrange is a view of SDPA's output (a copy of the product), then `+=`
-    "einops_rearrange": "y = rearrange(o, 'b h n d -> b n (h d)')\n        y += 1.0\n        return y",
 }
 WRITERS = """
 from einops import rearrange
@@ -1243,3 +1241,17 @@ def test_a_hook_on_a_gradient_in_the_block_s_function_leaves_the_patch_assumed()
     (finding,) = [f for f in analyze_source(source, "m.py").findings if f.kind == "attention"]
     assert finding.fix_safety == "unsafe" and "input-gradient-layout" in {
         fact["name"] for fact in finding.extra["facts"]["assumed"]}
+
+
+def test_an_output_rearranged_by_einops_then_written_is_a_fresh_tensor():
+    """Breaker round 16: `out = rearrange(att @ v, "b h n d -> b n (h d)")` then a residual `out += x`: the rearrange
+    copies the product, but is a view of SDPA's output (its memory is b n h d), which SDPA saved for its backward."""
+    source = attention("""
+        att = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(dim=-1)
+        out = rearrange(att @ v, "b h n d -> b n (h d)")
+        out += x
+        return out
+    """, after=WRITERS)
+    assert ".clone(memory_format=torch.contiguous_format)" in analyze_source(source, "m.py").fixed
+    outcome = check(source)
+    assert outcome.status not in (INVALID, COUNTEREXAMPLE), f"{outcome.kind}: {outcome.detail}"
