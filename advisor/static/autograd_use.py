@@ -199,7 +199,8 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
     for node, parent in parsed.parents.items():
         if isinstance(node, (cst.Name, cst.Attribute)) and not _inside_dotted_name(node, parent) and \
                 not isinstance(parent, (cst.ImportAlias, cst.ImportFrom, cst.AsName)):
-            what = _transform_use(parsed, node, parent) or _passed_as_value(parsed, node, parent)
+            what = _transform_use(parsed, node, parent) or _passed_as_value(parsed, node, parent) or \
+                _namespace_read(parsed, node)
             if what is not None:
                 found.append((node, what))
             elif qualified(parsed, node) in REVERSE_TRANSFORMS:
@@ -221,10 +222,6 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
             asked = _option_or_module_named(parsed, node, parent)
             if asked is not None:
                 found.append((node, asked))
-        elif isinstance(node, cst.Attribute) and node.attr.value == "__dict__" and \
-                qualified(parsed, node.value) in TRANSFORM_MODULES:
-            found.append((node, f"`{parsed.code(node)}` holds every transform of the module, which may ask for "
-                                f"{DOUBLE_BACKWARD} or {FORWARD_MODE}"))
     found.extend(_star_imported_uses(parsed))
     sites = []
     for node, asked in found:
@@ -402,6 +399,15 @@ def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
             return f"`{parsed.code(call)}` asks for {asks}"
     if name in REVERSE_TRANSFORMS or name == "torch.autograd.functional.jacobian":
         return f"`{parsed.code(call)}` may ask for {DOUBLE_BACKWARD} (a transform looked up by name)"
+    return None
+
+
+def _namespace_read(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
+    """`torch.func.__dict__`: a module's namespace holds every transform of it."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "__dict__" and \
+            qualified(parsed, node.value) in TRANSFORM_MODULES:
+        return f"`{parsed.code(node)}` holds every transform of the module, which may ask for {DOUBLE_BACKWARD} or " \
+               f"{FORWARD_MODE}"
     return None
 
 

@@ -544,6 +544,13 @@ HIDDEN_REQUESTS = {
         def tangent(model, x, t, name):
             return vars(torch.func)[name](model, (x,), (t,))
     '''),
+    "transform_read_from_the_module_dict": ({}, '''
+        import torch
+
+
+        def tangent(model, x, t):
+            return torch.func.__dict__["jvp"](model, (x,), (t,))
+    '''),
     "passer_called_by_a_name_from_a_config": ({"steps.py": '''
         import torch
 
