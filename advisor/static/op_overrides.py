@@ -26,26 +26,32 @@ DISABLED = "_disabled_torch_function_impl"
 # torch.library's registrations of kernels (for an `aten::` op: torch's own)
 REGISTRARS = frozenset({"Library", "impl", "register_kernel", "register_torch_dispatch", "register_autograd"})
 # the dispatch and function modes torch ships (their subclasses define `__torch_dispatch__` and are found so)
+# (and the hooks that replace what autograd saves: a pack hook compressing to bf16 changes the gradients of every op
+# whose saved tensors the rewrite changes, breaker round 16; `save_on_cpu` moves them exactly)
 TORCH_MODES = frozenset({"FlopCounterMode", "DebugMode", "CommDebugMode", "LoggingTensorMode", "FakeTensorMode",
                          "CrossRefFakeMode", "FunctionalTensorMode", "ProxyTorchDispatchMode", "TorchDispatchMode",
-                         "TorchFunctionMode", "SchemaCheckMode", "RuntimeEstimator", "MemTracker"})
+                         "TorchFunctionMode", "SchemaCheckMode", "RuntimeEstimator", "MemTracker",
+                         "saved_tensors_hooks"})
 MAY_OVERRIDE = re.compile(r"__torch_(?:function|dispatch)__|\blibrary\b|\bLibrary\b|"
                           r"\b(?:FlopCounter|Debug|CommDebug|LoggingTensor|FakeTensor|CrossRefFake|FunctionalTensor|"
                           r"ProxyTorchDispatch|TorchDispatch|TorchFunction|SchemaCheck)Mode\b|\bRuntimeEstimator\b|"
-                          r"\bMemTracker\b")
+                          r"\bMemTracker\b|\bsaved_tensors_hooks\b")
 
 
 def op_overrides(text: str) -> list[tuple[int, str]]:
     """(line, what: a short code) for each definition in `text` that may change what a torch op computes: a
     `__torch_function__` or `__torch_dispatch__` defined or assigned (a mode's or a tensor subclass's), a
-    torch.library registration naming an `aten` op or namespace, and a mode of torch's built (TORCH_MODES: a call of
-    its name). [] for source CPython cannot parse (the scan reports it)."""
+    torch.library registration naming an `aten` op or namespace, and a read of a mode torch ships or of
+    `saved_tensors_hooks` (TORCH_MODES, by name or an import's alias; not the import alone). [] for source CPython
+    cannot parse (the scan reports it)."""
     if MAY_OVERRIDE.search(text) is None:
         return []
     try:
         tree = python_tree(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
+    modes = {alias.asname or alias.name: alias.name for node in nodes(tree) if type(node) is ast.ImportFrom
+             for alias in node.names if alias.name in TORCH_MODES}  # `FlopCounterMode as FLOPCounter` too
     found: list[tuple[int, str]] = []
     for node in nodes(tree):
         kind = type(node)
@@ -55,8 +61,9 @@ def op_overrides(text: str) -> list[tuple[int, str]]:
             found.append((node.lineno, "__torch_function__ = ..."))
         elif kind is ast.Call and _registers_aten_kernel(node):
             found.append((node.lineno, "torch.library kernel for aten"))
-        elif kind is ast.Call and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in TORCH_MODES:
-            found.append((node.lineno, f"{getattr(node.func, 'attr', None) or node.func.id}(...)"))
+        elif kind in (ast.Name, ast.Attribute) and type(node.ctx) is ast.Load and \
+                (node.attr if kind is ast.Attribute else modes.get(node.id)) in TORCH_MODES:
+            found.append((node.lineno, node.attr if kind is ast.Attribute else modes[node.id]))
     return sorted(found)
 
 

@@ -21,34 +21,54 @@ MAY_RESTRICT = re.compile(r"\bsdpa?_kernel\b|\benable_math_sdp\b")
 
 
 def math_kernel_excluded(text: str) -> list[tuple[int, str]]:
-    """(line, the call's code) for each call in `text` that may leave SDPA without its math kernel: `sdpa_kernel`
-    given backends whose text never names MATH (a computed list may hold anything), the old `sdp_kernel` with
-    `enable_math` not True, `enable_math_sdp` given anything but True. [] for source CPython cannot parse."""
+    """(line, the code) for each reference in `text` that may leave SDPA without its math kernel: a call of
+    `sdpa_kernel` (or a name it is imported as) whose backends are not a literal holding `SDPBackend.MATH` (a
+    computed list, `[b for b in ALL if b != MATH]`, may hold anything), the old `sdp_kernel` with `enable_math` not
+    True, `enable_math_sdp` given anything but True, and any other use of those names (`partial(sdpa_kernel, ...)`,
+    an alias bound at run time: breaker round 16). [] for source CPython cannot parse."""
     if MAY_RESTRICT.search(text) is None:
         return []
     try:
         tree = python_tree(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
+    names = {alias.asname or alias.name: alias.name for node in nodes(tree) if type(node) is ast.ImportFrom
+             for alias in node.names if alias.name in (*CONTEXTS, MATH_SWITCH)}
+    called = {id(node.func) for node in nodes(tree) if type(node) is ast.Call}
     found = []
     for node in nodes(tree):
-        if type(node) is ast.Call and _excludes_math(node):
-            found.append((node.lineno, ast.get_source_segment(text, node) or _leaf(node.func) or "sdpa_kernel"))
+        if type(node) is ast.Call and _excludes_math(node, names):
+            found.append((node.lineno, ast.get_source_segment(text, node) or "sdpa_kernel"))
+        elif _names_switch(node, names) and id(node) not in called and type(getattr(node, "ctx", None)) is ast.Load:
+            found.append((node.lineno, ast.get_source_segment(text, node) or "sdpa_kernel"))
     return sorted((line, code.splitlines()[0][:80]) for line, code in found)
 
 
-def _excludes_math(call: ast.Call) -> bool:
-    name = _leaf(call.func)
+def _names_switch(node: ast.AST, names: dict[str, str]) -> bool:
+    """A reference to `sdpa_kernel`, `sdp_kernel` or `enable_math_sdp`, by its name or an import's alias."""
+    name = _leaf(node)
+    return name in (*CONTEXTS, MATH_SWITCH) if type(node) is ast.Attribute else name in names
+
+
+def _excludes_math(call: ast.Call, names: dict[str, str]) -> bool:
+    if not _names_switch(call.func, names):
+        return False
+    name = names.get(_leaf(call.func), _leaf(call.func)) if type(call.func) is ast.Name else _leaf(call.func)
     if name == MATH_SWITCH:
         return not (call.args and _is_true(call.args[0]))
-    if name not in CONTEXTS:
-        return False
     if name == "sdp_kernel":  # keywords enable_flash/enable_math/...: math is on unless turned off
         math = next((k.value for k in call.keywords if k.arg == "enable_math"),
                     call.args[1] if len(call.args) > 1 else None)
         return math is not None and not _is_true(math) or any(k.arg is None for k in call.keywords)
     given = call.args[:1] + [k.value for k in call.keywords if k.arg in ("backends", None)]
-    return not any("MATH" in ast.dump(value) for value in given)
+    return not any(_literal_math(value) for value in given)
+
+
+def _literal_math(node: ast.AST) -> bool:
+    """`SDPBackend.MATH`, or a literal list or tuple holding it."""
+    if type(node) in (ast.List, ast.Tuple):
+        return any(_literal_math(element) for element in node.elts)
+    return type(node) is ast.Attribute and node.attr == "MATH"
 
 
 def _is_true(node: ast.AST) -> bool:

@@ -696,6 +696,12 @@ OP_OVERRIDES = {
                     "    with FlopCounterMode(display=False) as counter:\n        m(x).sum().backward()\n"
                     "    return counter.get_total_flops()\n",
     "debug_mode": "import torch.utils._debug_mode\n\nmode = torch.utils._debug_mode.DebugMode()\n",
+    # breaker round 16: an import's alias; a pack hook compressing what autograd saves to bf16
+    "flop_counter_aliased": "from torch.utils.flop_counter import FlopCounterMode as FLOPCounter\n\n"
+                            "counter = FLOPCounter(display=False)\n",
+    "saved_tensors_hooks": "def step(m, x):\n    with torch.autograd.graph.saved_tensors_hooks(\n"
+                           "            lambda t: t.to(torch.bfloat16), lambda t: t.float()):\n"
+                           "        m(x).sum().backward()\n",
 }
 
 
@@ -775,6 +781,14 @@ RESTRICTIONS = {
     "math_kept": ("from torch.nn.attention import SDPBackend, sdpa_kernel\n\n\ndef run(m, x):\n"
                   "    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):\n        return m(x)\n", False),
     "flash_switched_off": ("import torch\n\ntorch.backends.cuda.enable_flash_sdp(False)\n", False),
+    # breaker round 16: the context reached by another name, or MATH named only to be filtered out
+    "partial": ("import functools\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n\n"
+                "flash = functools.partial(sdpa_kernel, [SDPBackend.FLASH_ATTENTION])\n", True),
+    "aliased": ("from torch.nn.attention import SDPBackend, sdpa_kernel as kernels\n\n\ndef run(m, x):\n"
+                "    with kernels(SDPBackend.FLASH_ATTENTION):\n        return m(x)\n", True),
+    "math_filtered_out": ("from torch.nn.attention import SDPBackend, sdpa_kernel\n\n\ndef run(m, x):\n"
+                          "    with sdpa_kernel([b for b in SDPBackend if b != SDPBackend.MATH]):\n"
+                          "        return m(x)\n", True),
 }
 
 
@@ -809,6 +823,7 @@ def test_what_may_change_torch_s_ops_is_found(kind: str) -> None:
     "    return x.clone()\n",
     "# a comment naming __torch_function__ and torch.library\nx = '__torch_dispatch__'\n",
     "from torch.utils.flop_counter import FlopCounterMode  # imported, never built\n",
+    "def step(m, x):\n    with torch.autograd.graph.save_on_cpu():\n        m(x).sum().backward()\n",
 ])
 def test_what_leaves_torch_s_ops_alone_is_not_found(text: str) -> None:
     assert op_overrides("import torch\n\n" + text) == []
