@@ -133,8 +133,13 @@ RULE = SiteRule(
     summary="transformers model loaded with `attn_implementation=\"eager\"` (from_pretrained, from_config, configs, "
             "`_attn_implementation =`, `set_attn_implementation`)",
     fix="attn-implementation-sdpa", fix_safety="unsafe",
-    fix_summary="`\"sdpa\"`: safe for a concrete class declaring SDPA support and no `output_attentions=True` in the "
-                "file (nor a mention of it in another file of the scan), else unsafe",
+    fix_summary="`\"sdpa\"`: safe for a concrete class (of the installed transformers, never a folder of the scanned "
+                "repository) declaring SDPA support and nothing in the file that may ask for the weights "
+                "(`output_attentions=` anything but `False`/`None`, the name as a string: a kwargs dict, `setattr`), "
+                "no mention of it in another file of the scan, and no checkpoint folder beside the file that the "
+                "file names whose `config.json` sets it; else unsafe. Accepted, as for SDPA patches: a sample that is "
+                "all padding gets transformers' sdpa values where eager gives uniform weights (its outputs differ, "
+                "9e-3 measured on BERT; every other sample agrees to 1e-7)",
     what="Finds attn_implementation=\"eager\" in from_pretrained, from_config, a model config, "
          "config._attn_implementation or set_attn_implementation.",
     why="Every attention layer of the model then runs the hand-written matmul + softmax path: the L x S weights are "
