@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-
 from advisor.commands.common import add_selection_arguments, exit_code, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.contracts.finding import Finding

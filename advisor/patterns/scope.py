@@ -22,8 +22,8 @@ from advisor.static.tensor_reads import read_leaves_alone
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
-from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.discover import read_source
+from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.op_overrides import op_overrides
 from advisor.static.op_restores import replaces
 from advisor.static.sdpa_kernels import math_kernel_excluded
@@ -996,12 +996,11 @@ MODULE_FUNCTIONALS = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax":
 def _replaced_not_restored(parsed: ParsedModule, name: str) -> bool:
     """Whether a file writing torch's `name` may put another function there: not where each only puts back what it
     took (`sdpa = F.__dict__.pop(...)` ... `setattr(F, ..., sdpa)`, hiding the op while a model is built)."""
-    paths = [parsed.path] if name in parsed.own_outside_writes[0] else []
-    if parsed.project is not None:
-        paths += [w.path for w in parsed.project.writes_elsewhere(parsed.path) if name in w.names]
-    sources = [parsed.source if path == parsed.path else read_source(path) for path in paths]
-    texts = [source if isinstance(source, str) else None if isinstance(source, ScanError) else source.text
-             for source in sources]
+    texts = [parsed.source] if name in parsed.own_outside_writes[0] else []
+    for writes in parsed.project.writes_elsewhere(parsed.path) if parsed.project is not None else ():
+        source = read_source(writes.path) if name in writes.names else None
+        if source is not None:
+            texts.append(None if isinstance(source, ScanError) else source.text)
     return any(text is None or replaces(text, name.rsplit(".", 1)[-1]) for text in texts)  # unreadable: may
 
 

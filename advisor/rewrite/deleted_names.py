@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from advisor.static.dataflow import build_flow, loaded_names
+from advisor.static.dataflow import build_flow, loaded_names, target_names
 from advisor.static.walk import walk
 
 
@@ -18,13 +18,13 @@ def bound_names(nodes) -> set[str]:
     class Walk(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
-                names.update(_names_in_target(target.target))
+                names.update(name.value for name in target_names(target.target))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            names.update(_names_in_target(node.target))
+            names.update(name.value for name in target_names(node.target))
 
         def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            names.update(_names_in_target(node.target))
+            names.update(name.value for name in target_names(node.target))
 
         def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
             return False
@@ -36,16 +36,6 @@ def bound_names(nodes) -> set[str]:
         if isinstance(node, (cst.BaseSmallStatement, cst.BaseStatement)):
             walk(node, Walk())
     return names
-
-
-def _names_in_target(target: cst.BaseExpression) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _names_in_target(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _names_in_target(target.value)
-    return []
 
 
 def read_of_deleted(original: cst.CSTNode, patched: cst.CSTNode, deleted: set[str]) -> str | None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 
+from advisor.static.dataflow import target_names
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import walk
 
@@ -207,7 +208,7 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
                 reverse.append(_reverse_use(parsed, node, parent))
         elif isinstance(node, cst.Call):
             asked = _create_graph(parsed, node) or _forward_mode_option(parsed, node) or \
-                _getattr_transform(parsed, node) or _namespace_transform(parsed, node)
+                _getattr_transform(parsed, node) or _namespace_read(parsed, node)
             if asked is not None:
                 found.append((node, asked))
             elif _runs_code(parsed, node):
@@ -330,32 +331,22 @@ def _bound_names(body: cst.CSTNode) -> set[str]:
 
     class Binds(cst.CSTVisitor):
         def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-            found.update(n.value for n in _names_in(node.target))
+            found.update(n.value for n in target_names(node.target))
 
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
-            found.update(n.value for n in _names_in(node.target))
+            found.update(n.value for n in target_names(node.target))
 
         def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-            found.update(n.value for n in _names_in(node.target))
+            found.update(n.value for n in target_names(node.target))
 
         def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-            found.update(n.value for n in _names_in(node.target))
+            found.update(n.value for n in target_names(node.target))
 
         def visit_For(self, node: cst.For) -> None:
-            found.update(n.value for n in _names_in(node.target))
+            found.update(n.value for n in target_names(node.target))
 
     walk(body, Binds())
     return found
-
-
-def _names_in(target: cst.CSTNode) -> list[cst.Name]:
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for element in target.elements for n in _names_in(element.value)]
-    if isinstance(target, cst.StarredElement):
-        return _names_in(target.value)
-    return []
 
 
 def _wrapper(parsed: ParsedModule, node: cst.CSTNode, parent: cst.CSTNode | None) -> str | None:
@@ -403,22 +394,18 @@ def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
 
 
 def _namespace_read(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
-    """`torch.func.__dict__`: a module's namespace holds every transform of it."""
-    if isinstance(node, cst.Attribute) and node.attr.value == "__dict__" and \
-            qualified(parsed, node.value) in TRANSFORM_MODULES:
-        return f"`{parsed.code(node)}` holds every transform of the module, which may ask for {DOUBLE_BACKWARD} or " \
-               f"{FORWARD_MODE}"
-    return None
-
-
-def _namespace_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
-    """`vars(torch.func)[name]`: a module's namespace holds every transform of it."""
-    args = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    if isinstance(call.func, cst.Name) and call.func.value == "vars" and len(args) == 1 and \
-            qualified(parsed, args[0].value) in TRANSFORM_MODULES:
-        return f"`{parsed.code(call)}` holds every transform of the module, which may ask for {DOUBLE_BACKWARD} or " \
-               f"{FORWARD_MODE}"
-    return None
+    """`torch.func.__dict__`, `vars(torch.func)`: a module's namespace holds every transform of it."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "__dict__":
+        module = node.value
+    elif isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "vars" and \
+            len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star:
+        module = node.args[0].value
+    else:
+        return None
+    if qualified(parsed, module) not in TRANSFORM_MODULES:
+        return None
+    return f"`{parsed.code(node)}` holds every transform of the module, which may ask for {DOUBLE_BACKWARD} or " \
+           f"{FORWARD_MODE}"
 
 
 def _option_or_module_named(parsed: ParsedModule, node: cst.SimpleString, parent: cst.CSTNode | None) -> str | None:
@@ -453,9 +440,7 @@ def _uses_in_code_string(parsed: ParsedModule, call: cst.Call) -> tuple[list, li
             return [], []
         requests, uses = autograd_uses(inner)
         line = parsed.line(call)
-        return ([(call, site.what) for site in requests],
-                [AutogradSite(site.what, site.path, line, site.caller_decides, site.wrapper, site.repeats)
-                 for site in uses])
+        return [(call, site.what) for site in requests], [replace(site, line=line) for site in uses]
     if isinstance(text, str):
         return [], []
     return [(call, f"`{parsed.code(call.func)}` runs code this scan does not see, which may ask for "
@@ -540,17 +525,24 @@ def _looks_up_module_attributes(tree: ast.Module) -> bool:
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and _leaf(node.func) == "getattr" and len(node.args) >= 2 and \
-                isinstance(node.args[0], ast.Name) and node.args[0].id in imported and \
                 not isinstance(node.args[1], ast.Constant):
+            owner = node.args[0]
+        elif isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+            owner = _namespace_owner(node.value)
+        else:
+            continue
+        if isinstance(owner, ast.Name) and owner.id in imported:
             return True
-        if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
-            namespace = node.value
-            owner = namespace.args[0] if isinstance(namespace, ast.Call) and _leaf(namespace.func) == "vars" and \
-                namespace.args else namespace.value if isinstance(namespace, ast.Attribute) and \
-                namespace.attr == "__dict__" else None
-            if isinstance(owner, ast.Name) and owner.id in imported:
-                return True
     return False
+
+
+def _namespace_owner(namespace: ast.AST) -> ast.AST | None:
+    """`m` of `vars(m)` or `m.__dict__`."""
+    if isinstance(namespace, ast.Call) and _leaf(namespace.func) == "vars" and namespace.args:
+        return namespace.args[0]
+    if isinstance(namespace, ast.Attribute) and namespace.attr == "__dict__":
+        return namespace.value
+    return None
 
 
 def _inside_dotted_name(node: cst.CSTNode, parent: cst.CSTNode | None) -> bool:

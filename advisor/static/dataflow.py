@@ -103,7 +103,7 @@ class _LoadCollector(cst.CSTVisitor):
         targets: set[str] = set()
         clause = node.for_in
         while clause is not None:
-            targets |= {n.value for n in _target_names(clause.target)}
+            targets |= {n.value for n in target_names(clause.target)}
             clause = clause.inner_for_in
         self.bound.append(targets)
         clause = node.for_in
@@ -165,19 +165,20 @@ def _capture_names(pattern: cst.MatchPattern) -> list[cst.Name]:
 def bound_names(statement: cst.CSTNode) -> list[cst.Name]:
     """The names an assignment statement binds (`a = b = v`, `a, b = v`, `a: T = v`, `a += v`)."""
     if isinstance(statement, cst.Assign):
-        return [n for target in statement.targets for n in _target_names(target.target)]
+        return [n for target in statement.targets for n in target_names(target.target)]
     if isinstance(statement, (cst.AnnAssign, cst.AugAssign)):
-        return _target_names(statement.target)
+        return target_names(statement.target)
     return []
 
 
-def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
+def target_names(target: cst.BaseExpression) -> list[cst.Name]:
+    """The names an assignment or loop target binds (`a`, `a, (b, *c)`), in order."""
     if isinstance(target, cst.Name):
         return [target]
     if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for el in target.elements for n in _target_names(el.value)]
+        return [n for el in target.elements for n in target_names(el.value)]
     if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
+        return target_names(target.value)
     return []
 
 
@@ -283,7 +284,7 @@ class _FlowBuilder:
             for item in statement.items:
                 self._read(item.item, env)
                 if item.asname is not None:
-                    for name in _target_names(item.asname.name):
+                    for name in target_names(item.asname.name):
                         self._define(name.value, "other", statement, env, guards)
             return self._block(statement.body, env, guards)
         if isinstance(statement, (cst.Try, cst.TryStar)):
@@ -333,7 +334,7 @@ class _FlowBuilder:
             self._read(statement.iter if isinstance(statement, cst.For) else statement.test, head)
             inner_env = dict(head)
             if isinstance(statement, cst.For):
-                for name in _target_names(statement.target):
+                for name in target_names(statement.target):
                     self._define(name.value, "other", statement, inner_env, guards)
             after = self._block(statement.body, inner_env, guards + (statement,))
             jumps = self._jumps[-1]
@@ -366,7 +367,7 @@ class _FlowBuilder:
                 self._stores(target.target, small, env, if_guards)
         elif isinstance(small, cst.Del):
             self._read_target_parts(small.target, env)
-            for name in _target_names(small.target):
+            for name in target_names(small.target):
                 env[name.value] = frozenset({UNDEFINED})  # a read after `del x` raises: nothing reaches it
         elif isinstance(small, cst.AnnAssign):
             if small.value is not None:
@@ -455,7 +456,7 @@ class _FlowBuilder:
             self._link(definition, sources)
         elif isinstance(target, (cst.Tuple, cst.List)):
             for position, element in enumerate(target.elements):
-                for name in _target_names(element.value):
+                for name in target_names(element.value):
                     definition = self._define(name.value, "assign", statement, env, guards, value=value,
                                               index=position)
                     self._link(definition, sources)

@@ -151,10 +151,9 @@ def _with_newlines_of(source: str, lines: list[str]) -> str:
         if tag == "equal" or tag == "replace" and i2 - i1 == j2 - j1:  # kept, or rewritten line for line
             for offset in range(j2 - j1):
                 ends[j1 + offset] = old[i1 + offset][len(bare[i1 + offset]):]
-    newline, final = _newline(source), source.endswith(("\n", "\r"))
-    joined = [line + (end if end else newline if index < len(lines) - 1 or final else "")
-              for index, (line, end) in enumerate(zip(lines, ends))]
-    if not final and joined and ends[-1]:  # the cell's last line had no newline, and keeps none
+    newline = _newline(source)
+    joined = [line + (end or newline) for line, end in zip(lines, ends)]
+    if not source.endswith(("\n", "\r")):  # the cell's last line had no newline, and keeps none
         joined[-1] = lines[-1]
     return "".join(joined)
 
@@ -195,8 +194,7 @@ def _masked(cell_lines: list[str]) -> list[str]:
     it still parses; only where a statement starts, as IPython reads them (`% b)` continuing a bracket, or a
     string's line, is Python)."""
     if cell_lines and CELL_MAGIC.match(cell_lines[0]):
-        magic = CELL_MAGIC.match(cell_lines[0])
-        name = cell_lines[0][magic.end():].split(maxsplit=1)[0] if cell_lines[0][magic.end():].strip() else ""
+        name = (cell_lines[0].lstrip()[2:].split() or [""])[0]
         if name in PYTHON_CELL_MAGICS:
             return [_line_mask(cell_lines[0])] + _masked(cell_lines[1:])
         return [CELL_MAGIC_MASK] * len(cell_lines)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from advisor.static.dataflow import target_names
 from advisor.static.walk import walk
 
 if TYPE_CHECKING:
@@ -60,14 +61,14 @@ def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str
     containers: set[str] = set()
     for node in parsed.parents:
         if isinstance(node, (cst.For, cst.CompFor)) and _calls_state_view(node.iter):
-            tensors.update(_target_names(node.target))
+            tensors.update(name.value for name in target_names(node.target))
         elif isinstance(node, cst.Call) and any(_calls_state_view(a.value) for a in node.args):
             for argument in node.args:
                 if isinstance(argument.value, cst.Lambda):
                     tensors.update(p.name.value for p in argument.value.params.params)
         elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
             for target in node.targets:
-                containers.update(_target_names(target.target))
+                containers.update(name.value for name in target_names(target.target))
     return tensors, containers
 
 
@@ -81,14 +82,6 @@ def _calls_state_view(node: cst.CSTNode) -> bool:
 
     walk(node, Calls())
     return found
-
-
-def _target_names(target: cst.CSTNode) -> list[str]:
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [name for element in target.elements for name in _target_names(element.value)]
-    return []
 
 
 def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers: set[str], beyond: int) -> bool:

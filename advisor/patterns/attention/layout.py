@@ -70,6 +70,8 @@ RANDOM_LAYERS = frozenset({"torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.D
 RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
                         "rand_like", "randn_like", "randint_like", "bernoulli", "native_dropout", "poisson",
                         "multinomial"})
+# methods and torch functions whose result depends on the output's strides
+LAYOUT_READERS = frozenset({"view", "view_as"}) | STRIDE_READS | RANDOM_OPS
 # where `inplace` is passed by position: a torch.nn layer's constructor (`nn.ReLU(True)`, `nn.Dropout(0.1, True)`)
 # and a torch.nn.functional function, its input first (`F.relu(x, True)`, `F.dropout(x, 0.1, True, True)`)
 INPLACE_POSITIONS = {
@@ -405,8 +407,13 @@ def _makes_in_place(chosen: cst.BaseExpression, built: cst.Call) -> bool:
     (`lambda: nn.ReLU(inplace=True)`) that passes it."""
     if isinstance(chosen, cst.Lambda):
         chosen = chosen.body
-    given = [*built.args, *(chosen.args if isinstance(chosen, cst.Call) else ())]
-    return any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value) for arg in given)
+    return _inplace_keyword(built) or isinstance(chosen, cst.Call) and _inplace_keyword(chosen)
+
+
+def _inplace_keyword(call: cst.Call) -> bool:
+    """`inplace=` given anything but a literal False."""
+    return any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value)
+               for arg in call.args)
 
 
 def _built_inplace(c: Candidate, value: cst.BaseExpression) -> bool:
@@ -422,7 +429,7 @@ def _built_inplace(c: Candidate, value: cst.BaseExpression) -> bool:
 def _inplace_argument(c: Candidate, call: cst.Call) -> bool:
     """An `inplace` argument not visibly False: by keyword, or at its position in a torch.nn layer's constructor or
     a torch.nn.functional function (INPLACE_POSITIONS)."""
-    if any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value) for arg in call.args):
+    if _inplace_keyword(call):
         return True
     dotted = c.parsed.imported_name(call.func) or ""
     family, _, name = dotted.rpartition(".")
@@ -480,7 +487,7 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
         return KEEPS_STRIDES
     method = _method_on(consumer, node)
     if method is not None:
-        if method in ("view", "view_as") or method in STRIDE_READS or method in RANDOM_OPS:
+        if method in LAYOUT_READERS:
             return READS_STRIDES
         return VALUES_ONLY if method in FRESH_LAYOUT else KEEPS_STRIDES  # any other method may keep them
     if not isinstance(consumer, cst.Call):
@@ -489,9 +496,7 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     if dotted.startswith("einops."):
         return KEEPS_STRIDES  # rearranged by views where it can be
     if dotted.startswith("torch."):
-        name = dotted.rsplit(".", 1)[-1]
-        return READS_STRIDES if name in ("view", "view_as") or name in STRIDE_READS or name in RANDOM_OPS \
-            else KEEPS_STRIDES
+        return READS_STRIDES if dotted.rsplit(".", 1)[-1] in LAYOUT_READERS else KEEPS_STRIDES
     layer = _torch_layer(c, consumer.func)
     if layer is not None:
         return READS_STRIDES if layer in RANDOM_LAYERS else VALUES_ONLY if layer in FRESH_LAYERS else KEEPS_STRIDES
