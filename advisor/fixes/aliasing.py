@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns.inplace_args import inplace_argument
+from advisor.patterns.scope import outer_names
+from advisor.static.dataflow import loaded_names
 from advisor.static.module_index import ParsedModule
+from advisor.static.tensor_views import SCALAR_BUILTINS
 from advisor.static.walk import walk
 
 # Reading these observes the layout or the storage itself, so a copy's removal could change what they see.
@@ -20,8 +24,19 @@ METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel"
 # may be a view of its input (transpose, einsum, chunk) or keep its strides (elementwise ops, clone, conv), so its
 # uses are followed like the copy's own.
 FRESH_RESULTS = frozenset({"matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "sum", "mean", "prod",
-                           "amax", "amin", "max", "min", "std", "var", "norm", "logsumexp", "argmax", "argmin", "all",
-                           "any", "softmax", "log_softmax"})
+                           "amax", "amin", "std", "var", "norm", "logsumexp", "argmax", "argmin", "all", "any",
+                           "softmax", "log_softmax"})
+# reductions only when no second tensor is given: `torch.max(a, b)` is the elementwise maximum, which keeps a's strides
+# (breaker round 17: `.view` of it raised once the copy was gone)
+REDUCING_UNLESS_PAIRED = frozenset({"max", "min"})
+# the torch namespaces whose functions compute tensors from their arguments; another (`torch.utils.checkpoint`,
+# `torch.func`) runs a callable of the user on them, whose use of them is not seen
+VALUE_NAMESPACES = frozenset({"torch", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft"})
+# nodes whose use of a value reads its values only: a discarded expression, a condition, an f-string, an index
+VALUE_ONLY_PARENTS = (cst.Expr, cst.If, cst.While, cst.Assert, cst.FormattedStringExpression, cst.Index,
+                      cst.SubscriptElement, cst.Del)
+# where a read runs later than the statement holding it, once the copy's input may have changed
+DEFERRED = (cst.Lambda, cst.GeneratorExp, cst.FunctionDef, cst.ClassDef)
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 
 
@@ -46,7 +61,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             called = isinstance(caller, cst.Call) and caller.func is parent
             if name in LAYOUT_READS or (name.endswith("_") and not name.startswith("_")):
                 return f"`.{name}` at line {parsed.line(parent)} reads its layout or writes it in place"
-            if name in METADATA or (called and name in FRESH_RESULTS):
+            if name in METADATA or (called and (name in FRESH_RESULTS or _reduces(caller, name, 0))):
                 continue
             if not called and name not in VIEW_ATTRIBUTES:
                 return f"its attribute `.{name}` is read at line {parsed.line(parent)}"
@@ -54,13 +69,13 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
         elif isinstance(parent, cst.Arg) and parent.value is node:
             call = parsed.parents.get(parent)
             callee = parsed.imported_name(call.func) if isinstance(call, cst.Call) else None
-            if callee is None or not callee.startswith("torch.") or callee.startswith(("torch.ops.", "torch.Tensor.")):
+            namespace, _, last = (callee or "").rpartition(".")
+            if namespace not in VALUE_NAMESPACES:
                 shown = parsed.code(call.func).strip() if isinstance(call, cst.Call) else "a call"
                 return f"it is passed to `{shown}` at line {parsed.line(parent)}, whose use of it is not seen"
-            last = callee.rpartition(".")[2]
-            if last in LAYOUT_READS or last.endswith("_"):
+            if last in LAYOUT_READS or last.endswith("_") or inplace_argument(parsed, call):
                 return f"`{callee}` at line {parsed.line(parent)} reads its layout or writes it in place"
-            if last not in FRESH_RESULTS:
+            if last not in FRESH_RESULTS and not _reduces(call, last, 1):
                 pending.append(call)
         elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.MatrixMultiply):
             continue  # `@` is matmul: a new contiguous tensor
@@ -77,12 +92,45 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             if reads is None:
                 return f"it is stored in `{parsed.code(parent.targets[0].target).strip()}` at line " \
                        f"{parsed.line(parent)}"
+            later = next((read for read in reads if _deferred(parsed, read, function)), None)
+            if later is not None:
+                return f"it is read at line {parsed.line(later)} by code that may run later (a lambda, a generator)"
             pending.extend(reads)
         elif isinstance(parent, cst.IfExp) and parent.test is not node:
             pending.append(parent)
         elif isinstance(parent, (cst.For, cst.CompFor)) and parent.iter is node:
             return f"it is iterated at line {parsed.line(parent)}, which yields views of it"
+        elif not isinstance(parent, VALUE_ONLY_PARENTS + (cst.IfExp,)) or \
+                isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is not node:
+            return f"it is used by `{_shown(parsed, parent)}` at line {parsed.line(node)}, which is not followed"
     return None
+
+
+def _reduces(call: cst.Call, name: str, first: int) -> bool:
+    """`h.max()`, `h.max(1)`, `torch.max(h, dim=1)`: a reduction (a new contiguous tensor), where `first` positional
+    arguments come before the dimension; `torch.max(h, z)` is elementwise."""
+    if name not in REDUCING_UNLESS_PAIRED:
+        return False
+    positional = [arg.value for arg in call.args if arg.keyword is None]
+    later = positional[first:first + 1]
+    return all(arg.star == "" for arg in call.args) and \
+        (not later or isinstance(later[0], cst.Integer) or
+         isinstance(later[0], cst.UnaryOperation) and isinstance(later[0].expression, cst.Integer))
+
+
+def _deferred(parsed: ParsedModule, node: cst.CSTNode, function: cst.FunctionDef) -> bool:
+    """Whether `node` sits in a lambda, a generator or a nested function or class of `function`."""
+    parent = parsed.parents.get(node)
+    while parent is not None and parent is not function:
+        if isinstance(parent, DEFERRED):
+            return True
+        parent = parsed.parents.get(parent)
+    return False
+
+
+def _shown(parsed: ParsedModule, node: cst.CSTNode) -> str:
+    code = " ".join(parsed.code(node).split())
+    return code if len(code) <= 60 else code[:57] + "..."
 
 
 def reads_of_assignment(flow, assign: cst.Assign) -> list[cst.Name] | None:
@@ -90,6 +138,8 @@ def reads_of_assignment(flow, assign: cst.Assign) -> list[cst.Name] | None:
     if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
         return None
     name = assign.targets[0].target.value
+    if name in outer_names(flow.function):
+        return None  # a global or nonlocal: read after the function returns
     reads: list[cst.Name] = []
     for definition in flow.definitions.values():
         if definition.statement is assign and definition.name == name:
@@ -99,14 +149,69 @@ def reads_of_assignment(flow, assign: cst.Assign) -> list[cst.Name] | None:
 
 def writes_in_place(parsed: ParsedModule, function: cst.FunctionDef) -> str | None:
     """Why some tensor in `function` may be written in place (then a removed copy could share that write), or
-    None. Conservative: any augmented assignment, subscript store, `out=` argument or `name_()` call counts."""
-    finder = _InPlace()
+    None. Conservative: any augmented assignment, subscript store, `out=` or `inplace` argument or `name_()` call
+    counts."""
+    finder = _InPlace(parsed)
     walk(function.body, finder)
     return f"{finder.found[1]} at line {parsed.line(finder.found[0])}" if finder.found else None
 
 
+def written_by_a_callee(parsed: ParsedModule, function: cst.FunctionDef, copied: cst.BaseExpression) -> str | None:
+    """Why code `function` calls may write the copy's input in place (None: no call can reach it): module state
+    (`self.memory`, a global) is reachable from any method or helper it calls (breaker round 17: `self.remember(x)`
+    updating the memory the removed copy had snapshotted); a parameter or a local only from calls handed it."""
+    root = _root(copied)
+    if root is None:
+        return "the copy's input is not a name or an attribute"
+    flow = parsed.flow(function)
+    local = isinstance(root, cst.Name) and root.value != "self" and not flow.sees_undefined(root) and \
+        flow.definitions_of(root)
+    for call in _calls(function):
+        callee = parsed.imported_name(call.func) or ""
+        if callee.startswith("torch.") or callee in SCALAR_BUILTINS:
+            continue
+        receiver = _root(call.func.value) if isinstance(call.func, cst.Attribute) else None
+        if local:
+            handed = any(isinstance(name, cst.Name) and name.value == root.value
+                         for arg in call.args for name in loaded_names(arg.value))
+            if not handed:
+                continue
+        elif isinstance(receiver, cst.Name) and receiver.value != "self" and flow.definitions_of(receiver):
+            continue  # a method of a local value (a tensor's): it reaches no module state but through its arguments
+        return (f"`{parsed.code(call.func).strip()}` at line {parsed.line(call)} may write the copy's input "
+                f"(`{parsed.code(copied).strip()}`) in place")
+    return None
+
+
+def _root(node: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The name (or `self.attr` chain) a chain of method calls, attributes and subscripts starts from."""
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            node = node.func.value
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Attribute) and not isinstance(node.value, cst.Name):
+            node = node.value
+        elif isinstance(node, (cst.Name, cst.Attribute)):
+            return node
+        else:
+            return None
+
+
+def _calls(function: cst.FunctionDef) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            found.append(node)
+
+    walk(function.body, Visitor())
+    return found
+
+
 class _InPlace(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, parsed: ParsedModule) -> None:
+        self.parsed = parsed
         self.found: tuple[cst.CSTNode, str] | None = None
 
     def _hit(self, node: cst.CSTNode, what: str) -> None:
@@ -125,6 +230,8 @@ class _InPlace(cst.CSTVisitor):
             self._hit(node, "an `out=` argument writes in place")
 
     def visit_Call(self, node: cst.Call) -> None:
+        if inplace_argument(self.parsed, node):
+            self._hit(node, f"`{self.parsed.code(node.func).strip()}(..., inplace)` writes in place")
         if isinstance(node.func, cst.Attribute):
             name = node.func.attr.value
             if name.endswith("_") and not name.startswith("_"):

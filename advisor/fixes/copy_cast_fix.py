@@ -18,7 +18,7 @@ import libcst as cst
 
 from advisor.contracts.detected import Detected
 from advisor.contracts.finding import Finding, display_path
-from advisor.fixes.aliasing import layout_or_escape, writes_in_place
+from advisor.fixes.aliasing import layout_or_escape, writes_in_place, written_by_a_callee
 from advisor.contracts.call_rule import CallRule
 from advisor.contracts.evidence import FileEvidence, RuntimeHit
 from advisor.patterns import copy_cast_roles as roles
@@ -119,6 +119,7 @@ def _static_plans(parsed: ParsedModule, sites: list[roles.Site], rules: tuple[Ca
             if rewrite is not None:
                 plan = Plan(rule.code, site, call_line(parsed, site.call), rewrite)
                 plan.facts.proved("equal-values", "the rewrite computes the same tensor", rewrite.proof)
+                _assumptions(plan.facts, rewrite)
                 _receiver_fact(parsed, plan.facts, rewrite.node)
                 plans.append(plan)
     return plans
@@ -185,6 +186,15 @@ def _merged(static: list[Plan], runtime: list[Plan]) -> list[Plan]:
     return kept
 
 
+# accepted on every copy removal: autograd may save the un-copied tensor (`h * w` saves h), now a view of the input
+# the caller still holds (breaker round 17)
+INPUT_WRITES = "input-writes"
+INPUT_WRITES_WHY = ("without the copy, what autograd saves from it for the backward may be a view of the copy's "
+                    "input: a caller refilling that input in place with torch before `backward()` makes the backward "
+                    "raise (a loud failure); a write that bypasses autograd's version counter (through `.numpy()`, "
+                    "`.data` or DLPack) gives other gradients, as it does for any tensor autograd saved")
+
+
 def copy_removal(request: JoinRequest, wanted: Callable[[cst.Call], bool], proof: str,
                  result_of: Callable[[cst.Call], cst.CSTNode] = lambda call: call) -> Plan:
     """A runtime finding fixed by removing the one `.contiguous()` on its line that `wanted` accepts; the
@@ -214,7 +224,8 @@ def _aliasing_facts(parsed, site: roles.Site, result: cst.CSTNode, evidence: Fil
     else:
         facts.assumed("layout-unobserved", statement, reason)
     statement = "nothing writes the shared memory in place"
-    reason = writes_in_place(parsed, site.function_node)
+    reason = writes_in_place(parsed, site.function_node) or \
+        written_by_a_callee(parsed, site.function_node, site.call.func.value)
     first, last = parsed.line(site.function_node), parsed.end_line(site.function_node)
     measured = sorted(line for line in evidence.mutating_lines if first <= line <= last)
     if reason is None and measured:
@@ -223,6 +234,8 @@ def _aliasing_facts(parsed, site: roles.Site, result: cst.CSTNode, evidence: Fil
         facts.proved("no-inplace", statement, "no in-place write in the function, none measured in its calls")
     else:
         facts.assumed("no-inplace", statement, reason)
+    facts.accepted(INPUT_WRITES, "nothing writes the copy's input in place between the forward and its backward",
+                   INPUT_WRITES_WHY)
 
 
 def proved_on_line(request: JoinRequest, prove: Callable, missing: str) -> Plan:
@@ -236,7 +249,13 @@ def proved_on_line(request: JoinRequest, prove: Callable, missing: str) -> Plan:
         return plan
     plan.site, plan.rewrite = proved[0]
     plan.facts.proved("equal-values", "the rewrite computes the same tensor", plan.rewrite.proof)
+    _assumptions(plan.facts, plan.rewrite)
     return plan
+
+
+def _assumptions(facts: FactSheet, rewrite: roles.Rewrite) -> None:
+    for name, statement, why in rewrite.assumes:
+        facts.assumed(name, statement, why)
 
 
 def _covering(covered: list[tuple[int, int, str, bool]], plan: Plan) -> tuple[int, int, str, bool] | None:

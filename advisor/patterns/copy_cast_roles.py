@@ -33,11 +33,12 @@ class Site:
 @dataclass(frozen=True)
 class Rewrite:
     """The expression `node` becomes `code`; `proof` says why the values (and, where it matters, aliasing and
-    layout) cannot change."""
+    layout) cannot change, `assumes` what it leaves unproved (an unsafe fix)."""
 
     node: cst.CSTNode
     code: str
     proof: str
+    assumes: tuple[tuple[str, str, str], ...] = ()  # (name, statement, why) of each fact the rewrite cannot prove
 
 
 def sites(parsed: ParsedModule) -> list[Site]:
@@ -132,8 +133,9 @@ def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.
     while node is not None and node is not reading:
         chain.add(node)
         node = parsed.parents.get(node)
-    if any(call not in chain for call in _calls_in(reading)):
-        return None
+    if any(call not in chain for call in _calls_in(reading)) or \
+            any(isinstance(node, (cst.Lambda, cst.GeneratorExp)) for node in chain):
+        return None  # a lambda or a generator reads the name when it runs, after a later rebinding (breaker round 17)
     return definitions[0].value
 
 

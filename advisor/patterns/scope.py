@@ -1035,8 +1035,9 @@ def legacy_backward_hooks(parsed: ParsedModule) -> str | None:
     """Where a legacy backward hook is registered in this file or another of the tree (None: nowhere): it sees the
     gradients of the last autograd node of a module's forward, which the rewrite may replace (SDPA's backward gives
     dq, dk and dv where the eager product gave one gradient: breaker round 16, grads 0.29 apart)."""
-    own = next((call for call in parsed.calls_and_classes[0] if isinstance(call.func, cst.Attribute) and
-                call.func.attr.value in LEGACY_BACKWARD_HOOKS), None)
+    own = parsed.derived(legacy_backward_hooks, lambda p: next(
+        (call for call in p.calls_and_classes[0]
+         if isinstance(call.func, cst.Attribute) and call.func.attr.value in LEGACY_BACKWARD_HOOKS), None))
     if own is not None:
         return f"this file registers a legacy backward hook (`{parsed.code(own.func)}`, line {parsed.line(own)})"
     sites = (*parsed.project.module_hooks, *parsed.project.call_hooks) if parsed.project is not None else ()

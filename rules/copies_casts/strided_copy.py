@@ -33,16 +33,23 @@ def detect(op_graph, device: str) -> list[Detection]:
 RULE = CallRule(
     code="ADV202", kind="contiguous", title="Layout copy whose users all accept strided input",
     summary="layout copy whose readers all take strides (profile)", fix="remove-call", fix_safety="safe",
-    fix_summary="`--profile`: remove it; safe when no value derived from the result is returned, stored or `.view`ed "
-                "and nothing in the function writes in place (static, and no in-place op measured there); else unsafe",
+    fix_summary="`--profile`: remove it; safe when no value derived from the result is returned, stored, `.view`ed "
+                "or read by a lambda, a generator or a callable outside torch, nothing in the function writes in "
+                "place (static, and no in-place op measured there) and no call it makes can reach the copy's input "
+                "(module state reaches every method and helper); else unsafe. Accepted: `input-writes`",
     what="A `.contiguous()` of a transposed or permuted tensor whose every reader (matmul, elementwise ops, softmax, "
          "views that succeed on the strided layout) takes strided input, as measured by a profile.",
     why="The copy writes every element: it costs memory bandwidth and buys nothing.",
     fix_doc="`advisor fix --profile`: removes the call when every call on the line was redundant. Removing a copy "
             "never changes values (a later reduction may sum in another order: last-bit differences); the result "
             "then shares its input's memory and strides, so the patch is safe only when no code reads the layout of "
-            "the result or of a value derived from it, none of them leaves the function, and nothing in the "
-            "function writes in place; otherwise it is unsafe and names what could differ.",
+            "the result or of a value derived from it, none of them leaves the function (returned, stored, read by "
+            "a lambda or a generator, handed to a callable outside torch), nothing in the function writes in place "
+            "(`x.add_()`, `out=`, `inplace=True`) and no call it makes can reach the copy's input (a method or helper "
+            "reaches `self.` state and globals; any callee reaches what it is handed); otherwise it is unsafe and "
+            "names what could differ. Accepted, `input-writes`: autograd may save the un-copied tensor, now a view "
+            "of the input the caller holds; refilling that input in place before `backward()` raises there (or, "
+            "through `.numpy()`/`.data`, which autograd does not see, gives other gradients).",
     example="y = x.transpose(1, 2).contiguous()\nreturn y @ w  # matmul takes strided input",
     detectors=("runtime",),
     examples=(profiled("y = x.transpose(1, 2).contiguous()\nreturn y @ x", "y = x.transpose(1, 2)\nreturn y @ x"),

@@ -89,9 +89,12 @@ def test_an_option_the_flag_would_refuse_is_refused_before_anything_runs(workdir
     assert (workdir / "model.py").read_bytes() == before
 
 
+SAFE_AND_UNSAFE = "import torch\n\n\ndef f(x):\n    return x.float().float(), x.contiguous().clone()\n"
+
+
 def test_fix_shows_then_applies_and_says_what_remains(workdir):
     model = workdir / "model.py"
-    shutil.copy(COPIES_AND_CASTS, model)
+    model.write_text(SAFE_AND_UNSAFE)  # a safe fix (ADV301) and an unsafe one (ADV204)
     before = model.read_text()
     shown = advisor.fix("model.py")
     assert isinstance(shown, FixReport) and not shown.applied and model.read_text() == before
@@ -99,10 +102,10 @@ def test_fix_shows_then_applies_and_says_what_remains(workdir):
     assert file.written is None and file.diff.startswith("--- a/model.py") and shown.remaining == 2
     applied = advisor.fix("model.py", apply=True)
     assert applied.files[0].written.endswith("model.py") and applied.files[0].diff == file.diff
-    assert applied.remaining == 1  # the unsafe attention patch, without unsafe_fixes
-    assert "scaled_dot_product_attention" not in model.read_text() and model.read_text() != before
+    assert applied.remaining == 1  # the unsafe fold, without unsafe_fixes
+    assert "x.float().float()" not in model.read_text() and "contiguous().clone()" in model.read_text()
     assert advisor.fix("model.py", apply=True, unsafe_fixes=True).remaining == 0
-    assert "scaled_dot_product_attention" in model.read_text()
+    assert "clone(memory_format=torch.contiguous_format)" in model.read_text()
     assert json.loads(json.dumps(applied.to_json()))["files"][0]["path"] == "model.py"
 
 

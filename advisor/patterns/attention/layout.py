@@ -19,6 +19,7 @@ from advisor.patterns.attention.candidate import MAX_CHAIN, Candidate, consumers
 from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
+from advisor.patterns.inplace_args import inplace_argument, inplace_keyword
 from advisor.static.codegen import dotted, keyword
 from advisor.static.dataflow import is_inplace_method, loaded_names
 from advisor.static.outside_writes import writes_its_receiver
@@ -72,19 +73,6 @@ RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha
                         "multinomial"})
 # methods and torch functions whose result depends on the output's strides
 LAYOUT_READERS = frozenset({"view", "view_as"}) | STRIDE_READS | RANDOM_OPS
-# where `inplace` is passed by position: a torch.nn layer's constructor (`nn.ReLU(True)`, `nn.Dropout(0.1, True)`)
-# and a torch.nn.functional function, its input first (`F.relu(x, True)`, `F.dropout(x, 0.1, True, True)`)
-INPLACE_POSITIONS = {
-    **dict.fromkeys(("ReLU", "ReLU6", "SELU", "SiLU", "Mish", "Hardswish", "Hardsigmoid"), 0),
-    **dict.fromkeys(("LeakyReLU", "ELU", "CELU", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
-                     "FeatureAlphaDropout"), 1),
-    **dict.fromkeys(("Threshold", "Hardtanh", "RReLU"), 2),
-    **dict.fromkeys(("relu", "relu6", "selu", "silu", "mish", "hardswish", "hardsigmoid"), 1),
-    **dict.fromkeys(("leaky_relu", "elu", "celu"), 2),
-    **dict.fromkeys(("threshold", "hardtanh", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-                     "feature_alpha_dropout"), 3),
-    "rrelu": 4,
-}
 CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
 
 
@@ -370,7 +358,7 @@ def _writes_first_argument(c: Candidate, call: cst.Call) -> bool:
     built so (`nn.ReLU(True)`, inside an `nn.Sequential` too). Breaker round 14: `F.relu(x, inplace=True)` on a view
     of the output broke the patch's backward; round 15: `nn.Sequential(nn.ReLU(inplace=True))` wrote through a
     reshape that is a copy in the original and a view in the patch (0.75 in the forward)."""
-    if _inplace_argument(c, call):
+    if inplace_argument(c.parsed, call):
         return True
     dotted = c.parsed.imported_name(call.func) or ""
     if dotted.startswith("torch.") and writes_its_receiver(dotted.rsplit(".", 1)[-1]):
@@ -407,13 +395,7 @@ def _makes_in_place(chosen: cst.BaseExpression, built: cst.Call) -> bool:
     (`lambda: nn.ReLU(inplace=True)`) that passes it."""
     if isinstance(chosen, cst.Lambda):
         chosen = chosen.body
-    return _inplace_keyword(built) or isinstance(chosen, cst.Call) and _inplace_keyword(chosen)
-
-
-def _inplace_keyword(call: cst.Call) -> bool:
-    """`inplace=` given anything but a literal False."""
-    return any(arg.keyword is not None and arg.keyword.value == "inplace" and not _false(arg.value)
-               for arg in call.args)
+    return inplace_keyword(built) or isinstance(chosen, cst.Call) and inplace_keyword(chosen)
 
 
 def _built_inplace(c: Candidate, value: cst.BaseExpression) -> bool:
@@ -423,23 +405,7 @@ def _built_inplace(c: Candidate, value: cst.BaseExpression) -> bool:
     layer = c.parsed.imported_name(value.func) or ""
     if layer.startswith("torch.nn.") and layer.rsplit(".", 1)[-1] in CONTAINER_LAYERS:
         return any(_built_inplace(c, arg.value) for arg in value.args)
-    return _inplace_argument(c, value)
-
-
-def _inplace_argument(c: Candidate, call: cst.Call) -> bool:
-    """An `inplace` argument not visibly False: by keyword, or at its position in a torch.nn layer's constructor or
-    a torch.nn.functional function (INPLACE_POSITIONS)."""
-    if _inplace_keyword(call):
-        return True
-    dotted = c.parsed.imported_name(call.func) or ""
-    family, _, name = dotted.rpartition(".")
-    position = INPLACE_POSITIONS.get(name) if family in ("torch.nn", "torch.nn.functional") else None
-    positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
-    return position is not None and len(positional) > position and not _false(positional[position])
-
-
-def _false(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
+    return inplace_argument(c.parsed, value)
 
 
 def _helper_reads(c: Candidate, call: cst.CSTNode | None, node: cst.CSTNode) \
