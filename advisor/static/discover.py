@@ -62,7 +62,8 @@ def discover(paths: list[str], path_rules=None) -> tuple[list[str], list[ScanErr
     to /dev/zero never ends): the walk skips anything else, an explicit path gets an error entry saying what it is.
     Type stubs (.pyi) hold no code that runs, so they are never scanned: the walk skips them, an explicit one gets
     an error entry. Jupyter notebooks (.ipynb) are read as their code cells (advisor.static.notebook). Other
-    explicit files are kept whatever their name (scripts without `.py`). A walk reports the links it cannot
+    explicit files are kept whatever their name (scripts without `.py`); a walk takes `.pyw` files and files
+    without a suffix whose first line runs Python (`#!/usr/bin/env python3`). A walk reports the links it cannot
     follow: dangling `.py` links and link loops.
     `path_rules` (advisor.config.PathRules) excludes what its globs name from the walk, and, with force_exclude,
     explicit paths too (as Ruff's `exclude` and `force-exclude`)."""
@@ -105,7 +106,7 @@ def _file_kind(path: str) -> str:
 
 
 def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
-    """`.py` files under `root`, links followed. A link back to an enclosing folder, a link loop and a dangling
+    """`.py`, `.pyw` and `.ipynb` files and Python scripts without a suffix under `root`, links followed. A link back to an enclosing folder, a link loop and a dangling
     `.py` link are error entries; a second link to a folder already walked is walked once, silently."""
     found: list[str] = []
     visited: set[str] = set()
@@ -129,11 +130,24 @@ def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
             if excluded(candidate):
                 continue
             kind = _file_kind(candidate)
-            if name.endswith((".py", ".ipynb")) and kind == "regular file":
+            if kind == "regular file" and (name.endswith((".py", ".ipynb", ".pyw")) or _python_script(candidate)):
                 found.append(candidate)
             elif kind == LINK_LOOP or name.endswith(".py") and kind == BROKEN_LINK:
                 errors.append(ScanError(candidate, kind))
     return found
+
+
+def _python_script(path: str) -> bool:
+    """A file without a suffix whose first line runs Python (`#!/usr/bin/env python3`): an entry script, whose calls
+    count for the tree's facts as those of any module (breaker round 17: `bin/train` passed a padding mask)."""
+    if "." in os.path.basename(path):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(256)
+    except OSError:
+        return False
+    return first.startswith(b"#!") and b"python" in first
 
 
 def _encloses(folder: str, real_parent: str) -> bool:

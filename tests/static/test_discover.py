@@ -66,3 +66,32 @@ def test_a_caller_in_an_env_package_decides_what_is_proved(tmp_path):
                                                  "    return attend(q, q, q)[1].mean(dim=1)\n")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
     assert finding.fix_safety != "safe", finding.extra["facts"]
+
+
+MASKED_ATTEND = ("import torch\n\n\ndef attend(q, k, v, mask):\n    s = q @ k.transpose(-2, -1) * 0.5\n    s = s + mask\n"
+          "    return torch.softmax(s, dim=-1) @ v\n")
+CALLER = "import torch\nfrom attn import attend\n\n\ndef run(q, k, v):\n    return attend(q, k, v, {mask})\n"
+
+
+@pytest.mark.parametrize("script", ["bin/train", "tools/train.pyw"])
+def test_a_python_script_without_py_counts_for_call_site_facts(tmp_path, script):
+    """Breaker round 17: `bin/train` (a `#!/usr/bin/env python3` entry script) passed a mask swallowing a whole
+    row, and a proof from `model.py`'s call site alone made the patch safe (gradients 1.19 apart)."""
+    (tmp_path / "attn.py").write_text(MASKED_ATTEND)
+    (tmp_path / "model.py").write_text(CALLER.format(mask="torch.zeros(q.shape[0], 1, 1, k.shape[-2])"))
+
+    def safety() -> str:
+        [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1, cache=False).findings if f.path.endswith("attn.py")]
+        return finding.fix_safety
+
+    assert safety() == "safe"
+    (tmp_path / script).parent.mkdir()
+    (tmp_path / script).write_text("#!/usr/bin/env python3\n" + CALLER.format(mask="torch.full((1,), -1e9)"))
+    assert str(tmp_path / script) in discover([str(tmp_path)])[0]
+    assert safety() == "unsafe"
+
+
+def test_a_file_without_a_suffix_that_is_not_python_is_not_walked(tmp_path):
+    (tmp_path / "LICENSE").write_text("MIT\n")
+    (tmp_path / "run").write_text("#!/bin/sh\necho hi\n")
+    assert discover([str(tmp_path)])[0] == []

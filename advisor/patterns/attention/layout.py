@@ -29,6 +29,7 @@ from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim",
                  "chunk", "split", "unbind", "tensor_split", "narrow", "select", "diagonal", "flatten", "unflatten",
                  "expand_as"}  # the last ones return views (or tuples of views) of the input's storage as well
+PERMUTING = frozenset({"transpose", "permute", "mT", "T", "mH", "H", "swapaxes", "swapdims", "movedim", "moveaxis"})
 READS_STRIDES, KEEPS_STRIDES, VALUES_ONLY = "reads strides", "keeps strides", "values only"  # see _layout_use
 # what reads a tensor's memory layout, or builds a tensor from it
 STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "untyped_storage", "storage_offset",
@@ -41,6 +42,9 @@ ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "contiguous", 
                       "resolve_neg", "unfold", "movedim", "moveaxis", "swapdims", "mH", "H", "requires_grad_",
                       # casts and moves return the receiver itself where it already has that dtype or device
                       "to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda"}) | STRIDED_VIEWS
+# an array of another library over the tensor's memory: its writes are not followed, and autograd does not see them
+# (breaker round 17: `np.clip(y.detach().numpy(), ..., out=...)` changed what SDPA's backward read, silently)
+FOREIGN_VIEWS = frozenset({"numpy", "__array__", "__dlpack__", "__cuda_array_interface__"})
 NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
 # methods whose result is a fresh tensor of torch's default (contiguous) layout, or no tensor: the output's strides
 # end there; any other method may keep them (`.clamp`, `.flip`, `.nan_to_num`, `.real`: breaker round 14)
@@ -91,6 +95,7 @@ def layout_role(c: Candidate) -> None:
                            f"it or a view of it {written} (SDPA's kernels save their output for the backward)")
         return
     frontier, steps, reader = [match.output_node], 0, None
+    permuted: set[cst.CSTNode] = set()  # reached through a transpose or permute of the output
     entered: dict[cst.FunctionDef, cst.Call] = {}  # helpers followed into, each with the call that entered it
     while frontier and steps < MAX_CHAIN and reader is None:
         steps += 1
@@ -108,9 +113,12 @@ def layout_role(c: Candidate) -> None:
         if isinstance(parent, cst.Subscript) and parent.value is node or isinstance(parent, cst.UnaryOperation) or \
                 isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
             frontier.append(parent)  # `o[0]`, `-o`, `o if c else q`: the expression holds its strides
+            permuted.update((parent,) if node in permuted else ())
             continue
         for consumer, _ in consumers(c, node):
             use = _layout_use(c, consumer, node)
+            if use == VALUES_ONLY and node not in permuted and _may_view_strides(c, consumer, node):
+                use = KEEPS_STRIDES  # a reshape the strides allow is a view: `o.reshape(o.shape)` keeps SDPA's
             helper = _helper_reads(c, consumer, node) if use == READS_STRIDES else None
             if helper is not None:
                 entered[helper[0]] = consumer
@@ -120,11 +128,37 @@ def layout_role(c: Candidate) -> None:
                 reader = f"is read by `{short(c.parsed, where)}` at line {c.parsed.line(where)}"
             elif use == KEEPS_STRIDES:
                 frontier.append(consumer)
+                if node in permuted or _permutes(c, consumer, node):
+                    permuted.add(consumer)
     if reader is None:
         match.facts.proved("layout", "no `.view` or caller depends on the output's strides")
         return
     match.output_methods.append(("contiguous", ()))
     match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _permutes(c: Candidate, consumer: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """`o.transpose(1, 2)`, `o.mT`, `torch.permute(o, ...)`: heads moved back beside the sequence, after which a
+    reshape that merges them copies the patch's output as it does the original's product (breaker round 17: only
+    a reshape right on the output was a view of SDPA's strides)."""
+    if _method_on(consumer, node) in PERMUTING:
+        return True
+    dotted = (c.parsed.imported_name(consumer.func) or "") if isinstance(consumer, cst.Call) else ""
+    return dotted.startswith("torch.") and dotted.rsplit(".", 1)[-1] in PERMUTING
+
+
+def _may_view_strides(c: Candidate, consumer: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """A reshape right on the output that may be a view keeping SDPA's strides (breaker round 17: `o.reshape(
+    o.shape)`, shape-keeping, then a caller's `.view`). One to at most two dims is contiguous whether it copies or
+    views (SDPA's batch dim is outermost in every kernel's layout), so it ends the walk as a copy would."""
+    method = _method_on(consumer, node)
+    if method not in ("reshape", "reshape_as"):
+        return False
+    arguments = consumer.args if isinstance(consumer, cst.Call) and method == "reshape" else ()
+    shape = arguments[0].value.elements if len(arguments) == 1 and isinstance(arguments[0].value, (
+        cst.Tuple, cst.List)) else arguments
+    return not shape or len(shape) > 2 or any(getattr(a, "star", "") for a in shape) or \
+        len(arguments) == 1 and not isinstance(arguments[0].value, (cst.Tuple, cst.List, cst.Integer))
 
 
 def _written_in_place(c: Candidate) -> str | None:
@@ -296,6 +330,8 @@ def _write_of(c: Candidate, node: cst.CSTNode, parent: cst.CSTNode | None) -> cs
     if isinstance(parent, cst.Attribute) and parent.value is node and is_inplace_method(parent) and \
             parent.attr.value not in NOT_WRITES:
         return c.parsed.parents.get(parent)
+    if isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in FOREIGN_VIEWS:
+        return c.parsed.parents.get(parent)  # `y.detach().numpy()[0] = 0`: written where autograd cannot see
     if isinstance(parent, cst.AugAssign) and parent.target is node:
         return parent
     holder = c.parsed.parents.get(parent) if isinstance(parent, cst.Subscript) and parent.value is node else None
