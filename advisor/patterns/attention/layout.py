@@ -57,7 +57,8 @@ FRESH_LAYOUT = frozenset({"contiguous", "reshape", "reshape_as", "sum", "mean", 
 # autograd did not save; the patch may return SDPA's output, which its kernels save for the backward
 OUT_OF_SIGHT_WRITES = "output-writes"
 OUT_OF_SIGHT_WHY = ("as `out += x`, while autograd records the block makes the patch's backward raise (SDPA saves "
-                    "its output): a loud failure, not another value, and the forward's values are the original's")
+                    "its output): a loud failure, not another value, and the forward's values are the original's; "
+                    "a write autograd does not see (through `.data` or `.numpy()`) gives other gradients instead")
 # reads of a tensor's metadata, which no write of its values changes
 METADATA = frozenset({"size", "shape", "dim", "ndim", "numel", "dtype", "device", "is_floating_point", "is_cuda",
                       "element_size", "requires_grad"})
