@@ -96,7 +96,8 @@ def optimized(args, progress=lambda message: None, review=None, say=lambda messa
     result.report = os.path.join(report_dir, "report.html")
     result.notes += unchanged_flags(args, result)
     unapplied = [p for p in result.patches if p.verified and not p.applied]
-    result.apply_command = apply_command(args) if unapplied and not options.apply else None
+    observed = any(p.discharged == "observed" for p in unapplied) and not options.unsafe_fixes
+    result.apply_command = apply_command(args, observed) if unapplied and (observed or not options.apply) else None
     _write_reports(result, report_dir)
     return result
 
@@ -147,12 +148,14 @@ def unchanged_flags(args, result: OptimizeReport) -> list[str]:
     return lines
 
 
-def apply_command(args) -> str:
-    """The command line of this run with `--apply` added (before a script's `--`): what writes its verified
-    patches. It runs the verification again; only what verifies then is written."""
+def apply_command(args, observed: bool = False) -> str:
+    """The command line of this run with `--apply` added (before a script's `--`), and `--unsafe-fixes` where a
+    verified patch rests on facts observed in the run: what writes its verified patches. It runs the verification
+    again; only what verifies then is written."""
     words = list(args.argv)
     at = words.index("--") if "--" in words else len(words)
-    return "advisor " + shlex.join(words[:at] + ["--apply"] + words[at:])
+    added = [flag for flag, wanted in (("--apply", True), ("--unsafe-fixes", observed)) if wanted and flag not in words]
+    return "advisor " + shlex.join(words[:at] + added + words[at:])
 
 
 def _write_reports(result: OptimizeReport, folder: str) -> None:

@@ -26,7 +26,7 @@ from advisor.verify.report_folder import ReportFolder
 from advisor.rewrite.patch import WriteRefused, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
-from advisor.static.discover import read_source
+from advisor.static.discover import is_library_file, read_source
 from advisor.static.tree_facts import TreeContext, tree_wide_facts
 from advisor.verify.overlay import original_path
 from advisor.verify.messages import (AutogradRequests, Export, InputSet, Inputs, Load, Loaded, MemoryPeak,
@@ -275,17 +275,20 @@ def combined_text(chosen: list[PatchCandidate]) -> str:
 
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
                        observations: Callable[[], RuntimeEvidence] | None = None,
-                       call_site_facts: bool = True, autograd_requests: list[str] = ()) -> dict[str, PatchCandidate]:
+                       call_site_facts: bool = True, autograd_requests: list[str] = (),
+                       scripts: list[str] = ()) -> dict[str, PatchCandidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
     blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
-    `call_site_facts`, those files' calls may prove facts of the functions they call. Those files are the scanned
-    tree for what is asked of autograd too, with `autograd_requests`: what the run was seen asking."""
+    `call_site_facts`, those files' calls may prove facts of the functions they call. Those files and `scripts`
+    (the script the command runs, which may run no op of its own) are the scanned tree for what is asked of
+    autograd too, with `autograd_requests`: what the run was seen asking."""
     candidates: dict[str, PatchCandidate] = {}
     # hooks on every module, and what the files ask of autograd
-    project, tree_facts = tree_wide_facts(files, call_site_facts)
+    context = sorted({*files, *scripts})
+    project, tree_facts = tree_wide_facts(context, call_site_facts)
     tree = TreeContext(project, tree_facts.with_observed(list(autograd_requests)),
-                       Tree(list(files)) if call_site_facts else None)
+                       Tree(context) if call_site_facts else None)
     for path in files:
         source = read_source(path)
         if not hasattr(source, "text") or not might_match(source.text):
@@ -383,6 +386,14 @@ def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]
     return None
 
 
+def script_files(command: list[str] | None) -> list[str]:
+    """The Python files a script-mode command names (`python train.py --steps 3`: train.py): read for the tree's
+    facts, since the script may ask autograd for double backward around a model of another file (breaker round
+    17: a gradient penalty in train.py, and the patch of model.py raised there)."""
+    return [os.path.realpath(word) for word in command or () if word.endswith((".py", ".pyw")) and
+            os.path.isfile(word)]
+
+
 def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> OptimizeReport:
     report = ReportFolder(options.report_dir)
     try:
@@ -398,7 +409,8 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
         session.candidates = collect_candidates(session.profile_before.files, options.unsafe_fixes,
                                                 options.backend,
                                                 session.observations if session.nondeterministic is None else None,
-                                                options.call_site_facts, session.autograd_requests)
+                                                options.call_site_facts, session.autograd_requests,
+                                                script_files(options.script))
         set_aside_unexercised(session.candidates, session.profile_before.lines)
         for pid, candidate in session.candidates.items():
             preferred = trials.get(candidate.fallback_for)
@@ -491,16 +503,32 @@ def _review_item(session: Session, pid: str, trial: Trial) -> dict:
             "speedup_ci": trial.paired.speedup_ci(), "max_abs_err": trial.parity.max_abs_err}
 
 
+# breaker round 17: three recorded calls without a padded row, then the script's own later batches had one
+OBSERVED_NOT_WRITTEN = ("verified on this workload, not proved: its facts held on the recorded calls only, and "
+                        "`--apply` writes such a patch with `--unsafe-fixes` alone")
+
+
+def is_observed(finding: Finding) -> bool:
+    """An unsafe patch tried because its facts held on every recorded call (not proved for other inputs)."""
+    return finding.extra.get("discharged") == "observed"
+
+
 def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[str, tuple[bool, str | None, str | None]]:
-    """With --apply: each file's verified patches in one atomic write under --root; outside it (an installed
-    package), the verified diff goes to the report folder. pid -> (applied, written_to, reason)."""
+    """With --apply: each file's verified patches in one atomic write under --root (those verified on the workload
+    alone, `is_observed`, only with --unsafe-fixes); outside it, or in an installed
+    package (a `site-packages` folder, also one of a virtual environment inside the root: breaker round 17), the
+    verified diff goes to the report folder. pid -> (applied, written_to, reason)."""
     if not o.apply:
         return {}
     root = os.path.realpath(o.root)
     outcome = {}
+    held = [pid for pid in ids if not o.unsafe_fixes and is_observed(session.candidates[pid].finding)]
+    outcome.update({pid: (False, None, OBSERVED_NOT_WRITTEN) for pid in held})
+    ids = tuple(pid for pid in ids if pid not in held)
     for path, chosen in session.by_file(ids).items():
         text, source = combined_text(chosen), chosen[0].source
-        if os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep):  # `--root /` too
+        installed = is_library_file(os.path.realpath(path))
+        if os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep) and not installed:  # `--root /` too
             try:
                 write_atomically(path, source, text, force_readonly=o.force_readonly)
                 result = (True, path, None)
@@ -509,8 +537,8 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
         else:
             diff_name = "patches/" + os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff"
             diff_path = session.report.write_text(diff_name, unified_diff(relative_path(path), source, text))
-            result = (False, diff_path, f"outside --root {display_path(o.root)}: the verified diff was written to "
-                                        f"{diff_path}")
+            where = "in an installed package" if installed else f"outside --root {display_path(o.root)}"
+            result = (False, diff_path, f"{where}: the verified diff was written to {diff_path}")
         outcome.update({c.id: result for c in chosen})
     return outcome
 

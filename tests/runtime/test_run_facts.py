@@ -223,11 +223,21 @@ def test_fix_with_profile_never_applies_an_observed_patch(tmp_path, capsys):
 
 
 # -- optimize -----------------------------------------------------------------------------------------------------
-def _optimize(tmp_path, capsys, function):
+def _optimize(tmp_path, capsys, function, *flags):
     shutil.copyfile(PADDING, tmp_path / "padding_mask.py")
     main(["optimize", f"{tmp_path / 'padding_mask.py'}:{function}", "--format", "json", "--timing-budget", "0.5",
-          "--report", str(tmp_path / "report")])
+          "--report", str(tmp_path / "report"), "--root", str(tmp_path), *flags])
     return json.loads(capsys.readouterr().out)
+
+
+def test_apply_writes_an_observed_patch_only_with_unsafe_fixes(tmp_path, capsys):
+    """Breaker round 17: a script's first three calls had no padded row, its later batches did, and `--apply`
+    wrote the patch verified on those three (gradients 0.29 apart on the fifth batch)."""
+    result = _optimize(tmp_path, capsys, "workload", "--apply")
+    [added] = [patch for patch in result["patches"] if patch["discharged"] == "observed"]
+    assert not added["applied"]
+    if added["verified"]:  # else (no gain on this machine) nothing would have been written anyway
+        assert "--unsafe-fixes" in added["reason"] and "--unsafe-fixes" in result["apply_command"]
 
 
 def test_optimize_tries_a_padding_mask_patch_without_unsafe_fixes_and_labels_it(tmp_path, capsys):

@@ -260,7 +260,8 @@ def test_a_read_only_file_is_reported_by_name_and_the_others_are_still_written(t
     for path in paths.values():
         path.write_text("x = 1\n")
     os.chmod(paths["b"], stat.S_IRUSR | stat.S_IRGRP)
-    candidates = {name: SimpleNamespace(id=name, path=str(path), source="x = 1\n", patched="x = 2\n")
+    candidates = {name: SimpleNamespace(id=name, path=str(path), source="x = 1\n", patched="x = 2\n",
+                                         finding=SimpleNamespace(extra={}))
                   for name, path in paths.items()}
     session = SimpleNamespace(candidates=candidates,
                               by_file=lambda ids: {candidates[i].path: [candidates[i]] for i in ids})
@@ -273,3 +274,18 @@ def test_a_read_only_file_is_reported_by_name_and_the_others_are_still_written(t
     outcome = apply_patches(session, ("b",), dataclasses.replace(options, force_readonly=True, root=os.sep))
     assert outcome["b"][0] and paths["b"].read_text() == "x = 2\n"
     assert stat.S_IMODE(os.stat(paths["b"]).st_mode) == stat.S_IRUSR | stat.S_IRGRP
+
+
+def test_a_virtual_environment_inside_the_root_is_never_edited(tmp_path, capsys):
+    """Breaker round 17: with the project's `.venv` under --root (the default, the current directory), `--apply`
+    rewrote the installed package's file in `.venv/.../site-packages`; its verified diff goes to the report folder."""
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    model = write_model(site)
+    fingerprint = digest(model)
+    code, result, _ = run_json(capsys, f"{model}:workload", "--apply", "--root", str(tmp_path), "--report",
+                               str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert patch["verdict"] == "verified", patch["reason"]
+    assert code == 1 and not patch["applied"] and "installed package" in patch["reason"]
+    assert digest(model) == fingerprint and Path(patch["written_to"]).read_text().startswith("--- a/")

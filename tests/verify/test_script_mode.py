@@ -210,3 +210,23 @@ def test_the_script_sees_its_argv_as_the_command_spelled_it(tmp_path, monkeypatc
     _execute(command, command.path, None, None)
     argv, file = sys.modules["__main__"].seen
     assert argv == ["../s.py", "a", "b c"] and file == str(tmp_path / "s.py")
+
+
+def test_the_script_a_command_runs_is_read_for_double_backward(tmp_path, monkeypatch):
+    """Breaker round 17: train.py took a gradient penalty (`create_graph=True`) through model.py's attention, but
+    only the files the profile saw running were read for autograd requests: the patch was safe, `--apply` wrote
+    it, and train.py then raised (SDPA's fused kernels have no double backward)."""
+    from advisor.verify.optimize_pipeline import collect_candidates, script_files
+
+    model = tmp_path / "model.py"
+    shutil.copy(Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "positive" / "01_nanogpt_causal.py",
+                model)
+    (tmp_path / "train.py").write_text("import torch\nfrom model import make\n\n\nm, x = make()\nx.requires_grad_()\n"
+                                       "g, = torch.autograd.grad(m(x).sum(), x, create_graph=True)\n"
+                                       "g.pow(2).sum().backward()\n")
+    monkeypatch.chdir(tmp_path)
+    assert script_files(["python", "train.py", "--steps", "3"]) == [str((tmp_path / "train.py").resolve())]
+    alone = collect_candidates([str(model)], unsafe_fixes=False)
+    read = collect_candidates([str(model)], unsafe_fixes=False, scripts=script_files(["python", "train.py"]))
+    assert [c.finding.fix_safety for c in alone.values()] == ["safe"]
+    assert [c.finding.fix_safety for c in read.values()] == ["unsafe"]
