@@ -290,3 +290,13 @@ def test_a_virtual_environment_inside_the_root_is_never_edited(tmp_path, capsys)
     if patch["verdict"] == "verified":  # else (no measurable gain on a loaded machine) nothing is written anyway
         assert code == 1 and "installed package" in patch["reason"]
         assert Path(patch["written_to"]).read_text().startswith("--- a/")
+
+
+def test_a_patch_whose_outputs_parity_cannot_read_is_not_verified(tmp_path, capsys):
+    """Breaker round 17: a forward returning an object of its own class (`Out(hidden)`) was `verified` with
+    `outputs_compared: 0`: no evidence at all. Parity now fails where it compared no tensor."""
+    model = write_model(tmp_path, module_prelude="class Out:\n    def __init__(self, h):\n        self.hidden = h",
+                        forward_epilogue="out = Out(out)")
+    code, result, _ = run_json(capsys, f"{model}:workload", "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert patch["verdict"] == "parity-failed" and "no output tensor was compared" in patch["reason"], patch
