@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns.copy_cast_roles import calls_in
 from advisor.patterns.inplace_args import inplace_argument
 from advisor.patterns.scope import outer_names
 from advisor.static.dataflow import loaded_names
@@ -32,8 +33,9 @@ REDUCING_UNLESS_PAIRED = frozenset({"max", "min"})
 # the torch namespaces whose functions compute tensors from their arguments; another (`torch.utils.checkpoint`,
 # `torch.func`) runs a callable of the user on them, whose use of them is not seen
 VALUE_NAMESPACES = frozenset({"torch", "torch.nn.functional", "torch.linalg", "torch.special", "torch.fft"})
-# nodes whose use of a value reads its values only: a discarded expression, a condition, an f-string, an index
-VALUE_ONLY_PARENTS = (cst.Expr, cst.If, cst.While, cst.Assert, cst.FormattedStringExpression, cst.Index,
+# nodes whose use of a value reads its values only: a discarded expression, a condition (an `IfExp`'s branches are
+# followed above), an f-string, an index
+VALUE_ONLY_PARENTS = (cst.Expr, cst.If, cst.While, cst.IfExp, cst.Assert, cst.FormattedStringExpression, cst.Index,
                       cst.SubscriptElement, cst.Del)
 # where a read runs later than the statement holding it, once the copy's input may have changed
 DEFERRED = (cst.Lambda, cst.GeneratorExp, cst.FunctionDef, cst.ClassDef)
@@ -100,8 +102,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             pending.append(parent)
         elif isinstance(parent, (cst.For, cst.CompFor)) and parent.iter is node:
             return f"it is iterated at line {parsed.line(parent)}, which yields views of it"
-        elif not isinstance(parent, VALUE_ONLY_PARENTS + (cst.IfExp,)) or \
-                isinstance(parent, (cst.If, cst.While, cst.IfExp)) and parent.test is not node:
+        elif not isinstance(parent, VALUE_ONLY_PARENTS):
             return f"it is used by `{_shown(parsed, parent)}` at line {parsed.line(node)}, which is not followed"
     return None
 
@@ -165,8 +166,8 @@ def written_by_a_callee(parsed: ParsedModule, function: cst.FunctionDef, copied:
         return "the copy's input is not a name or an attribute"
     flow = parsed.flow(function)
     local = isinstance(root, cst.Name) and root.value != "self" and not flow.sees_undefined(root) and \
-        flow.definitions_of(root)
-    for call in _calls(function):
+        bool(flow.definitions_of(root))
+    for call in calls_in(function.body):
         callee = parsed.imported_name(call.func) or ""
         if callee.startswith("torch.") or callee in SCALAR_BUILTINS:
             continue
@@ -196,17 +197,6 @@ def _root(node: cst.BaseExpression) -> cst.BaseExpression | None:
             return node
         else:
             return None
-
-
-def _calls(function: cst.FunctionDef) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            found.append(node)
-
-    walk(function.body, Visitor())
-    return found
 
 
 class _InPlace(cst.CSTVisitor):

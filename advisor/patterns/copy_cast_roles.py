@@ -133,13 +133,14 @@ def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.
     while node is not None and node is not reading:
         chain.add(node)
         node = parsed.parents.get(node)
-    if any(call not in chain for call in _calls_in(reading)) or \
+    if any(call not in chain for call in calls_in(reading)) or \
             any(isinstance(node, (cst.Lambda, cst.GeneratorExp)) for node in chain):
         return None  # a lambda or a generator reads the name when it runs, after a later rebinding (breaker round 17)
     return definitions[0].value
 
 
-def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    """Every call in `node`, nested ones included."""
     collector = _CallCollector()
     walk(node, collector)
     return collector.calls

@@ -106,8 +106,9 @@ def _file_kind(path: str) -> str:
 
 
 def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
-    """`.py`, `.pyw` and `.ipynb` files and Python scripts without a suffix under `root`, links followed. A link back to an enclosing folder, a link loop and a dangling
-    `.py` link are error entries; a second link to a folder already walked is walked once, silently."""
+    """`.py`, `.pyw` and `.ipynb` files and Python scripts without a suffix under `root`, links followed. A link back
+    to an enclosing folder, a link loop and a dangling `.py` link are error entries; a second link to a folder
+    already walked is walked once, silently."""
     found: list[str] = []
     visited: set[str] = set()
 

@@ -22,6 +22,7 @@ from advisor.contracts.finding import Finding, display_path, relative_path
 from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
 from advisor.results import OptimizeReport, PatchVerdict
+from advisor.script import parse_command
 from advisor.verify.report_folder import ReportFolder
 from advisor.rewrite.patch import WriteRefused, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
@@ -391,11 +392,12 @@ def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]
 
 
 def script_files(command: list[str] | None) -> list[str]:
-    """The Python files a script-mode command names (`python train.py --steps 3`: train.py): read for the tree's
-    facts, since the script may ask autograd for double backward around a model of another file (breaker round
-    17: a gradient penalty in train.py, and the patch of model.py raised there)."""
-    return [os.path.realpath(word) for word in command or () if word.endswith((".py", ".pyw")) and
-            os.path.isfile(word)]
+    """The script a script-mode command runs (`python train.py --steps 3`: train.py; none for `-m module`, which
+    only the worker may look up): read for the tree's facts, since the script may ask autograd for double backward
+    around a model of another file (breaker round 17: a gradient penalty in train.py, and the patch of model.py
+    raised there)."""
+    path = parse_command(command).path if command else None
+    return [os.path.realpath(path)] if path is not None else []
 
 
 def optimize(options: Options, progress: Callable[[str], None] = lambda _: None) -> OptimizeReport:
