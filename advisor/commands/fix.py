@@ -64,75 +64,46 @@ def _print_report(args, console, report: FixReport, failures: list[FileFix]) -> 
         console.print(f"advisor: {written} file(s) rewritten, {report.remaining} finding(s) remain{not_written}")
 
 
-APPLY_ROUNDS = 4  # fixes nested in one expression (`x.float().float().contiguous().contiguous()`) take a round each
-
-
 def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport, ScanResult]:
     """The fixes of the scanned files (the CLI's and advisor.fix's one path): each file's applicable fixes (safe,
     and unsafe with args.unsafe_fixes), or those `ask(findings) -> (chosen, quit)` picks, applied together by the
     rewrite layer and written when args.apply. Returns the report and the scan it came from (for the exit code).
-    With args.apply, the tree is scanned again (the cache keeps the unchanged files' results) while a round writes
-    something, up to APPLY_ROUNDS: a fix nested in another's expression waits for the next round, and one fix may
-    make another (`x.contiguous().float().contiguous().float()`: the copy removed, two casts meet), so a second
-    `fix --apply` then changes nothing (breaker rounds 14 and 16)."""
-    report, result, results, texts = _fix_round(args, ask, on_scanned)
-    for _ in range(APPLY_ROUNDS - 1):
-        if not args.apply or ask is not None or not any(file.written for file in report.files):
-            break
-        again, result, _, newer = _fix_round(args, None, lambda scanned: None)
-        if not any(file.written for file in again.files):
-            report = FixReport(1, report.files_scanned, report.applied, report.files, again.remaining, report.errors)
-            break
-        texts.update(newer)
-        files = {file.path: file for file in report.files} | {file.path: file for file in again.files if file.written}
-        for path, file in files.items():  # one diff from the text first read to the text last written
-            if path in results and path in texts and file.written:
-                file.diff = _diff(results[path], texts[path])
-        report = FixReport(1, again.files_scanned, True, list(files.values()), again.remaining, report.errors)
-    return report, result
-
-
-def _fix_round(args, ask, on_scanned) -> tuple[FixReport, ScanResult, dict, dict]:
-    """One scan and its fixes; also each fixed file's scan result and new text, by path."""
+    Each file's fixes are applied until they settle, in memory, before anything is shown or written
+    (engine.static.FIX_ROUNDS): the diff shown is what `--apply` writes, in one write a file."""
     runtime = _profiled(args.profile) if args.profile else None
     interactive = ask is not None
     result = run_scan(args, runtime=runtime, patches=interactive, fixed=not interactive,
                       jobs=1 if interactive else None)
     on_scanned(result)
-    remaining, files, results, texts = 0, [], {}, {}
+    remaining, files = 0, []
     quit_requested = False
     written: set[str] = set()
     for file in result.files:
         if runtime is not None and not args.unsafe_fixes and not args.quiet:
             _note_observed(file.findings, args.profile)
         applicable = file.applicable(args.unsafe_fixes)
-        remaining += len(file.findings) - len(applicable)
-        if not applicable:
-            continue
-        if interactive and quit_requested:
-            remaining += len(applicable)
+        if not applicable or (interactive and quit_requested):
+            remaining += len(file.findings)
             continue
         chosen = applicable
         if interactive:
             chosen, quit_requested = ask(applicable)
-            remaining += len(applicable) - len(chosen)
         outcome = file.fixed_with(chosen) if interactive else file.applied
         fixed = FileFix(file.path, "", problems=list(outcome.problems))
+        left = len(file.findings)
         try:
             fixed.diff = _diff(file, outcome.text)
-            if not (args.apply or interactive):
-                remaining += len(applicable)
-            else:
-                remaining += outcome.not_applied
+            if args.apply or interactive:
                 fixed.written = _write(file, outcome.text, args, written) if outcome.text != file.source else None
+                left = outcome.left if outcome.left is not None else \
+                    len(file.findings) - len(chosen) + outcome.not_applied
         except AdvisorError as exc:
             fixed.error = str(exc)
-            remaining += len(chosen)
+        remaining += left
         if outcome.text != file.source or fixed.error:
             files.append(fixed)
-            results[file.path], texts[file.path] = file, outcome.text
     report = FixReport(1, len(result.files), bool(args.apply or interactive), files, remaining, result.errors)
-    return report, result, results, texts
+    return report, result
 
 
 def _diff(file, new_text: str) -> str:

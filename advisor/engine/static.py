@@ -27,7 +27,7 @@ from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
 from advisor.static.collector import collector_paused
-from advisor.static.discover import discover, is_library_file, read_source
+from advisor.static.discover import SourceFile, discover, is_library_file, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
 from advisor.static.python_ast import python_tree
@@ -46,6 +46,7 @@ class Applied:
     text: str
     problems: list[str] = field(default_factory=list)
     not_applied: int = 0  # chosen fixes left out
+    left: int | None = None  # once settled (`_settle`): the findings `text` still has that no applied fix removes
 
 
 @dataclass
@@ -312,8 +313,9 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
             result = _analyze_file(path, unsafe_fixes, select, ignore, backend, runtime, patches, tree)
-            if fixed and isinstance(result, FileResult):
-                result.applied  # noqa: B018 - computed here, where the node edits are
+            if fixed and isinstance(result, FileResult):  # computed here, where the node edits are
+                _settle(result, lambda text: _analyze_code(SourceFile(path, text), unsafe_fixes, select, ignore,
+                                                           backend, None, False, tree))
             return result
     except RecursionError:
         return ScanError(path, "too deeply nested to analyse (the interpreter's recursion limit was reached)")
@@ -322,6 +324,27 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
     except Exception as exc:  # noqa: BLE001 - a bug of ours on one file must not stop the scan
         return ScanError(path, f"internal error while analysing ({type(exc).__name__}: {exc}); please report it",
                          internal=True)
+
+
+FIX_ROUNDS = 4  # fixes nested in one expression (`x.float().float().contiguous().contiguous()`) take a round each
+
+
+def _settle(result: FileResult, analyze) -> None:
+    """Apply the file's fixes until they settle, on the text in memory: a fix nested in another's expression waits
+    for the next round, and one fix may make another (`x.contiguous().float().contiguous().float()`: the copy
+    removed, two casts meet). So `fix` shows what `--apply` writes and a second run changes nothing (breaker rounds
+    14 and 16). `analyze(text)` reads the text again: statically, since a profile's lines are those of the text
+    it ran."""
+    current, last, applied = result.source, result, result.applied
+    for _ in range(FIX_ROUNDS - 1):
+        if applied.text == current:
+            break
+        again = analyze(applied.text)
+        if not isinstance(again, FileResult):
+            break
+        current, last, applied = applied.text, again, again.applied
+    applied.left = len(last.findings) - len(last.applicable()) + applied.not_applied
+    result._applied = applied
 
 
 def _analyze_file(path: str, unsafe_fixes: bool, select, ignore, backend: str,

@@ -95,9 +95,13 @@ def test_fixes_nested_in_one_expression_settle_in_one_apply(capsys, workdir, cha
     to settle, and a pre-commit hook failing each commit); one run now applies them all, the next changes nothing."""
     target = workdir / "m.py"
     target.write_text(f"import torch\n\n\ndef g(x):\n    return {chain}\n")
+    code, preview, _ = run_cli(capsys, "fix", "m.py")
     code, out, _ = run_cli(capsys, "fix", "m.py", "--apply")
     after = target.read_text()
     assert code == 0 and settled in after
+    # breaker round 16: the preview showed one round, `--apply` wrote four; the diff shown is the text written
+    assert [line[1:] for line in preview.splitlines() if line.startswith("+") and not line.startswith("+++")] == \
+        [line for line in after.splitlines() if line.strip().startswith(("return", "a ="))]
     code, out, _ = run_cli(capsys, "fix", "m.py", "--apply")
     assert code == 0 and target.read_text() == after and "0 file(s) rewritten" in out
 
