@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from advisor.errors import AdvisorError
+from advisor.runtime.autocast_state import Autocast, recorded
 from advisor.workload import Workload
 
 
@@ -32,6 +33,7 @@ class EnoughCalls(BaseException):
 class Call:
     args: tuple
     kwargs: dict
+    autocast: Autocast = ()  # the autocast regions the call ran in
 
 
 @dataclass
@@ -54,11 +56,13 @@ class Captured:
         return owners[0], self.calls[id(owners[0])]
 
     def workload(self, steps: int = 5) -> Workload:
-        """The model with the inputs of its first recorded call, on the device of its parameters."""
+        """The model with the inputs of its first recorded call, on the device of its parameters, under the
+        autocast regions that call ran in."""
         model, calls = self.model()
         parameter = next(iter(model.parameters()), None)
         device = str(parameter.device) if parameter is not None else None
-        return Workload(model=model, args=calls[0].args, kwargs=calls[0].kwargs, device=device, steps=steps)
+        return Workload(model=model, args=calls[0].args, kwargs=calls[0].kwargs, device=device, steps=steps,
+                        autocast=calls[0].autocast)
 
 
 class capture:  # noqa: N801 - used as `with advisor.capture():`, like torch.no_grad
@@ -103,7 +107,7 @@ class capture:  # noqa: N801 - used as `with advisor.capture():`, like torch.no_
         if calls is None:
             captured.modules.append(module)
             calls = captured.calls[id(module)] = []
-        calls.append(Call(_copy(args), _copy(kwargs)))
+        calls.append(Call(_copy(args), _copy(kwargs), recorded()))
         if self.limit is not None and len(calls) >= self.limit and _owns_parameters(module):
             self.stopped = True
             raise EnoughCalls

@@ -17,3 +17,4 @@ class Workload:
     dtype: Any = None
     seed: int = 0
     steps: int = 5
+    autocast: tuple = ()  # advisor.runtime.autocast_state.Autocast: the regions each call of the model runs in

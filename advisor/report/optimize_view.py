@@ -225,6 +225,8 @@ def environment_rows(result: dict) -> list[tuple[str, str]]:
     env = result.get("environment") or {}
     kernels = env.get("sdpa_kernels") or {}
     rows = [(key, printable(env.get(key, NONE))) for key in ("torch", "python", "device", "dtype", "threads")]
+    if env.get("autocast"):
+        rows.append(("autocast", printable(env["autocast"])))
     if result.get("mode"):
         rows.append(("mode", printable(result["mode"])))
     if env.get("peak_memory_method"):

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from advisor.errors import AdvisorError
+from advisor.runtime.autocast_state import Autocast, replayed
 from advisor.workload import Workload
 
 
@@ -21,6 +22,7 @@ class PreparedStep:
     dtype: torch.dtype | None
     sync: Callable[[], None]
     train: bool = False
+    autocast: Autocast = ()  # replayed around every forward (the workload's)
 
 
 def resolve_device(requested: str | None) -> torch.device:
@@ -47,7 +49,8 @@ def prepare(workload: Workload, device: str | None = None, dtype: str | torch.dt
     sync = torch.cuda.synchronize if target_device.type == "cuda" else (lambda: None)
 
     def forward():
-        return model(*args, **kwargs)
+        with replayed(workload.autocast):
+            return model(*args, **kwargs)
 
     if not train:
         def step():
@@ -67,7 +70,8 @@ def prepare(workload: Workload, device: str | None = None, dtype: str | torch.dt
                 model.zero_grad(set_to_none=True)
             return loss
         recorded_forward = forward
-    return PreparedStep(model, recorded_forward, step, target_device, target_dtype, sync, train)
+    return PreparedStep(model, recorded_forward, step, target_device, target_dtype, sync, train,
+                        tuple(workload.autocast))
 
 
 def check_runs(prepared: PreparedStep, target: str) -> None:

@@ -174,6 +174,7 @@ class Loaded:
     device: str
     inputs: int | None  # script mode: how many model calls were recorded
     dtype: str
+    autocast: tuple = ()  # advisor.runtime.autocast_state.Autocast: the regions the model's calls run in
 
 
 @dataclass(frozen=True)

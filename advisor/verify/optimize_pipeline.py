@@ -33,6 +33,7 @@ from advisor.verify.overlay import original_path
 from advisor.verify.messages import (AutogradRequests, Export, InputSet, Inputs, Load, Loaded, MemoryPeak,
                                      ModelState, Observe, OpTotal, PeakMemory, Profile, Profiled, Run, RunOutputs,
                                      StateKeys, Time)
+from advisor.runtime.autocast_state import described, least_precise
 from advisor.verify.parity import Comparison, compare
 from advisor.verify.process import DEFAULT_TIMEOUT_S, WorkerFailed, WorkerProcess, start_worker
 from advisor.verify.ab_timing import Paired, interleave, summary
@@ -153,6 +154,10 @@ class Session:
         self.state = self.original.call(Export())
         self.autograd_requests = self.original.call(AutogradRequests())
         self.inputs = [None]
+        if self.info.autocast:
+            self.notes.append(f"the model's calls ran under {described(self.info.autocast)}: every run of either side "
+                              f"replays it, and parity allows {str(self.computed_in).replace('torch.', '')}'s "
+                              "rounding")
         if self.info.captured:
             self.notes.append(self.info.captured)
             self.inputs += [self.original.call(Inputs(index)) for index in range(1, self.info.inputs)]
@@ -168,6 +173,11 @@ class Session:
                               "(NaN on both sides counts as equal)")
         self._check_determinism()
         return self.info
+
+    @property
+    def computed_in(self):
+        """The least precise dtype of the autocast regions the model's calls ran in (parity's tolerance), if any."""
+        return least_precise(self.info.autocast)
 
     def profile(self, worker: WorkerProcess, trace_name: str) -> Profiled:
         """The worker's profile; its Chrome trace is written in this session's private folder, then copied into the
@@ -200,12 +210,14 @@ class Session:
 
     def _check_determinism(self) -> None:
         """Patches are only judged on a model that repeats itself with the same inputs and RNG seed."""
-        again = compare(self.references[0].tree(), self.run(self.original, None).tree())
+        again = compare(self.references[0].tree(), self.run(self.original, None).tree(),
+                        computed_in=self.computed_in)
         if not again.ok:
             self.nondeterministic = ("the original model is not deterministic: two runs on the same inputs and RNG "
                                      f"seed differ ({again.failures[0]}; max abs {again.max_abs_err:.3g})")
             return
-        if not compare(self.references[0].tree(), self.run(self.original, None, rng_seed=1).tree()).ok:
+        if not compare(self.references[0].tree(), self.run(self.original, None, rng_seed=1).tree(),
+                       computed_in=self.computed_in).ok:
             self.notes.append("the model draws random numbers in eval mode: both sides are compared with the same "
                               "RNG seed")
 
@@ -228,7 +240,8 @@ class Session:
             trial.state_dict = loaded.state_dict
             trial.parity = Comparison()
             for inputs, reference in zip(self.inputs, self.references):
-                trial.parity.merge(compare(reference.tree(), self.run(trial.worker, inputs).tree()))
+                trial.parity.merge(compare(reference.tree(), self.run(trial.worker, inputs).tree(),
+                                           computed_in=self.computed_in))
             if trial.parity.outputs_compared == 0:  # breaker round 17: a custom output object, verified on nothing
                 skipped = ", ".join(trial.parity.skipped) or "none"
                 trial.parity.failures.append(f"no output tensor was compared (not compared: {skipped}): parity "
@@ -460,6 +473,7 @@ def _result(session: Session, info: Loaded, trials: dict[str, Trial], final: Tri
     return OptimizeReport(
         version=1, target=o.target,
         environment={"torch": torch.__version__, "device": info.device, "dtype": info.dtype,
+                     "autocast": described(info.autocast) or None,
                      "threads": torch.get_num_threads(), "python": platform.python_version(),
                      "peak_memory_method": before_peak.method,
                      "sdpa_kernels": {"before": _sdpa_ops(ops_before), "after": _sdpa_ops(ops_after)}},

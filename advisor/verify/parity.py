@@ -1,6 +1,7 @@
 """Compare two sides' outputs structurally: tensors, tuples/lists, dicts (and HF ModelOutputs, which are dicts).
 
-Tolerances follow the tensor's dtype. An element passes when |patched - original| <= atol * s + rtol * |original|,
+Tolerances follow the tensor's dtype, or the dtype the model computed in where that is less precise (a float32
+output of a model run under bfloat16 autocast). An element passes when |patched - original| <= atol * s + rtol * |original|,
 where s = max(1, max |original| of that tensor): rounding error scales with the magnitudes summed into a value
 (gradients of a summed loss reach hundreds), so the absolute tolerance is relative to the tensor's scale, never
 below atol. The relative error reported is |diff| / max(|original|, atol * s), so elements near zero do not
@@ -66,25 +67,26 @@ class Comparison:
         self.skipped += [s for s in other.skipped if s not in self.skipped]
 
 
-def compare(original, patched, where: str = "output") -> Comparison:
+def compare(original, patched, where: str = "output", computed_in: torch.dtype | None = None) -> Comparison:
+    """`computed_in`: the least precise dtype the model computed in (an autocast region's), if any."""
     result = Comparison()
-    _compare(original, patched, where, result)
+    _compare(original, patched, where, result, computed_in)
     return result
 
 
-def _compare(a, b, where: str, result: Comparison) -> None:
+def _compare(a, b, where: str, result: Comparison, computed_in: torch.dtype | None) -> None:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        _compare_tensors(a, b, where, result)
+        _compare_tensors(a, b, where, result, computed_in)
     elif isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
             result.failures.append(f"{where}: keys differ ({sorted(a.keys() ^ b.keys())})")
         for key in a.keys() & b.keys():
-            _compare(a[key], b[key], f"{where}.{key}", result)
+            _compare(a[key], b[key], f"{where}.{key}", result, computed_in)
     elif isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             result.failures.append(f"{where}: {len(a)} items vs {len(b)}")
         for i, (x, y) in enumerate(zip(a, b)):
-            _compare(x, y, f"{where}[{i}]", result)
+            _compare(x, y, f"{where}[{i}]", result, computed_in)
     elif isinstance(a, Skipped) and isinstance(b, Skipped) and a == b:
         if f"{where} ({a})" not in result.skipped:
             result.skipped.append(f"{where} ({a})")
@@ -92,7 +94,8 @@ def _compare(a, b, where: str, result: Comparison) -> None:
         result.failures.append(f"{where}: {_describe(a)} vs {_describe(b)}")
 
 
-def _compare_tensors(a: torch.Tensor, b: torch.Tensor, where: str, result: Comparison) -> None:
+def _compare_tensors(a: torch.Tensor, b: torch.Tensor, where: str, result: Comparison,
+                     computed_in: torch.dtype | None) -> None:
     if a.shape != b.shape or a.dtype != b.dtype:
         result.failures.append(f"{where}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}")
         return
@@ -102,6 +105,9 @@ def _compare_tensors(a: torch.Tensor, b: torch.Tensor, where: str, result: Compa
             result.failures.append(f"{where}: {int((a != b).sum())} integer elements differ")
         return
     atol, rtol = TOLERANCES.get(a.dtype, TOLERANCES[torch.float32])
+    if computed_in is not None and a.dtype != computed_in:
+        wider = TOLERANCES.get(computed_in, TOLERANCES[torch.bfloat16])
+        atol, rtol = max(atol, wider[0]), max(rtol, wider[1])
     result.atol, result.rtol = max(result.atol, atol), max(result.rtol, rtol)
     a, b = a.double(), b.double()
     same_nonfinite = (a.isnan() & b.isnan()) | (a.isinf() & (a == b))

@@ -76,7 +76,8 @@ class Worker:
         return Loaded(model=type(self.workload.model).__name__, state_dict=keys, captured=captured,
                       accepts_seed=_accepts_seed(self.function), device=str(self.prepared.device),
                       inputs=len(self.script_calls) if self.script_calls is not None else None,
-                      dtype=str(self.prepared.dtype or _parameter_dtype(self.prepared.model)).replace("torch.", ""))
+                      dtype=str(self.prepared.dtype or _parameter_dtype(self.prepared.model)).replace("torch.", ""),
+                      autocast=self.prepared.autocast)
 
     def _take_state(self, state: ModelState) -> StateKeys:
         import torch
@@ -130,6 +131,7 @@ class Worker:
         """Outputs (and with `grads` every parameter's gradient) of one eval-mode pass: dropout off, RNG seeded."""
         import torch
 
+        from advisor.runtime.autocast_state import replayed
         from advisor.runtime.runner import _scalar_loss
         from advisor.verify.parity import to_tree
 
@@ -138,9 +140,10 @@ class Worker:
         with _in_eval_mode(model) as module:
             torch.manual_seed(request.rng_seed)
             if not request.grads:
-                with torch.no_grad():
+                with torch.no_grad(), replayed(self.prepared.autocast):
                     return RunOutputs(to_tree(model(*args, **kwargs)))
-            output = model(*args, **kwargs)
+            with replayed(self.prepared.autocast):
+                output = model(*args, **kwargs)
             if module is not None:
                 module.zero_grad(set_to_none=True)
             _scalar_loss(output).backward()
@@ -155,6 +158,7 @@ class Worker:
         under the op recorder."""
         import torch
 
+        from advisor.runtime.autocast_state import replayed
         from advisor.runtime.detect.attention_graph import block_calls
         from advisor.runtime.recorder import OpRecorder
 
@@ -163,7 +167,7 @@ class Worker:
         recorder = OpRecorder(model)
         with _in_eval_mode(model):
             torch.manual_seed(0)  # as `run` seeds it, so a model drawing random numbers sees what parity saw
-            with torch.no_grad(), recorder:
+            with torch.no_grad(), recorder, replayed(self.prepared.autocast):
                 model(*args, **kwargs)
         return block_calls(recorder.result())
 

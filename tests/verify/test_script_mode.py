@@ -230,3 +230,55 @@ def test_the_script_a_command_runs_is_read_for_double_backward(tmp_path, monkeyp
     read = collect_candidates([str(model)], unsafe_fixes=False, scripts=script_files(["python", "train.py"]))
     assert [c.finding.fix_safety for c in alone.values()] == ["safe"]
     assert [c.finding.fix_safety for c in read.values()] == ["unsafe"]
+
+
+def test_a_call_made_under_autocast_is_replayed_under_it_wherever_the_workload_runs():
+    """Breaker round 17c: parity replayed a script's model call in float32 where the script ran it under bfloat16
+    autocast (verified at float32's tolerance; the script's own values moved). The call's autocast regions are
+    recorded with its inputs and every prepared forward replays them."""
+    from advisor.runtime.runner import prepare
+
+    model = nn.Linear(4, 4)
+    with advisor.capture() as captured, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.ones(1, 4))
+    model(torch.ones(1, 4))  # outside the capture and autocast: nothing recorded
+    workload = captured.workload()
+    assert workload.autocast == (("cpu", "bfloat16"),)
+    assert prepare(workload).forward().dtype == torch.bfloat16
+    assert prepare(advisor.Workload(model, (torch.ones(1, 4),))).forward().dtype == torch.float32
+
+
+def test_parity_of_a_model_computed_in_bfloat16_allows_bfloat16_rounding_on_float32_outputs():
+    from advisor.verify.parity import compare
+
+    a = torch.ones(8)
+    b = a + 4e-3
+    assert not compare(a, b).ok
+    assert compare(a, b, computed_in=torch.bfloat16).ok
+    assert not compare(a, a + 0.1, computed_in=torch.bfloat16).ok
+
+
+AUTOCAST_SCRIPT = """import torch
+from model import make
+
+model, (x,) = make()
+model.eval()
+with torch.no_grad():
+    for step in range(3):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = model(x + step)
+        print(step, float(y.float().sum()))
+"""
+
+
+def test_optimize_verifies_a_script_s_patch_under_the_script_s_autocast(tmp_path, capsys):
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "positive" /
+                    "01_nanogpt_causal.py", tmp_path / "model.py")
+    (tmp_path / "run.py").write_text(AUTOCAST_SCRIPT)
+    code, result, err = optimize_json(capsys, "--report", str(tmp_path / "report"), script=[str(tmp_path / "run.py")])
+    assert code in (0, 1), err
+    assert result["environment"]["autocast"] == "torch.autocast('cpu', dtype=torch.bfloat16)"
+    assert any("ran under torch.autocast('cpu', dtype=torch.bfloat16)" in note for note in result["notes"])
+    [patch] = result["patches"]
+    assert patch["parity"]["outputs_compared"] == 3 and patch["parity"]["atol"] == 1e-2
+    assert patch["verdict"] in ("verified", "no-gain")  # SDPA in bfloat16 agrees at bfloat16's rounding
