@@ -90,18 +90,22 @@ def mode_switched(parsed: ParsedModule, functions: list[cst.FunctionDef]) -> str
 
 def attribute_paths(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> set[str]:
     """Dotted attribute reads (`self.mem_k`, `self.attn_drop.p`) in the expressions the SDPA call re-reads."""
-    found: set[str] = set()
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            path = _dotted(node)
-            if path is not None and parsed.imported_name(node) is None:
-                found.add(path)
-            return True
-
+    visitor = _AttributePaths(parsed)
     for node in nodes:
-        visit_tree(node, Visitor())
-    return found
+        visit_tree(node, visitor)
+    return visitor.found
+
+
+class _AttributePaths(cst.CSTVisitor):
+    def __init__(self, parsed: ParsedModule):
+        self.parsed = parsed
+        self.found: set[str] = set()
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        path = _dotted(node)
+        if path is not None and self.parsed.imported_name(node) is None:
+            self.found.add(path)
+        return True
 
 
 def attribute_written_between(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo | None,
@@ -128,18 +132,29 @@ def _writes_of_called_methods(parsed: ParsedModule, function: cst.FunctionDef,
     if owner is None:
         return []
     found: list[tuple[cst.CSTNode, str]] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-                method = owner.methods.get(func.attr.value)
-                if method is not None and method is not function:
-                    found.extend((node, written) for _, written in _attribute_writes(parsed, method)
-                                 if written.startswith("self."))
-
-    visit_tree(function, Visitor())
+    for node in _calls_of_self_methods(function):
+        method = owner.methods.get(node.func.attr.value)
+        if method is not None and method is not function:
+            found.extend((node, written) for _, written in _attribute_writes(parsed, method)
+                         if written.startswith("self."))
     return found
+
+
+def _calls_of_self_methods(function: cst.FunctionDef) -> list[cst.Call]:
+    """`self.update_cache(k)`: the calls of a method of `self` in `function`."""
+    visitor = _SelfMethodCalls()
+    visit_tree(function, visitor)
+    return visitor.found
+
+
+class _SelfMethodCalls(cst.CSTVisitor):
+    def __init__(self):
+        self.found: list[cst.Call] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+            self.found.append(node)
 
 
 def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode], first_line: int,
@@ -651,23 +666,29 @@ def other_targets_read(parsed: ParsedModule, flow: FunctionFlow, removed: list[c
 def outer_names(function: cst.FunctionDef) -> frozenset[str]:
     """Names the function declares `global` or `nonlocal`: what it binds to them outlives the call, so code
     outside the function (another function, a later call) may read it."""
-    found: set[str] = set()
+    visitor = _Declared(function)
+    visit_tree(function, visitor)
+    return frozenset(visitor.found)
 
-    class Visitor(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-            return node is function
 
-        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return False
+class _Declared(cst.CSTVisitor):
+    """The names `function` itself (not a function or class nested in it) declares global or nonlocal."""
 
-        def visit_Global(self, node: cst.Global) -> None:
-            found.update(item.name.value for item in node.names)
+    def __init__(self, function: cst.FunctionDef):
+        self.function = function
+        self.found: set[str] = set()
 
-        def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
-            found.update(item.name.value for item in node.names)
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return node is self.function
 
-    visit_tree(function, Visitor())
-    return frozenset(found)
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Global(self, node: cst.Global) -> None:
+        self.found.update(item.name.value for item in node.names)
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        self.found.update(item.name.value for item in node.names)
 
 
 def nested_names(function: cst.FunctionDef) -> frozenset[str]:

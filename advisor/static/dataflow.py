@@ -492,30 +492,35 @@ def _written_in(small: cst.BaseSmallStatement) -> tuple[list[cst.BaseExpression]
     `x.__imul__(2)`) and the first argument of one called unbound (`torch.Tensor.fill_(x, 1)`), and what a call of
     a value may be (`cb(2)` where `cb = x.mul_`, `partial(torch.Tensor.mul_, x)(2)`: tensor_views joins a bound
     in-place method to its tensor): (what is written, the values called)."""
-    found: list[cst.BaseExpression] = []
-    called: list[cst.BaseExpression] = []
-    own = small.value if isinstance(small, cst.Expr) else None
+    visitor = _Writes(small.value if isinstance(small, cst.Expr) else None)
+    walk(small, visitor)
+    return visitor.found, visitor.called
 
-    class Visitor(cst.CSTVisitor):
-        def visit_Arg(self, node: cst.Arg) -> None:
-            if node.keyword is not None and node.keyword.value == "out":
-                found.append(node.value)
 
-        def visit_Call(self, node: cst.Call) -> None:
-            func = node.func
-            if is_inplace_method(func):
-                if is_library(func.value):
-                    found.extend(arg.value for arg in node.args[:1] if arg.keyword is None)
-                elif node is not own:
-                    found.append(func.value)
-            elif isinstance(func, (cst.Name, cst.Call)):
-                called.append(func)
+class _Writes(cst.CSTVisitor):
+    """`_written_in`'s walk of one statement (`own`: the statement's own call, read by the caller)."""
 
-        def visit_Lambda(self, node: cst.Lambda) -> bool:
-            return False
+    def __init__(self, own: cst.BaseExpression | None):
+        self.own = own
+        self.found: list[cst.BaseExpression] = []
+        self.called: list[cst.BaseExpression] = []
 
-    walk(small, Visitor())
-    return found, called
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None and node.keyword.value == "out":
+            self.found.append(node.value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if is_inplace_method(func):
+            if is_library(func.value):
+                self.found.extend(arg.value for arg in node.args[:1] if arg.keyword is None)
+            elif node is not self.own:
+                self.found.append(func.value)
+        elif isinstance(func, (cst.Name, cst.Call)):
+            self.called.append(func)
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
 
 
 def _merge(left: Env, right: Env) -> Env:

@@ -20,8 +20,8 @@ def walk(node: cst.CSTNode, visitor: cst.CSTVisitor) -> None:
     """`node.visit(visitor)` for a visitor that only reads: visit_X(node) returning False skips the children, and
     leave_X(node) follows them. Attribute-level hooks (visit_X_field) are not called. The layout nodes the visitor
     has no method for (`unseen_layout`) are not entered: nothing in them could call one."""
-    skip = unseen_layout(type(visitor))
-    _walk(node, visitor, _handler_table(type(visitor)), skip, fields_holding(skip))
+    plan = _plan(type(visitor))
+    _walk(node, visitor, plan.handlers, plan.skip, fields_holding(plan.skip))
 
 
 def _walk(node: cst.CSTNode, visitor: cst.CSTVisitor, table: dict, skip: frozenset[type], fields: dict) -> None:
@@ -110,7 +110,25 @@ def _concrete(base: type) -> tuple[type, ...]:
     return tuple(found)
 
 
-@lru_cache(maxsize=None)
+@dataclasses.dataclass
+class _Plan:
+    """How one visitor class walks: the layout types it need not enter, and its (visit, leave) handlers by node
+    type, filled as its walks meet node types."""
+
+    skip: frozenset[type]
+    handlers: dict[type, tuple]
+
+
+def _plan(visitor_type: type) -> _Plan:
+    """The class's plan, kept on the class itself: a visitor class defined inside a function is made anew by each
+    call, and a cache keyed on the class kept every one of them (and its tables) alive for the whole process."""
+    plan = visitor_type.__dict__.get("_walk_plan")
+    if plan is None:
+        plan = _Plan(unseen_layout(visitor_type), {})
+        visitor_type._walk_plan = plan
+    return plan
+
+
 def unseen_layout(visitor_type: type) -> frozenset[type]:
     """The layout node types a walk with this visitor need not enter: none when it reads some whitespace node,
     else every token type it has no method for, and the whitespace."""
@@ -142,13 +160,6 @@ def is_node(value) -> bool:
 _FIELDS: dict[type, tuple[str, ...]] = {}  # child_fields by node type, read without lru_cache's call per node
 
 
-@lru_cache(maxsize=None)
-def _handler_table(visitor_type: type) -> dict:
-    """Node type -> its (visit, leave) handlers for one visitor type, filled as the walks meet node types."""
-    return {}
-
-
-@lru_cache(maxsize=None)
 def _handlers(visitor_type: type, node_type: type):
     if visitor_type.on_visit is not cst.CSTVisitor.on_visit or visitor_type.on_leave is not cst.CSTVisitor.on_leave:
         raise TypeError(f"{visitor_type.__name__} overrides on_visit/on_leave: walk it with node.visit")
