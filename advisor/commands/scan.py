@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from advisor.commands.common import add_selection_arguments, exit_code, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
-from advisor.contracts.finding import Finding
+from advisor.contracts.finding import Finding, ScanError
+from advisor.errors import AdvisorError
 from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.github import github_annotations
 from advisor.report.sarif import to_sarif
@@ -33,15 +35,31 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """With --profile, the workload runs first: its measured copies and casts are joined to the source as
     `fix --profile` joins them (the same findings, with the same patches), and every finding gets its cost."""
-    result, findings = scanned(args, patches=args.format != "text")  # the text table shows no patch
+    try:
+        result, findings = scanned(args, patches=args.format != "text")  # the text table shows no patch
+    except ProfileFailed as exc:
+        if args.format not in ("json", "sarif", "github"):
+            raise
+        from advisor.engine.static import ScanResult  # a reader of the document gets one, its error saying why
+
+        print(f"advisor: error: {exc}", file=sys.stderr)
+        result, findings = ScanResult(errors=[ScanError(args.profile, f"--profile: {exc}")]), []
     return write_report(lambda: _render(args.format, result, findings, args.unsafe_fixes,
                                         getattr(args, "quiet", False)), exit_code(result, bool(findings)))
 
 
+class ProfileFailed(AdvisorError):
+    """`--profile`'s workload could not be run, so the scan is not run either: one error line and exit 2, and for
+    `--format json|sarif|github` a document whose `errors` say so (breaker round 18: it printed none)."""
+
+
 def scanned(args, patches: bool = True) -> tuple[ScanResult, list[Finding]]:
     """The scan (the CLI's and advisor.scan's one path) and its findings, each joined to its measured cost when
-    args.profile names a workload."""
-    profiled = profile_in_child(args.profile) if args.profile else None
+    args.profile names a workload (ProfileFailed where it cannot run)."""
+    try:
+        profiled = profile_in_child(args.profile) if args.profile else None
+    except AdvisorError as exc:
+        raise ProfileFailed(str(exc)) from None
     result = run_scan(args, runtime=profiled.evidence if profiled else None, patches=patches, fixed=False)
     findings = result.findings
     if profiled:

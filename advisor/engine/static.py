@@ -326,7 +326,7 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
                          internal=True)
 
 
-FIX_ROUNDS = 4  # fixes nested in one expression (`x.float().float().contiguous().contiguous()`) take a round each
+FIX_ROUNDS = 16  # fixes nested in one expression (`x.float().float().contiguous().contiguous()`) take a round each
 
 
 def _settle(result: FileResult, analyze) -> None:

@@ -25,6 +25,7 @@ from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method,
 from advisor.static.discover import read_source
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.op_overrides import op_overrides
+from advisor.static.opening_imports import import_position
 from advisor.static.op_restores import replaces
 from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
@@ -967,6 +968,22 @@ INTRODUCED = {"torch.nn.functional.scaled_dot_product_attention", "torch._C._nn.
 EMITTED_THROUGH = ("torch", "torch.nn.functional", "torch.nn")
 
 
+def emitted_name_rebound(parsed: ParsedModule) -> str | None:
+    """Why the name the SDPA call is read through may not be torch's module when it runs (breaker round 18): a star
+    import of a module outside torch after the imports that open the module, where an added import goes (it may
+    bind any name; an import of the module's own before it is not reused), or `F`, which the rewrite adds when the
+    module has no name for torch.nn.functional, assigned on a module object in a file of the tree."""
+    position = import_position(parsed.module.body)
+    late = next((node for index, node in parsed.star_imports if index >= position), None)
+    if late is not None:
+        return (f"`{parsed.code(late).strip()}` (line {parsed.line(late)}) runs after the imports that open the module: "
+                "it may bind any name, the one the SDPA call would be read through too")
+    if "F" in parsed.outside_attribute_writes[0] and "F" not in parsed.imports:
+        return (f"`F`, the name the rewrite would import torch.nn.functional as, is assigned on a module in "
+                f"{parsed.outside_writer('F')}: it may not be torch's when the code runs")
+    return None
+
+
 def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> str | None:
     """Why a torch function or tensor method the rewrite deletes or introduces may not be torch's when the code runs
     (None: no file of the scan assigns one): a training script's `F.softmax = tempered_softmax` changes what the
@@ -979,6 +996,12 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
     if introduced:
         return (f"`{introduced[0]}`, which the rewrite introduces a call of, is assigned in "
                 f"{parsed.outside_writer(introduced[0])}: it may not be torch's when the code runs")
+    operator = next((name for name in sorted(replaced) if name.startswith("torch.Tensor.__")), None)
+    if operator is not None or "*class" in written and "Tensor" in written:
+        # `q @ k`, `s * scale`: the block's operators are no calls the walk below sees (breaker round 18)
+        shown = f"`{operator}` is" if operator else "an attribute of `torch.Tensor` set by a computed name is"
+        return (f"{shown} assigned in {parsed.outside_writer(operator or '*class')}: the block's tensor operators "
+                "may not be torch's when the code runs")
     imported = {name for name in parsed.imports if name in written and name not in parsed.bound_names and
                 not _inside_a_torch_write(parsed.imports[name], name, replaced)}
     if not replaced and not imported:
@@ -1033,15 +1056,16 @@ def _inside_a_torch_write(module: str, name: str, replaced: set[str]) -> bool:
 
 def replaced_module_class(parsed: ParsedModule, kinds: tuple[str, ...]) -> str | None:
     """Why a deleted call of a module of torch's `kinds` (`nn.Dropout`) may not run torch's code (None: no file of
-    the scan replaces it): a method of that class or of `nn.Module` assigned (`nn.Dropout.forward = f`,
-    `nn.Module.__call__ = f`), or the functional it calls (`F.dropout = f`). The run-time module check reads the
-    instance, not the class, so this refuses."""
+    the scan replaces it): the class itself assigned (`nn.Dropout = MCDropout` before the model is built, breaker
+    round 18: the check's own `torch.nn.Dropout` then names it too), a method of that class or of `nn.Module`
+    assigned (`nn.Dropout.forward = f`, `nn.Module.__call__ = f`), or the functional it calls (`F.dropout = f`). The
+    run-time module check reads the instance, not the class, so this refuses."""
     replaced = sorted(name for name in parsed.outside_attribute_writes[0] if name.startswith("torch."))
     for kind in kinds:
         cls = kind.rsplit(".", 1)[-1]
         for name in replaced:
-            owner = name.rsplit(".", 1)[0]
-            if owner.rsplit(".", 1)[-1] in (cls, "Module") and owner.startswith("torch.nn") or \
+            owner, last = name.rsplit(".", 1)
+            if owner.startswith("torch.nn") and (owner.rsplit(".", 1)[-1] in (cls, "Module") or last == cls) or \
                     name == MODULE_FUNCTIONALS.get(kind):
                 return (f"`{name}` is assigned in {parsed.outside_writer(name)}: a `{kind}` call may not run "
                         f"torch's code")

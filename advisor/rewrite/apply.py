@@ -13,7 +13,7 @@ from advisor.rewrite.deleted_names import bound_names, read_of_deleted
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
-from advisor.static.notebook import READ_MASK_CALL
+from advisor.static.opening_imports import import_position
 
 
 class RewriteFailed(Exception):
@@ -141,7 +141,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     editor = _Editor(edits, parsed, _on_the_way(parsed, touched))
     statements = _top_level_statements(parsed, touched)
     body = parsed.module.body
-    position = parsed.derived(_import_position, lambda p: _import_position(p.module.body))  # once per file
+    position = parsed.derived(import_position, lambda p: import_position(p.module.body))  # once per file
     anchor = ([body[position]] if position < len(body) else body[-1:]) if added else []
     spans = parsed.statement_spans(statements + anchor)
     deleted = bound_names([*edits.remove, *edits.replace])
@@ -149,7 +149,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
         module = parsed.module.visit(editor)
         _check_reads(parsed.module, module, deleted)
         body = list(module.body)
-        body[_import_position(body):_import_position(body)] = added
+        body[import_position(body):import_position(body)] = added
         module = module.with_changes(body=body)
         _check_compiles(module.code, parsed.path)
         return [Edit(0, len(parsed.source), _faithful(parsed.source, module.code))]
@@ -388,28 +388,6 @@ def _filled(block):
     if _is_empty(block):
         return block.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
     return block
-
-
-def _import_position(body) -> int:
-    """Index for a new import: after the imports that open the module (and its docstring), before any other
-    statement. Not after its last import: a module-level call of the fixed function above a late import (a
-    script's `# noqa: E402`, a notebook importing in a later cell) ran before the added name was bound (breaker
-    round 16). A notebook's masked IPython lines there count as imports: a `%%capture` cell's magic stays first."""
-    position = 0
-    for index, item in enumerate(body):
-        docstring = index == 0 and isinstance(item, cst.SimpleStatementLine) and \
-            isinstance(item.body[0], cst.Expr) and isinstance(item.body[0].value, cst.SimpleString)
-        if not (docstring or isinstance(item, cst.SimpleStatementLine) and all(
-                isinstance(s, (cst.Import, cst.ImportFrom, cst.Pass)) or _ipython_mask(s) for s in item.body)):
-            break
-        position = index + 1
-    return position
-
-
-def _ipython_mask(statement: cst.BaseSmallStatement) -> bool:
-    """`_advisor_ipython(names)`: a notebook's IPython line as the scan reads it (advisor.static.notebook)."""
-    return isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call) and \
-        isinstance(statement.value.func, cst.Name) and statement.value.func.value == READ_MASK_CALL
 
 
 def _statements(block: cst.BaseSuite) -> list[cst.BaseStatement]:

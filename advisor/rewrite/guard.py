@@ -75,6 +75,8 @@ _MODULE_CHECK = '''def {name}(module, kinds):
     methods = ("__call__", "_call_impl", "forward") if torch_class else ("__call__", "_call_impl")
     code = [getattr(getattr(type(module), method, None), "__code__", None) for method in methods]
     replaced = replaced or not all(c is not None and c.co_filename.startswith(torch_files) for c in code)
+    forward = getattr(type(module), "forward", None)  # torch's own, of that class (not `nn.Identity.forward` set)
+    replaced = replaced or torch_class and getattr(forward, "__qualname__", "") != type(module).__qualname__ + ".forward"
     return type(module) in kinds and not replaced and not (
         module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
         or hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks

@@ -26,7 +26,7 @@ def check_trace_path(requested: str | None) -> TraceOutput | None:
     if requested is None:
         return None
     path = os.path.realpath(requested)
-    if os.path.isdir(path):
+    if os.path.isdir(path) or requested.endswith((os.sep, "/")):  # `traces/`: a folder, made or not (round 18)
         raise AdvisorError(f"--trace {requested}: is a folder; give a file name, e.g. "
                            f"{os.path.join(requested, 'trace.json')}")
     folder = os.path.dirname(path)

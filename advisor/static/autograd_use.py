@@ -111,6 +111,26 @@ def might_ask(source: str) -> bool:
     return any(token in source for token in TOKENS) or FUNC_MODULE.search(source) is not None
 
 
+# the words of TOKENS that name a request beyond first-order reverse mode (not `autograd`, `backward(`)
+BEYOND_FIRST_ORDER = tuple(token for token in TOKENS if token not in ("autograd", "backward(", "forward-mode"))
+
+
+def unparsed_request(source: str, path: str) -> AutogradSite | None:
+    """A file CPython cannot parse whose words name a request beyond first-order reverse mode (`create_graph`,
+    `jvp`, `torch.func`): what it asks is not seen, so it asks (breaker round 18: a gradient penalty in a file
+    written in a newer Python's syntax proved nothing asked)."""
+    found = min((match for match in (re.search(re.escape(token), source) for token in BEYOND_FIRST_ORDER)
+                 if match is not None), key=lambda match: match.start(), default=None) or FUNC_MODULE.search(source)
+    if found is None:
+        return None
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return AutogradSite(f"a file that cannot be parsed here names `{found.group(0).strip(' ,')}`, and what it asks "
+                            "of autograd is not seen", path, source.count("\n", 0, found.start()) + 1)
+    return None
+
+
 def worth_resolving(source: str) -> bool:
     """Whether a file not yet parsed with libcst needs `autograd_sites`: the word prefilter, then the identifiers
     CPython's parser sees (10x cheaper than libcst's parse: `torch.autograd.Function` or `loss.backward()` alone
@@ -300,7 +320,28 @@ def _reverse_use(parsed: ParsedModule, node: cst.CSTNode, parent: cst.CSTNode | 
                                                              "of times)")
     if _reapplied_in_loop(parsed, parent):
         return AutogradSite(name, parsed.path, line, repeats="is applied to its own result in a loop")
-    return AutogradSite(name, parsed.path, line, wrapper=_wrapper(parsed, node, parent))
+    wrapper = _wrapper(parsed, node, parent)
+    if wrapper is None and _applied_to_a_parameter(parsed, parent):
+        return AutogradSite(name, parsed.path, line, repeats="is applied to a parameter of a lambda or function whose "
+                                                             "calls are not counted (it may be applied any number of "
+                                                             "times)")
+    return AutogradSite(name, parsed.path, line, wrapper=wrapper)
+
+
+def _applied_to_a_parameter(parsed: ParsedModule, call: cst.Call) -> bool:
+    """`D = lambda fn: torch.func.grad(fn)`, a method `d(self, fn)`, `functools.reduce` over a lambda: the transform
+    is applied to a parameter of a lambda, a method or a nested function around it, once per call of that (breaker
+    round 18: `D(lambda x: D(f)(x).sum())(x)` nested it). A module-level function's parameter is not: its calls
+    are counted where it returns the transform (`_wrapper`), and it applies it once per call otherwise."""
+    argument = call.args[0].value if call.args and call.args[0].keyword is None else None
+    function = parsed.innermost(call, (cst.FunctionDef, cst.Lambda)) if isinstance(argument, cst.Name) else None
+    while function is not None:  # a parameter of any function around it (`lambda g: (lambda x: grad(g)(x))`)
+        params = function.params
+        if argument.value in {p.name.value for p in [*params.posonly_params, *params.params, *params.kwonly_params]}:
+            return not (isinstance(function, cst.FunctionDef) and
+                        parsed.module_functions.get(function.name.value) is function)
+        function = parsed.innermost(parsed.parents.get(function), (cst.FunctionDef, cst.Lambda))
+    return False
 
 
 def _alias(parsed: ParsedModule, node: cst.CSTNode, parent: cst.CSTNode | None) -> str | None:

@@ -138,6 +138,9 @@ def _walk(root: Path, errors: list[ScanError], excluded) -> list[str]:
     return found
 
 
+PYTHON_RUNNERS = (b"python", b"pypy", b"uv run", b"pipx run")  # `#!/usr/bin/env -S uv run --script` (breaker round 18)
+
+
 def _python_script(path: str) -> bool:
     """A file without a suffix whose first line runs Python (`#!/usr/bin/env python3`): an entry script, whose calls
     count for the tree's facts as those of any module (breaker round 17: `bin/train` passed a padding mask)."""
@@ -148,7 +151,7 @@ def _python_script(path: str) -> bool:
             first = handle.readline(256)
     except OSError:
         return False
-    return first.startswith(b"#!") and b"python" in first
+    return first.startswith(b"#!") and any(runner in first for runner in PYTHON_RUNNERS)
 
 
 def _encloses(folder: str, real_parent: str) -> bool:
@@ -186,6 +189,10 @@ def read_source(path: str) -> SourceFile | ScanError:
     if path.endswith(".ipynb"):
         try:
             code = notebook_code(text)
+            code.text.encode("utf-8")  # JSON's `\\ud800` escape: a character no source text can hold
+        except UnicodeEncodeError as exc:
+            return ScanError(path, f"a code cell holds {exc.object[exc.start]!r}, a lone surrogate, which is not "
+                                   "source text")
         except ValueError as exc:
             return ScanError(path, str(exc))
         return SourceFile(path, code.text, code, digest)

@@ -30,6 +30,7 @@ NAMED_GETTERS = frozenset({"__getattr__", "__getattribute__", "get", "pop", "get
 # a module's tensors listed whole (its parameters are trained: their values are no proof's)
 TENSOR_LISTINGS = ("buffers", "named_buffers", "state_dict")
 NAMESPACES = ("_buffers", "_parameters", "__dict__", "_modules")
+TABLE_LISTINGS = ("values", "items")  # a namespace's tensors listed whole
 PLAIN_BUILTINS = HARMLESS_BUILTINS | {"hasattr", "id", "type", "callable"}
 MAX_DEPTH = 8
 
@@ -74,6 +75,9 @@ class _Reader:
                 return _name(node.args[0]) or ANY_TENSOR
             if isinstance(func, ast.Attribute) and func.attr in TENSOR_LISTINGS + ("_apply",) and \
                     not _on_self(func.value):
+                return ANY_TENSOR
+            if isinstance(func, ast.Attribute) and func.attr in TABLE_LISTINGS and _namespace(func.value) and \
+                    not _on_self(_owner(func.value)):  # `for b in m._buffers.values(): b.fill_(1)` (round 18)
                 return ANY_TENSOR
             if any(isinstance(arg, ast.Name) and arg.id == "getattr" or self.dotted(arg) == "operator.attrgetter"
                    for arg in node.args):  # `reduce(getattr, ["bias"], m)`: names as data

@@ -16,9 +16,10 @@ from libcst.metadata import MetadataWrapper
 
 from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
-from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TO_IDENTITY, ATTRIBUTE_TABLES, FINITE_DRAW,
-                                           NAMED_BINDERS, NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE,
-                                           STATE_LOADERS, outside_writes_of_source)
+from advisor.static.escaping_reads import escaping_reads
+from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY, ATTRIBUTE_TABLES,
+                                           FINITE_DRAW, NAMED_BINDERS, NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE,
+                                           STATE_LOADERS, file_writes, outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method, is_self, is_self_attribute
 from advisor.static.positions import StatementPositions
@@ -460,6 +461,19 @@ class ParsedModule:
         return frozenset(self.bindings)
 
     @cached_property
+    def star_imports(self) -> list[tuple[int, cst.ImportFrom]]:
+        """(index in the module's body, statement) of each module-level `from X import *` of a module outside torch:
+        it may bind any name when it runs (`F` from `from helpers import *`, breaker round 18)."""
+        found = []
+        for index, statement in enumerate(self.module.body):
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar) and not (
+                        not small.relative and small.module is not None and
+                        _name_code(self, small.module).split(".")[0] == "torch"):
+                    found.append((index, small))
+        return found
+
+    @cached_property
     def module_aliases(self) -> dict[str, str]:
         """Dotted module -> the local name it is bound to at module level: {'torch.nn.functional': 'F'}. A name
         also bound otherwise (`F = ...`, `for torch in ...`, an import of something else in a function) is left
@@ -533,8 +547,22 @@ class ParsedModule:
 
     def handed_on_elsewhere(self, name: str) -> list[tuple[str, str]]:
         """(entry, file) for each other file of the tree that reads the attribute `name` (or, as `name()`, the result
-        of a method) where a tensor it holds may be handed on (static.escaping_reads)."""
-        return self.project.escaping_elsewhere(name, self.path) if self.project is not None else []
+        of a method) where a tensor it holds may be handed on (static.escaping_reads); for ANY_TENSOR this file too,
+        whose own reads by name static.attribute_escapes follows, but not a module's tensors listed whole (`sd =
+        m.state_dict(); sd["bias"] = t; m.load_state_dict(sd)` in the model's own file, breaker round 18)."""
+        found = self.project.escaping_elsewhere(name, self.path) if self.project is not None else []
+        if name == ANY_TENSOR and self.lists_tensors_whole:
+            found = [(ANY_TENSOR, self.path), *found]
+        return found
+
+    @cached_property
+    def lists_tensors_whole(self) -> bool:
+        """This file hands a module's tensors on listed whole (`state_dict()`, `buffers()` stored or passed on) and
+        loads a state dict: what it loads may be a listing it changed. (A listing only read, `sum(b.numel() for b in
+        m.buffers())`, changes nothing; another file's listing counts without a load, as static.escaping_reads
+        reads it.)"""
+        return "load_state_dict" in self.words and any(
+            entry.partition(NARROWED)[0] == ANY_TENSOR for entry in file_writes(self.source, escaping_reads).escaping)
 
     def note_read(self, path: str) -> None:
         """A file besides this one the analysis read: a result the scan cache keeps is valid only while it is
@@ -662,22 +690,29 @@ def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: 
         if module_level and (parsed.innermost(node, (cst.FunctionDef, cst.ClassDef)) is not None or
                              _under_type_checking(parsed, node)):
             continue
-        if isinstance(node, cst.Import):
-            for alias in node.names:
-                dotted = _name_code(parsed, alias.name)
-                if alias.asname is not None:
-                    bind(_name_code(parsed, alias.asname.name), dotted)
-                else:
-                    head = dotted.split(".")[0]
-                    bind(head, head)
-        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-            base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
-            for alias in node.names:
-                local = alias.asname.name if alias.asname else alias.name
-                name = _name_code(parsed, alias.name)
-                dotted = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
-                bind(_name_code(parsed, local), dotted)
+        for local, dotted in _import_bindings(parsed, node):
+            bind(local, dotted)
     return imports
+
+
+def _import_bindings(parsed: "ParsedModule", node: cst.Import | cst.ImportFrom) -> list[tuple[str, str]]:
+    """(local name, dotted module or object) of each name one import statement binds (none for a star import)."""
+    if isinstance(node, cst.Import):
+        found = []
+        for alias in node.names:
+            dotted = _name_code(parsed, alias.name)
+            head = dotted.split(".")[0]
+            found.append((_name_code(parsed, alias.asname.name), dotted) if alias.asname is not None else (head, head))
+        return found
+    if isinstance(node.names, cst.ImportStar):
+        return []
+    base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
+    found = []
+    for alias in node.names:
+        local = alias.asname.name if alias.asname else alias.name
+        name = _name_code(parsed, alias.name)
+        found.append((_name_code(parsed, local), f"{base}{name}" if base.endswith(".") else f"{base}.{name}"))
+    return found
 
 
 def _under_type_checking(parsed: "ParsedModule", node: cst.CSTNode) -> bool:

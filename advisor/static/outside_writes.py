@@ -138,7 +138,7 @@ def _collected(text: str, own: bool) -> "_Writes | None":
         elif kind is ast.If and type(node.test) is ast.Call and getattr(node.test.func, "id", None) == "isinstance":
             tests.append(node)
     imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
-    names = _Names(tree.body, imports, bound)
+    names = _Names(tree.body, imports, bound, [(target, value) for target, value in bindings])
     collector = _Writes(names, own, _narrowings(tests, names), _aliases(bindings, names.imports))
     collector.writers = _parameter_writers(functions, writes, bindings)
     for node in writes:
@@ -151,7 +151,8 @@ class _Names:
     order, the first binding winning; relative ones with their dots), the names it binds otherwise (which hide an
     import), and its module-level aliases of imported objects (`matmul = torch.matmul`, bound once)."""
 
-    def __init__(self, body: list[ast.stmt], imports: list[ast.Import | ast.ImportFrom], bound: list[str]) -> None:
+    def __init__(self, body: list[ast.stmt], imports: list[ast.Import | ast.ImportFrom], bound: list[str],
+                 bindings: list[tuple[ast.AST, ast.AST]] = ()) -> None:
         self.imports: dict[str, str] = {}
         for node in imports:
             if isinstance(node, ast.Import):
@@ -176,6 +177,14 @@ class _Names:
                 name, dotted = statement.targets[0].id, self.through_imports(statement.value)
                 if dotted is not None and counts.get(name) == 1 and name not in self.imports:
                     self.aliases[name] = dotted
+        module_level = {id(target) for statement in body if isinstance(statement, ast.Assign)
+                        for target in statement.targets}  # read above, one statement a line
+        for target, value in bindings:  # `nnf = torch.nn.functional` in a function, then `nnf.softmax = f` (round 18)
+            dotted = self.through_imports(value) if isinstance(target, ast.Name) and \
+                id(target) not in module_level else None
+            if dotted is not None and dotted.split(".")[0] == "torch" and counts.get(target.id) == 1 and \
+                    target.id not in self.imports:
+                self.aliases.setdefault(target.id, dotted)
 
     def through_imports(self, node: ast.AST) -> str | None:
         """`torch.matmul` -> 'torch.matmul' through the import statements alone."""

@@ -24,6 +24,9 @@ def decode_source(data: bytes) -> tuple[str, str]:
     except UnicodeDecodeError as exc:
         name = "UTF-8" if codec.startswith("utf-8") else codec
         raise SourceDecodeError(f"not valid {name} (byte {exc.start})") from None
+    except (LookupError, UnicodeError, ValueError, TypeError) as exc:  # rot13, hex, zlib, undefined, punycode
+        raise SourceDecodeError(f"its coding line names {codec!r}, which does not decode source text ({exc})") \
+            from None
     if declared is not None:
         raise SourceDecodeError(declared)
     return text, codec

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from advisor.child_lifetime import worker_pool
 from advisor.contracts.finding import ScanError
 from advisor.static.autograd_use import (AutogradSite, autograd_sites, autograd_uses, name_uses, nested, plain_pass,
-                                          uses_name, worth_resolving)
+                                          unparsed_request, uses_name, worth_resolving)
 from advisor.static.call_sites import Tree
 from advisor.static.collector import collector_paused
 from advisor.static.discover import SourceFile, read_source
@@ -140,12 +140,16 @@ def file_contribution(source: SourceFile) -> tuple[list, tuple[list[AutogradSite
     """One file's part of the tree-wide facts: its hook registrations and attribute writes (static.project), and its
     autograd requests with its uses of reverse-mode transforms (autograd_use.autograd_uses)."""
     autograd: tuple[list[AutogradSite], list[AutogradSite]] = ([], [])
-    if worth_resolving(source.text):
+    text = source.notebook.run_text if source.notebook is not None else source.text  # `%time` lines' code too
+    unread = unparsed_request(text, source.path)
+    if unread is not None:
+        autograd = ([unread], [])
+    elif worth_resolving(text):
         try:
-            autograd = autograd_uses(ParsedModule(source.text, source.path))
+            autograd = autograd_uses(ParsedModule(text, source.path))
         except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
             pass
-    return hook_sites(source.path, source.text), autograd
+    return hook_sites(source.path, text), autograd
 
 
 def _callers_decide(sites: list[AutogradSite], used) -> tuple[tuple[AutogradSite, ...], tuple[AutogradSite, ...]]:

@@ -8,8 +8,10 @@ reads); the workers are driven with the requests of `advisor.verify.messages`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -555,12 +557,22 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
             except WriteRefused as exc:  # changed since read, read-only, ...: this file only; the others are written
                 result = (False, None, f"{display_path(path)} {exc}")
         else:
-            diff_name = "patches/" + os.path.realpath(path).strip(os.sep).replace(os.sep, "__") + ".diff"
+            diff_name = _outside_diff_name(path)
             diff_path = session.report.write_text(diff_name, unified_diff(relative_path(path), source, text))
             where = "in an installed package" if installed else f"outside --root {display_path(o.root)}"
             result = (False, diff_path, f"{where}: the verified diff was written to {diff_path}")
         outcome.update({c.id: result for c in chosen})
     return outcome
+
+
+def _outside_diff_name(path: str) -> str:
+    """`patches/m1.py-<digest of its real path>.diff`: one name a file (`outside/p__q/m1.py` and `outside/p/q__m1.py`
+    shared one when the path's separators became `__`, and one verified diff replaced the other: breaker round
+    18)."""
+    real = os.path.realpath(path)
+    digest = hashlib.blake2b(real.encode("utf-8", "surrogateescape"), digest_size=6).hexdigest()
+    name = re.sub(r"[^\w.-]", "_", os.path.basename(real))
+    return f"patches/{name}-{digest}.diff"
 
 
 def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, written,

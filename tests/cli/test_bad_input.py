@@ -98,6 +98,29 @@ def test_type_stubs_are_never_scanned(capsys, workdir):
     assert [f["path"] for f in report["findings"]] == ["model.py"] and "type stub" in _errors(out)["model.pyi"]
 
 
+@pytest.mark.parametrize("codec", ["rot13", "hex", "base64", "zlib", "undefined", "punycode"])
+def test_a_coding_line_naming_a_codec_that_decodes_no_text_is_one_error_entry(capsys, workdir, codec):
+    """Breaker round 18: `# -*- coding: rot13 -*-` (a codec `tokenize` finds, which decodes no source text) ended the
+    whole scan with a LookupError: no JSON, no result for the good file beside it."""
+    shutil.copy(NANOGPT, workdir / "good.py")
+    (workdir / "bad.py").write_bytes(f"# -*- coding: {codec} -*-\nx = 1\n".encode())
+    code, out, _ = run_cli(capsys, "scan", ".", "--format", "json")
+    assert code == 1 and any(f["path"].endswith("good.py") for f in json.loads(out)["findings"])
+    assert f"its coding line names {codec!r}" in _errors(out)["bad.py"]
+
+
+@pytest.mark.parametrize("output", ["json", "sarif"])
+def test_a_profile_workload_that_raises_still_gives_a_document(capsys, workdir, output):
+    """Breaker round 18: `scan --profile TARGET --format json` printed nothing when the workload raised."""
+    (workdir / "w.py").write_text("import torch\n\n\ndef raises():\n    raise RuntimeError('boom')\n")
+    code, out, err = run_cli(capsys, "scan", "w.py", "--profile", "w.py:raises", "--format", output)
+    document = json.loads(out)
+    assert code == 2 and err.startswith("advisor: error:") and "boom" in err
+    messages = [e["message"] for e in document["errors"]] if output == "json" else \
+        [n["message"]["text"] for n in document["runs"][0]["invocations"][0]["toolExecutionNotifications"]]
+    assert any("--profile" in m and "boom" in m for m in messages), messages
+
+
 def test_user_code_warnings_stay_silent(workdir):
     noisy = NANOGPT.read_text() + "\n\ndef g(x):\n    pattern = '\\d+'\n    return x is 1, pattern\n"
     (workdir / "noisy.py").write_text(noisy)

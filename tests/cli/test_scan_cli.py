@@ -89,6 +89,7 @@ def test_fix_shows_diff_without_writing_then_apply_writes_and_is_idempotent(caps
      "softmax(x, -1, dtype=torch.float32).float().contiguous()\n"),
     # breaker round 16: removing the copy makes the two casts meet, a fix no first scan sees
     ("x.contiguous().float().contiguous().float()", "return x.contiguous().float()\n"),
+    ("x" + ".contiguous()" * 6, "return x.contiguous()\n"),  # breaker round 18: six took two runs
 ])
 def test_fixes_nested_in_one_expression_settle_in_one_apply(capsys, workdir, chain, settled):
     """A fourteenth breaker's: each `fix --apply` took one layer of a chain of redundant copies and casts (three runs

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from advisor.engine.static import analyze_source

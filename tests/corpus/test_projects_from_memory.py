@@ -76,9 +76,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p27_linear_attention": J(()),
     "p28_slot_attention": J((REFUSED,), ("dim 1",)),
     "p29_vivit_einops": J((SAFE,)),
-    "p30_audiocraft_einsum": J((REFUSED,), ("`pre_w`", "line 32"),
-                               "MISS, reason accurate: torch.full_like(pre_w, -inf) reads only the scores' shape "
-                               "(it claimed the -inf fill unprovable before this round)"),
+    "p30_audiocraft_einsum": J((SAFE,), (), "right since stop 41: torch.full_like(pre_w, -inf) reads only the "
+                               "scores' shape, in the statement the patch deletes (a MISS with an accurate reason "
+                               "before)"),
     "p31_jadore_sdpa_module": J((UNSAFE,), ("line 23",), "right: ADV102, the helper returns attn"),
     "p32_t2t_token_transformer": J((SAFE,)),
     "p33_esm_inplace": J((SAFE,)),

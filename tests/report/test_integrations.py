@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import pytest
 
 from advisor.cli import main
 from advisor.contracts.finding import Finding, ScanError

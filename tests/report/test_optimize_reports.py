@@ -19,7 +19,6 @@ from advisor.report.optimize_console import print_optimize
 from advisor.report.optimize_html import render_html
 from advisor.report.optimize_markdown import render_markdown
 from advisor.report.svg_charts import Bar, bar_chart, nice_ticks
-from optimize_results import HOSTILE
 
 MARKER = "+        marker_only_in_rejected_patch = 1\n"
 

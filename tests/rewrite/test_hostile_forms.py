@@ -348,6 +348,87 @@ def test_a_proof_from_a_persistent_buffer_names_the_state_dict_it_trusts(registe
         assert "`self.bias`" in accepted["loaded-buffers"]["statement"]
 
 
+LOADED_HERE = {  # breaker round 18: the model's own file edits a state dict and loads it (bidirectional)
+    "direct": "sd = m.state_dict()\n    sd['bias'] = torch.ones(1, 1, 16, 16)\n    m.load_state_dict(sd)",
+    "parent": "w = nn.Sequential(m)\n    sd = {k: v.clone() for k, v in w.state_dict().items()}\n"
+              "    sd['0.bias'] = torch.ones(1, 1, 16, 16)\n    w.load_state_dict(sd)",
+    "saved": "sd = m.state_dict()\n    sd['bias'] = torch.ones(1, 1, 16, 16)\n    torch.save(sd, path)\n"
+             "    m.load_state_dict(torch.load(path))",
+}
+
+
+@pytest.mark.parametrize("load", sorted(LOADED_HERE))
+def test_a_state_dict_edited_and_loaded_in_the_model_s_own_file_is_no_checkpoint_it_saved(tmp_path, load):
+    """`loaded-buffers` trusts a checkpoint the model saved; a file that lists the model's tensors whole and hands
+    them on (here, edits the dict and loads it) may put anything in the causal buffer, in its own file as in
+    another (it was caught only in another: the patch was causal where the loaded model was bidirectional, output
+    1.3x its size apart)."""
+    source = textwrap.dedent('''\
+        import math
+        import torch
+        import torch.nn as nn
+
+
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("bias", torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16))
+
+            def forward(self, q, k, v):
+                T = q.size(-2)
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+                return att.softmax(dim=-1) @ v
+
+
+        def run(q, k, v, path):
+            m = Attn()
+        ''') + "    " + LOADED_HERE[load] + "\n    return m(q, k, v)\n"
+    result = analyze_source(source, "model.py")
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    assert "loaded-buffers" not in {fact["name"] for fact in finding.extra["facts"]["accepted"]}
+    q, k, v = (torch.randn(2, 2, 6, 8, dtype=torch.float64) for _ in range(3))
+    want = load_module_from_source(source, "loaded_original").run(q, k, v, str(tmp_path / "a.pt"))
+    if finding.fixable and finding.fix_safety == "safe":
+        got = load_module_from_source(result.fixed, "loaded_patched").run(q, k, v, str(tmp_path / "b.pt"))
+        torch.testing.assert_close(got, want)
+
+
+STAR_BLOCK = """{head}import torch
+import torch.nn as nn
+{middle}
+
+def attn(q, k, v):
+    s = q @ k.transpose(-2, -1) / 8.0
+    return s.softmax(dim=-1) @ v
+{tail}"""
+
+
+@pytest.mark.parametrize("head, middle, tail, safe", [
+    ("", "", "\n\nfrom helpers import *\n", False),  # after: may bind `F`, `nn`, `torch`
+    ("", "from helpers import *\n", "", True),  # among the opening imports: the added import goes after it
+    ("from helpers import *\n", "", "", True),
+    ("", "", "\n\nfrom torch.nn.functional import *\n", True),  # torch's own names
+])
+def test_a_star_import_after_the_opening_imports_may_rebind_the_name_the_sdpa_call_is_read_through(
+        tmp_path, head, middle, tail, safe):
+    """Breaker round 18: the fix imported `torch.nn.functional as F` (no word of the file spells F) and a later
+    `from helpers import *` bound `F` to a string: attn() raised after the fix, ran before."""
+    (tmp_path / "helpers.py").write_text("F = 'a helper constant'\nnn = None\n")
+    (tmp_path / "m.py").write_text(STAR_BLOCK.format(head=head, middle=middle, tail=tail))
+    [finding] = scan_paths([str(tmp_path / "m.py")], cache=False).findings
+    assert (finding.fixable and finding.fix_safety == "safe") == safe, finding.reason
+    if not safe:
+        assert "`from helpers import *` (line 10) runs after the imports that open the module" in finding.reason
+
+
+def test_the_name_the_rewrite_adds_assigned_on_the_module_in_another_file_is_refused(tmp_path):
+    (tmp_path / "m.py").write_text(STAR_BLOCK.format(head="", middle="", tail="").replace("import torch.nn as nn\n", ""))
+    (tmp_path / "main.py").write_text("import m\n\nm.F = None\n")
+    [finding] = scan_paths([str(tmp_path)], cache=False).findings
+    assert not finding.fixable and "`F`, the name the rewrite would import" in finding.reason, finding.reason
+
+
 def _safe_findings(source: str) -> list:
     return [f for f in analyze_source(source, "hostile.py").findings
             if f.kind == "attention" and f.fixable and f.fix_safety == "safe"]
@@ -824,6 +905,7 @@ def test_a_method_of_a_class_that_binds_its_attributes_by_computed_names_is_not_
 
 
 @pytest.mark.parametrize("replacement", [
+    "nn.Dropout = nn.Identity",  # breaker round 18: the class replaced before the model is built (MC dropout too)
     "nn.Dropout.forward = lambda self, x: x * 2",
     "nn.Dropout.__call__ = lambda self, x: x * 2",
     "torch.nn.functional.dropout = lambda x, p=0.5, training=True, inplace=False: x * 2",
@@ -834,6 +916,18 @@ def test_a_torch_module_class_replaced_in_the_file_refuses_deleting_its_calls(re
     source = DROPOUT_BLOCK.format(switch="pass") + "\n\n" + replacement + "\n"
     [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
     assert finding.fix_safety != "safe" and "may not run torch's code" in (finding.reason or ""), finding.reason
+
+
+@pytest.mark.parametrize("replacement", [
+    "torch.Tensor.__matmul__ = lambda a, b: torch.matmul(a, b) * 2",
+    "for name in ('__mul__',):\n    setattr(torch.Tensor, name, lambda a, b: a)",
+])
+def test_a_tensor_operator_replaced_in_the_file_refuses_the_rewrite(replacement):
+    """Breaker round 18: `torch.Tensor.__matmul__ = f` (and `setattr(torch.Tensor, name, f)`) changed what the
+    block's `@` computes; the SDPA call never calls it (outputs 0.54 apart)."""
+    source = DROPOUT_BLOCK.format(switch="pass") + "\n\n" + replacement + "\n"
+    [finding] = [f for f in analyze_source(source, "hostile.py").findings if f.kind == "attention"]
+    assert not finding.fixable and "tensor operators may not be torch's" in finding.reason, finding.reason
 
 
 def test_a_one_dim_query_is_refused():

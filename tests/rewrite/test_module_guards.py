@@ -239,6 +239,22 @@ def test_a_forward_replaced_on_torchs_class_runs_the_original_block(pair, replac
     assert not torch.allclose(expected[0], _run(original, x)[0])  # the replacement changed the original's values
 
 
+def test_torchs_forward_of_another_class_set_on_dropout_runs_the_original_block(pair) -> None:
+    """Breaker round 18: `type(m.drop).forward = nn.Identity.forward` (deterministic training, every dropout off):
+    compiled in torch's files, it passed the check, and SDPA still dropped with p in training (outputs 0.39
+    apart). The check also reads that the forward is the class's own."""
+    original, patched = _models(pair)
+    original.train(), patched.train()
+    x = torch.randn(2, 6, 16)
+    torch_forward = torch.nn.Dropout.forward
+    torch.nn.Dropout.forward = torch.nn.Identity.forward
+    try:
+        expected, got = _run(original, x), _run(patched, x)
+    finally:
+        torch.nn.Dropout.forward = torch_forward
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_the_patched_class_compiles_under_torchscript_and_matches(pair) -> None:
     original, patched = _models(pair)
     scripted_original, scripted_patched = torch.jit.script(original), torch.jit.script(patched)

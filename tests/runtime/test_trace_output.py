@@ -29,6 +29,13 @@ def test_a_folder_is_refused_and_nothing_is_left_in_it(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_folder_name_that_does_not_exist_is_refused_not_written_as_a_file(capsys, tmp_path):
+    """Breaker round 18: `--trace traces/` exited 0 and wrote a file named `traces`."""
+    assert main(["profile", TARGET, "--trace", str(tmp_path / "traces") + "/"]) == 2
+    assert "is a folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_symlinked_trace_path_is_written_through(capsys, tmp_path):
     (tmp_path / "traces").mkdir()
     link = tmp_path / "latest.json"

@@ -112,6 +112,22 @@ def test_keyword_forms_are_rewritten_exactly(name):
     assert_rewritten_exactly(module(KEYWORD_FORMS[name]), name)
 
 
+@pytest.mark.parametrize("fill", ["torch.full_like(s, float('-inf'))", "torch.full_like(s, fill_value=-1e9)"])
+def test_a_where_fill_built_like_the_scores_is_rewritten_exactly(fill):
+    """A reach census (breaker round 18): `torch.where(m, s, torch.full_like(s, -inf))` reads the scores a second
+    time, for the fill's shape, dtype and device only, in the statement the patch deletes: it was refused."""
+    forward = ("s = q @ k.transpose(-2, -1) * 0.125\nm = torch.ones(5, 5, dtype=torch.bool).tril()\n"
+               f"s = torch.where(m, s, {fill})\nw = s.softmax(dim=-1)\nreturn w @ v")
+    assert_rewritten_exactly(module(forward), "where_full_like")
+
+
+def test_the_scores_read_like_a_fill_outside_the_block_still_refuse():
+    forward = ("s = q @ k.transpose(-2, -1) * 0.125\nkeep = torch.full_like(s, 1.0)\n"
+               "w = s.softmax(dim=-1)\nreturn w @ v + keep.sum()")
+    [finding] = [f for f in analyze_source(module(forward), "m.py").findings if f.kind == "attention"]
+    assert not finding.fixable and "is also used" in finding.reason, finding.reason
+
+
 def test_a_keyword_dim_is_read_as_the_dim():
     source = module("s = q @ k.transpose(-2, -1) * 0.125\nw = F.softmax(input=s, dim=-2)\nreturn w @ v")
     (finding,) = analyze_source(source, "m.py").findings

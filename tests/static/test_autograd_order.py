@@ -143,6 +143,22 @@ def test_assumed_when_another_file_of_the_scan_asks_for_it(tmp_path):
     assert "scanned file" in _fact(alone, "proved")["why"]
 
 
+@pytest.mark.parametrize("body, asks", [
+    ("try:\n    penalty = torch.autograd.grad(y, x, create_graph=True)\nexcept ValueError, TypeError:\n    pass\n", True),
+    ("try:\n    y.backward()\nexcept ValueError, TypeError:\n    pass\n", False),  # first order: nothing beyond
+])
+def test_a_tree_file_that_cannot_be_parsed_asks_what_its_words_name(tmp_path, body, asks):
+    """Breaker round 18: a gradient penalty in a file of a newer Python's syntax (`except A, B:`, 3.14) was an error
+    entry, and `first-order-autograd` was proved from the other files: the patch raised in its backward."""
+    root = _tree(tmp_path, "import torch\n")
+    (root / "train.py").write_text("import torch\n" + body)
+    finding = _model_finding([root])
+    assert (finding.fix_safety == "unsafe") == asks
+    if asks:
+        assert "a file that cannot be parsed here names `create_graph`" in _fact(finding, "assumed")["why"]
+        assert "train.py:3" in _fact(finding, "assumed")["why"]
+
+
 def test_proved_over_a_tree_that_only_takes_first_order_gradients(tmp_path):
     root = _tree(tmp_path, '''
         import torch
@@ -422,6 +438,35 @@ HIDDEN_REQUESTS = {
             for _ in range(order):
                 f = grad(f)
             return f(s)
+    '''),
+    # breaker round 18: one textual transform applied to a parameter of a lambda, a method, or an enclosing lambda
+    "transform_in_a_lambda_helper_applied_twice": ({}, '''
+        import torch
+
+
+        D = lambda fn: torch.func.grad(fn)
+
+
+        def second(model, x):
+            f = lambda x: model(x).pow(2).sum()
+            return D(lambda x: D(f)(x).sum())(x)
+    '''),
+    "transform_in_a_method_helper": ({}, '''
+        import torch
+
+
+        class Derivatives:
+            def d(self, fn):
+                return torch.func.grad(fn)
+    '''),
+    "transform_nested_by_a_loop_of_lambdas": ({}, '''
+        from torch.func import grad
+
+
+        def nth_derivative(f, n):
+            for _ in range(n):
+                f = (lambda g: (lambda x: grad(g)(x).sum()))(f)
+            return f
     '''),
     "reverse_transform_then_backward": ({}, '''
         from torch.func import functional_call, grad

@@ -95,6 +95,13 @@ HELPER = '''def build(n):
     (HELPER.replace("    mask.triu_(1)\n", "    mask.triu_(1)\n    mask[0] = float('-inf')\n"), "build(n)", "",
      False),  # a write the fold does not read
     (HELPER.replace("mask.triu_(1)", "mask.tril_(-1)"), "build(n)", "", False),  # the other triangle
+    # breaker round 18: the key index compared with the query index (a module-level `BIAS` of a reach census)
+    ("", "(torch.arange(n)[None, :] > torch.arange(n)[:, None]) * -1e9", "[:L, :S]", True),
+    ("", "(torch.arange(n).unsqueeze(-1) < torch.arange(n)).float() * -1e9", "", True),
+    ("", 'torch.where(torch.arange(n)[None, :] > torch.arange(n)[:, None], float("-inf"), 0.0)', "", True),
+    ("", "(torch.arange(n)[None, :] >= torch.arange(n)[:, None]) * -1e9", "", False),  # the diagonal too
+    ("", "(torch.arange(n)[None, :] > torch.arange(n + 1)[:, None]) * -1e9", "", False),  # not square
+    ("", "(torch.arange(n)[None, :] > torch.arange(n)[None, :]) * -1e9", "", False),  # two key indices
 ])
 def test_an_added_neginf_triangle_keeps_the_first_key(helper, built, sliced, proved):
     """An added buffer of -inf strictly above the diagonal (0 elsewhere) keeps key 0 in every row: the patch is

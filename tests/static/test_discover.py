@@ -91,6 +91,13 @@ def test_a_python_script_without_py_counts_for_call_site_facts(tmp_path, script)
     assert safety() == "unsafe"
 
 
+@pytest.mark.parametrize("shebang", ["#!/usr/bin/env -S uv run --script", "#!/usr/bin/pypy3"])
+def test_a_script_run_by_uv_or_pypy_is_walked(tmp_path, shebang):
+    """Breaker round 18: a uv script's requests (a gradient penalty) went unseen."""
+    (tmp_path / "train").write_text(shebang + "\nimport torch\n")
+    assert discover([str(tmp_path)])[0] == [str(tmp_path / "train")]
+
+
 def test_a_file_without_a_suffix_that_is_not_python_is_not_walked(tmp_path):
     (tmp_path / "LICENSE").write_text("MIT\n")
     (tmp_path / "run").write_text("#!/bin/sh\necho hi\n")

@@ -202,7 +202,7 @@ return (att @ v).transpose(1, 2).reshape(B, T, C)
 """
 PER_HEAD = "torch.full((2, 1, 1), 0.3)"
 NAMESPACE_WRITES = {
-    "dict_update_in_method": dict(methods=f"def retune(self, **kw):\n    self.__dict__.update(kw)\n",
+    "dict_update_in_method": dict(methods="def retune(self, **kw):\n    self.__dict__.update(kw)\n",
                                   make=f"model.retune(scale={PER_HEAD})"),
     "vars_update_in_method": dict(methods=f"def retune(self):\n    vars(self).update(scale={PER_HEAD})\n",
                                   make="model.retune()"),
@@ -411,6 +411,8 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     # is passed (and, as far as the file shows, `init` may be a tensor whose method `normal_` is)
     ("import torch\n\nfunctional = torch.nn.functional\nfunctional.softmax = f\n", False,
      ({"softmax", "torch.nn.functional.softmax"},) * 2),  # a module-level alias of torch's module
+    ("import torch\n\n\ndef sharpen(f):\n    nnf = torch.nn.functional\n    nnf.softmax = f\n", False,
+     ({"softmax", "torch.nn.functional.softmax"},) * 2),  # ... also in a function (breaker round 18)
     ("import torch\n\nfunctional = torch.nn.functional; x = 1\nfunctional.softmax = f\n", False,
      ({"softmax"},) * 2),  # ... not read as one when it shares its line (as ParsedModule.name_aliases)
     ("import torch\n\ntorch = load()\ntorch.matmul = f\n", False, ({"torch", "matmul"},) * 2),  # not torch's

@@ -7,8 +7,6 @@ original on the same weights and inputs (outputs and gradients; the mask require
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -92,7 +90,11 @@ BASE = render(Program(definition="zeros", use="fn_global"))
         "dropout-inplace-positional", "star-import", "zero-dim-index", "set-add", "list-extended"])
 def test_any_other_way_the_file_may_change_the_global_leaves_the_facts_assumed(extra):
     source = BASE.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
-    assert all(f.fix_safety != "safe" for f in analyze(source, as_file=True).findings)
+    findings = analyze(source, as_file=True).findings
+    assert all(f.fix_safety != "safe" for f in findings)
+    if "import *" in extra:  # after the opening imports it may bind the emitted call's name too: refused (round 18)
+        assert "runs after the imports that open the module" in findings[0].reason
+        return
     assert "fully-masked-rows" in {fact["name"] for fact in _facts(source)["assumed"]}
 
 

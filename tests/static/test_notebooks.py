@@ -4,6 +4,7 @@ written back into the notebook's JSON without touching other cells, outputs or m
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,32 @@ def test_a_broken_notebook_is_one_error_entry(capsys, workdir, raw, says):
     main(["scan", "x.ipynb", "--format", "json"])
     [error] = json.loads(capsys.readouterr().out)["errors"]
     assert error["message"].startswith("not a Jupyter notebook") and says in error["message"]
+
+
+@pytest.mark.parametrize("line, asks", [
+    ("%time g, = torch.autograd.grad(m(x).sum(), x, create_graph=True)", True),
+    ("%timeit -n 1 g, = torch.autograd.grad(m(x).sum(), x, create_graph=True)", False),  # options: not read
+    ("%time g, = torch.autograd.grad(m(x).sum(), x)", False),
+])
+def test_a_time_magic_line_runs_its_statement_for_the_tree_s_facts(capsys, workdir, line, asks):
+    """Breaker round 18: a gradient penalty (or a module hook) on a `%time` line was masked out of the tree's facts:
+    `first-order-autograd` was proved and the patched model raised in the notebook's double backward."""
+    shutil.copy(NANOGPT, workdir / "model.py")
+    write_notebook(workdir / "train.ipynb", [cell("code", "import torch\nfrom model import make\nm, (x,) = make()\n"),
+                                             cell("code", f"# timed\n{line}\n")])
+    main(["scan", ".", "--format", "json"])
+    [finding] = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["path"].endswith("model.py")]
+    assumed = {fact["name"] for fact in finding["facts"]["assumed"]}
+    assert ("first-order-autograd" in assumed) == asks, assumed
+    assert (finding["fix_safety"] == "unsafe") == asks
+
+
+def test_a_cell_holding_a_lone_surrogate_is_a_bad_file_not_an_internal_error(capsys, workdir):
+    """Breaker round 18: JSON's `\\ud800` escape is valid JSON and no source text: it was an internal error."""
+    (workdir / "x.ipynb").write_text('{"cells": [{"cell_type": "code", "source": "x = \'\\ud800\'\\n"}]}')
+    code = main(["scan", "x.ipynb", "--format", "json"])
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert code == 2 and "lone surrogate" in error["message"] and not error.get("internal")
 
 
 def test_masking_keeps_every_line_and_maps_back():

@@ -24,6 +24,8 @@ HANDED_ON = {
     "reduce(getattr)": "functools.reduce(getattr, ['bias'], model).fill_(1.0)",
     "_apply": "model._apply(lambda t: torch.ones_like(t) if t.dim() == 4 else t)",
     "the class's accessor": "model.causal_mask().fill_(1.0)",
+    "_buffers.values()": "for buf in model._buffers.values():\n        buf.fill_(1.0)",  # breaker round 18
+    "_buffers.items()": "for name, buf in model._buffers.items():\n        buf.fill_(1.0)",
 }
 READ_ONLY = {
     "metadata": "print(model.bias.shape, model.bias.dtype)",

@@ -300,3 +300,14 @@ def test_a_patch_whose_outputs_parity_cannot_read_is_not_verified(tmp_path, caps
     code, result, _ = run_json(capsys, f"{model}:workload", "--report", str(tmp_path / "report"))
     [patch] = result["patches"]
     assert patch["verdict"] == "parity-failed" and "no output tensor was compared" in patch["reason"], patch
+
+
+def test_the_diffs_of_two_files_outside_the_root_never_share_a_name(tmp_path):
+    """Breaker round 18: `outside/p__q/m1.py` and `outside/p/q__m1.py` got one name (`/` became `__`), and the second
+    verified diff replaced the first, both patches saying their diff was written there."""
+    from advisor.verify.optimize_pipeline import _outside_diff_name
+
+    first, second = tmp_path / "p__q" / "m1.py", tmp_path / "p" / "q__m1.py"
+    assert _outside_diff_name(str(first)) != _outside_diff_name(str(second))
+    assert _outside_diff_name(str(first)).startswith("patches/m1.py-") and _outside_diff_name(str(first)) == \
+        _outside_diff_name(str(tmp_path / "p__q" / "." / "m1.py"))

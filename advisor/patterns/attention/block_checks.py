@@ -52,9 +52,26 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
                 if translated is not None:
                     match.renamed[translated[0]] = translated[1]
                     continue
-            if read not in chain_reads and read not in match.escapes:
+            if read not in chain_reads and read not in match.escapes and not _shape_of_a_fill(c, read, score_ids):
                 raise Refusal(f"the intermediate `{definition.name}` is also used at line "
                               f"{c.parsed.line(read)}")
+
+
+LIKE_FILLS = frozenset({"torch.full_like", "torch.zeros_like", "torch.ones_like", "torch.empty_like"})
+
+
+def _shape_of_a_fill(c: Candidate, read: cst.Name, score_ids: set[int]) -> bool:
+    """`torch.where(mask, s, torch.full_like(s, -inf))`: the scores read for the shape, dtype and device of a fill,
+    inside a statement of the score chain, which the patch deletes with the block (a reach census of round 18)."""
+    argument = c.parsed.parents.get(read)
+    call = c.parsed.parents.get(argument)
+    if not (isinstance(argument, cst.Arg) and isinstance(call, cst.Call) and call.args[0] is argument and
+            c.parsed.imported_name(call.func) in LIKE_FILLS and
+            all(arg.keyword is None or arg.keyword.value == "fill_value" for arg in call.args)):
+        return False
+    statement = c.parsed.innermost(call, cst.SimpleStatementLine)
+    return any(d.id in score_ids and c.parsed.innermost(d.statement, cst.SimpleStatementLine) is statement
+               for d in c.chain.definitions)
 
 
 def _translate_metadata_read(c: Candidate, read: cst.Name):
@@ -223,7 +240,7 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     """The `self.` methods and modules the proof resolved are the ones that run, and deleting a module
     call loses nothing but its computation (no hooks)."""
     owner, match = c.owner, c.match
-    replaced = scope.replaced_torch_function(c.parsed, block)
+    replaced = scope.replaced_torch_function(c.parsed, block) or scope.emitted_name_rebound(c.parsed)
     if replaced is not None:
         raise Refusal(replaced)
     hooked = next((call for function in (c.home, *c.inlined) for call in m.findall(function, GRADIENT_READERS)), None)

@@ -3,7 +3,8 @@
 Causal additive masks are spelled many ways: `torch.full((n, n), -inf).triu(1)`, `torch.where(tril, 0.0, -inf)`,
 `torch.zeros(n, n).masked_fill(tril == 0, -1e4)`, `(1 - tril) * -1e9`, CLIP's helper (`m = torch.empty(n, n)`,
 `m.fill_(-inf)`, `m.triu_(1)`, `return m`), or the PyTorch tutorial's helper (`mask = (torch.triu(torch.ones(n,
-n)) == 1).transpose(0, 1)`, then `mask.float().masked_fill(mask == 0, -inf).masked_fill(mask == 1, 0.0)`). Each is
+n)) == 1).transpose(0, 1)`, then `mask.float().masked_fill(mask == 0, -inf).masked_fill(mask == 1, 0.0)`), or the
+key index compared with the query index (`(torch.arange(n)[None, :] > torch.arange(n)[:, None]) * -1e9`). Each is
 constant in each part of every square, so evaluating the operations on the three values (`Parts`) reads them all,
 where matching each spelling misses the next one. A mask 0 on and below the diagonal keeps key 0 of every row at 0:
 no row is fully masked, whatever the part above holds (-inf or a fill).
@@ -108,6 +109,9 @@ class _Reader:
                 type(node.comparisons[0].operator) in COMPARISONS:
             test = node.comparisons[0]
             compare, number = COMPARISONS[type(test.operator)], self._number(test.comparator)
+            grid = self._index_grid(node.left, test.comparator, compare)
+            if grid is not None:
+                return grid
             inner = below(node.left)
             compared = inner.map(lambda v: float(compare(v, number))) if inner is not None and number is not None \
                 else None
@@ -117,6 +121,34 @@ class _Reader:
         if isinstance(node, cst.Call) and not any(a.star for a in node.args):
             return self._call(node, below, depth)
         return None
+
+    def _index_grid(self, left: cst.BaseExpression, right: cst.BaseExpression, compare) -> Parts | None:
+        """`torch.arange(n)[None, :] > torch.arange(n)[:, None]`: the key index against the query index of every
+        cell, read where it is below (key < query), on and above the diagonal."""
+        sides = [self._index_axis(left), self._index_axis(right)]
+        if None in sides or sides[0][1] != sides[1][1] or {sides[0][0], sides[1][0]} != {"key", "query"}:
+            return None
+        cells = {"below": (0, 1), "diagonal": (0, 0), "above": (1, 0)}  # (key, query) of a cell of each part
+        values = {part: float(compare(*(key, query) if sides[0][0] == "key" else (query, key)))
+                  for part, (key, query) in cells.items()}
+        return Parts(values["below"], values["diagonal"], values["above"], 2, sides[0][1], "bool")
+
+    def _index_axis(self, node: cst.BaseExpression) -> tuple[str, str] | None:
+        """("key", n) for `torch.arange(n)` as a row (`[None, :]`, `[None]`, `.unsqueeze(0)`, or alone, broadcast),
+        ("query", n) as a column (`[:, None]`, `.unsqueeze(1)`, `.unsqueeze(-1)`); None for anything else."""
+        kind = "key"
+        if isinstance(node, cst.Subscript):
+            codes = [self.parsed.code(element.slice).replace(" ", "") for element in node.slice]
+            kind = {("None", ":"): "key", ("None",): "key", (":", "None"): "query"}.get(tuple(codes))
+            node = node.value
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+                node.func.attr.value == "unsqueeze" and len(node.args) == 1:
+            kind = {0: "key", 1: "query", -1: "query"}.get(int_value(node.args[0].value))
+            node = node.func.value
+        if kind is None or not (isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.arange"
+                                and len(node.args) == 1 and node.args[0].keyword is None):
+            return None
+        return kind, self.parsed.code(node.args[0].value).replace(" ", "")
 
     def _number(self, node: cst.BaseExpression) -> float | None:
         """A number the source fixes, a fill of a named dtype's extreme (`torch.finfo(torch.float32).min`)
