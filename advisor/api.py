@@ -88,7 +88,11 @@ def _target(verb: str, target) -> str:
 
 
 # the CLI's prompts: the API asks nothing (it would have applied every verified patch unasked)
-PROMPTS = {"interactive": " (the API asks nothing: read the result's patches, then pass apply=True)"}
+# the CLI's options about the terminal: the API asks nothing, prints nothing and returns the typed result (breaker
+# round 18: `verbose=True` printed on stderr and `format="sarif"` was ignored)
+CLI_ONLY = {"interactive": " (the API asks nothing: read the result's patches, then pass apply=True)",
+            "verbose": " (the API prints nothing)", "quiet": " (the API prints nothing)",
+            "format": " (the API returns the typed result; its `.to_json()` is the JSON)"}
 
 
 def _arguments(verb: str, positional: list[str], options: dict, **fixed):
@@ -102,8 +106,8 @@ def _arguments(verb: str, positional: list[str], options: dict, **fixed):
     args = parser.parse_args([verb, "--", *positional] if positional else [verb])
     actions = _verb_actions(parser, verb)
     for name, value in {**options, **fixed}.items():
-        if name not in vars(args) and name not in fixed or name in PROMPTS:
-            raise TypeError(f"{verb}() got an unexpected option {name!r}" + PROMPTS.get(name, ""))
+        if name not in vars(args) and name not in fixed or name in CLI_ONLY and name in options:
+            raise TypeError(f"{verb}() got an unexpected option {name!r}" + CLI_ONLY.get(name, ""))
         value = _checked(verb, name, value, actions.get(name))
         if name in ("select", "ignore") and value is not None:
             value = parse_selectors(value if isinstance(value, str) else ",".join(value))

@@ -80,6 +80,10 @@ def test_scan_options_and_configuration_are_the_clis(workdir):
     # a fourth promises round: the API asked nothing and applied every verified patch
     ("optimize", {"interactive": True}, TypeError, "the API asks nothing"),
     ("fix", {"interactive": True}, TypeError, "the API asks nothing"),
+    # breaker round 18: the terminal's options were accepted (`verbose=True` printed, `format="sarif"` ignored)
+    ("scan", {"verbose": True}, TypeError, "the API prints nothing"),
+    ("fix", {"quiet": False}, TypeError, "the API prints nothing"),
+    ("scan", {"format": "sarif"}, TypeError, "returns the typed result"),
 ])
 def test_an_option_the_flag_would_refuse_is_refused_before_anything_runs(workdir, verb, options, error, says):
     shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
