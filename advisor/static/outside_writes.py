@@ -129,6 +129,10 @@ def _collected(text: str, own: bool) -> "_Writes | None":
                 bindings.extend((target, node.value) for target in node.targets)
         elif kind is ast.NamedExpr or kind is ast.For or kind is ast.AsyncFor or kind is ast.comprehension:
             bindings.append((node.target, node.value if kind is ast.NamedExpr else node.iter))
+            if kind is not ast.NamedExpr and not isinstance(node.target, ast.Name):  # `for m.sm in [...]` (round 18)
+                writes.append(ast.Assign(targets=[node.target], value=node.iter))
+        elif kind is ast.withitem and node.optional_vars is not None and not isinstance(node.optional_vars, ast.Name):
+            writes.append(ast.Assign(targets=[node.optional_vars], value=node.context_expr))
         elif kind is ast.FunctionDef or kind is ast.Lambda:
             functions.append(node)
         elif kind is ast.Import or kind is ast.ImportFrom:
@@ -261,6 +265,20 @@ def _narrowings(tests: list[ast.If], names: _Names) -> list[tuple[str, str, int,
             continue
         found.append((name, "|".join(sorted(dotted)), test.body[0].lineno, test.body[-1].end_lineno))
     return found
+
+
+def _may_be(node: ast.AST) -> list[ast.AST] | None:
+    """The expressions whose object `node` itself may be (a conditional's branches, a boolean operation's operands,
+    `+t`, which is `t`, a walrus's value); None for anything else."""
+    if isinstance(node, ast.IfExp):
+        return [node.body, node.orelse]
+    if isinstance(node, ast.BoolOp):
+        return list(node.values)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
+        return [node.operand]
+    if isinstance(node, ast.NamedExpr):
+        return [node.value]
+    return None
 
 
 def _aliases(bindings: list[tuple[ast.AST, ast.AST]], imports: dict[str, str]) -> dict[str, set[str]]:
@@ -483,6 +501,11 @@ class _Writes:
         if isinstance(node, (ast.Tuple, ast.List)):
             for element in node.elts:
                 self.target(element, rebinding=rebinding)
+            return
+        alternatives = _may_be(node)
+        if alternatives is not None:  # `(m.bias if c else t).fill_(1)`, `(None or m.bias)`, `+m.bias` (round 18)
+            for part in alternatives:
+                self.target(part, elements_only, value, rebinding)
             return
         owner = _namespace_owner(node.value) if isinstance(node, ast.Subscript) and \
             not isinstance(node.slice, (ast.Slice, ast.Tuple)) else None

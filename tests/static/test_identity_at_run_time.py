@@ -416,6 +416,12 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     ("import torch\n\nfunctional = torch.nn.functional; x = 1\nfunctional.softmax = f\n", False,
      ({"softmax"},) * 2),  # ... not read as one when it shares its line (as ParsedModule.name_aliases)
     ("import torch\n\ntorch = load()\ntorch.matmul = f\n", False, ({"torch", "matmul"},) * 2),  # not torch's
+    # breaker round 18: a receiver that may be the attribute, and an attribute bound as a loop or `with` target
+    ("def f(m, c, t):\n    (m.bias if c else t).fill_(1)\n", False, ({"bias"}, set())),
+    ("def f(m):\n    (None or m.bias).fill_(1)\n    (+m.bias).zero_()\n", False, ({"bias"}, set())),
+    ("import torch.nn as nn\n\n\ndef f(m):\n    for m.sm in [nn.Softmax(dim=2)]:\n        pass\n", False,
+     ({"sm"},) * 2),
+    ("def f(m, x):\n    with x as m.sm:\n        pass\n", False, ({"sm"},) * 2),
     # torch's module reached by the import machinery or through its namespace (a thirteenth breaker's)
     ("import sys\n\nsys.modules['torch.nn.functional'].softmax = f\n", False,
      ({"modules", "softmax", "torch.nn.functional.softmax"},) * 2),
