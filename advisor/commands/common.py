@@ -107,7 +107,7 @@ def run_scan(args, runtime=None, patches: bool = True, fixed: bool = True, jobs:
             stderr.print("advisor: every path named is excluded (`exclude` with force-exclude): nothing to scan")
     elif not result.files and not result.errors:  # the JSON's `errors` say why, as the text's line does
         result.errors.extend(ScanError(path, "no Python files found") for path in args.paths)
-    if not result.files and not result.all_excluded and not _is_machine_format(args):
+    if not result.files and not result.all_excluded and not is_machine_format(args):
         reasons = "; ".join(f"{e.path}: {e.message}" for e in result.errors)
         raise AdvisorError(f"nothing could be scanned ({reasons})")
     return result
@@ -147,7 +147,7 @@ def _is_a_terminal(console: Console) -> bool:
         return False
 
 
-def _is_machine_format(args) -> bool:
+def is_machine_format(args) -> bool:
     """JSON, SARIF and GitHub readers get a document even when nothing could be scanned (its errors say why)."""
     return getattr(args, "format", "text") in ("json", "sarif", "github")
 

@@ -6,7 +6,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from advisor.commands.common import add_selection_arguments, exit_code, run_scan
+from advisor.commands.common import add_selection_arguments, exit_code, is_machine_format, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.contracts.finding import Finding, ScanError
 from advisor.errors import AdvisorError
@@ -38,7 +38,7 @@ def run(args) -> int:
     try:
         result, findings = scanned(args, patches=args.format != "text")  # the text table shows no patch
     except ProfileFailed as exc:
-        if args.format not in ("json", "sarif", "github"):
+        if not is_machine_format(args):
             raise
         from advisor.engine.static import ScanResult  # a reader of the document gets one, its error saying why
 

@@ -25,7 +25,7 @@ from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method,
 from advisor.static.discover import read_source
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.op_overrides import op_overrides
-from advisor.static.opening_imports import import_position
+from advisor.static.opening_imports import opening_imports_end
 from advisor.static.op_restores import replaces
 from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
@@ -973,7 +973,7 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
     import of a module outside torch after the imports that open the module, where an added import goes (it may
     bind any name; an import of the module's own before it is not reused), or `F`, which the rewrite adds when the
     module has no name for torch.nn.functional, assigned on a module object in a file of the tree."""
-    position = import_position(parsed.module.body)
+    position = opening_imports_end(parsed)
     late = next((node for index, node in parsed.star_imports if index >= position), None)
     if late is not None:
         return (f"`{parsed.code(late).strip()}` (line {parsed.line(late)}) runs after the imports that open the module: "

@@ -13,7 +13,7 @@ from advisor.rewrite.deleted_names import bound_names, read_of_deleted
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
-from advisor.static.opening_imports import import_position
+from advisor.static.opening_imports import import_position, opening_imports_end
 
 
 class RewriteFailed(Exception):
@@ -141,7 +141,7 @@ def render(parsed: ParsedModule, edits: NodeEdits) -> list[Edit]:
     editor = _Editor(edits, parsed, _on_the_way(parsed, touched))
     statements = _top_level_statements(parsed, touched)
     body = parsed.module.body
-    position = parsed.derived(import_position, lambda p: import_position(p.module.body))  # once per file
+    position = opening_imports_end(parsed)
     anchor = ([body[position]] if position < len(body) else body[-1:]) if added else []
     spans = parsed.statement_spans(statements + anchor)
     deleted = bound_names([*edits.remove, *edits.replace])

@@ -112,15 +112,15 @@ def might_ask(source: str) -> bool:
 
 
 # the words of TOKENS that name a request beyond first-order reverse mode (not `autograd`, `backward(`)
-BEYOND_FIRST_ORDER = tuple(token for token in TOKENS if token not in ("autograd", "backward(", "forward-mode"))
+BEYOND_FIRST_ORDER = re.compile("|".join(re.escape(token) for token in TOKENS
+                                         if token not in ("autograd", "backward(", "forward-mode")))
 
 
 def unparsed_request(source: str, path: str) -> AutogradSite | None:
     """A file CPython cannot parse whose words name a request beyond first-order reverse mode (`create_graph`,
     `jvp`, `torch.func`): what it asks is not seen, so it asks (breaker round 18: a gradient penalty in a file
     written in a newer Python's syntax proved nothing asked)."""
-    found = min((match for match in (re.search(re.escape(token), source) for token in BEYOND_FIRST_ORDER)
-                 if match is not None), key=lambda match: match.start(), default=None) or FUNC_MODULE.search(source)
+    found = BEYOND_FIRST_ORDER.search(source) or FUNC_MODULE.search(source)
     if found is None:
         return None
     try:

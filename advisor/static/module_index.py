@@ -690,29 +690,22 @@ def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: 
         if module_level and (parsed.innermost(node, (cst.FunctionDef, cst.ClassDef)) is not None or
                              _under_type_checking(parsed, node)):
             continue
-        for local, dotted in _import_bindings(parsed, node):
-            bind(local, dotted)
+        if isinstance(node, cst.Import):
+            for alias in node.names:
+                dotted = _name_code(parsed, alias.name)
+                if alias.asname is not None:
+                    bind(_name_code(parsed, alias.asname.name), dotted)
+                else:
+                    head = dotted.split(".")[0]
+                    bind(head, head)
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
+            for alias in node.names:
+                local = alias.asname.name if alias.asname else alias.name
+                name = _name_code(parsed, alias.name)
+                dotted = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
+                bind(_name_code(parsed, local), dotted)
     return imports
-
-
-def _import_bindings(parsed: "ParsedModule", node: cst.Import | cst.ImportFrom) -> list[tuple[str, str]]:
-    """(local name, dotted module or object) of each name one import statement binds (none for a star import)."""
-    if isinstance(node, cst.Import):
-        found = []
-        for alias in node.names:
-            dotted = _name_code(parsed, alias.name)
-            head = dotted.split(".")[0]
-            found.append((_name_code(parsed, alias.asname.name), dotted) if alias.asname is not None else (head, head))
-        return found
-    if isinstance(node.names, cst.ImportStar):
-        return []
-    base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
-    found = []
-    for alias in node.names:
-        local = alias.asname.name if alias.asname else alias.name
-        name = _name_code(parsed, alias.name)
-        found.append((_name_code(parsed, local), f"{base}{name}" if base.endswith(".") else f"{base}.{name}"))
-    return found
 
 
 def _under_type_checking(parsed: "ParsedModule", node: cst.CSTNode) -> bool:

@@ -24,6 +24,11 @@ def import_position(body) -> int:
     return position
 
 
+def opening_imports_end(parsed) -> int:
+    """`import_position` of the module as read (a ParsedModule), computed once per file."""
+    return parsed.derived(import_position, lambda p: import_position(p.module.body))
+
+
 def ipython_mask(statement: cst.BaseSmallStatement) -> bool:
     """`_advisor_ipython(names)`: a notebook's IPython line as the scan reads it (advisor.static.notebook)."""
     return isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call) and \

@@ -142,7 +142,7 @@ def _collected(text: str, own: bool) -> "_Writes | None":
         elif kind is ast.If and type(node.test) is ast.Call and getattr(node.test.func, "id", None) == "isinstance":
             tests.append(node)
     imports.sort(key=lambda node: (node.lineno, node.col_offset))  # source order: the first binding wins
-    names = _Names(tree.body, imports, bound, [(target, value) for target, value in bindings])
+    names = _Names(tree.body, imports, bound, bindings)
     collector = _Writes(names, own, _narrowings(tests, names), _aliases(bindings, names.imports))
     collector.writers = _parameter_writers(functions, writes, bindings)
     for node in writes:

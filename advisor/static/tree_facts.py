@@ -141,14 +141,14 @@ def file_contribution(source: SourceFile) -> tuple[list, tuple[list[AutogradSite
     autograd requests with its uses of reverse-mode transforms (autograd_use.autograd_uses)."""
     autograd: tuple[list[AutogradSite], list[AutogradSite]] = ([], [])
     text = source.notebook.run_text if source.notebook is not None else source.text  # `%time` lines' code too
-    unread = unparsed_request(text, source.path)
-    if unread is not None:
-        autograd = ([unread], [])
-    elif worth_resolving(text):
+    if worth_resolving(text):  # False where CPython cannot parse it: then its words are read
         try:
             autograd = autograd_uses(ParsedModule(text, source.path))
         except Exception:  # noqa: BLE001 - unparsable: the scan reports it as the file's error entry
             pass
+    else:
+        unread = unparsed_request(text, source.path)
+        autograd = ([unread], []) if unread is not None else autograd
     return hook_sites(source.path, text), autograd
 
 
