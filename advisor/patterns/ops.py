@@ -125,7 +125,8 @@ class OpReader:
         if inner is None or inner.name not in HELPER_OPS:
             return None
         operands = [_as_argument(operand, bound) for operand in inner.operands]
-        params = {key: _as_argument(value, bound) for key, value in inner.params.items()}
+        params = {key: _as_argument(value, bound) if isinstance(value, cst.CSTNode) else value
+                  for key, value in inner.params.items()}
         if None in operands or any(value is None and inner.params[key] is not None for key, value in params.items()):
             return None
         return Op(inner.name, call, operands, params)
@@ -399,7 +400,8 @@ def _exp_of_log_softmax(call: cst.Call, inner: Op | None) -> Op | None:
     return Op("softmax", call, inner.operands, inner.params)
 
 
-HELPER_OPS = {"softmax", "matmul", "bmm"}  # ops a one-line helper is read as: all their params are expressions
+HELPER_OPS = {"softmax", "matmul", "bmm", "einsum"}  # ops a one-line helper is read as (an einsum's literal spec
+# reads no parameter)
 
 
 def _only_return(function: cst.FunctionDef) -> cst.BaseExpression | None:

@@ -79,6 +79,7 @@ class Variant:
     dtype: str = "float32"
     names: tuple[str, str] = ("scores", "attn")
     operand_cast: bool = False  # `q.float() @ k.float().mT` (`.double()` in float64), the weights cast back to v's
+    helpers: str = "none"  # none | scores | value | both: the score or value product returned by a method of the class
     hazard: str = "none"
 
     @property
@@ -320,7 +321,15 @@ def _write_scores(v: Variant, src: _Source, q: str, k: str) -> None:
         kt = _k_transposed(v, src, k)
         expr = {"at": f"{q} @ {kt}", "matmul": f"torch.matmul({q}, {kt})", "method": f"{q}.matmul({kt})",
                 "bmm": f"torch.bmm({q}, {kt})"}[p]
-    src.body.append(f"{s} = {expr}")
+    src.body.append(f"{s} = {_in_helper(src, expr, '_attn_scores', ('q', 'k', 'k_t', 'batch'))}"
+                    if v.helpers in ("scores", "both") else f"{s} = {expr}")
+
+
+def _in_helper(src: _Source, expr: str, name: str, candidates: tuple[str, ...]) -> str:
+    """`expr` returned by a method `name` of the class that takes the locals it reads; the call that replaces it."""
+    params = [n for n in candidates if re.search(rf"(?<![.\w]){n}(?!\w)", expr)]
+    src.methods.append(f"def {name}(self, {', '.join(params)}):\n    return {expr}")
+    return f"self.{name}({', '.join(params)})"
 
 
 # Masks ---------------------------------------------------------------------------------------------------------
@@ -523,6 +532,8 @@ def _write_value_product(v: Variant, src: _Source) -> str:
         expr = f"(v.transpose(-2, -1) @ {w}.transpose(-2, -1)).transpose(-2, -1)"
     else:
         expr = {"at": f"{w} @ v", "matmul": f"torch.matmul({w}, v)", "bmm": f"torch.bmm({w}, v)"}[p]
+    if v.helpers in ("value", "both"):
+        expr = _in_helper(src, expr, "_attn_mix", (w, "v", "batch"))
     src.body.append(f"out = {expr}")
     return "out"
 
@@ -864,7 +875,8 @@ def core_variants(draw, *, fp32_masks_only: bool = True) -> Variant:
         softmax=draw(st.sampled_from(SOFTMAXES)), dropout=draw(st.sampled_from(DROPOUTS)),
         value_product=draw(st.sampled_from(VALUE_PRODUCTS[layout])),
         output=draw(st.sampled_from(OUTPUTS[layout])), dtype=dtype, names=draw(st.sampled_from(NAMES)),
-        operand_cast=layout != "channel" and draw(st.sampled_from((False, False, False, True))))
+        operand_cast=layout != "channel" and draw(st.sampled_from((False, False, False, True))),
+        helpers=draw(st.sampled_from(("none", "none", "scores", "value", "both"))))
 
 
 def _with(base: st.SearchStrategy, **fixed) -> st.SearchStrategy:
@@ -906,7 +918,7 @@ def _view_after_rewrite() -> st.SearchStrategy:
         mask = draw(st.sampled_from(("additive", "causal_local", "key_padding")))
         return dataclasses.replace(variant, layout="channel", product=draw(st.sampled_from(PRODUCTS["channel"])),
                                    value_product=draw(st.sampled_from(VALUE_PRODUCTS["channel"])),
-                                   output="view_transpose", mask=mask, mask_rank="full",
+                                   output="view_transpose", mask=mask, mask_rank="full", helpers="none",
                                    mask_dtype=variant.dtype if mask == "additive" else "bool")
     return st.composite(build)()
 
@@ -915,7 +927,7 @@ def _hazard(*names: str) -> st.SearchStrategy:
     def build(draw):
         variant = draw(core_variants())
         hazard = draw(st.sampled_from(names))
-        changes: dict = {"hazard": hazard}
+        changes: dict = {"hazard": hazard, "helpers": "none"}  # hazards edit the block's text in forward
         if hazard in ("write_causal_init",):
             changes.update(mask="causal_buffer", kv="self", polarity="eq0")
         if hazard == "make_writes_causal" or hazard in BUFFER_WRITES:

@@ -206,3 +206,51 @@ def _ops(function, *args) -> set[str]:
         def forward(self, *inputs):
             return function(*inputs)
     return dispatched_ops(Wrapper(), args)
+
+
+CAUSAL_WITH_TEMPERATURE = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2, rows=1):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.temperature = nn.Parameter(torch.rand(heads, rows, 1) + 0.5)
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q @ k.transpose(-2, -1)) * self.temperature
+        attn = attn.masked_fill(self.bias[:, :, :n, :n] == 0, float("-inf"))
+        return attn.softmax(dim=-1) @ v
+'''
+
+
+def test_a_causal_buffer_under_a_temperature_is_guarded_where_the_rows_are_the_querys():
+    """The temperature may broadcast the scores' rows (a (H, L, 1) one against a single query), so the triangle's
+    extent is checked against the query's rows and the temperature's: a (H, 1, 1) or (H, L, 1) temperature takes
+    SDPA, one with rows against a single query runs the original (which broadcasts the rows up)."""
+    finding = _finding(CAUSAL_WITH_TEMPERATURE)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "causal-extent" in _facts(finding, "guarded") and "is_causal=True" in finding.patch
+    original_module = load_module_from_source(CAUSAL_WITH_TEMPERATURE, "causal_temperature")
+    patched_module = load_module_from_source(analyze_source(CAUSAL_WITH_TEMPERATURE, "case.py").fixed,
+                                             "causal_temperature_fixed")
+    for rows, tokens, fast in ((1, 5, True), (5, 5, True), (5, 1, False)):
+        for dtype in (torch.float32, torch.float64):
+            torch.manual_seed(rows)
+            original = original_module.Attention(rows=rows).to(dtype)
+            patched = patched_module.Attention(rows=rows).to(dtype)
+            patched.load_state_dict(original.state_dict())
+            x = torch.randn(2, tokens, 16, dtype=dtype, generator=torch.Generator().manual_seed(3))
+            outputs = [model(x) for model in (original, patched)]
+            torch.testing.assert_close(outputs[1], outputs[0], atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+            for output in outputs:
+                output.square().sum().backward()
+            torch.testing.assert_close(patched.temperature.grad, original.temperature.grad,
+                                       atol=TOLERANCE[dtype] * 10, rtol=TOLERANCE[dtype] * 10)
+        assert uses_sdpa(dispatched_ops(patched, (x,))) == fast

@@ -94,6 +94,7 @@ class Candidate:
     operands_as_written: tuple | None = None
     factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # ("mul" | "div", Python number)
     tensor_factors: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)  # folded into the query
+    unfolded_query: cst.BaseExpression | None = None  # the query before they are (its shape is the scores' rows')
     # the tensor factors each scale fact leaves unproved, which a guard may check (see `tensor_scale`)
     tensor_scale_reads: dict[str, list[cst.BaseExpression]] = field(default_factory=dict)
     leaf_nodes: list[cst.BaseExpression] = field(default_factory=list)  # q, k, v, then what else SDPA reads

@@ -81,7 +81,7 @@ def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
     if not c.off:
         return
     match, parsed = c.match, c.parsed
-    if c.home is not c.function or c.inlined:
+    if c.home is not c.function:  # helpers the block calls (`self._scores(q, k)`) stay where they are
         raise Refusal("the block leaves its function, where the flag's branch cannot follow it")
     if scope.is_scripted(parsed, c.home, c.owner):
         raise Refusal("the function is compiled by TorchScript, where each branch must bind the same names")

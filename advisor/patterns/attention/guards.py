@@ -25,6 +25,7 @@ from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
+from advisor.patterns.attention.rendering import as_home_expression
 from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import causal_rank_unproved, rank_bounds, term_rank, weights_dtype
 from advisor.patterns.attention.scale import SCALE_NONZERO, SCALE_POSITIVE, divisors_read
@@ -62,7 +63,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         return
     span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
-    query, key, value = (_peeled(node, DTYPE_KEEPING_VIEWS) for node in leaves)
+    query, key, value = (_passed(c, _peeled(node, DTYPE_KEEPING_VIEWS)) for node in leaves)
     leaves_query = query
     if span is None:
         return
@@ -101,34 +102,34 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 if all(t.keeps_first_key or t.bottom_right for t in match.masks) and \
                 all(_plain(c, node) for node in reads) else []
         elif name == CAUSAL_EXTENT:
-            reads, parts = _causal_extent_check(c, span[0], output_statement)
+            reads, parts = _causal_extent_check(c, span[0], output_statement, torch_name)
         elif name in TENSOR_SCALE_CHECKS:
-            reads = [query] + c.tensor_scale_reads.get(name, [])
+            reads = [query] + [_passed(c, s) for s in c.tensor_scale_reads.get(name, [])]
             parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
                                                torch=cst.Name(torch_name)) for scale in reads[1:]] \
                 if all(_plain(c, scale) for scale in reads[1:]) else []
         elif name == TENSOR_NONZERO:  # a tensor of an int: nonzero exactly where the int is
-            reads = c.tensor_scale_reads.get(name, [])
+            reads = [_passed(c, n) for n in c.tensor_scale_reads.get(name, [])]
             parts = [parse_template_expression("isinstance({n}, int) and {n} != 0", n=n) for n in reads] \
                 if reads and all(_arithmetic_of_plain(c, n) for n in reads) else []
         elif name in MODULE_FACTS:
             reads, parts = module_checks(c, torch_name)
         elif name == SCALE_NONZERO:  # where it is 0, NaN, inf or not a number the original runs (TorchScript's
             # float `t == t` is True for NaN, `t * 0.0 == 0.0` is not)
-            reads = divisors_read(c, c.factors)
+            reads = [_passed(c, s) for s in divisors_read(c, c.factors)]
             parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} != 0 and {s} * 0.0 == 0.0", s=s)
                      for s in reads] \
                 if reads and all(_plain(c, s) for s in reads) else []
         elif name == SCALE_POSITIVE:  # a Python number above 0 (NaN is not); anything else runs the original
-            reads = c.positive_reads
+            reads = [_passed(c, s) for s in c.positive_reads]
             parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} > 0", s=s) for s in reads] \
                 if reads and all(_plain(c, s) for s in reads) else []
         elif name == DROPOUT_RANGE:  # a Python number in range; anything else (a tensor too) runs the original
-            reads = c.dropout_reads
+            reads = [_passed(c, p) for p in c.dropout_reads]
             parts = [parse_template_expression("isinstance({p}, (int, float)) and 0.0 <= {p} <= 1.0", p=p)
                      for p in reads] if all(_plain(c, p) for p in reads) else []
         elif name == SCALE:
-            reads = [c.values.scalar_expression(factor) for _, factor in c.factors
+            reads = [_passed(c, c.values.scalar_expression(factor)) for _, factor in c.factors
                      if c.values.scalar_guess(factor) is not None]
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=scale) for scale in reads] \
                 if all(_arithmetic_of_plain(c, scale) for scale in reads) else []
@@ -165,6 +166,17 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             match.guard_lifted.extend(line for line in lifted if line not in match.guard_lifted)
             match.masks_absent = match.masks_absent or bool(absent)
     match.guard_span = span
+
+
+def _passed(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
+    """A read in a helper the block calls (`q`, `self.hd` in `def _scores(self, q, k)`) as its call site passes
+    it, a read of the guarded function that a check can make again; any other node as it is."""
+    if not in_inlined(c, node):
+        return node
+    try:
+        return as_home_expression(c, node)
+    except Refusal:
+        return node
 
 
 def _tables_in_doubt(match: AttentionMatch) -> list[str]:
@@ -491,15 +503,21 @@ def _plain(c: Candidate, node: cst.BaseExpression, indexed: bool = False) -> boo
     return isinstance(node, cst.Name) and not in_inlined(c, node)
 
 
-def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode
+def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statement: cst.CSTNode, torch_name: str
                          ) -> tuple[list[cst.BaseExpression], list[cst.BaseExpression]]:
     """The causal triangle against the scores' (L, S): its own shape where it can be read again at the guard
-    (`self.bias[:, :, :T, :T]`, a name bound before), else the side of its square of ones (`tril(ones(n, n))`)."""
+    (`self.bias[:, :, :T, :T]`, a name bound before), else the side of its square of ones (`tril(ones(n, n))`).
+    Under a folded tensor scale `s` (a learned temperature) the rows are the query's where `s` has 1 or L of them."""
     match = c.match
-    q, k = match.query, match.key
-    if not (_view_of_plain(c, q) and _view_of_plain(c, k)):
+    q, k = (match.query if not c.tensor_factors else c.unfolded_query), match.key
+    scales = [_passed(c, factor) for _, factor in c.tensor_factors]
+    if not (_view_of_plain(c, q) and _view_of_plain(c, k) and all(_plain(c, s) for s in scales)) or \
+            any(c.chain.factor_guards.get(factor) is not None for _, factor in c.tensor_factors):
         return [], []
-    reads, parts = [q, k], []
+    reads = [q, k, *scales]
+    parts = [parse_template_expression("not isinstance({s}, {torch}.Tensor) or {s}.dim() < 2 or {s}.shape[-2] == 1 "
+                                       "or {s}.shape[-2] == {q}.shape[-2]", s=s, q=q, torch=cst.Name(torch_name))
+             for s in scales]
     for term in (t for t in match.masks if t.kind == "causal"):
         mask, side = mask_base(c, term.source), triangle_side(c, term.source)
         open_rank, most = causal_rank_unproved(c, term)  # more dims than the scores: the original broadcasts up

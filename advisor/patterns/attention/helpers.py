@@ -62,7 +62,8 @@ def bind_arguments(c: Candidate, function: cst.FunctionDef, call: cst.Call) -> d
     if isinstance(call.func, cst.Attribute) and kind != "static":  # self.method(...): self (or its class)
         if not params:
             raise Refusal(f"`{function.name.value}` takes no `self`")
-        bound[params[0]] = cst.Name("self") if kind == "instance" else cst.parse_expression("type(self)")
+        # the caller's own `self` (helper_named takes `self.method` only), a read the caller's flow knows
+        bound[params[0]] = call.func.value if kind == "instance" else cst.parse_expression("type(self)")
         params = params[1:]
     for position, arg in enumerate(call.args):
         if arg.keyword is None:

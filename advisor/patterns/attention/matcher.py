@@ -106,6 +106,9 @@ def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
     except Exception as exc:  # noqa: BLE001 - a bug of ours on one block must not lose the file's others
         match.reason = f"internal error while proving this block ({type(exc).__name__}: {exc}); please report it"
         match.output_node, match.removed = None, []
+    if c.home is not c.function and anchors.is_guarded_fallback(c.parsed, statement_of(c.parsed,
+                                                                                   c.inlined[c.function][0])):
+        return None  # the block's caller is the original a guarded patch keeps (a second pass changes nothing)
     match.note = anchors.sdpa_on_other_branch(c.parsed, statement, c.owner)
     return match
 
@@ -270,7 +273,7 @@ def escapes(c: Candidate) -> None:
 
 @step(reads=("chain.factor_guards chain.negated_factors chain.ops dtype_changes dtype_roots flow home inlined "
              "leaf_nodes ndim tensor_factors values weights"),
-      writes="match.facts match.query tensor_scale_reads")
+      writes="match.facts match.query tensor_scale_reads unfolded_query")
 def tensor_scale(c: Candidate) -> None:
     """A tensor scale factor folded into q, with its broadcast and dtype facts."""
     fold_into_query(c, c.ndim)
@@ -283,8 +286,8 @@ def flag(c: Candidate) -> None:
     flags.plan_flag(c, c.output_statement)
 
 
-@step(reads=("deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes match.facts "
-             "positive_reads product_casts "
+@step(reads=("chain.factor_guards deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes "
+             "match.facts positive_reads product_casts tensor_factors unfolded_query "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
              "match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values weights"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")

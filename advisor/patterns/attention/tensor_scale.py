@@ -61,7 +61,7 @@ def fold_into_query(c: Candidate, ndim: int | None) -> None:
                            "scaled scores do not (queries of about 300 with a scale of 300 against keys of 0.01), "
                            "giving NaN rows; float32, bfloat16 and float64 share float32's range or wider, which "
                            "no scaled query of a working model reaches")
-    query = c.match.query
+    query = c.unfolded_query = c.match.query
     for kind, factor in c.tensor_factors:
         scaled = cst.BinaryOperation(atomic(query), cst.Multiply() if kind == "mul" else cst.Divide(),
                                      atomic(at_home(c, factor)))
