@@ -26,7 +26,7 @@ def diff_name(side: str, path: str) -> str:
     so the header neither drives a terminal nor stops `git apply` reading it."""
     name = f"{side}/{path}"
     if not CONTROL.search(name) and "\t" not in name and _utf8(name):
-        return name
+        return name + "\t" if " " in name else name  # as git writes it: `patch` ends a name at a space otherwise
     quoted = "".join(_GIT_ESCAPES.get(byte, chr(byte)) if byte < 0x80 and (byte >= 0x20 and byte != 0x7f
                                                                               or byte in _GIT_ESCAPES)
                      else f"\\{byte:03o}" for byte in name.encode("utf-8", "surrogateescape"))

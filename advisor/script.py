@@ -119,7 +119,7 @@ def _execute(command: ScriptCommand, path: str, package: str | None, loader) -> 
     first on sys.path."""
     patched = loader(path) if loader else None
     source_path = patched.copy if patched is not None else path
-    with open(source_path, encoding="utf-8") as handle:
+    with open(source_path, "rb") as handle:  # bytes: compile reads a BOM and a coding line as Python does
         code = compile(handle.read(), source_path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__file__ = path

@@ -98,7 +98,8 @@ class OpReader:
             if (isinstance(receiver, cst.Name) and receiver.value == "self" and self.owner is not None):
                 attribute = call.func.attr.value
                 op = self._module_call(attribute, call)
-                helper = self.owner.methods.get(attribute)
+                helper = self.owner.methods.get(attribute) \
+                    if self.owner.method_shadowed(attribute, outside=False) is None else None
                 return op if op is not None or helper is None else self._read_helper(self.parsed, helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
         if isinstance(call.func, cst.Call):

@@ -11,6 +11,7 @@ it holds); the matcher turns a reason into a refusal.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -137,8 +138,20 @@ def _writes_of_called_methods(parsed: ParsedModule, function: cst.FunctionDef,
         method = owner.methods.get(node.func.attr.value)
         if method is not None and method is not function:
             found.extend((node, written) for _, written in _attribute_writes(parsed, method)
-                         if written.startswith("self."))
+                         if written == "self" or written.startswith("self."))  # `self.eval()`: all of it
+            text = parsed.code(method)
+            if WRITES_BY_OTHER_NAMES.search(text) or ALIAS_OF_SELF_STATE.search(text) and \
+                    WRITE_THROUGH_A_NAME.search(text):  # `s = self; s.hd = 4`, `self.__dict__["hd"] = 4`,
+                found.append((node, "self"))  # `cfg = self.config; cfg.output_attentions = True`
     return found
+
+
+# a method that may write any attribute of `self` by another name: through an alias, its namespace, or a name
+WRITES_BY_OTHER_NAMES = re.compile(r"=\s*self\s*(?:$|[,;)\]#])|\b(?:__dict__|setattr|vars|__setattr__)\b", re.MULTILINE)
+
+
+ALIAS_OF_SELF_STATE = re.compile(r"^\s*\w+\s*=\s*self(?:\.\w+)+\s*(?:#.*)?$", re.MULTILINE)  # `cfg = self.config`
+WRITE_THROUGH_A_NAME = re.compile(r"^\s*(?!self\b)\w+(?:\.\w+)+\s*=[^=]", re.MULTILINE)  # `cfg.flag = True`
 
 
 def _calls_of_self_methods(function: cst.FunctionDef) -> list[cst.Call]:
@@ -981,6 +994,12 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
     if "F" in parsed.outside_attribute_writes[0] and "F" not in parsed.imports:
         return (f"`F`, the name the rewrite would import torch.nn.functional as, is assigned on a module in "
                 f"{parsed.outside_writer('F')}: it may not be torch's when the code runs")
+    importer = parsed.tree.star_importer_spelling(parsed, "F") if parsed.tree is not None and \
+        "F" not in parsed.imports and "torch.nn.functional" not in parsed.module_aliases and \
+        "__all__" not in parsed.bound_names else None
+    if importer is not None:
+        return (f"`F`, the name the rewrite would import torch.nn.functional as, would reach "
+                f"{display_path(importer)}, which imports this module's `*` and has an `F` of its own")
     return None
 
 

@@ -67,7 +67,7 @@ def kernel_names(parsed: ParsedModule) -> KernelNames | str:
     kernel, backend = local.get("torch.nn.attention.sdpa_kernel"), local.get("torch.nn.attention.SDPBackend")
     if kernel and backend:
         return KernelNames(kernel, backend, None)
-    taken = {"sdpa_kernel", "SDPBackend"} & (set(parsed.imports) | parsed.bound_names)
+    taken = {name for name in ("sdpa_kernel", "SDPBackend") if parsed.names_spelled(name)}  # a `def`, a parameter
     if taken:
         return f"the name `{sorted(taken)[0]}` is already used in this module"
     return KernelNames("sdpa_kernel", "SDPBackend", KERNEL_IMPORT)

@@ -318,6 +318,20 @@ class Tree:
                 index.setdefault(word, []).append(path)
         return index, [self._real(path) for path in self.paths]
 
+    def star_importer_spelling(self, parsed: ParsedModule, name: str) -> str | None:
+        """A file of the tree that runs `from <parsed's module> import *` and spells `name`: a module-level name
+        added to `parsed` (with no `__all__`) would be bound in that file too, over its own (breaker round 19)."""
+        module = module_stem(parsed.path)
+        for path in self.mentioning(module):
+            if self._real(path) == self._real(parsed.path) or not self.says(path, name) or \
+                    STAR_IMPORT.search(self.text(path) or "") is None:
+                continue
+            other = self.parsed(path)
+            if other is None or any(node.module is not None and module_matches(
+                    other.code(node.module).split("."), parsed.path) for _, node in other.star_imports):
+                return path
+        return None
+
     def says(self, path: str, word: str) -> bool:
         """Whether `word` occurs in the file as a whole word (noted as read), from its set of words where it can."""
         if not WORD.fullmatch(word):

@@ -26,6 +26,7 @@ PLAIN_BASE_NAMES = frozenset({"Module", "object"})  # `nn.Module`, `torch.nn.Mod
 # `type(name, bases, namespace)` (not `type(x)`), or a name and bases given to any other class factory
 # (`types.new_class("S", (Attn,))`, a metaclass `M("S", (Attn,), {})`, `type.__new__(type, "S", (Attn,), {})`)
 MAY_BUILD_CLASS = re.compile(r"\btype\s*\([^\n]*,|[\"']\s*,\s*\(")
+IMPORT_ALIAS = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import\b(?:[^\n(]*|[ \t]*\([^)]*)\bas\b", re.MULTILINE)
 REGISTRARS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
 
 
@@ -49,7 +50,7 @@ def class_sites(path: str, text: str) -> list[ClassSite]:
     builds = MAY_BUILD_CLASS.search(text) is not None
     headers = CLASS_BASES.findall(text)
     if not builds and all(PLAIN_BASES.fullmatch(bases) for bases in headers) and \
-            len(headers) == len(CLASS_LINE.findall(text)):
+            len(headers) == len(CLASS_LINE.findall(text)) and IMPORT_ALIAS.search(text) is None:
         return []
     try:
         tree = python_tree(text, path)
@@ -60,9 +61,27 @@ def class_sites(path: str, text: str) -> list[ClassSite]:
              if type(node) is ast.ClassDef for bases in [tuple(_base_name(base) for base in node.bases)]
              if bases and not set(bases) <= PLAIN_BASE_NAMES]
     named = {base for site in found for base in site.bases}
-    found += [ClassSite(path, node.lineno, target.id, (_base_name(node.value),), frozenset())  # `Base = attn.Attn`
-              for node in statements if type(node) is ast.Assign and type(node.value) in (ast.Name, ast.Attribute)
-              for target in node.targets if type(target) is ast.Name and target.id in named]
+    bindings = [(node, target) for node in nodes(tree) if type(node) in (ast.Assign, ast.AnnAssign, ast.NamedExpr)
+                and node.value is not None for target in (node.targets if type(node) is ast.Assign else [node.target])]
+    aliases = [(node, target) for node, target in bindings  # `Base = attn.Attn`, `A: type = m.Attn`, `A2 = A`
+               if type(target) is ast.Name and type(node.value) in (ast.Name, ast.Attribute)]
+    while True:  # the names a base is bound through, each deriving from the one it names
+        more = {_base_name(node.value) for node, target in aliases if target.id in named} - named
+        if not more:
+            break
+        named |= more
+    found += [ClassSite(path, node.lineno, target.id, (_base_name(node.value),), frozenset())
+              for node, target in aliases if target.id in named]
+    # a name an import gives another (`from .m import Attn as Core` in a package's `__init__`): it derives from it
+    found += [ClassSite(path, node.lineno, alias.asname, (alias.name.split(".")[-1],), frozenset())
+              for node in statements if type(node) is ast.ImportFrom for alias in node.names
+              if alias.asname and alias.asname != alias.name]
+    # a base name bound otherwise (`A, B = m.Attn, None`, `A = getattr(m, "Attn")`, `for A in ...`): any class
+    found += [ClassSite(path, getattr(node, "lineno", 0), name.id, (UNNAMED_BASE,), frozenset())
+              for node, target in [*bindings, *((loop, loop.target) for loop in nodes(tree) if type(loop) is ast.For)]
+              if type(target) is not ast.Name or type(node.value if type(node) is not ast.For else None)
+              not in (ast.Name, ast.Attribute)
+              for name in ast.walk(target) if type(name) is ast.Name and name.id in named]
     for node in nodes(tree) if builds else ():
         if type(node) is not ast.Call:
             continue

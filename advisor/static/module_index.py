@@ -127,6 +127,19 @@ class ClassInfo:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         return None
 
+    def method_shadowed(self, name: str, outside: bool = True) -> str | None:
+        """Why `self.name(...)` may not call the class's method `name` (None: nothing the file shows binds that
+        name on an instance): the class assigns `self.name` (`self._mix = lambda ...` in `__init__` or any method,
+        `self.__dict__["_mix"] = f`), the file writes it on another object (`m._mix = f`), or replaces the class's
+        `__init__` (which may bind anything); `outside`: writes outside the class count (the op reader leaves them
+        to the block's dispatch check, which names them). Bindings by computed names are the callers' to weigh."""
+        if name in self.attributes or name in self.mutated or name in self.unfollowed:
+            return f"`self.{name}` is assigned in the class, over its method"
+        if self.written_outside("__init__") is not None:
+            return f"`{self.node.name.value}.__init__` is replaced in {self.writer('__init__')}"
+        written = self.written_outside(name) if outside else None
+        return f"`.{name}` is also assigned outside the class in {self.writer(written)}" if written else None
+
     def rebound_only_by_names_computed_elsewhere(self, attribute: str, identity_ok: bool = False) -> bool:
         """Whether `rebound`'s only reasons are other files of the tree binding attributes by computed names
         (`setattr(m, name, ...)` in a utility that may never touch this class): weaker evidence than a write of this
@@ -477,14 +490,15 @@ class ParsedModule:
     def module_aliases(self) -> dict[str, str]:
         """Dotted module -> the local name it is bound to at module level: {'torch.nn.functional': 'F'}. A name
         also bound otherwise (`F = ...`, `for torch in ...`, an import of something else in a function) is left
-        out, as is one imported only inside a function (`def f(): import torch.nn.functional as F`): code emitted
-        with it elsewhere could mean another object, or nothing."""
+        out, as is one imported only inside a function (`def f(): import torch.nn.functional as F`) or only where
+        it may not run (under `if MYPY:`, a version gate, a loop, an `except` or `else:` block): code emitted with it
+        elsewhere could mean another object, or nothing."""
         aliases: dict[str, str] = {}
         everywhere = _imports(self, every_binding=True)
         deleted = {name.value for statement in self.nodes_of(cst.Del) for name in
                    ([statement.target] if isinstance(statement.target, cst.Name) else
                     [e.value for e in getattr(statement.target, "elements", ()) if isinstance(e.value, cst.Name)])}
-        for local, dotted in _imports(self, module_level=True).items():
+        for local, dotted in _imports(self, module_level=True, always=True).items():
             if local not in self.bound_names and local not in deleted and everywhere[local] == {dotted}:
                 aliases.setdefault(dotted, local)
         return aliases
@@ -640,7 +654,7 @@ def _package_file(path: str, dotted: str) -> str | None:
                 not os.path.abspath(path).startswith(os.path.join(folder, parts[0]) + os.sep):
             return None  # not this file's own package
     base = os.path.join(folder, *parts)
-    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+    for candidate in (os.path.join(base, "__init__.py"), base + ".py"):  # Python imports the package if both exist
         if parts and os.path.isfile(candidate):
             return candidate
     return None
@@ -679,16 +693,17 @@ def _parse_cached(path: str, mtime_ns: int, size: int) -> "ParsedModule":
 BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
 
 
-def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: bool = False) -> dict:
+def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: bool = False,
+             always: bool = False) -> dict:
     """Local name -> dotted module or object, from the file's import statements in source order (the first binding
-    of a name wins); `module_level`: only statements outside functions and classes; `every_binding`: local name ->
-    the set of everything any statement binds it to."""
+    of a name wins); `module_level`: only statements outside functions and classes; `always`: only those that run
+    whenever the module does; `every_binding`: local name -> the set of everything any statement binds it to."""
     imports: dict = {}
     bind = (lambda local, dotted: imports.setdefault(local, set()).add(dotted)) if every_binding else \
         imports.setdefault
     for node in parsed.nodes_of(cst.Import, cst.ImportFrom):
         if module_level and (parsed.innermost(node, (cst.FunctionDef, cst.ClassDef)) is not None or
-                             _under_type_checking(parsed, node)):
+                             _under_type_checking(parsed, node)) or always and not _runs_always(parsed, node):
             continue
         if isinstance(node, cst.Import):
             for alias in node.names:
@@ -706,6 +721,18 @@ def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: 
                 dotted = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
                 bind(_name_code(parsed, local), dotted)
     return imports
+
+
+def _runs_always(parsed: "ParsedModule", node: cst.CSTNode) -> bool:
+    """A module-level statement that runs whenever the module does: in no `if`, loop, `except` or `else:` block (a
+    `try:` or `with` body runs, or the module raises)."""
+    parent = parsed.parents.get(node)
+    while parent is not None and not isinstance(parent, cst.Module):
+        if isinstance(parent, (cst.If, cst.For, cst.While, cst.ExceptHandler, cst.ExceptStarHandler, cst.Else,
+                               cst.Match)):
+            return False
+        parent = parsed.parents.get(parent)
+    return True
 
 
 def _under_type_checking(parsed: "ParsedModule", node: cst.CSTNode) -> bool:

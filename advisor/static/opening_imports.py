@@ -16,12 +16,20 @@ def import_position(body) -> int:
     position = 0
     for index, item in enumerate(body):
         docstring = index == 0 and isinstance(item, cst.SimpleStatementLine) and \
-            isinstance(item.body[0], cst.Expr) and isinstance(item.body[0].value, cst.SimpleString)
+            isinstance(item.body[0], cst.Expr) and isinstance(item.body[0].value, (cst.SimpleString,
+                                                                                  cst.ConcatenatedString))
         if not (docstring or isinstance(item, cst.SimpleStatementLine) and all(
                 isinstance(s, (cst.Import, cst.ImportFrom, cst.Pass)) or ipython_mask(s) for s in item.body)):
             break
         position = index + 1
-    return position
+    # a `from __future__` import must stay first even on a line with other statements (`...; x = 1`)
+    return max([position] + [index + 1 for index, item in enumerate(body) if _has_future_import(item)])
+
+
+def _has_future_import(item: cst.CSTNode) -> bool:
+    return isinstance(item, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and isinstance(s.module, cst.Name) and s.module.value == "__future__"
+        for s in item.body)
 
 
 def opening_imports_end(parsed) -> int:

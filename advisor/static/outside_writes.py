@@ -133,6 +133,9 @@ def _collected(text: str, own: bool) -> "_Writes | None":
                 writes.append(ast.Assign(targets=[node.target], value=node.iter))
         elif kind is ast.withitem and node.optional_vars is not None and not isinstance(node.optional_vars, ast.Name):
             writes.append(ast.Assign(targets=[node.optional_vars], value=node.context_expr))
+        elif kind is ast.Delete:  # `del Attn._mix`: the attribute no longer holds what it held (breaker round 19)
+            writes.extend(ast.Assign(targets=[target], value=ast.Constant(None)) for target in node.targets
+                          if not isinstance(target, ast.Name))
         elif kind is ast.FunctionDef or kind is ast.Lambda:
             functions.append(node)
         elif kind is ast.Import or kind is ast.ImportFrom:

@@ -142,6 +142,10 @@ class WorkerProcess:
             _kill_group(self._process.pid)
             self._process.wait()
         left = _group_members(self._process.pid)  # started by the workload and still running after it ended
+        settled = time.monotonic() + EXIT_GRACE_S  # helpers that end by themselves once the worker is gone
+        while left and time.monotonic() < settled:  # (multiprocessing's resource tracker: breaker round 19)
+            time.sleep(0.02)
+            left = _group_members(self._process.pid)
         if left:
             _kill_group(self._process.pid)
             _left_running.extend(left)
@@ -158,6 +162,7 @@ class WorkerProcess:
         self.close()
 
 
+EXIT_GRACE_S = 1.0  # how long what the workload started may take to end after the worker, before it is killed
 _left_running: list[str] = []  # "pid (name)" of what workers' process groups held when they closed
 
 

@@ -13,6 +13,9 @@ from advisor.rules.attention_config._links import HF_ATTENTION, HF_SDPA
 
 config = lazy_import("advisor.hf.config_rules")
 
+CHECKPOINT_CONFIGS = ("config.json", "generation_config.json")  # a checkpoint's files that may set output_attentions
+FILE_READERS = {"load", "loads", "safe_load", "full_load", "from_json_file", "from_file", "read_json"}
+
 
 def check(site):
     """`attn_implementation="eager"` given to a loader or `set_attn_implementation`, or assigned to a config's
@@ -44,6 +47,9 @@ def _eager(site, value):
     wants_weights = _output_attentions_lines(site.parsed)
     if wants_weights:
         reasons += (f"output_attentions=True at line {wants_weights[0]} needs the eager attention weights",)
+    loaded = _loaded_keywords(site.parsed)
+    if loaded is not None:
+        reasons += (f"the keywords passed at line {loaded} are read from a file, and may set output_attentions",)
     checkpoint = _checkpoint_asking(site.parsed)
     if checkpoint is not None:
         reasons += (f"`{checkpoint}` sets output_attentions: transformers refuses to load it under sdpa",)
@@ -79,19 +85,43 @@ def _off(value) -> bool:
 
 def _checkpoint_asking(parsed) -> str | None:
     """A checkpoint folder beside the file that it names (`from_pretrained("ckpt")`) whose config.json sets
-    output_attentions: transformers then refuses to load it under sdpa (breaker round 16). The config is noted as
-    read, so an edit of it drops a cached result."""
+    output_attentions (transformers then refuses to load it under sdpa: breaker round 16), or whose
+    generation_config.json does (`generate()` then returns the attention maps, which sdpa has none of: round 19).
+    The configs are noted as read, so an edit of one drops a cached result."""
     import libcst as cst
 
     folder = os.path.dirname(os.path.abspath(parsed.path))
     for node in parsed.nodes_of(cst.SimpleString):
         name = node.evaluated_value if isinstance(node.evaluated_value, str) else ""
-        config_file = os.path.join(folder, name, "config.json") if name and len(name) < 4096 else ""
-        if config_file and os.path.isfile(config_file):
-            parsed.note_read(config_file)
-            if _asks_for_weights(config_file):
-                return display_path(config_file)
+        for config_name in CHECKPOINT_CONFIGS if name and len(name) < 4096 else ():
+            config_file = os.path.join(folder, name, config_name)
+            if os.path.isfile(config_file):
+                parsed.note_read(config_file)
+                if _asks_for_weights(config_file):
+                    return display_path(config_file)
     return None
+
+
+def _loaded_keywords(parsed) -> int | None:
+    """The line of a call given `**settings` read from a file (`json.load`, `yaml.safe_load`, ...), directly or
+    through a name the file binds to one: its keys are not in the source, and may ask for the weights."""
+    import libcst as cst
+
+    loaded = {target.target.value for node in parsed.nodes_of(cst.Assign) if _reads_a_file(node.value)
+              for target in node.targets if isinstance(target.target, cst.Name)}
+    for call in parsed.calls_and_classes[0]:
+        for arg in call.args:
+            if arg.star == "**" and (_reads_a_file(arg.value) or
+                                     isinstance(arg.value, cst.Name) and arg.value.value in loaded):
+                return parsed.line(call)
+    return None
+
+
+def _reads_a_file(value) -> bool:
+    import libcst as cst
+
+    return isinstance(value, cst.Call) and isinstance(value.func, (cst.Attribute, cst.Name)) and \
+        (value.func.attr if isinstance(value.func, cst.Attribute) else value.func).value in FILE_READERS
 
 
 def _asks_for_weights(config_file: str) -> bool:
@@ -135,9 +165,11 @@ RULE = SiteRule(
     fix="attn-implementation-sdpa", fix_safety="unsafe",
     fix_summary="`\"sdpa\"`: safe for a concrete class (of the installed transformers, never a folder of the scanned "
                 "repository) declaring SDPA support and nothing in the file that may ask for the weights "
-                "(`output_attentions=` anything but `False`/`None`, the name as a string: a kwargs dict, `setattr`), "
+                "(`output_attentions=` anything but `False`/`None`, the name as a string: a kwargs dict, `setattr`; "
+                "`**settings` read from a file by `json.load` and the like), "
                 "no mention of it in another file of the scan, and no checkpoint folder beside the file that the "
-                "file names whose `config.json` sets it; else unsafe. Accepted, as for SDPA patches: a sample that is "
+                "file names whose `config.json` or `generation_config.json` sets it; else unsafe. Accepted, as "
+                "for SDPA patches: a sample that is "
                 "all padding gets transformers' sdpa values where eager gives uniform weights (its outputs differ, "
                 "9e-3 measured on BERT; every other sample agrees to 1e-7)",
     what="Finds attn_implementation=\"eager\" in from_pretrained, from_config, a model config, "

@@ -17,11 +17,16 @@ BACKEND_ORDER = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENT
 
 def check(site):
     """`sdp_kernel(...)` -> `sdpa_kernel([...])` with the backends its literal flags enable."""
+    import libcst as cst
+
     if site.dotted != "torch.backends.cuda.sdp_kernel":
         return []
     flags = _flags(site.node)
     if isinstance(flags, str):
         return [site.match(RULE, reasons=(flags,))]
+    if site.parsed.innermost(site.node, (cst.ExceptHandler, cst.ExceptStarHandler)) is not None:
+        return [site.match(RULE, reasons=("no fix: the call is in an `except` block, the fallback of a torch whose "
+                                          "import of torch.nn.attention may have failed there",))]
     names = backends.kernel_names(site.parsed)
     if isinstance(names, str):
         return [site.match(RULE, reasons=(f"no fix: {names}",))]

@@ -28,6 +28,8 @@ def prove(parsed, call):
     if code is None:
         return None
     source = cast.func.value
+    if "#" in parsed.code(cast).replace(parsed.code(source), "", 1):
+        return None  # a comment inside the cast the fix removes (`x.float(  # why`): kept by no rewrite
     keyword = cst.Arg(value=cst.parse_expression(code), keyword=cst.Name("dtype"),
                       equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                             whitespace_after=cst.SimpleWhitespace("")))
@@ -37,7 +39,8 @@ def prove(parsed, call):
     else:
         args[position] = args[position].with_changes(value=source)
         new = call
-    if args:
+    if args:  # the new keyword takes the last argument's comma and what follows it (a comment, a newline)
+        keyword = keyword.with_changes(comma=args[-1].comma)
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     new = new.with_changes(args=[*args, keyword])
     return roles.Rewrite(call, roles.standalone(parsed.module.code_for_node(new)),
@@ -47,8 +50,8 @@ def prove(parsed, call):
 def _softmax_input(parsed, call):
     """(input expression, its position in call.args or None for a method's receiver) of a softmax call that
     does not pass dtype= yet."""
-    if any((arg.keyword is not None and arg.keyword.value == "dtype") or arg.star == "**" for arg in call.args):
-        return None  # dtype given already, or maybe inside **kwargs
+    if any((arg.keyword is not None and arg.keyword.value == "dtype") or arg.star for arg in call.args):
+        return None  # dtype given already, or maybe inside *args or **kwargs
     positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
     found = roles.method(call)
     if found is not None and found[1] == "softmax" and parsed.imported_name(call.func) not in roles.SOFTMAXES:

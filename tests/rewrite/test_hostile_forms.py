@@ -231,6 +231,63 @@ def test_an_alias_the_module_does_not_hold_at_run_time_is_not_used_by_the_patch(
     _assert_same(source, fixed, _qkv())
 
 
+@pytest.mark.parametrize("imports", [
+    "MYPY = False\nif MYPY:\n    import torch",  # a flag that is false when the module runs
+    "import sys\nif sys.version_info >= (4, 0):\n    import torch",  # a version gate
+])
+def test_an_import_that_may_not_run_is_not_read_by_the_patch(imports):
+    """Breaker round 19: the patch called `torch.nn.functional...` through an `import torch` under an `if` that is
+    false at run time (NameError after the fix); it imports what it calls itself."""
+    source = textwrap.dedent('''\
+        from __future__ import annotations
+        {imports}
+
+
+        def attend(q, k, v):
+            s = q.matmul(k.transpose(-1, -2)) * q.size(-1) ** -0.5
+            return s.softmax(dim=-1).matmul(v)
+        ''').format(imports=imports)
+    fixed = _safe_fixed(source)
+    assert "import torch.nn.functional as F" in fixed
+    q, k, v = _qkv()
+    attend = load_module_from_source(fixed, "conditional_import").attend
+    torch.testing.assert_close(attend(q, k, v), load_module_from_source(source, "conditional_import_o").attend(q, k, v))
+
+
+@pytest.mark.parametrize("opening", ['"Doc " "string."\nfrom __future__ import annotations\n',
+                                     '"""Doc."""\nfrom __future__ import annotations; x = 1\n'])
+def test_the_added_import_goes_after_every_future_import(opening):
+    """Breaker round 19: after a concatenated docstring, or a future import sharing its line, the added import
+    went above `from __future__` (SyntaxError)."""
+    source = opening + textwrap.dedent('''\
+
+
+        def attend(q, k, v):
+            s = q.matmul(k.transpose(-1, -2)) / 8.0
+            return s.softmax(dim=-1).matmul(v)
+        ''')
+    fixed = _safe_fixed(source)
+    compile(fixed, "fixed.py", "exec")
+    assert fixed.index("from __future__") < fixed.index("import torch.nn.functional as F")
+
+
+def test_a_name_the_rewrite_adds_that_a_star_importer_spells_is_refused(tmp_path):
+    """Breaker round 19: `from layers import *` in main.py after `from constants import *` (F = 32): the `F` the fix
+    added to layers.py replaced main.py's."""
+    (tmp_path / "layers.py").write_text(textwrap.dedent('''\
+        def attend(q, k, v):
+            s = q.matmul(k.transpose(-1, -2)) / 8.0
+            return s.softmax(dim=-1).matmul(v)
+        '''))
+    (tmp_path / "constants.py").write_text("F = 32\n")
+    (tmp_path / "main.py").write_text("from constants import *\nfrom layers import *\n\nprint(F)\n")
+    [finding] = scan_paths([str(tmp_path)], cache=False).findings
+    assert not finding.fixable and "imports this module's `*`" in finding.reason, finding.reason
+    (tmp_path / "main.py").write_text("from constants import *\nfrom layers import *\n")
+    [finding] = scan_paths([str(tmp_path)], cache=False).findings
+    assert finding.fixable and finding.fix_safety == "safe"
+
+
 @pytest.mark.parametrize("write, why", [
     ("reset(keep)", "may write it in place"),  # a function of this file that fills it
     ("torch.nn.init.zeros_(q)", "`q` is written in place"),  # torch's `_` naming: an in-place write of q

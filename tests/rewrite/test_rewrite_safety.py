@@ -159,8 +159,9 @@ DIFF_LAYOUTS = {  # breaker round 16: each printed diff was a corrupt patch for 
 }
 
 
-@pytest.mark.parametrize("layout", sorted(DIFF_LAYOUTS))
-def test_every_printed_diff_applies_with_git_and_patch_as_fix_apply_writes(tmp_path, layout):
+@pytest.mark.parametrize("layout, name", [(layout, "m.py") for layout in sorted(DIFF_LAYOUTS)] +
+                         [("crlf", "my model.py")])  # breaker round 19: `patch` ends a name at a space, git's tab
+def test_every_printed_diff_applies_with_git_and_patch_as_fix_apply_writes(tmp_path, layout, name):
     """`scan --format diff` and `fix`'s diff split lines where git and patch do (at "\\n" only) and mark a last line
     without a newline; applied, each gives the bytes `fix --apply` writes."""
     import shutil
@@ -170,13 +171,13 @@ def test_every_printed_diff_applies_with_git_and_patch_as_fix_apply_writes(tmp_p
     source, _ = DIFF_LAYOUTS[layout]
     for folder in ("git", "patch", "applied"):
         (tmp_path / folder).mkdir()
-        (tmp_path / folder / "m.py").write_bytes(source.encode())
+        (tmp_path / folder / name).write_bytes(source.encode())
     run = [sys.executable, "-m", "advisor"]
-    diff = subprocess.run([*run, "scan", "--no-cache", "--format", "diff", "m.py"], cwd=tmp_path / "git",
+    diff = subprocess.run([*run, "scan", "--no-cache", "--format", "diff", name], cwd=tmp_path / "git",
                           capture_output=True).stdout
-    shown = subprocess.run([*run, "fix", "--no-cache", "m.py"], cwd=tmp_path / "patch", capture_output=True).stdout
-    subprocess.run([*run, "fix", "--no-cache", "--apply", "-q", "m.py"], cwd=tmp_path / "applied", check=True)
-    expected = (tmp_path / "applied" / "m.py").read_bytes()
+    shown = subprocess.run([*run, "fix", "--no-cache", name], cwd=tmp_path / "patch", capture_output=True).stdout
+    subprocess.run([*run, "fix", "--no-cache", "--apply", "-q", name], cwd=tmp_path / "applied", check=True)
+    expected = (tmp_path / "applied" / name).read_bytes()
     assert expected != source.encode()
     assert shutil.which("git") and shutil.which("patch"), "the check needs git and patch"
     subprocess.run(["git", "init", "-q", "."], cwd=tmp_path / "git", check=True)
@@ -184,7 +185,7 @@ def test_every_printed_diff_applies_with_git_and_patch_as_fix_apply_writes(tmp_p
     assert applied.returncode == 0, applied.stderr
     patched = subprocess.run(["patch", "-p1", "-s"], cwd=tmp_path / "patch", input=shown, capture_output=True)
     assert patched.returncode == 0, patched.stdout + patched.stderr
-    assert (tmp_path / "git" / "m.py").read_bytes() == expected == (tmp_path / "patch" / "m.py").read_bytes()
+    assert (tmp_path / "git" / name).read_bytes() == expected == (tmp_path / "patch" / name).read_bytes()
 
 
 @pytest.mark.parametrize("binding", ["B, H, F, D = q.shape", "F = q.shape[-2]"])

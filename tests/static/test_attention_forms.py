@@ -315,6 +315,16 @@ def test_an_edited_helper_is_read_again(package):
     assert not finding.fixable and "`utils.softmax`, which is not read as a softmax" in finding.reason
 
 
+def test_a_package_of_the_helper_module_s_name_is_what_python_imports(package):
+    """Breaker round 19: with both `pkg/utils.py` and `pkg/utils/__init__.py`, Python imports the package; the
+    helper was read from utils.py (a plain softmax) while the package's is another function."""
+    (package / "utils").mkdir()
+    (package / "utils" / "__init__.py").write_text(UTILS.replace("dim=dim, dtype=torch.float32",
+                                                                 "dim=0, dtype=torch.float32"))
+    (finding,) = scan_in(package, "mha", FAIRSEQ.format(imports="pkg import utils", call="utils.softmax")).findings
+    assert not finding.fixable and "`utils.softmax`, which is not read as a softmax" in finding.reason
+
+
 def test_a_module_outside_the_package_is_not_read(tmp_path):
     (tmp_path / "utils.py").write_text(UTILS)
     source = FAIRSEQ.format(imports="utils import softmax", call="softmax")

@@ -32,6 +32,8 @@ NEGATIVE = [  # nothing provable from the source alone
     "x.float().half()",  # a real conversion
     "x.to(x.device).float()",  # not a pure dtype cast
     "F.softmax(x.float(), dim=-1, dtype=torch.float64)",  # already passes dtype=
+    "F.softmax(x.float(  # a comment the removed cast holds\n    ), dim=-1)",
+    "F.softmax(x.float(), *(-1, 3, torch.float64))",  # `*args` may pass dtype (breaker round 19: a TypeError)
     "F.softmax(x, dim=-1).float()",  # the cast follows the softmax
     "x.contiguous().view(-1)",
     # `.to(D, memory_format=torch.contiguous_format)` returns a strided x unchanged when x already has dtype D,
@@ -43,6 +45,13 @@ NEGATIVE = [  # nothing provable from the source alone
 def _analyze(expression: str, **options):
     source = HEADER.format(expression)
     return source, analyze_source(source, "example.py", **options)
+
+
+def test_a_comment_after_the_last_softmax_argument_stays_where_it_was():
+    """Breaker round 19: ADV304's fix dropped the comment after the call's last argument."""
+    _, result = _analyze("F.softmax(\n        x.float(),\n        dim=-1,  # keys last\n    )")
+    fixed = "F.softmax(\n        x,\n        dim=-1, dtype=torch.float32,  # keys last\n    )"
+    assert result.fixed == HEADER.format(fixed)
 
 
 @pytest.mark.parametrize("before", ["x.contiguous().clone()", "x.clone().contiguous()"])

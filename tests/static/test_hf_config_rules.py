@@ -138,6 +138,43 @@ def test_a_checkpoint_beside_the_file_whose_config_asks_for_the_weights_leaves_t
     assert ("config.json" in (finding.reason or "")) == asks
 
 
+@pytest.mark.parametrize("config_name", ["config.json", "generation_config.json"])
+def test_a_checkpoint_whose_generation_config_asks_for_the_weights_leaves_the_fix_unsafe(tmp_path, config_name):
+    """Breaker round 19: `generation_config.json` with `output_attentions: true` makes `generate()` return the
+    attention maps, which sdpa has none of."""
+    import json
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / config_name).write_text(json.dumps({"output_attentions": True}))
+    source = 'from transformers import LlamaForCausalLM\nm = LlamaForCausalLM.from_pretrained("ckpt", ' \
+             'attn_implementation="eager")\n'
+    (finding,) = _findings(source, str(tmp_path / "load.py"))
+    assert finding.fix_safety == "unsafe" and config_name in finding.reason
+
+
+@pytest.mark.parametrize("call, safe", [("m.generate(ids, **settings)", False),
+                                        ("m.generate(ids, **json.load(open('gen.json')))", False),
+                                        ("m.generate(ids, **tokenizer(text))", True)])
+def test_keywords_read_from_a_file_may_ask_for_the_weights(call, safe):
+    """Breaker round 19: `generate(ids, **settings)` with settings loaded from JSON that set output_attentions."""
+    source = ('import json\nfrom transformers import LlamaForCausalLM\nm = LlamaForCausalLM.from_pretrained("x", '
+              'attn_implementation="eager")\nsettings = json.load(open("gen.json"))\n' + call + "\n")
+    (finding,) = _findings(source)
+    assert (finding.fix_safety == "safe") == safe, finding.reason
+
+
+def test_sdp_kernel_gets_no_fix_where_its_names_are_taken_or_in_an_import_fallback():
+    """Breaker round 19: the file defines its own `sdpa_kernel` (the fix would call it), or the call is the
+    `except ImportError:` fallback where torch.nn.attention's names are unbound."""
+    own = ("import torch\n\n\ndef sdpa_kernel(tag):\n    return tag\n\n\n"
+           "def run():\n    return torch.backends.cuda.sdp_kernel(enable_math=False)\n")
+    fallback = ("import torch\ntry:\n    from torch.nn.attention import SDPBackend, sdpa_kernel\nexcept ImportError:\n"
+                "    def run():\n        return torch.backends.cuda.sdp_kernel(enable_math=False)\n")
+    for source, why in ((own, "already used"), (fallback, "`except` block")):
+        (finding,) = _findings(source)
+        assert finding.patch is None and why in finding.reason, finding.reason
+
+
 @pytest.mark.parametrize("asks", ["out = build('x')(ids, output_attentions=True)\n",
                                   "m = build('x')\nm.config.output_attentions = True\n"])
 def test_weights_asked_for_in_another_file_of_the_scan_leave_the_fix_unsafe(tmp_path, asks):

@@ -51,7 +51,8 @@ def test_findings_carry_their_cell_and_the_line_in_it_past_magics(capsys, workdi
     [finding] = data["findings"]
     assert finding["cell"] == 5 and finding["path"] == "model.ipynb"
     assert (finding["line"], finding["end_line"]) == (expected["line"], expected["end_line"])
-    assert finding["fixable"] and finding["patch"].startswith("--- a/model.ipynb:cell 5\n+++ b/model.ipynb:cell 5")
+    header = "--- a/model.ipynb:cell 5\t\n+++ b/model.ipynb:cell 5\t"  # a tab after a name with a space, as git
+    assert finding["fixable"] and finding["patch"].startswith(header)
     assert main(["fix", "model.ipynb", "--apply"]) == 0
     after = json.loads(notebook.read_text())
     original = json.loads(before)

@@ -212,6 +212,23 @@ def test_the_script_sees_its_argv_as_the_command_spelled_it(tmp_path, monkeypatc
     assert argv == ["../s.py", "a", "b c"] and file == str(tmp_path / "s.py")
 
 
+@pytest.mark.parametrize("encoded", [b"\xef\xbb\xbfname = 'caf\xc3\xa9'\n",
+                                     "# -*- coding: latin-1 -*-\nname = 'caf\xe9'\n".encode("latin-1")])
+def test_a_script_runs_in_the_encoding_python_reads_it_in(tmp_path, monkeypatch, encoded):
+    """Breaker round 19: a script starting with a UTF-8 BOM, or declaring latin-1, ran under `python` and was
+    refused by `profile -- python s.py` (read as UTF-8 text)."""
+    from advisor.script import _execute, parse_command
+
+    (tmp_path / "s.py").write_bytes(encoded)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    command = parse_command(["python", "s.py"])
+    _execute(command, command.path, None, None)
+    assert sys.modules["__main__"].name == "café"
+
+
 def test_the_script_a_command_runs_is_read_for_double_backward(tmp_path, monkeypatch):
     """Breaker round 17: train.py took a gradient penalty (`create_graph=True`) through model.py's attention, but
     only the files the profile saw running were read for autograd requests: the patch was safe, `--apply` wrote

@@ -224,7 +224,9 @@ def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Defi
     kept = list(c.leaf_nodes) + [node for term in match.masks for node in term.nodes]
     first = min([parsed.line(s) for s in deleted] + [parsed.line(output_statement)])
     paths = scope.attribute_paths(parsed, kept)
-    reason = scope.attribute_written_between(parsed, c.home, c.owner, paths, first, parsed.line(output_statement))
+    # through the value product's own statement: `y = self._mix(w, self.widen(v))` runs `widen` before SDPA reads
+    reason = scope.attribute_written_between(parsed, c.home, c.owner, paths, first,
+                                             parsed.end_line(output_statement) + 1)
     if reason is None:
         reason = scope.storage_written_between(parsed, c.flow, kept, first, parsed.line(output_statement))
     if reason is None:

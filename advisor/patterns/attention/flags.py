@@ -92,6 +92,9 @@ def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None or not holds_at(c, span[0], span[-1], tests):
         raise Refusal("the flag's `if` statements and the block are not one run of statements with the flag "
                       "unchanged")
+    nested = scope.rebound_by_nested_function(c.home, {name.value for test in tests for name in loaded_names(test)})
+    if nested is not None:  # `def ask(): nonlocal output_attentions; output_attentions = True` (breaker round 19)
+        raise Refusal(nested)
     match.guard_span = span
     by_text: dict[str, list[cst.BaseExpression]] = {}
     for test in tests:

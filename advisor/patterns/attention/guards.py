@@ -141,7 +141,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             # one SDPA gets where the guarded statements begin (`q = q * s` before `q = q.view(...)`, fairseq's)
             q_rank = _exact_rank(c, query) if name == MASK_RANK and all(k is None for k in ranks) else None
             reads = ([query] if q_rank is None else []) + \
-                [_rank_subject(_checked(name, t))[0] if name == MASK_RANK else _checked(name, t)
+                [_rank_subject(_checked(c, name, t))[0] if name == MASK_RANK else _checked(c, name, t)
                  for t, known, by in zip(terms, ranks, tabled) if known is None and not by] + \
                 [table for t, by in zip(terms, tabled) if by for table in t.tables]
             parts = [_tables_dtype_check(c, term, query) if by else
@@ -338,15 +338,16 @@ def _needs(name: str, term: MaskTerm) -> bool:
     return term.reshape is None
 
 
-def _checked(name: str, term: MaskTerm) -> cst.BaseExpression:
+def _checked(c: Candidate, name: str, term: MaskTerm) -> cst.BaseExpression:
     """The tensor a fact's check reads: the mask as the original passes it, or for a bool mask's dtype the tensor
     that dtype is about (MaskTerm.dtype_subject); for a float mask's dtype, the tensor it indexes (`self.mask` of
-    `self.mask[:, :, :T, :T]`: indexing keeps the dtype, and its indices may be names the block binds)."""
+    `self.mask[:, :, :T, :T]`: indexing keeps the dtype, and its indices may be names the block binds). A mask a
+    helper method applies is read as its call passes it."""
     if name != MASK_DTYPE:
-        return term.source
+        return _passed(c, term.source)
     if term.dtype_subject is not None:
-        return term.dtype_subject[0]
-    return _unindexed(_peeled(term.source, DTYPE_KEEPING_VIEWS))
+        return _passed(c, term.dtype_subject[0])
+    return _unindexed(_peeled(_passed(c, term.source), DTYPE_KEEPING_VIEWS))
 
 
 def _unindexed(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -390,8 +391,8 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
                 torch_name: str, q_rank: int | None = None) -> cst.BaseExpression | None:
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
-    mask, added = _rank_subject(_checked(name, term)) if name == MASK_RANK else \
-        (_peeled(_checked(name, term), DTYPE_KEEPING_VIEWS), 0)
+    mask, added = _rank_subject(_checked(c, name, term)) if name == MASK_RANK else \
+        (_peeled(_checked(c, name, term), DTYPE_KEEPING_VIEWS), 0)
     base = _unindexed(mask)
     # the original indexes the mask whenever it is not None, unless an `if` of another test guards it
     indexed = term.guard is None or c.parsed.code(term.guard.test).replace(" ", "") == \
@@ -499,6 +500,10 @@ def _plain(c: Candidate, node: cst.BaseExpression, indexed: bool = False) -> boo
     `m[:, None]`): reading it again runs no code of the user's."""
     while isinstance(node, cst.Attribute) or indexed and isinstance(node, cst.Subscript) and \
             all(_constant_index(element.slice) for element in node.slice):
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" and \
+                c.owner is not None and any(isinstance(statement, cst.FunctionDef) and statement.name.value ==
+                                            node.attr.value for statement in c.owner.node.body.body):
+            return False  # a property of the class: reading it again runs its code (breaker round 19)
         node = node.value
     return isinstance(node, cst.Name) and not in_inlined(c, node)
 

@@ -15,6 +15,8 @@ from advisor.patterns.attention.result import Refusal
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import walk
 
+LOOKUP_HOOKS = ("__getattribute__", "__getattr__")  # a class's attribute lookup of its own making
+
 
 def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | None:
     """The function `self.name` (a method of this class) or `name` (a function of this file) calls; None where the
@@ -23,11 +25,31 @@ def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | No
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
             and c.owner is not None:
         name = func.attr.value
-        rebound = c.owner.written_outside(name) is not None or _class_body_binds(c.owner.node, name)
+        rebound = c.owner.method_shadowed(name) is not None or _class_body_binds(c.owner.node, name) or \
+            dispatch_unplain(c.parsed, c.owner.node, c.function)
         return c.owner.methods.get(name) if not rebound else None
     if not isinstance(func, cst.Name) or func.value in c.parsed.bound_names:
         return None
     return c.parsed.module_functions.get(func.value)
+
+
+def dispatch_unplain(parsed: ParsedModule, cls: cst.ClassDef, method: cst.FunctionDef) -> bool:
+    """Whether `self.name` in `method` may not be the class's own method `name` for reasons other than a binding
+    of that name (breaker round 19): a metaclass or a class decorator (which may wrap or subclass it), attribute
+    lookup customised by a class of the file (`__getattribute__`, `__getattr__`), a `del` in the class body, or
+    `method` reached as a plain function by another class (`forward = Attn.forward`, `Attn.forward(self, ...)`),
+    whose `self` is not this class's."""
+    if cls.decorators or any(arg.keyword is not None and arg.keyword.value == "metaclass"
+                             for arg in (*cls.bases, *cls.keywords)):
+        return True
+    if any(function.name.value in LOOKUP_HOOKS and parsed.innermost(parsed.parents[function], cst.ClassDef)
+           is not None for function in parsed.nodes_of(cst.FunctionDef)):
+        return True
+    if any(isinstance(small, cst.Del) for statement in cls.body.body
+           for small in (statement.body if isinstance(statement, cst.SimpleStatementLine) else ())):
+        return True
+    return any(isinstance(use.value, cst.Name) and use.value.value == cls.name.value
+               for use in parsed.attributes_named(method.name.value))
 
 
 def _class_body_binds(cls: cst.ClassDef, name: str) -> bool:
@@ -57,6 +79,7 @@ def callee(c: Candidate, node: cst.CSTNode) -> cst.FunctionDef | None:
 
 def bind_arguments(c: Candidate, function: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
     params = [p.name.value for p in function.params.params]
+    keyword_only = [p.name.value for p in function.params.kwonly_params]
     bound: dict[str, cst.BaseExpression] = {}
     kind = _method_kind(function)
     if isinstance(call.func, cst.Attribute) and kind != "static":  # self.method(...): self (or its class)
@@ -66,16 +89,25 @@ def bind_arguments(c: Candidate, function: cst.FunctionDef, call: cst.Call) -> d
         bound[params[0]] = call.func.value if kind == "instance" else cst.parse_expression("type(self)")
         params = params[1:]
     for position, arg in enumerate(call.args):
-        if arg.keyword is None:
-            if position >= len(params):
-                raise Refusal(f"the call `{short(c.parsed, call)}` passes more arguments than it takes")
-            bound[params[position]] = arg.value
-        else:
-            bound[arg.keyword.value] = arg.value
+        name = params[position] if arg.keyword is None and position < len(params) else \
+            arg.keyword.value if arg.keyword is not None else None
+        if name is None or name in bound or name not in params + keyword_only:  # the original raises TypeError
+            raise Refusal(f"the call `{short(c.parsed, call)}` does not match `{function.name.value}`'s parameters")
+        bound[name] = arg.value
     for param in function.params.params:
         if param.name.value not in bound and param.default is not None:
+            if not _constant(param.default):  # evaluated once, where the `def` ran: not what it reads now
+                raise Refusal(f"`{function.name.value}` is called without `{param.name.value}`, whose default "
+                              f"`{short(c.parsed, param.default)}` was computed when the `def` ran")
             bound[param.name.value] = param.default
     return bound
+
+
+def _constant(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    return isinstance(node, (cst.Integer, cst.Float, cst.SimpleString)) or \
+        isinstance(node, cst.Name) and node.value in ("None", "True", "False")
 
 
 def enter_callee(c: Candidate, call: cst.Call) -> cst.BaseExpression:

@@ -57,7 +57,7 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if kind is None:
         raise Refusal(f"the mask fill value `{short(c.parsed, fill)}` is not provably -inf or a large negative "
                       f"number")
-    keep = at_home(c, masked) if keep_given else _negate(masked)
+    keep = at_home(c, masked) if keep_given else _negate(at_home(c, masked))  # a helper's parameter as passed
     nodes = [masked]  # the fill is not emitted for boolean and causal masks
     fill_kind = mk.NEGINF if kind == "neginf" else mk.FINITE
     if is_causal_keep(c, masked, keep_given):
@@ -69,7 +69,7 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
     if kind == "neginf":
         return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=source,
                         keeps_first_key=first, bottom_right=bottom_right, dtype_subject=subject)
-    masked_only = _negate(masked) if keep_given else at_home(c, masked)
+    masked_only = _negate(at_home(c, masked)) if keep_given else at_home(c, masked)
     return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
                     fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right, keep=keep,
                     dtype_subject=subject)

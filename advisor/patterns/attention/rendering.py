@@ -12,7 +12,7 @@ import libcst as cst
 from advisor.patterns.attention.candidate import Candidate, function_of
 from advisor.patterns.attention.result import Refusal
 from advisor.static.codegen import MethodStep, atomic, with_methods
-from advisor.static.dataflow import loaded_names
+from advisor.static.dataflow import contains_call, loaded_names
 from advisor.static.module_index import ParsedModule
 
 
@@ -33,12 +33,22 @@ def as_home_expression(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpres
         definitions = c.flow.definitions_of(name)
         if any(d.kind != "param" for d in definitions):
             raise Refusal(f"`{name.value}`, local to `{function.name.value}`, is needed at the call site")
+        if not definitions and name.value in _bound_in(c, c.home):  # a global the caller's own local shadows
+            raise Refusal(f"`{name.value}`, which `{function.name.value}` reads from the module, is a local of "
+                          f"`{c.home.name.value}`, where the SDPA call would read it")
         if definitions:
             if name.value not in arguments:
                 raise Refusal(f"`{function.name.value}` is called without `{name.value}`")
             argument = arguments[name.value]
+            if contains_call(argument):  # the original ran it once, at the call; the SDPA call would run it
+                raise Refusal(f"`{short(c.parsed, argument)}`, passed to `{function.name.value}`, calls code, "
+                              f"which the SDPA call would run at another point or more than once")
             replaced[name] = atomic(argument)
     return node.visit(Replace(replaced)) if replaced else node
+
+
+def _bound_in(c: Candidate, function: cst.FunctionDef) -> set[str]:
+    return {d.name for d in c.parsed.flow(function).definitions.values()}
 
 
 def short(parsed: ParsedModule, node: cst.CSTNode) -> str:
