@@ -24,10 +24,12 @@ def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | No
     (`m.scores = lambda q, k: ...`), a function it rebinds (`scores = torch.no_grad()(scores)`)."""
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
             and c.owner is not None:
+        method = c.owner.methods.get(func.attr.value)
         name = func.attr.value
-        rebound = c.owner.method_shadowed(name) is not None or _class_body_binds(c.owner.node, name) or \
-            dispatch_unplain(c.parsed, c.owner.node, c.function)
-        return c.owner.methods.get(name) if not rebound else None
+        if method is None or c.owner.method_shadowed(name) is not None or _class_body_binds(c.owner.node, name) or \
+                dispatch_unplain(c.parsed, c.owner.node, c.function):
+            return None
+        return method
     if not isinstance(func, cst.Name) or func.value in c.parsed.bound_names:
         return None
     return c.parsed.module_functions.get(func.value)
@@ -42,14 +44,19 @@ def dispatch_unplain(parsed: ParsedModule, cls: cst.ClassDef, method: cst.Functi
     if cls.decorators or any(arg.keyword is not None and arg.keyword.value == "metaclass"
                              for arg in (*cls.bases, *cls.keywords)):
         return True
-    if any(function.name.value in LOOKUP_HOOKS and parsed.innermost(parsed.parents[function], cst.ClassDef)
-           is not None for function in parsed.nodes_of(cst.FunctionDef)):
+    if parsed.derived(LOOKUP_HOOKS, _customises_lookup):
         return True
     if any(isinstance(small, cst.Del) for statement in cls.body.body
            for small in (statement.body if isinstance(statement, cst.SimpleStatementLine) else ())):
         return True
     return any(isinstance(use.value, cst.Name) and use.value.value == cls.name.value
                for use in parsed.attributes_named(method.name.value))
+
+
+def _customises_lookup(parsed: ParsedModule) -> bool:
+    """A class of the file defines `__getattribute__` or `__getattr__` (computed once per file)."""
+    return any(function.name.value in LOOKUP_HOOKS and parsed.innermost(parsed.parents[function], cst.ClassDef)
+               is not None for function in parsed.nodes_of(cst.FunctionDef))
 
 
 def _class_body_binds(cls: cst.ClassDef, name: str) -> bool:
