@@ -139,19 +139,22 @@ def _writes_of_called_methods(parsed: ParsedModule, function: cst.FunctionDef,
         if method is not None and method is not function:
             found.extend((node, written) for _, written in _attribute_writes(parsed, method)
                          if written == "self" or written.startswith("self."))  # `self.eval()`: all of it
-            text = parsed.code(method)
-            if WRITES_BY_OTHER_NAMES.search(text) or ALIAS_OF_SELF_STATE.search(text) and \
-                    WRITE_THROUGH_A_NAME.search(text):  # `s = self; s.hd = 4`, `self.__dict__["hd"] = 4`,
-                found.append((node, "self"))  # `cfg = self.config; cfg.output_attentions = True`
+            if parsed.derived(("writes by other names", method), lambda p: _writes_by_other_names(p.code(method))):
+                found.append((node, "self"))
     return found
 
 
-# a method that may write any attribute of `self` by another name: through an alias, its namespace, or a name
+# a method that may write any attribute of `self` by another name: through an alias of `self` or its namespace
+# (`s = self; s.hd = 4`, `self.__dict__["hd"] = 4`, `setattr`), or through an alias of its state that it assigns
+# an attribute on (`cfg = self.config; cfg.output_attentions = True`)
 WRITES_BY_OTHER_NAMES = re.compile(r"=\s*self\s*(?:$|[,;)\]#])|\b(?:__dict__|setattr|vars|__setattr__)\b", re.MULTILINE)
+ALIAS_OF_SELF_STATE = re.compile(r"^\s*\w+\s*=\s*self(?:\.\w+)+\s*(?:#.*)?$", re.MULTILINE)
+WRITE_THROUGH_A_NAME = re.compile(r"^\s*(?!self\b)\w+(?:\.\w+)+\s*=[^=]", re.MULTILINE)
 
 
-ALIAS_OF_SELF_STATE = re.compile(r"^\s*\w+\s*=\s*self(?:\.\w+)+\s*(?:#.*)?$", re.MULTILINE)  # `cfg = self.config`
-WRITE_THROUGH_A_NAME = re.compile(r"^\s*(?!self\b)\w+(?:\.\w+)+\s*=[^=]", re.MULTILINE)  # `cfg.flag = True`
+def _writes_by_other_names(text: str) -> bool:
+    return WRITES_BY_OTHER_NAMES.search(text) is not None or \
+        ALIAS_OF_SELF_STATE.search(text) is not None and WRITE_THROUGH_A_NAME.search(text) is not None
 
 
 def _calls_of_self_methods(function: cst.FunctionDef) -> list[cst.Call]:

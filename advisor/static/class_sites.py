@@ -60,28 +60,7 @@ def class_sites(path: str, text: str) -> list[ClassSite]:
     found = [ClassSite(path, node.lineno, node.name, bases, _defined(node)) for node in statements
              if type(node) is ast.ClassDef for bases in [tuple(_base_name(base) for base in node.bases)]
              if bases and not set(bases) <= PLAIN_BASE_NAMES]
-    named = {base for site in found for base in site.bases}
-    bindings = [(node, target) for node in nodes(tree) if type(node) in (ast.Assign, ast.AnnAssign, ast.NamedExpr)
-                and node.value is not None for target in (node.targets if type(node) is ast.Assign else [node.target])]
-    aliases = [(node, target) for node, target in bindings  # `Base = attn.Attn`, `A: type = m.Attn`, `A2 = A`
-               if type(target) is ast.Name and type(node.value) in (ast.Name, ast.Attribute)]
-    while True:  # the names a base is bound through, each deriving from the one it names
-        more = {_base_name(node.value) for node, target in aliases if target.id in named} - named
-        if not more:
-            break
-        named |= more
-    found += [ClassSite(path, node.lineno, target.id, (_base_name(node.value),), frozenset())
-              for node, target in aliases if target.id in named]
-    # a name an import gives another (`from .m import Attn as Core` in a package's `__init__`): it derives from it
-    found += [ClassSite(path, node.lineno, alias.asname, (alias.name.split(".")[-1],), frozenset())
-              for node in statements if type(node) is ast.ImportFrom for alias in node.names
-              if alias.asname and alias.asname != alias.name]
-    # a base name bound otherwise (`A, B = m.Attn, None`, `A = getattr(m, "Attn")`, `for A in ...`): any class
-    found += [ClassSite(path, getattr(node, "lineno", 0), name.id, (UNNAMED_BASE,), frozenset())
-              for node, target in [*bindings, *((loop, loop.target) for loop in nodes(tree) if type(loop) is ast.For)]
-              if type(target) is not ast.Name or type(node.value if type(node) is not ast.For else None)
-              not in (ast.Name, ast.Attribute)
-              for name in ast.walk(target) if type(name) is ast.Name and name.id in named]
+    found += _base_bindings(path, tree, statements, {base for site in found for base in site.bases})
     for node in nodes(tree) if builds else ():
         if type(node) is not ast.Call:
             continue
@@ -97,6 +76,33 @@ def class_sites(path: str, text: str) -> list[ClassSite]:
                 found.append(ClassSite(path, node.lineno, name.value, tuple(_base_name(b) for b in bases.elts),
                                        frozenset({ANY_NAME})))
     return found
+
+
+def _base_bindings(path: str, tree: ast.Module, statements: list[ast.stmt], named: set[str]) -> list[ClassSite]:
+    """The names the bases in `named` are bound through, as sites defining nothing: a name bound to another
+    (`Base = attn.Attn`, `A: type = m.Attn`, `A2 = A`, a walrus) or given by an aliased import (`from .m import Attn
+    as Core` in a package's `__init__`) derives from what it names; one bound any other way (`A, B = m.Attn, None`,
+    `A = getattr(m, "Attn")`, `for A in ...`) may be any class (breaker round 19)."""
+    aliases, others = [], []
+    for node in nodes(tree):
+        if type(node) in (ast.Assign, ast.AnnAssign, ast.NamedExpr) and node.value is not None:
+            for target in node.targets if type(node) is ast.Assign else [node.target]:
+                plain = type(target) is ast.Name and type(node.value) in (ast.Name, ast.Attribute)
+                (aliases if plain else others).append((node, target))
+        elif type(node) is ast.For:
+            others.append((node, node.target))
+    while True:  # a chain of names: each derives from the one it names
+        more = {_base_name(node.value) for node, target in aliases if target.id in named} - named
+        if not more:
+            break
+        named = named | more
+    found = [ClassSite(path, node.lineno, target.id, (_base_name(node.value),), frozenset())
+             for node, target in aliases if target.id in named]
+    found += [ClassSite(path, node.lineno, alias.asname, (alias.name.split(".")[-1],), frozenset())
+              for node in statements if type(node) is ast.ImportFrom for alias in node.names
+              if alias.asname and alias.asname != alias.name]
+    return found + [ClassSite(path, node.lineno, name.id, (UNNAMED_BASE,), frozenset()) for node, target in others
+                    for name in ast.walk(target) if type(name) is ast.Name and name.id in named]
 
 
 def _statements(body: list[ast.stmt]) -> list[ast.stmt]:

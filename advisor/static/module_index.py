@@ -723,16 +723,13 @@ def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: 
     return imports
 
 
+MAY_NOT_RUN = (cst.If, cst.For, cst.While, cst.ExceptHandler, cst.ExceptStarHandler, cst.Else, cst.Match)
+
+
 def _runs_always(parsed: "ParsedModule", node: cst.CSTNode) -> bool:
     """A module-level statement that runs whenever the module does: in no `if`, loop, `except` or `else:` block (a
     `try:` or `with` body runs, or the module raises)."""
-    parent = parsed.parents.get(node)
-    while parent is not None and not isinstance(parent, cst.Module):
-        if isinstance(parent, (cst.If, cst.For, cst.While, cst.ExceptHandler, cst.ExceptStarHandler, cst.Else,
-                               cst.Match)):
-            return False
-        parent = parsed.parents.get(parent)
-    return True
+    return parsed.innermost(parsed.parents.get(node), MAY_NOT_RUN) is None
 
 
 def _under_type_checking(parsed: "ParsedModule", node: cst.CSTNode) -> bool:

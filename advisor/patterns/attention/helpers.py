@@ -24,8 +24,8 @@ def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | No
     (`m.scores = lambda q, k: ...`), a function it rebinds (`scores = torch.no_grad()(scores)`)."""
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self" \
             and c.owner is not None:
-        method = c.owner.methods.get(func.attr.value)
         name = func.attr.value
+        method = c.owner.methods.get(name)
         if method is None or c.owner.method_shadowed(name) is not None or _class_body_binds(c.owner.node, name) or \
                 dispatch_unplain(c.parsed, c.owner.node, c.function):
             return None
