@@ -43,7 +43,12 @@ SAFE = Rule(
 
 
 def attend(q, k, v):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v).contiguous()
+    if k.shape[-2] == v.shape[-2]:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v).contiguous()
+    else:
+        scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+        weights = scores.softmax(dim=-1)
+        return weights @ v
 '''),
         negative('''import torch
 
@@ -72,7 +77,11 @@ ESCAPING = Rule(
     return weights @ v, weights
 ''', unsafe=True, fixed='''import torch.nn.functional as F
 def attend(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, scale=1.0).contiguous(), None
+    if k.shape[-2] == v.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, scale=1.0).contiguous(), None
+    else:
+        weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return weights @ v, weights
 '''),
     ),
     references=("https://huggingface.co/docs/transformers/main/en/attention_interface",),

@@ -36,6 +36,10 @@ def _no_fully_masked_row(call: BlockCall) -> bool:
     return call.fully_masked_rows == 0  # None (unknown) never discharges it
 
 
+def _kv_length(call: BlockCall) -> bool:
+    return call.kv_lengths_agree is True  # None (not read) never discharges it
+
+
 def _scale_is_number(call: BlockCall) -> bool:
     return not call.tensor_scale
 
@@ -52,6 +56,7 @@ OBSERVERS: dict[str, Observer] = {  # fact name -> its observation
     "mask-rank": Observer(_mask_rank, lambda calls: "every mask had 2 to the scores' dims "
                           f"({_distinct(str(m.ndim) for m in _masks(calls)) or 'none ran'})"),
     "fully-masked-rows": Observer(_no_fully_masked_row, lambda calls: "no query row was fully masked"),
+    "kv-length": Observer(_kv_length, lambda calls: "v had as many rows as there were keys"),
     "scale-is-number": Observer(_scale_is_number, lambda calls: "every scale factor was a Python number"),
 }
 

@@ -61,7 +61,7 @@ class DtypeRoots:
         self._through_float_layer = False
         found = self.root(node)
         return self._through_float_layer or isinstance(found, str) and found in DTYPE_NAMES or \
-            isinstance(found, cst.Call) and self._layer_class(found) in FLOAT_LAYERS
+            isinstance(found, cst.Call) and layer_class(self.parsed, self.owner, found) in FLOAT_LAYERS
 
     def root(self, node: cst.BaseExpression, depth: int = 0) -> Root:
         """The dtype root of `node`: itself when no dtype-keeping step leads further back."""
@@ -268,16 +268,17 @@ class DtypeRoots:
             self._bound[function] = bound
 
     def _is_linear_call(self, call: cst.Call) -> bool:
-        return self._layer_class(call) == "torch.nn.Linear"
+        return layer_class(self.parsed, self.owner, call) == "torch.nn.Linear"
 
-    def _layer_class(self, call: cst.Call) -> str | None:
-        """The torch.nn class of `self.layer(x)`, where the class builds `self.layer` once as one."""
-        func = call.func
-        if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
-                and self.owner is not None and len(call.args) == 1 and call.args[0].keyword is None):
-            return None
-        built = self.owner.only_value(func.attr.value)
-        return self.parsed.imported_name(built.func) if isinstance(built, cst.Call) else None
+
+def layer_class(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call) -> str | None:
+    """The torch.nn class of `self.layer(x)`, where the class builds `self.layer` once as one."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self"
+            and owner is not None and len(call.args) == 1 and call.args[0].keyword is None):
+        return None
+    built = owner.only_value(func.attr.value)
+    return parsed.imported_name(built.func) if isinstance(built, cst.Call) else None
 
 
 def _layout_receiver(node: cst.BaseExpression) -> cst.BaseExpression | None:

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from advisor.rewrite.deleted_names import bound_names, read_of_deleted
 from advisor.rewrite.splice import Edit
@@ -117,7 +118,11 @@ def _ancestors(parsed: ParsedModule, node: cst.CSTNode):
 
 
 def _printed_as_source(parsed: ParsedModule, node: cst.CSTNode) -> bool:
-    """Whether `node` is inside `f"{expr=}"`, whose output holds the expression's text (breaker round 14)."""
+    """Whether `node` is inside `f"{expr=}"`, whose output holds the expression's text (breaker round 14), or is a
+    statement holding one (a guarded fix rewrites a copy of the whole statement)."""
+    if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.SimpleStatementLine)) and \
+            m.findall(node, m.FormattedStringExpression(equal=m.MatchIfTrue(lambda equal: equal is not None))):
+        return True
     while node is not None:
         if isinstance(node, cst.FormattedStringExpression) and node.equal is not None:
             return True

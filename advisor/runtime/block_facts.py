@@ -58,7 +58,25 @@ def block_call(graph, block: BlockOps) -> BlockCall:
             tensor_scale |= bool(others)
     softmax_input = graph.nodes[block.softmax]["inputs"][0]
     return BlockCall(path, qk_loc.line, end_line, query, key, value, len(softmax_input.shape), tuple(masks),
-                     tensor_scale, graph.nodes[block.softmax].get("masked_rows"))
+                     tensor_scale, graph.nodes[block.softmax].get("masked_rows"),
+                     _lengths_agree(graph, block, softmax_input))
+
+
+def _lengths_agree(graph, block: BlockOps, scores: TensorMeta) -> bool | None:
+    """Whether v had as many rows as there were keys (the scores' last size); None where the value product is
+    not a matmul, or its v is broadcast along them (an einsum broadcasts a single row of v, as a stride of 0)."""
+    av = block.value_path[-1]
+    if graph.nodes[av]["op"] not in ("matmul", "bmm", "mm"):
+        return None
+    index = _value_operand(graph, block)
+    value = graph.nodes[av]["inputs"][index]
+    if value is None or len(value.shape) < 2 or not scores.shape:
+        return None
+    left, _ = matmul_operands(graph.nodes[av]["op"])
+    axis = -1 if index == left else -2
+    if value.stride[axis] == 0 and value.shape[axis] > 1:
+        return None
+    return value.shape[axis] == scores.shape[-1]
 
 
 def _value_operand(graph, block: BlockOps) -> int:

@@ -63,6 +63,8 @@ def test_new_import_and_blocks_close_together_share_hunks():
     parsed = ParsedModule(source, "m.py")
     matches = [m for m in find_attention(parsed) if m.output_node is not None]
     assert len(matches) == 2
+    for match in matches:  # as the pipeline does (the keys' and values' lengths are guarded)
+        settle_guards(match)
     edits = _rewrite_edits(parsed, matches, drop_weights=False)
     assert apply_edits(source, edits) == _whole_module_rewrite(source)
     from advisor.rewrite.splice import local_diff

