@@ -227,11 +227,11 @@ class ValueProver:
                     annotated = self.parsed.code(annotation).replace(" ", "")
                     if annotated not in ("float", "int", "float|None", "Optional[float]", "int|float"):
                         return False
-                    if annotated != "int":  # a size; a float may be a learned temperature passed as a tensor
-                        # (Python does not enforce the annotation)
-                        self._guess(f"the parameter `{definition.name}` is annotated "
-                                    f"`{self.parsed.code(annotation)}`, which Python does not enforce: a caller may "
-                                    f"still pass a tensor")
+                    # Python does not enforce it: a float may be a learned temperature passed as a tensor, an
+                    # int a size read as a 0-d tensor (`x.shape[-1]` under tracing; breaker round 19b)
+                    self._guess(f"the parameter `{definition.name}` is annotated "
+                                f"`{self.parsed.code(annotation)}`, which Python does not enforce: a caller may "
+                                f"still pass a tensor")
                 elif self._constructor_guess(definition):
                     continue
                 elif not (SCALAR_NAME.search(definition.name)

@@ -102,3 +102,26 @@ def test_per_key_factor_is_refused():
     source = DIVIDED.replace("/ t", "* k.norm(dim=-1).unsqueeze(-2)").replace(", t: float", "")
     [finding] = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
     assert finding.patch is None and "per-key factor" in finding.reason, finding.reason
+
+
+ANNOTATED = '''
+import torch
+
+
+def attend(q, k, v, s: int):
+    w = q @ k.transpose(-2, -1) * s
+    return w.softmax(-1) @ v
+'''
+
+
+def test_an_int_annotation_is_not_trusted_a_tensor_scale_runs_the_original():
+    """Breaker round 19b (37): `s: int` proved the scale a number, but Python does not enforce annotations: a tensor
+    `s` (a per-head temperature, a size read as a 0-d tensor) gave SDPA a tensor `scale`. It is checked now."""
+    original, patched, finding = _pair(ANNOTATED, "annotated_int")
+    assert "scale-is-number" in {fact["name"] for fact in finding.extra["facts"]["guarded"]}
+    q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    for s in (2, torch.tensor(2), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64).view(3, 1, 1)):
+        expected, got = _outcome(original.attend, q, k, v, s), _outcome(patched.attend, q, k, v, s)
+        assert not isinstance(expected, type)
+        torch.testing.assert_close(got, expected)

@@ -153,7 +153,8 @@ def attend(q, k, v, scale):
     return s.softmax(dim=-1) @ v
 '''
     finding = the_finding(source)
-    assert finding.fix_safety == "safe" and "no int/float annotation" in finding.extra["facts"]["guarded"][0]["why"]
+    [scale] = [fact for fact in finding.extra["facts"]["guarded"] if fact["name"] == "scale-is-number"]
+    assert finding.fix_safety == "safe" and "no int/float annotation" in scale["why"]
     namespace: dict = {}
     exec(compile(analyze_source(source, "m.py").fixed, "m.py", "exec"), namespace)
     q, k, v = torch.randn(3, 2, 4, 8).unbind(0)
@@ -164,8 +165,8 @@ def attend(q, k, v, scale):
     assert annotated.fix_safety == "safe"
     assert "does not enforce" in next(f["why"] for f in annotated.extra["facts"]["guarded"]
                                       if f["name"] == "scale-is-number")
-    sized = the_finding(source.replace("scale):", "scale: int):"))  # an int is a size: taken as annotated
-    assert "scale-is-number" in [f["name"] for f in sized.extra["facts"]["proved"]]  # beside the dtype facts
+    sized = the_finding(source.replace("scale):", "scale: int):"))  # nor `int` (breaker round 19b): guarded too
+    assert "scale-is-number" in [f["name"] for f in sized.extra["facts"]["guarded"]] and sized.fix_safety == "safe"
 
 
 # I: in-place writes and deletions between the scores and the value product -----------------------------------

@@ -24,6 +24,7 @@ from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.lengths import KV_LENGTH
+from advisor.patterns.attention.operand_ranks import OPERAND_RANK, rank_check, unproved_ranks
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
 from advisor.patterns.attention.rendering import as_home_expression
@@ -41,7 +42,7 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
 GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE,
-             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, *MODULE_FACTS)
+             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, OPERAND_RANK, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -52,6 +53,10 @@ TENSOR_SCALE_CHECKS = {
 PURE_ARITHMETIC = frozenset({"numpy.sqrt", "abs", "pow", "round"})
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
+OPERANDS_READ = (KV_LENGTH, OPERAND_RANK)  # facts whose checks read the operands as SDPA gets them, not q alone
+# facts whose checks read no query (Python numbers, the operands): a query that cannot be read again (`q[:, i:j]`)
+# does not keep them from a check
+QUERY_FREE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, TENSOR_NONZERO, *OPERANDS_READ)
 SAME_SIZES = frozenset({"float", "half", "double", "bfloat16", "to", "type_as", "contiguous", "detach", "clone"})
 
 
@@ -64,7 +69,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     traced = scope.fx_traced(c.parsed) is not None
     recorded = scope.jit_traced(c.parsed) is not None
     if torch_name is None:  # checks that name no torch attribute only
-        wanted = [name for name in wanted if name == KV_LENGTH and not traced and not recorded]
+        wanted = [name for name in wanted if name in (KV_LENGTH, OPERAND_RANK) and not traced and not recorded]
     if not wanted:
         return
     span = span_of(c, output_statement)
@@ -75,8 +80,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         return
     scaled_from, numbers = _under_number_scale(c, query)
     for name in wanted:
-        query = scaled_from if name in (MASK_RANK, mk.ROWS) else key if name == KV_LENGTH else leaves_query
-        if not _plain(c, query) and name not in MODULE_FACTS and name != KV_LENGTH:  # its own reads: below
+        query = scaled_from if name in (MASK_RANK, mk.ROWS) else key if name in OPERANDS_READ else leaves_query
+        if not _plain(c, query) and name not in MODULE_FACTS and name not in QUERY_FREE:
             continue
         absent = _absent_checks(c, match.masks) if name == mk.ROWS else []
         if name == mk.ROWS and not absent:
@@ -107,9 +112,14 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 all(_plain(c, node) for node in reads) else []
         elif name == CAUSAL_EXTENT:
             reads, parts = _causal_extent_check(c, span[0], output_statement, torch_name)
+        elif name == OPERAND_RANK:  # read under the casts and transposes around them
+            checks = [rank_check(_passed(c, node), rank) for node, rank in unproved_ranks(c)]
+            reads = [read for read, _ in checks]
+            parts = [check for _, check in checks] if all(_view_of_plain(c, node) for node in reads) else []
         elif name == KV_LENGTH:  # read again as SDPA gets them: views of the block's own reads
-            reads = [match.key, match.value]
-            parts = [parse_template_expression("{k} == {v}", k=_length_read(match.key), v=_length_read(match.value))] \
+            (k, k_size), (v, v_size) = _length_read(match.key), _length_read(match.value)
+            reads = [k, v]
+            parts = [parse_template_expression("{k} == {v}", k=k_size, v=v_size)] \
                 if all(_view_of_plain(c, node) for node in reads) else []
         elif name in TENSOR_SCALE_CHECKS:
             reads = [query] + [_passed(c, s) for s in c.tensor_scale_reads.get(name, [])]
@@ -156,13 +166,13 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                      _mask_check(c, name, term, query, torch_name, q_rank) if known is None else
                      parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
                      for term, known, by in zip(terms, ranks, tabled)]
-        if parts and query is not leaves_query and name != KV_LENGTH:  # q itself read where the factors are numbers
+        if parts and query is not leaves_query and name not in OPERANDS_READ:  # q read where the factors are numbers
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=s) for s in numbers] + parts
             reads = reads + numbers
         if parts and traced and name not in MODULE_FACTS and not all(_is_none_test(part) for part in parts):
             # under torch.fx q is a Proxy, whose dtypes and dims decide no `if`: the original is traced
             parts = [parse_template_expression("isinstance({q}, {torch}.Tensor)", q=query,
-                                               torch=cst.Name(torch_name))] + parts
+                                               torch=cst.Name(torch_name))] + parts if _plain(c, query) else []
             reads = reads + [query]
         if parts and recorded and name not in MODULE_FACTS:  # torch.jit.trace would keep the branch its example
             # inputs took for every later input: while tracing, the original is recorded
@@ -550,9 +560,9 @@ def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statemen
     return reads, parts
 
 
-def _length_read(node: cst.BaseExpression) -> cst.BaseExpression:
-    """`t.shape[-2]` of what SDPA gets, read under the casts and last-dims transposes around `t` (`k.shape[-1]` of
-    `k.float().transpose(-2, -1)`): no copy is made to read a size."""
+def _length_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """(t, `t.shape[-2]`) of what SDPA gets, read under the casts and last-dims transposes around `t` (`k.shape[-1]`
+    of `k.float().transpose(-2, -1)`): no copy is made to read a size."""
     axis = -2
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         method, dims = node.func.attr.value, [int_value(arg.value) for arg in node.args]
@@ -561,7 +571,7 @@ def _length_read(node: cst.BaseExpression) -> cst.BaseExpression:
         elif method not in SAME_SIZES:
             break
         node = node.func.value
-    return parse_template_expression(f"{{t}}.shape[{axis}]", t=node)
+    return node, parse_template_expression(f"{{t}}.shape[{axis}]", t=node)
 
 
 def _view_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:

@@ -19,6 +19,7 @@ from advisor.patterns.attention.guards import plan_guards, refuse_unguarded_modu
 from advisor.patterns.attention.helpers import dotted_name
 from advisor.patterns.attention.layout import layout_role
 from advisor.patterns.attention.lengths import kv_length_fact
+from advisor.patterns.attention.operand_ranks import operand_rank_fact
 from advisor.patterns.attention.proof_steps import ProofOrderError, run_steps, step
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
@@ -234,6 +235,12 @@ def kv_length(c: Candidate) -> None:
     kv_length_fact(c)
 
 
+@step(reads="core flow home inlined values weights", writes="match.facts")
+def operand_rank(c: Candidate) -> None:
+    """Fact: bmm's and einsum's operands have the ranks those take (the original raises on others, SDPA does not)."""
+    operand_rank_fact(c)
+
+
 @step(reads="consumed home inlined match.hoisted match.renamed weights",
       writes="match.end_line match.function match.line match.output_node match.removed output_statement")
 def extent(c: Candidate) -> None:
@@ -296,7 +303,7 @@ def flag(c: Candidate) -> None:
 @step(reads=("chain.factor_guards deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes "
              "match.facts positive_reads product_casts tensor_factors unfolded_query "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
-             "match.value match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values weights"),
+             "match.value match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values weights core"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
     """A run-time check for each assumed metadata fact that can be checked (a deleted module the file may rebind:
@@ -329,7 +336,7 @@ def _flash_attn_refusal(c: Candidate) -> str | None:
 
 # the order of the proof: each step may read what the steps before it produced (see proof_steps)
 PROOF = (softmax_is_read, twin_softmax, score_chain, core_roles, softmax_stages, weight_path, value_roles,
-         operand_casts, dropout_role, scale_and_masks, block_reads, mask, mask_and_dtypes, kv_length, extent, bindings,
+         operand_casts, dropout_role, scale_and_masks, block_reads, mask, mask_and_dtypes, kv_length, operand_rank, extent, bindings,
          block_scope, layout, escapes, tensor_scale, flag, guards, flex)
 
 

@@ -29,8 +29,8 @@ def core_roles(c: Candidate, core: Op) -> int | None:
     if core.name == "einsum":
         return _einsum_roles(c, core)
     left, right = core.operands
-    q_leaf, q_factors = _strip_factors(c, left)
-    k_leaf, k_factors = _strip_factors(c, right)
+    q_leaf, q_factors = strip_factors(c, left)
+    k_leaf, k_factors = strip_factors(c, right)
     c.factors = q_factors + k_factors
     ndim = 3 if core.name in ("bmm", "baddbmm") else (rank(c, q_leaf) or rank(c, k_leaf))
 
@@ -90,7 +90,7 @@ def _baddbmm_terms(c: Candidate, core: Op) -> None:
     c.match.masks.append(MaskTerm("float", at_home(c, bias), nodes=[bias], source=bias, same_dtype=True))
 
 
-def _strip_factors(c: Candidate, node: cst.BaseExpression):
+def strip_factors(c: Candidate, node: cst.BaseExpression):
     factors = []
     while True:
         op = c.reader.read(node)
@@ -192,8 +192,8 @@ def _einsum_roles(c: Candidate, core: Op) -> int:
         raise Refusal(f"the Q·K^T einsum is not plain attention: {exc}") from None
     c.layout = layout
     c.has_ellipsis = es.ELLIPSIS in out_axes
-    q_leaf, q_factors = _strip_factors(c, query)
-    k_leaf, k_factors = _strip_factors(c, key)
+    q_leaf, q_factors = strip_factors(c, query)
+    k_leaf, k_factors = strip_factors(c, key)
     c.factors = q_factors + k_factors
     q_steps = es.permutation_steps(layout.q_order, c.has_ellipsis)
     k_steps = es.permutation_steps(layout.k_order, c.has_ellipsis)

@@ -1,0 +1,79 @@
+"""Operands of the ranks their products take (`operand-rank`): bmm and baddbmm raise unless both factors are 3-D, an
+einsum without `...` unless each operand has one dim per subscript; SDPA broadcasts any batch dims, so a 4-D input
+gave values after the patch where the original raised (breaker round 19b, bugs 25 and 35). Stated ranks prove the
+fact; others are checked (`q.dim() == 3`), the original running and raising where the check fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from advisor.engine.static import analyze_source
+from fixture_models import load_module_from_source
+
+FORMS = {
+    "bmm": ("def attend(q, k, v):\n    s = torch.bmm(q, k.transpose(1, 2)) * 0.125\n"
+            "    return torch.bmm(s.softmax(dim=-1), v)\n", 3),
+    "baddbmm": ("def attend(q, k, v):\n    s = torch.baddbmm(torch.zeros(1, 1, 1, dtype=q.dtype), q, k.transpose(1, 2), alpha=0.125)\n"
+                "    return torch.bmm(s.softmax(dim=-1), v)\n", 3),
+    "einsum": ("def attend(q, k, v):\n    s = torch.einsum('bhid,bhjd->bhij', q, k) * 0.125\n"
+               "    return torch.einsum('bhij,bhjd->bhid', s.softmax(dim=-1), v)\n", 4),
+    "einsum_on_scaled": ("def attend(q, k, v):\n    s = torch.einsum('bid,bjd->bij', q * 0.125, k.float())\n"
+                         "    return torch.einsum('bij,bjd->bid', s.softmax(dim=-1), v.float())\n", 3),
+}
+
+
+def _finding(source: str):
+    [finding] = [f for f in analyze_source(source, "case.py").findings if f.kind == "attention"]
+    return finding
+
+
+def _states(finding) -> dict[str, str]:
+    return {fact["name"]: state for state, facts in finding.extra["facts"].items() for fact in facts}
+
+
+def _outcome(function, *args):
+    try:
+        return function(*args)
+    except (RuntimeError, IndexError) as error:
+        return type(error)
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_unstated_ranks_are_checked_and_other_ranks_raise_as_the_original(form):
+    body, rank = FORMS[form]
+    source = "import torch\n\n\n" + body
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and _states(finding)["operand-rank"] == "guarded", finding.reason
+    original = load_module_from_source(source, f"rank_{form}")
+    patched = load_module_from_source(analyze_source(source, "case.py").fixed, f"rank_{form}_fixed")
+    make = torch.Generator().manual_seed(0)
+    for dims in (rank, rank + 1, rank - 1):
+        shape = (2, 3, 5, 8)[-dims:] if dims <= 4 else (2, 2, 3, 5, 8)
+        q, k, v = (torch.randn(*shape, dtype=torch.float64, generator=make) for _ in range(3))
+        expected, got = _outcome(original.attend, q, k, v), _outcome(patched.attend, q, k, v)
+        if isinstance(expected, type) or isinstance(got, type):
+            assert got is expected, (dims, got, expected)
+        else:
+            torch.testing.assert_close(got, expected)
+
+
+def test_stated_ranks_prove_the_fact():
+    source = '''import torch
+from einops import rearrange
+
+
+def attend(x, h):
+    q, k, v = (rearrange(t, "b n (h d) -> (b h) n d", h=h) for t in x.chunk(3, dim=-1))
+    q, k, v = rearrange(q, "b n d -> b n d"), rearrange(k, "b n d -> b n d"), rearrange(v, "b n d -> b n d")
+    s = torch.bmm(q, k.transpose(1, 2)) * 0.125
+    return torch.bmm(s.softmax(dim=-1), v)
+'''
+    finding = _finding(source)
+    assert _states(finding)["operand-rank"] == "proved", finding.extra["facts"]
+    assert "dim() ==" not in (analyze_source(source, "case.py").fixed or "")
+
+
+def test_matmul_takes_any_batch_dims_and_needs_no_such_fact():
+    source = "import torch\n\n\ndef attend(q, k, v):\n    return (q @ k.transpose(-2, -1)).softmax(-1) @ v\n"
+    assert "operand-rank" not in _states(_finding(source))
