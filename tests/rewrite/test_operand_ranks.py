@@ -14,7 +14,8 @@ from fixture_models import load_module_from_source
 FORMS = {
     "bmm": ("def attend(q, k, v):\n    s = torch.bmm(q, k.transpose(1, 2)) * 0.125\n"
             "    return torch.bmm(s.softmax(dim=-1), v)\n", 3),
-    "baddbmm": ("def attend(q, k, v):\n    s = torch.baddbmm(torch.zeros(1, 1, 1, dtype=q.dtype), q, k.transpose(1, 2), alpha=0.125)\n"
+    "baddbmm": ("def attend(q, k, v):\n"
+                "    s = torch.baddbmm(torch.zeros(1, 1, 1, dtype=q.dtype), q, k.transpose(1, 2), alpha=0.125)\n"
                 "    return torch.bmm(s.softmax(dim=-1), v)\n", 3),
     "einsum": ("def attend(q, k, v):\n    s = torch.einsum('bhid,bhjd->bhij', q, k) * 0.125\n"
                "    return torch.einsum('bhij,bhjd->bhid', s.softmax(dim=-1), v)\n", 4),

@@ -303,7 +303,8 @@ def flag(c: Candidate) -> None:
 @step(reads=("chain.factor_guards deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes "
              "match.facts positive_reads product_casts tensor_factors unfolded_query "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
-             "match.value match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values weights core"),
+             "match.value match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values "
+             "weights core"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
     """A run-time check for each assumed metadata fact that can be checked (a deleted module the file may rebind:
@@ -336,8 +337,8 @@ def _flash_attn_refusal(c: Candidate) -> str | None:
 
 # the order of the proof: each step may read what the steps before it produced (see proof_steps)
 PROOF = (softmax_is_read, twin_softmax, score_chain, core_roles, softmax_stages, weight_path, value_roles,
-         operand_casts, dropout_role, scale_and_masks, block_reads, mask, mask_and_dtypes, kv_length, operand_rank, extent, bindings,
-         block_scope, layout, escapes, tensor_scale, flag, guards, flex)
+         operand_casts, dropout_role, scale_and_masks, block_reads, mask, mask_and_dtypes, kv_length, operand_rank,
+         extent, bindings, block_scope, layout, escapes, tensor_scale, flag, guards, flex)
 
 
 def _unique(items: list) -> list:
