@@ -43,7 +43,7 @@ SAFE = Rule(
 
 
 def attend(q, k, v):
-    if k.shape[-2] == v.shape[-2]:
+    if k.shape[-2:-1] == v.shape[-2:-1]:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v).contiguous()
     else:
         scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
@@ -77,7 +77,7 @@ ESCAPING = Rule(
     return weights @ v, weights
 ''', unsafe=True, fixed='''import torch.nn.functional as F
 def attend(q, k, v):
-    if k.shape[-2] == v.shape[-2]:
+    if k.shape[-2:-1] == v.shape[-2:-1]:
         return F.scaled_dot_product_attention(q, k, v, scale=1.0).contiguous(), None
     else:
         weights = (q @ k.transpose(-2, -1)).softmax(dim=-1)

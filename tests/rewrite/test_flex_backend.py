@@ -173,7 +173,8 @@ def test_transformers_gemma2_with_optional_soft_cap_mask_and_dropout_runs_flex_i
     # the two constructor numbers (a caller may pass tensors) are checked with the dropout, its probability's range
     # and the soft-cap divisor's (not 0, not NaN); key and value states are parameters: their lengths too
     assert [fact["name"] for fact in finding.extra["facts"]["guarded"]] == [
-        "dropout-range", "scale-is-number", "scale-is-number", "scale-nonzero", "kv-length", "flex-dropout"]
+        "dropout-range", "scale-is-number", "scale-is-number", "scale-nonzero", "kv-length", "operand-rank",
+        "flex-dropout"]
     assert "return (torch.tanh(score) * self.attn_logit_softcapping if self.attn_logit_softcapping is not None " \
            "else score)" in result.fixed
     original, patched = (load_module_from_source(text, f"p14_{name}")

@@ -484,9 +484,11 @@ def _metadata_operand(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
         return _metadata_operand(parsed, node.expression)
     if isinstance(node, cst.BinaryOperation):  # `t * 0.0 == 0.0`: a number's finiteness (attention.guards)
         return _metadata_operand(parsed, node.left) and _metadata_operand(parsed, node.right)
-    if isinstance(node, cst.Subscript):
+    if isinstance(node, cst.Subscript):  # `x.shape[-2]`, `x.shape[-2:-1]`
         return isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape" and \
-            all(isinstance(e.slice, cst.Index) and _metadata_operand(parsed, e.slice.value) for e in node.slice)
+            all(_metadata_operand(parsed, e.slice.value) if isinstance(e.slice, cst.Index) else
+                all(bound is None or _metadata_operand(parsed, bound)
+                    for bound in (e.slice.lower, e.slice.upper, e.slice.step)) for e in node.slice)
     return isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute) and \
         node.func.attr.value == "dim"
 

@@ -561,8 +561,8 @@ def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statemen
 
 
 def _length_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression]:
-    """(t, `t.shape[-2]`) of what SDPA gets, read under the casts and last-dims transposes around `t` (`k.shape[-1]`
-    of `k.float().transpose(-2, -1)`): no copy is made to read a size."""
+    """(t, `t.shape[-2:-1]`) of what SDPA gets, read under the casts and last-dims transposes around `t`
+    (`k.shape[-1:]` of `k.float().transpose(-2, -1)`): no copy is made to read a size."""
     axis = -2
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         method, dims = node.func.attr.value, [int_value(arg.value) for arg in node.args]
@@ -571,7 +571,8 @@ def _length_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.Base
         elif method not in SAME_SIZES:
             break
         node = node.func.value
-    return node, parse_template_expression(f"{{t}}.shape[{axis}]", t=node)
+    end = f"{axis + 1}" if axis < -1 else ""  # a slice: a tensor of fewer dims (a 1-D v) fails, never raises
+    return node, parse_template_expression(f"{{t}}.shape[{axis}:{end}]", t=node)
 
 
 def _view_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.patterns import scope
 from advisor.patterns.attention import products
 from advisor.patterns.attention.candidate import Candidate, flow_for, function_of
 from advisor.patterns.attention.helpers import argument_of, helper_at
@@ -21,6 +22,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.dtypes import layer_class
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, loaded_names
+from advisor.static.module_index import ParsedModule
 
 KV_LENGTH = "kv-length"
 MAX_DEPTH = 24
@@ -38,6 +40,12 @@ SHAPE_KEEPING_LAYERS = frozenset(f"torch.nn.{name}" for name in ("Dropout", "Lay
                                                                    "BatchNorm1d", "BatchNorm2d"))
 # convolutions keep their spatial axes (the last n) where the kernel is 1, the stride 1 and no padding
 POINTWISE_CONVOLUTIONS = {"torch.nn.Conv1d": 1, "torch.nn.Conv2d": 2, "torch.nn.Conv3d": 3}
+TENSOR_LAYERS = ALL_BUT_LAST | SHAPE_KEEPING_LAYERS | set(POINTWISE_CONVOLUTIONS)  # return one tensor
+# names that change a tensor's shape in place, or what a layer returns, where the walk does not look
+SHAPE_HAZARDS = frozenset({"resize_", "resize_as_", "set_", "as_strided_", "squeeze_", "unsqueeze_", "transpose_",
+                           "t_", "swapaxes_", "swapdims_", "register_forward_hook", "register_forward_pre_hook",
+                           "register_module_forward_hook", "register_module_forward_pre_hook", "_forward_hooks",
+                           "_forward_pre_hooks"})
 Term = tuple  # ("axis", definition id, axis) | ("int", n) | ("size", code, bindings) | ("cat" | "group", terms)
 
 
@@ -45,15 +53,37 @@ def kv_length_fact(c: Candidate) -> None:
     """Record whether k and v provably have one length (SDPA's key axis, -2 of what it is passed)."""
     key, value = c.match.key, c.match.value
     statement = f"`{short(c.parsed, key)}` and `{short(c.parsed, value)}` have one length (keys)"
+    hazard = _file_hazard(c)
+    if hazard is not None:
+        c.match.facts.assumed(KV_LENGTH, statement, f"{hazard}, so no size read in the file is proved; where they "
+                                                    "differ the original raises and SDPA's CPU kernels do not")
+        return
     walk = _Lengths(c)
     term = walk.term(key, -2)
-    if term is not None and term == walk.term(value, -2):
+    if term is not None and term == walk.term(value, -2) and not walk.overridden():
         c.match.facts.proved(KV_LENGTH, statement, "their key axes come from one size: "
                                                    f"{_describe(term)}")
     else:
         c.match.facts.assumed(KV_LENGTH, statement, "nothing in the source ties the key axis of k to v's; where "
                                                     "they differ the original raises and SDPA's CPU kernels do not "
                                                     "(they read past v)")
+
+
+def _file_hazard(c: Candidate) -> str | None:
+    return c.parsed.derived(_file_hazard, _hazard_of)
+
+
+def _hazard_of(parsed: ParsedModule) -> str | None:
+    """What in the file may change a tensor's shape, or a layer's output, out of the walk's sight: an in-place
+    shape change (by name anywhere, strings included: `getattr(t, "resize_")`), a `.data` assignment, a hook."""
+    words = parsed.words & SHAPE_HAZARDS
+    if words:
+        return f"the file calls or names `{sorted(words)[0]}`"
+    for assign in parsed.nodes_of(cst.Assign, cst.AugAssign, cst.AnnAssign):
+        targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+        if any(isinstance(t, cst.Attribute) and t.attr.value == "data" for t in targets):
+            return "the file assigns a tensor's `.data`"
+    return None
 
 
 def _describe(term: Term) -> str:
@@ -76,6 +106,7 @@ class _Lengths:
         self.c = c
         self._bound: dict[cst.FunctionDef, dict[str, cst.BaseExpression]] = {}  # helpers being followed
         self._mapped: dict[cst.Lambda, tuple[cst.BaseExpression, int]] = {}  # map(lambda t: ...) being followed
+        self._self_reads: set[str] = set()  # helper methods followed and layers read (a subclass may redefine them)
 
     def term(self, node: cst.BaseExpression, axis: int, depth: int = 0) -> Term | None:
         """The size term of `axis` of `node` (negative: from the end; else from the front)."""
@@ -85,7 +116,7 @@ class _Lengths:
             return self._name(node, axis, depth)
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Multiply, cst.Divide)):
             for tensor, other in ((node.left, node.right), (node.right, node.left)):
-                if self.c.values.is_scalar(other):
+                if self.c.values.scalar_guess(other) is None:  # a number proved, not guessed: a tensor broadcasts
                     return self.term(tensor, axis, depth + 1)
             return None
         if isinstance(node, cst.Subscript):
@@ -104,9 +135,14 @@ class _Lengths:
         if definition.kind == "param":
             return self._parameter(node, definition, axis, depth)
         if definition.index is not None:
-            return self._unpacked(definition.value, definition.index, axis, depth)
+            plain = _plain_targets(definition.statement)
+            return self._unpacked(definition.value, definition.index, axis, depth) if plain else None
         found = self.term(definition.value, axis, depth + 1)
-        return found if found is not None else ("axis", definition.id, axis)
+        return found if found is not None or self._followed(node) else ("axis", definition.id, axis)
+
+    def _followed(self, node: cst.CSTNode) -> bool:
+        """Whether `node` lies in a helper being followed (not inlined): its bindings differ from call to call."""
+        return function_of(self.c.parsed, node) in self._bound
 
     def _parameter(self, node: cst.Name, definition, axis: int, depth: int) -> Term | None:
         """A parameter of a helper being followed, or of an inlined one, is the argument its call passes; one of
@@ -142,7 +178,7 @@ class _Lengths:
             if definition is None or definition.kind != "assign" or definition.index is not None:
                 return None
             sequence = definition.value
-        if isinstance(sequence, (cst.Tuple, cst.List)) or _method(sequence)[0] in PARTS:
+        if isinstance(sequence, cst.Tuple) or _method(sequence)[0] in PARTS:  # a list may change in place
             return self._unpacked(sequence, index, axis, depth)
         return None
 
@@ -163,12 +199,14 @@ class _Lengths:
         method, receiver, args = _method(value)
         if method in ("chunk", "split"):
             dim = _dim(args, 1)
-            if dim is not None and (dim < 0) != (axis < 0) and dim != 0:  # the receiver's stated rank decides
+            if not self._is_tensor(receiver):  # parts of a nested tensor need not share a shape
+                return None
+            if dim is not None and (dim < 0) != (axis < 0):  # the receiver's stated rank decides
                 rank = products.rank(self.c, receiver)
                 dim, axis = (dim % rank, axis % rank) if rank else (dim, axis)
             return self.term(receiver, axis, depth + 1) if dim is not None and _apart(dim, axis) else None
         if method == "unbind":
-            return self._unbound(receiver, _dim(args, 0), axis, depth)
+            return self._unbound(receiver, _dim(args, 0), axis, depth) if self._is_tensor(receiver) else None
         return self._unbound(value, 0, axis, depth) if self._is_tensor(value) else None
 
     def _followed_map(self, lam: cst.Lambda, sequence: cst.BaseExpression, index: int, axis: int, depth: int
@@ -207,7 +245,7 @@ class _Lengths:
             return True
         dotted = (self.c.parsed.imported_name(node.func) or "") if isinstance(node, cst.Call) else ""
         return dotted in ("torch.cat", "torch.stack") or dotted.endswith("rearrange") or \
-            isinstance(node, cst.Call) and layer_class(self.c.parsed, self.c.owner, node) in ALL_BUT_LAST
+            isinstance(node, cst.Call) and layer_class(self.c.parsed, self.c.owner, node) in TENSOR_LAYERS
 
     def _indexed(self, node: cst.Subscript, axis: int, depth: int) -> Term | None:
         """`qkv[1]`, `x[0, :, :]`: integer indices of a tensor's leading axes, then full slices, keep its trailing
@@ -256,10 +294,18 @@ class _Lengths:
         if helper is not None:
             return self._followed_helper(*helper, axis, depth)
         layer = layer_class(c.parsed, c.owner, call)
+        if layer is not None:
+            self._self_reads.add(call.func.attr.value)
         if layer in SHAPE_KEEPING_LAYERS or layer in ALL_BUT_LAST and axis != -1 and axis < 0 or \
                 layer in POINTWISE_CONVOLUTIONS and self._spatial(layer, axis) and self._pointwise(call):
             return self.term(call.args[0].value, axis, depth + 1)
         return None
+
+    def overridden(self) -> bool:
+        """Whether a subclass (in the file or the tree) redefines a helper the walk followed or rebinds a layer it
+        read: instances of it compute other sizes."""
+        return bool(self._self_reads) and \
+            scope.overridden(self.c.scope.classes(), self.c.owner, self._self_reads) is not None
 
     def _followed_helper(self, returned: cst.BaseExpression, function: cst.FunctionDef, bound: dict, axis: int,
                          depth: int) -> Term | None:
@@ -267,6 +313,7 @@ class _Lengths:
         call passes them."""
         if function in self._bound:
             return None
+        self._self_reads.add(function.name.value)
         self._bound[function] = bound
         try:
             return self.term(returned, axis, depth + 1)
@@ -372,29 +419,52 @@ class _Lengths:
         literal = int_value(node)
         if literal is not None:
             return ("int", literal) if literal >= 0 else None
+        read = self._shape_read(node)
+        if read is not None:
+            return read
         if not _size_expression(node):
             return None
         bindings = []
         for name in loaded_names(node):
             seen = flow_for(self.c, name).reaching.get(name)
-            if not seen or UNDEFINED in seen:
+            if not seen or UNDEFINED in seen or self._followed(name) or name.value in _rebound_elsewhere(self.c):
                 return None
             bindings.append((name.value, seen))
         return ("size", cst.Module([]).code_for_node(node), tuple(bindings))
+
+    def _shape_read(self, node: cst.BaseExpression) -> Term | None:
+        """A size read off a tensor, as that tensor's axis: `x.shape[1]`, `x.size(1)`, or `n` of `b, n, d =
+        x.shape` (the unpacking fixes x's rank: n is axis -2)."""
+        if isinstance(node, (cst.Subscript, cst.Call)) and _size_expression(node):
+            tensor = node.value.value if isinstance(node, cst.Subscript) else node.func.value
+            index = int_value(node.slice[0].slice.value if isinstance(node, cst.Subscript) else node.args[0].value)
+            return self.term(tensor, index, 1)
+        if not isinstance(node, cst.Name):
+            return None
+        definition = self._definition(node)
+        if definition is None or definition.kind != "assign" or definition.index is None or \
+                not _plain_targets(definition.statement):
+            return None
+        value = definition.value
+        shaped = value.value if isinstance(value, cst.Attribute) and value.attr.value == "shape" else \
+            value.func.value if isinstance(value, cst.Call) and _method(value)[0] == "size" and not value.args else None
+        if shaped is None:
+            return None
+        count = len(definition.statement.targets[0].target.elements)
+        return self.term(shaped, definition.index - count, 1)
 
     def _concatenated(self, call: cst.Call, axis: int, depth: int) -> Term | None:
         """`torch.cat([past, new], dim=-2)`: along the axis, the sizes in order; along another, the first's (cat
         raises unless they agree)."""
         if not call.args or not isinstance(call.args[0].value, (cst.List, cst.Tuple)):
             return None
-        dim = _dim(call.args[1:], 0, keyword="dim")
+        dim = _dim(call.args[1:], 0)
         items = call.args[0].value.elements
         if dim is None or not items or any(isinstance(e, cst.StarredElement) for e in items):
             return None
-        if dim != axis:
-            if not _apart(dim, axis):
-                return None
-            return self.term(items[0].value, axis, depth + 1)
+        if dim != axis:  # every item's size there (a legacy empty tensor is skipped by cat, not matched)
+            terms = {self.term(e.value, axis, depth + 1) for e in items}
+            return terms.pop() if len(terms) == 1 and None not in terms and _apart(dim, axis) else None
         terms = tuple(self.term(e.value, axis, depth + 1) for e in items)
         return ("cat", terms) if None not in terms else None
 
@@ -426,6 +496,22 @@ class _Lengths:
         return self._size(sized[0]) if sized else None
 
 
+def _plain_targets(statement: cst.CSTNode | None) -> bool:
+    """Whether an unpacking binds each target to the item at its position: a flat tuple of names, no starred or
+    nested target (`k, *_, v = ...`, `(k, v), s = ...` bind by other positions)."""
+    if not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
+        return False
+    target = statement.targets[0].target
+    return isinstance(target, (cst.Tuple, cst.List)) and \
+        all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements)
+
+
+def _rebound_elsewhere(c: Candidate) -> frozenset[str]:
+    """Names a `global` or `nonlocal` statement of the file declares: a call may rebind them between two reads."""
+    return c.parsed.derived(_rebound_elsewhere, lambda parsed: frozenset(
+        name.name.value for statement in parsed.nodes_of(cst.Global, cst.Nonlocal) for name in statement.names))
+
+
 def _mapping(node: cst.BaseExpression) -> tuple[cst.Lambda, cst.BaseExpression] | None:
     """(the lambda, the sequence) of `map(lambda t: ..., seq)`."""
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "map" and \
@@ -441,9 +527,9 @@ def _method(node: cst.BaseExpression) -> tuple[str | None, cst.BaseExpression | 
     return None, None, ()
 
 
-def _dim(args, position: int, keyword: str = "dim") -> int | None:
-    """The dim argument (by position or keyword), or its default 0 where neither is given."""
-    by_keyword = [a for a in args if a.keyword is not None and a.keyword.value == keyword]
+def _dim(args, position: int) -> int | None:
+    """The dim argument (by position, or as `dim=` or torch's `axis=`), or its default 0 where none is given."""
+    by_keyword = [a for a in args if a.keyword is not None and a.keyword.value in ("dim", "axis")]
     positional = [a for a in args if a.keyword is None]
     if by_keyword:
         return int_value(by_keyword[0].value)
@@ -453,9 +539,9 @@ def _dim(args, position: int, keyword: str = "dim") -> int | None:
 
 
 def _apart(dim: int, axis: int) -> bool:
-    """Whether `dim` and `axis` provably name different axes without the rank: same end and different, or dim is
-    the first axis and axis counts from the end (a later axis where there is one)."""
-    return dim != axis if (dim < 0) == (axis < 0) else dim == 0
+    """Whether `dim` and `axis` provably name different axes without the rank: both counted from the same end
+    (dim 0 and axis -4 are one axis of a 4-D tensor: breaker round 20)."""
+    return (dim < 0) == (axis < 0) and dim != axis
 
 
 def _size_expression(node: cst.BaseExpression) -> bool:

@@ -2,7 +2,8 @@
 without `...` unless each operand has one dim per subscript. SDPA takes any batch dims and broadcasts them, so
 where the source does not state a rank the patch checks it (`q.dim() == 3`) and runs the original, which raises,
 where it fails (breaker round 19b: 4-D operands of a `bmm` block gave values after the patch). matmul broadcasts
-as SDPA does: its operands need no fact.
+as SDPA does: its operands need the fact only where the patch undoes a permute or a transpose counted from the
+front that states the key's rank (`k.permute(0, 1, 3, 2)` raises on a 3-D k).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.products import spec, strip_factors
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.tensor_facts import rank_bounds
+from advisor.patterns.ops import int_value
 
 OPERAND_RANK = "operand-rank"
 FIXED_RANK = {"bmm": 3, "baddbmm": 3}
@@ -50,7 +52,22 @@ def required_ranks(c: Candidate) -> list[tuple[cst.BaseExpression, int]]:
             inputs, _ = spec(c, op)
             required += [(node, len(axes)) for node, axes in zip(op.operands, inputs)
                          if any(node is operand for operand in operands) and es.ELLIPSIS not in axes]
+    if c.core.name == "matmul":  # a `k.permute(0, 1, 3, 2)` or `k.transpose(2, 3)` the patch undoes states k's rank
+        stated = _transposed_rank(c, strip_factors(c, c.core.operands[1])[0])
+        required += [stated] if stated is not None else []
     return [(strip_factors(c, node)[0], rank) for node, rank in required]
+
+
+def _transposed_rank(c: Candidate, node: cst.BaseExpression) -> tuple[cst.BaseExpression, int] | None:
+    """(the tensor, its rank) where a permute of n dims, or a transpose of two dims counted from the front, gives
+    the key as matmul takes it: the original raises on another rank (breaker round 20), SDPA broadcasts."""
+    op = c.reader.read(node)
+    if op is None or op.name not in ("permute", "transpose"):
+        return None
+    dims = [int_value(d) for d in op.params["dims"]]
+    if None in dims or op.name == "transpose" and min(dims) < 0:
+        return None
+    return op.operands[0], len(dims) if op.name == "permute" else max(dims) + 1
 
 
 def unproved_ranks(c: Candidate) -> list[tuple[cst.BaseExpression, int]]:
