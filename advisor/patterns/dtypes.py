@@ -28,6 +28,8 @@ CONCRETE = {"float": "torch.float32", "half": "torch.float16", "bfloat16": "torc
 DTYPE_NAMES = {f"torch.{name}" for name in ("float32", "float", "float16", "half", "bfloat16", "float64", "double")}
 CANONICAL = {"torch.float": "torch.float32", "torch.half": "torch.float16", "torch.double": "torch.float64"}
 MAX_DEPTH = 30
+CREATIONS = {f"torch.{name}" for name in ("full", "tensor", "empty", "zeros", "ones", "rand", "randn")}
+LIKE_CREATIONS = {f"torch.{name}_like" for name in ("empty", "zeros", "ones", "full", "rand", "randn")}
 # torch.nn layers whose output is floating (their float parameters raise on integer inputs, or embed them)
 FLOAT_LAYERS = {f"torch.nn.{name}" for name in ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
                                                  "ConvTranspose2d", "ConvTranspose3d", "Embedding", "LayerNorm",
@@ -239,9 +241,11 @@ class DtypeRoots:
         dotted = self.parsed.imported_name(call.func) or ""
         if (dotted in EINOPS or dotted in SAME_DTYPE_FUNCTIONS) and call.args:
             return self.root(call.args[0].value, depth + 1)
-        if dotted == "torch.full" or dotted == "torch.tensor":
+        if dotted in CREATIONS or dotted in LIKE_CREATIONS:  # `dtype=` names it; a `_like` without one keeps x's
             dtype = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == "dtype"), None)
-            return self._dtype_argument(dtype, depth) if dtype is not None else None
+            if dtype is not None:
+                return self._dtype_argument(dtype, depth)
+            return self.root(call.args[0].value, depth + 1) if dotted in LIKE_CREATIONS and call.args else None
         if self._is_linear_call(call):  # F.linear raises unless input and weight share a dtype
             self._through_float_layer = True
             return self.root(call.args[0].value, depth + 1)

@@ -5,7 +5,8 @@ that returned values after the fix (SDPA's CPU kernels read past v) before the p
 sizes differ per call, a guessed number may be a tensor, `torch.cat` skips a legacy empty tensor, dim 0 and axis
 -4 are one axis of a 4-D tensor, torch's `axis=` spelling, in-place shape changes and hooks anywhere in the file,
 `global`/`nonlocal` names, subclasses redefining a helper or a layer, lists changed in place, starred and nested
-targets, nested tensors, a 1-D v the check's slice reads, a permute the patch undoes."""
+targets, nested tensors, a 1-D v the check's slice reads, a permute the patch undoes, a baddbmm input of another
+dtype."""
 
 from __future__ import annotations
 

@@ -78,3 +78,18 @@ def attend(x, h):
 def test_matmul_takes_any_batch_dims_and_needs_no_such_fact():
     source = "import torch\n\n\ndef attend(q, k, v):\n    return (q @ k.transpose(-2, -1)).softmax(-1) @ v\n"
     assert "operand-rank" not in _states(_finding(source))
+
+
+def test_an_einsum_broadcasting_a_size_one_axis_is_a_loud_failure_accepted():
+    """Breaker round 20 (bug 09): an einsum broadcasts a key head dim of 1 against the query's 8, SDPA raises: the
+    patch names that as accepted (a failure on inputs no attention takes, never another value)."""
+    body, _ = FORMS["einsum"]
+    source = "import torch\n\n\n" + body
+    finding = _finding(source)
+    assert _states(finding)["einsum-broadcast"] == "accepted"
+    original = load_module_from_source(source, "einsum_broadcast")
+    patched = load_module_from_source(analyze_source(source, "case.py").fixed, "einsum_broadcast_fixed")
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 1), torch.randn(2, 3, 6, 8)
+    assert isinstance(original.attend(q, k, v), torch.Tensor)
+    with pytest.raises(RuntimeError):
+        patched.attend(q, k, v)

@@ -24,7 +24,7 @@ from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.lengths import KV_LENGTH
-from advisor.patterns.attention.operand_ranks import OPERAND_RANK, rank_check, unproved_ranks
+from advisor.patterns.attention.operand_ranks import BADDBMM_INPUT, OPERAND_RANK, rank_check, unproved_ranks
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
 from advisor.patterns.attention.rendering import as_home_expression
@@ -42,7 +42,7 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
 GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE,
-             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, OPERAND_RANK, *MODULE_FACTS)
+             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, OPERAND_RANK, BADDBMM_INPUT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -112,6 +112,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 all(_plain(c, node) for node in reads) else []
         elif name == CAUSAL_EXTENT:
             reads, parts = _causal_extent_check(c, span[0], output_statement, torch_name)
+        elif name == BADDBMM_INPUT:
+            bias = _passed(c, c.core.params["input"])
+            reads = [bias, query]
+            parts = [parse_template_expression("{b}.dtype == {q}.dtype", b=bias, q=query)] \
+                if _plain(c, bias, indexed=True) else []
         elif name == OPERAND_RANK:  # read under the casts and transposes around them
             checks = [rank_check(_passed(c, node), rank) for node, rank in unproved_ranks(c)]
             reads = [read for read, _ in checks]

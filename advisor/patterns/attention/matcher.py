@@ -235,7 +235,7 @@ def kv_length(c: Candidate) -> None:
     kv_length_fact(c)
 
 
-@step(reads="core flow home inlined values weights", writes="match.facts")
+@step(reads="core flow home inlined leaf_nodes values weights", writes="dtype_roots match.facts")
 def operand_rank(c: Candidate) -> None:
     """Fact: bmm's and einsum's operands have the ranks those take (the original raises on others, SDPA does not)."""
     operand_rank_fact(c)

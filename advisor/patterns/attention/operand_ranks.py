@@ -12,13 +12,14 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import einsum as es
-from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.candidate import Candidate, flow_for
 from advisor.patterns.attention.products import spec, strip_factors
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.attention.tensor_facts import rank_bounds
+from advisor.patterns.attention.tensor_facts import rank_bounds, roots
+from advisor.static.dataflow import UNDEFINED
 from advisor.patterns.ops import int_value
 
-OPERAND_RANK = "operand-rank"
+OPERAND_RANK, EINSUM_BROADCAST, BADDBMM_INPUT = "operand-rank", "einsum-broadcast", "baddbmm-input"
 FIXED_RANK = {"bmm": 3, "baddbmm": 3}
 # methods that keep a tensor's rank: the check reads the rank under them (no cast or copy made to read it)
 RANK_KEEPING = frozenset({"float", "half", "double", "bfloat16", "to", "type_as", "contiguous", "detach", "clone",
@@ -26,7 +27,14 @@ RANK_KEEPING = frozenset({"float", "half", "double", "bfloat16", "to", "type_as"
 
 
 def operand_rank_fact(c: Candidate) -> None:
-    """Record whether every product operand provably has the rank its product takes."""
+    """Record whether every product operand provably has the rank its product takes (and, for an einsum, the
+    accepted difference where it broadcasts an axis of size 1)."""
+    if c.core.name == "einsum":
+        c.match.facts.accepted(EINSUM_BROADCAST, "each einsum axis has one size in both operands",
+                               "an einsum broadcasts an axis of size 1 in one operand (a key head dim of 1 against "
+                               "the query's 8: breaker round 20), where SDPA raises: a loud failure on inputs no "
+                               "attention takes, not another value")
+    _baddbmm_input_fact(c)
     required = required_ranks(c)
     if not required:
         return
@@ -39,6 +47,44 @@ def operand_rank_fact(c: Candidate) -> None:
     else:
         c.match.facts.assumed(OPERAND_RANK, statement, f"the rank of `{short(c.parsed, unproved[0][0])}` is not "
                                                        "stated: the original raises on another, SDPA broadcasts it")
+
+
+def _baddbmm_input_fact(c: Candidate) -> None:
+    """baddbmm raises unless its input has its factors' dtype, even at beta=0 (breaker round 20: float32 zeros
+    with float64 q and k); the patch drops that input (beta=0) or passes it as a mask SDPA casts."""
+    if c.core.name != "baddbmm":
+        return
+    bias, query = c.core.params["input"], c.leaf_nodes[0]
+    statement = f"baddbmm's input `{short(c.parsed, bias)}` has the query's dtype"
+    factors = (query, _sliced_from(query), c.leaf_nodes[1])
+    if any(roots(c).same(bias, factor) for factor in factors) or _dtype_read_of(c, bias, factors):
+        c.match.facts.proved(BADDBMM_INPUT, statement, "it is built in the query's dtype")
+    else:
+        c.match.facts.assumed(BADDBMM_INPUT, statement, "baddbmm raises on an input of another dtype, even at "
+                                                        "beta=0, and the patch passes no such input to SDPA")
+
+
+def _dtype_read_of(c: Candidate, bias: cst.BaseExpression, factors) -> bool:
+    """`torch.empty(..., dtype=query.dtype)` where `query` is a factor's name read with the same bindings (both
+    reads see the same tensor, whatever dtype its definitions give it: diffusers' `query = query.float()` under
+    `if self.upcast_attention:`)."""
+    dtype = next((a.value for a in getattr(bias, "args", ()) if a.keyword is not None and a.keyword.value == "dtype"),
+                 None)
+    if not (isinstance(dtype, cst.Attribute) and dtype.attr.value == "dtype" and isinstance(dtype.value, cst.Name)):
+        return False
+    seen = flow_for(c, dtype.value).reaching.get(dtype.value)
+    return bool(seen) and UNDEFINED not in seen and any(
+        isinstance(factor, cst.Name) and factor.value == dtype.value.value and
+        flow_for(c, factor).reaching.get(factor) == seen for factor in factors)
+
+
+def _sliced_from(node: cst.BaseExpression) -> cst.BaseExpression:
+    """The tensor a multi-element or slicing index reads (`q` of `q[:, i:end]`): only a tensor takes one, and it
+    keeps the dtype (a tuple of tensors would raise)."""
+    while isinstance(node, cst.Subscript) and (len(node.slice) > 1 or
+                                                any(isinstance(e.slice, cst.Slice) for e in node.slice)):
+        node = node.value
+    return node
 
 
 def required_ranks(c: Candidate) -> list[tuple[cst.BaseExpression, int]]:
