@@ -219,8 +219,8 @@ def mask(c: Candidate) -> None:
     assemble_mask(c)
 
 
-@step(reads=("chain.definitions dtype_changes factors flow has_ellipsis home inlined leaf_nodes match.is_causal match.masks "
-             "match.row_fixup ndim product_casts values weights"),
+@step(reads=("chain.definitions dtype_changes factors flow has_ellipsis home inlined leaf_nodes match.is_causal "
+             "match.masks match.row_fixup ndim product_casts values weights"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:
     """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do, whether
@@ -303,8 +303,8 @@ def flag(c: Candidate) -> None:
 @step(reads=("chain.factor_guards deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes "
              "match.facts positive_reads product_casts tensor_factors unfolded_query "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
-             "match.value match.row_fixup match.take match.unwrap module_refusal output_statement tensor_scale_reads values "
-             "weights core"),
+             "match.value match.row_fixup match.take match.unwrap module_refusal output_statement "
+             "tensor_scale_reads values weights core"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
     """A run-time check for each assumed metadata fact that can be checked (a deleted module the file may rebind:
