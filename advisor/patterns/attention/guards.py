@@ -23,7 +23,7 @@ from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
-from advisor.patterns.attention.lengths import KV_LENGTH
+from advisor.patterns.attention.lengths import KV_LENGTH, SAME_SHAPE, SWAPS
 from advisor.patterns.attention.operand_ranks import BADDBMM_INPUT, OPERAND_RANK, rank_check, unproved_ranks
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
@@ -57,7 +57,6 @@ OPERANDS_READ = (KV_LENGTH, OPERAND_RANK)  # facts whose checks read the operand
 # facts whose checks read no query (Python numbers, the operands): a query that cannot be read again (`q[:, i:j]`)
 # does not keep them from a check
 QUERY_FREE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, TENSOR_NONZERO, *OPERANDS_READ)
-SAME_SIZES = frozenset({"float", "half", "double", "bfloat16", "to", "type_as", "contiguous", "detach", "clone"})
 
 
 def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
@@ -571,9 +570,9 @@ def _length_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.Base
     axis = -2
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
         method, dims = node.func.attr.value, [int_value(arg.value) for arg in node.args]
-        if method in ("transpose", "swapaxes") and len(dims) == 2 and None not in dims and all(d < 0 for d in dims):
+        if method in SWAPS and len(dims) == 2 and None not in dims and all(d < 0 for d in dims):
             axis = dims[1] if axis == dims[0] else dims[0] if axis == dims[1] else axis
-        elif method not in SAME_SIZES:
+        elif method not in SAME_SHAPE:
             break
         node = node.func.value
     end = f"{axis + 1}" if axis < -1 else ""  # a slice: a tensor of fewer dims (a 1-D v) fails, never raises

@@ -26,6 +26,7 @@ from advisor.static.module_index import ParsedModule
 
 KV_LENGTH = "kv-length"
 MAX_DEPTH = 24
+# methods whose result has the receiver's shape (casts, moves, copies): sizes are read under them
 SAME_SHAPE = frozenset({"contiguous", "float", "half", "double", "bfloat16", "to", "type_as", "clone", "detach",
                         "cpu", "cuda", "requires_grad_"})
 TENSOR_METHODS = frozenset({"view", "reshape", "permute", "transpose", "contiguous", "unflatten", "flatten",
@@ -53,7 +54,7 @@ def kv_length_fact(c: Candidate) -> None:
     """Record whether k and v provably have one length (SDPA's key axis, -2 of what it is passed)."""
     key, value = c.match.key, c.match.value
     statement = f"`{short(c.parsed, key)}` and `{short(c.parsed, value)}` have one length (keys)"
-    hazard = _file_hazard(c)
+    hazard = c.parsed.derived(_hazard_of, _hazard_of)  # once per file
     if hazard is not None:
         c.match.facts.assumed(KV_LENGTH, statement, f"{hazard}, so no size read in the file is proved; where they "
                                                     "differ the original raises and SDPA's CPU kernels do not")
@@ -67,10 +68,6 @@ def kv_length_fact(c: Candidate) -> None:
         c.match.facts.assumed(KV_LENGTH, statement, "nothing in the source ties the key axis of k to v's; where "
                                                     "they differ the original raises and SDPA's CPU kernels do not "
                                                     "(they read past v)")
-
-
-def _file_hazard(c: Candidate) -> str | None:
-    return c.parsed.derived(_file_hazard, _hazard_of)
 
 
 def _hazard_of(parsed: ParsedModule) -> str | None:
@@ -262,7 +259,7 @@ class _Lengths:
         if kinds == ["int"] and isinstance(node.value, cst.Name):
             definition = self._definition(node.value)
             if definition is not None and definition.kind == "assign" and definition.index is None and \
-                    _method(definition.value)[0] in ("chunk", "split", "unbind"):
+                    _method(definition.value)[0] in PARTS:
                 index = int_value(node.slice[0].slice.value)
                 return self._unpacked(definition.value, index, axis, depth) if index >= 0 else None
         if "full" in kinds and "int" in kinds[kinds.index("full"):] or not self._is_tensor(node.value):

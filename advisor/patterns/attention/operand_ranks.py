@@ -13,6 +13,7 @@ from libcst.helpers import parse_template_expression
 
 from advisor.patterns import einsum as es
 from advisor.patterns.attention.candidate import Candidate, flow_for
+from advisor.patterns.attention.lengths import SAME_SHAPE, SWAPS
 from advisor.patterns.attention.products import spec, strip_factors
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.tensor_facts import rank_bounds, roots
@@ -22,8 +23,7 @@ from advisor.patterns.ops import int_value
 OPERAND_RANK, EINSUM_BROADCAST, BADDBMM_INPUT = "operand-rank", "einsum-broadcast", "baddbmm-input"
 FIXED_RANK = {"bmm": 3, "baddbmm": 3}
 # methods that keep a tensor's rank: the check reads the rank under them (no cast or copy made to read it)
-RANK_KEEPING = frozenset({"float", "half", "double", "bfloat16", "to", "type_as", "contiguous", "detach", "clone",
-                          "transpose", "swapaxes", "swapdims", "permute"})
+RANK_KEEPING = SAME_SHAPE | SWAPS | {"permute"}
 
 
 def operand_rank_fact(c: Candidate) -> None:
