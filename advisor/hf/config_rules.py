@@ -17,6 +17,7 @@ import libcst as cst
 from advisor.rewrite.apply import SourceEdit
 from advisor.static.discover import is_library_file
 from advisor.static.module_index import ParsedModule
+from advisor.static.tree_facts import TreeFacts
 from advisor.static.walk import walk
 
 LOADERS = ("from_pretrained", "from_config", "_from_config")
@@ -42,6 +43,7 @@ class Site:
     node: cst.Call | cst.Assign
     function: str
     in_inference: bool  # under torch.no_grad / inference_mode (a `with` or a decorator)
+    autograd: TreeFacts | None = None  # what the scanned tree asks of autograd (None: this file alone)
 
     @cached_property
     def dotted(self) -> str:
@@ -92,21 +94,23 @@ def is_true(node: cst.BaseExpression | None) -> bool:
     return literal_bool(node) is True
 
 
-def find_config_issues(parsed: ParsedModule, rules) -> list[ConfigMatch]:
-    """Every match of `rules` (SiteRules) in the file, in source order; none in library files."""
+def find_config_issues(parsed: ParsedModule, rules, autograd: TreeFacts | None = None) -> list[ConfigMatch]:
+    """Every match of `rules` (SiteRules) in the file, in source order; none in library files. `autograd`: what the
+    scanned tree asks of autograd (None: this file alone)."""
     lowered = parsed.source.lower()
     checks = [rule.check for rule in rules if rule.check is not None and any(t in lowered for t in rule.tokens)]
     if is_library_file(parsed.path) or not checks:
         return []
-    collector = _Collector(parsed, checks)
+    collector = _Collector(parsed, checks, autograd)
     walk(parsed.module, collector)
     return collector.found
 
 
 class _Collector(cst.CSTVisitor):
-    def __init__(self, parsed: ParsedModule, checks) -> None:
+    def __init__(self, parsed: ParsedModule, checks, autograd: TreeFacts | None) -> None:
         self.parsed = parsed
         self.checks = checks
+        self.autograd = autograd
         self.found: list[ConfigMatch] = []
         self.scope: list[str] = []
         self.inference_depth = 0
@@ -146,6 +150,6 @@ class _Collector(cst.CSTVisitor):
         self._ask(node)
 
     def _ask(self, node: cst.Call | cst.Assign) -> None:
-        site = Site(self.parsed, node, ".".join(self.scope) or "<module>", self.inference_depth > 0)
+        site = Site(self.parsed, node, ".".join(self.scope) or "<module>", self.inference_depth > 0, self.autograd)
         for check in self.checks:
             self.found.extend(check(site))

@@ -10,10 +10,11 @@ from advisor.rewrite.apply import RewriteFailed, render
 from advisor.static.module_index import ParsedModule
 
 
-def config_findings(parsed: ParsedModule, rules) -> list[Detected]:
-    """The finding and its fix for every match of `rules` (the attention_config family's SiteRules)."""
+def config_findings(parsed: ParsedModule, rules, autograd=None) -> list[Detected]:
+    """The finding and its fix for every match of `rules` (the attention_config family's SiteRules); `autograd`:
+    what the scanned tree asks of autograd (advisor.static.tree_facts.TreeFacts; None: this file alone)."""
     results = []
-    for match in find_config_issues(parsed, rules):
+    for match in find_config_issues(parsed, rules, autograd):
         rule = load_rules()[match.rule]
         fix = match.edit.as_edits() if match.edit is not None else None
         reasons, edits = match.reasons, None

@@ -470,8 +470,11 @@ class ParsedModule:
     @cached_property
     def bound_names(self) -> frozenset[str]:
         """Names bound anywhere in the file other than by imports (so a local `max = ...` is not taken for the
-        builtin, nor a local `F = ...` for the imported module)."""
-        return frozenset(self.bindings)
+        builtin, nor a local `F = ...` for the imported module), `def` and `class` statements outside class bodies
+        included (a nested `def sdp_kernel(...)` shadows the imported one in its function: breaker round 21)."""
+        defined = {node.name.value for node in self.nodes_of(cst.FunctionDef, cst.ClassDef)
+                   if not isinstance(self.parents.get(self.parents.get(node)), cst.ClassDef)}
+        return frozenset(self.bindings) | frozenset(defined & (set(self.imports) | BUILTINS))
 
     @cached_property
     def star_imports(self) -> list[tuple[int, cst.ImportFrom]]:

@@ -631,6 +631,7 @@ class _Writes:
                 for name in _namespace_keys(func.attr, node):
                     self.write(name)
                     self.torch_function(_namespace_owner(func.value), name)  # `F.__dict__.update(softmax=f)`
+                self.chain(_namespace_owner(func.value))  # `m.to_v.__dict__.update(forward=f)` changes `m.to_v`
         elif self._function_call(node, args):
             return
         elif isinstance(func, ast.Attribute) and writes_its_receiver(func.attr):

@@ -30,7 +30,7 @@ from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.module_index import ParsedModule
 from advisor.static.op_overrides import op_overrides
-from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, file_writes
+from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, RESHAPING_IN_PLACE, file_writes
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.state_swaps import may_swap, state_swaps
@@ -137,6 +137,7 @@ class ProjectFacts:
     op_overrides: tuple[UseSite, ...] = ()  # modes, tensor subclasses and kernels changing torch's ops
     tensor_methods: tuple[UseSite, ...] = ()  # methods named as torch.Tensor's (TENSOR_METHOD_NAMES) defined
     sdpa_restrictions: tuple[UseSite, ...] = ()  # SDPA's kernels restricted without its math kernel
+    shape_changes: tuple[UseSite, ...] = ()  # in-place shape changes and `.data` assignments (shape_changes)
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -342,7 +343,22 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     found += [(UseSite(path, line, code), "ops") for line, code in op_overrides(text)]
     found += [(UseSite(path, line, code), "sdpa") for line, code in math_kernel_excluded(text)]
     found += [(site, "methods") for site in tensor_method_definitions(path, text)]
+    found += [(site, "shapes") for site in shape_changes(path, text)]
     return found + class_sites(path, text)
+
+
+# a word naming an in-place shape change (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment
+SHAPE_CHANGE = re.compile(r"\b(?:%s|swap_tensors)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']"
+                          % "|".join(sorted(RESHAPING_IN_PLACE)))
+
+
+def shape_changes(path: str, text: str) -> list[UseSite]:
+    """The file's first word that may change a tensor's shape where no reader of another file sees it: an in-place
+    shape change named anywhere (strings and comments too), `torch.utils.swap_tensors`, a `.data` assignment (by
+    `setattr` too). One site is enough: what it is
+    handed may be any tensor of the tree."""
+    match = SHAPE_CHANGE.search(text)
+    return [] if match is None else [UseSite(path, text.count("\n", 0, match.start()) + 1, match.group(0).strip())]
 
 
 def tensor_method_definitions(path: str, text: str) -> list[UseSite]:
@@ -373,4 +389,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site, kind in hooks if kind == "func"),
                         tuple(site for site, kind in hooks if kind == "ops"),
                         tuple(site for site, kind in hooks if kind == "methods"),
-                        tuple(site for site, kind in hooks if kind == "sdpa"))
+                        tuple(site for site, kind in hooks if kind == "sdpa"),
+                        tuple(site for site, kind in hooks if kind == "shapes"))

@@ -14,7 +14,7 @@ RULES = unit_rules(__name__)
 def _detect(context, rules):
     from advisor.hf.findings import config_findings
 
-    return config_findings(context.parsed, rules)
+    return config_findings(context.parsed, rules, context.tree.autograd if context.tree is not None else None)
 
 
 def _after_profile(model, target, ranked, rules):

@@ -57,9 +57,29 @@ def _eager(site, value):
     if elsewhere is not None:
         reasons += (f"`{elsewhere}` mentions output_attentions: the model may be asked for the eager attention "
                     "weights there (transformers raises under sdpa)",)
+    reasons += _fused_kernel_hazards(site)
     return site.match(RULE, message=f'transformers model loaded with eager attention: use attn_implementation="sdpa"'
                                     f'{hint}', reasons=reasons, edit=config.SourceEdit(value, f"{quote}sdpa{quote}"),
                       unsafe=bool(reasons))
+
+
+def _fused_kernel_hazards(site) -> tuple[str, ...]:
+    """What in the scanned tree SDPA's fused kernels fail where eager attention runs (breaker round 21), as for a
+    hand-written block's patch: double backward or forward-mode AD asked (they have neither derivative), and SDPA's
+    kernels restricted without its math kernel (`No available kernel` where a fused one refuses the call)."""
+    tree_facts = lazy_import("advisor.static.tree_facts")
+    scope = lazy_import("advisor.patterns.scope")
+    asked = (site.autograd or tree_facts.TreeFacts.of_file(site.parsed)).autograd
+    reasons = ()
+    if asked:
+        where = f" at {display_path(asked[0].path)}:{asked[0].line}" if asked[0].path is not None else ""
+        reasons += (f"{asked[0].what}{where}: SDPA's fused kernels have no double backward or forward-mode "
+                    "derivative",)
+    restricted = scope.sdpa_kernels_restricted(site.parsed)
+    if restricted is not None:
+        reasons += (f"SDPA's kernels are restricted ({restricted}): the eager model ignores that, a fused kernel "
+                    "may refuse the call and then none is available",)
+    return reasons
 
 
 def _output_attentions_lines(parsed) -> list[int]:
@@ -168,7 +188,9 @@ RULE = SiteRule(
                 "(`output_attentions=` anything but `False`/`None`, the name as a string: a kwargs dict, `setattr`; "
                 "`**settings` read from a file by `json.load` and the like), "
                 "no mention of it in another file of the scan, and no checkpoint folder beside the file that the "
-                "file names whose `config.json` or `generation_config.json` sets it; else unsafe. Accepted, as "
+                "file names whose `config.json` or `generation_config.json` sets it, and nothing in the scan that "
+                "SDPA's fused kernels fail (double backward or forward-mode AD asked, SDPA's kernels restricted "
+                "without its math kernel); else unsafe. Accepted, as "
                 "for SDPA patches: a sample that is "
                 "all padding gets transformers' sdpa values where eager gives uniform weights (its outputs differ, "
                 "9e-3 measured on BERT; every other sample agrees to 1e-7)",
@@ -180,7 +202,9 @@ RULE = SiteRule(
     fix_doc="Replaces \"eager\" by \"sdpa\" in the user's own code, never in library files. Safe only when the "
             "loaded class is a concrete transformers class that declares SDPA support and nothing in the file asks "
             "for the attention weights (output_attentions=True, or set on a config) and no other file of the scan "
-            "names output_attentions; otherwise unsafe, saying which it could not prove.",
+            "names output_attentions, and nothing in the scan asks for double backward or forward-mode AD or "
+            "restricts SDPA's kernels (SDPA's fused kernels fail there where eager attention runs); otherwise "
+            "unsafe, saying which it could not prove.",
     examples=(
         positive('from transformers import LlamaForCausalLM\n'
                  'm = LlamaForCausalLM.from_pretrained("x", attn_implementation="eager")\n',

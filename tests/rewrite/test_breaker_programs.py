@@ -6,19 +6,30 @@ sizes differ per call, a guessed number may be a tensor, `torch.cat` skips a leg
 -4 are one axis of a 4-D tensor, torch's `axis=` spelling, in-place shape changes and hooks anywhere in the file,
 `global`/`nonlocal` names, subclasses redefining a helper or a layer, lists changed in place, starred and nested
 targets, nested tensors, a 1-D v the check's slice reads, a permute the patch undoes, a baddbmm input of another
-dtype."""
+dtype.
+
+Round 21 (fixtures/attention/breaker21) aimed at the proof's residuals and beyond: a helper of another file
+resizing the context or a script hooking the value layer (tree_01, tree_02: scanned as a tree, as the user would),
+`torch.utils.swap_tensors` and `setattr(t, "data", ...)`, a layer's forward replaced through `__dict__.update`, a
+dropped baddbmm input of another shape, a rebinding in a loop's body that reaching definitions alone do not show
+(the guard's place, the operands between the scores and the value product), an imported `sdp_kernel` shadowed by a
+nested function, and ADV601's eager-to-sdpa switch under double backward or restricted SDPA kernels."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import load_module_from_source
 
-PROGRAMS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "breaker20").glob("*.py"))
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
+PROGRAMS = sorted(FIXTURES.glob("breaker2[01]/*.py"))
+TREES = sorted(path for path in FIXTURES.glob("breaker21/tree_*") if path.is_dir())
 
 
 def _outcome(module):
@@ -34,6 +45,33 @@ def test_a_safe_patch_raises_where_the_original_raises_and_keeps_its_values(path
     fixed = analyze_source(source, path.name).fixed
     original = _outcome(load_module_from_source(source, f"{path.stem}_original"))
     patched = _outcome(load_module_from_source(fixed, f"{path.stem}_patched"))
+    if isinstance(original, type) or isinstance(patched, type):
+        assert isinstance(original, type) and isinstance(patched, type), (original, patched)
+    else:
+        torch.testing.assert_close(patched, original, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", TREES, ids=lambda p: p.name)
+def test_a_tree_patched_as_scanned_raises_where_the_original_raises(tree, tmp_path, monkeypatch):
+    """The tree's files scanned together (what `advisor fix DIR` patches), each run from its own folder."""
+    outcomes = []
+    for side in ("original", "patched"):
+        folder = tmp_path / side
+        shutil.copytree(tree, folder)
+        if side == "patched":
+            for result in scan_paths([str(folder)], cache=False).files:
+                if result.fixed is not None and result.fixed != result.source:
+                    Path(result.path).write_text(result.fixed, encoding="utf-8")
+        names = [path.stem for path in folder.glob("*.py")]
+        with monkeypatch.context() as patch:
+            patch.syspath_prepend(str(folder))
+            for name in names:
+                patch.delitem(sys.modules, name, raising=False)
+            program = (folder / "program.py").read_text(encoding="utf-8")
+            outcomes.append(_outcome(load_module_from_source(program, f"{tree.name}_{side}")))
+            for name in names:
+                sys.modules.pop(name, None)
+    original, patched = outcomes
     if isinstance(original, type) or isinstance(patched, type):
         assert isinstance(original, type) and isinstance(patched, type), (original, patched)
     else:

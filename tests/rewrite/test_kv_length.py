@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import load_module_from_source
 
 HEAD = '''
@@ -286,3 +286,72 @@ def test_generated_key_and_value_chains_proved_only_where_lengths_agree():
 
     check()
     assert proved, "no generated program proved the fact: the generator no longer reaches the proof"
+
+
+TREE_MODEL = '''
+import torch
+from torch import nn
+import utils
+
+
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(4, 4)
+        self.k = nn.Linear(4, 4)
+        self.v = nn.Linear(4, 4)
+
+    def forward(self, x, ctx):
+        q = self.q(x)
+        k = self.k(ctx)
+        utils.prepare(ctx)
+        v = self.v(ctx)
+        w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+        return w @ v
+'''
+SHRINKING_HELPER = '''
+def prepare(t):
+    t.resize_(*t.shape[:-2], t.shape[-2] - 1, t.shape[-1])
+'''
+HOOKING_SCRIPT = '''
+import torch
+from model import Attn
+
+def build():
+    model = Attn()
+    model.v.register_forward_hook(lambda module, args, out: out[:, 1:])
+    return model
+'''
+INNOCENT_HELPER = '''
+def prepare(t):
+    return t.shape
+'''
+
+
+@pytest.mark.parametrize("others, proved", [({"utils.py": INNOCENT_HELPER}, True),
+                                            ({"utils.py": SHRINKING_HELPER}, False),
+                                            ({"utils.py": INNOCENT_HELPER, "train.py": HOOKING_SCRIPT}, False)],
+                         ids=["innocent", "shape-changed-in-another-file", "hooked-from-another-file"])
+def test_what_another_file_may_do_to_k_or_v_leaves_the_length_unproved(tmp_path, others, proved):
+    """Breaker round 20's residuals: a helper of another file resizing the context in place between k's and v's
+    layers, a training script hooking the value layer. Proved only where no file of the tree may."""
+    (tmp_path / "model.py").write_text(TREE_MODEL)
+    for name, text in others.items():
+        (tmp_path / name).write_text(text)
+    [finding] = [f for f in scan_paths([str(tmp_path)], cache=False).findings if f.kind == "attention"]
+    state, fact = _kv_fact(finding)
+    assert (state == "proved") is proved, fact
+    assert finding.fix_safety == "safe", finding.reason
+
+
+def test_a_context_shrunk_by_another_files_helper_still_raises(tmp_path, monkeypatch):
+    (tmp_path / "model.py").write_text(TREE_MODEL)
+    (tmp_path / "utils.py").write_text(SHRINKING_HELPER)
+    [patched] = [result.fixed for result in scan_paths([str(tmp_path)], cache=False).files
+                 if result.path.endswith("model.py")]
+    assert patched is not None and "scaled_dot_product_attention" in patched
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for source, name in ((TREE_MODEL, "kv_tree_original"), (patched, "kv_tree_patched")):
+        model = load_module_from_source(source, name).Attn()
+        with pytest.raises(RuntimeError):
+            model(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4))  # 4-D: SDPA's CPU kernels check no length

@@ -93,3 +93,54 @@ def test_an_einsum_broadcasting_a_size_one_axis_is_a_loud_failure_accepted():
     assert isinstance(original.attend(q, k, v), torch.Tensor)
     with pytest.raises(RuntimeError):
         patched.attend(q, k, v)
+
+
+DROPPED_INPUT = {
+    "parameter": "def attend(q, k, v, bias):\n"
+                 "    s = torch.baddbmm(bias, q, k.transpose(-1, -2), beta=0, alpha=0.125)\n"
+                 "    return s.softmax(dim=-1) @ v\n",
+    "sizes_of_other_axes": "def attend(q, k, v, bias=None):\n"
+                           "    bias = torch.empty(q.shape[0], q.shape[1], q.shape[1], dtype=q.dtype)\n"
+                           "    s = torch.baddbmm(bias, q, k.transpose(-1, -2), beta=0, alpha=0.125)\n"
+                           "    return s.softmax(dim=-1) @ v\n",
+}
+SCORES_SIZED = {  # diffusers' get_attention_scores, and forms of it
+    "diffusers": "bias = torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype, device=q.device)",
+    "tuple_and_broadcast": "bias = torch.zeros((q.size(0), 1, k.size(-2)), dtype=q.dtype)",
+    "two_dims": "bias = torch.zeros(q.shape[-2], k.shape[-2], dtype=q.dtype)",
+    "upcast_query": "if q.dtype == torch.float16:\n        q = q.float()\n    "
+                    "bias = torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=q.dtype)",
+}
+
+
+@pytest.mark.parametrize("form", sorted(DROPPED_INPUT))
+def test_a_dropped_baddbmm_input_of_another_shape_raises_as_the_original(form):
+    """baddbmm checks its input's shape even at beta=0; the patch drops the input, so where the source does not
+    size it as the scores the patch checks the shape (a broadcast one runs the original, whose values it keeps)."""
+    source = "import torch\n\n\n" + DROPPED_INPUT[form]
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and _states(finding)["baddbmm-input"] == "guarded", finding.reason
+    original = load_module_from_source(source, f"dropped_{form}")
+    patched = load_module_from_source(analyze_source(source, "case.py").fixed, f"dropped_{form}_fixed")
+    make = torch.Generator().manual_seed(1)
+    q, v = torch.randn(2, 4, 8, generator=make), torch.randn(2, 6, 8, generator=make)
+    for k_length, bias_shape in ((6, (2, 4, 6)), (6, (2, 4, 5)), (6, (3, 4, 6)), (6, (4, 6)), (4, (2, 4, 4))):
+        k, bias = torch.randn(2, k_length, 8, generator=make), torch.zeros(bias_shape)
+        expected, got = _outcome(original.attend, q, k, v, bias), _outcome(patched.attend, q, k, v, bias)
+        if isinstance(expected, type) or isinstance(got, type):
+            assert got is expected, (k_length, bias_shape, got, expected)
+        else:
+            torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("form", sorted(SCORES_SIZED))
+def test_an_input_sized_as_the_scores_proves_the_fact(form):
+    source = ("import torch\n\n\ndef attend(q, k, v):\n    " + SCORES_SIZED[form] +
+              "\n    s = torch.baddbmm(bias, q, k.transpose(-1, -2), beta=0, alpha=0.125)\n"
+              "    return s.softmax(dim=-1) @ v\n")
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and _states(finding)["baddbmm-input"] == "proved", finding.reason
+    original = load_module_from_source(source, f"sized_{form}")
+    patched = load_module_from_source(analyze_source(source, "case.py").fixed, f"sized_{form}_fixed")
+    q, k, v = (torch.randn(2, n, 8, generator=torch.Generator().manual_seed(n)) for n in (4, 6, 6))
+    torch.testing.assert_close(patched.attend(q, k, v), original.attend(q, k, v))

@@ -13,7 +13,7 @@ import networkx as nx
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
-from advisor.patterns.attention.candidate import Candidate, function_of, in_inlined, product_read
+from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import AttentionMatch, Refusal
@@ -185,7 +185,11 @@ def check_bindings(c: Candidate, output_statement: cst.CSTNode) -> None:
                 continue
             now = env.get(name.value, frozenset({UNDEFINED}))
             if now == seen:
-                continue
+                rebound = defined_between(c, name, name, output_statement, start_at_end=True)
+                if rebound is None:
+                    continue
+                raise Refusal(f"`{name.value}` is {_how_rebound(c, frozenset({rebound.id}))} between the scores "
+                              "and the value product (in a loop, which brings the new value back to both)")
             if seen <= {d.id for d in c.chain.definitions}:
                 use = c.parsed.parents.get(name, name)
                 if isinstance(c.parsed.parents.get(use), cst.Call):

@@ -157,6 +157,50 @@ def flow_for(c: Candidate, node: cst.CSTNode) -> FunctionFlow:
     return c.parsed.flow(function)
 
 
+def defined_between(c: Candidate, read: cst.Name, start: cst.CSTNode, stop: cst.CSTNode,
+                    start_at_end: bool = False) -> Definition | None:
+    """A definition of `read`'s name in its function whose statement starts from `start` on (from its end, with
+    `start_at_end`) and before `stop` starts, and does not hold `stop`, where both lie in that function: code that
+    may run between them.
+    Equal reaching definitions do not rule it out in a loop, whose back edge brings a rebinding in the body to both
+    reads (`if i == 1: q = q * 4.0` between the scores and the value product: breaker round 21)."""
+    function = function_of(c.parsed, read)
+    if function_of(c.parsed, start) is not function or function_of(c.parsed, stop) is not function:
+        return None
+    first = c.parsed.positions[start].end if start_at_end else c.parsed.positions[start].start
+    last = c.parsed.positions[stop].start
+    for definition in flow_for(c, read).definitions.values():
+        if definition.name == read.value and definition.kind != "param" and definition.statement is not None and \
+                function_of(c.parsed, definition.statement) is function:
+            at = c.parsed.positions[definition.statement].start
+            if (first.line, first.column) <= (at.line, at.column) < (last.line, last.column) and \
+                    not _inside(c.parsed, stop, definition.statement):
+                return definition
+    return None
+
+
+def _inside(parsed: ParsedModule, node: cst.CSTNode, statement: cst.CSTNode) -> bool:
+    """Whether `node` lies in `statement`: an assignment binds after its value is read (`o = w @ o`)."""
+    while node is not None and node is not statement:
+        node = parsed.parents.get(node)
+    return node is statement
+
+
+def seen_from_behind(c: Candidate, name: cst.Name) -> bool:
+    """Whether a definition the read `name` sees starts after it: a loop brings it back. Two reads of one name
+    seeing the same definitions then need not see one value (a rebinding between them reaches both); where every
+    definition a read sees lies before it, they do."""
+    flow = flow_for(c, name)
+    here = c.parsed.positions[name].start
+    for index in flow.reaching.get(name, ()):
+        definition = flow.definitions.get(index)
+        if definition is not None and definition.kind != "param" and definition.statement is not None:
+            at = c.parsed.positions[definition.statement].start
+            if (at.line, at.column) > (here.line, here.column):
+                return True
+    return False
+
+
 def in_inlined(c: Candidate, node: cst.CSTNode) -> bool:
     return function_of(c.parsed, node) in c.inlined
 

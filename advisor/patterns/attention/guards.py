@@ -20,11 +20,12 @@ from libcst.helpers import parse_template_expression
 from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
-from advisor.patterns.attention.candidate import Candidate, in_inlined
+from advisor.patterns.attention.candidate import Candidate, defined_between, in_inlined
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.lengths import KV_LENGTH, SAME_SHAPE, SWAPS
-from advisor.patterns.attention.operand_ranks import BADDBMM_INPUT, OPERAND_RANK, rank_check, unproved_ranks
+from advisor.patterns.attention.operand_ranks import BADDBMM_INPUT, OPERAND_RANK, dropped_input_unsized, rank_check, \
+    unproved_ranks
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
 from advisor.patterns.attention.rendering import as_home_expression
@@ -111,11 +112,13 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 all(_plain(c, node) for node in reads) else []
         elif name == CAUSAL_EXTENT:
             reads, parts = _causal_extent_check(c, span[0], output_statement, torch_name)
-        elif name == BADDBMM_INPUT:
-            bias = _passed(c, c.core.params["input"])
-            reads = [bias, query]
-            parts = [parse_template_expression("{b}.dtype == {q}.dtype", b=bias, q=query)] \
-                if _plain(c, bias, indexed=True) else []
+        elif name == BADDBMM_INPUT:  # at beta=0 also its shape: exactly the scores' (a broadcast one runs the original)
+            bias, (k, k_size) = _passed(c, c.core.params["input"]), _length_read(match.key)
+            sized = dropped_input_unsized(c)
+            reads = [bias, query, k] if sized else [bias, query]
+            parts = [parse_template_expression("{b}.dtype == {q}.dtype", b=bias, q=query)] + \
+                ([parse_template_expression("{b}.shape == {q}.shape[:-1] + {k}", b=bias, q=query, k=k_size)]
+                 if sized else []) if _plain(c, bias, indexed=True) and (not sized or _view_of_plain(c, k)) else []
         elif name == OPERAND_RANK:  # read under the casts and transposes around them
             checks = [rank_check(_passed(c, node), rank) for node, rank in unproved_ranks(c)]
             reads = [read for read, _ in checks]
@@ -675,7 +678,8 @@ def holds_at(c: Candidate, first: cst.BaseStatement, last: cst.CSTNode, nodes: l
             if seen == frozenset({UNDEFINED}) and (module_value(c.parsed, name.value) is not None or
                                                    c.parsed.imported_name(name) is not None):
                 continue  # a module-level tensor that nothing in the file rebinds or writes, an import, a builtin
-            if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen:
+            if seen is None or UNDEFINED in seen or env.get(name.value, frozenset({UNDEFINED})) != seen or \
+                    defined_between(c, name, start, name):
                 return False
     paths = scope.attribute_paths(c.parsed, nodes)
     return scope.attribute_written_between(c.parsed, c.home, c.owner, paths, c.parsed.line(first) - 1,
@@ -707,7 +711,8 @@ def _lifted(c: Candidate, span: list[cst.BaseStatement],
             for read in loaded_names(line):
                 seen = c.flow.reaching.get(read, frozenset({UNDEFINED}))
                 outer = read.value not in env and seen == frozenset({UNDEFINED})  # a global or builtin
-                if read not in renamed and not outer and env.get(read.value) != seen:
+                if read not in renamed and not outer and (env.get(read.value) != seen or
+                                                          defined_between(c, read, span[0], read)):
                     return None
             found.append(line)
     return found

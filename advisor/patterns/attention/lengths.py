@@ -13,16 +13,20 @@ ends the walk with no term, and the fact stays assumed (a guard then checks it).
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
+from advisor.contracts.finding import display_path
 from advisor.patterns import scope
 from advisor.patterns.attention import products
-from advisor.patterns.attention.candidate import Candidate, flow_for, function_of
+from advisor.patterns.attention.candidate import Candidate, flow_for, function_of, seen_from_behind
 from advisor.patterns.attention.helpers import argument_of, helper_at
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.dtypes import layer_class
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, loaded_names
 from advisor.static.module_index import ParsedModule
+from advisor.static.outside_writes import RESHAPING_IN_PLACE
+from advisor.static.project import first_elsewhere
 
 KV_LENGTH = "kv-length"
 MAX_DEPTH = 24
@@ -43,10 +47,9 @@ SHAPE_KEEPING_LAYERS = frozenset(f"torch.nn.{name}" for name in ("Dropout", "Lay
 POINTWISE_CONVOLUTIONS = {"torch.nn.Conv1d": 1, "torch.nn.Conv2d": 2, "torch.nn.Conv3d": 3}
 TENSOR_LAYERS = ALL_BUT_LAST | SHAPE_KEEPING_LAYERS | set(POINTWISE_CONVOLUTIONS)  # return one tensor
 # names that change a tensor's shape in place, or what a layer returns, where the walk does not look
-SHAPE_HAZARDS = frozenset({"resize_", "resize_as_", "set_", "as_strided_", "squeeze_", "unsqueeze_", "transpose_",
-                           "t_", "swapaxes_", "swapdims_", "register_forward_hook", "register_forward_pre_hook",
-                           "register_module_forward_hook", "register_module_forward_pre_hook", "_forward_hooks",
-                           "_forward_pre_hooks"})
+SHAPE_HAZARDS = RESHAPING_IN_PLACE | {"swap_tensors", "register_forward_hook", "register_forward_pre_hook",
+                                      "register_module_forward_hook", "register_module_forward_pre_hook",
+                                      "_forward_hooks", "_forward_pre_hooks"}
 Term = tuple  # ("axis", definition id, axis) | ("int", n) | ("size", code, bindings) | ("cat" | "group", terms)
 
 
@@ -54,7 +57,7 @@ def kv_length_fact(c: Candidate) -> None:
     """Record whether k and v provably have one length (SDPA's key axis, -2 of what it is passed)."""
     key, value = c.match.key, c.match.value
     statement = f"`{short(c.parsed, key)}` and `{short(c.parsed, value)}` have one length (keys)"
-    hazard = c.parsed.derived(_hazard_of, _hazard_of)  # once per file
+    hazard = shape_hazard(c.parsed)
     if hazard is not None:
         c.match.facts.assumed(KV_LENGTH, statement, f"{hazard}, so no size read in the file is proved; where they "
                                                     "differ the original raises and SDPA's CPU kernels do not")
@@ -70,9 +73,99 @@ def kv_length_fact(c: Candidate) -> None:
                                                     "(they read past v)")
 
 
-def _hazard_of(parsed: ParsedModule) -> str | None:
-    """What in the file may change a tensor's shape, or a layer's output, out of the walk's sight: an in-place
-    shape change (by name anywhere, strings included: `getattr(t, "resize_")`), a `.data` assignment, a hook."""
+SIZED_CREATIONS = frozenset(f"torch.{name}" for name in ("empty", "zeros", "ones", "rand", "randn"))
+
+
+def broadcasts_to_scores(c: Candidate, created: cst.BaseExpression, query: cst.BaseExpression,
+                         key_factor: cst.BaseExpression) -> bool:
+    """Whether `created` (or the one definition of its name) is a torch creation whose stated sizes
+    (`torch.empty(b, n, m, dtype=...)`, or one tuple of them) broadcast to the scores `query @ key_factor` of a 3-D
+    product: at most three, each 1 or the size term of the scores' axis there (the query's first two, the key
+    factor's last), each axis counted from either end (the product raises on factors of another rank)."""
+    walk = _Lengths(c)
+    if isinstance(created, cst.Name):
+        definition = walk._definition(created)
+        created = definition.value if definition is not None and definition.kind == "assign" and \
+            definition.index is None else None
+    if not (isinstance(created, cst.Call) and c.parsed.imported_name(created.func) in SIZED_CREATIONS) or \
+            shape_hazard(c.parsed) is not None or any(arg.star for arg in created.args):
+        return False
+    sizes = [arg.value for arg in created.args if arg.keyword is None]
+    if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
+        if any(isinstance(e, cst.StarredElement) for e in sizes[0].elements):
+            return False
+        sizes = [element.value for element in sizes[0].elements]
+    if not sizes or len(sizes) > 3:
+        return False
+    method, key, dims = _method(key_factor)
+    dims = [int_value(arg.value) for arg in dims]
+    swapped = method in SWAPS and None not in dims and sorted(dims) in ([-2, -1], [1, 2])
+    if isinstance(key_factor, cst.Attribute) and key_factor.attr.value == "mT":
+        swapped, key = True, key_factor.value
+    scores = ([(key_factor, -1)] + ([(key, 1), (key, -2)] if swapped else []), [(query, -2), (query, 1)],
+              [(query, -3), (query, 0)])
+    for size, reads in zip(reversed(sizes), scores):
+        if int_value(size) == 1:
+            continue
+        if any(_same_axis(c, size, tensor, axis) for tensor, axis in reads):
+            continue
+        term = walk.size_term(size)
+        if term is None or all(term != walk.term(tensor, axis) for tensor, axis in reads):
+            return False
+    return not walk.overridden()
+
+
+def _same_axis(c: Candidate, size: cst.BaseExpression, tensor: cst.BaseExpression, axis: int) -> bool:
+    """`size` reads axis `axis` of `tensor` off a name with the same bindings (`query.shape[0]` and the factor
+    `query` after `if upcast: query = query.float()`; `q.shape[0]` and the factor `q[:, i:end]`, whose slices keep
+    the axes before theirs): both reads see one tensor, whatever its definitions."""
+    read, index = _axis_read(size)
+    if index is None or index != axis or m.findall(read, m.Call()):
+        return False
+    tensors = [tensor]
+    while isinstance(tensor, cst.Subscript) and axis >= 0 and len(tensor.slice) > axis and \
+            all(isinstance(e.slice, cst.Slice) for e in tensor.slice) and \
+            all(p.lower is None and p.upper is None and p.step is None
+                for p in (e.slice for e in tensor.slice[:axis + 1])):
+        tensor = tensor.value
+        tensors.append(tensor)
+    code = c.parsed.code(read)
+    return any(c.parsed.code(candidate) == code and _same_bindings(c, read, candidate) for candidate in tensors)
+
+
+def _axis_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression | None, int | None]:
+    """(x, i) of `x.shape[i]` or `x.size(i)` with a literal i, whatever x is; else (None, None)."""
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and \
+            node.value.attr.value == "shape" and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+        index = int_value(node.slice[0].slice.value)
+        return (node.value.value, index) if index is not None else (None, None)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size" and \
+            len(node.args) == 1 and node.args[0].keyword is None:
+        index = int_value(node.args[0].value)
+        return (node.func.value, index) if index is not None else (None, None)
+    return None, None
+
+
+def _same_bindings(c: Candidate, one: cst.BaseExpression, other: cst.BaseExpression) -> bool:
+    """Whether the names two expressions of one code load see the same definitions (none undefined, none from
+    behind: candidate.seen_from_behind)."""
+    names = loaded_names(one) + loaded_names(other)
+    seen = [flow_for(c, name).reaching.get(name) for name in loaded_names(one)]
+    return bool(seen) and all(s and UNDEFINED not in s for s in seen) and \
+        seen == [flow_for(c, name).reaching.get(name) for name in loaded_names(other)] and \
+        not any(seen_from_behind(c, name) for name in names)
+
+
+def shape_hazard(parsed: ParsedModule) -> str | None:
+    """`_shape_hazard`, read once per file."""
+    return parsed.derived(_shape_hazard, _shape_hazard)
+
+
+def _shape_hazard(parsed: ParsedModule) -> str | None:
+    """What in the file, or in another file of the scanned tree, may change a tensor's shape, or a layer's output,
+    out of the walk's sight: an in-place shape change (by name anywhere, strings included: `getattr(t, "resize_")`),
+    a `.data` assignment, a hook (another file's helper may be handed k's input, a training script may hook the
+    value layer: breaker round 20's residuals)."""
     words = parsed.words & SHAPE_HAZARDS
     if words:
         return f"the file calls or names `{sorted(words)[0]}`"
@@ -80,7 +173,16 @@ def _hazard_of(parsed: ParsedModule) -> str | None:
         targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
         if any(isinstance(t, cst.Attribute) and t.attr.value == "data" for t in targets):
             return "the file assigns a tensor's `.data`"
-    return None
+    for call in parsed.calls_and_classes[0]:
+        func = call.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+        keys = [arg.value.evaluated_value for arg in call.args[:2] if isinstance(arg.value, cst.SimpleString)]
+        if name in ("setattr", "__setattr__") and (not keys or "data" in keys):
+            return f"the file sets an attribute by `{name}`, which may be a tensor's `.data`"
+    elsewhere = first_elsewhere(parsed.project.shape_changes, parsed.path) if parsed.project is not None else None
+    if elsewhere is not None:
+        return f"`{display_path(elsewhere.path)}` names `{elsewhere.code}` (line {elsewhere.line})"
+    return scope.hook_registration(parsed)
 
 
 def _describe(term: Term) -> str:
@@ -372,7 +474,7 @@ class _Lengths:
             if starred:
                 return self._shape_element(value, -target - 1 if axis < 0 else target, depth + 1)
             if target == 0:
-                return self._size(value)
+                return self.size_term(value)
             target -= 1
         return None
 
@@ -410,7 +512,7 @@ class _Lengths:
                     return self._shape_element(node.value, axis, depth + 1)
         return None
 
-    def _size(self, node: cst.BaseExpression) -> Term | None:
+    def size_term(self, node: cst.BaseExpression) -> Term | None:
         """A size argument as a term: a literal, or an expression of names, numbers, arithmetic and shape reads
         (`T`, `x.size(1)`, `n * 2`), keyed by what each name it reads is bound to there."""
         literal = int_value(node)
@@ -424,7 +526,8 @@ class _Lengths:
         bindings = []
         for name in loaded_names(node):
             seen = flow_for(self.c, name).reaching.get(name)
-            if not seen or UNDEFINED in seen or self._followed(name) or name.value in _rebound_elsewhere(self.c):
+            if not seen or UNDEFINED in seen or self._followed(name) or name.value in _rebound_elsewhere(self.c) or \
+                    seen_from_behind(self.c, name):
                 return None
             bindings.append((name.value, seen))
         return ("size", cst.Module([]).code_for_node(node), tuple(bindings))
@@ -490,7 +593,7 @@ class _Lengths:
             return self.term(call.args[0].value, position - len(left), depth + 1) or \
                 self.term(call.args[0].value, position, depth + 1)
         sized = [a.value for a in call.args[2:] if a.keyword is not None and a.keyword.value == name]
-        return self._size(sized[0]) if sized else None
+        return self.size_term(sized[0]) if sized else None
 
 
 def _plain_targets(statement: cst.CSTNode | None) -> bool:

@@ -258,7 +258,7 @@ def extent(c: Candidate) -> None:
     match.line, match.end_line = min(lines), parsed.end_line(output_statement)
 
 
-@step(reads="chain.definitions flow inlined leaf_nodes match.masks match.renamed output_statement")
+@step(reads="chain.definitions flow home inlined leaf_nodes match.masks match.renamed output_statement")
 def bindings(c: Candidate) -> None:
     """Every name the SDPA call reads holds, at the call, what the original read."""
     check_bindings(c, c.output_statement)

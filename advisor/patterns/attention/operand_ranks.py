@@ -12,8 +12,8 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import einsum as es
-from advisor.patterns.attention.candidate import Candidate, flow_for
-from advisor.patterns.attention.lengths import SAME_SHAPE, SWAPS
+from advisor.patterns.attention.candidate import Candidate, flow_for, seen_from_behind
+from advisor.patterns.attention.lengths import SAME_SHAPE, SWAPS, broadcasts_to_scores, shape_hazard
 from advisor.patterns.attention.products import spec, strip_factors
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.tensor_facts import rank_bounds, roots
@@ -51,31 +51,53 @@ def operand_rank_fact(c: Candidate) -> None:
 
 def _baddbmm_input_fact(c: Candidate) -> None:
     """baddbmm raises unless its input has its factors' dtype, even at beta=0 (breaker round 20: float32 zeros
-    with float64 q and k); the patch drops that input (beta=0) or passes it as a mask SDPA casts."""
+    with float64 q and k), and at beta=0 unless its shape broadcasts to the scores; the patch drops that input
+    (beta=0) or passes it as a mask SDPA casts (and whose shape SDPA checks as baddbmm does)."""
     if c.core.name != "baddbmm":
         return
     bias, query = c.core.params["input"], c.leaf_nodes[0]
-    statement = f"baddbmm's input `{short(c.parsed, bias)}` has the query's dtype"
+    sized = dropped_input_unsized(c)
+    statement = f"baddbmm's input `{short(c.parsed, bias)}` has the query's dtype" + \
+        (" and broadcasts to the scores (the patch drops it)" if dropped_input(c) else "")
     factors = (query, _sliced_from(query), c.leaf_nodes[1])
-    if any(roots(c).same(bias, factor) for factor in factors) or _dtype_read_of(c, bias, factors):
-        c.match.facts.proved(BADDBMM_INPUT, statement, "it is built in the query's dtype")
+    if not sized and (any(roots(c).same(bias, factor) for factor in factors) or _dtype_read_of(c, bias, factors)):
+        c.match.facts.proved(BADDBMM_INPUT, statement, "it is built in the query's dtype" +
+                             (" and the scores' sizes" if dropped_input(c) else ""))
     else:
         c.match.facts.assumed(BADDBMM_INPUT, statement, "baddbmm raises on an input of another dtype, even at "
-                                                        "beta=0, and the patch passes no such input to SDPA")
+                                                        "beta=0, or of a shape that does not broadcast to the "
+                                                        "scores, and the patch passes no such input to SDPA")
+
+
+def dropped_input(c: Candidate) -> bool:
+    """Whether the patch drops baddbmm's input: its beta is 0 (products._baddbmm_terms)."""
+    beta = c.core.params["beta"]
+    return c.core.name == "baddbmm" and beta is not None and c.values.literal_number(beta) == 0
+
+
+def dropped_input_unsized(c: Candidate) -> bool:
+    """Whether the patch drops baddbmm's input and the source does not state sizes that broadcast to the scores
+    (`torch.empty(q.shape[0], q.shape[1], k.shape[1])`): the original raises on another shape, even at beta=0."""
+    return dropped_input(c) and not broadcasts_to_scores(c, c.core.params["input"], *c.core.operands)
 
 
 def _dtype_read_of(c: Candidate, bias: cst.BaseExpression, factors) -> bool:
     """`torch.empty(..., dtype=query.dtype)` where `query` is a factor's name read with the same bindings (both
     reads see the same tensor, whatever dtype its definitions give it: diffusers' `query = query.float()` under
     `if self.upcast_attention:`)."""
+    if isinstance(bias, cst.Name) and shape_hazard(c.parsed) is None:  # `b = torch.empty(..., dtype=q.dtype)`
+        flow = flow_for(c, bias)  # its one definition (no `.data =` or `set_` in the file changes its dtype)
+        definitions = flow.definitions_of(bias)
+        bias = definitions[0].value if len(definitions) == 1 and definitions[0].kind == "assign" and \
+            definitions[0].index is None and not flow.sees_undefined(bias) else bias
     dtype = next((a.value for a in getattr(bias, "args", ()) if a.keyword is not None and a.keyword.value == "dtype"),
                  None)
     if not (isinstance(dtype, cst.Attribute) and dtype.attr.value == "dtype" and isinstance(dtype.value, cst.Name)):
         return False
     seen = flow_for(c, dtype.value).reaching.get(dtype.value)
-    return bool(seen) and UNDEFINED not in seen and any(
+    return bool(seen) and UNDEFINED not in seen and not seen_from_behind(c, dtype.value) and any(
         isinstance(factor, cst.Name) and factor.value == dtype.value.value and
-        flow_for(c, factor).reaching.get(factor) == seen for factor in factors)
+        flow_for(c, factor).reaching.get(factor) == seen and not seen_from_behind(c, factor) for factor in factors)
 
 
 def _sliced_from(node: cst.BaseExpression) -> cst.BaseExpression:
