@@ -22,6 +22,7 @@ from advisor.fixes.aliasing import layout_or_escape, writes_in_place, written_by
 from advisor.contracts.call_rule import CallRule
 from advisor.contracts.evidence import FileEvidence, RuntimeHit
 from advisor.patterns import copy_cast_roles as roles
+from advisor.patterns import scope
 from advisor.patterns.attention.anchors import is_guarded_fallback
 from advisor.patterns.facts import FactSheet
 from advisor.registry import load_rules
@@ -141,10 +142,14 @@ def _receiver_fact(parsed: ParsedModule, facts: FactSheet, node: cst.CSTNode) ->
     walk(node, Calls())
     defined = [site for site in tensor_method_definitions(parsed.path, parsed.source) +
                list(parsed.project.tensor_methods if parsed.project is not None else ()) if site.code in called]
+    overridden = scope.ops_overridden(parsed)
     if defined:
         site = defined[0]
         facts.assumed("tensor-receiver", TENSOR_RECEIVER, f"`{display_path(site.path)}` defines a method "
                       f"`{site.code}` (line {site.line}): an object of that class may be the receiver")
+    elif overridden is not None:  # a tensor subclass's `.float()` may dequantize (breaker round 22)
+        facts.assumed("tensor-receiver", TENSOR_RECEIVER, f"{overridden}: a tensor subclass or mode may give "
+                      "the calls the rewrite removes or fuses effects of their own")
     else:
         facts.accepted("tensor-receiver", TENSOR_RECEIVER, "a static proof reads calls, not types: an object of a "
                        "class outside the scanned tree whose own .float()/.contiguous()/.clone() does something "

@@ -62,8 +62,10 @@ class KernelNames:
 
 
 def kernel_names(parsed: ParsedModule) -> KernelNames | str:
-    """The spellings, or why they cannot be written (a name taken by something else)."""
-    local = {dotted: name for name, dotted in parsed.imports.items()}
+    """The spellings, or why they cannot be written (a name taken by something else). Only imports that bind at
+    module level whenever the module runs are reused: one in another function or under `if TYPE_CHECKING:` binds
+    nothing where the rewrite writes (breaker round 22: NameError)."""
+    local = parsed.module_aliases
     kernel, backend = local.get("torch.nn.attention.sdpa_kernel"), local.get("torch.nn.attention.SDPBackend")
     if kernel and backend:
         return KernelNames(kernel, backend, None)

@@ -124,6 +124,9 @@ def notebook_code(raw: str) -> NotebookCode:
         document = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not a Jupyter notebook: invalid JSON at line {exc.lineno} ({exc.msg})") from None
+    except RecursionError:  # valid JSON nested deeper than the decoder recurses (a hostile user, round 22)
+        raise ValueError("not a Jupyter notebook advisor reads: its JSON nests too deep for Python's decoder") \
+            from None
     cells = document.get("cells") if isinstance(document, dict) else None
     if not isinstance(cells, list) and isinstance(document, dict) and "worksheets" in document:
         raise ValueError("not a Jupyter notebook advisor reads: nbformat 3 (`jupyter nbconvert --to notebook "

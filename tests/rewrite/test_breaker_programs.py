@@ -13,7 +13,12 @@ resizing the context or a script hooking the value layer (tree_01, tree_02: scan
 `torch.utils.swap_tensors` and `setattr(t, "data", ...)`, a layer's forward replaced through `__dict__.update`, a
 dropped baddbmm input of another shape, a rebinding in a loop's body that reaching definitions alone do not show
 (the guard's place, the operands between the scores and the value product), an imported `sdp_kernel` shadowed by a
-nested function, and ADV601's eager-to-sdpa switch under double backward or restricted SDPA kernels."""
+nested function, and ADV601's eager-to-sdpa switch under double backward or restricted SDPA kernels.
+
+Round 22 (fixtures/attention/breaker22): code that runs between the scores and the value product unseen (a
+`yield`, a callback), an `sdp_kernel` rewrite reusing an import that binds only in another function or under
+`if TYPE_CHECKING:`, a float64 mask with float32 q, k, v (the original raises), and the copy and cast rewrites
+under a `__torch_function__` subclass."""
 
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import load_module_from_source
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[01]/*.py"))
+PROGRAMS = sorted(FIXTURES.glob("breaker2[012]/*.py"))
 TREES = sorted(path for path in FIXTURES.glob("breaker21/tree_*") if path.is_dir())
 
 

@@ -520,6 +520,12 @@ def test_where_the_tree_traces_modules_with_jit_trace_the_original_is_recorded(t
         traced = torch.jit.trace(patched, (x, mask))
     torch.testing.assert_close(traced(x, flat), original(x, flat), atol=1e-5, rtol=1e-5)
     assert uses_sdpa(dispatched_ops(patched, (x, mask)))
+    # the kept original under `else:` is the patch's own fallback: a second run changes nothing (a hostile user,
+    # round 22: `fix --apply` nested the patch 16 deep, and again on every run)
+    (tmp_path / "model.py").write_text(result.fixed)
+    [again] = [r for r in scan_paths([str(tmp_path)], jobs=1).files if r.path.endswith("model.py")]
+    assert (again.fixed or again.source) == result.fixed
+
 
 VIEWED_BY_A_SHAPE_NAME = """
 import math

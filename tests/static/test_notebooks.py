@@ -143,12 +143,19 @@ def test_a_syntax_error_names_its_cell_and_line(capsys, workdir):
     ("{", "invalid JSON"), ('{"cells": 3}', "no list of cells"), ('[]', "no list of cells"),
     ('{"cells": [{"cell_type": "code", "source": 5}]}', "cell 1 has a source that is not text"),
     ('{"nbformat": 3, "worksheets": [{"cells": []}]}', "nbformat 3 (`jupyter nbconvert"),
+    ('{"cells": [], "metadata": {"deep": ' + "[" * 5000 + "]" * 5000 + "}}", "nests too deep"),
 ])
 def test_a_broken_notebook_is_one_error_entry(capsys, workdir, raw, says):
+    """...and the scan goes on: a valid JSON nested past the decoder's recursion once ended the whole run, the tree's
+    facts included, with nothing printed (a hostile user, round 22)."""
     (workdir / "x.ipynb").write_text(raw)
-    main(["scan", "x.ipynb", "--format", "json"])
-    [error] = json.loads(capsys.readouterr().out)["errors"]
+    (workdir / "attn.py").write_text("import torch\n\n\ndef f(q, k, v):\n"
+                                     "    return (q @ k.transpose(-2, -1)).softmax(-1) @ v\n")
+    main(["scan", ".", "--format", "json"])
+    document = json.loads(capsys.readouterr().out)
+    [error] = document["errors"]
     assert error["message"].startswith("not a Jupyter notebook") and says in error["message"]
+    assert [finding["rule"] for finding in document["findings"]] == ["ADV101"]
 
 
 @pytest.mark.parametrize("line, asks", [

@@ -433,8 +433,12 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
     return False
 
 
+RUN_MODE_CHECKS = frozenset({"torch.jit.is_tracing", "torch.jit.is_scripting", "torch.compiler.is_compiling"})
+
+
 def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
-    """A test made of comparisons, `is None`, `isinstance`, `.dtype`, `.dim()` and `.shape[i]`, joined by `and`,
+    """A test made of comparisons, `is None`, `isinstance`, `.dtype`, `.dim()`, `.shape[i]` and torch's run-mode
+    checks (`torch.jit.is_tracing()`), joined by `and`,
     `or` and `not`: no value of a tensor read; or of a flag the fallback asks `if <flag>:` (`not flag`,
     `flag is None or flag is False`: see attention.flags)."""
     if isinstance(test, cst.BooleanOperation):
@@ -452,6 +456,8 @@ def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallbac
         return all(_metadata_operand(parsed, part) for part in [test.left] + [t.comparator for t in test.comparisons])
     if isinstance(test, cst.Name) and test.value == MODULE_CHECK_LOCAL:  # the deleted modules' check
         return True
+    if isinstance(test, cst.Call) and not test.args and parsed.imported_name(test.func) in RUN_MODE_CHECKS:
+        return True  # `not torch.jit.is_tracing()`, which a guard adds where the tree traces (promises round 22)
     return isinstance(test, cst.Call) and parsed.imported_name(test.func) is None and \
         isinstance(test.func, cst.Name) and test.func.value == "isinstance"
 

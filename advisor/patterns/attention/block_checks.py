@@ -16,6 +16,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
+from advisor.patterns.foreign_calls import foreign
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
 from advisor.patterns.mask_helpers import package_function
@@ -235,11 +236,49 @@ def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Defi
         reason = scope.storage_written_between(parsed, c.flow, kept, first, parsed.line(output_statement))
     if reason is None:
         reason = scope.rebound_by_nested_function(c.home, {name.value for node in kept for name in loaded_names(node)})
+    if reason is None:
+        reason = _unseen_code_between(c, first, parsed.line(output_statement))
     if reason is not None:
         raise Refusal(reason)
     if paths:
         match.facts.proved("no-writes", "no attribute the SDPA call reads is written inside the block")
     _dispatch_facts(c, deleted + [match.output_node], kept)
+
+
+def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
+    """Why code the analysis does not see may run between the scores and the value product, where the SDPA call
+    reads q, k and v again (breaker round 22): a `yield` or `await` (the caller runs meanwhile) or a call that may
+    run another file's or a caller's code (`cb()`, a helper writing a global tensor) in a statement the rewrite
+    keeps (a statement assigning the scores on a path of its own aside: that path runs the original)."""
+    parsed = c.parsed
+    removed = set(c.match.removed)
+    for node in m.findall(c.home, m.Yield() | m.Await()):
+        if first < parsed.line(node) < last:
+            return (f"the function suspends between the scores and the value product (line {parsed.line(node)}): its "
+                    "caller may change q, k or v before the SDPA call reads them")
+    scores = {definition.name for definition in c.chain.definitions}
+    for call in m.findall(c.home, m.Call()):
+        line = parsed.line(call)
+        around = list(_ancestors(parsed, call))
+        if first < line < last and not any(parent in removed for parent in around) and \
+                not any(_assigns(parent, scores) for parent in around) and foreign(parsed, c.owner, call):
+            return (f"`{short(parsed, call.func)}` runs between the scores and the value product (line {line}); "
+                    "code this analysis does not see may write q, k or v in place before the SDPA call reads them")
+    return None
+
+
+def _assigns(statement: cst.CSTNode, names: set[str]) -> bool:
+    """`attn = self.rel_pos(attn)`: a statement that assigns the scores on a path of its own, which the patch leaves
+    to the original (SDPA takes only the paths that skip it: attention.score_paths)."""
+    targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else \
+        [statement.target] if isinstance(statement, (cst.AugAssign, cst.AnnAssign)) else []
+    return any(isinstance(target, cst.Name) and target.value in names for target in targets)
+
+
+def _ancestors(parsed, node: cst.CSTNode):
+    while node is not None:
+        yield node
+        node = parsed.parents.get(node)
 
 
 def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNode]) -> None:

@@ -21,6 +21,7 @@ from advisor.patterns.attention import products
 from advisor.patterns.attention.candidate import Candidate, flow_for, function_of, seen_from_behind
 from advisor.patterns.attention.helpers import argument_of, helper_at
 from advisor.patterns.attention.rendering import short
+from advisor.patterns.foreign_calls import foreign_call
 from advisor.patterns.dtypes import layer_class
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, loaded_names
@@ -57,7 +58,7 @@ def kv_length_fact(c: Candidate) -> None:
     """Record whether k and v provably have one length (SDPA's key axis, -2 of what it is passed)."""
     key, value = c.match.key, c.match.value
     statement = f"`{short(c.parsed, key)}` and `{short(c.parsed, value)}` have one length (keys)"
-    hazard = shape_hazard(c.parsed)
+    hazard = shape_hazard(c.parsed) or tree_shape_hazard(c)
     if hazard is not None:
         c.match.facts.assumed(KV_LENGTH, statement, f"{hazard}, so no size read in the file is proved; where they "
                                                     "differ the original raises and SDPA's CPU kernels do not")
@@ -88,7 +89,7 @@ def broadcasts_to_scores(c: Candidate, created: cst.BaseExpression, query: cst.B
         created = definition.value if definition is not None and definition.kind == "assign" and \
             definition.index is None else None
     if not (isinstance(created, cst.Call) and c.parsed.imported_name(created.func) in SIZED_CREATIONS) or \
-            shape_hazard(c.parsed) is not None or any(arg.star for arg in created.args):
+            shape_hazard(c.parsed) or tree_shape_hazard(c) or any(arg.star for arg in created.args):
         return False
     sizes = [arg.value for arg in created.args if arg.keyword is None]
     if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
@@ -179,10 +180,25 @@ def _shape_hazard(parsed: ParsedModule) -> str | None:
         keys = [arg.value.evaluated_value for arg in call.args[:2] if isinstance(arg.value, cst.SimpleString)]
         if name in ("setattr", "__setattr__") and (not keys or "data" in keys):
             return f"the file sets an attribute by `{name}`, which may be a tensor's `.data`"
-    elsewhere = first_elsewhere(parsed.project.shape_changes, parsed.path) if parsed.project is not None else None
-    if elsewhere is not None:
-        return f"`{display_path(elsewhere.path)}` names `{elsewhere.code}` (line {elsewhere.line})"
     return scope.hook_registration(parsed)
+
+
+def tree_shape_hazard(c: Candidate) -> str | None:
+    """What another file of the scanned tree may do to k's or v's shape between their constructions: an in-place
+    shape change it names (ProjectFacts.shape_changes), where the candidate's functions call code that may be that
+    file's (`foreign_call`). A block whose calls are all torch's, builtins, torch.nn layers and this file's own
+    functions runs no other file's code (the hooks another file registers are `shape_hazard`'s)."""
+    parsed = c.parsed
+    elsewhere = first_elsewhere(parsed.project.shape_changes, parsed.path) if parsed.project is not None else None
+    if elsewhere is None:
+        return None
+    functions = {c.function, c.home, *c.inlined}
+    call = next(filter(None, (parsed.derived(("foreign_call", function), lambda p, f=function: foreign_call(
+        p, c.owner, f)) for function in functions)), None)
+    if call is None:
+        return None
+    return (f"`{display_path(elsewhere.path)}` names `{elsewhere.code}` (line {elsewhere.line}) and the block calls "
+            f"`{short(parsed, call.func)}`, which may run it")
 
 
 def _describe(term: Term) -> str:

@@ -264,8 +264,8 @@ def bindings(c: Candidate) -> None:
     check_bindings(c, c.output_statement)
 
 
-@step(reads=("consumed flow home identity_ok inlined leaf_nodes match.masks match.output_node match.removed "
-             "output_statement"),
+@step(reads=("chain.definitions consumed flow home identity_ok inlined leaf_nodes match.masks match.output_node "
+             "match.removed output_statement"),
       writes="deleted_modules match.facts module_refusal")
 def block_scope(c: Candidate) -> None:
     """Nothing around the block changes what it computes: scope, writes, dispatch, hooks."""

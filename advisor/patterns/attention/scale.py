@@ -201,6 +201,7 @@ def _scale_fact(c: Candidate, factor: cst.BaseExpression) -> None:
 
 
 SCALE_NONZERO = "scale-nonzero"
+SIZE_DIVISOR = "size-divisor"
 
 
 def divisors_read(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -> list[cst.BaseExpression]:
@@ -220,6 +221,13 @@ def _divisor_fact(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -
         c.match.facts.assumed(SCALE_NONZERO, f"the divisor `{short(c.parsed, reads[0])}` is neither 0 nor NaN",
                               "it is read from a parameter or attribute (a 0 would make the patch raise "
                               "ZeroDivisionError where the original gives NaN)")
+    built = [node for node in (c.values.scalar_expression(factor) for kind, factor in factors if kind == "div")
+             if node not in reads and c.values.literal_number(node) is None]
+    if built:
+        c.match.facts.accepted(SIZE_DIVISOR, f"the divisor `{short(c.parsed, built[0])}` is not 0",
+                               "it is built from sizes: on an empty key axis or head dim (`math.sqrt(0)`) the "
+                               "patch's `1.0 / ...` raises ZeroDivisionError where the original returns an empty "
+                               "or NaN result (breaker round 22): a loud failure on inputs no attention takes")
 
 
 SCALE_POSITIVE = "scale-positive"

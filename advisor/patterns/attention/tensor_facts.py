@@ -235,6 +235,9 @@ def _float_masks(c: Candidate) -> list[MaskTerm]:
     return [term for term in c.match.masks if term.kind == "float" and not term.same_dtype]
 
 
+WIDER_MASK = "wider-mask-raises"
+
+
 def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
     """SDPA casts a float mask to q's dtype; eager code would promote the scores to a wider mask's dtype."""
     match = c.match
@@ -268,6 +271,10 @@ def _mask_dtype_facts(c: Candidate, v_like_q: bool) -> None:
         elif v_like_q:
             match.facts.proved("mask-dtype", mask_statement, "a wider mask would make the weights, and so v, "
                                "wider than q, but v and q share a dtype (SDPA gets the mask cast to q's dtype)")
+            match.facts.accepted(WIDER_MASK, "a mask wider than q makes the original raise, not the patch",
+                                 "with a float mask wider than q (float64 against float32) the original's weights "
+                                 "are wider than v and its value product raises; the patch casts the mask to q's "
+                                 "dtype and returns values (breaker round 22): a program that raised runs")
         else:
             match.facts.assumed("mask-dtype", mask_statement, "its dtype is not visible here (SDPA gets it cast "
                                 "to q's dtype, which changes a wider float mask)",

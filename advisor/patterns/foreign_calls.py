@@ -1,0 +1,97 @@
+"""Calls that may run code no analysis of this file sees: a callback, another file's helper, an object's method.
+A proof that reads what happens between two points of a function (k's and v's constructions, the scores and the
+value product) holds only where nothing between them runs such code: it may resize a tensor in place, or write it
+(breaker rounds 21 and 22)."""
+
+from __future__ import annotations
+
+import builtins
+from functools import cache
+
+import libcst as cst
+import libcst.matchers as m
+
+from advisor.patterns.dtypes import layer_class
+from advisor.static.module_index import ClassInfo, ParsedModule
+
+KNOWN_BUILTINS = frozenset({"range", "len", "int", "float", "bool", "isinstance", "tuple", "list", "zip", "enumerate",
+                            "min", "max", "abs", "round", "pow", "map", "sum", "any", "all", "str", "type", "print"})
+KNOWN_MODULES = ("torch", "einops", "math")
+# nn.Module's own methods on `self`, where the class does not define them (then they are followed)
+MODULE_METHODS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module", "parameters",
+                            "buffers", "modules", "children", "named_parameters", "named_buffers", "named_modules",
+                            "named_children", "get_buffer", "get_parameter", "get_submodule"})
+CONTAINER_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "get", "keys", "values",
+                               "items", "copy", "clear"})
+
+
+@cache
+def tensor_method_names() -> frozenset[str]:
+    """torch.Tensor's public methods (torch imported only where a proof asks: a second per process)."""
+    import torch
+
+    return frozenset(name for name in dir(torch.Tensor) if not name.startswith("__"))
+
+
+def foreign_call(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode,
+                 seen: frozenset = frozenset()) -> cst.Call | None:
+    """A call in `node` (and in this file's functions and methods it calls, followed) that may run code of another
+    file or of a caller: anything but torch's, einops' and math's names, builtins, tensor methods on a receiver
+    other than `self`, and `self.layer(x)` of a torch.nn class built in this class. None where there is none."""
+    for call in m.findall(node, m.Call()):
+        if foreign(parsed, owner, call, seen):
+            return call
+    return None
+
+
+def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, seen: frozenset = frozenset()) -> bool:
+    """Whether this one call may run code of another file or of a caller (see `foreign_call`)."""
+    func = call.func
+    dotted = parsed.imported_name(func) or ""
+    if dotted.split(".")[0] in KNOWN_MODULES or dotted in KNOWN_BUILTINS or _builtin_exception(parsed, func):
+        return False
+    own = parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        own = owner.methods.get(func.attr.value) if owner is not None else None
+        if own is None:
+            layer = _own_layer(parsed, owner, func.attr.value)
+            if layer is not None:  # `self.rel_pos(attn)` of a class of this file: its forward, followed
+                return layer.methods["forward"] not in seen and foreign_call(
+                    parsed, layer, layer.methods["forward"], seen | {layer.methods["forward"]}) is not None
+            return func.attr.value not in MODULE_METHODS and \
+                not (layer_class(parsed, owner, call) or "").startswith("torch.nn.")
+    if own is not None:
+        return own not in seen and foreign_call(parsed, owner, own, seen | {own}) is not None
+    if isinstance(func, cst.Attribute) and func.attr.value in CONTAINER_METHODS and _builtin_container(owner,
+                                                                                                       func.value):
+        return False
+    return not (isinstance(func, cst.Attribute) and func.attr.value in tensor_method_names())
+
+
+def _own_layer(parsed: ParsedModule, owner: ClassInfo | None, attribute: str) -> ClassInfo | None:
+    """The class of this file (defined once, at module level, with its own `forward` and no `__call__`) that every
+    instance's `self.<attribute>` is built as (`self.rel_pos = RelPos(...)`)."""
+    value = owner.only_value(attribute) if owner is not None else None
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+        return None
+    info = parsed.top_level_classes.get(value.func.value)
+    return info if info is not None and "forward" in info.methods and "__call__" not in info.methods else None
+
+
+def _builtin_exception(parsed: ParsedModule, func: cst.BaseExpression) -> bool:
+    """`ValueError(...)`: a builtin exception class the file does not rebind (its message is built by the call's
+    arguments, which are calls of their own)."""
+    if not isinstance(func, cst.Name) or func.value in parsed.bound_names or func.value in parsed.imports:
+        return False
+    value = getattr(builtins, func.value, None)
+    return isinstance(value, type) and issubclass(value, BaseException)
+
+
+def _builtin_container(owner: ClassInfo | None, receiver: cst.BaseExpression) -> bool:
+    """`self.maps` that every instance holds as a list, dict or set literal (`self.maps = []` in `__init__`)."""
+    if not (isinstance(receiver, cst.Attribute) and isinstance(receiver.value, cst.Name) and
+            receiver.value.value == "self" and owner is not None):
+        return False
+    value = owner.only_value(receiver.attr.value)
+    return isinstance(value, (cst.List, cst.Dict, cst.Set)) or isinstance(value, cst.Call) and \
+        isinstance(value.func, cst.Name) and value.func.value in ("list", "dict", "set") and not value.args
