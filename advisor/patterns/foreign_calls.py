@@ -11,8 +11,11 @@ from functools import cache
 import libcst as cst
 import libcst.matchers as m
 
+from advisor.patterns import scope
 from advisor.patterns.dtypes import layer_class
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.outside_writes import REGISTRATION_HOOKS
+from advisor.static.project import global_hook_calls
 
 KNOWN_BUILTINS = frozenset({"range", "len", "int", "float", "bool", "isinstance", "tuple", "list", "zip", "enumerate",
                             "min", "max", "abs", "round", "pow", "map", "sum", "any", "all", "str", "type", "print"})
@@ -34,18 +37,20 @@ def tensor_method_names() -> frozenset[str]:
 
 
 def foreign_call(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode,
-                 seen: frozenset = frozenset()) -> cst.Call | None:
+                 modules_trusted: bool = True) -> cst.Call | None:
     """A call in `node` (and in this file's functions and methods it calls, followed) that may run code of another
     file or of a caller: anything but torch's, einops' and math's names, builtins, tensor methods on a receiver
     other than `self`, and `self.layer(x)` of a torch.nn class built in this class. None where there is none."""
     for call in m.findall(node, m.Call()):
-        if foreign(parsed, owner, call, seen):
+        if foreign(parsed, owner, call, modules_trusted):
             return call
     return None
 
 
-def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, seen: frozenset = frozenset()) -> bool:
-    """Whether this one call may run code of another file or of a caller (see `foreign_call`)."""
+def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, modules_trusted: bool = True) -> bool:
+    """Whether this one call may run code of another file or of a caller (see `foreign_call`). Without
+    `modules_trusted` (a hook registered, a torch class replaced: `modules_untrusted`), a torch.nn layer's call and
+    nn.Module's own methods may run user code too."""
     func = call.func
     dotted = parsed.imported_name(func) or ""
     if dotted.split(".")[0] in KNOWN_MODULES or dotted in KNOWN_BUILTINS or _builtin_exception(parsed, func):
@@ -53,19 +58,38 @@ def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, seen:
     own = parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         own = owner.methods.get(func.attr.value) if owner is not None else None
+        if own is not None and func.attr.value in parsed.outside_attribute_writes[0]:
+            return True  # `Attn.note = f` in another file replaces the method followed here (breaker round 23)
         if own is None:
             layer = _own_layer(parsed, owner, func.attr.value)
             if layer is not None:  # `self.rel_pos(attn)` of a class of this file: its forward, followed
-                return layer.methods["forward"] not in seen and foreign_call(
-                    parsed, layer, layer.methods["forward"], seen | {layer.methods["forward"]}) is not None
-            return func.attr.value not in MODULE_METHODS and \
-                not (layer_class(parsed, owner, call) or "").startswith("torch.nn.")
+                return _followed(parsed, layer, layer.methods["forward"], modules_trusted)
+            return not modules_trusted or not (func.attr.value in MODULE_METHODS and _plain_module(parsed, owner) or
+                                               (layer_class(parsed, owner, call) or "").startswith("torch.nn."))
     if own is not None:
-        return own not in seen and foreign_call(parsed, owner, own, seen | {own}) is not None
+        return _followed(parsed, owner, own, modules_trusted)
     if isinstance(func, cst.Attribute) and func.attr.value in CONTAINER_METHODS and _builtin_container(owner,
                                                                                                        func.value):
         return False
     return not (isinstance(func, cst.Attribute) and func.attr.value in tensor_method_names())
+
+
+def _followed(parsed: ParsedModule, owner: ClassInfo | None, function: cst.FunctionDef, modules_trusted: bool) -> bool:
+    """Whether a function of this file calls foreign code, once per file (a function being followed reads as not:
+    the calls of a cycle are each checked where it is entered)."""
+    memo = parsed.derived(_followed, lambda _: {})
+    key = (function, modules_trusted)
+    if key not in memo:
+        memo[key] = False
+        memo[key] = foreign_call(parsed, owner, function, modules_trusted) is not None
+    return memo[key]
+
+
+def _plain_module(parsed: ParsedModule, owner: ClassInfo | None) -> bool:
+    """The class derives from torch.nn classes only: nn.Module's own methods are torch's (a base of another file
+    may override `register_buffer`: breaker round 23)."""
+    return owner is not None and bool(owner.node.bases) and all(
+        (parsed.imported_name(base.value) or "").startswith("torch.nn.") for base in owner.node.bases)
 
 
 def _own_layer(parsed: ParsedModule, owner: ClassInfo | None, attribute: str) -> ClassInfo | None:
@@ -95,3 +119,22 @@ def _builtin_container(owner: ClassInfo | None, receiver: cst.BaseExpression) ->
     value = owner.only_value(receiver.attr.value)
     return isinstance(value, (cst.List, cst.Dict, cst.Set)) or isinstance(value, cst.Call) and \
         isinstance(value.func, cst.Name) and value.func.value in ("list", "dict", "set") and not value.args
+
+
+def modules_untrusted(parsed: ParsedModule) -> str | None:
+    """Why a torch.nn layer's call may run user code (None: nothing in the scanned tree shows it): a hook registered
+    (on a module, on every module, on buffer registration) or a torch function or class replaced (`nn.Identity =
+    Writer` before the model is built: breaker round 23). Read once per file."""
+    return parsed.derived(modules_untrusted, _modules_untrusted)
+
+
+def _modules_untrusted(parsed: ParsedModule) -> str | None:
+
+    replaced = sorted(name for name in parsed.outside_attribute_writes[0]
+                      if name.startswith("torch.") and name not in scope.INTRODUCED)  # SDPA's own: scope refuses
+    if replaced:
+        return f"`{replaced[0]}` is assigned in {parsed.outside_writer(replaced[0])}"
+    if parsed.project is not None and parsed.project.registration_hooks or \
+            global_hook_calls(parsed, REGISTRATION_HOOKS):
+        return "the tree registers a module, parameter or buffer registration hook"
+    return scope.hook_registration(parsed)

@@ -61,11 +61,11 @@ class KernelNames:
                                                                         cst.Name("FLASH_ATTENTION")))])
 
 
-def kernel_names(parsed: ParsedModule) -> KernelNames | str:
-    """The spellings, or why they cannot be written (a name taken by something else). Only imports that bind at
-    module level whenever the module runs are reused: one in another function or under `if TYPE_CHECKING:` binds
-    nothing where the rewrite writes (breaker round 22: NameError)."""
-    local = parsed.module_aliases
+def kernel_names(parsed: ParsedModule, at: cst.CSTNode | None = None) -> KernelNames | str:
+    """The spellings, or why they cannot be written (a name taken by something else). Only an import statement of
+    the module's own body (not in a `try:`, a function or `if TYPE_CHECKING:`, which may bind nothing: breaker
+    rounds 22 and 23, NameError) is reused, and for a call `at` module level only one above it."""
+    local = _module_body_imports(parsed, at)
     kernel, backend = local.get("torch.nn.attention.sdpa_kernel"), local.get("torch.nn.attention.SDPBackend")
     if kernel and backend:
         return KernelNames(kernel, backend, None)
@@ -73,6 +73,28 @@ def kernel_names(parsed: ParsedModule) -> KernelNames | str:
     if taken:
         return f"the name `{sorted(taken)[0]}` is already used in this module"
     return KernelNames("sdpa_kernel", "SDPBackend", KERNEL_IMPORT)
+
+
+def _module_body_imports(parsed: ParsedModule, at: cst.CSTNode | None) -> dict[str, str]:
+    """Dotted name -> local name of the `from X import y` statements in the module's own body (above `at`'s
+    top-level statement where `at` runs at module level), for names no other statement binds."""
+    top = at
+    while top is not None and parsed.parents.get(top) is not parsed.module:
+        top = parsed.parents.get(top)
+    at_module_level = at is not None and parsed.innermost(at, (cst.FunctionDef, cst.ClassDef)) is None
+    found: dict[str, str] = {}
+    for statement in parsed.module.body:
+        if at_module_level and statement is top:
+            break
+        for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+            if isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None and \
+                    not isinstance(small.names, cst.ImportStar):
+                module = parsed.code(small.module)
+                for alias in small.names:
+                    name = alias.asname.name.value if alias.asname is not None else parsed.code(alias.name)
+                    if name not in parsed.bound_names:
+                        found[f"{module}.{parsed.code(alias.name)}"] = name
+    return found
 
 
 def helper_name(parsed: ParsedModule) -> str:

@@ -27,7 +27,7 @@ def check(site):
     if site.parsed.innermost(site.node, (cst.ExceptHandler, cst.ExceptStarHandler)) is not None:
         return [site.match(RULE, reasons=("no fix: the call is in an `except` block, the fallback of a torch whose "
                                           "import of torch.nn.attention may have failed there",))]
-    names = backends.kernel_names(site.parsed)
+    names = backends.kernel_names(site.parsed, site.node)
     if isinstance(names, str):
         return [site.match(RULE, reasons=(f"no fix: {names}",))]
     listed = ", ".join(f"{names.backend}.{backend}" for backend in BACKEND_ORDER if flags[backend])

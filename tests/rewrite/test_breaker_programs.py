@@ -18,7 +18,13 @@ nested function, and ADV601's eager-to-sdpa switch under double backward or rest
 Round 22 (fixtures/attention/breaker22): code that runs between the scores and the value product unseen (a
 `yield`, a callback), an `sdp_kernel` rewrite reusing an import that binds only in another function or under
 `if TYPE_CHECKING:`, a float64 mask with float32 q, k, v (the original raises), and the copy and cast rewrites
-under a `__torch_function__` subclass."""
+under a `__torch_function__` subclass.
+
+Round 23 (fixtures/attention/breaker23): hooks and replaced torch classes behind a kept torch.nn call between the
+scores and the value product, a method replaced from another file, a base class of another file overriding an
+nn.Module method, `F.dropout` replaced by another file under an `nn.Dropout` the length proof reads, an
+`sdp_kernel` rewrite reusing an import in a `try:` or below the call, and divisors computed from sizes that are 0
+on inputs that are not empty. Outputs may be NaN in both (equal where they are)."""
 
 from __future__ import annotations
 
@@ -31,10 +37,18 @@ import torch
 
 from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import load_module_from_source
+from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[012]/*.py"))
-TREES = sorted(path for path in FIXTURES.glob("breaker21/tree_*") if path.is_dir())
+PROGRAMS = sorted(FIXTURES.glob("breaker2[0-3]/*.py"))
+TREES = sorted(path for path in FIXTURES.glob("breaker2[1-3]/tree_*") if path.is_dir())
+
+
+@pytest.fixture(autouse=True)
+def _torch_as_it_was():
+    """Round 23's programs replace torch's classes and functions and register global hooks."""
+    with torch_restored():
+        yield
 
 
 def _outcome(module):
@@ -53,7 +67,7 @@ def test_a_safe_patch_raises_where_the_original_raises_and_keeps_its_values(path
     if isinstance(original, type) or isinstance(patched, type):
         assert isinstance(original, type) and isinstance(patched, type), (original, patched)
     else:
-        torch.testing.assert_close(patched, original, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(patched, original, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 @pytest.mark.parametrize("tree", TREES, ids=lambda p: p.name)
@@ -80,4 +94,4 @@ def test_a_tree_patched_as_scanned_raises_where_the_original_raises(tree, tmp_pa
     if isinstance(original, type) or isinstance(patched, type):
         assert isinstance(original, type) and isinstance(patched, type), (original, patched)
     else:
-        torch.testing.assert_close(patched, original, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(patched, original, rtol=1e-4, atol=1e-5, equal_nan=True)

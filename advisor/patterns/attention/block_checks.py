@@ -16,7 +16,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.foreign_calls import foreign
+from advisor.patterns.foreign_calls import foreign, modules_untrusted
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
 from advisor.patterns.mask_helpers import package_function
@@ -257,11 +257,13 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
             return (f"the function suspends between the scores and the value product (line {parsed.line(node)}): its "
                     "caller may change q, k or v before the SDPA call reads them")
     scores = {definition.name for definition in c.chain.definitions}
+    trusted = modules_untrusted(parsed) is None
     for call in m.findall(c.home, m.Call()):
         line = parsed.line(call)
         around = list(_ancestors(parsed, call))
         if first < line < last and not any(parent in removed for parent in around) and \
-                not any(_assigns(parent, scores) for parent in around) and foreign(parsed, c.owner, call):
+                not any(_assigns(parent, scores) for parent in around) and \
+                foreign(parsed, c.owner, call, trusted):
             return (f"`{short(parsed, call.func)}` runs between the scores and the value product (line {line}); "
                     "code this analysis does not see may write q, k or v in place before the SDPA call reads them")
     return None

@@ -21,7 +21,7 @@ from advisor.patterns.attention import products
 from advisor.patterns.attention.candidate import Candidate, flow_for, function_of, seen_from_behind
 from advisor.patterns.attention.helpers import argument_of, helper_at
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.foreign_calls import foreign_call
+from advisor.patterns.foreign_calls import foreign_call, modules_untrusted
 from advisor.patterns.dtypes import layer_class
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, loaded_names
@@ -166,7 +166,7 @@ def _shape_hazard(parsed: ParsedModule) -> str | None:
     """What in the file, or in another file of the scanned tree, may change a tensor's shape, or a layer's output,
     out of the walk's sight: an in-place shape change (by name anywhere, strings included: `getattr(t, "resize_")`),
     a `.data` assignment, a hook (another file's helper may be handed k's input, a training script may hook the
-    value layer: breaker round 20's residuals)."""
+    value layer: breaker round 20's residuals), a torch function or class replaced in any file of the tree."""
     words = parsed.words & SHAPE_HAZARDS
     if words:
         return f"the file calls or names `{sorted(words)[0]}`"
@@ -180,7 +180,8 @@ def _shape_hazard(parsed: ParsedModule) -> str | None:
         keys = [arg.value.evaluated_value for arg in call.args[:2] if isinstance(arg.value, cst.SimpleString)]
         if name in ("setattr", "__setattr__") and (not keys or "data" in keys):
             return f"the file sets an attribute by `{name}`, which may be a tensor's `.data`"
-    return scope.hook_registration(parsed)
+    untrusted = modules_untrusted(parsed)  # `F.dropout = drop_one_key` elsewhere: nn.Dropout calls it (round 23)
+    return f"{untrusted}: the torch layers and functions the walk reads may not be torch's" if untrusted else None
 
 
 def tree_shape_hazard(c: Candidate) -> str | None:

@@ -223,11 +223,59 @@ def _divisor_fact(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -
                               "ZeroDivisionError where the original gives NaN)")
     built = [node for node in (c.values.scalar_expression(factor) for kind, factor in factors if kind == "div")
              if node not in reads and c.values.literal_number(node) is None]
-    if built:
+    computed = [node for node in built if not _one_size(c, node)]
+    if computed:  # `math.log(S)`, `math.sqrt(d // 16)`: 0 on inputs that are not empty (breaker round 23)
+        c.match.facts.assumed(SIZE_DIVISOR, f"the divisor `{short(c.parsed, computed[0])}` is not 0",
+                              "it is computed by a subtraction or a function other than a root (`math.log(S)` is 0 "
+                              "for one key), and a 0 would make the patch raise ZeroDivisionError where the "
+                              "original gives NaN")
+    elif built:
         c.match.facts.accepted(SIZE_DIVISOR, f"the divisor `{short(c.parsed, built[0])}` is not 0",
-                               "it is built from sizes: on an empty key axis or head dim (`math.sqrt(0)`) the "
-                               "patch's `1.0 / ...` raises ZeroDivisionError where the original returns an empty "
-                               "or NaN result (breaker round 22): a loud failure on inputs no attention takes")
+                               "it is built from sizes and names by roots, products, quotients and sums: where it "
+                               "is 0 (an empty key axis or head dim, a size divided down to 0) the patch's `1.0 / "
+                               "...` raises ZeroDivisionError where the original returns an empty or NaN result "
+                               "(breaker round 22): a loud failure where the original's values are already lost")
+
+
+ROOTS = frozenset({"math.sqrt", "numpy.sqrt", "float", "int", "abs"})
+
+
+def _constant(c: Candidate, node: cst.BaseExpression) -> float | None:
+    """A literal number, or arithmetic of literals (`1 / 2`)."""
+    literal = c.values.literal_number(node)
+    if literal is not None or not isinstance(node, cst.BinaryOperation):
+        return literal
+    left, right = _constant(c, node.left), _constant(c, node.right)
+    if left is None or right is None:
+        return None
+    operator = type(node.operator)
+    if operator is cst.Divide:
+        return left / right if right else None
+    return {cst.Add: left + right, cst.Subtract: left - right, cst.Multiply: left * right}.get(operator)
+
+
+def _one_size(c: Candidate, node: cst.BaseExpression) -> bool:
+    """A divisor 0 only where a size or name in it is: sizes, names, attributes and positive literals under
+    `math.sqrt`, `float`, `int`, `abs`, a positive power, `*`, `/`, `//` and `+` (`math.sqrt(C // self.heads)`,
+    `float(self.layer_idx + 1)`, `c ** (1 / 2)`); not a subtraction, a negative literal or another function
+    (`math.log(S)` is 0 for one key)."""
+    literal = c.values.literal_number(node)
+    if literal is not None:
+        return literal > 0
+    if isinstance(node, cst.Call):
+        return len(node.args) == 1 and c.parsed.imported_name(node.func) in ROOTS and \
+            _one_size(c, node.args[0].value) or isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value == "size"
+    if isinstance(node, cst.BinaryOperation):
+        if isinstance(node.operator, cst.Power):
+            exponent = _constant(c, node.right)
+            return exponent is not None and exponent > 0 and _one_size(c, node.left)
+        return isinstance(node.operator, (cst.Multiply, cst.Divide, cst.FloorDivide, cst.Add)) and \
+            _one_size(c, node.left) and _one_size(c, node.right)
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return True
+    return isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and \
+        node.value.attr.value == "shape"
 
 
 SCALE_POSITIVE = "scale-positive"
