@@ -53,7 +53,7 @@ def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, modul
     nn.Module's own methods may run user code too."""
     func = call.func
     dotted = parsed.imported_name(func) or ""
-    if dotted.split(".")[0] in KNOWN_MODULES or dotted in KNOWN_BUILTINS or _builtin_exception(parsed, func):
+    if dotted.split(".")[0] in KNOWN_MODULES or dotted in KNOWN_BUILTINS or _builtin(parsed, func):
         return False
     own = parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
@@ -102,13 +102,13 @@ def _own_layer(parsed: ParsedModule, owner: ClassInfo | None, attribute: str) ->
     return info if info is not None and "forward" in info.methods and "__call__" not in info.methods else None
 
 
-def _builtin_exception(parsed: ParsedModule, func: cst.BaseExpression) -> bool:
-    """`ValueError(...)`: a builtin exception class the file does not rebind (its message is built by the call's
-    arguments, which are calls of their own)."""
+def _builtin(parsed: ParsedModule, func: cst.BaseExpression) -> bool:
+    """`range(n)`, `ValueError(...)`: a builtin of KNOWN_BUILTINS or an exception class, which the file does not
+    rebind (an exception's message is built by the call's arguments, which are calls of their own)."""
     if not isinstance(func, cst.Name) or func.value in parsed.bound_names or func.value in parsed.imports:
         return False
     value = getattr(builtins, func.value, None)
-    return isinstance(value, type) and issubclass(value, BaseException)
+    return func.value in KNOWN_BUILTINS or isinstance(value, type) and issubclass(value, BaseException)
 
 
 def _builtin_container(owner: ClassInfo | None, receiver: cst.BaseExpression) -> bool:
