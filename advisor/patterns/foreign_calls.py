@@ -41,48 +41,67 @@ def foreign_call(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNod
     """A call in `node` (and in this file's functions and methods it calls, followed) that may run code of another
     file or of a caller: anything but torch's, einops' and math's names, builtins, tensor methods on a receiver
     other than `self`, and `self.layer(x)` of a torch.nn class built in this class. None where there is none."""
-    for call in m.findall(node, m.Call()):
-        if foreign(parsed, owner, call, modules_trusted):
-            return call
-    return None
+    return _search(parsed, owner, node, modules_trusted, [])[0]
 
 
 def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, modules_trusted: bool = True) -> bool:
     """Whether this one call may run code of another file or of a caller (see `foreign_call`). Without
     `modules_trusted` (a hook registered, a torch class replaced: `modules_untrusted`), a torch.nn layer's call and
     nn.Module's own methods may run user code too."""
+    return _foreign(parsed, owner, call, modules_trusted, [])[0]
+
+
+def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, trusted: bool,
+            path: list[cst.CSTNode]) -> tuple[cst.Call | None, bool]:
+    """(the first foreign call in `node`, whether the search met a function of `path`, the functions being
+    followed). A function's answer is remembered per file unless it met one of those: its calls are checked where
+    that function was entered, so it is complete only for the outermost search."""
+    memo = parsed.derived(_search, lambda _: {})
+    key = (node, trusted)
+    if key in memo:
+        return memo[key], False
+    if node in path:
+        return None, True
+    path.append(node)
+    found, met = None, False
+    for call in m.findall(node, m.Call()):
+        verdict, reached = _foreign(parsed, owner, call, trusted, path)
+        met |= reached
+        if verdict:
+            found = call
+            break
+    path.pop()
+    if found is not None or not met or not path:
+        memo[key] = found
+    return found, met
+
+
+def _foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, trusted: bool,
+             path: list[cst.CSTNode]) -> tuple[bool, bool]:
+    """(whether `call` may run foreign code, whether following it met a function of `path`)."""
     func = call.func
     dotted = parsed.imported_name(func) or ""
     if dotted.split(".")[0] in KNOWN_MODULES or dotted in KNOWN_BUILTINS or _builtin(parsed, func):
-        return False
+        return False, False
     own = parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         own = owner.methods.get(func.attr.value) if owner is not None else None
         if own is not None and func.attr.value in parsed.outside_attribute_writes[0]:
-            return True  # `Attn.note = f` in another file replaces the method followed here (breaker round 23)
+            return True, False  # `Attn.note = f` in another file replaces the method followed here (round 23)
         if own is None:
             layer = _own_layer(parsed, owner, func.attr.value)
             if layer is not None:  # `self.rel_pos(attn)` of a class of this file: its forward, followed
-                return _followed(parsed, layer, layer.methods["forward"], modules_trusted)
-            return not modules_trusted or not (func.attr.value in MODULE_METHODS and _plain_module(parsed, owner) or
-                                               (layer_class(parsed, owner, call) or "").startswith("torch.nn."))
+                found, met = _search(parsed, layer, layer.methods["forward"], trusted, path)
+                return found is not None, met
+            return not trusted or not (func.attr.value in MODULE_METHODS and _plain_module(parsed, owner) or
+                                       (layer_class(parsed, owner, call) or "").startswith("torch.nn.")), False
     if own is not None:
-        return _followed(parsed, owner, own, modules_trusted)
+        found, met = _search(parsed, owner, own, trusted, path)
+        return found is not None, met
     if isinstance(func, cst.Attribute) and func.attr.value in CONTAINER_METHODS and _builtin_container(owner,
                                                                                                        func.value):
-        return False
-    return not (isinstance(func, cst.Attribute) and func.attr.value in tensor_method_names())
-
-
-def _followed(parsed: ParsedModule, owner: ClassInfo | None, function: cst.FunctionDef, modules_trusted: bool) -> bool:
-    """Whether a function of this file calls foreign code, once per file (a function being followed reads as not:
-    the calls of a cycle are each checked where it is entered)."""
-    memo = parsed.derived(_followed, lambda _: {})
-    key = (function, modules_trusted)
-    if key not in memo:
-        memo[key] = False
-        memo[key] = foreign_call(parsed, owner, function, modules_trusted) is not None
-    return memo[key]
+        return False, False
+    return not (isinstance(func, cst.Attribute) and func.attr.value in tensor_method_names()), False
 
 
 def _plain_module(parsed: ParsedModule, owner: ClassInfo | None) -> bool:
@@ -129,7 +148,6 @@ def modules_untrusted(parsed: ParsedModule) -> str | None:
 
 
 def _modules_untrusted(parsed: ParsedModule) -> str | None:
-
     replaced = sorted(name for name in parsed.outside_attribute_writes[0]
                       if name.startswith("torch.") and name not in scope.INTRODUCED)  # SDPA's own: scope refuses
     if replaced:

@@ -12,6 +12,8 @@ from advisor.contracts.rule import negative, positive
 from advisor.rules.attention_config._links import HF_ATTENTION, HF_SDPA
 
 config = lazy_import("advisor.hf.config_rules")
+scope = lazy_import("advisor.patterns.scope")
+tree_facts = lazy_import("advisor.static.tree_facts")
 
 CHECKPOINT_CONFIGS = ("config.json", "generation_config.json")  # a checkpoint's files that may set output_attentions
 FILE_READERS = {"load", "loads", "safe_load", "full_load", "from_json_file", "from_file", "read_json"}
@@ -67,8 +69,6 @@ def _fused_kernel_hazards(site) -> tuple[str, ...]:
     """What in the scanned tree SDPA's fused kernels fail where eager attention runs (breaker round 21), as for a
     hand-written block's patch: double backward or forward-mode AD asked (they have neither derivative), and SDPA's
     kernels restricted without its math kernel (`No available kernel` where a fused one refuses the call)."""
-    tree_facts = lazy_import("advisor.static.tree_facts")
-    scope = lazy_import("advisor.patterns.scope")
     asked = (site.autograd or tree_facts.TreeFacts.of_file(site.parsed)).autograd
     reasons = ()
     if asked:

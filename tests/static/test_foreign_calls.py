@@ -66,3 +66,36 @@ def test_calls_whose_code_is_seen(name):
 def test_calls_that_may_run_unseen_code(name):
     body, callee = FOREIGN[name]
     assert _first_foreign(body) == callee
+
+
+CYCLE = """
+import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def a(self, x, n):
+        if n:
+            x = self.b(x, n - 1)
+        return hook(x)
+
+    def b(self, x, n):
+        return self.a(x, n)
+
+    def first(self, x):
+        return self.a(x, 2)
+
+    def second(self, x):
+        return self.b(x, 2)
+"""
+
+
+def test_a_method_in_a_cycle_keeps_what_its_cycle_calls():
+    """Followed first from `a`, `b` meets `a` half searched: its own answer is not remembered, so `b` asked
+    afterwards still finds `hook`, which `a` calls."""
+    parsed = ParsedModule(CYCLE, "m.py")
+    methods = {f.name.value: (f, owner) for f, owner, _ in parsed.functions}
+    for name, callee in (("first", "self.a"), ("second", "self.b")):
+        function, owner = methods[name]
+        call = foreign_call(parsed, owner, function)
+        assert call is not None and parsed.code(call.func) == callee, name  # the call through which `hook` runs

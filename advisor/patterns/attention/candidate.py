@@ -167,23 +167,15 @@ def defined_between(c: Candidate, read: cst.Name, start: cst.CSTNode, stop: cst.
     function = function_of(c.parsed, read)
     if function_of(c.parsed, start) is not function or function_of(c.parsed, stop) is not function:
         return None
-    first = c.parsed.positions[start].end if start_at_end else c.parsed.positions[start].start
-    last = c.parsed.positions[stop].start
+    first = _position(c, start, end=start_at_end)
+    last = _position(c, stop)
     for definition in flow_for(c, read).definitions.values():
         if definition.name == read.value and definition.kind != "param" and definition.statement is not None and \
-                function_of(c.parsed, definition.statement) is function:
-            at = c.parsed.positions[definition.statement].start
-            if (first.line, first.column) <= (at.line, at.column) < (last.line, last.column) and \
-                    not _inside(c.parsed, stop, definition.statement):
-                return definition
+                function_of(c.parsed, definition.statement) is function and \
+                first <= _position(c, definition.statement) < last and \
+                not c.parsed.within(stop, definition.statement):  # `o = w @ o` binds after reading
+            return definition
     return None
-
-
-def _inside(parsed: ParsedModule, node: cst.CSTNode, statement: cst.CSTNode) -> bool:
-    """Whether `node` lies in `statement`: an assignment binds after its value is read (`o = w @ o`)."""
-    while node is not None and node is not statement:
-        node = parsed.parents.get(node)
-    return node is statement
 
 
 def seen_from_behind(c: Candidate, name: cst.Name) -> bool:
@@ -191,14 +183,17 @@ def seen_from_behind(c: Candidate, name: cst.Name) -> bool:
     seeing the same definitions then need not see one value (a rebinding between them reaches both); where every
     definition a read sees lies before it, they do."""
     flow = flow_for(c, name)
-    here = c.parsed.positions[name].start
-    for index in flow.reaching.get(name, ()):
-        definition = flow.definitions.get(index)
-        if definition is not None and definition.kind != "param" and definition.statement is not None:
-            at = c.parsed.positions[definition.statement].start
-            if (at.line, at.column) > (here.line, here.column):
-                return True
-    return False
+    here = _position(c, name)
+    definitions = (flow.definitions.get(index) for index in flow.reaching.get(name, ()))
+    return any(definition is not None and definition.kind != "param" and definition.statement is not None and
+               _position(c, definition.statement) > here for definition in definitions)
+
+
+def _position(c: Candidate, node: cst.CSTNode, end: bool = False) -> tuple[int, int]:
+    """(line, column) where `node` starts (or ends), for source order."""
+    code_range = c.parsed.positions[node]
+    at = code_range.end if end else code_range.start
+    return at.line, at.column
 
 
 def in_inlined(c: Candidate, node: cst.CSTNode) -> bool:
@@ -221,6 +216,16 @@ def definition_of_value(c: Candidate, node: cst.CSTNode) -> Definition | None:
     if isinstance(parent, (cst.Assign, cst.AnnAssign)) and parent.value is node:
         found = [d for d in flow_for(c, node).definitions.values() if d.statement is parent and d.index is None]
         return found[0] if len(found) == 1 else None
+    return None
+
+
+def one_assigned_value(c: Candidate, name: cst.Name) -> cst.BaseExpression | None:
+    """The value of the one plain assignment (`x = ...`, not unpacked) that every path brings to the read `name`."""
+    flow = flow_for(c, name)
+    definitions = flow.definitions_of(name)
+    if len(definitions) == 1 and not flow.sees_undefined(name) and definitions[0].kind == "assign" and \
+            definitions[0].index is None:
+        return definitions[0].value
     return None
 
 

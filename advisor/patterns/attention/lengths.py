@@ -18,7 +18,8 @@ import libcst.matchers as m
 from advisor.contracts.finding import display_path
 from advisor.patterns import scope
 from advisor.patterns.attention import products
-from advisor.patterns.attention.candidate import Candidate, flow_for, function_of, seen_from_behind
+from advisor.patterns.attention.candidate import Candidate, flow_for, function_of, one_assigned_value, \
+    seen_from_behind
 from advisor.patterns.attention.helpers import argument_of, helper_at
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.foreign_calls import foreign_call, modules_untrusted
@@ -58,7 +59,7 @@ def kv_length_fact(c: Candidate) -> None:
     """Record whether k and v provably have one length (SDPA's key axis, -2 of what it is passed)."""
     key, value = c.match.key, c.match.value
     statement = f"`{short(c.parsed, key)}` and `{short(c.parsed, value)}` have one length (keys)"
-    hazard = shape_hazard(c.parsed) or tree_shape_hazard(c)
+    hazard = block_shape_hazard(c)
     if hazard is not None:
         c.match.facts.assumed(KV_LENGTH, statement, f"{hazard}, so no size read in the file is proved; where they "
                                                     "differ the original raises and SDPA's CPU kernels do not")
@@ -85,11 +86,9 @@ def broadcasts_to_scores(c: Candidate, created: cst.BaseExpression, query: cst.B
     factor's last), each axis counted from either end (the product raises on factors of another rank)."""
     walk = _Lengths(c)
     if isinstance(created, cst.Name):
-        definition = walk._definition(created)
-        created = definition.value if definition is not None and definition.kind == "assign" and \
-            definition.index is None else None
+        created = one_assigned_value(c, created)
     if not (isinstance(created, cst.Call) and c.parsed.imported_name(created.func) in SIZED_CREATIONS) or \
-            shape_hazard(c.parsed) or tree_shape_hazard(c) or any(arg.star for arg in created.args):
+            block_shape_hazard(c) or any(arg.star for arg in created.args):
         return False
     sizes = [arg.value for arg in created.args if arg.keyword is None]
     if len(sizes) == 1 and isinstance(sizes[0], (cst.Tuple, cst.List)):
@@ -150,11 +149,11 @@ def _axis_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression | None, int
 def _same_bindings(c: Candidate, one: cst.BaseExpression, other: cst.BaseExpression) -> bool:
     """Whether the names two expressions of one code load see the same definitions (none undefined, none from
     behind: candidate.seen_from_behind)."""
-    names = loaded_names(one) + loaded_names(other)
-    seen = [flow_for(c, name).reaching.get(name) for name in loaded_names(one)]
+    ones, others = loaded_names(one), loaded_names(other)
+    seen = [flow_for(c, name).reaching.get(name) for name in ones]
     return bool(seen) and all(s and UNDEFINED not in s for s in seen) and \
-        seen == [flow_for(c, name).reaching.get(name) for name in loaded_names(other)] and \
-        not any(seen_from_behind(c, name) for name in names)
+        seen == [flow_for(c, name).reaching.get(name) for name in others] and \
+        not any(seen_from_behind(c, name) for name in ones + others)
 
 
 def shape_hazard(parsed: ParsedModule) -> str | None:
@@ -184,7 +183,13 @@ def _shape_hazard(parsed: ParsedModule) -> str | None:
     return f"{untrusted}: the torch layers and functions the walk reads may not be torch's" if untrusted else None
 
 
-def tree_shape_hazard(c: Candidate) -> str | None:
+def block_shape_hazard(c: Candidate) -> str | None:
+    """What may change k's or v's shape out of the walk's sight, in this file or from another (`shape_hazard`,
+    `_tree_shape_hazard`)."""
+    return shape_hazard(c.parsed) or _tree_shape_hazard(c)
+
+
+def _tree_shape_hazard(c: Candidate) -> str | None:
     """What another file of the scanned tree may do to k's or v's shape between their constructions: an in-place
     shape change it names (ProjectFacts.shape_changes), where the candidate's functions call code that may be that
     file's (`foreign_call`). A block whose calls are all torch's, builtins, torch.nn layers and this file's own
@@ -194,8 +199,7 @@ def tree_shape_hazard(c: Candidate) -> str | None:
     if elsewhere is None:
         return None
     functions = {c.function, c.home, *c.inlined}
-    call = next(filter(None, (parsed.derived(("foreign_call", function), lambda p, f=function: foreign_call(
-        p, c.owner, f)) for function in functions)), None)
+    call = next(filter(None, (foreign_call(parsed, c.owner, function) for function in functions)), None)
     if call is None:
         return None
     return (f"`{display_path(elsewhere.path)}` names `{elsewhere.code}` (line {elsewhere.line}) and the block calls "

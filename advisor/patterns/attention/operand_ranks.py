@@ -12,9 +12,8 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import einsum as es
-from advisor.patterns.attention.candidate import Candidate, flow_for, seen_from_behind
-from advisor.patterns.attention.lengths import SAME_SHAPE, SWAPS, broadcasts_to_scores, shape_hazard, \
-    tree_shape_hazard
+from advisor.patterns.attention.candidate import Candidate, flow_for, one_assigned_value, seen_from_behind
+from advisor.patterns.attention.lengths import SAME_SHAPE, SWAPS, block_shape_hazard, broadcasts_to_scores
 from advisor.patterns.attention.products import spec, strip_factors
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.tensor_facts import rank_bounds, roots
@@ -86,11 +85,9 @@ def _dtype_read_of(c: Candidate, bias: cst.BaseExpression, factors) -> bool:
     """`torch.empty(..., dtype=query.dtype)` where `query` is a factor's name read with the same bindings (both
     reads see the same tensor, whatever dtype its definitions give it: diffusers' `query = query.float()` under
     `if self.upcast_attention:`)."""
-    if isinstance(bias, cst.Name) and not (shape_hazard(c.parsed) or tree_shape_hazard(c)):  # `b = torch.empty(...)`
-        flow = flow_for(c, bias)  # its one definition (no `.data =` or `set_` in the file changes its dtype)
-        definitions = flow.definitions_of(bias)
-        bias = definitions[0].value if len(definitions) == 1 and definitions[0].kind == "assign" and \
-            definitions[0].index is None and not flow.sees_undefined(bias) else bias
+    if isinstance(bias, cst.Name) and block_shape_hazard(c) is None:  # `b = torch.empty(...)`, its one definition
+        assigned = one_assigned_value(c, bias)  # (no `.data =` or `set_` in the tree changes its dtype)
+        bias = assigned if assigned is not None else bias
     dtype = next((a.value for a in getattr(bias, "args", ()) if a.keyword is not None and a.keyword.value == "dtype"),
                  None)
     if not (isinstance(dtype, cst.Attribute) and dtype.attr.value == "dtype" and isinstance(dtype.value, cst.Name)):
