@@ -347,16 +347,17 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     return found + class_sites(path, text)
 
 
-# a word naming an in-place shape change (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment
-SHAPE_CHANGE = re.compile(r"\b(?:%s|swap_tensors)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']"
-                          % "|".join(sorted(RESHAPING_IN_PLACE)))
+# names that change a tensor's shape in place: its methods, and `torch.utils.swap_tensors`
+SHAPE_CHANGING_NAMES = RESHAPING_IN_PLACE | {"swap_tensors"}
+# a word naming one (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment
+SHAPE_CHANGE = re.compile(r"\b(?:%s)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']"
+                          % "|".join(sorted(SHAPE_CHANGING_NAMES)))
 
 
 def shape_changes(path: str, text: str) -> list[UseSite]:
     """The file's first word that may change a tensor's shape where no reader of another file sees it: an in-place
     shape change named anywhere (strings and comments too), `torch.utils.swap_tensors`, a `.data` assignment (by
-    `setattr` too). One site is enough: what it is
-    handed may be any tensor of the tree."""
+    `setattr` too). One site is enough: what it is handed may be any tensor of the tree."""
     match = SHAPE_CHANGE.search(text)
     return [] if match is None else [UseSite(path, text.count("\n", 0, match.start()) + 1, match.group(0).strip())]
 

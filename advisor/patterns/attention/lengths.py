@@ -27,8 +27,7 @@ from advisor.patterns.dtypes import layer_class
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, loaded_names
 from advisor.static.module_index import ParsedModule
-from advisor.static.outside_writes import RESHAPING_IN_PLACE
-from advisor.static.project import first_elsewhere
+from advisor.static.project import SHAPE_CHANGING_NAMES, first_elsewhere
 
 KV_LENGTH = "kv-length"
 MAX_DEPTH = 24
@@ -49,9 +48,9 @@ SHAPE_KEEPING_LAYERS = frozenset(f"torch.nn.{name}" for name in ("Dropout", "Lay
 POINTWISE_CONVOLUTIONS = {"torch.nn.Conv1d": 1, "torch.nn.Conv2d": 2, "torch.nn.Conv3d": 3}
 TENSOR_LAYERS = ALL_BUT_LAST | SHAPE_KEEPING_LAYERS | set(POINTWISE_CONVOLUTIONS)  # return one tensor
 # names that change a tensor's shape in place, or what a layer returns, where the walk does not look
-SHAPE_HAZARDS = RESHAPING_IN_PLACE | {"swap_tensors", "register_forward_hook", "register_forward_pre_hook",
-                                      "register_module_forward_hook", "register_module_forward_pre_hook",
-                                      "_forward_hooks", "_forward_pre_hooks"}
+SHAPE_HAZARDS = SHAPE_CHANGING_NAMES | {"register_forward_hook", "register_forward_pre_hook",
+                                        "register_module_forward_hook", "register_module_forward_pre_hook",
+                                        "_forward_hooks", "_forward_pre_hooks"}
 Term = tuple  # ("axis", definition id, axis) | ("int", n) | ("size", code, bindings) | ("cat" | "group", terms)
 
 
