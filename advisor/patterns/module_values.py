@@ -38,7 +38,8 @@ def module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
 def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
     bindings = parsed.bindings.get(name, [])
     if len(bindings) != 1 or name in parsed.imports or reached_by_name(parsed, name) or \
-            name in parsed.outside_attribute_writes[0]:  # `program.MASK.fill_(...)` here or in another file
+            name in parsed.outside_attribute_writes[0] or \
+            parsed.global_rebound_by_computed_name(name) is not None:  # `program.MASK.fill_(...)` here or elsewhere
         return None
     target = parsed.parents.get(bindings[0])
     assign = parsed.parents.get(target)

@@ -994,9 +994,11 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
     if late is not None:
         return (f"`{parsed.code(late).strip()}` (line {parsed.line(late)}) runs after the imports that open the module: "
                 "it may bind any name, the one the SDPA call would be read through too")
-    if "F" in parsed.outside_attribute_writes[0] and "F" not in parsed.imports:
+    writer = parsed.outside_writer("F") if "F" in parsed.outside_attribute_writes[0] else \
+        parsed.global_rebound_by_computed_name("F")
+    if writer is not None and "F" not in parsed.imports:
         return (f"`F`, the name the rewrite would import torch.nn.functional as, is assigned on a module in "
-                f"{parsed.outside_writer('F')}: it may not be torch's when the code runs")
+                f"{writer}: it may not be torch's when the code runs")
     importer = parsed.tree.star_importer_spelling(parsed, "F") if parsed.tree is not None and \
         "F" not in parsed.imports and "torch.nn.functional" not in parsed.module_aliases and \
         "__all__" not in parsed.bound_names else None
@@ -1024,8 +1026,9 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
         shown = f"`{operator}` is" if operator else "an attribute of `torch.Tensor` set by a computed name is"
         return (f"{shown} assigned in {parsed.outside_writer(operator or '*class')}: the block's tensor operators "
                 "may not be torch's when the code runs")
-    imported = {name for name in parsed.imports if name in written and name not in parsed.bound_names and
-                not _inside_a_torch_write(parsed.imports[name], name, replaced)}
+    imported = {name for name in parsed.imports if name not in parsed.bound_names and
+                (name in written and not _inside_a_torch_write(parsed.imports[name], name, replaced) or
+                 parsed.global_rebound_by_computed_name(name) is not None)}
     if not replaced and not imported:
         return None
     found: list[str] = []
@@ -1049,8 +1052,9 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
                 f"{parsed.outside_writer(found[0])}: it may not be torch's when the code runs")
     if roots:
         root = min(roots)
+        writer = parsed.outside_writer(root) if root in written else parsed.global_rebound_by_computed_name(root)
         return (f"`{root}` (this file's `{parsed.imports[root]}`) is assigned on this module in "
-                f"{parsed.outside_writer(root)}: the block's calls, and the one the rewrite introduces, may not be "
+                f"{writer}: the block's calls, and the one the rewrite introduces, may not be "
                 "torch's when the code runs")
     return None
 

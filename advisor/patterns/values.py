@@ -323,6 +323,9 @@ class ValueProver:
             return f"{self.parsed.outside_writer(name)} assigns `.{name}` on another object (this module's, maybe)"
         if ANY_ATTRIBUTE in names:
             return f"{self.parsed.outside_writer(ANY_ATTRIBUTE)} assigns attributes by computed names"
+        writer = self.parsed.global_rebound_by_computed_name(name)
+        if writer is not None:
+            return f"{writer} assigns globals of a module it looks up by computed names"
         through = through_globals(self.parsed, self.parsed.tree) if self.parsed.tree is not None else None
         if through is not None:
             return f"`{display_path(through)}` reads a function's `__globals__`, which rebind any global"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import os
 import re
@@ -18,8 +19,8 @@ from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY, ATTRIBUTE_TABLES,
-                                           FINITE_DRAW, NAMED_BINDERS, NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE,
-                                           STATE_LOADERS, file_writes, outside_writes_of_source)
+                                           FINITE_DRAW, MODULE_GLOBALS, NAMED_BINDERS, NAMESPACE_READS, NARROWED,
+                                           RESHAPING_IN_PLACE, STATE_LOADERS, file_writes, outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method, is_self, is_self_attribute
 from advisor.static.positions import StatementPositions
@@ -629,6 +630,15 @@ class ParsedModule:
         """`outside_writes` of this file alone."""
         names, reshaped = outside_writes_of_source(self.source, own=True)
         return frozenset(names), frozenset(reshaped)
+
+    def global_rebound_by_computed_name(self, name: str) -> str | None:
+        """Where a file of the tree may bind this module's global `name` by a computed name, on a module the import
+        machinery gives (`setattr(sys.modules[m], attr, v)`, static.outside_writes.MODULE_GLOBALS), in words; None
+        where no such write's pattern spells it (`cls.__name__ + "Fast"` spells no `mask`)."""
+        for written in sorted(self.outside_attribute_writes[0]):
+            if written.startswith(MODULE_GLOBALS) and fnmatch.fnmatchcase(name, written[len(MODULE_GLOBALS):]):
+                return self.outside_writer(written)
+        return None
 
     def outside_writer(self, attribute: str) -> str:
         """Where an attribute written outside its class is written: this file, or the first other file of the

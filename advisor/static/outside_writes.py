@@ -15,7 +15,10 @@ attention's causal `bias`). A computed binding that bypasses `nn.Module.__setatt
 from __future__ import annotations
 
 import ast
+import fnmatch
+import glob
 from dataclasses import dataclass
+from functools import cache
 
 from advisor.static.python_ast import nodes, python_tree
 
@@ -30,6 +33,17 @@ ANY_ON_CLASS = "*class"
 # ... and, read in another file of the tree, a module's tensors listed whole are handed on (`m.state_dict()`,
 # `next(m.buffers())`, `m._apply(f)`: static.escaping_reads): any tensor a class builds may be written there
 ANY_TENSOR = "*tensor"
+# the module a write goes to where it is looked up by a computed name (`sys.modules[name]`, `importlib.import_module(
+# name)`, `__import__(name)`): any module, torch's among them
+ANY_MODULE = "?"
+# torch's modules whose names user code reads: a write by a computed name on a module of unknown name may rebind any
+# of their names (each such name is then written as `torch.nn.functional.softmax` is by `F.softmax = f`)
+READ_TORCH_MODULES = ("torch", "torch.nn", "torch.nn.functional")
+# `module:PATTERN`: a module's globals whose names the glob PATTERN matches, bound by a computed name on a module the
+# import machinery gives (`setattr(sys.modules[name], cls.__name__ + "Fast", cls)`): a module's attributes are its
+# globals, no instance's, so such a write is no ANY_ATTRIBUTE
+MODULE_GLOBALS = "module:"
+MODULE_LOOKUPS = {"importlib.import_module", "__import__"}
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
@@ -192,6 +206,33 @@ class _Names:
             if dotted is not None and dotted.split(".")[0] == "torch" and counts.get(target.id) == 1 and \
                     target.id not in self.imports:
                 self.aliases.setdefault(target.id, dotted)
+        # names bound anywhere (scope-blind) to a module the import machinery gives: `mod = sys.modules[name]`
+        self.module_names: dict[str, str] = {}
+        self.only_lookups: dict[str, bool] = {}  # the name is bound to nothing else in the file
+        for target, value in bindings:
+            module = self.module_lookup(value) if isinstance(target, ast.Name) else None
+            if module is not None:
+                known = self.module_names.setdefault(target.id, module)
+                self.module_names[target.id] = known if known == module else ANY_MODULE
+        for name in self.module_names:
+            self.only_lookups[name] = counts.get(name, 0) == sum(
+                1 for target, value in bindings if isinstance(target, ast.Name) and target.id == name and
+                self.module_lookup(value) is not None)
+
+    def module_lookup(self, node: ast.AST) -> str | None:
+        """The module a lookup by name gives (`sys.modules["torch.nn.functional"]`, `importlib.import_module(...)`):
+        its literal name, ANY_MODULE for a computed one, None where `node` is no such lookup (`sys.modules[__name__]`:
+        the file's own module, never torch's)."""
+        if isinstance(node, ast.Subscript) and self.dotted(node.value) == "sys.modules":
+            key = node.slice
+        elif isinstance(node, ast.Call) and (self.dotted(node.func) in MODULE_LOOKUPS or
+                                             isinstance(node.func, ast.Name) and node.func.id == "__import__"):
+            key = node.args[0] if node.args else None
+        else:
+            return None
+        if isinstance(key, ast.Name) and key.id == "__name__":
+            return None
+        return _literal(key) or ANY_MODULE
 
     def through_imports(self, node: ast.AST) -> str | None:
         """`torch.matmul` -> 'torch.matmul' through the import statements alone."""
@@ -399,6 +440,49 @@ def _literal(node: ast.AST | None) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
+def name_pattern(node: ast.AST | None) -> str:
+    """The names an attribute name computed by `node` may spell, as a glob keeping its literal parts
+    (`x + "Fast"` and `f"{x}Fast"` spell `*Fast`; anything else `*`)."""
+    literal = _literal(node)
+    if literal is not None:
+        return glob.escape(literal)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(glob.escape(part.value) if isinstance(part, ast.Constant) else "*" for part in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return name_pattern(node.left) + name_pattern(node.right)
+    return "*"
+
+
+def _is_glob(name: str) -> bool:
+    return any(character in name for character in "*?[")
+
+
+@cache
+def torch_names_spelled(module: str, pattern: str) -> tuple[str, ...]:
+    """The dotted names of torch a write of `pattern` on `module` may rebind: the names of that object of torch's
+    (every module of READ_TORCH_MODULES where `module` is ANY_MODULE, whose name is not shown) that the glob
+    matches, or `module.pattern` itself where it matches none and holds no glob (torch imported only here)."""
+    import importlib
+
+    unknown = module.split(".")[0] == ANY_MODULE
+    modules = tuple(read + module[len(ANY_MODULE):] for read in READ_TORCH_MODULES) if unknown else (module,)
+    found: list[str] = []
+    for dotted in modules:
+        try:
+            target = importlib.import_module(dotted)
+        except ImportError:
+            head, _, tail = dotted.rpartition(".")
+            try:
+                target = getattr(importlib.import_module(head), tail)  # `torch.nn.Dropout`, a class
+            except (ImportError, AttributeError, ValueError):
+                target = None
+        names = dir(target) if target is not None else []
+        found.extend(f"{dotted}.{name}" for name in names if fnmatch.fnmatchcase(name, pattern))
+    if not found and not _is_glob(pattern) and not unknown:
+        found.append(f"{module}.{pattern}")
+    return tuple(sorted(found))
+
+
 class _Writes:
     def __init__(self, names: _Names, own: bool, narrowings: list[tuple[str, str, int, int]],
                  aliases: dict[str, set[str]]) -> None:
@@ -473,9 +557,21 @@ class _Writes:
         return func.value if isinstance(func, ast.Attribute) else None
 
     def torch_function(self, node: ast.AST, name: str | None = None) -> None:
+        """A write of torch's `name` on `node` (`F.softmax = f`: `torch.nn.functional.softmax`). `name` may be a
+        glob (`*Fast` for `setattr(F, x + "Fast", f)`), and `node` a module of unknown name: each torch name it may
+        spell is written."""
         dotted = self.module_path(node)
-        if dotted is not None and (dotted == "torch" or dotted.startswith("torch.")):
-            self.write(f"{dotted}.{name}" if name else dotted)
+        if dotted is None or dotted.split(".")[0] not in ("torch", ANY_MODULE):
+            return
+        if name is None:
+            dotted, _, name = dotted.rpartition(".")  # `F.softmax = f`, `mod.softmax = f`
+            if not dotted:
+                return
+        if _is_glob(name) or dotted.split(".")[0] == ANY_MODULE:
+            for written in torch_names_spelled(dotted, name):
+                self.write(written)
+        else:
+            self.write(f"{dotted}.{name}")
 
     def module_path(self, node: ast.AST) -> str | None:
         """The dotted name `node` refers to through imports, or through the module objects the import machinery
@@ -485,12 +581,18 @@ class _Writes:
         while isinstance(root, ast.Attribute):
             parts.append(root.attr)
             root = root.value
-        base = None
-        if isinstance(root, ast.Subscript) and self.resolve.dotted(root.value) == "sys.modules":
-            base = _literal(root.slice)
-        elif isinstance(root, ast.Call) and root.args and self.resolve.dotted(root.func) == "importlib.import_module":
-            base = _literal(root.args[0])
+        base = self.resolve.module_lookup(root)
+        if base is None and isinstance(root, ast.Name) and root.id not in self.imports:
+            base = self.resolve.module_names.get(root.id)  # `mod = sys.modules[...]`, then `mod.softmax = f`
         return ".".join([base, *parts[::-1]]) if base else self.resolve.dotted(node)
+
+    def looked_up_module(self, node: ast.AST) -> bool:
+        """Whether `node` is a module the import machinery gives (`sys.modules[name]`, `importlib.import_module(
+        name)`), or a name bound only to such lookups (an object placed in `sys.modules` is read as a module)."""
+        if self.resolve.module_lookup(node) is not None:
+            return True
+        return isinstance(node, ast.Name) and node.id in self.resolve.module_names and \
+            node.id not in self.imports and self.resolve.only_lookups.get(node.id, False)
 
     def any_name(self, value: ast.AST | None) -> str:
         """What a binding under a computed name may put anywhere: a fresh `nn.Identity()`, or anything."""
@@ -515,8 +617,7 @@ class _Writes:
         table = owner is not None
         if table and not _is_self(owner):
             self.write(_literal(node.slice) or self.any_name(value))
-            if _literal(node.slice):  # `vars(F)["softmax"] = f`
-                self.torch_function(owner, _literal(node.slice))
+            self.torch_function(owner, name_pattern(node.slice))  # `vars(F)["softmax"] = f`
         into = elements_only or not table and isinstance(node, ast.Subscript)  # `m._modules[n] = v` rebinds
         self.chain(node, into)
         if isinstance(node, ast.Attribute):  # `matmul = torch.matmul` binds a name of this file, not torch's
@@ -614,12 +715,17 @@ class _Writes:
             if literal:
                 self.write(literal)
                 self.torch_function(receiver, literal)
+            elif self.looked_up_module(receiver):
+                self.write(MODULE_GLOBALS + name_pattern(name))
             elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS:
                 self.write(self.any_name(value))  # `object.__setattr__(m, name, v)` bypasses the module's
             else:
                 self.bind_through_setattr(self.any_name(value))
+            if not literal:
+                self.torch_function(receiver, name_pattern(name))  # `setattr(F, "soft" + "max", f)`
             on_type = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "type"
-            if not literal and (on_type or _may_be_class(receiver, self.imports) or _function_like(value)):
+            if not literal and not self.looked_up_module(receiver) and \
+                    (on_type or _may_be_class(receiver, self.imports) or _function_like(value)):
                 self.write(ANY_ON_CLASS)
             self.chain(receiver)  # `setattr(m.softmax, "dim", v)` changes what `m.softmax` holds
         elif binding is not None:
@@ -630,7 +736,8 @@ class _Writes:
             if not _is_self(_namespace_owner(func.value)):
                 for name in _namespace_keys(func.attr, node):
                     self.write(name)
-                    self.torch_function(_namespace_owner(func.value), name)  # `F.__dict__.update(softmax=f)`
+                    self.torch_function(_namespace_owner(func.value),  # `F.__dict__.update(softmax=f)`
+                                        "*" if name == ANY_ATTRIBUTE else glob.escape(name))
                 self.chain(_namespace_owner(func.value))  # `m.to_v.__dict__.update(forward=f)` changes `m.to_v`
         elif self._function_call(node, args):
             return
@@ -663,8 +770,11 @@ class _Writes:
         target = _literal(args[0])
         if target and "." in target:  # a dotted path to the attribute
             self.write(target.rsplit(".", 1)[1])
+            if target.split(".")[0] == "torch":  # `patch("torch.nn.functional.softmax", f)`
+                self.write(target)
         elif len(args) >= 2 and _literal(args[1]) and isinstance(func, ast.Attribute):  # (object, "name", value)
             self.write(_literal(args[1]))
+            self.torch_function(args[0], glob.escape(_literal(args[1])))  # `monkeypatch.setattr(F, "softmax", f)`
 
     def _state_handed_on(self, node: ast.Call, func: ast.AST) -> None:
         """Any attribute of another object may be written where its namespace is handed to a call that may write it

@@ -431,6 +431,15 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
      ({"softmax", "torch.nn.functional.softmax"},) * 2),
     ("import torch.nn.functional as F\n\nF.__dict__.update(softmax=f)\n", False,
      ({"softmax", "torch.nn.functional.softmax"},) * 2),
+    # computed names: each torch name the pattern spells; a module looked up by a computed name may be any of
+    # torch's; on a module so looked up, a computed name binds its globals, not an instance's attributes
+    ("import torch.nn.functional as F\n\n\ndef f(n, g):\n    setattr(F, f'{n}max', g)\n", False,
+     ({"torch.nn.functional.softmax", "torch.nn.functional.log_softmax", "torch.nn.functional.gumbel_softmax",
+       "*", "*class"},) * 2),
+    ("def f(n, g):\n    __import__(n).softmax = g\n", False,
+     ({"softmax", "torch.softmax", "torch.nn.functional.softmax"},) * 2),
+    ("import sys\n\n\ndef alias(cls):\n    base = sys.modules[cls.__module__]\n"
+     "    setattr(base, cls.__name__ + 'Fast', cls)\n", False, ({"module:*Fast"},) * 2),
     ("class A:\n    def __init__(self):\n        setattr(self, 'bias', 1)\n", True, ({"bias"},) * 2),
     ("class A:\n    def __init__(self):\n        setattr(self, 'bias', 1)\n", False, (set(), set())),
     # in-place torch functions write their first argument, not the `init` module
@@ -623,6 +632,50 @@ def test_what_the_patch_calls_rebound_by_another_file_refuses_the_block(tmp_path
     assert finding.rule == "ADV103" and finding.patch is None and why in finding.reason and "other.py" in finding.reason
 
 
+# torch's softmax replaced by a name the code computes, or on a module the import machinery gives (a hole found after
+# breaker round 23: each was read as a write of some object's attribute, and the patch stayed safe)
+COMPUTED_TORCH_WRITES = {
+    "computed_name": "import torch.nn.functional as F\n\nname = 'soft' + 'max'\nsetattr(F, name, tempered)\n",
+    "spelled_in_parts": "import torch.nn.functional as F\n\nsetattr(F, 'soft' + 'max', tempered)\n",
+    "f_string": "import torch.nn.functional as F\n\n\ndef setup(kind):\n    setattr(F, f'{kind}max', tempered)\n",
+    "module_bound_to_a_name": "import sys\n\nmod = sys.modules['torch.nn.functional']\nmod.softmax = tempered\n",
+    "module_by_computed_name": ("import sys\n\n\ndef setup(name):\n    base = sys.modules[name]\n"
+                                "    setattr(base, name.rsplit('.', 1)[-1], tempered)\n"),
+    "dunder_import": "def setup(name):\n    __import__(name).softmax = tempered\n",
+    "import_module_computed": ("import importlib\n\n\ndef setup(name, attr):\n"
+                               "    setattr(importlib.import_module(name), attr, tempered)\n"),
+    "mock_patch": "from unittest import mock\n\nmock.patch('torch.nn.functional.softmax', tempered).start()\n",
+    "monkeypatch": ("import torch.nn.functional as F\n\n\ndef test_it(monkeypatch):\n"
+                    "    monkeypatch.setattr(F, 'softmax', tempered)\n"),
+}
+# ... and names that cannot be torch's softmax: a suffix no name of torch's modules has, the file's own module
+NOT_TORCH_WRITES = {
+    "suffix_torch_lacks": ("import sys\n\n\ndef alias(cls):\n    base = sys.modules[cls.__module__]\n"
+                           "    setattr(base, cls.__name__ + 'Fast', cls)\n"),  # transformers' tokenization_auto.py
+    "own_module": "import sys\n\nsys.modules[__name__].softmax = tempered\n",
+}
+TEMPERED = "import torch\n\n\ndef tempered(x, dim=None, **kw):\n    return torch.softmax(x / 2.0, dim)\n\n\n"
+
+
+@pytest.mark.parametrize("write", sorted(COMPUTED_TORCH_WRITES))
+def test_torch_s_softmax_replaced_by_a_computed_name_or_module_refuses_the_block(tmp_path, write) -> None:
+    (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
+                                                 'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
+    (tmp_path / "other.py").write_text(TEMPERED + COMPUTED_TORCH_WRITES[write], encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.rule == "ADV103" and finding.patch is None, finding.reason
+    assert "`torch.nn.functional." in finding.reason and "other.py" in finding.reason
+
+
+@pytest.mark.parametrize("write", sorted(NOT_TORCH_WRITES))
+def test_a_computed_write_that_cannot_spell_torch_s_softmax_keeps_the_patch(tmp_path, write) -> None:
+    (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
+                                                 'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
+    (tmp_path / "other.py").write_text(TEMPERED + NOT_TORCH_WRITES[write], encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe", finding.reason
+
+
 MODULE_SCALE = '''import torch
 
 SCALE = 0.25
@@ -634,16 +687,26 @@ def attend(q, k, v):
 '''
 
 
-@pytest.mark.parametrize("rebind", ["import attn\n\nattn.SCALE = torch.full((2, 1, 1), 0.3)\n",
-                                    "import attn as a\n\n\ndef setup():\n    setattr(a, 'SCALE', torch.ones(2, 1, 1))\n"])
+@pytest.mark.parametrize("rebind", [
+    "import attn\n\nattn.SCALE = torch.full((2, 1, 1), 0.3)\n",
+    "import attn as a\n\n\ndef setup():\n    setattr(a, 'SCALE', torch.ones(2, 1, 1))\n",
+    # a module looked up by name, its global named in part by the caller (no import of attn to follow)
+    "import sys\n\n\ndef setup(module, prefix):\n"
+    "    setattr(sys.modules[module], f'{prefix}SCALE', torch.ones(2, 1, 1))\n",
+    # ... or named by the caller alone: it may be torch's own module and function as well (refused)
+    "import importlib\n\n\ndef setup(module, name):\n    mod = importlib.import_module(module)\n"
+    "    setattr(mod, name.upper(), torch.ones(2, 1, 1))\n"])
 def test_a_module_level_number_another_file_rebinds_is_not_proved(tmp_path, rebind) -> None:
     """`SCALE = 0.25` was proved a number although a training script of the scan rebinds `attn.SCALE` to a
     per-head tensor: the safe patch passed it to SDPA's `scale=`, which raises on a tensor."""
     (tmp_path / "attn.py").write_text(MODULE_SCALE, encoding="utf-8")
     (tmp_path / "train.py").write_text("import torch\n" + rebind, encoding="utf-8")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
-    assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
-    assert finding.fix_safety == "unsafe" and "train.py" in assumed["scale-is-number"]
+    if finding.rule == "ADV103":
+        assert "import_module" in rebind and "train.py" in finding.reason
+    else:
+        assumed = {fact["name"]: fact["why"] for fact in finding.extra["facts"]["assumed"]}
+        assert finding.fix_safety == "unsafe" and "train.py" in assumed["scale-is-number"]
     [alone] = [f for f in scan_paths([str(tmp_path / "attn.py")], jobs=1).findings if f.kind == "attention"]
     assert alone.fix_safety == "safe"
 
