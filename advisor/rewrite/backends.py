@@ -17,6 +17,7 @@ from advisor.patterns.attention import AttentionMatch
 from advisor.rewrite.sdpa_call import call
 from advisor.static.codegen import dotted, keyword
 from advisor.static.module_index import ParsedModule
+from advisor.static.opening_imports import first_code_run
 
 KERNEL_IMPORT = "from torch.nn.attention import SDPBackend, sdpa_kernel"
 HELPER_NAME = FLASH_HELPER_NAME
@@ -64,7 +65,8 @@ class KernelNames:
 def kernel_names(parsed: ParsedModule, at: cst.CSTNode | None = None) -> KernelNames | str:
     """The spellings, or why they cannot be written (a name taken by something else). Only an import statement of
     the module's own body (not in a `try:`, a function or `if TYPE_CHECKING:`, which may bind nothing: breaker
-    rounds 22 and 23, NameError) is reused, and for a call `at` module level only one above it."""
+    rounds 22 and 23, NameError) above every module-level statement that may run the module's code (a module-level
+    call of the fixed function: round 24) and above the statement holding `at`, the fixed call, is reused."""
     local = _module_body_imports(parsed, at)
     kernel, backend = local.get("torch.nn.attention.sdpa_kernel"), local.get("torch.nn.attention.SDPBackend")
     if kernel and backend:
@@ -76,16 +78,11 @@ def kernel_names(parsed: ParsedModule, at: cst.CSTNode | None = None) -> KernelN
 
 
 def _module_body_imports(parsed: ParsedModule, at: cst.CSTNode | None) -> dict[str, str]:
-    """Dotted name -> local name of the `from X import y` statements in the module's own body (above `at`'s
-    top-level statement where `at` runs at module level), for names no other statement binds."""
-    top = at
-    while top is not None and parsed.parents.get(top) is not parsed.module:
-        top = parsed.parents.get(top)
-    at_module_level = at is not None and parsed.innermost(at, (cst.FunctionDef, cst.ClassDef)) is None
+    """Dotted name -> local name of the `from X import y` statements in the module's own body above the first
+    statement that may run the module's code and above `at`'s, for names no other statement binds."""
+    end = min(first_code_run(parsed), parsed.top_statement_index(at) if at is not None else len(parsed.module.body))
     found: dict[str, str] = {}
-    for statement in parsed.module.body:
-        if at_module_level and statement is top:
-            break
+    for statement in parsed.module.body[:end]:
         for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
             if isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None and \
                     not isinstance(small.names, cst.ImportStar):

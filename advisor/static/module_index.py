@@ -17,6 +17,7 @@ from libcst.metadata import MetadataWrapper
 
 from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
+from advisor.static.opening_imports import first_code_run
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY, ATTRIBUTE_TABLES,
                                            FINITE_DRAW, MODULE_GLOBALS, NAMED_BINDERS, NAMESPACE_READS, NARROWED,
@@ -348,6 +349,14 @@ class ParsedModule:
             node = self.parents.get(node)
         return node is ancestor
 
+    def top_statement_index(self, node: cst.CSTNode) -> int:
+        """The index in the module's body of the module-level statement holding `node`."""
+        while self.parents.get(node) is not self.module:
+            node = self.parents[node]
+        order = self.derived(ParsedModule.top_statement_index,
+                             lambda p: {id(statement): i for i, statement in enumerate(p.module.body)})
+        return order[id(node)]
+
     def innermost(self, node: cst.CSTNode, kind: type | tuple[type, ...]) -> cst.CSTNode | None:
         """`node` itself when it is a `kind`, else its nearest ancestor that is one (None at the module)."""
         while node is not None and not isinstance(node, kind):
@@ -502,7 +511,7 @@ class ParsedModule:
         deleted = {name.value for statement in self.nodes_of(cst.Del) for name in
                    ([statement.target] if isinstance(statement.target, cst.Name) else
                     [e.value for e in getattr(statement.target, "elements", ()) if isinstance(e.value, cst.Name)])}
-        for local, dotted in _imports(self, module_level=True, always=True).items():
+        for local, dotted in _imports(self, module_level=True, always=True, before_code_runs=True).items():
             if local not in self.bound_names and local not in deleted and everywhere[local] == {dotted}:
                 aliases.setdefault(dotted, local)
         return aliases
@@ -707,16 +716,20 @@ BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "
 
 
 def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: bool = False,
-             always: bool = False) -> dict:
+             always: bool = False, before_code_runs: bool = False) -> dict:
     """Local name -> dotted module or object, from the file's import statements in source order (the first binding
     of a name wins); `module_level`: only statements outside functions and classes; `always`: only those that run
-    whenever the module does; `every_binding`: local name -> the set of everything any statement binds it to."""
+    whenever the module does; `before_code_runs`: only those above the first module-level statement that may run
+    the module's code (opening_imports.first_code_run); `every_binding`: local name -> the set of everything any
+    statement binds it to."""
     imports: dict = {}
     bind = (lambda local, dotted: imports.setdefault(local, set()).add(dotted)) if every_binding else \
         imports.setdefault
+    first_run = first_code_run(parsed) if before_code_runs else None
     for node in parsed.nodes_of(cst.Import, cst.ImportFrom):
         if module_level and (parsed.innermost(node, (cst.FunctionDef, cst.ClassDef)) is not None or
-                             _under_type_checking(parsed, node)) or always and not _runs_always(parsed, node):
+                             _under_type_checking(parsed, node)) or always and not _runs_always(parsed, node) or \
+                first_run is not None and parsed.top_statement_index(node) >= first_run:
             continue
         if isinstance(node, cst.Import):
             for alias in node.names:

@@ -24,7 +24,11 @@ Round 23 (fixtures/attention/breaker23): hooks and replaced torch classes behind
 scores and the value product, a method replaced from another file, a base class of another file overriding an
 nn.Module method, `F.dropout` replaced by another file under an `nn.Dropout` the length proof reads, an
 `sdp_kernel` rewrite reusing an import in a `try:` or below the call, and divisors computed from sizes that are 0
-on inputs that are not empty. Outputs may be NaN in both (equal where they are)."""
+on inputs that are not empty. Outputs may be NaN in both (equal where they are).
+
+Round 24 (fixtures/attention/breaker24): a rewrite reusing an import (`torch` for ADV304's `dtype=`, `F` for the
+SDPA call, `sdpa_kernel` for ADV701) that binds below a module-level call of the fixed function: the patched
+module raised NameError on import."""
 
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[0-3]/*.py"))
+PROGRAMS = sorted(FIXTURES.glob("breaker2[0-4]/*.py"))
 TREES = sorted(path for path in FIXTURES.glob("breaker2[1-3]/tree_*") if path.is_dir())
 
 
