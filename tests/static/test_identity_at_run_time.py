@@ -657,22 +657,25 @@ NOT_TORCH_WRITES = {
 TEMPERED = "import torch\n\n\ndef tempered(x, dim=None, **kw):\n    return torch.softmax(x / 2.0, dim)\n\n\n"
 
 
-@pytest.mark.parametrize("write", sorted(COMPUTED_TORCH_WRITES))
-def test_torch_s_softmax_replaced_by_a_computed_name_or_module_refuses_the_block(tmp_path, write) -> None:
+def _prior_model_beside(tmp_path, other: str):
+    """The attention finding of a model file with a zero prior buffer, scanned beside `other.py`."""
     (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
                                                  'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
-    (tmp_path / "other.py").write_text(TEMPERED + COMPUTED_TORCH_WRITES[write], encoding="utf-8")
+    (tmp_path / "other.py").write_text(TEMPERED + other, encoding="utf-8")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    return finding
+
+
+@pytest.mark.parametrize("write", sorted(COMPUTED_TORCH_WRITES))
+def test_torch_s_softmax_replaced_by_a_computed_name_or_module_refuses_the_block(tmp_path, write) -> None:
+    finding = _prior_model_beside(tmp_path, COMPUTED_TORCH_WRITES[write])
     assert finding.rule == "ADV103" and finding.patch is None, finding.reason
     assert "`torch.nn.functional." in finding.reason and "other.py" in finding.reason
 
 
 @pytest.mark.parametrize("write", sorted(NOT_TORCH_WRITES))
 def test_a_computed_write_that_cannot_spell_torch_s_softmax_keeps_the_patch(tmp_path, write) -> None:
-    (tmp_path / "model.py").write_text(attention(PRIOR_BLOCK, init='self.register_buffer("prior", '
-                                                 'torch.zeros(1, 1, 8, 8))\n'), encoding="utf-8")
-    (tmp_path / "other.py").write_text(TEMPERED + NOT_TORCH_WRITES[write], encoding="utf-8")
-    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    finding = _prior_model_beside(tmp_path, NOT_TORCH_WRITES[write])
     assert finding.fix_safety == "safe", finding.reason
 
 
