@@ -9,13 +9,13 @@ import builtins
 from functools import cache
 
 import libcst as cst
-import libcst.matchers as m
 
 from advisor.patterns import scope
 from advisor.patterns.dtypes import layer_class
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS
 from advisor.static.project import global_hook_calls
+from advisor.static.walk import descendants
 
 KNOWN_BUILTINS = frozenset({"range", "len", "int", "float", "bool", "isinstance", "tuple", "list", "zip", "enumerate",
                             "min", "max", "abs", "round", "pow", "map", "sum", "any", "all", "str", "type", "print"})
@@ -64,7 +64,7 @@ def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, tr
         return None, True
     path.append(node)
     found, met = None, False
-    for call in m.findall(node, m.Call()):
+    for call in descendants(node, (cst.Call,)):
         verdict, reached = _foreign(parsed, owner, call, trusted, path)
         met |= reached
         if verdict:

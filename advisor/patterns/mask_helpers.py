@@ -15,9 +15,9 @@ Any other decorator (a call, `torch.no_grad`, an unresolved name) leaves the hel
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from advisor.patterns.helper_bodies import branches, parameters, return_value
+from advisor.static.walk import descendants
 
 IDENTITY_DECORATORS = frozenset({"torch.fx.wrap"})
 MAX_REEXPORTS = 3
@@ -114,9 +114,9 @@ def _returns_its_argument(function: cst.FunctionDef) -> bool:
             return False
         for small in statement.body:
             if isinstance(small, cst.Return) or isinstance(small, WRITES) and \
-                    any(name.value == argument for name in m.findall(small, m.Name())):
+                    any(name.value == argument for name in descendants(small, (cst.Name,))):
                 return False
-        if any(_name(call.func) == "setattr" for call in m.findall(statement, m.Call())):
+        if any(_name(call.func) == "setattr" for call in descendants(statement, (cst.Call,))):
             return False
     return True
 

@@ -8,7 +8,6 @@ import re
 import struct
 
 import libcst as cst
-import libcst.matchers as m
 
 from advisor.patterns.helper_bodies import branches
 from advisor.contracts.finding import display_path
@@ -17,6 +16,7 @@ from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.outside_writes import ANY_ATTRIBUTE
+from advisor.static.walk import descendants
 
 # Names that real code gives to Python-number scale factors; used only where nothing better is known
 # (an unannotated parameter, an attribute set outside this class). A name is not a proof: a value accepted
@@ -266,7 +266,7 @@ class ValueProver:
         for target in self.parsed.bindings.get(name, []):
             function = self.parsed.innermost(target, cst.FunctionDef)
             if function is not None:
-                if any(item.name.value == name for g in m.findall(function, m.Global()) for item in g.names):
+                if any(item.name.value == name for g in descendants(function, (cst.Global,)) for item in g.names):
                     setters.append(function.name.value)
                 continue  # else a local of that function
             if self.parsed.innermost(target, cst.ClassDef) is not None:

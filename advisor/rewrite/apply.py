@@ -8,13 +8,13 @@ import os
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 
 from advisor.rewrite.deleted_names import bound_names, read_of_deleted
 from advisor.rewrite.splice import Edit
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ParsedModule
 from advisor.static.opening_imports import import_position, opening_imports_end
+from advisor.static.walk import descendants
 
 
 class RewriteFailed(Exception):
@@ -121,7 +121,7 @@ def _printed_as_source(parsed: ParsedModule, node: cst.CSTNode) -> bool:
     """Whether `node` is inside `f"{expr=}"`, whose output holds the expression's text (breaker round 14), or is a
     statement holding one (a guarded fix rewrites a copy of the whole statement)."""
     if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.SimpleStatementLine)) and \
-            m.findall(node, m.FormattedStringExpression(equal=m.MatchIfTrue(lambda equal: equal is not None))):
+            any(part.equal is not None for part in descendants(node, (cst.FormattedStringExpression,))):
         return True
     while node is not None:
         if isinstance(node, cst.FormattedStringExpression) and node.equal is not None:

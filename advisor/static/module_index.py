@@ -250,10 +250,8 @@ class ParsedModule:
     def uses_of(self, names: frozenset[str] | None) -> list[cst.BaseExpression]:
         """The file's references to any of `names` (qualified; None: to anything imported), resolved through its
         imports: calls, decorators, base classes and values passed on alike."""
-        return [node for node in self.nodes_of(cst.Name, cst.Attribute) if
-                not (isinstance(self.parents[node], cst.Attribute) and self.parents[node].value is node) and
-                not isinstance(self.parents[node], (cst.ImportAlias, cst.AsName)) and
-                (self.imported_name(node) in names if names is not None else self.imported_name(node) is not None)]
+        resolved = self.derived(ParsedModule.uses_of, _imported_references)
+        return [node for node, name in resolved if names is None or name in names]
 
     def names_spelled(self, value: str) -> list[cst.Name]:
         """The file's `Name` nodes spelled `value`, in visiting order: call-site questions ask one name at a time,
@@ -713,6 +711,21 @@ def _parse_cached(path: str, mtime_ns: int, size: int) -> "ParsedModule":
 
 
 BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
+
+
+def _imported_references(parsed: "ParsedModule") -> list[tuple[cst.BaseExpression, str]]:
+    """Each outermost `Name`/`Attribute` of the file that resolves through its imports, with the dotted name: read
+    once per file (the tree-wide readers ask `uses_of` several times a file)."""
+    found = []
+    for node in parsed.nodes_of(cst.Name, cst.Attribute):
+        parent = parsed.parents[node]
+        if isinstance(parent, cst.Attribute) and parent.value is node or isinstance(parent, (cst.ImportAlias,
+                                                                                             cst.AsName)):
+            continue
+        name = parsed.imported_name(node)
+        if name is not None:
+            found.append((node, name))
+    return found
 
 
 def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: bool = False,

@@ -8,7 +8,6 @@ Weights used outside the block make the fix unsafe, or unavailable when even Non
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 import networkx as nx
 from libcst.helpers import parse_template_expression
 
@@ -24,6 +23,7 @@ from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, bound_parameters, int_valu
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 from advisor.static.outside_writes import ANY_ON_CLASS
+from advisor.static.walk import descendants
 
 
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
@@ -32,8 +32,7 @@ TORCH_OPS = "torch-ops"  # assumed where the tree defines a mode, a `__torch_fun
 SDPA_KERNELS = "sdpa-kernels"  # assumed where the tree restricts SDPA's kernels without the math kernel
 LEGACY_HOOKS = "legacy-backward-hooks"  # assumed where the tree registers a non-full backward hook
 GRADIENT_LAYOUT = "input-gradient-layout"  # assumed where the function hooks a tensor's gradient
-GRADIENT_READERS = m.Call(func=m.Attribute(attr=m.Name("register_hook") | m.Name("retain_grad") |
-                                           m.Name("register_post_accumulate_grad_hook")))
+GRADIENT_READERS = frozenset({"register_hook", "retain_grad", "register_post_accumulate_grad_hook"})
 
 
 def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.Name]) -> None:
@@ -252,13 +251,13 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
     keeps (a statement assigning the scores on a path of its own aside: that path runs the original)."""
     parsed = c.parsed
     removed = set(c.match.removed)
-    for node in m.findall(c.home, m.Yield() | m.Await()):
+    for node in descendants(c.home, (cst.Yield, cst.Await)):
         if first < parsed.line(node) < last:
             return (f"the function suspends between the scores and the value product (line {parsed.line(node)}): its "
                     "caller may change q, k or v before the SDPA call reads them")
     scores = {definition.name for definition in c.chain.definitions}
     trusted = modules_untrusted(parsed) is None
-    for call in m.findall(c.home, m.Call()):
+    for call in descendants(c.home, (cst.Call,)):
         line = parsed.line(call)
         around = list(_ancestors(parsed, call))
         if first < line < last and not any(parent in removed for parent in around) and \
@@ -290,7 +289,8 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
     replaced = scope.replaced_torch_function(c.parsed, block) or scope.emitted_name_rebound(c.parsed)
     if replaced is not None:
         raise Refusal(replaced)
-    hooked = next((call for function in (c.home, *c.inlined) for call in m.findall(function, GRADIENT_READERS)), None)
+    hooked = next((call for function in (c.home, *c.inlined) for call in descendants(function, (cst.Call,))
+                   if isinstance(call.func, cst.Attribute) and call.func.attr.value in GRADIENT_READERS), None)
     if hooked is not None:
         match.facts.assumed(GRADIENT_LAYOUT, "nothing reads the strides of the gradients q, k and v get (SDPA's "
                             "backward gives them the inputs' layout, the product's backward contiguous ones: a hook "

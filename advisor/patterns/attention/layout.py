@@ -11,7 +11,6 @@ storage, gets a fresh contiguous copy.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import MAX_CHAIN, Candidate, consumers, definition_of_value, flow_for, \
@@ -24,6 +23,7 @@ from advisor.static.codegen import dotted, keyword
 from advisor.static.dataflow import is_inplace_method, loaded_names
 from advisor.static.outside_writes import writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
+from advisor.static.walk import descendants
 
 # methods whose result shares the input's storage with strides derived from the input's
 STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "expand", "swapaxes", "movedim",
@@ -356,7 +356,7 @@ def _bound_for_other_functions(c: Candidate, node: cst.CSTNode) -> cst.CSTNode |
         return None
     if definition.name in scope.outer_names(function):
         return definition.statement
-    nested = [inner for inner in m.findall(function.body, m.FunctionDef() | m.Lambda())
+    nested = [inner for inner in descendants(function.body, (cst.FunctionDef, cst.Lambda))
               if definition.name not in
               {param.name.value for param in (*inner.params.params, *inner.params.kwonly_params,
                                               *inner.params.posonly_params)}]  # a parameter of its own

@@ -13,7 +13,6 @@ ends the walk with no term, and the fact stays assumed (a guard then checks it).
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from advisor.contracts.finding import display_path
 from advisor.patterns import scope
@@ -28,6 +27,7 @@ from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, loaded_names
 from advisor.static.module_index import ParsedModule
 from advisor.static.project import SHAPE_CHANGING_NAMES, first_elsewhere
+from advisor.static.walk import descendants
 
 KV_LENGTH = "kv-length"
 MAX_DEPTH = 24
@@ -119,7 +119,7 @@ def _same_axis(c: Candidate, size: cst.BaseExpression, tensor: cst.BaseExpressio
     `query` after `if upcast: query = query.float()`; `q.shape[0]` and the factor `q[:, i:end]`, whose slices keep
     the axes before theirs): both reads see one tensor, whatever its definitions."""
     read, index = _axis_read(size)
-    if index is None or index != axis or m.findall(read, m.Call()):
+    if index is None or index != axis or descendants(read, (cst.Call,)):
         return False
     tensors = [tensor]
     while isinstance(tensor, cst.Subscript) and axis >= 0 and len(tensor.slice) > axis and \

@@ -10,7 +10,6 @@ softmax and transpose dims.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from advisor.patterns import einsum as es
 from advisor.patterns.attention.candidate import Candidate
@@ -20,6 +19,7 @@ from advisor.patterns.attention.scores import tensor_and_factor
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.ops import CAST_METHODS, Op, int_value
 from advisor.static.dataflow import Definition
+from advisor.static.walk import descendants
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -106,7 +106,8 @@ def strip_factors(c: Candidate, node: cst.BaseExpression):
 def has_cast(node: cst.BaseExpression) -> bool:
     """`node` casts somewhere inside (`k.float() * s`, `q.type(torch.float32)`, `torch.Tensor.float(q)`): a
     tensor whose dtype its name does not give."""
-    return bool(m.findall(node, m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(name) for name in CAST_METHODS))))))
+    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value in CAST_METHODS
+               for call in descendants(node, (cst.Call,)))
 
 
 def _uncast(c: Candidate, node: cst.BaseExpression, strip: bool) -> tuple[cst.BaseExpression, Op | None]:
