@@ -28,7 +28,11 @@ on inputs that are not empty. Outputs may be NaN in both (equal where they are).
 
 Round 24 (fixtures/attention/breaker24): a rewrite reusing an import (`torch` for ADV304's `dtype=`, `F` for the
 SDPA call, `sdpa_kernel` for ADV701) that binds below a module-level call of the fixed function: the patched
-module raised NameError on import."""
+module raised NameError on import.
+
+Round 25 (fixtures/attention/breaker25): a guarded patch whose test calls `q.is_floating_point()` (q and k cast,
+v not) was not read back as a guard, so each fix round rewrote the kept original again (16 nested copies a run);
+every program's patched text must now offer no fix."""
 
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[0-4]/*.py"))
+PROGRAMS = sorted(FIXTURES.glob("breaker2[0-5]/*.py"))
 TREES = sorted(path for path in FIXTURES.glob("breaker2[1-3]/tree_*") if path.is_dir())
 
 
@@ -66,6 +70,7 @@ def _outcome(module):
 def test_a_safe_patch_raises_where_the_original_raises_and_keeps_its_values(path):
     source = path.read_text(encoding="utf-8")
     fixed = analyze_source(source, path.name).fixed
+    assert analyze_source(fixed, path.name).fixed == fixed  # idempotent: the patched text offers no fix
     original = _outcome(load_module_from_source(source, f"{path.stem}_original"))
     patched = _outcome(load_module_from_source(fixed, f"{path.stem}_patched"))
     if isinstance(original, type) or isinstance(patched, type):

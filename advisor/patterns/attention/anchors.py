@@ -434,6 +434,8 @@ def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
 
 
 RUN_MODE_CHECKS = frozenset({"torch.jit.is_tracing", "torch.jit.is_scripting", "torch.compiler.is_compiling"})
+# a tensor's methods that answer from its dtype or layout alone
+METADATA_PREDICATES = frozenset({"is_floating_point", "is_complex", "is_contiguous"})
 
 
 def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
@@ -458,6 +460,9 @@ def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallbac
         return True
     if isinstance(test, cst.Call) and not test.args and parsed.imported_name(test.func) in RUN_MODE_CHECKS:
         return True  # `not torch.jit.is_tracing()`, which a guard adds where the tree traces (promises round 22)
+    if isinstance(test, cst.Call) and not test.args and isinstance(test.func, cst.Attribute) and \
+            test.func.attr.value in METADATA_PREDICATES and parsed.imported_name(test.func) is None:
+        return True  # `q.is_floating_point()`, which a guard adds for cast operands (breaker round 25)
     return isinstance(test, cst.Call) and parsed.imported_name(test.func) is None and \
         isinstance(test.func, cst.Name) and test.func.value == "isinstance"
 
