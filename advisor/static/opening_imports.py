@@ -6,6 +6,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.static.notebook import READ_MASK_CALL
+from advisor.static.walk import LAYOUT, children
 
 
 def import_position(body) -> int:
@@ -33,39 +34,47 @@ def _has_future_import(item: cst.CSTNode) -> bool:
 
 
 def first_code_run(parsed) -> int:
-    """Index of the first module-level statement that may run code of the module as it is defined: one holding a
-    call or a decorator outside a function's body (`WARM = model(x)`, `TABLE = probs(t)`, a class body's calls).
-    An import below it binds its name after that code may have run, so emitted code never reuses it (breaker round
-    24: `import torch` under a module-level warm-up, NameError in the patched function). Computed once per file."""
+    """Index of the first module-level statement that may run code of the module as it is defined (see
+    `_may_run_code`). An import below it binds its name after that code may have run, so emitted code never reuses
+    it (breaker round 24: `import torch` under a module-level warm-up, NameError in the patched function). Computed
+    once per file."""
     def first(p) -> int:
         defined = {node.name.value for node in p.nodes_of(cst.FunctionDef, cst.ClassDef)} | set(p.bindings)
-        return next((index for index, statement in enumerate(p.module.body) if _may_run_code(statement, defined)),
-                    len(p.module.body))
+        targets = {id(name) for names in p.bindings.values() for name in names}
+        return next((index for index, statement in enumerate(p.module.body)
+                     if _may_run_code(p, statement, defined, targets)), len(p.module.body))
 
     return parsed.derived(first_code_run, first)
 
 
-def _may_run_code(node: cst.CSTNode, defined: set[str]) -> bool:
-    """A decorator, or a call naming something the module defines (`model(x)`, `MODEL.eval()`, `map(attend, xs)`,
-    a notebook's `%timeit attend(x)`, masked as a call of the names it spells), outside a function's body. A call of
-    torch's, a builtin's or another module's function alone (`torch.manual_seed(0)`, `range(2)`,
-    `logging.getLogger(__name__)`, `%matplotlib inline`) runs none of the module's code."""
-    if isinstance(node, cst.Call):
-        return _names_defined(node, defined)
+# builtins that run code given as text
+CODE_RUNNERS = frozenset({"exec", "eval"})
+# where a `Name` node names something without reading it: (parent type, field)
+NOT_READS = ((cst.Attribute, "attr"), (cst.Arg, "keyword"), (cst.FunctionDef, "name"), (cst.ClassDef, "name"),
+             (cst.Param, "name"), (cst.ImportAlias, "name"), (cst.AsName, "name"), (cst.NameItem, "name"))
+
+
+def _may_run_code(parsed, node: cst.CSTNode, defined: set[str], targets: set[int]) -> bool:
+    """A decorator, `exec`/`eval`, or a read of a name the module defines, outside a function's body: a call
+    (`WARM = model(x)`, `map(attend, xs)`, a notebook's `%timeit attend(x)`, masked as a call of the names it spells),
+    a base class (`class Warm(Base)`, which runs `Base.__init_subclass__`), a metaclass, an index (`Table[4]`, which
+    runs `__class_getitem__`), an attribute (a property). Names only bound there (`X = 1`, a loop's target) and
+    torch's, builtins' or other modules' names alone (`torch.manual_seed(0)`, `range(2)`, `%matplotlib inline`) run
+    none of the module's code (breaker round 25 found the base class, the metaclass, `exec` and the index)."""
     if isinstance(node, cst.Decorator):
         return True
-    if isinstance(node, cst.FunctionDef):  # its body runs when called; defaults and annotations run now
-        return any(_may_run_code(part, defined) for part in (*node.decorators, node.params, node.returns)
-                   if part is not None)
-    if isinstance(node, cst.Lambda):
-        return _may_run_code(node.params, defined)
-    return any(_may_run_code(child, defined) for child in node.children)
-
-
-def _names_defined(node: cst.CSTNode, defined: set[str]) -> bool:
     if isinstance(node, cst.Name):
-        return node.value in defined
-    return any(_names_defined(child, defined) for child in node.children)
+        parent = parsed.parents.get(node)
+        return node.value in defined and id(node) not in targets and \
+            not any(isinstance(parent, kind) and getattr(parent, field) is node for kind, field in NOT_READS)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in CODE_RUNNERS:
+        return True
+    if isinstance(node, cst.FunctionDef):  # its body runs when called; defaults and annotations run now
+        return any(_may_run_code(parsed, part, defined, targets) for part in (*node.decorators, node.params,
+                                                                              node.returns) if part is not None)
+    if isinstance(node, cst.Lambda):
+        return _may_run_code(parsed, node.params, defined, targets)
+    return any(_may_run_code(parsed, child, defined, targets) for child in children(node, LAYOUT))
 
 
 def _is_ipython_mask(call: cst.Call) -> bool:
