@@ -11,9 +11,11 @@ from advisor.patterns.inplace_args import inplace_argument
 from advisor.patterns.scope import outer_names
 from advisor.static.dataflow import loaded_names
 from advisor.static.module_index import ParsedModule
-from advisor.static.tensor_views import SCALAR_BUILTINS
+from advisor.static.tensor_views import RANDOM_OPS, SCALAR_BUILTINS
 from advisor.static.walk import walk
 
+# numpy functions whose array shares a tensor's memory (numpy writes in place without a trailing underscore)
+ARRAY_SHARERS = frozenset({"numpy.asarray", "numpy.asanyarray", "numpy.from_dlpack", "numpy.frombuffer"})
 # Reading these observes the layout or the storage itself, so a copy's removal could change what they see.
 LAYOUT_READS = frozenset({"view", "view_as", "stride", "is_contiguous", "data_ptr", "storage", "untyped_storage",
                           "storage_offset", "numpy", "as_strided", "as_strided_", "set_", "data", "grad", "resize_",
@@ -63,6 +65,8 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             called = isinstance(caller, cst.Call) and caller.func is parent
             if name in LAYOUT_READS or (name.endswith("_") and not name.startswith("_")):
                 return f"`.{name}` at line {parsed.line(parent)} reads its layout or writes it in place"
+            if name in RANDOM_OPS:
+                return f"`.{name}` at line {parsed.line(parent)} draws random numbers in its memory order"
             if name in METADATA or (called and (name in FRESH_RESULTS or _reduces(caller, name, 0))):
                 continue
             if not called and name not in VIEW_ATTRIBUTES:
@@ -77,6 +81,8 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
                 return f"it is passed to `{shown}` at line {parsed.line(parent)}, whose use of it is not seen"
             if last in LAYOUT_READS or last.endswith("_") or inplace_argument(parsed, call):
                 return f"`{callee}` at line {parsed.line(parent)} reads its layout or writes it in place"
+            if last in RANDOM_OPS:  # `F.dropout(h, p, self.training)`: a profile in eval mode drew nothing
+                return f"`{callee}` at line {parsed.line(parent)} draws random numbers in its memory order"
             if last not in FRESH_RESULTS and not _reduces(call, last, 1):
                 pending.append(call)
         elif isinstance(parent, cst.BinaryOperation) and isinstance(parent.operator, cst.MatrixMultiply):
@@ -222,7 +228,13 @@ class _InPlace(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         if inplace_argument(self.parsed, node):
             self._hit(node, f"`{self.parsed.code(node.func).strip()}(..., inplace)` writes in place")
+        if self.parsed.imported_name(node.func) in ARRAY_SHARERS:
+            self._hit(node, f"`{self.parsed.code(node.func).strip()}` gives an array sharing a tensor's memory, "
+                            "whose methods write in place (`.sort()`, `.fill()`)")
         if isinstance(node.func, cst.Attribute):
             name = node.func.attr.value
             if name.endswith("_") and not name.startswith("_"):
                 self._hit(node, f"`.{name}()` writes in place")
+            if name in ("numpy", "__array__"):  # breaker round 25: `x.numpy().sort(axis=0)` sorted x
+                self._hit(node, f"`.{name}()` gives an array sharing the tensor's memory, whose methods write in "
+                                "place (`.sort()`, `.fill()`)")

@@ -25,6 +25,11 @@ VIEW_OPS = frozenset({
     "bool", "byte", "char", "short", "int", "long", "cpu", "cuda", "rearrange",
 })
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
+# torch functions and methods that draw random numbers in their input's memory order: with one seed, a permuted
+# tensor and its contiguous copy get their draws on other elements (breaker rounds 16 and 25)
+RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+                        "rand_like", "randn_like", "randint_like", "bernoulli", "native_dropout", "poisson",
+                        "multinomial", "rrelu"})
 # library namespaces whose other functions return fresh tensors
 LIBRARIES = frozenset({"torch", "F", "nn", "functional", "np", "numpy", "math", "einops", "th"})
 # builtins whose result holds no tensor of its arguments

@@ -57,8 +57,10 @@ RULE = CallRule(
             "on the line returned its input. Unsafe, naming the assumption, when the layout of the result or of any "
             "value derived from it (operators, views, torch functions, indexing keep or share its strides; only "
             "matrix products, reductions and softmax make a new contiguous tensor) is read later (`.view`, "
-            "`as_strided`, `.stride()`), leaves the function (returned, stored, passed outside torch), or a tensor "
-            "of the function is written in place.",
+            "`as_strided`, `.stride()`) or drawn over at random (dropout, `randn_like`, `.bernoulli()`: one seed "
+            "puts the draws on other elements), leaves the function (returned, stored, passed outside torch), or a "
+            "tensor of the function is written in place (an array of `.numpy()` too, whose methods write without a "
+            "trailing underscore).",
     detectors=("static", "runtime"),
     examples=(returned("x.contiguous().contiguous()", "x.contiguous()"),
               not_returned("x.contiguous()"), not_returned("x.contiguous().view(-1)"),

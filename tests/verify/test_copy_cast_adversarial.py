@@ -226,6 +226,15 @@ LAYOUT_BODIES = {
     "to_contiguous_format_add_": "y = x.to(memory_format=torch.contiguous_format)\ny.add_(1)\nreturn y.sum(-1)",
     "contiguous_in_loop": "acc = torch.zeros(())\nfor i in range(2):\n    y = (x if i == 0 else x.mT).contiguous()\n"
                           "    acc = acc + y.view(-1)[0]\nreturn acc",
+    # breaker round 25: random draws follow memory order (one seed, other elements), and an array of `.numpy()`
+    # writes the tensor in place without a trailing underscore
+    # (dropout drawing only for a float64 caller, as one in training mode after a profile in eval mode)
+    "dropout_of_derived": "y = x.transpose(1, 2).contiguous()\n"
+                          "return F.dropout(y * 2, 0.5, x.dtype == torch.float64).sum(1)",
+    "randn_like_of_derived": "y = x.contiguous()\nh = y * 2\nreturn (h + torch.randn_like(h)).sum(1)",
+    "bernoulli_method": "y = x.transpose(1, 2).contiguous()\n"
+                        "return (y.sigmoid().bernoulli() if x.dtype == torch.float64 else y).sum(1)",
+    "numpy_sorts_input": "y = x.transpose(1, 2).contiguous()\nx.detach().numpy().sort(axis=0)\nreturn (y * 2).sum(1)",
     # readers that take any strides: removing the copy is sound
     "sum_only": "y = x.contiguous()\nreturn y.sum(-1)",
     "unfold": "y = x.contiguous()\nreturn y.unfold(-1, 2, 1).sum((-1, -2))",
@@ -448,6 +457,7 @@ def _tensors(value) -> list[torch.Tensor]:
 
 
 def _call(fn, x):
+    torch.manual_seed(0)  # one seed for the original and the patch: random draws compare
     try:
         return fn(x), None
     except Exception as exc:  # the exception (or its absence) is part of what a caller sees

@@ -23,6 +23,7 @@ from advisor.static.codegen import dotted, keyword
 from advisor.static.dataflow import is_inplace_method, loaded_names
 from advisor.static.outside_writes import writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
+from advisor.static.tensor_views import RANDOM_OPS
 from advisor.static.walk import descendants
 
 # methods whose result shares the input's storage with strides derived from the input's
@@ -73,9 +74,6 @@ FRESH_LAYERS = frozenset({"torch.nn.Linear", "torch.nn.LazyLinear", "torch.nn.Bi
 # output than over the product's contiguous one (breaker round 16: dropout on the per-head output, 0.29 apart)
 RANDOM_LAYERS = frozenset({"torch.nn.Dropout", "torch.nn.Dropout1d", "torch.nn.Dropout2d", "torch.nn.Dropout3d",
                            "torch.nn.AlphaDropout", "torch.nn.FeatureAlphaDropout"})
-RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
-                        "rand_like", "randn_like", "randint_like", "bernoulli", "native_dropout", "poisson",
-                        "multinomial"})
 # methods and torch functions whose result depends on the output's strides
 LAYOUT_READERS = frozenset({"view", "view_as"}) | STRIDE_READS | RANDOM_OPS
 CONTAINER_LAYERS = frozenset({"Sequential", "ModuleList", "ModuleDict"})
