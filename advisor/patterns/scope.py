@@ -1016,7 +1016,8 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
     the emitted one) are read through."""
     written = parsed.outside_attribute_writes[0]
     replaced = {name for name in written if name.startswith("torch.")}
-    introduced = sorted(name for name in replaced & INTRODUCED if _replaced_not_restored(parsed, name))
+    introduced = sorted(entry for name in INTRODUCED if (entry := replacing(name, replaced)) is not None and
+                        (entry != name or _replaced_not_restored(parsed, name)))
     if introduced:
         return (f"`{introduced[0]}`, which the rewrite introduces a call of, is assigned in "
                 f"{parsed.outside_writer(introduced[0])}: it may not be torch's when the code runs")
@@ -1038,7 +1039,8 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
         def visit_Call(self, node: cst.Call) -> None:
             name = parsed.imported_name(node.func)
             method = f"torch.Tensor.{node.func.attr.value}" if isinstance(node.func, cst.Attribute) else None
-            found.extend(n for n in (name, method) if n in replaced)
+            found.extend(entry for n in (name, method) if n is not None and
+                         (entry := replacing(n, replaced)) is not None)
             root = node.func
             while isinstance(root, cst.Attribute):
                 root = root.value
@@ -1061,6 +1063,15 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
 
 # the functional each of torch's modules whose calls a patch deletes calls in its forward
 MODULE_FUNCTIONALS = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax": "torch.nn.functional.softmax"}
+
+
+def replacing(name: str, replaced: set[str]) -> str | None:
+    """The entry of `replaced` (torch's dotted names assigned in the tree) that replaces torch's `name`: the name
+    itself, or a module holding it assigned whole (`torch.nn.functional = shim`, `F.__class__ = M`: breaker round
+    25)."""
+    if name in replaced:
+        return name
+    return next((entry for entry in sorted(replaced) if name.startswith(entry + ".")), None)
 
 
 def _replaced_not_restored(parsed: ParsedModule, name: str) -> bool:
@@ -1088,6 +1099,11 @@ def replaced_module_class(parsed: ParsedModule, kinds: tuple[str, ...]) -> str |
     run-time module check reads the instance, not the class, so this refuses."""
     replaced = sorted(name for name in parsed.outside_attribute_writes[0] if name.startswith("torch."))
     for kind in kinds:
+        whole = next((entry for name in (f"torch.{kind}", MODULE_FUNCTIONALS.get(kind)) if name is not None and
+                      (entry := replacing(name, set(replaced))) is not None and entry != name), None)
+        if whole is not None:  # `torch.nn = shim`, `torch.nn.functional = shim`
+            return (f"`{whole}` is assigned in {parsed.outside_writer(whole)}: a `{kind}` call may not run "
+                    f"torch's code")
         cls = kind.rsplit(".", 1)[-1]
         for name in replaced:
             owner, last = name.rsplit(".", 1)

@@ -457,6 +457,28 @@ def _is_glob(name: str) -> bool:
     return any(character in name for character in "*?[")
 
 
+# a module's attributes that decide every lookup of its names
+WHOLE_MODULE_NAMES = frozenset({"__class__", "__dict__", "__getattr__", "__getattribute__"})
+
+
+@cache
+def torch_object_kind(dotted: str) -> str | None:
+    """"module" where `dotted` names one of torch's modules, "object" where it names something in one (a function,
+    a class), None where torch has nothing of that name (torch imported only here)."""
+    import importlib
+
+    try:
+        importlib.import_module(dotted)
+        return "module"
+    except ImportError:
+        pass
+    head, _, tail = dotted.rpartition(".")
+    try:
+        return "object" if hasattr(importlib.import_module(head), tail) else None
+    except (ImportError, ValueError):
+        return None
+
+
 @cache
 def torch_names_spelled(module: str, pattern: str) -> tuple[str, ...]:
     """The dotted names of torch a write of `pattern` on `module` may rebind: the names of that object of torch's
@@ -567,6 +589,11 @@ class _Writes:
             dotted, _, name = dotted.rpartition(".")  # `F.softmax = f`, `mod.softmax = f`
             if not dotted:
                 return
+        kind = torch_object_kind(dotted)
+        if kind == "module" and name in WHOLE_MODULE_NAMES:  # `F.__class__ = M`: each of its names may be another
+            self.write(dotted)
+        elif kind == "object":  # `F.softmax.__code__ = g`, `F.softmax.__defaults__ = (...)`: the function changes
+            self.write(dotted)
         if _is_glob(name) or dotted.split(".")[0] == ANY_MODULE:
             for written in torch_names_spelled(dotted, name):
                 self.write(written)
@@ -612,6 +639,9 @@ class _Writes:
             for part in alternatives:
                 self.target(part, elements_only, value, rebinding)
             return
+        if isinstance(node, ast.Subscript) and self.resolve.dotted(node.value) == "sys.modules" and \
+                (_literal(node.slice) or "").split(".")[0] == "torch":
+            self.write(_literal(node.slice))  # `sys.modules["torch.nn.functional"] = shim`: each of its names
         owner = _namespace_owner(node.value) if isinstance(node, ast.Subscript) and \
             not isinstance(node.slice, (ast.Slice, ast.Tuple)) else None
         table = owner is not None

@@ -647,6 +647,14 @@ COMPUTED_TORCH_WRITES = {
     "mock_patch": "from unittest import mock\n\nmock.patch('torch.nn.functional.softmax', tempered).start()\n",
     "monkeypatch": ("import torch.nn.functional as F\n\n\ndef test_it(monkeypatch):\n"
                     "    monkeypatch.setattr(F, 'softmax', tempered)\n"),
+    # breaker round 25: the function changed in place, torch's module made another class, or replaced whole
+    "function_code": "import torch.nn.functional as F\n\nF.softmax.__code__ = tempered.__code__\n",
+    "function_defaults": "import torch.nn.functional as F\n\nF.softmax.__defaults__ = (None, 3, None)\n",
+    "module_class": ("import types\n\nimport torch.nn.functional as F\n\n\nclass _M(types.ModuleType):\n"
+                     "    pass\n\n\nF.__class__ = _M\n"),
+    "module_replaced": "import types\n\ntorch.nn.functional = types.SimpleNamespace(softmax=tempered)\n",
+    "module_replaced_in_sys_modules": ("import sys\nimport types\n\nsys.modules['torch.nn.functional'] = "
+                                       "types.SimpleNamespace(softmax=tempered)\n"),
 }
 # ... and names that cannot be torch's softmax: a suffix no name of torch's modules has, the file's own module
 NOT_TORCH_WRITES = {
@@ -670,7 +678,7 @@ def _prior_model_beside(tmp_path, other: str):
 def test_torch_s_softmax_replaced_by_a_computed_name_or_module_refuses_the_block(tmp_path, write) -> None:
     finding = _prior_model_beside(tmp_path, COMPUTED_TORCH_WRITES[write])
     assert finding.rule == "ADV103" and finding.patch is None, finding.reason
-    assert "`torch.nn.functional." in finding.reason and "other.py" in finding.reason
+    assert "`torch." in finding.reason and "other.py" in finding.reason
 
 
 @pytest.mark.parametrize("write", sorted(NOT_TORCH_WRITES))
