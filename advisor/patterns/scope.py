@@ -995,7 +995,7 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
         return (f"`{parsed.code(late).strip()}` (line {parsed.line(late)}) runs after the imports that open the module: "
                 "it may bind any name, the one the SDPA call would be read through too")
     writer = parsed.outside_writer("F") if "F" in parsed.outside_attribute_writes[0] else \
-        parsed.global_rebound_by_computed_name("F")
+        parsed.global_rebound_by_computed_name("F", spelled=True)
     if writer is not None and "F" not in parsed.imports:
         return (f"`F`, the name the rewrite would import torch.nn.functional as, is assigned on a module in "
                 f"{writer}: it may not be torch's when the code runs")
@@ -1029,7 +1029,7 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
                 "may not be torch's when the code runs")
     imported = {name for name in parsed.imports if name not in parsed.bound_names and
                 (name in written and not _inside_a_torch_write(parsed.imports[name], name, replaced) or
-                 parsed.global_rebound_by_computed_name(name) is not None)}
+                 parsed.global_rebound_by_computed_name(name, spelled=True) is not None)}
     if not replaced and not imported:
         return None
     found: list[str] = []
@@ -1054,7 +1054,8 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
                 f"{parsed.outside_writer(found[0])}: it may not be torch's when the code runs")
     if roots:
         root = min(roots)
-        writer = parsed.outside_writer(root) if root in written else parsed.global_rebound_by_computed_name(root)
+        writer = parsed.outside_writer(root) if root in written else \
+            parsed.global_rebound_by_computed_name(root, spelled=True)
         return (f"`{root}` (this file's `{parsed.imports[root]}`) is assigned on this module in "
                 f"{writer}: the block's calls, and the one the rewrite introduces, may not be "
                 "torch's when the code runs")

@@ -21,7 +21,8 @@ from advisor.static.opening_imports import first_code_run
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY, ATTRIBUTE_TABLES,
                                            FINITE_DRAW, MODULE_GLOBALS, NAMED_BINDERS, NAMESPACE_READS, NARROWED,
-                                           RESHAPING_IN_PLACE, STATE_LOADERS, file_writes, outside_writes_of_source)
+                                           RESHAPING_IN_PLACE, STATE_LOADERS, UNSPELLED_MODULE_WRITES, file_writes,
+                                           outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method, is_self, is_self_attribute
 from advisor.static.positions import StatementPositions
@@ -638,12 +639,14 @@ class ParsedModule:
         names, reshaped = outside_writes_of_source(self.source, own=True)
         return frozenset(names), frozenset(reshaped)
 
-    def global_rebound_by_computed_name(self, name: str) -> str | None:
+    def global_rebound_by_computed_name(self, name: str, spelled: bool = False) -> str | None:
         """Where a file of the tree may bind this module's global `name` by a computed name, on a module the import
         machinery gives (`setattr(sys.modules[m], attr, v)`, static.outside_writes.MODULE_GLOBALS), in words; None
-        where no such write's pattern spells it (`cls.__name__ + "Fast"` spells no `mask`)."""
+        where no such write's pattern spells it (`cls.__name__ + "Fast"` spells no `mask`). `spelled`: only
+        patterns with a literal part count (see outside_writes.UNSPELLED_MODULE_WRITES)."""
         for written in sorted(self.outside_attribute_writes[0]):
-            if written.startswith(MODULE_GLOBALS) and fnmatch.fnmatchcase(name, written[len(MODULE_GLOBALS):]):
+            if written.startswith(MODULE_GLOBALS) and fnmatch.fnmatchcase(name, written[len(MODULE_GLOBALS):]) and \
+                    not (spelled and written == UNSPELLED_MODULE_WRITES):
                 return self.outside_writer(written)
         return None
 

@@ -639,11 +639,11 @@ COMPUTED_TORCH_WRITES = {
     "spelled_in_parts": "import torch.nn.functional as F\n\nsetattr(F, 'soft' + 'max', tempered)\n",
     "f_string": "import torch.nn.functional as F\n\n\ndef setup(kind):\n    setattr(F, f'{kind}max', tempered)\n",
     "module_bound_to_a_name": "import sys\n\nmod = sys.modules['torch.nn.functional']\nmod.softmax = tempered\n",
-    "module_by_computed_name": ("import sys\n\n\ndef setup(name):\n    base = sys.modules[name]\n"
-                                "    setattr(base, name.rsplit('.', 1)[-1], tempered)\n"),
+    "module_by_computed_name": ("import sys\n\n\ndef setup(name, kind):\n    base = sys.modules[name]\n"
+                                "    setattr(base, kind + 'max', tempered)\n"),
     "dunder_import": "def setup(name):\n    __import__(name).softmax = tempered\n",
-    "import_module_computed": ("import importlib\n\n\ndef setup(name, attr):\n"
-                               "    setattr(importlib.import_module(name), attr, tempered)\n"),
+    "import_module_computed": ("import importlib\n\n\ndef setup(name, kind):\n"
+                               "    setattr(importlib.import_module(name), f'{kind}max', tempered)\n"),
     "mock_patch": "from unittest import mock\n\nmock.patch('torch.nn.functional.softmax', tempered).start()\n",
     "monkeypatch": ("import torch.nn.functional as F\n\n\ndef test_it(monkeypatch):\n"
                     "    monkeypatch.setattr(F, 'softmax', tempered)\n"),
@@ -661,6 +661,10 @@ NOT_TORCH_WRITES = {
     "suffix_torch_lacks": ("import sys\n\n\ndef alias(cls):\n    base = sys.modules[cls.__module__]\n"
                            "    setattr(base, cls.__name__ + 'Fast', cls)\n"),  # transformers' tokenization_auto.py
     "own_module": "import sys\n\nsys.modules[__name__].softmax = tempered\n",
+    # a name computed whole on a module looked up by a computed name: timm's model registry (not read as torch's:
+    # outside_writes.UNSPELLED_MODULE_WRITES)
+    "model_registry": ("import sys\n\n\ndef register(module_name, mapping):\n    mod = sys.modules[module_name]\n"
+                       "    for name, fn in mapping.items():\n        setattr(mod, name, fn)\n"),
 }
 TEMPERED = "import torch\n\n\ndef tempered(x, dim=None, **kw):\n    return torch.softmax(x / 2.0, dim)\n\n\n"
 
