@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.module_index import ParsedModule
-from advisor.static.walk import walk
+from advisor.static.walk import descendants, walk
 
 CAST_METHODS = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64", "long": "int64",
                 "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
@@ -136,6 +136,10 @@ def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.
     if any(call not in chain for call in calls_in(reading)) or \
             any(isinstance(node, (cst.Lambda, cst.GeneratorExp)) for node in chain):
         return None  # a lambda or a generator reads the name when it runs, after a later rebinding (breaker round 17)
+    if descendants(reading, (cst.NamedExpr, cst.Yield, cst.Await)) or any(
+            attribute not in chain and parsed.imported_name(attribute) is None
+            for attribute in descendants(reading, (cst.Attribute,))):
+        return None  # `(y := y.mT, y.contiguous())`, a property's getter, a `yield` (breaker round 26)
     return definitions[0].value
 
 

@@ -139,8 +139,12 @@ class ValueProver:
         if number is None:
             return node
         value = number_value(number)
-        exact = value is not None and (isinstance(number, cst.Integer) or _float32_holds(value))
         dtypes = [a.value for a in node.args if a.keyword is not None and a.keyword.value == "dtype"]
+        named = [self.parsed.imported_name(d) for d in dtypes]
+        # an explicit dtype holds the number rounded to it (`torch.tensor(0.3330078125, dtype=torch.bfloat16)` holds
+        # 0.333984375: breaker round 26); one this file does not name may be any
+        exact = value is not None and all(name is not None and _dtype_holds(name, value) for name in named) and \
+            (isinstance(number, cst.Integer) or _float32_holds(value) or bool(named))
         # float64, or the dtype of the tensor it scales (GPT-2's `s / torch.full([], d ** 0.5, dtype=s.dtype)`: the
         # scores', whose rounding the computation has anyway; another tensor's may be an integer dtype)
         held = any(self.parsed.imported_name(d) in ("torch.float64", "torch.double") or
@@ -624,6 +628,20 @@ def float32(value: float) -> float:
 def _float32_holds(value: float) -> bool:
     """Whether float32 represents `value` exactly."""
     return float32(value) == value
+
+
+def _dtype_holds(dtype: str, value: float) -> bool:
+    """Whether a tensor of torch's `dtype` (a dotted name, `torch.bfloat16`) holds `value` exactly (torch imported
+    only here)."""
+    import torch
+
+    kind = getattr(torch, dtype.rpartition(".")[2], None) if dtype.startswith("torch.") else None
+    if not isinstance(kind, torch.dtype):
+        return False
+    try:
+        return torch.tensor(value, dtype=kind).item() == value
+    except (RuntimeError, TypeError, OverflowError):
+        return False
 
 
 def is_loop_counter(parsed: ParsedModule, definition) -> bool:

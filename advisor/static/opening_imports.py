@@ -47,8 +47,10 @@ def first_code_run(parsed) -> int:
     return parsed.derived(first_code_run, first)
 
 
-# builtins that run code given as text
-CODE_RUNNERS = frozenset({"exec", "eval"})
+# builtins that run code given as text, or reach the module's names by strings (`globals()["attend"](x)`)
+CODE_RUNNERS = frozenset({"exec", "eval", "globals", "vars", "locals", "getattr", "__import__"})
+# classes whose creation runs nothing of the class's own body but what it defines for instances
+PLAIN_BASES = ("torch.", "object")
 # where a `Name` node names something without reading it: (parent type, field)
 NOT_READS = ((cst.Attribute, "attr"), (cst.Arg, "keyword"), (cst.FunctionDef, "name"), (cst.ClassDef, "name"),
              (cst.Param, "name"), (cst.ImportAlias, "name"), (cst.AsName, "name"), (cst.NameItem, "name"))
@@ -67,14 +69,27 @@ def _may_run_code(parsed, node: cst.CSTNode, defined: set[str], targets: set[int
         parent = parsed.parents.get(node)
         return node.value in defined and id(node) not in targets and \
             not any(isinstance(parent, kind) and getattr(parent, field) is node for kind, field in NOT_READS)
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in CODE_RUNNERS:
+    if isinstance(node, cst.Call) and _called_name(parsed, node.func) in CODE_RUNNERS:
+        return True  # `exec(...)`, `builtins.exec(...)`, `globals()[...]` (breaker round 26)
+    if isinstance(node, cst.ClassDef) and node.body.body and any(  # an Enum's members call its `__init__`
+            not (parsed.imported_name(arg.value) or "").startswith(PLAIN_BASES) for arg in (*node.bases,
+                                                                                           *node.keywords)):
         return True
     if isinstance(node, cst.FunctionDef):  # its body runs when called; defaults and annotations run now
         return any(_may_run_code(parsed, part, defined, targets) for part in (*node.decorators, node.params,
                                                                               node.returns) if part is not None)
-    if isinstance(node, cst.Lambda):
-        return _may_run_code(parsed, node.params, defined, targets)
+    if isinstance(node, cst.Lambda):  # its body too: `(lambda: attend(x))()` (breaker round 26)
+        return _may_run_code(parsed, node.params, defined, targets) or \
+            _may_run_code(parsed, node.body, defined, targets)
     return any(_may_run_code(parsed, child, defined, targets) for child in children(node, LAYOUT))
+
+
+def _called_name(parsed, func: cst.BaseExpression) -> str:
+    """The last part of what a call calls: a bare name as spelled (a builtin unless the module binds it), else the
+    imported name's (`builtins.exec` -> `exec`)."""
+    if isinstance(func, cst.Name):
+        return func.value
+    return (parsed.imported_name(func) or "").rpartition(".")[2]
 
 
 def _is_ipython_mask(call: cst.Call) -> bool:

@@ -32,7 +32,12 @@ module raised NameError on import.
 
 Round 25 (fixtures/attention/breaker25): a guarded patch whose test calls `q.is_floating_point()` (q and k cast,
 v not) was not read back as a guard, so each fix round rewrote the kept original again (16 nested copies a run);
-every program's patched text must now offer no fix."""
+every program's patched text must now offer no fix.
+
+Round 26 (fixtures/attention/breaker26): module code run at import through `globals()[...]`, `builtins.exec`, a
+lambda called at once and an Enum's members (the reused late import raised NameError), and ADV201's proof from the
+statement before looking past a walrus, a property's getter or a `yield` in the reading statement, and a
+scale `torch.tensor(v, dtype=torch.bfloat16)` read as v although the tensor holds v rounded."""
 
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[0-5]/*.py"))
+PROGRAMS = sorted(FIXTURES.glob("breaker2[0-6]/*.py"))
 TREES = sorted(path for path in FIXTURES.glob("breaker2[1-3]/tree_*") if path.is_dir())
 
 
