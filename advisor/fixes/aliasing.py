@@ -228,13 +228,10 @@ class _InPlace(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         if inplace_argument(self.parsed, node):
             self._hit(node, f"`{self.parsed.code(node.func).strip()}(..., inplace)` writes in place")
-        if self.parsed.imported_name(node.func) in ARRAY_SHARERS:
+        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
+        if method is not None and method.endswith("_") and not method.startswith("_"):
+            self._hit(node, f"`.{method}()` writes in place")
+        # breaker round 25: `x.numpy().sort(axis=0)` sorted x
+        if method in ("numpy", "__array__") or self.parsed.imported_name(node.func) in ARRAY_SHARERS:
             self._hit(node, f"`{self.parsed.code(node.func).strip()}` gives an array sharing a tensor's memory, "
                             "whose methods write in place (`.sort()`, `.fill()`)")
-        if isinstance(node.func, cst.Attribute):
-            name = node.func.attr.value
-            if name.endswith("_") and not name.startswith("_"):
-                self._hit(node, f"`.{name}()` writes in place")
-            if name in ("numpy", "__array__"):  # breaker round 25: `x.numpy().sort(axis=0)` sorted x
-                self._hit(node, f"`.{name}()` gives an array sharing the tensor's memory, whose methods write in "
-                                "place (`.sort()`, `.fill()`)")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.module_index import ParsedModule
-from advisor.static.walk import descendants, walk
+from advisor.static.walk import descendants
 
 CAST_METHODS = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64", "long": "int64",
                 "int": "int32", "short": "int16", "char": "int8", "byte": "uint8", "bool": "bool"}
@@ -145,17 +145,7 @@ def assigned_value(parsed: ParsedModule, expression: cst.BaseExpression) -> cst.
 
 def calls_in(node: cst.CSTNode) -> list[cst.Call]:
     """Every call in `node`, nested ones included."""
-    collector = _CallCollector()
-    walk(node, collector)
-    return collector.calls
-
-
-class _CallCollector(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.calls: list[cst.Call] = []
-
-    def visit_Call(self, node: cst.Call) -> None:
-        self.calls.append(node)
+    return descendants(node, (cst.Call,))
 
 
 def produces_contiguous(parsed: ParsedModule, expression: cst.BaseExpression | None) -> str | None:

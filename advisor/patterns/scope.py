@@ -994,8 +994,7 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
     if late is not None:
         return (f"`{parsed.code(late).strip()}` (line {parsed.line(late)}) runs after the imports that open the module: "
                 "it may bind any name, the one the SDPA call would be read through too")
-    writer = parsed.outside_writer("F") if "F" in parsed.outside_attribute_writes[0] else \
-        parsed.global_rebound_by_computed_name("F", spelled=True)
+    writer = _assigned_on_a_module(parsed, "F")
     if writer is not None and "F" not in parsed.imports:
         return (f"`F`, the name the rewrite would import torch.nn.functional as, is assigned on a module in "
                 f"{writer}: it may not be torch's when the code runs")
@@ -1054,8 +1053,7 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
                 f"{parsed.outside_writer(found[0])}: it may not be torch's when the code runs")
     if roots:
         root = min(roots)
-        writer = parsed.outside_writer(root) if root in written else \
-            parsed.global_rebound_by_computed_name(root, spelled=True)
+        writer = _assigned_on_a_module(parsed, root)
         return (f"`{root}` (this file's `{parsed.imports[root]}`) is assigned on this module in "
                 f"{writer}: the block's calls, and the one the rewrite introduces, may not be "
                 "torch's when the code runs")
@@ -1064,6 +1062,14 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
 
 # the functional each of torch's modules whose calls a patch deletes calls in its forward
 MODULE_FUNCTIONALS = {"nn.Dropout": "torch.nn.functional.dropout", "nn.Softmax": "torch.nn.functional.softmax"}
+
+
+def _assigned_on_a_module(parsed: ParsedModule, name: str) -> str | None:
+    """Where a file of the tree assigns `name` on some object (this module's, maybe), by that name or by a computed
+    one that spells it on a module looked up by name; None where none does."""
+    if name in parsed.outside_attribute_writes[0]:
+        return parsed.outside_writer(name)
+    return parsed.global_rebound_by_computed_name(name, spelled=True)
 
 
 def replacing(name: str, replaced: set[str]) -> str | None:

@@ -192,13 +192,7 @@ def _faithful(source: str, rendered: str) -> str:
 
 def _top_level_statements(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> list[cst.CSTNode]:
     """The module-level statements that hold `nodes`, in source order, each once."""
-    found = set()
-    for node in nodes:
-        while parsed.parents[node] is not parsed.module:
-            node = parsed.parents[node]
-        found.add(node)
-    order = parsed.derived(_top_level_statements, lambda p: {id(s): i for i, s in enumerate(p.module.body)})
-    return sorted(found, key=lambda statement: order[id(statement)])  # not a walk of the body per block
+    return [parsed.module.body[index] for index in sorted({parsed.top_statement_index(node) for node in nodes})]
 
 
 def _rendered(module: cst.Module, result) -> str:

@@ -78,9 +78,7 @@ def _may_run_code(parsed, node: cst.CSTNode, defined: set[str], targets: set[int
     if isinstance(node, cst.FunctionDef):  # its body runs when called; defaults and annotations run now
         return any(_may_run_code(parsed, part, defined, targets) for part in (*node.decorators, node.params,
                                                                               node.returns) if part is not None)
-    if isinstance(node, cst.Lambda):  # its body too: `(lambda: attend(x))()` (breaker round 26)
-        return _may_run_code(parsed, node.params, defined, targets) or \
-            _may_run_code(parsed, node.body, defined, targets)
+    # a lambda's parameters and body alike: `(lambda: attend(x))()` (breaker round 26)
     return any(_may_run_code(parsed, child, defined, targets) for child in children(node, LAYOUT))
 
 
@@ -92,10 +90,6 @@ def _called_name(parsed, func: cst.BaseExpression) -> str:
     return (parsed.imported_name(func) or "").rpartition(".")[2]
 
 
-def _is_ipython_mask(call: cst.Call) -> bool:
-    return isinstance(call.func, cst.Name) and call.func.value == READ_MASK_CALL
-
-
 def opening_imports_end(parsed) -> int:
     """`import_position` of the module as read (a ParsedModule), computed once per file."""
     return parsed.derived(import_position, lambda p: import_position(p.module.body))
@@ -104,4 +98,4 @@ def opening_imports_end(parsed) -> int:
 def ipython_mask(statement: cst.BaseSmallStatement) -> bool:
     """`_advisor_ipython(names)`: a notebook's IPython line as the scan reads it (advisor.static.notebook)."""
     return isinstance(statement, cst.Expr) and isinstance(statement.value, cst.Call) and \
-        _is_ipython_mask(statement.value)
+        isinstance(statement.value.func, cst.Name) and statement.value.func.value == READ_MASK_CALL

@@ -208,16 +208,15 @@ class _Names:
                 self.aliases.setdefault(target.id, dotted)
         # names bound anywhere (scope-blind) to a module the import machinery gives: `mod = sys.modules[name]`
         self.module_names: dict[str, str] = {}
-        self.only_lookups: dict[str, bool] = {}  # the name is bound to nothing else in the file
+        lookups: dict[str, int] = {}
         for target, value in bindings:
             module = self.module_lookup(value) if isinstance(target, ast.Name) else None
             if module is not None:
                 known = self.module_names.setdefault(target.id, module)
                 self.module_names[target.id] = known if known == module else ANY_MODULE
-        for name in self.module_names:
-            self.only_lookups[name] = counts.get(name, 0) == sum(
-                1 for target, value in bindings if isinstance(target, ast.Name) and target.id == name and
-                self.module_lookup(value) is not None)
+                lookups[target.id] = lookups.get(target.id, 0) + 1
+        # the names bound to nothing else in the file
+        self.only_lookups = {name: counts.get(name, 0) == bound for name, bound in lookups.items()}
 
     def module_lookup(self, node: ast.AST) -> str | None:
         """The module a lookup by name gives (`sys.modules["torch.nn.functional"]`, `importlib.import_module(...)`):
@@ -466,22 +465,29 @@ UNSPELLED_MODULE_WRITES = "module:*"
 WHOLE_MODULE_NAMES = frozenset({"__class__", "__dict__", "__getattr__", "__getattribute__"})
 
 
-@cache
-def torch_object_kind(dotted: str) -> str | None:
-    """"module" where `dotted` names one of torch's modules, "object" where it names something in one (a function,
-    a class), None where torch has nothing of that name (torch imported only here)."""
+def _torch_object(dotted: str) -> tuple[object, bool] | None:
+    """(what `dotted` names in torch, whether it is a module), or None where torch has nothing of that name (torch
+    imported only here)."""
     import importlib
 
     try:
-        importlib.import_module(dotted)
-        return "module"
+        return importlib.import_module(dotted), True
     except ImportError:
         pass
     head, _, tail = dotted.rpartition(".")
     try:
-        return "object" if hasattr(importlib.import_module(head), tail) else None
+        owner = importlib.import_module(head)
     except (ImportError, ValueError):
         return None
+    return (getattr(owner, tail), False) if hasattr(owner, tail) else None
+
+
+@cache
+def torch_object_kind(dotted: str) -> str | None:
+    """"module" where `dotted` names one of torch's modules, "object" where it names something in one (a function,
+    a class), None where torch has nothing of that name."""
+    found = _torch_object(dotted)
+    return None if found is None else "module" if found[1] else "object"
 
 
 @cache
@@ -489,21 +495,12 @@ def torch_names_spelled(module: str, pattern: str) -> tuple[str, ...]:
     """The dotted names of torch a write of `pattern` on `module` may rebind: the names of that object of torch's
     (every module of READ_TORCH_MODULES where `module` is ANY_MODULE, whose name is not shown) that the glob
     matches, or `module.pattern` itself where it matches none and holds no glob (torch imported only here)."""
-    import importlib
-
     unknown = module.split(".")[0] == ANY_MODULE
     modules = tuple(read + module[len(ANY_MODULE):] for read in READ_TORCH_MODULES) if unknown else (module,)
     found: list[str] = []
     for dotted in modules:
-        try:
-            target = importlib.import_module(dotted)
-        except ImportError:
-            head, _, tail = dotted.rpartition(".")
-            try:
-                target = getattr(importlib.import_module(head), tail)  # `torch.nn.Dropout`, a class
-            except (ImportError, AttributeError, ValueError):
-                target = None
-        names = dir(target) if target is not None else []
+        target = _torch_object(dotted)  # a module, or a class (`torch.nn.Dropout`)
+        names = dir(target[0]) if target is not None else []
         found.extend(f"{dotted}.{name}" for name in names if fnmatch.fnmatchcase(name, pattern))
     if not found and not _is_glob(pattern) and not unknown:
         found.append(f"{module}.{pattern}")
