@@ -6,12 +6,14 @@ value product) holds only where nothing between them runs such code: it may resi
 from __future__ import annotations
 
 import builtins
+from dataclasses import dataclass
 from functools import cache
 
 import libcst as cst
 
 from advisor.patterns import scope
 from advisor.patterns.dtypes import layer_class
+from advisor.static.package_functions import called_function, keeps_function
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS
 from advisor.static.project import global_hook_calls
@@ -24,6 +26,7 @@ KNOWN_MODULES = ("torch", "einops", "math")
 MODULE_METHODS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module", "parameters",
                             "buffers", "modules", "children", "named_parameters", "named_buffers", "named_modules",
                             "named_children", "get_buffer", "get_parameter", "get_submodule"})
+BINDING_DECORATORS = frozenset({"staticmethod", "classmethod"})
 CONTAINER_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "get", "keys", "values",
                                "items", "copy", "clear"})
 
@@ -36,28 +39,42 @@ def tensor_method_names() -> frozenset[str]:
     return frozenset(name for name in dir(torch.Tensor) if not name.startswith("__"))
 
 
+@dataclass(frozen=True)
+class _Trust:
+    """What a search may take as given: `modules`, that torch.nn layers and nn.Module's own methods run torch's code
+    (`modules_untrusted`); `writes`, the attribute names the scanned tree writes on objects (`mod.helper = f`
+    replaces a module's function), read from the file the search started in, whose project sees the whole tree."""
+    modules: bool
+    writes: frozenset[str]
+
+
 def foreign_call(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode,
                  modules_trusted: bool = True) -> cst.Call | None:
-    """A call in `node` (and in this file's functions and methods it calls, followed) that may run code of another
-    file or of a caller: anything but torch's, einops' and math's names, builtins, tensor methods on a receiver
-    other than `self`, and `self.layer(x)` of a torch.nn class built in this class. None where there is none."""
-    return _search(parsed, owner, node, modules_trusted, [])[0]
+    """A call in `node` (and in the functions of this file and of its package that it calls, followed) that may run
+    code of another file or of a caller: anything but torch's, einops' and math's names, builtins, tensor methods on
+    a receiver other than `self`, and `self.layer(x)` of a torch.nn class built in this class. None where there is
+    none."""
+    return _search(parsed, owner, node, _trust(parsed, modules_trusted), [])[0]
 
 
 def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, modules_trusted: bool = True) -> bool:
     """Whether this one call may run code of another file or of a caller (see `foreign_call`). Without
     `modules_trusted` (a hook registered, a torch class replaced: `modules_untrusted`), a torch.nn layer's call and
     nn.Module's own methods may run user code too."""
-    return _foreign(parsed, owner, call, modules_trusted, [])[0]
+    return _foreign(parsed, owner, call, _trust(parsed, modules_trusted), [])[0]
 
 
-def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, trusted: bool,
+def _trust(parsed: ParsedModule, modules_trusted: bool) -> _Trust:
+    return _Trust(modules_trusted, parsed.outside_attribute_writes[0])
+
+
+def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, trust: _Trust,
             path: list[cst.CSTNode]) -> tuple[cst.Call | None, bool]:
     """(the first foreign call in `node`, whether the search met a function of `path`, the functions being
     followed). A function's answer is remembered per file unless it met one of those: its calls are checked where
     that function was entered, so it is complete only for the outermost search."""
     memo = parsed.derived(_search, lambda _: {})
-    key = (node, trusted)
+    key = (node, trust)
     if key in memo:
         return memo[key], False
     if node in path:
@@ -65,7 +82,7 @@ def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, tr
     path.append(node)
     found, met = None, False
     for call in descendants(node, (cst.Call,)):
-        verdict, reached = _foreign(parsed, owner, call, trusted, path)
+        verdict, reached = _foreign(parsed, owner, call, trust, path)
         met |= reached
         if verdict:
             found = call
@@ -76,32 +93,48 @@ def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, tr
     return found, met
 
 
-def _foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, trusted: bool,
+def _foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, trust: _Trust,
              path: list[cst.CSTNode]) -> tuple[bool, bool]:
     """(whether `call` may run foreign code, whether following it met a function of `path`)."""
     func = call.func
     dotted = parsed.imported_name(func) or ""
     if dotted.split(".")[0] in KNOWN_MODULES or dotted in KNOWN_BUILTINS or _builtin(parsed, func):
         return False, False
-    own = parsed.module_functions.get(func.value) if isinstance(func, cst.Name) else None
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         own = owner.methods.get(func.attr.value) if owner is not None else None
-        if own is not None and func.attr.value in parsed.outside_attribute_writes[0]:
-            return True, False  # `Attn.note = f` in another file replaces the method followed here (round 23)
-        if own is None:
-            layer = _own_layer(parsed, owner, func.attr.value)
-            if layer is not None:  # `self.rel_pos(attn)` of a class of this file: its forward, followed
-                found, met = _search(parsed, layer, layer.methods["forward"], trusted, path)
-                return found is not None, met
-            return not trusted or not (func.attr.value in MODULE_METHODS and _plain_module(parsed, owner) or
-                                       (layer_class(parsed, owner, call) or "").startswith("torch.nn.")), False
-    if own is not None:
-        found, met = _search(parsed, owner, own, trusted, path)
+        if own is not None:
+            if func.attr.value in parsed.outside_attribute_writes[0] or not _method_as_written(parsed, own):
+                return True, False  # `Attn.note = f` in another file (round 23), or a decorator's wrapper runs
+            found, met = _search(parsed, owner, own, trust, path)
+            return found is not None, met
+        layer = _own_layer(parsed, owner, func.attr.value)
+        if layer is not None:  # `self.rel_pos(attn)` of a class of this file: its forward, followed
+            if not _method_as_written(parsed, layer.methods["forward"]):
+                return True, False
+            found, met = _search(parsed, layer, layer.methods["forward"], trust, path)
+            return found is not None, met
+        return not trust.modules or not (func.attr.value in MODULE_METHODS and _plain_module(parsed, owner) or
+                                         (layer_class(parsed, owner, call) or "").startswith("torch.nn.")), False
+    followed = called_function(parsed, func, trust.writes)
+    if followed is not None:
+        home, function = followed
+        found, met = _search(home, None, function, trust, path)
         return found is not None, met
     if isinstance(func, cst.Attribute) and func.attr.value in CONTAINER_METHODS and _builtin_container(owner,
                                                                                                        func.value):
         return False, False
     return not (isinstance(func, cst.Attribute) and func.attr.value in tensor_method_names()), False
+
+
+def _method_as_written(parsed: ParsedModule, method: cst.FunctionDef) -> bool:
+    """A method's decorators run no code around its body: each keeps the function, or is `staticmethod` or
+    `classmethod` (which change only how the arguments bind, which a search for calls does not read)."""
+    return all(keeps_function(parsed, d.decorator) or _binding_decorator(parsed, d.decorator) for d in method.decorators)
+
+
+def _binding_decorator(parsed: ParsedModule, decorator: cst.BaseExpression) -> bool:
+    return isinstance(decorator, cst.Name) and decorator.value in BINDING_DECORATORS and \
+        decorator.value not in parsed.bound_names and decorator.value not in parsed.imports
 
 
 def _plain_module(parsed: ParsedModule, owner: ClassInfo | None) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.static.package_functions import return_value
+
 
 def parameters(function: cst.FunctionDef) -> set[str]:
     params = function.params
@@ -34,13 +36,6 @@ def branches(helper: cst.FunctionDef) -> tuple[cst.BaseExpression | None, list[c
 
 def _only_return(statements) -> cst.BaseExpression | None:
     return return_value(statements[0]) if len(statements) == 1 else None
-
-
-def return_value(statement: cst.CSTNode) -> cst.BaseExpression | None:
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 and \
-            isinstance(statement.body[0], cst.Return):
-        return statement.body[0].value
-    return None
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:

@@ -3,32 +3,23 @@
 as `if`/`return`s). Applied to the scores, it is a mask term that may be absent, which SDPA expresses exactly:
 `attn_mask=None` is "no mask", a tensor is added to the scores.
 
-Decorators could replace the function, so each must be known to return it unchanged:
-- `torch.fx.wrap`, whose source records the function's name for symbolic tracing and returns its argument;
-- a function of the same package whose body (after a docstring) is simple statements ending in `return p` for its
-  one parameter p, with no other `return`, no compound statement, no assignment to p or its attributes and no
-  `setattr` (timm's `register_notrace_function`, which adds the function to a set). What it does beside returning
-  p runs once, at import, in the original and the patched program alike.
-Any other decorator (a call, `torch.no_grad`, an unresolved name) leaves the helper unread.
+Decorators could replace the function, so each must be known to return it unchanged
+(static.package_functions.keeps_function).
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from advisor.patterns.helper_bodies import branches, parameters, return_value
-from advisor.static.walk import descendants
+from advisor.patterns.helper_bodies import branches, parameters
+from advisor.static.package_functions import keeps_function
 
-IDENTITY_DECORATORS = frozenset({"torch.fx.wrap"})
-MAX_REEXPORTS = 3
-# statements that could rebind the argument or change its attributes
-WRITES = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Del, cst.Global, cst.Nonlocal)
 
 
 def optional_add(home, helper: cst.FunctionDef) -> tuple[str, str] | None:
     """(scores parameter, mask parameter) when `helper` (a module-level function of `home`) returns the scores as
     they are where the mask is None and their sum with the mask otherwise, behind identity decorators only."""
-    if not all(_keeps_function(home, decorator.decorator) for decorator in helper.decorators):
+    if not all(keeps_function(home, decorator.decorator) for decorator in helper.decorators):
         return None
     shape = branches(helper)
     if shape is None:
@@ -62,63 +53,6 @@ def _none_test(test: cst.BaseExpression, names: set[str]) -> tuple[str, bool] | 
             not isinstance(target.operator, (cst.Is, cst.IsNot)):
         return None
     return left.value, isinstance(target.operator, cst.Is)
-
-
-def _keeps_function(home, decorator: cst.BaseExpression) -> bool:
-    """The decorator is known to return the function it decorates (see the module docstring)."""
-    if home.imported_name(decorator) in IDENTITY_DECORATORS:
-        return True
-    if not isinstance(decorator, cst.Name):
-        return False
-    found = package_function(home, decorator.value)
-    return found is not None and _returns_its_argument(found[1])
-
-
-def package_function(home, name: str) -> tuple[object, cst.FunctionDef] | None:
-    """(the module that defines it, the module-level function) that `name` refers to in `home`: its own, or one
-    imported from (or re-exported by) another file of the package (`from .attention import maybe_add_mask` in a
-    package's `__init__`)."""
-    return package_definition(home, name, lambda module: module.module_functions)
-
-
-def package_definition(home, name: str, defined) -> tuple[object, object] | None:
-    """(the module, what `defined(module)` holds under the name) for the definition `name` refers to in `home`,
-    as `package_function` finds a function (`defined`: a module's functions, or its top-level classes)."""
-    for _ in range(MAX_REEXPORTS):
-        if name in home.bound_names:
-            return None
-        if name in defined(home):
-            return home, defined(home)[name]
-        dotted = home.imports.get(name)
-        if dotted is None or "." not in dotted.lstrip("."):
-            return None
-        module, name = dotted.rsplit(".", 1)
-        home = home.package_module(module)
-        if home is None:
-            return None
-    return None
-
-
-def _returns_its_argument(function: cst.FunctionDef) -> bool:
-    params = function.params
-    if len(params.params) != 1 or isinstance(params.star_arg, cst.Param) or params.kwonly_params or \
-            params.star_kwarg or params.posonly_params:
-        return False
-    argument = params.params[0].name.value
-    body = list(function.body.body)
-    last = return_value(body[-1]) if body else None
-    if _name(last) != argument:
-        return False
-    for statement in body[:-1]:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            return False
-        for small in statement.body:
-            if isinstance(small, cst.Return) or isinstance(small, WRITES) and \
-                    any(name.value == argument for name in descendants(small, (cst.Name,))):
-                return False
-        if any(_name(call.func) == "setattr" for call in descendants(statement, (cst.Call,))):
-            return False
-    return True
 
 
 def _stripped(node: cst.BaseExpression) -> cst.BaseExpression:

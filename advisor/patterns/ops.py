@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from advisor.patterns.signatures import bind, signature_of
-from advisor.patterns.mask_helpers import optional_add, package_definition, package_function
+from advisor.patterns.mask_helpers import optional_add
+from advisor.static.package_functions import decorators_keep, package_definition, package_function
 from advisor.patterns.softmax_helpers import summarise
 from advisor.static.dataflow import contains_call
 from advisor.static.module_index import ClassInfo, ParsedModule
@@ -100,13 +101,15 @@ class OpReader:
                 op = self._module_call(attribute, call)
                 helper = self.owner.methods.get(attribute) \
                     if self.owner.method_shadowed(attribute, outside=False) is None else None
+                if helper is not None and not decorators_keep(self.parsed, helper):
+                    helper = None  # a wrapper computes the result, or `staticmethod` binds no `self`
                 return op if op is not None or helper is None else self._read_helper(self.parsed, helper, call, True)
             return self._method(call.func.attr.value, receiver, call)
         if isinstance(call.func, cst.Call):
             return self._inline_module_call(call.func, call)
-        if isinstance(call.func, cst.Name) and call.func.value in self.parsed.module_functions \
+        if isinstance(call.func, cst.Name) and call.func.value in self.parsed.plain_functions \
                 and call.func.value not in self.parsed.bound_names:  # not rebound (`f = torch.compile(f)`)
-            return self._read_helper(self.parsed, self.parsed.module_functions[call.func.value], call, False)
+            return self._read_helper(self.parsed, self.parsed.plain_functions[call.func.value], call, False)
         return None
 
     def _helper_op(self, helper: cst.FunctionDef, call: cst.Call, through_self: bool,

@@ -187,7 +187,7 @@ class ValueProver:
         else d`: the result is one of the arguments, so it is a scalar when every candidate is."""
         if not isinstance(call.func, cst.Name) or any(a.keyword or a.star for a in call.args):
             return False
-        helper = self.parsed.module_functions.get(call.func.value)
+        helper = self.parsed.plain_functions.get(call.func.value)
         if helper is None:
             return False
         body = [s for s in helper.body.body if not (isinstance(s, cst.SimpleStatementLine)

@@ -18,6 +18,7 @@ from libcst.metadata import MetadataWrapper
 from advisor.contracts.finding import display_path
 from advisor.static.line_index import LineIndex
 from advisor.static.opening_imports import first_code_run
+from advisor.static.package_functions import decorators_keep
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY, ATTRIBUTE_TABLES,
                                            FINITE_DRAW, MODULE_GLOBALS, NAMED_BINDERS, NAMESPACE_READS, NARROWED,
@@ -437,6 +438,13 @@ class ParsedModule:
                 and not any(star > line for star in stars) and bound.get(s.name.value) == 1
                 and s.name.value not in self.imports and ANY_ATTRIBUTE not in replaced
                 and s.name.value not in replaced}
+
+    @cached_property
+    def plain_functions(self) -> dict[str, cst.FunctionDef]:
+        """`module_functions` whose body is what a call runs: each decorator returns the function unchanged
+        (static.package_functions.keeps_function; a wrapper may compute, write or return anything else). Readers of
+        a helper's body read these; the file's own writes of the name count already, the tree's are the caller's."""
+        return {name: function for name, function in self.module_functions.items() if decorators_keep(self, function)}
 
     @cached_property
     def _replaced_by_name(self) -> frozenset[str]:

@@ -14,6 +14,7 @@ import libcst as cst
 
 from advisor.static.dataflow import is_self
 from advisor.static.outside_writes import IN_PLACE_DUNDERS
+from advisor.static.package_functions import called_function
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
 from advisor.static.walk import walk
 
@@ -282,9 +283,11 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
         return all(_parameter_left_alone(parsed, method, call, arg, depth, skip=1) for method in methods)
     if isinstance(call.func, cst.Attribute) and not dotted:
         return call.func.attr.value in ARGUMENT_READING_METHODS and call.func.value is not arg.value
-    if isinstance(call.func, cst.Name) and call.func.value in parsed.module_functions:
-        return _parameter_left_alone(parsed, parsed.module_functions[call.func.value], call, arg, depth)
-    return False  # a function of another module, a callable built at run time: it may write what it is passed
+    followed = called_function(parsed, call.func, parsed.outside_attribute_writes[0]) \
+        if isinstance(call.func, cst.Name) else None
+    if followed is not None:  # this file's function or one of its package's
+        return _parameter_left_alone(*followed, call, arg, depth)
+    return False  # another module's function, a callable built at run time, a decorator's wrapper: it may write it
 
 
 def _methods_called(parsed: ParsedModule, call: cst.Call) -> list[cst.FunctionDef]:
@@ -295,6 +298,8 @@ def _methods_called(parsed: ParsedModule, call: cst.Call) -> list[cst.FunctionDe
         return []
     name = func.attr.value
     found = [function for function, owner, _ in parsed.functions if owner is not None and function.name.value == name]
+    if any(function.decorators for function in found):
+        return []  # a wrapper may run around the body, `staticmethod` binds the arguments otherwise
     stored = any(not (isinstance(parsed.parents.get(node), cst.Call) and parsed.parents[node].func is node)
                  for node in parsed.attributes_named(name))
     return [] if stored or name in ("forward", "__call__") else found
@@ -319,7 +324,8 @@ def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef 
     if not (isinstance(built, cst.Call) and isinstance(built.func, cst.Name)):
         return None
     cls = parsed.top_level_classes.get(built.func.value)
-    return cls.methods.get("forward") if cls is not None else None
+    forward = cls.methods.get("forward") if cls is not None else None
+    return forward if forward is not None and not forward.decorators else None
 
 
 def _module_statements(parsed: ParsedModule) -> set[cst.CSTNode]:

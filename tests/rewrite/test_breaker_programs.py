@@ -37,7 +37,12 @@ every program's patched text must now offer no fix.
 Round 26 (fixtures/attention/breaker26): module code run at import through `globals()[...]`, `builtins.exec`, a
 lambda called at once and an Enum's members (the reused late import raised NameError), and ADV201's proof from the
 statement before looking past a walrus, a property's getter or a `yield` in the reading statement, and a
-scale `torch.tensor(v, dtype=torch.bfloat16)` read as v although the tensor holds v rounded."""
+scale `torch.tensor(v, dtype=torch.bfloat16)` read as v although the tensor holds v rounded.
+
+Round 27 (fixtures/attention/breaker27): a function or method called between the scores and the value product whose
+decorator wraps it in code writing its argument in place, a `staticmethod` whose arguments bind without `self`,
+and a function another file of the tree assigns over (`attn.note = doubled`): the analysis read the body as
+written."""
 
 from __future__ import annotations
 
@@ -53,8 +58,8 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[0-6]/*.py"))
-TREES = sorted(path for path in FIXTURES.glob("breaker2[1-3]/tree_*") if path.is_dir())
+PROGRAMS = sorted(FIXTURES.glob("breaker2[0-7]/*.py"))
+TREES = sorted(path for path in FIXTURES.glob("breaker2[1-7]/tree_*") if path.is_dir())
 
 
 @pytest.fixture(autouse=True)

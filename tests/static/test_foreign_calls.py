@@ -4,9 +4,13 @@ shape change counts for the length proof only where the block calls one."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import libcst as cst
 
+from advisor.contracts.fix_safety import FixSafety
+from advisor.engine.static import scan_paths
 from advisor.patterns.foreign_calls import foreign_call
 from advisor.static.module_index import ParsedModule
 
@@ -99,3 +103,150 @@ def test_a_method_in_a_cycle_keeps_what_its_cycle_calls():
         function, owner = methods[name]
         call = foreign_call(parsed, owner, function)
         assert call is not None and parsed.code(call.func) == callee, name  # the call through which `hook` runs
+
+
+PACKAGE_MODEL = """
+import torch
+import torch.nn as nn
+from {importer} import resolve
+
+
+class Attn(nn.Module):
+    def forward(self, q, k, v, mask):
+        attn = q @ k.transpose(-2, -1)
+        bias = resolve(attn, mask)
+        return (attn + bias).softmax(-1) @ v
+"""
+PACKAGE_HELPER = """
+import torch
+
+
+def register(fn):
+    SEEN.add(fn)
+    return fn
+
+
+SEEN = set()
+
+
+{decorators}
+def resolve(attn, mask):
+    {body}
+"""
+TORCH_ONLY = "return torch.zeros_like(mask, dtype=attn.dtype).masked_fill_(~mask, float('-inf'))"
+
+
+def _package_call(tmp_path, importer="pkg", decorators="@torch.fx.wrap\n@register", body=TORCH_ONLY,
+                  extra: dict[str, str] | None = None) -> str | None:
+    """The first foreign call of `Attn.forward` in pkg/model.py, whose `resolve` lives in pkg/masks.py and is
+    re-exported by the package's `__init__` (timm's `resolve_self_attn_mask`)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .masks import resolve\n")
+    (package / "masks.py").write_text(PACKAGE_HELPER.format(decorators=decorators, body=body))
+    model = package / "model.py"
+    model.write_text(PACKAGE_MODEL.format(importer=importer))
+    for name, text in (extra or {}).items():
+        (package / name).write_text(text)
+    parsed = ParsedModule(model.read_text(), str(model))
+    forward, owner = next((f, owner) for f, owner, _ in parsed.functions if f.name.value == "forward")
+    call = foreign_call(parsed, owner, forward.body)
+    return parsed.code(call.func) if call is not None else None
+
+
+@pytest.mark.parametrize("importer", ["pkg", ".masks", "pkg.masks"])
+def test_a_function_of_the_package_is_followed_through_imports_and_reexports(tmp_path, importer):
+    assert _package_call(tmp_path, importer) is None
+
+
+@pytest.mark.parametrize("decorators, body", [
+    ("@torch.fx.wrap", "return CALLBACK(attn)"),  # the body calls what the file does not see
+    ("@torch.no_grad()", TORCH_ONLY),  # a decorator that is a call: its wrapper runs
+    ("@WRAP", TORCH_ONLY),  # an unresolved name
+], ids=["callback in the body", "wrapping decorator", "unknown decorator"])
+def test_a_function_of_the_package_runs_unseen_code(tmp_path, decorators, body):
+    assert _package_call(tmp_path, decorators=decorators, body=body) == "resolve"
+
+
+TREE_MODEL = """
+import torch
+import torch.nn as nn
+from pkg import note
+
+
+class Attn(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        attn = attn.softmax(dim=-1)
+        note(q)
+        out = attn @ v
+        return out.transpose(1, 2).reshape(b, n, c)
+"""
+
+
+@pytest.mark.parametrize("patch", [None, "from pkg import helpers\nhelpers.note = print\n",
+                                   "import pkg\npkg.note = print\n"], ids=["none", "defining module", "re-export"])
+def test_a_function_another_file_assigns_over_is_not_followed(tmp_path, patch):
+    """Scanned as a tree: `note(q)` between the scores and the value product runs pkg/helpers.py's `note`, read
+    through the package's re-export, unless a file of the tree assigns that name (review of stop 46)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .helpers import note\n")
+    (package / "helpers.py").write_text("def note(t):\n    return t\n")
+    (package / "model.py").write_text(TREE_MODEL)
+    if patch is not None:
+        (tmp_path / "patch.py").write_text(patch)
+    findings = [f for result in scan_paths([str(tmp_path)], cache=False).files for f in result.findings
+                if f.rule.startswith("ADV10")]
+    assert [(f.rule, f.patch is not None and f.fix_safety == FixSafety.SAFE) for f in findings] == \
+        ([("ADV101", True)] if patch is None else [("ADV103", False)])
+
+
+WRAPPED = """
+import functools
+import torch
+import torch.nn as nn
+
+
+def doubling(fn):
+    @functools.wraps(fn)
+    def wrapper(*args):
+        args[-1].mul_(2)
+        return fn(*args)
+    return wrapper
+
+
+{helper}
+
+
+class Attn(nn.Module):
+{method}
+    def forward(self, q, k, v):
+        attn = (q @ k.transpose(-2, -1)).softmax(-1)
+        {call}
+        return attn @ v
+"""
+
+
+@pytest.mark.parametrize("helper, method, call", [
+    ("@doubling\ndef note(t):\n    return t", "", "note(q)"),
+    ("", "    @doubling\n    def note(self, t):\n        return t\n", "self.note(q)"),
+], ids=["function", "method"])
+def test_a_decorated_helper_runs_its_wrapper(helper, method, call):
+    """A decorator's wrapper, not the body read, runs (review of stop 46: it wrote q in place)."""
+    source = WRAPPED.format(helper=helper, method=method, call=call)
+    parsed = ParsedModule(source, "m.py")
+    forward, owner = next((f, owner) for f, owner, _ in parsed.functions if f.name.value == "forward")
+    found = foreign_call(parsed, owner, forward.body)
+    assert found is not None and parsed.code(found.func) == call.split("(")[0]
+    undecorated = ParsedModule(re.sub(r"^ *@doubling\n", "", source, flags=re.MULTILINE), "m.py")
+    forward, owner = next((f, owner) for f, owner, _ in undecorated.functions if f.name.value == "forward")
+    assert foreign_call(undecorated, owner, forward.body) is None

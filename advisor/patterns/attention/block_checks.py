@@ -18,7 +18,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.foreign_calls import foreign, modules_untrusted
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
-from advisor.patterns.mask_helpers import package_function
+from advisor.static.package_functions import package_function
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, bound_parameters, int_value
 from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names

@@ -32,7 +32,7 @@ def helper_named(c: Candidate, func: cst.BaseExpression) -> cst.FunctionDef | No
         return method
     if not isinstance(func, cst.Name) or func.value in c.parsed.bound_names:
         return None
-    return c.parsed.module_functions.get(func.value)
+    return c.parsed.plain_functions.get(func.value)
 
 
 def dispatch_unplain(parsed: ParsedModule, cls: cst.ClassDef, method: cst.FunctionDef) -> bool:

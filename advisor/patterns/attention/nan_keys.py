@@ -23,7 +23,7 @@ from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.helpers import returns_of
 from advisor.patterns.attention.tensor_facts import reaching_values
 from advisor.patterns.call_site_facts import MAX_DEPTH as CALLERS_DEPTH, SiteScope, parameter_of
-from advisor.patterns.mask_helpers import package_definition, package_function
+from advisor.static.package_functions import package_definition
 from advisor.patterns.ops import number_value
 from advisor.static.module_index import ParsedModule
 from advisor.static.walk import children
@@ -125,6 +125,11 @@ def _division(reader: Reader, node: cst.CSTNode, depth: int, seen: set[cst.CSTNo
     return None
 
 
+def _any_function(module: ParsedModule) -> dict[str, cst.FunctionDef]:
+    """A module's functions, decorated or not: a hazard read in a body counts whatever wraps it."""
+    return module.module_functions
+
+
 def _helper_values(reader: Reader, call: cst.Call) -> list[tuple[ParsedModule, cst.BaseExpression]]:
     """(file, expression) for each value a helper the call may run returns: a function of the file or its package
     (by name or through an imported module), any method of the file so named (`self.normalize(k)`: a subclass may
@@ -135,7 +140,7 @@ def _helper_values(reader: Reader, call: cst.Call) -> list[tuple[ParsedModule, c
         lambdas = [value for value in reader.values(func) or () if isinstance(value, cst.Lambda)]
         if lambdas:
             return [(parsed, value.body) for value in lambdas]
-        found = [package_function(parsed, func.value)]
+        found = [package_definition(parsed, func.value, _any_function)]
     elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         name = func.attr.value
         found = [(parsed, function) for function, owner, _ in parsed.functions if owner is not None and
@@ -148,7 +153,7 @@ def _helper_values(reader: Reader, call: cst.Call) -> list[tuple[ParsedModule, c
     elif (dotted := parsed.imported_name(func)) is not None and "." in dotted and not dotted.startswith("torch."):
         module, name = dotted.rsplit(".", 1)
         home = parsed.package_module(module)
-        found = [package_function(home, name) if home is not None else None]
+        found = [package_definition(home, name, _any_function) if home is not None else None]
     return [(home, node.value) for home, function in filter(None, found) if function is not None
             for node in returns_of(function) if node.value is not None]
 

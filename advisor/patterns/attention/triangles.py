@@ -190,8 +190,8 @@ class _Reader:
             return _triangle(below(args[0]), dotted[-4:], _diagonal(args[1:], keywords))
         if dotted == "torch.where" and len(args) == 3:
             return _where(below(args[0]), self._value(args[1], below), self._value(args[2], below))
-        if isinstance(node.func, cst.Name) and node.func.value in self.parsed.module_functions:
-            return self.helper(self.parsed.module_functions[node.func.value], depth)
+        if isinstance(node.func, cst.Name) and node.func.value in self.parsed.plain_functions:
+            return self.helper(self.parsed.plain_functions[node.func.value], depth)
         if not isinstance(node.func, cst.Attribute) or dotted is not None:
             return None
         method, receiver = node.func.attr.value, node.func.value
