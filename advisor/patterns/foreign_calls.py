@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass
-from functools import cache
 
 import libcst as cst
 
@@ -17,6 +16,7 @@ from advisor.static.package_functions import called_function, keeps_function
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS
 from advisor.static.project import global_hook_calls
+from advisor.static.tensor_views import tensor_method_names
 from advisor.static.walk import descendants
 
 KNOWN_BUILTINS = frozenset({"range", "len", "int", "float", "bool", "isinstance", "tuple", "list", "zip", "enumerate",
@@ -29,14 +29,6 @@ MODULE_METHODS = frozenset({"register_buffer", "register_parameter", "add_module
 BINDING_DECORATORS = frozenset({"staticmethod", "classmethod"})
 CONTAINER_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "get", "keys", "values",
                                "items", "copy", "clear"})
-
-
-@cache
-def tensor_method_names() -> frozenset[str]:
-    """torch.Tensor's public methods (torch imported only where a proof asks: a second per process)."""
-    import torch
-
-    return frozenset(name for name in dir(torch.Tensor) if not name.startswith("__"))
 
 
 @dataclass(frozen=True)
@@ -129,7 +121,8 @@ def _foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, trus
 def _method_as_written(parsed: ParsedModule, method: cst.FunctionDef) -> bool:
     """A method's decorators run no code around its body: each keeps the function, or is `staticmethod` or
     `classmethod` (which change only how the arguments bind, which a search for calls does not read)."""
-    return all(keeps_function(parsed, d.decorator) or _binding_decorator(parsed, d.decorator) for d in method.decorators)
+    return all(keeps_function(parsed, decorator.decorator) or _binding_decorator(parsed, decorator.decorator)
+               for decorator in method.decorators)
 
 
 def _binding_decorator(parsed: ParsedModule, decorator: cst.BaseExpression) -> bool:

@@ -20,7 +20,9 @@ import networkx as nx
 
 from advisor.contracts.finding import ScanError, display_path
 from advisor.static.tensor_reads import read_leaves_alone
+from advisor.patterns.argument_writes import argument_call, writes_arguments
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
+from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, may_alias
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.discover import read_source
@@ -31,7 +33,7 @@ from advisor.static.op_restores import replaces
 from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
     func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses
-from advisor.static.walk import children
+from advisor.static.walk import children, descendants
 from advisor.static.walk import walk as visit_tree
 
 REPEATING = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
@@ -175,11 +177,14 @@ class _SelfMethodCalls(cst.CSTVisitor):
 
 
 def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode], first_line: int,
-                            last_line: int) -> str | None:
+                            last_line: int, owner: ClassInfo | None = None, layers_trusted: bool = False,
+                            removed: frozenset[cst.CSTNode] = frozenset()) -> str | None:
     """`kt = k.transpose(-2, -1)`, then `k.add_(1)` after the scores: the name the SDPA call reads is not
     rebound, but a tensor it was computed from (a view may share its storage) is written in place; so is one
     written through a name bound from it (`alias = q; alias.mul_(2)`, `row = q[0]`, `qs = [q]; qs[0].mul_(2)`,
-    `self.kept = q; self.kept.zero_()`), where the original had read it already."""
+    `self.kept = q; self.kept.zero_()`), where the original had read it already. `layers_trusted`: a torch.nn layer
+    of `owner` built without `inplace=` runs torch's code on what it is given (no hook, no class replaced). The
+    statements the patch `removed` (the block's own steps: its dropout layer's call) run in the original only."""
     sources = {flow.definitions[i].name for i in _storage_sources(parsed, flow, leaves)}
     names = sources | _bound_from(parsed, flow, sources)
     for definition in flow.definitions.values():
@@ -194,7 +199,7 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     names |= _comprehension_targets(parsed, flow.function, names)
     for receiver, deferred in _written_in_place(flow.function):
         line = parsed.line(receiver)
-        shared = any(name.value in names for name in _may_alias(parsed, receiver)) or \
+        shared = any(name.value in names for name in may_alias(parsed, receiver)) or \
             _root_code(parsed, receiver, kept_on) in kept_on
         if shared and (deferred or first_line < line < last_line):
             where = "in a function defined in this one, which may run" if deferred else f"at line {line}"
@@ -206,8 +211,13 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     handed = names - {"self"}  # its attributes are checked apart
     for node in (name for name in loaded_names(flow.function.body) if name.value in handed):
         line = parsed.line(node)
-        if first_line < line < last_line and _passed_to_a_call_statement(parsed, node) and \
-                not read_leaves_alone(parsed, node):
+        call = argument_call(parsed, node)
+        if not (first_line < line < last_line and call is not None) or _holds_no_tensor(parsed, flow, node) or \
+                _off_the_path(parsed, flow, node) or removed and _within_any(parsed, node, removed):
+            continue
+        statement = isinstance(parsed.parents.get(call), cst.Expr)  # made for its effect: the tensor handed on
+        if statement and not read_leaves_alone(parsed, node) or \
+                not statement and writes_arguments(parsed, call, node, owner, layers_trusted):
             return (f"`{node.value}`, which may share storage with the SDPA call's inputs, is handed at line {line} "
                     f"to code that may write it in place, between the scores and the value product")
     return None
@@ -246,58 +256,54 @@ def _root_code(parsed: ParsedModule, node: cst.CSTNode, kept_on: set[str]) -> st
     return parsed.code(node)
 
 
-def _passed_to_a_call_statement(parsed: ParsedModule, node: cst.Name) -> bool:
-    """`reset(mask)`, `torch.nn.init.zeros_(q)`, `torch._foreach_zero_([q])`: the name is an argument (or an element of
-    one) of a call made for its effect alone, whose result nothing reads."""
-    current = parsed.parents.get(node)
-    while isinstance(current, (cst.Element, cst.List, cst.Tuple)):
-        current = parsed.parents.get(current)
-    call = parsed.parents.get(current) if isinstance(current, cst.Arg) else None
-    return isinstance(call, cst.Call) and isinstance(parsed.parents.get(call), cst.Expr)
+def _within_any(parsed: ParsedModule, node: cst.CSTNode, statements: frozenset[cst.CSTNode]) -> bool:
+    while node is not None and node not in statements:
+        node = parsed.parents.get(node)
+    return node is not None
 
 
-# tensor methods and functions whose result never shares its operands' storage (arithmetic, reductions, copies)
-FRESH_TENSOR_OPS = frozenset({
-    "add", "sub", "mul", "div", "matmul", "bmm", "baddbmm", "einsum", "softmax", "log_softmax", "exp", "log",
-    "sqrt", "rsqrt", "pow", "clone", "sum", "mean", "amax", "amin", "norm", "masked_fill", "where", "cat", "stack",
-    "zeros_like", "ones_like", "full_like", "empty_like", "randn_like", "rand_like", "tril", "triu", "abs", "neg",
-    "sigmoid", "tanh", "relu", "gelu", "dropout", "outer", "mm", "scaled_dot_product_attention", "cumsum", "eq",
-    "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "repeat", "repeat_interleave"})
+def _off_the_path(parsed: ParsedModule, flow: FunctionFlow, node: cst.Name) -> bool:
+    """The read is in a branch the flow does not take (the SDPA path of a block whose scores take a helper under
+    `if self.use_rel_pos:` runs only where the flag is off), not in a nested function it defines."""
+    return node not in flow.reaching and parsed.innermost(node, (cst.FunctionDef, cst.Lambda)) is flow.function
 
 
-def _may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
-    """The names whose storage `node`'s value may share: itself for a name, the operand of an index, an attribute
-    (`x.T`), a view or any method or function not known to return a new tensor, every element of a container and
-    every argument of a call of anything else (`self.drop(q)` may be an identity); none for arithmetic, comparisons
-    and the ops of FRESH_TENSOR_OPS. `self` is not followed (its attributes are checked apart)."""
-    if isinstance(node, cst.Name):
-        return [] if node.value == "self" else [node]
-    if isinstance(node, (cst.BinaryOperation, cst.UnaryOperation, cst.Comparison, cst.BooleanOperation,
-                         cst.BaseNumber, cst.BaseString)):
-        return []
-    if isinstance(node, (cst.Subscript, cst.Attribute)):
-        return _may_alias(parsed, node.value)
-    if isinstance(node, cst.IfExp):
-        return _may_alias(parsed, node.body) + _may_alias(parsed, node.orelse)
-    if isinstance(node, cst.Call):
-        name = node.func.attr.value if isinstance(node.func, cst.Attribute) else \
-            node.func.value if isinstance(node.func, cst.Name) else None
-        if name in FRESH_TENSOR_OPS or name in METADATA_READS or name in ("item", "tolist", "numel", "stride"):
-            return []
-        arguments = [alias for arg in node.args for alias in _may_alias(parsed, arg.value)]
-        if not isinstance(node.func, cst.Attribute) or parsed.imported_name(node.func) is not None:
-            return arguments  # a function (`torch.transpose(q, 0, 1)`, a helper) may return an argument or a view
-        receiver = node.func.value
-        while isinstance(receiver, (cst.Attribute, cst.Subscript)):
-            receiver = receiver.value
-        if isinstance(receiver, cst.Name) and receiver.value == "self":
-            return arguments  # a method or module of the object (`self.drop(q)` may be an identity)
-        if name == "set_":  # `torch.empty(0).set_(k)`: the receiver now holds k's storage
-            return _may_alias(parsed, node.func.value) + arguments
-        return _may_alias(parsed, node.func.value)  # a tensor's method: a view of it, or itself
-    elements = (cst.BaseElement, cst.BaseDictElement)  # a container holds references to its values
-    return [alias for child in children(node) if isinstance(child, (cst.BaseExpression, *elements))
-            for alias in _may_alias(parsed, child.value if isinstance(child, elements) else child)]
+def _holds_no_tensor(parsed: ParsedModule, flow: FunctionFlow, node: cst.Name, depth: int = 0) -> bool:
+    """Every definition reaching the read binds a size, a number, a dtype or a device: unpacked from `.shape`, read
+    as `.size(...)`, `.device`, `len(...)`, `int(...)`, a literal, or arithmetic on such (`B, N, C = x.shape`,
+    `n, device = x.shape[1], x.device`: `N` or `device` passed on hands no storage)."""
+    definitions = [flow.definitions[i] for i in flow.reaching.get(node, ())]
+    return bool(definitions) and depth < 3 and all(
+        d.kind == "assign" and _no_tensor(parsed, flow, *_assigned_part(d), depth) for d in definitions)
+
+
+def _no_tensor(parsed: ParsedModule, flow: FunctionFlow, value: cst.BaseExpression | None, unpacked: bool,
+               depth: int) -> bool:
+    if isinstance(value, cst.Attribute) and value.attr.value in METADATA_READS or isinstance(value, cst.Call) and \
+            isinstance(value.func, cst.Attribute) and value.func.attr.value in METADATA_READS:
+        return True  # a size, a dtype, a device, or (unpacked) one of the sizes
+    if unpacked:
+        return False
+    if isinstance(value, (cst.BaseNumber, cst.BaseString)):
+        return True
+    if isinstance(value, cst.Subscript):
+        return _no_tensor(parsed, flow, value.value, True, depth)  # `x.shape[1]`
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("len", "int") and \
+            value.func.value not in parsed.bound_names:
+        return True
+    if isinstance(value, cst.BinaryOperation):
+        return all(_no_tensor(parsed, flow, side, False, depth) for side in (value.left, value.right))
+    return isinstance(value, cst.Name) and _holds_no_tensor(parsed, flow, value, depth + 1)
+
+
+def _assigned_part(definition: Definition) -> tuple[cst.BaseExpression | None, bool]:
+    """(the value the definition binds, whether the name takes one element of it): `n, d = x.shape[1], x.device`
+    binds `x.shape[1]`."""
+    value, index = definition.value, definition.index
+    if index is not None and isinstance(value, (cst.Tuple, cst.List)) and index < len(value.elements) and \
+            not any(isinstance(e, cst.StarredElement) for e in value.elements):
+        return value.elements[index].value, False
+    return value, index is not None
 
 
 def _bound_from(parsed: ParsedModule, flow: FunctionFlow, names: set[str]) -> set[str]:
@@ -310,7 +316,7 @@ def _bound_from(parsed: ParsedModule, flow: FunctionFlow, names: set[str]) -> se
         for definition in flow.definitions.values():
             if definition.name in found or definition.kind == "param":
                 continue
-            if any(name.value in found for origin in _origins(definition) for name in _may_alias(parsed, origin)):
+            if any(name.value in found for origin in _origins(definition) for name in may_alias(parsed, origin)):
                 found.add(definition.name)
                 changed = True
     return found - set(names)
@@ -348,7 +354,7 @@ def _attributes_bound_from(parsed: ParsedModule, function: cst.FunctionDef, name
 
     class Visitor(cst.CSTVisitor):
         def visit_Assign(self, node: cst.Assign) -> None:
-            if any(name.value in names for name in _may_alias(parsed, node.value)):
+            if any(name.value in names for name in may_alias(parsed, node.value)):
                 for target in (t.target for t in node.targets):
                     while isinstance(target, cst.Subscript):  # `self.store["k"] = q`: the container holds q
                         target = target.value
@@ -448,7 +454,7 @@ def _comprehension_targets(parsed: ParsedModule, function: cst.FunctionDef, name
 
     class Visitor(cst.CSTVisitor):
         def visit_CompFor(self, node: cst.CompFor) -> None:
-            if any(alias.value in names for alias in _may_alias(parsed, node.iter)):
+            if any(alias.value in names for alias in may_alias(parsed, node.iter)):
                 found.update(name.value for name in loaded_names(node.target))
 
     visit_tree(function, Visitor())
@@ -481,7 +487,6 @@ def rebound_by_nested_function(function: cst.FunctionDef, names: set[str]) -> st
 
 
 # reads of a tensor that give a new value, never a view of its storage (`torch.zeros(..., device=s.device)`)
-METADATA_READS = frozenset({"dtype", "device", "shape", "ndim", "layout", "size", "dim", "is_cuda"})
 
 
 def shape_argument(parsed: ParsedModule, name: cst.Name) -> cst.Call | None:
@@ -535,6 +540,7 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
     (`self.drop.__dict__.update(p=1.0)`), `exec`/`eval`; an attribute written on any other object may be one of
     `self`'s modules (`for m in self.modules(): m.p = 1.0`)."""
     writes: list[tuple[cst.CSTNode, str]] = []
+    aliases = _self_aliases(function)
 
     class Visitor(cst.CSTVisitor):
         def __init__(self) -> None:
@@ -563,6 +569,10 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
                 writes.append((node, _module_written(func.value)))  # the `training` of it and every child
             elif is_self_attribute(func) and func.attr.value in parsed.derived("stored methods", _stored_methods):
                 writes.append((node, "self"))  # `self.tf = self.train` in __init__, `self.tf(False)` here
+            if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in aliases:
+                namespace = _namespace_of(aliases[func.value.value])  # `ns = self.__dict__; ns.update(q=...)`
+                if namespace is not None:
+                    writes.append((node, _module_written(namespace)))
             if isinstance(func, cst.Attribute) and _namespace_of(func.value) is not None:
                 writes.append((node, _module_written(_namespace_of(func.value))))
             if isinstance(func, cst.Call) and isinstance(func.func, cst.Name) and func.func.value == "getattr" and \
@@ -593,8 +603,11 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
                 for element in target.elements:
                     self._target(node, element.value)
                 return
+            stored = isinstance(target, cst.Subscript)
             while isinstance(target, cst.Subscript):
                 target = target.value
+            if stored and isinstance(target, cst.Name) and target.value in aliases:  # `ns = self.__dict__; ns["q"] = v`
+                target = aliases[target.value]
             if isinstance(target, cst.Call) and _namespace_of(target) is not None:  # `vars(self.drop)["p"] = v`
                 writes.append((node, _module_written(_namespace_of(target))))
                 return
@@ -613,6 +626,21 @@ def _attribute_writes(parsed: ParsedModule, function: cst.FunctionDef) -> list[t
 
 
 MODULE_STATE = {"training", "__dict__", "_modules", "_parameters", "_buffers"}  # what a module runs with
+
+
+def _self_aliases(function: cst.FunctionDef) -> dict[str, cst.BaseExpression]:
+    """Local names the function binds to `self`'s state or namespace (`ns = self.__dict__`, `mods = vars(self)`,
+    `cache = self.cache`): a store into one, or a namespace method called on one, writes that state (breaker round
+    27: `ns["q"] = ns["q"] * 2` rebound the `self.q` SDPA re-reads). A name bound so anywhere counts everywhere."""
+    found: dict[str, cst.BaseExpression] = {}
+    for assign in descendants(function, (cst.Assign,)):
+        value = assign.value
+        namespace = _namespace_of(value)
+        if _self_rooted(namespace if namespace is not None else value) and value is not None:
+            for target in assign.targets:
+                if isinstance(target.target, cst.Name):
+                    found[target.target.value] = value
+    return found
 
 
 def _stored_methods(parsed: ParsedModule) -> frozenset[str]:

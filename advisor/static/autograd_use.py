@@ -606,6 +606,9 @@ def _transform_use(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.C
     name = qualified(parsed, node)
     if name is None:
         return None
+    if name in TRANSFORM_MODULES and not isinstance(parent, cst.Call):  # `fn = torch.func`: what it reads is unseen
+        return f"`{name}` is used as a value; a transform read through it may ask for {DOUBLE_BACKWARD} or " \
+               f"{FORWARD_MODE}"  # (breaker round 27: `fn = torch.func; fn.jvp(...)` in a function)
     for prefix, asks in TRANSFORMS.items():
         if name == prefix or name.startswith(prefix + "."):
             return f"`{name}` asks for {asks}"

@@ -47,9 +47,13 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
                 node.func.attr.value not in ("requires_grad_", "share_memory_") and \
                 _reaches_state_view(node.func.value, tensors, containers, 0):
             found.append(node)
-        elif isinstance(node, (cst.AssignTarget, cst.AugAssign)) and \
-                _reaches_state_view(node.target, tensors, containers, 1):
+        elif isinstance(node, cst.Call) and any(  # `torch.ones(b.shape, out=b)` (breaker round 27)
+                arg.keyword is not None and arg.keyword.value == "out" and
+                _reaches_state_view(arg.value, tensors, containers, 0) for arg in node.args):
             found.append(node)
+        elif isinstance(node, cst.AssignTarget) and _reaches_state_view(node.target, tensors, containers, 1) or \
+                isinstance(node, cst.AugAssign) and _reaches_state_view(node.target, tensors, containers, 0):
+            found.append(node)  # `b += 1` on a tensor is in place (breaker round 27)
     return found
 
 
@@ -67,9 +71,16 @@ def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str
                 if isinstance(argument.value, cst.Lambda):
                     tensors.update(p.name.value for p in argument.value.params.params)
         elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
-            for target in node.targets:
-                containers.update(name.value for name in target_names(target.target))
+            for target in node.targets:  # `sd = m.state_dict()`: the listing; `(b,) = m.buffers()`,
+                listing = _is_state_view_call(node.value) and isinstance(target.target, cst.Name)
+                (containers if listing else tensors).update(  # `b = next(m.buffers())`: maybe a tensor itself
+                    name.value for name in target_names(target.target))
     return tensors, containers
+
+
+def _is_state_view_call(node: cst.CSTNode) -> bool:
+    """`m.buffers()`, `m.state_dict()` itself (not something computed from it)."""
+    return isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in STATE_VIEWS
 
 
 def _calls_state_view(node: cst.CSTNode) -> bool:
@@ -86,17 +97,18 @@ def _calls_state_view(node: cst.CSTNode) -> bool:
 
 def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers: set[str], beyond: int) -> bool:
     """Whether `node` (a receiver, or an assignment target with `beyond` = 1) reaches a buffer itself through more
-    than `beyond` indexings and attributes (`.data`) of a loop's tensor, or one more of a container name or a
-    STATE_VIEWS call: `b[0] = 1` and `sd["bias"][0] = 1` write a buffer, `sd["bias"] = t` only the dict."""
+    than `beyond` indexings and attributes (`.data`) of a loop's tensor or of an expression computed from a listing,
+    or one more of a container name or a STATE_VIEWS call: `b[0] = 1` and `sd["bias"][0] = 1` write a buffer,
+    `sd["bias"] = t` only the dict."""
     depth = 0
     while isinstance(node, (cst.Subscript, cst.Attribute)):
         node, depth = node.value, depth + 1
     if isinstance(node, cst.Name) and node.value in tensors:
         return depth >= beyond
-    if isinstance(node, cst.Name) and node.value in containers or isinstance(node, cst.Call) and \
-            _calls_state_view(node):
+    if isinstance(node, cst.Name) and node.value in containers or _is_state_view_call(node):
         return depth >= beyond + 1
-    return False
+    return not isinstance(node, cst.Name) and _calls_state_view(node) and depth >= beyond  # `next(m.buffers())`,
+    # `[b for b in m.buffers()][0]`: may be a tensor itself (breaker round 27)
 
 
 def state_swapped(parsed: ParsedModule) -> str | None:

@@ -10,6 +10,8 @@ tensor (`q.matmul(k)`, `F.softmax(s)`). A call this module cannot place (a helpe
 
 from __future__ import annotations
 
+from functools import cache
+
 import libcst as cst
 import networkx as nx
 
@@ -30,6 +32,10 @@ VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
 RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
                         "rand_like", "randn_like", "randint_like", "bernoulli", "native_dropout", "poisson",
                         "multinomial", "rrelu"})
+# what draws from torch's generator besides RANDOM_OPS: factories and in-place samplers
+RANDOM_DRAWS = RANDOM_OPS | frozenset({"rand", "randn", "randint", "randperm", "normal", "uniform_", "normal_",
+                                       "random_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_",
+                                       "manual_seed", "seed", "set_rng_state", "fork_rng"})
 # library namespaces whose other functions return fresh tensors
 LIBRARIES = frozenset({"torch", "F", "nn", "functional", "np", "numpy", "math", "einops", "th"})
 # builtins whose result holds no tensor of its arguments
@@ -143,3 +149,11 @@ class _Bindings(cst.CSTVisitor):
                 self._join(element.value, roots)
         elif isinstance(target, cst.StarredElement):
             self._join(target.value, roots)
+
+
+@cache
+def tensor_method_names() -> frozenset[str]:
+    """torch.Tensor's public methods (torch imported only where a proof asks: a second per process)."""
+    import torch
+
+    return frozenset(name for name in dir(torch.Tensor) if not name.startswith("__"))

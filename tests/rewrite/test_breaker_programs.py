@@ -42,7 +42,11 @@ scale `torch.tensor(v, dtype=torch.bfloat16)` read as v although the tensor hold
 Round 27 (fixtures/attention/breaker27): a function or method called between the scores and the value product whose
 decorator wraps it in code writing its argument in place, a `staticmethod` whose arguments bind without `self`,
 and a function another file of the tree assigns over (`attn.note = doubled`): the analysis read the body as
-written."""
+written (found in review); then a helper's round: a call writing q whose result is assigned or that is itself an
+argument (`s = stat(q)`, `list(map(lambda t: t.mul_(2), (q, k)))`), a random draw between the dropout and the
+value product, a causal buffer written through `m.buffers()` by `+=`, `out=` or unpacking, `fn = torch.func;
+fn.jvp(...)`, `torch.zeros_like(y)` keeping SDPA's strides for a later `.view`, and `ns = self.__dict__;
+ns["q"] = ...` rebinding what SDPA re-reads."""
 
 from __future__ import annotations
 

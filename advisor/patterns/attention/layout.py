@@ -114,7 +114,7 @@ def layout_role(c: Candidate) -> None:
             frontier.append(parent)  # `o[0]`, `-o`, `o if c else q`: the expression holds its strides
             permuted.update((parent,) if node in permuted else ())
             continue
-        for consumer, _ in consumers(c, node):
+        for consumer, _ in consumers(c, node) + _reads_after_updates(c, node):
             use = _layout_use(c, consumer, node)
             if use == VALUES_ONLY and node not in permuted and _may_view_strides(c, consumer, node):
                 use = KEEPS_STRIDES  # a reshape the strides allow is a view: `o.reshape(o.shape)` keeps SDPA's
@@ -134,6 +134,24 @@ def layout_role(c: Candidate) -> None:
         return
     match.output_methods.append(("contiguous", ()))
     match.facts.proved("layout", f"the output is contiguous, as the original's product is, where it {reader}")
+
+
+def _reads_after_updates(c: Candidate, node: cst.CSTNode) -> list[tuple[cst.Name, None]]:
+    """The reads of a name bound to `node` that see it after an in-place update (`z = torch.zeros_like(y); z += y;
+    z.view(...)`): `z += y` and `z.add_(y)` keep z's strides, so its later reads read them too (breaker round 27: the
+    walk stopped at the update and the `.view` of SDPA's layout raised)."""
+    definition = definition_of_value(c, node)
+    if definition is None:
+        return []
+    flow, found, frontier, seen = flow_for(c, node), [], [definition.id], {definition.id}
+    while frontier:
+        updated = frontier.pop()
+        for later in flow.definitions.values():
+            if later.kind in ("aug", "inplace", "store") and updated in later.previous and later.id not in seen:
+                found += [(read, None) for read in flow.reads_of(later)]
+                frontier.append(later.id)
+                seen.add(later.id)
+    return found
 
 
 def _permutes(c: Candidate, consumer: cst.CSTNode, node: cst.CSTNode) -> bool:

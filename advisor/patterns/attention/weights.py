@@ -21,10 +21,13 @@ from advisor.patterns.attention.products import last_two, rank, spec
 from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
+from advisor.patterns.dtypes import layer_class
+from advisor.patterns.foreign_calls import KNOWN_BUILTINS
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
-from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, loaded_names
-
+from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, is_self_attribute, loaded_names
+from advisor.static.tensor_views import RANDOM_DRAWS, tensor_method_names
+from advisor.static.walk import descendants
 
 
 def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> WeightPath:
@@ -227,12 +230,51 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
         return
     op = dropouts[0]
     probability = _dropout_probability(c, op)
+    if probability is not None:
+        _no_draw_after(c, op)
     update = definition_of_value(c, op.node)
     if probability is not None and update is not None and _guarded_dropout_of(c, update) is not None:
         guard = update.guards[-1]
         c.leaf_nodes.append(guard.test)
         probability = cst.IfExp(test=at_home(c, guard.test), body=atomic(probability), orelse=number(0.0))
     c.match.dropout_p = probability
+
+
+MODE_SWITCHES = frozenset({"train", "eval"})
+
+
+def _no_draw_after(c: Candidate, dropout: Op) -> None:
+    """SDPA draws its dropout mask where the value product was, so a draw from torch's generator between the dropout
+    and the value product would take the numbers the original's mask took (breaker round 27: `gate = torch.rand(1)`
+    there changed both under one seed). Refuses where a call there may draw: one of RANDOM_DRAWS, a dropout layer,
+    or anything but torch's other functions, tensor methods, builtins and torch.nn's other layers. A dropout in a
+    helper counts from the start of the block's function."""
+    parsed, product = c.parsed, c.weights.output.node
+    first = parsed.line(dropout.node) if parsed.within(dropout.node, c.home) else parsed.line(c.home)
+    last = parsed.line(product) if parsed.within(product, c.home) else parsed.end_line(c.home)
+    for call in descendants(c.home, (cst.Call,)):
+        if first < parsed.line(call) < last and _may_draw(c, call):
+            raise Refusal(f"`{short(parsed, call.func)}` (line {parsed.line(call)}) may draw random numbers between "
+                          "the dropout and the value product, where SDPA draws its dropout mask: the draws would "
+                          "swap places")
+
+
+def _may_draw(c: Candidate, call: cst.Call) -> bool:
+    """Whether the call may draw from torch's generator: by name (RANDOM_DRAWS, a dropout), or as code not read
+    here (this file's functions are not followed: a helper may draw)."""
+    func, dotted = call.func, c.parsed.imported_name(call.func) or ""
+    name = dotted.rsplit(".", 1)[-1] if dotted else func.attr.value if isinstance(func, cst.Attribute) else ""
+    if name in RANDOM_DRAWS or "dropout" in name.lower():
+        return True
+    if name in MODE_SWITCHES and not (is_self_attribute(func) and c.owner is not None and name in c.owner.methods):
+        return False  # nn.Module's own `train`/`eval` (a class's own one may draw)
+    layer = layer_class(c.parsed, c.owner, call)
+    if layer is not None:
+        return not layer.startswith("torch.nn.") or "dropout" in layer.lower() or layer.endswith("RReLU")
+    if dotted.startswith(("torch.", "math.")) or isinstance(func, cst.Name) and func.value in KNOWN_BUILTINS and \
+            func.value not in c.parsed.bound_names and func.value not in c.parsed.imports:
+        return False
+    return not (isinstance(func, cst.Attribute) and not dotted and name in tensor_method_names())
 
 
 def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
