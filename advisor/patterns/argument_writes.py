@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, may_alias
+from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, binding_origins, may_alias
 from advisor.static.dataflow import FunctionFlow, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.outside_writes import REBINDS_TENSORS_GIVEN, SWAPS
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_reads import HARMLESS_BUILTINS
 from advisor.static.tensor_views import tensor_method_names
@@ -56,6 +57,8 @@ def writes_arguments(parsed: ParsedModule, call: cst.Call, argument: cst.CSTNode
             func.value not in parsed.imports:
         return False  # `len(q)`, `print(q)`
     dotted = parsed.imported_name(func) or ""
+    if dotted in SWAPS or dotted in REBINDS_TENSORS_GIVEN or dotted.startswith("torch.ops."):
+        return True  # `torch.utils.swap_tensors(t, u)`, `torch.ops.aten.mul_.Tensor(t, 2)` (breaker round 28)
     if dotted:
         name = dotted.rsplit(".", 1)[-1]
         if dotted.startswith(("torch.", "einops.", "math.")):
@@ -127,12 +130,15 @@ def _writes_parameter(home: ParsedModule, function: cst.FunctionDef, parameter: 
     while grown:  # the definitions holding the parameter's storage: it, and names bound from a view of it
         grown = False
         for definition in flow.definitions.values():
-            if definition.id not in derived and definition.kind == "assign" and definition.value is not None and \
-                    any(_sees(flow, name, derived) for name in may_alias(home, definition.value)):
+            if definition.id not in derived and definition.kind in ("assign", "other") and any(
+                    _sees(flow, name, derived) for origin in binding_origins(definition)
+                    for name in may_alias(home, origin)):  # `x = t[0]`, `for x in (t,)`, `match t: case b:`
                 derived.add(definition.id)
                 grown = True
     if any(d.kind in ("aug", "inplace") and d.previous & derived for d in flow.definitions.values()):
         return True  # `t += 1`, `t.mul_(2)`
+    if _comprehension_writes(home, flow, function, derived, layers_trusted, depth):
+        return True
     for node in loaded_names(function.body):
         if not _sees(flow, node, derived):
             continue
@@ -141,6 +147,26 @@ def _writes_parameter(home: ParsedModule, function: cst.FunctionDef, parameter: 
         call = argument_call(home, node)
         if call is not None and writes_arguments(home, call, node, None, layers_trusted, depth):
             return True
+    return False
+
+
+def _comprehension_writes(home: ParsedModule, flow: FunctionFlow, function: cst.FunctionDef, derived: set[int],
+                          layers_trusted: bool, depth: int) -> bool:
+    """`[y.mul_(2) for y in (t,)]`: a comprehension's variables over the parameter's storage, written in it."""
+    for loop in descendants(function, (cst.CompFor,)):
+        if not any(_sees(flow, name, derived) for name in may_alias(home, loop.iter)):
+            continue
+        target = loop.target
+        names = {target.value} if isinstance(target, cst.Name) else {n.value for n in descendants(target, (cst.Name,))}
+        comprehension = home.parents.get(loop)
+        while comprehension is not None and not isinstance(comprehension, (cst.ListComp, cst.SetComp,
+                                                                           cst.DictComp, cst.GeneratorExp)):
+            comprehension = home.parents.get(comprehension)
+        for node in descendants(comprehension, (cst.Name,)) if comprehension is not None else ():
+            call = argument_call(home, node) if node.value in names else None
+            if node.value in names and (_written_through(home, node) or call is not None and
+                                        writes_arguments(home, call, node, None, layers_trusted, depth)):
+                return True
     return False
 
 
@@ -166,7 +192,7 @@ def _written_through(parsed: ParsedModule, node: cst.Name) -> bool:
                     return False  # `t.new_full(...).triu_(1)` writes a new tensor
                 current = called
                 continue
-        if not (isinstance(parent, cst.Subscript) and parent.value is current or isinstance(parent, cst.Attribute)
-                and parent.value is current):
+        if not (isinstance(parent, (cst.Subscript, cst.Attribute)) and parent.value is current or
+                isinstance(parent, HOLDERS)):  # `(t if c else None).mul_(2)`, `(t,)[0].mul_(2)` (round 28)
             return False
         current = parent

@@ -22,7 +22,7 @@ from advisor.contracts.finding import ScanError, display_path
 from advisor.static.tensor_reads import read_leaves_alone
 from advisor.patterns.argument_writes import argument_call, writes_arguments
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
-from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, may_alias
+from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, binding_origins, may_alias
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
 from advisor.static.discover import read_source
@@ -195,7 +195,7 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
             return (f"`{definition.name}`, which {how}, is written in place at line "
                     f"{parsed.line(definition.statement)}, between the scores and the value product")
     kept_on = _attributes_bound_from(parsed, flow.function, names) | _attribute_roots(
-        parsed, [origin for i in _storage_sources(parsed, flow, leaves) for origin in _origins(flow.definitions[i])])
+        parsed, [origin for i in _storage_sources(parsed, flow, leaves) for origin in binding_origins(flow.definitions[i])])
     names |= _comprehension_targets(parsed, flow.function, names)
     for receiver, deferred in _written_in_place(flow.function):
         line = parsed.line(receiver)
@@ -316,35 +316,10 @@ def _bound_from(parsed: ParsedModule, flow: FunctionFlow, names: set[str]) -> se
         for definition in flow.definitions.values():
             if definition.name in found or definition.kind == "param":
                 continue
-            if any(name.value in found for origin in _origins(definition) for name in may_alias(parsed, origin)):
+            if any(name.value in found for origin in binding_origins(definition) for name in may_alias(parsed, origin)):
                 found.add(definition.name)
                 changed = True
     return found - set(names)
-
-
-def _origins(definition: Definition) -> list[cst.CSTNode]:
-    """What a binding takes its value from: an assignment's value (also one stored into it, `d["k"] = q`), a loop's
-    iterable, a `with` item, the value of a `(x := v)` in its statement; nothing for an import or an exception."""
-    statement = definition.statement
-    if definition.kind == "assign":
-        return [definition.value] if definition.value is not None else []
-    if definition.kind == "store" and isinstance(statement, cst.Assign):  # `d["k"] = q`: d now holds q
-        return [statement.value]
-    if definition.kind != "other" or statement is None:
-        return []
-    if isinstance(statement, cst.For):
-        return [statement.iter]
-    if isinstance(statement, cst.With):
-        return [item.item for item in statement.items]
-    found: list[cst.CSTNode] = []
-
-    class Walrus(cst.CSTVisitor):
-        def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-            if isinstance(node.target, cst.Name) and node.target.value == definition.name:
-                found.append(node.value)
-
-    visit_tree(statement, Walrus())
-    return found
 
 
 def _attributes_bound_from(parsed: ParsedModule, function: cst.FunctionDef, names: set[str]) -> set[str]:

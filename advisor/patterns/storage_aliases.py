@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from advisor.static.dataflow import Definition
 from advisor.static.module_index import ParsedModule
-from advisor.static.walk import children
+from advisor.static.walk import children, descendants
 
 METADATA_READS = frozenset({"dtype", "device", "shape", "ndim", "layout", "size", "dim", "is_cuda"})
 # tensor methods and functions whose result never shares its operands' storage (arithmetic, reductions, copies)
@@ -53,3 +54,24 @@ def may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
     elements = (cst.BaseElement, cst.BaseDictElement)  # a container holds references to its values
     return [alias for child in children(node) if isinstance(child, (cst.BaseExpression, *elements))
             for alias in may_alias(parsed, child.value if isinstance(child, elements) else child)]
+
+
+def binding_origins(definition: Definition) -> list[cst.CSTNode]:
+    """What a binding takes its value from: an assignment's value (also one stored into it, `d["k"] = q`), a loop's
+    iterable, a `with` item, a `match` subject (its captures: breaker round 28), the value of a `(x := v)` in its
+    statement; nothing for an import or an exception."""
+    statement = definition.statement
+    if definition.kind == "assign":
+        return [definition.value] if definition.value is not None else []
+    if definition.kind == "store" and isinstance(statement, cst.Assign):  # `d["k"] = q`: d now holds q
+        return [statement.value]
+    if definition.kind != "other" or statement is None:
+        return []
+    if isinstance(statement, cst.For):
+        return [statement.iter]
+    if isinstance(statement, cst.With):
+        return [item.item for item in statement.items]
+    if isinstance(statement, cst.Match):
+        return [statement.subject]
+    return [node.value for node in descendants(statement, (cst.NamedExpr,))
+            if isinstance(node.target, cst.Name) and node.target.value == definition.name]

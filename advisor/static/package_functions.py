@@ -3,10 +3,9 @@
 
 Decorators could replace the function, so each must be known to return it unchanged:
 - `torch.fx.wrap`, whose source records the function's name for symbolic tracing and returns its argument;
-- a function of the same package whose body (after a docstring) is simple statements ending in `return p` for its
-  one parameter p, with no other `return`, no compound statement, no assignment to p or its attributes and no
-  `setattr` (timm's `register_notrace_function`, which adds the function to a set). What it does beside returning
-  p runs once, at import, in the original and the patched program alike.
+- a function of the same package whose body (after a docstring) adds its one parameter p to a set or list the module
+  binds empty at its top level and then returns p (timm's `register_notrace_function`). Any other statement there
+  may change the function it returns (breaker round 28: a helper setting `fn.__code__`).
 Any other decorator (a call, `torch.no_grad`, `staticmethod`, an unresolved name) may run other code around the body
 or bind the arguments otherwise (a wrapper writing its argument in place: found in review at stop 46), and the
 scanned tree may assign the name over the function (`mod.helper = f` in another file).
@@ -18,15 +17,14 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from advisor.static.walk import descendants
 
 if TYPE_CHECKING:
     from advisor.static.module_index import ParsedModule
 
 IDENTITY_DECORATORS = frozenset({"torch.fx.wrap"})
 MAX_REEXPORTS = 3
-# statements that could rebind the argument or change its attributes
-WRITES = (cst.Assign, cst.AugAssign, cst.AnnAssign, cst.Del, cst.Global, cst.Nonlocal)
+# what a registering decorator may call on its container with the function
+REGISTERING_METHODS = frozenset({"add", "append"})
 
 
 def decorators_keep(home: "ParsedModule", function: cst.FunctionDef) -> bool:
@@ -38,8 +36,8 @@ def called_function(parsed: "ParsedModule", func: cst.BaseExpression,
                     writes: frozenset[str]) -> tuple["ParsedModule", cst.FunctionDef] | None:
     """(its module, the module-level function) a call of `helper(...)` or `module.helper(...)` in `parsed` runs, in
     this file or in another file of its package, where the body is what runs: its decorators keep it
-    (`package_function`) and no file assigns the name over it; None otherwise. `writes`: the attribute names the scanned tree assigns on
-    objects (a file read as a package module sees only its own)."""
+    (`package_function`) and no file assigns the name over it; None otherwise. `writes`: the attribute names the
+    scanned tree assigns on objects (a file read as a package module sees only its own)."""
     if isinstance(func, cst.Name):
         name, found = func.value, package_function(parsed, func.value)
     else:
@@ -63,7 +61,7 @@ def keeps_function(home, decorator: cst.BaseExpression) -> bool:
     if not isinstance(decorator, cst.Name):
         return False
     found = package_definition(home, decorator.value, lambda module: module.module_functions)
-    return found is not None and _returns_its_argument(found[1])
+    return found is not None and _returns_its_argument(*found)
 
 
 def package_function(home, name: str) -> tuple[object, cst.FunctionDef] | None:
@@ -91,7 +89,10 @@ def package_definition(home, name: str, defined) -> tuple[object, object] | None
     return None
 
 
-def _returns_its_argument(function: cst.FunctionDef) -> bool:
+def _returns_its_argument(home: "ParsedModule", function: cst.FunctionDef) -> bool:
+    """`def register(fn): _registry.add(fn); return fn`: before its one `return p` for its one parameter p, the body
+    only adds p to a container the module binds at its top level (a docstring aside). Any other statement may change
+    the function it returns (breaker round 28: a helper call setting `fn.__code__`, `object.__setattr__`)."""
     params = function.params
     if len(params.params) != 1 or isinstance(params.star_arg, cst.Param) or params.kwonly_params or \
             params.star_kwarg or params.posonly_params:
@@ -101,18 +102,30 @@ def _returns_its_argument(function: cst.FunctionDef) -> bool:
     last = return_value(body[-1]) if body else None
     if not (isinstance(last, cst.Name) and last.value == argument):
         return False
-    for statement in body[:-1]:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            return False
-        for small in statement.body:
-            if isinstance(small, cst.Return) or isinstance(small, WRITES) and \
-                    any(name.value == argument for name in descendants(small, (cst.Name,))):
-                return False
-        if any(isinstance(call.func, cst.Name) and call.func.value == "setattr"
-               for call in descendants(statement, (cst.Call,))):
-            return False
-    return True
+    return all(isinstance(statement, cst.SimpleStatementLine) and
+               all(_docstring(small) or _registers(home, small, argument) for small in statement.body)
+               for statement in body[:-1])
 
+
+def _docstring(small: cst.BaseSmallStatement) -> bool:
+    return isinstance(small, cst.Expr) and isinstance(small.value, cst.SimpleString)
+
+
+def _registers(home: "ParsedModule", small: cst.BaseSmallStatement, argument: str) -> bool:
+    """`_registry.add(fn)`, `_leaves.append(fn)`: a set's or list's method given the argument alone, on a name the
+    module binds once, at its top level, to an empty set, list or dict."""
+    call = small.value if isinstance(small, cst.Expr) else None
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and
+            call.func.attr.value in REGISTERING_METHODS and isinstance(call.func.value, cst.Name) and
+            len(call.args) == 1 and isinstance(call.args[0].value, cst.Name) and
+            call.args[0].value.value == argument and not call.args[0].star):
+        return False
+    bindings = home.bindings.get(call.func.value.value, [])
+    assign = home.parents.get(home.parents.get(bindings[0])) if len(bindings) == 1 else None
+    value = assign.value if isinstance(assign, cst.Assign) and home.parents.get(assign) in home.module.body else None
+    return isinstance(value, (cst.List, cst.Set, cst.Dict)) and not getattr(value, "elements", None) or \
+        isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in ("set", "list") and \
+        not value.args
 
 
 def return_value(statement: cst.CSTNode) -> cst.BaseExpression | None:

@@ -47,10 +47,10 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
                 node.func.attr.value not in ("requires_grad_", "share_memory_") and \
                 _reaches_state_view(node.func.value, tensors, containers, 0):
             found.append(node)
-        elif isinstance(node, cst.Call) and any(  # `torch.ones(b.shape, out=b)` (breaker round 27)
-                arg.keyword is not None and arg.keyword.value == "out" and
+        elif isinstance(node, cst.Call) and any(  # `torch.ones(b.shape, out=b)` (breaker round 27),
+                (arg.keyword is not None and arg.keyword.value == "out" or _in_place_function(node.func)) and
                 _reaches_state_view(arg.value, tensors, containers, 0) for arg in node.args):
-            found.append(node)
+            found.append(node)  # `nn.init.ones_(b)`, `torch._foreach_add_(list(m.buffers()), 1)` (round 28)
         elif isinstance(node, cst.AssignTarget) and _reaches_state_view(node.target, tensors, containers, 1) or \
                 isinstance(node, cst.AugAssign) and _reaches_state_view(node.target, tensors, containers, 0):
             found.append(node)  # `b += 1` on a tensor is in place (breaker round 27)
@@ -76,6 +76,12 @@ def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str
                 (containers if listing else tensors).update(  # `b = next(m.buffers())`: maybe a tensor itself
                     name.value for name in target_names(target.target))
     return tensors, containers
+
+
+def _in_place_function(func: cst.BaseExpression) -> bool:
+    """A function (not a method) named as writing its arguments: a trailing underscore, or a swap of tensors."""
+    name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+    return name.endswith("_") and not name.endswith("__") or name == "swap_tensors"
 
 
 def _is_state_view_call(node: cst.CSTNode) -> bool:

@@ -35,7 +35,9 @@ RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha
 # what draws from torch's generator besides RANDOM_OPS: factories and in-place samplers
 RANDOM_DRAWS = RANDOM_OPS | frozenset({"rand", "randn", "randint", "randperm", "normal", "uniform_", "normal_",
                                        "random_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_",
-                                       "manual_seed", "seed", "set_rng_state", "fork_rng"})
+                                       "manual_seed", "seed", "set_rng_state", "fork_rng", "binomial",
+                                       "gumbel_softmax", "standard_gamma", "_standard_gamma", "_sample_dirichlet",
+                                       "log_normal", "exponential", "geometric", "cauchy", "make_tensor"})
 # library namespaces whose other functions return fresh tensors
 LIBRARIES = frozenset({"torch", "F", "nn", "functional", "np", "numpy", "math", "einops", "th"})
 # builtins whose result holds no tensor of its arguments

@@ -46,7 +46,13 @@ written (found in review); then a helper's round: a call writing q whose result 
 argument (`s = stat(q)`, `list(map(lambda t: t.mul_(2), (q, k)))`), a random draw between the dropout and the
 value product, a causal buffer written through `m.buffers()` by `+=`, `out=` or unpacking, `fn = torch.func;
 fn.jvp(...)`, `torch.zeros_like(y)` keeping SDPA's strides for a later `.view`, and `ns = self.__dict__;
-ns["q"] = ...` rebinding what SDPA re-reads."""
+ns["q"] = ...` rebinding what SDPA re-reads.
+
+Round 28 (fixtures/attention/breaker28), aimed at round 27's fixes: a helper's parameter aliased by a loop, a
+comprehension, `:=` or a `match` capture, written through `(t if c else None)` or `(t,)[0]`, by
+`torch.utils.swap_tensors` or `torch.ops.aten.mul_`; draws on the dropout's or the value product's own line, or by
+`gumbel_softmax`, `binomial`, `nn.init`; buffers written by `nn.init.ones_(b)` or `_foreach_add_` over
+`m.buffers()`; the output read through `(None or y)` or a `match` capture before a `.view`."""
 
 from __future__ import annotations
 
@@ -62,7 +68,7 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[0-7]/*.py"))
+PROGRAMS = sorted(FIXTURES.glob("breaker2[0-8]/*.py"))
 TREES = sorted(path for path in FIXTURES.glob("breaker2[1-7]/tree_*") if path.is_dir())
 
 

@@ -129,6 +129,19 @@ def register(fn):
 SEEN = set()
 
 
+def _patch(fn):
+    fn.__code__ = _other.__code__
+
+
+def keep(fn):
+    _patch(fn)
+    return fn
+
+
+def _other(attn, mask):
+    return CALLBACK(attn)
+
+
 {decorators}
 def resolve(attn, mask):
     {body}
@@ -163,7 +176,8 @@ def test_a_function_of_the_package_is_followed_through_imports_and_reexports(tmp
     ("@torch.fx.wrap", "return CALLBACK(attn)"),  # the body calls what the file does not see
     ("@torch.no_grad()", TORCH_ONLY),  # a decorator that is a call: its wrapper runs
     ("@WRAP", TORCH_ONLY),  # an unresolved name
-], ids=["callback in the body", "wrapping decorator", "unknown decorator"])
+    ("@keep", TORCH_ONLY),  # returns its argument, after a helper replaced its code (breaker round 28)
+], ids=["callback in the body", "wrapping decorator", "unknown decorator", "decorator changing the code"])
 def test_a_function_of_the_package_runs_unseen_code(tmp_path, decorators, body):
     assert _package_call(tmp_path, decorators=decorators, body=body) == "resolve"
 

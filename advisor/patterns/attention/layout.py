@@ -109,9 +109,10 @@ def layout_role(c: Candidate) -> None:
                 reader = "is returned to a caller outside this file, or one unpacking it out of sight"
             frontier.extend(held or ())  # a helper of this file: follow its callers
             continue
-        if isinstance(parent, cst.Subscript) and parent.value is node or isinstance(parent, cst.UnaryOperation) or \
+        if isinstance(parent, cst.Subscript) and parent.value is node or \
+                isinstance(parent, (cst.UnaryOperation, cst.BooleanOperation)) or \
                 isinstance(parent, cst.IfExp) and node in (parent.body, parent.orelse):
-            frontier.append(parent)  # `o[0]`, `-o`, `o if c else q`: the expression holds its strides
+            frontier.append(parent)  # `o[0]`, `-o`, `o if c else q`, `None or o`: the expression holds its strides
             permuted.update((parent,) if node in permuted else ())
             continue
         for consumer, _ in consumers(c, node) + _reads_after_updates(c, node):
@@ -497,11 +498,12 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     a fresh tensor: FRESH_LAYERS)."""
     if consumer is None:  # never read, or held where its reads are not followed: a container (`ys = [y]`), an
         parent = c.parsed.parents.get(node)  # attribute (`self.cache = y`, read by another method), a global name,
-        held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement, cst.Yield, cst.NamedExpr)) or \
+        held = isinstance(parent, (cst.Element, cst.DictElement, cst.StarredElement, cst.Yield, cst.NamedExpr,
+                                   cst.Match)) or \
             isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and parent.value is node and not all(
                 isinstance(target, cst.Name) and target.value not in _outer_names(c, node)
                 for target in _assigned_targets(parent))  # `yield y`, `(o := y)`: breaker round 14
-        return READS_STRIDES if held else VALUES_ONLY
+        return READS_STRIDES if held else VALUES_ONLY  # a `match` subject: its captures are not followed
     if isinstance(consumer, (cst.Name, cst.BinaryOperation, cst.UnaryOperation)):
         return KEEPS_STRIDES
     method = _method_on(consumer, node)

@@ -241,6 +241,7 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
 
 
 MODE_SWITCHES = frozenset({"train", "eval"})
+DRAWING_MODULES = ("torch.nn.init.", "torch.distributions.", "torch.testing.")  # any of their functions may draw
 
 
 def _no_draw_after(c: Candidate, dropout: Op) -> None:
@@ -252,11 +253,17 @@ def _no_draw_after(c: Candidate, dropout: Op) -> None:
     parsed, product = c.parsed, c.weights.output.node
     first = parsed.line(dropout.node) if parsed.within(dropout.node, c.home) else parsed.line(c.home)
     last = parsed.line(product) if parsed.within(product, c.home) else parsed.end_line(c.home)
-    for call in descendants(c.home, (cst.Call,)):
-        if first < parsed.line(call) < last and _may_draw(c, call):
+    for call in descendants(c.home, (cst.Call,)):  # the two lines included (round 28: `torch.rand(1) * (w @ v)`)
+        if first <= parsed.line(call) <= last and not _nested(parsed, call, dropout.node) and \
+                not _nested(parsed, call, product) and _may_draw(c, call):
             raise Refusal(f"`{short(parsed, call.func)}` (line {parsed.line(call)}) may draw random numbers between "
                           "the dropout and the value product, where SDPA draws its dropout mask: the draws would "
                           "swap places")
+
+
+def _nested(parsed, call: cst.Call, node: cst.CSTNode) -> bool:
+    """The call is `node`, inside it, or around it (`self.proj(w @ v)` runs after the product in both programs)."""
+    return parsed.within(call, node) or parsed.within(node, call)
 
 
 def _may_draw(c: Candidate, call: cst.Call) -> bool:
@@ -264,7 +271,7 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
     here (this file's functions are not followed: a helper may draw)."""
     func, dotted = call.func, c.parsed.imported_name(call.func) or ""
     name = dotted.rsplit(".", 1)[-1] if dotted else func.attr.value if isinstance(func, cst.Attribute) else ""
-    if name in RANDOM_DRAWS or "dropout" in name.lower():
+    if name in RANDOM_DRAWS or "dropout" in name.lower() or dotted.startswith(DRAWING_MODULES):
         return True
     if name in MODE_SWITCHES and not (is_self_attribute(func) and c.owner is not None and name in c.owner.methods):
         return False  # nn.Module's own `train`/`eval` (a class's own one may draw)
