@@ -124,6 +124,8 @@ def _within(node: cst.CSTNode):
 
 def _writes_parameter(home: ParsedModule, function: cst.FunctionDef, parameter: str, layers_trusted: bool,
                       depth: int) -> bool:
+    """Whether the function's body may write, in place, the tensor its `parameter` receives (see the module
+    docstring)."""
     flow = home.flow(function)
     derived = {d.id for d in flow.definitions.values() if d.kind == "param" and d.name == parameter}
     grown = True
