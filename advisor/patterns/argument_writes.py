@@ -17,7 +17,7 @@ import libcst as cst
 from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, binding_origins, may_alias
 from advisor.static.dataflow import FunctionFlow, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.outside_writes import REBINDS_TENSORS_GIVEN, SWAPS
+from advisor.static.outside_writes import NOT_WRITES, REBINDS_TENSORS_GIVEN, SWAPS
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_reads import HARMLESS_BUILTINS
 from advisor.static.tensor_views import tensor_method_names
@@ -26,7 +26,6 @@ from advisor.static.walk import descendants
 MAX_DEPTH = 2
 HOLDERS = (cst.Element, cst.StarredElement, cst.List, cst.Tuple, cst.Set, cst.DictElement, cst.StarredDictElement,
            cst.Dict, cst.BooleanOperation, cst.IfExp)  # what holds or passes on the value itself
-NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
 
 
 def argument_call(parsed: ParsedModule, node: cst.Name) -> cst.Call | None:

@@ -194,8 +194,9 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
                 "may share storage with the SDPA call's inputs"
             return (f"`{definition.name}`, which {how}, is written in place at line "
                     f"{parsed.line(definition.statement)}, between the scores and the value product")
-    kept_on = _attributes_bound_from(parsed, flow.function, names) | _attribute_roots(
-        parsed, [origin for i in _storage_sources(parsed, flow, leaves) for origin in binding_origins(flow.definitions[i])])
+    origins = [origin for i in _storage_sources(parsed, flow, leaves)
+               for origin in binding_origins(flow.definitions[i])]
+    kept_on = _attributes_bound_from(parsed, flow.function, names) | _attribute_roots(parsed, origins)
     names |= _comprehension_targets(parsed, flow.function, names)
     for receiver, deferred in _written_in_place(flow.function):
         line = parsed.line(receiver)

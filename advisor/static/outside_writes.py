@@ -911,6 +911,9 @@ def _in_place(name: str) -> bool:
     return name.endswith("_") and not name.startswith("_")
 
 
+NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
+
+
 def writes_its_receiver(method: str) -> bool:
     """An in-place method, or an operator method that writes its receiver (`__setitem__`, `__iadd__`)."""
     return _in_place(method) or method in IN_PLACE_DUNDERS

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.static.dataflow import target_names
+from advisor.static.outside_writes import NOT_WRITES
 from advisor.static.walk import walk
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     for node in parsed.parents:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
                 node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_") and \
-                node.func.attr.value not in ("requires_grad_", "share_memory_") and \
+                node.func.attr.value not in NOT_WRITES and \
                 _reaches_state_view(node.func.value, tensors, containers, 0):
             found.append(node)
         elif isinstance(node, cst.Call) and any(  # `torch.ones(b.shape, out=b)` (breaker round 27),

@@ -21,7 +21,7 @@ from advisor.patterns.attention.result import Refusal
 from advisor.patterns.inplace_args import inplace_argument, inplace_keyword
 from advisor.static.codegen import dotted, keyword
 from advisor.static.dataflow import is_inplace_method, loaded_names
-from advisor.static.outside_writes import writes_its_receiver
+from advisor.static.outside_writes import NOT_WRITES, writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
 from advisor.static.tensor_views import RANDOM_OPS
 from advisor.static.walk import descendants
@@ -46,7 +46,6 @@ ALIASING = frozenset({"view", "view_as", "reshape", "reshape_as", "contiguous", 
 # an array of another library over the tensor's memory: its writes are not followed, and autograd does not see them
 # (breaker round 17: `np.clip(y.detach().numpy(), ..., out=...)` changed what SDPA's backward read, silently)
 FOREIGN_VIEWS = frozenset({"numpy", "__array__", "__dlpack__", "__cuda_array_interface__"})
-NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
 # methods whose result is a fresh tensor of torch's default (contiguous) layout, or no tensor: the output's strides
 # end there; any other method may keep them (`.clamp`, `.flip`, `.nan_to_num`, `.real`: breaker round 14)
 FRESH_LAYOUT = frozenset({"contiguous", "reshape", "reshape_as", "sum", "mean", "amax", "amin", "max", "min",
