@@ -12,7 +12,9 @@ import libcst as cst
 
 from advisor.patterns import scope
 from advisor.patterns.dtypes import layer_class
+from advisor.patterns.storage_aliases import METADATA_READS
 from advisor.static.package_functions import called_function, keeps_function
+from advisor.static.dataflow import is_self
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.outside_writes import REGISTRATION_HOOKS
 from advisor.static.project import global_hook_calls
@@ -26,6 +28,11 @@ KNOWN_MODULES = ("torch", "einops", "math")
 MODULE_METHODS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module", "parameters",
                             "buffers", "modules", "children", "named_parameters", "named_buffers", "named_modules",
                             "named_children", "get_buffer", "get_parameter", "get_submodule"})
+# builtins of KNOWN_BUILTINS that call a function they are given (the argument's position, or its keyword), and those
+# that iterate their positional arguments: iterating a generator runs its body (`list(map(draw, range(2)))` drew
+# between the dropout and the value product: review of breaker round 28)
+CALLBACK_ARGUMENTS = {"map": 0, "min": "key", "max": "key"}
+ITERATING_BUILTINS = frozenset({"list", "tuple", "zip", "enumerate", "min", "max", "map", "sum", "any", "all"})
 BINDING_DECORATORS = frozenset({"staticmethod", "classmethod"})
 CONTAINER_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "get", "keys", "values",
                                "items", "copy", "clear"})
@@ -41,11 +48,11 @@ class _Trust:
 
 
 def foreign_call(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode,
-                 modules_trusted: bool = True) -> cst.Call | None:
+                 modules_trusted: bool = True) -> cst.BaseExpression | None:
     """A call in `node` (and in the functions of this file and of its package that it calls, followed) that may run
     code of another file or of a caller: anything but torch's, einops' and math's names, builtins, tensor methods on
-    a receiver other than `self`, and `self.layer(x)` of a torch.nn class built in this class. None where there is
-    none."""
+    a receiver other than `self`, and `self.layer(x)` of a torch.nn class built in this class; or what a loop or a
+    builtin iterates, where that may run such code (`_iteration_foreign`). None where there is none."""
     return _search(parsed, owner, node, _trust(parsed, modules_trusted), [])[0]
 
 
@@ -54,6 +61,12 @@ def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, modul
     `modules_trusted` (a hook registered, a torch class replaced: `modules_untrusted`), a torch.nn layer's call and
     nn.Module's own methods may run user code too."""
     return _foreign(parsed, owner, call, _trust(parsed, modules_trusted), [])[0]
+
+
+def foreign_iteration(parsed: ParsedModule, owner: ClassInfo | None, iterable: cst.BaseExpression,
+                      modules_trusted: bool = True) -> bool:
+    """Whether iterating `iterable` (a loop's, a comprehension's) may run code of another file or of a caller."""
+    return _iteration_foreign(parsed, owner, iterable, _trust(parsed, modules_trusted), [])[0]
 
 
 def _trust(parsed: ParsedModule, modules_trusted: bool) -> _Trust:
@@ -73,11 +86,14 @@ def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, tr
         return None, True
     path.append(node)
     found, met = None, False
-    for call in descendants(node, (cst.Call,)):
-        verdict, reached = _foreign(parsed, owner, call, trust, path)
+    for inner in descendants(node, (cst.Call, cst.For, cst.CompFor)):
+        if isinstance(inner, cst.Call):
+            verdict, reached = _foreign(parsed, owner, inner, trust, path)
+        else:
+            verdict, reached = _iteration_foreign(parsed, owner, inner.iter, trust, path)
         met |= reached
         if verdict:
-            found = call
+            found = inner if isinstance(inner, cst.Call) else inner.iter
             break
     path.pop()
     if found is not None or not met or not path:
@@ -90,8 +106,10 @@ def _foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, trus
     """(whether `call` may run foreign code, whether following it met a function of `path`)."""
     func = call.func
     dotted = parsed.imported_name(func) or ""
-    if dotted.split(".")[0] in KNOWN_MODULES or dotted in KNOWN_BUILTINS or _builtin(parsed, func):
+    if dotted.split(".")[0] in KNOWN_MODULES:
         return False, False
+    if dotted in KNOWN_BUILTINS or _builtin(parsed, func):
+        return _given_code_foreign(parsed, owner, call, trust, path)
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         own = owner.methods.get(func.attr.value) if owner is not None else None
         if own is not None:
@@ -116,6 +134,102 @@ def _foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, trus
                                                                                                        func.value):
         return False, False
     return not (isinstance(func, cst.Attribute) and func.attr.value in tensor_method_names()), False
+
+
+def _given_code_foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, trust: _Trust,
+                        path: list[cst.CSTNode]) -> tuple[bool, bool]:
+    """(whether a builtin's call runs foreign code through what it is given, whether following it met a function of
+    `path`): the function `map` calls (a lambda's body is the search's already), what it iterates."""
+    met = False
+    for callback in callbacks(call):
+        if not isinstance(callback, cst.Lambda):
+            verdict, reached = _foreign(parsed, owner, call_of(callback), trust, path)
+            met |= reached
+            if verdict:
+                return True, met
+    for iterable in iterated_arguments(call):
+        verdict, reached = _iteration_foreign(parsed, owner, iterable, trust, path)
+        met |= reached
+        if verdict:
+            return True, met
+    return False, met
+
+
+def callbacks(call: cst.Call) -> list[cst.BaseExpression]:
+    """The functions a builtin of CALLBACK_ARGUMENTS is given to call (`map(f, xs)`, `max(xs, key=f)`)."""
+    where = CALLBACK_ARGUMENTS.get(call.func.value) if isinstance(call.func, cst.Name) else None
+    if isinstance(where, int):
+        return [arg.value for arg in call.args[where:where + 1] if arg.keyword is None and arg.star == ""]
+    return [arg.value for arg in call.args if arg.keyword is not None and arg.keyword.value == where]
+
+
+def call_of(callback: cst.BaseExpression) -> cst.Call:
+    """The call a builtin makes of a function it is given (with one argument; made up, not in the file's tree)."""
+    return cst.Call(func=callback, args=(cst.Arg(cst.Name("_")),))
+
+
+def iterated_arguments(call: cst.Call) -> list[cst.BaseExpression]:
+    """What a builtin of ITERATING_BUILTINS iterates: `zip`'s positional arguments, `map`'s after the function, the
+    first of the others (`min` and `max` only where it is the one: `max(a, b)` compares its arguments)."""
+    name = call.func.value if isinstance(call.func, cst.Name) else None
+    if name not in ITERATING_BUILTINS:
+        return []
+    positional = [arg.value for arg in call.args if arg.keyword is None]
+    if name in ("zip", "map"):
+        return positional[1:] if name == "map" else positional
+    return positional[:1] if name not in ("min", "max") or len(positional) == 1 else []
+
+
+def _iteration_foreign(parsed: ParsedModule, owner: ClassInfo | None, iterable: cst.BaseExpression, trust: _Trust,
+                       path: list[cst.CSTNode]) -> tuple[bool, bool]:
+    """(whether iterating `iterable` may run foreign code, whether following it met a function of `path`)."""
+    sources = iteration_sources(parsed, owner, iterable)
+    if sources is None:
+        return True, False
+    met = False
+    for source in sources:
+        found, reached = _search(parsed, owner, source, trust, path)
+        met |= reached
+        if found is not None:
+            return True, met
+    return False, met
+
+
+def iteration_sources(parsed: ParsedModule, owner: ClassInfo | None, iterable: cst.BaseExpression,
+                      seen: frozenset[int] = frozenset()) -> list[cst.CSTNode] | None:
+    """The code iterating `iterable` may run: the calls and generator expressions it was made by (a generator runs
+    its body as it is iterated, however long ago it was made; a name is followed to what it was assigned). None
+    where it may be anything: a parameter, `self`, a global or another binding may be a caller's generator.
+    Displays, comprehensions, arithmetic, tensors' metadata and `self.` containers built as literals or torch.nn
+    classes run nothing."""
+    if isinstance(iterable, (cst.List, cst.Tuple, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.DictComp,
+                             cst.BaseString, cst.BinaryOperation, cst.UnaryOperation)):
+        return []
+    if isinstance(iterable, (cst.Call, cst.GeneratorExp)):
+        return [iterable]
+    if isinstance(iterable, cst.Attribute):
+        value = owner.only_value(iterable.attr.value) if owner is not None and is_self(iterable.value) else None
+        built = isinstance(value, (cst.List, cst.Tuple, cst.Dict)) or isinstance(value, cst.Call) and \
+            (parsed.imported_name(value.func) or "").startswith("torch.nn.")
+        return [] if built or iterable.attr.value in METADATA_READS else None
+    function = parsed.innermost(iterable, cst.FunctionDef) if isinstance(iterable, cst.Name) else None
+    if function is None or is_self(iterable):
+        return None
+    flow = parsed.flow(function)
+    definitions = flow.definitions_of(iterable)
+    if not definitions or flow.sees_undefined(iterable):
+        return None
+    sources: list[cst.CSTNode] = []
+    for definition in definitions:
+        if definition.id in seen:
+            continue
+        if definition.kind != "assign" or definition.value is None or definition.index is not None:
+            return None
+        more = iteration_sources(parsed, owner, definition.value, seen | {definition.id})
+        if more is None:
+            return None
+        sources += more
+    return sources
 
 
 def _method_as_written(parsed: ParsedModule, method: cst.FunctionDef) -> bool:

@@ -52,7 +52,12 @@ Round 28 (fixtures/attention/breaker28), aimed at round 27's fixes: a helper's p
 comprehension, `:=` or a `match` capture, written through `(t if c else None)` or `(t,)[0]`, by
 `torch.utils.swap_tensors` or `torch.ops.aten.mul_`; draws on the dropout's or the value product's own line, or by
 `gumbel_softmax`, `binomial`, `nn.init`; buffers written by `nn.init.ones_(b)` or `_foreach_add_` over
-`m.buffers()`; the output read through `(None or y)` or a `match` capture before a `.view`."""
+`m.buffers()`; the output read through `(None or y)` or a `match` capture before a `.view`. Its review
+(`b28_review_*`): code a builtin runs for what it is given (`map(draw, ...)`, `max(..., key=noisy)`) and generators
+made earlier, a caller's among them, iterated between the dropout or the scores and the value product.
+
+Round 29 (fixtures/attention/breaker29): a Dropout's `p` set after `__init__` (10 by a loop over `model.modules()`,
+None from a config): the original's call checks it even in eval and raises, the patch ran."""
 
 from __future__ import annotations
 
@@ -68,7 +73,7 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[0-8]/*.py"))
+PROGRAMS = sorted(FIXTURES.glob("breaker2[0-9]/*.py"))
 TREES = sorted(path for path in FIXTURES.glob("breaker2[1-7]/tree_*") if path.is_dir())
 
 

@@ -44,12 +44,23 @@ KNOWN = {
     "a torch.nn layer built here": "        return self.proj(x)",
     "a method of this class, followed": "        return self.inverse(x)",
     "a list the class builds": "        self.maps.append(x)\n        return x",
+    "displays, ranges and sizes iterated": "        for t in (x, x):\n            x = t\n        n = sum(x.shape)\n"
+                                           "        return [t for t in range(n)], list(zip(self.maps, [1]))",
+    "a lambda given to map, over a tensor made here": "        y = x * 2\n        return list(map(lambda t: t * 2, y))",
+    "a generator expression of torch calls, iterated later": "        g = (torch.relu(t) for t in x.unbind(0))\n"
+                                                             "        return list(g)",
 }
 FOREIGN = {
     "a callback": ("        cb()\n        return x", "cb"),
     "another module's function": ("        return helpers.shrink(x)", "helpers.shrink"),
     "a method of an object": ("        return x.cache.update(x)", "x.cache.update"),
     "a builtin the file rebinds": ("        range = cb\n        return range(3)", "range"),
+    "a function given to map": ("        return list(map(cb, x))", "list"),
+    "a key given to max": ("        return max(x, key=cb)", "max"),
+    "a parameter iterated by a loop (a caller's generator)": ("        for t in cb:\n            x = t\n"
+                                                              "        return x", "cb"),
+    "a generator of another module made earlier": ("        g = helpers.gen(x)\n        y = x * 2\n"
+                                                   "        return [t for t in g]", "helpers.gen"),
 }
 
 
@@ -58,7 +69,7 @@ def _first_foreign(body: str) -> str | None:
     forward = next(f for f, owner, _ in parsed.functions if f.name.value == "forward")
     owner = next(owner for f, owner, _ in parsed.functions if f is forward)
     call = foreign_call(parsed, owner, forward.body)
-    return parsed.code(call.func) if isinstance(call, cst.Call) else None
+    return None if call is None else parsed.code(call.func if isinstance(call, cst.Call) else call)
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN))

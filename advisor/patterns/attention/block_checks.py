@@ -15,7 +15,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.foreign_calls import foreign, modules_untrusted
+from advisor.patterns.foreign_calls import foreign, foreign_iteration, modules_untrusted
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
 from advisor.static.package_functions import package_function
@@ -258,14 +258,18 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
                     "caller may change q, k or v before the SDPA call reads them")
     scores = {definition.name for definition in c.chain.definitions}
     trusted = modules_untrusted(parsed) is None
-    for call in descendants(c.home, (cst.Call,)):
-        line = parsed.line(call)
-        around = list(_ancestors(parsed, call))
-        if first < line < last and not any(parent in removed for parent in around) and \
-                not any(_assigns(parent, scores) for parent in around) and \
-                foreign(parsed, c.owner, call, trusted):
-            return (f"`{short(parsed, call.func)}` runs between the scores and the value product (line {line}); "
+    for node in descendants(c.home, (cst.Call, cst.For, cst.CompFor)):
+        line = parsed.line(node)
+        around = list(_ancestors(parsed, node))
+        if not first < line < last or any(parent in removed for parent in around) or \
+                any(_assigns(parent, scores) for parent in around):
+            continue
+        if isinstance(node, cst.Call) and foreign(parsed, c.owner, node, trusted):
+            return (f"`{short(parsed, node.func)}` runs between the scores and the value product (line {line}); "
                     "code this analysis does not see may write q, k or v in place before the SDPA call reads them")
+        if not isinstance(node, cst.Call) and foreign_iteration(parsed, c.owner, node.iter, trusted):
+            return (f"`{short(parsed, node.iter)}` is iterated between the scores and the value product (line {line}): "
+                    "a generator's body, which this analysis does not see, may write q, k or v in place there")
     return None
 
 
@@ -391,8 +395,10 @@ MODULE_CALL_STATE = ("forward", "__call__", "__class__")
 
 def _module_state_written(owner, kinds: tuple[str, ...]) -> str | None:
     """Why a deleted module call may run other code than its class's: the file (or the tree) writes `forward`,
-    `__call__`, `__class__` (or, for a Softmax, `dim`) on some object, which may be that module."""
-    for name in MODULE_CALL_STATE + (("dim",) if "nn.Softmax" in kinds else ()):
+    `__call__`, `__class__` (or, for a Softmax, `dim`; for a Dropout, `p`, which its call checks: breaker round 29)
+    on some object, which may be that module."""
+    for name in MODULE_CALL_STATE + (("dim",) if "nn.Softmax" in kinds else ()) + \
+            (("p",) if "nn.Dropout" in kinds else ()):
         # narrowed writes count: `if isinstance(m, nn.Softmax): m.dim = -2` is about such modules exactly
         written = owner.written_outside(name, any_class=True)
         if written is not None:

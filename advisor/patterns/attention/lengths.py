@@ -202,7 +202,7 @@ def _tree_shape_hazard(c: Candidate) -> str | None:
     if call is None:
         return None
     return (f"`{display_path(elsewhere.path)}` names `{elsewhere.code}` (line {elsewhere.line}) and the block calls "
-            f"`{short(parsed, call.func)}`, which may run it")
+            f"`{short(parsed, call.func if isinstance(call, cst.Call) else call)}`, which may run it")
 
 
 def _describe(term: Term) -> str:

@@ -15,6 +15,7 @@ ignores a hook added after compiling in the original too.
 from __future__ import annotations
 
 import libcst as cst
+from libcst.helpers import parse_template_expression
 
 from advisor.contracts.emitted_names import MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
 from advisor.patterns.attention.candidate import Candidate
@@ -104,11 +105,22 @@ def module_checks(c: Candidate, torch_name: str) -> tuple[list[cst.BaseExpressio
         if dim is not None:  # `... and self.softmax.dim == -1`: read only once the module is exactly a Softmax
             part = cst.BooleanOperation(part, cst.And(), cst.Comparison(cst.Attribute(read, cst.Name("dim")), [
                 cst.ComparisonTarget(cst.Equal(), dim)]))
+        if "nn.Dropout" in classes and c.owner is not None and c.owner.written_outside("p", any_class=True):
+            part = cst.BooleanOperation(part, cst.And(), _dropout_range_check(read, "nn.Identity" in classes))
         if called_only_if_not_none(c, attribute, read):  # `self.rel_pos is None or ...`: no call to stand for
             part = cst.BooleanOperation(cst.Comparison(read, [cst.ComparisonTarget(cst.Is(), cst.Name("None"))]),
                                         cst.Or(), part)
         parts.append(part)
     return [read for read, _ in modules], parts
+
+
+def _dropout_range_check(module: cst.BaseExpression, maybe_identity: bool) -> cst.BaseExpression:
+    """`isinstance(m.p, (int, float)) and 0.0 <= m.p <= 1.0`: a Dropout's call checks its `p` (even where it does not
+    train), which code may set after `__init__` checked it (breaker round 29: `m.p = 10` raised in the original
+    only). An Identity in its place has no `p`: read with a default there."""
+    p = cst.Call(cst.Name("getattr"), [cst.Arg(module), cst.Arg(cst.SimpleString('"p"')), cst.Arg(cst.Float("0.0"))]) \
+        if maybe_identity else cst.Attribute(module, cst.Name("p"))
+    return parse_template_expression("isinstance({p}, (int, float)) and 0.0 <= {p} <= 1.0", p=p)
 
 
 def called_only_if_not_none(c: Candidate, attribute: str, read: cst.BaseExpression) -> bool:

@@ -22,7 +22,7 @@ from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.dtypes import layer_class
-from advisor.patterns.foreign_calls import KNOWN_BUILTINS
+from advisor.patterns.foreign_calls import KNOWN_BUILTINS, call_of, callbacks, iterated_arguments, iteration_sources
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
 from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, is_self_attribute, loaded_names
@@ -253,10 +253,12 @@ def _no_draw_after(c: Candidate, dropout: Op) -> None:
     parsed, product = c.parsed, c.weights.output.node
     first = parsed.line(dropout.node) if parsed.within(dropout.node, c.home) else parsed.line(c.home)
     last = parsed.line(product) if parsed.within(product, c.home) else parsed.end_line(c.home)
-    for call in descendants(c.home, (cst.Call,)):  # the two lines included (round 28: `torch.rand(1) * (w @ v)`)
-        if first <= parsed.line(call) <= last and not _nested(parsed, call, dropout.node) and \
-                not _nested(parsed, call, product) and _may_draw(c, call):
-            raise Refusal(f"`{short(parsed, call.func)}` (line {parsed.line(call)}) may draw random numbers between "
+    for node in descendants(c.home, (cst.Call, cst.For, cst.CompFor)):  # the two lines included (round 28)
+        if first <= parsed.line(node) <= last and not _nested(parsed, node, dropout.node) and \
+                not _nested(parsed, node, product) and \
+                (_may_draw(c, node) if isinstance(node, cst.Call) else _iteration_may_draw(c, node.iter)):
+            what = node.func if isinstance(node, cst.Call) else node.iter
+            raise Refusal(f"`{short(parsed, what)}` (line {parsed.line(node)}) may draw random numbers between "
                           "the dropout and the value product, where SDPA draws its dropout mask: the draws would "
                           "swap places")
 
@@ -278,10 +280,20 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
     layer = layer_class(c.parsed, c.owner, call)
     if layer is not None:
         return not layer.startswith("torch.nn.") or "dropout" in layer.lower() or layer.endswith("RReLU")
-    if dotted.startswith(("torch.", "math.")) or isinstance(func, cst.Name) and func.value in KNOWN_BUILTINS and \
-            func.value not in c.parsed.bound_names and func.value not in c.parsed.imports:
+    if dotted.startswith(("torch.", "math.")):
         return False
+    if isinstance(func, cst.Name) and func.value in KNOWN_BUILTINS and func.value not in c.parsed.bound_names and \
+            func.value not in c.parsed.imports:  # what the builtin calls or iterates may draw (`map(draw, xs)`)
+        return any(_may_draw(c, call_of(f)) for f in callbacks(call) if not isinstance(f, cst.Lambda)) or \
+            any(_iteration_may_draw(c, iterable) for iterable in iterated_arguments(call))
     return not (isinstance(func, cst.Attribute) and not dotted and name in tensor_method_names())
+
+
+def _iteration_may_draw(c: Candidate, iterable: cst.BaseExpression) -> bool:
+    """Iterating may run a generator made before (`g = draws(2)`; `list(g)`), or code of a caller."""
+    sources = iteration_sources(c.parsed, c.owner, iterable)
+    return sources is None or any(_may_draw(c, call) for source in sources
+                                  for call in descendants(source, (cst.Call,)))
 
 
 def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
