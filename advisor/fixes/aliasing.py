@@ -11,6 +11,7 @@ from advisor.patterns.inplace_args import inplace_argument
 from advisor.patterns.scope import outer_names
 from advisor.static.dataflow import loaded_names
 from advisor.static.module_index import ParsedModule
+from advisor.static.outside_writes import in_place_name
 from advisor.static.tensor_views import RANDOM_OPS, SCALAR_BUILTINS
 from advisor.static.walk import walk
 
@@ -63,7 +64,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             name = parent.attr.value
             caller = parsed.parents.get(parent)
             called = isinstance(caller, cst.Call) and caller.func is parent
-            if name in LAYOUT_READS or (name.endswith("_") and not name.startswith("_")):
+            if name in LAYOUT_READS or in_place_name(name):
                 return f"`.{name}` at line {parsed.line(parent)} reads its layout or writes it in place"
             if name in RANDOM_OPS:
                 return f"`.{name}` at line {parsed.line(parent)} draws random numbers in its memory order"
@@ -79,7 +80,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             if namespace not in VALUE_NAMESPACES:
                 shown = parsed.code(call.func).strip() if isinstance(call, cst.Call) else "a call"
                 return f"it is passed to `{shown}` at line {parsed.line(parent)}, whose use of it is not seen"
-            if last in LAYOUT_READS or last.endswith("_") or inplace_argument(parsed, call):
+            if last in LAYOUT_READS or in_place_name(last) or inplace_argument(parsed, call):
                 return f"`{callee}` at line {parsed.line(parent)} reads its layout or writes it in place"
             if last in RANDOM_OPS:  # `F.dropout(h, p, self.training)`: a profile in eval mode drew nothing
                 return f"`{callee}` at line {parsed.line(parent)} draws random numbers in its memory order"
@@ -229,7 +230,7 @@ class _InPlace(cst.CSTVisitor):
         if inplace_argument(self.parsed, node):
             self._hit(node, f"`{self.parsed.code(node.func).strip()}(..., inplace)` writes in place")
         method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
-        if method is not None and method.endswith("_") and not method.startswith("_"):
+        if method is not None and in_place_name(method):
             self._hit(node, f"`.{method}()` writes in place")
         # breaker round 25: `x.numpy().sort(axis=0)` sorted x
         if method in ("numpy", "__array__") or self.parsed.imported_name(node.func) in ARRAY_SHARERS:

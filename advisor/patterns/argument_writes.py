@@ -17,7 +17,7 @@ import libcst as cst
 from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, binding_origins, may_alias
 from advisor.static.dataflow import FunctionFlow, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
-from advisor.static.outside_writes import NOT_WRITES, REBINDS_TENSORS_GIVEN, SWAPS
+from advisor.static.outside_writes import NOT_WRITES, REBINDS_TENSORS_GIVEN, SWAPS, in_place_name
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_reads import HARMLESS_BUILTINS
 from advisor.static.tensor_views import tensor_method_names
@@ -61,7 +61,7 @@ def writes_arguments(parsed: ParsedModule, call: cst.Call, argument: cst.CSTNode
     if dotted:
         name = dotted.rsplit(".", 1)[-1]
         if dotted.startswith(("torch.", "einops.", "math.")):
-            return name.endswith("_") and name not in NOT_WRITES
+            return in_place_name(name) and name not in NOT_WRITES
     method = func.attr.value if isinstance(func, cst.Attribute) else ""
     if is_self_attribute(func) and owner is not None and method in owner.methods:
         return _method_writes(parsed, owner, method, call, argument, layers_trusted, depth)
@@ -71,7 +71,7 @@ def writes_arguments(parsed: ParsedModule, call: cst.Call, argument: cst.CSTNode
                     (parsed.imported_name(built.func) or "").startswith("torch.nn.") and
                     not any(arg.keyword is not None and arg.keyword.value == "inplace" for arg in built.args))
     if method in tensor_method_names() and not is_self_attribute(func) and not dotted:
-        return method.endswith("_") and method not in NOT_WRITES
+        return in_place_name(method) and method not in NOT_WRITES
     followed = called_function(parsed, func, parsed.outside_attribute_writes[0]) if depth < MAX_DEPTH else None
     if followed is None:
         return True  # code not read here: a builtin running what it is given (`map`), a method, a callback
@@ -187,7 +187,7 @@ def _written_through(parsed: ParsedModule, node: cst.Name) -> bool:
             called = parsed.parents.get(parent)
             if isinstance(called, cst.Call) and called.func is parent:
                 name = parent.attr.value
-                if name.endswith("_") and not name.endswith("__") and name not in NOT_WRITES:
+                if in_place_name(name) and name not in NOT_WRITES:
                     return True
                 if name in FRESH_TENSOR_OPS or name in METADATA_READS:
                     return False  # `t.new_full(...).triu_(1)` writes a new tensor

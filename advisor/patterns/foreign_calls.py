@@ -33,6 +33,11 @@ MODULE_METHODS = frozenset({"register_buffer", "register_parameter", "add_module
 # between the dropout and the value product: review of breaker round 28)
 CALLBACK_ARGUMENTS = {"map": 0, "min": "key", "max": "key"}
 ITERATING_BUILTINS = frozenset({"list", "tuple", "zip", "enumerate", "min", "max", "map", "sum", "any", "all"})
+LAZY_BUILTINS = frozenset({"zip", "enumerate", "map"})  # they iterate what they are given as they are iterated
+# nodes that run code without a call of their own: iterating (a loop, a comprehension, unpacking, `*g`, `x in g`,
+# `yield from g`) or entering a context (`with s:` runs `s.__enter__`: breaker round 30)
+IMPLICIT_RUNNERS = (cst.For, cst.CompFor, cst.Assign, cst.StarredElement, cst.Arg, cst.Comparison, cst.From,
+                    cst.With)
 BINDING_DECORATORS = frozenset({"staticmethod", "classmethod"})
 CONTAINER_METHODS = frozenset({"append", "extend", "insert", "add", "update", "setdefault", "get", "keys", "values",
                                "items", "copy", "clear"})
@@ -69,6 +74,29 @@ def foreign_iteration(parsed: ParsedModule, owner: ClassInfo | None, iterable: c
     return _iteration_foreign(parsed, owner, iterable, _trust(parsed, modules_trusted), [])[0]
 
 
+def implicit_runs(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """What a node of IMPLICIT_RUNNERS iterates or enters (`iteration_sources` reads what that runs): a loop's or a
+    comprehension's iterable, an unpacked value (`a, b = g`), a starred element or argument outside a target, the
+    container of `in`, `yield from`'s value, a `with` statement's context managers."""
+    if isinstance(node, (cst.For, cst.CompFor)):
+        return [node.iter]
+    if isinstance(node, cst.Assign):
+        return [node.value] if any(isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets) else []
+    if isinstance(node, cst.StarredElement):
+        holder = parsed.parents.get(parsed.parents.get(node))
+        return [] if isinstance(holder, (cst.AssignTarget, cst.For, cst.CompFor, cst.StarredElement)) or \
+            isinstance(parsed.parents.get(node), (cst.AssignTarget, cst.For, cst.CompFor)) else [node.value]
+    if isinstance(node, cst.Arg):
+        return [node.value] if node.star else []
+    if isinstance(node, cst.Comparison):
+        return [target.comparator for target in node.comparisons if isinstance(target.operator, (cst.In, cst.NotIn))]
+    if isinstance(node, cst.From):  # `yield from g` (not `raise e from cause`)
+        return [node.item] if isinstance(parsed.parents.get(node), cst.Yield) else []
+    if isinstance(node, cst.With):
+        return [item.item for item in node.items]
+    return []
+
+
 def _trust(parsed: ParsedModule, modules_trusted: bool) -> _Trust:
     return _Trust(modules_trusted, parsed.outside_attribute_writes[0])
 
@@ -86,14 +114,21 @@ def _search(parsed: ParsedModule, owner: ClassInfo | None, node: cst.CSTNode, tr
         return None, True
     path.append(node)
     found, met = None, False
-    for inner in descendants(node, (cst.Call, cst.For, cst.CompFor)):
+    for inner in descendants(node, (cst.Call,) + IMPLICIT_RUNNERS):
         if isinstance(inner, cst.Call):
             verdict, reached = _foreign(parsed, owner, inner, trust, path)
+            culprit = inner
         else:
-            verdict, reached = _iteration_foreign(parsed, owner, inner.iter, trust, path)
+            verdict, reached, culprit = False, False, None
+            for run in implicit_runs(parsed, inner):
+                verdict, more = _iteration_foreign(parsed, owner, run, trust, path)
+                reached |= more
+                culprit = run
+                if verdict:
+                    break
         met |= reached
         if verdict:
-            found = inner if isinstance(inner, cst.Call) else inner.iter
+            found = culprit
             break
     path.pop()
     if found is not None or not met or not path:
@@ -205,6 +240,10 @@ def iteration_sources(parsed: ParsedModule, owner: ClassInfo | None, iterable: c
     if isinstance(iterable, (cst.List, cst.Tuple, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.DictComp,
                              cst.BaseString, cst.BinaryOperation, cst.UnaryOperation)):
         return []
+    if isinstance(iterable, cst.Call) and iterable.func is not None and isinstance(iterable.func, cst.Name) and \
+            iterable.func.value in LAZY_BUILTINS and _builtin(parsed, iterable.func):  # `zip(g, h)` iterates later
+        inner = [iteration_sources(parsed, owner, argument, seen) for argument in iterated_arguments(iterable)]
+        return None if None in inner else [iterable] + [source for found in inner for source in found]
     if isinstance(iterable, (cst.Call, cst.GeneratorExp)):
         return [iterable]
     if isinstance(iterable, cst.Attribute):
@@ -230,6 +269,19 @@ def iteration_sources(parsed: ParsedModule, owner: ClassInfo | None, iterable: c
             return None
         sources += more
     return sources
+
+
+def runs_known_code(parsed: ParsedModule, source: cst.CSTNode) -> bool:
+    """What a call made earlier returns runs only torch's or Python's code when iterated or entered: the call is to
+    a name of torch, einops or math, a builtin of the list, or a tensor method (`x.chunk(2)`). A generator
+    expression runs its body; a function's or a class's result may be a generator or a context manager of its own."""
+    if not isinstance(source, cst.Call):
+        return False
+    func = source.func
+    dotted = parsed.imported_name(func) or ""
+    return dotted.split(".")[0] in KNOWN_MODULES or _builtin(parsed, func) or \
+        isinstance(func, cst.Attribute) and not dotted and not is_self(func.value) and \
+        func.attr.value in tensor_method_names()
 
 
 def _method_as_written(parsed: ParsedModule, method: cst.FunctionDef) -> bool:

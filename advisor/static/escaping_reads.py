@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 
-from advisor.static.outside_writes import ANY_TENSOR
+from advisor.static.outside_writes import ANY_TENSOR, in_place_name
 from advisor.static.python_ast import parent_map
 from advisor.static.tensor_reads import FRESH_METHODS, HARMLESS_BUILTINS, METADATA, SHARING_METHODS, TORCH_SHARING
 
@@ -129,7 +129,7 @@ class _Reader:
             return True
         if method in SHARING_METHODS:
             return self.plain(call, depth + 1)
-        return _in_place(method) and not self.by_name  # a write outside_writes reads
+        return in_place_name(method) and not self.by_name  # a write outside_writes reads
 
     def _argument(self, call: ast.Call, depth: int) -> bool:
         dotted = self.dotted(call.func) or ""
@@ -137,14 +137,10 @@ class _Reader:
             return True
         if dotted.startswith("torch."):
             function = dotted.rsplit(".", 1)[-1]
-            if _in_place(function):
+            if in_place_name(function):
                 return not self.by_name  # a write outside_writes reads
             return self.plain(call, depth + 1) if dotted in TORCH_SHARING else True
         return False
-
-
-def _in_place(name: str) -> bool:
-    return name.endswith("_") and not name.startswith("_")
 
 
 def _on_self(node: ast.AST | None) -> bool:

@@ -890,7 +890,7 @@ class _Writes:
                 (f"__{function.strip('_')}__" in IN_PLACE_DUNDERS):  # `operator.iadd(m.bias, 1)`, `setitem`
             self.target(args[0], elements_only=True)
             return True
-        if not (_in_place(function) and args):
+        if not (in_place_name(function) and args):
             return False
         drawn = dotted is not None and dotted.startswith("torch.nn.init.") and \
             all(_moderate_number(value) for value in [*args[1:], *(k.value for k in node.keywords)])
@@ -906,9 +906,10 @@ class _Writes:
         return True
 
 
-def _in_place(name: str) -> bool:
-    """torch's naming for what writes in place: a trailing underscore (`fill_`, `nn.init.ones_`)."""
-    return name.endswith("_") and not name.startswith("_")
+def in_place_name(name: str) -> bool:
+    """torch's naming for what writes in place: a trailing underscore (`fill_`, `nn.init.ones_`, `_foreach_add_`,
+    timm's `_trunc_normal_`), not a dunder's (`__init__`). NOT_WRITES are named so and keep the values."""
+    return name.endswith("_") and not name.endswith("__")
 
 
 NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in-place by name, values untouched
@@ -916,7 +917,7 @@ NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})  # in
 
 def writes_its_receiver(method: str) -> bool:
     """An in-place method, or an operator method that writes its receiver (`__setitem__`, `__iadd__`)."""
-    return _in_place(method) or method in IN_PLACE_DUNDERS
+    return in_place_name(method) or method in IN_PLACE_DUNDERS
 
 
 def _moderate_number(node: ast.AST) -> bool:

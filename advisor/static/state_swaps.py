@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.static.dataflow import target_names
-from advisor.static.outside_writes import NOT_WRITES
+from advisor.static.outside_writes import NOT_WRITES, in_place_name
 from advisor.static.walk import walk
 
 if TYPE_CHECKING:
@@ -44,8 +44,7 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     tensors, containers = _names_bound_to_state_views(parsed)
     for node in parsed.parents:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-                node.func.attr.value.endswith("_") and not node.func.attr.value.startswith("_") and \
-                node.func.attr.value not in NOT_WRITES and \
+                in_place_name(node.func.attr.value) and node.func.attr.value not in NOT_WRITES and \
                 _reaches_state_view(node.func.value, tensors, containers, 0):
             found.append(node)
         elif isinstance(node, cst.Call) and any(  # `torch.ones(b.shape, out=b)` (breaker round 27),
@@ -82,7 +81,7 @@ def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str
 def _in_place_function(func: cst.BaseExpression) -> bool:
     """A function (not a method) named as writing its arguments: a trailing underscore, or a swap of tensors."""
     name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
-    return name.endswith("_") and not name.endswith("__") or name == "swap_tensors"
+    return in_place_name(name) or name == "swap_tensors"
 
 
 def _is_state_view_call(node: cst.CSTNode) -> bool:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.static.dataflow import is_self
-from advisor.static.outside_writes import IN_PLACE_DUNDERS
+from advisor.static.outside_writes import IN_PLACE_DUNDERS, in_place_name
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
 from advisor.static.walk import walk
@@ -266,7 +266,7 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
     out = arg.keyword is not None and arg.keyword.value == "out"
     if writes_seen and (out or dotted.startswith(("torch.", "operator."))):
         function = dotted.rsplit(".", 1)[-1]  # `nn.init.normal_(m.table)`, `operator.setitem(m.bias, i, v)`
-        written = out or function.endswith("_") and not function.startswith("_") or \
+        written = out or in_place_name(function) or \
             dotted.startswith("operator.") and f"__{function.strip('_')}__" in IN_PLACE_DUNDERS
         return written or leaves_alone(parsed, call, depth + 1, writes_seen)  # else its result may be a view
     if out:

@@ -13,9 +13,15 @@ casts = lazy_import("advisor.runtime.detect.casts")
 ops = lazy_import("advisor.runtime.detect.op_kinds")
 
 
+# a cast to float16 or bfloat16 is no upcast: under CUDA autocast softmax without dtype= runs in float32 and
+# returns float32, with dtype= in the dtype given (breaker round 30: 2.4e-4 apart on an H100, another output dtype)
+UPCASTS = frozenset({"float32", "float64"})
+
+
 def prove(parsed, call):
     """`softmax(x.float(), dim)` -> `softmax(x, dim, dtype=torch.float32)`: softmax's dtype= casts its input to
-    dtype before the operation, so the result is the same tensor of values for any input dtype; on CUDA the kernel
+    dtype before the operation, so the result is the same tensor of values for any input dtype (under autocast too:
+    float32 is what autocast runs softmax in, float64 it leaves alone); on CUDA the kernel
     reads half input and writes float output in one pass instead of writing an upcast copy first."""
     import libcst as cst
 
@@ -24,7 +30,7 @@ def prove(parsed, call):
         return None
     cast, position = found
     dtype = roles.cast_dtype(parsed, cast)
-    code = roles.dtype_code(parsed, cast, dtype) if dtype in roles.FLOATING else None
+    code = roles.dtype_code(parsed, cast, dtype) if dtype in UPCASTS else None
     if code is None:
         return None
     source = cast.func.value
@@ -87,7 +93,9 @@ RULE = CallRule(
         "the same result and lets the kernel upcast while it reads (fused on CUDA for float16).",
     fix_doc="Safe, proved from the source: softmax's dtype= casts its input first, whatever its dtype. Elsewhere than "
             "CUDA float16 softmax's dtype= dispatches the same cast itself, so the change is neutral there. Inside a "
-            "hand-written attention block the attention rule's rewrite replaces the softmax instead.",
+            "hand-written attention block the attention rule's rewrite replaces the softmax instead. Only casts to "
+            "float32 or float64 count: CUDA autocast runs softmax without dtype= in float32, so `softmax(x.half())` "
+            "keeps its cast (breaker round 30: another output dtype, 2.4e-4 apart on an H100).",
     detectors=("static", "runtime"),
     examples=(returned("F.softmax(x.float(), dim=-1)", "F.softmax(x, dim=-1, dtype=torch.float32)"),
               not_returned("F.softmax(x.float(), dim=-1, dtype=torch.float64)"),
@@ -97,6 +105,6 @@ RULE = CallRule(
               not_profiled("u = (x.half() * 2).float()\nreturn F.softmax(u, dim=-1) + u")),
     references=("https://pytorch.org/docs/stable/generated/torch.nn.functional.softmax.html",), threshold_share=0.005,
     tokens=("softmax",), prove=prove,
-    methods=("float", "half", "bfloat16", "double", "to"),  # the upcast of its input: `x.float()`, `x.to(torch.float32)`
+    methods=("float", "double", "to"),  # the upcast of its input: `x.float()`, `x.to(torch.float32)`
     join=join, graph=detect,
 )

@@ -57,7 +57,11 @@ comprehension, `:=` or a `match` capture, written through `(t if c else None)` o
 made earlier, a caller's among them, iterated between the dropout or the scores and the value product.
 
 Round 29 (fixtures/attention/breaker29): a Dropout's `p` set after `__init__` (10 by a loop over `model.modules()`,
-None from a config): the original's call checks it even in eval and raises, the patch ran."""
+None from a config): the original's call checks it even in eval and raises, the patch ran.
+
+Round 30 (fixtures/attention/breaker30): code run between the dropout or the scores and the value product
+without a call there: a generator emptied by unpacking, a property of the class, a generator expression made
+before that writes q in place, a `with` whose `__enter__` draws."""
 
 from __future__ import annotations
 
@@ -73,7 +77,7 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker2[0-9]/*.py"))
+PROGRAMS = sorted(FIXTURES.glob("breaker[23][0-9]/*.py"))
 TREES = sorted(path for path in FIXTURES.glob("breaker2[1-7]/tree_*") if path.is_dir())
 
 

@@ -32,6 +32,9 @@ NEGATIVE = [  # nothing provable from the source alone
     "x.float().half()",  # a real conversion
     "x.to(x.device).float()",  # not a pure dtype cast
     "F.softmax(x.float(), dim=-1, dtype=torch.float64)",  # already passes dtype=
+    # no upcast: CUDA autocast runs softmax without dtype= in float32 (breaker round 30), with dtype= in the dtype
+    "F.softmax(x.half(), dim=-1)",
+    "torch.softmax(x.to(torch.bfloat16), -1)",
     "F.softmax(x.float(  # a comment the removed cast holds\n    ), dim=-1)",
     "F.softmax(x.float(), *(-1, 3, torch.float64))",  # `*args` may pass dtype (breaker round 19: a TypeError)
     "F.softmax(x, dim=-1).float()",  # the cast follows the softmax

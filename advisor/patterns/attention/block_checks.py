@@ -15,7 +15,8 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.foreign_calls import foreign, foreign_iteration, modules_untrusted
+from advisor.patterns.foreign_calls import IMPLICIT_RUNNERS, foreign, foreign_iteration, implicit_runs, \
+    iteration_sources, modules_untrusted, runs_known_code
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
 from advisor.static.package_functions import package_function
@@ -258,7 +259,7 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
                     "caller may change q, k or v before the SDPA call reads them")
     scores = {definition.name for definition in c.chain.definitions}
     trusted = modules_untrusted(parsed) is None
-    for node in descendants(c.home, (cst.Call, cst.For, cst.CompFor)):
+    for node in descendants(c.home, (cst.Call,) + IMPLICIT_RUNNERS):
         line = parsed.line(node)
         around = list(_ancestors(parsed, node))
         if not first < line < last or any(parent in removed for parent in around) or \
@@ -267,9 +268,15 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
         if isinstance(node, cst.Call) and foreign(parsed, c.owner, node, trusted):
             return (f"`{short(parsed, node.func)}` runs between the scores and the value product (line {line}); "
                     "code this analysis does not see may write q, k or v in place before the SDPA call reads them")
-        if not isinstance(node, cst.Call) and foreign_iteration(parsed, c.owner, node.iter, trusted):
-            return (f"`{short(parsed, node.iter)}` is iterated between the scores and the value product (line {line}): "
-                    "a generator's body, which this analysis does not see, may write q, k or v in place there")
+        for run in [] if isinstance(node, cst.Call) else implicit_runs(parsed, node):
+            sources = iteration_sources(parsed, c.owner, run)
+            made = None if sources is None else next((source for source in sources if parsed.line(source) <= first
+                                                      and not runs_known_code(parsed, source)), None)
+            if sources is None or made is not None or foreign_iteration(parsed, c.owner, run, trusted):
+                where = "" if made is None else f", made at line {parsed.line(made)}"
+                return (f"`{short(parsed, run)}` is iterated or entered between the scores and the value product "
+                        f"(line {line}{where}): code this analysis does not see there (a generator's body, "
+                        "`__enter__`) may write q, k or v in place")
     return None
 
 

@@ -22,7 +22,8 @@ from advisor.patterns.attention.rendering import at_home, short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.attention.scores import absorb
 from advisor.patterns.dtypes import layer_class
-from advisor.patterns.foreign_calls import KNOWN_BUILTINS, call_of, callbacks, iterated_arguments, iteration_sources
+from advisor.patterns.foreign_calls import IMPLICIT_RUNNERS, KNOWN_BUILTINS, call_of, callbacks, implicit_runs, \
+    iterated_arguments, iteration_sources
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
 from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, is_self_attribute, loaded_names
@@ -253,14 +254,30 @@ def _no_draw_after(c: Candidate, dropout: Op) -> None:
     parsed, product = c.parsed, c.weights.output.node
     first = parsed.line(dropout.node) if parsed.within(dropout.node, c.home) else parsed.line(c.home)
     last = parsed.line(product) if parsed.within(product, c.home) else parsed.end_line(c.home)
-    for node in descendants(c.home, (cst.Call, cst.For, cst.CompFor)):  # the two lines included (round 28)
-        if first <= parsed.line(node) <= last and not _nested(parsed, node, dropout.node) and \
-                not _nested(parsed, node, product) and \
-                (_may_draw(c, node) if isinstance(node, cst.Call) else _iteration_may_draw(c, node.iter)):
-            what = node.func if isinstance(node, cst.Call) else node.iter
+    for node in descendants(c.home, (cst.Call, cst.Attribute) + IMPLICIT_RUNNERS):  # the two lines included
+        if not (first <= parsed.line(node) <= last and not _nested(parsed, node, dropout.node) and
+                not _nested(parsed, node, product)):
+            continue
+        if isinstance(node, cst.Attribute):  # `self.gain`, a property of the class: its getter runs (round 30)
+            if is_self_attribute(node) and c.owner is not None and node.attr.value in c.owner.methods and \
+                    not _called(parsed, node):
+                raise Refusal(f"`{short(parsed, node)}` (line {parsed.line(node)}) runs a method of the class, "
+                              "which may draw random numbers between the dropout and the value product, where "
+                              "SDPA draws its dropout mask: the draws would swap places")
+            continue
+        runs = [] if isinstance(node, cst.Call) else implicit_runs(parsed, node)
+        drawing = next((run for run in runs if _iteration_may_draw(c, run)), None)
+        if _may_draw(c, node) if isinstance(node, cst.Call) else drawing is not None:
+            what = node.func if isinstance(node, cst.Call) else drawing
             raise Refusal(f"`{short(parsed, what)}` (line {parsed.line(node)}) may draw random numbers between "
                           "the dropout and the value product, where SDPA draws its dropout mask: the draws would "
                           "swap places")
+
+
+def _called(parsed, attribute: cst.Attribute) -> bool:
+    """`self.f(...)`: the attribute is the function of a call (which the call's own check reads)."""
+    parent = parsed.parents.get(attribute)
+    return isinstance(parent, cst.Call) and parent.func is attribute
 
 
 def _nested(parsed, call: cst.Call, node: cst.CSTNode) -> bool:
