@@ -12,15 +12,13 @@ from advisor.patterns.scope import outer_names
 from advisor.static.dataflow import loaded_names
 from advisor.static.module_index import ParsedModule
 from advisor.static.outside_writes import in_place_name
-from advisor.static.tensor_views import RANDOM_OPS, SCALAR_BUILTINS
+from advisor.static.tensor_views import RANDOM_OPS, SCALAR_BUILTINS, STRIDE_READS
 from advisor.static.walk import walk
 
 # numpy functions whose array shares a tensor's memory (numpy writes in place without a trailing underscore)
 ARRAY_SHARERS = frozenset({"numpy.asarray", "numpy.asanyarray", "numpy.from_dlpack", "numpy.frombuffer"})
 # Reading these observes the layout or the storage itself, so a copy's removal could change what they see.
-LAYOUT_READS = frozenset({"view", "view_as", "stride", "is_contiguous", "data_ptr", "storage", "untyped_storage",
-                          "storage_offset", "numpy", "as_strided", "as_strided_", "set_", "data", "grad", "resize_",
-                          "from_dlpack", "to_dlpack", "__dlpack__"})
+LAYOUT_READS = frozenset({"view", "view_as"}) | STRIDE_READS
 METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel", "requires_grad", "is_cuda",
                       "item", "tolist", "element_size", "nelement", "is_floating_point", "is_complex"})
 # Results that are a new contiguous tensor whatever their inputs' strides: matrix products, and reductions and

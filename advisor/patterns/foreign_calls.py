@@ -246,6 +246,13 @@ def iteration_sources(parsed: ParsedModule, owner: ClassInfo | None, iterable: c
         return None if None in inner else [iterable] + [source for found in inner for source in found]
     if isinstance(iterable, (cst.Call, cst.GeneratorExp)):
         return [iterable]
+    if isinstance(iterable, cst.Subscript):  # `i, j = sim.shape[-2:]`: a part of a size, or of a tensor's sizes
+        base = iterable
+        while isinstance(base, cst.Subscript):
+            base = base.value
+        sized = isinstance(base, cst.Attribute) and base.attr.value in METADATA_READS or isinstance(base, cst.Call) \
+            and isinstance(base.func, cst.Attribute) and base.func.attr.value in METADATA_READS
+        return [base] if isinstance(base, cst.Call) and sized else [] if sized else None
     if isinstance(iterable, cst.Attribute):
         value = owner.only_value(iterable.attr.value) if owner is not None and is_self(iterable.value) else None
         built = isinstance(value, (cst.List, cst.Tuple, cst.Dict)) or isinstance(value, cst.Call) and \

@@ -32,7 +32,8 @@ from advisor.static.opening_imports import opening_imports_end
 from advisor.static.op_restores import replaces
 from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
-    func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses
+    func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses, \
+    real_trace_uses
 from advisor.static.walk import children, descendants
 from advisor.static.walk import walk as visit_tree
 
@@ -1182,6 +1183,14 @@ def fx_traced(parsed: ParsedModule) -> str | None:
     the tree reads torch.fx or a library tracing with it (static.project.fx_trace_uses). Traced code runs on
     Proxies, so a check of dtypes or dims raises TraceError where the original traced."""
     return _traced(parsed, fx_traced, fx_trace_uses, lambda project: project.fx_traces, "torch.fx")
+
+
+def real_tensor_traced(parsed: ParsedModule) -> str | None:
+    """Why the file's modules may be traced on tensors by make_fx or torch.export (None: nothing in the tree shows
+    it): a guard's checks pass on the example and the recorded graph keeps the SDPA path for any input (breaker
+    round 31: a 1-D mask then raised in the patched graph only)."""
+    return _traced(parsed, real_tensor_traced, real_trace_uses, lambda project: project.real_traces,
+                   "make_fx or torch.export")
 
 
 def jit_traced(parsed: ParsedModule) -> str | None:

@@ -823,8 +823,9 @@ def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str,
     if skip_self:
         positional = positional[1:]
     names = [p.name.value for p in positional]
+    keyword_ok = parameter not in {p.name.value for p in params.posonly_params}  # else `mask=` goes to **kwargs
     for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == parameter:
+        if keyword_ok and arg.keyword is not None and arg.keyword.value == parameter:
             return arg.value, False
     position = names.index(parameter) if parameter in names else None
     given = [arg for arg in call.args if arg.keyword is None]

@@ -51,7 +51,11 @@ MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\
 # FX quantization, timm's FX features)
 FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torchvision.models.feature_extraction",
               "timm.models._features_fx", "timm.models.features_fx")
-MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx|quantize_fx")
+MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx|quantize_fx|make_fx|proxy_tensor|"
+                          r"torch\.export|torch\._export|dynamo\.export")
+# tracers that run the code on tensors (real, fake or functional), not Proxies, and record the ops it ran: a check
+# of dtypes or dims is decided once, by the example, and no flag of torch's public API says one is tracing
+REAL_TENSOR_TRACERS = ("torch.fx.experimental.proxy_tensor", "torch.export", "torch._export", "torch._dynamo.export")
 # tracers that run the code once on example inputs and record the ops it ran: every `if` is decided then, for good
 # and their defining module (`torch.jit._trace.trace`); `torch.jit` or `torch.onnx` taken as a value counts too
 JIT_TRACERS = ("torch.jit.trace", "torch.jit.trace_module", "torch.jit._trace", "torch.onnx.export")
@@ -138,6 +142,7 @@ class ProjectFacts:
     tensor_methods: tuple[UseSite, ...] = ()  # methods named as torch.Tensor's (TENSOR_METHOD_NAMES) defined
     sdpa_restrictions: tuple[UseSite, ...] = ()  # SDPA's kernels restricted without its math kernel
     shape_changes: tuple[UseSite, ...] = ()  # in-place shape changes and `.data` assignments (shape_changes)
+    real_traces: tuple[UseSite, ...] = ()  # make_fx and torch.export, which trace real (or fake) tensors
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -268,6 +273,11 @@ def fx_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     return _uses_under(parsed, FX_TRACERS)
 
 
+def real_trace_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
+    """Where the file reads a tracer that runs the code on tensors (REAL_TENSOR_TRACERS)."""
+    return _uses_under(parsed, REAL_TENSOR_TRACERS)
+
+
 def func_transform_uses(parsed: ParsedModule) -> list[cst.BaseExpression]:
     """Where the file reads torch.func, functorch or torch.vmap (FUNC_TRANSFORMS)."""
     return _uses_under(parsed, FUNC_TRANSFORMS)
@@ -332,7 +342,8 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
             found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
                       for kind, nodes in (("script", script_uses(parsed)), ("swap", state_swaps(parsed)),
                                           ("fx", fx_trace_uses(parsed)), ("jit", jit_trace_uses(parsed)),
-                                          ("func", func_transform_uses(parsed)))
+                                          ("func", func_transform_uses(parsed)),
+                                          ("real", real_trace_uses(parsed)))
                       for node in nodes]
         except (cst.ParserSyntaxError, RecursionError, MemoryError):
             return []
@@ -391,4 +402,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site, kind in hooks if kind == "ops"),
                         tuple(site for site, kind in hooks if kind == "methods"),
                         tuple(site for site, kind in hooks if kind == "sdpa"),
-                        tuple(site for site, kind in hooks if kind == "shapes"))
+                        tuple(site for site, kind in hooks if kind == "shapes"),
+                        tuple(site for site, kind in hooks if kind == "real"))

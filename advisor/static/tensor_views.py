@@ -26,6 +26,11 @@ VIEW_OPS = frozenset({
     "atleast_2d", "atleast_3d", "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16",
     "bool", "byte", "char", "short", "int", "long", "cpu", "cuda", "rearrange",
 })
+# what reads a tensor's memory layout, builds a tensor from it, or raises on some strides (`view_as_complex`:
+# breaker round 31's rotary embedding): a copy removed before one, or SDPA's output strides, may change it
+STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "untyped_storage", "storage_offset",
+                          "as_strided", "as_strided_", "set_", "numpy", "unfold", "data", "grad", "resize_",
+                          "from_dlpack", "to_dlpack", "__dlpack__", "view_as_complex", "view_as_real"})
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
 # torch functions and methods that draw random numbers in their input's memory order: with one seed, a permuted
 # tensor and its contiguous copy get their draws on other elements (breaker rounds 16 and 25)

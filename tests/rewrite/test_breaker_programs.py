@@ -61,7 +61,11 @@ None from a config): the original's call checks it even in eval and raises, the 
 
 Round 30 (fixtures/attention/breaker30): code run between the dropout or the scores and the value product
 without a call there: a generator emptied by unpacking, a property of the class, a generator expression made
-before that writes q in place, a `with` whose `__enter__` draws."""
+before that writes q in place, a `with` whose `__enter__` draws; a model traced by torch.fx in training mode and
+run in eval (the patch's dropout flag was taken once while tracing).
+
+Round 31 (fixtures/attention/breaker31): a guarded patch traced by make_fx, which runs the checks on tensors once
+and kept the SDPA path for a 1-D mask the original broadcasts."""
 
 from __future__ import annotations
 

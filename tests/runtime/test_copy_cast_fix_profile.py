@@ -52,6 +52,10 @@ def test_strided_ok_copy_removed_safely(tmp_path):
     ("t = x.transpose(1, 2).contiguous()\nreturn t.view(-1).sum()\n", ".view"),
     ("t = x.transpose(1, 2).contiguous()\nself.cache = t\nreturn t.sum()\n", "stored"),
     ("t = x.transpose(1, 2).contiguous()\nreturn self.proj(t).sum()\n", "passed to `self.proj`"),
+    # breaker round 31: view_as_complex raises on strides a copy made regular (Llama's rotary embedding)
+    ("t = x.transpose(1, 2).contiguous()\nreturn torch.view_as_complex(t.reshape(2, -1, 2)).abs().sum()\n",
+     "torch.view_as_complex"),
+    ("t = x.transpose(1, 2).contiguous()\nreturn torch.view_as_real(t).sum()\n", "torch.view_as_real"),
 ])
 def test_copy_removal_that_could_change_aliasing_or_layout_is_unsafe(tmp_path, body, why):
     finding, result = _one(tmp_path, body, "ADV202", 5)

@@ -881,3 +881,18 @@ def test_torchs_causal_mask_builder_keeps_a_key_in_every_row(tmp_path, builder, 
     if proved:
         assert finding.fix_safety == "safe", finding.extra["facts"]
         _assert_parity(tmp_path, root, result, "model")
+
+
+def test_a_keyword_named_as_a_positional_only_parameter_binds_nothing_to_it():
+    """Breaker round 31: `attend(q, k, v, pad, mask=small)` with `def attend(q, k, v, mask, /, **options)` binds
+    `pad` to the mask (`mask=small` goes to `options`); the call-site fact read `small`."""
+    import libcst as cst
+
+    from advisor.static.call_sites import bound_argument
+
+    function = cst.parse_module("def attend(q, k, v, mask, /, **options):\n    pass\n").body[0]
+    call = cst.parse_expression("attend(q, k, v, pad, mask=small)")
+    bound, default = bound_argument(function, call, "mask", skip_self=False)
+    assert (cst.Module([]).code_for_node(bound), default) == ("pad", False)
+    keyword = cst.parse_expression("attend(q, k, v, mask=small)")
+    assert bound_argument(function, keyword, "mask", skip_self=False) is False  # a TypeError or **kwargs' only

@@ -33,7 +33,7 @@ from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import causal_rank_unproved, rank_bounds, term_rank, weights_dtype
 from advisor.patterns.attention.scale import SCALE_NONZERO, SCALE_POSITIVE, divisors_read
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE, TENSOR_NONZERO
-from advisor.patterns.attention.weights import DROPOUT_RANGE
+from advisor.patterns.attention.weights import DROPOUT_RANGE, FX_DROPOUT_MODE
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import int_value
@@ -42,8 +42,9 @@ from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE,
-             MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, OPERAND_RANK, BADDBMM_INPUT, *MODULE_FACTS)
+GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, FX_DROPOUT_MODE, BROADCAST, DTYPE, TENSOR_NONZERO,
+             QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, OPERAND_RANK, BADDBMM_INPUT,
+             *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -70,8 +71,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     recorded = scope.jit_traced(c.parsed) is not None
     if torch_name is None:  # checks that name no torch attribute only
         wanted = [name for name in wanted if name in (KV_LENGTH, OPERAND_RANK) and not traced and not recorded]
-    if not wanted:
-        return
+    if not wanted or scope.real_tensor_traced(c.parsed) is not None:
+        return  # traced on tensors, a guard is decided once: the facts stay assumed
     span = span_of(c, output_statement)
     leaves = (c.leaf_nodes[0], c.leaf_nodes[1], c.weights.value_node)
     query, key, value = (_passed(c, _peeled(node, DTYPE_KEEPING_VIEWS)) for node in leaves)
@@ -110,6 +111,10 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             parts = [parse_template_expression("{q}.shape[-2] <= {k}.shape[-2]", q=match.query, k=match.key)] \
                 if all(t.keeps_first_key or t.bottom_right for t in match.masks) and \
                 all(_plain(c, node) for node in reads) else []
+        elif name == FX_DROPOUT_MODE:  # a Proxy while torch.fx traces: the tracer records the original
+            reads = [query]
+            parts = [parse_template_expression("isinstance({q}, {torch}.Tensor)", q=query,
+                                               torch=cst.Name(torch_name))] if _plain(c, query) else []
         elif name == CAUSAL_EXTENT:
             reads, parts = _causal_extent_check(c, span[0], output_statement, torch_name)
         elif name == BADDBMM_INPUT:  # at beta=0 also its shape: exactly the scores' (a broadcast one runs the original)
@@ -176,7 +181,8 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
         if parts and query is not leaves_query and name not in OPERANDS_READ:  # q read where the factors are numbers
             parts = [parse_template_expression("isinstance({s}, (int, float))", s=s) for s in numbers] + parts
             reads = reads + numbers
-        if parts and traced and name not in MODULE_FACTS and not all(_is_none_test(part) for part in parts):
+        if parts and traced and name not in MODULE_FACTS and name != FX_DROPOUT_MODE and \
+                not all(_is_none_test(part) for part in parts):
             # under torch.fx q is a Proxy, whose dtypes and dims decide no `if`: the original is traced
             parts = [parse_template_expression("isinstance({q}, {torch}.Tensor)", q=query,
                                                torch=cst.Name(torch_name))] + parts if _plain(c, query) else []

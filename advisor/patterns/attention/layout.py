@@ -23,7 +23,7 @@ from advisor.static.codegen import dotted, keyword
 from advisor.static.dataflow import is_inplace_method, loaded_names
 from advisor.static.outside_writes import NOT_WRITES, writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
-from advisor.static.tensor_views import RANDOM_OPS
+from advisor.static.tensor_views import RANDOM_OPS, STRIDE_READS
 from advisor.static.walk import descendants
 
 # methods whose result shares the input's storage with strides derived from the input's
@@ -32,9 +32,6 @@ STRIDED_VIEWS = {"transpose", "permute", "mT", "T", "unsqueeze", "squeeze", "exp
                  "expand_as"}  # the last ones return views (or tuples of views) of the input's storage as well
 PERMUTING = frozenset({"transpose", "permute", "mT", "T", "mH", "H", "swapaxes", "swapdims", "movedim", "moveaxis"})
 READS_STRIDES, KEEPS_STRIDES, VALUES_ONLY = "reads strides", "keeps strides", "values only"  # see _layout_use
-# what reads a tensor's memory layout, or builds a tensor from it
-STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "untyped_storage", "storage_offset",
-                          "as_strided", "set_", "numpy", "unfold"})
 # methods whose result keeps the receiver's strides (elementwise ops and casts preserve the memory format)
 # methods whose result may share the receiver's storage: a write through it writes the output (`.contiguous()` and
 # `.reshape` return the receiver itself, or a view, where its strides allow)

@@ -220,6 +220,7 @@ def value_roles(c: Candidate, core: Op) -> None:
         raise Refusal("V's rank differs from the scores' rank")
 
 DROPOUT_RANGE = "dropout-range"
+FX_DROPOUT_MODE = "fx-dropout-mode"
 
 
 def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
@@ -332,12 +333,26 @@ def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
         return probability if training.value == "True" else None
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
-    elif _may_be_identity(c, op) or scope.is_scripted(c.parsed, c.home, c.owner):
+    else:
+        _fx_mode_fact(c, op)
+    if op.params.get("module") and (_may_be_identity(c, op) or scope.is_scripted(c.parsed, c.home, c.owner)):
         # `getattr(self.attn_drop, "p", 0.0)`: an Identity drops nothing; TorchScript compiles the SDPA branch of a
         # guarded patch too, where the module may be an Identity with no `p` (the check sends it to the original)
         probability = cst.Call(func=cst.Name("getattr"), args=[
             cst.Arg(probability.value), cst.Arg(cst.SimpleString('"p"')), cst.Arg(number(0.0))])
     return cst.IfExp(test=at_home(c, training), body=atomic(probability), orelse=number(0.0))
+
+
+def _fx_mode_fact(c: Candidate, op: Op) -> None:
+    """torch.fx keeps a Dropout module's call as a call of the module, which reads its `training` flag when the
+    graph runs; the patch reads the flag in a Python branch the tracer takes once (breaker round 30: traced in
+    training, the graph kept dropping out after `gm.eval()`). Where the tree traces with torch.fx, the patch checks
+    that q is a tensor, which it is not while tracing (a Proxy): the tracer records the original."""
+    traced = scope.fx_traced(c.parsed)
+    if traced is not None:
+        c.match.facts.assumed(FX_DROPOUT_MODE, f"`{short(c.parsed, op.node.func)}`, whose call the rewrite deletes, "
+                              "is not traced by torch.fx (whose graph would keep the training flag the trace saw)",
+                              traced)
 
 
 def _range_fact(c: Candidate, op: Op, p: cst.BaseExpression) -> None:
