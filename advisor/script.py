@@ -10,6 +10,7 @@ that builds the same model from the patched source, which then takes the origina
 from __future__ import annotations
 
 import importlib.util
+from importlib.machinery import ModuleSpec
 import os
 import pickle
 import shlex
@@ -59,8 +60,8 @@ def parse_command(argv: list[str]) -> ScriptCommand:
     return ScriptCommand(path, tuple(words[1:]), spelled=words[0])
 
 
-def located(command: ScriptCommand) -> tuple[str, str | None]:
-    """(the file to run, its package) as `python -m` finds them: the current directory first, a package's
+def located(command: ScriptCommand) -> tuple[str, ModuleSpec | None]:
+    """(the file to run, its module's spec) as `python -m` finds them: the current directory first, a package's
     `__main__`. Imports the module's parent packages, as `python -m` does."""
     if command.module is None:
         return command.path, None
@@ -78,17 +79,17 @@ def located(command: ScriptCommand) -> tuple[str, str | None]:
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
         raise AdvisorError(f"{command.shown}: {why} (searched the current directory {cwd}, then sys.path): run "
                            "advisor from the folder `python -m` would run from")
-    return spec.origin, spec.name.rpartition(".")[0] or None
+    return spec.origin, spec
 
 
 def run_script(command: ScriptCommand, calls: int, loader=None) -> tuple[Workload, list[Call], str]:
     """Run the script until its model's `calls`-th call: (the workload of its first call, every recorded call,
     one line on how the script ended). `loader(path)` gives the overlay's patched copy of a file, if it has one."""
-    path, package = located(command)
+    path, spec = located(command)
     recorder = capture(limit=calls)
     try:
         with recorder:
-            _execute(command, path, package, loader)
+            _execute(command, path, spec, loader)
         ended = "ran to its end"
     except SystemExit as exc:
         ended = f"exited with code {exc.code!r}"
@@ -99,8 +100,9 @@ def run_script(command: ScriptCommand, calls: int, loader=None) -> tuple[Workloa
     if recorder.stop_reached_the_end:
         ended = f"stopped at the model's call {calls}"
     elif recorder.stopped:
-        ended = (f"caught advisor's stop at the model's call {calls} (a bare `except:`) and went on, each later "
-                 f"model call stopped again before it ran; then it {ended}")
+        ended = (f"went on after advisor's stop at the model's call {calls} (a bare `except:` caught it, or the model "
+                 f"ran in a thread, which the stop ended), each later model call stopped again before it ran; then it "
+                 f"{ended}")
     captured = recorder.captured
     if not captured.modules:
         raise AdvisorError(f"{command.shown}: no model captured: the script {ended} without calling an nn.Module")
@@ -113,17 +115,19 @@ def run_script(command: ScriptCommand, calls: int, loader=None) -> tuple[Workloa
                                            f"{len(recorded)} call(s); the script {ended}")
 
 
-def _execute(command: ScriptCommand, path: str, package: str | None, loader) -> None:
+def _execute(command: ScriptCommand, path: str, spec: ModuleSpec | None, loader) -> None:
     """Run the script's code (its patched copy under an overlay) as `__main__`, as `python script.py` (or
     `python -m`) would: argv[0] the file as the command spelled it, its folder (the current directory for -m)
-    first on sys.path."""
+    first on sys.path; a `-m` module has its spec, which multiprocessing's spawned children import it by (without
+    one they ran its file by path, where its relative imports failed: promise breaker round 30)."""
     patched = loader(path) if loader else None
     source_path = patched.copy if patched is not None else path
     with open(source_path, "rb") as handle:  # bytes: compile reads a BOM and a coding line as Python does
         code = compile(handle.read(), source_path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
     main.__file__ = path
-    main.__package__ = package  # relative imports of a `-m` module
+    main.__package__ = (spec.name.rpartition(".")[0] or None) if spec is not None else None  # relative imports
+    main.__spec__ = spec
     main.__builtins__ = __builtins__
     # the script stays `__main__` in this worker: its classes pickle and resolve by module name, as in a real run
     sys.modules["__main__"] = main

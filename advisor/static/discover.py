@@ -43,6 +43,13 @@ def is_library_file(path: str) -> bool:
     return any(part in LIBRARY_DIRS for part in PurePath(path).parts)
 
 
+def in_environment(path: str) -> bool:
+    """Inside a Python environment (a folder above it holds `pyvenv.cfg` or `conda-meta`): the packages installed
+    there, pip's editable checkouts of dependencies in its `src/` among them (promise breaker round 30)."""
+    parents = PurePath(os.path.realpath(path)).parents
+    return any(os.path.exists(os.path.join(folder, marker)) for folder in parents for marker in ENVIRONMENT_MARKERS)
+
+
 def _is_skipped_dir(name: str, path: str) -> bool:
     if name in PACKAGE_NAMES and _holds_python_files(path) and \
             not any(os.path.exists(os.path.join(path, marker)) for marker in ENVIRONMENT_MARKERS):

@@ -29,10 +29,12 @@ PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug", "p
                                 "snakeviz", "lprun"})
 BOUNDARY = "# advisor: notebook cell boundary"
 LINE_MAGIC_MASK, CELL_MAGIC_MASK = "pass  # (IPython magic)", "# (IPython cell magic)"
+CONTINUED_MAGIC_MASK = "# (IPython magic)"  # a magic's line after one ending in a backslash (`!pip install \\`)
 # a line magic that names Python values (`%time print(s.shape)`, `!echo {s}`) runs code that may read them: it is
 # masked as a call of them all, so a rewrite that deletes `s` sees the read (`_advisor_ipython(time, print, s, shape)`)
 READ_MASK_CALL = "_advisor_ipython"
-MASKED_LINE = re.compile(rf"^(?:pass|{READ_MASK_CALL}\([\w, ]*\))  # \(IPython magic\)$|^# \(IPython cell magic\)$")
+MASKED_LINE = re.compile(rf"^(?:pass|{READ_MASK_CALL}\([\w, ]*\))  # \(IPython magic\)$"
+                         r"|^# \(IPython (?:cell )?magic\)$")
 IDENTIFIER = re.compile(r"[^\W\d]\w*")
 # line magics that run the rest of their line as Python: `%time loss = step(x)` (no options)
 PYTHON_LINE_MAGIC = re.compile(r"^(\s*)%(?:time|timeit|prun)\s+(?!-)(.+)$")
@@ -111,7 +113,8 @@ class NotebookCode:
                     lines[index] = pending.pop(0)
             if pending:
                 raise ValueError("the fix removed a masked IPython line; not written")
-            if magics and CELL_MAGIC.match(magics[0]) and lines[0] != magics[0]:
+            first = next((line for line in lines if line.strip()), "")  # IPython skips blank lines above it
+            if magics and CELL_MAGIC.match(magics[0]) and first != magics[0]:
                 raise ValueError(f"the fix put code above `{magics[0].strip()[:40]}`, which must stay its cell's "
                                  "first line; not written")
             texts.append("\n".join(lines))
@@ -164,12 +167,14 @@ def _code_lines(source: str) -> list[str]:
 
 def _with_newlines_of(source: str, lines: list[str]) -> str:
     """`lines` (a fixed cell) joined with the newlines `source` has where its lines are kept or rewritten one for
-    one, and the cell's first newline on the lines the fix added: a cell of mixed CRLF and LF lines keeps each
-    untouched line's own (breaker round 16: every newline of a fixed cell became its first)."""
+    one (re-indented too), and the cell's first newline on the lines the fix added: a cell of mixed CRLF and LF
+    lines keeps each kept line's own (breaker round 16: every newline of a fixed cell became its first)."""
     old = CODE_LINE.findall(source)
     bare = [line.rstrip("\r\n") for line in old]
     ends = [None] * len(lines)
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, bare, lines, autojunk=False).get_opcodes():
+    matcher = difflib.SequenceMatcher(None, [line.strip() for line in bare], [line.strip() for line in lines],
+                                      autojunk=False)  # a kept line the fix re-indents (moved under an `else:`)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal" or tag == "replace" and i2 - i1 == j2 - j1:  # kept, or rewritten line for line
             for offset in range(j2 - j1):
                 ends[j1 + offset] = old[i1 + offset][len(bare[i1 + offset]):]
@@ -215,17 +220,35 @@ def _masked(cell_lines: list[str]) -> list[str]:
     the names it spells. A line magic or shell escape becomes `pass` at its indentation, so a block that holds only
     it still parses; only where a statement starts, as IPython reads them (`% b)` continuing a bracket, or a
     string's line, is Python)."""
-    if cell_lines and CELL_MAGIC.match(cell_lines[0]):
-        name = (cell_lines[0].lstrip()[2:].split() or [""])[0]
+    blank = next((i for i, line in enumerate(cell_lines) if line.strip()), len(cell_lines))
+    if blank < len(cell_lines) and CELL_MAGIC.match(cell_lines[blank]):  # IPython skips blank lines above it
+        name = (cell_lines[blank].lstrip()[2:].split() or [""])[0]
         if name in PYTHON_CELL_MAGICS:
-            return [_line_mask(cell_lines[0])] + _masked(cell_lines[1:])
+            return cell_lines[:blank] + [_line_mask(cell_lines[blank])] + _masked(cell_lines[blank + 1:])
         return [CELL_MAGIC_MASK] * len(cell_lines)
-    masked = []
+    masked: list[str] = []
+    continued = False  # the previous line was a magic's, ended by a backslash: this one is the magic's too
     for line in cell_lines:
-        magic = MAGIC_LINE.match(line)
-        starts = magic and _statement_ends(masked)
-        masked.append(f"{magic.group(1)}{_line_mask(line)}" if starts else line)
+        if continued:
+            masked.append(CONTINUED_MAGIC_MASK)
+        else:
+            magic = MAGIC_LINE.match(line)
+            starts = magic and _statement_ends(masked)
+            masked.append(f"{_indentation(masked, magic.group(1))}{_line_mask(line)}" if starts else line)
+            continued = bool(starts)
+        continued = continued and line.rstrip().endswith("\\")
     return masked
+
+
+def _indentation(masked: list[str], own: str) -> str:
+    """A masked magic's indentation: its own, unless that would open a block no statement opens (IPython runs
+    `  %matplotlib inline` at the top of a cell): then the previous statement's."""
+    previous = next((line for line in reversed(masked) if line.strip() and not line.lstrip().startswith("#")), None)
+    if previous is None:
+        return ""
+    indent = previous[:len(previous) - len(previous.lstrip())]
+    opens = previous.split("#", 1)[0].rstrip().endswith(":")
+    return own if opens or len(own) <= len(indent) else indent
 
 
 def _statement_of(line: str) -> str | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from advisor.errors import AdvisorError
-from advisor.contracts.finding import Finding, display_path, relative_path
+from advisor.contracts.finding import Finding, display_path
 from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
 from advisor.fixes.observed import OBSERVERS
 from advisor.results import OptimizeReport, PatchVerdict
@@ -29,7 +29,7 @@ from advisor.verify.report_folder import ReportFolder
 from advisor.rewrite.patch import WriteRefused, unified_diff, write_atomically
 from advisor.engine.static import FileResult, analyze_source, might_match
 from advisor.static.call_sites import Tree
-from advisor.static.discover import is_library_file, read_source
+from advisor.static.discover import in_environment, is_library_file, read_source
 from advisor.static.tree_facts import TreeContext, tree_wide_facts
 from advisor.verify.overlay import original_path
 from advisor.verify.messages import (AutogradRequests, Export, InputSet, Inputs, Load, Loaded, MemoryPeak,
@@ -538,7 +538,8 @@ def is_observed(finding: Finding) -> bool:
 def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[str, tuple[bool, str | None, str | None]]:
     """With --apply: each file's verified patches in one atomic write under --root (those verified on the workload
     alone, `is_observed`, only with --unsafe-fixes); outside it, or in an installed
-    package (a `site-packages` folder, also one of a virtual environment inside the root: breaker round 17), the
+    package (a `site-packages` folder, also one of a virtual environment inside the root: breaker round 17; any file
+    of an environment, `.venv/src/` checkouts too: promise breaker round 30), the
     verified diff goes to the report folder. pid -> (applied, written_to, reason)."""
     if not o.apply:
         return {}
@@ -549,7 +550,7 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
     ids = tuple(pid for pid in ids if pid not in held)
     for path, chosen in session.by_file(ids).items():
         text, source = combined_text(chosen), chosen[0].source
-        installed = is_library_file(os.path.realpath(path))
+        installed = is_library_file(os.path.realpath(path)) or in_environment(path)
         if os.path.realpath(path).startswith(root.rstrip(os.sep) + os.sep) and not installed:  # `--root /` too
             try:
                 write_atomically(path, source, text, force_readonly=o.force_readonly)
@@ -558,9 +559,12 @@ def apply_patches(session: Session, ids: tuple[str, ...], o: Options) -> dict[st
                 result = (False, None, f"{display_path(path)} {exc}")
         else:
             diff_name = _outside_diff_name(path)
-            diff_path = session.report.write_text(diff_name, unified_diff(relative_path(path), source, text))
+            folder = os.path.dirname(os.path.realpath(path))  # `git apply` takes no absolute or `..` name
+            diff_path = session.report.write_text(diff_name, unified_diff(os.path.basename(os.path.realpath(path)),
+                                                                          source, text))
             where = "in an installed package" if installed else f"outside --root {display_path(o.root)}"
-            result = (False, diff_path, f"{where}: the verified diff was written to {diff_path}")
+            result = (False, diff_path, f"{where}: the verified diff was written to {diff_path} (apply it in "
+                                        f"{display_path(folder)})")
         outcome.update({c.id: result for c in chosen})
     return outcome
 

@@ -102,3 +102,15 @@ def test_a_file_without_a_suffix_that_is_not_python_is_not_walked(tmp_path):
     (tmp_path / "LICENSE").write_text("MIT\n")
     (tmp_path / "run").write_text("#!/bin/sh\necho hi\n")
     assert discover([str(tmp_path)])[0] == []
+
+
+def test_a_file_of_a_virtual_environment_is_in_one_whatever_its_folder(tmp_path):
+    """Promise breaker round 30: `optimize --apply` wrote into `.venv/src/mypkg/attn.py`, pip's editable checkout of a
+    dependency, which no `site-packages` part names."""
+    from advisor.static.discover import in_environment
+
+    (tmp_path / ".venv" / "src" / "mypkg").mkdir(parents=True)
+    (tmp_path / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "pkg").mkdir()
+    assert in_environment(str(tmp_path / ".venv" / "src" / "mypkg" / "attn.py"))
+    assert not in_environment(str(tmp_path / "pkg" / "attn.py"))

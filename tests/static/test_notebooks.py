@@ -294,3 +294,38 @@ def test_a_fixed_cell_of_mixed_newlines_keeps_each_line_s_own(workdir, capsys):
     capsys.readouterr()
     after = json.loads(notebook.read_text())["cells"][0]["source"]
     assert after == [*source[:5], "    y = x.contiguous()\n", source[6]]
+
+
+@pytest.mark.parametrize("magic_cell", [
+    "  %matplotlib inline\nimport torch\n",  # indented at the top: IPython runs it
+    "!pip install einops \\\n    rich\nimport torch\n",  # a shell line continued by a backslash
+    "files = !ls \\\n    -la\nimport torch\n",
+    "\n%%bash\necho this is not python (\n",  # a blank line above a cell magic: IPython skips it
+    "\n%%time\nimport torch\n",
+])
+def test_magics_ipython_runs_never_break_the_parse_and_fixes_keep_them(capsys, workdir, magic_cell):
+    """Promise breaker round 30: each of these made the whole notebook one syntax-error entry (or its fix an
+    internal error), and the attention cell after it went unreported."""
+    notebook = write_notebook(workdir / "model.ipynb", [cell("code", magic_cell), cell("code", NANOGPT.read_text())])
+    code = main(["scan", "model.ipynb", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["errors"] == [] and [f["cell"] for f in data["findings"]] == [2]
+    assert main(["fix", "model.ipynb", "--apply"]) == 0
+    after = json.loads(notebook.read_text())
+    assert "".join(after["cells"][0]["source"]) == magic_cell
+    assert "scaled_dot_product_attention" in "".join(after["cells"][1]["source"])
+
+
+def test_kept_lines_the_fix_reindents_keep_their_own_newlines(workdir, capsys):
+    """Promise breaker round 30: a guarded patch moves the original lines under an `else:`; in a cell whose first
+    line ends in CRLF and the others in LF, those re-indented lines took the first line's CRLF."""
+    source = ["def attend(q, k, v):\r\n", "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n",
+              "    weights = torch.softmax(scores, dim=-1)\n", "    return weights @ v\n"]
+    notebook = write_notebook(workdir / "nb.ipynb", [cell("code", "import math\nimport torch\n"),
+                                                    {**cell("code", ""), "source": source}])
+    assert main(["fix", "nb.ipynb", "--apply"]) == 0
+    capsys.readouterr()
+    after = json.loads(notebook.read_text())["cells"][1]["source"]
+    kept = [line for line in after if line.lstrip().startswith(("scores =", "weights =", "return weights"))]
+    assert len(kept) == 3 and all(line.endswith("\n") and not line.endswith("\r\n") for line in kept)
+    assert after[0] == source[0] and "scaled_dot_product_attention" in "".join(after)

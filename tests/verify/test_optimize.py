@@ -81,7 +81,9 @@ def test_transformers_eager_attention_in_site_packages_is_overlaid_never_edited_
     assert digest(installed) == fingerprint
     if patch["verdict"] == "verified":
         assert code == 1 and not patch["applied"]  # outside --root: the diff goes to the report folder
-        assert Path(patch["written_to"]).read_text().startswith("--- a/")
+        # named from the file's own folder (an absolute name behind `a/` is one `git apply` refuses)
+        assert Path(patch["written_to"]).read_text().startswith("--- a/modeling_llama.py\n")
+        assert "(apply it in " in patch["reason"]
 
 
 def test_without_unsafe_fixes_an_unsafe_patch_is_not_run_with_the_reason(tmp_path, capsys):

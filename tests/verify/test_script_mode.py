@@ -158,7 +158,7 @@ def test_a_script_that_catches_the_stop_runs_no_further_model_call_and_is_told_s
     monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
     _, recorded, ended = run_script(parse_command(["python", "s.py"]), 3)
     assert len(recorded) == 3 and (tmp_path / "after.txt").read_text() == "2"  # calls 3 to 6 never ran
-    assert "caught advisor's stop at the model's call 3" in ended and "then it ran to its end" in ended, ended
+    assert "went on after advisor's stop at the model's call 3" in ended and "then it ran to its end" in ended, ended
 
 
 def test_capture_restores_module_call_after_the_block():
@@ -184,6 +184,8 @@ def test_python_dash_m_runs_a_package_module_with_its_relative_imports(tmp_path,
     (package / "net.py").write_text("import torch\nclass Net(torch.nn.Linear):\n    pass\n")
     (package / "run.py").write_text("import sys, torch\nfrom .net import Net\nn = int(sys.argv[1])\n"
                                     "assert sys.argv[0].endswith('run.py') and __name__ == '__main__'\n"
+                                    # as `python -m` sets it: spawned children import the module by its name
+                                    "assert __spec__ is not None and __spec__.name == 'tools.run'\n"
                                     "Net(n, n)(torch.ones(1, n))\n")
     monkeypatch.chdir(tmp_path)
     code = main(["profile", "--format", "json", "--", "python", "-m", "tools.run", "3"])
