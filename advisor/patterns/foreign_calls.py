@@ -269,6 +269,8 @@ def iteration_sources(parsed: ParsedModule, owner: ClassInfo | None, iterable: c
     for definition in definitions:
         if definition.id in seen:
             continue
+        if definition.kind == "param" and _packed_parameter(function, definition.name):
+            continue  # `*args` is a tuple and `**kwargs` a dict, which Python makes: iterating them runs nothing
         if definition.kind != "assign" or definition.value is None or definition.index is not None:
             return None
         more = iteration_sources(parsed, owner, definition.value, seen | {definition.id})
@@ -276,6 +278,11 @@ def iteration_sources(parsed: ParsedModule, owner: ClassInfo | None, iterable: c
             return None
         sources += more
     return sources
+
+
+def _packed_parameter(function: cst.FunctionDef, name: str) -> bool:
+    packed = (function.params.star_arg, function.params.star_kwarg)
+    return any(isinstance(param, cst.Param) and param.name.value == name for param in packed)
 
 
 def runs_known_code(parsed: ParsedModule, source: cst.CSTNode) -> bool:

@@ -275,3 +275,14 @@ def test_a_decorated_helper_runs_its_wrapper(helper, method, call):
     undecorated = ParsedModule(re.sub(r"^ *@doubling\n", "", source, flags=re.MULTILINE), "m.py")
     forward, owner = next((f, owner) for f, owner, _ in undecorated.functions if f.name.value == "forward")
     assert foreign_call(undecorated, owner, forward.body) is None
+
+
+def test_a_function_s_packed_parameters_run_nothing_when_iterated():
+    """`*args` is a tuple and `**kwargs` a dict, which Python makes: iterating them runs no caller's code, where
+    iterating a plain parameter may run a caller's generator."""
+    from advisor.patterns.foreign_calls import iteration_sources
+
+    parsed = ParsedModule("def f(a, *args, **kwargs):\n    for x in args:\n        pass\n"
+                          "    for y in kwargs:\n        pass\n    for z in a:\n        pass\n", "m.py")
+    loops = [node for node in parsed.nodes_of(cst.For)]
+    assert [iteration_sources(parsed, None, loop.iter) for loop in loops] == [[], [], None]
