@@ -11,7 +11,7 @@ from advisor.patterns.inplace_args import inplace_argument
 from advisor.patterns.scope import outer_names
 from advisor.static.dataflow import loaded_names
 from advisor.static.module_index import ParsedModule
-from advisor.static.outside_writes import in_place_name
+from advisor.static.outside_writes import in_place_name, writes_its_receiver
 from advisor.static.tensor_views import RANDOM_OPS, SCALAR_BUILTINS, STRIDE_READS
 from advisor.static.walk import walk
 
@@ -62,7 +62,7 @@ def layout_or_escape(parsed: ParsedModule, function: cst.FunctionDef, expression
             name = parent.attr.value
             caller = parsed.parents.get(parent)
             called = isinstance(caller, cst.Call) and caller.func is parent
-            if name in LAYOUT_READS or in_place_name(name):
+            if name in LAYOUT_READS or writes_its_receiver(name):
                 return f"`.{name}` at line {parsed.line(parent)} reads its layout or writes it in place"
             if name in RANDOM_OPS:
                 return f"`.{name}` at line {parsed.line(parent)} draws random numbers in its memory order"
@@ -228,7 +228,7 @@ class _InPlace(cst.CSTVisitor):
         if inplace_argument(self.parsed, node):
             self._hit(node, f"`{self.parsed.code(node.func).strip()}(..., inplace)` writes in place")
         method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
-        if method is not None and in_place_name(method):
+        if method is not None and writes_its_receiver(method):  # `z.__setitem__(i, v)` too (breaker round 32)
             self._hit(node, f"`.{method}()` writes in place")
         # breaker round 25: `x.numpy().sort(axis=0)` sorted x
         if method in ("numpy", "__array__") or self.parsed.imported_name(node.func) in ARRAY_SHARERS:

@@ -179,13 +179,20 @@ class _SelfMethodCalls(cst.CSTVisitor):
 
 def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode], first_line: int,
                             last_line: int, owner: ClassInfo | None = None, layers_trusted: bool = False,
-                            removed: frozenset[cst.CSTNode] = frozenset()) -> str | None:
+                            removed: frozenset[cst.CSTNode] = frozenset(),
+                            product: cst.CSTNode | None = None) -> str | None:
     """`kt = k.transpose(-2, -1)`, then `k.add_(1)` after the scores: the name the SDPA call reads is not
     rebound, but a tensor it was computed from (a view may share its storage) is written in place; so is one
     written through a name bound from it (`alias = q; alias.mul_(2)`, `row = q[0]`, `qs = [q]; qs[0].mul_(2)`,
     `self.kept = q; self.kept.zero_()`), where the original had read it already. `layers_trusted`: a torch.nn layer
     of `owner` built without `inplace=` runs torch's code on what it is given (no hook, no class replaced). The
-    statements the patch `removed` (the block's own steps: its dropout layer's call) run in the original only."""
+    statements the patch `removed` (the block's own steps: its dropout layer's call) run in the original only. The
+    value `product`'s operands count too: `w @ self.v_drop(v)` runs the in-place dropout after the scores in the
+    original, before SDPA reads k (the same tensor as v) in the patch (breaker round 32)."""
+
+    def between(node: cst.CSTNode) -> bool:
+        return first_line < parsed.line(node) < last_line or product is not None and parsed.within(node, product)
+
     sources = {flow.definitions[i].name for i in _storage_sources(parsed, flow, leaves)}
     names = sources | _bound_from(parsed, flow, sources)
     for definition in flow.definitions.values():
@@ -203,7 +210,7 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
         line = parsed.line(receiver)
         shared = any(name.value in names for name in may_alias(parsed, receiver)) or \
             _root_code(parsed, receiver, kept_on) in kept_on
-        if shared and (deferred or first_line < line < last_line):
+        if shared and (deferred or between(receiver)):
             where = "in a function defined in this one, which may run" if deferred else f"at line {line}"
             return (f"`{parsed.code(receiver)}`, which may share storage with the SDPA call's inputs, is written in "
                     f"place {where}, between the scores and the value product")
@@ -214,7 +221,7 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     for node in (name for name in loaded_names(flow.function.body) if name.value in handed):
         line = parsed.line(node)
         call = argument_call(parsed, node)
-        if not (first_line < line < last_line and call is not None) or _holds_no_tensor(parsed, flow, node) or \
+        if not (between(node) and call is not None) or _holds_no_tensor(parsed, flow, node) or \
                 _off_the_path(parsed, flow, node) or removed and _within_any(parsed, node, removed):
             continue
         statement = isinstance(parsed.parents.get(call), cst.Expr)  # made for its effect: the tensor handed on

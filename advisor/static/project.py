@@ -49,13 +49,15 @@ SCRIPT_PRIVATE = "torch.jit._script."  # the compiler's own module (`torch.jit._
 MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript|\bjit\b[^\n]*script")
 # what traces modules symbolically (torch.fx, and the libraries built on it: torchvision's feature extraction,
 # FX quantization, timm's FX features)
-FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torchvision.models.feature_extraction",
+FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torch.quantization.quantize_fx",
+              "torchvision.models.feature_extraction",
               "timm.models._features_fx", "timm.models.features_fx")
 MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx|quantize_fx|make_fx|proxy_tensor|"
-                          r"torch\.export|torch\._export|dynamo\.export")
+                          r"torch\.export|torch\._export|dynamo\.export|functorch")
 # tracers that run the code on tensors (real, fake or functional), not Proxies, and record the ops it ran: a check
 # of dtypes or dims is decided once, by the example, and no flag of torch's public API says one is tracing
-REAL_TENSOR_TRACERS = ("torch.fx.experimental.proxy_tensor", "torch.export", "torch._export", "torch._dynamo.export")
+REAL_TENSOR_TRACERS = ("torch.fx.experimental.proxy_tensor", "torch.export", "torch._export", "torch._dynamo.export",
+                       "functorch.compile", "torch._functorch")  # aot_function traces with make_fx
 # tracers that run the code once on example inputs and record the ops it ran: every `if` is decided then, for good
 # and their defining module (`torch.jit._trace.trace`); `torch.jit` or `torch.onnx` taken as a value counts too
 JIT_TRACERS = ("torch.jit.trace", "torch.jit.trace_module", "torch.jit._trace", "torch.onnx.export")

@@ -30,13 +30,15 @@ VIEW_OPS = frozenset({
 # breaker round 31's rotary embedding): a copy removed before one, or SDPA's output strides, may change it
 STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "untyped_storage", "storage_offset",
                           "as_strided", "as_strided_", "set_", "numpy", "unfold", "data", "grad", "resize_",
-                          "from_dlpack", "to_dlpack", "__dlpack__", "view_as_complex", "view_as_real"})
+                          "from_dlpack", "to_dlpack", "__dlpack__", "view_as_complex", "view_as_real",
+                          "save"})  # `torch.save` writes the strides out (breaker round 32)
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
 # torch functions and methods that draw random numbers in their input's memory order: with one seed, a permuted
 # tensor and its contiguous copy get their draws on other elements (breaker rounds 16 and 25)
 RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
                         "rand_like", "randn_like", "randint_like", "bernoulli", "native_dropout", "poisson",
-                        "multinomial", "rrelu"})
+                        "multinomial", "rrelu", "rrelu_", "rrelu_with_noise", "fractional_max_pool2d",
+                        "fractional_max_pool3d"})
 # what draws from torch's generator besides RANDOM_OPS: factories and in-place samplers
 RANDOM_DRAWS = RANDOM_OPS | frozenset({"rand", "randn", "randint", "randperm", "normal", "uniform_", "normal_",
                                        "random_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_",

@@ -65,7 +65,11 @@ before that writes q in place, a `with` whose `__enter__` draws; a model traced 
 run in eval (the patch's dropout flag was taken once while tracing).
 
 Round 31 (fixtures/attention/breaker31): a guarded patch traced by make_fx, which runs the checks on tensors once
-and kept the SDPA path for a 1-D mask the original broadcasts."""
+and kept the SDPA path for a 1-D mask the original broadcasts.
+
+Round 32 (fixtures/attention/breaker32): an in-place sampler over the attention output (its memory order), an aten
+overload's `.view`, a dropout or an in-place dropout inside the value product's operands (draw order; a write of
+k through v), fractional max pooling drawing between the dropout and the value product."""
 
 from __future__ import annotations
 

@@ -56,6 +56,10 @@ def test_strided_ok_copy_removed_safely(tmp_path):
     ("t = x.transpose(1, 2).contiguous()\nreturn torch.view_as_complex(t.reshape(2, -1, 2)).abs().sum()\n",
      "torch.view_as_complex"),
     ("t = x.transpose(1, 2).contiguous()\nreturn torch.view_as_real(t).sum()\n", "torch.view_as_real"),
+    # breaker round 32: an operator method writing the receiver, and a save writing the strides out
+    ("t = x.transpose(1, 2).contiguous()\nif w is None:\n    t.__setitem__(0, 1.0)\nreturn t.sum()\n",
+     "__setitem__"),
+    ("t = x.transpose(1, 2).contiguous()\ntorch.save(t, 't.pt')\nreturn t.sum()\n", "torch.save"),
 ])
 def test_copy_removal_that_could_change_aliasing_or_layout_is_unsafe(tmp_path, body, why):
     finding, result = _one(tmp_path, body, "ADV202", 5)

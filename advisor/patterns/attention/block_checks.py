@@ -234,7 +234,8 @@ def check_scope(c: Candidate, output_statement: cst.CSTNode, consumed: list[Defi
                                              parsed.end_line(output_statement) + 1)
     if reason is None:
         reason = scope.storage_written_between(parsed, c.flow, kept, first, parsed.line(output_statement), c.owner,
-                                               modules_untrusted(parsed) is None, frozenset(match.removed))
+                                               modules_untrusted(parsed) is None, frozenset(match.removed),
+                                               c.weights.output.node)
     if reason is None:
         reason = scope.rebound_by_nested_function(c.home, {name.value for node in kept for name in loaded_names(node)})
     if reason is None:

@@ -265,7 +265,7 @@ def bindings(c: Candidate) -> None:
 
 
 @step(reads=("chain.definitions consumed flow home identity_ok inlined leaf_nodes match.masks match.output_node "
-             "match.removed output_statement"),
+             "match.removed output_statement weights"),
       writes="deleted_modules match.facts module_refusal")
 def block_scope(c: Candidate) -> None:
     """Nothing around the block changes what it computes: scope, writes, dispatch, hooks."""

@@ -257,8 +257,8 @@ def _no_draw_after(c: Candidate, dropout: Op) -> None:
     last = parsed.line(product) if parsed.within(product, c.home) else parsed.end_line(c.home)
     for node in descendants(c.home, (cst.Call, cst.Attribute) + IMPLICIT_RUNNERS):  # the two lines included
         if not (first <= parsed.line(node) <= last and not _nested(parsed, node, dropout.node) and
-                not _nested(parsed, node, product)):
-            continue
+                not (node is product or parsed.within(product, node))):  # `self.proj(w @ v)` runs after it
+            continue  # `w @ self.v_drop(v)` runs before SDPA's draw in the patch, after the mask's in the original
         if isinstance(node, cst.Attribute):  # `self.gain`, a property of the class: its getter runs (round 30)
             if is_self_attribute(node) and c.owner is not None and node.attr.value in c.owner.methods and \
                     not _called(parsed, node):
@@ -297,7 +297,8 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
         return False  # nn.Module's own `train`/`eval` (a class's own one may draw)
     layer = layer_class(c.parsed, c.owner, call)
     if layer is not None:
-        return not layer.startswith("torch.nn.") or "dropout" in layer.lower() or layer.endswith("RReLU")
+        return not layer.startswith("torch.nn.") or "dropout" in layer.lower() or \
+            layer.endswith(("RReLU", "FractionalMaxPool2d", "FractionalMaxPool3d"))
     if dotted.startswith(("torch.", "math.")):
         return False
     if isinstance(func, cst.Name) and func.value in KNOWN_BUILTINS and func.value not in c.parsed.bound_names and \
