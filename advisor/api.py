@@ -113,9 +113,26 @@ def _arguments(verb: str, positional: list[str], options: dict, **fixed):
             value = parse_selectors(value if isinstance(value, str) else ",".join(value))
         setattr(args, name, value)
     args.quiet = True
-    args.argv = [verb, *positional]  # what optimize's `apply_command` repeats
+    # what optimize's `apply_command` repeats: the options as the CLI spells them (promise breaker round 31: an
+    # API run with unsafe_fixes=True printed a command without --unsafe-fixes, which wrote nothing)
+    args.argv = [verb, *(word for name, value in options.items() for word in _spelled(actions.get(name), value)),
+                 *positional]
     configure(args)
     return args
+
+
+def _spelled(action, value) -> list[str]:
+    """A keyword option as its flag on a command line ([] where it is the default or no flag's)."""
+    import argparse
+
+    if action is None or not action.option_strings or value == action.default:
+        return []
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return [action.option_strings[0] if value else action.option_strings[-1]]
+    if action.nargs == 0:  # a switch
+        return [action.option_strings[0]] if value else []
+    shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return [action.option_strings[0], shown]
 
 
 def _verb_actions(parser, verb: str) -> dict:

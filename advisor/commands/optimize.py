@@ -22,6 +22,7 @@ from rich.console import Console
 from advisor.commands.common import add_backend_argument, add_call_site_argument
 from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, seconds, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
+from advisor.config import PathRules, RuleChoice
 from advisor.results import OptimizeReport
 from advisor.verify.report_folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
@@ -57,7 +58,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--root", default=".", metavar="DIR",
                         help="--apply writes only under this folder (default: the current directory)")
     add_workload_arguments(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, select=None, ignore=None)  # [tool.advisor]'s, which settle fills
 
 
 @ends_what_the_workload_left
@@ -70,6 +71,12 @@ def run(args) -> int:
     _print(result.to_json(), args.format)
     unapplied = [p for p in result.patches if p.verified and not p.applied]
     return 1 if unapplied else 0
+
+
+def rule_choice(args) -> RuleChoice:
+    """[tool.advisor]'s select, ignore and paths, which `settle` put on `args` (optimize has no flags for them)."""
+    return RuleChoice(tuple(args.select) if args.select is not None else None, tuple(args.ignore or ()),
+                      getattr(args, "path_rules", None) or PathRules())
 
 
 def optimized(args, progress=lambda message: None, review=None, say=lambda message: None) -> OptimizeReport:
@@ -91,7 +98,8 @@ def optimized(args, progress=lambda message: None, review=None, say=lambda messa
                       call_site_facts=args.call_site_facts, apply=args.apply or args.interactive,
                       force_readonly=args.force_readonly,
                       timeout_s=args.timeout, timing_budget_s=args.timing_budget, script=script,
-                      seeds=(args.calls or Options.seeds) if script is not None else Options.seeds, review=review)
+                      seeds=(args.calls or Options.seeds) if script is not None else Options.seeds, review=review,
+                      rules=rule_choice(args))
     result = optimize(options, progress=progress)
     result.report = os.path.join(report_dir, "report.html")
     result.notes += unchanged_flags(args, result)
@@ -116,7 +124,7 @@ def _review(console: Console, status, patches: list[dict]) -> list[str]:
     try:
         for patch in patches:
             lo, hi = patch["speedup_ci"]
-            console.print(f"\n{shown(patch['path'])}:{patch['line']} {patch['rule']} verified: "
+            console.print(f"\n{shown(patch['path'])}:{patch['line']} {patch['rule']} {patch['label']}: "
                           f"{patch['speedup']:.2f}x faster (95% interval {lo:.2f}-{hi:.2f}), "
                           f"max abs error {patch['max_abs_err']:.1e}", highlight=False)
             answer = ask_to_apply(console, patch["diff"])

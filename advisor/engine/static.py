@@ -140,24 +140,25 @@ def static_families(source: str, path: str, evidence=None) -> list[Family]:
 def analyze_source(source: str, path: str, unsafe_fixes: bool = False, select: list[str] | None = None,
                    ignore: list[str] | None = None, backend: str = "sdpa", runtime: RuntimeEvidence | None = None,
                    patches: bool = True, tree_context: TreeContext | None = None,
-                   observed_masks: bool = False) -> FileResult:
+                   observed_masks: bool = False, suppressions: bool = True) -> FileResult:
     """Findings for one file; raises libcst.ParserSyntaxError for unparsable source. `backend` is what attention
     rewrites target where the site is eligible (sdpa, flash, flash-attn); `runtime` is a profile's evidence
     (`fix --profile`), joined to this file's copies and casts; `patches` builds each finding's diff;
     `tree_context`: what the rest of the scanned tree says (static.tree_facts.TreeContext: the hooks it registers on
     every module, what it asks of autograd, the calls of this file's functions; None: the file alone);
     `observed_masks`: masks under `if m is not None:` that `runtime` saw present, their facts holding on every call,
-    are passed to SDPA (an observed patch, for `optimize`) rather than guarded by their absence."""
+    are passed to SDPA (an observed patch, for `optimize`) rather than guarded by their absence; without
+    `suppressions`, `# advisor: ignore` comments are not read (a report says what they suppressed)."""
     with collector_paused():
         return _analyze_source(source, path, unsafe_fixes, select, ignore, backend, runtime, patches,
-                               tree_context or TreeContext(), observed_masks)
+                               tree_context or TreeContext(), observed_masks, suppressions)
 
 
 def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str] | None, ignore: list[str] | None,
                     backend: str, runtime: RuntimeEvidence | None, patches: bool, tree_context: TreeContext,
-                    observed_masks: bool) -> FileResult:
+                    observed_masks: bool, suppressions: bool) -> FileResult:
     parsed = ParsedModule(source, path, tree_context.project, tree_context.calls)
-    suppressed = _suppressions(source)
+    suppressed = _suppressions(source) if suppressions else {}
     evidence = runtime.for_path(path) if runtime is not None else None
     context = StaticContext(parsed, backend, evidence, tree=tree_context, unsafe_fixes=unsafe_fixes,
                             observed_masks=observed_masks)
@@ -173,6 +174,13 @@ def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str
             if found.edits is not None:
                 found.finding.patch = local_diff(relative_path(path), parsed.lines, found.edits)
     return FileResult(path, source, [d.finding for d in detected], unsafe_fixes, detected, parsed)
+
+
+def suppression_of(source: str, finding: Finding) -> int | None:
+    """The line of the `# advisor: ignore` comment that suppresses `finding` in `source`, or None."""
+    suppressed = _suppressions(source)
+    return next((line for line in range(finding.line, finding.end_line + 1) if line in suppressed and (
+        suppressed[line] is None or any(finding.rule.startswith(c) for c in suppressed[line]))), None)
 
 
 def _suppressions(source: str) -> dict[int, set[str] | None]:

@@ -221,7 +221,7 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     for node in (name for name in loaded_names(flow.function.body) if name.value in handed):
         line = parsed.line(node)
         call = argument_call(parsed, node)
-        if not (between(node) and call is not None) or _holds_no_tensor(parsed, flow, node) or \
+        if not (between(node) and call is not None) or call is product or _holds_no_tensor(parsed, flow, node) or \
                 _off_the_path(parsed, flow, node) or removed and _within_any(parsed, node, removed):
             continue
         statement = isinstance(parsed.parents.get(call), cst.Expr)  # made for its effect: the tensor handed on
@@ -1193,11 +1193,11 @@ def fx_traced(parsed: ParsedModule) -> str | None:
 
 
 def real_tensor_traced(parsed: ParsedModule) -> str | None:
-    """Why the file's modules may be traced on tensors by make_fx or torch.export (None: nothing in the tree shows
+    """Why the file's modules may be traced on tensors by make_fx or aot_function (None: nothing in the tree shows
     it): a guard's checks pass on the example and the recorded graph keeps the SDPA path for any input (breaker
     round 31: a 1-D mask then raised in the patched graph only)."""
     return _traced(parsed, real_tensor_traced, real_trace_uses, lambda project: project.real_traces,
-                   "make_fx or torch.export")
+                   "make_fx or aot_function")
 
 
 def jit_traced(parsed: ParsedModule) -> str | None:

@@ -53,11 +53,13 @@ FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torch.quantizati
               "torchvision.models.feature_extraction",
               "timm.models._features_fx", "timm.models.features_fx")
 MAY_FX_TRACE = re.compile(r"\bfx\b|symbolic_trace|feature_extraction|features_fx|quantize_fx|make_fx|proxy_tensor|"
-                          r"torch\.export|torch\._export|dynamo\.export|functorch")
+                          r"functorch")
 # tracers that run the code on tensors (real, fake or functional), not Proxies, and record the ops it ran: a check
-# of dtypes or dims is decided once, by the example, and no flag of torch's public API says one is tracing
-REAL_TENSOR_TRACERS = ("torch.fx.experimental.proxy_tensor", "torch.export", "torch._export", "torch._dynamo.export",
-                       "functorch.compile", "torch._functorch")  # aot_function traces with make_fx
+# of dtypes or dims is decided once, by the example, and no flag of torch's public API says one is tracing; the
+# graph then takes inputs of other dtypes and ranks. (torch.export is not read as one: its program guards shapes
+# and ranks, not dtypes; timm's ONNX helper names `torch.export.Dim`, and reading it so took every guard of timm's
+# models away; README says what is left.)
+REAL_TENSOR_TRACERS = ("torch.fx.experimental.proxy_tensor", "functorch.compile", "torch._functorch")
 # tracers that run the code once on example inputs and record the ops it ran: every `if` is decided then, for good
 # and their defining module (`torch.jit._trace.trace`); `torch.jit` or `torch.onnx` taken as a value counts too
 JIT_TRACERS = ("torch.jit.trace", "torch.jit.trace_module", "torch.jit._trace", "torch.onnx.export")

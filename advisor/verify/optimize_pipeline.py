@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from advisor.config import RuleChoice
 from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding, display_path
 from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
@@ -66,6 +67,7 @@ class Options:
     seeds: int = 3  # parity inputs: seeds of a TARGET function, or recorded calls of a script's model
     timing_budget_s: float = 4.0
     script: list[str] | None = None  # script mode: the command after `--` (target is then how it is shown)
+    rules: RuleChoice = RuleChoice()  # [tool.advisor]'s select, ignore, exclude and per-file-ignores
 
     def load_request(self, state: ModelState | None = None) -> Load:
         """What a worker's `load` needs: the TARGET, or the script run to the model's Nth call (the patched side,
@@ -164,7 +166,13 @@ class Session:
             self.notes.append(self.info.captured)
             self.inputs += [self.original.call(Inputs(index)) for index in range(1, self.info.inputs)]
         elif self.info.accepts_seed:
-            self.inputs += [self.original.call(Inputs(seed)) for seed in range(1, o.seeds)]
+            first = self.original.call(Inputs(0))
+            seeded = [self.original.call(Inputs(seed)) for seed in range(1, o.seeds)]
+            fresh = [inputs for inputs in seeded if not _same_inputs(inputs, first)]
+            self.inputs += fresh
+            if not fresh:  # promise breaker round 31: "3 seeds" of one input, reseeded with a constant
+                self.notes.append("the TARGET function's `seed` argument did not change its inputs: parity is "
+                                  "checked on its one input")
         else:
             self.notes.append("the TARGET function takes no `seed` argument: parity is checked on its one input")
         self.progress(f"reference outputs on {len(self.inputs)} input(s)")
@@ -205,6 +213,11 @@ class Session:
                 self.observed = RuntimeEvidence(self.options.target)  # no facts from a run only partly seen
                 self.notes.append(f"what the attention blocks saw could not be recorded: {exc}")
         return self.observed
+
+    def gradients_compared(self) -> bool:
+        """Whether the reference passes had a gradient to compare (a parameter's or an input's): `--train` on a
+        module with neither compares outputs only, and the reports say so rather than "+ grads"."""
+        return any(reference.grads for reference in self.references)
 
     def run(self, worker: WorkerProcess, inputs: InputSet | None, rng_seed: int = 0) -> RunOutputs:
         args, kwargs = (None, None) if inputs is None else (inputs.args, inputs.kwargs)
@@ -296,13 +309,14 @@ def combined_text(chosen: list[PatchCandidate]) -> str:
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
                        observations: Callable[[], RuntimeEvidence] | None = None,
                        call_site_facts: bool = True, autograd_requests: list[str] = (),
-                       scripts: list[str] = ()) -> dict[str, PatchCandidate]:
+                       scripts: list[str] = (), rules: RuleChoice = RuleChoice()) -> dict[str, PatchCandidate]:
     """Patches of the static rules over the files the profile saw running (attention findings with a patch).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
     blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
     `call_site_facts`, those files' calls may prove facts of the functions they call. Those files and `scripts`
     (the script the command runs, which may run no op of its own) are the scanned tree for what is asked of
-    autograd too, with `autograd_requests`: what the run was seen asking."""
+    autograd too, with `autograd_requests`: what the run was seen asking. `rules`: the configuration's choice of
+    rules and files, as `scan` and `fix` read it (promise breaker round 31: an ignored rule's patch was applied)."""
     candidates: dict[str, PatchCandidate] = {}
     # hooks on every module, and what the files ask of autograd
     context = sorted({*files, *scripts})
@@ -311,14 +325,16 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
                        Tree(context) if call_site_facts else None)
     for path in files:
         source = read_source(path)
-        if not hasattr(source, "text") or not might_match(source.text):
+        if not hasattr(source, "text") or not might_match(source.text) or rules.excludes(path):
             continue
-        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree)
+        select, ignore = rules.codes(path)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, select=select, ignore=ignore)
         if result is None:
             continue
         static = result
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, True) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, True, select,
+                               ignore) or result
         # a safe patch guarded by its masks' absence, where the run saw them present: tried if the observed one fails
         guarded = {f.line: f for f in static.findings if result is not static and f.fix_safety == "safe" and
                    _observable(f)}
@@ -344,10 +360,11 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
 
 
 def _analyzed(text: str, path: str, unsafe_fixes: bool, backend: str, runtime: RuntimeEvidence | None = None,
-              tree: TreeContext | None = None, observed_masks: bool = False) -> FileResult | None:
+              tree: TreeContext | None = None, observed_masks: bool = False, select: list[str] | None = None,
+              ignore: list[str] | None = None) -> FileResult | None:
     try:
         return analyze_source(text, path, unsafe_fixes=unsafe_fixes, backend=backend, runtime=runtime,
-                              tree_context=tree, observed_masks=observed_masks)
+                              tree_context=tree, observed_masks=observed_masks, select=select, ignore=ignore)
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no patch; the scan verb reports why
         return None
 
@@ -431,7 +448,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
                                                 options.backend,
                                                 session.observations if session.nondeterministic is None else None,
                                                 options.call_site_facts, session.autograd_requests,
-                                                script_files(options.script))
+                                                script_files(options.script), options.rules)
         set_aside_unexercised(session.candidates, session.profile_before.lines)
         for pid, candidate in session.candidates.items():
             preferred = trials.get(candidate.fallback_for)
@@ -486,7 +503,7 @@ def _result(session: Session, info: Loaded, trials: dict[str, Trial], final: Tri
         speedup_method="median step time ratio; 95% percentile bootstrap over interleaved A/B rounds",
         patches=patches,
         unpatched=unpatched(session.profile_before.document["findings"], session.candidates, o.unsafe_fixes,
-                            o.backend),
+                            o.backend, o.rules),
         ops={"before": [op.to_json() for op in ops_before], "after": [op.to_json() for op in ops_after]},
         findings_before=session.profile_before.document["findings"],
         findings_after=_unmirrored(profile_after.document["findings"], final) if profile_after else [],
@@ -500,13 +517,17 @@ def _result(session: Session, info: Loaded, trials: dict[str, Trial], final: Tri
 
 def _apply_reviewed(session: Session, trials: dict[str, Trial], final: Trial) -> dict:
     """Apply the verified combination, or the part of it the reviewer accepts (--interactive). A part of several
-    patches was never measured together: it is applied only after its own parity run passes."""
+    patches was never measured together: it is applied only after its own parity run passes. A patch verified on
+    this workload alone is not asked about without --unsafe-fixes, since it would not be written (promise breaker
+    round 31: `y` wrote nothing and said nothing); `apply_patches` gives it its reason."""
     o = session.options
     if not o.apply or o.review is None:
         return apply_patches(session, final.ids, o)
-    accepted = set(o.review([_review_item(session, pid, trials[pid]) for pid in final.ids]))
-    ids = tuple(pid for pid in final.ids if pid in accepted)
-    declined = {pid: (False, None, "declined at the --interactive prompt") for pid in final.ids if pid not in ids}
+    held = tuple(pid for pid in final.ids if not o.unsafe_fixes and is_observed(session.candidates[pid].finding))
+    asked = [pid for pid in final.ids if pid not in held]
+    accepted = set(o.review([_review_item(session, pid, trials[pid]) for pid in asked])) if asked else set()
+    ids = tuple(pid for pid in asked if pid in accepted)
+    declined = {pid: (False, None, "declined at the --interactive prompt") for pid in asked if pid not in ids}
     if 1 < len(ids) < len(final.ids):
         session.progress("checking the parity of the accepted patches together")
         together = session.trial(ids)
@@ -514,15 +535,19 @@ def _apply_reviewed(session: Session, trials: dict[str, Trial], final: Trial) ->
         if not (together.parity is not None and together.parity.ok):
             why = together.error or "; ".join(together.parity.failures[:3])
             return declined | {pid: (False, None, f"the accepted patches fail parity together: {why}") for pid in ids}
-    return declined | apply_patches(session, ids, o)
+    return declined | apply_patches(session, ids + held, o)
 
 
 def _review_item(session: Session, pid: str, trial: Trial) -> dict:
-    """What a reviewer sees of one verified patch: where, the diff, and its measured numbers."""
+    """What a reviewer sees of one verified patch: where, the diff, its measured numbers, and for one verified on
+    this workload alone the facts it assumes (as every report labels it)."""
     finding = session.candidates[pid].finding
+    assumes = [fact["name"] for fact in (finding.extra.get("facts") or {}).get("assumed") or []]
     return {"id": pid, "rule": finding.rule, "path": display_path(finding.path), "line": finding.line,
             "fix_safety": finding.fix_safety, "diff": finding.patch, "speedup": trial.paired.speedup(),
-            "speedup_ci": trial.paired.speedup_ci(), "max_abs_err": trial.parity.max_abs_err}
+            "speedup_ci": trial.paired.speedup_ci(), "max_abs_err": trial.parity.max_abs_err,
+            "label": f"verified on this workload; assumes: {', '.join(assumes)}" if is_observed(finding) else
+            "verified"}
 
 
 # breaker round 17: three recorded calls without a padded row, then the script's own later batches had one
@@ -604,7 +629,7 @@ def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, wri
             "mismatched": parity.mismatched, "seeds": len(session.inputs), "outputs_compared": parity.outputs_compared,
             "fully_masked_rows": {"rows": parity.fully_masked_rows, "original": "NaN", "patched": "finite"}
             if parity.fully_masked_rows else None,
-            "grads": session.options.train, "not_compared": parity.skipped},
+            "grads": session.options.train and session.gradients_compared(), "not_compared": parity.skipped},
         speedup=round(trial.paired.speedup(), 4) if trial is not None and trial.paired else None,
         speedup_ci=[round(v, 4) for v in trial.paired.speedup_ci()] if trial is not None and trial.paired else None,
         reasons=(write_reason,) if write_reason else reasons, applied=applied, written_to=written_to,
@@ -646,6 +671,27 @@ def _unmirrored(findings: list[dict], final: Trial) -> list[dict]:
             finding["path"], finding["patched_copy"] = display_path(original), True
         out.append(finding)
     return out
+
+
+def _same_inputs(a: InputSet, b: InputSet) -> bool:
+    """Whether two input sets hold the same values (tensors equal, everything else equal)."""
+    import torch
+
+    left, left_spec = torch.utils._pytree.tree_flatten((a.args, a.kwargs))
+    right, right_spec = torch.utils._pytree.tree_flatten((b.args, b.kwargs))
+    return left_spec == right_spec and all(_same_value(x, y) for x, y in zip(left, right))
+
+
+def _same_value(x, y) -> bool:
+    import torch
+
+    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+        return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype and \
+            x.shape == y.shape and torch.equal(x, y)
+    try:
+        return bool(x == y)
+    except Exception:  # noqa: BLE001 - a value that does not compare is not known to be the same
+        return False
 
 
 def _nan_count(tree) -> int:

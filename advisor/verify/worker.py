@@ -128,7 +128,8 @@ class Worker:
 
     # -- measurements --------------------------------------------------------------------------------------------
     def run(self, request: Run) -> RunOutputs:
-        """Outputs (and with `grads` every parameter's gradient) of one eval-mode pass: dropout off, RNG seeded."""
+        """Outputs (and with `grads` every parameter's gradient, and each input's that requires grad: an attention core
+        has no parameters, promise breaker round 31) of one eval-mode pass: dropout off, RNG seeded."""
         import torch
 
         from advisor.runtime.autocast_state import replayed
@@ -142,12 +143,17 @@ class Worker:
             if not request.grads:
                 with torch.no_grad(), replayed(self.prepared.autocast):
                     return RunOutputs(to_tree(model(*args, **kwargs)))
+            leaves = [t for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad]
+            for leaf in leaves:
+                leaf.grad = None
             with replayed(self.prepared.autocast):
                 output = model(*args, **kwargs)
             if module is not None:
                 module.zero_grad(set_to_none=True)
             _scalar_loss(output).backward()
             gradients = {name: p.grad for name, p in module.named_parameters()} if module is not None else {}
+            gradients.update({f"input {index}": leaf.grad for index, leaf in enumerate(leaves)})
             result = RunOutputs(to_tree(output), to_tree(gradients))
             if module is not None:
                 module.zero_grad(set_to_none=True)

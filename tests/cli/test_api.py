@@ -158,3 +158,15 @@ def test_a_path_that_is_no_str_or_pathlike_is_refused(workdir, paths):
     shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
     with pytest.raises(TypeError, match="each path must be a str or an os.PathLike of str"):
         advisor.scan(paths)
+
+
+def test_the_command_an_api_run_reports_spells_its_options():
+    """Promise breaker round 31: `advisor.optimize(..., unsafe_fixes=True, train=True)` reported an apply_command
+    without those flags, which then verified in eval mode or wrote nothing."""
+    from advisor.api import _arguments
+    from advisor.commands.optimize import apply_command
+
+    args = _arguments("optimize", ["m.py:workload"], {"unsafe_fixes": True, "train": True, "report": "r",
+                                                      "backend": "sdpa"})
+    assert apply_command(args) == ("advisor optimize --unsafe-fixes --train --report r --backend sdpa m.py:workload "
+                                   "--apply")

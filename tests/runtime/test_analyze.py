@@ -51,6 +51,22 @@ def test_ranks_are_aggregated(trace_file, tmp_path, capsys):
     assert set(attention["evidence"]["per_rank_us"]) == {"0", "1"}
 
 
+def test_stackless_ranks_merge_and_shares_are_of_the_mean_rank(trace_file, tmp_path, capsys):
+    """Promise breaker round 31: without Python stacks each rank's hits were keyed by its file's name (one block,
+    two findings at half the share), and a share was of the last rank read's op time, so the files' order set it."""
+    data = json.loads(trace_file.read_text())
+    for event in data["traceEvents"]:
+        (event.get("args") or {}).pop("Call stack", None)
+    for rank, name in ((0, "b.json"), (1, "a.json")):
+        data["distributedInfo"] = {"rank": rank}
+        (tmp_path / name).write_text(json.dumps(data))
+    _, merged = _analyze(capsys, tmp_path)
+    _, alone = _analyze(capsys, tmp_path / "a.json")
+    shares = {(f["rule"], f["path"], f["line"]): f["share"] for f in merged["findings"]}
+    assert len(shares) == len(merged["findings"])  # one finding per block, not one per rank's file
+    assert shares == {(f["rule"], f["path"], f["line"]): f["share"] for f in alone["findings"]}
+
+
 def test_sdpa_fallback_reason_from_trace_shapes(tmp_path, capsys):
     trace = tmp_path / "sdpa.json"
     run_fixture("sdpa_fallback.py", trace_path=str(trace))

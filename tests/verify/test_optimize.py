@@ -12,6 +12,7 @@ import pytest
 
 import advisor.demo
 from advisor.cli import main
+from advisor.verify.unpatched import unpatched
 from optimize_models import write_blocks, write_model
 
 DEMO = Path(advisor.demo.__file__).with_name("gpt.py")
@@ -313,3 +314,51 @@ def test_the_diffs_of_two_files_outside_the_root_never_share_a_name(tmp_path):
     assert _outside_diff_name(str(first)) != _outside_diff_name(str(second))
     assert _outside_diff_name(str(first)).startswith("patches/m1.py-") and _outside_diff_name(str(first)) == \
         _outside_diff_name(str(tmp_path / "p__q" / "." / "m1.py"))
+
+
+def test_the_configuration_s_rule_choice_holds_for_optimize_and_the_report_says_why(tmp_path, capsys):
+    """Promise breaker round 31: `[tool.advisor] ignore = ["ADV101"]` was read and checked, but `optimize --apply`
+    still rewrote the block; and a block `# advisor: ignore` suppresses was listed as "no rewrite rule matched"."""
+    model = write_model(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.advisor]\nignore = ["ADV101"]\n')
+    fingerprint = digest(model)
+    code, result, _ = run_json(capsys, f"{model}:workload", "--apply", "--root", str(tmp_path), "--report",
+                               str(tmp_path / "report"))
+    assert code == 0 and result["patches"] == [] and digest(model) == fingerprint
+    [entry] = [e for e in result["unpatched"] if e["static_rule"] == "ADV101"]
+    assert "not selected by the configuration" in entry["reason"]
+    # the same block suppressed by a comment instead: the reason names the comment
+    (tmp_path / "pyproject.toml").unlink()
+    model.write_text(model.read_text().replace("* (1.0 / math.sqrt(k.size(-1)))\n",
+                                               "* (1.0 / math.sqrt(k.size(-1)))  # advisor: ignore[ADV101]\n", 1))
+    [measured] = [dict(e, rule="ADV110") for e in result["unpatched"] if e["static_rule"] == "ADV101"]
+    [entry] = unpatched([measured], {}, False, "sdpa")
+    assert "suppressed by the `# advisor: ignore` comment" in entry["reason"], entry["reason"]
+
+
+def test_train_compares_the_gradients_of_inputs_where_the_model_has_no_parameters(tmp_path, capsys):
+    """Promise breaker round 31: an attention core (no parameters) reported "+ grads" under --train, having
+    compared its output only; the gradients its inputs get are compared now."""
+    (tmp_path / "core.py").write_text(
+        "import math, torch\nimport torch.nn.functional as F\n\n\nclass Core(torch.nn.Module):\n"
+        "    def forward(self, q, k, v):\n"
+        "        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))\n"
+        "        return F.softmax(att, dim=-1) @ v\n\n\n"
+        "def workload(seed=0):\n    g = torch.Generator().manual_seed(seed)\n"
+        "    q, k, v = (torch.randn(2, 2, 64, 16, generator=g).requires_grad_() for _ in range(3))\n"
+        "    return Core(), (q, k, v)\n")
+    code, result, _ = run_json(capsys, f"{tmp_path / 'core.py'}:workload", "--train", "--report",
+                               str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert patch["parity"]["grads"]  # the output and the gradients of q, k and v, on each seed
+    assert patch["parity"]["outputs_compared"] == 4 * patch["parity"]["seeds"]
+
+
+def test_a_seed_argument_that_changes_nothing_is_said_and_not_counted_as_more_inputs(tmp_path, capsys):
+    """Promise breaker round 31: a `workload(seed)` reseeding with a constant gave three equal inputs, reported as
+    "3 seeds"."""
+    model = write_model(tmp_path, workload_prelude="seed = 0")
+    code, result, _ = run_json(capsys, f"{model}:workload", "--report", str(tmp_path / "report"))
+    [patch] = result["patches"]
+    assert patch["parity"]["seeds"] == 1
+    assert any("`seed` argument did not change its inputs" in note for note in result["notes"])
