@@ -89,24 +89,6 @@ class PathRules:
         return bool(self.exclude or self.per_file_ignores)
 
 
-@dataclass(frozen=True)
-class RuleChoice:
-    """The rules a verb without --select/--ignore of its own (`optimize`) runs where: the configuration's select and
-    ignore, its excluded files and per-file ignores."""
-
-    select: tuple[str, ...] | None = None
-    ignore: tuple[str, ...] = ()
-    paths: PathRules = PathRules()
-
-    def excludes(self, path: str) -> bool:
-        return self.paths.excludes(path)
-
-    def codes(self, path: str) -> tuple[list[str] | None, list[str]]:
-        """(select, ignore) for one file."""
-        return (list(self.select) if self.select is not None else None,
-                [*self.ignore, *self.paths.ignored_codes(path)])
-
-
 def _relative(path: str, root: str) -> str:
     return os.path.relpath(path, root).replace(os.sep, "/")
 

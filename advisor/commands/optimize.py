@@ -22,7 +22,7 @@ from rich.console import Console
 from advisor.commands.common import add_backend_argument, add_call_site_argument
 from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, seconds, workload_source
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
-from advisor.config import PathRules, RuleChoice
+from advisor.contracts.rule_choice import RuleChoice
 from advisor.results import OptimizeReport
 from advisor.verify.report_folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
@@ -76,7 +76,7 @@ def run(args) -> int:
 def rule_choice(args) -> RuleChoice:
     """[tool.advisor]'s select, ignore and paths, which `settle` put on `args` (optimize has no flags for them)."""
     return RuleChoice(tuple(args.select) if args.select is not None else None, tuple(args.ignore or ()),
-                      getattr(args, "path_rules", None) or PathRules())
+                      getattr(args, "path_rules", None))
 
 
 def optimized(args, progress=lambda message: None, review=None, say=lambda message: None) -> OptimizeReport:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from advisor.config import RuleChoice
+from advisor.contracts.rule_choice import RuleChoice
 from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding, display_path
 from advisor.contracts.evidence import RuntimeEvidence, add_block_calls

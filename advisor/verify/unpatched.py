@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from advisor.config import RuleChoice
+from advisor.contracts.rule_choice import RuleChoice
 from advisor.engine.static import analyze_source, might_match, suppression_of
 from advisor.contracts.finding import Finding
 from advisor.registry import is_selected
