@@ -106,7 +106,8 @@ def _arguments(verb: str, positional: list[str], options: dict, **fixed):
     args = parser.parse_args([verb, "--", *positional] if positional else [verb])
     actions = _verb_actions(parser, verb)
     for name, value in {**options, **fixed}.items():
-        if name not in vars(args) and name not in fixed or name in CLI_ONLY and name in options:
+        if (name not in vars(args) or actions.get(name) is None) and name not in fixed or \
+                name in CLI_ONLY and name in options:  # an option without a flag (optimize's select) is none
             raise TypeError(f"{verb}() got an unexpected option {name!r}" + CLI_ONLY.get(name, ""))
         value = _checked(verb, name, value, actions.get(name))
         if name in ("select", "ignore") and value is not None:

@@ -170,3 +170,10 @@ def test_the_command_an_api_run_reports_spells_its_options():
                                                       "backend": "sdpa"})
     assert apply_command(args) == ("advisor optimize --unsafe-fixes --train --report r --backend sdpa m.py:workload "
                                    "--apply")
+
+
+def test_optimize_takes_no_rule_selection_it_could_not_repeat():
+    """optimize has no --select/--ignore (its configuration file chooses): an API option of that name could not
+    be spelled in the apply command it reports, which would then patch the rule it left out."""
+    with pytest.raises(TypeError, match="unexpected option 'ignore'"):
+        advisor.optimize("m.py:workload", ignore=["ADV101"])
