@@ -158,7 +158,7 @@ def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str
                     backend: str, runtime: RuntimeEvidence | None, patches: bool, tree_context: TreeContext,
                     observed_masks: bool, suppressions: bool) -> FileResult:
     parsed = ParsedModule(source, path, tree_context.project, tree_context.calls)
-    suppressed = _suppressions(source) if suppressions else {}
+    suppressed = comment_suppressions(source) if suppressions else {}
     evidence = runtime.for_path(path) if runtime is not None else None
     context = StaticContext(parsed, backend, evidence, tree=tree_context, unsafe_fixes=unsafe_fixes,
                             observed_masks=observed_masks)
@@ -166,7 +166,7 @@ def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str
     for family in static_families(source, path, evidence):
         for found in family.static(context, family.rules):
             rule = found.finding.rule
-            if is_selected(rule, select, ignore) and not _is_suppressed(suppressed, found.finding, rule):
+            if is_selected(rule, select, ignore) and suppressing_line(suppressed, found.finding, rule) is None:
                 detected.append(found)
                 context.earlier.append(found.finding)
     if patches:
@@ -176,14 +176,7 @@ def _analyze_source(source: str, path: str, unsafe_fixes: bool, select: list[str
     return FileResult(path, source, [d.finding for d in detected], unsafe_fixes, detected, parsed)
 
 
-def suppression_of(source: str, finding: Finding) -> int | None:
-    """The line of the `# advisor: ignore` comment that suppresses `finding` in `source`, or None."""
-    suppressed = _suppressions(source)
-    return next((line for line in range(finding.line, finding.end_line + 1) if line in suppressed and (
-        suppressed[line] is None or any(finding.rule.startswith(c) for c in suppressed[line]))), None)
-
-
-def _suppressions(source: str) -> dict[int, set[str] | None]:
+def comment_suppressions(source: str) -> dict[int, set[str] | None]:
     """Line -> codes ignored there (None: all codes), from `# advisor: ignore[CODE]` comments: comments only, as
     the tokenizer finds them (a string holding the words suppresses nothing)."""
     found: dict[int, set[str] | None] = {}
@@ -201,11 +194,10 @@ def _suppressions(source: str) -> dict[int, set[str] | None]:
     return found
 
 
-def _is_suppressed(suppressed: dict[int, set[str] | None], match: Finding, rule: str) -> bool:
-    for line in range(match.line, match.end_line + 1):
-        if line in suppressed and (suppressed[line] is None or any(rule.startswith(c) for c in suppressed[line])):
-            return True
-    return False
+def suppressing_line(suppressed: dict[int, set[str] | None], finding: Finding, rule: str) -> int | None:
+    """The line of the `# advisor: ignore` comment (`comment_suppressions`) that suppresses `finding`, or None."""
+    return next((line for line in range(finding.line, finding.end_line + 1) if line in suppressed and (
+        suppressed[line] is None or any(rule.startswith(c) for c in suppressed[line]))), None)
 
 
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,

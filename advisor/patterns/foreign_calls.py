@@ -68,10 +68,10 @@ def foreign(parsed: ParsedModule, owner: ClassInfo | None, call: cst.Call, modul
     return _foreign(parsed, owner, call, _trust(parsed, modules_trusted), [])[0]
 
 
-def foreign_iteration(parsed: ParsedModule, owner: ClassInfo | None, iterable: cst.BaseExpression,
-                      modules_trusted: bool = True) -> bool:
-    """Whether iterating `iterable` (a loop's, a comprehension's) may run code of another file or of a caller."""
-    return _iteration_foreign(parsed, owner, iterable, _trust(parsed, modules_trusted), [])[0]
+def foreign_sources(parsed: ParsedModule, owner: ClassInfo | None, sources: list[cst.CSTNode],
+                    modules_trusted: bool = True) -> bool:
+    """Whether the code an iteration runs (`iteration_sources`'s list) may run code of another file or of a caller."""
+    return _sources_foreign(parsed, owner, sources, _trust(parsed, modules_trusted), [])[0]
 
 
 def implicit_runs(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.BaseExpression]:
@@ -219,8 +219,13 @@ def _iteration_foreign(parsed: ParsedModule, owner: ClassInfo | None, iterable: 
                        path: list[cst.CSTNode]) -> tuple[bool, bool]:
     """(whether iterating `iterable` may run foreign code, whether following it met a function of `path`)."""
     sources = iteration_sources(parsed, owner, iterable)
-    if sources is None:
-        return True, False
+    return (True, False) if sources is None else _sources_foreign(parsed, owner, sources, trust, path)
+
+
+def _sources_foreign(parsed: ParsedModule, owner: ClassInfo | None, sources: list[cst.CSTNode], trust: _Trust,
+                     path: list[cst.CSTNode]) -> tuple[bool, bool]:
+    """(whether one of the calls or generator expressions an iteration runs may run foreign code, whether following
+    them met a function of `path`)."""
     met = False
     for source in sources:
         found, reached = _search(parsed, owner, source, trust, path)
@@ -240,7 +245,7 @@ def iteration_sources(parsed: ParsedModule, owner: ClassInfo | None, iterable: c
     if isinstance(iterable, (cst.List, cst.Tuple, cst.Set, cst.Dict, cst.ListComp, cst.SetComp, cst.DictComp,
                              cst.BaseString, cst.BinaryOperation, cst.UnaryOperation)):
         return []
-    if isinstance(iterable, cst.Call) and iterable.func is not None and isinstance(iterable.func, cst.Name) and \
+    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and \
             iterable.func.value in LAZY_BUILTINS and _builtin(parsed, iterable.func):  # `zip(g, h)` iterates later
         inner = [iteration_sources(parsed, owner, argument, seen) for argument in iterated_arguments(iterable)]
         return None if None in inner else [iterable] + [source for found in inner for source in found]

@@ -675,16 +675,12 @@ def _unmirrored(findings: list[dict], final: Trial) -> list[dict]:
 
 def _same_inputs(a: InputSet, b: InputSet) -> bool:
     """Whether two input sets hold the same values (tensors equal, everything else equal)."""
-    import torch
-
     left, left_spec = torch.utils._pytree.tree_flatten((a.args, a.kwargs))
     right, right_spec = torch.utils._pytree.tree_flatten((b.args, b.kwargs))
     return left_spec == right_spec and all(_same_value(x, y) for x, y in zip(left, right))
 
 
 def _same_value(x, y) -> bool:
-    import torch
-
     if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
         return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype and \
             x.shape == y.shape and torch.equal(x, y)

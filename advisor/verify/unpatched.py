@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from advisor.contracts.rule_choice import RuleChoice
-from advisor.engine.static import analyze_source, might_match, suppression_of
+from advisor.engine.static import analyze_source, comment_suppressions, might_match, suppressing_line
 from advisor.contracts.finding import Finding
 from advisor.registry import is_selected
 from advisor.static.discover import read_source
@@ -61,8 +61,9 @@ def _static_findings(path: str, unsafe_fixes: bool, backend: str) -> list[Findin
                                   suppressions=False).findings
     except Exception:  # noqa: BLE001 - a file we cannot analyse offers no reason; the scan verb reports why
         return []
+    suppressed = comment_suppressions(source.text)
     for finding in findings:
-        line = suppression_of(source.text, finding)
+        line = suppressing_line(suppressed, finding, finding.rule)
         if line is not None:
             finding.extra["suppressed"] = line
     return findings

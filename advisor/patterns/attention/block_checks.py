@@ -15,7 +15,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
 from advisor.patterns.attention.rendering import short
-from advisor.patterns.foreign_calls import IMPLICIT_RUNNERS, foreign, foreign_iteration, implicit_runs, \
+from advisor.patterns.foreign_calls import IMPLICIT_RUNNERS, foreign, foreign_sources, implicit_runs, \
     iteration_sources, modules_untrusted, runs_known_code
 from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
@@ -273,7 +273,7 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
             sources = iteration_sources(parsed, c.owner, run)
             made = None if sources is None else next((source for source in sources if parsed.line(source) <= first
                                                       and not runs_known_code(parsed, source)), None)
-            if sources is None or made is not None or foreign_iteration(parsed, c.owner, run, trusted):
+            if sources is None or made is not None or foreign_sources(parsed, c.owner, sources, trusted):
                 where = "" if made is None else f", made at line {parsed.line(made)}"
                 return (f"`{short(parsed, run)}` is iterated or entered between the scores and the value product "
                         f"(line {line}{where}): code this analysis does not see there (a generator's body, "
