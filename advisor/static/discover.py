@@ -169,14 +169,18 @@ def _encloses(folder: str, real_parent: str) -> bool:
     return real_parent == target or real_parent.startswith(target.rstrip(os.sep) + os.sep)
 
 
-def regular_file_bytes(path: str | Path, follow_links: bool = True) -> bytes:
+def regular_file_bytes(path: str | Path, follow_links: bool = True, own: bool = False) -> bytes:
     """The bytes of the regular file at `path`, opened without blocking (a FIFO would wait for a writer forever, a
     device never ends) and checked after opening; OSError for anything else (`not a regular file`) or a read that
-    fails. `follow_links=False`: a link is refused too."""
+    fails. `follow_links=False`: a link is refused too; `own`: so is a file of another user or one that group or
+    others can write (where the system has user ids)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(os.open(path, flags), "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode):
             raise OSError("not a regular file")
+        if own and hasattr(os, "getuid") and (status.st_uid != os.getuid() or status.st_mode & 0o022):
+            raise OSError("not this user's private file")
         return handle.read()
 
 

@@ -25,6 +25,7 @@ import importlib.metadata
 import importlib.util
 import os
 import pickle
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass, fields, is_dataclass
@@ -130,18 +131,19 @@ def record(scan_one, tree, path: str) -> Recorded:
     return Recorded(outcome, getattr(outcome, "digest", None) or None, frozenset(read | package))
 
 
-def _private(folder: Path) -> bool:
+def _private(folder: Path, link_ok: bool = True) -> bool:
     """Whether only this user can write `folder` (a folder not there yet is created private); always true where
-    the system has no user ids."""
+    the system has no user ids. `link_ok=False`: a link is refused too (the shard folders advisor makes itself,
+    which a link would send into a folder others share)."""
     if not hasattr(os, "getuid"):
         return True
     try:
-        status = folder.stat()
+        status = folder.stat() if link_ok else folder.lstat()
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    return status.st_uid == os.getuid() and not status.st_mode & 0o022
+    return stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and not status.st_mode & 0o022
 
 
 class ScanCache:
@@ -153,6 +155,7 @@ class ScanCache:
         self.salt = _digest(FORMAT, code_digest(), rule_set(), sorted(options.items()), current_folder())
         self.digests: dict[str, str] = {}  # real path -> digest of the bytes read
         self._written_ok = self._trusted = _private(self.folder.parent) and _private(self.folder)
+        self._shards: dict[Path, bool] = {}  # shard folder -> only this user can write it
 
     # -- each file's part of the tree-wide facts ---------------------------------------------------------------
     def kept_contribution(self, source):
@@ -215,14 +218,22 @@ class ScanCache:
     def _path(self, key: str) -> Path:
         return self.folder / key[:2] / key
 
+    def _shard_private(self, shard: Path) -> bool:
+        """Whether only this user can write the shard folder (no link either), checked once per scan."""
+        private = self._shards.get(shard)
+        if private is None:
+            private = self._shards[shard] = _private(shard, link_ok=False)
+        return private
+
     def _load(self, key: str):
-        """The value stored under `key`, or None: missing, truncated, foreign, of another format or version, or in a
-        folder others can write."""
-        if not self._trusted:
+        """The value stored under `key`, or None: missing, truncated, foreign, of another format or version, in a
+        folder others can write, or written by another user."""
+        path = self._path(key)
+        if not self._trusted or not self._shard_private(path.parent):
             return None
         try:
-            data = regular_file_bytes(self._path(key), follow_links=False)
-        except OSError:  # missing, unreadable, or no regular file (a FIFO, a link, a folder)
+            data = regular_file_bytes(path, follow_links=False, own=True)
+        except OSError:  # missing, unreadable, another user's, or no regular file (a FIFO, a link, a folder)
             return None
         header = FORMAT + key.encode() + b"\n"
         if not data.startswith(header):
@@ -244,6 +255,9 @@ class ScanCache:
         try:
             for folder in (self.folder.parent, self.folder, target.parent):
                 folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._shards.pop(target.parent, None)  # made now, or there before: read what it is
+            if not self._shard_private(target.parent):
+                return
             handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
             try:
                 with os.fdopen(handle, "wb") as out:

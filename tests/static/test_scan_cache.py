@@ -228,6 +228,36 @@ def test_a_cache_folder_others_can_write_is_neither_read_nor_written(tmp_path, a
     assert "new.py" in analysed
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no user ids: folder ownership is not checked")
+@pytest.mark.parametrize("attack", ["shard-writable", "shard-link", "entry-writable"])
+def test_a_shard_folder_or_entry_others_can_write_is_neither_read_nor_written(tmp_path, analysed, attack):
+    """The entries sit in shard folders under `scan/`: each is checked like the folders above it (promise round 32:
+    a 0777 shard was read, a planted pickle ran, and a shard linked to a shared folder was written into)."""
+    root = _fixture_tree(tmp_path, count=2)
+    cold = _json(scan_paths([str(root)]))
+    entries = sorted(_entries())
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)
+    for entry in entries:
+        if attack == "shard-writable":
+            entry.parent.chmod(0o777)
+        elif attack == "entry-writable":
+            entry.chmod(0o666)
+    if attack == "shard-link":
+        for shard in {entry.parent for entry in entries}:
+            for entry in shard.iterdir():
+                entry.rename(shared / entry.name)
+            shard.rmdir()
+            shard.symlink_to(shared)
+    analysed.clear()
+    assert _json(scan_paths([str(root)])) == cold and len(analysed) == 2  # nothing read
+    kept = sorted(p.name for p in shared.iterdir())
+    (root / "new.py").write_text("x = 1\n")
+    scan_paths([str(root)])
+    assert sorted(p.name for p in shared.iterdir()) == kept  # nothing written through a link
+
+
 def test_no_cache_neither_reads_nor_writes(tmp_path, capsys, monkeypatch, analysed):
     root = _fixture_tree(tmp_path, count=2)
     monkeypatch.chdir(tmp_path)
