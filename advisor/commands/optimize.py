@@ -20,7 +20,8 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.commands.common import add_backend_argument, add_call_site_argument
-from advisor.commands.profile import add_workload_arguments, ends_what_the_workload_left, seconds, workload_source
+from advisor.commands.profile import (CALLS_WITHOUT_SCRIPT, add_workload_arguments, ends_what_the_workload_left,
+                                      seconds, workload_source)
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.contracts.rule_choice import RuleChoice
 from advisor.results import OptimizeReport
@@ -38,9 +39,6 @@ def add_parser(sub) -> None:
     parser.add_argument("target", nargs="?", metavar="TARGET",
                         help="path/to/file.py:function or package.module:function; or, after `--`, a script: "
                              "`advisor optimize -- python infer.py ARGS` (default: the bundled demo)")
-    parser.add_argument("--calls", type=_count, default=None, metavar="N",
-                        help="script mode: stop the script at its model's N-th call; the inputs of those N calls "
-                             "are the parity inputs (default 3)")
     parser.add_argument("--apply", action="store_true", help="write the verified patches")
     parser.add_argument("--interactive", action="store_true",
                         help="ask before writing each verified patch (implies --apply)")
@@ -110,13 +108,6 @@ def optimized(args, progress=lambda message: None, review=None, say=lambda messa
     return result
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
 def _review(console: Console, status, patches: list[dict]) -> list[str]:
     """The ids of the verified patches the user accepts; the spinner pauses while the question is open."""
     status.stop()
@@ -151,8 +142,7 @@ def unchanged_flags(args, result: OptimizeReport) -> list[str]:
     if args.unsafe_fixes and not any(p.fix_safety != "safe" for p in result.patches):
         lines.append("--unsafe-fixes changed nothing: no patch of the code that ran is marked unsafe")
     if args.calls is not None and args.script is None:
-        lines.append("--calls changed nothing: it sets how many model calls a script after `--` runs for; a TARGET "
-                     "function's inputs come from its `seed` argument")
+        lines.append(CALLS_WITHOUT_SCRIPT)
     return lines
 
 

@@ -38,7 +38,26 @@ def add_workload_arguments(parser) -> None:
     parser.add_argument("--train", action="store_true", help="forward + backward instead of inference")
     parser.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help=f"stop a workload request that takes longer (default {DEFAULT_TIMEOUT_S:g} s)")
+    parser.add_argument("--calls", type=_count, default=None, metavar="N",
+                        help=f"script mode: stop the script at its model's N-th call (default {SCRIPT_CALLS}); "
+                             "optimize takes the inputs of those N calls as its parity inputs")
     parser.set_defaults(script=None)
+
+
+# a script runs to its model's third call by default: far enough that a second model called in the same loop is seen
+# (and refused, as one model is measured per run), and those calls' inputs are optimize's parity inputs
+SCRIPT_CALLS = 3
+
+
+CALLS_WITHOUT_SCRIPT = ("--calls changed nothing: it sets how many model calls a script after `--` runs for; a "
+                        "TARGET function's inputs come from its `seed` argument")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
 
 
 def workload_source(args) -> tuple[str, list[str] | None]:
@@ -67,8 +86,8 @@ def seconds(text: str) -> float:
 
 def profile_in_child(target: str, device: str | None = None, dtype: str | None = None, train: bool = False,
                      trace_path: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                     script: list[str] | None = None) -> Profiled:
-    """Profile TARGET in a worker process (see Worker.profile)."""
+                     script: list[str] | None = None, calls: int = SCRIPT_CALLS) -> Profiled:
+    """Profile TARGET in a worker process (see Worker.profile); a script runs to its model's `calls`-th call."""
     if device:
         from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
 
@@ -76,8 +95,8 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
     with Console(stderr=True).status("starting the workload process") as status, \
             start_worker("workload", timeout_s, on_progress=status.update) as worker:
         status.update("loading the workload")
-        loaded = worker.call(Load(target, device, dtype, train, script=script),
-                             doing="running the script to its model's first call" if script else None)
+        loaded = worker.call(Load(target, device, dtype, train, script=script, calls=calls),
+                             doing=f"running the script to its model's call {calls}" if script else None)
         if loaded.captured:
             status.console.print(f"advisor: {shown(loaded.captured)}", highlight=False, soft_wrap=True)
         return worker.call(Profile(trace_path))
@@ -102,9 +121,11 @@ def ends_what_the_workload_left(run_verb):
 def profiled_target(args) -> tuple[str, Profiled]:
     """(TARGET as shown, its profile): the CLI's and advisor.profile's one path, the trace written where asked."""
     target, script = workload_source(args)
+    if args.calls is not None and script is None and not getattr(args, "quiet", False):
+        print(f"advisor: note: {CALLS_WITHOUT_SCRIPT}", file=sys.stderr)
     trace = check_trace_path(args.trace)
     profiled = profile_in_child(target, args.device, args.dtype, args.train, trace and trace.path, args.timeout,
-                                script)
+                                script, args.calls or SCRIPT_CALLS)
     confirm_trace_written(trace)
     return target, profiled
 

@@ -81,6 +81,18 @@ def test_a_script_without_one_capturable_model_is_one_line_exit_2_and_nothing_wr
     assert tree_digest(tmp_path) == before
 
 
+@pytest.mark.parametrize("calls", [None, "2"])
+def test_profile_refuses_a_script_calling_several_models_as_optimize_does(tmp_path, capsys, calls):
+    """Promise round 32: profile stopped at the first model's first call, never saw the second, and profiled
+    whichever model came first (exit 0) where optimize refused the same script."""
+    body, expected = BAD_SCRIPTS["two_models"]
+    (tmp_path / "user.py").write_text(SCRIPT_PRELUDE + body + "\n")
+    code = main(["profile", "--format", "json", *(["--calls", calls] if calls else []), "--", "python",
+                 str(tmp_path / "user.py")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("advisor: error:") and "several unrelated models" in err[-1], err
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["optimize", "--", "python"], "nothing after `--`"),
     (["optimize", "--", "python", "-c", "pass"], "`python -c ...` is not supported"),
