@@ -107,7 +107,8 @@ def _checkpoint_asking(parsed) -> str | None:
     """A checkpoint folder beside the file that it names (`from_pretrained("ckpt")`) whose config.json sets
     output_attentions (transformers then refuses to load it under sdpa: breaker round 16), or whose
     generation_config.json does (`generate()` then returns the attention maps, which sdpa has none of: round 19).
-    The configs are noted as read, so an edit of one drops a cached result."""
+    The configs are noted as read, also where they are not there yet (a file outside the scan is never reused
+    from the cache), so an edit of one, or a checkpoint saved there later, drops a cached result (promise round 32)."""
     import libcst as cst
 
     folder = os.path.dirname(os.path.abspath(parsed.path))
@@ -115,8 +116,8 @@ def _checkpoint_asking(parsed) -> str | None:
         name = node.evaluated_value if isinstance(node.evaluated_value, str) else ""
         for config_name in CHECKPOINT_CONFIGS if name and len(name) < 4096 else ():
             config_file = os.path.join(folder, name, config_name)
+            parsed.note_read(config_file)
             if os.path.isfile(config_file):
-                parsed.note_read(config_file)
                 if _asks_for_weights(config_file):
                     return display_path(config_file)
     return None

@@ -152,6 +152,22 @@ def test_a_checkpoint_whose_generation_config_asks_for_the_weights_leaves_the_fi
     assert finding.fix_safety == "unsafe" and config_name in finding.reason
 
 
+@pytest.mark.parametrize("config_name", ["config.json", "generation_config.json"])
+def test_a_checkpoint_saved_after_a_cached_scan_is_read_by_the_next_scan(tmp_path, config_name):
+    """Promise round 32: a config beside the file was noted as read only where it was there already, so a scan
+    cached before the checkpoint was saved kept its "safe" fix, and `fix --apply` wrote sdpa for a checkpoint
+    transformers then refused to load."""
+    (tmp_path / "load.py").write_text('from transformers import LlamaForCausalLM\nm = LlamaForCausalLM.'
+                                      'from_pretrained("ckpt", attn_implementation="eager")\n')
+    for _ in range(2):  # cold, then warm
+        (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.rule == "ADV601"]
+        assert finding.fix_safety == "safe"
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / config_name).write_text(json.dumps({"model_type": "llama", "output_attentions": True}))
+    (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.rule == "ADV601"]
+    assert finding.fix_safety == "unsafe" and config_name in finding.reason
+
+
 @pytest.mark.parametrize("call, safe", [("m.generate(ids, **settings)", False),
                                         ("m.generate(ids, **json.load(open('gen.json')))", False),
                                         ("m.generate(ids, **tokenizer(text))", True)])
