@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from advisor.contracts.finding import Finding
 
@@ -94,6 +94,16 @@ class RuntimeEvidence:
 
     def for_path(self, path: str) -> FileEvidence | None:
         return self.files.get(os.path.realpath(path))
+
+
+def with_blocks(evidence: RuntimeEvidence | None, observed: RuntimeEvidence) -> RuntimeEvidence:
+    """A profile's evidence (copy/cast hits by line) with what `observed` recorded of the attention blocks (facts
+    from the run) added, as one value an analysis reads; neither is changed."""
+    files = dict(evidence.files) if evidence is not None else {}
+    for path, found in observed.files.items():
+        mine = files.get(path)
+        files[path] = found if mine is None else replace(mine, blocks=mine.blocks + found.blocks)
+    return RuntimeEvidence(observed.target if evidence is None else evidence.target, files)
 
 
 def add_block_calls(evidence: RuntimeEvidence, calls: list[BlockCall]) -> None:

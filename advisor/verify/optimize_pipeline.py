@@ -22,7 +22,7 @@ import torch
 from advisor.contracts.rule_choice import RuleChoice
 from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding, display_path
-from advisor.contracts.evidence import RuntimeEvidence, add_block_calls
+from advisor.contracts.evidence import RuntimeEvidence, add_block_calls, with_blocks
 from advisor.fixes.observed import OBSERVERS
 from advisor.results import OptimizeReport, PatchVerdict
 from advisor.script import parse_command
@@ -309,8 +309,11 @@ def combined_text(chosen: list[PatchCandidate]) -> str:
 def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdpa",
                        observations: Callable[[], RuntimeEvidence] | None = None,
                        call_site_facts: bool = True, autograd_requests: list[str] = (),
-                       scripts: list[str] = (), rules: RuleChoice = RuleChoice()) -> dict[str, PatchCandidate]:
-    """Patches of the static rules over the files the profile saw running (attention findings with a patch).
+                       scripts: list[str] = (), rules: RuleChoice = RuleChoice(),
+                       evidence: RuntimeEvidence | None = None) -> dict[str, PatchCandidate]:
+    """Patches of the static rules over the files the profile saw running (attention findings with a patch, and
+    the copies and casts `evidence`, the original's profile, measured: as `fix --profile` builds them; promise
+    breaker round 32: optimize called those "no rewrite rule" while `fix --profile` patched them).
     Without --unsafe-fixes, a file with an unsafe attention patch is analysed again with `observations` (what its
     blocks saw on every input): a patch whose every unproved fact held there is tried too (`discharged`). With
     `call_site_facts`, those files' calls may prove facts of the functions they call. Those files and `scripts`
@@ -325,16 +328,17 @@ def collect_candidates(files: list[str], unsafe_fixes: bool, backend: str = "sdp
                        Tree(context) if call_site_facts else None)
     for path in files:
         source = read_source(path)
-        if not hasattr(source, "text") or not might_match(source.text) or rules.excludes(path):
+        measured = evidence.for_path(path) if evidence is not None else None
+        if not hasattr(source, "text") or not (might_match(source.text) or measured) or rules.excludes(path):
             continue
         select, ignore = rules.codes(path)
-        result = _analyzed(source.text, path, unsafe_fixes, backend, tree=tree, select=select, ignore=ignore)
+        result = _analyzed(source.text, path, unsafe_fixes, backend, evidence, tree, select=select, ignore=ignore)
         if result is None:
             continue
         static = result
         if observations is not None and not unsafe_fixes and any(_observable(f) for f in result.findings):
-            result = _analyzed(source.text, path, unsafe_fixes, backend, observations(), tree, True, select,
-                               ignore) or result
+            result = _analyzed(source.text, path, unsafe_fixes, backend, with_blocks(evidence, observations()), tree,
+                               True, select, ignore) or result
         # a safe patch guarded by its masks' absence, where the run saw them present: tried if the observed one fails
         guarded = {f.line: f for f in static.findings if result is not static and f.fix_safety == "safe" and
                    _observable(f)}
@@ -448,7 +452,8 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
                                                 options.backend,
                                                 session.observations if session.nondeterministic is None else None,
                                                 options.call_site_facts, session.autograd_requests,
-                                                script_files(options.script), options.rules)
+                                                script_files(options.script), options.rules,
+                                                session.profile_before.evidence)
         set_aside_unexercised(session.candidates, session.profile_before.lines)
         for pid, candidate in session.candidates.items():
             preferred = trials.get(candidate.fallback_for)

@@ -362,3 +362,17 @@ def test_a_seed_argument_that_changes_nothing_is_said_and_not_counted_as_more_in
     [patch] = result["patches"]
     assert patch["parity"]["seeds"] == 1
     assert any("`seed` argument did not change its inputs" in note for note in result["notes"])
+
+
+def test_the_copies_and_casts_the_profile_measured_are_patched_as_fix_profile_patches_them(tmp_path, capsys):
+    """Promise breaker round 32: `fix --profile` offered safe ADV202/ADV203 patches on the bundled fixture, and
+    optimize, which profiles the same workload, listed both as "no rewrite rule matched this code"."""
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "profile" / "copies_and_casts.py"
+    shutil.copyfile(fixture, tmp_path / "cc.py")
+    code, result, err = run_json(capsys, f"{tmp_path / 'cc.py'}:workload", "--root", str(tmp_path), "--report",
+                                 str(tmp_path / "report"))
+    assert code in (0, 1), err
+    measured = {(p["rule"], p["line"]): p for p in result["patches"] if p["rule"] in ("ADV202", "ADV203")}
+    assert sorted(rule for rule, _ in measured) == ["ADV202", "ADV203"]
+    assert all(p["fix_safety"] == "safe" and p["parity"]["outputs_compared"] for p in measured.values())
+    assert not [e for e in result["unpatched"] if (e.get("rule"), e.get("line")) in measured]
