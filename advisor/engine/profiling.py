@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from advisor.contracts.evidence import FileEvidence, RuntimeEvidence, RuntimeHit, add_block_calls
-from advisor.contracts.finding import Finding
+from advisor.contracts.finding import Finding, as_text
 from advisor.engine.runtime_engine import after_profile, runtime_findings
 from advisor.runtime.capture import Capture, capture
 from advisor.runtime.detect.attention_graph import block_calls
@@ -26,7 +26,7 @@ class ProfileReport:
 
     def to_json(self) -> dict:
         c, t = self.capture, self.timing
-        return {"version": 1, "target": self.target, "device": c.device, "dtype": c.dtype,
+        return {"version": 1, "target": as_text(self.target), "device": c.device, "dtype": c.dtype,
                 "mode": "train" if self.train else "eval", "steps": c.profiled_steps,
                 "step_us": round(c.step_us, 3), "step_iqr_us": round(c.step_iqr_us, 3), "op_us": round(t.op_us, 3),
                 "attributed_share": round(t.attributed_share, 5), "statement_share": round(t.statement_share, 5),

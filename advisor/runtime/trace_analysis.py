@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from advisor.contracts.finding import Finding, ScanError
+from advisor.contracts.finding import Finding, ScanError, as_text
 from advisor.registry import load_rules
 from advisor.runtime.events import build, resolve_path
 from advisor.runtime.rank import rank
@@ -38,9 +38,10 @@ class AnalyzeReport:
     errors: list[ScanError] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"version": 1, "traces": [t.path for t in self.traces], "ranks": sorted({t.rank for t in self.traces}),
+        return {"version": 1, "traces": [as_text(t.path) for t in self.traces],
+                "ranks": sorted({t.rank for t in self.traces}),
                 "device": "cuda" if any(t.on_device for t in self.traces) else "cpu",
-                "breakdown": self.breakdown, "limitations": self.limitations,
+                "breakdown": self.breakdown, "limitations": [as_text(line) for line in self.limitations],
                 "findings": [f.to_json() for f in self.findings], "errors": [e.to_json() for e in self.errors]}
 
 

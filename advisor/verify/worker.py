@@ -270,11 +270,15 @@ def _shown(message) -> str:
 
 
 def _top_lines(line_us: dict, op_us: float, count: int = 10) -> list[dict]:
-    """The source lines that took the most op time per step, with their code (as scalene and py-spy show)."""
+    """The source lines that took the most op time per step, with their code (as scalene and py-spy show); each
+    path named as the findings name theirs (relative, a name's bytes that are not UTF-8 as `\\xNN`)."""
     import linecache
 
+    from advisor.contracts.finding import display_path
+
     ranked = sorted(line_us.items(), key=lambda item: -item[1])[:count]
-    return [{"path": path, "line": line, "us": round(us, 3), "share": round(us / op_us, 5) if op_us else 0.0,
+    return [{"path": display_path(path), "line": line, "us": round(us, 3),
+             "share": round(us / op_us, 5) if op_us else 0.0,
              "code": linecache.getline(path, line).strip()} for (path, line), us in ranked]
 
 

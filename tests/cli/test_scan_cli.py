@@ -306,6 +306,25 @@ def test_non_utf8_file_names_are_escaped_in_json_and_percent_encoded_in_sarif(ca
     assert notification["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "broken_%FE.py"
 
 
+def test_non_utf8_file_names_are_escaped_in_every_field_of_profile_and_analyze_json(capsys, workdir):
+    """Promise round 32: the findings' paths were escaped, but profile's `target` and `top_lines` paths and
+    analyze's `traces` and `limitations` carried the lone surrogates a strict parser rejects."""
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "profile" / "handwritten_attention.py"
+    name = os.fsdecode(b"model_\xff.py")
+    shutil.copy(fixture, workdir / name)
+    code, out, _ = run_cli(capsys, "profile", f"{name}:workload", "--format", "json")
+    data = strict_json(out)
+    assert code == 1 and data["target"] == "model_\\xff.py:workload"
+    assert data["top_lines"] and all(row["path"] == "model_\\xff.py" for row in data["top_lines"])
+    (workdir / "traces").mkdir()
+    (workdir / "traces" / os.fsdecode(b"rank_\xfe.json")).write_text(
+        '{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}')
+    code, out, _ = run_cli(capsys, "analyze", "traces", "--format", "json")
+    data = strict_json(out)
+    assert data["traces"] == [os.path.join("traces", "rank_\\xfe.json")]
+    assert any("rank_\\xfe.json" in line for line in data["limitations"]), data["limitations"]
+
+
 def test_sarif_uris_are_percent_encoded(capsys, workdir):
     (workdir / "a dir#1").mkdir()
     shutil.copy(NANOGPT, workdir / "a dir#1" / "m%.py")
