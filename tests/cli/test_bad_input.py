@@ -226,6 +226,17 @@ def test_interactive_review_at_end_of_input_quits_cleanly(workdir):
     assert (workdir / "a.py").read_text() == before
 
 
+def test_interactive_review_with_standard_input_closed_quits_cleanly(workdir):
+    """Promise round 32: with stdin closed (`<&-`) Python has no `sys.stdin`, and the question raised
+    `RuntimeError: input(): lost sys.stdin` (exit 2; optimize then wrote no report)."""
+    shutil.copy(NANOGPT, workdir / "a.py")
+    before = (workdir / "a.py").read_text()
+    result = subprocess.run(["sh", "-c", f'"{sys.executable}" -m advisor fix a.py --interactive <&-'], cwd=workdir,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "lost sys.stdin" not in result.stderr
+    assert (workdir / "a.py").read_text() == before
+
+
 def test_quiet_prints_no_summary_line(capsys, workdir):
     """`-q` prints the findings (or diffs) and errors only: neither "no findings in ..." nor the table's title."""
     (workdir / "plain.py").write_text("x = 1\n")
