@@ -7,7 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns.copy_cast_roles import calls_in
-from advisor.patterns.inplace_args import inplace_argument
+from advisor.static.inplace_args import inplace_argument
 from advisor.patterns.scope import outer_names
 from advisor.static.dataflow import loaded_names
 from advisor.static.module_index import ParsedModule

@@ -15,6 +15,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, binding_origins, may_alias
+from advisor.static.inplace_args import inplace_argument
 from advisor.static.dataflow import FunctionFlow, is_self_attribute, loaded_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.outside_writes import NOT_WRITES, REBINDS_TENSORS_GIVEN, SWAPS, in_place_name
@@ -49,7 +50,8 @@ def argument_call(parsed: ParsedModule, node: cst.Name) -> cst.Call | None:
 def writes_arguments(parsed: ParsedModule, call: cst.Call, argument: cst.CSTNode, owner: ClassInfo | None,
                      layers_trusted: bool, depth: int = 0) -> bool:
     """Whether `call` may write in place the tensor `argument` (inside one of its arguments) holds."""
-    if any(arg.keyword is not None and arg.keyword.value in ("out", "inplace") for arg in call.args):
+    if any(arg.keyword is not None and arg.keyword.value in ("out", "inplace") for arg in call.args) or \
+            inplace_argument(parsed, call):  # `F.relu(qkv, True)`: by position (breaker round 33)
         return True
     func = call.func
     if isinstance(func, cst.Name) and func.value in HARMLESS_BUILTINS and func.value not in parsed.bound_names and \

@@ -56,6 +56,14 @@ TRANSFORM_MODULES = {prefix.rsplit(".", 1)[0] for prefix in TRANSFORMS} | {"torc
 # ... those torch's (a string naming one is an import at run time; "higher" may be any word)
 TORCH_TRANSFORM_MODULES = frozenset({name for name in TRANSFORM_MODULES if name.startswith(("torch.", "functorch"))} |
                                     {"torch.autograd.forward_ad"})
+# packages any module of which may hold transforms (`torch._functorch.eager_transforms`: breaker round 33)
+TRANSFORM_PACKAGES = ("torch.func.", "torch._functorch.", "functorch.", "torch.autograd.forward_ad.")
+
+
+def names_transform_module(value) -> bool:
+    """A string naming a module of torch's transforms: one of TORCH_TRANSFORM_MODULES, or any module of their
+    packages (an import of it at run time may be used for any transform)."""
+    return isinstance(value, str) and (value in TORCH_TRANSFORM_MODULES or value.startswith(TRANSFORM_PACKAGES))
 # Options that make a call (`torch.autograd.gradcheck`, or a wrapper passing them on) run forward-mode AD.
 FORWARD_MODE_OPTIONS = ("check_forward_ad", "check_batched_forward_grad")
 GRADCHECKS = {"torch.autograd.gradcheck", "torch.autograd.gradcheck.gradcheck"}  # `**options` may hold them
@@ -158,7 +166,7 @@ def worth_resolving(source: str) -> bool:
                 module.split(".")[0] in HIGHER_ORDER_LIBRARIES for module in _imported_modules(node)):
             return True  # `from learn2learn.algorithms import MAML`: its names may ask
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CODE_RUNNERS or \
-                isinstance(node, ast.Constant) and node.value in TORCH_TRANSFORM_MODULES:
+                isinstance(node, ast.Constant) and names_transform_module(node.value):
             return True  # code run from a string; `import_module("torch.func")`
         elif isinstance(node, ast.Attribute) and node.attr == "__dict__" or \
                 isinstance(node, ast.Call) and _leaf(node.func) == "vars":
@@ -459,7 +467,7 @@ def _option_or_module_named(parsed: ParsedModule, node: cst.SimpleString, parent
         return None
     if value in FORWARD_MODE_OPTIONS and not (isinstance(parent, cst.DictElement) and _is_off(parent.value)):
         return f"`{parsed.code(node)}` names an option that asks for {FORWARD_MODE}"
-    if value in TORCH_TRANSFORM_MODULES:
+    if names_transform_module(value):
         return f"`{parsed.code(node)}` names a module whose transforms may ask for {DOUBLE_BACKWARD} or {FORWARD_MODE}"
     return None
 

@@ -817,14 +817,15 @@ def _child_fields(node_type: type) -> tuple[str, ...]:
 
 # Where a name is bound, by node type: the field holding the target (`with ... as`/`except ... as` one level down)
 _BINDING_FIELDS = {cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target", cst.For: "target",
-                   cst.CompFor: "target", cst.NamedExpr: "target", cst.Param: "name", cst.AsName: "name"}
+                   cst.CompFor: "target", cst.NamedExpr: "target", cst.Param: "name", cst.AsName: "name",
+                   cst.MatchAs: "name", cst.MatchStar: "name", cst.MatchMapping: "rest"}  # `case {"s": SCALE}:`
 
 
 def _assigned_names(nodes) -> list[cst.Name]:
     """Every name a statement or expression binds among `nodes`: assignment, loop, `with ... as`, `except ... as`,
-    walrus and comprehension targets, and parameters. A `def` or `class` statement's own name is a definition, not a
-    rebinding (a helper redefined by `f = torch.compile(f)` shows up as the assignment); an import's `as` name is
-    the import's."""
+    walrus and comprehension targets, `match` captures (breaker round 33), and parameters. A `def` or `class`
+    statement's own name is a definition, not a rebinding (a helper redefined by `f = torch.compile(f)` shows up as
+    the assignment); an import's `as` name is the import's."""
     found: list[cst.Name] = []
 
     def bind(target: cst.CSTNode | None) -> None:

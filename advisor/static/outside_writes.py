@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import glob
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -61,6 +62,9 @@ NAMESPACE_READERS = frozenset({"dict", "list", "len", "print", "repr", "str", "s
                                "any", "all", "isinstance", "id", "hash", "bool"})
 NAMESPACE_READS = {"get", "keys", "values", "items", "copy", "__getitem__", "__contains__", "__len__", "__iter__"}
 KEYED_NAMESPACE_METHODS = {"pop", "setdefault", "__setitem__", "__delitem__"}  # their first argument is the key
+# a module's hook tables (`_forward_hooks`, `_forward_pre_hooks_with_kwargs`): a method of one that is no read
+# (`update`, `setdefault`) stores into it as `m._forward_hooks[k] = f` does (breaker round 33)
+HOOK_TABLE = re.compile(r"_\w*hooks\w*")
 # process-wide hooks that may replace any submodule, parameter or buffer as it is assigned (see static.project)
 REGISTRATION_HOOKS = {"register_module_module_registration_hook", "register_module_buffer_registration_hook",
                       "register_module_parameter_registration_hook"}
@@ -371,8 +375,12 @@ def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda], writes: li
 
 
 def _write_receiver(node: ast.AST) -> ast.AST | None:
-    """What `node` writes into: the receiver of an in-place method (`t.fill_(1)`), a subscripted target."""
+    """What `node` writes into: the receiver of an in-place method (`t.fill_(1)`), a subscripted target, a hook
+    table stored into (`m._forward_hooks.update(h)`)."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and writes_its_receiver(node.func.attr):
+        return node.func.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr not in NAMESPACE_READS \
+            and isinstance(node.func.value, ast.Attribute) and HOOK_TABLE.fullmatch(node.func.value.attr):
         return node.func.value
     if isinstance(node, (ast.Assign, ast.AugAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -773,6 +781,9 @@ class _Writes:
                     self.torch_function(_namespace_owner(func.value),  # `F.__dict__.update(softmax=f)`
                                         "*" if name == ANY_ATTRIBUTE else glob.escape(name))
                 self.chain(_namespace_owner(func.value))  # `m.to_v.__dict__.update(forward=f)` changes `m.to_v`
+        elif isinstance(func, ast.Attribute) and func.attr not in NAMESPACE_READS and \
+                isinstance(func.value, ast.Attribute) and HOOK_TABLE.fullmatch(func.value.attr):
+            self.target(func.value, elements_only=True)  # `m.drop._forward_hooks.update({0: f})`, as `[0] = f`
         elif self._function_call(node, args):
             return
         elif isinstance(func, ast.Attribute) and writes_its_receiver(func.attr):

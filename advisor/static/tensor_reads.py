@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.static.dataflow import is_self
+from advisor.static.inplace_args import INPLACE_POSITIONS
 from advisor.static.outside_writes import IN_PLACE_DUNDERS, in_place_name
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
@@ -46,7 +47,6 @@ TORCH_FRESH = {f"torch.{name}" for name in (
 JOINS = {f"torch.{name}" for name in ("cat", "concat", "concatenate", "hstack", "vstack", "stack")}  # lists -> new
 # the same as torch functions; `einsum("ij->ji", m)` is a view, and dropout returns its input itself when not training
 TORCH_SHARING = {f"torch.{name}" for name in SHARING_METHODS} | {"torch.einsum", "torch.nn.functional.dropout"}
-INPLACE_POSITION = {"torch.nn.functional.dropout": 3}  # `F.dropout(m, p, training, inplace)`
 # calls whose result has at least one dim (an index of them gathers a copy): methods, torch functions, and torch
 # functions given a non-empty list
 DIMMED_METHODS = frozenset({"view", "reshape", "flatten", "unsqueeze", "nonzero", "argsort"})
@@ -261,7 +261,9 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
     if not isinstance(call, cst.Call) or arg.star or arg.keyword is not None and arg.keyword.value == "inplace":
         return False
     dotted = parsed.imported_name(call.func) or ""
-    if len([a for a in call.args if a.keyword is None]) > INPLACE_POSITION.get(dotted, len(call.args)):
+    family, _, name = dotted.rpartition(".")  # `F.dropout(m, p, training, True)`, `F.relu(m, True)`
+    inplace_at = INPLACE_POSITIONS.get(name, len(call.args)) if family == "torch.nn.functional" else len(call.args)
+    if len([a for a in call.args if a.keyword is None]) > inplace_at:
         return False
     out = arg.keyword is not None and arg.keyword.value == "out"
     if writes_seen and (out or dotted.startswith(("torch.", "operator."))):

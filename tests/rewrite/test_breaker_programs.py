@@ -69,7 +69,14 @@ and kept the SDPA path for a 1-D mask the original broadcasts.
 
 Round 32 (fixtures/attention/breaker32): an in-place sampler over the attention output (its memory order), an aten
 overload's `.view`, a dropout or an in-place dropout inside the value product's operands (draw order; a write of
-k through v), fractional max pooling drawing between the dropout and the value product."""
+k through v), fractional max pooling drawing between the dropout and the value product.
+
+Round 33 (fixtures/attention/breaker33): torch's own callees between the dropout and the value product that draw or
+read the generator (a container or a layer holding a dropout, a second SDPA, a layer built there, a sampler, the
+generator's state, a checkpointed function, a generator consumed by `torch.Size`), `F.relu(qkv, True)` writing q
+and k by position, a hook stored by `_forward_hooks.update`, a transforms module named in a setting, a `match`
+capture rebinding a module-level scale, the scores written into `out=`, and a flag read through a counting
+property."""
 
 from __future__ import annotations
 

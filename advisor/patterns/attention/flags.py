@@ -92,6 +92,11 @@ def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
     if span is None or not holds_at(c, span[0], span[-1], tests):
         raise Refusal("the flag's `if` statements and the block are not one run of statements with the flag "
                       "unchanged")
+    for test in tests:  # a property's getter runs at each test, and the patch tests the flag once more
+        prop = _own_property(c, test)
+        if prop is not None:
+            raise Refusal(f"`{parsed.code(prop)}` runs a method of the class (a property) each time the flag is "
+                          "tested, and the patch tests it once more where the block starts")
     nested = scope.rebound_by_nested_function(c.home, {name.value for test in tests for name in loaded_names(test)})
     if nested is not None:  # `def ask(): nonlocal output_attentions; output_attentions = True` (breaker round 19)
         raise Refusal(nested)
@@ -113,6 +118,18 @@ def plan_flag(c: Candidate, output_statement: cst.CSTNode) -> None:
         match.flag_test = branch[0] if len(branch) == 1 else joined(cst.And, branch)
     if checks:
         match.guard_checks[FLAG] = checks
+
+
+def _own_property(c: Candidate, test: cst.BaseExpression) -> cst.Attribute | None:
+    """`self.<name>` in the flag's chain where the class defines `<name>` as a method (a property; breaker round
+    33: a getter counting steps ran twice a call)."""
+    node = test.left if isinstance(test, cst.Comparison) else test
+    while isinstance(node, cst.Attribute):
+        if isinstance(node.value, cst.Name) and node.value.value == "self" and c.owner is not None and \
+                node.attr.value in c.owner.methods:
+            return node
+        node = node.value
+    return None
 
 
 def _negated(test: cst.BaseExpression) -> cst.BaseExpression:

@@ -18,7 +18,7 @@ from advisor.patterns.attention.candidate import MAX_CHAIN, Candidate, consumers
 from advisor.patterns.attention.helpers import bind_arguments, callee, calls_to
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
-from advisor.patterns.inplace_args import inplace_argument, inplace_keyword
+from advisor.static.inplace_args import inplace_argument, inplace_keyword
 from advisor.static.codegen import dotted, keyword
 from advisor.static.dataflow import is_inplace_method, loaded_names
 from advisor.static.outside_writes import NOT_WRITES, writes_its_receiver

@@ -138,11 +138,16 @@ def score_chain(c: Candidate) -> None:
     c.core = scores.peel_scores(c, c.softmax.operands[0])
 
 
-@step(reads="core flow inlined values",
+@step(reads="chain.ops core flow inlined values",
       writes="dtype_changes factors has_ellipsis layout leaf_nodes match.key match.masks match.query ndim "
              "operands_as_written product_casts")
 def core_roles(c: Candidate) -> None:
     """Q and K from Q·K^T (with baddbmm's factor and bias), the scores' rank, a softmax over the keys."""
+    for op in [c.core, *(op for op, _ in c.chain.ops)]:  # `torch.bmm(q, k_t, out=scores)`: a buffer (round 33)
+        buffer = scope.out_argument(op.node)
+        if buffer is not None:
+            raise Refusal(f"`{short(c.parsed, op.node)}` writes the scores into `out={short(c.parsed, buffer)}`, "
+                          "which the patch would leave unwritten")
     c.ndim = products.core_roles(c, c.core)
     products.check_softmax_dim(c, c.softmax, c.ndim)
 

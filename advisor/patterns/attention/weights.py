@@ -8,6 +8,8 @@ weights); a read that transforms them on the way to a product is a refusal, sinc
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import libcst as cst
 
 from advisor.patterns import einsum as es
@@ -243,7 +245,16 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
 
 
 MODE_SWITCHES = frozenset({"train", "eval"})
-DRAWING_MODULES = ("torch.nn.init.", "torch.distributions.", "torch.testing.")  # any of their functions may draw
+# any of their functions may draw, read the generator's state or run code they are handed (a checkpointed function,
+# a sampler's iteration: breaker round 33)
+DRAWING_MODULES = ("torch.nn.init.", "torch.distributions.", "torch.testing.", "torch.utils.", "torch.quasirandom.",
+                   "torch.random.")
+# torch's functions that draw (SDPA's own dropout) or read the generator's state besides RANDOM_DRAWS: the patch
+# moves the dropout's draw past them (round 33)
+GENERATOR_USERS = frozenset({"scaled_dot_product_attention", "get_rng_state", "initial_seed", "get_rng_state_all",
+                             "graphsafe_get_state"})
+# torch.nn classes whose construction draws no initial values
+PLAIN_CONSTRUCTIONS = frozenset({"Parameter", "Buffer", "Identity", "Flatten", "Unflatten"})
 
 
 def _no_draw_after(c: Candidate, dropout: Op) -> None:
@@ -270,9 +281,9 @@ def _no_draw_after(c: Candidate, dropout: Op) -> None:
         drawing = next((run for run in runs if _iteration_may_draw(c, run)), None)
         if _may_draw(c, node) if isinstance(node, cst.Call) else drawing is not None:
             what = node.func if isinstance(node, cst.Call) else drawing
-            raise Refusal(f"`{short(parsed, what)}` (line {parsed.line(node)}) may draw random numbers between "
-                          "the dropout and the value product, where SDPA draws its dropout mask: the draws would "
-                          "swap places")
+            raise Refusal(f"`{short(parsed, what)}` (line {parsed.line(node)}) may draw random numbers (or read "
+                          "the generator's state) between the dropout and the value product, where SDPA draws its "
+                          "dropout mask: the draws would swap places")
 
 
 def _called(parsed, attribute: cst.Attribute) -> bool:
@@ -291,16 +302,19 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
     here (this file's functions are not followed: a helper may draw)."""
     func, dotted = call.func, c.parsed.imported_name(call.func) or ""
     name = dotted.rsplit(".", 1)[-1] if dotted else func.attr.value if isinstance(func, cst.Attribute) else ""
-    if name in RANDOM_DRAWS or "dropout" in name.lower() or dotted.startswith(DRAWING_MODULES):
+    if name in RANDOM_DRAWS or name in GENERATOR_USERS or "dropout" in name.lower() or \
+            dotted.startswith(DRAWING_MODULES):
         return True
     if name in MODE_SWITCHES and not (is_self_attribute(func) and c.owner is not None and name in c.owner.methods):
         return False  # nn.Module's own `train`/`eval` (a class's own one may draw)
     layer = layer_class(c.parsed, c.owner, call)
     if layer is not None:
-        return not layer.startswith("torch.nn.") or "dropout" in layer.lower() or \
-            layer.endswith(("RReLU", "FractionalMaxPool2d", "FractionalMaxPool3d"))
-    if dotted.startswith(("torch.", "math.")):
-        return False
+        return not layer.startswith("torch.nn.") or layer_may_draw(layer)
+    if dotted.startswith("torch.nn.") and name[:1].isupper():  # a layer built there: its initial values are drawn
+        return name not in PLAIN_CONSTRUCTIONS or any(_iteration_may_draw(c, arg.value, unknown=False)
+                                                      for arg in call.args)
+    if dotted.startswith(("torch.", "math.")):  # a generator made before and consumed there (`torch.Size(g)`)
+        return any(_iteration_may_draw(c, arg.value, unknown=False) for arg in call.args)
     if isinstance(func, cst.Name) and func.value in KNOWN_BUILTINS and func.value not in c.parsed.bound_names and \
             func.value not in c.parsed.imports:  # what the builtin calls or iterates may draw (`map(draw, xs)`)
         return any(_may_draw(c, call_of(f)) for f in callbacks(call) if not isinstance(f, cst.Lambda)) or \
@@ -308,11 +322,41 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
     return not (isinstance(func, cst.Attribute) and not dotted and name in tensor_method_names())
 
 
-def _iteration_may_draw(c: Candidate, iterable: cst.BaseExpression) -> bool:
-    """Iterating may run a generator made before (`g = draws(2)`; `list(g)`), or code of a caller."""
+def _iteration_may_draw(c: Candidate, iterable: cst.BaseExpression, unknown: bool = True) -> bool:
+    """Iterating may run a generator made before (`g = draws(2)`; `list(g)`), or code of a caller. `unknown`: the
+    answer where what the value is cannot be told (a parameter: a caller's generator, or, handed to a torch function,
+    almost always a tensor)."""
     sources = iteration_sources(c.parsed, c.owner, iterable)
-    return sources is None or any(_may_draw(c, call) for source in sources
-                                  for call in descendants(source, (cst.Call,)))
+    if sources is None:
+        return unknown
+    return any(_may_draw(c, call) for source in sources for call in descendants(source, (cst.Call,)))
+
+
+@lru_cache(maxsize=None)
+def layer_may_draw(layer: str) -> bool:
+    """Whether calling a torch.nn layer of this class may draw: a dropout, RReLU, fractional pooling, a layer built
+    with a `dropout` of its own (a Transformer layer, an RNN, MultiheadAttention), or a container, whose children
+    are not read here (breaker round 33: `nn.Sequential(nn.Linear(...), nn.Dropout(...))`). Read from torch's class
+    (torch imported only where a proof asks); a name torch does not have may be anything."""
+    import inspect
+
+    import torch
+
+    name = layer.rsplit(".", 1)[-1]
+    found = torch
+    for part in layer.split(".")[1:]:
+        found = getattr(found, part, None)
+    if not isinstance(found, type) or not issubclass(found, torch.nn.Module):
+        return True
+    if "dropout" in name.lower() or name in ("RReLU", "FractionalMaxPool2d", "FractionalMaxPool3d"):
+        return True
+    if issubclass(found, (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)):
+        return True
+    try:  # the constructors up the class's bases too: `nn.GRU(*args, **kwargs)` passes `dropout` to RNNBase's
+        return any("dropout" in parameter for kind in found.__mro__ if "__init__" in vars(kind)
+                   for parameter in inspect.signature(vars(kind)["__init__"]).parameters)
+    except (TypeError, ValueError):
+        return True
 
 
 def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:

@@ -1,12 +1,16 @@
 """Calls told to write their input in place by an argument: `inplace=True`, or `inplace` at its position in a
 torch.nn layer's constructor or a torch.nn.functional function. Read by the attention layout walk and by the
-copy removals, which must both see `F.dropout(h, p, training, True)` as a write of `h`."""
+copy removals, which must both see `F.dropout(h, p, training, True)` as a write of `h`, and by the checks of
+writes into q, k and v and of reads that leave a tensor alone (`F.relu(qkv, True)`: breaker round 33)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import libcst as cst
 
-from advisor.static.module_index import ParsedModule
+if TYPE_CHECKING:
+    from advisor.static.module_index import ParsedModule
 
 # where `inplace` is passed by position: a torch.nn layer's constructor (`nn.ReLU(True)`, `nn.Dropout(0.1, True)`)
 # and a torch.nn.functional function, its input first (`F.relu(x, True)`, `F.dropout(x, 0.1, True, True)`)
@@ -29,7 +33,7 @@ def inplace_keyword(call: cst.Call) -> bool:
                for arg in call.args)
 
 
-def inplace_argument(parsed: ParsedModule, call: cst.Call) -> bool:
+def inplace_argument(parsed: "ParsedModule", call: cst.Call) -> bool:
     """An `inplace` argument not visibly False: by keyword, or at its position (INPLACE_POSITIONS)."""
     if inplace_keyword(call):
         return True
