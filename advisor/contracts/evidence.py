@@ -96,13 +96,22 @@ class RuntimeEvidence:
         return self.files.get(os.path.realpath(path))
 
 
+def measured_lines(evidence: RuntimeEvidence | None) -> RuntimeEvidence | None:
+    """A profile's evidence without the attention blocks' calls it saw: its copy/cast hits by line, which
+    `optimize` joins to the source as `fix --profile` does, while facts from the run come only from the calls
+    recorded on every parity input (`with_blocks`)."""
+    if evidence is None:
+        return None
+    return RuntimeEvidence(evidence.target, {path: replace(found, blocks=[]) for path, found in evidence.files.items()})
+
+
 def with_blocks(evidence: RuntimeEvidence | None, observed: RuntimeEvidence) -> RuntimeEvidence:
-    """A profile's evidence (copy/cast hits by line) with what `observed` recorded of the attention blocks (facts
-    from the run) added, as one value an analysis reads; neither is changed."""
-    files = dict(evidence.files) if evidence is not None else {}
+    """`measured_lines(evidence)` with the attention blocks' calls `observed` recorded, as one value an analysis
+    reads; neither is changed."""
+    files = dict(measured_lines(evidence).files) if evidence is not None else {}
     for path, found in observed.files.items():
         mine = files.get(path)
-        files[path] = found if mine is None else replace(mine, blocks=mine.blocks + found.blocks)
+        files[path] = found if mine is None else replace(mine, blocks=list(found.blocks))
     return RuntimeEvidence(observed.target if evidence is None else evidence.target, files)
 
 

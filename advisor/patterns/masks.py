@@ -191,12 +191,14 @@ def _subscript_bounds(node: cst.Subscript, base: Bounds,
 
 
 def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_claims: tuple = (),
-                     bounded: str | None = None, uniform: tuple[str, ...] | None = None) -> None:
+                     bounded: str | None = None, uniform: tuple[str, ...] | None = None,
+                     zeroed: str | None = None) -> None:
     """The fully-masked-row fact of the masks a rewrite passes to SDPA (see the module docstring). `added_claims`:
     what every call must pass for added masks of parameters to swallow no row (values the call sites may show);
     `bounded`: why every mask is added and its values, visible where it is built, are too small to swallow a row;
     `uniform`: every mask is one finite fill whose fully masked rows the patch makes uniform
-    (`attention.uniform_rows`), with the float dtypes the fill overflows."""
+    (`attention.uniform_rows`), with the float dtypes the fill overflows; `zeroed`: why the original zeroes the
+    weights of every masked key after its softmax, so that a fully masked row is 0 in both (`attention.zeroed_rows`)."""
     if not terms:
         return
     replacing = next((term for term in terms if term.fill_kind != ADDITIVE and not term.learned), None)
@@ -212,6 +214,9 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
                        f"the original", "SDPA gives it 0; the original exp(fill - row max), which underflows to 0 "
                        "wherever the row's largest kept score exceeds the fill by more than about 104 (float32, "
                        "bfloat16) or 745 (float64)")
+    if zeroed is not None:
+        facts.proved(ROWS, "a fully masked query row comes out as in the original: 0", zeroed)
+        return
     if uniform is not None:
         _record_uniform_rows(parsed, facts, terms[0].fill, uniform)
         return

@@ -47,6 +47,8 @@ class NodeEdits:
     take: set[cst.If | cst.IfExp] = field(default_factory=set)  # replaced by their body (test known true)
     imports: tuple[str, ...] = ()  # lines, added once after the module's imports
     definitions: tuple[cst.BaseStatement, ...] = ()  # module-level statements added after those imports
+    # removed statements inserted elsewhere with the comments above them (a guard's lifted lines): not carried
+    moved: set[cst.CSTNode] = field(default_factory=set)
 
     def targets(self) -> set[cst.CSTNode]:
         """The nodes whose code this fix replaces or deletes: another fix must not touch them or what they hold."""
@@ -84,6 +86,7 @@ def combine(parsed: ParsedModule, fixes: list[NodeEdits]) -> tuple[NodeEdits, li
         merged.wrap.update(fix.wrap)
         merged.unwrap |= fix.unwrap
         merged.take |= fix.take
+        merged.moved |= fix.moved
         merged.imports = tuple(dict.fromkeys(merged.imports + fix.imports))
         merged.definitions = _union(merged.definitions, fix.definitions)
     return merged, conflicts
@@ -243,7 +246,7 @@ def _carried_comments(parsed: ParsedModule, edits: NodeEdits) -> dict[cst.CSTNod
         {line for line in {parsed.parents.get(small) for small in edits.remove}
          if isinstance(line, cst.SimpleStatementLine) and all(small in edits.remove for small in line.body)}
     carried: dict[cst.CSTNode, list[cst.EmptyLine]] = {}
-    for statement in sorted(removed, key=parsed.line):
+    for statement in sorted(removed - edits.moved, key=parsed.line):
         if not any(line.comment is not None for line in statement.leading_lines):
             continue
         block = parsed.parents.get(statement)

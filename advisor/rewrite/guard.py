@@ -36,7 +36,8 @@ def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
                       insert_before={n: new for n, new in edits.insert_before.items() if not inside(n)},
                       wrap={n: new for n, new in edits.wrap.items() if not inside(n)},
                       unwrap={n for n in edits.unwrap if not inside(n)}, take={n for n in edits.take if not inside(n)},
-                      imports=edits.imports, definitions=edits.definitions)
+                      imports=edits.imports, definitions=edits.definitions,
+                      moved=edits.moved | set(lifted))  # their comments go up with them, once
     rest = [statement for statement in span if statement not in lifted]
     fast = edited_statements(rest, inner)
     original = [statement.deep_clone() for statement in rest]  # new nodes: no edit reaches them

@@ -22,7 +22,7 @@ import torch
 from advisor.contracts.rule_choice import RuleChoice
 from advisor.errors import AdvisorError
 from advisor.contracts.finding import Finding, display_path
-from advisor.contracts.evidence import RuntimeEvidence, add_block_calls, with_blocks
+from advisor.contracts.evidence import RuntimeEvidence, add_block_calls, measured_lines, with_blocks
 from advisor.fixes.observed import OBSERVERS
 from advisor.results import OptimizeReport, PatchVerdict
 from advisor.script import parse_command
@@ -453,7 +453,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
                                                 session.observations if session.nondeterministic is None else None,
                                                 options.call_site_facts, session.autograd_requests,
                                                 script_files(options.script), options.rules,
-                                                session.profile_before.evidence)
+                                                measured_lines(session.profile_before.evidence))
         set_aside_unexercised(session.candidates, session.profile_before.lines)
         for pid, candidate in session.candidates.items():
             preferred = trials.get(candidate.fallback_for)

@@ -74,7 +74,7 @@ def test_transformers_eager_attention_in_site_packages_is_overlaid_never_edited_
         "    return advisor.Workload(LlamaForCausalLM(config), kwargs={'input_ids': ids, 'use_cache': False})\n")
     code, result, _ = run_json(capsys, f"{tmp_path / 'hf.py'}:workload", "--unsafe-fixes", "--apply", "--train",
                                "--root", str(tmp_path), "--report", str(tmp_path / "report"))
-    [patch] = [p for p in result["patches"] if p["path"].endswith("modeling_llama.py")]
+    [patch] = [p for p in result["patches"] if p["path"].endswith("modeling_llama.py") and p["rule"] == "ADV102"]
     assert patch["fix_safety"] == "unsafe" and patch["verdict"] != "not-run", patch["reason"]
     assert patch["parity"]["grads"] and patch["parity"]["seeds"] == 3
     assert patch["parity"]["outputs_compared"] > 20  # logits and every parameter's gradient

@@ -119,6 +119,7 @@ class Candidate:
     softmax_dropouts: list[Op] = field(default_factory=list)  # dropout modules of the softmax's nn.Sequential
     consumed: list[Definition] = field(default_factory=list)  # the definitions the rewrite replaces
     output_statement: cst.CSTNode | None = None  # the statement of the value product
+    zeroing: Op | None = None  # `masked_fill(m, 0)` on the weights (ESPnet, WeNet): see attention.zeroed_rows
 
     @classmethod
     def start(cls, scope_: FunctionScope, off: frozenset[cst.If | cst.IfExp] = frozenset()) -> Candidate:

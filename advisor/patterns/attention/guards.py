@@ -39,6 +39,7 @@ from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import int_value
 from advisor.static.codegen import joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
+from advisor.static.walk import descendants
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
@@ -714,11 +715,15 @@ def _lifted(c: Candidate, span: list[cst.BaseStatement],
             if env is None or line in removed or jumped is None or \
                     jumped & {bound.value for small in line.body for bound in bound_names(small)}:
                 return None
-            for read in loaded_names(line):
+            if descendants(line, (cst.NamedExpr,)):
+                return None  # a name bound inside the line before it reads it
+            targets = {id(bound) for small in line.body for bound in bound_names(small)}
+            for read in (name for name in loaded_names(line) if id(name) not in targets):
                 seen = c.flow.reaching.get(read, frozenset({UNDEFINED}))
                 outer = read.value not in env and seen == frozenset({UNDEFINED})  # a global or builtin
+                # bound between the run's start and the line (the line's own binding, `m = m.eq(0)`, comes after)
                 if read not in renamed and not outer and (env.get(read.value) != seen or
-                                                          defined_between(c, read, span[0], read)):
+                                                          defined_between(c, read, span[0], line)):
                     return None
             found.append(line)
     return found

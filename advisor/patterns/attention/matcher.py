@@ -28,7 +28,8 @@ from advisor.patterns.attention.score_mods import flex_roles
 from advisor.patterns.attention.nan_keys import nan_key_fact
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
 from advisor.patterns.attention.tensor_scale import fold_into_query
-from advisor.patterns.attention.uniform_rows import plan_row_fixup
+from advisor.patterns.attention.uniform_rows import keep_term, plan_row_fixup
+from advisor.patterns.attention.zeroed_rows import zeroed_mask_term
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -164,7 +165,7 @@ def softmax_stages(c: Candidate) -> None:
         c.dtype_changes.append(softmax)
 
 
-@step(reads="chain.twin ndim", writes="absorbed dtype_changes flow home inlined match.escapes values weights")
+@step(reads="chain.twin ndim", writes="absorbed dtype_changes flow home inlined match.escapes values weights zeroing")
 def weight_path(c: Candidate) -> None:
     """The weights walked forward to the value product: what they pass through, where they leave."""
     c.weights = path = weights.follow_weights(c, c.softmax.node, c.ndim)
@@ -214,18 +215,22 @@ def block_reads(c: Candidate) -> None:
 
 
 @step(reads=("chain.definitions chain.ops dtype_changes flow home inlined leaf_nodes match.key match.query "
-             "match.renamed product_casts values weights"),
+             "match.renamed product_casts values weights zeroing"),
       writes=("match.attn_mask match.facts match.hoist_anchor match.hoist_init match.hoisted "
               "match.is_causal match.masks match.row_fixup"))
 def mask(c: Candidate) -> None:
     """The mask terms as one `attn_mask` (or `is_causal`), evaluated where the original applied them; one finite
-    fill as the keep mask, its fully masked rows made uniform as the fill made them."""
-    c.match.row_fixup = plan_row_fixup(c)
+    fill as the keep mask, its fully masked rows made uniform as the fill made them (or 0, where the weights are
+    zeroed after the softmax: attention.zeroed_rows)."""
+    zeroed = zeroed_mask_term(c)
+    if zeroed is not None and zeroed.kind == "finite":  # SDPA gets the boolean keep mask: its masked rows give 0
+        c.match.masks[0] = keep_term(c, zeroed)
+    c.match.row_fixup = plan_row_fixup(c) if zeroed is None else None
     assemble_mask(c)
 
 
 @step(reads=("chain.definitions dtype_changes factors flow has_ellipsis home inlined leaf_nodes match.is_causal "
-             "match.masks match.row_fixup ndim product_casts values weights"),
+             "match.masks match.row_fixup ndim product_casts values weights zeroing"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:
     """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do, whether

@@ -62,7 +62,7 @@ def plan_row_fixup(c: Candidate) -> RowFixup | None:
     if overflowed is None:
         return None
     unfit += tuple(name for name in overflowed if name not in unfit)
-    keeps = [term_mask(c, _keep_term(c, term)) for term in terms]
+    keeps = [term_mask(c, keep_term(c, term)) for term in terms]
     keep = keeps[0] if len(keeps) == 1 else joined(cst.BitAnd, [atomic(keep) for keep in keeps])
     return RowFixup(torch_name, keep, fresh_name(c, "attn_keep"), fresh_name(c, "attn_rows"), unfit, conditional,
                     tuple(keeps))
@@ -74,7 +74,7 @@ def _replaces(term: MaskTerm) -> bool:
         not term.optional and not term.learned and (term.keep is not None or term.kind in ("causal", "keep"))
 
 
-def _keep_term(c: Candidate, term: MaskTerm) -> MaskTerm:
+def keep_term(c: Candidate, term: MaskTerm) -> MaskTerm:
     """The term as a keep mask (True = attend) in SDPA's layout, its reads of the scores' metadata reading q, k."""
     keep = term.keep if term.kind == "finite" else term.expression
     return dataclasses.replace(term, kind="keep", expression=metadata_translated(c, keep))

@@ -66,6 +66,11 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
         elif op.name == "dropout":
             dropouts.append(op)
             node = op.node
+        elif op.name == "masked_fill" and op.operands[0] is node and number_value(op.params["fill"]) == 0 and \
+                c.zeroing is None:  # the masked keys' weights set to 0 (attention.zeroed_rows proves the mask)
+            absorb(c, op)
+            c.zeroing = op
+            node = op.node
         elif op.name in ("transpose", "permute", "mT") and _swaps_last_two(op, ndim):
             transposed = not transposed
             node = op.node

@@ -1,0 +1,69 @@
+"""Weights zeroed where the mask masks, after the softmax (ESPnet's, WeNet's and icefall's attention):
+
+    scores = scores.masked_fill(mask, -inf)          # or finfo.min, -1e9
+    attn = torch.softmax(scores, dim=-1).masked_fill(mask, 0.0)
+
+On a row that keeps a key the masked weights are 0 already (exp(fill - max) is 0), so the second fill changes
+nothing; on a row masked everywhere the original's weights (NaN under -inf, uniform under a finite fill) become 0,
+which is what SDPA gives a row its boolean mask masks everywhere. The second fill is then no step of its own, and
+`fully-masked-rows` is proved for that mask: SDPA's output and gradients are the original's on every row
+(measured in tests/static/test_zeroed_rows.py, fp32 and fp64, -inf, `finfo.min` and -1e9 fills). It holds only where
+the zeroing mask is the one mask of the block, applied by `masked_fill` with the same polarity: the same expression,
+reading the same bindings, none rebound between the two fills; another mask (a causal one beside it) would leave a
+row the zeroing does not reach.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from advisor.patterns import masks as mk
+from advisor.patterns.attention.candidate import Candidate, defined_between, statement_of
+from advisor.patterns.attention.rendering import short
+from advisor.patterns.attention.result import MaskTerm, Refusal
+from advisor.static.dataflow import loaded_names
+
+FILLS = ("masked_fill", "masked_fill_")
+
+
+def zeroed_mask_term(c: Candidate) -> MaskTerm | None:
+    """The mask term whose masked keys `c.zeroing` zeroes after the softmax (None without a zeroing); a Refusal
+    where the zeroing is not provably that mask's."""
+    if c.zeroing is None:
+        return None
+    zero_mask = c.zeroing.params["mask"]
+    refusal = Refusal(f"the attention weights pass through `{short(c.parsed, c.zeroing.node)}` before the value "
+                      "product, whose mask is not provably the one mask the scores are filled with (SDPA applies "
+                      "nothing between its softmax and its value product)")
+    terms = c.match.masks
+    if len(terms) != 1:
+        raise refusal
+    term = terms[0]
+    if term.fill_kind == mk.ADDITIVE or term.learned or term.guard is not None or term.optional or \
+            not term.nodes or not _filled_by_masked_fill(c, term.nodes[0]):
+        raise refusal
+    masked = term.nodes[0]
+    if c.parsed.code(masked).strip() != c.parsed.code(zero_mask).strip():
+        raise refusal
+    for first, second in zip(loaded_names(masked), loaded_names(zero_mask)):
+        if c.flow.reaching.get(first) != c.flow.reaching.get(second) or \
+                defined_between(c, second, statement_of(c.parsed, masked), c.zeroing.node,
+                                start_at_end=True) is not None:
+            raise refusal
+    return term
+
+
+def zeroed_rows_reason(c: Candidate, term: MaskTerm) -> str:
+    return (f"`{short(c.parsed, c.zeroing.node)}` sets the weights of the keys `{short(c.parsed, term.nodes[0])}` "
+            "masks to 0 after the softmax: a row that keeps a key has 0 there already, and a row masked everywhere "
+            "becomes 0, as SDPA makes it; the patch passes SDPA that mask")
+
+
+def _filled_by_masked_fill(c: Candidate, masked: cst.BaseExpression) -> bool:
+    """`masked` is the mask argument of a `masked_fill` (True = masked), not a `where` condition."""
+    arg = c.parsed.parents.get(masked)
+    call = c.parsed.parents.get(arg) if isinstance(arg, cst.Arg) else None
+    return isinstance(call, cst.Call) and (
+        isinstance(call.func, cst.Attribute) and call.func.attr.value in FILLS or
+        isinstance(call.func, cst.Name) and call.func.value in FILLS)
+
