@@ -467,6 +467,10 @@ class ValueProver:
             return "neginf" if value == float("-inf") else ("finite" if value <= MASK_FILL_FLOOR else None)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.tensor" and node.args:
             return self.fill_kind(node.args[0].value, depth + 1)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "float" and \
+                len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star and \
+                "float" not in self.parsed.bound_names and "float" not in self.parsed.imports:
+            return self.fill_kind(node.args[0].value, depth + 1)  # ESPnet's `float(torch.finfo(s.dtype).min)`
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) in ("torch.full", "torch.full_like") \
                 and len(node.args) > 1 and (node.args[1].keyword is None or node.args[1].keyword.value == "fill_value"):
             return self.fill_kind(node.args[1].value, depth + 1)

@@ -102,3 +102,62 @@ def test_a_commented_line_the_guard_reads_moves_above_it_with_its_comment_once()
     fixed = analyze_source(source, "attn.py").fixed
     assert fixed.count("# the padded keys") == 1
     assert fixed.index("# the padded keys") < fixed.index("mask = mask.unsqueeze(1)") < fixed.index("if isinstance(")
+
+
+BRANCHED = '''import math
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, n_head=2, n_feat=16):
+        super().__init__()
+        self.d_k = n_feat // n_head
+        self.h = n_head
+        self.linear_q = nn.Linear(n_feat, n_feat)
+        self.linear_v = nn.Linear(n_feat, n_feat)
+
+    def forward(self, x, mask):
+        n_batch = x.size(0)
+        q = self.linear_q(x).view(n_batch, -1, self.h, self.d_k).transpose(1, 2)
+        v = self.linear_v(x).view(n_batch, -1, self.h, self.d_k).transpose(1, 2)
+        scores = torch.matmul(q, q.transpose(-2, -1)) / math.sqrt(self.d_k)
+        if mask is not None:
+            mask = mask.unsqueeze(1).eq(0)
+            scores = scores.masked_fill(mask, float(torch.finfo(scores.dtype).min))
+            attn = torch.softmax(scores, dim=-1).masked_fill({zeroed}, 0.0)
+        else:
+            attn = torch.softmax(scores, dim=-1)
+        return torch.matmul(attn, v)
+
+
+def run(dtype=torch.float32, masked=True):
+    torch.manual_seed(0)
+    m = Attention().to(dtype)
+    x = torch.randn(3, 6, 16, dtype=dtype, requires_grad=True)
+    lens = torch.tensor([6, 3, 0])
+    mask = (torch.arange(6)[None, :] < lens[:, None]).unsqueeze(1) if masked else None
+    out = m(x, mask)
+    out.pow(2).sum().backward()
+    return [out] + [p.grad for p in m.parameters()] + [x.grad]
+'''
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_espnet_s_branches_zeroing_under_the_mask_s_if_and_a_plain_softmax_else_are_one_block(masked):
+    """ESPnet's form: the fill and the zeroing under `if mask is not None:`, a plain softmax in `else:` (one block,
+    SDPA's mask None on the `else` path); `float(torch.finfo(...).min)` is the finite fill. The mask's rank after
+    `unsqueeze` inside the `if` stays assumed (unsafe); the patch is exact where it holds."""
+    source = BRANCHED.format(zeroed="mask")
+    [finding] = [f for f in analyze_source(source, "attn.py").findings if f.kind == "attention"]
+    assert finding.patch is not None and {f["name"] for f in finding.extra["facts"]["assumed"]} == {"mask-rank"}
+    fixed = analyze_source(source, "attn.py", unsafe_fixes=True).fixed
+    original = load_module_from_source(source, "branched_original").run(torch.float64, masked)
+    patched = load_module_from_source(fixed, "branched_patched").run(torch.float64, masked)
+    for mine, theirs in zip(patched, original):
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_a_branch_zeroing_another_mask_is_no_twin_of_the_plain_softmax():
+    source = BRANCHED.format(zeroed="mask[:, :, :1]")
+    assert all(f.patch is None for f in analyze_source(source, "attn.py").findings if f.kind == "attention")

@@ -385,13 +385,23 @@ def twin_softmax(c: Candidate, softmax: Op) -> tuple[Definition, cst.Name] | Non
             isinstance(last_else, cst.SimpleStatementLine) and isinstance(last_else.body[-1], cst.Assign)):
         return None
     other = last_else.body[-1]
-    if " ".join(parsed.code(other).split()) != " ".join(parsed.code(statement).split()):
+    if " ".join(parsed.code(other).split()) != " ".join(parsed.code(_unzeroed(parsed, statement, softmax)).split()):
         return None
     twin = [d for d in c.flow.definitions.values() if d.statement is other and d.index is None]
     other_op = c.reader.read(other.value)
     if len(twin) != 1 or other_op is None or not isinstance(other_op.operands[0], cst.Name):
         return None
     return twin[0], other_op.operands[0]
+
+
+def _unzeroed(parsed: ParsedModule, statement: cst.Assign, softmax: Op) -> cst.Assign:
+    """`w = softmax(s)` for `w = softmax(s).masked_fill(m, 0.0)`: the weights zeroed where the branch's mask masks
+    (attention.zeroed_rows proves the mask), the twin of an `else:` that neither masks nor zeroes."""
+    value = statement.value
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.value is softmax.node and \
+            value.func.attr.value == "masked_fill" and len(value.args) == 2:
+        return statement.with_changes(value=softmax.node)
+    return statement
 
 
 def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode, owner: ClassInfo | None = None) -> str | None:

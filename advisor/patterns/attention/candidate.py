@@ -120,6 +120,7 @@ class Candidate:
     consumed: list[Definition] = field(default_factory=list)  # the definitions the rewrite replaces
     output_statement: cst.CSTNode | None = None  # the statement of the value product
     zeroing: Op | None = None  # `masked_fill(m, 0)` on the weights (ESPnet, WeNet): see attention.zeroed_rows
+    zeroed_rows: str | None = None  # why the zeroing makes a fully masked row 0 in the original, once proved
 
     @classmethod
     def start(cls, scope_: FunctionScope, off: frozenset[cst.If | cst.IfExp] = frozenset()) -> Candidate:

@@ -29,7 +29,7 @@ from advisor.patterns.attention.nan_keys import nan_key_fact
 from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
 from advisor.patterns.attention.tensor_scale import fold_into_query
 from advisor.patterns.attention.uniform_rows import keep_term, plan_row_fixup
-from advisor.patterns.attention.zeroed_rows import zeroed_mask_term
+from advisor.patterns.attention.zeroed_rows import zeroed_mask_term, zeroed_rows_reason
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -217,12 +217,14 @@ def block_reads(c: Candidate) -> None:
 @step(reads=("chain.definitions chain.ops dtype_changes flow home inlined leaf_nodes match.key match.query "
              "match.renamed product_casts values weights zeroing"),
       writes=("match.attn_mask match.facts match.hoist_anchor match.hoist_init match.hoisted "
-              "match.is_causal match.masks match.row_fixup"))
+              "match.is_causal match.masks match.row_fixup zeroed_rows"))
 def mask(c: Candidate) -> None:
     """The mask terms as one `attn_mask` (or `is_causal`), evaluated where the original applied them; one finite
     fill as the keep mask, its fully masked rows made uniform as the fill made them (or 0, where the weights are
     zeroed after the softmax: attention.zeroed_rows)."""
     zeroed = zeroed_mask_term(c)
+    if zeroed is not None:
+        c.zeroed_rows = zeroed_rows_reason(c, zeroed)
     if zeroed is not None and zeroed.kind == "finite":  # SDPA gets the boolean keep mask: its masked rows give 0
         c.match.masks[0] = keep_term(c, zeroed)
     c.match.row_fixup = plan_row_fixup(c) if zeroed is None else None
@@ -230,7 +232,7 @@ def mask(c: Candidate) -> None:
 
 
 @step(reads=("chain.definitions dtype_changes factors flow has_ellipsis home inlined leaf_nodes match.is_causal "
-             "match.masks match.row_fixup ndim product_casts values weights zeroing"),
+             "match.masks match.row_fixup ndim product_casts values weights zeroed_rows"),
       writes="dtype_roots match.facts")
 def mask_and_dtypes(c: Candidate) -> None:
     """Facts: q, k and v of one dtype, masks of a rank and dtype SDPA takes, what fully masked rows do, whether

@@ -22,7 +22,6 @@ from advisor.patterns.attention.learned_bias import integer_index, values_of
 from advisor.patterns.attention.products import has_cast, rank, spec
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm, Refusal
-from advisor.patterns.attention.zeroed_rows import zeroed_mask_term, zeroed_rows_reason
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
 from advisor.patterns.ops import int_value
@@ -58,10 +57,8 @@ def mask_and_dtype_facts(c: Candidate, ndim: int | None) -> None:
     small = _no_row_swallowed_claims(c, added) if every_added else ()
     bounded = _bounded_here(c, added) if every_added else None
     fixup = c.match.row_fixup
-    zeroed = zeroed_mask_term(c)
     mk.record_row_facts(c.parsed, c.match.facts, c.match.masks, small, bounded,
-                        None if fixup is None else fixup.unfit,
-                        None if zeroed is None else zeroed_rows_reason(c, zeroed))
+                        None if fixup is None else fixup.unfit, c.zeroed_rows)
     _loaded_buffer_fact(c, [t for t in masks if t.kind == "causal" or t.keeps_first_key] + (added if bounded else []))
 
 

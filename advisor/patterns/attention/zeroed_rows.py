@@ -39,9 +39,10 @@ def zeroed_mask_term(c: Candidate) -> MaskTerm | None:
     if len(terms) != 1:
         raise refusal
     term = terms[0]
-    if term.fill_kind == mk.ADDITIVE or term.learned or term.guard is not None or term.optional or \
-            not term.nodes or not _filled_by_masked_fill(c, term.nodes[0]):
-        raise refusal
+    if term.fill_kind == mk.ADDITIVE or term.learned or term.optional or not term.nodes or \
+            not _filled_by_masked_fill(c, term.nodes[0]) or \
+            term.guard is not None and not c.parsed.within(c.zeroing.node, term.guard.body):
+        raise refusal  # a fill under an `if` with its zeroing in the same branch (the other one has no mask)
     masked = term.nodes[0]
     if c.parsed.code(masked).strip() != c.parsed.code(zero_mask).strip():
         raise refusal
