@@ -467,10 +467,8 @@ class ValueProver:
             return "neginf" if value == float("-inf") else ("finite" if value <= MASK_FILL_FLOOR else None)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) == "torch.tensor" and node.args:
             return self.fill_kind(node.args[0].value, depth + 1)
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "float" and \
-                len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star and \
-                "float" not in self.parsed.bound_names and "float" not in self.parsed.imports:
-            return self.fill_kind(node.args[0].value, depth + 1)  # ESPnet's `float(torch.finfo(s.dtype).min)`
+        if self.python_float_of(node) is not None:  # ESPnet's `float(torch.finfo(s.dtype).min)`
+            return self.fill_kind(self.python_float_of(node), depth + 1)
         if isinstance(node, cst.Call) and self.parsed.imported_name(node.func) in ("torch.full", "torch.full_like") \
                 and len(node.args) > 1 and (node.args[1].keyword is None or node.args[1].keyword.value == "fill_value"):
             return self.fill_kind(node.args[1].value, depth + 1)
@@ -486,6 +484,14 @@ class ValueProver:
             return self.fill_kind(value, depth + 1) if value is not None else None
         return None
 
+    def python_float_of(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """`x` of the builtin `float(x)` (a fill's value is its argument's), None for anything else."""
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "float" and \
+                len(node.args) == 1 and node.args[0].keyword is None and not node.args[0].star and \
+                "float" not in self.parsed.bound_names and "float" not in self.parsed.imports:
+            return node.args[0].value
+        return None
+
     def fill_value(self, node: cst.BaseExpression, depth: int = 0) -> float | cst.BaseExpression | None:
         """What a finite fill holds: its number (`-1e9`, `torch.finfo(torch.float16).min`), or the tensor whose
         dtype's extreme it is (`torch.finfo(scores.dtype).min` gives `scores`); None when the source does not show
@@ -495,6 +501,8 @@ class ValueProver:
         number = self.constant_number(node)
         if number is not None:
             return number
+        if self.python_float_of(node) is not None:
+            return self.fill_value(self.python_float_of(node), depth + 1)
         helper_argument = self.dtype_extreme_helper_argument(node)
         if helper_argument is not None:
             return helper_argument

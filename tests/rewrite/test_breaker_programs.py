@@ -76,7 +76,13 @@ read the generator (a container or a layer holding a dropout, a second SDPA, a l
 generator's state, a checkpointed function, a generator consumed by `torch.Size`), `F.relu(qkv, True)` writing q
 and k by position, a hook stored by `_forward_hooks.update`, a transforms module named in a setting, a `match`
 capture rebinding a module-level scale, the scores written into `out=`, and a flag read through a counting
-property."""
+property.
+
+Round 34 (fixtures/attention/breaker34), aimed at round 33's fixes and the zeroed rows: a zeroing mask drawn twice
+(`torch.rand(...) > 0.5` in both fills), a zeroing after the weights are transposed, a finite fill float16 cannot
+hold (the original raises), an aten overload that draws (`torch.ops.aten.rand.default`), the default generator's
+state read, a draw in a method of the file's own class under a tensor method's name (`JIT.add`), functional calls
+that take a dropout (`F.multi_head_attention_forward`), and `t.apply_(draw_one)`."""
 
 from __future__ import annotations
 

@@ -14,6 +14,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+class Jitter:
+    def add(self, x):
+        return x + torch.rand_like(x)
+
+
+JIT = Jitter()
+
+
 class Attn(nn.Module):
     def __init__(self, dim=16, heads=2):
         super().__init__()
@@ -52,6 +60,10 @@ def test_a_torch_layer_draws_where_it_holds_or_takes_a_dropout(layer: str, draws
     ("nn.Identity()", "n = nn.Linear(4, 4)", False),
     ("nn.Identity()", "self.state = torch.get_rng_state()", False),
     ("nn.Identity()", "n = list(torch.utils.data.RandomSampler(range(4)))", False),
+    ("nn.Identity()", "n = torch.ops.aten.rand.default([4])", False),  # breaker round 34: an aten overload
+    ("nn.Identity()", "n = torch.default_generator.get_state()", False),
+    ("nn.Identity()", "n = JIT.add(torch.zeros(4))", False),  # a class of the file, a tensor method's name
+    ("nn.Identity()", "n = v.add(torch.zeros(1))", True),
 ])
 def test_a_call_between_the_dropout_and_the_value_product_is_read_by_what_it_does(layer, between, safe) -> None:
     [finding] = [f for f in analyze_source(BLOCK.format(layer=layer, between=between), "attn.py").findings

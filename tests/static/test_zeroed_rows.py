@@ -58,7 +58,8 @@ def _block(fill: str = "-float('inf')", weights: str = ZEROED, between: str = "p
     return BLOCK.format(fill=fill, weights=weights, between=between)
 
 
-@pytest.mark.parametrize("fill", ["-float('inf')", "torch.finfo(scores.dtype).min", "-1e9"])
+@pytest.mark.parametrize("fill", ["-float('inf')", "torch.finfo(scores.dtype).min", "-1e4",
+                                  "float(torch.finfo(scores.dtype).min)"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_padded_block_whose_weights_are_zeroed_is_safe_and_exact_on_fully_masked_rows(fill, dtype):
     source = _block(fill)
@@ -85,6 +86,25 @@ def test_a_zeroing_that_is_not_the_one_mask_of_the_block_is_refused(weights, bet
     [finding] = [f for f in analyze_source(_block(weights=weights, between=between), "attn.py").findings
                  if f.kind == "attention"]
     assert finding.patch is None and "before the value product" in finding.reason, finding.reason
+
+
+@pytest.mark.parametrize("fill, mask", [("-1e9", "mask"), ("-float('inf')", "torch.rand(3, 1, 1, 6) > 0.5")])
+def test_a_fill_float16_cannot_hold_or_a_mask_drawn_twice_is_refused(fill, mask):
+    """Breaker round 34: `masked_fill(m, -1e9)` raises on float16 scores where the patch's boolean mask runs; a mask
+    expression with a call (`torch.rand(...) > 0.5` in both fills) is another tensor each time."""
+    source = _block(fill=fill, weights=f"torch.softmax(scores, dim=-1).masked_fill({mask}, 0.0)")
+    if "rand" in mask:
+        source = source.replace("scores.masked_fill(mask, ", f"scores.masked_fill({mask}, ")
+    [finding] = [f for f in analyze_source(source, "attn.py").findings if f.kind == "attention"]
+    assert finding.patch is None, finding.reason
+
+
+def test_a_zeroing_after_the_weights_are_transposed_is_refused():
+    """Breaker round 34: `softmax(s).transpose(-2, -1).masked_fill(m, 0.0)` zeroes other positions."""
+    source = _block(weights="torch.softmax(scores, dim=-1).transpose(-2, -1).masked_fill(mask, 0.0)")
+    source = source.replace("torch.matmul(p_attn, v)", "torch.matmul(p_attn.transpose(-2, -1), v)")
+    [finding] = [f for f in analyze_source(source, "attn.py").findings if f.kind == "attention"]
+    assert finding.patch is None, finding.reason
 
 
 def test_a_mask_rebound_between_the_fill_and_the_zeroing_is_refused():

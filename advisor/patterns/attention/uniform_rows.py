@@ -47,7 +47,7 @@ def plan_row_fixup(c: Candidate) -> RowFixup | None:
             any(not _replaces(term) for term in terms):
         return None  # causal triangles keep key 0 in every row (bottom-right ones where S >= L: a shape guard)
     torch_name = c.parsed.module_aliases.get("torch")
-    fills = [_fill(c, term) for term in terms]
+    fills = [fill_of(c, term) for term in terms]
     if torch_name is None or None in fills or len(set(fills)) > 1 or not _evaluated_once(c):
         return None
     conditional = any(term.guard is not None for term in terms)
@@ -80,7 +80,7 @@ def keep_term(c: Candidate, term: MaskTerm) -> MaskTerm:
     return dataclasses.replace(term, kind="keep", expression=metadata_translated(c, keep))
 
 
-def _fill(c: Candidate, term: MaskTerm) -> float | str | None:
+def fill_of(c: Candidate, term: MaskTerm) -> float | str | None:
     """The fill's number, OWN for its own tensor's dtype's extreme, None when the source does not show it."""
     value = c.values.fill_value(term.fill)
     if isinstance(value, (int, float)):

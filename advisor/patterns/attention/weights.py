@@ -67,7 +67,7 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
             dropouts.append(op)
             node = op.node
         elif op.name == "masked_fill" and op.operands[0] is node and number_value(op.params["fill"]) == 0 and \
-                c.zeroing is None:  # the masked keys' weights set to 0 (attention.zeroed_rows proves the mask)
+                c.zeroing is None and not transposed:  # masked keys' weights set to 0 (attention.zeroed_rows)
             absorb(c, op)
             c.zeroing = op
             node = op.node
@@ -257,7 +257,11 @@ DRAWING_MODULES = ("torch.nn.init.", "torch.distributions.", "torch.testing.", "
 # torch's functions that draw (SDPA's own dropout) or read the generator's state besides RANDOM_DRAWS: the patch
 # moves the dropout's draw past them (round 33)
 GENERATOR_USERS = frozenset({"scaled_dot_product_attention", "get_rng_state", "initial_seed", "get_rng_state_all",
-                             "graphsafe_get_state"})
+                             "graphsafe_get_state", "get_state", "set_state"})
+# tensor methods that run a function they are given on every element (`t.apply_(draw_one)`: breaker round 34)
+CALLING_METHODS = frozenset({"apply_", "map_", "map2_"})
+# torch's generators themselves: any use reads or moves their state (`torch.default_generator.get_state()`: round 34)
+GENERATORS = ("torch.default_generator", "torch.Generator", "torch.cuda.default_generators")
 # torch.nn classes whose construction draws no initial values
 PLAIN_CONSTRUCTIONS = frozenset({"Parameter", "Buffer", "Identity", "Flatten", "Unflatten"})
 
@@ -307,8 +311,10 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
     here (this file's functions are not followed: a helper may draw)."""
     func, dotted = call.func, c.parsed.imported_name(call.func) or ""
     name = dotted.rsplit(".", 1)[-1] if dotted else func.attr.value if isinstance(func, cst.Attribute) else ""
-    if name in RANDOM_DRAWS or name in GENERATOR_USERS or "dropout" in name.lower() or \
-            dotted.startswith(DRAWING_MODULES):
+    if dotted.startswith("torch.ops.") and dotted.count(".") >= 3:  # `torch.ops.aten.rand.default`: the op's name
+        name = dotted.split(".")[3]
+    if name in RANDOM_DRAWS or name in GENERATOR_USERS or "dropout" in name.lower() or name in CALLING_METHODS or \
+            dotted.startswith(DRAWING_MODULES) or dotted.startswith(GENERATORS) or function_may_draw(dotted):
         return True
     if name in MODE_SWITCHES and not (is_self_attribute(func) and c.owner is not None and name in c.owner.methods):
         return False  # nn.Module's own `train`/`eval` (a class's own one may draw)
@@ -324,7 +330,21 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
             func.value not in c.parsed.imports:  # what the builtin calls or iterates may draw (`map(draw, xs)`)
         return any(_may_draw(c, call_of(f)) for f in callbacks(call) if not isinstance(f, cst.Lambda)) or \
             any(_iteration_may_draw(c, iterable) for iterable in iterated_arguments(call))
-    return not (isinstance(func, cst.Attribute) and not dotted and name in tensor_method_names())
+    return not (isinstance(func, cst.Attribute) and not dotted and name in tensor_method_names() and
+                not _object_of_a_class_here(c, func.value))
+
+
+def _object_of_a_class_here(c: Candidate, receiver: cst.BaseExpression) -> bool:
+    """`JIT.add(x)` where `JIT = Jitter()`, a class of this file: its method of a tensor method's name is that
+    class's code, which may draw (breaker round 34), not the tensor method."""
+    if not isinstance(receiver, cst.Name):
+        return False
+    classes = c.parsed.top_level_classes
+    values = [d.value for d in c.flow.definitions_of(receiver) if d.kind == "assign"] + \
+        [c.parsed.parents[c.parsed.parents[b]].value for b in c.parsed.bindings.get(receiver.value, [])
+         if isinstance(c.parsed.parents.get(b), cst.AssignTarget)]
+    return any(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes
+               for value in values)
 
 
 def _iteration_may_draw(c: Candidate, iterable: cst.BaseExpression, unknown: bool = True) -> bool:
@@ -335,6 +355,29 @@ def _iteration_may_draw(c: Candidate, iterable: cst.BaseExpression, unknown: boo
     if sources is None:
         return unknown
     return any(_may_draw(c, call) for source in sources for call in descendants(source, (cst.Call,)))
+
+
+@lru_cache(maxsize=None)
+def function_may_draw(dotted: str) -> bool:
+    """A torch function whose signature takes a dropout, a generator or random samples
+    (`F.multi_head_attention_forward(..., dropout_p, training=True)`, `F.fractional_max_pool2d_with_indices`:
+    breaker round 34), read from torch's own function; False for anything else or a function without one."""
+    if not dotted.startswith("torch."):
+        return False
+    import inspect
+
+    import torch
+
+    found = torch
+    for part in dotted.split(".")[1:]:
+        found = getattr(found, part, None)
+    if found is None or isinstance(found, type) or not callable(found):
+        return False
+    try:
+        parameters = inspect.signature(found).parameters
+    except (TypeError, ValueError):
+        return False
+    return any(word in parameter for parameter in parameters for word in ("dropout", "generator", "random"))
 
 
 @lru_cache(maxsize=None)

@@ -21,7 +21,10 @@ from advisor.patterns import masks as mk
 from advisor.patterns.attention.candidate import Candidate, defined_between, statement_of
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm, Refusal
+from advisor.patterns.attention.uniform_rows import OWN, fill_of
+from advisor.patterns.values import FLOAT_MAX
 from advisor.static.dataflow import loaded_names
+from advisor.static.walk import descendants
 
 FILLS = ("masked_fill", "masked_fill_")
 
@@ -44,8 +47,12 @@ def zeroed_mask_term(c: Candidate) -> MaskTerm | None:
             term.guard is not None and not c.parsed.within(c.zeroing.node, term.guard.body):
         raise refusal  # a fill under an `if` with its zeroing in the same branch (the other one has no mask)
     masked = term.nodes[0]
-    if c.parsed.code(masked).strip() != c.parsed.code(zero_mask).strip():
-        raise refusal
+    if c.parsed.code(masked).strip() != c.parsed.code(zero_mask).strip() or \
+            descendants(zero_mask, (cst.Call,)) or isinstance(zero_mask, cst.Call):
+        raise refusal  # a call gives another tensor each time (`torch.rand(...) > 0.5` twice: breaker round 34)
+    if term.fill_kind == mk.FINITE and not _fits_every_float(c, term):
+        raise Refusal(f"the fill `{short(c.parsed, term.fill)}` overflows float16, where the original's "
+                      "masked_fill raises and the patch (a boolean mask) would not")
     for first, second in zip(loaded_names(masked), loaded_names(zero_mask)):
         if c.flow.reaching.get(first) != c.flow.reaching.get(second) or \
                 defined_between(c, second, statement_of(c.parsed, masked), c.zeroing.node,
@@ -58,6 +65,13 @@ def zeroed_rows_reason(c: Candidate, term: MaskTerm) -> str:
     return (f"`{short(c.parsed, c.zeroing.node)}` sets the weights of the keys `{short(c.parsed, term.nodes[0])}` "
             "masks to 0 after the softmax: a row that keeps a key has 0 there already, and a row masked everywhere "
             "becomes 0, as SDPA makes it; the patch passes SDPA that mask")
+
+
+def _fits_every_float(c: Candidate, term: MaskTerm) -> bool:
+    """The finite fill is its own tensor's dtype's extreme, or a number float16 holds: the original's masked_fill
+    never raises on it (breaker round 34: -1e9 on float16 scores raises there; a boolean mask does not)."""
+    fill = fill_of(c, term)
+    return fill == OWN or isinstance(fill, float) and abs(fill) <= FLOAT_MAX["float16"]
 
 
 def _filled_by_masked_fill(c: Candidate, masked: cst.BaseExpression) -> bool:
