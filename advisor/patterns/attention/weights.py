@@ -339,10 +339,12 @@ def _object_of_a_class_here(c: Candidate, receiver: cst.BaseExpression) -> bool:
     class's code, which may draw (breaker round 34), not the tensor method."""
     if not isinstance(receiver, cst.Name):
         return False
-    classes = c.parsed.top_level_classes
-    values = [d.value for d in c.flow.definitions_of(receiver) if d.kind == "assign"] + \
-        [c.parsed.parents[c.parsed.parents[b]].value for b in c.parsed.bindings.get(receiver.value, [])
-         if isinstance(c.parsed.parents.get(b), cst.AssignTarget)]
+    classes, parsed = c.parsed.top_level_classes, c.parsed
+    local = [d for d in c.flow.definitions_of(receiver) if d.kind != "param"]
+    values = [d.value for d in local if d.kind == "assign"] if local or c.flow.definitions_of(receiver) else \
+        [parsed.parents[parsed.parents[b]].value for b in parsed.bindings.get(receiver.value, [])  # a global
+         if isinstance(parsed.parents.get(b), cst.AssignTarget) and
+         parsed.innermost(b, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is None]
     return any(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes
                for value in values)
 
