@@ -340,9 +340,9 @@ def _object_of_a_class_here(c: Candidate, receiver: cst.BaseExpression) -> bool:
     if not isinstance(receiver, cst.Name):
         return False
     classes, parsed = c.parsed.top_level_classes, c.parsed
-    local = [d for d in c.flow.definitions_of(receiver) if d.kind != "param"]
-    values = [d.value for d in local if d.kind == "assign"] if local or c.flow.definitions_of(receiver) else \
-        [parsed.parents[parsed.parents[b]].value for b in parsed.bindings.get(receiver.value, [])  # a global
+    definitions = c.flow.definitions_of(receiver)  # the function's own bindings; without any, the module's
+    values = [d.value for d in definitions if d.kind == "assign"] if definitions else \
+        [parsed.parents[parsed.parents[b]].value for b in parsed.bindings.get(receiver.value, [])
          if isinstance(parsed.parents.get(b), cst.AssignTarget) and
          parsed.innermost(b, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is None]
     return any(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes
@@ -364,15 +364,9 @@ def function_may_draw(dotted: str) -> bool:
     """A torch function whose signature takes a dropout, a generator or random samples
     (`F.multi_head_attention_forward(..., dropout_p, training=True)`, `F.fractional_max_pool2d_with_indices`:
     breaker round 34), read from torch's own function; False for anything else or a function without one."""
-    if not dotted.startswith("torch."):
-        return False
     import inspect
 
-    import torch
-
-    found = torch
-    for part in dotted.split(".")[1:]:
-        found = getattr(found, part, None)
+    found = _torch_object(dotted)
     if found is None or isinstance(found, type) or not callable(found):
         return False
     try:
@@ -393,9 +387,7 @@ def layer_may_draw(layer: str) -> bool:
     import torch
 
     name = layer.rsplit(".", 1)[-1]
-    found = torch
-    for part in layer.split(".")[1:]:
-        found = getattr(found, part, None)
+    found = _torch_object(layer)
     if not isinstance(found, type) or not issubclass(found, torch.nn.Module):
         return True
     if "dropout" in name.lower() or name in ("RReLU", "FractionalMaxPool2d", "FractionalMaxPool3d"):
@@ -479,3 +471,16 @@ def _may_be_identity(c: Candidate, op: Op) -> bool:
         return False
     c.identity_ok.add(attribute)
     return True
+
+
+def _torch_object(dotted: str):
+    """What torch's dotted name (`torch.nn.GRU`) holds, read off the imported module; None for another name or one
+    torch does not have (torch imported only where a proof asks)."""
+    if not dotted.startswith("torch."):
+        return None
+    import torch
+
+    found = torch
+    for part in dotted.split(".")[1:]:
+        found = getattr(found, part, None)
+    return found
