@@ -106,9 +106,9 @@ def measured_lines(evidence: RuntimeEvidence | None) -> RuntimeEvidence | None:
 
 
 def with_blocks(evidence: RuntimeEvidence | None, observed: RuntimeEvidence) -> RuntimeEvidence:
-    """`measured_lines(evidence)` with the attention blocks' calls `observed` recorded, as one value an analysis
-    reads; neither is changed."""
-    files = dict(measured_lines(evidence).files) if evidence is not None else {}
+    """`evidence` (a profile's `measured_lines`) with the attention blocks' calls `observed` recorded in place of
+    any it holds, as one value an analysis reads; neither is changed."""
+    files = dict(evidence.files) if evidence is not None else {}
     for path, found in observed.files.items():
         mine = files.get(path)
         files[path] = found if mine is None else replace(mine, blocks=list(found.blocks))

@@ -374,13 +374,18 @@ def _parameter_writers(functions: list[ast.FunctionDef | ast.Lambda], writes: li
     return found
 
 
+def stores_into_hook_table(func: ast.AST) -> bool:
+    """`m._forward_hooks.update` (a method of a module's hook table that is no read): a store into the table."""
+    return isinstance(func, ast.Attribute) and func.attr not in NAMESPACE_READS and \
+        isinstance(func.value, ast.Attribute) and HOOK_TABLE.fullmatch(func.value.attr) is not None
+
+
 def _write_receiver(node: ast.AST) -> ast.AST | None:
     """What `node` writes into: the receiver of an in-place method (`t.fill_(1)`), a subscripted target, a hook
     table stored into (`m._forward_hooks.update(h)`)."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and writes_its_receiver(node.func.attr):
         return node.func.value
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr not in NAMESPACE_READS \
-            and isinstance(node.func.value, ast.Attribute) and HOOK_TABLE.fullmatch(node.func.value.attr):
+    if isinstance(node, ast.Call) and stores_into_hook_table(node.func):
         return node.func.value
     if isinstance(node, (ast.Assign, ast.AugAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -781,8 +786,7 @@ class _Writes:
                     self.torch_function(_namespace_owner(func.value),  # `F.__dict__.update(softmax=f)`
                                         "*" if name == ANY_ATTRIBUTE else glob.escape(name))
                 self.chain(_namespace_owner(func.value))  # `m.to_v.__dict__.update(forward=f)` changes `m.to_v`
-        elif isinstance(func, ast.Attribute) and func.attr not in NAMESPACE_READS and \
-                isinstance(func.value, ast.Attribute) and HOOK_TABLE.fullmatch(func.value.attr):
+        elif stores_into_hook_table(func):
             self.target(func.value, elements_only=True)  # `m.drop._forward_hooks.update({0: f})`, as `[0] = f`
         elif self._function_call(node, args):
             return

@@ -54,6 +54,13 @@ CONSTANTS = frozenset({"None", "True", "False", "Ellipsis"})  # names that hold 
 SIZE_METHODS = frozenset({"size", "dim", "numel", "item", "tolist", "stride", "nelement", "element_size"})
 
 
+def torch_op_name(dotted: str) -> str:
+    """The op a torch name calls: its last part, or for an aten op reached with its overload
+    (`torch.ops.aten.view.default`) the op's name, not the overload's."""
+    parts = dotted.split(".")
+    return parts[3] if parts[:2] == ["torch", "ops"] and len(parts) > 3 else parts[-1]
+
+
 def storage_roots(expression: cst.BaseExpression) -> list[cst.Name]:
     """The names whose tensors the value of `expression` may be, or view."""
     if isinstance(expression, cst.Name):

@@ -23,7 +23,7 @@ from advisor.static.codegen import dotted, keyword
 from advisor.static.dataflow import is_inplace_method, loaded_names
 from advisor.static.outside_writes import NOT_WRITES, writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
-from advisor.static.tensor_views import RANDOM_DRAWS, STRIDE_READS
+from advisor.static.tensor_views import RANDOM_DRAWS, STRIDE_READS, torch_op_name
 from advisor.static.walk import descendants
 
 # methods whose result shares the input's storage with strides derived from the input's
@@ -513,9 +513,7 @@ def _layout_use(c: Candidate, consumer: cst.CSTNode | None, node: cst.CSTNode) -
     if dotted.startswith("einops."):
         return KEEPS_STRIDES  # rearranged by views where it can be
     if dotted.startswith("torch."):
-        parts = dotted.split(".")  # `torch.ops.aten.view.default`: the op's name, not its overload's
-        name = parts[3] if parts[:2] == ["torch", "ops"] and len(parts) > 3 else parts[-1]
-        return READS_STRIDES if name in LAYOUT_READERS else KEEPS_STRIDES
+        return READS_STRIDES if torch_op_name(dotted) in LAYOUT_READERS else KEEPS_STRIDES
     layer = _torch_layer(c, consumer.func)
     if layer is not None:
         return READS_STRIDES if layer in RANDOM_LAYERS else VALUES_ONLY if layer in FRESH_LAYERS else KEEPS_STRIDES

@@ -29,7 +29,7 @@ from advisor.patterns.foreign_calls import IMPLICIT_RUNNERS, KNOWN_BUILTINS, cal
 from advisor.patterns.ops import Op, int_value, number_value
 from advisor.static.codegen import atomic, number
 from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, is_self_attribute, loaded_names
-from advisor.static.tensor_views import RANDOM_DRAWS, tensor_method_names
+from advisor.static.tensor_views import RANDOM_DRAWS, tensor_method_names, torch_op_name
 from advisor.static.walk import descendants
 
 
@@ -310,9 +310,7 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
     """Whether the call may draw from torch's generator: by name (RANDOM_DRAWS, a dropout), or as code not read
     here (this file's functions are not followed: a helper may draw)."""
     func, dotted = call.func, c.parsed.imported_name(call.func) or ""
-    name = dotted.rsplit(".", 1)[-1] if dotted else func.attr.value if isinstance(func, cst.Attribute) else ""
-    if dotted.startswith("torch.ops.") and dotted.count(".") >= 3:  # `torch.ops.aten.rand.default`: the op's name
-        name = dotted.split(".")[3]
+    name = torch_op_name(dotted) if dotted else func.attr.value if isinstance(func, cst.Attribute) else ""
     if name in RANDOM_DRAWS or name in GENERATOR_USERS or "dropout" in name.lower() or name in CALLING_METHODS or \
             dotted.startswith(DRAWING_MODULES) or dotted.startswith(GENERATORS) or function_may_draw(dotted):
         return True
