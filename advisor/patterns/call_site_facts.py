@@ -319,6 +319,10 @@ class SiteScope:
         resolved = self._resolved(node)
         if resolved is not None:
             return all(below(value) for value in resolved)
+        bitwise = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert) or \
+            isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor))
+        if bitwise and not bool_only:  # `~`, `&`, `|` and `^` raise on a float tensor: what they return is none
+            return True
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
             return below(node.expression)
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)):

@@ -318,3 +318,59 @@ def test_d_an_added_mask_that_swallows_a_padded_sample_is_why_the_row_fact_is_as
     torch.testing.assert_close(original, patched, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(original_grad[0], patched_grad[0], atol=1e-5, rtol=1e-5)  # the real sample agrees
     assert not torch.allclose(original_grad[1], patched_grad[1], atol=1e-3)  # the swallowed one does not
+
+
+# -- E: masks built by bitwise operators -------------------------------------------------------------------------
+# Longformer's dense path: a band of keys, and the caller's padding mask, joined by `&`; `|` of an integer mask
+# makes it an integer, and of a float one raises (as `~` and `^` do)
+BANDED = """
+idx = torch.arange(n, device=x.device)
+keep = ((idx[None, :] - idx[:, None]).abs() <= 2) & mask[:, None, None, :]
+scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+{bias}scores = scores.masked_fill(~keep, {fill})
+out = scores.softmax(dim=-1) @ v
+"""
+DISTANCE_BIAS = "scores = scores + (idx[None, :] - idx[:, None]).abs().float().neg()\n"
+
+
+def _raised_or_outputs(source: str, fixed: str, mask: torch.Tensor):
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    results = []
+    for code in (source, fixed):
+        try:
+            results.append(_run(code, x, mask))
+        except (RuntimeError, TypeError, NotImplementedError):
+            results.append(None)
+    return results
+
+
+@pytest.mark.parametrize("fill", ["-1e4", 'float("-inf")'], ids=["finite fill", "-inf fill"])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.uint8, torch.float32])
+def test_e_a_mask_joined_by_a_bitwise_operator_is_no_float_and_an_integer_one_raises_in_both(fill, dtype):
+    """`~keep` is dropped by the patch, which would add a float `keep`; but `&` never returns a float (it raises on
+    one), and an integer `keep` makes SDPA raise where `masked_fill` does: the mask's dtype needs no proof, and the
+    patch raises wherever the original does (before: mask-dtype assumed, the patch unsafe)."""
+    source = masked_module(BANDED.format(bias="", fill=fill))
+    finding = _finding(source)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "mask-dtype" not in fact_names(finding, "assumed") | fact_names(finding, "guarded")
+    original, patched = _raised_or_outputs(source, analyze_source(source, "case.py").fixed, _key_padding(dtype))
+    assert (original is None) == (patched is None) == (dtype != torch.bool)
+    if original is not None:  # an -inf fill's fully masked sample is NaN in the original (an accepted divergence)
+        compared = slice(None) if fill == "-1e4" else 0
+        torch.testing.assert_close(original[compared], patched[compared], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8])
+def test_e_a_bitwise_mask_merged_with_an_added_bias_must_be_bool(dtype):
+    """Merged with an added float term, the keep mask goes through `torch.where`, which takes uint8 where the
+    original's `masked_fill` raises: there the mask's dtype is a fact again, checked or assumed, never proved."""
+    source = masked_module(BANDED.format(bias=DISTANCE_BIAS, fill='float("-inf")'))
+    finding = _finding(source)
+    assert "mask-dtype" in fact_names(finding, "assumed") | fact_names(finding, "guarded")
+    fixed = analyze_source(source, "case.py", unsafe_fixes=True).fixed
+    assert "torch.where" in fixed
+    original, patched = _raised_or_outputs(source, fixed, _key_padding(dtype))
+    assert (original is None) == (dtype == torch.uint8)
+    if "mask-dtype" in fact_names(finding, "guarded"):
+        assert (patched is None) == (original is None)

@@ -175,6 +175,7 @@ def _additive(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     mask = term_mask(c, term)
     if term.kind in ("float", "finite"):
         return mask
+    _through_where(term)
     torch_name, query = _torch_and_query(c)
     return parse_template_expression('{torch}.where({mask}, 0.0, float("-inf")).to({query}.dtype)',
                                      torch=torch_name, mask=mask, query=query)
@@ -196,6 +197,13 @@ def plain_query(c: Candidate) -> cst.BaseExpression | None:
             query.func.attr.value in DTYPE_KEEPING_VIEWS:  # `q.transpose(-2, -1)` has q's dtype
         query = query.func.value
     return query if isinstance(query, (cst.Name, cst.Attribute)) else None
+
+
+def _through_where(term: MaskTerm) -> None:
+    """The term's mask goes through `torch.where`, which takes a uint8 mask where the original's `masked_fill`
+    raises: no integer mask may reach it (its integer subject must then be bool)."""
+    if term.integer_subject is not None:
+        term.dtype_subject = term.integer_subject
 
 
 def _torch_and_query(c: Candidate) -> tuple[cst.Name, cst.BaseExpression]:
@@ -243,6 +251,7 @@ def _term_values(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
         return method(term.expression, "to", cst.Attribute(plain_query(c), cst.Name("dtype")))  # eager promotion
     if term.kind != "finite":  # adds the same values
         return term.expression
+    _through_where(term)
     # the 0-d zero in q's dtype makes `where` convert the fill to q's dtype, saturating like `.to` (a Python 0.0
     # would build a float32 tensor first, which cannot hold float64's finfo.min); `.to` covers a tensor fill
     torch_name, query = _torch_and_query(c)

@@ -65,31 +65,40 @@ def mask_term(c: Candidate, op: Op, guard: cst.If | None) -> MaskTerm:
                         fill_kind=fill_kind, source=source, keeps_first_key=True)
     first = keeps_first_key(c, masked, keep_given)
     bottom_right = not first and keeps_first_key_bottom_right(c, masked, keep_given)
-    subject = _dtype_subject(c, masked, op.name == "where", kind != "neginf")
+    subject, integer = _dtype_subject(c, masked, op.name == "where", kind != "neginf")
     if kind == "neginf":
         return MaskTerm("keep", keep, guard=guard, nodes=nodes, fill_kind=fill_kind, source=source,
-                        keeps_first_key=first, bottom_right=bottom_right, dtype_subject=subject)
+                        keeps_first_key=first, bottom_right=bottom_right, dtype_subject=subject,
+                        integer_subject=integer)
     masked_only = _negate(at_home(c, masked)) if keep_given else at_home(c, masked)
     return MaskTerm("finite", masked_only, fill=_fill_at_home(c, fill), guard=guard, nodes=[masked],
                     fill_kind=fill_kind, source=source, keeps_first_key=first, bottom_right=bottom_right, keep=keep,
-                    dtype_subject=subject)
+                    dtype_subject=subject, integer_subject=integer)
 
 
-def _dtype_subject(c: Candidate, masked: cst.BaseExpression, where: bool, finite: bool) -> tuple[cst.BaseExpression, str] | None:
-    """The tensor that must be bool for the patch to raise wherever the original does (MaskTerm.dtype_subject),
-    unless the source shows it is. `masked_fill` takes only a bool mask, and so does SDPA's boolean attn_mask, except
-    where the patch drops a `~` (`~m` of a float raises; SDPA would add the float `m`) or passes the mask through
-    `torch.where` (a finite fill's float mask), which also takes uint8. `where(c, ...)` itself takes a uint8 `c`."""
+def _dtype_subject(c: Candidate, masked: cst.BaseExpression, where: bool, finite: bool) \
+        -> tuple[tuple[cst.BaseExpression, str] | None, tuple[cst.BaseExpression, str] | None]:
+    """(MaskTerm.dtype_subject, MaskTerm.integer_subject): the tensor that must be bool for the patch to raise
+    wherever the original does, unless the source shows it is. `masked_fill` takes only a bool mask, and so does
+    SDPA's boolean attn_mask, except where the patch drops a `~` (`~m` of a float raises; SDPA would add the float
+    `m`) or passes the mask through `torch.where` (a finite fill's float mask), which also takes uint8. `where(c,
+    ...)` itself takes a uint8 `c`. A dropped `~` needs only no float where the mask reaches SDPA as it is (a finite
+    fill's keep mask, attention.uniform_rows): an integer `m` makes SDPA raise too."""
     inverted = isinstance(masked, cst.UnaryOperation) and isinstance(masked.operator, cst.BitInvert)
     if not (where or inverted or finite):
-        return None
+        return None, None
     subject = _dtype_origin(c, masked.expression if inverted else masked)
-    if sf.SiteScope(c.parsed, subject).not_float(subject, bool_only=True):
-        return None
-    why = ("`where()` also takes a uint8 condition, which SDPA rejects, and raises on a float one, which SDPA would "
-           "add" if where else f"`masked_fill` raises unless its mask is bool, but the patch "
-           f"{'drops the `~` (`~` of an integer is an integer; of a float it raises, and SDPA would add the float)' if inverted else 'passes the mask through `torch.where`, which also takes uint8'}")
-    return subject, why
+    scope = sf.SiteScope(c.parsed, subject)
+    if scope.not_float(subject, bool_only=True):
+        return None, None
+    patch = "drops the `~` (`~` of an integer is an integer; of a float it raises, and SDPA would add the float)" \
+        if inverted else "passes the mask through `torch.where`, which also takes uint8"
+    why = "`where()` also takes a uint8 condition, which SDPA rejects, and raises on a float one, which SDPA would " \
+        "add" if where else f"`masked_fill` raises unless its mask is bool, but the patch {patch}"
+    if inverted and not where and scope.not_float(subject):
+        return None, (subject, "`masked_fill` raises unless its mask is bool, but the patch passes it through "
+                               "`torch.where`, which also takes uint8")
+    return (subject, why), None
 
 
 def _dtype_origin(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
@@ -165,8 +174,8 @@ def _fill_at_home(c: Candidate, fill: cst.BaseExpression) -> cst.BaseExpression:
 
 def _negate(node: cst.BaseExpression) -> cst.BaseExpression:
     """The complement of a boolean mask (masked_fill and where raise on any other), written as simply as its
-    form allows: `m == 0` becomes `m != 0` (not `m < 0.5` into `m >= 0.5`: a NaN fails both), `~m` becomes `m`, which is exact where m is not a float (see `_dtype_subject`); `m.logical_not()`
-    is bool whatever m is."""
+    form allows: `m == 0` becomes `m != 0` (not `m < 0.5` into `m >= 0.5`: a NaN fails both), `~m` becomes `m`,
+    which is exact where m is not a float (see `_dtype_subject`); `m.logical_not()` is bool whatever m is."""
     if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
         target = node.comparisons[0]
         # `==` and `!=` are complements for every value; `<` and `>=` are not for NaN (both False), so an ordering

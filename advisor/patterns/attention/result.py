@@ -54,6 +54,10 @@ class MaskTerm:
     # `masked_fill(~m, f)`, whose `~` the patch drops; a `where` condition), when its source does not show that it
     # is; None when it does, or when the patch raises wherever the original does
     dtype_subject: tuple[cst.BaseExpression, str] | None = None
+    # ... where the source shows only that the tensor is no float (`band & m`: bitwise ops raise on floats): an
+    # integer mask makes SDPA raise as `masked_fill` does, unless the patch turns it into a float mask with
+    # `torch.where`, which takes uint8 (attn_mask's `additive` then makes this the dtype subject)
+    integer_subject: tuple[cst.BaseExpression, str] | None = None
 
 
 @dataclass
