@@ -16,6 +16,7 @@ from advisor.patterns.mask_helpers import optional_add
 from advisor.static.package_functions import decorators_keep, package_definition, package_function
 from advisor.patterns.softmax_helpers import summarise
 from advisor.static.dataflow import contains_call
+from advisor.static.inplace_args import inplace_argument
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children
 
@@ -218,7 +219,8 @@ class OpReader:
             training = "training" if family == "torch.nn.functional" else "train"
             return None if bound is None or "input" not in bound else \
                 Op("dropout", call, [bound["input"]], {"p": bound.get("p"), "training": bound.get(training),
-                                                       "default_training": family == "torch.nn.functional"})
+                                                       "default_training": family == "torch.nn.functional"},
+                   inplace=inplace_argument(self.parsed, call))
         return _op_of(short, call, _bound(family, short, call))
 
     def _einsum(self, call: cst.Call, args: list[cst.BaseExpression]) -> Op | None:
@@ -308,7 +310,7 @@ class OpReader:
         if dotted in ("torch.nn.Dropout", "torch.nn.modules.dropout.Dropout"):
             return Op("dropout", call, [operand], {"p": cst.parse_expression(f"{prefix}.p"),
                                                    "training": cst.parse_expression(f"{prefix}.training"),
-                                                   "module": True})
+                                                   "module": True}, inplace=inplace_argument(self.parsed, built))
         if dotted in ("torch.nn.Identity",):
             return Op("identity", call, [operand])
         if dotted == "torch.nn.Sequential":
@@ -332,7 +334,8 @@ class OpReader:
         if not names <= {"dropout", "identity"}:
             return None
         dropout = next(side for side in sides if side.name == "dropout")
-        return Op("dropout", call, [operand], {**dropout.params, "maybe_identity": "identity" in names})
+        return Op("dropout", call, [operand], {**dropout.params, "maybe_identity": "identity" in names},
+                  inplace=dropout.inplace)
 
 
 BOUND_OPS = {"matmul", "bmm", "baddbmm", "softmax", "log_softmax", "masked_fill", "where", "add", "mul", "div",

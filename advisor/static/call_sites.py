@@ -67,8 +67,10 @@ WORD = re.compile(r"\w+")
 STAR_IMPORT = re.compile(r"\bimport\s*\*")
 PACKAGE_IMPORT = re.compile(r"\bfrom\s+\.+\s+import\b")  # `from . import f`: names of a package's `__init__`
 # a lookup on an object by a name the code computes: `getattr(attention, f"{impl}_attention")`, `vars(m)[k]`,
-# `m.__dict__[k]`, with the object's root name
-COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w+)[\w.]*\s*,\s*(?![\s'\"])|\bvars\s*\(\s*(\w+)|(\w+)[\w.]*\.__dict__")
+# `m.__dict__[k]`, with the object's root name; a name that is one string literal is no computed one, but one
+# the code joins to a literal is (`"attend_" + kind`, `"attend_%s" % kind`: breaker round 35)
+COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w+)[\w.]*\s*,(?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])|"
+                             r"\bvars\s*\(\s*(\w+)|(\w+)[\w.]*\.__dict__")
 IMPORT_LINE = re.compile(r"^[ \t]*(?:from|import)\b[^\n]*", re.M)
 
 

@@ -82,7 +82,12 @@ Round 34 (fixtures/attention/breaker34), aimed at round 33's fixes and the zeroe
 (`torch.rand(...) > 0.5` in both fills), a zeroing after the weights are transposed, a finite fill float16 cannot
 hold (the original raises), an aten overload that draws (`torch.ops.aten.rand.default`), the default generator's
 state read, a draw in a method of the file's own class under a tensor method's name (`JIT.add`), functional calls
-that take a dropout (`F.multi_head_attention_forward`), and `t.apply_(draw_one)`."""
+that take a dropout (`F.multi_head_attention_forward`), and `t.apply_(draw_one)`.
+
+Round 35 (fixtures/attention/breaker35): the weights zeroed or dropped out in place (`masked_fill_`,
+`nn.Dropout(p, inplace=True)`, `F.dropout(..., inplace=True)`: the original's backward raises), `torch.svd_lowrank`
+drawing two calls down in torch's Python code, a dropout called through its class (`nn.Dropout.forward(m, v)`), and
+a function of another file reached by `getattr(impls, "attend_" + kind)` with a caller's mask (tree_06)."""
 
 from __future__ import annotations
 
@@ -99,7 +104,7 @@ from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
 PROGRAMS = sorted(FIXTURES.glob("breaker[23][0-9]/*.py"))
-TREES = sorted(path for path in FIXTURES.glob("breaker2[1-7]/tree_*") if path.is_dir())
+TREES = sorted(path for path in FIXTURES.glob("breaker[23][0-9]/tree_*") if path.is_dir())
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ weights); a read that transforms them on the way to a product is a refusal, sinc
 
 from __future__ import annotations
 
+import textwrap
 from functools import lru_cache
 
 import libcst as cst
@@ -31,6 +32,11 @@ from advisor.static.codegen import atomic, number
 from advisor.static.dataflow import UNDEFINED, Definition, bound_names, contains_call, is_self_attribute, loaded_names
 from advisor.static.tensor_views import RANDOM_DRAWS, tensor_method_names, torch_op_name
 from advisor.static.walk import descendants
+
+
+# breaker round 35: the original's backward raised, the patch's ran
+IN_PLACE_WEIGHTS = ("overwriting the softmax's output, which its backward needs: the original's backward raises "
+                    "where SDPA's would run")
 
 
 def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> WeightPath:
@@ -68,6 +74,9 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
             node = op.node
         elif op.name == "masked_fill" and op.operands[0] is node and number_value(op.params["fill"]) == 0 and \
                 c.zeroing is None and not transposed:  # masked keys' weights set to 0 (attention.zeroed_rows)
+            if op.inplace:
+                raise Refusal(f"`{short(c.parsed, op.node)}` zeroes the attention weights in place, "
+                              f"{IN_PLACE_WEIGHTS}")
             absorb(c, op)
             c.zeroing = op
             node = op.node
@@ -75,7 +84,8 @@ def follow_weights(c: Candidate, start: cst.CSTNode, ndim: int | None) -> Weight
             transposed = not transposed
             node = op.node
         elif op.name in ("matmul", "bmm") and op.operands[int(transposed)] is node:
-            return WeightPath(op, op.operands[1 - int(transposed)], definitions, escapes, dropouts, reads, transposed, casts)
+            return WeightPath(op, op.operands[1 - int(transposed)], definitions, escapes, dropouts, reads, transposed,
+                              casts)
         elif op.name == "einsum" and node in op.operands:
             other = op.operands[1] if op.operands[0] is node else op.operands[0]
             return WeightPath(op, other, definitions, escapes, dropouts, reads, transposed, casts)
@@ -238,6 +248,9 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
     if not dropouts:
         return
     op = dropouts[0]
+    if op.inplace:
+        raise Refusal(f"`{short(c.parsed, op.node)}` drops out the attention weights in place (`inplace=True`), "
+                      f"{IN_PLACE_WEIGHTS}")
     probability = _dropout_probability(c, op)
     if probability is not None:
         _no_draw_after(c, op)
@@ -312,7 +325,8 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
     func, dotted = call.func, c.parsed.imported_name(call.func) or ""
     name = torch_op_name(dotted) if dotted else func.attr.value if isinstance(func, cst.Attribute) else ""
     if name in RANDOM_DRAWS or name in GENERATOR_USERS or "dropout" in name.lower() or name in CALLING_METHODS or \
-            dotted.startswith(DRAWING_MODULES) or dotted.startswith(GENERATORS) or function_may_draw(dotted):
+            dotted.startswith(DRAWING_MODULES) or dotted.startswith(GENERATORS) or function_may_draw(dotted) or \
+            _unbound_layer_method(dotted):
         return True
     if name in MODE_SWITCHES and not (is_self_attribute(func) and c.owner is not None and name in c.owner.methods):
         return False  # nn.Module's own `train`/`eval` (a class's own one may draw)
@@ -361,7 +375,8 @@ def _iteration_may_draw(c: Candidate, iterable: cst.BaseExpression, unknown: boo
 def function_may_draw(dotted: str) -> bool:
     """A torch function whose signature takes a dropout, a generator or random samples
     (`F.multi_head_attention_forward(..., dropout_p, training=True)`, `F.fractional_max_pool2d_with_indices`:
-    breaker round 34), read from torch's own function; False for anything else or a function without one."""
+    breaker round 34), or one written in Python whose code draws (`python_code_draws`), read from torch's own
+    function; False for anything else."""
     import inspect
 
     found = _torch_object(dotted)
@@ -370,8 +385,50 @@ def function_may_draw(dotted: str) -> bool:
     try:
         parameters = inspect.signature(found).parameters
     except (TypeError, ValueError):
-        return False
-    return any(word in parameter for parameter in parameters for word in ("dropout", "generator", "random"))
+        parameters = {}
+    return any(word in parameter for parameter in parameters for word in ("dropout", "generator", "random")) or \
+        python_code_draws(found)
+
+
+MAX_CALLEES = 64  # functions of torch read for one question: torch's Python helpers call few of their own
+
+
+def python_code_draws(function) -> bool:
+    """Whether a function of torch written in Python calls a draw (RANDOM_DRAWS by name), itself or through the
+    functions of torch its code calls by name, read from their source (`torch.svd_lowrank` draws its sketch with
+    `torch.randn` two calls down, and its signature says nothing of it: breaker round 35). A built-in function
+    (C++) has no source here: its signature is all there is."""
+    import ast
+    import inspect
+
+    pending, seen = [function], set()
+    while pending and len(seen) < MAX_CALLEES:
+        current = inspect.unwrap(pending.pop())
+        if current in seen or not inspect.isfunction(current) or \
+                not (current.__module__ or "").startswith("torch"):
+            continue
+        seen.add(current)
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(current)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called in RANDOM_DRAWS:
+                return True
+            pending.append(current.__globals__.get(called))
+    return False
+
+
+def _unbound_layer_method(dotted: str) -> bool:
+    """`nn.Dropout.forward(self.drop, x)`, `nn.Module.__call__(m, x)`: a method of a torch.nn layer class called
+    on a module it is handed, which may be any layer (a dropout: breaker round 35), whatever class names it."""
+    import torch
+
+    owner = _torch_object(dotted.rpartition(".")[0])
+    return isinstance(owner, type) and issubclass(owner, torch.nn.Module)
 
 
 @lru_cache(maxsize=None)
