@@ -23,7 +23,7 @@ from typing import Callable
 import libcst as cst
 
 from advisor.patterns.facts import FactSheet
-from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, OpReader, int_value
+from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, OpReader, int_value, literal_string
 from advisor.static.module_index import ClassInfo, ParsedModule
 
 NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: fill -inf, finite fill, added
@@ -31,7 +31,11 @@ RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", 
                 "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
 CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand", "randint")}
 RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
-                          "torch.logical_not", "torch.clone", "torch.nn.functional.normalize"}
+                          "torch.logical_not", "torch.clone", "torch.nn.functional.normalize",
+                          "torch.nn.functional.pad"}
+# einops' functions of a pattern: the output has its right side's axes (the input must have the left side's, or
+# they raise)
+EINOPS_PATTERNS = {"einops.rearrange", "einops.repeat", "einops.reduce"}
 ROWS = "fully-masked-rows"
 FINITE_FILL = "finite-fill"  # a masked key's weight: 0 in SDPA, exp(fill - row max) in the original
 REPLACED_SCORES = "replaced-scores"  # masked_fill/where discards a masked score; SDPA adds its mask, keeping a NaN
@@ -116,6 +120,9 @@ class RankBounds:
             return _exact(len(sizes)) if dotted not in ("torch.full", "torch.randint") else UNKNOWN
         if dotted in RANK_KEEPING_FUNCTIONS and args:
             return below(args[0].value)
+        if dotted in EINOPS_PATTERNS and len(args) >= 2:
+            axes = pattern_output_axes(literal_string(args[1].value))
+            return UNKNOWN if axes is None else _exact(axes)
         if isinstance(node.func, cst.Attribute):
             method, receiver = node.func.attr.value, node.func.value
             if method in ("new_empty", "new_zeros", "new_ones", "new_full") and args and not any(a.star for a in args):
@@ -143,6 +150,25 @@ class RankBounds:
             return broadcast_bounds(found) if all(low >= 2 for low, _ in found) else UNKNOWN
         returned = self.returned(node)
         return below(returned) if returned is not None else UNKNOWN
+
+
+def pattern_output_axes(pattern: str | None) -> int | None:
+    """The number of axes right of an einops pattern's `->` (`'b j -> b 1 1 j'`: 4; a parenthesised group is one
+    axis); None for no pattern, or one with an ellipsis (its axes are the input's)."""
+    if pattern is None or pattern.count("->") != 1 or "..." in pattern or "…" in pattern:
+        return None
+    output = pattern.split("->")[1]
+    depth, axes, in_axis = 0, 0, False
+    for character in output:
+        if character == "(":
+            axes += depth == 0
+            depth += 1
+        elif character == ")":
+            depth -= 1
+        elif depth == 0 and not character.isspace() and not in_axis:
+            axes += 1
+        in_axis = depth == 0 and not character.isspace() and character not in "()"
+    return axes if depth == 0 else None
 
 
 def _exact(rank: int) -> Bounds:

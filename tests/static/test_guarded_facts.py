@@ -9,6 +9,7 @@ import textwrap
 import warnings
 from unittest.mock import patch
 
+import einops
 import pytest
 import torch
 import torch.nn.functional as F
@@ -686,3 +687,67 @@ def test_a_number_scale_that_makes_integer_scores_float_is_an_accepted_fact():
                                         "    def forward(self, x, k, v):\n        q = self.q(x)\n").replace(
         "    attn =", "        attn =").replace("    return", "        return")
     assert "floating-query" not in _names(_finding(from_layer), "accepted")
+
+
+# EVA's mask: made bool where it is not None (a name the block rebinds), then indexed up to the scores' rank; the
+# output's rank is left open (`reshape(b, n, -1)`), so a mask of more dims would broadcast it up in the original
+REBOUND_BY_A_CAST = masked_module("""
+scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+if mask is not None:
+    mask = mask.bool()
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+out = scores.softmax(dim=-1) @ v
+""").replace("return out.permute(0, 2, 1, 3).reshape(b, n, c)", "return out.transpose(1, 2).reshape(b, n, -1)")
+# muse-maskgit's mask: einops gives it the pattern's four axes, or raises
+REARRANGED = """
+mask = rearrange(mask.bool(), 'b j -> b 1 1 j')
+scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+scores = scores.masked_fill(~mask, float("-inf"))
+out = scores.softmax(dim=-1) @ v
+"""
+
+
+def _outcomes(original, patched, x, mask):
+    found = []
+    for model in (original, patched):
+        try:
+            with torch.no_grad():
+                found.append(model(x, mask))
+        except (RuntimeError, einops.EinopsError):
+            found.append(None)
+    return found
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (2, 1, 5), None], ids=["2-D: SDPA", "3-D: the original", "None"])
+def test_a_mask_rebound_by_a_rank_keeping_cast_is_checked_as_it_was_before(shape):
+    """The check reads `mask` where the guarded statements begin, before `mask = mask.bool()`, with the two dims the
+    indexing adds (before: mask-rank assumed, the patch unsafe). A 3-D mask broadcasts the original's output to 5-D,
+    which its reshape folds: the patch runs the original there."""
+    source = REBOUND_BY_A_CAST
+    finding = _finding(source)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "mask-rank" in _names(finding, "guarded") and "2 <= mask.dim() + 2 <= 4" in finding.patch
+    original, patched = _models(source)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    mask = None if shape is None else torch.ones(shape, dtype=torch.long)
+    if mask is not None:
+        mask[..., 3:] = 0
+    expected, got = _outcomes(original, patched, x, mask)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert uses_sdpa(dispatched_ops(patched, (x, mask))) == (shape != (2, 1, 5))
+
+
+@pytest.mark.parametrize("shape", [(2, 5), (2, 1, 5)], ids=["2-D", "3-D: einops raises in both"])
+def test_a_mask_rearranged_by_an_einops_pattern_has_the_patterns_rank(shape):
+    source = "from einops import rearrange\n" + masked_module(REARRANGED)
+    finding = _finding(source)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "mask-rank" in _names(finding, "proved") and "dim()" not in finding.patch
+    original, patched = _models(source)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(shape, dtype=torch.bool)
+    mask[..., 3:] = False
+    expected, got = _outcomes(original, patched, x, mask)
+    assert (expected is None) == (got is None) == (len(shape) == 3)
+    if expected is not None:
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

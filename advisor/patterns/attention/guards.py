@@ -56,6 +56,7 @@ TENSOR_SCALE_CHECKS = {
 PURE_ARITHMETIC = frozenset({"numpy.sqrt", "abs", "pow", "round"})
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
+MAX_REBINDINGS = 8  # names followed back to the tensor a rank check reads
 OPERANDS_READ = (KV_LENGTH, OPERAND_RANK)  # facts whose checks read the operands as SDPA gets them, not q alone
 # facts whose checks read no query (Python numbers, the operands): a query that cannot be read again (`q[:, i:j]`)
 # does not keep them from a check
@@ -172,11 +173,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             # one SDPA gets where the guarded statements begin (`q = q * s` before `q = q.view(...)`, fairseq's)
             q_rank = _exact_rank(c, query) if name == MASK_RANK and all(k is None for k in ranks) else None
             reads = ([query] if q_rank is None else []) + \
-                [_rank_subject(_checked(c, name, t))[0] if name == MASK_RANK else _checked(c, name, t)
+                [_rank_origin(c, _checked(c, name, t), span[0])[0] if name == MASK_RANK else _checked(c, name, t)
                  for t, known, by in zip(terms, ranks, tabled) if known is None and not by] + \
                 [table for t, by in zip(terms, tabled) if by for table in t.tables]
             parts = [_tables_dtype_check(c, term, query) if by else
-                     _mask_check(c, name, term, query, torch_name, q_rank) if known is None else
+                     _mask_check(c, name, term, query, torch_name, span[0], q_rank) if known is None else
                      parse_template_expression(f"{{q}}.dim() >= {known}", q=query)
                      for term, known, by in zip(terms, ranks, tabled)]
         if parts and query is not leaves_query and name not in OPERANDS_READ:  # q read where the factors are numbers
@@ -420,10 +421,10 @@ def _exact_rank(c: Candidate, node: cst.BaseExpression) -> int | None:
 
 
 def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpression,
-                torch_name: str, q_rank: int | None = None) -> cst.BaseExpression | None:
+                torch_name: str, first: cst.BaseStatement, q_rank: int | None = None) -> cst.BaseExpression | None:
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
-    mask, added = _rank_subject(_checked(c, name, term)) if name == MASK_RANK else \
+    mask, added = _rank_origin(c, _checked(c, name, term), first) if name == MASK_RANK else \
         (_peeled(_checked(c, name, term), DTYPE_KEEPING_VIEWS), 0)
     base = _unindexed(mask)
     # the original indexes the mask whenever it is not None, unless an `if` of another test guards it
@@ -473,6 +474,27 @@ def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpres
             node = node.left
         else:
             return node
+
+
+def _rank_origin(c: Candidate, mask: cst.BaseExpression, first: cst.BaseStatement) -> tuple[cst.BaseExpression, int]:
+    """`_rank_subject`, followed back through the names the guarded statements (from `first`) rebind by such calls
+    (`attn_mask = attn_mask.bool()` under `if attn_mask is not None:`, EVA's; `m = m[:, None, None, :]`): the check
+    then reads the tensor as it was where they begin, with the dims added since."""
+    mask, added = _rank_subject(mask)
+    start = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
+    before = c.flow.env_before.get(start) or {}
+    for _ in range(MAX_REBINDINGS):
+        if not isinstance(mask, cst.Name) or c.flow.sees_undefined(mask) or \
+                before.get(mask.value) == c.flow.reaching.get(mask):  # it holds there already
+            break
+        definitions = c.flow.definitions_of(mask)
+        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
+            break
+        below, more = _rank_subject(definitions[0].value)
+        if below is definitions[0].value:  # not a rank-keeping call, an unsqueeze or basic indexing
+            break
+        mask, added = below, added + more
+    return mask, added
 
 
 def _rank_subject(mask: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
