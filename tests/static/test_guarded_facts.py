@@ -751,3 +751,56 @@ def test_a_mask_rearranged_by_an_einops_pattern_has_the_patterns_rank(shape):
     assert (expected is None) == (got is None) == (len(shape) == 3)
     if expected is not None:
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+# timm's TNT: the attention weights dropped out in place
+IN_PLACE_DROPOUT = '''
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, p=0.0):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.attn_drop = nn.Dropout(p, inplace=True)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1)) * 0.25
+        attn = attn.softmax(dim=-1)
+        attn = self.attn_drop(attn)
+        return (attn @ v).transpose(1, 2).reshape(b, n, c)
+'''
+
+
+@pytest.mark.parametrize("p, train", [(0.0, True), (0.1, False), (0.1, True)],
+                         ids=["p=0 training: SDPA", "eval: SDPA", "dropping out: the original, which raises"])
+def test_a_dropout_in_place_is_checked_to_drop_nothing(p, train):
+    """In place, a dropout that drops anything overwrites the softmax's output, which its backward needs: the
+    original's backward raises (breaker round 35), SDPA's would not. Where it drops nothing (eval, p == 0) it writes
+    nothing: the patch checks that, and runs the original otherwise (before: refused, timm's TNT lost)."""
+    finding = _finding(IN_PLACE_DROPOUT)
+    assert finding.fix_safety == "safe" and "dropout-in-place" in _names(finding, "guarded")
+    assert "not self.attn_drop.training or self.attn_drop.p == 0" in finding.patch
+    fixed = analyze_source(IN_PLACE_DROPOUT, "case.py").fixed
+    assert analyze_source(fixed, "case.py").fixed == fixed  # the original kept under `else:` is no finding
+    outcomes = []
+    for code, name in ((IN_PLACE_DROPOUT, "case"), (fixed, "case_fixed")):
+        torch.manual_seed(0)
+        model = load_module_from_source(code, name).Attention(p).train(train)
+        x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        try:
+            out = model(x)
+            (grad,) = torch.autograd.grad(out.sum(), x)
+            outcomes.append((out.detach(), grad, uses_sdpa(dispatched_ops(model, (x,)))))
+        except RuntimeError:
+            outcomes.append(None)
+    if p and train:
+        assert outcomes == [None, None]
+    else:
+        (out, grad, _), (patched_out, patched_grad, sdpa) = outcomes
+        torch.testing.assert_close(patched_out, out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(patched_grad, grad, atol=1e-5, rtol=1e-5)
+        assert sdpa

@@ -468,6 +468,8 @@ def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallbac
         return all(_metadata_operand(parsed, part) for part in [test.left] + [t.comparator for t in test.comparisons])
     if isinstance(test, cst.Name) and test.value == MODULE_CHECK_LOCAL:  # the deleted modules' check
         return True
+    if isinstance(test, cst.Attribute) and test.attr.value == "training" and _attribute_chain(test):
+        return True  # `not self.attn_drop.training or ...`, which a guard adds for a dropout in place
     if isinstance(test, cst.Call) and not test.args and parsed.imported_name(test.func) in RUN_MODE_CHECKS:
         return True  # `not torch.jit.is_tracing()`, which a guard adds where the tree traces (promises round 22)
     if isinstance(test, cst.Call) and not test.args and isinstance(test.func, cst.Attribute) and \

@@ -33,19 +33,19 @@ from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import causal_rank_unproved, rank_bounds, term_rank, weights_dtype
 from advisor.patterns.attention.scale import SCALE_NONZERO, SCALE_POSITIVE, divisors_read
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE, TENSOR_NONZERO
-from advisor.patterns.attention.weights import DROPOUT_RANGE, FX_DROPOUT_MODE
+from advisor.patterns.attention.weights import DROPOUT_RANGE, FX_DROPOUT_MODE, IN_PLACE_DROPOUT
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
-from advisor.patterns.ops import int_value
-from advisor.static.codegen import joined, parenthesized
+from advisor.patterns.ops import int_value, number_value
+from advisor.static.codegen import atomic, joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 from advisor.static.walk import descendants
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, FX_DROPOUT_MODE, BROADCAST, DTYPE, TENSOR_NONZERO,
-             QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT, KV_LENGTH, OPERAND_RANK, BADDBMM_INPUT,
-             *MODULE_FACTS)
+GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, IN_PLACE_DROPOUT, FX_DROPOUT_MODE, BROADCAST,
+             DTYPE, TENSOR_NONZERO, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT,
+             KV_LENGTH, OPERAND_RANK, BADDBMM_INPUT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -60,7 +60,7 @@ MAX_REBINDINGS = 8  # names followed back to the tensor a rank check reads
 OPERANDS_READ = (KV_LENGTH, OPERAND_RANK)  # facts whose checks read the operands as SDPA gets them, not q alone
 # facts whose checks read no query (Python numbers, the operands): a query that cannot be read again (`q[:, i:j]`)
 # does not keep them from a check
-QUERY_FREE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, TENSOR_NONZERO, *OPERANDS_READ)
+QUERY_FREE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, IN_PLACE_DROPOUT, TENSOR_NONZERO, *OPERANDS_READ)
 
 
 def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
@@ -156,6 +156,12 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             reads = [_passed(c, s) for s in c.positive_reads]
             parts = [parse_template_expression("isinstance({s}, (int, float)) and {s} > 0", s=s) for s in reads] \
                 if reads and all(_plain(c, s) for s in reads) else []
+        elif name == IN_PLACE_DROPOUT:  # drops nothing, so writes nothing; else the original runs (and raises)
+            training, p = (_passed(c, node) for node in c.inplace_dropout)
+            reads = [training, p]
+            parts = [parse_template_expression("not {t} or {p} == 0", t=atomic(training), p=atomic(p))] \
+                if all(_plain(c, node) or number_value(node) is not None or
+                       isinstance(node, cst.Name) and node.value in ("True", "False") for node in reads) else []
         elif name == DROPOUT_RANGE:  # a Python number in range; anything else (a tensor too) runs the original
             reads = [_passed(c, p) for p in c.dropout_reads]
             parts = [parse_template_expression("isinstance({p}, (int, float)) and 0.0 <= {p} <= 1.0", p=p)

@@ -190,7 +190,7 @@ def operand_casts(c: Candidate) -> None:
 
 
 @step(reads="flow home inlined softmax_dropouts weights",
-      writes="dropout_reads identity_ok leaf_nodes match.dropout_p match.facts")
+      writes="dropout_reads identity_ok inplace_dropout leaf_nodes match.dropout_p match.facts")
 def dropout_role(c: Candidate) -> None:
     """SDPA's `dropout_p`, under the original's training flag."""
     weights.dropout_role(c, c.softmax_dropouts + c.weights.dropouts)
@@ -312,7 +312,8 @@ def flag(c: Candidate) -> None:
     flags.plan_flag(c, c.output_statement)
 
 
-@step(reads=("chain.factor_guards deleted_modules dropout_reads dtype_changes factors flow home inlined leaf_nodes "
+@step(reads=("chain.factor_guards deleted_modules dropout_reads dtype_changes factors flow home inlined "
+             "inplace_dropout leaf_nodes "
              "match.facts positive_reads product_casts tensor_factors unfolded_query "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
              "match.value match.row_fixup match.take match.unwrap module_refusal output_statement "

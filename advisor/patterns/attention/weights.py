@@ -249,8 +249,7 @@ def dropout_role(c: Candidate, dropouts: list[Op]) -> None:
         return
     op = dropouts[0]
     if op.inplace:
-        raise Refusal(f"`{short(c.parsed, op.node)}` drops out the attention weights in place (`inplace=True`), "
-                      f"{IN_PLACE_WEIGHTS}")
+        _in_place_fact(c, op)
     probability = _dropout_probability(c, op)
     if probability is not None:
         _no_draw_after(c, op)
@@ -495,6 +494,30 @@ def _fx_mode_fact(c: Candidate, op: Op) -> None:
         c.match.facts.assumed(FX_DROPOUT_MODE, f"`{short(c.parsed, op.node.func)}`, whose call the rewrite deletes, "
                               "is not traced by torch.fx (whose graph would keep the training flag the trace saw)",
                               traced)
+
+
+IN_PLACE_DROPOUT = "dropout-in-place"
+
+
+def _in_place_fact(c: Candidate, op: Op) -> None:
+    """A dropout in place (`nn.Dropout(p, inplace=True)`, timm's TNT) overwrites the softmax's output, which its
+    backward needs, wherever it drops anything: the original's backward raises in training with p > 0 (breaker
+    round 35), SDPA's would not. Where it drops nothing (not training, or p == 0) it writes nothing, and the patch
+    is exact: that is the fact, checked where the training flag and `p` can be read again (attention.guards), so
+    the original runs, and raises, where it would drop out."""
+    p, training = op.params.get("p"), op.params.get("training")
+    if p is not None and number_value(p) == 0 or isinstance(training, cst.Name) and training.value == "False":
+        return
+    if training is None or p is None or number_value(p) is not None and \
+            isinstance(training, cst.Name) and training.value == "True":  # it always drops out
+        raise Refusal(f"`{short(c.parsed, op.node)}` drops out the attention weights in place (`inplace=True`), "
+                      f"{IN_PLACE_WEIGHTS}")
+    if op.params.get("module"):  # read off the module the call names (its `p` and `training` are made up)
+        module = op.node.func
+        training, p = (cst.Attribute(module, cst.Name(name)) for name in ("training", "p"))
+    c.inplace_dropout = (training, p)
+    c.match.facts.assumed(IN_PLACE_DROPOUT, f"`{short(c.parsed, op.node)}`, which drops out in place, drops "
+                          "nothing (not training, or p == 0)", IN_PLACE_WEIGHTS)
 
 
 def _range_fact(c: Candidate, op: Op, p: cst.BaseExpression) -> None:
