@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 but tab, DEL, C1: ESC starts sequences, \n breaks lines
 
@@ -39,3 +40,16 @@ def _utf8(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def shell_join(words: list[str]) -> str:
+    """`shlex.join`, but a word holding a file name's bytes that are not UTF-8 (lone surrogates) is written in
+    bash's `$'...'` quoting with those bytes as `\\xNN`: the command still names the file, and the text is UTF-8
+    (promise round 33: optimize's `apply_command` could not be written to its report)."""
+    return " ".join(shlex.quote(word) if _utf8(word) else _ansi_c_quoted(word) for word in words)
+
+
+def _ansi_c_quoted(word: str) -> str:
+    raw = word.encode("utf-8", "surrogateescape")
+    return "$'" + "".join(chr(byte) if 0x20 <= byte < 0x7f and chr(byte) not in "\\'" else f"\\x{byte:02x}"
+                          for byte in raw) + "'"

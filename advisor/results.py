@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from advisor.contracts.finding import Finding, ScanError, display_path, joined
+from advisor.contracts.finding import Finding, ScanError, as_text, display_path, joined
 
 
 @dataclass
@@ -179,5 +179,5 @@ class OptimizeReport(_FromDocument):
     def from_json(cls, document: dict[str, Any]) -> OptimizeReport:
         return cls(**{**document, "patches": [PatchVerdict.from_json(p) for p in document["patches"]]})
 
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "patches": [p.to_json() for p in self.patches]}
+    def to_json(self) -> dict[str, Any]:  # a target's file name bytes that are not UTF-8 written `\\xNN`
+        return {**super().to_json(), "target": as_text(self.target), "patches": [p.to_json() for p in self.patches]}

@@ -13,13 +13,12 @@ import importlib.util
 from importlib.machinery import ModuleSpec
 import os
 import pickle
-import shlex
 import sys
 import types
 from dataclasses import dataclass
 
 from advisor.model_calls import Call, capture
-from advisor.errors import AdvisorError
+from advisor.errors import AdvisorError, shell_join
 from advisor.workload import Workload
 
 
@@ -33,8 +32,8 @@ class ScriptCommand:
     @property
     def shown(self) -> str:
         if self.module is not None:
-            return shlex.join(["-m", self.module, *self.args])
-        return shlex.join([os.path.relpath(self.path) if self.path.startswith(os.getcwd()) else self.path,
+            return shell_join(["-m", self.module, *self.args])
+        return shell_join([os.path.relpath(self.path) if self.path.startswith(os.getcwd()) else self.path,
                            *self.args])
 
 
@@ -85,6 +84,9 @@ def located(command: ScriptCommand) -> tuple[str, ModuleSpec | None]:
 def run_script(command: ScriptCommand, calls: int, loader=None) -> tuple[Workload, list[Call], str]:
     """Run the script until its model's `calls`-th call: (the workload of its first call, every recorded call,
     one line on how the script ended). `loader(path)` gives the overlay's patched copy of a file, if it has one."""
+    from advisor.workload_loader import import_before_user_folders
+
+    import_before_user_folders()
     path, spec = located(command)
     recorder = capture(limit=calls)
     try:

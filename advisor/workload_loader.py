@@ -58,7 +58,17 @@ def as_workload(result, target: str) -> Workload:
     return workload
 
 
+def import_before_user_folders() -> None:
+    """Import what advisor's recorder and profiler import late in the worker (torch._dynamo, torch.profiler) before
+    a user's folder goes first on sys.path: their imports of the standard library (`cProfile` imports `profile`,
+    `statistics`, `decimal`) would find a user's `profile.py` beside the workload there, where plain Python, which
+    never imports them for the user's code, runs it (promise round 33)."""
+    for name in ("torch._dynamo", "torch.profiler"):
+        importlib.import_module(name)
+
+
 def _import(module_ref: str, loader=None, roots: tuple[str, ...] = ()):
+    import_before_user_folders()
     if module_ref.endswith(".py") or os.sep in module_ref or "/" in module_ref:
         return _import_file(module_ref, loader)
     searched = [os.path.abspath(folder) for folder in (os.getcwd(), *roots)]

@@ -13,8 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from advisor.backends import REQUESTABLE
 from advisor.errors import AdvisorError, visible
 from advisor.registry import parse_selectors
-from advisor.contracts.finding import ScanError, display_path
+from advisor.contracts.finding import ScanError, display_path, relative_path
 from advisor.report.terminal import shown
+from advisor.rewrite.patch import unified_diff
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
     from advisor.engine.static import ScanResult
@@ -160,3 +161,14 @@ def exit_code(result: ScanResult, findings_remain: bool) -> int:
         return EXIT_ERROR
     return EXIT_FINDINGS if findings_remain or result.errors else EXIT_CLEAN
 
+
+
+def file_diff(file, new_text: str) -> str:
+    """The diff from a scanned file's text to `new_text`, as `git apply` reads it (a notebook's: per changed cell);
+    AdvisorError where a notebook's cells cannot take the text back."""
+    if file.notebook is not None:
+        try:
+            return file.notebook.cell_diffs(relative_path(file.path), new_text)
+        except ValueError as exc:
+            raise AdvisorError(str(exc)) from None
+    return unified_diff(relative_path(file.path), file.source, new_text)

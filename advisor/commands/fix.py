@@ -6,15 +6,15 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
-from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, run_scan
+from advisor.commands.common import EXIT_ERROR, add_selection_arguments, exit_code, file_diff, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.report.terminal import shown, stdout_console, write_report
 from advisor.errors import AdvisorError, visible
-from advisor.contracts.finding import display_path, relative_path
+from advisor.contracts.finding import display_path
 from advisor.report.findings_console import print_diff, print_errors
 from advisor.results import FileFix, FixReport
-from advisor.rewrite.patch import resolve_inside, unified_diff, write_atomically
+from advisor.rewrite.patch import resolve_inside, write_atomically
 
 if TYPE_CHECKING:  # the scanner imports libcst: only the verb's run needs it
     from advisor.engine.static import ScanResult
@@ -92,7 +92,7 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
         fixed = FileFix(file.path, "", problems=list(outcome.problems))
         left = len(file.findings)
         try:
-            fixed.diff = _diff(file, outcome.text)
+            fixed.diff = file_diff(file, outcome.text)
             if args.apply or interactive:
                 fixed.written = _write(file, outcome.text, args, written) if outcome.text != file.source else None
                 left = outcome.left if outcome.left is not None else \
@@ -104,15 +104,6 @@ def fix_paths(args, ask=None, on_scanned=lambda result: None) -> tuple[FixReport
             files.append(fixed)
     report = FixReport(1, len(result.files), bool(args.apply or interactive), files, remaining, result.errors)
     return report, result
-
-
-def _diff(file, new_text: str) -> str:
-    if file.notebook is not None:
-        try:
-            return file.notebook.cell_diffs(relative_path(file.path), new_text)
-        except ValueError as exc:
-            raise AdvisorError(str(exc)) from None
-    return unified_diff(relative_path(file.path), file.source, new_text)
 
 
 def _write(file, new_text: str, args, written: set[str]) -> str | None:

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import shutil
 import tempfile
 from functools import partial
@@ -24,6 +23,7 @@ from advisor.commands.profile import (CALLS_WITHOUT_SCRIPT, add_workload_argumen
                                       seconds, workload_source)
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
 from advisor.contracts.rule_choice import RuleChoice
+from advisor.errors import shell_join
 from advisor.results import OptimizeReport
 from advisor.verify.report_folder import ReportFolder
 from advisor.report.optimize_console import print_optimize
@@ -153,7 +153,7 @@ def apply_command(args, observed: bool = False) -> str:
     words = list(args.argv)
     at = words.index("--") if "--" in words else len(words)
     added = [flag for flag, wanted in (("--apply", True), ("--unsafe-fixes", observed)) if wanted and flag not in words]
-    return "advisor " + shlex.join(words[:at] + added + words[at:])
+    return "advisor " + shell_join(words[:at] + added + words[at:])
 
 
 def _write_reports(result: OptimizeReport, folder: str) -> None:

@@ -6,10 +6,10 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from advisor.commands.common import add_selection_arguments, exit_code, is_machine_format, run_scan
+from advisor.commands.common import add_selection_arguments, exit_code, file_diff, is_machine_format, run_scan
 from advisor.commands.profile import ends_what_the_workload_left, profile_in_child
-from advisor.contracts.finding import Finding, ScanError
-from advisor.errors import AdvisorError
+from advisor.contracts.finding import Finding, ScanError, display_path
+from advisor.errors import AdvisorError, visible
 from advisor.report.findings_console import print_diff, print_errors, print_findings
 from advisor.report.github import github_annotations
 from advisor.report.sarif import to_sarif
@@ -36,7 +36,8 @@ def run(args) -> int:
     """With --profile, the workload runs first: its measured copies and casts are joined to the source as
     `fix --profile` joins them (the same findings, with the same patches), and every finding gets its cost."""
     try:
-        result, findings = scanned(args, patches=args.format != "text")  # the text table shows no patch
+        # the text table shows no patch; the diffs are each file's fixes applied together, as `fix` shows them
+        result, findings = scanned(args, patches=args.format != "text", fixed=args.format == "diff")
     except ProfileFailed as exc:
         if not is_machine_format(args):
             raise
@@ -53,14 +54,14 @@ class ProfileFailed(AdvisorError):
     `--format json|sarif|github` a document whose `errors` say so (breaker round 18: it printed none)."""
 
 
-def scanned(args, patches: bool = True) -> tuple[ScanResult, list[Finding]]:
+def scanned(args, patches: bool = True, fixed: bool = False) -> tuple[ScanResult, list[Finding]]:
     """The scan (the CLI's and advisor.scan's one path) and its findings, each joined to its measured cost when
     args.profile names a workload (ProfileFailed where it cannot run)."""
     try:
         profiled = profile_in_child(args.profile) if args.profile else None
     except AdvisorError as exc:
         raise ProfileFailed(str(exc)) from None
-    result = run_scan(args, runtime=profiled.evidence if profiled else None, patches=patches, fixed=False)
+    result = run_scan(args, runtime=profiled.evidence if profiled else None, patches=patches, fixed=fixed)
     findings = result.findings
     if profiled:
         findings = annotate_findings(findings, profiled.findings)
@@ -70,8 +71,10 @@ def scanned(args, patches: bool = True) -> tuple[ScanResult, list[Finding]]:
 def _render(output_format: str, result: ScanResult, findings: list[Finding], unsafe_fixes: bool,
             quiet: bool = False) -> None:
     """Every format carries the errors: in the document (JSON, SARIF), or on stderr beside a patch (diff). The
-    diffs are the patches `fix` would apply: unsafe ones only with --unsafe-fixes, each under a comment line that
-    says so and why (`patch` and `git apply` skip such lines). JSON lists every patch with its fix_safety."""
+    diffs are what `fix` would apply, one a file with its fixes applied together (per-finding patches, each against
+    the original, overlap where two fixes are near: `git apply` refused them, promise round 33): unsafe ones only
+    with --unsafe-fixes, each named on a comment line above its file's diff that says so and why (`patch` and
+    `git apply` skip such lines). JSON lists every patch with its fix_safety."""
     if output_format == "json":
         print(json.dumps(ScanReport(1, len(result.files), findings, result.errors).to_json(), indent=2))
     elif output_format == "sarif":
@@ -82,12 +85,17 @@ def _render(output_format: str, result: ScanResult, findings: list[Finding], uns
     elif output_format == "diff":
         print_errors(result.errors)
         console = stdout_console()
-        for finding in findings:
-            if finding.patch and finding.fix_safety == "safe":
-                print_diff(console, finding.patch)
-            elif finding.patch and unsafe_fixes:
-                console.print(f"# {finding.rule} UNSAFE fix (--unsafe-fixes): {finding.reason}", markup=False,
-                              highlight=False, soft_wrap=True)
-                print_diff(console, finding.patch)
+        for file in result.files:
+            applicable = file.applicable(unsafe_fixes)
+            if not applicable or file.applied.text == file.source:
+                continue
+            for finding in applicable:
+                if finding.fix_safety != "safe":
+                    console.print(f"# {finding.rule} UNSAFE fix (--unsafe-fixes): {finding.reason} (line "
+                                  f"{finding.line})", markup=False, highlight=False, soft_wrap=True)
+            try:
+                print_diff(console, file_diff(file, file.applied.text))
+            except AdvisorError as exc:
+                print(f"advisor: error: {visible(display_path(file.path))}: {visible(str(exc))}", file=sys.stderr)
     else:
         print_findings(stdout_console(), findings, result.errors, len(result.files), quiet)

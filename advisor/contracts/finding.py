@@ -102,3 +102,4 @@ def as_text(text: str) -> str:
     except UnicodeEncodeError:  # a surrogate no file name produced: written as `\\udNNN`
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return raw.decode("utf-8", "backslashreplace")
+

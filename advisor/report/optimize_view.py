@@ -133,6 +133,10 @@ def patch_row(patch: dict, sep: str = " ") -> PatchRow:
                     speedup=speedup_text(patch.get("speedup"), patch.get("speedup_ci"), sep), outcome=outcome(patch))
 
 
+# what a backend's patch runs where its kernel does not: the flex patch's eager path materialises the scores
+FALLBACKS = {"flex": "eager fallback (the scores materialised)"}
+
+
 def safety_label(patch: dict) -> str:
     """A patch the run's observations let `optimize` try without --unsafe-fixes is labelled apart from an unsafe
     fix: what it was verified on and what it still assumes."""
@@ -144,7 +148,7 @@ def safety_label(patch: dict) -> str:
     emission = patch.get("emission") or {}
     if emission.get("kernel_ran") is False:  # parity and speed are the fallback's, not the backend's
         fallback = (f"the {emission.get('emitted')} kernel did not run on this {emission.get('device', '?')} run: "
-                    "parity and speed are its SDPA fallback's")
+                    f"parity and speed are its {FALLBACKS.get(emission.get('emitted'), 'SDPA fallback')}'s")
         label = f"{label}; {fallback}" if label else fallback
     return printable(label)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,8 +53,22 @@ def profiled_step_count(requested: int, step_us: float) -> int:
 
 
 def records_details(prepared: PreparedStep, trace_path: str | None) -> bool:
-    """Whether the profiler records stacks and shapes (see profile_steps)."""
-    return prepared.train or trace_path is not None
+    """Whether the profiler records stacks and shapes (see profile_steps): not where a loaded module's file name
+    is not UTF-8 (`m\\xff.py`), which torch's profiler cannot encode into a stack (it raised "error unpacking
+    string as utf-8" from the workload's run: promise round 33); the trace is then written without stacks."""
+    return (prepared.train or trace_path is not None) and not unencodable_module_files()
+
+
+def unencodable_module_files() -> bool:
+    """Whether a loaded module's file name holds bytes that are not UTF-8 (lone surrogates in Python)."""
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__file__", None)
+        if isinstance(name, str):
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None = None):

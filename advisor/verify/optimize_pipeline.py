@@ -385,12 +385,17 @@ def _observable(finding: Finding) -> bool:
     return finding.fix_safety == "unsafe" and any(fact["name"] in OBSERVERS for fact in facts.get("assumed") or [])
 
 
-def set_aside_unexercised(candidates: dict[str, PatchCandidate], lines: list[list]) -> None:
+def set_aside_unexercised(candidates: dict[str, PatchCandidate], lines: list[list],
+                          evidence: RuntimeEvidence | None = None) -> None:
     """Patches are built per file; one whose lines the profile never saw run (a class this configuration does not
-    call) is not exercised by the workload: timing it would measure nothing, so it is never run."""
+    call) is not exercised by the workload: timing it would measure nothing, so it is never run. Seen run: a line
+    that owns op time, or one where the profile's recorder saw a watched call or found a copy or cast (a
+    `.contiguous()` of a contiguous tensor takes no time, but ran: promise round 33)."""
     ran: dict[str, set[int]] = {}
     for path, line in lines:
         ran.setdefault(path, set()).add(line)
+    for path, found in (evidence.files.items() if evidence is not None else ()):
+        ran.setdefault(path, set()).update({line for line, _ in found.observed} | set(found.hits))
     for candidate in candidates.values():
         f = candidate.finding
         seen = ran.get(os.path.realpath(f.path), set())
@@ -422,7 +427,8 @@ def choose_final(session: Session, trials: dict[str, Trial], verified: list[str]
             if len(rest) > 1:
                 probe.close()
         culprit = culprit or verified[-1]
-        trials[culprit].error = f"verified alone, but fails parity together with {', '.join(v for v in verified if v != culprit)}"
+        others = ", ".join(v for v in verified if v != culprit)
+        trials[culprit].error = f"verified alone, but fails parity together with {others}"
         verified = [v for v in verified if v != culprit]
     return None
 
@@ -454,7 +460,7 @@ def optimize(options: Options, progress: Callable[[str], None] = lambda _: None)
                                                 options.call_site_facts, session.autograd_requests,
                                                 script_files(options.script), options.rules,
                                                 measured_lines(session.profile_before.evidence))
-        set_aside_unexercised(session.candidates, session.profile_before.lines)
+        set_aside_unexercised(session.candidates, session.profile_before.lines, session.profile_before.evidence)
         for pid, candidate in session.candidates.items():
             preferred = trials.get(candidate.fallback_for)
             if preferred is not None and preferred.verdict == VERIFIED:
@@ -641,16 +647,18 @@ def _patch_verdict(session: Session, c: PatchCandidate, trial: Trial | None, wri
         state_dict=trial.state_dict.to_json() if trial is not None and trial.state_dict is not None else None,
         unsafe_facts_checked_on=(f"{len(session.inputs)} input(s) of {session.options.target}"
                                  if f.fix_safety == "unsafe" and trial is not None and trial.parity else None),
-        emission=_emission(f.extra.get("emission"), ops_after if final is not None else None, device),
+        emission=backend_emission(f.extra.get("emission"), ops_after if final is not None else None, device),
     )
 
 
-# the ops that show each backend's own kernel ran (the CPU's SDPA flash op is not the CUDA one)
+# the ops that show each backend's own kernel ran (the CPU's SDPA flash op is not the CUDA one); compiled
+# FlexAttention (what the flex patch runs, eval on CPU too) shows as its compiled region, never as an op named
+# flex_attention (promise round 33: its numbers were called the fallback's)
 BACKEND_KERNELS = {"flash": ("_scaled_dot_product_flash_attention",), "flash-attn": ("flash_attn",),
-                   "flex": ("flex_attention",)}
+                   "flex": ("flex_attention", "torch-compiled region", "compiledfxgraph")}
 
 
-def _emission(emission: dict | None, ops_after: list[OpTotal] | None, device: str) -> dict | None:
+def backend_emission(emission: dict | None, ops_after: list[OpTotal] | None, device: str) -> dict | None:
     """What `--backend` emitted, and whether the patched run's profile shows that backend's kernel: a flash or
     flex patch on a machine without it runs its SDPA fallback, and then that is what parity and speed measured."""
     if not emission or emission.get("emitted") in (None, "sdpa"):

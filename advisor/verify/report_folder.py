@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 
+from advisor.contracts.finding import as_text
 from advisor.errors import AdvisorError
 
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -44,8 +45,10 @@ class ReportFolder:
         return self.path_of(name)
 
     def write_text(self, name: str, text: str) -> str:
+        """`text` as UTF-8, a file name's bytes that are not UTF-8 written `\\xNN` (as_text: a report naming
+        `m\\xff.py` could not be written at all: promise round 33)."""
         with os.fdopen(self._new(name), "w", encoding="utf-8") as handle:
-            handle.write(text)
+            handle.write(as_text(text))
         return self.path_of(name)
 
     def copy_in(self, source: str, name: str) -> str:

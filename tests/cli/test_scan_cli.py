@@ -198,6 +198,22 @@ def test_scan_diff_shows_an_unsafe_patch_only_with_unsafe_fixes_and_labelled(cap
     assert diff[:2] == ["--- a/a.py", "+++ b/a.py"]
 
 
+def test_scan_diff_is_each_files_fixes_together_which_git_apply_takes(capsys, workdir):
+    """Two fixes two lines apart: one diff for the file, as `fix` prints it (promise round 33: one patch per
+    finding, each against the original, gave overlapping hunks that `git apply` refused)."""
+    (workdir / "n.py").write_text("import torch\n\n\ndef f():\n    y = torch.randn(4, 4).contiguous().contiguous()\n"
+                                  "    z = y.float().float()\n    return z\n")
+    _, out, _ = run_cli(capsys, "scan", "n.py", "--format", "json")
+    assert len([f for f in json.loads(out)["findings"] if f["fix_safety"] == "safe"]) == 2
+    _, scanned, _ = run_cli(capsys, "scan", "n.py", "--format", "diff")
+    _, fixed, _ = run_cli(capsys, "fix", "n.py")
+    assert scanned == fixed and scanned.count("--- a/n.py") == 1
+    subprocess.run(["git", "init", "-q"], cwd=workdir, check=True)
+    applied = subprocess.run(["git", "apply", "-"], cwd=workdir, input=scanned, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stderr
+    assert ".contiguous().contiguous()" not in (workdir / "n.py").read_text()
+
+
 def test_rules_are_data(capsys):
     code, out, _ = run_cli(capsys, "rules", "--format", "json")
     rules = {r["code"]: r for r in json.loads(out)["rules"]}
@@ -323,6 +339,25 @@ def test_non_utf8_file_names_are_escaped_in_every_field_of_profile_and_analyze_j
     data = strict_json(out)
     assert data["traces"] == [os.path.join("traces", "rank_\\xfe.json")]
     assert any("rank_\\xfe.json" in line for line in data["limitations"]), data["limitations"]
+
+
+def test_a_non_utf8_file_name_is_traced_and_optimized(capsys, workdir):
+    """Promise round 33: torch's profiler cannot encode the name into a Python stack ("the workload raised
+    RuntimeError: error unpacking string as utf-8"), and optimize's reports could not be written: the trace is
+    recorded without stacks there, and every report and JSON field writes the byte `\\xff`."""
+    fixture = Path(__file__).resolve().parents[2] / "fixtures" / "profile" / "handwritten_attention.py"
+    name = os.fsdecode(b"model_\xff.py")
+    shutil.copy(fixture, workdir / name)
+    code, out, err = run_cli(capsys, "profile", f"{name}:workload", "--trace", "t.json", "--format", "json")
+    assert code == 1 and strict_json(out)["target"] == "model_\\xff.py:workload", err
+    assert json.loads((workdir / "t.json").read_text())["traceEvents"]
+    code, out, err = run_cli(capsys, "optimize", f"{name}:workload", "--report", "r", "--timing-budget", "0.5",
+                             "--format", "json")
+    assert code in (0, 1) and strict_json(out)["target"] == "model_\\xff.py:workload", err
+    assert strict_json((workdir / "r" / "result.json").read_text(encoding="utf-8"))["target"] == \
+        "model_\\xff.py:workload"
+    for report in ("report.md", "report.html"):
+        assert "model_\\xff.py" in (workdir / "r" / report).read_text(encoding="utf-8")
 
 
 def test_sarif_uris_are_percent_encoded(capsys, workdir):

@@ -132,6 +132,29 @@ def test_pre_commit_runs_the_scan_and_fix_hooks(tmp_path):
     assert again.returncode == 0 and "Passed" in again.stdout, again.stdout
 
 
+def test_pre_commit_hooks_take_staged_notebooks(tmp_path):
+    """pre-commit tags a `.ipynb` file `jupyter`, not `python`: the hooks take both (promise round 33: a notebook
+    with a safe finding was "(no files to check) Skipped", exit 0)."""
+    env = _git_env(tmp_path)
+    hooks, repo = tmp_path / "hooks", tmp_path / "repo"
+    hooks.mkdir()
+    repo.mkdir()
+    shutil.copy(ROOT / ".pre-commit-hooks.yaml", hooks)
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": NANOGPT.read_text().splitlines(keepends=True)}
+    notebook = {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (repo / "explore.ipynb").write_text(json.dumps(notebook, indent=1) + "\n")
+    for folder in (hooks, repo):
+        subprocess.run(["git", "init", "-q"], cwd=folder, check=True, env=env)
+        subprocess.run(["git", "add", "."], cwd=folder, check=True, env=env)
+    subprocess.run(["git", "commit", "-qm", "hooks"], cwd=hooks, check=True, env=env)
+    for name, expected in (("advisor", "ADV101"), ("advisor-fix", "files were modified by this hook")):
+        run = subprocess.run([sys.executable, "-m", "pre_commit", "try-repo", str(hooks), name, "--all-files"],
+                             cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 1 and expected in run.stdout, run.stdout
+    assert "scaled_dot_product_attention" in (repo / "explore.ipynb").read_text()
+
+
 def _scan_in_a_terminal_like_stderr(paths, *options, env_extra=None) -> subprocess.CompletedProcess:
     """FORCE_COLOR makes rich treat the pipes as a terminal (as a CI log with colour does)."""
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TTY_COMPATIBLE")}

@@ -115,3 +115,27 @@ def test_the_workload_process_and_what_it_started_end_with_advisor(tmp_path, sig
         os.kill(pid, signal.SIGKILL)
     assert workers and left == []
 
+
+
+SCRIPT = """
+import torch
+
+model = torch.nn.Linear(4, 4)
+for _ in range(3):
+    model(torch.randn(2, 4))
+"""
+
+
+@pytest.mark.parametrize("how", ["function", "script"])
+def test_a_users_module_named_like_the_standard_library_beside_the_workload_is_no_error(tmp_path, capsys, how):
+    """`profile.py` and `statistics.py` beside the workload: plain Python runs it, and so does advisor, whose recorder
+    imports torch._dynamo (`cProfile` imports `profile`) before the user's folder goes first on sys.path (promise
+    round 33: "the workload raised AttributeError: module 'profile' has no attribute 'run'")."""
+    (tmp_path / "profile.py").write_text("HELPER = 1\n")
+    (tmp_path / "statistics.py").write_text("MEAN = 0.5\n")
+    (tmp_path / "w.py").write_text(MODEL.format(action="pass") if how == "function" else SCRIPT)
+    target = [f"{tmp_path / 'w.py'}:workload"] if how == "function" else ["--", "python", str(tmp_path / "w.py")]
+    code = main(["profile", "--format", "json", *target])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["findings"] == []

@@ -2,8 +2,13 @@
 this workload and never timed, however many patches its file offers."""
 
 import json
+import os
+from collections import Counter
 
 from advisor.cli import main
+from advisor.contracts.evidence import FileEvidence, RuntimeEvidence
+from advisor.contracts.finding import Finding
+from advisor.verify.optimize_pipeline import PatchCandidate, set_aside_unexercised
 from optimize_models import write_blocks
 
 
@@ -20,3 +25,16 @@ def test_a_patch_to_code_the_workload_never_ran_is_not_exercised_and_never_timed
     assert idle["reason"].startswith("not exercised by this workload")
     assert not (tmp_path / "r" / f"patched-{idle['id']}.log").exists()
     assert code in (0, 1)
+
+
+def test_a_line_whose_ops_take_no_time_ran_where_the_profiles_recorder_saw_it():
+    """`h = h.contiguous()` of a contiguous tensor owns no op time, so it is in no line of the time table; the
+    recorder saw its call run (promise round 33: optimize called it "not exercised by this workload" although
+    profile reported it), and the patch is tried. A line nothing saw is still set aside."""
+    path = os.path.realpath("model.py")
+    candidates = {pid: PatchCandidate(pid, Finding("ADV201", "copy", path, line, line, "Net.forward", "copy"), "", "x")
+                  for pid, line in (("P1", 13), ("P2", 20))}
+    evidence = RuntimeEvidence("model.py:workload", {path: FileEvidence(observed=Counter({(13, "contiguous"): 1}))})
+    set_aside_unexercised(candidates, [[path, 12]], evidence)
+    assert candidates["P1"].exercised and candidates["P1"].patched == "x"
+    assert not candidates["P2"].exercised and candidates["P2"].reason.startswith("not exercised by this workload")

@@ -12,6 +12,9 @@ import pytest
 
 import advisor.demo
 from advisor.cli import main
+from advisor.report.optimize_view import safety_label
+from advisor.verify.messages import OpTotal
+from advisor.verify.optimize_pipeline import backend_emission
 from advisor.verify.unpatched import unpatched
 from optimize_models import write_blocks, write_model
 
@@ -106,6 +109,19 @@ def test_a_flash_attn_patch_whose_kernel_did_not_run_says_its_fallback_was_measu
     assert emission["gpu_verified"] is False and emission["device"] == "cpu"
     report = (tmp_path / "report" / "report.md").read_text()
     assert "the flash-attn kernel did not run on this cpu run: parity and speed are its SDPA fallback's" in report
+
+
+@pytest.mark.parametrize("ops, ran", [(["Torch-Compiled Region: 0/0", "aten::linear"], True),
+                                      (["aten::bmm", "aten::_softmax"], False)], ids=["compiled", "eager"])
+def test_a_flex_patch_ran_its_kernel_where_its_compiled_region_shows(ops, ran):
+    """Compiled FlexAttention, what the flex patch runs (eval on CPU too), shows as its compiled region, never as an
+    op named flex_attention; where it did not run, what parity and speed measured is the eager path that
+    materialises the scores, not SDPA (promise round 33: the label said "its SDPA fallback's" either way)."""
+    emission = backend_emission({"requested": "flex", "emitted": "flex", "reason": None},
+                         [OpTotal(op, 1.0, 10.0) for op in ops], "cpu")
+    assert emission["kernel_ran"] is ran and emission["gpu_verified"] is False
+    label = safety_label({"fix_safety": "unsafe", "emission": emission})
+    assert ("eager fallback (the scores materialised)" in label) is not ran and "SDPA" not in label
 
 
 def test_a_patched_module_that_fails_to_import_is_not_run_and_never_written(tmp_path, capsys):
