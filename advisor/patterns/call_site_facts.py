@@ -22,6 +22,7 @@ from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
+from advisor.static.walk import descendants
 from advisor.static.call_sites import CallSite, Tree, bound_argument
 from advisor.patterns.module_values import assigned_values
 from advisor.static.module_index import ParsedModule
@@ -319,9 +320,11 @@ class SiteScope:
         resolved = self._resolved(node)
         if resolved is not None:
             return all(below(value) for value in resolved)
-        bitwise = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert) or \
-            isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor))
-        if bitwise and not bool_only:  # `~`, `&`, `|` and `^` raise on a float tensor: what they return is none
+        # `&`, `|` and `^` with a tensor that is no float raise on a float one: what they return is none, whatever
+        # the other side (`band | is_global`); of two other values (`DEFAULTS | extras`, dicts) nothing is known
+        if not bool_only and isinstance(node, cst.BinaryOperation) and \
+                isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)) and \
+                (below(node.left) or below(node.right)):
             return True
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
             return below(node.expression)
@@ -406,6 +409,9 @@ class SiteScope:
         if method in ("tril", "triu"):
             return _union([below(receiver), (0.0, 0.0)])
         if method == "masked_fill" and len(args) == 2:
+            covered = _complementary_fill(receiver, args[0])
+            if covered is not None:  # every element is one fill or the other (Swin's shifted-window mask)
+                return _union([below(covered), below(args[1])])
             return _union([below(receiver), below(args[1])])
         if method in KEEP_VALUES:
             return below(receiver)
@@ -418,6 +424,33 @@ class SiteScope:
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in NARROW_INTEGER_METHODS:
             return True
         return any(dtype_name(self.parsed, arg.value) in NARROW_INTEGERS for arg in node.args)
+
+
+def _complementary_fill(receiver: cst.BaseExpression, condition: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The first fill of `x.masked_fill(c, a).masked_fill(~c, b)` (`receiver` the first call, `condition` the
+    second's), where the two conditions are complements read in one expression: `m != 0` and `m == 0` (exact
+    complements, NaN included), `c` and `~c`, calling nothing (a call may give other values each time); every
+    element then holds `a` or `b` (Swin's `attn_mask.masked_fill(attn_mask != 0, -100.0).masked_fill(attn_mask ==
+    0, 0.0)`). None for anything else."""
+    if not (isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Attribute) and
+            receiver.func.attr.value == "masked_fill" and len(receiver.args) == 2 and
+            all(arg.keyword is None and not arg.star for arg in receiver.args)):
+        return None
+    first = receiver.args[0].value
+    if descendants(first, (cst.Call, cst.NamedExpr)) or descendants(condition, (cst.Call, cst.NamedExpr)):
+        return None
+    return receiver.args[1].value if _complements(first, condition) or _complements(condition, first) else None
+
+
+def _complements(one: cst.BaseExpression, other: cst.BaseExpression) -> bool:
+    if isinstance(other, cst.UnaryOperation) and isinstance(other.operator, cst.BitInvert):
+        return other.expression.deep_equals(one)
+    if not (isinstance(one, cst.Comparison) and isinstance(other, cst.Comparison) and
+            len(one.comparisons) == len(other.comparisons) == 1):
+        return False
+    flipped = {cst.Equal: cst.NotEqual, cst.NotEqual: cst.Equal}.get(type(one.comparisons[0].operator))
+    return flipped is not None and isinstance(other.comparisons[0].operator, flipped) and \
+        one.left.deep_equals(other.left) and one.comparisons[0].comparator.deep_equals(other.comparisons[0].comparator)
 
 
 def _is_bool(node: cst.BaseExpression) -> bool:

@@ -28,7 +28,7 @@ from advisor.static.module_index import ClassInfo, ParsedModule
 
 NEGINF, FINITE, ADDITIVE = "neginf", "finite", "additive"  # how a term masks: fill -inf, finite fill, added
 RANK_KEEPING = {"bool", "to", "float", "half", "type_as", "type", "contiguous", "clone", "logical_not", "long",
-                "int", "byte", "detach", "tril", "triu", "masked_fill", "fill_", "tril_", "triu_", "transpose"}
+                "int", "byte", "detach", "tril", "triu", "fill_", "tril_", "triu_", "transpose"}
 CREATORS = {f"torch.{name}" for name in ("ones", "zeros", "empty", "full", "randn", "rand", "randint")}
 RANK_KEEPING_FUNCTIONS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter", "torch.tril", "torch.triu",
                           "torch.logical_not", "torch.clone", "torch.nn.functional.normalize",
@@ -140,6 +140,8 @@ class RankBounds:
                 return _exact(len(args)) if len(args) > 1 or int_value(args[0].value) is not None else UNKNOWN
             if method in RANK_KEEPING:
                 return below(receiver)
+            if method == "masked_fill" and args:  # broadcast against its mask (breaker round 36)
+                return broadcast_bounds([below(receiver), below(args[0].value)])
             if method in SHAPE_ONLY_ARGUMENT and len(args) == 1 and not args[0].star:
                 return below(args[0].value)
         op = self.reader.read(node)

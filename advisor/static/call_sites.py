@@ -70,7 +70,13 @@ PACKAGE_IMPORT = re.compile(r"\bfrom\s+\.+\s+import\b")  # `from . import f`: na
 # `m.__dict__[k]`, with the object's root name; a name that is one string literal is no computed one, but one
 # the code joins to a literal is (`"attend_" + kind`, `"attend_%s" % kind`: breaker round 35)
 COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w+)[\w.]*\s*,(?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])|"
-                             r"\bvars\s*\(\s*(\w+)|(\w+)[\w.]*\.__dict__")
+                             r"\bvars\s*\(\s*(\w+)|(\w+)[\w.]*\.__dict__|"
+                             r"(\w+)[\w.]*\.__getattr(?:ibute)?__\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*\))")
+# the same by a callable made from the name, whose object the text does not pair with it
+# (`operator.attrgetter("attend_" + kind)(impls)`: breaker round 36): any module may be the one looked up
+NAME_GETTERS = ("attrgetter", "methodcaller")
+COMPUTED_GETTER = re.compile(r"\b(?:%s)\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])" % "|".join(NAME_GETTERS))
+ANY_ROOT = "*"  # a root every module name matches
 IMPORT_LINE = re.compile(r"^[ \t]*(?:from|import)\b[^\n]*", re.M)
 
 
@@ -81,6 +87,8 @@ def _may_look_up_by_computed_name(text: str, stem: str) -> bool:
     roots = _computed_lookup_roots(text)
     if not roots:
         return False
+    if ANY_ROOT in roots:
+        return True
     bound = {word for line in _import_lines(text) if re.search(rf"\b{re.escape(stem)}\b", line)
              for word in WORD.findall(line)}
     return bool(roots & bound)
@@ -91,7 +99,8 @@ def _computed_lookup_roots(text: str) -> frozenset[str]:
     """The root names of a text's lookups by computed names, read once per text (of a tree's files: each is asked
     for every function of every module it mentions, and transformers' "Copied from" comments mention a model's
     module in hundreds of files; searched each time, this took 33 of the 358 s of a profiled cold scan)."""
-    return frozenset(root for match in COMPUTED_LOOKUP.finditer(text) for root in match.groups() if root)
+    found = frozenset(root for match in COMPUTED_LOOKUP.finditer(text) for root in match.groups() if root)
+    return found | {ANY_ROOT} if COMPUTED_GETTER.search(text) else found
 
 
 @lru_cache(maxsize=4096)
@@ -636,6 +645,12 @@ def _computed_lookup_on(other: ParsedModule, target: ParsedModule) -> bool:
     its functions may be reached there."""
     for call in other.nodes_of(cst.Call):
         func, args = call.func, [a.value for a in call.args]
+        if other.imported_name(func) in (f"operator.{getter}" for getter in NAME_GETTERS) and args and \
+                not all(isinstance(arg, cst.SimpleString) for arg in args):
+            return True  # `attrgetter("attend_" + kind)(impls)`: whatever it is applied to
+        if isinstance(func, cst.Attribute) and func.attr.value in ("__getattribute__", "__getattr__") and args and \
+                not isinstance(args[0], cst.SimpleString) and _names_module(other, func.value, target):
+            return True
         if not (isinstance(func, cst.Name) and func.value in ("getattr", "vars") and args) or \
                 func.value in other.bound_names:
             continue

@@ -34,12 +34,15 @@ def inplace_keyword(call: cst.Call) -> bool:
 
 
 def inplace_argument(parsed: "ParsedModule", call: cst.Call) -> bool:
-    """An `inplace` argument not visibly False: by keyword, or at its position (INPLACE_POSITIONS)."""
+    """An `inplace` argument not visibly False: by keyword, or at its position (INPLACE_POSITIONS), or possibly
+    in unpacked arguments (`nn.Dropout(*args)`, `nn.Dropout(**{"p": 0.1, "inplace": True})`: breaker round 36)."""
     if inplace_keyword(call):
         return True
     dotted = parsed.imported_name(call.func) or ""
     family, _, name = dotted.rpartition(".")
     position = INPLACE_POSITIONS.get(name) if family in ("torch.nn", "torch.nn.functional") else None
+    if position is not None and any(arg.star for arg in call.args):
+        return True
     positional = [arg.value for arg in call.args if arg.keyword is None and not arg.star]
     return position is not None and len(positional) > position and not is_false(positional[position])
 

@@ -87,7 +87,12 @@ that take a dropout (`F.multi_head_attention_forward`), and `t.apply_(draw_one)`
 Round 35 (fixtures/attention/breaker35): the weights zeroed or dropped out in place (`masked_fill_`,
 `nn.Dropout(p, inplace=True)`, `F.dropout(..., inplace=True)`: the original's backward raises), `torch.svd_lowrank`
 drawing two calls down in torch's Python code, a dropout called through its class (`nn.Dropout.forward(m, v)`), and
-a function of another file reached by `getattr(impls, "attend_" + kind)` with a caller's mask (tree_06)."""
+a function of another file reached by `getattr(impls, "attend_" + kind)` with a caller's mask (tree_06).
+
+Round 36 (fixtures/attention/breaker36), aimed at round 35's fixes and the session's proofs: a keep mask read out
+of a dict union (`DEFAULTS | extras` is no bitwise mask), an out-of-place `masked_fill` that broadcasts the mask it
+fills up a rank, a dropout in place by unpacked arguments (`nn.Dropout(**{"inplace": True})`), a draw in a method
+of an object a factory function of the file makes, and `operator.attrgetter("attend_" + kind)(impls)` (tree_05)."""
 
 from __future__ import annotations
 

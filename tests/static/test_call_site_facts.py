@@ -611,6 +611,22 @@ def test_a_module_call_that_may_not_hand_forward_what_it_shows_proves_nothing(tm
         assert "fully-masked-rows" in _names(finding, "from_call_sites")
 
 
+@pytest.mark.parametrize("mask, proved", [
+    ("(ids * -1e4).masked_fill(keep, -5.0).masked_fill(~keep, 0.0).view(b, 1, 1, n)", True),
+    ("(ids * -1e4).masked_fill(ids != 0, -5.0).masked_fill(ids == 0, 0.0).view(b, 1, 1, n)", True),
+    ("(ids * -1e4).masked_fill(keep, -5.0).view(b, 1, 1, n)", False),  # one fill: the rest is the tensor's
+    ("(ids * -1e4).masked_fill(keep, -5.0).masked_fill(keep, 0.0).view(b, 1, 1, n)", False),  # not complements
+])
+def test_two_fills_of_complementary_masks_bound_every_value(tmp_path, mask, proved):
+    """Swin's shifted-window mask, `m.masked_fill(m != 0, -100.0).masked_fill(m == 0, 0.0)`: every element is one
+    fill or the other, whatever the tensor held, so its values are the fills' (a small pair swallows no row)."""
+    root = _tree(tmp_path, {"attn.py": ATTEND, "model.py": MODEL.format(module="attn", mask=mask, scale="0.25")})
+    finding, result = _attention(root)
+    assert ("fully-masked-rows" in _names(finding, "from_call_sites")) is proved, finding.reason
+    if proved:
+        _assert_parity(tmp_path, root, result, "model")
+
+
 # -- a causal additive mask passed in: key 0 of every row is 0, so no fill swallows a row --------------------------
 CAUSAL_BUFFER = '        self.register_buffer("causal", torch.full((8, 8), float("-inf")).triu(1), persistent=False)\n'
 

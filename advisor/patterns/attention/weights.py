@@ -346,17 +346,18 @@ def _may_draw(c: Candidate, call: cst.Call) -> bool:
 
 
 def _object_of_a_class_here(c: Candidate, receiver: cst.BaseExpression) -> bool:
-    """`JIT.add(x)` where `JIT = Jitter()`, a class of this file: its method of a tensor method's name is that
-    class's code, which may draw (breaker round 34), not the tensor method."""
+    """`JIT.add(x)` where `JIT = Jitter()`, a class of this file, or `JIT = make_jitter()`, a function of this file
+    that may return one (breaker round 36): its method of a tensor method's name is that class's code, which may
+    draw (breaker round 34), not the tensor method."""
     if not isinstance(receiver, cst.Name):
         return False
-    classes, parsed = c.parsed.top_level_classes, c.parsed
+    made_here, parsed = set(c.parsed.top_level_classes) | set(c.parsed.module_functions), c.parsed
     definitions = c.flow.definitions_of(receiver)  # the function's own bindings; without any, the module's
     values = [d.value for d in definitions if d.kind == "assign"] if definitions else \
         [parsed.parents[parsed.parents[b]].value for b in parsed.bindings.get(receiver.value, [])
          if isinstance(parsed.parents.get(b), cst.AssignTarget) and
          parsed.innermost(b, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is None]
-    return any(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in classes
+    return any(isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value in made_here
                for value in values)
 
 
