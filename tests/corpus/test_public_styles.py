@@ -58,7 +58,8 @@ JUDGEMENTS = {
     "p14_gemma2_softcap": (REFUSED, "tanh soft-capping of the logits"),
     "p15_sam_decomposed_relpos": (SAFE, "decomposed rel-pos added by a helper (SDPA without it is wrong) only under "
                                         "`if self.use_rel_pos:`: SDPA where the flag is off, the original where on"),
-    "p16_timm_eva_attention": (UNSAFE, "mask parameter of unknown rank `[:, None, None, :]`"),
+    "p16_timm_eva_attention": (SAFE, "mask parameter of unknown rank `[:, None, None, :]`, checked as passed: "
+                                     "`attn_mask.to(torch.bool)` keeps it"),
     "p17_perceiver_cross_attention": (SAFE, "finite fill under `if`: its fully masked rows made uniform, as the original"),
     "p18_qformer_cross_attention": (REFUSED, "probabilities saved and hooked; head mask"),
     "p19_hf_detr_attention": (SAFE, "additive mask from the caller under `if m is not None:`: guarded by its "
