@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from advisor.engine.static import analyze_source
-from advisor.patterns.attention.weights import layer_may_draw
+from advisor.patterns.attention.weights import function_may_draw, layer_may_draw
 
 BLOCK = '''import math
 import torch
@@ -71,3 +71,17 @@ def test_a_call_between_the_dropout_and_the_value_product_is_read_by_what_it_doe
     assert (finding.fix_safety == "safe") is safe, finding.reason
     if not safe:
         assert "between the dropout and the value product" in finding.reason
+
+
+@pytest.mark.parametrize("function, draws", [
+    ("torch.svd_lowrank", True),  # torch.randn two calls down (breaker round 35)
+    ("torch.pca_lowrank", True),
+    ("torch.nn.utils.spectral_norm", True),  # `normal_` in the method `SpectralNorm.apply` (round 36's helper)
+    ("torch.nn.functional.gumbel_softmax", True),
+    ("torch.split", False),  # written in Python, draws nothing
+    ("torch.nn.functional.layer_norm", False),
+    ("torch.nn.functional.interpolate", False),
+    ("torch.matmul", False),  # built in: its signature is all there is
+])
+def test_a_torch_function_written_in_python_draws_where_its_code_does(function: str, draws: bool) -> None:
+    assert function_may_draw(function) is draws

@@ -396,7 +396,8 @@ MAX_CALLEES = 64  # functions of torch read for one question: torch's Python hel
 def python_code_draws(function) -> bool:
     """Whether a function of torch written in Python calls a draw (RANDOM_DRAWS by name), itself or through the
     functions of torch its code calls by name, read from their source (`torch.svd_lowrank` draws its sketch with
-    `torch.randn` two calls down, and its signature says nothing of it: breaker round 35). A built-in function
+    `torch.randn` two calls down, and its signature says nothing of it: breaker round 35), a method of a class of
+    that module included (`spectral_norm` draws in `SpectralNorm.apply`: round 36's helper). A built-in function
     (C++) has no source here: its signature is all there is."""
     import ast
     import inspect
@@ -419,6 +420,10 @@ def python_code_draws(function) -> bool:
             if called in RANDOM_DRAWS:
                 return True
             pending.append(current.__globals__.get(called))
+            owner = current.__globals__.get(node.func.value.id) if isinstance(node.func, ast.Attribute) and \
+                isinstance(node.func.value, ast.Name) else None
+            if isinstance(owner, type):  # `SpectralNorm.apply(...)`: a method of a class of that module
+                pending.append(getattr(owner, called, None))
     return False
 
 
