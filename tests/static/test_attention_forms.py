@@ -467,6 +467,19 @@ def test_attention_split_across_methods_is_reported_once_with_its_caller():
     assert analyze_source(uncalled, "m.py").findings == []
 
 
+def test_attention_split_with_the_scores_computed_in_a_subclass_is_reported():
+    """NeMo's relative-position attention: a subclass computes the scores and calls its base's `forward_attention`
+    (before: no finding, so no reason either). A subclass that redefines the helper calls its own."""
+    base, call = SPLIT.split("    def forward(self, q, k, v, mask=None):")
+    source = base + "\n\nclass RelPosition(MultiHeadedAttention):\n    def forward(self, q, k, v, mask=None):" + call
+    [finding] = analyze_source(source, "m.py").findings
+    assert finding.rule == "ADV103" and "`RelPosition.forward` computes" in finding.reason
+    own = source.replace("class RelPosition(MultiHeadedAttention):\n",
+                         "class RelPosition(MultiHeadedAttention):\n"
+                         "    def forward_attention(self, value, scores, mask):\n        return value\n\n")
+    assert all("RelPosition.forward" not in (f.reason or "") for f in analyze_source(own, "m.py").findings)
+
+
 def test_an_expectation_over_bins_the_function_builds_is_not_split_attention():
     """ESMFold's `softmax(logits) @ bin_centers`, the logits an einsum of its caller: the value operand is built in
     the function, not passed in beside the scores, so it is no attention and no finding."""
