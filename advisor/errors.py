@@ -26,7 +26,7 @@ def diff_name(side: str, path: str) -> str:
     which ends the name in a header) or bytes that are not UTF-8 (a latin-1 `café.py`, read as surrogate escapes),
     so the header neither drives a terminal nor stops `git apply` reading it."""
     name = f"{side}/{path}"
-    if not CONTROL.search(name) and "\t" not in name and _utf8(name):
+    if not CONTROL.search(name) and "\t" not in name and is_utf8(name):
         return name + "\t" if " " in name else name  # as git writes it: `patch` ends a name at a space otherwise
     quoted = "".join(_GIT_ESCAPES.get(byte, chr(byte)) if byte < 0x80 and (byte >= 0x20 and byte != 0x7f
                                                                               or byte in _GIT_ESCAPES)
@@ -34,7 +34,8 @@ def diff_name(side: str, path: str) -> str:
     return f'"{quoted}"'
 
 
-def _utf8(name: str) -> bool:
+def is_utf8(name: str) -> bool:
+    """Whether `name` holds no lone surrogate (the bytes of a file name that are not UTF-8, as Python reads them)."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -46,7 +47,7 @@ def shell_join(words: list[str]) -> str:
     """`shlex.join`, but a word holding a file name's bytes that are not UTF-8 (lone surrogates) is written in
     bash's `$'...'` quoting with those bytes as `\\xNN`: the command still names the file, and the text is UTF-8
     (promise round 33: optimize's `apply_command` could not be written to its report)."""
-    return " ".join(shlex.quote(word) if _utf8(word) else _ansi_c_quoted(word) for word in words)
+    return " ".join(shlex.quote(word) if is_utf8(word) else _ansi_c_quoted(word) for word in words)
 
 
 def _ansi_c_quoted(word: str) -> str:

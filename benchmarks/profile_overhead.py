@@ -38,8 +38,9 @@ FIXTURES = ("handwritten_attention.py", "copies_and_casts.py", "sdpa_fallback.py
 
 def profiled_cost(prepared, steps: int) -> float:
     start = time.perf_counter()
-    prof = profile_steps(prepared, steps)
-    events = list(build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, None)),
+    detailed = records_details(prepared, None)
+    prof = profile_steps(prepared, steps, None, detailed)
+    events = list(build(from_kineto(prof.profiler.kineto_results, detailed=detailed),
                         prepared.device.type == "cuda"))
     graph = record_graph(prepared)
     runtime_findings(graph, prepared.device.type, attribute(events, graph, steps))

@@ -320,16 +320,12 @@ class SiteScope:
         resolved = self._resolved(node)
         if resolved is not None:
             return all(below(value) for value in resolved)
-        # `&`, `|` and `^` with a tensor that is no float raise on a float one: what they return is none, whatever
-        # the other side (`band | is_global`); of two other values (`DEFAULTS | extras`, dicts) nothing is known
-        if not bool_only and isinstance(node, cst.BinaryOperation) and \
-                isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)) and \
-                (below(node.left) or below(node.right)):
-            return True
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.BitInvert):
             return below(node.expression)
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.BitAnd, cst.BitOr, cst.BitXor)):
-            return below(node.left) and below(node.right)
+            # bool only where both sides are; no float where one side is a tensor that is none (`band | is_global`:
+            # `&`, `|` and `^` raise on a float tensor), but of two other values (`DEFAULTS | extras`, dicts) nothing
+            return (all if bool_only else any)(below(side) for side in (node.left, node.right))
         if isinstance(node, cst.Subscript):
             return below(node.value)
         if not isinstance(node, cst.Call):

@@ -18,6 +18,7 @@ other masks judged alone.
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import libcst as cst
@@ -155,22 +156,13 @@ class RankBounds:
 
 
 def pattern_output_axes(pattern: str | None) -> int | None:
-    """The number of axes right of an einops pattern's `->` (`'b j -> b 1 1 j'`: 4; a parenthesised group is one
-    axis); None for no pattern, or one with an ellipsis (its axes are the input's)."""
+    """The number of axes right of an einops pattern's `->` (`'b j -> b 1 1 j'`: 4; a parenthesised group, `()`
+    too, is one axis); None for no pattern, one with an ellipsis (its axes are the input's), or parentheses einops
+    rejects (nested or unbalanced)."""
     if pattern is None or pattern.count("->") != 1 or "..." in pattern or "…" in pattern:
         return None
-    output = pattern.split("->")[1]
-    depth, axes, in_axis = 0, 0, False
-    for character in output:
-        if character == "(":
-            axes += depth == 0
-            depth += 1
-        elif character == ")":
-            depth -= 1
-        elif depth == 0 and not character.isspace() and not in_axis:
-            axes += 1
-        in_axis = depth == 0 and not character.isspace() and character not in "()"
-    return axes if depth == 0 else None
+    words = re.sub(r"\([^()]*\)", " () ", pattern.split("->")[1]).split()
+    return None if any(word != "()" and ("(" in word or ")" in word) for word in words) else len(words)
 
 
 def _exact(rank: int) -> Bounds:

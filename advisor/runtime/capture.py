@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from advisor.errors import is_utf8
 from advisor.runtime.events import OpEvent, build, from_kineto
 from advisor.runtime.native_log import without_native_log
 from advisor.runtime.recorder import OpGraph, OpRecorder
@@ -61,28 +62,22 @@ def records_details(prepared: PreparedStep, trace_path: str | None) -> bool:
 
 def unencodable_module_files() -> bool:
     """Whether a loaded module's file name holds bytes that are not UTF-8 (lone surrogates in Python)."""
-    for module in list(sys.modules.values()):
-        name = getattr(module, "__file__", None)
-        if isinstance(name, str):
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-    return False
+    return any(isinstance(name, str) and not is_utf8(name)
+               for name in (getattr(module, "__file__", None) for module in list(sys.modules.values())))
 
 
-def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None = None):
+def profile_steps(prepared: PreparedStep, steps: int, trace_path: str | None, stacks: bool):
     """torch.profiler over the steps after one warm-up step, recording only what will be read back.
 
     Python stacks (verbose, so aten ops carry them) and input shapes roughly double the profiler's cost. A live
     eval run needs neither: every forward op is joined to a recorded statement. Backward ops are not in the
     recorded forward graph, so --train keeps stacks for function-level attribution, and a --trace file keeps both
-    for `advisor analyze`, whose detectors read shapes and stacks from the trace. Memory events are never read.
+    for `advisor analyze`, whose detectors read shapes and stacks from the trace (`stacks`: records_details, which
+    the caller reads the events back with). Memory events are never read.
     """
     activities = [ProfilerActivity.CPU]
     if prepared.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    stacks = records_details(prepared, trace_path)
     config = torch._C._profiler._ExperimentalConfig(verbose=True) if stacks else None
     with without_native_log(), profile(
             activities=activities, record_shapes=trace_path is not None, with_stack=stacks,
@@ -115,8 +110,9 @@ def capture(prepared: PreparedStep, steps: int, trace_path: str | None = None,
     times = sorted(time_steps(prepared, steps))
     profiled = profiled_step_count(steps, statistics.median(times))
     progress(f"profiling {profiled} steps")
-    prof = profile_steps(prepared, profiled, trace_path)
-    events = list(build(from_kineto(prof.profiler.kineto_results, detailed=records_details(prepared, trace_path)),
+    detailed = records_details(prepared, trace_path)
+    prof = profile_steps(prepared, profiled, trace_path, detailed)
+    events = list(build(from_kineto(prof.profiler.kineto_results, detailed=detailed),
                         on_device=prepared.device.type == "cuda"))  # objects: timing revisits them; a live run is small
     progress("recording the op graph of one step")
     graph = record_graph(prepared)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from advisor.engine.static import analyze_source
+from advisor.patterns.masks import pattern_output_axes
 from attention_sources import masked_module
 from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
 
@@ -804,3 +805,12 @@ def test_a_dropout_in_place_is_checked_to_drop_nothing(p, train):
         torch.testing.assert_close(patched_out, out, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(patched_grad, grad, atol=1e-5, rtol=1e-5)
         assert sdpa
+
+
+@pytest.mark.parametrize("pattern, axes", [
+    ("b j -> b 1 1 j", 4), ("b n (h d) -> b h n d", 4), ("b h n d -> b n (h d)", 3), ("b j->b () () j", 4),
+    ("b(h d) -> b(h d)", 2), ("b ... -> b", None), ("b j -> b ((h) j)", None), ("b j -> b j)", None),
+    ("b j", None),
+])
+def test_an_einops_pattern_gives_its_right_sides_axes(pattern, axes):
+    assert pattern_output_axes(pattern) == axes

@@ -14,8 +14,8 @@ from advisor.patterns.dtypes import DTYPE_NAMES
 from advisor.patterns.attention.candidate import (CORE_OPS, MAX_CHAIN, Candidate, FunctionScope, consumers,
                                                   definition_of_value, flow_for, function_of, listed_operand_of,
                                                   statement_of)
-from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_through_objects, calls_to,
-                                                helper_named, single_return)
+from advisor.patterns.attention.helpers import (bind_arguments, callee, calls_in_subclasses, calls_through_objects,
+                                                calls_to, helper_named, single_return)
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
@@ -170,7 +170,8 @@ def scores_from_caller(c: Candidate, softmax: Op) -> str | None:
     parameters = _parameters_reached(c, softmax.operands[0], 0, set())
     if not parameters or not _value_passed_in(c, parameters):
         return None  # `softmax(logits) @ bin_centers`: an expectation over bins the function builds, not attention
-    for call in calls_to(c.parsed, c.function, c.owner) + _calls_in_subclasses(c):
+    for call in calls_to(c.parsed, c.function, c.owner) + \
+            calls_in_subclasses(c.parsed, c.scope.classes(), c.function, c.owner):
         try:
             bound = bind_arguments(c, c.function, call)
         except Refusal:
@@ -187,23 +188,6 @@ def scores_from_caller(c: Candidate, softmax: Op) -> str | None:
                         f"product and passes here (line {c.parsed.line(call)}): attention split across functions is "
                         f"not rewritten (SDPA needs q and k where the softmax is)")
     return None
-
-
-def _calls_in_subclasses(c: Candidate) -> list[cst.Call]:
-    """`self.forward_attention(v, scores, mask)` in a class of this file deriving from the method's class without
-    redefining it (NeMo's relative-position attention computes the scores its base's helper takes): calls of this
-    method as much as those in its own class."""
-    if c.owner is None or c.owner.methods.get(c.function.name.value) is not c.function:
-        return []
-    name = c.function.name.value
-    found = []
-    for sub in c.scope.classes().subclasses(c.owner):
-        if name in sub.methods:
-            continue
-        found += [call for call in c.parsed.calls_by_name.get(name, ()) if c.parsed.within(call, sub.node) and
-                  isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and
-                  call.func.value.value == "self"]
-    return found
 
 
 VALUE_VIEWS = frozenset({"transpose", "permute", "view", "reshape", "contiguous", "unsqueeze", "flatten", "expand",

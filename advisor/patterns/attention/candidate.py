@@ -23,6 +23,7 @@ from advisor.static.module_index import ClassInfo, ParsedModule
 
 CORE_OPS = {"matmul", "bmm", "baddbmm", "einsum"}
 MAX_CHAIN = 40
+MAX_REBINDINGS = 8  # names followed back through their one assignment (to the tensor a dtype or rank is read off)
 
 
 @dataclass

@@ -20,7 +20,8 @@ from libcst.helpers import parse_template_expression
 from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
-from advisor.patterns.attention.candidate import Candidate, defined_between, in_inlined
+from advisor.patterns.attention.candidate import MAX_REBINDINGS, Candidate, defined_between, in_inlined, \
+    one_assigned_value
 from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.lengths import KV_LENGTH, SAME_SHAPE, SWAPS
@@ -56,7 +57,6 @@ TENSOR_SCALE_CHECKS = {
 PURE_ARITHMETIC = frozenset({"numpy.sqrt", "abs", "pow", "round"})
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
-MAX_REBINDINGS = 8  # names followed back to the tensor a rank check reads
 OPERANDS_READ = (KV_LENGTH, OPERAND_RANK)  # facts whose checks read the operands as SDPA gets them, not q alone
 # facts whose checks read no query (Python numbers, the operands): a query that cannot be read again (`q[:, i:j]`)
 # does not keep them from a check
@@ -160,8 +160,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             training, p = (_passed(c, node) for node in c.inplace_dropout)
             reads = [training, p]
             parts = [parse_template_expression("not {t} or {p} == 0", t=atomic(training), p=atomic(p))] \
-                if all(_plain(c, node) or number_value(node) is not None or
-                       isinstance(node, cst.Name) and node.value in ("True", "False") for node in reads) else []
+                if all(_plain(c, node) or number_value(node) is not None for node in reads) else []
         elif name == DROPOUT_RANGE:  # a Python number in range; anything else (a tensor too) runs the original
             reads = [_passed(c, p) for p in c.dropout_reads]
             parts = [parse_template_expression("isinstance({p}, (int, float)) and 0.0 <= {p} <= 1.0", p=p)
@@ -490,14 +489,11 @@ def _rank_origin(c: Candidate, mask: cst.BaseExpression, first: cst.BaseStatemen
     start = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
     before = c.flow.env_before.get(start) or {}
     for _ in range(MAX_REBINDINGS):
-        if not isinstance(mask, cst.Name) or c.flow.sees_undefined(mask) or \
-                before.get(mask.value) == c.flow.reaching.get(mask):  # it holds there already
+        if not isinstance(mask, cst.Name) or before.get(mask.value) == c.flow.reaching.get(mask):  # it holds there
             break
-        definitions = c.flow.definitions_of(mask)
-        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
-            break
-        below, more = _rank_subject(definitions[0].value)
-        if below is definitions[0].value:  # not a rank-keeping call, an unsqueeze or basic indexing
+        value = one_assigned_value(c, mask)
+        below, more = _rank_subject(value) if value is not None else (None, 0)
+        if below is None or below is value:  # not bound once by a rank-keeping call, an unsqueeze or basic indexing
             break
         mask, added = below, added + more
     return mask, added

@@ -12,6 +12,7 @@ import libcst as cst
 from advisor.patterns.attention.candidate import Candidate, function_of, merge_flow
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
+from advisor.patterns.scope import ClassTable
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import walk
 
@@ -213,6 +214,19 @@ def calls_to(parsed: ParsedModule, function: cst.FunctionDef, owner: ClassInfo |
     return [call for call in parsed.calls_by_name.get(name, ())
             if _is_call_site(call, name, is_method, through_object=False) and (not is_method or
                                                                               parsed.within(call, owner.node))]
+
+
+def calls_in_subclasses(parsed: ParsedModule, classes: ClassTable, method: cst.FunctionDef,
+                        owner: ClassInfo | None) -> list[cst.Call]:
+    """`self.name(...)` in a class of this file deriving from the method's class without redefining it (NeMo's
+    relative-position attention computes the scores its base's `forward_attention` takes): calls of the method as
+    much as `calls_to`'s in its own class."""
+    name = method.name.value
+    if owner is None or owner.methods.get(name) is not method:
+        return []
+    return [call for sub in classes.subclasses(owner) if name not in sub.methods
+            for call in parsed.calls_by_name.get(name, ())
+            if parsed.within(call, sub.node) and _is_call_site(call, name, True, through_object=False)]
 
 
 def calls_through_objects(parsed: ParsedModule, method: cst.FunctionDef, owner: ClassInfo | None) -> list[cst.Call]:

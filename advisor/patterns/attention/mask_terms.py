@@ -13,7 +13,7 @@ import libcst as cst
 from advisor.patterns import call_site_facts as sf
 from advisor.patterns import masks as mk
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
-from advisor.patterns.attention.candidate import Candidate
+from advisor.patterns.attention.candidate import MAX_REBINDINGS, Candidate, one_assigned_value
 from advisor.patterns.attention.causal import added_keeps_first_key, is_causal_keep, keeps_first_key, \
     keeps_first_key_bottom_right
 from advisor.patterns.attention.learned_bias import learned_reading
@@ -26,7 +26,6 @@ from advisor.patterns.ops import Op, number_value
 from advisor.static.codegen import atomic, nonzero
 from advisor.static.dataflow import loaded_names
 
-MAX_REBINDINGS = 8
 DTYPE_KEEPING_FUNCTIONS = frozenset(EINOPS | {"torch.nn.functional.pad", "torch.unsqueeze", "torch.reshape",
                                               "torch.transpose", "torch.permute"})
 
@@ -91,13 +90,13 @@ def _dtype_subject(c: Candidate, masked: cst.BaseExpression, where: bool, finite
     scope = sf.SiteScope(c.parsed, subject)
     if scope.not_float(subject, bool_only=True):
         return None, None
+    through_where = "passes the mask through `torch.where`, which also takes uint8"
+    if inverted and not where and scope.not_float(subject):
+        return None, (subject, f"`masked_fill` raises unless its mask is bool, but the patch {through_where}")
     patch = "drops the `~` (`~` of an integer is an integer; of a float it raises, and SDPA would add the float)" \
-        if inverted else "passes the mask through `torch.where`, which also takes uint8"
+        if inverted else through_where
     why = "`where()` also takes a uint8 condition, which SDPA rejects, and raises on a float one, which SDPA would " \
         "add" if where else f"`masked_fill` raises unless its mask is bool, but the patch {patch}"
-    if inverted and not where and scope.not_float(subject):
-        return None, (subject, "`masked_fill` raises unless its mask is bool, but the patch passes it through "
-                               "`torch.where`, which also takes uint8")
     return (subject, why), None
 
 
@@ -107,13 +106,9 @@ def _dtype_origin(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
     before use is checked, or proved at its call sites, as the caller passes it."""
     for _ in range(MAX_REBINDINGS):
         node = _view_base(c, node)
-        if not isinstance(node, cst.Name) or c.flow.sees_undefined(node):
-            return node
-        definitions = c.flow.definitions_of(node)
-        if len(definitions) != 1 or definitions[0].kind != "assign" or definitions[0].index is not None:
-            return node
-        below = _view_base(c, definitions[0].value)
-        if below is definitions[0].value:  # not a view of another tensor
+        value = one_assigned_value(c, node) if isinstance(node, cst.Name) else None
+        below = _view_base(c, value) if value is not None else None
+        if below is None or below is value:  # not a name bound once to a view of another tensor
             return node
         node = below
     return node
