@@ -18,7 +18,7 @@ import libcst as cst
 import networkx as nx
 
 from advisor.contracts.finding import display_path
-from advisor.static.outside_writes import ANY_TENSOR, ATTRIBUTE_TABLES, GETTERS, NARROWED
+from advisor.static.outside_writes import ANY_LISTED, ANY_TENSOR, ATTRIBUTE_TABLES, GETTERS, NARROWED
 from advisor.static.dataflow import is_self
 from advisor.static.state_swaps import state_swapped
 from advisor.static.tensor_reads import builds_tensor, leaves_alone, registered_buffers
@@ -51,20 +51,28 @@ def attribute_escape(parsed: ParsedModule, owner: ClassInfo, attribute: str, ele
     found = [line for line in lines if line is not None]
     if found:
         return f"a read of `.{attribute}` on line {min(found)}"
-    swapped = state_swapped(parsed) if not finite_ok else None
+    swapped = state_swapped(parsed, elements_ok) if not finite_ok else None
     if swapped is not None:
         return f"{swapped}, which may put any tensor in `.{attribute}`'s place"
-    return _handed_on_elsewhere(owner, attribute, finite_ok)
+    return _handed_on_elsewhere(parsed, owner, attribute, elements_ok, finite_ok)
 
 
-def _handed_on_elsewhere(owner: ClassInfo, attribute: str, finite_ok: bool) -> str | None:
+def _handed_on_elsewhere(parsed: ParsedModule, owner: ClassInfo, attribute: str, elements_ok: bool,
+                         finite_ok: bool) -> str | None:
     """Where another file of the tree reads the attribute on an object that may be this class's instance in a way
-    that may hand its tensor on, or hands a module's tensors on listed whole (`model.state_dict()` into a
-    function: not for a learned table, `finite_ok`, whose loaded values are trained ones)."""
+    that may hand its tensor on, or hands any tensor on (`m._apply(f)`), or a module's tensors listed whole
+    (`torch.save(model.state_dict(), f)`): not for a learned table, `finite_ok`, whose loaded values are trained
+    ones; and a listing not for a reader of rank and dtype alone (`elements_ok`) where no file of the tree names an
+    in-place shape change (ProjectFacts.shape_changes: `unsqueeze_`, `set_`, a `.data` assignment), the only ways
+    code handed a tensor changes its rank or dtype without rebinding the attribute, which outside_writes reads."""
     for entry, path in owner.handed_on(attribute):
         if not (NARROWED in entry and owner.plain_module):
             return f"a read of `.{attribute}` in `{display_path(path)}`"
-    listed = owner.handed_on(ANY_TENSOR) if not finite_ok else []
+    if finite_ok:
+        return None
+    listed = owner.handed_on(ANY_TENSOR)
+    if not (elements_ok and parsed.project is not None and not parsed.project.shape_changes):
+        listed += owner.handed_on(ANY_LISTED)
     return f"a module's tensors listed whole, read in `{display_path(listed[0][1])}`" if listed else None
 
 

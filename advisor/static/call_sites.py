@@ -103,6 +103,18 @@ def _computed_lookup_roots(text: str) -> frozenset[str]:
     return found | {ANY_ROOT} if COMPUTED_GETTER.search(text) else found
 
 
+def looks_up_objects_by_computed_name(text: str) -> bool:
+    """Whether the text looks an attribute up by a name it computes on an object no import binds
+    (`getattr(m, "att" + "end")(q, k, v)[1]`, `getattr(m, name)` with `name` from `dir(m)`): any method of any
+    instance may be called there, with arguments no call site shows (breaker round 37). On an imported module
+    (`getattr(F, activation)(x)`) it reaches that module's functions, which `_uses` reads."""
+    roots = _computed_lookup_roots(text)
+    if not roots:
+        return False
+    bound = {word for line in _import_lines(text) for word in WORD.findall(line)}
+    return ANY_ROOT in roots or bool(roots - bound)
+
+
 @lru_cache(maxsize=4096)
 def _import_lines(text: str) -> tuple[str, ...]:
     return tuple(IMPORT_LINE.findall(text))
@@ -455,6 +467,12 @@ class Tree:
                                                       lambda: self._first_file_matching(builds_unseen))
             self._note_all(consulted)
             return None if built_by_class else self._uses(parsed, owner.node.name, _direct_call)
+        if name != "forward":  # `forward`'s calls by computed names are `_unnamed_module_calls`
+            looked_up, consulted = self._indexed("lookups by computed names",
+                                                 lambda: self._first_file_matching(looks_up_objects_by_computed_name))
+            self._note_all(consulted)
+            if looked_up:
+                return None
         own = self._self_calls(parsed, name)
         if own is None:
             return None

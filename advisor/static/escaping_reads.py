@@ -9,15 +9,15 @@ unless what encloses it only computes a new value from it or reads its metadata:
 function that is not in place and returns no view, a harmless builtin, a metadata attribute, a fresh method, or a
 view of it that is itself read so. Anything else (an alias, a container, a return, a call of a function of the
 file or of a library, iteration, a view handed on) hands it on. A module's tensors listed whole (`buffers()`,
-`state_dict()`) and handed on count as every attribute (`*`). Conservative by design: a read this cannot classify
-counts.
+`state_dict()`) and handed on count as every attribute (`*listed`), and `_apply` or a lookup by a computed name as
+any tensor (`*tensor`). Conservative by design: a read this cannot classify counts.
 """
 
 from __future__ import annotations
 
 import ast
 
-from advisor.static.outside_writes import ANY_TENSOR, in_place_name
+from advisor.static.outside_writes import ANY_LISTED, ANY_TENSOR, in_place_name
 from advisor.static.python_ast import parent_map
 from advisor.static.tensor_reads import FRESH_METHODS, HARMLESS_BUILTINS, METADATA, SHARING_METHODS, TORCH_SHARING
 
@@ -73,12 +73,13 @@ class _Reader:
                     (func.attr.startswith(("get_", "__get")) or _namespace(func.value)) and \
                     not _on_self(_owner(func.value)):
                 return _name(node.args[0]) or ANY_TENSOR
-            if isinstance(func, ast.Attribute) and func.attr in TENSOR_LISTINGS + ("_apply",) and \
-                    not _on_self(func.value):
+            if isinstance(func, ast.Attribute) and func.attr == "_apply" and not _on_self(func.value):
                 return ANY_TENSOR
+            if isinstance(func, ast.Attribute) and func.attr in TENSOR_LISTINGS and not _on_self(func.value):
+                return ANY_LISTED
             if isinstance(func, ast.Attribute) and func.attr in TABLE_LISTINGS and _namespace(func.value) and \
                     not _on_self(_owner(func.value)):  # `for b in m._buffers.values(): b.fill_(1)` (round 18)
-                return ANY_TENSOR
+                return ANY_LISTED
             if any(isinstance(arg, ast.Name) and arg.id == "getattr" or self.dotted(arg) == "operator.attrgetter"
                    for arg in node.args):  # `reduce(getattr, ["bias"], m)`: names as data
                 return ANY_TENSOR
@@ -125,8 +126,8 @@ class _Reader:
         return False  # an alias, a container, a return, iteration, a lambda's body, ...
 
     def _method(self, method: str, call: ast.Call, depth: int) -> bool:
-        if method in FRESH_METHODS or method in METADATA:
-            return True
+        if method in FRESH_METHODS or method in METADATA or method == "keys":
+            return True  # `m.state_dict().keys()`: the names alone
         if method in SHARING_METHODS:
             return self.plain(call, depth + 1)
         return in_place_name(method) and not self.by_name  # a write outside_writes reads

@@ -31,9 +31,12 @@ ANY_RAW = "*raw"
 # ... on an object that may be a class (`setattr(Attn, name, f)`, `type.__setattr__(cls, name, f)`), or a function
 # on any object (`setattr(m, name, types.MethodType(f, m))`): any method of any class may then be another function
 ANY_ON_CLASS = "*class"
-# ... and, read in another file of the tree, a module's tensors listed whole are handed on (`m.state_dict()`,
-# `next(m.buffers())`, `m._apply(f)`: static.escaping_reads): any tensor a class builds may be written there
+# ... and, read in another file of the tree, any tensor a class builds may be handed on or replaced there: `m._apply(f)`
+# stores what `f` returns, `getattr(m, name)` reads by a computed name (static.escaping_reads)
 ANY_TENSOR = "*tensor"
+# ... a module's tensors listed whole are handed on (`m.state_dict()`, `next(m.buffers())`): what is done to them
+# there writes their elements, or changes a shape or dtype only by what the tree's `shape_changes` names
+ANY_LISTED = "*listed"
 # the module a write goes to where it is looked up by a computed name (`sys.modules[name]`, `importlib.import_module(
 # name)`, `__import__(name)`): any module, torch's among them
 ANY_MODULE = "?"
@@ -168,7 +171,17 @@ def _collected(text: str, own: bool) -> "_Writes | None":
     collector.writers = _parameter_writers(functions, writes, bindings)
     for node in writes:
         collector.read(node)
+    if any(_holds_a_namespace(value) for _, value in bindings):
+        collector.write(ANY_ATTRIBUTE)  # `mods = m._modules`, `for d in [vars(m)]`: writes through it go unseen
     return collector
+
+
+def _holds_a_namespace(value: ast.AST) -> bool:
+    """`value` is an object's table of attributes (`m._modules`, `vars(m)`), or a literal holding one."""
+    if isinstance(value, ast.Starred):
+        value = value.value
+    return _namespace_owner(value) is not None or \
+        isinstance(value, (ast.Tuple, ast.List, ast.Set)) and any(map(_holds_a_namespace, value.elts))
 
 
 class _Names:
@@ -534,6 +547,8 @@ class _Writes:
         self.handed: set[tuple[str, int, str]] = set()  # FileWrites.handed
 
     def write(self, name: str, elements_only: bool = False) -> None:
+        if name == "__class__":  # `sub.__class__ = nn.Dropout`: an object of any class (a module reached by any
+            self.write(ANY_ATTRIBUTE)  # name, `get_submodule`) becomes another, its methods and attributes too
         if name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY) and not self.through_setattr:
             self.write(ANY_RAW, elements_only)
         name += (FINITE_DRAW if self.finite and elements_only else "") + self.narrowed
@@ -967,6 +982,9 @@ def _namespace_owner(node: ast.AST) -> ast.AST | None:
         return node.args[0]
     if isinstance(node, ast.Subscript) and _literal(node.slice) in ATTRIBUTE_TABLES:  # `vars(m)["_modules"]`
         return _namespace_owner(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and \
+            len(node.args) >= 2 and _literal(node.args[1]) in ATTRIBUTE_TABLES:  # `getattr(m, "_modules")`
+        return node.args[0]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
             node.args and _literal(node.args[0]) in ATTRIBUTE_TABLES:  # `m.__dict__.get("_buffers")`
         return _namespace_owner(node.func.value)

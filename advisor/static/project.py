@@ -33,7 +33,7 @@ from advisor.static.op_overrides import op_overrides
 from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, RESHAPING_IN_PLACE, file_writes
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.sdpa_kernels import math_kernel_excluded
-from advisor.static.state_swaps import may_swap, state_swaps
+from advisor.static.state_swaps import may_swap, state_runs, state_swaps
 
 # hooks that fire around every module call: a deleted module call loses them
 GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_forward_pre_hook",
@@ -147,6 +147,7 @@ class ProjectFacts:
     sdpa_restrictions: tuple[UseSite, ...] = ()  # SDPA's kernels restricted without its math kernel
     shape_changes: tuple[UseSite, ...] = ()  # in-place shape changes and `.data` assignments (shape_changes)
     real_traces: tuple[UseSite, ...] = ()  # make_fx and torch.export, which trace real (or fake) tensors
+    state_runs: tuple[UseSite, ...] = ()  # those of state_swaps that run modules with state given by name
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -345,6 +346,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
                      hooks_by_computed_name(parsed)]
             found += [(UseSite(path, parsed.line(node), parsed.code(node).strip().splitlines()[0][:80]), kind)
                       for kind, nodes in (("script", script_uses(parsed)), ("swap", state_swaps(parsed)),
+                                          ("state-run", state_runs(parsed)),
                                           ("fx", fx_trace_uses(parsed)), ("jit", jit_trace_uses(parsed)),
                                           ("func", func_transform_uses(parsed)),
                                           ("real", real_trace_uses(parsed)))
@@ -407,4 +409,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site, kind in hooks if kind == "methods"),
                         tuple(site for site, kind in hooks if kind == "sdpa"),
                         tuple(site for site, kind in hooks if kind == "shapes"),
-                        tuple(site for site, kind in hooks if kind == "real"))
+                        tuple(site for site, kind in hooks if kind == "real"),
+                        tuple(site for site, kind in hooks if kind == "state-run"))

@@ -34,48 +34,114 @@ def may_swap(text: str) -> bool:
     return MAY_SWAP.search(text) is not None
 
 
+def state_runs(parsed: ParsedModule) -> list[cst.CSTNode]:
+    """The calls of STATE_SWAPS: modules run with any tensor, of any shape or dtype, in their buffers' places."""
+    return list(parsed.uses_of(STATE_SWAPS)) if may_swap(parsed.source) else []
+
+
 def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     """Where the file may run or leave modules with other tensors in their buffers' places: a call of STATE_SWAPS,
     or a write into a tensor reached through STATE_VIEWS (`for n, b in m.named_buffers(): b.copy_(band)`,
     `sd = m.state_dict(); sd["attn.bias"].fill_(1)`, `m.state_dict()[k][...] = 0`)."""
     if not may_swap(parsed.source):
         return []
-    found: list[cst.CSTNode] = list(parsed.uses_of(STATE_SWAPS))
-    tensors, containers = _names_bound_to_state_views(parsed)
+    found = state_runs(parsed)
+    views = _StateViews(parsed)
     for node in parsed.parents:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
                 in_place_name(node.func.attr.value) and node.func.attr.value not in NOT_WRITES and \
-                _reaches_state_view(node.func.value, tensors, containers, 0):
+                views.reached(node.func.value, 0):
             found.append(node)
         elif isinstance(node, cst.Call) and any(  # `torch.ones(b.shape, out=b)` (breaker round 27),
                 (arg.keyword is not None and arg.keyword.value == "out" or _in_place_function(node.func)) and
-                _reaches_state_view(arg.value, tensors, containers, 0) for arg in node.args):
+                views.reached(arg.value, 0) for arg in node.args):
             found.append(node)  # `nn.init.ones_(b)`, `torch._foreach_add_(list(m.buffers()), 1)` (round 28)
-        elif isinstance(node, cst.AssignTarget) and _reaches_state_view(node.target, tensors, containers, 1) or \
-                isinstance(node, cst.AugAssign) and _reaches_state_view(node.target, tensors, containers, 0):
+        elif isinstance(node, cst.AssignTarget) and views.reached(node.target, 1) or \
+                isinstance(node, cst.AugAssign) and views.reached(node.target, 0):
             found.append(node)  # `b += 1` on a tensor is in place (breaker round 27)
     return found
 
 
-def _names_bound_to_state_views(parsed: ParsedModule) -> tuple[set[str], set[str]]:
-    """(names a loop binds from an expression that calls a STATE_VIEWS method: the tensors, names an assignment
-    binds from one: the dict or list holding them), anywhere in the file (a scope-blind over-approximation). A
-    comprehension's `for` is a loop; so is a lambda passed beside one (`map(lambda b: b.fill_(1), m.buffers())`)."""
-    tensors: set[str] = set()
-    containers: set[str] = set()
-    for node in parsed.parents:
-        if isinstance(node, (cst.For, cst.CompFor)) and _calls_state_view(node.iter):
-            tensors.update(name.value for name in target_names(node.target))
-        elif isinstance(node, cst.Call) and any(_calls_state_view(a.value) for a in node.args):
-            for argument in node.args:
-                if isinstance(argument.value, cst.Lambda):
-                    tensors.update(p.name.value for p in argument.value.params.params)
-        elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
-            for target in node.targets:  # `sd = m.state_dict()`: the listing; `(b,) = m.buffers()`,
-                listing = _is_state_view_call(node.value) and isinstance(target.target, cst.Name)
-                (containers if listing else tensors).update(  # `b = next(m.buffers())`: maybe a tensor itself
-                    name.value for name in target_names(target.target))
-    return tensors, containers
+class _StateViews:
+    """The names that may hold a module's buffers themselves, or a listing of them: names a loop binds from an
+    expression that calls a STATE_VIEWS method (the tensors), names an assignment binds from one (the dict or list
+    holding them), anywhere in the file (a scope-blind over-approximation), except a comprehension's, which Python
+    binds inside the comprehension alone (`{x for x in self.state_dict().keys()}` says nothing of an `x` elsewhere).
+    A lambda passed beside a listing (`map(lambda b: b.fill_(1), m.buffers())`) binds its parameters as a loop."""
+
+    def __init__(self, parsed: ParsedModule) -> None:
+        self.parsed = parsed
+        self.tensors: set[str] = set()
+        self.containers: dict[str, int] = {}  # name -> the indexings that reach a tensor in what it holds
+        self.comprehended: dict[str, list[cst.CSTNode]] = {}  # name -> the comprehensions binding it
+        for node in parsed.parents:
+            if isinstance(node, cst.For) and _calls_state_view(node.iter):
+                self.tensors.update(name.value for name in target_names(node.target))
+            elif isinstance(node, cst.CompFor) and _calls_state_view(node.iter):
+                comprehension = self._comprehension(node)
+                for name in target_names(node.target):
+                    self.comprehended.setdefault(name.value, []).append(comprehension)
+            elif isinstance(node, cst.Call) and any(_calls_state_view(a.value) for a in node.args):
+                for argument in node.args:
+                    if isinstance(argument.value, cst.Lambda):
+                        self.tensors.update(p.name.value for p in argument.value.params.params)
+            elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
+                depth = _listing_depth(node.value)
+                for target in node.targets:  # `sd = m.state_dict()`: the listing; `(b,) = m.buffers()`,
+                    if depth and isinstance(target.target, cst.Name):  # `b = next(m.buffers())`: maybe a tensor
+                        self.containers[target.target.value] = min(depth, self.containers.get(target.target.value,
+                                                                                                depth))
+                    else:
+                        self.tensors.update(name.value for name in target_names(target.target))
+
+    def _comprehension(self, node: cst.CompFor) -> cst.CSTNode:
+        while isinstance(self.parsed.parents.get(node), cst.CompFor):  # `for a in x for b in a`: nested fors
+            node = self.parsed.parents[node]
+        return self.parsed.parents.get(node, node)
+
+    def _tensor_name(self, name: cst.Name) -> bool:
+        return name.value in self.tensors or any(self.parsed.within(name, comprehension)
+                                                 for comprehension in self.comprehended.get(name.value, ()))
+
+    def reached(self, node: cst.BaseExpression, beyond: int) -> bool:
+        """Whether `node` (a receiver, or an assignment target with `beyond` = 1) reaches a buffer itself through
+        more than `beyond` indexings and attributes (`.data`) of a loop's tensor or of an expression computed from a
+        listing, or one more of a container name or a STATE_VIEWS call: `b[0] = 1` and `sd["bias"][0] = 1` write a
+        buffer, `sd["bias"] = t` only the dict."""
+        depth = 0
+        while isinstance(node, (cst.Subscript, cst.Attribute)):
+            node, depth = node.value, depth + 1
+        if isinstance(node, cst.Name) and self._tensor_name(node):
+            return depth >= beyond
+        if isinstance(node, cst.Name) and node.value in self.containers:
+            return depth >= beyond + self.containers[node.value]
+        if _is_state_view_call(node):
+            return depth >= beyond + 1
+        return not isinstance(node, cst.Name) and _calls_state_view(node) and depth >= beyond  # `next(m.buffers())`,
+        # `[b for b in m.buffers()][0]`: may be a tensor itself (breaker round 27)
+
+
+def _listing_depth(value: cst.BaseExpression) -> int | None:
+    """The indexings that reach a tensor in a listing (`m.state_dict()`: 1), or in a literal holding listings as its
+    elements (`{"epoch": e, "model": m.state_dict()}`: 2; `{**m.state_dict()}`: 1); None where the listing is
+    reached otherwise (`next(m.buffers())`, `list(...)`: maybe a tensor itself)."""
+    if _is_state_view_call(value):
+        return 1
+    if not isinstance(value, (cst.Dict, cst.List, cst.Tuple, cst.Set)):
+        return None
+    depths = []
+    for element in value.elements:
+        if isinstance(element, cst.DictElement) and _calls_state_view(element.key):
+            return None
+        inner = element.value
+        if not _calls_state_view(inner):
+            continue
+        if isinstance(element, (cst.StarredDictElement, cst.StarredElement)):
+            depths.append(_listing_depth(inner))  # its items are this literal's own
+        else:
+            found = _listing_depth(inner)
+            depths.append(None if found is None else found + 1)
+    return None if not depths or None in depths else min(depths)
 
 
 def _in_place_function(func: cst.BaseExpression) -> bool:
@@ -101,31 +167,20 @@ def _calls_state_view(node: cst.CSTNode) -> bool:
     return found
 
 
-def _reaches_state_view(node: cst.BaseExpression, tensors: set[str], containers: set[str], beyond: int) -> bool:
-    """Whether `node` (a receiver, or an assignment target with `beyond` = 1) reaches a buffer itself through more
-    than `beyond` indexings and attributes (`.data`) of a loop's tensor or of an expression computed from a listing,
-    or one more of a container name or a STATE_VIEWS call: `b[0] = 1` and `sd["bias"][0] = 1` write a buffer,
-    `sd["bias"] = t` only the dict."""
-    depth = 0
-    while isinstance(node, (cst.Subscript, cst.Attribute)):
-        node, depth = node.value, depth + 1
-    if isinstance(node, cst.Name) and node.value in tensors:
-        return depth >= beyond
-    if isinstance(node, cst.Name) and node.value in containers or _is_state_view_call(node):
-        return depth >= beyond + 1
-    return not isinstance(node, cst.Name) and _calls_state_view(node) and depth >= beyond  # `next(m.buffers())`,
-    # `[b for b in m.buffers()][0]`: may be a tensor itself (breaker round 27)
-
-
-def state_swapped(parsed: ParsedModule) -> str | None:
+def state_swapped(parsed: ParsedModule, elements_ok: bool = False) -> str | None:
     """Why any tensor attribute of the file's classes may hold another tensor than the class assigned when the code
     runs (None: nothing shows it): this file or another of the tree runs modules with state given by name or writes
     into buffers reached by name (`named_buffers()`, `state_dict()`), so a value read from the class's assignment (a
-    causal triangle, a zeros prior) is not the one the code sees."""
-    own = parsed.derived(state_swapped, lambda p: next(iter(state_swaps(p)), None))
+    causal triangle, a zeros prior) is not the one the code sees. `elements_ok`: the caller reads only rank and
+    dtype, which a write into a buffer's elements keeps (timm's `bn_buf /= world_size` over `named_buffers()`), so
+    only modules run with state given by name count, unless a file of the tree names an in-place shape change."""
+    project = parsed.project
+    runs_only = elements_ok and project is not None and not project.shape_changes
+    own = parsed.derived((state_swapped, runs_only),
+                         lambda p: next(iter(state_runs(p) if runs_only else state_swaps(p)), None))
     if own is not None:
         return f"this file replaces or writes modules' buffers by name (line {parsed.line(own)})"
-    sites = parsed.project.state_swaps if parsed.project is not None else ()
+    sites = (project.state_runs if runs_only else project.state_swaps) if project is not None else ()
     elsewhere = next((site for site in sites if site.path != parsed.path), None)
     if elsewhere is not None:
         return f"{elsewhere.describe()}, which replaces or writes modules' buffers by name"

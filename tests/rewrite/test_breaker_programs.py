@@ -92,7 +92,13 @@ a function of another file reached by `getattr(impls, "attend_" + kind)` with a 
 Round 36 (fixtures/attention/breaker36), aimed at round 35's fixes and the session's proofs: a keep mask read out
 of a dict union (`DEFAULTS | extras` is no bitwise mask), an out-of-place `masked_fill` that broadcasts the mask it
 fills up a rank, a dropout in place by unpacked arguments (`nn.Dropout(**{"inplace": True})`), a draw in a method
-of an object a factory function of the file makes, and `operator.attrgetter("attend_" + kind)(impls)` (tree_05)."""
+of an object a factory function of the file makes, and `operator.attrgetter("attend_" + kind)(impls)` (tree_05).
+
+Round 37 (fixtures/attention/breaker37): a submodule replaced between the dropout and the value product through an
+alias of its module's `_modules` (a name, or `:=` of `getattr(m, "_modules")`) or turned into a dropout by a
+`__class__` assignment on what `get_submodule` returns, and a method returning its weights called by a computed name
+(`getattr(m, name)` with `name` from `dir(m)`, tree_05; `getattr(m, "att" + "end")`, tree_06), whose weights the
+patch dropped."""
 
 from __future__ import annotations
 

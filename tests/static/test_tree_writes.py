@@ -26,11 +26,15 @@ HANDED_ON = {
     "the class's accessor": "model.causal_mask().fill_(1.0)",
     "_buffers.values()": "for buf in model._buffers.values():\n        buf.fill_(1.0)",  # breaker round 18
     "_buffers.items()": "for name, buf in model._buffers.items():\n        buf.fill_(1.0)",
+    "state_dict().values()": "for buf in model.state_dict().values():\n        buf.fill_(1.0)",
+    "a comprehension's write": "[buf.fill_(1.0) for buf in model.buffers()]",
 }
 READ_ONLY = {
     "metadata": "print(model.bias.shape, model.bias.dtype)",
     "arithmetic": "print((model.bias * 2).sum())",
     "torch function": "print(torch.count_nonzero(model.bias))",
+    # a comprehension's name is its own: the `x` written below is another
+    "a comprehension's name": "keys = {x for x in model.state_dict().keys()}\n    x = torch.zeros(2)\n    x += 1",
 }
 SETUP = '''import functools
 import operator
@@ -70,3 +74,53 @@ def test_a_subclass_elsewhere_that_overrides_how_buffers_are_bound_refuses_the_p
         f"        return super().{method}(*args, **kwargs)\n")
     (finding,) = scan_paths([str(tmp_path)], jobs=1, cache=False).findings
     assert finding.fix_safety != "safe" and method in finding.reason
+
+
+GATHERED_BIAS = '''import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def __init__(self, d=16, h=2, n=4):
+        super().__init__()
+        self.h, self.scale = h, (d // h) ** -0.5
+        self.qkv = nn.Linear(d, 3 * d)
+        self.biases = nn.Parameter(torch.zeros(h, n))
+        self.register_buffer("idxs", torch.zeros((n, n), dtype=torch.long), persistent=False)
+
+    def forward(self, x):
+        B, L, C = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.h, C // self.h).permute(2, 0, 3, 1, 4)
+        attn = q @ k.transpose(-2, -1) * self.scale + self.biases[:, self.idxs]
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B, L, C)
+'''
+LISTINGS = {"state_dict() kept": "state = model.state_dict()\n    register(state.values())",
+            "buffers() handed on": "register(list(model.buffers()))",
+            # a record holding a listing: writing its other entries writes no tensor
+            "a checkpoint record": "state = {'epoch': 1, 'model': model.state_dict()}\n    state['arch'] = 'attn'\n"
+                                   "    register(state)",
+            # writes into buffers' elements (timm's `distribute_bn`) keep their ranks
+            "buffers averaged in place": "for name, buf in model.named_buffers():\n        buf /= 2.0\n"
+                                         "    register(model.state_dict())"}
+
+
+def _rank_fact(tmp_path, setup: str) -> tuple[str, str]:
+    (tmp_path / "attn.py").write_text(GATHERED_BIAS)
+    (tmp_path / "setup.py").write_text(setup)
+    (finding,) = scan_paths([str(tmp_path)], jobs=1, cache=False).findings
+    status = {fact["name"]: status for status, facts in finding.extra["facts"].items() for fact in facts}
+    return finding.fix_safety, status["mask-rank"]
+
+
+@pytest.mark.parametrize("body", LISTINGS.values(), ids=LISTINGS)
+def test_a_listing_handed_on_elsewhere_keeps_a_buffers_rank_where_no_file_changes_a_shape(tmp_path, body):
+    """Code handed a module's tensors can change their rank or dtype only in place (`unsqueeze_`, `set_`, a `.data`
+    assignment): where no file of the tree names one, the index buffer keeps its rank and the gather its 3 dims."""
+    assert _rank_fact(tmp_path, SETUP.format(body=body)) == ("safe", "proved")
+
+
+@pytest.mark.parametrize("body", LISTINGS.values(), ids=LISTINGS)
+def test_a_listing_handed_on_where_the_tree_changes_shapes_in_place_leaves_the_rank_unproved(tmp_path, body):
+    setup = SETUP.format(body=body) + "\n\ndef register(tensors):\n    for t in tensors:\n        t.unsqueeze_(0)\n"
+    assert _rank_fact(tmp_path, setup) == ("unsafe", "assumed")
