@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 
+from advisor.contracts.finding import as_text
+
 CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")  # C0 but tab, DEL, C1: ESC starts sequences, \n breaks lines
 
 
@@ -13,8 +15,9 @@ class AdvisorError(Exception):
 
 
 def visible(text: object) -> str:
-    """User-controlled text for a terminal: control characters written as `\\xNN`, so a file name cannot drive it."""
-    return CONTROL.sub(lambda hit: f"\\x{ord(hit.group()):02x}", str(text))
+    """User-controlled text for a terminal: control characters written as `\\xNN`, so a file name cannot drive it,
+    and a file name's bytes that are not UTF-8 too, as JSON writes them (`contracts.finding.as_text`)."""
+    return CONTROL.sub(lambda hit: f"\\x{ord(hit.group()):02x}", as_text(str(text)))
 
 
 _GIT_ESCAPES = {ord("\a"): "\\a", ord("\b"): "\\b", ord("\t"): "\\t", ord("\n"): "\\n", ord("\v"): "\\v",

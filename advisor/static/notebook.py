@@ -201,15 +201,16 @@ def _layout(document: dict, raw: str):
     may be CRLF (git's autocrlf checkout on Windows): json.dumps writes a newline only between tokens (one in a
     string is escaped), so CRLF is its text with every newline replaced."""
     newline = "\r\n" if "\r\n" in raw else "\n"
-    for indent in (1, 2, 4, None):
+    first = re.search(r"\n( *)\S", raw.rstrip())  # the indent is the first inner line's (no inner line: none)
+    indent = len(first.group(1)) if first else None
+    for separators in (None, (",", ":")):  # json.dumps' default, or compact
         for sort_keys in (True, False):
             for ensure_ascii in (False, True):
-                text = json.dumps(document, indent=indent, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
-                text = text.replace("\n", newline)
+                settings = dict(indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+                text = json.dumps(document, **settings).replace("\n", newline)
                 if raw in (text, text + newline):
                     end = raw[len(text):]
-                    return lambda changed: json.dumps(changed, indent=indent, sort_keys=sort_keys,
-                                                      ensure_ascii=ensure_ascii).replace("\n", newline) + end
+                    return lambda changed: json.dumps(changed, **settings).replace("\n", newline) + end
     raise ValueError("the notebook's JSON is not laid out as json.dumps writes it (nbformat does); not written")
 
 

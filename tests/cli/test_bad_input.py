@@ -161,6 +161,18 @@ def test_markup_and_escape_sequences_in_names_are_shown_as_text(capsys, workdir)
     assert code == 1 and "fixed x[/]y.py" in out and "fixed e\\x1b[31mvil.py" in out and "\x1b" not in out
 
 
+@pytest.mark.parametrize("argv", [["scan", "s\udcfe.py"], ["fix", "s\udcfe.py"], ["analyze", "t\udcff.json"],
+                                  ["scan", "--config", "c\udcff.toml", "."]], ids=["scan", "fix", "analyze", "config"])
+def test_a_name_whose_bytes_are_not_utf8_is_written_as_json_writes_it_in_an_error_line(capsys, workdir, argv):
+    """One-line errors write such bytes `\\xNN`, as JSON does (they reach Python as lone surrogates, which a UTF-8
+    terminal cannot print: promise round 34)."""
+    if "s\udcfe.py" in argv:
+        (workdir / os.fsdecode(b"s\xfe.py")).write_text("def broken(:\n")
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and ("\\xfe" in err or "\\xff" in err) and "\\udc" not in err
+    err.encode("utf-8")  # printable on a UTF-8 terminal
+
+
 def test_a_diff_quotes_a_name_with_control_characters_as_git_does(capsys, workdir):
     """`scan --format diff` and `fix` printed `--- a/e<ESC>[31mvil.py` raw (a colour sequence in the terminal) and a
     tab ended the name for `git apply`; git's quoted form is text and applies. So does a name that is not UTF-8 (a

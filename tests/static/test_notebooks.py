@@ -85,10 +85,26 @@ def test_fixes_keep_magics_outputs_and_a_layout_they_cannot_reproduce_is_refused
     assert after["cells"][0]["outputs"] == code_cell["outputs"] and after["cells"][0]["metadata"] == {"tags": ["keep"]}
     assert notebook.read_text().endswith("}\n")
     odd = workdir / "odd.ipynb"
-    odd.write_text(json.dumps(document, indent=3))  # no json.dumps setting advisor tries writes this back
+    odd.write_text(json.dumps(document, indent=1).replace('"nbformat": 4', '"nbformat":  4'))  # by hand: no
+    # json.dumps setting writes this back
     before = odd.read_bytes()
     assert main(["fix", "odd.ipynb", "--apply"]) == 2
     assert "not laid out as json.dumps writes it" in capsys.readouterr().err and odd.read_bytes() == before
+
+
+@pytest.mark.parametrize("settings", [{"indent": 0}, {"indent": 3}, {"separators": (",", ":")},
+                                      {"indent": 2, "separators": (",", ":")}], ids=["0", "3", "compact", "2 compact"])
+def test_a_notebook_laid_out_by_any_json_dumps_indent_or_separators_is_written_back_in_it(capsys, workdir,
+                                                                                          settings):
+    """The layout is read from the file (its first inner line's indent, the default or compact separators), not
+    picked from a list (promise round 34: indent 0 and 3 and compact notebooks were refused)."""
+    document = {"cells": [cell("code", NANOGPT.read_text())], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    notebook = workdir / "nb.ipynb"
+    notebook.write_text(json.dumps(document, **settings))
+    assert main(["fix", "nb.ipynb", "--apply"]) == 0
+    after = json.loads(notebook.read_text())
+    assert "scaled_dot_product_attention" in "".join(after["cells"][0]["source"])
+    assert notebook.read_text() == json.dumps(after, **settings)
 
 
 def test_a_notebook_whose_json_has_crlf_newlines_is_written_back_in_them(capsys, workdir):
