@@ -20,10 +20,10 @@ from advisor.static.line_index import LineIndex
 from advisor.static.opening_imports import first_code_run
 from advisor.static.package_functions import decorators_keep
 from advisor.static.escaping_reads import escaping_reads
-from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY, ATTRIBUTE_TABLES,
-                                           FINITE_DRAW, MODULE_GLOBALS, NAMED_BINDERS, NAMESPACE_READS, NARROWED,
-                                           RESHAPING_IN_PLACE, STATE_LOADERS, UNSPELLED_MODULE_WRITES, file_writes,
-                                           outside_writes_of_source)
+from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_LISTED, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY,
+                                           ATTRIBUTE_TABLES, FINITE_DRAW, MODULE_GLOBALS, NAMED_BINDERS,
+                                           NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE, STATE_LOADERS,
+                                           UNSPELLED_MODULE_WRITES, file_writes, outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method, is_self, is_self_attribute
 from advisor.static.positions import StatementPositions
@@ -595,8 +595,8 @@ class ParsedModule:
         loads a state dict: what it loads may be a listing it changed. (A listing only read, `sum(b.numel() for b in
         m.buffers())`, changes nothing; another file's listing counts without a load, as static.escaping_reads
         reads it.)"""
-        return "load_state_dict" in self.words and any(
-            entry.partition(NARROWED)[0] == ANY_TENSOR for entry in file_writes(self.source, escaping_reads).escaping)
+        return "load_state_dict" in self.words and any(entry.partition(NARROWED)[0] in (ANY_TENSOR, ANY_LISTED)
+                                                       for entry in file_writes(self.source, escaping_reads).escaping)
 
     def note_read(self, path: str) -> None:
         """A file besides this one the analysis read: a result the scan cache keeps is valid only while it is
