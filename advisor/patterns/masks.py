@@ -40,6 +40,7 @@ EINOPS_PATTERNS = {"einops.rearrange", "einops.repeat", "einops.reduce"}
 ROWS = "fully-masked-rows"
 FINITE_FILL = "finite-fill"  # a masked key's weight: 0 in SDPA, exp(fill - row max) in the original
 REPLACED_SCORES = "replaced-scores"  # masked_fill/where discards a masked score; SDPA adds its mask, keeping a NaN
+AUTOCAST_FILL = "autocast-fill"  # a fill autocast's dtype cannot hold: the original raises, the guard reads q's
 REPLACED_STATEMENT = "the scores a mask replaces are numbers: q and k hold no NaN or inf at masked positions"
 
 
@@ -305,5 +306,12 @@ def _record_uniform_rows(parsed: ParsedModule, facts: FactSheet, fill: cst.BaseE
         facts.assumed(ROWS, UNIFORM, f"{why}; the fill overflows {', '.join(unfit)} (the original's masked_fill "
                       f"raises, or a cast before its softmax makes the fill -inf and its fully masked rows NaN), so "
                       f"the original must run there")
+    autocast = [dtype for dtype in unfit if dtype in ("float16", "bfloat16")]
+    if autocast:
+        facts.accepted(AUTOCAST_FILL, f"the fill `{parsed.code(fill)}` fits the scores' dtype wherever q's does",
+                       f"under `torch.autocast` to {' or '.join(autocast)} q keeps its own dtype while Q·K^T gives "
+                       f"{autocast[0]} scores, so the original's masked_fill raises where the guard, which reads q's "
+                       f"dtype, takes the SDPA path: a program that raised runs (breaker round 37); TorchScript "
+                       f"cannot compile the check of autocast's dtype, and it raises on meta tensors")
     else:
         facts.proved(ROWS, UNIFORM, why)

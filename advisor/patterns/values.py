@@ -249,9 +249,10 @@ class ValueProver:
                     return False
             elif definition.kind == "assign":  # `b, c, h, w = x.shape`: unpacked sizes are ints
                 if not self._unpacked_is_scalar(definition, depth):
-                    self.unfollowed.append(f"`{definition.name}` is unpacked from "
-                                           f"`{self.parsed.code(definition.value)}`, a form the analysis does not "
-                                           f"follow")
+                    if not isinstance(definition.value, (cst.Tuple, cst.List)):  # a tuple's items say their own
+                        self.unfollowed.append(f"`{definition.name}` is unpacked from "
+                                               f"`{self.parsed.code(definition.value)}`, a form the analysis does "
+                                               f"not follow")
                     return False
             elif definition.kind == "aug":
                 if not self.is_scalar(definition.value, depth + 1):

@@ -109,6 +109,26 @@ def test_a_finite_fill_patch_is_safe_with_its_rows_fact_proved_or_guarded(fill):
     assert "finite-fill" in _facts(finding, "accepted"), finding.extra["facts"]
 
 
+def test_a_fill_float16_cannot_hold_names_autocast_where_the_guard_reads_q_s_dtype():
+    """Under `torch.autocast` to float16, q stays float32 while Q·K^T is float16: the original's `masked_fill(-1e9)`
+    raises and the guard (`q.dtype != torch.float16`) takes the SDPA path (breaker round 37). The divergence, a
+    program that raised runs, is the accepted fact `autocast-fill`; a fill float16 holds raises nowhere and names
+    none."""
+    finding = _finding(_sources("fill_eq0_bool", "1e9")[0])
+    assert "autocast-fill" in _facts(finding, "accepted"), finding.extra["facts"]
+    assert "autocast-fill" not in _facts(_finding(_sources("fill_eq0_bool", "1e4")[0]), "accepted")
+    original, patched = _functions("fill_eq0_bool", "1e9")
+    q, k, v = (torch.randn(1, 2, L, E) for _ in range(3))
+    keep = torch.rand(1, 1, L, L) > 0.3
+    with torch.autocast("cpu", dtype=torch.float16):
+        with pytest.raises(RuntimeError):
+            original(q, k, v, keep)
+        assert patched(q, k, v, keep).shape == (1, 2, L, E)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # -1e9 fits bfloat16: both run
+        torch.testing.assert_close(patched(q, k, v, keep).float(), original(q, k, v, keep).float(), atol=0.1,
+                                   rtol=0.1)
+
+
 # the matcher does not read `where(c, torch.finfo(scores.dtype).min, scores)` (the fill reads the scores it replaces)
 PAIRS = [(masking, fill) for masking in MASKINGS for fill in FILLS if (masking, fill) != ("where_masked", "finfo_scores")]
 
