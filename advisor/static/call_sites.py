@@ -75,7 +75,12 @@ COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w+)[\w.]*\s*,(?!\s*(?:'[^'\n]*
 # the same by a callable made from the name, whose object the text does not pair with it
 # (`operator.attrgetter("attend_" + kind)(impls)`: breaker round 36): any module may be the one looked up
 NAME_GETTERS = ("attrgetter", "methodcaller")
-COMPUTED_GETTER = re.compile(r"\b(?:%s)\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])" % "|".join(NAME_GETTERS))
+# ... and by enumerating an object's or a class's attributes (`inspect.getmembers(m)`, `type(m).__dict__.items()`:
+# breaker round 38), whatever they are given
+COMPUTED_GETTER = re.compile(r"\b(?:%s)\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])|\bgetmembers\b|\)\s*\.__dict__\b"
+                             % "|".join(NAME_GETTERS))
+# the modules of libraries whose functions a lookup on them reaches (`getattr(F, activation)(x)`), not the tree's
+LIBRARY_IMPORT = re.compile(r"^[ \t]*(?:from|import)[ \t]+(?:torch|numpy|math|einops)\b")
 ANY_ROOT = "*"  # a root every module name matches
 IMPORT_LINE = re.compile(r"^[ \t]*(?:from|import)\b[^\n]*", re.M)
 
@@ -106,12 +111,13 @@ def _computed_lookup_roots(text: str) -> frozenset[str]:
 def looks_up_objects_by_computed_name(text: str) -> bool:
     """Whether the text looks an attribute up by a name it computes on an object no import binds
     (`getattr(m, "att" + "end")(q, k, v)[1]`, `getattr(m, name)` with `name` from `dir(m)`): any method of any
-    instance may be called there, with arguments no call site shows (breaker round 37). On an imported module
-    (`getattr(F, activation)(x)`) it reaches that module's functions, which `_uses` reads."""
+    instance may be called there, with arguments no call site shows (breaker round 37); so may a class's, where
+    the tree's own class is looked up (`vars(Attn)[name]`, round 38). On a library's module (`getattr(F,
+    activation)(x)`) it reaches that module's functions, none of the tree's."""
     roots = _computed_lookup_roots(text)
     if not roots:
         return False
-    bound = {word for line in _import_lines(text) for word in WORD.findall(line)}
+    bound = {word for line in _import_lines(text) if LIBRARY_IMPORT.match(line) for word in WORD.findall(line)}
     return ANY_ROOT in roots or bool(roots - bound)
 
 

@@ -58,6 +58,8 @@ RAW_SETTERS = ("object", "type")
 GETTERS = {"get_submodule", "get_buffer", "get_parameter"}
 # dictionaries that hold a module's attributes: a store into one binds the attribute its key names
 ATTRIBUTE_TABLES = {"_modules", "_buffers", "_parameters", "__dict__"}
+# methods giving an object's state, its attribute tables among it (`m.__reduce_ex__(2)[2]["_modules"]`)
+STATE_GETTERS = {"__getstate__", "__reduce__", "__reduce_ex__"}
 # methods of an object's namespace (`m.__dict__`, `vars(m)`) that bind nothing; any other (`update`, `setdefault`,
 # `pop`) binds or unbinds the attributes its keywords name, or any attribute
 # builtins that only read a namespace they are given (`dict(vars(m))` copies it)
@@ -757,6 +759,12 @@ class _Writes:
         for keyword in node.keywords:  # `torch.add(a, b, out=m.bias)`: written, maybe resized
             if keyword.arg == "out":
                 self.target(keyword.value)
+        if isinstance(func, ast.Attribute) and func.attr == "__set__" and args:  # a descriptor's setter called on
+            self.target(args[0])  # its object: `torch.Tensor.data.__set__(m.mask, t)` is `m.mask.data = t`
+        if isinstance(func, ast.Attribute) and func.attr in STATE_GETTERS and not _is_self(func.value) or \
+                any(isinstance(a, ast.Constant) and a.value in ATTRIBUTE_TABLES for a in args):
+            self.write(ANY_ATTRIBUTE)  # `m.__getstate__()["_modules"]`, `object.__getattribute__(m, "_modules")`,
+            # `attrgetter("_modules")(m)`, `inspect.getattr_static(m, "__dict__")`: a table of m's attributes
         binding = None
         if isinstance(func, ast.Name) and func.id == "setattr" and len(args) >= 2:
             binding = (args[0], args[1], args[2] if len(args) > 2 else None)

@@ -366,9 +366,11 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
 
 # names that change a tensor's shape in place: its methods, and `torch.utils.swap_tensors`
 SHAPE_CHANGING_NAMES = RESHAPING_IN_PLACE | {"swap_tensors"}
-# a word naming one (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment
-SHAPE_CHANGE = re.compile(r"\b(?:%s)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']"
-                          % "|".join(sorted(SHAPE_CHANGING_NAMES)))
+# a word naming one (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment (by its
+# descriptor's setter too, `torch.Tensor.data.__set__(t, x)`: any `__set__`, breaker round 38), torch's swap of
+# two tensors' data
+SHAPE_CHANGE = re.compile(r"\b(?:%s)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']|\b__set__\b|"
+                          r"_swap_tensor_impl\b" % "|".join(sorted(SHAPE_CHANGING_NAMES)))
 
 
 def shape_changes(path: str, text: str) -> list[UseSite]:

@@ -12,7 +12,7 @@ import libcst as cst
 
 from advisor.static.dataflow import target_names
 from advisor.static.outside_writes import NOT_WRITES, in_place_name
-from advisor.static.walk import walk
+from advisor.static.walk import descendants, walk
 
 if TYPE_CHECKING:
     from advisor.static.module_index import ParsedModule
@@ -24,6 +24,7 @@ STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless
                          "functorch.make_functional_with_buffers"})
 # methods returning a module's buffers themselves (not copies): writing into what they return writes the buffers
 STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
+MAX_ROUNDS = 8  # names followed from name to name
 
 
 MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(")
@@ -64,35 +65,58 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
 
 class _StateViews:
     """The names that may hold a module's buffers themselves, or a listing of them: names a loop binds from an
-    expression that calls a STATE_VIEWS method (the tensors), names an assignment binds from one (the dict or list
-    holding them), anywhere in the file (a scope-blind over-approximation), except a comprehension's, which Python
-    binds inside the comprehension alone (`{x for x in self.state_dict().keys()}` says nothing of an `x` elsewhere).
-    A lambda passed beside a listing (`map(lambda b: b.fill_(1), m.buffers())`) binds its parameters as a loop."""
+    expression that calls a STATE_VIEWS method or reads such a name (the tensors), names an assignment, a `:=` or a
+    `with` binds from one (an assignment of the listing itself, or of a literal holding it: the dict or list
+    holding them), followed from name to name (`g = iter(m.buffers())`, then `for t in g`, `next(g)`), anywhere in
+    the file (a scope-blind over-approximation), except a comprehension's, which Python binds inside the
+    comprehension alone (`{x for x in self.state_dict().keys()}` says nothing of an `x` elsewhere; its `:=` binds
+    outside). A lambda passed beside a listing (`map(lambda b: b.fill_(1), m.buffers())`) binds its parameters as a
+    loop."""
 
     def __init__(self, parsed: ParsedModule) -> None:
         self.parsed = parsed
         self.tensors: set[str] = set()
         self.containers: dict[str, int] = {}  # name -> the indexings that reach a tensor in what it holds
         self.comprehended: dict[str, list[cst.CSTNode]] = {}  # name -> the comprehensions binding it
-        for node in parsed.parents:
-            if isinstance(node, cst.For) and _calls_state_view(node.iter):
-                self.tensors.update(name.value for name in target_names(node.target))
-            elif isinstance(node, cst.CompFor) and _calls_state_view(node.iter):
-                comprehension = self._comprehension(node)
-                for name in target_names(node.target):
-                    self.comprehended.setdefault(name.value, []).append(comprehension)
-            elif isinstance(node, cst.Call) and any(_calls_state_view(a.value) for a in node.args):
-                for argument in node.args:
-                    if isinstance(argument.value, cst.Lambda):
-                        self.tensors.update(p.name.value for p in argument.value.params.params)
-            elif isinstance(node, cst.Assign) and _calls_state_view(node.value):
-                depth = _listing_depth(node.value)
-                for target in node.targets:  # `sd = m.state_dict()`: the listing; `(b,) = m.buffers()`,
-                    if depth and isinstance(target.target, cst.Name):  # `b = next(m.buffers())`: maybe a tensor
-                        self.containers[target.target.value] = min(depth, self.containers.get(target.target.value,
-                                                                                                depth))
-                    else:
-                        self.tensors.update(name.value for name in target_names(target.target))
+        bindings = [node for node in parsed.parents if isinstance(node, (
+            cst.For, cst.CompFor, cst.Call, cst.Assign, cst.NamedExpr, cst.WithItem))]
+        for _ in range(MAX_ROUNDS):  # until no binding adds a name (a chain of names is followed one per round)
+            known = (len(self.tensors), len(self.containers), sum(map(len, self.comprehended.values())))
+            for node in bindings:
+                self._bind(node)
+            if known == (len(self.tensors), len(self.containers), sum(map(len, self.comprehended.values()))):
+                break
+
+    def _bind(self, node: cst.CSTNode) -> None:
+        if isinstance(node, cst.For) and self._reads_views(node.iter):
+            self.tensors.update(name.value for name in target_names(node.target))
+        elif isinstance(node, cst.CompFor) and self._reads_views(node.iter):
+            comprehension = self._comprehension(node)
+            for name in target_names(node.target):
+                if comprehension not in self.comprehended.setdefault(name.value, []):
+                    self.comprehended[name.value].append(comprehension)
+        elif isinstance(node, cst.Call) and any(self._reads_views(a.value) for a in node.args):
+            for argument in node.args:
+                if isinstance(argument.value, cst.Lambda):
+                    self.tensors.update(p.name.value for p in argument.value.params.params)
+        elif isinstance(node, cst.Assign) and self._reads_views(node.value):
+            depth = _listing_depth(node.value)
+            for target in node.targets:  # `sd = m.state_dict()`: the listing; `(b,) = m.buffers()`,
+                if depth and isinstance(target.target, cst.Name):  # `b = next(m.buffers())`: maybe a tensor
+                    self.containers[target.target.value] = min(depth, self.containers.get(target.target.value,
+                                                                                            depth))
+                else:
+                    self.tensors.update(name.value for name in target_names(target.target))
+        elif isinstance(node, cst.NamedExpr) and self._reads_views(node.value) or \
+                isinstance(node, cst.WithItem) and node.asname is not None and self._reads_views(node.item):
+            target = node.target if isinstance(node, cst.NamedExpr) else node.asname.name
+            self.tensors.update(name.value for name in target_names(target))
+
+    def _reads_views(self, node: cst.BaseExpression) -> bool:
+        """`node` calls a STATE_VIEWS method or reads a name that may hold what one gives."""
+        return _calls_state_view(node) or any(
+            self._tensor_name(name) or name.value in self.containers
+            for name in [node, *descendants(node, (cst.Name,))] if isinstance(name, cst.Name))
 
     def _comprehension(self, node: cst.CompFor) -> cst.CSTNode:
         while isinstance(self.parsed.parents.get(node), cst.CompFor):  # `for a in x for b in a`: nested fors
@@ -117,7 +141,7 @@ class _StateViews:
             return depth >= beyond + self.containers[node.value]
         if _is_state_view_call(node):
             return depth >= beyond + 1
-        return not isinstance(node, cst.Name) and _calls_state_view(node) and depth >= beyond  # `next(m.buffers())`,
+        return not isinstance(node, cst.Name) and self._reads_views(node) and depth >= beyond  # `next(m.buffers())`,
         # `[b for b in m.buffers()][0]`: may be a tensor itself (breaker round 27)
 
 

@@ -98,7 +98,13 @@ Round 37 (fixtures/attention/breaker37): a submodule replaced between the dropou
 alias of its module's `_modules` (a name, or `:=` of `getattr(m, "_modules")`) or turned into a dropout by a
 `__class__` assignment on what `get_submodule` returns, and a method returning its weights called by a computed name
 (`getattr(m, name)` with `name` from `dir(m)`, tree_05; `getattr(m, "att" + "end")`, tree_06), whose weights the
-patch dropped."""
+patch dropped.
+
+Round 38 (fixtures/attention/breaker38), aimed at round 37's fixes and the rank proofs that survive listings: a
+buffer's rank or values changed by `torch.Tensor.data.__set__` (tree_01, tree_02), a listing's tensor reached through
+`:=` out of a comprehension, a generator stored in a name, or `next()` of a name, the module's `_modules` reached by
+`__getstate__`, `attrgetter` or `__reduce_ex__` (tree_08, tree_10, tree_12), and a method whose weights every visible
+caller drops reached by `inspect.getmembers` or `vars(Attn)` (tree_13, tree_14)."""
 
 from __future__ import annotations
 
