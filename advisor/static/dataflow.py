@@ -186,8 +186,9 @@ class _FlowBuilder:
     """Walks a function body once, in order, threading the environment of reaching definitions."""
 
     def __init__(self, function: cst.FunctionDef, first_id: int, off: frozenset[cst.If | cst.IfExp] = frozenset(),
-                 on: frozenset[cst.If | cst.IfExp] = frozenset()) -> None:
+                 on: frozenset[cst.If | cst.IfExp] = frozenset(), libraries: frozenset[str] = frozenset()) -> None:
         self.flow = FunctionFlow(function)
+        self._libraries = libraries
         self._off, self._on = off, on
         self._hidden = frozenset(name for node in off | on if isinstance(node, cst.IfExp)  # the branch never taken
                                  for name in loaded_names(node.orelse if node in on else node.body))
@@ -409,22 +410,24 @@ class _FlowBuilder:
             for child in children(small):
                 if isinstance(child, cst.BaseExpression):
                     self._read(child, env)
-        written, called = _written_in(small)
-        for target in written + [c for c in called if not isinstance(c, cst.Name) or self.aliases.get(c.value)]:
+        written, called = _written_in(small)  # a name this function never binds (a function of the module, as
+        # `l2norm` beside q in `map(l2norm, (q, k))`) holds no method of one of its tensors
+        called = [c for c in called if not isinstance(c, cst.Name) or c.value in env and self.aliases.get(c.value)]
+        for target in written + called:
             self._store(target, small, env, if_guards)  # `out=x`, `y = x.add_(1)`, `cb = x.mul_; cb(2)`
 
     def _store(self, target, statement, env: Env, guards) -> None:
         """`x[i] = v`, `x[i] += v`, `out=x`, `x.narrow(0, 0, 2).fill_(1)`: the tensor x is written in place, which
         is a new value of x (for a name; writes through attributes are checked where they matter, see
         patterns.scope), and of every name x may view or be viewed by."""
-        self._written_through([root.value for root in storage_roots(target)], statement, env, guards,
-                              themselves=True)
+        roots = storage_roots(target, self._libraries)
+        self._written_through([root.value for root in roots], statement, env, guards, themselves=True)
 
     @property
     def aliases(self) -> dict[str, frozenset[str]]:
         """The function's names that may share storage (a write through one writes what it may view), read once."""
         if self._aliases is None:
-            self._aliases = view_aliases(self.flow.function)
+            self._aliases = view_aliases(self.flow.function, self._libraries)
         return self._aliases
 
     def _written_through(self, names: list[str], statement, env: Env, guards, themselves: bool = False) -> None:
@@ -551,9 +554,11 @@ class _WalrusCollector(cst.CSTVisitor):
 
 
 def build_flow(function: cst.FunctionDef, first_id: int = 0, off: frozenset[cst.If | cst.IfExp] = frozenset(),
-               on: frozenset[cst.If | cst.IfExp] = frozenset()) -> FunctionFlow:
+               on: frozenset[cst.If | cst.IfExp] = frozenset(),
+               libraries: frozenset[str] = frozenset()) -> FunctionFlow:
     """Definition ids start at `first_id`: give each function of a file its own range, so that flows of a
     caller and a callee can be merged into one view when attention is split across them. The `if` statements and
     conditional expressions in `off` are never taken (the flow of the function where their test is false; their
-    bodies are not read), those in `on` always are (their `else` is not read)."""
-    return _FlowBuilder(function, first_id, off, on).build()
+    bodies are not read), those in `on` always are (their `else` is not read). `libraries`: the module's names of
+    library functions (`tensor_views.storage_roots`)."""
+    return _FlowBuilder(function, first_id, off, on, libraries).build()

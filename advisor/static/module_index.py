@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 
 TORCH_MODULE = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+# packages whose functions a file may import by name to call as torch's (numpy's and einops' may return views
+# torch's view ops do not name: `ravel`, `einops.repeat`)
+LIBRARY_PACKAGES = frozenset({"torch", "math"})
 
 
 @lru_cache(maxsize=64)
@@ -562,8 +565,16 @@ class ParsedModule:
         key = (function, off, on)
         if key not in self._flows:
             first_id = 1_000_000 * len(self._flows)  # file-unique ids: flows of two functions can merge
-            self._flows[key] = build_flow(function, first_id, off, on)
+            self._flows[key] = build_flow(function, first_id, off, on, self.library_functions)
         return self._flows[key]
+
+    @cached_property
+    def library_functions(self) -> frozenset[str]:
+        """Names the file binds only by importing them from torch or math (`from torch import einsum`): a call of
+        one computes what the library's does (static.tensor_views)."""
+        bound = {name.value for name in _assigned_names(self.parents.items())} | set(self.module_functions)
+        return frozenset(name for name, dotted in self.imports.items() if "." in dotted and
+                         dotted.split(".")[0] in LIBRARY_PACKAGES and name not in bound)
 
     @cached_property
     def functions(self) -> list[tuple[cst.FunctionDef, ClassInfo | None, str]]:

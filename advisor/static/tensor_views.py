@@ -24,7 +24,7 @@ VIEW_OPS = frozenset({
     "narrow", "select", "diagonal", "unfold", "unbind", "split", "split_with_sizes", "chunk", "tensor_split",
     "hsplit", "vsplit", "dsplit", "as_strided", "detach", "view_as_real", "view_as_complex", "atleast_1d",
     "atleast_2d", "atleast_3d", "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16",
-    "bool", "byte", "char", "short", "int", "long", "cpu", "cuda", "rearrange",
+    "bool", "byte", "char", "short", "int", "long", "cpu", "cuda", "rearrange", "ravel", "alias",
 })
 # what reads a tensor's memory layout, builds a tensor from it, or raises on some strides (`view_as_complex`:
 # breaker round 31's rotary embedding): a copy removed before one, or SDPA's output strides, may change it
@@ -33,6 +33,8 @@ STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "unt
                           "from_dlpack", "to_dlpack", "__dlpack__", "view_as_complex", "view_as_real",
                           "save"})  # `torch.save` writes the strides out (breaker round 32)
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
+# library calls whose result holds the storage of what they are given (`nn.Parameter(t)`, `torch.as_tensor(t)`)
+SHARING_CONSTRUCTORS = frozenset({"Parameter", "as_tensor", "asarray", "from_numpy", "frombuffer", "Buffer"})
 # torch functions and methods that draw random numbers in their input's memory order: with one seed, a permuted
 # tensor and its contiguous copy get their draws on other elements (breaker rounds 16 and 25)
 RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
@@ -61,40 +63,46 @@ def torch_op_name(dotted: str) -> str:
     return parts[3] if parts[:2] == ["torch", "ops"] and len(parts) > 3 else parts[-1]
 
 
-def storage_roots(expression: cst.BaseExpression) -> list[cst.Name]:
-    """The names whose tensors the value of `expression` may be, or view."""
+def storage_roots(expression: cst.BaseExpression, libraries: frozenset[str] = frozenset()) -> list[cst.Name]:
+    """The names whose tensors the value of `expression` may be, or view. `libraries`: the module's names of
+    library functions (`from torch import einsum`): a call of one views only what a view op of that name would."""
     if isinstance(expression, cst.Name):
         return [] if expression.value in CONSTANTS else [expression]
     if isinstance(expression, cst.Subscript):
-        return storage_roots(expression.value)
+        return storage_roots(expression.value, libraries)
     if isinstance(expression, cst.Attribute):  # a view, or a bound in-place method (`cb = x.mul_`) that writes x
         viewing = expression.attr.value in VIEW_ATTRIBUTES or writes_its_receiver(expression.attr.value)
-        return storage_roots(expression.value) if viewing else []
+        return storage_roots(expression.value, libraries) if viewing else []
     if isinstance(expression, (cst.Tuple, cst.List)):
-        return [root for element in expression.elements for root in storage_roots(element.value)]
+        return [root for element in expression.elements for root in storage_roots(element.value, libraries)]
     if isinstance(expression, cst.IfExp):
-        return storage_roots(expression.body) + storage_roots(expression.orelse)
+        return storage_roots(expression.body, libraries) + storage_roots(expression.orelse, libraries)
     if isinstance(expression, cst.NamedExpr):
-        return storage_roots(expression.value)
+        return storage_roots(expression.value, libraries)
     if isinstance(expression, cst.BooleanOperation):  # `a and b` is one of them
-        return storage_roots(expression.left) + storage_roots(expression.right)
+        return storage_roots(expression.left, libraries) + storage_roots(expression.right, libraries)
     if not isinstance(expression, cst.Call):
         return []
     func, positional = expression.func, [arg.value for arg in expression.args if arg.keyword is None]
     if isinstance(func, cst.Name):
         if func.value in SCALAR_BUILTINS:
             return []
-        viewed = positional[:1] if func.value in VIEW_OPS else positional
-        return [root for value in viewed for root in storage_roots(value)]
+        if func.value in libraries:  # `from torch import einsum`: as `torch.einsum`
+            shares = func.value in VIEW_OPS | SHARING_CONSTRUCTORS or writes_its_receiver(func.value)
+            viewed = positional[:1] if shares else []
+        else:
+            viewed = positional[:1] if func.value in VIEW_OPS else positional
+        return [root for value in viewed for root in storage_roots(value, libraries)]
     if not isinstance(func, cst.Attribute):
-        return [root for value in positional for root in storage_roots(value)]
+        return [root for value in positional for root in storage_roots(value, libraries)]
     name, receiver = func.attr.value, func.value
     if is_library(receiver):  # `torch.narrow(mask, ...)`: a view of its first argument; `torch.matmul` a new tensor
-        return [root for value in positional[:1] for root in storage_roots(value)] if name in VIEW_OPS else []
+        viewed = positional[:1] if name in VIEW_OPS | SHARING_CONSTRUCTORS else []
+        return [root for value in viewed for root in storage_roots(value, libraries)]
     if isinstance(receiver, cst.Name) and receiver.value == "self":  # a module or method of the user's
-        return [root for value in positional for root in storage_roots(value)]
+        return [root for value in positional for root in storage_roots(value, libraries)]
     if name in VIEW_OPS or writes_its_receiver(name) or name == "__getitem__":  # in place: returns its receiver
-        return storage_roots(receiver)
+        return storage_roots(receiver, libraries)
     return []
 
 
@@ -118,11 +126,12 @@ def is_library(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value in LIBRARIES
 
 
-def view_aliases(function: cst.FunctionDef) -> dict[str, frozenset[str]]:
+def view_aliases(function: cst.FunctionDef, libraries: frozenset[str] = frozenset()) -> dict[str, frozenset[str]]:
     """Each local name -> the other names that may share its storage, through the function's assignments and loop
     targets (`m2 = mask[:, :p]`, `a, b = x.chunk(2)`, `for row in mask:`), either way and transitively. Read once
-    for the whole function, whatever the order: a write through one of them is a write of them all."""
-    bindings = _Bindings(function)
+    for the whole function, whatever the order: a write through one of them is a write of them all. `libraries`:
+    see `storage_roots`."""
+    bindings = _Bindings(function, libraries)
     walk(function, bindings)
     bindings.shared.remove_nodes_from(bindings.sizes - bindings.tensors)  # ints hold no storage
     return {name: frozenset(component - {name}) for component in nx.connected_components(bindings.shared)
@@ -134,13 +143,13 @@ class _Bindings(cst.CSTVisitor):
     (`b, n, c = x.size()`, `d = q.shape[-1]`, `n = 4`), and `tensors`, those some other binding gives anything
     else: a name only ever a size views nothing (a helper `self._shape(k, -1, bsz)` is passed one)."""
 
-    def __init__(self, function: cst.FunctionDef) -> None:
-        self.function, self.shared = function, nx.Graph()
+    def __init__(self, function: cst.FunctionDef, libraries: frozenset[str]) -> None:
+        self.function, self.shared, self.libraries = function, nx.Graph(), libraries
         self.sizes: set[str] = set()
         self.tensors: set[str] = set()
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        roots = storage_roots(node.value)
+        roots = storage_roots(node.value, self.libraries)
         for target in node.targets:
             self._join(target.target, roots)
             self._note_kind(target.target, node.value)
@@ -152,7 +161,7 @@ class _Bindings(cst.CSTVisitor):
         (self.sizes if _is_size(value) else self.tensors).update(names)
 
     def visit_For(self, node: cst.For) -> None:
-        self._join(node.target, storage_roots(node.iter))
+        self._join(node.target, storage_roots(node.iter, self.libraries))
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         return node is self.function  # a nested function's own locals are its own

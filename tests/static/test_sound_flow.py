@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
-from attention_sources import HEAD, MAKE, attention, findings, the_finding
+from advisor.static.module_index import ParsedModule
+from attention_sources import HEAD, MAKE, attention, attention_finding_and_fix, findings, the_finding
 from fixture_models import load_module_from_source, parity
 from fuzz.differential import COUNTEREXAMPLE, INVALID, check
 
@@ -1256,3 +1257,41 @@ def test_an_output_rearranged_by_einops_then_written_is_a_fresh_tensor():
     assert ".clone(memory_format=torch.contiguous_format)" in analyze_source(source, "m.py").fixed
     outcome = check(source)
     assert outcome.status not in (INVALID, COUNTEREXAMPLE), f"{outcome.kind}: {outcome.detail}"
+
+
+def test_a_module_function_called_between_the_scores_and_the_value_product_writes_no_input():
+    """memorizing-transformers' `q, k = map(l2norm, (q, k))` put the module's `l2norm` beside q in an alias reading,
+    so a later `mem_k = l2norm(mem_k)` was read as a write of q ("`q` is written in place", reach survey 3): a name
+    the function never binds holds no method of its tensors. A local bound to one (`cb = q.mul_`) still does."""
+    source = attention("""
+        q, k = map(l2norm, (q, k))
+        s = q @ k.transpose(-2, -1) / math.sqrt(8)
+        other = l2norm(x)
+        p = s.softmax(dim=-1)
+        return (p @ v).transpose(1, 2).reshape(B, T, C) + other.sum()
+    """, after="\n\ndef l2norm(t):\n    return F.normalize(t, dim=-1)\n")
+    finding, fixed = attention_finding_and_fix(source)
+    assert finding.fix_safety == "safe" and "scaled_dot_product_attention" in fixed, finding.reason
+    parity(source, fixed)
+
+
+def test_a_torch_function_imported_by_name_returns_no_view_of_its_operands():
+    """`from torch import einsum` (lucidrains' style): a call of it is `torch.einsum`, a fresh tensor, not a helper
+    that may return what it is given; so the weights' einsum with v joins no name to q, and an in-place fill of the
+    scores is no write of q (Stable Diffusion's `CrossAttention`, reach survey 3, was refused as "`q` is written in
+    place"). A name the file also binds otherwise stays unknown code."""
+    einsum_block = textwrap.dedent("""
+        q, k, v = map(lambda t: t.reshape(B * 2, T, 8), (q, k, v))
+        sim = einsum('b i d, b j d -> b i j', q, k) * (8 ** -0.5)
+        sim.masked_fill_(torch.ones(T, T, dtype=torch.bool).triu(1), -torch.finfo(sim.dtype).max)
+        sim = sim.softmax(dim=-1)
+        out = einsum('b i j, b j d -> b i d', sim, v)
+        return out.reshape(B, 2, T, 8).transpose(1, 2).reshape(B, T, C)
+    """)
+    source = attention(einsum_block).replace("import math\n", "import math\nfrom torch import einsum\n", 1)
+    finding, fixed = attention_finding_and_fix(source)
+    assert finding.fix_safety == "safe" and "scaled_dot_product_attention" in fixed, finding.reason
+    parity(source, fixed)
+    assert "einsum" in ParsedModule(source, "m.py").library_functions
+    shadowed = source.replace("import math\n", "import math\neinsum = None\n", 1)
+    assert "einsum" not in ParsedModule(shadowed, "m.py").library_functions
