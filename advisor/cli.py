@@ -47,6 +47,9 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv  # known before parsing, so a failure while building the parser obeys it too
+    if sys.stdout is None:  # started with its standard output closed (`advisor scan . >&-`): Python gives None
+        print("advisor: error: standard output is closed: nothing can be reported", file=sys.stderr)
+        return EXIT_ERROR
     try:
         parser = build_parser()
         argv, script = split_script(argv)

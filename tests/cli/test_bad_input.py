@@ -230,6 +230,16 @@ def test_a_reader_that_leaves_early_keeps_the_exit_code(workdir, verb):
     assert process.returncode == 1 and err == b""
 
 
+def test_a_closed_standard_output_is_one_line_that_says_so(workdir):
+    """`advisor scan . >&-`: Python starts with `sys.stdout` None; that was an internal error about `isatty`
+    (promise round 34's note)."""
+    shutil.copy(NANOGPT, workdir / "a.py")
+    process = subprocess.run([sys.executable, "-m", "advisor", "scan", "a.py"], cwd=workdir, stderr=subprocess.PIPE,
+                             text=True, timeout=120, preexec_fn=lambda: os.close(1))
+    assert process.returncode == 2 and process.stderr == (
+        "advisor: error: standard output is closed: nothing can be reported\n")
+
+
 def test_interactive_review_at_end_of_input_quits_cleanly(workdir):
     shutil.copy(NANOGPT, workdir / "a.py")
     before = (workdir / "a.py").read_text()
