@@ -24,7 +24,8 @@ from advisor.patterns.argument_writes import argument_call, writes_arguments
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
 from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, binding_origins, may_alias
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
-from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names
+from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names, \
+    target_names
 from advisor.static.discover import read_source
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.op_overrides import op_overrides
@@ -217,6 +218,10 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     reason = _kept_attribute_written_by_a_method(parsed, flow.function, kept_on, first_line, last_line)
     if reason is not None:
         return reason
+    if any(flow.definitions[i].kind == "param" for i in _storage_sources(parsed, flow, leaves)):
+        reason = _outer_name_written(parsed, flow, between)
+        if reason is not None:
+            return reason
     handed = names - {"self"}  # its attributes are checked apart
     for node in (name for name in loaded_names(flow.function.body) if name.value in handed):
         line = parsed.line(node)
@@ -230,6 +235,42 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
             return (f"`{node.value}`, which may share storage with the SDPA call's inputs, is handed at line {line} "
                     f"to code that may write it in place, between the scores and the value product")
     return None
+
+
+def _outer_name_written(parsed: ParsedModule, flow: FunctionFlow, between) -> str | None:
+    """Where the inputs come from a caller, a write between the scores and the value product through a name the
+    function never binds (a global, an enclosing function's local: `alias.mul_(2)` with `alias = q` outside), or a
+    call of a function of this file that writes one of its own outer names (`def bump(): Q.mul_(2)`), may write the
+    tensor the caller passed (breaker round 39)."""
+    declared = {item.name.value for node in descendants(flow.function, (cst.Global, cst.Nonlocal))
+                for item in node.names}
+    local = _bound_anywhere(flow.function) - declared | {"self"}
+    for receiver, deferred in _written_in_place(flow.function):
+        outer = [name for name in may_alias(parsed, receiver) if name.value not in local and
+                 name.value not in parsed.imports]
+        if outer and (deferred or between(receiver)):
+            return (f"`{parsed.code(receiver)}` is written in place at line {parsed.line(receiver)}, between the "
+                    f"scores and the value product, through `{outer[0].value}`, which this function does not bind: "
+                    f"it may be a tensor the caller passed in")
+    for call in descendants(flow.function, (cst.Call,)):
+        callee = parsed.module_functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
+        if callee is not None and callee is not flow.function and between(call) and \
+                _outer_name_written(parsed, parsed.flow(callee), lambda node: True) is not None:
+            return (f"`{parsed.code(call)}` (line {parsed.line(call)}) calls a function of this file that writes in "
+                    f"place a name it does not bind, between the scores and the value product: it may be a tensor "
+                    f"the caller passed in")
+    return None
+
+
+BINDING_TARGETS = {cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target", cst.For: "target",
+                   cst.CompFor: "target", cst.NamedExpr: "target", cst.AsName: "name", cst.Param: "name",
+                   cst.FunctionDef: "name", cst.ClassDef: "name"}
+
+
+def _bound_anywhere(function: cst.FunctionDef) -> set[str]:
+    """The names the function binds in any statement, on any path (its parameters, `with ... as`, imports too)."""
+    return {name.value for node in descendants(function, tuple(BINDING_TARGETS))
+            for name in target_names(getattr(node, BINDING_TARGETS[type(node)]))}
 
 
 def _kept_attribute_written_by_a_method(parsed: ParsedModule, function: cst.FunctionDef, kept_on: set[str],

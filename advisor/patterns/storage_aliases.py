@@ -13,10 +13,10 @@ from advisor.static.walk import children, descendants
 METADATA_READS = frozenset({"dtype", "device", "shape", "ndim", "layout", "size", "dim", "is_cuda"})
 # tensor methods and functions whose result never shares its operands' storage (arithmetic, reductions, copies)
 FRESH_TENSOR_OPS = frozenset({
-    "add", "sub", "mul", "div", "matmul", "bmm", "baddbmm", "einsum", "softmax", "log_softmax", "exp", "log",
+    "add", "sub", "mul", "div", "matmul", "bmm", "baddbmm", "softmax", "log_softmax", "exp", "log",
     "sqrt", "rsqrt", "pow", "clone", "sum", "mean", "amax", "amin", "norm", "masked_fill", "where", "cat", "stack",
     "zeros_like", "ones_like", "full_like", "empty_like", "randn_like", "rand_like", "tril", "triu", "abs", "neg",
-    "sigmoid", "tanh", "relu", "gelu", "dropout", "outer", "mm", "scaled_dot_product_attention", "cumsum", "eq",
+    "sigmoid", "tanh", "relu", "gelu", "outer", "mm", "scaled_dot_product_attention", "cumsum", "eq",
     "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "repeat", "repeat_interleave",
     "new_full", "new_zeros", "new_ones", "new_empty", "new_tensor"})
 
@@ -38,7 +38,8 @@ def may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
     if isinstance(node, cst.Call):
         name = node.func.attr.value if isinstance(node.func, cst.Attribute) else \
             node.func.value if isinstance(node.func, cst.Name) else None
-        if name in FRESH_TENSOR_OPS or name in METADATA_READS or name in ("item", "tolist", "numel", "stride"):
+        if name in FRESH_TENSOR_OPS or name in METADATA_READS or name in ("item", "tolist", "numel", "stride") or \
+                name == "einsum" and joins_operands(node):
             return []
         arguments = [alias for arg in node.args for alias in may_alias(parsed, arg.value)]
         if not isinstance(node.func, cst.Attribute) or parsed.imported_name(node.func) is not None:
@@ -54,6 +55,13 @@ def may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
     elements = (cst.BaseElement, cst.BaseDictElement)  # a container holds references to its values
     return [alias for child in children(node) if isinstance(child, (cst.BaseExpression, *elements))
             for alias in may_alias(parsed, child.value if isinstance(child, elements) else child)]
+
+
+def joins_operands(call: cst.Call) -> bool:
+    """`einsum(eq, a, b)` of two operands or more computes a new tensor; of one (`einsum('ij->ji', q)`) it may be a
+    view of it (breaker round 39), as a dropout that does not drop (`F.dropout(q, 0.0)`) is q itself."""
+    positional = [arg for arg in call.args if arg.keyword is None]
+    return len(positional) >= 3 and not any(arg.star for arg in positional)
 
 
 def binding_origins(definition: Definition) -> list[cst.CSTNode]:

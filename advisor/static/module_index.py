@@ -28,7 +28,7 @@ from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method, is_self, is_self_attribute
 from advisor.static.positions import StatementPositions
 from advisor.static.attribute_escapes import attribute_escape
-from advisor.static.walk import TOKENS, WHITESPACE, fields_not_only, is_node, walk
+from advisor.static.walk import TOKENS, WHITESPACE, descendants, fields_not_only, is_node, walk
 
 if TYPE_CHECKING:
     from advisor.static.project import ProjectFacts
@@ -38,6 +38,8 @@ TORCH_MODULE = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 # packages whose functions a file may import by name to call as torch's (numpy's and einops' may return views
 # torch's view ops do not name: `ravel`, `einops.repeat`)
 LIBRARY_PACKAGES = frozenset({"torch", "math"})
+NAMESPACE_BINDERS = frozenset({"globals", "exec", "eval", "vars", "__dict__", "__builtins__", "builtins", "setattr",
+                               "__import__", "importlib"})  # words of a file that may bind a module's names unseen
 
 
 @lru_cache(maxsize=64)
@@ -570,11 +572,17 @@ class ParsedModule:
 
     @cached_property
     def library_functions(self) -> frozenset[str]:
-        """Names the file binds only by importing them from torch or math (`from torch import einsum`): a call of
-        one computes what the library's does (static.tensor_views)."""
-        bound = {name.value for name in _assigned_names(self.parents.items())} | set(self.module_functions)
+        """Names the file binds only by one import from torch or math (`from torch import einsum`): a call of one
+        computes what the library's does (static.tensor_views). None where a name is also imported otherwise,
+        assigned, defined or deleted (`del sum` gives back the builtin), nor in a file that may bind names unseen
+        (`globals()[...]`, `exec`, a star import: breaker round 39)."""
+        if self.words & NAMESPACE_BINDERS or self.star_imports:
+            return frozenset()
+        bound = {name.value for name in _assigned_names(self.parents.items())} | set(self.module_functions) | \
+            {name.value for node in self.nodes_of(cst.Del) for name in descendants(node.target, (cst.Name,))}
+        every = _imports(self, every_binding=True)
         return frozenset(name for name, dotted in self.imports.items() if "." in dotted and
-                         dotted.split(".")[0] in LIBRARY_PACKAGES and name not in bound)
+                         dotted.split(".")[0] in LIBRARY_PACKAGES and name not in bound and len(every[name]) == 1)
 
     @cached_property
     def functions(self) -> list[tuple[cst.FunctionDef, ClassInfo | None, str]]:

@@ -35,6 +35,9 @@ STRIDE_READS = frozenset({"stride", "is_contiguous", "data_ptr", "storage", "unt
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
 # library calls whose result holds the storage of what they are given (`nn.Parameter(t)`, `torch.as_tensor(t)`)
 SHARING_CONSTRUCTORS = frozenset({"Parameter", "as_tensor", "asarray", "from_numpy", "frombuffer", "Buffer"})
+# ... that return their input itself where they compute nothing (a dropout at p=0 or out of training)
+RETURNS_ITS_INPUT = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                               "feature_alpha_dropout", "feature_dropout"})
 # torch functions and methods that draw random numbers in their input's memory order: with one seed, a permuted
 # tensor and its contiguous copy get their draws on other elements (breaker rounds 16 and 25)
 RANDOM_OPS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
@@ -88,8 +91,7 @@ def storage_roots(expression: cst.BaseExpression, libraries: frozenset[str] = fr
         if func.value in SCALAR_BUILTINS:
             return []
         if func.value in libraries:  # `from torch import einsum`: as `torch.einsum`
-            shares = func.value in VIEW_OPS | SHARING_CONSTRUCTORS or writes_its_receiver(func.value)
-            viewed = positional[:1] if shares else []
+            viewed = _library_viewed(func.value, expression, positional)
         else:
             viewed = positional[:1] if func.value in VIEW_OPS else positional
         return [root for value in viewed for root in storage_roots(value, libraries)]
@@ -97,12 +99,24 @@ def storage_roots(expression: cst.BaseExpression, libraries: frozenset[str] = fr
         return [root for value in positional for root in storage_roots(value, libraries)]
     name, receiver = func.attr.value, func.value
     if is_library(receiver):  # `torch.narrow(mask, ...)`: a view of its first argument; `torch.matmul` a new tensor
-        viewed = positional[:1] if name in VIEW_OPS | SHARING_CONSTRUCTORS else []
+        viewed = _library_viewed(name, expression, positional)
         return [root for value in viewed for root in storage_roots(value, libraries)]
     if isinstance(receiver, cst.Name) and receiver.value == "self":  # a module or method of the user's
         return [root for value in positional for root in storage_roots(value, libraries)]
     if name in VIEW_OPS or writes_its_receiver(name) or name == "__getitem__":  # in place: returns its receiver
         return storage_roots(receiver, libraries)
+    return []
+
+
+def _library_viewed(name: str, call: cst.Call, positional: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """What a library function's result may view or be: its first argument for a view op, an in-place op, a
+    constructor sharing its input or a dropout (one that does not drop returns its input); an einsum's operands
+    unless it joins two or more (`einsum('ij->ji', q)` is a view of q: breaker round 39); nothing otherwise."""
+    if name in VIEW_OPS | SHARING_CONSTRUCTORS | RETURNS_ITS_INPUT or writes_its_receiver(name):
+        return positional[:1]
+    if name == "einsum":
+        operands = positional[1:]
+        return [] if len(operands) >= 2 and not any(arg.star for arg in call.args) else operands
     return []
 
 

@@ -104,7 +104,12 @@ Round 38 (fixtures/attention/breaker38), aimed at round 37's fixes and the rank 
 buffer's rank or values changed by `torch.Tensor.data.__set__` (tree_01, tree_02), a listing's tensor reached through
 `:=` out of a comprehension, a generator stored in a name, or `next()` of a name, the module's `_modules` reached by
 `__getstate__`, `attrgetter` or `__reduce_ex__` (tree_08, tree_10, tree_12), and a method whose weights every visible
-caller drops reached by `inspect.getmembers` or `vars(Attn)` (tree_13, tree_14)."""
+caller drops reached by `inspect.getmembers` or `vars(Attn)` (tree_13, tree_14).
+
+Round 39 (fixtures/attention/breaker39), aimed at the may-share-storage reading of torch functions imported by name:
+an einsum of one operand (a view) and a dropout that drops nothing (its input), written between the scores and
+the value product; an imported name given back to the builtin by `del`, rebound by a later import or through
+`globals()`; and q written through a global a helper of the file writes, or an enclosing function's name."""
 
 from __future__ import annotations
 
