@@ -237,11 +237,13 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     return None
 
 
-def _outer_name_written(parsed: ParsedModule, flow: FunctionFlow, between) -> str | None:
+def _outer_name_written(parsed: ParsedModule, flow: FunctionFlow, between,
+                        entered: frozenset[cst.FunctionDef] = frozenset()) -> str | None:
     """Where the inputs come from a caller, a write between the scores and the value product through a name the
     function never binds (a global, an enclosing function's local: `alias.mul_(2)` with `alias = q` outside), or a
     call of a function of this file that writes one of its own outer names (`def bump(): Q.mul_(2)`), may write the
-    tensor the caller passed (breaker round 39)."""
+    tensor the caller passed (breaker round 39). `entered`: the functions whose calls led here, each read once
+    (functions of the file that call each other)."""
     declared = {item.name.value for node in descendants(flow.function, (cst.Global, cst.Nonlocal))
                 for item in node.names}
     local = _bound_anywhere(flow.function) - declared | {"self"}
@@ -252,10 +254,11 @@ def _outer_name_written(parsed: ParsedModule, flow: FunctionFlow, between) -> st
             return (f"`{parsed.code(receiver)}` is written in place at line {parsed.line(receiver)}, between the "
                     f"scores and the value product, through `{outer[0].value}`, which this function does not bind: "
                     f"it may be a tensor the caller passed in")
+    entered = entered | {flow.function}
     for call in descendants(flow.function, (cst.Call,)):
         callee = parsed.module_functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
-        if callee is not None and callee is not flow.function and between(call) and \
-                _outer_name_written(parsed, parsed.flow(callee), lambda node: True) is not None:
+        if callee is not None and callee not in entered and between(call) and \
+                _outer_name_written(parsed, parsed.flow(callee), lambda node: True, entered) is not None:
             return (f"`{parsed.code(call)}` (line {parsed.line(call)}) calls a function of this file that writes in "
                     f"place a name it does not bind, between the scores and the value product: it may be a tensor "
                     f"the caller passed in")

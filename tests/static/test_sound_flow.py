@@ -1295,3 +1295,35 @@ def test_a_torch_function_imported_by_name_returns_no_view_of_its_operands():
     assert "einsum" in ParsedModule(source, "m.py").library_functions
     shadowed = source.replace("import math\n", "import math\neinsum = None\n", 1)
     assert "einsum" not in ParsedModule(shadowed, "m.py").library_functions
+
+
+MUTUAL_HELPERS = '''import torch
+
+Q = torch.zeros(2)
+
+
+def ping(n):
+    if n:
+        pong(n - 1)
+
+
+def pong(n):
+    if n:
+        ping(n - 1){write}
+
+
+def attend(q, k, v):
+    s = (q @ k.transpose(-2, -1)) * 0.5
+    p = s.softmax(dim=-1)
+    ping(3)
+    return p @ v
+'''
+
+
+@pytest.mark.parametrize("write, safe", [("", True), ("\n    Q.mul_(2)", False)], ids=["reads", "writes a global"])
+def test_helpers_that_call_each_other_are_read_once_each(write, safe):
+    """The check of what a helper called between the scores and the value product writes follows the helpers it
+    calls; two that call each other recursed without end, and the file became an error."""
+    result = analyze_source(MUTUAL_HELPERS.format(write=write), "m.py")
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    assert (finding.fix_safety == "safe") is safe, finding.reason
