@@ -8,6 +8,7 @@ import libcst as cst
 
 from advisor.static.dataflow import Definition
 from advisor.static.module_index import ParsedModule
+from advisor.static.tensor_views import einsum_joins_operands
 from advisor.static.walk import children, descendants
 
 METADATA_READS = frozenset({"dtype", "device", "shape", "ndim", "layout", "size", "dim", "is_cuda"})
@@ -39,7 +40,7 @@ def may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
         name = node.func.attr.value if isinstance(node.func, cst.Attribute) else \
             node.func.value if isinstance(node.func, cst.Name) else None
         if name in FRESH_TENSOR_OPS or name in METADATA_READS or name in ("item", "tolist", "numel", "stride") or \
-                name == "einsum" and joins_operands(node):
+                name == "einsum" and einsum_joins_operands(node):
             return []
         arguments = [alias for arg in node.args for alias in may_alias(parsed, arg.value)]
         if not isinstance(node.func, cst.Attribute) or parsed.imported_name(node.func) is not None:
@@ -55,13 +56,6 @@ def may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
     elements = (cst.BaseElement, cst.BaseDictElement)  # a container holds references to its values
     return [alias for child in children(node) if isinstance(child, (cst.BaseExpression, *elements))
             for alias in may_alias(parsed, child.value if isinstance(child, elements) else child)]
-
-
-def joins_operands(call: cst.Call) -> bool:
-    """`einsum(eq, a, b)` of two operands or more computes a new tensor; of one (`einsum('ij->ji', q)`) it may be a
-    view of it (breaker round 39), as a dropout that does not drop (`F.dropout(q, 0.0)`) is q itself."""
-    positional = [arg for arg in call.args if arg.keyword is None]
-    return len(positional) >= 3 and not any(arg.star for arg in positional)
 
 
 def binding_origins(definition: Definition) -> list[cst.CSTNode]:

@@ -20,7 +20,7 @@ import networkx as nx
 from advisor.contracts.finding import display_path
 from advisor.static.outside_writes import ANY_LISTED, ANY_TENSOR, ATTRIBUTE_TABLES, GETTERS, NARROWED
 from advisor.static.dataflow import is_self
-from advisor.static.state_swaps import state_swapped
+from advisor.static.state_swaps import state_swapped, tree_keeps_shapes
 from advisor.static.tensor_reads import builds_tensor, leaves_alone, registered_buffers
 
 if TYPE_CHECKING:
@@ -62,16 +62,15 @@ def _handed_on_elsewhere(parsed: ParsedModule, owner: ClassInfo, attribute: str,
     """Where another file of the tree reads the attribute on an object that may be this class's instance in a way
     that may hand its tensor on, or hands any tensor on (`m._apply(f)`), or a module's tensors listed whole
     (`torch.save(model.state_dict(), f)`): not for a learned table, `finite_ok`, whose loaded values are trained
-    ones; and a listing not for a reader of rank and dtype alone (`elements_ok`) where no file of the tree names an
-    in-place shape change (ProjectFacts.shape_changes: `unsqueeze_`, `set_`, a `.data` assignment), the only ways
-    code handed a tensor changes its rank or dtype without rebinding the attribute, which outside_writes reads."""
+    ones; and a listing not for a reader of rank and dtype alone (`elements_ok`) where the tree keeps shapes
+    (`state_swaps.tree_keeps_shapes`; rebinding the attribute is outside_writes' business)."""
     for entry, path in owner.handed_on(attribute):
         if not (NARROWED in entry and owner.plain_module):
             return f"a read of `.{attribute}` in `{display_path(path)}`"
     if finite_ok:
         return None
     listed = owner.handed_on(ANY_TENSOR)
-    if not (elements_ok and parsed.project is not None and not parsed.project.shape_changes):
+    if not (elements_ok and tree_keeps_shapes(parsed)):
         listed += owner.handed_on(ANY_LISTED)
     return f"a module's tensors listed whole, read in `{display_path(listed[0][1])}`" if listed else None
 

@@ -81,11 +81,14 @@ class _StateViews:
         bindings = [node for node in parsed.parents if isinstance(node, (
             cst.For, cst.CompFor, cst.Call, cst.Assign, cst.NamedExpr, cst.WithItem))]
         for _ in range(MAX_ROUNDS):  # until no binding adds a name (a chain of names is followed one per round)
-            known = (len(self.tensors), len(self.containers), sum(map(len, self.comprehended.values())))
+            known = self._bound()
             for node in bindings:
                 self._bind(node)
-            if known == (len(self.tensors), len(self.containers), sum(map(len, self.comprehended.values()))):
+            if self._bound() == known:
                 break
+
+    def _bound(self) -> int:
+        return len(self.tensors) + len(self.containers) + sum(map(len, self.comprehended.values()))
 
     def _bind(self, node: cst.CSTNode) -> None:
         if isinstance(node, cst.For) and self._reads_views(node.iter):
@@ -114,9 +117,8 @@ class _StateViews:
 
     def _reads_views(self, node: cst.BaseExpression) -> bool:
         """`node` calls a STATE_VIEWS method or reads a name that may hold what one gives."""
-        return _calls_state_view(node) or any(
-            self._tensor_name(name) or name.value in self.containers
-            for name in [node, *descendants(node, (cst.Name,))] if isinstance(name, cst.Name))
+        return _calls_state_view(node) or any(self._tensor_name(name) or name.value in self.containers
+                                              for name in descendants(node, (cst.Name,)))
 
     def _comprehension(self, node: cst.CompFor) -> cst.CSTNode:
         while isinstance(self.parsed.parents.get(node), cst.CompFor):  # `for a in x for b in a`: nested fors
@@ -199,7 +201,7 @@ def state_swapped(parsed: ParsedModule, elements_ok: bool = False) -> str | None
     dtype, which a write into a buffer's elements keeps (timm's `bn_buf /= world_size` over `named_buffers()`), so
     only modules run with state given by name count, unless a file of the tree names an in-place shape change."""
     project = parsed.project
-    runs_only = elements_ok and project is not None and not project.shape_changes
+    runs_only = elements_ok and tree_keeps_shapes(parsed)
     own = parsed.derived((state_swapped, runs_only),
                          lambda p: next(iter(state_runs(p) if runs_only else state_swaps(p)), None))
     if own is not None:
@@ -209,3 +211,9 @@ def state_swapped(parsed: ParsedModule, elements_ok: bool = False) -> str | None
     if elsewhere is not None:
         return f"{elsewhere.describe()}, which replaces or writes modules' buffers by name"
     return None
+
+
+def tree_keeps_shapes(parsed: ParsedModule) -> bool:
+    """No file of the scanned tree names an in-place shape change (ProjectFacts.shape_changes: `unsqueeze_`, `set_`,
+    a `.data` assignment), the only ways code handed a tensor changes its rank or dtype without rebinding it."""
+    return parsed.project is not None and not parsed.project.shape_changes

@@ -115,9 +115,15 @@ def _library_viewed(name: str, call: cst.Call, positional: list[cst.BaseExpressi
     if name in VIEW_OPS | SHARING_CONSTRUCTORS | RETURNS_ITS_INPUT or writes_its_receiver(name):
         return positional[:1]
     if name == "einsum":
-        operands = positional[1:]
-        return [] if len(operands) >= 2 and not any(arg.star for arg in call.args) else operands
+        return [] if einsum_joins_operands(call) else positional[1:]
     return []
+
+
+def einsum_joins_operands(call: cst.Call) -> bool:
+    """`einsum(eq, a, b)` of two operands or more computes a new tensor; of one (`einsum('ij->ji', q)`) it may be a
+    view of it (breaker round 39)."""
+    positional = [arg for arg in call.args if arg.keyword is None]
+    return len(positional) >= 3 and not any(arg.star for arg in call.args)
 
 
 def _is_size(value: cst.BaseExpression) -> bool:
