@@ -239,7 +239,7 @@ class SiteScope:
     def __init__(self, parsed: ParsedModule, node: cst.CSTNode) -> None:
         self.parsed = parsed
         self.argument = node  # the call site's argument, which the callee (the block's function) takes on
-        self.function = parsed.innermost(node, cst.FunctionDef)
+        self.function = parsed.frame(node)
         self.owner = next((o for f, o, _ in parsed.functions if f is self.function), None)
 
     def ranks(self) -> mk.RankBounds:

@@ -30,12 +30,28 @@ class ModuleValue:
     line: int  # where
 
 
-def module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
-    """The one module-level definition of `name`, when every read of it in the file sees that tensor unchanged."""
-    return parsed.derived(("module-value", name), lambda p: _module_value(p, name))
+def module_value(parsed: ParsedModule, name: str,
+                 registered: tuple[cst.CSTNode, ...] = ()) -> ModuleValue | None:
+    """The one module-level definition of `name`, when every read of it in the file sees that tensor unchanged.
+    `registered`: reads that register it as a buffer (`self.register_buffer("mask", MASK)`), excused where the proof
+    reads that buffer, whose uses the class's attribute reading holds to the same."""
+    found = parsed.derived(("module-value", name), lambda p: _module_value(p, name))
+    if found is None and any(_registers_buffer(parsed, read) for read in registered):
+        return _module_value(parsed, name, registered)
+    return found
 
 
-def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
+def _registers_buffer(parsed: ParsedModule, read: cst.CSTNode) -> bool:
+    """`read` is the tensor `self.register_buffer(name, read)` registers."""
+    arg = parsed.parents.get(read)
+    call = parsed.parents.get(arg)
+    return isinstance(arg, cst.Arg) and arg.value is read and isinstance(call, cst.Call) and \
+        len(call.args) >= 2 and call.args[1] is arg and arg.keyword is None and \
+        isinstance(call.func, cst.Attribute) and call.func.attr.value == "register_buffer" and \
+        isinstance(call.func.value, cst.Name) and call.func.value.value == "self"
+
+
+def _module_value(parsed: ParsedModule, name: str, registered: tuple[cst.CSTNode, ...] = ()) -> ModuleValue | None:
     bindings = parsed.bindings.get(name, [])
     if len(bindings) != 1 or name in parsed.imports or reached_by_name(parsed, name) or \
             name in parsed.outside_attribute_writes[0] or \
@@ -47,7 +63,8 @@ def _module_value(parsed: ParsedModule, name: str) -> ModuleValue | None:
             or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is not None:
         return None
     names = [node for node in parsed.nodes_of(cst.Name) if node.value == name]
-    if not all(_read_only_use(parsed, node, bindings[0]) for node in names):
+    if not all(_read_only_use(parsed, node, bindings[0]) or node in registered and _registers_buffer(parsed, node)
+               for node in names):
         return None
     if parsed.tree is not None and (through_globals(parsed, parsed.tree) if _immutable(assign.value) else
                                     written_elsewhere(parsed, parsed.tree, name)) is not None:
@@ -78,6 +95,9 @@ def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name) -> b
         return isinstance(parent.value, cst.Name) and parent.value.value == "self"
     if node is binding or isinstance(parent, cst.Arg) and parent.keyword is node:
         return True
+    if isinstance(parent, cst.Param) and parent.default is node:  # `def f(mask=MASK)`: every call omitting it
+        function = parsed.innermost(parent, cst.FunctionDef)  # holds the tensor under the parameter's name
+        return function is not None and local_reads_leave_alone(parsed, function, parent.name.value)
     if isinstance(parent, (cst.Param, cst.NameItem, cst.Del, cst.AsName, cst.ImportAlias, cst.FunctionDef,
                            cst.ClassDef, cst.AssignTarget, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)) \
             and not (isinstance(parent, (cst.AugAssign, cst.For, cst.CompFor)) and
@@ -92,10 +112,10 @@ def assigned_values(parsed: ParsedModule, name: cst.Name,
     there leaves the tensor alone (`local_reads_leave_alone`, `followed` as there), or a module-level tensor's one
     definition (`module_value`); None when anything else may reach it (a parameter, an unpacking, an in-place
     write, an alias)."""
-    function = parsed.innermost(name, cst.FunctionDef)
+    function = parsed.frame(name)
     flow = parsed.flow(function) if function is not None else None
     if flow is None or flow.reaching.get(name) == frozenset({UNDEFINED}):  # a global read
-        found = module_value(parsed, name.value)
+        found = module_value(parsed, name.value, followed)
         return [found.value] if found is not None else None
     definitions = flow.definitions_of(name)
     if not definitions or flow.sees_undefined(name) or any(d.kind != "assign" or d.index is not None

@@ -25,6 +25,7 @@ from advisor.contracts.finding import display_path
 from advisor.static.class_sites import class_sites
 from advisor.static.dataflow import is_self_attribute
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
+from advisor.static.module_methods import SELF_RETURNING, drops_state_method_result
 from advisor.static.python_ast import nodes, python_tree
 
 
@@ -44,8 +45,6 @@ class CallSite:
         return f"{display_path(self.parsed.path)}:{self.parsed.line(self.call)}"
 
 
-STATE_METHODS = {"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16", "requires_grad_",
-                 "zero_grad", "load_state_dict"}  # what may be called on an instance besides the instance itself
 CODE_RUNNERS = frozenset({"eval", "exec"})  # builtins that run code from a string, where any call may hide
 # a pre-hook may replace what forward receives: registered, or written into a module's (or torch's) hook table, or
 # registered through a name the file computes (breaker round 15: `operator.methodcaller("register_forward_" + kind +
@@ -395,6 +394,8 @@ class Tree:
             if bound is False:
                 return None
             argument, is_default = bound
+            if is_default and (self.mentioning("__defaults__") or self.mentioning("__kwdefaults__")):
+                return None  # `attend.__defaults__ = (other,)`: the default is not what the def shows
             scope = parsed if is_default else site_parsed
             sites.append(CallSite(site_parsed, call, argument, scope, owner is not None))
         return sites
@@ -779,7 +780,7 @@ def _element_calls(parsed: ParsedModule, node: cst.Attribute) -> list | None:
     for read in reads:
         if _called(parsed, read) is not None:
             calls.append((parsed, _called(parsed, read)))
-        elif not _drops_method_result(parsed, read):
+        elif not drops_state_method_result(parsed, read):
             return None
     return calls
 
@@ -807,6 +808,7 @@ def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) ->
     built = _called(parsed, use)
     if built is None:
         return None
+    built = _through_self_returning_calls(parsed, built)
     outer = _called(parsed, built)
     if outer is not None:
         return [(parsed, outer)]
@@ -824,9 +826,20 @@ def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) ->
         call = _called(parsed, read)
         if call is not None:
             calls.append((parsed, call))
-        elif not _drops_method_result(parsed, read):
+        elif not drops_state_method_result(parsed, read):
             return None
     return calls
+
+
+def _through_self_returning_calls(parsed: ParsedModule, call: cst.Call) -> cst.Call:
+    """`Net().eval().to(device)`: the outermost call of methods that return the instance `call` built."""
+    while True:
+        attribute = parsed.parents.get(call)
+        outer = _called(parsed, attribute) if isinstance(attribute, cst.Attribute) and attribute.value is call and \
+            attribute.attr.value in SELF_RETURNING else None
+        if outer is None:
+            return call
+        call = outer
 
 
 def _reads_of_binding(parsed: ParsedModule, assign: cst.Assign, target: cst.Name) -> list[cst.Name] | None:
@@ -841,16 +854,6 @@ def _reads_of_binding(parsed: ParsedModule, assign: cst.Assign, target: cst.Name
             [n.value for n in _assigned_names(parsed.parents.items())].count(target.value) != 1:
         return None
     return [n for n in parsed.parents if isinstance(n, cst.Name) and n.value == target.value and n is not target]
-
-
-def _drops_method_result(parsed: ParsedModule, read: cst.Name) -> bool:
-    """`model.eval()` as a statement: a method that changes no call's arguments (not a hook), result unread."""
-    attribute = parsed.parents.get(read)
-    if not isinstance(attribute, cst.Attribute) or attribute.value is not read or \
-            attribute.attr.value not in STATE_METHODS:
-        return False
-    call = _called(parsed, attribute)
-    return call is not None and isinstance(parsed.parents.get(call), cst.Expr)
 
 
 def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str,

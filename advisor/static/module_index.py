@@ -368,6 +368,16 @@ class ParsedModule:
             node = self.parents.get(node)
         return node
 
+    def frame(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        """The function whose run evaluates `node`: the nearest def whose body holds it (a parameter's default, an
+        annotation or a decorator is evaluated where the def statement runs); None at module or class level."""
+        child, node = node, self.parents.get(node)
+        while node is not None:
+            if isinstance(node, cst.FunctionDef) and child is node.body:
+                return node
+            child, node = node, self.parents.get(node)
+        return None
+
     def line(self, node: cst.CSTNode) -> int:
         return self.positions[node].start.line
 

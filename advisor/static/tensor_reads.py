@@ -14,6 +14,7 @@ import libcst as cst
 
 from advisor.static.dataflow import is_self
 from advisor.static.inplace_args import INPLACE_POSITIONS
+from advisor.static.module_methods import only_called, without_self_returning_calls
 from advisor.static.outside_writes import IN_PLACE_DUNDERS, in_place_name
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
@@ -284,12 +285,41 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
     if methods:
         return all(_parameter_left_alone(parsed, method, call, arg, depth, skip=1) for method in methods)
     if isinstance(call.func, cst.Attribute) and not dotted:
-        return call.func.attr.value in ARGUMENT_READING_METHODS and call.func.value is not arg.value
+        method, receiver = call.func.attr.value, call.func.value
+        if method == "add" and shows_a_tensor(parsed, receiver):
+            return True  # `scores.add(MASK)`: a new tensor (a set's `add` would keep it)
+        return method in ARGUMENT_READING_METHODS and receiver is not arg.value
     followed = called_function(parsed, call.func, parsed.outside_attribute_writes[0]) \
         if isinstance(call.func, cst.Name) else None
     if followed is not None:  # this file's function or one of its package's
         return _parameter_left_alone(*followed, call, arg, depth)
     return False  # another module's function, a callable built at run time, a decorator's wrapper: it may write it
+
+
+def shows_a_tensor(parsed: ParsedModule, node: cst.BaseExpression, depth: int = 0) -> bool:
+    """The source shows `node` is a tensor: a product (`q @ k`), a torch function or a tensor method that returns a
+    new tensor or a view, arithmetic with one, or a local every plain assignment reaching it binds to one."""
+    if depth > MAX_DEPTH:
+        return False
+    below = lambda child: shows_a_tensor(parsed, child, depth + 1)  # noqa: E731
+    if isinstance(node, cst.BinaryOperation):
+        return isinstance(node.operator, cst.MatrixMultiply) or \
+            isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)) and \
+            (below(node.left) or below(node.right))
+    if isinstance(node, cst.Call):
+        dotted = parsed.imported_name(node.func)
+        if dotted is not None:
+            return dotted in TORCH_FRESH | TORCH_SHARING and dotted not in ("torch.is_tensor", "torch.numel")
+        return isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in (FRESH_METHODS | SHARING_METHODS) - NUMBER_METHODS - {"all", "any"} and \
+            below(node.func.value)
+    function = parsed.frame(node) if isinstance(node, cst.Name) else None
+    if function is None:
+        return False
+    flow = parsed.flow(function)
+    definitions = flow.definitions_of(node)
+    return bool(definitions) and not flow.sees_undefined(node) and all(
+        d.kind == "assign" and d.index is None and d.value is not None and below(d.value) for d in definitions)
 
 
 def _methods_called(parsed: ParsedModule, call: cst.Call) -> list[cst.FunctionDef]:
@@ -309,25 +339,48 @@ def _methods_called(parsed: ParsedModule, call: cst.Call) -> list[cst.FunctionDe
 
 def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef | None:
     """`self.block(x, mask)` where the class builds `self.block` once, or `model(x, mask)` where the file binds
-    `model` once at module level, as an instance of a module class of this file: its `forward` (None where the
-    file registers hooks, which would see the arguments too, or names a `forward` attribute it may replace)."""
+    `model` once at module level, or the calling function binds it once (`model = Attn().eval()`), as an instance of
+    a module class of this file: its `forward` (None where the file registers hooks, which would see the arguments
+    too, or names a `forward` attribute it may replace)."""
     func = call.func
-    if "hook" in parsed.source or ".forward" in parsed.source:
+    if any(word in parsed.source for word in ("hook", ".forward", "__class__", "'forward'", '"forward"')):
         return None
+    caller = parsed.innermost(call, cst.FunctionDef)
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        caller = parsed.innermost(call, cst.FunctionDef)
         owner = next((o for f, o, _ in parsed.functions if f is caller), None)
         built = owner.only_value(func.attr.value) if owner is not None else None
+    elif isinstance(func, cst.Name) and caller is not None and parsed.flow(caller).definitions_of(func):
+        built = _bound_once_here(parsed, caller, func)
     elif isinstance(func, cst.Name) and len(parsed.bindings.get(func.value, [])) == 1:
         assign = parsed.parents.get(parsed.parents.get(parsed.bindings[func.value][0]))
         built = assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) else None
     else:
         return None
+    built = without_self_returning_calls(built)
     if not (isinstance(built, cst.Call) and isinstance(built.func, cst.Name)):
         return None
     cls = parsed.top_level_classes.get(built.func.value)
-    forward = cls.methods.get("forward") if cls is not None else None
+    if cls is None or cls.node.decorators or "__call__" in cls.methods or "__new__" in cls.methods or \
+            any(parsed.imported_name(base.value) not in MODULE_BASES for base in cls.node.bases):
+        return None  # what runs between the call and `forward` (a base's `__call__`) is not read here
+    forward = cls.methods.get("forward")
     return forward if forward is not None and not forward.decorators else None
+
+
+MODULE_BASES = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+
+
+def _bound_once_here(parsed: ParsedModule, function: cst.FunctionDef, name: cst.Name) -> cst.BaseExpression | None:
+    """The value of the one plain assignment of the local `name` that reaches this read (None where a parameter,
+    another binding or an unbound path may reach it)."""
+    if "nonlocal" in parsed.source:
+        return None  # a nested function may rebind it
+    flow = parsed.flow(function)
+    definitions = flow.definitions_of(name)
+    if len(definitions) != 1 or flow.sees_undefined(name) or definitions[0].kind != "assign" or \
+            definitions[0].index is not None or not only_called(parsed, flow.reads_of(definitions[0])):
+        return None  # handed on, its `forward` or class may be replaced where this file does not show
+    return definitions[0].value
 
 
 def _module_statements(parsed: ParsedModule) -> set[cst.CSTNode]:
@@ -409,8 +462,8 @@ def _local_reads_left_alone(parsed: ParsedModule, scope: cst.CSTNode, name: str,
         if isinstance(parent, (cst.Param, cst.AssignTarget)) or isinstance(parent, cst.Attribute) and \
                 parent.attr is node or isinstance(parent, cst.Arg) and parent.keyword is node:
             continue  # rebinding a local leaves the tensor alone
-        if isinstance(parent, (cst.AugAssign, cst.NameItem, cst.Del)) or \
-                not leaves_alone(parsed, node, depth + 1):
+        if isinstance(parent, (cst.NameItem, cst.Del)) or isinstance(parent, cst.AugAssign) and \
+                parent.target is node or not leaves_alone(parsed, node, depth + 1):
             return False
     return True
 

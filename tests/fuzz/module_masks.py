@@ -5,12 +5,12 @@ float32 softmax upcast).
 
 A `Program` is one choice per axis: how the mask is built (a random draw, zeros, a finite fill, a causal triangle
 turned additive, a bool, a comparison times a constant), how it is shaped where it is used (`[None, None]`,
-`.expand`, `.to`), where it is used (read as a global by a function or by `forward`, or passed in by calls, one of
-them at module level), the pattern's spelling, and at most one `hazard` (the global rebound, written in place
-directly or through an alias, stored as a parameter, or values that can mask a whole row) under which no patch
-may be called safe. `render(program)` writes a module whose `make(seed)` returns `(model, inputs)` for the
-differential harness (`fuzz.differential.check`); the mask is drawn after `torch.manual_seed(0)`, so the original
-and the patched copy of a program hold the same mask.
+`.expand`, `.to`), where it is used (read as a global by a function or by `forward`, passed in by calls, one of
+them at module level, a parameter's default, a buffer registered from it), the pattern's spelling, and at most one
+`hazard` (the global rebound, written in place directly or through an alias, stored as a parameter, or values that
+can mask a whole row) under which no patch may be called safe. `render(program)` writes a module whose `make(seed)`
+returns `(model, inputs)` for the differential harness (`fuzz.differential.check`); the mask is drawn after
+`torch.manual_seed(0)`, so the original and the patched copy of a program hold the same mask.
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ DEFINITIONS = {
 SQUARE_ONLY = {"causal_fill", "causal_where"}  # built (L, L): shaped by the use
 FILLS = ("-1e4", "-1e9", 'float("-inf")', "torch.finfo(torch.float32).min")
 SHAPES = ("2d", "4d", "none_index", "expand", "to_half", "to_default")
-USES = ("fn_global", "forward_global", "fn_param")
+# where the mask is read: a global read by a function or by `forward`, a function's parameter given it by its calls,
+# a submodule's `forward` parameter defaulting to it, a `forward` parameter given it by a local instance
+# (`attend = Attend().eval()` then `attend(q, k, v, MASK)`), or a buffer registered from it
+USES = ("fn_global", "forward_global", "fn_param", "forward_default", "local_instance", "buffer")
+IN_CLASS = {"forward_default": "mask", "local_instance": "mask", "buffer": "self.mask"}  # how the read spells it
 SCALES = ("mul", "div", "div_method", "div_sqrt")
 K_TRANSPOSES = ("transpose", "permute")
 PRODUCTS = ("matmul", "at", "bmm")
@@ -83,16 +87,23 @@ def render(p: Program) -> str:
     lines += _hazard_at_module_level(p)
     lines += ["", ""]
     takes_mask = p.use == "fn_param"
-    mask_read = use.replace("MASK", "mask") if takes_mask else use
-    core = _core(p, mask_read, folded, in_module=p.use == "forward_global")
-    if p.use == "forward_global":
+    mask_read = use.replace("MASK", "mask") if takes_mask else use.replace("MASK", IN_CLASS.get(p.use, "MASK"))
+    core = _core(p, mask_read, folded, in_module=p.use in ("forward_global", "buffer"))
+    if p.use in ("forward_global", "buffer"):
         attend = "".join(f"        {line}\n" for line in core)
-        call = None
+    elif p.use in ("forward_default", "local_instance"):
+        params = "q, k, v, mask=MASK" if p.use == "forward_default" else "q, k, v, mask"
+        lines += ["class Attend(nn.Module):", f"    def forward(self, {params}):"] + \
+            [f"        {line}" for line in core] + ["", ""]
+        if p.use == "local_instance":
+            lines += ["def attend_all(q, k, v):", "    attend = Attend().eval()", "    return attend(q, k, v, MASK)",
+                      "", ""]
+        attend = "        out = self.attend(q, k, v)\n" if p.use == "forward_default" else \
+            "        out = attend_all(q, k, v)\n"
     else:
         params = "q, k, v, mask" if takes_mask else "q, k, v"
         lines += [f"def attend({params}):"] + [f"    {line}" for line in core] + ["", ""]
-        call = f"attend(q, k, v{', MASK' if takes_mask else ''})"
-        attend = f"        out = {call}\n"
+        attend = f"        out = attend(q, k, v{', MASK' if takes_mask else ''})\n"
     lines += _model(p, folded, attend)
     if takes_mask:  # a module-level call passes the mask too (as Inductor's test programs run their function)
         shape = f"{BATCH * HEADS}, {LENGTH}, {HEAD_DIM}" if folded else f"{BATCH}, {HEADS}, {LENGTH}, {HEAD_DIM}"
@@ -153,6 +164,8 @@ def _core(p: Program, mask: str, folded: bool, in_module: bool) -> list[str]:
     scaled = {"mul": f"{product} * 0.5", "div": f"{product} / 2.0", "div_method": f"({product}).div(2.0)",
               "div_sqrt": f"{product} / math.sqrt({HEAD_DIM})"}[p.scale]
     lines = [f"scores = {scaled}", f"scores = scores + {mask}"]
+    if p.use in IN_CLASS and p.dropout == "module":  # `Attend` has no dropout module
+        p = Program(**{**p.__dict__, "dropout": "functional"})
     if p.softmax == "torch":
         lines.append("attn = torch.softmax(scores, dim=-1)")
     elif p.softmax == "method":
@@ -172,6 +185,10 @@ def _core(p: Program, mask: str, folded: bool, in_module: bool) -> list[str]:
 
 def _model(p: Program, folded: bool, attend: str) -> list[str]:
     init = ["        self.dropout = nn.Dropout(0.0)"]
+    if p.use == "forward_default":
+        init.append("        self.attend = Attend()")
+    if p.use == "buffer":
+        init.append('        self.register_buffer("mask", MASK)')
     if p.hazard == "parameter":
         init.append("        self.bias = nn.Parameter(MASK, requires_grad=MASK.is_floating_point())")
     heads = f"{BATCH * HEADS}, {LENGTH}, {HEAD_DIM}"

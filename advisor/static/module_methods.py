@@ -1,0 +1,36 @@
+"""`nn.Module` methods whose result is the module itself: `Attn().eval().to(device)` is the instance `Attn()`
+builds, so a name bound to it calls that class's `forward` (call sites, and what a `forward` does with a tensor
+handed to it, read through such chains)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+SELF_RETURNING = frozenset({"eval", "train", "to", "cuda", "cpu", "float", "double", "half", "bfloat16",
+                            "requires_grad_", "type"})
+STATE_METHODS = SELF_RETURNING | {"zero_grad", "load_state_dict"}  # what may be called on an instance besides the
+# instance itself, changing no call's arguments
+
+
+def without_self_returning_calls(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """`Net()` for `Net().eval().to(device)`."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in SELF_RETURNING:
+        node = node.func.value
+    return node
+
+
+def only_called(parsed, reads: list[cst.Name]) -> bool:
+    """Every read of an instance calls it (`model(x, mask)`) or drops a STATE_METHODS call's result (`model.eval()`):
+    it is never handed on, stored or given another attribute."""
+    return all(isinstance(parsed.parents.get(read), cst.Call) and parsed.parents[read].func is read or
+               drops_state_method_result(parsed, read) for read in reads)
+
+
+def drops_state_method_result(parsed, read: cst.Name) -> bool:
+    """`model.eval()` as a statement: a method that changes no call's arguments (not a hook), result unread."""
+    attribute = parsed.parents.get(read)
+    call = parsed.parents.get(attribute)
+    return isinstance(attribute, cst.Attribute) and attribute.value is read and \
+        attribute.attr.value in STATE_METHODS and isinstance(call, cst.Call) and call.func is attribute and \
+        isinstance(parsed.parents.get(call), cst.Expr)
