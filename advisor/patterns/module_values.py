@@ -57,19 +57,39 @@ def _module_value(parsed: ParsedModule, name: str, registered: tuple[cst.CSTNode
             name in parsed.outside_attribute_writes[0] or \
             parsed.global_rebound_by_computed_name(name) is not None:  # `program.MASK.fill_(...)` here or elsewhere
         return None
-    target = parsed.parents.get(bindings[0])
+    target, value = _unpacked(parsed, bindings[0])
     assign = parsed.parents.get(target)
-    if not isinstance(target, cst.AssignTarget) or not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
+    if value is None or not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
             or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is not None:
         return None
     names = [node for node in parsed.nodes_of(cst.Name) if node.value == name]
-    if not all(_read_only_use(parsed, node, bindings[0]) or node in registered and _registers_buffer(parsed, node)
-               for node in names):
+    immutable = _immutable(value)  # a number: no read can change it, only another binding
+    if not all(_read_only_use(parsed, node, bindings[0], immutable) or
+               node in registered and _registers_buffer(parsed, node) for node in names):
         return None
-    if parsed.tree is not None and (through_globals(parsed, parsed.tree) if _immutable(assign.value) else
+    if parsed.tree is not None and (through_globals(parsed, parsed.tree) if immutable else
                                     written_elsewhere(parsed, parsed.tree, name)) is not None:
         return None
-    return ModuleValue(assign.value, parsed.line(assign))
+    return ModuleValue(value, parsed.line(assign))
+
+
+def _unpacked(parsed: ParsedModule, binding: cst.Name) -> tuple[cst.CSTNode | None, cst.BaseExpression | None]:
+    """(the assignment target, the value the name gets): `MASK = value`, or `B, S = 2, 16` (a tuple display of as
+    many elements, none starred, unpacked into names); (target, None) for any other binding."""
+    parent = parsed.parents.get(binding)
+    if isinstance(parent, cst.AssignTarget):
+        return parent, parsed.parents.get(parent).value if isinstance(parsed.parents.get(parent), cst.Assign) else None
+    names = parsed.parents.get(parent)
+    target = parsed.parents.get(names)
+    assign = parsed.parents.get(target)
+    if not (isinstance(parent, cst.Element) and isinstance(names, (cst.Tuple, cst.List)) and
+            isinstance(target, cst.AssignTarget) and target.target is names and isinstance(assign, cst.Assign) and
+            isinstance(assign.value, (cst.Tuple, cst.List))):
+        return None, None
+    values = assign.value.elements
+    if len(values) != len(names.elements) or any(isinstance(e, cst.StarredElement) for e in (*values, *names.elements)):
+        return None, None
+    return target, values[list(names.elements).index(parent)].value
 
 
 def _immutable(value: cst.BaseExpression) -> bool:
@@ -87,9 +107,9 @@ def _immutable(value: cst.BaseExpression) -> bool:
                                                 for e in value.elements)
 
 
-def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name) -> bool:
+def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name, immutable: bool = False) -> bool:
     """One occurrence of the name: its binding, a name that is not this one (an attribute's, a keyword's), or a
-    read that leaves the tensor alone."""
+    read that leaves the tensor alone (any read, for an `immutable` value)."""
     parent = parsed.parents.get(node)
     if isinstance(parent, cst.Attribute) and parent.attr is node:  # `sys.modules[__name__].MASK`, not `self.MASK`
         return isinstance(parent.value, cst.Name) and parent.value.value == "self"
@@ -97,13 +117,13 @@ def _read_only_use(parsed: ParsedModule, node: cst.Name, binding: cst.Name) -> b
         return True
     if isinstance(parent, cst.Param) and parent.default is node:  # `def f(mask=MASK)`: every call omitting it
         function = parsed.innermost(parent, cst.FunctionDef)  # holds the tensor under the parameter's name
-        return function is not None and local_reads_leave_alone(parsed, function, parent.name.value)
+        return function is not None and (immutable or local_reads_leave_alone(parsed, function, parent.name.value))
     if isinstance(parent, (cst.Param, cst.NameItem, cst.Del, cst.AsName, cst.ImportAlias, cst.FunctionDef,
                            cst.ClassDef, cst.AssignTarget, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)) \
             and not (isinstance(parent, (cst.AugAssign, cst.For, cst.CompFor)) and
                      getattr(parent, "target", None) is not node):
         return False  # another binding, a deletion or `global`: the file's one definition is not what every read sees
-    return read_leaves_alone(parsed, node)
+    return immutable or read_leaves_alone(parsed, node)
 
 
 def assigned_values(parsed: ParsedModule, name: cst.Name,

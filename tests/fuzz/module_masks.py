@@ -33,8 +33,13 @@ DEFINITIONS = {
     "causal_fill": "torch.zeros({L}, {L}).masked_fill(torch.tril(torch.ones({L}, {L})) == 0, {fill})",
     "causal_where": "torch.where(torch.tril(torch.ones({L}, {L})).bool(), 0.0, {fill})",
     "full_finite": "torch.full(({shape}), -1e4)",
+    # no form of their own: computed (advisor.patterns.evaluated_masks)
+    "padding_cat": "torch.cat([torch.zeros({L}, {L} - 2), torch.full(({L}, 2), {fill})], dim=-1)",
+    "padding_keys": "torch.zeros({L}, {L}).masked_fill(torch.arange({L}) >= {L} - 2, {fill})",
+    "band": "torch.zeros({L}, {L}).masked_fill((torch.arange({L})[:, None] - torch.arange({L})[None, :]).abs() > 1, "
+            "{fill})",
 }
-SQUARE_ONLY = {"causal_fill", "causal_where"}  # built (L, L): shaped by the use
+SQUARE_ONLY = {"causal_fill", "causal_where", "padding_cat", "padding_keys", "band"}  # built (L, L): shaped by the use
 FILLS = ("-1e4", "-1e9", 'float("-inf")', "torch.finfo(torch.float32).min")
 SHAPES = ("2d", "4d", "none_index", "expand", "to_half", "to_default")
 # where the mask is read: a global read by a function or by `forward`, a function's parameter given it by its calls,

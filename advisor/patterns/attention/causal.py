@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.patterns.attention.triangles import size_codes, size_nodes, square_parts, view_keeps
+from advisor.patterns.evaluated_masks import every_row_keeps_a_key
 from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.module_index import ParsedModule
@@ -172,9 +173,13 @@ def reads_causal_additive(c, mask: cst.BaseExpression, values_of: Resolve) -> bo
     base = under_row_views(mask)
     built = _buffer_from_first_column(c, base, sliced=False)
     if built is None:
-        return built_keeps_first_key(c, under_row_reads(base), values_of)
+        read = under_row_reads(base)
+        return built_keeps_first_key(c, read, values_of) or \
+            read is base and every_row_keeps_a_key(c.parsed, base, values_of, sliced=False)  # rows read whole
     if isinstance(built, cst.Name):  # `self.register_buffer("mask", mask)`: what the local holds there, that read
-        return built_keeps_first_key(c, built, lambda name: assigned_values(c.parsed, name, followed=(built,)))
+        registered = lambda name: assigned_values(c.parsed, name, followed=(built,))  # noqa: E731
+        return built_keeps_first_key(c, built, registered) or not isinstance(base, cst.Subscript) and \
+            every_row_keeps_a_key(c.parsed, built, registered, sliced=False)  # the buffer's rows read whole
     return built_keeps_first_key(c, built, values_of)
 
 
@@ -185,7 +190,8 @@ TORCH_CAUSAL_MASKS = frozenset({"torch.nn.Transformer.generate_square_subsequent
 
 
 def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth: int = 0) -> bool:
-    """A square (or a stack of squares, `torch.full((1, 1, n, n), -inf)`) built -inf or a mask fill (-1e9,
+    """A mask built from constants alone whose column 0 is small in every row (computed: `evaluated_masks`), or a
+    square (or a stack of squares, `torch.full((1, 1, n, n), -inf)`) built -inf or a mask fill (-1e9,
     `finfo.min`) strictly above the diagonal and 0 elsewhere (`torch.full((n, n), -inf).triu(1)`, or a helper of
     this file that builds one, CLIP's and Whisper's causal masks), or 0 on and below it and a mask fill above
     (`torch.zeros(n, n).masked_fill(torch.tril(torch.ones(n, n)) == 0, -1e4)`, or `torch.where` of the triangle,
@@ -204,7 +210,9 @@ def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth
     if _joined_beside_zeros(c, node, values_of, depth):
         return True
     parts = square_parts(c, node, values_of)  # a square 0 on and below its diagonal, however it is spelled
-    return parts is not None and parts.keeps_first_key
+    if parts is not None and parts.keeps_first_key:
+        return True
+    return every_row_keeps_a_key(c.parsed, node, values_of)  # any other mask built from constants, computed
 
 
 def _joined_beside_zeros(c, node: cst.BaseExpression, values_of: Resolve, depth: int) -> bool:
