@@ -92,6 +92,21 @@ def _unpacked(parsed: ParsedModule, binding: cst.Name) -> tuple[cst.CSTNode | No
     return target, values[list(names.elements).index(parent)].value
 
 
+def runs_no_code(parsed: ParsedModule, name: str) -> bool:
+    """The module-level `name` holds a number, a string or a tensor torch builds, bound once and never written: its
+    attributes, operators and conversions run no code of the program's (an object of the program's own class may
+    run any: a property, `__repr__`, `__index__`, `__del__`)."""
+    found = module_value(parsed, name)
+    if found is None:
+        return False
+    value = found.value
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+            parsed.imported_name(value.func) is None:
+        value = value.func.value  # `torch.zeros(n, n).masked_fill(...)`: a tensor's methods give tensors
+    return _immutable(found.value) or isinstance(value, cst.Call) and \
+        (parsed.imported_name(value.func) or "").startswith("torch.")
+
+
 def _immutable(value: cst.BaseExpression) -> bool:
     """A number, a string or arithmetic of them (a tuple of them too): no other module can change it in place, only
     rebind its own name or this module's attribute (static.outside_writes reads the latter)."""

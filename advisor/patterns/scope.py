@@ -218,7 +218,8 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     reason = _kept_attribute_written_by_a_method(parsed, flow.function, kept_on, first_line, last_line)
     if reason is not None:
         return reason
-    if any(flow.definitions[i].kind == "param" for i in _storage_sources(parsed, flow, leaves)):
+    if any(flow.definitions[i].kind == "param" for i in _storage_sources(parsed, flow, leaves)) or \
+            _reads_a_global(parsed, flow, leaves):
         reason = _outer_name_written(parsed, flow, between)
         if reason is not None:
             return reason
@@ -240,29 +241,64 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
 def _outer_name_written(parsed: ParsedModule, flow: FunctionFlow, between,
                         entered: frozenset[cst.FunctionDef] = frozenset()) -> str | None:
     """Where the inputs come from a caller, a write between the scores and the value product through a name the
-    function never binds (a global, an enclosing function's local: `alias.mul_(2)` with `alias = q` outside), or a
-    call of a function of this file that writes one of its own outer names (`def bump(): Q.mul_(2)`), may write the
-    tensor the caller passed (breaker round 39). `entered`: the functions whose calls led here, each read once
+    function never binds (a global, an enclosing function's local: `alias.mul_(2)` with `alias = q` outside; `global
+    Q` then `Q += 1`), or a call of a function of this file or a method of its class that writes one of its own outer
+    names (`def bump(): Q.mul_(2)`) or what it is given (`bump(STATE)` writing `box.t`), may write the tensor the
+    caller passed (breaker rounds 39 and 40). `entered`: the functions whose calls led here, each read once
     (functions of the file that call each other)."""
     declared = {item.name.value for node in descendants(flow.function, (cst.Global, cst.Nonlocal))
                 for item in node.names}
-    local = _bound_anywhere(flow.function) - declared | {"self"}
-    for receiver, deferred in _written_in_place(flow.function):
+    local = own_bindings(flow.function) - declared | {"self"}
+    for receiver, deferred in _written_in_place(flow.function) + _augmented_outer_names(flow.function, declared):
         outer = [name for name in may_alias(parsed, receiver) if name.value not in local and
-                 name.value not in parsed.imports]
+                 not _library_name(parsed, name)]
         if outer and (deferred or between(receiver)):
             return (f"`{parsed.code(receiver)}` is written in place at line {parsed.line(receiver)}, between the "
                     f"scores and the value product, through `{outer[0].value}`, which this function does not bind: "
                     f"it may be a tensor the caller passed in")
     entered = entered | {flow.function}
+    owner = next((o for f, o, _ in parsed.functions if f is flow.function), None)
     for call in descendants(flow.function, (cst.Call,)):
-        callee = parsed.module_functions.get(call.func.value) if isinstance(call.func, cst.Name) else None
-        if callee is not None and callee not in entered and between(call) and \
-                _outer_name_written(parsed, parsed.flow(callee), lambda node: True, entered) is not None:
+        callee = parsed.module_functions.get(call.func.value) if isinstance(call.func, cst.Name) else \
+            owner.methods.get(call.func.attr.value) if owner is not None and isinstance(call.func, cst.Attribute) \
+            and isinstance(call.func.value, cst.Name) and call.func.value.value == "self" else None
+        if callee is None or callee in entered or not between(call):
+            continue
+        if _outer_name_written(parsed, parsed.flow(callee), lambda node: True, entered) is not None or \
+                _writes_through_parameters(callee) and any(
+                    name.value not in local and not _library_name(parsed, name)
+                    for arg in call.args for name in may_alias(parsed, arg.value)):
             return (f"`{parsed.code(call)}` (line {parsed.line(call)}) calls a function of this file that writes in "
-                    f"place a name it does not bind, between the scores and the value product: it may be a tensor "
-                    f"the caller passed in")
+                    f"place a name it does not bind or what it is given, between the scores and the value product: "
+                    f"it may be a tensor the caller passed in")
     return None
+
+
+def _augmented_outer_names(function: cst.FunctionDef, declared: set[str]) -> list[tuple[cst.BaseExpression, bool]]:
+    """`global Q` then `Q += 1`: on a tensor, an augmented assignment writes it in place (the function's own)."""
+    return [(node.target, False) for node in descendants(function, (cst.AugAssign,))
+            if isinstance(node.target, cst.Name) and node.target.value in declared]
+
+
+def _writes_through_parameters(function: cst.FunctionDef) -> bool:
+    """The function writes in place through one of its parameters (`def bump(box): box.t.mul_(2)`)."""
+    params = {p.name.value for p in (*function.params.posonly_params, *function.params.params,
+                                      *function.params.kwonly_params)}
+    for receiver, _ in _written_in_place(function):
+        root = receiver
+        while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
+            root = root.func if isinstance(root, cst.Call) else root.value
+        if isinstance(root, cst.Name) and root.value in params:
+            return True
+    return False
+
+
+def _library_name(parsed: ParsedModule, name: cst.Name) -> bool:
+    """A name bound by an import of a library module (`torch`, `F`): what it reaches holds no tensor a caller passed
+    (`builtins.saved_query` may: breaker round 40)."""
+    dotted = parsed.imports.get(name.value)
+    return dotted is not None and dotted.split(".")[0] in ("torch", "numpy", "math", "einops", "functools",
+                                                            "operator")
 
 
 BINDING_TARGETS = {cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target", cst.For: "target",
@@ -270,10 +306,34 @@ BINDING_TARGETS = {cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugA
                    cst.FunctionDef: "name", cst.ClassDef: "name"}
 
 
-def _bound_anywhere(function: cst.FunctionDef) -> set[str]:
-    """The names the function binds in any statement, on any path (its parameters, `with ... as`, imports too)."""
-    return {name.value for node in descendants(function, tuple(BINDING_TARGETS))
-            for name in target_names(getattr(node, BINDING_TARGETS[type(node)]))}
+def own_bindings(function: cst.FunctionDef) -> set[str]:
+    """The names the function binds in its own scope, on any path (its parameters, `with ... as`, imports, a nested
+    def's or class's name, a `:=` in a comprehension), not those a nested function, lambda or comprehension binds
+    for itself (`lambda Q: Q[0]` leaves a global `Q` global: breaker round 40)."""
+    found: set[str] = set()
+    pending = list(children(function))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            found.add(node.name.value)  # its body, parameters and decorators bind nothing here
+        elif isinstance(node, COMPREHENSIONS):
+            found.update(name.value for walrus in descendants(node, (cst.NamedExpr,))
+                         if not _inside_a_function(walrus, node) for name in target_names(walrus.target))
+        elif not isinstance(node, cst.Lambda):
+            field = BINDING_TARGETS.get(type(node))
+            if field is not None:
+                found.update(name.value for name in target_names(getattr(node, field)))
+            pending.extend(children(node))
+    return found
+
+
+COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def _inside_a_function(node: cst.CSTNode, within: cst.CSTNode) -> bool:
+    """`node` lies in a lambda or def nested in `within` (whose own scope a `:=` there binds in)."""
+    return any(node in set(descendants(inner, (type(node),)))
+               for inner in descendants(within, (cst.Lambda, cst.FunctionDef)))
 
 
 def _kept_attribute_written_by_a_method(parsed: ParsedModule, function: cst.FunctionDef, kept_on: set[str],
@@ -454,6 +514,8 @@ def _written_in_place(function: cst.FunctionDef) -> list[tuple[cst.BaseExpressio
         def visit_AugAssign(self, node: cst.AugAssign) -> None:
             if isinstance(node.target, cst.Subscript) or _data_attribute(node.target):
                 found.append((node.target.value, self.depth > 0))
+            elif isinstance(node.target, cst.Attribute):  # `STATE.q += 1`: a tensor there is written in place
+                found.append((node.target, self.depth > 0))
 
     visit_tree(function, Visitor())
     return found
@@ -551,6 +613,19 @@ def _storage_sources(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.
                 found |= nx.ancestors(flow.graph, def_id) if def_id in flow.graph else set()
     return found
 
+
+def _reads_a_global(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode]) -> bool:
+    """The inputs are computed from a name the function does not bind (`q, k, v = QKV.unbind(0)` with a global
+    `QKV`), other than a library's or a function or class of the file: other names may hold the same tensor."""
+    names = [name for leaf in leaves for name in loaded_names(leaf)]
+    names += [name for i in _storage_sources(parsed, flow, leaves) for origin in binding_origins(flow.definitions[i])
+              for name in loaded_names(origin)]
+    return any(flow.sees_undefined(name) and not _library_name(parsed, name) and name.value != "self" and
+               name.value not in parsed.module_functions and name.value not in parsed.top_level_classes and
+               name.value not in BUILTIN_NAMES for name in names)
+
+
+BUILTIN_NAMES = frozenset(dir(__import__("builtins")))
 
 # builtins that read their arguments only: passing `self` to them writes nothing
 READING_BUILTINS = frozenset({"isinstance", "hasattr", "getattr", "len", "id", "type", "print", "repr", "str",

@@ -39,8 +39,8 @@ def may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
     if isinstance(node, cst.Call):
         name = node.func.attr.value if isinstance(node.func, cst.Attribute) else \
             node.func.value if isinstance(node.func, cst.Name) else None
-        if name in FRESH_TENSOR_OPS or name in METADATA_READS or name in ("item", "tolist", "numel", "stride") or \
-                name == "einsum" and einsum_joins_operands(node):
+        if (name in FRESH_TENSOR_OPS or name in METADATA_READS or name in ("item", "tolist", "numel", "stride") or
+                name == "einsum" and einsum_joins_operands(node)) and not _method_of_an_object(parsed, node.func):
             return []
         arguments = [alias for arg in node.args for alias in may_alias(parsed, arg.value)]
         if not isinstance(node.func, cst.Attribute) or parsed.imported_name(node.func) is not None:
@@ -48,14 +48,27 @@ def may_alias(parsed: ParsedModule, node: cst.CSTNode) -> list[cst.Name]:
         receiver = node.func.value
         while isinstance(receiver, (cst.Attribute, cst.Subscript)):
             receiver = receiver.value
-        if isinstance(receiver, cst.Name) and receiver.value == "self":
-            return arguments  # a method or module of the object (`self.drop(q)` may be an identity)
+        if isinstance(receiver, cst.Name) and receiver.value == "self" or _method_of_an_object(parsed, node.func):
+            return arguments  # a method or module of the object (`self.drop(q)`, `Ops.norm(q)` may be an identity)
         if name == "set_":  # `torch.empty(0).set_(k)`: the receiver now holds k's storage
             return may_alias(parsed, node.func.value) + arguments
         return may_alias(parsed, node.func.value)  # a tensor's method: a view of it, or itself
     elements = (cst.BaseElement, cst.BaseDictElement)  # a container holds references to its values
     return [alias for child in children(node) if isinstance(child, (cst.BaseExpression, *elements))
             for alias in may_alias(parsed, child.value if isinstance(child, elements) else child)]
+
+
+def _method_of_an_object(parsed: ParsedModule, func: cst.BaseExpression) -> bool:
+    """`Ops.norm(q)`, `cls.relu(q)`, `helpers.clone(q)`: a function reached through a class of this file or a module
+    that is not a library's, named like a tensor op but free to return what it is given (breaker round 40)."""
+    if not isinstance(func, cst.Attribute) or parsed.imported_name(func) is not None and \
+            parsed.imported_name(func).split(".")[0] in ("torch", "numpy", "math", "einops"):
+        return False
+    root = func.value
+    while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
+        root = root.func if isinstance(root, cst.Call) else root.value
+    return isinstance(root, cst.Name) and (root.value == "cls" or root.value in parsed.imports or
+                                           root.value in parsed.top_level_classes)
 
 
 def binding_origins(definition: Definition) -> list[cst.CSTNode]:

@@ -75,8 +75,10 @@ COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w+)[\w.]*\s*,(?!\s*(?:'[^'\n]*
 # (`operator.attrgetter("attend_" + kind)(impls)`: breaker round 36): any module may be the one looked up
 NAME_GETTERS = ("attrgetter", "methodcaller")
 # ... and by enumerating an object's or a class's attributes (`inspect.getmembers(m)`, `type(m).__dict__.items()`:
-# breaker round 38), whatever they are given
-COMPUTED_GETTER = re.compile(r"\b(?:%s)\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])|\bgetmembers\b|\)\s*\.__dict__\b"
+# breaker round 38), whatever they are given; by `getattr` passed as a value (`g = getattr`, `reduce(getattr, names,
+# m)`, `map(getattr, ...)`), `inspect.getattr_static`, or code run from a string (`eval("m.att" + "end")`: round 40)
+COMPUTED_GETTER = re.compile(r"\b(?:%s)\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])|\bgetmembers\b|\)\s*\.__dict__\b|"
+                             r"\bgetattr\b(?!\s*\()|\bgetattr_static\b|\b(?:eval|exec)\s*\("
                              % "|".join(NAME_GETTERS))
 # the modules of libraries whose functions a lookup on them reaches (`getattr(F, activation)(x)`), not the tree's
 LIBRARY_IMPORT = re.compile(r"^[ \t]*(?:from|import)[ \t]+(?:torch|numpy|math|einops)\b")

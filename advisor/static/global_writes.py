@@ -24,7 +24,7 @@ from advisor.static.tensor_reads import leaves_alone, local_reads_leave_alone
 MODULE_OBJECT_SOURCES = {"sys.modules", "importlib.import_module", "importlib.reload"}
 ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"}
 # what reaches a module object or any object's namespace without naming the attribute in the source
-NAMESPACE_ATTRIBUTES = {"__dict__", "__setattr__", "__getattribute__", "__delattr__"}
+NAMESPACE_ATTRIBUTES = {"__dict__", "__setattr__", "__getattribute__", "__delattr__", "__globals__", "f_globals"}
 
 
 def written_elsewhere(parsed: ParsedModule, tree: Tree, name: str) -> str | None:
@@ -66,7 +66,8 @@ def _importers(tree: Tree, module: str) -> list[str]:
 
 def reached_by_name(parsed: ParsedModule, name: str, star: bool = True) -> bool:
     """Whether the file may reach its global `name` otherwise than by spelling it: `globals()["MASK"] = ...`,
-    `vars()`, `exec`/`eval`, `__import__`, a namespace (`sys.modules[__name__].__dict__[...]`), the module object by
+    `vars()`, `exec`/`eval`, `__import__`, a namespace (`sys.modules[__name__].__dict__[...]`, a frame's `f_globals`,
+    a function's `__globals__`), the module object by
     import machinery (whose attributes a computed string can name), a string naming it (`getattr(module, "MASK")`),
     or, with `star`, a star import (`from consts import *`, whose names replace the file's: a file reading an
     imported tensor rebinds only its own name so). Once per file and name."""

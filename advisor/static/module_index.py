@@ -465,8 +465,11 @@ class ParsedModule:
     def _replaced_by_name(self) -> frozenset[str]:
         """Module names the file may rebind without a binding statement: `f.__code__ = g` (f), `setattr(obj, "f",
         g)` on anything but `self` (f; any name where computed), `globals()` used otherwise than read by a literal
-        key, `vars()`, `exec` and `eval` (any name: ANY_ATTRIBUTE)."""
+        key, `vars()`, `exec`, `eval`, a frame's `f_globals` and a function's `__globals__` (any name:
+        ANY_ATTRIBUTE)."""
         found: set[str] = set()
+        if self.attributes_named("f_globals") or self.attributes_named("__globals__"):
+            found.add(ANY_ATTRIBUTE)  # a frame's or a function's namespace: `sys._getframe(0).f_globals.update(...)`
         for node in self.attributes_named("__code__"):
             target = self.parents.get(node)
             if isinstance(target, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.value, cst.Name):

@@ -27,7 +27,14 @@ STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
 MAX_ROUNDS = 8  # names followed from name to name
 
 
-MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(")
+# module methods that replace every parameter and buffer by what a function returns, or by uninitialised memory
+REBUILDERS = frozenset({"_apply", "to_empty"})
+# calls a listing may be handed to that only read it or copy what it holds (`torch.save(m.state_dict(), path)`)
+LISTING_READERS = frozenset({"list", "tuple", "iter", "next", "enumerate", "zip", "sorted", "reversed", "len", "dict",
+                             "set", "isinstance", "print", "sum", "any", "all", "torch.save", "copy.deepcopy",
+                             "load_state_dict", "keys", "values", "items"})
+MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(|"
+                      r"_apply\(|to_empty\(")
 
 
 def may_swap(text: str) -> bool:
@@ -46,8 +53,10 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     `sd = m.state_dict(); sd["attn.bias"].fill_(1)`, `m.state_dict()[k][...] = 0`)."""
     if not may_swap(parsed.source):
         return []
-    found = state_runs(parsed)
+    found = state_runs(parsed) + [node for node in parsed.nodes_of(cst.Call) if isinstance(node.func, cst.Attribute)
+                                  and node.func.attr.value in REBUILDERS]  # `m._apply(lambda t: t.fill_(1))`
     views = _StateViews(parsed)
+    found += views.handed
     for node in parsed.parents:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
                 in_place_name(node.func.attr.value) and node.func.attr.value not in NOT_WRITES and \
@@ -71,13 +80,15 @@ class _StateViews:
     the file (a scope-blind over-approximation), except a comprehension's, which Python binds inside the
     comprehension alone (`{x for x in self.state_dict().keys()}` says nothing of an `x` elsewhere; its `:=` binds
     outside). A lambda passed beside a listing (`map(lambda b: b.fill_(1), m.buffers())`) binds its parameters as a
-    loop."""
+    loop, and a helper of the file given one binds its parameters as listings; any other call given one, but those
+    that only read it (LISTING_READERS), may write what it holds (`handed`)."""
 
     def __init__(self, parsed: ParsedModule) -> None:
         self.parsed = parsed
         self.tensors: set[str] = set()
         self.containers: dict[str, int] = {}  # name -> the indexings that reach a tensor in what it holds
         self.comprehended: dict[str, list[cst.CSTNode]] = {}  # name -> the comprehensions binding it
+        self.handed: list[cst.Call] = []  # calls given a listing that may write what it holds
         bindings = [node for node in parsed.parents if isinstance(node, (
             cst.For, cst.CompFor, cst.Call, cst.Assign, cst.NamedExpr, cst.WithItem))]
         for _ in range(MAX_ROUNDS):  # until no binding adds a name (a chain of names is followed one per round)
@@ -99,9 +110,15 @@ class _StateViews:
                 if comprehension not in self.comprehended.setdefault(name.value, []):
                     self.comprehended[name.value].append(comprehension)
         elif isinstance(node, cst.Call) and any(self._reads_views(a.value) for a in node.args):
-            for argument in node.args:
-                if isinstance(argument.value, cst.Lambda):
-                    self.tensors.update(p.name.value for p in argument.value.params.params)
+            lambdas = [a.value for a in node.args if isinstance(a.value, cst.Lambda)]
+            for function in lambdas:
+                self.tensors.update(p.name.value for p in function.params.params)
+            called = self.parsed.module_functions.get(node.func.value) if isinstance(node.func, cst.Name) else None
+            if called is not None:  # `zap(m.buffers())`: the helper's parameters hold the listing
+                self.containers.update({p.name.value: 1 for p in called.params.params
+                                        if p.name.value not in self.containers})
+            elif not lambdas and not self._reads_only(node) and node not in self.handed:
+                self.handed.append(node)  # `map(partial(torch.Tensor.fill_, value=1), m.buffers())`
         elif isinstance(node, cst.Assign) and self._reads_views(node.value):
             depth = _listing_depth(node.value)
             for target in node.targets:  # `sd = m.state_dict()`: the listing; `(b,) = m.buffers()`,
@@ -114,6 +131,13 @@ class _StateViews:
                 isinstance(node, cst.WithItem) and node.asname is not None and self._reads_views(node.item):
             target = node.target if isinstance(node, cst.NamedExpr) else node.asname.name
             self.tensors.update(name.value for name in target_names(target))
+
+    def _reads_only(self, call: cst.Call) -> bool:
+        """A call that only reads a listing it is given, or copies what it holds (LISTING_READERS)."""
+        dotted = self.parsed.imported_name(call.func)
+        name = dotted if dotted is not None else call.func.attr.value if isinstance(call.func, cst.Attribute) else \
+            call.func.value if isinstance(call.func, cst.Name) and call.func.value not in self.parsed.bindings else ""
+        return name in LISTING_READERS
 
     def _reads_views(self, node: cst.BaseExpression) -> bool:
         """`node` calls a STATE_VIEWS method or reads a name that may hold what one gives."""

@@ -296,6 +296,9 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
     return False  # another module's function, a callable built at run time, a decorator's wrapper: it may write it
 
 
+EINOPS_TENSORS = frozenset({"einops.rearrange", "einops.repeat", "einops.reduce", "einops.einsum"})
+
+
 def shows_a_tensor(parsed: ParsedModule, node: cst.BaseExpression, depth: int = 0) -> bool:
     """The source shows `node` is a tensor: a product (`q @ k`), a torch function or a tensor method that returns a
     new tensor or a view, arithmetic with one, or a local every plain assignment reaching it binds to one."""
@@ -304,12 +307,19 @@ def shows_a_tensor(parsed: ParsedModule, node: cst.BaseExpression, depth: int = 
     below = lambda child: shows_a_tensor(parsed, child, depth + 1)  # noqa: E731
     if isinstance(node, cst.BinaryOperation):
         return isinstance(node.operator, cst.MatrixMultiply) or \
-            isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.Divide)) and \
+            isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.Divide, cst.BitAnd, cst.BitOr)) and \
             (below(node.left) or below(node.right))
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+        return below(node.left) or below(node.comparisons[0].comparator)  # `r[:, None] < r`: a bool tensor
+    if isinstance(node, cst.UnaryOperation):
+        return below(node.expression)
+    if isinstance(node, cst.Subscript):
+        return below(node.value)  # indexing a tensor gives one
     if isinstance(node, cst.Call):
         dotted = parsed.imported_name(node.func)
         if dotted is not None:
-            return dotted in TORCH_FRESH | TORCH_SHARING and dotted not in ("torch.is_tensor", "torch.numel")
+            return dotted in TORCH_FRESH | TORCH_SHARING and dotted not in ("torch.is_tensor", "torch.numel") or \
+                dotted in EINOPS_TENSORS or dotted in SIZED_TORCH or dotted in DIMMED_TORCH
         return isinstance(node.func, cst.Attribute) and \
             node.func.attr.value in (FRESH_METHODS | SHARING_METHODS) - NUMBER_METHODS - {"all", "any"} and \
             below(node.func.value)

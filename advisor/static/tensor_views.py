@@ -120,10 +120,15 @@ def _library_viewed(name: str, call: cst.Call, positional: list[cst.BaseExpressi
 
 
 def einsum_joins_operands(call: cst.Call) -> bool:
-    """`einsum(eq, a, b)` of two operands or more computes a new tensor; of one (`einsum('ij->ji', q)`) it may be a
-    view of it (breaker round 39)."""
+    """`einsum(eq, a, b)` of two operands or more computes a new tensor; of one (`einsum('ij->ji', q)`, or
+    `einsum(q, [0, 1], [1, 0])` in the sublist form: breaker round 40) it may be a view of it (breaker round 39)."""
     positional = [arg for arg in call.args if arg.keyword is None]
-    return len(positional) >= 3 and not any(arg.star for arg in call.args)
+    if any(arg.star for arg in call.args) or not positional:
+        return False
+    if isinstance(positional[0].value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)):
+        return len(positional) >= 3
+    return len(positional) >= 4  # the sublist form, `einsum(a, [0, 1], b, [1, 2])`: operands and sublists paired
+
 
 
 def _is_size(value: cst.BaseExpression) -> bool:

@@ -109,7 +109,16 @@ caller drops reached by `inspect.getmembers` or `vars(Attn)` (tree_13, tree_14).
 Round 39 (fixtures/attention/breaker39), aimed at the may-share-storage reading of torch functions imported by name:
 an einsum of one operand (a view) and a dropout that drops nothing (its input), written between the scores and
 the value product; an imported name given back to the builtin by `del`, rebound by a later import or through
-`globals()`; and q written through a global a helper of the file writes, or an enclosing function's name."""
+`globals()`; and q written through a global a helper of the file writes, or an enclosing function's name.
+
+Round 40 (fixtures/attention/breaker40), aimed at the outer-name and listing checks: q written by `+=` on a global
+name or an attribute, through `builtins`, a global view of the tensor the inputs come from, a method of the class or
+a helper given the object holding it, or behind a lambda's parameter of the same name; code no call shows run
+between the scores and the value product (a property, `__setattr__`, `__repr__` under `print`, `__index__`, a
+decorator, a class statement, `del` running `__del__`); a staticmethod named `norm` returning its input; an
+einsum's sublist form of one operand; `m._apply`, and a helper or `map(partial(...))` given `m.buffers()`, changing a
+causal buffer; weights read through `getattr` as a value or `eval` of a joined string; a scale rebound through a
+frame's `f_globals`."""
 
 from __future__ import annotations
 
@@ -125,8 +134,8 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker[23][0-9]/*.py"))
-TREES = sorted(path for path in FIXTURES.glob("breaker[23][0-9]/tree_*") if path.is_dir())
+PROGRAMS = sorted(FIXTURES.glob("breaker[234][0-9]/*.py"))
+TREES = sorted(path for path in FIXTURES.glob("breaker[234][0-9]/tree_*") if path.is_dir())
 
 
 @pytest.fixture(autouse=True)

@@ -231,10 +231,13 @@ def test_generated_programs_get_safe_patches_and_none_is_wrong():
     assert sum(o.status == SAFE_OK for _, o in outcomes) >= SAFE_FLOOR
 
 
-def test_a_causal_fill_read_with_its_rows_rearranged_proves_no_row():
+def test_a_causal_fill_read_with_its_rows_rearranged_proves_no_row_unless_each_row_still_keeps_a_key():
     source = render(Program(definition="causal_fill"))
-    for rearranged in ("MASK[:, None]", "MASK.unsqueeze(-1)", "MASK.t()"):
-        assert "fully-masked-rows" in {f["name"] for f in _facts(source.replace("+ MASK", f"+ {rearranged}"))["assumed"]}
+    for rearranged, keeps in (("MASK[:, None]", True), ("MASK.unsqueeze(-1)", False), ("MASK.t()", True)):
+        # broadcasting repeats whole rows; a key axis of size 1 makes each value a row; a transposed triangle keeps
+        # the diagonal in every row (computed: evaluated_masks)
+        assumed = {f["name"] for f in _facts(source.replace("+ MASK", f"+ {rearranged}"))["assumed"]}
+        assert ("fully-masked-rows" not in assumed) == keeps, rearranged
 
 
 LOCAL = '''

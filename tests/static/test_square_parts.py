@@ -1,6 +1,7 @@
 """Causal additive masks read as the values of their squares' three parts (`attention.triangles`): every spelling
 that is 0 on and below the diagonal proves no row fully masked, whatever builds it, and nothing else does. Each
-mask is a module-level tensor the block adds to its scores; where the proof holds, the patch is run against the
+mask is a module-level tensor the block adds to its scores (a mask of no such form built from constants is computed,
+`evaluated_masks`); where the proof holds, the patch is run against the
 original in float64, outputs and gradients, with a fully masked row impossible by construction."""
 
 from __future__ import annotations
@@ -61,10 +62,11 @@ KEEPS_KEY_ZERO = {
     "transposed triu": ("torch.where(torch.ones(5, 5).triu().T == 1, 0.0, -1e4)", ""),
     "finfo fill, viewed 4-D": ("torch.full((5, 5), torch.finfo(torch.float32).min).triu(1).view(1, 1, 5, 5)", ""),
     "not of an upper comparison": ("torch.where(~(torch.ones(5, 5).triu(1) == 1), 0.0, -1e9)", ""),
+    # computed (evaluated_masks): every row keeps its diagonal key, read whole
+    "transposed (anti-causal)": ("torch.full((5, 5), float('-inf')).triu(1).t()", ""),
 }
 MASKS_A_ROW = {
     "triu without the diagonal kept": ("torch.full((5, 5), float('-inf')).triu()", ""),  # row 0 fully masked
-    "transposed (anti-causal)": ("torch.full((5, 5), float('-inf')).triu(1).t()", ""),  # last row fully masked
     "tutorial helper, polarity flipped": ("generate_square_subsequent_mask(5)",
                                           TUTORIAL_HELPER.replace("== 1).transpose", "== 0).transpose")),
     "in-place helper on an aliased tensor": ("build_causal_mask(5)", ALIASED_HELPER),

@@ -25,6 +25,8 @@ from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 from advisor.static.outside_writes import ANY_ON_CLASS
 from advisor.static.walk import descendants
+from advisor.static.tensor_reads import shows_a_tensor
+from advisor.patterns.module_values import runs_no_code
 
 
 NEW_TENSOR_METHODS = ("new_ones", "new_zeros", "new_full", "new_empty", "new_tensor")
@@ -258,6 +260,9 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
         if first < parsed.line(node) < last:
             return (f"the function suspends between the scores and the value product (line {parsed.line(node)}): its "
                     "caller may change q, k or v before the SDPA call reads them")
+    implicit = _implicit_code_between(c, first, last, removed)
+    if implicit is not None:
+        return implicit
     scores = {definition.name for definition in c.chain.definitions}
     trusted = modules_untrusted(parsed) is None
     for node in descendants(c.home, (cst.Call,) + IMPLICIT_RUNNERS):
@@ -279,6 +284,58 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
                         f"(line {line}{where}): code this analysis does not see there (a generator's body, "
                         "`__enter__`) may write q, k or v in place")
     return None
+
+
+def _implicit_code_between(c: Candidate, first: int, last: int, removed: set[cst.CSTNode]) -> str | None:
+    """Code no call shows that may run between the scores and the value product (breaker round 40): a decorator or
+    a class statement (`__init_subclass__`, a metaclass), `del` of a local that may hold an object with `__del__`
+    (not a parameter, whose object the caller holds too, nor a tensor), or
+    a read of a module-level object of the program's own (its property, `__setattr__`, `__repr__` under `print`,
+    `__index__` under indexing, `__bool__` under `assert`)."""
+    parsed = c.parsed
+    own = scope.own_bindings(c.home)
+    parameters = {param.name.value for param in descendants(c.home.params, (cst.Param,))}  # the caller holds them
+    for node in descendants(c.home, (cst.FunctionDef, cst.ClassDef, cst.Del, cst.Name)):
+        line = parsed.line(node)
+        if node is c.home or not first < line < last or any(parent in removed for parent in _ancestors(parsed, node)):
+            continue
+        if isinstance(node, cst.ClassDef) or isinstance(node, cst.FunctionDef) and node.decorators:
+            return (f"a {'class statement' if isinstance(node, cst.ClassDef) else 'decorator'} runs between the "
+                    f"scores and the value product (line {line}): code this analysis does not see may write q, k or "
+                    "v in place")
+        if isinstance(node, cst.Del) and any(not _holds_tensors(c, name.value) and name.value not in parameters
+                                             for name in descendants(node, (cst.Name,))):
+            return (f"`{parsed.code(node)}` between the scores and the value product (line {line}) may run an "
+                    "object's `__del__`, which may write q, k or v in place")
+        if isinstance(node, cst.Name) and _program_object(parsed, node, own):
+            return (f"`{node.value}`, a module-level object of the program's own, is used between the scores and the "
+                    f"value product (line {line}): its attributes, operators or conversions may run code that writes "
+                    "q, k or v in place")
+    return None
+
+
+def _holds_tensors(c: Candidate, name: str) -> bool:
+    """Every binding of the local `name` in the block's function assigns a value the source shows is a tensor."""
+    flow = c.parsed.flow(c.home)
+    bindings = [d for d in flow.definitions.values() if d.name == name]
+    return bool(bindings) and all(d.kind == "assign" and d.index is None and d.value is not None and
+                                  shows_a_tensor(c.parsed, d.value) for d in bindings)
+
+
+def _program_object(parsed, name: cst.Name, own: set[str]) -> bool:
+    """A read of a module-level name holding anything but a number, a string or a torch tensor (an instance of the
+    program's own class), not a function, class or import (their calls are checked apart)."""
+    parent = parsed.parents.get(name)
+    if isinstance(parent, cst.Attribute) and parent.attr is name or isinstance(parent, cst.Arg) and \
+            parent.keyword is name or name.value in own or name.value in parsed.imports or \
+            name.value in parsed.module_functions or name.value in parsed.top_level_classes or \
+            name.value in scope.BUILTIN_NAMES and name.value not in parsed.bindings or \
+            isinstance(parent, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.Global, cst.Nonlocal, cst.NameItem)):
+        return False
+    function = parsed.innermost(name, cst.FunctionDef)
+    if function is not None and parsed.innermost(parsed.parents.get(function), cst.FunctionDef) is not None:
+        return False  # a nested function's name may be its enclosing function's local (a closure)
+    return not runs_no_code(parsed, name.value)
 
 
 def _assigns(statement: cst.CSTNode, names: set[str]) -> bool:
