@@ -203,7 +203,23 @@ def start_of(args) -> str | None:
         return paths[0]
     target = getattr(args, "target", None)
     file = target.rpartition(":")[0] if target else ""
-    return file if file and os.path.exists(file) else None
+    if file and os.path.exists(file):
+        return file
+    return _module_file(file, getattr(args, "root", None)) if file else None
+
+
+def _module_file(module: str, root: str | None) -> str | None:
+    """The file of a module TARGET (`pkg.model`), found as the worker imports it (the current directory, `--root`,
+    PYTHONPATH) without importing anything (promise round 35: its folder's config was not read)."""
+    parts = module.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    folders = [current_folder() or "", root or "", *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    for folder in (f for f in folders if f):
+        for candidate in (os.path.join(folder, *parts) + ".py", os.path.join(folder, *parts, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
 
 
 def settle(args, start: str | None) -> Path | None:

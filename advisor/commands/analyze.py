@@ -9,6 +9,7 @@ from rich.console import Console
 
 from advisor.errors import AdvisorError
 from advisor.contracts.finding import display_path
+from advisor.commands.common import status as status_display
 from advisor.report.profile_console import print_measured
 from advisor.report.terminal import shown, stdout_console
 from advisor.runtime.trace_analysis import analyze_path
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Exit 2 when a trace could not be analysed (the others are still reported), else 1 when findings remain.
     JSON is one object also when no trace could be read (its errors say why); text is then one error line."""
-    with Console(stderr=True).status("reading traces"):
+    with status_display(Console(stderr=True), "reading traces"):
         report = analyze_path(args.trace)
     code = 2 if report.errors else 1 if report.findings else 0
     if args.format == "json":

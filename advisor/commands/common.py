@@ -139,6 +139,25 @@ class _ProgressAfterAMoment:
         self._progress.stop()
 
 
+class _NoStatus:
+    """What `status` gives off a terminal: updates that draw nothing."""
+
+    def __enter__(self) -> "_NoStatus":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, *args, **kwargs) -> None:
+        return None
+
+
+def status(console: Console, message: str):
+    """rich's spinner on a terminal; nothing in a pipe or a file, where its frames would break the one-line error
+    (promise round 35: FORCE_COLOR made rich draw it into a redirected stderr)."""
+    return console.status(message) if _is_a_terminal(console) else _NoStatus()
+
+
 def _is_a_terminal(console: Console) -> bool:
     """The console's file is a terminal: not rich's `is_terminal`, which FORCE_COLOR (set by many CI systems for
     colour) turns on for a pipe or a log file too, where a bar's cursor codes are noise."""

@@ -19,6 +19,7 @@ from importlib import resources
 from rich.console import Console
 
 from advisor.commands.common import add_backend_argument, add_call_site_argument
+from advisor.commands.common import status as status_display
 from advisor.commands.profile import (CALLS_WITHOUT_SCRIPT, add_workload_arguments, ends_what_the_workload_left,
                                       seconds, workload_source)
 from advisor.commands.review import APPLY, QUIT, ask_to_apply
@@ -62,7 +63,7 @@ def add_parser(sub) -> None:
 @ends_what_the_workload_left
 def run(args) -> int:
     stderr = Console(stderr=True)
-    with stderr.status("starting") as status:
+    with status_display(stderr, "starting") as status:
         review = partial(_review, stderr, status) if args.interactive else None
         result = optimized(args, progress=status.update, review=review,
                            say=lambda message: stderr.print(message, highlight=False))
@@ -103,7 +104,7 @@ def optimized(args, progress=lambda message: None, review=None, say=lambda messa
     result.notes += unchanged_flags(args, result)
     unapplied = [p for p in result.patches if p.verified and not p.applied]
     observed = any(p.discharged == "observed" for p in unapplied) and not options.unsafe_fixes
-    result.apply_command = apply_command(args, observed) if unapplied and (observed or not options.apply) else None
+    result.apply_command = apply_command(args, observed) if unapplied and (observed or not args.apply) else None
     _write_reports(result, report_dir)
     return result
 
@@ -147,11 +148,13 @@ def unchanged_flags(args, result: OptimizeReport) -> list[str]:
 
 
 def apply_command(args, observed: bool = False) -> str:
-    """The command line of this run with `--apply` added (before a script's `--`), and `--unsafe-fixes` where a
-    verified patch rests on facts observed in the run: what writes its verified patches. It runs the verification
+    """The command line of this run with `--apply` added (before a script's `--`; `--interactive`, whose declined
+    patches it writes, dropped), and `--unsafe-fixes` where a verified patch rests on facts observed in the run: what
+    writes its verified patches. It runs the verification
     again; only what verifies then is written."""
     words = list(args.argv)
     at = words.index("--") if "--" in words else len(words)
+    words, at = [w for w in words[:at] if w != "--interactive"] + words[at:], at - words[:at].count("--interactive")
     added = [flag for flag, wanted in (("--apply", True), ("--unsafe-fixes", observed)) if wanted and flag not in words]
     return "advisor " + shell_join(words[:at] + added + words[at:])
 

@@ -15,6 +15,7 @@ from advisor.errors import AdvisorError, visible
 from advisor.contracts.finding import display_path
 from advisor.report.profile_console import print_measured, print_top_lines
 from advisor.report.terminal import shown, stdout_console
+from advisor.commands.common import status as status_display
 from advisor.runtime.trace_output import check_trace_path, confirm_trace_written
 from advisor.verify.messages import Load, Profile, Profiled
 from advisor.verify.process import DEFAULT_TIMEOUT_S, start_worker, take_left_running
@@ -92,7 +93,7 @@ def profile_in_child(target: str, device: str | None = None, dtype: str | None =
         from advisor.runtime.runner import resolve_device  # torch: imported when the verb runs, not to build the CLI
 
         resolve_device(device)  # a missing GPU is a usage error before any process starts
-    with Console(stderr=True).status("starting the workload process") as status, \
+    with status_display(Console(stderr=True), "starting the workload process") as status, \
             start_worker("workload", timeout_s, on_progress=status.update) as worker:
         status.update("loading the workload")
         loaded = worker.call(Load(target, device, dtype, train, script=script, calls=calls),

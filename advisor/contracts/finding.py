@@ -73,13 +73,18 @@ def display_path(path: str) -> str:
 
 
 def relative_path(path: str) -> str:
-    """display_path's choice of path, as the file system's name (not escaped)."""
+    """display_path's choice of path, as the file system's name (not escaped): a link to a file is named by its
+    target (where a fix is written), and a file under the current directory reached through a link (`cd` into a
+    linked folder, `$PWD/model.py`) relative to it, as `git apply` takes it (promise round 35)."""
     cwd = current_folder()
     if cwd is None:
         return path
     absolute = os.path.abspath(path)
-    if absolute == cwd or absolute.startswith(cwd + os.sep):
-        return os.path.relpath(absolute, cwd)
+    if os.path.islink(absolute) and os.path.isfile(absolute):  # a dangling link, or one to a device, keeps its name
+        absolute = os.path.realpath(absolute)
+    for file, folder in ((absolute, cwd), (os.path.realpath(absolute), os.path.realpath(cwd))):
+        if file == folder or file.startswith(folder + os.sep):
+            return os.path.relpath(file, folder)
     return absolute
 
 

@@ -9,7 +9,6 @@ exception, so the worker survives it; so is a message that is no request the wor
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import pickle
 import sys
@@ -54,7 +53,7 @@ class Worker:
         side) take its weights and inputs."""
         from advisor.runtime.runner import check_runs, prepare
         from advisor.verify.overlay import file_loader
-        from advisor.workload_loader import load_workload
+        from advisor.workload_loader import load_workload, seed_parameter
 
         target, device, dtype, train = request.target, request.device, request.dtype, request.train
         self.target = target
@@ -74,7 +73,7 @@ class Worker:
         self.prepared = prepare(self.workload, device, dtype, train)
         check_runs(self.prepared, target)
         return Loaded(model=type(self.workload.model).__name__, state_dict=keys, captured=captured,
-                      accepts_seed=_accepts_seed(self.function), device=str(self.prepared.device),
+                      accepts_seed=seed_parameter(self.function) is not None, device=str(self.prepared.device),
                       inputs=len(self.script_calls) if self.script_calls is not None else None,
                       dtype=str(self.prepared.dtype or _parameter_dtype(self.prepared.model)).replace("torch.", ""),
                       autocast=self.prepared.autocast)
@@ -113,7 +112,7 @@ class Worker:
         import torch
 
         from advisor.runtime.runner import _move
-        from advisor.workload_loader import as_workload
+        from advisor.workload_loader import as_workload, call_with_seed
 
         seed = request.seed
         if self.script_calls is not None:
@@ -121,7 +120,7 @@ class Worker:
             args, kwargs = call.args, call.kwargs
         else:
             torch.manual_seed(seed)
-            workload = as_workload(self.function(seed=seed), self.target)
+            workload = as_workload(call_with_seed(self.function, seed), self.target)
             args, kwargs = workload.args, workload.kwargs
         cpu = torch.device("cpu")
         return InputSet(_move(args, cpu, None), _move(kwargs, cpu, None))
@@ -286,13 +285,6 @@ def _parameter_dtype(model) -> str:
     """The dtype the model computes in when the workload did not say: its first floating-point parameter's."""
     parameters = model.parameters() if hasattr(model, "parameters") else ()
     return next((str(p.dtype) for p in parameters if p.is_floating_point()), "as loaded")
-
-
-def _accepts_seed(function) -> bool:
-    try:
-        return "seed" in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _one_line(exc: BaseException) -> str:
