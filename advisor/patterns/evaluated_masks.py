@@ -24,6 +24,8 @@ from collections.abc import Callable
 import libcst as cst
 
 from advisor.patterns.copy_cast_roles import dtype_name
+from advisor.patterns.module_values import module_steps
+from advisor.static.dataflow import UNDEFINED
 from advisor.static.module_index import ParsedModule
 
 SMALL_LIMIT = 10.0  # as call_site_facts.SMALL_LIMIT: a value that leaves a score as precise as it is
@@ -84,6 +86,7 @@ class _Compiler:
 
     def __init__(self, parsed: ParsedModule, values_of: Resolve) -> None:
         self.parsed, self.values_of = parsed, values_of
+        self.building: dict[str, list] = {}  # name -> the cell holding what the module-level steps built so far
 
     def compile(self, node: cst.BaseExpression, depth: int) -> Thunk:
         if depth > MAX_DEPTH:
@@ -128,10 +131,52 @@ class _Compiler:
         if node.value in ("True", "False", "None"):
             constant = {"True": True, "False": False, "None": None}[node.value]
             return lambda: constant
+        if node.value in self.building:  # a step's read of the tensor the steps before it built
+            cell = self.building[node.value]
+            return lambda: cell[0]
         values = self.values_of(node)
-        if not values or len(values) != 1:
+        if values and len(values) == 1:
+            return self.compile(values[0], depth + 1)
+        steps = module_steps(self.parsed, node.value, registered=(node,)) if not values and self._global(node) \
+            else None  # the read itself may be the buffer registration the caller reads through
+        if steps is None:
             raise _NotComputed
-        return self.compile(values[0], depth + 1)
+        return self._steps(node.value, steps, depth)
+
+    def _global(self, node: cst.Name) -> bool:
+        function = self.parsed.frame(node)
+        return function is None or self.parsed.flow(function).reaching.get(node) == frozenset({UNDEFINED})
+
+    def _steps(self, name: str, steps: list[cst.BaseSmallStatement], depth: int) -> Thunk:
+        """What the module-level statements that build `name` leave in it, run in order."""
+        cell: list = [None]
+        outer, self.building = self.building, {**self.building, name: cell}
+        try:
+            runs = [self._step(step, cell, depth) for step in steps]
+        finally:
+            self.building = outer
+
+        def run():
+            for step in runs:
+                step()
+            return cell[0]
+
+        return run
+
+    def _step(self, step: cst.BaseSmallStatement, cell: list, depth: int) -> Thunk:
+        if isinstance(step, cst.Assign) and isinstance(step.targets[0].target, cst.Name):
+            value = self.compile(step.value, depth + 1)
+            return lambda: cell.__setitem__(0, _checked(value()))
+        if isinstance(step, cst.Assign):  # `MASK[..., -3:] = -1e9`
+            target = step.targets[0].target
+            index, value = self._subscript(target, depth, index_only=True), self.compile(step.value, depth + 1)
+            return lambda: cell[0].__setitem__(index(), value())
+        call = step.value
+        positional = [self.compile(a.value, depth + 1) for a in call.args if a.keyword is None and not a.star]
+        if len(positional) != len(call.args):
+            raise _NotComputed
+        method = call.func.attr.value
+        return lambda: _method(cell[0], method, [p() for p in positional], {})
 
     def _attribute(self, node: cst.Attribute, depth: int) -> Thunk:
         dotted = self.parsed.imported_name(node)
@@ -150,8 +195,8 @@ class _Compiler:
             return lambda: inner().T
         raise _NotComputed
 
-    def _subscript(self, node: cst.Subscript, depth: int) -> Thunk:
-        base = self.compile(node.value, depth + 1)
+    def _subscript(self, node: cst.Subscript, depth: int, index_only: bool = False) -> Thunk:
+        base = None if index_only else self.compile(node.value, depth + 1)
         parts: list[Thunk] = []
         for element in node.slice:
             part = element.slice
@@ -167,6 +212,8 @@ class _Compiler:
                 parts.append(lambda bounds=bounds: slice(*(_plain_index(b()) for b in bounds)))
             else:
                 raise _NotComputed
+        if index_only:
+            return lambda: tuple(p() for p in parts)
         return lambda: _checked(base()[tuple(p() for p in parts)])
 
     def _call(self, node: cst.Call, depth: int) -> Thunk:

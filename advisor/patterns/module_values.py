@@ -41,6 +41,75 @@ def module_value(parsed: ParsedModule, name: str,
     return found
 
 
+STEP_METHODS = frozenset({"masked_fill_", "fill_", "fill_diagonal_", "triu_", "tril_", "add_", "sub_", "mul_",
+                          "div_", "clamp_", "zero_", "neg_"})  # tensor methods a module-level step may write with
+
+
+def module_steps(parsed: ParsedModule, name: str,
+                 registered: tuple[cst.CSTNode, ...] = ()) -> list[cst.BaseSmallStatement] | None:
+    """The module-level statements that build the tensor `name` when no one definition does: assignments of the
+    name (`MASK = torch.zeros(n, n)`, then `MASK = MASK.masked_fill(...)`), element writes (`MASK[..., -3:] =
+    -1e9`) and in-place method calls (`MASK.fill_diagonal_(0.0)`), all at the module's top level, in order, with
+    nothing between them but assignments that call torch alone; every other read of it in the file leaves it alone,
+    as for `module_value` (`registered` as there). None for anything else."""
+    if len(parsed.bindings.get(name, [])) < 2 and module_value(parsed, name) is not None or \
+            name in parsed.imports or reached_by_name(parsed, name) or name in parsed.outside_attribute_writes[0] \
+            or parsed.global_rebound_by_computed_name(name) is not None:
+        return None
+    top = [small for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
+    steps = [small for small in top if _step_of(parsed, small, name)]
+    bindings = parsed.bindings.get(name, [])
+    if not steps or not isinstance(steps[0], cst.Assign) or \
+            not all(any(parsed.within(binding, step) for step in steps) for binding in bindings):
+        return None
+    inside = set(steps)
+    for node in (n for n in parsed.nodes_of(cst.Name) if n.value == name):
+        if not any(parsed.within(node, step) for step in inside) and \
+                not _read_only_use(parsed, node, bindings[0]) and \
+                not (node in registered and _registers_buffer(parsed, node)):
+            return None
+    first, last = parsed.module.body.index(_line_of(parsed, steps[0])), \
+        parsed.module.body.index(_line_of(parsed, steps[-1]))
+    for line in parsed.module.body[first:last + 1]:
+        if not isinstance(line, cst.SimpleStatementLine) or any(
+                small not in inside and not _calls_torch_only(parsed, small) for small in line.body):
+            return None  # a statement between that may run the program's code (or a block that may not run)
+    if parsed.tree is not None and written_elsewhere(parsed, parsed.tree, name) is not None:
+        return None
+    return steps
+
+
+def _step_of(parsed: ParsedModule, small: cst.BaseSmallStatement, name: str) -> bool:
+    """`name = ...`, `name[...] = ...` or `name.fill_(...)` as a statement."""
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        return isinstance(target, cst.Name) and target.value == name or isinstance(target, cst.Subscript) and \
+            isinstance(target.value, cst.Name) and target.value.value == name
+    call = small.value if isinstance(small, cst.Expr) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
+        call.func.attr.value in STEP_METHODS and isinstance(call.func.value, cst.Name) and call.func.value.value == name
+
+
+def _line_of(parsed: ParsedModule, small: cst.CSTNode) -> cst.CSTNode:
+    return parsed.parents.get(small)
+
+
+def _calls_torch_only(parsed: ParsedModule, small: cst.CSTNode) -> bool:
+    """An assignment or import whose calls are all torch's or math's, or methods of what those return: it runs no
+    code of the program's (a function of it called there could run the block on the tensor half built)."""
+    from advisor.static.walk import descendants
+
+    def library(call: cst.Call) -> bool:
+        func = call.func
+        while parsed.imported_name(func) is None and isinstance(func, cst.Attribute) and \
+                isinstance(func.value, cst.Call):
+            func = func.value.func  # `torch.ones(n, n).tril()`: a method of torch's result
+        return (parsed.imported_name(func) or "").startswith(("torch.", "math."))
+
+    return isinstance(small, (cst.Assign, cst.AnnAssign, cst.Import, cst.ImportFrom)) and \
+        all(library(call) for call in descendants(small, (cst.Call,)))
+
+
 def _registers_buffer(parsed: ParsedModule, read: cst.CSTNode) -> bool:
     """`read` is the tensor `self.register_buffer(name, read)` registers."""
     arg = parsed.parents.get(read)
