@@ -26,9 +26,11 @@ def torch_restored():
     saved = [dict(vars(space)) for space in spaces]
     tables = [value for name, value in vars(module).items() if name.startswith("_global_") and isinstance(value, dict)]
     entries = [dict(table) for table in tables]
+    default_dtype = torch.get_default_dtype()
     try:
         yield
     finally:
+        torch.set_default_dtype(default_dtype)  # a program's `torch.set_default_dtype(torch.float64)` (round 41)
         for space, before in zip(spaces, saved):
             now = vars(space)
             for name in [name for name in now if name not in before]:

@@ -140,7 +140,10 @@ class _ProgressAfterAMoment:
 
 
 class _NoStatus:
-    """What `status` gives off a terminal: updates that draw nothing."""
+    """What `status` gives off a terminal: rich's `Status` that draws nothing (its console still prints)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
 
     def __enter__(self) -> "_NoStatus":
         return self
@@ -151,11 +154,17 @@ class _NoStatus:
     def update(self, *args, **kwargs) -> None:
         return None
 
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
 
 def status(console: Console, message: str):
     """rich's spinner on a terminal; nothing in a pipe or a file, where its frames would break the one-line error
     (promise round 35: FORCE_COLOR made rich draw it into a redirected stderr)."""
-    return console.status(message) if _is_a_terminal(console) else _NoStatus()
+    return console.status(message) if _is_a_terminal(console) else _NoStatus(console)
 
 
 def _is_a_terminal(console: Console) -> bool:

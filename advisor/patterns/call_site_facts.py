@@ -17,6 +17,7 @@ from collections.abc import Callable
 import libcst as cst
 
 from advisor.patterns import masks as mk
+from advisor.patterns.evaluated_masks import values_may_differ
 from advisor.patterns.scope import ClassTable, nested_names, outer_names, overridden, self_names
 from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
@@ -154,6 +155,8 @@ def _holds(site: CallSite, claim: Claim) -> bool:
 
 
 def _swallows_no_row(scope: "SiteScope", claim: Claim, node: cst.BaseExpression) -> bool:
+    if values_may_differ(scope.parsed):
+        return False  # torch's builders or settings replaced: what builds the mask may not compute as read
     bounds = scope.interval(node)
     if bounds is not None and max(abs(bounds[0]), abs(bounds[1])) <= SMALL_LIMIT:
         return True

@@ -54,6 +54,26 @@ COMPARE = {cst.LessThan: operator.lt, cst.GreaterThan: operator.gt, cst.LessThan
 UNARY = {cst.Minus: operator.neg, cst.Plus: operator.pos, cst.BitInvert: operator.invert}
 
 
+# process-wide settings a program may change before the mask is built, which this process does not share
+# (`torch.set_default_dtype(torch.float64)` turns `torch.finfo().eps` into another number; flushed denormals read
+# as 0): breaker round 41
+PROCESS_SETTINGS = ("set_default_dtype", "set_default_tensor_type", "set_flush_denormal", "set_default_device")
+
+
+def values_may_differ(parsed: ParsedModule, settings: tuple[str, ...] = ("set_flush_denormal",)) -> bool:
+    """The scan's torch may compute otherwise than the program's: a file of the tree changes a process-wide setting,
+    or replaces a torch or math function (`torch.full = patched` at import). Every reader of a mask's values from
+    how it is built (computed here, or read as a triangle's parts or as bounds) holds only where this is False; the
+    readers of forms, whose numbers do not depend on the default dtype, ask only of the `settings` that change
+    values whatever the dtype."""
+    tree = parsed.tree
+    if any(word in parsed.source or tree is not None and tree.mentioning(word) for word in settings):
+        return True
+    return any(name.startswith(("torch.Tensor.", "math.")) or name.startswith("torch.") and
+               name.rsplit(".", 1)[-1] in BUILDERS | METHODS | {"tensor", "finfo", "einsum", "matmul"}
+               for name in parsed.outside_attribute_writes[0])  # not `torch.backends.cudnn.benchmark = True`
+
+
 class _NotComputed(Exception):
     """The expression holds something this module does not compute."""
 
@@ -62,6 +82,8 @@ def every_row_keeps_a_key(parsed: ParsedModule, node: cst.BaseExpression, values
                           sliced: bool = True) -> bool:
     """`node` is computed (see the module's docstring) and every row of it keeps a key with a small value and none
     larger: key 0, where the read may slice its columns from 0 (`sliced`), else any."""
+    if values_may_differ(parsed, PROCESS_SETTINGS):
+        return False
     try:
         thunk = _Compiler(parsed, values_of).compile(node, 0)
     except _NotComputed:

@@ -25,7 +25,7 @@ from advisor.contracts.finding import display_path
 from advisor.static.class_sites import class_sites
 from advisor.static.dataflow import is_self_attribute
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
-from advisor.static.module_methods import SELF_RETURNING, drops_state_method_result
+from advisor.static.module_methods import SELF_RETURNING, drops_state_method_result, returns_itself
 from advisor.static.python_ast import nodes, python_tree
 
 
@@ -59,6 +59,12 @@ PRE_HOOKS = re.compile(r"""register_(module_)?forward_pre_hook|_forward_pre_hook
 # turning the caller's 0/1 keep mask into an additive one before `super().__call__`)
 CALL_OVERRIDES = frozenset({"__call__", "_call_impl", "_wrapped_call_impl"})
 MAY_OVERRIDE_CALL = re.compile(r"\b(?:__call__|_call_impl|_wrapped_call_impl)\b")
+# ... assigned on an object or a class, or named as a string (`nn.Module.__call__ = f`, `setattr(C, "__call__", f)`)
+# (an instance's own `__call__` is never looked up: `criteria.__call__ = f` in transformers changes no call; its
+# `_call_impl` is, by nn.Module's `__call__`)
+CALL_ASSIGNED = re.compile(r"(?:\b[A-Z]\w*|\bcls|\bklass|\))\s*\.\s*__call__\s*=[^=]|"
+                           r"\.\s*(?:_call_impl|_wrapped_call_impl)\s*=[^=]|"
+                           r"setattr\([^)\n]*[\"'](?:__call__|_call_impl|_wrapped_call_impl)[\"']")
 # scan token -> (texts, parsed modules, words, real paths, attribute words, tree-wide indexes, words of notebooks'
 # masked lines): this process's caches for the current scan
 _CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict, dict]] = {}
@@ -505,6 +511,8 @@ class Tree:
         self._note_all(consulted)
         if not overriders:
             return False
+        if ANY_ROOT in overriders:
+            return True  # `nn.Module.__call__ = patched`: every module's call
         sites = parsed.project.classes if parsed.project is not None else class_sites(parsed.path, parsed.source)
         bases: dict[str, set[str]] = {}
         for site in sites:
@@ -541,6 +549,8 @@ class Tree:
                 tree = python_tree(text)
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 continue
+            if CALL_ASSIGNED.search(text) is not None:
+                names.add(ANY_ROOT)  # assigned outside a class body (breaker round 41)
             names.update(node.name for node in nodes(tree) if type(node) is ast.ClassDef and any(
                 type(statement) in (ast.FunctionDef, ast.AsyncFunctionDef) and statement.name in CALL_OVERRIDES or
                 type(statement) is ast.Assign and any(getattr(t, "id", None) in CALL_OVERRIDES
@@ -810,7 +820,8 @@ def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) ->
     built = _called(parsed, use)
     if built is None:
         return None
-    built = _through_self_returning_calls(parsed, built)
+    if returns_itself(parsed, parsed.top_level_classes.get(getattr(use, "value", None))):
+        built = _through_self_returning_calls(parsed, built)
     outer = _called(parsed, built)
     if outer is not None:
         return [(parsed, outer)]

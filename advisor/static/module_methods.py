@@ -12,6 +12,16 @@ STATE_METHODS = SELF_RETURNING | {"zero_grad", "load_state_dict"}  # what may be
 # instance itself, changing no call's arguments
 
 
+MODULE_BASES = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+
+
+def returns_itself(parsed, cls) -> bool:
+    """The class (a `ClassInfo`) takes SELF_RETURNING from `nn.Module` itself: it derives from nothing else and
+    defines none of them (`def eval(self): return lambda ...` does not return the module: breaker round 41)."""
+    return cls is not None and not cls.node.decorators and not SELF_RETURNING & set(cls.methods) and \
+        all(parsed.imported_name(base.value) in MODULE_BASES for base in cls.node.bases)
+
+
 def without_self_returning_calls(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
     """`Net()` for `Net().eval().to(device)`."""
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \

@@ -34,7 +34,7 @@ LISTING_READERS = frozenset({"list", "tuple", "iter", "next", "enumerate", "zip"
                              "set", "isinstance", "print", "sum", "any", "all", "torch.save", "copy.deepcopy",
                              "load_state_dict", "keys", "values", "items"})
 MAY_SWAP = re.compile(r"functional_call|_reparametrize_module|make_functional_with_buffers|buffers\(|state_dict\(|"
-                      r"_apply\(|to_empty\(")
+                      r"_apply\(|to_empty\(|\.apply\(")
 
 
 def may_swap(text: str) -> bool:
@@ -54,7 +54,9 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     if not may_swap(parsed.source):
         return []
     found = state_runs(parsed) + [node for node in parsed.nodes_of(cst.Call) if isinstance(node.func, cst.Attribute)
-                                  and node.func.attr.value in REBUILDERS]  # `m._apply(lambda t: t.fill_(1))`
+                                  and (node.func.attr.value in REBUILDERS or node.func.attr.value == "apply" and any(
+                                      _makes_a_callable(parsed, arg.value) and not isinstance(arg.value, cst.Lambda)
+                                      for arg in node.args))]  # `m._apply(fn)`, `m.apply(partial(...))`
     views = _StateViews(parsed)
     found += views.handed
     for node in parsed.parents:
@@ -133,7 +135,12 @@ class _StateViews:
             self.tensors.update(name.value for name in target_names(target))
 
     def _reads_only(self, call: cst.Call) -> bool:
-        """A call that only reads a listing it is given, or copies what it holds (LISTING_READERS)."""
+        """A call that only reads a listing it is given, or copies what it holds (LISTING_READERS), given no callable
+        it may run on the tensors (`sorted(m.buffers(), key=partial(torch.Tensor.sub_, other=1))`: breaker round
+        41)."""
+        if any(arg.keyword is not None and arg.keyword.value == "key" or _makes_a_callable(self.parsed, arg.value)
+               for arg in call.args):
+            return False
         dotted = self.parsed.imported_name(call.func)
         name = dotted if dotted is not None else call.func.attr.value if isinstance(call.func, cst.Attribute) else \
             call.func.value if isinstance(call.func, cst.Name) and call.func.value not in self.parsed.bindings else ""
@@ -169,6 +176,13 @@ class _StateViews:
             return depth >= beyond + 1
         return not isinstance(node, cst.Name) and self._reads_views(node) and depth >= beyond  # `next(m.buffers())`,
         # `[b for b in m.buffers()][0]`: may be a tensor itself (breaker round 27)
+
+
+def _makes_a_callable(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
+    """A lambda, or a callable built by `functools.partial`/`operator.methodcaller` (which may call anything, an
+    in-place method or `register_buffer`, on what it is given)."""
+    return isinstance(node, cst.Lambda) or isinstance(node, cst.Call) and parsed.imported_name(node.func) in (
+        "functools.partial", "operator.methodcaller", "functools.partialmethod")
 
 
 def _listing_depth(value: cst.BaseExpression) -> int | None:

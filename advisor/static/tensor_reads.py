@@ -14,7 +14,7 @@ import libcst as cst
 
 from advisor.static.dataflow import is_self
 from advisor.static.inplace_args import INPLACE_POSITIONS
-from advisor.static.module_methods import only_called, without_self_returning_calls
+from advisor.static.module_methods import MODULE_BASES, only_called, returns_itself, without_self_returning_calls
 from advisor.static.outside_writes import IN_PLACE_DUNDERS, in_place_name
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
@@ -366,18 +366,18 @@ def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef 
         built = assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) else None
     else:
         return None
-    built = without_self_returning_calls(built)
-    if not (isinstance(built, cst.Call) and isinstance(built.func, cst.Name)):
+    plain = without_self_returning_calls(built)
+    if not (isinstance(plain, cst.Call) and isinstance(plain.func, cst.Name)):
         return None
-    cls = parsed.top_level_classes.get(built.func.value)
+    cls = parsed.top_level_classes.get(plain.func.value)
+    if plain is not built and not returns_itself(parsed, cls):
+        return None  # `Attend().eval()` where the class's `eval` may return something else
     if cls is None or cls.node.decorators or "__call__" in cls.methods or "__new__" in cls.methods or \
             any(parsed.imported_name(base.value) not in MODULE_BASES for base in cls.node.bases):
         return None  # what runs between the call and `forward` (a base's `__call__`) is not read here
     forward = cls.methods.get("forward")
     return forward if forward is not None and not forward.decorators else None
 
-
-MODULE_BASES = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 
 
 def _bound_once_here(parsed: ParsedModule, function: cst.FunctionDef, name: cst.Name) -> cst.BaseExpression | None:

@@ -118,7 +118,14 @@ between the scores and the value product (a property, `__setattr__`, `__repr__` 
 decorator, a class statement, `del` running `__del__`); a staticmethod named `norm` returning its input; an
 einsum's sublist form of one operand; `m._apply`, and a helper or `map(partial(...))` given `m.buffers()`, changing a
 causal buffer; weights read through `getattr` as a value or `eval` of a joined string; a scale rebound through a
-frame's `f_globals`."""
+frame's `f_globals`.
+
+Round 41 (fixtures/attention/breaker41), aimed at round 40's fixes and this stop's reach: a computed mask under
+another default dtype, flushed denormals or a replaced `torch.full`; an `eval()` that does not return the module and
+`nn.Module.__call__` replaced, under call-site facts through a local instance; a property of a parameter's or an
+imported object read between the products, `print` (of an object, or to a replaced `sys.stdout`), an import, and a
+rebinding that drops an object with `__del__` there; `sorted(..., key=partial(...))` over buffers and
+`m.apply(partial(nn.Module.register_buffer, ...))`."""
 
 from __future__ import annotations
 

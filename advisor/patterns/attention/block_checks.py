@@ -7,6 +7,8 @@ Weights used outside the block make the fix unsafe, or unavailable when even Non
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 import networkx as nx
 from libcst.helpers import parse_template_expression
@@ -25,7 +27,7 @@ from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 from advisor.static.outside_writes import ANY_ON_CLASS
 from advisor.static.walk import descendants
-from advisor.static.tensor_reads import shows_a_tensor
+from advisor.static.tensor_reads import METADATA, shows_a_tensor
 from advisor.patterns.module_values import runs_no_code
 
 
@@ -295,9 +297,17 @@ def _implicit_code_between(c: Candidate, first: int, last: int, removed: set[cst
     parsed = c.parsed
     own = scope.own_bindings(c.home)
     parameters = {param.name.value for param in descendants(c.home.params, (cst.Param,))}  # the caller holds them
-    for node in descendants(c.home, (cst.FunctionDef, cst.ClassDef, cst.Del, cst.Name)):
+    kinds = (cst.FunctionDef, cst.ClassDef, cst.Del, cst.Name, cst.Import, cst.ImportFrom, cst.Call, cst.Attribute,
+             cst.AssignTarget, cst.FormattedStringExpression)
+    for node in descendants(c.home, kinds):
         line = parsed.line(node)
         if node is c.home or not first < line < last or any(parent in removed for parent in _ancestors(parsed, node)):
+            continue
+        reason = _runs_unseen(c, node, parameters)
+        if reason is not None:
+            return (f"{reason} between the scores and the value product (line {line}): code this analysis does not "
+                    "see may write q, k or v in place")
+        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Del, cst.Name)):
             continue
         if isinstance(node, cst.ClassDef) or isinstance(node, cst.FunctionDef) and node.decorators:
             return (f"a {'class statement' if isinstance(node, cst.ClassDef) else 'decorator'} runs between the "
@@ -312,6 +322,66 @@ def _implicit_code_between(c: Candidate, first: int, last: int, removed: set[cst
                     f"value product (line {line}): its attributes, operators or conversions may run code that writes "
                     "q, k or v in place")
     return None
+
+
+TENSOR_ATTRIBUTES = METADATA | {"T", "mT", "H", "mH", "data", "grad", "real", "imag"}  # a tensor's own, read as such
+DUNDER_BUILTINS = frozenset({"str", "repr", "format", "hash", "len", "bool", "int", "float", "iter", "next"})
+
+
+def _runs_unseen(c: Candidate, node: cst.CSTNode, parameters: set[str]) -> str | None:
+    """What makes `node` run code no call of the block shows (breaker round 41): an import (a module's first import
+    runs it), `print` (it writes to `sys.stdout`, which a program may replace), a builtin given an object that
+    calls the object's own method (`str(cfg)`, `len(cfg)`, an f-string of it), a property of the tree read on an
+    object a caller or an import passes in (`cfg.verbose`), or a name rebound from an object of the tree's own
+    class (dropping it may run its `__del__`)."""
+    parsed = c.parsed
+    if isinstance(node, (cst.Import, cst.ImportFrom)):
+        return "an import"
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value not in parsed.bindings:
+        if node.func.value == "print":
+            return "`print` (it calls `sys.stdout.write`, which the program may replace)"
+        if node.func.value in DUNDER_BUILTINS and any(_an_object(c, arg.value) for arg in node.args):
+            return f"`{short(parsed, node)}` (it calls a method of what it is given)"
+    if isinstance(node, cst.FormattedStringExpression) and _an_object(c, node.expression):
+        return "an f-string of an object (it calls the object's `__format__`)"
+    if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and \
+            (node.value.value in parameters - {"self", "cls"} or _imported_object(parsed, node.value)) and \
+            node.attr.value not in TENSOR_ATTRIBUTES and _property_in_tree(parsed, node.attr.value):
+        return f"`{short(parsed, node)}`, a property the tree defines,"
+    if isinstance(node, cst.AssignTarget) and isinstance(node.target, cst.Name) and \
+            _holds_a_program_object(c, node.target.value):
+        return f"rebinding `{node.target.value}`, which holds an object of a class of the program (its `__del__`),"
+    return None
+
+
+def _an_object(c: Candidate, node: cst.BaseExpression) -> bool:
+    """A name the source does not show to hold a tensor or a number (a parameter, a global, an object)."""
+    return isinstance(node, cst.Name) and node.value not in ("None", "True", "False") and \
+        not shows_a_tensor(c.parsed, node) and not runs_no_code(c.parsed, node.value) and \
+        not _holds_tensors(c, node.value)
+
+
+def _imported_object(parsed, name: cst.Name) -> bool:
+    """A name imported from a module that is not a library's (`from cfgmod import CFG`)."""
+    dotted = parsed.imports.get(name.value)
+    return dotted is not None and dotted.split(".")[0] not in ("torch", "numpy", "math", "einops", "functools")
+
+
+def _property_in_tree(parsed, attribute: str) -> bool:
+    """A property of that name defined in this file or another file of the tree (`@property def verbose`)."""
+    pattern = re.compile(rf"@\w*(?:\.\w+)*property\b[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+{re.escape(attribute)}\b")
+    if pattern.search(parsed.source):
+        return True
+    tree = parsed.tree
+    return tree is not None and any(pattern.search(tree.text(path) or "") for path in tree.mentioning(attribute))
+
+
+def _holds_a_program_object(c: Candidate, name: str) -> bool:
+    """A local the block's function binds to an instance of a class of this file (`keeper = Dropper(k)`)."""
+    flow = c.parsed.flow(c.home)
+    return any(d.name == name and d.kind == "assign" and isinstance(d.value, cst.Call) and
+               isinstance(d.value.func, cst.Name) and d.value.func.value in c.parsed.top_level_classes
+               for d in flow.definitions.values())
 
 
 def _holds_tensors(c: Candidate, name: str) -> bool:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.patterns.attention.triangles import size_codes, size_nodes, square_parts, view_keeps
-from advisor.patterns.evaluated_masks import every_row_keeps_a_key
+from advisor.patterns.evaluated_masks import every_row_keeps_a_key, values_may_differ
 from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
 from advisor.static.module_index import ParsedModule
@@ -200,7 +200,7 @@ def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth
     part's key at 0. Under views and casts that keep its rows; names read through `values_of` (every value must be
     one)."""
     node = under_row_views(node)
-    if depth > MAX_NAME_DEPTH:
+    if depth > MAX_NAME_DEPTH or values_may_differ(c.parsed):
         return False
     if isinstance(node, cst.Name):
         values = values_of(node)

@@ -14,6 +14,7 @@ from advisor.patterns import masks as mk
 from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import plain_query
 from advisor.patterns import call_site_facts as sf
+from advisor.patterns.evaluated_masks import values_may_differ
 from advisor.patterns.attention.causal import under_row_reads
 from advisor.patterns.attention.candidate import Candidate, definition_of_value, flow_for, function_of, \
     parameter_claims, product_read
@@ -121,6 +122,8 @@ def _values_of(node: cst.BaseExpression) -> cst.BaseExpression:
 def _bounded_here(c: Candidate, terms: list[MaskTerm]) -> str | None:
     """Why the added masks' values are small where the block reads them (a module-level `torch.randn(...)`, a
     local `torch.zeros(...)`), read as call sites are (`call_site_facts.SiteScope`); None when one is not."""
+    if values_may_differ(c.parsed):
+        return None
     for term in terms:
         bounds = sf.SiteScope(c.parsed, term.source).interval(term.source)
         if bounds is None or max(abs(bounds[0]), abs(bounds[1])) > sf.SMALL_LIMIT:
