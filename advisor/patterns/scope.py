@@ -27,7 +27,7 @@ from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE,
 from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names, \
     target_names
 from advisor.static.discover import read_source
-from advisor.static.module_index import ClassInfo, ParsedModule
+from advisor.static.module_index import LIBRARY_ROOTS, ClassInfo, ParsedModule
 from advisor.static.op_overrides import op_overrides
 from advisor.static.opening_imports import opening_imports_end
 from advisor.static.op_restores import replaces
@@ -297,8 +297,7 @@ def _library_name(parsed: ParsedModule, name: cst.Name) -> bool:
     """A name bound by an import of a library module (`torch`, `F`): what it reaches holds no tensor a caller passed
     (`builtins.saved_query` may: breaker round 40)."""
     dotted = parsed.imports.get(name.value)
-    return dotted is not None and dotted.split(".")[0] in ("torch", "numpy", "math", "einops", "functools",
-                                                            "operator")
+    return dotted is not None and dotted.split(".")[0] in LIBRARY_ROOTS
 
 
 BINDING_TARGETS = {cst.AssignTarget: "target", cst.AnnAssign: "target", cst.AugAssign: "target", cst.For: "target",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from advisor.static.dataflow import Definition
-from advisor.static.module_index import ParsedModule
+from advisor.static.module_index import LIBRARY_ROOTS, ParsedModule
 from advisor.static.tensor_views import einsum_joins_operands
 from advisor.static.walk import children, descendants
 
@@ -62,7 +62,7 @@ def _method_of_an_object(parsed: ParsedModule, func: cst.BaseExpression) -> bool
     """`Ops.norm(q)`, `cls.relu(q)`, `helpers.clone(q)`: a function reached through a class of this file or a module
     that is not a library's, named like a tensor op but free to return what it is given (breaker round 40)."""
     if not isinstance(func, cst.Attribute) or parsed.imported_name(func) is not None and \
-            parsed.imported_name(func).split(".")[0] in ("torch", "numpy", "math", "einops"):
+            parsed.imported_name(func).split(".")[0] in LIBRARY_ROOTS:
         return False
     root = func.value
     while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):

@@ -38,6 +38,8 @@ TORCH_MODULE = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 # packages whose functions a file may import by name to call as torch's (numpy's and einops' may return views
 # torch's view ops do not name: `ravel`, `einops.repeat`)
 LIBRARY_PACKAGES = frozenset({"torch", "math"})
+# packages whose objects hold no tensor a caller passed and run none of the program's code when read or called
+LIBRARY_ROOTS = frozenset({"torch", "numpy", "math", "einops", "functools", "operator"})
 NAMESPACE_BINDERS = frozenset({"globals", "exec", "eval", "vars", "__dict__", "__builtins__", "builtins", "setattr",
                                "__import__", "importlib"})  # words of a file that may bind a module's names unseen
 

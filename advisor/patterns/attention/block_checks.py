@@ -27,6 +27,7 @@ from advisor.static.codegen import atomic, method, number
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 from advisor.static.outside_writes import ANY_ON_CLASS
 from advisor.static.walk import descendants
+from advisor.static.module_index import LIBRARY_ROOTS
 from advisor.static.tensor_reads import METADATA, shows_a_tensor
 from advisor.patterns.module_values import runs_no_code
 
@@ -364,7 +365,7 @@ def _an_object(c: Candidate, node: cst.BaseExpression) -> bool:
 def _imported_object(parsed, name: cst.Name) -> bool:
     """A name imported from a module that is not a library's (`from cfgmod import CFG`)."""
     dotted = parsed.imports.get(name.value)
-    return dotted is not None and dotted.split(".")[0] not in ("torch", "numpy", "math", "einops", "functools")
+    return dotted is not None and dotted.split(".")[0] not in LIBRARY_ROOTS
 
 
 def _property_in_tree(parsed, attribute: str) -> bool:
