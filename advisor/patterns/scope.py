@@ -24,8 +24,8 @@ from advisor.patterns.argument_writes import argument_call, writes_arguments
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT
 from advisor.patterns.storage_aliases import FRESH_TENSOR_OPS, METADATA_READS, binding_origins, may_alias
 from advisor.static.class_sites import ANY_NAME, PLAIN_BASE_NAMES, UNNAMED_BASE, class_sites
-from advisor.static.dataflow import Definition, FunctionFlow, is_inplace_method, is_self_attribute, loaded_names, \
-    target_names
+from advisor.static.dataflow import Definition, FunctionFlow, expression_root, is_inplace_method, is_self_attribute, \
+    loaded_names, target_names
 from advisor.static.discover import read_source
 from advisor.static.module_index import LIBRARY_ROOTS, ClassInfo, ParsedModule
 from advisor.static.op_overrides import op_overrides
@@ -194,7 +194,8 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     def between(node: cst.CSTNode) -> bool:
         return first_line < parsed.line(node) < last_line or product is not None and parsed.within(node, product)
 
-    sources = {flow.definitions[i].name for i in _storage_sources(parsed, flow, leaves)}
+    source_ids = _storage_sources(parsed, flow, leaves)
+    sources = {flow.definitions[i].name for i in source_ids}
     names = sources | _bound_from(parsed, flow, sources)
     for definition in flow.definitions.values():
         if definition.kind in ("store", "inplace", "aug") and definition.name in names and \
@@ -203,8 +204,7 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
                 "may share storage with the SDPA call's inputs"
             return (f"`{definition.name}`, which {how}, is written in place at line "
                     f"{parsed.line(definition.statement)}, between the scores and the value product")
-    origins = [origin for i in _storage_sources(parsed, flow, leaves)
-               for origin in binding_origins(flow.definitions[i])]
+    origins = [origin for i in source_ids for origin in binding_origins(flow.definitions[i])]
     kept_on = _attributes_bound_from(parsed, flow.function, names) | _attribute_roots(parsed, origins)
     names |= _comprehension_targets(parsed, flow.function, names)
     for receiver, deferred in _written_in_place(flow.function):
@@ -218,8 +218,8 @@ def storage_written_between(parsed: ParsedModule, flow: FunctionFlow, leaves: li
     reason = _kept_attribute_written_by_a_method(parsed, flow.function, kept_on, first_line, last_line)
     if reason is not None:
         return reason
-    if any(flow.definitions[i].kind == "param" for i in _storage_sources(parsed, flow, leaves)) or \
-            _reads_a_global(parsed, flow, leaves):
+    if any(flow.definitions[i].kind == "param" for i in source_ids) or \
+            _reads_a_global(parsed, flow, leaves + origins):
         reason = _outer_name_written(parsed, flow, between)
         if reason is not None:
             return reason
@@ -284,13 +284,8 @@ def _writes_through_parameters(function: cst.FunctionDef) -> bool:
     """The function writes in place through one of its parameters (`def bump(box): box.t.mul_(2)`)."""
     params = {p.name.value for p in (*function.params.posonly_params, *function.params.params,
                                       *function.params.kwonly_params)}
-    for receiver, _ in _written_in_place(function):
-        root = receiver
-        while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
-            root = root.func if isinstance(root, cst.Call) else root.value
-        if isinstance(root, cst.Name) and root.value in params:
-            return True
-    return False
+    return any(getattr(expression_root(receiver), "value", None) in params
+               for receiver, _ in _written_in_place(function))
 
 
 def _library_name(parsed: ParsedModule, name: cst.Name) -> bool:
@@ -613,12 +608,11 @@ def _storage_sources(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.
     return found
 
 
-def _reads_a_global(parsed: ParsedModule, flow: FunctionFlow, leaves: list[cst.CSTNode]) -> bool:
+def _reads_a_global(parsed: ParsedModule, flow: FunctionFlow, read: list[cst.CSTNode]) -> bool:
     """The inputs are computed from a name the function does not bind (`q, k, v = QKV.unbind(0)` with a global
-    `QKV`), other than a library's or a function or class of the file: other names may hold the same tensor."""
-    names = [name for leaf in leaves for name in loaded_names(leaf)]
-    names += [name for i in _storage_sources(parsed, flow, leaves) for origin in binding_origins(flow.definitions[i])
-              for name in loaded_names(origin)]
+    `QKV`), other than a library's or a function or class of the file: other names may hold the same tensor. `read`:
+    the inputs and the values their storage sources were bound from."""
+    names = [name for node in read for name in loaded_names(node)]
     return any(flow.sees_undefined(name) and not _library_name(parsed, name) and name.value != "self" and
                name.value not in parsed.module_functions and name.value not in parsed.top_level_classes and
                name.value not in BUILTIN_NAMES for name in names)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from advisor.static.dataflow import Definition
+from advisor.static.dataflow import Definition, expression_root
 from advisor.static.module_index import LIBRARY_ROOTS, ParsedModule
 from advisor.static.tensor_views import einsum_joins_operands
 from advisor.static.walk import children, descendants
@@ -64,9 +64,7 @@ def _method_of_an_object(parsed: ParsedModule, func: cst.BaseExpression) -> bool
     if not isinstance(func, cst.Attribute) or parsed.imported_name(func) is not None and \
             parsed.imported_name(func).split(".")[0] in LIBRARY_ROOTS:
         return False
-    root = func.value
-    while isinstance(root, (cst.Attribute, cst.Subscript, cst.Call)):
-        root = root.func if isinstance(root, cst.Call) else root.value
+    root = expression_root(func.value)
     return isinstance(root, cst.Name) and (root.value == "cls" or root.value in parsed.imports or
                                            root.value in parsed.top_level_classes)
 

@@ -465,6 +465,14 @@ class _FlowBuilder:
                     self._link(definition, sources)
 
 
+def expression_root(node: cst.BaseExpression) -> cst.BaseExpression:
+    """What a chain of attributes, subscripts and calls starts from (`box` of `box.t[0].mul_`, `Ops` of
+    `Ops.norm(q)`): a Name where the chain starts at one."""
+    while isinstance(node, (cst.Attribute, cst.Subscript, cst.Call)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node
+
+
 def is_self(node: cst.BaseExpression) -> bool:
     """`self`: the instance a method runs on."""
     return isinstance(node, cst.Name) and node.value == "self"

@@ -290,11 +290,8 @@ def _unseen_code_between(c: Candidate, first: int, last: int) -> str | None:
 
 
 def _implicit_code_between(c: Candidate, first: int, last: int, removed: set[cst.CSTNode]) -> str | None:
-    """Code no call shows that may run between the scores and the value product (breaker round 40): a decorator or
-    a class statement (`__init_subclass__`, a metaclass), `del` of a local that may hold an object with `__del__`
-    (not a parameter, whose object the caller holds too, nor a tensor), or
-    a read of a module-level object of the program's own (its property, `__setattr__`, `__repr__` under `print`,
-    `__index__` under indexing, `__bool__` under `assert`)."""
+    """Code no call shows that may run between the scores and the value product (breaker rounds 40 and 41), in a
+    statement the patch keeps: the first node `_runs_unseen` names."""
     parsed = c.parsed
     own = scope.own_bindings(c.home)
     parameters = {param.name.value for param in descendants(c.home.params, (cst.Param,))}  # the caller holds them
@@ -304,24 +301,10 @@ def _implicit_code_between(c: Candidate, first: int, last: int, removed: set[cst
         line = parsed.line(node)
         if node is c.home or not first < line < last or any(parent in removed for parent in _ancestors(parsed, node)):
             continue
-        reason = _runs_unseen(c, node, parameters)
+        reason = _runs_unseen(c, node, parameters, own)
         if reason is not None:
             return (f"{reason} between the scores and the value product (line {line}): code this analysis does not "
                     "see may write q, k or v in place")
-        if not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Del, cst.Name)):
-            continue
-        if isinstance(node, cst.ClassDef) or isinstance(node, cst.FunctionDef) and node.decorators:
-            return (f"a {'class statement' if isinstance(node, cst.ClassDef) else 'decorator'} runs between the "
-                    f"scores and the value product (line {line}): code this analysis does not see may write q, k or "
-                    "v in place")
-        if isinstance(node, cst.Del) and any(not _holds_tensors(c, name.value) and name.value not in parameters
-                                             for name in descendants(node, (cst.Name,))):
-            return (f"`{parsed.code(node)}` between the scores and the value product (line {line}) may run an "
-                    "object's `__del__`, which may write q, k or v in place")
-        if isinstance(node, cst.Name) and _program_object(parsed, node, own):
-            return (f"`{node.value}`, a module-level object of the program's own, is used between the scores and the "
-                    f"value product (line {line}): its attributes, operators or conversions may run code that writes "
-                    "q, k or v in place")
     return None
 
 
@@ -329,13 +312,23 @@ TENSOR_ATTRIBUTES = METADATA | {"T", "mT", "H", "mH", "data", "grad", "real", "i
 DUNDER_BUILTINS = frozenset({"str", "repr", "format", "hash", "len", "bool", "int", "float", "iter", "next"})
 
 
-def _runs_unseen(c: Candidate, node: cst.CSTNode, parameters: set[str]) -> str | None:
-    """What makes `node` run code no call of the block shows (breaker round 41): an import (a module's first import
-    runs it), `print` (it writes to `sys.stdout`, which a program may replace), a builtin given an object that
-    calls the object's own method (`str(cfg)`, `len(cfg)`, an f-string of it), a property of the tree read on an
-    object a caller or an import passes in (`cfg.verbose`), or a name rebound from an object of the tree's own
-    class (dropping it may run its `__del__`)."""
+def _runs_unseen(c: Candidate, node: cst.CSTNode, parameters: set[str], own: set[str]) -> str | None:
+    """What makes `node` run code no call of the block shows: a decorator or a class statement (`__init_subclass__`,
+    a metaclass); `del` of a local that may hold an object with `__del__` (not a parameter, whose object the caller
+    holds too, nor a tensor), or rebinding a local that holds an object of the file's class; a read of a
+    module-level object of the program's own (its property, `__setattr__`, `__repr__` under `print`, `__index__`
+    under indexing, `__bool__` under `assert`); an import (a module's first import runs it); `print` (it writes to
+    `sys.stdout`, which a program may replace); a builtin or an f-string given an object (`str(cfg)`, `len(cfg)`),
+    which calls the object's own method; a property of the tree read on an object a caller or an import passes in
+    (`cfg.verbose`)."""
     parsed = c.parsed
+    if isinstance(node, cst.ClassDef) or isinstance(node, cst.FunctionDef) and node.decorators:
+        return "a class statement" if isinstance(node, cst.ClassDef) else "a decorator"
+    if isinstance(node, cst.Del) and any(not _holds_tensors(c, name.value) and name.value not in parameters
+                                         for name in descendants(node, (cst.Name,))):
+        return f"`{parsed.code(node)}` (it may run an object's `__del__`)"
+    if isinstance(node, cst.Name) and _program_object(parsed, node, own):
+        return f"`{node.value}`, a module-level object of the program's own (its attributes, operators or conversions),"
     if isinstance(node, (cst.Import, cst.ImportFrom)):
         return "an import"
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value not in parsed.bindings:
@@ -369,7 +362,12 @@ def _imported_object(parsed, name: cst.Name) -> bool:
 
 
 def _property_in_tree(parsed, attribute: str) -> bool:
-    """A property of that name defined in this file or another file of the tree (`@property def verbose`)."""
+    """A property of that name defined in this file or another file of the tree (`@property def verbose`), searched
+    once per file and name."""
+    return parsed.derived(("property-in-tree", attribute), lambda p: _searched_property(p, attribute))
+
+
+def _searched_property(parsed, attribute: str) -> bool:
     pattern = re.compile(rf"@\w*(?:\.\w+)*property\b[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+{re.escape(attribute)}\b")
     if pattern.search(parsed.source):
         return True
