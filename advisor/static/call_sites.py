@@ -27,6 +27,7 @@ from advisor.static.dataflow import is_self_attribute
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 from advisor.static.module_methods import SELF_RETURNING, drops_state_method_result, returns_itself
 from advisor.static.python_ast import nodes, python_tree
+from advisor.static.walk import descendants
 
 
 @dataclass(frozen=True)
@@ -599,21 +600,25 @@ class Tree:
             accessed[key] = frozenset(ACCESSED.findall(text))
         return name in accessed[key]
 
-    def _self_calls(self, parsed: ParsedModule, name: str, assigned_ok: bool = False) -> list | None:
+    def _self_calls(self, parsed: ParsedModule, name: str, assigned_ok: bool = False,
+                    plain: frozenset[str] = frozenset()) -> list | None:
         """`self.name(...)` in the function's file; any other read of `.name` in the tree is a use not seen
-        (`assigned_ok`: `self.name = ...` is the instance's construction, not a use)."""
+        (`assigned_ok`: `self.name = ...` is the instance's construction, not a use), but for reads of one of its
+        `plain` attributes (`_plain_attributes`), in any file."""
         calls = []
         for path in self.mentioning(name):
             if re.search(rf"""(['"]){re.escape(name)}\1""", self.text(path) or "") is not None:
                 return None  # `getattr(blk, "attn")`, `blk.get_submodule("attn")`, `blk._modules["attn"]`
             if self._real(path) != self._real(parsed.path):
-                if self.accesses(path, name):
+                if self.accesses(path, name) and not self._only_plain_reads(path, name, plain):
                     return None  # `.name` read in another file: not a call this index follows
                 continue
             other = parsed
             for node in other.attributes_named(name):
                 if assigned_ok and isinstance(other.parents.get(node), cst.AssignTarget):
                     continue  # `self.X = C(...)`: the only value, checked by the caller
+                if _reads_plain_attribute(other, node, plain):
+                    continue
                 found = [(other, _called(other, node))] if _called(other, node) is not None else \
                     _element_calls(other, node) if assigned_ok else None
                 if other is not parsed or not is_self_attribute(node) or found is None:
@@ -623,14 +628,22 @@ class Tree:
                 calls.extend(found)
         return calls
 
+    def _only_plain_reads(self, path: str, name: str, plain: frozenset[str]) -> bool:
+        """Every `.name` in the file is read only for one of the `plain` attributes (`blk.attn.in_proj_weight`)."""
+        other = self.parsed(path) if plain else None
+        return other is not None and all(_reads_plain_attribute(other, node, plain)
+                                         for node in other.attributes_named(name))
+
     def _parent_calls(self, parsed: ParsedModule, owner: ClassInfo) -> list | None:
         """The class's instances, each built once into `self.X` of a parent class and only ever called: the calls
         `self.X(...)` reach `forward`; so do the calls of an instance bound to a name (`model = Net(); model(x, m)`),
     or called as it is built. Any other use of the class (a list, a base class, `isinstance`) is not followed."""
+        plain = _plain_attributes(parsed, owner)
+
         def instance_calls(other: ParsedModule, use: cst.CSTNode) -> list | None:
             attribute = _built_into(other, use) or _list_built_into(other, use)
             if attribute is not None:
-                return self._self_calls(other, attribute, assigned_ok=True)
+                return self._self_calls(other, attribute, assigned_ok=True, plain=plain)
             return _named_instance_calls(self, other, use)
 
         return self._uses(parsed, owner.node.name, instance_calls)
@@ -736,6 +749,41 @@ def _direct_call(parsed: ParsedModule, use: cst.CSTNode) -> list[tuple[ParsedMod
     return [(parsed, call)] if call is not None else None
 
 
+def _reads_plain_attribute(parsed: ParsedModule, node: cst.CSTNode, plain: frozenset[str]) -> bool:
+    """`node` (`block.attn`) is only the object one of the `plain` attributes is read from (`block.attn.scale`,
+    `nn.init.normal_(block.attn.in_proj_weight)`): no call of the module, whatever is done with what is read."""
+    parent = parsed.parents.get(node)
+    return isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in plain
+
+
+def _plain_attributes(parsed: ParsedModule, owner: ClassInfo) -> frozenset[str]:
+    """The attributes a class binds to values that cannot lead back to its instance, and that are not its methods
+    (nor `forward`, `__call__` and their kin): `self.in_proj_weight = nn.Parameter(...)`, `self.scale = d ** -0.5`;
+    not `self.fn = self.forward`, `Helper(self)`, or `self.me = self.other` where `other` holds one of those. Reading
+    one on an instance (open_clip's init: `nn.init.normal_(block.attn.in_proj_weight)`) never calls the module."""
+    holding = set(owner.methods) | CALL_OVERRIDES | {"forward"}
+    grown = True
+    while grown:
+        before = len(holding)
+        holding |= {name for name, values in owner.attributes.items() if name not in holding and
+                    any(_may_hold_instance(parsed, value, holding) for value in values)}
+        grown = len(holding) > before
+    return frozenset(name for name in owner.attributes if name not in holding and not name.startswith("__")) - \
+        owner.unfollowed - owner.mutated
+
+
+def _may_hold_instance(parsed: ParsedModule, value: cst.BaseExpression, holding: set[str]) -> bool:
+    """`value` reads `self` other than as `self.x` for an `x` outside `holding`."""
+    names = [value] if isinstance(value, cst.Name) else descendants(value, (cst.Name,))
+    for name in names:
+        if name.value != "self":
+            continue
+        parent = parsed.parents.get(name)
+        if not (isinstance(parent, cst.Attribute) and parent.value is name and parent.attr.value not in holding):
+            return True
+    return False
+
+
 def _is_definition_name(parsed: ParsedModule, node: cst.CSTNode) -> bool:
     return isinstance(parsed.parents.get(node), (cst.FunctionDef, cst.ClassDef))
 
@@ -760,7 +808,9 @@ def _built_into(parsed: ParsedModule, use: cst.CSTNode, call: cst.Call | None = 
         return None
     method = parsed.innermost(assign, cst.FunctionDef)
     owner = _owner_of(parsed, method) if method is not None else None
-    return target.attr.value if owner is not None and owner.only_value(target.attr.value) is call else None
+    # writes into the elements of what it holds (`nn.init.normal_(block.attn.qkv.weight)`) leave the module in place
+    return target.attr.value if owner is not None and owner.class_value(target.attr.value) is call and \
+        owner.rebound(target.attr.value, elements_ok=True) is None else None
 
 
 def _element_calls(parsed: ParsedModule, node: cst.Attribute) -> list | None:

@@ -54,7 +54,8 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     if not may_swap(parsed.source):
         return []
     found = state_runs(parsed) + [node for node in parsed.nodes_of(cst.Call) if isinstance(node.func, cst.Attribute)
-                                  and (node.func.attr.value in REBUILDERS or node.func.attr.value == "apply" and any(
+                                  and (node.func.attr.value in REBUILDERS and not _passed_through(parsed, node) or
+                                       node.func.attr.value == "apply" and any(
                                       _makes_a_callable(parsed, arg.value) and not isinstance(arg.value, cst.Lambda)
                                       for arg in node.args))]  # `m._apply(fn)`, `m.apply(partial(...))`
     views = _StateViews(parsed)
@@ -72,6 +73,22 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
                 isinstance(node, cst.AugAssign) and views.reached(node.target, 0):
             found.append(node)  # `b += 1` on a tensor is in place (breaker round 27)
     return found
+
+
+def _passed_through(parsed: ParsedModule, call: cst.Call) -> bool:
+    """`super()._apply(fn, *args, **kwargs)` in an override `def _apply(self, fn, ...)` (timm's LeViT clears a cache
+    there): torch's own `_apply`, with the function its caller gave (`.to()`, `.half()`: torch's calls, which no
+    file of the tree makes here), not a function of the file's."""
+    receiver, name = call.func.value, call.func.attr.value
+    if not (isinstance(receiver, cst.Call) and isinstance(receiver.func, cst.Name) and receiver.func.value == "super"
+            and not receiver.args and call.args and call.args[0].keyword is None and not call.args[0].star and
+            isinstance(call.args[0].value, cst.Name)):
+        return False
+    method = parsed.innermost(call, cst.FunctionDef)
+    parameters = method.params.params if method is not None else ()
+    return method is not None and method.name.value == name and len(parameters) >= 2 and \
+        parameters[1].name.value == call.args[0].value.value and \
+        all(d.kind == "param" for d in parsed.flow(method).definitions.values() if d.name == parameters[1].name.value)
 
 
 class _StateViews:

@@ -349,6 +349,46 @@ def test_an_instance_used_otherwise_proves_nothing(tmp_path):
     assert _unproved_mask(_attention(root)[0])
 
 
+INIT_READS = '''
+
+def init_weights(blocks):
+    for block in blocks:
+        nn.init.normal_(block.attn.qkv.weight, std=0.02)
+        print(block.attn.heads)
+'''
+
+
+def test_reads_of_the_childs_own_attributes_elsewhere_still_prove_its_mask(tmp_path):
+    """open_clip initialises `block.attn.in_proj_weight` from outside the block: reading an attribute the child
+    binds to a value that cannot lead back to it (a Linear, a number) calls no forward, here or in another file."""
+    other = "import torch\nfrom modules import Block\n\n\ndef report(block):\n    return block.attn.heads\n"
+    root = _tree(tmp_path, {"modules.py": MODULES.format(mask="torch.zeros(b, 1, 1, n)") + INIT_READS,
+                            "report.py": other})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "fully-masked-rows" in _names(finding, "from_call_sites")
+    _assert_parity(tmp_path, root, result, "modules")
+
+
+@pytest.mark.parametrize("bind, read", [
+    ("", "block.attn.forward(x, m)"),  # forward itself
+    ("self.fn = self.forward", "block.attn.fn(x, m)"),  # an attribute holding a bound method
+    ("self.me = self", "block.attn.me(x, m)"),  # the instance itself
+    ("self.other = self\n        self.alias = self.other", "block.attn.alias(x, m)"),  # through another attribute
+    ("self.helper = Helper(self)", "block.attn.helper.run(x, m)"),  # an object holding the instance
+    ("", "block.attn.eval()(x, m)"),  # a module method returning the instance
+    ("self.qkv.owner = self", "block.attn.qkv.owner(x, m)"),  # a plain-looking attribute the class writes through
+])
+def test_reads_that_may_reach_the_child_itself_prove_nothing(tmp_path, bind, read):
+    source = MODULES.format(mask="torch.zeros(b, 1, 1, n)").replace(
+        "        self.qkv = nn.Linear(dim, dim * 3)\n", f"        self.qkv = nn.Linear(dim, dim * 3)\n        {bind}\n")
+    source += "\n\nclass Helper:\n    def __init__(self, m):\n        self.m = m\n\n    def run(self, x, m):\n" \
+        "        return self.m(x, m)\n"
+    other = f"import torch\nfrom modules import Block\n\n\ndef probe(block, x, m):\n    return {read}\n"
+    root = _tree(tmp_path, {"modules.py": source, "probe.py": other})
+    assert _unproved_mask(_attention(root)[0])
+
+
 @pytest.mark.parametrize("reach", ['block.get_submodule("attn")', 'getattr(block, "attn")', 'block._modules["attn"]',
                                    'dict(block.named_children())["attn"]'])
 def test_a_child_reached_by_its_name_in_a_string_proves_nothing(tmp_path, reach):

@@ -278,14 +278,28 @@ SET_BY_PATH = ("def set_layer(model, path, value):\n    *parents, last = path.sp
                "    for name in parents:\n        model = getattr(model, name)\n    setattr(model, last, value)\n")
 
 
-def test_a_levit_style_cached_bias_is_safe_and_its_stale_cache_matches():
+# timm 1.0's own spellings: the cache cleared under `if mode and ...`, and in an `_apply` override that hands torch's
+# function on to `super()._apply` (what `.to()` and `.half()` call): neither rebinds the table or its index
+TIMM_SPELLINGS = {
+    "as written": LEVIT_STYLE,
+    "cleared under `and`": LEVIT_STYLE.replace("        if self.attention_bias_cache:",
+                                               "        if mode and self.attention_bias_cache:"),
+    "an _apply override": LEVIT_STYLE.replace(
+        "    def get_attention_biases(", "    def _apply(self, fn, *args, **kwargs):\n"
+        "        self.attention_bias_cache = {}\n        return super()._apply(fn, *args, **kwargs)\n\n"
+        "    def get_attention_biases("),
+}
+
+
+@pytest.mark.parametrize("source", list(TIMM_SPELLINGS.values()), ids=list(TIMM_SPELLINGS))
+def test_a_levit_style_cached_bias_is_safe_and_its_stale_cache_matches(source):
     """The eval cache holds the bias gathered at the first eval call: an in-place update of the table afterwards is
     not seen in eval until `train()` clears the cache, in the original as in the patch (the SDPA call reads the same
     helper at the same point), and training reads the table afresh, its gradient included."""
-    finding = _finding(LEVIT_STYLE)
+    finding = _finding(source)
     assert finding.fix_safety == "safe" and finding.fixable, finding.reason
     assert "learned bias" in _facts(finding, "accepted")["fully-masked-rows"]
-    original, patched = _original_and_patched(LEVIT_STYLE)
+    original, patched = _original_and_patched(source)
     x = torch.randn(2, 4, 16)
     results = []
     for model in (original, patched):
@@ -303,6 +317,31 @@ def test_a_levit_style_cached_bias_is_safe_and_its_stale_cache_matches():
     torch.testing.assert_close(results[0][0], results[0][1])  # stale in both
     assert not torch.allclose(results[0][1], results[0][2])
     assert uses_sdpa(dispatched_ops(patched.eval(), (x,)))
+
+
+@pytest.mark.parametrize("old, new", [
+    ("if self.attention_bias_cache:", "if mode and self.attention_bias_cache.setdefault('x', torch.full((1,), -1e9)):"),
+    ("if self.attention_bias_cache:", "if (mode and self.attention_bias_cache) is not None:"),
+], ids=["a store under `and`", "the cache compared, not tested"])
+def test_a_levit_style_cache_that_may_hold_another_value_is_no_learned_bias(old, new):
+    """A memo used otherwise than tested for truth may hold anything: the bias is not read as the table's."""
+    source = LEVIT_STYLE.replace(old, new)
+    assert source != LEVIT_STYLE
+    finding = _finding(source)
+    assert "fully-masked-rows" not in _facts(finding, "accepted"), finding.extra["facts"]
+
+
+@pytest.mark.parametrize("apply", ["super()._apply(lambda t: t.flatten(), *args, **kwargs)",
+                                   "super()._apply(torch.flatten, *args, **kwargs)",
+                                   "super()._apply(fn, *args, **kwargs) if (fn := torch.flatten) else None"],
+                         ids=["a lambda", "another function", "its function rebound"])
+def test_an_apply_override_with_another_function_leaves_the_bias_rank_unproved(apply):
+    """`_apply` given another function than its caller's may reshape every parameter and buffer: the bias's rank is
+    then not read from the class's construction."""
+    source = LEVIT_STYLE.replace("    def get_attention_biases(", "    def _apply(self, fn, *args, **kwargs):\n"
+                                 f"        return {apply}\n\n    def get_attention_biases(")
+    finding = _finding(source)
+    assert "mask-rank" not in _facts(finding, "proved"), finding.extra["facts"]
 
 
 def test_a_learned_table_another_file_may_rebind_by_computed_names_is_assumed_naming_both(tmp_path):

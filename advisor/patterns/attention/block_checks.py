@@ -15,7 +15,8 @@ from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
-from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds
+from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds, \
+    module_state_written
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.foreign_calls import IMPLICIT_RUNNERS, foreign, foreign_sources, implicit_runs, \
     iteration_sources, modules_untrusted, runs_known_code
@@ -473,7 +474,7 @@ def _dispatch_facts(c: Candidate, block: list[cst.CSTNode], kept: list[cst.CSTNo
             continue
         identity_ok = attribute in c.identity_ok
         rebound = owner.rebound(attribute, identity_ok=identity_ok) or \
-            _module_state_written(owner, c.deleted_modules[attribute][1] or ())
+            module_state_written(owner, c.deleted_modules[attribute][1] or ())
         if rebound is None:
             continue
         refusal = (f"`self.{attribute}`, whose call the rewrite deletes, may not be the module the class builds "
@@ -520,24 +521,6 @@ def _methods_bound_by_computed_names(c: Candidate, methods: set[str]) -> None:
                       f"{rebound}")
     c.match.facts.assumed("dispatch", f"the methods the block runs (`self.{name}`) are the class's when the code "
                           "runs", rebound)
-
-
-# what a module's call runs on besides its class: written on any module reached otherwise than through the class
-# (`for m in model.modules(): m.forward = f`, `sm = m.softmax; sm.dim = -2`), it may change the deleted call
-MODULE_CALL_STATE = ("forward", "__call__", "__class__")
-
-
-def _module_state_written(owner, kinds: tuple[str, ...]) -> str | None:
-    """Why a deleted module call may run other code than its class's: the file (or the tree) writes `forward`,
-    `__call__`, `__class__` (or, for a Softmax, `dim`; for a Dropout, `p`, which its call checks: breaker round 29)
-    on some object, which may be that module."""
-    for name in MODULE_CALL_STATE + (("dim",) if "nn.Softmax" in kinds else ()) + \
-            (("p",) if "nn.Dropout" in kinds else ()):
-        # narrowed writes count: `if isinstance(m, nn.Softmax): m.dim = -2` is about such modules exactly
-        written = owner.written_outside(name, any_class=True)
-        if written is not None:
-            return f"`.{name}` is assigned on some object in {owner.writer(written)}, which may be this module"
-    return None
 
 
 def _bias_module_facts(match: AttentionMatch, attribute: str) -> None:

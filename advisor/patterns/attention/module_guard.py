@@ -134,6 +134,24 @@ def called_only_if_not_none(c: Candidate, attribute: str, read: cst.BaseExpressi
         c.parsed.code(test.left).replace(" ", "") == cst.Module([]).code_for_node(read).replace(" ", "")
 
 
+# what a module's call runs on besides its class: written on any module reached otherwise than through the class
+# (`for m in model.modules(): m.forward = f`, `sm = m.softmax; sm.dim = -2`), it may change the deleted call
+MODULE_CALL_STATE = ("forward", "__call__", "__class__")
+
+
+def module_state_written(owner, kinds: tuple[str, ...], extra: tuple[str, ...] = ()) -> str | None:
+    """Why a module call may run other code than its class's: the file (or the tree) writes `forward`, `__call__`,
+    `__class__` (or, for a Softmax, `dim`; for a Dropout, `p`, which its call checks: breaker round 29; `extra`,
+    what the caller reads of the module) on some object, which may be that module."""
+    for name in MODULE_CALL_STATE + (("dim",) if "nn.Softmax" in kinds else ()) + \
+            (("p",) if "nn.Dropout" in kinds else ()) + extra:
+        # narrowed writes count: `if isinstance(m, nn.Softmax): m.dim = -2` is about such modules exactly
+        written = owner.written_outside(name, any_class=True)
+        if written is not None:
+            return f"`.{name}` is assigned on some object in {owner.writer(written)}, which may be this module"
+    return None
+
+
 def is_module_check(part: cst.BaseExpression) -> bool:
     if isinstance(part, cst.BooleanOperation):
         return is_module_check(part.left) or is_module_check(part.right)
