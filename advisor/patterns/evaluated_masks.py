@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Callable
 
 import libcst as cst
@@ -26,6 +27,7 @@ import libcst as cst
 from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.module_values import module_steps
 from advisor.static.dataflow import UNDEFINED
+from advisor.static.global_writes import reached_by_name, written_elsewhere
 from advisor.static.module_index import ParsedModule
 
 SMALL_LIMIT = 10.0  # as call_site_facts.SMALL_LIMIT: a value that leaves a score as precise as it is
@@ -57,7 +59,11 @@ UNARY = {cst.Minus: operator.neg, cst.Plus: operator.pos, cst.BitInvert: operato
 # process-wide settings a program may change before the mask is built, which this process does not share
 # (`torch.set_default_dtype(torch.float64)` turns `torch.finfo().eps` into another number; flushed denormals read
 # as 0): breaker round 41
-PROCESS_SETTINGS = ("set_default_dtype", "set_default_tensor_type", "set_flush_denormal", "set_default_device")
+PROCESS_SETTINGS = ("set_default_dtype", "set_default_tensor_type", "set_flush_denormal", "set_default_device",
+                    "set_default_", "set_flush_")  # the stems: a name joined at run time (breaker round 42)
+# a function of torch looked up by a name the code computes, and called: it may be any of them, a setting's included
+COMPUTED_TORCH_CALL = re.compile(r"""getattr\(\s*torch(?:\.\w+)*\s*,\s*+(?!["'][\w.]*["']\s*\))"""
+                                 r"""[^()]*(?:\([^()]*\)[^()]*)*\)\s*\(""")
 
 
 def values_may_differ(parsed: ParsedModule, settings: tuple[str, ...] = ("set_flush_denormal",)) -> bool:
@@ -69,6 +75,9 @@ def values_may_differ(parsed: ParsedModule, settings: tuple[str, ...] = ("set_fl
     tree = parsed.tree
     if any(word in parsed.source or tree is not None and tree.mentioning(word) for word in settings):
         return True
+    if COMPUTED_TORCH_CALL.search(parsed.source) or \
+            tree is not None and tree.any_file_matches("computed torch calls", COMPUTED_TORCH_CALL):
+        return True  # `getattr(torch, "set_default_" + key)(torch.float64)`: any of torch's functions (round 42)
     return any(name.startswith(("torch.Tensor.", "math.")) or name.startswith("torch.") and
                name.rsplit(".", 1)[-1] in BUILDERS | METHODS | {"tensor", "finfo", "einsum", "matmul"}
                for name in parsed.outside_attribute_writes[0])  # not `torch.backends.cudnn.benchmark = True`
@@ -142,6 +151,19 @@ class _Compiler:
         if isinstance(node, cst.Call):
             return self._call(node, depth)
         raise _NotComputed
+
+    def _import_intact(self, func: cst.BaseExpression) -> bool:
+        """The name `func` is read through still holds what the file's import bound (breaker round 42: `import
+        __main__; __main__.full = patched` in another file rebinds `from torch import full`; so may a write of
+        `program.full`, or of the name reached otherwise than by spelling it)."""
+        while isinstance(func, cst.Attribute):
+            func = func.value
+        if not isinstance(func, cst.Name):
+            return False
+        name, parsed = func.value, self.parsed
+        return not (reached_by_name(parsed, name) or name in parsed.outside_attribute_writes[0] or
+                    parsed.global_rebound_by_computed_name(name) is not None or
+                    parsed.tree is not None and written_elsewhere(parsed, parsed.tree, name) is not None)
 
     def _builtin(self, name: str) -> bool:
         """The file binds `name` nowhere (no assignment, def or class), so it is the builtin."""
@@ -258,6 +280,8 @@ class _Compiler:
                 raise _NotComputed
             keywords[arg.keyword.value] = self.compile(arg.value, depth + 1)
         if dotted is not None and dotted.startswith("torch.") and dotted[len("torch."):] in BUILDERS:
+            if not self._import_intact(node.func):
+                raise _NotComputed
             name = dotted[len("torch."):]
             return lambda: _build(name, [p() for p in positional], {k: v() for k, v in keywords.items()})
         if dotted is None and isinstance(node.func, cst.Attribute) and node.func.attr.value in METHODS:

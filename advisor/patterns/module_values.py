@@ -70,6 +70,9 @@ def module_steps(parsed: ParsedModule, name: str,
             return None
     first, last = parsed.module.body.index(_line_of(parsed, steps[0])), \
         parsed.module.body.index(_line_of(parsed, steps[-1]))
+    if any(first <= parsed.top_statement_index(node) <= last for node in parsed.nodes_of(cst.Name)
+           if node.value == name and not any(parsed.within(node, step) for step in inside)):
+        return None  # read between the steps (`SNAP = MASK + 0`): that read sees the tensor half built (round 42)
     for line in parsed.module.body[first:last + 1]:
         if not isinstance(line, cst.SimpleStatementLine) or any(
                 small not in inside and not _calls_torch_only(parsed, small) for small in line.body):
@@ -103,11 +106,23 @@ def _calls_torch_only(parsed: ParsedModule, small: cst.CSTNode) -> bool:
         func = call.func
         while parsed.imported_name(func) is None and isinstance(func, cst.Attribute) and \
                 isinstance(func.value, cst.Call):
+            if func.attr.value in CALLABLE_METHODS:
+                return False
             func = func.value.func  # `torch.ones(n, n).tril()`: a method of torch's result
-        return (parsed.imported_name(func) or "").startswith(("torch.", "math."))
+        dotted = parsed.imported_name(func) or ""
+        return dotted.startswith(("math.", "torch.nn.functional.", "torch.nn.init.")) or \
+            dotted.count(".") == 1 and dotted.startswith("torch.") and dotted[len("torch."):] not in CALLABLE_TAKING
 
     return isinstance(small, (cst.Assign, cst.AnnAssign, cst.Import, cst.ImportFrom)) and \
-        all(library(call) for call in descendants(small, (cst.Call,)))
+        not descendants(small, (cst.Lambda,)) and all(library(call) for call in descendants(small, (cst.Call,)))
+
+
+# torch's functions (beside its submodules: `torch.utils.checkpoint.checkpoint`, `torch.autograd.Function.apply`,
+# `torch.func.*`, `torch.jit.*`) and tensor methods that run a callable they are given: the program's code, which
+# may read a tensor built in steps half built (breaker round 42)
+CALLABLE_TAKING = frozenset({"cond", "vmap", "compile", "while_loop", "map", "export", "scan", "associative_scan",
+                             "jit", "library"})
+CALLABLE_METHODS = frozenset({"apply_", "map_", "map2_", "register_hook", "register_post_accumulate_grad_hook"})
 
 
 def _registers_buffer(parsed: ParsedModule, read: cst.CSTNode) -> bool:

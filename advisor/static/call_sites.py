@@ -311,6 +311,12 @@ class Tree:
                     line for lines in notebook.magics for line in lines)))
         return self._texts[key]
 
+    def any_file_matches(self, key: str, pattern: re.Pattern) -> bool:
+        """Whether `pattern` matches in some file of the tree (asked once per scan and process under `key`)."""
+        found, consulted = self._indexed(key, lambda: self._first_file_matching(pattern.search))
+        self._note_all(consulted)
+        return found
+
     def hidden(self, word: str) -> bool:
         """Whether a notebook of the tree says `word` in a line the scan masks as IPython's (a `%%time` cell, a
         `%time f(x)` line): a use there is a call no parse shows. The notebooks' masked words are joined once per

@@ -8,6 +8,7 @@ call of anything not known to leave it alone) does not. Module-level and local t
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -78,9 +79,10 @@ def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, wri
         return False
     parent = parsed.parents.get(node)
     again = lambda outer: leaves_alone(parsed, outer, depth + 1, writes_seen)  # noqa: E731 - it may share memory
-    if isinstance(parent, (cst.BinaryOperation, cst.Comparison, cst.ComparisonTarget, cst.UnaryOperation,
-                           cst.Index, cst.Expr)):
-        return True  # a new tensor (or a bool), or an index that reads it
+    if isinstance(parent, (cst.UnaryOperation, cst.Expr)):
+        return True  # a new tensor, or a statement that drops it
+    if isinstance(parent, (cst.BinaryOperation, cst.Comparison, cst.ComparisonTarget, cst.Index)):
+        return _operands_plain(parsed, parent, node)  # a new tensor (or a bool), or an index that reads it
     if isinstance(parent, cst.BooleanOperation):
         return again(parent)  # `m or other` is `m` itself
     if isinstance(parent, cst.Call) and parent.func is node:
@@ -114,6 +116,96 @@ def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, wri
     if isinstance(parent, cst.Return) and parent.value is node:
         return _calls_left_alone(parsed, parsed.innermost(parent, (cst.FunctionDef, cst.Lambda)), depth)
     return False  # stored in a container or an attribute, yielded, ...
+
+
+def _operands_plain(parsed: ParsedModule, parent: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """What an operator takes beside `node` runs none of the program's code on it: a tensor or a number (breaker
+    round 42: `P + MASK`, `MASK in P`, `P[MASK]` hand the tensor to `P`'s own `__add__`, `__contains__`,
+    `__getitem__`, which may write it; so may a `__torch_function__` or `__radd__` of an object `MASK + P` meets)."""
+    if not _defines_operators(parsed):
+        return True  # no class of the program runs code for an operator: torch's or Python's own do
+    if isinstance(parent, cst.ComparisonTarget):
+        parent = parsed.parents.get(parent)
+    if isinstance(parent, cst.Index):
+        subscript = parsed.parents.get(parsed.parents.get(parent))
+        others = [subscript.value] if isinstance(subscript, cst.Subscript) else [None]
+    elif isinstance(parent, cst.BinaryOperation):
+        others = [parent.left, parent.right]
+    elif isinstance(parent, cst.Comparison):
+        if all(isinstance(target.operator, (cst.Is, cst.IsNot)) for target in parent.comparisons):
+            return True  # `mask is not None`: identity, no method of either side
+        others = [parent.left, *(target.comparator for target in parent.comparisons)]
+    else:
+        return False
+    return all(other is node or _plain_operand(parsed, other) for other in others)
+
+
+# what an operator calls on the objects it is given; a file naming one may define it for its own objects
+OPERATOR_DUNDERS = re.compile(r"\b__(?:r|i)?(?:add|sub|mul|matmul|truediv|floordiv|mod|divmod|pow|and|or|xor|lshift|"
+                              r"rshift|eq|ne|lt|le|gt|ge|contains|getitem|index|torch_function|torch_dispatch|"
+                              r"array_ufunc|array_function)__\b")
+
+
+def _defines_operators(parsed: ParsedModule) -> bool:
+    """Whether this file or another of the tree names an operator's dunder (`def __contains__`, `__radd__ = f`,
+    `__torch_function__`): only then may an operator run the program's code on a tensor it is given."""
+    if OPERATOR_DUNDERS.search(parsed.source):
+        return True
+    tree = parsed.tree
+    return tree is not None and tree.any_file_matches("operator dunders", OPERATOR_DUNDERS)
+
+
+def _defines_method(parsed: ParsedModule, method: str) -> bool:
+    """Whether this file or another of the tree defines or assigns a function named `method` (breaker round 42: a
+    class's own `where(self, m)` writing the tensor a tensor method of that name would only read)."""
+    name = re.escape(method)
+    pattern = re.compile(rf"\bdef\s+{name}\s*\(|\b{name}\s*=[^=]|[\"']{name}[\"']")
+    if pattern.search(parsed.source):
+        return True
+    tree = parsed.tree
+    return tree is not None and tree.any_file_matches(f"defines {method}", pattern)
+
+
+def _plain_operand(parsed: ParsedModule, node: cst.BaseExpression | None) -> bool:
+    """A number literal (or its negation, `float("-inf")`), or an expression the source shows is a tensor."""
+    if isinstance(node, cst.UnaryOperation):
+        node = node.expression
+    if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary)) or \
+            isinstance(node, cst.Name) and node.value in ("None", "True", "False"):
+        return True
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in ("float", "int") and \
+            node.func.value not in parsed.bindings:
+        return True
+    return node is not None and (shows_a_tensor(parsed, node) or _class_tensor(parsed, node))
+
+
+def _class_tensor(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
+    """`self.table.T`, `self.table[...]`: views and elements of an attribute every binding of which in its class
+    builds a tensor (`nn.Parameter(...)`, a torch function's result) or registers a buffer, and that nothing
+    outside the class rebinds."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)) and not (isinstance(node, cst.Attribute) and
+                                                                   is_self(node.value)):
+        if isinstance(node, cst.Attribute) and node.attr.value not in VIEW_ATTRIBUTES | {"data"}:
+            return False
+        node = node.value
+    if not (isinstance(node, cst.Attribute) and is_self(node.value)):
+        return False
+    function = parsed.frame(node)
+    owner = next((o for f, o, _ in parsed.functions if f is function), None)
+    name = node.attr.value
+    values = owner.shape_values(name) if owner is not None else None  # writes into its elements leave a tensor
+    if not values:
+        return False
+    buffer = (owner.node, name) in registered_buffers(parsed)
+    return all(builds_tensor(parsed, value) or buffer and _registration_value(parsed, value) for value in values)
+
+
+def _registration_value(parsed: ParsedModule, value: cst.BaseExpression) -> bool:
+    """`value` is what `self.register_buffer(name, value)` registers (a buffer whatever it is given)."""
+    arg = parsed.parents.get(value)
+    call = parsed.parents.get(arg) if isinstance(arg, cst.Arg) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and \
+        call.func.attr.value == "register_buffer"
 
 
 def _augments_a_tensor(parsed: ParsedModule, augmented: cst.AugAssign) -> bool:
@@ -288,7 +380,8 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
         method, receiver = call.func.attr.value, call.func.value
         if method == "add" and shows_a_tensor(parsed, receiver):
             return True  # `scores.add(MASK)`: a new tensor (a set's `add` would keep it)
-        return method in ARGUMENT_READING_METHODS and receiver is not arg.value
+        return method in ARGUMENT_READING_METHODS and receiver is not arg.value and \
+            (shows_a_tensor(parsed, receiver) or not _defines_method(parsed, method))
     followed = called_function(parsed, call.func, parsed.outside_attribute_writes[0]) \
         if isinstance(call.func, cst.Name) else None
     if followed is not None:  # this file's function or one of its package's

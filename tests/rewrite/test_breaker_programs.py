@@ -125,7 +125,13 @@ another default dtype, flushed denormals or a replaced `torch.full`; an `eval()`
 `nn.Module.__call__` replaced, under call-site facts through a local instance; a property of a parameter's or an
 imported object read between the products, `print` (of an object, or to a replaced `sys.stdout`), an import, and a
 rebinding that drops an object with `__del__` there; `sorted(..., key=partial(...))` over buffers and
-`m.apply(partial(nn.Module.register_buffer, ...))`."""
+`m.apply(partial(nn.Module.register_buffer, ...))`.
+
+Round 42 (fixtures/attention/breaker42), against computed module-level masks: a method of the program's own object
+named like a tensor method (`P.where(MASK)`) or an operator reaching its dunder (`MASK in P`, tree_02) writing the
+mask, a snapshot taken between a mask's build steps (tree_04), `torch.utils.checkpoint` running the program's code
+between them (tree_06); and a forward's output written in place by a module-level caller of the file (tree_07: SDPA's
+saved output, a view after `transpose(1, 2).reshape(...)`, made the patch's backward raise)."""
 
 from __future__ import annotations
 

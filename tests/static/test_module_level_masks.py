@@ -441,3 +441,38 @@ def test_a_mask_built_by_module_level_steps_is_computed_step_by_step(steps):
 def test_steps_that_swallow_a_row_or_cannot_be_read_in_order_prove_nothing(steps):
     source = STEPS.format(steps=steps)
     assert "fully-masked-rows" in {fact["name"] for fact in _facts(source)["assumed"]}
+
+
+BREAKER42 = __import__("pathlib").Path(__file__).resolve().parents[2] / "fixtures" / "attention" / "breaker42"
+
+
+@pytest.mark.parametrize("tree", ["tree_03", "tree_05"], ids=["default dtype set by a joined name",
+                                                              "a builder rebound through __main__"])
+def test_a_mask_torch_may_compute_otherwise_at_run_time_is_not_computed(tree):
+    """Breaker round 42: `getattr(torch, "set_default_" + key)(torch.float64)` in an imported config (1e-46 is 0 in
+    float32, where the scan computed the mask, and not in float64), and `__main__.full = patched` in an imported
+    helper (the program's own `full` then builds another mask): the mask's rows are not read from computing it."""
+    result = scan_paths([str(BREAKER42 / tree)], cache=False)
+    (finding,) = [f for f in result.findings if f.kind == "attention"]
+    proved = {fact["name"] for status in ("proved", "from_call_sites")
+              for fact in finding.extra["facts"].get(status, [])}
+    assert "fully-masked-rows" not in proved and finding.fix_safety != "safe", finding.extra["facts"]
+
+
+@pytest.mark.parametrize("dunder, use", [
+    ("__contains__", "MASK in P"), ("__radd__", "P + MASK"), ("__add__", "P + MASK"), ("__getitem__", "P[MASK]"),
+    ("__eq__", "P == MASK"), ("where", "P.where(MASK)"), ("clone", "P.clone(MASK)"),
+])
+def test_an_object_of_the_program_given_the_mask_by_an_operator_or_method_may_write_it(tmp_path, dunder, use):
+    """Breaker round 42: `P + MASK`, `MASK in P`, `P.where(MASK)` hand the module-level mask to a method of the
+    program's own class (here one writing row 0 to -inf): the mask's rows are not read from where it is built."""
+    source = (BREAKER42 / "tree_02" / "program.py").read_text(encoding="utf-8")
+    source = source.replace("def __contains__(self, m):", f"def {dunder}(self, m):").replace("MASK in P", use)
+    (tmp_path / "program.py").write_text(source, encoding="utf-8")
+    (finding,) = [f for f in scan_paths([str(tmp_path)], cache=False).findings if f.kind == "attention"]
+    assert finding.fix_safety != "safe", finding.extra["facts"]
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    (clean / "program.py").write_text(source.replace(f"FOUND = {use}", "FOUND = None"), encoding="utf-8")
+    (kept,) = [f for f in scan_paths([str(clean)], cache=False).findings if f.kind == "attention"]
+    assert kept.fix_safety == "safe", kept.extra["facts"]  # the same program without the hand-over is proved

@@ -20,7 +20,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.static.inplace_args import inplace_argument, inplace_keyword
 from advisor.static.codegen import dotted, keyword
-from advisor.static.dataflow import is_inplace_method, loaded_names
+from advisor.static.dataflow import UNDEFINED, is_inplace_method, loaded_names
 from advisor.static.outside_writes import NOT_WRITES, writes_its_receiver
 from advisor.static.tensor_reads import SIZED_METHODS, SIZED_TORCH
 from advisor.static.tensor_views import RANDOM_DRAWS, STRIDE_READS, torch_op_name
@@ -195,6 +195,9 @@ def _written_in_place(c: Candidate) -> str | None:
             continue
         seen.add(node)
         parent = _returned(c, node)
+        top = _written_at_top(c, parent) if isinstance(parent, cst.Return) else None
+        if top is not None:
+            return f"is returned to a call at line {c.parsed.line(top)}, whose result is written there"
         if isinstance(parent, cst.Return):
             held = _held_by_callers(c, node, parent)
             if held is None:  # a caller or a forward hook out of sight may write it in place: loud
@@ -304,6 +307,8 @@ def _held_by_callers(c: Candidate, node: cst.CSTNode, returned: cst.Return) -> l
     function = function_of(c.parsed, returned)
     owner = c.owner if function is c.function or function is c.home else None
     sites = calls_to(c.parsed, function, owner) if function is not None else []
+    if not sites and owner is not None and function.name.value == "forward":
+        sites = [call for call in _module_calls(c, function) if function_of(c.parsed, call) is not None]
     if not sites:
         return None
     element = c.parsed.parents.get(node)
@@ -324,6 +329,53 @@ def _held_by_callers(c: Candidate, node: cst.CSTNode, returned: cst.Return) -> l
             return None
         held += [read for reads in names for read in reads]
     return held
+
+
+def _module_calls(c: Candidate, forward: cst.FunctionDef) -> list[cst.Call]:
+    """The calls of the module whose `forward` returns the output, where the tree shows every one and all lie in this
+    file (`net = Attn(8, 2).double(); y = net(x)`, then `y.mul_(2)`: breaker round 42, where SDPA's saved output
+    was written through a view and the patch's backward raised); [] otherwise (callers out of sight)."""
+    tree = c.parsed.tree
+    parameters = [p.name.value for p in forward.params.params[1:]]
+    found = tree.sites(c.parsed, forward, parameters[0]) if tree is not None and parameters else None
+    return [site.call for site in found] if found and all(site.parsed is c.parsed for site in found) else []
+
+
+def _written_at_top(c: Candidate, returned: cst.Return) -> cst.CSTNode | None:
+    """A write, at the module's top level, into what a call there of the module returning the output gives, or
+    through views of it (`y = net(x)`, then `y.mul_(2)`); a read of such a name inside a function counts as one
+    (its writes are not followed)."""
+    function = function_of(c.parsed, returned)
+    if c.owner is None or function is None or function.name.value != "forward":
+        return None
+    for call in _module_calls(c, function):
+        if function_of(c.parsed, call) is not None:
+            continue
+        pending = [call]
+        while pending:
+            node = pending.pop()
+            parent = c.parsed.parents.get(node)
+            write = _write_of(c, node, parent)
+            if write is not None:
+                return write
+            if isinstance(parent, cst.Subscript) and parent.value is node:
+                pending.append(parent)
+            elif isinstance(parent, cst.Attribute) and parent.value is node and parent.attr.value in ALIASING:
+                outer = c.parsed.parents.get(parent)
+                pending.append(outer if isinstance(outer, cst.Call) and outer.func is parent else parent)
+            elif isinstance(parent, cst.Assign) and parent.value is node:
+                for target in _assigned_targets(parent):
+                    if not isinstance(target, cst.Name):
+                        return parent  # stored where its writes are not followed
+                    for read in c.parsed.names_spelled(target.value):
+                        if read is target or isinstance(c.parsed.parents.get(read), cst.AssignTarget):
+                            continue
+                        frame = c.parsed.frame(read)
+                        if frame is None:
+                            pending.append(read)
+                        elif c.parsed.flow(frame).reaching.get(read) == frozenset({UNDEFINED}):
+                            return read  # the global read in a function, whose writes are not followed
+    return None
 
 
 def _element_reads(c: Candidate, assign: cst.Assign, target: cst.Tuple | cst.List,
