@@ -23,12 +23,20 @@ from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
 from advisor.patterns.ops import OpReader, int_value, number_value
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
+from advisor.static.dataflow import is_self
 from advisor.static.walk import descendants
 from advisor.static.call_sites import CallSite, Tree, bound_argument
 from advisor.patterns.module_values import assigned_values
 from advisor.static.module_index import ParsedModule
 
 RANK, NOT_FLOAT, BOOL, SMALL, NUMBER, DROPS = "rank", "not-float", "bool", "small-values", "number", "drops-result"
+FLOATING = "floating"  # a floating tensor: a block's `if m.dtype == torch.bool:` conversion is not taken
+FLOAT_DTYPES = {"float16", "bfloat16", "float32", "float64", "float", "double", "half"}
+FLOAT_METHODS = {"float", "double", "half", "bfloat16"}
+FLOAT_CREATORS = {"torch.zeros", "torch.ones", "torch.empty", "torch.rand", "torch.randn"}
+DTYPE_KEEPING_METHODS = {"triu", "tril", "triu_", "tril_", "masked_fill", "masked_fill_", "fill_", "clone",
+                         "contiguous", "detach", "view", "reshape", "unsqueeze", "squeeze", "expand", "transpose",
+                         "permute", "flatten", "fill_diagonal_", "zero_", "neg", "abs"}
 KEEPS_A_KEY = "small-values-or-causal"  # SMALL, or a causal additive mask (the block reads the rows as they are)
 SMALL_LIMIT = 10.0  # |values| of an added mask that leave a row masked everywhere as precise as the scores
 MAX_DEPTH = 4  # callers followed through parameters passed on
@@ -55,6 +63,8 @@ SHOWS = {RANK: "a mask whose indexing, reshaping or creation gives it a rank SDP
          KEEPS_A_KEY: f"a mask whose values are at most {SMALL_LIMIT:g} in magnitude, or a causal additive mask "
                       f"(-inf or a mask fill above the diagonal, 0 on and below it: key 0 of every row is 0), which "
                       f"swallows no row",
+         FLOATING: "a floating mask (its construction shows it), so the block's conversion of a bool one is not "
+                   "taken",
          DROPS: "nothing for the weights: each call's result is unused, indexed at another position, or unpacked "
                 "into a name never read there"}
 
@@ -151,6 +161,8 @@ def _holds(site: CallSite, claim: Claim) -> bool:
         return all(_swallows_no_row(scope, claim, value) for value in _unless_none(scope, argument, claim))
     if claim.check == NUMBER:
         return scope.python_number(argument)
+    if claim.check == FLOATING:
+        return all(scope.floating(value) for value in _unless_none(scope, argument, claim))
     return False
 
 
@@ -354,6 +366,69 @@ class SiteScope:
                 return below(node.func.value)
         return False
 
+    def floating(self, node: cst.BaseExpression, depth: int = 0) -> bool:
+        """A floating-point tensor, as its construction shows (open_clip's causal buffer: `torch.empty(n, n)`, then
+        `fill_(-inf)` and `triu_(1)`, in a helper method): a creation from sizes with no dtype or a float one,
+        `torch.full` of a float fill, a float cast, torch's causal builder, and methods and functions that keep
+        the dtype of one."""
+        from advisor.patterns.attention.causal import TORCH_CAUSAL_MASKS
+
+        if depth > 12 or values_may_differ(self.parsed):
+            return False
+        below = lambda child: self.floating(child, depth + 1)  # noqa: E731
+        resolved = self._resolved(node)
+        if resolved is None and isinstance(node, cst.Name):
+            resolved = self._bound_values(node)
+        if resolved is not None:
+            return all(below(value) for value in resolved)
+        if isinstance(node, cst.Subscript):
+            return below(node.value)
+        if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+            return False
+        dtype = next((dtype_name(self.parsed, a.value) for a in node.args if a.keyword is not None
+                      and a.keyword.value == "dtype"), None)
+        dotted = self.parsed.imported_name(node.func) or ""
+        if dotted in FLOAT_CREATORS or dotted == "torch.full":
+            if dtype is not None:
+                return dtype in FLOAT_DTYPES
+            fill = node.args[1].value if dotted == "torch.full" and len(node.args) > 1 else None
+            return dotted != "torch.full" or fill is not None and _float_literal(self.parsed, fill)
+        if dotted in TORCH_CAUSAL_MASKS:
+            return True
+        if dotted in ("torch.triu", "torch.tril") and node.args:
+            return below(node.args[0].value)
+        if dotted or not isinstance(node.func, cst.Attribute):
+            return False
+        method = node.func.attr.value
+        if method in FLOAT_METHODS and not node.args:
+            return True
+        if method == "to" and node.args and dtype_name(self.parsed, node.args[0].value) is not None:
+            return dtype_name(self.parsed, node.args[0].value) in FLOAT_DTYPES
+        if method in DTYPE_KEEPING_METHODS:
+            return below(node.func.value)
+        helper = self.owner.methods.get(method) if self.owner is not None and is_self(node.func.value) else None
+        if helper is None or helper.decorators or self._subclass_binds({method}) or \
+                self.owner.method_shadowed(method) is not None:
+            return False
+        returned = [r.value for r in descendants(helper, (cst.Return,))
+                    if self.parsed.innermost(r, cst.FunctionDef) is helper]
+        return bool(returned) and None not in returned and \
+            all(SiteScope(self.parsed, value).floating(value, depth + 1) for value in returned)
+
+    def _bound_values(self, name: cst.Name) -> list[cst.BaseExpression] | None:
+        """What the function's plain assignments bind to a local, where every other binding of it updates it in
+        place (`mask.fill_(-inf)`, `mask[0] = 1`, `mask += m`), which keeps a tensor's dtype; None for a parameter,
+        an unpacking or a name bound otherwise."""
+        function = self.parsed.frame(name)
+        if function is None:
+            return None
+        definitions = [d for d in self.parsed.flow(function).definitions.values() if d.name == name.value]
+        if not definitions or any(d.kind not in ("assign", "inplace", "store", "aug") or
+                                  d.kind == "assign" and (d.index is not None or d.value is None)
+                                  for d in definitions):
+            return None
+        return [d.value for d in definitions if d.kind == "assign"] or None
+
     def interval(self, node: cst.BaseExpression, depth: int = 0) -> Interval | None:
         """Bounds on every value of the tensor or number `node`; None when the source does not show them."""
         if depth > 12:
@@ -423,6 +498,19 @@ class SiteScope:
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in NARROW_INTEGER_METHODS:
             return True
         return any(dtype_name(self.parsed, arg.value) in NARROW_INTEGERS for arg in node.args)
+
+
+def _float_literal(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
+    """A float number as written: `-1e9`, `0.0`, `float("-inf")`, `-math.inf` (torch.full then makes a float
+    tensor; an int fill makes an integer one)."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        node = node.expression
+    if isinstance(node, cst.Float):
+        return True
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "float" and \
+            "float" not in parsed.bindings:
+        return True
+    return parsed.imported_name(node) in ("math.inf", "torch.inf", "numpy.inf", "math.nan")
 
 
 def _complementary_fill(receiver: cst.BaseExpression, condition: cst.BaseExpression) -> cst.BaseExpression | None:

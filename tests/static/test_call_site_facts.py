@@ -952,3 +952,83 @@ def test_a_keyword_named_as_a_positional_only_parameter_binds_nothing_to_it():
     assert (cst.Module([]).code_for_node(bound), default) == ("pad", False)
     keyword = cst.parse_expression("attend(q, k, v, mask=small)")
     assert bound_argument(function, keyword, "mask", skip_self=False) is False  # a TypeError or **kwargs' only
+
+
+# -- open_clip: a bool mask converted in the block, a float causal buffer built by a helper method ------------------
+OPEN_CLIP = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.in_proj_weight = nn.Parameter(torch.randn(dim * 3, dim) * self.scale)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def forward(self, x, attn_mask=None):
+        L, N, C = x.shape
+        q, k, v = F.linear(x, self.in_proj_weight).chunk(3, dim=-1)
+        q = q.contiguous().view(L, N * self.heads, -1).transpose(0, 1)
+        k = k.contiguous().view(L, N * self.heads, -1).transpose(0, 1)
+        v = v.contiguous().view(L, N * self.heads, -1).transpose(0, 1)
+        attn = torch.bmm(q * self.scale, k.transpose(-1, -2))
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                new_attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype)
+                new_attn_mask.masked_fill_(attn_mask, float("-inf"))
+                attn_mask = new_attn_mask
+            attn += attn_mask
+        attn = attn.softmax(dim=-1)
+        x = torch.bmm(attn, v).transpose(0, 1).reshape(L, N, C)
+        return self.out_proj(x)
+
+
+class Model(nn.Module):
+    def __init__(self, dim=16, heads=2, n=6):
+        super().__init__()
+        self.attn = Attention(dim, heads)
+        self.register_buffer("attn_mask", self.build_attention_mask(n), persistent=False)
+
+    def build_attention_mask(self, n):
+        mask = torch.empty(n, n)
+        mask.fill_(float("-inf"))
+        mask.triu_(1)
+        return mask
+
+    def forward(self, ids):
+        x = torch.nn.functional.one_hot(ids % 16, 16).to(self.attn.in_proj_weight.dtype).permute(1, 0, 2)
+        return self.attn(x, attn_mask=self.attn_mask).permute(1, 0, 2)
+
+
+def init(model):
+    nn.init.normal_(model.attn.in_proj_weight, std=0.02)
+'''
+
+
+def test_a_bool_conversion_the_calls_never_take_leaves_a_float_causal_buffer_proved(tmp_path):
+    """open_clip's Attention converts a bool mask to an additive one under `if attn_mask.dtype == torch.bool:`; its
+    only caller passes a float causal buffer a helper method builds in place (`empty`, `fill_(-inf)`, `triu_(1)`):
+    the conversion is never taken, and every row keeps key 0."""
+    root = _tree(tmp_path, {"modules.py": OPEN_CLIP})
+    finding, result = _attention(root)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "fully-masked-rows" in _names(finding, "from_call_sites")
+    _assert_parity(tmp_path, root, result, "modules")
+
+
+@pytest.mark.parametrize("old, new", [
+    ("mask = torch.empty(n, n)", "mask = torch.empty(n, n, dtype=torch.bool)"),  # a bool buffer: converted
+    ("mask = torch.empty(n, n)", "mask = torch.empty(n, n).bool()"),
+    ("        mask.triu_(1)\n", "        mask.triu_(1)\n        mask = mask > 0\n"),  # rebound to a comparison
+    ("                attn_mask = new_attn_mask\n", "                attn_mask = new_attn_mask\n"
+     "            else:\n                attn_mask = attn_mask * 1e4\n"),  # another conversion on the other path
+])
+def test_a_conversion_a_call_may_take_proves_nothing(tmp_path, old, new):
+    source = OPEN_CLIP.replace(old, new)
+    assert source != OPEN_CLIP
+    root = _tree(tmp_path, {"modules.py": source})
+    finding, _ = _attention(root)
+    assert "fully-masked-rows" not in _names(finding, "from_call_sites"), finding.extra["facts"]

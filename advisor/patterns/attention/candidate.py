@@ -287,17 +287,52 @@ def parameter_claims(c: Candidate, nodes: list[cst.BaseExpression], check: str, 
     """What every call of this block's function must pass for a fact about `nodes` to hold, when each node is
     a parameter of it read as is (see `call_site_facts`); () when one is anything else. A node used only under
     `if <it> is not None:` (its guard) is proved by a call that passes None too."""
-    from advisor.patterns.call_site_facts import Claim, parameter_of
+    from advisor.patterns.call_site_facts import FLOATING, Claim, parameter_of
 
     claims = []
     for node, guard in zip(nodes, list(guards) + [None] * (len(nodes) - len(guards))):
         found = parameter_of(c.parsed, node)
+        converted = found is None and (found := _bool_conversion_of(c.parsed, node)) is not None
         if found is None or found[0] in c.inlined:
             return ()
         same = [parameter_of(c.parsed, peer) for peer in peers]
-        claims.append(Claim(found[0], found[1], check, rank, _tests_not_none(c.parsed, guard, found[1], node),
+        none_ok = _tests_not_none(c.parsed, guard, found[1], node)
+        claims.append(Claim(found[0], found[1], check, rank, none_ok,
                             tuple(p[1] for p in same if p is not None and p[0] is found[0])))
+        if converted:  # every call passes a floating mask: the conversion is never taken
+            claims.append(Claim(found[0], found[1], FLOATING, None, none_ok))
     return tuple(claims)
+
+
+def _bool_conversion_of(parsed: ParsedModule, node: cst.BaseExpression) -> tuple[cst.FunctionDef, str] | None:
+    """(function, parameter) where `node` reads either the parameter or what the function's conversion of a bool
+    one binds, and nothing else: open_clip's `if attn_mask is not None and attn_mask.dtype == torch.bool:` ...
+    `attn_mask = new_attn_mask` (no `else:`). Where every call passes a floating mask the conversion is not taken,
+    so the read is the parameter as passed."""
+    function = parsed.innermost(node, cst.FunctionDef) if isinstance(node, cst.Name) else None
+    if function is None:
+        return None
+    flow = parsed.flow(function)
+    definitions = flow.definitions_of(node)
+    if flow.sees_undefined(node) or sorted(d.kind for d in definitions) != ["assign", "param"]:
+        return None
+    converted = next(d for d in definitions if d.kind == "assign")
+    test = parsed.innermost(converted.statement, cst.If)
+    if test is None or test.orelse is not None or parsed.innermost(test, cst.FunctionDef) is not function or \
+            not _tests_bool_dtype(parsed, test.test, node.value):
+        return None
+    return function, node.value
+
+
+def _tests_bool_dtype(parsed: ParsedModule, test: cst.BaseExpression, name: str) -> bool:
+    """`name.dtype == torch.bool`, alone or after `name is not None and`."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _tests_bool_dtype(parsed, test.right, name) and isinstance(test.left, cst.Comparison) and \
+            parsed.code(test.left).replace(" ", "") == f"{name}isnotNone"
+    return isinstance(test, cst.Comparison) and len(test.comparisons) == 1 and \
+        isinstance(test.comparisons[0].operator, (cst.Equal, cst.Is)) and \
+        parsed.code(test.left).replace(" ", "") == f"{name}.dtype" and \
+        parsed.imported_name(test.comparisons[0].comparator) == "torch.bool"
 
 
 def _tests_not_none(parsed: ParsedModule, guard: cst.If | None, name: str, node: cst.CSTNode) -> bool:

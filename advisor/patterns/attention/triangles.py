@@ -21,7 +21,7 @@ import libcst as cst
 
 from advisor.patterns.ops import int_value
 from advisor.patterns.values import float32
-from advisor.static.dataflow import loaded_names
+from advisor.static.dataflow import is_self, loaded_names
 
 MAX_DEPTH = 24  # operations followed from one mask
 UNKNOWN = math.nan  # a part whose values the source does not fix (`torch.empty`)
@@ -192,6 +192,9 @@ class _Reader:
             return _where(below(args[0]), self._value(args[1], below), self._value(args[2], below))
         if isinstance(node.func, cst.Name) and node.func.value in self.parsed.plain_functions:
             return self.helper(self.parsed.plain_functions[node.func.value], depth)
+        method = self._own_method(node.func)
+        if method is not None:  # open_clip's `self.build_causal_mask()`, registered as a buffer
+            return self.helper(method, depth)
         if not isinstance(node.func, cst.Attribute) or dotted is not None:
             return None
         method, receiver = node.func.attr.value, node.func.value
@@ -248,6 +251,21 @@ class _Reader:
         """`view(1, 1, n, n)` of an n x n square."""
         codes = size_codes(self.parsed, sizes)
         return replace(inner, ndim=len(codes)) if inner.ndim == 2 and view_keeps(codes, [inner.side] * 2) else None
+
+    def _own_method(self, func: cst.BaseExpression) -> cst.FunctionDef | None:
+        """The class's own method `self.<name>` calls: undecorated, bound over by nothing the file shows, and
+        redefined by no subclass of the tree."""
+        from advisor.patterns.scope import ClassTable, overridden
+
+        owner = getattr(self.c, "owner", None)
+        if owner is None or not (isinstance(func, cst.Attribute) and is_self(func.value)):
+            return None
+        name = func.attr.value
+        method = owner.methods.get(name)
+        if method is None or method.decorators or owner.method_shadowed(name) is not None or \
+                overridden(self.parsed.derived(ClassTable, ClassTable.of), owner, {name}) is not None:
+            return None
+        return method
 
     def helper(self, function: cst.FunctionDef, depth: int) -> Parts | None:
         """What a function of the file returns, where its body is a docstring, single-name assignments, in-place
