@@ -131,7 +131,11 @@ Round 42 (fixtures/attention/breaker42), against computed module-level masks: a 
 named like a tensor method (`P.where(MASK)`) or an operator reaching its dunder (`MASK in P`, tree_02) writing the
 mask, a snapshot taken between a mask's build steps (tree_04), `torch.utils.checkpoint` running the program's code
 between them (tree_06); and a forward's output written in place by a module-level caller of the file (tree_07: SDPA's
-saved output, a view after `transpose(1, 2).reshape(...)`, made the patch's backward raise)."""
+saved output, a view after `transpose(1, 2).reshape(...)`, made the patch's backward raise).
+
+Round 43 (fixtures/attention/breaker43): -inf written into an `nn.Embedding` relative-position table through a helper
+of another file handed its weight (tree_01) and through `m.named_parameters()` (tree_02), where the table had been
+read as a learned one; the row the causal mask kept only at that entry was zeroed by the patch."""
 
 from __future__ import annotations
 

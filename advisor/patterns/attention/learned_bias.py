@@ -8,9 +8,8 @@ methods (every `return`), and a dictionary attribute that memoises it (every sto
 binding in its class makes an `nn.Parameter` (or None, whose gather raises in both versions), that the class never
 writes in place, that no subclass in the file rebinds, and whose creation and initialisation name no mask value
 (-inf, `finfo.min`, -1e4): a table filled with one is a mask, which `patterns.masks` judges as any other. An
-`nn.Embedding` the class builds is such a table too (MaxViT's `self.rel_pos_bias(self.rel_pos_indices)`, table
-`rel_pos_bias.weight`), where its call runs torch's code: nothing in the tree registers a hook (which could return
-anything), replaces the class, or writes `forward` or `weight` on some module.
+`nn.Embedding` is not read as one (breaker round 43: its weight, reached through `m.named_parameters()` or handed to
+another file's helper, took -inf where the class's reads could not see it).
 
 Where the only evidence that an instance's attribute may hold another value is another file of the tree binding
 attributes by computed names (`setattr(model, name, value)` in a utility that may never touch this class), the
@@ -32,14 +31,12 @@ import libcst as cst
 from advisor.patterns import scope
 from advisor.patterns.attention.candidate import Candidate, flow_for, function_of
 from advisor.patterns.attention.helpers import argument_of, helper_named
-from advisor.patterns.attention.module_guard import module_state_written
 from advisor.patterns.dtypes import EINOPS
 from advisor.patterns.values import ValueProver, is_loop_counter
 from advisor.static.dataflow import is_self_attribute
 from advisor.static.walk import children, walk
 
 PARAMETERS = {"torch.nn.Parameter", "torch.nn.parameter.Parameter"}
-EMBEDDINGS = {"torch.nn.Embedding", "torch.nn.modules.sparse.Embedding"}
 # methods whose result holds only elements of their receiver (indexing reads them too)
 VALUE_KEEPING = {"view", "reshape", "permute", "transpose", "contiguous", "unsqueeze", "squeeze", "flatten",
                  "expand", "expand_as", "clone", "detach", "index_select", "gather", "movedim", "unflatten"}
@@ -128,12 +125,6 @@ def _tables(c: Candidate, node: cst.BaseExpression, read: set[str], depth: int,
     if isinstance(node, cst.Call) and node.args and node.args[0].keyword is None and not node.args[0].star and \
             c.parsed.imported_name(node.func) in EINOPS:  # `rearrange(bias, 'i j h -> h i j')` keeps the values
         return below(node.args[0].value)
-    embedding = _embedding_read(node)
-    if embedding is not None:
-        if not _is_embedding(c, embedding):
-            return None
-        read.add(embedding)
-        return {f"{embedding}.weight"}
     if isinstance(node, cst.Name):
         argument = argument_of(c, node)
         if argument is not None:
@@ -199,38 +190,6 @@ def _is_learned(c: Candidate, attribute: str, elsewhere: list) -> bool:
         return False
     calls = [call for method in owner.methods.values() for call in _calls_passing(method, attribute)]
     return not any(_names_mask_value(c, part) for part in parameters + calls)
-
-
-def _embedding_read(node: cst.BaseExpression) -> str | None:
-    """`e` of `self.e(index)` (one positional argument) or of `self.e.weight`: a read of a table, if `e` is an
-    embedding."""
-    if isinstance(node, cst.Call) and is_self_attribute(node.func) and len(node.args) == 1 and \
-            node.args[0].keyword is None and not node.args[0].star:
-        return node.func.attr.value
-    if isinstance(node, cst.Attribute) and node.attr.value == "weight" and is_self_attribute(node.value):
-        return node.value.attr.value
-    return None
-
-
-def _is_embedding(c: Candidate, attribute: str) -> bool:
-    """Every binding of `self.<attribute>` in the class is `nn.Embedding(...)` (its weight drawn from a normal
-    distribution, not given), never written in place nor rebound elsewhere (not even by names computed in other files:
-    the run-time check for tables in doubt reads Parameters), no mask value named where its weight is passed to a
-    function, and its call runs torch's `Embedding.forward`: no hook registered anywhere in the scanned tree, the
-    class not replaced, `forward`, `__call__`, `__class__` or `weight` assigned on no module."""
-    owner = c.owner
-    values = owner.attributes.get(attribute, [])
-    if not values or not all(isinstance(v, cst.Call) and c.parsed.imported_name(v.func) in EMBEDDINGS and
-                             not any(a.keyword is not None and a.keyword.value == "_weight" for a in v.args)
-                             for v in values):
-        return False
-    if attribute in owner.mutated or attribute in owner.unfollowed or owner.rebound(attribute) is not None:
-        return False
-    if scope.hook_registration(c.parsed) is not None or scope.replaced_module_class(c.parsed, ("nn.Embedding",)) \
-            or module_state_written(owner, (), ("weight",)) is not None:
-        return False
-    calls = [call for method in owner.methods.values() for call in _calls_passing(method, attribute)]
-    return not any(_names_mask_value(c, part) for part in values + calls)
 
 
 def _calls_passing(method: cst.FunctionDef, attribute: str) -> list[cst.Call]:

@@ -139,12 +139,12 @@ def called_only_if_not_none(c: Candidate, attribute: str, read: cst.BaseExpressi
 MODULE_CALL_STATE = ("forward", "__call__", "__class__")
 
 
-def module_state_written(owner, kinds: tuple[str, ...], extra: tuple[str, ...] = ()) -> str | None:
+def module_state_written(owner, kinds: tuple[str, ...]) -> str | None:
     """Why a module call may run other code than its class's: the file (or the tree) writes `forward`, `__call__`,
-    `__class__` (or, for a Softmax, `dim`; for a Dropout, `p`, which its call checks: breaker round 29; `extra`,
-    what the caller reads of the module) on some object, which may be that module."""
+    `__class__` (or, for a Softmax, `dim`; for a Dropout, `p`, which its call checks: breaker round 29) on some
+    object, which may be that module."""
     for name in MODULE_CALL_STATE + (("dim",) if "nn.Softmax" in kinds else ()) + \
-            (("p",) if "nn.Dropout" in kinds else ()) + extra:
+            (("p",) if "nn.Dropout" in kinds else ()):
         # narrowed writes count: `if isinstance(m, nn.Softmax): m.dim = -2` is about such modules exactly
         written = owner.written_outside(name, any_class=True)
         if written is not None:
