@@ -21,7 +21,7 @@ from advisor.patterns.evaluated_masks import values_may_differ
 from advisor.patterns.scope import ClassTable, nested_names, outer_names, overridden, self_names
 from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.facts import FROM_CALL_SITES, FactSheet
-from advisor.patterns.ops import OpReader, int_value, number_value
+from advisor.patterns.ops import OpReader, int_value, number_value, views_another_dtype
 from advisor.patterns.values import NUMBER_FUNCTIONS, ValueProver
 from advisor.static.dataflow import is_self
 from advisor.static.walk import descendants
@@ -343,7 +343,7 @@ class SiteScope:
             return (all if bool_only else any)(below(side) for side in (node.left, node.right))
         if isinstance(node, cst.Subscript):
             return below(node.value)
-        if not isinstance(node, cst.Call):
+        if not isinstance(node, cst.Call) or _writes_out(node):
             return False
         dtype = next((dtype_name(self.parsed, a.value) for a in node.args if a.keyword is not None
                       and a.keyword.value == "dtype"), None)
@@ -361,8 +361,8 @@ class SiteScope:
                 return True
             if method == "to" and node.args and dtype_name(self.parsed, node.args[0].value) is not None:
                 return dtype_name(self.parsed, node.args[0].value) in kinds
-            if method in KEEP_VALUES - {"float", "double", "half", "bfloat16", "to", "type_as", "type"} - \
-                    INTEGER_METHODS or method in ("tril", "triu", "masked_fill"):
+            if (method in KEEP_VALUES - {"float", "double", "half", "bfloat16", "to", "type_as", "type"} -
+                    INTEGER_METHODS or method in ("tril", "triu", "masked_fill")) and not views_another_dtype(node):
                 return below(node.func.value)
         return False
 
@@ -383,7 +383,7 @@ class SiteScope:
             return all(below(value) for value in resolved)
         if isinstance(node, cst.Subscript):
             return below(node.value)
-        if not isinstance(node, cst.Call) or any(a.star for a in node.args):
+        if not isinstance(node, cst.Call) or any(a.star for a in node.args) or _writes_out(node):
             return False
         dtype = next((dtype_name(self.parsed, a.value) for a in node.args if a.keyword is not None
                       and a.keyword.value == "dtype"), None)
@@ -404,7 +404,7 @@ class SiteScope:
             return True
         if method == "to" and node.args and dtype_name(self.parsed, node.args[0].value) is not None:
             return dtype_name(self.parsed, node.args[0].value) in FLOAT_DTYPES
-        if method in DTYPE_KEEPING_METHODS:
+        if method in DTYPE_KEEPING_METHODS and not views_another_dtype(node):
             return below(node.func.value)
         helper = self.owner.methods.get(method) if self.owner is not None and is_self(node.func.value) else None
         if helper is None or helper.decorators or self._subclass_binds({method}) or \
@@ -454,8 +454,8 @@ class SiteScope:
         return None
 
     def _call_interval(self, node: cst.Call, below) -> Interval | None:
-        if self._narrow_integer(node):
-            return None  # its arithmetic wraps: `(ids == 0).byte() * -10` is 246
+        if self._narrow_integer(node) or _writes_out(node):
+            return None  # its arithmetic wraps: `(ids == 0).byte() * -10` is 246; `out=` has its own dtype
         dotted = self.parsed.imported_name(node.func) or ""
         args = [a.value for a in node.args if a.keyword is None]
         if dotted in BOUNDED_CREATORS:
@@ -487,7 +487,7 @@ class SiteScope:
             if covered is not None:  # every element is one fill or the other (Swin's shifted-window mask)
                 return _union([below(covered), below(args[1])])
             return _union([below(receiver), below(args[1])])
-        if method in KEEP_VALUES:
+        if method in KEEP_VALUES and not views_another_dtype(node):
             return below(receiver)
         return None
 
@@ -614,3 +614,9 @@ def settle_dropped_weights(tree: Tree, parsed: ParsedModule, match) -> None:
 
 def weights_dropped(facts: FactSheet) -> bool:
     return any(fact.name == WEIGHTS_DROPPED and fact.status == FROM_CALL_SITES for fact in facts.facts)
+
+
+def _writes_out(call: cst.Call) -> bool:
+    """`torch.ne(ids, 0, out=buf)` (or `**options` that may hold it): the result is `buf`, of `buf`'s dtype,
+    whatever the function's own would be."""
+    return any(arg.keyword is not None and arg.keyword.value == "out" or arg.star == "**" for arg in call.args)

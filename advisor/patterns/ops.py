@@ -628,3 +628,19 @@ def number_value(node: cst.BaseExpression | None) -> float | None:
         if inner is not None:
             return -inner if isinstance(node.operator, cst.Minus) else inner
     return None
+
+
+def views_another_dtype(call: cst.Call) -> bool:
+    """`t.view(torch.float64)`: a `view` that may reinterpret the tensor's bytes as another dtype (its values as
+    well), since its one argument is no size (`t.view(-1)`, `t.view(b, 1, n)`, `t.view((b, n))`, `t.view(*s)`,
+    `t.view(x.shape)`; a name, `t.view(shape)`, may hold a dtype too). Dtype- and value-keeping readers skip it."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "view"):
+        return False
+    if any(arg.keyword is not None for arg in call.args):
+        return True
+    if len(call.args) != 1 or call.args[0].star:
+        return False
+    size = call.args[0].value
+    return not (int_value(size) is not None or isinstance(size, (cst.Tuple, cst.List)) or
+                isinstance(size, cst.Attribute) and size.attr.value == "shape" or
+                isinstance(size, cst.Call) and isinstance(size.func, cst.Attribute) and size.func.attr.value == "size")

@@ -23,7 +23,8 @@ from advisor.static.walk import walk
 # A file in which none of these occur asks for nothing here ("autograd" and "backward(" for a create_graph passed by
 # position); substring tests, since one regular expression of all of them is several times slower.
 TOKENS = ("create_graph", "forward_ad", "forward-mode", "jvp", "jacfwd", "hessian", "hvp", "vhp", "gradgradcheck",
-          "functorch", "autograd", "backward(", "forward_grad", "learn2learn", "higher", "torchopt", "torchmeta")
+          "functorch", "autograd", "backward(", "forward_grad", "learn2learn", "higher", "torchopt", "torchmeta",
+          "_execution_engine", "run_backward")
 FUNC_MODULE = re.compile(r"(?:torch\.|import |, *)func\b")  # torch.func, `from torch import func` or `nn, func`
 
 DOUBLE_BACKWARD, FORWARD_MODE = "double backward", "forward-mode AD"
@@ -83,6 +84,10 @@ PLAIN_PASS = re.compile(r"\bbackward\b|\bautograd\.(?:grad|functional)\b|"
                         r"\bfrom\s+torch\.autograd\s+import\b[^\n]*\b(?:grad|functional)\b|"
                         r"\bimport\s+torch\.autograd\b[^\n]*\bas\b|\bfrom\s+torch\s+import\b[^\n]*\bautograd\s+as\b|"
                         r"[\"']torch\.autograd\b")
+# autograd's engine reached past `torch.autograd` (`Variable._execution_engine.run_backward(..., create_graph, ...)`,
+# what `torch.autograd.grad` calls): what it is asked is not read, so it may build the gradient's graph
+ENGINE_ENTRIES = frozenset({"_execution_engine", "run_backward", "_engine_run_backward", "_ImperativeEngine",
+                            "_EngineBase"})
 # Where `create_graph` sits among the positional arguments of the calls that take it.
 CREATE_GRAPH_POSITION = {"torch.autograd.grad": 4, "torch.autograd.backward": 3, "torch.Tensor.backward": 3,
                          "torch.autograd.functional.jacobian": 2, "torch.autograd.functional.vjp": 3}
@@ -93,7 +98,7 @@ COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(?!self\b|cls\b)\w+\s*,\s*[^\"'\
 TENSOR_BACKWARD_POSITION = 2  # `loss.backward(gradient, retain_graph, create_graph)`
 # What `worth_resolving` looks for, by the last part of each name.
 TRIGGER_NAMES = {name.rsplit(".", 1)[-1] for name in TRANSFORMS} | {"create_graph", "functorch", "jacobian",
-                                                                    *FORWARD_MODE_OPTIONS}
+                                                                    *FORWARD_MODE_OPTIONS, *ENGINE_ENTRIES}
 CALLS_WITH_CREATE_GRAPH = {name.rsplit(".", 1)[1] for name in CREATE_GRAPH_POSITION}
 FEWEST_POSITIONAL = min([*CREATE_GRAPH_POSITION.values(), TENSOR_BACKWARD_POSITION])
 
@@ -228,8 +233,8 @@ def autograd_uses(parsed: ParsedModule) -> tuple[list[AutogradSite], list[Autogr
     for node, parent in parsed.parents.items():
         if isinstance(node, (cst.Name, cst.Attribute)) and not _inside_dotted_name(node, parent) and \
                 not isinstance(parent, (cst.ImportAlias, cst.ImportFrom, cst.AsName)):
-            what = _transform_use(parsed, node, parent) or _passed_as_value(parsed, node, parent) or \
-                _namespace_read(parsed, node)
+            what = _transform_use(parsed, node, parent) or _engine_use(parsed, node) or \
+                _passed_as_value(parsed, node, parent) or _namespace_read(parsed, node)
             if what is not None:
                 found.append((node, what))
             elif qualified(parsed, node) in REVERSE_TRANSFORMS:
@@ -625,6 +630,13 @@ def _transform_use(parsed: ParsedModule, node: cst.BaseExpression, parent: cst.C
                         None)
         if strategy is not None and not (isinstance(strategy, cst.SimpleString) and "reverse-mode" in strategy.value):
             return f"`{name}(..., strategy={parsed.code(strategy)})` may ask for {FORWARD_MODE}"
+    return None
+
+
+def _engine_use(parsed: ParsedModule, node: cst.BaseExpression) -> str | None:
+    leaf = node.attr.value if isinstance(node, cst.Attribute) else node.value if isinstance(node, cst.Name) else None
+    if leaf in ENGINE_ENTRIES:
+        return f"`{parsed.code(node)}` reaches autograd's engine directly, which may be asked for {DOUBLE_BACKWARD}"
     return None
 
 

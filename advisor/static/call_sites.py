@@ -375,6 +375,22 @@ class Tree:
                 return path
         return None
 
+    def star_bound_names(self, parsed: ParsedModule, star: cst.ImportFrom) -> frozenset[str] | None:
+        """The names `from X import *` in `parsed` binds, where X is one file of the tree (read as it says:
+        `ParsedModule.names_a_star_import_takes`); None where it is none, or several."""
+        parts = parsed.code(star.module).split(".")
+        if star.relative:
+            base = self._real(parsed.path)
+            for _ in range(len(star.relative)):
+                base = os.path.dirname(base)
+            stem = os.path.join(base, *parts)
+            files = (stem + ".py", os.path.join(stem, "__init__.py"))
+            found = [path for path in self.paths if self._real(path) in files]
+        else:
+            found = [path for path in self.paths if module_matches(parts, path)]
+        other = self.parsed(found[0]) if len(found) == 1 else None
+        return other.names_a_star_import_takes if other is not None else None
+
     def says(self, path: str, word: str) -> bool:
         """Whether `word` occurs in the file as a whole word (noted as read), from its set of words where it can."""
         if not WORD.fullmatch(word):

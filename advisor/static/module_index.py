@@ -6,7 +6,9 @@ import dataclasses
 import fnmatch
 import functools
 import os
+import builtins
 import re
+import sys
 from dataclasses import dataclass, field
 from contextlib import contextmanager
 from functools import cached_property, lru_cache
@@ -397,7 +399,7 @@ class ParsedModule:
         if not isinstance(node, cst.Name):
             return None
         base = self.imports.get(node.value)
-        if base is not None and node.value in self.bound_names:
+        if base is not None and node.value in self.bound_names or node.value in self.rebound_by_imports:
             return None  # the import's name is rebound somewhere in the file: which object it is here is not seen
         if base is None and node.value in self.name_aliases:
             return ".".join([self.name_aliases[node.value]] + parts[::-1])
@@ -409,6 +411,57 @@ class ParsedModule:
     def imports(self) -> dict[str, str]:
         """Local name -> dotted module or object, from every import statement in the file."""
         return _imports(self)
+
+    def builtins_intact(self, names: tuple[str, ...]) -> bool:
+        """Whether each name reads the builtin wherever the file's code runs: nothing binds, imports or may rebind
+        it (a star import, `exec`); emitted code calling them (a guard's `isinstance(s, (int, float))`) means them."""
+        defined = {node.name.value for node in self.nodes_of(cst.FunctionDef, cst.ClassDef)
+                   if not isinstance(self.parents.get(self.parents.get(node)), cst.ClassDef)}
+        return not any(name in self.bound_names or name in defined or name in self.imports or
+                       name in self.rebound_by_imports for name in names)
+
+    @cached_property
+    def rebound_by_imports(self) -> frozenset[str]:
+        """Names whose first import may not be what the code reads (breaker round 44): a name imported again as
+        something else (`from helpers import softmax` after torch's, in a function too), one a star import may
+        rebind after its import (`from helpers import *` binds any name; torch's star imports bind torch's
+        `__all__`, `float` among them) and builtins a star import may rebind; every name where the file runs
+        `exec` (`exec("from helpers import *")`)."""
+        calls_exec = any(isinstance(call.func, cst.Name) and call.func.value == "exec"
+                         for call in self.nodes_of(cst.Call))
+        candidates = set(self.imports) | set(dir(builtins))
+        if calls_exec:
+            return frozenset(candidates)
+        rebound = {name for name, targets in _imports(self, every_binding=True).items() if len(targets) > 1}
+        first_import: dict[str, int] = {}
+        for node in self.nodes_of(cst.Import, cst.ImportFrom):
+            if not isinstance(node.names, cst.ImportStar):
+                for name in _imports_bound_by(self, node):
+                    first_import.setdefault(name, self.top_statement_index(node))
+        for index, star in self.every_star_import:
+            module = _name_code(self, star.module) if star.module and not star.relative else None
+            bindable = _star_bound_names(module)
+            if bindable is None and self.tree is not None and star.module is not None:
+                bindable = self.tree.star_bound_names(self, star)
+            rebound |= {name for name in candidates if (bindable is None or name in bindable) and
+                        index > first_import.get(name, -1)}
+        return frozenset(rebound)
+
+    @cached_property
+    def names_a_star_import_takes(self) -> frozenset[str] | None:
+        """What `from <this module> import *` binds in the importer: a literal `__all__`, else the public names
+        its module level binds (by imports too); None where it may bind others (its own star imports, `exec`,
+        `globals()`, `setattr`)."""
+        bound, any_name = _scope_bindings(self.module.body)
+        if any_name or self.every_star_import or any(
+                isinstance(call.func, cst.Name) and call.func.value in ("globals", "setattr", "__import__")
+                for call in self.nodes_of(cst.Call)):
+            return None
+        listed = _literal_all(self)
+        if listed is not None:
+            return listed
+        names = set(bound) | set(_imports(self, module_level=True))
+        return frozenset(name for name in names if not name.startswith("_"))
 
     @cached_property
     def name_aliases(self) -> dict[str, str]:
@@ -517,14 +570,15 @@ class ParsedModule:
     def star_imports(self) -> list[tuple[int, cst.ImportFrom]]:
         """(index in the module's body, statement) of each module-level `from X import *` of a module outside torch:
         it may bind any name when it runs (`F` from `from helpers import *`, breaker round 18)."""
-        found = []
-        for index, statement in enumerate(self.module.body):
-            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
-                if isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar) and not (
-                        not small.relative and small.module is not None and
-                        _name_code(self, small.module).split(".")[0] == "torch"):
-                    found.append((index, small))
-        return found
+        return [(index, star) for index, star in self.every_star_import if not (
+            not star.relative and star.module is not None and _name_code(self, star.module).split(".")[0] == "torch")]
+
+    @cached_property
+    def every_star_import(self) -> list[tuple[int, cst.ImportFrom]]:
+        """(index in the module's body, statement) of each `from X import *` (only legal at module level), in a
+        `try:` or `if` block too."""
+        return [(self.top_statement_index(node), node) for node in self.nodes_of(cst.ImportFrom)
+                if isinstance(node.names, cst.ImportStar)]
 
     @cached_property
     def module_aliases(self) -> dict[str, str]:
@@ -789,22 +843,51 @@ def _imports(parsed: "ParsedModule", module_level: bool = False, every_binding: 
                              _under_type_checking(parsed, node)) or always and not _runs_always(parsed, node) or \
                 first_run is not None and parsed.top_statement_index(node) >= first_run:
             continue
-        if isinstance(node, cst.Import):
-            for alias in node.names:
-                dotted = _name_code(parsed, alias.name)
-                if alias.asname is not None:
-                    bind(_name_code(parsed, alias.asname.name), dotted)
-                else:
-                    head = dotted.split(".")[0]
-                    bind(head, head)
-        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-            base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
-            for alias in node.names:
-                local = alias.asname.name if alias.asname else alias.name
-                name = _name_code(parsed, alias.name)
-                dotted = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
-                bind(_name_code(parsed, local), dotted)
+        for local, dotted in _imports_bound_by(parsed, node).items():
+            bind(local, dotted)
     return imports
+
+
+def _imports_bound_by(parsed: "ParsedModule", node: cst.Import | cst.ImportFrom) -> dict[str, str]:
+    """Local name -> dotted module or object, for what one import statement binds (nothing for a star import)."""
+    bound: dict[str, str] = {}
+    if isinstance(node, cst.Import):
+        for alias in node.names:
+            dotted = _name_code(parsed, alias.name)
+            if alias.asname is not None:
+                bound[_name_code(parsed, alias.asname.name)] = dotted
+            else:
+                bound[dotted.split(".")[0]] = dotted.split(".")[0]
+    elif not isinstance(node.names, cst.ImportStar):
+        base = "." * len(node.relative) + (_name_code(parsed, node.module) if node.module is not None else "")
+        for alias in node.names:
+            local = alias.asname.name if alias.asname else alias.name
+            name = _name_code(parsed, alias.name)
+            bound[_name_code(parsed, local)] = f"{base}{name}" if base.endswith(".") else f"{base}.{name}"
+    return bound
+
+
+def _literal_all(parsed: "ParsedModule") -> frozenset[str] | None:
+    """The names of a module-level `__all__ = [...]` (or a tuple) of string literals bound once; None otherwise."""
+    found = [statement for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine)
+             for statement in line.body if isinstance(statement, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and
+             "__all__" in parsed.code(statement).split("=")[0]]
+    if len(found) != 1 or not isinstance(found[0], cst.Assign) or \
+            not isinstance(found[0].value, (cst.List, cst.Tuple)) or "__all__" in parsed.bound_names - {"__all__"}:
+        return None
+    names = [element.value.evaluated_value for element in found[0].value.elements
+             if isinstance(element.value, cst.SimpleString)]
+    return frozenset(names) if len(names) == len(found[0].value.elements) else None
+
+
+def _star_bound_names(module: str | None) -> frozenset[str] | None:
+    """The names `from module import *` binds, for a torch module already imported here (its `__all__`, else its
+    public names); None (any name) for every other module, relative ones too."""
+    loaded = sys.modules.get(module) if module is not None and module.split(".")[0] == "torch" else None
+    if loaded is None:
+        return None
+    names = getattr(loaded, "__all__", None)
+    return frozenset(names if names is not None else (n for n in dir(loaded) if not n.startswith("_")))
 
 
 MAY_NOT_RUN = (cst.If, cst.For, cst.While, cst.ExceptHandler, cst.ExceptStarHandler, cst.Else, cst.Match)

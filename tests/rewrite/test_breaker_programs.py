@@ -135,7 +135,14 @@ saved output, a view after `transpose(1, 2).reshape(...)`, made the patch's back
 
 Round 43 (fixtures/attention/breaker43): -inf written into an `nn.Embedding` relative-position table through a helper
 of another file handed its weight (tree_01) and through `m.named_parameters()` (tree_02), where the table had been
-read as a learned one; the row the causal mask kept only at that entry was zeroed by the patch."""
+read as a learned one; the row the causal mask kept only at that entry was zeroed by the patch.
+
+Round 44 (fixtures/attention/breaker44): names bound again after their import: a star import of a tree module
+binding its own `softmax` (tree_01) or `float` (tree_02: the scale, and a guard's `isinstance(s, (int, float))`),
+the same run by `exec` (tree_03), a second import of `softmax` at module level (tree_04) or in the function (tree_05);
+a double backward through `Variable._execution_engine.run_backward` (b44_06); a comparison written into a float
+`out=` buffer (tree_06) or viewed as float64 bytes (`.view(torch.float64)`, tree_07), read as the bool mask a
+caller passes."""
 
 from __future__ import annotations
 

@@ -1021,3 +1021,21 @@ def test_a_block_inside_an_f_string_s_self_documenting_specifier_is_not_rewritte
     assert result.fixed == source and not finding.fixable and "`=` specifier" in finding.reason
     plain = source.replace("=:.3f", ":.3f")
     assert "scaled_dot_product_attention" in analyze_source(plain, "hostile.py").fixed
+
+
+@pytest.mark.parametrize("helpers, safe", [
+    ("SIZE = 8\n", True),
+    ("__all__ = ['SIZE']\nSIZE = 8\n\ndef float(x):\n    return x\n", True),  # `__all__` leaves `float` out
+    ("def float(x):\n    return x\n", False),
+    ("import torch\n\nfloat = torch.float64\n", False),
+    ("from consts import *\n", False),  # binds what another module does: anything
+])
+def test_a_star_import_of_a_module_of_the_tree_binds_only_the_names_that_module_shows(tmp_path, helpers, safe):
+    """Breaker round 44: `from helpers import *` after `import torch` may bind the builtin `float` the scale is
+    read through (and the checks a guard would call). Scanned as a folder, helpers.py says which names it binds."""
+    (tmp_path / "helpers.py").write_text(helpers)
+    (tmp_path / "m.py").write_text("import torch\nfrom helpers import *\n\n\ndef attn(q, k, v):\n"
+                                   "    scale = float(q.size(-1)) ** -0.5\n"
+                                   "    s = q @ k.transpose(-2, -1) * scale\n    return s.softmax(dim=-1) @ v\n")
+    findings = [f for f in scan_paths([str(tmp_path)], cache=False).findings if f.kind == "attention"]
+    assert any(f.fixable and f.fix_safety == "safe" for f in findings) == safe, [f.reason for f in findings]

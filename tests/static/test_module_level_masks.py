@@ -105,8 +105,9 @@ def test_any_other_way_the_file_may_change_the_global_leaves_the_facts_assumed(e
     source = BASE.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
     findings = analyze(source, as_file=True).findings
     assert all(f.fix_safety != "safe" for f in findings)
-    if "import *" in extra:  # after the opening imports it may bind the emitted call's name too: refused (round 18)
-        assert "runs after the imports that open the module" in findings[0].reason
+    if "import *" in extra:  # it may bind any name after the imports, torch's too (round 18; round 44: the block's
+        # own names are no longer read as torch's, so nothing is matched, or what is is refused)
+        assert all("runs after the imports that open the module" in f.reason for f in findings)
         return
     assert "fully-masked-rows" in {fact["name"] for fact in _facts(source)["assumed"]}
 

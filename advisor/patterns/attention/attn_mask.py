@@ -18,6 +18,7 @@ from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.causal import CAUSAL_EXTENT
 from advisor.patterns.attention.rendering import Replace, at_home
 from advisor.patterns.attention.result import MaskTerm, Refusal
+from advisor.patterns.ops import views_another_dtype
 from advisor.static.codegen import assignment, atomic, joined, keyword, method, parenthesized
 from advisor.static.dataflow import loaded_names
 
@@ -194,7 +195,7 @@ def plain_query(c: Candidate) -> cst.BaseExpression | None:
     an attribute, never a call that would run twice; a view of it has its dtype)."""
     query = at_home(c, c.leaf_nodes[0])
     while isinstance(query, cst.Call) and isinstance(query.func, cst.Attribute) and \
-            query.func.attr.value in DTYPE_KEEPING_VIEWS:  # `q.transpose(-2, -1)` has q's dtype
+            query.func.attr.value in DTYPE_KEEPING_VIEWS and not views_another_dtype(query):  # q's dtype
         query = query.func.value
     return query if isinstance(query, (cst.Name, cst.Attribute)) else None
 

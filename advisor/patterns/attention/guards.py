@@ -22,7 +22,7 @@ from advisor.patterns import scope
 from advisor.patterns.attention.attn_mask import DTYPE_KEEPING_VIEWS
 from advisor.patterns.attention.candidate import MAX_REBINDINGS, Candidate, defined_between, in_inlined, \
     one_assigned_value
-from advisor.contracts.emitted_names import MODULE_CHECK_LOCAL
+from advisor.contracts.emitted_names import GUARD_BUILTINS, MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.lengths import KV_LENGTH, SAME_SHAPE, SWAPS
 from advisor.patterns.attention.operand_ranks import BADDBMM_INPUT, OPERAND_RANK, dropped_input_unsized, rank_check, \
@@ -37,7 +37,7 @@ from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE, TENSOR_NON
 from advisor.patterns.attention.weights import DROPOUT_RANGE, FX_DROPOUT_MODE, IN_PLACE_DROPOUT
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
-from advisor.patterns.ops import int_value, number_value
+from advisor.patterns.ops import int_value, number_value, views_another_dtype
 from advisor.static.codegen import atomic, joined, parenthesized
 from advisor.static.dataflow import UNDEFINED, bound_names, loaded_names
 from advisor.static.walk import descendants
@@ -69,9 +69,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     match = c.match
     wanted = [name for name in GUARDABLE if any(f.name == name for f in match.facts.assumptions)]
     torch_name = c.parsed.module_aliases.get("torch")
+    if torch_name in c.parsed.rebound_by_imports or not c.parsed.builtins_intact(GUARD_BUILTINS):
+        torch_name = None  # a star import or `exec` may bind `torch` or the builtins the checks call anew
     traced = scope.fx_traced(c.parsed) is not None
     recorded = scope.jit_traced(c.parsed) is not None
-    if torch_name is None:  # checks that name no torch attribute only
+    if torch_name is None:  # checks that name no torch attribute (nor a builtin) only
         wanted = [name for name in wanted if name in (KV_LENGTH, OPERAND_RANK) and not traced and not recorded]
     if not wanted or scope.real_tensor_traced(c.parsed) is not None:
         return  # traced on tensors, a guard is decided once: the facts stay assumed
@@ -466,7 +468,8 @@ def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpres
     """The tensor under calls of `methods` (and, for the rank, `~` and comparisons with a number), whose metadata
     the check reads instead of running the calls again."""
     while True:
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in methods \
+                and not (methods is DTYPE_KEEPING_VIEWS and views_another_dtype(node)):
             node = node.func.value
         elif isinstance(node, cst.Attribute) and node.attr.value in ("mT", "T") and methods is DTYPE_KEEPING_VIEWS:
             node = node.value

@@ -22,7 +22,7 @@ from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import roots
 from advisor.patterns.dtypes import EINOPS
-from advisor.patterns.ops import Op, number_value
+from advisor.patterns.ops import Op, number_value, views_another_dtype
 from advisor.static.codegen import atomic, nonzero
 from advisor.static.dataflow import loaded_names
 
@@ -120,7 +120,7 @@ def _view_base(c: Candidate, node: cst.BaseExpression) -> cst.BaseExpression:
         if isinstance(node, cst.Subscript):
             node = node.value
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-                node.func.attr.value in DTYPE_KEEPING_VIEWS:
+                node.func.attr.value in DTYPE_KEEPING_VIEWS and not views_another_dtype(node):
             node = node.func.value
         elif isinstance(node, cst.Call) and node.args and node.args[0].keyword is None and \
                 c.parsed.imported_name(node.func) in DTYPE_KEEPING_FUNCTIONS:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
-from advisor.contracts.emitted_names import MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
+from advisor.contracts.emitted_names import GUARD_BUILTINS, MODULE_CHECK_HELPER, MODULE_CHECK_LOCAL
 from advisor.patterns.attention.candidate import Candidate
 from advisor.patterns.attention.result import MaskTerm
 from advisor.patterns.ops import int_value
@@ -163,5 +163,6 @@ def emitted_names_free(c: Candidate) -> bool:
     name is unused in the function."""
     helper = c.parsed.module_functions.get(MODULE_CHECK_HELPER)
     bound = MODULE_CHECK_HELPER in c.parsed.bound_names or MODULE_CHECK_HELPER in c.parsed.imports
-    return (helper is not None or not bound) and not c.parsed.mentions(c.home, MODULE_CHECK_LOCAL)
+    return (helper is not None or not bound) and not c.parsed.mentions(c.home, MODULE_CHECK_LOCAL) and \
+        c.parsed.builtins_intact(GUARD_BUILTINS)
 

@@ -25,7 +25,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import MaskTerm, Refusal
 from advisor.patterns.copy_cast_roles import cast_dtype, dtype_name
 from advisor.patterns.dtypes import DtypeRoots
-from advisor.patterns.ops import int_value
+from advisor.patterns.ops import int_value, views_another_dtype
 from advisor.patterns.module_values import module_value
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 
@@ -113,7 +113,7 @@ def _values_of(node: cst.BaseExpression) -> cst.BaseExpression:
         if isinstance(node, cst.Subscript):
             node = node.value
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
-                node.func.attr.value in sf.KEEP_VALUES:
+                node.func.attr.value in sf.KEEP_VALUES and not views_another_dtype(node):
             node = node.func.value
         else:
             return node
