@@ -94,3 +94,35 @@ def test_a_file_that_fx_traces_keeps_the_product_s_shape_read():
     twin.load_state_dict(model.state_dict())
     x, mask = torch.randn(3, 5, 16, dtype=torch.float64), _padding(False).double()
     torch.testing.assert_close(torch.fx.symbolic_trace(twin)(x, mask), model(x, mask))
+
+
+LLAMA_CHECK = """
+attn = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(8)
+if attn.size() != (b, {heads}, n, n):
+    raise ValueError("attention weights of the wrong size")
+attn = attn.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+out = torch.matmul(attn.softmax(dim=-1), v)
+"""
+
+
+def test_the_whole_size_of_a_scaled_matmul_product_is_read_from_q_and_k():
+    """LLaMA's and Mistral's (transformers before 4.36) `if attn_weights.size() != (...): raise`, read after the
+    product is divided by a number: the check stays and reads Q's and K's shapes, and raises where it raised."""
+    source = masked_module(LLAMA_CHECK.format(heads="self.heads"))
+    finding, fixed = attention_finding_and_fix(source)
+    assert finding.fix_safety == "safe", finding.reason
+    assert "torch.broadcast_shapes(" in fixed and "attn.size()" not in fixed.split("else:")[0]
+    _parity(source, fixed, _padding(False))
+    wrong = masked_module(LLAMA_CHECK.format(heads="self.heads + 1"))
+    _, fixed_wrong = attention_finding_and_fix(wrong)
+    x = torch.randn(3, 5, 16)
+    for text in (wrong, fixed_wrong):
+        with pytest.raises(ValueError, match="wrong size"):
+            load_module_from_source(text, "llama_check").Attention()(x, _padding(False))
+
+
+def test_the_size_of_a_product_scaled_by_a_tensor_is_not_read_as_the_products():
+    """A tensor factor may broadcast the scores beyond Q's and K's batch dims: the read stays the scores'."""
+    body = "t = torch.ones(1, 1, 1, 1)\n" + LLAMA_CHECK.format(heads="self.heads").replace("/ math.sqrt(8)", "* t")
+    finding, _ = attention_finding_and_fix(masked_module(body), unsafe_fixes=True)
+    assert "also used" in (finding.reason or ""), finding.reason

@@ -100,6 +100,11 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
     if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and not outer.args and \
             _reads_bmm_product(c, read):
         return outer, parse_template_expression("{query}.size()[:-1] + {key}.size()[-2:-1]", query=query, key=key)
+    whole = outer if attribute == "size" and isinstance(outer, cst.Call) and outer.func is parent and \
+        not outer.args else parent if attribute == "shape" and not isinstance(outer, cst.Subscript) else None
+    shape = _product_shape(c, read) if whole is not None else None
+    if shape is not None:  # Mistral's `if attn_weights.size() != (bsz, heads, q_len, kv_len): raise ...`
+        return whole, shape
     if c.chain.views:
         return None
     if attribute in ("dtype", "device") or attribute in NEW_TENSOR_METHODS:
@@ -146,16 +151,25 @@ def _shape_of_product(c: Candidate, read: cst.Name, call: cst.Call):
     """`bias.reshape_as(s)`, `mask.expand_as(s)`, `x.view_as(s)` (SAM's decomposed relative positions, XLM's mask)
     where `s` is the Q·K^T product itself: `other.size()` is all those methods read, and a matmul's is Q's and K's
     batch dims broadcast, then (L, S). Read from the SDPA call's Q and K where their shapes cost no compute."""
-    torch_name = c.parsed.module_aliases.get("torch")
-    query, key = c.match.query, c.match.key
-    if product_read(c, read) is None or torch_name is None or not (_shape_free(query) and _shape_free(key)) or \
-            scope.is_scripted(c.parsed, c.home, c.owner) or scope.fx_traced(c.parsed) is not None:
-        return None  # TorchScript compiles no torch.broadcast_shapes, torch.fx traces none of Proxies
-    shape = parse_template_expression(
-        "{torch}.broadcast_shapes({query}.shape[:-2], {key}.shape[:-2]) + ({query}.shape[-2], {key}.shape[-2])",
-        torch=cst.Name(torch_name), query=atomic(query), key=atomic(key))
+    shape = _product_shape(c, read, scaled_ok=False)
+    if shape is None:
+        return None
     return call, call.with_changes(func=call.func.with_changes(attr=cst.Name(SHAPE_TAKING[call.func.attr.value])),
                                    args=[cst.Arg(shape)])
+
+
+def _product_shape(c: Candidate, read: cst.Name, scaled_ok: bool = True) -> cst.BaseExpression | None:
+    """The shape of the Q·K^T product `read` sees (`scaled_ok`: or of that product scaled by a number), read from
+    the SDPA call's Q and K where their shapes cost no compute: Q's and K's batch dims broadcast, then (L, S)."""
+    torch_name = c.parsed.module_aliases.get("torch")
+    query, key = c.match.query, c.match.key
+    if product_read(c, read, scaled_ok=scaled_ok) is None or torch_name is None or \
+            not (_shape_free(query) and _shape_free(key)) or \
+            scope.is_scripted(c.parsed, c.home, c.owner) or scope.fx_traced(c.parsed) is not None:
+        return None  # TorchScript compiles no torch.broadcast_shapes, torch.fx traces none of Proxies
+    return parse_template_expression(
+        "{torch}.broadcast_shapes({query}.shape[:-2], {key}.shape[:-2]) + ({query}.shape[-2], {key}.shape[-2])",
+        torch=cst.Name(torch_name), query=atomic(query), key=atomic(key))
 
 
 def _shape_free(node: cst.BaseExpression) -> bool:

@@ -234,14 +234,20 @@ def one_assigned_value(c: Candidate, name: cst.Name) -> cst.BaseExpression | Non
     return None
 
 
-def product_read(c: Candidate, read: cst.Name, names: tuple[str, ...] = ("matmul", "bmm")) -> Op | None:
+def product_read(c: Candidate, read: cst.Name, names: tuple[str, ...] = ("matmul", "bmm"),
+                 scaled_ok: bool = False) -> Op | None:
     """The op of the score product `read` sees, where it sees only that step of the block's scores and the op is
-    one of `names` (a `matmul`'s shape is Q's and K's batch dims broadcast, then L and S)."""
+    one of `names` (a `matmul`'s shape is Q's and K's batch dims broadcast, then L and S); `scaled_ok`: or that
+    product times or divided by a proved Python number (`torch.matmul(q, k.transpose(2, 3)) / math.sqrt(d)`), which
+    has its shape."""
     definitions = c.flow.definitions_of(read)
     if len(definitions) != 1 or c.flow.sees_undefined(read) or definitions[0].kind != "assign" or \
             definitions[0] not in c.chain.definitions:
         return None
     op = c.reader.read(definitions[0].value)
+    if scaled_ok and op is not None and op.name in ("mul", "div") and isinstance(op.node, cst.BinaryOperation) and \
+            c.values.scalar_guess(op.node.right) is None:
+        op = c.reader.read(op.node.left)
     return op if op is not None and op.name in names else None
 
 

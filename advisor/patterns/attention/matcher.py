@@ -206,7 +206,7 @@ def scale_and_masks(c: Candidate) -> None:
 
 
 @step(reads=("absorbed chain.definitions chain.reads chain.views flow home match.escapes match.key match.query "
-             "weights"),
+             "values weights"),
       writes="consumed match.renamed")
 def block_reads(c: Candidate) -> None:
     """Every read of a deleted intermediate is inside the block (or of the scores' shape, read from Q, K)."""
