@@ -1118,6 +1118,15 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
     if late is not None:
         return (f"`{parsed.code(late).strip()}` (line {parsed.line(late)}) runs after the imports that open the module: "
                 "it may bind any name, the one the SDPA call would be read through too")
+    if parsed.binds_any_global:
+        return ("the file may bind any of its names at run time (`exec`, `eval`, `globals()`, `vars()`), the one "
+                "the SDPA call would be read through too")
+    # the name `rewrite.sdpa_call.functional_name` reuses: the first of these modules the file has a name for
+    reused = next((parsed.module_aliases[module] for module in ("torch.nn.functional", "torch.nn", "torch")
+                   if module in parsed.module_aliases), None)
+    if reused in parsed.rebound_by_imports:
+        return (f"`{reused}` may be bound anew after its import (a second import, a star import), and the SDPA call "
+                "would be read through it")
     writer = _assigned_on_a_module(parsed, "F")
     if writer is not None and "F" not in parsed.imports:
         return (f"`F`, the name the rewrite would import torch.nn.functional as, is assigned on a module in "

@@ -830,9 +830,7 @@ def _built_into(parsed: ParsedModule, use: cst.CSTNode, call: cst.Call | None = 
         return None
     method = parsed.innermost(assign, cst.FunctionDef)
     owner = _owner_of(parsed, method) if method is not None else None
-    # writes into the elements of what it holds (`nn.init.normal_(block.attn.qkv.weight)`) leave the module in place
-    return target.attr.value if owner is not None and owner.class_value(target.attr.value) is call and \
-        owner.rebound(target.attr.value, elements_ok=True) is None else None
+    return target.attr.value if owner is not None and owner.held_module(target.attr.value) is call else None
 
 
 def _element_calls(parsed: ParsedModule, node: cst.Attribute) -> list | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import inspect
 import os
 import builtins
 import re
@@ -186,6 +187,12 @@ class ClassInfo:
         values = self.attributes.get(attribute, [])
         single = len(values) == 1 and attribute not in self.mutated and attribute not in self.unfollowed
         return values[0] if single else None
+
+    def held_module(self, attribute: str) -> cst.BaseExpression | None:
+        """The one expression the class binds the attribute to, where no code may bind another: writes into the
+        elements of what it holds (`nn.init.normal_(block.attn.qkv.weight)`, `model.attn.logit_scale.copy_(t)`)
+        leave a module in place, so a caller reading which module runs may still read it."""
+        return self.class_value(attribute) if self.rebound(attribute, elements_ok=True) is None else None
 
     def only_value(self, attribute: str) -> cst.BaseExpression | None:
         """The value every instance's attribute holds, as far as this file shows."""
@@ -425,12 +432,11 @@ class ParsedModule:
         """Names whose first import may not be what the code reads (breaker round 44): a name imported again as
         something else (`from helpers import softmax` after torch's, in a function too), one a star import may
         rebind after its import (`from helpers import *` binds any name; torch's star imports bind torch's
-        `__all__`, `float` among them) and builtins a star import may rebind; every name where the file runs
-        `exec` (`exec("from helpers import *")`)."""
-        calls_exec = any(isinstance(call.func, cst.Name) and call.func.value == "exec"
-                         for call in self.nodes_of(cst.Call))
+        `__all__`, `float` among them) and builtins a star import may rebind; names the file binds through its
+        namespace, every name (`globals()[n] = v`, `exec("from helpers import *")`, `builtins.exec`, `run = exec`:
+        breaker round 45)."""
         candidates = set(self.imports) | set(dir(builtins))
-        if calls_exec:
+        if self.binds_any_global:
             return frozenset(candidates)
         rebound = {name for name, targets in _imports(self, every_binding=True).items() if len(targets) > 1}
         first_import: dict[str, int] = {}
@@ -453,14 +459,17 @@ class ParsedModule:
         its module level binds (by imports too); None where it may bind others (its own star imports, `exec`,
         `globals()`, `setattr`)."""
         bound, any_name = _scope_bindings(self.module.body)
-        if any_name or self.every_star_import or any(
+        replaced = self._replaced_by_name
+        if any_name or self.every_star_import or self.binds_any_global or self.nodes_of(cst.Global) or any(
                 isinstance(call.func, cst.Name) and call.func.value in ("globals", "setattr", "__import__")
                 for call in self.nodes_of(cst.Call)):
-            return None
+            return None  # `global softmax` in a function binds a module name no module-level statement shows
         listed = _literal_all(self)
         if listed is not None:
-            return listed
-        names = set(bound) | set(_imports(self, module_level=True))
+            return listed | replaced
+        if os.path.basename(self.path) == "__init__.py":
+            return None  # a package's namespace holds its submodules too, whoever imports them
+        names = set(bound) | set(_imports(self, module_level=True)) | replaced
         return frozenset(name for name in names if not name.startswith("_"))
 
     @cached_property
@@ -522,23 +531,41 @@ class ParsedModule:
         g)` on anything but `self` (f; any name where computed), `globals()` used otherwise than read by a literal
         key, `vars()`, `exec`, `eval`, a frame's `f_globals` and a function's `__globals__` (any name:
         ANY_ATTRIBUTE)."""
-        found: set[str] = set()
-        if self.attributes_named("f_globals") or self.attributes_named("__globals__"):
-            found.add(ANY_ATTRIBUTE)  # a frame's or a function's namespace: `sys._getframe(0).f_globals.update(...)`
+        found: set[str] = {ANY_ATTRIBUTE} if self.binds_any_global else set()
         for node in self.attributes_named("__code__"):
             target = self.parents.get(node)
             if isinstance(target, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.value, cst.Name):
                 found.add(node.value.value)
         for call in self.nodes_of(cst.Call):
             func = call.func.value if isinstance(call.func, cst.Name) else None
-            if func in ("exec", "eval") or func == "vars" and not call.args:
-                found.add(ANY_ATTRIBUTE)
-            elif func == "globals" and not self._literal_read(call):
-                found.add(ANY_ATTRIBUTE)
-            elif func == "setattr" and len(call.args) >= 2 and not is_self(call.args[0].value):
+            if func == "setattr" and len(call.args) >= 2 and not is_self(call.args[0].value):
                 key = call.args[1].value
                 found.add(key.evaluated_value if isinstance(key, cst.SimpleString) else ANY_ATTRIBUTE)
         return frozenset(found)
+
+    @cached_property
+    def binds_any_global(self) -> bool:
+        """Whether the file may bind any of its module-level names without naming it: `globals()` used otherwise
+        than read by a literal key, `vars()`, `exec`/`eval` (by any spelling), a frame's `f_globals`, a function's
+        `__globals__`."""
+        if self.attributes_named("f_globals") or self.attributes_named("__globals__") or self._code_runner_named:
+            return True  # a frame's or a function's namespace: `sys._getframe(0).f_globals.update(...)`
+        return any(isinstance(call.func, cst.Name) and (
+            call.func.value in ("exec", "eval") or call.func.value == "vars" and not call.args or
+            call.func.value == "globals" and not self._literal_read(call)) for call in self.nodes_of(cst.Call))
+
+    @cached_property
+    def _code_runner_named(self) -> bool:
+        """`exec` or `eval` reached otherwise than called by its bare name (`builtins.exec(...)`, `run = exec`):
+        code run from a string may bind any name (breaker round 45). `model.eval()` is a method, not the builtin."""
+        for node in self.nodes_of(cst.Name):
+            parent = self.parents.get(node)
+            method = isinstance(parent, cst.Attribute) and parent.attr is node and not (
+                isinstance(parent.value, cst.Name) and parent.value.value in ("builtins", "__builtins__"))
+            if node.value in ("exec", "eval") and not method and not (
+                    isinstance(parent, cst.Call) and parent.func is node):
+                return True
+        return False
 
     def _literal_read(self, call: cst.Call) -> bool:
         """`globals()["__file__"]`: the namespace read by a literal key, nothing bound."""
@@ -868,13 +895,15 @@ def _imports_bound_by(parsed: "ParsedModule", node: cst.Import | cst.ImportFrom)
 
 
 def _literal_all(parsed: "ParsedModule") -> frozenset[str] | None:
-    """The names of a module-level `__all__ = [...]` (or a tuple) of string literals bound once; None otherwise."""
+    """The names of a module-level `__all__ = [...]` (or a tuple) of string literals, the only mention of the name
+    in the file; None otherwise."""
     found = [statement for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine)
              for statement in line.body if isinstance(statement, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and
              "__all__" in parsed.code(statement).split("=")[0]]
-    if len(found) != 1 or not isinstance(found[0], cst.Assign) or \
-            not isinstance(found[0].value, (cst.List, cst.Tuple)) or "__all__" in parsed.bound_names - {"__all__"}:
-        return None
+    mentions = [name for name in parsed.nodes_of(cst.Name) if name.value == "__all__"]
+    if len(found) != 1 or not isinstance(found[0], cst.Assign) or len(mentions) != 1 or \
+            not isinstance(found[0].value, (cst.List, cst.Tuple)):
+        return None  # `__all__.append(...)`, `__all__ += [...]` in a `try:`, a second binding under `if`
     names = [element.value.evaluated_value for element in found[0].value.elements
              if isinstance(element.value, cst.SimpleString)]
     return frozenset(names) if len(names) == len(found[0].value.elements) else None
@@ -887,7 +916,10 @@ def _star_bound_names(module: str | None) -> frozenset[str] | None:
     if loaded is None:
         return None
     names = getattr(loaded, "__all__", None)
-    return frozenset(names if names is not None else (n for n in dir(loaded) if not n.startswith("_")))
+    names = names if names is not None else [n for n in dir(loaded) if not n.startswith("_")]
+    # torch.nn.functional's `torch` is the module `torch`, whatever imported it
+    return frozenset(n for n in names if not (inspect.ismodule(getattr(loaded, n, None)) and
+                                              getattr(loaded, n).__name__ == n))
 
 
 MAY_NOT_RUN = (cst.If, cst.For, cst.While, cst.ExceptHandler, cst.ExceptStarHandler, cst.Else, cst.Match)

@@ -451,9 +451,7 @@ def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef 
     caller = parsed.innermost(call, cst.FunctionDef)
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         owner = next((o for f, o, _ in parsed.functions if f is caller), None)
-        # writes into the elements of what it holds (`model.attn.logit_scale.copy_(t)`) leave the module in place
-        built = owner.class_value(func.attr.value) if owner is not None and \
-            owner.rebound(func.attr.value, elements_ok=True) is None else None
+        built = owner.held_module(func.attr.value) if owner is not None else None
     elif isinstance(func, cst.Name) and caller is not None and parsed.flow(caller).definitions_of(func):
         built = _bound_once_here(parsed, caller, func)
     elif isinstance(func, cst.Name) and len(parsed.bindings.get(func.value, [])) == 1:

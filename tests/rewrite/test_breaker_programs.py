@@ -142,7 +142,12 @@ binding its own `softmax` (tree_01) or `float` (tree_02: the scale, and a guard'
 the same run by `exec` (tree_03), a second import of `softmax` at module level (tree_04) or in the function (tree_05);
 a double backward through `Variable._execution_engine.run_backward` (b44_06); a comparison written into a float
 `out=` buffer (tree_06) or viewed as float64 bytes (`.view(torch.float64)`, tree_07), read as the bool mask a
-caller passes."""
+caller passes.
+
+Round 45 (fixtures/attention/breaker45), aimed at round 44's star imports: `__all__` extended after its literal
+(`.append`, `+=` in a `try:`, tree_01, tree_02), a module-level name bound by a function's `global` (tree_03),
+`globals().update(vars(helpers))` (tree_04), `exec` called through another name (tree_05), and a package's star
+import binding a loaded submodule (tree_06)."""
 
 from __future__ import annotations
 

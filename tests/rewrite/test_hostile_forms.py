@@ -463,7 +463,9 @@ def attn(q, k, v):
 
 @pytest.mark.parametrize("head, middle, tail, safe", [
     ("", "", "\n\nfrom helpers import *\n", False),  # after: may bind `F`, `nn`, `torch`
-    ("", "from helpers import *\n", "", True),  # among the opening imports: the added import goes after it
+    # among the opening imports, after `import torch.nn as nn`: the SDPA call would be read through `nn`, which
+    # helpers.py binds to None (a wrong safe patch until round 45's review: `nn.functional` raised)
+    ("", "from helpers import *\n", "", False),
     ("from helpers import *\n", "", "", True),
     ("", "", "\n\nfrom torch.nn.functional import *\n", True),  # torch's own names
 ])
@@ -475,8 +477,10 @@ def test_a_star_import_after_the_opening_imports_may_rebind_the_name_the_sdpa_ca
     (tmp_path / "m.py").write_text(STAR_BLOCK.format(head=head, middle=middle, tail=tail))
     [finding] = scan_paths([str(tmp_path / "m.py")], cache=False).findings
     assert (finding.fixable and finding.fix_safety == "safe") == safe, finding.reason
-    if not safe:
+    if not safe and tail:
         assert "`from helpers import *` (line 10) runs after the imports that open the module" in finding.reason
+    elif not safe:
+        assert "`nn` may be bound anew after its import" in finding.reason, finding.reason
 
 
 def test_the_name_the_rewrite_adds_assigned_on_the_module_in_another_file_is_refused(tmp_path):
