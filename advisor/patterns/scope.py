@@ -1133,7 +1133,7 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
                 f"{writer}: it may not be torch's when the code runs")
     importer = parsed.tree.star_importer_spelling(parsed, "F") if parsed.tree is not None and \
         "F" not in parsed.imports and "torch.nn.functional" not in parsed.module_aliases and \
-        "__all__" not in parsed.bound_names else None
+        parsed.literal_all is None else None  # a computed `__all__` may list `F` (breaker round 46)
     if importer is not None:
         return (f"`F`, the name the rewrite would import torch.nn.functional as, would reach "
                 f"{display_path(importer)}, which imports this module's `*` and has an `F` of its own")

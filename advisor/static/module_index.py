@@ -454,6 +454,11 @@ class ParsedModule:
         return frozenset(rebound)
 
     @cached_property
+    def literal_all(self) -> frozenset[str] | None:
+        """The module's `__all__`, where it is a literal list of strings and the only mention of the name."""
+        return _literal_all(self)
+
+    @cached_property
     def names_a_star_import_takes(self) -> frozenset[str] | None:
         """What `from <this module> import *` binds in the importer: a literal `__all__`, else the public names
         its module level binds (by imports too); None where it may bind others (its own star imports, `exec`,
@@ -464,7 +469,7 @@ class ParsedModule:
                 isinstance(call.func, cst.Name) and call.func.value in ("globals", "setattr", "__import__")
                 for call in self.nodes_of(cst.Call)):
             return None  # `global softmax` in a function binds a module name no module-level statement shows
-        listed = _literal_all(self)
+        listed = self.literal_all
         if listed is not None:
             return listed | replaced
         if os.path.basename(self.path) == "__init__.py":
@@ -531,7 +536,9 @@ class ParsedModule:
         g)` on anything but `self` (f; any name where computed), `globals()` used otherwise than read by a literal
         key, `vars()`, `exec`, `eval`, a frame's `f_globals` and a function's `__globals__` (any name:
         ANY_ATTRIBUTE)."""
-        found: set[str] = {ANY_ATTRIBUTE} if self.binds_any_global else set()
+        found: set[str] = {ANY_ATTRIBUTE} if self.binds_any_global or any(
+            isinstance(call.func, cst.Name) and call.func.value == "globals" and not self._literal_read(call)
+            for call in self.nodes_of(cst.Call)) else set()
         for node in self.attributes_named("__code__"):
             target = self.parents.get(node)
             if isinstance(target, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.value, cst.Name):
@@ -546,13 +553,22 @@ class ParsedModule:
     @cached_property
     def binds_any_global(self) -> bool:
         """Whether the file may bind any of its module-level names without naming it: `globals()` used otherwise
-        than read by a literal key, `vars()`, `exec`/`eval` (by any spelling), a frame's `f_globals`, a function's
-        `__globals__`."""
+        than subscripted to read (`globals()[group + "_" + name](x)` binds nothing), `vars()`, `exec`/`eval` (by
+        any spelling), a frame's `f_globals`, a function's `__globals__`."""
         if self.attributes_named("f_globals") or self.attributes_named("__globals__") or self._code_runner_named:
             return True  # a frame's or a function's namespace: `sys._getframe(0).f_globals.update(...)`
+        if any(isinstance(node.value, cst.Name) and self.imports.get(node.value.value) == "sys"
+               for node in self.attributes_named("modules")) or self.imports.get("modules") == "sys.modules":
+            return True  # a module object, this one's too: `sys.modules[__name__].__dict__.update(F=1)` (round 46)
+        if any(isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(call.args) >= 2 and
+               not isinstance(call.args[1].value, cst.SimpleString) and
+               any(str(part.evaluated_value).startswith("__")
+                   for part in descendants(call.args[1].value, (cst.SimpleString,))) for call in self.nodes_of(cst.Call)):
+            return True  # `getattr(f, "__glob" + "als__")["F"] = 1`
         return any(isinstance(call.func, cst.Name) and (
             call.func.value in ("exec", "eval") or call.func.value == "vars" and not call.args or
-            call.func.value == "globals" and not self._literal_read(call)) for call in self.nodes_of(cst.Call))
+            call.func.value == "globals" and not self._literal_read(call, any_key=True))
+            for call in self.nodes_of(cst.Call))
 
     @cached_property
     def _code_runner_named(self) -> bool:
@@ -567,13 +583,13 @@ class ParsedModule:
                 return True
         return False
 
-    def _literal_read(self, call: cst.Call) -> bool:
-        """`globals()["__file__"]`: the namespace read by a literal key, nothing bound."""
+    def _literal_read(self, call: cst.Call, any_key: bool = False) -> bool:
+        """`globals()["__file__"]`: the namespace read by a literal key (`any_key`: by any key), nothing bound."""
         index = self.parents.get(call)
         subscript = index if isinstance(index, cst.Subscript) and index.value is call else None
         return subscript is not None and len(subscript.slice) == 1 and \
             isinstance(subscript.slice[0].slice, cst.Index) and \
-            isinstance(subscript.slice[0].slice.value, cst.SimpleString) and \
+            (any_key or isinstance(subscript.slice[0].slice.value, cst.SimpleString)) and \
             not isinstance(self.parents.get(subscript), (cst.AssignTarget, cst.AugAssign, cst.Del))
 
     @cached_property

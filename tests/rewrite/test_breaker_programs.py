@@ -147,7 +147,13 @@ caller passes.
 Round 45 (fixtures/attention/breaker45), aimed at round 44's star imports: `__all__` extended after its literal
 (`.append`, `+=` in a `try:`, tree_01, tree_02), a module-level name bound by a function's `global` (tree_03),
 `globals().update(vars(helpers))` (tree_04), `exec` called through another name (tree_05), and a package's star
-import binding a loaded submodule (tree_06)."""
+import binding a loaded submodule (tree_06).
+
+Round 46 (fixtures/attention/breaker46): reads of the scores' shape or dtype translated to read Q and K where Q
+and K are no longer what the product read (rebound after the value product, transposed in place, a size check in a
+lambda called later: b46_01 to b46_03), a dtype read after a cast step of the scores (b46_04), the module's names
+rebound through a computed `__globals__` (b46_05), and a computed `__all__` that would export the `F` a patch
+imports (tree_06)."""
 
 from __future__ import annotations
 

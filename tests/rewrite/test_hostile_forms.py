@@ -1043,3 +1043,17 @@ def test_a_star_import_of_a_module_of_the_tree_binds_only_the_names_that_module_
                                    "    s = q @ k.transpose(-2, -1) * scale\n    return s.softmax(dim=-1) @ v\n")
     findings = [f for f in scan_paths([str(tmp_path)], cache=False).findings if f.kind == "attention"]
     assert any(f.fixable and f.fix_safety == "safe" for f in findings) == safe, [f.reason for f in findings]
+
+
+@pytest.mark.parametrize("rebinding", [
+    "g = sys.modules[__name__].__dict__\ng.update(F=1)",
+    "dict.update(sys.modules[__name__].__dict__, F=1)",
+    "m = sys.modules[__name__]\ntype(m).__setattr__(m, 'F', 1)",
+])
+def test_the_module_s_namespace_reached_through_sys_modules_may_bind_the_sdpa_call_s_name(rebinding):
+    """Breaker round 46: the module object from `sys.modules` rebinds `F`, which the SDPA call would be read
+    through (the patched call raised AttributeError on an int)."""
+    source = ("import math\nimport sys\n\nimport torch\nimport torch.nn.functional as F\n\n\ndef attention(q, k, v):\n"
+              "    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))\n"
+              "    return torch.matmul(torch.softmax(scores, dim=-1), v)\n\n\n" + rebinding + "\n")
+    assert not _safe_findings(source)

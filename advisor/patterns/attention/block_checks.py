@@ -14,7 +14,8 @@ import networkx as nx
 from libcst.helpers import parse_template_expression
 
 from advisor.patterns import scope
-from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, product_read
+from advisor.patterns.attention.candidate import Candidate, defined_between, function_of, in_inlined, \
+    product_read, statement_of
 from advisor.patterns.attention.module_guard import MODULE_IDENTITY, NO_HOOKS, is_bias_module, module_kinds, \
     module_state_written
 from advisor.patterns.attention.rendering import short
@@ -56,12 +57,47 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
         for read in c.flow.reads_of(definition):
             if read not in chain_reads and read not in match.escapes and definition.id in score_ids:
                 translated = _translate_metadata_read(c, read)
-                if translated is not None:
+                if translated is not None and _sees_the_product_s_operands(c, read, *translated):
                     match.renamed[translated[0]] = translated[1]
                     continue
             if read not in chain_reads and read not in match.escapes and not _shape_of_a_fill(c, read, score_ids):
                 raise Refusal(f"the intermediate `{definition.name}` is also used at line "
                               f"{c.parsed.line(read)}")
+
+
+def _uncast_scores(c: Candidate, read: cst.Name) -> bool:
+    """`read` sees a step of the scores no cast precedes (`s = s.to(torch.float64)` makes `s.new_zeros(2)` float64
+    where q is float32: breaker round 46); an added mask keeps q's dtype by the mask-dtype fact."""
+    definitions = c.flow.definitions_of(read)
+    if not definitions or any(d not in c.chain.definitions for d in definitions):
+        return False
+    steps = c.chain.definitions[:max(c.chain.definitions.index(d) for d in definitions) + 1]
+    return all(step.kind != "assign" or step.value is None or
+               (op := c.reader.read(step.value)) is not None and op.name != "cast"
+               for step in steps)  # an in-place step (`s += bias`, `s.masked_fill_`) keeps the dtype
+
+
+def _sees_the_product_s_operands(c: Candidate, read: cst.Name, replaced: cst.CSTNode,
+                                 translation: cst.BaseExpression) -> bool:
+    """A read of the scores' metadata translated to read Q and K sees them as the product did (breaker round 46):
+    in the product's own function (not a lambda or closure called later), with Q's and K's names bound as at the
+    product (`q = q[:, :, :2]` before it did); a read of their shape also between the product and the value
+    product, the span whose in-place writes the storage checks read (`q.transpose_(-2, -1)` after it changed the
+    shape; no in-place method changes a dtype or device)."""
+    if c.core is None or function_of(c.parsed, read) is not function_of(c.parsed, c.core.node) or \
+            c.parsed.innermost(read, cst.Lambda) is not None:
+        return False
+    statement = statement_of(c.parsed, read)
+    first, last = (c.parsed.line(statement_of(c.parsed, node)) for node in (c.core.node, c.weights.output.node))
+    dtype_only = isinstance(replaced, cst.Attribute) and replaced.attr.value in METADATA_ATTRIBUTES
+    if not dtype_only and not first <= c.parsed.line(statement) <= last:
+        return False
+    env = c.flow.env_before.get(statement, {})
+    for name in loaded_names(translation):
+        seen = c.flow.reaching.get(name)
+        if seen is not None and env.get(name.value, frozenset({UNDEFINED})) != seen:
+            return False
+    return True
 
 
 LIKE_FILLS = frozenset({"torch.full_like", "torch.zeros_like", "torch.ones_like", "torch.empty_like"})
@@ -107,7 +143,7 @@ def _translate_metadata_read(c: Candidate, read: cst.Name):
         return whole, shape
     if c.chain.views:
         return None
-    if attribute in ("dtype", "device") or attribute in NEW_TENSOR_METHODS:
+    if (attribute in ("dtype", "device") or attribute in NEW_TENSOR_METHODS) and _uncast_scores(c, read):
         # the whole `s.dtype` (`s.new_ones`: a tensor on the scores' device and of their dtype, unless given):
         # a replaced name would lose the query's parentheses
         return parent, parent.with_changes(value=query)

@@ -205,8 +205,8 @@ def scale_and_masks(c: Candidate) -> None:
     scale_and_mask_roles(c)
 
 
-@step(reads=("absorbed chain.definitions chain.reads chain.views flow home match.escapes match.key match.query "
-             "values weights"),
+@step(reads=("absorbed chain.definitions chain.reads chain.views core flow home match.escapes match.key "
+             "match.query values weights"),
       writes="consumed match.renamed")
 def block_reads(c: Candidate) -> None:
     """Every read of a deleted intermediate is inside the block (or of the scores' shape, read from Q, K)."""
