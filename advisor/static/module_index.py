@@ -563,7 +563,8 @@ class ParsedModule:
         if any(isinstance(call.func, cst.Name) and call.func.value == "getattr" and len(call.args) >= 2 and
                not isinstance(call.args[1].value, cst.SimpleString) and
                any(str(part.evaluated_value).startswith("__")
-                   for part in descendants(call.args[1].value, (cst.SimpleString,))) for call in self.nodes_of(cst.Call)):
+                   for part in descendants(call.args[1].value, (cst.SimpleString,)))
+               for call in self.nodes_of(cst.Call)):
             return True  # `getattr(f, "__glob" + "als__")["F"] = 1`
         return any(isinstance(call.func, cst.Name) and (
             call.func.value in ("exec", "eval") or call.func.value == "vars" and not call.args or
