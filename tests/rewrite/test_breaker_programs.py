@@ -211,14 +211,15 @@ def test_a_tree_patched_as_scanned_raises_where_the_original_raises(tree, tmp_pa
             for result in scan_paths([str(folder)], cache=False).files:
                 if result.fixed is not None and result.fixed != result.source:
                     Path(result.path).write_text(result.fixed, encoding="utf-8")
-        names = [path.stem for path in folder.glob("*.py")]
+        # the tree's modules and packages (round 45's `b45_pkg`), and their submodules, leave no trace for later tests
+        names = [path.stem for path in folder.glob("*.py")] + [path.parent.name for path in folder.glob("*/__init__.py")]
         with monkeypatch.context() as patch:
             patch.syspath_prepend(str(folder))
-            for name in names:
+            for name in [n for n in sys.modules if n.split(".")[0] in names]:
                 patch.delitem(sys.modules, name, raising=False)
             program = (folder / "program.py").read_text(encoding="utf-8")
             outcomes.append(_outcome(load_module_from_source(program, f"{tree.name}_{side}")))
-            for name in names:
+            for name in [n for n in sys.modules if n.split(".")[0] in names]:
                 sys.modules.pop(name, None)
     original, patched = outcomes
     if isinstance(original, type) or isinstance(patched, type):
