@@ -1121,9 +1121,8 @@ def emitted_name_rebound(parsed: ParsedModule) -> str | None:
     if parsed.binds_any_global:
         return ("the file may bind any of its names at run time (`exec`, `eval`, `globals()`, `vars()`), the one "
                 "the SDPA call would be read through too")
-    # the name `rewrite.sdpa_call.functional_name` reuses: the first of these modules the file has a name for
-    reused = next((parsed.module_aliases[module] for module in ("torch.nn.functional", "torch.nn", "torch")
-                   if module in parsed.module_aliases), None)
+    spelled = parsed.torch_functional_spelling  # the name the SDPA call reuses, where it reuses one
+    reused = spelled.split(".")[0] if spelled is not None else None
     if reused in parsed.rebound_by_imports:
         return (f"`{reused}` may be bound anew after its import (a second import, a star import), and the SDPA call "
                 "would be read through it")

@@ -22,13 +22,8 @@ class FunctionalName:
 
 
 def functional_name(parsed: ParsedModule) -> FunctionalName:
-    aliases = parsed.module_aliases
-    if "torch.nn.functional" in aliases:
-        return FunctionalName(aliases["torch.nn.functional"], None)
-    if "torch.nn" in aliases:
-        return FunctionalName(f"{aliases['torch.nn']}.functional", None)
-    if "torch" in aliases:
-        return FunctionalName(f"{aliases['torch']}.nn.functional", None)
+    if parsed.torch_functional_spelling is not None:
+        return FunctionalName(parsed.torch_functional_spelling, None)
     taken = "F" in parsed.words  # crude but conservative: any word "F" means the name may be used
     if not taken:
         return FunctionalName("F", "import torch.nn.functional as F")

@@ -422,9 +422,7 @@ class ParsedModule:
     def builtins_intact(self, names: tuple[str, ...]) -> bool:
         """Whether each name reads the builtin wherever the file's code runs: nothing binds, imports or may rebind
         it (a star import, `exec`); emitted code calling them (a guard's `isinstance(s, (int, float))`) means them."""
-        defined = {node.name.value for node in self.nodes_of(cst.FunctionDef, cst.ClassDef)
-                   if not isinstance(self.parents.get(self.parents.get(node)), cst.ClassDef)}
-        return not any(name in self.bound_names or name in defined or name in self.imports or
+        return not any(name in self.bound_names or name in self._defined_names or name in self.imports or
                        name in self.rebound_by_imports for name in names)
 
     @cached_property
@@ -452,6 +450,17 @@ class ParsedModule:
             rebound |= {name for name in candidates if (bindable is None or name in bindable) and
                         index > first_import.get(name, -1)}
         return frozenset(rebound)
+
+    @cached_property
+    def torch_functional_spelling(self) -> str | None:
+        """How the module spells torch.nn.functional through a module name it already has (`F`, `nn.functional`,
+        `torch.nn.functional`, in that order of preference); None where it has none (a rewrite adds an import)."""
+        aliases = self.module_aliases
+        if "torch.nn.functional" in aliases:
+            return aliases["torch.nn.functional"]
+        if "torch.nn" in aliases:
+            return f"{aliases['torch.nn']}.functional"
+        return f"{aliases['torch']}.nn.functional" if "torch" in aliases else None
 
     @cached_property
     def literal_all(self) -> frozenset[str] | None:
@@ -606,9 +615,13 @@ class ParsedModule:
         """Names bound anywhere in the file other than by imports (so a local `max = ...` is not taken for the
         builtin, nor a local `F = ...` for the imported module), `def` and `class` statements outside class bodies
         included (a nested `def sdp_kernel(...)` shadows the imported one in its function: breaker round 21)."""
-        defined = {node.name.value for node in self.nodes_of(cst.FunctionDef, cst.ClassDef)
-                   if not isinstance(self.parents.get(self.parents.get(node)), cst.ClassDef)}
-        return frozenset(self.bindings) | frozenset(defined & (set(self.imports) | BUILTINS))
+        return frozenset(self.bindings) | frozenset(self._defined_names & (set(self.imports) | BUILTINS))
+
+    @cached_property
+    def _defined_names(self) -> frozenset[str]:
+        """The names `def` and `class` statements bind outside class bodies."""
+        return frozenset(node.name.value for node in self.nodes_of(cst.FunctionDef, cst.ClassDef)
+                         if not isinstance(self.parents.get(self.parents.get(node)), cst.ClassDef))
 
     @cached_property
     def star_imports(self) -> list[tuple[int, cst.ImportFrom]]:
@@ -914,16 +927,16 @@ def _imports_bound_by(parsed: "ParsedModule", node: cst.Import | cst.ImportFrom)
 def _literal_all(parsed: "ParsedModule") -> frozenset[str] | None:
     """The names of a module-level `__all__ = [...]` (or a tuple) of string literals, the only mention of the name
     in the file; None otherwise."""
-    found = [statement for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine)
-             for statement in line.body if isinstance(statement, (cst.Assign, cst.AugAssign, cst.AnnAssign)) and
-             "__all__" in parsed.code(statement).split("=")[0]]
     mentions = [name for name in parsed.nodes_of(cst.Name) if name.value == "__all__"]
-    if len(found) != 1 or not isinstance(found[0], cst.Assign) or len(mentions) != 1 or \
-            not isinstance(found[0].value, (cst.List, cst.Tuple)):
+    target = parsed.parents.get(mentions[0]) if len(mentions) == 1 else None
+    assign = parsed.parents.get(target) if isinstance(target, cst.AssignTarget) else None
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1 and
+            isinstance(assign.value, (cst.List, cst.Tuple)) and
+            parsed.parents.get(parsed.parents.get(assign)) is parsed.module):
         return None  # `__all__.append(...)`, `__all__ += [...]` in a `try:`, a second binding under `if`
-    names = [element.value.evaluated_value for element in found[0].value.elements
+    names = [element.value.evaluated_value for element in assign.value.elements
              if isinstance(element.value, cst.SimpleString)]
-    return frozenset(names) if len(names) == len(found[0].value.elements) else None
+    return frozenset(names) if len(names) == len(assign.value.elements) else None
 
 
 def _star_bound_names(module: str | None) -> frozenset[str] | None:
