@@ -63,12 +63,13 @@ class BlockCall:
     tensor_scale: bool = False
     fully_masked_rows: int | None = None
     kv_lengths_agree: bool | None = None  # v had as many rows as there were keys (None: not read)
+    batches_agree: bool | None = None  # q, k and v had one batch size, their first (None: not read)
 
     def to_json(self) -> dict:
         return {"query": self.query, "key": self.key, "value": self.value, "scores_ndim": self.scores_ndim,
                 "masks": [{"how": m.how, "dtype": m.dtype, "ndim": m.ndim, "grew": m.grew} for m in self.masks],
                 "scale": "tensor" if self.tensor_scale else "number", "fully_masked_rows": self.fully_masked_rows,
-                "kv_lengths_agree": self.kv_lengths_agree}
+                "kv_lengths_agree": self.kv_lengths_agree, "batches_agree": self.batches_agree}
 
 
 @dataclass

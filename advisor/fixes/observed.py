@@ -40,6 +40,10 @@ def _kv_length(call: BlockCall) -> bool:
     return call.kv_lengths_agree is True  # None (not read) never discharges it
 
 
+def _batches(call: BlockCall) -> bool:
+    return call.batches_agree is True  # None (not read) never discharges it
+
+
 def _scale_is_number(call: BlockCall) -> bool:
     return not call.tensor_scale
 
@@ -57,6 +61,7 @@ OBSERVERS: dict[str, Observer] = {  # fact name -> its observation
                           f"({_distinct(str(m.ndim) for m in _masks(calls)) or 'none ran'})"),
     "fully-masked-rows": Observer(_no_fully_masked_row, lambda calls: "no query row was fully masked"),
     "kv-length": Observer(_kv_length, lambda calls: "v had as many rows as there were keys"),
+    "bmm-batch": Observer(_batches, lambda calls: "q, k and v had one batch size"),
     "scale-is-number": Observer(_scale_is_number, lambda calls: "every scale factor was a Python number"),
 }
 

@@ -59,7 +59,7 @@ def block_call(graph, block: BlockOps) -> BlockCall:
     softmax_input = graph.nodes[block.softmax]["inputs"][0]
     return BlockCall(path, qk_loc.line, end_line, query, key, value, len(softmax_input.shape), tuple(masks),
                      tensor_scale, graph.nodes[block.softmax].get("masked_rows"),
-                     _lengths_agree(graph, block, softmax_input))
+                     _lengths_agree(graph, block, softmax_input), _batches_agree(graph, block))
 
 
 def _lengths_agree(graph, block: BlockOps, scores: TensorMeta) -> bool | None:
@@ -77,6 +77,16 @@ def _lengths_agree(graph, block: BlockOps, scores: TensorMeta) -> bool | None:
     if value.stride[axis] == 0 and value.shape[axis] > 1:
         return None
     return value.shape[axis] == scores.shape[-1]
+
+
+def _batches_agree(graph, block: BlockOps) -> bool | None:
+    """Whether the products' factors q, k and v had one batch size (their first); None where one is not read."""
+    qk, av = block.score_path[-1], block.value_path[-1]
+    factors = [graph.nodes[qk]["inputs"][index] for index in matmul_operands(graph.nodes[qk]["op"])] + \
+        [graph.nodes[av]["inputs"][_value_operand(graph, block)]]
+    if any(meta is None or not meta.shape for meta in factors):
+        return None
+    return len({meta.shape[0] for meta in factors}) == 1
 
 
 def _value_operand(graph, block: BlockOps) -> int:

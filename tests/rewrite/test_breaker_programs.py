@@ -153,7 +153,11 @@ Round 46 (fixtures/attention/breaker46): reads of the scores' shape or dtype tra
 and K are no longer what the product read (rebound after the value product, transposed in place, a size check in a
 lambda called later: b46_01 to b46_03), a dtype read after a cast step of the scores (b46_04), the module's names
 rebound through a computed `__globals__` (b46_05), and a computed `__all__` that would export the `F` a patch
-imports (tree_06)."""
+imports (tree_06).
+
+Round 47 (fixtures/attention/breaker47): bmm and baddbmm blocks whose q, k and v have other batch sizes (a batch of
+1 against 6, which bmm rejects and SDPA broadcasts), with a size check, with ranks stated by reshapes, and with a
+matmul score product before a bmm value product."""
 
 from __future__ import annotations
 

@@ -144,3 +144,50 @@ def test_an_input_sized_as_the_scores_proves_the_fact(form):
     patched = load_module_from_source(analyze_source(source, "case.py").fixed, f"sized_{form}_fixed")
     q, k, v = (torch.randn(2, n, 8, generator=torch.Generator().manual_seed(n)) for n in (4, 6, 6))
     torch.testing.assert_close(patched.attend(q, k, v), original.attend(q, k, v))
+
+
+BATCHES = {"k and v": ((6, 5, 8), (1, 6, 8), (1, 6, 8)), "v": ((6, 5, 8), (6, 6, 8), (1, 6, 8)),
+           "q": ((1, 5, 8), (6, 6, 8), (6, 6, 8)), "equal": ((6, 5, 8), (6, 6, 8), (6, 6, 8))}
+
+
+@pytest.mark.parametrize("form", ["bmm", "baddbmm"])
+@pytest.mark.parametrize("batches", sorted(BATCHES))
+def test_a_batch_of_one_raises_as_the_original_where_sdpa_would_broadcast_it(form, batches):
+    """`bmm-batch` (breaker round 47): bmm and baddbmm raise unless their factors share the batch size."""
+    source = "import torch\n\n\n" + FORMS[form][0]
+    finding = _finding(source)
+    assert finding.fix_safety == "safe" and _states(finding)["bmm-batch"] == "guarded", finding.reason
+    original = load_module_from_source(source, f"batch_{form}")
+    patched = load_module_from_source(analyze_source(source, "case.py").fixed, f"batch_{form}_fixed")
+    make = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, dtype=torch.float64, generator=make) for shape in BATCHES[batches])
+    expected, got = _outcome(original.attend, q, k, v), _outcome(patched.attend, q, k, v)
+    assert (expected is RuntimeError) == (batches != "equal")
+    if isinstance(expected, type) or isinstance(got, type):
+        assert got is expected
+    else:
+        torch.testing.assert_close(got, expected)
+
+
+def test_batches_from_one_size_prove_the_fact():
+    source = '''import torch
+
+
+def attend(x, mem, bh, n, d):
+    q = x.view(bh, n, d)
+    k = mem.view(bh, -1, d)
+    v = mem.view(bh, -1, d)
+    s = torch.bmm(q, k.transpose(1, 2)) * 0.125
+    return torch.bmm(s.softmax(dim=-1), v)
+
+
+def apart(x, mem, bh, kv_bh, n, d):
+    q = x.view(bh, n, d)
+    k = mem.view(kv_bh, -1, d)
+    v = mem.view(kv_bh, -1, d)
+    s = torch.bmm(q, k.transpose(1, 2)) * 0.125
+    return torch.bmm(s.softmax(dim=-1), v)
+'''
+    tied, apart = (f for f in analyze_source(source, "case.py").findings if f.kind == "attention")
+    assert _states(tied)["bmm-batch"] == "proved" and _states(apart)["bmm-batch"] == "guarded"
+    assert analyze_source(source, "case.py").fixed.count("q.shape[:1] == k.shape[:1] == v.shape[:1]") == 1

@@ -142,6 +142,15 @@ def test_keys_and_values_of_one_length_are_seen_where_the_value_product_is_a_mat
     assert all(call.kv_lengths_agree is not True for call in calls)  # one row of v broadcast to every key
 
 
+def test_batch_sizes_of_the_products_factors_are_read():
+    q, k = torch.randn(6, 5, 4), torch.randn(6, 7, 4)
+    [call] = _recorded(lambda: torch.bmm(torch.bmm(q, k.transpose(1, 2)).softmax(-1), k))
+    assert call.batches_agree is True
+    one = torch.randn(1, 7, 4)  # matmul broadcasts a batch of 1, as SDPA does; bmm would raise
+    [call] = _recorded(lambda: torch.matmul(q, one.transpose(1, 2)).softmax(-1) @ one)
+    assert call.batches_agree is False
+
+
 # -- facts of the static finding, from a profile (`fix --profile`) -----------------------------------------------------
 @pytest.fixture(scope="module")
 def profiles():

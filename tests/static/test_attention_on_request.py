@@ -191,7 +191,7 @@ def test_a_proved_flag_gives_a_safe_branch_exact_with_the_flag_off_and_on(body, 
 def test_a_flag_of_unknown_type_is_guarded():
     source = _source(ATTRIBUTE_FLAG, "unused=None")
     finding, fixed = attention_finding_and_fix(source)
-    assert finding.fix_safety == "safe" and fact_names(finding, "guarded") == {"flag-is-bool", "kv-length"}
+    assert finding.fix_safety == "safe" and fact_names(finding, "guarded") == {"flag-is-bool", "kv-length", "bmm-batch"}
     assert "self.output_attentions is None or self.output_attentions is False" in finding.patch
     for value in (False, None, True, torch.tensor(False)):  # a tensor flag runs the original's own truth test
         _assert_parity(source, fixed, {}, attribute=value)

@@ -25,8 +25,8 @@ from advisor.patterns.attention.candidate import MAX_REBINDINGS, Candidate, defi
 from advisor.contracts.emitted_names import GUARD_BUILTINS, MODULE_CHECK_LOCAL
 from advisor.patterns.attention.causal import CAUSAL_EXTENT, mask_base, triangle_side
 from advisor.patterns.attention.lengths import KV_LENGTH, SAME_SHAPE, SWAPS
-from advisor.patterns.attention.operand_ranks import BADDBMM_INPUT, OPERAND_RANK, dropped_input_unsized, rank_check, \
-    unproved_ranks
+from advisor.patterns.attention.operand_ranks import BADDBMM_INPUT, BMM_BATCH, OPERAND_RANK, batched_operands, \
+    dropped_input_unsized, rank_check, unproved_ranks
 from advisor.patterns.attention.module_guard import MODULE_FACTS, MODULE_IDENTITY, called_only_if_not_none, \
     is_module_check, module_checks
 from advisor.patterns.attention.rendering import as_home_expression
@@ -46,7 +46,7 @@ QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
 GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, IN_PLACE_DROPOUT, FX_DROPOUT_MODE, BROADCAST,
              DTYPE, TENSOR_NONZERO, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT,
-             KV_LENGTH, OPERAND_RANK, BADDBMM_INPUT, *MODULE_FACTS)
+             KV_LENGTH, OPERAND_RANK, BMM_BATCH, BADDBMM_INPUT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
     BROADCAST: "isinstance({s}, (int, float)) or isinstance({s}, {torch}.Tensor) and {s}.dim() <= {q}.dim() "
@@ -57,7 +57,7 @@ TENSOR_SCALE_CHECKS = {
 PURE_ARITHMETIC = frozenset({"numpy.sqrt", "abs", "pow", "round"})
 # calls that keep a mask's rank (the views that keep a dtype are attn_mask.DTYPE_KEEPING_VIEWS)
 SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", "contiguous"})
-OPERANDS_READ = (KV_LENGTH, OPERAND_RANK)  # facts whose checks read the operands as SDPA gets them, not q alone
+OPERANDS_READ = (KV_LENGTH, OPERAND_RANK, BMM_BATCH)  # facts whose checks read the operands, not q alone
 # facts whose checks read no query (Python numbers, the operands): a query that cannot be read again (`q[:, i:j]`)
 # does not keep them from a check
 QUERY_FREE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, IN_PLACE_DROPOUT, TENSOR_NONZERO, *OPERANDS_READ)
@@ -74,7 +74,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
     traced = scope.fx_traced(c.parsed) is not None
     recorded = scope.jit_traced(c.parsed) is not None
     if torch_name is None:  # checks that name no torch attribute (nor a builtin) only
-        wanted = [name for name in wanted if name in (KV_LENGTH, OPERAND_RANK) and not traced and not recorded]
+        wanted = [name for name in wanted if name in OPERANDS_READ and not traced and not recorded]
     if not wanted or scope.real_tensor_traced(c.parsed) is not None:
         return  # traced on tensors, a guard is decided once: the facts stay assumed
     span = span_of(c, output_statement)
@@ -136,6 +136,11 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             (k, k_size), (v, v_size) = _length_read(match.key), _length_read(match.value)
             reads = [k, v]
             parts = [parse_template_expression("{k} == {v}", k=k_size, v=v_size)] \
+                if all(_view_of_plain(c, node) for node in reads) else []
+        elif name == BMM_BATCH:  # as the products take them: views of the block's own reads
+            batches = [_batch_read(_passed(c, node)) for node in batched_operands(c)]
+            reads = [t for t, _ in batches]
+            parts = [joined_comparison([size for _, size in batches])] \
                 if all(_view_of_plain(c, node) for node in reads) else []
         elif name in TENSOR_SCALE_CHECKS:
             reads = [query] + [_passed(c, s) for s in c.tensor_scale_reads.get(name, [])]
@@ -614,6 +619,32 @@ def _length_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.Base
         node = node.func.value
     end = f"{axis + 1}" if axis < -1 else ""  # a slice: a tensor of fewer dims (a 1-D v) fails, never raises
     return node, parse_template_expression(f"{{t}}.shape[{axis}:{end}]", t=node)
+
+
+def _batch_read(node: cst.BaseExpression) -> tuple[cst.BaseExpression, cst.BaseExpression]:
+    """(t, `t.shape[:1]`) of a bmm operand, read under the casts, the transposes of its last two dims and the
+    indexing that keeps the first whole (`q[:, i:end]`) around `t` (a slice: a 0-D tensor fails the check, never
+    raises; the rank check rules out the others, and the SDPA path still indexes as the original does)."""
+    while True:
+        if isinstance(node, cst.Subscript) and _keeps_first_axis(node):
+            node = node.value
+            continue
+        if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)):
+            break
+        method, dims = node.func.attr.value, [int_value(arg.value) for arg in node.args]
+        if not (method in SAME_SHAPE or method in SWAPS and len(dims) == 2 and set(dims) <= {1, 2, -1, -2}):
+            break
+        node = node.func.value
+    return node, parse_template_expression("{t}.shape[:1]", t=node)
+
+
+def _keeps_first_axis(node: cst.Subscript) -> bool:
+    """`t[:, ...]` with a whole first slice and no `None` or `...` (which would move the first axis)."""
+    first = node.slice[0].slice
+    return isinstance(first, cst.Slice) and first.lower is None and first.upper is None and first.step is None and \
+        not any(isinstance(e.slice, cst.Index) and (isinstance(e.slice.value, cst.Ellipsis) or
+                                                     isinstance(e.slice.value, cst.Name) and
+                                                     e.slice.value.value == "None") for e in node.slice)
 
 
 def _view_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:

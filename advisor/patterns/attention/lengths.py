@@ -74,6 +74,14 @@ def kv_length_fact(c: Candidate) -> None:
                                                     "(they read past v)")
 
 
+def one_size(c: Candidate, tensors: list[cst.BaseExpression], axes: tuple[int, ...]) -> bool:
+    """Whether the tensors provably have one size in an axis read as any of `axes` (one axis of a known rank,
+    counted from either end: 0 and -3 of a 3-D operand): a size term they all share there."""
+    walk = _Lengths(c)
+    shared = set.intersection(*({walk.term(tensor, axis) for axis in axes} - {None} for tensor in tensors))
+    return bool(shared) and not walk.overridden()
+
+
 SIZED_CREATIONS = frozenset(f"torch.{name}" for name in ("empty", "zeros", "ones", "rand", "randn"))
 
 

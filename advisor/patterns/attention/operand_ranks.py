@@ -13,7 +13,8 @@ from libcst.helpers import parse_template_expression
 
 from advisor.patterns import einsum as es
 from advisor.patterns.attention.candidate import Candidate, flow_for, one_assigned_value, seen_from_behind
-from advisor.patterns.attention.lengths import SAME_SHAPE, SWAPS, block_shape_hazard, broadcasts_to_scores
+from advisor.patterns.attention.lengths import SAME_SHAPE, SWAPS, block_shape_hazard, broadcasts_to_scores, \
+    one_size
 from advisor.patterns.attention.products import spec, strip_factors
 from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.tensor_facts import rank_bounds, roots
@@ -21,6 +22,7 @@ from advisor.static.dataflow import UNDEFINED
 from advisor.patterns.ops import int_value
 
 OPERAND_RANK, EINSUM_BROADCAST, BADDBMM_INPUT = "operand-rank", "einsum-broadcast", "baddbmm-input"
+BMM_BATCH = "bmm-batch"
 FIXED_RANK = {"bmm": 3, "baddbmm": 3}
 # methods that keep a tensor's rank: the check reads the rank under them (no cast or copy made to read it)
 RANK_KEEPING = SAME_SHAPE | SWAPS | {"permute"}
@@ -35,6 +37,7 @@ def operand_rank_fact(c: Candidate) -> None:
                                "the query's 8: breaker round 20), where SDPA raises: a loud failure on inputs no "
                                "attention takes, not another value")
     _baddbmm_input_fact(c)
+    _batch_fact(c)
     required = required_ranks(c)
     if not required:
         return
@@ -67,6 +70,33 @@ def _baddbmm_input_fact(c: Candidate) -> None:
         c.match.facts.assumed(BADDBMM_INPUT, statement, "baddbmm raises on an input of another dtype, even at "
                                                         "beta=0, or of a shape that does not broadcast to the "
                                                         "scores, and the patch passes no such input to SDPA")
+
+
+def batched_operands(c: Candidate) -> list[cst.BaseExpression]:
+    """q, k and v as a block with a bmm or baddbmm product passes them (their Python-number factors stripped): those
+    products raise unless both factors have one batch size, SDPA broadcasts a batch of 1 (breaker round 47: q of
+    batch 6 against k and v of batch 1). Read for every block with such a product, whichever product it is: where
+    the score product is a matmul, a batch its bmm value product would take from q or k alone stays unread."""
+    if FIXED_RANK.keys().isdisjoint((c.core.name, c.weights.output.name)):
+        return []
+    return [strip_factors(c, node)[0] for node in (*c.core.operands, c.weights.value_node)]
+
+
+def _batch_fact(c: Candidate) -> None:
+    """Record whether q, k and v provably share their batch size (axis 0 of a 3-D operand, also read as -3), where
+    a bmm or baddbmm product takes them."""
+    operands = batched_operands(c)
+    if not operands:
+        return
+    statement = "the bmm products' operands have one batch size (" + \
+        ", ".join(f"`{short(c.parsed, node)}`" for node in operands) + ")"
+    hazard = block_shape_hazard(c)
+    if hazard is None and one_size(c, operands, (0, -3)):
+        c.match.facts.proved(BMM_BATCH, statement, "their batch axes come from one size")
+    else:
+        c.match.facts.assumed(BMM_BATCH, statement, (f"{hazard}, so no size read in the file is proved" if hazard else
+                                                     "nothing in the source ties their batch axes") +
+                              ": where they differ the original raises, SDPA broadcasts a batch of 1")
 
 
 def dropped_input(c: Candidate) -> bool:
