@@ -296,8 +296,10 @@ class _Editor(cst.CSTTransformer):
             return cst.RemoveFromParent()  # a whole statement (a guarded fix moves it under an `else:`)
         if original_node in self.edits.replace and original_node not in self.active:
             new = self._replacement(original_node)
-            if isinstance(new, cst.BaseExpression):
+            if isinstance(new, cst.BaseExpression) and (getattr(updated_node, "lpar", ()) or
+                                                        not isinstance(new, cst.BinaryOperation)):
                 new = new.with_changes(lpar=getattr(updated_node, "lpar", ()), rpar=getattr(updated_node, "rpar", ()))
+                # else a sum keeps its own: a suffix after the replaced read binds to all of it
             return self._with_insertion(original_node, new) if isinstance(new, cst.BaseStatement) else new
         return super().on_leave(original_node, updated_node)
 

@@ -43,6 +43,9 @@ ANY_MODULE = "?"
 # torch's modules whose names user code reads: a write by a computed name on a module of unknown name may rebind any
 # of their names (each such name is then written as `torch.nn.functional.softmax` is by `F.softmax = f`)
 READ_TORCH_MODULES = ("torch", "torch.nn", "torch.nn.functional")
+# modules whose functions the proofs read as computing numbers (a scale's `math.sqrt(d)`): a write of one of their
+# names (`math.sqrt = f` in a helper, breaker round 48) is recorded as torch's are, dotted
+NUMBER_MODULES = ("math", "numpy")
 # `module:PATTERN`: a module's globals whose names the glob PATTERN matches, bound by a computed name on a module the
 # import machinery gives (`setattr(sys.modules[name], cls.__name__ + "Fast", cls)`): a module's attributes are its
 # globals, no instance's, so such a write is no ANY_ATTRIBUTE
@@ -615,7 +618,7 @@ class _Writes:
         glob (`*Fast` for `setattr(F, x + "Fast", f)`), and `node` a module of unknown name: each torch name it may
         spell is written."""
         dotted = self.module_path(node)
-        if dotted is None or dotted.split(".")[0] not in ("torch", ANY_MODULE):
+        if dotted is None or dotted.split(".")[0] not in ("torch", ANY_MODULE, *NUMBER_MODULES):
             return
         if name is None:
             dotted, _, name = dotted.rpartition(".")  # `F.softmax = f`, `mod.softmax = f`

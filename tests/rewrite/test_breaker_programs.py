@@ -157,7 +157,12 @@ imports (tree_06).
 
 Round 47 (fixtures/attention/breaker47): bmm and baddbmm blocks whose q, k and v have other batch sizes (a batch of
 1 against 6, which bmm rejects and SDPA broadcasts), with a size check, with ranks stated by reshapes, and with a
-matmul score product before a bmm value product."""
+matmul score product before a bmm value product.
+
+Round 48 (fixtures/attention/breaker48): a batch size passed as an object whose `__index__` answers each reshape
+anew (b48_01: a size term of a name is a size only where the name is proved a number), reads of the scores' size
+translated to a sum that a slice or `.numel()` after them split (b48_02 to b48_04), and `math.sqrt` replaced by a
+helper of the tree under a scale read as SDPA's default (tree_04)."""
 
 from __future__ import annotations
 

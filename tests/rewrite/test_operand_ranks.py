@@ -173,7 +173,8 @@ def test_batches_from_one_size_prove_the_fact():
     source = '''import torch
 
 
-def attend(x, mem, bh, n, d):
+def attend(x, mem):
+    bh, n, d = x.shape
     q = x.view(bh, n, d)
     k = mem.view(bh, -1, d)
     v = mem.view(bh, -1, d)
@@ -181,13 +182,23 @@ def attend(x, mem, bh, n, d):
     return torch.bmm(s.softmax(dim=-1), v)
 
 
-def apart(x, mem, bh, kv_bh, n, d):
+def apart(x, mem, kv_bh):
+    bh, n, d = x.shape
     q = x.view(bh, n, d)
     k = mem.view(kv_bh, -1, d)
     v = mem.view(kv_bh, -1, d)
     s = torch.bmm(q, k.transpose(1, 2)) * 0.125
     return torch.bmm(s.softmax(dim=-1), v)
+
+
+def passed(x, mem, bh, n, d):  # a parameter may hold an object whose `__index__` answers each reshape anew
+    q = x.view(bh, n, d)
+    k = mem.view(bh, -1, d)
+    v = mem.view(bh, -1, d)
+    s = torch.bmm(q, k.transpose(1, 2)) * 0.125
+    return torch.bmm(s.softmax(dim=-1), v)
 '''
-    tied, apart = (f for f in analyze_source(source, "case.py").findings if f.kind == "attention")
+    tied, apart, passed = (f for f in analyze_source(source, "case.py").findings if f.kind == "attention")
     assert _states(tied)["bmm-batch"] == "proved" and _states(apart)["bmm-batch"] == "guarded"
-    assert analyze_source(source, "case.py").fixed.count("q.shape[:1] == k.shape[:1] == v.shape[:1]") == 1
+    assert _states(passed)["bmm-batch"] == "guarded"
+    assert analyze_source(source, "case.py").fixed.count("q.shape[:1] == k.shape[:1] == v.shape[:1]") == 2

@@ -25,7 +25,7 @@ from advisor.patterns.attention.result import AttentionMatch, Refusal
 from advisor.patterns.helper_bodies import reads_only_metadata
 from advisor.static.package_functions import package_function
 from advisor.patterns.ops import SHAPE_ONLY_ARGUMENT, bound_parameters, int_value
-from advisor.static.codegen import atomic, method, number
+from advisor.static.codegen import atomic, is_atomic, method, number, parenthesized
 from advisor.static.dataflow import UNDEFINED, Definition, loaded_names
 from advisor.static.outside_writes import ANY_ON_CLASS
 from advisor.static.walk import descendants
@@ -58,11 +58,21 @@ def check_reads(c: Candidate, consumed: list[Definition], chain_reads: set[cst.N
             if read not in chain_reads and read not in match.escapes and definition.id in score_ids:
                 translated = _translate_metadata_read(c, read)
                 if translated is not None and _sees_the_product_s_operands(c, read, *translated):
-                    match.renamed[translated[0]] = translated[1]
+                    match.renamed[translated[0]] = _bound_whole(c, *translated)
                     continue
             if read not in chain_reads and read not in match.escapes and not _shape_of_a_fill(c, read, score_ids):
                 raise Refusal(f"the intermediate `{definition.name}` is also used at line "
                               f"{c.parsed.line(read)}")
+
+
+def _bound_whole(c: Candidate, replaced: cst.CSTNode, replacement: cst.BaseExpression) -> cst.BaseExpression:
+    """The replacement, parenthesised where a suffix or an operator around the replaced read would bind to part of
+    it (`s.size()[-2:]` read as `q.size()[:-1] + k.size()[-2:-1]`: breaker round 48)."""
+    around = c.parsed.parents.get(replaced)
+    if is_atomic(replacement) or not isinstance(around, (cst.Attribute, cst.Subscript, cst.Call, cst.BinaryOperation,
+                                                           cst.UnaryOperation)):
+        return replacement
+    return parenthesized(replacement)
 
 
 def _uncast_scores(c: Candidate, read: cst.Name) -> bool:

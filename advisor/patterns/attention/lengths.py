@@ -549,8 +549,8 @@ class _Lengths:
         read = self._shape_read(node)
         if read is not None:
             return read
-        if not _size_expression(node):
-            return None
+        if not _size_expression(node) or any(self.c.values.scalar_guess(name) is not None for name in _operands(node)):
+            return None  # a parameter may hold an object whose `__index__` answers each reshape anew (round 48)
         bindings = []
         for name in loaded_names(node):
             seen = flow_for(self.c, name).reaching.get(name)
@@ -685,6 +685,15 @@ def _size_expression(node: cst.BaseExpression) -> bool:
         return isinstance(node.func, cst.Attribute) and node.func.attr.value == "size" and \
             isinstance(node.func.value, cst.Name) and len(node.args) == 1 and int_value(node.args[0].value) is not None
     return False
+
+
+def _operands(node: cst.BaseExpression) -> list[cst.Name]:
+    """The names a size expression computes with (not the tensors whose shape it reads)."""
+    if isinstance(node, cst.Name):
+        return [node]
+    if isinstance(node, cst.BinaryOperation):
+        return _operands(node.left) + _operands(node.right)
+    return []
 
 
 def _einops_sides(pattern: str) -> tuple[list, list] | None:
