@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
@@ -204,6 +205,7 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
     if tree.calls is not None:
         tree.calls.adopt(parsed)  # before the matcher, which reads this file's calls through the tree too
     matches = find_attention(parsed)
+    matches += blocks_behind_rebound_names(parsed, matches)
     for match in matches:
         choose_backend_proof(match, backend)
     if tree.calls is not None:
@@ -215,6 +217,35 @@ def attention_findings(parsed: ParsedModule, backend: str, rules: AttentionRules
         flex_masks = backend == "flex" and match.flex is not None  # its score_mod reads the hoisted masks
         settle_guards(match, flex_masks or masks_passed or observed_masks and masks_held(match.facts, seen))
     return [_detected(parsed, match, backend, seen, autograd, rules) for match, seen in zip(matches, joined)]
+
+
+def blocks_behind_rebound_names(parsed: ParsedModule, found: list[AttentionMatch]) -> list[AttentionMatch]:
+    """Blocks read only where the file's imports are trusted, each refused with the reason: a star import of a
+    module the scan cannot read, a second import of a name, or `exec`/`globals()` may bind `torch` or `F` anew,
+    so no call the block makes is read as torch's (ParsedModule.rebound_by_imports) and it would go unreported."""
+    rebound = parsed.rebound_by_imports
+    if not rebound:
+        return []
+    trusting = ParsedModule(parsed.source, parsed.path, parsed.project, parsed.tree, trust_imports=True)
+    unseen = [match for match in find_attention(trusting)
+              if not any(match.line <= seen.end_line and seen.line <= match.end_line for seen in found)]
+    for match in unseen:
+        block = "\n".join(parsed.source.splitlines()[match.line - 1:match.end_line])
+        names = [name for name in sorted(rebound & set(parsed.imports)) if re.search(rf"\b{re.escape(name)}\b", block)]
+        match.reason = (f"{_rebinding(parsed)} may bind {', '.join(f'`{n}`' for n in names) or 'its names'} anew, "
+                        f"so the block's calls are not proved to be the imported ones")
+        match.output_node = None
+    return unseen
+
+
+def _rebinding(parsed: ParsedModule) -> str:
+    """What in the file may bind its imported names anew, in words."""
+    if parsed.binds_any_global:
+        return "the file binds names through its namespace (`globals()`, `vars()`, `exec` or `eval`), which"
+    if parsed.every_star_import:
+        star = parsed.every_star_import[0][1]
+        return f"`{parsed.code(star).strip()}` (line {parsed.line(star)})"
+    return "a second import of the name"
 
 
 def choose_backend_proof(match: AttentionMatch, backend: str) -> None:

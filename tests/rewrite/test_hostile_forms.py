@@ -1057,3 +1057,19 @@ def test_the_module_s_namespace_reached_through_sys_modules_may_bind_the_sdpa_ca
               "    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))\n"
               "    return torch.matmul(torch.softmax(scores, dim=-1), v)\n\n\n" + rebinding + "\n")
     assert not _safe_findings(source)
+
+
+@pytest.mark.parametrize("rebinding, cause", [
+    ("from helpers import *", "`from helpers import *` (line 3)"),
+    ("exec('x = 1')", "the file binds names through its namespace"),
+])
+def test_a_block_whose_torch_may_be_bound_anew_is_reported_with_the_reason(rebinding, cause):
+    """A file scanned alone where a star import of a module the scan cannot read (or `exec`) may bind `torch` and
+    `F` anew: no call of the block is read as torch's, and it was reported as nothing at all."""
+    source = ("import torch\nimport torch.nn.functional as F\n" + rebinding + "\n\n\ndef attend(q, k, v):\n"
+              "    s = torch.matmul(q, k.transpose(-2, -1)) * 0.125\n"
+              "    return torch.matmul(F.softmax(s, dim=-1), v)\n")
+    result = analyze_source(source, "hostile.py")
+    [finding] = [f for f in result.findings if f.kind == "attention"]
+    assert result.fixed == source and not finding.fixable and finding.line == 7
+    assert finding.reason.startswith(cause) and "`F`, `torch` anew" in finding.reason
