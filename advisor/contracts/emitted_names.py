@@ -9,7 +9,7 @@ MODULE_CHECK_HELPER = "_advisor_module_runs_plain"
 MODULE_CHECK_LOCAL = "_advisor_modules_plain"
 FLEX_PRELUDE_PREFIX = "_advisor_flex_"  # the helper's private module-level names (its state and its functions)
 # builtins the emitted guards and the module check helper call: the file must leave each of them the builtin
-GUARD_BUILTINS = ("isinstance", "int", "float", "vars", "type", "getattr", "all")
+GUARD_BUILTINS = ("isinstance", "int", "float", "bool", "vars", "type", "getattr", "all")
 
 
 def is_flex_prelude_function(name: str) -> bool:

@@ -11,7 +11,7 @@ import libcst as cst
 from advisor.backends.site import plan_backend
 from advisor.contracts.detected import Detected
 from advisor.contracts.emitted_names import MODULE_CHECK_HELPER
-from advisor.contracts.finding import Finding
+from advisor.contracts.finding import Finding, display_path
 from advisor.contracts.rule import Rule
 from advisor.contracts.evidence import BlockCall
 from advisor.fixes.observed import calls_in, discharge, masks_held
@@ -242,6 +242,10 @@ def _rebinding(parsed: ParsedModule) -> str:
     """What in the file may bind its imported names anew, in words."""
     if parsed.binds_any_global:
         return "the file binds names through its namespace (`globals()`, `vars()`, `exec` or `eval`), which"
+    if parsed.frames_elsewhere is not None:
+        site = parsed.frames_elsewhere
+        return (f"`{display_path(site.path)}` reaches a frame's or a function's globals (`{site.code}`, line "
+                f"{site.line}), which")
     if parsed.every_star_import:
         star = parsed.every_star_import[0][1]
         return f"`{parsed.code(star).strip()}` (line {parsed.line(star)})"

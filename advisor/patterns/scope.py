@@ -1153,7 +1153,8 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
     if introduced:
         return (f"`{introduced[0]}`, which the rewrite introduces a call of, is assigned in "
                 f"{parsed.outside_writer(introduced[0])}: it may not be torch's when the code runs")
-    operator = next((name for name in sorted(replaced) if name.startswith("torch.Tensor.__")), None)
+    operator = next((name for name in sorted(replaced) if name.startswith("torch.Tensor.__") or
+                     name in ("torch", "torch.Tensor")), None)
     if operator is not None or "*class" in written and "Tensor" in written:
         # `q @ k`, `s * scale`: the block's operators are no calls the walk below sees (breaker round 18)
         shown = f"`{operator}` is" if operator else "an attribute of `torch.Tensor` set by a computed name is"

@@ -438,7 +438,7 @@ class ParsedModule:
         if self.trust_imports:
             return frozenset()
         candidates = set(self.imports) | set(dir(builtins))
-        if self.binds_any_global:
+        if self.binds_any_global or self.frames_elsewhere is not None:
             return frozenset(candidates)
         rebound = {name for name, targets in _imports(self, every_binding=True).items() if len(targets) > 1}
         first_import: dict[str, int] = {}
@@ -562,6 +562,13 @@ class ParsedModule:
                 key = call.args[1].value
                 found.add(key.evaluated_value if isinstance(key, cst.SimpleString) else ANY_ATTRIBUTE)
         return frozenset(found)
+
+    @cached_property
+    def frames_elsewhere(self):
+        """The first site of another file of the tree that reaches a frame's or a function's globals (any module's,
+        this one's too: static.project.frame_globals), or None."""
+        sites = self.project.frame_globals if self.project is not None else ()
+        return next((site for site in sites if site.path != self.path), None)
 
     @cached_property
     def binds_any_global(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import glob
+import importlib
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -176,9 +177,64 @@ def _collected(text: str, own: bool) -> "_Writes | None":
     collector.writers = _parameter_writers(functions, writes, bindings)
     for node in writes:
         collector.read(node)
+    for module in _handed_on_modules(tree, names, functions, bindings):
+        collector.write(module)  # each of its names may be replaced where it arrives
     if any(_holds_a_namespace(value) for _, value in bindings):
         collector.write(ANY_ATTRIBUTE)  # `mods = m._modules`, `for d in [vars(m)]`: writes through it go unseen
     return collector
+
+
+# torch's modules and class and the number modules whose functions a proof reads: one of them handed to a function
+# of the file or to `setattr` under another name (`patch(F, "softmax")`, `S = setattr; S(math, "sqrt", f)`), or
+# iterated from a literal (`for mod in [torch]: mod.matmul = f`), may have any of its names replaced there (breaker
+# round 49); such a module is written whole
+HANDED_MODULES = frozenset({"torch", "torch.nn", "torch.nn.functional", "torch.Tensor", *NUMBER_MODULES})
+
+
+def _handed_on_modules(tree: ast.AST, names: "_Names", functions: list, bindings: list) -> set[str]:
+    """The HANDED_MODULES the file hands to a `setattr` alias or to a parameter of one of its functions that sets
+    attributes of it, or iterates from a literal in a loop that does."""
+    setters = {target.id for target, value in bindings if isinstance(target, ast.Name) and
+               isinstance(value, ast.Name) and value.id == "setattr"}
+    defined: dict[str, list[ast.FunctionDef]] = {}
+    for function in functions:
+        if isinstance(function, ast.FunctionDef):
+            defined.setdefault(function.name, []).append(function)
+    handed: list[ast.AST] = []
+    for node in nodes(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in setters:
+            handed += node.args
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined:
+            handed += [arg for function in defined[node.func.id] for arg in _given_to_setters(function, node)]
+        elif isinstance(node, (ast.For, ast.AsyncFor)) and isinstance(node.iter, (ast.List, ast.Tuple, ast.Set)) \
+                and isinstance(node.target, ast.Name) and _sets_attributes_of(node, node.target.id):
+            handed += node.iter.elts
+    return {dotted for value in handed
+            if (dotted := names.dotted(value.value if isinstance(value, ast.Starred) else value)) in HANDED_MODULES}
+
+
+def _given_to_setters(function: ast.FunctionDef, call: ast.Call) -> list[ast.AST]:
+    """The call's arguments whose parameter of `function` has its attributes set there (`_sets_attributes_of`)."""
+    parameters = [a.arg for a in function.args.posonlyargs + function.args.args]
+    given = [(parameters[i], arg) for i, arg in enumerate(call.args[:len(parameters)])
+             if not isinstance(arg, ast.Starred)]
+    given += [(keyword.arg, keyword.value) for keyword in call.keywords if keyword.arg is not None]
+    return [arg for parameter, arg in given if _sets_attributes_of(function, parameter)]
+
+
+def _sets_attributes_of(scope: ast.AST, name: str) -> bool:
+    """Whether a loop's or a function's body binds an attribute of `name` (`name.x = v`, `setattr(name, ...)`, or
+    by any other call given `name`)."""
+    for node in nodes(scope):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name
+                   for t in targets):
+                return True
+        elif isinstance(node, ast.Call) and any(isinstance(a, ast.Name) and a.id == name for a in node.args) and \
+                not (isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr", "isinstance")):
+            return True
+    return False
 
 
 def _holds_a_namespace(value: ast.AST) -> bool:
@@ -538,6 +594,20 @@ def torch_names_spelled(module: str, pattern: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+@cache
+def number_names_spelled(pattern: str) -> tuple[str, ...]:
+    """The dotted names of NUMBER_MODULES (those importable here) that a write of `pattern` on a module of unknown
+    name may rebind (`*Fast` spells none of math's)."""
+    found: list[str] = []
+    for module in NUMBER_MODULES:
+        try:
+            names = dir(importlib.import_module(module))
+        except ImportError:
+            continue
+        found.extend(f"{module}.{name}" for name in names if fnmatch.fnmatchcase(name, pattern))
+    return tuple(sorted(found))
+
+
 class _Writes:
     def __init__(self, names: _Names, own: bool, narrowings: list[tuple[str, str, int, int]],
                  aliases: dict[str, set[str]]) -> None:
@@ -634,6 +704,9 @@ class _Writes:
         if _is_glob(name) or dotted.split(".")[0] == ANY_MODULE:
             for written in torch_names_spelled(dotted, name):
                 self.write(written)
+            if dotted == ANY_MODULE:  # `__import__("ma" + "th").sqrt = f`: a number module's too
+                for written in number_names_spelled(name):
+                    self.write(written)
         else:
             self.write(f"{dotted}.{name}")
 
@@ -845,7 +918,7 @@ class _Writes:
         target = _literal(args[0])
         if target and "." in target:  # a dotted path to the attribute
             self.write(target.rsplit(".", 1)[1])
-            if target.split(".")[0] == "torch":  # `patch("torch.nn.functional.softmax", f)`
+            if target.split(".")[0] in ("torch", *NUMBER_MODULES):  # `patch("torch.nn.functional.softmax", f)`
                 self.write(target)
         elif len(args) >= 2 and _literal(args[1]) and isinstance(func, ast.Attribute):  # (object, "name", value)
             self.write(_literal(args[1]))

@@ -148,6 +148,7 @@ class ProjectFacts:
     shape_changes: tuple[UseSite, ...] = ()  # in-place shape changes and `.data` assignments (shape_changes)
     real_traces: tuple[UseSite, ...] = ()  # make_fx and torch.export, which trace real (or fake) tensors
     state_runs: tuple[UseSite, ...] = ()  # those of state_swaps that run modules with state given by name
+    frame_globals: tuple[UseSite, ...] = ()  # a frame's or a function's globals reached: any module's names bound
 
     def subclasses(self, name: str) -> list[ClassSite]:
         """The classes of the tree deriving from a class named `name`, directly or not (by the bases' names: a
@@ -361,6 +362,7 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     found += [(UseSite(path, line, code), "sdpa") for line, code in math_kernel_excluded(text)]
     found += [(site, "methods") for site in tensor_method_definitions(path, text)]
     found += [(site, "shapes") for site in shape_changes(path, text)]
+    found += [(site, "frames") for site in frame_globals(path, text)]
     return found + class_sites(path, text)
 
 
@@ -379,6 +381,20 @@ def shape_changes(path: str, text: str) -> list[UseSite]:
     `setattr` too). One site is enough: what it is handed may be any tensor of the tree."""
     match = SHAPE_CHANGE.search(text)
     return [] if match is None else [UseSite(path, text.count("\n", 0, match.start()) + 1, match.group(0).strip())]
+
+
+# a frame's or a function's globals written: by an item (`f_globals["F"] = x`), by a method that binds, or as the
+# namespace code runs in (`exec(code, frame.f_globals)`); reads (`f.__globals__["__file__"]`) bind nothing
+FRAME_GLOBALS = re.compile(r"\b(?:f_globals|__globals__)\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.\s*(?:update|setdefault|"
+                           r"__setitem__|__delitem__|pop|popitem|clear)\b)|\b(?:exec|eval)\([^\n]*\b(?:f_globals|"
+                           r"__globals__)\b")
+
+
+def frame_globals(path: str, text: str) -> list[UseSite]:
+    """The file's first write into a frame's or a function's globals (`inspect.stack()[-1].frame.f_globals["F"] =
+    x`: the caller's module, whichever it is, breaker round 49): any module's names may be bound anew from here."""
+    match = FRAME_GLOBALS.search(text)
+    return [] if match is None else [UseSite(path, text.count("\n", 0, match.start()) + 1, match.group(0))]
 
 
 def tensor_method_definitions(path: str, text: str) -> list[UseSite]:
@@ -412,4 +428,5 @@ def project_facts(sites: list[tuple[HookSite, str] | AttributeWrites | ClassSite
                         tuple(site for site, kind in hooks if kind == "sdpa"),
                         tuple(site for site, kind in hooks if kind == "shapes"),
                         tuple(site for site, kind in hooks if kind == "real"),
-                        tuple(site for site, kind in hooks if kind == "state-run"))
+                        tuple(site for site, kind in hooks if kind == "state-run"),
+                        tuple(site for site, kind in hooks if kind == "frames"))

@@ -162,7 +162,13 @@ matmul score product before a bmm value product.
 Round 48 (fixtures/attention/breaker48): a batch size passed as an object whose `__index__` answers each reshape
 anew (b48_01: a size term of a name is a size only where the name is proved a number), reads of the scores' size
 translated to a sum that a slice or `.numel()` after them split (b48_02 to b48_04), and `math.sqrt` replaced by a
-helper of the tree under a scale read as SDPA's default (tree_04)."""
+helper of the tree under a scale read as SDPA's default (tree_04).
+
+Round 49 (fixtures/attention/breaker49): F.dropout's training flag given as an int (b49_01: F.dropout raises), and
+torch's and math's functions replaced by routes the writes reader did not follow: a helper handed the module
+(tree_01), a loop over a literal holding it (tree_02), `setattr` under another name (tree_03), `unittest.mock.patch`
+by a dotted string (tree_04), a module imported by a computed name (tree_05), and the caller's `F` rebound through
+its frame's globals (tree_06)."""
 
 from __future__ import annotations
 

@@ -1073,3 +1073,25 @@ def test_a_block_whose_torch_may_be_bound_anew_is_reported_with_the_reason(rebin
     [finding] = [f for f in result.findings if f.kind == "attention"]
     assert result.fixed == source and not finding.fixable and finding.line == 7
     assert finding.reason.startswith(cause) and "`F`, `torch` anew" in finding.reason
+
+
+@pytest.mark.parametrize("helpers, safe", [
+    ("import importlib\n\ndef f(name, cls):\n    setattr(importlib.import_module(name), cls.__name__ + 'Fast', cls)\n",
+     True),  # transformers' tokenization_auto: a computed name that spells none of math's
+    ("import importlib\n\ndef f(name, value):\n    setattr(importlib.import_module(name), 'sqrt', value)\n", False),
+    ("import math\n\ndef patch(mod, name, value):\n    setattr(mod, name, value)\n\npatch(math, 'sqrt', abs)\n",
+     False),
+    ("import math\n\nfor mod in [math]:\n    mod.sqrt = abs\n", False),
+    ("import math\n\nfor mod in [math]:\n    print(mod.sqrt)\n", True),  # iterated, nothing set on it
+    ("import math\n\ndef show(mod):\n    return mod.pi\n\nshow(math)\n", True),  # handed, only read
+])
+def test_math_replaced_by_any_route_refuses_a_scale_read_through_it(tmp_path, helpers, safe):
+    """Breaker round 49: `math.sqrt` replaced in another file of the tree through a helper handed the module, a
+    loop over a literal holding it, or a module imported by a computed name; `/ math.sqrt(d)` was read as SDPA's
+    default scale."""
+    (tmp_path / "helpers.py").write_text(helpers)
+    (tmp_path / "m.py").write_text("import math\n\nimport torch\n\n\ndef attn(q, k, v):\n"
+                                   "    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
+                                   "    return s.softmax(dim=-1) @ v\n")
+    findings = [f for f in scan_paths([str(tmp_path)], cache=False).findings if f.kind == "attention"]
+    assert any(f.fixable and f.fix_safety == "safe" for f in findings) == safe, [f.reason for f in findings]

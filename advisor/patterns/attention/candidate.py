@@ -106,6 +106,8 @@ class Candidate:
     module_refusal: str | None = None
     # dropout probabilities whose range [0, 1] (F.dropout raises outside it, even when not training) is assumed
     dropout_reads: list[cst.BaseExpression] = field(default_factory=list)
+    # F.dropout training flags whose type (a bool: F.dropout raises on an int or a tensor) is assumed
+    training_reads: list[cst.BaseExpression] = field(default_factory=list)
     # (training flag, p) of a dropout in place, which must drop nothing for the patch to be exact (weights.py)
     inplace_dropout: tuple[cst.BaseExpression, cst.BaseExpression] | None = None
     # scale factors applied after a mask, whose sign (positive: -inf stays -inf) is assumed (see `scale`)

@@ -34,7 +34,7 @@ from advisor.patterns.attention.result import AttentionMatch, MaskTerm, Refusal
 from advisor.patterns.attention.tensor_facts import causal_rank_unproved, rank_bounds, term_rank, weights_dtype
 from advisor.patterns.attention.scale import SCALE_NONZERO, SCALE_POSITIVE, divisors_read
 from advisor.patterns.attention.tensor_scale import BROADCAST, DTYPE, TENSOR_NONZERO
-from advisor.patterns.attention.weights import DROPOUT_RANGE, FX_DROPOUT_MODE, IN_PLACE_DROPOUT
+from advisor.patterns.attention.weights import DROPOUT_RANGE, DROPOUT_TRAINING, FX_DROPOUT_MODE, IN_PLACE_DROPOUT
 from advisor.patterns.copy_cast_roles import cast_dtype
 from advisor.patterns.module_values import module_value
 from advisor.patterns.ops import int_value, number_value, views_another_dtype
@@ -44,8 +44,8 @@ from advisor.static.walk import descendants
 
 QKV_DTYPE, MASK_DTYPE, MASK_RANK, SCALE = "qkv-dtype", "mask-dtype", "mask-rank", "scale-is-number"
 MASK_FACTS = (mk.ROWS, MASK_DTYPE, MASK_RANK)  # facts about the masks alone
-GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, IN_PLACE_DROPOUT, FX_DROPOUT_MODE, BROADCAST,
-             DTYPE, TENSOR_NONZERO, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT,
+GUARDABLE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, DROPOUT_TRAINING, IN_PLACE_DROPOUT, FX_DROPOUT_MODE,
+             BROADCAST, DTYPE, TENSOR_NONZERO, QKV_DTYPE, MASK_DTYPE, MASK_RANK, mk.ROWS, CAUSAL_EXTENT,
              KV_LENGTH, OPERAND_RANK, BMM_BATCH, BADDBMM_INPUT, *MODULE_FACTS)
 # a tensor scale folded into the query (see `tensor_scale`): a number, or a tensor of size 1 in the key axis
 TENSOR_SCALE_CHECKS = {
@@ -60,7 +60,8 @@ SAME_RANK = frozenset({"logical_not", "bool", "float", "half", "to", "type_as", 
 OPERANDS_READ = (KV_LENGTH, OPERAND_RANK, BMM_BATCH)  # facts whose checks read the operands, not q alone
 # facts whose checks read no query (Python numbers, the operands): a query that cannot be read again (`q[:, i:j]`)
 # does not keep them from a check
-QUERY_FREE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, IN_PLACE_DROPOUT, TENSOR_NONZERO, *OPERANDS_READ)
+QUERY_FREE = (SCALE, SCALE_NONZERO, SCALE_POSITIVE, DROPOUT_RANGE, DROPOUT_TRAINING, IN_PLACE_DROPOUT, TENSOR_NONZERO,
+              *OPERANDS_READ)
 
 
 def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
@@ -172,6 +173,10 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             reads = [_passed(c, p) for p in c.dropout_reads]
             parts = [parse_template_expression("isinstance({p}, (int, float)) and 0.0 <= {p} <= 1.0", p=p)
                      for p in reads] if all(_plain(c, p) for p in reads) else []
+        elif name == DROPOUT_TRAINING:  # a bool; anything else runs the original, which raises
+            reads = [_passed(c, t) for t in c.training_reads]
+            parts = [parse_template_expression("isinstance({t}, bool)", t=t) for t in reads] \
+                if reads and all(_plain(c, t) for t in reads) else []
         elif name == SCALE:
             reads = [_passed(c, c.values.scalar_expression(factor)) for _, factor in c.factors
                      if c.values.scalar_guess(factor) is not None]

@@ -190,7 +190,7 @@ def operand_casts(c: Candidate) -> None:
 
 
 @step(reads="flow home inlined softmax_dropouts weights",
-      writes="dropout_reads identity_ok inplace_dropout leaf_nodes match.dropout_p match.facts")
+      writes="dropout_reads identity_ok inplace_dropout leaf_nodes match.dropout_p match.facts training_reads")
 def dropout_role(c: Candidate) -> None:
     """SDPA's `dropout_p`, under the original's training flag."""
     weights.dropout_role(c, c.softmax_dropouts + c.weights.dropouts)
@@ -317,7 +317,7 @@ def flag(c: Candidate) -> None:
              "match.facts positive_reads product_casts tensor_factors unfolded_query "
              "match.hoist_anchor match.hoisted match.key match.masks match.query match.removed match.renamed "
              "match.value match.row_fixup match.take match.unwrap module_refusal output_statement "
-             "tensor_scale_reads values weights core"),
+             "tensor_scale_reads training_reads values weights core"),
       writes="match.absent_under_if match.guard_checks match.guard_lifted match.guard_span match.masks_absent")
 def guards(c: Candidate) -> None:
     """A run-time check for each assumed metadata fact that can be checked (a deleted module the file may rebind:

@@ -234,7 +234,11 @@ def _divisor_fact(c: Candidate, factors: list[tuple[str, cst.BaseExpression]]) -
                                "it is built from sizes and names by roots, products, quotients and sums: where it "
                                "is 0 (an empty key axis or head dim, a size divided down to 0) the patch's `1.0 / "
                                "...` raises ZeroDivisionError where the original returns an empty or NaN result "
-                               "(breaker round 22): a loud failure where the original's values are already lost")
+                               "(breaker round 22): a loud failure where the original's values are already lost; "
+                               "where the patch keeps SDPA's default scale instead (`/ math.sqrt(q.size(-1))`), a "
+                               "head dim of 0 gives scores of 0 and the mean of v where the original's are 0/0, "
+                               "NaN (breaker round 49): q and k carry nothing, and every value the original "
+                               "returns is NaN")
 
 
 ROOTS = frozenset({"math.sqrt", "numpy.sqrt", "float", "int", "abs"})

@@ -480,6 +480,7 @@ def _dropout_probability(c: Candidate, op: Op) -> cst.BaseExpression | None:
         return probability if training.value == "True" else None
     if not op.params.get("module"):
         c.leaf_nodes.append(training)
+        _training_fact(c, training)
     else:
         _fx_mode_fact(c, op)
     if op.params.get("module") and (_may_be_identity(c, op) or scope.is_scripted(c.parsed, c.home, c.owner)):
@@ -503,6 +504,30 @@ def _fx_mode_fact(c: Candidate, op: Op) -> None:
 
 
 IN_PLACE_DROPOUT = "dropout-in-place"
+DROPOUT_TRAINING = "dropout-training-bool"
+BOOL_ANNOTATIONS = frozenset({"bool"})
+
+
+def _training_fact(c: Candidate, training: cst.BaseExpression) -> None:
+    """F.dropout raises unless its training flag is a bool (`training=0` raises TypeError: breaker round 49), where
+    the patch reads only its truth. Proved for a module's `.training` (nn.Module keeps a bool there: `train()`
+    rejects anything else), a comparison or a `not`, and a name every binding of which is a `bool`-annotated
+    parameter or a bool literal; else assumed (guarded `isinstance(t, bool)` where it can be read again)."""
+    if isinstance(training, cst.Attribute) and training.attr.value == "training" or \
+            isinstance(training, cst.Comparison) or \
+            isinstance(training, cst.UnaryOperation) and isinstance(training.operator, cst.Not):
+        return
+    if isinstance(training, cst.Name) and not c.flow.sees_undefined(training):
+        definitions = c.flow.definitions_of(training)
+        if definitions and all(
+                d.kind == "param" and d.annotation is not None and
+                c.parsed.code(d.annotation).replace(" ", "") in BOOL_ANNOTATIONS or
+                d.kind == "assign" and d.index is None and isinstance(d.value, cst.Name) and
+                d.value.value in ("True", "False") for d in definitions):
+            return
+    c.training_reads.append(training)
+    c.match.facts.assumed(DROPOUT_TRAINING, f"dropout's training flag `{short(c.parsed, training)}` is a bool",
+                          "F.dropout raises on any other (an int, a tensor), while the patch reads only its truth")
 
 
 def _in_place_fact(c: Candidate, op: Op) -> None:
