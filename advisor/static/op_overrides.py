@@ -18,6 +18,8 @@ from __future__ import annotations
 import ast
 import re
 
+import torch
+
 from advisor.static.python_ast import nodes, python_tree
 
 OVERRIDES = frozenset({"__torch_function__", "__torch_dispatch__"})
@@ -33,6 +35,7 @@ TORCH_MODES = frozenset({"FlopCounterMode", "DebugMode", "CommDebugMode", "Loggi
                          "TorchFunctionMode", "SchemaCheckMode", "RuntimeEstimator", "MemTracker",
                          "saved_tensors_hooks"})
 MAY_OVERRIDE = re.compile(r"__torch_(?:function|dispatch)__|\blibrary\b|\bLibrary\b|"
+                          r"\bclass\s+\w+\s*\([^)]*\b(?:Tensor|Parameter)\b|"
                           r"\b(?:FlopCounter|Debug|CommDebug|LoggingTensor|FakeTensor|CrossRefFake|FunctionalTensor|"
                           r"ProxyTorchDispatch|TorchDispatch|TorchFunction|SchemaCheck)Mode\b|\bRuntimeEstimator\b|"
                           r"\bMemTracker\b|\bsaved_tensors_hooks\b")
@@ -40,7 +43,8 @@ MAY_OVERRIDE = re.compile(r"__torch_(?:function|dispatch)__|\blibrary\b|\bLibrar
 
 def op_overrides(text: str) -> list[tuple[int, str]]:
     """(line, what: a short code) for each definition in `text` that may change what a torch op computes: a
-    `__torch_function__` or `__torch_dispatch__` defined or assigned (a mode's or a tensor subclass's), a
+    `__torch_function__` or `__torch_dispatch__` defined or assigned (a mode's or a tensor subclass's), a method of
+    a `Tensor` or `Parameter` subclass defined over one of torch.Tensor's (`transpose`, `__matmul__`: TENSOR_OPS), a
     torch.library registration naming an `aten` op or namespace, and a read of a mode torch ships or of
     `saved_tensors_hooks` (TORCH_MODES, by name or an import's alias; not the import alone). [] for source CPython
     cannot parse (the scan reports it)."""
@@ -57,6 +61,9 @@ def op_overrides(text: str) -> list[tuple[int, str]]:
         kind = type(node)
         if kind in (ast.FunctionDef, ast.AsyncFunctionDef) and node.name in OVERRIDES:
             found.append((node.lineno, node.name))
+        elif kind is ast.ClassDef and _tensor_subclass(node):
+            found += [(method.lineno, f"{node.name}.{method.name}") for method in node.body
+                      if type(method) in (ast.FunctionDef, ast.AsyncFunctionDef) and method.name in TENSOR_OPS]
         elif kind in (ast.Assign, ast.AnnAssign) and _assigns_override(node):
             found.append((node.lineno, "__torch_function__ = ..."))
         elif kind is ast.Call and _registers_aten_kernel(node):
@@ -65,6 +72,21 @@ def op_overrides(text: str) -> list[tuple[int, str]]:
                 (node.attr if kind is ast.Attribute else modes.get(node.id)) in TORCH_MODES:
             found.append((node.lineno, node.attr if kind is ast.Attribute else modes[node.id]))
     return sorted(found)
+
+
+# torch.Tensor's methods, operators among them, that a tensor subclass may define over torch's: the eager block
+# calls the subclass's (`transpose`, `__matmul__`, `softmax`), SDPA none (breaker round 50); not construction,
+# printing, pickling and the like, which compute nothing the block reads
+TENSOR_OPS = frozenset(dir(torch.Tensor)) - {
+    "__init__", "__new__", "__repr__", "__str__", "__format__", "__reduce__", "__reduce_ex__", "__deepcopy__",
+    "__setstate__", "__getstate__", "__class_getitem__", "__init_subclass__", "__subclasshook__", "__sizeof__",
+    "__dir__", "__hash__", "__torch_function__", "__torch_dispatch__", "__doc__", "__module__"}
+
+
+def _tensor_subclass(node: ast.ClassDef) -> bool:
+    """A class whose bases name `Tensor` or `Parameter` (`torch.Tensor`, `nn.Parameter`, an import of either)."""
+    return any((base.attr if type(base) is ast.Attribute else getattr(base, "id", None)) in ("Tensor", "Parameter")
+               for base in node.bases)
 
 
 def _assigns_override(node: ast.Assign | ast.AnnAssign) -> bool:

@@ -750,7 +750,7 @@ class _Writes:
                 self.target(part, elements_only, value, rebinding)
             return
         if isinstance(node, ast.Subscript) and self.resolve.dotted(node.value) == "sys.modules" and \
-                (_literal(node.slice) or "").split(".")[0] == "torch":
+                (_literal(node.slice) or "").split(".")[0] in ("torch", *NUMBER_MODULES):
             self.write(_literal(node.slice))  # `sys.modules["torch.nn.functional"] = shim`: each of its names
         owner = _namespace_owner(node.value) if isinstance(node, ast.Subscript) and \
             not isinstance(node.slice, (ast.Slice, ast.Tuple)) else None
@@ -845,7 +845,8 @@ class _Writes:
         if isinstance(func, ast.Name) and func.id == "setattr" and len(args) >= 2:
             binding = (args[0], args[1], args[2] if len(args) > 2 else None)
         elif isinstance(func, ast.Attribute) and func.attr in NAMED_BINDERS:
-            if isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS and len(args) >= 2:
+            if isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS and len(args) >= 2 or \
+                    func.attr == "__setattr__" and len(args) == 3:  # `type(math).__setattr__(math, "sqrt", f)`
                 binding = (args[0], args[1], args[2] if len(args) > 2 else None)
             else:
                 keyword = next((k.value for k in node.keywords if k.arg == "name"), None)
@@ -934,15 +935,33 @@ class _Writes:
                 not (isinstance(func.value, ast.Call) and getattr(func.value.func, "id", None) == "super"):
             self.write(ANY_ATTRIBUTE)  # not a class's own `super().__setstate__(state)`
         reader = isinstance(func, ast.Name) and func.id in NAMESPACE_READERS
+        setter_handed = False
         for value in values:
             value = value.value if isinstance(value, ast.Starred) else value
             owner = _namespace_owner(value)
             if owner is not None and not _is_self(owner) and not reader:
                 self.write(ANY_ATTRIBUTE)
+                self._modules_whole([owner])  # `operator.setitem(vars(F), "softmax", f)` (breaker round 50)
             if isinstance(value, ast.Name) and value.id == "setattr":
                 self.write(ANY_ATTRIBUTE)
-        if isinstance(func, ast.Name) and func.id == "setattr" and any(isinstance(a, ast.Starred) for a in node.args):
+                setter_handed = True
+        fetched_setter = isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and \
+            func.func.id == "getattr" and len(func.args) >= 2 and _literal(func.args[1]) == "setattr"
+        starred = isinstance(func, ast.Name) and func.id == "setattr" and \
+            any(isinstance(a, ast.Starred) for a in node.args)
+        if starred:
             self.write(ANY_ATTRIBUTE)  # `setattr(o, *kv)`: what it binds, and on what, is not shown
+        if setter_handed or fetched_setter or starred:  # `map(setattr, [math], ...)`, `partial(setattr, F)`,
+            self._modules_whole(values)  # `getattr(builtins, "setattr")(math, ...)`: the modules given, whole
+
+    def _modules_whole(self, values: list[ast.AST]) -> None:
+        """Writes whole each HANDED_MODULES object among `values` (inside literals and starred ones too)."""
+        for value in values:
+            value = value.value if isinstance(value, ast.Starred) else value
+            if isinstance(value, (ast.List, ast.Tuple, ast.Set)):
+                self._modules_whole(value.elts)
+            elif self.resolve.dotted(value) in HANDED_MODULES:
+                self.write(self.resolve.dotted(value))
 
     def _writer_passed_on(self, args: list[ast.AST]) -> None:
         """A function writing its parameters given to another call (`map(lambda t: t.fill_(1), [m.bias])`): it may

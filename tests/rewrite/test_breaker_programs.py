@@ -168,7 +168,11 @@ Round 49 (fixtures/attention/breaker49): F.dropout's training flag given as an i
 torch's and math's functions replaced by routes the writes reader did not follow: a helper handed the module
 (tree_01), a loop over a literal holding it (tree_02), `setattr` under another name (tree_03), `unittest.mock.patch`
 by a dotted string (tree_04), a module imported by a computed name (tree_05), and the caller's `F` rebound through
-its frame's globals (tree_06)."""
+its frame's globals (tree_06).
+
+Round 50 (fixtures/attention/breaker50): a dropout training flag given as a comparison of tensors (b50_01: a
+tensor, which F.dropout rejects), and a torch.Tensor subclass overriding `transpose` with no `__torch_function__`
+(b50_02: the original runs it, SDPA does not)."""
 
 from __future__ import annotations
 
@@ -184,8 +188,8 @@ from fixture_models import load_module_from_source
 from torch_state import torch_restored
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "attention"
-PROGRAMS = sorted(FIXTURES.glob("breaker[234][0-9]/*.py"))
-TREES = sorted(path for path in FIXTURES.glob("breaker[234][0-9]/tree_*") if path.is_dir())
+PROGRAMS = sorted(FIXTURES.glob("breaker[2-5][0-9]/*.py"))
+TREES = sorted(path for path in FIXTURES.glob("breaker[2-5][0-9]/tree_*") if path.is_dir())
 
 
 @pytest.fixture(autouse=True)

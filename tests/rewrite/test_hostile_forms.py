@@ -1084,6 +1084,13 @@ def test_a_block_whose_torch_may_be_bound_anew_is_reported_with_the_reason(rebin
     ("import math\n\nfor mod in [math]:\n    mod.sqrt = abs\n", False),
     ("import math\n\nfor mod in [math]:\n    print(mod.sqrt)\n", True),  # iterated, nothing set on it
     ("import math\n\ndef show(mod):\n    return mod.pi\n\nshow(math)\n", True),  # handed, only read
+    # breaker round 50: setattr handed on or fetched, the namespace handed on, sys.modules, an unbound __setattr__
+    ("import functools, math\n\nfunctools.partial(setattr, math)('sqrt', abs)\n", False),
+    ("import math\n\nlist(map(setattr, [math], ['sqrt'], [abs]))\n", False),
+    ("import builtins, math\n\ngetattr(builtins, 'setattr')(math, 'sqrt', abs)\n", False),
+    ("import math, operator\n\noperator.setitem(vars(math), 'sqrt', abs)\n", False),
+    ("import math, sys, types\n\nshim = types.ModuleType('math')\nsys.modules['math'] = shim\n", False),
+    ("import math\n\ntype(math).__setattr__(math, 'sqrt', abs)\n", False),
 ])
 def test_math_replaced_by_any_route_refuses_a_scale_read_through_it(tmp_path, helpers, safe):
     """Breaker round 49: `math.sqrt` replaced in another file of the tree through a helper handed the module, a

@@ -189,7 +189,7 @@ def operand_casts(c: Candidate) -> None:
     products.keep_casts_with_value(c)
 
 
-@step(reads="flow home inlined softmax_dropouts weights",
+@step(reads="flow home inlined softmax_dropouts values weights",
       writes="dropout_reads identity_ok inplace_dropout leaf_nodes match.dropout_p match.facts training_reads")
 def dropout_role(c: Candidate) -> None:
     """SDPA's `dropout_p`, under the original's training flag."""

@@ -505,29 +505,35 @@ def _fx_mode_fact(c: Candidate, op: Op) -> None:
 
 IN_PLACE_DROPOUT = "dropout-in-place"
 DROPOUT_TRAINING = "dropout-training-bool"
-BOOL_ANNOTATIONS = frozenset({"bool"})
 
 
 def _training_fact(c: Candidate, training: cst.BaseExpression) -> None:
     """F.dropout raises unless its training flag is a bool (`training=0` raises TypeError: breaker round 49), where
     the patch reads only its truth. Proved for a module's `.training` (nn.Module keeps a bool there: `train()`
-    rejects anything else), a comparison or a `not`, and a name every binding of which is a `bool`-annotated
-    parameter or a bool literal; else assumed (guarded `isinstance(t, bool)` where it can be read again)."""
+    rejects anything else), a `not` (a bool whatever it negates), a comparison of Python numbers (proved, or a
+    dropout probability the range check reads as one: `p > 0.5`), and a name every binding of which is a bool
+    literal; not for other comparisons (a tensor's or numpy's gives no bool) nor a `bool` annotation, which Python
+    does not enforce (breaker round 50). Else assumed (guarded `isinstance(t, bool)` where it can be read again)."""
     if isinstance(training, cst.Attribute) and training.attr.value == "training" or \
-            isinstance(training, cst.Comparison) or \
-            isinstance(training, cst.UnaryOperation) and isinstance(training.operator, cst.Not):
+            isinstance(training, cst.UnaryOperation) and isinstance(training.operator, cst.Not) or \
+            isinstance(training, cst.Comparison) and all(
+                _number_operand(c, node) for node in (training.left, *(t.comparator for t in training.comparisons))):
         return
     if isinstance(training, cst.Name) and not c.flow.sees_undefined(training):
         definitions = c.flow.definitions_of(training)
-        if definitions and all(
-                d.kind == "param" and d.annotation is not None and
-                c.parsed.code(d.annotation).replace(" ", "") in BOOL_ANNOTATIONS or
-                d.kind == "assign" and d.index is None and isinstance(d.value, cst.Name) and
-                d.value.value in ("True", "False") for d in definitions):
+        if definitions and all(d.kind == "assign" and d.index is None and isinstance(d.value, cst.Name) and
+                               d.value.value in ("True", "False") for d in definitions):
             return
     c.training_reads.append(training)
     c.match.facts.assumed(DROPOUT_TRAINING, f"dropout's training flag `{short(c.parsed, training)}` is a bool",
                           "F.dropout raises on any other (an int, a tensor), while the patch reads only its truth")
+
+
+def _number_operand(c: Candidate, node: cst.BaseExpression) -> bool:
+    """A Python number: proved from the source, or a dropout probability the range check reads as one (where it
+    fails, the original runs)."""
+    return c.values.scalar_guess(node) is None or isinstance(node, cst.Name) and any(
+        isinstance(read, cst.Name) and read.value == node.value for read in c.dropout_reads)
 
 
 def _in_place_fact(c: Candidate, op: Op) -> None:
