@@ -1037,10 +1037,15 @@ def test_a_block_inside_an_f_string_s_self_documenting_specifier_is_not_rewritte
 def test_a_star_import_of_a_module_of_the_tree_binds_only_the_names_that_module_shows(tmp_path, helpers, safe):
     """Breaker round 44: `from helpers import *` after `import torch` may bind the builtin `float` the scale is
     read through (and the checks a guard would call). Scanned as a folder, helpers.py says which names it binds."""
+    _assert_safe_beside(tmp_path, helpers, "import torch\nfrom helpers import *\n\n\ndef attn(q, k, v):\n"
+                        "    scale = float(q.size(-1)) ** -0.5\n"
+                        "    s = q @ k.transpose(-2, -1) * scale\n    return s.softmax(dim=-1) @ v\n", safe)
+
+
+def _assert_safe_beside(tmp_path, helpers: str, module: str, safe: bool) -> None:
+    """Scans `module` (m.py) as a folder beside helpers.py: its attention patch is safe exactly where `safe` says."""
     (tmp_path / "helpers.py").write_text(helpers)
-    (tmp_path / "m.py").write_text("import torch\nfrom helpers import *\n\n\ndef attn(q, k, v):\n"
-                                   "    scale = float(q.size(-1)) ** -0.5\n"
-                                   "    s = q @ k.transpose(-2, -1) * scale\n    return s.softmax(dim=-1) @ v\n")
+    (tmp_path / "m.py").write_text(module)
     findings = [f for f in scan_paths([str(tmp_path)], cache=False).findings if f.kind == "attention"]
     assert any(f.fixable and f.fix_safety == "safe" for f in findings) == safe, [f.reason for f in findings]
 
@@ -1096,9 +1101,6 @@ def test_math_replaced_by_any_route_refuses_a_scale_read_through_it(tmp_path, he
     """Breaker round 49: `math.sqrt` replaced in another file of the tree through a helper handed the module, a
     loop over a literal holding it, or a module imported by a computed name; `/ math.sqrt(d)` was read as SDPA's
     default scale."""
-    (tmp_path / "helpers.py").write_text(helpers)
-    (tmp_path / "m.py").write_text("import math\n\nimport torch\n\n\ndef attn(q, k, v):\n"
-                                   "    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
-                                   "    return s.softmax(dim=-1) @ v\n")
-    findings = [f for f in scan_paths([str(tmp_path)], cache=False).findings if f.kind == "attention"]
-    assert any(f.fixable and f.fix_safety == "safe" for f in findings) == safe, [f.reason for f in findings]
+    _assert_safe_beside(tmp_path, helpers, "import math\n\nimport torch\n\n\ndef attn(q, k, v):\n"
+                        "    s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
+                        "    return s.softmax(dim=-1) @ v\n", safe)
