@@ -148,7 +148,12 @@ OPERATOR_DUNDERS = re.compile(r"\b__(?:r|i)?(?:add|sub|mul|matmul|truediv|floord
 
 def _defines_operators(parsed: ParsedModule) -> bool:
     """Whether this file or another of the tree names an operator's dunder (`def __contains__`, `__radd__ = f`,
-    `__torch_function__`): only then may an operator run the program's code on a tensor it is given."""
+    `__torch_function__`): only then may an operator run the program's code on a tensor it is given. Read once per
+    file (a search of the whole text per read made a file of 800 blocks quadratic)."""
+    return parsed.derived(_defines_operators, _names_operator_dunders)
+
+
+def _names_operator_dunders(parsed: ParsedModule) -> bool:
     if OPERATOR_DUNDERS.search(parsed.source):
         return True
     tree = parsed.tree
@@ -157,7 +162,12 @@ def _defines_operators(parsed: ParsedModule) -> bool:
 
 def _defines_method(parsed: ParsedModule, method: str) -> bool:
     """Whether this file or another of the tree defines or assigns a function named `method` (breaker round 42: a
-    class's own `where(self, m)` writing the tensor a tensor method of that name would only read)."""
+    class's own `where(self, m)` writing the tensor a tensor method of that name would only read). Read once per file
+    and name."""
+    return parsed.derived((_defines_method, method), lambda parsed: _names_method(parsed, method))
+
+
+def _names_method(parsed: ParsedModule, method: str) -> bool:
     name = re.escape(method)
     pattern = re.compile(rf"\bdef\s+{name}\s*\(|\b{name}\s*=[^=]|[\"']{name}[\"']")
     if pattern.search(parsed.source):
