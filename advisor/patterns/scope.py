@@ -32,7 +32,7 @@ from advisor.static.op_overrides import op_overrides
 from advisor.static.opening_imports import opening_imports_end
 from advisor.static.op_restores import replaces
 from advisor.static.sdpa_kernels import math_kernel_excluded
-from advisor.static.outside_writes import NUMBER_MODULES
+from advisor.static.outside_writes import REPLACEABLE_ROOTS
 from advisor.static.project import GLOBAL_CALL_HOOKS, HOOK_METHODS, HookSite, ProjectFacts, first_elsewhere, \
     func_transform_uses, fx_trace_uses, global_hook_calls, hooks_by_computed_name, jit_trace_uses, \
     real_trace_uses
@@ -1147,7 +1147,7 @@ def replaced_torch_function(parsed: ParsedModule, nodes: list[cst.CSTNode]) -> s
     patched block computes; another file's `model.F = shim.F` rebinds the module-level name the block's calls (and
     the emitted one) are read through."""
     written = parsed.outside_attribute_writes[0]
-    replaced = {name for name in written if name.split(".")[0] in ("torch", *NUMBER_MODULES) and "." in name}
+    replaced = {name for name in written if name.split(".")[0] in REPLACEABLE_ROOTS and "." in name}
     introduced = sorted(entry for name in INTRODUCED if (entry := replacing(name, replaced)) is not None and
                         (entry != name or _replaced_not_restored(parsed, name)))
     if introduced:

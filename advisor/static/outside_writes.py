@@ -47,6 +47,7 @@ READ_TORCH_MODULES = ("torch", "torch.nn", "torch.nn.functional")
 # modules whose functions the proofs read as computing numbers (a scale's `math.sqrt(d)`): a write of one of their
 # names (`math.sqrt = f` in a helper, breaker round 48) is recorded as torch's are, dotted
 NUMBER_MODULES = ("math", "numpy")
+REPLACEABLE_ROOTS = ("torch", *NUMBER_MODULES)  # the top-level modules whose names a write is recorded dotted for
 # `module:PATTERN`: a module's globals whose names the glob PATTERN matches, bound by a computed name on a module the
 # import machinery gives (`setattr(sys.modules[name], cls.__name__ + "Fast", cls)`): a module's attributes are its
 # globals, no instance's, so such a write is no ANY_ATTRIBUTE
@@ -688,7 +689,7 @@ class _Writes:
         glob (`*Fast` for `setattr(F, x + "Fast", f)`), and `node` a module of unknown name: each torch name it may
         spell is written."""
         dotted = self.module_path(node)
-        if dotted is None or dotted.split(".")[0] not in ("torch", ANY_MODULE, *NUMBER_MODULES):
+        if dotted is None or dotted.split(".")[0] not in (*REPLACEABLE_ROOTS, ANY_MODULE):
             return
         if name is None:
             dotted, _, name = dotted.rpartition(".")  # `F.softmax = f`, `mod.softmax = f`
@@ -750,7 +751,7 @@ class _Writes:
                 self.target(part, elements_only, value, rebinding)
             return
         if isinstance(node, ast.Subscript) and self.resolve.dotted(node.value) == "sys.modules" and \
-                (_literal(node.slice) or "").split(".")[0] in ("torch", *NUMBER_MODULES):
+                (_literal(node.slice) or "").split(".")[0] in REPLACEABLE_ROOTS:
             self.write(_literal(node.slice))  # `sys.modules["torch.nn.functional"] = shim`: each of its names
         owner = _namespace_owner(node.value) if isinstance(node, ast.Subscript) and \
             not isinstance(node.slice, (ast.Slice, ast.Tuple)) else None
@@ -919,7 +920,7 @@ class _Writes:
         target = _literal(args[0])
         if target and "." in target:  # a dotted path to the attribute
             self.write(target.rsplit(".", 1)[1])
-            if target.split(".")[0] in ("torch", *NUMBER_MODULES):  # `patch("torch.nn.functional.softmax", f)`
+            if target.split(".")[0] in REPLACEABLE_ROOTS:  # `patch("torch.nn.functional.softmax", f)`
                 self.write(target)
         elif len(args) >= 2 and _literal(args[1]) and isinstance(func, ast.Attribute):  # (object, "name", value)
             self.write(_literal(args[1]))
