@@ -75,7 +75,7 @@ def _bottom_right_slice(parsed: ParsedModule, match: AttentionMatch, node: cst.B
 
 
 def _function(parsed: ParsedModule, match: AttentionMatch):
-    return next(((function, owner) for function, owner, name in parsed.functions if name == match.function), None)
+    return parsed.function_named(match.function)
 
 
 def _text(parsed: ParsedModule, node: cst.CSTNode) -> str:

@@ -5,6 +5,7 @@ once per file, for the findings a verb chooses (`FileResult.fixed_with`). Many f
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import re
@@ -26,7 +27,7 @@ from advisor.contracts.family import Family
 from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
-from advisor.static.collector import collector_paused
+from advisor.static.collector import collector_paused, long_lived_set_aside
 from advisor.static.discover import SourceFile, discover, is_library_file, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
@@ -219,6 +220,13 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     files the facts are gathered from, beside `paths` (pre-commit names the staged files only: a training script
     left out of the commit still asks for double backward); the files `path_rules` excludes count for the facts
     too."""
+    with long_lived_set_aside():
+        return _scan_paths(paths, unsafe_fixes, select, ignore, on_file, jobs, backend, runtime, patches, fixed,
+                           call_site_facts, path_rules, cache, tree_paths)
+
+
+def _scan_paths(paths, unsafe_fixes, select, ignore, on_file, jobs, backend, runtime, patches, fixed,
+                call_site_facts, path_rules, cache, tree_paths) -> ScanResult:
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors, all_excluded=bool(paths) and path_rules is not None and
                         all(path_rules.excludes_named(path) for path in paths))
@@ -295,6 +303,7 @@ _WORKER_SCAN = None  # in a pool's worker: what it runs on each path (`_keep_sca
 def _keep_scan(scan_one) -> None:
     global _WORKER_SCAN
     _WORKER_SCAN = scan_one
+    gc.freeze()  # the tree's facts, unpickled here, live as long as the worker (see static.collector)
 
 
 def _scan_in_worker(path: str) -> FileResult | ScanError:

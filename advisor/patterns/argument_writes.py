@@ -86,8 +86,7 @@ def _method_writes(parsed: ParsedModule, owner: ClassInfo, method: str, call: cs
                    layers_trusted: bool, depth: int) -> bool:
     """`self.get_rel_pos(q, ...)`: every method of that name the file's classes define (a subclass may override it)
     is read, behind no decorator (`staticmethod` binds no `self`), where nothing assigns the name over it."""
-    methods = [function for function, other, _ in parsed.functions if other is not None and
-               function.name.value == method]
+    methods = parsed.methods_named(method)
     if depth >= MAX_DEPTH or method in parsed.outside_attribute_writes[0] or owner.method_shadowed(method) or \
             any(function.decorators for function in methods):
         return True

@@ -255,7 +255,7 @@ class SiteScope:
         self.parsed = parsed
         self.argument = node  # the call site's argument, which the callee (the block's function) takes on
         self.function = parsed.frame(node)
-        self.owner = next((o for f, o, _ in parsed.functions if f is self.function), None)
+        self.owner = parsed.owner_of(self.function)
 
     def ranks(self) -> mk.RankBounds:
         prover = self.prover()

@@ -258,7 +258,7 @@ def _outer_name_written(parsed: ParsedModule, flow: FunctionFlow, between,
                     f"scores and the value product, through `{outer[0].value}`, which this function does not bind: "
                     f"it may be a tensor the caller passed in")
     entered = entered | {flow.function}
-    owner = next((o for f, o, _ in parsed.functions if f is flow.function), None)
+    owner = parsed.owner_of(flow.function)
     for call in descendants(flow.function, (cst.Call,)):
         callee = parsed.module_functions.get(call.func.value) if isinstance(call.func, cst.Name) else \
             owner.methods.get(call.func.attr.value) if owner is not None and isinstance(call.func, cst.Attribute) \
@@ -339,7 +339,7 @@ def _kept_attribute_written_by_a_method(parsed: ParsedModule, function: cst.Func
     (what it is handed is checked apart)."""
     if not kept_on:
         return None
-    owner = next((o for f, o, _ in parsed.functions if f is function), None)
+    owner = parsed.owner_of(function)
     for call in parsed.calls_and_classes[0]:
         line = parsed.line(call)
         if not (first_line < line < last_line and isinstance(call.func, cst.Attribute) and

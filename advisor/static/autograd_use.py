@@ -536,7 +536,7 @@ def _passed_on_parameter(parsed: ParsedModule, call: cst.Call, value: cst.BaseEx
         return None
     if any(d.name == value.value and d.kind != "param" for d in parsed.flow(function).definitions.values()):
         return None
-    owner = next((owner for node, owner, _ in parsed.functions if node is function), None)
+    owner = parsed.owner_of(function)
     if owner is not None:
         return None if owner.node.decorators else owner.node.name.value
     return function.name.value if parsed.module_functions.get(function.name.value) is function else None

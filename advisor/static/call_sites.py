@@ -408,7 +408,7 @@ class Tree:
     def sites(self, parsed: ParsedModule, function: cst.FunctionDef, parameter: str) -> list[CallSite] | None:
         """Every call of `function` (a module-level function or a method of `parsed`) in the tree, each with the
         argument bound to `parameter`; None when a use of it is not such a call, or it has no call at all."""
-        owner = _owner_of(parsed, function)
+        owner = parsed.owner_of(function)
         if owner is None and parsed.module_functions.get(function.name.value) is not function:
             return None  # a nested function: reachable only through its enclosing one
         if self.hidden(function.name.value) or owner is not None and self.hidden(owner.node.name.value):
@@ -751,10 +751,6 @@ def _in_all(parsed: ParsedModule, node: cst.CSTNode) -> bool:
     return any(isinstance(target, cst.Name) and target.value == "__all__" for target in targets)
 
 
-def _owner_of(parsed: ParsedModule, function: cst.FunctionDef) -> ClassInfo | None:
-    return next((owner for node, owner, _ in parsed.functions if node is function), None)
-
-
 def _is_decorated(function: cst.FunctionDef) -> bool:
     return bool(function.decorators)
 
@@ -829,7 +825,7 @@ def _built_into(parsed: ParsedModule, use: cst.CSTNode, call: cst.Call | None = 
     if not (isinstance(target, cst.Attribute) and is_self_attribute(target)):
         return None
     method = parsed.innermost(assign, cst.FunctionDef)
-    owner = _owner_of(parsed, method) if method is not None else None
+    owner = parsed.owner_of(method) if method is not None else None
     return target.attr.value if owner is not None and owner.held_module(target.attr.value) is call else None
 
 

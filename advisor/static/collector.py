@@ -27,3 +27,25 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+_set_aside = 0  # scans under way in this process that set the objects alive at their start aside
+
+
+@contextmanager
+def long_lived_set_aside() -> Iterator[None]:
+    """The objects alive as a scan starts (imported modules, torch, libcst, the tree's facts) are moved out of the
+    collector's reach until it ends (`gc.freeze`): each of its full passes read them all again, and a pool forked
+    inside inherits them set aside (a cold scan of 300 files of `transformers/models` in one process: 5% less
+    CPU). Nested scans share the outermost one's; the objects return to the collector as it ends."""
+    global _set_aside
+    if _set_aside == 0:
+        gc.freeze()
+    _set_aside += 1
+    try:
+        yield
+    finally:
+        _set_aside -= 1
+        if _set_aside == 0:
+            gc.unfreeze()
+

@@ -735,6 +735,39 @@ class ParsedModule:
                 not base.keyword and self.imported_name(base.value) in TORCH_MODULE for base in info.node.bases)
         return collector.found
 
+    def owner_of(self, function: cst.CSTNode | None) -> ClassInfo | None:
+        """The class `function` is a method of (None for a function of no class, or a node that is not one of the
+        file's functions): one lookup, where a scan of `functions` per block made a file's time grow with the square
+        of its blocks."""
+        entry = self.function_entry(function)
+        return entry[0] if entry is not None else None
+
+    def function_entry(self, function: cst.CSTNode | None) -> tuple[ClassInfo | None, str] | None:
+        """(its class, its dotted name) for one of the file's functions; None for any other node."""
+        return self._function_entries[0].get(function)
+
+    def methods_named(self, name: str) -> list[cst.FunctionDef]:
+        """The methods of the file's classes named `name`, in `functions`' order."""
+        return self._function_entries[1].get(name, [])
+
+    def function_named(self, dotted: str) -> tuple[cst.FunctionDef, ClassInfo | None] | None:
+        """The first function of the file whose dotted name is `dotted`, with its class."""
+        return self._function_entries[2].get(dotted)
+
+    @cached_property
+    def _function_entries(self) -> tuple[dict, dict, dict]:
+        """`functions` indexed three ways: function -> (class, dotted name), method name -> methods, dotted name ->
+        (function, class) (the first entry wins, as a scan of `functions` finds it)."""
+        by_node: dict[cst.FunctionDef, tuple[ClassInfo | None, str]] = {}
+        methods: dict[str, list[cst.FunctionDef]] = {}
+        by_dotted: dict[str, tuple[cst.FunctionDef, ClassInfo | None]] = {}
+        for function, owner, dotted in self.functions:
+            by_node.setdefault(function, (owner, dotted))
+            by_dotted.setdefault(dotted, (function, owner))
+            if owner is not None:
+                methods.setdefault(function.name.value, []).append(function)
+        return by_node, methods, by_dotted
+
     def handed_on_elsewhere(self, name: str) -> list[tuple[str, str]]:
         """(entry, file) for each other file of the tree that reads the attribute `name` (or, as `name()`, the result
         of a method) where a tensor it holds may be handed on (static.escaping_reads); for ANY_TENSOR this file too,

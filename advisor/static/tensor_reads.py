@@ -201,7 +201,7 @@ def _class_tensor(parsed: ParsedModule, node: cst.BaseExpression) -> bool:
     if not (isinstance(node, cst.Attribute) and is_self(node.value)):
         return False
     function = parsed.frame(node)
-    owner = next((o for f, o, _ in parsed.functions if f is function), None)
+    owner = parsed.owner_of(function)
     name = node.attr.value
     values = owner.shape_values(name) if owner is not None else None  # writes into its elements leave a tensor
     if not values:
@@ -442,7 +442,7 @@ def _methods_called(parsed: ParsedModule, call: cst.Call) -> list[cst.FunctionDe
     if not (isinstance(func, cst.Attribute) and is_self(func.value)) or "hook" in parsed.source:
         return []
     name = func.attr.value
-    found = [function for function, owner, _ in parsed.functions if owner is not None and function.name.value == name]
+    found = parsed.methods_named(name)
     if any(function.decorators for function in found):
         return []  # a wrapper may run around the body, `staticmethod` binds the arguments otherwise
     stored = any(not (isinstance(parsed.parents.get(node), cst.Call) and parsed.parents[node].func is node)
@@ -460,7 +460,7 @@ def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef 
         return None
     caller = parsed.innermost(call, cst.FunctionDef)
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        owner = next((o for f, o, _ in parsed.functions if f is caller), None)
+        owner = parsed.owner_of(caller)
         built = owner.held_module(func.attr.value) if owner is not None else None
     elif isinstance(func, cst.Name) and caller is not None and parsed.flow(caller).definitions_of(func):
         built = _bound_once_here(parsed, caller, func)

@@ -177,7 +177,7 @@ def scores_from_caller(c: Candidate, softmax: Op) -> str | None:
         except Refusal:
             continue
         caller = function_of(c.parsed, call)
-        entry = next(((owner, name) for function, owner, name in c.parsed.functions if function is caller), None)
+        entry = c.parsed.function_entry(caller)
         if entry is None:
             continue
         at_caller = Candidate.start(FunctionScope(c.parsed, caller, entry[0], entry[1], OpReader(c.parsed, entry[0])))

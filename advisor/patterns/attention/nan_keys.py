@@ -143,8 +143,7 @@ def _helper_values(reader: Reader, call: cst.Call) -> list[tuple[ParsedModule, c
         found = [package_definition(parsed, func.value, _any_function)]
     elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
         name = func.attr.value
-        found = [(parsed, function) for function, owner, _ in parsed.functions if owner is not None and
-                 function.name.value == name]
+        found = [(parsed, function) for function in parsed.methods_named(name)]
         owner = SiteScope(parsed, call).owner
         built = owner.only_value(name) if owner is not None else None
         if isinstance(built, cst.Call) and isinstance(built.func, cst.Name):
