@@ -74,10 +74,18 @@ STAR_IMPORT = re.compile(r"\bimport\s*\*")
 PACKAGE_IMPORT = re.compile(r"\bfrom\s+\.+\s+import\b")  # `from . import f`: names of a package's `__init__`
 # a lookup on an object by a name the code computes: `getattr(attention, f"{impl}_attention")`, `vars(m)[k]`,
 # `m.__dict__[k]`, with the object's root name; a name that is one string literal is no computed one, but one
-# the code joins to a literal is (`"attend_" + kind`, `"attend_%s" % kind`: breaker round 35)
-COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w+)[\w.]*\s*,(?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])|"
-                             r"\bvars\s*\(\s*(\w+)|(\w+)[\w.]*\.__dict__|"
-                             r"(\w+)[\w.]*\.__getattr(?:ibute)?__\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*\))")
+# the code joins to a literal is (`"attend_" + kind`, `"attend_%s" % kind`: breaker round 35). Written so that no
+# quantifier gives back what the next part cannot take (`++`, `*+`) and a `.__dict__` or `.__getattr__(` chain is
+# tried only where its dotted run starts (`(?<![\w.])`), with the word after `vars(m.` or after a run's last
+# `.__dict__` read as the earlier form's restart there read it: the same roots, in linear time, where `(\w+)[\w.]*`
+# tried at every position of a long word backtracked in cubic time (a 50 KB string literal: 20 s; breaker round 52)
+_LOOKUP_BY_GETATTR_DUNDER = r"[\w.]*\.__getattr(?:ibute)?__\s*\((?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*\))"
+_LOOKUP_BY_DICT = r"[\w.]*\.__dict__(?:\.*+(\w++)" + _LOOKUP_BY_GETATTR_DUNDER + ")?"
+COMPUTED_LOOKUP = re.compile(r"\bgetattr\s*\(\s*(\w++)[\w.]*+\s*,(?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])|"
+                             r"\bvars\s*\(\s*(\w++)(?:\.++(?:(\w++)" + _LOOKUP_BY_DICT + r"|(\w++)" +
+                             _LOOKUP_BY_GETATTR_DUNDER + "))?|"
+                             r"(?<![\w.])\.*+(\w++)" + _LOOKUP_BY_DICT + "|"
+                             r"(?<![\w.])\.*+(\w++)" + _LOOKUP_BY_GETATTR_DUNDER)
 # the same by a callable made from the name, whose object the text does not pair with it
 # (`operator.attrgetter("attend_" + kind)(impls)`: breaker round 36): any module may be the one looked up
 NAME_GETTERS = ("attrgetter", "methodcaller")
@@ -151,7 +159,7 @@ ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:children|modul
 # or bound to a name (`layer = getattr(self, f"layer{i}")`)
 _COMPUTED_GETATTR = r"\bgetattr\s*\(\s*[\w.]+\s*,(?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])"
 CALLED_BY_COMPUTED_NAME = re.compile(_COMPUTED_GETATTR + r"[^()\n]*\)\s*\(")
-BOUND_BY_COMPUTED_NAME = re.compile(r"(\w+)\s*=\s*" + _COMPUTED_GETATTR)
+BOUND_BY_COMPUTED_NAME = re.compile(r"(?<!\w)(\w+)\s*=\s*" + _COMPUTED_GETATTR)  # a match starts a word
 
 
 def calls_by_computed_name(text: str) -> bool:
