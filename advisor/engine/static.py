@@ -28,6 +28,7 @@ from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
 from advisor.static.collector import collector_paused, long_lived_set_aside
+from advisor.static.deep_stack import run_with_deep_stack
 from advisor.static.discover import SourceFile, discover, is_library_file, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
@@ -317,7 +318,8 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
     compile-time warnings (`"\\d"`, `x is 1`) are not the tool's messages and stay silent."""
     if path_rules and path_rules.ignored_codes(path):
         ignore = [*(ignore or []), *path_rules.ignored_codes(path)]
-    try:
+
+    def analysed() -> FileResult | ScanError:
         with warnings.catch_warnings(), collector_paused():
             warnings.simplefilter("ignore", SyntaxWarning)
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -326,6 +328,12 @@ def _scan_file(path: str, unsafe_fixes: bool, select, ignore, backend: str = "sd
                 _settle(result, lambda text: _analyze_code(SourceFile(path, text), unsafe_fixes, select, ignore,
                                                            backend, None, False, tree))
             return result
+
+    try:
+        try:
+            return analysed()
+        except RecursionError:  # nesting CPython accepts, deeper than the default limit lets a walk recurse
+            return run_with_deep_stack(analysed)
     except RecursionError:
         return ScanError(path, "too deeply nested to analyse (the interpreter's recursion limit was reached)")
     except MemoryError:
@@ -386,7 +394,8 @@ def _analyze_code(source, unsafe_fixes: bool, select, ignore, backend: str, runt
         return analyze_source(source.text, path, unsafe_fixes, select, ignore, backend=backend, runtime=runtime,
                               patches=patches, tree_context=tree)
     except cst.ParserSyntaxError as exc:  # code CPython accepts but libcst cannot parse
-        return ScanError(path, f"cannot parse at line {exc.raw_line}: {exc.message}")
+        return ScanError(path, f"libcst, which advisor reads and rewrites code with, cannot parse it (Python can): "
+                               f"line {exc.raw_line}: {exc.message}")
 
 
 def _in_cells(outcome: FileResult | ScanError, notebook: NotebookCode, patches: bool) -> FileResult | ScanError:
