@@ -28,6 +28,7 @@ from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 from advisor.static.module_methods import SELF_RETURNING, drops_state_method_result, returns_itself
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.walk import descendants
+from advisor.static.text_screens import on_line_after, then_on_line
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ CODE_RUNNERS = frozenset({"eval", "exec"})  # builtins that run code from a stri
 # computed and mentions hooks. Not a literal name (`getattr(self, "fine_acoustics_hook")`), nor a state-dict hook.
 PRE_HOOKS = re.compile(r"""register_(module_)?forward_pre_hook|_forward_pre_hooks|methodcaller|"""
                        r"""["']register_\w*["']\s*(?:[+%]|\.format)|\+\s*["']\w*hooks?["']|"""
-                       r"""\bf["'][^"'\n]*register_[^"'\n]*\{|\bf["'][^"'\n]*\}[^"'\n]*hooks?["']|"""
-                       r"""getattr\([^\n]*(?:\bf["'][^"'\n]*hook|\+[^\n]*hook|hook[^\n]*\+)""")
+                       r"""\bf["'](?:(?!register_)[^"'\n])*register_[^"'\n]*\{|\bf["'][^"'\n}]*\}[^"'\n]*hooks?["']|"""
+                       + then_on_line(r"getattr\(", r"""\bf["'][^"'\n]*hook""") + "|" +
+                       on_line_after(r"getattr\(", r"\+", "hook"))
 # what a class defines to run its own code between a module call and forward (breaker round 14: a `__call__`
 # turning the caller's 0/1 keep mask into an additive one before `super().__call__`)
 CALL_OVERRIDES = frozenset({"__call__", "_call_impl", "_wrapped_call_impl"})
@@ -65,7 +67,8 @@ MAY_OVERRIDE_CALL = re.compile(r"\b(?:__call__|_call_impl|_wrapped_call_impl)\b"
 # `_call_impl` is, by nn.Module's `__call__`)
 CALL_ASSIGNED = re.compile(r"(?:\b[A-Z]\w*|\bcls|\bklass|\))\s*\.\s*__call__\s*=[^=]|"
                            r"\.\s*(?:_call_impl|_wrapped_call_impl)\s*=[^=]|"
-                           r"setattr\([^)\n]*[\"'](?:__call__|_call_impl|_wrapped_call_impl)[\"']")
+                           + then_on_line(r"setattr\(", r"[\"'](?:__call__|_call_impl|_wrapped_call_impl)[\"']",
+                                          r")\n"))
 # scan token -> (texts, parsed modules, words, real paths, attribute words, tree-wide indexes, words of notebooks'
 # masked lines): this process's caches for the current scan
 _CACHES: dict[str, tuple[dict, dict, dict, dict, dict, dict, dict]] = {}
@@ -152,9 +155,11 @@ BASE_INIT = re.compile(r"(?:super\([^()]*\)|Module)$")  # what `.__init__` is re
 ENUMERATED = re.compile(r"\bfor\s+(?:\w+\s*,\s*)?(\w+)\s+in\s+[^\n]*\.(?:named_)?(?:children|modules)\(\)")
 # ... spread into a container that calls them (`nn.Sequential(*model.children())`), indexed, or mapped over
 ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:children|modules)\(\)|"
-                            r"\.(?:children|modules)\(\)\s*\)?\s*\[|\bmap\s*\([^\n]*\.(?:children|modules)\(\)|"
-                            r"\bnext\s*\([^\n]*\.(?:named_)?(?:children|modules)\(\)|"  # `next(self.children())`
-                            r"=\s*[\w.(]*\.(?:named_)?(?:children|modules)\(\)")  # `attn, = self.children()`
+                            r"\.(?:children|modules)\(\)\s*\)?\s*\[|" +
+                            then_on_line(r"\bmap\s*\(", r"\.(?:children|modules)\(\)") + "|" +
+                            # `next(self.children())`
+                            then_on_line(r"\bnext\s*\(", r"\.(?:named_)?(?:children|modules)\(\)") +
+                            r"|=\s*[\w.(]*\.(?:named_)?(?:children|modules)\(\)")  # `attn, = self.children()`
 # a lookup by a name the code computes (not a string literal), called at once (`getattr(self, f"attn{i}")(x, m)`)
 # or bound to a name (`layer = getattr(self, f"layer{i}")`)
 _COMPUTED_GETATTR = r"\bgetattr\s*\(\s*[\w.]+\s*,(?!\s*(?:'[^'\n]*'|\"[^\"\n]*\")\s*[,)])"

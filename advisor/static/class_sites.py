@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from advisor.static.outside_writes import ATTRIBUTE_TABLES, writes_its_receiver
 from advisor.static.python_ast import nodes, python_tree
+from advisor.static.text_screens import then_on_line
 
 ANY_NAME = "*"  # what a class whose namespace is computed may define
 UNNAMED_BASE = "?"  # a base no name gives (`type(name, bases, ns)` with computed bases): may be any class
@@ -25,7 +26,7 @@ PLAIN_BASES = re.compile(r"\s*(?:(?:torch\.)?nn\.Module|object)?\s*,?\s*")
 PLAIN_BASE_NAMES = frozenset({"Module", "object"})  # `nn.Module`, `torch.nn.Module`, `object` by their last names
 # `type(name, bases, namespace)` (not `type(x)`), or a name and bases given to any other class factory
 # (`types.new_class("S", (Attn,))`, a metaclass `M("S", (Attn,), {})`, `type.__new__(type, "S", (Attn,), {})`)
-MAY_BUILD_CLASS = re.compile(r"\btype\s*\([^\n]*,|[\"']\s*,\s*\(")
+MAY_BUILD_CLASS = re.compile(then_on_line(r"\btype\s*\(", ",") + r"|[\"']\s*,\s*\(")
 IMPORT_ALIAS = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import\b(?:[^\n(]*|[ \t]*\([^)]*)\bas\b", re.MULTILINE)
 REGISTRARS = frozenset({"register_buffer", "register_parameter", "add_module", "register_module"})
 

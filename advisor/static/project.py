@@ -34,6 +34,7 @@ from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, RESHAPIN
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.sdpa_kernels import math_kernel_excluded
 from advisor.static.state_swaps import may_swap, state_runs, state_swaps
+from advisor.static.text_screens import then_on_line
 
 # hooks that fire around every module call: a deleted module call loses them
 GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_forward_pre_hook",
@@ -41,12 +42,13 @@ GLOBAL_CALL_HOOKS = frozenset({"register_module_forward_hook", "register_module_
                                "register_module_backward_hook"})
 TOKEN = "register_module_"  # every one of them starts so: files without it are not parsed
 # a hook registered by a computed method name, or written into torch's process-wide tables (hooks_by_computed_name)
-MAY_HOOK_BY_NAME = re.compile(r"getattr\([^\n]*hook|_global_\w*hooks|register_\w*hook\b(?!\s*\()")
+MAY_HOOK_BY_NAME = re.compile(then_on_line(r"getattr\(", "hook") + r"|_global_\w*hooks|register_\w*hook\b(?!\s*\()")
 # what makes TorchScript compile code: the functions or modules passed to it, and everything they call
 SCRIPT_ENTRIES = frozenset({"torch.jit.script", "torch.jit.script_method", "torch.jit.ScriptModule"})
 SCRIPT_PRIVATE = "torch.jit._script."  # the compiler's own module (`torch.jit._script.script`)
 # files without a match are not parsed for them (`torch.jit.is_scripting()` and `from torch.jit import Final` are not)
-MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript|\bjit\b[^\n]*script")
+MAY_SCRIPT = re.compile(r"\bjit\.script(?:_method)?\b|ScriptModule|" + then_on_line("jit import", r"\bscript") + "|" +
+                        then_on_line(r"\bjit\b", "script"))
 # what traces modules symbolically (torch.fx, and the libraries built on it: torchvision's feature extraction,
 # FX quantization, timm's FX features)
 FX_TRACERS = ("torch.fx", "torch.ao.quantization.quantize_fx", "torch.quantization.quantize_fx",
@@ -371,8 +373,9 @@ SHAPE_CHANGING_NAMES = RESHAPING_IN_PLACE | {"swap_tensors"}
 # a word naming one (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment (by its
 # descriptor's setter too, `torch.Tensor.data.__set__(t, x)`: any `__set__`, breaker round 38), torch's swap of
 # two tensors' data
-SHAPE_CHANGE = re.compile(r"\b(?:%s)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']|\b__set__\b|"
-                          r"_swap_tensor_impl\b" % "|".join(sorted(SHAPE_CHANGING_NAMES)))
+SHAPE_CHANGE = re.compile(r"\b(?:%s)\b|\.data\s*=(?!=)|" % "|".join(sorted(SHAPE_CHANGING_NAMES)) +
+                          then_on_line(r"setattr(?:__)?\(", r"[\"']data[\"']", r")\n") +
+                          r"|\b__set__\b|_swap_tensor_impl\b")
 
 
 def shape_changes(path: str, text: str) -> list[UseSite]:
@@ -386,8 +389,8 @@ def shape_changes(path: str, text: str) -> list[UseSite]:
 # a frame's or a function's globals written: by an item (`f_globals["F"] = x`), by a method that binds, or as the
 # namespace code runs in (`exec(code, frame.f_globals)`); reads (`f.__globals__["__file__"]`) bind nothing
 FRAME_GLOBALS = re.compile(r"\b(?:f_globals|__globals__)\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.\s*(?:update|setdefault|"
-                           r"__setitem__|__delitem__|pop|popitem|clear)\b)|\b(?:exec|eval)\([^\n]*\b(?:f_globals|"
-                           r"__globals__)\b")
+                           r"__setitem__|__delitem__|pop|popitem|clear)\b)|" +
+                           then_on_line(r"\b(?:exec|eval)\(", r"\b(?:f_globals|__globals__)\b"))
 
 
 def frame_globals(path: str, text: str) -> list[UseSite]:

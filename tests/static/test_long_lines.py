@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from advisor.contracts.finding import FixSafety
 from advisor.engine.static import scan_paths
+from advisor.static import call_sites, class_sites, project
 from advisor.static.call_sites import BOUND_BY_COMPUTED_NAME, COMPUTED_LOOKUP, _computed_lookup_roots
 
 BLOCK = '''import math
@@ -74,3 +75,43 @@ def test_the_linear_lookups_find_the_roots_the_backtracking_ones_found(tokens):
     text = "".join(tokens)
     old = {root for match in BACKTRACKING_LOOKUP.finditer(text) for root in match.groups() if root}
     assert {root for match in COMPUTED_LOOKUP.finditer(text) for root in match.groups() if root} == old
+
+
+# screens as written before breaker round 53 (`start[^\n]*end`: quadratic on a line holding `start` many times)
+RESCANNING_SCREENS = {
+    (project, "MAY_HOOK_BY_NAME"): r"getattr\([^\n]*hook|_global_\w*hooks|register_\w*hook\b(?!\s*\()",
+    (project, "MAY_SCRIPT"): r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript|\bjit\b[^\n]*script",
+    (project, "SHAPE_CHANGE"): r"\b(?:%s)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']|\b__set__\b|"
+                               r"_swap_tensor_impl\b" % "|".join(sorted(project.SHAPE_CHANGING_NAMES)),
+    (project, "FRAME_GLOBALS"): r"\b(?:f_globals|__globals__)\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.\s*(?:update|setdefault|"
+                                r"__setitem__|__delitem__|pop|popitem|clear)\b)|\b(?:exec|eval)\([^\n]*\b(?:f_globals|"
+                                r"__globals__)\b",
+    (call_sites, "CALL_ASSIGNED"): r"(?:\b[A-Z]\w*|\bcls|\bklass|\))\s*\.\s*__call__\s*=[^=]|"
+                                   r"\.\s*(?:_call_impl|_wrapped_call_impl)\s*=[^=]|"
+                                   r"setattr\([^)\n]*[\"'](?:__call__|_call_impl|_wrapped_call_impl)[\"']",
+    (call_sites, "PRE_HOOKS"): r"""register_(module_)?forward_pre_hook|_forward_pre_hooks|methodcaller|"""
+                               r"""["']register_\w*["']\s*(?:[+%]|\.format)|\+\s*["']\w*hooks?["']|"""
+                               r"""\bf["'][^"'\n]*register_[^"'\n]*\{|\bf["'][^"'\n]*\}[^"'\n]*hooks?["']|"""
+                               r"""getattr\([^\n]*(?:\bf["'][^"'\n]*hook|\+[^\n]*hook|hook[^\n]*\+)""",
+    (call_sites, "ENUMERATED_USE"): r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:children|modules)\(\)|"
+                                    r"\.(?:children|modules)\(\)\s*\)?\s*\[|\bmap\s*\([^\n]*\.(?:children|modules)\(\)|"
+                                    r"\bnext\s*\([^\n]*\.(?:named_)?(?:children|modules)\(\)|"
+                                    r"=\s*[\w.(]*\.(?:named_)?(?:children|modules)\(\)",
+    (class_sites, "MAY_BUILD_CLASS"): r"\btype\s*\([^\n]*,|[\"']\s*,\s*\(",
+}
+SCREEN_TOKENS = ["getattr(", "setattr(", "setattr__(", "exec(", "eval(", "type(", "map(", "next(", "jit", "jit import",
+                 "script", "hook", "hooks", "+", "f'", 'f"', "'", '"', "{", "}", "register_", "register_x", "(", ")",
+                 ",", " ", "\n", "x", ".", "data", "'data'", "__call__", "'__call__'", "f_globals", "__globals__",
+                 ".children()", ".modules()", "*", "=", "[", "]", "resize_", ".data =", "Attn", "__set__"]
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.sampled_from(SCREEN_TOKENS), max_size=20))
+def test_the_linear_screens_find_the_lines_the_rescanning_ones_found(tokens):
+    """Each screen finds a match exactly where the old form did, and its first on the same line."""
+    text = "".join(tokens)
+    for (module, name), old in RESCANNING_SCREENS.items():
+        before, now = re.search(old, text), getattr(module, name).search(text)
+        assert (before is None) == (now is None), name
+        if before is not None:
+            assert text.count("\n", 0, before.start()) == text.count("\n", 0, now.start()), name
