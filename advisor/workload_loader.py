@@ -90,7 +90,7 @@ def _import(module_ref: str, loader=None, roots: tuple[str, ...] = ()):
     import_before_user_folders()
     if module_ref.endswith(".py") or os.sep in module_ref or "/" in module_ref:
         return _import_file(module_ref, loader)
-    searched = [os.path.abspath(folder) for folder in (os.getcwd(), *roots)]
+    searched = list(dict.fromkeys(os.path.abspath(folder) for folder in (os.getcwd(), *roots)))  # each named once
     for folder in reversed(searched):
         if folder not in sys.path:
             sys.path.insert(0, folder)

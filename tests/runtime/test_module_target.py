@@ -44,6 +44,13 @@ def test_a_module_that_is_still_not_found_says_what_to_set(tmp_path, capsys, mon
     assert f"searched the current directory {tmp_path}" in line and "PYTHONPATH" in line
 
 
+def test_optimize_names_each_folder_it_searched_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # optimize's root defaults to the current directory (breaker round 53)
+    assert main(["optimize", "nopkg.model:workload", "--report", str(tmp_path / "r")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.count(str(tmp_path)) == 1, line
+
+
 def test_a_missing_dependency_of_the_target_is_named_as_such(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(make_package(tmp_path, body="import not_installed_dep\n" + WORKLOAD))
     assert main(["profile", "mypkg.model:workload"]) == 2
