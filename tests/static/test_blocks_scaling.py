@@ -10,7 +10,7 @@ import gc
 import pstats
 from pathlib import Path
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 from benchmarks.scan_scaling import module_with_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,3 +46,18 @@ def test_the_cyclic_collector_runs_once_for_a_files_analysis():
     finally:
         gc.callbacks.pop()
     assert len(passes) <= 1 and gc.isenabled()
+
+
+def test_a_scan_sets_objects_aside_only_for_its_run_and_leaves_a_callers_freeze(tmp_path):
+    """`scan_paths` freezes what is alive as it starts and unfreezes it as it ends; a process that froze objects
+    itself keeps them frozen (static.collector.long_lived_set_aside)."""
+    (tmp_path / "m.py").write_text(module_with_blocks(1))
+    assert gc.get_freeze_count() == 0
+    scan_paths([str(tmp_path)], jobs=1, cache=False)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        scan_paths([str(tmp_path)], jobs=1, cache=False)
+        assert gc.get_freeze_count() > 0  # not released (objects freed by reference counting leave the count)
+    finally:
+        gc.unfreeze()
