@@ -28,7 +28,7 @@ from advisor.registry import families, is_selected
 from advisor.rewrite.apply import RewriteFailed, combine, render
 from advisor.rewrite.splice import apply_edits, local_diff
 from advisor.static.collector import collector_paused, long_lived_set_aside
-from advisor.static.deep_stack import run_with_deep_stack
+from advisor.static.deep_stack import outer_recursion_limit, run_with_deep_stack
 from advisor.static.discover import SourceFile, discover, is_library_file, read_source
 from advisor.static.module_index import ParsedModule
 from advisor.static.notebook import NotebookCode
@@ -431,7 +431,8 @@ def _syntax_error(text: str, path: str) -> ScanError | None:
         return ScanError(path, f"syntax error at line {line}: a null byte (\\x00) is not allowed in source code "
                                f"({parser})")
     try:
-        python_tree(text, path)
+        with outer_recursion_limit():  # the user's interpreter's verdict, also where the analysis runs deep
+            python_tree(text, path)
     except SyntaxError as exc:
         return ScanError(path, f"syntax error at line {exc.lineno}: {exc.msg} ({parser})")
     except MemoryError:  # CPython's parser raises it when its stack is full, at any amount of free memory
