@@ -202,6 +202,7 @@ def suppressing_line(suppressed: dict[int, set[str] | None], finding: Finding, r
         suppressed[line] is None or any(rule.startswith(c) for c in suppressed[line]))), None)
 
 
+@long_lived_set_aside()
 def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] | None = None,
                ignore: list[str] | None = None, on_file=None, jobs: int | None = None,
                backend: str = "sdpa", runtime: RuntimeEvidence | None = None, patches: bool = True,
@@ -221,13 +222,6 @@ def scan_paths(paths: list[str], unsafe_fixes: bool = False, select: list[str] |
     files the facts are gathered from, beside `paths` (pre-commit names the staged files only: a training script
     left out of the commit still asks for double backward); the files `path_rules` excludes count for the facts
     too."""
-    with long_lived_set_aside():
-        return _scan_paths(paths, unsafe_fixes, select, ignore, on_file, jobs, backend, runtime, patches, fixed,
-                           call_site_facts, path_rules, cache, tree_paths)
-
-
-def _scan_paths(paths, unsafe_fixes, select, ignore, on_file, jobs, backend, runtime, patches, fixed,
-                call_site_facts, path_rules, cache, tree_paths) -> ScanResult:
     files, errors = discover(paths, path_rules)
     result = ScanResult(errors=errors, all_excluded=bool(paths) and path_rules is not None and
                         all(path_rules.excludes_named(path) for path in paths))

@@ -52,4 +52,3 @@ def long_lived_set_aside() -> Iterator[None]:
         _set_aside -= 1
         if _set_aside == 0:
             gc.unfreeze()
-
