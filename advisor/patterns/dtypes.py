@@ -52,10 +52,21 @@ class DtypeRoots:
         self.flow_for, self.argument_of, self.helper, self.function_of = flow_for, argument_of, helper, function_of
         self._bound: dict[cst.FunctionDef, dict[str, cst.BaseExpression]] = {}  # helpers being followed
         self._through_float_layer = False  # the walk passed a layer that takes float inputs only (`is_floating`)
+        self._kept_addends: tuple[cst.BaseExpression, ...] = ()  # read by `same_given_addends` only
 
     def same(self, *nodes: cst.BaseExpression) -> bool:
         roots = [self.root(node) for node in nodes]
         return all(_equal(roots[0], other) for other in roots[1:])
+
+    def same_given_addends(self, addends: list[cst.BaseExpression], *nodes: cst.BaseExpression) -> bool:
+        """`same`, reading a sum with one of `addends` as the other operand's dtype: true wherever no addend is a
+        float wider than what it is added to, which the caller must prove or record as a fact (an additive mask's
+        `mask-dtype`: CLIP's fill `finfo(scores.dtype).min` after `scores + mask` has the query's dtype)."""
+        self._kept_addends = tuple(addends)
+        try:
+            return self.same(*nodes)
+        finally:
+            self._kept_addends = ()
 
     def is_floating(self, node: cst.BaseExpression) -> bool:
         """Whether the source shows `node` floating: its dtype root is a float dtype, or a float layer's output
@@ -184,6 +195,10 @@ class DtypeRoots:
             return self._cast_root(op, depth)
         if name in ("mul", "div", "add", "sub"):
             left, right = op.operands
+            if name in ("add", "sub") and any(right is addend for addend in self._kept_addends):
+                return self.root(left, depth + 1)
+            if name == "add" and any(left is addend for addend in self._kept_addends):
+                return self.root(right, depth + 1)
             if self.is_scalar(right):
                 return self.root(left, depth + 1)
             if self.is_scalar(left):

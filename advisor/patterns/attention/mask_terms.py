@@ -157,7 +157,7 @@ def _fill_at_home(c: Candidate, fill: cst.BaseExpression) -> cst.BaseExpression:
     replaced = {}
     for name in loaded_names(fill):
         if c.flow.reaching.get(name, frozenset()) <= chain_ids and c.flow.reaching.get(name):
-            if not roots(c).same(name, c.leaf_nodes[0]):
+            if not roots(c).same_given_addends(_added_masks(c), name, c.leaf_nodes[0]):
                 raise Refusal(f"the mask fill reads `{name.value}`, whose dtype after a cast is not provably "
                               f"the query's")
             replaced[name] = c.leaf_nodes[0]
@@ -165,6 +165,12 @@ def _fill_at_home(c: Candidate, fill: cst.BaseExpression) -> cst.BaseExpression:
     if replaced and not isinstance(c.leaf_nodes[0], (cst.Name, cst.Attribute)):
         raise Refusal("the mask fill reads the scores' dtype and the query is not a plain name")
     return fill.visit(Replace(replaced)) if replaced else fill
+
+
+def _added_masks(c: Candidate) -> list[cst.BaseExpression]:
+    """The additive masks applied so far: a sum with one has the scores' dtype under its `mask-dtype` fact (no
+    float wider than the query), which `tensor_facts` records for each (proved, guarded or assumed)."""
+    return [term.source for term in c.match.masks if term.kind == "float" and term.source is not None]
 
 
 def _negate(node: cst.BaseExpression) -> cst.BaseExpression:

@@ -30,6 +30,7 @@ from advisor.patterns.attention.tensor_facts import mask_and_dtype_facts
 from advisor.patterns.attention.tensor_scale import fold_into_query
 from advisor.patterns.attention.uniform_rows import keep_term, plan_row_fixup
 from advisor.patterns.attention.zeroed_rows import zeroed_mask_term, zeroed_rows_reason
+from advisor.patterns.masks import ROWS
 from advisor.patterns.ops import Op, OpReader
 from advisor.static.module_index import ClassInfo, ParsedModule
 
@@ -63,15 +64,37 @@ def _match_function(parsed: ParsedModule, function: cst.FunctionDef, owner: Clas
 
 def _match(shared: FunctionScope, softmax: Op) -> AttentionMatch | None:
     """The block as the function runs, or, where its weights leave it or it is refused, as the function runs with
-    a flag off that asks for the weights (`if output_attentions:`), when that proof keeps them inside."""
+    a flag off that asks for the weights (`if output_attentions:`), when that proof keeps them inside. A block
+    whose masks together leave fully masked rows unproved, each under its own `if m is not None:` (a bias added,
+    then a padding fill), is safe only where no mask is passed (`guards.settle_guards`): the path without one of
+    them is preferred where it proves the rows with the others passed to SDPA."""
     match = _attempt(Candidate.start(shared), softmax)
-    if match is None or match.output_node is not None and not match.escapes:
+    if match is None:
+        return None
+    proved = match.output_node is not None and not match.escapes
+    if proved and not _rows_need_absent_masks(match):
         return match
     for off in flags.flag_worlds(shared, softmax):
         flagged = _attempt(Candidate.start(shared, off), softmax)
-        if flags.stays_inside(flagged):
+        if flags.stays_inside(flagged) and (not proved or _rows_proved_with_masks(flagged)):
             return _fewest_flags(shared, softmax, off, flagged)
     return match
+
+
+def _rows_need_absent_masks(match: AttentionMatch) -> bool:
+    """Several masks, under `if` statements, with the fully-masked-rows fact assumed: a safe patch runs SDPA only
+    where none is passed. (With one mask, no path keeps a mask, and no other proof is tried.)"""
+    return match.absent_under_if is not None and len(_masks(match)) > 1 and \
+        any(fact.name == ROWS for fact in match.facts.assumptions)
+
+
+def _rows_proved_with_masks(match: AttentionMatch) -> bool:
+    return bool(_masks(match)) and not any(fact.name == ROWS for fact in match.facts.assumptions)
+
+
+def _masks(match: AttentionMatch) -> list:
+    """The mask terms that are masks (a learned bias, such as Swin's relative positions, is not: see `masks`)."""
+    return [term for term in match.masks if not term.learned]
 
 
 def _fewest_flags(shared: FunctionScope, softmax: Op, off: frozenset, match: AttentionMatch) -> AttentionMatch:
