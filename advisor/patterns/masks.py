@@ -41,7 +41,8 @@ ROWS = "fully-masked-rows"
 FINITE_FILL = "finite-fill"  # a masked key's weight: 0 in SDPA, exp(fill - row max) in the original
 REPLACED_SCORES = "replaced-scores"  # masked_fill/where discards a masked score; SDPA adds its mask, keeping a NaN
 AUTOCAST_FILL = "autocast-fill"  # a fill autocast's dtype cannot hold: the original raises, the guard reads q's
-REPLACED_STATEMENT = "the scores a mask replaces are numbers: q and k hold no NaN or inf at masked positions"
+REPLACED_STATEMENT = ("the scores a mask replaces are numbers: q and k, and masks added before it, hold no NaN or inf "
+                      "at masked positions")
 
 
 Bounds = tuple[int, int | None]  # (fewest, most) dims; most is None when unbounded
@@ -222,13 +223,18 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     weights of every masked key after its softmax, so that a fully masked row is 0 in both (`attention.zeroed_rows`)."""
     if not terms:
         return
-    replacing = next((term for term in terms if term.fill_kind != ADDITIVE and not term.learned), None)
-    if replacing is not None:
+    at = next((i for i, term in enumerate(terms) if term.fill_kind != ADDITIVE and not term.learned), None)
+    if at is not None:
+        replacing = terms[at]
         applied = parsed.code(replacing.statement or replacing.expression).strip().splitlines()[0]
+        added = any(term.fill_kind == ADDITIVE for term in terms[:at])
         facts.accepted(REPLACED_SCORES, REPLACED_STATEMENT, f"`{applied}` "
                        "discards whatever a masked score is, while SDPA adds its mask to the score (a boolean one as "
                        "-inf), which keeps a NaN: a NaN or inf key at a padded position gives the patch NaN rows "
-                       "where the original has none")
+                       "where the original has none" + ("; SDPA also adds the masks added before it, where a value "
+                                                        "of +inf, or one that cancels the fill (`finfo.max` against "
+                                                        "`finfo.min`), gives a masked key weight (breaker round 56)"
+                                                        if added else ""))
     finite = next((term for term in terms if term.fill_kind == FINITE), None)
     if finite is not None:
         facts.accepted(FINITE_FILL, f"a key the finite fill `{parsed.code(finite.fill)}` masks weighs 0, as in "

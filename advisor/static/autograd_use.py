@@ -57,6 +57,8 @@ TRANSFORM_MODULES = {prefix.rsplit(".", 1)[0] for prefix in TRANSFORMS} | {"torc
 # ... those torch's (a string naming one is an import at run time; "higher" may be any word)
 TORCH_TRANSFORM_MODULES = frozenset({name for name in TRANSFORM_MODULES if name.startswith(("torch.", "functorch"))} |
                                     {"torch.autograd.forward_ad"})
+# ... their last names, as CPython's tree shows the module a `getattr` reads (breaker round 56: torch.autograd)
+TRANSFORM_MODULE_LEAVES = frozenset(module.rsplit(".", 1)[-1] for module in TRANSFORM_MODULES | TORCH_TRANSFORM_MODULES)
 # packages any module of which may hold transforms (`torch._functorch.eager_transforms`: breaker round 33)
 TRANSFORM_PACKAGES = ("torch.func.", "torch._functorch.", "functorch.", "torch.autograd.forward_ad.")
 
@@ -163,8 +165,8 @@ def worth_resolving(source: str) -> bool:
         elif isinstance(node, (ast.Assign, ast.keyword)) and _leaf(node.value) in CALLS_WITH_CREATE_GRAPH:
             return True  # `g = torch.autograd.grad`: a call through the alias may pass create_graph by position
         elif isinstance(node, ast.Call) and _leaf(node.func) == "getattr" and len(node.args) >= 2 and \
-                not isinstance(node.args[1], ast.Constant) and _leaf(node.args[0]) in ("func", "functorch"):
-            return True  # `getattr(torch.func, name)`: any transform
+                not isinstance(node.args[1], ast.Constant) and _leaf(node.args[0]) in TRANSFORM_MODULE_LEAVES:
+            return True  # `getattr(torch.func, name)`, `getattr(torch.autograd, "gr" + "ad")`: any transform
         elif isinstance(node, ast.alias) and node.asname and node.name.rsplit(".", 1)[-1] in CALLS_WITH_CREATE_GRAPH:
             takes_create_graph.add(node.asname)
         elif isinstance(node, (ast.Import, ast.ImportFrom)) and any(
@@ -437,7 +439,8 @@ def _getattr_transform(parsed: ParsedModule, call: cst.Call) -> str | None:
     if owner is None:
         return None
     if not isinstance(args[1].value, cst.SimpleString):  # a computed name on an autograd module: any transform
-        return f"`{parsed.code(call)}` may look up a transform by name" if owner in TRANSFORM_MODULES else None
+        return f"`{parsed.code(call)}` may look up a transform by name" \
+            if owner in TRANSFORM_MODULES | TORCH_TRANSFORM_MODULES else None
     name = f"{owner}.{args[1].value.evaluated_value}"
     for prefix, asks in TRANSFORMS.items():
         if name == prefix or name.startswith(prefix + "."):

@@ -41,6 +41,10 @@ class Attention(nn.Module):
 '''
 
 
+# the fill first: `where` whose fill operand reads the scores' dtype is still the fill, the scores its last operand
+WHERE_FILL = SOURCE.replace("scores = scores.masked_fill(key_padding_mask[:, None, None, :], torch.finfo(scores.",
+                            "scores = torch.where(key_padding_mask[:, None, None, :], torch.finfo(scores.").replace(
+                                "torch.finfo(scores.dtype).min)\n", "torch.finfo(scores.dtype).min, scores)\n")
 CONDITIONAL_BIAS = SOURCE.replace("        scores = scores + attn_mask\n",
                                   "        if attn_mask is not None:\n            scores = scores + attn_mask\n")
 
@@ -54,6 +58,9 @@ def test_the_fill_is_read_from_the_query_under_the_added_masks_dtype_fact():
               for fact in finding.extra["facts"].get(status, []) if fact["name"] == "mask-dtype"]
     assert any("`attn_mask` is not a float wider than the query" in statement for statement in stated), stated
     assert "fully-masked-rows" in fact_names(finding, "assumed") | fact_names(finding, "guarded")
+    # SDPA adds the bias under the fill, so a bias that cancels the fill at a padded key is a stated divergence
+    (replaced,) = [fact for fact in finding.extra["facts"]["accepted"] if fact["name"] == "replaced-scores"]
+    assert "masks added before it" in replaced["statement"] and "cancels the fill" in replaced["why"]
 
 
 def _pair(source: str = SOURCE, unsafe_fixes: bool = True):
@@ -67,11 +74,12 @@ def _pair(source: str = SOURCE, unsafe_fixes: bool = True):
     return original, patched
 
 
+@pytest.mark.parametrize("form", ["masked_fill", "where"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mask_dtype", ["query's", torch.float16, torch.bool])
 @pytest.mark.parametrize("padded", [True, False])
-def test_values_and_gradients_match_for_every_mask_dtype_the_fact_admits(dtype, mask_dtype, padded):
-    original, patched = _pair()
+def test_values_and_gradients_match_for_every_mask_dtype_the_fact_admits(form, dtype, mask_dtype, padded):
+    original, patched = _pair(SOURCE if form == "masked_fill" else WHERE_FILL)
     original.to(dtype)
     patched.to(dtype)
     generator = torch.Generator().manual_seed(1)

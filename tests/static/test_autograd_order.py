@@ -243,6 +243,8 @@ ASKS = {
     "grad_unpacked_positional": "import torch\ntorch.autograd.grad(y, x, *[None, None, True])",
     "grad_local_alias": "import torch\ndef f():\n    g_ = torch.autograd.grad\n    g_(y, q, None, None, True)",
     "func_computed_name": "import torch\nj = getattr(torch.func, 'j' + 'vp')",
+    "autograd_computed_name": "import torch\nf = getattr(torch.autograd, 'gr' + 'ad')\ng, = f(y, q, None, None, True)",
+    "forward_ad_computed_name": "import torch\nfwAD = torch.autograd.forward_ad\ndual = getattr(fwAD, name)(x, t)",
     "jacobian_strategy_positional": "import torch\ntorch.autograd.functional.jacobian(f, x, False, False, True, "
                                     "'forward-mode')",
     "nested_grad": "from torch.func import grad\ngg = grad(grad(f))(x)",

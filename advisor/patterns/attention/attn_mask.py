@@ -231,10 +231,10 @@ def term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     mask = _term_values(c, term)
     if term.reshape is None:
         return mask
-    expand, collapse, inferred = term.reshape
-    if not inferred:
+    expand, collapse, broadcast = term.reshape
+    if not broadcast:
         return method(method(mask, "expand", *expand), "reshape", *collapse)
-    # `scores.view(-1, w, h, L, S) + mask`: broadcast against a tensor of the scores' shape instead
+    # `scores.view(-1, w, h, L, S) + mask`, or a mask of more dims: broadcast against the scores' shape instead
     query = atomic(c.match.query)
     shape = parse_template_expression("(*{query}.shape[:-1], {key}.shape[-2])", query=query, key=atomic(c.match.key))
     if term.kind in ("float", "finite"):

@@ -20,7 +20,7 @@ from advisor.patterns.attention.learned_bias import learned_reading
 from advisor.patterns.attention.module_terms import module_term
 from advisor.patterns.attention.rendering import Replace, at_home, short
 from advisor.patterns.attention.result import MaskTerm, Refusal
-from advisor.patterns.attention.tensor_facts import roots
+from advisor.patterns.attention.tensor_facts import rank_bounds, roots, term_rank
 from advisor.patterns.dtypes import EINOPS
 from advisor.patterns.ops import Op, number_value, views_another_dtype
 from advisor.static.codegen import atomic, nonzero
@@ -141,13 +141,17 @@ def enclosing_views(c: Candidate, position: int) -> tuple[Op, Op] | None:
 
 def reshape_term(c: Candidate, term: MaskTerm, views: tuple[Op, Op]) -> None:
     """A mask added while the scores were viewed as (b, h, L, S) and viewed back to (b*h, L, S)
-    becomes `mask.expand(b, h, L, S).reshape(b*h, L, S)`: the same values in SDPA's layout."""
+    becomes `mask.expand(b, h, L, S).reshape(b*h, L, S)`: the same values in SDPA's layout. Where `expand` cannot
+    take it, the mask is broadcast against a tensor of the view's shape and viewed back, as the original does: a
+    view shape with a -1, or a mask that may have more dims than the view (the original broadcasts the scores up
+    and views them back wherever the extra dims are 1: a batch of one; `expand` raises: breaker round 56)."""
     expand, collapse = views
     shapes = [expand.params["shape"], collapse.params["shape"]]
     if term.kind == "causal":
         term.kind = "keep"
-    inferred = any(number_value(dim) == -1 for dim in shapes[0])  # expand() cannot infer a size
-    term.reshape = ([at_home(c, d) for d in shapes[0]], [at_home(c, d) for d in shapes[1]], inferred)
+    most = term_rank(rank_bounds(c), term)[1] if term.source is not None else None
+    broadcast = any(number_value(dim) == -1 for dim in shapes[0]) or most is None or most > len(shapes[0])
+    term.reshape = ([at_home(c, d) for d in shapes[0]], [at_home(c, d) for d in shapes[1]], broadcast)
     term.nodes.extend(dim for shape in shapes for dim in shape)
 
 

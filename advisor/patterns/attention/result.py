@@ -27,7 +27,7 @@ class MaskTerm:
     fill: cst.BaseExpression | None = None
     guard: cst.If | None = None
     statement: cst.CSTNode | None = None  # where the original applies it
-    # (expand shape, reshape shape, has -1) when applied to a view
+    # (expand shape, reshape shape, broadcast: expand() cannot take the mask) when applied to a view
     reshape: tuple[list[cst.BaseExpression], list[cst.BaseExpression], bool] | None = None
     scaled_after: bool = False
     nodes: list[cst.CSTNode] = field(default_factory=list)

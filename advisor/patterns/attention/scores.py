@@ -299,7 +299,9 @@ def _peel_one(c: Candidate, op: Op, guard: cst.If | None) -> cst.BaseExpression:
         return op.operands[0]
     if op.name in ("add", "where"):
         left, right = op.operands
-        scores = left if reaches(c, left, CORE_OPS, 0) else right
+        # `where(pad, torch.finfo(s.dtype).min, s)`: the fill reads the scores' dtype, and is still the fill
+        filled = op.name == "where" and c.values.fill_kind(left) is not None
+        scores = left if not filled and reaches(c, left, CORE_OPS, 0) else right
         if op.params.get("optional") and scores is not left:
             raise Refusal(f"the scores are the argument `{short(c.parsed, op.node)}` tests for None, and the mask the "
                           f"one it adds where they are not None")
