@@ -73,3 +73,16 @@ def test_a_mask_of_more_dims_than_the_view_runs_where_the_original_runs(batch, p
     else:
         assert not isinstance(got, type), got
         torch.testing.assert_close(got, expected)
+
+
+def test_the_broadcast_mask_compiles_under_torchscript():
+    """The view's sizes are a list, which TorchScript takes (it cannot size a starred tuple of a shape)."""
+    fixed = analyze_source(PAD_ONLY, "case.py").fixed
+    assert ".new_ones([b, h, L, S]" in fixed
+    original = load_module_from_source(PAD_ONLY, "viewed_rank_script").attention
+    scripted = torch.jit.script(load_module_from_source(fixed, "viewed_rank_script_fixed").attention)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, length, 8, generator=generator) for length in (5, 7, 7))
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[:, 5:] = True
+    torch.testing.assert_close(scripted(q, k, v, pad, torch.zeros(())), original(q, k, v, pad, torch.zeros(())))

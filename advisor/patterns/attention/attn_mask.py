@@ -18,7 +18,7 @@ from advisor.patterns.attention.candidate import Candidate, in_inlined
 from advisor.patterns.attention.causal import CAUSAL_EXTENT
 from advisor.patterns.attention.rendering import Replace, at_home
 from advisor.patterns.attention.result import MaskTerm, Refusal
-from advisor.patterns.ops import views_another_dtype
+from advisor.patterns.ops import number_value, views_another_dtype
 from advisor.static.codegen import assignment, atomic, joined, keyword, method, parenthesized
 from advisor.static.dataflow import loaded_names
 
@@ -234,16 +234,21 @@ def term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     expand, collapse, broadcast = term.reshape
     if not broadcast:
         return method(method(mask, "expand", *expand), "reshape", *collapse)
-    # `scores.view(-1, w, h, L, S) + mask`, or a mask of more dims: broadcast against the scores' shape instead
+    # a mask that may have more dims than the view: broadcast against a tensor of the view's shape, as the original
+    # broadcasts the viewed scores (`q.new_zeros([b, h, L, S]) + mask`, a list of sizes as TorchScript takes them);
+    # where the view infers a size (`scores.view(-1, w, h, L, S)`), against the scores' shape viewed so
     query = atomic(c.match.query)
-    shape = parse_template_expression("(*{query}.shape[:-1], {key}.shape[-2])", query=query, key=atomic(c.match.key))
+    inferred = any(number_value(size) == -1 for size in expand)
+    shape = parse_template_expression("(*{query}.shape[:-1], {key}.shape[-2])", query=query,
+                                      key=atomic(c.match.key)) if inferred else \
+        cst.List([cst.Element(size) for size in expand])
     if term.kind in ("float", "finite"):
-        broadcast = cst.BinaryOperation(method(method(query, "new_zeros", shape), "view", *expand), cst.Add(),
-                                        atomic(mask))
+        base, operator = method(query, "new_zeros", shape), cst.Add()
     else:
         torch_name, _ = _torch_and_query(c)
-        ones = method(query, "new_ones", shape, keyword("dtype", cst.Attribute(torch_name, cst.Name("bool"))))
-        broadcast = cst.BinaryOperation(method(ones, "view", *expand), cst.BitAnd(), atomic(mask))
+        base = method(query, "new_ones", shape, keyword("dtype", cst.Attribute(torch_name, cst.Name("bool"))))
+        operator = cst.BitAnd()
+    broadcast = cst.BinaryOperation(method(base, "view", *expand) if inferred else base, operator, atomic(mask))
     return method(parenthesized(broadcast), "view", *collapse)
 
 
