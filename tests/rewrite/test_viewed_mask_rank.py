@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from advisor.engine.static import analyze_source
-from fixture_models import load_module_from_source
+from fixture_models import FIXTURE_ROOT, load_module_from_source
 
 SOURCE = '''
 import torch
@@ -86,3 +86,18 @@ def test_the_broadcast_mask_compiles_under_torchscript():
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[:, 5:] = True
     torch.testing.assert_close(scripted(q, k, v, pad, torch.zeros(())), original(q, k, v, pad, torch.zeros(())))
+
+
+def test_a_view_that_infers_a_size_compiles_under_torchscript():
+    """Swin's `attn.view(-1, num_win, heads, N, N) + mask`: the scores' shape is built as a list."""
+    source = (FIXTURE_ROOT / "positive" / "29_swin_window_mask_view.py").read_text()
+    fixed = analyze_source(source, "swin.py", unsafe_fixes=True).fixed
+    assert "list(q.shape[:-1]) + [k.shape[-2]]" in fixed
+    original_module = load_module_from_source(source, "swin_script")
+    patched_module = load_module_from_source(fixed, "swin_script_fixed")
+    original, inputs = original_module.make(fully_masked=False)
+    patched, _ = patched_module.make(fully_masked=False)
+    patched.load_state_dict(original.state_dict())
+    scripted = torch.jit.script(patched.eval())
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(*inputs), original.eval()(*inputs))

@@ -235,12 +235,14 @@ def term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     if not broadcast:
         return method(method(mask, "expand", *expand), "reshape", *collapse)
     # a mask that may have more dims than the view: broadcast against a tensor of the view's shape, as the original
-    # broadcasts the viewed scores (`q.new_zeros([b, h, L, S]) + mask`, a list of sizes as TorchScript takes them);
-    # where the view infers a size (`scores.view(-1, w, h, L, S)`), against the scores' shape viewed so
+    # broadcasts the viewed scores (`q.new_zeros([b, h, L, S]) + mask`); where the view infers a size
+    # (`scores.view(-1, w, h, L, S)`), against the scores' shape viewed so. Sizes as a list, which TorchScript takes
+    # (it cannot size a starred tuple of a shape), unless the file binds `list` itself
     query = atomic(c.match.query)
     inferred = any(number_value(size) == -1 for size in expand)
-    shape = parse_template_expression("(*{query}.shape[:-1], {key}.shape[-2])", query=query,
-                                      key=atomic(c.match.key)) if inferred else \
+    template = "(*{query}.shape[:-1], {key}.shape[-2])" if "list" in c.parsed.bound_names | set(c.parsed.imports) \
+        else "list({query}.shape[:-1]) + [{key}.shape[-2]]"
+    shape = parse_template_expression(template, query=query, key=atomic(c.match.key)) if inferred else \
         cst.List([cst.Element(size) for size in expand])
     if term.kind in ("float", "finite"):
         base, operator = method(query, "new_zeros", shape), cst.Add()
