@@ -354,6 +354,12 @@ def _settle(result: FileResult, analyze) -> None:
         if not isinstance(again, FileResult):
             break
         current, last, applied = applied.text, again, again.applied
+    else:
+        if applied.text != current:  # a fix that applies again to its own output (breaker round 56: a guarded
+            # patch's fallback read as a new block nested the patch 16 deep): one round only, and say so
+            last, applied = result, result.applied
+            applied.problems.append(f"{display_path(result.path)}: the fixes did not settle in {FIX_ROUNDS} "
+                                    f"rounds, so only the first round is applied; please report it")
     applied.left = len(last.findings) - len(last.applicable()) + applied.not_applied
     result._applied = applied
 

@@ -151,3 +151,21 @@ def test_weights_on_request_take_sdpa_with_the_flag_off_and_the_library_path_wit
         assert len(actual) == len(expected)  # the weights come back exactly when asked for
         for a, b in zip(actual + actual_grads, expected + expected_grads):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+# Swin's windows (and other forms that return the weights by `... if output_attentions else ...`): the patch's
+# fallback under `else:` holds the original block, which must be read as the fallback it is, not patched again
+# (breaker round 56: `fix --unsafe-fixes` nested the patch 16 deep, once per fix round)
+SETTLED = ("donut/modeling_donut_swin.py", "maskformer/modeling_maskformer_swin.py", "clap/modeling_clap.py",
+           "swin/modeling_swin.py", "fsmt/modeling_fsmt.py", "speecht5/modeling_speecht5.py")
+
+
+@pytest.mark.parametrize("relative", SETTLED)
+def test_a_patched_file_offers_no_patch_of_its_own_fallback(relative):
+    path = MODELS / relative
+    first = analyze_source(path.read_text(), str(path), unsafe_fixes=True)
+    patched = [f for f in first.findings if f.kind == "attention" and f.fixable]
+    assert patched, relative
+    second = analyze_source(first.fixed, str(path), unsafe_fixes=True)
+    again = [(f.line, f.rule) for f in second.findings if f.kind == "attention" and f.fixable]
+    assert again == [], again

@@ -481,9 +481,11 @@ def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallbac
 
 
 def _asked_in(parsed: ParsedModule, flag: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
-    """`fallback` holds a statement `if <flag>:` (the weights asked for on request)."""
+    """`fallback` holds a statement `if <flag>:` or an expression `... if <flag> else ...` (the weights asked for on
+    request: BERT's and Swin's `outputs = (context, probs) if output_attentions else (context,)`)."""
     text = parsed.code(flag)
-    return any(isinstance(node, cst.If) and parsed.code(node.test) == text for node in scope.walk(fallback))
+    return any(isinstance(node, (cst.If, cst.IfExp)) and parsed.code(node.test) == text
+               for node in scope.walk(fallback))
 
 
 def _none_identity_asked_otherwise(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
