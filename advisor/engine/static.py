@@ -355,8 +355,9 @@ def _settle(result: FileResult, analyze) -> None:
             break
         current, last, applied = applied.text, again, again.applied
     else:
-        if applied.text != current:  # a fix that applies again to its own output (breaker round 56: a guarded
-            # patch's fallback read as a new block nested the patch 16 deep): one round only, and say so
+        if len(applied.text) > len(current):  # still growing: a fix applying again to its own output (breaker round
+            # 56: a guarded patch's fallback read as a new block nested the patch 16 deep): one round only, and
+            # say so. (Still shrinking, as 20 chained copies lose one a round, is left for the next run.)
             last, applied = result, result.applied
             applied.problems.append(f"{display_path(result.path)}: the fixes did not settle in {FIX_ROUNDS} "
                                     f"rounds, so only the first round is applied; please report it")

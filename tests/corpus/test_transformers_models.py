@@ -157,7 +157,8 @@ def test_weights_on_request_take_sdpa_with_the_flag_off_and_the_library_path_wit
 # fallback under `else:` holds the original block, which must be read as the fallback it is, not patched again
 # (breaker round 56: `fix --unsafe-fixes` nested the patch 16 deep, once per fix round)
 SETTLED = ("donut/modeling_donut_swin.py", "maskformer/modeling_maskformer_swin.py", "clap/modeling_clap.py",
-           "swin/modeling_swin.py", "fsmt/modeling_fsmt.py", "speecht5/modeling_speecht5.py")
+           "swin/modeling_swin.py", "fsmt/modeling_fsmt.py", "speecht5/modeling_speecht5.py",
+           "dab_detr/modeling_dab_detr.py")
 
 
 @pytest.mark.parametrize("relative", SETTLED)

@@ -481,11 +481,18 @@ def _reads_metadata_only(parsed: ParsedModule, test: cst.BaseExpression, fallbac
 
 
 def _asked_in(parsed: ParsedModule, flag: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
-    """`fallback` holds a statement `if <flag>:` or an expression `... if <flag> else ...` (the weights asked for on
-    request: BERT's and Swin's `outputs = (context, probs) if output_attentions else (context,)`)."""
+    """`fallback` holds a statement `if <flag>:` or an expression `... if <flag> else ...`, or either testing `not
+    <flag>` (the weights asked for on request: BERT's and Swin's `outputs = (context, probs) if output_attentions
+    else (context,)`, DETR's `if not output_attentions: attn_weights = None`)."""
     text = parsed.code(flag)
-    return any(isinstance(node, (cst.If, cst.IfExp)) and parsed.code(node.test) == text
+    return any(isinstance(node, (cst.If, cst.IfExp)) and text in (parsed.code(node.test), _negated_flag(parsed, node))
                for node in scope.walk(fallback))
+
+
+def _negated_flag(parsed: ParsedModule, node: cst.If | cst.IfExp) -> str | None:
+    test = node.test
+    return parsed.code(test.expression) if isinstance(test, cst.UnaryOperation) and \
+        isinstance(test.operator, cst.Not) else None
 
 
 def _none_identity_asked_otherwise(parsed: ParsedModule, test: cst.BaseExpression, fallback: cst.BaseSuite) -> bool:
