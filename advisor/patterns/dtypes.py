@@ -61,7 +61,7 @@ class DtypeRoots:
     def same_given_addends(self, addends: list[cst.BaseExpression], *nodes: cst.BaseExpression) -> bool:
         """`same`, reading a sum with one of `addends` as the other operand's dtype: true wherever no addend is a
         float wider than what it is added to, which the caller must prove or record as a fact (an additive mask's
-        `mask-dtype`: CLIP's fill `finfo(scores.dtype).min` after `scores + mask` has the query's dtype)."""
+        `mask-dtype`: FSMT's fill `finfo(scores.dtype).min` after `scores + mask` has the query's dtype)."""
         self._kept_addends = tuple(addends)
         try:
             return self.same(*nodes)
