@@ -37,7 +37,9 @@ def guarded(parsed: ParsedModule, edits: NodeEdits, test: cst.BaseExpression,
                       wrap={n: new for n, new in edits.wrap.items() if not inside(n)},
                       unwrap={n for n in edits.unwrap if not inside(n)}, take={n for n in edits.take if not inside(n)},
                       imports=edits.imports, definitions=edits.definitions,
-                      moved=edits.moved | set(lifted))  # their comments go up with them, once
+                      # their comments go up with them, or into the `else:` copy, once (breaker round 57: a comment
+                      # inside the span was kept in place as well)
+                      moved=edits.moved | set(lifted) | set(span[1:]))
     rest = [statement for statement in span if statement not in lifted]
     fast = edited_statements(rest, inner)
     original = [statement.deep_clone() for statement in rest]  # new nodes: no edit reaches them

@@ -79,7 +79,9 @@ JUDGEMENTS: dict[str, Judgement] = {
     "timm_attention": Judgement(True, "maybe_add_mask is an optional added mask and resolve_self_attn_mask reads "
                                       "only the scores' dtype and device: SDPA where the bias is None, the original "
                                       "otherwise (the note still says enabling `self.fused_attn` is simpler)"),
-    "nanogpt_causal": Judgement(True, "causal tril buffer sliced [:T, :T], -inf fill (other branch is SDPA)"),
+    "nanogpt_causal": Judgement(False, "the manual branch of `self.flash = hasattr(F, 'scaled_dot_product_attention')` "
+                                       "runs only where torch has no SDPA (the other branch is the fix)",
+                                cause=r"has no scaled_dot_product_attention"),
     "mingpt_causal": Judgement(True, "separate q/k/v Linears, causal `mask` buffer, -inf fill"),
     "xtransformers_attend": Judgement(False, "pre/post-softmax weights leave through Intermediates"),
     "hf_bert_legacy": Judgement(False, "weights returned with output_attentions, head mask, relative scores"),

@@ -129,6 +129,23 @@ def test_comments_above_deleted_statements_stay_in_the_file():
     assert analyze_source(fixed, "m.py").fixed == fixed  # idempotent
 
 
+def test_a_comment_inside_a_guarded_span_is_written_once():
+    """A guarded patch copies the block's statements, with the comments between them, into its `else:`; the
+    comment was also carried to the statement after the block, a stray copy (breaker round 57)."""
+    source = (
+        "import math\nimport torch\nimport torch.nn.functional as F\n\n\n"
+        "def attn(q, k, v):\n"
+        "    s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))\n"
+        "    # softmax\n"
+        "    p = F.softmax(s, dim=-1)\n"
+        "    o = torch.matmul(p, v)\n"
+        "    return o\n")
+    fixed = analyze_source(source, "m.py").fixed
+    assert "scaled_dot_product_attention" in fixed and "else:" in fixed
+    assert fixed.count("# softmax") == 1
+    assert fixed.index("# softmax") > fixed.index("else:")
+
+
 def test_a_diff_printed_to_a_pipe_keeps_long_lines_and_applies(tmp_path):
     """The diff on stdout went through the console at its width: a 165-column line was cut, and `git apply` refused
     the patch."""

@@ -20,7 +20,7 @@ from advisor.patterns.attention.rendering import short
 from advisor.patterns.attention.result import Refusal
 from advisor.patterns.ops import Op, OpReader
 from advisor.contracts.emitted_names import FLASH_HELPER_NAME, FLEX_HELPER_NAME as FLEX_HELPER, MODULE_CHECK_LOCAL
-from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow
+from advisor.static.dataflow import UNDEFINED, Definition, FunctionFlow, bound_names
 from advisor.static.module_index import ClassInfo, ParsedModule
 from advisor.static.walk import children, walk
 
@@ -424,6 +424,60 @@ def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode, owner: Cl
                             f"scaled_dot_product_attention computes: enable it")
         child, node = node, parsed.parents.get(node)
     return None
+
+
+SDPA_NAME = "scaled_dot_product_attention"
+
+
+def fallback_without_sdpa(parsed: ParsedModule, statement: cst.CSTNode, owner: ClassInfo | None) -> str | None:
+    """Why a block under an `if` that tests whether torch has SDPA at all may not be rewritten to it: the manual
+    branch of nanoGPT's `self.flash = hasattr(torch.nn.functional, 'scaled_dot_product_attention')`, of `if
+    hasattr(F, "scaled_dot_product_attention"):`, or of a flag a module-level `try:` import of it sets, runs
+    where torch has no SDPA (breaker round 57: the patch raised AttributeError there). None elsewhere."""
+    child, node = statement, parsed.parents.get(statement)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        tests = [node.test] if isinstance(node, cst.If) and child is not node.test else []
+        if isinstance(node, cst.IndentedBlock) and child in node.body:  # `if self.flash: return ...` above it
+            tests = [earlier.test for earlier in node.body[:list(node.body).index(child)]
+                     if isinstance(earlier, cst.If) and earlier.orelse is None and _returns_last(earlier.body)]
+        for test in tests:
+            if _tests_sdpa_exists(parsed, test, owner):
+                return (f"the block runs where `{short(parsed, test)}` may say torch has no "
+                        f"scaled_dot_product_attention, and a patch calling it would raise there (where torch has "
+                        f"it, the branch that calls it is the fix)")
+        child, node = node, parsed.parents.get(node)
+    return None
+
+
+def _tests_sdpa_exists(parsed: ParsedModule, test: cst.BaseExpression, owner: ClassInfo | None) -> bool:
+    """The test names SDPA in a string (`hasattr(F, "scaled_dot_product_attention")`), or reads a flag whose only
+    bindings name it: `self.flash = hasattr(...)` in the class, a module-level assignment or `try:` block."""
+    if SDPA_NAME in parsed.code(test):  # a string, or the function itself (`if F.scaled_dot_product_attention:`)
+        return True
+    attribute_names = {id(node.attr) for node in scope.walk(test) if isinstance(node, cst.Attribute)}
+    for node in scope.walk(test):
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" and \
+                owner is not None:
+            values = owner.attributes.get(node.attr.value) or []
+            if values and all(SDPA_NAME in parsed.code(value) for value in values):
+                return True
+        elif isinstance(node, cst.Name) and id(node) not in attribute_names and \
+                _bound_where_sdpa_is_named(parsed, node.value):
+            return True
+    return False
+
+
+def _bound_where_sdpa_is_named(parsed: ParsedModule, name: str) -> bool:
+    """A module-level statement that binds `name` and names SDPA (`HAS_SDPA = hasattr(...)`, or a `try:` whose
+    body imports it and whose handler binds the flag too)."""
+    for statement in parsed.module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or SDPA_NAME not in parsed.code(statement):
+            continue  # a class body's `fused_attn: Final[bool]` binds no module-level name
+        lines = [statement] if isinstance(statement, cst.SimpleStatementLine) else \
+            [node for node in scope.walk(statement) if isinstance(node, cst.SimpleStatementLine)]
+        if any(target.value == name for line in lines for small in line.body for target in bound_names(small)):
+            return True
+    return False
 
 
 def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:

@@ -120,6 +120,10 @@ def _attempt(c: Candidate, softmax: Op) -> AttentionMatch | None:
     if anchors.is_guarded_fallback(c.parsed, statement):
         return None
     match = AttentionMatch(c.scope.name, c.parsed.line(statement), c.parsed.end_line(statement))
+    without = anchors.fallback_without_sdpa(c.parsed, statement, c.owner)
+    if without is not None:
+        match.reason = without
+        return match
     c.match, c.softmax = match, softmax
     try:
         run_steps(PROOF, c)
