@@ -7,6 +7,8 @@ weight walks use to tell the scores' operand from a mask's, and a real value pro
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 import libcst as cst
 
 from advisor.patterns import scope
@@ -470,14 +472,25 @@ def _tests_sdpa_exists(parsed: ParsedModule, test: cst.BaseExpression, owner: Cl
 def _bound_where_sdpa_is_named(parsed: ParsedModule, name: str) -> bool:
     """A module-level statement that binds `name` and names SDPA (`HAS_SDPA = hasattr(...)`, or a `try:` whose
     body imports it and whose handler binds the flag too)."""
+    if SDPA_NAME not in parsed.source:
+        return False
+    if parsed not in _NAMES_BESIDE_SDPA:  # once per file: read for every name of every test above every block
+        _NAMES_BESIDE_SDPA[parsed] = _names_bound_beside_sdpa(parsed)
+    return name in _NAMES_BESIDE_SDPA[parsed]
+
+
+_NAMES_BESIDE_SDPA: WeakKeyDictionary[ParsedModule, frozenset[str]] = WeakKeyDictionary()
+
+
+def _names_bound_beside_sdpa(parsed: ParsedModule) -> frozenset[str]:
+    names = set()
     for statement in parsed.module.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) or SDPA_NAME not in parsed.code(statement):
             continue  # a class body's `fused_attn: Final[bool]` binds no module-level name
         lines = [statement] if isinstance(statement, cst.SimpleStatementLine) else \
             [node for node in scope.walk(statement) if isinstance(node, cst.SimpleStatementLine)]
-        if any(target.value == name for line in lines for small in line.body for target in bound_names(small)):
-            return True
-    return False
+        names.update(target.value for line in lines for small in line.body for target in bound_names(small))
+    return frozenset(names)
 
 
 def is_guarded_fallback(parsed: ParsedModule, statement: cst.CSTNode) -> bool:
