@@ -411,21 +411,28 @@ def sdpa_on_other_branch(parsed: ParsedModule, statement: cst.CSTNode, owner: Cl
     """timm's `if self.fused_attn: F.scaled_dot_product_attention(...) else: <manual>`, or x-transformers'
     `if self.flash: return self.flash_attn(q, k, v)` before the manual code (SDPA called there or in a method of the
     class that branch calls): the fix is the flag."""
+    for deciding, other, returns_before in _deciding_ifs(parsed, statement):
+        if other is not None and _calls_sdpa(parsed, other, owner):
+            return (f"`if {short(parsed, deciding.test)}` before this block returns what "
+                    f"scaled_dot_product_attention computes: enable it" if returns_before else
+                    f"the other branch of `if {short(parsed, deciding.test)}` already calls "
+                    f"scaled_dot_product_attention: enable it")
+    return None
+
+
+def _deciding_ifs(parsed: ParsedModule, statement: cst.CSTNode):
+    """The `if` statements of the block's function that decide whether it runs, innermost first, each with the code
+    that runs instead: every `if` holding the block, with its other branch (None without an `else:`), and every
+    earlier `if` of a block holding it whose body ends in a `return`, with that body (`returns_before`)."""
     child, node = statement, parsed.parents.get(statement)
     while node is not None and not isinstance(node, cst.FunctionDef):
-        if isinstance(node, cst.If) and node.orelse is not None:
-            other = node.orelse if child is node.body else node.body
-            if _calls_sdpa(parsed, other, owner):
-                return (f"the other branch of `if {short(parsed, node.test)}` already calls "
-                        f"scaled_dot_product_attention: enable it")
+        if isinstance(node, cst.If):
+            yield node, None if node.orelse is None else node.orelse if child is node.body else node.body, False
         if isinstance(node, cst.IndentedBlock) and child in node.body:
             for earlier in node.body[:list(node.body).index(child)]:
-                if isinstance(earlier, cst.If) and earlier.orelse is None and _returns_last(earlier.body) and \
-                        _calls_sdpa(parsed, earlier.body, owner):
-                    return (f"`if {short(parsed, earlier.test)}` before this block returns what "
-                            f"scaled_dot_product_attention computes: enable it")
+                if isinstance(earlier, cst.If) and earlier.orelse is None and _returns_last(earlier.body):
+                    yield earlier, earlier.body, True
         child, node = node, parsed.parents.get(node)
-    return None
 
 
 SDPA_NAME = "scaled_dot_product_attention"
@@ -436,18 +443,11 @@ def fallback_without_sdpa(parsed: ParsedModule, statement: cst.CSTNode, owner: C
     branch of nanoGPT's `self.flash = hasattr(torch.nn.functional, 'scaled_dot_product_attention')`, of `if
     hasattr(F, "scaled_dot_product_attention"):`, or of a flag a module-level `try:` import of it sets, runs
     where torch has no SDPA (breaker round 57: the patch raised AttributeError there). None elsewhere."""
-    child, node = statement, parsed.parents.get(statement)
-    while node is not None and not isinstance(node, cst.FunctionDef):
-        tests = [node.test] if isinstance(node, cst.If) and child is not node.test else []
-        if isinstance(node, cst.IndentedBlock) and child in node.body:  # `if self.flash: return ...` above it
-            tests = [earlier.test for earlier in node.body[:list(node.body).index(child)]
-                     if isinstance(earlier, cst.If) and earlier.orelse is None and _returns_last(earlier.body)]
-        for test in tests:
-            if _tests_sdpa_exists(parsed, test, owner):
-                return (f"the block runs where `{short(parsed, test)}` may say torch has no "
-                        f"scaled_dot_product_attention, and a patch calling it would raise there (where torch has "
-                        f"it, the branch that calls it is the fix)")
-        child, node = node, parsed.parents.get(node)
+    for deciding, _, _ in _deciding_ifs(parsed, statement):
+        if _tests_sdpa_exists(parsed, deciding.test, owner):
+            return (f"the block runs where `{short(parsed, deciding.test)}` may say torch has no "
+                    f"scaled_dot_product_attention, and a patch calling it would raise there (where torch has "
+                    f"it, the branch that calls it is the fix)")
     return None
 
 

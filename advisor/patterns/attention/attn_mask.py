@@ -240,8 +240,8 @@ def term_mask(c: Candidate, term: MaskTerm) -> cst.BaseExpression:
     # (it cannot size a starred tuple of a shape), unless the file binds `list` itself
     query = atomic(c.match.query)
     inferred = any(number_value(size) == -1 for size in expand)
-    template = "(*{query}.shape[:-1], {key}.shape[-2])" if "list" in c.parsed.bound_names | set(c.parsed.imports) \
-        else "list({query}.shape[:-1]) + [{key}.shape[-2]]"
+    shadowed = "list" in c.parsed.bound_names or "list" in c.parsed.imports
+    template = "(*{query}.shape[:-1], {key}.shape[-2])" if shadowed else "list({query}.shape[:-1]) + [{key}.shape[-2]]"
     shape = parse_template_expression(template, query=query, key=atomic(c.match.key)) if inferred else \
         cst.List([cst.Element(size) for size in expand])
     if term.kind in ("float", "finite"):
