@@ -45,6 +45,67 @@ STEP_METHODS = frozenset({"masked_fill_", "fill_", "fill_diagonal_", "triu_", "t
                           "div_", "clamp_", "zero_", "neg_"})  # tensor methods a module-level step may write with
 
 
+@dataclass(frozen=True)
+class ModuleName:
+    """The module-level variable `name`: its bindings and every occurrence of it, leaving out the locals of
+    functions that bind the same name (`def forward(self, attn_mask)` beside a module-level `attn_mask`)."""
+
+    bindings: list[cst.Name]
+    occurrences: list[cst.Name]
+
+
+def module_name(parsed: ParsedModule, name: str) -> ModuleName:
+    return parsed.derived(("module-name", name), lambda p: _module_name(p, name))
+
+
+def _module_name(parsed: ParsedModule, name: str) -> ModuleName:
+    """A function or lambda that binds `name` (a parameter, an assignment, a loop or `with` target) makes it local
+    there and in what it encloses that does not bind it again. Where the file declares the name `global` or
+    `nonlocal`, or binds it in a class body or a comprehension (scopes with their own rules), every occurrence
+    counts, as if all were the module's."""
+    bindings = parsed.bindings.get(name, [])
+    occurrences = [node for node in parsed.nodes_of(cst.Name) if node.value == name]
+    scopes = [_binding_scope(parsed, binding) for binding in bindings]
+    declared = any(item.name.value == name for node in parsed.nodes_of(cst.Global, cst.Nonlocal)
+                   for item in node.names)
+    if declared or any(scope is _OTHER for scope in scopes):
+        return ModuleName(bindings, occurrences)
+    local = {id(scope) for scope in scopes if scope is not None}
+    return ModuleName([b for b, scope in zip(bindings, scopes) if scope is None],
+                      [node for node in occurrences if not _local_in(parsed, node, local)])
+
+
+_OTHER = object()  # a class body's or a comprehension's binding
+
+
+def _binding_scope(parsed: ParsedModule, binding: cst.Name):
+    """The function or lambda whose local `binding` binds; None at module level; _OTHER in a class body or a
+    comprehension (its target, or a walrus inside one)."""
+    parent = parsed.parents.get(binding)
+    if isinstance(parent, cst.Param):
+        return parsed.parents.get(parsed.parents.get(parent))
+    child, node = binding, parent
+    while node is not None:
+        if isinstance(node, (cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+            return _OTHER
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)) and child is node.body:
+            return node
+        child, node = node, parsed.parents.get(node)
+    return None
+
+
+def _local_in(parsed: ParsedModule, occurrence: cst.Name, local: set[int]) -> bool:
+    """The occurrence is in the body (or is a parameter) of a function or lambda that binds the name."""
+    child, node = occurrence, parsed.parents.get(occurrence)
+    while node is not None:
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)) and id(node) in local and \
+                (child is node.body or child is node.params and isinstance(parsed.parents.get(occurrence), cst.Param)
+                 and parsed.parents.get(occurrence).name is occurrence):
+            return True
+        child, node = node, parsed.parents.get(node)
+    return False
+
+
 def module_steps(parsed: ParsedModule, name: str,
                  registered: tuple[cst.CSTNode, ...] = ()) -> list[cst.BaseSmallStatement] | None:
     """The module-level statements that build the tensor `name` when no one definition does: assignments of the
@@ -52,26 +113,27 @@ def module_steps(parsed: ParsedModule, name: str,
     -1e9`) and in-place method calls (`MASK.fill_diagonal_(0.0)`), all at the module's top level, in order, with
     nothing between them but assignments that call torch alone; every other read of it in the file leaves it alone,
     as for `module_value` (`registered` as there). None for anything else."""
-    if len(parsed.bindings.get(name, [])) < 2 and module_value(parsed, name) is not None or \
+    variable = module_name(parsed, name)
+    if len(variable.bindings) < 2 and module_value(parsed, name) is not None or \
             name in parsed.imports or reached_by_name(parsed, name) or name in parsed.outside_attribute_writes[0] \
             or parsed.global_rebound_by_computed_name(name) is not None:
         return None
     top = [small for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
     steps = [small for small in top if _step_of(parsed, small, name)]
-    bindings = parsed.bindings.get(name, [])
+    bindings = variable.bindings
     if not steps or not isinstance(steps[0], cst.Assign) or \
             not all(any(parsed.within(binding, step) for step in steps) for binding in bindings):
         return None
     inside = set(steps)
-    for node in (n for n in parsed.nodes_of(cst.Name) if n.value == name):
+    for node in variable.occurrences:
         if not any(parsed.within(node, step) for step in inside) and \
                 not _read_only_use(parsed, node, bindings[0]) and \
                 not (node in registered and _registers_buffer(parsed, node)):
             return None
     first, last = parsed.module.body.index(_line_of(parsed, steps[0])), \
         parsed.module.body.index(_line_of(parsed, steps[-1]))
-    if any(first <= parsed.top_statement_index(node) <= last for node in parsed.nodes_of(cst.Name)
-           if node.value == name and not any(parsed.within(node, step) for step in inside)):
+    if any(first <= parsed.top_statement_index(node) <= last for node in variable.occurrences
+           if not any(parsed.within(node, step) for step in inside)):
         return None  # read between the steps (`SNAP = MASK + 0`): that read sees the tensor half built (round 42)
     for line in parsed.module.body[first:last + 1]:
         if not isinstance(line, cst.SimpleStatementLine) or any(
@@ -136,7 +198,8 @@ def _registers_buffer(parsed: ParsedModule, read: cst.CSTNode) -> bool:
 
 
 def _module_value(parsed: ParsedModule, name: str, registered: tuple[cst.CSTNode, ...] = ()) -> ModuleValue | None:
-    bindings = parsed.bindings.get(name, [])
+    variable = module_name(parsed, name)
+    bindings = variable.bindings
     if len(bindings) != 1 or name in parsed.imports or reached_by_name(parsed, name) or \
             name in parsed.outside_attribute_writes[0] or \
             parsed.global_rebound_by_computed_name(name) is not None:  # `program.MASK.fill_(...)` here or elsewhere
@@ -146,7 +209,7 @@ def _module_value(parsed: ParsedModule, name: str, registered: tuple[cst.CSTNode
     if value is None or not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
             or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is not None:
         return None
-    names = [node for node in parsed.nodes_of(cst.Name) if node.value == name]
+    names = variable.occurrences
     immutable = _immutable(value)  # a number: no read can change it, only another binding
     if not all(_read_only_use(parsed, node, bindings[0], immutable) or
                node in registered and _registers_buffer(parsed, node) for node in names):

@@ -83,9 +83,20 @@ def _reached_by_name(parsed: ParsedModule, name: str, star: bool) -> bool:
         if isinstance(node, cst.Attribute) and node.attr.value in NAMESPACE_ATTRIBUTES or \
                 isinstance(node, (cst.Attribute, cst.Name)) and parsed.imported_name(node) in MODULE_OBJECT_SOURCES:
             return True
-        if isinstance(node, cst.SimpleString) and node.evaluated_value == name and not _in_all(parsed, node):
+        if isinstance(node, cst.SimpleString) and node.evaluated_value == name and not _in_all(parsed, node) and \
+                not _names_a_buffer(parsed, node):
             return True
     return False
+
+
+def _names_a_buffer(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    """The name `self.register_buffer("mask", mask)` gives the buffer: an attribute of the instance, not the
+    module's global of the same name."""
+    arg = parsed.parents.get(node)
+    call = parsed.parents.get(arg)
+    return isinstance(arg, cst.Arg) and arg.keyword is None and isinstance(call, cst.Call) and \
+        call.args[0] is arg and isinstance(call.func, cst.Attribute) and call.func.attr.value == "register_buffer" \
+        and isinstance(call.func.value, cst.Name) and call.func.value.value == "self"
 
 
 def _in_all(parsed: ParsedModule, node: cst.CSTNode) -> bool:

@@ -6,7 +6,8 @@ float32 softmax upcast).
 A `Program` is one choice per axis: how the mask is built (a random draw, zeros, a finite fill, a causal triangle
 turned additive, a bool, a comparison times a constant), how it is shaped where it is used (`[None, None]`,
 `.expand`, `.to`), where it is used (read as a global by a function or by `forward`, passed in by calls, one of
-them at module level, a parameter's default, a buffer registered from it), the pattern's spelling, and at most one
+them at module level, a parameter's default, a buffer registered from it), its name (`MASK`, or `mask` as the
+parameter that takes it is named), the pattern's spelling, and at most one
 `hazard` (the global rebound, written in place directly or through an alias, stored as a parameter, or values that
 can mask a whole row) under which no patch may be called safe. `render(program)` writes a module whose `make(seed)`
 returns `(model, inputs)` for the differential harness (`fuzz.differential.check`); the mask is drawn after
@@ -15,6 +16,7 @@ returns `(model, inputs)` for the differential harness (`fuzz.differential.check
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -52,6 +54,7 @@ K_TRANSPOSES = ("transpose", "permute")
 PRODUCTS = ("matmul", "at", "bmm")
 SOFTMAXES = ("torch", "method", "upcast")
 DROPOUTS = ("none", "functional", "module")
+NAMES = ("MASK", "mask")
 HAZARDS = ("none", "rebound_global", "subscript_write", "inplace_method", "alias_write", "parameter",
            "random_neginf", "random_finite", "finfo_full")
 
@@ -69,6 +72,7 @@ class Program:
     softmax: str = "torch"
     dropout: str = "none"
     hazard: str = "none"
+    name: str = "MASK"  # the global's name; `mask` is also the name of the parameter the callee takes it as
 
 
 def programs(hazard: bool | None = None) -> st.SearchStrategy[Program]:
@@ -80,7 +84,7 @@ def programs(hazard: bool | None = None) -> st.SearchStrategy[Program]:
                      shape=st.sampled_from(SHAPES), use=st.sampled_from(USES), scale=st.sampled_from(SCALES),
                      k_transpose=st.sampled_from(K_TRANSPOSES), product=st.sampled_from(PRODUCTS),
                      softmax=st.sampled_from(SOFTMAXES), dropout=st.sampled_from(DROPOUTS),
-                     hazard=hazards)
+                     hazard=hazards, name=st.sampled_from(NAMES))
 
 
 def render(p: Program) -> str:
@@ -115,7 +119,8 @@ def render(p: Program) -> str:
         lines += ["", "", f"_Q = torch.randn({shape})", "EXAMPLE = attend(_Q, _Q, _Q, MASK)"]
     lines += ["", "", "def make(seed=0):", "    torch.manual_seed(seed)",
               f"    return Model(), (torch.randn({BATCH}, {LENGTH}, {DIM}),)", ""]
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    return text if p.name == "MASK" else re.sub(r"\bMASK\b", p.name, text)
 
 
 def _mask(p: Program, folded: bool) -> tuple[str, str]:

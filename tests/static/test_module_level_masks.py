@@ -115,6 +115,55 @@ def test_any_other_way_the_file_may_change_the_global_leaves_the_facts_assumed(e
     assert "fully-masked-rows" in {fact["name"] for fact in _facts(source)["assumed"]}
 
 
+@pytest.mark.parametrize("use", USES)
+@pytest.mark.parametrize("definition", ["randn", "zeros", "comparison"])
+def test_a_global_named_as_the_parameter_that_takes_it_is_read_as_the_global(use, definition):
+    """`mask = torch.randn(...)` at module level passed to `def attend(q, k, v, mask)`: the parameter is the
+    function's local, not a second binding of the global; `register_buffer("mask", mask)` names an attribute of
+    the instance, not the global (the facts were assumed before)."""
+    program = Program(definition=definition, use=use, name="mask")
+    outcome = check(render(program), as_file=True)
+    assert outcome.status == SAFE_OK, (outcome.status, outcome.detail, outcome.notes)
+
+
+@pytest.mark.parametrize("hazard", HAZARDS[1:])
+@pytest.mark.parametrize("use", USES)
+def test_no_patch_is_safe_where_a_global_named_as_the_parameter_may_change(hazard, use):
+    source = render(Program(definition="randn", use=use, hazard=hazard, name="mask"))
+    assert all(f.fix_safety != "safe" for f in analyze(source, as_file=True).findings)
+
+
+NAMED = render(Program(definition="zeros", use="fn_param", name="mask"))
+
+
+@pytest.mark.parametrize("extra", [
+    "\n\ndef corrupt():\n    mask.fill_(-1e9)\n\n\ncorrupt()\n",  # a function without a local of that name
+    "\n\ndef corrupt(x):\n    def inner():\n        mask.fill_(-1e9)\n    inner()\n\n\ncorrupt(1)\n",
+    "\n\ndef corrupt(x, m=mask):\n    m.fill_(-1e9)\n\n\ncorrupt(1)\n",  # a default is the global
+    "\n\ndef corrupt():\n    global mask\n    mask = torch.full((5, 5), -1e9)\n\n\ncorrupt()\n",
+    "\n\ndef corrupt(mask):\n    def inner():\n        nonlocal mask\n        mask = 1\n    inner()\n"
+    "\n\nmask.fill_(-1e9)\n",
+    "\n\nclass Holder:\n    mask = mask\n    mask.fill_(-1e9)\n",  # a class body: the global read, then a copy
+    "\nfill = (lambda: mask.fill_(-1e9))\nfill()\n",
+    "\nrows = [mask.fill_(-1e9) for mask in [mask]]\n",  # the first iterable is the global
+], ids=["function-read", "closure-read", "default", "global", "nonlocal", "class-body", "lambda", "comprehension"])
+def test_every_read_of_the_global_beside_same_named_locals_is_still_held_to_leave_it_alone(extra):
+    assert "safe" in {f.fix_safety for f in analyze(NAMED, as_file=True).findings}
+    source = NAMED.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
+    assert all(f.fix_safety != "safe" for f in analyze(source, as_file=True).findings)
+
+
+@pytest.mark.parametrize("extra", [
+    "\n\ndef other(mask):\n    mask.fill_(-1e9)\n    return mask\n",  # its own parameter, never given the global
+    "\n\ndef other(x):\n    mask = torch.ones(3)\n    mask.fill_(-1e9)\n    return mask\n",
+    "\nhelper = (lambda mask: mask.fill_(-1e9))\n",
+], ids=["parameter", "local", "lambda-parameter"])
+def test_locals_of_the_same_name_that_never_hold_the_global_leave_its_facts_proved(extra):
+    source = NAMED.replace("\n\ndef make(seed=0):", extra + "\n\ndef make(seed=0):")
+    outcome = check(source, as_file=True)
+    assert outcome.status == SAFE_OK, (outcome.status, outcome.detail, outcome.notes)
+
+
 def test_an_edit_that_writes_the_global_is_seen_by_the_next_scan(tmp_path):
     path = tmp_path / "program.py"
     path.write_text(BASE)
