@@ -286,9 +286,13 @@ def record_row_facts(parsed: ParsedModule, facts: FactSheet, terms: list, added_
     if bounded is not None:
         facts.proved(ROWS, "no query row is fully masked", bounded)
         return
-    if any(term.fill_kind == ADDITIVE for term in terms):
+    added = [term for term in terms if term.fill_kind == ADDITIVE]
+    if added:
+        codes = [" ".join(parsed.code(term.source).split()) for term in added if term.source is not None]
+        names = ", ".join(dict.fromkeys(f"`{code}`" for code in codes if len(code) <= 60))  # a name, not a formula
         facts.assumed(ROWS, "no query row is fully masked",
-                      "the added mask's values are not visible here: where they swallow a whole row's scores (a "
+                      f"the values of the added mask{f' {names}' if names else ''} are not visible here: where they "
+                      "swallow a whole row's scores (a "
                       "padded sample under `(1 - m) * finfo.min`), the original's weights are uniform while SDPA's "
                       "fused backward gives other gradients, and a mask cast to a bf16/fp16 query turns fp32 "
                       "`finfo.min` into -inf (rows of 0); nothing proves every row keeps a key", added_claims)

@@ -514,6 +514,8 @@ class ValueProver:
                 and len(extreme.value.args) == 1:
             argument = extreme.value.args[0].value
             dtype = (self.parsed.imported_name(argument) or "").removeprefix("torch.")
+            if (extreme.attr.value == "min") == negated:
+                return None  # the largest value (`finfo.max`, `-finfo.min`): no fill
             if dtype in FLOAT_MAX:
                 return -FLOAT_MAX[dtype]
             is_dtype = isinstance(argument, cst.Attribute) and argument.attr.value == "dtype"

@@ -32,7 +32,8 @@ class Judgement:
 
 J = Judgement
 JUDGEMENTS: dict[str, Judgement] = {
-    "p01_fairseq_mha": J((UNSAFE,), ("attn_mask", "dtype"), "right: the float attn_mask parameter's dtype is unseen"),
+    "p01_fairseq_mha": J((UNSAFE,), ("attn_mask", "fully masked"),
+                         "right: the float attn_mask parameter's values are unseen (its dtype is checked)"),
     "p02_whisper_openai": J((REFUSED,), ("`qk`", "line 39"), "right: the pre-softmax scores are returned (line 39)"),
     "p03_whisper_no_cache": J((SAFE,)),
     "p04_sam_relpos": J((REFUSED,), ("rel_h",), "right: a bias from q added through a 5-D view of the scores"),
@@ -53,7 +54,8 @@ JUDGEMENTS: dict[str, Judgement] = {
     "p13_mpt": J((SAFE,), (),
                  "right since the padding and causal fills of one finite value share a keep mask (was UNSAFE on "
                  "fully masked rows): dropout under `if dropout_p:` is dropout, the unannotated scale is guarded"),
-    "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's dtype and rank are unseen"),
+    "p14_mistral_gqa": J((UNSAFE,), ("causal_mask",), "right: the mask parameter's values are unseen (its dtype and "
+                         "rank are checked)"),
     "p15_blip_saved_map": J((UNSAFE,), ("fully masked",),
                             "right: the map is saved and hooked only under `if self.save_attention:`, "
                             "so SDPA runs where that flag is off (a guarded check) and the original where it is on; "

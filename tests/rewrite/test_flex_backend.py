@@ -172,10 +172,11 @@ def test_transformers_gemma2_with_optional_soft_cap_mask_and_dropout_runs_flex_i
     assert finding.fixable and finding.extra["emission"]["emitted"] == "flex"
     # the two constructor numbers (a caller may pass tensors) are checked with the dropout, its probability's range
     # and the soft-cap divisor's (not 0, not NaN); key and value states are parameters: their lengths too; the mask's
-    # rank as the caller passes it (`causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]` keeps it)
+    # rank and dtype as the caller passes it (`causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]` keeps
+    # them)
     assert [fact["name"] for fact in finding.extra["facts"]["guarded"]] == [
-        "dropout-range", "scale-is-number", "scale-is-number", "scale-nonzero", "mask-rank", "kv-length",
-        "operand-rank", "flex-dropout"]
+        "dropout-range", "scale-is-number", "scale-is-number", "scale-nonzero", "mask-dtype", "mask-rank",
+        "kv-length", "operand-rank", "flex-dropout"]
     assert "return (torch.tanh(score) * self.attn_logit_softcapping if self.attn_logit_softcapping is not None " \
            "else score)" in result.fixed
     original, patched = (load_module_from_source(text, f"p14_{name}")

@@ -299,17 +299,69 @@ def parameter_claims(c: Candidate, nodes: list[cst.BaseExpression], check: str, 
 
     claims = []
     for node, guard in zip(nodes, list(guards) + [None] * (len(nodes) - len(guards))):
-        found = parameter_of(c.parsed, node)
+        found, kept = parameter_of(c.parsed, node), check
         converted = found is None and (found := _bool_conversion_of(c.parsed, node)) is not None
+        if found is None:
+            found, kept = _local_of_parameter(c.parsed, node, check)
         if found is None or found[0] in c.inlined:
             return ()
         same = [parameter_of(c.parsed, peer) for peer in peers]
         none_ok = _tests_not_none(c.parsed, guard, found[1], node)
-        claims.append(Claim(found[0], found[1], check, rank, none_ok,
+        claims.append(Claim(found[0], found[1], kept, rank, none_ok,
                             tuple(p[1] for p in same if p is not None and p[0] is found[0])))
         if converted:  # every call passes a floating mask: the conversion is never taken
             claims.append(Claim(found[0], found[1], FLOATING, None, none_ok))
     return tuple(claims)
+
+
+def _local_of_parameter(parsed: ParsedModule, node: cst.BaseExpression,
+                        check: str) -> tuple[tuple[cst.FunctionDef, str] | None, str]:
+    """((function, parameter), check) where `node` reads a local its function binds once, before the read, to
+    that parameter or an indexing of it that keeps what `check` is about (Whisper's and Llama's `causal_mask =
+    attention_mask[:, :, :, : key_states.shape[-2]]`): a mask's dtype and bounds on its values under any indexing,
+    its rank under slices, a key kept in every row under `causal.under_row_reads` (else only bounds on values, the
+    check returned); and the function never rebinds or writes the parameter (the local may be a view of it).
+    (None, check) otherwise."""
+    from advisor.patterns.attention.causal import under_row_reads
+    from advisor.patterns.call_site_facts import BOOL, FLOATING, KEEPS_A_KEY, NOT_FLOAT, RANK, SMALL, parameter_of
+
+    function = parsed.innermost(node, cst.FunctionDef) if isinstance(node, cst.Name) else None
+    if function is None:
+        return None, check
+    flow = parsed.flow(function)
+    definitions = flow.definitions_of(node)
+    if flow.sees_undefined(node) or len(definitions) != 1 or definitions[0].kind != "assign" or \
+            definitions[0].index is not None or definitions[0].value is None:
+        return None, check
+    value = definitions[0].value
+    if check == KEEPS_A_KEY and not isinstance(under_row_reads(value), cst.Name):
+        check = SMALL  # rows read otherwise: only small values keep every row's keys
+    if check == KEEPS_A_KEY:
+        base = under_row_reads(value)
+    elif check in (SMALL, NOT_FLOAT, BOOL, FLOATING):
+        base = _under_indexing(value, lambda element: True)
+    elif check == RANK:
+        base = _under_indexing(value, _keeps_a_dim)
+    else:
+        base = value
+    found = parameter_of(parsed, base) if isinstance(base, cst.Name) else None
+    if found is None or found[0] is not function or \
+            any(d.name == found[1] and d.kind != "param" for d in flow.definitions.values()):
+        return None, check
+    return found, check
+
+
+def _under_indexing(node: cst.BaseExpression, kept) -> cst.BaseExpression:
+    """The tensor under subscripts each of whose elements `kept` accepts."""
+    while isinstance(node, cst.Subscript) and all(kept(element.slice) for element in node.slice):
+        node = node.value
+    return node
+
+
+def _keeps_a_dim(element: cst.BaseSlice) -> bool:
+    """A slice, or `...`: the dim (or dims) stay, so the rank does."""
+    return isinstance(element, cst.Slice) or isinstance(element, cst.Index) and \
+        isinstance(element.value, cst.Ellipsis)
 
 
 def _bool_conversion_of(parsed: ParsedModule, node: cst.BaseExpression) -> tuple[cst.FunctionDef, str] | None:

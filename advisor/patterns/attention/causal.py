@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from advisor.patterns.attention.triangles import size_codes, size_nodes, square_parts, view_keeps
+from advisor.patterns.attention.triangles import keeps_first_key_in_every_dtype, size_codes, size_nodes, view_keeps
 from advisor.patterns.evaluated_masks import every_row_keeps_a_key, values_may_differ
 from advisor.patterns.module_values import assigned_values
 from advisor.patterns.ops import CAST_METHODS, int_value, number_value
@@ -209,8 +209,7 @@ def built_keeps_first_key(c, node: cst.BaseExpression, values_of: Resolve, depth
         return True
     if _joined_beside_zeros(c, node, values_of, depth):
         return True
-    parts = square_parts(c, node, values_of)  # a square 0 on and below its diagonal, however it is spelled
-    if parts is not None and parts.keeps_first_key:
+    if keeps_first_key_in_every_dtype(c, node, values_of):  # a square 0 on and below its diagonal, however spelled
         return True
     return every_row_keeps_a_key(c.parsed, node, values_of)  # any other mask built from constants, computed
 
@@ -276,10 +275,13 @@ def under_row_reads(node: cst.BaseExpression) -> cst.BaseExpression:
 
 
 def _first_column_kept(elements) -> bool:
-    """`[..., rows, :S]`: leading whole dims (or `...`), a slice of rows, columns sliced from 0 without a step."""
+    """`[..., rows, :S]`: leading whole dims (or `...`), a slice of rows, columns sliced from 0 without a step; or
+    `[..., :S]`, every row whole."""
     if len(elements) < 2:
         return False
     *leading, rows, columns = (element.slice for element in elements)
+    if not leading and isinstance(rows, cst.Index) and isinstance(rows.value, cst.Ellipsis):
+        rows = cst.Slice(lower=None, upper=None)
     whole = all(isinstance(s, cst.Slice) and s.lower is None and s.upper is None and s.step is None or
                 isinstance(s, cst.Index) and isinstance(s.value, cst.Ellipsis) for s in leading)
     return whole and isinstance(rows, cst.Slice) and isinstance(columns, cst.Slice) and columns.step is None and \

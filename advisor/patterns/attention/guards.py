@@ -190,7 +190,7 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
             # one SDPA gets where the guarded statements begin (`q = q * s` before `q = q.view(...)`, fairseq's)
             q_rank = _exact_rank(c, query) if name == MASK_RANK and all(k is None for k in ranks) else None
             reads = ([query] if q_rank is None else []) + \
-                [_rank_origin(c, _checked(c, name, t), span[0])[0] if name == MASK_RANK else _checked(c, name, t)
+                [_origin(c, _checked(c, name, t), span[0], _rank_subject if name == MASK_RANK else _dtype_subject)[0]
                  for t, known, by in zip(terms, ranks, tabled) if known is None and not by] + \
                 [table for t, by in zip(terms, tabled) if by for table in t.tables]
             parts = [_tables_dtype_check(c, term, query) if by else
@@ -277,9 +277,9 @@ def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
     code = cst.Module([]).code_for_node
     for name, parts in checks.items():
         match.facts.guard(name, " and ".join(code(part) for part in parts))
-    parts = ([match.flag_test] if match.flag_test is not None else []) + \
+    parts = ([match.flag_test] if match.flag_test is not None else []) + _unless_none_merged(
         list({code(atom): atom for group in checks.values() for part in group
-              for atom in ([part] if is_module_check(part) else _conjuncts(part))}.values())
+              for atom in ([part] if is_module_check(part) else _conjuncts(part))}.values()))
     modules = [part for part in parts if is_module_check(part)]
     if modules:  # computed above the `if`, out of TorchScript's sight (see attention.module_guard)
         match.module_check = modules[0] if len(modules) == 1 else joined(cst.And, [_grouped(m) for m in modules])
@@ -287,6 +287,26 @@ def settle_guards(match: AttentionMatch, masks_seen: bool = False) -> None:
     if not parts:
         return
     match.guard = parts[0] if len(parts) == 1 else joined(cst.And, [_grouped(part) for part in parts])
+
+
+def _unless_none_merged(parts: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
+    """`m is None or A` and `m is None or B` (one mask's dtype and rank checks) as one `m is None or A and B`, each
+    conjunct once, in the first one's place: the diff reads each optional mask once."""
+    code = cst.Module([]).code_for_node
+    merged: list[cst.BaseExpression] = []
+    first: dict[str, int] = {}
+    for part in parts:
+        tested = part.left if isinstance(part, cst.BooleanOperation) and isinstance(part.operator, cst.Or) and \
+            not part.lpar and _is_none_test(part.left) else None
+        if tested is None or code(tested) not in first:
+            if tested is not None:
+                first[code(tested)] = len(merged)
+            merged.append(part)
+            continue
+        kept = merged[first[code(tested)]]
+        atoms = {code(atom): atom for side in (kept.right, part.right) for atom in _conjuncts(side)}
+        merged[first[code(tested)]] = kept.with_changes(right=joined(cst.And, list(atoms.values())))
+    return merged
 
 
 def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -441,8 +461,7 @@ def _mask_check(c: Candidate, name: str, term: MaskTerm, query: cst.BaseExpressi
                 torch_name: str, first: cst.BaseStatement, q_rank: int | None = None) -> cst.BaseExpression | None:
     """`isinstance(m, torch.Tensor) and <metadata check>`, or `m is None or (...)` for a mask applied under an
     `if` (SDPA's attn_mask=None is "no mask"); None when the mask is not a plain name or attribute."""
-    mask, added = _rank_origin(c, _checked(c, name, term), first) if name == MASK_RANK else \
-        (_peeled(_checked(c, name, term), DTYPE_KEEPING_VIEWS), 0)
+    mask, added = _origin(c, _checked(c, name, term), first, _rank_subject if name == MASK_RANK else _dtype_subject)
     base = _unindexed(mask)
     # the original indexes the mask whenever it is not None, unless an `if` of another test guards it
     indexed = term.guard is None or c.parsed.code(term.guard.test).replace(" ", "") == \
@@ -494,19 +513,26 @@ def _peeled(node: cst.BaseExpression, methods: frozenset[str]) -> cst.BaseExpres
             return node
 
 
-def _rank_origin(c: Candidate, mask: cst.BaseExpression, first: cst.BaseStatement) -> tuple[cst.BaseExpression, int]:
-    """`_rank_subject`, followed back through the names the guarded statements (from `first`) rebind by such calls
-    (`attn_mask = attn_mask.bool()` under `if attn_mask is not None:`, EVA's; `m = m[:, None, None, :]`): the check
-    then reads the tensor as it was where they begin, with the dims added since."""
-    mask, added = _rank_subject(mask)
+def _dtype_subject(mask: cst.BaseExpression) -> tuple[cst.BaseExpression, int]:
+    """The tensor whose dtype the check reads: under views that keep it and any indexing (Whisper's and Llama's
+    `causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]`, bound inside the guarded statements)."""
+    return _unindexed(_peeled(mask, DTYPE_KEEPING_VIEWS)), 0
+
+
+def _origin(c: Candidate, mask: cst.BaseExpression, first: cst.BaseStatement,
+            subject) -> tuple[cst.BaseExpression, int]:
+    """`subject(mask)` (the tensor a check reads, and the dims added since), followed back through the names the
+    guarded statements (from `first`) bind once to what keeps it (`attn_mask = attn_mask.bool()` under `if attn_mask
+    is not None:`, EVA's; `m = m[:, None, None, :]`), so the check reads the tensor as it was where they begin."""
+    mask, added = subject(mask)
     start = first.body[0] if isinstance(first, cst.SimpleStatementLine) else first
     before = c.flow.env_before.get(start) or {}
     for _ in range(MAX_REBINDINGS):
         if not isinstance(mask, cst.Name) or before.get(mask.value) == c.flow.reaching.get(mask):  # it holds there
             break
         value = one_assigned_value(c, mask)
-        below, more = _rank_subject(value) if value is not None else (None, 0)
-        if below is None or below is value:  # not bound once by a rank-keeping call, an unsqueeze or basic indexing
+        below, more = subject(value) if value is not None else (None, 0)
+        if below is None or below is value and not isinstance(value, cst.Name):  # not bound once to what keeps it
             break
         mask, added = below, added + more
     return mask, added

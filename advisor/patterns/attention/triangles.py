@@ -12,6 +12,7 @@ no row is fully masked, whatever the part above holds (-inf or a fill).
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 
 from advisor.patterns.ops import int_value
-from advisor.patterns.values import float32
+from advisor.patterns.values import FLOAT_MAX, float32
 from advisor.static.dataflow import is_self, loaded_names
 
 MAX_DEPTH = 24  # operations followed from one mask
@@ -81,9 +82,38 @@ def square_parts(c, node: cst.BaseExpression, values_of: Resolve) -> Parts | Non
     return _Reader(c, values_of).parts(node, {}, 0)
 
 
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+EVERY_DTYPE = (*FLOATS, "bool", "uint8", "int8", "int16", "int32", "int64")
+MAX_UNKNOWN_DTYPES = 2  # dtypes read in every combination (10 * 10 readings at most)
+
+
+def keeps_first_key_in_every_dtype(c, node: cst.BaseExpression, values_of: Resolve) -> bool:
+    """Whether the square mask `node` builds keeps key 0 of every row (`Parts.keeps_first_key`) whatever dtypes the
+    dtypes it reads but the source does not name hold: Whisper's and transformers' `torch.full((n, n),
+    torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)`, read once for each float dtype `x` may have (`torch.finfo`
+    takes floats only) and each dtype a `dtype=` argument alone may name (bool and integers too)."""
+    reader = _Reader(c, values_of)
+    parts = reader.parts(node, {}, 0)
+    if parts is not None or not reader.unknown or len(reader.unknown) > MAX_UNKNOWN_DTYPES:
+        return parts is not None and parts.keeps_first_key
+    codes = sorted(reader.unknown)
+    choices = [FLOATS if reader.unknown[code] else EVERY_DTYPE for code in codes]
+    for chosen in itertools.product(*choices):
+        reading = _Reader(c, values_of, dict(zip(codes, chosen)))
+        parts = reading.parts(node, {}, 0)
+        if reading.raises:
+            continue  # `torch.finfo` of a dtype read as bool or an integer: no mask is built
+        if parts is None or not parts.keeps_first_key or set(reading.unknown) - set(codes):
+            return False
+    return True
+
+
 class _Reader:
-    def __init__(self, c, values_of: Resolve) -> None:
+    def __init__(self, c, values_of: Resolve, dtypes: dict[str, str] | None = None) -> None:
         self.c, self.parsed, self.values_of = c, c.parsed, values_of
+        self.dtypes = dtypes or {}  # the code of a dtype the source does not name -> the dtype it is read as
+        self.unknown: dict[str, bool] = {}  # such codes met: True where a `torch.finfo` reads it (a float)
+        self.raises = False  # this reading takes `torch.finfo` of a dtype that is no float
 
     def parts(self, node: cst.BaseExpression, local: dict[str, Parts | None], depth: int) -> Parts | None:
         if depth > MAX_DEPTH:
@@ -156,8 +186,27 @@ class _Reader:
         number = self.c.values.constant_number(node)
         if number is None and self.c.values.fill_kind(node) == "neginf":  # `-np.inf`, `-math.inf`, ...
             return -math.inf
+        extreme = _dtype_extreme(self.parsed, node) if number is None else None
+        if extreme is not None:  # `torch.finfo(x.dtype).min`: read as each float x may hold
+            dtype = extreme[0] if extreme[0] in FLOAT_MAX else self._dtype(extreme[0], float_only=True)
+            self.raises = self.raises or dtype is not None and dtype not in FLOAT_MAX
+            return extreme[1] * FLOAT_MAX[dtype] if dtype in FLOAT_MAX else None
         fill = self.c.values.fill_value(node) if number is None else None
         return number if number is not None else fill if isinstance(fill, float) else None
+
+    def _dtype(self, code: str, float_only: bool = False) -> str | None:
+        """The dtype the unnamed dtype `code` is read as in this reading; None (noted as met) in the first."""
+        if code in self.dtypes:
+            return self.dtypes[code]
+        self.unknown[code] = self.unknown.get(code, False) or float_only
+        return None
+
+    def _dtype_named(self, node: cst.BaseExpression) -> str:
+        """The dtype `torch.float16` (or `x.dtype`, as this reading takes it) names; "" when none."""
+        named = (self.parsed.imported_name(node) or "").removeprefix("torch.")
+        if named in DTYPES or not isinstance(node, (cst.Name, cst.Attribute)):
+            return named
+        return self._dtype(self.parsed.code(node).replace(" ", "")) or ""
 
     def _arithmetic(self, apply, left_node, right_node, below) -> Parts | None:
         """Elementwise arithmetic in float32, the result held in the dtype torch promotes to (a float16 sum beyond
@@ -217,8 +266,7 @@ class _Reader:
             filled = _where(below(args[0]), self._value(args[1], below), inner)
             return _held(filled, inner.dtype) if filled is not None else None
         if method in CAST_METHODS and not args or method in ("to", "type") and len(args) == 1 and not keywords:
-            return _cast(inner, CAST_METHODS.get(method) or (self.parsed.imported_name(args[0]) or "")
-                         .removeprefix("torch."))
+            return _cast(inner, CAST_METHODS.get(method) or self._dtype_named(args[0]))
         if method in ("view", "reshape") and not keywords:
             return self._viewed(inner, args)
         if method in SAME_VALUES or method == "unsqueeze" and len(args) == 1 and int_value(args[0]) == 0:
@@ -245,7 +293,7 @@ class _Reader:
         inferred = "int64" if _is_integer_literal(fill) else "float32"  # `torch.full(s, 1)` is int64
         parts = Parts(value, value, value, len(codes), codes[-1], inferred)
         dtype = keywords.get("dtype")
-        return parts if dtype is None else _cast(parts, (self.parsed.imported_name(dtype) or "").removeprefix("torch."))
+        return parts if dtype is None else _cast(parts, self._dtype_named(dtype))
 
     def _viewed(self, inner: Parts, sizes: list) -> Parts | None:
         """`view(1, 1, n, n)` of an n x n square."""
@@ -292,6 +340,21 @@ class _Reader:
             else:
                 return None
         return self.parts(last.value, local, depth + 1) if isinstance(last, cst.Return) and last.value else None
+
+
+def _dtype_extreme(parsed, node: cst.BaseExpression) -> tuple[str, float] | None:
+    """(the dtype's code, -1.0 or 1.0) for `torch.finfo(<dtype>).min` (-1), `.max` (1), or either negated: the
+    code is a dtype's name (`float16`) where torch names it, else the dtype expression's text (`x.dtype`)."""
+    negated = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
+    extreme = node.expression if negated else node
+    if not (isinstance(extreme, cst.Attribute) and extreme.attr.value in ("min", "max") and
+            isinstance(extreme.value, cst.Call) and parsed.imported_name(extreme.value.func) == "torch.finfo" and
+            len(extreme.value.args) == 1 and extreme.value.args[0].keyword is None):
+        return None
+    argument = extreme.value.args[0].value
+    named = (parsed.imported_name(argument) or "").removeprefix("torch.")
+    sign = -1.0 if (extreme.attr.value == "min") != negated else 1.0
+    return (named if named in FLOAT_MAX else parsed.code(argument).replace(" ", "")), sign
 
 
 def size_nodes(sizes: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
