@@ -25,7 +25,8 @@ from advisor.contracts.finding import display_path
 from advisor.static.class_sites import class_sites
 from advisor.static.dataflow import is_self_attribute
 from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
-from advisor.static.module_methods import SELF_RETURNING, drops_state_method_result, returns_itself
+from advisor.static.module_methods import SELF_RETURNING, compiled_instance, drops_state_method_result, \
+    returns_itself
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.walk import descendants
 from advisor.static.text_screens import on_line_after, then_on_line
@@ -895,12 +896,29 @@ def _list_built_into(parsed: ParsedModule, use: cst.CSTNode) -> str | None:
 def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) -> list | None:
     """The calls of an instance built by `use(...)`: called at once (`Net()(x)`), or bound once to a name (local or
     module-level) every read of which calls it, or calls a method other than `forward` and drops its result
-    (`model.eval()`; a kept result may be the module itself). None for any other read (passed on, stored)."""
+    (`model.eval()`; a kept result may be the module itself), or is compiled (`torch.compile(model)`, whose calls
+    are the instance's, with the same arguments), the compiled module read so in turn. None for any other read
+    (passed on, stored)."""
     built = _called(parsed, use)
     if built is None:
         return None
     if returns_itself(parsed, parsed.top_level_classes.get(getattr(use, "value", None))):
         built = _through_self_returning_calls(parsed, built)
+    return _calls_of_instance(tree, parsed, _compiled(parsed, built) or built, 0)
+
+
+MAX_COMPILED = 4  # `torch.compile` of a compiled module, followed so deep
+
+
+def _compiled(parsed: ParsedModule, node: cst.BaseExpression) -> cst.Call | None:
+    """`torch.compile(node)` when `node` is what it compiles (`module_methods.compiled_instance`)."""
+    arg = parsed.parents.get(node)
+    call = parsed.parents.get(arg) if isinstance(arg, cst.Arg) else None
+    return call if compiled_instance(parsed, call) is node else None
+
+
+def _calls_of_instance(tree: Tree, parsed: ParsedModule, built: cst.BaseExpression, depth: int) -> list | None:
+    """The calls of the module `built` evaluates to (see `_named_instance_calls`)."""
     outer = _called(parsed, built)
     if outer is not None:
         return [(parsed, outer)]
@@ -916,8 +934,14 @@ def _named_instance_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) ->
     calls = []
     for read in reads:
         call = _called(parsed, read)
+        compiled = _compiled(parsed, read) if call is None and depth < MAX_COMPILED else None
         if call is not None:
             calls.append((parsed, call))
+        elif compiled is not None:
+            found = _calls_of_instance(tree, parsed, compiled, depth + 1)
+            if found is None:
+                return None
+            calls.extend(found)
         elif not drops_state_method_result(parsed, read):
             return None
     return calls

@@ -1,6 +1,6 @@
 """`nn.Module` methods whose result is the module itself: `Attn().eval().to(device)` is the instance `Attn()`
 builds, so a name bound to it calls that class's `forward` (call sites, and what a `forward` does with a tensor
-handed to it, read through such chains)."""
+handed to it, read through such chains); so does `torch.compile` of it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ def returns_itself(parsed, cls) -> bool:
     defines none of them (`def eval(self): return lambda ...` does not return the module: breaker round 41)."""
     return cls is not None and not cls.node.decorators and not SELF_RETURNING & set(cls.methods) and \
         all(parsed.imported_name(base.value) in MODULE_BASES for base in cls.node.bases)
+
+
+def compiled_instance(parsed, node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """`model` of `torch.compile(model)` (options by keyword only): the compiled module's calls are the instance's,
+    with the same arguments; None for anything else."""
+    if not (isinstance(node, cst.Call) and node.args and node.args[0].keyword is None and not node.args[0].star
+            and all(arg.keyword is not None for arg in node.args[1:])
+            and parsed.imported_name(node.func) == "torch.compile"):
+        return None
+    return node.args[0].value
 
 
 def without_self_returning_calls(node: cst.BaseExpression | None) -> cst.BaseExpression | None:

@@ -15,7 +15,8 @@ import libcst as cst
 
 from advisor.static.dataflow import is_self
 from advisor.static.inplace_args import INPLACE_POSITIONS
-from advisor.static.module_methods import MODULE_BASES, only_called, returns_itself, without_self_returning_calls
+from advisor.static.module_methods import MODULE_BASES, compiled_instance, only_called, returns_itself, \
+    without_self_returning_calls
 from advisor.static.outside_writes import IN_PLACE_DUNDERS, in_place_name
 from advisor.static.package_functions import called_function
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
@@ -452,9 +453,9 @@ def _methods_called(parsed: ParsedModule, call: cst.Call) -> list[cst.FunctionDe
 
 def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef | None:
     """`self.block(x, mask)` where the class builds `self.block` once, or `model(x, mask)` where the file binds
-    `model` once at module level, or the calling function binds it once (`model = Attn().eval()`), as an instance of
-    a module class of this file: its `forward` (None where the file registers hooks, which would see the arguments
-    too, or names a `forward` attribute it may replace)."""
+    `model` once at module level, or the calling function binds it once (`model = Attn().eval()`), or `Attn()(x,
+    mask)`, as an instance of a module class of this file, or `torch.compile` of one: its `forward` (None where the
+    file registers hooks, which would see the arguments too, or names a `forward` attribute it may replace)."""
     func = call.func
     if any(word in parsed.source for word in ("hook", ".forward", "__class__", "'forward'", '"forward"')):
         return None
@@ -467,8 +468,11 @@ def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef 
     elif isinstance(func, cst.Name) and len(parsed.bindings.get(func.value, [])) == 1:
         assign = parsed.parents.get(parsed.parents.get(parsed.bindings[func.value][0]))
         built = assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) else None
+    elif isinstance(func, cst.Call):  # `Attn()(x, MASK)`, `torch.compile(Attn())(x, MASK)`: called as built
+        built = func
     else:
         return None
+    built = compiled_instance(parsed, built) or built  # `torch.compile(Net())` calls that instance
     plain = without_self_returning_calls(built)
     if not (isinstance(plain, cst.Call) and isinstance(plain.func, cst.Name)):
         return None
