@@ -254,3 +254,55 @@ def test_a_causal_buffer_under_a_temperature_is_guarded_where_the_rows_are_the_q
             torch.testing.assert_close(patched.temperature.grad, original.temperature.grad,
                                        atol=TOLERANCE[dtype] * 10, rtol=TOLERANCE[dtype] * 10)
         assert uses_sdpa(dispatched_ops(patched, (x,))) == fast
+
+
+
+COMPUTED_SCALE = '''
+import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d, n_heads=4, n_kv_heads=2):
+        super().__init__()
+        self.h, self.kvh = n_heads, n_kv_heads
+        self.dh = d // n_heads
+        self.wq = nn.Linear(d, n_heads * self.dh, bias=False)
+        self.wkv = nn.Linear(d, 2 * n_kv_heads * self.dh, bias=False)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.h, -1).transpose(1, 2)
+        k, v = self.wkv(x).view(b, t, 2, self.kvh, -1).permute(2, 0, 3, 1, 4)
+        k = k.repeat_interleave(self.h // self.kvh, dim=1)
+        v = v.repeat_interleave(self.h // self.kvh, dim=1)
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * self.dh ** -0.5
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(causal, float("-inf"))
+        return torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+'''
+
+
+def test_a_scale_computed_from_an_attribute_is_checked_as_a_number_read_once():
+    """`self.dh ** -0.5` where a caller may set `self.dh` to a tensor (a hybrid model's attention, held-out corpus):
+    each fact of a folded tensor scale is checked as `isinstance(self.dh, (int, float))`, once, since a number
+    proves them all; a tensor there runs the original (was: the facts assumed, the patch unsafe)."""
+    finding = _finding(COMPUTED_SCALE)
+    assert finding.fix_safety == "safe", finding.reason
+    assert {"scale-broadcast", "scale-dtype", "causal-extent"} <= _facts(finding, "guarded")
+    assert finding.patch.count("isinstance(self.dh, (int, float))") == 1 and "(self.dh ** -0.5).dim()" not in \
+        finding.patch
+    original_module = load_module_from_source(COMPUTED_SCALE, "computed_scale")
+    patched_module = load_module_from_source(analyze_source(COMPUTED_SCALE, "case.py").fixed, "computed_scale_fixed")
+    for dh, fast in ((4, True), (torch.tensor(4.0), False), (torch.full((4, 1, 1), 4.0), False)):
+        for dtype in (torch.float32, torch.float64):
+            torch.manual_seed(0)
+            original, patched = original_module.Attention(16).to(dtype), patched_module.Attention(16).to(dtype)
+            patched.load_state_dict(original.state_dict())
+            original.dh = patched.dh = dh.to(dtype) if isinstance(dh, torch.Tensor) else dh
+            x = torch.randn(2, 5, 16, dtype=dtype, generator=torch.Generator().manual_seed(1), requires_grad=True)
+            outputs = [model(x) for model in (original, patched)]
+            torch.testing.assert_close(outputs[1], outputs[0], atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+            grads = [torch.autograd.grad(output.square().sum(), x)[0] for output in outputs]
+            torch.testing.assert_close(grads[1], grads[0], atol=TOLERANCE[dtype] * 10, rtol=TOLERANCE[dtype] * 10)
+        assert uses_sdpa(dispatched_ops(patched, (x,))) == fast

@@ -145,9 +145,9 @@ def plan_guards(c: Candidate, output_statement: cst.CSTNode) -> None:
                 if all(_view_of_plain(c, node) for node in reads) else []
         elif name in TENSOR_SCALE_CHECKS:
             reads = [query] + [_passed(c, s) for s in c.tensor_scale_reads.get(name, [])]
-            parts = [parse_template_expression(TENSOR_SCALE_CHECKS[name], s=scale, q=query,
-                                               torch=cst.Name(torch_name)) for scale in reads[1:]] \
-                if all(_plain(c, scale) for scale in reads[1:]) else []
+            parts = [check for scale in reads[1:]
+                     for check in _tensor_scale_checks(c, name, scale, query, torch_name)] \
+                if all(_arithmetic_of_plain(c, scale) for scale in reads[1:]) else []
         elif name == TENSOR_NONZERO:  # a tensor of an int: nonzero exactly where the int is
             reads = [_passed(c, n) for n in c.tensor_scale_reads.get(name, [])]
             parts = [parse_template_expression("isinstance({n}, int) and {n} != 0", n=n) for n in reads] \
@@ -611,13 +611,11 @@ def _causal_extent_check(c: Candidate, first: cst.BaseStatement, output_statemen
     match = c.match
     q, k = (match.query if not c.tensor_factors else c.unfolded_query), match.key
     scales = [_passed(c, factor) for _, factor in c.tensor_factors]
-    if not (_view_of_plain(c, q) and _view_of_plain(c, k) and all(_plain(c, s) for s in scales)) or \
+    if not (_view_of_plain(c, q) and _view_of_plain(c, k) and all(_arithmetic_of_plain(c, s) for s in scales)) or \
             any(c.chain.factor_guards.get(factor) is not None for _, factor in c.tensor_factors):
         return [], []
     reads = [q, k, *scales]
-    parts = [parse_template_expression("not isinstance({s}, {torch}.Tensor) or {s}.dim() < 2 or {s}.shape[-2] == 1 "
-                                       "or {s}.shape[-2] == {q}.shape[-2]", s=s, q=q, torch=cst.Name(torch_name))
-             for s in scales]
+    parts = [check for s in scales for check in _tensor_scale_checks(c, EXTENT_ROWS, s, q, torch_name)]
     for term in (t for t in match.masks if t.kind == "causal"):
         mask, side = mask_base(c, term.source), triangle_side(c, term.source)
         open_rank, most = causal_rank_unproved(c, term)  # more dims than the scores: the original broadcasts up
@@ -699,6 +697,32 @@ def _sliced_plain(c: Candidate, node: cst.BaseExpression) -> bool:
                 return False
         node = node.value
     return _plain(c, node)
+
+
+EXTENT_ROWS = "extent-rows"  # a folded scale's rows against the causal triangle's: 1 or the query's
+TENSOR_SCALE_TEMPLATES = {**TENSOR_SCALE_CHECKS, EXTENT_ROWS: "not isinstance({s}, {torch}.Tensor) or {s}.dim() < 2 "
+                                                             "or {s}.shape[-2] == 1 or {s}.shape[-2] == {q}.shape[-2]"}
+
+
+def _tensor_scale_checks(c: Candidate, name: str, scale: cst.BaseExpression, query: cst.BaseExpression,
+                         torch_name: str) -> list[cst.BaseExpression]:
+    """The check of a folded tensor scale's fact: on the scale itself where it is a plain read; where it is computed
+    from plain reads (`self.dh ** -0.5`), that each read is a Python number, so the scale is one, for which every
+    such fact holds (a tensor there runs the original), and the check reads each once."""
+    if _plain(c, scale):
+        return [parse_template_expression(TENSOR_SCALE_TEMPLATES[name], s=scale, q=query, torch=cst.Name(torch_name))]
+    return [parse_template_expression("isinstance({s}, (int, float))", s=leaf) for leaf in _plain_leaves(c, scale)]
+
+
+def _plain_leaves(c: Candidate, node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The plain reads an `_arithmetic_of_plain` expression computes from."""
+    if isinstance(node, cst.BinaryOperation):
+        return _plain_leaves(c, node.left) + _plain_leaves(c, node.right)
+    if isinstance(node, cst.UnaryOperation):
+        return _plain_leaves(c, node.expression)
+    if isinstance(node, cst.Call):
+        return [leaf for arg in node.args for leaf in _plain_leaves(c, arg.value)]
+    return [] if isinstance(node, (cst.Integer, cst.Float)) else [node]
 
 
 def _arithmetic_of_plain(c: Candidate, node: cst.BaseExpression) -> bool:
