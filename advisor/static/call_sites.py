@@ -155,9 +155,9 @@ BASE_INIT = re.compile(r"(?:super\([^()]*\)|Module)$")  # what `.__init__` is re
 # submodules reached by enumeration: `for layer in self.children():`, `for name, m in model.named_modules():`
 ENUMERATED = re.compile(r"\bfor\s+(?:\w+\s*,\s*)?(\w+)\s+in\s+[^\n]*\.(?:named_)?(?:children|modules)\(\)")
 # ... spread into a container that calls them (`nn.Sequential(*model.children())`), indexed, or mapped over
-ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:children|modules)\(\)|"
-                            r"\.(?:children|modules)\(\)\s*\)?\s*\[|" +
-                            then_on_line(r"\bmap\s*\(", r"\.(?:children|modules)\(\)") + "|" +
+ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:named_)?(?:children|modules)\(\)|"
+                            r"\.(?:named_)?(?:children|modules)\(\)\s*\)?\s*\[|" +
+                            then_on_line(r"\bmap\s*\(", r"\.(?:named_)?(?:children|modules)\(\)") + "|" +
                             # `next(self.children())`
                             then_on_line(r"\bnext\s*\(", r"\.(?:named_)?(?:children|modules)\(\)") +
                             r"|=\s*[\w.(]*\.(?:named_)?(?:children|modules)\(\)")  # `attn, = self.children()`
@@ -192,19 +192,25 @@ def _without_loop_headers(text: str) -> str:
     return LOOP_HEADER.sub("", text)
 
 
+ENUMERATION_CALL = re.compile(r"\.(?:named_)?(?:children|modules)\s*\(")
+
+
 def calls_enumerated_modules(text: str) -> bool:
     """Whether the text may call a submodule it reached by enumeration (a loop variable over `.children()` or
-    `.modules()` that is called, those spread into `nn.Sequential(*...)`, indexed or mapped): a module's `forward`
+    `.modules()` that is called, those spread into `nn.Sequential(*...)`, indexed or mapped, or enumerated anywhere
+    but a `for` statement's header, where `enumerated_calls` reads what becomes of them): a module's `forward`
     then has calls no use of its class shows. Loops that only inspect or initialise (`for m in self.modules(): if
     isinstance(m, nn.Linear): ...`) call nothing."""
-    return ENUMERATED_USE.search(_without_loop_headers(text)) is not None or _called_after(ENUMERATED, text)
+    without_loops = _without_loop_headers(text)
+    return ENUMERATED_USE.search(without_loops) is not None or _called_after(ENUMERATED, text) or \
+        ENUMERATION_CALL.search(without_loops) is not None
 
 
 def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
     """The calls of a loop's variable over `.children()`, `.modules()` or their named forms (`enumerate` of them too)
     inside that loop, closures included; None where the file spreads, indexes or maps such an enumeration (calls
     no node shows: `nn.Sequential(*model.children())`)."""
-    if ENUMERATED_USE.search(_without_loop_headers(parsed.source)) is not None:
+    if ENUMERATED_USE.search(_without_loop_headers(parsed.source)) is not None or _enumerated_out_of_loops(parsed):
         return None
     found = []
     for loop in parsed.nodes_of(cst.For):
@@ -218,6 +224,101 @@ def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
         found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
                   call.func.value == target.value and parsed.within(call, loop.body)]
     return found
+
+
+# calls that reach a module's submodules, or call a module, with arguments no node of the call shows
+REACHES_MODULES = re.compile(r"\bfunctional_call\b|\.apply\s*\(|\bget_submodule\s*\(|\battrgetter\s*\(")
+INSPECTING = frozenset({"isinstance", "hasattr", "getattr", "type", "id", "print", "repr", "str", "len"})
+
+
+def reaches_modules_unseen(parsed: ParsedModule) -> bool:
+    """`torch.func.functional_call(module, params, args, kwargs)` (a call of its `forward` with those arguments),
+    `get_submodule` or `attrgetter` of a path computed at run time, or `module.apply(f)` where `f` may call the
+    modules it is handed (`m.apply(lambda mod: mod(x, attention_mask=bad))`; breaker round 58). `apply` of an
+    initialiser that reads attributes and tests types (`self.apply(self._init_weights)`) calls nothing."""
+    for call in parsed.nodes_of(cst.Call):
+        func = call.func
+        name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else None
+        if name == "functional_call":
+            return True
+        if name in ("get_submodule", "attrgetter") and \
+                not (call.args and all(isinstance(arg.value, cst.SimpleString) for arg in call.args)):
+            return True
+        if name == "apply" and isinstance(func, cst.Attribute) and len(call.args) == 1 and \
+                call.args[0].keyword is None and not call.args[0].star and \
+                _may_call_what_it_is_given(parsed, call.args[0].value):
+            return True
+    return False
+
+
+def _may_call_what_it_is_given(parsed: ParsedModule, function: cst.BaseExpression) -> bool:
+    """Whether the callable `apply` is given may call the module it gets, or hand it on: a lambda, or a function
+    or method of the file, whose parameter is read otherwise than for an attribute or by INSPECTING builtins; a
+    callable the file does not define may."""
+    if isinstance(function, cst.Lambda):
+        params, body = function.params.params, function.body
+    else:
+        name = function.attr.value if isinstance(function, cst.Attribute) else \
+            function.value if isinstance(function, cst.Name) else None
+        defined = [node for node in parsed.nodes_of(cst.FunctionDef) if node.name.value == name]
+        if len(defined) != 1:
+            return True
+        params, body = defined[0].params.params, defined[0].body
+        if params and params[0].name.value == "self" and isinstance(function, cst.Attribute):
+            params = params[1:]
+    if not params:
+        return True
+    given = params[0].name.value
+    for read in (node for node in descendants(body, (cst.Name,)) if node.value == given):
+        parent = parsed.parents.get(read)
+        if isinstance(parent, cst.Attribute) and parent.value is read:
+            continue
+        arg = parent if isinstance(parent, cst.Arg) else None
+        call = parsed.parents.get(arg) if arg is not None else None
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in INSPECTING and \
+                call.func.value not in parsed.bound_names:
+            continue
+        return True
+    return False
+
+
+def _enumerated_out_of_loops(parsed: ParsedModule) -> bool:
+    """An enumeration of submodules that is not a `for` statement's iterable, nor a comprehension's whose element
+    reads attributes of the module or tests it (`any(isinstance(m, nn.Dropout) for m in self.modules())`) without
+    calling it: `dict(m.named_children())[...]`, `[mod for _, mod in m.named_children()][0](x, mask)`, `list(...)`
+    or `next(...)` hand the modules on, to calls no node shows (breaker round 58)."""
+    for node in (node for attribute in ENUMERATIONS for node in parsed.attributes_named(attribute)):
+        call = parsed.parents.get(node)
+        if not isinstance(call, cst.Call) or call.func is not node:
+            continue
+        holder = parsed.parents.get(call)
+        if isinstance(holder, cst.For) and holder.iter is call:
+            continue
+        if isinstance(holder, cst.CompFor) and holder.iter is call and _inspects_only(parsed, holder):
+            continue
+        return True
+    return False
+
+
+def _inspects_only(parsed: ParsedModule, comp_for: cst.CompFor) -> bool:
+    """The comprehension's targets are never called, nor the element itself (the modules are not handed on)."""
+    targets = {name.value for name in _target_names(comp_for.target)}
+    comprehension = parsed.parents.get(comp_for)
+    element = getattr(comprehension, "elt", None) or getattr(comprehension, "value", None)
+    if element is None or isinstance(element, cst.Name) and element.value in targets or \
+            isinstance(element, (cst.Tuple, cst.List)):
+        return False
+    return not any(isinstance(call.func, cst.Name) and call.func.value in targets
+                   for call in descendants(comprehension, (cst.Call,)))
+
+
+def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [name for element in target.elements for name in _target_names(element.value)]
+    return []
 
 
 def computed_lookup_calls(parsed: ParsedModule) -> list[cst.Call]:
@@ -606,9 +707,12 @@ class Tree:
             consulted.append(self._real(path))
             text = self.text(path) or ""
             enumerates, looks_up = calls_enumerated_modules(text), calls_by_computed_name(text)
-            if not (enumerates or looks_up):
+            reaches = REACHES_MODULES.search(text) is not None
+            if not (enumerates or looks_up or reaches):
                 continue
             other = self.parsed(path)
+            if reaches and (other is None or reaches_modules_unseen(other)):
+                return None, consulted
             calls = None if other is None else enumerated_calls(other) if enumerates else []
             if calls is None:
                 return None, consulted
@@ -643,8 +747,9 @@ class Tree:
         `plain` attributes (`_plain_attributes`), in any file."""
         calls = []
         for path in self.mentioning(name):
-            if re.search(rf"""(['"]){re.escape(name)}\1""", self.text(path) or "") is not None:
-                return None  # `getattr(blk, "attn")`, `blk.get_submodule("attn")`, `blk._modules["attn"]`
+            if re.search(rf"""(['"])(?:[\w.]*\.)?{re.escape(name)}(?:\.[\w.]*)?\1""", self.text(path) or "") \
+                    is not None:  # `getattr(blk, "attn")`, `blk.get_submodule("attn")`, `blk._modules["attn"]`, a
+                return None  # dotted path through it (`get_submodule("blk.attn")`, `attrgetter("blk.attn")`)
             if self._real(path) != self._real(parsed.path):
                 if self.accesses(path, name) and not self._only_plain_reads(path, name, plain):
                     return None  # `.name` read in another file: not a call this index follows

@@ -1,0 +1,84 @@
+"""Calls of a module that no use of its class shows (breaker round 58): a submodule reached through an enumeration
+handed on, a dotted or computed path, `apply`, or `torch.func.functional_call` may be called with any mask, so the
+mask its parent passes proves nothing about the block's rows. Initialisers and type tests that only inspect the
+modules keep the proof."""
+
+from __future__ import annotations
+
+import pytest
+
+from fuzz.differential import analyze
+
+MODEL = '''import operator
+
+import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def __init__(self, d=8, h=2):
+        super().__init__()
+        self.h = h
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x, attention_mask=None):
+        B, T, D = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, D // self.h).permute(2, 0, 3, 1, 4)
+        s = q @ k.transpose(-2, -1) / (D // self.h) ** 0.5
+        if attention_mask is not None:
+            causal_mask = attention_mask[:, :, :, : k.shape[-2]]
+            s = s + causal_mask
+        return (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, D)
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attn()
+
+    def forward(self, x):
+        T = x.shape[1]
+        mask = torch.full((T, T), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None]
+        return self.attn(x, attention_mask=mask)
+
+
+m = M()
+outer = nn.ModuleDict({{"blk": m}})
+x = torch.randn(2, 5, 8)
+bad = torch.full((1, 1, 5, 5), torch.finfo(torch.float32).min)
+{use}
+'''
+
+
+def _rows_from_call_sites(use: str) -> bool:
+    (finding,) = analyze(MODEL.format(use=use), as_file=True).findings
+    return "fully-masked-rows" in {fact["name"] for fact in finding.extra["facts"].get("from_call_sites", [])}
+
+
+def test_the_parent_s_mask_proves_the_rows_where_every_call_is_seen():
+    assert _rows_from_call_sites("y = m(x)")
+
+
+@pytest.mark.parametrize("use", [
+    "y = [mod for _, mod in m.named_children()][0](x, attention_mask=bad)",
+    "y = dict(m.named_children())['at' + 'tn'](x, attention_mask=bad)",
+    "y = list(m.children())[0](x, attention_mask=bad)",
+    "y = outer.get_submodule('blk.attn')(x, attention_mask=bad)",
+    "y = m.get_submodule('at' + 'tn')(x, attention_mask=bad)",
+    "y = operator.attrgetter('blk.attn')(outer)(x, attention_mask=bad)",
+    "outs = []\nm.apply(lambda mod: outs.append(mod(x, attention_mask=bad)) if hasattr(mod, 'qkv') else None)",
+    "y = torch.func.functional_call(m.attn, dict(m.attn.named_parameters()), (x,), {'attention_mask': bad})",
+], ids=["comprehension", "dict-computed-key", "list-indexed", "dotted-path", "computed-path", "attrgetter-dotted",
+        "apply-calls", "functional-call"])
+def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
+    assert not _rows_from_call_sites(use + "\ny = m(x)")
+
+
+@pytest.mark.parametrize("use", [
+    "def init(module):\n    if isinstance(module, nn.Linear):\n        nn.init.zeros_(module.bias)\n\n\nm.apply(init)",
+    "m.apply(lambda module: print(type(module)))",
+    "dropping = any(isinstance(mod, nn.Dropout) for mod in m.modules())",
+    "for name, mod in m.named_modules():\n    print(name, mod.training)",
+], ids=["apply-initialiser", "apply-inspects", "any-isinstance", "loop-inspects"])
+def test_code_that_only_inspects_the_modules_keeps_the_proof(use):
+    assert _rows_from_call_sites(use + "\ny = m(x)")
