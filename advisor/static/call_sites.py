@@ -229,6 +229,7 @@ def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
 # calls that reach a module's submodules, or call a module, with arguments no node of the call shows
 REACHES_MODULES = re.compile(r"\bfunctional_call\b|\.apply\s*\(|\bget_submodule\s*\(|\battrgetter\s*\(")
 INSPECTING = frozenset({"isinstance", "hasattr", "getattr", "type", "id", "print", "repr", "str", "len"})
+MODULE_CALLERS = frozenset({"forward", "__call__", "_call_impl", "_wrapped_call_impl"})
 
 
 def reaches_modules_unseen(parsed: ParsedModule) -> bool:
@@ -257,22 +258,24 @@ def _may_call_what_it_is_given(parsed: ParsedModule, function: cst.BaseExpressio
     or method of the file, whose parameter is read otherwise than for an attribute or by INSPECTING builtins; a
     callable the file does not define may."""
     if isinstance(function, cst.Lambda):
-        params, body = function.params.params, function.body
-    else:
-        name = function.attr.value if isinstance(function, cst.Attribute) else \
-            function.value if isinstance(function, cst.Name) else None
-        defined = [node for node in parsed.nodes_of(cst.FunctionDef) if node.name.value == name]
-        if len(defined) != 1:
-            return True
-        params, body = defined[0].params.params, defined[0].body
-        if params and params[0].name.value == "self" and isinstance(function, cst.Attribute):
-            params = params[1:]
+        return _hands_on(parsed, function.params.params, function.body)
+    name = function.attr.value if isinstance(function, cst.Attribute) else \
+        function.value if isinstance(function, cst.Name) else None
+    defined = [node for node in parsed.nodes_of(cst.FunctionDef) if node.name.value == name]  # any class's
+    return not defined or any(_hands_on(parsed, node.params.params[isinstance(function, cst.Attribute):], node.body)
+                              for node in defined)
+
+
+def _hands_on(parsed: ParsedModule, params, body: cst.CSTNode) -> bool:
+    """Whether the first of `params` is read in `body` otherwise than for an attribute or by INSPECTING builtins."""
     if not params:
         return True
     given = params[0].name.value
     for read in (node for node in descendants(body, (cst.Name,)) if node.value == given):
         parent = parsed.parents.get(read)
         if isinstance(parent, cst.Attribute) and parent.value is read:
+            if parent.attr.value in MODULE_CALLERS:
+                return True  # `module.forward(x, mask)`
             continue
         arg = parent if isinstance(parent, cst.Arg) else None
         call = parsed.parents.get(arg) if arg is not None else None

@@ -68,8 +68,10 @@ def test_the_parent_s_mask_proves_the_rows_where_every_call_is_seen():
     "y = operator.attrgetter('blk.attn')(outer)(x, attention_mask=bad)",
     "outs = []\nm.apply(lambda mod: outs.append(mod(x, attention_mask=bad)) if hasattr(mod, 'qkv') else None)",
     "y = torch.func.functional_call(m.attn, dict(m.attn.named_parameters()), (x,), {'attention_mask': bad})",
+    "def run(module):\n    if hasattr(module, 'qkv'):\n        module.forward(x, attention_mask=bad)\n\n\n"
+    "m.apply(run)",
 ], ids=["comprehension", "dict-computed-key", "list-indexed", "dotted-path", "computed-path", "attrgetter-dotted",
-        "apply-calls", "functional-call"])
+        "apply-calls", "functional-call", "apply-forward"])
 def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     assert not _rows_from_call_sites(use + "\ny = m(x)")
 
