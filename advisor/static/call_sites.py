@@ -553,7 +553,8 @@ class Tree:
     def _function_calls(self, parsed: ParsedModule, function: cst.FunctionDef) -> list | None:
         if function.name.value in parsed.bound_names:
             return None
-        return self._uses(parsed, function.name, _direct_call)
+        return self._uses(parsed, function.name, lambda other, use: _direct_call(other, use) or (
+            _calls_of_instance(self, other, compiled, 0) if (compiled := _compiled(other, use)) is not None else None))
 
     def _uses(self, parsed: ParsedModule, defined: cst.Name, calls_of) -> list | None:
         """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
@@ -1019,7 +1020,8 @@ MAX_COMPILED = 4  # `torch.compile` of a compiled module, followed so deep
 
 
 def _compiled(parsed: ParsedModule, node: cst.BaseExpression) -> cst.Call | None:
-    """`torch.compile(node)` when `node` is what it compiles (`module_methods.compiled_instance`)."""
+    """`torch.compile(node)` when `node` is what it compiles (`module_methods.compiled_instance`): a module, or a
+    function (`torch.compile(attention)(q, k, v, mask)`), whose calls are then the compiled one's."""
     arg = parsed.parents.get(node)
     call = parsed.parents.get(arg) if isinstance(arg, cst.Arg) else None
     return call if compiled_instance(parsed, call) is node else None

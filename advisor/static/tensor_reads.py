@@ -393,8 +393,9 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
             return True  # `scores.add(MASK)`: a new tensor (a set's `add` would keep it)
         return method in ARGUMENT_READING_METHODS and receiver is not arg.value and \
             (shows_a_tensor(parsed, receiver) or not _defines_method(parsed, method))
-    followed = called_function(parsed, call.func, parsed.outside_attribute_writes[0]) \
-        if isinstance(call.func, cst.Name) else None
+    func = _uncompiled(parsed, call.func)
+    followed = called_function(parsed, func, parsed.outside_attribute_writes[0]) \
+        if isinstance(func, cst.Name) else None
     if followed is not None:  # this file's function or one of its package's
         return _parameter_left_alone(*followed, call, arg, depth)
     return False  # another module's function, a callable built at run time, a decorator's wrapper: it may write it
@@ -485,6 +486,26 @@ def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef 
     forward = cls.methods.get("forward")
     return forward if forward is not None and not forward.decorators else None
 
+
+
+def _uncompiled(parsed: ParsedModule, func: cst.BaseExpression) -> cst.BaseExpression:
+    """`f` where the call's callee is `torch.compile(f)`, or a name bound once to it (in the calling function, or at
+    module level) and only ever called: a compiled function runs with the arguments it is given; else `func`."""
+    if isinstance(func, cst.Name):
+        caller = parsed.frame(func)
+        if caller is not None and parsed.flow(caller).definitions_of(func):
+            value = _bound_once_here(parsed, caller, func)
+        elif len(parsed.bindings.get(func.value, [])) == 1 and func.value not in parsed.imports and \
+                func.value not in parsed.outside_attribute_writes[0] and \
+                parsed.global_rebound_by_computed_name(func.value) is None:
+            assign = parsed.parents.get(parsed.parents.get(parsed.bindings[func.value][0]))
+            value = assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) and \
+                only_called(parsed, [n for n in parsed.names_spelled(func.value)
+                                     if n is not parsed.bindings[func.value][0]]) else None
+        else:
+            value = None
+        return compiled_instance(parsed, value) or func
+    return compiled_instance(parsed, func) or func
 
 
 def _bound_once_here(parsed: ParsedModule, function: cst.FunctionDef, name: cst.Name) -> cst.BaseExpression | None:

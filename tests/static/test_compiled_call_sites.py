@@ -95,3 +95,61 @@ def test_the_patch_gives_the_original_s_values_under_dynamo():
 def test_a_compiled_module_that_passes_large_values_or_escapes_proves_no_row(body):
     source = program(body)
     assert "fully-masked-rows" not in _from_call_sites(source)
+
+
+FUNCTION_PROGRAM = '''import math
+
+import torch
+
+
+def attention(query, key, value, attn_mask):
+    qk = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(query.size(-1))
+    qk = qk + attn_mask
+    return qk.softmax(dim=-1).matmul(value)
+
+
+torch.manual_seed(0)
+attn_mask = torch.randn(1, 1, 6, 6)
+
+
+def main():
+{body}
+
+
+class Harness(torch.nn.Module):
+    def forward(self, q, k, v):
+        return attention(q, k, v, attn_mask)
+
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    return Harness(), (torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4))
+'''
+
+
+def function_program(body: str) -> str:
+    return FUNCTION_PROGRAM.format(body="\n".join(f"    {line}" for line in body.strip().splitlines()))
+
+
+@pytest.mark.parametrize("body", [
+    "compiled = torch.compile(attention)\nq = torch.randn(2, 2, 6, 4)\nreturn compiled(q, q, q, attn_mask)",
+    "q = torch.randn(2, 2, 6, 4)\nreturn torch.compile(attention, fullgraph=True)(q, q, q, attn_mask)",
+], ids=["bound", "called-at-once"])
+def test_a_compiled_function_s_call_proves_the_mask_facts_with_parity(body):
+    """A program written for a compiler's attention matcher compiles the function and calls it."""
+    source = function_program(body)
+    assert "fully-masked-rows" in _from_call_sites(source)
+    outcome = check(source, as_file=True)
+    assert outcome.status == SAFE_OK, (outcome.status, outcome.detail, outcome.notes)
+
+
+@pytest.mark.parametrize("body", [
+    "compiled = torch.compile(attention)\nq = torch.randn(2, 2, 6, 4)\ncompiled(q, q, q, attn_mask)\n"
+    "return torch.compile(attention)(q, q, q, torch.full((1, 1, 6, 6), -1e30))",
+    "compiled = torch.compile(attention)\nother = compiled\nq = torch.randn(2, 2, 6, 4)\n"
+    "return other(q, q, q, torch.full((1, 1, 6, 6), -1e30))",
+    "compiled = torch.compile(attention)\nq = torch.randn(2, 2, 6, 4)\nreturn run(compiled)",
+    "compiled = torch.compile(attention, options)\nq = torch.randn(2, 2, 6, 4)\nreturn compiled(q, q, q, attn_mask)",
+], ids=["second-compile-large", "aliased", "handed-on", "positional-option"])
+def test_a_compiled_function_called_with_large_values_or_handed_on_proves_no_row(body):
+    assert "fully-masked-rows" not in _from_call_sites(function_program(body))
