@@ -153,7 +153,8 @@ BASE_INIT = re.compile(r"(?:super\([^()]*\)|Module)$")  # what `.__init__` is re
 
 
 # submodules reached by enumeration: `for layer in self.children():`, `for name, m in model.named_modules():`
-ENUMERATED = re.compile(r"\bfor\s+(?:\w+\s*,\s*)?(\w+)\s+in\s+[^\n]*\.(?:named_)?(?:children|modules)\(\)")
+ENUMERATED = re.compile(r"\bfor\s+([\w \t,()\[\]]+?)\s+in\s+[^\n]*"
+                        r"(?:\.(?:named_)?(?:children|modules)\(\)|\._modules\b)")
 # ... spread into a container that calls them (`nn.Sequential(*model.children())`), indexed, or mapped over
 ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:named_)?(?:children|modules)\(\)|"
                             r"\.(?:named_)?(?:children|modules)\(\)\s*\)?\s*\[|" +
@@ -175,9 +176,10 @@ def calls_by_computed_name(text: str) -> bool:
 
 
 def _called_after(binding: re.Pattern, text: str) -> bool:
-    """Whether a name `binding` binds (its first group) is called later in the text (`name(`)."""
-    return any(re.search(rf"\b{re.escape(bound.group(1))}\s*\(", text[bound.end():]) is not None
-               for bound in binding.finditer(text))
+    """Whether a name `binding` binds (its first group: one name, or a loop's targets, `c, mask`) is called later in
+    the text (`name(`)."""
+    return any(re.search(rf"\b{re.escape(name)}\s*\(", text[bound.end():]) is not None
+               for bound in binding.finditer(text) for name in re.findall(r"\w+", bound.group(1)))
 
 
 ENUMERATIONS = frozenset({"children", "modules", "named_children", "named_modules"})
@@ -217,26 +219,28 @@ def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
         if not any(node.attr.value in ENUMERATIONS and isinstance(parsed.parents.get(node), cst.Call) and
                    parsed.within(node, loop.iter) for node in parsed.nodes_of(cst.Attribute)):
             continue
-        target = loop.target.elements[-1].value if isinstance(loop.target, (cst.Tuple, cst.List)) and \
-            loop.target.elements else loop.target
-        if not isinstance(target, cst.Name):
+        targets = {name.value for name in _target_names(loop.target)}  # every one: `zip(m.children(), masks)`
+        if not targets:
             return None
         found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
-                  call.func.value == target.value and parsed.within(call, loop.body)]
+                  call.func.value in targets and parsed.within(call, loop.body)]
     return found
 
 
 # calls that reach a module's submodules, or call a module, with arguments no node of the call shows
-REACHES_MODULES = re.compile(r"\bfunctional_call\b|\.apply\s*\(|\bget_submodule\s*\(|\battrgetter\s*\(")
+REACHES_MODULES = re.compile(r"\bfunctional_call\b|\.apply\s*\(|\bget_submodule\s*\(|\battrgetter\s*\(|\b_modules\b")
 INSPECTING = frozenset({"isinstance", "hasattr", "getattr", "type", "id", "print", "repr", "str", "len"})
 MODULE_CALLERS = frozenset({"forward", "__call__", "_call_impl", "_wrapped_call_impl"})
 
 
 def reaches_modules_unseen(parsed: ParsedModule) -> bool:
-    """`torch.func.functional_call(module, params, args, kwargs)` (a call of its `forward` with those arguments),
+    """`m._modules` read at all, `torch.func.functional_call(module, params, args, kwargs)` (a call of its `forward`
+    with those arguments),
     `get_submodule` or `attrgetter` of a path computed at run time, or `module.apply(f)` where `f` may call the
     modules it is handed (`m.apply(lambda mod: mod(x, attention_mask=bad))`; breaker round 58). `apply` of an
     initialiser that reads attributes and tests types (`self.apply(self._init_weights)`) calls nothing."""
+    if parsed.attributes_named("_modules"):
+        return True  # `m._modules.values()`, `m._modules[key]`: the submodules' table, handed on
     for call in parsed.nodes_of(cst.Call):
         func = call.func
         name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
@@ -296,12 +300,18 @@ def _enumerated_out_of_loops(parsed: ParsedModule) -> bool:
         if not isinstance(call, cst.Call) or call.func is not node:
             continue
         holder = parsed.parents.get(call)
-        if isinstance(holder, cst.For) and holder.iter is call:
-            continue
-        if isinstance(holder, cst.CompFor) and holder.iter is call and _inspects_only(parsed, holder):
-            continue
+        if isinstance(holder, cst.CompFor) and holder.iter is call:
+            if _inspects_only(parsed, holder):
+                continue
+            return True
+        if any(parsed.within(call, loop.iter) for loop in parsed.nodes_of(cst.For)) and \
+                not any(parsed.within(call, comprehension) for comprehension in parsed.nodes_of(*COMPREHENSIONS)):
+            continue  # a `for` statement's iterable (`zip(m.children(), masks)`): its targets' calls are read
         return True
     return False
+
+
+COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
 def _inspects_only(parsed: ParsedModule, comp_for: cst.CompFor) -> bool:

@@ -257,6 +257,14 @@ def test_a_causal_buffer_under_a_temperature_is_guarded_where_the_rows_are_the_q
 
 
 
+class _PowerToTensor(int):
+    """An int whose power is a tensor (breaker round 59's was per position, folded into q it scaled the head dim
+    where the original scales the keys): `isinstance(dh, int)` holds, the scale is no number."""
+
+    def __pow__(self, exponent):
+        return torch.tensor([4.0]) ** exponent
+
+
 COMPUTED_SCALE = '''
 import torch
 import torch.nn as nn
@@ -290,11 +298,12 @@ def test_a_scale_computed_from_an_attribute_is_checked_as_a_number_read_once():
     finding = _finding(COMPUTED_SCALE)
     assert finding.fix_safety == "safe", finding.reason
     assert {"scale-broadcast", "scale-dtype", "causal-extent"} <= _facts(finding, "guarded")
-    assert finding.patch.count("isinstance(self.dh, (int, float))") == 1 and "(self.dh ** -0.5).dim()" not in \
-        finding.patch
+    assert finding.patch.count("isinstance(self.dh ** -0.5, (int, float))") == 1 and "(self.dh ** -0.5).dim()" \
+        not in finding.patch
     original_module = load_module_from_source(COMPUTED_SCALE, "computed_scale")
     patched_module = load_module_from_source(analyze_source(COMPUTED_SCALE, "case.py").fixed, "computed_scale_fixed")
-    for dh, fast in ((4, True), (torch.tensor(4.0), False), (torch.full((4, 1, 1), 4.0), False)):
+    for dh, fast in ((4, True), (torch.tensor(4.0), False), (torch.full((4, 1, 1), 4.0), False),
+                     (_PowerToTensor(4), False)):
         for dtype in (torch.float32, torch.float64):
             torch.manual_seed(0)
             original, patched = original_module.Attention(16).to(dtype), patched_module.Attention(16).to(dtype)

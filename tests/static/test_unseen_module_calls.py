@@ -70,8 +70,15 @@ def test_the_parent_s_mask_proves_the_rows_where_every_call_is_seen():
     "y = torch.func.functional_call(m.attn, dict(m.attn.named_parameters()), (x,), {'attention_mask': bad})",
     "def run(module):\n    if hasattr(module, 'qkv'):\n        module.forward(x, attention_mask=bad)\n\n\n"
     "m.apply(run)",
+    # breaker round 59: the module first among a loop's targets, or the submodules' table read
+    "for c, mk in zip(m.children(), [bad]):\n    c(x, attention_mask=mk)",
+    "for (c,) in zip(m.children()):\n    c(x, attention_mask=bad)",
+    "for (name, c), mk in zip(m.named_children(), [bad]):\n    c(x, attention_mask=mk)",
+    "for c, mk in zip([mm for mm in m.children()], [bad]):\n    c(x, attention_mask=mk)",
+    "for c, mk in zip(m._modules.values(), [bad]):\n    c(x, attention_mask=mk)",
 ], ids=["comprehension", "dict-computed-key", "list-indexed", "dotted-path", "computed-path", "attrgetter-dotted",
-        "apply-calls", "functional-call", "apply-forward"])
+        "apply-calls", "functional-call", "apply-forward", "zip-first", "zip-alone", "zip-named", "zip-comprehension",
+        "modules-table"])
 def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     assert not _rows_from_call_sites(use + "\ny = m(x)")
 
@@ -81,6 +88,7 @@ def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     "m.apply(lambda module: print(type(module)))",
     "dropping = any(isinstance(mod, nn.Dropout) for mod in m.modules())",
     "for name, mod in m.named_modules():\n    print(name, mod.training)",
-], ids=["apply-initialiser", "apply-inspects", "any-isinstance", "loop-inspects"])
+    "for i, mod in enumerate(m.modules()):\n    print(i, type(mod))",
+], ids=["apply-initialiser", "apply-inspects", "any-isinstance", "loop-inspects", "enumerate-inspects"])
 def test_code_that_only_inspects_the_modules_keeps_the_proof(use):
     assert _rows_from_call_sites(use + "\ny = m(x)")
