@@ -41,6 +41,18 @@ FLOAT_MAX = {"float16": 65504.0, "half": 65504.0, "bfloat16": 3.3895313892515355
              "float": 3.4028234663852886e38, "float64": 1.7976931348623157e308, "double": 1.7976931348623157e308}
 
 
+def finfo_extreme(parsed: ParsedModule, node: cst.BaseExpression) -> tuple[cst.Arg, float] | None:
+    """(the argument of `torch.finfo(...)`, -1.0 or 1.0) for `torch.finfo(<dtype>).min` (-1), `.max` (1), or either
+    negated; None for anything else."""
+    negated = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
+    extreme = node.expression if negated else node
+    if not (isinstance(extreme, cst.Attribute) and extreme.attr.value in ("min", "max") and
+            isinstance(extreme.value, cst.Call) and parsed.imported_name(extreme.value.func) == "torch.finfo" and
+            len(extreme.value.args) == 1):
+        return None
+    return extreme.value.args[0], -1.0 if (extreme.attr.value == "min") != negated else 1.0
+
+
 class ValueProver:
     """Answers questions about expressions inside one function."""
 
@@ -507,14 +519,11 @@ class ValueProver:
         helper_argument = self.dtype_extreme_helper_argument(node)
         if helper_argument is not None:
             return helper_argument
-        negated = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
-        extreme = node.expression if negated else node
-        if isinstance(extreme, cst.Attribute) and extreme.attr.value in ("min", "max") and \
-                isinstance(extreme.value, cst.Call) and self.parsed.imported_name(extreme.value.func) == "torch.finfo" \
-                and len(extreme.value.args) == 1:
-            argument = extreme.value.args[0].value
+        extreme = finfo_extreme(self.parsed, node)
+        if extreme is not None:
+            argument, sign = extreme[0].value, extreme[1]
             dtype = (self.parsed.imported_name(argument) or "").removeprefix("torch.")
-            if (extreme.attr.value == "min") == negated:
+            if sign > 0:
                 return None  # the largest value (`finfo.max`, `-finfo.min`): no fill
             if dtype in FLOAT_MAX:
                 return -FLOAT_MAX[dtype]

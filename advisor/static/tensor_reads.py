@@ -467,8 +467,7 @@ def _submodule_forward(parsed: ParsedModule, call: cst.Call) -> cst.FunctionDef 
     elif isinstance(func, cst.Name) and caller is not None and parsed.flow(caller).definitions_of(func):
         built = _bound_once_here(parsed, caller, func)
     elif isinstance(func, cst.Name) and len(parsed.bindings.get(func.value, [])) == 1:
-        assign = parsed.parents.get(parsed.parents.get(parsed.bindings[func.value][0]))
-        built = assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) else None
+        built = _module_level_value(parsed, func.value)
     elif isinstance(func, cst.Call):  # `Attn()(x, MASK)`, `torch.compile(Attn())(x, MASK)`: called as built
         built = func
     else:
@@ -497,15 +496,20 @@ def _uncompiled(parsed: ParsedModule, func: cst.BaseExpression) -> cst.BaseExpre
             value = _bound_once_here(parsed, caller, func)
         elif len(parsed.bindings.get(func.value, [])) == 1 and func.value not in parsed.imports and \
                 func.value not in parsed.outside_attribute_writes[0] and \
-                parsed.global_rebound_by_computed_name(func.value) is None:
-            assign = parsed.parents.get(parsed.parents.get(parsed.bindings[func.value][0]))
-            value = assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) and \
+                parsed.global_rebound_by_computed_name(func.value) is None and \
                 only_called(parsed, [n for n in parsed.names_spelled(func.value)
-                                     if n is not parsed.bindings[func.value][0]]) else None
+                                     if n is not parsed.bindings[func.value][0]]):
+            value = _module_level_value(parsed, func.value)
         else:
             value = None
         return compiled_instance(parsed, value) or func
     return compiled_instance(parsed, func) or func
+
+
+def _module_level_value(parsed: ParsedModule, name: str) -> cst.BaseExpression | None:
+    """What the one binding of `name` assigns, where it is a plain assignment among the module's top statements."""
+    assign = parsed.parents.get(parsed.parents.get(parsed.bindings[name][0]))
+    return assign.value if isinstance(assign, cst.Assign) and assign in _module_statements(parsed) else None
 
 
 def _bound_once_here(parsed: ParsedModule, function: cst.FunctionDef, name: cst.Name) -> cst.BaseExpression | None:

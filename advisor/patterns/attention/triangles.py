@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import libcst as cst
 
 from advisor.patterns.ops import int_value
-from advisor.patterns.values import FLOAT_MAX, float32
+from advisor.patterns.values import FLOAT_MAX, finfo_extreme, float32
 from advisor.static.dataflow import is_self, loaded_names
 
 MAX_DEPTH = 24  # operations followed from one mask
@@ -343,18 +343,15 @@ class _Reader:
 
 
 def _dtype_extreme(parsed, node: cst.BaseExpression) -> tuple[str, float] | None:
-    """(the dtype's code, -1.0 or 1.0) for `torch.finfo(<dtype>).min` (-1), `.max` (1), or either negated: the
-    code is a dtype's name (`float16`) where torch names it, else the dtype expression's text (`x.dtype`)."""
-    negated = isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus)
-    extreme = node.expression if negated else node
-    if not (isinstance(extreme, cst.Attribute) and extreme.attr.value in ("min", "max") and
-            isinstance(extreme.value, cst.Call) and parsed.imported_name(extreme.value.func) == "torch.finfo" and
-            len(extreme.value.args) == 1 and extreme.value.args[0].keyword is None):
+    """(the dtype's code, -1.0 or 1.0) for `torch.finfo(<dtype>).min` (-1), `.max` (1), or either negated
+    (`values.finfo_extreme`, its dtype given positionally): the code is a dtype's name (`float16`) where torch names
+    it, else the dtype expression's text (`x.dtype`)."""
+    extreme = finfo_extreme(parsed, node)
+    if extreme is None or extreme[0].keyword is not None:
         return None
-    argument = extreme.value.args[0].value
+    argument = extreme[0].value
     named = (parsed.imported_name(argument) or "").removeprefix("torch.")
-    sign = -1.0 if (extreme.attr.value == "min") != negated else 1.0
-    return (named if named in FLOAT_MAX else parsed.code(argument).replace(" ", "")), sign
+    return (named if named in FLOAT_MAX else parsed.code(argument).replace(" ", "")), extreme[1]
 
 
 def size_nodes(sizes: list[cst.BaseExpression]) -> list[cst.BaseExpression]:
