@@ -153,8 +153,7 @@ BASE_INIT = re.compile(r"(?:super\([^()]*\)|Module)$")  # what `.__init__` is re
 
 
 # submodules reached by enumeration: `for layer in self.children():`, `for name, m in model.named_modules():`
-ENUMERATED = re.compile(r"\bfor\s+([\w \t,()\[\]]+?)\s+in\s+[^\n]*"
-                        r"(?:\.(?:named_)?(?:children|modules)\(\)|\._modules\b)")
+ENUMERATED = re.compile(r"\bfor\s+([\w \t,()\[\]]+?)\s+in\s+[^\n]*\.(?:named_)?(?:children|modules)\(\)")
 # ... spread into a container that calls them (`nn.Sequential(*model.children())`), indexed, or mapped over
 ENUMERATED_USE = re.compile(r"\*\s*(?:list\s*\()?[\w.()\[\]]*\.(?:named_)?(?:children|modules)\(\)|"
                             r"\.(?:named_)?(?:children|modules)\(\)\s*\)?\s*\[|" +
@@ -271,23 +270,22 @@ def _may_call_what_it_is_given(parsed: ParsedModule, function: cst.BaseExpressio
 
 
 def _hands_on(parsed: ParsedModule, params, body: cst.CSTNode) -> bool:
-    """Whether the first of `params` is read in `body` otherwise than for an attribute or by INSPECTING builtins."""
+    """Whether the first of `params` is read in `body` otherwise than `_inspects` reads it."""
     if not params:
         return True
     given = params[0].name.value
-    for read in (node for node in descendants(body, (cst.Name,)) if node.value == given):
-        parent = parsed.parents.get(read)
-        if isinstance(parent, cst.Attribute) and parent.value is read:
-            if parent.attr.value in MODULE_CALLERS:
-                return True  # `module.forward(x, mask)`
-            continue
-        arg = parent if isinstance(parent, cst.Arg) else None
-        call = parsed.parents.get(arg) if arg is not None else None
-        if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in INSPECTING and \
-                call.func.value not in parsed.bound_names:
-            continue
-        return True
-    return False
+    return not all(_inspects(parsed, read) for read in descendants(body, (cst.Name,)) if read.value == given)
+
+
+def _inspects(parsed: ParsedModule, read: cst.Name) -> bool:
+    """The read of a module takes one of its attributes (not one that calls it: `module.forward(x, mask)`), or gives
+    it to an INSPECTING builtin (`isinstance(module, nn.Linear)`): it neither calls the module nor hands it on."""
+    parent = parsed.parents.get(read)
+    if isinstance(parent, cst.Attribute) and parent.value is read:
+        return parent.attr.value not in MODULE_CALLERS
+    call = parsed.parents.get(parent) if isinstance(parent, cst.Arg) else None
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in INSPECTING and \
+        call.func.value not in parsed.bound_names
 
 
 def _enumerated_out_of_loops(parsed: ParsedModule) -> bool:
@@ -315,15 +313,14 @@ COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
 def _inspects_only(parsed: ParsedModule, comp_for: cst.CompFor) -> bool:
-    """The comprehension's targets are never called, nor the element itself (the modules are not handed on)."""
+    """Every read of the comprehension's targets (in its element, a dict comprehension's key, its conditions)
+    `_inspects` the module: none is called, handed to a function or collected."""
     targets = {name.value for name in _target_names(comp_for.target)}
     comprehension = parsed.parents.get(comp_for)
-    element = getattr(comprehension, "elt", None) or getattr(comprehension, "value", None)
-    if element is None or isinstance(element, cst.Name) and element.value in targets or \
-            isinstance(element, (cst.Tuple, cst.List)):
-        return False
-    return not any(isinstance(call.func, cst.Name) and call.func.value in targets
-                   for call in descendants(comprehension, (cst.Call,)))
+    bindings = {id(name) for clause in descendants(comprehension, (cst.CompFor,))
+                for name in _target_names(clause.target)}
+    return all(_inspects(parsed, read) for read in descendants(comprehension, (cst.Name,))
+               if read.value in targets and id(read) not in bindings)
 
 
 def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
@@ -563,8 +560,7 @@ class Tree:
     def _function_calls(self, parsed: ParsedModule, function: cst.FunctionDef) -> list | None:
         if function.name.value in parsed.bound_names:
             return None
-        return self._uses(parsed, function.name, lambda other, use: _direct_call(other, use) or (
-            _calls_of_instance(self, other, compiled, 0) if (compiled := _compiled(other, use)) is not None else None))
+        return self._uses(parsed, function.name, lambda other, use: _function_use_calls(self, other, use))
 
     def _uses(self, parsed: ParsedModule, defined: cst.Name, calls_of) -> list | None:
         """`calls_of(file, use)` for every use of the name `defined` (a def or class statement's) in the tree (its
@@ -894,6 +890,12 @@ def _called(parsed: ParsedModule, node: cst.BaseExpression) -> cst.Call | None:
     return parent if isinstance(parent, cst.Call) and parent.func is node else None
 
 
+def _function_use_calls(tree: Tree, parsed: ParsedModule, use: cst.CSTNode) -> list | None:
+    """`use(...)`, or the calls of `torch.compile(use)` (a compiled function runs with the arguments it is given)."""
+    compiled = _compiled(parsed, use)
+    return _calls_of_instance(tree, parsed, compiled, 0) if compiled is not None else _direct_call(parsed, use)
+
+
 def _direct_call(parsed: ParsedModule, use: cst.CSTNode) -> list[tuple[ParsedModule, cst.Call]] | None:
     """`use(...)`: the one call this use is; None when it is not called."""
     call = _called(parsed, use)
@@ -1038,7 +1040,7 @@ def _compiled(parsed: ParsedModule, node: cst.BaseExpression) -> cst.Call | None
 
 
 def _calls_of_instance(tree: Tree, parsed: ParsedModule, built: cst.BaseExpression, depth: int) -> list | None:
-    """The calls of the module `built` evaluates to (see `_named_instance_calls`)."""
+    """The calls of the module (or compiled function) `built` evaluates to (see `_named_instance_calls`)."""
     outer = _called(parsed, built)
     if outer is not None:
         return [(parsed, outer)]

@@ -76,9 +76,12 @@ def test_the_parent_s_mask_proves_the_rows_where_every_call_is_seen():
     "for (name, c), mk in zip(m.named_children(), [bad]):\n    c(x, attention_mask=mk)",
     "for c, mk in zip([mm for mm in m.children()], [bad]):\n    c(x, attention_mask=mk)",
     "for c, mk in zip(m._modules.values(), [bad]):\n    c(x, attention_mask=mk)",
+    # review: a comprehension that hands the modules on (a dict's keys, a function given each)
+    "handed = {mod: 0 for mod in m.children()}\nfor mod in handed:\n    mod(x, attention_mask=bad)",
+    "def run(mod):\n    return mod(x, attention_mask=bad)\n\n\nys = [run(mod) for mod in m.children()]",
 ], ids=["comprehension", "dict-computed-key", "list-indexed", "dotted-path", "computed-path", "attrgetter-dotted",
         "apply-calls", "functional-call", "apply-forward", "zip-first", "zip-alone", "zip-named", "zip-comprehension",
-        "modules-table"])
+        "modules-table", "dict-comprehension-key", "comprehension-hands-on"])
 def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     assert not _rows_from_call_sites(use + "\ny = m(x)")
 
