@@ -175,8 +175,7 @@ def calls_by_computed_name(text: str) -> bool:
 
 
 def _called_after(binding: re.Pattern, text: str) -> bool:
-    """Whether a name `binding` binds (its first group: one name, or a loop's targets, `c, mask`) is called later in
-    the text (`name(`)."""
+    """Whether a name `binding` binds (its first group) is called later in the text (`name(`)."""
     return any(re.search(rf"\b{re.escape(name)}\s*\(", text[bound.end():]) is not None
                for bound in binding.finditer(text) for name in re.findall(r"\w+", bound.group(1)))
 
@@ -197,20 +196,19 @@ ENUMERATION_CALL = re.compile(r"\.(?:named_)?(?:children|modules)\s*\(")
 
 
 def calls_enumerated_modules(text: str) -> bool:
-    """Whether the text may call a submodule it reached by enumeration (a loop variable over `.children()` or
-    `.modules()` that is called, those spread into `nn.Sequential(*...)`, indexed or mapped, or enumerated anywhere
-    but a `for` statement's header, where `enumerated_calls` reads what becomes of them): a module's `forward`
-    then has calls no use of its class shows. Loops that only inspect or initialise (`for m in self.modules(): if
-    isinstance(m, nn.Linear): ...`) call nothing."""
+    """Whether the text may call a submodule it reached by enumeration (a loop over `.children()` or `.modules()`,
+    those spread into `nn.Sequential(*...)`, indexed or mapped, or enumerated anywhere but a `for` statement's
+    header): a module's `forward` then may have calls no use of its class shows. Every such loop is read
+    (`enumerated_calls`): its targets may be called, or handed on in its body (`run(layer)`) or after it."""
     without_loops = _without_loop_headers(text)
-    return ENUMERATED_USE.search(without_loops) is not None or _called_after(ENUMERATED, text) or \
+    return ENUMERATED_USE.search(without_loops) is not None or ENUMERATED.search(text) is not None or \
         ENUMERATION_CALL.search(without_loops) is not None
 
 
 def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
-    """The calls of a loop's variable over `.children()`, `.modules()` or their named forms (`enumerate` of them too)
-    inside that loop, closures included; None where the file spreads, indexes or maps such an enumeration (calls
-    no node shows: `nn.Sequential(*model.children())`)."""
+    """The calls of a loop's variables over `.children()`, `.modules()` or their named forms (`enumerate` of them
+    too) wherever the loop's function reads them (`_target_calls`); None where the file spreads, indexes or maps such
+    an enumeration (calls no node shows: `nn.Sequential(*model.children())`), or a loop's variable is handed on."""
     if ENUMERATED_USE.search(_without_loop_headers(parsed.source)) is not None or _enumerated_out_of_loops(parsed):
         return None
     found = []
@@ -219,15 +217,52 @@ def enumerated_calls(parsed: ParsedModule) -> list[cst.Call] | None:
                    parsed.within(node, loop.iter) for node in parsed.nodes_of(cst.Attribute)):
             continue
         targets = {name.value for name in _target_names(loop.target)}  # every one: `zip(m.children(), masks)`
-        if not targets:
+        calls = _target_calls(parsed, loop, targets) if targets else None
+        if calls is None:
             return None
-        found += [call for call in parsed.nodes_of(cst.Call) if isinstance(call.func, cst.Name) and
-                  call.func.value in targets and parsed.within(call, loop.body)]
+        found += [call for call in calls if call not in found]
     return found
 
 
+def _target_calls(parsed: ParsedModule, loop: cst.For, targets: set[str]) -> list[cst.Call] | None:
+    """The calls of the loop's `targets` anywhere in the function that holds the loop (in the file, for a loop at
+    module level or a target declared `global` or `nonlocal`): a target keeps the last module after the loop, and a
+    closure may call it later. None where any read of them there neither is called nor `_inspects` the module: a
+    module handed on (`run(layer)`, `fns.append(layer)`, `layer.forward(x, mask)`) is called with arguments no
+    node shows (a hole until this check: only the loop body's direct calls counted)."""
+    scope = parsed.frame(loop)
+    if scope is None or any(item.name.value in targets for node in parsed.nodes_of(cst.Global, cst.Nonlocal)
+                            for item in node.names):
+        scope = parsed.module
+    bound = {id(name) for target in targets for name in parsed.bindings.get(target, [])}
+    calls = []
+    for target in sorted(targets):
+        for read in parsed.names_spelled(target):
+            if id(read) in bound or not _reads_value(parsed, read) or not parsed.within(read, scope):
+                continue
+            parent = parsed.parents.get(read)
+            if isinstance(parent, cst.Call) and parent.func is read:
+                calls.append(parent)
+            elif not _inspects(parsed, read):
+                return None
+    return calls
+
+
+def _reads_value(parsed: ParsedModule, name: cst.Name) -> bool:
+    """Whether the `Name` node reads a variable: not an attribute's name (`x.layer`), a keyword (`f(layer=1)`), a
+    definition's, import's, parameter's or declaration's name, nor a `del` target."""
+    parent = parsed.parents.get(name)
+    if isinstance(parent, cst.Attribute):
+        return parent.attr is not name
+    if isinstance(parent, cst.Arg):
+        return parent.keyword is not name
+    return not isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Param, cst.ImportAlias, cst.AsName,
+                                   cst.NameItem, cst.Del))
+
+
 # calls that reach a module's submodules, or call a module, with arguments no node of the call shows
-REACHES_MODULES = re.compile(r"\bfunctional_call\b|\.apply\s*\(|\bget_submodule\s*\(|\battrgetter\s*\(|\b_modules\b")
+REACHES_MODULES = re.compile(r"\bfunctional_call\b|\.apply\s*\(|\bget_submodule\s*\(|\battrgetter\s*\(|\b_modules\b|"
+                             r"(?<![\w.])(?:eval|exec)\s*\(")
 INSPECTING = frozenset({"isinstance", "hasattr", "getattr", "type", "id", "print", "repr", "str", "len"})
 MODULE_CALLERS = frozenset({"forward", "__call__", "_call_impl", "_wrapped_call_impl"})
 
@@ -237,14 +272,16 @@ def reaches_modules_unseen(parsed: ParsedModule) -> bool:
     with those arguments),
     `get_submodule` or `attrgetter` of a path computed at run time, or `module.apply(f)` where `f` may call the
     modules it is handed (`m.apply(lambda mod: mod(x, attention_mask=bad))`; breaker round 58). `apply` of an
-    initialiser that reads attributes and tests types (`self.apply(self._init_weights)`) calls nothing."""
+    initialiser that reads attributes and tests types (`self.apply(self._init_weights)`) calls nothing. Code run
+    from a string (`eval("model.attn(x, bad)")`, breaker round 60) may call any module."""
     if parsed.attributes_named("_modules"):
         return True  # `m._modules.values()`, `m._modules[key]`: the submodules' table, handed on
     for call in parsed.nodes_of(cst.Call):
         func = call.func
         name = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
             else None
-        if name == "functional_call":
+        if name == "functional_call" or \
+                isinstance(func, cst.Name) and name in CODE_RUNNERS and name not in parsed.bound_names:
             return True
         if name in ("get_submodule", "attrgetter") and \
                 not (call.args and all(isinstance(arg.value, cst.SimpleString) for arg in call.args)):
@@ -284,8 +321,13 @@ def _inspects(parsed: ParsedModule, read: cst.Name) -> bool:
     if isinstance(parent, cst.Attribute) and parent.value is read:
         return parent.attr.value not in MODULE_CALLERS
     call = parsed.parents.get(parent) if isinstance(parent, cst.Arg) else None
-    return isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in INSPECTING and \
-        call.func.value not in parsed.bound_names
+    if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in INSPECTING and
+            call.func.value not in parsed.bound_names):
+        return False
+    if call.func.value != "getattr":
+        return True
+    name = call.args[1].value if len(call.args) > 1 and call.args[0].value is read else None
+    return isinstance(name, cst.SimpleString) and name.evaluated_value not in MODULE_CALLERS  # not `"forward"`
 
 
 def _enumerated_out_of_loops(parsed: ParsedModule) -> bool:

@@ -910,7 +910,7 @@ def _parse_cached(path: str, mtime_ns: int, size: int) -> "ParsedModule":
         return ParsedModule(handle.read(), path)
 
 
-BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool"}
+BUILTINS = {"float", "int", "len", "max", "min", "abs", "round", "pow", "map", "bool", "eval", "exec"}
 
 
 def _imported_references(parsed: "ParsedModule") -> list[tuple[cst.BaseExpression, str]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from advisor.engine.static import scan_paths
 from fuzz.differential import analyze
 
 MODEL = '''import operator
@@ -79,9 +80,25 @@ def test_the_parent_s_mask_proves_the_rows_where_every_call_is_seen():
     # review: a comprehension that hands the modules on (a dict's keys, a function given each)
     "handed = {mod: 0 for mod in m.children()}\nfor mod in handed:\n    mod(x, attention_mask=bad)",
     "def run(mod):\n    return mod(x, attention_mask=bad)\n\n\nys = [run(mod) for mod in m.children()]",
+    # a loop's module handed on in its body, called through `forward`, or kept past the loop
+    "def run(mod):\n    return mod(x, attention_mask=bad)\n\n\nfor c in m.children():\n    run(c)",
+    "fns = []\nfor c in m.children():\n    fns.append(c)\nfns[0](x, attention_mask=bad)",
+    "for c in m.children():\n    c.forward(x, attention_mask=bad)",
+    "for c in m.children():\n    getattr(c, 'forward')(x, attention_mask=bad)",
+    "for c in m.children():\n    getattr(c, '__call__')(x, attention_mask=bad)",
+    "for c in m.children():\n    pass\nc(x, attention_mask=bad)",
+    "for c in m.children():\n    pass\nkept = c\nkept(x, attention_mask=bad)",
+    "def f():\n    return c(x, attention_mask=bad)\n\n\nfor c in m.children():\n    pass\nf()",
+    "def g():\n    for c in m.children():\n        pass\n    return c\n\n\ng()(x, attention_mask=bad)",
+    "def g():\n    for c in m.children():\n        keep = lambda: c\n    return keep\n\n\n"
+    "g()()(x, attention_mask=bad)",
+    "for _, c in m.named_children():\n    nn.Sequential(c)(x, attention_mask=bad) if False else None",
+    "for c in m.children():\n    type(c).forward(c, x, attention_mask=bad)",
 ], ids=["comprehension", "dict-computed-key", "list-indexed", "dotted-path", "computed-path", "attrgetter-dotted",
         "apply-calls", "functional-call", "apply-forward", "zip-first", "zip-alone", "zip-named", "zip-comprehension",
-        "modules-table", "dict-comprehension-key", "comprehension-hands-on"])
+        "modules-table", "dict-comprehension-key", "comprehension-hands-on", "loop-hands-on", "loop-collects",
+        "loop-forward", "loop-getattr-forward", "loop-getattr-call", "after-loop", "after-loop-bound",
+        "global-read-by-function", "returned-after-loop", "closure-returned", "loop-wrapped", "loop-class-forward"])
 def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     assert not _rows_from_call_sites(use + "\ny = m(x)")
 
@@ -92,6 +109,28 @@ def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     "dropping = any(isinstance(mod, nn.Dropout) for mod in m.modules())",
     "for name, mod in m.named_modules():\n    print(name, mod.training)",
     "for i, mod in enumerate(m.modules()):\n    print(i, type(mod))",
-], ids=["apply-initialiser", "apply-inspects", "any-isinstance", "loop-inspects", "enumerate-inspects"])
+    "for mod in m.modules():\n    if isinstance(mod, nn.Linear):\n        nn.init.zeros_(mod.bias)\n"
+    "print(getattr(mod, 'training'))",
+    "def init(model):\n    for mod in model.modules():\n        mod.eval()\n    return model\n\n\ninit(m)",
+    "for name, mod in m.named_children():\n    print(name, hasattr(mod, 'qkv'), len(list(mod.parameters())))",
+], ids=["apply-initialiser", "apply-inspects", "any-isinstance", "loop-inspects", "enumerate-inspects",
+        "loop-initialises", "function-loop-method", "loop-named-inspects"])
 def test_code_that_only_inspects_the_modules_keeps_the_proof(use):
     assert _rows_from_call_sites(use + "\ny = m(x)")
+
+
+@pytest.mark.parametrize("caller, proved", [
+    ("y = model.m(x)", True),
+    ("y = eval('model.m.attn(x, attention_mask=model.bad)')", False),
+    ("exec('y = model.m.attn(x, attention_mask=model.bad)')", False),
+    ("y = eval(''.join(['model.m.at', 'tn(x, attention_mask=model.bad)']))", False),
+    ("def eval(text):\n    return len(text)\n\n\nn = eval('model.m.attn(x, attention_mask=model.bad)')", True),
+], ids=["plain", "eval", "exec", "eval-computed", "eval-shadowed"])
+def test_code_run_from_a_string_in_another_file_may_call_the_module(tmp_path, caller, proved):
+    """Breaker round 60: `eval("model.attn(x, bad)")` in a second file of the tree is a call of the block's
+    `forward` that no use of its class shows."""
+    (tmp_path / "model.py").write_text(MODEL.format(use=""))
+    (tmp_path / "main.py").write_text(f"import torch\n\nimport model\n\nx = torch.randn(2, 5, 8)\n{caller}\n")
+    (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    rows = "fully-masked-rows" in {fact["name"] for fact in finding.extra["facts"].get("from_call_sites", [])}
+    assert rows is proved
