@@ -32,6 +32,20 @@ def test_import_advisor_and_naming_the_api_import_no_heavy_library():
     assert run.stdout.strip() == "[]", run.stderr
 
 
+@pytest.mark.parametrize("call", ["advisor.scan('model.py', select=['ADV1'])", "advisor.fix('model.py')",
+                                  "advisor.scan('model.py', unsafe_fixes=True)"])
+def test_the_api_works_as_the_first_thing_a_fresh_process_does(workdir, call):
+    """The API loads the rule units (their helpers imported on first use) before the engine: a fresh process whose
+    first call was `advisor.scan(...)` raised ImportError (the helpers were half built by a lazy loader)."""
+    shutil.copy(NANOGPT, workdir / "model.py")
+    script = f"import advisor\nreport = {call}\n" \
+        "print(type(report).__name__, len(getattr(report, 'findings', None) or report.files))"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=workdir)
+    assert run.returncode == 0, run.stderr[-2000:]
+    kind, found = run.stdout.split()
+    assert kind in ("ScanReport", "FixReport") and int(found) >= 1
+
+
 def test_scan_returns_typed_findings_and_the_cli_json(capsys, workdir):
     shutil.copy(COPIES_AND_CASTS, workdir / "model.py")
     (workdir / "broken.py").write_text("def f(:\n")
