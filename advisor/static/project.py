@@ -30,10 +30,10 @@ from advisor.static.class_sites import UNNAMED_BASE, ClassSite, class_sites
 from advisor.static.escaping_reads import escaping_reads
 from advisor.static.module_index import ParsedModule
 from advisor.static.op_overrides import op_overrides
-from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, RESHAPING_IN_PLACE, file_writes
+from advisor.static.outside_writes import NARROWED, REGISTRATION_HOOKS, file_writes
 from advisor.static.python_ast import nodes, python_tree
 from advisor.static.sdpa_kernels import math_kernel_excluded
-from advisor.static.state_swaps import may_swap, state_runs, state_swaps
+from advisor.static.state_swaps import first_shape_change, may_swap, state_runs, state_swaps
 from advisor.static.text_screens import then_on_line
 
 # hooks that fire around every module call: a deleted module call loses them
@@ -368,21 +368,11 @@ def hook_sites(path: str, text: str) -> list[tuple[HookSite, str] | AttributeWri
     return found + class_sites(path, text)
 
 
-# names that change a tensor's shape in place: its methods, and `torch.utils.swap_tensors`
-SHAPE_CHANGING_NAMES = RESHAPING_IN_PLACE | {"swap_tensors"}
-# a word naming one (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment (by its
-# descriptor's setter too, `torch.Tensor.data.__set__(t, x)`: any `__set__`, breaker round 38), torch's swap of
-# two tensors' data
-SHAPE_CHANGE = re.compile(r"\b(?:%s)\b|\.data\s*=(?!=)|" % "|".join(sorted(SHAPE_CHANGING_NAMES)) +
-                          then_on_line(r"setattr(?:__)?\(", r"[\"']data[\"']", r")\n") +
-                          r"|\b__set__\b|_swap_tensor_impl\b")
-
-
 def shape_changes(path: str, text: str) -> list[UseSite]:
     """The file's first word that may change a tensor's shape where no reader of another file sees it: an in-place
     shape change named anywhere (strings and comments too), `torch.utils.swap_tensors`, a `.data` assignment (by
     `setattr` too). One site is enough: what it is handed may be any tensor of the tree."""
-    match = SHAPE_CHANGE.search(text)
+    match = first_shape_change(text)
     return [] if match is None else [UseSite(path, text.count("\n", 0, match.start()) + 1, match.group(0).strip())]
 
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from advisor.static.dataflow import target_names
-from advisor.static.outside_writes import NOT_WRITES, in_place_name
+from advisor.static.outside_writes import NOT_WRITES, RESHAPING_IN_PLACE, in_place_name
+from advisor.static.text_screens import then_on_line
 from advisor.static.walk import descendants, walk
 
 if TYPE_CHECKING:
@@ -25,6 +26,14 @@ STATE_SWAPS = frozenset({"torch.func.functional_call", "torch.nn.utils.stateless
 # methods returning a module's buffers themselves (not copies): writing into what they return writes the buffers
 STATE_VIEWS = frozenset({"named_buffers", "buffers", "state_dict"})
 MAX_ROUNDS = 8  # names followed from name to name
+# names that change a tensor's shape in place: its methods, and `torch.utils.swap_tensors`
+SHAPE_CHANGING_NAMES = RESHAPING_IN_PLACE | {"swap_tensors"}
+# a word naming one (a call, or a name passed on: `getattr(t, "resize_")`), a `.data` assignment (by its
+# descriptor's setter too, `torch.Tensor.data.__set__(t, x)`: any `__set__`, breaker round 38), torch's swap of
+# two tensors' data
+SHAPE_CHANGE = re.compile(r"\b(?:%s)\b|\.data\s*=(?!=)|" % "|".join(sorted(SHAPE_CHANGING_NAMES)) +
+                          then_on_line(r"setattr(?:__)?\(", r"[\"']data[\"']", r")\n") +
+                          r"|\b__set__\b|_swap_tensor_impl\b")
 
 
 # module methods that replace every parameter and buffer by what a function returns, or by uninitialised memory
@@ -43,8 +52,13 @@ def may_swap(text: str) -> bool:
 
 
 def state_runs(parsed: ParsedModule) -> list[cst.CSTNode]:
-    """The calls of STATE_SWAPS: modules run with any tensor, of any shape or dtype, in their buffers' places."""
-    return list(parsed.uses_of(STATE_SWAPS)) if may_swap(parsed.source) else []
+    """The calls of STATE_SWAPS, and of REBUILDERS with a function of the file's (not an override's pass-through):
+    modules run with, or left holding, any tensor, of any shape or dtype, in their buffers' places."""
+    if not may_swap(parsed.source):
+        return []
+    return list(parsed.uses_of(STATE_SWAPS)) + [
+        node for node in parsed.nodes_of(cst.Call) if isinstance(node.func, cst.Attribute) and
+        node.func.attr.value in REBUILDERS and not _passed_through(parsed, node)]
 
 
 def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
@@ -54,10 +68,9 @@ def state_swaps(parsed: ParsedModule) -> list[cst.CSTNode]:
     if not may_swap(parsed.source):
         return []
     found = state_runs(parsed) + [node for node in parsed.nodes_of(cst.Call) if isinstance(node.func, cst.Attribute)
-                                  and (node.func.attr.value in REBUILDERS and not _passed_through(parsed, node) or
-                                       node.func.attr.value == "apply" and any(
+                                  and node.func.attr.value == "apply" and any(
                                       _makes_a_callable(parsed, arg.value) and not isinstance(arg.value, cst.Lambda)
-                                      for arg in node.args))]  # `m._apply(fn)`, `m.apply(partial(...))`
+                                      for arg in node.args)]  # `m.apply(partial(...))`
     views = _StateViews(parsed)
     found += views.handed
     for node in parsed.parents:
@@ -270,5 +283,15 @@ def state_swapped(parsed: ParsedModule, elements_ok: bool = False) -> str | None
 
 def tree_keeps_shapes(parsed: ParsedModule) -> bool:
     """No file of the scanned tree names an in-place shape change (ProjectFacts.shape_changes: `unsqueeze_`, `set_`,
-    a `.data` assignment), the only ways code handed a tensor changes its rank or dtype without rebinding it."""
-    return parsed.project is not None and not parsed.project.shape_changes
+    a `.data` assignment), the only ways code handed a tensor changes its rank or dtype without rebinding it. A file
+    without project facts is its own tree (static.tree_facts.TreeContext): its own text decides (it counted as
+    changing shapes, so a file scanned alone never read a buffer's rank past `m.apply(partial(...))`)."""
+    if parsed.project is not None:
+        return not parsed.project.shape_changes
+    return parsed.derived(tree_keeps_shapes, lambda p: first_shape_change(p.source) is None)
+
+
+def first_shape_change(text: str) -> re.Match | None:
+    """The text's first word that may change a tensor's shape where no reader of another file sees it (strings and
+    comments too: what it is handed may be any tensor of the tree)."""
+    return SHAPE_CHANGE.search(text)

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from advisor.contracts.finding import FixSafety
 from advisor.engine.static import scan_paths
-from advisor.static import call_sites, class_sites, project
+from advisor.static import call_sites, class_sites, project, state_swaps
 from advisor.static.call_sites import BOUND_BY_COMPUTED_NAME, COMPUTED_LOOKUP, _computed_lookup_roots
 
 BLOCK = '''import math
@@ -81,8 +81,8 @@ def test_the_linear_lookups_find_the_roots_the_backtracking_ones_found(tokens):
 RESCANNING_SCREENS = {
     (project, "MAY_HOOK_BY_NAME"): r"getattr\([^\n]*hook|_global_\w*hooks|register_\w*hook\b(?!\s*\()",
     (project, "MAY_SCRIPT"): r"\bjit\.script(?:_method)?\b|ScriptModule|jit import[^\n]*\bscript|\bjit\b[^\n]*script",
-    (project, "SHAPE_CHANGE"): r"\b(?:%s)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']|\b__set__\b|"
-                               r"_swap_tensor_impl\b" % "|".join(sorted(project.SHAPE_CHANGING_NAMES)),
+    (state_swaps, "SHAPE_CHANGE"): r"\b(?:%s)\b|\.data\s*=(?!=)|setattr(?:__)?\([^)\n]*[\"']data[\"']|\b__set__\b|"
+                               r"_swap_tensor_impl\b" % "|".join(sorted(state_swaps.SHAPE_CHANGING_NAMES)),
     (project, "FRAME_GLOBALS"): r"\b(?:f_globals|__globals__)\s*(?:\[[^\]\n]*\]\s*=(?!=)|\.\s*(?:update|setdefault|"
                                 r"__setitem__|__delitem__|pop|popitem|clear)\b)|\b(?:exec|eval)\([^\n]*\b(?:f_globals|"
                                 r"__globals__)\b",

@@ -94,11 +94,14 @@ def test_the_parent_s_mask_proves_the_rows_where_every_call_is_seen():
     "g()()(x, attention_mask=bad)",
     "for _, c in m.named_children():\n    nn.Sequential(c)(x, attention_mask=bad) if False else None",
     "for c in m.children():\n    type(c).forward(c, x, attention_mask=bad)",
+    "if hasattr(m, 'attn'):\n    getattr(m, 'attn')(x, attention_mask=bad)",
+    "def hasattr(o, n):\n    return getattr(o, n)(x, attention_mask=bad)\n\n\nhasattr(m, 'attn')",
 ], ids=["comprehension", "dict-computed-key", "list-indexed", "dotted-path", "computed-path", "attrgetter-dotted",
         "apply-calls", "functional-call", "apply-forward", "zip-first", "zip-alone", "zip-named", "zip-comprehension",
         "modules-table", "dict-comprehension-key", "comprehension-hands-on", "loop-hands-on", "loop-collects",
         "loop-forward", "loop-getattr-forward", "loop-getattr-call", "after-loop", "after-loop-bound",
-        "global-read-by-function", "returned-after-loop", "closure-returned", "loop-wrapped", "loop-class-forward"])
+        "global-read-by-function", "returned-after-loop", "closure-returned", "loop-wrapped", "loop-class-forward",
+        "hasattr-then-getattr", "hasattr-rebound"])
 def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     assert not _rows_from_call_sites(use + "\ny = m(x)")
 
@@ -113,8 +116,9 @@ def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     "print(getattr(mod, 'training'))",
     "def init(model):\n    for mod in model.modules():\n        mod.eval()\n    return model\n\n\ninit(m)",
     "for name, mod in m.named_children():\n    print(name, hasattr(mod, 'qkv'), len(list(mod.parameters())))",
+    "has_attention = hasattr(m, 'attn') and hasattr(outer, 'blk.attn')",
 ], ids=["apply-initialiser", "apply-inspects", "any-isinstance", "loop-inspects", "enumerate-inspects",
-        "loop-initialises", "function-loop-method", "loop-named-inspects"])
+        "loop-initialises", "function-loop-method", "loop-named-inspects", "hasattr-tests"])
 def test_code_that_only_inspects_the_modules_keeps_the_proof(use):
     assert _rows_from_call_sites(use + "\ny = m(x)")
 

@@ -26,7 +26,8 @@ from advisor.patterns.dtypes import layer_class
 from advisor.patterns.ops import int_value
 from advisor.static.dataflow import UNDEFINED, loaded_names
 from advisor.static.module_index import ParsedModule
-from advisor.static.project import SHAPE_CHANGING_NAMES, first_elsewhere
+from advisor.static.project import first_elsewhere
+from advisor.static.state_swaps import SHAPE_CHANGING_NAMES
 from advisor.static.walk import descendants
 
 KV_LENGTH = "kv-length"
