@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from advisor.engine.static import analyze_source
+from advisor.engine.static import analyze_source, scan_paths
 from fixture_models import dispatched_ops, load_module_from_source, uses_sdpa
 
 TEMPLATE = '''
@@ -448,3 +448,17 @@ def _folder_original_and_patched(folder):
     patched = load_module_from_source(patched_source, "folder_case_fixed").Attention()
     patched.load_state_dict(original.state_dict())
     return original, patched
+
+
+@pytest.mark.parametrize("apply", ["super()._apply(torch.flatten, *args, **kwargs)",
+                                   "super()._apply(fn, *args, **kwargs)"], ids=["another function", "its caller's"])
+def test_an_apply_override_in_a_tree_that_changes_no_shape_in_place(tmp_path, apply):
+    """In a tree of several files none of which names an in-place shape change, only what runs or rebuilds modules
+    with other tensors counts against a buffer's rank: `_apply` given another function than its caller's is one
+    (it was read past), the override that passes its caller's on is torch's own."""
+    (tmp_path / "model.py").write_text(LEVIT_STYLE.replace(
+        "    def get_attention_biases(", "    def _apply(self, fn, *args, **kwargs):\n"
+        f"        return {apply}\n\n    def get_attention_biases("))
+    (tmp_path / "train.py").write_text("from model import Attention\n\nmodel = Attention()\n")
+    (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert ("mask-rank" in _facts(finding, "proved")) is (apply == "super()._apply(fn, *args, **kwargs)")
