@@ -176,6 +176,7 @@ class _Reader:
     def _keep_event(self, event) -> None:
         if not isinstance(event, dict):
             raise _Malformed(f"an event is not an object ({event!r:.40})")
+        start, dur = _microseconds(event, "ts"), _microseconds(event, "dur")  # of every event, kept or not
         if event.get("ph") != "X":
             return
         cat, name, args = event.get("cat", ""), event.get("name", ""), event.get("args") or {}
@@ -187,7 +188,7 @@ class _Reader:
         tid = event.get("tid", 0)
         if isinstance(tid, bool) or not isinstance(tid, (int, str)):
             raise _Malformed(f"tid is not a number or a name ({tid!r})")
-        start, dur, tid = _microseconds(event, "ts"), _microseconds(event, "dur"), str(tid)
+        tid = str(tid)
         if kind in (KERNEL, RUNTIME):
             correlation = args.get("correlation")
             if isinstance(correlation, bool) or not isinstance(correlation, (int, type(None))) \

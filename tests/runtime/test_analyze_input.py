@@ -75,6 +75,12 @@ MALFORMED = {
     "events-not-objects": dict(extra=[None, 1, "x"]),  # were skipped: the trace read as clean
     "correlation-beyond-64-bits": dict(extra=[{"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7,
                                                "ts": 101.0, "dur": 2.0, "args": {"correlation": 1 << 64}}]),
+    # promise round 60: the values of events analysis does not keep were not read (the trace read as clean)
+    "python-function-ts": dict(extra=[{"ph": "X", "cat": "python_function", "name": "f", "ts": "abc", "dur": 5}]),
+    "python-function-negative-dur": dict(extra=[{"ph": "X", "cat": "python_function", "name": "f", "ts": -1e30,
+                                                 "dur": -7}]),
+    "no-category-ts": dict(extra=[{"ph": "X", "name": "aten::mm", "ts": "abc", "dur": 5}]),
+    "instant-event-ts": dict(extra=[{"ph": "i", "name": "mark", "ts": float("1e300")}]),
 }
 
 
