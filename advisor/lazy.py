@@ -22,9 +22,12 @@ class _OnFirstUse:
 
     def __init__(self, name: str) -> None:
         self._name = name
+        self._module: ModuleType | None = None
 
     def __getattr__(self, attribute: str):
-        return getattr(importlib.import_module(self._name), attribute)
+        if self._module is None:
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attribute)
 
     def __repr__(self) -> str:
         return f"<module {self._name!r}, imported on first use>"
