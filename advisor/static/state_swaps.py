@@ -284,11 +284,12 @@ def state_swapped(parsed: ParsedModule, elements_ok: bool = False) -> str | None
 def tree_keeps_shapes(parsed: ParsedModule) -> bool:
     """No file of the scanned tree names an in-place shape change (ProjectFacts.shape_changes: `unsqueeze_`, `set_`,
     a `.data` assignment), the only ways code handed a tensor changes its rank or dtype without rebinding it. A file
-    without project facts is its own tree (static.tree_facts.TreeContext): its own text decides (it counted as
+    scanned alone (no project facts, a tree of one file) is its own tree: its own text decides (it counted as
     changing shapes, so a file scanned alone never read a buffer's rank past `m.apply(partial(...))`)."""
     if parsed.project is not None:
         return not parsed.project.shape_changes
-    return parsed.derived(tree_keeps_shapes, lambda p: first_shape_change(p.source) is None)
+    alone = parsed.tree is not None and len(parsed.tree.paths) == 1  # not a file the call-site index read
+    return alone and parsed.derived(tree_keeps_shapes, lambda p: first_shape_change(p.source) is None)
 
 
 def first_shape_change(text: str) -> re.Match | None:

@@ -95,13 +95,14 @@ def test_the_parent_s_mask_proves_the_rows_where_every_call_is_seen():
     "for _, c in m.named_children():\n    nn.Sequential(c)(x, attention_mask=bad) if False else None",
     "for c in m.children():\n    type(c).forward(c, x, attention_mask=bad)",
     "if hasattr(m, 'attn'):\n    getattr(m, 'attn')(x, attention_mask=bad)",
+    "if hasattr(m, 'attn'):\n    getattr(m, f'attn')(x, attention_mask=bad)",
     "def hasattr(o, n):\n    return getattr(o, n)(x, attention_mask=bad)\n\n\nhasattr(m, 'attn')",
 ], ids=["comprehension", "dict-computed-key", "list-indexed", "dotted-path", "computed-path", "attrgetter-dotted",
         "apply-calls", "functional-call", "apply-forward", "zip-first", "zip-alone", "zip-named", "zip-comprehension",
         "modules-table", "dict-comprehension-key", "comprehension-hands-on", "loop-hands-on", "loop-collects",
         "loop-forward", "loop-getattr-forward", "loop-getattr-call", "after-loop", "after-loop-bound",
         "global-read-by-function", "returned-after-loop", "closure-returned", "loop-wrapped", "loop-class-forward",
-        "hasattr-then-getattr", "hasattr-rebound"])
+        "hasattr-then-getattr", "hasattr-then-f-string", "hasattr-rebound"])
 def test_a_call_no_use_of_the_class_shows_leaves_the_rows_assumed(use):
     assert not _rows_from_call_sites(use + "\ny = m(x)")
 
