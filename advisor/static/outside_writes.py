@@ -26,6 +26,9 @@ from advisor.static.python_ast import nodes, python_tree
 
 ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
 ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
+# ... and binds that way only by torch's `add_module`/`register_module`, which raise for a name that already holds
+# anything but a submodule (a parameter, a buffer, a plain attribute, a method): only submodules may be replaced
+ANY_SUBMODULE = "*module"
 # ... and some such write bypasses `nn.Module.__setattr__` (an attribute table, `object.__setattr__`, a state-dict
 # loader): only then may a registered parameter hold anything but an `nn.Parameter` (or None)
 ANY_RAW = "*raw"
@@ -56,6 +59,7 @@ MODULE_LOOKUPS = {"importlib.import_module", "__import__"}
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
+SUBMODULE_BINDERS = frozenset({"add_module", "register_module"})  # ... of which these bind only submodules
 # classes whose unbound `__setattr__` takes the object first and bypasses `nn.Module.__setattr__`:
 # `object.__setattr__(m, name, v)` on an instance, `type.__setattr__(Attn, "norm", f)` on a class
 RAW_SETTERS = ("object", "type")
@@ -149,8 +153,13 @@ def _collected(text: str, own: bool) -> "_Writes | None":
     tests: list[ast.If] = []
     bindings: list[tuple[ast.AST, ast.AST]] = []  # (target, value) pairs that may alias an attribute
     functions: list[ast.FunctionDef] = []
+    binders: list[ast.AST] = []  # NAMED_BINDERS read by attribute or by a string, or defined (BINDERS_UNSHOWN)
     for node in nodes(tree):  # one pass over the tree, in no particular order
         kind = type(node)
+        if kind is ast.Attribute and node.attr in NAMED_BINDERS or \
+                kind is ast.Constant and node.value in NAMED_BINDERS or \
+                kind is ast.FunctionDef and node.name in SUBMODULE_BINDERS:
+            binders.append(node)
         if kind in _WRITES:
             writes.append(node)
             if kind is ast.Assign:
@@ -182,7 +191,22 @@ def _collected(text: str, own: bool) -> "_Writes | None":
         collector.write(module)  # each of its names may be replaced where it arrives
     if any(_holds_a_namespace(value) for _, value in bindings):
         collector.write(ANY_ATTRIBUTE)  # `mods = m._modules`, `for d in [vars(m)]`: writes through it go unseen
+    if _binders_unshown(binders, writes):
+        collector.write(ANY_ATTRIBUTE)
     return collector
+
+
+def _binders_unshown(binders: list[ast.AST], writes: list[ast.AST]) -> bool:
+    """Whether the file binds attributes by name where `call` cannot read the name: a binding method read otherwise
+    than as the callee of a call whose arguments are all shown (`reg = m.register_buffer; reg("mask", t)`,
+    `partial(m.add_module, name)`, `m.register_buffer(**kw)`, `getattr(m, "register_buffer")`,
+    `type(m).register_buffer`'s method handed on; a class's own `self.add_module(*stage)` is its own computed
+    binding, ClassInfo's), or a function of its own named `add_module`/`register_module`
+    (which may bind anything: `call` reads torch's, which binds only submodules, into ANY_SUBMODULE)."""
+    shown = {id(node.func) for node in writes if type(node) is ast.Call and (
+        not any(isinstance(a, ast.Starred) for a in node.args) and all(k.arg for k in node.keywords) or
+        type(node.func) is ast.Attribute and _is_self(node.func.value))}  # `self.add_module(*s)`: the class's own
+    return any(type(node) is not ast.Attribute or id(node) not in shown for node in binders)
 
 
 # torch's modules and class and the number modules whose functions a proof reads: one of them handed to a function
@@ -867,6 +891,9 @@ class _Writes:
                 self.write(MODULE_GLOBALS + name_pattern(name))
             elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS:
                 self.write(self.any_name(value))  # `object.__setattr__(m, name, v)` bypasses the module's
+            elif isinstance(func, ast.Attribute) and func.attr in SUBMODULE_BINDERS and \
+                    self.any_name(value) == ANY_ATTRIBUTE:
+                self.bind_through_setattr(ANY_SUBMODULE)
             else:
                 self.bind_through_setattr(self.any_name(value))
             if not literal:

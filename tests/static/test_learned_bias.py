@@ -402,16 +402,18 @@ def test_a_table_bound_only_as_a_parameter_keeps_its_proof_beside_bindings_by_co
     assert not uses_sdpa(dispatched_ops(patched, (x,)))
 
 
+TABLE_OR_NONE = _source().replace("self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))",
+                                  "self.table = None\n        if n:\n"
+                                  "            self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))")
+
+
 def test_a_table_some_binding_leaves_none_is_checked_to_be_a_parameter_when_the_block_runs(tmp_path):
     """`self.table = None` on one branch (BEiT without a window) binds a plain attribute, which `setattr` may
     rebind to any tensor: beside a utility binding attributes by computed names, the patch takes SDPA only where
     the table is an `nn.Parameter` when the block runs (then it is learned, as the class's), else the original."""
     from advisor.engine.static import scan_paths
 
-    source = _source().replace("self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))",
-                               "self.table = None\n        if n:\n"
-                               "            self.table = nn.Parameter(torch.zeros(2 * n - 1, heads))")
-    (tmp_path / "model.py").write_text(source, encoding="utf-8")
+    (tmp_path / "model.py").write_text(TABLE_OR_NONE, encoding="utf-8")
     (tmp_path / "prune.py").write_text(SET_BY_PATH, encoding="utf-8")
     [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
     assert finding.fix_safety == "safe", finding.extra["facts"]
@@ -462,3 +464,71 @@ def test_an_apply_override_in_a_tree_that_changes_no_shape_in_place(tmp_path, ap
     (tmp_path / "train.py").write_text("from model import Attention\n\nmodel = Attention()\n")
     (finding,) = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
     assert ("mask-rank" in _facts(finding, "proved")) is (apply == "super()._apply(fn, *args, **kwargs)")
+
+
+ADD_BLOCKS = ("def add_blocks(model, blocks):\n    for i, block in enumerate(blocks):\n"
+              "        model.add_module(f'block{i}', block)\n")
+OWN_ADD_MODULE = ("class Registry:\n    def add_module(self, name, value):\n        setattr(self, name, value)\n\n\n"
+                  + ADD_BLOCKS)
+
+
+@pytest.mark.parametrize("writer, checked", [
+    (ADD_BLOCKS, False),  # torch's add_module raises for a name holding a parameter, None or a tensor
+    (ADD_BLOCKS.replace("add_module", "register_module"), False),
+    (OWN_ADD_MODULE, True),  # an `add_module` of the tree's own may bind anything
+    (SET_BY_PATH, True),
+    ("def set_any(model, name, value):\n    bind = model.register_parameter\n    bind(name, value)\n", True),
+    ("import functools\n\n\ndef set_any(model, name, value):\n"
+     "    functools.partial(model.register_parameter, name)(value)\n", True),
+    ("def set_any(model, spec):\n    model.register_buffer(**spec)\n", True),
+    ("def set_any(model, name, value):\n    getattr(model, 'register_buffer')(name, value)\n", True),
+], ids=["add_module", "register_module", "own add_module", "setattr", "bound method", "partial", "keywords unpacked",
+        "getattr"])
+def test_submodules_bound_by_computed_names_leave_a_table_that_some_branch_leaves_none(tmp_path, writer, checked):
+    """torch's `add_module(name, m)` (and `register_module`) raise KeyError for a name that already holds anything
+    but a submodule, so beside timm's `self.gather.add_module(f"norm{i}", ...)` a table the class binds only to a
+    Parameter or None stays the class's, unchecked; `setattr`, an `add_module` of the tree's own, and a binding
+    method whose name or arguments the call does not show (a bound method kept, `partial`, `**spec`, `getattr`)
+    may bind a plain tensor there, so the patch checks the table is a Parameter when the block runs."""
+    from advisor.engine.static import scan_paths
+
+    (tmp_path / "model.py").write_text(TABLE_OR_NONE, encoding="utf-8")
+    (tmp_path / "util.py").write_text(writer, encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    assert finding.fix_safety == "safe", finding.extra["facts"]
+    guarded = _facts_why(finding, "guarded").get("fully-masked-rows", "")
+    assert ("isinstance(self.table, torch.nn.Parameter)" in guarded) == checked, finding.extra["facts"]
+    if writer is not ADD_BLOCKS:
+        return
+    original, patched = _folder_original_and_patched(tmp_path)
+    util = load_module_from_source(writer, "add_blocks_util")
+    x = torch.randn(2, 5, 16)
+    for model in (original, patched):
+        util.add_blocks(model, [torch.nn.Identity(), torch.nn.Linear(2, 2)])
+        with pytest.raises(KeyError):  # what the narrowing rests on
+            model.add_module("table", torch.nn.Identity())
+    torch.testing.assert_close(patched(x), original(x))
+    assert uses_sdpa(dispatched_ops(patched, (x,)))
+
+
+DROPPED = _source().replace("        weights = scores.softmax(dim=-1)\n",
+                            "        weights = self.drop(scores.softmax(dim=-1))\n").replace(
+    "        self.cache = {}\n        self.reset_parameters()",
+    "        self.cache = {}\n        self.drop = nn.Dropout(0.1)\n        self.reset_parameters()")
+
+
+@pytest.mark.parametrize("binder", ["setattr(model, f'block{i}', block)", "model.add_module(f'block{i}', block)"])
+def test_a_submodule_the_block_calls_is_as_open_to_add_module_as_to_setattr(tmp_path, binder):
+    """`add_module` by a computed name may replace any submodule (the block's dropout among them): what the block
+    reads of its dropout is decided as beside `setattr`."""
+    from advisor.engine.static import scan_paths
+
+    assert "self.drop = nn.Dropout(0.1)" in DROPPED
+    (tmp_path / "model.py").write_text(DROPPED, encoding="utf-8")
+    (tmp_path / "util.py").write_text(f"def add_blocks(model, blocks):\n    for i, block in enumerate(blocks):\n"
+                                      f"        {binder}\n", encoding="utf-8")
+    [finding] = [f for f in scan_paths([str(tmp_path)], jobs=1).findings if f.kind == "attention"]
+    reasons = " ".join(fact["why"] or "" for status in ("assumed", "guarded") for fact in
+                       finding.extra["facts"].get(status, []))
+    assert finding.reason and "computed names" in finding.reason or "computed names" in reasons, \
+        (finding.reason, finding.extra["facts"])

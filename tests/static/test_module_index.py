@@ -114,3 +114,43 @@ def test_functions_are_those_a_walk_of_every_node_finds(source):
     found = [(function, owner.node if owner else None, name) for function, owner, name in parsed.functions]
     assert found == [(function, owner.node if owner else None, name) for function, owner, name in reference.found]
     assert len(found) >= (8 if source is NESTED else 1)
+
+
+NEVER_SUBMODULES = '''
+import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self, n, make, stages):
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(n)) if n else None
+        self.register_buffer("index", make(n))
+        self.size = (n, n)
+        self.cache = {}
+        self.mask = torch.ones(n, n)
+        self.proj = nn.Linear(n, n)
+        self.made = make(n)
+        self.kept = None
+        self.register_module("kept", make(n))
+
+    def forward(self, x):
+        return x
+'''
+
+
+def test_names_add_module_cannot_rebind_are_those_bound_only_to_values_no_module_can_be():
+    """`never_submodule`: parameters, buffers (torch refuses any other value for them), literals and displays, torch
+    tensor functions' results; anything a helper returns, or a module, may be in `_modules`, which `add_module`
+    rebinds; a class with `self.add_module(*stage)` binds names it does not show."""
+    parsed = ParsedModule(NEVER_SUBMODULES, "m.py")
+    [owner] = {id(o): o for _, o, _ in parsed.functions if o is not None}.values()
+    assert owner.plain_module
+    never = {name for name in ("table", "index", "size", "cache", "mask", "proj", "made", "kept", "unbound")
+             if owner.never_submodule(name)}
+    assert never == {"table", "index", "size", "cache", "mask"}
+    assert not owner.binds_computed_names
+    starred = ParsedModule(NEVER_SUBMODULES.replace("        self.kept = None\n",
+                                                    "        for stage in stages:\n"
+                                                    "            self.add_module(*stage)\n"), "m.py")
+    assert next(o for _, o, _ in starred.functions if o is not None).binds_computed_names
