@@ -11,12 +11,18 @@ itself instead.
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from dataclasses import dataclass, field, replace
+from functools import cache
 
 HALF = ("float16", "bfloat16")
 CPU_FLASH_DTYPES = ("float32", "float64", "float16", "bfloat16")
 EFFICIENT_DTYPES = ("float16", "bfloat16", "float32")
 FLASH_MAX_HEAD_DIM = 256
+# the torch release from which the CPU flash kernel takes 3-D inputs and K/V whose batch or head axis broadcasts
+# (measured against `torch._fused_sdp_choice`: 2.13.0 sends both to the math kernel, 2.14.1 to flash)
+CPU_FLASH_BROADCASTS_FROM = (2, 14)
 BACKENDS = ("sdpa-flash", "sdpa-efficient", "sdpa-math", "flash-attn")
 
 
@@ -135,12 +141,30 @@ def _cpu_flash(facts: SiteFacts) -> Verdict:
                                   "has no dropout)")
         else:
             checks.need(literal == 0, "", f"dropout_p={facts.dropout}: the CPU flash kernel has no dropout")
-    _four_d(checks, facts)
+    broadcasts = installed_torch() >= CPU_FLASH_BROADCASTS_FROM
+    if broadcasts:
+        checks.need(None if facts.rank is None else facts.rank in (3, 4), "3-D or 4-D inputs",
+                    f"{facts.rank}-D inputs; the CPU flash kernel needs 3-D or 4-D")
+    else:
+        _four_d(checks, facts)
     _unit_stride(checks, facts)
-    _heads(checks, facts, grouped_ok=True)
+    if not broadcasts or facts.kv_heads is None:
+        _heads(checks, facts, grouped_ok=True)
     _head_dims(checks, facts, equal_value=True, maximum=None)
     _dtype(checks, facts, CPU_FLASH_DTYPES, "float32/float64/float16/bfloat16 inputs")
-    return checks.verdict("4-D inputs with equal head dims and no dropout (masks accepted)")
+    shape = "3-D or 4-D inputs (K/V heads may broadcast)" if broadcasts else "4-D inputs"
+    return checks.verdict(f"{shape} with equal head dims and no dropout (masks accepted)")
+
+
+@cache
+def installed_torch() -> tuple[int, int]:
+    """(major, minor) of the torch this process would import, from its metadata (the CPU flash kernel's checks
+    changed between releases); (0, 0) where none is installed."""
+    try:
+        found = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def _math() -> Verdict:
