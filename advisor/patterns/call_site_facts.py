@@ -231,7 +231,7 @@ def _peer_arguments(site: CallSite, claim: Claim) -> list[cst.BaseExpression]:
     """What this call passes for q's and k's parameters (those it writes out; a default is no tensor)."""
     found = []
     for peer in claim.peers:
-        bound = bound_argument(claim.function, site.call, peer, skip_self=site.method)
+        bound = bound_argument(claim.function, site.call, peer, skip_self=site.method, caller=site.parsed)
         if bound and not bound[1] and bound[0] is not None:
             found.append(bound[0])
     return found

@@ -27,7 +27,8 @@ import libcst as cst
 from advisor.patterns.copy_cast_roles import dtype_name
 from advisor.patterns.module_values import module_steps
 from advisor.static.dataflow import UNDEFINED
-from advisor.static.global_writes import reached_by_name, written_elsewhere
+from advisor.static.global_reach import reached_by_name
+from advisor.static.global_writes import written_elsewhere
 from advisor.static.module_index import ParsedModule
 
 SMALL_LIMIT = 10.0  # as call_site_facts.SMALL_LIMIT: a value that leaves a score as precise as it is

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.dataflow import UNDEFINED
-from advisor.static.global_writes import reached_by_name, through_globals, written_elsewhere
+from advisor.static.global_reach import reached_by_name
+from advisor.static.global_writes import through_globals, written_elsewhere
 from advisor.static.module_index import ParsedModule
 from advisor.static.tensor_reads import local_reads_leave_alone, read_leaves_alone
 

@@ -11,7 +11,8 @@ import libcst as cst
 
 from advisor.patterns.helper_bodies import branches
 from advisor.contracts.finding import display_path
-from advisor.static.global_writes import reached_by_name, through_globals
+from advisor.static.global_reach import reached_by_name
+from advisor.static.global_writes import through_globals
 from advisor.patterns.ops import literal_string, number_value
 from advisor.static.dataflow import FunctionFlow
 from advisor.static.module_index import ClassInfo, ParsedModule

@@ -28,6 +28,7 @@ from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 from advisor.static.module_methods import SELF_RETURNING, compiled_instance, drops_state_method_result, \
     returns_itself
 from advisor.static.python_ast import nodes, python_tree
+from advisor.static.spread_arguments import spread_positionals
 from advisor.static.walk import descendants
 from advisor.static.text_screens import on_line_after, then_on_line
 
@@ -588,7 +589,8 @@ class Tree:
             return None
         sites = []
         for site_parsed, call in calls:
-            bound = bound_argument(function, call, parameter, skip_self=owner is not None)
+            bound = bound_argument(function, call, parameter, skip_self=owner is not None, caller=site_parsed,
+                                   tree=self)
             if bound is False:
                 return None
             argument, is_default = bound
@@ -1155,11 +1157,14 @@ def _reads_of_binding(parsed: ParsedModule, assign: cst.Assign, target: cst.Name
     return [n for n in parsed.parents if isinstance(n, cst.Name) and n.value == target.value and n is not target]
 
 
-def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str,
-                    skip_self: bool) -> tuple[cst.BaseExpression | None, bool] | bool:
+def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str, skip_self: bool,
+                   caller: ParsedModule | None = None, tree=None) -> tuple[cst.BaseExpression | None, bool] | bool:
     """(the expression the call binds to `parameter`, whether it is the parameter's default); False when the call
-    spreads `*args`/`**kwargs` (what binds is not visible) or binds nothing to it."""
-    if any(arg.star for arg in call.args):
+    spreads `*args`/`**kwargs` whose elements are not visible (a fixed display's are, read in `caller`, the call's
+    file: static.spread_arguments) or binds nothing to it."""
+    given = spread_positionals(caller, call, tree) if caller is not None else \
+        None if any(arg.star for arg in call.args) else [arg.value for arg in call.args if arg.keyword is None]
+    if given is None:
         return False
     params = function.params
     positional = list(params.posonly_params) + list(params.params)
@@ -1171,9 +1176,8 @@ def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str,
         if keyword_ok and arg.keyword is not None and arg.keyword.value == parameter:
             return arg.value, False
     position = names.index(parameter) if parameter in names else None
-    given = [arg for arg in call.args if arg.keyword is None]
     if position is not None and position < len(given):
-        return given[position].value, False
+        return given[position], False
     param = next((p for p in positional + list(params.kwonly_params) if p.name.value == parameter), None)
     return (param.default, True) if param is not None and param.default is not None else False
 

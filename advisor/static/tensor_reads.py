@@ -19,6 +19,7 @@ from advisor.static.module_methods import MODULE_BASES, compiled_instance, only_
     without_self_returning_calls
 from advisor.static.outside_writes import IN_PLACE_DUNDERS, in_place_name
 from advisor.static.package_functions import called_function
+from advisor.static.spread_arguments import element_positions, position_of
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
 from advisor.static.walk import walk
 
@@ -110,8 +111,12 @@ def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, wri
         literal = parsed.parents.get(parent)
         arg = parsed.parents.get(literal)
         call = parsed.parents.get(arg)
-        return isinstance(arg, cst.Arg) and arg.value is literal and not arg.star and arg.keyword is None and \
-            isinstance(call, cst.Call) and call.args[0] is arg and parsed.imported_name(call.func) in JOINS
+        if isinstance(arg, cst.Arg) and arg.value is literal and not arg.star and arg.keyword is None and \
+                isinstance(call, cst.Call) and call.args[0] is arg and parsed.imported_name(call.func) in JOINS:
+            return True
+        spread = element_positions(parsed, parent)  # `inputs = [q, k, v, MASK]`, then `model(*inputs)`
+        return spread is not None and all(_position_left_alone(parsed, call, position, depth)
+                                          for call, position in spread)
     if isinstance(parent, cst.Assign) and parent.value is node:
         return _alias_left_alone(parsed, parent, depth)
     if isinstance(parent, cst.Return) and parent.value is node:
@@ -530,17 +535,40 @@ def _module_statements(parsed: ParsedModule) -> set[cst.CSTNode]:
     return {small for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body}
 
 
-def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg,
-                          depth: int, skip: int = 0) -> bool:
+def _position_left_alone(parsed: ParsedModule, call: cst.Call, position: int, depth: int) -> bool:
+    """The call only reads the positional argument at `position` (one spread from a fixed display): a function, a
+    module's `forward` or a method of this file that only reads the parameter receiving it, or a builtin that
+    only reads what it is given."""
+    if (parsed.imported_name(call.func) or "") in HARMLESS_BUILTINS:
+        return True
+    forward = _submodule_forward(parsed, call)
+    if forward is not None:
+        return _parameter_left_alone(parsed, forward, call, None, depth, skip=1, position=position)
+    methods = _methods_called(parsed, call)
+    if methods:
+        return all(_parameter_left_alone(parsed, method, call, None, depth, skip=1, position=position)
+                   for method in methods)
+    func = _uncompiled(parsed, call.func)
+    followed = called_function(parsed, func, parsed.outside_attribute_writes[0]) \
+        if isinstance(func, cst.Name) else None
+    return followed is not None and _parameter_left_alone(*followed, call, None, depth, position=position)
+
+
+def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg | None,
+                          depth: int, skip: int = 0, position: int | None = None) -> bool:
     """The function of this file the tensor is passed to only reads the parameter that receives it (`skip`: the
-    leading parameters the call does not pass, `self` of a module's `forward`)."""
+    leading parameters the call does not pass, `self` of a module's `forward`); `arg`, or the positional argument
+    at `position` among the call's (spread ones counted)."""
     params = function.params
     if isinstance(params.star_arg, cst.Param) or isinstance(params.star_kwarg, cst.Param):
         return False
-    if arg.keyword is not None:
+    if arg is not None and arg.keyword is not None:
         name = arg.keyword.value
     else:
-        position = [a for a in call.args if a.keyword is None].index(arg) + skip
+        position = position if arg is None else position_of(parsed, call, arg)  # `*args` spread before it counted
+        if position is None:
+            return False
+        position += skip
         positional = list(params.posonly_params) + list(params.params)
         if position >= len(positional):
             return False
