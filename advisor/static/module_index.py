@@ -16,7 +16,6 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import libcst as cst
-from libcst.helpers import get_full_name_for_node
 from libcst.metadata import MetadataWrapper
 
 from advisor.contracts.finding import display_path
@@ -24,9 +23,9 @@ from advisor.static.line_index import LineIndex
 from advisor.static.opening_imports import first_code_run
 from advisor.static.package_functions import decorators_keep
 from advisor.static.escaping_reads import escaping_reads
-from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_LISTED, ANY_RAW, ANY_SUBMODULE, ANY_TENSOR,
-                                           ANY_TO_IDENTITY, ATTRIBUTE_TABLES, FINITE_DRAW, MODULE_GLOBALS,
-                                           NAMED_BINDERS, NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE, STATE_LOADERS,
+from advisor.static.outside_writes import (ANY_ATTRIBUTE, ANY_LISTED, ANY_RAW, ANY_TENSOR, ANY_TO_IDENTITY,
+                                           ATTRIBUTE_TABLES, FINITE_DRAW, MODULE_GLOBALS, NAMED_BINDERS,
+                                           NAMESPACE_READS, NARROWED, RESHAPING_IN_PLACE, STATE_LOADERS,
                                            UNSPELLED_MODULE_WRITES, file_writes, outside_writes_of_source)
 from advisor.static.cst_parse import parse_module
 from advisor.static.dataflow import FunctionFlow, build_flow, is_inplace_method, is_self, is_self_attribute
@@ -138,10 +137,6 @@ class ClassInfo:
             if written is not None and not identity_ok:
                 return (f"{self.writer(written)} replaces modules by `nn.Identity()` under computed names "
                         "(`setattr(m, name, ...)`)")
-            written = self.written_outside(ANY_SUBMODULE)
-            if written is not None and not self.never_submodule(attribute):
-                return (f"{self.writer(written)} binds submodules by computed names on other objects (`m.add_module("
-                        "name, ...)`)")
         if self._collected.computed:
             return f"`{self.node.name.value}` sets its attributes by computed names (`setattr(self, name, ...)`)"
         return None
@@ -165,19 +160,10 @@ class ClassInfo:
         very name or a computed write in this file, so a caller may assume the class's value rather than refuse."""
         if self.written_outside(attribute) is not None or self._collected.computed:
             return False
-        computed = [written for name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY, ANY_SUBMODULE)
+        computed = [written for name in (ANY_ATTRIBUTE, ANY_TO_IDENTITY)
                     if (written := self.written_outside(name)) is not None and
-                    not (name == ANY_TO_IDENTITY and identity_ok) and
-                    not (name == ANY_SUBMODULE and self.never_submodule(attribute))]
+                    not (name == ANY_TO_IDENTITY and identity_ok)]
         return bool(computed) and all(self.writer(name) != "this file" for name in computed)
-
-    def never_submodule(self, attribute: str) -> bool:
-        """Whether torch's `add_module(attribute, ...)` raises on every instance that holds the attribute: the class
-        derives from nn.Module alone and binds it only to values that are no module (a parameter, a buffer, a
-        literal, a torch tensor function's result), so it is never in `_modules` (`add_module` refuses a name
-        that already holds anything else)."""
-        return self.plain_module and attribute in self.attributes and attribute not in self.unfollowed and \
-            attribute not in self._collected.maybe_modules
 
     def written_outside(self, attribute: str, elements_ok: bool = False, finite_ok: bool = False,
                         any_class: bool = False) -> str | None:
@@ -1155,7 +1141,6 @@ class _SelfAttributeCollector(cst.CSTVisitor):
         self.unfollowed: set[str] = set()  # bound by an unpacking whose values are not paired with targets
         self.computed = False  # some method binds `self` attributes by a name computed at run time
         self.persistent: set[str] = set()  # buffers registered without `persistent=False`: a state dict loads them
-        self.maybe_modules: set[str] = set()  # bound somewhere to a value that may be a module (`never_submodule`)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if node.name.value == "_load_from_state_dict":  # an override that may load any buffer its own way
@@ -1164,7 +1149,7 @@ class _SelfAttributeCollector(cst.CSTVisitor):
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
             if is_self_attribute(target.target):
-                self._bound(target.target.attr.value, node.value)
+                self.attributes.setdefault(target.target.attr.value, []).append(node.value)
             elif isinstance(target.target, (cst.Tuple, cst.List)):
                 self._unpacked(target.target, node.value)
             else:
@@ -1179,7 +1164,7 @@ class _SelfAttributeCollector(cst.CSTVisitor):
         for position, element in enumerate(elements):
             if is_self_attribute(element):
                 if paired:
-                    self._bound(element.attr.value, values[position].value)
+                    self.attributes.setdefault(element.attr.value, []).append(values[position].value)
                 else:
                     self.unfollowed.add(element.attr.value)
             else:
@@ -1204,16 +1189,10 @@ class _SelfAttributeCollector(cst.CSTVisitor):
             if name is not None:
                 self.mutated.add(name)
                 self.reshaped.add(name)
-                self.maybe_modules.add(name)  # `self._modules["x"] = m`
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is not None and is_self_attribute(node.target):
-            self._bound(node.target.attr.value, node.value)
-
-    def _bound(self, name: str, value: cst.BaseExpression) -> None:
-        self.attributes.setdefault(name, []).append(value)
-        if not _no_module(value):
-            self.maybe_modules.add(name)
+            self.attributes.setdefault(node.target.attr.value, []).append(node.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -1227,7 +1206,6 @@ class _SelfAttributeCollector(cst.CSTVisitor):
             self.computed |= not names or len(names) < len(node.args)
             self.mutated.update(names)
             self.reshaped.update(names)
-            self.maybe_modules.update(names)
             return
         binding = named_binding(node)
         if binding is None and isinstance(func, cst.Attribute) and func.attr.value in NAMED_BINDERS and \
@@ -1244,32 +1222,9 @@ class _SelfAttributeCollector(cst.CSTVisitor):
             self.attributes.setdefault(name, []).append(value)  # `self.register_buffer("bias", torch.tril(...))`
             if func.attr.value == "register_buffer" and not _not_persistent(node):
                 self.persistent.add(name)
-            if func.attr.value not in TENSOR_REGISTRARS:  # torch refuses any other value for a buffer, a parameter
-                self.maybe_modules.add(name)
         else:  # `setattr(self, "bias", v)`: read as a write the analysis does not pair
             self.mutated.add(name)
             self.reshaped.add(name)
-            self.maybe_modules.add(name)
-
-
-TENSOR_REGISTRARS = frozenset({"register_buffer", "register_parameter"})  # bind only a tensor (or None)
-PARAMETER_CLASSES = frozenset({"nn.Parameter", "torch.nn.Parameter", "torch.nn.parameter.Parameter"})
-NOT_MODULES = (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Integer, cst.Float, cst.Imaginary,
-               cst.Dict, cst.List, cst.Tuple, cst.Set, cst.DictComp, cst.ListComp, cst.SetComp)
-
-
-def _no_module(value: cst.BaseExpression) -> bool:
-    """A value no module can be: a literal or display, None/True/False, `nn.Parameter(...)`, or a call of a
-    lower-case function of torch's own namespace (`torch.zeros(...)`, `torch.tril(...)`: tensors)."""
-    if isinstance(value, cst.IfExp):
-        return _no_module(value.body) and _no_module(value.orelse)
-    if isinstance(value, NOT_MODULES) or isinstance(value, cst.Name) and value.value in ("None", "True", "False"):
-        return True
-    if not isinstance(value, cst.Call):
-        return False
-    dotted = get_full_name_for_node(value.func) if isinstance(value.func, (cst.Name, cst.Attribute)) else None
-    return dotted in PARAMETER_CLASSES or dotted is not None and dotted.count(".") == 1 and \
-        dotted.startswith("torch.") and dotted[len("torch."):][:1].islower()
 
 
 def _written_attributes(target: cst.BaseExpression) -> list[cst.Attribute]:

@@ -26,9 +26,6 @@ from advisor.static.python_ast import nodes, python_tree
 
 ANY_ATTRIBUTE = "*"  # in `outside`: the file writes attributes whose names it computes (`setattr(m, name, v)`)
 ANY_TO_IDENTITY = "*identity"  # ... and binds nothing but a fresh `nn.Identity()` that way (dropout stripped)
-# ... and binds that way only by torch's `add_module`/`register_module`, which raise for a name that already holds
-# anything but a submodule (a parameter, a buffer, a plain attribute, a method): only submodules may be replaced
-ANY_SUBMODULE = "*module"
 # ... and some such write bypasses `nn.Module.__setattr__` (an attribute table, `object.__setattr__`, a state-dict
 # loader): only then may a registered parameter hold anything but an `nn.Parameter` (or None)
 ANY_RAW = "*raw"
@@ -59,7 +56,11 @@ MODULE_LOOKUPS = {"importlib.import_module", "__import__"}
 IDENTITY = {"torch.nn.Identity", "torch.nn.modules.linear.Identity"}
 # methods that bind an attribute of their receiver by the name given first (and `setattr(obj, name, value)`)
 NAMED_BINDERS = {"__setattr__", "register_buffer", "register_parameter", "add_module", "register_module"}
-SUBMODULE_BINDERS = frozenset({"add_module", "register_module"})  # ... of which these bind only submodules
+# the binders and unbinders whose reads `_binders_unshown` checks
+UNSHOWN_BINDERS = NAMED_BINDERS | {"__delattr__"}
+# ... those a class may define for itself (`def add_module(self, name, m)`): a call of one may then bind anything, by
+# any route (`__setattr__` is left to the class's own reading: configuration classes define it everywhere)
+DEFINABLE_BINDERS = frozenset({"add_module", "register_module", "register_buffer", "register_parameter"})
 # classes whose unbound `__setattr__` takes the object first and bypasses `nn.Module.__setattr__`:
 # `object.__setattr__(m, name, v)` on an instance, `type.__setattr__(Attn, "norm", f)` on a class
 RAW_SETTERS = ("object", "type")
@@ -153,12 +154,14 @@ def _collected(text: str, own: bool) -> "_Writes | None":
     tests: list[ast.If] = []
     bindings: list[tuple[ast.AST, ast.AST]] = []  # (target, value) pairs that may alias an attribute
     functions: list[ast.FunctionDef] = []
-    binders: list[ast.AST] = []  # NAMED_BINDERS read by attribute or by a string, or defined (BINDERS_UNSHOWN)
+    binders: list[ast.AST] = []  # binding and unbinding methods read, named or defined (`_binders_unshown`)
     for node in nodes(tree):  # one pass over the tree, in no particular order
         kind = type(node)
-        if kind is ast.Attribute and node.attr in NAMED_BINDERS or \
-                kind is ast.Constant and node.value in NAMED_BINDERS or \
-                kind is ast.FunctionDef and node.name in SUBMODULE_BINDERS:
+        if kind is ast.Attribute and node.attr in UNSHOWN_BINDERS or \
+                kind is ast.Constant and node.value in UNSHOWN_BINDERS or \
+                kind is ast.FunctionDef and node.name in DEFINABLE_BINDERS or \
+                kind is ast.Name and node.id == "delattr" or \
+                kind is ast.Call and type(node.func) is ast.Attribute and node.func.attr == "__new__":
             binders.append(node)
         if kind in _WRITES:
             writes.append(node)
@@ -197,16 +200,30 @@ def _collected(text: str, own: bool) -> "_Writes | None":
 
 
 def _binders_unshown(binders: list[ast.AST], writes: list[ast.AST]) -> bool:
-    """Whether the file binds attributes by name where `call` cannot read the name: a binding method read otherwise
+    """Whether the file binds or unbinds attributes where `call` cannot read which, or bypasses what torch's
+    `__setattr__` lets a registered parameter hold (ANY_RAW follows ANY_ATTRIBUTE): a binding method read otherwise
     than as the callee of a call whose arguments are all shown (`reg = m.register_buffer; reg("mask", t)`,
-    `partial(m.add_module, name)`, `m.register_buffer(**kw)`, `getattr(m, "register_buffer")`,
-    `type(m).register_buffer`'s method handed on; a class's own `self.add_module(*stage)` is its own computed
-    binding, ClassInfo's), or a function of its own named `add_module`/`register_module`
-    (which may bind anything: `call` reads torch's, which binds only submodules, into ANY_SUBMODULE)."""
+    `partial(m.add_module, name)`, `m.register_buffer(**kw)`, `getattr(m, "register_buffer")`; a class's own
+    `self.add_module(*stage)` is its own computed binding, ClassInfo's); a function of its own named as one of
+    torch's binders (which may bind anything, by any route); `delattr` with a computed name or handed on, and any
+    `__delattr__` but a class's own (an attribute unbound, torch's checks of what a name already holds are void:
+    `add_module`, `setattr` of a plain tensor over a parameter); an instance made by `__new__` (`Attn.__new__(Attn)`:
+    its `__init__` never ran, so none of its attributes is what the class binds)."""
     shown = {id(node.func) for node in writes if type(node) is ast.Call and (
         not any(isinstance(a, ast.Starred) for a in node.args) and all(k.arg for k in node.keywords) or
         type(node.func) is ast.Attribute and _is_self(node.func.value))}  # `self.add_module(*s)`: the class's own
-    return any(type(node) is not ast.Attribute or id(node) not in shown for node in binders)
+    return any(_unshown(node, shown) for node in binders)
+
+
+def _unshown(node: ast.AST, shown: set[int]) -> bool:
+    if type(node) is ast.Call:  # `X.__new__(X)`; a class's own `super().__new__(cls)` runs `__init__` after it
+        receiver = node.func.value
+        return not (type(receiver) is ast.Call and getattr(receiver.func, "id", None) == "super")
+    if type(node) is ast.Name:  # `delattr(m, "bias")` is read as a write of `bias` (call); any other `delattr`
+        return id(node) not in shown
+    if type(node) is ast.Attribute and node.attr == "__delattr__":
+        return not (_is_self(node.value) and id(node) in shown)
+    return type(node) is not ast.Attribute or id(node) not in shown
 
 
 # torch's modules and class and the number modules whose functions a proof reads: one of them handed to a function
@@ -877,6 +894,9 @@ class _Writes:
                 keyword = next((k.value for k in node.keywords if k.arg == "name"), None)
                 name = args[0] if args else keyword
                 binding = (func.value, name, args[1] if len(args) > 1 else None) if name is not None else None
+        if isinstance(func, ast.Name) and func.id == "delattr" and func.id not in self.imports and len(args) >= 2 \
+                and not _is_self(args[0]):  # unbound, the name holds whatever is bound next, by any route
+            self.write(_literal(args[1]) or ANY_ATTRIBUTE)
         if isinstance(func, ast.Attribute) and func.attr == "set_submodule" and args:  # `m.set_submodule("a.b", x)`
             target = _literal(args[0])
             for name in target.split(".") if target else [self.any_name(args[1] if len(args) > 1 else None)]:
@@ -891,9 +911,6 @@ class _Writes:
                 self.write(MODULE_GLOBALS + name_pattern(name))
             elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in RAW_SETTERS:
                 self.write(self.any_name(value))  # `object.__setattr__(m, name, v)` bypasses the module's
-            elif isinstance(func, ast.Attribute) and func.attr in SUBMODULE_BINDERS and \
-                    self.any_name(value) == ANY_ATTRIBUTE:
-                self.bind_through_setattr(ANY_SUBMODULE)
             else:
                 self.bind_through_setattr(self.any_name(value))
             if not literal:

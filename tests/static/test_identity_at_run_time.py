@@ -450,13 +450,17 @@ def test_a_change_made_by_another_file_of_the_tree_keeps_safe_patches_exact(tmp_
     ("import torch\n\n\ndef f(m):\n    torch.Tensor.resize_(m.bias, 1)\n", False, ({"bias"},) * 2),
     # bindings by computed names: through nn.Module.__setattr__, or bypassing it (ANY_RAW too)
     ("def f(m, n, v):\n    setattr(m, n, v)\n    m.add_module(n, v)\n    m.get_submodule(n).add_module(n, v)\n",
-     False, ({"*", "*module"},) * 2),
-    # torch's add_module binds only submodules (it raises for a name holding anything else)
-    ("def f(m, n, v):\n    m.add_module(n, v)\n    m.register_module(n, v)\n", False, ({"*module"},) * 2),
-    # a binding method whose name the call does not show, or an add_module of the file's own: anything
+     False, ({"*"},) * 2),
+    # a binding method whose name the call does not show, a binder of the file's own, an attribute unbound by a
+    # computed name, an instance `__new__` makes: anything, past what torch's __setattr__ lets a parameter hold
     ("def f(m, n, v):\n    bind = m.add_module\n    bind(n, v)\n", False, ({"*", "*raw"},) * 2),
     ("def f(m, kw):\n    m.register_buffer(**kw)\n", False, ({"*", "*raw"},) * 2),
     ("class R:\n    def add_module(self, n, v):\n        pass\n", False, ({"*", "*raw"},) * 2),
+    ("def f(m, n):\n    delattr(m, n)\n", False, ({"*", "*raw"},) * 2),
+    ("def f(m):\n    delattr(m, 'bias')\n", False, ({"bias"},) * 2),
+    ("def f(m, n):\n    type(m).__delattr__(m, n)\n", False, ({"*", "*raw"},) * 2),
+    ("def f(cls):\n    return cls.__new__(cls)\n", False, ({"*", "*raw"},) * 2),
+    ("class A:\n    def __new__(cls):\n        return super().__new__(cls)\n", False, (set(), set())),
     ("def f(m, n, v):\n    m.__dict__[n] = v\n", False, ({"*", "*raw", "__dict__"}, {"*", "*raw", "__dict__"})),
     ("def f(m, n, v):\n    object.__setattr__(m, n, v)\n", False, ({"*", "*raw"},) * 2),
     ("def f(m, n):\n    m.get_parameter(n).fill_(1)\n", False, ({"*", "*raw"},) * 2),

@@ -116,41 +116,14 @@ def test_functions_are_those_a_walk_of_every_node_finds(source):
     assert len(found) >= (8 if source is NESTED else 1)
 
 
-NEVER_SUBMODULES = '''
-import torch
-from torch import nn
 
-
-class Attn(nn.Module):
-    def __init__(self, n, make, stages):
-        super().__init__()
-        self.table = nn.Parameter(torch.zeros(n)) if n else None
-        self.register_buffer("index", make(n))
-        self.size = (n, n)
-        self.cache = {}
-        self.mask = torch.ones(n, n)
-        self.proj = nn.Linear(n, n)
-        self.made = make(n)
-        self.kept = None
-        self.register_module("kept", make(n))
-
-    def forward(self, x):
-        return x
-'''
-
-
-def test_names_add_module_cannot_rebind_are_those_bound_only_to_values_no_module_can_be():
-    """`never_submodule`: parameters, buffers (torch refuses any other value for them), literals and displays, torch
-    tensor functions' results; anything a helper returns, or a module, may be in `_modules`, which `add_module`
-    rebinds; a class with `self.add_module(*stage)` binds names it does not show."""
-    parsed = ParsedModule(NEVER_SUBMODULES, "m.py")
-    [owner] = {id(o): o for _, o, _ in parsed.functions if o is not None}.values()
-    assert owner.plain_module
-    never = {name for name in ("table", "index", "size", "cache", "mask", "proj", "made", "kept", "unbound")
-             if owner.never_submodule(name)}
-    assert never == {"table", "index", "size", "cache", "mask"}
-    assert not owner.binds_computed_names
-    starred = ParsedModule(NEVER_SUBMODULES.replace("        self.kept = None\n",
-                                                    "        for stage in stages:\n"
-                                                    "            self.add_module(*stage)\n"), "m.py")
-    assert next(o for _, o, _ in starred.functions if o is not None).binds_computed_names
+def test_a_class_spreading_its_own_bindings_binds_names_it_does_not_show():
+    """`self.add_module(*stage)`, `self.register_buffer(**spec)`: the class binds its attributes by names the
+    source does not show, as `setattr(self, name, v)` does."""
+    template = "import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self, spec):\n" \
+               "        super().__init__()\n        {binding}\n\n    def forward(self, x):\n        return x\n"
+    for binding, computed in [("self.add_module(*spec)", True), ("self.register_buffer(**spec)", True),
+                              ("self.register_buffer('b', spec)", False)]:
+        parsed = ParsedModule(template.format(binding=binding), "m.py")
+        owner = next(o for _, o, _ in parsed.functions if o is not None)
+        assert owner.binds_computed_names == computed, binding
