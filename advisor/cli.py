@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from importlib import import_module
@@ -44,6 +45,17 @@ def split_script(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv[:at], argv[at + 1:]
 
 
+def script_target(args) -> list[str] | None:
+    """`advisor optimize train.py`: a TARGET that names a Python file, with no `:function`, is the script to run as
+    it is (`-- python train.py`), as `python train.py` would (its TARGET is then unset)."""
+    target = getattr(args, "target", None)
+    if args.verb not in SCRIPT_VERBS or target is None or not target.endswith((".py", ".pyw")) or \
+            not os.path.isfile(target):
+        return None
+    args.target = None
+    return ["python", target]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv  # known before parsing, so a failure while building the parser obeys it too
@@ -58,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as exc:  # usage errors (2) and --help (0): return the code instead of exiting
             return exc.code if isinstance(exc.code, int) else EXIT_ERROR
         args.argv = argv + (["--", *script] if script is not None else [])  # as given: to repeat the run
+        script = script if script is not None else script_target(args)
         if script is not None:
             args.script = script
         from advisor.config import configure

@@ -21,7 +21,9 @@ def load_workload(target: str, loader=None, with_function: bool = False, roots: 
     TARGET resolves against the current directory and `roots` first, as `python -m` does."""
     module_ref, sep, attr = target.rpartition(":")
     if not sep or not module_ref or not attr:
-        raise AdvisorError(f"TARGET must be 'path/to/file.py:function' or 'package.module:function', got {target!r}")
+        hint = f"; to run the script as it is: advisor optimize -- python {target}" if target.endswith(".py") else ""
+        raise AdvisorError(f"TARGET must be 'path/to/file.py:function' or 'package.module:function', got "
+                           f"{target!r}{hint}")
     module = _import(module_ref, loader, roots)
     function = getattr(module, attr, None)
     if function is None:

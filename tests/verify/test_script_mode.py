@@ -313,3 +313,46 @@ def test_optimize_verifies_a_script_s_patch_under_the_script_s_autocast(tmp_path
     [patch] = result["patches"]
     assert patch["parity"]["outputs_compared"] == 3 and patch["parity"]["atol"] == 1e-2
     assert patch["verdict"] in ("verified", "no-gain")  # SDPA in bfloat16 agrees at bfloat16's rounding
+
+
+SPREAD_PROGRAM = '''import math
+
+import torch
+
+torch.manual_seed(0)
+
+
+class Model(torch.nn.Module):
+    def forward(self, query, key, value, attn_mask):
+        qk = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+        qk = qk + attn_mask
+        return torch.softmax(qk, dim=-1) @ value
+
+
+MASK = torch.zeros(1, 1, 16, 16)
+inputs = [torch.randn(1, 4, 16, 32), torch.randn(1, 4, 16, 32), torch.randn(1, 4, 16, 32), MASK]
+model = Model()
+output = model(*inputs)
+'''
+
+
+def test_a_python_file_as_target_is_the_script_run_as_it_is(tmp_path, capsys, monkeypatch):
+    """`advisor optimize program.py` (no `:function`) runs the program as `-- python program.py` does: its model is
+    captured and its patch, safe from the mask its call spreads (`model(*inputs)`), verified without a flag."""
+    (tmp_path / "program.py").write_text(SPREAD_PROGRAM, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code = main(["optimize", "program.py", "--format", "json", "--timing-budget", "1", "--report",
+                 str(tmp_path / "report")])
+    captured = capsys.readouterr()
+    assert code in (0, 1), captured.err
+    result = json.loads(captured.out)
+    [patch] = result["patches"]
+    assert patch["rule"] == "ADV101" and patch["verdict"] in ("verified", "no-gain"), patch
+    assert "captured Model and the inputs of 1 call(s); the script ran to its end" in result["notes"]
+    assert main(["profile", "program.py:workload"]) == 2  # a function TARGET is still read as one
+    assert "program.py has no attribute 'workload'" in capsys.readouterr().err
+
+
+def test_a_py_target_that_is_no_file_names_the_script_form(capsys):
+    assert main(["profile", "no_such_program.py"]) == 2
+    assert "to run the script as it is: advisor optimize -- python no_such_program.py" in capsys.readouterr().err
