@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import libcst as cst
 
 from advisor.static.dataflow import UNDEFINED
-from advisor.static.global_reach import reached_by_name
+from advisor.static.global_reach import objects_reached_unseen, reached_by_name
 from advisor.static.global_writes import through_globals, written_elsewhere
 from advisor.static.module_index import ParsedModule
 from advisor.static.tensor_reads import local_reads_leave_alone, read_leaves_alone
+from advisor.static.walk import descendants
 
 
 
@@ -117,13 +118,15 @@ def module_steps(parsed: ParsedModule, name: str,
     variable = module_name(parsed, name)
     if len(variable.bindings) < 2 and module_value(parsed, name) is not None or \
             name in parsed.imports or reached_by_name(parsed, name) or name in parsed.outside_attribute_writes[0] \
-            or parsed.global_rebound_by_computed_name(name) is not None:
+            or parsed.global_rebound_by_computed_name(name) is not None or objects_reached_unseen(parsed):
         return None
     top = [small for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body]
     steps = [small for small in top if _step_of(parsed, small, name)]
     bindings = variable.bindings
     if not steps or not isinstance(steps[0], cst.Assign) or \
             not all(any(parsed.within(binding, step) for step in steps) for binding in bindings):
+        return None
+    if any(calls_replaced(parsed, step) for step in steps):
         return None
     inside = set(steps)
     for node in variable.occurrences:
@@ -145,6 +148,13 @@ def module_steps(parsed: ParsedModule, name: str,
     return steps
 
 
+def calls_replaced(parsed: ParsedModule, node: cst.CSTNode) -> bool:
+    """Whether `node` calls a function a file of the scan assigns (`torch.randn = lambda *s: torch.full(s, -1e9)`,
+    breaker round 62): its value is not what torch's function of that name gives."""
+    written = parsed.outside_attribute_writes[0]
+    return any((parsed.imported_name(call.func) or "") in written for call in descendants(node, (cst.Call,)))
+
+
 def _step_of(parsed: ParsedModule, small: cst.BaseSmallStatement, name: str) -> bool:
     """`name = ...`, `name[...] = ...` or `name.fill_(...)` as a statement."""
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
@@ -163,8 +173,6 @@ def _line_of(parsed: ParsedModule, small: cst.CSTNode) -> cst.CSTNode:
 def _calls_torch_only(parsed: ParsedModule, small: cst.CSTNode) -> bool:
     """An assignment or import whose calls are all torch's or math's, or methods of what those return: it runs no
     code of the program's (a function of it called there could run the block on the tensor half built)."""
-    from advisor.static.walk import descendants
-
     def library(call: cst.Call) -> bool:
         func = call.func
         while parsed.imported_name(func) is None and isinstance(func, cst.Attribute) and \
@@ -202,13 +210,15 @@ def _module_value(parsed: ParsedModule, name: str, registered: tuple[cst.CSTNode
     variable = module_name(parsed, name)
     bindings = variable.bindings
     if len(bindings) != 1 or name in parsed.imports or reached_by_name(parsed, name) or \
+            objects_reached_unseen(parsed) or \
             name in parsed.outside_attribute_writes[0] or \
             parsed.global_rebound_by_computed_name(name) is not None:  # `program.MASK.fill_(...)` here or elsewhere
         return None
     target, value = _unpacked(parsed, bindings[0])
     assign = parsed.parents.get(target)
     if value is None or not isinstance(assign, cst.Assign) or len(assign.targets) != 1 \
-            or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is not None:
+            or parsed.innermost(assign, (cst.FunctionDef, cst.ClassDef, cst.Lambda)) is not None \
+            or calls_replaced(parsed, value):
         return None
     names = variable.occurrences
     immutable = _immutable(value)  # a number: no read can change it, only another binding

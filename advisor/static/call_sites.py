@@ -28,7 +28,7 @@ from advisor.static.module_index import ClassInfo, ParsedModule, _assigned_names
 from advisor.static.module_methods import SELF_RETURNING, compiled_instance, drops_state_method_result, \
     returns_itself
 from advisor.static.python_ast import nodes, python_tree
-from advisor.static.spread_arguments import spread_positionals
+from advisor.static.spread_arguments import spread_keywords, spread_positionals
 from advisor.static.walk import descendants
 from advisor.static.text_screens import on_line_after, then_on_line
 
@@ -1164,7 +1164,9 @@ def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str, sk
     file: static.spread_arguments) or binds nothing to it."""
     given = spread_positionals(caller, call, tree) if caller is not None else \
         None if any(arg.star for arg in call.args) else [arg.value for arg in call.args if arg.keyword is None]
-    if given is None:
+    keywords = spread_keywords(caller, call, tree) if caller is not None else \
+        {arg.keyword.value: arg.value for arg in call.args if arg.keyword is not None}
+    if given is None or keywords is None:
         return False
     params = function.params
     positional = list(params.posonly_params) + list(params.params)
@@ -1172,9 +1174,8 @@ def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str, sk
         positional = positional[1:]
     names = [p.name.value for p in positional]
     keyword_ok = parameter not in {p.name.value for p in params.posonly_params}  # else `mask=` goes to **kwargs
-    for arg in call.args:
-        if keyword_ok and arg.keyword is not None and arg.keyword.value == parameter:
-            return arg.value, False
+    if keyword_ok and parameter in keywords:
+        return keywords[parameter], False
     position = names.index(parameter) if parameter in names else None
     if position is not None and position < len(given):
         return given[position], False

@@ -4,6 +4,7 @@ every read. Below static.call_sites and static.global_writes, which both ask."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import libcst as cst
@@ -13,6 +14,13 @@ if TYPE_CHECKING:
 
 MODULE_OBJECT_SOURCES = {"sys.modules", "importlib.import_module", "importlib.reload"}
 ESCAPE_HATCHES = {"globals", "vars", "setattr", "exec", "eval", "locals", "__import__"}
+# what reaches any object, or any module's names, without naming it, from any file: the collector's lists of live
+# objects, frames (a caller's locals and globals: `sys._getframe(1).f_locals`, `inspect.stack()`, a traceback's, a
+# trace function's), the script's own module as `__main__` (breaker round 62: `vars(sys.modules["__main__"])`)
+OBJECTS_REACHED_UNSEEN = re.compile(
+    r"\b(?:get_objects|get_referrers|get_referents|_getframe|currentframe|f_locals|f_globals|f_back|tb_frame|"
+    r"settrace|setprofile|getouterframes|getinnerframes)\b|\binspect\s*\.\s*(?:stack|trace)\b|"
+    r"modules\s*\[\s*[\"']__main__[\"']|\bimport\s+__main__\b|\bfrom\s+__main__\s+import\b")
 # what reaches a module object or any object's namespace without naming the attribute in the source
 NAMESPACE_ATTRIBUTES = {"__dict__", "__setattr__", "__getattribute__", "__delattr__", "__globals__", "f_globals"}
 
@@ -58,3 +66,11 @@ def _in_all(parsed: ParsedModule, node: cst.CSTNode) -> bool:
     targets = [t.target for t in statement.targets] if isinstance(statement, cst.Assign) else \
         [statement.target] if isinstance(statement, cst.AugAssign) else []
     return any(isinstance(target, cst.Name) and target.value == "__all__" for target in targets)
+
+
+def objects_reached_unseen(parsed: ParsedModule) -> bool:
+    """Whether some file of the scanned tree (this one too) may reach the file's objects, its globals and its
+    functions' locals among them, without naming them (OBJECTS_REACHED_UNSEEN): then no object's one definition is
+    what every later read sees (a list spread into a call, a module-level mask). Once per file."""
+    return parsed.tree_matches("objects reached unseen", OBJECTS_REACHED_UNSEEN)
+

@@ -307,6 +307,12 @@ class ParsedModule:
             self._derived[key] = build(self)
         return self._derived[key]
 
+    def tree_matches(self, key: str, pattern: re.Pattern) -> bool:
+        """Whether `pattern` matches this file's text or that of another file of its tree (once per file and `key`,
+        once per scan for the tree)."""
+        return self.derived(("tree-matches", key), lambda parsed: pattern.search(parsed.source) is not None or (
+            parsed.tree is not None and parsed.tree.any_file_matches(key, pattern)))
+
     def mentions(self, node: cst.CSTNode, word: str) -> bool:
         """Whether `word` (lower case) occurs in the node's code, in any case; remembered, since every method of a
         class asks it of the class. Read from the source lines of its top-level statement (positions.region), so

@@ -19,7 +19,7 @@ from advisor.static.module_methods import MODULE_BASES, compiled_instance, only_
     without_self_returning_calls
 from advisor.static.outside_writes import IN_PLACE_DUNDERS, in_place_name
 from advisor.static.package_functions import called_function
-from advisor.static.spread_arguments import element_positions, position_of
+from advisor.static.spread_arguments import element_destinations, position_of
 from advisor.static.tensor_views import VIEW_ATTRIBUTES, VIEW_OPS
 from advisor.static.walk import walk
 
@@ -114,9 +114,9 @@ def leaves_alone(parsed: ParsedModule, node: cst.BaseExpression, depth: int, wri
         if isinstance(arg, cst.Arg) and arg.value is literal and not arg.star and arg.keyword is None and \
                 isinstance(call, cst.Call) and call.args[0] is arg and parsed.imported_name(call.func) in JOINS:
             return True
-        spread = element_positions(parsed, parent)  # `inputs = [q, k, v, MASK]`, then `model(*inputs)`
-        return spread is not None and all(_position_left_alone(parsed, call, position, depth)
-                                          for call, position in spread)
+        return _spread_left_alone(parsed, parent, depth)  # `inputs = [q, k, v, MASK]`, then `model(*inputs)`
+    if isinstance(parent, cst.DictElement) and parent.value is node:  # `kw = {"mask": MASK}`, then `model(**kw)`
+        return _spread_left_alone(parsed, parent, depth)
     if isinstance(parent, cst.Assign) and parent.value is node:
         return _alias_left_alone(parsed, parent, depth)
     if isinstance(parent, cst.Return) and parent.value is node:
@@ -156,14 +156,7 @@ def _defines_operators(parsed: ParsedModule) -> bool:
     """Whether this file or another of the tree names an operator's dunder (`def __contains__`, `__radd__ = f`,
     `__torch_function__`): only then may an operator run the program's code on a tensor it is given. Read once per
     file (a search of the whole text per read made a file of 800 blocks quadratic)."""
-    return parsed.derived(_defines_operators, _names_operator_dunders)
-
-
-def _names_operator_dunders(parsed: ParsedModule) -> bool:
-    if OPERATOR_DUNDERS.search(parsed.source):
-        return True
-    tree = parsed.tree
-    return tree is not None and tree.any_file_matches("operator dunders", OPERATOR_DUNDERS)
+    return parsed.tree_matches("operator dunders", OPERATOR_DUNDERS)
 
 
 def _defines_method(parsed: ParsedModule, method: str) -> bool:
@@ -535,37 +528,48 @@ def _module_statements(parsed: ParsedModule) -> set[cst.CSTNode]:
     return {small for line in parsed.module.body if isinstance(line, cst.SimpleStatementLine) for small in line.body}
 
 
-def _position_left_alone(parsed: ParsedModule, call: cst.Call, position: int, depth: int) -> bool:
-    """The call only reads the positional argument at `position` (one spread from a fixed display): a function, a
-    module's `forward` or a method of this file that only reads the parameter receiving it, or a builtin that
-    only reads what it is given."""
+def _spread_left_alone(parsed: ParsedModule, element: cst.CSTNode, depth: int) -> bool:
+    """An element of a fixed display (static.spread_arguments) is handed to each call spreading it, at its position
+    or under its key: every such call only reads it."""
+    spread = element_destinations(parsed, element)
+    return spread is not None and all(_slot_left_alone(parsed, call, slot, depth) for call, slot in spread)
+
+
+def _slot_left_alone(parsed: ParsedModule, call: cst.Call, slot: int | str, depth: int) -> bool:
+    """The call only reads the argument it gets at `slot` (a position among its positional arguments, or a
+    keyword) from a spread: a function, a module's `forward` or a method of this file that only reads the parameter
+    receiving it, or a builtin that only reads what it is given."""
     if (parsed.imported_name(call.func) or "") in HARMLESS_BUILTINS:
         return True
     forward = _submodule_forward(parsed, call)
     if forward is not None:
-        return _parameter_left_alone(parsed, forward, call, None, depth, skip=1, position=position)
+        return _parameter_left_alone(parsed, forward, call, None, depth, skip=1, slot=slot)
     methods = _methods_called(parsed, call)
     if methods:
-        return all(_parameter_left_alone(parsed, method, call, None, depth, skip=1, position=position)
+        return all(_parameter_left_alone(parsed, method, call, None, depth, skip=1, slot=slot)
                    for method in methods)
     func = _uncompiled(parsed, call.func)
     followed = called_function(parsed, func, parsed.outside_attribute_writes[0]) \
         if isinstance(func, cst.Name) else None
-    return followed is not None and _parameter_left_alone(*followed, call, None, depth, position=position)
+    return followed is not None and _parameter_left_alone(*followed, call, None, depth, slot=slot)
 
 
 def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg | None,
-                          depth: int, skip: int = 0, position: int | None = None) -> bool:
+                          depth: int, skip: int = 0, slot: int | str | None = None) -> bool:
     """The function of this file the tensor is passed to only reads the parameter that receives it (`skip`: the
-    leading parameters the call does not pass, `self` of a module's `forward`); `arg`, or the positional argument
-    at `position` among the call's (spread ones counted)."""
+    leading parameters the call does not pass, `self` of a module's `forward`); `arg`, or the argument at `slot`
+    (a position among the call's positional arguments, spread ones counted, or a keyword)."""
     params = function.params
     if isinstance(params.star_arg, cst.Param) or isinstance(params.star_kwarg, cst.Param):
         return False
-    if arg is not None and arg.keyword is not None:
-        name = arg.keyword.value
+    keyword = arg.keyword.value if arg is not None and arg.keyword is not None else slot \
+        if isinstance(slot, str) else None
+    if keyword is not None:
+        if keyword in {p.name.value for p in params.posonly_params}:
+            return False  # it binds no parameter of that name: a TypeError, or `**kwargs`
+        name = keyword
     else:
-        position = position if arg is None else position_of(parsed, call, arg)  # `*args` spread before it counted
+        position = slot if arg is None else position_of(parsed, call, arg)  # `*args` spread before it counted
         if position is None:
             return False
         position += skip
