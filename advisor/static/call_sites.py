@@ -1158,14 +1158,11 @@ def _reads_of_binding(parsed: ParsedModule, assign: cst.Assign, target: cst.Name
 
 
 def bound_argument(function: cst.FunctionDef, call: cst.Call, parameter: str, skip_self: bool,
-                   caller: ParsedModule | None = None, tree=None) -> tuple[cst.BaseExpression | None, bool] | bool:
+                   caller: ParsedModule, tree=None) -> tuple[cst.BaseExpression | None, bool] | bool:
     """(the expression the call binds to `parameter`, whether it is the parameter's default); False when the call
     spreads `*args`/`**kwargs` whose elements are not visible (a fixed display's are, read in `caller`, the call's
     file: static.spread_arguments) or binds nothing to it."""
-    given = spread_positionals(caller, call, tree) if caller is not None else \
-        None if any(arg.star for arg in call.args) else [arg.value for arg in call.args if arg.keyword is None]
-    keywords = spread_keywords(caller, call, tree) if caller is not None else \
-        {arg.keyword.value: arg.value for arg in call.args if arg.keyword is not None}
+    given, keywords = spread_positionals(caller, call, tree), spread_keywords(caller, call, tree)
     if given is None or keywords is None:
         return False
     params = function.params

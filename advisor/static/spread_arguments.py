@@ -68,19 +68,19 @@ def _positionals(parsed: ParsedModule, args, tree) -> list[cst.BaseExpression] |
 def fixed_display(parsed: ParsedModule, read: cst.Name, tree=None) -> list[cst.BaseExpression] | None:
     """The elements of the one list or tuple display the name `read` holds, where every other occurrence of the
     name in the file is a `*name` spread of a call (see the module's docstring); None otherwise."""
-    display = _fixed(parsed, read, tree)
+    display = _fixed(parsed, read, tree)[0]
     return [element.value for element in display.elements] if isinstance(display, (cst.List, cst.Tuple)) else None
 
 
 def fixed_mapping(parsed: ParsedModule, read: cst.Name, tree=None) -> dict[str, cst.BaseExpression] | None:
     """The entries of the one dictionary display with string keys the name `read` holds, where every other
     occurrence of the name is a `**name` spread of a call; None otherwise."""
-    display = _fixed(parsed, read, tree)
+    display = _fixed(parsed, read, tree)[0]
     return {element.key.evaluated_value: element.value for element in display.elements} \
         if isinstance(display, cst.Dict) else None
 
 
-def _fixed(parsed: ParsedModule, read: cst.Name, tree) -> cst.BaseExpression | None:
+def _fixed(parsed: ParsedModule, read: cst.Name, tree) -> tuple[cst.BaseExpression | None, list[cst.Arg]]:
     tree = tree if tree is not None else parsed.tree
     return parsed.derived(("fixed-display", read.value, id(tree)), lambda p: _display(p, read.value, tree))
 
@@ -95,14 +95,11 @@ def element_destinations(parsed: ParsedModule, element: cst.CSTNode) -> list[tup
             target.value is not display or len(target.targets) != 1 or \
             not isinstance(target.targets[0].target, cst.Name):
         return None
-    name = target.targets[0].target
-    if _fixed(parsed, name, None) is not display:
+    fixed, spreads = _fixed(parsed, target.targets[0].target, None)
+    if fixed is not display:
         return None
     found: list[tuple[cst.Call, int | str]] = []
-    for read in parsed.nodes_of(cst.Name):
-        arg = parsed.parents.get(read)
-        if read.value != name.value or not (isinstance(arg, cst.Arg) and arg.value is read and arg.star):
-            continue
+    for arg in spreads:
         call = parsed.parents.get(arg)
         if isinstance(display, cst.Dict):
             found.append((call, element.key.evaluated_value))
@@ -126,11 +123,12 @@ def position_of(parsed: ParsedModule, call: cst.Call, arg: cst.Arg) -> int | Non
     return len(found) if found is not None else None
 
 
-def _display(parsed: ParsedModule, name: str, tree) -> cst.BaseExpression | None:
+def _display(parsed: ParsedModule, name: str, tree) -> tuple[cst.BaseExpression | None, list[cst.Arg]]:
     """The display the name is bound to once, where its every other occurrence is a spread of the display's kind
-    (`*` of a list or tuple, `**` of a dictionary with distinct string keys)."""
+    (`*` of a list or tuple, `**` of a dictionary with distinct string keys), and those spreads; (None, [])
+    otherwise."""
     binding: cst.Assign | None = None
-    spreads: list[cst.Name] = []
+    spreads: list[cst.Arg] = []
     stars: set[str] = set()
     for node in parsed.nodes_of(cst.Name):
         if node.value != name:
@@ -140,25 +138,25 @@ def _display(parsed: ParsedModule, name: str, tree) -> cst.BaseExpression | None
                 isinstance(parent, cst.Arg) and parent.keyword is node:
             continue  # `x.inputs`, `f(inputs=...)`: other names
         if isinstance(parent, cst.Arg) and parent.value is node and parent.star:
-            spreads.append(node)
+            spreads.append(parent)
             stars.add(parent.star)
             continue
         assign = parsed.parents.get(parent) if isinstance(parent, cst.AssignTarget) else None
         if binding is not None or not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
-            return None  # a second binding, or any other read
+            return None, []  # a second binding, or any other read
         binding = assign
     if binding is None or not _display_of(binding.value, stars) or objects_reached_unseen(parsed):
-        return None
+        return None, []
     frame = parsed.frame(binding)
     if frame is None and parsed.innermost(binding, cst.ClassDef) is not None or \
             frame is not None and any(parsed.frame(read) is not frame for read in spreads):
-        return None  # a class attribute; a local another function's read does not see
+        return None, []  # a class attribute; a local another function's read does not see
     if frame is None and (
             name in parsed.imports or reached_by_name(parsed, name) or
             name in parsed.outside_attribute_writes[0] or parsed.global_rebound_by_computed_name(name) is not None or
             tree is not None and any(path != parsed.path for path in tree.mentioning(name))):
-        return None  # a global: rebound or reached where no occurrence shows it, here or in another file
-    return binding.value
+        return None, []  # a global: rebound or reached where no occurrence shows it, here or in another file
+    return binding.value, spreads
 
 
 def _display_of(value: cst.BaseExpression, stars: set[str]) -> bool:

@@ -379,24 +379,33 @@ def _argument_left_alone(parsed: ParsedModule, arg: cst.Arg, depth: int, writes_
         return True
     if dotted in TORCH_SHARING:
         return leaves_alone(parsed, call, depth + 1, writes_seen)
-    forward = _submodule_forward(parsed, call)
-    if forward is not None:
-        return _parameter_left_alone(parsed, forward, call, arg, depth, skip=1)
-    methods = _methods_called(parsed, call)
-    if methods:
-        return all(_parameter_left_alone(parsed, method, call, arg, depth, skip=1) for method in methods)
+    called = _functions_called(parsed, call)
+    if called:
+        return all(_parameter_left_alone(owner, function, call, arg, depth, skip=skip)
+                   for owner, function, skip in called)
     if isinstance(call.func, cst.Attribute) and not dotted:
         method, receiver = call.func.attr.value, call.func.value
         if method == "add" and shows_a_tensor(parsed, receiver):
             return True  # `scores.add(MASK)`: a new tensor (a set's `add` would keep it)
         return method in ARGUMENT_READING_METHODS and receiver is not arg.value and \
             (shows_a_tensor(parsed, receiver) or not _defines_method(parsed, method))
+    return False  # another module's function, a callable built at run time, a decorator's wrapper: it may write it
+
+
+def _functions_called(parsed: ParsedModule, call: cst.Call) -> list[tuple[ParsedModule, cst.FunctionDef, int]]:
+    """(its file, the function, the leading parameters the call does not pass) for what the call runs, where the
+    source shows it: a module's `forward` or the methods called on an instance (`self` not passed), else a function
+    of this file or of its package (a compiled one's too); [] for anything else."""
+    forward = _submodule_forward(parsed, call)
+    if forward is not None:
+        return [(parsed, forward, 1)]
+    methods = _methods_called(parsed, call)
+    if methods:
+        return [(parsed, method, 1) for method in methods]
     func = _uncompiled(parsed, call.func)
     followed = called_function(parsed, func, parsed.outside_attribute_writes[0]) \
         if isinstance(func, cst.Name) else None
-    if followed is not None:  # this file's function or one of its package's
-        return _parameter_left_alone(*followed, call, arg, depth)
-    return False  # another module's function, a callable built at run time, a decorator's wrapper: it may write it
+    return [(*followed, 0)] if followed is not None else []
 
 
 EINOPS_TENSORS = frozenset({"einops.rearrange", "einops.repeat", "einops.reduce", "einops.einsum"})
@@ -541,17 +550,9 @@ def _slot_left_alone(parsed: ParsedModule, call: cst.Call, slot: int | str, dept
     receiving it, or a builtin that only reads what it is given."""
     if (parsed.imported_name(call.func) or "") in HARMLESS_BUILTINS:
         return True
-    forward = _submodule_forward(parsed, call)
-    if forward is not None:
-        return _parameter_left_alone(parsed, forward, call, None, depth, skip=1, slot=slot)
-    methods = _methods_called(parsed, call)
-    if methods:
-        return all(_parameter_left_alone(parsed, method, call, None, depth, skip=1, slot=slot)
-                   for method in methods)
-    func = _uncompiled(parsed, call.func)
-    followed = called_function(parsed, func, parsed.outside_attribute_writes[0]) \
-        if isinstance(func, cst.Name) else None
-    return followed is not None and _parameter_left_alone(*followed, call, None, depth, slot=slot)
+    called = _functions_called(parsed, call)
+    return bool(called) and all(_parameter_left_alone(owner, function, call, None, depth, skip=skip, slot=slot)
+                                for owner, function, skip in called)
 
 
 def _parameter_left_alone(parsed: ParsedModule, function: cst.FunctionDef, call: cst.Call, arg: cst.Arg | None,
